@@ -1,0 +1,59 @@
+# runrow — the two commands a newcomer needs are `make demo` and `make test`.
+# Everything else here is what they are made of.
+
+VENV    := .venv
+BIN     := $(VENV)/bin
+RUNROW  := $(BIN)/runrow
+
+.PHONY: bootstrap demo test lint format test-in-db pgtap pytest install-sql check-install-sql db-start db-stop bench clean
+
+bootstrap:
+	@scripts/bootstrap.sh
+
+## The live demo on a throwaway database (issue 5).
+demo: bootstrap
+	$(RUNROW) demo
+
+## Every test: lint, then pgTAP and pytest against a private throwaway PostgreSQL
+## (or against DATABASE_URL when it is set).
+test: bootstrap lint check-install-sql
+	$(RUNROW) db run -- $(MAKE) --no-print-directory test-in-db
+
+test-in-db:
+	$(RUNROW) migrate
+	$(MAKE) --no-print-directory pgtap
+	$(MAKE) --no-print-directory pytest
+
+pgtap:
+	scripts/pgtap.sh
+
+pytest:
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+lint:
+	$(BIN)/sqlfluff lint functions migrations sql
+	$(BIN)/ruff check pyworker tests bench
+	$(BIN)/ruff format --check pyworker tests bench
+
+format:
+	$(BIN)/sqlfluff fix -f functions migrations sql
+	$(BIN)/ruff format pyworker tests bench
+	$(BIN)/ruff check --fix pyworker tests bench
+
+install-sql:
+	$(BIN)/python -m pyworker.installsql
+
+check-install-sql:
+	$(BIN)/python -m pyworker.installsql --check
+
+db-start:
+	$(RUNROW) db start
+
+db-stop:
+	$(RUNROW) db stop
+
+bench: bootstrap
+	$(RUNROW) db run -- $(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .runrow .pytest_cache .ruff_cache

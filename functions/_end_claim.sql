@@ -1,0 +1,54 @@
+-- The fenced hand-back shared by reap_expired_runs and release_run: in ONE statement,
+-- re-check that the run is still running with the token the caller read (and, for the
+-- reaper, that its lease is still expired beyond the grace *now*), then move it to
+-- queued (attempts left), cancelled (a stop was requested), failed (max_attempts = 1)
+-- or dead (attempts exhausted). Journals and wakes accordingly. NULL when fenced out.
+CREATE OR REPLACE FUNCTION runrow._end_claim(
+    run_id uuid, claim_token uuid, error text, expired_grace_seconds integer
+)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    r runrow.agent_run;
+    outcome text;
+    last_seq bigint;
+BEGIN
+    UPDATE runrow.agent_run AS a
+    SET status = CASE
+            WHEN a.cancel_requested THEN 'cancelled'
+            WHEN a.attempt < a.max_attempts THEN 'queued'
+            WHEN a.max_attempts = 1 THEN 'failed'
+            ELSE 'dead'
+        END,
+        finished_at = CASE WHEN a.cancel_requested OR a.attempt >= a.max_attempts THEN now() END,
+        error = _end_claim.error,
+        claim_token = NULL,
+        claim_expires_at = NULL
+    WHERE a.id = _end_claim.run_id
+      AND a.claim_token = _end_claim.claim_token
+      AND a.status = 'running'
+      AND (_end_claim.expired_grace_seconds IS NULL
+           OR a.claim_expires_at < now() - make_interval(secs => _end_claim.expired_grace_seconds))
+    RETURNING a.* INTO r;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+
+    IF r.status = 'queued' THEN
+        outcome := 'requeued';
+        last_seq := runrow._journal(r.id, jsonb_build_array(jsonb_build_object(
+            'type', 'run_requeued', 'attempt', r.attempt, 'max_attempts', r.max_attempts,
+            'error', _end_claim.error)));
+        PERFORM runrow._wake_tails(r.id, last_seq);
+        PERFORM runrow._wake_dispatchers(r.conversation_id);
+    ELSE
+        outcome := r.status;
+        PERFORM runrow._journal_complete(r.id, r.conversation_id, r.status, NULL, _end_claim.error);
+    END IF;
+    RETURN outcome;
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._end_claim(uuid, uuid, text, integer) FROM PUBLIC;

@@ -1,0 +1,139 @@
+-- Private helpers shared by the public functions. Not granted to any role: only the
+-- SECURITY DEFINER functions (running as the owner) call them.
+
+-- Content address of a prompt: hex SHA-256 of the jsonb text of {"system", "tools"}.
+-- jsonb's text form is canonical (sorted keys, fixed spacing), so equal prompts share
+-- an id whatever key order or whitespace the caller used.
+CREATE OR REPLACE FUNCTION runrow._pin_prompt(system_prompt text, tools jsonb)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    pid text := encode(sha256(convert_to(
+        jsonb_build_object('system', _pin_prompt.system_prompt, 'tools', _pin_prompt.tools)::text,
+        'UTF8')), 'hex');
+BEGIN
+    INSERT INTO runrow.prompt AS p (id, system_prompt, tools)
+    VALUES (pid, _pin_prompt.system_prompt, _pin_prompt.tools)
+    ON CONFLICT ON CONSTRAINT prompt_pkey DO NOTHING;
+    RETURN pid;
+END
+$fn$;
+
+-- Serialize everything that must see a conversation's runs as one set (enqueue's
+-- reject/interrupt, stop). Two-key form: namespace 7141 = runrow conversations.
+CREATE OR REPLACE FUNCTION runrow._lock_conversation(conversation_id uuid)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, runrow
+AS $fn$
+    SELECT pg_advisory_xact_lock(7141, hashtext(_lock_conversation.conversation_id::text));
+$fn$;
+
+-- Append events to a run's journal at the next seqs. The caller must hold the run
+-- row's lock (every journal writer does), which makes it the single writer of seq.
+-- Returns the last seq written. Does not notify: callers wake tails once per call.
+CREATE OR REPLACE FUNCTION runrow._journal(run_id uuid, events jsonb)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    last_seq bigint;
+BEGIN
+    SELECT coalesce(max(e.seq), 0) INTO last_seq
+    FROM runrow.run_event AS e WHERE e.run_id = _journal.run_id;
+
+    INSERT INTO runrow.run_event (run_id, seq, type, payload)
+    SELECT _journal.run_id, last_seq + x.ord, x.ev ->> 'type', x.ev
+    FROM jsonb_array_elements(_journal.events) WITH ORDINALITY AS x (ev, ord)
+    ORDER BY x.ord;
+
+    RETURN last_seq + jsonb_array_length(_journal.events);
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION runrow._wake_tails(run_id uuid, last_seq bigint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM pg_notify(runrow.events_channel(_wake_tails.run_id), _wake_tails.last_seq::text);
+END
+$fn$;
+
+-- Dispatchers LISTEN on runrow_enqueued; the payload is the conversation whose turn
+-- became claimable. Sent on enqueue, requeue and every terminal path.
+CREATE OR REPLACE FUNCTION runrow._wake_dispatchers(conversation_id uuid)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, runrow
+AS $fn$
+    SELECT pg_notify('runrow_enqueued', _wake_dispatchers.conversation_id::text);
+$fn$;
+
+-- The terminal tail of every ending (finish, reap, release, stop, cancel): journal the
+-- one `complete` event, wake the run's tails and the dispatchers (the conversation's
+-- next turn is now claimable). The caller has already made the fenced status write.
+CREATE OR REPLACE FUNCTION runrow._journal_complete(
+    run_id uuid, conversation_id uuid, status text, result jsonb, error text
+)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    last_seq bigint;
+BEGIN
+    last_seq := runrow._journal(_journal_complete.run_id, jsonb_build_array(jsonb_build_object(
+        'type', 'complete',
+        'status', _journal_complete.status,
+        'result', _journal_complete.result,
+        'error', _journal_complete.error)));
+    PERFORM runrow._wake_tails(_journal_complete.run_id, last_seq);
+    PERFORM runrow._wake_dispatchers(_journal_complete.conversation_id);
+    RETURN last_seq;
+END
+$fn$;
+
+-- Bad-input helpers: every error names the argument, with a standard SQLSTATE.
+CREATE OR REPLACE FUNCTION runrow._require_not_null(value anyelement, arg text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', arg USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION runrow._require_range(value bigint, arg text, lo bigint, hi bigint)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', arg USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF value < lo OR value > hi THEN
+        RAISE EXCEPTION '% must be between % and %, got %', arg, lo, hi, value
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._pin_prompt(text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._lock_conversation(uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._journal(uuid, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._wake_tails(uuid, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._wake_dispatchers(uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._journal_complete(uuid, uuid, text, jsonb, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_not_null(anyelement, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_range(bigint, text, bigint, bigint) FROM PUBLIC;

@@ -1,0 +1,65 @@
+CREATE OR REPLACE FUNCTION runrow.append_events(run_id uuid, claim_token uuid, events jsonb)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    bad record;
+    last_seq bigint;
+BEGIN
+    PERFORM runrow._require_not_null(append_events.run_id, 'run_id');
+    PERFORM runrow._require_not_null(append_events.claim_token, 'claim_token');
+    PERFORM runrow._require_not_null(append_events.events, 'events');
+    IF jsonb_typeof(append_events.events) <> 'array' THEN
+        RAISE EXCEPTION 'events must be a JSON array of event objects, got %', jsonb_typeof(append_events.events)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF jsonb_array_length(append_events.events) = 0 THEN
+        RAISE EXCEPTION 'events must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF jsonb_array_length(append_events.events) > 1000 OR octet_length(append_events.events::text) > 4194304 THEN
+        RAISE EXCEPTION 'events is too large: at most 1000 events and 4 MiB per call'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT x.ord, x.ev INTO bad
+    FROM jsonb_array_elements(append_events.events) WITH ORDINALITY AS x (ev, ord)
+    WHERE jsonb_typeof(x.ev) <> 'object'
+       OR jsonb_typeof(x.ev -> 'type') IS DISTINCT FROM 'string'
+       OR x.ev ->> 'type' = ''
+       OR x.ev ->> 'type' = 'complete'
+       OR x.ev ->> 'type' LIKE 'run\_%'
+    ORDER BY x.ord
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'events[%] must be an object with a non-empty string "type" that is not reserved '
+            '("complete" and "run_*" are written by runrow itself)', bad.ord - 1
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- The fence, re-checked under the row lock: a reaper, stop or finish that got here
+    -- first has changed status or cleared the token, and this append writes nothing.
+    PERFORM 1 FROM runrow.agent_run AS r
+    WHERE r.id = append_events.run_id
+      AND r.claim_token = append_events.claim_token
+      AND r.status = 'running'
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+
+    last_seq := runrow._journal(append_events.run_id, append_events.events);
+    PERFORM runrow._wake_tails(append_events.run_id, last_seq);
+    RETURN last_seq;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.append_events(uuid, uuid, jsonb) IS
+'Append a JSON array of event objects (each with a string "type"; "complete" and run_* are '
+'reserved) to the run''s journal at the next seqs, all or nothing, and NOTIFY the run''s '
+'events_channel once with the last seq. Fenced: only while claim_token matches and the run '
+'is running, checked under the run row''s lock; otherwise nothing is written and NULL is '
+'returned. At most 1000 events and 4 MiB per call. Returns the last seq written.';
+
+REVOKE ALL ON FUNCTION runrow.append_events(uuid, uuid, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.append_events(uuid, uuid, jsonb) TO runrow_worker;

@@ -1,0 +1,25 @@
+CREATE OR REPLACE FUNCTION runrow.cancel_run(run_id uuid)
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(cancel_run.run_id, 'run_id');
+    PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = cancel_run.run_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run_id % does not exist', cancel_run.run_id USING ERRCODE = 'no_data_found';
+    END IF;
+    RETURN runrow._stop_run(cancel_run.run_id);
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.cancel_run(uuid) IS
+'Stop one run, as stop_conversation does for a whole conversation: a queued or waiting run '
+'is cancelled outright (message handed back as a draft) and cancel_run returns cancelled; a '
+'running run gets cancel_requested and a NOTIFY on runrow_cancel, returns cancel_requested, '
+'and its worker finalizes it. A run that already ended is left alone: already_<status>. An '
+'unknown run_id raises P0002.';
+
+REVOKE ALL ON FUNCTION runrow.cancel_run(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.cancel_run(uuid) TO runrow_client;

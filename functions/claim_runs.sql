@@ -1,0 +1,33 @@
+CREATE OR REPLACE FUNCTION runrow.claim_runs(
+    worker_id text DEFAULT NULL, max_runs integer DEFAULT 10, lease_seconds integer DEFAULT 30
+)
+RETURNS TABLE (
+    run_id uuid,
+    claim_token uuid,
+    conversation_id uuid,
+    attempt integer,
+    max_attempts integer,
+    model text,
+    prompt_id text,
+    system_prompt text,
+    tools jsonb,
+    user_id text,
+    user_message_id uuid,
+    metadata jsonb,
+    claim_expires_at timestamptz
+)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+    SELECT * FROM runrow._claim(claim_runs.worker_id, claim_runs.max_runs, claim_runs.lease_seconds);
+$fn$;
+
+COMMENT ON FUNCTION runrow.claim_runs(text, integer, integer) IS
+'Claim up to max_runs (1..1000) runs in one statement with exactly the rules of claim_run: '
+'enqueue order, SKIP LOCKED, at most one turn per conversation (only the oldest queued turn '
+'of a conversation is claimable), fresh token and lease each, run_claimed journaled. One '
+'call, one transaction: a worker with several free slots fills them without one commit per run.';
+
+REVOKE ALL ON FUNCTION runrow.claim_runs(text, integer, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.claim_runs(text, integer, integer) TO runrow_worker;

@@ -1,0 +1,155 @@
+CREATE OR REPLACE FUNCTION runrow.enqueue_run(
+    conversation_id uuid,
+    content jsonb,
+    model text,
+    user_id text DEFAULT NULL,
+    system_prompt text DEFAULT NULL,
+    tools jsonb DEFAULT '[]',
+    max_attempts integer DEFAULT 1,
+    idempotency_key text DEFAULT NULL,
+    if_active text DEFAULT 'enqueue',
+    metadata jsonb DEFAULT '{}'
+)
+RETURNS TABLE (run_id uuid, status text, created boolean)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    existing runrow.agent_run;
+    new_message_id uuid;
+    new_run_id uuid;
+    prompt_id text;
+BEGIN
+    -- Validate everything before writing anything.
+    PERFORM runrow._require_not_null(enqueue_run.conversation_id, 'conversation_id');
+    PERFORM runrow._require_not_null(enqueue_run.content, 'content');
+    IF NOT (
+        (jsonb_typeof(enqueue_run.content) = 'string' AND enqueue_run.content #>> '{}' <> '')
+        OR (jsonb_typeof(enqueue_run.content) = 'array' AND jsonb_array_length(enqueue_run.content) > 0)
+    ) THEN
+        RAISE EXCEPTION 'content must be a non-empty string or a non-empty array of content blocks'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(enqueue_run.content::text) > 1048576 THEN
+        RAISE EXCEPTION 'content is too large: % bytes, the limit is 1 MiB', octet_length(enqueue_run.content::text)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(enqueue_run.model, 'model');
+    IF enqueue_run.model = '' OR length(enqueue_run.model) > 200 THEN
+        RAISE EXCEPTION 'model must be a non-empty model name of at most 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF enqueue_run.user_id = '' OR length(enqueue_run.user_id) > 200 THEN
+        RAISE EXCEPTION 'user_id must be NULL or 1 to 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(enqueue_run.system_prompt) > 1048576 THEN
+        RAISE EXCEPTION 'system_prompt is too large: the limit is 1 MiB'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(enqueue_run.tools, 'tools');
+    IF jsonb_typeof(enqueue_run.tools) <> 'array' THEN
+        RAISE EXCEPTION 'tools must be a JSON array of tool definitions, got %', jsonb_typeof(enqueue_run.tools)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (
+        SELECT 1 FROM jsonb_array_elements(enqueue_run.tools) AS t (def)
+        WHERE jsonb_typeof(t.def) <> 'object' OR jsonb_typeof(t.def -> 'name') IS DISTINCT FROM 'string'
+    ) THEN
+        RAISE EXCEPTION 'tools must hold objects with a string "name"'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(enqueue_run.tools::text) > 1048576 THEN
+        RAISE EXCEPTION 'tools is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_range(enqueue_run.max_attempts, 'max_attempts', 1, 100);
+    IF enqueue_run.idempotency_key = '' OR length(enqueue_run.idempotency_key) > 255 THEN
+        RAISE EXCEPTION 'idempotency_key must be NULL or 1 to 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(enqueue_run.if_active, 'if_active');
+    IF enqueue_run.if_active NOT IN ('enqueue', 'reject', 'interrupt') THEN
+        RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', enqueue_run.if_active
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(enqueue_run.metadata, 'metadata');
+    IF jsonb_typeof(enqueue_run.metadata) <> 'object' THEN
+        RAISE EXCEPTION 'metadata must be a JSON object, got %', jsonb_typeof(enqueue_run.metadata)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- One enqueue at a time per conversation, so reject/interrupt see a stable set of
+    -- active runs, and per idempotency key, so a double POST finds the first run.
+    PERFORM runrow._lock_conversation(enqueue_run.conversation_id);
+    IF enqueue_run.idempotency_key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(7142, hashtext(enqueue_run.idempotency_key));
+        SELECT r.* INTO existing FROM runrow.agent_run AS r
+        WHERE r.idempotency_key = enqueue_run.idempotency_key;
+        IF FOUND THEN
+            IF existing.conversation_id <> enqueue_run.conversation_id
+               OR existing.user_id IS DISTINCT FROM enqueue_run.user_id THEN
+                RAISE EXCEPTION 'idempotency_key "%" is already used by a run of another conversation or user',
+                    enqueue_run.idempotency_key
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            RETURN QUERY SELECT existing.id, existing.status, false;
+            RETURN;
+        END IF;
+    END IF;
+
+    IF EXISTS (
+        SELECT 1 FROM runrow.agent_run AS r
+        WHERE r.conversation_id = enqueue_run.conversation_id
+          AND r.status IN ('queued', 'running', 'waiting')
+    ) THEN
+        IF enqueue_run.if_active = 'reject' THEN
+            RAISE EXCEPTION 'conversation % already has an active run (if_active = reject)', enqueue_run.conversation_id
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Wait for it to end, stop it, or enqueue with if_active => ''interrupt''.';
+        ELSIF enqueue_run.if_active = 'interrupt' THEN
+            PERFORM runrow.stop_conversation(enqueue_run.conversation_id);
+        END IF;
+    END IF;
+
+    prompt_id := runrow._pin_prompt(enqueue_run.system_prompt, enqueue_run.tools);
+
+    INSERT INTO runrow.message (conversation_id, user_id, content)
+    VALUES (enqueue_run.conversation_id, enqueue_run.user_id, enqueue_run.content)
+    RETURNING id INTO new_message_id;
+
+    INSERT INTO runrow.agent_run (
+        conversation_id, user_id, user_message_id, max_attempts, model, prompt_id,
+        idempotency_key, metadata, request_snapshot
+    )
+    VALUES (
+        enqueue_run.conversation_id, enqueue_run.user_id, new_message_id, enqueue_run.max_attempts,
+        enqueue_run.model, prompt_id, enqueue_run.idempotency_key, enqueue_run.metadata,
+        jsonb_build_object('content', enqueue_run.content, 'metadata', enqueue_run.metadata)
+    )
+    RETURNING id INTO new_run_id;
+
+    PERFORM runrow._journal(new_run_id, jsonb_build_array(
+        jsonb_build_object('type', 'user_message_created', 'message_id', new_message_id),
+        jsonb_build_object('type', 'run_queued', 'run_id', new_run_id)
+    ));
+    PERFORM runrow._wake_dispatchers(enqueue_run.conversation_id);
+
+    RETURN QUERY SELECT new_run_id, 'queued'::text, true;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb) IS
+'Enqueue one turn of a conversation. In one transaction: the user message, the run '
+'(queued, pinned to model and to a content-addressed prompt of system_prompt + tools), '
+'its journal events user_message_created and run_queued, and a NOTIFY on runrow_enqueued. '
+'The same idempotency_key returns the first run with created = false and writes nothing; '
+'a key already used by another conversation or user is an error (22023). When the '
+'conversation has an active (queued, running or waiting) run, if_active decides: enqueue '
+'(wait behind it), reject (error 55000, nothing written) or interrupt (stop the active runs '
+'as stop_conversation does, then enqueue, atomically). Bad input raises 22004/22023 naming '
+'the argument.';
+
+REVOKE ALL ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb)
+TO runrow_client;

@@ -1,0 +1,55 @@
+CREATE OR REPLACE FUNCTION runrow.finish_run(
+    run_id uuid, claim_token uuid, status text, result jsonb DEFAULT NULL, error text DEFAULT NULL
+)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+SECURITY DEFINER
+AS $fn$
+DECLARE
+    conv uuid;
+BEGIN
+    PERFORM runrow._require_not_null(finish_run.run_id, 'run_id');
+    PERFORM runrow._require_not_null(finish_run.claim_token, 'claim_token');
+    PERFORM runrow._require_not_null(finish_run.status, 'status');
+    IF finish_run.status NOT IN ('completed', 'failed', 'cancelled') THEN
+        RAISE EXCEPTION 'status must be one of completed, failed, cancelled, got "%"', finish_run.status
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(finish_run.result::text) > 1048576 THEN
+        RAISE EXCEPTION 'result is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF length(finish_run.error) > 10000 THEN
+        RAISE EXCEPTION 'error is too long: at most 10000 characters' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- The fenced terminal write: whoever ends the run first wins; terminal is sticky.
+    UPDATE runrow.agent_run AS r
+    SET status = finish_run.status,
+        result = finish_run.result,
+        error = finish_run.error,
+        finished_at = now(),
+        claim_token = NULL,
+        claim_expires_at = NULL
+    WHERE r.id = finish_run.run_id
+      AND r.claim_token = finish_run.claim_token
+      AND r.status = 'running'
+    RETURNING r.conversation_id INTO conv;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+
+    PERFORM runrow._journal_complete(finish_run.run_id, conv, finish_run.status, finish_run.result, finish_run.error);
+    RETURN true;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.finish_run(uuid, uuid, text, jsonb, text) IS
+'The worker''s fenced terminal write: status completed, failed or cancelled, with an optional '
+'result (JSON, at most 1 MiB) and error text. Only while claim_token matches and the run is '
+'running; clears the claim, journals the one terminal complete event (with status, result, '
+'error), NOTIFYs the run''s tails and runrow_enqueued so the conversation''s next turn starts. '
+'Returns false, writing nothing, when someone else already ended the run.';
+
+REVOKE ALL ON FUNCTION runrow.finish_run(uuid, uuid, text, jsonb, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.finish_run(uuid, uuid, text, jsonb, text) TO runrow_worker;

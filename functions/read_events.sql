@@ -1,0 +1,56 @@
+CREATE OR REPLACE FUNCTION runrow.read_events(run_id uuid, after_seq bigint DEFAULT 0, max_events integer DEFAULT 500)
+RETURNS TABLE (seq bigint, type text, payload jsonb, created_at timestamptz)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    r runrow.agent_run;
+    n integer;
+    last_seq bigint;
+BEGIN
+    PERFORM runrow._require_not_null(read_events.run_id, 'run_id');
+    PERFORM runrow._require_range(read_events.after_seq, 'after_seq', 0, 9223372036854775806);
+    PERFORM runrow._require_range(read_events.max_events, 'max_events', 1, 10000);
+    SELECT a.* INTO r FROM runrow.agent_run AS a WHERE a.id = read_events.run_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run_id % does not exist', read_events.run_id USING ERRCODE = 'no_data_found';
+    END IF;
+
+    RETURN QUERY
+    SELECT e.seq, e.type, e.payload, e.created_at
+    FROM runrow.run_event AS e
+    WHERE e.run_id = read_events.run_id AND e.seq > read_events.after_seq
+    ORDER BY e.seq
+    LIMIT read_events.max_events;
+    GET DIAGNOSTICS n = ROW_COUNT;
+
+    -- The page was not full, so the reader is at the end of the journal. If the run is
+    -- terminal and its journal holds no complete event (trimmed, or a finalizer died
+    -- mid-way), synthesize the ending from the row so no viewer waits forever.
+    IF n < read_events.max_events
+       AND r.status IN ('completed', 'failed', 'cancelled', 'dead')
+       AND NOT EXISTS (
+           SELECT 1 FROM runrow.run_event AS c WHERE c.run_id = read_events.run_id AND c.type = 'complete'
+       ) THEN
+        SELECT coalesce(max(e.seq), 0) INTO last_seq FROM runrow.run_event AS e WHERE e.run_id = read_events.run_id;
+        RETURN QUERY SELECT
+            greatest(last_seq, read_events.after_seq) + 1,
+            'complete'::text,
+            jsonb_build_object('type', 'complete', 'status', r.status, 'result', r.result,
+                               'error', r.error, 'synthesized', true),
+            r.finished_at;
+    END IF;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.read_events(uuid, bigint, integer) IS
+'Journal events of a run with seq > after_seq, in order, at most max_events (1..10000). '
+'payload is the event object as written, type included. When the reader has reached the '
+'end and the run is terminal but its journal holds no complete event (trimmed, or a '
+'finalizer died mid-way), a synthesized complete frame built from the run row (status, '
+'result, error, synthesized: true) ends the stream at the next seq. Unknown run_id: P0002.';
+
+REVOKE ALL ON FUNCTION runrow.read_events(uuid, bigint, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.read_events(uuid, bigint, integer) TO runrow_client, runrow_worker;

@@ -1,0 +1,47 @@
+CREATE OR REPLACE FUNCTION runrow.reap_expired_runs(grace_seconds integer DEFAULT 30, max_runs integer DEFAULT 100)
+RETURNS TABLE (run_id uuid, outcome text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    orphan record;
+    result text;
+BEGIN
+    PERFORM runrow._require_range(reap_expired_runs.grace_seconds, 'grace_seconds', 0, 86400);
+    PERFORM runrow._require_range(reap_expired_runs.max_runs, 'max_runs', 1, 10000);
+
+    -- The read: candidates as they looked a moment ago. Nothing here is trusted; each
+    -- reap below re-checks token, status and lease expiry inside its own write.
+    FOR orphan IN
+        SELECT a.id, a.claim_token
+        FROM runrow.agent_run AS a
+        WHERE a.status = 'running'
+          AND a.claim_expires_at < now() - make_interval(secs => reap_expired_runs.grace_seconds)
+        ORDER BY a.claim_expires_at
+        LIMIT reap_expired_runs.max_runs
+    LOOP
+        result := runrow._end_claim(
+            orphan.id, orphan.claim_token,
+            format('lease expired: no heartbeat for more than the lease + %s s grace', reap_expired_runs.grace_seconds),
+            reap_expired_runs.grace_seconds);
+        IF result IS NOT NULL THEN
+            run_id := orphan.id;
+            outcome := result;
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.reap_expired_runs(integer, integer) IS
+'Reap up to max_runs running runs whose lease expired more than grace_seconds ago. Safe on '
+'every worker at once: each reap re-checks, inside its own UPDATE, that the run is still '
+'running with the token read and that its lease is still expired beyond the grace now, so a '
+'heartbeat that lands between the read and the write makes it a no-op. Outcome per run: '
+'requeued (attempts left; claim cleared, run_requeued journaled, dispatchers woken), failed '
+'(max_attempts = 1: at-most-once), dead (attempts exhausted) or cancelled (a stop was '
+'pending); terminal outcomes journal complete and wake the next turn.';
+
+REVOKE ALL ON FUNCTION runrow.reap_expired_runs(integer, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.reap_expired_runs(integer, integer) TO runrow_worker;

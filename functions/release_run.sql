@@ -1,0 +1,25 @@
+CREATE OR REPLACE FUNCTION runrow.release_run(run_id uuid, claim_token uuid, error text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(release_run.run_id, 'run_id');
+    PERFORM runrow._require_not_null(release_run.claim_token, 'claim_token');
+    IF length(release_run.error) > 10000 THEN
+        RAISE EXCEPTION 'error is too long: at most 10000 characters' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN runrow._end_claim(release_run.run_id, release_run.claim_token, release_run.error, NULL);
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.release_run(uuid, uuid, text) IS
+'A worker hands back a run it cannot finish in this attempt (a transient failure, a drain). '
+'Fenced by claim_token and status running. Returns requeued (attempts left: queued again at '
+'once, without waiting for the lease, dispatchers woken), failed (max_attempts = 1), dead '
+'(attempts exhausted) or cancelled (a stop was pending); terminal outcomes journal complete. '
+'NULL when fenced out: nothing written.';
+
+REVOKE ALL ON FUNCTION runrow.release_run(uuid, uuid, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.release_run(uuid, uuid, text) TO runrow_worker;

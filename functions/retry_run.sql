@@ -1,0 +1,55 @@
+CREATE OR REPLACE FUNCTION runrow.retry_run(run_id uuid)
+RETURNS uuid
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    old runrow.agent_run;
+    new_id uuid;
+BEGIN
+    PERFORM runrow._require_not_null(retry_run.run_id, 'run_id');
+    SELECT a.* INTO old FROM runrow.agent_run AS a WHERE a.id = retry_run.run_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run_id % does not exist', retry_run.run_id USING ERRCODE = 'no_data_found';
+    END IF;
+    IF old.status NOT IN ('failed', 'dead') THEN
+        RAISE EXCEPTION 'run_id % is %: only failed or dead runs can be retried', retry_run.run_id, old.status
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    PERFORM runrow._lock_conversation(old.conversation_id);
+
+    -- A run is retried at most once (unique index on retry_of): a second call returns
+    -- the retry already made.
+    SELECT a.id INTO new_id FROM runrow.agent_run AS a WHERE a.retry_of = old.id;
+    IF FOUND THEN
+        RETURN new_id;
+    END IF;
+
+    INSERT INTO runrow.agent_run (
+        conversation_id, user_id, user_message_id, max_attempts, model, prompt_id, metadata,
+        request_snapshot, retry_of
+    )
+    VALUES (
+        old.conversation_id, old.user_id, old.user_message_id, old.max_attempts, old.model,
+        old.prompt_id, old.metadata, old.request_snapshot, old.id
+    )
+    RETURNING id INTO new_id;
+
+    PERFORM runrow._journal(new_id, jsonb_build_array(
+        jsonb_build_object('type', 'user_message_created', 'message_id', old.user_message_id),
+        jsonb_build_object('type', 'run_queued', 'run_id', new_id, 'retry_of', old.id)
+    ));
+    PERFORM runrow._wake_dispatchers(old.conversation_id);
+    RETURN new_id;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.retry_run(uuid) IS
+'A person''s decision to run a failed or dead run again: a new queued run of the same '
+'conversation, user message, model and pinned prompt, with retry_of pointing at the old run '
+'(which stays as it ended). Idempotent: a run is retried at most once and a second call '
+'returns the same new run. Any other status raises 55000; an unknown run_id P0002.';
+
+REVOKE ALL ON FUNCTION runrow.retry_run(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.retry_run(uuid) TO runrow_client;

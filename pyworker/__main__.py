@@ -1,0 +1,5 @@
+import sys
+
+from pyworker.cli import main
+
+sys.exit(main())

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Install what runrow needs on a fresh Debian machine with nothing but Python and apt:
+# PostgreSQL 15 + pgTAP + pg_prove (apt, when missing and permitted), then a venv with
+# the project and its dev tools. Idempotent and quick when everything is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+[ -x /usr/lib/postgresql/15/bin/initdb ] || need_apt+=(postgresql-15)
+[ -f /usr/share/postgresql/15/extension/pgtap.control ] || need_apt+=(postgresql-15-pgtap)
+command -v pg_prove >/dev/null 2>&1 || need_apt+=(libtap-parser-sourcehandler-pgtap-perl)
+command -v psql >/dev/null 2>&1 || need_apt+=(postgresql-client-15)
+if [ "${RUNROW_WITH_BROWSER:-0}" = 1 ]; then
+  command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+fi
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; else
+    echo "bootstrap: missing Debian packages: ${need_apt[*]}" >&2
+    echo "bootstrap: install them with: sudo apt-get install -y ${need_apt[*]}" >&2
+    echo "bootstrap: (or set DATABASE_URL to an existing PostgreSQL 15 with pgTAP)" >&2
+    exit 1
+  fi
+  echo "bootstrap: apt-get install ${need_apt[*]}"
+  # The Debian server package would start a system cluster on 5432; we never use it.
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "bootstrap: creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.runrow-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "bootstrap: pip install -e '.[dev]'"
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  touch "$stamp"
+fi

@@ -1,0 +1,68 @@
+"""Shared fixtures: a real PostgreSQL for the whole session.
+
+With DATABASE_URL set (as `make test` does through `runrow db run`), tests use that
+database; otherwise they start a private throwaway cluster of their own. Either way the
+schema is brought current with `runrow migrate` once per session.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from pyworker import devdb
+from pyworker.migrate import migrate
+
+
+@pytest.fixture(scope="session")
+def cluster_urls() -> Iterator[tuple[str, str]]:
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        yield url, os.environ.get("RUNROW_SUPERUSER_URL", url)
+        return
+    with devdb.throwaway() as cluster:
+        yield cluster.url, cluster.superuser_url
+
+
+@pytest.fixture(scope="session")
+def database_url(cluster_urls: tuple[str, str]) -> str:
+    url = cluster_urls[0]
+    migrate(url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def superuser_url(cluster_urls: tuple[str, str], database_url: str) -> str:
+    return cluster_urls[1]
+
+
+@pytest.fixture
+def connect(database_url: str) -> Iterator[object]:
+    """Open autocommit connections as the runrow owner; all are closed after the test."""
+    opened: list[psycopg.Connection] = []
+
+    def _connect(autocommit: bool = True) -> psycopg.Connection:
+        conn = psycopg.connect(database_url, autocommit=autocommit)
+        opened.append(conn)
+        return conn
+
+    yield _connect
+    for conn in opened:
+        conn.close()
+
+
+@pytest.fixture
+def scratch_database(database_url: str) -> Iterator[str]:
+    """An empty database of its own, for install tests; dropped afterwards."""
+    name = f"runrow_scratch_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    parts = urlsplit(database_url)
+    yield urlunsplit(parts._replace(path=f"/{name}"))
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

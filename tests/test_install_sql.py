@@ -1,0 +1,62 @@
+"""sql/install.sql: generated, current, idempotent, interchangeable with `runrow migrate`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+
+from pyworker.installsql import render
+from pyworker.migrate import migrate
+from pyworker.paths import INSTALL_SQL, ROOT
+
+
+def _psql_install(url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["psql", url, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(INSTALL_SQL)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def _api(url: str) -> list[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')' "
+            "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = 'runrow' ORDER BY 1"
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def test_install_sql_is_current() -> None:
+    assert INSTALL_SQL.read_text() == render(), "sql/install.sql is stale: run `make install-sql`"
+    check = subprocess.run([sys.executable, "-m", "pyworker.installsql", "--check"], cwd=ROOT)
+    assert check.returncode == 0
+
+
+def test_install_sql_twice_gives_the_same_api_as_migrate(scratch_database: str, database_url: str) -> None:
+    first = _psql_install(scratch_database)
+    assert first.returncode == 0, first.stderr
+    second = _psql_install(scratch_database)
+    assert second.returncode == 0, second.stderr
+    assert _api(scratch_database) == _api(database_url)
+    with psycopg.connect(scratch_database) as conn:
+        assert conn.execute("SELECT runrow.schema_version()").fetchone() == (
+            conn.execute("SELECT max(migration_id) FROM runrow._yoyo_migration").fetchone()
+        )
+    # runrow migrate after install.sql finds nothing to apply.
+    assert migrate(scratch_database).applied == []
+
+
+def test_concurrent_migrates_on_an_empty_database(scratch_database: str) -> None:
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = list(pool.map(lambda _: migrate(scratch_database), range(3)))
+    applied = sorted(len(r.applied) for r in results)
+    assert applied[0] == 0 and applied[-1] > 0, "exactly one migrate applied the migrations"
+    assert sum(1 for r in results if r.applied) == 1
+    # install.sql on top of a migrated database succeeds and changes nothing.
+    assert _psql_install(scratch_database).returncode == 0
