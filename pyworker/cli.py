@@ -10,6 +10,7 @@ import sys
 
 from pyworker import devdb
 from pyworker.config import ConfigError, database_url
+from pyworker.migrate import MigrateError
 
 DESCRIPTION = """\
 runrow: durable AI-agent runs on plain PostgreSQL. A run is a row: enqueued, claimed,
@@ -110,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"runrow: {exc}", file=sys.stderr)
         return 2
+    except MigrateError as exc:
+        print(f"runrow migrate: {exc}", file=sys.stderr)
+        return 1
     except devdb.DevDbError as exc:
         print(f"runrow: {exc}", file=sys.stderr)
         return 2

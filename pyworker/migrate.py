@@ -27,6 +27,10 @@ UNLOCK_SQL = "SELECT pg_advisory_unlock(hashtext('runrow.migrate'))"
 YOYO_SCHEMA = "runrow"
 
 
+class MigrateError(RuntimeError):
+    """A migration or function file failed to apply; nothing of this migrate was kept."""
+
+
 @dataclass
 class MigrateResult:
     applied: list[str]
@@ -65,7 +69,10 @@ def migrate(
             files = function_files(functions_dir)
             with psycopg.connect(database_url) as conn, conn.transaction():
                 for path in files:
-                    conn.execute(path.read_text())  # type: ignore[arg-type]
+                    try:
+                        conn.execute(path.read_text())  # type: ignore[arg-type]
+                    except psycopg.Error as exc:
+                        raise MigrateError(f"functions/{path.name}: {exc}") from exc
             for mid in applied:
                 log.info("applied migration %s", mid)
             version = lock_conn.execute("SELECT runrow.schema_version()").fetchone()[0]  # type: ignore[index]
