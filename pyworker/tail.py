@@ -1,0 +1,154 @@
+"""The tail: follow one run's journal from a cursor until its `complete` event.
+
+One implementation for the CLI and the HTTP service. The journal (`runrow.read_events`) is
+the truth; the run's NOTIFY channel is only a hint that new rows may exist. So the tail
+subscribes *before* its catch-up read (an event committed between read and subscribe would
+otherwise wake no one), re-reads on every wake and on every timeout, and works with no hub
+at all by polling. Each event carries its seq: a consumer that drops reconnects with
+`from_seq` = the last seq it saw and gets everything after it, exactly once, in order.
+
+Consume it with `contextlib.aclosing` so that breaking out early releases the subscription
+at once rather than when the generator is garbage-collected:
+
+    async with aclosing(tail(pool, hub, run_id, from_seq=n)) as items:
+        async for item in items:
+            ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+if TYPE_CHECKING:
+    from pyworker.hub import Hub
+
+
+# TODO(switch): pyworker.api / pyworker.channels land from another helper; until then
+# minimal private copies of the three names the tail needs.
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    type: str
+    payload: dict[str, Any]
+    created_at: datetime
+
+
+def events_channel(run_id: UUID) -> str:
+    return "runrow_events_" + run_id.hex
+
+
+async def read_events(
+    conn: psycopg.AsyncConnection, run_id: UUID, after_seq: int, max_events: int
+) -> list[Event]:
+    cur = await conn.execute(
+        "SELECT seq, type, payload, created_at FROM runrow.read_events("
+        "run_id => %s, after_seq => %s, max_events => %s)",
+        (run_id, after_seq, max_events),
+    )
+    return [Event(*row) for row in await cur.fetchall()]
+
+
+# How often a tail re-reads when no notification can reach it (no hub, or hub down).
+POLL_INTERVAL = 1.0
+
+
+class RunNotFound(LookupError):
+    """The run id names no run (read_events raised P0002)."""
+
+    def __init__(self, run_id: UUID) -> None:
+        super().__init__(f"run {run_id} does not exist")
+        self.run_id = run_id
+
+
+@dataclass(frozen=True)
+class Keepalive:
+    """Nothing new for `keepalive` seconds; an SSE server sends a comment to keep proxies warm."""
+
+
+TailItem = Event | Keepalive
+
+
+async def tail(
+    pool: AsyncConnectionPool,
+    hub: Hub | None,
+    run_id: UUID,
+    from_seq: int = 0,
+    keepalive: float = 15.0,
+    page: int = 500,
+    poll_interval: float = POLL_INTERVAL,
+) -> AsyncIterator[TailItem]:
+    """Yield the run's events with seq > from_seq, in order, ending after the first `complete`.
+
+    Yields a Keepalive after `keepalive` seconds without events. Raises RunNotFound for an
+    unknown run. With `hub` None, or while the hub is disconnected, it re-reads every
+    `poll_interval` seconds instead of waiting for a notification.
+    """
+    cursor = from_seq
+    loop = asyncio.get_running_loop()
+    subscription = hub.subscribe(events_channel(run_id)) if hub is not None else _no_subscription()
+    async with subscription as queue:
+        last_yield = loop.time()
+        while True:
+            # Clear pending wakes before reading, never after: a wake that arrives after
+            # this point is for a row the read below may not see, and must survive.
+            _drain(queue)
+            # A hub that is down now may have missed the notification for a row committed
+            # before it re-LISTENs; only a wait that began with the hub up can trust it.
+            trusted = hub is not None and hub.connected
+            events = await _read(pool, run_id, cursor, page)
+            for event in events:
+                cursor = event.seq
+                last_yield = loop.time()
+                yield event
+                if event.type == "complete":
+                    return
+            if len(events) == page:
+                continue  # more rows are already there: no waiting
+            now = loop.time()
+            if now - last_yield >= keepalive:
+                last_yield = now
+                yield Keepalive()
+            until_keepalive = max(0.0, keepalive - (loop.time() - last_yield))
+            timeout = until_keepalive if trusted else min(poll_interval, until_keepalive)
+            await _wait(queue, timeout)
+
+
+async def _read(pool: AsyncConnectionPool, run_id: UUID, cursor: int, page: int) -> list[Event]:
+    # A pooled connection per read: a tail holds no connection while it waits.
+    try:
+        async with pool.connection() as conn:
+            return await read_events(conn, run_id, cursor, page)
+    except psycopg.errors.NoDataFound as exc:
+        raise RunNotFound(run_id) from exc
+
+
+def _drain(queue: asyncio.Queue[Any] | None) -> None:
+    if queue is None:
+        return
+    while True:
+        try:
+            queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return
+
+
+async def _wait(queue: asyncio.Queue[Any] | None, seconds: float) -> None:
+    if queue is None:
+        await asyncio.sleep(seconds)
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(queue.get(), timeout=seconds)
+
+
+@contextlib.asynccontextmanager
+async def _no_subscription() -> AsyncIterator[None]:
+    yield None
