@@ -1,0 +1,189 @@
+"""Support for the race tests: sessions that block on each other, and the stress worker.
+
+A race is forced into one interleaving at a time: one session holds a row lock (an open
+transaction), another session makes its call in a thread, the test waits until the server
+reports that call blocked on the holder (pg_blocking_pids), then releases the holder. No
+sleeps: every wait is a poll of the server's own lock table with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pyworker.migrate import migrate
+
+POLL_TIMEOUT = 15.0
+
+
+@contextmanager
+def private_database(database_url: str) -> Iterator[str]:
+    """A migrated database of the race module's own, so claims see only this module's runs
+    and the thousands of finished runs the cost tests create bloat nobody else's tables."""
+    name = f"runrow_races_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = urlunsplit(urlsplit(database_url)._replace(path=f"/{name}"))
+    try:
+        migrate(url)
+        yield url
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+class Background:
+    """One call on its own connection in a thread, observed from outside."""
+
+    def __init__(self, conn: psycopg.Connection, call: Callable[[psycopg.Connection], Any]) -> None:
+        self.conn = conn
+        self.pid = conn.info.backend_pid
+        self._call = call
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = self._call(self.conn)
+        except BaseException as exc:  # handed to the test thread by result()
+            self._error = exc
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait_blocked_by(self, observer: psycopg.Connection, holder: psycopg.Connection) -> None:
+        """Return once the server says this call waits on a lock the holder has."""
+        holder_pid = holder.info.backend_pid
+        deadline = time.monotonic() + POLL_TIMEOUT
+        while True:
+            blocked = observer.execute(
+                "SELECT %s = ANY (pg_blocking_pids(%s))", (holder_pid, self.pid)
+            ).fetchone()[0]
+            if blocked:
+                return
+            if self.done:
+                self.result()  # re-raises the call's error, if any
+                raise AssertionError("the call finished without ever blocking on the holder")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"backend {self.pid} did not block on {holder_pid} in time")
+            time.sleep(0.005)
+
+    def result(self, timeout: float = POLL_TIMEOUT) -> Any:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise AssertionError(f"backend {self.pid} is still busy after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+def enqueue(
+    conn: psycopg.Connection, conversation_id: uuid.UUID, turns: int = 1, max_attempts: int = 1
+) -> list:
+    return [
+        conn.execute(
+            "SELECT run_id FROM runrow.enqueue_run(%s, %s::jsonb, 'test-model', max_attempts => %s)",
+            (conversation_id, json.dumps(f"turn {n}"), max_attempts),
+        ).fetchone()[0]
+        for n in range(turns)
+    ]
+
+
+def claim(conn: psycopg.Connection, max_runs: int = 1, lease_seconds: int = 30) -> list[dict]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            "SELECT * FROM runrow.claim_runs('race-test', %s, %s)", (max_runs, lease_seconds)
+        ).fetchall()
+
+
+def claim_one(conn: psycopg.Connection, lease_seconds: int = 30) -> dict:
+    rows = claim(conn, 1, lease_seconds)
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def expire_lease(conn: psycopg.Connection, run_id: uuid.UUID) -> None:
+    """Put a running run's lease in the past (set-up as the owner, instead of waiting)."""
+    conn.execute(
+        "UPDATE runrow.agent_run SET claim_expires_at = now() - interval '1 second' WHERE id = %s",
+        (run_id,),
+    )
+
+
+def run_row(conn: psycopg.Connection, run_id: uuid.UUID) -> dict:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute("SELECT * FROM runrow.agent_run WHERE id = %s", (run_id,)).fetchone()
+
+
+def journal(conn: psycopg.Connection, run_id: uuid.UUID) -> list[tuple[int, str]]:
+    return conn.execute(
+        "SELECT seq, type FROM runrow.run_event WHERE run_id = %s ORDER BY seq", (run_id,)
+    ).fetchall()
+
+
+def drain(conn: psycopg.Connection) -> None:
+    """End every active run, so the next claim sees only what the test enqueues."""
+    for (conversation_id,) in conn.execute(
+        "SELECT DISTINCT conversation_id FROM runrow.agent_run"
+        " WHERE status IN ('queued', 'running', 'waiting')"
+    ).fetchall():
+        conn.execute("SELECT runrow.stop_conversation(%s)", (conversation_id,))
+    for run_id, token in conn.execute(
+        "SELECT id, claim_token FROM runrow.agent_run WHERE status = 'running'"
+    ).fetchall():
+        conn.execute("SELECT runrow.finish_run(%s, %s, 'cancelled')", (run_id, token))
+
+
+def clock(conn: psycopg.Connection) -> Any:
+    return conn.execute("SELECT clock_timestamp()").fetchone()[0]
+
+
+def stress_worker(url: str, worker_id: str, conversations: list[str]) -> list[tuple]:
+    """One worker process: claim, do a little work, finish, until the conversations are done.
+
+    Each record is (conversation, enqueue_seq, run, started, ended) with started read from
+    the database clock after the claim committed and ended read before the finish began:
+    an interval inside the time the run was really running (claim commit to finish commit),
+    so two records of one conversation can overlap only if two runs really did."""
+    records = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT run_id, claim_token, conversation_id FROM runrow.claim_run(%s, 30)", (worker_id,)
+            ).fetchone()
+            if row is None:
+                active = conn.execute(
+                    "SELECT count(*) FROM runrow.agent_run"
+                    " WHERE conversation_id = ANY (%s::uuid[]) AND status IN ('queued', 'running')",
+                    (conversations,),
+                ).fetchone()[0]
+                if active == 0:
+                    return records
+                continue
+            run_id, token, conversation_id = row
+            started = clock(conn)
+            seq = conn.execute(
+                'SELECT runrow.append_events(%s, %s, \'[{"type": "text", "text": "x"}]\')', (run_id, token)
+            ).fetchone()[0]
+            assert seq is not None, f"{worker_id} lost {run_id} while holding it"
+            ended = clock(conn)
+            finished = conn.execute(
+                "SELECT runrow.finish_run(%s, %s, 'completed')", (run_id, token)
+            ).fetchone()[0]
+            assert finished, f"{worker_id} could not finish {run_id}"
+            enqueue_seq = conn.execute(
+                "SELECT enqueue_seq FROM runrow.agent_run WHERE id = %s", (run_id,)
+            ).fetchone()[0]
+            records.append((str(conversation_id), enqueue_seq, str(run_id), started, ended))

@@ -1,0 +1,299 @@
+"""Races between real sessions, each forced into one deterministic interleaving.
+
+Pattern: session 1 makes its call inside an open transaction (it now holds the run's row
+lock), session 2 makes the competing call in a thread, the test waits until the server
+reports session 2 blocked on session 1 (pg_blocking_pids), then session 1 commits and the
+test checks what session 2 did. Then the same with the roles swapped.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+from race_support import (
+    Background,
+    claim,
+    claim_one,
+    drain,
+    enqueue,
+    expire_lease,
+    journal,
+    private_database,
+    run_row,
+)
+
+Connect = Callable[..., psycopg.Connection]
+
+
+@pytest.fixture(scope="module")
+def database_url(database_url: str) -> Iterator[str]:
+    """This module's own database (the conftest `connect` fixture then opens sessions on it)."""
+    with private_database(database_url) as url:
+        yield url
+
+
+@pytest.fixture
+def owner(connect: Connect) -> psycopg.Connection:
+    """The observer and set-up session; every test starts with no active run at all, so a
+    claim can only return what the test itself enqueued."""
+    conn = connect()
+    drain(conn)
+    return conn
+
+
+def reap(conn: psycopg.Connection) -> list[tuple]:
+    return conn.execute("SELECT run_id, outcome FROM runrow.reap_expired_runs(grace_seconds => 0)").fetchall()
+
+
+def heartbeat(conn: psycopg.Connection, run: dict) -> tuple[bool, bool]:
+    return conn.execute(
+        "SELECT owned, cancel_requested FROM runrow.heartbeat(%s, %s, 30)",
+        (run["run_id"], run["claim_token"]),
+    ).fetchone()
+
+
+def finish(conn: psycopg.Connection, run: dict, status: str = "completed") -> bool:
+    return conn.execute(
+        "SELECT runrow.finish_run(%s, %s, %s)", (run["run_id"], run["claim_token"], status)
+    ).fetchone()[0]
+
+
+def append(conn: psycopg.Connection, run: dict, count: int = 2) -> int | None:
+    events = Jsonb([{"type": "text", "text": f"part {n}"} for n in range(count)])
+    return conn.execute(
+        "SELECT runrow.append_events(%s, %s, %s)", (run["run_id"], run["claim_token"], events)
+    ).fetchone()[0]
+
+
+def stop(conn: psycopg.Connection, conversation_id: uuid.UUID) -> list[tuple]:
+    return conn.execute(
+        "SELECT run_id, action FROM runrow.stop_conversation(%s)", (conversation_id,)
+    ).fetchall()
+
+
+def assert_gap_free(events: list[tuple[int, str]]) -> None:
+    assert [seq for seq, _ in events] == list(range(1, len(events) + 1)), events
+
+
+def claimed_running(owner: psycopg.Connection, max_attempts: int = 1) -> dict:
+    conversation = uuid.uuid4()
+    (run_id,) = enqueue(owner, conversation, max_attempts=max_attempts)
+    run = claim_one(owner)
+    assert run["run_id"] == run_id
+    return run
+
+
+# --- a. heartbeat vs reaper -----------------------------------------------------------
+
+
+def test_heartbeat_committing_while_the_reaper_waits_keeps_the_run(
+    owner: psycopg.Connection, connect: Connect
+):
+    run = claimed_running(owner)
+    expire_lease(owner, run["run_id"])
+    worker = connect(autocommit=False)
+    assert heartbeat(worker, run) == (True, False)  # holds the row lock; lease now in the future
+
+    reaper = Background(connect(), reap)
+    reaper.wait_blocked_by(owner, worker)  # it read the expired lease and waits on the row
+    worker.commit()
+
+    assert reaper.result() == []
+    row = run_row(owner, run["run_id"])
+    assert (row["status"], row["claim_token"]) == ("running", run["claim_token"])
+    assert heartbeat(owner, run) == (True, False)
+    assert [t for _, t in journal(owner, run["run_id"])] == [
+        "user_message_created",
+        "run_queued",
+        "run_claimed",
+    ]
+
+
+def test_reap_committing_while_the_heartbeat_waits_fences_the_worker_out(
+    owner: psycopg.Connection, connect: Connect
+):
+    run = claimed_running(owner)
+    expire_lease(owner, run["run_id"])
+    reaper = connect(autocommit=False)
+    assert reap(reaper) == [(run["run_id"], "failed")]
+
+    worker = Background(connect(), lambda conn: heartbeat(conn, run))
+    worker.wait_blocked_by(owner, reaper)
+    reaper.commit()
+
+    assert worker.result() == (False, False)
+    assert run_row(owner, run["run_id"])["status"] == "failed"
+
+
+# --- b. finish vs reap ----------------------------------------------------------------
+
+
+def test_finish_first_then_the_waiting_reap_is_a_no_op(owner: psycopg.Connection, connect: Connect):
+    run = claimed_running(owner)
+    expire_lease(owner, run["run_id"])
+    worker = connect(autocommit=False)
+    assert finish(worker, run) is True
+
+    reaper = Background(connect(), reap)
+    reaper.wait_blocked_by(owner, worker)
+    worker.commit()
+
+    assert reaper.result() == []
+    assert run_row(owner, run["run_id"])["status"] == "completed"
+    events = journal(owner, run["run_id"])
+    assert_gap_free(events)
+    assert [t for _, t in events].count("complete") == 1
+
+
+@pytest.mark.parametrize(("max_attempts", "outcome", "completes"), [(1, "failed", 1), (2, "queued", 0)])
+def test_reap_first_then_the_waiting_finish_is_fenced_out(
+    owner: psycopg.Connection, connect: Connect, max_attempts: int, outcome: str, completes: int
+):
+    run = claimed_running(owner, max_attempts=max_attempts)
+    expire_lease(owner, run["run_id"])
+    reaper = connect(autocommit=False)
+    assert reap(reaper) == [(run["run_id"], "requeued" if outcome == "queued" else outcome)]
+
+    worker = Background(connect(), lambda conn: finish(conn, run))
+    worker.wait_blocked_by(owner, reaper)
+    reaper.commit()
+
+    assert worker.result() is False
+    assert run_row(owner, run["run_id"])["status"] == outcome
+    events = journal(owner, run["run_id"])
+    assert_gap_free(events)
+    assert [t for _, t in events].count("complete") == completes
+
+
+# --- c. append vs reap ----------------------------------------------------------------
+
+
+def test_append_first_lands_before_the_waiting_reaps_complete(owner: psycopg.Connection, connect: Connect):
+    run = claimed_running(owner)
+    expire_lease(owner, run["run_id"])
+    worker = connect(autocommit=False)
+    assert append(worker, run, 2) == 5
+
+    reaper = Background(connect(), reap)
+    reaper.wait_blocked_by(owner, worker)
+    worker.commit()
+
+    # An append does not extend the lease, so the reap goes ahead, after the events.
+    assert reaper.result() == [(run["run_id"], "failed")]
+    events = journal(owner, run["run_id"])
+    assert_gap_free(events)
+    assert [t for _, t in events][3:] == ["text", "text", "complete"]
+
+
+def test_reap_first_then_the_waiting_append_writes_nothing(owner: psycopg.Connection, connect: Connect):
+    run = claimed_running(owner)
+    expire_lease(owner, run["run_id"])
+    reaper = connect(autocommit=False)
+    assert reap(reaper) == [(run["run_id"], "failed")]
+
+    worker = Background(connect(), lambda conn: append(conn, run, 2))
+    worker.wait_blocked_by(owner, reaper)
+    reaper.commit()
+
+    assert worker.result() is None
+    events = journal(owner, run["run_id"])
+    assert_gap_free(events)
+    assert [t for _, t in events][-1] == "complete"
+    assert "text" not in [t for _, t in events]
+
+
+# --- d, e. claimers and turn order ----------------------------------------------------
+
+
+def test_second_claimer_takes_nothing_while_the_first_holds_turn_one(
+    owner: psycopg.Connection, connect: Connect
+):
+    conversation = uuid.uuid4()
+    turn1, turn2 = enqueue(owner, conversation, 2)
+    claimer_a = connect(autocommit=False)
+    assert [r["run_id"] for r in claim(claimer_a)] == [turn1]
+
+    # Turn 1 is locked (skipped) and still queued in B's snapshot, so turn 2 is not the
+    # oldest queued turn: B returns nothing at once, without waiting and without an error.
+    claimer_b = Background(connect(), lambda conn: claim(conn, 10))
+    assert claimer_b.result() == []
+    claimer_a.commit()
+
+    # Turn 1 running: turn 2 still waits behind it, then starts once turn 1 ends.
+    assert claim(owner, 10) == []
+    assert run_row(owner, turn2)["status"] == "queued"
+    assert finish(owner, {"run_id": turn1, "claim_token": run_row(owner, turn1)["claim_token"]})
+    assert [r["run_id"] for r in claim(owner, 10)] == [turn2]
+
+
+def test_one_claim_call_takes_only_the_oldest_turn_of_a_conversation(owner: psycopg.Connection):
+    conversation = uuid.uuid4()
+    turn1, _turn2, _turn3 = enqueue(owner, conversation, 3)
+    assert [r["run_id"] for r in claim(owner, 10)] == [turn1]
+
+
+def test_claimer_skipping_a_locked_first_turn_does_not_take_the_second(
+    owner: psycopg.Connection, connect: Connect
+):
+    conversation, other = uuid.uuid4(), uuid.uuid4()
+    turn1, turn2 = enqueue(owner, conversation, 2)
+    (other_turn,) = enqueue(owner, other)
+    locker = connect(autocommit=False)
+    locker.execute("SELECT id FROM runrow.agent_run WHERE id = %s FOR UPDATE", (turn1,))
+
+    # The claimer skips the locked turn 1 and takes the other conversation's turn, which
+    # was enqueued after turn 2: turn 2 was passed over because it is not first in line.
+    claimer = Background(connect(), lambda conn: claim(conn, 10))
+    assert [r["run_id"] for r in claimer.result()] == [other_turn]
+    assert run_row(owner, turn2)["status"] == "queued"
+    locker.commit()
+
+    assert [r["run_id"] for r in claim(owner, 10)] == [turn1]
+    assert run_row(owner, turn2)["status"] == "queued"
+
+
+# --- f. stop vs the running turn finishing --------------------------------------------
+
+
+def test_stop_waiting_on_a_finishing_turn_leaves_no_turn_to_start(
+    owner: psycopg.Connection, connect: Connect
+):
+    conversation = uuid.uuid4()
+    turn1, turn2 = enqueue(owner, conversation, 2)
+    run = claim_one(owner)
+    assert run["run_id"] == turn1
+    worker = connect(autocommit=False)
+    assert finish(worker, run) is True
+
+    stopper = Background(connect(), lambda conn: stop(conn, conversation))
+    stopper.wait_blocked_by(owner, worker)
+    worker.commit()
+
+    # Turn 1 ended before the stop reached it; the stop cancels turn 2 before it starts.
+    assert stopper.result() == [(turn2, "cancelled")]
+    assert claim(owner, 10) == []
+    assert run_row(owner, turn1)["status"] == "completed"
+    assert run_row(owner, turn2)["status"] == "cancelled"
+    assert [t for _, t in journal(owner, turn2)] == ["user_message_created", "run_queued", "complete"]
+
+
+def test_finish_waiting_on_a_stop_leaves_no_turn_to_start(owner: psycopg.Connection, connect: Connect):
+    conversation = uuid.uuid4()
+    turn1, turn2 = enqueue(owner, conversation, 2)
+    run = claim_one(owner)
+    stopper = connect(autocommit=False)
+    assert stop(stopper, conversation) == [(turn1, "cancel_requested"), (turn2, "cancelled")]
+
+    worker = Background(connect(), lambda conn: finish(conn, run, "cancelled"))
+    worker.wait_blocked_by(owner, stopper)
+    stopper.commit()
+
+    assert worker.result() is True
+    assert claim(owner, 10) == []
+    assert run_row(owner, turn1)["status"] == "cancelled"
+    assert run_row(owner, turn2)["status"] == "cancelled"
+    assert [t for _, t in journal(owner, turn1)][-2:] == ["cancel_requested", "complete"]
