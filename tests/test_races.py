@@ -8,6 +8,8 @@ test checks what session 2 did. Then the same with the roles swapped.
 
 from __future__ import annotations
 
+import itertools
+import multiprocessing
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -24,6 +26,7 @@ from race_support import (
     journal,
     private_database,
     run_row,
+    stress_worker,
 )
 
 Connect = Callable[..., psycopg.Connection]
@@ -297,3 +300,55 @@ def test_finish_waiting_on_a_stop_leaves_no_turn_to_start(owner: psycopg.Connect
     assert run_row(owner, turn1)["status"] == "cancelled"
     assert run_row(owner, turn2)["status"] == "cancelled"
     assert [t for _, t in journal(owner, turn1)][-2:] == ["cancel_requested", "complete"]
+
+
+# --- g. several worker processes, thousands of runs -----------------------------------
+
+STRESS_PROCESSES = 4
+STRESS_CONVERSATIONS = 5
+STRESS_RUNS = 2000
+
+
+def test_worker_processes_claim_every_run_once_and_one_turn_at_a_time(
+    owner: psycopg.Connection, database_url: str
+):
+    conversations = [str(uuid.uuid4()) for _ in range(STRESS_CONVERSATIONS)]
+    # Round-robin, so every conversation always has a next turn queued behind its running one.
+    owner.execute(
+        "SELECT runrow.enqueue_run(c.ids[1 + n %% cardinality(c.ids)], to_jsonb('turn ' || n), 'test-model')"
+        " FROM (SELECT %s::uuid[] AS ids) AS c, generate_series(0, %s - 1) AS n",
+        (conversations, STRESS_RUNS),
+    )
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(STRESS_PROCESSES) as pool:
+        per_process = pool.starmap(
+            stress_worker, [(database_url, f"stress-{n}", conversations) for n in range(STRESS_PROCESSES)]
+        )
+
+    records = [record for records in per_process for record in records]
+    assert len(records) == STRESS_RUNS
+    assert len({run for _, _, run, _, _ in records}) == STRESS_RUNS
+    assert all(len(records) > 0 for records in per_process), "some process never claimed a run"
+
+    runs = owner.execute(
+        "SELECT r.status, r.attempt,"
+        "       count(*) FILTER (WHERE e.type = 'run_claimed'),"
+        "       count(*) FILTER (WHERE e.type = 'complete')"
+        " FROM runrow.agent_run AS r JOIN runrow.run_event AS e ON e.run_id = r.id"
+        " WHERE r.conversation_id = ANY (%s::uuid[])"
+        " GROUP BY r.id",
+        (conversations,),
+    ).fetchall()
+    assert len(runs) == STRESS_RUNS
+    assert set(runs) == {("completed", 1, 1, 1)}
+
+    by_conversation: dict[str, list[tuple]] = {}
+    for conversation, enqueue_seq, _run, started, ended in records:
+        by_conversation.setdefault(conversation, []).append((started, ended, enqueue_seq))
+    for intervals in by_conversation.values():
+        intervals.sort()
+        for (_, ended, _), (started, _, _) in itertools.pairwise(intervals):
+            assert ended < started, "two runs of one conversation were running at once"
+        seqs = [enqueue_seq for _, _, enqueue_seq in intervals]
+        assert seqs == sorted(seqs), "turns of a conversation ran out of enqueue order"
