@@ -1,0 +1,212 @@
+"""Typed async wrappers, one per runrow.* lifecycle function.
+
+Each takes an `AsyncConnection` so calls compose inside one transaction (`async with
+conn.transaction():`); on an autocommit connection each call is its own transaction. Only
+`SELECT ... FROM runrow.fn(name => value)`: the named arguments are part of the contract.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg import AsyncConnection
+from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
+
+
+@dataclass(frozen=True)
+class ClaimedRun:
+    run_id: UUID
+    claim_token: UUID
+    conversation_id: UUID
+    attempt: int
+    max_attempts: int
+    model: str
+    prompt_id: str
+    system_prompt: str | None
+    tools: Any
+    user_id: str | None
+    user_message_id: UUID
+    metadata: dict[str, Any]
+    claim_expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    owned: bool
+    cancel_requested: bool
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    type: str
+    payload: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    run_id: UUID
+    status: str
+    created: bool
+
+
+_CLAIM_COLUMNS = (
+    "run_id, claim_token, conversation_id, attempt, max_attempts, model, prompt_id, system_prompt, "
+    "tools, user_id, user_message_id, metadata, claim_expires_at"
+)
+
+
+async def claim_run(conn: AsyncConnection, worker_id: str | None, lease_seconds: int) -> ClaimedRun | None:
+    async with conn.cursor(row_factory=class_row(ClaimedRun)) as cur:
+        await cur.execute(
+            f"SELECT {_CLAIM_COLUMNS} FROM runrow.claim_run(worker_id => %s, lease_seconds => %s)",
+            (worker_id, lease_seconds),
+        )
+        return await cur.fetchone()
+
+
+async def claim_runs(
+    conn: AsyncConnection, worker_id: str | None, max_runs: int, lease_seconds: int
+) -> list[ClaimedRun]:
+    async with conn.cursor(row_factory=class_row(ClaimedRun)) as cur:
+        await cur.execute(
+            f"SELECT {_CLAIM_COLUMNS} FROM runrow.claim_runs("
+            "worker_id => %s, max_runs => %s, lease_seconds => %s)",
+            (worker_id, max_runs, lease_seconds),
+        )
+        return await cur.fetchall()
+
+
+async def heartbeat(conn: AsyncConnection, run_id: UUID, claim_token: UUID, lease_seconds: int) -> Heartbeat:
+    cur = await conn.execute(
+        "SELECT owned, cancel_requested FROM runrow.heartbeat("
+        "run_id => %s, claim_token => %s, lease_seconds => %s)",
+        (run_id, claim_token, lease_seconds),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return Heartbeat(owned=bool(row[0]), cancel_requested=bool(row[1]))
+
+
+async def append_events(
+    conn: AsyncConnection, run_id: UUID, claim_token: UUID, events: list[dict[str, Any]]
+) -> int | None:
+    """The last seq written, or None when fenced out (the run is no longer this claim's)."""
+    cur = await conn.execute(
+        "SELECT runrow.append_events(run_id => %s, claim_token => %s, events => %s)",
+        (run_id, claim_token, Jsonb(events)),
+    )
+    row = await cur.fetchone()
+    return None if row is None else row[0]
+
+
+async def finish_run(
+    conn: AsyncConnection,
+    run_id: UUID,
+    claim_token: UUID,
+    status: str,
+    result: Any = None,
+    error: str | None = None,
+) -> bool:
+    """False: someone else already ended this run (reaper, stop, a newer claim)."""
+    cur = await conn.execute(
+        "SELECT runrow.finish_run(run_id => %s, claim_token => %s, status => %s, result => %s, error => %s)",
+        (run_id, claim_token, status, None if result is None else Jsonb(result), error),
+    )
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def release_run(
+    conn: AsyncConnection, run_id: UUID, claim_token: UUID, error: str | None = None
+) -> str | None:
+    """'requeued', 'failed', 'dead' or 'cancelled'; None when fenced out."""
+    cur = await conn.execute(
+        "SELECT runrow.release_run(run_id => %s, claim_token => %s, error => %s)",
+        (run_id, claim_token, error),
+    )
+    row = await cur.fetchone()
+    return None if row is None else row[0]
+
+
+async def reap_expired_runs(
+    conn: AsyncConnection, grace_seconds: int, max_runs: int
+) -> list[tuple[UUID, str]]:
+    cur = await conn.execute(
+        "SELECT run_id, outcome FROM runrow.reap_expired_runs(grace_seconds => %s, max_runs => %s)",
+        (grace_seconds, max_runs),
+    )
+    return [(r[0], r[1]) for r in await cur.fetchall()]
+
+
+async def read_events(
+    conn: AsyncConnection, run_id: UUID, after_seq: int = 0, max_events: int = 500
+) -> list[Event]:
+    async with conn.cursor(row_factory=class_row(Event)) as cur:
+        await cur.execute(
+            "SELECT seq, type, payload, created_at FROM runrow.read_events("
+            "run_id => %s, after_seq => %s, max_events => %s)",
+            (run_id, after_seq, max_events),
+        )
+        return await cur.fetchall()
+
+
+async def enqueue_run(
+    conn: AsyncConnection,
+    conversation_id: UUID,
+    content: Any,
+    model: str,
+    *,
+    user_id: str | None = None,
+    system_prompt: str | None = None,
+    tools: Any = None,
+    max_attempts: int = 1,
+    idempotency_key: str | None = None,
+    if_active: str = "enqueue",
+    metadata: dict[str, Any] | None = None,
+) -> Enqueued:
+    cur = await conn.execute(
+        "SELECT run_id, status, created FROM runrow.enqueue_run("
+        "conversation_id => %s, content => %s, model => %s, user_id => %s, system_prompt => %s, "
+        "tools => %s, max_attempts => %s, idempotency_key => %s, if_active => %s, metadata => %s)",
+        (
+            conversation_id,
+            Jsonb(content),
+            model,
+            user_id,
+            system_prompt,
+            Jsonb([] if tools is None else tools),
+            max_attempts,
+            idempotency_key,
+            if_active,
+            Jsonb({} if metadata is None else metadata),
+        ),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return Enqueued(run_id=row[0], status=row[1], created=bool(row[2]))
+
+
+async def stop_conversation(conn: AsyncConnection, conversation_id: UUID) -> list[tuple[UUID, str]]:
+    cur = await conn.execute(
+        "SELECT run_id, action FROM runrow.stop_conversation(conversation_id => %s)", (conversation_id,)
+    )
+    return [(r[0], r[1]) for r in await cur.fetchall()]
+
+
+async def cancel_run(conn: AsyncConnection, run_id: UUID) -> str | None:
+    cur = await conn.execute("SELECT runrow.cancel_run(run_id => %s)", (run_id,))
+    row = await cur.fetchone()
+    return None if row is None else row[0]
+
+
+async def retry_run(conn: AsyncConnection, run_id: UUID) -> UUID:
+    cur = await conn.execute("SELECT runrow.retry_run(run_id => %s)", (run_id,))
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]

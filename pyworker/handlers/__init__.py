@@ -1,0 +1,1 @@
+"""Run handlers shipped with runrow (the agent loop is pyworker.agent:handle)."""

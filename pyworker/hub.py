@@ -1,0 +1,204 @@
+"""One LISTEN connection per process, multiplexing channels to in-process subscribers.
+
+Signals are hints, rows are truth: a subscriber treats every payload as "something may have
+changed" and re-reads rows. So the hub may drop (full queue), lose (connection down) or
+duplicate (reconnect wake) signals; every consumer also polls on its own timeout.
+
+A single supervisor task owns the connection and every LISTEN/UNLISTEN: subscribers only
+change the in-process subscriber map and nudge the supervisor, so a reconnect (which re-LISTENs
+the whole map) can never race a subscribe. The connection is opened directly, never through a
+pool or a transaction-pooling bouncer: LISTEN needs a session that lives as long as the hub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+log = logging.getLogger("runrow.hub")
+
+RECONNECT_WAKE = ""  # payload put into every queue after a reconnect: re-read, something may have changed
+
+
+class Hub:
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        queue_size: int = 64,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+        application_name: str = "runrow-hub",
+    ) -> None:
+        self._conninfo = conninfo
+        self._queue_size = queue_size
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._application_name = application_name
+        self._subscribers: dict[str, set[asyncio.Queue[str]]] = {}
+        self._listening: set[str] = set()
+        # Futures of subscribers waiting for their LISTEN to be in effect; resolved by the supervisor.
+        self._nudges: asyncio.Queue[asyncio.Future[None] | None] = asyncio.Queue()
+        self._connected = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self.backend_pid: int | None = None
+        self.dropped = 0  # payloads dropped on full queues (observability, tests)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._supervise(), name="runrow-hub")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._close()
+
+    async def wait_connected(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109
+        try:
+            await asyncio.wait_for(self._connected.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, channel: str) -> AsyncIterator[asyncio.Queue[str]]:
+        """A bounded queue of payloads of `channel`. When the hub is connected, the LISTEN is in
+        effect before this returns, so "subscribe, then read rows" loses no wake."""
+        queue: asyncio.Queue[str] = asyncio.Queue(self._queue_size)
+        self._subscribers.setdefault(channel, set()).add(queue)
+        try:
+            if channel not in self._listening and self.connected and self._task is not None:
+                done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._nudges.put_nowait(done)
+                await done
+            yield queue
+        finally:
+            subs = self._subscribers.get(channel)
+            if subs is not None:
+                subs.discard(queue)
+                if not subs:
+                    del self._subscribers[channel]
+                    self._nudges.put_nowait(None)
+
+    def _deliver(self, channel: str, payload: str) -> None:
+        for queue in list(self._subscribers.get(channel, ())):
+            try:
+                queue.put_nowait(payload)
+            except asyncio.QueueFull:
+                # A full queue already holds a pending wake; the consumer re-reads rows anyway.
+                self.dropped += 1
+
+    def _wake_everyone(self) -> None:
+        for channel in list(self._subscribers):
+            self._deliver(channel, RECONNECT_WAKE)
+
+    async def _supervise(self) -> None:
+        backoff = self._backoff_initial
+        while True:
+            try:
+                await self._connect()
+                backoff = self._backoff_initial
+                await self._serve()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self.connected:
+                    log.warning("hub connection lost: %s; consumers fall back to polling", exc)
+                else:
+                    log.warning("hub cannot connect: %s; retrying", exc)
+            self._connected.clear()
+            self._release_waiters()
+            await self._close()
+            delay = backoff * random.uniform(0.5, 1.5)
+            backoff = min(backoff * 2, self._backoff_max)
+            await asyncio.sleep(delay)
+
+    async def _connect(self) -> None:
+        conn = await psycopg.AsyncConnection.connect(
+            self._conninfo, autocommit=True, application_name=self._application_name
+        )
+        self._conn = conn
+        self._listening = set()
+        await self._reconcile(conn)
+        self.backend_pid = conn.info.backend_pid
+        self._connected.set()
+        log.info("hub connected (backend pid %s, %d channels)", self.backend_pid, len(self._listening))
+        # Whatever was notified while we were down is lost: tell every subscriber to re-read.
+        self._wake_everyone()
+
+    async def _serve(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        while True:
+            pump = asyncio.create_task(self._pump(conn))
+            nudge = asyncio.create_task(self._nudges.get())
+            try:
+                await asyncio.wait({pump, nudge}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not pump.done():
+                    pump.cancel()
+                if not nudge.done():
+                    nudge.cancel()
+                results = await asyncio.gather(pump, nudge, return_exceptions=True)
+            waiters = []
+            if not nudge.cancelled() and isinstance(results[1], asyncio.Future):
+                waiters.append(results[1])
+            if isinstance(results[0], Exception):
+                for fut in waiters:
+                    if not fut.done():
+                        fut.set_result(None)
+                raise results[0]
+            while not self._nudges.empty():
+                item = self._nudges.get_nowait()
+                if item is not None:
+                    waiters.append(item)
+            try:
+                await self._reconcile(conn)
+            finally:
+                for fut in waiters:
+                    if not fut.done():
+                        fut.set_result(None)
+
+    async def _pump(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        async for notify in conn.notifies():
+            self._deliver(notify.channel, notify.payload)
+        raise psycopg.OperationalError("hub notifies() ended")
+
+    async def _reconcile(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        wanted = set(self._subscribers)
+        for channel in sorted(wanted - self._listening):
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            self._listening.add(channel)
+        for channel in sorted(self._listening - wanted):
+            await conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(channel)))
+            self._listening.discard(channel)
+
+    def _release_waiters(self) -> None:
+        # Subscribers waiting for a LISTEN must not hang while the hub is down: they poll.
+        while not self._nudges.empty():
+            item = self._nudges.get_nowait()
+            if item is not None and not item.done():
+                item.set_result(None)
+
+    async def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        self._listening = set()
+        self.backend_pid = None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
