@@ -71,6 +71,37 @@ def cmd_db(args: argparse.Namespace) -> int:
         return subprocess.call(command, env=env)
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from pyworker import logs
+    from pyworker.handler import load_handler
+    from pyworker.worker import Worker
+
+    logs.setup(args.log_format, args.log_level)
+    try:
+        handler = load_handler(args.handler)
+    except (ImportError, ValueError) as exc:
+        print(f"runrow worker: cannot load --handler {args.handler!r}: {exc}", file=sys.stderr)
+        return 2
+    config = {"tools_module": args.tools} if args.tools else {}
+    if args.tools:
+        os.environ["RUNROW_TOOLS"] = args.tools
+    worker = Worker(
+        database_url(args.database_url),
+        concurrency=args.concurrency,
+        lease_seconds=args.lease,
+        drain_seconds=args.drain,
+        poll_seconds=args.poll,
+        reap_interval=args.reap_interval,
+        grace_seconds=args.grace,
+        handler=handler,
+        worker_id=args.worker_id,
+        config=config,
+    )
+    return asyncio.run(worker.run())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runrow", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -98,6 +129,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["start", "stop", "url", "run"])
     p.add_argument("command", nargs=argparse.REMAINDER, help="for run: the command to run")
     p.set_defaults(func=cmd_db)
+
+    p = sub.add_parser(
+        "worker",
+        help="run a worker: claim queued runs and drive them to an ending",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Claim queued runs into free slots (never more than --concurrency at once), "
+        "heartbeat each at a third of its lease, journal its events, and finish it. Wakes on "
+        "NOTIFY runrow_enqueued and polls every --poll seconds as the fallback. Every worker "
+        "also reaps runs whose lease expired more than --grace seconds ago (once at boot, then "
+        "on a jittered interval). SIGTERM/SIGINT drains: stop claiming, let runs in flight "
+        "finish for up to --drain seconds, release the rest (requeued while attempts are "
+        "left, else failed), exit 0; a second signal exits at once.",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=int(os.environ.get("RUNROW_CONCURRENCY", "4")),
+        help="runs in flight at once (env RUNROW_CONCURRENCY)",
+    )
+    p.add_argument("--lease", type=int, default=30, help="lease seconds; heartbeats every lease/3")
+    p.add_argument("--drain", type=float, default=30.0, help="drain budget in seconds after SIGTERM")
+    p.add_argument("--poll", type=float, default=10.0, help="idle poll tick in seconds (fallback for NOTIFY)")
+    p.add_argument(
+        "--grace", type=int, default=30, help="seconds past an expired lease before a run is reaped"
+    )
+    p.add_argument("--reap-interval", type=float, default=15.0, help="mean seconds between reaper passes")
+    p.add_argument(
+        "--handler",
+        default=os.environ.get("RUNROW_HANDLER", "pyworker.agent:handle"),
+        help="run handler as module:function (env RUNROW_HANDLER); "
+        "pyworker.handlers.echo:handle streams metadata.echo back, for tests",
+    )
+    p.add_argument(
+        "--tools",
+        default=os.environ.get("RUNROW_TOOLS"),
+        help="module that defines the agent's tools (env RUNROW_TOOLS)",
+    )
+    p.add_argument("--worker-id", default=None, help="name in agent_run.worker_id (default host-pid)")
+    p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=os.environ.get("RUNROW_LOG_FORMAT", "text"),
+        help="json: one object per line with run_id, conversation_id, attempt",
+    )
+    p.set_defaults(func=cmd_worker)
     return parser
 
 
