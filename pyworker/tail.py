@@ -21,40 +21,17 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from pyworker.api import Event, read_events
+from pyworker.channels import events_channel
+
 if TYPE_CHECKING:
     from pyworker.hub import Hub
-
-
-# TODO(switch): pyworker.api / pyworker.channels land from another helper; until then
-# minimal private copies of the three names the tail needs.
-@dataclass(frozen=True)
-class Event:
-    seq: int
-    type: str
-    payload: dict[str, Any]
-    created_at: datetime
-
-
-def events_channel(run_id: UUID) -> str:
-    return "runrow_events_" + run_id.hex
-
-
-async def read_events(
-    conn: psycopg.AsyncConnection, run_id: UUID, after_seq: int, max_events: int
-) -> list[Event]:
-    cur = await conn.execute(
-        "SELECT seq, type, payload, created_at FROM runrow.read_events("
-        "run_id => %s, after_seq => %s, max_events => %s)",
-        (run_id, after_seq, max_events),
-    )
-    return [Event(*row) for row in await cur.fetchall()]
 
 
 # How often a tail re-reads when no notification can reach it (no hub, or hub down).

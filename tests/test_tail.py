@@ -230,3 +230,15 @@ async def test_cancelled_run_streams_cancel_requested_then_complete(
     )
     types = [i.type for i in await collect(tail(pool, None, run_id, keepalive=30.0))]  # type: ignore[union-attr]
     assert types[-3:] == ["text_delta", "cancel_requested", "complete"]
+
+
+async def test_hub_down_falls_back_to_polling(
+    private_database_url: str, pool: AsyncConnectionPool, sync_conn: psycopg.Connection
+) -> None:
+    """A hub that is not connected delivers nothing; the tail still finishes, on its poll interval."""
+    from pyworker.hub import Hub
+
+    down = Hub(private_database_url)  # never started: connected is False, no LISTEN
+    await check_stream_with_drops(
+        private_database_url, pool, down, sync_conn, keepalive=30.0, poll_interval=0.01
+    )
