@@ -1,0 +1,77 @@
+-- runrow.trim_journal: only journals of runs terminal for longer than older_than go; the
+-- request snapshot is nulled; runs and messages stay; bad input.
+BEGIN;
+\ir helpers/setup.psql
+\ir helpers/lifecycle.psql
+SELECT plan(22);
+SELECT pg_temp.drain_queue();
+
+SELECT has_function('runrow', 'trim_journal', ARRAY['interval'], 'trim_journal(older_than) exists');
+
+SELECT pg_temp.finished('completed') AS old_done \gset
+SELECT pg_temp.finished('failed') AS old_failed \gset
+SELECT pg_temp.new_run() AS old_stopped \gset
+SELECT runrow.cancel_run(:'old_stopped');
+SELECT pg_temp.finished('completed') AS young \gset
+SELECT pg_temp.finished('completed') AS day_old \gset
+SELECT pg_temp.running() AS live \gset
+SELECT pg_temp.new_run() AS queued \gset
+SELECT pg_temp.age_finished(:'old_done', '2 days'), pg_temp.age_finished(:'old_failed', '25 hours'),
+       pg_temp.age_finished(:'old_stopped', '3 days'), pg_temp.age_finished(:'young', '1 hour'),
+       pg_temp.age_finished(:'day_old', '23 hours');
+
+CREATE TEMP TABLE runs_before AS SELECT * FROM runrow.agent_run;
+CREATE TEMP TABLE messages_before AS SELECT * FROM runrow.message;
+SELECT count(*) AS expected FROM runrow.run_event
+WHERE run_id IN (:'old_done', :'old_failed', :'old_stopped') \gset
+SELECT ok(:expected > 0 AND (SELECT bool_and(request_snapshot IS NOT NULL) FROM runrow.agent_run),
+    'every run has a journal and a request snapshot before the trim');
+
+SELECT is(runrow.trim_journal('1 day'), :expected::bigint,
+    'returns the number of journal rows deleted: those of runs terminal for over a day');
+SELECT is((SELECT count(*)::int FROM runrow.run_event WHERE run_id IN (:'old_done', :'old_failed', :'old_stopped')),
+    0, 'completed, failed and cancelled runs older than a day lose their journal');
+SELECT is((SELECT count(*)::int FROM runrow.agent_run
+           WHERE id IN (:'old_done', :'old_failed', :'old_stopped') AND request_snapshot IS NULL),
+    3, 'and their request snapshot');
+SELECT is(pg_temp.journal(:'young'), ARRAY['user_message_created', 'run_queued', 'run_claimed', 'complete'],
+    'a run terminal for only an hour keeps its journal');
+SELECT is(pg_temp.count_events(:'day_old', 'complete'), 1, 'so does one terminal for 23 hours');
+SELECT is(pg_temp.journal(:'live'), ARRAY['user_message_created', 'run_queued', 'run_claimed'],
+    'a running run keeps its journal');
+SELECT is(pg_temp.journal(:'queued'), ARRAY['user_message_created', 'run_queued'], 'a queued run keeps its journal');
+SELECT is((SELECT count(*)::int FROM runrow.agent_run WHERE id IN (:'young', :'live', :'queued') AND request_snapshot IS NOT NULL),
+    3, 'their request snapshots stay');
+SELECT set_eq('SELECT to_jsonb(a) - ''request_snapshot'' FROM runrow.agent_run AS a',
+    'SELECT to_jsonb(a) - ''request_snapshot'' FROM runs_before AS a',
+    'every run row stays, unchanged except the snapshot');
+SELECT set_eq('SELECT to_jsonb(m) FROM runrow.message AS m', 'SELECT to_jsonb(m) FROM messages_before AS m',
+    'every message stays, unchanged');
+SELECT is((SELECT status FROM runrow.agent_run WHERE id = :'old_failed'), 'failed', 'the trimmed run is still failed');
+
+-- Nothing left to trim: 0, nothing written.
+SELECT pg_temp.fingerprint() AS before \gset
+SELECT is(runrow.trim_journal('1 day'), 0::bigint, 'a second trim deletes nothing');
+SELECT is(pg_temp.fingerprint(), :'before', 'and writes nothing');
+
+-- The threshold is older_than: 0 takes the hour-old run too, the default (24 h) would not.
+SELECT is(runrow.trim_journal(), 0::bigint, 'the default keeps runs terminal for less than 24 hours');
+SELECT ok(runrow.trim_journal('0 seconds') > 0, 'older_than 0 trims every run that ended before now');
+SELECT is((SELECT count(*)::int FROM runrow.run_event WHERE run_id IN (:'young', :'day_old')), 0,
+    'including the hour-old and the 23-hour-old run');
+SELECT is(pg_temp.journal(:'live'), ARRAY['user_message_created', 'run_queued', 'run_claimed'],
+    'never a live run''s journal');
+
+-- Bad input, with a trimmable run in place: nothing written.
+SELECT pg_temp.drain_queue();
+SELECT pg_temp.finished('completed') AS trimmable \gset
+SELECT pg_temp.age_finished(:'trimmable', '2 days');
+SELECT pg_temp.fingerprint() AS before \gset
+SELECT throws_ok('SELECT runrow.trim_journal(''-1 second'')', '22023',
+    'older_than must not be negative, got -00:00:01', 'a negative older_than is rejected');
+SELECT throws_ok('SELECT runrow.trim_journal(NULL)', '22004', 'older_than must not be NULL',
+    'older_than NULL is rejected');
+SELECT is(pg_temp.fingerprint(), :'before', 'bad input wrote nothing');
+
+SELECT * FROM finish();
+ROLLBACK;
