@@ -1,0 +1,231 @@
+-- The DBA's health check: one row per broken invariant, zero rows when healthy.
+--
+-- Cost model (why each check reads what it reads): everything an audit looks at is either
+-- the live set (queued, running, waiting runs, open tool effects: bounded by capacity, not
+-- by history, and each served by a partial index) or a window of recent history
+-- (history_window, served by agent_run_finished_idx), or an index that is empty on a
+-- healthy database (agent_run_terminal_anomaly). The only history-sized work is the seq-gap
+-- check, which walks the (run_id, seq) primary keys of the journal and the step log for the
+-- runs in scope: proportional to the events and steps of history_window, all history when a
+-- DBA passes a long window on purpose.
+CREATE OR REPLACE FUNCTION runrow.audit(
+    lease_grace interval DEFAULT '60 seconds',
+    intent_age interval DEFAULT '10 minutes',
+    approval_age interval DEFAULT '24 hours',
+    queued_age interval DEFAULT '15 minutes',
+    history_window interval DEFAULT '7 days'
+)
+RETURNS TABLE (invariant text, run_id uuid, detail text)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    arg record;
+BEGIN
+    FOR arg IN
+        SELECT v.name, v.value
+        FROM (VALUES ('lease_grace', audit.lease_grace), ('intent_age', audit.intent_age),
+                     ('approval_age', audit.approval_age), ('queued_age', audit.queued_age),
+                     ('history_window', audit.history_window)) AS v (name, value)
+    LOOP
+        IF arg.value IS NULL THEN
+            RAISE EXCEPTION '% must not be NULL', arg.name USING ERRCODE = 'null_value_not_allowed';
+        END IF;
+        IF arg.value < interval '0' THEN
+            RAISE EXCEPTION '% must not be negative, got %', arg.name, arg.value
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+
+    -- Row-level states the CHECK constraints forbid. Live runs are few; terminal runs are
+    -- read only through agent_run_terminal_anomaly (empty when healthy: its predicate is
+    -- repeated verbatim so the planner can prove it) and, for the lease column no index
+    -- may cover (heartbeats must stay HOT), through the recent window.
+    RETURN QUERY
+    WITH suspect AS (
+        SELECT a.* FROM runrow.agent_run AS a WHERE a.status = 'queued'
+        UNION
+        SELECT a.* FROM runrow.agent_run AS a WHERE a.status IN ('running', 'waiting')
+        UNION
+        SELECT a.* FROM runrow.agent_run AS a
+        WHERE a.status IN ('completed', 'failed', 'cancelled', 'dead')
+          AND (a.claim_token IS NOT NULL OR a.finished_at IS NULL OR a.attempt > a.max_attempts)
+        UNION
+        SELECT a.* FROM runrow.agent_run AS a
+        WHERE a.finished_at >= now() - audit.history_window
+          AND a.claim_expires_at IS NOT NULL
+          AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
+    )
+    SELECT v.invariant, s.id, v.detail
+    FROM suspect AS s
+    CROSS JOIN LATERAL (
+        SELECT s.status IN ('completed', 'failed', 'cancelled', 'dead') AS terminal,
+               s.claim_token IS NOT NULL OR s.claim_expires_at IS NOT NULL AS holds_claim
+    ) AS k
+    CROSS JOIN LATERAL (VALUES
+        ('terminal_run_holds_claim', k.terminal AND k.holds_claim,
+         format('%s run still holds claim token %s, lease until %s', s.status, s.claim_token, s.claim_expires_at)),
+        ('idle_run_holds_claim', s.status IN ('queued', 'waiting') AND k.holds_claim,
+         format('%s run holds claim token %s, lease until %s', s.status, s.claim_token, s.claim_expires_at)),
+        ('running_without_claim',
+         s.status = 'running' AND (s.claim_token IS NULL OR s.worker_id IS NULL OR s.claim_expires_at IS NULL),
+         format('running run lacks a claim: token %s, worker %s, lease until %s',
+                s.claim_token, s.worker_id, s.claim_expires_at)),
+        ('terminal_without_finished_at', k.terminal AND s.finished_at IS NULL,
+         format('%s run has no finished_at', s.status)),
+        ('live_run_has_finished_at', NOT k.terminal AND s.finished_at IS NOT NULL,
+         format('%s run has finished_at %s', s.status, s.finished_at)),
+        ('attempt_out_of_range',
+         s.attempt > s.max_attempts OR s.attempt < 0 OR (s.status = 'running' AND s.attempt < 1),
+         format('%s run is on attempt %s of max_attempts %s', s.status, s.attempt, s.max_attempts))
+    ) AS v (invariant, broken, detail)
+    WHERE v.broken;
+
+    -- Orphaned claims: the reaper should have taken these lease_grace after expiry.
+    RETURN QUERY
+    SELECT 'lease_expired_unreaped'::text, a.id,
+           format('running on worker %s (attempt %s of %s), lease expired %s ago, grace %s: is a reaper running?',
+                  a.worker_id, a.attempt, a.max_attempts,
+                  date_trunc('second', now() - a.claim_expires_at), audit.lease_grace)
+    FROM runrow.agent_run AS a
+    WHERE a.status = 'running'
+      AND a.claim_expires_at < now() - audit.lease_grace;
+
+    -- Invariant 1 (the partial unique index is the guarantee; this notices it gone).
+    RETURN QUERY
+    SELECT 'conversation_has_multiple_active'::text, m.id,
+           format('conversation %s has %s active runs; this one is %s', m.conversation_id, m.n, m.status)
+    FROM (
+        SELECT a.id, a.conversation_id, a.status, count(*) OVER (PARTITION BY a.conversation_id) AS n
+        FROM runrow.agent_run AS a
+        WHERE a.status IN ('running', 'waiting')
+    ) AS m
+    WHERE m.n > 1;
+
+    -- A claimable turn (no active or earlier queued turn in its conversation) that nobody
+    -- claimed for queued_age since it became claimable: since it (re)entered the queue
+    -- (updated_at; nothing else writes a queued row) or the previous turn ended, whichever
+    -- is later. A turn blocked behind an active one is not reported: the blocker is.
+    RETURN QUERY
+    SELECT 'queued_too_long'::text, q.id,
+           format('claimable for %s (threshold %s), enqueued %s, attempt %s of %s: are workers claiming?',
+                  date_trunc('second', now() - c.since), audit.queued_age, q.created_at, q.attempt, q.max_attempts)
+    FROM runrow.agent_run AS q
+    CROSS JOIN LATERAL (
+        SELECT greatest(q.updated_at, max(p.finished_at)) AS since,
+               bool_or(p.status IN ('queued', 'running', 'waiting')) AS blocked
+        FROM runrow.agent_run AS p
+        WHERE p.conversation_id = q.conversation_id
+          AND p.id <> q.id
+          AND (p.enqueue_seq < q.enqueue_seq OR p.status IN ('running', 'waiting'))
+    ) AS c
+    WHERE q.status = 'queued'
+      AND NOT coalesce(c.blocked, false)
+      AND c.since < now() - audit.queued_age;
+
+    -- The journal of every run in scope (live runs, and runs finished within
+    -- history_window), each read through the (run_id, seq) primary key: seq must be exactly
+    -- 1..n (a journal trimmed whole has no rows and is fine), at most one complete event,
+    -- which only a terminal run has, and a terminal run whose journal is still there ends
+    -- with one.
+    RETURN QUERY
+    WITH scope AS MATERIALIZED (
+        SELECT a.id, a.status FROM runrow.agent_run AS a WHERE a.status = 'queued'
+        UNION ALL
+        SELECT a.id, a.status FROM runrow.agent_run AS a WHERE a.status IN ('running', 'waiting')
+        UNION ALL
+        SELECT a.id, a.status FROM runrow.agent_run AS a
+        WHERE a.finished_at >= now() - audit.history_window
+          AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
+    )
+    SELECT v.invariant, s.id, v.detail
+    FROM scope AS s
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n, min(e.seq) AS lo, max(e.seq) AS hi,
+               count(*) FILTER (WHERE e.type = 'complete') AS completes
+        FROM runrow.run_event AS e
+        WHERE e.run_id = s.id
+    ) AS j
+    CROSS JOIN LATERAL (VALUES
+        ('journal_seq_gap', j.n > 0 AND (j.lo <> 1 OR j.hi <> j.n),
+         format('journal has %s events numbered %s..%s; expected 1..%s', j.n, j.lo, j.hi, j.n)),
+        ('multiple_complete_events', j.completes > 1,
+         format('journal has %s complete events', j.completes)),
+        ('complete_event_on_live_run', s.status IN ('queued', 'running', 'waiting') AND j.completes > 0,
+         format('%s run has a complete event in its journal', s.status)),
+        ('terminal_run_without_complete',
+         s.status IN ('completed', 'failed', 'cancelled', 'dead') AND j.n > 0 AND j.completes = 0,
+         format('%s run has %s journal events and no complete event', s.status, j.n))
+    ) AS v (invariant, broken, detail)
+    WHERE v.broken;
+
+    -- The schema's own guards: a constraint, unique index or trigger that someone dropped
+    -- or disabled (say, for maintenance) turns every invariant above from impossible into
+    -- merely unlikely. Catalog lookups only.
+    RETURN QUERY
+    SELECT 'schema_guard_missing'::text, NULL::uuid,
+           format('%s %s on runrow.%s is missing, invalid or disabled', g.kind, g.name, g.tbl)
+    FROM (VALUES
+        ('constraint', 'agent_run_claim_iff_running', 'agent_run'),
+        ('constraint', 'agent_run_no_claim_unless_running', 'agent_run'),
+        ('constraint', 'agent_run_attempt_range', 'agent_run'),
+        ('constraint', 'agent_run_running_has_attempt', 'agent_run'),
+        ('constraint', 'agent_run_finished_iff_terminal', 'agent_run'),
+        ('unique index', 'agent_run_one_active_per_conversation', 'agent_run'),
+        ('unique index', 'agent_run_idempotency_key', 'agent_run'),
+        ('unique index', 'agent_run_one_retry', 'agent_run'),
+        ('unique index', 'run_event_pkey', 'run_event'),
+        ('unique index', 'run_event_one_complete', 'run_event'),
+        ('trigger', 'agent_run_guard', 'agent_run'),
+        ('trigger', 'agent_run_no_delete', 'agent_run'),
+        ('trigger', 'agent_run_no_truncate', 'agent_run'),
+        ('trigger', 'run_event_guard', 'run_event'),
+        ('trigger', 'run_event_no_truncate', 'run_event'),
+        ('trigger', 'message_guard', 'message'),
+        ('trigger', 'prompt_immutable', 'prompt')
+    ) AS g (kind, name, tbl)
+    WHERE NOT CASE g.kind
+        WHEN 'constraint' THEN EXISTS (
+            SELECT 1 FROM pg_catalog.pg_constraint AS c
+            WHERE c.conrelid = to_regclass('runrow.' || g.tbl) AND c.conname = g.name AND c.convalidated)
+        WHEN 'unique index' THEN EXISTS (
+            SELECT 1 FROM pg_catalog.pg_index AS i
+            JOIN pg_catalog.pg_class AS ic ON ic.oid = i.indexrelid
+            WHERE i.indrelid = to_regclass('runrow.' || g.tbl) AND ic.relname = g.name
+              AND i.indisunique AND i.indisvalid AND i.indisready)
+        ELSE EXISTS (
+            SELECT 1 FROM pg_catalog.pg_trigger AS t
+            WHERE t.tgrelid = to_regclass('runrow.' || g.tbl) AND t.tgname = g.name AND t.tgenabled <> 'D')
+    END;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.audit(interval, interval, interval, interval, interval) IS
+'Health check for DBAs: zero rows means healthy, otherwise one row per violation as '
+'(invariant, run_id, detail). Thresholds (not NULL, not negative): lease_grace (60 s), '
+'intent_age (10 min), approval_age (24 h), queued_age (15 min); history_window (7 days) bounds '
+'the checks that read history. Invariant ids: '
+'lease_expired_unreaped (running, lease expired more than lease_grace ago: no reaper running); '
+'running_without_claim (running without token, worker or lease); '
+'terminal_run_holds_claim / idle_run_holds_claim (a terminal / queued or waiting run still has '
+'a claim token or lease); '
+'terminal_without_finished_at / live_run_has_finished_at (finished_at disagrees with status); '
+'attempt_out_of_range (attempt above max_attempts, or a running run on attempt 0); '
+'conversation_has_multiple_active (more than one running or waiting run in a conversation); '
+'queued_too_long (a claimable turn unclaimed for queued_age since it became claimable; turns '
+'blocked behind an active turn are not reported, the blocker is); '
+'journal_seq_gap (run_event seq not exactly 1..n; a journal trimmed whole is fine); '
+'multiple_complete_events (more than one complete event); '
+'complete_event_on_live_run (queued, running or waiting run with a complete event); '
+'terminal_run_without_complete (terminal run whose untrimmed journal has no complete event); '
+'schema_guard_missing (run_id NULL: a constraint, unique index or trigger that keeps these '
+'invariants is missing, invalid or disabled). '
+'Cost: live runs through partial indexes, terminal rows through the empty-when-healthy index '
+'agent_run_terminal_anomaly; the journal and step checks read the (run_id, seq) primary keys of '
+'live runs and of runs finished within history_window, so their cost grows with the work of that '
+'window; pass a long window (say ''100 years'') for a full-history scan.';
+
+REVOKE ALL ON FUNCTION runrow.audit(interval, interval, interval, interval, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.audit(interval, interval, interval, interval, interval) TO runrow_auditor;

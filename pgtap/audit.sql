@@ -1,0 +1,258 @@
+-- runrow.audit: zero rows after a healthy workload; for each invariant, a state that breaks
+-- it (written as the table owner, bypassing the functions: triggers skipped, constraints
+-- and unique indexes dropped inside this rolled-back transaction) and the row naming it;
+-- thresholds and the history window honoured; bad input per argument; who may call it.
+BEGIN;
+\ir helpers/setup.psql
+\ir helpers/lifecycle.psql
+\ir helpers/audit.psql
+SELECT plan(58);
+SELECT pg_temp.drain_queue();
+
+SELECT has_function('runrow', 'audit', ARRAY['interval', 'interval', 'interval', 'interval', 'interval'],
+    'audit(lease_grace, intent_age, approval_age, queued_age, history_window) exists');
+SELECT ok(has_function_privilege('runrow_auditor',
+    'runrow.audit(interval, interval, interval, interval, interval)', 'EXECUTE'), 'runrow_auditor may run audit()');
+SELECT ok(NOT has_function_privilege('runrow_worker',
+    'runrow.audit(interval, interval, interval, interval, interval)', 'EXECUTE'), 'runrow_worker may not');
+SELECT ok(NOT has_function_privilege('runrow_client',
+    'runrow.audit(interval, interval, interval, interval, interval)', 'EXECUTE'), 'runrow_client may not');
+SELECT ok(NOT has_function_privilege('public',
+    'runrow.audit(interval, interval, interval, interval, interval)', 'EXECUTE'), 'PUBLIC may not');
+SELECT lives_ok($$SELECT pg_temp.as_role('runrow_auditor', 'SELECT count(*) FROM runrow.audit()')$$,
+    'the auditor role runs it (SECURITY DEFINER reads tables it cannot)');
+
+-- ---------------------------------------------------------------------------------------
+-- A healthy workload through the functions only: every path a run can take.
+-- ---------------------------------------------------------------------------------------
+CREATE TEMP TABLE healthy (id uuid PRIMARY KEY);
+
+-- claim, heartbeat, append, finish
+SELECT pg_temp.running() AS h1 \gset
+SELECT runrow.heartbeat(:'h1', pg_temp.token(:'h1'), 30) IS NOT NULL AS beat \gset
+SELECT runrow.append_events(:'h1', pg_temp.token(:'h1'), '[{"type": "text_delta", "text": "hi"}]') AS appended \gset
+SELECT runrow.finish_run(:'h1', pg_temp.token(:'h1'), 'completed', '{"text": "hi"}') AS fin \gset
+-- lease lapses, reaped, requeued, claimed again, finished
+SELECT pg_temp.running(2) AS h2 \gset
+SELECT pg_temp.expire(:'h2');
+SELECT count(*) AS reaped FROM runrow.reap_expired_runs() \gset
+SELECT pg_temp.claim(:'h2') AS t2 \gset
+SELECT runrow.finish_run(:'h2', :'t2', 'failed', NULL, 'model said no') AS fin \gset
+-- reaped at most once -> failed, then a person retries it and it completes
+SELECT pg_temp.running(1) AS h3 \gset
+SELECT pg_temp.expire(:'h3');
+SELECT count(*) AS reaped FROM runrow.reap_expired_runs() \gset
+SELECT runrow.retry_run(:'h3') AS h4 \gset
+SELECT pg_temp.claim(:'h4') AS t4 \gset
+SELECT runrow.finish_run(:'h4', :'t4', 'completed') AS fin \gset
+-- attempts exhausted by release_run -> dead
+SELECT pg_temp.exhausted(2) AS h5 \gset
+-- stopped while queued; cancelled while running
+SELECT pg_temp.new_run() AS h6 \gset
+SELECT count(*) AS stopped FROM runrow.stop_conversation((SELECT conversation_id FROM runrow.agent_run WHERE id = :'h6')) \gset
+SELECT pg_temp.running() AS h7 \gset
+SELECT runrow.cancel_run(:'h7') AS action \gset
+SELECT runrow.finish_run(:'h7', pg_temp.token(:'h7'), 'cancelled') AS fin \gset
+-- a journal trimmed whole (not a gap)
+SELECT pg_temp.finished() AS h8 \gset
+SELECT pg_temp.age_finished(:'h8', '2 days');
+SELECT runrow.trim_journal('1 day') > 0 AS trimmed \gset
+-- live: a running turn with the next turn queued behind it, and a claimable queued turn
+SELECT gen_random_uuid() AS hconv \gset
+SELECT pg_temp.running(conv => :'hconv') AS h9 \gset
+SELECT pg_temp.new_run(:'hconv') AS h10 \gset
+SELECT pg_temp.new_run() AS h11 \gset
+INSERT INTO healthy VALUES (:'h1'), (:'h2'), (:'h3'), (:'h4'), (:'h5'), (:'h6'), (:'h7'), (:'h8'), (:'h9'), (:'h10'), (:'h11');
+
+SELECT is(
+    (SELECT array_agg(status ORDER BY status) FROM runrow.agent_run WHERE id IN (SELECT id FROM healthy)),
+    '{cancelled,cancelled,completed,completed,completed,dead,failed,failed,queued,queued,running}'::text[],
+    'the healthy workload reached every status (the test would otherwise prove little)');
+SELECT is(pg_temp.journal(:'h8'), '{}'::text[], 'h8''s journal was trimmed whole');
+SELECT is_empty($$SELECT * FROM runrow.audit() WHERE run_id IN (SELECT id FROM healthy)$$,
+    'a healthy workload: no violation for any of its runs');
+SELECT is_empty($$SELECT * FROM runrow.audit(lease_grace => '0', intent_age => '0', approval_age => '0',
+                                             queued_age => '0', history_window => '100 years')
+                  WHERE run_id IN (SELECT id FROM healthy)$$,
+    'nor with every threshold at zero and the whole history in scope');
+SELECT is_empty($$SELECT * FROM runrow.audit() WHERE run_id IS NULL$$, 'every schema guard is in place');
+-- Out of the way of the claims below (a stop is a healthy path too).
+SELECT runrow.cancel_run(:'h11') AS action \gset
+
+-- ---------------------------------------------------------------------------------------
+-- schema_guard_missing
+-- ---------------------------------------------------------------------------------------
+ALTER TABLE runrow.message DISABLE TRIGGER message_guard;
+SELECT results_eq($$SELECT invariant, detail FROM runrow.audit() WHERE run_id IS NULL$$,
+    $$VALUES ('schema_guard_missing', 'trigger message_guard on runrow.message is missing, invalid or disabled')$$,
+    'schema_guard_missing: a disabled trigger is named');
+ALTER TABLE runrow.message ENABLE TRIGGER message_guard;
+SELECT is_empty($$SELECT * FROM runrow.audit() WHERE run_id IS NULL$$, 'and disappears once re-enabled');
+DROP INDEX runrow.agent_run_idempotency_key;
+SELECT results_eq($$SELECT detail FROM runrow.audit() WHERE run_id IS NULL$$,
+    $$VALUES ('unique index agent_run_idempotency_key on runrow.agent_run is missing, invalid or disabled')$$,
+    'schema_guard_missing: a dropped unique index is named');
+
+-- ---------------------------------------------------------------------------------------
+-- Runs: one state per invariant. The running ones come first (claims take the oldest
+-- queued run, so queued breakages are set up last).
+-- ---------------------------------------------------------------------------------------
+
+-- lease_expired_unreaped, honouring lease_grace.
+SELECT pg_temp.running() AS b_lease \gset
+SELECT pg_temp.expire(:'b_lease', 30);
+SELECT is(pg_temp.audit_of(:'b_lease'), '', 'a lease expired 30 s ago is within the default 60 s grace');
+SELECT pg_temp.expire(:'b_lease', 3600);
+SELECT is(pg_temp.audit_of(:'b_lease'), 'lease_expired_unreaped', 'lease_expired_unreaped: lease expired an hour ago');
+SELECT matches((SELECT detail FROM runrow.audit() WHERE run_id = :'b_lease'),
+    '^running on worker pgtap \(attempt 1 of 1\), lease expired 01:00:00 ago', 'the detail names the worker and the age');
+SELECT is(pg_temp.audit_of(:'b_lease', lease_grace => '2 hours'), '', 'a longer lease_grace tolerates it');
+
+-- running_without_claim
+SELECT pg_temp.running() AS b_noclaim \gset
+ALTER TABLE runrow.agent_run DROP CONSTRAINT agent_run_claim_iff_running;
+UPDATE runrow.agent_run SET worker_id = NULL WHERE id = :'b_noclaim';
+SELECT is(pg_temp.audit_of(:'b_noclaim'), 'running_without_claim', 'running_without_claim: no worker');
+SELECT ok(EXISTS (SELECT 1 FROM runrow.audit() WHERE invariant = 'schema_guard_missing'
+    AND detail LIKE 'constraint agent_run_claim_iff_running %'), 'the dropped CHECK constraint is named too');
+
+-- attempt_out_of_range
+SELECT pg_temp.running() AS b_attempt \gset
+ALTER TABLE runrow.agent_run DROP CONSTRAINT agent_run_attempt_range;
+UPDATE runrow.agent_run SET attempt = 2 WHERE id = :'b_attempt';
+SELECT is(pg_temp.audit_of(:'b_attempt'), 'attempt_out_of_range', 'attempt_out_of_range: attempt 2 of max 1');
+
+-- live_run_has_finished_at
+SELECT pg_temp.running() AS b_livefin \gset
+ALTER TABLE runrow.agent_run DROP CONSTRAINT agent_run_finished_iff_terminal;
+UPDATE runrow.agent_run SET finished_at = now() WHERE id = :'b_livefin';
+SELECT is(pg_temp.audit_of(:'b_livefin'), 'live_run_has_finished_at', 'live_run_has_finished_at: running with finished_at');
+
+-- terminal_without_finished_at: found through the anomaly index, whatever the window.
+SELECT pg_temp.finished() AS b_nofin \gset
+SELECT pg_temp.bypass(format('UPDATE runrow.agent_run SET finished_at = NULL WHERE id = %L', :'b_nofin'));
+SELECT is(pg_temp.audit_of(:'b_nofin'), 'terminal_without_finished_at', 'terminal_without_finished_at');
+
+-- terminal_run_holds_claim: a token is found in all history (anomaly index); a lease
+-- alone only within history_window (no index may cover the lease: heartbeats stay HOT).
+ALTER TABLE runrow.agent_run DROP CONSTRAINT agent_run_no_claim_unless_running;
+SELECT pg_temp.finished() AS b_token \gset
+SELECT pg_temp.bypass(format('UPDATE runrow.agent_run SET claim_token = gen_random_uuid() WHERE id = %L', :'b_token'));
+SELECT is(pg_temp.audit_of(:'b_token'), 'terminal_run_holds_claim', 'terminal_run_holds_claim: a claim token');
+SELECT pg_temp.age_finished(:'b_token', '1 year');
+SELECT is(pg_temp.audit_of(:'b_token'), 'terminal_run_holds_claim', '... still found a year later, outside the window');
+SELECT pg_temp.finished() AS b_leaseonly \gset
+SELECT pg_temp.bypass(format('UPDATE runrow.agent_run SET claim_expires_at = now() WHERE id = %L', :'b_leaseonly'));
+SELECT is(pg_temp.audit_of(:'b_leaseonly'), 'terminal_run_holds_claim', 'terminal_run_holds_claim: a lease');
+SELECT pg_temp.age_finished(:'b_leaseonly', '30 days');
+SELECT is(pg_temp.audit_of(:'b_leaseonly'), '', 'a lease alone on a run finished 30 days ago is outside the default window');
+SELECT is(pg_temp.audit_of(:'b_leaseonly', history_window => '60 days'), 'terminal_run_holds_claim',
+    '... and found with a 60 day history_window');
+
+-- conversation_has_multiple_active: both runs are named.
+SELECT gen_random_uuid() AS mconv \gset
+SELECT pg_temp.running(conv => :'mconv') AS b_multi1 \gset
+SELECT pg_temp.new_run(:'mconv') AS b_multi2 \gset
+DROP INDEX runrow.agent_run_one_active_per_conversation;
+UPDATE runrow.agent_run
+SET status = 'running', attempt = 1, worker_id = 'rogue', claim_token = gen_random_uuid(),
+    claim_expires_at = now() + interval '30 seconds'
+WHERE id = :'b_multi2';
+SELECT is(pg_temp.audit_of(:'b_multi1'), 'conversation_has_multiple_active', 'conversation_has_multiple_active: the first run');
+SELECT is(pg_temp.audit_of(:'b_multi2'), 'conversation_has_multiple_active', '... and the second');
+SELECT matches((SELECT detail FROM runrow.audit() WHERE run_id = :'b_multi2'),
+    'conversation .* has 2 active runs', 'the detail counts them');
+
+-- multiple_complete_events
+SELECT pg_temp.finished() AS b_twice \gset
+DROP INDEX runrow.run_event_one_complete;
+INSERT INTO runrow.run_event (run_id, seq, type, payload)
+SELECT :'b_twice', max(seq) + 1, 'complete', '{"type": "complete", "status": "failed"}'
+FROM runrow.run_event WHERE run_id = :'b_twice';
+SELECT is(pg_temp.audit_of(:'b_twice'), 'multiple_complete_events', 'multiple_complete_events');
+
+-- complete_event_on_live_run
+SELECT pg_temp.running() AS b_livecomplete \gset
+INSERT INTO runrow.run_event (run_id, seq, type, payload)
+SELECT :'b_livecomplete', max(seq) + 1, 'complete', '{"type": "complete", "status": "completed"}'
+FROM runrow.run_event WHERE run_id = :'b_livecomplete';
+SELECT is(pg_temp.audit_of(:'b_livecomplete'), 'complete_event_on_live_run', 'complete_event_on_live_run');
+
+-- terminal_run_without_complete: the last event (the complete) deleted, no gap left.
+SELECT pg_temp.finished() AS b_nocomplete \gset
+DELETE FROM runrow.run_event WHERE run_id = :'b_nocomplete' AND type = 'complete';
+SELECT is(pg_temp.audit_of(:'b_nocomplete'), 'terminal_run_without_complete', 'terminal_run_without_complete');
+
+-- journal_seq_gap: a hole, a journal not starting at 1, a hole in a live journal; bounded
+-- by history_window.
+SELECT pg_temp.finished() AS b_hole \gset
+DELETE FROM runrow.run_event WHERE run_id = :'b_hole' AND seq = 2;
+SELECT is(pg_temp.audit_of(:'b_hole'), 'journal_seq_gap', 'journal_seq_gap: seq 2 missing');
+SELECT is((SELECT detail FROM runrow.audit() WHERE run_id = :'b_hole'),
+    'journal has 3 events numbered 1..4; expected 1..3', 'the detail says what is missing');
+SELECT pg_temp.finished() AS b_head \gset
+DELETE FROM runrow.run_event WHERE run_id = :'b_head' AND seq = 1;
+SELECT is(pg_temp.audit_of(:'b_head'), 'journal_seq_gap', 'journal_seq_gap: a journal trimmed in part starts at 2');
+SELECT pg_temp.running() AS b_livehole \gset
+SELECT pg_temp.bypass(format('DELETE FROM runrow.run_event WHERE run_id = %L AND seq = 2', :'b_livehole'));
+SELECT is(pg_temp.audit_of(:'b_livehole'), 'journal_seq_gap', 'journal_seq_gap: a live journal');
+SELECT pg_temp.age_finished(:'b_hole', '30 days');
+SELECT is(pg_temp.audit_of(:'b_hole'), '', 'a gap in a run finished 30 days ago is outside the default window');
+SELECT is(pg_temp.audit_of(:'b_hole', history_window => '60 days'), 'journal_seq_gap', '... and found with a 60 day window');
+
+-- queued_too_long: only a claimable turn, timed from when it became claimable.
+SELECT gen_random_uuid() AS blocked_conv \gset
+SELECT gen_random_uuid() AS freed_conv \gset
+SELECT pg_temp.running(conv => :'blocked_conv') AS q_blocker \gset
+SELECT pg_temp.running(conv => :'freed_conv') AS q_prev \gset
+SELECT pg_temp.new_run(:'blocked_conv') AS q_blocked \gset
+SELECT pg_temp.new_run(:'freed_conv') AS q_freed \gset
+SELECT pg_temp.new_run() AS q_alone \gset
+SELECT runrow.finish_run(:'q_prev', pg_temp.token(:'q_prev'), 'completed') AS fin \gset
+SELECT pg_temp.bypass(format(
+    'UPDATE runrow.agent_run SET updated_at = now() - interval ''1 hour'' WHERE id IN (%L, %L, %L)',
+    :'q_blocked', :'q_freed', :'q_alone'));
+SELECT is(pg_temp.audit_of(:'q_alone'), 'queued_too_long', 'queued_too_long: claimable and queued for an hour');
+SELECT matches((SELECT detail FROM runrow.audit() WHERE run_id = :'q_alone'),
+    '^claimable for 01:00:00 \(threshold 00:15:00\)', 'the detail gives the age and the threshold');
+SELECT is(pg_temp.audit_of(:'q_alone', queued_age => '2 hours'), '', 'a longer queued_age tolerates it');
+SELECT is(pg_temp.audit_of(:'q_blocked'), '', 'a turn behind a running turn is not reported (the blocker would be)');
+SELECT is(pg_temp.audit_of(:'q_freed'), '', 'a turn whose previous turn just ended is timed from that ending');
+SELECT pg_temp.age_finished(:'q_prev', '20 minutes');
+SELECT is(pg_temp.audit_of(:'q_freed'), 'queued_too_long', '... and reported once that was 20 minutes ago');
+
+-- idle_run_holds_claim
+SELECT pg_temp.new_run() AS b_idle \gset
+UPDATE runrow.agent_run SET claim_expires_at = now() + interval '30 seconds' WHERE id = :'b_idle';
+SELECT is(pg_temp.audit_of(:'b_idle'), 'idle_run_holds_claim', 'idle_run_holds_claim: a queued run with a lease');
+
+-- The healthy runs are still clean amid all this breakage: every check is per run.
+SELECT is_empty($$SELECT * FROM runrow.audit() WHERE run_id IN (SELECT id FROM healthy)$$,
+    'the healthy runs are still not reported');
+
+-- ---------------------------------------------------------------------------------------
+-- Bad input: NULL -> 22004, negative -> 22023, each naming its argument.
+-- ---------------------------------------------------------------------------------------
+SELECT throws_ok($$SELECT * FROM runrow.audit(lease_grace => NULL)$$, '22004', 'lease_grace must not be NULL',
+    'lease_grace NULL');
+SELECT throws_ok($$SELECT * FROM runrow.audit(lease_grace => '-1 second')$$, '22023',
+    'lease_grace must not be negative, got -00:00:01', 'lease_grace negative');
+SELECT throws_ok($$SELECT * FROM runrow.audit(intent_age => NULL)$$, '22004', 'intent_age must not be NULL',
+    'intent_age NULL');
+SELECT throws_ok($$SELECT * FROM runrow.audit(intent_age => '-1 minute')$$, '22023',
+    'intent_age must not be negative, got -00:01:00', 'intent_age negative');
+SELECT throws_ok($$SELECT * FROM runrow.audit(approval_age => NULL)$$, '22004', 'approval_age must not be NULL',
+    'approval_age NULL');
+SELECT throws_ok($$SELECT * FROM runrow.audit(approval_age => '-1 hour')$$, '22023',
+    'approval_age must not be negative, got -01:00:00', 'approval_age negative');
+SELECT throws_ok($$SELECT * FROM runrow.audit(queued_age => NULL)$$, '22004', 'queued_age must not be NULL',
+    'queued_age NULL');
+SELECT throws_ok($$SELECT * FROM runrow.audit(queued_age => '-1 day')$$, '22023',
+    'queued_age must not be negative, got -1 days', 'queued_age negative');
+SELECT throws_ok($$SELECT * FROM runrow.audit(history_window => NULL)$$, '22004', 'history_window must not be NULL',
+    'history_window NULL');
+SELECT throws_ok($$SELECT * FROM runrow.audit(history_window => '-7 days')$$, '22023',
+    'history_window must not be negative, got -7 days', 'history_window negative');
+
+SELECT * FROM finish();
+ROLLBACK;
