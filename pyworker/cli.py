@@ -174,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="json: one object per line with run_id, conversation_id, attempt",
     )
     p.set_defaults(func=cmd_worker)
+
+    from pyworker.fake_model_cli import add_command as add_fake_model
+
+    add_fake_model(sub)
     return parser
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import itertools
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -182,7 +183,7 @@ def validate(body: Any, signer: Signer, *, merge_consecutive: bool = False) -> d
         messages = _merge_consecutive(messages)
     if messages[0]["role"] != "user":
         raise invalid('messages: first message must use the "user" role')
-    for previous, current in zip(messages, messages[1:], strict=False):
+    for previous, current in itertools.pairwise(messages):
         if previous["role"] == current["role"]:
             raise invalid(
                 'messages: roles must alternate between "user" and "assistant", '
@@ -265,14 +266,16 @@ def _validate_message(i: int, message: Any, *, last: bool) -> None:
     if isinstance(content, str):
         if not content and not (last and role == "assistant"):
             raise invalid(
-                f"messages.{i}: all messages must have non-empty content except for the optional final assistant message"
+                f"messages.{i}: all messages must have non-empty content except for the optional final "
+                "assistant message"
             )
         return
     if not isinstance(content, list):
         raise invalid(f"messages.{i}.content: Input should be a valid string or list")
     if not content and not (last and role == "assistant"):
         raise invalid(
-            f"messages.{i}: all messages must have non-empty content except for the optional final assistant message"
+            f"messages.{i}: all messages must have non-empty content except for the optional final "
+            "assistant message"
         )
     for j, block in enumerate(content):
         _validate_block(i, j, role, block)
@@ -348,9 +351,9 @@ def _validate_tool_pairing(messages: list[dict[str, Any]]) -> None:
             missing = [t for t in ids if t not in answered]
             if missing:
                 raise invalid(
-                    f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: "
-                    f"{', '.join(missing)}. Each `tool_use` block must have a corresponding `tool_result` block "
-                    "in the next message."
+                    f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately "
+                    f"after: {', '.join(missing)}. Each `tool_use` block must have a corresponding "
+                    "`tool_result` block in the next message."
                 )
             continue
         blocks = as_blocks(message["content"])
