@@ -1,12 +1,18 @@
 -- The per-run channel tails LISTEN on: runrow_events_<run id as 32 hex digits>, a plain
--- identifier that needs no quoting in LISTEN.
+-- identifier that needs no quoting in LISTEN. PL/pgSQL (not SQL) only so a NULL run id
+-- raises like every other function instead of yielding a NULL channel name.
 CREATE OR REPLACE FUNCTION runrow.events_channel(run_id uuid)
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 IMMUTABLE
 SET search_path = pg_catalog, runrow
 AS $fn$
-    SELECT 'runrow_events_' || replace(events_channel.run_id::text, '-', '');
+BEGIN
+    IF events_channel.run_id IS NULL THEN
+        RAISE EXCEPTION 'run_id must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    RETURN 'runrow_events_' || replace(events_channel.run_id::text, '-', '');
+END
 $fn$;
 
 REVOKE ALL ON FUNCTION runrow.events_channel(uuid) FROM PUBLIC;
@@ -14,4 +20,5 @@ GRANT EXECUTE ON FUNCTION runrow.events_channel(uuid) TO runrow_worker, runrow_c
 COMMENT ON FUNCTION runrow.events_channel(uuid) IS
 'The NOTIFY channel of one run''s journal: runrow_events_ followed by the run id as 32 '
 'lowercase hex digits (no dashes, so LISTEN needs no quoting). append_events and every '
-'terminal write notify it with the last seq as payload; a tail LISTENs on it before reading.';
+'terminal write notify it with the last seq as payload; a tail LISTENs on it before reading. '
+'A NULL run_id raises 22004.';
