@@ -1,0 +1,186 @@
+-- The invariants that live in the schema (SPEC.md "Invariants"), proven by writing the
+-- tables directly, around the functions: as the superuser running the test and, where
+-- the claim is "even the owner", as the table owner.
+BEGIN;
+\ir helpers/setup.psql
+\ir helpers/lifecycle.psql
+SELECT plan(43);
+SELECT pg_temp.drain_queue();
+SELECT pg_temp.owner() AS owner \gset
+
+-- ---------------------------------------------------------------------------------
+-- 2. Terminal states are sticky, even for the owner.
+-- ---------------------------------------------------------------------------------
+SELECT pg_temp.finished('completed') AS completed \gset
+SELECT pg_temp.finished('failed') AS failed \gset
+SELECT pg_temp.finished('cancelled') AS cancelled \gset
+SELECT pg_temp.exhausted(2) AS dead \gset
+SELECT isnt(:'owner'::name, NULL, 'the runrow tables have an owner to test with');
+SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
+        format($$UPDATE runrow.agent_run SET status = 'queued', finished_at = NULL WHERE id = %L$$, :'completed')),
+    '23000', format('run %s is completed and terminal states are sticky', :'completed'),
+    'the owner cannot move a completed run back to queued');
+SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
+        format($$UPDATE runrow.agent_run SET status = 'completed' WHERE id = %L$$, :'failed')),
+    '23000', format('run %s is failed and terminal states are sticky', :'failed'),
+    'the owner cannot turn a failed run into a completed one');
+SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
+        format($$UPDATE runrow.agent_run SET result = '{}' WHERE id = %L$$, :'cancelled')),
+    '23000', format('run %s is cancelled and terminal states are sticky', :'cancelled'),
+    'the owner cannot edit a cancelled run''s result');
+SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
+        format($$UPDATE runrow.agent_run SET attempt = 0, error = NULL WHERE id = %L$$, :'dead')),
+    '23000', format('run %s is dead and terminal states are sticky', :'dead'),
+    'the owner cannot revive a dead run');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET finished_at = now() - interval '1 day' WHERE id = %L$$, :'completed'),
+    '23000', NULL, 'nor can the superuser through the trigger');
+SELECT lives_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
+        format($$UPDATE runrow.agent_run SET request_snapshot = NULL WHERE id = %L$$, :'completed')),
+    'the one change allowed on a terminal run: dropping its request snapshot (trim_journal)');
+
+-- ---------------------------------------------------------------------------------
+-- The lifecycle: illegal status changes and identity changes.
+-- ---------------------------------------------------------------------------------
+SELECT pg_temp.new_run() AS queued \gset
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'completed', finished_at = now() WHERE id = %L$$, :'queued'),
+    '23000', format('run %s: illegal status change queued -> completed', :'queued'), 'queued -> completed is illegal');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'dead', finished_at = now() WHERE id = %L$$, :'queued'),
+    '23000', format('run %s: illegal status change queued -> dead', :'queued'), 'queued -> dead is illegal');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'waiting' WHERE id = %L$$, :'queued'),
+    '23000', format('run %s: illegal status change queued -> waiting', :'queued'), 'queued -> waiting is illegal');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET conversation_id = gen_random_uuid() WHERE id = %L$$, :'queued'),
+    '23000', format('run %s: id, conversation, message, model, prompt and created_at are immutable', :'queued'),
+    'a run cannot move to another conversation');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET model = 'other' WHERE id = %L$$, :'queued'),
+    '23000', NULL, 'a run''s pinned model cannot change');
+SELECT pg_temp.claim(:'queued');
+UPDATE runrow.agent_run SET status = 'waiting', claim_token = NULL, claim_expires_at = NULL WHERE id = :'queued';
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', claim_token = gen_random_uuid(),
+        claim_expires_at = now() + interval '1 minute' WHERE id = %L$$, :'queued'),
+    '23000', format('run %s: illegal status change waiting -> running', :'queued'),
+    'waiting -> running is illegal (a decision requeues it)');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'completed', finished_at = now() WHERE id = %L$$, :'queued'),
+    '23000', format('run %s: illegal status change waiting -> completed', :'queued'), 'waiting -> completed is illegal');
+
+-- Turn order: the second turn cannot start while the first is queued, even written directly.
+SELECT pg_temp.drain_queue();
+\set conv '''eeeeeeee-0000-0000-0000-000000000001'''
+SELECT pg_temp.new_run(:conv) AS turn1 \gset
+SELECT pg_temp.new_run(:conv) AS turn2 \gset
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', attempt = 1, worker_id = 'w',
+        claim_token = gen_random_uuid(), claim_expires_at = now() + interval '1 minute' WHERE id = %L$$, :'turn2'),
+    '40001', format('run %s: an earlier turn of conversation %s is still queued', :'turn2', :conv),
+    'a later turn cannot start before an earlier queued one');
+
+-- ---------------------------------------------------------------------------------
+-- 1. At most one running or waiting run per conversation, even written directly.
+-- ---------------------------------------------------------------------------------
+SELECT pg_temp.claim(:'turn1');
+SELECT pg_temp.new_run(:conv) AS turn3 \gset
+SELECT runrow.cancel_run(:'turn2');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', attempt = 1, worker_id = 'w',
+        claim_token = gen_random_uuid(), claim_expires_at = now() + interval '1 minute' WHERE id = %L$$, :'turn3'),
+    '23505', 'duplicate key value violates unique constraint "agent_run_one_active_per_conversation"',
+    'two running runs in one conversation are rejected by the unique index');
+SELECT throws_ok(format($$INSERT INTO runrow.agent_run (conversation_id, user_message_id, model, prompt_id,
+        status, attempt, worker_id, claim_token, claim_expires_at)
+        SELECT conversation_id, user_message_id, model, prompt_id, 'running', 1, 'w', gen_random_uuid(),
+               now() + interval '1 minute' FROM runrow.agent_run WHERE id = %L$$, :'turn3'),
+    '23505', 'duplicate key value violates unique constraint "agent_run_one_active_per_conversation"',
+    'a running run inserted directly next to a running one is rejected');
+UPDATE runrow.agent_run SET status = 'waiting', claim_token = NULL, claim_expires_at = NULL WHERE id = :'turn1';
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', attempt = 1, worker_id = 'w',
+        claim_token = gen_random_uuid(), claim_expires_at = now() + interval '1 minute' WHERE id = %L$$, :'turn3'),
+    '23505', 'duplicate key value violates unique constraint "agent_run_one_active_per_conversation"',
+    'running next to a waiting run in one conversation is rejected');
+
+-- ---------------------------------------------------------------------------------
+-- 3. A running run holds a claim; any other status holds none.
+-- ---------------------------------------------------------------------------------
+SELECT pg_temp.drain_queue();
+SELECT pg_temp.new_run() AS bare \gset
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', attempt = 1, worker_id = 'w',
+        claim_expires_at = now() + interval '1 minute' WHERE id = %L$$, :'bare'),
+    '23514', 'new row for relation "agent_run" violates check constraint "agent_run_claim_iff_running"',
+    'running without a token is rejected');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', attempt = 1,
+        claim_token = gen_random_uuid() WHERE id = %L$$, :'bare'),
+    '23514', 'new row for relation "agent_run" violates check constraint "agent_run_claim_iff_running"',
+    'running without a lease is rejected');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET claim_token = gen_random_uuid() WHERE id = %L$$, :'bare'),
+    '23514', 'new row for relation "agent_run" violates check constraint "agent_run_no_claim_unless_running"',
+    'a queued run with a token is rejected');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET claim_expires_at = now() WHERE id = %L$$, :'bare'),
+    '23514', 'new row for relation "agent_run" violates check constraint "agent_run_no_claim_unless_running"',
+    'a queued run with a lease is rejected');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', attempt = 0, worker_id = 'w',
+        claim_token = gen_random_uuid(), claim_expires_at = now() + interval '1 minute' WHERE id = %L$$, :'bare'),
+    '23514', 'new row for relation "agent_run" violates check constraint "agent_run_running_has_attempt"',
+    'running at attempt 0 is rejected');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET attempt = 2 WHERE id = %L$$, :'bare'),
+    '23514', 'new row for relation "agent_run" violates check constraint "agent_run_attempt_range"',
+    'attempt beyond max_attempts is rejected');
+
+-- Runs are never deleted, live or ended; neither table can be truncated.
+SELECT throws_ok(format('DELETE FROM runrow.agent_run WHERE id = %L', :'bare'),
+    '23000', format('runs are never deleted (run %s)', :'bare'), 'a queued run cannot be deleted');
+SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
+        format('DELETE FROM runrow.agent_run WHERE id = %L', :'completed')),
+    '23000', format('runs are never deleted (run %s)', :'completed'), 'a finished run cannot be deleted, even by the owner');
+SELECT throws_ok('TRUNCATE runrow.agent_run CASCADE', '23000', NULL, 'agent_run cannot be truncated');
+
+-- ---------------------------------------------------------------------------------
+-- 4. The journal: append-only, gap-free, at most one complete.
+-- ---------------------------------------------------------------------------------
+SELECT pg_temp.drain_queue();
+SELECT pg_temp.running() AS live \gset
+SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
+        format($$UPDATE runrow.run_event SET payload = '{"type": "x"}' WHERE run_id = %L AND seq = 1$$, :'live')),
+    '23000', 'run_event is append-only: rows cannot be updated', 'journal rows cannot be updated, even by the owner');
+SELECT throws_ok(format($$UPDATE runrow.run_event SET created_at = now() WHERE run_id = %L$$, :'completed'),
+    '23000', 'run_event is append-only: rows cannot be updated', 'nor those of an ended run');
+SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
+        format('DELETE FROM runrow.run_event WHERE run_id = %L', :'live')),
+    '23000', format('run_event is append-only: the journal of run %s is still live', :'live'),
+    'the journal of a live run cannot be deleted, even by the owner');
+SELECT throws_ok('TRUNCATE runrow.run_event', '23000', 'run_event cannot be truncated', 'run_event cannot be truncated');
+SELECT throws_ok(format($$INSERT INTO runrow.run_event (run_id, seq, type, payload)
+        VALUES (%L, 5, 'text', '{"type": "text"}')$$, :'live'),
+    '23000', format('run_event seq 5 for run %s is out of order: expected 4', :'live'), 'a seq gap is rejected');
+SELECT throws_ok(format($$INSERT INTO runrow.run_event (run_id, seq, type, payload)
+        VALUES (%L, 3, 'text', '{"type": "text"}')$$, :'live'),
+    '23000', format('run_event seq 3 for run %s is out of order: expected 4', :'live'), 'a reused seq is rejected');
+SELECT throws_ok(format($$INSERT INTO runrow.run_event (run_id, seq, type, payload)
+        VALUES (%L, 4, 'text', '{"type": "text"}'), (%L, 6, 'text', '{"type": "text"}')$$, :'live', :'live'),
+    '23000', format('run_event seq 6 for run %s is out of order: expected 5', :'live'),
+    'a gap inside one multi-row insert is rejected, all or nothing');
+SELECT lives_ok(format($$INSERT INTO runrow.run_event (run_id, seq, type, payload)
+        VALUES (%L, 4, 'text', '{"type": "text"}'), (%L, 5, 'text', '{"type": "text"}')$$, :'live', :'live'),
+    'the next seqs in one multi-row insert are accepted');
+SELECT is(pg_temp.journal(:'live'), ARRAY['user_message_created', 'run_queued', 'run_claimed', 'text', 'text'],
+    'the journal is gap-free from 1');
+SELECT throws_ok(format($$INSERT INTO runrow.run_event (run_id, seq, type, payload)
+        VALUES (%L, 5, 'complete', '{"type": "complete", "status": "failed"}')$$, :'completed'),
+    '23505', 'duplicate key value violates unique constraint "run_event_one_complete"',
+    'a second complete event is rejected');
+
+-- ---------------------------------------------------------------------------------
+-- The prompt registry and the messages.
+-- ---------------------------------------------------------------------------------
+SELECT prompt_id AS prompt, user_message_id AS msg FROM runrow.agent_run WHERE id = :'live' \gset
+SELECT throws_ok(format($$UPDATE runrow.prompt SET system_prompt = 'changed' WHERE id = %L$$, :'prompt'),
+    '23000', format('prompt %s is immutable: register a new prompt instead', :'prompt'), 'a prompt cannot be changed');
+SELECT throws_ok(format('DELETE FROM runrow.prompt WHERE id = %L', :'prompt'),
+    '23503', 'update or delete on table "prompt" violates foreign key constraint "agent_run_prompt_id_fkey" on table "agent_run"',
+    'a prompt a run references cannot be deleted');
+SELECT throws_ok(format($$UPDATE runrow.message SET content = '"edited"' WHERE id = %L$$, :'msg'),
+    '23000', format('message %s: only submitted -> draft may change', :'msg'), 'a message''s content cannot change');
+SELECT lives_ok(format($$UPDATE runrow.message SET status = 'draft' WHERE id = %L$$, :'msg'),
+    'submitted -> draft is the one change a message may take');
+SELECT throws_ok(format($$UPDATE runrow.message SET status = 'submitted' WHERE id = %L$$, :'msg'),
+    '23000', format('message %s: only submitted -> draft may change', :'msg'), 'draft -> submitted is rejected');
+SELECT throws_ok(format('DELETE FROM runrow.message WHERE id = %L', :'msg'),
+    '23000', 'messages are never deleted', 'a message cannot be deleted');
+
+SELECT * FROM finish();
+ROLLBACK;
