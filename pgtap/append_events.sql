@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(44);
+SELECT plan(46);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid,jsonb}'''
@@ -55,6 +55,12 @@ SELECT a.conversation_id AS conv FROM runrow.agent_run AS a WHERE a.id = :'r1' \
 SELECT is((SELECT action FROM runrow.stop_conversation(:'conv')), 'cancel_requested', 'a stop is requested');
 SELECT is(runrow.append_events(:'r1', :'tok', '[{"type": "text_delta", "text": "partial"}]'), 1012::bigint,
     'appends still land while cancel is requested (after the cancel_requested event at 1011)');
+
+-- A lapsed lease is not a fence by itself: the owner appends until a reaper ends the run.
+SELECT pg_temp.expire(:'r1', 120);
+SELECT is(runrow.append_events(:'r1', :'tok', '[{"type": "text_delta", "text": "late"}]'), 1013::bigint,
+    'an append after the lease lapsed, before any reap, still lands');
+SELECT ok(runrow.heartbeat(:'r1', :'tok') IS NOT NULL, 'the worker heartbeats again');
 
 -- Fenced out: wrong token, unknown run. NULL, nothing written.
 SELECT pg_temp.written() AS before \gset

@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(43);
+SELECT plan(45);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid,text,jsonb,text}'''
@@ -96,6 +96,13 @@ SELECT is((SELECT count(*)::int FROM runrow.run_event WHERE run_id = :'r1' AND t
     'the first finish''s complete event is the only one');
 SELECT is((SELECT a.status FROM runrow.agent_run AS a WHERE a.id = :'r1next'), 'running',
     'the run with a wrong token guessed at is still running');
+
+-- A lapsed lease is not a fence by itself: until a reaper ends the run, its owner may.
+SELECT pg_temp.new_run() AS r4b \gset
+SELECT pg_temp.claim(:'r4b') AS tok4b \gset
+SELECT pg_temp.expire(:'r4b');
+SELECT ok(runrow.finish_run(:'r4b', :'tok4b', 'completed'), 'a finish after the lease lapsed, before any reap, wins');
+SELECT is_empty('SELECT * FROM runrow.reap_expired_runs(0)', 'and leaves the reaper nothing to do');
 
 -- Fenced out: a finish after a reap (failed: at-most-once) and after a requeue.
 SELECT pg_temp.new_run() AS r5 \gset

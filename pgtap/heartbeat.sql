@@ -3,7 +3,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(38);
+SELECT plan(41);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid,integer}'''
@@ -44,6 +44,15 @@ SELECT is((SELECT a.claim_expires_at FROM runrow.agent_run AS a WHERE a.id = :'r
 SELECT is((SELECT (owned)::text FROM runrow.heartbeat(:'r1', :'tok')), 'true', 'the default lease is accepted');
 SELECT is((SELECT a.claim_expires_at FROM runrow.agent_run AS a WHERE a.id = :'r1'), now() + interval '30 seconds',
     'the default lease is 30 s');
+
+-- A lease that lapsed but was not reaped yet: the worker is alive after all, and its
+-- heartbeat wins; the reaper's re-check then finds a live lease and reaps nothing.
+SELECT pg_temp.expire(:'r1', 120);
+SELECT is((SELECT owned FROM runrow.heartbeat(:'r1', :'tok', 30)), true,
+    'a heartbeat after the lease lapsed but before a reap still owns the run');
+SELECT is((SELECT a.claim_expires_at FROM runrow.agent_run AS a WHERE a.id = :'r1'), now() + interval '30 seconds',
+    'and moves the lease back into the future');
+SELECT is_empty('SELECT * FROM runrow.reap_expired_runs(0)', 'so the reaper leaves the run alone');
 
 -- Fenced out: a wrong token, an unknown run. owned = false, nothing written.
 SELECT pg_temp.written() AS before \gset
