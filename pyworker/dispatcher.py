@@ -59,6 +59,7 @@ class Dispatcher:
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._claim_loop(), name="runrow-dispatcher")
+        self._task.add_done_callback(_log_crash)
 
     async def stop_claiming(self) -> None:
         """Phase 1 of a drain: no claim starts after this returns. A claim already in flight is
@@ -120,7 +121,7 @@ class Dispatcher:
             worker_id=self.worker_id,
             config=self._config,
         )
-        task = asyncio.create_task(sup.run(), name=f"run-{run.run_id}")
+        task = asyncio.create_task(sup.supervise(), name=f"run-{run.run_id}")
         self.in_flight[run.run_id] = (sup, task)
 
         def done(t: asyncio.Task[str | None], run_id: UUID = run.run_id) -> None:
@@ -153,6 +154,11 @@ class Dispatcher:
         else:
             async with self._hub.subscribe(channel) as queue:
                 yield queue
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.critical("the claim loop crashed; this worker claims nothing more", exc_info=task.exception())
 
 
 def _drain(queue: asyncio.Queue[str]) -> None:

@@ -82,7 +82,7 @@ class RunSupervisor:
         if self._handler_task is not None:
             self._handler_task.cancel()
 
-    async def run(self) -> str | None:
+    async def supervise(self) -> str | None:
         self.log.info("run claimed (attempt %s of %s)", self.run.attempt, self.run.max_attempts)
         hb = asyncio.create_task(
             heartbeat_loop(

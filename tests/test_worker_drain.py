@@ -1,0 +1,49 @@
+"""SIGTERM with runs in flight: claiming stops at once, runs that fit the drain budget finish,
+runs past it are released with error 'drained' (the attempts policy decides: requeued while
+attempts are left, else failed), nothing is left running, and the worker exits 0."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from worker_support import (
+    db,
+    enqueue_echo,
+    run_row,
+    start_worker,
+    status,
+    streamed_text,
+    wait_streaming,
+    worker_db,
+)
+
+__all__ = ["db", "start_worker", "worker_db"]
+
+
+def test_sigterm_drains_then_releases_what_is_left(db, start_worker) -> None:
+    w = start_worker("drainer", "--concurrency", "4", "--lease", "2", "--drain", "5", "--poll", "0.5")
+    short = [enqueue_echo(db, f"short answer {i}", duration=3) for i in range(2)]
+    long_once = enqueue_echo(db, "long answer " * 50, duration=60, max_attempts=1)
+    long_twice = enqueue_echo(db, "long answer " * 50, duration=60, max_attempts=2)
+    for run in [*short, long_once, long_twice]:
+        wait_streaming(db, run)
+    assert all(status(db, run) == "running" for run in short)  # in flight when the signal lands
+
+    signalled = time.monotonic()
+    w.signal(signal.SIGTERM)
+    w.wait_log("SIGTERM: draining")
+    late = enqueue_echo(db, "enqueued after the signal", duration=0.1)
+    assert w.wait_exit(30) == 0
+    took = time.monotonic() - signalled
+
+    for run in short:
+        assert status(db, run) == "completed"
+        assert streamed_text(db, run) == run_row(db, run)["result"]["text"]
+    once = run_row(db, long_once)
+    assert once["status"] == "failed" and once["error"].startswith("drained")
+    twice = run_row(db, long_twice)
+    assert twice["status"] == "queued" and twice["attempt"] == 1  # attempts left: back in the queue
+    assert run_row(db, late)["status"] == "queued" and run_row(db, late)["attempt"] == 0  # never claimed
+    assert db.execute("SELECT count(*) FROM runrow.agent_run WHERE status = 'running'").fetchone() == (0,)
+    assert 5 <= took < 15  # waited out the budget for the long runs, then released them promptly

@@ -1,0 +1,175 @@
+"""Helpers for worker tests: a private migrated database per test, worker subprocesses
+(`python -m pyworker worker --handler pyworker.handlers.echo:handle ...`), echo runs, and
+waiting on rows (the truth) with a deadline."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from pyworker.migrate import migrate
+
+REPO = Path(__file__).resolve().parent.parent
+ECHO = "pyworker.handlers.echo:handle"
+T = TypeVar("T")
+
+
+@pytest.fixture
+def worker_db(database_url: str) -> Iterator[str]:
+    """A freshly migrated database of this test's own (no other test's runs to claim)."""
+    name = f"runrow_worker_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = urlunsplit(urlsplit(database_url)._replace(path=f"/{name}"))
+    migrate(url)
+    yield url
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def db(worker_db: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(worker_db, autocommit=True) as conn:
+        yield conn
+
+
+class WorkerProcess:
+    def __init__(self, url: str, name: str, args: list[str]) -> None:
+        self.name = name
+        self.log_path = Path(tempfile.mkstemp(prefix=f"runrow-{name}-", suffix=".log")[1])
+        self._log = self.log_path.open("wb")
+        cmd = [sys.executable, "-m", "pyworker", "worker", "--handler", ECHO, "--worker-id", name, *args]
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, env=dict(os.environ, DATABASE_URL=url), stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_log(self, needle: str, timeout: float = 15) -> None:
+        wait_until(lambda: needle in self.log(), timeout, f"{self.name} to log {needle!r}\n{self.log()}")
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def wait_exit(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+
+@pytest.fixture
+def start_worker(worker_db: str) -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def _start(name: str, *args: str, ready: bool = True) -> WorkerProcess:
+        w = WorkerProcess(worker_db, name, list(args))
+        started.append(w)
+        if ready:
+            w.wait_log(f"worker {name} started")
+        return w
+
+    yield _start
+    for w in started:
+        w.close()
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll rows (the truth) until `predicate` is truthy; fail naming what we waited for."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def enqueue_echo(
+    conn: psycopg.Connection,
+    text: str = "hello from echo",
+    duration: float = 0.5,
+    *,
+    conversation_id: uuid.UUID | None = None,
+    max_attempts: int = 1,
+    **meta: Any,
+) -> uuid.UUID:
+    row = conn.execute(
+        "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => %s::jsonb, "
+        "model => 'echo', max_attempts => %s, metadata => %s::jsonb)",
+        (
+            conversation_id or uuid.uuid4(),
+            json.dumps(text),
+            max_attempts,
+            json.dumps({"echo": text, "duration": duration, **meta}),
+        ),
+    ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def run_row(conn: psycopg.Connection, run_id: uuid.UUID) -> dict[str, Any]:
+    cur = conn.execute(
+        "SELECT id, status, attempt, worker_id, error, result, claim_expires_at, finished_at, "
+        "cancel_requested FROM runrow.agent_run WHERE id = %s",
+        (run_id,),
+    )
+    row = cur.fetchone()
+    assert row is not None
+    return dict(zip([d.name for d in cur.description or ()], row, strict=True))
+
+
+def status(conn: psycopg.Connection, run_id: uuid.UUID) -> str:
+    return str(run_row(conn, run_id)["status"])
+
+
+def events(conn: psycopg.Connection, run_id: uuid.UUID) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        "SELECT seq, payload FROM runrow.run_event WHERE run_id = %s ORDER BY seq", (run_id,)
+    ).fetchall()
+    return [{"seq": seq, **payload} for seq, payload in rows]
+
+
+def streamed_text(conn: psycopg.Connection, run_id: uuid.UUID) -> str:
+    return "".join(e.get("text", "") for e in events(conn, run_id) if e["type"] == "text_delta")
+
+
+def wait_status(
+    conn: psycopg.Connection, run_id: uuid.UUID, wanted: set[str] | str, timeout: float = 15
+) -> str:
+    wanted = {wanted} if isinstance(wanted, str) else wanted
+    return wait_until(
+        lambda: (s := status(conn, run_id)) in wanted and s, timeout, f"run {run_id} to be {sorted(wanted)}"
+    )
+
+
+def wait_streaming(conn: psycopg.Connection, run_id: uuid.UUID, timeout: float = 15) -> None:
+    """Running and at least one delta committed: the run is genuinely mid-way."""
+    wait_until(
+        lambda: status(conn, run_id) == "running" and streamed_text(conn, run_id),
+        timeout,
+        f"run {run_id} to be streaming",
+    )
