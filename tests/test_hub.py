@@ -1,0 +1,144 @@
+"""The hub: one LISTEN connection multiplexing channels; bounded queues that drop; a killed
+backend means polling (slower, never wrong) until the hub reconnects and re-LISTENs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from worker_support import db, enqueue_echo, run_row, worker_db
+
+from pyworker import channels
+from pyworker.dispatcher import Dispatcher
+from pyworker.handlers.echo import handle as echo
+from pyworker.hub import RECONNECT_WAKE, Hub
+from pyworker.journal import JournalWriter
+
+__all__ = ["db", "worker_db"]
+
+
+@pytest.fixture
+async def pool(worker_db: str) -> AsyncIterator[AsyncConnectionPool]:
+    p = AsyncConnectionPool(worker_db, min_size=1, max_size=6, kwargs={"autocommit": True}, open=False)
+    await p.open()
+    yield p
+    await p.close()
+
+
+async def next_payload(queue: asyncio.Queue[str], within: float = 5) -> str:
+    return await asyncio.wait_for(queue.get(), within)
+
+
+def notify(conn: psycopg.Connection, channel: str, *payloads: str) -> None:
+    with conn.transaction():
+        for p in payloads:
+            conn.execute("SELECT pg_notify(%s, %s)", (channel, p))
+
+
+async def test_subscribers_share_one_listen_and_the_last_one_unlistens(worker_db: str, db) -> None:
+    hub = Hub(worker_db)
+    await hub.start()
+    try:
+        assert await hub.wait_connected(5)
+        async with hub.subscribe("chan_a") as q1, hub.subscribe("chan_a") as q2:
+            notify(db, "chan_a", "one")
+            assert await next_payload(q1) == "one"
+            assert await next_payload(q2) == "one"
+            async with hub.subscribe("chan_b") as qb:
+                notify(db, "chan_b", "two")
+                assert await next_payload(qb) == "two"
+                assert q1.empty()
+            await asyncio.sleep(0)  # let the supervisor apply the UNLISTEN nudge
+        for _ in range(100):
+            if not hub._listening:
+                break
+            await asyncio.sleep(0.01)
+        assert hub._listening == set()
+    finally:
+        await hub.stop()
+
+
+async def test_full_queue_drops_without_blocking_other_subscribers(worker_db: str, db) -> None:
+    hub = Hub(worker_db, queue_size=2)
+    await hub.start()
+    try:
+        assert await hub.wait_connected(5)
+        async with hub.subscribe("slow") as slow, hub.subscribe("fast") as fast:
+            notify(db, "slow", *[f"p{i}" for i in range(10)])
+            notify(db, "fast", "sentinel")
+            assert await next_payload(fast) == "sentinel"  # the hub was not blocked by the full queue
+            assert slow.qsize() == 2
+            assert [slow.get_nowait(), slow.get_nowait()] == ["p0", "p1"]
+            assert hub.dropped == 8
+    finally:
+        await hub.stop()
+
+
+async def test_terminated_hub_backend_falls_back_to_polling_then_recovers(
+    worker_db: str, db, pool: AsyncConnectionPool
+) -> None:
+    name = f"runrow-hub-{uuid.uuid4().hex[:8]}"
+    # A long reconnect backoff keeps the hub down long enough to watch the poll fallback.
+    hub = Hub(worker_db, application_name=name, backoff_initial=6.0, backoff_max=6.0)
+    await hub.start()
+    writer = JournalWriter(pool)
+    await writer.start()
+    dispatcher = Dispatcher(
+        pool=pool,
+        hub=hub,
+        writer=writer,
+        handler=echo,
+        concurrency=1,
+        lease_seconds=2,
+        poll_seconds=0.5,
+        worker_id="hub-test",
+    )
+    try:
+        assert await hub.wait_connected(5)
+        async with hub.subscribe(channels.ENQUEUED) as wakes:
+            await dispatcher.start()
+            first = enqueue_echo(db, "while the hub is up", duration=0.05)
+            uuid.UUID(await next_payload(wakes))  # the NOTIFY path works: payload = conversation_id
+            await wait_for(lambda: run_row(db, first)["status"] == "completed")
+
+            pid = db.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (name,)
+            ).fetchone()[0]
+            assert pid == hub.backend_pid
+            db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            await wait_for(lambda: not hub.connected)
+
+            enqueued = time.monotonic()
+            second = enqueue_echo(db, "while the hub is down", duration=0.05)
+            await wait_for(lambda: run_row(db, second)["status"] != "queued")
+            assert not hub.connected  # claimed by the poll tick, not by a wake
+            assert time.monotonic() - enqueued < 2.0
+            await wait_for(lambda: run_row(db, second)["status"] == "completed")
+
+            while not wakes.empty():
+                wakes.get_nowait()
+            assert await hub.wait_connected(15)
+            assert await next_payload(wakes) == RECONNECT_WAKE  # something may have changed while down
+            new_pid = db.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (name,)
+            ).fetchone()[0]
+            assert new_pid == hub.backend_pid != pid
+            notify(db, channels.ENQUEUED, "after-reconnect")
+            assert await next_payload(wakes) == "after-reconnect"  # re-LISTENed
+    finally:
+        await dispatcher.stop_claiming()
+        await asyncio.gather(*dispatcher.tasks(), return_exceptions=True)
+        await writer.stop()
+        await hub.stop()
+
+
+async def wait_for(predicate, within: float = 10) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
