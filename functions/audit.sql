@@ -125,11 +125,11 @@ BEGIN
       AND NOT coalesce(c.blocked, false)
       AND c.since < now() - audit.queued_age;
 
-    -- The journal of every run in scope (live runs, and runs finished within
-    -- history_window), each read through the (run_id, seq) primary key: seq must be exactly
-    -- 1..n (a journal trimmed whole has no rows and is fine), at most one complete event,
-    -- which only a terminal run has, and a terminal run whose journal is still there ends
-    -- with one.
+    -- The journal and the step log of every run in scope (live runs, and runs finished
+    -- within history_window), each read through its (run_id, seq) primary key: seq must be
+    -- exactly 1..n (a journal trimmed whole has no rows and is fine; steps are never
+    -- trimmed), at most one complete event, which only a terminal run has, and a terminal
+    -- run whose journal is still there ends with one.
     RETURN QUERY
     WITH scope AS MATERIALIZED (
         SELECT a.id, a.status FROM runrow.agent_run AS a WHERE a.status = 'queued'
@@ -148,9 +148,16 @@ BEGIN
         FROM runrow.run_event AS e
         WHERE e.run_id = s.id
     ) AS j
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n, min(st.seq) AS lo, max(st.seq) AS hi
+        FROM runrow.agent_step AS st
+        WHERE st.run_id = s.id
+    ) AS p
     CROSS JOIN LATERAL (VALUES
         ('journal_seq_gap', j.n > 0 AND (j.lo <> 1 OR j.hi <> j.n),
          format('journal has %s events numbered %s..%s; expected 1..%s', j.n, j.lo, j.hi, j.n)),
+        ('step_seq_gap', p.n > 0 AND (p.lo <> 1 OR p.hi <> p.n),
+         format('step log has %s steps numbered %s..%s; expected 1..%s', p.n, p.lo, p.hi, p.n)),
         ('multiple_complete_events', j.completes > 1,
          format('journal has %s complete events', j.completes)),
         ('complete_event_on_live_run', s.status IN ('queued', 'running', 'waiting') AND j.completes > 0,
@@ -160,6 +167,48 @@ BEGIN
          format('%s run has %s journal events and no complete event', s.status, j.n))
     ) AS v (invariant, broken, detail)
     WHERE v.broken;
+
+    -- Tool calls that may have begun and have no result (executing, uncertain), older than
+    -- intent_age since they began: a tool that hangs, or a crash mid-effect nobody looked
+    -- at. An uncertain call of a waiting run is a person's to decide (approval check
+    -- below). A call left open by a run that has ended stays reported for history_window
+    -- after the ending, then only runrow.open_tool_effects lists it. Served by
+    -- tool_effect_open (the rows that are not done).
+    RETURN QUERY
+    SELECT 'intent_without_result'::text, e.run_id,
+           format('%s call %s of tool %s (key %s) began %s ago (threshold %s) and has no result; run is %s',
+                  e.effect, e.state, e.tool, e.idempotency_key,
+                  date_trunc('second', now() - coalesce(e.started_at, e.created_at)), audit.intent_age, r.status)
+    FROM runrow.tool_effect AS e
+    JOIN runrow.agent_run AS r ON r.id = e.run_id
+    WHERE e.state <> 'done'
+      AND e.state IN ('executing', 'uncertain')
+      AND coalesce(e.started_at, e.created_at) < now() - audit.intent_age
+      AND NOT (e.state = 'uncertain' AND r.status = 'waiting')
+      AND (r.status IN ('queued', 'running', 'waiting') OR r.finished_at >= now() - audit.history_window);
+
+    -- A person has been asked (needs_approval, or uncertain: it may have happened) and has
+    -- not answered for approval_age; the run is parked as waiting meanwhile and holds its
+    -- conversation. Served by tool_effect_pending.
+    RETURN QUERY
+    SELECT 'approval_waiting_too_long'::text, e.run_id,
+           format('%s call of tool %s (key %s) has waited %s for a decision (threshold %s)',
+                  e.state, e.tool, e.idempotency_key, date_trunc('second', now() - e.updated_at), audit.approval_age)
+    FROM runrow.tool_effect AS e
+    JOIN runrow.agent_run AS r ON r.id = e.run_id
+    WHERE e.state IN ('needs_approval', 'uncertain')
+      AND r.status = 'waiting'
+      AND e.updated_at < now() - audit.approval_age;
+
+    -- A waiting run with nothing to decide can never be resumed by resolve_approval.
+    RETURN QUERY
+    SELECT 'waiting_without_pending_approval'::text, a.id,
+           format('run is waiting since %s but none of its tool calls awaits a decision', a.updated_at)
+    FROM runrow.agent_run AS a
+    WHERE a.status = 'waiting'
+      AND NOT EXISTS (
+          SELECT 1 FROM runrow.tool_effect AS e
+          WHERE e.run_id = a.id AND e.state IN ('needs_approval', 'uncertain'));
 
     -- The schema's own guards: a constraint, unique index or trigger that someone dropped
     -- or disabled (say, for maintenance) turns every invariant above from impossible into
@@ -184,7 +233,20 @@ BEGIN
         ('trigger', 'run_event_guard', 'run_event'),
         ('trigger', 'run_event_no_truncate', 'run_event'),
         ('trigger', 'message_guard', 'message'),
-        ('trigger', 'prompt_immutable', 'prompt')
+        ('trigger', 'prompt_immutable', 'prompt'),
+        ('constraint', 'agent_step_tool_result_names_its_tool_use', 'agent_step'),
+        ('unique index', 'agent_step_pkey', 'agent_step'),
+        ('unique index', 'agent_step_one_result_per_tool_use', 'agent_step'),
+        ('trigger', 'agent_step_guard', 'agent_step'),
+        ('trigger', 'agent_step_no_truncate', 'agent_step'),
+        ('constraint', 'tool_effect_done_iff_result', 'tool_effect'),
+        ('constraint', 'tool_effect_decision_complete', 'tool_effect'),
+        ('constraint', 'tool_effect_started_together', 'tool_effect'),
+        ('constraint', 'tool_effect_irreversible_needs_yes', 'tool_effect'),
+        ('unique index', 'tool_effect_pkey', 'tool_effect'),
+        ('unique index', 'tool_effect_one_per_tool_use', 'tool_effect'),
+        ('trigger', 'tool_effect_guard', 'tool_effect'),
+        ('trigger', 'tool_effect_no_truncate', 'tool_effect')
     ) AS g (kind, name, tbl)
     WHERE NOT CASE g.kind
         WHEN 'constraint' THEN EXISTS (
@@ -216,10 +278,17 @@ COMMENT ON FUNCTION runrow.audit(interval, interval, interval, interval, interva
 'conversation_has_multiple_active (more than one running or waiting run in a conversation); '
 'queued_too_long (a claimable turn unclaimed for queued_age since it became claimable; turns '
 'blocked behind an active turn are not reported, the blocker is); '
-'journal_seq_gap (run_event seq not exactly 1..n; a journal trimmed whole is fine); '
+'journal_seq_gap / step_seq_gap (run_event / agent_step seq not exactly 1..n; a journal '
+'trimmed whole is fine); '
 'multiple_complete_events (more than one complete event); '
 'complete_event_on_live_run (queued, running or waiting run with a complete event); '
 'terminal_run_without_complete (terminal run whose untrimmed journal has no complete event); '
+'intent_without_result (a tool call executing or uncertain, begun more than intent_age ago, '
+'no result; for ended runs only within history_window); '
+'approval_waiting_too_long (a waiting run''s call has awaited a person''s decision for more '
+'than approval_age); '
+'waiting_without_pending_approval (a waiting run with no call awaiting a decision: nothing can '
+'resume it); '
 'schema_guard_missing (run_id NULL: a constraint, unique index or trigger that keeps these '
 'invariants is missing, invalid or disabled). '
 'Cost: live runs through partial indexes, terminal rows through the empty-when-healthy index '
