@@ -1,0 +1,104 @@
+-- Private helpers of the step log and the tool calls. Not granted to any role: only the
+-- SECURITY DEFINER functions (running as the owner) call them.
+
+-- The canonical JSON text that tool_call_key hashes: object keys sorted by code point
+-- (UTF-8 byte order, hence COLLATE "C"), no whitespace, strings escaped as JSON requires
+-- and nothing more (non-ASCII stays as is), numbers as PostgreSQL's numeric prints them
+-- (plain decimal, no exponent). Equals Python's json.dumps(v, sort_keys=True,
+-- separators=(",", ":"), ensure_ascii=False) for every value whose numbers are ints or
+-- floats without an exponent in their repr; pyworker/keys.py implements the rest.
+-- plpgsql, not sql: a sql function cannot call itself at creation time.
+CREATE OR REPLACE FUNCTION runrow._canonical_json(value jsonb)
+RETURNS text
+LANGUAGE plpgsql
+IMMUTABLE
+STRICT
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    CASE jsonb_typeof(_canonical_json.value)
+        WHEN 'object' THEN
+            RETURN '{' || coalesce((
+                SELECT string_agg(to_json(o.k)::text || ':' || runrow._canonical_json(o.v), ',' ORDER BY o.k COLLATE "C")
+                FROM jsonb_each(_canonical_json.value) AS o (k, v)
+            ), '') || '}';
+        WHEN 'array' THEN
+            RETURN '[' || coalesce((
+                SELECT string_agg(runrow._canonical_json(a.v), ',' ORDER BY a.ord)
+                FROM jsonb_array_elements(_canonical_json.value) WITH ORDINALITY AS a (v, ord)
+            ), '') || ']';
+        ELSE
+            -- A scalar's jsonb text: escaped string, numeric text, true, false, null.
+            RETURN _canonical_json.value::text;
+    END CASE;
+END
+$fn$;
+
+-- Append one step at the next seq. The caller holds the run row's lock (append_step and
+-- complete_tool_call take it with the fence), which makes it the single writer of seq.
+CREATE OR REPLACE FUNCTION runrow._append_step(run_id uuid, kind text, payload json, request_id text)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    next_seq integer;
+BEGIN
+    SELECT coalesce(max(s.seq), 0) + 1 INTO next_seq
+    FROM runrow.agent_step AS s WHERE s.run_id = _append_step.run_id;
+
+    INSERT INTO runrow.agent_step (run_id, seq, kind, payload, request_id, attempt)
+    SELECT _append_step.run_id, next_seq, _append_step.kind, _append_step.payload,
+           _append_step.request_id, r.attempt
+    FROM runrow.agent_run AS r WHERE r.id = _append_step.run_id;
+    RETURN next_seq;
+END
+$fn$;
+
+-- Park a run on a person: waiting, claim cleared (heartbeat now says owned = false), the
+-- attempt handed back (waiting on a person is not a failed attempt, and the claim after
+-- the decision counts it again), approval_requested journaled, tails woken. The
+-- conversation stays held: waiting is active.
+CREATE OR REPLACE FUNCTION runrow._park_for_person(run_id uuid, idempotency_key text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    e runrow.tool_effect;
+    last_seq bigint;
+BEGIN
+    SELECT t.* INTO STRICT e FROM runrow.tool_effect AS t WHERE t.idempotency_key = _park_for_person.idempotency_key;
+    UPDATE runrow.agent_run AS a
+    SET status = 'waiting', claim_token = NULL, claim_expires_at = NULL, attempt = a.attempt - 1
+    WHERE a.id = _park_for_person.run_id;
+    last_seq := runrow._journal(_park_for_person.run_id, jsonb_build_array(jsonb_build_object(
+        'type', 'approval_requested',
+        'reason', e.state,
+        'idempotency_key', e.idempotency_key,
+        'tool', e.tool,
+        'tool_use_id', e.tool_use_id,
+        'args', e.args,
+        'effect', e.effect)));
+    PERFORM runrow._wake_tails(_park_for_person.run_id, last_seq);
+END
+$fn$;
+
+-- What a person decided about a call, as begin_tool_call hands it to the worker.
+CREATE OR REPLACE FUNCTION runrow._decision(e runrow.tool_effect)
+RETURNS jsonb
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+    SELECT jsonb_build_object(
+        'approved', _decision.e.approved,
+        'decided_by', _decision.e.decided_by,
+        'note', _decision.e.decision_note,
+        'decided_at', _decision.e.decided_at);
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._canonical_json(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._append_step(uuid, text, json, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._park_for_person(uuid, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._decision(runrow.tool_effect) FROM PUBLIC;
