@@ -1,0 +1,159 @@
+"""The journal writer: deltas coalesce, flush on the 250 ms clock, structural events write
+through in order, all runs of a process flush in ONE transaction per tick, and a run fenced
+out of that transaction loses only its own events."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from worker_support import db, events, worker_db
+
+from pyworker import api
+from pyworker.api import ClaimedRun
+from pyworker.journal import JournalWriter, RunLost
+
+__all__ = ["db", "worker_db"]
+
+CLOCK_OFF = 3600.0  # the clock never ticks: only explicit or write-through flushes write
+
+
+@pytest.fixture
+async def pool(worker_db: str) -> AsyncIterator[AsyncConnectionPool]:
+    p = AsyncConnectionPool(worker_db, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False)
+    await p.open()
+    yield p
+    await p.close()
+
+
+async def claimed(pool: AsyncConnectionPool, n: int) -> list[ClaimedRun]:
+    async with pool.connection() as conn:
+        for _ in range(n):
+            await api.enqueue_run(conn, uuid.uuid4(), "hi", "echo")
+        runs = await api.claim_runs(conn, "journal-test", n, 60)
+    assert len(runs) == n
+    return runs
+
+
+async def writer_for(pool: AsyncConnectionPool, interval: float) -> JournalWriter:
+    w = JournalWriter(pool, interval=interval)
+    await w.start()
+    return w
+
+
+def deltas(db, run_id: uuid.UUID) -> list[dict]:  # type: ignore[no-untyped-def]
+    return [e for e in events(db, run_id) if e["type"].endswith("_delta")]
+
+
+def transactions(db, run_ids: list[uuid.UUID]) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    """(transactions, rows) of the runs' delta rows. created_at is now(): the start of the
+    top-level transaction, the same inside every savepoint (xmin is not: each savepoint that
+    writes gets a subtransaction id of its own)."""
+    row = db.execute(
+        "SELECT count(DISTINCT created_at), count(*) FROM runrow.run_event "
+        "WHERE run_id = ANY(%s) AND type = 'text_delta'",
+        (run_ids,),
+    ).fetchone()
+    return row[0], row[1]
+
+
+async def test_consecutive_deltas_of_one_stream_coalesce(pool, db) -> None:
+    (run,) = await claimed(pool, 1)
+    writer = await writer_for(pool, CLOCK_OFF)
+    journal = writer.run_journal(run)
+    script = (
+        [{"type": "thinking_delta", "index": 0, "thinking": f"t{i} "} for i in range(50)]
+        + [{"type": "text_delta", "index": 1, "text": f"a{i} "} for i in range(100)]
+        + [{"type": "input_json_delta", "index": 2, "partial_json": f'"k{i}":{i},'} for i in range(30)]
+        + [{"type": "text_delta", "index": 3, "text": f"b{i} "} for i in range(20)]
+    )
+    for event in script:
+        await journal.emit(event)
+    await writer.flush_all()
+    rows = deltas(db, run.run_id)
+    assert [(r["type"], r["index"]) for r in rows] == [
+        ("thinking_delta", 0),
+        ("text_delta", 1),
+        ("input_json_delta", 2),
+        ("text_delta", 3),  # same type as row 2 but another content block: not merged
+    ]
+    field = {"thinking_delta": "thinking", "text_delta": "text", "input_json_delta": "partial_json"}
+    for row in rows:
+        expected = "".join(e[field[row["type"]]] for e in script if e["index"] == row["index"])
+        assert row[field[row["type"]]] == expected
+    await writer.stop()
+
+
+async def test_deltas_flush_on_a_250ms_clock(pool, db) -> None:
+    (run,) = await claimed(pool, 1)
+    writer = await writer_for(pool, 0.25)
+    journal = writer.run_journal(run)
+    text = ""
+    for i in range(100):  # one delta every 10 ms for about a second
+        piece = f"w{i} "
+        text += piece
+        await journal.emit({"type": "text_delta", "index": 0, "text": piece})
+        await asyncio.sleep(0.01)
+    await journal.flush()
+    rows = db.execute(
+        "SELECT created_at, payload->>'text' FROM runrow.run_event WHERE run_id = %s AND type = 'text_delta' "
+        "ORDER BY seq",
+        (run.run_id,),
+    ).fetchall()
+    assert "".join(r[1] for r in rows) == text  # nothing lost, nothing twice, in order
+    assert 3 <= len(rows) <= 8  # ~1 s of deltas at 4 flushes a second, not 100 rows
+    gaps = [(b[0] - a[0]).total_seconds() for a, b in itertools.pairwise(rows[:-1])]
+    assert all(0.2 <= g <= 0.6 for g in gaps), gaps  # the database clock sees the 250 ms tick
+    await writer.stop()
+
+
+async def test_structural_event_writes_through_after_buffered_deltas(pool, db) -> None:
+    (run,) = await claimed(pool, 1)
+    writer = await writer_for(pool, CLOCK_OFF)
+    journal = writer.run_journal(run)
+    await journal.emit({"type": "text_delta", "index": 0, "text": "Let me "})
+    await journal.emit({"type": "text_delta", "index": 0, "text": "check."})
+    assert deltas(db, run.run_id) == []  # buffered
+    await journal.emit({"type": "tool_use", "id": "tu_1", "name": "search"})
+    # emit returned: committed, deltas first, then the structural event
+    tail = [(e["type"], e.get("text")) for e in events(db, run.run_id)][-2:]
+    assert tail == [("text_delta", "Let me check."), ("tool_use", None)]
+    await writer.stop()
+
+
+async def test_all_runs_flush_in_one_transaction_per_tick(pool, db) -> None:
+    runs = await claimed(pool, 5)
+    writer = await writer_for(pool, 0.25)
+    journals = [writer.run_journal(r) for r in runs]
+    for i in range(20):
+        for j in journals:  # no await yields to the clock between these: one tick takes all
+            await j.emit({"type": "text_delta", "index": 0, "text": f"{i} "})
+    for j in journals:
+        await j.flush()
+    assert transactions(db, [r.run_id for r in runs]) == (1, 5)  # five runs, one row each, one transaction
+    await writer.stop()
+
+
+async def test_fenced_out_run_loses_only_its_own_events(pool, db) -> None:
+    a, b, c = await claimed(pool, 3)
+    writer = await writer_for(pool, CLOCK_OFF)
+    ja, jb, jc = (writer.run_journal(r) for r in (a, b, c))
+    # Someone else ends b (as a reaper or a stop would): its token no longer matches a running run.
+    async with pool.connection() as conn:
+        assert await api.finish_run(conn, b.run_id, b.claim_token, "failed", error="taken away")
+    for j in (ja, jb, jc):
+        await j.emit({"type": "text_delta", "index": 0, "text": f"from {j.run_id}"})
+    await writer.flush_all()
+
+    assert [d["text"] for d in deltas(db, a.run_id)] == [f"from {a.run_id}"]
+    assert [d["text"] for d in deltas(db, c.run_id)] == [f"from {c.run_id}"]
+    assert deltas(db, b.run_id) == []
+    assert jb.lost.is_set() and not ja.lost.is_set() and not jc.lost.is_set()
+    assert transactions(db, [a.run_id, c.run_id]) == (1, 2)  # a and c still committed together
+    with pytest.raises(RunLost):
+        await jb.emit({"type": "text_delta", "index": 0, "text": "more"})
+    await writer.stop()
