@@ -1,0 +1,130 @@
+"""The run supervisor in-process: cancel by NOTIFY (fast) and by the heartbeat poll (no hub),
+the partial text kept; a raising handler is released to the attempts policy; every log line
+about a run carries run_id, conversation_id and attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from worker_support import db, enqueue_echo, events, run_row, streamed_text, worker_db
+
+from pyworker.dispatcher import Dispatcher
+from pyworker.handlers.echo import handle as echo
+from pyworker.hub import Hub
+from pyworker.journal import JournalWriter
+
+__all__ = ["db", "worker_db"]
+
+LONG = "a long answer that gets cut off " * 20
+
+
+@pytest.fixture
+async def start(worker_db: str) -> AsyncIterator[Callable[..., object]]:
+    pool = AsyncConnectionPool(worker_db, min_size=1, max_size=6, kwargs={"autocommit": True}, open=False)
+    await pool.open()
+    writer = JournalWriter(pool)
+    await writer.start()
+    hubs: list[Hub] = []
+    dispatchers: list[Dispatcher] = []
+    watchers: list[asyncio.Task[None]] = []
+
+    async def _start(*, hub: bool, lease: int) -> Dispatcher:
+        h = None
+        if hub:
+            h = Hub(worker_db)
+            await h.start()
+            assert await h.wait_connected(5)
+            hubs.append(h)
+        d = Dispatcher(
+            pool=pool,
+            hub=h,
+            writer=writer,
+            handler=echo,
+            concurrency=2,
+            lease_seconds=lease,
+            poll_seconds=0.2,
+            worker_id="in-process",
+        )
+        watchers.append(asyncio.create_task(d.watch_cancels()))
+        await asyncio.sleep(0.05)  # let the cancel watcher subscribe
+        await d.start()
+        dispatchers.append(d)
+        return d
+
+    yield _start
+    for d in dispatchers:
+        await d.stop_claiming()
+        for sup, _ in d.in_flight.values():
+            sup.abandon("test over")
+        await asyncio.gather(*d.tasks(), return_exceptions=True)
+    for t in watchers:
+        t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await t
+    await writer.stop()
+    for h in hubs:
+        await h.stop()
+    await pool.close()
+
+
+async def until(predicate, within: float = 10) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def cancel_and_time(db, run) -> float:  # type: ignore[no-untyped-def]
+    await until(lambda: run_row(db, run)["status"] == "running" and streamed_text(db, run))
+    t0 = time.monotonic()
+    assert db.execute("SELECT runrow.cancel_run(run_id => %s)", (run,)).fetchone()[0]
+    await until(lambda: run_row(db, run)["status"] != "running")
+    return time.monotonic() - t0
+
+
+def assert_cancelled_keeping_partial_text(db, run) -> None:  # type: ignore[no-untyped-def]
+    row = run_row(db, run)
+    assert row["status"] == "cancelled"
+    partial = streamed_text(db, run)
+    assert partial and LONG.startswith(partial) and partial != LONG
+    assert row["result"]["text"] == partial
+    endings = [e for e in events(db, run) if e["type"] == "complete"]
+    assert len(endings) == 1 and endings[0]["status"] == "cancelled"
+
+
+async def test_cancel_by_notify_is_fast_and_keeps_partial_text(start, db, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="runrow")
+    await start(hub=True, lease=30)  # heartbeat every 10 s: only the NOTIFY can be this fast
+    run = enqueue_echo(db, LONG, duration=30)
+    took = await cancel_and_time(db, run)
+    assert took < 3
+    assert_cancelled_keeping_partial_text(db, run)
+    lines = [r for r in caplog.records if r.name == "runrow.run"]
+    assert lines and all(
+        (r.run_id, r.conversation_id, r.attempt) == (str(run), str(lines[0].conversation_id), 1)
+        for r in lines
+    )
+
+
+async def test_cancel_by_heartbeat_poll_without_a_hub(start, db) -> None:
+    await start(hub=False, lease=1)  # no NOTIFY at all: the heartbeat (every 1/3 s) is the cancel poll
+    run = enqueue_echo(db, LONG, duration=30)
+    took = await cancel_and_time(db, run)
+    assert took < 3
+    assert_cancelled_keeping_partial_text(db, run)
+
+
+async def test_raising_handler_is_released_to_the_attempts_policy(start, db) -> None:
+    await start(hub=True, lease=2)
+    run = enqueue_echo(db, "doomed", duration=0.1, max_attempts=2, fail=True)
+    await until(lambda: run_row(db, run)["status"] == "dead")
+    kinds = [e["type"] for e in events(db, run)]
+    assert kinds.count("run_claimed") == 2 and kinds.count("run_requeued") == 1  # one retry, then dead
+    assert kinds.count("complete") == 1
+    assert "failing on purpose" in run_row(db, run)["error"]
