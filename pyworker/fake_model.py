@@ -296,8 +296,8 @@ class FakeModel:
         try:
             if path.startswith("/_control/"):
                 result = self._control(request.method, path, body)
-                await _send_json(writer, 200, result, request_id)
                 self._finish(record, 200, "ok")
+                await _send_json(writer, 200, result, request_id)
                 return True
             if path not in ("/v1/messages", "/v1/messages/count_tokens"):
                 raise wire.ApiError(404, "not_found_error", f"Not found: {request.method} {path}")
@@ -311,13 +311,17 @@ class FakeModel:
                     raise wire.ApiError(fault.status, fault.error_type, fault.message, fault.retry_headers())
             if parse_error is not None:
                 raise wire.invalid(parse_error)
-            valid = wire.validate(body, self.signer, merge_consecutive=self.merge_consecutive)
-            if path == "/v1/messages/count_tokens":
-                await _send_json(writer, 200, {"input_tokens": wire.input_tokens(valid)}, request_id)
+            counting = path == "/v1/messages/count_tokens"
+            valid = wire.validate(
+                body, self.signer, merge_consecutive=self.merge_consecutive, require_max_tokens=not counting
+            )
+            if counting:
                 self._finish(record, 200, "ok")
+                await _send_json(writer, 200, {"input_tokens": wire.input_tokens(valid)}, request_id)
                 return True
             return await self._messages(valid, request, writer, record, fault)
         except wire.ApiError as err:
+            self._finish(record, err.status, "error")
             await _send_json(
                 writer,
                 err.status,
@@ -325,10 +329,10 @@ class FakeModel:
                 request_id,
                 err.headers,
             )
-            self._finish(record, err.status, "error")
             return True
         except ConnectionError:
-            self._finish(record, 200, "client_closed")
+            if not record.outcome:
+                self._finish(record, 200, "client_closed")
             return False
 
     def _authenticate(self, headers: Mapping[str, str]) -> None:
@@ -339,7 +343,7 @@ class FakeModel:
             raise wire.ApiError(401, "authentication_error", "x-api-key header is required")
         if self.api_key is not None and key != self.api_key:
             raise wire.ApiError(401, "authentication_error", "invalid x-api-key")
-        if "anthropic-version" not in headers:
+        if not headers.get("anthropic-version"):
             raise wire.invalid("anthropic-version: header is required")
 
     def _next_fault(self) -> Fault | None:
@@ -390,8 +394,8 @@ class FakeModel:
                 raise wire.ApiError(529, fault.error_type, fault.message)
             if fault is not None and fault.kind == "slow":
                 await asyncio.sleep(fault.delay)
-            await _send_json(writer, 200, message, record.request_id)
             self._finish(record, 200, "ok")
+            await _send_json(writer, 200, message, record.request_id)
             return True
         return await self._stream(message, writer, record, fault)
 
@@ -419,21 +423,21 @@ class FakeModel:
                 writer.write(_chunk(wire.sse(event, data)))
                 await writer.drain()
             if fault is not None and fault.kind == "drop":
-                await writer.drain()
                 self._finish(record, 200, "dropped")
                 return False
+            outcome = "ok"
             if fault is not None and fault.kind == "error_event":
                 error = {"type": "error", "error": {"type": fault.error_type, "message": fault.message}}
                 error["request_id"] = record.request_id
                 writer.write(_chunk(wire.sse("error", error)))
+                outcome = "error_event"
+            self._finish(record, 200, outcome)
             writer.write(b"0\r\n\r\n")
             await writer.drain()
         except ConnectionError:
-            self._finish(record, 200, "client_closed")
+            if not record.outcome:
+                self._finish(record, 200, "client_closed")
             return False
-        self._finish(
-            record, 200, "error_event" if fault is not None and fault.kind == "error_event" else "ok"
-        )
         return True
 
     def _control(self, method: str, path: str, body: Any) -> dict[str, Any]:

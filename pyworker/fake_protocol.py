@@ -148,7 +148,9 @@ class Signer:
 # Validation
 
 
-def validate(body: Any, signer: Signer, *, merge_consecutive: bool = False) -> dict[str, Any]:
+def validate(
+    body: Any, signer: Signer, *, merge_consecutive: bool = False, require_max_tokens: bool = True
+) -> dict[str, Any]:
     """The request checks the real API makes, in its words. Returns the body with messages
     normalized (merged when `merge_consecutive`)."""
     if not isinstance(body, dict):
@@ -158,9 +160,9 @@ def validate(body: Any, signer: Signer, *, merge_consecutive: bool = False) -> d
         raise invalid("model: Field required")
     if not isinstance(model, str) or not model:
         raise invalid("model: Input should be a valid string")
-    if "max_tokens" not in body:
+    if "max_tokens" not in body and require_max_tokens:
         raise invalid("max_tokens: Field required")
-    max_tokens = body["max_tokens"]
+    max_tokens = body.get("max_tokens", 1 << 30)
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
         raise invalid("max_tokens: Input should be a valid integer")
     if max_tokens < 1:
