@@ -40,9 +40,10 @@ BEGIN
     END LOOP;
 
     -- Row-level states the CHECK constraints forbid. Live runs are few; terminal runs are
-    -- read only through agent_run_terminal_anomaly (empty when healthy: its predicate is
-    -- repeated verbatim so the planner can prove it) and, for the lease column no index
-    -- may cover (heartbeats must stay HOT), through the recent window.
+    -- read through agent_run_terminal_anomaly (a stray claim token or no finished_at, in
+    -- all history: the index is empty when healthy and its predicate is repeated verbatim
+    -- so the planner can prove it) and, for a stray lease (no index may cover the lease:
+    -- heartbeats must stay HOT) or attempts over the cap, through history_window.
     RETURN QUERY
     WITH suspect AS (
         SELECT a.* FROM runrow.agent_run AS a WHERE a.status = 'queued'
@@ -51,11 +52,11 @@ BEGIN
         UNION
         SELECT a.* FROM runrow.agent_run AS a
         WHERE a.status IN ('completed', 'failed', 'cancelled', 'dead')
-          AND (a.claim_token IS NOT NULL OR a.finished_at IS NULL OR a.attempt > a.max_attempts)
+          AND (a.claim_token IS NOT NULL OR a.finished_at IS NULL)
         UNION
         SELECT a.* FROM runrow.agent_run AS a
         WHERE a.finished_at >= now() - audit.history_window
-          AND a.claim_expires_at IS NOT NULL
+          AND (a.claim_expires_at IS NOT NULL OR a.attempt > a.max_attempts)
           AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
     )
     SELECT v.invariant, s.id, v.detail
@@ -272,9 +273,10 @@ COMMENT ON FUNCTION runrow.audit(interval, interval, interval, interval, interva
 'lease_expired_unreaped (running, lease expired more than lease_grace ago: no reaper running); '
 'running_without_claim (running without token, worker or lease); '
 'terminal_run_holds_claim / idle_run_holds_claim (a terminal / queued or waiting run still has '
-'a claim token or lease); '
+'a claim token, in all history, or a lease, within history_window); '
 'terminal_without_finished_at / live_run_has_finished_at (finished_at disagrees with status); '
-'attempt_out_of_range (attempt above max_attempts, or a running run on attempt 0); '
+'attempt_out_of_range (attempt above max_attempts, or a running run on attempt 0; ended runs '
+'within history_window); '
 'conversation_has_multiple_active (more than one running or waiting run in a conversation); '
 'queued_too_long (a claimable turn unclaimed for queued_age since it became claimable; turns '
 'blocked behind an active turn are not reported, the blocker is); '

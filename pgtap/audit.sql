@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(58);
+SELECT plan(74);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'audit', ARRAY['interval', 'interval', 'interval', 'interval', 'interval'],
@@ -57,16 +57,47 @@ SELECT runrow.finish_run(:'h7', pg_temp.token(:'h7'), 'cancelled') AS fin \gset
 SELECT pg_temp.finished() AS h8 \gset
 SELECT pg_temp.age_finished(:'h8', '2 days');
 SELECT runrow.trim_journal('1 day') > 0 AS trimmed \gset
+-- tools: a non_idempotent call executed and recorded, then the run completes
+SELECT pg_temp.running() AS h12 \gset
+SELECT pg_temp.tool_turn(:'h12', 'toolu_a') AS k12 \gset
+SELECT pg_temp.begin(:'h12', :'k12', 'non_idempotent') AS s12 \gset
+SELECT runrow.complete_tool_call(:'h12', pg_temp.token(:'h12'), :'k12', '"sent"') AS step \gset
+SELECT runrow.append_step(:'h12', pg_temp.token(:'h12'), 'model_turn', '[{"type": "text", "text": "sent"}]') AS step \gset
+SELECT runrow.finish_run(:'h12', pg_temp.token(:'h12'), 'completed') AS fin \gset
+-- approval: needs_approval -> waiting -> approved -> requeued -> claimed -> approved -> done
+SELECT pg_temp.running(2) AS h13 \gset
+SELECT pg_temp.tool_turn(:'h13', 'toolu_b') AS k13 \gset
+SELECT pg_temp.begin(:'h13', :'k13', 'irreversible') AS s13a \gset
+SELECT runrow.resolve_approval(:'k13', true, 'ops@example.com') AS resolved \gset
+SELECT pg_temp.claim(:'h13') AS t13 \gset
+SELECT pg_temp.begin(:'h13', :'k13', 'irreversible') AS s13b \gset
+SELECT runrow.complete_tool_call(:'h13', pg_temp.token(:'h13'), :'k13', '"sent"') AS step \gset
+SELECT runrow.finish_run(:'h13', pg_temp.token(:'h13'), 'completed') AS fin \gset
+-- rejection, reported to the model as an error
+SELECT pg_temp.running(2) AS h14 \gset
+SELECT pg_temp.tool_turn(:'h14', 'toolu_c') AS k14 \gset
+SELECT pg_temp.begin(:'h14', :'k14', 'irreversible') AS s14a \gset
+SELECT runrow.resolve_approval(:'k14', false, 'ops@example.com', 'not today') AS resolved \gset
+SELECT pg_temp.claim(:'h14') AS t14 \gset
+SELECT pg_temp.begin(:'h14', :'k14', 'irreversible') AS s14b \gset
+SELECT runrow.complete_tool_call(:'h14', pg_temp.token(:'h14'), :'k14', '"rejected"', true) AS step \gset
+SELECT runrow.finish_run(:'h14', pg_temp.token(:'h14'), 'completed') AS fin \gset
+-- still waiting on a person: a fresh intent, and an uncertain call after a crash
+SELECT pg_temp.parked() AS h15 \gset
+SELECT pg_temp.uncertain() AS h16 \gset
+SELECT is(concat_ws(',', :'s12', :'s13a', :'s13b', :'s14a', :'s14b'),
+    'execute,needs_approval,approved,needs_approval,rejected', 'the tool calls took the paths intended');
 -- live: a running turn with the next turn queued behind it, and a claimable queued turn
 SELECT gen_random_uuid() AS hconv \gset
 SELECT pg_temp.running(conv => :'hconv') AS h9 \gset
 SELECT pg_temp.new_run(:'hconv') AS h10 \gset
 SELECT pg_temp.new_run() AS h11 \gset
-INSERT INTO healthy VALUES (:'h1'), (:'h2'), (:'h3'), (:'h4'), (:'h5'), (:'h6'), (:'h7'), (:'h8'), (:'h9'), (:'h10'), (:'h11');
+INSERT INTO healthy VALUES (:'h1'), (:'h2'), (:'h3'), (:'h4'), (:'h5'), (:'h6'), (:'h7'), (:'h8'), (:'h9'), (:'h10'),
+    (:'h11'), (:'h12'), (:'h13'), (:'h14'), (:'h15'), (:'h16');
 
 SELECT is(
     (SELECT array_agg(status ORDER BY status) FROM runrow.agent_run WHERE id IN (SELECT id FROM healthy)),
-    '{cancelled,cancelled,completed,completed,completed,dead,failed,failed,queued,queued,running}'::text[],
+    '{cancelled,cancelled,completed,completed,completed,completed,completed,completed,dead,failed,failed,queued,queued,running,waiting,waiting}'::text[],
     'the healthy workload reached every status (the test would otherwise prove little)');
 SELECT is(pg_temp.journal(:'h8'), '{}'::text[], 'h8''s journal was trimmed whole');
 SELECT is_empty($$SELECT * FROM runrow.audit() WHERE run_id IN (SELECT id FROM healthy)$$,
@@ -199,6 +230,61 @@ SELECT is(pg_temp.audit_of(:'b_livehole'), 'journal_seq_gap', 'journal_seq_gap: 
 SELECT pg_temp.age_finished(:'b_hole', '30 days');
 SELECT is(pg_temp.audit_of(:'b_hole'), '', 'a gap in a run finished 30 days ago is outside the default window');
 SELECT is(pg_temp.audit_of(:'b_hole', history_window => '60 days'), 'journal_seq_gap', '... and found with a 60 day window');
+
+-- step_seq_gap: a step deleted from the middle of the log.
+SELECT pg_temp.running() AS b_steps \gset
+SELECT runrow.append_step(:'b_steps', pg_temp.token(:'b_steps'), 'model_turn', '[{"type": "text", "text": "a"}]') AS step \gset
+SELECT runrow.append_step(:'b_steps', pg_temp.token(:'b_steps'), 'model_turn', '[{"type": "text", "text": "b"}]') AS step \gset
+SELECT runrow.append_step(:'b_steps', pg_temp.token(:'b_steps'), 'model_turn', '[{"type": "text", "text": "c"}]') AS step \gset
+SELECT is(pg_temp.audit_of(:'b_steps'), '', 'three steps: no gap');
+SELECT pg_temp.bypass(format('DELETE FROM runrow.agent_step WHERE run_id = %L AND seq = 2', :'b_steps'));
+SELECT is(pg_temp.audit_of(:'b_steps'), 'step_seq_gap', 'step_seq_gap: step 2 missing');
+SELECT is((SELECT detail FROM runrow.audit() WHERE run_id = :'b_steps'),
+    'step log has 2 steps numbered 1..3; expected 1..2', 'the detail says so');
+
+-- intent_without_result: a call executing for longer than intent_age.
+SELECT pg_temp.running() AS b_intent \gset
+SELECT pg_temp.tool_turn(:'b_intent', 'toolu_x') AS k_intent \gset
+SELECT pg_temp.begin(:'b_intent', :'k_intent', 'non_idempotent') AS st \gset
+SELECT pg_temp.bypass(format(
+    'UPDATE runrow.tool_effect SET started_at = now() - interval ''1 hour'' WHERE idempotency_key = %L', :'k_intent'));
+SELECT is(pg_temp.audit_of(:'b_intent'), 'intent_without_result', 'intent_without_result: executing for an hour');
+SELECT matches((SELECT detail FROM runrow.audit() WHERE run_id = :'b_intent'),
+    '^non_idempotent call executing of tool send_email \(key [0-9a-f]{64}\) began 01:00:00 ago \(threshold 00:10:00\)',
+    'the detail names the tool, the key and the age');
+SELECT is(pg_temp.audit_of(:'b_intent', intent_age => '2 hours'), '', 'a longer intent_age tolerates it');
+SELECT runrow.finish_run(:'b_intent', pg_temp.token(:'b_intent'), 'failed') AS fin \gset
+SELECT is(pg_temp.audit_of(:'b_intent'), 'intent_without_result', '... still reported once its run has ended');
+SELECT pg_temp.age_finished(:'b_intent', '30 days');
+SELECT is(pg_temp.audit_of(:'b_intent'), '', '... until the ending is older than history_window');
+SELECT is((SELECT attention FROM runrow.open_tool_effects WHERE idempotency_key = :'k_intent'), 'abandoned',
+    '... after which open_tool_effects still lists it');
+
+-- An uncertain call of a waiting run is a person's to decide: not an intent finding, an
+-- approval one once it has waited approval_age.
+SELECT pg_temp.uncertain() AS b_uncertain \gset
+SELECT pg_temp.bypass(format(
+    'UPDATE runrow.tool_effect SET started_at = now() - interval ''1 hour'' WHERE run_id = %L', :'b_uncertain'));
+SELECT is(pg_temp.audit_of(:'b_uncertain'), '', 'an uncertain call parked for a person is not an intent finding');
+SELECT pg_temp.bypass(format(
+    'UPDATE runrow.tool_effect SET updated_at = now() - interval ''25 hours'' WHERE run_id = %L', :'b_uncertain'));
+SELECT is(pg_temp.audit_of(:'b_uncertain'), 'approval_waiting_too_long',
+    'approval_waiting_too_long: an uncertain call undecided for 25 hours');
+
+-- approval_waiting_too_long: an intent awaiting approval.
+SELECT pg_temp.parked() AS b_parked \gset
+SELECT pg_temp.bypass(format(
+    'UPDATE runrow.tool_effect SET updated_at = now() - interval ''25 hours'' WHERE run_id = %L', :'b_parked'));
+SELECT is(pg_temp.audit_of(:'b_parked'), 'approval_waiting_too_long', 'approval_waiting_too_long: needs_approval for 25 hours');
+SELECT matches((SELECT detail FROM runrow.audit() WHERE run_id = :'b_parked'),
+    '^needs_approval call of tool send_email \(key [0-9a-f]{64}\) has waited 1 day 01:00:00 for a decision \(threshold 24:00:00\)$',
+    'the detail names the call and the wait');
+SELECT is(pg_temp.audit_of(:'b_parked', approval_age => '2 days'), '', 'a longer approval_age tolerates it');
+
+-- waiting_without_pending_approval: parked with nothing to decide.
+SELECT pg_temp.running() AS b_stuck \gset
+UPDATE runrow.agent_run SET status = 'waiting', claim_token = NULL, claim_expires_at = NULL WHERE id = :'b_stuck';
+SELECT is(pg_temp.audit_of(:'b_stuck'), 'waiting_without_pending_approval', 'waiting_without_pending_approval');
 
 -- queued_too_long: only a claimable turn, timed from when it became claimable.
 SELECT gen_random_uuid() AS blocked_conv \gset
