@@ -1,0 +1,140 @@
+CREATE OR REPLACE FUNCTION runrow.append_step(
+    run_id uuid, claim_token uuid, kind text, payload json, request_id text DEFAULT NULL
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    last_turn record;
+    bad record;
+    answered text;
+BEGIN
+    PERFORM runrow._require_not_null(append_step.run_id, 'run_id');
+    PERFORM runrow._require_not_null(append_step.claim_token, 'claim_token');
+    PERFORM runrow._require_not_null(append_step.kind, 'kind');
+    IF append_step.kind NOT IN ('model_turn', 'tool_result') THEN
+        RAISE EXCEPTION 'kind must be model_turn or tool_result, got "%"', append_step.kind
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(append_step.payload, 'payload');
+    IF octet_length(append_step.payload::text) > 8388608 THEN
+        RAISE EXCEPTION 'payload is too large: % bytes, the limit is 8 MiB', octet_length(append_step.payload::text)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF append_step.request_id = '' OR length(append_step.request_id) > 255 THEN
+        RAISE EXCEPTION 'request_id must be NULL or 1 to 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Shape checks read the json as is (json operators, no jsonb cast), so nothing about
+    -- the stored text depends on them.
+    IF append_step.kind = 'model_turn' THEN
+        IF json_typeof(append_step.payload) <> 'array' OR json_array_length(append_step.payload) = 0 THEN
+            RAISE EXCEPTION 'payload of a model_turn must be the non-empty array of the assistant message''s content blocks'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        SELECT b.ord INTO bad
+        FROM json_array_elements(append_step.payload) WITH ORDINALITY AS b (block, ord)
+        WHERE json_typeof(b.block) <> 'object'
+           OR json_typeof(b.block -> 'type') IS DISTINCT FROM 'string'
+           OR b.block ->> 'type' = ''
+           OR (b.block ->> 'type' = 'tool_use' AND (
+                json_typeof(b.block -> 'id') IS DISTINCT FROM 'string' OR b.block ->> 'id' = ''
+                OR json_typeof(b.block -> 'name') IS DISTINCT FROM 'string'
+                OR json_typeof(b.block -> 'input') IS DISTINCT FROM 'object'))
+        ORDER BY b.ord
+        LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'payload[%] must be a content block object with a string "type" (a tool_use also needs '
+                'a string "id", a string "name" and an object "input")', bad.ord - 1
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    ELSE
+        IF json_typeof(append_step.payload) <> 'object'
+           OR json_typeof(append_step.payload -> 'type') IS DISTINCT FROM 'string'
+           OR append_step.payload ->> 'type' <> 'tool_result'
+           OR json_typeof(append_step.payload -> 'tool_use_id') IS DISTINCT FROM 'string'
+           OR append_step.payload ->> 'tool_use_id' = '' THEN
+            RAISE EXCEPTION 'payload of a tool_result must be one {"type": "tool_result", "tool_use_id": ...} block'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+
+    -- The fence, under the run row's lock: that lock also makes this the single writer of seq.
+    PERFORM 1 FROM runrow.agent_run AS r
+    WHERE r.id = append_step.run_id
+      AND r.claim_token = append_step.claim_token
+      AND r.status = 'running'
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+
+    -- The step log is always a valid conversation: a tool_result answers an unanswered
+    -- tool_use of the latest model turn, and a new model turn comes only once every
+    -- tool_use of the previous one has its result.
+    SELECT s.seq, s.payload INTO last_turn
+    FROM runrow.agent_step AS s
+    WHERE s.run_id = append_step.run_id AND s.kind = 'model_turn'
+    ORDER BY s.seq DESC
+    LIMIT 1;
+
+    IF append_step.kind = 'tool_result' THEN
+        answered := append_step.payload ->> 'tool_use_id';
+        IF last_turn.seq IS NULL OR NOT EXISTS (
+            SELECT 1 FROM json_array_elements(last_turn.payload) AS b (block)
+            WHERE b.block ->> 'type' = 'tool_use' AND b.block ->> 'id' = answered
+        ) THEN
+            RAISE EXCEPTION 'payload: tool_use_id "%" is not a tool_use of the run''s latest model turn', answered
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF EXISTS (
+            SELECT 1 FROM runrow.agent_step AS s
+            WHERE s.run_id = append_step.run_id AND s.kind = 'tool_result' AND s.tool_use_id = answered
+        ) THEN
+            RAISE EXCEPTION 'payload: tool_use "%" already has its tool_result', answered
+                USING ERRCODE = 'object_not_in_prerequisite_state';
+        END IF;
+        IF EXISTS (
+            SELECT 1 FROM runrow.tool_effect AS t
+            WHERE t.run_id = append_step.run_id AND t.tool_use_id = answered
+        ) THEN
+            RAISE EXCEPTION 'payload: tool_use "%" was begun with begin_tool_call; record its result with complete_tool_call',
+                answered
+                USING ERRCODE = 'object_not_in_prerequisite_state';
+        END IF;
+    ELSIF last_turn.seq IS NOT NULL THEN
+        SELECT b.block ->> 'id' AS id INTO bad
+        FROM json_array_elements(last_turn.payload) AS b (block)
+        WHERE b.block ->> 'type' = 'tool_use'
+          AND NOT EXISTS (
+              SELECT 1 FROM runrow.agent_step AS s
+              WHERE s.run_id = append_step.run_id AND s.kind = 'tool_result'
+                AND s.tool_use_id = b.block ->> 'id')
+        LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'kind: a new model_turn needs a tool_result for every tool_use of step % first; "%" has none',
+                last_turn.seq, bad.id
+                USING ERRCODE = 'object_not_in_prerequisite_state';
+        END IF;
+    END IF;
+
+    RETURN runrow._append_step(append_step.run_id, append_step.kind, append_step.payload, append_step.request_id);
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.append_step(uuid, uuid, text, json, text) IS
+'Append one step to the run''s durable step log at the next seq and return that seq. kind '
+'model_turn: payload is the assistant message''s content array exactly as the SDK produced it '
+'(thinking and redacted_thinking blocks with their signatures included); kind tool_result: one '
+'tool_result block, for a tool_use of the latest model turn that has no result yet and was not '
+'begun with begin_tool_call (those get theirs from complete_tool_call). A model_turn is '
+'refused (55000) while a tool_use of the previous one has no result, so the log is always a '
+'valid conversation. payload is json, stored verbatim: the same bytes come back from '
+'conversation_history. request_id (the provider''s) is kept for support tickets. At most '
+'8 MiB. Fenced: NULL, nothing written, unless claim_token matches a running run. Bad input '
+'raises 22004/22023 naming the argument.';
+
+REVOKE ALL ON FUNCTION runrow.append_step(uuid, uuid, text, json, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.append_step(uuid, uuid, text, json, text) TO runrow_worker;
