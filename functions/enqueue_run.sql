@@ -98,6 +98,17 @@ BEGIN
         END IF;
     END IF;
 
+    -- The first enqueue creates the conversation and makes its user the owner; nobody
+    -- else can add a turn to it (42501, which the HTTP service answers as 404).
+    INSERT INTO runrow.conversation AS c (id, user_id)
+    VALUES (enqueue_run.conversation_id, enqueue_run.user_id)
+    ON CONFLICT ON CONSTRAINT conversation_pkey DO NOTHING;
+    IF (SELECT c.user_id FROM runrow.conversation AS c WHERE c.id = enqueue_run.conversation_id)
+       IS DISTINCT FROM enqueue_run.user_id THEN
+        RAISE EXCEPTION 'conversation_id % belongs to another user', enqueue_run.conversation_id
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+
     IF EXISTS (
         SELECT 1 FROM runrow.agent_run AS r
         WHERE r.conversation_id = enqueue_run.conversation_id
@@ -148,7 +159,8 @@ COMMENT ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, int
 'conversation has an active (queued, running or waiting) run, if_active decides: enqueue '
 '(wait behind it), reject (error 55000, nothing written) or interrupt (stop the active runs '
 'as stop_conversation does, then enqueue, atomically). Bad input raises 22004/22023 naming '
-'the argument.';
+'the argument. The first enqueue of a conversation makes user_id its owner; another user''s '
+'enqueue into it raises 42501.';
 
 REVOKE ALL ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb)

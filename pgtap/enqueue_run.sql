@@ -146,7 +146,7 @@ SELECT throws_ok(
 SELECT is(pg_temp.written(), :'before', 'the rejected reuses wrote nothing');
 
 -- if_active = enqueue (the default): the new turn waits behind the active one.
-SELECT run_id AS r7 FROM runrow.enqueue_run(conversation_id => :conv, content => '"second"', model => 'm') \gset
+SELECT run_id AS r7 FROM runrow.enqueue_run(conversation_id => :conv, content => '"second"', model => 'm', user_id => 'u1') \gset
 SELECT is(
     (SELECT array_agg(a.status ORDER BY a.enqueue_seq) FROM runrow.agent_run AS a WHERE a.conversation_id = :conv),
     ARRAY['queued', 'queued'], 'if_active = enqueue queues the turn behind the active one');
@@ -158,14 +158,14 @@ SELECT ok(
 -- if_active = reject: 55000, nothing written, whatever the active run's status.
 SELECT pg_temp.written() AS before \gset
 SELECT throws_ok(
-    format($$SELECT * FROM runrow.enqueue_run(conversation_id => %L, content => '"third"', model => 'm',
+    format($$SELECT * FROM runrow.enqueue_run(conversation_id => %L, content => '"third"', model => 'm', user_id => 'u1',
         if_active => 'reject')$$, :conv),
     '55000', format('conversation %s already has an active run (if_active = reject)', :conv),
     'if_active = reject raises 55000 while a turn is queued');
 SELECT is(pg_temp.written(), :'before', 'the rejected enqueue wrote nothing');
 SELECT pg_temp.claim(:'r1') AS tok1 \gset
 SELECT throws_ok(
-    format($$SELECT * FROM runrow.enqueue_run(conversation_id => %L, content => '"third"', model => 'm',
+    format($$SELECT * FROM runrow.enqueue_run(conversation_id => %L, content => '"third"', model => 'm', user_id => 'u1',
         if_active => 'reject')$$, :conv),
     '55000', NULL, 'if_active = reject raises 55000 while a turn is running');
 SELECT is(
@@ -180,7 +180,7 @@ FROM (SELECT DISTINCT a.conversation_id FROM runrow.agent_run AS a
       WHERE a.status = 'queued' AND a.conversation_id <> :conv) AS c,
      LATERAL runrow.stop_conversation(c.conversation_id) AS s \gset
 SELECT run_id AS r8 FROM runrow.enqueue_run(
-    conversation_id => :conv, content => '"interrupting"', model => 'm', if_active => 'interrupt') \gset
+    conversation_id => :conv, content => '"interrupting"', model => 'm', user_id => 'u1', if_active => 'interrupt') \gset
 SELECT is(
     (SELECT (a.status, a.cancel_requested, a.claim_token = :'tok1'::uuid)::text
      FROM runrow.agent_run AS a WHERE a.id = :'r1'),
@@ -290,7 +290,7 @@ SELECT throws_ok(
         max_attempts => 0)$$, :conv),
     '22023', 'max_attempts must be between 1 and 100, got 0', 'a replay with bad input still raises');
 SELECT throws_ok(
-    format($$SELECT * FROM runrow.enqueue_run(%L, '"q"', 'm', if_active => 'interrupt', metadata => '1')$$, :conv),
+    format($$SELECT * FROM runrow.enqueue_run(%L, '"q"', 'm', user_id => 'u1', if_active => 'interrupt', metadata => '1')$$, :conv),
     '22023', 'metadata must be a JSON object, got number', 'a bad interrupt raises before stopping anything');
 SELECT is(pg_temp.written(), :'before', 'bad input wrote nothing');
 SELECT is((SELECT a.status FROM runrow.agent_run AS a WHERE a.id = :'r8'), 'running',
