@@ -4,6 +4,7 @@ attempts are left, else failed), nothing is left running, and the worker exits 0
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 
@@ -47,3 +48,22 @@ def test_sigterm_drains_then_releases_what_is_left(db, start_worker) -> None:
     assert run_row(db, late)["status"] == "queued" and run_row(db, late)["attempt"] == 0  # never claimed
     assert db.execute("SELECT count(*) FROM runrow.agent_run WHERE status = 'running'").fetchone() == (0,)
     assert 5 <= took < 15  # waited out the budget for the long runs, then released them promptly
+
+
+def test_second_signal_exits_at_once(db, start_worker) -> None:
+    w = start_worker(
+        "impatient", "--concurrency", "1", "--lease", "2", "--drain", "60", "--log-format", "json"
+    )
+    run = enqueue_echo(db, "long answer " * 50, duration=60)
+    wait_streaming(db, run)
+    w.signal(signal.SIGTERM)
+    w.wait_log("draining")
+    signalled = time.monotonic()
+    w.signal(signal.SIGINT)
+    assert w.wait_exit(10) == 1
+    assert time.monotonic() - signalled < 5  # did not wait out the 60 s budget
+    assert status(db, run) == "running"  # left to the reaper (lease + grace)
+    lines = [json.loads(line) for line in w.log().splitlines() if line.startswith("{")]
+    claimed = [r for r in lines if r["msg"].startswith("run claimed")]
+    assert claimed and claimed[0]["run_id"] == str(run) and claimed[0]["attempt"] == 1
+    assert claimed[0]["conversation_id"] and claimed[0]["worker_id"] == "impatient"
