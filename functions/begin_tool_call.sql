@@ -1,0 +1,155 @@
+CREATE OR REPLACE FUNCTION runrow.begin_tool_call(
+    run_id uuid, claim_token uuid, idempotency_key text, tool text, args jsonb, effect text
+)
+RETURNS TABLE (state text, result jsonb)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    r runrow.agent_run;
+    e runrow.tool_effect;
+    found_call record;
+BEGIN
+    PERFORM runrow._require_not_null(begin_tool_call.run_id, 'run_id');
+    PERFORM runrow._require_not_null(begin_tool_call.claim_token, 'claim_token');
+    PERFORM runrow._require_not_null(begin_tool_call.idempotency_key, 'idempotency_key');
+    IF begin_tool_call.idempotency_key !~ '^[0-9a-f]{64}$' THEN
+        RAISE EXCEPTION 'idempotency_key must be 64 lowercase hex characters, as runrow.tool_call_key returns'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(begin_tool_call.tool, 'tool');
+    IF begin_tool_call.tool = '' OR length(begin_tool_call.tool) > 200 THEN
+        RAISE EXCEPTION 'tool must be a tool name of 1 to 200 characters' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(begin_tool_call.args, 'args');
+    IF jsonb_typeof(begin_tool_call.args) <> 'object' THEN
+        RAISE EXCEPTION 'args must be a JSON object (the tool_use block''s input), got %', jsonb_typeof(begin_tool_call.args)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(begin_tool_call.effect, 'effect');
+    IF begin_tool_call.effect NOT IN ('pure', 'idempotent', 'non_idempotent', 'irreversible') THEN
+        RAISE EXCEPTION 'effect must be one of pure, idempotent, non_idempotent, irreversible, got "%"',
+            begin_tool_call.effect
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- The fence. FOR UPDATE: this call may park the run. Lock order everywhere: the run,
+    -- then its effect.
+    SELECT a.* INTO r FROM runrow.agent_run AS a
+    WHERE a.id = begin_tool_call.run_id
+      AND a.claim_token = begin_tool_call.claim_token
+      AND a.status = 'running'
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+
+    SELECT t.* INTO e FROM runrow.tool_effect AS t
+    WHERE t.idempotency_key = begin_tool_call.idempotency_key
+    FOR UPDATE;
+
+    IF NOT FOUND THEN
+        -- A first begin: the key must be the one tool_call_key derives for an unanswered
+        -- tool_use block of the run's latest model turn, so client and database agree on
+        -- it and the call is tied to its block.
+        SELECT s.seq, b.block ->> 'id' AS tool_use_id INTO found_call
+        FROM (
+            SELECT m.seq, m.payload FROM runrow.agent_step AS m
+            WHERE m.run_id = r.id AND m.kind = 'model_turn'
+            ORDER BY m.seq DESC
+            LIMIT 1
+        ) AS s
+        CROSS JOIN LATERAL json_array_elements(s.payload) AS b (block)
+        WHERE b.block ->> 'type' = 'tool_use'
+          AND b.block ->> 'name' = begin_tool_call.tool
+          AND (b.block -> 'input')::jsonb = begin_tool_call.args
+          AND runrow.tool_call_key(r.id, s.seq, b.block ->> 'id', begin_tool_call.tool, begin_tool_call.args)
+              = begin_tool_call.idempotency_key
+          AND NOT EXISTS (
+              SELECT 1 FROM runrow.agent_step AS x
+              WHERE x.run_id = r.id AND x.kind = 'tool_result' AND x.tool_use_id = b.block ->> 'id');
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'idempotency_key matches no unanswered tool_use of the run''s latest model turn with this '
+                'tool and args: it must be runrow.tool_call_key(run_id, step_seq, tool_use_id, tool, args)'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+
+        INSERT INTO runrow.tool_effect AS t (
+            idempotency_key, run_id, step_seq, tool_use_id, tool, args, effect, state, attempt,
+            started_attempt, started_at
+        )
+        VALUES (
+            begin_tool_call.idempotency_key, r.id, found_call.seq, found_call.tool_use_id, begin_tool_call.tool,
+            begin_tool_call.args, begin_tool_call.effect,
+            CASE WHEN begin_tool_call.effect = 'irreversible' THEN 'needs_approval' ELSE 'executing' END,
+            r.attempt,
+            CASE WHEN begin_tool_call.effect <> 'irreversible' THEN r.attempt END,
+            CASE WHEN begin_tool_call.effect <> 'irreversible' THEN now() END
+        );
+        IF begin_tool_call.effect = 'irreversible' THEN
+            PERFORM runrow._park_for_person(r.id, begin_tool_call.idempotency_key);
+            RETURN QUERY SELECT 'needs_approval'::text, NULL::jsonb;
+        ELSE
+            RETURN QUERY SELECT 'execute'::text, NULL::jsonb;
+        END IF;
+        RETURN;
+    END IF;
+
+    IF e.run_id <> r.id OR e.tool <> begin_tool_call.tool OR e.args <> begin_tool_call.args
+       OR e.effect <> begin_tool_call.effect THEN
+        RAISE EXCEPTION 'idempotency_key was recorded for another run, tool, args or effect'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    CASE e.state
+        WHEN 'done' THEN
+            RETURN QUERY SELECT 'done'::text, e.result;
+        WHEN 'executing' THEN
+            IF e.effect = 'irreversible' THEN
+                -- Begun before and no result: it may have happened. Never again without a person.
+                UPDATE runrow.tool_effect AS t SET state = 'uncertain'
+                WHERE t.idempotency_key = e.idempotency_key;
+                PERFORM runrow._park_for_person(r.id, e.idempotency_key);
+                RETURN QUERY SELECT 'uncertain'::text, NULL::jsonb;
+            ELSE
+                -- Safe to run again: the tool passes the same key downstream.
+                UPDATE runrow.tool_effect AS t SET started_attempt = r.attempt, started_at = now()
+                WHERE t.idempotency_key = e.idempotency_key;
+                RETURN QUERY SELECT 'execute'::text, NULL::jsonb;
+            END IF;
+        WHEN 'approved' THEN
+            -- Recorded before the worker runs it, so a crash from here on reads as uncertain.
+            UPDATE runrow.tool_effect AS t SET state = 'executing', started_attempt = r.attempt, started_at = now()
+            WHERE t.idempotency_key = e.idempotency_key;
+            RETURN QUERY SELECT 'approved'::text, runrow._decision(e);
+        WHEN 'rejected' THEN
+            RETURN QUERY SELECT 'rejected'::text, runrow._decision(e);
+        ELSE
+            -- needs_approval or uncertain: still undecided (only a decision requeues a
+            -- parked run, so this is a run put back by other means). Park it again.
+            PERFORM runrow._park_for_person(r.id, e.idempotency_key);
+            RETURN QUERY SELECT e.state, NULL::jsonb;
+    END CASE;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.begin_tool_call(uuid, uuid, text, text, jsonb, text) IS
+'Call before running a tool; returns one row (state, result). idempotency_key must be '
+'runrow.tool_call_key(run_id, step_seq, tool_use_id, tool, args) of an unanswered tool_use in '
+'the run''s latest model turn (22023 otherwise, and when a known key comes with another run, '
+'tool, args or effect). effect pure, idempotent, non_idempotent: execute (run it; a '
+'non_idempotent tool passes the key downstream; a resumed attempt gets execute again with the '
+'same key) or done (the result is recorded: use result, do not run it). irreversible: the first '
+'call records the intent and returns needs_approval, parking the run as waiting (claim '
+'cleared, so heartbeat says owned = false; the attempt is handed back; approval_requested '
+'journaled): the worker stops. After resolve_approval requeues it and a worker claims it: '
+'approved (run it now; result = the decision; the start is recorded first, so a crash before '
+'complete_tool_call makes the next begin return uncertain and park the run again for a '
+'person) or rejected (result = {approved, decided_by, note, decided_at}: report the rejection '
+'to the model with complete_tool_call(is_error => true)). uncertain: begun, no result, begun '
+'again: parked for a person. Fenced: no row, nothing written, unless claim_token matches a '
+'running run.';
+
+REVOKE ALL ON FUNCTION runrow.begin_tool_call(uuid, uuid, text, text, jsonb, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.begin_tool_call(uuid, uuid, text, text, jsonb, text) TO runrow_worker;
