@@ -3,7 +3,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(22);
+SELECT plan(23);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'trim_journal', ARRAY['interval'], 'trim_journal(older_than) exists');
@@ -71,6 +71,8 @@ SELECT throws_ok('SELECT runrow.trim_journal(''-1 second'')', '22023',
     'older_than must not be negative, got -00:00:01', 'a negative older_than is rejected');
 SELECT throws_ok('SELECT runrow.trim_journal(NULL)', '22004', 'older_than must not be NULL',
     'older_than NULL is rejected');
+SELECT throws_ok('SELECT runrow.trim_journal(''1000000 years'')', '22023',
+    'older_than is out of range, got 1000000 years', 'an older_than reaching before 4713 BC is rejected, named');
 SELECT is(pg_temp.fingerprint(), :'before', 'bad input wrote nothing');
 
 SELECT * FROM finish();
