@@ -518,11 +518,13 @@ async def _send_json(
     await writer.drain()
 
 
-def serve_forever(scenario: str, host: str, port: int, secret: bytes | None = None) -> int:
+def serve_forever(
+    scenario: str, host: str, port: int, secret: bytes | None = None, delta_delay: float = 0.0
+) -> int:
     """`runrow fake-model`: serve in this process until SIGINT/SIGTERM; prints the base URL."""
     import signal
 
-    fake = FakeModel(scenario, host=host, port=port, secret=secret or DEFAULT_SECRET)
+    fake = FakeModel(scenario, host=host, port=port, secret=secret or DEFAULT_SECRET, delta_delay=delta_delay)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

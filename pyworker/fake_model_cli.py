@@ -9,7 +9,7 @@ def cmd_fake_model(args: argparse.Namespace) -> int:
     from pyworker.fake_model import serve_forever
 
     secret = args.secret.encode() if args.secret else None
-    return serve_forever(args.scenario, args.host, args.port, secret)
+    return serve_forever(args.scenario, args.host, args.port, secret, args.delta_delay)
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -27,4 +27,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (default)")
     p.add_argument("--scenario", default="demo", choices=scenario_names())
     p.add_argument("--secret", help="thinking-signature key (default: a fixed key, stable across restarts)")
+    p.add_argument(
+        "--delta-delay", type=float, default=0.0, help="seconds before each streamed event (a visible stream)"
+    )
     p.set_defaults(func=cmd_fake_model)

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,8 +48,14 @@ def fake() -> Iterator[FakeModel]:
         yield server
 
 
-def client_for(fake: FakeModel, max_retries: int = 2) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=fake.base_url, api_key="test", max_retries=max_retries)
+_clients: weakref.WeakKeyDictionary[FakeModel, anthropic.Anthropic] = weakref.WeakKeyDictionary()
+
+
+def client_for(fake: FakeModel) -> anthropic.Anthropic:
+    """One client per server (building one costs ~0.1 s); max_retries=2, the SDK's default."""
+    if fake not in _clients:
+        _clients[fake] = anthropic.Anthropic(base_url=fake.base_url, api_key="test", max_retries=2)
+    return _clients[fake]
 
 
 def hello(**extra: Any) -> dict[str, Any]:
@@ -209,6 +216,28 @@ def test_thinking_round_trip_is_accepted(fake: FakeModel, dump: str) -> None:
     ]
     # a new human message starts the script over: a tool call again
     assert client_for(fake).messages.create(**third).stop_reason == "tool_use"
+
+
+def test_signatures_cover_meaning_not_serialization(fake: FakeModel) -> None:
+    """Signed over a history sent with nulls and string content; verified over the same history sent
+    without nulls, with content as text blocks and with cache_control added."""
+    request, message = first_turn(fake)
+    follow_up = second_request(request, [b.model_dump() for b in message.content])
+    assert follow_up["messages"][1]["content"][1]["caller"] is None
+    reply = client_for(fake).messages.create(**follow_up)
+    resumed = second_request(request, [b.model_dump(exclude_none=True) for b in message.content])
+    resumed["messages"][0]["content"] = [
+        {"type": "text", "text": "Weather and time in Paris?", "cache_control": {"type": "ephemeral"}}
+    ]
+    resumed["system"] = [{"type": "text", "text": "You are terse."}]
+    resumed["messages"] += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]},
+        {"role": "user", "content": "thanks"},
+    ]
+    client_for(fake).messages.create(**resumed)
+    resumed["messages"][0]["content"][0]["text"] += " "
+    with pytest.raises(anthropic.BadRequestError, match=r"messages\.1\.content\.0: Invalid `signature`"):
+        client_for(fake).messages.create(**resumed)
 
 
 def _flip(text: str) -> str:
@@ -618,7 +647,18 @@ def test_custom_scripts_call_tools_by_step() -> None:
 
 def test_runrow_fake_model_command_serves_until_sigterm() -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "pyworker", "fake-model", "--port", "0", "--scenario", "text"],
+        [
+            sys.executable,
+            "-m",
+            "pyworker",
+            "fake-model",
+            "--port",
+            "0",
+            "--scenario",
+            "text",
+            "--delta-delay",
+            "0.001",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
