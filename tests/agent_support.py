@@ -1,0 +1,238 @@
+"""Helpers for the agent-loop tests: the fake Messages API, agent worker processes and in-process
+workers, enqueueing agent runs, and reading what a run did (steps, journal, effects).
+
+Worker processes run `python -m pyworker worker --handler pyworker.agent:handle --tools
+examples.tools_demo` with ANTHROPIC_BASE_URL pointing at a FakeModel served from this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from worker_support import REPO, wait_until
+
+from pyworker import agent
+from pyworker.fake_scenarios import DEMO_TOOLS
+from pyworker.worker import Worker
+
+if str(REPO) not in sys.path:  # `examples.tools_demo`, importable as a user's tool module is
+    sys.path.insert(0, str(REPO))
+
+AGENT = "pyworker.agent:handle"
+DEMO_TASK = "Send the weekly status email and write report.md."
+DEMO_SYSTEM = "You are a careful assistant. Use the tools."
+THINKING = {"max_tokens": 4096, "thinking": {"type": "enabled", "budget_tokens": 1024}}
+
+
+def enqueue_agent(
+    conn: psycopg.Connection,
+    content: Any = DEMO_TASK,
+    *,
+    conversation_id: uuid.UUID | None = None,
+    model: str = "claude-fake-1",
+    system: str | None = DEMO_SYSTEM,
+    tools: Any = DEMO_TOOLS,
+    metadata: dict[str, Any] | None = None,
+    max_attempts: int = 3,
+) -> uuid.UUID:
+    row = conn.execute(
+        "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => %s::jsonb, model => %s, "
+        "system_prompt => %s, tools => %s::jsonb, max_attempts => %s, metadata => %s::jsonb)",
+        (
+            conversation_id or uuid.uuid4(),
+            json.dumps(content),
+            model,
+            system,
+            json.dumps(list(tools)),
+            max_attempts,
+            json.dumps(THINKING if metadata is None else metadata),
+        ),
+    ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def run_row(conn: psycopg.Connection, run_id: uuid.UUID) -> dict[str, Any]:
+    cur = conn.execute(
+        "SELECT id, status, attempt, max_attempts, worker_id, error, result FROM runrow.agent_run WHERE id = %s",
+        (run_id,),
+    )
+    row = cur.fetchone()
+    assert row is not None
+    return dict(zip([d.name for d in cur.description or ()], row, strict=True))
+
+
+def wait_status(
+    conn: psycopg.Connection, run_id: uuid.UUID, wanted: set[str] | str, timeout: float = 30
+) -> str:
+    wanted = {wanted} if isinstance(wanted, str) else wanted
+
+    def done() -> str | None:
+        s = str(run_row(conn, run_id)["status"])
+        return s if s in wanted else None
+
+    return wait_until(done, timeout, f"run {run_id} to be {sorted(wanted)}")
+
+
+def steps(conn: psycopg.Connection, run_id: uuid.UUID) -> list[tuple[int, str, str]]:
+    """(seq, kind, payload text) of the run's step log."""
+    return [
+        (seq, kind, text)
+        for seq, kind, text in conn.execute(
+            "SELECT seq, kind, payload::text FROM runrow.agent_step WHERE run_id = %s ORDER BY seq", (run_id,)
+        ).fetchall()
+    ]
+
+
+def journal(conn: psycopg.Connection, run_id: uuid.UUID) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        "SELECT seq, payload FROM runrow.run_event WHERE run_id = %s ORDER BY seq", (run_id,)
+    ).fetchall()
+    return [{"seq": seq, **payload} for seq, payload in rows]
+
+
+def effect_keys(conn: psycopg.Connection, run_id: uuid.UUID) -> dict[str, str]:
+    """idempotency key -> tool, of every tool call the run began."""
+    return dict(
+        conn.execute(
+            "SELECT idempotency_key, tool FROM runrow.tool_effect WHERE run_id = %s", (run_id,)
+        ).fetchall()
+    )
+
+
+def transcript(conn: psycopg.Connection, run_id: uuid.UUID) -> list[tuple[str, Any]]:
+    """The run's steps with what varies between runs (ids, signatures) masked: what happened."""
+    out: list[tuple[str, Any]] = []
+    for _, kind, text in steps(conn, run_id):
+        payload = json.loads(text)
+        if kind == "model_turn":
+            out.append(
+                (
+                    kind,
+                    [{k: v for k, v in b.items() if k not in ("id", "signature", "data")} for b in payload],
+                )
+            )
+        else:
+            content = payload.get("content")
+            with contextlib.suppress(TypeError, ValueError):
+                content = json.loads(content)
+            if isinstance(content, dict):
+                content = {k: v for k, v in content.items() if k != "message_id"}
+            out.append((kind, {"content": content, "is_error": payload.get("is_error")}))
+    return out
+
+
+class AgentWorker:
+    """A `runrow worker` process running the agent loop with the demo tools."""
+
+    def __init__(self, url: str, name: str, base_url: str, workspace: Path, *args: str, **env: str) -> None:
+        self.name = name
+        self.log_path = Path(tempfile.mkstemp(prefix=f"runrow-{name}-", suffix=".log")[1])
+        self._log = self.log_path.open("wb")
+        cmd = [
+            sys.executable, "-m", "pyworker", "worker", "--handler", AGENT, "--tools", "examples.tools_demo",
+            "--worker-id", name, *args,
+        ]  # fmt: skip
+        environment = dict(
+            os.environ,
+            DATABASE_URL=url,
+            ANTHROPIC_BASE_URL=base_url,
+            ANTHROPIC_API_KEY="test-key",
+            RUNROW_DEMO_WORKSPACE=str(workspace),
+            PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            **env,
+        )
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, env=environment, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_started(self, timeout: float = 20) -> AgentWorker:
+        wait_until(
+            lambda: f"worker {self.name} started" in self.log(),
+            timeout,
+            f"{self.name} to start\n{self.log()}",
+        )
+        return self
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+
+class InProcessWorker:
+    """A Worker on its own event loop in a thread: fast to start, for tests that need no SIGKILL."""
+
+    def __init__(self, url: str, name: str = "inproc", **kwargs: Any) -> None:
+        options: dict[str, Any] = {
+            "lease_seconds": 2,
+            "poll_seconds": 0.5,
+            "grace_seconds": 1,
+            "reap_interval": 0.5,
+            "concurrency": 2,
+            "drain_seconds": 5,
+            "handler": agent.handle,
+        }
+        options.update(kwargs)
+        self.worker = Worker(url, worker_id=name, **options)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.error: BaseException | None = None
+
+    def _main(self) -> None:
+        async def go() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._started.set()
+            await self.worker.run(install_signals=False)
+
+        try:
+            asyncio.run(go())
+        except BaseException as exc:
+            self.error = exc
+            self._started.set()
+
+    def start(self) -> InProcessWorker:
+        self._thread.start()
+        self._started.wait(10)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self.worker.request_stop)
+        self._thread.join(20)
+
+    def __enter__(self) -> InProcessWorker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def in_process_worker(url: str, name: str = "inproc", **kwargs: Any) -> Iterator[InProcessWorker]:
+    worker = InProcessWorker(url, name, **kwargs).start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
