@@ -109,11 +109,15 @@ class FakeModel:
         delta_delay: float = 0.0,
         chunk_size: int = 12,
         merge_consecutive: bool = False,
+        context_window: int = 200_000,
     ):
         """`scenario`: a name from fake_scenarios.SCENARIOS or a callable. `api_key`: when set, the only
         key accepted (else any non-empty key). `faults`: applied to the next /v1/messages requests, one
         each, in order (None = no fault). `delta_delay`: seconds before every streamed event.
-        `merge_consecutive`: merge same-role turns as today's API does, instead of refusing them."""
+        `merge_consecutive`: merge same-role turns as today's API does, instead of refusing them.
+        `context_window`: tokens (estimated as characters / 4); a longer input is refused (400), and
+        output that would overflow it stops with model_context_window_exceeded. Output is also cut at
+        the request's max_tokens (stop_reason max_tokens), like the real API."""
         self.host = host
         self.port = port
         self.signer = wire.Signer(secret)
@@ -121,6 +125,7 @@ class FakeModel:
         self.delta_delay = delta_delay
         self.chunk_size = chunk_size
         self.merge_consecutive = merge_consecutive
+        self.context_window = context_window
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         name = scenario if isinstance(scenario, str) else getattr(scenario, "__name__", "custom")
@@ -381,10 +386,15 @@ class FakeModel:
         record.fault = fault
         if fault is not None and fault.kind == "status":
             raise wire.ApiError(fault.status, fault.error_type, fault.message, fault.retry_headers())
+        in_tokens = wire.input_tokens(body)
+        if in_tokens > self.context_window:
+            raise wire.invalid(f"prompt is too long: {in_tokens} tokens > {self.context_window} maximum")
         content = wire.render_content(turn, body, self.signer)
-        usage = wire.usage_json(wire.input_tokens(body), wire.estimate_tokens(content) if content else 1)
+        content, cut = wire.limit_output(content, body["max_tokens"], self.context_window - in_tokens)
+        out_tokens = sum(wire.block_tokens(b) for b in content) or 1
         message_id = "msg_01" + secrets.token_hex(11)
-        message = wire.message_json(message_id, body["model"], content, turn, usage)
+        usage = wire.usage_json(in_tokens, out_tokens)
+        message = wire.message_json(message_id, body["model"], content, turn, usage, cut)
         record.response = message
         if not body.get("stream"):
             if fault is not None and fault.kind == "drop":

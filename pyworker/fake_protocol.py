@@ -461,8 +461,45 @@ def render_content(turn: Turn, body: Mapping[str, Any], signer: Signer) -> list[
     return content
 
 
+def block_tokens(block: Mapping[str, Any]) -> int:
+    kind = block["type"]
+    if kind == "text":
+        return estimate_tokens(block["text"])
+    if kind == "thinking":
+        return estimate_tokens(block["thinking"])
+    if kind == "tool_use":
+        return estimate_tokens(block["input"]) + estimate_tokens(block["name"])
+    return 1
+
+
+def limit_output(
+    content: list[dict[str, Any]], max_tokens: int, room: int
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Cut the output where the real API stops: at `max_tokens`, or where the context window is full
+    (`room` tokens left after the input). Returns the kept blocks and the stop reason of a cut."""
+    limit = min(max_tokens, room)
+    reason = "max_tokens" if max_tokens <= room else "model_context_window_exceeded"
+    kept: list[dict[str, Any]] = []
+    used = 0
+    for block in content:
+        cost = block_tokens(block)
+        if used + cost <= limit:
+            kept.append(block)
+            used += cost
+            continue
+        if block["type"] == "text" and limit > used:
+            kept.append({**block, "text": block["text"][: (limit - used) * 4]})
+        return kept, reason
+    return kept, None
+
+
 def message_json(
-    message_id: str, model: str, content: list[dict[str, Any]], turn: Turn, usage: Mapping[str, int]
+    message_id: str,
+    model: str,
+    content: list[dict[str, Any]],
+    turn: Turn,
+    usage: Mapping[str, int],
+    stop_reason: str | None = None,
 ) -> dict[str, Any]:
     message: dict[str, Any] = {
         "id": message_id,
@@ -470,11 +507,11 @@ def message_json(
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": turn.resolved_stop_reason,
+        "stop_reason": stop_reason or turn.resolved_stop_reason,
         "stop_sequence": None,
         "usage": dict(usage),
     }
-    if turn.stop_details is not None:
+    if turn.stop_details is not None and stop_reason is None:
         message["stop_details"] = dict(turn.stop_details)
     return message
 

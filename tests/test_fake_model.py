@@ -354,6 +354,24 @@ def test_stop_reasons_arrive(fake: FakeModel, scenario: str, stop_reason: str, s
         assert message.stop_details is not None and message.stop_details.type == "refusal"
 
 
+def test_output_is_cut_at_max_tokens(fake: FakeModel) -> None:
+    with client_for(fake).messages.stream(**hello(max_tokens=3)) as stream:
+        message = stream.get_final_message()
+    assert message.stop_reason == "max_tokens"
+    assert message.content[0].text == "Hello from t"
+    assert message.usage.output_tokens == 3
+
+
+def test_context_window_fills_up_then_refuses() -> None:
+    with FakeModel("text", context_window=15) as fake:
+        message = client_for(fake).messages.create(**hello(max_tokens=100))
+        assert message.stop_reason == "model_context_window_exceeded"
+        assert 0 < len(message.content[0].text) < len("Hello from the fake model. You said: hi")
+        long = hello(messages=[{"role": "user", "content": "x" * 400}])
+        with pytest.raises(anthropic.BadRequestError, match=r"prompt is too long: \d+ tokens > 15 maximum"):
+            client_for(fake).messages.create(**long)
+
+
 def test_pause_turn_continues_when_the_content_is_sent_back(fake: FakeModel) -> None:
     fake.set_scenario("pause_turn")
     paused = client_for(fake).messages.create(**hello())
