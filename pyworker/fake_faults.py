@@ -6,6 +6,8 @@ SDK prefers, so tests can retry after a few milliseconds).
 `error_event`: a 200 stream that sends `after_events` events, then `event: error`, then ends.
 `drop`: a 200 stream that sends `after_events` events, then closes the socket mid-body.
 `slow`: a normal answer with `delay` seconds before each streamed event.
+Without `stream: true` there is no body to cut: `drop` closes the connection before any response
+(the SDK retries that as a connection error) and `error_event` answers 529 overloaded_error.
 """
 
 from __future__ import annotations
