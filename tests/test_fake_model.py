@@ -32,7 +32,7 @@ from pyworker.fake_faults import (
     slow,
 )
 from pyworker.fake_model import FakeModel
-from pyworker.fake_scenarios import DEMO_TOOLS, Text, ToolCall, script, turn
+from pyworker.fake_scenarios import DEMO_TOOLS, Text, Thinking, ToolCall, script, turn
 
 MODEL = "claude-fake-1"
 THINKING = {"type": "enabled", "budget_tokens": 1024}
@@ -381,6 +381,42 @@ def test_pause_turn_continues_when_the_content_is_sent_back(fake: FakeModel) -> 
     resumed = client_for(fake).messages.create(**request)
     assert resumed.stop_reason == "end_turn"
     assert resumed.content[0].text == " Found it: the answer is 42."
+
+
+def test_a_paused_turn_is_continued_in_the_same_assistant_message() -> None:
+    """The contract for pause_turn: send the paused content back as the last assistant message; the
+    answer continues that message, and its blocks are signed as its continuation, so the loop merges
+    them into it (a second assistant message in a row is refused)."""
+    paused = script(
+        turn(Thinking("Start searching."), Text("Searching..."), stop_reason="pause_turn"),
+        turn(Thinking("Found it."), Text(" The answer is 42.")),
+    )
+    with FakeModel(paused) as fake:
+        request = hello(max_tokens=2048, thinking=THINKING)
+        first = client_for(fake).messages.create(**request)
+        assert first.stop_reason == "pause_turn"
+        merged = [b.model_dump(exclude_none=True) for b in first.content]
+        request["messages"].append({"role": "assistant", "content": merged})
+        second = client_for(fake).messages.create(**request)
+        assert second.stop_reason == "end_turn"
+        merged = merged + [b.model_dump(exclude_none=True) for b in second.content]
+        request["messages"][1] = {"role": "assistant", "content": merged}
+        request["messages"].append({"role": "user", "content": "thanks"})
+        client_for(fake).messages.create(**request)  # accepted: every signature verifies
+        request["messages"][1:2] = [
+            {"role": "assistant", "content": merged[:2]},
+            {"role": "assistant", "content": merged[2:]},
+        ]
+        with pytest.raises(anthropic.BadRequestError, match='multiple "assistant" roles in a row'):
+            client_for(fake).messages.create(**request)
+
+
+def test_a_restarted_fake_model_accepts_its_earlier_signatures(fake: FakeModel) -> None:
+    """The default key is fixed, so a resumed run survives a restart of `runrow fake-model`."""
+    request, message = first_turn(fake)
+    follow_up = second_request(request, [b.model_dump(exclude_none=True) for b in message.content])
+    with FakeModel("thinking_tools") as restarted:
+        assert client_for(restarted).messages.create(**follow_up).content[-1].text == "It is sunny in Paris."
 
 
 # -- request validation -------------------------------------------------------------------------
