@@ -234,7 +234,7 @@ class FakeModel:
     def wait_for_requests(self, count: int, timeout: float = 10.0) -> list[RecordedRequest]:
         """Block until `count` /v1/messages requests have been answered (or raise TimeoutError)."""
         with self._changed:
-            ok = self._changed.wait_for(lambda: sum(1 for r in self._finished() if r) >= count, timeout)
+            ok = self._changed.wait_for(lambda: sum(self._finished()) >= count, timeout)
         if not ok:
             raise TimeoutError(f"fake model: {count} requests not answered within {timeout}s")
         return self.requests
