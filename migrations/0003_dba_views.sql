@@ -60,12 +60,21 @@ COMMENT ON VIEW runrow.queue_health IS
 'grace). Reads only the live runs (partial indexes). runrow status shows it.';
 
 CREATE VIEW runrow.run_stats AS
+-- queued and running/waiting are two partial indexes; the planner serves each arm of a
+-- UNION from one, but an IN over all three statuses from neither.
 WITH live AS (
     SELECT
         a.status,
         count(*) AS runs
     FROM runrow.agent_run AS a
-    WHERE a.status IN ('queued', 'running', 'waiting')
+    WHERE a.status = 'queued'
+    GROUP BY a.status
+    UNION ALL
+    SELECT
+        a.status,
+        count(*) AS runs
+    FROM runrow.agent_run AS a
+    WHERE a.status IN ('running', 'waiting')
     GROUP BY a.status
 ),
 
@@ -126,19 +135,35 @@ COMMENT ON VIEW runrow.run_stats IS
 'all-time counts are SELECT status, count(*) FROM runrow.agent_run GROUP BY 1 (a full scan).';
 
 CREATE VIEW runrow.run_attempts AS
-SELECT
-    a.status,
-    a.attempt,
-    count(*) AS runs
-FROM runrow.agent_run AS a
-WHERE
-    a.status IN ('queued', 'running', 'waiting')
-    OR (
+WITH counted AS (
+    SELECT
+        a.status,
+        a.attempt
+    FROM runrow.agent_run AS a
+    WHERE a.status = 'queued'
+    UNION ALL
+    SELECT
+        a.status,
+        a.attempt
+    FROM runrow.agent_run AS a
+    WHERE a.status IN ('running', 'waiting')
+    UNION ALL
+    SELECT
+        a.status,
+        a.attempt
+    FROM runrow.agent_run AS a
+    WHERE
         a.finished_at >= now() - interval '24 hours'
         AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
-    )
-GROUP BY a.status, a.attempt
-ORDER BY a.status, a.attempt;
+)
+
+SELECT
+    c.status,
+    c.attempt,
+    count(*) AS runs
+FROM counted AS c
+GROUP BY c.status, c.attempt
+ORDER BY c.status, c.attempt;
 
 COMMENT ON VIEW runrow.run_attempts IS
 'Attempts distribution: how many runs are in (status, attempt), for the live runs (now) and '
