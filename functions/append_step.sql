@@ -27,6 +27,13 @@ BEGIN
         RAISE EXCEPTION 'request_id must be NULL or 1 to 255 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- PostgreSQL's JSON functions cannot process the escape \u0000 (an odd run of
+    -- backslashes before u0000), so such a payload could be stored but never read back
+    -- into a conversation: refused up front, clearly.
+    IF append_step.payload::text ~ '(^|[^\\])(\\\\)*\\u0000' THEN
+        RAISE EXCEPTION 'payload must not contain the escape \u0000: PostgreSQL''s JSON functions cannot process it'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     -- Shape checks read the json as is (json operators, no jsonb cast), so nothing about
     -- the stored text depends on them.
     IF append_step.kind = 'model_turn' THEN
@@ -132,7 +139,8 @@ COMMENT ON FUNCTION runrow.append_step(uuid, uuid, text, json, text) IS
 'begun with begin_tool_call (those get theirs from complete_tool_call). A model_turn is '
 'refused (55000) while a tool_use of the previous one has no result, so the log is always a '
 'valid conversation. payload is json, stored verbatim: the same bytes come back from '
-'conversation_history. request_id (the provider''s) is kept for support tickets. At most '
+'conversation_history (a payload with the escape \u0000 is refused: PostgreSQL cannot '
+'process it). request_id (the provider''s) is kept for support tickets. At most '
 '8 MiB. Fenced: NULL, nothing written, unless claim_token matches a running run. Bad input '
 'raises 22004/22023 naming the argument.';
 

@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/lifecycle.psql
 \ir helpers/row_versions.psql
 \ir helpers/steps.psql
-SELECT plan(46);
+SELECT plan(47);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid,text,json,text}'''
@@ -98,6 +98,9 @@ SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L, '
     'request_id must be NULL or 1 to 255 characters', 'an empty request_id');
 SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L)', :'r1', :'tok',
     '[{"type":"text","text":"' || repeat('x', 8388608) || '"}]'), '22023', NULL, 'a payload over 8 MiB');
+SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L)', :'r1', :'tok', '[{"type":"text","text":"\u0000"}]'),
+    '22023', 'payload must not contain the escape \u0000: PostgreSQL''s JSON functions cannot process it',
+    'a payload with the NUL escape, which no JSON function could read back');
 SELECT is(pg_temp.steps_written(), :'before', 'bad input wrote nothing');
 
 -- Append-only from every role, the owner included.
