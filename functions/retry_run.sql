@@ -32,7 +32,12 @@ BEGIN
     )
     VALUES (
         old.conversation_id, old.user_id, old.user_message_id, old.max_attempts, old.model,
-        old.prompt_id, old.metadata, old.request_snapshot, old.id
+        old.prompt_id, old.metadata,
+        -- Rebuilt from the kept message, as enqueue_run builds it: the old run's copy may
+        -- be trimmed, and a NULL snapshot would hide this run's journal from trim_journal.
+        (SELECT jsonb_build_object('content', m.content, 'metadata', old.metadata)
+         FROM runrow.message AS m WHERE m.id = old.user_message_id),
+        old.id
     )
     RETURNING id INTO new_id;
 

@@ -7,6 +7,7 @@ AS $fn$
 DECLARE
     deleted bigint;
     cutoff timestamptz;
+    due uuid[];
 BEGIN
     PERFORM runrow._require_not_null(trim_journal.older_than, 'older_than');
     IF trim_journal.older_than < interval '0' THEN
@@ -21,18 +22,18 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END;
 
-    DELETE FROM runrow.run_event AS e
-    USING runrow.agent_run AS a
-    WHERE a.id = e.run_id
-      AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
-      AND a.finished_at < cutoff;
+    -- Served by agent_run_untrimmed: only finished runs whose snapshot (and so journal)
+    -- is still there, never the trimmed history.
+    SELECT coalesce(array_agg(a.id), '{}') INTO due
+    FROM runrow.agent_run AS a
+    WHERE a.finished_at < cutoff
+      AND a.finished_at IS NOT NULL
+      AND a.request_snapshot IS NOT NULL;
+
+    DELETE FROM runrow.run_event AS e WHERE e.run_id = ANY (due);
     GET DIAGNOSTICS deleted = ROW_COUNT;
 
-    UPDATE runrow.agent_run AS a
-    SET request_snapshot = NULL
-    WHERE a.status IN ('completed', 'failed', 'cancelled', 'dead')
-      AND a.finished_at < cutoff
-      AND a.request_snapshot IS NOT NULL;
+    UPDATE runrow.agent_run AS a SET request_snapshot = NULL WHERE a.id = ANY (due);
     RETURN deleted;
 END
 $fn$;

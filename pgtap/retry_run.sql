@@ -2,7 +2,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(24);
+SELECT plan(27);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'retry_run', ARRAY['uuid'], 'retry_run(run_id) exists');
@@ -27,6 +27,8 @@ SELECT is(
     (SELECT (conversation_id, user_message_id, model, prompt_id, max_attempts, metadata, user_id)::text
      FROM runrow.agent_run WHERE id = :'failed'),
     'same conversation, user message, model, pinned prompt, max_attempts and metadata');
+SELECT is((SELECT request_snapshot FROM runrow.agent_run WHERE id = :'retry'),
+    '{"content": "retry me", "metadata": {"k": 1}}'::jsonb, 'the request snapshot is the one enqueue_run took');
 SELECT is((SELECT count(*)::int FROM runrow.message
            WHERE conversation_id = (SELECT conversation_id FROM runrow.agent_run WHERE id = :'failed')),
     1, 'no new message: the retry reuses the user message');
@@ -95,6 +97,20 @@ SELECT runrow.finish_run(:'r1', pg_temp.token(:'r1'), 'failed');
 SELECT runrow.retry_run(:'r1') AS r2 \gset
 SELECT is((SELECT retry_of FROM runrow.agent_run WHERE id = :'r2'), :'r1'::uuid, 'a failed retry is retried in turn');
 SELECT isnt(:'r2'::uuid, :'r1'::uuid, 'as another new run');
+
+-- A retry of a trimmed run still gets its snapshot (rebuilt from the kept message), so
+-- its own journal is trimmed in its turn.
+SELECT pg_temp.drain_queue();
+SELECT pg_temp.finished('failed') AS trimmed \gset
+SELECT pg_temp.age_finished(:'trimmed', '2 days');
+SELECT runrow.trim_journal('1 day');
+SELECT runrow.retry_run(:'trimmed') AS retry_of_trimmed \gset
+SELECT is((SELECT request_snapshot FROM runrow.agent_run WHERE id = :'retry_of_trimmed'),
+    '{"content": "hello", "metadata": {}}'::jsonb, 'a retry of a trimmed run rebuilds the snapshot from the message');
+SELECT pg_temp.claim(:'retry_of_trimmed');
+SELECT runrow.finish_run(:'retry_of_trimmed', pg_temp.token(:'retry_of_trimmed'), 'completed');
+SELECT pg_temp.age_finished(:'retry_of_trimmed', '2 days');
+SELECT is(runrow.trim_journal('1 day'), 4::bigint, 'and its journal is trimmed in its turn');
 
 SELECT * FROM finish();
 ROLLBACK;
