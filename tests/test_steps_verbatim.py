@@ -9,7 +9,6 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-
 from race_support import private_database
 from steps_support import append_step, claim, enqueue
 
@@ -22,9 +21,13 @@ MODEL_TURN = (
     '"signature":"EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxW+/fJ3A==\\/sig"},\n'
     '  {"type": "redacted_thinking",   "data": "EmwKAhgBEgy3va3pzix\\/Tz4eFwQaDAX3WuH+wd=="},'
     '{"type":"text","text":"Tab\\there, not NUL \\\\u0000 and a quote \\" end","citations":null},\t'
-    '{"id":"toolu_01A","input":{"z":1,"a":{"y":[1.50,2e3,-0]},"\\u00e9":"x"},"name":"lookup","type":"tool_use"} ]'
+    '{"id":"toolu_01A","input":{"z":1,"a":{"y":[1.50,2e3,-0]},"\\u00e9":"x"},'
+    '"name":"lookup","type":"tool_use"} ]'
 )
-TOOL_RESULT = '{ "tool_use_id" : "toolu_01A", "type":"tool_result", "content" : [ {"type":"text","text":"\\u00e9t\\u00e9"} ] }'
+TOOL_RESULT = (
+    '{ "tool_use_id" : "toolu_01A", "type":"tool_result", '
+    '"content" : [ {"type":"text","text":"\\u00e9t\\u00e9"} ] }'
+)
 FINAL_TURN = '[{"type":"text","text":"done"}]   '
 
 
