@@ -247,7 +247,10 @@ BEGIN
         ('unique index', 'tool_effect_pkey', 'tool_effect'),
         ('unique index', 'tool_effect_one_per_tool_use', 'tool_effect'),
         ('trigger', 'tool_effect_guard', 'tool_effect'),
-        ('trigger', 'tool_effect_no_truncate', 'tool_effect')
+        ('trigger', 'tool_effect_no_truncate', 'tool_effect'),
+        ('constraint', 'agent_run_conversation_fk', 'agent_run'),
+        ('trigger', 'agent_run_owner_guard', 'agent_run'),
+        ('trigger', 'conversation_immutable', 'conversation')
     ) AS g (kind, name, tbl)
     WHERE NOT CASE g.kind
         WHEN 'constraint' THEN EXISTS (

@@ -204,6 +204,7 @@ def load_history(superuser: psycopg.Connection, runs: int) -> None:
         " FROM generate_series(1, %s) AS g",
         (runs,),
     )
+    superuser.execute("INSERT INTO runrow.conversation (id, created_at) SELECT conv, t FROM h")
     superuser.execute(
         "INSERT INTO runrow.message (id, conversation_id, content, created_at)"
         " SELECT msg, conv, '\"old\"', t FROM h"
