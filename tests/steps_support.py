@@ -118,3 +118,15 @@ def reap_when_lapsed(conn: psycopg.Connection, run_id: uuid.UUID) -> str:
             return outcomes[run_id]
         assert time.monotonic() < deadline, f"run {run_id} was never reaped"
         time.sleep(0.05)
+
+
+def resolve(
+    conn: psycopg.Connection, key: str, approved: bool, who: str, note: str | None = None
+) -> uuid.UUID:
+    return conn.execute(
+        "SELECT runrow.resolve_approval(%s, %s, %s, %s)", (key, approved, who, note)
+    ).fetchone()[0]
+
+
+def conversation_of(conn: psycopg.Connection, run_id: uuid.UUID) -> uuid.UUID:
+    return conn.execute("SELECT conversation_id FROM runrow.agent_run WHERE id = %s", (run_id,)).fetchone()[0]
