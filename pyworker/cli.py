@@ -178,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     from pyworker.fake_model_cli import add_command as add_fake_model
 
     add_fake_model(sub)
+
+    # enqueue, tail, stop, cancel, retry, status, audit: the client commands, in their own module.
+    from pyworker.client_cli import add_commands
+
+    add_commands(sub)
     return parser
 
 

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 # How often a tail re-reads when no notification can reach it (no hub, or hub down).
 POLL_INTERVAL = 1.0
 
+TERMINAL = frozenset({"completed", "failed", "cancelled", "dead"})
+
 
 class RunNotFound(LookupError):
     """The run id names no run (read_events raised P0002)."""
@@ -65,6 +67,9 @@ async def tail(
 ) -> AsyncIterator[TailItem]:
     """Yield the run's events with seq > from_seq, in order, ending after the first `complete`.
 
+    A tail that starts with its cursor at or past the complete of a finished run yields
+    nothing and ends (the consumer saw the ending before it reconnected).
+
     Yields a Keepalive after `keepalive` seconds without events. Raises RunNotFound for an
     unknown run. With `hub` None, or while the hub is disconnected, it re-reads every
     `poll_interval` seconds instead of waiting for a notification.
@@ -74,6 +79,10 @@ async def tail(
     subscription = hub.subscribe(events_channel(run_id)) if hub is not None else _no_subscription()
     async with subscription as queue:
         last_yield = loop.time()
+        # A consumer rejoining with a cursor at or past the run's complete would wait forever
+        # for rows that never come. Read the status before the rows: a run already terminal
+        # then has its complete journaled (same transaction) or synthesized by read_events.
+        ended = from_seq > 0 and await run_status(pool, run_id) in TERMINAL
         while True:
             # Clear pending wakes before reading, never after: a wake that arrives after
             # this point is for a row the read below may not see, and must survive.
@@ -82,6 +91,9 @@ async def tail(
             # before it re-LISTENs; only a wait that began with the hub up can trust it.
             trusted = hub is not None and hub.connected
             events = await _read(pool, run_id, cursor, page)
+            if ended and not events:
+                return  # the complete is at or before the cursor: this consumer has seen it
+            ended = False
             for event in events:
                 cursor = event.seq
                 last_yield = loop.time()
@@ -97,6 +109,19 @@ async def tail(
             until_keepalive = max(0.0, keepalive - (loop.time() - last_yield))
             timeout = until_keepalive if trusted else min(poll_interval, until_keepalive)
             await _wait(queue, timeout)
+
+
+async def run_status(pool: AsyncConnectionPool, run_id: UUID) -> str:
+    """The run's status now (runrow.get_run); RunNotFound for an unknown run."""
+    try:
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT status FROM runrow.get_run(run_id => %s)", (run_id,))
+            row = await cur.fetchone()
+    except psycopg.errors.NoDataFound as exc:
+        raise RunNotFound(run_id) from exc
+    if row is None:
+        raise RunNotFound(run_id)
+    return str(row[0])
 
 
 async def _read(pool: AsyncConnectionPool, run_id: UUID, cursor: int, page: int) -> list[Event]:

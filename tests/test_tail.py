@@ -242,3 +242,16 @@ async def test_hub_down_falls_back_to_polling(
     await check_stream_with_drops(
         private_database_url, pool, down, sync_conn, keepalive=30.0, poll_interval=0.01
     )
+
+
+async def test_rejoining_at_or_past_the_complete_ends_at_once(
+    pool: AsyncConnectionPool, hub: object, sync_conn: psycopg.Connection
+) -> None:
+    """A consumer that already saw the complete and reconnects gets nothing and does not hang."""
+    run_id = finished_run(sync_conn, ["a"])
+    last = journal(sync_conn, run_id)[-1][0]
+    assert await collect(tail(pool, hub, run_id, from_seq=last, keepalive=30.0)) == []  # type: ignore[arg-type]
+    assert await collect(tail(pool, hub, run_id, from_seq=last + 50, keepalive=30.0)) == []  # type: ignore[arg-type]
+    # One before the end still gets the complete itself.
+    (end,) = await collect(tail(pool, hub, run_id, from_seq=last - 1, keepalive=30.0))  # type: ignore[arg-type]
+    assert end.type == "complete"
