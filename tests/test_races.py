@@ -172,6 +172,22 @@ def test_reap_first_then_the_waiting_finish_is_fenced_out(
     assert [t for _, t in events].count("complete") == completes
 
 
+def test_two_reapers_reap_a_run_once(owner: psycopg.Connection, connect: Connect):
+    run = claimed_running(owner, max_attempts=2)
+    expire_lease(owner, run["run_id"])
+    first = connect(autocommit=False)
+    assert reap(first) == [(run["run_id"], "requeued")]
+
+    second = Background(connect(), reap)
+    second.wait_blocked_by(owner, first)
+    first.commit()
+
+    assert second.result() == []
+    row = run_row(owner, run["run_id"])
+    assert (row["status"], row["attempt"]) == ("queued", 1)
+    assert [t for _, t in journal(owner, run["run_id"])].count("run_requeued") == 1
+
+
 # --- c. append vs reap ----------------------------------------------------------------
 
 
@@ -352,3 +368,51 @@ def test_worker_processes_claim_every_run_once_and_one_turn_at_a_time(
             assert ended < started, "two runs of one conversation were running at once"
         seqs = [enqueue_seq for _, _, enqueue_seq in intervals]
         assert seqs == sorted(seqs), "turns of a conversation ran out of enqueue order"
+
+
+def test_stop_waiting_on_an_uncommitted_claim_flags_the_claimed_turn(
+    owner: psycopg.Connection, connect: Connect
+):
+    conversation = uuid.uuid4()
+    turn1, turn2 = enqueue(owner, conversation, 2)
+    claimer = connect(autocommit=False)
+    run = claim_one(claimer)
+    assert run["run_id"] == turn1
+
+    stopper = Background(connect(), lambda conn: stop(conn, conversation))
+    stopper.wait_blocked_by(owner, claimer)
+    claimer.commit()
+
+    # The turn started before the stop committed: it is asked to cancel, and the worker
+    # learns it from its next heartbeat; the later turn never starts.
+    assert stopper.result() == [(turn1, "cancel_requested"), (turn2, "cancelled")]
+    assert heartbeat(owner, run) == (True, True)
+    assert claim(owner, 10) == []
+
+
+def test_claim_during_an_uncommitted_stop_takes_nothing(owner: psycopg.Connection, connect: Connect):
+    conversation = uuid.uuid4()
+    turn1, turn2 = enqueue(owner, conversation, 2)
+    stopper = connect(autocommit=False)
+    assert stop(stopper, conversation) == [(turn1, "cancelled"), (turn2, "cancelled")]
+
+    # Turn 1 is locked by the stop and still queued in the claimer's snapshot: the claimer
+    # skips it and, turn 2 not being first in line, takes nothing, without waiting.
+    claimer = Background(connect(), lambda conn: claim(conn, 10))
+    assert claimer.result() == []
+    stopper.commit()
+
+    assert claim(owner, 10) == []
+    assert {run_row(owner, turn)["status"] for turn in (turn1, turn2)} == {"cancelled"}
+
+
+def test_heartbeat_waiting_on_a_stop_reports_the_cancel(owner: psycopg.Connection, connect: Connect):
+    run = claimed_running(owner)
+    stopper = connect(autocommit=False)
+    assert stop(stopper, run["conversation_id"]) == [(run["run_id"], "cancel_requested")]
+
+    worker = Background(connect(), lambda conn: heartbeat(conn, run))
+    worker.wait_blocked_by(owner, stopper)
+    stopper.commit()
+
+    assert worker.result() == (True, True)
