@@ -169,11 +169,13 @@ BEGIN
     ) AS v (invariant, broken, detail)
     WHERE v.broken;
 
-    -- Tool calls that may have begun and have no result (executing, uncertain), older than
-    -- intent_age since they began: a tool that hangs, or a crash mid-effect nobody looked
-    -- at. An uncertain call of a waiting run is a person's to decide (approval check
-    -- below). A call left open by a run that has ended stays reported for history_window
-    -- after the ending, then only runrow.open_tool_effects lists it. Served by
+    -- Tool calls that may have begun and have no result (executing, uncertain), begun more
+    -- than intent_age ago, where nothing will move them on: a running run's tool that
+    -- hangs, or a call left open by a run that ended (it may have happened; reported for
+    -- history_window after the ending, after which runrow.open_tool_effects still lists
+    -- it). A queued or waiting run's open call is not reported: its next attempt begins it
+    -- again (execute again, or uncertain for a person), and a queue or a person that does
+    -- not move is reported by queued_too_long or approval_waiting_too_long. Served by
     -- tool_effect_open (the rows that are not done).
     RETURN QUERY
     SELECT 'intent_without_result'::text, e.run_id,
@@ -185,8 +187,7 @@ BEGIN
     WHERE e.state <> 'done'
       AND e.state IN ('executing', 'uncertain')
       AND coalesce(e.started_at, e.created_at) < now() - audit.intent_age
-      AND NOT (e.state = 'uncertain' AND r.status = 'waiting')
-      AND (r.status IN ('queued', 'running', 'waiting') OR r.finished_at >= now() - audit.history_window);
+      AND (r.status = 'running' OR r.finished_at >= now() - audit.history_window);
 
     -- A person has been asked (needs_approval, or uncertain: it may have happened) and has
     -- not answered for approval_age; the run is parked as waiting meanwhile and holds its
@@ -289,7 +290,8 @@ COMMENT ON FUNCTION runrow.audit(interval, interval, interval, interval, interva
 'complete_event_on_live_run (queued, running or waiting run with a complete event); '
 'terminal_run_without_complete (terminal run whose untrimmed journal has no complete event); '
 'intent_without_result (a tool call executing or uncertain, begun more than intent_age ago, '
-'no result; for ended runs only within history_window); '
+'no result, in a running run (a hung tool) or a run that ended within history_window (it may '
+'have happened and nothing will record it)); '
 'approval_waiting_too_long (a waiting run''s call has awaited a person''s decision for more '
 'than approval_age); '
 'waiting_without_pending_approval (a waiting run with no call awaiting a decision: nothing can '

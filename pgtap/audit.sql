@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(74);
+SELECT plan(76);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'audit', ARRAY['interval', 'interval', 'interval', 'interval', 'interval'],
@@ -253,6 +253,16 @@ SELECT matches((SELECT detail FROM runrow.audit() WHERE run_id = :'b_intent'),
     '^non_idempotent call executing of tool send_email \(key [0-9a-f]{64}\) began 01:00:00 ago \(threshold 00:10:00\)',
     'the detail names the tool, the key and the age');
 SELECT is(pg_temp.audit_of(:'b_intent', intent_age => '2 hours'), '', 'a longer intent_age tolerates it');
+-- Released with the call open: the next attempt begins it again, so not reported.
+SELECT pg_temp.running(2) AS b_requeued \gset
+SELECT pg_temp.tool_turn(:'b_requeued', 'toolu_y') AS k_requeued \gset
+SELECT pg_temp.begin(:'b_requeued', :'k_requeued', 'non_idempotent') AS st \gset
+SELECT runrow.release_run(:'b_requeued', pg_temp.token(:'b_requeued')) AS released \gset
+SELECT pg_temp.bypass(format(
+    'UPDATE runrow.tool_effect SET started_at = now() - interval ''1 hour'' WHERE idempotency_key = %L', :'k_requeued'));
+SELECT is(pg_temp.audit_of(:'b_requeued'), '', 'an open call of a requeued run is not reported: the next attempt takes it up');
+SELECT runrow.cancel_run(:'b_requeued') AS action \gset
+SELECT is(pg_temp.audit_of(:'b_requeued'), 'intent_without_result', '... but it is once the run is stopped with it open');
 SELECT runrow.finish_run(:'b_intent', pg_temp.token(:'b_intent'), 'failed') AS fin \gset
 SELECT is(pg_temp.audit_of(:'b_intent'), 'intent_without_result', '... still reported once its run has ended');
 SELECT pg_temp.age_finished(:'b_intent', '30 days');
