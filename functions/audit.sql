@@ -4,10 +4,12 @@
 -- the live set (queued, running, waiting runs, open tool effects: bounded by capacity, not
 -- by history, and each served by a partial index) or a window of recent history
 -- (history_window, served by agent_run_finished_idx), or an index that is empty on a
--- healthy database (agent_run_terminal_anomaly). The only history-sized work is the seq-gap
--- check, which walks the (run_id, seq) primary keys of the journal and the step log for the
--- runs in scope: proportional to the events and steps of history_window, all history when a
--- DBA passes a long window on purpose.
+-- healthy database (agent_run_terminal_anomaly). The only history-sized work is the journal
+-- and step pass (seq gaps, complete events), which walks the (run_id, seq) primary keys of
+-- run_event and agent_step for the runs in scope: proportional to the events and steps of
+-- history_window. A DBA who passes a long window on purpose gets a full pass (measured:
+-- about 3 s for 20 k finished runs with 4 events and 2 steps each; the default window reads
+-- none of them and the whole call takes about 12 ms, planning included).
 CREATE OR REPLACE FUNCTION runrow.audit(
     lease_grace interval DEFAULT '60 seconds',
     intent_age interval DEFAULT '10 minutes',
