@@ -179,10 +179,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_fake_model(sub)
 
+    from pyworker.demo import add_command as add_demo
+
+    add_demo(sub)
+
     # enqueue, tail, stop, cancel, retry, status, audit: the client commands, in their own module.
     from pyworker.client_cli import add_commands
 
     add_commands(sub)
+
+    from pyworker.http.serve_cli import add_command as add_serve
+
+    add_serve(sub)
     return parser
 
 
