@@ -86,7 +86,7 @@ def _latency() -> None:
 def list_files(path: str, idempotency_key: str) -> list[str] | str:
     base = _inside(path)
     names = sorted(
-        str(p.relative_to(workspace())) for p in base.rglob("*") if p.is_file() and p.suffix != ".sqlite"
+        str(p.relative_to(workspace())) for p in base.rglob("*") if p.is_file() and ".sqlite" not in p.name
     )
     _record("list_files", idempotency_key, {"path": path}, names)
     _latency()

@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -66,7 +69,8 @@ def enqueue_agent(
 
 def run_row(conn: psycopg.Connection, run_id: uuid.UUID) -> dict[str, Any]:
     cur = conn.execute(
-        "SELECT id, status, attempt, max_attempts, worker_id, error, result FROM runrow.agent_run WHERE id = %s",
+        "SELECT id, status, attempt, max_attempts, worker_id, error, result "
+        "FROM runrow.agent_run WHERE id = %s",
         (run_id,),
     )
     row = cur.fetchone()
@@ -227,6 +231,44 @@ class InProcessWorker:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _forked_main(url: str, name: str, env: dict[str, str], options: dict[str, Any]) -> None:
+    os.environ.update(env)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(name)s %(message)s")
+    code = 1
+    try:
+        options.setdefault("config", {"tools_module": "examples.tools_demo"})
+        code = asyncio.run(Worker(url, worker_id=name, handler=agent.handle, **options).run())
+    finally:
+        os._exit(code)  # never run the parent's atexit/finalizers (its connections are not ours)
+
+
+class ForkedWorker:
+    """A worker in a forked child process: a real process to SIGKILL, without the seconds of
+    interpreter start-up and imports a fresh `runrow worker` costs (the modules are loaded)."""
+
+    def __init__(self, url: str, name: str, env: dict[str, str], **options: Any) -> None:
+        self.name = name
+        context = multiprocessing.get_context("fork")
+        self.proc = context.Process(target=_forked_main, args=(url, name, env, options), daemon=True)
+        self.proc.start()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc.pid is not None
+        return self.proc.pid
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            os.kill(self.pid, signal.SIGKILL)
+        self.proc.join(10)
+
+    def stop(self) -> None:
+        if self.proc.is_alive():
+            os.kill(self.pid, signal.SIGTERM)
+            self.proc.join(15)
+        self.kill()
 
 
 @contextlib.contextmanager

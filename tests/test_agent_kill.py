@@ -1,0 +1,261 @@
+"""THE kill test (seeds/003's checklist): run the agent on the multi-step demo task, SIGKILL the
+worker mid-run, let another worker resume it from the step log, and check that every side effect
+happened exactly once downstream and the transcript equals an uninterrupted run's.
+
+The demo task (fake model scenario `demo`, tools from examples/tools_demo.py): list_files,
+read_file x2, send_email (non-idempotent), write_file, read_file, then a summary: 12 steps.
+The tools record every execution in a SQLite file keyed by the idempotency key, as a downstream
+service that dedups by key would: `effects` rows are what happened downstream (must equal the
+uninterrupted run's), `executions` how often a tool body ran (a kill mid-tool may run it twice,
+with the same key).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import sqlite3
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from agent_support import (
+    AgentWorker,
+    ForkedWorker,
+    enqueue_agent,
+    journal,
+    run_row,
+    steps,
+    transcript,
+    wait_status,
+)
+from worker_support import db, wait_until, worker_db
+
+from pyworker.fake_model import FakeModel
+
+__all__ = ["db", "worker_db"]
+
+DEMO_TOOL_CALLS = {"list_files": 1, "read_file": 3, "send_email": 1, "write_file": 1}
+DEMO_STEPS = 12
+
+
+def downstream(workspace: Path, conn: psycopg.Connection, run_id: uuid.UUID) -> dict[str, dict[str, int]]:
+    """Per tool, for this run's calls: effects (distinct keys downstream) and executions."""
+    keys = dict(
+        conn.execute(
+            "SELECT idempotency_key, tool FROM runrow.tool_effect WHERE run_id = %s", (run_id,)
+        ).fetchall()
+    )
+    db_file = sqlite3.connect(workspace / "effects.sqlite", timeout=30)
+    try:
+        rows = db_file.execute("SELECT idempotency_key, tool, executions FROM effects").fetchall()
+    finally:
+        db_file.close()
+    out: dict[str, dict[str, int]] = {}
+    for key, tool, executions in rows:
+        if key in keys:
+            counts = out.setdefault(tool, {"effects": 0, "executions": 0})
+            counts["effects"] += 1
+            counts["executions"] += executions
+    return out
+
+
+def effects_of(counts: dict[str, dict[str, int]]) -> dict[str, int]:
+    return {tool: c["effects"] for tool, c in counts.items()}
+
+
+def reset_workspace(workspace: Path) -> None:
+    """Back to the seeded files (effects.sqlite stays: rows are per key, so per run)."""
+    shutil.rmtree(workspace / "report.md", ignore_errors=True)
+    (workspace / "report.md").unlink(missing_ok=True)
+
+
+def model_requests_of(fake: FakeModel, start: int) -> int:
+    return len(fake.requests) - start
+
+
+def test_sigkill_between_steps_3_and_4_then_a_new_worker_finishes_without_repeating(
+    db: psycopg.Connection, worker_db: str, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    with FakeModel("demo") as fake:
+        env = {
+            "ANTHROPIC_BASE_URL": fake.base_url,
+            "ANTHROPIC_API_KEY": "test-key",
+            "RUNROW_DEMO_TOOL_DELAY": "0.5",
+        }
+        # The uninterrupted run, for comparison.
+        ref_ws = tmp_path / "reference"
+        ref = ForkedWorker(
+            worker_db, "reference", {**env, "RUNROW_DEMO_WORKSPACE": str(ref_ws)}, lease_seconds=2
+        )
+        try:
+            ref_run = enqueue_agent(db)
+            assert wait_status(db, ref_run, {"completed", "failed", "dead"}, 60) == "completed"
+        finally:
+            ref.stop()
+        reference = transcript(db, ref_run)
+        assert len(reference) == DEMO_STEPS
+        assert effects_of(downstream(ref_ws, db, ref_run)) == DEMO_TOOL_CALLS
+
+        ws = tmp_path / "killed"
+        flags = (
+            "--lease",
+            "1",
+            "--grace",
+            "1",
+            "--reap-interval",
+            "0.3",
+            "--poll",
+            "0.3",
+            "--concurrency",
+            "1",
+        )
+        a = AgentWorker(worker_db, "agent-a", fake.base_url, ws, *flags, RUNROW_DEMO_TOOL_DELAY="0.5")
+        b: AgentWorker | None = None
+        try:
+            a.wait_started()
+            first_request = len(fake.requests)
+            run = enqueue_agent(db)
+            wait_until(lambda: len(steps(db, run)) >= 3, 60, "step 3 to be committed")
+            a.kill()  # SIGKILL: no drain, no release, no last write
+            assert len(steps(db, run)) == 3, "the kill must land between steps 3 and 4"
+            assert run_row(db, run)["status"] == "running"  # nobody knows yet
+            executing = db.execute(
+                "SELECT tool, state, started_attempt FROM runrow.tool_effect "
+                "WHERE run_id = %s AND state <> 'done'",
+                (run,),
+            ).fetchall()
+            assert executing == [("read_file", "executing", 1)]  # step 3's first call was under way
+
+            b = AgentWorker(worker_db, "agent-b", fake.base_url, ws, *flags, RUNROW_DEMO_TOOL_DELAY="0.5")
+            b.wait_started()
+            assert wait_status(db, run, {"completed", "failed", "dead"}, 60) == "completed", b.log()
+        finally:
+            a.close()
+            if b is not None:
+                b.close()
+
+        row = run_row(db, run)
+        assert row["attempt"] == 2 and row["worker_id"] == "agent-b"
+        assert transcript(db, run) == reference
+        counts = downstream(ws, db, run)
+        assert effects_of(counts) == DEMO_TOOL_CALLS  # every side effect exactly once downstream
+        assert counts["send_email"]["executions"] == 1  # sent after the resume, once
+        assert counts["write_file"]["executions"] == 1
+        # Nothing committed was redone: 6 model turns, 6 requests (the kill hit no request).
+        assert model_requests_of(fake, first_request) == 6
+        claims = [e["worker_id"] for e in journal(db, run) if e["type"] == "run_claimed"]
+        assert claims == ["agent-a", "agent-b"]
+    print(f"kill between steps 3 and 4 with real processes: {time.monotonic() - started:.1f}s")
+
+
+# -- 20 random kill points ---------------------------------------------------------------------
+
+
+def choose_point(rng: random.Random) -> tuple[str, int]:
+    """Where to kill: once step n is committed, once model request k has started (mid-stream),
+    or once tool call j has begun (mid-tool). The first poll that sees it kills, so a point is
+    never missed; `describe` records where the kill actually landed."""
+    kind = rng.choice(["step", "stream", "tool"])
+    if kind == "step":
+        return kind, rng.randint(1, DEMO_STEPS - 1)
+    return kind, rng.randint(1, 6)
+
+
+def reached(conn: psycopg.Connection, run_id: uuid.UUID, point: tuple[str, int]) -> bool:
+    kind, n = point
+    if kind == "step":
+        return len(steps(conn, run_id)) >= n
+    if kind == "stream":
+        return [e["type"] for e in journal(conn, run_id)].count("model_request") >= n
+    row = conn.execute("SELECT count(*) FROM runrow.tool_effect WHERE run_id = %s", (run_id,)).fetchone()
+    return row is not None and row[0] >= n
+
+
+def describe(conn: psycopg.Connection, run_id: uuid.UUID) -> dict[str, Any]:
+    open_calls = conn.execute(
+        "SELECT tool FROM runrow.tool_effect WHERE run_id = %s AND state = 'executing'", (run_id,)
+    ).fetchall()
+    types = [e["type"] for e in journal(conn, run_id)]
+    return {
+        "steps": len(steps(conn, run_id)),
+        "open_tool_calls": [t for (t,) in open_calls],
+        "streaming": types.count("model_request") > types.count("model_turn"),
+    }
+
+
+def test_twenty_random_kill_points(db: psycopg.Connection, worker_db: str, tmp_path: Path) -> None:
+    seed = int(os.environ.get("RUNROW_KILL_SEED") or random.randrange(2**31))
+    print(f"random kill points: seed {seed} (rerun with RUNROW_KILL_SEED={seed})")
+    rng = random.Random(seed)
+    points = [choose_point(rng) for _ in range(20)]
+    started = time.monotonic()
+    ws = tmp_path / "ws"
+    with FakeModel("demo", delta_delay=0.01) as fake:
+        env = {
+            "ANTHROPIC_BASE_URL": fake.base_url,
+            "ANTHROPIC_API_KEY": "test-key",
+            "RUNROW_DEMO_WORKSPACE": str(ws),
+            "RUNROW_DEMO_TOOL_DELAY": "0.1",
+        }
+        options = {
+            "lease_seconds": 1,
+            "grace_seconds": 0,
+            "reap_interval": 0.2,
+            "poll_seconds": 0.3,
+            "concurrency": 1,
+            "drain_seconds": 2,
+        }
+        serial = iter(range(1000))
+        workers = {
+            w.name: w for w in (ForkedWorker(worker_db, f"w{next(serial)}", env, **options) for _ in range(2))
+        }
+        try:
+            ref_run = enqueue_agent(db)
+            assert wait_status(db, ref_run, {"completed", "failed", "dead"}, 60) == "completed"
+            reference = transcript(db, ref_run)
+            assert effects_of(downstream(ws, db, ref_run)) == DEMO_TOOL_CALLS
+            landed: list[tuple[tuple[str, int], dict[str, Any]]] = []
+            for i, point in enumerate(points):
+                reset_workspace(ws)
+                run = enqueue_agent(db, max_attempts=10)
+                wait_until(
+                    lambda run=run, point=point: (
+                        reached(db, run, point) or run_row(db, run)["status"] not in ("running", "queued")
+                    ),
+                    60,
+                    f"kill point {point}",
+                    interval=0.01,
+                )
+                holder = run_row(db, run)["worker_id"]
+                assert run_row(db, run)["status"] == "running", f"round {i}: the run ended before {point}"
+                workers.pop(holder).kill()
+                state = describe(db, run)
+                landed.append((point, state))
+                replacement = ForkedWorker(worker_db, f"w{next(serial)}", env, **options)
+                workers[replacement.name] = replacement
+                status = wait_status(db, run, {"completed", "failed", "dead"}, 60)
+                assert status == "completed", f"round {i} {point}: {run_row(db, run)}"
+                assert run_row(db, run)["attempt"] >= 2
+                assert transcript(db, run) == reference, f"round {i} {point}"
+                counts = downstream(ws, db, run)
+                assert effects_of(counts) == DEMO_TOOL_CALLS, f"round {i} {point}: {counts}"
+                if state["open_tool_calls"] != ["send_email"]:
+                    assert counts["send_email"]["executions"] == 1, f"round {i} {point}: {counts}"
+        finally:
+            for w in workers.values():
+                w.kill()
+    print("\n".join(f"{point}: {state}" for point, state in landed))
+    mid_stream = sum(1 for _, state in landed if state["streaming"])
+    mid_tool = sum(1 for _, state in landed if state["open_tool_calls"])
+    print(
+        f"kills mid-stream: {mid_stream}, mid-tool: {mid_tool}, between steps: {20 - mid_stream - mid_tool}"
+    )
+    assert mid_stream >= 2 and mid_tool >= 2, (
+        "the kill points did not cover streams and tools; try another seed"
+    )
+    print(f"20 random kill points: {time.monotonic() - started:.1f}s")
