@@ -1,0 +1,61 @@
+"""The app factory: `create_app(config) -> Starlette`.
+
+One connection pool and one Hub (a single LISTEN connection) per process, opened by the
+lifespan. Nothing else is kept in memory: any instance can serve any run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from psycopg_pool import AsyncConnectionPool
+from starlette.applications import Starlette
+
+from pyworker.http import routes_approvals, routes_page, routes_runs
+from pyworker.http.auth import authenticator_for
+from pyworker.http.config import ServeConfig
+from pyworker.http.context import Services
+from pyworker.http.errors import EXCEPTION_HANDLERS
+from pyworker.http.sse import StreamStats
+from pyworker.hub import Hub
+
+log = logging.getLogger("runrow.http")
+
+
+def create_app(config: ServeConfig) -> Starlette:
+    authenticate = authenticator_for(config)  # fails now, not on the first request, when misconfigured
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        pool = AsyncConnectionPool(
+            config.database_url,
+            min_size=config.pool_min_size,
+            max_size=config.pool_max_size,
+            kwargs={"autocommit": True, "application_name": "runrow-serve"},
+            open=False,
+        )
+        await pool.open(wait=True, timeout=30)
+        hub = Hub(config.database_url, application_name="runrow-serve-hub")
+        await hub.start()
+        await hub.wait_connected(5)  # not required: tails poll while the hub is down
+        app.state.services = Services(config, authenticate, pool, hub, StreamStats())
+        log.info("runrow serve ready (model %s, auth %s)", config.model, _auth_name(config))
+        try:
+            yield
+        finally:
+            await hub.stop()
+            await pool.close()
+
+    return Starlette(
+        routes=[*routes_runs.routes, *routes_approvals.routes, *routes_page.routes],
+        exception_handlers=EXCEPTION_HANDLERS,
+        lifespan=lifespan,
+    )
+
+
+def _auth_name(config: ServeConfig) -> str:
+    if config.authenticate is not None:
+        return "custom"
+    return "insecure-dev" if config.insecure_dev else f"bearer ({len(config.tokens)} tokens)"

@@ -1,0 +1,111 @@
+"""Who is asking: every API request is scoped to one user id.
+
+The check is pluggable (`ServeConfig.authenticate`: a callable `request -> user_id | None`).
+The default maps bearer tokens to user ids from configuration (`--tokens-file` JSON
+`{"token": "user"}`, or `RUNROW_TOKENS="tok1=alice,tok2=bob"`); `--insecure-dev` accepts
+every request as user `dev`, or as the user named in its `X-Runrow-User` header.
+"""
+
+from __future__ import annotations
+
+import hmac
+import inspect
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from starlette.requests import Request
+
+from pyworker.http.config import Authenticate, ServeConfig
+from pyworker.http.errors import ApiError
+
+DEV_USER = "dev"
+# A user id names an owner in runrow.conversation (1..200 characters); keep them printable.
+_USER_ID = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
+
+
+class TokenConfigError(ValueError):
+    """The token configuration is unusable; the message says how to fix it."""
+
+
+def parse_tokens_env(text: str) -> dict[str, str]:
+    """`tok1=alice,tok2=bob` -> {"tok1": "alice", "tok2": "bob"}."""
+    tokens: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        token, sep, user = item.partition("=")
+        if not sep:
+            raise TokenConfigError(
+                f"RUNROW_TOKENS: {item[:4]}... has no '=user' (expected tok1=alice,tok2=bob)"
+            )
+        tokens[token.strip()] = user.strip()
+    return _checked(tokens, "RUNROW_TOKENS")
+
+
+def load_tokens_file(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise TokenConfigError(f"--tokens-file {path}: {exc}") from exc
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise TokenConfigError(f'--tokens-file {path}: expected a JSON object {{"token": "user id", ...}}')
+    return _checked(data, f"--tokens-file {path}")
+
+
+def _checked(tokens: dict[str, str], where: str) -> dict[str, str]:
+    for token, user in tokens.items():
+        if len(token) < 16:
+            raise TokenConfigError(f"{where}: a token of user {user!r} is shorter than 16 characters")
+        if not _USER_ID.match(user):
+            raise TokenConfigError(f"{where}: user id {user!r} must be 1 to 200 printable characters")
+    return tokens
+
+
+def bearer_authenticator(tokens: Mapping[str, str]) -> Authenticate:
+    # Compare against every token, always: the time taken says nothing about which one matched.
+    pairs = [(token.encode(), user) for token, user in tokens.items()]
+
+    def authenticate(request: Request) -> str | None:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            return None
+        presented = given.strip().encode()
+        found = None
+        for token, user in pairs:
+            if hmac.compare_digest(token, presented):
+                found = user
+        return found
+
+    return authenticate
+
+
+def dev_authenticator(request: Request) -> str | None:
+    user = request.headers.get("x-runrow-user", "").strip()
+    return user if user and _USER_ID.match(user) else DEV_USER
+
+
+def authenticator_for(config: ServeConfig) -> Authenticate:
+    if config.authenticate is not None:
+        return config.authenticate
+    if config.insecure_dev:
+        return dev_authenticator
+    if not config.tokens:
+        raise TokenConfigError(
+            'no users configured: pass --tokens-file FILE (JSON {"token": "user"}) or set '
+            "RUNROW_TOKENS=tok1=alice,tok2=bob; for a loopback demo, --insecure-dev"
+        )
+    return bearer_authenticator(config.tokens)
+
+
+async def authenticated_user(request: Request, authenticate: Authenticate) -> str:
+    user = authenticate(request)
+    if inspect.isawaitable(user):
+        user = await user
+    if not user:
+        raise ApiError(
+            401,
+            "unauthorized",
+            "missing or invalid bearer token: send Authorization: Bearer <token>",
+            headers={"WWW-Authenticate": 'Bearer realm="runrow"'},
+        )
+    return str(user)

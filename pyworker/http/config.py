@@ -1,0 +1,33 @@
+"""What one `runrow serve` process is configured with."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+
+# Returns the authenticated user id, or None for "not authenticated" (401).
+Authenticate = Callable[[Request], "Awaitable[str | None] | str | None"]
+
+MAX_BODY_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    database_url: str
+    # Pinned on every run enqueued without its own model / system / tools.
+    model: str
+    system_prompt: str | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    # Bearer token -> user id. Used unless `authenticate` is given.
+    tokens: Mapping[str, str] = field(default_factory=dict)
+    # Any request is user `dev` (or its X-Runrow-User header). Loopback only (the CLI checks the host).
+    insecure_dev: bool = False
+    authenticate: Authenticate | None = None
+    keepalive_seconds: float = 15.0
+    poll_seconds: float = 1.0
+    max_body_bytes: int = MAX_BODY_BYTES
+    pool_min_size: int = 1
+    pool_max_size: int = 10

@@ -1,0 +1,44 @@
+"""What every route needs: the pool, the hub, the configuration and the caller's user id."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import wraps
+
+from psycopg_pool import AsyncConnectionPool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from pyworker.http.auth import authenticated_user
+from pyworker.http.config import Authenticate, ServeConfig
+from pyworker.http.sse import StreamStats
+from pyworker.hub import Hub
+
+
+@dataclass
+class Services:
+    config: ServeConfig
+    authenticate: Authenticate
+    pool: AsyncConnectionPool
+    hub: Hub
+    streams: StreamStats
+
+
+def services(request: Request) -> Services:
+    return request.app.state.services  # type: ignore[no-any-return]
+
+
+Endpoint = Callable[[Request, Services, str], Awaitable[Response]]
+
+
+def authenticated(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+    """Run `endpoint(request, services, user_id)` for an authenticated caller; 401 otherwise."""
+
+    @wraps(endpoint)
+    async def route(request: Request) -> Response:
+        svc = services(request)
+        user = await authenticated_user(request, svc.authenticate)
+        return await endpoint(request, svc, user)
+
+    return route

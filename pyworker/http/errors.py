@@ -1,0 +1,97 @@
+"""Every error is `{"error": {"type": ..., "message": ...}}` with a 4xx/5xx that says what went wrong.
+
+Database errors a caller can cause map by SQLSTATE; the runrow functions' messages already
+name the argument at fault, so they pass through. A conversation of another user (42501)
+answers 404 exactly like one that does not exist: the service never confirms it exists.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+log = logging.getLogger("runrow.http")
+
+_HTTP_TYPES = {404: "not_found", 405: "method_not_allowed"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, type: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type
+        self.message = message
+        self.headers = headers
+
+
+def not_found(what: str, ident: object) -> ApiError:
+    return ApiError(404, "not_found", f"{what} {ident} not found")
+
+
+def error_response(
+    status: int, type: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": {"type": type, "message": message}}, status_code=status, headers=headers)
+
+
+# SQLSTATE -> (status, type) for the errors a caller can cause.
+_SQLSTATES = {
+    "22023": (400, "invalid_request"),  # invalid_parameter_value: the message names the argument
+    "22004": (400, "invalid_request"),  # null_value_not_allowed
+    "23514": (400, "invalid_request"),  # check_violation
+    "22P02": (400, "invalid_request"),  # invalid_text_representation
+    "54000": (400, "invalid_request"),  # program_limit_exceeded (e.g. a JSON value too deep)
+    "55000": (409, "conflict"),  # object_not_in_prerequisite_state: wrong state for this action
+    "40001": (503, "retry"),  # serialization_failure
+    "40P01": (503, "retry"),  # deadlock_detected
+}
+
+
+def database_error(exc: psycopg.Error) -> ApiError:
+    state = exc.sqlstate or ""
+    if state in _SQLSTATES:
+        status, type_ = _SQLSTATES[state]
+        message = exc.diag.message_primary or str(exc)
+        if exc.diag.message_hint:
+            message = f"{message} ({exc.diag.message_hint})"
+        return ApiError(status, type_, message)
+    if isinstance(exc, psycopg.OperationalError | psycopg.errors.AdminShutdown):
+        return ApiError(503, "unavailable", "the database is unavailable; retry shortly")
+    log.error("unexpected database error %s: %s", state, exc)
+    return ApiError(500, "internal", "internal error")
+
+
+async def handle_api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.type, exc.message, exc.headers)
+
+
+async def handle_database_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, psycopg.Error)
+    err = database_error(exc)
+    return error_response(err.status, err.type, err.message, err.headers)
+
+
+async def handle_http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    type_ = _HTTP_TYPES.get(exc.status_code, "http_error")
+    message = exc.detail if exc.status_code != 404 else f"no endpoint {request.method} {request.url.path}"
+    return error_response(exc.status_code, type_, str(message), dict(exc.headers or {}))
+
+
+async def handle_unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(500, "internal", "internal error")
+
+
+EXCEPTION_HANDLERS: dict[Any, Any] = {
+    ApiError: handle_api_error,
+    psycopg.Error: handle_database_error,
+    HTTPException: handle_http_exception,
+    Exception: handle_unexpected,
+}

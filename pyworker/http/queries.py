@@ -1,0 +1,88 @@
+"""Reads the service needs beyond pyworker.api: the client functions get_run and
+get_conversation, and the documented pending_approvals view, filtered to one user."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg import AsyncConnection
+from psycopg.rows import class_row
+
+from pyworker.steps_api import PendingApproval
+
+
+@dataclass(frozen=True)
+class RunState:
+    id: UUID
+    conversation_id: UUID
+    user_id: str | None
+    status: str
+    attempt: int
+    max_attempts: int
+    model: str
+    cancel_requested: bool
+    retry_of: UUID | None
+    result: Any
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: UUID
+    user_id: str | None
+    created_at: datetime
+    active_run_id: UUID | None
+    active_status: str | None
+    runs: int
+
+
+async def get_run(conn: AsyncConnection, run_id: UUID) -> RunState:
+    """Raises psycopg.errors.NoDataFound (P0002) for an unknown run."""
+    async with conn.cursor(row_factory=class_row(RunState)) as cur:
+        await cur.execute("SELECT * FROM runrow.get_run(run_id => %s)", (run_id,))
+        row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
+async def get_conversation(conn: AsyncConnection, conversation_id: UUID) -> Conversation:
+    """Raises psycopg.errors.NoDataFound (P0002) for an unknown conversation."""
+    async with conn.cursor(row_factory=class_row(Conversation)) as cur:
+        await cur.execute("SELECT * FROM runrow.get_conversation(conversation_id => %s)", (conversation_id,))
+        row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
+_APPROVAL_COLUMNS = (
+    "idempotency_key, reason, run_id, conversation_id, user_id, tool, args, effect, tool_use_id, "
+    "step_seq, previously_approved, previously_decided_by, started_at, created_at, waiting_since"
+)
+
+
+async def pending_approvals_of(conn: AsyncConnection, user_id: str) -> list[PendingApproval]:
+    async with conn.cursor(row_factory=class_row(PendingApproval)) as cur:
+        await cur.execute(
+            f"SELECT {_APPROVAL_COLUMNS} FROM runrow.pending_approvals WHERE user_id = %s "
+            "ORDER BY waiting_since, idempotency_key",
+            (user_id,),
+        )
+        return await cur.fetchall()
+
+
+async def pending_approval(
+    conn: AsyncConnection, idempotency_key: str, user_id: str
+) -> PendingApproval | None:
+    async with conn.cursor(row_factory=class_row(PendingApproval)) as cur:
+        await cur.execute(
+            f"SELECT {_APPROVAL_COLUMNS} FROM runrow.pending_approvals "
+            "WHERE idempotency_key = %s AND user_id = %s",
+            (idempotency_key, user_id),
+        )
+        return await cur.fetchone()

@@ -1,0 +1,50 @@
+"""The chat page (static files in pyworker/web/, no build step), its bootstrap info, and health.
+
+Served without authentication: the page holds no data; it asks for a token and sends it
+with every API call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from pyworker.http.context import services
+
+WEB = Path(__file__).resolve().parent.parent / "web"
+
+
+async def index(request: Request) -> Response:
+    return FileResponse(WEB / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+async def page_config(request: Request) -> Response:
+    svc = services(request)
+    return JSONResponse({"auth": "dev" if svc.config.insecure_dev else "bearer", "model": svc.config.model})
+
+
+async def healthz(request: Request) -> Response:
+    svc = services(request)
+    async with svc.pool.connection() as conn:
+        cur = await conn.execute("SELECT runrow.schema_version()")
+        row = await cur.fetchone()
+    return JSONResponse(
+        {
+            "ok": True,
+            "schema_version": row[0] if row else None,
+            "hub_connected": svc.hub.connected,
+            "open_streams": svc.streams.open,
+        }
+    )
+
+
+routes = [
+    Route("/", index, methods=["GET"]),
+    Route("/config", page_config, methods=["GET"]),
+    Route("/healthz", healthz, methods=["GET"]),
+    Mount("/static", StaticFiles(directory=WEB), name="static"),
+]

@@ -1,0 +1,210 @@
+"""Runs: enqueue a turn (202), read a run, stream its events, stop a conversation, cancel a run.
+
+A run or conversation of another user answers 404 exactly as an unknown id does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+from uuid import UUID
+
+import psycopg
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from pyworker import api
+from pyworker.http import queries
+from pyworker.http.bodies import field, path_uuid, read_json_object, reject_unknown
+from pyworker.http.context import Services, authenticated
+from pyworker.http.errors import ApiError, not_found
+from pyworker.http.sse import EventStreamResponse, event_frames
+
+TERMINAL = {"completed", "failed", "cancelled", "dead"}
+ENQUEUE_FIELDS = {"content", "model", "system", "tools", "max_attempts", "metadata", "if_active"}
+IF_ACTIVE = ("enqueue", "reject", "interrupt")
+MAX_IDEMPOTENCY_KEY = 200
+
+
+async def enqueue(request: Request, svc: Services, user: str) -> Response:
+    conversation_id = path_uuid(request, "conversation_id", "conversation")
+    body = await read_json_object(request, svc.config.max_body_bytes)
+    reject_unknown(body, ENQUEUE_FIELDS)
+    if body.get("content") is None:
+        raise ApiError(400, "invalid_request", "content is required: a string or an array of content blocks")
+    content = field(body, "content", (str, list), "a string or an array of content blocks")
+    model = field(body, "model", str, "a model name") or svc.config.model
+    system = field(body, "system", str, "a string")
+    tools = field(body, "tools", list, "an array of tool definitions")
+    max_attempts = field(body, "max_attempts", int, "an integer")
+    metadata = field(body, "metadata", dict, "an object")
+    if_active = field(body, "if_active", str, "one of " + ", ".join(IF_ACTIVE)) or "enqueue"
+    if if_active not in IF_ACTIVE:
+        raise ApiError(
+            400, "invalid_request", f"if_active must be one of {', '.join(IF_ACTIVE)}, not {if_active!r}"
+        )
+    key = _idempotency_key(request, user)
+    try:
+        async with svc.pool.connection() as conn:
+            run = await api.enqueue_run(
+                conn,
+                conversation_id,
+                content,
+                model,
+                user_id=user,
+                # The server's defaults are pinned on the run now, not resolved by a worker later.
+                system_prompt=system if "system" in body else svc.config.system_prompt,
+                tools=tools if "tools" in body and tools is not None else svc.config.tools,
+                max_attempts=1 if max_attempts is None else max_attempts,
+                idempotency_key=key,
+                if_active=if_active,
+                metadata=metadata,
+            )
+    except psycopg.errors.InsufficientPrivilege:
+        raise not_found("conversation", conversation_id) from None
+    except psycopg.errors.ObjectNotInPrerequisiteState as exc:
+        raise ApiError(409, "conversation_busy", exc.diag.message_primary or str(exc)) from None
+    payload = {
+        "run_id": str(run.run_id),
+        "status": run.status,
+        "conversation_id": str(conversation_id),
+        "created": run.created,
+    }
+    # A replayed Idempotency-Key answers 200 with the first run; a new run 202 Accepted.
+    return JSONResponse(
+        payload, status_code=202 if run.created else 200, headers={"Location": f"/runs/{run.run_id}"}
+    )
+
+
+def _idempotency_key(request: Request, user: str) -> str | None:
+    raw = request.headers.get("idempotency-key")
+    if raw is None:
+        return None
+    if not raw or len(raw) > MAX_IDEMPOTENCY_KEY:
+        raise ApiError(
+            400, "invalid_request", f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters"
+        )
+    # Namespaced by user so two users' keys never meet; quoting the user id keeps it unambiguous.
+    key = f"{quote(user, safe='')}:{raw}"
+    if len(key) > 255:
+        raise ApiError(400, "invalid_request", "Idempotency-Key is too long for this user id")
+    return key
+
+
+async def owned_run(svc: Services, run_id: UUID, user: str) -> queries.RunState:
+    try:
+        async with svc.pool.connection() as conn:
+            run = await queries.get_run(conn, run_id)
+    except psycopg.errors.NoDataFound:
+        raise not_found("run", run_id) from None
+    if run.user_id != user:
+        raise not_found("run", run_id)
+    return run
+
+
+async def get_run(request: Request, svc: Services, user: str) -> Response:
+    run = await owned_run(svc, path_uuid(request, "run_id", "run"), user)
+    return JSONResponse(run_json(run))
+
+
+def run_json(run: queries.RunState) -> dict[str, Any]:
+    def iso(value: Any) -> str | None:
+        return None if value is None else value.isoformat()
+
+    return {
+        "run_id": str(run.id),
+        "conversation_id": str(run.conversation_id),
+        "status": run.status,
+        "attempt": run.attempt,
+        "max_attempts": run.max_attempts,
+        "model": run.model,
+        "cancel_requested": run.cancel_requested,
+        "retry_of": None if run.retry_of is None else str(run.retry_of),
+        "result": run.result,
+        "error": run.error,
+        "created_at": iso(run.created_at),
+        "started_at": iso(run.started_at),
+        "finished_at": iso(run.finished_at),
+    }
+
+
+async def events(request: Request, svc: Services, user: str) -> Response:
+    run_id = path_uuid(request, "run_id", "run")
+    from_seq = max(
+        _cursor(request.query_params.get("from"), "from"),
+        _cursor(request.headers.get("last-event-id"), "Last-Event-ID"),
+    )
+    run = await owned_run(svc, run_id, user)
+    if run.status in TERMINAL and from_seq > 0:
+        async with svc.pool.connection() as conn:
+            if not await api.read_events(conn, run_id, from_seq, 1):
+                # The client has seen the complete: 204 tells an EventSource to stop reconnecting.
+                return Response(status_code=204, headers={"Cache-Control": "no-cache"})
+    frames = event_frames(
+        svc.pool, svc.hub, run_id, from_seq, svc.config.keepalive_seconds, svc.config.poll_seconds
+    )
+    return EventStreamResponse(frames, svc.streams)
+
+
+def _cursor(raw: str | None, name: str) -> int:
+    if raw is None or raw.strip() == "":
+        return 0
+    raw = raw.strip()
+    if not raw.isdigit() or len(raw) > 18:
+        raise ApiError(
+            400, "invalid_request", f"{name} must be a non-negative integer event seq, not {raw[:40]!r}"
+        )
+    return int(raw)
+
+
+async def stop_conversation(request: Request, svc: Services, user: str) -> Response:
+    conversation_id = path_uuid(request, "conversation_id", "conversation")
+    try:
+        async with svc.pool.connection() as conn:
+            conversation = await queries.get_conversation(conn, conversation_id)
+            if conversation.user_id != user:
+                raise not_found("conversation", conversation_id)
+            stopped = await api.stop_conversation(conn, conversation_id)
+    except psycopg.errors.NoDataFound:
+        raise not_found("conversation", conversation_id) from None
+    runs = [{"run_id": str(run_id), "action": action} for run_id, action in stopped]
+    return JSONResponse({"conversation_id": str(conversation_id), "runs": runs})
+
+
+async def cancel_run(request: Request, svc: Services, user: str) -> Response:
+    run_id = path_uuid(request, "run_id", "run")
+    await owned_run(svc, run_id, user)
+    async with svc.pool.connection() as conn:
+        action = await api.cancel_run(conn, run_id)
+    return JSONResponse({"run_id": str(run_id), "action": action})
+
+
+async def get_conversation(request: Request, svc: Services, user: str) -> Response:
+    conversation_id = path_uuid(request, "conversation_id", "conversation")
+    try:
+        async with svc.pool.connection() as conn:
+            conversation = await queries.get_conversation(conn, conversation_id)
+    except psycopg.errors.NoDataFound:
+        raise not_found("conversation", conversation_id) from None
+    if conversation.user_id != user:
+        raise not_found("conversation", conversation_id)
+    return JSONResponse(
+        {
+            "conversation_id": str(conversation.id),
+            "created_at": conversation.created_at.isoformat(),
+            "active_run_id": None if conversation.active_run_id is None else str(conversation.active_run_id),
+            "active_status": conversation.active_status,
+            "runs": conversation.runs,
+        }
+    )
+
+
+routes = [
+    Route("/conversations/{conversation_id}/runs", authenticated(enqueue), methods=["POST"]),
+    Route("/conversations/{conversation_id}/stop", authenticated(stop_conversation), methods=["POST"]),
+    Route("/conversations/{conversation_id}", authenticated(get_conversation), methods=["GET"]),
+    Route("/runs/{run_id}", authenticated(get_run), methods=["GET"]),
+    Route("/runs/{run_id}/events", authenticated(events), methods=["GET"]),
+    Route("/runs/{run_id}/cancel", authenticated(cancel_run), methods=["POST"]),
+]

@@ -1,0 +1,98 @@
+"""Server-Sent Events over the shared tail (pyworker.tail): the stream is only a reader.
+
+Each journal event is one frame: `id:` its seq (the resume cursor), `event:` its type,
+`data:` its payload JSON. Quiet stretches get a `: keepalive` comment so proxies keep the
+pipe open. A client that disconnects ends its tail and nothing else: disconnect is not stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from uuid import UUID
+
+from psycopg_pool import AsyncConnectionPool
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from pyworker.api import Event
+from pyworker.hub import Hub
+from pyworker.tail import Keepalive, tail
+
+log = logging.getLogger("runrow.http")
+
+KEEPALIVE = b": keepalive\n\n"
+RETRY_MS = 2000  # reconnect delay suggested to EventSource clients
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass
+class StreamStats:
+    """Streams open right now in this process (observability, tests)."""
+
+    open: int = 0
+
+
+def frame(event: Event) -> bytes:
+    # json.dumps escapes CR and LF inside strings, so data fits on one line.
+    data = json.dumps(event.payload, ensure_ascii=False, separators=(",", ":"))
+    kind = "".join(ch for ch in event.type if ch not in "\r\n") or "message"
+    return f"id: {event.seq}\nevent: {kind}\ndata: {data}\n\n".encode()
+
+
+async def event_frames(
+    pool: AsyncConnectionPool, hub: Hub | None, run_id: UUID, from_seq: int, keepalive: float, poll: float
+) -> AsyncIterator[bytes]:
+    yield f"retry: {RETRY_MS}\n\n".encode()
+    items = tail(pool, hub, run_id, from_seq=from_seq, keepalive=keepalive, poll_interval=poll)
+    async with aclosing(items) as stream:
+        async for item in stream:
+            yield KEEPALIVE if isinstance(item, Keepalive) else frame(item)
+
+
+class EventStreamResponse(Response):
+    """Streams frames until they end or the client goes away, whichever is first.
+
+    Starlette's StreamingResponse notices a disconnect only on some servers (ASGI spec < 2.4)
+    or at the next write; a tail that waits 15 s between keepalives should end at once.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, frames: AsyncIterator[bytes], stats: StreamStats) -> None:
+        super().__init__(status_code=200, headers=HEADERS, media_type=self.media_type)
+        self._frames = frames
+        self._stats = stats
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._stats.open += 1
+        stream = asyncio.ensure_future(self._stream(send))
+        watch = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({stream, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (stream, watch):
+                task.cancel()
+            results = await asyncio.gather(stream, watch, return_exceptions=True)
+            self._stats.open -= 1
+        error = results[0]
+        if isinstance(error, Exception) and not isinstance(error, OSError):
+            log.error("event stream failed: %r", error)
+
+    async def _stream(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async with aclosing(self._frames) as frames:  # type: ignore[type-var]
+            async for chunk in frames:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        with contextlib.suppress(OSError):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
