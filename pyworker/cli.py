@@ -187,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     from pyworker.client_cli import add_commands
 
     add_commands(sub)
+
+    from pyworker.http.serve_cli import add_command as add_serve
+
+    add_serve(sub)
     return parser
 
 
