@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +68,10 @@ class ModelTurn:
         return "".join(b.get("text", "") for b in self.message.get("content", []) if b.get("type") == "text")
 
 
-_clients: dict[tuple[Any, ...], anthropic.AsyncAnthropic] = {}
+# Per event loop (a client's connection pool belongs to the loop it was used on), per endpoint.
+_clients: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[Any, ...], anthropic.AsyncAnthropic]
+] = weakref.WeakKeyDictionary()
 
 
 def client_for(config: dict[str, Any]) -> anthropic.AsyncAnthropic:
@@ -77,13 +81,14 @@ def client_for(config: dict[str, Any]) -> anthropic.AsyncAnthropic:
     retries = int(
         config.get("anthropic_max_retries", os.environ.get("RUNROW_MAX_RETRIES", DEFAULT_MAX_RETRIES))
     )
-    key = (id(asyncio.get_running_loop()), base_url, api_key, retries)
-    client = _clients.get(key)
+    key = (base_url, api_key, retries)
+    clients = _clients.setdefault(asyncio.get_running_loop(), {})
+    client = clients.get(key)
     if client is None:
         client = anthropic.AsyncAnthropic(
             base_url=base_url, api_key=api_key or "no-key-set", max_retries=retries
         )
-        _clients[key] = client
+        clients[key] = client
     return client
 
 

@@ -188,6 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_commands(sub)
 
+    # approvals, approve, reject: the person in the loop of irreversible tool calls.
+    from pyworker.approvals_cli import add_commands as add_approval_commands
+
+    add_approval_commands(sub)
+
     from pyworker.http.serve_cli import add_command as add_serve
 
     add_serve(sub)
