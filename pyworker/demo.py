@@ -202,7 +202,7 @@ def _database(opts: Options, screen: Screen, stack: contextlib.ExitStack) -> str
         cluster = stack.enter_context(devdb.throwaway())
         stack.callback(screen.line, "PostgreSQL cluster stopped and its folder removed")
         url = cluster.url
-        screen.line("cluster up")
+        screen.line(f"cluster up in {cluster.root}")
     result = migrate(url)
     screen.line(
         f"runrow migrate: schema {result.version}, {len(result.applied)} migrations applied, "

@@ -1,0 +1,147 @@
+"""`runrow demo`, run as a person runs it (a subprocess), checked on what it prints and what it leaves.
+
+The first test gives it a database of its own in the test cluster (scratch_database: empty, the demo
+migrates it), so its workers see no other test's runs. The second lets it start its own throwaway
+cluster and interrupts it mid-run as Ctrl-C would: everything it started must be gone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = [sys.executable, "-m", "pyworker", "demo", "--fake"]
+
+
+def demo_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")}
+    env.pop("DATABASE_URL", None)
+    env.update(NO_COLOR="1", **extra)
+    return env
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (killed, not yet reaped by its parent) is not running anything.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_demo_kills_the_worker_mid_run_the_other_resumes_and_the_email_goes_out_once(
+    scratch_database: str,
+) -> None:
+    started = time.monotonic()
+    proc = subprocess.run(
+        DEMO,
+        cwd=REPO,
+        env=demo_env(DATABASE_URL=scratch_database),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    elapsed = time.monotonic() - started
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert elapsed < 90, f"the demo took {elapsed:.1f} s\n{out}"
+
+    # The first claim, the kill of exactly that worker after step 3, the other worker's resume.
+    first = re.search(r"CLAIMED by (worker-[ab]) \(pid (\d+)\), attempt 1", out)
+    assert first, out
+    victim, victim_pid = first.group(1), int(first.group(2))
+    survivor = "worker-b" if victim == "worker-a" else "worker-a"
+    kill = re.search(
+        rf"KILL: SIGKILL {victim} \(pid {victim_pid}\) right after step (\d+) was committed", out
+    )
+    assert kill and int(kill.group(1)) == 3, out
+    assert re.search(r"REQUEUED after attempt 1 of 3: lease expired", out), out
+    assert re.search(rf"CLAIMED by {survivor} \(pid \d+\), attempt 2", out), out
+    resume = re.search(
+        rf"RESUME: {survivor} rebuilt the request from conversation_history: steps 1\.\.(\d+)", out
+    )
+    assert resume, out
+    k = int(resume.group(1))
+    assert k >= 3, out
+    assert (
+        out.index("KILL:") < out.index("REQUEUED") < out.index("RESUME:") < out.index("COMPLETE: completed")
+    )
+
+    # Exactly once: the tools' own execution log, and no model turn asked twice.
+    assert "effect count of send_email (non-idempotent): 1" in out, out
+    assert re.search(r"send_email\s+non_idempotent\s+1\b", out), out
+    assert re.search(r"model calls: 6 for 6 committed model turns \(none repeated\)", out), out
+
+    # The step log read back: 12 steps, 1..k by attempt 1 and the rest by attempt 2, each model turn
+    # with its request id.
+    steps = re.findall(r"^\s+(\d+)\s+(model_turn|tool_result)\s+(\d)\s+(req_\S+)?", out, re.M)
+    assert [int(s[0]) for s in steps] == list(range(1, 13)), out
+    assert [int(s[2]) for s in steps] == [1] * k + [2] * (12 - k), out
+    assert all(s[3] for s in steps if s[1] == "model_turn"), out
+    assert re.search(r"run_claimed\s+2\b", out) and re.search(r"complete\s+1\b", out), out
+
+    # Everything it started is gone: the killed worker, and the one it stopped.
+    assert f"{victim}: killed by the demo (SIGKILL)" in out, out
+    assert f"{survivor}: stopped (SIGTERM, exit 0)" in out, out
+    assert "fake model stopped" in out, out
+    for pid in map(int, re.findall(r"worker-[ab] up \(pid (\d+)\)", out)):
+        assert not alive(pid), pid
+
+
+def test_ctrl_c_mid_run_shuts_down_the_workers_the_fake_model_and_the_cluster() -> None:
+    proc = subprocess.Popen(
+        [*DEMO, "--delta-delay", "0.2"],
+        cwd=REPO,
+        env=demo_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        lines.append(line)
+        if "CLAIMED by" in line or time.monotonic() > deadline:
+            break
+    out = "".join(lines)
+    assert "CLAIMED by" in out, out
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=60)
+    out += rest
+    assert proc.returncode == 130, out
+    assert "interrupted" in out, out
+
+    root = re.search(r"cluster up in (\S+)", out)
+    assert root, out
+    assert not Path(root.group(1)).exists(), out
+    assert "PostgreSQL cluster stopped and its folder removed" in out
+    assert "fake model stopped" in out
+    pids = [int(p) for p in re.findall(r"worker-[ab] up \(pid (\d+)\)", out)]
+    assert len(pids) == 2, out
+    for pid in pids:
+        assert not alive(pid), pid
+    postmasters = subprocess.run(["pgrep", "-f", root.group(1)], capture_output=True, text=True).stdout
+    assert not postmasters.strip(), postmasters
+
+
+def test_help_says_what_the_demo_shows() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "pyworker", "demo", "--help"],
+        cwd=REPO,
+        env=demo_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    for needle in ("sigkill", "resume", "send_email", "exactly once", "--delta-delay", "ctrl-c"):
+        assert needle in out.lower(), (needle, out)
