@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from psycopg_pool import AsyncConnectionPool
-from starlette.responses import Response
+from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from pyworker.api import Event
@@ -55,7 +55,7 @@ async def event_frames(
             yield KEEPALIVE if isinstance(item, Keepalive) else frame(item)
 
 
-class EventStreamResponse(Response):
+class EventStreamResponse(StreamingResponse):
     """Streams frames until they end or the client goes away, whichever is first.
 
     Starlette's StreamingResponse notices a disconnect only on some servers (ASGI spec < 2.4)
@@ -65,7 +65,7 @@ class EventStreamResponse(Response):
     media_type = "text/event-stream"
 
     def __init__(self, frames: AsyncIterator[bytes], stats: StreamStats) -> None:
-        super().__init__(status_code=200, headers=HEADERS, media_type=self.media_type)
+        super().__init__(frames, status_code=200, headers=HEADERS, media_type=self.media_type)
         self._frames = frames
         self._stats = stats
 

@@ -1,0 +1,612 @@
+"""`runrow serve` over real sockets: every endpoint, bad input, idempotent replays, and SSE
+streams resumed by `?from=N` and by `Last-Event-ID` at seeded random points.
+
+Runs are driven from the test with the worker's own SQL calls (claim, append, finish, tool
+calls) for exact control; the last tests drive them with a real `runrow worker` process.
+The RNG seed is printed; replay a failure with RUNROW_HTTP_SEED.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from http_support import ALICE, BOB, Server, error_of, private_database, read_stream, serve
+from steps_support import begin, tool_turn
+from tail_support import append, claim, finish, journal
+from worker_support import REPO, WorkerProcess, streamed_text, wait_until
+
+SYSTEM = "Answer in one sentence."
+TOOLS = [{"name": "lookup", "description": "Look a word up.", "input_schema": {"type": "object"}}]
+
+
+@pytest.fixture(scope="module")
+def api_db(database_url: str) -> Iterator[str]:
+    yield from private_database(database_url, "runrow_http_api")
+
+
+@pytest.fixture(scope="module")
+def server(api_db: str) -> Iterator[Server]:
+    yield from serve(api_db, system_prompt=SYSTEM, tools=TOOLS, max_body_bytes=64 * 1024)
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=20) as c:
+        yield c
+
+
+@pytest.fixture
+def db(api_db: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(api_db, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture(autouse=True)
+def no_queued_runs_left(api_db: str) -> Iterator[None]:
+    yield
+    # Claiming takes the oldest queued run: leave none behind for the next test.
+    with psycopg.connect(api_db, autocommit=True) as conn:
+        for (conversation_id,) in conn.execute(
+            "SELECT DISTINCT conversation_id FROM runrow.agent_run WHERE status IN ('queued', 'waiting')"
+        ).fetchall():
+            conn.execute("SELECT runrow.stop_conversation(conversation_id => %s)", (conversation_id,))
+
+
+def post_run(
+    client: httpx.Client,
+    conversation_id: uuid.UUID | str | None = None,
+    body: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> httpx.Response:
+    conversation_id = conversation_id or uuid.uuid4()
+    return client.post(
+        f"/conversations/{conversation_id}/runs", json=body or {"content": "hello"}, headers=headers or ALICE
+    )
+
+
+def new_run(client: httpx.Client, **body: Any) -> tuple[uuid.UUID, uuid.UUID]:
+    conversation_id = uuid.uuid4()
+    response = post_run(client, conversation_id, {"content": "hello", **body})
+    assert response.status_code == 202, response.text
+    return uuid.UUID(response.json()["run_id"]), conversation_id
+
+
+def seed() -> int:
+    value = int(os.environ.get("RUNROW_HTTP_SEED", random.randrange(1 << 30)))
+    print(f"RUNROW_HTTP_SEED={value}")
+    return value
+
+
+# --- enqueue -------------------------------------------------------------------------------
+
+
+def test_enqueue_answers_202_with_location_and_pins_the_servers_defaults(
+    client: httpx.Client, db: psycopg.Connection
+) -> None:
+    conversation_id = uuid.uuid4()
+    response = post_run(client, conversation_id, {"content": "What is a lease?"})
+    assert response.status_code == 202, response.text
+    body = response.json()
+    assert body == {
+        "run_id": body["run_id"],
+        "status": "queued",
+        "conversation_id": str(conversation_id),
+        "created": True,
+    }
+    assert response.headers["location"] == f"/runs/{body['run_id']}"
+    # What a worker claims is what the server pinned at enqueue: model, system prompt, tools.
+    row = db.execute(
+        "SELECT run_id, model, system_prompt, tools, user_id FROM runrow.claim_run(worker_id => 't')"
+    ).fetchone()
+    assert row is not None
+    assert (str(row[0]), row[1], row[2], row[3], row[4]) == (body["run_id"], "echo", SYSTEM, TOOLS, "alice")
+
+
+def test_enqueue_takes_model_system_tools_attempts_and_metadata_from_the_body(
+    client: httpx.Client, db: psycopg.Connection
+) -> None:
+    blocks = [{"type": "text", "text": "hi"}]
+    tools = [{"name": "other", "input_schema": {"type": "object"}}]
+    run_id, _ = new_run(
+        client, content=blocks, model="m2", system=None, tools=tools, max_attempts=3, metadata={"k": 1}
+    )
+    row = db.execute(
+        "SELECT run_id, model, system_prompt, tools, max_attempts, metadata "
+        "FROM runrow.claim_run(worker_id => 't')"
+    ).fetchone()
+    assert row == (run_id, "m2", None, tools, 3, {"k": 1})
+    state = client.get(f"/runs/{run_id}", headers=ALICE).json()
+    assert (state["status"], state["attempt"], state["max_attempts"], state["model"]) == (
+        "running",
+        1,
+        3,
+        "m2",
+    )
+
+
+def test_idempotency_key_replays_the_first_run_per_user(client: httpx.Client, db: psycopg.Connection) -> None:
+    conversation_id = uuid.uuid4()
+    key = {"Idempotency-Key": "send-1"}
+    first = post_run(client, conversation_id, headers={**ALICE, **key})
+    again = post_run(client, conversation_id, {"content": "different text"}, headers={**ALICE, **key})
+    assert first.status_code == 202 and again.status_code == 200, (first.text, again.text)
+    assert again.json()["run_id"] == first.json()["run_id"] and again.json()["created"] is False
+    assert again.headers["location"] == first.headers["location"]
+    runs = db.execute("SELECT count(*) FROM runrow.agent_run WHERE conversation_id = %s", (conversation_id,))
+    assert runs.fetchone() == (1,)
+    # Keys are namespaced by user: bob's "send-1" is his own run.
+    bobs = post_run(client, uuid.uuid4(), headers={**BOB, **key})
+    assert bobs.status_code == 202 and bobs.json()["run_id"] != first.json()["run_id"]
+    # The same key for another of alice's conversations is a mistake, said as such.
+    other = post_run(client, uuid.uuid4(), headers={**ALICE, **key})
+    assert other.status_code == 400 and "idempotency_key" in error_of(other)["message"]
+    long_key = post_run(client, uuid.uuid4(), headers={**ALICE, "Idempotency-Key": "k" * 201})
+    assert long_key.status_code == 400 and "Idempotency-Key" in error_of(long_key)["message"]
+
+
+def test_if_active_reject_is_a_409_and_interrupt_stops_the_active_run(
+    client: httpx.Client, db: psycopg.Connection
+) -> None:
+    first, conversation_id = new_run(client)
+    rejected = post_run(client, conversation_id, {"content": "again", "if_active": "reject"})
+    assert rejected.status_code == 409, rejected.text
+    err = error_of(rejected)
+    assert err["type"] == "conversation_busy" and "active run" in err["message"]
+    count = db.execute("SELECT count(*) FROM runrow.agent_run WHERE conversation_id = %s", (conversation_id,))
+    assert count.fetchone() == (1,), "a rejected enqueue writes nothing"
+    interrupted = post_run(client, conversation_id, {"content": "instead", "if_active": "interrupt"})
+    assert interrupted.status_code == 202
+    assert client.get(f"/runs/{first}", headers=ALICE).json()["status"] == "cancelled"
+    queued_behind = post_run(client, conversation_id, {"content": "later"})  # if_active enqueue: waits
+    assert queued_behind.status_code == 202 and queued_behind.json()["status"] == "queued"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "type_", "says"),
+    [
+        (b"{not json", 400, "malformed_json", "not valid JSON"),
+        (b"[1, 2]", 400, "invalid_request", "JSON object"),
+        (b"", 400, "invalid_request", "JSON object"),
+        (b'{"content": NaN}', 400, "malformed_json", "NaN"),
+        (b"{}", 400, "invalid_request", "content is required"),
+        (b'{"content": 5}', 400, "invalid_request", "content must be"),
+        (b'{"content": ""}', 400, "invalid_request", "content must be a non-empty"),
+        (b'{"content": "x", "colour": 1}', 400, "invalid_request", "unknown field 'colour'"),
+        (b'{"content": "x", "max_attempts": 0}', 400, "invalid_request", "max_attempts"),
+        (
+            b'{"content": "x", "max_attempts": true}',
+            400,
+            "invalid_request",
+            "max_attempts must be an integer",
+        ),
+        (b'{"content": "x", "if_active": "later"}', 400, "invalid_request", "if_active must be one of"),
+        (b'{"content": "x", "metadata": []}', 400, "invalid_request", "metadata must be an object"),
+        (b'{"content": "x", "tools": [{"nom": 1}]}', 400, "invalid_request", "tools must hold objects"),
+    ],
+)
+def test_bad_enqueue_input_says_what_was_wrong(
+    client: httpx.Client, body: bytes, status: int, type_: str, says: str
+) -> None:
+    response = client.post(
+        f"/conversations/{uuid.uuid4()}/runs",
+        content=body,
+        headers={**ALICE, "Content-Type": "application/json"},
+    )
+    assert response.status_code == status, response.text
+    err = error_of(response)
+    assert err["type"] == type_ and says in err["message"], err
+
+
+def test_body_limits_and_media_type(client: httpx.Client) -> None:
+    big = json.dumps({"content": "x" * (64 * 1024)}).encode()
+    url = f"/conversations/{uuid.uuid4()}/runs"
+    declared = client.post(url, content=big, headers={**ALICE, "Content-Type": "application/json"})
+    assert declared.status_code == 413 and error_of(declared)["type"] == "body_too_large"
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit is enforced while reading
+        for i in range(0, len(big), 4096):
+            yield big[i : i + 4096]
+
+    chunked = client.post(url, content=chunks(), headers={**ALICE, "Content-Type": "application/json"})
+    assert chunked.status_code == 413 and "larger than 65536 bytes" in error_of(chunked)["message"]
+    form = client.post(url, content=b"content=hi", headers={**ALICE, "Content-Type": "text/plain"})
+    assert form.status_code == 415 and "application/json" in error_of(form)["message"]
+
+
+def test_unknown_and_malformed_ids_are_404(client: httpx.Client) -> None:
+    unknown = uuid.uuid4()
+    for method, path in [
+        ("GET", f"/runs/{unknown}"),
+        ("GET", f"/runs/{unknown}/events"),
+        ("POST", f"/runs/{unknown}/cancel"),
+        ("POST", f"/conversations/{unknown}/stop"),
+        ("GET", f"/conversations/{unknown}"),
+        ("GET", "/runs/not-a-uuid"),
+        ("GET", "/runs/not-a-uuid/events"),
+        ("POST", "/conversations/12345/runs"),
+        ("GET", "/nowhere"),
+    ]:
+        response = client.request(
+            method, path, headers=ALICE, json={"content": "x"} if "runs" in path else None
+        )
+        assert response.status_code == 404, (method, path, response.text)
+        assert error_of(response)["type"] == "not_found"
+    decided = client.post("/approvals/" + "0" * 64, json={"approved": True}, headers=ALICE)
+    assert decided.status_code == 404 and error_of(decided)["type"] == "not_found"
+    wrong_method = client.delete(f"/runs/{unknown}", headers=ALICE)
+    assert wrong_method.status_code == 405 and error_of(wrong_method)["type"] == "method_not_allowed"
+
+
+def test_unauthenticated_requests_get_401_with_a_bearer_challenge(client: httpx.Client) -> None:
+    for headers in [
+        {},
+        {"Authorization": "Bearer wrong-token-0123456789"},
+        {"Authorization": "Basic YWxpY2U6"},
+    ]:
+        response = client.get("/approvals", headers=headers)
+        assert response.status_code == 401
+        assert response.headers["www-authenticate"].startswith("Bearer")
+        assert error_of(response)["type"] == "unauthorized"
+
+
+# --- reading runs and streams -------------------------------------------------------------
+
+
+def test_get_run_reports_status_attempts_result_and_timestamps(
+    client: httpx.Client, db: psycopg.Connection
+) -> None:
+    run_id, conversation_id = new_run(client)
+    token = claim(db, run_id)
+    finish(db, run_id, token, "failed", error="model unavailable")
+    state = client.get(f"/runs/{run_id}", headers=ALICE).json()
+    assert state["run_id"] == str(run_id) and state["conversation_id"] == str(conversation_id)
+    assert (state["status"], state["attempt"], state["max_attempts"]) == ("failed", 1, 1)
+    assert (state["result"], state["error"]) == (None, "model unavailable")
+    assert state["created_at"] <= state["started_at"] <= state["finished_at"]
+    conversation = client.get(f"/conversations/{conversation_id}", headers=ALICE).json()
+    assert (conversation["runs"], conversation["active_run_id"]) == (1, None)
+
+
+def test_stream_of_a_finished_run_is_the_journal_and_ends_with_complete(
+    client: httpx.Client, db: psycopg.Connection
+) -> None:
+    run_id, _ = new_run(client)
+    token = claim(db, run_id)
+    append(db, run_id, token, [{"type": "text_delta", "text": t} for t in ["Hel", "lo\n", '"you"']])
+    finish(db, run_id, token)
+    stream = read_stream(client, run_id, ALICE)
+    assert stream.status == 200
+    assert stream.headers["content-type"].startswith("text/event-stream")
+    assert stream.headers["cache-control"] == "no-cache" and stream.headers["x-accel-buffering"] == "no"
+    expected = journal(db, run_id)
+    assert [(f.id, f.event, f.data) for f in stream.events] == [(s, p["type"], p) for s, p in expected]
+    assert stream.events[-1].event == "complete" and stream.events[-1].data["status"] == "completed"
+    # Rejoining at the complete: nothing left to send, and 204 tells an EventSource to stop.
+    last = stream.events[-1].id
+    assert read_stream(client, run_id, ALICE, params={"from": last}).status == 204
+    assert read_stream(client, run_id, {**ALICE, "Last-Event-ID": str(last)}).status == 204
+
+
+def test_bad_cursors_are_400(client: httpx.Client) -> None:
+    run_id, _ = new_run(client)
+    for params, headers in [({"from": "-1"}, {}), ({"from": "abc"}, {}), ({}, {"Last-Event-ID": "x"})]:
+        response = client.get(f"/runs/{run_id}/events", params=params, headers={**ALICE, **headers})
+        assert response.status_code == 400, response.text
+        assert "non-negative integer" in error_of(response)["message"]
+
+
+def test_keepalive_comments_while_a_run_is_quiet(client: httpx.Client, db: psycopg.Connection) -> None:
+    run_id, _ = new_run(client)
+    claim(db, run_id)
+    started = time.monotonic()
+    with client.stream("GET", f"/runs/{run_id}/events", headers=ALICE) as response:
+        keepalives = 0
+        for line in response.iter_lines():
+            keepalives += line == ": keepalive"
+            if keepalives == 2:
+                break
+    # keepalive_seconds is 0.5 in these tests: two comments in about a second, not the 15 s default.
+    assert time.monotonic() - started < 5
+
+
+def test_disconnect_ends_the_tail_and_nothing_else(
+    server: Server, client: httpx.Client, db: psycopg.Connection
+) -> None:
+    run_id, _ = new_run(client)
+    token = claim(db, run_id)
+    append(db, run_id, token, [{"type": "text_delta", "text": "partial"}])
+    stream = read_stream(client, run_id, ALICE, max_events=3)  # reads 3 events, then hangs up
+    assert [f.event for f in stream.events] == ["user_message_created", "run_queued", "run_claimed"]
+    wait_until(lambda: server.services.streams.open == 0, 10, "the server to end the dropped stream")
+    state = client.get(f"/runs/{run_id}", headers=ALICE).json()
+    assert (state["status"], state["cancel_requested"]) == ("running", False), "disconnect is not stop"
+    append(db, run_id, token, [{"type": "text_delta", "text": " and more"}])
+    finish(db, run_id, token)
+    rest = read_stream(client, run_id, {**ALICE, "Last-Event-ID": "3"})
+    assert [f.data.get("text") for f in rest.events if f.event == "text_delta"] == ["partial", " and more"]
+
+
+class ScriptedWriter(threading.Thread):
+    """Appends `n` deltas one by one at irregular intervals, then finishes the run."""
+
+    def __init__(self, url: str, run_id: uuid.UUID, token: uuid.UUID, n: int, rng: random.Random) -> None:
+        super().__init__(daemon=True)
+        self.url, self.run_id, self.token, self.n = url, run_id, token, n
+        self.delays = [rng.choice([0, 0, 0.005, 0.02, 0.05]) for _ in range(n)]
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                for i, delay in enumerate(self.delays):
+                    time.sleep(delay)
+                    append(conn, self.run_id, self.token, [{"type": "text_delta", "text": f"<{i}>"}])
+                finish(conn, self.run_id, self.token)
+        except BaseException as exc:
+            self.error = exc
+
+
+@pytest.mark.parametrize("cursor_by", ["from", "last-event-id", "both"])
+def test_resumed_streams_deliver_every_event_exactly_once_in_order(
+    api_db: str, client: httpx.Client, db: psycopg.Connection, cursor_by: str
+) -> None:
+    rng = random.Random(seed())
+    run_id, _ = new_run(client)
+    token = claim(db, run_id)
+    writer = ScriptedWriter(api_db, run_id, token, 60, rng)
+    writer.start()
+    seen: list[tuple[int, str, dict[str, Any]]] = []
+    reconnects = 0
+    while not seen or seen[-1][1] != "complete":
+        cursor = seen[-1][0] if seen else 0
+        headers, params = dict(ALICE), {}
+        if cursor_by == "from" or (cursor_by == "both" and rng.random() < 0.5):
+            params["from"] = cursor
+            if cursor_by == "both":  # a stale header loses: the larger cursor wins
+                headers["Last-Event-ID"] = str(rng.randint(0, cursor))
+        else:
+            headers["Last-Event-ID"] = str(cursor)
+            if cursor_by == "both":
+                params["from"] = rng.randint(0, cursor)
+        stream = read_stream(client, run_id, headers, params=params, max_events=rng.randint(1, 12))
+        assert stream.status == 200, stream.status
+        seen += [(f.id, f.event, f.data) for f in stream.events]
+        reconnects += 1
+    writer.join(30)
+    assert writer.error is None, writer.error
+    expected = [(s, p["type"], p) for s, p in journal(db, run_id)]
+    assert seen == expected, "every event exactly once, in order"
+    assert reconnects > 5
+
+
+# --- stop, cancel, approvals --------------------------------------------------------------
+
+
+def test_stop_cancels_queued_turns_and_flags_the_running_one(
+    client: httpx.Client, db: psycopg.Connection
+) -> None:
+    running, conversation_id = new_run(client)
+    claim(db, running)
+    queued = uuid.UUID(post_run(client, conversation_id, {"content": "next"}).json()["run_id"])
+    response = client.post(f"/conversations/{conversation_id}/stop", headers=ALICE)
+    assert response.status_code == 200, response.text
+    assert sorted((r["run_id"], r["action"]) for r in response.json()["runs"]) == sorted(
+        [(str(running), "cancel_requested"), (str(queued), "cancelled")]
+    )
+    assert client.get(f"/runs/{queued}", headers=ALICE).json()["status"] == "cancelled"
+    assert client.get(f"/runs/{running}", headers=ALICE).json()["cancel_requested"] is True
+
+
+def test_cancel_run_says_what_it_did(client: httpx.Client, db: psycopg.Connection) -> None:
+    run_id, _ = new_run(client)
+    first = client.post(f"/runs/{run_id}/cancel", headers=ALICE)
+    assert first.status_code == 200 and first.json() == {"run_id": str(run_id), "action": "cancelled"}
+    again = client.post(f"/runs/{run_id}/cancel", headers=ALICE)
+    assert again.json()["action"] == "already_cancelled"
+
+
+def waiting_for_approval(client: httpx.Client, db: psycopg.Connection) -> tuple[uuid.UUID, str]:
+    run_id, _ = new_run(client)
+    token = claim(db, run_id)
+    key = tool_turn(db, run_id, token, "toolu_1", "send_wire", {"amount": 100})
+    assert begin(db, run_id, token, key, "send_wire", {"amount": 100}, "irreversible")[0] == "needs_approval"
+    return run_id, key
+
+
+def test_approvals_list_and_decide(client: httpx.Client, db: psycopg.Connection) -> None:
+    run_id, key = waiting_for_approval(client, db)
+    listed = client.get("/approvals", headers=ALICE).json()["approvals"]
+    mine = [a for a in listed if a["idempotency_key"] == key]
+    assert len(mine) == 1
+    assert (mine[0]["run_id"], mine[0]["tool"], mine[0]["args"], mine[0]["reason"]) == (
+        str(run_id),
+        "send_wire",
+        {"amount": 100},
+        "needs_approval",
+    )
+    bad = client.post(f"/approvals/{key}", json={"approved": "yes"}, headers=ALICE)
+    assert bad.status_code == 400 and "approved must be true or false" in error_of(bad)["message"]
+    missing = client.post(f"/approvals/{key}", json={"note": "hm"}, headers=ALICE)
+    assert missing.status_code == 400 and "approved is required" in error_of(missing)["message"]
+    decided = client.post(f"/approvals/{key}", json={"approved": True, "note": "ok once"}, headers=ALICE)
+    assert decided.status_code == 200, decided.text
+    assert decided.json() == {
+        "idempotency_key": key,
+        "run_id": str(run_id),
+        "approved": True,
+        "decided_by": "alice",
+        "note": "ok once",
+    }
+    row = db.execute(
+        "SELECT state, decided_by, decision_note FROM runrow.tool_effect WHERE idempotency_key = %s", (key,)
+    ).fetchone()
+    assert row == ("approved", "alice", "ok once")
+    assert client.get(f"/runs/{run_id}", headers=ALICE).json()["status"] == "queued"
+    twice = client.post(f"/approvals/{key}", json={"approved": False}, headers=ALICE)
+    assert twice.status_code == 404, "no longer pending"
+    assert key not in {
+        a["idempotency_key"] for a in client.get("/approvals", headers=ALICE).json()["approvals"]
+    }
+
+
+def test_page_config_and_health_need_no_token(client: httpx.Client) -> None:
+    page = client.get("/")
+    assert page.status_code == 200 and "<title>runrow" in page.text
+    assert client.get("/static/app.js").status_code == 200
+    assert client.get("/config").json() == {"auth": "bearer", "model": "echo"}
+    health = client.get("/healthz").json()
+    assert health["ok"] is True and health["hub_connected"] is True
+
+
+# --- a real worker, a real serve process --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live_db(database_url: str) -> Iterator[str]:
+    yield from private_database(database_url, "runrow_http_live")
+
+
+@pytest.fixture(scope="module")
+def live(live_db: str) -> Iterator[tuple[Server, str]]:
+    worker = WorkerProcess(live_db, "http-echo", ["--concurrency", "4", "--lease", "5", "--poll", "1"])
+    try:
+        worker.wait_log("worker http-echo started")
+        for server in serve(live_db):
+            yield server, live_db
+    finally:
+        worker.close()
+
+
+def test_a_worker_driven_run_streams_through_random_reconnects(live: tuple[Server, str]) -> None:
+    server, url = live
+    rng = random.Random(seed())
+    text = " ".join(f"word{i}" for i in range(80))
+    with httpx.Client(base_url=server.url, timeout=20) as client:
+        response = post_run(client, body={"content": "echo", "metadata": {"echo": text, "duration": 2.0}})
+        assert response.status_code == 202, response.text
+        run_id = response.json()["run_id"]
+        seen: list[tuple[int, str, dict[str, Any]]] = []
+        while not seen or seen[-1][1] != "complete":
+            cursor = seen[-1][0] if seen else 0
+            how = rng.choice(["from", "header"])
+            stream = read_stream(
+                client,
+                run_id,
+                {**ALICE, "Last-Event-ID": str(cursor)} if how == "header" else ALICE,
+                params={"from": cursor} if how == "from" else None,
+                max_events=rng.randint(1, 5),
+            )
+            seen += [(f.id, f.event, f.data) for f in stream.events]
+        state = client.get(f"/runs/{run_id}", headers=ALICE).json()
+    with psycopg.connect(url, autocommit=True) as db:
+        assert seen == [(s, p["type"], p) for s, p in journal(db, uuid.UUID(run_id))]
+        assert "".join(d.get("text", "") for _, t, d in seen if t == "text_delta") == text
+        assert streamed_text(db, uuid.UUID(run_id)) == text
+    assert (state["status"], state["result"]) == ("completed", {"text": text})
+
+
+def test_stop_over_http_ends_a_worker_run_cancelled_with_its_partial_text(live: tuple[Server, str]) -> None:
+    server, url = live
+    text = "x" * 400
+    with httpx.Client(base_url=server.url, timeout=20) as client:
+        response = post_run(client, body={"content": "echo", "metadata": {"echo": text, "duration": 4.0}})
+        run_id, conversation_id = response.json()["run_id"], response.json()["conversation_id"]
+        with psycopg.connect(url, autocommit=True) as db:
+            wait_until(lambda: streamed_text(db, uuid.UUID(run_id)), 15, "the run to stream")
+            stopped = client.post(f"/conversations/{conversation_id}/stop", headers=ALICE)
+            assert stopped.json()["runs"] == [{"run_id": run_id, "action": "cancel_requested"}]
+            stream = read_stream(client, run_id, ALICE)
+            assert stream.events[-1].event == "complete" and stream.events[-1].data["status"] == "cancelled"
+            partial = streamed_text(db, uuid.UUID(run_id))
+        state = client.get(f"/runs/{run_id}", headers=ALICE).json()
+    assert 0 < len(partial) < len(text)
+    assert (state["status"], state["result"]) == ("cancelled", {"text": partial})
+
+
+def test_serve_command_in_insecure_dev_mode(live_db: str) -> None:
+    refused = subprocess.run(
+        [sys.executable, "-m", "pyworker", "serve", "--insecure-dev", "--host", "0.0.0.0"],
+        cwd=REPO,
+        env=dict(os.environ, DATABASE_URL=live_db),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert refused.returncode == 2 and "--insecure-dev" in refused.stderr
+    no_users = subprocess.run(
+        [sys.executable, "-m", "pyworker", "serve"],
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if k != "RUNROW_TOKENS"} | {"DATABASE_URL": live_db},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert no_users.returncode == 2 and "RUNROW_TOKENS" in no_users.stderr
+    with socket_port() as port:
+        pass
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pyworker",
+            "serve",
+            "--insecure-dev",
+            "--port",
+            str(port),
+            "--model",
+            "m-dev",
+        ],
+        cwd=REPO,
+        env=dict(os.environ, DATABASE_URL=live_db),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            try:
+                return httpx.get(base + "/healthz", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(up, 30, "runrow serve to answer")
+        assert httpx.get(base + "/config").json() == {"auth": "dev", "model": "m-dev"}
+        carol = httpx.post(
+            f"{base}/conversations/{uuid.uuid4()}/runs",
+            json={"content": "hi", "metadata": {"echo": "hi", "duration": 0.1}},
+            headers={"X-Runrow-User": "carol"},
+        )
+        assert carol.status_code == 202, carol.text
+        run_id = carol.json()["run_id"]
+        assert httpx.get(f"{base}/runs/{run_id}", headers={"X-Runrow-User": "carol"}).status_code == 200
+        assert httpx.get(f"{base}/runs/{run_id}").status_code == 404, "user dev is not carol"
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+class socket_port:
+    """A free loopback port (closed again before the server binds it)."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        return int(self._sock.getsockname()[1])
+
+    def __exit__(self, *exc: object) -> None:
+        self._sock.close()
