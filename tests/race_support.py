@@ -150,8 +150,9 @@ def clock(conn: psycopg.Connection) -> Any:
     return conn.execute("SELECT clock_timestamp()").fetchone()[0]
 
 
-def stress_worker(url: str, worker_id: str, conversations: list[str]) -> list[tuple]:
-    """One worker process: claim, do a little work, finish, until the conversations are done.
+def stress_worker(url: str, worker_id: str, conversations: list[str], batch: int) -> list[tuple]:
+    """One worker process: claim up to `batch` runs, work on each, finish each, until the
+    conversations are done.
 
     Each record is (conversation, enqueue_seq, run, started, ended) with started read from
     the database clock after the claim committed and ended read before the finish began:
@@ -160,10 +161,11 @@ def stress_worker(url: str, worker_id: str, conversations: list[str]) -> list[tu
     records = []
     with psycopg.connect(url, autocommit=True) as conn:
         while True:
-            row = conn.execute(
-                "SELECT run_id, claim_token, conversation_id FROM runrow.claim_run(%s, 30)", (worker_id,)
-            ).fetchone()
-            if row is None:
+            rows = conn.execute(
+                "SELECT run_id, claim_token, conversation_id FROM runrow.claim_runs(%s, %s, 30)",
+                (worker_id, batch),
+            ).fetchall()
+            if not rows:
                 active = conn.execute(
                     "SELECT count(*) FROM runrow.agent_run"
                     " WHERE conversation_id = ANY (%s::uuid[]) AND status IN ('queued', 'running')",
@@ -172,18 +174,20 @@ def stress_worker(url: str, worker_id: str, conversations: list[str]) -> list[tu
                 if active == 0:
                     return records
                 continue
-            run_id, token, conversation_id = row
             started = clock(conn)
-            seq = conn.execute(
-                'SELECT runrow.append_events(%s, %s, \'[{"type": "text", "text": "x"}]\')', (run_id, token)
-            ).fetchone()[0]
-            assert seq is not None, f"{worker_id} lost {run_id} while holding it"
-            ended = clock(conn)
-            finished = conn.execute(
-                "SELECT runrow.finish_run(%s, %s, 'completed')", (run_id, token)
-            ).fetchone()[0]
-            assert finished, f"{worker_id} could not finish {run_id}"
-            enqueue_seq = conn.execute(
-                "SELECT enqueue_seq FROM runrow.agent_run WHERE id = %s", (run_id,)
-            ).fetchone()[0]
-            records.append((str(conversation_id), enqueue_seq, str(run_id), started, ended))
+            for run_id, token, _ in rows:
+                seq = conn.execute(
+                    'SELECT runrow.append_events(%s, %s, \'[{"type": "text", "text": "x"}]\')',
+                    (run_id, token),
+                ).fetchone()[0]
+                assert seq is not None, f"{worker_id} lost {run_id} while holding it"
+            for run_id, token, conversation_id in rows:
+                ended = clock(conn)
+                finished = conn.execute(
+                    "SELECT runrow.finish_run(%s, %s, 'completed')", (run_id, token)
+                ).fetchone()[0]
+                assert finished, f"{worker_id} could not finish {run_id}"
+                enqueue_seq = conn.execute(
+                    "SELECT enqueue_seq FROM runrow.agent_run WHERE id = %s", (run_id,)
+                ).fetchone()[0]
+                records.append((str(conversation_id), enqueue_seq, str(run_id), started, ended))

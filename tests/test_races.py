@@ -339,7 +339,9 @@ def test_worker_processes_claim_every_run_once_and_one_turn_at_a_time(
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(STRESS_PROCESSES) as pool:
         per_process = pool.starmap(
-            stress_worker, [(database_url, f"stress-{n}", conversations) for n in range(STRESS_PROCESSES)]
+            stress_worker,
+            # Half the processes fill several slots per call (claim_runs' one-statement path).
+            [(database_url, f"stress-{n}", conversations, 1 + 2 * (n % 2)) for n in range(STRESS_PROCESSES)],
         )
 
     records = [record for records in per_process for record in records]
