@@ -80,9 +80,11 @@ class Hub:
         """A bounded queue of payloads of `channel`. When the hub is connected, the LISTEN is in
         effect before this returns, so "subscribe, then read rows" loses no wake."""
         queue: asyncio.Queue[str] = asyncio.Queue(self._queue_size)
-        self._subscribers.setdefault(channel, set()).add(queue)
+        subs = self._subscribers.setdefault(channel, set())
+        first = not subs  # an UNLISTEN for this channel may be in flight right now: always wait
+        subs.add(queue)
         try:
-            if channel not in self._listening and self.connected and self._task is not None:
+            if (first or channel not in self._listening) and self.connected and self._task is not None:
                 done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 self._nudges.put_nowait(done)
                 await done
@@ -180,13 +182,15 @@ class Hub:
         raise psycopg.OperationalError("hub notifies() ended")
 
     async def _reconcile(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        wanted = set(self._subscribers)
-        for channel in sorted(wanted - self._listening):
-            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-            self._listening.add(channel)
-        for channel in sorted(self._listening - wanted):
-            await conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(channel)))
-            self._listening.discard(channel)
+        # Subscribers come and go while LISTEN/UNLISTEN are awaited: repeat until it holds still.
+        while (wanted := set(self._subscribers)) != self._listening:
+            for channel in sorted(wanted - self._listening):
+                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                self._listening.add(channel)
+            for channel in sorted(self._listening - wanted):
+                if channel not in self._subscribers:
+                    await conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(channel)))
+                self._listening.discard(channel)
 
     def _release_waiters(self) -> None:
         # Subscribers waiting for a LISTEN must not hang while the hub is down: they poll.

@@ -63,6 +63,23 @@ async def test_subscribers_share_one_listen_and_the_last_one_unlistens(worker_db
         await hub.stop()
 
 
+async def test_resubscribing_while_an_unlisten_is_in_flight_still_listens(worker_db: str, db) -> None:
+    hub = Hub(worker_db)
+    await hub.start()
+    try:
+        assert await hub.wait_connected(5)
+        for i in range(60):
+            async with hub.subscribe("flip"):
+                pass  # leaving queues an UNLISTEN ...
+            for _ in range(i % 12):  # ... let the supervisor get a varying way into it ...
+                await asyncio.sleep(0)
+            async with hub.subscribe("flip") as q:  # ... which must not undo this LISTEN
+                notify(db, "flip", str(i))
+                assert await next_payload(q) == str(i)
+    finally:
+        await hub.stop()
+
+
 async def test_full_queue_drops_without_blocking_other_subscribers(worker_db: str, db) -> None:
     hub = Hub(worker_db, queue_size=2)
     await hub.start()
