@@ -58,7 +58,10 @@ $fn$;
 -- Park a run on a person: waiting, claim cleared (heartbeat now says owned = false), the
 -- attempt handed back (waiting on a person is not a failed attempt, and the claim after
 -- the decision counts it again), approval_requested journaled, tails woken. The
--- conversation stays held: waiting is active.
+-- conversation stays held: waiting is active. The caller holds the run row's lock.
+-- A run whose stop was requested is not parked: nobody should be asked to approve a
+-- call of a run the user stopped, so it ends cancelled here (its message stays
+-- submitted, as for any run stopped while running).
 CREATE OR REPLACE FUNCTION runrow._park_for_person(run_id uuid, idempotency_key text)
 RETURNS void
 LANGUAGE plpgsql
@@ -66,12 +69,22 @@ SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     e runrow.tool_effect;
+    r runrow.agent_run;
     last_seq bigint;
 BEGIN
     SELECT t.* INTO STRICT e FROM runrow.tool_effect AS t WHERE t.idempotency_key = _park_for_person.idempotency_key;
     UPDATE runrow.agent_run AS a
-    SET status = 'waiting', claim_token = NULL, claim_expires_at = NULL, attempt = a.attempt - 1
-    WHERE a.id = _park_for_person.run_id;
+    SET status = CASE WHEN a.cancel_requested THEN 'cancelled' ELSE 'waiting' END,
+        finished_at = CASE WHEN a.cancel_requested THEN now() END,
+        error = CASE WHEN a.cancel_requested THEN 'stopped before the tool call was approved' ELSE a.error END,
+        claim_token = NULL, claim_expires_at = NULL,
+        attempt = CASE WHEN a.cancel_requested THEN a.attempt ELSE a.attempt - 1 END
+    WHERE a.id = _park_for_person.run_id
+    RETURNING a.* INTO STRICT r;
+    IF r.status = 'cancelled' THEN
+        PERFORM runrow._journal_complete(r.id, r.conversation_id, 'cancelled', NULL, r.error);
+        RETURN;
+    END IF;
     last_seq := runrow._journal(_park_for_person.run_id, jsonb_build_array(jsonb_build_object(
         'type', 'approval_requested',
         'reason', e.state,

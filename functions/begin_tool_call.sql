@@ -143,7 +143,7 @@ COMMENT ON FUNCTION runrow.begin_tool_call(uuid, uuid, text, text, jsonb, text) 
 'same key) or done (the result is recorded: use result, do not run it). irreversible: the first '
 'call records the intent and returns needs_approval, parking the run as waiting (claim '
 'cleared, so heartbeat says owned = false; the attempt is handed back; approval_requested '
-'journaled): the worker stops. After resolve_approval requeues it and a worker claims it: '
+'journaled; a run whose stop was requested ends cancelled instead): the worker stops. After resolve_approval requeues it and a worker claims it: '
 'approved (run it now; result = the decision; the start is recorded first, so a crash before '
 'complete_tool_call makes the next begin return uncertain and park the run again for a '
 'person) or rejected (result = {approved, decided_by, note, decided_at}: report the rejection '

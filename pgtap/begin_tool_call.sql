@@ -5,7 +5,7 @@ BEGIN;
 \ir helpers/lifecycle.psql
 \ir helpers/row_versions.psql
 \ir helpers/steps.psql
-SELECT plan(55);
+SELECT plan(59);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid,text,text,jsonb,text}'''
@@ -108,6 +108,19 @@ SELECT results_eq(format('SELECT state, result FROM runrow.begin_tool_call(%L, %
     'rejected, with who decided and why');
 SELECT is(pg_temp.effect_state(:'k4'), 'rejected', 'nothing started');
 SELECT is(pg_temp.begin(:'r', :'tok6', :'k4', 'rm', '{"path": "/"}', 'irreversible'), 'rejected', 'asking again: still rejected');
+
+-- A stop requested while the worker was about to ask: no approval is asked, the run ends.
+SELECT pg_temp.running() AS rs \gset
+SELECT pg_temp.tool_turn(:'rs', 'tu_s', 'wipe', '{}') AS ss \gset
+SELECT pg_temp.key(:'rs', :ss, 'tu_s', 'wipe', '{}') AS ks \gset
+SELECT runrow.cancel_run(:'rs');
+SELECT is(pg_temp.begin(:'rs', pg_temp.token(:'rs'), :'ks', 'wipe', '{}', 'irreversible'), 'needs_approval',
+    'a stopped run''s irreversible call still is not executed');
+SELECT is((SELECT (status, claim_token IS NULL)::text FROM runrow.agent_run WHERE id = :'rs'), '(cancelled,t)',
+    'but the run ends cancelled instead of waiting for a person');
+SELECT is((SELECT payload ->> 'status' FROM runrow.run_event WHERE run_id = :'rs' AND type = 'complete'), 'cancelled',
+    'with its complete event');
+SELECT is((SELECT count(*)::int FROM runrow.pending_approvals WHERE idempotency_key = :'ks'), 0, 'and nothing to approve');
 
 -- Key verification: the key must be tool_call_key of an unanswered tool_use of the latest turn.
 -- (the model is told about the rejection first: the log needs tu_4 answered)
