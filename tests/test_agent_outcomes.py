@@ -1,0 +1,371 @@
+"""Each stop_reason and each injected fault ends as pyworker/agent.py's table says, with the real SDK
+against the fake Messages API and a real worker (in-process, on its own event loop).
+
+end_turn → completed; tool_use → tools run, loop continues; pause_turn → content sent back;
+refusal → completed (stop_reason refusal); max_tokens, model_context_window_exceeded → failed with
+a clear error; 429/529 retried by the SDK; retries exhausted, an error event mid-stream or a dropped
+connection → released (requeued while attempts are left, else failed); other 4xx → failed; cancel
+mid-stream or between steps → cancelled with the partial text; irreversible tools wait for a person.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from agent_support import (
+    InProcessWorker,
+    enqueue_agent,
+    journal,
+    module_conn,
+    module_db,
+    run_row,
+    steps,
+    wait_status,
+)
+from worker_support import wait_until
+
+from pyworker.cli import main as cli
+from pyworker.fake_faults import (
+    drop_connection,
+    error_event,
+    overloaded,
+    rate_limited,
+    slow,
+    status_error,
+)
+from pyworker.fake_model import FakeModel
+from pyworker.fake_scenarios import ModelRequest, Text, ToolCall, script, turn
+from pyworker.keys import tool_call_key
+from pyworker.tools import ToolRegistry, tool
+
+__all__ = ["module_conn", "module_db"]
+
+TERMINAL = {"completed", "failed", "cancelled", "dead"}
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather of a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+TIME = {
+    "name": "get_time",
+    "description": "Time in a timezone.",
+    "input_schema": {"type": "object", "properties": {"timezone": {"type": "string"}}},
+}
+LAUNCH = {
+    "name": "launch",
+    "description": "Launch a rocket. Irreversible.",
+    "input_schema": {"type": "object", "properties": {"target": {"type": "string"}}},
+}
+LONG_TEXT = " ".join(f"word{i}" for i in range(300))
+
+registry = ToolRegistry()
+calls: list[tuple[str, dict[str, Any], str]] = []
+behaviour: dict[str, Any] = {"weather_raises": False, "weather_blocks": None}
+
+
+@tool(input_schema=WEATHER["input_schema"], description="Weather.", effect="pure", into=registry)
+def get_weather(city: str, idempotency_key: str, unit: str = "celsius") -> dict[str, Any]:
+    calls.append(("get_weather", {"city": city}, idempotency_key))
+    blocker = behaviour["weather_blocks"]
+    if blocker is not None:
+        blocker.wait(10)
+    if behaviour["weather_raises"]:
+        raise RuntimeError("weather service is down")
+    return {"city": city, "sky": "sunny"}
+
+
+@tool(input_schema=LAUNCH["input_schema"], description="Launch.", effect="irreversible", into=registry)
+async def launch(target: str, idempotency_key: str) -> str:
+    calls.append(("launch", {"target": target}, idempotency_key))
+    return f"launched to {target}"
+
+
+def summary(request: ModelRequest) -> Any:
+    results = request.tool_results
+    return turn(Text("Results: " + "; ".join(f"{r.get('is_error')}:{r.get('content')}" for r in results)))
+
+
+SCENARIOS = {
+    "launch": script(turn(Text("Launching."), ToolCall("launch", {"target": "moon"})), summary),
+    "long": script(turn(Text(LONG_TEXT))),
+}
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeModel]:
+    with FakeModel("text") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def worker(module_db: str, fake: FakeModel) -> Iterator[InProcessWorker]:
+    config = {"anthropic_base_url": fake.base_url, "anthropic_api_key": "test-key", "registry": registry}
+    with InProcessWorker(module_db, "outcomes", config=config, lease_seconds=2, concurrency=2) as w:
+        yield w
+
+
+@pytest.fixture
+def db(module_conn: psycopg.Connection, fake: FakeModel, worker: InProcessWorker) -> psycopg.Connection:
+    fake.reset()
+    fake.set_scenario("text")
+    calls.clear()
+    behaviour.update(weather_raises=False, weather_blocks=None)
+    return module_conn
+
+
+def use(fake: FakeModel, scenario: str) -> None:
+    fake.set_scenario(SCENARIOS.get(scenario) or scenario)
+
+
+def finish(db: psycopg.Connection, run: uuid.UUID, timeout: float = 30) -> dict[str, Any]:
+    wait_status(db, run, TERMINAL, timeout)
+    return run_row(db, run)
+
+
+def kinds(db: psycopg.Connection, run: uuid.UUID) -> list[str]:
+    return [kind for _, kind, _ in steps(db, run)]
+
+
+def text_deltas(db: psycopg.Connection, run: uuid.UUID) -> str:
+    return "".join(e.get("text", "") for e in journal(db, run) if e["type"] == "text_delta")
+
+
+# -- stop reasons ------------------------------------------------------------------------------
+
+
+def test_end_turn_completes_and_the_step_is_the_message_as_received(db, fake) -> None:
+    use(fake, "thinking")
+    run = enqueue_agent(db, "Hi!", system="Be kind.", tools=[WEATHER])
+    row = finish(db, run)
+    assert row["status"] == "completed"
+    assert row["result"] == {"text": "Hello!", "stop_reason": "end_turn"}
+    [(seq, _, payload)] = steps(db, run)
+    request = fake.requests[-1]
+    assert json.loads(payload) == request.response["content"]  # thinking + signature, as sent
+    assert [b["type"] for b in json.loads(payload)] == ["thinking", "text"]
+    stored_request_id = db.execute(
+        "SELECT request_id FROM runrow.agent_step WHERE run_id = %s AND seq = %s", (run, seq)
+    ).fetchone()
+    assert stored_request_id == (request.request_id,)
+    # Model, system, tools from the run's pinned prompt; max_tokens and thinking from its metadata.
+    body = request.body
+    assert (body["model"], body["system"], body["tools"]) == ("claude-fake-1", "Be kind.", [WEATHER])
+    assert (body["max_tokens"], body["thinking"]) == (4096, {"type": "enabled", "budget_tokens": 1024})
+    assert body["stream"] is True
+    events = journal(db, run)
+    [turn_event] = [e for e in events if e["type"] == "model_turn"]
+    assert turn_event["step_seq"] == seq and turn_event["stop_reason"] == "end_turn"
+    assert turn_event["request_id"] == request.request_id and turn_event["usage"]["output_tokens"] > 0
+    assert text_deltas(db, run) == "Hello!"
+    assert any(e["type"] == "thinking_delta" for e in events)
+
+
+def test_tool_use_runs_the_tool_with_its_key_and_continues(db, fake) -> None:
+    use(fake, "tool_use")
+    run = enqueue_agent(db, "Weather?", tools=[WEATHER], metadata={})
+    row = finish(db, run)
+    assert row["status"] == "completed", row
+    assert kinds(db, run) == ["model_turn", "tool_result", "model_turn"]
+    first_turn = json.loads(steps(db, run)[0][2])
+    [use_block] = [b for b in first_turn if b["type"] == "tool_use"]
+    assert calls == [
+        (
+            "get_weather",
+            {"city": "Paris"},
+            tool_call_key(run, 1, use_block["id"], "get_weather", {"city": "Paris"}),
+        )
+    ]
+    result = json.loads(steps(db, run)[1][2])
+    assert result["is_error"] is False and json.loads(result["content"]) == {"city": "Paris", "sky": "sunny"}
+    assert "sunny" in row["result"]["text"]
+    assert [e["type"] for e in journal(db, run) if e["type"] in ("tool_call", "tool_result")] == [
+        "tool_call",
+        "tool_result",
+    ]
+
+
+def test_pause_turn_sends_the_content_back_and_continues(db, fake) -> None:
+    use(fake, "pause_turn")
+    run = enqueue_agent(db, "Search.", tools=[], metadata={})
+    row = finish(db, run)
+    assert row["status"] == "completed"
+    assert row["result"]["text"] == "Searching for a while... Found it: the answer is 42."
+    assert kinds(db, run) == ["model_turn", "model_turn"]
+    first, second = fake.requests
+    assert second.body["messages"][-1] == {"role": "assistant", "content": first.response["content"]}
+
+
+@pytest.mark.parametrize(
+    ("scenario", "status", "stop_reason", "error"),
+    [
+        ("refusal", "completed", "refusal", None),
+        ("max_tokens", "failed", "max_tokens", "max_tokens: the answer was cut off"),
+        ("context_window", "failed", "model_context_window_exceeded", "model_context_window_exceeded: "),
+    ],
+)
+def test_ending_stop_reasons(db, fake, scenario, status, stop_reason, error) -> None:
+    use(fake, scenario)
+    run = enqueue_agent(db, "Go.", tools=[], metadata={"max_tokens": 300})
+    row = finish(db, run)
+    assert (row["status"], row["result"]["stop_reason"]) == (status, stop_reason)
+    assert row["attempt"] == 1
+    if error is None:
+        assert row["error"] is None
+    else:
+        assert row["error"].startswith(error)
+    assert row["result"]["text"] == text_deltas(db, run)  # the text the model did produce is kept
+    assert kinds(db, run) == ["model_turn"]  # the turn is on record either way
+    if scenario == "refusal":
+        assert row["result"]["stop_details"]["type"] == "refusal"
+
+
+def test_unknown_tool_and_raising_tool_are_errors_the_model_sees(db, fake) -> None:
+    use(fake, "parallel_tools")  # get_weather (raises) and get_time (not in this worker)
+    behaviour["weather_raises"] = True
+    run = enqueue_agent(db, "Both.", tools=[WEATHER, TIME], metadata={})
+    row = finish(db, run)
+    assert row["status"] == "completed"
+    results = [json.loads(p) for _, kind, p in steps(db, run) if kind == "tool_result"]
+    assert [r["is_error"] for r in results] == [True, True]
+    assert results[0]["content"] == "RuntimeError: weather service is down"
+    assert results[1]["content"].startswith("Unknown tool 'get_time'")
+    sent = fake.requests[-1].body["messages"][-1]["content"]
+    assert [b["is_error"] for b in sent] == [True, True]
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("faults", "requests"),
+    [([rate_limited(0.01)], 2), ([overloaded(0.01), overloaded(0.01)], 3)],
+    ids=["429", "529x2"],
+)
+def test_sdk_retries_429_and_529_inside_the_attempt(db, fake, faults, requests) -> None:
+    fake.inject(*faults)
+    run = enqueue_agent(db, "Hi", tools=[], metadata={}, max_attempts=1)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("completed", 1)
+    assert [r.status for r in fake.requests] == [faults[0].status] * (requests - 1) + [200]
+
+
+FAILED_STEPS = {
+    "retries exhausted (529 x3)": ([overloaded(0.01)] * 3, "model API error (retries exhausted): HTTP 529"),
+    "error event mid-stream": ([error_event(after_events=4)], "model stream error mid-response"),
+    "dropped connection": ([drop_connection(after_events=4)], "model stream broken mid-response"),
+}
+
+
+@pytest.mark.parametrize("name", list(FAILED_STEPS))
+def test_a_failed_step_fails_the_last_attempt(db, fake, name) -> None:
+    faults, error = FAILED_STEPS[name]
+    fake.inject(*faults)
+    run = enqueue_agent(db, "Hi", tools=[], metadata={}, max_attempts=1)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("failed", 1)
+    assert row["error"].startswith(error), row["error"]
+    assert steps(db, run) == []
+
+
+@pytest.mark.parametrize("name", list(FAILED_STEPS))
+def test_a_failed_step_is_requeued_while_attempts_are_left(db, fake, name) -> None:
+    faults, _ = FAILED_STEPS[name]
+    fake.inject(*faults)
+    run = enqueue_agent(db, "Hi", tools=[], metadata={}, max_attempts=2)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("completed", 2)
+    assert "run_requeued" in [e["type"] for e in journal(db, run)]
+
+
+def test_other_4xx_fails_at_once(db, fake) -> None:
+    fake.inject(status_error(400, message="messages: bad request"))
+    run = enqueue_agent(db, "Hi", tools=[], metadata={}, max_attempts=3)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("failed", 1)
+    assert (
+        row["error"]
+        == "model API refused the request: HTTP 400: invalid_request_error: messages: bad request"
+    )
+
+
+# -- cancellation -----------------------------------------------------------------------------
+
+
+def test_cancel_mid_stream_closes_the_stream_and_keeps_the_partial_text(db, fake) -> None:
+    use(fake, "long")
+    fake.inject(slow(0.05))  # ~300 events: 15 s if nobody stops it
+    run = enqueue_agent(db, "Talk.", tools=[], metadata={})
+    wait_until(lambda: text_deltas(db, run), 15, "text to stream")
+    cancelled_at = time.monotonic()
+    db.execute("SELECT runrow.cancel_run(run_id => %s)", (run,))
+    row = finish(db, run, timeout=10)
+    took = time.monotonic() - cancelled_at
+    assert row["status"] == "cancelled"
+    partial = row["result"]["text"]
+    assert partial and LONG_TEXT.startswith(partial) and len(partial) < len(LONG_TEXT)
+    assert partial == text_deltas(db, run)  # what was streamed is what is kept
+    assert took < 3, f"cancel took {took:.1f}s: the stream was not closed at once"
+    assert steps(db, run) == []
+    wait_until(lambda: fake.requests[-1].outcome == "client_closed", 10, "the fake to see the stream closed")
+
+
+def test_cancel_between_steps_stops_before_the_next_model_call(db, fake) -> None:
+    use(fake, "tool_use")
+    gate = threading.Event()
+    behaviour["weather_blocks"] = gate
+    run = enqueue_agent(db, "Weather?", tools=[WEATHER], metadata={})
+    wait_until(lambda: calls, 15, "the tool to start")
+    db.execute("SELECT runrow.cancel_run(run_id => %s)", (run,))
+    wait_until(lambda: run_row(db, run)["status"] == "running" and journal(db, run), 5, "cancel recorded")
+    time.sleep(0.3)  # let the heartbeat/NOTIFY deliver the cancel while the tool still runs
+    gate.set()
+    row = finish(db, run)
+    assert row["status"] == "cancelled"
+    assert kinds(db, run) == ["model_turn", "tool_result"]  # the tool's result is kept
+    assert len(fake.requests) == 1  # and no further model call was made
+    assert row["result"]["stop_reason"] == "cancelled"
+
+
+# -- approvals ---------------------------------------------------------------------------------
+
+
+def pending(db: psycopg.Connection, run: uuid.UUID) -> list[tuple[str, str]]:
+    return db.execute(
+        "SELECT idempotency_key, reason FROM runrow.pending_approvals WHERE run_id = %s", (run,)
+    ).fetchall()
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+def test_irreversible_tool_waits_for_a_person(db, fake, module_db, capsys, decision) -> None:
+    use(fake, "launch")
+    run = enqueue_agent(db, "Launch it.", tools=[LAUNCH], metadata={})
+    wait_status(db, run, "waiting", 15)
+    [(key, reason)] = pending(db, run)
+    assert reason == "needs_approval" and calls == []
+    assert cli(["--database-url", module_db, "approvals"]) == 0
+    assert key in capsys.readouterr().out
+    assert cli(["--database-url", module_db, decision, key, "--by", "alice", "--note", "go/no-go"]) == 0
+    row = finish(db, run)
+    assert row["status"] == "completed", row
+    [result] = [json.loads(p) for _, kind, p in steps(db, run) if kind == "tool_result"]
+    if decision == "approve":
+        assert calls == [("launch", {"target": "moon"}, key)]
+        assert result == {
+            "type": "tool_result",
+            "tool_use_id": result["tool_use_id"],
+            "content": "launched to moon",
+            "is_error": False,
+        }
+    else:
+        assert calls == []
+        assert (
+            result["is_error"] is True and "rejected" in result["content"] and "go/no-go" in result["content"]
+        )
+    assert cli(["--database-url", module_db, "approve", key]) == 2  # decided once, never twice
