@@ -316,15 +316,18 @@ def test_cancel_mid_stream_closes_the_stream_and_keeps_the_partial_text(db, fake
     wait_until(lambda: fake.requests[-1].outcome == "client_closed", 10, "the fake to see the stream closed")
 
 
-def test_cancel_between_steps_stops_before_the_next_model_call(db, fake) -> None:
+def test_cancel_between_steps_stops_before_the_next_model_call(db, fake, worker) -> None:
     use(fake, "tool_use")
     gate = threading.Event()
     behaviour["weather_blocks"] = gate
     run = enqueue_agent(db, "Weather?", tools=[WEATHER], metadata={})
     wait_until(lambda: calls, 15, "the tool to start")
     db.execute("SELECT runrow.cancel_run(run_id => %s)", (run,))
-    wait_until(lambda: run_row(db, run)["status"] == "running" and journal(db, run), 5, "cancel recorded")
-    time.sleep(0.3)  # let the heartbeat/NOTIFY deliver the cancel while the tool still runs
+    assert worker.worker.dispatcher is not None
+    in_flight = worker.worker.dispatcher.in_flight
+    wait_until(
+        lambda: run in in_flight and in_flight[run][0].cancel.is_set(), 10, "the worker to see the cancel"
+    )
     gate.set()
     row = finish(db, run)
     assert row["status"] == "cancelled"
