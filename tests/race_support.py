@@ -191,3 +191,26 @@ def stress_worker(url: str, worker_id: str, conversations: list[str], batch: int
                     "SELECT enqueue_seq FROM runrow.agent_run WHERE id = %s", (run_id,)
                 ).fetchone()[0]
                 records.append((str(conversation_id), enqueue_seq, str(run_id), started, ended))
+
+
+def tool_turn(
+    conn: psycopg.Connection, run: dict, tool: str = "send_wire", args: str = '{"eur": 100}'
+) -> str:
+    """Journal a model turn asking for one tool call; return the call's idempotency key."""
+    payload = f'[{{"type": "tool_use", "id": "tu_1", "name": "{tool}", "input": {args}}}]'
+    seq = conn.execute(
+        "SELECT runrow.append_step(%s, %s, 'model_turn', %s::json)",
+        (run["run_id"], run["claim_token"], payload),
+    ).fetchone()[0]
+    return conn.execute(
+        "SELECT runrow.tool_call_key(%s, %s, 'tu_1', %s, %s::jsonb)", (run["run_id"], seq, tool, args)
+    ).fetchone()[0]
+
+
+def begin_irreversible(conn: psycopg.Connection, run: dict, key: str) -> str | None:
+    """begin_tool_call of an irreversible call: parks the run for a person (needs_approval)."""
+    row = conn.execute(
+        "SELECT state FROM runrow.begin_tool_call(%s, %s, %s, 'send_wire', '{\"eur\": 100}', 'irreversible')",
+        (run["run_id"], run["claim_token"], key),
+    ).fetchone()
+    return None if row is None else row[0]

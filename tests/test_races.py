@@ -18,6 +18,7 @@ import pytest
 from psycopg.types.json import Jsonb
 from race_support import (
     Background,
+    begin_irreversible,
     claim,
     claim_one,
     drain,
@@ -27,6 +28,7 @@ from race_support import (
     private_database,
     run_row,
     stress_worker,
+    tool_turn,
 )
 
 Connect = Callable[..., psycopg.Connection]
@@ -418,3 +420,105 @@ def test_heartbeat_waiting_on_a_stop_reports_the_cancel(owner: psycopg.Connectio
     stopper.commit()
 
     assert worker.result() == (True, True)
+
+
+# --- runs parked on a person: approval vs claim, approval vs stop, park vs stop ---------
+
+
+def parked(owner: psycopg.Connection) -> tuple[uuid.UUID, dict, uuid.UUID, str]:
+    """A conversation whose turn 1 waits on an approval, with turn 2 queued behind it."""
+    conversation = uuid.uuid4()
+    _turn1, turn2 = enqueue(owner, conversation, 2)
+    run = claim_one(owner)
+    key = tool_turn(owner, run)
+    assert begin_irreversible(owner, run, key) == "needs_approval"
+    assert run_row(owner, run["run_id"])["status"] == "waiting"
+    return conversation, run, turn2, key
+
+
+def approve(conn: psycopg.Connection, key: str) -> uuid.UUID:
+    return conn.execute("SELECT runrow.resolve_approval(%s, true, 'alice')", (key,)).fetchone()[0]
+
+
+def test_claim_during_an_uncommitted_approval_takes_nothing_then_the_approved_turn(
+    owner: psycopg.Connection, connect: Connect
+):
+    _conversation, run, turn2, key = parked(owner)
+    assert claim(owner, 10) == []  # turn 1 still holds its conversation while it waits
+    person = connect(autocommit=False)
+    assert approve(person, key) == run["run_id"]
+
+    claimer = Background(connect(), lambda conn: claim(conn, 10))
+    assert claimer.result() == []
+    person.commit()
+
+    # Requeued, turn 1 is again first in line: it resumes before turn 2 starts.
+    resumed = claim(owner, 10)
+    assert [r["run_id"] for r in resumed] == [run["run_id"]]
+    assert resumed[0]["attempt"] == 1  # parking handed the attempt back
+    assert run_row(owner, turn2)["status"] == "queued"
+
+
+def test_approval_waiting_on_a_stop_is_refused(owner: psycopg.Connection, connect: Connect):
+    conversation, run, turn2, key = parked(owner)
+    stopper = connect(autocommit=False)
+    assert stop(stopper, conversation) == [(run["run_id"], "cancelled"), (turn2, "cancelled")]
+
+    person = Background(connect(), lambda conn: approve(conn, key))
+    person.wait_blocked_by(owner, stopper)
+    stopper.commit()
+
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+        person.result()
+    assert claim(owner, 10) == []
+    assert run_row(owner, run["run_id"])["status"] == "cancelled"
+
+
+def test_stop_waiting_on_an_approval_cancels_the_requeued_turn(owner: psycopg.Connection, connect: Connect):
+    conversation, run, turn2, key = parked(owner)
+    person = connect(autocommit=False)
+    assert approve(person, key) == run["run_id"]
+
+    stopper = Background(connect(), lambda conn: stop(conn, conversation))
+    stopper.wait_blocked_by(owner, person)
+    person.commit()
+
+    assert stopper.result() == [(run["run_id"], "cancelled"), (turn2, "cancelled")]
+    assert claim(owner, 10) == []
+
+
+def test_stop_waiting_on_a_park_cancels_the_parked_turn(owner: psycopg.Connection, connect: Connect):
+    conversation = uuid.uuid4()
+    turn1, turn2 = enqueue(owner, conversation, 2)
+    run = claim_one(owner)
+    key = tool_turn(owner, run)
+    worker = connect(autocommit=False)
+    assert begin_irreversible(worker, run, key) == "needs_approval"
+
+    stopper = Background(connect(), lambda conn: stop(conn, conversation))
+    stopper.wait_blocked_by(owner, worker)
+    worker.commit()
+
+    assert stopper.result() == [(turn1, "cancelled"), (turn2, "cancelled")]
+    assert claim(owner, 10) == []
+
+
+def test_park_waiting_on_a_stop_ends_the_run_cancelled(owner: psycopg.Connection, connect: Connect):
+    conversation = uuid.uuid4()
+    turn1, turn2 = enqueue(owner, conversation, 2)
+    run = claim_one(owner)
+    key = tool_turn(owner, run)
+    stopper = connect(autocommit=False)
+    assert stop(stopper, conversation) == [(turn1, "cancel_requested"), (turn2, "cancelled")]
+
+    worker = Background(connect(), lambda conn: begin_irreversible(conn, run, key))
+    worker.wait_blocked_by(owner, stopper)
+    stopper.commit()
+
+    assert worker.result() == "needs_approval"  # the worker stops either way
+    assert heartbeat(owner, run) == (False, True)
+    assert run_row(owner, turn1)["status"] == "cancelled"
+    events = journal(owner, turn1)
+    assert_gap_free(events)
+    assert [t for _, t in events].count("complete") == 1
+    assert claim(owner, 10) == []
