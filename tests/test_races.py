@@ -522,3 +522,49 @@ def test_park_waiting_on_a_stop_ends_the_run_cancelled(owner: psycopg.Connection
     assert_gap_free(events)
     assert [t for _, t in events].count("complete") == 1
     assert claim(owner, 10) == []
+
+
+# --- a person's decisions made twice at once -------------------------------------------
+
+
+def test_two_retries_at_once_make_one_new_run(owner: psycopg.Connection, connect: Connect):
+    run = claimed_running(owner)
+    assert finish(owner, run, "failed")
+
+    def retry(conn: psycopg.Connection) -> uuid.UUID:
+        return conn.execute("SELECT runrow.retry_run(%s)", (run["run_id"],)).fetchone()[0]
+
+    first = connect(autocommit=False)
+    made = retry(first)
+    second = Background(connect(), retry)
+    second.wait_blocked_by(owner, first)
+    first.commit()
+
+    assert second.result() == made
+    retries = owner.execute(
+        "SELECT id FROM runrow.agent_run WHERE retry_of = %s", (run["run_id"],)
+    ).fetchall()
+    assert retries == [(made,)]
+
+
+def test_two_enqueues_with_one_idempotency_key_make_one_run(owner: psycopg.Connection, connect: Connect):
+    conversation, key = uuid.uuid4(), f"key-{uuid.uuid4()}"
+
+    def enqueue_once(conn: psycopg.Connection) -> tuple:
+        return conn.execute(
+            "SELECT run_id, created"
+            " FROM runrow.enqueue_run(%s, '\"hello\"', 'test-model', idempotency_key => %s)",
+            (conversation, key),
+        ).fetchone()
+
+    first = connect(autocommit=False)
+    run_id, created = enqueue_once(first)
+    assert created
+    second = Background(connect(), enqueue_once)
+    second.wait_blocked_by(owner, first)
+    first.commit()
+
+    assert second.result() == (run_id, False)
+    assert owner.execute(
+        "SELECT count(*) FROM runrow.agent_run WHERE conversation_id = %s", (conversation,)
+    ).fetchone() == (1,)
