@@ -36,7 +36,9 @@ class RunContext:
 class Outcome:
     """completed/failed/cancelled: finish_run with that status. release: release_run (the attempts
     policy requeues or fails it). parked: the handler already handed the run back in SQL (e.g.
-    waiting on an approval); the supervisor writes nothing."""
+    waiting on an approval); the supervisor writes nothing. A handler that parks must
+    `await ctx.journal.flush()` before the SQL call that parks the run: after it, the claim
+    is gone and appends are fenced out."""
 
     status: OutcomeStatus
     result: dict[str, Any] | None = None
