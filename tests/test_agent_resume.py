@@ -1,0 +1,153 @@
+"""Resume against the fake API's signature check (thinking on: every earlier thinking block is
+verified against the exact history before it, like the real API).
+
+- The real resume path is accepted: a worker is SIGKILLed mid-run, another rebuilds the request
+  from `conversation_history` and the API takes it; the resumed request carries the earlier
+  request and response unchanged, and the stored payloads are the SDK's serialization, verbatim.
+- One altered byte in the stored history (bypassing the append-only guard, as only a table owner
+  can) is refused: 400 invalid signature, and the run fails with that error, not a retry loop.
+- The next turn of a conversation sends the earlier turn back as stored and is accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from agent_support import ForkedWorker, enqueue_agent, run_row, steps, wait_status
+from worker_support import db, wait_until, worker_db
+
+from pyworker.fake_model import FakeModel
+
+__all__ = ["db", "worker_db"]
+
+TERMINAL = {"completed", "failed", "dead"}
+
+
+@pytest.fixture
+def fake() -> FakeModel:
+    with FakeModel("demo") as server:
+        yield server
+
+
+def worker_env(fake: FakeModel, workspace: Path, delay: str = "0.3") -> dict[str, str]:
+    return {
+        "ANTHROPIC_BASE_URL": fake.base_url,
+        "ANTHROPIC_API_KEY": "test-key",
+        "RUNROW_DEMO_WORKSPACE": str(workspace),
+        "RUNROW_DEMO_TOOL_DELAY": delay,
+    }
+
+
+OPTIONS = {
+    "lease_seconds": 1,
+    "grace_seconds": 0,
+    "reap_interval": 0.2,
+    "poll_seconds": 0.3,
+    "concurrency": 1,
+}
+
+
+def kill_after_step(db: psycopg.Connection, worker: ForkedWorker, run: uuid.UUID, n: int) -> None:
+    wait_until(lambda: len(steps(db, run)) >= n, 30, f"step {n}")
+    worker.kill()
+    assert len(steps(db, run)) == n
+
+
+def test_resumed_request_is_the_stored_history_unchanged_and_is_accepted(
+    db, worker_db, fake, tmp_path
+) -> None:
+    env = worker_env(fake, tmp_path)
+    a = ForkedWorker(worker_db, "a", env, **OPTIONS)
+    run = enqueue_agent(db)
+    kill_after_step(db, a, run, 6)  # step 6 asked for send_email; the kill lands in that tool
+    before = list(fake.requests)
+    assert len(before) == 3
+    b = ForkedWorker(worker_db, "b", env, **OPTIONS)
+    try:
+        assert wait_status(db, run, TERMINAL, 30) == "completed"
+    finally:
+        b.kill()
+    assert run_row(db, run)["attempt"] == 2
+    requests = fake.requests
+    assert len(requests) == 6  # no committed model turn was asked for again
+    assert all(r.status == 200 and r.outcome == "ok" for r in requests)  # every signature verified
+    last_before, first_after = before[-1], requests[3]
+    resent = first_after.body["messages"]
+    n = len(last_before.body["messages"])
+    assert resent[:n] == last_before.body["messages"]
+    assert resent[n] == {"role": "assistant", "content": last_before.response["content"]}
+    assert resent[n + 1]["content"][0]["type"] == "tool_result"
+    # Each model_turn payload is the SDK's message content serialized once (json.dumps), stored
+    # and read back byte for byte.
+    for _, kind, text in steps(db, run):
+        if kind == "model_turn":
+            assert text == json.dumps(json.loads(text), ensure_ascii=False)
+            assert json.loads(text)[0]["type"] == "thinking" and json.loads(text)[0]["signature"]
+
+
+def tamper_first_thinking(db: psycopg.Connection, run: uuid.UUID) -> None:
+    """Change one character of step 1's thinking text, as only the table owner can (the guard
+    trigger rejects every UPDATE; the owner can switch it off inside a transaction)."""
+    with db.transaction():
+        db.execute("ALTER TABLE runrow.agent_step DISABLE TRIGGER agent_step_guard")
+        cur = db.execute(
+            "UPDATE runrow.agent_step SET payload = replace(payload::text, 'Step 0:', 'Step O:')::json "
+            "WHERE run_id = %s AND seq = 1",
+            (run,),
+        )
+        assert cur.rowcount == 1
+        db.execute("ALTER TABLE runrow.agent_step ENABLE TRIGGER agent_step_guard")
+
+
+def test_one_altered_byte_in_the_history_is_refused_and_the_run_fails(db, worker_db, fake, tmp_path) -> None:
+    env = worker_env(fake, tmp_path)
+    a = ForkedWorker(worker_db, "a", env, **OPTIONS)
+    run = enqueue_agent(db, max_attempts=3)
+    kill_after_step(db, a, run, 3)  # mid step 3's tool calls
+    original = steps(db, run)[0][2]
+    tamper_first_thinking(db, run)
+    altered = steps(db, run)[0][2]
+    assert len(altered) == len(original) and sum(x != y for x, y in zip(altered, original, strict=True)) == 1
+    b = ForkedWorker(worker_db, "b", env, **OPTIONS)
+    try:
+        assert wait_status(db, run, TERMINAL, 30) == "failed"
+    finally:
+        b.kill()
+    row = run_row(db, run)
+    assert row["attempt"] == 2  # not retried: a 400 is final
+    assert "HTTP 400" in row["error"] and "Invalid `signature` in `thinking` block" in row["error"], row[
+        "error"
+    ]
+    assert fake.requests[-1].status == 400
+    # The resumed attempt finished step 3's tools, then its model call was refused: no new turn.
+    assert [kind for _, kind, _ in steps(db, run)] == [
+        "model_turn",
+        "tool_result",
+        "model_turn",
+        "tool_result",
+        "tool_result",
+    ]
+
+
+def test_the_next_turn_sends_the_earlier_turn_back_as_stored(db, worker_db, fake, tmp_path) -> None:
+    env = worker_env(fake, tmp_path, delay="0")
+    w = ForkedWorker(worker_db, "w", env, **OPTIONS)
+    try:
+        conversation = uuid.uuid4()
+        first = enqueue_agent(db, "First task.", conversation_id=conversation)
+        second = enqueue_agent(db, "Again, please.", conversation_id=conversation)
+        assert wait_status(db, first, TERMINAL, 30) == "completed"
+        assert wait_status(db, second, TERMINAL, 30) == "completed"
+    finally:
+        w.kill()
+    first_last, second_first = fake.requests[5], fake.requests[6]
+    history = second_first.body["messages"]
+    n = len(first_last.body["messages"])
+    assert history[:n] == first_last.body["messages"]
+    assert history[n] == {"role": "assistant", "content": first_last.response["content"]}
+    assert history[n + 1] == {"role": "user", "content": "Again, please."}
+    assert all(r.status == 200 for r in fake.requests)
