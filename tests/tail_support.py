@@ -31,12 +31,15 @@ def private_database_url(database_url: str) -> Iterator[str]:
 
 
 def enqueue(
-    conn: psycopg.Connection, text: str = "hello", conversation_id: uuid.UUID | None = None
+    conn: psycopg.Connection,
+    text: str = "hello",
+    conversation_id: uuid.UUID | None = None,
+    max_attempts: int = 1,
 ) -> uuid.UUID:
     row = conn.execute(
         "SELECT run_id FROM runrow.enqueue_run("
-        "conversation_id => %s, content => %s::jsonb, model => 'test-model')",
-        (conversation_id or uuid.uuid4(), json.dumps(text)),
+        "conversation_id => %s, content => %s::jsonb, model => 'test-model', max_attempts => %s)",
+        (conversation_id or uuid.uuid4(), json.dumps(text), max_attempts),
     ).fetchone()
     assert row is not None
     return row[0]

@@ -1,0 +1,271 @@
+"""The client commands of `runrow`, run as real processes: output, exit codes, error lines."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from tail_support import append, claim, enqueue, finish, finished_run, private_database_url
+
+from pyworker.cli import build_parser
+
+__all__ = ["private_database_url"]  # the fixture, re-exported for pytest
+
+COMMANDS = ["enqueue", "tail", "stop", "cancel", "retry", "status", "audit"]
+
+
+def runrow(
+    url: str | None, *args: str, stdin: str | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    if url is not None:
+        env["DATABASE_URL"] = url
+    env["NO_COLOR"] = "1"
+    return subprocess.run(
+        [sys.executable, "-m", "pyworker", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+
+
+@pytest.fixture
+def conn(private_database_url: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(private_database_url, autocommit=True) as c:
+        yield c
+        # Claims take the oldest queued run: leave none behind for the next test's claim.
+        for (run_id,) in c.execute("SELECT id FROM runrow.agent_run WHERE status = 'queued'").fetchall():
+            c.execute("SELECT runrow.cancel_run(run_id => %s)", (run_id,))
+
+
+def dead_run(conn: psycopg.Connection) -> uuid.UUID:
+    run_id = enqueue(conn, max_attempts=2)
+    for expected in ("requeued", "dead"):
+        token = claim(conn, run_id)
+        row = conn.execute(
+            "SELECT runrow.release_run(run_id => %s, claim_token => %s)", (run_id, token)
+        ).fetchone()
+        assert row is not None and row[0] == expected
+    return run_id
+
+
+def test_help_of_runrow_and_every_client_command() -> None:
+    top = runrow(None, "--help")
+    assert top.returncode == 0
+    for command in COMMANDS:
+        assert command in top.stdout
+    for command in COMMANDS:
+        result = runrow(None, command, "--help")
+        assert result.returncode == 0, result.stderr
+        assert "example" in result.stdout, f"{command} --help teaches by example"
+
+
+def test_every_subcommand_parses_help_in_process() -> None:
+    # Covers the commands other modules add too (worker, db, migrate, ...).
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "cmd")
+    for name in sub.choices:  # type: ignore[union-attr]
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args([name, "--help"])
+        assert exc.value.code == 0
+
+
+@pytest.mark.parametrize(("status", "code"), [("completed", 0), ("failed", 1), ("cancelled", 3), ("dead", 4)])
+def test_tail_of_a_finished_run_prints_text_and_exits_with_its_status(
+    private_database_url: str, conn: psycopg.Connection, status: str, code: int
+) -> None:
+    if status == "dead":
+        run_id = dead_run(conn)
+    else:
+        run_id = finished_run(conn, ["Hello", ", ", "world"], status=status)
+    result = runrow(private_database_url, "tail", str(run_id))
+    assert result.returncode == code, result.stderr
+    if status != "dead":
+        assert result.stdout == "Hello, world\n"
+    assert f"complete status={status}" in result.stderr
+    assert "1 user_message_created" in result.stderr
+
+
+def test_tail_from_a_cursor_prints_only_what_follows(
+    private_database_url: str, conn: psycopg.Connection
+) -> None:
+    run_id = finished_run(conn, ["one ", "two ", "three"])  # seqs: 1-3 queue+claim, 4-6 text, 7 complete
+    result = runrow(private_database_url, "tail", str(run_id), "--from", "4")
+    assert result.returncode == 0
+    assert result.stdout == "two three\n"
+    # Past the end: nothing more to show, and the exit code still says how it ended.
+    result = runrow(private_database_url, "tail", str(run_id), "--from", "7")
+    assert result.returncode == 0 and result.stdout == ""
+    assert "status=completed" in result.stderr
+
+
+def test_enqueue_prints_the_run_id_and_the_conversation(
+    private_database_url: str, conn: psycopg.Connection
+) -> None:
+    conversation = uuid.uuid4()
+    result = runrow(
+        private_database_url,
+        "enqueue",
+        "-c",
+        str(conversation),
+        "-",
+        "--model",
+        "m-1",
+        "--system",
+        "Be brief.",
+        "--metadata",
+        '{"k": "v"}',
+        "--max-attempts",
+        "3",
+        stdin="from stdin",
+    )
+    assert result.returncode == 0, result.stderr
+    run_id = uuid.UUID(result.stdout.strip())
+    assert str(conversation) in result.stderr
+    row = conn.execute(
+        "SELECT conversation_id, status, model, max_attempts FROM runrow.get_run(run_id => %s)", (run_id,)
+    ).fetchone()
+    assert row == (conversation, "queued", "m-1", 3)
+    # The same idempotency key returns the same run, and says so.
+    other = str(uuid.uuid4())
+    again = [
+        runrow(private_database_url, "enqueue", "x", "-c", other, "--idempotency-key", "k-1")
+        for _ in range(2)
+    ]
+    assert again[0].returncode == again[1].returncode == 0, again[1].stderr
+    assert again[0].stdout == again[1].stdout
+    assert "existing run" in again[1].stderr
+    # Reused by another conversation: refused, in one line, exit 2.
+    clash = runrow(private_database_url, "enqueue", "x", "--idempotency-key", "k-1")
+    assert clash.returncode == 2 and clash.stderr.startswith("runrow: ") and "idempotency_key" in clash.stderr
+
+
+def test_enqueue_follow_streams_until_the_run_ends(
+    private_database_url: str, conn: psycopg.Connection
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pyworker", "enqueue", "tell me", "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "DATABASE_URL": private_database_url, "NO_COLOR": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline().strip()
+        if not first:
+            raise AssertionError(f"enqueue --follow printed no run id: {proc.communicate(timeout=10)}")
+        run_id = uuid.UUID(first)
+
+        def worker() -> None:
+            with psycopg.connect(private_database_url, autocommit=True) as w:
+                token = claim(w, run_id)
+                append(w, run_id, token, [{"type": "text_delta", "text": "streamed "}])
+                append(w, run_id, token, [{"type": "text_delta", "text": "answer"}])
+                finish(w, run_id, token, "failed", error="boom")
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        out, err = proc.communicate(timeout=30)
+        thread.join()
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    assert out == "streamed answer\n"
+    assert "complete status=failed error=boom" in err
+
+
+def test_stop_and_cancel(private_database_url: str, conn: psycopg.Connection) -> None:
+    conversation = uuid.uuid4()
+    queued = enqueue(conn, conversation_id=conversation)
+    result = runrow(private_database_url, "stop", str(conversation))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{queued}\tcancelled\n"
+    assert runrow(private_database_url, "tail", str(queued)).returncode == 3
+
+    result = runrow(private_database_url, "stop", str(conversation))
+    assert result.returncode == 0 and result.stdout == "" and "nothing to stop" in result.stderr
+
+    running = enqueue(conn)
+    claim(conn, running)
+    result = runrow(private_database_url, "cancel", str(running))
+    assert (result.returncode, result.stdout) == (0, "cancel_requested\n")
+    result = runrow(private_database_url, "cancel", str(queued))
+    assert (result.returncode, result.stdout) == (0, "already_cancelled\n")
+
+
+def test_retry_prints_the_new_run(private_database_url: str, conn: psycopg.Connection) -> None:
+    failed = finished_run(conn, [], status="failed")
+    result = runrow(private_database_url, "retry", str(failed))
+    assert result.returncode == 0, result.stderr
+    new = uuid.UUID(result.stdout.strip())
+    assert new != failed
+    conn.execute("SELECT runrow.cancel_run(run_id => %s)", (new,))  # out of the way of the next claim
+    completed = finished_run(conn, [])
+    result = runrow(private_database_url, "retry", str(completed))
+    assert result.returncode == 2
+    assert result.stderr.startswith("runrow: wrong state:") and "only failed or dead" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["tail", "cancel", "retry"])
+def test_unknown_run_is_a_clear_error(private_database_url: str, command: str) -> None:
+    missing = uuid.uuid4()
+    result = runrow(private_database_url, command, str(missing))
+    assert result.returncode == 2
+    assert result.stderr == f"runrow: run {missing} does not exist\n"
+
+
+def test_bad_input_is_one_line_and_exit_2(private_database_url: str) -> None:
+    for args, expected in [
+        (["enqueue", "x", "--max-attempts", "0"], "runrow: invalid argument: max_attempts"),
+        (["enqueue", "x", "--model", ""], "runrow: invalid argument: model"),
+        (["enqueue", ""], "runrow: the message is empty"),
+        (["enqueue", "x", "--tools-json", "/nonexistent.json"], "runrow: cannot read --tools-json"),
+        (["tail", str(uuid.uuid4()), "--from", "-1"], "runrow: --from must be"),
+    ]:
+        result = runrow(private_database_url, *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr.startswith(expected), (args, result.stderr)
+        assert result.stderr.count("\n") == 1, result.stderr
+
+
+def test_unreachable_database_says_what_to_do() -> None:
+    result = runrow("postgresql://nobody@127.0.0.1:1/none?connect_timeout=2", "tail", str(uuid.uuid4()))
+    assert result.returncode == 2
+    assert result.stderr.startswith("runrow: cannot connect to postgresql://nobody@127.0.0.1:1/none")
+    assert "DATABASE_URL" in result.stderr and "runrow db start" in result.stderr
+
+
+def test_status_prints_the_queue_health_view(private_database_url: str, conn: psycopg.Connection) -> None:
+    enqueue(conn)
+    result = runrow(private_database_url, "status")
+    assert result.returncode == 0, result.stderr
+    columns = [c.name for c in conn.execute("SELECT * FROM runrow.queue_health LIMIT 0").description or ()]
+    names = [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
+    assert names == columns
+    queued = next(line for line in result.stdout.splitlines() if line.startswith("queued "))
+    assert int(queued.split()[1]) >= 1
+
+
+def test_audit_exit_code_follows_the_violations(private_database_url: str, conn: psycopg.Connection) -> None:
+    result = runrow(private_database_url, "audit")
+    assert (result.returncode, result.stdout) == (0, ""), result.stderr
+    # A disabled schema guard is a violation the audit reports; re-enabled, it is healthy again.
+    conn.execute("ALTER TABLE runrow.prompt DISABLE TRIGGER prompt_immutable")
+    try:
+        result = runrow(private_database_url, "audit")
+    finally:
+        conn.execute("ALTER TABLE runrow.prompt ENABLE TRIGGER prompt_immutable")
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[0].split() == ["invariant", "run_id", "detail"]
+    assert "schema_guard_missing" in result.stdout and "prompt_immutable" in result.stdout
+    assert runrow(private_database_url, "audit").returncode == 0
