@@ -36,7 +36,9 @@ $fn$;
 
 -- Append one step at the next seq. The caller holds the run row's lock (append_step and
 -- complete_tool_call take it with the fence), which makes it the single writer of seq.
-CREATE OR REPLACE FUNCTION runrow._append_step(run_id uuid, kind text, payload json, request_id text)
+CREATE OR REPLACE FUNCTION runrow._append_step(
+    run_id uuid, kind text, payload json, request_id text, usage jsonb DEFAULT NULL, stop_reason text DEFAULT NULL
+)
 RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow
@@ -47,9 +49,9 @@ BEGIN
     SELECT coalesce(max(s.seq), 0) + 1 INTO next_seq
     FROM runrow.agent_step AS s WHERE s.run_id = _append_step.run_id;
 
-    INSERT INTO runrow.agent_step (run_id, seq, kind, payload, request_id, attempt)
+    INSERT INTO runrow.agent_step (run_id, seq, kind, payload, request_id, attempt, usage, stop_reason)
     SELECT _append_step.run_id, next_seq, _append_step.kind, _append_step.payload,
-           _append_step.request_id, r.attempt
+           _append_step.request_id, r.attempt, _append_step.usage, _append_step.stop_reason
     FROM runrow.agent_run AS r WHERE r.id = _append_step.run_id;
     RETURN next_seq;
 END
@@ -112,6 +114,6 @@ AS $fn$
 $fn$;
 
 REVOKE ALL ON FUNCTION runrow._canonical_json(jsonb) FROM PUBLIC;
-REVOKE ALL ON FUNCTION runrow._append_step(uuid, text, json, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._append_step(uuid, text, json, text, jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._park_for_person(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._decision(runrow.tool_effect) FROM PUBLIC;

@@ -1,5 +1,6 @@
 CREATE OR REPLACE FUNCTION runrow.append_step(
-    run_id uuid, claim_token uuid, kind text, payload json, request_id text DEFAULT NULL
+    run_id uuid, claim_token uuid, kind text, payload json, request_id text DEFAULT NULL,
+    usage jsonb DEFAULT NULL, stop_reason text DEFAULT NULL
 )
 RETURNS integer
 LANGUAGE plpgsql
@@ -25,6 +26,18 @@ BEGIN
     END IF;
     IF append_step.request_id = '' OR length(append_step.request_id) > 255 THEN
         RAISE EXCEPTION 'request_id must be NULL or 1 to 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF append_step.usage IS NOT NULL AND jsonb_typeof(append_step.usage) <> 'object' THEN
+        RAISE EXCEPTION 'usage must be NULL or a JSON object, got %', jsonb_typeof(append_step.usage)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF append_step.stop_reason = '' OR length(append_step.stop_reason) > 64 THEN
+        RAISE EXCEPTION 'stop_reason must be NULL or 1 to 64 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF append_step.kind <> 'model_turn' AND (append_step.usage IS NOT NULL OR append_step.stop_reason IS NOT NULL) THEN
+        RAISE EXCEPTION 'usage and stop_reason belong to a model_turn, not a %', append_step.kind
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- PostgreSQL's JSON functions cannot process the escape \u0000 (an odd run of
@@ -127,14 +140,17 @@ BEGIN
         END IF;
     END IF;
 
-    RETURN runrow._append_step(append_step.run_id, append_step.kind, append_step.payload, append_step.request_id);
+    RETURN runrow._append_step(
+        append_step.run_id, append_step.kind, append_step.payload, append_step.request_id,
+        append_step.usage, append_step.stop_reason);
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.append_step(uuid, uuid, text, json, text) IS
+COMMENT ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) IS
 'Append one step to the run''s durable step log at the next seq and return that seq. kind '
 'model_turn: payload is the assistant message''s content array exactly as the SDK produced it '
-'(thinking and redacted_thinking blocks with their signatures included); kind tool_result: one '
+'(thinking and redacted_thinking blocks with their signatures included), with its usage '
+'object and stop_reason; kind tool_result: one '
 'tool_result block, for a tool_use of the latest model turn that has no result yet and was not '
 'begun with begin_tool_call (those get theirs from complete_tool_call). A model_turn is '
 'refused (55000) while a tool_use of the previous one has no result, so the log is always a '
@@ -144,5 +160,5 @@ COMMENT ON FUNCTION runrow.append_step(uuid, uuid, text, json, text) IS
 '8 MiB. Fenced: NULL, nothing written, unless claim_token matches a running run. Bad input '
 'raises 22004/22023 naming the argument.';
 
-REVOKE ALL ON FUNCTION runrow.append_step(uuid, uuid, text, json, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION runrow.append_step(uuid, uuid, text, json, text) TO runrow_worker;
+REVOKE ALL ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) TO runrow_worker;

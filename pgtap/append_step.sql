@@ -6,11 +6,11 @@ BEGIN;
 \ir helpers/lifecycle.psql
 \ir helpers/row_versions.psql
 \ir helpers/steps.psql
-SELECT plan(47);
+SELECT plan(50);
 SELECT pg_temp.drain_queue();
 
-\set sig '''{uuid,uuid,text,json,text}'''
-SELECT has_function('runrow', 'append_step', :sig::name[], 'append_step(run_id, claim_token, kind, payload, request_id) exists');
+\set sig '''{uuid,uuid,text,json,text,jsonb,text}'''
+SELECT has_function('runrow', 'append_step', :sig::name[], 'append_step(run_id, claim_token, kind, payload, request_id, usage, stop_reason) exists');
 SELECT is_definer('runrow', 'append_step', :sig::name[], 'append_step is SECURITY DEFINER');
 SELECT function_privs_are('runrow', 'append_step', :sig::name[], 'runrow_worker', ARRAY['EXECUTE'], 'the worker may append steps');
 SELECT function_privs_are('runrow', 'append_step', :sig::name[], 'runrow_client', ARRAY[]::name[], 'the client may not');
@@ -22,13 +22,15 @@ SELECT pg_temp.running() AS r1 \gset
 SELECT pg_temp.token(:'r1') AS tok \gset
 \set turn1 '''[ {"type":"thinking","thinking":"hmm","signature":"c2lnbmF0dXJl+/=="} ,\n {"type": "tool_use", "input": {"b":1, "a":"\\u00e9"}, "name":"lookup", "id":"tu_1"}]'''
 SET LOCAL ROLE runrow_worker;
-SELECT runrow.append_step(:'r1', :'tok', 'model_turn', :turn1::json, 'req_011') AS s1 \gset
+SELECT runrow.append_step(:'r1', :'tok', 'model_turn', :turn1::json, 'req_011',
+    usage => '{"input_tokens": 12, "output_tokens": 7}', stop_reason => 'tool_use') AS s1 \gset
 RESET ROLE;
 SELECT is(:'s1'::int, 1, 'the first step of a run is seq 1');
 SELECT is((SELECT payload::text FROM runrow.agent_step WHERE run_id = :'r1' AND seq = 1), :turn1,
     'the payload comes back byte for byte: whitespace, key order, \u escapes, newline');
-SELECT is((SELECT (kind, request_id, attempt)::text FROM runrow.agent_step WHERE run_id = :'r1' AND seq = 1),
-    '(model_turn,req_011,1)', 'kind, request_id and the attempt are recorded');
+SELECT is((SELECT (kind, request_id, attempt, usage ->> 'output_tokens', stop_reason)::text
+    FROM runrow.agent_step WHERE run_id = :'r1' AND seq = 1),
+    '(model_turn,req_011,1,7,tool_use)', 'kind, request_id, the attempt, usage and stop_reason are recorded');
 SELECT is(runrow.append_step(:'r1', :'tok', 'tool_result',
     '{"type":"tool_result","tool_use_id":"tu_1","content":"found"}'), 2, 'a tool_result for that tool_use is seq 2');
 SELECT is((SELECT tool_use_id FROM runrow.agent_step WHERE run_id = :'r1' AND seq = 2), 'tu_1',
@@ -96,6 +98,13 @@ SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''tool_result'', ''{"
     :'r1', :'tok'), '22023', NULL, 'a tool_result with an empty tool_use_id');
 SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L, '''')', :'r1', :'tok', :ok_turn), '22023',
     'request_id must be NULL or 1 to 255 characters', 'an empty request_id');
+SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L, usage => ''[1]'')', :'r1', :'tok', :ok_turn),
+    '22023', 'usage must be NULL or a JSON object, got array', 'usage that is not an object');
+SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L, stop_reason => '''')', :'r1', :'tok', :ok_turn),
+    '22023', 'stop_reason must be NULL or 1 to 64 characters', 'an empty stop_reason');
+SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''tool_result'', ''{"type":"tool_result","tool_use_id":"x"}'', '
+    'stop_reason => ''end_turn'')', :'r1', :'tok'),
+    '22023', 'usage and stop_reason belong to a model_turn, not a tool_result', 'stop_reason on a tool_result');
 SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L)', :'r1', :'tok',
     '[{"type":"text","text":"' || repeat('x', 8388608) || '"}]'), '22023', NULL, 'a payload over 8 MiB');
 SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L)', :'r1', :'tok', '[{"type":"text","text":"\u0000"}]'),

@@ -63,8 +63,11 @@ def migrate(
             migrations = read_migrations(str(migrations_dir))
             pending = backend.to_apply(migrations)
             applied = [m.id for m in pending]
-            with backend.lock():
-                backend.apply_migrations(pending)
+            try:
+                with backend.lock():
+                    backend.apply_migrations(pending)
+            except psycopg.Error as exc:
+                raise MigrateError(f"migration failed, nothing of it was kept: {exc}") from exc
             backend.connection.close()
             files = function_files(functions_dir)
             with psycopg.connect(database_url) as conn, conn.transaction():
