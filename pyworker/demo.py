@@ -124,10 +124,16 @@ class WorkerProcess:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
 
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # drain: nothing in flight, so it exits at once
+
     def stop(self) -> str:
-        if self.proc.poll() is not None:
-            return "killed by the demo (SIGKILL)" if self.killed else f"had exited ({self.proc.returncode})"
-        self.proc.send_signal(signal.SIGTERM)  # drain: nothing in flight, so it exits at once
+        if self.killed:
+            return "killed by the demo (SIGKILL)"
+        if self.proc.returncode is not None:
+            return f"had exited ({self.proc.returncode})"
+        self.terminate()
         try:
             return f"stopped (SIGTERM, exit {self.proc.wait(timeout=10)})"
         except subprocess.TimeoutExpired:
@@ -224,7 +230,8 @@ def _model(
     env.pop("RUNROW_TOOLS", None)
     if real:
         model = opts.model or REAL_MODEL
-        screen.line(f"ANTHROPIC_API_KEY is set: the real Messages API, model {model}")
+        where = os.environ.get("ANTHROPIC_BASE_URL") or "the real Messages API"
+        screen.line(f"ANTHROPIC_API_KEY is set: {where}, model {model}")
         screen.note("the real model decides its own steps; the kill still lands after step "
                     f"{opts.kill_after_step}")  # fmt: skip
         return env, model, None
@@ -250,6 +257,8 @@ def _workers(
 
     def stop_all() -> None:
         for w in workers.values():
+            w.terminate()
+        for w in workers.values():
             screen.line(f"{w.name}: {w.stop()}")
 
     stack.callback(stop_all)
@@ -265,7 +274,7 @@ def _workers(
             f"{w.name} up (pid {w.pid}): runrow worker --tools pyworker.demo_tools --lease {LEASE} "
             f"--grace {GRACE}"
         )
-    screen.note(f"worker logs: {workdir}/worker-*.log")
+    screen.note(f"worker logs: {workdir}/worker-*.log (removed at the end unless --keep)")
     return workers
 
 
@@ -294,6 +303,7 @@ async def _follow(
             )
         live.run_id = enqueued.run_id
         screen.line(f"enqueue_run: run {live.run_id}, tools {', '.join(demo_tools.NAMES)}, max_attempts 3")
+        screen.note(f"task: {TASK}")
         printer = EventPrinter(screen, {name: w.pid for name, w in workers.items()})
         async with asyncio.timeout(opts.timeout):
             async with contextlib.aclosing(tail(pool, hub, live.run_id)) as items:

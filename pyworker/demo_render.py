@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import textwrap
 import time
 from typing import Any, TextIO
 
@@ -57,7 +58,8 @@ class Screen:
     def note(self, text: str) -> None:
         """An explanatory line under the previous one."""
         self._close_inline()
-        self._write(INDENT + self.paint(text, "dim") + "\n")
+        for part in textwrap.wrap(text, 100 - len(INDENT)) or [""]:
+            self._write(INDENT + self.paint(part, "dim") + "\n")
 
     def inline(self, stream: str, label: str, text: str, *styles: str) -> None:
         """Append streamed text; a new stream (kind or block) starts on its own labelled line."""

@@ -145,3 +145,36 @@ def test_help_says_what_the_demo_shows() -> None:
     ).stdout
     for needle in ("sigkill", "resume", "send_email", "exactly once", "--delta-delay", "ctrl-c"):
         assert needle in out.lower(), (needle, out)
+
+
+def test_with_an_api_key_the_workers_call_the_configured_messages_api_with_the_real_model_name(
+    scratch_database: str,
+) -> None:
+    """The ANTHROPIC_API_KEY path (no in-process fake): the workers get the key and base URL from the
+    environment, the run pins claude-sonnet-4-5 and asks for thinking. A fake server stands in for the
+    real API; no kill, to keep it short."""
+    from pyworker.fake_model import FakeModel
+
+    with FakeModel("demo", api_key="sk-demo-test") as fake:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pyworker", "demo", "--kill-after-step", "0"],
+            cwd=REPO,
+            env=demo_env(
+                DATABASE_URL=scratch_database,
+                ANTHROPIC_API_KEY="sk-demo-test",
+                ANTHROPIC_BASE_URL=fake.base_url,
+            ),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        requests = [r for r in fake.requests if r.path.startswith("/v1/messages")]
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert f"ANTHROPIC_API_KEY is set: {fake.base_url}, model claude-sonnet-4-5" in out, out
+    assert "KILL:" not in out and "effect count of send_email (non-idempotent): 1" in out, out
+    assert len(requests) == 6 and all(r.status == 200 for r in requests), [r.status for r in requests]
+    for r in requests:
+        assert r.body["model"] == "claude-sonnet-4-5"
+        assert r.body["thinking"]["type"] == "enabled"
+        assert [t["name"] for t in r.body["tools"]] == ["list_files", "read_file", "send_email", "write_file"]
