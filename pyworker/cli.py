@@ -99,7 +99,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
         worker_id=args.worker_id,
         config=config,
     )
-    return asyncio.run(worker.run())
+    from psycopg_pool import PoolTimeout
+
+    try:
+        return asyncio.run(worker.run())
+    except PoolTimeout:
+        print(
+            "runrow worker: cannot connect to the database within 30 s; check DATABASE_URL / "
+            "--database-url and that the server is up (`runrow migrate` must have run)",
+            file=sys.stderr,
+        )
+        return 2
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,6 +26,8 @@ from pyworker.supervisor import RunSupervisor
 
 log = logging.getLogger("runrow.dispatcher")
 
+MAX_CLAIM_BATCH = 1000  # claim_runs' own limit on max_runs
+
 
 class Dispatcher:
     def __init__(
@@ -88,7 +90,7 @@ class Dispatcher:
                     self._slots.release()
                     return
                 n = 1
-                while n < self._concurrency and not self._slots.locked():
+                while n < min(self._concurrency, MAX_CLAIM_BATCH) and not self._slots.locked():
                     await self._slots.acquire()
                     n += 1
                 _drain(wakes)  # a wake after this point means "claim again", not "already seen"
