@@ -1,0 +1,1 @@
+"""Benchmarks of runrow: measured, not asserted. `python -m bench` runs them all (see __main__)."""

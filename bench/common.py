@@ -1,0 +1,84 @@
+"""What every benchmark shares: a private database, the machine, and percentiles.
+
+Each benchmark runs in a database of its own, created and migrated on the server that
+DATABASE_URL points to and dropped afterwards, so it never touches real runs and never
+claims one. Latencies come from the database clock: the created_at of journal events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import statistics
+import sys
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+from pyworker.migrate import migrate
+
+
+def server_url() -> str:
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        sys.exit("bench: set DATABASE_URL, or run it as `make bench` (a throwaway cluster)")
+    return url
+
+
+@contextlib.contextmanager
+def bench_database(name: str) -> Iterator[str]:
+    """A freshly migrated database for one benchmark; dropped afterwards."""
+    url = server_url()
+    db = f"runrow_bench_{name}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{db}"')
+    bench_url = urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
+    try:
+        migrate(bench_url)
+        yield bench_url
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{db}" WITH (FORCE)')
+
+
+def machine(url: str) -> str:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT current_setting('server_version'), current_setting('fsync')").fetchone()
+    assert row is not None
+    return (
+        f"machine: {os.cpu_count()} cpus, {platform.platform()}, Python {platform.python_version()}, "
+        f"PostgreSQL {row[0]} (fsync {row[1]})"
+    )
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile; enough for a benchmark report."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def summary_ms(values: Sequence[float]) -> str:
+    ms = [v * 1000 for v in values]
+    return (
+        f"n={len(ms)} p50={percentile(ms, 50):.1f} ms p99={percentile(ms, 99):.1f} ms "
+        f"mean={statistics.fmean(ms):.1f} ms max={max(ms):.1f} ms"
+    )
+
+
+def event_times(conn: psycopg.Connection, run_id: uuid.UUID) -> dict[str, datetime]:
+    """created_at of the first event of each type in the run's journal (database clock)."""
+    rows = conn.execute(
+        "SELECT type, created_at FROM runrow.read_events(run_id => %s, after_seq => 0, max_events => 10000)",
+        (run_id,),
+    ).fetchall()
+    first: dict[str, datetime] = {}
+    for kind, at in rows:
+        first.setdefault(kind, at)
+    return first
