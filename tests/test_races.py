@@ -3,7 +3,12 @@
 Pattern: session 1 makes its call inside an open transaction (it now holds the run's row
 lock), session 2 makes the competing call in a thread, the test waits until the server
 reports session 2 blocked on session 1 (pg_blocking_pids), then session 1 commits and the
-test checks what session 2 did. Then the same with the roles swapped.
+test checks what session 2 did. Then the same with the roles swapped. A claim never waits
+(SKIP LOCKED): there the test checks that it returns at once, with what, while session 1
+still holds its transaction open.
+
+The module works in a database of its own, and every test starts with no active run, so
+a claim can only return what the test enqueued.
 """
 
 from __future__ import annotations
