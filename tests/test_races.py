@@ -195,6 +195,24 @@ def test_two_reapers_reap_a_run_once(owner: psycopg.Connection, connect: Connect
     assert [t for _, t in journal(owner, run["run_id"])].count("run_requeued") == 1
 
 
+def test_reap_waiting_on_a_stop_ends_the_run_cancelled(owner: psycopg.Connection, connect: Connect):
+    run = claimed_running(owner, max_attempts=3)
+    expire_lease(owner, run["run_id"])
+    stopper = connect(autocommit=False)
+    assert stop(stopper, run["conversation_id"]) == [(run["run_id"], "cancel_requested")]
+
+    reaper = Background(connect(), reap)
+    reaper.wait_blocked_by(owner, stopper)
+    stopper.commit()
+
+    # Attempts are left, but the stop wins: the orphan is not requeued to start again.
+    assert reaper.result() == [(run["run_id"], "cancelled")]
+    events = journal(owner, run["run_id"])
+    assert_gap_free(events)
+    assert [t for _, t in events][-2:] == ["cancel_requested", "complete"]
+    assert claim(owner, 10) == []
+
+
 # --- c. append vs reap ----------------------------------------------------------------
 
 
