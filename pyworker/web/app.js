@@ -1,0 +1,419 @@
+"use strict";
+// The runrow chat page: plain JS, no build step.
+//
+// The stream is read with fetch() and a body reader rather than EventSource, so the
+// Authorization header can be sent. Everything the page has rendered (each turn's run id,
+// its text and the seq of the last event applied) is written to sessionStorage in one piece
+// after every event: a reload resumes the stream with Last-Event-ID = that seq, so the
+// text continues where it was, with no gap and no duplicate. Closing the tab only ends the
+// stream; Stop is a request of its own (a disconnect is not a stop).
+
+const TERMINAL = new Set(["completed", "failed", "cancelled", "dead"]);
+const TOKEN_KEY = "runrow.token"; // localStorage: asked once per browser
+const CHAT_KEY = "runrow.chat"; // sessionStorage: this tab's conversation and transcript
+const $ = (id) => document.getElementById(id);
+
+let authMode = "bearer";
+let token = localStorage.getItem(TOKEN_KEY) || "";
+let chat = loadChat();
+let following = null; // {turn, controller} of the stream being read
+let approvalsTimer = null;
+const nodes = new WeakMap(); // turn -> its DOM node (kept out of the saved JSON)
+
+function newId() {
+  if (crypto.randomUUID) return crypto.randomUUID();
+  const b = crypto.getRandomValues(new Uint8Array(16));
+  b[6] = (b[6] & 0x0f) | 0x40;
+  b[8] = (b[8] & 0x3f) | 0x80;
+  const h = [...b].map((x) => x.toString(16).padStart(2, "0")).join("");
+  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
+}
+
+function loadChat() {
+  try {
+    const saved = JSON.parse(sessionStorage.getItem(CHAT_KEY) || "null");
+    if (saved && saved.conversation && Array.isArray(saved.turns)) return saved;
+  } catch (err) {
+    console.warn("runrow: ignoring unreadable saved chat", err);
+  }
+  return { conversation: newId(), turns: [] };
+}
+
+function saveChat() {
+  sessionStorage.setItem(CHAT_KEY, JSON.stringify(chat));
+}
+
+// --- talking to the service ---------------------------------------------------------
+
+function authHeaders() {
+  return authMode === "bearer" && token ? { Authorization: `Bearer ${token}` } : {};
+}
+
+class ApiError extends Error {
+  constructor(status, type, message) {
+    super(message);
+    this.status = status;
+    this.type = type;
+  }
+}
+
+async function api(method, path, body, headers = {}) {
+  const res = await fetch(path, {
+    method,
+    headers: { ...authHeaders(), ...(body ? { "Content-Type": "application/json" } : {}), ...headers },
+    body: body ? JSON.stringify(body) : undefined,
+    cache: "no-store",
+  });
+  const data = await res.json().catch(() => ({}));
+  if (res.status === 401) needToken();
+  if (!res.ok) {
+    const e = data.error || {};
+    throw new ApiError(res.status, e.type || "http_error", e.message || `HTTP ${res.status}`);
+  }
+  return data;
+}
+
+// Parses a text/event-stream body into {id, event, data} frames; comments (keepalives) are skipped.
+async function readEvents(body, onFrame) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value.replace(/\r\n?/g, "\n");
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      let id = null;
+      let event = "message";
+      const data = [];
+      for (const line of block.split("\n")) {
+        if (!line || line.startsWith(":")) continue;
+        const colon = line.indexOf(":");
+        const field = colon < 0 ? line : line.slice(0, colon);
+        let v = colon < 0 ? "" : line.slice(colon + 1);
+        if (v.startsWith(" ")) v = v.slice(1);
+        if (field === "id") id = Number(v);
+        else if (field === "event") event = v;
+        else if (field === "data") data.push(v);
+      }
+      if (id !== null && data.length) onFrame({ id, event, data: JSON.parse(data.join("\n")) });
+    }
+  }
+}
+
+// --- the conversation -----------------------------------------------------------------
+
+function lastTurn() {
+  return chat.turns[chat.turns.length - 1];
+}
+
+function isActive(turn) {
+  return turn && !TERMINAL.has(turn.status);
+}
+
+async function send() {
+  const text = $("message").value.trim();
+  if (!text || isActive(lastTurn())) return;
+  // The key makes the POST safe to repeat: a reload before the answer re-sends it and gets the same run.
+  const turn = { user: text, key: newId(), runId: null, text: "", lastSeq: 0, status: "sending", error: null };
+  chat.turns.push(turn);
+  saveChat();
+  $("message").value = "";
+  renderAll();
+  await enqueue(turn);
+}
+
+async function enqueue(turn) {
+  try {
+    const run = await api(
+      "POST",
+      `/conversations/${chat.conversation}/runs`,
+      { content: turn.user },
+      { "Idempotency-Key": turn.key },
+    );
+    turn.runId = run.run_id;
+    turn.status = run.status;
+  } catch (err) {
+    turn.status = "failed";
+    turn.error = err.message;
+  }
+  saveChat();
+  renderTurn(turn);
+  if (turn.runId) follow(turn);
+  else setBusy(false);
+}
+
+function apply(turn, frame) {
+  if (frame.id <= turn.lastSeq) return; // already applied before a reconnect
+  const ev = frame.data;
+  switch (frame.event) {
+    case "text_delta":
+      turn.text += ev.text || "";
+      break;
+    case "run_claimed":
+      turn.status = "running";
+      break;
+    case "run_requeued":
+      turn.status = "queued";
+      break;
+    case "approval_requested":
+      turn.status = "waiting";
+      pollApprovals();
+      break;
+    case "approval_resolved":
+      pollApprovals();
+      break;
+    case "complete":
+      turn.status = ev.status;
+      turn.error = ev.error || null;
+      break;
+    default:
+      break;
+  }
+  turn.lastSeq = frame.id;
+  saveChat(); // text and cursor together, so a reload never replays or skips an event
+  renderTurn(turn);
+}
+
+async function follow(turn) {
+  if (following) following.controller.abort();
+  const controller = new AbortController();
+  following = { turn, controller };
+  setBusy(true);
+  let delay = 250;
+  while (isActive(turn) && !controller.signal.aborted) {
+    try {
+      const res = await fetch(`/runs/${turn.runId}/events`, {
+        headers: { ...authHeaders(), "Last-Event-ID": String(turn.lastSeq) },
+        signal: controller.signal,
+        cache: "no-store",
+      });
+      if (res.status === 204) break; // the run ended and we had seen it all
+      if (res.status === 401) {
+        needToken();
+        break;
+      }
+      if (res.status === 404) {
+        turn.status = "failed";
+        turn.error = "this run is not available to you";
+        break;
+      }
+      if (!res.ok) throw new Error(`the stream answered ${res.status}`);
+      status("");
+      await readEvents(res.body, (frame) => apply(turn, frame));
+      delay = 250;
+    } catch (err) {
+      if (controller.signal.aborted) return;
+      status(`connection lost (${err.message}); reconnecting…`);
+      await new Promise((r) => setTimeout(r, delay));
+      delay = Math.min(delay * 2, 5000);
+    }
+  }
+  saveChat();
+  renderTurn(turn);
+  if (following && following.controller === controller) following = null;
+  setBusy(false);
+}
+
+async function stop() {
+  $("stop").disabled = true;
+  status("stopping…");
+  try {
+    await api("POST", `/conversations/${chat.conversation}/stop`);
+  } catch (err) {
+    status(`stop failed: ${err.message}`);
+    $("stop").disabled = false;
+  }
+}
+
+function newConversation() {
+  if (following) following.controller.abort();
+  following = null;
+  chat = { conversation: newId(), turns: [] };
+  saveChat();
+  renderAll();
+  setBusy(false);
+}
+
+// --- approvals ----------------------------------------------------------------------------
+
+async function pollApprovals() {
+  if (authMode === "bearer" && !token) return;
+  let approvals = [];
+  try {
+    approvals = (await api("GET", "/approvals")).approvals;
+  } catch (err) {
+    return;
+  }
+  const list = $("approval-list");
+  list.replaceChildren();
+  for (const a of approvals) {
+    const li = document.createElement("li");
+    li.dataset.key = a.idempotency_key;
+    const what = document.createElement("code");
+    const why = a.reason === "uncertain" ? " (started, no result: did it happen?)" : "";
+    what.textContent = `${a.tool}(${JSON.stringify(a.args)})${why}`;
+    const yes = document.createElement("button");
+    yes.textContent = a.reason === "uncertain" ? "Run it" : "Approve";
+    yes.className = "approve";
+    yes.onclick = () => decide(a.idempotency_key, true);
+    const no = document.createElement("button");
+    no.textContent = "Reject";
+    no.className = "reject";
+    no.onclick = () => decide(a.idempotency_key, false);
+    li.append(what, yes, no);
+    list.append(li);
+  }
+  $("approvals").hidden = approvals.length === 0;
+}
+
+async function decide(key, approved) {
+  try {
+    await api("POST", `/approvals/${encodeURIComponent(key)}`, { approved });
+  } catch (err) {
+    status(`decision failed: ${err.message}`);
+  }
+  pollApprovals();
+}
+
+// --- rendering ------------------------------------------------------------------------------
+
+function status(text) {
+  $("status").textContent = text;
+}
+
+function setBusy(busy) {
+  $("send").disabled = busy;
+  $("stop").disabled = !busy;
+  if (!busy) status("");
+}
+
+function describe(turn) {
+  switch (turn.status) {
+    case "sending":
+      return "sending…";
+    case "queued":
+      return "queued";
+    case "running":
+      return "answering…";
+    case "waiting":
+      return "waiting for your approval";
+    case "completed":
+      return "";
+    case "cancelled":
+      return "stopped";
+    default:
+      return turn.error ? `${turn.status}: ${turn.error}` : turn.status;
+  }
+}
+
+function turnNode(turn) {
+  const node = document.createElement("div");
+  node.className = "turn";
+  const user = document.createElement("div");
+  user.className = "user";
+  const ub = document.createElement("div");
+  ub.className = "bubble";
+  ub.textContent = turn.user;
+  user.append(ub);
+  const assistant = document.createElement("div");
+  assistant.className = "assistant";
+  const ab = document.createElement("div");
+  ab.className = "bubble";
+  const meta = document.createElement("div");
+  meta.className = "meta";
+  assistant.append(ab, meta);
+  node.append(user, assistant);
+  nodes.set(turn, node);
+  return node;
+}
+
+function renderTurn(turn) {
+  const node = nodes.get(turn);
+  if (!node) return renderAll();
+  const assistant = node.querySelector(".assistant");
+  assistant.className = `assistant ${turn.status}${isActive(turn) ? " streaming" : ""}`;
+  assistant.dataset.runId = turn.runId || "";
+  assistant.dataset.seq = String(turn.lastSeq);
+  assistant.querySelector(".bubble").textContent = turn.text;
+  assistant.querySelector(".meta").textContent = describe(turn);
+  const main = document.querySelector("main");
+  main.scrollTop = main.scrollHeight;
+}
+
+function renderAll() {
+  const transcript = $("transcript");
+  transcript.replaceChildren(...chat.turns.map(turnNode));
+  chat.turns.forEach(renderTurn);
+  $("conversation").textContent = chat.conversation.slice(0, 8);
+  $("conversation").title = `conversation ${chat.conversation}`;
+}
+
+// --- start ----------------------------------------------------------------------------------
+
+function needToken() {
+  token = "";
+  localStorage.removeItem(TOKEN_KEY);
+  $("token-form").hidden = false;
+  $("forget-token").hidden = true;
+  $("who").textContent = "";
+  $("token").focus();
+}
+
+function resume() {
+  renderAll();
+  const turn = lastTurn();
+  if (turn && turn.status === "sending" && !turn.runId) enqueue(turn);
+  else if (turn && turn.runId && isActive(turn)) follow(turn);
+  else setBusy(false);
+  pollApprovals();
+  clearInterval(approvalsTimer);
+  approvalsTimer = setInterval(pollApprovals, 3000);
+}
+
+async function start() {
+  $("composer").addEventListener("submit", (e) => {
+    e.preventDefault();
+    send();
+  });
+  $("message").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey) {
+      e.preventDefault();
+      send();
+    }
+  });
+  $("stop").addEventListener("click", stop);
+  $("new-conversation").addEventListener("click", newConversation);
+  $("forget-token").addEventListener("click", needToken);
+  renderAll(); // this tab's transcript, at once: nothing to wait for before it shows
+  $("token-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    token = $("token").value.trim();
+    if (!token) return;
+    localStorage.setItem(TOKEN_KEY, token);
+    $("token").value = "";
+    $("token-form").hidden = true;
+    $("forget-token").hidden = false;
+    $("who").textContent = "signed in with a token";
+    resume();
+  });
+  try {
+    authMode = (await (await fetch("/config", { cache: "no-store" })).json()).auth;
+  } catch (err) {
+    status("cannot reach the runrow service");
+  }
+  if (authMode === "dev") {
+    $("who").textContent = "insecure dev mode: you are user dev";
+  } else if (!token) {
+    renderAll();
+    return needToken();
+  } else {
+    $("who").textContent = "signed in with a token";
+    $("forget-token").hidden = false;
+  }
+  resume();
+}
+
+start();

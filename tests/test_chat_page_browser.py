@@ -1,0 +1,191 @@
+"""The chat page in a real headless Chromium (Debian's `chromium`, driven by playwright; no
+browser download): send a message and watch it stream, reload mid-stream and see the text
+continue with no gap and no duplicate, press Stop, approve a pending tool call.
+
+Runs are answered by a real `runrow worker` with the echo handler; the test adds the echo
+text to the page's POST (page.route), which is all the echo handler needs. A screenshot of
+the page mid-stream is saved to $RUNROW_SCREENSHOT_DIR (default /tmp).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from http_support import ALICE, TOKENS, Server, private_database, serve
+from playwright.sync_api import Browser, Page, Route, sync_playwright
+from steps_support import begin, tool_turn
+from tail_support import claim
+from worker_support import WorkerProcess, status, streamed_text, wait_until
+
+CHROMIUM = os.environ.get("RUNROW_CHROMIUM", "/usr/bin/chromium")
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ALICE_TOKEN = ALICE["Authorization"].removeprefix("Bearer ")
+STORY = " ".join(f"w{i:03d}" for i in range(240))  # every piece unique: a repeat or a gap shows
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not shutil.which(CHROMIUM):
+        pytest.fail(
+            f"{CHROMIUM} is missing: `make test` installs it (RUNROW_WITH_BROWSER=1 scripts/bootstrap.sh)"
+        )
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def page_db(database_url: str) -> Iterator[str]:
+    yield from private_database(database_url, "runrow_http_page")
+
+
+@pytest.fixture(scope="module")
+def live(page_db: str) -> Iterator[Server]:
+    worker = WorkerProcess(page_db, "page-echo", ["--concurrency", "2", "--lease", "5", "--poll", "1"])
+    try:
+        worker.wait_log("worker page-echo started")
+        yield from serve(page_db, tokens=TOKENS)
+    finally:
+        worker.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1000, "height": 700})
+    p = context.new_page()
+    p.set_default_timeout(20_000)
+    yield p
+    context.close()
+
+
+def echo_back(text: str, duration: float) -> Callable[[Route], None]:
+    """A route handler that adds the echo worker's instructions to the page's enqueue POST."""
+
+    def handle(route: Route) -> None:
+        body = json.loads(route.request.post_data or "{}")
+        body["metadata"] = {"echo": text, "duration": duration}
+        route.continue_(post_data=json.dumps(body))
+
+    return handle
+
+
+def sign_in_and_send(page: Page, server: Server, message: str) -> None:
+    page.goto(server.url + "/")
+    page.fill("#token", ALICE_TOKEN)
+    page.click("#token-form button[type=submit]")
+    page.fill("#message", message)
+    page.click("#send")
+
+
+def page_text(page: Page) -> str:
+    """The answer as rendered (textContent: exactly the characters, whatever the CSS)."""
+    return str(page.eval_on_selector(".turn:last-child .assistant .bubble", "el => el.textContent"))
+
+
+def run_of(page: Page) -> uuid.UUID:
+    page.wait_for_selector(".turn:last-child .assistant[data-run-id]:not([data-run-id=''])")
+    return uuid.UUID(page.get_attribute(".turn:last-child .assistant", "data-run-id"))
+
+
+def wait_text(page: Page, at_least: int) -> None:
+    page.wait_for_function(
+        "n => document.querySelector('.turn:last-child .assistant .bubble').textContent.length >= n",
+        arg=at_least,
+    )
+
+
+def test_reload_mid_stream_continues_with_no_gap_and_no_duplicate(
+    live: Server, page_db: str, page: Page
+) -> None:
+    page.route("**/conversations/*/runs", echo_back(STORY, 5.0))
+    sign_in_and_send(page, live, "Tell me a long story")
+    run_id = run_of(page)
+    with psycopg.connect(page_db, autocommit=True) as db:
+        for reload_at in (len(STORY) // 5, len(STORY) // 2):
+            wait_text(page, reload_at)
+            if reload_at == len(STORY) // 5:
+                shot = Path(os.environ.get("RUNROW_SCREENSHOT_DIR", "/tmp")) / "runrow-chat-midstream.png"
+                page.screenshot(path=str(shot))
+            before = page_text(page)
+            assert status(db, run_id) == "running" and len(before) < len(STORY), "the reload is mid-stream"
+            page.reload()
+            page.wait_for_selector(".turn:last-child .assistant .bubble", state="attached")
+            # The transcript is back at once from sessionStorage, before the stream resumes.
+            assert page_text(page).startswith(before)
+        page.wait_for_selector(".turn:last-child .assistant.completed")
+        assert page_text(page) == streamed_text(db, run_id) == STORY
+        assert status(db, run_id) == "completed"
+    assert page.inner_text(".turn:last-child .user .bubble") == "Tell me a long story"
+    assert page.is_enabled("#send") and not page.is_enabled("#stop")
+
+
+def test_stop_ends_the_run_cancelled_and_keeps_the_partial_text(
+    live: Server, page_db: str, page: Page
+) -> None:
+    page.route("**/conversations/*/runs", echo_back(STORY, 8.0))
+    sign_in_and_send(page, live, "Go on and on")
+    run_id = run_of(page)
+    wait_text(page, 40)
+    page.click("#stop")
+    page.wait_for_selector(".turn:last-child .assistant.cancelled")
+    with psycopg.connect(page_db, autocommit=True) as db:
+        assert status(db, run_id) == "cancelled"
+        partial = streamed_text(db, run_id)
+        result = db.execute("SELECT result FROM runrow.agent_run WHERE id = %s", (run_id,)).fetchone()[0]
+    assert 40 <= len(partial) < len(STORY) and STORY.startswith(partial)
+    assert page_text(page) == partial and result == {"text": partial}
+    assert page.inner_text(".turn:last-child .assistant .meta") == "stopped"
+
+
+@pytest.fixture(scope="module")
+def quiet_db(database_url: str) -> Iterator[str]:
+    yield from private_database(database_url, "runrow_http_page_quiet")
+
+
+@pytest.fixture(scope="module")
+def quiet(quiet_db: str) -> Iterator[Server]:
+    """No worker here: the test claims the run itself and parks it on an approval."""
+    yield from serve(quiet_db, tokens=TOKENS)
+
+
+def test_approve_a_pending_tool_call(quiet: Server, quiet_db: str, page: Page) -> None:
+    with psycopg.connect(quiet_db, autocommit=True) as db:
+        run_id = db.execute(
+            "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => '\"wire it\"', "
+            "model => 'echo', user_id => 'alice')",
+            (uuid.uuid4(),),
+        ).fetchone()[0]
+        token = claim(db, run_id)
+        key = tool_turn(db, run_id, token, "toolu_1", "send_wire", {"amount": 250})
+        assert (
+            begin(db, run_id, token, key, "send_wire", {"amount": 250}, "irreversible")[0] == "needs_approval"
+        )
+        page.goto(quiet.url + "/")
+        page.fill("#token", ALICE_TOKEN)
+        page.click("#token-form button[type=submit]")
+        item = page.wait_for_selector(f"#approval-list li[data-key='{key}']")
+        assert "send_wire" in item.inner_text() and '"amount":250' in item.inner_text()
+        item.query_selector("button.approve").click()
+        page.wait_for_selector("#approvals", state="hidden")
+        decided = db.execute(
+            "SELECT state, decided_by FROM runrow.tool_effect WHERE idempotency_key = %s", (key,)
+        ).fetchone()
+        assert decided == ("approved", "alice")
+        wait_until(lambda: status(db, run_id) == "queued", 10, "the approved run to be requeued")
