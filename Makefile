@@ -16,6 +16,8 @@ demo: bootstrap
 
 ## Every test: lint, then pgTAP and pytest against a private throwaway PostgreSQL
 ## (or against DATABASE_URL when it is set).
+# The chat page's browser test needs Debian's chromium: bootstrap installs it for `make test`.
+test: export RUNROW_WITH_BROWSER = 1
 test: bootstrap lint check-install-sql
 	$(RUNROW) db run -- $(MAKE) --no-print-directory test-in-db
 
