@@ -97,8 +97,8 @@ async def bench(url: str, seed: int = 1) -> list[str]:
     ratio = percentile(polled, 50) / max(percentile(notify, 50), 1e-9)
     return [
         "enqueue -> claim latency (database clock: run_queued -> run_claimed)",
-        f"  NOTIFY wake (hub up)      {summary_ms(notify)}",
-        f"  hub down, poll every {TICK:.0f} s {summary_ms(polled)}",
+        f"  {'NOTIFY wake (hub up)':<28}{summary_ms(notify)}",
+        f"  {f'hub down, poll every {TICK:.0f} s':<28}{summary_ms(polled)}",
         f"  ratio p50 polled / NOTIFY: {ratio:.0f}x",
     ]
 
