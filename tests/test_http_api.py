@@ -610,3 +610,29 @@ class socket_port:
 
     def __exit__(self, *exc: object) -> None:
         self._sock.close()
+
+
+def test_any_instance_serves_any_run(api_db: str, server: Server, db: psycopg.Connection) -> None:
+    """All state is in PostgreSQL: enqueue on one instance, stream half from a second, the rest
+    from a third, and stop from the first."""
+    others = [serve(api_db), serve(api_db)]
+    second, third = (next(gen) for gen in others)
+    try:
+        with httpx.Client(base_url=server.url, timeout=20) as one:
+            run_id, conversation_id = new_run(one)
+        token = claim(db, run_id)
+        append(db, run_id, token, [{"type": "text_delta", "text": f"{i} "} for i in range(10)])
+        with httpx.Client(base_url=second.url, timeout=20) as two:
+            head = read_stream(two, run_id, ALICE, max_events=6)
+        with httpx.Client(base_url=server.url, timeout=20) as one:
+            stopped = one.post(f"/conversations/{conversation_id}/stop", headers=ALICE).json()
+            assert stopped["runs"] == [{"run_id": str(run_id), "action": "cancel_requested"}]
+        finish(db, run_id, token, "cancelled")
+        with httpx.Client(base_url=third.url, timeout=20) as three:
+            tail = read_stream(three, run_id, {**ALICE, "Last-Event-ID": str(head.events[-1].id)})
+        seen = [(f.id, f.event, f.data) for f in head.events + tail.events]
+        assert seen == [(s, p["type"], p) for s, p in journal(db, run_id)]
+        assert seen[-1][2]["status"] == "cancelled"
+    finally:
+        for gen in others:
+            gen.close()
