@@ -15,8 +15,8 @@ import os
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing, asynccontextmanager
 
 import psycopg
 import pytest
@@ -255,3 +255,38 @@ async def test_rejoining_at_or_past_the_complete_ends_at_once(
     # One before the end still gets the complete itself.
     (end,) = await collect(tail(pool, hub, run_id, from_seq=last - 1, keepalive=30.0))  # type: ignore[arg-type]
     assert end.type == "complete"
+
+
+class AppendAfterRead:
+    """A pool whose connections, after the tail's first read returns, append one event: the
+    append commits (and notifies) between the tail's read and its wait, deterministically."""
+
+    def __init__(self, pool: AsyncConnectionPool, append_once: Callable[[], Awaitable[None]]) -> None:
+        self.pool = pool
+        self.append_once: Callable[[], Awaitable[None]] | None = append_once
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        async with self.pool.connection() as conn:
+            yield conn
+        hook, self.append_once = self.append_once, None
+        if hook is not None:
+            await hook()
+
+
+async def test_an_append_between_read_and_wait_is_not_missed(
+    pool: AsyncConnectionPool, hub: object, sync_conn: psycopg.Connection
+) -> None:
+    """Subscribed before reading, wakes drained before (not after) each read: the append that
+    lands right after the catch-up read wakes the tail at once, not after its 30 s timeout."""
+    run_id = enqueue(sync_conn)
+    token = claim(sync_conn, run_id)
+
+    async def append_late() -> None:
+        await asyncio.to_thread(append, sync_conn, run_id, token, [{"type": "text_delta", "text": "late"}])
+
+    racy = AppendAfterRead(pool, append_late)
+    async with aclosing(tail(racy, hub, run_id, keepalive=30.0, poll_interval=30.0)) as items:  # type: ignore[arg-type]
+        async with asyncio.timeout(5):
+            got = [await anext(items) for _ in range(4)]
+    assert [e.type for e in got] == ["user_message_created", "run_queued", "run_claimed", "text_delta"]  # type: ignore[union-attr]
