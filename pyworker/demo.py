@@ -92,6 +92,7 @@ class WorkerProcess:
         self.name = name
         self.log_path = workdir / f"{name}.log"
         self.killed = False
+        self.terminated = False
         cmd = [
             sys.executable, "-m", "pyworker", "worker",
             "--handler", "pyworker.agent:handle", "--tools", "pyworker.demo_tools",
@@ -125,7 +126,9 @@ class WorkerProcess:
         self.proc.wait(timeout=10)
 
     def terminate(self) -> None:
-        if self.proc.poll() is None:
+        # Once only: a second SIGTERM means "exit now" to a draining worker.
+        if not self.terminated and self.proc.poll() is None:
+            self.terminated = True
             self.proc.send_signal(signal.SIGTERM)  # drain: nothing in flight, so it exits at once
 
     def stop(self) -> str:
@@ -358,7 +361,7 @@ async def _react(
     holder.kill()
     live.killed = (holder.name, holder.pid, int(step))
     screen.line(
-        f"KILL: SIGKILL {holder.name} (pid {holder.pid}) right after step {step} was committed",
+        f"KILL: step {step} is committed: SIGKILL {holder.name} (pid {holder.pid}), which holds the run",
         "bold",
         "red",
     )
@@ -383,13 +386,16 @@ def _report(
     status = complete.get("status")
 
     screen.heading("Who ran it")
-    for attempt, worker in live.claims:
+    attempt_of, request_of = _step_origins(events)
+    for n, (attempt, worker) in enumerate(live.claims):
         w = workers.get(worker)
+        mine = sorted(seq for seq, a in attempt_of.items() if a == attempt)
         line = f"attempt {attempt}: {worker}" + (f" (pid {w.pid})" if w else "")
-        if live.killed and live.killed[0] == worker and attempt == live.claims[0][0]:
-            line += f": SIGKILLed after step {live.killed[2]}"
-        elif live.resumed_at is not None and attempt > 1:
-            line += f": resumed at step {live.resumed_at + 1}, finished the run ({status})"
+        line += f" committed steps {mine[0]}..{mine[-1]}" if mine else " committed no step"
+        if w is not None and w.killed and n < len(live.claims) - 1:
+            line += ", then was SIGKILLed"
+        elif n == len(live.claims) - 1:
+            line += f" and ended the run ({status})"
         screen.line(line, stamp=False)
     if opts.kill_after_step > 0 and live.killed is None:
         screen.line(
@@ -418,7 +424,6 @@ def _report(
     )
 
     screen.heading("Step log, read back with runrow.conversation_history")
-    attempt_of, request_of = _step_origins(events)
     step_rows = []
     for r in steps:
         step_rows.append((r.seq, r.kind, attempt_of.get(r.seq, "?"), request_of.get(r.seq) or "", _detail(r)))

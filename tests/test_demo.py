@@ -61,7 +61,7 @@ def test_demo_kills_the_worker_mid_run_the_other_resumes_and_the_email_goes_out_
     victim, victim_pid = first.group(1), int(first.group(2))
     survivor = "worker-b" if victim == "worker-a" else "worker-a"
     kill = re.search(
-        rf"KILL: SIGKILL {victim} \(pid {victim_pid}\) right after step (\d+) was committed", out
+        rf"KILL: step (\d+) is committed: SIGKILL {victim} \(pid {victim_pid}\), which holds the run", out
     )
     assert kill and int(kill.group(1)) == 3, out
     assert re.search(r"REQUEUED after attempt 1 of 3: lease expired", out), out
@@ -178,3 +178,16 @@ def test_with_an_api_key_the_workers_call_the_configured_messages_api_with_the_r
         assert r.body["model"] == "claude-sonnet-4-5"
         assert r.body["thinking"]["type"] == "enabled"
         assert [t["name"] for t in r.body["tools"]] == ["list_files", "read_file", "send_email", "write_file"]
+
+
+def test_the_demo_tools_are_the_tools_the_fake_demo_scenario_calls() -> None:
+    """The definitions pinned on the demo's run equal the fake scenario's DEMO_TOOLS. In a subprocess:
+    importing pyworker.demo_tools registers its tools in the default registry, which other tests fill
+    with examples.tools_demo's tools of the same names."""
+    check = (
+        "from pyworker import demo_tools, fake_scenarios; "
+        "assert demo_tools.definitions() == list(fake_scenarios.DEMO_TOOLS), demo_tools.definitions(); "
+        "assert demo_tools.effects()['send_email'] == 'non_idempotent'"
+    )
+    proc = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
