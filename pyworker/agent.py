@@ -21,7 +21,7 @@ How each stop_reason and failure ends (status / result / error):
 
 | what happened                                   | run ends as                                          |
 |-------------------------------------------------|------------------------------------------------------|
-| end_turn                                        | completed, result {text, stop_reason: end_turn}      |
+| end_turn, stop_sequence                         | completed, result {text, stop_reason}                |
 | tool_use                                        | tools run, loop continues                            |
 | pause_turn                                      | content sent back as is, loop continues              |
 | refusal                                         | completed, result {text, stop_reason: refusal, ...}  |
@@ -39,8 +39,8 @@ How each stop_reason and failure ends (status / result / error):
 | claim lost (reaped, superseded)                 | nothing more is written by this worker               |
 
 Every model turn is committed (append_step: the content array as the SDK produced it, thinking
-and signatures included, with the request id) before anything acts on it, including the ones
-that end the run, so the step log is the full record.
+and signatures included, with the request id, usage and stop_reason) before anything acts on
+it, including the turns that end the run, so the step log is the full record.
 """
 
 from __future__ import annotations
@@ -57,19 +57,17 @@ from pyworker.tools import ToolRegistry, load_module
 from pyworker.tools import registry as default_registry
 
 CONTINUE_REASONS = ("tool_use", "pause_turn")
-_loaded_modules: set[str] = set()
 
 
 def tool_registry(ctx: RunContext) -> ToolRegistry:
-    """The worker's tools: `config['registry']` if given (tests), else the default registry after
-    importing `config['tools_module']` (`runrow worker --tools package.module`) once."""
+    """The worker's tools: `config['registry']` if given (tests), else exactly the tools of
+    `config['tools_module']` (`runrow worker --tools package.module`), else the default registry."""
     registry = ctx.config.get("registry")
     if isinstance(registry, ToolRegistry):
         return registry
     module = ctx.config.get("tools_module")
-    if module and module not in _loaded_modules:
-        load_module(module)
-        _loaded_modules.add(module)
+    if module:
+        return load_module(module)  # imported once; later calls return its registry
     return default_registry
 
 
@@ -153,7 +151,14 @@ async def _commit_turn(ctx: RunContext, turn: ModelTurn) -> int | None:
         raise RunLost(str(run.run_id))
     async with ctx.pool.connection() as conn, conn.transaction():
         seq = await steps_api.append_step(
-            conn, run.run_id, run.claim_token, "model_turn", turn.content_text, turn.request_id
+            conn,
+            run.run_id,
+            run.claim_token,
+            "model_turn",
+            turn.content_text,
+            turn.request_id,
+            usage=turn.usage,
+            stop_reason=turn.stop_reason,
         )
         if seq is None:
             raise RunLost(str(run.run_id))

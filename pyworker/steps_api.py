@@ -63,12 +63,23 @@ async def append_step(
     kind: str,
     payload_text: str,
     request_id: str | None = None,
+    usage: dict[str, Any] | None = None,
+    stop_reason: str | None = None,
 ) -> int | None:
-    """The new step's seq; None when fenced out. `payload_text` is stored as is."""
+    """The new step's seq; None when fenced out. `payload_text` is stored as is; usage and
+    stop_reason only for a model_turn."""
     cur = await conn.execute(
         "SELECT runrow.append_step(run_id => %s, claim_token => %s, kind => %s, payload => %s::json, "
-        "request_id => %s)",
-        (run_id, claim_token, kind, payload_text, request_id),
+        "request_id => %s, usage => %s, stop_reason => %s)",
+        (
+            run_id,
+            claim_token,
+            kind,
+            payload_text,
+            request_id,
+            None if usage is None else Jsonb(usage),
+            stop_reason,
+        ),
     )
     row = await cur.fetchone()
     return None if row is None else row[0]

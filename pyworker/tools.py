@@ -28,9 +28,12 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+log = logging.getLogger("runrow.tools")
 
 Effect = Literal["pure", "idempotent", "non_idempotent", "irreversible"]
 EFFECTS: tuple[str, ...] = ("pure", "idempotent", "non_idempotent", "irreversible")
@@ -81,6 +84,10 @@ class ToolRegistry:
 
 
 registry = ToolRegistry()
+# The tools each module registered, by module name: a worker started with `--tools M` uses
+# exactly M's tools, whatever else the process imported (two modules may both define, say, a
+# `send_email`; the default registry keeps the first and warns).
+module_registries: dict[str, ToolRegistry] = {}
 
 
 def tool(
@@ -108,18 +115,36 @@ def tool(
             fn=fn,
             wants_key="idempotency_key" in params,
         )
-        (into or registry).register(t)
+        if into is not None:
+            into.register(t)
+            return fn
+        module_registries.setdefault(fn.__module__, ToolRegistry()).register(t)
+        existing = registry.get(t.name)
+        if existing is not None and existing.fn.__module__ != fn.__module__:
+            log.info(
+                "tool %r of %s is not in the default registry: %s registered that name first",
+                t.name,
+                fn.__module__,
+                existing.fn.__module__,
+            )
+        else:
+            registry.register(t)
         return fn
 
     return decorate
 
 
-def load_module(path: str) -> None:
-    """Import a user's tool module (`package.module`); its decorators register its tools."""
+def load_module(path: str) -> ToolRegistry:
+    """Import a user's tool module (`package.module`); its decorators register its tools.
+    Returns the registry of exactly the tools that module defines."""
     try:
-        importlib.import_module(path)
+        module = importlib.import_module(path)
     except ModuleNotFoundError as exc:
         raise ValueError(
             f"cannot import tools module {path!r}: {exc}. Give a dotted module path importable "
             "from the worker's working directory or PYTHONPATH, for example myapp.tools."
         ) from exc
+    found = module_registries.get(module.__name__)
+    if found is None:
+        raise ValueError(f"tools module {path!r} defines no tools: decorate functions with @tool(...)")
+    return found
