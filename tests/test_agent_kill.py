@@ -195,12 +195,12 @@ def test_twenty_random_kill_points(db: psycopg.Connection, worker_db: str, tmp_p
     points = [choose_point(rng) for _ in range(20)]
     started = time.monotonic()
     ws = tmp_path / "ws"
-    with FakeModel("demo", delta_delay=0.01) as fake:
+    with FakeModel("demo", delta_delay=0.005) as fake:
         env = {
             "ANTHROPIC_BASE_URL": fake.base_url,
             "ANTHROPIC_API_KEY": "test-key",
             "RUNROW_DEMO_WORKSPACE": str(ws),
-            "RUNROW_DEMO_TOOL_DELAY": "0.1",
+            "RUNROW_DEMO_TOOL_DELAY": "0.05",
         }
         options = {
             "lease_seconds": 1,
@@ -222,6 +222,7 @@ def test_twenty_random_kill_points(db: psycopg.Connection, worker_db: str, tmp_p
             landed: list[tuple[tuple[str, int], dict[str, Any]]] = []
             for i, point in enumerate(points):
                 reset_workspace(ws)
+                t0 = time.monotonic()
                 run = enqueue_agent(db, max_attempts=10)
                 wait_until(
                     lambda run=run, point=point: (
@@ -233,6 +234,7 @@ def test_twenty_random_kill_points(db: psycopg.Connection, worker_db: str, tmp_p
                 )
                 holder = run_row(db, run)["worker_id"]
                 assert run_row(db, run)["status"] == "running", f"round {i}: the run ended before {point}"
+                t1 = time.monotonic()
                 workers.pop(holder).kill()
                 state = describe(db, run)
                 landed.append((point, state))
@@ -241,6 +243,7 @@ def test_twenty_random_kill_points(db: psycopg.Connection, worker_db: str, tmp_p
                 status = wait_status(db, run, {"completed", "failed", "dead"}, 60)
                 assert status == "completed", f"round {i} {point}: {run_row(db, run)}"
                 assert run_row(db, run)["attempt"] >= 2
+                print(f"round {i}: to kill {t1 - t0:.2f}s, kill to completed {time.monotonic() - t1:.2f}s")
                 assert transcript(db, run) == reference, f"round {i} {point}"
                 counts = downstream(ws, db, run)
                 assert effects_of(counts) == DEMO_TOOL_CALLS, f"round {i} {point}: {counts}"
