@@ -151,6 +151,7 @@ def delete_file(path: str, idempotency_key: str) -> str:
         raise ToolError(f"no such file: {path}")
     target.unlink()
     _record("delete_file", idempotency_key, {"path": path}, True)
+    _latency()
     return f"deleted {path}"
 
 

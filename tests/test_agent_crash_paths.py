@@ -1,0 +1,176 @@
+"""The two crash paths that are not a clean SIGKILL-and-resume:
+
+- A zombie: a worker frozen (SIGSTOP) in the middle of a non-idempotent tool loses its lease;
+  another worker resumes the run, re-runs the tool with the same idempotency key (the downstream
+  service dedups it) and finishes. Thawed, the zombie writes nothing: no step, no event, no result.
+- An uncertain intent: an approved irreversible tool is killed mid-execution. The resumed attempt
+  does not run it again: the run parks as waiting with reason `uncertain`, `runrow approvals` lists
+  it, and a person's "no, it happened" reaches the model as a rejected call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from agent_support import ForkedWorker, enqueue_agent, journal, run_row, steps, wait_status
+from worker_support import db, wait_until, worker_db
+
+from pyworker.cli import main as cli
+from pyworker.fake_model import FakeModel
+from pyworker.fake_scenarios import DEMO_TOOLS, ModelRequest, Text, ToolCall, Turn, script, turn
+
+__all__ = ["db", "worker_db"]
+
+TERMINAL = {"completed", "failed", "dead", "cancelled"}
+OPTIONS = {
+    "lease_seconds": 1,
+    "grace_seconds": 0,
+    "reap_interval": 0.2,
+    "poll_seconds": 0.3,
+    "concurrency": 1,
+}
+DELETE = {
+    "name": "delete_file",
+    "description": "Delete a file of the workspace. Irreversible: a person approves it first.",
+    "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+}
+
+
+def _count(workspace: Path, sql: str, tool: str) -> int:
+    """From the tools' downstream record (examples/tools_demo.py); 0 before the first call."""
+    db_file = sqlite3.connect(workspace / "effects.sqlite", timeout=30)
+    try:
+        return int(db_file.execute(sql, (tool,)).fetchone()[0])
+    except sqlite3.OperationalError:  # no table yet: no tool has run
+        return 0
+    finally:
+        db_file.close()
+
+
+def executions(workspace: Path, tool: str) -> int:
+    return _count(workspace, "SELECT coalesce(sum(executions), 0) FROM effects WHERE tool = ?", tool)
+
+
+def effect_rows(workspace: Path, tool: str) -> int:
+    return _count(workspace, "SELECT count(*) FROM effects WHERE tool = ?", tool)
+
+
+def snapshot(conn: psycopg.Connection, run: uuid.UUID) -> tuple[Any, ...]:
+    effects = conn.execute(
+        "SELECT idempotency_key, state, result::text, started_attempt FROM runrow.tool_effect "
+        "WHERE run_id = %s ORDER BY idempotency_key",
+        (run,),
+    ).fetchall()
+    return steps(conn, run), journal(conn, run), effects, run_row(conn, run)
+
+
+def test_a_thawed_zombie_writes_nothing_after_another_worker_finished_its_run(
+    db, worker_db, tmp_path
+) -> None:
+    with FakeModel("demo") as fake:
+        env = {
+            "ANTHROPIC_BASE_URL": fake.base_url,
+            "ANTHROPIC_API_KEY": "test-key",
+            "RUNROW_DEMO_WORKSPACE": str(tmp_path),
+            "RUNROW_DEMO_TOOL_DELAY": "1.0",
+        }
+        zombie = ForkedWorker(worker_db, "zombie", env, **OPTIONS)
+        rescuer: ForkedWorker | None = None
+        try:
+            run = enqueue_agent(db, max_attempts=3)
+            wait_until(lambda: executions(tmp_path, "send_email") == 1, 30, "the email to be sent")
+            os.kill(zombie.pid, signal.SIGSTOP)  # frozen inside send_email, before its result
+            assert len(steps(db, run)) == 6
+            rescuer = ForkedWorker(worker_db, "rescuer", {**env, "RUNROW_DEMO_TOOL_DELAY": "0"}, **OPTIONS)
+            assert wait_status(db, run, TERMINAL, 30) == "completed"
+            before = snapshot(db, run)
+            os.kill(zombie.pid, signal.SIGCONT)
+            os.kill(zombie.pid, signal.SIGTERM)  # once it has exited, nothing more can come from it
+            zombie.proc.join(30)
+            assert zombie.proc.exitcode == 0
+            assert snapshot(db, run) == before
+        finally:
+            zombie.kill()
+            if rescuer is not None:
+                rescuer.kill()
+    row = run_row(db, run)
+    assert (row["attempt"], row["worker_id"]) == (2, "rescuer")
+    assert effect_rows(tmp_path, "send_email") == 1  # one email downstream
+    assert executions(tmp_path, "send_email") == 2  # the rescuer re-sent it with the same key
+    [email_result] = [
+        json.loads(p) for _, kind, p in steps(db, run) if kind == "tool_result" and "message_id" in p
+    ]
+    assert email_result["is_error"] is False
+
+
+def delete_scenario() -> Any:
+    def summary(request: ModelRequest) -> Turn:
+        [result] = request.tool_results
+        return turn(Text(f"The delete came back: is_error={result.get('is_error')}: {result.get('content')}"))
+
+    return script(
+        turn(Text("Deleting the todo list."), ToolCall("delete_file", {"path": "notes/todo.txt"})), summary
+    )
+
+
+def test_an_approved_irreversible_call_cut_by_a_crash_waits_for_a_person(
+    db, worker_db, tmp_path, capsys
+) -> None:
+    with FakeModel(delete_scenario()) as fake:
+        env = {
+            "ANTHROPIC_BASE_URL": fake.base_url,
+            "ANTHROPIC_API_KEY": "test-key",
+            "RUNROW_DEMO_WORKSPACE": str(tmp_path),
+            "RUNROW_DEMO_TOOL_DELAY": "1.0",
+        }
+        first = ForkedWorker(worker_db, "first", env, **OPTIONS)
+        second: ForkedWorker | None = None
+        try:
+            run = enqueue_agent(db, "Clean up.", tools=[*DEMO_TOOLS, DELETE], metadata={}, max_attempts=3)
+            wait_status(db, run, "waiting", 30)
+            [(key, reason)] = db.execute(
+                "SELECT idempotency_key, reason FROM runrow.pending_approvals WHERE run_id = %s", (run,)
+            ).fetchall()
+            assert reason == "needs_approval" and executions(tmp_path, "delete_file") == 0
+            assert cli(["--database-url", worker_db, "approve", key, "--by", "alice"]) == 0
+            wait_until(lambda: executions(tmp_path, "delete_file") == 1, 30, "the delete to happen")
+            first.kill()  # mid-effect: the file is gone, the result is not recorded
+            assert not (tmp_path / "notes" / "todo.txt").exists()
+
+            second = ForkedWorker(worker_db, "second", env, **OPTIONS)
+            wait_status(db, run, "waiting", 30)
+            [(again, reason, approved_before)] = db.execute(
+                "SELECT idempotency_key, reason, previously_approved FROM runrow.pending_approvals "
+                "WHERE run_id = %s",
+                (run,),
+            ).fetchall()
+            assert (again, reason, approved_before) == (key, "uncertain", True)
+            assert executions(tmp_path, "delete_file") == 1  # not run again without a person
+            capsys.readouterr()
+            assert cli(["--database-url", worker_db, "approvals"]) == 0
+            listing = capsys.readouterr().out
+            assert key in listing and "uncertain" in listing and "may have happened" in listing
+            note = "It did happen: the file is gone."
+            assert cli(["--database-url", worker_db, "reject", key, "--by", "bob", "--note", note]) == 0
+            assert wait_status(db, run, TERMINAL, 30) == "completed"
+        finally:
+            first.kill()
+            if second is not None:
+                second.kill()
+    assert executions(tmp_path, "delete_file") == 1
+    [result] = [json.loads(p) for _, kind, p in steps(db, run) if kind == "tool_result"]
+    assert result["is_error"] is True and note in result["content"] and "bob" in result["content"]
+    assert note in run_row(db, run)["result"]["text"]  # the model was told
+    decisions = [e for e in journal(db, run) if e["type"] == "approval_resolved"]
+    assert [(d["decided_by"], d["approved"], d["reason"]) for d in decisions] == [
+        ("alice", True, "needs_approval"),
+        ("bob", False, "uncertain"),
+    ]
+    assert len(fake.requests) == 2
