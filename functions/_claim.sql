@@ -20,6 +20,9 @@ SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     who text := coalesce(_claim.worker_id, 'anonymous-' || pg_backend_pid());
+    cand record;
+    after_seq bigint := 0;
+    locked uuid[] := '{}';
 BEGIN
     IF _claim.worker_id = '' OR length(_claim.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or 1 to 200 characters'
@@ -29,34 +32,62 @@ BEGIN
     PERFORM runrow._require_range(_claim.lease_seconds, 'lease_seconds', 1, 3600);
 
     BEGIN
-        RETURN QUERY
-        WITH candidate AS MATERIALIZED (
-            -- The fence against over-locking: LIMIT and SKIP LOCKED apply here, inside a
-            -- materialized CTE the planner cannot flatten into the UPDATE. Served by
-            -- agent_run_claimable (status = 'queued' ORDER BY enqueue_seq).
-            SELECT q.id
+        -- Walk the queue one run at a time instead of one statement with the checks as
+        -- filters: a filtered "ORDER BY ... LIMIT n" is planned from the estimated share of
+        -- rows that pass the filters, so fresh statistics of a long queue made the planner
+        -- sort the whole queue (and run both checks on every row), and stale ones of an empty
+        -- queue turned the checks into anti joins over whole indexes. Each statement below
+        -- has one sensible plan whatever the statistics: an ordered LIMIT 1 step, two probes
+        -- by conversation, a point lock. Every statement takes a fresh snapshot, which only
+        -- makes the checks see more recent commits; the unique index and the turn-order
+        -- trigger stay the guarantee.
+        WHILE cardinality(locked) < _claim.max_runs LOOP
+            -- The next queued run in claim order: agent_run_claimable (status = 'queued',
+            -- enqueue_seq). No filter, so LIMIT 1 is one index step, never a sort.
+            SELECT q.id, q.conversation_id, q.enqueue_seq INTO cand
             FROM runrow.agent_run AS q
-            WHERE q.status = 'queued'
-              -- Invariant 1 pre-filter (the unique index is the guarantee).
-              AND NOT EXISTS (
-                  SELECT 1 FROM runrow.agent_run AS a
-                  WHERE a.conversation_id = q.conversation_id
-                    AND a.status IN ('running', 'waiting')
-              )
-              -- Turn order: only the oldest queued turn of a conversation. A turn locked
-              -- by another claimer is still queued in this snapshot, so its successor is
-              -- never taken instead of it.
-              AND NOT EXISTS (
-                  SELECT 1 FROM runrow.agent_run AS e
-                  WHERE e.conversation_id = q.conversation_id
-                    AND e.status = 'queued'
-                    AND e.enqueue_seq < q.enqueue_seq
-              )
+            WHERE q.status = 'queued' AND q.enqueue_seq > after_seq
             ORDER BY q.enqueue_seq
-            LIMIT _claim.max_runs
-            FOR UPDATE SKIP LOCKED
-        ),
-        claimed AS (
+            LIMIT 1;
+            EXIT WHEN NOT FOUND;
+            after_seq := cand.enqueue_seq;
+
+            -- Invariant 1 pre-filter (the unique index is the guarantee): served by that
+            -- unique index, agent_run_one_active_per_conversation.
+            CONTINUE WHEN EXISTS (
+                SELECT 1 FROM runrow.agent_run AS a
+                WHERE a.conversation_id = cand.conversation_id
+                  AND a.status IN ('running', 'waiting')
+            );
+            -- Turn order: only the oldest open turn of a conversation (with the check above,
+            -- the oldest queued one). A turn locked by another claimer is still queued until
+            -- that claim commits, so its successor is never taken instead of it; one we
+            -- locked ourselves is still queued too, so one call takes one turn per
+            -- conversation. status IN (...) matches agent_run_open_by_conversation alone, not
+            -- agent_run_claimable, so the probe never walks the queue.
+            CONTINUE WHEN EXISTS (
+                SELECT 1 FROM runrow.agent_run AS o
+                WHERE o.conversation_id = cand.conversation_id
+                  AND o.status IN ('queued', 'running', 'waiting')
+                  AND o.enqueue_seq < cand.enqueue_seq
+            );
+            -- The lock: one row, found by its key in the queue's index, skipped if another
+            -- claimer holds it, re-checked (still queued) once locked. Only rows that passed
+            -- the checks are ever locked, so the call never locks more than it claims.
+            SELECT q.id INTO cand
+            FROM runrow.agent_run AS q
+            WHERE q.enqueue_seq = cand.enqueue_seq AND q.status = 'queued'
+            FOR UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                locked := locked || cand.id;
+            END IF;
+        END LOOP;
+
+        RETURN QUERY
+        WITH claimed AS (
+            -- By primary key alone: every row is locked by us and was re-checked queued
+            -- when locked, so nobody changed it since. A status filter here would let the
+            -- planner reach the rows through a partial index scan instead of the key.
             UPDATE runrow.agent_run AS r
             SET status = 'running',
                 claim_token = gen_random_uuid(),
@@ -65,8 +96,7 @@ BEGIN
                 worker_id = who,
                 attempt = r.attempt + 1,
                 started_at = coalesce(r.started_at, now())
-            FROM candidate AS c
-            WHERE r.id = c.id AND r.status = 'queued'
+            WHERE r.id = ANY (locked)
             RETURNING r.*
         ),
         journaled AS (
@@ -85,7 +115,8 @@ BEGIN
         ORDER BY cl.enqueue_seq;
     EXCEPTION WHEN unique_violation OR serialization_failure THEN
         -- A collision with invariant 1 (or the turn-order guard) claims nothing this
-        -- round; the turn stays queued for the next pass. No error reaches the caller.
+        -- round (the subtransaction's row locks go with it); the turns stay queued for the
+        -- next pass. No error reaches the caller.
         RETURN;
     END;
 END

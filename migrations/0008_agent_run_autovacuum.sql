@@ -1,0 +1,16 @@
+-- agent_run is a queue table with a long history: a small hot set (queued and running runs)
+-- churns on top of a large cold one. The default triggers (vacuum after 20% of the table is
+-- dead, analyze after 10% changed) fire rarer and rarer as history grows: with 1 M finished
+-- runs a vacuum waits for 200 k dead row versions. Until it runs, every claimed or finished
+-- run leaves a dead entry in the queue's partial indexes, which the claim's walk of
+-- agent_run_claimable reads past. Fixed thresholds make the bloat bounded by traffic, not by
+-- history. The claim does not depend on these settings for its plan (see functions/_claim.sql);
+-- they keep the dead entries it reads past to a bounded number.
+-- depends: 0007_step_usage
+
+ALTER TABLE runrow.agent_run SET (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 2000,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 2000
+);
