@@ -83,11 +83,18 @@ async def handle(ctx: RunContext) -> Outcome:
             history = await load_history(conn, run.conversation_id, run.run_id)
         if history.pending_tool_uses:
             assert history.last_model_turn is not None
+            turn_seq = history.last_model_turn.seq
+            if turn_seq not in known_stops:  # resumed: how did that turn end?
+                async with ctx.pool.connection() as conn:
+                    known_stops[turn_seq] = await journaled_stop_reason(conn, run.run_id, turn_seq)
+            if known_stops[turn_seq] not in ("tool_use", None):
+                # e.g. max_tokens cut a tool_use short: its input may be incomplete; never run it.
+                return _ending(known_stops[turn_seq], history.final_text(), None)
             try:
                 finished = await run_tool_calls(
                     ctx,
                     registry,
-                    history.last_model_turn.seq,
+                    turn_seq,
                     history.pending_tool_uses,
                     ctx.cancel.is_set,
                     ctx.journal.flush,

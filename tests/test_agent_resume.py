@@ -12,6 +12,7 @@ verified against the exact history before it, like the real API).
 from __future__ import annotations
 
 import json
+import sqlite3
 import uuid
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from agent_support import ForkedWorker, enqueue_agent, run_row, steps, wait_stat
 from worker_support import db, wait_until, worker_db
 
 from pyworker.fake_model import FakeModel
+from pyworker.keys import tool_call_key
 
 __all__ = ["db", "worker_db"]
 
@@ -151,3 +153,84 @@ def test_the_next_turn_sends_the_earlier_turn_back_as_stored(db, worker_db, fake
     assert history[n] == {"role": "assistant", "content": first_last.response["content"]}
     assert history[n + 1] == {"role": "user", "content": "Again, please."}
     assert all(r.status == 200 for r in fake.requests)
+
+
+def hand_back_after_a_model_turn(
+    db: psycopg.Connection, run: uuid.UUID, content: list[dict], stop_reason: str, answer: int = 0
+) -> None:
+    """Play an earlier attempt through the SQL API: claim, commit a model turn (and its
+    model_turn event, as the agent does, in one transaction), answer the first `answer` tool
+    calls through begin/complete_tool_call, then hand the run back (requeued)."""
+    run_id, token = db.execute(
+        "SELECT run_id, claim_token FROM runrow.claim_run("
+        "worker_id => 'earlier-attempt', lease_seconds => 30)"
+    ).fetchone()
+    assert run_id == run
+    with db.transaction():
+        (seq,) = db.execute(
+            "SELECT runrow.append_step(run_id => %s, claim_token => %s, kind => 'model_turn', "
+            "payload => %s::json, request_id => 'req_earlier', stop_reason => %s)",
+            (run, token, json.dumps(content), stop_reason),
+        ).fetchone()
+        event = {"type": "model_turn", "step_seq": seq, "stop_reason": stop_reason}
+        db.execute(
+            "SELECT runrow.append_events(run_id => %s, claim_token => %s, events => %s::jsonb)",
+            (run, token, json.dumps([event])),
+        )
+    for block in [b for b in content if b["type"] == "tool_use"][:answer]:
+        key = tool_call_key(run, seq, block["id"], block["name"], block["input"])
+        (state,) = db.execute(
+            "SELECT state FROM runrow.begin_tool_call(run_id => %s, claim_token => %s, "
+            "idempotency_key => %s, tool => %s, args => %s::jsonb, effect => 'pure')",
+            (run, token, key, block["name"], json.dumps(block["input"])),
+        ).fetchone()
+        assert state == "execute"
+        db.execute(
+            "SELECT runrow.complete_tool_call(run_id => %s, claim_token => %s, idempotency_key => %s, "
+            "result => %s::jsonb)",
+            (run, token, key, json.dumps("answered by the earlier attempt")),
+        )
+    (outcome,) = db.execute(
+        "SELECT runrow.release_run(run_id => %s, claim_token => %s, error => 'handed back by the test')",
+        (run, token),
+    ).fetchone()
+    assert outcome == "requeued"
+
+
+EARLIER_TURN = [
+    {"type": "text", "text": "Looking around."},
+    {"type": "tool_use", "id": "toolu_earlier_1", "name": "list_files", "input": {"path": "."}},
+    {"type": "tool_use", "id": "toolu_earlier_2", "name": "read_file", "input": {"path": "notes/todo.txt"}},
+]
+
+
+def test_resume_runs_only_the_tool_calls_still_missing_a_result(db, worker_db, fake, tmp_path) -> None:
+    run = enqueue_agent(db, metadata={}, max_attempts=3)
+    hand_back_after_a_model_turn(db, run, EARLIER_TURN, "tool_use", answer=1)
+    w = ForkedWorker(worker_db, "resumer", worker_env(fake, tmp_path, delay="0"), **OPTIONS)
+    try:
+        assert wait_status(db, run, TERMINAL, 30) == "completed"
+    finally:
+        w.kill()
+    ran = sqlite3.connect(tmp_path / "effects.sqlite").execute("SELECT tool, args FROM effects").fetchall()
+    assert ("list_files", json.dumps({"path": "."})) not in ran  # answered before: not run again
+    assert ("read_file", json.dumps({"path": "notes/todo.txt"})) in ran
+    first = fake.requests[0].body["messages"]
+    assert first[1] == {"role": "assistant", "content": EARLIER_TURN}  # sent back as stored
+    assert [b["tool_use_id"] for b in first[2]["content"]] == ["toolu_earlier_1", "toolu_earlier_2"]
+    assert first[2]["content"][0]["content"] == "answered by the earlier attempt"
+    assert run_row(db, run)["attempt"] == 2
+
+
+def test_a_resumed_turn_cut_by_max_tokens_never_runs_its_tool_calls(db, worker_db, fake, tmp_path) -> None:
+    run = enqueue_agent(db, metadata={}, max_attempts=3)
+    hand_back_after_a_model_turn(db, run, EARLIER_TURN, "max_tokens")
+    w = ForkedWorker(worker_db, "resumer", worker_env(fake, tmp_path, delay="0"), **OPTIONS)
+    try:
+        assert wait_status(db, run, TERMINAL, 30) == "failed"
+    finally:
+        w.kill()
+    row = run_row(db, run)
+    assert row["error"].startswith("max_tokens") and row["result"]["text"] == "Looking around."
+    assert not (tmp_path / "effects.sqlite").exists()  # no tool ran
+    assert fake.requests == []  # and the model was not asked again
