@@ -382,8 +382,12 @@ def test_resumed_streams_deliver_every_event_exactly_once_in_order(
                 params["from"] = rng.randint(0, cursor)
         stream = read_stream(client, run_id, headers, params=params, max_events=rng.randint(1, 12))
         assert stream.status == 200, stream.status
+        assert stream.events and stream.events[0].id == cursor + 1, (
+            f"resumed after {cursor}: {stream.events[:1]}"
+        )
         seen += [(f.id, f.event, f.data) for f in stream.events]
         reconnects += 1
+        assert reconnects < 1000
     writer.join(30)
     assert writer.error is None, writer.error
     expected = [(s, p["type"], p) for s, p in journal(db, run_id)]
@@ -508,6 +512,8 @@ def test_a_worker_driven_run_streams_through_random_reconnects(live: tuple[Serve
                 params={"from": cursor} if how == "from" else None,
                 max_events=rng.randint(1, 5),
             )
+            assert stream.events and stream.events[0].id == cursor + 1, f"resumed after {cursor}"
+            assert len(seen) < 10_000
             seen += [(f.id, f.event, f.data) for f in stream.events]
         state = client.get(f"/runs/{run_id}", headers=ALICE).json()
     with psycopg.connect(url, autocommit=True) as db:
