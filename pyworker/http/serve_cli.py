@@ -99,6 +99,9 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
     if args.tools_module:
         from pyworker import tools as tool_registry
 
+        # As with `python -m`, a module in the directory serve was started from is importable.
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
         tool_registry.load_module(args.tools_module)
         tools = tool_registry.registry.definitions()
     system = args.system_file.read_text() if args.system_file is not None else None
