@@ -21,6 +21,7 @@ AS $fn$
 DECLARE
     who text := coalesce(_claim.worker_id, 'anonymous-' || pg_backend_pid());
     cand record;
+    got uuid;
     after_seq bigint := 0;
     locked uuid[] := '{}';
 BEGIN
@@ -74,12 +75,12 @@ BEGIN
             -- The lock: one row, found by its key in the queue's index, skipped if another
             -- claimer holds it, re-checked (still queued) once locked. Only rows that passed
             -- the checks are ever locked, so the call never locks more than it claims.
-            SELECT q.id INTO cand
+            SELECT q.id INTO got
             FROM runrow.agent_run AS q
             WHERE q.enqueue_seq = cand.enqueue_seq AND q.status = 'queued'
             FOR UPDATE SKIP LOCKED;
             IF FOUND THEN
-                locked := locked || cand.id;
+                locked := locked || got;
             END IF;
         END LOOP;
 
