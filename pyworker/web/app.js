@@ -117,7 +117,16 @@ async function send() {
   const text = $("message").value.trim();
   if (!text || isActive(lastTurn())) return;
   // The key makes the POST safe to repeat: a reload before the answer re-sends it and gets the same run.
-  const turn = { user: text, key: newId(), runId: null, text: "", lastSeq: 0, status: "sending", error: null };
+  const turn = {
+    user: text,
+    key: newId(),
+    runId: null,
+    segments: [""], // the answer's text, one segment per model step
+    tools: [], // tool calls, shown beside the text
+    lastSeq: 0,
+    status: "sending",
+    error: null,
+  };
   chat.turns.push(turn);
   saveChat();
   $("message").value = "";
@@ -150,8 +159,19 @@ function apply(turn, frame) {
   const ev = frame.data;
   switch (frame.event) {
     case "text_delta":
-      turn.text += ev.text || "";
+      turn.segments[turn.segments.length - 1] += ev.text || "";
       break;
+    case "model_request":
+      if (turn.segments[turn.segments.length - 1]) turn.segments.push("");
+      break;
+    case "tool_call":
+      turn.tools.push({ id: ev.tool_use_id, name: ev.tool, done: false, error: false });
+      break;
+    case "tool_result": {
+      const call = turn.tools.find((t) => t.id === ev.tool_use_id);
+      if (call) Object.assign(call, { done: true, error: !!ev.is_error });
+      break;
+    }
     case "run_claimed":
       turn.status = "running";
       break;
@@ -322,9 +342,11 @@ function turnNode(turn) {
   assistant.className = "assistant";
   const ab = document.createElement("div");
   ab.className = "bubble";
+  const tools = document.createElement("div");
+  tools.className = "tools";
   const meta = document.createElement("div");
   meta.className = "meta";
-  assistant.append(ab, meta);
+  assistant.append(ab, tools, meta);
   node.append(user, assistant);
   nodes.set(turn, node);
   return node;
@@ -337,7 +359,21 @@ function renderTurn(turn) {
   assistant.className = `assistant ${turn.status}${isActive(turn) ? " streaming" : ""}`;
   assistant.dataset.runId = turn.runId || "";
   assistant.dataset.seq = String(turn.lastSeq);
-  assistant.querySelector(".bubble").textContent = turn.text;
+  // One block per model step; the bubble's textContent stays exactly the journal's text.
+  const bubble = assistant.querySelector(".bubble");
+  while (bubble.children.length < turn.segments.length) bubble.append(document.createElement("div"));
+  turn.segments.forEach((text, i) => {
+    if (bubble.children[i].textContent !== text) bubble.children[i].textContent = text;
+  });
+  const tools = assistant.querySelector(".tools");
+  tools.replaceChildren(
+    ...turn.tools.map((t) => {
+      const chip = document.createElement("span");
+      chip.className = `tool${t.error ? " error" : ""}${t.done ? " done" : ""}`;
+      chip.textContent = `${t.name} ${t.error ? "✗" : t.done ? "✓" : "…"}`;
+      return chip;
+    }),
+  );
   assistant.querySelector(".meta").textContent = describe(turn);
   const main = document.querySelector("main");
   main.scrollTop = main.scrollHeight;
