@@ -8,9 +8,11 @@ The RNG seed is printed; replay a failure with RUNROW_HTTP_SEED.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -330,6 +332,7 @@ def test_disconnect_ends_the_tail_and_nothing_else(
     stream = read_stream(client, run_id, ALICE, max_events=3)  # reads 3 events, then hangs up
     assert [f.event for f in stream.events] == ["user_message_created", "run_queued", "run_claimed"]
     wait_until(lambda: server.services.streams.open == 0, 10, "the server to end the dropped stream")
+    assert not server.services.hub._subscribers, "the tail's subscription is released"
     state = client.get(f"/runs/{run_id}", headers=ALICE).json()
     assert (state["status"], state["cancel_requested"]) == ("running", False), "disconnect is not stop"
     append(db, run_id, token, [{"type": "text_delta", "text": " and more"}])
@@ -599,8 +602,25 @@ def test_serve_command_in_insecure_dev_mode(live_db: str) -> None:
         run_id = carol.json()["run_id"]
         assert httpx.get(f"{base}/runs/{run_id}", headers={"X-Runrow-User": "carol"}).status_code == 200
         assert httpx.get(f"{base}/runs/{run_id}").status_code == 404, "user dev is not carol"
+        # A stream that never ends (a run nobody answers) does not hold up SIGTERM past the grace.
+        quiet = httpx.post(
+            f"{base}/conversations/{uuid.uuid4()}/runs",
+            json={"content": "hi", "model": "nobody-claims-this"},
+            headers={"X-Runrow-User": "carol"},
+        ).json()["run_id"]
+        with httpx.stream("GET", f"{base}/runs/{quiet}/events", headers={"X-Runrow-User": "carol"}) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("retry:")
+            started = time.monotonic()
+            proc.terminate()
+            with contextlib.suppress(httpx.HTTPError):
+                for _ in lines:
+                    pass
+        # uvicorn shuts down gracefully, then re-raises the signal it caught: "terminated by SIGTERM".
+        assert proc.wait(15) == -signal.SIGTERM
+        assert time.monotonic() - started < 1 + 5, "exits within --shutdown-grace 1 (and some slack)"
     finally:
-        proc.terminate()
+        proc.kill()
         proc.wait(15)
 
 

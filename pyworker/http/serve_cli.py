@@ -68,6 +68,13 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--keepalive", type=float, default=15.0, help="seconds between SSE keepalive comments")
     p.add_argument("--max-body", type=int, default=MAX_BODY_BYTES, help="request body limit in bytes")
     p.add_argument("--pool-size", type=int, default=10, help="database connections at most")
+    p.add_argument(
+        "--shutdown-grace",
+        type=int,
+        default=5,
+        help="seconds SIGTERM waits for open requests before ending them; event streams never end on "
+        "their own, and their clients resume on another instance with Last-Event-ID (default %(default)s)",
+    )
     p.set_defaults(func=cmd_serve)
 
 
@@ -81,7 +88,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (TokenConfigError, ValueError, OSError) as exc:
         print(f"runrow serve: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(), proxy_headers=False)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level.lower(),
+        proxy_headers=False,
+        timeout_graceful_shutdown=args.shutdown_grace,
+    )
     return 0
 
 
