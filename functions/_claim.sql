@@ -72,12 +72,16 @@ BEGIN
                   AND o.status IN ('queued', 'running', 'waiting')
                   AND o.enqueue_seq < cand.enqueue_seq
             );
-            -- The lock: one row, found by its key in the queue's index, skipped if another
-            -- claimer holds it, re-checked (still queued) once locked. Only rows that passed
-            -- the checks are ever locked, so the call never locks more than it claims.
+            -- The lock: one row, skipped if another claimer holds it, re-checked (still
+            -- queued) once locked. Only rows that passed the checks are ever locked, so the
+            -- call never locks more than it claims. Every index whose predicate this WHERE
+            -- implies has a column of it as key (not so for id: agent_run_claimable would
+            -- qualify with no key to descend), so any plan is a point lookup.
             SELECT q.id INTO got
             FROM runrow.agent_run AS q
-            WHERE q.enqueue_seq = cand.enqueue_seq AND q.status = 'queued'
+            WHERE q.conversation_id = cand.conversation_id
+              AND q.enqueue_seq = cand.enqueue_seq
+              AND q.status = 'queued'
             FOR UPDATE SKIP LOCKED;
             IF FOUND THEN
                 locked := locked || got;
