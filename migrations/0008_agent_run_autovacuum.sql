@@ -3,8 +3,8 @@
 -- dead, analyze after 10% changed) fire rarer and rarer as history grows: with 1 M finished
 -- runs a vacuum waits for 200 k dead row versions. Until it runs, every claimed or finished
 -- run leaves dead entries in the partial indexes of live runs, and the claim's walk of
--- agent_run_claimable reads past those at the head of the queue (measured: 19 buffers more
--- per claim with 5 000 runs finished since the last vacuum, 100 more with 20 000). Fixed
+-- agent_run_claimable reads past those at the head of the queue (measured: about 3 buffers
+-- per claim for each 1 000 runs finished since the last vacuum, 60 with 20 000). Fixed
 -- thresholds bound that by traffic, not by history. The claim's plan does not depend on
 -- these settings or on fresh statistics (see functions/_claim.sql); they only keep the
 -- dead entries it reads past few.
