@@ -382,6 +382,749 @@ INSERT INTO runrow._yoyo_migration VALUES ('fbc81279f6519ce332c3226783935c1e1f02
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'fbc81279f6519ce332c3226783935c1e1f02694ffc642a63b3dd8d0a63a243f5', '0001_core', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0002_steps_and_tools
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '327bba239f8a1272fcf2d4e26652ed1d775e0f79e7ecb196fe6dac335d0ac54c') AS apply_327bba239f8a \gset
+\if :apply_327bba239f8a
+-- runrow durable steps and tools: the step log (agent_step), tool effects with their
+-- idempotency keys, intents and approvals (tool_effect), and the view of what waits on
+-- a person (pending_approvals). Invariants live here; functions/ adds the API.
+-- depends: 0001_core
+
+-- The durable step log: the conversation as the model and the tools produced it.
+-- payload is `json`, not `jsonb`: json keeps the input text as is (key order,
+-- whitespace, escapes, duplicate keys), so the bytes the SDK produced are the bytes
+-- read back, which signed thinking blocks require.
+CREATE TABLE runrow.agent_step (
+    run_id uuid NOT NULL REFERENCES runrow.agent_run (id),
+    seq integer NOT NULL CHECK (seq >= 1),
+    -- model_turn: the assistant message's content array (one API message).
+    -- tool_result: one tool_result content block; consecutive ones form one user message.
+    -- These are the only two things a Messages API conversation is built from after the
+    -- user's message; anything else a worker wants to record belongs in the journal.
+    kind text NOT NULL CHECK (kind IN ('model_turn', 'tool_result')),
+    payload json NOT NULL,
+    -- The tool_use block a tool_result answers (derived, so it cannot disagree with the
+    -- payload); keeps "one result per tool_use" in the schema.
+    tool_use_id text GENERATED ALWAYS AS (
+        CASE WHEN kind = 'tool_result' THEN payload ->> 'tool_use_id' END
+    ) STORED,
+    request_id text CHECK (request_id <> '' AND length(request_id) <= 255),
+    attempt integer NOT NULL CHECK (attempt >= 1),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (run_id, seq),
+    CONSTRAINT agent_step_tool_result_names_its_tool_use CHECK (
+        kind <> 'tool_result' OR (tool_use_id IS NOT NULL AND tool_use_id <> '')
+    )
+);
+
+COMMENT ON TABLE runrow.agent_step IS
+'The durable step log of each run, keyed (run_id, seq); seq starts at 1 and has no gaps. '
+'Append-only for every role, the owner included (triggers reject UPDATE, DELETE and '
+'TRUNCATE). payload is json, stored and returned byte for byte as written: model_turn = the '
+'assistant message content array, tool_result = one tool_result block. trim_journal never '
+'touches it.';
+
+-- At most one tool_result per tool_use in a run.
+CREATE UNIQUE INDEX agent_step_one_result_per_tool_use
+ON runrow.agent_step (run_id, tool_use_id)
+WHERE kind = 'tool_result';
+
+-- "The run's latest model turn" (append_step, begin_tool_call).
+CREATE INDEX agent_step_model_turns ON runrow.agent_step (run_id, seq)
+WHERE kind = 'model_turn';
+
+CREATE FUNCTION runrow._agent_step_guard() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    expected integer;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        -- Invariant 4: the next seq, no gap, no reuse.
+        SELECT coalesce(max(s.seq), 0) + 1 INTO expected
+        FROM runrow.agent_step AS s WHERE s.run_id = NEW.run_id;
+        IF NEW.seq <> expected THEN
+            RAISE EXCEPTION 'agent_step seq % for run % is out of order: expected %', NEW.seq, NEW.run_id, expected
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'agent_step is append-only: rows cannot be %d', lower(TG_OP)
+        USING ERRCODE = 'integrity_constraint_violation',
+              HINT = 'Steps are the record of a run; a correction is a new step.';
+END
+$fn$;
+
+CREATE TRIGGER agent_step_guard
+BEFORE INSERT OR UPDATE OR DELETE ON runrow.agent_step
+FOR EACH ROW EXECUTE FUNCTION runrow._agent_step_guard();
+
+CREATE TRIGGER agent_step_no_truncate BEFORE TRUNCATE ON runrow.agent_step
+FOR EACH STATEMENT EXECUTE FUNCTION runrow._no_truncate();
+
+-- Tool effects: one row per tool call that went through begin_tool_call.
+--
+-- state (see _tool_effect_guard for the legal moves):
+--   executing       execution may have started and no result is recorded (pure,
+--                   idempotent, non_idempotent from their first begin; irreversible only
+--                   after a person approved and a worker began it)
+--   needs_approval  irreversible: the intent is recorded, a person must decide first
+--   approved        a person approved; no worker has begun it yet
+--   rejected        a person rejected; the worker reports that to the model
+--   uncertain       irreversible, begun, no result, and begun again: it may or may not
+--                   have happened; a person decides
+--   done            the result is recorded (and its tool_result step appended)
+CREATE TABLE runrow.tool_effect (
+    idempotency_key text PRIMARY KEY CHECK (idempotency_key ~ '^[0-9a-f]{64}$'),
+    run_id uuid NOT NULL,
+    -- The model_turn step holding the tool_use block this call answers.
+    step_seq integer NOT NULL,
+    tool_use_id text NOT NULL CHECK (tool_use_id <> ''),
+    tool text NOT NULL CHECK (tool <> ''),
+    args jsonb NOT NULL CHECK (jsonb_typeof(args) = 'object'),
+    effect text NOT NULL CHECK (effect IN ('pure', 'idempotent', 'non_idempotent', 'irreversible')),
+    state text NOT NULL CHECK (
+        state IN ('executing', 'needs_approval', 'approved', 'rejected', 'uncertain', 'done')
+    ),
+    result jsonb,
+    is_error boolean,
+    -- The tool_result step appended with the result.
+    result_step_seq integer,
+    -- The latest decision of a person (an uncertain intent can be decided after an
+    -- earlier approval; the journal keeps every decision as approval_resolved).
+    approved boolean,
+    decided_by text CHECK (decided_by <> '' AND length(decided_by) <= 200),
+    decision_note text CHECK (length(decision_note) <= 10000),
+    decided_at timestamptz,
+    -- The run attempt that recorded the call, and the one that last began executing it.
+    attempt integer NOT NULL CHECK (attempt >= 1),
+    started_attempt integer CHECK (started_attempt >= 1),
+    started_at timestamptz,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    completed_at timestamptz,
+    FOREIGN KEY (run_id, step_seq) REFERENCES runrow.agent_step (run_id, seq),
+    FOREIGN KEY (run_id, result_step_seq) REFERENCES runrow.agent_step (run_id, seq),
+    CONSTRAINT tool_effect_done_iff_result CHECK (
+        (state = 'done') = (
+            result IS NOT NULL AND is_error IS NOT NULL
+            AND result_step_seq IS NOT NULL AND completed_at IS NOT NULL
+        )
+    ),
+    CONSTRAINT tool_effect_decision_complete CHECK (
+        (approved IS NULL) = (decided_by IS NULL) AND (approved IS NULL) = (decided_at IS NULL)
+    ),
+    CONSTRAINT tool_effect_started_together CHECK ((started_attempt IS NULL) = (started_at IS NULL)),
+    -- Nothing irreversible runs without a person's yes.
+    CONSTRAINT tool_effect_irreversible_needs_yes CHECK (
+        effect <> 'irreversible' OR state NOT IN ('executing', 'approved', 'uncertain')
+        OR approved IS TRUE
+    )
+);
+
+COMMENT ON TABLE runrow.tool_effect IS
+'One row per tool call begun through begin_tool_call, keyed by its idempotency key '
+'(runrow.tool_call_key). state: executing, needs_approval, approved, rejected, uncertain, '
+'done. Moves are checked by a trigger; once done (result recorded) a row never changes, '
+'and no row is ever deleted. Written only by begin_tool_call, complete_tool_call and '
+'resolve_approval.';
+
+-- Invariant 5 for tools: one effect per tool_use block.
+CREATE UNIQUE INDEX tool_effect_one_per_tool_use ON runrow.tool_effect (run_id, tool_use_id);
+CREATE INDEX tool_effect_by_step ON runrow.tool_effect (run_id, step_seq);
+-- What waits on a person (pending_approvals) and open intents (audit), without
+-- scanning the done rows that make up history.
+CREATE INDEX tool_effect_pending ON runrow.tool_effect (updated_at)
+WHERE state IN ('needs_approval', 'uncertain');
+CREATE INDEX tool_effect_open ON runrow.tool_effect (created_at)
+WHERE state <> 'done';
+
+CREATE FUNCTION runrow._tool_effect_guard() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'tool_effect rows are never deleted (key %)', OLD.idempotency_key
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        -- A call starts executing, or, when irreversible, as an intent awaiting a person.
+        IF NOT ((NEW.effect = 'irreversible' AND NEW.state = 'needs_approval')
+                OR (NEW.effect <> 'irreversible' AND NEW.state = 'executing')) THEN
+            RAISE EXCEPTION 'tool_effect %: a % call cannot start in state %', NEW.idempotency_key, NEW.effect, NEW.state
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        IF NEW.result IS NOT NULL OR NEW.approved IS NOT NULL THEN
+            RAISE EXCEPTION 'tool_effect %: a new call has no result and no decision', NEW.idempotency_key
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        RETURN NEW;
+    END IF;
+    -- UPDATE. A recorded result is final: nothing about a done row changes.
+    IF OLD.state = 'done' THEN
+        RAISE EXCEPTION 'tool_effect %: the result is recorded and immutable', OLD.idempotency_key
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF NEW.idempotency_key <> OLD.idempotency_key OR NEW.run_id <> OLD.run_id
+       OR NEW.step_seq <> OLD.step_seq OR NEW.tool_use_id <> OLD.tool_use_id
+       OR NEW.tool <> OLD.tool OR NEW.args <> OLD.args OR NEW.effect <> OLD.effect
+       OR NEW.attempt <> OLD.attempt OR NEW.created_at <> OLD.created_at THEN
+        RAISE EXCEPTION 'tool_effect %: key, run, step, tool_use, tool, args, effect and attempt are immutable',
+            OLD.idempotency_key
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF NOT (
+        -- begun again (not irreversible: those become uncertain instead)
+        (OLD.state = 'executing' AND NEW.state = 'executing' AND OLD.effect <> 'irreversible')
+        OR (OLD.state = 'executing' AND NEW.state = 'done')
+        OR (OLD.state = 'executing' AND NEW.state = 'uncertain' AND OLD.effect = 'irreversible')
+        OR (OLD.state IN ('needs_approval', 'uncertain') AND NEW.state IN ('approved', 'rejected'))
+        OR (OLD.state = 'approved' AND NEW.state = 'executing')
+        -- the rejection reported to the model
+        OR (OLD.state = 'rejected' AND NEW.state = 'done')
+    ) THEN
+        RAISE EXCEPTION 'tool_effect %: illegal state change % -> %', OLD.idempotency_key, OLD.state, NEW.state
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    -- A decision is made only when leaving needs_approval/uncertain, and is then kept.
+    IF OLD.state IN ('needs_approval', 'uncertain') THEN
+        IF NEW.approved IS NULL OR NEW.approved <> (NEW.state = 'approved') OR NEW.decided_by IS NULL THEN
+            RAISE EXCEPTION 'tool_effect %: leaving % needs a fresh decision that matches the new state',
+                OLD.idempotency_key, OLD.state
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+    ELSIF NEW.approved IS DISTINCT FROM OLD.approved OR NEW.decided_by IS DISTINCT FROM OLD.decided_by
+          OR NEW.decision_note IS DISTINCT FROM OLD.decision_note
+          OR NEW.decided_at IS DISTINCT FROM OLD.decided_at THEN
+        RAISE EXCEPTION 'tool_effect %: a decision is recorded only by resolve_approval', OLD.idempotency_key
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF OLD.state = 'rejected' AND NEW.is_error IS NOT TRUE THEN
+        RAISE EXCEPTION 'tool_effect %: a rejected call is reported as an error', OLD.idempotency_key
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    NEW.updated_at := now();
+    RETURN NEW;
+END
+$fn$;
+
+CREATE TRIGGER tool_effect_guard
+BEFORE INSERT OR UPDATE OR DELETE ON runrow.tool_effect
+FOR EACH ROW EXECUTE FUNCTION runrow._tool_effect_guard();
+
+CREATE TRIGGER tool_effect_no_truncate BEFORE TRUNCATE ON runrow.tool_effect
+FOR EACH STATEMENT EXECUTE FUNCTION runrow._no_truncate();
+
+-- What waits on a person: irreversible intents awaiting approval and uncertain intents,
+-- of runs parked as waiting. The view runs with its owner's rights, so the client role
+-- reads it without any right on the tables.
+CREATE VIEW runrow.pending_approvals AS
+SELECT
+    e.idempotency_key,
+    e.state AS reason,
+    e.run_id,
+    r.conversation_id,
+    r.user_id,
+    e.tool,
+    e.args,
+    e.effect,
+    e.tool_use_id,
+    e.step_seq,
+    e.approved AS previously_approved,
+    e.decided_by AS previously_decided_by,
+    e.started_at,
+    e.created_at,
+    e.updated_at AS waiting_since
+FROM runrow.tool_effect AS e
+INNER JOIN runrow.agent_run AS r ON e.run_id = r.id
+WHERE
+    e.state IN ('needs_approval', 'uncertain')
+    AND r.status = 'waiting';
+
+COMMENT ON VIEW runrow.pending_approvals IS
+'Tool calls waiting on a person, one row per idempotency key: reason needs_approval (an '
+'irreversible call not yet run) or uncertain (an irreversible call that began and has no '
+'result: it may have happened). Decide with runrow.resolve_approval(idempotency_key, '
+'approved, decided_by, note). Only calls of runs parked as waiting are listed.';
+
+REVOKE ALL ON runrow.agent_step, runrow.tool_effect, runrow.pending_approvals FROM PUBLIC;
+GRANT SELECT ON runrow.agent_step, runrow.tool_effect TO runrow_auditor;
+GRANT SELECT ON runrow.pending_approvals TO runrow_client, runrow_auditor;
+INSERT INTO runrow._yoyo_migration VALUES ('327bba239f8a1272fcf2d4e26652ed1d775e0f79e7ecb196fe6dac335d0ac54c', '0002_steps_and_tools', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '327bba239f8a1272fcf2d4e26652ed1d775e0f79e7ecb196fe6dac335d0ac54c', '0002_steps_and_tools', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0003_dba_views
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'a6a7999a648a9d6c09fc2779eebd5878a0167821426db987d0f63aaf3004e264') AS apply_a6a7999a648a \gset
+\if :apply_a6a7999a648a
+-- Views for DBAs and the runrow_auditor role: queue health, run statistics, open tool
+-- effects; plus the index that lets runrow.audit() check terminal rows without reading
+-- history. Every view reads the live set through the partial indexes of 0001/0002 and
+-- history only through agent_run_finished_idx (the last 24 hours), so polling them costs
+-- the same with 1 k or 1 M finished runs. now() is the database clock.
+-- depends: 0002_steps_and_tools
+
+-- Terminal rows that break a row-level invariant (a claim token left behind, no
+-- finished_at): empty on a healthy database, so audit() finds them in all of history for
+-- the price of an empty index scan. Only IS [NOT] NULL tests, which the planner estimates
+-- well from null_frac (a column-to-column comparison would be guessed at a third of the
+-- table and planned as a sequential scan). No column a heartbeat writes appears in it
+-- (claim_expires_at does not), so heartbeats stay HOT updates.
+CREATE INDEX agent_run_terminal_anomaly ON runrow.agent_run (id)
+WHERE
+status IN ('completed', 'failed', 'cancelled', 'dead')
+AND (claim_token IS NOT NULL OR finished_at IS NULL);
+
+CREATE VIEW runrow.queue_health AS
+WITH l AS (
+    SELECT
+        count(*) FILTER (WHERE a.status = 'running') AS running,
+        count(*) FILTER (WHERE a.status = 'waiting') AS waiting,
+        count(*) FILTER (
+            WHERE a.status = 'running'
+            AND a.claim_expires_at >= now()
+            AND a.claim_expires_at < now() + interval '10 seconds'
+        ) AS leases_expiring_soon,
+        count(*) FILTER (
+            WHERE a.status = 'running' AND a.claim_expires_at < now()
+        ) AS leases_expired
+    FROM runrow.agent_run AS a
+    WHERE a.status IN ('running', 'waiting')
+)
+
+SELECT
+    now() AS measured_at,
+    q.queued,
+    q.oldest_queued_age,
+    l.running,
+    l.waiting,
+    l.leases_expiring_soon,
+    l.leases_expired
+FROM (
+    SELECT
+        count(*) AS queued,
+        now() - min(a.updated_at) AS oldest_queued_age
+    FROM runrow.agent_run AS a
+    WHERE a.status = 'queued'
+) AS q
+CROSS JOIN l;
+
+COMMENT ON VIEW runrow.queue_health IS
+'One row, now: queued = queue depth (every queued turn, including turns waiting behind an '
+'active turn of their conversation); oldest_queued_age = how long the longest-queued run has '
+'been in the queue since it entered it (enqueue, or requeue by reaper, release or approval; '
+'NULL when the queue is empty); running; waiting = parked on a person''s approval; '
+'leases_expiring_soon = running runs whose lease ends within the next 10 seconds; '
+'leases_expired = running runs whose lease has already ended (the reaper takes them after its '
+'grace). Reads only the live runs (partial indexes). runrow status shows it.';
+
+CREATE VIEW runrow.run_stats AS
+-- queued and running/waiting are two partial indexes; the planner serves each arm of a
+-- UNION from one, but an IN over all three statuses from neither.
+WITH live AS (
+    SELECT
+        a.status,
+        count(*) AS runs
+    FROM runrow.agent_run AS a
+    WHERE a.status = 'queued'
+    GROUP BY a.status
+    UNION ALL
+    SELECT
+        a.status,
+        count(*) AS runs
+    FROM runrow.agent_run AS a
+    WHERE a.status IN ('running', 'waiting')
+    GROUP BY a.status
+),
+
+recent AS (
+    SELECT
+        a.id,
+        a.status,
+        a.finished_at - a.started_at AS duration,
+        st.steps
+    FROM runrow.agent_run AS a
+    CROSS JOIN
+        LATERAL (
+            SELECT count(*) AS steps
+            FROM runrow.agent_step AS s
+            WHERE s.run_id = a.id
+        ) AS st
+    WHERE
+        a.finished_at >= now() - interval '24 hours'
+        AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
+),
+
+finished AS (
+    SELECT
+        coalesce(r.status, 'finished') AS status,
+        count(*) AS runs,
+        percentile_cont(0.5) WITHIN GROUP (ORDER BY r.steps) AS steps_p50,
+        percentile_cont(0.95) WITHIN GROUP (ORDER BY r.steps) AS steps_p95,
+        percentile_cont(0.5) WITHIN GROUP (ORDER BY r.duration) AS duration_p50,
+        percentile_cont(0.95) WITHIN GROUP (ORDER BY r.duration) AS duration_p95
+    FROM recent AS r
+    GROUP BY GROUPING SETS ((r.status), ())
+)
+
+SELECT
+    s.status,
+    coalesce(l.runs, f.runs, 0) AS runs,
+    f.steps_p50,
+    f.steps_p95,
+    f.duration_p50,
+    f.duration_p95
+FROM (
+    VALUES
+    (1, 'queued'), (2, 'running'), (3, 'waiting'),
+    (4, 'completed'), (5, 'failed'), (6, 'cancelled'), (7, 'dead'), (8, 'finished')
+) AS s (ord, status)
+LEFT JOIN live AS l ON s.status = l.status
+LEFT JOIN finished AS f ON s.status = f.status
+ORDER BY s.ord;
+
+COMMENT ON VIEW runrow.run_stats IS
+'One row per status, always all of them. runs: for queued, running and waiting, how many are '
+'in that state now; for completed, failed, cancelled and dead, how many ended so in the last '
+'24 hours; finished = the four terminal statuses together. For the terminal rows (NULL for '
+'the live ones): steps_p50 / steps_p95 = steps in the step log per run (percentile_cont, '
+'interpolated; a run stopped before it started counts 0), duration_p50 / duration_p95 = '
+'finished_at - started_at (first claim to ending, including requeues and approval waits; '
+'runs that never started are left out). History is read through agent_run_finished_idx only; '
+'all-time counts are SELECT status, count(*) FROM runrow.agent_run GROUP BY 1 (a full scan).';
+
+CREATE VIEW runrow.run_attempts AS
+WITH counted AS (
+    SELECT
+        a.status,
+        a.attempt
+    FROM runrow.agent_run AS a
+    WHERE a.status = 'queued'
+    UNION ALL
+    SELECT
+        a.status,
+        a.attempt
+    FROM runrow.agent_run AS a
+    WHERE a.status IN ('running', 'waiting')
+    UNION ALL
+    SELECT
+        a.status,
+        a.attempt
+    FROM runrow.agent_run AS a
+    WHERE
+        a.finished_at >= now() - interval '24 hours'
+        AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
+)
+
+SELECT
+    c.status,
+    c.attempt,
+    count(*) AS runs
+FROM counted AS c
+GROUP BY c.status, c.attempt
+ORDER BY c.status, c.attempt;
+
+COMMENT ON VIEW runrow.run_attempts IS
+'Attempts distribution: how many runs are in (status, attempt), for the live runs (now) and '
+'the runs that ended in the last 24 hours, like run_stats. attempt = claims so far (0: never '
+'started). Many runs on attempt > 1 mean workers crash or leases are too short; dead runs '
+'exhausted max_attempts.';
+
+CREATE VIEW runrow.open_tool_effects AS
+SELECT
+    e.idempotency_key,
+    e.run_id,
+    r.conversation_id,
+    r.user_id,
+    r.status AS run_status,
+    e.tool,
+    e.effect,
+    e.state,
+    e.args,
+    e.step_seq,
+    e.tool_use_id,
+    e.attempt,
+    e.started_attempt,
+    e.approved,
+    e.decided_by,
+    e.decided_at,
+    e.created_at,
+    e.started_at,
+    e.updated_at AS state_since,
+    now() - e.created_at AS age,
+    now() - e.updated_at AS state_age,
+    CASE
+        WHEN r.status IN ('completed', 'failed', 'cancelled', 'dead')
+            THEN 'abandoned'
+        WHEN e.state IN ('needs_approval', 'uncertain') AND r.status = 'waiting'
+            THEN 'awaiting_decision'
+        WHEN e.state = 'executing' AND r.status = 'running'
+            THEN 'in_flight'
+        WHEN e.state = 'executing'
+            THEN 'interrupted'
+        ELSE 'awaiting_resume'
+    END AS attention,
+    e.state IN ('executing', 'uncertain') AS may_have_happened
+FROM runrow.tool_effect AS e
+INNER JOIN runrow.agent_run AS r ON e.run_id = r.id
+WHERE e.state <> 'done';
+
+COMMENT ON VIEW runrow.open_tool_effects IS
+'Every tool call without a recorded result (state other than done), for the auditor; the '
+'client''s view is pending_approvals. may_have_happened: the call began and no result is '
+'recorded (executing, or uncertain: an irreversible call begun again after a crash). '
+'attention: awaiting_decision (needs_approval or uncertain, run waiting: resolve_approval), '
+'in_flight (executing in a running run), interrupted (executing, its run no longer running: '
+'the next attempt executes it again, or makes it uncertain when irreversible), '
+'awaiting_resume (approved or rejected, the run not yet resumed), abandoned (the run ended '
+'with the call open: nothing will complete it; if may_have_happened, check the tool''s side). '
+'age = since the call was recorded, state_age = since its last state change. Served by '
+'tool_effect_open.';
+
+GRANT SELECT ON runrow.queue_health, runrow.run_stats, runrow.run_attempts, runrow.open_tool_effects
+TO runrow_auditor;
+INSERT INTO runrow._yoyo_migration VALUES ('a6a7999a648a9d6c09fc2779eebd5878a0167821426db987d0f63aaf3004e264', '0003_dba_views', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'a6a7999a648a9d6c09fc2779eebd5878a0167821426db987d0f63aaf3004e264', '0003_dba_views', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0004_conversation_owner
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '088422a69b4b28199940931406793612caeb9662179e1a1a5862e2cba2804e2f') AS apply_088422a69b4b \gset
+\if :apply_088422a69b4b
+-- Conversations belong to the user who started them. The HTTP service scopes every
+-- request to one user; this makes "a run of another user's conversation" unrepresentable
+-- instead of a check someone could forget.
+
+CREATE TABLE runrow.conversation (
+    id uuid PRIMARY KEY,
+    user_id text CHECK (user_id <> ''),
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+COMMENT ON TABLE runrow.conversation IS
+'One row per conversation, created by its first enqueue_run: its owner (user_id, NULL for '
+'anonymous use). Every run of the conversation has the same user_id (trigger); the owner '
+'never changes.';
+
+INSERT INTO runrow.conversation (id, user_id, created_at)
+SELECT DISTINCT ON (a.conversation_id)
+    a.conversation_id,
+    a.user_id,
+    a.created_at
+FROM runrow.agent_run AS a
+ORDER BY a.conversation_id ASC, a.enqueue_seq ASC;
+
+ALTER TABLE runrow.agent_run
+ADD CONSTRAINT agent_run_conversation_fk FOREIGN KEY (conversation_id)
+REFERENCES runrow.conversation (id);
+
+CREATE FUNCTION runrow._run_owner_guard() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    IF NEW.user_id IS DISTINCT FROM (
+        SELECT c.user_id FROM runrow.conversation AS c WHERE c.id = NEW.conversation_id
+    ) THEN
+        RAISE EXCEPTION 'run %: user % does not own conversation %', NEW.id, NEW.user_id, NEW.conversation_id
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END
+$fn$;
+
+CREATE TRIGGER agent_run_owner_guard
+BEFORE INSERT ON runrow.agent_run
+FOR EACH ROW EXECUTE FUNCTION runrow._run_owner_guard();
+
+CREATE FUNCTION runrow._conversation_immutable() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    RAISE EXCEPTION 'conversation %: the owner of a conversation never changes and conversations are never deleted',
+        OLD.id
+        USING ERRCODE = 'integrity_constraint_violation';
+END
+$fn$;
+
+CREATE TRIGGER conversation_immutable
+BEFORE UPDATE OR DELETE ON runrow.conversation
+FOR EACH ROW EXECUTE FUNCTION runrow._conversation_immutable();
+
+REVOKE ALL ON runrow.conversation FROM PUBLIC;
+GRANT SELECT ON runrow.conversation TO runrow_auditor;
+INSERT INTO runrow._yoyo_migration VALUES ('088422a69b4b28199940931406793612caeb9662179e1a1a5862e2cba2804e2f', '0004_conversation_owner', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '088422a69b4b28199940931406793612caeb9662179e1a1a5862e2cba2804e2f', '0004_conversation_owner', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0005_no_public_execute
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '7d518edbd996bd29a073a365c1d7272d839d97cb38192a1edabe9c77cc2f4754') AS apply_7d518edbd996 \gset
+\if :apply_7d518edbd996
+-- PUBLIC may execute no function in schema runrow. 0001's
+-- `ALTER DEFAULT PRIVILEGES IN SCHEMA runrow REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC` is a
+-- no-op: a per-schema default can only add to the global default, which grants EXECUTE to
+-- PUBLIC. The files in functions/ revoke their own, but the trigger functions the
+-- migrations create (_agent_run_guard, _run_event_guard, ...) were left executable by
+-- PUBLIC. A migration that adds a function must REVOKE it from PUBLIC itself;
+-- pgtap/privileges.sql fails when one does not.
+-- depends: 0003_dba_views
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA runrow FROM PUBLIC;
+INSERT INTO runrow._yoyo_migration VALUES ('7d518edbd996bd29a073a365c1d7272d839d97cb38192a1edabe9c77cc2f4754', '0005_no_public_execute', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '7d518edbd996bd29a073a365c1d7272d839d97cb38192a1edabe9c77cc2f4754', '0005_no_public_execute', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0006_untrimmed_journal_index
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '0c46da8ee67a37b9aa11e296ce15538ead64242d1ed7a6622bf720fd35468fa6') AS apply_0c46da8ee67a \gset
+\if :apply_0c46da8ee67a
+-- trim_journal's index: the terminal runs whose journal has not been trimmed yet. Trimming
+-- nulls request_snapshot (the one change a terminal row allows), so "snapshot still set"
+-- marks an untrimmed run and this index holds about older_than's worth of finished runs,
+-- not history. Without it every trim walked agent_run_finished_idx over all history
+-- (measured: 0.4 ms per no-op trim with 1 k finished runs, 137 ms with 300 k).
+-- depends: 0005_no_public_execute
+
+CREATE INDEX agent_run_untrimmed ON runrow.agent_run (finished_at)
+WHERE finished_at IS NOT NULL AND request_snapshot IS NOT NULL;
+INSERT INTO runrow._yoyo_migration VALUES ('0c46da8ee67a37b9aa11e296ce15538ead64242d1ed7a6622bf720fd35468fa6', '0006_untrimmed_journal_index', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '0c46da8ee67a37b9aa11e296ce15538ead64242d1ed7a6622bf720fd35468fa6', '0006_untrimmed_journal_index', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0007_step_usage
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '888d187d97cf8e91463d4b2e300e1d45ab24a8f7778440ec793f2bc68d846889') AS apply_888d187d97cf \gset
+\if :apply_888d187d97cf
+-- The usage and stop_reason of each model turn, kept with the step (issue 5: "each
+-- completed model turn is appended with append_step: the content blocks exactly as
+-- received, usage and the request id"). Cost accounting and audits read them from the
+-- durable log, not from the journal, which is trimmed.
+-- depends: 0006_untrimmed_journal_index
+
+ALTER TABLE runrow.agent_step
+ADD COLUMN usage jsonb CHECK (usage IS NULL OR jsonb_typeof(usage) = 'object'),
+ADD COLUMN stop_reason text CHECK (stop_reason <> '' AND length(stop_reason) <= 64),
+ADD CONSTRAINT agent_step_usage_only_on_model_turns CHECK (
+    kind = 'model_turn' OR (usage IS NULL AND stop_reason IS NULL)
+);
+
+-- append_step gains two optional arguments; the old signature goes (when an earlier
+-- migrate created it) so that the file in
+-- functions/ defines the only one.
+DROP FUNCTION IF EXISTS runrow.append_step(uuid, uuid, text, json, text);
+DROP FUNCTION IF EXISTS runrow._append_step(uuid, text, json, text);
+INSERT INTO runrow._yoyo_migration VALUES ('888d187d97cf8e91463d4b2e300e1d45ab24a8f7778440ec793f2bc68d846889', '0007_step_usage', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '888d187d97cf8e91463d4b2e300e1d45ab24a8f7778440ec793f2bc68d846889', '0007_step_usage', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0008_agent_run_autovacuum
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '8ed30c467638faf5f6bb3e0c2f9bf4b1192b56c772d40535516a226b78fac2a6') AS apply_8ed30c467638 \gset
+\if :apply_8ed30c467638
+-- agent_run is a queue table with a long history: a small hot set (queued and running runs)
+-- churns on top of a large cold one. The default triggers (vacuum after 20% of the table is
+-- dead, analyze after 10% changed) fire rarer and rarer as history grows: with 1 M finished
+-- runs a vacuum waits for 200 k dead row versions. Until it runs, every claimed or finished
+-- run leaves dead entries in the partial indexes of live runs, and the claim's walk of
+-- agent_run_claimable reads past those at the head of the queue (measured: about 3 buffers
+-- per claim for each 1 000 runs finished since the last vacuum, 60 with 20 000). Fixed
+-- thresholds bound that by traffic, not by history. The claim's plan does not depend on
+-- these settings or on fresh statistics (see functions/_claim.sql); they only keep the
+-- dead entries it reads past few.
+-- depends: 0007_step_usage
+
+ALTER TABLE runrow.agent_run SET (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 2000,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 2000
+);
+INSERT INTO runrow._yoyo_migration VALUES ('8ed30c467638faf5f6bb3e0c2f9bf4b1192b56c772d40535516a226b78fac2a6', '0008_agent_run_autovacuum', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '8ed30c467638faf5f6bb3e0c2f9bf4b1192b56c772d40535516a226b78fac2a6', '0008_agent_run_autovacuum', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0009_open_runs_by_conversation
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '67b1358401c4812aed8fcdcc97a7f355b5eabc6548621218095a5aeace683e9e') AS apply_67b1358401c4 \gset
+\if :apply_67b1358401c4
+-- The claim's per-conversation probe ("is there an earlier open turn of this conversation?")
+-- must be served by exactly one index, whatever the statistics say. With the old
+-- agent_run_queued_by_conversation (conversation_id, enqueue_seq) WHERE status = 'queued',
+-- agent_run_claimable (enqueue_seq) WHERE status = 'queued' served the same probe too, and
+-- with statistics taken while the queue was empty (both estimated at one row) the planner
+-- picked the smaller one and walked the whole queue ahead of the candidate. A probe on
+-- status IN ('queued', 'running', 'waiting') implies only this index's predicate, so it
+-- cannot be served by the queue's index. Same size class as the old index (open runs only),
+-- and it also serves enqueue_run's and stop_conversation's "open runs of this conversation".
+-- depends: 0008_agent_run_autovacuum
+
+CREATE INDEX agent_run_open_by_conversation
+ON runrow.agent_run (conversation_id, enqueue_seq)
+WHERE status IN ('queued', 'running', 'waiting');
+
+DROP INDEX runrow.agent_run_queued_by_conversation;
+
+-- The turn-order trigger's probe, reshaped the same way (its rule is unchanged).
+CREATE OR REPLACE FUNCTION runrow._agent_run_guard() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    -- Invariant 2: terminal states are sticky. Nothing, not even the table owner,
+    -- moves a row out of completed/failed/cancelled/dead or edits it. The one change
+    -- allowed is trim_journal dropping the PII snapshot.
+    IF OLD.status IN ('completed', 'failed', 'cancelled', 'dead') THEN
+        IF NEW.request_snapshot IS NULL
+           AND (to_jsonb(NEW) - 'request_snapshot' - 'updated_at')
+               = (to_jsonb(OLD) - 'request_snapshot' - 'updated_at') THEN
+            RETURN NEW;
+        END IF;
+        RAISE EXCEPTION 'run % is % and terminal states are sticky', OLD.id, OLD.status
+            USING ERRCODE = 'integrity_constraint_violation',
+                  HINT = 'A terminal run can be run again only as a new run: runrow.retry_run().';
+    END IF;
+    -- Identity of a run never changes.
+    IF NEW.id <> OLD.id
+       OR NEW.conversation_id <> OLD.conversation_id
+       OR NEW.user_message_id <> OLD.user_message_id
+       OR NEW.prompt_id <> OLD.prompt_id
+       OR NEW.model <> OLD.model
+       OR NEW.created_at <> OLD.created_at
+       OR NEW.enqueue_seq <> OLD.enqueue_seq THEN
+        RAISE EXCEPTION 'run %: id, conversation, message, model, prompt and created_at are immutable', OLD.id
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    -- Status moves only along the lifecycle of SPEC.md.
+    IF NEW.status <> OLD.status AND NOT (
+        (OLD.status = 'queued' AND NEW.status IN ('running', 'cancelled'))
+        OR (OLD.status = 'running' AND NEW.status IN ('queued', 'waiting', 'completed', 'failed', 'cancelled', 'dead'))
+        OR (OLD.status = 'waiting' AND NEW.status IN ('queued', 'cancelled'))
+    ) THEN
+        RAISE EXCEPTION 'run %: illegal status change % -> %', OLD.id, OLD.status, NEW.status
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    -- Turn order: a turn starts only when no earlier turn of its conversation is still
+    -- queued. The claim never picks such a turn; this makes it impossible. The earlier
+    -- turns are read as "open" (agent_run_open_by_conversation) and tested for queued
+    -- outside the query: a query on status = 'queued' can also be served by
+    -- agent_run_claimable, which walks the whole queue ahead of the run (0009's header).
+    IF NEW.status = 'running' AND OLD.status = 'queued' AND 'queued' = ANY (ARRAY(
+        SELECT earlier.status FROM runrow.agent_run AS earlier
+        WHERE earlier.conversation_id = NEW.conversation_id
+          AND earlier.status IN ('queued', 'running', 'waiting')
+          AND earlier.enqueue_seq < NEW.enqueue_seq
+    )) THEN
+        -- 40001: a concurrent enqueue committed an earlier turn after the claimer's
+        -- snapshot; the claim treats it like any serialization failure and retries later.
+        RAISE EXCEPTION 'run %: an earlier turn of conversation % is still queued', NEW.id, NEW.conversation_id
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+    NEW.updated_at := now();
+    RETURN NEW;
+END
+$fn$;
+INSERT INTO runrow._yoyo_migration VALUES ('67b1358401c4812aed8fcdcc97a7f355b5eabc6548621218095a5aeace683e9e', '0009_open_runs_by_conversation', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '67b1358401c4812aed8fcdcc97a7f355b5eabc6548621218095a5aeace683e9e', '0009_open_runs_by_conversation', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -407,6 +1150,10 @@ SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     who text := coalesce(_claim.worker_id, 'anonymous-' || pg_backend_pid());
+    cand record;
+    got uuid;
+    after_seq bigint := 0;
+    locked uuid[] := '{}';
 BEGIN
     IF _claim.worker_id = '' OR length(_claim.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or 1 to 200 characters'
@@ -416,34 +1163,66 @@ BEGIN
     PERFORM runrow._require_range(_claim.lease_seconds, 'lease_seconds', 1, 3600);
 
     BEGIN
-        RETURN QUERY
-        WITH candidate AS MATERIALIZED (
-            -- The fence against over-locking: LIMIT and SKIP LOCKED apply here, inside a
-            -- materialized CTE the planner cannot flatten into the UPDATE. Served by
-            -- agent_run_claimable (status = 'queued' ORDER BY enqueue_seq).
-            SELECT q.id
+        -- Walk the queue one run at a time instead of one statement with the checks as
+        -- filters: a filtered "ORDER BY ... LIMIT n" is planned from the estimated share of
+        -- rows that pass the filters, so fresh statistics of a long queue made the planner
+        -- sort the whole queue (and run both checks on every row), and stale ones of an empty
+        -- queue turned the checks into anti joins over whole indexes. Each statement below
+        -- has one sensible plan whatever the statistics: an ordered LIMIT 1 step, two probes
+        -- by conversation, a point lock. Every statement takes a fresh snapshot, which only
+        -- makes the checks see more recent commits; the unique index and the turn-order
+        -- trigger stay the guarantee.
+        WHILE cardinality(locked) < _claim.max_runs LOOP
+            -- The next queued run in claim order: agent_run_claimable (status = 'queued',
+            -- enqueue_seq). No filter, so LIMIT 1 is one index step, never a sort.
+            SELECT q.id, q.conversation_id, q.enqueue_seq INTO cand
             FROM runrow.agent_run AS q
-            WHERE q.status = 'queued'
-              -- Invariant 1 pre-filter (the unique index is the guarantee).
-              AND NOT EXISTS (
-                  SELECT 1 FROM runrow.agent_run AS a
-                  WHERE a.conversation_id = q.conversation_id
-                    AND a.status IN ('running', 'waiting')
-              )
-              -- Turn order: only the oldest queued turn of a conversation. A turn locked
-              -- by another claimer is still queued in this snapshot, so its successor is
-              -- never taken instead of it.
-              AND NOT EXISTS (
-                  SELECT 1 FROM runrow.agent_run AS e
-                  WHERE e.conversation_id = q.conversation_id
-                    AND e.status = 'queued'
-                    AND e.enqueue_seq < q.enqueue_seq
-              )
+            WHERE q.status = 'queued' AND q.enqueue_seq > after_seq
             ORDER BY q.enqueue_seq
-            LIMIT _claim.max_runs
-            FOR UPDATE SKIP LOCKED
-        ),
-        claimed AS (
+            LIMIT 1;
+            EXIT WHEN NOT FOUND;
+            after_seq := cand.enqueue_seq;
+
+            -- Invariant 1 pre-filter (the unique index is the guarantee): served by that
+            -- unique index, agent_run_one_active_per_conversation.
+            CONTINUE WHEN EXISTS (
+                SELECT 1 FROM runrow.agent_run AS a
+                WHERE a.conversation_id = cand.conversation_id
+                  AND a.status IN ('running', 'waiting')
+            );
+            -- Turn order: only the oldest open turn of a conversation (with the check above,
+            -- the oldest queued one). A turn locked by another claimer is still queued until
+            -- that claim commits, so its successor is never taken instead of it; one we
+            -- locked ourselves is still queued too, so one call takes one turn per
+            -- conversation. status IN (...) matches agent_run_open_by_conversation alone, not
+            -- agent_run_claimable, so the probe never walks the queue.
+            CONTINUE WHEN EXISTS (
+                SELECT 1 FROM runrow.agent_run AS o
+                WHERE o.conversation_id = cand.conversation_id
+                  AND o.status IN ('queued', 'running', 'waiting')
+                  AND o.enqueue_seq < cand.enqueue_seq
+            );
+            -- The lock: one row, skipped if another claimer holds it, re-checked (still
+            -- queued) once locked. Only rows that passed the checks are ever locked, so the
+            -- call never locks more than it claims. Every index whose predicate this WHERE
+            -- implies has a column of it as key (not so for id: agent_run_claimable would
+            -- qualify with no key to descend), so any plan is a point lookup.
+            SELECT q.id INTO got
+            FROM runrow.agent_run AS q
+            WHERE q.conversation_id = cand.conversation_id
+              AND q.enqueue_seq = cand.enqueue_seq
+              AND q.status = 'queued'
+            FOR UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                locked := locked || got;
+            END IF;
+        END LOOP;
+
+        RETURN QUERY
+        WITH claimed AS (
+            -- By primary key alone: every row is locked by us and was re-checked queued
+            -- when locked, so nobody changed it since. A status filter here would let the
+            -- planner reach the rows through a partial index scan instead of the key.
             UPDATE runrow.agent_run AS r
             SET status = 'running',
                 claim_token = gen_random_uuid(),
@@ -452,8 +1231,7 @@ BEGIN
                 worker_id = who,
                 attempt = r.attempt + 1,
                 started_at = coalesce(r.started_at, now())
-            FROM candidate AS c
-            WHERE r.id = c.id AND r.status = 'queued'
+            WHERE r.id = ANY (locked)
             RETURNING r.*
         ),
         journaled AS (
@@ -472,7 +1250,8 @@ BEGIN
         ORDER BY cl.enqueue_seq;
     EXCEPTION WHEN unique_violation OR serialization_failure THEN
         -- A collision with invariant 1 (or the turn-order guard) claims nothing this
-        -- round; the turn stays queued for the next pass. No error reaches the caller.
+        -- round (the subtransaction's row locks go with it); the turns stay queued for the
+        -- next pass. No error reaches the caller.
         RETURN;
     END;
 END
@@ -677,6 +1456,127 @@ REVOKE ALL ON FUNCTION runrow._journal_complete(uuid, uuid, text, jsonb, text) F
 REVOKE ALL ON FUNCTION runrow._require_not_null(anyelement, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_range(bigint, text, bigint, bigint) FROM PUBLIC;
 
+-- functions/_steps_helpers.sql
+-- Private helpers of the step log and the tool calls. Not granted to any role: only the
+-- SECURITY DEFINER functions (running as the owner) call them.
+
+-- The canonical JSON text that tool_call_key hashes: object keys sorted by code point
+-- (UTF-8 byte order, hence COLLATE "C"), no whitespace, strings escaped as JSON requires
+-- and nothing more (non-ASCII stays as is), numbers as PostgreSQL's numeric prints them
+-- (plain decimal, no exponent). Equals Python's json.dumps(v, sort_keys=True,
+-- separators=(",", ":"), ensure_ascii=False) for every value whose numbers are ints or
+-- floats without an exponent in their repr; pyworker/keys.py implements the rest.
+-- plpgsql, not sql: a sql function cannot call itself at creation time.
+CREATE OR REPLACE FUNCTION runrow._canonical_json(value jsonb)
+RETURNS text
+LANGUAGE plpgsql
+IMMUTABLE
+STRICT
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    CASE jsonb_typeof(_canonical_json.value)
+        WHEN 'object' THEN
+            RETURN '{' || coalesce((
+                SELECT string_agg(to_json(o.k)::text || ':' || runrow._canonical_json(o.v), ',' ORDER BY o.k COLLATE "C")
+                FROM jsonb_each(_canonical_json.value) AS o (k, v)
+            ), '') || '}';
+        WHEN 'array' THEN
+            RETURN '[' || coalesce((
+                SELECT string_agg(runrow._canonical_json(a.v), ',' ORDER BY a.ord)
+                FROM jsonb_array_elements(_canonical_json.value) WITH ORDINALITY AS a (v, ord)
+            ), '') || ']';
+        ELSE
+            -- A scalar's jsonb text: escaped string, numeric text, true, false, null.
+            RETURN _canonical_json.value::text;
+    END CASE;
+END
+$fn$;
+
+-- Append one step at the next seq. The caller holds the run row's lock (append_step and
+-- complete_tool_call take it with the fence), which makes it the single writer of seq.
+CREATE OR REPLACE FUNCTION runrow._append_step(
+    run_id uuid, kind text, payload json, request_id text, usage jsonb DEFAULT NULL, stop_reason text DEFAULT NULL
+)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    next_seq integer;
+BEGIN
+    SELECT coalesce(max(s.seq), 0) + 1 INTO next_seq
+    FROM runrow.agent_step AS s WHERE s.run_id = _append_step.run_id;
+
+    INSERT INTO runrow.agent_step (run_id, seq, kind, payload, request_id, attempt, usage, stop_reason)
+    SELECT _append_step.run_id, next_seq, _append_step.kind, _append_step.payload,
+           _append_step.request_id, r.attempt, _append_step.usage, _append_step.stop_reason
+    FROM runrow.agent_run AS r WHERE r.id = _append_step.run_id;
+    RETURN next_seq;
+END
+$fn$;
+
+-- Park a run on a person: waiting, claim cleared (heartbeat now says owned = false), the
+-- attempt handed back (waiting on a person is not a failed attempt, and the claim after
+-- the decision counts it again), approval_requested journaled, tails woken. The
+-- conversation stays held: waiting is active. The caller holds the run row's lock.
+-- A run whose stop was requested is not parked: nobody should be asked to approve a
+-- call of a run the user stopped, so it ends cancelled here (its message stays
+-- submitted, as for any run stopped while running).
+CREATE OR REPLACE FUNCTION runrow._park_for_person(run_id uuid, idempotency_key text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    e runrow.tool_effect;
+    r runrow.agent_run;
+    last_seq bigint;
+BEGIN
+    SELECT t.* INTO STRICT e FROM runrow.tool_effect AS t WHERE t.idempotency_key = _park_for_person.idempotency_key;
+    UPDATE runrow.agent_run AS a
+    SET status = CASE WHEN a.cancel_requested THEN 'cancelled' ELSE 'waiting' END,
+        finished_at = CASE WHEN a.cancel_requested THEN now() END,
+        error = CASE WHEN a.cancel_requested THEN 'stopped before the tool call was approved' ELSE a.error END,
+        claim_token = NULL, claim_expires_at = NULL,
+        attempt = CASE WHEN a.cancel_requested THEN a.attempt ELSE a.attempt - 1 END
+    WHERE a.id = _park_for_person.run_id
+    RETURNING a.* INTO STRICT r;
+    IF r.status = 'cancelled' THEN
+        PERFORM runrow._journal_complete(r.id, r.conversation_id, 'cancelled', NULL, r.error);
+        RETURN;
+    END IF;
+    last_seq := runrow._journal(_park_for_person.run_id, jsonb_build_array(jsonb_build_object(
+        'type', 'approval_requested',
+        'reason', e.state,
+        'idempotency_key', e.idempotency_key,
+        'tool', e.tool,
+        'tool_use_id', e.tool_use_id,
+        'args', e.args,
+        'effect', e.effect)));
+    PERFORM runrow._wake_tails(_park_for_person.run_id, last_seq);
+END
+$fn$;
+
+-- What a person decided about a call, as begin_tool_call hands it to the worker.
+CREATE OR REPLACE FUNCTION runrow._decision(e runrow.tool_effect)
+RETURNS jsonb
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+    SELECT jsonb_build_object(
+        'approved', _decision.e.approved,
+        'decided_by', _decision.e.decided_by,
+        'note', _decision.e.decision_note,
+        'decided_at', _decision.e.decided_at);
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._canonical_json(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._append_step(uuid, text, json, text, jsonb, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._park_for_person(uuid, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._decision(runrow.tool_effect) FROM PUBLIC;
+
 -- functions/_stop_run.sql
 -- Stop one run the caller has already locked FOR UPDATE. Shared by stop_conversation
 -- and cancel_run. Returns the action taken.
@@ -784,6 +1684,640 @@ COMMENT ON FUNCTION runrow.append_events(uuid, uuid, jsonb) IS
 REVOKE ALL ON FUNCTION runrow.append_events(uuid, uuid, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.append_events(uuid, uuid, jsonb) TO runrow_worker;
 
+-- functions/append_step.sql
+CREATE OR REPLACE FUNCTION runrow.append_step(
+    run_id uuid, claim_token uuid, kind text, payload json, request_id text DEFAULT NULL,
+    usage jsonb DEFAULT NULL, stop_reason text DEFAULT NULL
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    last_turn record;
+    bad record;
+    answered text;
+BEGIN
+    PERFORM runrow._require_not_null(append_step.run_id, 'run_id');
+    PERFORM runrow._require_not_null(append_step.claim_token, 'claim_token');
+    PERFORM runrow._require_not_null(append_step.kind, 'kind');
+    IF append_step.kind NOT IN ('model_turn', 'tool_result') THEN
+        RAISE EXCEPTION 'kind must be model_turn or tool_result, got "%"', append_step.kind
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(append_step.payload, 'payload');
+    IF octet_length(append_step.payload::text) > 8388608 THEN
+        RAISE EXCEPTION 'payload is too large: % bytes, the limit is 8 MiB', octet_length(append_step.payload::text)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF append_step.request_id = '' OR length(append_step.request_id) > 255 THEN
+        RAISE EXCEPTION 'request_id must be NULL or 1 to 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF append_step.usage IS NOT NULL AND jsonb_typeof(append_step.usage) <> 'object' THEN
+        RAISE EXCEPTION 'usage must be NULL or a JSON object, got %', jsonb_typeof(append_step.usage)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF append_step.stop_reason = '' OR length(append_step.stop_reason) > 64 THEN
+        RAISE EXCEPTION 'stop_reason must be NULL or 1 to 64 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF append_step.kind <> 'model_turn' AND (append_step.usage IS NOT NULL OR append_step.stop_reason IS NOT NULL) THEN
+        RAISE EXCEPTION 'usage and stop_reason belong to a model_turn, not a %', append_step.kind
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- PostgreSQL's JSON functions cannot process the escape \u0000 (an odd run of
+    -- backslashes before u0000), so such a payload could be stored but never read back
+    -- into a conversation: refused up front, clearly.
+    IF append_step.payload::text ~ '(^|[^\\])(\\\\)*\\u0000' THEN
+        RAISE EXCEPTION 'payload must not contain the escape \u0000: PostgreSQL''s JSON functions cannot process it'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Shape checks read the json as is (json operators, no jsonb cast), so nothing about
+    -- the stored text depends on them.
+    IF append_step.kind = 'model_turn' THEN
+        IF json_typeof(append_step.payload) <> 'array' OR json_array_length(append_step.payload) = 0 THEN
+            RAISE EXCEPTION 'payload of a model_turn must be the non-empty array of the assistant message''s content blocks'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        SELECT b.ord INTO bad
+        FROM json_array_elements(append_step.payload) WITH ORDINALITY AS b (block, ord)
+        WHERE json_typeof(b.block) <> 'object'
+           OR json_typeof(b.block -> 'type') IS DISTINCT FROM 'string'
+           OR b.block ->> 'type' = ''
+           OR (b.block ->> 'type' = 'tool_use' AND (
+                json_typeof(b.block -> 'id') IS DISTINCT FROM 'string' OR b.block ->> 'id' = ''
+                OR json_typeof(b.block -> 'name') IS DISTINCT FROM 'string'
+                OR json_typeof(b.block -> 'input') IS DISTINCT FROM 'object'))
+        ORDER BY b.ord
+        LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'payload[%] must be a content block object with a string "type" (a tool_use also needs '
+                'a string "id", a string "name" and an object "input")', bad.ord - 1
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    ELSE
+        IF json_typeof(append_step.payload) <> 'object'
+           OR json_typeof(append_step.payload -> 'type') IS DISTINCT FROM 'string'
+           OR append_step.payload ->> 'type' <> 'tool_result'
+           OR json_typeof(append_step.payload -> 'tool_use_id') IS DISTINCT FROM 'string'
+           OR append_step.payload ->> 'tool_use_id' = '' THEN
+            RAISE EXCEPTION 'payload of a tool_result must be one {"type": "tool_result", "tool_use_id": ...} block'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+
+    -- The fence, under the run row's lock: that lock also makes this the single writer of seq.
+    PERFORM 1 FROM runrow.agent_run AS r
+    WHERE r.id = append_step.run_id
+      AND r.claim_token = append_step.claim_token
+      AND r.status = 'running'
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+
+    -- The step log is always a valid conversation: a tool_result answers an unanswered
+    -- tool_use of the latest model turn, and a new model turn comes only once every
+    -- tool_use of the previous one has its result.
+    SELECT s.seq, s.payload INTO last_turn
+    FROM runrow.agent_step AS s
+    WHERE s.run_id = append_step.run_id AND s.kind = 'model_turn'
+    ORDER BY s.seq DESC
+    LIMIT 1;
+
+    IF append_step.kind = 'tool_result' THEN
+        answered := append_step.payload ->> 'tool_use_id';
+        IF last_turn.seq IS NULL OR NOT EXISTS (
+            SELECT 1 FROM json_array_elements(last_turn.payload) AS b (block)
+            WHERE b.block ->> 'type' = 'tool_use' AND b.block ->> 'id' = answered
+        ) THEN
+            RAISE EXCEPTION 'payload: tool_use_id "%" is not a tool_use of the run''s latest model turn', answered
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF EXISTS (
+            SELECT 1 FROM runrow.agent_step AS s
+            WHERE s.run_id = append_step.run_id AND s.kind = 'tool_result' AND s.tool_use_id = answered
+        ) THEN
+            RAISE EXCEPTION 'payload: tool_use "%" already has its tool_result', answered
+                USING ERRCODE = 'object_not_in_prerequisite_state';
+        END IF;
+        IF EXISTS (
+            SELECT 1 FROM runrow.tool_effect AS t
+            WHERE t.run_id = append_step.run_id AND t.tool_use_id = answered
+        ) THEN
+            RAISE EXCEPTION 'payload: tool_use "%" was begun with begin_tool_call; record its result with complete_tool_call',
+                answered
+                USING ERRCODE = 'object_not_in_prerequisite_state';
+        END IF;
+    ELSIF last_turn.seq IS NOT NULL THEN
+        SELECT b.block ->> 'id' AS id INTO bad
+        FROM json_array_elements(last_turn.payload) AS b (block)
+        WHERE b.block ->> 'type' = 'tool_use'
+          AND NOT EXISTS (
+              SELECT 1 FROM runrow.agent_step AS s
+              WHERE s.run_id = append_step.run_id AND s.kind = 'tool_result'
+                AND s.tool_use_id = b.block ->> 'id')
+        LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'kind: a new model_turn needs a tool_result for every tool_use of step % first; "%" has none',
+                last_turn.seq, bad.id
+                USING ERRCODE = 'object_not_in_prerequisite_state';
+        END IF;
+    END IF;
+
+    RETURN runrow._append_step(
+        append_step.run_id, append_step.kind, append_step.payload, append_step.request_id,
+        append_step.usage, append_step.stop_reason);
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) IS
+'Append one step to the run''s durable step log at the next seq and return that seq. kind '
+'model_turn: payload is the assistant message''s content array exactly as the SDK produced it '
+'(thinking and redacted_thinking blocks with their signatures included), with its usage '
+'object and stop_reason; kind tool_result: one '
+'tool_result block, for a tool_use of the latest model turn that has no result yet and was not '
+'begun with begin_tool_call (those get theirs from complete_tool_call). A model_turn is '
+'refused (55000) while a tool_use of the previous one has no result, so the log is always a '
+'valid conversation. payload is json, stored verbatim: the same bytes come back from '
+'conversation_history (a payload with the escape \u0000 is refused: PostgreSQL cannot '
+'process it). request_id (the provider''s) is kept for support tickets. At most '
+'8 MiB. Fenced: NULL, nothing written, unless claim_token matches a running run. Bad input '
+'raises 22004/22023 naming the argument.';
+
+REVOKE ALL ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) TO runrow_worker;
+
+-- functions/audit.sql
+-- The DBA's health check: one row per broken invariant, zero rows when healthy.
+--
+-- Cost model (why each check reads what it reads): everything an audit looks at is either
+-- the live set (queued, running, waiting runs, open tool effects: bounded by capacity, not
+-- by history, and each served by a partial index) or a window of recent history
+-- (history_window, served by agent_run_finished_idx), or an index that is empty on a
+-- healthy database (agent_run_terminal_anomaly). The only history-sized work is the journal
+-- and step pass (seq gaps, complete events), which walks the (run_id, seq) primary keys of
+-- run_event and agent_step for the runs in scope: proportional to the events and steps of
+-- history_window. A DBA who passes a long window on purpose gets a full pass (measured:
+-- about 3 s for 20 k finished runs with 4 events and 2 steps each; the default window reads
+-- none of them and the whole call takes about 12 ms, planning included).
+CREATE OR REPLACE FUNCTION runrow.audit(
+    lease_grace interval DEFAULT '60 seconds',
+    intent_age interval DEFAULT '10 minutes',
+    approval_age interval DEFAULT '24 hours',
+    queued_age interval DEFAULT '15 minutes',
+    history_window interval DEFAULT '7 days'
+)
+RETURNS TABLE (invariant text, run_id uuid, detail text)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    arg record;
+BEGIN
+    FOR arg IN
+        SELECT v.name, v.value
+        FROM (VALUES ('lease_grace', audit.lease_grace), ('intent_age', audit.intent_age),
+                     ('approval_age', audit.approval_age), ('queued_age', audit.queued_age),
+                     ('history_window', audit.history_window)) AS v (name, value)
+    LOOP
+        IF arg.value IS NULL THEN
+            RAISE EXCEPTION '% must not be NULL', arg.name USING ERRCODE = 'null_value_not_allowed';
+        END IF;
+        IF arg.value < interval '0' THEN
+            RAISE EXCEPTION '% must not be negative, got %', arg.name, arg.value
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+
+    -- Row-level states the CHECK constraints forbid. Live runs are few; terminal runs are
+    -- read through agent_run_terminal_anomaly (a stray claim token or no finished_at, in
+    -- all history: the index is empty when healthy and its predicate is repeated verbatim
+    -- so the planner can prove it) and, for a stray lease (no index may cover the lease:
+    -- heartbeats must stay HOT) or attempts over the cap, through history_window.
+    RETURN QUERY
+    WITH suspect AS (
+        SELECT a.* FROM runrow.agent_run AS a WHERE a.status = 'queued'
+        UNION
+        SELECT a.* FROM runrow.agent_run AS a WHERE a.status IN ('running', 'waiting')
+        UNION
+        SELECT a.* FROM runrow.agent_run AS a
+        WHERE a.status IN ('completed', 'failed', 'cancelled', 'dead')
+          AND (a.claim_token IS NOT NULL OR a.finished_at IS NULL)
+        UNION
+        SELECT a.* FROM runrow.agent_run AS a
+        WHERE a.finished_at >= now() - audit.history_window
+          AND (a.claim_expires_at IS NOT NULL OR a.attempt > a.max_attempts)
+          AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
+    )
+    SELECT v.invariant, s.id, v.detail
+    FROM suspect AS s
+    CROSS JOIN LATERAL (
+        SELECT s.status IN ('completed', 'failed', 'cancelled', 'dead') AS terminal,
+               s.claim_token IS NOT NULL OR s.claim_expires_at IS NOT NULL AS holds_claim
+    ) AS k
+    CROSS JOIN LATERAL (VALUES
+        ('terminal_run_holds_claim', k.terminal AND k.holds_claim,
+         format('%s run still holds claim token %s, lease until %s', s.status, s.claim_token, s.claim_expires_at)),
+        ('idle_run_holds_claim', s.status IN ('queued', 'waiting') AND k.holds_claim,
+         format('%s run holds claim token %s, lease until %s', s.status, s.claim_token, s.claim_expires_at)),
+        ('running_without_claim',
+         s.status = 'running' AND (s.claim_token IS NULL OR s.worker_id IS NULL OR s.claim_expires_at IS NULL),
+         format('running run lacks a claim: token %s, worker %s, lease until %s',
+                s.claim_token, s.worker_id, s.claim_expires_at)),
+        ('terminal_without_finished_at', k.terminal AND s.finished_at IS NULL,
+         format('%s run has no finished_at', s.status)),
+        ('live_run_has_finished_at', NOT k.terminal AND s.finished_at IS NOT NULL,
+         format('%s run has finished_at %s', s.status, s.finished_at)),
+        ('attempt_out_of_range',
+         s.attempt > s.max_attempts OR s.attempt < 0 OR (s.status = 'running' AND s.attempt < 1),
+         format('%s run is on attempt %s of max_attempts %s', s.status, s.attempt, s.max_attempts))
+    ) AS v (invariant, broken, detail)
+    WHERE v.broken;
+
+    -- Orphaned claims: the reaper should have taken these lease_grace after expiry.
+    RETURN QUERY
+    SELECT 'lease_expired_unreaped'::text, a.id,
+           format('running on worker %s (attempt %s of %s), lease expired %s ago, grace %s: is a reaper running?',
+                  a.worker_id, a.attempt, a.max_attempts,
+                  date_trunc('second', now() - a.claim_expires_at), audit.lease_grace)
+    FROM runrow.agent_run AS a
+    WHERE a.status = 'running'
+      AND a.claim_expires_at < now() - audit.lease_grace;
+
+    -- Invariant 1 (the partial unique index is the guarantee; this notices it gone).
+    RETURN QUERY
+    SELECT 'conversation_has_multiple_active'::text, m.id,
+           format('conversation %s has %s active runs; this one is %s', m.conversation_id, m.n, m.status)
+    FROM (
+        SELECT a.id, a.conversation_id, a.status, count(*) OVER (PARTITION BY a.conversation_id) AS n
+        FROM runrow.agent_run AS a
+        WHERE a.status IN ('running', 'waiting')
+    ) AS m
+    WHERE m.n > 1;
+
+    -- A claimable turn (no active or earlier queued turn in its conversation) that nobody
+    -- claimed for queued_age since it became claimable: since it (re)entered the queue
+    -- (updated_at; nothing else writes a queued row) or the previous turn ended, whichever
+    -- is later. A turn blocked behind an active one is not reported: the blocker is.
+    RETURN QUERY
+    SELECT 'queued_too_long'::text, q.id,
+           format('claimable for %s (threshold %s), enqueued %s, attempt %s of %s: are workers claiming?',
+                  date_trunc('second', now() - c.since), audit.queued_age, q.created_at, q.attempt, q.max_attempts)
+    FROM runrow.agent_run AS q
+    CROSS JOIN LATERAL (
+        SELECT greatest(q.updated_at, max(p.finished_at)) AS since,
+               bool_or(p.status IN ('queued', 'running', 'waiting')) AS blocked
+        FROM runrow.agent_run AS p
+        WHERE p.conversation_id = q.conversation_id
+          AND p.id <> q.id
+          AND (p.enqueue_seq < q.enqueue_seq OR p.status IN ('running', 'waiting'))
+    ) AS c
+    WHERE q.status = 'queued'
+      AND NOT coalesce(c.blocked, false)
+      AND c.since < now() - audit.queued_age;
+
+    -- The journal and the step log of every run in scope (live runs, and runs finished
+    -- within history_window), each read through its (run_id, seq) primary key: seq must be
+    -- exactly 1..n (a journal trimmed whole has no rows and is fine; steps are never
+    -- trimmed), at most one complete event, which only a terminal run has, and a terminal
+    -- run whose journal is still there ends with one.
+    RETURN QUERY
+    WITH scope AS MATERIALIZED (
+        SELECT a.id, a.status FROM runrow.agent_run AS a WHERE a.status = 'queued'
+        UNION ALL
+        SELECT a.id, a.status FROM runrow.agent_run AS a WHERE a.status IN ('running', 'waiting')
+        UNION ALL
+        SELECT a.id, a.status FROM runrow.agent_run AS a
+        WHERE a.finished_at >= now() - audit.history_window
+          AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
+    )
+    SELECT v.invariant, s.id, v.detail
+    FROM scope AS s
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n, min(e.seq) AS lo, max(e.seq) AS hi,
+               count(*) FILTER (WHERE e.type = 'complete') AS completes
+        FROM runrow.run_event AS e
+        WHERE e.run_id = s.id
+    ) AS j
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n, min(st.seq) AS lo, max(st.seq) AS hi
+        FROM runrow.agent_step AS st
+        WHERE st.run_id = s.id
+    ) AS p
+    CROSS JOIN LATERAL (VALUES
+        ('journal_seq_gap', j.n > 0 AND (j.lo <> 1 OR j.hi <> j.n),
+         format('journal has %s events numbered %s..%s; expected 1..%s', j.n, j.lo, j.hi, j.n)),
+        ('step_seq_gap', p.n > 0 AND (p.lo <> 1 OR p.hi <> p.n),
+         format('step log has %s steps numbered %s..%s; expected 1..%s', p.n, p.lo, p.hi, p.n)),
+        ('multiple_complete_events', j.completes > 1,
+         format('journal has %s complete events', j.completes)),
+        ('complete_event_on_live_run', s.status IN ('queued', 'running', 'waiting') AND j.completes > 0,
+         format('%s run has a complete event in its journal', s.status)),
+        ('terminal_run_without_complete',
+         s.status IN ('completed', 'failed', 'cancelled', 'dead') AND j.n > 0 AND j.completes = 0,
+         format('%s run has %s journal events and no complete event', s.status, j.n))
+    ) AS v (invariant, broken, detail)
+    WHERE v.broken;
+
+    -- Tool calls that may have begun and have no result (executing, uncertain), begun more
+    -- than intent_age ago, where nothing will move them on: a running run's tool that
+    -- hangs, or a call left open by a run that ended (it may have happened; reported for
+    -- history_window after the ending, after which runrow.open_tool_effects still lists
+    -- it). A queued or waiting run's open call is not reported: its next attempt begins it
+    -- again (execute again, or uncertain for a person), and a queue or a person that does
+    -- not move is reported by queued_too_long or approval_waiting_too_long. Served by
+    -- tool_effect_open (the rows that are not done).
+    RETURN QUERY
+    SELECT 'intent_without_result'::text, e.run_id,
+           format('%s call %s of tool %s (key %s) began %s ago (threshold %s) and has no result; run is %s',
+                  e.effect, e.state, e.tool, e.idempotency_key,
+                  date_trunc('second', now() - coalesce(e.started_at, e.created_at)), audit.intent_age, r.status)
+    FROM runrow.tool_effect AS e
+    JOIN runrow.agent_run AS r ON r.id = e.run_id
+    WHERE e.state <> 'done'
+      AND e.state IN ('executing', 'uncertain')
+      AND coalesce(e.started_at, e.created_at) < now() - audit.intent_age
+      AND (r.status = 'running' OR r.finished_at >= now() - audit.history_window);
+
+    -- A person has been asked (needs_approval, or uncertain: it may have happened) and has
+    -- not answered for approval_age; the run is parked as waiting meanwhile and holds its
+    -- conversation. Served by tool_effect_pending.
+    RETURN QUERY
+    SELECT 'approval_waiting_too_long'::text, e.run_id,
+           format('%s call of tool %s (key %s) has waited %s for a decision (threshold %s)',
+                  e.state, e.tool, e.idempotency_key, date_trunc('second', now() - e.updated_at), audit.approval_age)
+    FROM runrow.tool_effect AS e
+    JOIN runrow.agent_run AS r ON r.id = e.run_id
+    WHERE e.state IN ('needs_approval', 'uncertain')
+      AND r.status = 'waiting'
+      AND e.updated_at < now() - audit.approval_age;
+
+    -- A waiting run with nothing to decide can never be resumed by resolve_approval.
+    RETURN QUERY
+    SELECT 'waiting_without_pending_approval'::text, a.id,
+           format('run is waiting since %s but none of its tool calls awaits a decision', a.updated_at)
+    FROM runrow.agent_run AS a
+    WHERE a.status = 'waiting'
+      AND NOT EXISTS (
+          SELECT 1 FROM runrow.tool_effect AS e
+          WHERE e.run_id = a.id AND e.state IN ('needs_approval', 'uncertain'));
+
+    -- The schema's own guards: a constraint, unique index or trigger that someone dropped
+    -- or disabled (say, for maintenance) turns every invariant above from impossible into
+    -- merely unlikely. Catalog lookups only.
+    RETURN QUERY
+    SELECT 'schema_guard_missing'::text, NULL::uuid,
+           format('%s %s on runrow.%s is missing, invalid or disabled', g.kind, g.name, g.tbl)
+    FROM (VALUES
+        ('constraint', 'agent_run_claim_iff_running', 'agent_run'),
+        ('constraint', 'agent_run_no_claim_unless_running', 'agent_run'),
+        ('constraint', 'agent_run_attempt_range', 'agent_run'),
+        ('constraint', 'agent_run_running_has_attempt', 'agent_run'),
+        ('constraint', 'agent_run_finished_iff_terminal', 'agent_run'),
+        ('unique index', 'agent_run_one_active_per_conversation', 'agent_run'),
+        ('unique index', 'agent_run_idempotency_key', 'agent_run'),
+        ('unique index', 'agent_run_one_retry', 'agent_run'),
+        ('unique index', 'run_event_pkey', 'run_event'),
+        ('unique index', 'run_event_one_complete', 'run_event'),
+        ('trigger', 'agent_run_guard', 'agent_run'),
+        ('trigger', 'agent_run_no_delete', 'agent_run'),
+        ('trigger', 'agent_run_no_truncate', 'agent_run'),
+        ('trigger', 'run_event_guard', 'run_event'),
+        ('trigger', 'run_event_no_truncate', 'run_event'),
+        ('trigger', 'message_guard', 'message'),
+        ('trigger', 'prompt_immutable', 'prompt'),
+        ('constraint', 'agent_step_tool_result_names_its_tool_use', 'agent_step'),
+        ('unique index', 'agent_step_pkey', 'agent_step'),
+        ('unique index', 'agent_step_one_result_per_tool_use', 'agent_step'),
+        ('trigger', 'agent_step_guard', 'agent_step'),
+        ('trigger', 'agent_step_no_truncate', 'agent_step'),
+        ('constraint', 'tool_effect_done_iff_result', 'tool_effect'),
+        ('constraint', 'tool_effect_decision_complete', 'tool_effect'),
+        ('constraint', 'tool_effect_started_together', 'tool_effect'),
+        ('constraint', 'tool_effect_irreversible_needs_yes', 'tool_effect'),
+        ('unique index', 'tool_effect_pkey', 'tool_effect'),
+        ('unique index', 'tool_effect_one_per_tool_use', 'tool_effect'),
+        ('trigger', 'tool_effect_guard', 'tool_effect'),
+        ('trigger', 'tool_effect_no_truncate', 'tool_effect'),
+        ('constraint', 'agent_run_conversation_fk', 'agent_run'),
+        ('trigger', 'agent_run_owner_guard', 'agent_run'),
+        ('trigger', 'conversation_immutable', 'conversation')
+    ) AS g (kind, name, tbl)
+    WHERE NOT CASE g.kind
+        WHEN 'constraint' THEN EXISTS (
+            SELECT 1 FROM pg_catalog.pg_constraint AS c
+            WHERE c.conrelid = to_regclass('runrow.' || g.tbl) AND c.conname = g.name AND c.convalidated)
+        WHEN 'unique index' THEN EXISTS (
+            SELECT 1 FROM pg_catalog.pg_index AS i
+            JOIN pg_catalog.pg_class AS ic ON ic.oid = i.indexrelid
+            WHERE i.indrelid = to_regclass('runrow.' || g.tbl) AND ic.relname = g.name
+              AND i.indisunique AND i.indisvalid AND i.indisready)
+        ELSE EXISTS (
+            SELECT 1 FROM pg_catalog.pg_trigger AS t
+            WHERE t.tgrelid = to_regclass('runrow.' || g.tbl) AND t.tgname = g.name AND t.tgenabled <> 'D')
+    END;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.audit(interval, interval, interval, interval, interval) IS
+'Health check for DBAs: zero rows means healthy, otherwise one row per violation as '
+'(invariant, run_id, detail). Thresholds (not NULL, not negative): lease_grace (60 s), '
+'intent_age (10 min), approval_age (24 h), queued_age (15 min); history_window (7 days) bounds '
+'the checks that read history. Invariant ids: '
+'lease_expired_unreaped (running, lease expired more than lease_grace ago: no reaper running); '
+'running_without_claim (running without token, worker or lease); '
+'terminal_run_holds_claim / idle_run_holds_claim (a terminal / queued or waiting run still has '
+'a claim token, in all history, or a lease, within history_window); '
+'terminal_without_finished_at / live_run_has_finished_at (finished_at disagrees with status); '
+'attempt_out_of_range (attempt above max_attempts, or a running run on attempt 0; ended runs '
+'within history_window); '
+'conversation_has_multiple_active (more than one running or waiting run in a conversation); '
+'queued_too_long (a claimable turn unclaimed for queued_age since it became claimable; turns '
+'blocked behind an active turn are not reported, the blocker is); '
+'journal_seq_gap / step_seq_gap (run_event / agent_step seq not exactly 1..n; a journal '
+'trimmed whole is fine); '
+'multiple_complete_events (more than one complete event); '
+'complete_event_on_live_run (queued, running or waiting run with a complete event); '
+'terminal_run_without_complete (terminal run whose untrimmed journal has no complete event); '
+'intent_without_result (a tool call executing or uncertain, begun more than intent_age ago, '
+'no result, in a running run (a hung tool) or a run that ended within history_window (it may '
+'have happened and nothing will record it)); '
+'approval_waiting_too_long (a waiting run''s call has awaited a person''s decision for more '
+'than approval_age); '
+'waiting_without_pending_approval (a waiting run with no call awaiting a decision: nothing can '
+'resume it); '
+'schema_guard_missing (run_id NULL: a constraint, unique index or trigger that keeps these '
+'invariants is missing, invalid or disabled). '
+'Cost: live runs through partial indexes, terminal rows through the empty-when-healthy index '
+'agent_run_terminal_anomaly; the journal and step checks read the (run_id, seq) primary keys of '
+'live runs and of runs finished within history_window, so their cost grows with the work of that '
+'window; pass a long window (say ''100 years'') for a full-history scan.';
+
+REVOKE ALL ON FUNCTION runrow.audit(interval, interval, interval, interval, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.audit(interval, interval, interval, interval, interval) TO runrow_auditor;
+
+-- functions/begin_tool_call.sql
+CREATE OR REPLACE FUNCTION runrow.begin_tool_call(
+    run_id uuid, claim_token uuid, idempotency_key text, tool text, args jsonb, effect text
+)
+RETURNS TABLE (state text, result jsonb)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    r runrow.agent_run;
+    e runrow.tool_effect;
+    found_call record;
+BEGIN
+    PERFORM runrow._require_not_null(begin_tool_call.run_id, 'run_id');
+    PERFORM runrow._require_not_null(begin_tool_call.claim_token, 'claim_token');
+    PERFORM runrow._require_not_null(begin_tool_call.idempotency_key, 'idempotency_key');
+    IF begin_tool_call.idempotency_key !~ '^[0-9a-f]{64}$' THEN
+        RAISE EXCEPTION 'idempotency_key must be 64 lowercase hex characters, as runrow.tool_call_key returns'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(begin_tool_call.tool, 'tool');
+    IF begin_tool_call.tool = '' OR length(begin_tool_call.tool) > 200 THEN
+        RAISE EXCEPTION 'tool must be a tool name of 1 to 200 characters' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(begin_tool_call.args, 'args');
+    IF jsonb_typeof(begin_tool_call.args) <> 'object' THEN
+        RAISE EXCEPTION 'args must be a JSON object (the tool_use block''s input), got %', jsonb_typeof(begin_tool_call.args)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(begin_tool_call.effect, 'effect');
+    IF begin_tool_call.effect NOT IN ('pure', 'idempotent', 'non_idempotent', 'irreversible') THEN
+        RAISE EXCEPTION 'effect must be one of pure, idempotent, non_idempotent, irreversible, got "%"',
+            begin_tool_call.effect
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- The fence. FOR UPDATE: this call may park the run. Lock order everywhere: the run,
+    -- then its effect.
+    SELECT a.* INTO r FROM runrow.agent_run AS a
+    WHERE a.id = begin_tool_call.run_id
+      AND a.claim_token = begin_tool_call.claim_token
+      AND a.status = 'running'
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+
+    SELECT t.* INTO e FROM runrow.tool_effect AS t
+    WHERE t.idempotency_key = begin_tool_call.idempotency_key
+    FOR UPDATE;
+
+    IF NOT FOUND THEN
+        -- A first begin: the key must be the one tool_call_key derives for an unanswered
+        -- tool_use block of the run's latest model turn, so client and database agree on
+        -- it and the call is tied to its block.
+        SELECT s.seq, b.block ->> 'id' AS tool_use_id INTO found_call
+        FROM (
+            SELECT m.seq, m.payload FROM runrow.agent_step AS m
+            WHERE m.run_id = r.id AND m.kind = 'model_turn'
+            ORDER BY m.seq DESC
+            LIMIT 1
+        ) AS s
+        CROSS JOIN LATERAL json_array_elements(s.payload) AS b (block)
+        WHERE b.block ->> 'type' = 'tool_use'
+          AND b.block ->> 'name' = begin_tool_call.tool
+          AND (b.block -> 'input')::jsonb = begin_tool_call.args
+          AND runrow.tool_call_key(r.id, s.seq, b.block ->> 'id', begin_tool_call.tool, begin_tool_call.args)
+              = begin_tool_call.idempotency_key
+          AND NOT EXISTS (
+              SELECT 1 FROM runrow.agent_step AS x
+              WHERE x.run_id = r.id AND x.kind = 'tool_result' AND x.tool_use_id = b.block ->> 'id');
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'idempotency_key matches no unanswered tool_use of the run''s latest model turn with this '
+                'tool and args: it must be runrow.tool_call_key(run_id, step_seq, tool_use_id, tool, args)'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+
+        INSERT INTO runrow.tool_effect AS t (
+            idempotency_key, run_id, step_seq, tool_use_id, tool, args, effect, state, attempt,
+            started_attempt, started_at
+        )
+        VALUES (
+            begin_tool_call.idempotency_key, r.id, found_call.seq, found_call.tool_use_id, begin_tool_call.tool,
+            begin_tool_call.args, begin_tool_call.effect,
+            CASE WHEN begin_tool_call.effect = 'irreversible' THEN 'needs_approval' ELSE 'executing' END,
+            r.attempt,
+            CASE WHEN begin_tool_call.effect <> 'irreversible' THEN r.attempt END,
+            CASE WHEN begin_tool_call.effect <> 'irreversible' THEN now() END
+        );
+        IF begin_tool_call.effect = 'irreversible' THEN
+            PERFORM runrow._park_for_person(r.id, begin_tool_call.idempotency_key);
+            RETURN QUERY SELECT 'needs_approval'::text, NULL::jsonb;
+        ELSE
+            RETURN QUERY SELECT 'execute'::text, NULL::jsonb;
+        END IF;
+        RETURN;
+    END IF;
+
+    IF e.run_id <> r.id OR e.tool <> begin_tool_call.tool OR e.args <> begin_tool_call.args
+       OR e.effect <> begin_tool_call.effect THEN
+        RAISE EXCEPTION 'idempotency_key was recorded for another run, tool, args or effect'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    CASE e.state
+        WHEN 'done' THEN
+            RETURN QUERY SELECT 'done'::text, e.result;
+        WHEN 'executing' THEN
+            IF e.effect = 'irreversible' THEN
+                -- Begun before and no result: it may have happened. Never again without a person.
+                UPDATE runrow.tool_effect AS t SET state = 'uncertain'
+                WHERE t.idempotency_key = e.idempotency_key;
+                PERFORM runrow._park_for_person(r.id, e.idempotency_key);
+                RETURN QUERY SELECT 'uncertain'::text, NULL::jsonb;
+            ELSE
+                -- Safe to run again: the tool passes the same key downstream.
+                UPDATE runrow.tool_effect AS t SET started_attempt = r.attempt, started_at = now()
+                WHERE t.idempotency_key = e.idempotency_key;
+                RETURN QUERY SELECT 'execute'::text, NULL::jsonb;
+            END IF;
+        WHEN 'approved' THEN
+            -- Recorded before the worker runs it, so a crash from here on reads as uncertain.
+            UPDATE runrow.tool_effect AS t SET state = 'executing', started_attempt = r.attempt, started_at = now()
+            WHERE t.idempotency_key = e.idempotency_key;
+            RETURN QUERY SELECT 'approved'::text, runrow._decision(e);
+        WHEN 'rejected' THEN
+            RETURN QUERY SELECT 'rejected'::text, runrow._decision(e);
+        ELSE
+            -- needs_approval or uncertain: still undecided (only a decision requeues a
+            -- parked run, so this is a run put back by other means). Park it again.
+            PERFORM runrow._park_for_person(r.id, e.idempotency_key);
+            RETURN QUERY SELECT e.state, NULL::jsonb;
+    END CASE;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.begin_tool_call(uuid, uuid, text, text, jsonb, text) IS
+'Call before running a tool; returns one row (state, result). idempotency_key must be '
+'runrow.tool_call_key(run_id, step_seq, tool_use_id, tool, args) of an unanswered tool_use in '
+'the run''s latest model turn (22023 otherwise, and when a known key comes with another run, '
+'tool, args or effect). effect pure, idempotent, non_idempotent: execute (run it; a '
+'non_idempotent tool passes the key downstream; a resumed attempt gets execute again with the '
+'same key) or done (the result is recorded: use result, do not run it). irreversible: the first '
+'call records the intent and returns needs_approval, parking the run as waiting (claim '
+'cleared, so heartbeat says owned = false; the attempt is handed back; approval_requested '
+'journaled; a run whose stop was requested ends cancelled instead): the worker stops. After resolve_approval requeues it and a worker claims it: '
+'approved (run it now; result = the decision; the start is recorded first, so a crash before '
+'complete_tool_call makes the next begin return uncertain and park the run again for a '
+'person) or rejected (result = {approved, decided_by, note, decided_at}: report the rejection '
+'to the model with complete_tool_call(is_error => true)). uncertain: begun, no result, begun '
+'again: parked for a person. Fenced: no row, nothing written, unless claim_token matches a '
+'running run.';
+
+REVOKE ALL ON FUNCTION runrow.begin_tool_call(uuid, uuid, text, text, jsonb, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.begin_tool_call(uuid, uuid, text, text, jsonb, text) TO runrow_worker;
+
 -- functions/cancel_run.sql
 CREATE OR REPLACE FUNCTION runrow.cancel_run(run_id uuid)
 RETURNS text
@@ -881,6 +2415,228 @@ COMMENT ON FUNCTION runrow.claim_runs(text, integer, integer) IS
 
 REVOKE ALL ON FUNCTION runrow.claim_runs(text, integer, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.claim_runs(text, integer, integer) TO runrow_worker;
+
+-- functions/complete_tool_call.sql
+CREATE OR REPLACE FUNCTION runrow.complete_tool_call(
+    run_id uuid, claim_token uuid, idempotency_key text, result jsonb, is_error boolean DEFAULT false
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    e runrow.tool_effect;
+    reported_error boolean;
+    step_payload json;
+    new_seq integer;
+BEGIN
+    PERFORM runrow._require_not_null(complete_tool_call.run_id, 'run_id');
+    PERFORM runrow._require_not_null(complete_tool_call.claim_token, 'claim_token');
+    PERFORM runrow._require_not_null(complete_tool_call.idempotency_key, 'idempotency_key');
+    IF complete_tool_call.idempotency_key !~ '^[0-9a-f]{64}$' THEN
+        RAISE EXCEPTION 'idempotency_key must be 64 lowercase hex characters, as runrow.tool_call_key returns'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(complete_tool_call.result, 'result');
+    IF octet_length(complete_tool_call.result::text) > 8388608 THEN
+        RAISE EXCEPTION 'result is too large: the limit is 8 MiB' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(complete_tool_call.is_error, 'is_error');
+
+    -- The fence, under the run row's lock (the single writer of the step seq).
+    PERFORM 1 FROM runrow.agent_run AS r
+    WHERE r.id = complete_tool_call.run_id
+      AND r.claim_token = complete_tool_call.claim_token
+      AND r.status = 'running'
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+
+    SELECT t.* INTO e FROM runrow.tool_effect AS t
+    WHERE t.idempotency_key = complete_tool_call.idempotency_key
+    FOR UPDATE;
+    IF NOT FOUND OR e.run_id <> complete_tool_call.run_id THEN
+        RAISE EXCEPTION 'idempotency_key is not a tool call of this run: call begin_tool_call first'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF e.state = 'done' THEN
+        -- A retried complete whose first commit the caller never heard about: same answer.
+        IF e.result = complete_tool_call.result AND e.is_error = (complete_tool_call.is_error OR e.approved IS FALSE) THEN
+            RETURN e.result_step_seq;
+        END IF;
+        RAISE EXCEPTION 'idempotency_key already has a different result recorded (step %); results never change',
+            e.result_step_seq
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    IF e.state NOT IN ('executing', 'rejected') THEN
+        RAISE EXCEPTION 'idempotency_key is %: only a call begin_tool_call said to execute (or that was rejected) '
+            'takes a result', e.state
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+
+    -- A rejection always reaches the model as an error.
+    reported_error := complete_tool_call.is_error OR e.state = 'rejected';
+    -- The Messages API tool_result block. content is the result itself when it is a
+    -- string or an array of content blocks, otherwise the result's JSON text.
+    step_payload := format('{"type":"tool_result","tool_use_id":%s,"content":%s,"is_error":%s}',
+        to_json(e.tool_use_id)::text,
+        CASE WHEN jsonb_typeof(complete_tool_call.result) IN ('string', 'array') THEN complete_tool_call.result::text
+             ELSE to_json(complete_tool_call.result::text)::text END,
+        reported_error::text)::json;
+
+    new_seq := runrow._append_step(e.run_id, 'tool_result', step_payload, NULL);
+    UPDATE runrow.tool_effect AS t
+    SET state = 'done', result = complete_tool_call.result, is_error = reported_error,
+        result_step_seq = new_seq, completed_at = now()
+    WHERE t.idempotency_key = e.idempotency_key;
+    RETURN new_seq;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.complete_tool_call(uuid, uuid, text, jsonb, boolean) IS
+'Record the result of a tool call begun with begin_tool_call and, in the same transaction, '
+'append its tool_result step; returns that step''s seq. The step payload is the Messages API '
+'block {"type":"tool_result","tool_use_id":<the tool_use id>,"content":<result if it is a '
+'string or an array of content blocks, else its JSON text as a string>,"is_error":<bool>}; '
+'consecutive tool_result steps form one user message in conversation_history. Only for a call '
+'in state executing or rejected (a rejection is always recorded as is_error = true); 55000 '
+'otherwise. The result is immutable: repeating the same call returns the same seq, a '
+'different result is 55000. Fenced: NULL, nothing written, unless claim_token matches a '
+'running run. NULLs raise 22004, a malformed or foreign key 22023. At most 8 MiB.';
+
+REVOKE ALL ON FUNCTION runrow.complete_tool_call(uuid, uuid, text, jsonb, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.complete_tool_call(uuid, uuid, text, jsonb, boolean) TO runrow_worker;
+
+-- functions/conversation_history.sql
+CREATE OR REPLACE FUNCTION runrow.conversation_history(conversation_id uuid, up_to_run_id uuid)
+RETURNS TABLE (
+    run_id uuid,
+    turn_index integer,
+    message_index integer,
+    role text,
+    source text,
+    seq integer,
+    kind text,
+    payload json,
+    run_status text,
+    created_at timestamptz
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    target runrow.agent_run;
+BEGIN
+    PERFORM runrow._require_not_null(conversation_history.conversation_id, 'conversation_id');
+    PERFORM runrow._require_not_null(conversation_history.up_to_run_id, 'up_to_run_id');
+    SELECT a.* INTO target FROM runrow.agent_run AS a WHERE a.id = conversation_history.up_to_run_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'up_to_run_id % does not exist', conversation_history.up_to_run_id
+            USING ERRCODE = 'no_data_found';
+    END IF;
+    IF target.conversation_id <> conversation_history.conversation_id THEN
+        RAISE EXCEPTION 'up_to_run_id % is not a run of conversation %',
+            conversation_history.up_to_run_id, conversation_history.conversation_id
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    RETURN QUERY
+    WITH turns AS (
+        -- Which turns contribute. Every rule depends only on what is final once a turn is
+        -- terminal, so a turn contributes the same rows to every later rebuild (history
+        -- only ever grows at the end). Served by agent_run_conversation_idx.
+        SELECT a.id, a.enqueue_seq, a.status, a.user_message_id, a.id = target.id AS is_target,
+               row_number() OVER (ORDER BY a.enqueue_seq)::integer AS turn_index
+        FROM runrow.agent_run AS a
+        WHERE a.conversation_id = target.conversation_id
+          AND a.enqueue_seq <= target.enqueue_seq
+          AND (
+              a.id = target.id
+              OR a.status = 'completed'
+              -- A stopped turn the model already acted in: what it did stays true.
+              OR (a.status = 'cancelled' AND EXISTS (SELECT 1 FROM runrow.agent_step AS s WHERE s.run_id = a.id))
+          )
+    ),
+    last_turns AS (
+        -- The latest model turn of each earlier turn, to answer its dangling tool_uses.
+        SELECT DISTINCT ON (s.run_id) s.run_id, s.seq, s.payload
+        FROM turns AS t
+        JOIN runrow.agent_step AS s ON s.run_id = t.id AND s.kind = 'model_turn'
+        WHERE NOT t.is_target
+        ORDER BY s.run_id, s.seq DESC
+    ),
+    blocks AS (
+        SELECT t.id AS run_id, t.turn_index, 0 AS pos, 0::bigint AS sub, 'user'::text AS role,
+               'user_message'::text AS source, NULL::integer AS seq, 'user_message'::text AS kind,
+               m.content::text::json AS payload, t.status AS run_status, m.created_at
+        FROM turns AS t
+        JOIN runrow.message AS m ON m.id = t.user_message_id
+        UNION ALL
+        SELECT t.id, t.turn_index, s.seq, 0::bigint,
+               CASE s.kind WHEN 'model_turn' THEN 'assistant' ELSE 'user' END,
+               'step', s.seq, s.kind, s.payload, t.status, s.created_at
+        FROM turns AS t
+        JOIN runrow.agent_step AS s ON s.run_id = t.id
+        UNION ALL
+        -- An earlier turn that ended on a tool_use with no result (it was stopped while a
+        -- tool ran or waited for approval): a tool_result is synthesized for it, after the
+        -- turn's last step, so the next request is a valid conversation. Nothing stored
+        -- changes; the text depends only on final data, so it is the same on every rebuild.
+        SELECT t.id, t.turn_index, 2147483647, b.ord, 'user', 'synthesized', NULL::integer, 'tool_result',
+               format('{"type":"tool_result","tool_use_id":%s,"content":%s,"is_error":true}',
+                      to_json(b.block ->> 'id')::text,
+                      to_json(format('No result: this turn was %s before the tool call completed.', t.status))::text
+               )::json,
+               t.status, NULL::timestamptz
+        FROM turns AS t
+        JOIN last_turns AS l ON l.run_id = t.id
+        CROSS JOIN LATERAL json_array_elements(l.payload) WITH ORDINALITY AS b (block, ord)
+        WHERE b.block ->> 'type' = 'tool_use'
+          AND NOT EXISTS (
+              SELECT 1 FROM runrow.agent_step AS r
+              WHERE r.run_id = t.id AND r.kind = 'tool_result' AND r.tool_use_id = b.block ->> 'id')
+    ),
+    ordered AS (
+        SELECT x.*, row_number() OVER (ORDER BY x.turn_index, x.pos, x.sub) AS n,
+               CASE WHEN x.role IS DISTINCT FROM lag(x.role) OVER (ORDER BY x.turn_index, x.pos, x.sub)
+                    THEN 1 ELSE 0 END AS starts_message
+        FROM blocks AS x
+    )
+    SELECT o.run_id, o.turn_index,
+           (sum(o.starts_message) OVER (ORDER BY o.n))::integer,
+           o.role, o.source, o.seq, o.kind, o.payload, o.run_status, o.created_at
+    FROM ordered AS o
+    ORDER BY o.n;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.conversation_history(uuid, uuid) IS
+'Everything a worker needs to rebuild the model input of run up_to_run_id byte for byte, in '
+'order: for each contributing turn of the conversation up to and including that run, its user '
+'message (source user_message, kind user_message, payload = the message content) then its '
+'steps (source step, payload = the json exactly as append_step stored it). Contributing: the '
+'run itself, every earlier completed turn, and every earlier cancelled turn that has at least '
+'one step. Failed and dead turns contribute nothing (a person''s retry_run is a new turn with '
+'the same user message, placed where it was enqueued); turns stopped before any step '
+'contribute nothing (a draft). An earlier turn whose last model turn has a tool_use without a '
+'result gets one synthesized row per such tool_use (source synthesized, seq NULL): '
+'{"type":"tool_result","tool_use_id":...,"content":"No result: this turn was <status> before '
+'the tool call completed.","is_error":true}. Stored rows never change and every rule reads '
+'only what is final once a turn ended, so history only grows at its end. message_index '
+'numbers the Messages API messages: consecutive rows of the same role share one (roles then '
+'alternate, starting with user). Build each message''s content from its rows in order: a lone '
+'user_message row whose payload is a JSON string is the content itself; otherwise concatenate '
+'the blocks (a model_turn payload is an array of blocks, a tool_result row is one block, a '
+'user_message string becomes {"type":"text","text":...}, a user_message array contributes its '
+'blocks). Read payload as text to keep its bytes. 22004 for NULLs, P0002 for an unknown run, '
+'22023 for a run of another conversation.';
+
+REVOKE ALL ON FUNCTION runrow.conversation_history(uuid, uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.conversation_history(uuid, uuid) TO runrow_worker;
 
 -- functions/enqueue_run.sql
 CREATE OR REPLACE FUNCTION runrow.enqueue_run(
@@ -983,6 +2739,17 @@ BEGIN
         END IF;
     END IF;
 
+    -- The first enqueue creates the conversation and makes its user the owner; nobody
+    -- else can add a turn to it (42501, which the HTTP service answers as 404).
+    INSERT INTO runrow.conversation AS c (id, user_id)
+    VALUES (enqueue_run.conversation_id, enqueue_run.user_id)
+    ON CONFLICT ON CONSTRAINT conversation_pkey DO NOTHING;
+    IF (SELECT c.user_id FROM runrow.conversation AS c WHERE c.id = enqueue_run.conversation_id)
+       IS DISTINCT FROM enqueue_run.user_id THEN
+        RAISE EXCEPTION 'conversation_id % belongs to another user', enqueue_run.conversation_id
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+
     IF EXISTS (
         SELECT 1 FROM runrow.agent_run AS r
         WHERE r.conversation_id = enqueue_run.conversation_id
@@ -1033,7 +2800,8 @@ COMMENT ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, int
 'conversation has an active (queued, running or waiting) run, if_active decides: enqueue '
 '(wait behind it), reject (error 55000, nothing written) or interrupt (stop the active runs '
 'as stop_conversation does, then enqueue, atomically). Bad input raises 22004/22023 naming '
-'the argument.';
+'the argument. The first enqueue of a conversation makes user_id its owner; another user''s '
+'enqueue into it raises 42501.';
 
 REVOKE ALL ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb)
@@ -1041,14 +2809,20 @@ TO runrow_client;
 
 -- functions/events_channel.sql
 -- The per-run channel tails LISTEN on: runrow_events_<run id as 32 hex digits>, a plain
--- identifier that needs no quoting in LISTEN.
+-- identifier that needs no quoting in LISTEN. PL/pgSQL (not SQL) only so a NULL run id
+-- raises like every other function instead of yielding a NULL channel name.
 CREATE OR REPLACE FUNCTION runrow.events_channel(run_id uuid)
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 IMMUTABLE
 SET search_path = pg_catalog, runrow
 AS $fn$
-    SELECT 'runrow_events_' || replace(events_channel.run_id::text, '-', '');
+BEGIN
+    IF events_channel.run_id IS NULL THEN
+        RAISE EXCEPTION 'run_id must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    RETURN 'runrow_events_' || replace(events_channel.run_id::text, '-', '');
+END
 $fn$;
 
 REVOKE ALL ON FUNCTION runrow.events_channel(uuid) FROM PUBLIC;
@@ -1056,7 +2830,8 @@ GRANT EXECUTE ON FUNCTION runrow.events_channel(uuid) TO runrow_worker, runrow_c
 COMMENT ON FUNCTION runrow.events_channel(uuid) IS
 'The NOTIFY channel of one run''s journal: runrow_events_ followed by the run id as 32 '
 'lowercase hex digits (no dashes, so LISTEN needs no quoting). append_events and every '
-'terminal write notify it with the last seq as payload; a tail LISTENs on it before reading.';
+'terminal write notify it with the last seq as payload; a tail LISTENs on it before reading. '
+'A NULL run_id raises 22004.';
 
 -- functions/finish_run.sql
 CREATE OR REPLACE FUNCTION runrow.finish_run(
@@ -1114,6 +2889,93 @@ COMMENT ON FUNCTION runrow.finish_run(uuid, uuid, text, jsonb, text) IS
 
 REVOKE ALL ON FUNCTION runrow.finish_run(uuid, uuid, text, jsonb, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.finish_run(uuid, uuid, text, jsonb, text) TO runrow_worker;
+
+-- functions/get_conversation.sql
+CREATE OR REPLACE FUNCTION runrow.get_conversation(conversation_id uuid)
+RETURNS TABLE (
+    id uuid,
+    user_id text,
+    created_at timestamptz,
+    active_run_id uuid,
+    active_status text,
+    runs bigint
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(get_conversation.conversation_id, 'conversation_id');
+    RETURN QUERY
+    SELECT c.id, c.user_id, c.created_at, act.id, act.status,
+           (SELECT count(*) FROM runrow.agent_run AS n WHERE n.conversation_id = c.id)
+    FROM runrow.conversation AS c
+    LEFT JOIN LATERAL (
+        SELECT a.id, a.status FROM runrow.agent_run AS a
+        WHERE a.conversation_id = c.id AND a.status IN ('queued', 'running', 'waiting')
+        ORDER BY a.enqueue_seq
+        LIMIT 1
+    ) AS act ON true
+    WHERE c.id = get_conversation.conversation_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'conversation_id % does not exist', get_conversation.conversation_id
+            USING ERRCODE = 'no_data_found';
+    END IF;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.get_conversation(uuid) IS
+'One conversation for clients: its owner (user_id), when it started, its oldest active '
+'(queued, running or waiting) run if any, and how many runs it has had. Services use the '
+'owner to scope requests to one user. An unknown conversation_id raises P0002.';
+
+REVOKE ALL ON FUNCTION runrow.get_conversation(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.get_conversation(uuid) TO runrow_client, runrow_auditor;
+
+-- functions/get_run.sql
+CREATE OR REPLACE FUNCTION runrow.get_run(run_id uuid)
+RETURNS TABLE (
+    id uuid,
+    conversation_id uuid,
+    user_id text,
+    status text,
+    attempt integer,
+    max_attempts integer,
+    model text,
+    cancel_requested boolean,
+    retry_of uuid,
+    result jsonb,
+    error text,
+    created_at timestamptz,
+    started_at timestamptz,
+    finished_at timestamptz
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(get_run.run_id, 'run_id');
+    RETURN QUERY
+    SELECT a.id, a.conversation_id, a.user_id, a.status, a.attempt, a.max_attempts, a.model,
+           a.cancel_requested, a.retry_of, a.result, a.error, a.created_at, a.started_at, a.finished_at
+    FROM runrow.agent_run AS a
+    WHERE a.id = get_run.run_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run_id % does not exist', get_run.run_id USING ERRCODE = 'no_data_found';
+    END IF;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.get_run(uuid) IS
+'The public state of one run for clients (GET /runs/{id}, runrow tail): status, attempts, '
+'model, cancel flag, retry link, result or error and timestamps; never the claim token. '
+'An unknown run_id raises P0002.';
+
+REVOKE ALL ON FUNCTION runrow.get_run(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.get_run(uuid) TO runrow_client, runrow_worker, runrow_auditor;
 
 -- functions/heartbeat.sql
 CREATE OR REPLACE FUNCTION runrow.heartbeat(run_id uuid, claim_token uuid, lease_seconds integer DEFAULT 30)
@@ -1291,6 +3153,98 @@ COMMENT ON FUNCTION runrow.release_run(uuid, uuid, text) IS
 REVOKE ALL ON FUNCTION runrow.release_run(uuid, uuid, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.release_run(uuid, uuid, text) TO runrow_worker;
 
+-- functions/resolve_approval.sql
+CREATE OR REPLACE FUNCTION runrow.resolve_approval(
+    idempotency_key text, approved boolean, decided_by text, note text DEFAULT NULL
+)
+RETURNS uuid
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    owner_run uuid;
+    r runrow.agent_run;
+    e runrow.tool_effect;
+    last_seq bigint;
+BEGIN
+    PERFORM runrow._require_not_null(resolve_approval.idempotency_key, 'idempotency_key');
+    PERFORM runrow._require_not_null(resolve_approval.approved, 'approved');
+    PERFORM runrow._require_not_null(resolve_approval.decided_by, 'decided_by');
+    IF resolve_approval.decided_by = '' OR length(resolve_approval.decided_by) > 200 THEN
+        RAISE EXCEPTION 'decided_by must name the person deciding in 1 to 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF length(resolve_approval.note) > 10000 THEN
+        RAISE EXCEPTION 'note is too long: at most 10000 characters' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    SELECT t.run_id INTO owner_run FROM runrow.tool_effect AS t
+    WHERE t.idempotency_key = resolve_approval.idempotency_key;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'idempotency_key % does not exist', resolve_approval.idempotency_key
+            USING ERRCODE = 'no_data_found';
+    END IF;
+    -- Lock order everywhere: the run, then its effect.
+    SELECT a.* INTO STRICT r FROM runrow.agent_run AS a WHERE a.id = owner_run FOR UPDATE;
+    SELECT t.* INTO STRICT e FROM runrow.tool_effect AS t
+    WHERE t.idempotency_key = resolve_approval.idempotency_key
+    FOR UPDATE;
+
+    -- Deciding twice, or deciding a call nobody waits on, is an error rather than a
+    -- silent no-op: the second person learns that someone else already decided.
+    IF e.state NOT IN ('needs_approval', 'uncertain') THEN
+        RAISE EXCEPTION '%', format('idempotency_key %s is not waiting for a decision: it is %s%s',
+            resolve_approval.idempotency_key, e.state,
+            CASE WHEN e.decided_by IS NOT NULL
+                 THEN format(' (decided by %s at %s)', e.decided_by, e.decided_at) ELSE '' END)
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    IF r.status <> 'waiting' THEN
+        RAISE EXCEPTION 'idempotency_key %: its run % is %, not waiting for a decision',
+            resolve_approval.idempotency_key, r.id, r.status
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+
+    UPDATE runrow.tool_effect AS t
+    SET state = CASE WHEN resolve_approval.approved THEN 'approved' ELSE 'rejected' END,
+        approved = resolve_approval.approved,
+        decided_by = resolve_approval.decided_by,
+        decision_note = resolve_approval.note,
+        decided_at = now()
+    WHERE t.idempotency_key = e.idempotency_key;
+
+    UPDATE runrow.agent_run AS a SET status = 'queued' WHERE a.id = r.id;
+
+    last_seq := runrow._journal(r.id, jsonb_build_array(
+        jsonb_build_object(
+            'type', 'approval_resolved', 'idempotency_key', e.idempotency_key, 'reason', e.state,
+            'tool', e.tool, 'approved', resolve_approval.approved, 'decided_by', resolve_approval.decided_by,
+            'note', resolve_approval.note),
+        jsonb_build_object(
+            'type', 'run_requeued', 'attempt', r.attempt, 'max_attempts', r.max_attempts,
+            'reason', 'approval_resolved')));
+    PERFORM runrow._wake_tails(r.id, last_seq);
+    PERFORM runrow._wake_dispatchers(r.conversation_id);
+    RETURN r.id;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.resolve_approval(text, boolean, text, text) IS
+'A person''s decision on a tool call listed in runrow.pending_approvals. needs_approval (an '
+'irreversible call not yet run): approved = true lets it run, false rejects it. uncertain (an '
+'irreversible call that began and has no result, so it may have happened): approved = true '
+'means "it did not happen, run it", false means "do not run it" (the model is told the call '
+'was rejected; say what you know in note, which reaches the worker). Records approved, '
+'decided_by, note and the time; requeues the waiting run (journals approval_resolved and '
+'run_requeued, NOTIFYs runrow_enqueued) and returns its id. A key that is not waiting for a '
+'decision (already decided, or its run no longer waiting, e.g. stopped) raises 55000: a '
+'second decision never overrides the first. Unknown key P0002; NULLs 22004; an empty or '
+'over-long decided_by or note 22023.';
+
+REVOKE ALL ON FUNCTION runrow.resolve_approval(text, boolean, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.resolve_approval(text, boolean, text, text) TO runrow_client;
+
 -- functions/retry_run.sql
 CREATE OR REPLACE FUNCTION runrow.retry_run(run_id uuid)
 RETURNS uuid
@@ -1326,7 +3280,12 @@ BEGIN
     )
     VALUES (
         old.conversation_id, old.user_id, old.user_message_id, old.max_attempts, old.model,
-        old.prompt_id, old.metadata, old.request_snapshot, old.id
+        old.prompt_id, old.metadata,
+        -- Rebuilt from the kept message, as enqueue_run builds it: the old run's copy may
+        -- be trimmed, and a NULL snapshot would hide this run's journal from trim_journal.
+        (SELECT jsonb_build_object('content', m.content, 'metadata', old.metadata)
+         FROM runrow.message AS m WHERE m.id = old.user_message_id),
+        old.id
     )
     RETURNING id INTO new_id;
 
@@ -1410,6 +3369,54 @@ COMMENT ON FUNCTION runrow.stop_conversation(uuid) IS
 REVOKE ALL ON FUNCTION runrow.stop_conversation(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.stop_conversation(uuid) TO runrow_client;
 
+-- functions/tool_call_key.sql
+CREATE OR REPLACE FUNCTION runrow.tool_call_key(
+    run_id uuid, step_seq integer, tool_use_id text, tool text, args jsonb
+)
+RETURNS text
+LANGUAGE plpgsql
+IMMUTABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(tool_call_key.run_id, 'run_id');
+    PERFORM runrow._require_range(tool_call_key.step_seq, 'step_seq', 1, 2147483647);
+    PERFORM runrow._require_not_null(tool_call_key.tool_use_id, 'tool_use_id');
+    IF tool_call_key.tool_use_id = '' THEN
+        RAISE EXCEPTION 'tool_use_id must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(tool_call_key.tool, 'tool');
+    IF tool_call_key.tool = '' THEN
+        RAISE EXCEPTION 'tool must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(tool_call_key.args, 'args');
+    IF jsonb_typeof(tool_call_key.args) <> 'object' THEN
+        RAISE EXCEPTION 'args must be a JSON object (a tool_use block''s input), got %', jsonb_typeof(tool_call_key.args)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN encode(sha256(convert_to(
+        tool_call_key.run_id::text || ':' || tool_call_key.step_seq::text || ':' || tool_call_key.tool_use_id
+        || ':' || tool_call_key.tool || ':' || runrow._canonical_json(tool_call_key.args),
+        'UTF8')), 'hex');
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.tool_call_key(uuid, integer, text, text, jsonb) IS
+'The idempotency key of a tool call, derived from its position so every attempt computes the '
+'same one: lowercase hex SHA-256 of the UTF-8 bytes of '
+'run_id || '':'' || step_seq || '':'' || tool_use_id || '':'' || tool || '':'' || canonical(args), where '
+'run_id is the lowercase hyphenated uuid, step_seq the decimal seq of the model_turn step '
+'holding the tool_use block, tool_use_id that block''s id, tool its name, and canonical(args) '
+'the block''s input as JSON with object keys sorted by code point, no whitespace, strings '
+'escaped as JSON requires (", \\, \b \f \n \r \t, other controls as \u00xx lowercase; '
+'non-ASCII kept as is) and numbers in plain decimal as PostgreSQL numeric prints them (1e2 -> '
+'100, 1.50 -> 1.50, 1e-7 -> 0.0000001, -0 -> 0). pyworker/keys.py is the Python twin. args '
+'must be an object; NULLs raise 22004, empty strings and non-objects 22023.';
+
+REVOKE ALL ON FUNCTION runrow.tool_call_key(uuid, integer, text, text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.tool_call_key(uuid, integer, text, text, jsonb) TO runrow_worker, runrow_client;
+
 -- functions/trim_journal.sql
 CREATE OR REPLACE FUNCTION runrow.trim_journal(older_than interval DEFAULT '24 hours')
 RETURNS bigint
@@ -1419,25 +3426,34 @@ SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     deleted bigint;
+    cutoff timestamptz;
+    due uuid[];
 BEGIN
     PERFORM runrow._require_not_null(trim_journal.older_than, 'older_than');
     IF trim_journal.older_than < interval '0' THEN
         RAISE EXCEPTION 'older_than must not be negative, got %', trim_journal.older_than
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- An interval reaching before 4713 BC overflows timestamptz: bad input, named as such.
+    BEGIN
+        cutoff := now() - trim_journal.older_than;
+    EXCEPTION WHEN datetime_field_overflow THEN
+        RAISE EXCEPTION 'older_than is out of range, got %', trim_journal.older_than
+            USING ERRCODE = 'invalid_parameter_value';
+    END;
 
-    DELETE FROM runrow.run_event AS e
-    USING runrow.agent_run AS a
-    WHERE a.id = e.run_id
-      AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
-      AND a.finished_at < now() - trim_journal.older_than;
+    -- Served by agent_run_untrimmed: only finished runs whose snapshot (and so journal)
+    -- is still there, never the trimmed history.
+    SELECT coalesce(array_agg(a.id), '{}') INTO due
+    FROM runrow.agent_run AS a
+    WHERE a.finished_at < cutoff
+      AND a.finished_at IS NOT NULL
+      AND a.request_snapshot IS NOT NULL;
+
+    DELETE FROM runrow.run_event AS e WHERE e.run_id = ANY (due);
     GET DIAGNOSTICS deleted = ROW_COUNT;
 
-    UPDATE runrow.agent_run AS a
-    SET request_snapshot = NULL
-    WHERE a.status IN ('completed', 'failed', 'cancelled', 'dead')
-      AND a.finished_at < now() - trim_journal.older_than
-      AND a.request_snapshot IS NOT NULL;
+    UPDATE runrow.agent_run AS a SET request_snapshot = NULL WHERE a.id = ANY (due);
     RETURN deleted;
 END
 $fn$;
