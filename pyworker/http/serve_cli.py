@@ -116,8 +116,8 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         # As with `python -m`, a module in the directory serve was started from is importable.
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
-        tool_registry.load_module(args.tools_module)
-        tools = tool_registry.registry.definitions()
+        # Exactly that module's tools (the process has imported others, e.g. the demo's).
+        tools = tool_registry.load_module(args.tools_module).definitions()
     system = args.system_file.read_text() if args.system_file is not None else None
     return ServeConfig(
         database_url=database_url(args.database_url),
