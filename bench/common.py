@@ -15,11 +15,10 @@ import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from pyworker.migrate import migrate
+from pyworker.devdb import temporary_database
 
 
 def server_url() -> str:
@@ -32,17 +31,8 @@ def server_url() -> str:
 @contextlib.contextmanager
 def bench_database(name: str) -> Iterator[str]:
     """A freshly migrated database for one benchmark; dropped afterwards."""
-    url = server_url()
-    db = f"runrow_bench_{name}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db}"')
-    bench_url = urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
-    try:
-        migrate(bench_url)
+    with temporary_database(server_url(), f"runrow_bench_{name}") as bench_url:
         yield bench_url
-    finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE "{db}" WITH (FORCE)')
 
 
 def machine(url: str) -> str:

@@ -38,7 +38,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from pyworker import api, demo_tools, devdb, steps_api
+from pyworker import api, devdb, steps_api
 from pyworker.demo_render import EventPrinter, Screen, short, table
 from pyworker.hub import Hub
 from pyworker.migrate import migrate
@@ -150,6 +150,10 @@ class DemoError(RuntimeError):
 
 
 def run(opts: Options, screen: Screen | None = None) -> int:
+    # Imported here, not at the top: importing it registers the demo's tools, and every
+    # `runrow` process imports this module to build its parser.
+    from pyworker import demo_tools
+
     screen = screen or Screen()
     real = bool(os.environ.get("ANTHROPIC_API_KEY")) and not opts.fake
     # The terminal shows the journal; the library's own INFO lines (migrate, hub) would only clutter it.
@@ -284,6 +288,8 @@ def _workers(
 async def _follow(
     url: str, opts: Options, model: str, workers: dict[str, WorkerProcess], screen: Screen
 ) -> Live:
+    from pyworker import demo_tools
+
     live = Live()
     pool = AsyncConnectionPool(url, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False)
     await pool.open(wait=True, timeout=30)
@@ -380,6 +386,8 @@ def _report(
     opts: Options,
     screen: Screen,
 ) -> int:
+    from pyworker import demo_tools
+
     summary = asyncio.run(_read_back(url, live))
     events, steps = summary
     complete = live.complete or {}

@@ -210,3 +210,62 @@ def wait_ready(cluster: Cluster, timeout: float = 10.0) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def database_url_for(url: str, name: str) -> str:
+    """The same server and credentials as `url`, another database."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+
+
+def drop_database(admin_url: str, name: str, timeout: float = 30.0) -> None:
+    """Drop a database we created, without superuser rights.
+
+    `DROP DATABASE ... WITH (FORCE)` would also have to terminate autovacuum workers, which
+    only a superuser (or pg_signal_backend) may do; plain DROP DATABASE makes autovacuum
+    step aside by itself. So: end our own sessions in it, then drop, retrying while a
+    session of ours is still on its way out.
+    """
+    import psycopg
+    from psycopg import sql
+
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        while True:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid() AND usename = current_user",
+                (name,),
+            )
+            try:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+                return
+            except psycopg.errors.ObjectInUse:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def temporary_database(admin_url: str, prefix: str, *, migrated: bool = True) -> Iterator[str]:
+    """A fresh database on the server of `admin_url` (whose role needs CREATEDB), migrated
+    unless told otherwise, dropped afterwards. Tests and benchmarks that must see only
+    their own runs use one each."""
+    import uuid
+
+    import psycopg
+    from psycopg import sql
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = database_url_for(admin_url, name)
+    try:
+        if migrated:
+            from pyworker.migrate import migrate
+
+            migrate(url)
+        yield url
+    finally:
+        drop_database(admin_url, name)

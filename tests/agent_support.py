@@ -22,15 +22,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 from worker_support import REPO, wait_until
 
 from pyworker import agent
+from pyworker.devdb import temporary_database
 from pyworker.fake_scenarios import DEMO_TOOLS
-from pyworker.migrate import migrate
 from pyworker.worker import Worker
 
 if str(REPO) not in sys.path:  # `examples.tools_demo`, importable as a user's tool module is
@@ -286,14 +285,8 @@ def in_process_worker(url: str, name: str = "inproc", **kwargs: Any) -> Iterator
 @pytest.fixture(scope="module")
 def module_db(database_url: str) -> Iterator[str]:
     """A freshly migrated database shared by one test module's tests."""
-    name = f"runrow_agent_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = urlunsplit(urlsplit(database_url)._replace(path=f"/{name}"))
-    migrate(url)
-    yield url
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with temporary_database(database_url, "runrow_agent") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,7 @@ schema is brought current with `runrow migrate` once per session.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -59,10 +57,5 @@ def connect(database_url: str) -> Iterator[object]:
 @pytest.fixture
 def scratch_database(database_url: str) -> Iterator[str]:
     """An empty database of its own, for install tests; dropped afterwards."""
-    name = f"runrow_scratch_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    parts = urlsplit(database_url)
-    yield urlunsplit(parts._replace(path=f"/{name}"))
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with devdb.temporary_database(database_url, "runrow_scratch", migrated=False) as url:
+        yield url

@@ -12,16 +12,14 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
-import psycopg
 import uvicorn
 
+from pyworker.devdb import temporary_database
 from pyworker.http.app import create_app
 from pyworker.http.config import ServeConfig
 from pyworker.http.context import Services
-from pyworker.migrate import migrate
 
 TOKENS = {"alice-token-0123456789": "alice", "bob-token-0123456789ab": "bob"}
 ALICE = {"Authorization": "Bearer alice-token-0123456789"}
@@ -29,14 +27,8 @@ BOB = {"Authorization": "Bearer bob-token-0123456789ab"}
 
 
 def private_database(database_url: str, prefix: str) -> Iterator[str]:
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = urlunsplit(urlsplit(database_url)._replace(path=f"/{name}"))
-    migrate(url)
-    yield url
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with temporary_database(database_url, prefix) as url:
+        yield url
 
 
 class Server:

@@ -15,12 +15,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg.rows import dict_row
 
-from pyworker.migrate import migrate
+from pyworker.devdb import temporary_database
 
 POLL_TIMEOUT = 15.0
 
@@ -29,16 +28,8 @@ POLL_TIMEOUT = 15.0
 def private_database(database_url: str) -> Iterator[str]:
     """A migrated database of the race module's own, so claims see only this module's runs
     and the thousands of finished runs the cost tests create bloat nobody else's tables."""
-    name = f"runrow_races_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = urlunsplit(urlsplit(database_url)._replace(path=f"/{name}"))
-    try:
-        migrate(url)
+    with temporary_database(database_url, "runrow_races") as url:
         yield url
-    finally:
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
 class Background:

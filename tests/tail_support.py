@@ -9,25 +9,18 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 
-from pyworker.migrate import migrate
+from pyworker.devdb import temporary_database
 
 
 @pytest.fixture(scope="module")
 def private_database_url(database_url: str) -> Iterator[str]:
     """A freshly migrated database of this test module's own; dropped afterwards."""
-    name = f"runrow_tail_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = urlunsplit(urlsplit(database_url)._replace(path=f"/{name}"))
-    migrate(url)
-    yield url
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with temporary_database(database_url, "runrow_tail") as url:
+        yield url
 
 
 def enqueue(

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from pyworker.migrate import migrate
+from pyworker.devdb import temporary_database
 from pyworker.paths import SQL_DIR
 
 TABLES = ("agent_run", "message", "run_event", "agent_step", "tool_effect")
@@ -31,19 +31,11 @@ HISTORY = 20_000
 
 
 @pytest.fixture(scope="module")
-def audit_db(database_url: str, superuser_url: str) -> Iterator[str]:
-    """A migrated database holding only this module's runs. Dropped as the superuser: the
-    tests' superuser sessions may still be exiting, and only a superuser may end those."""
-    name = f"runrow_audit_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = urlunsplit(urlsplit(database_url)._replace(path=f"/{name}"))
-    try:
-        migrate(url)
+def audit_db(database_url: str) -> Iterator[str]:
+    """A migrated database holding only this module's runs (dropped once the tests'
+    sessions, superuser ones included, have gone: drop_database waits for them)."""
+    with temporary_database(database_url, "runrow_audit") as url:
         yield url
-    finally:
-        with psycopg.connect(superuser_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
 def as_superuser(superuser_url: str, database: str) -> str:

@@ -15,12 +15,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 
-from pyworker.migrate import migrate
+from pyworker.devdb import temporary_database
 
 REPO = Path(__file__).resolve().parent.parent
 ECHO = "pyworker.handlers.echo:handle"
@@ -30,14 +29,8 @@ T = TypeVar("T")
 @pytest.fixture
 def worker_db(database_url: str) -> Iterator[str]:
     """A freshly migrated database of this test's own (no other test's runs to claim)."""
-    name = f"runrow_worker_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = urlunsplit(urlsplit(database_url)._replace(path=f"/{name}"))
-    migrate(url)
-    yield url
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with temporary_database(database_url, "runrow_worker") as url:
+        yield url
 
 
 @pytest.fixture
