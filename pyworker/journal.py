@@ -7,6 +7,14 @@ field is the concatenation. Buffers are flushed on a 250 ms clock, ALL runs in O
 with the number of runs (SPEC.md, "Performance rules"). A structural event is written through:
 `emit` returns once it is committed. A run fenced out in a batch (append_events returns NULL)
 loses only its own events, and its `lost` event is set so its supervisor stands down.
+
+A flush whose COMMIT was sent but never answered (the connection died) may or may not have
+committed. Retrying blindly would journal the same events twice at new seqs, so the batch is
+held "in doubt" and nothing more is written for its run until a read-back settles it:
+append_events already told us the exact seqs the batch took, and while the claim is held this
+worker is the only one appending this claim's events, so the batch landed iff those seqs now hold
+exactly its events. A foreign row (cancel_requested, approval_requested) can only sit there if
+ours did not commit. A failure before COMMIT was sent needs no read-back: the server rolls back.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -29,6 +38,7 @@ log = logging.getLogger("runrow.journal")
 DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
 MAX_EVENTS_PER_CALL = 1000  # append_events' own limit
 MAX_BYTES_PER_CALL = 3 * 1024 * 1024  # below append_events' 4 MiB limit, leaving room for JSON overhead
+MAX_READ_BACK = 10000  # read_events' own page limit
 
 
 class RunLost(Exception):
@@ -55,7 +65,8 @@ class RunJournal:
         self._emitted = 0
         self._committed = 0
         self.failed: BaseException | None = None
-        self.last_seq: int | None = None
+        self.last_seq: int | None = None  # the last seq this claim knows committed
+        self._doubt: _Doubt | None = None  # a batch whose COMMIT went unanswered
 
     @property
     def run_id(self) -> UUID:
@@ -64,6 +75,11 @@ class RunJournal:
     @property
     def pending(self) -> bool:
         return bool(self._buffer)
+
+    @property
+    def in_doubt(self) -> bool:
+        """A batch may or may not have committed; nothing more is written until a read-back says."""
+        return self._doubt is not None
 
     async def emit(self, event: dict[str, Any]) -> None:
         """Buffer a delta (coalesced, flushed on the clock) or write a structural event through."""
@@ -121,6 +137,45 @@ def _chunks(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 class _Fenced(Exception):
     pass
+
+
+@dataclass
+class _Doubt:
+    """A run's batch inside a transaction whose COMMIT went unanswered: its events, the emit mark
+    they cover, and the seqs append_events gave them (first_seq .. first_seq + len(events) - 1)."""
+
+    events: list[dict[str, Any]]
+    mark: int
+    first_seq: int
+
+
+def _canon(value: Any) -> Any:
+    """An event as jsonb gives it back: numbers compare as floats (jsonb keeps 1e308 as the
+    exact decimal, which reads back as an int), tuples as lists."""
+    if isinstance(value, dict):
+        return {str(k): _canon(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canon(v) for v in value]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+async def _landed(conn: psycopg.AsyncConnection[Any], run_id: UUID, doubt: _Doubt) -> bool:
+    """Whether the batch committed: its seqs hold exactly its events. If it did not, those seqs
+    are empty or hold someone else's rows (a cancel_requested written after our abort)."""
+    expected = [_canon(json.loads(json.dumps(e))) for e in doubt.events]
+    after = doubt.first_seq - 1
+    for start in range(0, len(expected), MAX_READ_BACK):
+        want = expected[start : start + MAX_READ_BACK]
+        rows = await api.read_events(conn, run_id, after, len(want))
+        if len(rows) != len(want):
+            return False
+        for offset, (row, event) in enumerate(zip(rows, want, strict=True)):
+            if row.seq != after + 1 + offset or _canon(row.payload) != event:
+                return False
+        after += len(want)
+    return True
 
 
 class JournalWriter:
@@ -183,44 +238,115 @@ class JournalWriter:
             ) from journal.failed
 
     async def flush_all(self) -> None:
-        """One transaction for every run with buffered events."""
+        """One transaction for every run with buffered events. Batches left in doubt by an
+        unanswered COMMIT are settled first (raises while the database is unreachable)."""
         async with self._lock:
-            batch = [(j, *j._take()) for j in list(self._runs.values()) if j.pending and not j.lost.is_set()]
+            await self._settle_doubts()
+            batch = [
+                (j, *j._take())
+                for j in list(self._runs.values())
+                if j.pending and not j.lost.is_set() and not j.in_doubt
+            ]
             if not batch:
                 return
-            written: list[tuple[RunJournal, int, int]] = []
+            written: list[tuple[RunJournal, list[dict[str, Any]], int, int, int]] = []
             fenced: list[RunJournal] = []
             rejected: list[tuple[RunJournal, Exception]] = []
+            committing = False
             try:
                 async with self._pool.connection() as conn, conn.transaction():
                     for journal, events, mark in batch:
                         try:
                             async with conn.transaction():  # savepoint: a bad run loses only its own events
-                                seq = None
+                                first = seq = None
                                 for chunk in _chunks(events):
                                     seq = await api.append_events(
                                         conn, journal.run_id, journal.run.claim_token, chunk
                                     )
                                     if seq is None:
                                         raise _Fenced
-                            assert seq is not None
-                            written.append((journal, mark, seq))
+                                    if first is None:
+                                        first = seq - len(chunk) + 1
+                            assert first is not None and seq is not None
+                            written.append((journal, events, mark, first, seq))
                         except _Fenced:
                             fenced.append(journal)
                         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
                             rejected.append((journal, exc))
-            except Exception:
-                for journal, events, mark in batch:
-                    journal._restore(events, mark)
-                raise
+                    committing = True  # from here on a failure may come after the commit took effect
+            except BaseException as exc:
+                if not committing or not written or _clean_rollback(exc):
+                    for journal, events, mark in batch:
+                        journal._restore(events, mark)
+                    raise
+                # The COMMIT went unanswered: hold the written batches in doubt (a cancelled
+                # flush leaves them for the next one to settle).
+                for journal, events, mark, first, _ in written:
+                    journal._doubt = _Doubt(events, mark, first)
+                undecided = {*fenced, *(journal for journal, _ in rejected)}
+                try:
+                    if not isinstance(exc, Exception):
+                        raise
+                    log.warning("journal flush: COMMIT unanswered (%s); reading the journal back", exc)
+                    if not await self._settle_doubts():
+                        raise  # it did not commit: the batches are back in their buffers
+                except BaseException:
+                    # Fenced and rejected runs are decided again by the retry.
+                    for journal, events, mark in batch:
+                        if journal in undecided:
+                            journal._restore(events, mark)
+                    raise
+                # It committed, and with it the fenced and rejected verdicts of that transaction.
+                self.ticks += 1
+                self._stand_down(fenced, rejected)
+                return
             self.ticks += 1
-            for journal, mark, seq in written:
+            for journal, _, mark, _, seq in written:
                 journal._committed = mark
                 journal.last_seq = seq
-            for journal in fenced:
-                log.warning("run %s fenced out of its journal: the claim is lost", journal.run_id)
-                journal._buffer, journal._marks = [], []
-                journal.lost.set()
-            for journal, exc in rejected:
-                log.error("run %s: journal events rejected: %s", journal.run_id, exc)
-                journal.failed = exc
+            self._stand_down(fenced, rejected)
+
+    def _stand_down(self, fenced: list[RunJournal], rejected: list[tuple[RunJournal, Exception]]) -> None:
+        for journal in fenced:
+            log.warning("run %s fenced out of its journal: the claim is lost", journal.run_id)
+            journal._buffer, journal._marks = [], []
+            journal.lost.set()
+        for journal, exc in rejected:
+            log.error("run %s: journal events rejected: %s", journal.run_id, exc)
+            journal.failed = exc
+
+    async def _settle_doubts(self) -> bool:
+        """Read back every batch in doubt on a fresh connection: landed → committed, else back
+        in front of the buffer for the retry. True if any landed (that transaction committed)."""
+        doubtful = [j for j in self._runs.values() if j._doubt is not None]
+        if not doubtful:
+            return False
+        landed_any = False
+        async with self._pool.connection() as conn:
+            for journal in doubtful:
+                doubt = journal._doubt
+                assert doubt is not None
+                landed = await _landed(conn, journal.run_id, doubt)
+                journal._doubt = None
+                if landed:
+                    journal._committed = max(journal._committed, doubt.mark)
+                    journal.last_seq = doubt.first_seq + len(doubt.events) - 1
+                    landed_any = True
+                else:
+                    journal._restore(doubt.events, doubt.mark)
+                log.warning(
+                    "run %s: batch in doubt at seq %s %s",
+                    journal.run_id,
+                    doubt.first_seq,
+                    "had committed" if landed else "had not committed; writing it again",
+                )
+        return landed_any
+
+
+def _clean_rollback(exc: BaseException) -> bool:
+    """The server answered the COMMIT with an error (e.g. a deferred constraint): it rolled back.
+    A lost connection (class 08, or no answer at all) leaves the outcome unknown."""
+    if not isinstance(exc, psycopg.Error) or isinstance(exc, psycopg.OperationalError):
+        return False
+    sqlstate = exc.sqlstate
+    return sqlstate is not None and not sqlstate.startswith("08")
