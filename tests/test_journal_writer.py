@@ -1,6 +1,7 @@
 """The journal writer: deltas coalesce, flush on the 250 ms clock, structural events write
-through in order, all runs of a process flush in ONE transaction per tick, and a run fenced
-out of that transaction loses only its own events."""
+through in order, all runs of a process flush in ONE transaction per tick, a run fenced
+out of that transaction loses only its own events, and a flush whose COMMIT goes unanswered
+is read back, not blindly retried: each event lands exactly once."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import itertools
 import uuid
 from collections.abc import AsyncIterator
 
+import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from worker_support import db, events, worker_db
+from wire_fault_support import FaultProxy
+from worker_support import db, events, streamed_text, worker_db
 
 from pyworker import api
 from pyworker.api import ClaimedRun
@@ -156,4 +159,164 @@ async def test_fenced_out_run_loses_only_its_own_events(pool, db) -> None:
     assert transactions(db, [a.run_id, c.run_id]) == (1, 2)  # a and c still committed together
     with pytest.raises(RunLost):
         await jb.emit({"type": "text_delta", "index": 0, "text": "more"})
+    await writer.stop()
+
+
+# --- a COMMIT that goes unanswered ---------------------------------------------------------
+
+
+@pytest.fixture
+async def proxy(worker_db: str) -> AsyncIterator[FaultProxy]:
+    p = FaultProxy(worker_db)
+    await p.start()
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+async def faulty_pool(proxy: FaultProxy) -> AsyncIterator[AsyncConnectionPool]:
+    """The writer's pool, through the proxy. Statements are never prepared, so every one
+    sends its text and the proxy can find it."""
+    p = AsyncConnectionPool(
+        proxy.url,
+        min_size=1,
+        max_size=4,
+        kwargs={"autocommit": True, "prepare_threshold": None},
+        open=False,
+    )
+    await p.open()
+    yield p
+    await p.close()
+
+
+def journal_of(db, run_id: uuid.UUID) -> list[dict]:  # type: ignore[no-untyped-def]
+    """The run's journal, checked gap-free from seq 1, without the enqueue-time prefix."""
+    rows = events(db, run_id)
+    assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
+    return [r for r in rows if not r["type"].startswith("run_") and r["type"] != "user_message_created"]
+
+
+def shape(rows: list[dict]) -> list[tuple[str, str | None]]:
+    return [(r["type"], r.get("text")) for r in rows]
+
+
+async def emit_text(journal, pieces: list[str]) -> None:  # type: ignore[no-untyped-def]
+    for piece in pieces:
+        await journal.emit({"type": "text_delta", "index": 0, "text": piece})
+
+
+async def test_commit_that_landed_but_went_unanswered_is_not_written_again(
+    faulty_pool, proxy, db, caplog
+) -> None:
+    a, b = await claimed(faulty_pool, 2)
+    writer = await writer_for(faulty_pool, CLOCK_OFF)
+    ja, jb = writer.run_journal(a), writer.run_journal(b)
+    await emit_text(ja, ["Hel", "lo, ", "world"])
+    await emit_text(jb, ["Good", "bye"])
+    before = {r: len(events(db, r)) for r in (a.run_id, b.run_id)}
+
+    proxy.break_at(b"COMMIT", deliver=True)
+    await writer.flush_all()  # committed: the read-back finds both batches, nothing to retry
+    assert proxy.fired == ["COMMIT delivered"]
+    assert "had committed" in caplog.text
+    assert not ja.in_doubt and not jb.in_doubt and not ja.pending and not jb.pending
+    assert ja.last_seq == before[a.run_id] + 1 and jb.last_seq == before[b.run_id] + 1
+
+    await ja.emit({"type": "tool_use", "id": "tu_1", "name": "search"})  # writes through, later seq
+    await writer.flush_all()
+    assert shape(journal_of(db, a.run_id)) == [("text_delta", "Hello, world"), ("tool_use", None)]
+    assert shape(journal_of(db, b.run_id)) == [("text_delta", "Goodbye")]
+    assert writer.ticks == 2
+    await writer.stop()
+
+
+@pytest.mark.parametrize(
+    "needle",
+    [b"COMMIT", b"append_events"],
+    ids=["connection-lost-at-commit-not-delivered", "connection-lost-before-commit"],
+)
+async def test_flush_that_did_not_commit_is_written_again_once(
+    faulty_pool, proxy, db, caplog, needle: bytes
+) -> None:
+    a, b = await claimed(faulty_pool, 2)
+    writer = await writer_for(faulty_pool, CLOCK_OFF)
+    ja, jb = writer.run_journal(a), writer.run_journal(b)
+    await emit_text(ja, ["Hel", "lo"])
+    await emit_text(jb, ["Good", "bye"])
+
+    proxy.break_at(needle, deliver=False)
+    with pytest.raises(psycopg.OperationalError):
+        await writer.flush_all()
+    assert proxy.fired == [f"{needle.decode()} dropped"]
+    # Only an unanswered COMMIT needs a read-back; dying before it sent the COMMIT rolls back.
+    assert ("had not committed" in caplog.text) == (needle == b"COMMIT")
+    assert ja.pending and jb.pending and not ja.in_doubt and not jb.in_doubt
+    assert journal_of(db, a.run_id) == [] and journal_of(db, b.run_id) == []
+
+    await emit_text(ja, [", world"])  # emitted meanwhile: follows the restored batch, in order
+    await writer.flush_all()
+    assert streamed_text(db, a.run_id) == "Hello, world"
+    assert shape(journal_of(db, b.run_id)) == [("text_delta", "Goodbye")]
+    assert ja.last_seq == len(events(db, a.run_id))
+    await writer.stop()
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "not-committed"])
+async def test_read_back_sees_through_a_cancel_requested_written_meanwhile(
+    faulty_pool, proxy, db, committed: bool
+) -> None:
+    (run,) = await claimed(faulty_pool, 1)
+    writer = await writer_for(faulty_pool, CLOCK_OFF)
+    journal = writer.run_journal(run)
+    await emit_text(journal, ["Hello, ", "world"])
+
+    proxy.break_at(b"COMMIT", deliver=committed)
+    proxy.break_at(b"read_events", deliver=False)  # the read-back fails too: the batch stays in doubt
+    with pytest.raises(psycopg.OperationalError):
+        await writer.flush_all()
+    assert proxy.fired == [f"COMMIT {'delivered' if committed else 'dropped'}", "read_events dropped"]
+    assert journal.in_doubt
+
+    # Meanwhile a stop journals cancel_requested into the running run: right after our batch if
+    # it committed, else at the very seq our batch had been given.
+    with psycopg.connect(proxy.target_url, autocommit=True) as conn:
+        assert conn.execute("SELECT runrow.cancel_run(run_id => %s)", (run.run_id,)).fetchone() == (
+            "cancel_requested",
+        )
+    await emit_text(journal, [" again"])  # buffered behind the batch in doubt, not written before it
+    await writer.flush_all()
+
+    expected = [("text_delta", "Hello, world"), ("cancel_requested", None), ("text_delta", " again")]
+    if not committed:
+        expected = [("cancel_requested", None), ("text_delta", "Hello, world"), ("text_delta", " again")]
+    assert shape(journal_of(db, run.run_id)) == expected
+    await writer.stop()
+
+
+async def test_read_back_does_not_mistake_an_earlier_attempts_identical_events_for_the_batch(
+    faulty_pool, proxy, db
+) -> None:
+    """A requeued run's second attempt may stream exactly what the first one did: matching the
+    journal's text instead of the seqs the batch was given would call the batch written."""
+    async with faulty_pool.connection() as conn:
+        await api.enqueue_run(conn, uuid.uuid4(), "hi", "echo", max_attempts=2)
+        (first,) = await api.claim_runs(conn, "journal-test", 1, 60)
+    writer = await writer_for(faulty_pool, CLOCK_OFF)
+    journal = writer.run_journal(first)
+    await emit_text(journal, ["same ", "words"])
+    await journal.flush()
+    writer.close(first.run_id)
+    async with faulty_pool.connection() as conn:
+        assert await api.release_run(conn, first.run_id, first.claim_token, "try again") == "requeued"
+        (second,) = await api.claim_runs(conn, "journal-test", 1, 60)
+    assert second.run_id == first.run_id and second.attempt == 2
+
+    journal = writer.run_journal(second)
+    await emit_text(journal, ["same ", "words"])
+    proxy.break_at(b"COMMIT", deliver=False)
+    with pytest.raises(psycopg.OperationalError):
+        await writer.flush_all()
+    await writer.flush_all()
+    texts = [r["text"] for r in journal_of(db, first.run_id) if r["type"] == "text_delta"]
+    assert texts == ["same words", "same words"]  # once per attempt
     await writer.stop()
