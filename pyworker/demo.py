@@ -189,7 +189,7 @@ def run(opts: Options, screen: Screen | None = None) -> int:
                 code = 130
             screen.heading("Shutting down everything the demo started")
         if opts.keep:
-            screen.line(f"kept {workdir} (worker logs, workspace, executions.jsonl)", stamp=False)
+            screen.line(f"kept {workdir} (worker logs, workspace, effects.sqlite)", stamp=False)
     except KeyboardInterrupt:
         screen.line("interrupted again while shutting down", "yellow")
         return 130

@@ -1,57 +1,73 @@
-"""The tools of `runrow demo`: a tool module as a user writes one.
+"""The demo's tools (`runrow demo`, the agent tests): a tool module as a user writes one.
 
     runrow worker --tools pyworker.demo_tools
 
-They work on a workspace folder and count what they do, so the demo can prove that a killed worker
-repeated no side effect:
+They work on a workspace folder and record what they do the way a downstream service would, so a
+demo or a test can prove that a killed worker repeated no side effect:
 
-- the workspace is `$RUNROW_DEMO_DIR/workspace` (seeded with two notes on first use);
-- every time a tool body *runs*, one JSON line {tool, effect, key, pid} is appended to
-  `$RUNROW_DEMO_DIR/executions.jsonl` (one O_APPEND write per line, so two worker processes
-  can share the file);
-- `send_email` is the non-idempotent effect: each execution is one more email (a file in
-  `workspace/outbox/`). The demo's promise is that it runs exactly once, kill or no kill;
-- `$RUNROW_DEMO_TOOL_DELAY` (seconds, default 0) is how long each tool takes, so a person can
-  watch the calls and the demo's kill lands inside a tool call rather than racing it.
+- `$RUNROW_DEMO_DIR` (default ./runrow-demo) holds `workspace/` (seeded with two notes on first
+  use) and the downstream record `effects.sqlite`;
+- the record has one row per idempotency key (the first result for a key wins: a repeated call
+  with the same key is not a second email) and counts how often a tool body ran with that key,
+  so `effects` rows are what happened downstream and `executions` what the tools actually ran;
+- `send_email` is the non-idempotent effect: every call with a *new* key sends one more email,
+  so it passes its key to the "mail service". `delete_file` is irreversible (a person approves
+  it first); the demo does not offer it to its model;
+- `$RUNROW_DEMO_TOOL_DELAY` (seconds, default 0) is how long each tool takes after its effect:
+  a person can watch the calls, and a kill lands inside a tool call, after its effect and before
+  its result is recorded, rather than racing it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from pyworker.tools import Effect, ToolError, registry, tool
+from pyworker.tools import ToolError, module_registries, tool
 
+# The tools the demo's run is given (and the fake demo scenario calls).
 NAMES = ("list_files", "read_file", "send_email", "write_file")
 PATH_ONLY = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
 SEED_FILES = {
     "notes/todo.txt": "- ship durable agent runs on PostgreSQL\n- send the weekly status email\n",
     "notes/contacts.txt": "team: team@example.com\n",
 }
-EXECUTIONS = "executions.jsonl"
+RECORD_FILE = "effects.sqlite"
+
+
+class Record(NamedTuple):
+    """One row of the downstream record."""
+
+    idempotency_key: str
+    tool: str
+    args: dict[str, Any]
+    executions: int
 
 
 def demo_dir() -> Path:
     return Path(os.environ.get("RUNROW_DEMO_DIR", "runrow-demo")).resolve()
 
 
-def workspace() -> Path:
-    root = demo_dir() / "workspace"
-    if not (root / "notes").exists():
-        seed(root)
-    return root
+def workspace(root: Path | None = None) -> Path:
+    """The workspace under `root` (default: the demo folder), seeded on first use."""
+    path = (root or demo_dir()) / "workspace"
+    if not (path / "notes").exists():
+        seed(path)
+    return path
 
 
-def seed(root: Path) -> None:
+def seed(path: Path) -> None:
     for name, text in SEED_FILES.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            path.write_text(text)
+        target = path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists():
+            target.write_text(text)
 
 
 def _inside(relative: str) -> Path:
@@ -62,24 +78,35 @@ def _inside(relative: str) -> Path:
     return path
 
 
-def _executed(name: str, effect: Effect, key: str) -> None:
-    """Count one execution of a tool body, then take the tool's time."""
-    line = json.dumps({"tool": name, "effect": effect, "key": key, "pid": os.getpid()}) + "\n"
-    fd = os.open(demo_dir() / EXECUTIONS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+def _record(tool_name: str, key: str, args: dict[str, Any], result: Any) -> Any:
+    """The downstream service: the first result for a key wins; every execution is counted.
+    Then the tool's time passes."""
+    demo_dir().mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(demo_dir() / RECORD_FILE, timeout=30, isolation_level=None)
     try:
-        os.write(fd, line.encode())
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS effects (idempotency_key TEXT PRIMARY KEY, tool TEXT NOT NULL, "
+            "args TEXT NOT NULL, result TEXT NOT NULL, executions INTEGER NOT NULL)"
+        )
+        db.execute(
+            "INSERT INTO effects VALUES (?, ?, ?, ?, 1) ON CONFLICT (idempotency_key) "
+            "DO UPDATE SET executions = executions + 1",
+            (key, tool_name, json.dumps(args, sort_keys=True), json.dumps(result)),
+        )
+        (first,) = db.execute("SELECT result FROM effects WHERE idempotency_key = ?", (key,)).fetchone()
     finally:
-        os.close(fd)
+        db.close()
     delay = float(os.environ.get("RUNROW_DEMO_TOOL_DELAY", "0") or 0)
     if delay > 0:
         time.sleep(delay)
+    return json.loads(first)
 
 
 @tool(description="List the files under a directory of the workspace.", input_schema=PATH_ONLY, effect="pure")
 def list_files(path: str, idempotency_key: str) -> str:
     base = _inside(path)
     names = sorted(str(p.relative_to(workspace())) for p in base.rglob("*") if p.is_file())
-    _executed("list_files", "pure", idempotency_key)
+    _record("list_files", idempotency_key, {"path": path}, names)
     return "\n".join(names)
 
 
@@ -88,8 +115,9 @@ def read_file(path: str, idempotency_key: str) -> str:
     target = _inside(path)
     if not target.is_file():
         raise ToolError(f"no such file: {path}")
-    _executed("read_file", "pure", idempotency_key)
-    return target.read_text()
+    text = target.read_text()
+    _record("read_file", idempotency_key, {"path": path}, text)
+    return text
 
 
 @tool(
@@ -102,12 +130,11 @@ def read_file(path: str, idempotency_key: str) -> str:
     effect="non_idempotent",
 )
 def send_email(to: str, subject: str, body: str, idempotency_key: str) -> dict[str, Any]:
-    outbox = workspace() / "outbox"
-    outbox.mkdir(exist_ok=True)
-    number = len(list(outbox.iterdir())) + 1
-    (outbox / f"{number:03d}.eml").write_text(f"To: {to}\nSubject: {subject}\n\n{body}\n")
-    _executed("send_email", "non_idempotent", idempotency_key)
-    return {"sent": True, "to": to, "message_id": f"<{number:03d}.{idempotency_key[:12]}@demo.invalid>"}
+    # The mail service dedups on the key: a resumed attempt that sends again gets the first
+    # message id back and no second email goes out.
+    message_id = f"<{idempotency_key[:16]}@mail.example.com>"
+    sent = _record("send_email", idempotency_key, {"to": to, "subject": subject, "body": body}, message_id)
+    return {"sent": True, "to": to, "message_id": sent}
 
 
 @tool(
@@ -123,15 +150,30 @@ def write_file(path: str, content: str, idempotency_key: str) -> str:
     target = _inside(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(content)
-    _executed("write_file", "idempotent", idempotency_key)
+    _record("write_file", idempotency_key, {"path": path}, len(content))
     return f"wrote {len(content)} characters to {path}"
 
 
-def definitions() -> list[dict[str, Any]]:
-    """The Messages API definitions of the demo tools, pinned on the demo's run."""
+@tool(
+    description="Delete a file of the workspace. Irreversible: a person approves it first.",
+    input_schema=PATH_ONLY,
+    effect="irreversible",
+)
+def delete_file(path: str, idempotency_key: str) -> str:
+    target = _inside(path)
+    if not target.is_file():
+        raise ToolError(f"no such file: {path}")
+    target.unlink()
+    _record("delete_file", idempotency_key, {"path": path}, True)
+    return f"deleted {path}"
+
+
+def definitions(names: Iterable[str] = NAMES) -> list[dict[str, Any]]:
+    """The Messages API definitions of these tools (by default the demo's, pinned on its run)."""
+    mine = module_registries[__name__]
     out = []
-    for name in NAMES:
-        t = registry.get(name)
+    for name in names:
+        t = mine.get(name)
         assert t is not None, name
         out.append(t.definition())
     return out
@@ -139,16 +181,27 @@ def definitions() -> list[dict[str, Any]]:
 
 def effects() -> dict[str, str]:
     """Tool name -> effect class."""
-    return {name: t.effect for name in NAMES if (t := registry.get(name)) is not None}
+    return {name: t.effect for name, t in module_registries[__name__].tools.items()}
 
 
-def executions(root: Path | None = None) -> list[dict[str, Any]]:
-    """Every recorded execution, oldest first."""
-    path = (root or demo_dir()) / EXECUTIONS
+def records(root: Path | None = None) -> list[Record]:
+    """The downstream record under `root` (default: the demo folder); empty before any tool ran."""
+    path = (root or demo_dir()) / RECORD_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    db = sqlite3.connect(path, timeout=30)
+    try:
+        rows = db.execute("SELECT idempotency_key, tool, args, executions FROM effects").fetchall()
+    except sqlite3.OperationalError:  # no table yet: no tool has run
+        return []
+    finally:
+        db.close()
+    return [Record(key, name, json.loads(args), runs) for key, name, args, runs in rows]
 
 
 def execution_counts(root: Path | None = None) -> Counter[str]:
-    return Counter(e["tool"] for e in executions(root))
+    """Tool name -> how often its body ran (every key, every execution)."""
+    counts: Counter[str] = Counter()
+    for e in records(root):
+        counts[e.tool] += e.executions
+    return counts

@@ -2,7 +2,8 @@
 workers, enqueueing agent runs, and reading what a run did (steps, journal, effects).
 
 Worker processes run `python -m pyworker worker --handler pyworker.agent:handle --tools
-examples.tools_demo` with ANTHROPIC_BASE_URL pointing at a FakeModel served from this process.
+pyworker.demo_tools` with ANTHROPIC_BASE_URL pointing at a FakeModel served from this process.
+The demo tools work in $RUNROW_DEMO_DIR and record their effects there (pyworker/demo_tools.py).
 """
 
 from __future__ import annotations
@@ -32,10 +33,8 @@ from pyworker.devdb import temporary_database
 from pyworker.fake_scenarios import DEMO_TOOLS
 from pyworker.worker import Worker
 
-if str(REPO) not in sys.path:  # `examples.tools_demo`, importable as a user's tool module is
-    sys.path.insert(0, str(REPO))
-
 AGENT = "pyworker.agent:handle"
+TOOLS = "pyworker.demo_tools"
 DEMO_TASK = "Send the weekly status email and write report.md."
 DEMO_SYSTEM = "You are a careful assistant. Use the tools."
 THINKING = {"max_tokens": 4096, "thinking": {"type": "enabled", "budget_tokens": 1024}}
@@ -143,12 +142,12 @@ def transcript(conn: psycopg.Connection, run_id: uuid.UUID) -> list[tuple[str, A
 class AgentWorker:
     """A `runrow worker` process running the agent loop with the demo tools."""
 
-    def __init__(self, url: str, name: str, base_url: str, workspace: Path, *args: str, **env: str) -> None:
+    def __init__(self, url: str, name: str, base_url: str, demo_dir: Path, *args: str, **env: str) -> None:
         self.name = name
         self.log_path = Path(tempfile.mkstemp(prefix=f"runrow-{name}-", suffix=".log")[1])
         self._log = self.log_path.open("wb")
         cmd = [
-            sys.executable, "-m", "pyworker", "worker", "--handler", AGENT, "--tools", "examples.tools_demo",
+            sys.executable, "-m", "pyworker", "worker", "--handler", AGENT, "--tools", TOOLS,
             "--worker-id", name, *args,
         ]  # fmt: skip
         environment = dict(
@@ -156,8 +155,7 @@ class AgentWorker:
             DATABASE_URL=url,
             ANTHROPIC_BASE_URL=base_url,
             ANTHROPIC_API_KEY="test-key",
-            RUNROW_DEMO_WORKSPACE=str(workspace),
-            PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            RUNROW_DEMO_DIR=str(demo_dir),
             **env,
         )
         self.proc = subprocess.Popen(
@@ -240,7 +238,7 @@ def _forked_main(url: str, name: str, env: dict[str, str], options: dict[str, An
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(name)s %(message)s")
     code = 1
     try:
-        options.setdefault("config", {"tools_module": "examples.tools_demo"})
+        options.setdefault("config", {"tools_module": TOOLS})
         code = asyncio.run(Worker(url, worker_id=name, handler=agent.handle, **options).run())
     finally:
         os._exit(code)  # never run the parent's atexit/finalizers (its connections are not ours)

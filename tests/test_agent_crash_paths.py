@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import psycopg
 from agent_support import ForkedWorker, enqueue_agent, journal, run_row, steps, wait_status
 from worker_support import db, wait_until, worker_db
 
+from pyworker import demo_tools
 from pyworker.cli import main as cli
 from pyworker.fake_model import FakeModel
 from pyworker.fake_scenarios import DEMO_TOOLS, ModelRequest, Text, ToolCall, Turn, script, turn
@@ -36,30 +36,17 @@ OPTIONS = {
     "poll_seconds": 0.3,
     "concurrency": 1,
 }
-DELETE = {
-    "name": "delete_file",
-    "description": "Delete a file of the workspace. Irreversible: a person approves it first.",
-    "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
-}
+DELETE = demo_tools.definitions(["delete_file"])
 
 
-def _count(workspace: Path, sql: str, tool: str) -> int:
-    """From the tools' downstream record (examples/tools_demo.py); 0 before the first call."""
-    db_file = sqlite3.connect(workspace / "effects.sqlite", timeout=30)
-    try:
-        return int(db_file.execute(sql, (tool,)).fetchone()[0])
-    except sqlite3.OperationalError:  # no table yet: no tool has run
-        return 0
-    finally:
-        db_file.close()
+def executions(demo_dir: Path, tool: str) -> int:
+    """How often the tool's body ran (pyworker/demo_tools.py's downstream record); 0 before."""
+    return demo_tools.execution_counts(demo_dir)[tool]
 
 
-def executions(workspace: Path, tool: str) -> int:
-    return _count(workspace, "SELECT coalesce(sum(executions), 0) FROM effects WHERE tool = ?", tool)
-
-
-def effect_rows(workspace: Path, tool: str) -> int:
-    return _count(workspace, "SELECT count(*) FROM effects WHERE tool = ?", tool)
+def effect_rows(demo_dir: Path, tool: str) -> int:
+    """Distinct keys of the tool downstream: effects that happened."""
+    return sum(1 for e in demo_tools.records(demo_dir) if e.tool == tool)
 
 
 def snapshot(conn: psycopg.Connection, run: uuid.UUID) -> tuple[Any, ...]:
@@ -78,7 +65,7 @@ def test_a_thawed_zombie_writes_nothing_after_another_worker_finished_its_run(
         env = {
             "ANTHROPIC_BASE_URL": fake.base_url,
             "ANTHROPIC_API_KEY": "test-key",
-            "RUNROW_DEMO_WORKSPACE": str(tmp_path),
+            "RUNROW_DEMO_DIR": str(tmp_path),
             "RUNROW_DEMO_TOOL_DELAY": "1.0",
         }
         zombie = ForkedWorker(worker_db, "zombie", env, **OPTIONS)
@@ -127,13 +114,13 @@ def test_an_approved_irreversible_call_cut_by_a_crash_waits_for_a_person(
         env = {
             "ANTHROPIC_BASE_URL": fake.base_url,
             "ANTHROPIC_API_KEY": "test-key",
-            "RUNROW_DEMO_WORKSPACE": str(tmp_path),
+            "RUNROW_DEMO_DIR": str(tmp_path),
             "RUNROW_DEMO_TOOL_DELAY": "1.0",
         }
         first = ForkedWorker(worker_db, "first", env, **OPTIONS)
         second: ForkedWorker | None = None
         try:
-            run = enqueue_agent(db, "Clean up.", tools=[*DEMO_TOOLS, DELETE], metadata={}, max_attempts=3)
+            run = enqueue_agent(db, "Clean up.", tools=[*DEMO_TOOLS, *DELETE], metadata={}, max_attempts=3)
             wait_status(db, run, "waiting", 30)
             [(key, reason)] = db.execute(
                 "SELECT idempotency_key, reason FROM runrow.pending_approvals WHERE run_id = %s", (run,)
@@ -142,7 +129,7 @@ def test_an_approved_irreversible_call_cut_by_a_crash_waits_for_a_person(
             assert cli(["--database-url", worker_db, "approve", key, "--by", "alice"]) == 0
             wait_until(lambda: executions(tmp_path, "delete_file") == 1, 30, "the delete to happen")
             first.kill()  # mid-effect: the file is gone, the result is not recorded
-            assert not (tmp_path / "notes" / "todo.txt").exists()
+            assert not (demo_tools.workspace(tmp_path) / "notes" / "todo.txt").exists()
 
             second = ForkedWorker(worker_db, "second", env, **OPTIONS)
             wait_status(db, run, "waiting", 30)

@@ -2,10 +2,10 @@
 worker mid-run, let another worker resume it from the step log, and check that every side effect
 happened exactly once downstream and the transcript equals an uninterrupted run's.
 
-The demo task (fake model scenario `demo`, tools from examples/tools_demo.py): list_files,
+The demo task (fake model scenario `demo`, tools from pyworker/demo_tools.py): list_files,
 read_file x2, send_email (non-idempotent), write_file, read_file, then a summary: 12 steps.
-The tools record every execution in a SQLite file keyed by the idempotency key, as a downstream
-service that dedups by key would: `effects` rows are what happened downstream (must equal the
+The tools record every execution keyed by the idempotency key, as a downstream service that
+dedups by key would: `effects` rows are what happened downstream (must equal the
 uninterrupted run's), `executions` how often a tool body ran (a kill mid-tool may run it twice,
 with the same key).
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import sqlite3
 import time
 import uuid
 from pathlib import Path
@@ -25,6 +24,7 @@ import psycopg
 from agent_support import (
     AgentWorker,
     ForkedWorker,
+    effect_keys,
     enqueue_agent,
     journal,
     run_row,
@@ -34,6 +34,7 @@ from agent_support import (
 )
 from worker_support import db, wait_until, worker_db
 
+from pyworker import demo_tools
 from pyworker.fake_model import FakeModel
 
 __all__ = ["db", "worker_db"]
@@ -42,24 +43,15 @@ DEMO_TOOL_CALLS = {"list_files": 1, "read_file": 3, "send_email": 1, "write_file
 DEMO_STEPS = 12
 
 
-def downstream(workspace: Path, conn: psycopg.Connection, run_id: uuid.UUID) -> dict[str, dict[str, int]]:
+def downstream(demo_dir: Path, conn: psycopg.Connection, run_id: uuid.UUID) -> dict[str, dict[str, int]]:
     """Per tool, for this run's calls: effects (distinct keys downstream) and executions."""
-    keys = dict(
-        conn.execute(
-            "SELECT idempotency_key, tool FROM runrow.tool_effect WHERE run_id = %s", (run_id,)
-        ).fetchall()
-    )
-    db_file = sqlite3.connect(workspace / "effects.sqlite", timeout=30)
-    try:
-        rows = db_file.execute("SELECT idempotency_key, tool, executions FROM effects").fetchall()
-    finally:
-        db_file.close()
+    keys = effect_keys(conn, run_id)
     out: dict[str, dict[str, int]] = {}
-    for key, tool, executions in rows:
-        if key in keys:
-            counts = out.setdefault(tool, {"effects": 0, "executions": 0})
+    for e in demo_tools.records(demo_dir):
+        if e.idempotency_key in keys:
+            counts = out.setdefault(e.tool, {"effects": 0, "executions": 0})
             counts["effects"] += 1
-            counts["executions"] += executions
+            counts["executions"] += e.executions
     return out
 
 
@@ -67,8 +59,9 @@ def effects_of(counts: dict[str, dict[str, int]]) -> dict[str, int]:
     return {tool: c["effects"] for tool, c in counts.items()}
 
 
-def reset_workspace(workspace: Path) -> None:
-    """Back to the seeded files (effects.sqlite stays: rows are per key, so per run)."""
+def reset_workspace(demo_dir: Path) -> None:
+    """Back to the seeded files (the downstream record stays: rows are per key, so per run)."""
+    workspace = demo_tools.workspace(demo_dir)
     shutil.rmtree(workspace / "report.md", ignore_errors=True)
     (workspace / "report.md").unlink(missing_ok=True)
 
@@ -89,9 +82,7 @@ def test_sigkill_between_steps_3_and_4_then_a_new_worker_finishes_without_repeat
         }
         # The uninterrupted run, for comparison.
         ref_ws = tmp_path / "reference"
-        ref = ForkedWorker(
-            worker_db, "reference", {**env, "RUNROW_DEMO_WORKSPACE": str(ref_ws)}, lease_seconds=2
-        )
+        ref = ForkedWorker(worker_db, "reference", {**env, "RUNROW_DEMO_DIR": str(ref_ws)}, lease_seconds=2)
         try:
             ref_run = enqueue_agent(db)
             assert wait_status(db, ref_run, {"completed", "failed", "dead"}, 60) == "completed"
@@ -199,7 +190,7 @@ def test_twenty_random_kill_points(db: psycopg.Connection, worker_db: str, tmp_p
         env = {
             "ANTHROPIC_BASE_URL": fake.base_url,
             "ANTHROPIC_API_KEY": "test-key",
-            "RUNROW_DEMO_WORKSPACE": str(ws),
+            "RUNROW_DEMO_DIR": str(ws),
             "RUNROW_DEMO_TOOL_DELAY": "0.05",
         }
         options = {

@@ -12,7 +12,6 @@ verified against the exact history before it, like the real API).
 from __future__ import annotations
 
 import json
-import sqlite3
 import uuid
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 from agent_support import ForkedWorker, enqueue_agent, run_row, steps, wait_status
 from worker_support import db, wait_until, worker_db
 
+from pyworker import demo_tools
 from pyworker.fake_model import FakeModel
 from pyworker.keys import tool_call_key
 
@@ -35,11 +35,11 @@ def fake() -> FakeModel:
         yield server
 
 
-def worker_env(fake: FakeModel, workspace: Path, delay: str = "0.3") -> dict[str, str]:
+def worker_env(fake: FakeModel, demo_dir: Path, delay: str = "0.3") -> dict[str, str]:
     return {
         "ANTHROPIC_BASE_URL": fake.base_url,
         "ANTHROPIC_API_KEY": "test-key",
-        "RUNROW_DEMO_WORKSPACE": str(workspace),
+        "RUNROW_DEMO_DIR": str(demo_dir),
         "RUNROW_DEMO_TOOL_DELAY": delay,
     }
 
@@ -212,9 +212,9 @@ def test_resume_runs_only_the_tool_calls_still_missing_a_result(db, worker_db, f
         assert wait_status(db, run, TERMINAL, 30) == "completed"
     finally:
         w.kill()
-    ran = sqlite3.connect(tmp_path / "effects.sqlite").execute("SELECT tool, args FROM effects").fetchall()
-    assert ("list_files", json.dumps({"path": "."})) not in ran  # answered before: not run again
-    assert ("read_file", json.dumps({"path": "notes/todo.txt"})) in ran
+    ran = [(e.tool, e.args) for e in demo_tools.records(tmp_path)]
+    assert ("list_files", {"path": "."}) not in ran  # answered before: not run again
+    assert ("read_file", {"path": "notes/todo.txt"}) in ran
     first = fake.requests[0].body["messages"]
     assert first[1] == {"role": "assistant", "content": EARLIER_TURN}  # sent back as stored
     assert [b["tool_use_id"] for b in first[2]["content"]] == ["toolu_earlier_1", "toolu_earlier_2"]
@@ -232,5 +232,5 @@ def test_a_resumed_turn_cut_by_max_tokens_never_runs_its_tool_calls(db, worker_d
         w.kill()
     row = run_row(db, run)
     assert row["error"].startswith("max_tokens") and row["result"]["text"] == "Looking around."
-    assert not (tmp_path / "effects.sqlite").exists()  # no tool ran
+    assert demo_tools.records(tmp_path) == []  # no tool ran
     assert fake.requests == []  # and the model was not asked again

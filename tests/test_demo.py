@@ -181,9 +181,8 @@ def test_with_an_api_key_the_workers_call_the_configured_messages_api_with_the_r
 
 
 def test_the_demo_tools_are_the_tools_the_fake_demo_scenario_calls() -> None:
-    """The definitions pinned on the demo's run equal the fake scenario's DEMO_TOOLS. In a subprocess:
-    importing pyworker.demo_tools registers its tools in the default registry, which other tests fill
-    with examples.tools_demo's tools of the same names."""
+    """The definitions pinned on the demo's run equal the fake scenario's DEMO_TOOLS. In a fresh
+    process, as `runrow demo` imports the module."""
     check = (
         "from pyworker import demo_tools, fake_scenarios; "
         "assert demo_tools.definitions() == list(fake_scenarios.DEMO_TOOLS), demo_tools.definitions(); "

@@ -44,7 +44,7 @@ def test_run_pinned_to_v1_keeps_v1_after_v2_and_a_worker_restart(db, worker_db, 
         env = {
             "ANTHROPIC_BASE_URL": fake.base_url,
             "ANTHROPIC_API_KEY": "test-key",
-            "RUNROW_DEMO_WORKSPACE": str(tmp_path),
+            "RUNROW_DEMO_DIR": str(tmp_path),
             "RUNROW_DEMO_TOOL_DELAY": "0.3",
         }
         a = ForkedWorker(worker_db, "before-deploy", env, **OPTIONS)

@@ -27,7 +27,7 @@ examples:
   runrow serve --insecure-dev                          # loopback demo, every caller is user "dev"
   RUNROW_TOKENS="$(openssl rand -hex 16)=alice" runrow serve --host 0.0.0.0
   runrow serve --tokens-file tokens.json --model claude-sonnet-4-5 --system-file prompt.txt \\
-      --tools-module examples.tools_demo
+      --tools-module pyworker.demo_tools
 """
 
 
