@@ -320,3 +320,29 @@ async def test_read_back_does_not_mistake_an_earlier_attempts_identical_events_f
     texts = [r["text"] for r in journal_of(db, first.run_id) if r["type"] == "text_delta"]
     assert texts == ["same words", "same words"]  # once per attempt
     await writer.stop()
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "not-committed"])
+async def test_flush_cancelled_while_waiting_for_its_commit_settles_on_the_next_flush(
+    faulty_pool, proxy, db, committed: bool
+) -> None:
+    """stop() cancels the clock task, which may be waiting on COMMIT: the batch is neither
+    dropped (it may not have committed) nor retried blindly (it may have)."""
+    (run,) = await claimed(faulty_pool, 1)
+    writer = await writer_for(faulty_pool, CLOCK_OFF)
+    journal = writer.run_journal(run)
+    await emit_text(journal, ["Hello, ", "world"])
+
+    proxy.break_at(b"COMMIT", deliver=committed, hold=True)
+    flush = asyncio.create_task(writer.flush_all())
+    await proxy.holding.wait()  # the server answered the COMMIT, or never saw it; the client waits
+    flush.cancel()  # psycopg sends a cancel request, which releases the held connection
+    with pytest.raises(asyncio.CancelledError):
+        await flush
+    assert journal.in_doubt
+
+    await writer.flush_all()
+    assert shape(journal_of(db, run.run_id)) == [("text_delta", "Hello, world")]
+    assert not journal.in_doubt and not journal.pending
+    assert journal.last_seq == len(events(db, run.run_id))
+    await writer.stop()

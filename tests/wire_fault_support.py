@@ -7,6 +7,10 @@ so a test can make the client lose its connection at an exact point of the proto
 - `break_at(needle, deliver=False)`: the connection closes before the statement reaches the
   server; an open transaction rolls back when its backend sees the end of the connection.
 
+- `hold=True`: the same, but the client is kept waiting (the answer held, or the connection kept
+  open) until a cancel request arrives, as psycopg sends when its task is cancelled mid-query.
+  `holding` is set once the server has answered (delivered) or the statement was stopped.
+
 Faults fire once each, in the order armed, on the first statement (Parse or simple Query)
 containing the needle. Pools through the proxy should set `prepare_threshold=None`: a prepared
 statement is executed without sending its text again.
@@ -22,11 +26,14 @@ from dataclasses import dataclass, field
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+CANCEL_REQUEST = (80877102).to_bytes(4, "big")
+
 
 @dataclass
 class _Fault:
     needle: bytes
     deliver: bool
+    hold: bool = False
 
 
 @dataclass(eq=False)  # hashed by identity: kept in a set
@@ -34,6 +41,9 @@ class _Link:
     client: asyncio.StreamWriter
     server: asyncio.StreamWriter
     swallow: bool = False  # the rest of the server's answer is dropped, then both ends close
+    hold: bool = False  # ...or kept in `held` until a cancel request comes
+    held: list[bytes] = field(default_factory=list)
+    stopped: bool = False  # the client's statement was not sent; nothing more is
 
     def close(self) -> None:
         self.client.close()
@@ -46,7 +56,10 @@ class FaultProxy:
     fired: list[str] = field(default_factory=list)
     _faults: list[_Fault] = field(default_factory=list)
     _links: set[_Link] = field(default_factory=set)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _server: asyncio.AbstractServer | None = None
+    _holding: list[_Link] = field(default_factory=list)
+    holding: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         params = conninfo_to_dict(self.target_url)
@@ -57,8 +70,8 @@ class FaultProxy:
         # No SSL or GSS negotiation: every message after the startup packet is typed.
         self.url = make_conninfo(self.target_url, host=self._dir, sslmode="disable", gssencmode="disable")
 
-    def break_at(self, needle: bytes, *, deliver: bool) -> None:
-        self._faults.append(_Fault(needle, deliver))
+    def break_at(self, needle: bytes, *, deliver: bool, hold: bool = False) -> None:
+        self._faults.append(_Fault(needle, deliver, hold))
 
     @property
     def armed(self) -> int:
@@ -73,17 +86,30 @@ class FaultProxy:
             await self._server.wait_closed()
         for link in list(self._links):
             link.close()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         shutil.rmtree(self._dir, ignore_errors=True)
 
     async def _serve(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
         s_reader, s_writer = await asyncio.open_unix_connection(self._target)
         link = _Link(c_writer, s_writer)
         self._links.add(link)
+        pumps = [
+            asyncio.create_task(self._from_client(c_reader, link)),
+            asyncio.create_task(self._from_server(s_reader, link)),
+        ]
         try:
-            await asyncio.gather(self._from_client(c_reader, link), self._from_server(s_reader, link))
+            # Either end closing closes the other (a cancel request's server side ends first).
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
         finally:
             link.close()
+            for pump in pumps:
+                pump.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
             self._links.discard(link)
+            self._tasks.discard(task)
 
     def _fault_for(self, message: bytes) -> _Fault | None:
         if message[:1] not in (b"P", b"Q"):
@@ -100,13 +126,22 @@ class FaultProxy:
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
                 message = await _read_message(reader, typed)
+                if not typed and message[4:8] == CANCEL_REQUEST:
+                    self._release()
                 typed = True
+                if link.stopped:
+                    continue
                 fault = self._fault_for(message)
                 if fault is not None and not fault.deliver:
-                    link.close()
-                    return
+                    if not fault.hold:
+                        link.close()
+                        return
+                    link.stopped = True
+                    self._holding.append(link)
+                    self.holding.set()
+                    continue
                 if fault is not None:
-                    link.swallow = True
+                    link.swallow, link.hold = not fault.hold, fault.hold
                 link.server.write(message)
                 await link.server.drain()
 
@@ -114,6 +149,12 @@ class FaultProxy:
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
                 message = await _read_message(reader, True)
+                if link.hold:
+                    link.held.append(message)
+                    if message[:1] == b"Z":
+                        self._holding.append(link)
+                        self.holding.set()
+                    continue
                 if link.swallow:
                     # The client sends its next statement only after reading every answer so
                     # far, so all that arrives now answers the faulted one. ReadyForQuery: done.
@@ -123,6 +164,17 @@ class FaultProxy:
                     continue
                 link.client.write(message)
                 await link.client.drain()
+
+    def _release(self) -> None:
+        """A cancel request came: answer what was held, close what was stopped."""
+        for link in self._holding:
+            if link.stopped:
+                link.close()
+            else:
+                link.hold = False
+                for message in link.held:
+                    link.client.write(message)
+        self._holding.clear()
 
 
 async def _read_message(reader: asyncio.StreamReader, typed: bool) -> bytes:
