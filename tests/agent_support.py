@@ -1,5 +1,6 @@
 """Helpers for the agent-loop tests: the fake Messages API, agent worker processes and in-process
-workers, enqueueing agent runs, and reading what a run did (steps, journal, effects).
+workers, enqueueing agent runs, and reading what a run did (steps, tool effects). Run rows, the
+journal and waiting on them: worker_support.
 
 Worker processes run `python -m pyworker worker --handler pyworker.agent:handle --tools
 pyworker.demo_tools` with ANTHROPIC_BASE_URL pointing at a FakeModel served from this process.
@@ -68,29 +69,6 @@ def enqueue_agent(
     return row[0]
 
 
-def run_row(conn: psycopg.Connection, run_id: uuid.UUID) -> dict[str, Any]:
-    cur = conn.execute(
-        "SELECT id, status, attempt, max_attempts, worker_id, error, result "
-        "FROM runrow.agent_run WHERE id = %s",
-        (run_id,),
-    )
-    row = cur.fetchone()
-    assert row is not None
-    return dict(zip([d.name for d in cur.description or ()], row, strict=True))
-
-
-def wait_status(
-    conn: psycopg.Connection, run_id: uuid.UUID, wanted: set[str] | str, timeout: float = 30
-) -> str:
-    wanted = {wanted} if isinstance(wanted, str) else wanted
-
-    def done() -> str | None:
-        s = str(run_row(conn, run_id)["status"])
-        return s if s in wanted else None
-
-    return wait_until(done, timeout, f"run {run_id} to be {sorted(wanted)}")
-
-
 def steps(conn: psycopg.Connection, run_id: uuid.UUID) -> list[tuple[int, str, str]]:
     """(seq, kind, payload text) of the run's step log."""
     return [
@@ -99,13 +77,6 @@ def steps(conn: psycopg.Connection, run_id: uuid.UUID) -> list[tuple[int, str, s
             "SELECT seq, kind, payload::text FROM runrow.agent_step WHERE run_id = %s ORDER BY seq", (run_id,)
         ).fetchall()
     ]
-
-
-def journal(conn: psycopg.Connection, run_id: uuid.UUID) -> list[dict[str, Any]]:
-    rows = conn.execute(
-        "SELECT seq, payload FROM runrow.run_event WHERE run_id = %s ORDER BY seq", (run_id,)
-    ).fetchall()
-    return [{"seq": seq, **payload} for seq, payload in rows]
 
 
 def effect_keys(conn: psycopg.Connection, run_id: uuid.UUID) -> dict[str, str]:

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from agent_support import ForkedWorker, enqueue_agent, journal, run_row, steps, wait_status
-from worker_support import db, wait_until, worker_db
+from agent_support import ForkedWorker, enqueue_agent, steps
+from worker_support import db, events, run_row, wait_status, wait_until, worker_db
 
 from pyworker import demo_tools
 from pyworker.cli import main as cli
@@ -55,7 +55,7 @@ def snapshot(conn: psycopg.Connection, run: uuid.UUID) -> tuple[Any, ...]:
         "WHERE run_id = %s ORDER BY idempotency_key",
         (run,),
     ).fetchall()
-    return steps(conn, run), journal(conn, run), effects, run_row(conn, run)
+    return steps(conn, run), events(conn, run), effects, run_row(conn, run)
 
 
 def test_a_thawed_zombie_writes_nothing_after_another_worker_finished_its_run(
@@ -155,7 +155,7 @@ def test_an_approved_irreversible_call_cut_by_a_crash_waits_for_a_person(
     [result] = [json.loads(p) for _, kind, p in steps(db, run) if kind == "tool_result"]
     assert result["is_error"] is True and note in result["content"] and "bob" in result["content"]
     assert note in run_row(db, run)["result"]["text"]  # the model was told
-    decisions = [e for e in journal(db, run) if e["type"] == "approval_resolved"]
+    decisions = [e for e in events(db, run) if e["type"] == "approval_resolved"]
     assert [(d["decided_by"], d["approved"], d["reason"]) for d in decisions] == [
         ("alice", True, "needs_approval"),
         ("bob", False, "uncertain"),

@@ -26,13 +26,10 @@ from agent_support import (
     ForkedWorker,
     effect_keys,
     enqueue_agent,
-    journal,
-    run_row,
     steps,
     transcript,
-    wait_status,
 )
-from worker_support import db, wait_until, worker_db
+from worker_support import db, events, run_row, wait_status, wait_until, worker_db
 
 from pyworker import demo_tools
 from pyworker.fake_model import FakeModel
@@ -139,7 +136,7 @@ def test_sigkill_between_steps_3_and_4_then_a_new_worker_finishes_without_repeat
         assert counts["write_file"]["executions"] == 1
         # Nothing committed was redone: 6 model turns, 6 requests (the kill hit no request).
         assert model_requests_of(fake, first_request) == 6
-        claims = [e["worker_id"] for e in journal(db, run) if e["type"] == "run_claimed"]
+        claims = [e["worker_id"] for e in events(db, run) if e["type"] == "run_claimed"]
         assert claims == ["agent-a", "agent-b"]
     print(f"kill between steps 3 and 4 with real processes: {time.monotonic() - started:.1f}s")
 
@@ -162,7 +159,7 @@ def reached(conn: psycopg.Connection, run_id: uuid.UUID, point: tuple[str, int])
     if kind == "step":
         return len(steps(conn, run_id)) >= n
     if kind == "stream":
-        return [e["type"] for e in journal(conn, run_id)].count("model_request") >= n
+        return [e["type"] for e in events(conn, run_id)].count("model_request") >= n
     row = conn.execute("SELECT count(*) FROM runrow.tool_effect WHERE run_id = %s", (run_id,)).fetchone()
     return row is not None and row[0] >= n
 
@@ -171,7 +168,7 @@ def describe(conn: psycopg.Connection, run_id: uuid.UUID) -> dict[str, Any]:
     open_calls = conn.execute(
         "SELECT tool FROM runrow.tool_effect WHERE run_id = %s AND state = 'executing'", (run_id,)
     ).fetchall()
-    types = [e["type"] for e in journal(conn, run_id)]
+    types = [e["type"] for e in events(conn, run_id)]
     return {
         "steps": len(steps(conn, run_id)),
         "open_tool_calls": [t for (t,) in open_calls],

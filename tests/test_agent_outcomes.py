@@ -22,14 +22,11 @@ import pytest
 from agent_support import (
     InProcessWorker,
     enqueue_agent,
-    journal,
     module_conn,
     module_db,
-    run_row,
     steps,
-    wait_status,
 )
-from worker_support import wait_until
+from worker_support import events, run_row, streamed_text, wait_status, wait_until
 
 from pyworker.cli import main as cli
 from pyworker.fake_faults import (
@@ -133,10 +130,6 @@ def kinds(db: psycopg.Connection, run: uuid.UUID) -> list[str]:
     return [kind for _, kind, _ in steps(db, run)]
 
 
-def text_deltas(db: psycopg.Connection, run: uuid.UUID) -> str:
-    return "".join(e.get("text", "") for e in journal(db, run) if e["type"] == "text_delta")
-
-
 # -- stop reasons ------------------------------------------------------------------------------
 
 
@@ -159,12 +152,12 @@ def test_end_turn_completes_and_the_step_is_the_message_as_received(db, fake) ->
     assert (body["model"], body["system"], body["tools"]) == ("claude-fake-1", "Be kind.", [WEATHER])
     assert (body["max_tokens"], body["thinking"]) == (4096, {"type": "enabled", "budget_tokens": 1024})
     assert body["stream"] is True
-    events = journal(db, run)
-    [turn_event] = [e for e in events if e["type"] == "model_turn"]
+    journaled = events(db, run)
+    [turn_event] = [e for e in journaled if e["type"] == "model_turn"]
     assert turn_event["step_seq"] == seq and turn_event["stop_reason"] == "end_turn"
     assert turn_event["request_id"] == request.request_id and turn_event["usage"]["output_tokens"] > 0
-    assert text_deltas(db, run) == "Hello!"
-    assert any(e["type"] == "thinking_delta" for e in events)
+    assert streamed_text(db, run) == "Hello!"
+    assert any(e["type"] == "thinking_delta" for e in journaled)
 
 
 def test_tool_use_runs_the_tool_with_its_key_and_continues(db, fake) -> None:
@@ -185,7 +178,7 @@ def test_tool_use_runs_the_tool_with_its_key_and_continues(db, fake) -> None:
     result = json.loads(steps(db, run)[1][2])
     assert result["is_error"] is False and json.loads(result["content"]) == {"city": "Paris", "sky": "sunny"}
     assert "sunny" in row["result"]["text"]
-    assert [e["type"] for e in journal(db, run) if e["type"] in ("tool_call", "tool_result")] == [
+    assert [e["type"] for e in events(db, run) if e["type"] in ("tool_call", "tool_result")] == [
         "tool_call",
         "tool_result",
     ]
@@ -220,7 +213,7 @@ def test_ending_stop_reasons(db, fake, scenario, status, stop_reason, error) -> 
         assert row["error"] is None
     else:
         assert row["error"].startswith(error)
-    assert row["result"]["text"] == text_deltas(db, run)  # the text the model did produce is kept
+    assert row["result"]["text"] == streamed_text(db, run)  # the text the model did produce is kept
     assert kinds(db, run) == ["model_turn"]  # the turn is on record either way
     if scenario == "refusal":
         assert row["result"]["stop_details"]["type"] == "refusal"
@@ -281,7 +274,7 @@ def test_a_failed_step_is_requeued_while_attempts_are_left(db, fake, name) -> No
     run = enqueue_agent(db, "Hi", tools=[], metadata={}, max_attempts=2)
     row = finish(db, run)
     assert (row["status"], row["attempt"]) == ("completed", 2)
-    assert "run_requeued" in [e["type"] for e in journal(db, run)]
+    assert "run_requeued" in [e["type"] for e in events(db, run)]
 
 
 def test_other_4xx_fails_at_once(db, fake) -> None:
@@ -302,7 +295,7 @@ def test_cancel_mid_stream_closes_the_stream_and_keeps_the_partial_text(db, fake
     use(fake, "long")
     fake.inject(slow(0.05))  # ~300 events: 15 s if nobody stops it
     run = enqueue_agent(db, "Talk.", tools=[], metadata={})
-    wait_until(lambda: text_deltas(db, run), 15, "text to stream")
+    wait_until(lambda: streamed_text(db, run), 15, "text to stream")
     cancelled_at = time.monotonic()
     db.execute("SELECT runrow.cancel_run(run_id => %s)", (run,))
     row = finish(db, run, timeout=10)
@@ -310,7 +303,7 @@ def test_cancel_mid_stream_closes_the_stream_and_keeps_the_partial_text(db, fake
     assert row["status"] == "cancelled"
     partial = row["result"]["text"]
     assert partial and LONG_TEXT.startswith(partial) and len(partial) < len(LONG_TEXT)
-    assert partial == text_deltas(db, run)  # what was streamed is what is kept
+    assert partial == streamed_text(db, run)  # what was streamed is what is kept
     assert took < 3, f"cancel took {took:.1f}s: the stream was not closed at once"
     assert steps(db, run) == []
     wait_until(lambda: fake.requests[-1].outcome == "client_closed", 10, "the fake to see the stream closed")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from agent_support import ForkedWorker, enqueue_agent, run_row, steps, wait_status
-from worker_support import db, wait_until, worker_db
+from agent_support import ForkedWorker, enqueue_agent, steps
+from worker_support import db, run_row, wait_status, wait_until, worker_db
 
 from pyworker import demo_tools
 from pyworker.fake_model import FakeModel

@@ -12,8 +12,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from agent_support import ForkedWorker, enqueue_agent, run_row, steps, wait_status
-from worker_support import db, wait_until, worker_db
+from agent_support import ForkedWorker, enqueue_agent, steps
+from worker_support import db, run_row, wait_status, wait_until, worker_db
 
 from pyworker.fake_model import FakeModel, RecordedRequest
 from pyworker.fake_scenarios import DEMO_TOOLS

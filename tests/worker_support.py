@@ -126,8 +126,8 @@ def enqueue_echo(
 
 def run_row(conn: psycopg.Connection, run_id: uuid.UUID) -> dict[str, Any]:
     cur = conn.execute(
-        "SELECT id, status, attempt, worker_id, error, result, claim_expires_at, finished_at, "
-        "cancel_requested FROM runrow.agent_run WHERE id = %s",
+        "SELECT id, status, attempt, max_attempts, worker_id, error, result, claim_expires_at, "
+        "finished_at, cancel_requested FROM runrow.agent_run WHERE id = %s",
         (run_id,),
     )
     row = cur.fetchone()
