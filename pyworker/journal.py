@@ -142,11 +142,19 @@ class _Fenced(Exception):
 @dataclass
 class _Doubt:
     """A run's batch inside a transaction whose COMMIT went unanswered: its events, the emit mark
-    they cover, and the seqs append_events gave them (first_seq .. first_seq + len(events) - 1)."""
+    they cover, and the seqs append_events gave them, per call: (last seq, number of events)."""
 
     events: list[dict[str, Any]]
     mark: int
-    first_seq: int
+    calls: list[tuple[int, int]]
+
+    @property
+    def first_seq(self) -> int:
+        return self.calls[0][0] - self.calls[0][1] + 1
+
+    @property
+    def last_seq(self) -> int:
+        return self.calls[-1][0]
 
 
 def _canon(value: Any) -> Any:
@@ -164,17 +172,17 @@ def _canon(value: Any) -> Any:
 async def _landed(conn: psycopg.AsyncConnection[Any], run_id: UUID, doubt: _Doubt) -> bool:
     """Whether the batch committed: its seqs hold exactly its events. If it did not, those seqs
     are empty or hold someone else's rows (a cancel_requested written after our abort)."""
-    expected = [_canon(json.loads(json.dumps(e))) for e in doubt.events]
-    after = doubt.first_seq - 1
-    for start in range(0, len(expected), MAX_READ_BACK):
-        want = expected[start : start + MAX_READ_BACK]
-        rows = await api.read_events(conn, run_id, after, len(want))
-        if len(rows) != len(want):
-            return False
-        for offset, (row, event) in enumerate(zip(rows, want, strict=True)):
-            if row.seq != after + 1 + offset or _canon(row.payload) != event:
+    expected = iter([_canon(json.loads(json.dumps(e))) for e in doubt.events])
+    for last, count in doubt.calls:
+        after = last - count
+        while after < last:
+            rows = await api.read_events(conn, run_id, after, min(last - after, MAX_READ_BACK))
+            if not rows:
                 return False
-        after += len(want)
+            for row in rows:
+                if row.seq != after + 1 or _canon(row.payload) != next(expected):
+                    return False
+                after += 1
     return True
 
 
@@ -249,7 +257,7 @@ class JournalWriter:
             ]
             if not batch:
                 return
-            written: list[tuple[RunJournal, list[dict[str, Any]], int, int, int]] = []
+            written: list[tuple[RunJournal, _Doubt]] = []  # in doubt only if the COMMIT goes unanswered
             fenced: list[RunJournal] = []
             rejected: list[tuple[RunJournal, Exception]] = []
             committing = False
@@ -258,17 +266,15 @@ class JournalWriter:
                     for journal, events, mark in batch:
                         try:
                             async with conn.transaction():  # savepoint: a bad run loses only its own events
-                                first = seq = None
+                                calls: list[tuple[int, int]] = []
                                 for chunk in _chunks(events):
                                     seq = await api.append_events(
                                         conn, journal.run_id, journal.run.claim_token, chunk
                                     )
                                     if seq is None:
                                         raise _Fenced
-                                    if first is None:
-                                        first = seq - len(chunk) + 1
-                            assert first is not None and seq is not None
-                            written.append((journal, events, mark, first, seq))
+                                    calls.append((seq, len(chunk)))
+                            written.append((journal, _Doubt(events, mark, calls)))
                         except _Fenced:
                             fenced.append(journal)
                         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
@@ -281,8 +287,8 @@ class JournalWriter:
                     raise
                 # The COMMIT went unanswered: hold the written batches in doubt (a cancelled
                 # flush leaves them for the next one to settle).
-                for journal, events, mark, first, _ in written:
-                    journal._doubt = _Doubt(events, mark, first)
+                for journal, doubt in written:
+                    journal._doubt = doubt
                 undecided = {*fenced, *(journal for journal, _ in rejected)}
                 try:
                     if not isinstance(exc, Exception):
@@ -301,9 +307,9 @@ class JournalWriter:
                 self._stand_down(fenced, rejected)
                 return
             self.ticks += 1
-            for journal, _, mark, _, seq in written:
-                journal._committed = mark
-                journal.last_seq = seq
+            for journal, done in written:
+                journal._committed = done.mark
+                journal.last_seq = done.last_seq
             self._stand_down(fenced, rejected)
 
     def _stand_down(self, fenced: list[RunJournal], rejected: list[tuple[RunJournal, Exception]]) -> None:
@@ -330,7 +336,7 @@ class JournalWriter:
                 journal._doubt = None
                 if landed:
                     journal._committed = max(journal._committed, doubt.mark)
-                    journal.last_seq = doubt.first_seq + len(doubt.events) - 1
+                    journal.last_seq = doubt.last_seq
                     landed_any = True
                 else:
                     journal._restore(doubt.events, doubt.mark)
