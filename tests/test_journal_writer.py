@@ -18,7 +18,7 @@ from worker_support import db, events, streamed_text, worker_db
 
 from pyworker import api
 from pyworker.api import ClaimedRun
-from pyworker.journal import JournalWriter, RunLost
+from pyworker.journal import MAX_EVENTS_PER_CALL, JournalWriter, RunLost
 
 __all__ = ["db", "worker_db"]
 
@@ -344,5 +344,29 @@ async def test_flush_cancelled_while_waiting_for_its_commit_settles_on_the_next_
     await writer.flush_all()
     assert shape(journal_of(db, run.run_id)) == [("text_delta", "Hello, world")]
     assert not journal.in_doubt and not journal.pending
+    assert journal.last_seq == len(events(db, run.run_id))
+    await writer.stop()
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "not-committed"])
+async def test_batch_of_several_append_calls_is_read_back_whole(
+    faulty_pool, proxy, db, committed: bool
+) -> None:
+    (run,) = await claimed(faulty_pool, 1)
+    writer = await writer_for(faulty_pool, CLOCK_OFF)
+    journal = writer.run_journal(run)
+    n = MAX_EVENTS_PER_CALL + 300  # two append_events calls in the one transaction
+    for i in range(n):  # a new content block each: nothing coalesces
+        await journal.emit({"type": "text_delta", "index": i, "text": f"{i} "})
+
+    proxy.break_at(b"COMMIT", deliver=committed)
+    if committed:
+        await writer.flush_all()
+    else:
+        with pytest.raises(psycopg.OperationalError):
+            await writer.flush_all()
+        await writer.flush_all()
+    rows = journal_of(db, run.run_id)
+    assert [(r["index"], r["text"]) for r in rows] == [(i, f"{i} ") for i in range(n)]
     assert journal.last_seq == len(events(db, run.run_id))
     await writer.stop()
