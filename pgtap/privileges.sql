@@ -55,7 +55,7 @@ SELECT plan(
     (SELECT count(*)::int * 3 FROM api)      -- each role x each API function
     + (SELECT count(*)::int * 3 * 5 FROM tables)  -- each role x each table x SELECT/INSERT/UPDATE/DELETE/TRUNCATE
     + 3                                      -- private helpers, by privilege, per role
-    + 7                                      -- private helpers called under SET ROLE
+    + 8                                      -- private helpers called under SET ROLE
     + 4                                      -- PUBLIC and a role without memberships
     + 2                                      -- search_path pinned; the functions really are SECURITY DEFINER
 );
@@ -123,6 +123,10 @@ SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', 'runrow_worker',
 SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', 'runrow_client',
         format($$SELECT runrow._journal_complete(%L, gen_random_uuid(), 'completed', NULL, NULL)$$, :'done')),
     '42501', 'permission denied for function _journal_complete', 'the client cannot call _journal_complete (from _helpers)');
+SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', 'runrow_worker',
+        format($$SELECT runrow._append_step(%L, 'model_turn', '[{"type": "text", "text": "x"}]', NULL)$$, :'done')),
+    '42501', 'permission denied for function _append_step',
+    'the worker cannot call _append_step (from _steps_helpers) around append_step''s fence');
 SELECT throws_ok($$SELECT pg_temp.as_role('runrow_auditor', 'SELECT runrow._pin_prompt(''x'', ''[]'')')$$,
     '42501', 'permission denied for function _pin_prompt', 'the auditor cannot call _pin_prompt (from _helpers)');
 SELECT throws_ok($$SELECT pg_temp.as_role('runrow_auditor', 'SELECT runrow._lock_conversation(gen_random_uuid())')$$,
