@@ -16,9 +16,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -27,7 +24,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from worker_support import REPO, wait_until
+from worker_support import WorkerProcess
 
 from pyworker import agent
 from pyworker.devdb import temporary_database
@@ -110,49 +107,32 @@ def transcript(conn: psycopg.Connection, run_id: uuid.UUID) -> list[tuple[str, A
     return out
 
 
-class AgentWorker:
+def agent_env(base_url: str, demo_dir: Path, tool_delay: str = "0") -> dict[str, str]:
+    """An agent worker's environment: the Messages API at base_url, the demo tools in demo_dir."""
+    return {
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": "test-key",
+        "RUNROW_DEMO_DIR": str(demo_dir),
+        "RUNROW_DEMO_TOOL_DELAY": tool_delay,
+    }
+
+
+# Forked workers that take over a lapsed run fast: 1 s leases, reaped without grace.
+QUICK_TAKEOVER: dict[str, Any] = {
+    "lease_seconds": 1,
+    "grace_seconds": 0,
+    "reap_interval": 0.2,
+    "poll_seconds": 0.3,
+    "concurrency": 1,
+}
+
+
+def agent_worker(
+    url: str, name: str, base_url: str, demo_dir: Path, *args: str, tool_delay: str = "0"
+) -> WorkerProcess:
     """A `runrow worker` process running the agent loop with the demo tools."""
-
-    def __init__(self, url: str, name: str, base_url: str, demo_dir: Path, *args: str, **env: str) -> None:
-        self.name = name
-        self.log_path = Path(tempfile.mkstemp(prefix=f"runrow-{name}-", suffix=".log")[1])
-        self._log = self.log_path.open("wb")
-        cmd = [
-            sys.executable, "-m", "pyworker", "worker", "--handler", AGENT, "--tools", TOOLS,
-            "--worker-id", name, *args,
-        ]  # fmt: skip
-        environment = dict(
-            os.environ,
-            DATABASE_URL=url,
-            ANTHROPIC_BASE_URL=base_url,
-            ANTHROPIC_API_KEY="test-key",
-            RUNROW_DEMO_DIR=str(demo_dir),
-            **env,
-        )
-        self.proc = subprocess.Popen(
-            cmd, cwd=REPO, env=environment, stdout=self._log, stderr=subprocess.STDOUT
-        )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_started(self, timeout: float = 20) -> AgentWorker:
-        wait_until(
-            lambda: f"worker {self.name} started" in self.log(),
-            timeout,
-            f"{self.name} to start\n{self.log()}",
-        )
-        return self
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=10)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        self._log.close()
+    env = agent_env(base_url, demo_dir, tool_delay)
+    return WorkerProcess(url, name, ["--tools", TOOLS, *args], handler=AGENT, env=env)
 
 
 class InProcessWorker:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from agent_support import ForkedWorker, enqueue_agent, steps
+from agent_support import QUICK_TAKEOVER, ForkedWorker, agent_env, enqueue_agent, steps
 from worker_support import db, events, run_row, wait_status, wait_until, worker_db
 
 from pyworker import demo_tools
@@ -29,13 +29,6 @@ from pyworker.fake_scenarios import DEMO_TOOLS, ModelRequest, Text, ToolCall, Tu
 __all__ = ["db", "worker_db"]
 
 TERMINAL = {"completed", "failed", "dead", "cancelled"}
-OPTIONS = {
-    "lease_seconds": 1,
-    "grace_seconds": 0,
-    "reap_interval": 0.2,
-    "poll_seconds": 0.3,
-    "concurrency": 1,
-}
 DELETE = demo_tools.definitions(["delete_file"])
 
 
@@ -62,20 +55,15 @@ def test_a_thawed_zombie_writes_nothing_after_another_worker_finished_its_run(
     db, worker_db, tmp_path
 ) -> None:
     with FakeModel("demo") as fake:
-        env = {
-            "ANTHROPIC_BASE_URL": fake.base_url,
-            "ANTHROPIC_API_KEY": "test-key",
-            "RUNROW_DEMO_DIR": str(tmp_path),
-            "RUNROW_DEMO_TOOL_DELAY": "1.0",
-        }
-        zombie = ForkedWorker(worker_db, "zombie", env, **OPTIONS)
+        env = agent_env(fake.base_url, tmp_path, tool_delay="1.0")
+        zombie = ForkedWorker(worker_db, "zombie", env, **QUICK_TAKEOVER)
         rescuer: ForkedWorker | None = None
         try:
             run = enqueue_agent(db, max_attempts=3)
             wait_until(lambda: executions(tmp_path, "send_email") == 1, 30, "the email to be sent")
             os.kill(zombie.pid, signal.SIGSTOP)  # frozen inside send_email, before its result
             assert len(steps(db, run)) == 6
-            rescuer = ForkedWorker(worker_db, "rescuer", {**env, "RUNROW_DEMO_TOOL_DELAY": "0"}, **OPTIONS)
+            rescuer = ForkedWorker(worker_db, "rescuer", agent_env(fake.base_url, tmp_path), **QUICK_TAKEOVER)
             assert wait_status(db, run, TERMINAL, 30) == "completed"
             before = snapshot(db, run)
             os.kill(zombie.pid, signal.SIGCONT)
@@ -111,13 +99,8 @@ def test_an_approved_irreversible_call_cut_by_a_crash_waits_for_a_person(
     db, worker_db, tmp_path, capsys
 ) -> None:
     with FakeModel(delete_scenario()) as fake:
-        env = {
-            "ANTHROPIC_BASE_URL": fake.base_url,
-            "ANTHROPIC_API_KEY": "test-key",
-            "RUNROW_DEMO_DIR": str(tmp_path),
-            "RUNROW_DEMO_TOOL_DELAY": "1.0",
-        }
-        first = ForkedWorker(worker_db, "first", env, **OPTIONS)
+        env = agent_env(fake.base_url, tmp_path, tool_delay="1.0")
+        first = ForkedWorker(worker_db, "first", env, **QUICK_TAKEOVER)
         second: ForkedWorker | None = None
         try:
             run = enqueue_agent(db, "Clean up.", tools=[*DEMO_TOOLS, *DELETE], metadata={}, max_attempts=3)
@@ -131,7 +114,7 @@ def test_an_approved_irreversible_call_cut_by_a_crash_waits_for_a_person(
             first.kill()  # mid-effect: the file is gone, the result is not recorded
             assert not (demo_tools.workspace(tmp_path) / "notes" / "todo.txt").exists()
 
-            second = ForkedWorker(worker_db, "second", env, **OPTIONS)
+            second = ForkedWorker(worker_db, "second", env, **QUICK_TAKEOVER)
             wait_status(db, run, "waiting", 30)
             [(again, reason, approved_before)] = db.execute(
                 "SELECT idempotency_key, reason, previously_approved FROM runrow.pending_approvals "

@@ -22,14 +22,16 @@ from typing import Any
 
 import psycopg
 from agent_support import (
-    AgentWorker,
+    QUICK_TAKEOVER,
     ForkedWorker,
+    agent_env,
+    agent_worker,
     effect_keys,
     enqueue_agent,
     steps,
     transcript,
 )
-from worker_support import db, events, run_row, wait_status, wait_until, worker_db
+from worker_support import WorkerProcess, db, events, run_row, wait_status, wait_until, worker_db
 
 from pyworker import demo_tools
 from pyworker.fake_model import FakeModel
@@ -72,14 +74,9 @@ def test_sigkill_between_steps_3_and_4_then_a_new_worker_finishes_without_repeat
 ) -> None:
     started = time.monotonic()
     with FakeModel("demo") as fake:
-        env = {
-            "ANTHROPIC_BASE_URL": fake.base_url,
-            "ANTHROPIC_API_KEY": "test-key",
-            "RUNROW_DEMO_TOOL_DELAY": "0.5",
-        }
         # The uninterrupted run, for comparison.
         ref_ws = tmp_path / "reference"
-        ref = ForkedWorker(worker_db, "reference", {**env, "RUNROW_DEMO_DIR": str(ref_ws)}, lease_seconds=2)
+        ref = ForkedWorker(worker_db, "reference", agent_env(fake.base_url, ref_ws, "0.5"), lease_seconds=2)
         try:
             ref_run = enqueue_agent(db)
             assert wait_status(db, ref_run, {"completed", "failed", "dead"}, 60) == "completed"
@@ -102,10 +99,10 @@ def test_sigkill_between_steps_3_and_4_then_a_new_worker_finishes_without_repeat
             "--concurrency",
             "1",
         )
-        a = AgentWorker(worker_db, "agent-a", fake.base_url, ws, *flags, RUNROW_DEMO_TOOL_DELAY="0.5")
-        b: AgentWorker | None = None
+        a = agent_worker(worker_db, "agent-a", fake.base_url, ws, *flags, tool_delay="0.5")
+        b: WorkerProcess | None = None
         try:
-            a.wait_started()
+            a.wait_started(20)
             first_request = len(fake.requests)
             run = enqueue_agent(db)
             wait_until(lambda: len(steps(db, run)) >= 3, 60, "step 3 to be committed")
@@ -119,8 +116,8 @@ def test_sigkill_between_steps_3_and_4_then_a_new_worker_finishes_without_repeat
             ).fetchall()
             assert executing == [("read_file", "executing", 1)]  # step 3's first call was under way
 
-            b = AgentWorker(worker_db, "agent-b", fake.base_url, ws, *flags, RUNROW_DEMO_TOOL_DELAY="0.5")
-            b.wait_started()
+            b = agent_worker(worker_db, "agent-b", fake.base_url, ws, *flags, tool_delay="0.5")
+            b.wait_started(20)
             assert wait_status(db, run, {"completed", "failed", "dead"}, 60) == "completed", b.log()
         finally:
             a.close()
@@ -184,20 +181,8 @@ def test_twenty_random_kill_points(db: psycopg.Connection, worker_db: str, tmp_p
     started = time.monotonic()
     ws = tmp_path / "ws"
     with FakeModel("demo", delta_delay=0.005) as fake:
-        env = {
-            "ANTHROPIC_BASE_URL": fake.base_url,
-            "ANTHROPIC_API_KEY": "test-key",
-            "RUNROW_DEMO_DIR": str(ws),
-            "RUNROW_DEMO_TOOL_DELAY": "0.05",
-        }
-        options = {
-            "lease_seconds": 1,
-            "grace_seconds": 0,
-            "reap_interval": 0.2,
-            "poll_seconds": 0.3,
-            "concurrency": 1,
-            "drain_seconds": 2,
-        }
+        env = agent_env(fake.base_url, ws, tool_delay="0.05")
+        options = {**QUICK_TAKEOVER, "drain_seconds": 2}
         serial = iter(range(1000))
         workers = {
             w.name: w for w in (ForkedWorker(worker_db, f"w{next(serial)}", env, **options) for _ in range(2))

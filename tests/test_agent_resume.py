@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from pathlib import Path
 
 import psycopg
 import pytest
-from agent_support import ForkedWorker, enqueue_agent, steps
+from agent_support import QUICK_TAKEOVER, ForkedWorker, agent_env, enqueue_agent, steps
 from worker_support import db, run_row, wait_status, wait_until, worker_db
 
 from pyworker import demo_tools
@@ -35,24 +34,6 @@ def fake() -> FakeModel:
         yield server
 
 
-def worker_env(fake: FakeModel, demo_dir: Path, delay: str = "0.3") -> dict[str, str]:
-    return {
-        "ANTHROPIC_BASE_URL": fake.base_url,
-        "ANTHROPIC_API_KEY": "test-key",
-        "RUNROW_DEMO_DIR": str(demo_dir),
-        "RUNROW_DEMO_TOOL_DELAY": delay,
-    }
-
-
-OPTIONS = {
-    "lease_seconds": 1,
-    "grace_seconds": 0,
-    "reap_interval": 0.2,
-    "poll_seconds": 0.3,
-    "concurrency": 1,
-}
-
-
 def kill_after_step(db: psycopg.Connection, worker: ForkedWorker, run: uuid.UUID, n: int) -> None:
     wait_until(lambda: len(steps(db, run)) >= n, 30, f"step {n}")
     worker.kill()
@@ -62,13 +43,13 @@ def kill_after_step(db: psycopg.Connection, worker: ForkedWorker, run: uuid.UUID
 def test_resumed_request_is_the_stored_history_unchanged_and_is_accepted(
     db, worker_db, fake, tmp_path
 ) -> None:
-    env = worker_env(fake, tmp_path)
-    a = ForkedWorker(worker_db, "a", env, **OPTIONS)
+    env = agent_env(fake.base_url, tmp_path, tool_delay="0.3")
+    a = ForkedWorker(worker_db, "a", env, **QUICK_TAKEOVER)
     run = enqueue_agent(db)
     kill_after_step(db, a, run, 6)  # step 6 asked for send_email; the kill lands in that tool
     before = list(fake.requests)
     assert len(before) == 3
-    b = ForkedWorker(worker_db, "b", env, **OPTIONS)
+    b = ForkedWorker(worker_db, "b", env, **QUICK_TAKEOVER)
     try:
         assert wait_status(db, run, TERMINAL, 30) == "completed"
     finally:
@@ -106,15 +87,15 @@ def tamper_first_thinking(db: psycopg.Connection, run: uuid.UUID) -> None:
 
 
 def test_one_altered_byte_in_the_history_is_refused_and_the_run_fails(db, worker_db, fake, tmp_path) -> None:
-    env = worker_env(fake, tmp_path)
-    a = ForkedWorker(worker_db, "a", env, **OPTIONS)
+    env = agent_env(fake.base_url, tmp_path, tool_delay="0.3")
+    a = ForkedWorker(worker_db, "a", env, **QUICK_TAKEOVER)
     run = enqueue_agent(db, max_attempts=3)
     kill_after_step(db, a, run, 3)  # mid step 3's tool calls
     original = steps(db, run)[0][2]
     tamper_first_thinking(db, run)
     altered = steps(db, run)[0][2]
     assert len(altered) == len(original) and sum(x != y for x, y in zip(altered, original, strict=True)) == 1
-    b = ForkedWorker(worker_db, "b", env, **OPTIONS)
+    b = ForkedWorker(worker_db, "b", env, **QUICK_TAKEOVER)
     try:
         assert wait_status(db, run, TERMINAL, 30) == "failed"
     finally:
@@ -136,8 +117,8 @@ def test_one_altered_byte_in_the_history_is_refused_and_the_run_fails(db, worker
 
 
 def test_the_next_turn_sends_the_earlier_turn_back_as_stored(db, worker_db, fake, tmp_path) -> None:
-    env = worker_env(fake, tmp_path, delay="0")
-    w = ForkedWorker(worker_db, "w", env, **OPTIONS)
+    env = agent_env(fake.base_url, tmp_path)
+    w = ForkedWorker(worker_db, "w", env, **QUICK_TAKEOVER)
     try:
         conversation = uuid.uuid4()
         first = enqueue_agent(db, "First task.", conversation_id=conversation)
@@ -207,7 +188,7 @@ EARLIER_TURN = [
 def test_resume_runs_only_the_tool_calls_still_missing_a_result(db, worker_db, fake, tmp_path) -> None:
     run = enqueue_agent(db, metadata={}, max_attempts=3)
     hand_back_after_a_model_turn(db, run, EARLIER_TURN, "tool_use", answer=1)
-    w = ForkedWorker(worker_db, "resumer", worker_env(fake, tmp_path, delay="0"), **OPTIONS)
+    w = ForkedWorker(worker_db, "resumer", agent_env(fake.base_url, tmp_path), **QUICK_TAKEOVER)
     try:
         assert wait_status(db, run, TERMINAL, 30) == "completed"
     finally:
@@ -225,7 +206,7 @@ def test_resume_runs_only_the_tool_calls_still_missing_a_result(db, worker_db, f
 def test_a_resumed_turn_cut_by_max_tokens_never_runs_its_tool_calls(db, worker_db, fake, tmp_path) -> None:
     run = enqueue_agent(db, metadata={}, max_attempts=3)
     hand_back_after_a_model_turn(db, run, EARLIER_TURN, "max_tokens")
-    w = ForkedWorker(worker_db, "resumer", worker_env(fake, tmp_path, delay="0"), **OPTIONS)
+    w = ForkedWorker(worker_db, "resumer", agent_env(fake.base_url, tmp_path), **QUICK_TAKEOVER)
     try:
         assert wait_status(db, run, TERMINAL, 30) == "failed"
     finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from agent_support import ForkedWorker, enqueue_agent, steps
+from agent_support import QUICK_TAKEOVER, ForkedWorker, agent_env, enqueue_agent, steps
 from worker_support import db, run_row, wait_status, wait_until, worker_db
 
 from pyworker.fake_model import FakeModel, RecordedRequest
@@ -26,13 +26,7 @@ TOOLS_V1 = list(DEMO_TOOLS)
 TOOLS_V2 = copy.deepcopy(TOOLS_V1)
 for definition in TOOLS_V2:
     definition["description"] += " (v2)"
-OPTIONS = {
-    "lease_seconds": 1,
-    "grace_seconds": 0,
-    "reap_interval": 0.2,
-    "poll_seconds": 0.3,
-    "concurrency": 2,
-}
+OPTIONS = {**QUICK_TAKEOVER, "concurrency": 2}
 
 
 def first_user_text(request: RecordedRequest) -> Any:
@@ -41,12 +35,7 @@ def first_user_text(request: RecordedRequest) -> Any:
 
 def test_run_pinned_to_v1_keeps_v1_after_v2_and_a_worker_restart(db, worker_db, tmp_path) -> None:
     with FakeModel("demo") as fake:
-        env = {
-            "ANTHROPIC_BASE_URL": fake.base_url,
-            "ANTHROPIC_API_KEY": "test-key",
-            "RUNROW_DEMO_DIR": str(tmp_path),
-            "RUNROW_DEMO_TOOL_DELAY": "0.3",
-        }
+        env = agent_env(fake.base_url, tmp_path, tool_delay="0.3")
         a = ForkedWorker(worker_db, "before-deploy", env, **OPTIONS)
         run1 = enqueue_agent(db, "Task one.", model="claude-fake-1", system=SYSTEM_V1, tools=TOOLS_V1)
         wait_until(lambda: len(steps(db, run1)) >= 3, 30, "run 1 at step 3")

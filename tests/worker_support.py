@@ -40,13 +40,18 @@ def db(worker_db: str) -> Iterator[psycopg.Connection]:
 
 
 class WorkerProcess:
-    def __init__(self, url: str, name: str, args: list[str]) -> None:
+    """A `python -m pyworker worker` process (the echo handler unless told), its output in a log file."""
+
+    def __init__(
+        self, url: str, name: str, args: list[str], *, handler: str = ECHO, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.log_path = Path(tempfile.mkstemp(prefix=f"runrow-{name}-", suffix=".log")[1])
         self._log = self.log_path.open("wb")
-        cmd = [sys.executable, "-m", "pyworker", "worker", "--handler", ECHO, "--worker-id", name, *args]
+        cmd = [sys.executable, "-m", "pyworker", "worker", "--handler", handler, "--worker-id", name, *args]
+        environment = {**os.environ, "DATABASE_URL": url, **(env or {})}
         self.proc = subprocess.Popen(
-            cmd, cwd=REPO, env=dict(os.environ, DATABASE_URL=url), stdout=self._log, stderr=subprocess.STDOUT
+            cmd, cwd=REPO, env=environment, stdout=self._log, stderr=subprocess.STDOUT
         )
 
     @property
@@ -59,11 +64,20 @@ class WorkerProcess:
     def wait_log(self, needle: str, timeout: float = 15) -> None:
         wait_until(lambda: needle in self.log(), timeout, f"{self.name} to log {needle!r}\n{self.log()}")
 
+    def wait_started(self, timeout: float = 15) -> WorkerProcess:
+        self.wait_log(f"worker {self.name} started", timeout)
+        return self
+
     def signal(self, sig: int) -> None:
         os.kill(self.proc.pid, sig)
 
     def wait_exit(self, timeout: float) -> int:
         return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: no drain, no release, no last write."""
+        self.proc.kill()
+        self.proc.wait(timeout=10)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -81,7 +95,7 @@ def start_worker(worker_db: str) -> Iterator[Callable[..., WorkerProcess]]:
         w = WorkerProcess(worker_db, name, list(args))
         started.append(w)
         if ready:
-            w.wait_log(f"worker {name} started")
+            w.wait_started()
         return w
 
     yield _start
