@@ -13,10 +13,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.rows import dict_row
 
 from pyworker.devdb import temporary_database
@@ -24,12 +24,22 @@ from pyworker.devdb import temporary_database
 POLL_TIMEOUT = 15.0
 
 
-@contextmanager
-def private_database(database_url: str) -> Iterator[str]:
-    """A migrated database of the race module's own, so claims see only this module's runs
+@pytest.fixture(scope="module")
+def database_url(database_url: str) -> Iterator[str]:
+    """Imported into a test module: a migrated database of that module's own (the conftest
+    `connect` fixture then opens sessions on it), so claims and the reaper see only its runs
     and the thousands of finished runs the cost tests create bloat nobody else's tables."""
     with temporary_database(database_url, "runrow_races") as url:
         yield url
+
+
+@pytest.fixture
+def owner(connect: Callable[..., psycopg.Connection]) -> psycopg.Connection:
+    """The observer and set-up session; every test starts with no active run at all, so a
+    claim can only return what the test itself enqueued."""
+    conn = connect()
+    drain(conn)
+    return conn
 
 
 class Background:

@@ -11,20 +11,15 @@ transaction open, the other call is made in a thread and observed blocked on it
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psycopg
 import pytest
-from race_support import Background, drain, private_database
+from race_support import Background, database_url, drain
 from steps_support import begin, claim, enqueue, resolve, status, tool_turn
 
 ARGS = {"instance": "i-123"}
 
 
-@pytest.fixture(scope="module")
-def url(database_url: str) -> Iterator[str]:
-    with private_database(database_url) as private:
-        yield private
+__all__ = ["database_url"]  # fixture: this module's own database
 
 
 def _parked(conn: psycopg.Connection) -> tuple:
@@ -36,11 +31,11 @@ def _parked(conn: psycopg.Connection) -> tuple:
     return run_id, key
 
 
-def test_two_decisions_at_once_the_first_stands(url: str) -> None:
+def test_two_decisions_at_once_the_first_stands(database_url: str) -> None:
     with (
-        psycopg.connect(url, autocommit=True) as observer,
-        psycopg.connect(url) as alice,
-        psycopg.connect(url, autocommit=True) as bob,
+        psycopg.connect(database_url, autocommit=True) as observer,
+        psycopg.connect(database_url) as alice,
+        psycopg.connect(database_url, autocommit=True) as bob,
     ):
         run_id, key = _parked(observer)
         assert resolve(alice, key, True, "alice") == run_id  # open transaction, holds the run row
@@ -58,11 +53,11 @@ def test_two_decisions_at_once_the_first_stands(url: str) -> None:
         assert status(observer, run_id) == "queued"
 
 
-def test_stop_first_then_approval_finds_nothing_to_decide(url: str) -> None:
+def test_stop_first_then_approval_finds_nothing_to_decide(database_url: str) -> None:
     with (
-        psycopg.connect(url, autocommit=True) as observer,
-        psycopg.connect(url) as stopper,
-        psycopg.connect(url, autocommit=True) as approver,
+        psycopg.connect(database_url, autocommit=True) as observer,
+        psycopg.connect(database_url) as stopper,
+        psycopg.connect(database_url, autocommit=True) as approver,
     ):
         run_id, key = _parked(observer)
         assert stopper.execute("SELECT runrow.cancel_run(%s)", (run_id,)).fetchone()[0] == "cancelled"
@@ -77,11 +72,11 @@ def test_stop_first_then_approval_finds_nothing_to_decide(url: str) -> None:
         ).fetchone() == ("needs_approval",)
 
 
-def test_approval_first_then_stop_cancels_the_requeued_run(url: str) -> None:
+def test_approval_first_then_stop_cancels_the_requeued_run(database_url: str) -> None:
     with (
-        psycopg.connect(url, autocommit=True) as observer,
-        psycopg.connect(url) as approver,
-        psycopg.connect(url, autocommit=True) as stopper,
+        psycopg.connect(database_url, autocommit=True) as observer,
+        psycopg.connect(database_url) as approver,
+        psycopg.connect(database_url, autocommit=True) as stopper,
     ):
         run_id, key = _parked(observer)
         assert resolve(approver, key, True, "alice") == run_id

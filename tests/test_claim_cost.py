@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import psycopg
-import pytest
-from race_support import claim_one, drain, enqueue, private_database
+from race_support import claim_one, database_url, enqueue, owner
 
 Connect = Callable[..., psycopg.Connection]
 
@@ -25,17 +24,7 @@ FINISHED_MANY = 5_000
 BACKLOG = 3_000
 
 
-@pytest.fixture(scope="module")
-def database_url(database_url: str) -> Iterator[str]:
-    with private_database(database_url) as url:
-        yield url
-
-
-@pytest.fixture
-def owner(connect: Connect) -> psycopg.Connection:
-    conn = connect()
-    drain(conn)
-    return conn
+__all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
 
 
 def fill_finished(conn: psycopg.Connection, runs: int, batch: int = 2000) -> None:

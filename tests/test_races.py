@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -26,11 +26,11 @@ from race_support import (
     begin_irreversible,
     claim,
     claim_one,
-    drain,
+    database_url,
     enqueue,
     expire_lease,
     journal,
-    private_database,
+    owner,
     run_row,
     stress_worker,
     tool_turn,
@@ -39,20 +39,7 @@ from race_support import (
 Connect = Callable[..., psycopg.Connection]
 
 
-@pytest.fixture(scope="module")
-def database_url(database_url: str) -> Iterator[str]:
-    """This module's own database (the conftest `connect` fixture then opens sessions on it)."""
-    with private_database(database_url) as url:
-        yield url
-
-
-@pytest.fixture
-def owner(connect: Connect) -> psycopg.Connection:
-    """The observer and set-up session; every test starts with no active run at all, so a
-    claim can only return what the test itself enqueued."""
-    conn = connect()
-    drain(conn)
-    return conn
+__all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
 
 
 def reap(conn: psycopg.Connection) -> list[tuple]:

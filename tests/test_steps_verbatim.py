@@ -5,11 +5,10 @@ with their signatures."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import psycopg
 import pytest
-from race_support import private_database
+from race_support import database_url
 from steps_support import append_step, claim, enqueue
 
 # What an SDK might have produced: keys in the provider's order (not sorted), odd
@@ -31,14 +30,11 @@ TOOL_RESULT = (
 FINAL_TURN = '[{"type":"text","text":"done"}]   '
 
 
-@pytest.fixture(scope="module")
-def url(database_url: str) -> Iterator[str]:
-    with private_database(database_url) as private:
-        yield private
+__all__ = ["database_url"]  # fixture: this module's own database
 
 
-def test_payloads_round_trip_byte_for_byte(url: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
+def test_payloads_round_trip_byte_for_byte(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
         run_id = enqueue(conn, "what is in the table?")
         token = claim(conn, run_id)
         assert append_step(conn, run_id, token, "model_turn", MODEL_TURN) == 1
@@ -69,16 +65,16 @@ def test_payloads_round_trip_byte_for_byte(url: str) -> None:
         assert blocks[1] == {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/Tz4eFwQaDAX3WuH+wd=="}
 
 
-def test_jsonb_would_not_have_kept_them(url: str) -> None:
+def test_jsonb_would_not_have_kept_them(database_url: str) -> None:
     """The test above can fail: a jsonb column would have normalized these payloads."""
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(database_url, autocommit=True) as conn:
         for payload in (MODEL_TURN, TOOL_RESULT, FINAL_TURN):
             assert conn.execute("SELECT %s::json::jsonb::text", (payload,)).fetchone()[0] != payload
 
 
-def test_the_nul_escape_is_refused_clearly(url: str) -> None:
+def test_the_nul_escape_is_refused_clearly(database_url: str) -> None:
     """PostgreSQL's JSON functions cannot process \\u0000: refused with 22023, nothing written."""
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(database_url, autocommit=True) as conn:
         run_id = enqueue(conn, "nul")
         token = claim(conn, run_id)
         with pytest.raises(

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 
 import psycopg
 import pytest
-from race_support import private_database
+from race_support import database_url
 from steps_support import (
     append_step,
     begin,
@@ -29,12 +28,7 @@ from steps_support import (
 
 from pyworker.keys import tool_call_key
 
-
-@pytest.fixture(scope="module")
-def url(database_url: str) -> Iterator[str]:
-    # Claims and the reaper see only this module's runs.
-    with private_database(database_url) as private:
-        yield private
+__all__ = ["database_url"]  # fixture: this module's own database
 
 
 NEEDS_APPROVAL = ("needs_approval", None)
@@ -46,10 +40,10 @@ def _owned(conn: psycopg.Connection, run_id: uuid.UUID, token: uuid.UUID) -> boo
     return conn.execute("SELECT owned FROM runrow.heartbeat(%s, %s)", (run_id, token)).fetchone()[0]
 
 
-def test_non_idempotent_call_is_executed_again_with_the_same_key(url: str) -> None:
-    with psycopg.connect(url, autocommit=True) as observer:
+def test_non_idempotent_call_is_executed_again_with_the_same_key(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as observer:
         run_id = enqueue(observer, "charge it", max_attempts=3)
-        worker = psycopg.connect(url, autocommit=True)
+        worker = psycopg.connect(database_url, autocommit=True)
         token = claim(worker, run_id, lease_seconds=1)
         key = tool_turn(worker, run_id, token, "tu_1", "charge_card", CHARGE)
         assert begin(
@@ -87,9 +81,9 @@ def test_non_idempotent_call_is_executed_again_with_the_same_key(url: str) -> No
         worker.close()
 
 
-def test_approved_irreversible_call_comes_back_uncertain(url: str) -> None:
+def test_approved_irreversible_call_comes_back_uncertain(database_url: str) -> None:
     args = {"table": "customers"}
-    with psycopg.connect(url, autocommit=True) as observer:
+    with psycopg.connect(database_url, autocommit=True) as observer:
         run_id = enqueue(observer, "drop it", max_attempts=2)
         token = claim(observer, run_id)
         key = tool_turn(observer, run_id, token, "tu_drop", "drop_table", args)
@@ -102,7 +96,7 @@ def test_approved_irreversible_call_comes_back_uncertain(url: str) -> None:
             == run_id
         )
 
-        worker = psycopg.connect(url, autocommit=True)
+        worker = psycopg.connect(database_url, autocommit=True)
         token2 = claim(worker, run_id, lease_seconds=1)
         state, decision = begin(worker, run_id, token2, key, "drop_table", args, "irreversible")
         assert (state, decision["decided_by"]) == ("approved", "alice")
@@ -122,9 +116,12 @@ def test_approved_irreversible_call_comes_back_uncertain(url: str) -> None:
         worker.close()
 
 
-def test_full_approval_path(url: str) -> None:
+def test_full_approval_path(database_url: str) -> None:
     args = {"to": "ops@example.com", "subject": "restart"}
-    with psycopg.connect(url, autocommit=True) as conn, psycopg.connect(url, autocommit=True) as listener:
+    with (
+        psycopg.connect(database_url, autocommit=True) as conn,
+        psycopg.connect(database_url, autocommit=True) as listener,
+    ):
         run_id = enqueue(conn, "restart prod")
         conversation_id = conn.execute(
             "SELECT conversation_id FROM runrow.agent_run WHERE id = %s", (run_id,)
@@ -175,9 +172,9 @@ def test_full_approval_path(url: str) -> None:
         }
 
 
-def test_rejection_reaches_the_model_as_an_error(url: str) -> None:
+def test_rejection_reaches_the_model_as_an_error(database_url: str) -> None:
     args = {"id": 42}
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(database_url, autocommit=True) as conn:
         run_id = enqueue(conn, "delete user 42")
         token = claim(conn, run_id)
         key = tool_turn(conn, run_id, token, "tu_d", "delete_user", args)
