@@ -19,28 +19,6 @@ from pyworker.keys import tool_call_key
 DEADLINE = 15.0
 
 
-def enqueue(
-    conn: psycopg.Connection, text: str, max_attempts: int = 1, conversation_id: uuid.UUID | None = None
-) -> uuid.UUID:
-    row = conn.execute(
-        "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => %s::jsonb,"
-        " model => 'test-model', max_attempts => %s)",
-        (conversation_id or uuid.uuid4(), json.dumps(text), max_attempts),
-    ).fetchone()
-    assert row is not None
-    return row[0]
-
-
-def claim(conn: psycopg.Connection, run_id: uuid.UUID, lease_seconds: int = 30) -> uuid.UUID:
-    """Claim `run_id`; the module's private database holds no other queued run."""
-    row = conn.execute(
-        "SELECT run_id, claim_token FROM runrow.claim_run(worker_id => 'steps-test', lease_seconds => %s)",
-        (lease_seconds,),
-    ).fetchone()
-    assert row is not None and row[0] == run_id, f"expected to claim {run_id}, got {row}"
-    return row[1]
-
-
 def append_step(
     conn: psycopg.Connection, run_id: uuid.UUID, token: uuid.UUID, kind: str, payload: str
 ) -> int | None:

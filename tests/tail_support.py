@@ -1,4 +1,5 @@
-"""Support for the tail and CLI tests: a private database and a scripted run writer.
+"""Support for the tail, CLI, step and HTTP tests: a private database and a scripted run writer
+(enqueue, claim, append, finish through the runrow.* functions).
 
 Claiming takes the oldest claimable run, so a test that claims its own run needs a
 database where no other test leaves queued runs behind: each module gets its own.

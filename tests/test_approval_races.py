@@ -14,7 +14,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 from race_support import Background, database_url, drain
-from steps_support import begin, claim, enqueue, resolve, status, tool_turn
+from steps_support import begin, resolve, status, tool_turn
+from tail_support import claim, enqueue
 
 ARGS = {"instance": "i-123"}
 

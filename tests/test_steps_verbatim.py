@@ -9,7 +9,8 @@ import json
 import psycopg
 import pytest
 from race_support import database_url
-from steps_support import append_step, claim, enqueue
+from steps_support import append_step
+from tail_support import claim, enqueue
 
 # What an SDK might have produced: keys in the provider's order (not sorted), odd
 # whitespace and a newline between blocks, \u escapes (one a surrogate pair), a literal

@@ -16,15 +16,14 @@ from race_support import database_url
 from steps_support import (
     append_step,
     begin,
-    claim,
     complete,
-    enqueue,
     kill_backend,
     reap_when_lapsed,
     resolve,
     status,
     tool_turn,
 )
+from tail_support import claim, enqueue
 
 from pyworker.keys import tool_call_key
 
