@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, LiteralString, TextIO, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -32,6 +32,7 @@ from pyworker.hub import Hub
 from pyworker.tail import Keepalive, RunNotFound, run_status, tail
 
 DEFAULT_MODEL = "claude-sonnet-4-5"
+T = TypeVar("T")
 
 # How a run ended, as the exit code of `tail` and `enqueue --follow`. 2 is every usage error.
 EXIT_CODES = {"completed": 0, "failed": 1, "cancelled": 3, "dead": 4}
@@ -55,17 +56,14 @@ class CliError(Exception):
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    fmt = argparse.RawDescriptionHelpFormatter
-
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "enqueue",
+        cmd_enqueue,
         help="enqueue a turn of a conversation; prints the run id",
-        formatter_class=fmt,
-        description=_wrap(
-            "Record a user message and a queued run in one transaction and wake the "
-            "workers. Prints the run id on stdout and the conversation id on stderr; a worker "
-            "(`runrow worker`) claims and runs it."
-        ),
+        description="Record a user message and a queued run in one transaction and wake the "
+        "workers. Prints the run id on stdout and the conversation id on stderr; a worker "
+        "(`runrow worker`) claims and runs it.",
         epilog=f"""examples:
   runrow enqueue "What is a lease?"                       # new conversation
   runrow enqueue -c 0b9f...e1 "And a fence?" --follow     # next turn, stream the answer
@@ -99,17 +97,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--metadata", type=_json_object, default=None, help="JSON object stored on the run")
     p.add_argument("--user", help="user id stored on the run")
     p.add_argument("-f", "--follow", action="store_true", help="stream the run until it ends")
-    p.set_defaults(func=_sync(cmd_enqueue))
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "tail",
+        cmd_tail,
         help="stream a run's journal until it ends; exit code = how it ended",
-        formatter_class=fmt,
-        description=_wrap(
-            "Follow the run's journal from a cursor: answer text goes to stdout as it "
-            "streams, every other event is a one-line note on stderr (with its seq). Safe to "
-            "interrupt and rerun: `--from N` resumes after event N without repeats."
-        ),
+        description="Follow the run's journal from a cursor: answer text goes to stdout as it "
+        "streams, every other event is a one-line note on stderr (with its seq). Safe to "
+        "interrupt and rerun: `--from N` resumes after event N without repeats.",
         epilog=f"""examples:
   runrow tail 5f0c...a2                 # everything from the start
   runrow tail 5f0c...a2 --from 41       # only what came after seq 41
@@ -119,68 +115,79 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     p.add_argument("run", type=uuid.UUID, help="run id")
     p.add_argument("--from", dest="from_seq", type=int, default=0, metavar="N", help="start after seq N")
-    p.set_defaults(func=_sync(cmd_tail))
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "stop",
+        cmd_stop,
         help="stop a conversation: cancel its queued turns, ask its running turn to stop",
-        formatter_class=fmt,
-        description=_wrap(
-            "One transaction: queued and waiting runs are cancelled outright (their "
-            "message becomes a draft); a running run is flagged and its worker finalizes it "
-            "`cancelled`, keeping the text already streamed. Prints one line per run touched."
-        ),
+        description="One transaction: queued and waiting runs are cancelled outright (their "
+        "message becomes a draft); a running run is flagged and its worker finalizes it "
+        "`cancelled`, keeping the text already streamed. Prints one line per run touched.",
         epilog="examples:\n  runrow stop 0b9f...e1\n  runrow stop $CONV && runrow tail $RUN   # watch it end",
     )
     p.add_argument("conversation", type=uuid.UUID, help="conversation id")
-    p.set_defaults(func=_sync(cmd_stop))
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "cancel",
+        cmd_cancel,
         help="stop one run",
-        formatter_class=fmt,
-        description=_wrap(
-            "As `stop`, for one run. Prints the action: cancelled, cancel_requested "
-            "(its worker will finalize it), or already_<status>."
-        ),
+        description="As `stop`, for one run. Prints the action: cancelled, cancel_requested "
+        "(its worker will finalize it), or already_<status>.",
         epilog="example:\n  runrow cancel 5f0c...a2",
     )
     p.add_argument("run", type=uuid.UUID, help="run id")
-    p.set_defaults(func=_sync(cmd_cancel))
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "retry",
+        cmd_retry,
         help="run a failed or dead run again (a new run); prints its id",
-        formatter_class=fmt,
-        description=_wrap(
-            "A person's decision: a new queued run with the same conversation, message, "
-            "model and prompt, linked to the old one. Retrying twice returns the same new run."
-        ),
+        description="A person's decision: a new queued run with the same conversation, message, "
+        "model and prompt, linked to the old one. Retrying twice returns the same new run.",
         epilog="example:\n  runrow retry 5f0c...a2 | xargs runrow tail",
     )
     p.add_argument("run", type=uuid.UUID, help="run id of a failed or dead run")
-    p.set_defaults(func=_sync(cmd_retry))
 
-    p = sub.add_parser(
+    _command(
+        sub,
         "status",
+        cmd_status,
         help="queue health: depth, oldest queued age, running, leases expiring",
-        formatter_class=fmt,
-        description=_wrap("Prints the view runrow.queue_health as a two-column table."),
+        description="Prints the view runrow.queue_health as a two-column table.",
         epilog="example:\n  watch -n 2 runrow status",
     )
-    p.set_defaults(func=_sync(cmd_status))
-
-    p = sub.add_parser(
+    _command(
+        sub,
         "audit",
+        cmd_audit,
         help="check every invariant; exit 1 when any is violated",
-        formatter_class=fmt,
-        description=_wrap(
-            "Runs runrow.audit(): one row per violated invariant. Prints them as a "
-            "table and exits 1 when there are any, 0 when the database is healthy."
-        ),
+        description="Runs runrow.audit(): one row per violated invariant. Prints them as a "
+        "table and exits 1 when there are any, 0 when the database is healthy.",
         epilog="example:\n  runrow audit || page-the-dba",
     )
-    p.set_defaults(func=_sync(cmd_audit))
+
+
+def _command(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    name: str,
+    func: Callable[[argparse.Namespace], Awaitable[int]],
+    *,
+    help: str,
+    description: str,
+    epilog: str,
+) -> argparse.ArgumentParser:
+    """One subcommand: its help texts, and `func` run by _sync."""
+    p = sub.add_parser(
+        name,
+        help=help,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_wrap(description),
+        epilog=epilog,
+    )
+    p.set_defaults(func=_sync(func))
+    return p
 
 
 # --- commands -----------------------------------------------------------------------------
@@ -235,36 +242,28 @@ async def cmd_stop(args: argparse.Namespace) -> int:
 
 
 async def cmd_cancel(args: argparse.Namespace) -> int:
-    async with await _connect(database_url(args.database_url)) as conn:
-        try:
-            action = await api.cancel_run(conn, args.run)
-        except psycopg.errors.NoDataFound as exc:
-            raise CliError(f"run {args.run} does not exist") from exc
-    print(action)
+    print(await _on_run(args, api.cancel_run))
     return 0
 
 
 async def cmd_retry(args: argparse.Namespace) -> int:
-    async with await _connect(database_url(args.database_url)) as conn:
-        try:
-            new_run = await api.retry_run(conn, args.run)
-        except psycopg.errors.NoDataFound as exc:
-            raise CliError(f"run {args.run} does not exist") from exc
-    print(new_run)
+    print(await _on_run(args, api.retry_run))
     return 0
 
 
-async def cmd_status(args: argparse.Namespace) -> int:
+async def _on_run(
+    args: argparse.Namespace, call: Callable[[psycopg.AsyncConnection, uuid.UUID], Awaitable[T]]
+) -> T:
+    """`call` on the run `args.run`; an unknown run id is a one-line error."""
     async with await _connect(database_url(args.database_url)) as conn:
         try:
-            cur = await conn.execute("SELECT * FROM runrow.queue_health")
-        except psycopg.errors.UndefinedTable as exc:
-            raise CliError(
-                "this database has no runrow.queue_health view: "
-                "run `runrow migrate` with a runrow version that has it"
-            ) from exc
-        names = [c.name for c in cur.description or ()]
-        rows = await cur.fetchall()
+            return await call(conn, args.run)
+        except psycopg.errors.NoDataFound as exc:
+            raise CliError(f"run {args.run} does not exist") from exc
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    names, rows = await _select_all(args, "runrow.queue_health", psycopg.errors.UndefinedTable)
     for i, row in enumerate(rows):
         if i:
             print()
@@ -273,21 +272,28 @@ async def cmd_status(args: argparse.Namespace) -> int:
 
 
 async def cmd_audit(args: argparse.Namespace) -> int:
-    async with await _connect(database_url(args.database_url)) as conn:
-        try:
-            cur = await conn.execute("SELECT * FROM runrow.audit()")
-        except psycopg.errors.UndefinedFunction as exc:
-            raise CliError(
-                "this database has no runrow.audit(): run `runrow migrate` with a runrow that has it"
-            ) from exc
-        names = [c.name for c in cur.description or ()]
-        rows = await cur.fetchall()
+    names, rows = await _select_all(args, "runrow.audit()", psycopg.errors.UndefinedFunction)
     if not rows:
         print("audit: every invariant holds", file=sys.stderr)
         return 0
     _print_table(names, [[_cell(v) for v in row] for row in rows])
     print(f"audit: {len(rows)} violation(s)", file=sys.stderr)
     return 1
+
+
+async def _select_all(
+    args: argparse.Namespace, source: LiteralString, missing: type[psycopg.Error]
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Column names and rows of `SELECT * FROM source` (a runrow view or set-returning function);
+    a database migrated by an older runrow, without it, is a one-line error."""
+    async with await _connect(database_url(args.database_url)) as conn:
+        try:
+            cur = await conn.execute(f"SELECT * FROM {source}")
+        except missing as exc:
+            raise CliError(
+                f"this database has no {source}: run `runrow migrate` with a runrow version that has it"
+            ) from exc
+        return [c.name for c in cur.description or ()], await cur.fetchall()
 
 
 # --- the tail, rendered -------------------------------------------------------------------
