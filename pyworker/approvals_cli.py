@@ -16,7 +16,7 @@ import os
 import psycopg
 
 from pyworker import steps_api
-from pyworker.client_cli import CliError, _connect, _sync
+from pyworker.client_cli import CliError, _command, _connect
 from pyworker.config import database_url
 
 REASONS = {
@@ -79,22 +79,25 @@ def _default_person() -> str:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "approvals",
+        cmd_approvals,
         help="list tool calls waiting for a person (approvals and uncertain intents)",
         description="Every irreversible tool call that waits for a decision: needs_approval (not "
         "run yet) or uncertain (it began and has no result: a crash hit mid-effect, it may have "
         "happened). Decide with `runrow approve KEY` or `runrow reject KEY`.",
     )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.set_defaults(func=_sync(cmd_approvals))
 
     for name, command, meaning in (
         ("approve", cmd_approve, "run it (for an uncertain call: it did not happen, run it)"),
         ("reject", cmd_reject, "do not run it; the model is told the call was rejected"),
     ):
-        p = sub.add_parser(
+        p = _command(
+            sub,
             name,
+            command,
             help=f"{name} a waiting tool call: {meaning}",
             description=f"{name.capitalize()} the tool call with this idempotency key: {meaning}. "
             "Records who decided and requeues the run.",
@@ -104,4 +107,3 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
             "--by", default=_default_person(), help="who decides (default: $RUNROW_PERSON or the login)"
         )
         p.add_argument("--note", help="why; reaches the worker (and the model, for a rejection)")
-        p.set_defaults(func=_sync(command))

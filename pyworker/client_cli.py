@@ -176,7 +176,7 @@ def _command(
     *,
     help: str,
     description: str,
-    epilog: str,
+    epilog: str | None = None,
 ) -> argparse.ArgumentParser:
     """One subcommand: its help texts, and `func` run by _sync."""
     p = sub.add_parser(
