@@ -146,11 +146,17 @@ async def resolve_approval(
     return row[0]
 
 
+# The columns of runrow.pending_approvals that PendingApproval holds, in its order.
+PENDING_APPROVAL_COLUMNS = (
+    "idempotency_key, reason, run_id, conversation_id, user_id, tool, args, effect, tool_use_id, "
+    "step_seq, previously_approved, previously_decided_by, started_at, created_at, waiting_since"
+)
+
+
 async def pending_approvals(conn: AsyncConnection) -> list[PendingApproval]:
     async with conn.cursor(row_factory=class_row(PendingApproval)) as cur:
         await cur.execute(
-            "SELECT idempotency_key, reason, run_id, conversation_id, user_id, tool, args, effect, "
-            "tool_use_id, step_seq, previously_approved, previously_decided_by, started_at, created_at, "
-            "waiting_since FROM runrow.pending_approvals ORDER BY waiting_since, idempotency_key"
+            f"SELECT {PENDING_APPROVAL_COLUMNS} FROM runrow.pending_approvals "
+            "ORDER BY waiting_since, idempotency_key"
         )
         return await cur.fetchall()

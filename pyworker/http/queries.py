@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, LiteralString, TypeVar
 from uuid import UUID
 
 from psycopg import AsyncConnection
 from psycopg.rows import class_row
 
-from pyworker.steps_api import PendingApproval
+from pyworker.steps_api import PENDING_APPROVAL_COLUMNS, PendingApproval
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -44,32 +46,28 @@ class Conversation:
 
 async def get_run(conn: AsyncConnection, run_id: UUID) -> RunState:
     """Raises psycopg.errors.NoDataFound (P0002) for an unknown run."""
-    async with conn.cursor(row_factory=class_row(RunState)) as cur:
-        await cur.execute("SELECT * FROM runrow.get_run(run_id => %s)", (run_id,))
-        row = await cur.fetchone()
-    assert row is not None
-    return row
+    return await _one(conn, RunState, "SELECT * FROM runrow.get_run(run_id => %s)", run_id)
 
 
 async def get_conversation(conn: AsyncConnection, conversation_id: UUID) -> Conversation:
     """Raises psycopg.errors.NoDataFound (P0002) for an unknown conversation."""
-    async with conn.cursor(row_factory=class_row(Conversation)) as cur:
-        await cur.execute("SELECT * FROM runrow.get_conversation(conversation_id => %s)", (conversation_id,))
+    query = "SELECT * FROM runrow.get_conversation(conversation_id => %s)"
+    return await _one(conn, Conversation, query, conversation_id)
+
+
+async def _one(conn: AsyncConnection, row_type: type[T], query: LiteralString, key: UUID) -> T:
+    """The row of a runrow function that returns exactly one or raises (NoDataFound)."""
+    async with conn.cursor(row_factory=class_row(row_type)) as cur:
+        await cur.execute(query, (key,))
         row = await cur.fetchone()
     assert row is not None
     return row
-
-
-_APPROVAL_COLUMNS = (
-    "idempotency_key, reason, run_id, conversation_id, user_id, tool, args, effect, tool_use_id, "
-    "step_seq, previously_approved, previously_decided_by, started_at, created_at, waiting_since"
-)
 
 
 async def pending_approvals_of(conn: AsyncConnection, user_id: str) -> list[PendingApproval]:
     async with conn.cursor(row_factory=class_row(PendingApproval)) as cur:
         await cur.execute(
-            f"SELECT {_APPROVAL_COLUMNS} FROM runrow.pending_approvals WHERE user_id = %s "
+            f"SELECT {PENDING_APPROVAL_COLUMNS} FROM runrow.pending_approvals WHERE user_id = %s "
             "ORDER BY waiting_since, idempotency_key",
             (user_id,),
         )
@@ -81,7 +79,7 @@ async def pending_approval(
 ) -> PendingApproval | None:
     async with conn.cursor(row_factory=class_row(PendingApproval)) as cur:
         await cur.execute(
-            f"SELECT {_APPROVAL_COLUMNS} FROM runrow.pending_approvals "
+            f"SELECT {PENDING_APPROVAL_COLUMNS} FROM runrow.pending_approvals "
             "WHERE idempotency_key = %s AND user_id = %s",
             (idempotency_key, user_id),
         )
