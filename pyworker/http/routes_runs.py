@@ -103,6 +103,18 @@ async def owned_run(svc: Services, run_id: UUID, user: str) -> queries.RunState:
     return run
 
 
+async def owned_conversation(svc: Services, conversation_id: UUID, user: str) -> queries.Conversation:
+    """The conversation, if it is `user`'s; another user's is as unknown as a missing one (404)."""
+    try:
+        async with svc.pool.connection() as conn:
+            conversation = await queries.get_conversation(conn, conversation_id)
+    except psycopg.errors.NoDataFound:
+        raise not_found("conversation", conversation_id) from None
+    if conversation.user_id != user:
+        raise not_found("conversation", conversation_id)
+    return conversation
+
+
 async def get_run(request: Request, svc: Services, user: str) -> Response:
     run = await owned_run(svc, path_uuid(request, "run_id", "run"), user)
     return JSONResponse(run_json(run))
@@ -160,14 +172,9 @@ def _cursor(raw: str | None, name: str) -> int:
 
 async def stop_conversation(request: Request, svc: Services, user: str) -> Response:
     conversation_id = path_uuid(request, "conversation_id", "conversation")
-    try:
-        async with svc.pool.connection() as conn:
-            conversation = await queries.get_conversation(conn, conversation_id)
-            if conversation.user_id != user:
-                raise not_found("conversation", conversation_id)
-            stopped = await api.stop_conversation(conn, conversation_id)
-    except psycopg.errors.NoDataFound:
-        raise not_found("conversation", conversation_id) from None
+    await owned_conversation(svc, conversation_id, user)
+    async with svc.pool.connection() as conn:
+        stopped = await api.stop_conversation(conn, conversation_id)
     runs = [{"run_id": str(run_id), "action": action} for run_id, action in stopped]
     return JSONResponse({"conversation_id": str(conversation_id), "runs": runs})
 
@@ -181,14 +188,7 @@ async def cancel_run(request: Request, svc: Services, user: str) -> Response:
 
 
 async def get_conversation(request: Request, svc: Services, user: str) -> Response:
-    conversation_id = path_uuid(request, "conversation_id", "conversation")
-    try:
-        async with svc.pool.connection() as conn:
-            conversation = await queries.get_conversation(conn, conversation_id)
-    except psycopg.errors.NoDataFound:
-        raise not_found("conversation", conversation_id) from None
-    if conversation.user_id != user:
-        raise not_found("conversation", conversation_id)
+    conversation = await owned_conversation(svc, path_uuid(request, "conversation_id", "conversation"), user)
     return JSONResponse(
         {
             "conversation_id": str(conversation.id),
