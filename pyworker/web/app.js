@@ -13,6 +13,14 @@ const TOKEN_KEY = "runrow.token"; // localStorage: asked once per browser
 const CHAT_KEY = "runrow.chat"; // sessionStorage: this tab's conversation and transcript
 const $ = (id) => document.getElementById(id);
 
+// A new element with a class and text content (either may be omitted).
+function el(tag, className = "", text = "") {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text) node.textContent = text;
+  return node;
+}
+
 let authMode = "bearer";
 let token = localStorage.getItem(TOKEN_KEY) || "";
 let chat = loadChat();
@@ -270,18 +278,13 @@ async function pollApprovals() {
   const list = $("approval-list");
   list.replaceChildren();
   for (const a of approvals) {
-    const li = document.createElement("li");
+    const li = el("li");
     li.dataset.key = a.idempotency_key;
-    const what = document.createElement("code");
     const why = a.reason === "uncertain" ? " (started, no result: did it happen?)" : "";
-    what.textContent = `${a.tool}(${JSON.stringify(a.args)})${why}`;
-    const yes = document.createElement("button");
-    yes.textContent = a.reason === "uncertain" ? "Run it" : "Approve";
-    yes.className = "approve";
+    const what = el("code", "", `${a.tool}(${JSON.stringify(a.args)})${why}`);
+    const yes = el("button", "approve", a.reason === "uncertain" ? "Run it" : "Approve");
     yes.onclick = () => decide(a.idempotency_key, true);
-    const no = document.createElement("button");
-    no.textContent = "Reject";
-    no.className = "reject";
+    const no = el("button", "reject", "Reject");
     no.onclick = () => decide(a.idempotency_key, false);
     li.append(what, yes, no);
     list.append(li);
@@ -330,23 +333,11 @@ function describe(turn) {
 }
 
 function turnNode(turn) {
-  const node = document.createElement("div");
-  node.className = "turn";
-  const user = document.createElement("div");
-  user.className = "user";
-  const ub = document.createElement("div");
-  ub.className = "bubble";
-  ub.textContent = turn.user;
-  user.append(ub);
-  const assistant = document.createElement("div");
-  assistant.className = "assistant";
-  const ab = document.createElement("div");
-  ab.className = "bubble";
-  const tools = document.createElement("div");
-  tools.className = "tools";
-  const meta = document.createElement("div");
-  meta.className = "meta";
-  assistant.append(ab, tools, meta);
+  const node = el("div", "turn");
+  const user = el("div", "user");
+  user.append(el("div", "bubble", turn.user));
+  const assistant = el("div", "assistant");
+  assistant.append(el("div", "bubble"), el("div", "tools"), el("div", "meta"));
   node.append(user, assistant);
   nodes.set(turn, node);
   return node;
@@ -361,18 +352,19 @@ function renderTurn(turn) {
   assistant.dataset.seq = String(turn.lastSeq);
   // One block per model step; the bubble's textContent stays exactly the journal's text.
   const bubble = assistant.querySelector(".bubble");
-  while (bubble.children.length < turn.segments.length) bubble.append(document.createElement("div"));
+  while (bubble.children.length < turn.segments.length) bubble.append(el("div"));
   turn.segments.forEach((text, i) => {
     if (bubble.children[i].textContent !== text) bubble.children[i].textContent = text;
   });
   const tools = assistant.querySelector(".tools");
   tools.replaceChildren(
-    ...turn.tools.map((t) => {
-      const chip = document.createElement("span");
-      chip.className = `tool${t.error ? " error" : ""}${t.done ? " done" : ""}`;
-      chip.textContent = `${t.name} ${t.error ? "✗" : t.done ? "✓" : "…"}`;
-      return chip;
-    }),
+    ...turn.tools.map((t) =>
+      el(
+        "span",
+        `tool${t.error ? " error" : ""}${t.done ? " done" : ""}`,
+        `${t.name} ${t.error ? "✗" : t.done ? "✓" : "…"}`,
+      ),
+    ),
   );
   assistant.querySelector(".meta").textContent = describe(turn);
   const main = document.querySelector("main");
