@@ -608,7 +608,7 @@ def add_command(sub: Any) -> None:
         help="give up after this many seconds (default %(default)s)",
     )
     p.add_argument(
-        "--keep", action="store_true", help="keep the temp folder (worker logs, workspace, executions)"
+        "--keep", action="store_true", help="keep the temp folder (worker logs, workspace, effects.sqlite)"
     )
     p.set_defaults(func=cmd_demo)
 
