@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 from pyworker.devdb import temporary_database
 
 POLL_TIMEOUT = 15.0
+Connect = Callable[..., psycopg.Connection]  # the conftest `connect` fixture
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def database_url(database_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def owner(connect: Callable[..., psycopg.Connection]) -> psycopg.Connection:
+def owner(connect: Connect) -> psycopg.Connection:
     """The observer and set-up session; every test starts with no active run at all, so a
     claim can only return what the test itself enqueued."""
     conn = connect()

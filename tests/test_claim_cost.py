@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable
 
 import psycopg
-from race_support import claim_one, database_url, enqueue, owner
-
-Connect = Callable[..., psycopg.Connection]
+from race_support import Connect, claim_one, database_url, enqueue, owner
 
 FINISHED_BASELINE = 100
 # 50 times the baseline. A claim that read the history would touch hundreds of pages more

@@ -16,13 +16,13 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import uuid
-from collections.abc import Callable
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 from race_support import (
     Background,
+    Connect,
     begin_irreversible,
     claim,
     claim_one,
@@ -35,9 +35,6 @@ from race_support import (
     stress_worker,
     tool_turn,
 )
-
-Connect = Callable[..., psycopg.Connection]
-
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
 
