@@ -7,13 +7,14 @@ claims one. Latencies come from the database clock: the created_at of journal ev
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import platform
 import statistics
 import sys
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import datetime
 
 import psycopg
@@ -33,6 +34,13 @@ def bench_database(name: str) -> Iterator[str]:
     """A freshly migrated database for one benchmark; dropped afterwards."""
     with temporary_database(server_url(), f"runrow_bench_{name}") as bench_url:
         yield bench_url
+
+
+def run_alone(name: str, bench: Callable[[str], Awaitable[list[str]]]) -> None:
+    """One benchmark on its own (`python -m bench.<module>`): its report, then the machine."""
+    with bench_database(name) as url:
+        for line in [*asyncio.run(bench(url)), machine(url)]:
+            print(line)
 
 
 def machine(url: str) -> str:

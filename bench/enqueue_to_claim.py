@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import bench_database, event_times, machine, percentile, summary_ms
+from bench.common import event_times, percentile, run_alone, summary_ms
 from pyworker import api
 from pyworker.channels import ENQUEUED
 from pyworker.hub import Hub
@@ -104,9 +104,7 @@ async def bench(url: str, seed: int = 1) -> list[str]:
 
 
 def main() -> None:
-    with bench_database("claim") as url:
-        for line in [*asyncio.run(bench(url)), machine(url)]:
-            print(line)
+    run_alone("claim", bench)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import uuid
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from bench.common import bench_database, machine
+from bench.common import run_alone
 from pyworker import api
 from pyworker.api import ClaimedRun
 from pyworker.journal import JournalWriter
@@ -104,9 +104,7 @@ async def bench(url: str) -> list[str]:
 
 
 def main() -> None:
-    with bench_database("journal") as url:
-        for line in [*asyncio.run(bench(url)), machine(url)]:
-            print(line)
+    run_alone("journal", bench)
 
 
 if __name__ == "__main__":

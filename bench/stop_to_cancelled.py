@@ -22,7 +22,7 @@ from contextlib import aclosing
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from bench.common import bench_database, event_times, machine, percentile, summary_ms
+from bench.common import event_times, percentile, run_alone, summary_ms
 from pyworker import api
 from pyworker.hub import Hub
 from pyworker.tail import Event, tail
@@ -100,9 +100,7 @@ async def bench(url: str, seed: int = 2) -> list[str]:
 
 
 def main() -> None:
-    with bench_database("stop") as url:
-        for line in [*asyncio.run(bench(url)), machine(url)]:
-            print(line)
+    run_alone("stop", bench)
 
 
 if __name__ == "__main__":
