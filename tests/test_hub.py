@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from worker_support import db, enqueue_echo, run_row, worker_db
+from worker_support import db, enqueue_echo, run_row, wait_until_async, worker_db
 
 from pyworker import channels
 from pyworker.dispatcher import Dispatcher
@@ -121,21 +121,21 @@ async def test_terminated_hub_backend_falls_back_to_polling_then_recovers(
             await dispatcher.start()
             first = enqueue_echo(db, "while the hub is up", duration=0.05)
             uuid.UUID(await next_payload(wakes))  # the NOTIFY path works: payload = conversation_id
-            await wait_for(lambda: run_row(db, first)["status"] == "completed")
+            await wait_until_async(lambda: run_row(db, first)["status"] == "completed")
 
             pid = db.execute(
                 "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (name,)
             ).fetchone()[0]
             assert pid == hub.backend_pid
             db.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            await wait_for(lambda: not hub.connected)
+            await wait_until_async(lambda: not hub.connected)
 
             enqueued = time.monotonic()
             second = enqueue_echo(db, "while the hub is down", duration=0.05)
-            await wait_for(lambda: run_row(db, second)["status"] != "queued")
+            await wait_until_async(lambda: run_row(db, second)["status"] != "queued")
             assert not hub.connected  # claimed by the poll tick, not by a wake
             assert time.monotonic() - enqueued < 2.0
-            await wait_for(lambda: run_row(db, second)["status"] == "completed")
+            await wait_until_async(lambda: run_row(db, second)["status"] == "completed")
 
             while not wakes.empty():
                 wakes.get_nowait()
@@ -152,10 +152,3 @@ async def test_terminated_hub_backend_falls_back_to_polling_then_recovers(
         await asyncio.gather(*dispatcher.tasks(), return_exceptions=True)
         await writer.stop()
         await hub.stop()
-
-
-async def wait_for(predicate, within: float = 10) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)

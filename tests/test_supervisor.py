@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from worker_support import db, enqueue_echo, events, run_row, streamed_text, worker_db
+from worker_support import db, enqueue_echo, events, run_row, streamed_text, wait_until_async, worker_db
 
 from pyworker.dispatcher import Dispatcher
 from pyworker.handlers.echo import handle as echo
@@ -73,18 +73,11 @@ async def start(worker_db: str) -> AsyncIterator[Callable[..., object]]:
     await pool.close()
 
 
-async def until(predicate, within: float = 10) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
-
-
 async def cancel_and_time(db, run) -> float:  # type: ignore[no-untyped-def]
-    await until(lambda: run_row(db, run)["status"] == "running" and streamed_text(db, run))
+    await wait_until_async(lambda: run_row(db, run)["status"] == "running" and streamed_text(db, run))
     t0 = time.monotonic()
     assert db.execute("SELECT runrow.cancel_run(run_id => %s)", (run,)).fetchone()[0]
-    await until(lambda: run_row(db, run)["status"] != "running")
+    await wait_until_async(lambda: run_row(db, run)["status"] != "running")
     return time.monotonic() - t0
 
 
@@ -123,7 +116,7 @@ async def test_cancel_by_heartbeat_poll_without_a_hub(start, db) -> None:
 async def test_raising_handler_is_released_to_the_attempts_policy(start, db) -> None:
     await start(hub=True, lease=2)
     run = enqueue_echo(db, "doomed", duration=0.1, max_attempts=2, fail=True)
-    await until(lambda: run_row(db, run)["status"] == "dead")
+    await wait_until_async(lambda: run_row(db, run)["status"] == "dead")
     kinds = [e["type"] for e in events(db, run)]
     assert kinds.count("run_claimed") == 2 and kinds.count("run_requeued") == 1  # one retry, then dead
     assert kinds.count("complete") == 1

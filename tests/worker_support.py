@@ -4,6 +4,7 @@ waiting on rows (the truth) with a deadline."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -113,6 +114,14 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+async def wait_until_async(predicate: Callable[[], object], within: float = 10, what: str = "it") -> None:
+    """wait_until for a test on the event loop its workers run on: sleeps without blocking it."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {within}s waiting for {what}"
+        await asyncio.sleep(0.02)
 
 
 def enqueue_echo(
