@@ -6,12 +6,10 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
 
 import psycopg
-import pytest
 from psycopg_pool import AsyncConnectionPool
-from worker_support import db, enqueue_echo, run_row, wait_until_async, worker_db
+from worker_support import db, enqueue_echo, pool, run_row, wait_until_async, worker_db
 
 from pyworker import channels
 from pyworker.dispatcher import Dispatcher
@@ -19,15 +17,7 @@ from pyworker.handlers.echo import handle as echo
 from pyworker.hub import RECONNECT_WAKE, Hub
 from pyworker.journal import JournalWriter
 
-__all__ = ["db", "worker_db"]
-
-
-@pytest.fixture
-async def pool(worker_db: str) -> AsyncIterator[AsyncConnectionPool]:
-    p = AsyncConnectionPool(worker_db, min_size=1, max_size=6, kwargs={"autocommit": True}, open=False)
-    await p.open()
-    yield p
-    await p.close()
+__all__ = ["db", "pool", "worker_db"]
 
 
 async def next_payload(queue: asyncio.Queue[str], within: float = 5) -> str:

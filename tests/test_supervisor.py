@@ -12,22 +12,29 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from worker_support import db, enqueue_echo, events, run_row, streamed_text, wait_until_async, worker_db
+from worker_support import (
+    db,
+    enqueue_echo,
+    events,
+    pool,
+    run_row,
+    streamed_text,
+    wait_until_async,
+    worker_db,
+)
 
 from pyworker.dispatcher import Dispatcher
 from pyworker.handlers.echo import handle as echo
 from pyworker.hub import Hub
 from pyworker.journal import JournalWriter
 
-__all__ = ["db", "worker_db"]
+__all__ = ["db", "pool", "worker_db"]
 
 LONG = "a long answer that gets cut off " * 20
 
 
 @pytest.fixture
-async def start(worker_db: str) -> AsyncIterator[Callable[..., object]]:
-    pool = AsyncConnectionPool(worker_db, min_size=1, max_size=6, kwargs={"autocommit": True}, open=False)
-    await pool.open()
+async def start(worker_db: str, pool: AsyncConnectionPool) -> AsyncIterator[Callable[..., object]]:
     writer = JournalWriter(pool)
     await writer.start()
     hubs: list[Hub] = []
@@ -70,7 +77,6 @@ async def start(worker_db: str) -> AsyncIterator[Callable[..., object]]:
     await writer.stop()
     for h in hubs:
         await h.stop()
-    await pool.close()
 
 
 async def cancel_and_time(db, run) -> float:  # type: ignore[no-untyped-def]

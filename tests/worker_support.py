@@ -13,12 +13,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
 from pyworker.devdb import temporary_database
 
@@ -38,6 +39,15 @@ def worker_db(database_url: str) -> Iterator[str]:
 def db(worker_db: str) -> Iterator[psycopg.Connection]:
     with psycopg.connect(worker_db, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture
+async def pool(worker_db: str) -> AsyncIterator[AsyncConnectionPool]:
+    """An open autocommit pool on this test's database, for in-process workers' parts."""
+    p = AsyncConnectionPool(worker_db, min_size=1, max_size=6, kwargs={"autocommit": True}, open=False)
+    await p.open()
+    yield p
+    await p.close()
 
 
 class WorkerProcess:
