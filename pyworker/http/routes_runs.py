@@ -5,11 +5,13 @@ A run or conversation of another user answers 404 exactly as an unknown id does.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 from uuid import UUID
 
 import psycopg
+from psycopg import AsyncConnection
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -93,26 +95,37 @@ def _idempotency_key(request: Request, user: str) -> str | None:
 
 
 async def owned_run(svc: Services, run_id: UUID, user: str) -> queries.RunState:
-    try:
-        async with svc.pool.connection() as conn:
-            run = await queries.get_run(conn, run_id)
-    except psycopg.errors.NoDataFound:
-        raise not_found("run", run_id) from None
-    if run.user_id != user:
-        raise not_found("run", run_id)
-    return run
+    return await _owned(svc, "run", run_id, user, queries.get_run)
 
 
 async def owned_conversation(svc: Services, conversation_id: UUID, user: str) -> queries.Conversation:
-    """The conversation, if it is `user`'s; another user's is as unknown as a missing one (404)."""
+    return await _owned(svc, "conversation", conversation_id, user, queries.get_conversation)
+
+
+class _HasUser(Protocol):
+    @property
+    def user_id(self) -> str | None: ...
+
+
+Owned = TypeVar("Owned", bound=_HasUser)
+
+
+async def _owned(
+    svc: Services,
+    kind: str,
+    key: UUID,
+    user: str,
+    read: Callable[[AsyncConnection, UUID], Awaitable[Owned]],
+) -> Owned:
+    """The run or conversation, if it is `user`'s; another user's is as unknown as a missing one (404)."""
     try:
         async with svc.pool.connection() as conn:
-            conversation = await queries.get_conversation(conn, conversation_id)
+            found = await read(conn, key)
     except psycopg.errors.NoDataFound:
-        raise not_found("conversation", conversation_id) from None
-    if conversation.user_id != user:
-        raise not_found("conversation", conversation_id)
-    return conversation
+        raise not_found(kind, key) from None
+    if found.user_id != user:
+        raise not_found(kind, key)
+    return found
 
 
 async def get_run(request: Request, svc: Services, user: str) -> Response:
