@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from worker_support import WorkerProcess
+from worker_support import WorkerProcess, enqueue_run
 
 from pyworker import agent
 from pyworker.devdb import temporary_database
@@ -49,21 +49,16 @@ def enqueue_agent(
     metadata: dict[str, Any] | None = None,
     max_attempts: int = 3,
 ) -> uuid.UUID:
-    row = conn.execute(
-        "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => %s::jsonb, model => %s, "
-        "system_prompt => %s, tools => %s::jsonb, max_attempts => %s, metadata => %s::jsonb)",
-        (
-            conversation_id or uuid.uuid4(),
-            json.dumps(content),
-            model,
-            system,
-            json.dumps(list(tools)),
-            max_attempts,
-            json.dumps(THINKING if metadata is None else metadata),
-        ),
-    ).fetchone()
-    assert row is not None
-    return row[0]
+    return enqueue_run(
+        conn,
+        content,
+        model,
+        conversation_id=conversation_id,
+        max_attempts=max_attempts,
+        system_prompt=system,
+        tools=list(tools),
+        metadata=THINKING if metadata is None else metadata,
+    )
 
 
 def steps(conn: psycopg.Connection, run_id: uuid.UUID) -> list[tuple[int, str, str]]:

@@ -5,7 +5,6 @@ waiting on rows (the truth) with a deadline."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -19,6 +18,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.devdb import temporary_database
@@ -134,6 +134,34 @@ async def wait_until_async(predicate: Callable[[], object], within: float = 10, 
         await asyncio.sleep(0.02)
 
 
+def enqueue_run(
+    conn: psycopg.Connection,
+    content: Any,
+    model: str,
+    *,
+    conversation_id: uuid.UUID | None = None,
+    max_attempts: int = 1,
+    system_prompt: str | None = None,
+    tools: list[Any] | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> uuid.UUID:
+    """runrow.enqueue_run by name (a new conversation unless given); None keeps its default."""
+    args: dict[str, Any] = {
+        "conversation_id": conversation_id or uuid.uuid4(),
+        "content": Jsonb(content),
+        "model": model,
+        "max_attempts": max_attempts,
+        "system_prompt": system_prompt,
+        "tools": None if tools is None else Jsonb(tools),
+        "metadata": None if metadata is None else Jsonb(metadata),
+    }
+    given = {name: value for name, value in args.items() if value is not None}
+    named = ", ".join(f"{name} => %({name})s" for name in given)
+    row = conn.execute(f"SELECT run_id FROM runrow.enqueue_run({named})", given).fetchone()
+    assert row is not None
+    return row[0]
+
+
 def enqueue_echo(
     conn: psycopg.Connection,
     text: str = "hello from echo",
@@ -143,18 +171,10 @@ def enqueue_echo(
     max_attempts: int = 1,
     **meta: Any,
 ) -> uuid.UUID:
-    row = conn.execute(
-        "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => %s::jsonb, "
-        "model => 'echo', max_attempts => %s, metadata => %s::jsonb)",
-        (
-            conversation_id or uuid.uuid4(),
-            json.dumps(text),
-            max_attempts,
-            json.dumps({"echo": text, "duration": duration, **meta}),
-        ),
-    ).fetchone()
-    assert row is not None
-    return row[0]
+    metadata = {"echo": text, "duration": duration, **meta}
+    return enqueue_run(
+        conn, text, "echo", conversation_id=conversation_id, max_attempts=max_attempts, metadata=metadata
+    )
 
 
 def run_row(conn: psycopg.Connection, run_id: uuid.UUID) -> dict[str, Any]:
