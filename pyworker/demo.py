@@ -189,7 +189,7 @@ def run(opts: Options, screen: Screen | None = None) -> int:
                 code = 130
             screen.heading("Shutting down everything the demo started")
         if opts.keep:
-            screen.line(f"kept {workdir} (worker logs, workspace, effects.sqlite)", stamp=False)
+            screen.line(f"kept {workdir} (worker logs, workspace, effects.json)", stamp=False)
     except KeyboardInterrupt:
         screen.line("interrupted again while shutting down", "yellow")
         return 130
@@ -608,7 +608,7 @@ def add_command(sub: Any) -> None:
         help="give up after this many seconds (default %(default)s)",
     )
     p.add_argument(
-        "--keep", action="store_true", help="keep the temp folder (worker logs, workspace, effects.sqlite)"
+        "--keep", action="store_true", help="keep the temp folder (worker logs, workspace, effects.json)"
     )
     p.set_defaults(func=cmd_demo)
 

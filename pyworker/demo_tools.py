@@ -6,7 +6,7 @@ They work on a workspace folder and record what they do the way a downstream ser
 demo or a test can prove that a killed worker repeated no side effect:
 
 - `$RUNROW_DEMO_DIR` (default ./runrow-demo) holds `workspace/` (seeded with two notes on first
-  use) and the downstream record `effects.sqlite`;
+  use) and the downstream record `effects.json`;
 - the record has one row per idempotency key (the first result for a key wins: a repeated call
   with the same key is not a second email) and counts how often a tool body ran with that key,
   so `effects` rows are what happened downstream and `executions` what the tools actually ran;
@@ -20,9 +20,10 @@ demo or a test can prove that a killed worker repeated no side effect:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
-import sqlite3
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -38,7 +39,7 @@ SEED_FILES = {
     "notes/todo.txt": "- ship durable agent runs on PostgreSQL\n- send the weekly status email\n",
     "notes/contacts.txt": "team: team@example.com\n",
 }
-RECORD_FILE = "effects.sqlite"
+RECORD_FILE = "effects.json"
 
 
 class Record(NamedTuple):
@@ -78,28 +79,30 @@ def _inside(relative: str) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def _locked_record(root: Path) -> Any:
+    """The record file, under an exclusive lock (two workers' tools may write at once)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / (RECORD_FILE + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = root / RECORD_FILE
+        yield path, (json.loads(path.read_text()) if path.exists() else {})
+
+
 def _record(tool_name: str, key: str, args: dict[str, Any], result: Any) -> Any:
     """The downstream service: the first result for a key wins; every execution is counted.
     Then the tool's time passes."""
-    demo_dir().mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(demo_dir() / RECORD_FILE, timeout=30, isolation_level=None)
-    try:
-        db.execute(
-            "CREATE TABLE IF NOT EXISTS effects (idempotency_key TEXT PRIMARY KEY, tool TEXT NOT NULL, "
-            "args TEXT NOT NULL, result TEXT NOT NULL, executions INTEGER NOT NULL)"
-        )
-        db.execute(
-            "INSERT INTO effects VALUES (?, ?, ?, ?, 1) ON CONFLICT (idempotency_key) "
-            "DO UPDATE SET executions = executions + 1",
-            (key, tool_name, json.dumps(args, sort_keys=True), json.dumps(result)),
-        )
-        (first,) = db.execute("SELECT result FROM effects WHERE idempotency_key = ?", (key,)).fetchone()
-    finally:
-        db.close()
+    with _locked_record(demo_dir()) as (path, rows):
+        row = rows.setdefault(key, {"tool": tool_name, "args": args, "result": result, "executions": 0})
+        row["executions"] += 1
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rows, sort_keys=True))
+        os.replace(tmp, path)  # a reader never sees half a file
+        first = row["result"]
     delay = float(os.environ.get("RUNROW_DEMO_TOOL_DELAY", "0") or 0)
     if delay > 0:
         time.sleep(delay)
-    return json.loads(first)
+    return first
 
 
 @tool(description="List the files under a directory of the workspace.", input_schema=PATH_ONLY, effect="pure")
@@ -186,17 +189,8 @@ def effects() -> dict[str, str]:
 
 def records(root: Path | None = None) -> list[Record]:
     """The downstream record under `root` (default: the demo folder); empty before any tool ran."""
-    path = (root or demo_dir()) / RECORD_FILE
-    if not path.exists():
-        return []
-    db = sqlite3.connect(path, timeout=30)
-    try:
-        rows = db.execute("SELECT idempotency_key, tool, args, executions FROM effects").fetchall()
-    except sqlite3.OperationalError:  # no table yet: no tool has run
-        return []
-    finally:
-        db.close()
-    return [Record(key, name, json.loads(args), runs) for key, name, args, runs in rows]
+    with _locked_record(root or demo_dir()) as (_, rows):
+        return [Record(key, r["tool"], r["args"], r["executions"]) for key, r in rows.items()]
 
 
 def execution_counts(root: Path | None = None) -> Counter[str]:
