@@ -48,7 +48,7 @@ from __future__ import annotations
 from typing import Any
 
 from pyworker import api, steps_api
-from pyworker.agent_history import History, journaled_stop_reason, load_history
+from pyworker.agent_history import History, load_history, stop_reason_of
 from pyworker.agent_model import ModelTurn, TurnCancelled, TurnFailed, client_for, request_params, stream_turn
 from pyworker.agent_tools import Parked, run_tool_calls
 from pyworker.handler import Outcome, RunContext
@@ -86,7 +86,7 @@ async def handle(ctx: RunContext) -> Outcome:
             turn_seq = history.last_model_turn.seq
             if turn_seq not in known_stops:  # resumed: how did that turn end?
                 async with ctx.pool.connection() as conn:
-                    known_stops[turn_seq] = await journaled_stop_reason(conn, run.run_id, turn_seq)
+                    known_stops[turn_seq] = await stop_reason_of(conn, run.run_id, turn_seq)
             if known_stops[turn_seq] not in ("tool_use", None):
                 # e.g. max_tokens cut a tool_use short: its input may be incomplete; never run it.
                 return _ending(known_stops[turn_seq], history.final_text(), None)
@@ -110,7 +110,7 @@ async def handle(ctx: RunContext) -> Outcome:
             stop = known_stops.get(last.seq)
             if last.seq not in known_stops:
                 async with ctx.pool.connection() as conn:
-                    stop = await journaled_stop_reason(conn, run.run_id, last.seq)
+                    stop = await stop_reason_of(conn, run.run_id, last.seq)
             if stop != "pause_turn":
                 return _ending(stop, history.final_text(), None)
         # Call the model.

@@ -8,8 +8,8 @@ sees again, which signed thinking blocks require.
 Next action, from this run's own steps:
 - a tool_use of the latest model turn without its tool_result: run those tools (only those);
 - the latest step is a tool_result (every tool_use answered) or there is no step: call the model;
-- the latest step is a model turn without tool_use: it ended the way its journaled `model_turn`
-  event says (end_turn, pause_turn, ...); the worker died before acting on it.
+- the latest step is a model turn without tool_use: it ended the way its stop_reason in the step
+  log says (runrow.get_step: end_turn, pause_turn, ...); the worker died before acting on it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 
-from pyworker import api, steps_api
+from pyworker import steps_api
 
 
 @dataclass(frozen=True)
@@ -101,17 +101,6 @@ async def load_history(conn: AsyncConnection, conversation_id: UUID, run_id: UUI
     return history
 
 
-async def journaled_stop_reason(conn: AsyncConnection, run_id: UUID, step_seq: int) -> str | None:
-    """The stop_reason journaled (in the step's own transaction) with model_turn step `step_seq`."""
-    after = 0
-    found: str | None = None
-    while True:
-        events = await api.read_events(conn, run_id, after_seq=after, max_events=500)
-        if not events:
-            return found
-        for event in events:
-            if event.type == "model_turn" and event.payload.get("step_seq") == step_seq:
-                found = event.payload.get("stop_reason")
-        after = events[-1].seq
-        if len(events) < 500:
-            return found
+async def stop_reason_of(conn: AsyncConnection, run_id: UUID, step_seq: int) -> str | None:
+    """How model_turn step `step_seq` ended, from the step log (runrow.get_step)."""
+    return (await steps_api.get_step(conn, run_id, step_seq)).stop_reason

@@ -1,5 +1,5 @@
 """Typed async wrappers for the durable-step functions (append_step, conversation_history,
-begin_tool_call, complete_tool_call, resolve_approval) and the pending_approvals view.
+get_step, begin_tool_call, complete_tool_call, resolve_approval) and the pending_approvals view.
 
 Like `pyworker.api`, each takes an `AsyncConnection` so calls compose in one transaction.
 Step payloads travel as JSON *text* in both directions: the step log is `json`, stored and
@@ -95,6 +95,29 @@ async def conversation_history(
             (conversation_id, run_id),
         )
         return await cur.fetchall()
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    kind: str
+    stop_reason: str | None
+    usage: dict[str, Any] | None
+    request_id: str | None
+    attempt: int
+    created_at: datetime
+
+
+async def get_step(conn: AsyncConnection, run_id: UUID, seq: int) -> StepInfo:
+    """What the step log keeps beside step `seq`'s payload (stop_reason, usage, request id)."""
+    async with conn.cursor(row_factory=class_row(StepInfo)) as cur:
+        await cur.execute(
+            "SELECT kind, stop_reason, usage, request_id, attempt, created_at "
+            "FROM runrow.get_step(run_id => %s, seq => %s)",
+            (run_id, seq),
+        )
+        row = await cur.fetchone()
+    assert row is not None  # get_step raises P0002 rather than return nothing
+    return row
 
 
 async def begin_tool_call(
