@@ -144,6 +144,14 @@ async def reap_expired_runs(
     return [(r[0], r[1]) for r in await cur.fetchall()]
 
 
+async def trim_journal(conn: AsyncConnection, older_than_seconds: float) -> int:
+    cur = await conn.execute(
+        "SELECT runrow.trim_journal(older_than => make_interval(secs => %s))", (older_than_seconds,)
+    )
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
 async def read_events(
     conn: AsyncConnection, run_id: UUID, after_seq: int = 0, max_events: int = 500
 ) -> list[Event]:

@@ -95,6 +95,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         poll_seconds=args.poll,
         reap_interval=args.reap_interval,
         grace_seconds=args.grace,
+        trim_after=args.trim_after * 3600 if args.trim_after > 0 else None,
         handler=handler,
         worker_id=args.worker_id,
         config=config,
@@ -165,6 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace", type=int, default=30, help="seconds past an expired lease before a run is reaped"
     )
     p.add_argument("--reap-interval", type=float, default=15.0, help="mean seconds between reaper passes")
+    p.add_argument(
+        "--trim-after",
+        type=float,
+        default=24.0,
+        metavar="HOURS",
+        help="the reaper also trims the live journal of runs ended more than HOURS ago "
+        "(runrow.trim_journal; steps and messages stay); 0 = never",
+    )
     p.add_argument(
         "--handler",
         default=os.environ.get("RUNROW_HANDLER", "pyworker.agent:handle"),

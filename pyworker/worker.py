@@ -43,6 +43,7 @@ class Worker:
         poll_seconds: float = 10.0,
         reap_interval: float = 15.0,
         grace_seconds: int = 30,
+        trim_after: float | None = 24 * 3600,
         handler: RunHandler,
         worker_id: str | None = None,
         config: dict[str, Any] | None = None,
@@ -60,6 +61,7 @@ class Worker:
         self.poll_seconds = poll_seconds
         self.reap_interval = reap_interval
         self.grace_seconds = grace_seconds
+        self.trim_after = trim_after
         self.handler = handler
         self.worker_id = worker_id or default_worker_id()
         self.config = config or {}
@@ -119,7 +121,12 @@ class Worker:
         background = [
             asyncio.create_task(dispatcher.watch_cancels(), name="runrow-cancel-watch"),
             asyncio.create_task(
-                reaper_loop(pool, interval=self.reap_interval, grace_seconds=self.grace_seconds),
+                reaper_loop(
+                    pool,
+                    interval=self.reap_interval,
+                    grace_seconds=self.grace_seconds,
+                    trim_after=self.trim_after,
+                ),
                 name="runrow-reaper",
             ),
         ]

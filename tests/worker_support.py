@@ -15,13 +15,14 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from pyworker.devdb import temporary_database
+from pyworker.devdb import database_url_for, temporary_database
 
 REPO = Path(__file__).resolve().parent.parent
 ECHO = "pyworker.handlers.echo:handle"
@@ -33,6 +34,12 @@ def worker_db(database_url: str) -> Iterator[str]:
     """A freshly migrated database of this test's own (no other test's runs to claim)."""
     with temporary_database(database_url, "runrow_worker") as url:
         yield url
+
+
+@pytest.fixture
+def worker_db_superuser(worker_db: str, superuser_url: str) -> str:
+    """The test's database as the cluster's superuser, for set-ups no role may write."""
+    return database_url_for(superuser_url, urlsplit(worker_db).path.lstrip("/"))
 
 
 @pytest.fixture
