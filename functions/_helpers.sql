@@ -98,6 +98,25 @@ BEGIN
 END
 $fn$;
 
+-- The fence every worker write passes: the run is still running with this claim token,
+-- checked under the run row's lock (FOR NO KEY UPDATE), so a reaper, stop or finish that
+-- got there first has already changed status or cleared the token. Holding that lock also
+-- makes the caller the single writer of the run's journal and step seqs until it commits.
+CREATE OR REPLACE FUNCTION runrow._hold_claim(run_id uuid, claim_token uuid)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM 1 FROM runrow.agent_run AS r
+    WHERE r.id = _hold_claim.run_id
+      AND r.claim_token = _hold_claim.claim_token
+      AND r.status = 'running'
+    FOR NO KEY UPDATE;
+    RETURN FOUND;
+END
+$fn$;
+
 -- Bad-input helpers: every error names the argument, with a standard SQLSTATE.
 CREATE OR REPLACE FUNCTION runrow._require_not_null(value anyelement, arg text)
 RETURNS void
@@ -132,6 +151,7 @@ $fn$;
 REVOKE ALL ON FUNCTION runrow._pin_prompt(text, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lock_conversation(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._journal(uuid, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._hold_claim(uuid, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._wake_tails(uuid, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._wake_dispatchers(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._journal_complete(uuid, uuid, text, jsonb, text) FROM PUBLIC;

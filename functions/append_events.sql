@@ -37,14 +37,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    -- The fence, re-checked under the row lock: a reaper, stop or finish that got here
-    -- first has changed status or cleared the token, and this append writes nothing.
-    PERFORM 1 FROM runrow.agent_run AS r
-    WHERE r.id = append_events.run_id
-      AND r.claim_token = append_events.claim_token
-      AND r.status = 'running'
-    FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
+    -- The fence (fenced out: nothing written, NULL returned).
+    IF NOT runrow._hold_claim(append_events.run_id, append_events.claim_token) THEN
         RETURN NULL;
     END IF;
 

@@ -81,13 +81,8 @@ BEGIN
         END IF;
     END IF;
 
-    -- The fence, under the run row's lock: that lock also makes this the single writer of seq.
-    PERFORM 1 FROM runrow.agent_run AS r
-    WHERE r.id = append_step.run_id
-      AND r.claim_token = append_step.claim_token
-      AND r.status = 'running'
-    FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
+    -- The fence (fenced out: nothing written, NULL returned).
+    IF NOT runrow._hold_claim(append_step.run_id, append_step.claim_token) THEN
         RETURN NULL;
     END IF;
 

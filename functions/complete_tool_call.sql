@@ -25,13 +25,8 @@ BEGIN
     END IF;
     PERFORM runrow._require_not_null(complete_tool_call.is_error, 'is_error');
 
-    -- The fence, under the run row's lock (the single writer of the step seq).
-    PERFORM 1 FROM runrow.agent_run AS r
-    WHERE r.id = complete_tool_call.run_id
-      AND r.claim_token = complete_tool_call.claim_token
-      AND r.status = 'running'
-    FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
+    -- The fence (fenced out: nothing written, NULL returned).
+    IF NOT runrow._hold_claim(complete_tool_call.run_id, complete_tool_call.claim_token) THEN
         RETURN NULL;
     END IF;
 

@@ -1416,6 +1416,25 @@ BEGIN
 END
 $fn$;
 
+-- The fence every worker write passes: the run is still running with this claim token,
+-- checked under the run row's lock (FOR NO KEY UPDATE), so a reaper, stop or finish that
+-- got there first has already changed status or cleared the token. Holding that lock also
+-- makes the caller the single writer of the run's journal and step seqs until it commits.
+CREATE OR REPLACE FUNCTION runrow._hold_claim(run_id uuid, claim_token uuid)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM 1 FROM runrow.agent_run AS r
+    WHERE r.id = _hold_claim.run_id
+      AND r.claim_token = _hold_claim.claim_token
+      AND r.status = 'running'
+    FOR NO KEY UPDATE;
+    RETURN FOUND;
+END
+$fn$;
+
 -- Bad-input helpers: every error names the argument, with a standard SQLSTATE.
 CREATE OR REPLACE FUNCTION runrow._require_not_null(value anyelement, arg text)
 RETURNS void
@@ -1450,6 +1469,7 @@ $fn$;
 REVOKE ALL ON FUNCTION runrow._pin_prompt(text, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lock_conversation(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._journal(uuid, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._hold_claim(uuid, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._wake_tails(uuid, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._wake_dispatchers(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._journal_complete(uuid, uuid, text, jsonb, text) FROM PUBLIC;
@@ -1657,14 +1677,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    -- The fence, re-checked under the row lock: a reaper, stop or finish that got here
-    -- first has changed status or cleared the token, and this append writes nothing.
-    PERFORM 1 FROM runrow.agent_run AS r
-    WHERE r.id = append_events.run_id
-      AND r.claim_token = append_events.claim_token
-      AND r.status = 'running'
-    FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
+    -- The fence (fenced out: nothing written, NULL returned).
+    IF NOT runrow._hold_claim(append_events.run_id, append_events.claim_token) THEN
         RETURN NULL;
     END IF;
 
@@ -1768,13 +1782,8 @@ BEGIN
         END IF;
     END IF;
 
-    -- The fence, under the run row's lock: that lock also makes this the single writer of seq.
-    PERFORM 1 FROM runrow.agent_run AS r
-    WHERE r.id = append_step.run_id
-      AND r.claim_token = append_step.claim_token
-      AND r.status = 'running'
-    FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
+    -- The fence (fenced out: nothing written, NULL returned).
+    IF NOT runrow._hold_claim(append_step.run_id, append_step.claim_token) THEN
         RETURN NULL;
     END IF;
 
@@ -2444,13 +2453,8 @@ BEGIN
     END IF;
     PERFORM runrow._require_not_null(complete_tool_call.is_error, 'is_error');
 
-    -- The fence, under the run row's lock (the single writer of the step seq).
-    PERFORM 1 FROM runrow.agent_run AS r
-    WHERE r.id = complete_tool_call.run_id
-      AND r.claim_token = complete_tool_call.claim_token
-      AND r.status = 'running'
-    FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
+    -- The fence (fenced out: nothing written, NULL returned).
+    IF NOT runrow._hold_claim(complete_tool_call.run_id, complete_tool_call.claim_token) THEN
         RETURN NULL;
     END IF;
 
