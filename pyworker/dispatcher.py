@@ -5,6 +5,11 @@ A slot is acquired BEFORE claiming, so a saturated worker never claims a run it 
 claim_runs call fills them (one transaction, not one per run) and the unused slots go back.
 The idle wait is a NOTIFY on runrow_enqueued with the poll tick as its timeout: the tick is
 the fallback ceiling when a wake is lost or the hub is down.
+
+Runs in flight are keyed by claim (run id, claim token): a worker paused past its lease may
+claim its own run again while the stale attempt is still standing down, and the stale one's
+ending must not take the new one out of the books (drain, cancels). A cancel names only the
+run, so it reaches every claim of that run here.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ class Dispatcher:
         self.worker_id = worker_id
         self._config = config or {}
         self._slots = asyncio.Semaphore(concurrency)
-        self.in_flight: dict[UUID, tuple[RunSupervisor, asyncio.Task[str | None]]] = {}
+        self.in_flight: dict[tuple[UUID, UUID], tuple[RunSupervisor, asyncio.Task[str | None]]] = {}
         self.claimed = 0  # runs claimed by this dispatcher (observability, tests)
         self._stopping = False
         self._parked = False  # True while waiting for a slot or a wake: safe to cancel at once
@@ -77,6 +82,10 @@ class Dispatcher:
 
     def tasks(self) -> list[asyncio.Task[str | None]]:
         return [task for _, task in self.in_flight.values()]
+
+    def supervisors(self, run_id: UUID) -> list[RunSupervisor]:
+        """Every claim of this run in flight here (more than one only while a stale attempt stands down)."""
+        return [sup for (claimed, _), (sup, _) in self.in_flight.items() if claimed == run_id]
 
     async def _claim_loop(self) -> None:
         async with self._subscribe(channels.ENQUEUED) as wakes:
@@ -124,10 +133,11 @@ class Dispatcher:
             config=self._config,
         )
         task = asyncio.create_task(sup.supervise(), name=f"run-{run.run_id}")
-        self.in_flight[run.run_id] = (sup, task)
+        claim = (run.run_id, run.claim_token)
+        self.in_flight[claim] = (sup, task)
 
-        def done(t: asyncio.Task[str | None], run_id: UUID = run.run_id) -> None:
-            self.in_flight.pop(run_id, None)
+        def done(t: asyncio.Task[str | None]) -> None:
+            self.in_flight.pop(claim, None)
             self._slots.release()
             if not t.cancelled() and t.exception() is not None:
                 sup.log.error("run supervisor crashed", exc_info=t.exception())
@@ -145,9 +155,8 @@ class Dispatcher:
                         sup.poke()
                     continue
                 with contextlib.suppress(ValueError):
-                    entry = self.in_flight.get(UUID(payload))
-                    if entry is not None:
-                        entry[0].request_cancel()
+                    for sup in self.supervisors(UUID(payload)):
+                        sup.request_cancel()
 
     @contextlib.asynccontextmanager
     async def _subscribe(self, channel: str):  # type: ignore[no-untyped-def]

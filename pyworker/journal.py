@@ -8,6 +8,11 @@ with the number of runs (SPEC.md, "Performance rules"). A structural event is wr
 `emit` returns once it is committed. A run fenced out in a batch (append_events returns NULL)
 loses only its own events, and its `lost` event is set so its supervisor stands down.
 
+Buffers belong to a claim (run id and claim token), not to a run: a worker paused past its
+lease can claim its own run again while the stale attempt is still standing down, and the two
+attempts' journals must not meet (the stale one's close dropping the new one's buffer left a
+completed run with no text in its journal).
+
 A flush whose COMMIT was sent but never answered (the connection died) may or may not have
 committed. Retrying blindly would journal the same events twice at new seqs, so the batch is
 held "in doubt" and nothing more is written for its run until a read-back settles it:
@@ -73,6 +78,11 @@ class RunJournal:
         return self.run.run_id
 
     @property
+    def claim(self) -> tuple[UUID, UUID]:
+        """What the writer keys this journal by: one attempt of the run, never the run alone."""
+        return self.run.run_id, self.run.claim_token
+
+    @property
     def pending(self) -> bool:
         return bool(self._buffer)
 
@@ -109,7 +119,11 @@ class RunJournal:
 
     async def flush(self) -> None:
         """Return once everything emitted so far is committed; RunLost if the run was fenced out."""
-        await self._writer.flush(self.run_id)
+        await self._writer.flush(self)
+
+    def close(self) -> None:
+        """Done with this claim; anything still buffered is discarded (flush first to keep it)."""
+        self._writer.close(self)
 
     def _take(self) -> tuple[list[dict[str, Any]], int]:
         events, mark = self._buffer, self._marks[-1]
@@ -190,19 +204,21 @@ class JournalWriter:
     def __init__(self, pool: AsyncConnectionPool, *, interval: float = 0.25) -> None:
         self._pool = pool
         self._interval = interval
-        self._runs: dict[UUID, RunJournal] = {}
+        self._runs: dict[tuple[UUID, UUID], RunJournal] = {}  # by claim: (run id, claim token)
         self._lock = asyncio.Lock()  # one flush at a time keeps each run's events in order
         self._task: asyncio.Task[None] | None = None
         self.ticks = 0  # flush transactions committed (observability, tests)
 
     def run_journal(self, run: ClaimedRun, lost: asyncio.Event | None = None) -> RunJournal:
         journal = RunJournal(self, run, lost if lost is not None else asyncio.Event())
-        self._runs[run.run_id] = journal
+        self._runs[journal.claim] = journal
         return journal
 
-    def close(self, run_id: UUID) -> None:
-        """Forget the run; anything still buffered is discarded (flush first to keep it)."""
-        self._runs.pop(run_id, None)
+    def close(self, journal: RunJournal) -> None:
+        """Forget this claim's journal; anything still buffered is discarded (flush first to
+        keep it). Another claim of the same run, older or newer, is not touched."""
+        if self._runs.get(journal.claim) is journal:
+            del self._runs[journal.claim]
 
     async def start(self) -> None:
         if self._task is None:
@@ -225,12 +241,12 @@ class JournalWriter:
             except Exception as exc:
                 log.warning("journal flush failed, retrying on the next tick: %s", exc)
 
-    async def flush(self, run_id: UUID) -> None:
+    async def flush(self, journal: RunJournal) -> None:
         """Write through: flush now (every run's buffer rides along, one transaction) and return
-        once this run's events emitted so far are committed."""
-        journal = self._runs.get(run_id)
-        if journal is None:
-            return
+        once this journal's events emitted so far are committed."""
+        if self._runs.get(journal.claim) is not journal:
+            return  # closed
+        run_id = journal.run_id
         target = journal._emitted
         try:
             await self.flush_all()

@@ -108,7 +108,7 @@ class RunSupervisor:
             hb.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await hb
-            self._writer.close(self.run.run_id)
+            self.journal.close()  # this claim's journal only: a newer claim of the run keeps its own
 
     async def _run_handler(self) -> tuple[Outcome | None, BaseException | None]:
         self._handler_task = asyncio.create_task(self._handler(self.ctx))

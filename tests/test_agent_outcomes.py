@@ -317,9 +317,11 @@ def test_cancel_between_steps_stops_before_the_next_model_call(db, fake, worker)
     wait_until(lambda: calls, 15, "the tool to start")
     db.execute("SELECT runrow.cancel_run(run_id => %s)", (run,))
     assert worker.worker.dispatcher is not None
-    in_flight = worker.worker.dispatcher.in_flight
+    dispatcher = worker.worker.dispatcher
     wait_until(
-        lambda: run in in_flight and in_flight[run][0].cancel.is_set(), 10, "the worker to see the cancel"
+        lambda: any(sup.cancel.is_set() for sup in dispatcher.supervisors(run)),
+        10,
+        "the worker to see the cancel",
     )
     gate.set()
     row = finish(db, run)

@@ -162,6 +162,39 @@ async def test_fenced_out_run_loses_only_its_own_events(pool, db) -> None:
     await writer.stop()
 
 
+async def test_two_claims_of_one_run_keep_separate_journals(pool, db) -> None:
+    """A worker paused past its lease can claim its own run again while the stale attempt is
+    still standing down: each attempt flushes and closes only its own journal."""
+    async with pool.connection() as conn:
+        await api.enqueue_run(conn, uuid.uuid4(), "hi", "echo", max_attempts=2)
+        (first,) = await api.claim_runs(conn, "journal-test", 1, 60)
+    writer = await writer_for(pool, CLOCK_OFF)
+    stale = writer.run_journal(first)
+    await emit_text(stale, ["stale "])
+    async with pool.connection() as conn:  # as the reaper would: the first claim is gone
+        assert await api.release_run(conn, first.run_id, first.claim_token, "reaped") == "requeued"
+        (second,) = await api.claim_runs(conn, "journal-test", 1, 60)
+    assert (second.run_id, second.attempt) == (first.run_id, 2)
+    fresh = writer.run_journal(second)
+    await emit_text(fresh, ["the new ", "answer"])
+
+    with pytest.raises(RunLost):  # the stale buffer is fenced out, not taken for the new one's
+        await stale.flush()
+    assert stale.lost.is_set() and not fresh.lost.is_set()
+    stale.close()  # the stale supervisor's cleanup
+    await emit_text(fresh, [", whole"])
+    await fresh.emit({"type": "message_stop"})  # writes through, the buffered deltas first
+    async with pool.connection() as conn:
+        assert await api.finish_run(conn, second.run_id, second.claim_token, "completed")
+    rows = events(db, first.run_id)
+    last_claim = max(i for i, e in enumerate(rows) if e["type"] == "run_claimed")
+    attempt = rows[last_claim + 1 :]
+    assert "".join(e.get("text", "") for e in attempt) == "the new answer, whole"
+    assert [e["type"] for e in attempt if e["type"] != "text_delta"] == ["message_stop", "complete"]
+    assert "stale" not in streamed_text(db, first.run_id)
+    await writer.stop()
+
+
 # --- a COMMIT that goes unanswered ---------------------------------------------------------
 
 
@@ -305,7 +338,7 @@ async def test_read_back_does_not_mistake_an_earlier_attempts_identical_events_f
     journal = writer.run_journal(first)
     await emit_text(journal, ["same ", "words"])
     await journal.flush()
-    writer.close(first.run_id)
+    journal.close()
     async with faulty_pool.connection() as conn:
         assert await api.release_run(conn, first.run_id, first.claim_token, "try again") == "requeued"
         (second,) = await api.claim_runs(conn, "journal-test", 1, 60)
