@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 from pyworker import devdb
 from pyworker.config import ConfigError, database_url
@@ -113,6 +114,28 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return 2
 
 
+def in_range(setting: str, unit: float = 1) -> Callable[[str], float]:
+    """An argparse type for a worker setting: its range is Worker's (pyworker.worker.LIMITS, in
+    units of `unit` seconds), so a value that cannot work is a usage error naming the flag and
+    the range, not a traceback or a worker whose every reaper pass fails."""
+    from pyworker.worker import LIMITS
+
+    kind, lo, hi = LIMITS[setting]
+    lo, hi = lo / unit, hi / unit
+    what = "an integer" if kind is int else "a number"
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not lo <= value <= hi:  # False for nan too
+            raise argparse.ArgumentTypeError(f"must be {what} from {lo:g} to {hi:g}, got {text!r}")
+        return value  # type: ignore[no-any-return]
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runrow", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -153,26 +176,50 @@ def build_parser() -> argparse.ArgumentParser:
         "finish for up to --drain seconds, release the rest (requeued while attempts are "
         "left, else failed), exit 0; a second signal exits at once.",
     )
+    # A string default goes through `type` too: a bad RUNROW_CONCURRENCY is a usage error.
     p.add_argument(
         "--concurrency",
-        type=int,
-        default=int(os.environ.get("RUNROW_CONCURRENCY", "4")),
-        help="runs in flight at once (env RUNROW_CONCURRENCY)",
+        type=in_range("concurrency"),
+        default=os.environ.get("RUNROW_CONCURRENCY", "4"),
+        help="runs in flight at once, 1 to 1000 (env RUNROW_CONCURRENCY)",
     )
-    p.add_argument("--lease", type=int, default=30, help="lease seconds; heartbeats every lease/3")
-    p.add_argument("--drain", type=float, default=30.0, help="drain budget in seconds after SIGTERM")
-    p.add_argument("--poll", type=float, default=10.0, help="idle poll tick in seconds (fallback for NOTIFY)")
     p.add_argument(
-        "--grace", type=int, default=30, help="seconds past an expired lease before a run is reaped"
+        "--lease",
+        type=in_range("lease_seconds"),
+        default=30,
+        help="lease seconds, 1 to 3600; heartbeats every lease/3",
     )
-    p.add_argument("--reap-interval", type=float, default=15.0, help="mean seconds between reaper passes")
+    p.add_argument(
+        "--drain",
+        type=in_range("drain_seconds"),
+        default=30.0,
+        help="drain budget in seconds after SIGTERM, 0 to 86400",
+    )
+    p.add_argument(
+        "--poll",
+        type=in_range("poll_seconds"),
+        default=10.0,
+        help="idle poll tick in seconds (fallback for NOTIFY), 0.1 to 86400",
+    )
+    p.add_argument(
+        "--grace",
+        type=in_range("grace_seconds"),
+        default=30,
+        help="seconds past an expired lease before a run is reaped, 0 to 86400",
+    )
+    p.add_argument(
+        "--reap-interval",
+        type=in_range("reap_interval"),
+        default=15.0,
+        help="mean seconds between reaper passes, 0.1 to 86400",
+    )
     p.add_argument(
         "--trim-after",
-        type=float,
+        type=in_range("trim_after", unit=3600),
         default=24.0,
         metavar="HOURS",
         help="the reaper also trims the live journal of runs ended more than HOURS ago "
-        "(runrow.trim_journal; steps and messages stay); 0 = never",
+        "(runrow.trim_journal; steps and messages stay); 0 = never, at most 876000 (100 years)",
     )
     p.add_argument(
         "--handler",

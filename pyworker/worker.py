@@ -27,6 +27,33 @@ from pyworker.reaper import reaper_loop
 
 log = logging.getLogger("runrow.worker")
 
+# The range of every numeric setting, shared with `runrow worker`'s flags. Where a SQL function
+# takes the value, its own range: claim_runs' max_runs (concurrency), the lease of claim and
+# heartbeat, reap_expired_runs' grace_seconds; outside them a worker fails on every call. The
+# clocks have a floor because at 0 they spin (a 0 s poll is thousands of claim commits a
+# second) and a ceiling of a day (`inf` and `nan` are not clocks). trim_after is in seconds
+# here (hours on the command line); 100 years is far inside trim_journal's interval range.
+LIMITS: dict[str, tuple[type, float, float]] = {
+    "concurrency": (int, 1, 1000),
+    "lease_seconds": (int, 1, 3600),
+    "grace_seconds": (int, 0, 86400),
+    "poll_seconds": (float, 0.1, 86400),
+    "reap_interval": (float, 0.1, 86400),
+    "drain_seconds": (float, 0, 86400),
+    "trim_after": (float, 0, 100 * 365 * 86400),
+    "flush_interval": (float, 0.01, 60),
+    "pool_size": (int, 1, 1000),
+}
+
+
+def check_setting(name: str, value: object) -> None:
+    """ValueError naming the setting and its range unless `value` is in LIMITS[name]."""
+    kind, lo, hi = LIMITS[name]
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or (kind is int and not isinstance(value, int)) or not lo <= value <= hi:  # type: ignore[operator]
+        what = "an integer" if kind is int else "a number"
+        raise ValueError(f"{name} must be {what} from {lo:g} to {hi:g}, got {value!r}")
+
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -50,10 +77,20 @@ class Worker:
         pool_size: int | None = None,
         flush_interval: float = 0.25,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        if not 1 <= lease_seconds <= 3600:
-            raise ValueError("lease must be 1 to 3600 seconds")
+        settings = {
+            "concurrency": concurrency,
+            "lease_seconds": lease_seconds,
+            "grace_seconds": grace_seconds,
+            "poll_seconds": poll_seconds,
+            "reap_interval": reap_interval,
+            "drain_seconds": drain_seconds,
+            "trim_after": trim_after,
+            "flush_interval": flush_interval,
+            "pool_size": pool_size,
+        }
+        for name, value in settings.items():
+            if value is not None or name not in ("trim_after", "pool_size"):  # None: never trim / the default
+                check_setting(name, value)
         self.conninfo = conninfo
         self.concurrency = concurrency
         self.lease_seconds = lease_seconds

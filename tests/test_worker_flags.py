@@ -1,0 +1,97 @@
+"""`runrow worker` refuses numeric flags that cannot work, before it starts: an argparse usage
+error (exit 2) naming the flag and its range, never a traceback, a worker whose every reaper
+pass fails, or a hot loop. The ranges are the SQL functions' own (claim_runs' max_runs, the
+lease of claim and heartbeat, reap_expired_runs' grace_seconds). Worker() checks the same."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pyworker.cli import build_parser
+from pyworker.handlers.echo import handle as echo
+from pyworker.worker import Worker
+
+# Nothing listens there: a flag that slips through makes the worker try to connect (and the
+# subprocess time out) instead of ending in a usage error.
+UNREACHABLE = "postgresql://127.0.0.1:1/runrow?connect_timeout=1"
+
+REFUSED = [
+    ("--concurrency", "0", "1 to 1000"),
+    ("--concurrency", "1001", "1 to 1000"),
+    ("--lease", "0", "1 to 3600"),
+    ("--lease", "3601", "1 to 3600"),
+    ("--grace", "-5", "0 to 86400"),
+    ("--grace", "86401", "0 to 86400"),
+    ("--poll", "0", "0.1 to 86400"),
+    ("--poll", "nan", "0.1 to 86400"),
+    ("--reap-interval", "0", "0.1 to 86400"),
+    ("--reap-interval", "inf", "0.1 to 86400"),
+    ("--drain", "-1", "0 to 86400"),
+    ("--trim-after", "-1", "0 to 876000"),
+]
+
+
+def runrow_worker(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pyworker", "worker", "--handler", "pyworker.handlers.echo:handle", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DATABASE_URL": UNREACHABLE, **(env or {})},
+        timeout=20,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+
+
+@pytest.mark.parametrize(("flag", "value", "range_"), REFUSED, ids=[f"{f}={v}" for f, v, _ in REFUSED])
+def test_out_of_range_flag_is_a_usage_error_naming_flag_and_range(flag: str, value: str, range_: str) -> None:
+    result = runrow_worker(flag, value)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "usage: runrow worker" in result.stderr
+    error = result.stderr.strip().splitlines()[-1]
+    assert flag in error and range_ in error and value in error, error
+
+
+def test_bad_concurrency_from_the_environment_is_a_usage_error() -> None:
+    result = runrow_worker(env={"RUNROW_CONCURRENCY": "0"})
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "--concurrency" in result.stderr and "1 to 1000" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--concurrency", "1", "--lease", "1", "--grace", "0", "--poll", "0.1", "--reap-interval", "0.1"],
+        ["--concurrency", "1000", "--lease", "3600", "--grace", "86400", "--poll", "86400"],
+        ["--drain", "0", "--trim-after", "0"],
+        ["--drain", "86400", "--trim-after", "876000", "--reap-interval", "86400"],
+    ],
+    ids=["lower-bounds", "upper-bounds", "zero-drain-and-never-trim", "upper-drain-and-trim"],
+)
+def test_flags_at_the_ends_of_their_ranges_are_accepted(args: list[str]) -> None:
+    parsed = build_parser().parse_args(["worker", *args])
+    assert parsed.func.__name__ == "cmd_worker"
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("concurrency", 0),
+        ("lease_seconds", 3601),
+        ("grace_seconds", -5),
+        ("poll_seconds", 0.0),
+        ("reap_interval", 0.0),
+        ("drain_seconds", -1.0),
+        ("trim_after", -1.0),
+        ("flush_interval", 0.0),
+        ("pool_size", 0),
+    ],
+)
+def test_worker_refuses_the_same_values(option: str, value: float) -> None:
+    with pytest.raises(ValueError, match=option):
+        Worker(UNREACHABLE, handler=echo, **{option: value})  # type: ignore[arg-type]
