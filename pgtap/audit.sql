@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(76);
+SELECT plan(85);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'audit', ARRAY['interval', 'interval', 'interval', 'interval', 'interval'],
@@ -230,6 +230,51 @@ SELECT is(pg_temp.audit_of(:'b_livehole'), 'journal_seq_gap', 'journal_seq_gap: 
 SELECT pg_temp.age_finished(:'b_hole', '30 days');
 SELECT is(pg_temp.audit_of(:'b_hole'), '', 'a gap in a run finished 30 days ago is outside the default window');
 SELECT is(pg_temp.audit_of(:'b_hole', history_window => '60 days'), 'journal_seq_gap', '... and found with a 60 day window');
+
+-- journal_missing_result_text: a run claimed again after its first claim was lost, whose
+-- new attempt's text never reached the journal (a worker dropped its buffer), written
+-- through the functions alone: the journal streamed only the first attempt's partial text.
+SELECT pg_temp.running(2) AS b_lost \gset
+SELECT runrow.append_events(:'b_lost', pg_temp.token(:'b_lost'),
+    '[{"type": "message_start"}, {"type": "text_delta", "index": 0, "text": "a long ans"}]') AS seq \gset
+SELECT runrow.release_run(:'b_lost', pg_temp.token(:'b_lost'), 'lease expired') AS released \gset
+SELECT pg_temp.claim(:'b_lost') AS t_lost \gset
+SELECT runrow.append_events(:'b_lost', :'t_lost', '[{"type": "message_start"}]') AS seq \gset
+SELECT runrow.finish_run(:'b_lost', :'t_lost', 'completed', '{"text": "a long answer"}') AS fin \gset
+SELECT is(pg_temp.audit_of(:'b_lost'), 'journal_missing_result_text',
+    'journal_missing_result_text: the final attempt''s answer is not in the journal');
+SELECT matches((SELECT detail FROM runrow.audit() WHERE run_id = :'b_lost'),
+    '^completed run''s result.text \(13 characters\) is not the end of the 10 characters of text_delta '
+    'text in its journal \(last run_claimed at seq \d+\)', 'the detail gives both lengths and the last claim');
+SELECT pg_temp.age_finished(:'b_lost', '30 days');
+SELECT is(pg_temp.audit_of(:'b_lost'), '', 'a run finished 30 days ago is outside the default window');
+SELECT is(pg_temp.audit_of(:'b_lost', history_window => '60 days'), 'journal_missing_result_text',
+    '... and found with a 60 day window');
+-- Trimmed whole (a delivery buffer emptied on schedule), there is nothing to judge.
+SELECT pg_temp.age_finished(:'b_lost', '10 years');
+SELECT is(runrow.trim_journal('5 years'), 9::bigint, 'its journal trimmed (only it ended that long ago)');
+SELECT is(pg_temp.audit_of(:'b_lost', history_window => '100 years'), '', 'a trimmed journal is not reported');
+-- Healthy shapes: the new attempt streamed its whole answer after a partial first one; a
+-- resumed attempt that found its answer in the step log and streamed nothing more; a
+-- journal with no text deltas at all.
+SELECT pg_temp.running(2) AS ok_again \gset
+SELECT runrow.append_events(:'ok_again', pg_temp.token(:'ok_again'),
+    '[{"type": "text_delta", "index": 0, "text": "a long ans"}]') AS seq \gset
+SELECT runrow.release_run(:'ok_again', pg_temp.token(:'ok_again'), 'lease expired') AS released \gset
+SELECT pg_temp.claim(:'ok_again') AS t_again \gset
+SELECT runrow.append_events(:'ok_again', :'t_again', '[{"type": "text_delta", "index": 0, "text": "a long "},
+    {"type": "text_delta", "index": 0, "text": "answer"}]') AS seq \gset
+SELECT runrow.finish_run(:'ok_again', :'t_again', 'completed', '{"text": "a long answer"}') AS fin \gset
+SELECT is(pg_temp.audit_of(:'ok_again'), '', 'a re-claimed run whose last attempt streamed its answer is healthy');
+SELECT pg_temp.running(2) AS ok_resumed \gset
+SELECT runrow.append_events(:'ok_resumed', pg_temp.token(:'ok_resumed'),
+    '[{"type": "text_delta", "index": 0, "text": "a long answer"}]') AS seq \gset
+SELECT runrow.release_run(:'ok_resumed', pg_temp.token(:'ok_resumed'), 'lease expired') AS released \gset
+SELECT pg_temp.claim(:'ok_resumed') AS t_resumed \gset
+SELECT runrow.finish_run(:'ok_resumed', :'t_resumed', 'completed', '{"text": "a long answer"}') AS fin \gset
+SELECT is(pg_temp.audit_of(:'ok_resumed'), '', 'a resumed attempt that streamed nothing after an earlier one streamed the answer is healthy');
+SELECT pg_temp.finished() AS ok_nodeltas \gset
+SELECT is(pg_temp.audit_of(:'ok_nodeltas'), '', 'a journal without text deltas is not judged');
 
 -- step_seq_gap: a step deleted from the middle of the log.
 SELECT pg_temp.running() AS b_steps \gset
