@@ -29,7 +29,7 @@ from psycopg_pool import AsyncConnectionPool
 from pyworker import api
 from pyworker.config import database_url
 from pyworker.hub import Hub
-from pyworker.tail import Keepalive, RunNotFound, run_status, tail
+from pyworker.tail import CursorPastEnd, Keepalive, RunNotFound, check_cursor, run_status, tail
 
 DEFAULT_MODEL = "claude-sonnet-4-5"
 T = TypeVar("T")
@@ -310,6 +310,15 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
     pool = AsyncConnectionPool(url, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False)
     await pool.open()
     try:
+        try:
+            ended = await check_cursor(pool, run_id, from_seq)
+        except CursorPastEnd as exc:
+            raise CliError(
+                f"--from {from_seq} is past the end of run {run_id}'s journal, which has no event "
+                f"{from_seq} yet: give a seq this run has shown, or 0"
+            ) from exc
+        if ended:
+            return await _ended_earlier(render, pool, run_id)
         async with aclosing(tail(pool, hub, run_id, from_seq=from_seq)) as items:
             async for item in items:
                 if isinstance(item, Keepalive):
@@ -318,16 +327,20 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
                 if item.type == "complete":
                     status = str(item.payload.get("status"))
                     return EXIT_CODES.get(status, 1)
-        # The cursor was already past the complete: the run had ended; say how.
-        status = await run_status(pool, run_id)
-        render.note(f"run ended earlier: status={status}")
-        return EXIT_CODES.get(status, 1)
+        return await _ended_earlier(render, pool, run_id)  # the tail saw the end past the cursor
     except RunNotFound as exc:
         raise CliError(str(exc)) from exc
     finally:
         render.end_line()
         await pool.close()
         await hub.stop()
+
+
+async def _ended_earlier(render: _Renderer, pool: AsyncConnectionPool, run_id: uuid.UUID) -> int:
+    # The cursor was already past the complete: the run had ended; say how.
+    status = await run_status(pool, run_id)
+    render.note(f"run ended earlier: status={status}")
+    return EXIT_CODES.get(status, 1)
 
 
 class _Renderer:
