@@ -3,7 +3,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(31);
+SELECT plan(34);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'read_events', ARRAY['uuid', 'bigint', 'integer'],
@@ -44,8 +44,18 @@ SELECT runrow.finish_run(:'run', pg_temp.token(:'run'), 'completed', '{"text": "
 SELECT is((SELECT payload FROM runrow.read_events(:'run', 8)),
     '{"type": "complete", "status": "completed", "result": {"text": "hi"}, "error": null}'::jsonb,
     'a finished run''s complete is read as journaled');
-SELECT is_empty(format('SELECT * FROM runrow.read_events(%L, 9)', :'run'),
-    'after the journaled complete: nothing more, nothing synthesized');
+SELECT pg_temp.fingerprint() AS before \gset
+SELECT results_eq(format('SELECT seq, type, payload FROM runrow.read_events(%L, 9)', :'run'),
+    $$VALUES (10::bigint, 'complete'::text, '{"type": "complete", "status": "completed", "result": {"text": "hi"},
+        "error": null, "synthesized": true, "complete_seq": 9}'::jsonb)$$,
+    'at the journaled complete: a terminal run''s read still ends in a complete, synthesized, naming complete_seq');
+SELECT results_eq(format('SELECT seq, payload ->> ''complete_seq'' FROM runrow.read_events(%L, 5000)', :'run'),
+    $$VALUES (5001::bigint, '9'::text)$$,
+    'a cursor far past a terminal run''s journal (stale): the ending at after_seq + 1, never a wait');
+SELECT results_eq(format('SELECT seq, type FROM runrow.read_events(%L, 7)', :'run'),
+    $$VALUES (8::bigint, 'text'), (9, 'complete')$$,
+    'before the complete: the journal''s own complete, nothing synthesized');
+SELECT is(pg_temp.fingerprint(), :'before', 'synthesizing the ending of a finished run writes nothing');
 
 -- Trimmed journal: a complete is synthesized from the row.
 SELECT pg_temp.finished('completed') AS trimmed \gset

@@ -15,7 +15,9 @@ module; a tool the model calls that this worker does not have is an is_error too
 Journal: `model_request` (a call starts), the deltas `text_delta` / `thinking_delta` /
 `input_json_delta` {index, ...} (coalesced), `model_turn` {step_seq, stop_reason, usage,
 request_id, model} written in the same transaction as the step, `tool_call`, `tool_result`
-(and `approval_requested`, journaled by the SQL).
+(and `approval_requested`, journaled by the SQL). A resumed attempt first journals
+`superseded` {after_seq, through_seq, attempt} when an earlier attempt streamed deltas after
+the last committed step: those deltas are not part of the answer (pyworker/supersede.py).
 
 How each stop_reason and failure ends (status / result / error):
 
@@ -53,10 +55,12 @@ from pyworker.agent_model import ModelTurn, TurnCancelled, TurnFailed, client_fo
 from pyworker.agent_tools import Parked, run_tool_calls
 from pyworker.handler import Outcome, RunContext
 from pyworker.journal import RunLost
+from pyworker.supersede import supersede_earlier_attempts
 from pyworker.tools import ToolRegistry, load_module
 from pyworker.tools import registry as default_registry
 
 CONTINUE_REASONS = ("tool_use", "pause_turn")
+COMMITTED_EVENTS = ("model_turn", "tool_result")  # journaled once their step is in the log
 
 
 def tool_registry(ctx: RunContext) -> ToolRegistry:
@@ -76,6 +80,9 @@ async def handle(ctx: RunContext) -> Outcome:
     client = client_for(ctx.config)
     run = ctx.run
     known_stops: dict[int, str | None] = {}  # stop_reason of model turns this attempt made
+    # A resumed attempt keeps the committed steps (each model_turn event commits with its
+    # step) and redoes the rest: what an earlier attempt streamed after them is not the answer.
+    await supersede_earlier_attempts(ctx, committed=COMMITTED_EVENTS)
     while True:
         if ctx.cancel.is_set():
             return await _cancelled(ctx, None)

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any, LiteralString, TextIO, TypeVar
+from typing import Any, LiteralString, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -29,7 +29,8 @@ from psycopg_pool import AsyncConnectionPool
 from pyworker import api
 from pyworker.config import database_url
 from pyworker.hub import Hub
-from pyworker.tail import Keepalive, RunNotFound, run_status, tail
+from pyworker.tail import CursorPastEnd, Keepalive, RunNotFound, check_cursor, run_status, tail
+from pyworker.tail_render import Renderer
 
 DEFAULT_MODEL = "claude-sonnet-4-5"
 T = TypeVar("T")
@@ -103,13 +104,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "tail",
         cmd_tail,
         help="stream a run's journal until it ends; exit code = how it ended",
-        description="Follow the run's journal from a cursor: answer text goes to stdout as it "
-        "streams, every other event is a one-line note on stderr (with its seq). Safe to "
+        description="Follow the run's journal from a cursor: answer text goes to stdout, every "
+        "other event is a one-line note on stderr (with its seq). On a terminal the text streams "
+        "live; piped, each message's text is written once it is confirmed and text an earlier, "
+        "cut-off attempt streamed is left out, so stdout is exactly the answer. Safe to "
         "interrupt and rerun: `--from N` resumes after event N without repeats.",
         epilog=f"""examples:
   runrow tail 5f0c...a2                 # everything from the start
   runrow tail 5f0c...a2 --from 41       # only what came after seq 41
   runrow tail 5f0c...a2 2>/dev/null     # just the text
+  runrow tail 5f0c...a2 > answer.txt    # exactly the answer (result.text), no newline added
 
 {EXIT_CODE_HELP}""",
     )
@@ -303,13 +307,22 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
     # Check the URL with one plain connection first: a pool would only say "timed out".
     async with await _connect(url):
         pass
-    render = _Renderer(sys.stdout, sys.stderr)
+    render = Renderer(sys.stdout, sys.stderr)
     logging.getLogger("runrow.hub").setLevel(logging.WARNING)  # its INFO lines would mix with the notes
     hub = Hub(url, application_name="runrow-tail")
     await hub.start()
     pool = AsyncConnectionPool(url, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False)
     await pool.open()
     try:
+        try:
+            ended = await check_cursor(pool, run_id, from_seq)
+        except CursorPastEnd as exc:
+            raise CliError(
+                f"--from {from_seq} is past the end of run {run_id}'s journal, which has no event "
+                f"{from_seq} yet: give a seq this run has shown, or 0"
+            ) from exc
+        if ended:
+            return await _ended_earlier(render, pool, run_id)
         async with aclosing(tail(pool, hub, run_id, from_seq=from_seq)) as items:
             async for item in items:
                 if isinstance(item, Keepalive):
@@ -318,10 +331,7 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
                 if item.type == "complete":
                     status = str(item.payload.get("status"))
                     return EXIT_CODES.get(status, 1)
-        # The cursor was already past the complete: the run had ended; say how.
-        status = await run_status(pool, run_id)
-        render.note(f"run ended earlier: status={status}")
-        return EXIT_CODES.get(status, 1)
+        return await _ended_earlier(render, pool, run_id)  # the tail saw the end past the cursor
     except RunNotFound as exc:
         raise CliError(str(exc)) from exc
     finally:
@@ -330,53 +340,11 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
         await hub.stop()
 
 
-class _Renderer:
-    """Answer text to stdout as it streams; every other event as one dim line on stderr."""
-
-    def __init__(self, out: TextIO, err: TextIO) -> None:
-        self.out = out
-        self.err = err
-        self.mid_line = False
-        self.dim = err.isatty() and os.environ.get("NO_COLOR") is None
-
-    def event(self, seq: int, payload: dict[str, Any]) -> None:
-        kind = payload.get("type")
-        if kind == "text_delta":
-            text = str(payload.get("text", ""))
-            self.out.write(text)
-            self.out.flush()
-            if text:
-                self.mid_line = not text.endswith("\n")
-            return
-        self.note(f"{seq} {kind}{_summary(payload)}")
-
-    def note(self, text: str) -> None:
-        self.end_line()
-        line = f"· {text}"
-        self.err.write(f"\x1b[2m{line}\x1b[0m\n" if self.dim else line + "\n")
-        self.err.flush()
-
-    def end_line(self) -> None:
-        # Keep notes on their own line when stdout and stderr share a terminal.
-        if self.mid_line:
-            self.out.write("\n")
-            self.out.flush()
-            self.mid_line = False
-
-
-def _summary(payload: dict[str, Any]) -> str:
-    parts = []
-    for key in ("status", "name", "attempt", "worker_id", "error", "outcome"):
-        value = payload.get(key)
-        if value is not None:
-            parts.append(f"{key}={_short(value)}")
-    return (" " + " ".join(parts)) if parts else ""
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+async def _ended_earlier(render: Renderer, pool: AsyncConnectionPool, run_id: uuid.UUID) -> int:
+    # The cursor was already past the complete: the run had ended; say how.
+    status = await run_status(pool, run_id)
+    render.note(f"run ended earlier: status={status}")
+    return EXIT_CODES.get(status, 1)
 
 
 # --- plumbing -----------------------------------------------------------------------------

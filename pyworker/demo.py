@@ -491,7 +491,8 @@ async def _read_back(url: str, live: Live) -> tuple[list[api.Event], list[steps_
         while True:
             page = await api.read_events(conn, live.run_id, events[-1].seq if events else 0, 500)
             events.extend(page)
-            if len(page) < 500:
+            # After a complete, a read would only synthesize the ending again.
+            if len(page) < 500 or page[-1].type == "complete":
                 break
         rows = await steps_api.conversation_history(conn, live.conversation_id, live.run_id)
     return events, [r for r in rows if r.run_id == live.run_id and r.source == "step"]

@@ -131,6 +131,13 @@ class EventPrinter:
                 "bold",
                 "yellow",
             )
+        elif kind == "superseded":
+            s.line(
+                f"SUPERSEDED: seqs {p.get('after_seq', 0) + 1}..{p.get('through_seq')} were streamed by a "
+                f"cut-off attempt; attempt {p.get('attempt')} redoes that work, so they are not the answer",
+                "bold",
+                "yellow",
+            )
         elif kind == "complete":
             status = p.get("status")
             s.line(

@@ -48,6 +48,17 @@ class RunNotFound(LookupError):
         self.run_id = run_id
 
 
+class CursorPastEnd(ValueError):
+    """A live run's journal has no event at the cursor: a stale cursor, or another run's."""
+
+    def __init__(self, run_id: UUID, cursor: int) -> None:
+        super().__init__(
+            f"cursor {cursor} is past the end of run {run_id}'s journal: it has no event {cursor}"
+        )
+        self.run_id = run_id
+        self.cursor = cursor
+
+
 @dataclass(frozen=True)
 class Keepalive:
     """Nothing new for `keepalive` seconds; an SSE server sends a comment to keep proxies warm."""
@@ -67,8 +78,10 @@ async def tail(
 ) -> AsyncIterator[TailItem]:
     """Yield the run's events with seq > from_seq, in order, ending after the first `complete`.
 
-    A tail that starts with its cursor at or past the complete of a finished run yields
-    nothing and ends (the consumer saw the ending before it reconnected).
+    A tail whose cursor is at or past the journal's own complete yields nothing and ends once
+    the run is terminal: at once when it already is (the consumer saw the ending before it
+    reconnected), or when it ends, for a cursor past the end of a live run (a stale cursor;
+    `check_cursor` refuses those up front).
 
     Yields a Keepalive after `keepalive` seconds without events. Raises RunNotFound for an
     unknown run. With `hub` None, or while the hub is disconnected, it re-reads every
@@ -79,10 +92,6 @@ async def tail(
     subscription = hub.subscribe(events_channel(run_id)) if hub is not None else _no_subscription()
     async with subscription as queue:
         last_yield = loop.time()
-        # A consumer rejoining with a cursor at or past the run's complete would wait forever
-        # for rows that never come. Read the status before the rows: a run already terminal
-        # then has its complete journaled (same transaction) or synthesized by read_events.
-        ended = from_seq > 0 and await run_status(pool, run_id) in TERMINAL
         while True:
             # Clear pending wakes before reading, never after: a wake that arrives after
             # this point is for a row the read below may not see, and must survive.
@@ -91,10 +100,9 @@ async def tail(
             # before it re-LISTENs; only a wait that began with the hub up can trust it.
             trusted = hub is not None and hub.connected
             events = await _read(pool, run_id, cursor, page)
-            if ended and not events:
-                return  # the complete is at or before the cursor: this consumer has seen it
-            ended = False
             for event in events:
+                if seen_the_end(event):
+                    return  # the journal's own complete is at or before the cursor
                 cursor = event.seq
                 last_yield = loop.time()
                 yield event
@@ -109,6 +117,34 @@ async def tail(
             until_keepalive = max(0.0, keepalive - (loop.time() - last_yield))
             timeout = until_keepalive if trusted else min(poll_interval, until_keepalive)
             await _wait(queue, timeout)
+
+
+def seen_the_end(event: Event) -> bool:
+    """The complete read_events synthesizes for a cursor at or past the journal's own complete
+    (it names that seq: `complete_seq`): the reader's cursor is already beyond the ending."""
+    return (
+        event.type == "complete"
+        and event.payload.get("synthesized") is True
+        and event.payload.get("complete_seq") is not None
+    )
+
+
+async def check_cursor(pool: AsyncConnectionPool, run_id: UUID, cursor: int) -> bool:
+    """Where a consumer's cursor stands, before it follows: True when the run is terminal and
+    the cursor is at or past its complete (nothing left to show); False when there is something
+    to follow. Raises CursorPastEnd when the run is live and its journal has no event `cursor`
+    (waiting would show nothing until the run ends), RunNotFound for an unknown run."""
+    if cursor <= 0:
+        return False
+    # One page of one event from just before the cursor: the event the cursor names, or, when
+    # the journal has none, a synthesized complete (terminal run) or nothing (live run).
+    events = await _read(pool, run_id, cursor - 1, 1)
+    if not events:
+        raise CursorPastEnd(run_id, cursor)
+    (named,) = events
+    if named.type == "complete" and named.payload.get("synthesized") is True:
+        return named.payload.get("complete_seq") is not None  # else a trimmed journal: show its ending
+    return named.type == "complete"
 
 
 async def run_status(pool: AsyncConnectionPool, run_id: UUID) -> str:

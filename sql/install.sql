@@ -3096,6 +3096,7 @@ DECLARE
     r runrow.agent_run;
     n integer;
     last_seq bigint;
+    complete_seq bigint;
 BEGIN
     PERFORM runrow._require_not_null(read_events.run_id, 'run_id');
     PERFORM runrow._require_range(read_events.after_seq, 'after_seq', 0, 9223372036854775806);
@@ -3113,31 +3114,40 @@ BEGIN
     LIMIT read_events.max_events;
     GET DIAGNOSTICS n = ROW_COUNT;
 
-    -- The page was not full, so the reader is at the end of the journal. If the run is
-    -- terminal and its journal holds no complete event (trimmed, or a finalizer died
-    -- mid-way), synthesize the ending from the row so no viewer waits forever.
-    IF n < read_events.max_events
-       AND r.status IN ('completed', 'failed', 'cancelled', 'dead')
-       AND NOT EXISTS (
-           SELECT 1 FROM runrow.run_event AS c WHERE c.run_id = read_events.run_id AND c.type = 'complete'
-       ) THEN
-        SELECT coalesce(max(e.seq), 0) INTO last_seq FROM runrow.run_event AS e WHERE e.run_id = read_events.run_id;
-        RETURN QUERY SELECT
-            greatest(last_seq, read_events.after_seq) + 1,
-            'complete'::text,
-            jsonb_build_object('type', 'complete', 'status', r.status, 'result', r.result,
-                               'error', r.error, 'synthesized', true),
-            r.finished_at;
+    -- The page was not full, so the reader is at the end of the journal, and a terminal
+    -- run's read that reaches the end always ends in a complete. When the page holds none
+    -- (the journal was trimmed, a finalizer died mid-way, or the cursor is at or past the
+    -- journal's own complete), one is synthesized from the row. The last case matters: a
+    -- reader that waited on a live run with a cursor past its end (stale, or another run's)
+    -- would otherwise wait forever once the run ends, its complete landing below the cursor.
+    IF n < read_events.max_events AND r.status IN ('completed', 'failed', 'cancelled', 'dead') THEN
+        SELECT c.seq INTO complete_seq
+        FROM runrow.run_event AS c WHERE c.run_id = read_events.run_id AND c.type = 'complete';
+        IF complete_seq IS NULL OR complete_seq <= read_events.after_seq THEN
+            SELECT coalesce(max(e.seq), 0) INTO last_seq FROM runrow.run_event AS e WHERE e.run_id = read_events.run_id;
+            RETURN QUERY SELECT
+                greatest(last_seq, read_events.after_seq) + 1,
+                'complete'::text,
+                jsonb_build_object('type', 'complete', 'status', r.status, 'result', r.result,
+                                   'error', r.error, 'synthesized', true)
+                || CASE WHEN complete_seq IS NULL THEN '{}'::jsonb
+                        ELSE jsonb_build_object('complete_seq', complete_seq) END,
+                r.finished_at;
+        END IF;
     END IF;
 END
 $fn$;
 
 COMMENT ON FUNCTION runrow.read_events(uuid, bigint, integer) IS
 'Journal events of a run with seq > after_seq, in order, at most max_events (1..10000). '
-'payload is the event object as written, type included. When the reader has reached the '
-'end and the run is terminal but its journal holds no complete event (trimmed, or a '
-'finalizer died mid-way), a synthesized complete frame built from the run row (status, '
-'result, error, synthesized: true) ends the stream at the next seq. Unknown run_id: P0002.';
+'payload is the event object as written, type included. A read that reaches the end of a '
+'terminal run''s journal always ends in a complete: when none is among the rows returned '
+'(journal trimmed, a finalizer died mid-way, or after_seq at or past the journal''s own '
+'complete), a synthesized frame built from the run row (status, result, error, '
+'synthesized: true, and complete_seq: the seq of the journal''s own complete when it has '
+'one) follows at max(last seq, after_seq) + 1, so no reader waits on an ended run whatever '
+'its cursor. A live run''s journal read at or past its end returns no rows (wait, re-read). '
+'Unknown run_id: P0002.';
 
 REVOKE ALL ON FUNCTION runrow.read_events(uuid, bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.read_events(uuid, bigint, integer) TO runrow_client, runrow_worker;

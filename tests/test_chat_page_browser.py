@@ -22,7 +22,7 @@ from http_support import ALICE, TOKENS, Server, private_database, serve
 from playwright.sync_api import Browser, Page, Route, sync_playwright
 from steps_support import begin, tool_turn
 from tail_support import claim
-from worker_support import WorkerProcess, status, streamed_text, wait_until
+from worker_support import WorkerProcess, events, status, streamed_text, wait_until
 
 CHROMIUM = os.environ.get("RUNROW_CHROMIUM", "/usr/bin/chromium")
 ARGS = [
@@ -189,3 +189,71 @@ def test_approve_a_pending_tool_call(quiet: Server, quiet_db: str, page: Page) -
         ).fetchone()
         assert decided == ("approved", "alice")
         wait_until(lambda: status(db, run_id) == "queued", 10, "the approved run to be requeued")
+
+
+@pytest.fixture(scope="module")
+def resume_db(database_url: str) -> Iterator[str]:
+    yield from private_database(database_url, "runrow_http_page_resume")
+
+
+@pytest.fixture(scope="module")
+def resumable(resume_db: str) -> Iterator[Server]:
+    """No worker of its own: the test starts one, kills it mid-text and starts another."""
+    yield from serve(resume_db, tokens=TOKENS)
+
+
+TAKEOVER_FLAGS = [
+    "--concurrency",
+    "1",
+    "--lease",
+    "2",
+    "--grace",
+    "1",
+    "--reap-interval",
+    "0.3",
+    "--poll",
+    "0.3",
+]
+
+
+def test_text_an_earlier_attempt_streamed_is_removed_live_after_a_resume(
+    resumable: Server, resume_db: str, page: Page
+) -> None:
+    def with_attempts(route: Route) -> None:
+        body = json.loads(route.request.post_data or "{}")
+        body.update(metadata={"echo": STORY, "duration": 5.0}, max_attempts=3)
+        route.continue_(post_data=json.dumps(body))
+
+    page.route("**/conversations/*/runs", with_attempts)
+    first = WorkerProcess(resume_db, "page-cut-off", TAKEOVER_FLAGS)
+    second: WorkerProcess | None = None
+    try:
+        first.wait_started()
+        sign_in_and_send(page, resumable, "Tell me a story, twice if you must")
+        run_id = run_of(page)
+        wait_text(page, len(STORY) // 5)
+        first.kill()  # SIGKILL mid-text: the echo handler starts over on the next attempt
+        with psycopg.connect(resume_db, autocommit=True) as db:
+            partial = streamed_text(db, run_id)
+            second = WorkerProcess(resume_db, "page-resumer", TAKEOVER_FLAGS)
+            wait_until(lambda: superseded_then_text(db, run_id), 30, "the resumed attempt to stream")
+            while status(db, run_id) == "running":
+                shown = page_text(page)
+                assert STORY.startswith(shown), "the cut-off partial is gone while the answer streams"
+                page.wait_for_timeout(200)
+            page.wait_for_selector(".turn:last-child .assistant.completed")
+            assert status(db, run_id) == "completed"
+            assert streamed_text(db, run_id) == partial + STORY, "the journal holds both attempts' text"
+        assert page_text(page) == STORY
+        page.reload()  # what sessionStorage kept is the answer too
+        page.wait_for_selector(".turn:last-child .assistant.completed")
+        assert page_text(page) == STORY
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+
+
+def superseded_then_text(db: psycopg.Connection, run_id: uuid.UUID) -> bool:
+    types = [e["type"] for e in events(db, run_id)]
+    return "superseded" in types and "text_delta" in types[types.index("superseded") :]

@@ -89,8 +89,11 @@ def test_tail_of_a_finished_run_prints_text_and_exits_with_its_status(
         run_id = finished_run(conn, ["Hello", ", ", "world"], status=status)
     result = runrow(private_database_url, "tail", str(run_id))
     assert result.returncode == code, result.stderr
-    if status != "dead":
-        assert result.stdout == "Hello, world\n"
+    if status == "completed":
+        assert result.stdout == "Hello, world"  # piped: exactly the answer, no newline added
+    elif status != "dead":
+        # No result kept the text (finish_run without one): no answer on stdout, a note instead.
+        assert result.stdout == "" and "not kept by the run's result: Hello, world" in result.stderr
     assert f"complete status={status}" in result.stderr
     assert "1 user_message_created" in result.stderr
 
@@ -101,7 +104,7 @@ def test_tail_from_a_cursor_prints_only_what_follows(
     run_id = finished_run(conn, ["one ", "two ", "three"])  # seqs: 1-3 queue+claim, 4-6 text, 7 complete
     result = runrow(private_database_url, "tail", str(run_id), "--from", "4")
     assert result.returncode == 0
-    assert result.stdout == "two three\n"
+    assert result.stdout == "two three"
     # Past the end: nothing more to show, and the exit code still says how it ended.
     result = runrow(private_database_url, "tail", str(run_id), "--from", "7")
     assert result.returncode == 0 and result.stdout == ""
@@ -180,7 +183,8 @@ def test_enqueue_follow_streams_until_the_run_ends(
     finally:
         proc.kill()
     assert proc.returncode == 1, err
-    assert out == "streamed answer\n"
+    # Piped, stdout is the answer: a run that failed with no result has none; the text is a note.
+    assert out == "" and "not kept by the run's result: streamed answer" in err
     assert "complete status=failed error=boom" in err
 
 

@@ -3,6 +3,8 @@
 metadata: {"echo": "text", "duration": 2.0, "fail": false}. The text is emitted as text_delta
 events in small steps spread over `duration` seconds; a stop or cancel ends it early with
 Outcome('cancelled') and the partial text; `fail` raises after streaming (to test release).
+A later attempt starts over, and first journals `superseded` for the text the earlier ones
+streamed (pyworker/supersede.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import contextlib
 
 from pyworker.handler import Outcome, RunContext
+from pyworker.supersede import supersede_earlier_attempts
 
 STEP_SECONDS = 0.05
 
@@ -19,6 +22,8 @@ async def handle(ctx: RunContext) -> Outcome:
     meta = ctx.run.metadata or {}
     text = str(meta.get("echo", "echo"))
     duration = float(meta.get("duration", 0.5))
+    # Echo starts over on every attempt: nothing an earlier attempt streamed is kept.
+    await supersede_earlier_attempts(ctx)
     await ctx.journal.emit({"type": "message_start", "role": "assistant"})
     steps = max(1, int(duration / STEP_SECONDS))
     pieces = [text[i * len(text) // steps : (i + 1) * len(text) // steps] for i in range(steps)]

@@ -22,8 +22,8 @@ from pyworker.http.bodies import field, path_uuid, read_json_object, reject_unkn
 from pyworker.http.context import Services, authenticated
 from pyworker.http.errors import ApiError, not_found
 from pyworker.http.sse import EventStreamResponse, event_frames
+from pyworker.tail import CursorPastEnd, check_cursor
 
-TERMINAL = {"completed", "failed", "cancelled", "dead"}
 ENQUEUE_FIELDS = {"content", "model", "system", "tools", "max_attempts", "metadata", "if_active"}
 IF_ACTIVE = ("enqueue", "reject", "interrupt")
 MAX_IDEMPOTENCY_KEY = 200
@@ -156,16 +156,26 @@ def run_json(run: queries.RunState) -> dict[str, Any]:
 
 async def events(request: Request, svc: Services, user: str) -> Response:
     run_id = path_uuid(request, "run_id", "run")
-    from_seq = max(
-        _cursor(request.query_params.get("from"), "from"),
-        _cursor(request.headers.get("last-event-id"), "Last-Event-ID"),
-    )
-    run = await owned_run(svc, run_id, user)
-    if run.status in TERMINAL and from_seq > 0:
-        async with svc.pool.connection() as conn:
-            if not await api.read_events(conn, run_id, from_seq, 1):
-                # The client has seen the complete: 204 tells an EventSource to stop reconnecting.
-                return Response(status_code=204, headers={"Cache-Control": "no-cache"})
+    cursors = {
+        "from": _cursor(request.query_params.get("from"), "from"),
+        "Last-Event-ID": _cursor(request.headers.get("last-event-id"), "Last-Event-ID"),
+    }
+    name, from_seq = max(cursors.items(), key=lambda item: item[1])
+    await owned_run(svc, run_id, user)
+    try:
+        seen_the_end = await check_cursor(svc.pool, run_id, from_seq)
+    except CursorPastEnd:
+        # Streaming would send keepalives until the run ends and then nothing: the cursor is
+        # stale or another run's. A 4xx also stops an EventSource from reconnecting with it.
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"{name} {from_seq} is past the end of run {run_id}'s journal, which has no event "
+            f"{from_seq}: resume from an id this stream sent, or from 0",
+        ) from None
+    if seen_the_end:
+        # The client has seen the complete: 204 tells an EventSource to stop reconnecting.
+        return Response(status_code=204, headers={"Cache-Control": "no-cache"})
     frames = event_frames(
         svc.pool, svc.hub, run_id, from_seq, svc.config.keepalive_seconds, svc.config.poll_seconds
     )

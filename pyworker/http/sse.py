@@ -1,8 +1,10 @@
 """Server-Sent Events over the shared tail (pyworker.tail): the stream is only a reader.
 
 Each journal event is one frame: `id:` its seq (the resume cursor), `event:` its type,
-`data:` its payload JSON. Quiet stretches get a `: keepalive` comment so proxies keep the
-pipe open. A client that disconnects ends its tail and nothing else: disconnect is not stop.
+`data:` its payload JSON. Every event is relayed as is, `superseded` included: the client
+drops the deltas it names (README, "The journal's events"). Quiet stretches get a
+`: keepalive` comment so proxies keep the pipe open. A client that disconnects ends its tail
+and nothing else: disconnect is not stop.
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@
 //
 // The stream is read with fetch() and a body reader rather than EventSource, so the
 // Authorization header can be sent. Everything the page has rendered (each turn's run id,
-// its text and the seq of the last event applied) is written to sessionStorage in one piece
-// after every event: a reload resumes the stream with Last-Event-ID = that seq, so the
-// text continues where it was, with no gap and no duplicate. Closing the tab only ends the
-// stream; Stop is a request of its own (a disconnect is not a stop).
+// its text with the seq of each delta, and the seq of the last event applied) is written to
+// sessionStorage in one piece after every event: a reload resumes the stream with
+// Last-Event-ID = that seq, so the text continues where it was, with no gap and no
+// duplicate. Closing the tab only ends the stream; Stop is a request of its own (a disconnect
+// is not a stop).
 
 const TERMINAL = new Set(["completed", "failed", "cancelled", "dead"]);
 const TOKEN_KEY = "runrow.token"; // localStorage: asked once per browser
@@ -130,6 +131,7 @@ async function send() {
     key: newId(),
     runId: null,
     segments: [""], // the answer's text, one segment per model step
+    parts: [], // [seq, segment, text] of every text delta, so a `superseded` can take some back
     tools: [], // tool calls, shown beside the text
     lastSeq: 0,
     status: "sending",
@@ -168,13 +170,21 @@ function apply(turn, frame) {
   switch (frame.event) {
     case "text_delta":
       turn.segments[turn.segments.length - 1] += ev.text || "";
+      (turn.parts ||= []).push([frame.id, turn.segments.length - 1, ev.text || ""]);
+      break;
+    case "superseded":
+      supersede(turn, ev.after_seq, ev.through_seq);
       break;
     case "model_request":
       if (turn.segments[turn.segments.length - 1]) turn.segments.push("");
       break;
-    case "tool_call":
-      turn.tools.push({ id: ev.tool_use_id, name: ev.tool, done: false, error: false });
+    case "tool_call": {
+      // A resumed attempt journals its own tool_call for a call begun before: one chip per call.
+      const call = turn.tools.find((t) => t.id === ev.tool_use_id);
+      if (call) Object.assign(call, { name: ev.tool, done: false, error: false });
+      else turn.tools.push({ id: ev.tool_use_id, name: ev.tool, done: false, error: false });
       break;
+    }
     case "tool_result": {
       const call = turn.tools.find((t) => t.id === ev.tool_use_id);
       if (call) Object.assign(call, { done: true, error: !!ev.is_error });
@@ -203,6 +213,27 @@ function apply(turn, frame) {
   turn.lastSeq = frame.id;
   saveChat(); // text and cursor together, so a reload never replays or skips an event
   renderTurn(turn);
+}
+
+// The deltas with after < seq <= through came from attempts that were cut off, and a later
+// attempt redoes that work: they are not part of the answer (README, "The journal's events").
+// The segments are rebuilt from the deltas kept; a segment left empty disappears.
+function supersede(turn, after, through) {
+  if (!Number.isInteger(after) || !Number.isInteger(through)) return;
+  const kept = (turn.parts || []).filter(([seq]) => seq <= after || seq > through);
+  if (kept.length === (turn.parts || []).length) return;
+  const segments = [];
+  let from = null;
+  for (const part of kept) {
+    if (part[1] !== from) {
+      from = part[1];
+      segments.push("");
+    }
+    part[1] = segments.length - 1;
+    segments[segments.length - 1] += part[2];
+  }
+  turn.parts = kept;
+  turn.segments = segments.length ? segments : [""];
 }
 
 async function follow(turn) {
@@ -353,6 +384,7 @@ function renderTurn(turn) {
   // One block per model step; the bubble's textContent stays exactly the journal's text.
   const bubble = assistant.querySelector(".bubble");
   while (bubble.children.length < turn.segments.length) bubble.append(el("div"));
+  while (bubble.children.length > turn.segments.length) bubble.lastChild.remove();
   turn.segments.forEach((text, i) => {
     if (bubble.children[i].textContent !== text) bubble.children[i].textContent = text;
   });

@@ -1,0 +1,81 @@
+"""How `runrow tail` renders a journal, piped and on a terminal (pyworker/tail_render.py), on
+journals written the way the agent writes them. The real resume: tests/test_superseded.py."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from pyworker.tail_render import Renderer
+
+
+def render(journal: list[dict[str, Any]], live: bool) -> tuple[str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    renderer = Renderer(out, err, live=live)
+    for seq, payload in enumerate(journal, start=1):
+        renderer.event(seq, payload)
+    renderer.end_line()
+    return out.getvalue(), err.getvalue()
+
+
+def delta(text: str) -> dict[str, Any]:
+    return {"type": "text_delta", "index": 0, "text": text}
+
+
+def turn(stop_reason: str) -> dict[str, Any]:
+    return {"type": "model_turn", "stop_reason": stop_reason, "step_seq": 1}
+
+
+def complete(status: str, text: str | None) -> dict[str, Any]:
+    result = None if text is None else {"text": text}
+    return {"type": "complete", "status": status, "result": result, "error": None}
+
+
+CLAIM = {"type": "run_claimed", "attempt": 1, "worker_id": "w"}
+# seqs: 1 claim, 2-3 narration, 4 model_turn tool_use, 5 tool_result, 6-7 cut-off text,
+# 8 requeued, 9 claim, 10 superseded (5, 8], 11-12 paused text, 13 pause_turn, 14 text,
+# 15 end_turn, 16 complete
+RESUMED = [
+    CLAIM,
+    delta("Let me "),
+    delta("look."),
+    turn("tool_use"),
+    {"type": "tool_result", "tool": "ls", "step_seq": 2},
+    delta("The ans"),
+    delta("wer is"),
+    {"type": "run_requeued", "attempt": 1},
+    {**CLAIM, "attempt": 2},
+    {"type": "superseded", "after_seq": 5, "through_seq": 8, "attempt": 2},
+    delta("The answer "),
+    delta("is "),
+    turn("pause_turn"),
+    delta("42."),
+    turn("end_turn"),
+    complete("completed", "The answer is 42."),
+]
+
+
+def test_piped_stdout_is_the_answer_without_narration_or_superseded_text() -> None:
+    out, err = render(RESUMED, live=False)
+    assert out == "The answer is 42."
+    assert "said before its tool calls: Let me look." in err
+    assert "10 superseded seqs 6..8 attempt=2" in err
+
+
+def test_on_a_terminal_text_streams_live_and_a_superseded_cut_is_called_out() -> None:
+    out, err = render(RESUMED, live=True)
+    # Every note starts on a line of its own (stdout and stderr share the terminal).
+    assert out == "Let me look.\nThe answer is\nThe answer is \n42.\n"
+    assert "the last 13 characters above were cut off with an earlier attempt" in err
+
+
+def test_piped_unconfirmed_text_is_written_when_the_result_keeps_it() -> None:
+    # The echo handler has no model turns: its text is confirmed by the complete.
+    assert (
+        render([CLAIM, delta("hel"), delta("lo"), complete("completed", "hello")], live=False)[0] == "hello"
+    )
+    # A stop mid-stream: the cancelled run's result keeps the partial text.
+    assert render([CLAIM, delta("hel"), complete("cancelled", "hel")], live=False)[0] == "hel"
+    # Reaped mid-stream with no attempt left: no result, no answer; the text is a note.
+    out, err = render([CLAIM, delta("hel"), complete("failed", None)], live=False)
+    assert out == "" and "not kept by the run's result: hel" in err
