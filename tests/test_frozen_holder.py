@@ -1,0 +1,168 @@
+"""A holder frozen inside its transaction (a worker paused or cut off mid-flush) stalls nobody.
+
+The holder is a real session that made a worker's journal write (append_events) in an open
+transaction and then does nothing, exactly what a SIGSTOPped worker's flush leaves behind. While
+it holds the run's row lock: every reaper skips that run, reaps the other expired runs and
+returns; a stop, a cancel or an interrupting enqueue gives up after its lock_timeout with 55P03
+naming the run and writes nothing. Once the holder is gone the same calls go through.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+from race_support import (
+    Background,
+    Connect,
+    claim_one,
+    database_url,
+    enqueue,
+    expire_lease,
+    journal,
+    owner,
+    run_row,
+)
+
+__all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
+
+# The stop functions' lock_timeout is 5 s; this only says "returned instead of hanging".
+WITHIN = 30.0
+
+
+def hold(connect: Connect, run: dict) -> psycopg.Connection:
+    """A session that journaled into the run inside a transaction it never ends (until told)."""
+    holder = connect(autocommit=False)
+    seq = holder.execute(
+        "SELECT runrow.append_events(%s, %s, %s)",
+        (run["run_id"], run["claim_token"], Jsonb([{"type": "text_delta", "index": 0, "text": "stuck"}])),
+    ).fetchone()[0]
+    assert seq is not None
+    return holder
+
+
+def reap(conn: psycopg.Connection) -> list[tuple]:
+    return conn.execute("SELECT run_id, outcome FROM runrow.reap_expired_runs(grace_seconds => 0)").fetchall()
+
+
+def state(conn: psycopg.Connection, conversation: uuid.UUID) -> list[tuple]:
+    """Every row and journal entry of a conversation: equal before and after = nothing written."""
+    return conn.execute(
+        "SELECT r.id, r.status, r.cancel_requested, r.claim_token, r.updated_at, m.status,"
+        "       (SELECT array_agg(e.type ORDER BY e.seq) FROM runrow.run_event AS e WHERE e.run_id = r.id)"
+        " FROM runrow.agent_run AS r JOIN runrow.message AS m ON m.id = r.user_message_id"
+        " WHERE r.conversation_id = %s ORDER BY r.enqueue_seq",
+        (conversation,),
+    ).fetchall()
+
+
+def assert_names_the_frozen_run(exc: BaseException, run_id: uuid.UUID) -> None:
+    assert isinstance(exc, psycopg.errors.LockNotAvailable), repr(exc)
+    assert exc.diag.message_primary == (
+        f"run {run_id} is locked by an unresponsive session (no answer within 5s): nothing was stopped"
+    )
+    hint = exc.diag.message_hint or ""
+    assert "idle_in_transaction_session_timeout" in hint and "reaper" in hint and "retry" in hint
+
+
+def failure(call: Background) -> BaseException:
+    with pytest.raises(psycopg.Error) as caught:
+        call.result(WITHIN)
+    return caught.value
+
+
+def frozen_turn(owner: psycopg.Connection) -> tuple[uuid.UUID, dict, uuid.UUID]:
+    """A conversation whose turn 1 is running and turn 2 queued behind it."""
+    conversation = uuid.uuid4()
+    _turn1, turn2 = enqueue(owner, conversation, 2, max_attempts=2)
+    run = claim_one(owner)
+    return conversation, run, turn2
+
+
+def test_reaper_skips_the_frozen_holders_run_and_reaps_the_others(
+    owner: psycopg.Connection, connect: Connect
+):
+    _conversation, frozen, _turn2 = frozen_turn(owner)
+    (other_id,) = enqueue(owner, uuid.uuid4())
+    other = claim_one(owner)
+    assert other["run_id"] == other_id
+    # Both leases lapsed, the frozen run's first: a reaper that waited on a row would wait on
+    # it before ever reaching the other. (Its lease is set before the holder locks the row.)
+    owner.execute(
+        "UPDATE runrow.agent_run SET claim_expires_at = now() - interval '1 minute' WHERE id = %s",
+        (frozen["run_id"],),
+    )
+    holder = hold(connect, frozen)
+    expire_lease(owner, other["run_id"])
+
+    reaper = Background(connect(), reap)
+    assert reaper.result(WITHIN) == [(other["run_id"], "failed")]
+    row = run_row(owner, frozen["run_id"])
+    assert (row["status"], row["claim_token"]) == ("running", frozen["claim_token"])
+    assert reap(owner) == []  # every pass skips it while the holder is there
+
+    # The holder's session ends (PostgreSQL's timeout, or here a rollback): the next pass takes it.
+    holder.rollback()
+    assert reap(owner) == [(frozen["run_id"], "requeued")]
+    assert [t for _, t in journal(owner, frozen["run_id"])][-1] == "run_requeued"
+
+
+def test_stop_cancel_and_interrupt_give_up_on_a_frozen_holder_and_write_nothing(
+    owner: psycopg.Connection, connect: Connect
+):
+    conversation, frozen, turn2 = frozen_turn(owner)
+    holder = hold(connect, frozen)
+    before = state(owner, conversation)
+
+    # A stop and a cancel at once: both fail within the bound, naming the run.
+    stopper = Background(
+        connect(),
+        lambda conn: conn.execute("SELECT * FROM runrow.stop_conversation(%s)", (conversation,)).fetchall(),
+    )
+    canceller = Background(
+        connect(), lambda conn: conn.execute("SELECT runrow.cancel_run(%s)", (frozen["run_id"],)).fetchone()
+    )
+    assert_names_the_frozen_run(failure(stopper), frozen["run_id"])
+    assert_names_the_frozen_run(failure(canceller), frozen["run_id"])
+    # All or nothing: the queued turn 2 was not cancelled without turn 1 being flagged.
+    assert state(owner, conversation) == before
+
+    interrupter = Background(
+        connect(),
+        lambda conn: conn.execute(
+            "SELECT * FROM runrow.enqueue_run(%s, '\"now this\"', 'test-model', if_active => 'interrupt')",
+            (conversation,),
+        ).fetchall(),
+    )
+    assert_names_the_frozen_run(failure(interrupter), frozen["run_id"])
+    assert state(owner, conversation) == before  # no new turn either
+
+    # Once the holder is gone the same stop goes through.
+    holder.rollback()
+    assert owner.execute("SELECT * FROM runrow.stop_conversation(%s)", (conversation,)).fetchall() == [
+        (frozen["run_id"], "cancel_requested"),
+        (turn2, "cancelled"),
+    ]
+
+
+def test_a_stop_behind_a_stuck_enqueue_names_the_conversation(owner: psycopg.Connection, connect: Connect):
+    conversation = uuid.uuid4()
+    enqueue(owner, conversation)
+    before = state(owner, conversation)
+    # A session that enqueued a turn and never commits holds the conversation's lock.
+    stuck = connect(autocommit=False)
+    enqueue(stuck, conversation)
+
+    stopper = Background(
+        connect(), lambda conn: conn.execute("SELECT * FROM runrow.stop_conversation(%s)", (conversation,))
+    )
+    error = failure(stopper)
+    assert isinstance(error, psycopg.errors.LockNotAvailable)
+    assert error.diag.message_primary == (
+        f"conversation {conversation} is being changed by another session that did not finish within 5s:"
+        " nothing was stopped"
+    )
+    assert state(owner, conversation) == before
+    stuck.rollback()
