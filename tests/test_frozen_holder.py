@@ -4,15 +4,23 @@ The holder is a real session that made a worker's journal write (append_events) 
 transaction and then does nothing, exactly what a SIGSTOPped worker's flush leaves behind. While
 it holds the run's row lock: every reaper skips that run, reaps the other expired runs and
 returns; a stop, a cancel or an interrupting enqueue gives up after its lock_timeout with 55P03
-naming the run and writes nothing. Once the holder is gone the same calls go through.
+naming the run and writes nothing, over SQL, HTTP (503 + Retry-After) and the CLI (exit 75).
+Once the holder is gone the same calls go through.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
 import uuid
+from collections.abc import Iterator
 
+import httpx
 import psycopg
 import pytest
+from http_support import ALICE, Server, serve
 from psycopg.types.json import Jsonb
 from race_support import (
     Background,
@@ -25,6 +33,7 @@ from race_support import (
     owner,
     run_row,
 )
+from worker_support import REPO
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
 
@@ -166,3 +175,107 @@ def test_a_stop_behind_a_stuck_enqueue_names_the_conversation(owner: psycopg.Con
     )
     assert state(owner, conversation) == before
     stuck.rollback()
+
+
+# --- the same over HTTP and the CLI -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(database_url: str) -> Iterator[Server]:
+    yield from serve(database_url)
+
+
+def test_http_stop_cancel_and_interrupt_answer_503_with_retry_after(
+    owner: psycopg.Connection, connect: Connect, server: Server
+):
+    with httpx.Client(base_url=server.url, timeout=WITHIN) as client:
+        conversation = uuid.uuid4()
+        enqueued = client.post(f"/conversations/{conversation}/runs", json={"content": "hi"}, headers=ALICE)
+        assert enqueued.status_code == 202, enqueued.text
+        run = claim_one(owner)
+        assert str(run["run_id"]) == enqueued.json()["run_id"]
+        holder = hold(connect, run)
+        before = state(owner, conversation)
+
+        answers: dict[str, httpx.Response] = {}
+
+        def post(name: str, path: str, body: dict | None = None) -> None:
+            answers[name] = client.post(path, json=body, headers=ALICE)
+
+        calls = [
+            threading.Thread(target=post, args=("stop", f"/conversations/{conversation}/stop")),
+            threading.Thread(target=post, args=("cancel", f"/runs/{run['run_id']}/cancel")),
+            threading.Thread(
+                target=post,
+                args=(
+                    "interrupt",
+                    f"/conversations/{conversation}/runs",
+                    {"content": "no", "if_active": "interrupt"},
+                ),
+            ),
+        ]
+        for call in calls:
+            call.start()
+        for call in calls:
+            call.join(WITHIN)
+            assert not call.is_alive(), f"no answer within {WITHIN} s"
+        for name in ("stop", "cancel", "interrupt"):
+            answer = answers[name]
+            assert answer.status_code == 503, (name, answer.text)
+            assert answer.headers["retry-after"] == "5"
+            error = answer.json()["error"]
+            assert error["type"] == "locked"
+            assert error["message"].startswith(f"run {run['run_id']} is locked by an unresponsive session")
+            assert "retry the stop" in error["message"]
+        assert state(owner, conversation) == before
+
+        holder.rollback()
+        stopped = client.post(f"/conversations/{conversation}/stop", headers=ALICE)
+        assert stopped.status_code == 200
+        assert stopped.json()["runs"] == [{"run_id": str(run["run_id"]), "action": "cancel_requested"}]
+
+
+def runrow_cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": url, "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "pyworker", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=WITHIN * 2,
+        cwd=REPO,
+    )
+
+
+def test_cli_stop_and_cancel_print_one_line_and_exit_75(
+    owner: psycopg.Connection, connect: Connect, database_url: str
+):
+    conversation, run, _turn2 = frozen_turn(owner)
+    holder = hold(connect, run)
+    before = state(owner, conversation)
+
+    results: dict[str, subprocess.CompletedProcess[str]] = {}
+
+    def call(name: str, *args: str) -> None:
+        results[name] = runrow_cli(database_url, *args)
+
+    calls = [
+        threading.Thread(target=call, args=("stop", "stop", str(conversation))),
+        threading.Thread(target=call, args=("cancel", "cancel", str(run["run_id"]))),
+    ]
+    for thread in calls:
+        thread.start()
+    for thread in calls:
+        thread.join(WITHIN * 2)
+        assert not thread.is_alive(), f"the command did not end within {WITHIN * 2} s"
+    for name in ("stop", "cancel"):
+        result = results[name]
+        assert result.returncode == 75, (name, result.stderr)
+        assert result.stdout == ""
+        assert result.stderr.startswith(
+            f"runrow: busy: run {run['run_id']} is locked by an unresponsive session"
+        )
+        assert "retry the stop" in result.stderr
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert state(owner, conversation) == before
+    holder.rollback()
