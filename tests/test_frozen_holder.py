@@ -5,7 +5,8 @@ transaction and then does nothing, exactly what a SIGSTOPped worker's flush leav
 it holds the run's row lock: every reaper skips that run, reaps the other expired runs and
 returns; a stop, a cancel or an interrupting enqueue gives up after its lock_timeout with 55P03
 naming the run and writes nothing, over SQL, HTTP (503 + Retry-After) and the CLI (exit 75).
-Once the holder is gone the same calls go through.
+Once the holder is gone the same calls go through. The real-process version, with a worker
+SIGSTOPped mid-flush and the server's own timeout ending it, is in test_worker_sigstop.py.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from race_support import (
     run_row,
 )
 from worker_support import REPO
+
+from pyworker.session_limits import worker_connection_kwargs
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
 
@@ -279,3 +282,37 @@ def test_cli_stop_and_cancel_print_one_line_and_exit_75(
         assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert state(owner, conversation) == before
     holder.rollback()
+
+
+# --- the session limits a worker connects with ------------------------------------------
+
+
+def test_worker_session_limits_follow_the_lease_and_yield_to_the_deployments_own(database_url: str):
+    kwargs = worker_connection_kwargs(database_url, 30)
+    assert {
+        k: kwargs[k] for k in ("keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count")
+    } == {
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 4,
+    }
+    assert kwargs["tcp_user_timeout"] == 30000
+    with psycopg.connect(database_url, **kwargs) as conn:
+        shown = {
+            name: conn.execute(f"SHOW {name}").fetchone()[0]
+            for name in ("idle_in_transaction_session_timeout", "statement_timeout")
+        }
+    assert shown == {"idle_in_transaction_session_timeout": "30s", "statement_timeout": "5min"}
+
+    # A setting in the connection string wins: libpq parameters are left alone, -c options go last.
+    own = (
+        database_url
+        + ("&" if "?" in database_url else "?")
+        + "keepalives_idle=99&options=-c%20statement_timeout%3D7s"
+    )
+    kwargs = worker_connection_kwargs(own, 30)
+    assert "keepalives_idle" not in kwargs
+    with psycopg.connect(own, **kwargs) as conn:
+        assert conn.execute("SHOW statement_timeout").fetchone()[0] == "7s"
+        assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()[0] == "30s"
