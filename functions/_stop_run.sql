@@ -36,3 +36,35 @@ END
 $fn$;
 
 REVOKE ALL ON FUNCTION runrow._stop_run(uuid) FROM PUBLIC;
+
+-- The error of a stop that hit its lock_timeout (stop_conversation, cancel_run; and so
+-- enqueue_run's interrupt). The stop is all or nothing: no queued turn is cancelled while
+-- the running one could not be flagged, because that run, reaped and requeued, would start
+-- again after a stop that had reported success. run_id: the run whose row lock the stop
+-- waited for; NULL when it waited for the conversation (another stop or enqueue of it).
+CREATE OR REPLACE FUNCTION runrow._stop_timed_out(conversation_id uuid, run_id uuid)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    IF _stop_timed_out.run_id IS NOT NULL THEN
+        RAISE EXCEPTION 'run % is locked by an unresponsive session (no answer within %): nothing was stopped',
+            _stop_timed_out.run_id, current_setting('lock_timeout')
+            USING ERRCODE = 'lock_not_available',
+                  DETAIL = 'A worker frozen or cut off inside a transaction keeps its run''s row locked.',
+                  HINT = 'PostgreSQL ends that session within its idle_in_transaction_session_timeout '
+                      || '(about one lease for runrow workers), then the reaper takes the run; '
+                      || 'retry the stop in a few seconds.';
+    END IF;
+    RAISE EXCEPTION 'conversation % is being changed by another session that did not finish within %: nothing was stopped',
+        _stop_timed_out.conversation_id, current_setting('lock_timeout')
+        USING ERRCODE = 'lock_not_available',
+              DETAIL = 'Another stop or enqueue of this conversation is itself waiting on a run held by an unresponsive session.',
+              HINT = 'PostgreSQL ends that session within its idle_in_transaction_session_timeout '
+                  || '(about one lease for runrow workers), then the reaper takes the run; '
+                  || 'retry the stop in a few seconds.';
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._stop_timed_out(uuid, uuid) FROM PUBLIC;

@@ -3,14 +3,21 @@ RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, runrow
+-- Bounded like stop_conversation: a holder frozen inside its transaction gets 5 s, then
+-- the cancel fails with 55P03 (runrow._stop_timed_out) and the caller retries.
+SET lock_timeout = '5s'
 AS $fn$
 BEGIN
     PERFORM runrow._require_not_null(cancel_run.run_id, 'run_id');
-    PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = cancel_run.run_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'run_id % does not exist', cancel_run.run_id USING ERRCODE = 'no_data_found';
-    END IF;
-    RETURN runrow._stop_run(cancel_run.run_id);
+    BEGIN
+        PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = cancel_run.run_id FOR UPDATE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'run_id % does not exist', cancel_run.run_id USING ERRCODE = 'no_data_found';
+        END IF;
+        RETURN runrow._stop_run(cancel_run.run_id);
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM runrow._stop_timed_out(NULL, cancel_run.run_id);
+    END;
 END
 $fn$;
 
@@ -19,7 +26,8 @@ COMMENT ON FUNCTION runrow.cancel_run(uuid) IS
 'is cancelled outright (message handed back as a draft) and cancel_run returns cancelled; a '
 'running run gets cancel_requested and a NOTIFY on runrow_cancel, returns cancel_requested, '
 'and its worker finalizes it. A run that already ended is left alone: already_<status>. An '
-'unknown run_id raises P0002.';
+'unknown run_id raises P0002. A row lock not granted within the function''s lock_timeout '
+'(5 s; a holder frozen inside its transaction) raises 55P03 naming the run; nothing is written.';
 
 REVOKE ALL ON FUNCTION runrow.cancel_run(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.cancel_run(uuid) TO runrow_client;

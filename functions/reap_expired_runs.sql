@@ -13,6 +13,10 @@ BEGIN
 
     -- The read: candidates as they looked a moment ago. Nothing here is trusted; each
     -- reap below re-checks token, status and lease expiry inside its own write.
+    -- SKIP LOCKED: a row someone holds right now is left for the next pass. Waiting on it
+    -- would let one holder frozen inside its transaction (a paused worker, a host cut off
+    -- mid-flush) stall every reaper of the fleet behind that one lock; PostgreSQL ends such
+    -- a session after its idle_in_transaction_session_timeout and a later pass takes the run.
     FOR orphan IN
         SELECT a.id, a.claim_token
         FROM runrow.agent_run AS a
@@ -20,6 +24,7 @@ BEGIN
           AND a.claim_expires_at < now() - make_interval(secs => reap_expired_runs.grace_seconds)
         ORDER BY a.claim_expires_at
         LIMIT reap_expired_runs.max_runs
+        FOR NO KEY UPDATE SKIP LOCKED
     LOOP
         result := runrow._end_claim(
             orphan.id, orphan.claim_token,
@@ -38,7 +43,9 @@ COMMENT ON FUNCTION runrow.reap_expired_runs(integer, integer) IS
 'Reap up to max_runs running runs whose lease expired more than grace_seconds ago. Safe on '
 'every worker at once: each reap re-checks, inside its own UPDATE, that the run is still '
 'running with the token read and that its lease is still expired beyond the grace now, so a '
-'heartbeat that lands between the read and the write makes it a no-op. Outcome per run: '
+'heartbeat that lands between the read and the write makes it a no-op. Never waits on a row '
+'lock: a run whose row another session holds (a heartbeat or flush in flight, or a holder '
+'frozen inside its transaction) is skipped and retried on the next pass. Outcome per run: '
 'requeued (attempts left; claim cleared, run_requeued journaled, dispatchers woken), failed '
 '(max_attempts = 1: at-most-once), dead (attempts exhausted) or cancelled (a stop was '
 'pending); terminal outcomes journal complete and wake the next turn.';

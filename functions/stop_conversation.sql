@@ -3,39 +3,53 @@ RETURNS TABLE (run_id uuid, action text)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, runrow
+-- A holder frozen inside its transaction (a paused worker mid-flush, a host cut off) keeps
+-- a run's row locked until PostgreSQL ends its session; a stop waits at most this long for
+-- any lock, then fails as a whole with 55P03 (runrow._stop_timed_out) and the caller retries.
+SET lock_timeout = '5s'
 AS $fn$
 DECLARE
     target uuid;
+    waiting_on uuid;
 BEGIN
     PERFORM runrow._require_not_null(stop_conversation.conversation_id, 'conversation_id');
-    PERFORM runrow._lock_conversation(stop_conversation.conversation_id);
+    BEGIN
+        PERFORM runrow._lock_conversation(stop_conversation.conversation_id);
 
-    -- One locking sweep over every active run of the conversation, queued, running and
-    -- waiting together, in one transaction: a running turn that finishes meanwhile
-    -- waits on our lock, and its wake then finds nothing left queued to start.
-    FOR target IN
-        SELECT a.id FROM runrow.agent_run AS a
-        WHERE a.conversation_id = stop_conversation.conversation_id
-          AND a.status IN ('queued', 'running', 'waiting')
-        ORDER BY a.enqueue_seq
-        FOR UPDATE
-    LOOP
-        action := runrow._stop_run(target);
-        run_id := target;
-        IF action NOT LIKE 'already\_%' THEN
-            RETURN NEXT;
-        END IF;
-    END LOOP;
+        -- Every active run of the conversation, queued, running and waiting together, locked
+        -- in turn order in one transaction: a running turn that finishes meanwhile waits on
+        -- our lock, and its wake then finds nothing left queued to start. The set is stable:
+        -- enqueue and retry hold the conversation lock we hold, so no run joins it.
+        FOR target IN
+            SELECT a.id FROM runrow.agent_run AS a
+            WHERE a.conversation_id = stop_conversation.conversation_id
+              AND a.status IN ('queued', 'running', 'waiting')
+            ORDER BY a.enqueue_seq
+        LOOP
+            waiting_on := target;  -- named in the error if this lock is not granted in time
+            PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = target FOR UPDATE;
+            waiting_on := NULL;
+            action := runrow._stop_run(target);
+            run_id := target;
+            IF action NOT LIKE 'already\_%' THEN
+                RETURN NEXT;
+            END IF;
+        END LOOP;
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM runrow._stop_timed_out(stop_conversation.conversation_id, waiting_on);
+    END;
 END
 $fn$;
 
 COMMENT ON FUNCTION runrow.stop_conversation(uuid) IS
-'Stop a conversation in one transaction and one FOR UPDATE sweep: queued and waiting runs '
-'are cancelled outright (complete journaled, user message handed back as a draft); a running '
-'run gets cancel_requested, a cancel_requested journal event and a NOTIFY on runrow_cancel '
-'(payload: run id), and its worker finalizes it cancelled keeping the partial text. No turn '
-'of the conversation starts after the stop commits. Returns one row per run acted on, '
-'action cancelled or cancel_requested; no rows when nothing was active.';
+'Stop a conversation in one transaction, locking every active run in turn order: queued and '
+'waiting runs are cancelled outright (complete journaled, user message handed back as a '
+'draft); a running run gets cancel_requested, a cancel_requested journal event and a NOTIFY '
+'on runrow_cancel (payload: run id), and its worker finalizes it cancelled keeping the '
+'partial text. No turn of the conversation starts after the stop commits. Returns one row '
+'per run acted on, action cancelled or cancel_requested; no rows when nothing was active. '
+'All or nothing: a lock not granted within the function''s lock_timeout (5 s; a holder '
+'frozen inside its transaction) raises 55P03 naming the run, and nothing is stopped.';
 
 REVOKE ALL ON FUNCTION runrow.stop_conversation(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.stop_conversation(uuid) TO runrow_client;

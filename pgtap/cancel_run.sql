@@ -2,7 +2,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(24);
+SELECT plan(25);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'cancel_run', ARRAY['uuid'], 'cancel_run(run_id) exists');
@@ -60,6 +60,10 @@ SELECT throws_ok('SELECT runrow.cancel_run(''00000000-0000-0000-0000-00000000000
 SELECT throws_ok('SELECT runrow.cancel_run(NULL)', '22004', 'run_id must not be NULL', 'run_id NULL is rejected');
 SELECT is(pg_temp.fingerprint(), :'before', 'an unknown run and bad input wrote nothing');
 SELECT is(pg_temp.status(:'live'), 'queued', 'the queued run is still queued');
+
+-- Bounded like stop_conversation: a frozen holder makes the cancel fail with 55P03, not hang.
+SELECT ok((SELECT proconfig FROM pg_proc WHERE oid = 'runrow.cancel_run(uuid)'::regprocedure)
+    @> ARRAY['lock_timeout=5s'], 'cancel_run waits at most lock_timeout = 5s for the run''s lock');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -3,7 +3,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(30);
+SELECT plan(34);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'stop_conversation', ARRAY['uuid'], 'stop_conversation(conversation_id) exists');
@@ -89,6 +89,22 @@ SELECT throws_ok('SELECT * FROM runrow.stop_conversation(NULL)', '22004',
     'conversation_id must not be NULL', 'conversation_id NULL is rejected');
 SELECT is(pg_temp.fingerprint(), :'before', 'bad input wrote nothing');
 SELECT is(pg_temp.status(:'t4'), 'queued', 'the new turn is still queued');
+
+-- A holder frozen inside its transaction: the wait for any lock is bounded, and the stop
+-- then fails as a whole with an error naming the run and what happens next (the
+-- interleaving itself, with real sessions, is in tests/test_frozen_holder.py).
+SELECT ok((SELECT proconfig FROM pg_proc WHERE oid = 'runrow.stop_conversation(uuid)'::regprocedure)
+    @> ARRAY['lock_timeout=5s'], 'stop_conversation waits at most lock_timeout = 5s for a lock, visible in pg_proc');
+SET LOCAL lock_timeout = '5s';
+SELECT throws_ok(format('SELECT runrow._stop_timed_out(%L, %L)', :conv, :'t4'), '55P03',
+    format('run %s is locked by an unresponsive session (no answer within 5s): nothing was stopped', :'t4'),
+    'a run lock not granted in time: 55P03 naming the run');
+SELECT throws_ok(format('SELECT runrow._stop_timed_out(%L, NULL)', :conv), '55P03',
+    format('conversation %s is being changed by another session that did not finish within 5s: nothing was stopped',
+        :conv),
+    'the conversation lock not granted in time: 55P03 naming the conversation');
+RESET lock_timeout;
+SELECT is(pg_temp.fingerprint(), :'before', 'and nothing was written');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -100,6 +100,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         handler=handler,
         worker_id=args.worker_id,
         config=config,
+        session_limits=args.session_limits,
     )
     from psycopg_pool import PoolTimeout
 
@@ -233,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="module that defines the agent's tools (env RUNROW_TOOLS)",
     )
     p.add_argument("--worker-id", default=None, help="name in agent_run.worker_id (default host-pid)")
+    p.add_argument(
+        "--no-session-limits",
+        dest="session_limits",
+        action="store_false",
+        help="do not send the per-session idle/statement timeouts and TCP keepalives derived from "
+        "--lease (for a pooler that refuses the options startup parameter; then set them server-side)",
+    )
     p.add_argument(
         "--log-format",
         choices=["text", "json"],

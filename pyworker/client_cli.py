@@ -38,12 +38,16 @@ T = TypeVar("T")
 # How a run ended, as the exit code of `tail` and `enqueue --follow`. 2 is every usage error.
 EXIT_CODES = {"completed": 0, "failed": 1, "cancelled": 3, "dead": 4}
 EXIT_USAGE = 2
+# EX_TEMPFAIL: nothing changed, the same command will go through later (a stop or cancel hit
+# its lock_timeout behind an unresponsive holder), so a script can tell it from a bad argument.
+EXIT_RETRY = 75
 
 # SQLSTATEs the runrow functions raise for a caller's mistake: the message names the argument.
 CALLER_ERRORS = {
     "22023": "invalid argument",
     "22004": "missing argument",
     "55000": "wrong state",
+    "55P03": "busy",
     "P0002": "not found",
 }
 
@@ -127,8 +131,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         help="stop a conversation: cancel its queued turns, ask its running turn to stop",
         description="One transaction: queued and waiting runs are cancelled outright (their "
         "message becomes a draft); a running run is flagged and its worker finalizes it "
-        "`cancelled`, keeping the text already streamed. Prints one line per run touched.",
-        epilog="examples:\n  runrow stop 0b9f...e1\n  runrow stop $CONV && runrow tail $RUN   # watch it end",
+        "`cancelled`, keeping the text already streamed. Prints one line per run touched. "
+        "If a run stays locked by an unresponsive worker for 5 s, nothing is stopped and the "
+        f"exit code is {EXIT_RETRY}: retry in a few seconds.",
+        epilog="examples:\n  runrow stop 0b9f...e1\n"
+        "  runrow stop $CONV && runrow tail $RUN   # watch it end\n"
+        f"  until runrow stop $CONV; do [ $? = {EXIT_RETRY} ] || break; sleep 5; done   # retry while busy",
     )
     p.add_argument("conversation", type=uuid.UUID, help="conversation id")
 
@@ -138,7 +146,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         cmd_cancel,
         help="stop one run",
         description="As `stop`, for one run. Prints the action: cancelled, cancel_requested "
-        "(its worker will finalize it), or already_<status>.",
+        f"(its worker will finalize it), or already_<status>. Exit {EXIT_RETRY}: the run is "
+        "locked by an unresponsive worker, nothing changed; retry in a few seconds.",
         epilog="example:\n  runrow cancel 5f0c...a2",
     )
     p.add_argument("run", type=uuid.UUID, help="run id")
@@ -361,6 +370,10 @@ def _sync(command: Callable[[argparse.Namespace], Awaitable[int]]) -> Callable[[
         except CliError as exc:
             print(f"runrow: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        except psycopg.errors.LockNotAvailable as exc:
+            hint = exc.diag.message_hint
+            print(f"runrow: {_db_message(exc)}" + (f" ({hint})" if hint else ""), file=sys.stderr)
+            return EXIT_RETRY
         except psycopg.Error as exc:
             print(f"runrow: {_db_message(exc)}", file=sys.stderr)
             return EXIT_USAGE

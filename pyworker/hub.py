@@ -36,12 +36,14 @@ class Hub:
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
         application_name: str = "runrow-hub",
+        connect_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self._conninfo = conninfo
         self._queue_size = queue_size
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._application_name = application_name
+        self._connect_kwargs = dict(connect_kwargs or {})  # e.g. keepalives (session_limits)
         self._subscribers: dict[str, set[asyncio.Queue[str]]] = {}
         self._listening: set[str] = set()
         # Futures of subscribers waiting for their LISTEN to be in effect; resolved by the supervisor.
@@ -132,7 +134,7 @@ class Hub:
 
     async def _connect(self) -> None:
         conn = await psycopg.AsyncConnection.connect(
-            self._conninfo, autocommit=True, application_name=self._application_name
+            self._conninfo, autocommit=True, application_name=self._application_name, **self._connect_kwargs
         )
         self._conn = conn
         self._listening = set()

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -208,6 +209,9 @@ class JournalWriter:
         self._lock = asyncio.Lock()  # one flush at a time keeps each run's events in order
         self._task: asyncio.Task[None] | None = None
         self.ticks = 0  # flush transactions committed (observability, tests)
+        # Test hook: hold each flush transaction open this long after its appends, so a test can
+        # freeze the process (SIGSTOP) while it holds its runs' row locks. Never set in production.
+        self._test_pause = float(os.environ.get("RUNROW_TEST_FLUSH_PAUSE") or 0)
 
     def run_journal(self, run: ClaimedRun, lost: asyncio.Event | None = None) -> RunJournal:
         journal = RunJournal(self, run, lost if lost is not None else asyncio.Event())
@@ -295,6 +299,11 @@ class JournalWriter:
                             fenced.append(journal)
                         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
                             rejected.append((journal, exc))
+                    if self._test_pause and written:
+                        log.warning(
+                            "test hook: flush transaction paused for %.1fs before COMMIT", self._test_pause
+                        )
+                        await asyncio.sleep(self._test_pause)
                     committing = True  # from here on a failure may come after the commit took effect
             except BaseException as exc:
                 if not committing or not written or _clean_rollback(exc):

@@ -24,6 +24,7 @@ from pyworker.handler import RunHandler
 from pyworker.hub import Hub
 from pyworker.journal import JournalWriter
 from pyworker.reaper import reaper_loop
+from pyworker.session_limits import worker_connection_kwargs
 
 log = logging.getLogger("runrow.worker")
 
@@ -76,6 +77,7 @@ class Worker:
         config: dict[str, Any] | None = None,
         pool_size: int | None = None,
         flush_interval: float = 0.25,
+        session_limits: bool = True,
     ) -> None:
         settings = {
             "concurrency": concurrency,
@@ -104,6 +106,7 @@ class Worker:
         self.config = config or {}
         self.pool_size = pool_size or min(concurrency + 4, 32)
         self.flush_interval = flush_interval
+        self.session_limits = session_limits
         self._stop = asyncio.Event()
         self._signals = 0
         self.dispatcher: Dispatcher | None = None
@@ -131,15 +134,18 @@ class Worker:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_signal, sig)
+        # PostgreSQL itself ends this process's sessions within about a lease if it freezes
+        # or vanishes inside a transaction, so its row locks cannot stall reapers and stops.
+        limits = worker_connection_kwargs(self.conninfo, self.lease_seconds) if self.session_limits else {}
         pool = AsyncConnectionPool(
             self.conninfo,
             min_size=1,
             max_size=self.pool_size,
-            kwargs={"autocommit": True, "application_name": "runrow-worker"},
+            kwargs={"autocommit": True, "application_name": "runrow-worker", **limits},
             open=False,
         )
         await pool.open(wait=True, timeout=30)
-        hub = self.hub = Hub(self.conninfo)
+        hub = self.hub = Hub(self.conninfo, connect_kwargs=limits)
         await hub.start()
         await hub.wait_connected(5)  # not required: without it the worker polls
         writer = JournalWriter(pool, interval=self.flush_interval)

@@ -1637,6 +1637,38 @@ $fn$;
 
 REVOKE ALL ON FUNCTION runrow._stop_run(uuid) FROM PUBLIC;
 
+-- The error of a stop that hit its lock_timeout (stop_conversation, cancel_run; and so
+-- enqueue_run's interrupt). The stop is all or nothing: no queued turn is cancelled while
+-- the running one could not be flagged, because that run, reaped and requeued, would start
+-- again after a stop that had reported success. run_id: the run whose row lock the stop
+-- waited for; NULL when it waited for the conversation (another stop or enqueue of it).
+CREATE OR REPLACE FUNCTION runrow._stop_timed_out(conversation_id uuid, run_id uuid)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    IF _stop_timed_out.run_id IS NOT NULL THEN
+        RAISE EXCEPTION 'run % is locked by an unresponsive session (no answer within %): nothing was stopped',
+            _stop_timed_out.run_id, current_setting('lock_timeout')
+            USING ERRCODE = 'lock_not_available',
+                  DETAIL = 'A worker frozen or cut off inside a transaction keeps its run''s row locked.',
+                  HINT = 'PostgreSQL ends that session within its idle_in_transaction_session_timeout '
+                      || '(about one lease for runrow workers), then the reaper takes the run; '
+                      || 'retry the stop in a few seconds.';
+    END IF;
+    RAISE EXCEPTION 'conversation % is being changed by another session that did not finish within %: nothing was stopped',
+        _stop_timed_out.conversation_id, current_setting('lock_timeout')
+        USING ERRCODE = 'lock_not_available',
+              DETAIL = 'Another stop or enqueue of this conversation is itself waiting on a run held by an unresponsive session.',
+              HINT = 'PostgreSQL ends that session within its idle_in_transaction_session_timeout '
+                  || '(about one lease for runrow workers), then the reaper takes the run; '
+                  || 'retry the stop in a few seconds.';
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._stop_timed_out(uuid, uuid) FROM PUBLIC;
+
 -- functions/append_events.sql
 CREATE OR REPLACE FUNCTION runrow.append_events(run_id uuid, claim_token uuid, events jsonb)
 RETURNS bigint
@@ -2356,14 +2388,21 @@ RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, runrow
+-- Bounded like stop_conversation: a holder frozen inside its transaction gets 5 s, then
+-- the cancel fails with 55P03 (runrow._stop_timed_out) and the caller retries.
+SET lock_timeout = '5s'
 AS $fn$
 BEGIN
     PERFORM runrow._require_not_null(cancel_run.run_id, 'run_id');
-    PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = cancel_run.run_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'run_id % does not exist', cancel_run.run_id USING ERRCODE = 'no_data_found';
-    END IF;
-    RETURN runrow._stop_run(cancel_run.run_id);
+    BEGIN
+        PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = cancel_run.run_id FOR UPDATE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'run_id % does not exist', cancel_run.run_id USING ERRCODE = 'no_data_found';
+        END IF;
+        RETURN runrow._stop_run(cancel_run.run_id);
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM runrow._stop_timed_out(NULL, cancel_run.run_id);
+    END;
 END
 $fn$;
 
@@ -2372,7 +2411,8 @@ COMMENT ON FUNCTION runrow.cancel_run(uuid) IS
 'is cancelled outright (message handed back as a draft) and cancel_run returns cancelled; a '
 'running run gets cancel_requested and a NOTIFY on runrow_cancel, returns cancel_requested, '
 'and its worker finalizes it. A run that already ended is left alone: already_<status>. An '
-'unknown run_id raises P0002.';
+'unknown run_id raises P0002. A row lock not granted within the function''s lock_timeout '
+'(5 s; a holder frozen inside its transaction) raises 55P03 naming the run; nothing is written.';
 
 REVOKE ALL ON FUNCTION runrow.cancel_run(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.cancel_run(uuid) TO runrow_client;
@@ -3168,6 +3208,10 @@ BEGIN
 
     -- The read: candidates as they looked a moment ago. Nothing here is trusted; each
     -- reap below re-checks token, status and lease expiry inside its own write.
+    -- SKIP LOCKED: a row someone holds right now is left for the next pass. Waiting on it
+    -- would let one holder frozen inside its transaction (a paused worker, a host cut off
+    -- mid-flush) stall every reaper of the fleet behind that one lock; PostgreSQL ends such
+    -- a session after its idle_in_transaction_session_timeout and a later pass takes the run.
     FOR orphan IN
         SELECT a.id, a.claim_token
         FROM runrow.agent_run AS a
@@ -3175,6 +3219,7 @@ BEGIN
           AND a.claim_expires_at < now() - make_interval(secs => reap_expired_runs.grace_seconds)
         ORDER BY a.claim_expires_at
         LIMIT reap_expired_runs.max_runs
+        FOR NO KEY UPDATE SKIP LOCKED
     LOOP
         result := runrow._end_claim(
             orphan.id, orphan.claim_token,
@@ -3193,7 +3238,9 @@ COMMENT ON FUNCTION runrow.reap_expired_runs(integer, integer) IS
 'Reap up to max_runs running runs whose lease expired more than grace_seconds ago. Safe on '
 'every worker at once: each reap re-checks, inside its own UPDATE, that the run is still '
 'running with the token read and that its lease is still expired beyond the grace now, so a '
-'heartbeat that lands between the read and the write makes it a no-op. Outcome per run: '
+'heartbeat that lands between the read and the write makes it a no-op. Never waits on a row '
+'lock: a run whose row another session holds (a heartbeat or flush in flight, or a holder '
+'frozen inside its transaction) is skipped and retried on the next pass. Outcome per run: '
 'requeued (attempts left; claim cleared, run_requeued journaled, dispatchers woken), failed '
 '(max_attempts = 1: at-most-once), dead (attempts exhausted) or cancelled (a stop was '
 'pending); terminal outcomes journal complete and wake the next turn.';
@@ -3407,39 +3454,53 @@ RETURNS TABLE (run_id uuid, action text)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, runrow
+-- A holder frozen inside its transaction (a paused worker mid-flush, a host cut off) keeps
+-- a run's row locked until PostgreSQL ends its session; a stop waits at most this long for
+-- any lock, then fails as a whole with 55P03 (runrow._stop_timed_out) and the caller retries.
+SET lock_timeout = '5s'
 AS $fn$
 DECLARE
     target uuid;
+    waiting_on uuid;
 BEGIN
     PERFORM runrow._require_not_null(stop_conversation.conversation_id, 'conversation_id');
-    PERFORM runrow._lock_conversation(stop_conversation.conversation_id);
+    BEGIN
+        PERFORM runrow._lock_conversation(stop_conversation.conversation_id);
 
-    -- One locking sweep over every active run of the conversation, queued, running and
-    -- waiting together, in one transaction: a running turn that finishes meanwhile
-    -- waits on our lock, and its wake then finds nothing left queued to start.
-    FOR target IN
-        SELECT a.id FROM runrow.agent_run AS a
-        WHERE a.conversation_id = stop_conversation.conversation_id
-          AND a.status IN ('queued', 'running', 'waiting')
-        ORDER BY a.enqueue_seq
-        FOR UPDATE
-    LOOP
-        action := runrow._stop_run(target);
-        run_id := target;
-        IF action NOT LIKE 'already\_%' THEN
-            RETURN NEXT;
-        END IF;
-    END LOOP;
+        -- Every active run of the conversation, queued, running and waiting together, locked
+        -- in turn order in one transaction: a running turn that finishes meanwhile waits on
+        -- our lock, and its wake then finds nothing left queued to start. The set is stable:
+        -- enqueue and retry hold the conversation lock we hold, so no run joins it.
+        FOR target IN
+            SELECT a.id FROM runrow.agent_run AS a
+            WHERE a.conversation_id = stop_conversation.conversation_id
+              AND a.status IN ('queued', 'running', 'waiting')
+            ORDER BY a.enqueue_seq
+        LOOP
+            waiting_on := target;  -- named in the error if this lock is not granted in time
+            PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = target FOR UPDATE;
+            waiting_on := NULL;
+            action := runrow._stop_run(target);
+            run_id := target;
+            IF action NOT LIKE 'already\_%' THEN
+                RETURN NEXT;
+            END IF;
+        END LOOP;
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM runrow._stop_timed_out(stop_conversation.conversation_id, waiting_on);
+    END;
 END
 $fn$;
 
 COMMENT ON FUNCTION runrow.stop_conversation(uuid) IS
-'Stop a conversation in one transaction and one FOR UPDATE sweep: queued and waiting runs '
-'are cancelled outright (complete journaled, user message handed back as a draft); a running '
-'run gets cancel_requested, a cancel_requested journal event and a NOTIFY on runrow_cancel '
-'(payload: run id), and its worker finalizes it cancelled keeping the partial text. No turn '
-'of the conversation starts after the stop commits. Returns one row per run acted on, '
-'action cancelled or cancel_requested; no rows when nothing was active.';
+'Stop a conversation in one transaction, locking every active run in turn order: queued and '
+'waiting runs are cancelled outright (complete journaled, user message handed back as a '
+'draft); a running run gets cancel_requested, a cancel_requested journal event and a NOTIFY '
+'on runrow_cancel (payload: run id), and its worker finalizes it cancelled keeping the '
+'partial text. No turn of the conversation starts after the stop commits. Returns one row '
+'per run acted on, action cancelled or cancel_requested; no rows when nothing was active. '
+'All or nothing: a lock not granted within the function''s lock_timeout (5 s; a holder '
+'frozen inside its transaction) raises 55P03 naming the run, and nothing is stopped.';
 
 REVOKE ALL ON FUNCTION runrow.stop_conversation(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.stop_conversation(uuid) TO runrow_client;

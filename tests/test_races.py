@@ -3,9 +3,9 @@
 Pattern: session 1 makes its call inside an open transaction (it now holds the run's row
 lock), session 2 makes the competing call in a thread, the test waits until the server
 reports session 2 blocked on session 1 (pg_blocking_pids), then session 1 commits and the
-test checks what session 2 did. Then the same with the roles swapped. A claim never waits
-(SKIP LOCKED): there the test checks that it returns at once, with what, while session 1
-still holds its transaction open.
+test checks what session 2 did. Then the same with the roles swapped. A claim and a reaper
+never wait (SKIP LOCKED): there the test checks that it returns at once, with what, while
+session 1 still holds its transaction open, and what the next call does after the commit.
 
 The module works in a database of its own, and every test starts with no active run, so
 a claim can only return what the test enqueued.
@@ -84,7 +84,7 @@ def claimed_running(owner: psycopg.Connection, max_attempts: int = 1) -> dict:
 # --- a. heartbeat vs reaper -----------------------------------------------------------
 
 
-def test_heartbeat_committing_while_the_reaper_waits_keeps_the_run(
+def test_reaper_skips_a_run_whose_heartbeat_is_in_flight_and_the_heartbeat_keeps_it(
     owner: psycopg.Connection, connect: Connect
 ):
     run = claimed_running(owner)
@@ -92,11 +92,11 @@ def test_heartbeat_committing_while_the_reaper_waits_keeps_the_run(
     worker = connect(autocommit=False)
     assert heartbeat(worker, run) == (True, False)  # holds the row lock; lease now in the future
 
-    reaper = Background(connect(), reap)
-    reaper.wait_blocked_by(owner, worker)  # it read the expired lease and waits on the row
+    # The reaper does not wait on the row: it leaves it for its next pass and returns.
+    assert Background(connect(), reap).result() == []
     worker.commit()
 
-    assert reaper.result() == []
+    assert reap(owner) == []  # the next pass sees the heartbeat
     row = run_row(owner, run["run_id"])
     assert (row["status"], row["claim_token"]) == ("running", run["claim_token"])
     assert heartbeat(owner, run) == (True, False)
@@ -126,17 +126,18 @@ def test_reap_committing_while_the_heartbeat_waits_fences_the_worker_out(
 # --- b. finish vs reap ----------------------------------------------------------------
 
 
-def test_finish_first_then_the_waiting_reap_is_a_no_op(owner: psycopg.Connection, connect: Connect):
+def test_reaper_skips_a_finishing_run_and_its_next_pass_is_a_no_op(
+    owner: psycopg.Connection, connect: Connect
+):
     run = claimed_running(owner)
     expire_lease(owner, run["run_id"])
     worker = connect(autocommit=False)
     assert finish(worker, run) is True
 
-    reaper = Background(connect(), reap)
-    reaper.wait_blocked_by(owner, worker)
+    assert Background(connect(), reap).result() == []  # skipped, not waited on
     worker.commit()
 
-    assert reaper.result() == []
+    assert reap(owner) == []
     assert run_row(owner, run["run_id"])["status"] == "completed"
     events = journal(owner, run["run_id"])
     assert_gap_free(events)
@@ -169,28 +170,27 @@ def test_two_reapers_reap_a_run_once(owner: psycopg.Connection, connect: Connect
     first = connect(autocommit=False)
     assert reap(first) == [(run["run_id"], "requeued")]
 
-    second = Background(connect(), reap)
-    second.wait_blocked_by(owner, first)
+    # The second reaper skips the row the first one holds, at once.
+    assert Background(connect(), reap).result() == []
     first.commit()
 
-    assert second.result() == []
+    assert reap(owner) == []
     row = run_row(owner, run["run_id"])
     assert (row["status"], row["attempt"]) == ("queued", 1)
     assert [t for _, t in journal(owner, run["run_id"])].count("run_requeued") == 1
 
 
-def test_reap_waiting_on_a_stop_ends_the_run_cancelled(owner: psycopg.Connection, connect: Connect):
+def test_reap_after_an_uncommitted_stop_ends_the_run_cancelled(owner: psycopg.Connection, connect: Connect):
     run = claimed_running(owner, max_attempts=3)
     expire_lease(owner, run["run_id"])
     stopper = connect(autocommit=False)
     assert stop(stopper, run["conversation_id"]) == [(run["run_id"], "cancel_requested")]
 
-    reaper = Background(connect(), reap)
-    reaper.wait_blocked_by(owner, stopper)
+    assert Background(connect(), reap).result() == []  # the stop holds the row: next pass
     stopper.commit()
 
     # Attempts are left, but the stop wins: the orphan is not requeued to start again.
-    assert reaper.result() == [(run["run_id"], "cancelled")]
+    assert reap(owner) == [(run["run_id"], "cancelled")]
     events = journal(owner, run["run_id"])
     assert_gap_free(events)
     assert [t for _, t in events][-2:] == ["cancel_requested", "complete"]
@@ -200,18 +200,17 @@ def test_reap_waiting_on_a_stop_ends_the_run_cancelled(owner: psycopg.Connection
 # --- c. append vs reap ----------------------------------------------------------------
 
 
-def test_append_first_lands_before_the_waiting_reaps_complete(owner: psycopg.Connection, connect: Connect):
+def test_append_first_lands_before_the_next_passs_complete(owner: psycopg.Connection, connect: Connect):
     run = claimed_running(owner)
     expire_lease(owner, run["run_id"])
     worker = connect(autocommit=False)
     assert append(worker, run, 2) == 5
 
-    reaper = Background(connect(), reap)
-    reaper.wait_blocked_by(owner, worker)
+    assert Background(connect(), reap).result() == []  # the flush holds the row: next pass
     worker.commit()
 
-    # An append does not extend the lease, so the reap goes ahead, after the events.
-    assert reaper.result() == [(run["run_id"], "failed")]
+    # An append does not extend the lease, so the next pass reaps it, after the events.
+    assert reap(owner) == [(run["run_id"], "failed")]
     events = journal(owner, run["run_id"])
     assert_gap_free(events)
     assert [t for _, t in events][3:] == ["text", "text", "complete"]

@@ -49,7 +49,13 @@ _SQLSTATES = {
     "55000": (409, "conflict"),  # object_not_in_prerequisite_state: wrong state for this action
     "40001": (503, "retry"),  # serialization_failure
     "40P01": (503, "retry"),  # deadlock_detected
+    # lock_not_available: a stop or cancel hit its lock_timeout behind an unresponsive holder;
+    # nothing changed, and the same call goes through once PostgreSQL has ended that session.
+    "55P03": (503, "locked"),
 }
+# Seconds a client should wait before repeating the call; each retry waits up to the
+# function's own lock_timeout (5 s) again, so retrying sooner only adds load.
+_RETRY_AFTER = {"55P03": "5"}
 
 
 def database_error(exc: psycopg.Error) -> ApiError:
@@ -59,7 +65,8 @@ def database_error(exc: psycopg.Error) -> ApiError:
         message = exc.diag.message_primary or str(exc)
         if exc.diag.message_hint:
             message = f"{message} ({exc.diag.message_hint})"
-        return ApiError(status, type_, message)
+        retry = _RETRY_AFTER.get(state)
+        return ApiError(status, type_, message, {"Retry-After": retry} if retry else None)
     if isinstance(exc, psycopg.OperationalError | psycopg.errors.AdminShutdown):
         return ApiError(503, "unavailable", "the database is unavailable; retry shortly")
     log.error("unexpected database error %s: %s", state, exc)
