@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 RUNROW  := $(BIN)/runrow
 
-.PHONY: bootstrap demo test lint format test-in-db pgtap pytest install-sql check-install-sql db-start db-stop bench clean
+.PHONY: bootstrap demo test lint format test-in-db pgtap pytest install-sql check-install-sql db-start db-stop bench chaos clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -56,6 +56,11 @@ db-stop:
 
 bench: bootstrap
 	$(RUNROW) db run -- $(BIN)/python -m bench
+
+## Minutes of random SIGKILL / SIGSTOP / SIGTERM over 4 workers; prints a summary, exit 1 on a violation.
+CHAOS_ARGS ?= --duration 180 --workers 4 --runs 400
+chaos: bootstrap
+	$(RUNROW) db run -- $(BIN)/python tests/chaos.py $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .runrow .pytest_cache .ruff_cache

@@ -147,8 +147,10 @@ COMMENT ON FUNCTION runrow.begin_tool_call(uuid, uuid, text, text, jsonb, text) 
 'approved (run it now; result = the decision; the start is recorded first, so a crash before '
 'complete_tool_call makes the next begin return uncertain and park the run again for a '
 'person) or rejected (result = {approved, decided_by, note, decided_at}: report the rejection '
-'to the model with complete_tool_call(is_error => true)). uncertain: begun, no result, begun '
-'again: parked for a person. Fenced: no row, nothing written, unless claim_token matches a '
+'to the model with complete_tool_call(is_error => true)). uncertain: an irreversible call begun, '
+'no result, begun again, or a non_idempotent or irreversible call a worker cut short '
+'(interrupt_tool_call): parked for a person, never run again without one. Fenced: no row, '
+'nothing written, unless claim_token matches a '
 'running run.';
 
 REVOKE ALL ON FUNCTION runrow.begin_tool_call(uuid, uuid, text, text, jsonb, text) FROM PUBLIC;

@@ -77,7 +77,8 @@ $fn$;
 COMMENT ON FUNCTION runrow.resolve_approval(text, boolean, text, text) IS
 'A person''s decision on a tool call listed in runrow.pending_approvals. needs_approval (an '
 'irreversible call not yet run): approved = true lets it run, false rejects it. uncertain (an '
-'irreversible call that began and has no result, so it may have happened): approved = true '
+'irreversible call that began and has no result, or a non_idempotent or irreversible call a '
+'worker cut short, so it may have happened): approved = true '
 'means "it did not happen, run it", false means "do not run it" (the model is told the call '
 'was rejected; say what you know in note, which reaches the worker). Records approved, '
 'decided_by, note and the time; requeues the waiting run (journals approval_resolved and '

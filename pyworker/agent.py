@@ -37,6 +37,8 @@ How each stop_reason and failure ends (status / result / error):
 | connection dropped mid-stream                   | released, as above                                   |
 | other 4xx (400 invalid signature, 401, 404 ...) | failed, error "model API refused the request: ..."   |
 | stop / cancel (between steps or mid-stream)     | cancelled, result {text: the partial text, ...}      |
+| stop / cancel while a tool runs                 | the tool is told / cancelled / awaited               |
+|                                                 | (pyworker/agent_tools.py), then cancelled            |
 | irreversible tool: needs approval / uncertain   | waiting (parked); requeued when a person decides     |
 | claim lost (reaped, superseded)                 | nothing more is written by this worker               |
 

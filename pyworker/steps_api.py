@@ -1,5 +1,6 @@
 """Typed async wrappers for the durable-step functions (append_step, conversation_history,
-get_step, begin_tool_call, complete_tool_call, resolve_approval) and the pending_approvals view.
+get_step, begin_tool_call, complete_tool_call, interrupt_tool_call, resolve_approval) and the
+pending_approvals view.
 
 Like `pyworker.api`, each takes an `AsyncConnection` so calls compose in one transaction.
 Step payloads travel as JSON *text* in both directions: the step log is `json`, stored and
@@ -152,6 +153,20 @@ async def complete_tool_call(
         "SELECT runrow.complete_tool_call(run_id => %s, claim_token => %s, idempotency_key => %s, "
         "result => %s, is_error => %s)",
         (run_id, claim_token, idempotency_key, Jsonb(result), is_error),
+    )
+    row = await cur.fetchone()
+    return None if row is None else row[0]
+
+
+async def interrupt_tool_call(
+    conn: AsyncConnection, run_id: UUID, claim_token: UUID, idempotency_key: str, reason: str
+) -> str | None:
+    """The call's state after the interruption (uncertain, executing or done); None when
+    fenced out."""
+    cur = await conn.execute(
+        "SELECT runrow.interrupt_tool_call(run_id => %s, claim_token => %s, idempotency_key => %s, "
+        "reason => %s)",
+        (run_id, claim_token, idempotency_key, reason),
     )
     row = await cur.fetchone()
     return None if row is None else row[0]

@@ -1125,6 +1125,121 @@ INSERT INTO runrow._yoyo_migration VALUES ('67b1358401c4812aed8fcdcc97a7f355b5ea
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '67b1358401c4812aed8fcdcc97a7f355b5eabc6548621218095a5aeace683e9e', '0009_open_runs_by_conversation', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0014_interrupted_tool_calls
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'b09276bcaf13c29577fc50025348b96747f5bb024604cc819e737111c608a8c6') AS apply_b09276bcaf13 \gset
+\if :apply_b09276bcaf13
+-- A tool call the worker cut short (a stop, a drain) can be recorded as interrupted
+-- (runrow.interrupt_tool_call). For a non_idempotent call that means uncertain, exactly
+-- as for an irreversible one: it may have happened half-way, and running it again, even
+-- with the same key, is a guess only a person may make. Until now the guard allowed
+-- executing -> uncertain for irreversible calls only; a crashed non_idempotent call still
+-- runs again with its key (the downstream service dedups), because a crash says nothing
+-- about how far the tool got, while an interruption is a known cut in the middle.
+-- depends: 0009_open_runs_by_conversation
+
+CREATE OR REPLACE FUNCTION runrow._tool_effect_guard() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'tool_effect rows are never deleted (key %)', OLD.idempotency_key
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        -- A call starts executing, or, when irreversible, as an intent awaiting a person.
+        IF NOT ((NEW.effect = 'irreversible' AND NEW.state = 'needs_approval')
+                OR (NEW.effect <> 'irreversible' AND NEW.state = 'executing')) THEN
+            RAISE EXCEPTION 'tool_effect %: a % call cannot start in state %', NEW.idempotency_key, NEW.effect, NEW.state
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        IF NEW.result IS NOT NULL OR NEW.approved IS NOT NULL THEN
+            RAISE EXCEPTION 'tool_effect %: a new call has no result and no decision', NEW.idempotency_key
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        RETURN NEW;
+    END IF;
+    -- UPDATE. A recorded result is final: nothing about a done row changes.
+    IF OLD.state = 'done' THEN
+        RAISE EXCEPTION 'tool_effect %: the result is recorded and immutable', OLD.idempotency_key
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF NEW.idempotency_key <> OLD.idempotency_key OR NEW.run_id <> OLD.run_id
+       OR NEW.step_seq <> OLD.step_seq OR NEW.tool_use_id <> OLD.tool_use_id
+       OR NEW.tool <> OLD.tool OR NEW.args <> OLD.args OR NEW.effect <> OLD.effect
+       OR NEW.attempt <> OLD.attempt OR NEW.created_at <> OLD.created_at THEN
+        RAISE EXCEPTION 'tool_effect %: key, run, step, tool_use, tool, args, effect and attempt are immutable',
+            OLD.idempotency_key
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF NOT (
+        -- begun again (not irreversible: those become uncertain instead)
+        (OLD.state = 'executing' AND NEW.state = 'executing' AND OLD.effect <> 'irreversible')
+        OR (OLD.state = 'executing' AND NEW.state = 'done')
+        -- irreversible begun again, or either unsafe class cut short mid-way
+        OR (OLD.state = 'executing' AND NEW.state = 'uncertain' AND OLD.effect IN ('non_idempotent', 'irreversible'))
+        OR (OLD.state IN ('needs_approval', 'uncertain') AND NEW.state IN ('approved', 'rejected'))
+        OR (OLD.state = 'approved' AND NEW.state = 'executing')
+        -- the rejection reported to the model
+        OR (OLD.state = 'rejected' AND NEW.state = 'done')
+    ) THEN
+        RAISE EXCEPTION 'tool_effect %: illegal state change % -> %', OLD.idempotency_key, OLD.state, NEW.state
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    -- A decision is made only when leaving needs_approval/uncertain, and is then kept.
+    IF OLD.state IN ('needs_approval', 'uncertain') THEN
+        IF NEW.approved IS NULL OR NEW.approved <> (NEW.state = 'approved') OR NEW.decided_by IS NULL THEN
+            RAISE EXCEPTION 'tool_effect %: leaving % needs a fresh decision that matches the new state',
+                OLD.idempotency_key, OLD.state
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+    ELSIF NEW.approved IS DISTINCT FROM OLD.approved OR NEW.decided_by IS DISTINCT FROM OLD.decided_by
+          OR NEW.decision_note IS DISTINCT FROM OLD.decision_note
+          OR NEW.decided_at IS DISTINCT FROM OLD.decided_at THEN
+        RAISE EXCEPTION 'tool_effect %: a decision is recorded only by resolve_approval', OLD.idempotency_key
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF OLD.state = 'rejected' AND NEW.is_error IS NOT TRUE THEN
+        RAISE EXCEPTION 'tool_effect %: a rejected call is reported as an error', OLD.idempotency_key
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    NEW.updated_at := now();
+    RETURN NEW;
+END
+$fn$;
+
+COMMENT ON TABLE runrow.tool_effect IS
+'One row per tool call begun through begin_tool_call, keyed by its idempotency key '
+'(runrow.tool_call_key). state: executing, needs_approval, approved, rejected, uncertain '
+'(an irreversible call begun again without a result, or a non_idempotent or irreversible call '
+'the worker cut short: it may have happened), done. Moves are checked by a trigger; once done '
+'(result recorded) a row never changes, and no row is ever deleted. Written only by '
+'begin_tool_call, complete_tool_call, interrupt_tool_call and resolve_approval.';
+
+COMMENT ON VIEW runrow.open_tool_effects IS
+'Every tool call without a recorded result (state other than done), for the auditor; the '
+'client''s view is pending_approvals. may_have_happened: the call began and no result is '
+'recorded (executing, or uncertain: an irreversible call begun again after a crash, or a '
+'non_idempotent or irreversible call cut short by a stop or a drain). '
+'attention: awaiting_decision (needs_approval or uncertain, run waiting: resolve_approval), '
+'in_flight (executing in a running run), interrupted (executing, its run no longer running: '
+'the next attempt executes it again, or makes it uncertain when irreversible), '
+'awaiting_resume (approved or rejected, or uncertain in a queued run that will park on it), '
+'abandoned (the run ended with the call open: nothing will complete it; if '
+'may_have_happened, check the tool''s side with its idempotency key). '
+'age = since the call was recorded, state_age = since its last state change. Served by '
+'tool_effect_open.';
+
+COMMENT ON VIEW runrow.pending_approvals IS
+'Tool calls waiting on a person, one row per idempotency key: reason needs_approval (an '
+'irreversible call not yet run) or uncertain (an irreversible call that began and has no '
+'result, or a non_idempotent or irreversible call a worker cut short: it may have happened). '
+'Decide with runrow.resolve_approval(idempotency_key, approved, decided_by, note). Only calls '
+'of runs parked as waiting are listed.';
+INSERT INTO runrow._yoyo_migration VALUES ('b09276bcaf13c29577fc50025348b96747f5bb024604cc819e737111c608a8c6', '0014_interrupted_tool_calls', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'b09276bcaf13c29577fc50025348b96747f5bb024604cc819e737111c608a8c6', '0014_interrupted_tool_calls', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -2375,8 +2490,10 @@ COMMENT ON FUNCTION runrow.begin_tool_call(uuid, uuid, text, text, jsonb, text) 
 'approved (run it now; result = the decision; the start is recorded first, so a crash before '
 'complete_tool_call makes the next begin return uncertain and park the run again for a '
 'person) or rejected (result = {approved, decided_by, note, decided_at}: report the rejection '
-'to the model with complete_tool_call(is_error => true)). uncertain: begun, no result, begun '
-'again: parked for a person. Fenced: no row, nothing written, unless claim_token matches a '
+'to the model with complete_tool_call(is_error => true)). uncertain: an irreversible call begun, '
+'no result, begun again, or a non_idempotent or irreversible call a worker cut short '
+'(interrupt_tool_call): parked for a person, never run again without one. Fenced: no row, '
+'nothing written, unless claim_token matches a '
 'running run.';
 
 REVOKE ALL ON FUNCTION runrow.begin_tool_call(uuid, uuid, text, text, jsonb, text) FROM PUBLIC;
@@ -3124,6 +3241,92 @@ COMMENT ON FUNCTION runrow.heartbeat(uuid, uuid, integer) IS
 REVOKE ALL ON FUNCTION runrow.heartbeat(uuid, uuid, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.heartbeat(uuid, uuid, integer) TO runrow_worker;
 
+-- functions/interrupt_tool_call.sql
+CREATE OR REPLACE FUNCTION runrow.interrupt_tool_call(
+    run_id uuid, claim_token uuid, idempotency_key text, reason text
+)
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    e runrow.tool_effect;
+    new_state text;
+    last_seq bigint;
+BEGIN
+    PERFORM runrow._require_not_null(interrupt_tool_call.run_id, 'run_id');
+    PERFORM runrow._require_not_null(interrupt_tool_call.claim_token, 'claim_token');
+    PERFORM runrow._require_not_null(interrupt_tool_call.idempotency_key, 'idempotency_key');
+    IF interrupt_tool_call.idempotency_key !~ '^[0-9a-f]{64}$' THEN
+        RAISE EXCEPTION 'idempotency_key must be 64 lowercase hex characters, as runrow.tool_call_key returns'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(interrupt_tool_call.reason, 'reason');
+    IF interrupt_tool_call.reason = '' OR length(interrupt_tool_call.reason) > 1000 THEN
+        RAISE EXCEPTION 'reason must say why the call was cut short in 1 to 1000 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- The fence; lock order everywhere: the run, then its effect.
+    IF NOT runrow._hold_claim(interrupt_tool_call.run_id, interrupt_tool_call.claim_token) THEN
+        RETURN NULL;
+    END IF;
+    SELECT t.* INTO e FROM runrow.tool_effect AS t
+    WHERE t.idempotency_key = interrupt_tool_call.idempotency_key
+    FOR UPDATE;
+    IF NOT FOUND OR e.run_id <> interrupt_tool_call.run_id THEN
+        RAISE EXCEPTION 'idempotency_key is not a tool call of this run: call begin_tool_call first'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- done: the result landed first, so nothing was cut short. uncertain: this call's
+    -- earlier commit went unheard; the same answer, nothing written twice.
+    IF e.state IN ('done', 'uncertain') THEN
+        RETURN e.state;
+    END IF;
+    IF e.state <> 'executing' THEN
+        RAISE EXCEPTION 'idempotency_key is %: only a call begin_tool_call said to execute (or approved) can be '
+            'interrupted', e.state
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+
+    -- Half an email may have gone out; only a person may decide to send it again.
+    -- A pure or idempotent call stays executing: running it again is safe.
+    new_state := CASE WHEN e.effect IN ('non_idempotent', 'irreversible') THEN 'uncertain' ELSE 'executing' END;
+    IF new_state = 'uncertain' THEN
+        UPDATE runrow.tool_effect AS t SET state = 'uncertain'
+        WHERE t.idempotency_key = e.idempotency_key;
+    END IF;
+    last_seq := runrow._journal(e.run_id, jsonb_build_array(jsonb_build_object(
+        'type', 'tool_interrupted',
+        'idempotency_key', e.idempotency_key,
+        'tool', e.tool,
+        'tool_use_id', e.tool_use_id,
+        'effect', e.effect,
+        'state', new_state,
+        'reason', interrupt_tool_call.reason)));
+    PERFORM runrow._wake_tails(e.run_id, last_seq);
+    RETURN new_state;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.interrupt_tool_call(uuid, uuid, text, text) IS
+'A worker cut a tool call short (the run was stopped, the worker drained) after '
+'begin_tool_call said execute or approved and before any result: record that, with why '
+'(reason, 1 to 1000 characters), and journal tool_interrupted {idempotency_key, tool, '
+'tool_use_id, effect, state, reason}. Returns the call''s state: uncertain for a '
+'non_idempotent or irreversible call (it may have happened half-way; the next begin_tool_call '
+'of any attempt parks the run for a person, who decides with resolve_approval, and it is never '
+'run again without one), executing for a pure or idempotent call (nothing changes: a later '
+'attempt runs it again, or the worker records a cancelled result with complete_tool_call). '
+'A call already done or already uncertain returns that state and writes nothing; a call in '
+'another state raises 55000. Fenced: NULL, nothing written, unless claim_token matches a '
+'running run. NULLs raise 22004; a malformed key, a key of another run or a bad reason 22023.';
+
+REVOKE ALL ON FUNCTION runrow.interrupt_tool_call(uuid, uuid, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.interrupt_tool_call(uuid, uuid, text, text) TO runrow_worker;
+
 -- functions/read_events.sql
 CREATE OR REPLACE FUNCTION runrow.read_events(run_id uuid, after_seq bigint DEFAULT 0, max_events integer DEFAULT 500)
 RETURNS TABLE (seq bigint, type text, payload jsonb, created_at timestamptz)
@@ -3355,7 +3558,8 @@ $fn$;
 COMMENT ON FUNCTION runrow.resolve_approval(text, boolean, text, text) IS
 'A person''s decision on a tool call listed in runrow.pending_approvals. needs_approval (an '
 'irreversible call not yet run): approved = true lets it run, false rejects it. uncertain (an '
-'irreversible call that began and has no result, so it may have happened): approved = true '
+'irreversible call that began and has no result, or a non_idempotent or irreversible call a '
+'worker cut short, so it may have happened): approved = true '
 'means "it did not happen, run it", false means "do not run it" (the model is told the call '
 'was rejected; say what you know in note, which reaches the worker). Records approved, '
 'decided_by, note and the time; requeues the waiting run (journals approval_resolved and '

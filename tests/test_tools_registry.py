@@ -3,8 +3,10 @@ the process imported (the demo's, say) uses the same names; one module cannot de
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import textwrap
+import threading
 import uuid
 from pathlib import Path
 
@@ -75,3 +77,39 @@ def test_a_module_without_tools_and_a_missing_module_are_clear_errors(module_dir
         tools.load_module(name)
     with pytest.raises(ValueError, match="cannot import tools module 'no_such_tools_module'"):
         tools.load_module("no_such_tools_module")
+
+
+def test_a_tool_opts_in_to_the_cancel_signal_by_declaring_cancel() -> None:
+    into = tools.ToolRegistry()
+
+    @tools.tool(input_schema={"type": "object"}, into=into, cancel_grace=2.5)
+    async def cooperative(cancel: asyncio.Event) -> bool:
+        return cancel.is_set()
+
+    @tools.tool(input_schema={"type": "object"}, into=into)
+    def plain() -> str:
+        return "plain"
+
+    co, pl = into.get("cooperative"), into.get("plain")
+    assert co is not None and pl is not None
+    assert (co.wants_cancel, co.cancel_grace, pl.wants_cancel, pl.cancel_grace) == (True, 2.5, False, 10.0)
+    assert isinstance(co.new_cancel_signal(), asyncio.Event)
+    assert isinstance(pl.new_cancel_signal(), threading.Event)  # sync tools run in a thread
+    signal = co.new_cancel_signal()
+    signal.set()
+    assert asyncio.run(co.call({}, "k", signal)) is True
+    assert asyncio.run(co.call({}, "k")) is False  # a signal of its own when none is given
+
+
+@pytest.mark.parametrize("grace", [0, -1, 3601, float("nan"), float("inf"), "5", True])
+def test_cancel_grace_must_be_a_positive_number_of_seconds(grace: object) -> None:
+    with pytest.raises(ValueError, match="cancel_grace must be"):
+        tools.tool(input_schema={"type": "object"}, cancel_grace=grace)  # type: ignore[arg-type]
+
+
+def test_a_model_argument_cannot_be_named_cancel() -> None:
+    schema = {"type": "object", "properties": {"cancel": {"type": "boolean"}}}
+    with pytest.raises(ValueError, match="the parameter `cancel` receives the stop signal"):
+
+        @tools.tool(input_schema=schema, into=tools.ToolRegistry())
+        def cancel_order(cancel: bool) -> None: ...
