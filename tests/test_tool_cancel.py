@@ -246,9 +246,11 @@ def test_a_non_idempotent_tool_without_the_signal_is_awaited_and_its_result_kept
     conversation, run = start(db, fake, "charge")
     stop(module_db, conversation)
     assert worker.worker.dispatcher is not None
-    in_flight = worker.worker.dispatcher.in_flight
+    dispatcher = worker.worker.dispatcher
     wait_until(
-        lambda: run in in_flight and in_flight[run][0].cancel.is_set(), 10, "the worker to see the stop"
+        lambda: any(sup.cancel.is_set() for sup in dispatcher.supervisors(run)),
+        10,
+        "the worker to see the stop",
     )
     assert run_row(db, run)["status"] == "running"  # the stop waits for the charge
     gate.set()
