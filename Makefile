@@ -43,10 +43,10 @@ format:
 	$(BIN)/ruff check --fix pyworker tests bench
 
 install-sql:
-	$(BIN)/python -m pyworker.installsql
+	$(BIN)/python -m pyworker.db.installsql
 
 check-install-sql:
-	$(BIN)/python -m pyworker.installsql --check
+	$(BIN)/python -m pyworker.db.installsql --check
 
 db-start:
 	$(RUNROW) db start

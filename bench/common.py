@@ -19,7 +19,7 @@ from datetime import datetime
 
 import psycopg
 
-from pyworker.devdb import temporary_database
+from pyworker.db.devdb import temporary_database
 
 
 def server_url() -> str:

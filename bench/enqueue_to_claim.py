@@ -19,9 +19,9 @@ from typing import Any
 import psycopg
 
 from bench.common import event_times, percentile, run_alone, summary_ms
-from pyworker import api
-from pyworker.channels import ENQUEUED
-from pyworker.hub import Hub
+from pyworker.db import api
+from pyworker.db.channels import ENQUEUED
+from pyworker.db.hub import Hub
 
 TICK = 1.0
 

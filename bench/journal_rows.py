@@ -17,9 +17,9 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from bench.common import run_alone
-from pyworker import api
-from pyworker.api import ClaimedRun
-from pyworker.journal import JournalWriter
+from pyworker.db import api
+from pyworker.db.api import ClaimedRun
+from pyworker.worker.journal import JournalWriter
 
 DELTA_INTERVAL = 0.004
 STREAM_SECONDS = 4.0

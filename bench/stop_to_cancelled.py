@@ -23,9 +23,9 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from bench.common import event_times, percentile, run_alone, summary_ms
-from pyworker import api
-from pyworker.hub import Hub
-from pyworker.tail import Event, tail
+from pyworker.db import api
+from pyworker.db.hub import Hub
+from pyworker.db.tail import Event, tail
 
 SAMPLES = 15
 LEASE = 10
@@ -35,7 +35,7 @@ def start_worker(url: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
             sys.executable, "-m", "pyworker", "--database-url", url, "--log-level", "WARNING",
-            "worker", "--handler", "pyworker.handlers.echo:handle", "--concurrency", "2",
+            "worker", "--handler", "pyworker.worker.echo:handle", "--concurrency", "2",
             "--poll", "1", "--lease", str(LEASE), "--drain", "2",
         ],
         env={**os.environ, "DATABASE_URL": url},

@@ -1,5 +1,5 @@
 import sys
 
-from pyworker.cli import main
+from pyworker.cli.main import main
 
 sys.exit(main())

@@ -3,8 +3,8 @@ workers, enqueueing agent runs, and reading what a run did (steps, tool effects)
 journal and waiting on them: worker_support.
 
 Worker processes run `python -m pyworker worker --handler pyworker.agent:handle --tools
-pyworker.demo_tools` with ANTHROPIC_BASE_URL pointing at a FakeModel served from this process.
-The demo tools work in $RUNROW_DEMO_DIR and record their effects there (pyworker/demo_tools.py).
+pyworker.demo.tools` with ANTHROPIC_BASE_URL pointing at a FakeModel served from this process.
+The demo tools work in $RUNROW_DEMO_DIR and record their effects there (pyworker/demo/tools.py).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ import psycopg
 import pytest
 from worker_support import WorkerProcess, enqueue_run
 
-from pyworker import agent
-from pyworker.devdb import temporary_database
-from pyworker.fake_scenarios import DEMO_TOOLS
-from pyworker.worker import Worker
+from pyworker.agent import loop as agent
+from pyworker.db.devdb import temporary_database
+from pyworker.fake.scenarios import DEMO_TOOLS
+from pyworker.worker.process import Worker
 
 AGENT = "pyworker.agent:handle"
-TOOLS = "pyworker.demo_tools"
+TOOLS = "pyworker.demo.tools"
 DEMO_TASK = "Send the weekly status email and write report.md."
 DEMO_SYSTEM = "You are a careful assistant. Use the tools."
 THINKING = {"max_tokens": 4096, "thinking": {"type": "enabled", "budget_tokens": 1024}}

@@ -43,7 +43,7 @@ from typing import Any
 import psycopg
 from worker_support import WorkerProcess, enqueue_echo
 
-from pyworker import devdb
+from pyworker.db import devdb
 
 TERMINAL = ("completed", "failed", "cancelled", "dead")
 WORDS = "lease fence claim reap wake journal turn stop step resume token heartbeat".split()

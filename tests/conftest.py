@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from pyworker import devdb
-from pyworker.migrate import migrate
+from pyworker.db import devdb
+from pyworker.db.migrate import migrate
 
 
 @pytest.fixture(scope="session")

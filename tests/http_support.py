@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from pyworker.devdb import temporary_database
+from pyworker.db.devdb import temporary_database
 from pyworker.http.app import create_app
 from pyworker.http.config import ServeConfig
 from pyworker.http.context import Services

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from pyworker.devdb import temporary_database
+from pyworker.db.devdb import temporary_database
 
 POLL_TIMEOUT = 15.0
 Connect = Callable[..., psycopg.Connection]  # the conftest `connect` fixture

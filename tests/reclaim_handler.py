@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 
-from pyworker import api
-from pyworker.handler import Outcome, RunContext
-from pyworker.handlers import echo
-from pyworker.journal import RunLost
+from pyworker.db import api
+from pyworker.worker import echo
+from pyworker.worker.handler import Outcome, RunContext
+from pyworker.worker.journal import RunLost
 
 POLL_SECONDS = 0.05
 

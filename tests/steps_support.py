@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from pyworker.keys import tool_call_key
+from pyworker.db.keys import tool_call_key
 
 DEADLINE = 15.0
 

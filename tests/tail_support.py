@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from pyworker.devdb import temporary_database
+from pyworker.db.devdb import temporary_database
 
 
 @pytest.fixture(scope="module")

@@ -21,10 +21,10 @@ import psycopg
 from agent_support import QUICK_TAKEOVER, ForkedWorker, agent_env, enqueue_agent, steps
 from worker_support import db, events, run_row, wait_status, wait_until, worker_db
 
-from pyworker import demo_tools
-from pyworker.cli import main as cli
-from pyworker.fake_model import FakeModel
-from pyworker.fake_scenarios import DEMO_TOOLS, ModelRequest, Text, ToolCall, Turn, script, turn
+from pyworker.cli.main import main as cli
+from pyworker.demo import tools as demo_tools
+from pyworker.fake.scenarios import DEMO_TOOLS, ModelRequest, Text, ToolCall, Turn, script, turn
+from pyworker.fake.server import FakeModel
 
 __all__ = ["db", "worker_db"]
 
@@ -33,7 +33,7 @@ DELETE = demo_tools.definitions(["delete_file"])
 
 
 def executions(demo_dir: Path, tool: str) -> int:
-    """How often the tool's body ran (pyworker/demo_tools.py's downstream record); 0 before."""
+    """How often the tool's body ran (pyworker/demo/tools.py's downstream record); 0 before."""
     return demo_tools.execution_counts(demo_dir)[tool]
 
 

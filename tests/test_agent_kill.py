@@ -2,7 +2,7 @@
 worker mid-run, let another worker resume it from the step log, and check that every side effect
 happened exactly once downstream and the transcript equals an uninterrupted run's.
 
-The demo task (fake model scenario `demo`, tools from pyworker/demo_tools.py): list_files,
+The demo task (fake model scenario `demo`, tools from pyworker/demo/tools.py): list_files,
 read_file x2, send_email (non-idempotent), write_file, read_file, then a summary: 12 steps.
 The tools record every execution keyed by the idempotency key, as a downstream service that
 dedups by key would: `effects` rows are what happened downstream (must equal the
@@ -33,8 +33,8 @@ from agent_support import (
 )
 from worker_support import WorkerProcess, db, events, run_row, wait_status, wait_until, worker_db
 
-from pyworker import demo_tools
-from pyworker.fake_model import FakeModel
+from pyworker.demo import tools as demo_tools
+from pyworker.fake.server import FakeModel
 
 __all__ = ["db", "worker_db"]
 

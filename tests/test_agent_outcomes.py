@@ -1,4 +1,4 @@
-"""Each stop_reason and each injected fault ends as pyworker/agent.py's table says, with the real SDK
+"""Each stop_reason and each injected fault ends as pyworker/agent/loop.py's table says, with the real SDK
 against the fake Messages API and a real worker (in-process, on its own event loop).
 
 end_turn → completed; tool_use → tools run, loop continues; pause_turn → content sent back;
@@ -28,8 +28,10 @@ from agent_support import (
 )
 from worker_support import events, run_row, streamed_text, wait_status, wait_until
 
-from pyworker.cli import main as cli
-from pyworker.fake_faults import (
+from pyworker.agent.tools import ToolRegistry, tool
+from pyworker.cli.main import main as cli
+from pyworker.db.keys import tool_call_key
+from pyworker.fake.faults import (
     drop_connection,
     error_event,
     overloaded,
@@ -37,10 +39,8 @@ from pyworker.fake_faults import (
     slow,
     status_error,
 )
-from pyworker.fake_model import FakeModel
-from pyworker.fake_scenarios import ModelRequest, Text, ToolCall, script, turn
-from pyworker.keys import tool_call_key
-from pyworker.tools import ToolRegistry, tool
+from pyworker.fake.scenarios import ModelRequest, Text, ToolCall, script, turn
+from pyworker.fake.server import FakeModel
 
 __all__ = ["module_conn", "module_db"]
 

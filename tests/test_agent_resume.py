@@ -19,9 +19,9 @@ import pytest
 from agent_support import QUICK_TAKEOVER, ForkedWorker, agent_env, enqueue_agent, steps
 from worker_support import db, run_row, wait_status, wait_until, worker_db
 
-from pyworker import demo_tools
-from pyworker.fake_model import FakeModel
-from pyworker.keys import tool_call_key
+from pyworker.db.keys import tool_call_key
+from pyworker.demo import tools as demo_tools
+from pyworker.fake.server import FakeModel
 
 __all__ = ["db", "worker_db"]
 

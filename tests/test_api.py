@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from worker_support import worker_db
 
-from pyworker import api, channels
+from pyworker.db import api, channels
 
 __all__ = ["worker_db"]
 

@@ -22,8 +22,8 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from pyworker.devdb import temporary_database
-from pyworker.paths import SQL_DIR
+from pyworker.db.devdb import temporary_database
+from pyworker.db.paths import SQL_DIR
 
 TABLES = ("agent_run", "message", "run_event", "agent_step", "tool_effect")
 VIEWS = ("queue_health", "run_stats", "run_attempts", "open_tool_effects")

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from tail_support import append, claim, enqueue, finish, finished_run, private_database_url
 
-from pyworker.cli import build_parser
+from pyworker.cli.main import build_parser
 
 __all__ = ["private_database_url"]  # the fixture, re-exported for pytest
 

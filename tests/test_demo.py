@@ -153,7 +153,7 @@ def test_with_an_api_key_the_workers_call_the_configured_messages_api_with_the_r
     """The ANTHROPIC_API_KEY path (no in-process fake): the workers get the key and base URL from the
     environment, the run pins claude-sonnet-4-5 and asks for thinking. A fake server stands in for the
     real API; no kill, to keep it short."""
-    from pyworker.fake_model import FakeModel
+    from pyworker.fake.server import FakeModel
 
     with FakeModel("demo", api_key="sk-demo-test") as fake:
         proc = subprocess.run(

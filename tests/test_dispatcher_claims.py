@@ -13,11 +13,11 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from worker_support import db, pool, run_row, wait_until_async, worker_db
 
-from pyworker import api
-from pyworker.dispatcher import Dispatcher
-from pyworker.handler import Outcome, RunContext
-from pyworker.hub import Hub
-from pyworker.journal import JournalWriter
+from pyworker.db import api
+from pyworker.db.hub import Hub
+from pyworker.worker.dispatcher import Dispatcher
+from pyworker.worker.handler import Outcome, RunContext
+from pyworker.worker.journal import JournalWriter
 
 __all__ = ["db", "pool", "worker_db"]
 

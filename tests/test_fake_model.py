@@ -22,7 +22,7 @@ import anthropic
 import httpx2
 import pytest
 
-from pyworker.fake_faults import (
+from pyworker.fake.faults import (
     Fault,
     drop_connection,
     error_event,
@@ -31,8 +31,8 @@ from pyworker.fake_faults import (
     server_error,
     slow,
 )
-from pyworker.fake_model import FakeModel
-from pyworker.fake_scenarios import DEMO_TOOLS, Text, Thinking, ToolCall, script, turn
+from pyworker.fake.scenarios import DEMO_TOOLS, Text, Thinking, ToolCall, script, turn
+from pyworker.fake.server import FakeModel
 
 MODEL = "claude-fake-1"
 THINKING = {"type": "enabled", "budget_tokens": 1024}

@@ -36,7 +36,7 @@ from race_support import (
 )
 from worker_support import REPO
 
-from pyworker.session_limits import worker_connection_kwargs
+from pyworker.db.session_limits import worker_connection_kwargs
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
 

@@ -11,11 +11,11 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 from worker_support import db, enqueue_echo, pool, run_row, wait_until_async, worker_db
 
-from pyworker import channels
-from pyworker.dispatcher import Dispatcher
-from pyworker.handlers.echo import handle as echo
-from pyworker.hub import RECONNECT_WAKE, Hub
-from pyworker.journal import JournalWriter
+from pyworker.db import channels
+from pyworker.db.hub import RECONNECT_WAKE, Hub
+from pyworker.worker.dispatcher import Dispatcher
+from pyworker.worker.echo import handle as echo
+from pyworker.worker.journal import JournalWriter
 
 __all__ = ["db", "pool", "worker_db"]
 

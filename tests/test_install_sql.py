@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 
-from pyworker.installsql import render
-from pyworker.migrate import migrate
-from pyworker.paths import INSTALL_SQL, ROOT
+from pyworker.db.installsql import render
+from pyworker.db.migrate import migrate
+from pyworker.db.paths import INSTALL_SQL, ROOT
 
 
 def _psql_install(url: str) -> subprocess.CompletedProcess[str]:
@@ -34,7 +34,7 @@ def _api(url: str) -> list[str]:
 
 def test_install_sql_is_current() -> None:
     assert INSTALL_SQL.read_text() == render(), "sql/install.sql is stale: run `make install-sql`"
-    check = subprocess.run([sys.executable, "-m", "pyworker.installsql", "--check"], cwd=ROOT)
+    check = subprocess.run([sys.executable, "-m", "pyworker.db.installsql", "--check"], cwd=ROOT)
     assert check.returncode == 0
 
 

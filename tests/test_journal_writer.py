@@ -16,9 +16,9 @@ from psycopg_pool import AsyncConnectionPool
 from wire_fault_support import FaultProxy
 from worker_support import db, events, streamed_text, worker_db
 
-from pyworker import api
-from pyworker.api import ClaimedRun
-from pyworker.journal import MAX_EVENTS_PER_CALL, JournalWriter, RunLost
+from pyworker.db import api
+from pyworker.db.api import ClaimedRun
+from pyworker.worker.journal import MAX_EVENTS_PER_CALL, JournalWriter, RunLost
 
 __all__ = ["db", "worker_db"]
 

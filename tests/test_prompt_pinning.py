@@ -15,8 +15,8 @@ from typing import Any
 from agent_support import QUICK_TAKEOVER, ForkedWorker, agent_env, enqueue_agent, steps
 from worker_support import db, run_row, wait_status, wait_until, worker_db
 
-from pyworker.fake_model import FakeModel, RecordedRequest
-from pyworker.fake_scenarios import DEMO_TOOLS
+from pyworker.fake.scenarios import DEMO_TOOLS
+from pyworker.fake.server import FakeModel, RecordedRequest
 
 __all__ = ["db", "worker_db"]
 

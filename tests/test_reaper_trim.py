@@ -11,7 +11,7 @@ from psycopg_pool import AsyncConnectionPool
 from tail_support import finished_run
 from worker_support import pool, worker_db, worker_db_superuser
 
-from pyworker import reaper
+from pyworker.worker import reaper
 
 __all__ = ["pool", "worker_db", "worker_db_superuser"]
 

@@ -22,7 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from tail_support import append, claim, enqueue, finish, finished_run, journal, private_database_url
 from test_cli import runrow
 
-from pyworker.tail import Keepalive, tail
+from pyworker.db.tail import Keepalive, tail
 
 __all__ = ["private_database_url"]
 

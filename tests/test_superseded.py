@@ -30,8 +30,8 @@ from http_support import ALICE, read_stream, serve
 from psycopg.types.json import Jsonb
 from worker_support import REPO, db, events, run_row, streamed_text, wait_status, wait_until, worker_db
 
-from pyworker.fake_model import FakeModel
-from pyworker.fake_scenarios import Text, ToolCall, script, turn
+from pyworker.fake.scenarios import Text, ToolCall, script, turn
+from pyworker.fake.server import FakeModel
 
 __all__ = ["db", "worker_db"]
 

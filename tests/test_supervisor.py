@@ -23,10 +23,10 @@ from worker_support import (
     worker_db,
 )
 
-from pyworker.dispatcher import Dispatcher
-from pyworker.handlers.echo import handle as echo
-from pyworker.hub import Hub
-from pyworker.journal import JournalWriter
+from pyworker.db.hub import Hub
+from pyworker.worker.dispatcher import Dispatcher
+from pyworker.worker.echo import handle as echo
+from pyworker.worker.journal import JournalWriter
 
 __all__ = ["db", "pool", "worker_db"]
 

@@ -23,7 +23,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from tail_support import append, claim, enqueue, finished_run, journal, private_database_url
 
-from pyworker.tail import Event, Keepalive, RunNotFound, tail
+from pyworker.db.tail import Event, Keepalive, RunNotFound, tail
 
 __all__ = ["private_database_url"]  # the fixture, re-exported for pytest
 
@@ -41,9 +41,9 @@ async def pool(private_database_url: str) -> AsyncIterator[AsyncConnectionPool]:
 @pytest.fixture
 async def hub(private_database_url: str) -> AsyncIterator[object]:
     try:
-        from pyworker.hub import Hub
+        from pyworker.db.hub import Hub
     except ImportError:
-        pytest.skip("pyworker.hub has not landed yet")
+        pytest.skip("pyworker.db.hub has not landed yet")
     h = Hub(private_database_url)
     await h.start()
     yield h
@@ -236,7 +236,7 @@ async def test_hub_down_falls_back_to_polling(
     private_database_url: str, pool: AsyncConnectionPool, sync_conn: psycopg.Connection
 ) -> None:
     """A hub that is not connected delivers nothing; the tail still finishes, on its poll interval."""
-    from pyworker.hub import Hub
+    from pyworker.db.hub import Hub
 
     down = Hub(private_database_url)  # never started: connected is False, no LISTEN
     await check_stream_with_drops(

@@ -1,4 +1,4 @@
-"""How `runrow tail` renders a journal, piped and on a terminal (pyworker/tail_render.py), on
+"""How `runrow tail` renders a journal, piped and on a terminal (pyworker/cli/tail_render.py), on
 journals written the way the agent writes them. The real resume: tests/test_superseded.py."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from pyworker.tail_render import Renderer
+from pyworker.cli.tail_render import Renderer
 
 
 def render(journal: list[dict[str, Any]], live: bool) -> tuple[str, str]:

@@ -1,4 +1,4 @@
-"""runrow.tool_call_key (SQL) and pyworker.keys.tool_call_key (Python) agree on tricky args."""
+"""runrow.tool_call_key (SQL) and pyworker.db.keys.tool_call_key (Python) agree on tricky args."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from pyworker.keys import canonical_json, tool_call_key
+from pyworker.db.keys import canonical_json, tool_call_key
 
 RUN = uuid.UUID("0b1e6a4e-5c1f-4d0e-9a55-6f3c2d1e0a99")
 

@@ -1,4 +1,4 @@
-"""A stop while a tool runs (pyworker/tools.py, "Cooperative cancellation"; README "Cancel").
+"""A stop while a tool runs (pyworker/agent/tools.py, "Cooperative cancellation"; README "Cancel").
 
 A tool that takes `cancel` is told and the run ends cancelled without waiting for the tool's own
 end; an async pure tool without it is cancelled at once; any other tool is awaited. A call cut
@@ -33,12 +33,12 @@ from agent_support import (
 )
 from worker_support import WorkerProcess, events, run_row, wait_status, wait_until, worker_db
 
-from pyworker import demo_tools
-from pyworker.agent_tools import STOPPED_RESULT
-from pyworker.cli import main as cli
-from pyworker.fake_model import FakeModel
-from pyworker.fake_scenarios import ModelRequest, Text, ToolCall, script, turn
-from pyworker.tools import ToolCancelled, ToolRegistry, tool
+from pyworker.agent.tool_calls import STOPPED_RESULT
+from pyworker.agent.tools import ToolCancelled, ToolRegistry, tool
+from pyworker.cli.main import main as cli
+from pyworker.demo import tools as demo_tools
+from pyworker.fake.scenarios import ModelRequest, Text, ToolCall, script, turn
+from pyworker.fake.server import FakeModel
 
 __all__ = ["module_conn", "module_db", "worker_db"]
 

@@ -25,7 +25,7 @@ from steps_support import (
 )
 from tail_support import claim, enqueue
 
-from pyworker.keys import tool_call_key
+from pyworker.db.keys import tool_call_key
 
 __all__ = ["database_url"]  # fixture: this module's own database
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pyworker import tools
+from pyworker.agent import tools
 
 MODULE = """
-from pyworker.tools import tool
+from pyworker.agent.tools import tool
 
 @tool(input_schema={{"type": "object"}}, description="{label} send", effect="non_idempotent")
 def send_email(idempotency_key: str) -> str:
@@ -60,7 +60,7 @@ async def test_each_module_gets_exactly_its_own_tools(module_dir: Path) -> None:
 def test_one_module_cannot_define_a_name_twice(module_dir: Path) -> None:
     name = f"toolmod_dup_{uuid.uuid4().hex[:8]}"
     (module_dir / f"{name}.py").write_text(
-        "from pyworker.tools import tool\n"
+        "from pyworker.agent.tools import tool\n"
         "@tool('same', input_schema={'type': 'object'})\n"
         "def a() -> None: ...\n"
         "@tool('same', input_schema={'type': 'object'})\n"

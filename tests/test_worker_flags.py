@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from pyworker.cli import build_parser
-from pyworker.handlers.echo import handle as echo
-from pyworker.worker import Worker
+from pyworker.cli.main import build_parser
+from pyworker.worker.echo import handle as echo
+from pyworker.worker.process import Worker
 
 # Nothing listens there: a flag that slips through makes the worker try to connect (and the
 # subprocess time out) instead of ending in a usage error.
@@ -37,7 +37,7 @@ REFUSED = [
 
 def runrow_worker(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pyworker", "worker", "--handler", "pyworker.handlers.echo:handle", *args],
+        [sys.executable, "-m", "pyworker", "worker", "--handler", "pyworker.worker.echo:handle", *args],
         capture_output=True,
         text=True,
         env={**os.environ, "DATABASE_URL": UNREACHABLE, **(env or {})},

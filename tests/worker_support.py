@@ -1,5 +1,5 @@
 """Helpers for worker tests: a private migrated database per test, worker subprocesses
-(`python -m pyworker worker --handler pyworker.handlers.echo:handle ...`), echo runs, and
+(`python -m pyworker worker --handler pyworker.worker.echo:handle ...`), echo runs, and
 waiting on rows (the truth) with a deadline."""
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import pytest
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from pyworker.devdb import database_url_for, temporary_database
+from pyworker.db.devdb import database_url_for, temporary_database
 
 REPO = Path(__file__).resolve().parent.parent
-ECHO = "pyworker.handlers.echo:handle"
+ECHO = "pyworker.worker.echo:handle"
 T = TypeVar("T")
 
 

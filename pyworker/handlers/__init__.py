@@ -1,1 +1,1 @@
-"""Run handlers shipped with runrow (the agent loop is pyworker.agent:handle)."""
+"""Deprecated package: `pyworker.handlers.echo` is `pyworker.worker.echo`."""

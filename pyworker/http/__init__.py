@@ -1,5 +1,5 @@
-"""`runrow serve`: a thin ASGI service over the runrow.* SQL functions.
+"""The HTTP service behind `runrow serve` and the chat page (web/): a thin ASGI app over the
+runrow.* SQL functions. All state lives in PostgreSQL, so any number of instances serve any run.
 
-All state lives in PostgreSQL, so any number of instances can serve any run. Start with
-`create_app(ServeConfig(...))` (pyworker.http.app) or the `runrow serve` command.
+Imports pyworker.db only; the CLI imports it (`create_app(ServeConfig(...))` in pyworker.http.app).
 """

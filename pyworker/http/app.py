@@ -13,13 +13,13 @@ from collections.abc import AsyncIterator
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 
+from pyworker.db.hub import Hub
 from pyworker.http import routes_approvals, routes_page, routes_runs
 from pyworker.http.auth import authenticator_for
 from pyworker.http.config import ServeConfig
 from pyworker.http.context import Services
 from pyworker.http.errors import EXCEPTION_HANDLERS
 from pyworker.http.sse import StreamStats
-from pyworker.hub import Hub
 
 log = logging.getLogger("runrow.http")
 

@@ -10,10 +10,10 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from pyworker.db.hub import Hub
 from pyworker.http.auth import authenticated_user
 from pyworker.http.config import Authenticate, ServeConfig
 from pyworker.http.sse import StreamStats
-from pyworker.hub import Hub
 
 
 @dataclass

@@ -11,7 +11,7 @@ from uuid import UUID
 from psycopg import AsyncConnection
 from psycopg.rows import class_row
 
-from pyworker.steps_api import PENDING_APPROVAL_COLUMNS, PendingApproval
+from pyworker.db.steps import PENDING_APPROVAL_COLUMNS, PendingApproval
 
 T = TypeVar("T")
 

@@ -14,11 +14,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from pyworker.db.steps import PendingApproval, resolve_approval
 from pyworker.http import queries
 from pyworker.http.bodies import field, read_json_object, reject_unknown
 from pyworker.http.context import Services, authenticated
 from pyworker.http.errors import ApiError, not_found
-from pyworker.steps_api import PendingApproval, resolve_approval
 
 
 def approval_json(a: PendingApproval) -> dict[str, Any]:

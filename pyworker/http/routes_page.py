@@ -1,4 +1,4 @@
-"""The chat page (static files in pyworker/web/, no build step), its bootstrap info, and health.
+"""The chat page (static files in pyworker/http/web/, no build step), its bootstrap info, and health.
 
 Served without authentication: the page holds no data; it asks for a token and sends it
 with every API call.
@@ -15,7 +15,7 @@ from starlette.staticfiles import StaticFiles
 
 from pyworker.http.context import services
 
-WEB = Path(__file__).resolve().parent.parent / "web"
+WEB = Path(__file__).resolve().parent / "web"
 
 
 async def index(request: Request) -> Response:

@@ -16,13 +16,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from pyworker import api
+from pyworker.db import api
+from pyworker.db.tail import CursorPastEnd, check_cursor
 from pyworker.http import queries
 from pyworker.http.bodies import field, path_uuid, read_json_object, reject_unknown
 from pyworker.http.context import Services, authenticated
 from pyworker.http.errors import ApiError, not_found
 from pyworker.http.sse import EventStreamResponse, event_frames
-from pyworker.tail import CursorPastEnd, check_cursor
 
 ENQUEUE_FIELDS = {"content", "model", "system", "tools", "max_attempts", "metadata", "if_active"}
 IF_ACTIVE = ("enqueue", "reject", "interrupt")

@@ -1,4 +1,4 @@
-"""Server-Sent Events over the shared tail (pyworker.tail): the stream is only a reader.
+"""Server-Sent Events over the shared tail (pyworker.db.tail): the stream is only a reader.
 
 Each journal event is one frame: `id:` its seq (the resume cursor), `event:` its type,
 `data:` its payload JSON. Every event is relayed as is, `superseded` included: the client
@@ -22,9 +22,9 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from pyworker.api import Event
-from pyworker.hub import Hub
-from pyworker.tail import Keepalive, tail
+from pyworker.db.api import Event
+from pyworker.db.hub import Hub
+from pyworker.db.tail import Keepalive, tail
 
 log = logging.getLogger("runrow.http")
 

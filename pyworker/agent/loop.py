@@ -1,0 +1,219 @@
+"""The default run handler: the agent loop on the Anthropic SDK, durable step by step.
+
+    runrow worker --tools myapp.tools          # handler pyworker.agent:handle is the default
+
+Every iteration rebuilds the request from the step log (`conversation_history`, byte for byte) and
+does the one next thing the log calls for: call the model, or run the tool calls still missing a
+result. So a fresh run, a run resumed by another worker after a crash, and a run requeued after an
+approval all take the same path, and nothing committed is redone (see pyworker/agent/history.py).
+
+Model, system prompt and tools come from the run's pinned prompt; request parameters from the
+run's metadata: `max_tokens` (default 4096), `thinking`, `temperature`, `top_p`, `top_k`,
+`stop_sequences`, `tool_choice`. The tool implementations come from the worker's `--tools`
+module; a tool the model calls that this worker does not have is an is_error tool_result.
+
+Journal: `model_request` (a call starts), the deltas `text_delta` / `thinking_delta` /
+`input_json_delta` {index, ...} (coalesced), `model_turn` {step_seq, stop_reason, usage,
+request_id, model} written in the same transaction as the step, `tool_call`, `tool_result`
+(and `approval_requested`, journaled by the SQL). A resumed attempt first journals
+`superseded` {after_seq, through_seq, attempt} when an earlier attempt streamed deltas after
+the last committed step: those deltas are not part of the answer (pyworker/worker/supersede.py).
+
+How each stop_reason and failure ends (status / result / error):
+
+| what happened                                   | run ends as                                          |
+|-------------------------------------------------|------------------------------------------------------|
+| end_turn, stop_sequence                         | completed, result {text, stop_reason}                |
+| tool_use                                        | tools run, loop continues                            |
+| pause_turn                                      | content sent back as is, loop continues              |
+| refusal                                         | completed, result {text, stop_reason: refusal, ...}  |
+| max_tokens                                      | failed, error "max_tokens: ..." (result: the text)   |
+| model_context_window_exceeded                   | failed, error "model_context_window_exceeded: ..."   |
+| any other stop_reason                           | failed, error names it                               |
+| 429 / 529 / 5xx / connection error              | retried by the SDK (max_retries, retry-after); then  |
+|                                                 | released: requeued while attempts are left, else     |
+|                                                 | failed (max_attempts 1) or dead                       |
+| `error` event mid-stream (APIStatusError 200)   | released, as above                                   |
+| connection dropped mid-stream                   | released, as above                                   |
+| other 4xx (400 invalid signature, 401, 404 ...) | failed, error "model API refused the request: ..."   |
+| stop / cancel (between steps or mid-stream)     | cancelled, result {text: the partial text, ...}      |
+| stop / cancel while a tool runs                 | the tool is told / cancelled / awaited               |
+|                                                 | (pyworker/agent/tool_calls.py), then cancelled     |
+| irreversible tool: needs approval / uncertain   | waiting (parked); requeued when a person decides     |
+| claim lost (reaped, superseded)                 | nothing more is written by this worker               |
+
+Every model turn is committed (append_step: the content array as the SDK produced it, thinking
+and signatures included, with the request id, usage and stop_reason) before anything acts on
+it, including the turns that end the run, so the step log is the full record.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyworker.agent.history import History, load_history, stop_reason_of
+from pyworker.agent.model import ModelTurn, TurnCancelled, TurnFailed, client_for, request_params, stream_turn
+from pyworker.agent.tool_calls import Parked, run_tool_calls
+from pyworker.agent.tools import ToolRegistry, load_module
+from pyworker.agent.tools import registry as default_registry
+from pyworker.db import api
+from pyworker.db import steps as steps_api
+from pyworker.worker.handler import Outcome, RunContext
+from pyworker.worker.journal import RunLost
+from pyworker.worker.supersede import supersede_earlier_attempts
+
+CONTINUE_REASONS = ("tool_use", "pause_turn")
+COMMITTED_EVENTS = ("model_turn", "tool_result")  # journaled once their step is in the log
+
+
+def tool_registry(ctx: RunContext) -> ToolRegistry:
+    """The worker's tools: `config['registry']` if given (tests), else exactly the tools of
+    `config['tools_module']` (`runrow worker --tools package.module`), else the default registry."""
+    registry = ctx.config.get("registry")
+    if isinstance(registry, ToolRegistry):
+        return registry
+    module = ctx.config.get("tools_module")
+    if module:
+        return load_module(module)  # imported once; later calls return its registry
+    return default_registry
+
+
+async def handle(ctx: RunContext) -> Outcome:
+    registry = tool_registry(ctx)
+    client = client_for(ctx.config)
+    run = ctx.run
+    known_stops: dict[int, str | None] = {}  # stop_reason of model turns this attempt made
+    # A resumed attempt keeps the committed steps (each model_turn event commits with its
+    # step) and redoes the rest: what an earlier attempt streamed after them is not the answer.
+    await supersede_earlier_attempts(ctx, committed=COMMITTED_EVENTS)
+    while True:
+        if ctx.cancel.is_set():
+            return await _cancelled(ctx, None)
+        async with ctx.pool.connection() as conn:
+            history = await load_history(conn, run.conversation_id, run.run_id)
+        if history.pending_tool_uses:
+            assert history.last_model_turn is not None
+            turn_seq = history.last_model_turn.seq
+            if turn_seq not in known_stops:  # resumed: how did that turn end?
+                async with ctx.pool.connection() as conn:
+                    known_stops[turn_seq] = await stop_reason_of(conn, run.run_id, turn_seq)
+            if known_stops[turn_seq] not in ("tool_use", None):
+                # e.g. max_tokens cut a tool_use short: its input may be incomplete; never run it.
+                return _ending(known_stops[turn_seq], history.final_text(), None)
+            try:
+                finished = await run_tool_calls(
+                    ctx,
+                    registry,
+                    turn_seq,
+                    history.pending_tool_uses,
+                    ctx.cancel.is_set,
+                    ctx.journal.flush,
+                )
+            except Parked as parked:
+                ctx.log.info("run parked: %s", parked)
+                return Outcome("parked")
+            if not finished:
+                return await _cancelled(ctx, None)
+            continue
+        last = history.last_step
+        if last is not None and last.kind == "model_turn":
+            stop = known_stops.get(last.seq)
+            if last.seq not in known_stops:
+                async with ctx.pool.connection() as conn:
+                    stop = await stop_reason_of(conn, run.run_id, last.seq)
+            if stop != "pause_turn":
+                return _ending(stop, history.final_text(), None)
+        # Call the model.
+        await ctx.journal.emit({"type": "model_request", "step": len(history.steps) + 1, "model": run.model})
+        try:
+            turn = await stream_turn(client, request_params(run, history.messages), ctx.journal, ctx.cancel)
+        except TurnCancelled as cancelled:
+            return await _cancelled(ctx, cancelled.partial_text)
+        except TurnFailed as failed:
+            ctx.log.warning(
+                "model turn failed (%s): %s", "retryable" if failed.retryable else "final", failed
+            )
+            return Outcome("release" if failed.retryable else "failed", error=str(failed))
+        seq = await _commit_turn(ctx, turn)
+        if seq is not None:
+            known_stops[seq] = turn.stop_reason
+        if turn.stop_reason in CONTINUE_REASONS and seq is not None:
+            continue
+        text = history.final_text() + turn.text if _continues(history) else turn.text
+        return _ending(turn.stop_reason, text, turn.message)
+
+
+def _continues(history: History) -> bool:
+    """The request ended with an assistant message (a paused turn): the new one extends it."""
+    return bool(history.messages) and history.messages[-1]["role"] == "assistant"
+
+
+async def _commit_turn(ctx: RunContext, turn: ModelTurn) -> int | None:
+    """append_step the turn and journal `model_turn` in one transaction. None: empty content
+    (nothing to store; the Messages API refuses an empty assistant message)."""
+    run = ctx.run
+    await ctx.journal.flush()  # the deltas land before the event that closes them
+    event: dict[str, Any] = {
+        "type": "model_turn",
+        "stop_reason": turn.stop_reason,
+        "usage": turn.usage,
+        "request_id": turn.request_id,
+        "model": turn.message.get("model"),
+        "step_seq": None,
+    }
+    if not turn.message.get("content"):
+        await ctx.journal.emit(event)
+        return None
+    if ctx.lost.is_set():
+        raise RunLost(str(run.run_id))
+    async with ctx.pool.connection() as conn, conn.transaction():
+        seq = await steps_api.append_step(
+            conn,
+            run.run_id,
+            run.claim_token,
+            "model_turn",
+            turn.content_text,
+            turn.request_id,
+            usage=turn.usage,
+            stop_reason=turn.stop_reason,
+        )
+        if seq is None:
+            raise RunLost(str(run.run_id))
+        event["step_seq"] = seq
+        if await api.append_events(conn, run.run_id, run.claim_token, [event]) is None:
+            raise RunLost(str(run.run_id))
+    return seq
+
+
+def _ending(stop_reason: str | None, text: str, message: dict[str, Any] | None) -> Outcome:
+    result: dict[str, Any] = {"text": text, "stop_reason": stop_reason}
+    if message is not None and message.get("stop_details") is not None:
+        result["stop_details"] = message["stop_details"]
+    if stop_reason in ("end_turn", "stop_sequence", "refusal"):
+        return Outcome("completed", result=result)
+    if stop_reason == "max_tokens":
+        return Outcome(
+            "failed",
+            result=result,
+            error="max_tokens: the answer was cut off at the run's max_tokens; enqueue with a larger "
+            "metadata.max_tokens",
+        )
+    if stop_reason == "model_context_window_exceeded":
+        return Outcome(
+            "failed",
+            result=result,
+            error="model_context_window_exceeded: the conversation no longer fits the model's context "
+            "window; start a new conversation or compact this one",
+        )
+    if stop_reason is None:
+        return Outcome("failed", result=result, error="the last model turn has no recorded stop_reason")
+    return Outcome("failed", result=result, error=f"unexpected stop_reason {stop_reason!r}")
+
+
+async def _cancelled(ctx: RunContext, partial: str | None) -> Outcome:
+    if partial is None:
+        async with ctx.pool.connection() as conn:
+            history = await load_history(conn, ctx.run.conversation_id, ctx.run.run_id)
+        partial = history.final_text()
+    ctx.log.info("run cancelled (%d characters of text kept)", len(partial))
+    return Outcome("cancelled", result={"text": partial, "stop_reason": "cancelled"})

@@ -1,0 +1,195 @@
+"""One streamed model turn on `anthropic.AsyncAnthropic`: request, deltas to the journal, the
+final message, and the classification of what went wrong.
+
+What the request is built from: model, system prompt and tool definitions from the run's pinned
+prompt (`ClaimedRun`), never from worker configuration; request parameters from the run's
+metadata (pinned at enqueue), see `REQUEST_PARAMS` and `DEFAULT_MAX_TOKENS`.
+
+Where the client points: `ANTHROPIC_BASE_URL` (else the SDK's default, the real API) and
+`ANTHROPIC_API_KEY`; worker config `anthropic_base_url` / `anthropic_max_retries` override.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+
+from pyworker.db.api import ClaimedRun
+from pyworker.worker.journal import RunJournal
+
+try:  # the HTTP library the SDK is built on (httpx2 in this environment, httpx upstream)
+    import httpx2 as _http
+except ImportError:  # pragma: no cover
+    import httpx as _http  # type: ignore[no-redef]
+
+DEFAULT_MAX_TOKENS = 4096
+# Request parameters a run may pin in its metadata (enqueue_run(metadata => ...)).
+REQUEST_PARAMS = ("max_tokens", "thinking", "temperature", "top_p", "top_k", "stop_sequences", "tool_choice")
+DEFAULT_MAX_RETRIES = 2
+
+DELTA_EVENTS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
+
+
+class TurnFailed(Exception):
+    """The model call of this step failed. `retryable`: a transient failure (the attempt ends and
+    the run is released: requeued while attempts are left); otherwise the run fails."""
+
+    def __init__(self, message: str, *, retryable: bool, request_id: str | None = None):
+        super().__init__(message)
+        self.retryable = retryable
+        self.request_id = request_id
+
+
+class TurnCancelled(Exception):
+    """A stop arrived mid-stream; `partial_text` is what had been streamed (and journaled)."""
+
+    def __init__(self, partial_text: str):
+        super().__init__("cancelled mid-stream")
+        self.partial_text = partial_text
+
+
+@dataclass(frozen=True)
+class ModelTurn:
+    message: dict[str, Any]  # final_message.to_dict(mode="json"): what came off the wire
+    content_text: str  # json.dumps(message["content"]): the step payload, serialized once
+    stop_reason: str | None
+    usage: dict[str, Any] | None
+    request_id: str | None
+
+    @property
+    def text(self) -> str:
+        return "".join(b.get("text", "") for b in self.message.get("content", []) if b.get("type") == "text")
+
+
+# Per event loop (a client's connection pool belongs to the loop it was used on), per endpoint.
+_clients: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[Any, ...], anthropic.AsyncAnthropic]
+] = weakref.WeakKeyDictionary()
+
+
+def client_for(config: dict[str, Any]) -> anthropic.AsyncAnthropic:
+    """One client (one connection pool) per event loop and endpoint."""
+    base_url = config.get("anthropic_base_url") or os.environ.get("ANTHROPIC_BASE_URL") or None
+    api_key = config.get("anthropic_api_key") or os.environ.get("ANTHROPIC_API_KEY") or None
+    retries = int(
+        config.get("anthropic_max_retries", os.environ.get("RUNROW_MAX_RETRIES", DEFAULT_MAX_RETRIES))
+    )
+    key = (base_url, api_key, retries)
+    clients = _clients.setdefault(asyncio.get_running_loop(), {})
+    client = clients.get(key)
+    if client is None:
+        client = anthropic.AsyncAnthropic(
+            base_url=base_url, api_key=api_key or "no-key-set", max_retries=retries
+        )
+        clients[key] = client
+    return client
+
+
+def request_params(run: ClaimedRun, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    meta = run.metadata or {}
+    params: dict[str, Any] = {"model": run.model, "messages": messages, "max_tokens": DEFAULT_MAX_TOKENS}
+    for name in REQUEST_PARAMS:
+        if meta.get(name) is not None:
+            params[name] = meta[name]
+    if run.system_prompt:
+        params["system"] = run.system_prompt
+    if run.tools:
+        params["tools"] = run.tools
+    return params
+
+
+async def stream_turn(
+    client: anthropic.AsyncAnthropic,
+    params: dict[str, Any],
+    journal: RunJournal,
+    cancel: asyncio.Event,
+) -> ModelTurn:
+    """Stream one response, journaling every delta. Returns when the message is complete; raises
+    TurnCancelled (the stream is closed at once), TurnFailed, or RunLost from the journal."""
+    partial: list[str] = []
+    consumer = asyncio.create_task(_consume(client, params, journal, partial))
+    stopper = asyncio.create_task(cancel.wait())
+    try:
+        await asyncio.wait({consumer, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # our own task is being cancelled (run lost, drain): stop the stream
+        consumer.cancel()
+        with contextlib.suppress(BaseException):
+            await consumer
+        raise
+    finally:
+        stopper.cancel()
+    if not consumer.done():
+        # Closing the stream (the context manager's exit on cancellation) drops the connection, so
+        # the model stops generating and nothing more is billed.
+        consumer.cancel()
+        with contextlib.suppress(BaseException):
+            await consumer
+        raise TurnCancelled("".join(partial))
+    return consumer.result()
+
+
+async def _consume(
+    client: anthropic.AsyncAnthropic, params: dict[str, Any], journal: RunJournal, partial: list[str]
+) -> ModelTurn:
+    request_id: str | None = None
+    try:
+        async with client.messages.stream(**params) as stream:
+            request_id = stream.request_id
+            async for event in stream:
+                if event.type != "content_block_delta":
+                    continue
+                delta = event.delta
+                field = DELTA_EVENTS.get(delta.type)
+                if field is None:
+                    continue  # signature_delta, citations_delta: part of the final message
+                value = getattr(delta, field)
+                if delta.type == "text_delta":
+                    partial.append(value)
+                await journal.emit({"type": delta.type, "index": event.index, field: value})
+            final = await stream.get_final_message()
+    except anthropic.APIStatusError as exc:
+        raise _status_failure(exc) from exc
+    except anthropic.APIConnectionError as exc:  # includes timeouts, after the SDK's retries
+        raise TurnFailed(f"model API unreachable: {exc}", retryable=True, request_id=request_id) from exc
+    except _http.TransportError as exc:  # a connection cut mid-stream; the SDK does not retry it
+        raise TurnFailed(
+            f"model stream broken mid-response: {type(exc).__name__}: {exc}",
+            retryable=True,
+            request_id=request_id,
+        ) from exc
+    message = final.to_dict(mode="json")
+    return ModelTurn(
+        message=message,
+        content_text=json.dumps(message.get("content", []), ensure_ascii=False),
+        stop_reason=message.get("stop_reason"),
+        usage=message.get("usage"),
+        request_id=request_id,
+    )
+
+
+def _status_failure(exc: anthropic.APIStatusError) -> TurnFailed:
+    status = exc.status_code
+    request_id = getattr(exc, "request_id", None)
+    detail = _error_message(exc)
+    if status == 200:
+        # An `error` event after the stream started (overloaded mid-response): the step failed.
+        return TurnFailed(f"model stream error mid-response: {detail}", retryable=True, request_id=request_id)
+    retryable = status in (408, 409, 429) or status >= 500
+    what = "model API error (retries exhausted)" if retryable else "model API refused the request"
+    return TurnFailed(f"{what}: HTTP {status}: {detail}", retryable=retryable, request_id=request_id)
+
+
+def _error_message(exc: anthropic.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        error = body.get("error") if isinstance(body.get("error"), dict) else body
+        if isinstance(error, dict) and error.get("message"):
+            return f"{error.get('type', 'error')}: {error['message']}"
+    return str(exc.message)

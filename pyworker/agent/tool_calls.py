@@ -1,0 +1,262 @@
+"""Run the tool calls of a model turn through begin_tool_call / complete_tool_call.
+
+Per tool_use block, in order (only the ones without a tool_result step):
+- not in this worker's registry: an is_error tool_result (append_step) the model sees;
+- key = tool_call_key(run, step seq, tool_use id, tool, input) (pyworker/db/keys.py, the SQL's twin);
+- begin_tool_call says: `execute` (run it with the key; a resumed attempt of a non_idempotent tool
+  gets the same key again, for the downstream service to dedup) | `done` (recorded by an earlier
+  attempt; nothing to do) | `approved` (a person said yes: run it now) | `rejected` (tell the model,
+  is_error) | `needs_approval` / `uncertain` (the SQL parked the run as waiting; stop: `parked`);
+- complete_tool_call records the result and appends the tool_result step in one transaction.
+A tool that raises gives an is_error tool_result with the exception's text; the run goes on.
+
+A stop while a tool runs (pyworker/agent/tools.py, "Cooperative cancellation"): a tool that takes
+`cancel` gets the signal and up to its cancel_grace to return; an async pure/idempotent tool
+without it is cancelled at once; any other tool is awaited to its end. A call cut short is
+recorded with interrupt_tool_call: non_idempotent/irreversible become uncertain (any later
+begin parks the run for a person), pure/idempotent get a "cancelled" is_error result. The
+same holds when the handler itself is cancelled (drain past its budget), except that a
+pure/idempotent call is left to run again on the resumed attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pyworker.agent.tools import CancelSignal, Tool, ToolCancelled, ToolError, ToolRegistry
+from pyworker.db import steps as steps_api
+from pyworker.db.keys import tool_call_key
+from pyworker.worker.handler import RunContext
+from pyworker.worker.journal import RunLost
+
+STOPPED_RESULT = "Cancelled: the run was stopped while this tool ran, before it finished."
+
+
+class Parked(Exception):
+    """begin_tool_call parked the run on a person (needs_approval or uncertain)."""
+
+    def __init__(self, state: str, key: str, tool: str):
+        super().__init__(f"{tool}: {state} ({key})")
+        self.state = state
+        self.key = key
+        self.tool = tool
+
+
+def _json_result(value: Any) -> Any:
+    """A tool's return value as JSON (what complete_tool_call stores and the model reads)."""
+    if value is None:
+        return ""
+    try:
+        return json.loads(json.dumps(value, ensure_ascii=False))
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _rejection_text(decision: Any) -> str:
+    decision = decision or {}
+    text = f"A person rejected this call ({decision.get('decided_by') or 'unknown'})."
+    if decision.get("note"):
+        text += f" Note: {decision['note']}"
+    return text + " It was not run."
+
+
+async def run_tool_calls(
+    ctx: RunContext,
+    registry: ToolRegistry,
+    step_seq: int,
+    tool_uses: list[dict[str, Any]],
+    stop_requested: Callable[[], bool],
+    before_park: Callable[[], Awaitable[None]],
+) -> bool:
+    """Answer `tool_uses` (all from model_turn `step_seq`). False when stopped between calls."""
+    run = ctx.run
+    for block in tool_uses:
+        if stop_requested():
+            return False
+        name, use_id, args = block["name"], block["id"], block.get("input") or {}
+        tool = registry.get(name)
+        if tool is None:
+            await _unknown_tool(ctx, block)
+            continue
+        key = tool_call_key(run.run_id, step_seq, use_id, name, args)
+        # Everything journaled so far lands before a possible park clears the claim.
+        await before_park()
+        async with ctx.pool.connection() as conn:
+            begun = await steps_api.begin_tool_call(
+                conn, run.run_id, run.claim_token, key, name, args, tool.effect
+            )
+        if begun is None:
+            raise RunLost(str(run.run_id))
+        state = begun.state
+        ctx.log.info("tool %s (%s, %s): %s", name, tool.effect, key[:12], state)
+        if state in ("needs_approval", "uncertain"):
+            raise Parked(state, key, name)
+        await ctx.journal.emit(
+            {
+                "type": "tool_call",
+                "tool": name,
+                "tool_use_id": use_id,
+                "effect": tool.effect,
+                "idempotency_key": key,
+                "state": state,
+            }
+        )
+        if state == "done":
+            continue
+        if state == "rejected":
+            result, is_error = _rejection_text(begun.result), True
+        else:  # execute, approved
+            ran = await _execute(ctx, tool, args, key)
+            if ran is None:
+                await _record_stopped(ctx, tool, key, use_id)
+                return False
+            result, is_error = ran.result, ran.is_error
+        async with ctx.pool.connection() as conn:
+            seq = await steps_api.complete_tool_call(conn, run.run_id, run.claim_token, key, result, is_error)
+        if seq is None:
+            raise RunLost(str(run.run_id))
+        await ctx.journal.emit(
+            {
+                "type": "tool_result",
+                "tool": name,
+                "tool_use_id": use_id,
+                "step_seq": seq,
+                "is_error": is_error,
+            }
+        )
+    return True
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What a tool that ran to its end produced (an exception is an is_error result)."""
+
+    result: Any
+    is_error: bool
+
+
+async def _run(
+    ctx: RunContext, tool: Tool, args: dict[str, Any], key: str, signal: CancelSignal
+) -> Ran | None:
+    """The tool's own outcome; None when it stopped part-way on the cancel signal."""
+    try:
+        value = await tool.call(args, key, signal)
+    except ToolCancelled as exc:
+        if not signal.is_set():  # nobody asked it to stop: an ordinary failure
+            return Ran(f"ToolCancelled: {exc}", True)
+        ctx.log.info("tool %s stopped part-way: %s", tool.name, exc)
+        return None
+    except ToolError as exc:  # the tool says what happened, also when it answers a stop
+        return Ran(str(exc), True)
+    except Exception as exc:
+        if signal.is_set():
+            # Failing on its way out after the signal: how far it got is unknown.
+            ctx.log.warning("tool %s raised after its cancel signal: %s", tool.name, exc)
+            return None
+        ctx.log.warning("tool %s raised: %s", tool.name, exc, exc_info=True)
+        return Ran(f"{type(exc).__name__}: {exc}", True)
+    return Ran(_json_result(value), False)
+
+
+def _outcome(task: asyncio.Future[Ran | None]) -> Ran | None:
+    return None if task.cancelled() else task.result()
+
+
+async def _execute(ctx: RunContext, tool: Tool, args: dict[str, Any], key: str) -> Ran | None:
+    """Run the tool, minding a stop (ctx.cancel). None: the stop cut it short, no result."""
+    signal = tool.new_cancel_signal()
+    task = asyncio.ensure_future(_run(ctx, tool, args, key, signal))
+    stopped = asyncio.ensure_future(ctx.cancel.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return _outcome(task)
+        if tool.wants_cancel:
+            ctx.log.info("stop: telling tool %s (up to %.1fs to return)", tool.name, tool.cancel_grace)
+            signal.set()
+            if (await asyncio.wait({task}, timeout=tool.cancel_grace))[0]:
+                return _outcome(task)
+            ctx.log.warning(
+                "tool %s did not return within %.1fs of its cancel signal", tool.name, tool.cancel_grace
+            )
+            task.cancel()  # a sync tool's thread cannot be stopped: it runs on, its result unused
+            return None
+        if tool.is_async and tool.effect in ("pure", "idempotent"):
+            ctx.log.info("stop: cancelling %s tool %s", tool.effect, tool.name)
+            task.cancel()
+            # Bounded: a tool that swallows the cancellation is not waited on for ever.
+            await asyncio.wait({task}, timeout=tool.cancel_grace)
+            return None
+        ctx.log.info("stop: waiting for tool %s to finish (it takes no cancel signal)", tool.name)
+        await asyncio.wait({task})
+        return _outcome(task)
+    except asyncio.CancelledError:
+        # The handler itself is cancelled: a drain past its budget, or the claim was lost.
+        signal.set()
+        task.cancel()
+        if not ctx.lost.is_set():
+            await _record_interrupted(ctx, tool, key, "drained: the worker stopped while the tool ran")
+        raise
+    finally:
+        stopped.cancel()
+
+
+async def _record_interrupted(ctx: RunContext, tool: Tool, key: str, reason: str) -> str | None:
+    """interrupt_tool_call after the journal so far; the call's state, None when fenced out."""
+    run = ctx.run
+    try:
+        await ctx.journal.flush()  # what was journaled lands before the SQL's own event
+    except RunLost:
+        return None
+    async with ctx.pool.connection() as conn:
+        state = await steps_api.interrupt_tool_call(conn, run.run_id, run.claim_token, key, reason)
+    ctx.log.warning("tool %s (%s, %s) cut short: %s", tool.name, tool.effect, key[:12], state)
+    return state
+
+
+async def _record_stopped(ctx: RunContext, tool: Tool, key: str, use_id: str) -> None:
+    """A stop cut the call short: uncertain when unsafe to repeat, else a cancelled result."""
+    state = await _record_interrupted(ctx, tool, key, "stopped: the run was stopped while the tool ran")
+    if state is None:
+        raise RunLost(str(ctx.run.run_id))
+    if state != "executing":  # uncertain: a person decides; done: its result landed first
+        return
+    run = ctx.run
+    async with ctx.pool.connection() as conn:
+        seq = await steps_api.complete_tool_call(conn, run.run_id, run.claim_token, key, STOPPED_RESULT, True)
+    if seq is None:
+        raise RunLost(str(run.run_id))
+    await ctx.journal.emit(
+        {"type": "tool_result", "tool": tool.name, "tool_use_id": use_id, "step_seq": seq, "is_error": True}
+    )
+
+
+async def _unknown_tool(ctx: RunContext, block: dict[str, Any]) -> None:
+    run = ctx.run
+    payload = json.dumps(
+        {
+            "type": "tool_result",
+            "tool_use_id": block["id"],
+            "content": f"Unknown tool {block['name']!r}: this worker has no tool of that name.",
+            "is_error": True,
+        },
+        ensure_ascii=False,
+    )
+    async with ctx.pool.connection() as conn:
+        seq = await steps_api.append_step(conn, run.run_id, run.claim_token, "tool_result", payload)
+    if seq is None:
+        raise RunLost(str(run.run_id))
+    ctx.log.warning("model called unknown tool %s", block["name"])
+    await ctx.journal.emit(
+        {
+            "type": "tool_result",
+            "tool": block["name"],
+            "tool_use_id": block["id"],
+            "step_seq": seq,
+            "is_error": True,
+        }
+    )

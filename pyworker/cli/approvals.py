@@ -1,0 +1,109 @@
+"""`runrow approvals`, `runrow approve KEY`, `runrow reject KEY`: the person in the loop.
+
+An irreversible tool call parks its run as `waiting` until a person decides; an irreversible
+call that began and has no result (a crash hit mid-effect) comes back `uncertain` and waits for a
+person too. Both are listed by the `runrow.pending_approvals` view; a decision goes through
+`runrow.resolve_approval`, which records who decided and requeues the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+
+import psycopg
+
+from pyworker.cli.client import CliError, _command, _connect
+from pyworker.db import steps as steps_api
+from pyworker.db.config import database_url
+
+REASONS = {
+    "needs_approval": "irreversible, not run yet",
+    "uncertain": "irreversible, began and has no result: it may have happened",
+}
+
+
+async def cmd_approvals(args: argparse.Namespace) -> int:
+    async with await _connect(database_url(args.database_url)) as conn:
+        pending = await steps_api.pending_approvals(conn)
+    if args.json:
+        for p in pending:
+            print(
+                json.dumps(
+                    {
+                        "idempotency_key": p.idempotency_key,
+                        "reason": p.reason,
+                        "run_id": str(p.run_id),
+                        "conversation_id": str(p.conversation_id),
+                        "tool": p.tool,
+                        "args": p.args,
+                        "effect": p.effect,
+                        "waiting_since": p.waiting_since.isoformat(),
+                    }
+                )
+            )
+        return 0
+    if not pending:
+        print("nothing waits for a decision")
+        return 0
+    for p in pending:
+        print(f"{p.idempotency_key}  {p.reason}: {REASONS.get(p.reason, p.reason)}")
+        print(f"    run {p.run_id}  tool {p.tool}  args {json.dumps(p.args, ensure_ascii=False)}")
+        print(f"    waiting since {p.waiting_since:%Y-%m-%d %H:%M:%S %Z}")
+    print(f"{len(pending)} waiting. Decide with: runrow approve KEY | runrow reject KEY [--note TEXT]")
+    return 0
+
+
+async def _decide(args: argparse.Namespace, approved: bool) -> int:
+    async with await _connect(database_url(args.database_url)) as conn:
+        try:
+            run_id = await steps_api.resolve_approval(conn, args.key, approved, args.by, args.note)
+        except psycopg.errors.NoDataFound as exc:
+            raise CliError(f"no tool call has idempotency key {args.key}") from exc
+    print(f"{'approved' if approved else 'rejected'} by {args.by}; run {run_id} requeued")
+    return 0
+
+
+async def cmd_approve(args: argparse.Namespace) -> int:
+    return await _decide(args, True)
+
+
+async def cmd_reject(args: argparse.Namespace) -> int:
+    return await _decide(args, False)
+
+
+def _default_person() -> str:
+    return os.environ.get("RUNROW_PERSON") or getpass.getuser()
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = _command(
+        sub,
+        "approvals",
+        cmd_approvals,
+        help="list tool calls waiting for a person (approvals and uncertain intents)",
+        description="Every irreversible tool call that waits for a decision: needs_approval (not "
+        "run yet) or uncertain (it began and has no result: a crash hit mid-effect, it may have "
+        "happened). Decide with `runrow approve KEY` or `runrow reject KEY`.",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    for name, command, meaning in (
+        ("approve", cmd_approve, "run it (for an uncertain call: it did not happen, run it)"),
+        ("reject", cmd_reject, "do not run it; the model is told the call was rejected"),
+    ):
+        p = _command(
+            sub,
+            name,
+            command,
+            help=f"{name} a waiting tool call: {meaning}",
+            description=f"{name.capitalize()} the tool call with this idempotency key: {meaning}. "
+            "Records who decided and requeues the run.",
+        )
+        p.add_argument("key", help="the idempotency key `runrow approvals` shows")
+        p.add_argument(
+            "--by", default=_default_person(), help="who decides (default: $RUNROW_PERSON or the login)"
+        )
+        p.add_argument("--note", help="why; reaches the worker (and the model, for a rejection)")

@@ -1,0 +1,450 @@
+"""The client half of the `runrow` CLI: enqueue, tail, stop, cancel, retry, status, audit.
+
+Each command is one function plus one parser block; `add_commands` registers them on the
+main parser. Every database error a person can cause (bad argument, unknown id, wrong
+state) becomes one line on stderr and exit code 2, as does an unreachable database.
+
+Exit codes of `tail` and `enqueue --follow` say how the run ended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import textwrap
+import uuid
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any, LiteralString, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from pyworker.cli.tail_render import Renderer
+from pyworker.db import api
+from pyworker.db.config import database_url
+from pyworker.db.hub import Hub
+from pyworker.db.tail import CursorPastEnd, Keepalive, RunNotFound, check_cursor, run_status, tail
+
+DEFAULT_MODEL = "claude-sonnet-4-5"
+T = TypeVar("T")
+
+# How a run ended, as the exit code of `tail` and `enqueue --follow`. 2 is every usage error.
+EXIT_CODES = {"completed": 0, "failed": 1, "cancelled": 3, "dead": 4}
+EXIT_USAGE = 2
+# EX_TEMPFAIL: nothing changed, the same command will go through later (a stop or cancel hit
+# its lock_timeout behind an unresponsive holder), so a script can tell it from a bad argument.
+EXIT_RETRY = 75
+
+# SQLSTATEs the runrow functions raise for a caller's mistake: the message names the argument.
+CALLER_ERRORS = {
+    "22023": "invalid argument",
+    "22004": "missing argument",
+    "55000": "wrong state",
+    "55P03": "busy",
+    "P0002": "not found",
+}
+
+EXIT_CODE_HELP = """\
+exit codes: 0 completed, 1 failed, 3 cancelled, 4 dead (attempts exhausted),
+            2 bad input, unknown id or database unreachable."""
+
+
+class CliError(Exception):
+    """A one-line message for the person at the shell; exit code 2."""
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = _command(
+        sub,
+        "enqueue",
+        cmd_enqueue,
+        help="enqueue a turn of a conversation; prints the run id",
+        description="Record a user message and a queued run in one transaction and wake the "
+        "workers. Prints the run id on stdout and the conversation id on stderr; a worker "
+        "(`runrow worker`) claims and runs it.",
+        epilog=f"""examples:
+  runrow enqueue "What is a lease?"                       # new conversation
+  runrow enqueue -c 0b9f...e1 "And a fence?" --follow     # next turn, stream the answer
+  echo "long prompt" | runrow enqueue - --system "Be brief." --max-attempts 3
+  runrow enqueue -c $CONV "again" --if-active interrupt   # stop the running turn first
+
+--follow streams the answer like `runrow tail` and exits with its code.
+{EXIT_CODE_HELP}""",
+    )
+    p.add_argument("message", help="the user message text, or - to read it from stdin")
+    p.add_argument(
+        "-c", "--conversation", type=uuid.UUID, help="conversation id (default: a new conversation)"
+    )
+    p.add_argument(
+        "--model",
+        default=os.environ.get("RUNROW_MODEL", DEFAULT_MODEL),
+        help="model pinned on the run (default: $RUNROW_MODEL or %(default)s)",
+    )
+    p.add_argument("--system", help="system prompt pinned on the run")
+    p.add_argument(
+        "--tools-json", type=Path, metavar="FILE", help="JSON file with an array of tool definitions"
+    )
+    p.add_argument("--max-attempts", type=int, default=1, help="attempts before the run is dead (default 1)")
+    p.add_argument("--idempotency-key", help="the same key returns the first run instead of a second one")
+    p.add_argument(
+        "--if-active",
+        choices=["enqueue", "reject", "interrupt"],
+        default="enqueue",
+        help="when the conversation has an active turn: wait behind it (default), refuse, or stop it",
+    )
+    p.add_argument("--metadata", type=_json_object, default=None, help="JSON object stored on the run")
+    p.add_argument("--user", help="user id stored on the run")
+    p.add_argument("-f", "--follow", action="store_true", help="stream the run until it ends")
+
+    p = _command(
+        sub,
+        "tail",
+        cmd_tail,
+        help="stream a run's journal until it ends; exit code = how it ended",
+        description="Follow the run's journal from a cursor: answer text goes to stdout, every "
+        "other event is a one-line note on stderr (with its seq). On a terminal the text streams "
+        "live; piped, each message's text is written once it is confirmed and text an earlier, "
+        "cut-off attempt streamed is left out, so stdout is exactly the answer. Safe to "
+        "interrupt and rerun: `--from N` resumes after event N without repeats.",
+        epilog=f"""examples:
+  runrow tail 5f0c...a2                 # everything from the start
+  runrow tail 5f0c...a2 --from 41       # only what came after seq 41
+  runrow tail 5f0c...a2 2>/dev/null     # just the text
+  runrow tail 5f0c...a2 > answer.txt    # exactly the answer (result.text), no newline added
+
+{EXIT_CODE_HELP}""",
+    )
+    p.add_argument("run", type=uuid.UUID, help="run id")
+    p.add_argument("--from", dest="from_seq", type=int, default=0, metavar="N", help="start after seq N")
+
+    p = _command(
+        sub,
+        "stop",
+        cmd_stop,
+        help="stop a conversation: cancel its queued turns, ask its running turn to stop",
+        description="One transaction: queued and waiting runs are cancelled outright (their "
+        "message becomes a draft); a running run is flagged and its worker finalizes it "
+        "`cancelled`, keeping the text already streamed. Prints one line per run touched. "
+        "If a run stays locked by an unresponsive worker for 5 s, nothing is stopped and the "
+        f"exit code is {EXIT_RETRY}: retry in a few seconds.",
+        epilog="examples:\n  runrow stop 0b9f...e1\n"
+        "  runrow stop $CONV && runrow tail $RUN   # watch it end\n"
+        f"  until runrow stop $CONV; do [ $? = {EXIT_RETRY} ] || break; sleep 5; done   # retry while busy",
+    )
+    p.add_argument("conversation", type=uuid.UUID, help="conversation id")
+
+    p = _command(
+        sub,
+        "cancel",
+        cmd_cancel,
+        help="stop one run",
+        description="As `stop`, for one run. Prints the action: cancelled, cancel_requested "
+        f"(its worker will finalize it), or already_<status>. Exit {EXIT_RETRY}: the run is "
+        "locked by an unresponsive worker, nothing changed; retry in a few seconds.",
+        epilog="example:\n  runrow cancel 5f0c...a2",
+    )
+    p.add_argument("run", type=uuid.UUID, help="run id")
+
+    p = _command(
+        sub,
+        "retry",
+        cmd_retry,
+        help="run a failed or dead run again (a new run); prints its id",
+        description="A person's decision: a new queued run with the same conversation, message, "
+        "model and prompt, linked to the old one. Retrying twice returns the same new run.",
+        epilog="example:\n  runrow retry 5f0c...a2 | xargs runrow tail",
+    )
+    p.add_argument("run", type=uuid.UUID, help="run id of a failed or dead run")
+
+    _command(
+        sub,
+        "status",
+        cmd_status,
+        help="queue health: depth, oldest queued age, running, leases expiring",
+        description="Prints the view runrow.queue_health as a two-column table.",
+        epilog="example:\n  watch -n 2 runrow status",
+    )
+    _command(
+        sub,
+        "audit",
+        cmd_audit,
+        help="check every invariant; exit 1 when any is violated",
+        description="Runs runrow.audit(): one row per violated invariant. Prints them as a "
+        "table and exits 1 when there are any, 0 when the database is healthy.",
+        epilog="example:\n  runrow audit || page-the-dba",
+    )
+
+
+def _command(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    name: str,
+    func: Callable[[argparse.Namespace], Awaitable[int]],
+    *,
+    help: str,
+    description: str,
+    epilog: str | None = None,
+) -> argparse.ArgumentParser:
+    """One subcommand: its help texts, and `func` run by _sync."""
+    p = sub.add_parser(
+        name,
+        help=help,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_wrap(description),
+        epilog=epilog,
+    )
+    p.set_defaults(func=_sync(func))
+    return p
+
+
+# --- commands -----------------------------------------------------------------------------
+
+
+async def cmd_enqueue(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.message == "-" else args.message
+    if not text.strip():
+        raise CliError("the message is empty: give the text as an argument or on stdin with `-`")
+    tools = _read_tools(args.tools_json) if args.tools_json else None
+    conversation_id = args.conversation or uuid.uuid4()
+    url = database_url(args.database_url)
+    async with await _connect(url) as conn:
+        enq = await api.enqueue_run(
+            conn,
+            conversation_id=conversation_id,
+            content=text,
+            model=args.model,
+            user_id=args.user,
+            system_prompt=args.system,
+            tools=tools,
+            max_attempts=args.max_attempts,
+            idempotency_key=args.idempotency_key,
+            if_active=args.if_active,
+            metadata=args.metadata,
+        )
+    print(enq.run_id, flush=True)
+    note = "" if enq.created else " (existing run for this idempotency key)"
+    print(f"conversation {conversation_id}{note}", file=sys.stderr)
+    if not args.follow:
+        return 0
+    return await _follow(url, enq.run_id, 0)
+
+
+async def cmd_tail(args: argparse.Namespace) -> int:
+    if args.from_seq < 0:
+        raise CliError("--from must be 0 or a seq seen earlier")
+    return await _follow(database_url(args.database_url), args.run, args.from_seq)
+
+
+async def cmd_stop(args: argparse.Namespace) -> int:
+    async with await _connect(database_url(args.database_url)) as conn:
+        touched = await api.stop_conversation(conn, args.conversation)
+    if not touched:
+        print(
+            f"conversation {args.conversation} has no queued, running or waiting run: nothing to stop",
+            file=sys.stderr,
+        )
+    for run_id, action in touched:
+        print(f"{run_id}\t{action}")
+    return 0
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    print(await _on_run(args, api.cancel_run))
+    return 0
+
+
+async def cmd_retry(args: argparse.Namespace) -> int:
+    print(await _on_run(args, api.retry_run))
+    return 0
+
+
+async def _on_run(
+    args: argparse.Namespace, call: Callable[[psycopg.AsyncConnection, uuid.UUID], Awaitable[T]]
+) -> T:
+    """`call` on the run `args.run`; an unknown run id is a one-line error."""
+    async with await _connect(database_url(args.database_url)) as conn:
+        try:
+            return await call(conn, args.run)
+        except psycopg.errors.NoDataFound as exc:
+            raise CliError(f"run {args.run} does not exist") from exc
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    names, rows = await _select_all(args, "runrow.queue_health", psycopg.errors.UndefinedTable)
+    for i, row in enumerate(rows):
+        if i:
+            print()
+        _print_table(["", ""], [[n, _cell(v)] for n, v in zip(names, row, strict=True)], header=False)
+    return 0
+
+
+async def cmd_audit(args: argparse.Namespace) -> int:
+    names, rows = await _select_all(args, "runrow.audit()", psycopg.errors.UndefinedFunction)
+    if not rows:
+        print("audit: every invariant holds", file=sys.stderr)
+        return 0
+    _print_table(names, [[_cell(v) for v in row] for row in rows])
+    print(f"audit: {len(rows)} violation(s)", file=sys.stderr)
+    return 1
+
+
+async def _select_all(
+    args: argparse.Namespace, source: LiteralString, missing: type[psycopg.Error]
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Column names and rows of `SELECT * FROM source` (a runrow view or set-returning function);
+    a database migrated by an older runrow, without it, is a one-line error."""
+    async with await _connect(database_url(args.database_url)) as conn:
+        try:
+            cur = await conn.execute(f"SELECT * FROM {source}")
+        except missing as exc:
+            raise CliError(
+                f"this database has no {source}: run `runrow migrate` with a runrow version that has it"
+            ) from exc
+        return [c.name for c in cur.description or ()], await cur.fetchall()
+
+
+# --- the tail, rendered -------------------------------------------------------------------
+
+
+async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
+    # Check the URL with one plain connection first: a pool would only say "timed out".
+    async with await _connect(url):
+        pass
+    render = Renderer(sys.stdout, sys.stderr)
+    logging.getLogger("runrow.hub").setLevel(logging.WARNING)  # its INFO lines would mix with the notes
+    hub = Hub(url, application_name="runrow-tail")
+    await hub.start()
+    pool = AsyncConnectionPool(url, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False)
+    await pool.open()
+    try:
+        try:
+            ended = await check_cursor(pool, run_id, from_seq)
+        except CursorPastEnd as exc:
+            raise CliError(
+                f"--from {from_seq} is past the end of run {run_id}'s journal, which has no event "
+                f"{from_seq} yet: give a seq this run has shown, or 0"
+            ) from exc
+        if ended:
+            return await _ended_earlier(render, pool, run_id)
+        async with aclosing(tail(pool, hub, run_id, from_seq=from_seq)) as items:
+            async for item in items:
+                if isinstance(item, Keepalive):
+                    continue
+                render.event(item.seq, item.payload)
+                if item.type == "complete":
+                    status = str(item.payload.get("status"))
+                    return EXIT_CODES.get(status, 1)
+        return await _ended_earlier(render, pool, run_id)  # the tail saw the end past the cursor
+    except RunNotFound as exc:
+        raise CliError(str(exc)) from exc
+    finally:
+        render.end_line()
+        await pool.close()
+        await hub.stop()
+
+
+async def _ended_earlier(render: Renderer, pool: AsyncConnectionPool, run_id: uuid.UUID) -> int:
+    # The cursor was already past the complete: the run had ended; say how.
+    status = await run_status(pool, run_id)
+    render.note(f"run ended earlier: status={status}")
+    return EXIT_CODES.get(status, 1)
+
+
+# --- plumbing -----------------------------------------------------------------------------
+
+
+def _sync(command: Callable[[argparse.Namespace], Awaitable[int]]) -> Callable[[argparse.Namespace], int]:
+    """Run an async command; turn the errors a person can fix into one line and exit 2."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return asyncio.run(command(args))  # type: ignore[arg-type]
+        except KeyboardInterrupt:
+            return 130
+        except CliError as exc:
+            print(f"runrow: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except psycopg.errors.LockNotAvailable as exc:
+            hint = exc.diag.message_hint
+            print(f"runrow: {_db_message(exc)}" + (f" ({hint})" if hint else ""), file=sys.stderr)
+            return EXIT_RETRY
+        except psycopg.Error as exc:
+            print(f"runrow: {_db_message(exc)}", file=sys.stderr)
+            return EXIT_USAGE
+
+    run.__name__ = command.__name__
+    return run
+
+
+def _db_message(exc: psycopg.Error) -> str:
+    primary = (exc.diag.message_primary or str(exc)).strip().splitlines()[0]
+    kind = CALLER_ERRORS.get(exc.sqlstate or "")
+    if kind is not None:
+        return f"{kind}: {primary}"
+    return f"database error {exc.sqlstate or ''}: {primary}".replace("  ", " ")
+
+
+async def _connect(url: str) -> psycopg.AsyncConnection:
+    try:
+        return await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        reason = (str(exc).strip().splitlines() or ["unreachable"])[0].strip().rstrip(".")
+        raise CliError(
+            f"cannot connect to {_redact(url)}: {reason}. Set DATABASE_URL (or --database-url) "
+            "to a running PostgreSQL, or run `runrow db start`"
+        ) from exc
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc.msg}): {text!r}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError('must be a JSON object, like \'{"k": "v"}\'')
+    return value
+
+
+def _read_tools(path: Path) -> Any:
+    try:
+        value = json.loads(path.read_text())
+    except OSError as exc:
+        raise CliError(f"cannot read --tools-json {path}: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise CliError(f"--tools-json {path} is not JSON: {exc.msg} at line {exc.lineno}") from exc
+    if not isinstance(value, list):
+        raise CliError(f"--tools-json {path} must hold a JSON array of tool definitions")
+    return value
+
+
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, width=88)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def _print_table(names: list[str], rows: list[list[str]], header: bool = True) -> None:
+    widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
+    lines = ([names, ["-" * w for w in widths]] if header else []) + rows
+    for line in lines:
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())

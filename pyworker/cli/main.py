@@ -1,0 +1,291 @@
+"""`runrow` command line. Each subcommand is a small function; argparse does the rest."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+from pyworker.db import devdb
+from pyworker.db.config import ConfigError, database_url
+from pyworker.db.migrate import MigrateError
+
+DESCRIPTION = """\
+runrow: durable AI-agent runs on plain PostgreSQL. A run is a row: enqueued, claimed,
+leased, fenced, journaled, resumed and stopped by the runrow.* SQL functions.
+
+Every command that talks to the database takes --database-url, else DATABASE_URL,
+else the cluster started by `runrow db start`.
+"""
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from pyworker.db.migrate import migrate
+
+    result = migrate(database_url(args.database_url))
+    applied = ", ".join(result.applied) or "none (already current)"
+    print(f"migrations applied: {applied}")
+    print(f"functions re-applied: {len(result.functions)}")
+    print(f"schema version: {result.version}")
+    return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    if args.action == "start":
+        existing = devdb.load_state()
+        if existing is not None and os.path.exists(existing.root):
+            print(f"already running: {existing.url}")
+            return 0
+        cluster = devdb.start()
+        devdb.save_state(cluster)
+        print(cluster.url)
+        print(f"export DATABASE_URL='{cluster.url}'", file=sys.stderr)
+        return 0
+    if args.action == "stop":
+        cluster = devdb.load_state()
+        if cluster is None:
+            print("no throwaway cluster is running (nothing in .runrow/db.json)")
+            return 0
+        devdb.stop(cluster)
+        devdb.STATE_FILE.unlink(missing_ok=True)
+        print("stopped and removed")
+        return 0
+    if args.action == "url":
+        cluster = devdb.load_state()
+        if cluster is None:
+            print("no throwaway cluster is running: `runrow db start`", file=sys.stderr)
+            return 1
+        print(cluster.url)
+        return 0
+    # run: a throwaway cluster for the life of one command (tests, demo, benchmarks).
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("runrow db run: give a command, for example `runrow db run -- pytest`", file=sys.stderr)
+        return 2
+    if os.environ.get("DATABASE_URL"):
+        return subprocess.call(command)
+    with devdb.throwaway() as cluster:
+        env = dict(os.environ, DATABASE_URL=cluster.url, RUNROW_SUPERUSER_URL=cluster.superuser_url)
+        return subprocess.call(command, env=env)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from pyworker.worker import logs
+    from pyworker.worker.handler import load_handler
+    from pyworker.worker.process import Worker
+
+    logs.setup(args.log_format, args.log_level)
+    try:
+        handler = load_handler(args.handler)
+    except (ImportError, ValueError) as exc:
+        print(f"runrow worker: cannot load --handler {args.handler!r}: {exc}", file=sys.stderr)
+        return 2
+    config = {"tools_module": args.tools} if args.tools else {}
+    if args.tools:
+        os.environ["RUNROW_TOOLS"] = args.tools
+    worker = Worker(
+        database_url(args.database_url),
+        concurrency=args.concurrency,
+        lease_seconds=args.lease,
+        drain_seconds=args.drain,
+        poll_seconds=args.poll,
+        reap_interval=args.reap_interval,
+        grace_seconds=args.grace,
+        trim_after=args.trim_after * 3600 if args.trim_after > 0 else None,
+        handler=handler,
+        worker_id=args.worker_id,
+        config=config,
+        session_limits=args.session_limits,
+    )
+    from psycopg_pool import PoolTimeout
+
+    try:
+        return asyncio.run(worker.run())
+    except PoolTimeout:
+        print(
+            "runrow worker: cannot connect to the database within 30 s; check DATABASE_URL / "
+            "--database-url and that the server is up (`runrow migrate` must have run)",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def in_range(setting: str, unit: float = 1) -> Callable[[str], float]:
+    """An argparse type for a worker setting: its range is Worker's (pyworker.worker.process.LIMITS, in
+    units of `unit` seconds), so a value that cannot work is a usage error naming the flag and
+    the range, not a traceback or a worker whose every reaper pass fails."""
+    from pyworker.worker.process import LIMITS
+
+    kind, lo, hi = LIMITS[setting]
+    lo, hi = lo / unit, hi / unit
+    what = "an integer" if kind is int else "a number"
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not lo <= value <= hi:  # False for nan too
+            raise argparse.ArgumentTypeError(f"must be {what} from {lo:g} to {hi:g}, got {text!r}")
+        return value  # type: ignore[no-any-return]
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="runrow", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--database-url", help="PostgreSQL URL (default: $DATABASE_URL)")
+    parser.add_argument("--log-level", default=os.environ.get("RUNROW_LOG_LEVEL", "INFO"))
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "migrate",
+        help="install or upgrade the runrow schema and functions",
+        description="Apply pending migrations (yoyo) and re-apply every file in "
+        "functions/. Safe to run from several processes at once.",
+    )
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser(
+        "db",
+        help="a throwaway PostgreSQL cluster for development",
+        description="start: create a private cluster from the PostgreSQL 15 binaries "
+        "and print its URL (kept in .runrow/db.json). stop: remove it. url: print it. "
+        "run -- CMD: run CMD with DATABASE_URL set to a cluster that lives only as "
+        "long as CMD (unless DATABASE_URL is already set).",
+    )
+    p.add_argument("action", choices=["start", "stop", "url", "run"])
+    p.add_argument("command", nargs=argparse.REMAINDER, help="for run: the command to run")
+    p.set_defaults(func=cmd_db)
+
+    p = sub.add_parser(
+        "worker",
+        help="run a worker: claim queued runs and drive them to an ending",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Claim queued runs into free slots (never more than --concurrency at once), "
+        "heartbeat each at a third of its lease, journal its events, and finish it. Wakes on "
+        "NOTIFY runrow_enqueued and polls every --poll seconds as the fallback. Every worker "
+        "also reaps runs whose lease expired more than --grace seconds ago (once at boot, then "
+        "on a jittered interval). SIGTERM/SIGINT drains: stop claiming, let runs in flight "
+        "finish for up to --drain seconds, release the rest (requeued while attempts are "
+        "left, else failed), exit 0; a second signal exits at once.",
+    )
+    # A string default goes through `type` too: a bad RUNROW_CONCURRENCY is a usage error.
+    p.add_argument(
+        "--concurrency",
+        type=in_range("concurrency"),
+        default=os.environ.get("RUNROW_CONCURRENCY", "4"),
+        help="runs in flight at once, 1 to 1000 (env RUNROW_CONCURRENCY)",
+    )
+    p.add_argument(
+        "--lease",
+        type=in_range("lease_seconds"),
+        default=30,
+        help="lease seconds, 1 to 3600; heartbeats every lease/3",
+    )
+    p.add_argument(
+        "--drain",
+        type=in_range("drain_seconds"),
+        default=30.0,
+        help="drain budget in seconds after SIGTERM, 0 to 86400",
+    )
+    p.add_argument(
+        "--poll",
+        type=in_range("poll_seconds"),
+        default=10.0,
+        help="idle poll tick in seconds (fallback for NOTIFY), 0.1 to 86400",
+    )
+    p.add_argument(
+        "--grace",
+        type=in_range("grace_seconds"),
+        default=30,
+        help="seconds past an expired lease before a run is reaped, 0 to 86400",
+    )
+    p.add_argument(
+        "--reap-interval",
+        type=in_range("reap_interval"),
+        default=15.0,
+        help="mean seconds between reaper passes, 0.1 to 86400",
+    )
+    p.add_argument(
+        "--trim-after",
+        type=in_range("trim_after", unit=3600),
+        default=24.0,
+        metavar="HOURS",
+        help="the reaper also trims the live journal of runs ended more than HOURS ago "
+        "(runrow.trim_journal; steps and messages stay); 0 = never, at most 876000 (100 years)",
+    )
+    p.add_argument(
+        "--handler",
+        default=os.environ.get("RUNROW_HANDLER", "pyworker.agent:handle"),
+        help="run handler as module:function (env RUNROW_HANDLER); "
+        "pyworker.worker.echo:handle streams metadata.echo back, for tests",
+    )
+    p.add_argument(
+        "--tools",
+        default=os.environ.get("RUNROW_TOOLS"),
+        help="module that defines the agent's tools (env RUNROW_TOOLS)",
+    )
+    p.add_argument("--worker-id", default=None, help="name in agent_run.worker_id (default host-pid)")
+    p.add_argument(
+        "--no-session-limits",
+        dest="session_limits",
+        action="store_false",
+        help="do not send the per-session idle/statement timeouts and TCP keepalives derived from "
+        "--lease (for a pooler that refuses the options startup parameter; then set them server-side)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=os.environ.get("RUNROW_LOG_FORMAT", "text"),
+        help="json: one object per line with run_id, conversation_id, attempt",
+    )
+    p.set_defaults(func=cmd_worker)
+
+    from pyworker.fake.cli import add_command as add_fake_model
+
+    add_fake_model(sub)
+
+    from pyworker.demo.run import add_command as add_demo
+
+    add_demo(sub)
+
+    # enqueue, tail, stop, cancel, retry, status, audit: the client commands, in their own module.
+    from pyworker.cli.client import add_commands
+
+    add_commands(sub)
+
+    # approvals, approve, reject: the person in the loop of irreversible tool calls.
+    from pyworker.cli.approvals import add_commands as add_approval_commands
+
+    add_approval_commands(sub)
+
+    from pyworker.cli.serve import add_command as add_serve
+
+    add_serve(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("yoyo").setLevel(logging.WARNING)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"runrow: {exc}", file=sys.stderr)
+        return 2
+    except MigrateError as exc:
+        print(f"runrow migrate: {exc}", file=sys.stderr)
+        return 1
+    except devdb.DevDbError as exc:
+        print(f"runrow: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,141 @@
+"""`runrow serve`: run the HTTP service with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from pathlib import Path
+
+from pyworker.db.config import database_url
+from pyworker.http.auth import TokenConfigError, load_tokens_file, parse_tokens_env
+from pyworker.http.config import MAX_BODY_BYTES, ServeConfig
+
+DEFAULT_MODEL = "claude-sonnet-4-5"
+
+EPILOG = """\
+endpoints (JSON; errors are {"error": {"type", "message"}}):
+  POST /conversations/{id}/runs   enqueue a turn -> 202 {run_id, status, conversation_id}
+  GET  /runs/{id}                 status, attempts, result or error
+  GET  /runs/{id}/events          Server-Sent Events; resume with ?from=N or Last-Event-ID
+  POST /conversations/{id}/stop   POST /runs/{id}/cancel
+  GET  /approvals                 POST /approvals/{key} {"approved": true|false, "note"?}
+  GET  /                          the chat page
+
+examples:
+  runrow serve --insecure-dev                          # loopback demo, every caller is user "dev"
+  RUNROW_TOKENS="$(openssl rand -hex 16)=alice" runrow serve --host 0.0.0.0
+  runrow serve --tokens-file tokens.json --model claude-sonnet-4-5 --system-file prompt.txt \\
+      --tools-module pyworker.demo.tools
+"""
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "serve",
+        help="serve the HTTP API and chat page (202 runs, resumable SSE, stop, approvals)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="A thin ASGI service over the runrow.* functions. Every request is scoped to one "
+        "user by a bearer token (--tokens-file or RUNROW_TOKENS); another user's conversation, run, "
+        "stream or approval answers 404. All state is in PostgreSQL: run as many instances as you like. "
+        "Runs are driven by `runrow worker` processes, not by this one.",
+        epilog=EPILOG,
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    p.add_argument("--port", type=int, default=8080, help="port (default %(default)s)")
+    p.add_argument(
+        "--tokens-file",
+        type=Path,
+        help='JSON {"token": "user id", ...} (else env RUNROW_TOKENS=tok=user,...)',
+    )
+    p.add_argument(
+        "--insecure-dev",
+        action="store_true",
+        help="no authentication: every request is user 'dev' (or its X-Runrow-User header); loopback only",
+    )
+    p.add_argument(
+        "--model",
+        default=os.environ.get("RUNROW_MODEL", DEFAULT_MODEL),
+        help="model pinned on runs that do not name one (default $RUNROW_MODEL or %(default)s)",
+    )
+    p.add_argument("--system-file", type=Path, help="system prompt pinned on runs that do not give one")
+    p.add_argument(
+        "--tools-module",
+        default=os.environ.get("RUNROW_TOOLS"),
+        help="module whose registered tools are pinned on runs that give none (env RUNROW_TOOLS)",
+    )
+    p.add_argument("--keepalive", type=float, default=15.0, help="seconds between SSE keepalive comments")
+    p.add_argument("--max-body", type=int, default=MAX_BODY_BYTES, help="request body limit in bytes")
+    p.add_argument("--pool-size", type=int, default=10, help="database connections at most")
+    p.add_argument(
+        "--shutdown-grace",
+        type=int,
+        default=5,
+        help="seconds SIGTERM waits for open requests before ending them; event streams never end on "
+        "their own, and their clients resume on another instance with Last-Event-ID (default %(default)s)",
+    )
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from pyworker.http.app import create_app
+
+    try:
+        app = create_app(build_config(args))  # refuses a configuration with no way to authenticate
+    except (TokenConfigError, ValueError, OSError) as exc:
+        print(f"runrow serve: {exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level.lower(),
+        proxy_headers=False,
+        timeout_graceful_shutdown=args.shutdown_grace,
+    )
+    return 0
+
+
+def build_config(args: argparse.Namespace) -> ServeConfig:
+    if args.insecure_dev and not _loopback(args.host):
+        raise ValueError(
+            f"--insecure-dev accepts every request unauthenticated: bind 127.0.0.1, not {args.host}"
+        )
+    tokens: dict[str, str] = {}
+    if args.tokens_file is not None:
+        tokens = load_tokens_file(args.tokens_file)
+    elif os.environ.get("RUNROW_TOKENS"):
+        tokens = parse_tokens_env(os.environ["RUNROW_TOKENS"])
+    tools: list[dict] = []
+    if args.tools_module:
+        from pyworker.agent import tools as tool_registry
+
+        # As with `python -m`, a module in the directory serve was started from is importable.
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        # Exactly that module's tools (the process has imported others, e.g. the demo's).
+        tools = tool_registry.load_module(args.tools_module).definitions()
+    system = args.system_file.read_text() if args.system_file is not None else None
+    return ServeConfig(
+        database_url=database_url(args.database_url),
+        model=args.model,
+        system_prompt=system,
+        tools=tools,
+        tokens=tokens,
+        insecure_dev=args.insecure_dev,
+        keepalive_seconds=args.keepalive,
+        max_body_bytes=args.max_body,
+        pool_max_size=args.pool_size,
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

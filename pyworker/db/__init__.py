@@ -1,0 +1,5 @@
+"""The database surface: typed wrappers of the runrow.* SQL functions, the LISTEN hub and the
+journal tail, keys, migrate, install.sql generation and the throwaway cluster.
+
+The floor of the package: it imports nothing else of pyworker, and everything may import it.
+"""

@@ -1,0 +1,271 @@
+"""A private, throwaway PostgreSQL cluster built from the system's PG 15 binaries.
+
+Used by the test command, the demo and `runrow db`. The cluster gets its own data
+folder and socket folder under a fresh temp dir and listens on a Unix socket only,
+so any number of them can run side by side without port clashes. When the caller is
+root, initdb and the server run as the `postgres` user because PostgreSQL refuses to
+run as root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+PG_BIN = Path(os.environ.get("RUNROW_PG_BIN", "/usr/lib/postgresql/15/bin"))
+# The database and its owner. The owner is deliberately *not* a superuser: installing
+# runrow must work with CREATEROLE + a database of one's own, as on managed PostgreSQL.
+DB_NAME = "runrow"
+OWNER = "runrow_admin"
+SUPERUSER = "postgres"
+PORT = 5432
+
+
+class DevDbError(RuntimeError):
+    """The throwaway cluster could not be created, started or stopped."""
+
+
+@dataclass
+class Cluster:
+    root: str
+    datadir: str
+    sockdir: str
+    os_user: str | None  # the OS user the server runs as, when we switched to one
+
+    @property
+    def url(self) -> str:
+        """Connection URL for the non-superuser owner of the runrow database."""
+        return _url(OWNER, DB_NAME, self.sockdir)
+
+    @property
+    def superuser_url(self) -> str:
+        return _url(SUPERUSER, DB_NAME, self.sockdir)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Cluster:
+        return cls(**json.loads(text))
+
+
+def _url(user: str, db: str, sockdir: str) -> str:
+    return f"postgresql://{user}@/{db}?host={quote(sockdir, safe='')}&port={PORT}"
+
+
+def _as_server_user(argv: list[str], os_user: str | None) -> list[str]:
+    if os_user is None:
+        return argv
+    return ["runuser", "-u", os_user, "--", *argv]
+
+
+def _run(argv: list[str], os_user: str | None, **kw: object) -> None:
+    proc = subprocess.run(
+        _as_server_user(argv, os_user),
+        capture_output=True,
+        text=True,
+        **kw,  # type: ignore[call-overload]
+    )
+    if proc.returncode != 0:
+        raise DevDbError(f"{' '.join(argv[:2])} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
+
+
+def check_binaries() -> None:
+    if not (PG_BIN / "initdb").exists():
+        raise DevDbError(
+            f"PostgreSQL 15 server binaries not found in {PG_BIN}. Install them with "
+            "`sudo apt-get install postgresql-15` (or `make bootstrap`), or set "
+            "DATABASE_URL to use an existing server instead."
+        )
+
+
+def start(fsync: bool = False) -> Cluster:
+    """initdb + start a cluster and create the runrow database owned by runrow_admin."""
+    check_binaries()
+    os_user = "postgres" if os.geteuid() == 0 else None
+    root = tempfile.mkdtemp(prefix="runrow-pg-")
+    os.chmod(root, 0o755)
+    datadir = os.path.join(root, "data")
+    sockdir = os.path.join(root, "sock")
+    os.mkdir(sockdir)
+    if os_user is not None:
+        ent = pwd.getpwnam(os_user)
+        os.chown(root, ent.pw_uid, ent.pw_gid)
+        os.chown(sockdir, ent.pw_uid, ent.pw_gid)
+    cluster = Cluster(root=root, datadir=datadir, sockdir=sockdir, os_user=os_user)
+    try:
+        _run(
+            [
+                str(PG_BIN / "initdb"),
+                "-D",
+                datadir,
+                "-U",
+                SUPERUSER,
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+                "--no-sync",
+            ],
+            os_user,
+        )
+        opts = (
+            f"-c listen_addresses='' -c unix_socket_directories={sockdir} -c port={PORT} "
+            f"-c fsync={'on' if fsync else 'off'} -c synchronous_commit={'on' if fsync else 'off'} "
+            "-c full_page_writes=off -c max_connections=200 -c shared_buffers=128MB "
+            "-c log_min_messages=warning -c max_locks_per_transaction=256"
+        )
+        _run(
+            [
+                str(PG_BIN / "pg_ctl"),
+                "-D",
+                datadir,
+                "-o",
+                opts,
+                "-l",
+                os.path.join(root, "server.log"),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+            os_user,
+        )
+        _bootstrap_database(cluster)
+    except BaseException:
+        stop(cluster)
+        raise
+    return cluster
+
+
+def _bootstrap_database(cluster: Cluster) -> None:
+    import psycopg
+
+    with psycopg.connect(_url(SUPERUSER, "postgres", cluster.sockdir), autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {OWNER} LOGIN CREATEROLE CREATEDB")
+        conn.execute(f"CREATE DATABASE {DB_NAME} OWNER {OWNER}")
+    # pgTAP is not a trusted extension, so the superuser installs it into its own schema;
+    # everything runrow itself is installed later by the non-superuser owner.
+    with psycopg.connect(cluster.superuser_url, autocommit=True) as conn:
+        with contextlib.suppress(psycopg.errors.FeatureNotSupported, psycopg.errors.UndefinedFile):
+            conn.execute("CREATE SCHEMA tap")
+            conn.execute("CREATE EXTENSION pgtap SCHEMA tap")
+        conn.execute("GRANT USAGE ON SCHEMA tap TO PUBLIC")
+
+
+def stop(cluster: Cluster) -> None:
+    """Stop the server (fast) and remove every file the cluster had."""
+    if os.path.exists(os.path.join(cluster.datadir, "postmaster.pid")):
+        with contextlib.suppress(DevDbError):
+            _run(
+                [str(PG_BIN / "pg_ctl"), "-D", cluster.datadir, "-m", "immediate", "-w", "stop"],
+                cluster.os_user,
+            )
+    shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def throwaway(fsync: bool = False) -> Iterator[Cluster]:
+    cluster = start(fsync=fsync)
+    try:
+        yield cluster
+    finally:
+        stop(cluster)
+
+
+STATE_FILE = Path(".runrow/db.json")
+
+
+def save_state(cluster: Cluster, path: Path = STATE_FILE) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(cluster.to_json())
+
+
+def load_state(path: Path = STATE_FILE) -> Cluster | None:
+    if not path.exists():
+        return None
+    return Cluster.from_json(path.read_text())
+
+
+def wait_ready(cluster: Cluster, timeout: float = 10.0) -> None:
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            psycopg.connect(cluster.url).close()
+            return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def database_url_for(url: str, name: str) -> str:
+    """The same server and credentials as `url`, another database."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+
+
+def drop_database(admin_url: str, name: str, timeout: float = 30.0) -> None:
+    """Drop a database we created, without superuser rights.
+
+    `DROP DATABASE ... WITH (FORCE)` would also have to terminate autovacuum workers, which
+    only a superuser (or pg_signal_backend) may do; plain DROP DATABASE makes autovacuum
+    step aside by itself. So: end our own sessions in it, then drop, retrying while a
+    session of ours is still on its way out.
+    """
+    import psycopg
+    from psycopg import sql
+
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        while True:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid() AND usename = current_user",
+                (name,),
+            )
+            try:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+                return
+            except psycopg.errors.ObjectInUse:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def temporary_database(admin_url: str, prefix: str, *, migrated: bool = True) -> Iterator[str]:
+    """A fresh database on the server of `admin_url` (whose role needs CREATEDB), migrated
+    unless told otherwise, dropped afterwards. Tests and benchmarks that must see only
+    their own runs use one each."""
+    import uuid
+
+    import psycopg
+    from psycopg import sql
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = database_url_for(admin_url, name)
+    try:
+        if migrated:
+            from pyworker.db.migrate import migrate
+
+            migrate(url)
+        yield url
+    finally:
+        drop_database(admin_url, name)

@@ -1,0 +1,84 @@
+"""`runrow migrate`: yoyo migrations, then every file in functions/, under one lock.
+
+The migrations in migrations/ are the only DDL history. functions/ holds the API as
+CREATE OR REPLACE files and is re-applied on every migrate, so editing a function and
+migrating updates it without a new migration. Two migrates started at once serialize on
+a session advisory lock taken before yoyo touches anything, so they never race on
+yoyo's own bookkeeping tables either.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from yoyo import get_backend, read_migrations
+
+from pyworker.db.paths import FUNCTIONS_DIR, MIGRATIONS_DIR
+
+log = logging.getLogger("runrow.migrate")
+
+# pg_advisory_lock key shared by `runrow migrate` and sql/install.sql: hashtext('runrow.migrate').
+LOCK_SQL = "SELECT pg_advisory_lock(hashtext('runrow.migrate'))"
+UNLOCK_SQL = "SELECT pg_advisory_unlock(hashtext('runrow.migrate'))"
+YOYO_SCHEMA = "runrow"
+
+
+class MigrateError(RuntimeError):
+    """A migration or function file failed to apply; nothing of this migrate was kept."""
+
+
+@dataclass
+class MigrateResult:
+    applied: list[str]
+    functions: list[str]
+    version: str
+
+
+def function_files(directory: Path = FUNCTIONS_DIR) -> list[Path]:
+    """Function files in apply order: private helpers (leading underscore) first."""
+    return sorted(directory.glob("*.sql"), key=lambda p: (not p.name.startswith("_"), p.name))
+
+
+def yoyo_uri(database_url: str) -> str:
+    """The DATABASE_URL as yoyo wants it: psycopg 3 driver, bookkeeping in schema runrow."""
+    parts = urlsplit(database_url)
+    query = dict(parse_qsl(parts.query))
+    query["schema"] = YOYO_SCHEMA
+    return urlunsplit(("postgresql+psycopg", parts.netloc, parts.path, urlencode(query), ""))
+
+
+def migrate(
+    database_url: str, migrations_dir: Path = MIGRATIONS_DIR, functions_dir: Path = FUNCTIONS_DIR
+) -> MigrateResult:
+    with psycopg.connect(database_url, autocommit=True) as lock_conn:
+        lock_conn.execute(LOCK_SQL)
+        try:
+            # yoyo keeps its tables in our schema, which must exist before it connects.
+            lock_conn.execute("CREATE SCHEMA IF NOT EXISTS runrow")
+            backend = get_backend(yoyo_uri(database_url))
+            migrations = read_migrations(str(migrations_dir))
+            pending = backend.to_apply(migrations)
+            applied = [m.id for m in pending]
+            try:
+                with backend.lock():
+                    backend.apply_migrations(pending)
+            except psycopg.Error as exc:
+                raise MigrateError(f"migration failed, nothing of it was kept: {exc}") from exc
+            backend.connection.close()
+            files = function_files(functions_dir)
+            with psycopg.connect(database_url) as conn, conn.transaction():
+                for path in files:
+                    try:
+                        conn.execute(path.read_text())  # type: ignore[arg-type]
+                    except psycopg.Error as exc:
+                        raise MigrateError(f"functions/{path.name}: {exc}") from exc
+            for mid in applied:
+                log.info("applied migration %s", mid)
+            version = lock_conn.execute("SELECT runrow.schema_version()").fetchone()[0]  # type: ignore[index]
+        finally:
+            lock_conn.execute(UNLOCK_SQL)
+    return MigrateResult(applied=applied, functions=[p.stem for p in files], version=version)

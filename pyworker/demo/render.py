@@ -1,0 +1,155 @@
+"""How `runrow demo` writes to the terminal: headings, one line per structural journal event, and the
+model's text and thinking inline as their (coalesced) deltas arrive.
+
+Plain ASCII, so it reads the same in any terminal, log file or CI output; colour only on a terminal
+that wants it (a tty, NO_COLOR unset).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import time
+from typing import Any, TextIO
+
+from pyworker.db.api import Event
+
+STYLES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "blue": "34", "cyan": "36"}
+INDENT = " " * 10
+
+
+class Screen:
+    def __init__(self, out: TextIO | None = None, color: bool | None = None) -> None:
+        self.out = out or sys.stdout
+        if color is None:
+            color = self.out.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+        self.color = color
+        self.started = time.monotonic()
+        self._inline: str | None = None  # the open inline stream: text / thinking / input, per block
+
+    def paint(self, text: str, *styles: str) -> str:
+        if not self.color or not styles:
+            return text
+        codes = ";".join(STYLES[s] for s in styles)
+        return f"\x1b[{codes}m{text}\x1b[0m"
+
+    def _write(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
+
+    def _close_inline(self) -> None:
+        if self._inline is not None:
+            self._write("\n")
+            self._inline = None
+
+    def heading(self, title: str) -> None:
+        self._close_inline()
+        bar = "=" * max(8, 72 - len(title) - 4)
+        self._write("\n" + self.paint(f"== {title} {bar}", "bold") + "\n")
+
+    def line(self, text: str = "", *styles: str, stamp: bool = True) -> None:
+        """One line, prefixed with the seconds since the demo started."""
+        self._close_inline()
+        prefix = f"[{time.monotonic() - self.started:6.1f}s] " if stamp else ""
+        self._write(self.paint(prefix, "dim") + self.paint(text, *styles) + "\n")
+
+    def note(self, text: str) -> None:
+        """An explanatory line under the previous one."""
+        self._close_inline()
+        for part in textwrap.wrap(text, 100 - len(INDENT)) or [""]:
+            self._write(INDENT + self.paint(part, "dim") + "\n")
+
+    def inline(self, stream: str, label: str, text: str, *styles: str) -> None:
+        """Append streamed text; a new stream (kind or block) starts on its own labelled line."""
+        if self._inline != stream:
+            self._close_inline()
+            self._write(INDENT + self.paint(f"{label}: ", "dim"))
+            self._inline = stream
+        text = text.replace("\n", "\n" + INDENT + "  ")
+        self._write(self.paint(text, *styles))
+
+
+def short(value: Any, width: int = 12) -> str:
+    text = str(value or "")
+    return text if len(text) <= width else text[:width] + "..."
+
+
+class EventPrinter:
+    """Renders the journal of the demo's run. `pids` maps worker id -> pid for the claim lines."""
+
+    def __init__(self, screen: Screen, pids: dict[str, int]) -> None:
+        self.screen = screen
+        self.pids = pids
+        self.tool_of_use: dict[str, str] = {}
+
+    def show(self, event: Event) -> None:
+        p = event.payload
+        s = self.screen
+        kind = event.type
+        if kind == "text_delta":
+            s.inline(f"text{p.get('index')}", "text", str(p.get("text", "")))
+        elif kind == "thinking_delta":
+            s.inline(f"thinking{p.get('index')}", "thinking", str(p.get("thinking", "")), "dim")
+        elif kind == "input_json_delta":
+            s.inline(f"input{p.get('index')}", "tool input", str(p.get("partial_json", "")), "cyan")
+        elif kind == "user_message_created":
+            s.line(f"user message stored (journal seq {event.seq})")
+        elif kind == "run_queued":
+            s.line("run queued: waiting for a worker to claim it")
+        elif kind == "run_claimed":
+            who = str(p.get("worker_id"))
+            pid = self.pids.get(who)
+            s.line(
+                f"CLAIMED by {who}" + (f" (pid {pid})" if pid else "") + f", attempt {p.get('attempt')}",
+                "bold",
+                "blue",
+            )
+        elif kind == "model_request":
+            s.line(f"-> model call for step {p.get('step')} ({p.get('model')})")
+        elif kind == "model_turn":
+            s.line(
+                f"step {p.get('step_seq')} committed: model_turn, stop_reason {p.get('stop_reason')}, "
+                f"request_id {p.get('request_id')}",
+                "green",
+            )
+        elif kind == "tool_call":
+            self.tool_of_use[str(p.get("tool_use_id"))] = str(p.get("tool"))
+            s.line(
+                f"tool call {p.get('tool')} [{p.get('effect')}] key {short(p.get('idempotency_key'))}: "
+                f"{p.get('state')}",
+                "cyan",
+            )
+        elif kind == "tool_result":
+            error = " (is_error)" if p.get("is_error") else ""
+            s.line(f"step {p.get('step_seq')} committed: tool_result of {p.get('tool')}{error}", "green")
+        elif kind == "run_requeued":
+            s.line(
+                f"REQUEUED after attempt {p.get('attempt')} of {p.get('max_attempts')}: "
+                f"{p.get('error') or p.get('reason') or ''}",
+                "bold",
+                "yellow",
+            )
+        elif kind == "superseded":
+            s.line(
+                f"SUPERSEDED: seqs {p.get('after_seq', 0) + 1}..{p.get('through_seq')} were streamed by a "
+                f"cut-off attempt; attempt {p.get('attempt')} redoes that work, so they are not the answer",
+                "bold",
+                "yellow",
+            )
+        elif kind == "complete":
+            status = p.get("status")
+            s.line(
+                f"COMPLETE: {status}" + (f" ({p.get('error')})" if p.get("error") else ""), "bold", "green"
+            )
+        else:
+            s.line(f"{kind} {json.dumps({k: v for k, v in p.items() if k != 'type'})[:100]}")
+
+
+def table(screen: Screen, header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    cells = [tuple(str(c) for c in header)] + [tuple("" if c is None else str(c) for c in r) for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for n, row in enumerate(cells):
+        text = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        screen.line("  " + text, *(("bold",) if n == 0 else ()), stamp=False)

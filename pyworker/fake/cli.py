@@ -1,0 +1,33 @@
+"""`runrow fake-model`: the fake Messages API as its own process (for the demo and kill tests)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def cmd_fake_model(args: argparse.Namespace) -> int:
+    from pyworker.fake.server import serve_forever
+
+    secret = args.secret.encode() if args.secret else None
+    return serve_forever(args.scenario, args.host, args.port, secret, args.delta_delay)
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from pyworker.fake.scenarios import scenario_names
+
+    p = sub.add_parser(
+        "fake-model",
+        help="serve a fake Anthropic Messages API on loopback",
+        description="A real HTTP server speaking the Messages API wire format (streaming and not) with "
+        "scripted scenarios, signed thinking blocks and fault injection. Prints its base URL, then "
+        "serves until SIGINT/SIGTERM. Point the SDK at it with ANTHROPIC_BASE_URL. Control: POST "
+        "/_control/faults, /_control/scenario, /_control/reset; GET /_control/requests.",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port (default)")
+    p.add_argument("--scenario", default="demo", choices=scenario_names())
+    p.add_argument("--secret", help="thinking-signature key (default: a fixed key, stable across restarts)")
+    p.add_argument(
+        "--delta-delay", type=float, default=0.0, help="seconds before each streamed event (a visible stream)"
+    )
+    p.set_defaults(func=cmd_fake_model)

@@ -1,0 +1,581 @@
+"""The Messages API wire format for the fake: request validation, thinking signatures, responses.
+
+Signatures. Like the real API, a thinking block's `signature` binds it to the conversation that
+produced it: it is an HMAC (server secret) over the model, the system prompt, the tool definitions,
+every message before the block's message, the blocks before it in its own message and the thinking
+text. What the MAC covers is canonicalized by meaning, not bytes: parsed JSON with sorted keys,
+null-valued and `cache_control` fields dropped, string content read as one text block. So a resume
+that sends back what the SDK returned verifies however it was serialized, and a change to any text,
+tool definition or earlier block does not.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import itertools
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from pyworker.fake.scenarios import RedactedThinking, Text, Thinking, ToolCall, Turn
+
+SIGNATURE_VERSION = b"\x01"
+REDACTED_VERSION = b"\x02"
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+
+# Fields the API accepts on each input block (from the SDK's *BlockParam types).
+BLOCK_FIELDS: dict[str, frozenset[str]] = {
+    "text": frozenset({"type", "text", "cache_control", "citations"}),
+    "thinking": frozenset({"type", "thinking", "signature"}),
+    "redacted_thinking": frozenset({"type", "data"}),
+    "tool_use": frozenset({"type", "id", "name", "input", "cache_control", "caller", "toolset_name"}),
+    "tool_result": frozenset({"type", "tool_use_id", "content", "is_error", "cache_control", "toolset_name"}),
+}
+# Accepted without a field check: the fake never produces them.
+OPAQUE_BLOCKS = frozenset({"image", "document", "search_result", "server_tool_use", "web_search_tool_result"})
+
+
+class ApiError(Exception):
+    """An error response: HTTP status, error type and message, as the real API words them."""
+
+    def __init__(self, status: int, error_type: str, message: str, headers: Mapping[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+def invalid(message: str) -> ApiError:
+    return ApiError(400, "invalid_request_error", message)
+
+
+def error_body(error_type: str, message: str, request_id: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": error_type, "message": message}, "request_id": request_id}
+
+
+# ---------------------------------------------------------------------------------------------
+# Canonical form (what the signatures cover)
+
+
+def as_blocks(content: Any) -> list[Any]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content or [])
+
+
+def canonical(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {
+            key: canonical(item)
+            for key, item in sorted(value.items())
+            if item is not None and key != "cache_control"
+        }
+    if isinstance(value, list | tuple):
+        return [canonical(item) for item in value]
+    return value
+
+
+def canonical_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    return {"role": message.get("role"), "content": canonical(as_blocks(message.get("content")))}
+
+
+def digest(value: Any) -> bytes:
+    data = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(data.encode()).digest()
+
+
+def context_digest(
+    body: Mapping[str, Any], before: Sequence[Mapping[str, Any]], prefix: Sequence[Any]
+) -> bytes:
+    """What a block at this place in the conversation is bound to."""
+    return digest(
+        {
+            "model": body.get("model"),
+            "system": canonical(as_blocks(body.get("system"))),
+            "tools": canonical(body.get("tools") or []),
+            "messages": [canonical_message(m) for m in before],
+            "prefix": canonical(list(prefix)),
+        }
+    )
+
+
+class Signer:
+    def __init__(self, secret: bytes):
+        self._secret = secret
+
+    def _mac(self, *parts: bytes) -> bytes:
+        mac = hmac.new(self._secret, digestmod=hashlib.sha256)
+        for part in parts:
+            mac.update(len(part).to_bytes(8, "big"))
+            mac.update(part)
+        return mac.digest()
+
+    def thinking_signature(self, context: bytes, thinking: str) -> str:
+        return base64.b64encode(
+            SIGNATURE_VERSION + self._mac(b"thinking", context, thinking.encode())
+        ).decode()
+
+    def redacted_data(self, context: bytes) -> str:
+        nonce = self._mac(b"nonce", context)[:16]
+        return base64.b64encode(REDACTED_VERSION + nonce + self._mac(b"redacted", context, nonce)).decode()
+
+    def check_thinking(self, context: bytes, thinking: str, signature: Any) -> bool:
+        if not isinstance(signature, str):
+            return False
+        return hmac.compare_digest(signature, self.thinking_signature(context, thinking))
+
+    def check_redacted(self, context: bytes, data: Any) -> bool:
+        if not isinstance(data, str):
+            return False
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except ValueError:
+            return False
+        if len(raw) != 49 or raw[:1] != REDACTED_VERSION:
+            return False
+        return hmac.compare_digest(raw[17:], self._mac(b"redacted", context, raw[1:17]))
+
+    def tool_use_id(self, context: bytes, index: int) -> str:
+        raw = self._mac(b"tool_use_id", context, str(index).encode())
+        return "toolu_01" + base64.b32encode(raw).decode().rstrip("=")[:22]
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def validate(
+    body: Any, signer: Signer, *, merge_consecutive: bool = False, require_max_tokens: bool = True
+) -> dict[str, Any]:
+    """The request checks the real API makes, in its words. Returns the body with messages
+    normalized (merged when `merge_consecutive`)."""
+    if not isinstance(body, dict):
+        raise invalid("request body must be a JSON object")
+    model = body.get("model")
+    if model is None:
+        raise invalid("model: Field required")
+    if not isinstance(model, str) or not model:
+        raise invalid("model: Input should be a valid string")
+    if "max_tokens" not in body and require_max_tokens:
+        raise invalid("max_tokens: Field required")
+    max_tokens = body.get("max_tokens", 1 << 30)
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        raise invalid("max_tokens: Input should be a valid integer")
+    if max_tokens < 1:
+        raise invalid("max_tokens: Input should be greater than or equal to 1")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise invalid("stream: Input should be a valid boolean")
+    _validate_system(body.get("system"))
+    _validate_tools(body.get("tools"))
+    _validate_thinking(body.get("thinking"), max_tokens)
+    messages = body.get("messages")
+    if messages is None:
+        raise invalid("messages: Field required")
+    if not isinstance(messages, list):
+        raise invalid("messages: Input should be a valid list")
+    if not messages:
+        raise invalid("messages: at least one message is required")
+    for i, message in enumerate(messages):
+        _validate_message(i, message, last=i == len(messages) - 1)
+    if merge_consecutive:
+        messages = _merge_consecutive(messages)
+    if messages[0]["role"] != "user":
+        raise invalid('messages: first message must use the "user" role')
+    for previous, current in itertools.pairwise(messages):
+        if previous["role"] == current["role"]:
+            raise invalid(
+                'messages: roles must alternate between "user" and "assistant", '
+                f'but found multiple "{current["role"]}" roles in a row'
+            )
+    _validate_tool_pairing(messages)
+    _validate_thinking_history(body, messages)
+    _verify_signatures(body, messages, signer)
+    return {**body, "messages": messages}
+
+
+def _validate_system(system: Any) -> None:
+    if system is None or isinstance(system, str):
+        return
+    if not isinstance(system, list):
+        raise invalid("system: Input should be a valid string or list of text blocks")
+    for j, block in enumerate(system):
+        if (
+            not isinstance(block, dict)
+            or block.get("type") != "text"
+            or not isinstance(block.get("text"), str)
+        ):
+            raise invalid(f"system.{j}: system blocks must be text blocks")
+
+
+def _validate_tools(tools: Any) -> None:
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise invalid("tools: Input should be a valid list")
+    seen: set[str] = set()
+    for k, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise invalid(f"tools.{k}: Input should be an object")
+        if tool.get("type") not in (None, "custom"):
+            continue  # server tools (web search, ...) carry their own shape
+        name = tool.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.match(name):
+            raise invalid(f"tools.{k}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$'")
+        if not isinstance(tool.get("input_schema"), dict):
+            raise invalid(f"tools.{k}.custom.input_schema: Field required")
+        if name in seen:
+            raise invalid("tools: Tool names must be unique.")
+        seen.add(name)
+
+
+def _validate_thinking(thinking: Any, max_tokens: int) -> None:
+    if thinking is None:
+        return
+    if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled", "adaptive"):
+        raise invalid(
+            "thinking: Input tag found using 'type' does not match 'enabled', 'disabled' or 'adaptive'"
+        )
+    if thinking["type"] == "enabled":
+        budget = thinking.get("budget_tokens")
+        if not isinstance(budget, int) or isinstance(budget, bool):
+            raise invalid("thinking.enabled.budget_tokens: Field required")
+        if budget < 1024:
+            raise invalid("thinking.enabled.budget_tokens: Input should be greater than or equal to 1024")
+        if max_tokens <= budget:
+            raise invalid("`max_tokens` must be greater than `thinking.budget_tokens`.")
+
+
+def thinking_enabled(body: Mapping[str, Any]) -> bool:
+    thinking = body.get("thinking")
+    return isinstance(thinking, Mapping) and thinking.get("type") in ("enabled", "adaptive")
+
+
+def _validate_message(i: int, message: Any, *, last: bool) -> None:
+    if not isinstance(message, dict):
+        raise invalid(f"messages.{i}: Input should be an object")
+    role = message.get("role")
+    if role == "system":
+        raise invalid(f"messages.{i}.role: use the top-level `system` parameter for system prompts")
+    if role not in ("user", "assistant"):
+        raise invalid(f"messages.{i}.role: Input should be 'user' or 'assistant'")
+    if "content" not in message:
+        raise invalid(f"messages.{i}.content: Field required")
+    content = message["content"]
+    if isinstance(content, str):
+        if not content and not (last and role == "assistant"):
+            raise invalid(
+                f"messages.{i}: all messages must have non-empty content except for the optional final "
+                "assistant message"
+            )
+        return
+    if not isinstance(content, list):
+        raise invalid(f"messages.{i}.content: Input should be a valid string or list")
+    if not content and not (last and role == "assistant"):
+        raise invalid(
+            f"messages.{i}: all messages must have non-empty content except for the optional final "
+            "assistant message"
+        )
+    for j, block in enumerate(content):
+        _validate_block(i, j, role, block)
+
+
+def _validate_block(i: int, j: int, role: str, block: Any) -> None:
+    where = f"messages.{i}.content.{j}"
+    if not isinstance(block, dict):
+        raise invalid(f"{where}: Input should be an object")
+    kind = block.get("type")
+    if kind in OPAQUE_BLOCKS:
+        return
+    if kind not in BLOCK_FIELDS:
+        raise invalid(
+            f"{where}: Input tag '{kind}' found using 'type' does not match any of the expected tags"
+        )
+    for key in block:
+        if key not in BLOCK_FIELDS[kind]:
+            raise invalid(f"{where}.{kind}.{key}: Extra inputs are not permitted")
+    if kind in ("thinking", "redacted_thinking", "tool_use") and role != "assistant":
+        raise invalid(f"{where}: `{kind}` blocks are only allowed in `assistant` messages")
+    if kind == "tool_result" and role != "user":
+        raise invalid(f"{where}: `tool_result` blocks are only allowed in `user` messages")
+    if kind == "text":
+        if not isinstance(block.get("text"), str):
+            raise invalid(f"{where}.text.text: Field required")
+        if not block["text"]:
+            raise invalid("messages: text content blocks must be non-empty")
+    elif kind == "thinking":
+        for key in ("thinking", "signature"):
+            if not isinstance(block.get(key), str):
+                raise invalid(f"{where}.thinking.{key}: Field required")
+    elif kind == "redacted_thinking":
+        if not isinstance(block.get("data"), str):
+            raise invalid(f"{where}.redacted_thinking.data: Field required")
+    elif kind == "tool_use":
+        if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+            raise invalid(f"{where}.tool_use: `id` and `name` are required")
+        if not isinstance(block.get("input"), dict):
+            raise invalid(f"{where}.tool_use.input: Input should be a valid dictionary")
+    elif kind == "tool_result" and not isinstance(block.get("tool_use_id"), str):
+        raise invalid(f"{where}.tool_result.tool_use_id: Field required")
+
+
+def _merge_consecutive(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    merged: list[dict[str, Any]] = []
+    for message in messages:
+        if merged and merged[-1]["role"] == message["role"]:
+            merged[-1] = {
+                "role": message["role"],
+                "content": as_blocks(merged[-1]["content"]) + as_blocks(message["content"]),
+            }
+        else:
+            merged.append(message)
+    return merged
+
+
+def _tool_use_ids(message: Mapping[str, Any]) -> list[str]:
+    return [b["id"] for b in as_blocks(message.get("content")) if b.get("type") == "tool_use"]
+
+
+def _validate_tool_pairing(messages: list[dict[str, Any]]) -> None:
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant":
+            ids = _tool_use_ids(message)
+            if not ids or i + 1 == len(messages):
+                continue
+            answered = {
+                b.get("tool_use_id")
+                for b in as_blocks(messages[i + 1]["content"])
+                if b.get("type") == "tool_result"
+            }
+            missing = [t for t in ids if t not in answered]
+            if missing:
+                raise invalid(
+                    f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately "
+                    f"after: {', '.join(missing)}. Each `tool_use` block must have a corresponding "
+                    "`tool_result` block in the next message."
+                )
+            continue
+        blocks = as_blocks(message["content"])
+        offered = set(_tool_use_ids(messages[i - 1])) if i > 0 else set()
+        seen_other = False
+        for j, block in enumerate(blocks):
+            if block.get("type") != "tool_result":
+                seen_other = True
+                continue
+            if block["tool_use_id"] not in offered:
+                raise invalid(
+                    f"messages.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                    f"{block['tool_use_id']}. Each `tool_result` block must have a corresponding `tool_use` "
+                    "block in the previous message."
+                )
+            if seen_other:
+                raise invalid(
+                    f"messages.{i}.content.{j}: `tool_result` blocks must come first in the content of a "
+                    "`user` message, before any other block."
+                )
+
+
+def _validate_thinking_history(body: Mapping[str, Any], messages: list[dict[str, Any]]) -> None:
+    """With thinking on, the assistant message that called the tools being answered must start with
+    its thinking block: a loop that drops thinking blocks on the way back is refused."""
+    if not thinking_enabled(body) or len(messages) < 2 or messages[-1]["role"] != "user":
+        return
+    if not any(b.get("type") == "tool_result" for b in as_blocks(messages[-1]["content"])):
+        return
+    i = len(messages) - 2
+    first = as_blocks(messages[i]["content"])[0]
+    if first.get("type") not in ("thinking", "redacted_thinking"):
+        raise invalid(
+            f"messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
+            f"`{first.get('type')}`. When `thinking` is enabled, a final `assistant` message must start with "
+            "a thinking block (preceding the lastmost set of `tool_use` and `tool_result` blocks). "
+            "We recommend you include thinking blocks from previous turns."
+        )
+
+
+def _verify_signatures(body: Mapping[str, Any], messages: list[dict[str, Any]], signer: Signer) -> None:
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        blocks = as_blocks(message["content"])
+        for j, block in enumerate(blocks):
+            kind = block.get("type")
+            if kind not in ("thinking", "redacted_thinking"):
+                continue
+            context = context_digest(body, messages[:i], blocks[:j])
+            if kind == "thinking" and not signer.check_thinking(
+                context, block["thinking"], block["signature"]
+            ):
+                raise invalid(f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block")
+            if kind == "redacted_thinking" and not signer.check_redacted(context, block["data"]):
+                raise invalid(f"messages.{i}.content.{j}: Invalid `data` in `redacted_thinking` block")
+
+
+# ---------------------------------------------------------------------------------------------
+# Responses
+
+
+def estimate_tokens(value: Any) -> int:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return max(1, len(text) // 4)
+
+
+def input_tokens(body: Mapping[str, Any]) -> int:
+    return estimate_tokens(
+        {k: body.get(k) for k in ("system", "tools", "messages") if body.get(k) is not None}
+    )
+
+
+def render_content(turn: Turn, body: Mapping[str, Any], signer: Signer) -> list[dict[str, Any]]:
+    """The content blocks of the response, signed against the request's history. A request that
+    ends with an assistant message (prefill, or a paused turn sent back) is continued: the new blocks
+    extend that message, so they are signed as its continuation."""
+    messages = list(body["messages"])
+    if messages and messages[-1]["role"] == "assistant":
+        before, prefix = messages[:-1], as_blocks(messages[-1]["content"])
+    else:
+        before, prefix = messages, []
+    with_thinking = thinking_enabled(body)
+    content: list[dict[str, Any]] = []
+    tool_index = 0
+    for block in turn.blocks:
+        context = context_digest(body, before, prefix + content)
+        if isinstance(block, Text):
+            content.append({"type": "text", "text": block.text})
+        elif isinstance(block, Thinking):
+            if with_thinking:
+                signature = signer.thinking_signature(context, block.thinking)
+                content.append({"type": "thinking", "thinking": block.thinking, "signature": signature})
+        elif isinstance(block, RedactedThinking):
+            if with_thinking:
+                content.append({"type": "redacted_thinking", "data": signer.redacted_data(context)})
+        elif isinstance(block, ToolCall):
+            tool_id = signer.tool_use_id(context, tool_index)
+            tool_index += 1
+            content.append(
+                {"type": "tool_use", "id": tool_id, "name": block.name, "input": dict(block.input)}
+            )
+    return content
+
+
+def block_tokens(block: Mapping[str, Any]) -> int:
+    kind = block["type"]
+    if kind == "text":
+        return estimate_tokens(block["text"])
+    if kind == "thinking":
+        return estimate_tokens(block["thinking"])
+    if kind == "tool_use":
+        return estimate_tokens(block["input"]) + estimate_tokens(block["name"])
+    return 1
+
+
+def limit_output(
+    content: list[dict[str, Any]], max_tokens: int, room: int
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Cut the output where the real API stops: at `max_tokens`, or where the context window is full
+    (`room` tokens left after the input). Returns the kept blocks and the stop reason of a cut."""
+    limit = min(max_tokens, room)
+    reason = "max_tokens" if max_tokens <= room else "model_context_window_exceeded"
+    kept: list[dict[str, Any]] = []
+    used = 0
+    for block in content:
+        cost = block_tokens(block)
+        if used + cost <= limit:
+            kept.append(block)
+            used += cost
+            continue
+        if block["type"] == "text" and limit > used:
+            kept.append({**block, "text": block["text"][: (limit - used) * 4]})
+        return kept, reason
+    return kept, None
+
+
+def message_json(
+    message_id: str,
+    model: str,
+    content: list[dict[str, Any]],
+    turn: Turn,
+    usage: Mapping[str, int],
+    stop_reason: str | None = None,
+) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason or turn.resolved_stop_reason,
+        "stop_sequence": None,
+        "usage": dict(usage),
+    }
+    if turn.stop_details is not None and stop_reason is None:
+        message["stop_details"] = dict(turn.stop_details)
+    return message
+
+
+def usage_json(in_tokens: int, out_tokens: int) -> dict[str, Any]:
+    return {
+        "input_tokens": in_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": out_tokens,
+        "service_tier": "standard",
+    }
+
+
+def _chunks(text: str, size: int) -> Iterator[str]:
+    for start in range(0, len(text), size):
+        yield text[start : start + size]
+
+
+def stream_events(message: Mapping[str, Any], chunk: int = 12) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The SSE events of a streamed message, in the real API's order."""
+    usage = dict(message["usage"])
+    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
+    start.pop("stop_details", None)
+    start["usage"] = {**usage, "output_tokens": 1}
+    yield "message_start", {"type": "message_start", "message": start}
+    for index, block in enumerate(message["content"]):
+        kind = block["type"]
+        if kind == "text":
+            opening: dict[str, Any] = {"type": "text", "text": ""}
+        elif kind == "thinking":
+            opening = {"type": "thinking", "thinking": "", "signature": ""}
+        elif kind == "tool_use":
+            opening = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+        else:
+            opening = dict(block)
+        yield "content_block_start", {"type": "content_block_start", "index": index, "content_block": opening}
+        if index == 0:
+            yield "ping", {"type": "ping"}
+        for delta in _deltas(block, chunk):
+            yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+        yield "content_block_stop", {"type": "content_block_stop", "index": index}
+    delta: dict[str, Any] = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+    if "stop_details" in message:
+        delta["stop_details"] = message["stop_details"]
+    final_usage = {k: v for k, v in usage.items() if k != "service_tier"}
+    yield "message_delta", {"type": "message_delta", "delta": delta, "usage": final_usage}
+    yield "message_stop", {"type": "message_stop"}
+
+
+def _deltas(block: Mapping[str, Any], chunk: int) -> Iterator[dict[str, Any]]:
+    kind = block["type"]
+    if kind == "text":
+        for piece in _chunks(block["text"], chunk):
+            yield {"type": "text_delta", "text": piece}
+    elif kind == "thinking":
+        for piece in _chunks(block["thinking"], chunk):
+            yield {"type": "thinking_delta", "thinking": piece}
+        yield {"type": "signature_delta", "signature": block["signature"]}
+    elif kind == "tool_use":
+        yield {"type": "input_json_delta", "partial_json": ""}
+        for piece in _chunks(json.dumps(block["input"], ensure_ascii=False), chunk):
+            yield {"type": "input_json_delta", "partial_json": piece}
+
+
+def sse(event: str, data: Mapping[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'), ensure_ascii=False)}\n\n".encode()

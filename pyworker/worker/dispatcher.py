@@ -1,0 +1,177 @@
+"""The dispatcher: claim runs only into free slots, and idle-wait on the enqueue channel.
+
+A slot is acquired BEFORE claiming, so a saturated worker never claims a run it cannot start
+(the run stays queued, visible, for a worker with room). With several slots free, one
+claim_runs call fills them (one transaction, not one per run) and the unused slots go back.
+The idle wait is a NOTIFY on runrow_enqueued with the poll tick as its timeout: the tick is
+the fallback ceiling when a wake is lost or the hub is down.
+
+Runs in flight are keyed by claim (run id, claim token): a worker paused past its lease may
+claim its own run again while the stale attempt is still standing down, and the stale one's
+ending must not take the new one out of the books (drain, cancels). A cancel names only the
+run, so it reaches every claim of that run here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+from uuid import UUID
+
+from psycopg_pool import AsyncConnectionPool
+
+from pyworker.db import api, channels
+from pyworker.db.api import ClaimedRun
+from pyworker.db.hub import RECONNECT_WAKE, Hub
+from pyworker.worker.handler import RunHandler
+from pyworker.worker.journal import JournalWriter
+from pyworker.worker.supervisor import RunSupervisor
+
+log = logging.getLogger("runrow.dispatcher")
+
+MAX_CLAIM_BATCH = 1000  # claim_runs' own limit on max_runs
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        pool: AsyncConnectionPool,
+        hub: Hub | None,
+        writer: JournalWriter,
+        handler: RunHandler,
+        concurrency: int,
+        lease_seconds: int,
+        poll_seconds: float,
+        worker_id: str,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        self._pool = pool
+        self._hub = hub
+        self._writer = writer
+        self._handler = handler
+        self._concurrency = concurrency
+        self._lease = lease_seconds
+        self._poll = poll_seconds
+        self.worker_id = worker_id
+        self._config = config or {}
+        self._slots = asyncio.Semaphore(concurrency)
+        self.in_flight: dict[tuple[UUID, UUID], tuple[RunSupervisor, asyncio.Task[str | None]]] = {}
+        self.claimed = 0  # runs claimed by this dispatcher (observability, tests)
+        self._stopping = False
+        self._parked = False  # True while waiting for a slot or a wake: safe to cancel at once
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._claim_loop(), name="runrow-dispatcher")
+        self._task.add_done_callback(_log_crash)
+
+    async def stop_claiming(self) -> None:
+        """Phase 1 of a drain: no claim starts after this returns. A claim already in flight is
+        allowed to finish (cancelling it could lose a committed claim); its runs start normally."""
+        self._stopping = True
+        task = self._task
+        if task is None:
+            return
+        if self._parked:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    def tasks(self) -> list[asyncio.Task[str | None]]:
+        return [task for _, task in self.in_flight.values()]
+
+    def supervisors(self, run_id: UUID) -> list[RunSupervisor]:
+        """Every claim of this run in flight here (more than one only while a stale attempt stands down)."""
+        return [sup for (claimed, _), (sup, _) in self.in_flight.items() if claimed == run_id]
+
+    async def _claim_loop(self) -> None:
+        async with self._subscribe(channels.ENQUEUED) as wakes:
+            while not self._stopping:
+                self._parked = True
+                try:
+                    await self._slots.acquire()
+                finally:
+                    self._parked = False
+                if self._stopping:
+                    self._slots.release()
+                    return
+                n = 1
+                while n < min(self._concurrency, MAX_CLAIM_BATCH) and not self._slots.locked():
+                    await self._slots.acquire()
+                    n += 1
+                _drain(wakes)  # a wake after this point means "claim again", not "already seen"
+                runs: list[ClaimedRun] = []
+                try:
+                    async with self._pool.connection() as conn:
+                        runs = await api.claim_runs(conn, self.worker_id, n, self._lease)
+                except Exception as exc:
+                    log.warning("claim failed, retrying after the poll tick: %s", exc)
+                for _ in range(n - len(runs)):
+                    self._slots.release()
+                for run in runs:
+                    self._start(run)
+                if len(runs) < n and not self._stopping:
+                    self._parked = True
+                    try:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(wakes.get(), timeout=self._poll)
+                    finally:
+                        self._parked = False
+
+    def _start(self, run: ClaimedRun) -> None:
+        self.claimed += 1
+        sup = RunSupervisor(
+            run,
+            pool=self._pool,
+            writer=self._writer,
+            handler=self._handler,
+            lease_seconds=self._lease,
+            worker_id=self.worker_id,
+            config=self._config,
+        )
+        task = asyncio.create_task(sup.supervise(), name=f"run-{run.run_id}")
+        claim = (run.run_id, run.claim_token)
+        self.in_flight[claim] = (sup, task)
+
+        def done(t: asyncio.Task[str | None]) -> None:
+            self.in_flight.pop(claim, None)
+            self._slots.release()
+            if not t.cancelled() and t.exception() is not None:
+                sup.log.error("run supervisor crashed", exc_info=t.exception())
+
+        task.add_done_callback(done)
+
+    async def watch_cancels(self) -> None:
+        """The fast cancel path: runrow_cancel carries the run id. After a hub reconnect every
+        run beats at once, because a cancel NOTIFY may have been lost while it was down."""
+        async with self._subscribe(channels.CANCEL) as queue:
+            while True:
+                payload = await queue.get()
+                if payload == RECONNECT_WAKE:
+                    for sup, _ in list(self.in_flight.values()):
+                        sup.poke()
+                    continue
+                with contextlib.suppress(ValueError):
+                    for sup in self.supervisors(UUID(payload)):
+                        sup.request_cancel()
+
+    @contextlib.asynccontextmanager
+    async def _subscribe(self, channel: str):  # type: ignore[no-untyped-def]
+        if self._hub is None:
+            yield asyncio.Queue()  # never woken: plain polling
+        else:
+            async with self._hub.subscribe(channel) as queue:
+                yield queue
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.critical("the claim loop crashed; this worker claims nothing more", exc_info=task.exception())
+
+
+def _drain(queue: asyncio.Queue[str]) -> None:
+    while not queue.empty():
+        queue.get_nowait()

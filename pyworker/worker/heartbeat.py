@@ -1,0 +1,51 @@
+"""The per-run heartbeat: extends the lease at a third of it, and doubles as the cancel poll.
+
+`owned = false` sets `lost` (the supervisor aborts the run's work at once and writes nothing);
+`cancel_requested = true` sets `cancel` (the fallback for a missed NOTIFY on runrow_cancel).
+A failed heartbeat (database trouble) is retried at the next beat: if the lease lapses
+meanwhile the reaper takes the run and the next heartbeat that gets through says owned = false.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from psycopg_pool import AsyncConnectionPool
+
+from pyworker.db import api
+from pyworker.db.api import ClaimedRun
+
+
+async def heartbeat_loop(
+    pool: AsyncConnectionPool,
+    run: ClaimedRun,
+    lease_seconds: int,
+    *,
+    cancel: asyncio.Event,
+    lost: asyncio.Event,
+    log: logging.LoggerAdapter,  # type: ignore[type-arg]
+    beat: asyncio.Event | None = None,
+) -> None:
+    """Runs until cancelled or the run is lost. Setting `beat` asks for an immediate beat."""
+    interval = lease_seconds / 3
+    beat = beat if beat is not None else asyncio.Event()
+    while not lost.is_set():
+        try:
+            await asyncio.wait_for(beat.wait(), timeout=interval)
+        except TimeoutError:
+            pass
+        beat.clear()
+        try:
+            async with pool.connection() as conn:
+                hb = await api.heartbeat(conn, run.run_id, run.claim_token, lease_seconds)
+        except Exception as exc:
+            log.warning("heartbeat failed, retrying at the next beat: %s", exc)
+            continue
+        if not hb.owned:
+            log.warning("heartbeat: the run is no longer ours (reaped, stopped or superseded); standing down")
+            lost.set()
+            return
+        if hb.cancel_requested and not cancel.is_set():
+            log.info("heartbeat: cancel requested")
+            cancel.set()

@@ -1,0 +1,218 @@
+"""A worker process: pool, hub, journal writer, dispatcher, cancel watcher, reaper, drain.
+
+Drain (SIGTERM or SIGINT): phase 1 stops claiming at once; phase 2 waits for the runs in
+flight up to the drain budget; what is left is abandoned: its handler is cancelled and the
+run released with error 'drained' — the attempts policy decides (requeued while attempts are
+left, otherwise failed), exactly as for any other hand-back. Then exit 0. A second signal
+exits at once (status 1); the reaper takes those runs after lease + grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from pyworker.db.hub import Hub
+from pyworker.db.session_limits import worker_connection_kwargs
+from pyworker.worker.dispatcher import Dispatcher
+from pyworker.worker.handler import RunHandler
+from pyworker.worker.journal import JournalWriter
+from pyworker.worker.reaper import reaper_loop
+
+log = logging.getLogger("runrow.worker")
+
+# The range of every numeric setting, shared with `runrow worker`'s flags. Where a SQL function
+# takes the value, its own range: claim_runs' max_runs (concurrency), the lease of claim and
+# heartbeat, reap_expired_runs' grace_seconds; outside them a worker fails on every call. The
+# clocks have a floor because at 0 they spin (a 0 s poll is thousands of claim commits a
+# second) and a ceiling of a day (`inf` and `nan` are not clocks). trim_after is in seconds
+# here (hours on the command line); 100 years is far inside trim_journal's interval range.
+LIMITS: dict[str, tuple[type, float, float]] = {
+    "concurrency": (int, 1, 1000),
+    "lease_seconds": (int, 1, 3600),
+    "grace_seconds": (int, 0, 86400),
+    "poll_seconds": (float, 0.1, 86400),
+    "reap_interval": (float, 0.1, 86400),
+    "drain_seconds": (float, 0, 86400),
+    "trim_after": (float, 0, 100 * 365 * 86400),
+    "flush_interval": (float, 0.01, 60),
+    "pool_size": (int, 1, 1000),
+}
+
+
+def check_setting(name: str, value: object) -> None:
+    """ValueError naming the setting and its range unless `value` is in LIMITS[name]."""
+    kind, lo, hi = LIMITS[name]
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or (kind is int and not isinstance(value, int)) or not lo <= value <= hi:  # type: ignore[operator]
+        what = "an integer" if kind is int else "a number"
+        raise ValueError(f"{name} must be {what} from {lo:g} to {hi:g}, got {value!r}")
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Worker:
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        concurrency: int = 4,
+        lease_seconds: int = 30,
+        drain_seconds: float = 30.0,
+        poll_seconds: float = 10.0,
+        reap_interval: float = 15.0,
+        grace_seconds: int = 30,
+        trim_after: float | None = 24 * 3600,
+        handler: RunHandler,
+        worker_id: str | None = None,
+        config: dict[str, Any] | None = None,
+        pool_size: int | None = None,
+        flush_interval: float = 0.25,
+        session_limits: bool = True,
+    ) -> None:
+        settings = {
+            "concurrency": concurrency,
+            "lease_seconds": lease_seconds,
+            "grace_seconds": grace_seconds,
+            "poll_seconds": poll_seconds,
+            "reap_interval": reap_interval,
+            "drain_seconds": drain_seconds,
+            "trim_after": trim_after,
+            "flush_interval": flush_interval,
+            "pool_size": pool_size,
+        }
+        for name, value in settings.items():
+            if value is not None or name not in ("trim_after", "pool_size"):  # None: never trim / the default
+                check_setting(name, value)
+        self.conninfo = conninfo
+        self.concurrency = concurrency
+        self.lease_seconds = lease_seconds
+        self.drain_seconds = drain_seconds
+        self.poll_seconds = poll_seconds
+        self.reap_interval = reap_interval
+        self.grace_seconds = grace_seconds
+        self.trim_after = trim_after
+        self.handler = handler
+        self.worker_id = worker_id or default_worker_id()
+        self.config = config or {}
+        self.pool_size = pool_size or min(concurrency + 4, 32)
+        self.flush_interval = flush_interval
+        self.session_limits = session_limits
+        self._stop = asyncio.Event()
+        self._signals = 0
+        self.dispatcher: Dispatcher | None = None
+        self.hub: Hub | None = None
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def _on_signal(self, signum: int) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            log.info(
+                "%s: draining (up to %.1fs); a second signal exits at once",
+                signal.Signals(signum).name,
+                self.drain_seconds,
+            )
+            self._stop.set()
+        else:
+            log.warning("second signal: exiting now; the reaper takes the runs left in flight")
+            logging.shutdown()
+            os._exit(1)
+
+    async def run(self, *, install_signals: bool = True) -> int:
+        loop = asyncio.get_running_loop()
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+        # PostgreSQL itself ends this process's sessions within about a lease if it freezes
+        # or vanishes inside a transaction, so its row locks cannot stall reapers and stops.
+        limits = worker_connection_kwargs(self.conninfo, self.lease_seconds) if self.session_limits else {}
+        pool = AsyncConnectionPool(
+            self.conninfo,
+            min_size=1,
+            max_size=self.pool_size,
+            kwargs={"autocommit": True, "application_name": "runrow-worker", **limits},
+            open=False,
+        )
+        await pool.open(wait=True, timeout=30)
+        hub = self.hub = Hub(self.conninfo, connect_kwargs=limits)
+        await hub.start()
+        await hub.wait_connected(5)  # not required: without it the worker polls
+        writer = JournalWriter(pool, interval=self.flush_interval)
+        await writer.start()
+        dispatcher = self.dispatcher = Dispatcher(
+            pool=pool,
+            hub=hub,
+            writer=writer,
+            handler=self.handler,
+            concurrency=self.concurrency,
+            lease_seconds=self.lease_seconds,
+            poll_seconds=self.poll_seconds,
+            worker_id=self.worker_id,
+            config=self.config,
+        )
+        background = [
+            asyncio.create_task(dispatcher.watch_cancels(), name="runrow-cancel-watch"),
+            asyncio.create_task(
+                reaper_loop(
+                    pool,
+                    interval=self.reap_interval,
+                    grace_seconds=self.grace_seconds,
+                    trim_after=self.trim_after,
+                ),
+                name="runrow-reaper",
+            ),
+        ]
+        await dispatcher.start()
+        log.info(
+            "worker %s started: concurrency %d, lease %ds, poll %.1fs, drain %.1fs",
+            self.worker_id,
+            self.concurrency,
+            self.lease_seconds,
+            self.poll_seconds,
+            self.drain_seconds,
+        )
+        try:
+            await self._stop.wait()
+            await self._drain(dispatcher)
+        finally:
+            for task in background:
+                task.cancel()
+            for task in background:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await writer.stop()
+            await hub.stop()
+            await pool.close()
+            if install_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+        log.info("worker %s stopped", self.worker_id)
+        return 0
+
+    async def _drain(self, dispatcher: Dispatcher) -> None:
+        await dispatcher.stop_claiming()  # phase 1: milliseconds, nothing new is claimed
+        tasks = dispatcher.tasks()
+        if not tasks:
+            return
+        log.info("draining %d run(s)", len(tasks))
+        _, pending = await asyncio.wait(tasks, timeout=self.drain_seconds)  # phase 2
+        if not pending:
+            return
+        log.warning("drain budget spent: releasing %d run(s)", len(pending))
+        for sup, task in list(dispatcher.in_flight.values()):
+            if task in pending:
+                sup.abandon(f"drained: worker {self.worker_id} stopped before the run finished")
+        _, stuck = await asyncio.wait(pending, timeout=max(5.0, self.lease_seconds))
+        for task in stuck:
+            task.cancel()

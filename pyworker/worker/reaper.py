@@ -1,0 +1,56 @@
+"""The reaper: a loop in every worker (no singleton to lose) plus one pass at boot.
+
+reap_expired_runs is safe to run on every worker at once and re-checks liveness in its own
+write, so the loop only decides when to ask. The interval is jittered so a fleet started
+together does not sweep in lockstep. The boot pass clears what a full-cluster outage left.
+
+The same loop trims the live journal of runs terminal for longer than `trim_after` seconds
+(runrow.trim_journal; steps, messages and effects stay): the journal is a delivery buffer,
+and without this nobody would ever empty it. trim_journal reads only runs it has not trimmed
+yet, so asking on every pass costs the same with any amount of history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+from psycopg_pool import AsyncConnectionPool
+
+from pyworker.db import api
+
+log = logging.getLogger("runrow.reaper")
+
+
+async def reap_once(
+    pool: AsyncConnectionPool, grace_seconds: int, max_runs: int = 100
+) -> list[tuple[object, str]]:
+    async with pool.connection() as conn:
+        reaped = await api.reap_expired_runs(conn, grace_seconds, max_runs)
+    for run_id, outcome in reaped:
+        log.warning("reaped run %s: %s", run_id, outcome, extra={"run_id": str(run_id)})
+    return list(reaped)
+
+
+async def trim_once(pool: AsyncConnectionPool, older_than_seconds: float) -> int:
+    async with pool.connection() as conn:
+        trimmed = await api.trim_journal(conn, older_than_seconds)
+    if trimmed:
+        log.info("trimmed %d journal rows of runs ended more than %.0f s ago", trimmed, older_than_seconds)
+    return trimmed
+
+
+async def reaper_loop(
+    pool: AsyncConnectionPool, *, interval: float, grace_seconds: int, trim_after: float | None = None
+) -> None:
+    while True:
+        try:
+            reaped = await reap_once(pool, grace_seconds)
+            if len(reaped) == 100:
+                continue  # more orphans than one pass takes: go again at once
+            if trim_after is not None:
+                await trim_once(pool, trim_after)
+        except Exception as exc:
+            log.warning("reap failed, retrying after the interval: %s", exc)
+        await asyncio.sleep(interval * random.uniform(0.5, 1.5))

@@ -1,0 +1,70 @@
+"""Take back what an earlier attempt streamed and this attempt does not keep.
+
+A run claimed again (its worker died, its lease lapsed, it was released) still has in its
+journal what the earlier attempts streamed, for example the deltas of a model turn that was
+cut off before it was committed. The new attempt does that work again, so a client that
+concatenates every `text_delta` would show the text twice. At the start of such an attempt
+the handler journals one event that any client can follow:
+
+    {"type": "superseded", "after_seq": A, "through_seq": B, "attempt": N}
+
+Events with A < seq <= B come from earlier attempts' work that attempt N does not keep:
+their deltas are not part of the answer. A is the seq of the last event that closed work the
+handler keeps (one of its `committed` event types, e.g. the agent's `model_turn` and
+`tool_result`), else the run's first `run_claimed` (a handler that starts over keeps
+nothing); B is the seq just before attempt N's `run_claimed`. The event is written only when
+that range holds a delta, so a run that resumes cleanly (after an approval, or a crash
+between steps) gets none.
+
+Finding A and B reads the run's journal once, by its primary key, and only on attempt 2 or
+later: resumes are rare, and attempt 1 can follow an earlier claim only when that claim parked
+on an approval, which a handler does with everything it streamed confirmed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from pyworker.db import api
+from pyworker.worker.handler import RunContext
+from pyworker.worker.journal import DELTA_FIELDS
+
+PAGE = 10000  # read_events' own page limit
+
+
+async def supersede_earlier_attempts(
+    ctx: RunContext, committed: Collection[str] = ()
+) -> dict[str, Any] | None:
+    """Journal `superseded` for what earlier attempts streamed after the last `committed`
+    event; returns the event, or None when there is nothing to take back. Call it before the
+    attempt emits anything."""
+    if ctx.run.attempt <= 1:
+        return None
+    claims: list[int] = []
+    kept = 0  # seq of the last event closing work this handler keeps
+    deltas: list[int] = []  # seqs of deltas after `kept`
+    cursor = 0
+    async with ctx.pool.connection() as conn:
+        while True:
+            events = await api.read_events(conn, ctx.run.run_id, cursor, PAGE)
+            for event in events:
+                if event.type == "run_claimed":
+                    claims.append(event.seq)
+                elif event.type in committed:
+                    kept, deltas = event.seq, []
+                elif event.type in DELTA_FIELDS:
+                    deltas.append(event.seq)
+            if len(events) < PAGE:
+                break
+            cursor = events[-1].seq
+    if len(claims) < 2:
+        return None  # this attempt's claim is the run's first: nothing came before it
+    after = max(kept, claims[0])
+    through = claims[-1] - 1  # the latest claim is this attempt's: no one else can claim it now
+    if not any(after < seq <= through for seq in deltas):
+        return None
+    event = {"type": "superseded", "after_seq": after, "through_seq": through, "attempt": ctx.run.attempt}
+    await ctx.journal.emit(event)
+    ctx.log.info("superseded seqs %d..%d: streamed by an earlier attempt, not kept", after + 1, through)
+    return event

@@ -1,0 +1,188 @@
+"""The run supervisor: one per claimed run. Runs the handler with a heartbeat beside it and
+writes the ending.
+
+- lost (heartbeat owned = false, or the journal fenced out): cancel the handler at once and
+  write nothing more; whoever took the run (reaper, stop, a newer claim) owns the ending.
+- cancel (NOTIFY on runrow_cancel, or the heartbeat poll): `ctx.cancel` is set; the handler
+  stops and returns Outcome('cancelled'), keeping the partial text already journaled.
+- the handler raises: release_run with the error (the attempts policy requeues or fails it).
+- drain past its budget (`abandon`): the handler is cancelled and the run released with
+  error 'drained' (requeued while attempts are left, else failed).
+- otherwise: flush the journal (buffered deltas first, in order), then finish_run with the
+  outcome ('release' → release_run; 'parked' → nothing, the handler already handed it back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from pyworker.db import api
+from pyworker.db.api import ClaimedRun
+from pyworker.worker.handler import Outcome, RunContext, RunHandler
+from pyworker.worker.heartbeat import heartbeat_loop
+from pyworker.worker.journal import JournalWriter, RunLost
+from pyworker.worker.logs import run_logger
+
+FINISH_STATUSES = ("completed", "failed", "cancelled")
+
+
+class RunSupervisor:
+    def __init__(
+        self,
+        run: ClaimedRun,
+        *,
+        pool: AsyncConnectionPool,
+        writer: JournalWriter,
+        handler: RunHandler,
+        lease_seconds: int,
+        worker_id: str,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        self.run = run
+        self.cancel = asyncio.Event()
+        self.lost = asyncio.Event()
+        self.log = run_logger(run, worker_id)
+        self._pool = pool
+        self._writer = writer
+        self._handler = handler
+        self._lease = lease_seconds
+        self._beat = asyncio.Event()
+        self._abandoned: str | None = None
+        self._handler_task: asyncio.Task[Outcome] | None = None
+        self.journal = writer.run_journal(run, self.lost)
+        self.ctx = RunContext(
+            run=run,
+            pool=pool,
+            journal=self.journal,
+            cancel=self.cancel,
+            lost=self.lost,
+            log=self.log,
+            worker_id=worker_id,
+            config=dict(config or {}),
+        )
+        self.ending: str | None = None  # what this supervisor wrote (for logs and tests)
+
+    def request_cancel(self) -> None:
+        """A hint (NOTIFY): cancel at once, and beat now so the row confirms it."""
+        if not self.cancel.is_set():
+            self.log.info("cancel requested")
+        self.cancel.set()
+
+    def poke(self) -> None:
+        """Beat now (e.g. after a hub reconnect, when a cancel NOTIFY may have been lost)."""
+        self._beat.set()
+
+    def abandon(self, reason: str) -> None:
+        """Drain budget spent: stop the handler; the run is released with `reason`."""
+        self._abandoned = reason
+        if self._handler_task is not None:
+            self._handler_task.cancel()
+
+    async def supervise(self) -> str | None:
+        self.log.info("run claimed (attempt %s of %s)", self.run.attempt, self.run.max_attempts)
+        hb = asyncio.create_task(
+            heartbeat_loop(
+                self._pool,
+                self.run,
+                self._lease,
+                cancel=self.cancel,
+                lost=self.lost,
+                log=self.log,
+                beat=self._beat,
+            )
+        )
+        try:
+            outcome, error = await self._run_handler()
+            if self.lost.is_set():
+                self.ending = "lost"
+                self.log.warning("run lost; this worker writes nothing more for it")
+                return self.ending
+            hb.cancel()
+            self.ending = await self._end(outcome, error)
+            return self.ending
+        finally:
+            hb.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await hb
+            self.journal.close()  # this claim's journal only: a newer claim of the run keeps its own
+
+    async def _run_handler(self) -> tuple[Outcome | None, BaseException | None]:
+        self._handler_task = asyncio.create_task(self._handler(self.ctx))
+        if self._abandoned is not None:
+            self._handler_task.cancel()
+        lost_wait = asyncio.create_task(self.lost.wait())
+        try:
+            await asyncio.wait({self._handler_task, lost_wait}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost_wait.cancel()
+        task = self._handler_task
+        if not task.done():  # lost: abort the work at once
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            return None, None
+        if task.cancelled():
+            return None, None
+        exc = task.exception()
+        if exc is not None:
+            return None, exc
+        return task.result(), None
+
+    async def _end(self, outcome: Outcome | None, error: BaseException | None) -> str | None:
+        run = self.run
+        if self._abandoned is not None and outcome is None:
+            return await self._release(self._abandoned)
+        if error is not None:
+            if isinstance(error, RunLost):
+                return "lost"
+            self.log.error("handler raised; releasing the run", exc_info=error)
+            return await self._release(f"{type(error).__name__}: {error}")
+        if outcome is None:  # cancelled from outside without a drain: hand it back
+            return await self._release("handler cancelled")
+        if outcome.status == "parked":
+            self.log.info("run parked by its handler")
+            await self._flush_quietly()
+            return "parked"
+        if outcome.status == "release":
+            return await self._release(outcome.error)
+        if outcome.status not in FINISH_STATUSES:
+            return await self._release(f"handler returned an unknown status {outcome.status!r}")
+        try:
+            await self.journal.flush()  # the buffered deltas land before the ending, in order
+        except RunLost:
+            self.log.warning("run lost while flushing its journal; writing nothing more")
+            return "lost"
+        async with self._pool.connection() as conn:
+            ok = await api.finish_run(
+                conn, run.run_id, run.claim_token, outcome.status, outcome.result, outcome.error
+            )
+        if not ok:
+            self.log.warning("finish_run fenced out: someone else already ended this run")
+            return "lost"
+        self.log.info("run finished: %s", outcome.status)
+        return outcome.status
+
+    async def _release(self, reason: str | None) -> str | None:
+        if not await self._flush_quietly():
+            return "lost"
+        async with self._pool.connection() as conn:
+            result = await api.release_run(conn, self.run.run_id, self.run.claim_token, reason)
+        if result is None:
+            self.log.warning("release_run fenced out: someone else already ended this run")
+            return "lost"
+        self.log.info("run released (%s): %s", reason, result)
+        return f"released:{result}"
+
+    async def _flush_quietly(self) -> bool:
+        """Flush before a hand-back; False if the run turned out to be lost."""
+        try:
+            await self.journal.flush()
+        except RunLost:
+            return False
+        except Exception as exc:
+            self.log.warning("journal flush before hand-back failed: %s", exc)
+        return True
