@@ -175,6 +175,28 @@ def stop(cluster: Cluster) -> None:
     shutil.rmtree(cluster.root, ignore_errors=True)
 
 
+def restart(cluster: Cluster, mode: str = "immediate") -> None:
+    """Restart the server with the options it was started with. `immediate` is a crash: every
+    session dies mid-statement and the server recovers from its WAL (fault tests)."""
+    _run(
+        [
+            str(PG_BIN / "pg_ctl"),
+            "-D",
+            cluster.datadir,
+            "-m",
+            mode,
+            # The log file keeps pg_ctl from handing the new server our stdout to hold open.
+            "-l",
+            os.path.join(cluster.root, "server.log"),
+            "-w",
+            "-t",
+            "60",
+            "restart",
+        ],
+        cluster.os_user,
+    )
+
+
 @contextlib.contextmanager
 def throwaway(fsync: bool = False) -> Iterator[Cluster]:
     cluster = start(fsync=fsync)
