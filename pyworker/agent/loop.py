@@ -41,6 +41,9 @@ How each stop_reason and failure ends (status / result / error):
 |                                                 | (pyworker/agent/tool_calls.py), then cancelled     |
 | irreversible tool: needs approval / uncertain   | waiting (parked); requeued when a person decides     |
 | claim lost (reaped, superseded)                 | nothing more is written by this worker               |
+| database restart / failover (transient error)   | every call retried on a fresh connection; the fence  |
+|                                                 | decides; after about a lease without a database the  |
+|                                                 | run is given up quietly (a reaper takes it)          |
 
 Every model turn is committed (append_step: the content array as the SDK produced it, thinking
 and signatures included, with the request id, usage and stop_reason) before anything acts on
@@ -50,6 +53,8 @@ it, including the turns that end the run, so the step log is the full record.
 from __future__ import annotations
 
 from typing import Any
+
+from psycopg import AsyncConnection
 
 from pyworker.agent.history import History, load_history, stop_reason_of
 from pyworker.agent.model import ModelTurn, TurnCancelled, TurnFailed, client_for, request_params, stream_turn
@@ -89,14 +94,16 @@ async def handle(ctx: RunContext) -> Outcome:
     while True:
         if ctx.cancel.is_set():
             return await _cancelled(ctx, None)
-        async with ctx.pool.connection() as conn:
-            history = await load_history(conn, run.conversation_id, run.run_id)
+        history = await ctx.db(
+            lambda conn: load_history(conn, run.conversation_id, run.run_id), "history load"
+        )
         if history.pending_tool_uses:
             assert history.last_model_turn is not None
             turn_seq = history.last_model_turn.seq
             if turn_seq not in known_stops:  # resumed: how did that turn end?
-                async with ctx.pool.connection() as conn:
-                    known_stops[turn_seq] = await stop_reason_of(conn, run.run_id, turn_seq)
+                known_stops[turn_seq] = await ctx.db(
+                    lambda conn, seq=turn_seq: stop_reason_of(conn, run.run_id, seq), "get_step"
+                )
             if known_stops[turn_seq] not in ("tool_use", None):
                 # e.g. max_tokens cut a tool_use short: its input may be incomplete; never run it.
                 return _ending(known_stops[turn_seq], history.final_text(), None)
@@ -119,8 +126,9 @@ async def handle(ctx: RunContext) -> Outcome:
         if last is not None and last.kind == "model_turn":
             stop = known_stops.get(last.seq)
             if last.seq not in known_stops:
-                async with ctx.pool.connection() as conn:
-                    stop = await stop_reason_of(conn, run.run_id, last.seq)
+                stop = await ctx.db(
+                    lambda conn, seq=last.seq: stop_reason_of(conn, run.run_id, seq), "get_step"
+                )
             if stop != "pause_turn":
                 return _ending(stop, history.final_text(), None)
         # Call the model.
@@ -150,7 +158,10 @@ def _continues(history: History) -> bool:
 
 async def _commit_turn(ctx: RunContext, turn: ModelTurn) -> int | None:
     """append_step the turn and journal `model_turn` in one transaction. None: empty content
-    (nothing to store; the Messages API refuses an empty assistant message)."""
+    (nothing to store; the Messages API refuses an empty assistant message). Through a
+    transient database error the transaction is made again, unless its unanswered COMMIT had
+    landed: the step at the seq it took is this attempt's (only this claim appends this
+    attempt's steps), so it is not appended twice."""
     run = ctx.run
     await ctx.journal.flush()  # the deltas land before the event that closes them
     event: dict[str, Any] = {
@@ -166,7 +177,8 @@ async def _commit_turn(ctx: RunContext, turn: ModelTurn) -> int | None:
         return None
     if ctx.lost.is_set():
         raise RunLost(str(run.run_id))
-    async with ctx.pool.connection() as conn, conn.transaction():
+
+    async def commit(conn: AsyncConnection[Any]) -> int:
         seq = await steps_api.append_step(
             conn,
             run.run_id,
@@ -179,10 +191,17 @@ async def _commit_turn(ctx: RunContext, turn: ModelTurn) -> int | None:
         )
         if seq is None:
             raise RunLost(str(run.run_id))
-        event["step_seq"] = seq
-        if await api.append_events(conn, run.run_id, run.claim_token, [event]) is None:
+        if await api.append_events(conn, run.run_id, run.claim_token, [{**event, "step_seq": seq}]) is None:
             raise RunLost(str(run.run_id))
-    return seq
+        return seq
+
+    assert ctx.retry is not None
+    return await ctx.retry.transaction(
+        ctx.pool,
+        commit,
+        "model_turn commit",
+        landed=lambda conn, seq: steps_api.step_landed(conn, run.run_id, run.attempt, seq, "model_turn"),
+    )
 
 
 def _ending(stop_reason: str | None, text: str, message: dict[str, Any] | None) -> Outcome:
@@ -212,8 +231,10 @@ def _ending(stop_reason: str | None, text: str, message: dict[str, Any] | None) 
 
 async def _cancelled(ctx: RunContext, partial: str | None) -> Outcome:
     if partial is None:
-        async with ctx.pool.connection() as conn:
-            history = await load_history(conn, ctx.run.conversation_id, ctx.run.run_id)
+        run = ctx.run
+        history = await ctx.db(
+            lambda conn: load_history(conn, run.conversation_id, run.run_id), "history load"
+        )
         partial = history.final_text()
     ctx.log.info("run cancelled (%d characters of text kept)", len(partial))
     return Outcome("cancelled", result={"text": partial, "stop_reason": "cancelled"})

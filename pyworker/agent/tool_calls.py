@@ -17,6 +17,16 @@ recorded with interrupt_tool_call: non_idempotent/irreversible become uncertain 
 begin parks the run for a person), pure/idempotent get a "cancelled" is_error result. The
 same holds when the handler itself is cancelled (drain past its budget), except that a
 pure/idempotent call is left to run again on the resumed attempt.
+
+Through a transient database error (restart, failover) each of these calls is made again on a
+fresh connection (`ctx.db`, pyworker/db/retry.py). A repeat after a first try whose COMMIT
+went unanswered is safe because the SQL answers it as it answered the first: begin_tool_call
+says execute again (same key) for a pure, idempotent or non_idempotent call (an approved
+irreversible one reads as uncertain and goes back to a person: the safe side),
+complete_tool_call returns the same seq for the same result, interrupt_tool_call the same state
+(a pure or idempotent call's repeat journals a second tool_interrupted). An unknown tool's
+is_error tool_result is a plain append_step, which would append twice: its transaction reads
+back the step it took instead.
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+
+from psycopg import AsyncConnection
 
 from pyworker.agent.tools import CancelSignal, Tool, ToolCancelled, ToolError, ToolRegistry
 from pyworker.db import steps as steps_api
@@ -85,10 +97,12 @@ async def run_tool_calls(
         key = tool_call_key(run.run_id, step_seq, use_id, name, args)
         # Everything journaled so far lands before a possible park clears the claim.
         await before_park()
-        async with ctx.pool.connection() as conn:
-            begun = await steps_api.begin_tool_call(
+        begun = await ctx.db(
+            lambda conn, key=key, name=name, args=args, tool=tool: steps_api.begin_tool_call(
                 conn, run.run_id, run.claim_token, key, name, args, tool.effect
-            )
+            ),
+            "begin_tool_call",
+        )
         if begun is None:
             raise RunLost(str(run.run_id))
         state = begun.state
@@ -115,8 +129,7 @@ async def run_tool_calls(
                 await _record_stopped(ctx, tool, key, use_id)
                 return False
             result, is_error = ran.result, ran.is_error
-        async with ctx.pool.connection() as conn:
-            seq = await steps_api.complete_tool_call(conn, run.run_id, run.claim_token, key, result, is_error)
+        seq = await _complete(ctx, key, result, is_error)
         if seq is None:
             raise RunLost(str(run.run_id))
         await ctx.journal.emit(
@@ -212,8 +225,10 @@ async def _record_interrupted(ctx: RunContext, tool: Tool, key: str, reason: str
         await ctx.journal.flush()  # what was journaled lands before the SQL's own event
     except RunLost:
         return None
-    async with ctx.pool.connection() as conn:
-        state = await steps_api.interrupt_tool_call(conn, run.run_id, run.claim_token, key, reason)
+    state = await ctx.db(
+        lambda conn: steps_api.interrupt_tool_call(conn, run.run_id, run.claim_token, key, reason),
+        "interrupt_tool_call",
+    )
     ctx.log.warning("tool %s (%s, %s) cut short: %s", tool.name, tool.effect, key[:12], state)
     return state
 
@@ -226,12 +241,19 @@ async def _record_stopped(ctx: RunContext, tool: Tool, key: str, use_id: str) ->
     if state != "executing":  # uncertain: a person decides; done: its result landed first
         return
     run = ctx.run
-    async with ctx.pool.connection() as conn:
-        seq = await steps_api.complete_tool_call(conn, run.run_id, run.claim_token, key, STOPPED_RESULT, True)
+    seq = await _complete(ctx, key, STOPPED_RESULT, True)
     if seq is None:
         raise RunLost(str(run.run_id))
     await ctx.journal.emit(
         {"type": "tool_result", "tool": tool.name, "tool_use_id": use_id, "step_seq": seq, "is_error": True}
+    )
+
+
+async def _complete(ctx: RunContext, key: str, result: Any, is_error: bool) -> int | None:
+    run = ctx.run
+    return await ctx.db(
+        lambda conn: steps_api.complete_tool_call(conn, run.run_id, run.claim_token, key, result, is_error),
+        "complete_tool_call",
     )
 
 
@@ -246,10 +268,20 @@ async def _unknown_tool(ctx: RunContext, block: dict[str, Any]) -> None:
         },
         ensure_ascii=False,
     )
-    async with ctx.pool.connection() as conn:
+
+    async def append(conn: AsyncConnection[Any]) -> int:
         seq = await steps_api.append_step(conn, run.run_id, run.claim_token, "tool_result", payload)
-    if seq is None:
-        raise RunLost(str(run.run_id))
+        if seq is None:
+            raise RunLost(str(run.run_id))
+        return seq
+
+    assert ctx.retry is not None
+    seq = await ctx.retry.transaction(
+        ctx.pool,
+        append,
+        "append_step",
+        landed=lambda conn, seq: steps_api.step_landed(conn, run.run_id, run.attempt, seq, "tool_result"),
+    )
     ctx.log.warning("model called unknown tool %s", block["name"])
     await ctx.journal.emit(
         {

@@ -41,6 +41,16 @@ class Heartbeat:
 
 
 @dataclass(frozen=True)
+class RunEnding:
+    """What runrow.get_run says of how a run stands (the parts a worker compares)."""
+
+    status: str
+    attempt: int
+    result: Any
+    error: str | None
+
+
+@dataclass(frozen=True)
 class Event:
     seq: int
     type: str
@@ -132,6 +142,16 @@ async def release_run(
     )
     row = await cur.fetchone()
     return None if row is None else row[0]
+
+
+async def get_run(conn: AsyncConnection, run_id: UUID) -> RunEnding:
+    async with conn.cursor(row_factory=class_row(RunEnding)) as cur:
+        await cur.execute(
+            "SELECT status, attempt, result, error FROM runrow.get_run(run_id => %s)", (run_id,)
+        )
+        row = await cur.fetchone()
+    assert row is not None  # get_run raises P0002 rather than return nothing
+    return row
 
 
 async def reap_expired_runs(

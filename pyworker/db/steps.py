@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
@@ -119,6 +120,19 @@ async def get_step(conn: AsyncConnection, run_id: UUID, seq: int) -> StepInfo:
         row = await cur.fetchone()
     assert row is not None  # get_step raises P0002 rather than return nothing
     return row
+
+
+async def step_landed(conn: AsyncConnection, run_id: UUID, attempt: int, seq: int, kind: str) -> bool:
+    """Whether step `seq` is the `kind` step an append of attempt `attempt` took, for a
+    transaction whose COMMIT went unanswered. While a claim holds the run nobody else appends
+    its steps, and whoever takes the run from it appends at a later attempt; so a step at that
+    seq of that attempt is the one the transaction wrote, and no step there means it did not
+    commit."""
+    try:
+        info = await get_step(conn, run_id, seq)
+    except psycopg.errors.NoDataFound:
+        return False
+    return info.attempt == attempt and info.kind == kind
 
 
 async def begin_tool_call(

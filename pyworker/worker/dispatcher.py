@@ -10,6 +10,11 @@ Runs in flight are keyed by claim (run id, claim token): a worker paused past it
 claim its own run again while the stale attempt is still standing down, and the stale one's
 ending must not take the new one out of the books (drain, cancels). A cancel names only the
 run, so it reaches every claim of that run here.
+
+A claim whose COMMIT went unanswered (the database restarted under it) may have claimed runs
+nobody would work on until their lease lapsed. So claim_runs runs in a transaction of its own:
+its rows (run ids and claim tokens) are in hand before the COMMIT, and if the COMMIT goes
+unanswered a heartbeat on each asks the fence which of them are ours (pyworker/db/retry.py).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from psycopg_pool import AsyncConnectionPool
 from pyworker.db import api, channels
 from pyworker.db.api import ClaimedRun
 from pyworker.db.hub import RECONNECT_WAKE, Hub
+from pyworker.db.retry import DatabaseUnavailable, Retry, is_transient, outcome_unknown
 from pyworker.worker.handler import RunHandler
 from pyworker.worker.journal import JournalWriter
 from pyworker.worker.supervisor import RunSupervisor
@@ -105,8 +111,7 @@ class Dispatcher:
                 _drain(wakes)  # a wake after this point means "claim again", not "already seen"
                 runs: list[ClaimedRun] = []
                 try:
-                    async with self._pool.connection() as conn:
-                        runs = await api.claim_runs(conn, self.worker_id, n, self._lease)
+                    runs = await self._claim(n)
                 except Exception as exc:
                     log.warning("claim failed, retrying after the poll tick: %s", exc)
                 for _ in range(n - len(runs)):
@@ -120,6 +125,37 @@ class Dispatcher:
                             await asyncio.wait_for(wakes.get(), timeout=self._poll)
                     finally:
                         self._parked = False
+
+    async def _claim(self, n: int) -> list[ClaimedRun]:
+        claimed: list[ClaimedRun] = []
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                claimed = await api.claim_runs(conn, self.worker_id, n, self._lease)
+        except Exception as exc:
+            if not (claimed and is_transient(exc) and outcome_unknown(exc)):
+                raise
+            log.warning("claim of %d run(s): COMMIT unanswered (%s); asking the fence", len(claimed), exc)
+            return await self._ours(claimed)
+        return claimed
+
+    async def _ours(self, claimed: list[ClaimedRun]) -> list[ClaimedRun]:
+        """The runs of a claim in doubt that are ours: a heartbeat on a claim that never
+        committed says owned = false, on one that did it extends the lease."""
+        retry = Retry(self._lease, log)
+        ours: list[ClaimedRun] = []
+        for run in claimed:
+            try:
+                hb = await retry.call(
+                    self._pool,
+                    lambda conn, run=run: api.heartbeat(conn, run.run_id, run.claim_token, self._lease),  # type: ignore[misc]
+                    f"claim read-back of run {run.run_id}",
+                )
+            except DatabaseUnavailable:
+                return ours  # the rest are left to the reaper
+            if hb.owned:
+                ours.append(run)
+        log.warning("claim in doubt: %d of %d run(s) had been claimed", len(ours), len(claimed))
+        return ours
 
     def _start(self, run: ClaimedRun) -> None:
         self.claimed += 1

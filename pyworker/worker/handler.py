@@ -6,21 +6,25 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.db.api import ClaimedRun
+from pyworker.db.retry import Retry
 from pyworker.worker.journal import RunJournal
 
 OutcomeStatus = Literal["completed", "failed", "cancelled", "release", "parked"]
+T = TypeVar("T")
 
 
 @dataclass
 class RunContext:
     """What a handler gets. Watch `cancel` (stop requested: stop generating, return
     Outcome('cancelled'), the partial text already journaled stays) and never outlive `lost`
-    (the supervisor cancels the handler task when the claim is lost)."""
+    (the supervisor cancels the handler task when the claim is lost). Make database calls
+    through `db` (or `retry`): a restart or failover then costs the run nothing."""
 
     run: ClaimedRun
     pool: AsyncConnectionPool
@@ -30,6 +34,20 @@ class RunContext:
     log: logging.LoggerAdapter  # type: ignore[type-arg]
     worker_id: str
     config: dict[str, Any] = field(default_factory=dict)  # worker flags for handlers, e.g. tools_module
+    retry: Retry | None = None  # the run's retry policy (pyworker/db/retry.py); the supervisor sets it
+
+    def __post_init__(self) -> None:
+        if self.retry is None:
+            self.retry = Retry(30.0, self.log)
+
+    async def db(self, fn: Callable[[AsyncConnection[Any]], Awaitable[T]], what: str) -> T:
+        """`fn(conn)` on a pool connection, made again on a fresh one through a transient
+        database error; DatabaseUnavailable after about a lease without a database (let it
+        propagate: the supervisor then gives the run up quietly). For reads, and for writes the
+        SQL makes safe to repeat (heartbeat, begin_tool_call, complete_tool_call); a write that
+        would append twice (append_step, append_events) needs `retry.transaction` and a read-back."""
+        assert self.retry is not None
+        return await self.retry.call(self.pool, fn, what)
 
 
 @dataclass(frozen=True)

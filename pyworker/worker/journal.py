@@ -20,6 +20,12 @@ append_events already told us the exact seqs the batch took, and while the claim
 worker is the only one appending this claim's events, so the batch landed iff those seqs now hold
 exactly its events. A foreign row (cancel_requested, approval_requested) can only sit there if
 ours did not commit. A failure before COMMIT was sent needs no read-back: the server rolls back.
+
+A write-through flush rides out a transient database error (a restart, a failover: see
+pyworker/db/retry.py): it flushes again until its events are committed, the run turns out to be
+fenced out (RunLost), or the database stays away for the writer's budget (about a lease:
+DatabaseUnavailable, and the run is given up quietly). Only a deterministic error is a
+JournalError.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pyworker.db import api
 from pyworker.db.api import ClaimedRun
+from pyworker.db.retry import Retry, is_transient, outcome_unknown
 
 log = logging.getLogger("runrow.journal")
 
@@ -52,7 +59,8 @@ class RunLost(Exception):
 
 
 class JournalError(Exception):
-    """Events could not be written (bad event or database trouble); the message says which."""
+    """Events could not be written (a bad event, or a database error that retrying cannot
+    cure); the message says which."""
 
 
 def is_delta(event: dict[str, Any]) -> bool:
@@ -202,9 +210,12 @@ async def _landed(conn: psycopg.AsyncConnection[Any], run_id: UUID, doubt: _Doub
 
 
 class JournalWriter:
-    def __init__(self, pool: AsyncConnectionPool, *, interval: float = 0.25) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool, *, interval: float = 0.25, retry_budget: float = 30.0
+    ) -> None:
         self._pool = pool
         self._interval = interval
+        self._retry = Retry(retry_budget, log)  # a write-through flush through a restart: about a lease
         self._runs: dict[tuple[UUID, UUID], RunJournal] = {}  # by claim: (run id, claim token)
         self._lock = asyncio.Lock()  # one flush at a time keeps each run's events in order
         self._task: asyncio.Task[None] | None = None
@@ -235,13 +246,13 @@ class JournalWriter:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         with contextlib.suppress(Exception):
-            await self.flush_all()
+            await self.flush_all(pool_timeout=self._retry.budget)
 
     async def _clock(self) -> None:
         while True:
             await asyncio.sleep(self._interval)
             try:
-                await self.flush_all()
+                await self.flush_all(pool_timeout=self._retry.budget)
             except Exception as exc:
                 log.warning("journal flush failed, retrying on the next tick: %s", exc)
 
@@ -252,10 +263,18 @@ class JournalWriter:
             return  # closed
         run_id = journal.run_id
         target = journal._emitted
-        try:
-            await self.flush_all()
-        except psycopg.Error as exc:
-            raise JournalError(f"journal flush failed: {exc}") from exc
+        tries = self._retry.attempts(f"journal flush of run {run_id}")
+        while True:
+            try:
+                await self.flush_all(pool_timeout=max(0.1, tries.remaining()))
+                break
+            except psycopg.Error as exc:
+                if not is_transient(exc):
+                    raise JournalError(f"journal flush failed: {exc}") from exc
+                if journal.lost.is_set():
+                    raise RunLost(str(run_id)) from exc
+                await tries.failed(exc)  # DatabaseUnavailable once the budget is spent
+        tries.succeeded()
         if journal._committed >= target:
             return
         if journal.lost.is_set():
@@ -265,11 +284,12 @@ class JournalWriter:
                 f"journal of run {run_id} rejected events: {journal.failed}"
             ) from journal.failed
 
-    async def flush_all(self) -> None:
+    async def flush_all(self, pool_timeout: float | None = None) -> None:
         """One transaction for every run with buffered events. Batches left in doubt by an
-        unanswered COMMIT are settled first (raises while the database is unreachable)."""
+        unanswered COMMIT are settled first (raises while the database is unreachable).
+        `pool_timeout`: the longest wait for a pool connection (the pool's own by default)."""
         async with self._lock:
-            await self._settle_doubts()
+            await self._settle_doubts(pool_timeout)
             batch = [
                 (j, *j._take())
                 for j in list(self._runs.values())
@@ -282,7 +302,7 @@ class JournalWriter:
             rejected: list[tuple[RunJournal, Exception]] = []
             committing = False
             try:
-                async with self._pool.connection() as conn, conn.transaction():
+                async with self._pool.connection(pool_timeout) as conn, conn.transaction():
                     for journal, events, mark in batch:
                         try:
                             async with conn.transaction():  # savepoint: a bad run loses only its own events
@@ -306,7 +326,7 @@ class JournalWriter:
                         await asyncio.sleep(self._test_pause)
                     committing = True  # from here on a failure may come after the commit took effect
             except BaseException as exc:
-                if not committing or not written or _clean_rollback(exc):
+                if not committing or not written or not outcome_unknown(exc):
                     for journal, events, mark in batch:
                         journal._restore(events, mark)
                     raise
@@ -319,7 +339,7 @@ class JournalWriter:
                     if not isinstance(exc, Exception):
                         raise
                     log.warning("journal flush: COMMIT unanswered (%s); reading the journal back", exc)
-                    if not await self._settle_doubts():
+                    if not await self._settle_doubts(pool_timeout):
                         raise  # it did not commit: the batches are back in their buffers
                 except BaseException:
                     # Fenced and rejected runs are decided again by the retry.
@@ -346,14 +366,14 @@ class JournalWriter:
             log.error("run %s: journal events rejected: %s", journal.run_id, exc)
             journal.failed = exc
 
-    async def _settle_doubts(self) -> bool:
+    async def _settle_doubts(self, pool_timeout: float | None = None) -> bool:
         """Read back every batch in doubt on a fresh connection: landed → committed, else back
         in front of the buffer for the retry. True if any landed (that transaction committed)."""
         doubtful = [j for j in self._runs.values() if j._doubt is not None]
         if not doubtful:
             return False
         landed_any = False
-        async with self._pool.connection() as conn:
+        async with self._pool.connection(pool_timeout) as conn:
             for journal in doubtful:
                 doubt = journal._doubt
                 assert doubt is not None
@@ -372,12 +392,3 @@ class JournalWriter:
                     "had committed" if landed else "had not committed; writing it again",
                 )
         return landed_any
-
-
-def _clean_rollback(exc: BaseException) -> bool:
-    """The server answered the COMMIT with an error (e.g. a deferred constraint): it rolled back.
-    A lost connection (class 08, or no answer at all) leaves the outcome unknown."""
-    if not isinstance(exc, psycopg.Error) or isinstance(exc, psycopg.OperationalError):
-        return False
-    sqlstate = exc.sqlstate
-    return sqlstate is not None and not sqlstate.startswith("08")

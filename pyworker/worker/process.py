@@ -148,7 +148,7 @@ class Worker:
         hub = self.hub = Hub(self.conninfo, connect_kwargs=limits)
         await hub.start()
         await hub.wait_connected(5)  # not required: without it the worker polls
-        writer = JournalWriter(pool, interval=self.flush_interval)
+        writer = JournalWriter(pool, interval=self.flush_interval, retry_budget=self.lease_seconds)
         await writer.start()
         dispatcher = self.dispatcher = Dispatcher(
             pool=pool,

@@ -45,19 +45,20 @@ async def supersede_earlier_attempts(
     kept = 0  # seq of the last event closing work this handler keeps
     deltas: list[int] = []  # seqs of deltas after `kept`
     cursor = 0
-    async with ctx.pool.connection() as conn:
-        while True:
-            events = await api.read_events(conn, ctx.run.run_id, cursor, PAGE)
-            for event in events:
-                if event.type == "run_claimed":
-                    claims.append(event.seq)
-                elif event.type in committed:
-                    kept, deltas = event.seq, []
-                elif event.type in DELTA_FIELDS:
-                    deltas.append(event.seq)
-            if len(events) < PAGE:
-                break
-            cursor = events[-1].seq
+    while True:
+        events = await ctx.db(
+            lambda conn, after=cursor: api.read_events(conn, ctx.run.run_id, after, PAGE), "journal read"
+        )
+        for event in events:
+            if event.type == "run_claimed":
+                claims.append(event.seq)
+            elif event.type in committed:
+                kept, deltas = event.seq, []
+            elif event.type in DELTA_FIELDS:
+                deltas.append(event.seq)
+        if len(events) < PAGE:
+            break
+        cursor = events[-1].seq
     if len(claims) < 2:
         return None  # this attempt's claim is the run's first: nothing came before it
     after = max(kept, claims[0])

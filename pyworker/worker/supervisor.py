@@ -10,6 +10,12 @@ writes the ending.
   error 'drained' (requeued while attempts are left, else failed).
 - otherwise: flush the journal (buffered deltas first, in order), then finish_run with the
   outcome ('release' → release_run; 'parked' → nothing, the handler already handed it back).
+- a transient database error (restart, failover) is retried on a fresh connection by every
+  call made here, the heartbeat and the journal (pyworker/db/retry.py); it never ends or
+  releases the run. After about a lease without a database (DatabaseUnavailable) the run is
+  given up quietly ('abandoned': nothing more written; a reaper takes it). A finish_run or
+  release_run whose first COMMIT went unanswered and whose retry is fenced out is read back
+  with get_run: it was this claim's own ending, or someone else's.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pyworker.db import api
 from pyworker.db.api import ClaimedRun
+from pyworker.db.retry import DatabaseUnavailable, Retry
 from pyworker.worker.handler import Outcome, RunContext, RunHandler
 from pyworker.worker.heartbeat import heartbeat_loop
 from pyworker.worker.journal import JournalWriter, RunLost
@@ -53,6 +60,7 @@ class RunSupervisor:
         self._beat = asyncio.Event()
         self._abandoned: str | None = None
         self._handler_task: asyncio.Task[Outcome] | None = None
+        self.retry = Retry(lease_seconds, self.log)  # about a lease without a database: give up
         self.journal = writer.run_journal(run, self.lost)
         self.ctx = RunContext(
             run=run,
@@ -63,6 +71,7 @@ class RunSupervisor:
             log=self.log,
             worker_id=worker_id,
             config=dict(config or {}),
+            retry=self.retry,
         )
         self.ending: str | None = None  # what this supervisor wrote (for logs and tests)
 
@@ -93,6 +102,7 @@ class RunSupervisor:
                 lost=self.lost,
                 log=self.log,
                 beat=self._beat,
+                retry=self.retry,
             )
         )
         try:
@@ -139,6 +149,8 @@ class RunSupervisor:
         if error is not None:
             if isinstance(error, RunLost):
                 return "lost"
+            if isinstance(error, DatabaseUnavailable):
+                return self._give_up(error)
             self.log.error("handler raised; releasing the run", exc_info=error)
             return await self._release(f"{type(error).__name__}: {error}")
         if outcome is None:  # cancelled from outside without a drain: hand it back
@@ -156,10 +168,23 @@ class RunSupervisor:
         except RunLost:
             self.log.warning("run lost while flushing its journal; writing nothing more")
             return "lost"
-        async with self._pool.connection() as conn:
-            ok = await api.finish_run(
+        except DatabaseUnavailable as exc:
+            return self._give_up(exc)
+        calls = 0
+
+        async def finish(conn: Any) -> bool:
+            nonlocal calls
+            calls += 1
+            return await api.finish_run(
                 conn, run.run_id, run.claim_token, outcome.status, outcome.result, outcome.error
             )
+
+        try:
+            ok = await self.retry.call(self._pool, finish, "finish_run")
+            if not ok and calls > 1:
+                ok = await self._ended_by_us(outcome.status, outcome.error)
+        except DatabaseUnavailable as exc:
+            return self._give_up(exc)
         if not ok:
             self.log.warning("finish_run fenced out: someone else already ended this run")
             return "lost"
@@ -167,22 +192,55 @@ class RunSupervisor:
         return outcome.status
 
     async def _release(self, reason: str | None) -> str | None:
-        if not await self._flush_quietly():
-            return "lost"
-        async with self._pool.connection() as conn:
-            result = await api.release_run(conn, self.run.run_id, self.run.claim_token, reason)
+        stop = await self._flush_quietly()
+        if stop is not None:
+            return stop
+        run = self.run
+        calls = 0
+
+        async def release(conn: Any) -> str | None:
+            nonlocal calls
+            calls += 1
+            return await api.release_run(conn, run.run_id, run.claim_token, reason)
+
+        try:
+            result = await self.retry.call(self._pool, release, "release_run")
+            if result is None and calls > 1 and await self._ended_by_us(None, reason):
+                result = "released"
+        except DatabaseUnavailable as exc:
+            return self._give_up(exc)
         if result is None:
             self.log.warning("release_run fenced out: someone else already ended this run")
             return "lost"
         self.log.info("run released (%s): %s", reason, result)
         return f"released:{result}"
 
-    async def _flush_quietly(self) -> bool:
-        """Flush before a hand-back; False if the run turned out to be lost."""
+    async def _ended_by_us(self, status: str | None, error: str | None) -> bool:
+        """A retried ending was fenced out: had the first try's unanswered COMMIT landed? Only
+        this claim ends its attempt with its own error text (a reaper or a stop writes theirs)."""
+        row = await self.retry.call(self._pool, lambda conn: api.get_run(conn, self.run.run_id), "get_run")
+        ours = (
+            row.attempt == self.run.attempt
+            and row.error == error
+            and (status is None or row.status == status)
+        )
+        if ours:
+            self.log.warning("the ending's first COMMIT had landed: the run is %s", row.status)
+        return ours
+
+    def _give_up(self, exc: DatabaseUnavailable) -> str:
+        self.log.warning("giving the run up, writing nothing more (a reaper takes it): %s", exc)
+        return "abandoned"
+
+    async def _flush_quietly(self) -> str | None:
+        """Flush before a hand-back; the ending to stop at ('lost', 'abandoned') when nothing
+        more may be written, else None."""
         try:
             await self.journal.flush()
         except RunLost:
-            return False
+            return "lost"
+        except DatabaseUnavailable as exc:
+            return self._give_up(exc)
         except Exception as exc:
             self.log.warning("journal flush before hand-back failed: %s", exc)
-        return True
+        return None

@@ -1,0 +1,396 @@
+"""A transient database error never costs a run anything (issue 17): each worker write is made
+again on a fresh connection, a write whose COMMIT went unanswered is read back rather than made
+twice, the fence decides who owns the run, and after the retry budget (about a lease) without a
+database the run is given up quietly. Deterministic errors are raised at once.
+
+The faults are real lost connections at exact points of the wire protocol (a proxy between the
+worker's pool and PostgreSQL: tests/wire_fault_support.py), or a database that is not there.
+tests/test_db_restart.py does the same with real server restarts under load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from wire_fault_support import FaultProxy
+from worker_support import db, enqueue_echo, events, pool, run_row, wait_until_async, worker_db
+
+from pyworker.agent import loop as agent_loop
+from pyworker.agent.model import ModelTurn
+from pyworker.db import api
+from pyworker.db.api import ClaimedRun
+from pyworker.db.retry import DatabaseUnavailable, Retry, is_transient, outcome_unknown
+from pyworker.worker.dispatcher import Dispatcher
+from pyworker.worker.echo import handle as echo
+from pyworker.worker.handler import Outcome, RunContext
+from pyworker.worker.heartbeat import heartbeat_loop
+from pyworker.worker.journal import JournalWriter
+from pyworker.worker.logs import run_logger
+from pyworker.worker.supervisor import RunSupervisor
+
+__all__ = ["db", "pool", "worker_db"]
+
+CLOCK_OFF = 3600.0  # the journal clock never ticks: only write-through flushes write
+LOG = logging.getLogger("runrow.test")
+
+
+@pytest.fixture
+async def proxy(worker_db: str) -> AsyncIterator[FaultProxy]:
+    p = FaultProxy(worker_db)
+    await p.start()
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+async def faulty_pool(proxy: FaultProxy) -> AsyncIterator[AsyncConnectionPool]:
+    """A pool through the proxy; statements never prepared, so the proxy sees every text."""
+    p = AsyncConnectionPool(
+        proxy.url, min_size=1, max_size=4, kwargs={"autocommit": True, "prepare_threshold": None}, open=False
+    )
+    await p.open()
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+async def no_database(tmp_path) -> AsyncIterator[AsyncConnectionPool]:  # type: ignore[no-untyped-def]
+    """A pool whose server is not there at all (a socket folder nothing listens in)."""
+    p = AsyncConnectionPool(
+        f"host={tmp_path} dbname=none", min_size=1, kwargs={"autocommit": True}, open=False
+    )
+    await p.open(wait=False)
+    yield p
+    await p.close()
+
+
+async def claim(pool: AsyncConnectionPool, lease: int = 60, **enqueue: Any) -> ClaimedRun:
+    async with pool.connection() as conn:
+        await api.enqueue_run(conn, uuid.uuid4(), "hi", "echo", **enqueue)
+        run = await api.claim_run(conn, "retry-test", lease)
+    assert run is not None
+    return run
+
+
+def context(run: ClaimedRun, pool: AsyncConnectionPool, writer: JournalWriter) -> RunContext:
+    lost = asyncio.Event()
+    log = run_logger(run, "retry-test")
+    return RunContext(
+        run=run,
+        pool=pool,
+        journal=writer.run_journal(run, lost),
+        cancel=asyncio.Event(),
+        lost=lost,
+        log=log,
+        worker_id="retry-test",
+        retry=Retry(30, log),
+    )
+
+
+def kinds(db, run_id: uuid.UUID) -> list[str]:  # type: ignore[no-untyped-def]
+    rows = events(db, run_id)
+    assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))  # gap-free
+    return [r["type"] for r in rows]
+
+
+# --- what counts as transient ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "transient", "unknown"),
+    [
+        (psycopg.OperationalError("server closed the connection unexpectedly"), True, True),
+        (psycopg.errors.AdminShutdown("terminating connection due to administrator command"), True, True),
+        (psycopg.errors.CrashShutdown("terminating connection because of crash"), True, True),
+        (psycopg.errors.CannotConnectNow("the database system is starting up"), True, True),
+        (psycopg.errors.ConnectionFailure("connection failure"), True, True),
+        (psycopg.errors.SerializationFailure("could not serialize access"), True, False),
+        (psycopg.errors.DeadlockDetected("deadlock detected"), True, False),
+        (psycopg.errors.ReadOnlySqlTransaction("cannot execute in a read-only transaction"), True, False),
+        (psycopg.errors.InvalidParameterValue("lease_seconds must be"), False, False),
+        (psycopg.errors.NullValueNotAllowed("run_id must not be NULL"), False, False),
+        (psycopg.errors.UniqueViolation("duplicate key"), False, False),
+        (psycopg.errors.UndefinedFunction("function does not exist"), False, False),
+        (psycopg.errors.ObjectNotInPrerequisiteState("wrong state"), False, False),
+        (psycopg.errors.QueryCanceled("canceling statement due to statement timeout"), False, False),
+        (ValueError("not a database error"), False, True),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v),
+)
+def test_transient_means_the_server_could_not_answer_not_that_it_refused(
+    error: Exception, transient: bool, unknown: bool
+) -> None:
+    assert is_transient(error) is transient
+    assert outcome_unknown(error) is unknown
+
+
+async def test_a_deterministic_error_is_raised_at_once_and_not_retried(pool, db) -> None:
+    run = await claim(pool)
+    calls = 0
+
+    async def bad_lease(conn: psycopg.AsyncConnection[Any]) -> object:
+        nonlocal calls
+        calls += 1
+        return await api.heartbeat(conn, run.run_id, run.claim_token, 0)
+
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="lease_seconds"):
+        await Retry(30, LOG).call(pool, bad_lease, "heartbeat")
+    assert calls == 1
+
+
+async def test_without_a_database_for_the_budget_the_call_gives_up(no_database) -> None:
+    with pytest.raises(DatabaseUnavailable, match="no database for"):
+        await Retry(0.5, LOG).call(no_database, lambda conn: conn.execute("SELECT 1"), "a read")
+
+
+# --- the journal: a write-through flush ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("needle", "deliver"),
+    [(b"append_events", False), (b"COMMIT", False), (b"COMMIT", True)],
+    ids=["lost-before-commit", "commit-not-delivered", "commit-delivered-answer-lost"],
+)
+async def test_a_write_through_event_rides_out_a_lost_connection(
+    faulty_pool, proxy, db, needle: bytes, deliver: bool
+) -> None:
+    run = await claim(faulty_pool)
+    writer = JournalWriter(faulty_pool, interval=CLOCK_OFF)
+    journal = writer.run_journal(run)
+    await journal.emit({"type": "text_delta", "index": 0, "text": "Hello"})  # buffered
+    proxy.break_at(needle, deliver=deliver)
+    await journal.emit({"type": "tool_use", "id": "tu_1"})  # writes through: returns once committed
+    assert proxy.fired == [f"{needle.decode()} {'delivered' if deliver else 'dropped'}"]
+    assert kinds(db, run.run_id)[-2:] == ["text_delta", "tool_use"]
+    assert kinds(db, run.run_id).count("tool_use") == 1
+    assert not journal.lost.is_set()
+    await writer.stop()
+
+
+async def test_a_write_through_flush_gives_up_after_its_budget(no_database, pool) -> None:
+    run = await claim(pool)
+    writer = JournalWriter(no_database, interval=CLOCK_OFF, retry_budget=0.5)
+    journal = writer.run_journal(run)
+    with pytest.raises(DatabaseUnavailable):
+        await journal.emit({"type": "tool_use", "id": "tu_1"})
+    await writer.stop()
+
+
+# --- the model_turn commit: append_step + its event, never twice ----------------------------
+
+
+def model_turn(text: str) -> ModelTurn:
+    content = [{"type": "text", "text": text}]
+    message = {"id": "msg_1", "role": "assistant", "content": content, "model": "claude-fake-1"}
+    return ModelTurn(
+        message=message,
+        content_text=json.dumps(content),
+        stop_reason="end_turn",
+        usage={"input_tokens": 3, "output_tokens": 1},
+        request_id="req_1",
+    )
+
+
+@pytest.mark.parametrize(
+    ("needle", "deliver"),
+    [(b"append_step", False), (b"COMMIT", False), (b"COMMIT", True)],
+    ids=["lost-before-commit", "commit-not-delivered", "commit-delivered-answer-lost"],
+)
+async def test_a_model_turn_is_committed_once_through_a_lost_connection(
+    faulty_pool, proxy, db, needle: bytes, deliver: bool
+) -> None:
+    run = await claim(faulty_pool)
+    writer = JournalWriter(faulty_pool, interval=CLOCK_OFF)
+    ctx = context(run, faulty_pool, writer)
+    proxy.break_at(needle, deliver=deliver)
+    seq = await agent_loop._commit_turn(ctx, model_turn("Hi."))
+    assert proxy.fired == [f"{needle.decode()} {'delivered' if deliver else 'dropped'}"]
+    assert seq == 1
+    steps = db.execute(
+        "SELECT seq, kind, payload::text FROM runrow.agent_step WHERE run_id = %s", (run.run_id,)
+    ).fetchall()
+    assert steps == [(1, "model_turn", '[{"type": "text", "text": "Hi."}]')]
+    turns = [e for e in events(db, run.run_id) if e["type"] == "model_turn"]
+    assert [e["step_seq"] for e in turns] == [1]
+    await writer.stop()
+
+
+async def test_a_model_turn_commit_of_a_run_lost_meanwhile_stands_down(faulty_pool, proxy, db) -> None:
+    run = await claim(faulty_pool, max_attempts=2)
+    writer = JournalWriter(faulty_pool, interval=CLOCK_OFF)
+    ctx = context(run, faulty_pool, writer)
+    # The first try dies before it commits; by the retry someone else has the run: the fence says no.
+    assert db.execute(
+        "SELECT runrow.release_run(run_id => %s, claim_token => %s, error => 'taken')",
+        (run.run_id, run.claim_token),
+    ).fetchone() == ("requeued",)
+    proxy.break_at(b"append_step", deliver=False)
+    with pytest.raises(agent_loop.RunLost):
+        await agent_loop._commit_turn(ctx, model_turn("Hi."))
+    assert db.execute(
+        "SELECT count(*) FROM runrow.agent_step WHERE run_id = %s", (run.run_id,)
+    ).fetchone() == (0,)
+    await writer.stop()
+
+
+# --- the heartbeat ---------------------------------------------------------------------------
+
+
+async def test_a_heartbeat_that_lost_its_connection_is_made_again_at_once(faulty_pool, proxy, db) -> None:
+    run = await claim(faulty_pool, lease=300)  # the next regular beat is 100 s away
+    before = run_row(db, run.run_id)["claim_expires_at"]
+    beat, lost = asyncio.Event(), asyncio.Event()
+    proxy.break_at(b"heartbeat", deliver=False)
+    beat.set()
+    task = asyncio.create_task(
+        heartbeat_loop(
+            faulty_pool, run, 300, cancel=asyncio.Event(), lost=lost, log=run_logger(run), beat=beat
+        )
+    )
+    try:
+        await wait_until_async(
+            lambda: run_row(db, run.run_id)["claim_expires_at"] > before, within=20, what="the lease extended"
+        )
+        assert proxy.fired == ["heartbeat dropped"] and not lost.is_set()
+    finally:
+        task.cancel()
+
+
+async def test_a_heartbeat_without_a_database_for_a_lease_gives_the_run_up(no_database, pool) -> None:
+    run = await claim(pool)
+    beat, lost = asyncio.Event(), asyncio.Event()
+    beat.set()
+    await asyncio.wait_for(
+        heartbeat_loop(
+            no_database,
+            run,
+            60,
+            cancel=asyncio.Event(),
+            lost=lost,
+            log=run_logger(run),
+            beat=beat,
+            retry=Retry(0.5, LOG),
+        ),
+        timeout=30,
+    )
+    assert lost.is_set()
+
+
+# --- the ending: finish_run and release_run whose answer was lost ---------------------------
+
+
+async def supervise(run: ClaimedRun, pool: AsyncConnectionPool, outcome: Outcome) -> str | None:
+    writer = JournalWriter(pool, interval=CLOCK_OFF)
+
+    async def handler(ctx: RunContext) -> Outcome:
+        await ctx.journal.emit({"type": "message_start"})
+        return outcome
+
+    sup = RunSupervisor(
+        run, pool=pool, writer=writer, handler=handler, lease_seconds=60, worker_id="retry-test"
+    )
+    try:
+        return await sup.supervise()
+    finally:
+        await writer.stop()
+
+
+@pytest.mark.parametrize("deliver", [True, False], ids=["committed-answer-lost", "not-delivered"])
+async def test_a_finish_whose_answer_was_lost_ends_the_run_once(
+    faulty_pool, proxy, db, deliver: bool
+) -> None:
+    run = await claim(faulty_pool)
+    proxy.break_at(b"finish_run", deliver=deliver)
+    ending = await supervise(run, faulty_pool, Outcome("completed", result={"text": "done"}))
+    assert proxy.fired == [f"finish_run {'delivered' if deliver else 'dropped'}"]
+    assert ending == "completed"
+    row = run_row(db, run.run_id)
+    assert (row["status"], row["attempt"], row["result"]) == ("completed", 1, {"text": "done"})
+    assert kinds(db, run.run_id).count("complete") == 1
+
+
+@pytest.mark.parametrize("deliver", [True, False], ids=["committed-answer-lost", "not-delivered"])
+async def test_a_release_whose_answer_was_lost_hands_the_run_back_once(
+    faulty_pool, proxy, db, deliver: bool
+) -> None:
+    run = await claim(faulty_pool, max_attempts=3)
+    proxy.break_at(b"release_run", deliver=deliver)
+    ending = await supervise(run, faulty_pool, Outcome("release", error="model overloaded"))
+    assert proxy.fired == [f"release_run {'delivered' if deliver else 'dropped'}"]
+    assert ending in ("released:requeued", "released:released")
+    row = run_row(db, run.run_id)
+    assert (row["status"], row["attempt"], row["error"]) == ("queued", 1, "model overloaded")
+    assert kinds(db, run.run_id).count("run_requeued") == 1
+
+
+async def test_a_finish_fenced_out_after_a_lost_answer_is_not_mistaken_for_ours(
+    faulty_pool, proxy, db
+) -> None:
+    """The first finish never reached the server, and by the retry a stop has ended the run: the
+    run's ending is the stop's, and this worker says it lost the run."""
+    run = await claim(faulty_pool, max_attempts=2)
+    writer = JournalWriter(faulty_pool, interval=CLOCK_OFF)
+
+    async def handler(ctx: RunContext) -> Outcome:
+        with psycopg.connect(proxy.target_url, autocommit=True) as other:
+            other.execute(
+                "SELECT runrow.release_run(run_id => %s, claim_token => %s, error => 'someone else')",
+                (run.run_id, run.claim_token),
+            )
+        proxy.break_at(b"finish_run", deliver=False)
+        return Outcome("completed", result={"text": "done"})
+
+    sup = RunSupervisor(
+        run, pool=faulty_pool, writer=writer, handler=handler, lease_seconds=60, worker_id="t"
+    )
+    assert await sup.supervise() == "lost"
+    assert run_row(db, run.run_id)["error"] == "someone else"
+    await writer.stop()
+
+
+# --- the claim: a COMMIT unanswered must not orphan the runs it claimed ---------------------
+
+
+@pytest.mark.parametrize(
+    "needle", [b"claim_runs", b"COMMIT"], ids=["claim-answer-lost", "claim-commit-answer-lost"]
+)
+async def test_runs_of_a_claim_whose_answer_was_lost_are_not_orphaned(
+    faulty_pool, pool, proxy, db, needle: bytes
+) -> None:
+    run_id = enqueue_echo(db, "claimed once", duration=0.1, max_attempts=1)
+    writer = JournalWriter(pool)  # the journal's commits do not pass the proxy
+    await writer.start()
+    proxy.break_at(needle, deliver=True)
+    d = Dispatcher(
+        pool=faulty_pool,
+        hub=None,
+        writer=writer,
+        handler=echo,
+        concurrency=1,
+        lease_seconds=60,  # an orphaned claim would sit running for a minute, then fail
+        poll_seconds=0.2,
+        worker_id="retry-test",
+    )
+    await d.start()
+    try:
+        await wait_until_async(
+            lambda: run_row(db, run_id)["status"] != "running" and run_row(db, run_id)["status"] != "queued",
+            within=20,
+            what="the run to end",
+        )
+    finally:
+        await d.stop_claiming()
+        await asyncio.gather(*d.tasks(), return_exceptions=True)
+        await writer.stop()
+    assert proxy.fired == [f"{needle.decode()} delivered"]
+    row = run_row(db, run_id)
+    assert (row["status"], row["attempt"]) == ("completed", 1)
+    assert kinds(db, run_id).count("run_claimed") == 1
