@@ -1125,6 +1125,80 @@ INSERT INTO runrow._yoyo_migration VALUES ('67b1358401c4812aed8fcdcc97a7f355b5ea
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '67b1358401c4812aed8fcdcc97a7f355b5eabc6548621218095a5aeace683e9e', '0009_open_runs_by_conversation', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0010_nul_safe_steps_and_request_fingerprint
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '97f684d1a6c59cd55e3b9f3a777f86eee70c4deb68de204bd7111cafcf2ec5c8') AS apply_97f684d1a6c5 \gset
+\if :apply_97f684d1a6c5
+-- Store a step whose text holds U+0000. json (the step log's type) accepts the escape
+-- \u0000 and keeps it verbatim, but every JSON operator that reads a field (->, ->>,
+-- json_each, ...) de-escapes the strings it lexes and raises 22P05 on \u0000, anywhere in
+-- the value. The derived column agent_step.tool_use_id was such an expression, so a
+-- tool_result whose content held a NUL could not even be inserted. It becomes a plain
+-- column that the insert trigger derives from runrow._json_probe(payload): the payload as
+-- json with each \u0000 escape read as \ufffd, so the operators work; the stored payload
+-- is never changed. The table stays append-only, so a value derived at insert cannot drift
+-- from its payload (the guarantee the generated column gave).
+-- depends: 0009_open_runs_by_conversation
+
+-- A json value the JSON operators can read: each \u0000 escape becomes \ufffd. Escaped
+-- backslash pairs are set aside first (chr(1) cannot occur in valid json text: control
+-- characters must be escaped inside strings and are not whitespace outside them), so the
+-- replace sees only real escapes, exactly as a left-to-right JSON lexer would.
+CREATE FUNCTION runrow._json_probe(payload json)
+RETURNS json
+LANGUAGE sql
+IMMUTABLE
+STRICT
+PARALLEL SAFE
+SET search_path = pg_catalog, runrow
+AS $fn$
+    SELECT CASE
+        WHEN strpos(_json_probe.payload::text, '\u0000') = 0 THEN _json_probe.payload
+        ELSE replace(replace(replace(_json_probe.payload::text, '\\', chr(1)), '\u0000', '\ufffd'), chr(1), '\\')::json
+    END;
+$fn$;
+
+COMMENT ON FUNCTION runrow._json_probe(json) IS
+'Private. payload with each \u0000 escape read as \ufffd, for the checks and derived values '
+'that need JSON operators (which raise 22P05 on \u0000). The stored payload is never changed.';
+
+REVOKE ALL ON FUNCTION runrow._json_probe(json) FROM PUBLIC;
+
+ALTER TABLE runrow.agent_step ALTER COLUMN tool_use_id DROP EXPRESSION;
+
+COMMENT ON COLUMN runrow.agent_step.tool_use_id IS
+'The tool_use a tool_result answers, derived from the payload by the insert trigger (a NUL in '
+'it reads as U+FFFD); NULL for a model_turn. Keeps "one result per tool_use" in the schema.';
+
+CREATE OR REPLACE FUNCTION runrow._agent_step_guard() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    expected integer;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        -- Invariant 4: the next seq, no gap, no reuse.
+        SELECT coalesce(max(s.seq), 0) + 1 INTO expected
+        FROM runrow.agent_step AS s WHERE s.run_id = NEW.run_id;
+        IF NEW.seq <> expected THEN
+            RAISE EXCEPTION 'agent_step seq % for run % is out of order: expected %', NEW.seq, NEW.run_id, expected
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        -- Derived, whatever the INSERT said, so it cannot disagree with the payload.
+        NEW.tool_use_id := CASE
+            WHEN NEW.kind = 'tool_result' THEN runrow._json_probe(NEW.payload) ->> 'tool_use_id'
+        END;
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'agent_step is append-only: rows cannot be %d', lower(TG_OP)
+        USING ERRCODE = 'integrity_constraint_violation',
+              HINT = 'Steps are the record of a run; a correction is a new step.';
+END
+$fn$;
+INSERT INTO runrow._yoyo_migration VALUES ('97f684d1a6c59cd55e3b9f3a777f86eee70c4deb68de204bd7111cafcf2ec5c8', '0010_nul_safe_steps_and_request_fingerprint', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '97f684d1a6c59cd55e3b9f3a777f86eee70c4deb68de204bd7111cafcf2ec5c8', '0010_nul_safe_steps_and_request_fingerprint', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -1712,6 +1786,7 @@ DECLARE
     last_turn record;
     bad record;
     answered text;
+    probe json;
 BEGIN
     PERFORM runrow._require_not_null(append_step.run_id, 'run_id');
     PERFORM runrow._require_not_null(append_step.claim_token, 'claim_token');
@@ -1741,22 +1816,17 @@ BEGIN
         RAISE EXCEPTION 'usage and stop_reason belong to a model_turn, not a %', append_step.kind
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- PostgreSQL's JSON functions cannot process the escape \u0000 (an odd run of
-    -- backslashes before u0000), so such a payload could be stored but never read back
-    -- into a conversation: refused up front, clearly.
-    IF append_step.payload::text ~ '(^|[^\\])(\\\\)*\\u0000' THEN
-        RAISE EXCEPTION 'payload must not contain the escape \u0000: PostgreSQL''s JSON functions cannot process it'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- Shape checks read the json as is (json operators, no jsonb cast), so nothing about
-    -- the stored text depends on them.
+    -- The shape checks read probe, the payload with each \u0000 escape read as \ufffd: the
+    -- JSON operators raise 22P05 on \u0000 anywhere in the value, and text may hold a NUL.
+    -- The payload itself is stored as given.
+    probe := runrow._json_probe(append_step.payload);
     IF append_step.kind = 'model_turn' THEN
-        IF json_typeof(append_step.payload) <> 'array' OR json_array_length(append_step.payload) = 0 THEN
+        IF json_typeof(probe) <> 'array' OR json_array_length(probe) = 0 THEN
             RAISE EXCEPTION 'payload of a model_turn must be the non-empty array of the assistant message''s content blocks'
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         SELECT b.ord INTO bad
-        FROM json_array_elements(append_step.payload) WITH ORDINALITY AS b (block, ord)
+        FROM json_array_elements(probe) WITH ORDINALITY AS b (block, ord)
         WHERE json_typeof(b.block) <> 'object'
            OR json_typeof(b.block -> 'type') IS DISTINCT FROM 'string'
            OR b.block ->> 'type' = ''
@@ -1772,11 +1842,11 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
     ELSE
-        IF json_typeof(append_step.payload) <> 'object'
-           OR json_typeof(append_step.payload -> 'type') IS DISTINCT FROM 'string'
-           OR append_step.payload ->> 'type' <> 'tool_result'
-           OR json_typeof(append_step.payload -> 'tool_use_id') IS DISTINCT FROM 'string'
-           OR append_step.payload ->> 'tool_use_id' = '' THEN
+        IF json_typeof(probe) <> 'object'
+           OR json_typeof(probe -> 'type') IS DISTINCT FROM 'string'
+           OR probe ->> 'type' <> 'tool_result'
+           OR json_typeof(probe -> 'tool_use_id') IS DISTINCT FROM 'string'
+           OR probe ->> 'tool_use_id' = '' THEN
             RAISE EXCEPTION 'payload of a tool_result must be one {"type": "tool_result", "tool_use_id": ...} block'
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
@@ -1797,9 +1867,9 @@ BEGIN
     LIMIT 1;
 
     IF append_step.kind = 'tool_result' THEN
-        answered := append_step.payload ->> 'tool_use_id';
+        answered := probe ->> 'tool_use_id';
         IF last_turn.seq IS NULL OR NOT EXISTS (
-            SELECT 1 FROM json_array_elements(last_turn.payload) AS b (block)
+            SELECT 1 FROM json_array_elements(runrow._json_probe(last_turn.payload)) AS b (block)
             WHERE b.block ->> 'type' = 'tool_use' AND b.block ->> 'id' = answered
         ) THEN
             RAISE EXCEPTION 'payload: tool_use_id "%" is not a tool_use of the run''s latest model turn', answered
@@ -1822,7 +1892,7 @@ BEGIN
         END IF;
     ELSIF last_turn.seq IS NOT NULL THEN
         SELECT b.block ->> 'id' AS id INTO bad
-        FROM json_array_elements(last_turn.payload) AS b (block)
+        FROM json_array_elements(runrow._json_probe(last_turn.payload)) AS b (block)
         WHERE b.block ->> 'type' = 'tool_use'
           AND NOT EXISTS (
               SELECT 1 FROM runrow.agent_step AS s
@@ -1851,10 +1921,9 @@ COMMENT ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text
 'begun with begin_tool_call (those get theirs from complete_tool_call). A model_turn is '
 'refused (55000) while a tool_use of the previous one has no result, so the log is always a '
 'valid conversation. payload is json, stored verbatim: the same bytes come back from '
-'conversation_history (a payload with the escape \u0000 is refused: PostgreSQL cannot '
-'process it). request_id (the provider''s) is kept for support tickets. At most '
-'8 MiB. Fenced: NULL, nothing written, unless claim_token matches a running run. Bad input '
-'raises 22004/22023 naming the argument.';
+'conversation_history, the escape \u0000 (a NUL in the text) included. request_id (the '
+'provider''s) is kept for support tickets. At most 8 MiB. Fenced: NULL, nothing written, '
+'unless claim_token matches a running run. Bad input raises 22004/22023 naming the argument.';
 
 REVOKE ALL ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) TO runrow_worker;
@@ -2233,7 +2302,8 @@ BEGIN
             ORDER BY m.seq DESC
             LIMIT 1
         ) AS s
-        CROSS JOIN LATERAL json_array_elements(s.payload) AS b (block)
+        -- Probed: the JSON operators raise on a \u0000 anywhere in the turn (its text may hold one).
+        CROSS JOIN LATERAL json_array_elements(runrow._json_probe(s.payload)) AS b (block)
         WHERE b.block ->> 'type' = 'tool_use'
           AND b.block ->> 'name' = begin_tool_call.tool
           AND (b.block -> 'input')::jsonb = begin_tool_call.args
@@ -2598,7 +2668,8 @@ BEGIN
                t.status, NULL::timestamptz
         FROM turns AS t
         JOIN last_turns AS l ON l.run_id = t.id
-        CROSS JOIN LATERAL json_array_elements(l.payload) WITH ORDINALITY AS b (block, ord)
+        -- Probed: the JSON operators raise on a \u0000 anywhere in the turn (its text may hold one).
+        CROSS JOIN LATERAL json_array_elements(runrow._json_probe(l.payload)) WITH ORDINALITY AS b (block, ord)
         WHERE b.block ->> 'type' = 'tool_use'
           AND NOT EXISTS (
               SELECT 1 FROM runrow.agent_step AS r
