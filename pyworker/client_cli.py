@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from pyworker import api
+from pyworker import api, nul
 from pyworker.config import database_url
 from pyworker.hub import Hub
 from pyworker.tail import Keepalive, RunNotFound, run_status, tail
@@ -314,9 +314,10 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
             async for item in items:
                 if isinstance(item, Keepalive):
                     continue
-                render.event(item.seq, item.payload)
+                payload = nul.decode(item.payload)  # a NUL in the text is stored encoded
+                render.event(item.seq, payload)
                 if item.type == "complete":
-                    status = str(item.payload.get("status"))
+                    status = str(payload.get("status"))
                     return EXIT_CODES.get(status, 1)
         # The cursor was already past the complete: the run had ended; say how.
         status = await run_status(pool, run_id)

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from pyworker import api
+from pyworker import api, nul
 from pyworker.http import queries
 from pyworker.http.bodies import field, path_uuid, read_json_object, reject_unknown
 from pyworker.http.context import Services, authenticated
@@ -146,7 +146,7 @@ def run_json(run: queries.RunState) -> dict[str, Any]:
         "model": run.model,
         "cancel_requested": run.cancel_requested,
         "retry_of": None if run.retry_of is None else str(run.retry_of),
-        "result": run.result,
+        "result": nul.decode(run.result),  # JSON carries a NUL; jsonb stored it encoded
         "error": run.error,
         "created_at": iso(run.created_at),
         "started_at": iso(run.started_at),
