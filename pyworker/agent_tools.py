@@ -17,7 +17,10 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import psycopg
+
 from pyworker import steps_api
+from pyworker.failures import DeterministicFailure
 from pyworker.handler import RunContext
 from pyworker.journal import RunLost
 from pyworker.keys import tool_call_key
@@ -73,10 +76,17 @@ async def run_tool_calls(
         key = tool_call_key(run.run_id, step_seq, use_id, name, args)
         # Everything journaled so far lands before a possible park clears the claim.
         await before_park()
-        async with ctx.pool.connection() as conn:
-            begun = await steps_api.begin_tool_call(
-                conn, run.run_id, run.claim_token, key, name, args, tool.effect
-            )
+        try:
+            async with ctx.pool.connection() as conn:
+                begun = await steps_api.begin_tool_call(
+                    conn, run.run_id, run.claim_token, key, name, args, tool.effect
+                )
+        except psycopg.DataError as exc:
+            # e.g. a NUL in the input: tool_effect.args is jsonb, which cannot hold U+0000.
+            raise DeterministicFailure(
+                f"tool call {name} ({use_id}): its input cannot be recorded, so the call cannot be "
+                f"made safely: {_db_message(exc)}"
+            ) from exc
         if begun is None:
             raise RunLost(str(run.run_id))
         state = begun.state
@@ -99,8 +109,15 @@ async def run_tool_calls(
             result, is_error = _rejection_text(begun.result), True
         else:  # execute, approved
             result, is_error = await _execute(ctx, tool, args, key)
-        async with ctx.pool.connection() as conn:
-            seq = await steps_api.complete_tool_call(conn, run.run_id, run.claim_token, key, result, is_error)
+        try:
+            async with ctx.pool.connection() as conn:
+                seq = await steps_api.complete_tool_call(
+                    conn, run.run_id, run.claim_token, key, result, is_error
+                )
+        except psycopg.DataError as exc:
+            raise DeterministicFailure(
+                f"tool call {name} ({use_id}): its result cannot be recorded: {_db_message(exc)}"
+            ) from exc
         if seq is None:
             raise RunLost(str(run.run_id))
         await ctx.journal.emit(
@@ -113,6 +130,13 @@ async def run_tool_calls(
             }
         )
     return True
+
+
+def _db_message(exc: psycopg.Error) -> str:
+    text = exc.diag.message_primary or str(exc)
+    if exc.diag.message_detail:
+        text = f"{text} ({exc.diag.message_detail})"
+    return f"SQLSTATE {exc.sqlstate}: {text}" if exc.sqlstate else text
 
 
 async def _execute(ctx: RunContext, tool: Tool, args: dict[str, Any], key: str) -> tuple[Any, bool]:
