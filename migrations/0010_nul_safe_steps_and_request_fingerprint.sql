@@ -1,12 +1,21 @@
--- Store a step whose text holds U+0000. json (the step log's type) accepts the escape
--- \u0000 and keeps it verbatim, but every JSON operator that reads a field (->, ->>,
--- json_each, ...) de-escapes the strings it lexes and raises 22P05 on \u0000, anywhere in
--- the value. The derived column agent_step.tool_use_id was such an expression, so a
--- tool_result whose content held a NUL could not even be inserted. It becomes a plain
--- column that the insert trigger derives from runrow._json_probe(payload): the payload as
--- json with each \u0000 escape read as \ufffd, so the operators work; the stored payload
--- is never changed. The table stays append-only, so a value derived at insert cannot drift
--- from its payload (the guarantee the generated column gave).
+-- Two things a caller could not do safely before:
+--
+-- 1. Store a step whose text holds U+0000. json (the step log's type) accepts the escape
+--    \u0000 and keeps it verbatim, but every JSON operator that reads a field (->, ->>,
+--    json_each, ...) de-escapes the strings it lexes and raises 22P05 on \u0000, anywhere in
+--    the value. The derived column agent_step.tool_use_id was such an expression, so a
+--    tool_result whose content held a NUL could not even be inserted. It becomes a plain
+--    column that the insert trigger derives from runrow._json_probe(payload): the payload as
+--    json with each \u0000 escape read as \ufffd, so the operators work; the stored payload
+--    is never changed. The table stays append-only, so a value derived at insert cannot drift
+--    from its payload (the guarantee the generated column gave).
+--
+-- 2. Tell a reused enqueue idempotency key from a retried request. agent_run gets the
+--    fingerprint of the request that created the run (enqueue_run computes it when a key is
+--    given: SHA-256 of the canonical jsonb text of conversation, user, content, model, system
+--    prompt, tools, max_attempts, if_active and metadata). A replay with the same fingerprint
+--    returns the first run; any other request with that key is refused. Runs enqueued before
+--    this migration have no fingerprint and replay as before.
 -- depends: 0009_open_runs_by_conversation
 
 -- A json value the JSON operators can read: each \u0000 escape becomes \ufffd. Escaped
@@ -65,3 +74,11 @@ BEGIN
               HINT = 'Steps are the record of a run; a correction is a new step.';
 END
 $fn$;
+
+-- Adding a nullable column without a default is a catalog change: no rewrite, no scan.
+ALTER TABLE runrow.agent_run ADD COLUMN request_fingerprint text;
+
+COMMENT ON COLUMN runrow.agent_run.request_fingerprint IS
+'Hex SHA-256 of the enqueue request that created the run (see enqueue_run), kept when it came '
+'with an idempotency_key: a replay of that key must match it. NULL without a key, for '
+'retry_run''s runs and for runs enqueued before migration 0010.';

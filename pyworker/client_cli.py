@@ -44,6 +44,7 @@ CALLER_ERRORS = {
     "22004": "missing argument",
     "55000": "wrong state",
     "P0002": "not found",
+    "23505": "already used",  # an idempotency key reused by a different request
 }
 
 EXIT_CODE_HELP = """\
@@ -87,7 +88,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "--tools-json", type=Path, metavar="FILE", help="JSON file with an array of tool definitions"
     )
     p.add_argument("--max-attempts", type=int, default=1, help="attempts before the run is dead (default 1)")
-    p.add_argument("--idempotency-key", help="the same key returns the first run instead of a second one")
+    p.add_argument(
+        "--idempotency-key",
+        help="the same key with the same request returns the first run instead of a second one; "
+        "with a different request it is an error",
+    )
     p.add_argument(
         "--if-active",
         choices=["enqueue", "reject", "interrupt"],

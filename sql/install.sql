@@ -1128,15 +1128,24 @@ INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '67b1358401c4812ae
 -- migration 0010_nul_safe_steps_and_request_fingerprint
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '97f684d1a6c59cd55e3b9f3a777f86eee70c4deb68de204bd7111cafcf2ec5c8') AS apply_97f684d1a6c5 \gset
 \if :apply_97f684d1a6c5
--- Store a step whose text holds U+0000. json (the step log's type) accepts the escape
--- \u0000 and keeps it verbatim, but every JSON operator that reads a field (->, ->>,
--- json_each, ...) de-escapes the strings it lexes and raises 22P05 on \u0000, anywhere in
--- the value. The derived column agent_step.tool_use_id was such an expression, so a
--- tool_result whose content held a NUL could not even be inserted. It becomes a plain
--- column that the insert trigger derives from runrow._json_probe(payload): the payload as
--- json with each \u0000 escape read as \ufffd, so the operators work; the stored payload
--- is never changed. The table stays append-only, so a value derived at insert cannot drift
--- from its payload (the guarantee the generated column gave).
+-- Two things a caller could not do safely before:
+--
+-- 1. Store a step whose text holds U+0000. json (the step log's type) accepts the escape
+--    \u0000 and keeps it verbatim, but every JSON operator that reads a field (->, ->>,
+--    json_each, ...) de-escapes the strings it lexes and raises 22P05 on \u0000, anywhere in
+--    the value. The derived column agent_step.tool_use_id was such an expression, so a
+--    tool_result whose content held a NUL could not even be inserted. It becomes a plain
+--    column that the insert trigger derives from runrow._json_probe(payload): the payload as
+--    json with each \u0000 escape read as \ufffd, so the operators work; the stored payload
+--    is never changed. The table stays append-only, so a value derived at insert cannot drift
+--    from its payload (the guarantee the generated column gave).
+--
+-- 2. Tell a reused enqueue idempotency key from a retried request. agent_run gets the
+--    fingerprint of the request that created the run (enqueue_run computes it when a key is
+--    given: SHA-256 of the canonical jsonb text of conversation, user, content, model, system
+--    prompt, tools, max_attempts, if_active and metadata). A replay with the same fingerprint
+--    returns the first run; any other request with that key is refused. Runs enqueued before
+--    this migration have no fingerprint and replay as before.
 -- depends: 0009_open_runs_by_conversation
 
 -- A json value the JSON operators can read: each \u0000 escape becomes \ufffd. Escaped
@@ -1195,6 +1204,14 @@ BEGIN
               HINT = 'Steps are the record of a run; a correction is a new step.';
 END
 $fn$;
+
+-- Adding a nullable column without a default is a catalog change: no rewrite, no scan.
+ALTER TABLE runrow.agent_run ADD COLUMN request_fingerprint text;
+
+COMMENT ON COLUMN runrow.agent_run.request_fingerprint IS
+'Hex SHA-256 of the enqueue request that created the run (see enqueue_run), kept when it came '
+'with an idempotency_key: a replay of that key must match it. NULL without a key, for '
+'retry_run''s runs and for runs enqueued before migration 0010.';
 INSERT INTO runrow._yoyo_migration VALUES ('97f684d1a6c59cd55e3b9f3a777f86eee70c4deb68de204bd7111cafcf2ec5c8', '0010_nul_safe_steps_and_request_fingerprint', now() AT TIME ZONE 'UTC');
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '97f684d1a6c59cd55e3b9f3a777f86eee70c4deb68de204bd7111cafcf2ec5c8', '0010_nul_safe_steps_and_request_fingerprint', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
@@ -2736,6 +2753,7 @@ DECLARE
     new_message_id uuid;
     new_run_id uuid;
     prompt_id text;
+    fingerprint text;
 BEGIN
     -- Validate everything before writing anything.
     PERFORM runrow._require_not_null(enqueue_run.conversation_id, 'conversation_id');
@@ -2799,15 +2817,33 @@ BEGIN
     -- active runs, and per idempotency key, so a double POST finds the first run.
     PERFORM runrow._lock_conversation(enqueue_run.conversation_id);
     IF enqueue_run.idempotency_key IS NOT NULL THEN
+        -- The request as the caller made it; jsonb's text is canonical (key order and
+        -- whitespace do not count), so a retry of the same request has the same print.
+        fingerprint := encode(sha256(convert_to(jsonb_build_object(
+            'conversation_id', enqueue_run.conversation_id, 'user_id', enqueue_run.user_id,
+            'content', enqueue_run.content, 'model', enqueue_run.model,
+            'system_prompt', enqueue_run.system_prompt, 'tools', enqueue_run.tools,
+            'max_attempts', enqueue_run.max_attempts, 'if_active', enqueue_run.if_active,
+            'metadata', enqueue_run.metadata)::text, 'UTF8')), 'hex');
         PERFORM pg_advisory_xact_lock(7142, hashtext(enqueue_run.idempotency_key));
         SELECT r.* INTO existing FROM runrow.agent_run AS r
         WHERE r.idempotency_key = enqueue_run.idempotency_key;
         IF FOUND THEN
+            -- 23505: the key is unique (agent_run_idempotency_key) and already taken by
+            -- another request. Replaying the first run would hide that this one never ran.
             IF existing.conversation_id <> enqueue_run.conversation_id
                OR existing.user_id IS DISTINCT FROM enqueue_run.user_id THEN
                 RAISE EXCEPTION 'idempotency_key "%" is already used by a run of another conversation or user',
                     enqueue_run.idempotency_key
-                    USING ERRCODE = 'invalid_parameter_value';
+                    USING ERRCODE = 'unique_violation', CONSTRAINT = 'agent_run_idempotency_key';
+            END IF;
+            -- (NULL: enqueued before migration 0010, nothing to compare; it replays.)
+            IF existing.request_fingerprint <> fingerprint THEN
+                RAISE EXCEPTION 'idempotency_key "%" is already used by a different request (run %)',
+                    enqueue_run.idempotency_key, existing.id
+                    USING ERRCODE = 'unique_violation', CONSTRAINT = 'agent_run_idempotency_key',
+                          HINT = 'A replay must repeat content, model, system_prompt, tools, max_attempts, '
+                                 'if_active and metadata exactly; a new request needs a new key.';
             END IF;
             RETURN QUERY SELECT existing.id, existing.status, false;
             RETURN;
@@ -2847,11 +2883,11 @@ BEGIN
 
     INSERT INTO runrow.agent_run (
         conversation_id, user_id, user_message_id, max_attempts, model, prompt_id,
-        idempotency_key, metadata, request_snapshot
+        idempotency_key, request_fingerprint, metadata, request_snapshot
     )
     VALUES (
         enqueue_run.conversation_id, enqueue_run.user_id, new_message_id, enqueue_run.max_attempts,
-        enqueue_run.model, prompt_id, enqueue_run.idempotency_key, enqueue_run.metadata,
+        enqueue_run.model, prompt_id, enqueue_run.idempotency_key, fingerprint, enqueue_run.metadata,
         jsonb_build_object('content', enqueue_run.content, 'metadata', enqueue_run.metadata)
     )
     RETURNING id INTO new_run_id;
@@ -2870,8 +2906,12 @@ COMMENT ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, int
 'Enqueue one turn of a conversation. In one transaction: the user message, the run '
 '(queued, pinned to model and to a content-addressed prompt of system_prompt + tools), '
 'its journal events user_message_created and run_queued, and a NOTIFY on runrow_enqueued. '
-'The same idempotency_key returns the first run with created = false and writes nothing; '
-'a key already used by another conversation or user is an error (22023). When the '
+'The same idempotency_key with the same request (conversation, user, content, model, '
+'system_prompt, tools, max_attempts, if_active, metadata; JSON compared as jsonb, so key order '
+'and whitespace do not count) returns the first run with created = false and writes nothing; '
+'the key with any other request raises 23505 (unique_violation, constraint '
+'agent_run_idempotency_key) naming idempotency_key, and writes nothing. A run enqueued '
+'before migration 0010 has no fingerprint: its key replays whatever the request. When the '
 'conversation has an active (queued, running or waiting) run, if_active decides: enqueue '
 '(wait behind it), reject (error 55000, nothing written) or interrupt (stop the active runs '
 'as stop_conversation does, then enqueue, atomically). Bad input raises 22004/22023 naming '

@@ -67,6 +67,17 @@ async def enqueue(request: Request, svc: Services, user: str) -> Response:
         raise not_found("conversation", conversation_id) from None
     except psycopg.errors.ObjectNotInPrerequisiteState as exc:
         raise ApiError(409, "conversation_busy", exc.diag.message_primary or str(exc)) from None
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name != "agent_run_idempotency_key" or key is None:
+            raise
+        # As the IETF idempotency-key draft says: a reused key with another request is a 422.
+        raise ApiError(
+            422,
+            "idempotency_key_reused",
+            f"Idempotency-Key {request.headers['idempotency-key']!r} was already used for a different "
+            "request (another conversation, content or option); repeat that request exactly to get "
+            "its run, or send this one with a new key",
+        ) from None
     payload = {
         "run_id": str(run.run_id),
         "status": run.status,
