@@ -11,15 +11,19 @@ with an error that says so; it is never released for another paid attempt.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from agent_support import THINKING, agent_worker, enqueue_agent, steps
-from worker_support import WorkerProcess, db, events, run_row, wait_status, worker_db
+from http_support import ALICE, read_stream, serve
+from worker_support import REPO, WorkerProcess, db, events, run_row, wait_status, worker_db
 
 from pyworker import demo_tools, nul
 from pyworker.fake_model import FakeModel
@@ -52,7 +56,7 @@ def decoded_events(db: psycopg.Connection, run_id: uuid.UUID) -> list[dict[str, 
 
 
 def test_a_nul_in_the_models_text_completes_the_run_with_the_nul_kept_everywhere(
-    db: psycopg.Connection, fake: FakeModel, worker: WorkerProcess
+    worker_db: str, db: psycopg.Connection, fake: FakeModel, worker: WorkerProcess
 ) -> None:
     fake.set_scenario("nul_text")
     conversation_id = uuid.uuid4()
@@ -73,6 +77,16 @@ def test_a_nul_in_the_models_text_completes_the_run_with_the_nul_kept_everywhere
     assert journal[-1]["type"] == "complete" and journal[-1]["result"]["text"] == NUL_TEXT
     encoded = [e for e in events(db, run_id) if e["type"] == "text_delta"]
     assert all(e.get("_encoding") == "nul-percent" for e in encoded if "%00" in e["text"])
+    # `runrow tail` prints the answer with its NUL.
+    tailed = subprocess.run(
+        [sys.executable, "-m", "pyworker", "--database-url", worker_db, "tail", str(run_id)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert tailed.returncode == 0, tailed.stderr
+    assert tailed.stdout == NUL_TEXT + "\n"
 
     # The next turn's request carries the turn back byte-identically: the fake verifies the
     # thinking block's signature over the history and answers 400 if anything changed.
@@ -100,3 +114,25 @@ def test_a_nul_in_a_tool_input_fails_the_run_once_after_one_model_call(
     assert not [r for r in demo_tools.records(tmp_path) if r.tool == "read_file"]
     complete = [e for e in events(db, run_id) if e["type"] == "complete"]
     assert [(e["status"], e["error"]) for e in complete] == [("failed", row["error"])]
+
+
+def test_over_http_the_result_is_decoded_and_the_stream_relays_the_journal_as_stored(
+    worker_db: str, db: psycopg.Connection, fake: FakeModel, worker: WorkerProcess
+) -> None:
+    fake.set_scenario("nul_text")
+    for server in serve(worker_db, model="claude-fake-1"):
+        with httpx.Client(base_url=server.url, timeout=20) as client:
+            posted = client.post(
+                f"/conversations/{uuid.uuid4()}/runs", json={"content": "odd?"}, headers=ALICE
+            )
+            assert posted.status_code == 202, posted.text
+            run_id = uuid.UUID(posted.json()["run_id"])
+            assert wait_status(db, run_id, TERMINAL, 30) == "completed", worker.log()
+            state = client.get(f"/runs/{run_id}", headers=ALICE).json()
+            assert state["result"] == {"text": NUL_TEXT, "stop_reason": "end_turn"}
+            stream = read_stream(client, run_id, ALICE)
+    assert [{"seq": f.id, **f.data} for f in stream.events] == events(db, run_id)  # as stored
+    assert (
+        "".join(nul.decode(f.data).get("text", "") for f in stream.events if f.event == "text_delta")
+        == NUL_TEXT
+    )
