@@ -5,7 +5,10 @@ writes the ending.
   write nothing more; whoever took the run (reaper, stop, a newer claim) owns the ending.
 - cancel (NOTIFY on runrow_cancel, or the heartbeat poll): `ctx.cancel` is set; the handler
   stops and returns Outcome('cancelled'), keeping the partial text already journaled.
-- the handler raises: release_run with the error (the attempts policy requeues or fails it).
+- the handler raises: release_run with the error (the attempts policy requeues or fails it),
+  unless the failure would recur identically on every attempt (pyworker/worker/failures.py: the
+  database refused the run's own data, or DeterministicFailure): then finish_run 'failed'
+  once, so no attempt pays the model again for the same refusal.
 - drain past its budget (`abandon`): the handler is cancelled and the run released with
   error 'drained' (requeued while attempts are left, else failed).
 - otherwise: flush the journal (buffered deltas first, in order), then finish_run with the
@@ -18,10 +21,12 @@ import asyncio
 import contextlib
 from typing import Any
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.db import api
 from pyworker.db.api import ClaimedRun
+from pyworker.worker.failures import deterministic
 from pyworker.worker.handler import Outcome, RunContext, RunHandler
 from pyworker.worker.heartbeat import heartbeat_loop
 from pyworker.worker.journal import JournalWriter, RunLost
@@ -139,6 +144,10 @@ class RunSupervisor:
         if error is not None:
             if isinstance(error, RunLost):
                 return "lost"
+            reason = deterministic(error)
+            if reason is not None:
+                self.log.error("handler failed deterministically; the run fails: %s", reason, exc_info=error)
+                return await self._fail(reason)
             self.log.error("handler raised; releasing the run", exc_info=error)
             return await self._release(f"{type(error).__name__}: {error}")
         if outcome is None:  # cancelled from outside without a drain: hand it back
@@ -156,15 +165,36 @@ class RunSupervisor:
         except RunLost:
             self.log.warning("run lost while flushing its journal; writing nothing more")
             return "lost"
-        async with self._pool.connection() as conn:
-            ok = await api.finish_run(
-                conn, run.run_id, run.claim_token, outcome.status, outcome.result, outcome.error
-            )
+        try:
+            async with self._pool.connection() as conn:
+                ok = await api.finish_run(
+                    conn, run.run_id, run.claim_token, outcome.status, outcome.result, outcome.error
+                )
+        except psycopg.Error as exc:
+            reason = deterministic(exc)
+            if reason is None:
+                raise
+            # e.g. a result over finish_run's size limit: every attempt would end here again.
+            self.log.error("finish_run refused the outcome; the run fails: %s", reason)
+            return await self._fail(f"the run's {outcome.status} outcome could not be stored: {reason}")
         if not ok:
             self.log.warning("finish_run fenced out: someone else already ended this run")
             return "lost"
         self.log.info("run finished: %s", outcome.status)
         return outcome.status
+
+    async def _fail(self, reason: str) -> str | None:
+        # The journal may be the thing that refused (its flush then raises again): keep what
+        # it can still write, then end the run; finish_run journals the complete itself.
+        if not await self._flush_quietly():
+            return "lost"
+        async with self._pool.connection() as conn:
+            ok = await api.finish_run(conn, self.run.run_id, self.run.claim_token, "failed", None, reason)
+        if not ok:
+            self.log.warning("finish_run fenced out: someone else already ended this run")
+            return "lost"
+        self.log.info("run finished: failed (%s)", reason)
+        return "failed"
 
     async def _release(self, reason: str | None) -> str | None:
         if not await self._flush_quietly():
