@@ -1,7 +1,7 @@
 """Journal rows written per second of a streaming run: coalesced writer vs one row per delta.
 
 One run streams text deltas on a fixed schedule (every 4 ms for 4 s: 1000 deltas, a fast
-model). The coalesced writer (pyworker.journal: deltas merge in memory, flushed every
+model). The coalesced writer (pyworker.worker.journal: deltas merge in memory, flushed every
 250 ms) is set against a naive writer that calls append_events once per delta. Both
 journals must spell the same text; the report gives rows, commits, rows per second of
 streaming, and how far the naive writer fell behind its schedule.

@@ -11,6 +11,7 @@ DECLARE
     last_turn record;
     bad record;
     answered text;
+    probe json;
 BEGIN
     PERFORM runrow._require_not_null(append_step.run_id, 'run_id');
     PERFORM runrow._require_not_null(append_step.claim_token, 'claim_token');
@@ -40,22 +41,17 @@ BEGIN
         RAISE EXCEPTION 'usage and stop_reason belong to a model_turn, not a %', append_step.kind
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- PostgreSQL's JSON functions cannot process the escape \u0000 (an odd run of
-    -- backslashes before u0000), so such a payload could be stored but never read back
-    -- into a conversation: refused up front, clearly.
-    IF append_step.payload::text ~ '(^|[^\\])(\\\\)*\\u0000' THEN
-        RAISE EXCEPTION 'payload must not contain the escape \u0000: PostgreSQL''s JSON functions cannot process it'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- Shape checks read the json as is (json operators, no jsonb cast), so nothing about
-    -- the stored text depends on them.
+    -- The shape checks read probe, the payload with each \u0000 escape read as \ufffd: the
+    -- JSON operators raise 22P05 on \u0000 anywhere in the value, and text may hold a NUL.
+    -- The payload itself is stored as given.
+    probe := runrow._json_probe(append_step.payload);
     IF append_step.kind = 'model_turn' THEN
-        IF json_typeof(append_step.payload) <> 'array' OR json_array_length(append_step.payload) = 0 THEN
+        IF json_typeof(probe) <> 'array' OR json_array_length(probe) = 0 THEN
             RAISE EXCEPTION 'payload of a model_turn must be the non-empty array of the assistant message''s content blocks'
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         SELECT b.ord INTO bad
-        FROM json_array_elements(append_step.payload) WITH ORDINALITY AS b (block, ord)
+        FROM json_array_elements(probe) WITH ORDINALITY AS b (block, ord)
         WHERE json_typeof(b.block) <> 'object'
            OR json_typeof(b.block -> 'type') IS DISTINCT FROM 'string'
            OR b.block ->> 'type' = ''
@@ -71,11 +67,11 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
     ELSE
-        IF json_typeof(append_step.payload) <> 'object'
-           OR json_typeof(append_step.payload -> 'type') IS DISTINCT FROM 'string'
-           OR append_step.payload ->> 'type' <> 'tool_result'
-           OR json_typeof(append_step.payload -> 'tool_use_id') IS DISTINCT FROM 'string'
-           OR append_step.payload ->> 'tool_use_id' = '' THEN
+        IF json_typeof(probe) <> 'object'
+           OR json_typeof(probe -> 'type') IS DISTINCT FROM 'string'
+           OR probe ->> 'type' <> 'tool_result'
+           OR json_typeof(probe -> 'tool_use_id') IS DISTINCT FROM 'string'
+           OR probe ->> 'tool_use_id' = '' THEN
             RAISE EXCEPTION 'payload of a tool_result must be one {"type": "tool_result", "tool_use_id": ...} block'
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
@@ -96,9 +92,9 @@ BEGIN
     LIMIT 1;
 
     IF append_step.kind = 'tool_result' THEN
-        answered := append_step.payload ->> 'tool_use_id';
+        answered := probe ->> 'tool_use_id';
         IF last_turn.seq IS NULL OR NOT EXISTS (
-            SELECT 1 FROM json_array_elements(last_turn.payload) AS b (block)
+            SELECT 1 FROM json_array_elements(runrow._json_probe(last_turn.payload)) AS b (block)
             WHERE b.block ->> 'type' = 'tool_use' AND b.block ->> 'id' = answered
         ) THEN
             RAISE EXCEPTION 'payload: tool_use_id "%" is not a tool_use of the run''s latest model turn', answered
@@ -121,7 +117,7 @@ BEGIN
         END IF;
     ELSIF last_turn.seq IS NOT NULL THEN
         SELECT b.block ->> 'id' AS id INTO bad
-        FROM json_array_elements(last_turn.payload) AS b (block)
+        FROM json_array_elements(runrow._json_probe(last_turn.payload)) AS b (block)
         WHERE b.block ->> 'type' = 'tool_use'
           AND NOT EXISTS (
               SELECT 1 FROM runrow.agent_step AS s
@@ -150,10 +146,9 @@ COMMENT ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text
 'begun with begin_tool_call (those get theirs from complete_tool_call). A model_turn is '
 'refused (55000) while a tool_use of the previous one has no result, so the log is always a '
 'valid conversation. payload is json, stored verbatim: the same bytes come back from '
-'conversation_history (a payload with the escape \u0000 is refused: PostgreSQL cannot '
-'process it). request_id (the provider''s) is kept for support tickets. At most '
-'8 MiB. Fenced: NULL, nothing written, unless claim_token matches a running run. Bad input '
-'raises 22004/22023 naming the argument.';
+'conversation_history, the escape \u0000 (a NUL in the text) included. request_id (the '
+'provider''s) is kept for support tickets. At most 8 MiB. Fenced: NULL, nothing written, '
+'unless claim_token matches a running run. Bad input raises 22004/22023 naming the argument.';
 
 REVOKE ALL ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) TO runrow_worker;

@@ -60,7 +60,8 @@ BEGIN
             ORDER BY m.seq DESC
             LIMIT 1
         ) AS s
-        CROSS JOIN LATERAL json_array_elements(s.payload) AS b (block)
+        -- Probed: the JSON operators raise on a \u0000 anywhere in the turn (its text may hold one).
+        CROSS JOIN LATERAL json_array_elements(runrow._json_probe(s.payload)) AS b (block)
         WHERE b.block ->> 'type' = 'tool_use'
           AND b.block ->> 'name' = begin_tool_call.tool
           AND (b.block -> 'input')::jsonb = begin_tool_call.args

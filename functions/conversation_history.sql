@@ -82,7 +82,8 @@ BEGIN
                t.status, NULL::timestamptz
         FROM turns AS t
         JOIN last_turns AS l ON l.run_id = t.id
-        CROSS JOIN LATERAL json_array_elements(l.payload) WITH ORDINALITY AS b (block, ord)
+        -- Probed: the JSON operators raise on a \u0000 anywhere in the turn (its text may hold one).
+        CROSS JOIN LATERAL json_array_elements(runrow._json_probe(l.payload)) WITH ORDINALITY AS b (block, ord)
         WHERE b.block ->> 'type' = 'tool_use'
           AND NOT EXISTS (
               SELECT 1 FROM runrow.agent_step AS r

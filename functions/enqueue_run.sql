@@ -20,6 +20,7 @@ DECLARE
     new_message_id uuid;
     new_run_id uuid;
     prompt_id text;
+    fingerprint text;
 BEGIN
     -- Validate everything before writing anything.
     PERFORM runrow._require_not_null(enqueue_run.conversation_id, 'conversation_id');
@@ -83,15 +84,33 @@ BEGIN
     -- active runs, and per idempotency key, so a double POST finds the first run.
     PERFORM runrow._lock_conversation(enqueue_run.conversation_id);
     IF enqueue_run.idempotency_key IS NOT NULL THEN
+        -- The request as the caller made it; jsonb's text is canonical (key order and
+        -- whitespace do not count), so a retry of the same request has the same print.
+        fingerprint := encode(sha256(convert_to(jsonb_build_object(
+            'conversation_id', enqueue_run.conversation_id, 'user_id', enqueue_run.user_id,
+            'content', enqueue_run.content, 'model', enqueue_run.model,
+            'system_prompt', enqueue_run.system_prompt, 'tools', enqueue_run.tools,
+            'max_attempts', enqueue_run.max_attempts, 'if_active', enqueue_run.if_active,
+            'metadata', enqueue_run.metadata)::text, 'UTF8')), 'hex');
         PERFORM pg_advisory_xact_lock(7142, hashtext(enqueue_run.idempotency_key));
         SELECT r.* INTO existing FROM runrow.agent_run AS r
         WHERE r.idempotency_key = enqueue_run.idempotency_key;
         IF FOUND THEN
+            -- 23505: the key is unique (agent_run_idempotency_key) and already taken by
+            -- another request. Replaying the first run would hide that this one never ran.
             IF existing.conversation_id <> enqueue_run.conversation_id
                OR existing.user_id IS DISTINCT FROM enqueue_run.user_id THEN
                 RAISE EXCEPTION 'idempotency_key "%" is already used by a run of another conversation or user',
                     enqueue_run.idempotency_key
-                    USING ERRCODE = 'invalid_parameter_value';
+                    USING ERRCODE = 'unique_violation', CONSTRAINT = 'agent_run_idempotency_key';
+            END IF;
+            -- (NULL: enqueued before migration 0010, nothing to compare; it replays.)
+            IF existing.request_fingerprint <> fingerprint THEN
+                RAISE EXCEPTION 'idempotency_key "%" is already used by a different request (run %)',
+                    enqueue_run.idempotency_key, existing.id
+                    USING ERRCODE = 'unique_violation', CONSTRAINT = 'agent_run_idempotency_key',
+                          HINT = 'A replay must repeat content, model, system_prompt, tools, max_attempts, '
+                                 'if_active and metadata exactly; a new request needs a new key.';
             END IF;
             RETURN QUERY SELECT existing.id, existing.status, false;
             RETURN;
@@ -131,11 +150,11 @@ BEGIN
 
     INSERT INTO runrow.agent_run (
         conversation_id, user_id, user_message_id, max_attempts, model, prompt_id,
-        idempotency_key, metadata, request_snapshot
+        idempotency_key, request_fingerprint, metadata, request_snapshot
     )
     VALUES (
         enqueue_run.conversation_id, enqueue_run.user_id, new_message_id, enqueue_run.max_attempts,
-        enqueue_run.model, prompt_id, enqueue_run.idempotency_key, enqueue_run.metadata,
+        enqueue_run.model, prompt_id, enqueue_run.idempotency_key, fingerprint, enqueue_run.metadata,
         jsonb_build_object('content', enqueue_run.content, 'metadata', enqueue_run.metadata)
     )
     RETURNING id INTO new_run_id;
@@ -154,8 +173,12 @@ COMMENT ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, int
 'Enqueue one turn of a conversation. In one transaction: the user message, the run '
 '(queued, pinned to model and to a content-addressed prompt of system_prompt + tools), '
 'its journal events user_message_created and run_queued, and a NOTIFY on runrow_enqueued. '
-'The same idempotency_key returns the first run with created = false and writes nothing; '
-'a key already used by another conversation or user is an error (22023). When the '
+'The same idempotency_key with the same request (conversation, user, content, model, '
+'system_prompt, tools, max_attempts, if_active, metadata; JSON compared as jsonb, so key order '
+'and whitespace do not count) returns the first run with created = false and writes nothing; '
+'the key with any other request raises 23505 (unique_violation, constraint '
+'agent_run_idempotency_key) naming idempotency_key, and writes nothing. A run enqueued '
+'before migration 0010 has no fingerprint: its key replays whatever the request. When the '
 'conversation has an active (queued, running or waiting) run, if_active decides: enqueue '
 '(wait behind it), reject (error 55000, nothing written) or interrupt (stop the active runs '
 'as stop_conversation does, then enqueue, atomically). Bad input raises 22004/22023 naming '

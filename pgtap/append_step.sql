@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/lifecycle.psql
 \ir helpers/row_versions.psql
 \ir helpers/steps.psql
-SELECT plan(50);
+SELECT plan(55);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid,text,json,text,jsonb,text}'''
@@ -107,10 +107,31 @@ SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''tool_result'', ''{"
     '22023', 'usage and stop_reason belong to a model_turn, not a tool_result', 'stop_reason on a tool_result');
 SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L)', :'r1', :'tok',
     '[{"type":"text","text":"' || repeat('x', 8388608) || '"}]'), '22023', NULL, 'a payload over 8 MiB');
-SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L)', :'r1', :'tok', '[{"type":"text","text":"\u0000"}]'),
-    '22023', 'payload must not contain the escape \u0000: PostgreSQL''s JSON functions cannot process it',
-    'a payload with the NUL escape, which no JSON function could read back');
 SELECT is(pg_temp.steps_written(), :'before', 'bad input wrote nothing');
+
+-- A NUL in the text is the escape \u0000, kept like any other escape. (JSON operators
+-- raise 22P05 on it; the checks and tool_use_id read the payload with it as \ufffd.)
+SELECT $j$[{"type":"text","text":"a\u0000b, not a NUL: \\u0000"},{"type":"tool_use","id":"tu_nul","name":"lookup","input":{"q":"x\u0000"}}]$j$
+    AS nul_turn \gset
+SET LOCAL ROLE runrow_worker;
+SELECT is(runrow.append_step(:'r1', :'tok', 'model_turn', :'nul_turn', stop_reason => 'tool_use'), 7,
+    'a model_turn whose text and tool input hold \u0000 is appended');
+SELECT is(runrow.append_step(:'r1', :'tok', 'tool_result', '{"type":"tool_result","tool_use_id":"tu_nul","content":"got \u0000"}'), 8,
+    'a tool_result whose content holds \u0000 answers its tool_use');
+RESET ROLE;
+SELECT is((SELECT payload::text FROM runrow.agent_step WHERE run_id = :'r1' AND seq = 7), :'nul_turn',
+    'the payload comes back byte for byte: the \u0000 escape and an escaped backslash before u0000');
+SELECT is((SELECT tool_use_id FROM runrow.agent_step WHERE run_id = :'r1' AND seq = 8), 'tu_nul',
+    'the tool_result''s tool_use_id is derived from its payload');
+SELECT is(pg_temp.turn(:'r1', '[{"type":"text","text":"after \u0000"}]'), 9,
+    'a model_turn follows: the NUL turn''s tool_use counts as answered');
+WITH forged AS (
+    INSERT INTO runrow.agent_step (run_id, seq, kind, payload, tool_use_id, attempt)
+    VALUES (:'r1', 10, 'tool_result', '{"type":"tool_result","tool_use_id":"tu_real"}', 'forged', 1)
+    RETURNING tool_use_id
+)
+SELECT is((SELECT tool_use_id FROM forged), 'tu_real',
+    'the owner''s INSERT cannot set tool_use_id: the trigger derives it from the payload');
 
 -- Append-only from every role, the owner included.
 SELECT throws_ok(format('UPDATE runrow.agent_step SET request_id = ''x'' WHERE run_id = %L', :'r1'), '23000',
@@ -129,7 +150,7 @@ SELECT throws_ok('SELECT pg_temp.as_role(''runrow_client'', ''SELECT 1 FROM runr
     'the client role cannot read the table');
 SELECT lives_ok('SELECT pg_temp.as_role(''runrow_auditor'', ''SELECT 1 FROM runrow.agent_step'')',
     'the auditor reads the step log');
-SELECT is((SELECT array_agg(seq ORDER BY seq) FROM runrow.agent_step WHERE run_id = :'r1'), ARRAY[1, 2, 3, 4, 5, 6],
+SELECT is((SELECT array_agg(seq ORDER BY seq) FROM runrow.agent_step WHERE run_id = :'r1'), ARRAY[1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
     'the log of the run is gap-free');
 
 SELECT * FROM finish();

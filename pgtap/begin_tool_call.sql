@@ -5,7 +5,7 @@ BEGIN;
 \ir helpers/lifecycle.psql
 \ir helpers/row_versions.psql
 \ir helpers/steps.psql
-SELECT plan(59);
+SELECT plan(60);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid,text,text,jsonb,text}'''
@@ -141,6 +141,12 @@ SELECT is(pg_temp.steps_written(), :'before', 'refused keys wrote nothing');
 SELECT runrow.append_step(:'r', :'tok6', 'tool_result', '{"type":"tool_result","tool_use_id":"tu_5","content":"by hand"}');
 SELECT throws_ok(format('SELECT * FROM runrow.begin_tool_call(%L, %L, %L, ''echo'', ''{"a": 1}'', ''pure'')', :'r', :'tok6', :'k5'),
     '22023', NULL, 'a tool_use already answered by append_step cannot be begun');
+
+-- A NUL in the turn's text (the escape \u0000): the tool_use is still found and begun.
+SELECT pg_temp.running() AS rn \gset
+SELECT pg_temp.turn(:'rn', '[{"type":"text","text":"a \u0000 b"},{"type":"tool_use","id":"tu_n","name":"echo","input":{"a":1}}]') AS sn \gset
+SELECT is(pg_temp.begin(:'rn', pg_temp.token(:'rn'), pg_temp.key(:'rn', :sn, 'tu_n', 'echo', '{"a": 1}'), 'echo', '{"a": 1}', 'pure'),
+    'execute', 'a tool_use of a model turn whose text holds \u0000: execute');
 
 -- Fenced out: no row, nothing written.
 SELECT pg_temp.tool_turn(:'r', 'tu_6', 'echo', '{}') AS s6 \gset

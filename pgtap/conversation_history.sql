@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/lifecycle.psql
 \ir helpers/row_versions.psql
 \ir helpers/steps.psql
-SELECT plan(17);
+SELECT plan(18);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid}'''
@@ -100,6 +100,23 @@ SELECT results_eq(
     'the second attempt rebuilds exactly the same history');
 SELECT is(runrow.append_step(:'f', :'tf2', 'tool_result', '{"type":"tool_result","tool_use_id":"tu_f","content":"v"}'), 2,
     'and continues the step log where the first attempt stopped');
+
+-- A NUL in the text (the escape \u0000) of an earlier turn stopped mid-tool-call: its
+-- bytes come back, and its dangling tool_use still gets a synthesized result.
+\set nconv '''cccccccc-0000-0000-0000-000000000002'''
+SELECT $j$[{"type":"text","text":"nul \u0000 here"},{"type":"tool_use","id":"tu_n","name":"x","input":{"q":"\u0000"}}]$j$
+    AS nul_turn \gset
+SELECT pg_temp.say(:nconv, 'N1') AS n1 \gset
+SELECT pg_temp.claim(:'n1') AS tn1 \gset
+SELECT pg_temp.turn(:'n1', :'nul_turn');
+SELECT runrow.finish_run(:'n1', :'tn1', 'cancelled');
+SELECT pg_temp.say(:nconv, 'N2') AS n2 \gset
+SELECT results_eq(
+    format('SELECT source, seq, kind, payload::text FROM runrow.conversation_history(%L, %L)', :nconv, :'n2'),
+    format($q$VALUES ('user_message', NULL::int, 'user_message', '"N1"'), ('step', 1, 'model_turn', %L),
+        ('synthesized', NULL, 'tool_result', '{"type":"tool_result","tool_use_id":"tu_n","content":"No result: this turn was cancelled before the tool call completed.","is_error":true}'),
+        ('user_message', NULL, 'user_message', '"N2"')$q$, :'nul_turn'),
+    'a turn whose text holds \u0000 comes back byte for byte, its dangling tool_use answered');
 
 -- Bad input.
 SELECT throws_ok(format('SELECT * FROM runrow.conversation_history(NULL, %L)', :'f'), '22004',

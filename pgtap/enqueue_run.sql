@@ -3,7 +3,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(79);
+SELECT plan(83);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,jsonb,text,text,text,jsonb,integer,text,text,jsonb}'''
@@ -117,33 +117,74 @@ SELECT is(
     '[{"type": "text", "text": "look"}, {"type": "image", "source": {"type": "url", "url": "u"}}]'::jsonb,
     'an array of content blocks is stored as given');
 
--- Idempotency: the same key returns the first run and writes nothing.
+-- Idempotency: the same key with the same request returns the first run and writes nothing.
+SELECT is((SELECT a.request_fingerprint ~ '^[0-9a-f]{64}$' FROM runrow.agent_run AS a WHERE a.id = :'r1'), true,
+    'a run enqueued with a key keeps the fingerprint of its request');
 SELECT pg_temp.written() AS before \gset
 SELECT is(
     (SELECT (run_id, status, created)::text FROM runrow.enqueue_run(
         conversation_id => :conv, content => '"first question"', model => 'claude-test',
-        user_id => 'u1', idempotency_key => 'key-1')),
+        user_id => 'u1', system_prompt => 'You are terse.',
+        -- The same JSON, other key order and whitespace: the same request.
+        tools => '[{"input_schema":{"type":"object"},"name":"search"}]',
+        max_attempts => 3, idempotency_key => 'key-1', if_active => 'enqueue', metadata => '{"source":"pgtap"}')),
     (SELECT (:'r1'::uuid, 'queued', false)::text),
-    'the same idempotency key returns the first run with created = false');
+    'the same idempotency key with the same request returns the first run with created = false');
 SELECT is(pg_temp.written(), :'before', 'and writes no second message, run, event or prompt');
+-- The same key with a request that differs in any one argument: 23505, naming the key.
+CREATE FUNCTION pg_temp.replay_refused(args text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format($q$SELECT * FROM runrow.enqueue_run(conversation_id => 'bbbbbbbb-0000-0000-0000-000000000001',
+        idempotency_key => 'key-1', user_id => 'u1', %s)$q$, args);
+    RETURN 'replayed';
+EXCEPTION WHEN unique_violation THEN
+    GET STACKED DIAGNOSTICS args = MESSAGE_TEXT;
+    RETURN args;
+END $$;
+\set same_prompt 'system_prompt => ''You are terse.'', tools => ''[{"name": "search", "input_schema": {"type": "object"}}]'''
 SELECT is(
-    (SELECT (run_id, created)::text FROM runrow.enqueue_run(
-        conversation_id => :conv, content => '"a different question"', model => 'other-model',
-        user_id => 'u1', tools => '[{"name": "x"}]', idempotency_key => 'key-1', if_active => 'reject')),
-    (SELECT (:'r1'::uuid, false)::text),
-    'a replay returns the first run even with other content, tools or if_active (the key wins)');
-SELECT is(pg_temp.written(), :'before', 'that replay writes nothing either');
+    (SELECT array_agg(DISTINCT pg_temp.replay_refused(v.args)) FROM (VALUES
+        ($$content => '"another question"', model => 'claude-test', max_attempts => 3, metadata => '{"source": "pgtap"}', $$ || :'same_prompt'),
+        ($$content => '"first question"', model => 'other-model', max_attempts => 3, metadata => '{"source": "pgtap"}', $$ || :'same_prompt'),
+        ($$content => '"first question"', model => 'claude-test', max_attempts => 3, metadata => '{"source": "pgtap"}', system_prompt => 'Be long.', tools => '[{"name": "search", "input_schema": {"type": "object"}}]'$$),
+        ($$content => '"first question"', model => 'claude-test', max_attempts => 3, metadata => '{"source": "pgtap"}', system_prompt => 'You are terse.'$$),
+        ($$content => '"first question"', model => 'claude-test', max_attempts => 2, metadata => '{"source": "pgtap"}', $$ || :'same_prompt'),
+        ($$content => '"first question"', model => 'claude-test', max_attempts => 3, metadata => '{"source": "pgtap"}', if_active => 'reject', $$ || :'same_prompt'),
+        ($$content => '"first question"', model => 'claude-test', max_attempts => 3, metadata => '{}', $$ || :'same_prompt')
+    ) AS v (args)),
+    ARRAY[format('idempotency_key "key-1" is already used by a different request (run %s)', :'r1')],
+    'a different content, model, system_prompt, tools, max_attempts, if_active or metadata is refused');
+SELECT throws_ok(
+    $$SELECT * FROM runrow.enqueue_run(conversation_id => 'bbbbbbbb-0000-0000-0000-000000000001',
+        content => '"a different question"', model => 'claude-test', user_id => 'u1', idempotency_key => 'key-1')$$,
+    '23505', format('idempotency_key "key-1" is already used by a different request (run %s)', :'r1'),
+    'the refusal is 23505 unique_violation');
+SELECT is(pg_temp.written(), :'before', 'the refused reuses wrote nothing');
 SELECT throws_ok(
     $$SELECT * FROM runrow.enqueue_run(conversation_id => gen_random_uuid(), content => '"q"',
         model => 'claude-test', user_id => 'u1', idempotency_key => 'key-1')$$,
-    '22023', 'idempotency_key "key-1" is already used by a run of another conversation or user',
-    'a key reused by another conversation is rejected');
+    '23505', 'idempotency_key "key-1" is already used by a run of another conversation or user',
+    'a key reused by another conversation is refused');
 SELECT throws_ok(
     format($$SELECT * FROM runrow.enqueue_run(conversation_id => %L, content => '"q"',
         model => 'claude-test', user_id => 'u2', idempotency_key => 'key-1')$$, :conv),
-    '22023', 'idempotency_key "key-1" is already used by a run of another conversation or user',
-    'a key reused by another user of the same conversation is rejected');
+    '23505', 'idempotency_key "key-1" is already used by a run of another conversation or user',
+    'a key reused by another user of the same conversation is refused');
 SELECT is(pg_temp.written(), :'before', 'the rejected reuses wrote nothing');
+-- No key: every enqueue is its own run, and keeps no fingerprint.
+SELECT run_id AS nk1 FROM runrow.enqueue_run(conversation_id => gen_random_uuid(), content => '"same"', model => 'm') \gset
+SELECT run_id AS nk2 FROM runrow.enqueue_run(conversation_id => gen_random_uuid(), content => '"same"', model => 'm') \gset
+SELECT is((SELECT count(DISTINCT a.id)::int FROM runrow.agent_run AS a WHERE a.id IN (:'nk1', :'nk2')
+           AND a.request_fingerprint IS NULL), 2,
+    'without a key the same request twice is two runs, with no fingerprint');
+-- A run enqueued before migration 0010 has no fingerprint: its key replays as it always did.
+SELECT run_id AS old FROM runrow.enqueue_run(conversation_id => gen_random_uuid(), content => '"old"', model => 'm',
+    idempotency_key => 'key-old') \gset
+UPDATE runrow.agent_run SET request_fingerprint = NULL WHERE id = :'old';
+SELECT is((SELECT (run_id, created)::text FROM runrow.enqueue_run(
+        conversation_id => (SELECT a.conversation_id FROM runrow.agent_run AS a WHERE a.id = :'old'),
+        content => '"something else"', model => 'm', idempotency_key => 'key-old')),
+    (SELECT (:'old'::uuid, false)::text), 'a run without a fingerprint replays its key whatever the request');
 
 -- if_active = enqueue (the default): the new turn waits behind the active one.
 SELECT run_id AS r7 FROM runrow.enqueue_run(conversation_id => :conv, content => '"second"', model => 'm', user_id => 'u1') \gset

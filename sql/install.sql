@@ -1125,9 +1125,100 @@ INSERT INTO runrow._yoyo_migration VALUES ('67b1358401c4812aed8fcdcc97a7f355b5ea
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '67b1358401c4812aed8fcdcc97a7f355b5eabc6548621218095a5aeace683e9e', '0009_open_runs_by_conversation', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
--- migration 0014_interrupted_tool_calls
-SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'b09276bcaf13c29577fc50025348b96747f5bb024604cc819e737111c608a8c6') AS apply_b09276bcaf13 \gset
-\if :apply_b09276bcaf13
+-- migration 0010_nul_safe_steps_and_request_fingerprint
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '97f684d1a6c59cd55e3b9f3a777f86eee70c4deb68de204bd7111cafcf2ec5c8') AS apply_97f684d1a6c5 \gset
+\if :apply_97f684d1a6c5
+-- Two things a caller could not do safely before:
+--
+-- 1. Store a step whose text holds U+0000. json (the step log's type) accepts the escape
+--    \u0000 and keeps it verbatim, but every JSON operator that reads a field (->, ->>,
+--    json_each, ...) de-escapes the strings it lexes and raises 22P05 on \u0000, anywhere in
+--    the value. The derived column agent_step.tool_use_id was such an expression, so a
+--    tool_result whose content held a NUL could not even be inserted. It becomes a plain
+--    column that the insert trigger derives from runrow._json_probe(payload): the payload as
+--    json with each \u0000 escape read as \ufffd, so the operators work; the stored payload
+--    is never changed. The table stays append-only, so a value derived at insert cannot drift
+--    from its payload (the guarantee the generated column gave).
+--
+-- 2. Tell a reused enqueue idempotency key from a retried request. agent_run gets the
+--    fingerprint of the request that created the run (enqueue_run computes it when a key is
+--    given: SHA-256 of the canonical jsonb text of conversation, user, content, model, system
+--    prompt, tools, max_attempts, if_active and metadata). A replay with the same fingerprint
+--    returns the first run; any other request with that key is refused. Runs enqueued before
+--    this migration have no fingerprint and replay as before.
+-- depends: 0009_open_runs_by_conversation
+
+-- A json value the JSON operators can read: each \u0000 escape becomes \ufffd. Escaped
+-- backslash pairs are set aside first (chr(1) cannot occur in valid json text: control
+-- characters must be escaped inside strings and are not whitespace outside them), so the
+-- replace sees only real escapes, exactly as a left-to-right JSON lexer would.
+CREATE FUNCTION runrow._json_probe(payload json)
+RETURNS json
+LANGUAGE sql
+IMMUTABLE
+STRICT
+PARALLEL SAFE
+SET search_path = pg_catalog, runrow
+AS $fn$
+    SELECT CASE
+        WHEN strpos(_json_probe.payload::text, '\u0000') = 0 THEN _json_probe.payload
+        ELSE replace(replace(replace(_json_probe.payload::text, '\\', chr(1)), '\u0000', '\ufffd'), chr(1), '\\')::json
+    END;
+$fn$;
+
+COMMENT ON FUNCTION runrow._json_probe(json) IS
+'Private. payload with each \u0000 escape read as \ufffd, for the checks and derived values '
+'that need JSON operators (which raise 22P05 on \u0000). The stored payload is never changed.';
+
+REVOKE ALL ON FUNCTION runrow._json_probe(json) FROM PUBLIC;
+
+ALTER TABLE runrow.agent_step ALTER COLUMN tool_use_id DROP EXPRESSION;
+
+COMMENT ON COLUMN runrow.agent_step.tool_use_id IS
+'The tool_use a tool_result answers, derived from the payload by the insert trigger (a NUL in '
+'it reads as U+FFFD); NULL for a model_turn. Keeps "one result per tool_use" in the schema.';
+
+CREATE OR REPLACE FUNCTION runrow._agent_step_guard() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    expected integer;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        -- Invariant 4: the next seq, no gap, no reuse.
+        SELECT coalesce(max(s.seq), 0) + 1 INTO expected
+        FROM runrow.agent_step AS s WHERE s.run_id = NEW.run_id;
+        IF NEW.seq <> expected THEN
+            RAISE EXCEPTION 'agent_step seq % for run % is out of order: expected %', NEW.seq, NEW.run_id, expected
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        -- Derived, whatever the INSERT said, so it cannot disagree with the payload.
+        NEW.tool_use_id := CASE
+            WHEN NEW.kind = 'tool_result' THEN runrow._json_probe(NEW.payload) ->> 'tool_use_id'
+        END;
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'agent_step is append-only: rows cannot be %d', lower(TG_OP)
+        USING ERRCODE = 'integrity_constraint_violation',
+              HINT = 'Steps are the record of a run; a correction is a new step.';
+END
+$fn$;
+
+-- Adding a nullable column without a default is a catalog change: no rewrite, no scan.
+ALTER TABLE runrow.agent_run ADD COLUMN request_fingerprint text;
+
+COMMENT ON COLUMN runrow.agent_run.request_fingerprint IS
+'Hex SHA-256 of the enqueue request that created the run (see enqueue_run), kept when it came '
+'with an idempotency_key: a replay of that key must match it. NULL without a key, for '
+'retry_run''s runs and for runs enqueued before migration 0010.';
+INSERT INTO runrow._yoyo_migration VALUES ('97f684d1a6c59cd55e3b9f3a777f86eee70c4deb68de204bd7111cafcf2ec5c8', '0010_nul_safe_steps_and_request_fingerprint', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '97f684d1a6c59cd55e3b9f3a777f86eee70c4deb68de204bd7111cafcf2ec5c8', '0010_nul_safe_steps_and_request_fingerprint', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0011_interrupted_tool_calls
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '6db1cb1160e784c7adef892468b144f119c73b543c7bec25275c36ee54f22025') AS apply_6db1cb1160e7 \gset
+\if :apply_6db1cb1160e7
 -- A tool call the worker cut short (a stop, a drain) can be recorded as interrupted
 -- (runrow.interrupt_tool_call). For a non_idempotent call that means uncertain, exactly
 -- as for an irreversible one: it may have happened half-way, and running it again, even
@@ -1135,7 +1226,7 @@ SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '
 -- executing -> uncertain for irreversible calls only; a crashed non_idempotent call still
 -- runs again with its key (the downstream service dedups), because a crash says nothing
 -- about how far the tool got, while an interruption is a known cut in the middle.
--- depends: 0009_open_runs_by_conversation
+-- depends: 0010_nul_safe_steps_and_request_fingerprint
 
 CREATE OR REPLACE FUNCTION runrow._tool_effect_guard() RETURNS trigger
 LANGUAGE plpgsql
@@ -1236,8 +1327,8 @@ COMMENT ON VIEW runrow.pending_approvals IS
 'result, or a non_idempotent or irreversible call a worker cut short: it may have happened). '
 'Decide with runrow.resolve_approval(idempotency_key, approved, decided_by, note). Only calls '
 'of runs parked as waiting are listed.';
-INSERT INTO runrow._yoyo_migration VALUES ('b09276bcaf13c29577fc50025348b96747f5bb024604cc819e737111c608a8c6', '0014_interrupted_tool_calls', now() AT TIME ZONE 'UTC');
-INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'b09276bcaf13c29577fc50025348b96747f5bb024604cc819e737111c608a8c6', '0014_interrupted_tool_calls', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_migration VALUES ('6db1cb1160e784c7adef892468b144f119c73b543c7bec25275c36ee54f22025', '0011_interrupted_tool_calls', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '6db1cb1160e784c7adef892468b144f119c73b543c7bec25275c36ee54f22025', '0011_interrupted_tool_calls', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
 -- functions/: re-applied on every install, like `runrow migrate`
@@ -1859,6 +1950,7 @@ DECLARE
     last_turn record;
     bad record;
     answered text;
+    probe json;
 BEGIN
     PERFORM runrow._require_not_null(append_step.run_id, 'run_id');
     PERFORM runrow._require_not_null(append_step.claim_token, 'claim_token');
@@ -1888,22 +1980,17 @@ BEGIN
         RAISE EXCEPTION 'usage and stop_reason belong to a model_turn, not a %', append_step.kind
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- PostgreSQL's JSON functions cannot process the escape \u0000 (an odd run of
-    -- backslashes before u0000), so such a payload could be stored but never read back
-    -- into a conversation: refused up front, clearly.
-    IF append_step.payload::text ~ '(^|[^\\])(\\\\)*\\u0000' THEN
-        RAISE EXCEPTION 'payload must not contain the escape \u0000: PostgreSQL''s JSON functions cannot process it'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- Shape checks read the json as is (json operators, no jsonb cast), so nothing about
-    -- the stored text depends on them.
+    -- The shape checks read probe, the payload with each \u0000 escape read as \ufffd: the
+    -- JSON operators raise 22P05 on \u0000 anywhere in the value, and text may hold a NUL.
+    -- The payload itself is stored as given.
+    probe := runrow._json_probe(append_step.payload);
     IF append_step.kind = 'model_turn' THEN
-        IF json_typeof(append_step.payload) <> 'array' OR json_array_length(append_step.payload) = 0 THEN
+        IF json_typeof(probe) <> 'array' OR json_array_length(probe) = 0 THEN
             RAISE EXCEPTION 'payload of a model_turn must be the non-empty array of the assistant message''s content blocks'
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         SELECT b.ord INTO bad
-        FROM json_array_elements(append_step.payload) WITH ORDINALITY AS b (block, ord)
+        FROM json_array_elements(probe) WITH ORDINALITY AS b (block, ord)
         WHERE json_typeof(b.block) <> 'object'
            OR json_typeof(b.block -> 'type') IS DISTINCT FROM 'string'
            OR b.block ->> 'type' = ''
@@ -1919,11 +2006,11 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
     ELSE
-        IF json_typeof(append_step.payload) <> 'object'
-           OR json_typeof(append_step.payload -> 'type') IS DISTINCT FROM 'string'
-           OR append_step.payload ->> 'type' <> 'tool_result'
-           OR json_typeof(append_step.payload -> 'tool_use_id') IS DISTINCT FROM 'string'
-           OR append_step.payload ->> 'tool_use_id' = '' THEN
+        IF json_typeof(probe) <> 'object'
+           OR json_typeof(probe -> 'type') IS DISTINCT FROM 'string'
+           OR probe ->> 'type' <> 'tool_result'
+           OR json_typeof(probe -> 'tool_use_id') IS DISTINCT FROM 'string'
+           OR probe ->> 'tool_use_id' = '' THEN
             RAISE EXCEPTION 'payload of a tool_result must be one {"type": "tool_result", "tool_use_id": ...} block'
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
@@ -1944,9 +2031,9 @@ BEGIN
     LIMIT 1;
 
     IF append_step.kind = 'tool_result' THEN
-        answered := append_step.payload ->> 'tool_use_id';
+        answered := probe ->> 'tool_use_id';
         IF last_turn.seq IS NULL OR NOT EXISTS (
-            SELECT 1 FROM json_array_elements(last_turn.payload) AS b (block)
+            SELECT 1 FROM json_array_elements(runrow._json_probe(last_turn.payload)) AS b (block)
             WHERE b.block ->> 'type' = 'tool_use' AND b.block ->> 'id' = answered
         ) THEN
             RAISE EXCEPTION 'payload: tool_use_id "%" is not a tool_use of the run''s latest model turn', answered
@@ -1969,7 +2056,7 @@ BEGIN
         END IF;
     ELSIF last_turn.seq IS NOT NULL THEN
         SELECT b.block ->> 'id' AS id INTO bad
-        FROM json_array_elements(last_turn.payload) AS b (block)
+        FROM json_array_elements(runrow._json_probe(last_turn.payload)) AS b (block)
         WHERE b.block ->> 'type' = 'tool_use'
           AND NOT EXISTS (
               SELECT 1 FROM runrow.agent_step AS s
@@ -1998,10 +2085,9 @@ COMMENT ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text
 'begun with begin_tool_call (those get theirs from complete_tool_call). A model_turn is '
 'refused (55000) while a tool_use of the previous one has no result, so the log is always a '
 'valid conversation. payload is json, stored verbatim: the same bytes come back from '
-'conversation_history (a payload with the escape \u0000 is refused: PostgreSQL cannot '
-'process it). request_id (the provider''s) is kept for support tickets. At most '
-'8 MiB. Fenced: NULL, nothing written, unless claim_token matches a running run. Bad input '
-'raises 22004/22023 naming the argument.';
+'conversation_history, the escape \u0000 (a NUL in the text) included. request_id (the '
+'provider''s) is kept for support tickets. At most 8 MiB. Fenced: NULL, nothing written, '
+'unless claim_token matches a running run. Bad input raises 22004/22023 naming the argument.';
 
 REVOKE ALL ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) TO runrow_worker;
@@ -2403,7 +2489,8 @@ BEGIN
             ORDER BY m.seq DESC
             LIMIT 1
         ) AS s
-        CROSS JOIN LATERAL json_array_elements(s.payload) AS b (block)
+        -- Probed: the JSON operators raise on a \u0000 anywhere in the turn (its text may hold one).
+        CROSS JOIN LATERAL json_array_elements(runrow._json_probe(s.payload)) AS b (block)
         WHERE b.block ->> 'type' = 'tool_use'
           AND b.block ->> 'name' = begin_tool_call.tool
           AND (b.block -> 'input')::jsonb = begin_tool_call.args
@@ -2778,7 +2865,8 @@ BEGIN
                t.status, NULL::timestamptz
         FROM turns AS t
         JOIN last_turns AS l ON l.run_id = t.id
-        CROSS JOIN LATERAL json_array_elements(l.payload) WITH ORDINALITY AS b (block, ord)
+        -- Probed: the JSON operators raise on a \u0000 anywhere in the turn (its text may hold one).
+        CROSS JOIN LATERAL json_array_elements(runrow._json_probe(l.payload)) WITH ORDINALITY AS b (block, ord)
         WHERE b.block ->> 'type' = 'tool_use'
           AND NOT EXISTS (
               SELECT 1 FROM runrow.agent_step AS r
@@ -2845,6 +2933,7 @@ DECLARE
     new_message_id uuid;
     new_run_id uuid;
     prompt_id text;
+    fingerprint text;
 BEGIN
     -- Validate everything before writing anything.
     PERFORM runrow._require_not_null(enqueue_run.conversation_id, 'conversation_id');
@@ -2908,15 +2997,33 @@ BEGIN
     -- active runs, and per idempotency key, so a double POST finds the first run.
     PERFORM runrow._lock_conversation(enqueue_run.conversation_id);
     IF enqueue_run.idempotency_key IS NOT NULL THEN
+        -- The request as the caller made it; jsonb's text is canonical (key order and
+        -- whitespace do not count), so a retry of the same request has the same print.
+        fingerprint := encode(sha256(convert_to(jsonb_build_object(
+            'conversation_id', enqueue_run.conversation_id, 'user_id', enqueue_run.user_id,
+            'content', enqueue_run.content, 'model', enqueue_run.model,
+            'system_prompt', enqueue_run.system_prompt, 'tools', enqueue_run.tools,
+            'max_attempts', enqueue_run.max_attempts, 'if_active', enqueue_run.if_active,
+            'metadata', enqueue_run.metadata)::text, 'UTF8')), 'hex');
         PERFORM pg_advisory_xact_lock(7142, hashtext(enqueue_run.idempotency_key));
         SELECT r.* INTO existing FROM runrow.agent_run AS r
         WHERE r.idempotency_key = enqueue_run.idempotency_key;
         IF FOUND THEN
+            -- 23505: the key is unique (agent_run_idempotency_key) and already taken by
+            -- another request. Replaying the first run would hide that this one never ran.
             IF existing.conversation_id <> enqueue_run.conversation_id
                OR existing.user_id IS DISTINCT FROM enqueue_run.user_id THEN
                 RAISE EXCEPTION 'idempotency_key "%" is already used by a run of another conversation or user',
                     enqueue_run.idempotency_key
-                    USING ERRCODE = 'invalid_parameter_value';
+                    USING ERRCODE = 'unique_violation', CONSTRAINT = 'agent_run_idempotency_key';
+            END IF;
+            -- (NULL: enqueued before migration 0010, nothing to compare; it replays.)
+            IF existing.request_fingerprint <> fingerprint THEN
+                RAISE EXCEPTION 'idempotency_key "%" is already used by a different request (run %)',
+                    enqueue_run.idempotency_key, existing.id
+                    USING ERRCODE = 'unique_violation', CONSTRAINT = 'agent_run_idempotency_key',
+                          HINT = 'A replay must repeat content, model, system_prompt, tools, max_attempts, '
+                                 'if_active and metadata exactly; a new request needs a new key.';
             END IF;
             RETURN QUERY SELECT existing.id, existing.status, false;
             RETURN;
@@ -2956,11 +3063,11 @@ BEGIN
 
     INSERT INTO runrow.agent_run (
         conversation_id, user_id, user_message_id, max_attempts, model, prompt_id,
-        idempotency_key, metadata, request_snapshot
+        idempotency_key, request_fingerprint, metadata, request_snapshot
     )
     VALUES (
         enqueue_run.conversation_id, enqueue_run.user_id, new_message_id, enqueue_run.max_attempts,
-        enqueue_run.model, prompt_id, enqueue_run.idempotency_key, enqueue_run.metadata,
+        enqueue_run.model, prompt_id, enqueue_run.idempotency_key, fingerprint, enqueue_run.metadata,
         jsonb_build_object('content', enqueue_run.content, 'metadata', enqueue_run.metadata)
     )
     RETURNING id INTO new_run_id;
@@ -2979,8 +3086,12 @@ COMMENT ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, int
 'Enqueue one turn of a conversation. In one transaction: the user message, the run '
 '(queued, pinned to model and to a content-addressed prompt of system_prompt + tools), '
 'its journal events user_message_created and run_queued, and a NOTIFY on runrow_enqueued. '
-'The same idempotency_key returns the first run with created = false and writes nothing; '
-'a key already used by another conversation or user is an error (22023). When the '
+'The same idempotency_key with the same request (conversation, user, content, model, '
+'system_prompt, tools, max_attempts, if_active, metadata; JSON compared as jsonb, so key order '
+'and whitespace do not count) returns the first run with created = false and writes nothing; '
+'the key with any other request raises 23505 (unique_violation, constraint '
+'agent_run_idempotency_key) naming idempotency_key, and writes nothing. A run enqueued '
+'before migration 0010 has no fingerprint: its key replays whatever the request. When the '
 'conversation has an active (queued, running or waiting) run, if_active decides: enqueue '
 '(wait behind it), reject (error 55000, nothing written) or interrupt (stop the active runs '
 'as stop_conversation does, then enqueue, atomically). Bad input raises 22004/22023 naming '

@@ -1,4 +1,4 @@
-"""The typed wrappers in pyworker.api: each runrow.* lifecycle function, called with named
+"""The typed wrappers in pyworker.db.api: each runrow.* lifecycle function, called with named
 arguments, returns the documented shape; fenced-out writes come back as None/False."""
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ async def test_lifecycle_through_the_wrappers(conn) -> None:
         conn, conv, "hello", "echo", metadata={"echo": "hi"}, idempotency_key=str(conv)
     )
     assert first.status == "queued" and first.created
-    again = await api.enqueue_run(conn, conv, "hello", "echo", idempotency_key=str(conv))
+    again = await api.enqueue_run(
+        conn, conv, "hello", "echo", metadata={"echo": "hi"}, idempotency_key=str(conv)
+    )
     assert again.run_id == first.run_id and not again.created
 
     run = await api.claim_run(conn, "w1", 30)

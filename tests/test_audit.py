@@ -222,13 +222,14 @@ def load_history(superuser: psycopg.Connection, runs: int) -> None:
     )
     superuser.execute(
         """
-        INSERT INTO runrow.agent_step (run_id, seq, kind, payload, attempt, created_at)
+        INSERT INTO runrow.agent_step (run_id, seq, kind, payload, tool_use_id, attempt, created_at)
         SELECT run, 1, 'model_turn',
-               '[{"type": "tool_use", "id": "toolu_1", "name": "send_email", "input": {}}]'::json, 1, t
+               '[{"type": "tool_use", "id": "toolu_1", "name": "send_email", "input": {}}]'::json, NULL, 1, t
         FROM h
         UNION ALL
+        -- tool_use_id is derived by the insert trigger, which this bulk load skips.
         SELECT run, 2, 'tool_result',
-               '{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}'::json, 1, t
+               '{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}'::json, 'toolu_1', 1, t
         FROM h
         """
     )

@@ -30,6 +30,7 @@ from pyworker.db.api import ClaimedRun
 from pyworker.db.retry import DatabaseUnavailable, Retry, is_transient, outcome_unknown
 from pyworker.worker.dispatcher import Dispatcher
 from pyworker.worker.echo import handle as echo
+from pyworker.worker.failures import deterministic
 from pyworker.worker.handler import Outcome, RunContext
 from pyworker.worker.heartbeat import heartbeat_loop
 from pyworker.worker.journal import JournalWriter
@@ -130,6 +131,8 @@ def test_transient_means_the_server_could_not_answer_not_that_it_refused(
 ) -> None:
     assert is_transient(error) is transient
     assert outcome_unknown(error) is unknown
+    if transient:  # never also a failure that ends the run at once (pyworker/worker/failures.py)
+        assert deterministic(error) is None
 
 
 async def test_a_deterministic_error_is_raised_at_once_and_not_retried(pool, db) -> None:

@@ -141,19 +141,32 @@ def test_enqueue_takes_model_system_tools_attempts_and_metadata_from_the_body(
 def test_idempotency_key_replays_the_first_run_per_user(client: httpx.Client, db: psycopg.Connection) -> None:
     conversation_id = uuid.uuid4()
     key = {"Idempotency-Key": "send-1"}
-    first = post_run(client, conversation_id, headers={**ALICE, **key})
-    again = post_run(client, conversation_id, {"content": "different text"}, headers={**ALICE, **key})
+    body = {"content": "hello", "metadata": {"a": 1, "b": [1, 2]}}
+    first = post_run(client, conversation_id, body, headers={**ALICE, **key})
+    # The same request (JSON key order does not count) replays the first run.
+    same = {"metadata": {"b": [1, 2], "a": 1}, "content": "hello"}
+    again = post_run(client, conversation_id, same, headers={**ALICE, **key})
     assert first.status_code == 202 and again.status_code == 200, (first.text, again.text)
     assert again.json()["run_id"] == first.json()["run_id"] and again.json()["created"] is False
     assert again.headers["location"] == first.headers["location"]
-    runs = db.execute("SELECT count(*) FROM runrow.agent_run WHERE conversation_id = %s", (conversation_id,))
-    assert runs.fetchone() == (1,)
     # Keys are namespaced by user: bob's "send-1" is his own run.
     bobs = post_run(client, uuid.uuid4(), headers={**BOB, **key})
     assert bobs.status_code == 202 and bobs.json()["run_id"] != first.json()["run_id"]
-    # The same key for another of alice's conversations is a mistake, said as such.
-    other = post_run(client, uuid.uuid4(), headers={**ALICE, **key})
-    assert other.status_code == 400 and "idempotency_key" in error_of(other)["message"]
+    # The same key with a different request, or for another conversation, is a 422 saying so.
+    for conversation, different in [
+        (conversation_id, {**body, "content": "different text"}),
+        (conversation_id, {**body, "metadata": {"a": 2, "b": [1, 2]}}),
+        (conversation_id, {**body, "max_attempts": 2}),
+        (conversation_id, {**body, "if_active": "interrupt"}),
+        (conversation_id, {**body, "system": "Be long."}),
+        (uuid.uuid4(), body),
+    ]:
+        reused = post_run(client, conversation, different, headers={**ALICE, **key})
+        assert reused.status_code == 422, (different, reused.text)
+        err = error_of(reused)
+        assert err["type"] == "idempotency_key_reused" and "Idempotency-Key 'send-1'" in err["message"]
+    runs = db.execute("SELECT count(*) FROM runrow.agent_run WHERE conversation_id = %s", (conversation_id,))
+    assert runs.fetchone() == (1,), "a refused reuse writes nothing"
     long_key = post_run(client, uuid.uuid4(), headers={**ALICE, "Idempotency-Key": "k" * 201})
     assert long_key.status_code == 400 and "Idempotency-Key" in error_of(long_key)["message"]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import psycopg
-import pytest
 from race_support import database_url
 from steps_support import append_step
 from tail_support import claim, enqueue
@@ -73,16 +72,25 @@ def test_jsonb_would_not_have_kept_them(database_url: str) -> None:
             assert conn.execute("SELECT %s::json::jsonb::text", (payload,)).fetchone()[0] != payload
 
 
-def test_the_nul_escape_is_refused_clearly(database_url: str) -> None:
-    """PostgreSQL's JSON functions cannot process \\u0000: refused with 22023, nothing written."""
+def test_the_nul_escape_is_kept_verbatim_too(database_url: str) -> None:
+    """A NUL in the model's text is the escape \\u0000 in the json: stored and read back as is
+    (PostgreSQL's JSON operators cannot process it, so nothing on the way may use them on it)."""
+    turn = (
+        '[{"type":"text","text":"a \\u0000 b, \\\\u0000 is not one"},'
+        '{"type":"tool_use","id":"t1","name":"n","input":{"q":"\\u0000"}}]'
+    )
+    result = '{"type":"tool_result","tool_use_id":"t1","content":"got \\u0000"}'
     with psycopg.connect(database_url, autocommit=True) as conn:
         run_id = enqueue(conn, "nul")
         token = claim(conn, run_id)
-        with pytest.raises(
-            psycopg.errors.InvalidParameterValue, match=r"payload must not contain the escape"
-        ):
-            append_step(conn, run_id, token, "model_turn", '[{"type":"text","text":"a \\\\\\u0000"}]')
-        assert (
-            conn.execute("SELECT count(*) FROM runrow.agent_step WHERE run_id = %s", (run_id,)).fetchone()[0]
-            == 0
-        )
+        assert append_step(conn, run_id, token, "model_turn", turn) == 1
+        assert append_step(conn, run_id, token, "tool_result", result) == 2
+        conversation_id = conn.execute(
+            "SELECT conversation_id FROM runrow.agent_run WHERE id = %s", (run_id,)
+        ).fetchone()[0]
+        rows = conn.execute(
+            "SELECT payload::text FROM runrow.conversation_history(%s, %s) WHERE source = 'step'",
+            (conversation_id, run_id),
+        ).fetchall()
+    assert [r[0] for r in rows] == [turn, result]
+    assert json.loads(turn)[0]["text"] == "a \x00 b, \\u0000 is not one"

@@ -36,6 +36,8 @@ How each stop_reason and failure ends (status / result / error):
 | `error` event mid-stream (APIStatusError 200)   | released, as above                                   |
 | connection dropped mid-stream                   | released, as above                                   |
 | other 4xx (400 invalid signature, 401, 404 ...) | failed, error "model API refused the request: ..."   |
+| the database refuses the run's own data (a NUL  | failed at once, never released for another paid     |
+| in a tool's input: tool_effect.args is jsonb)   | attempt (pyworker/worker/failures.py)               |
 | stop / cancel (between steps or mid-stream)     | cancelled, result {text: the partial text, ...}      |
 | stop / cancel while a tool runs                 | the tool is told / cancelled / awaited               |
 |                                                 | (pyworker/agent/tool_calls.py), then cancelled     |

@@ -37,11 +37,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from psycopg import AsyncConnection
 
 from pyworker.agent.tools import CancelSignal, Tool, ToolCancelled, ToolError, ToolRegistry
 from pyworker.db import steps as steps_api
 from pyworker.db.keys import tool_call_key
+from pyworker.worker.failures import DeterministicFailure
 from pyworker.worker.handler import RunContext
 from pyworker.worker.journal import RunLost
 
@@ -97,12 +99,19 @@ async def run_tool_calls(
         key = tool_call_key(run.run_id, step_seq, use_id, name, args)
         # Everything journaled so far lands before a possible park clears the claim.
         await before_park()
-        begun = await ctx.db(
-            lambda conn, key=key, name=name, args=args, tool=tool: steps_api.begin_tool_call(
-                conn, run.run_id, run.claim_token, key, name, args, tool.effect
-            ),
-            "begin_tool_call",
-        )
+        try:
+            begun = await ctx.db(
+                lambda conn, key=key, name=name, args=args, tool=tool: steps_api.begin_tool_call(
+                    conn, run.run_id, run.claim_token, key, name, args, tool.effect
+                ),
+                "begin_tool_call",
+            )
+        except psycopg.DataError as exc:
+            # e.g. a NUL in the input: tool_effect.args is jsonb, which cannot hold U+0000.
+            raise DeterministicFailure(
+                f"tool call {name} ({use_id}): its input cannot be recorded, so the call cannot be "
+                f"made safely: {_db_message(exc)}"
+            ) from exc
         if begun is None:
             raise RunLost(str(run.run_id))
         state = begun.state
@@ -129,7 +138,12 @@ async def run_tool_calls(
                 await _record_stopped(ctx, tool, key, use_id)
                 return False
             result, is_error = ran.result, ran.is_error
-        seq = await _complete(ctx, key, result, is_error)
+        try:
+            seq = await _complete(ctx, key, result, is_error)
+        except psycopg.DataError as exc:
+            raise DeterministicFailure(
+                f"tool call {name} ({use_id}): its result cannot be recorded: {_db_message(exc)}"
+            ) from exc
         if seq is None:
             raise RunLost(str(run.run_id))
         await ctx.journal.emit(
@@ -177,6 +191,13 @@ async def _run(
 
 def _outcome(task: asyncio.Future[Ran | None]) -> Ran | None:
     return None if task.cancelled() else task.result()
+
+
+def _db_message(exc: psycopg.Error) -> str:
+    text = exc.diag.message_primary or str(exc)
+    if exc.diag.message_detail:
+        text = f"{text} ({exc.diag.message_detail})"
+    return f"SQLSTATE {exc.sqlstate}: {text}" if exc.sqlstate else text
 
 
 async def _execute(ctx: RunContext, tool: Tool, args: dict[str, Any], key: str) -> Ran | None:

@@ -27,7 +27,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.cli.tail_render import Renderer
-from pyworker.db import api
+from pyworker.db import api, nul
 from pyworker.db.config import database_url
 from pyworker.db.hub import Hub
 from pyworker.db.tail import CursorPastEnd, Keepalive, RunNotFound, check_cursor, run_status, tail
@@ -49,6 +49,7 @@ CALLER_ERRORS = {
     "55000": "wrong state",
     "55P03": "busy",
     "P0002": "not found",
+    "23505": "already used",  # an idempotency key reused by a different request
 }
 
 EXIT_CODE_HELP = """\
@@ -92,7 +93,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "--tools-json", type=Path, metavar="FILE", help="JSON file with an array of tool definitions"
     )
     p.add_argument("--max-attempts", type=int, default=1, help="attempts before the run is dead (default 1)")
-    p.add_argument("--idempotency-key", help="the same key returns the first run instead of a second one")
+    p.add_argument(
+        "--idempotency-key",
+        help="the same key with the same request returns the first run instead of a second one; "
+        "with a different request it is an error",
+    )
     p.add_argument(
         "--if-active",
         choices=["enqueue", "reject", "interrupt"],
@@ -336,9 +341,10 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
             async for item in items:
                 if isinstance(item, Keepalive):
                     continue
-                render.event(item.seq, item.payload)
+                payload = nul.decode(item.payload)  # a NUL in the text is stored encoded
+                render.event(item.seq, payload)
                 if item.type == "complete":
-                    status = str(item.payload.get("status"))
+                    status = str(payload.get("status"))
                     return EXIT_CODES.get(status, 1)
         return await _ended_earlier(render, pool, run_id)  # the tail saw the end past the cursor
     except RunNotFound as exc:

@@ -16,6 +16,8 @@ from psycopg import AsyncConnection
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
+from pyworker.db import nul
+
 
 @dataclass(frozen=True)
 class ClaimedRun:
@@ -106,10 +108,11 @@ async def heartbeat(conn: AsyncConnection, run_id: UUID, claim_token: UUID, leas
 async def append_events(
     conn: AsyncConnection, run_id: UUID, claim_token: UUID, events: list[dict[str, Any]]
 ) -> int | None:
-    """The last seq written, or None when fenced out (the run is no longer this claim's)."""
+    """The last seq written, or None when fenced out (the run is no longer this claim's).
+    An event whose strings hold a NUL is written nul-percent encoded (pyworker/db/nul.py)."""
     cur = await conn.execute(
         "SELECT runrow.append_events(run_id => %s, claim_token => %s, events => %s)",
-        (run_id, claim_token, Jsonb(events)),
+        (run_id, claim_token, Jsonb([nul.encode(e) for e in events])),
     )
     row = await cur.fetchone()
     return None if row is None else row[0]
@@ -123,10 +126,12 @@ async def finish_run(
     result: Any = None,
     error: str | None = None,
 ) -> bool:
-    """False: someone else already ended this run (reaper, stop, a newer claim)."""
+    """False: someone else already ended this run (reaper, stop, a newer claim). A result whose
+    strings hold a NUL is stored nul-percent encoded (pyworker/db/nul.py)."""
+    stored = None if result is None else Jsonb(nul.encode(result))
     cur = await conn.execute(
         "SELECT runrow.finish_run(run_id => %s, claim_token => %s, status => %s, result => %s, error => %s)",
-        (run_id, claim_token, status, None if result is None else Jsonb(result), error),
+        (run_id, claim_token, status, stored, _error_text(error)),
     )
     row = await cur.fetchone()
     return bool(row and row[0])
@@ -138,13 +143,31 @@ async def release_run(
     """'requeued', 'failed', 'dead' or 'cancelled'; None when fenced out."""
     cur = await conn.execute(
         "SELECT runrow.release_run(run_id => %s, claim_token => %s, error => %s)",
-        (run_id, claim_token, error),
+        (run_id, claim_token, _error_text(error)),
     )
     row = await cur.fetchone()
     return None if row is None else row[0]
 
 
+MAX_ERROR_CHARS = 10000  # finish_run's and release_run's limit
+
+
+def _error_text(error: str | None) -> str | None:
+    """An error message as a text column takes it: a NUL reads as U+FFFD, and a message past
+    the limit is cut (an ending must not fail on the length of its own explanation)."""
+    text = nul.printable(error)
+    if text is not None and len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS - 1] + "…"
+    return text
+
+
+def stored_error(error: str | None) -> str | None:
+    """`error` as finish_run and release_run store it, so as get_run gives it back."""
+    return _error_text(error)
+
+
 async def get_run(conn: AsyncConnection, run_id: UUID) -> RunEnding:
+    """The run's status, attempt, result and error as stored (see stored_error)."""
     async with conn.cursor(row_factory=class_row(RunEnding)) as cur:
         await cur.execute(
             "SELECT status, attempt, result, error FROM runrow.get_run(run_id => %s)", (run_id,)

@@ -14,7 +14,9 @@ could not answer, not that it refused the input:
   deadlock_detected.
 
 Everything else (22 bad input, 23 constraints, 42 a bug, 55000 wrong state, ...) is raised
-at once: retrying it would only repeat it.
+at once: retrying it would only repeat it. Whether it then ends the run failed once (the
+database refused the run's own data) or hands it back is pyworker/worker/failures.py's call;
+the two sets are disjoint.
 
 Bounded: a call that keeps failing for `budget` seconds (about one lease) raises
 DatabaseUnavailable. The caller then gives the run up quietly: it stops working and writes

@@ -276,6 +276,7 @@ WEATHER_CALLS = (
 )
 
 LONG_TEXT = " ".join(f"word{i}" for i in range(400))
+NUL_TEXT = "Before\x00after: a NUL, 100% \\u0000 (not a NUL) and %00 (not one either)."
 
 SCENARIOS: dict[str, Scenario] = {
     "text": script(_echo),
@@ -313,6 +314,11 @@ SCENARIOS: dict[str, Scenario] = {
         turn(Text("The conversation is getting long and"), stop_reason="model_context_window_exceeded")
     ),
     "demo": DEMO_SCRIPT,
+    # U+0000 in what a model produces (the journal and the step log must carry it).
+    "nul_text": script(turn(Thinking("A NUL\x00 in my thoughts."), Text(NUL_TEXT))),
+    "nul_tool_input": script(
+        turn(Text("Reading it."), ToolCall("read_file", {"path": "notes/\x00todo.txt"})), _summary
+    ),
 }
 
 

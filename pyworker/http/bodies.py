@@ -1,12 +1,14 @@
 """Request input: JSON bodies under a size cap, ids in paths, typed fields.
 
-Python only filters here (types, sizes, unknown fields) so a mistake gets a message naming
-the field; the SQL functions stay the authority on every value.
+Python only filters here (types, sizes, unknown fields, integer ranges, text PostgreSQL cannot
+store) so a mistake gets a message naming the field, whatever the value; the SQL functions
+stay the authority on every value.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 from uuid import UUID
 
@@ -78,6 +80,77 @@ def field(body: dict[str, Any], name: str, types: type | tuple[type, ...], what:
     if wrong_bool or not isinstance(value, types):
         raise ApiError(400, "invalid_request", f"{name} must be {what}, not {_kind(value)}")
     return value
+
+
+MAX_JSON_DEPTH = 64  # levels of arrays and objects in one field; content blocks and schemas need far fewer
+
+
+def integer(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    """body[name] as an integer in low..high (None if absent); 400 naming the field otherwise. The
+    range is checked here because an out-of-range JSON number would not even reach the function's
+    own check (a value past int4 is a bigint, and no such function exists)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        shown = _kind(value) if isinstance(value, bool) or not isinstance(value, int) else _short(str(value))
+        raise ApiError(400, "invalid_request", f"{name} must be an integer from {low} to {high}, not {shown}")
+    return value
+
+
+def text(body: dict[str, Any], name: str, what: str, max_chars: int | None = None) -> str | None:
+    """body[name] as a string PostgreSQL can store (None if absent); 400 naming the field otherwise."""
+    value = field(body, name, str, what)
+    if value is None:
+        return None
+    check_text(value, name)
+    if max_chars is not None and len(value) > max_chars:
+        raise ApiError(400, "invalid_request", f"{name} must be at most {max_chars} characters")
+    return value
+
+
+def check_text(value: str, where: str) -> None:
+    """PostgreSQL text and jsonb hold neither U+0000 nor a lone surrogate (which JSON can spell)."""
+    if "\x00" in value:
+        raise ApiError(400, "invalid_request", f"{where} must not contain the character U+0000 (NUL)")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"{where} must be valid Unicode text, not a lone surrogate (\\ud800-\\udfff)",
+        ) from None
+
+
+def check_json(value: Any, name: str) -> None:
+    """A JSON field PostgreSQL's jsonb can store: text as check_text says (keys too), finite
+    numbers (json.loads reads 1e400 as infinity), at most MAX_JSON_DEPTH levels."""
+    _check_json(value, name, 0)
+
+
+def _check_json(value: Any, path: str, depth: int) -> None:
+    if isinstance(value, str):
+        check_text(value, path)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ApiError(400, "invalid_request", f"{path} must be a finite number")
+    elif isinstance(value, dict | list):
+        if depth >= MAX_JSON_DEPTH:
+            root = path.split(".")[0].split("[")[0]
+            raise ApiError(
+                400, "invalid_request", f"{root} is nested too deeply: at most {MAX_JSON_DEPTH} levels"
+            )
+        if isinstance(value, dict):
+            for key, item in value.items():
+                check_text(key, f"{path} (a key)")
+                _check_json(item, f"{path}.{_short(key)}", depth + 1)
+        else:
+            for i, item in enumerate(value):
+                _check_json(item, f"{path}[{i}]", depth + 1)
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _kind(value: Any) -> str:

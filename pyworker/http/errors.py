@@ -58,15 +58,24 @@ _SQLSTATES = {
 _RETRY_AFTER = {"55P03": "5"}
 
 
+# Classes a caller's value can cause even past the route's checks: data exceptions (22) and
+# program limits (54, e.g. a JSON value too deep); with 23502/23514 the value broke a rule.
+_BAD_INPUT_CLASSES = ("22", "54")
+_BAD_INPUT_STATES = {"23502", "23514"}
+
+
 def database_error(exc: psycopg.Error) -> ApiError:
     state = exc.sqlstate or ""
-    if state in _SQLSTATES:
-        status, type_ = _SQLSTATES[state]
+    if state in _SQLSTATES or state.startswith(_BAD_INPUT_CLASSES) or state in _BAD_INPUT_STATES:
+        status, type_ = _SQLSTATES.get(state, (400, "invalid_request"))
         message = exc.diag.message_primary or str(exc)
         if exc.diag.message_hint:
             message = f"{message} ({exc.diag.message_hint})"
         retry = _RETRY_AFTER.get(state)
         return ApiError(status, type_, message, {"Retry-After": retry} if retry else None)
+    if not state and isinstance(exc, psycopg.DataError):
+        # psycopg refused to send the value at all (a NUL in a text parameter).
+        return ApiError(400, "invalid_request", f"a value of the request cannot be stored: {exc}")
     if isinstance(exc, psycopg.OperationalError | psycopg.errors.AdminShutdown):
         return ApiError(503, "unavailable", "the database is unavailable; retry shortly")
     log.error("unexpected database error %s: %s", state, exc)
@@ -91,6 +100,11 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, type_, str(message), dict(exc.headers or {}))
 
 
+async def handle_unencodable(request: Request, exc: Exception) -> Response:
+    # Text PostgreSQL cannot take (a lone surrogate, which JSON can spell as \ud800).
+    return error_response(400, "invalid_request", "the request holds text that is not valid Unicode")
+
+
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return error_response(500, "internal", "internal error")
@@ -100,5 +114,6 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     ApiError: handle_api_error,
     psycopg.Error: handle_database_error,
     HTTPException: handle_http_exception,
+    UnicodeEncodeError: handle_unencodable,
     Exception: handle_unexpected,
 }

@@ -1,4 +1,4 @@
-"""Reads the service needs beyond pyworker.api: the client functions get_run and
+"""Reads the service needs beyond pyworker.db.api: the client functions get_run and
 get_conversation, and the documented pending_approvals view, filtered to one user."""
 
 from __future__ import annotations

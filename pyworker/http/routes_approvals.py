@@ -7,6 +7,7 @@ key of another user's run answers 404, exactly as an unknown key does.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg
@@ -16,7 +17,7 @@ from starlette.routing import Route
 
 from pyworker.db.steps import PendingApproval, resolve_approval
 from pyworker.http import queries
-from pyworker.http.bodies import field, read_json_object, reject_unknown
+from pyworker.http.bodies import field, read_json_object, reject_unknown, text
 from pyworker.http.context import Services, authenticated
 from pyworker.http.errors import ApiError, not_found
 
@@ -44,14 +45,20 @@ async def list_approvals(request: Request, svc: Services, user: str) -> Response
     return JSONResponse({"approvals": [approval_json(a) for a in pending]})
 
 
+KEY = re.compile(r"[0-9a-f]{64}")  # runrow.tool_call_key's form; anything else names no call
+MAX_NOTE = 10000  # tool_effect.decision_note's limit
+
+
 async def decide(request: Request, svc: Services, user: str) -> Response:
     key = request.path_params["key"]
+    if not KEY.fullmatch(key):
+        raise not_found("pending approval", repr(key[:80]))
     body = await read_json_object(request, svc.config.max_body_bytes)
     reject_unknown(body, {"approved", "note"})
     approved = field(body, "approved", bool, "true or false")
     if approved is None:
         raise ApiError(400, "invalid_request", "approved is required: true or false")
-    note = field(body, "note", str, "a string")
+    note = text(body, "note", "a string", max_chars=MAX_NOTE)
     try:
         async with svc.pool.connection() as conn:
             pending = await queries.pending_approval(conn, key, user)

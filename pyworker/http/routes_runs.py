@@ -5,6 +5,7 @@ A run or conversation of another user answers 404 exactly as an unknown id does.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
@@ -16,10 +17,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from pyworker.db import api
+from pyworker.db import api, nul
 from pyworker.db.tail import CursorPastEnd, check_cursor
 from pyworker.http import queries
-from pyworker.http.bodies import field, path_uuid, read_json_object, reject_unknown
+from pyworker.http.bodies import (
+    check_json,
+    field,
+    integer,
+    path_uuid,
+    read_json_object,
+    reject_unknown,
+    text,
+)
 from pyworker.http.context import Services, authenticated
 from pyworker.http.errors import ApiError, not_found
 from pyworker.http.sse import EventStreamResponse, event_frames
@@ -27,6 +36,8 @@ from pyworker.http.sse import EventStreamResponse, event_frames
 ENQUEUE_FIELDS = {"content", "model", "system", "tools", "max_attempts", "metadata", "if_active"}
 IF_ACTIVE = ("enqueue", "reject", "interrupt")
 MAX_IDEMPOTENCY_KEY = 200
+MAX_ATTEMPTS = 100  # enqueue_run's range is 1..100
+CURSOR = re.compile(r"[0-9]{1,18}")  # ASCII digits only (str.isdigit also says yes to "²"); below 2**63
 
 
 async def enqueue(request: Request, svc: Services, user: str) -> Response:
@@ -36,12 +47,19 @@ async def enqueue(request: Request, svc: Services, user: str) -> Response:
     if body.get("content") is None:
         raise ApiError(400, "invalid_request", "content is required: a string or an array of content blocks")
     content = field(body, "content", (str, list), "a string or an array of content blocks")
-    model = field(body, "model", str, "a model name") or svc.config.model
-    system = field(body, "system", str, "a string")
+    check_json(content, "content")
+    model = text(body, "model", "a model name")
+    if model is None:
+        model = svc.config.model  # an empty name is not "the default": enqueue_run refuses it
+    system = text(body, "system", "a string")
     tools = field(body, "tools", list, "an array of tool definitions")
-    max_attempts = field(body, "max_attempts", int, "an integer")
+    check_json(tools, "tools")
+    max_attempts = integer(body, "max_attempts", 1, MAX_ATTEMPTS)
     metadata = field(body, "metadata", dict, "an object")
-    if_active = field(body, "if_active", str, "one of " + ", ".join(IF_ACTIVE)) or "enqueue"
+    check_json(metadata, "metadata")
+    if_active = text(body, "if_active", "one of " + ", ".join(IF_ACTIVE))
+    if if_active is None:
+        if_active = "enqueue"
     if if_active not in IF_ACTIVE:
         raise ApiError(
             400, "invalid_request", f"if_active must be one of {', '.join(IF_ACTIVE)}, not {if_active!r}"
@@ -67,6 +85,17 @@ async def enqueue(request: Request, svc: Services, user: str) -> Response:
         raise not_found("conversation", conversation_id) from None
     except psycopg.errors.ObjectNotInPrerequisiteState as exc:
         raise ApiError(409, "conversation_busy", exc.diag.message_primary or str(exc)) from None
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name != "agent_run_idempotency_key" or key is None:
+            raise
+        # As the IETF idempotency-key draft says: a reused key with another request is a 422.
+        raise ApiError(
+            422,
+            "idempotency_key_reused",
+            f"Idempotency-Key {request.headers['idempotency-key']!r} was already used for a different "
+            "request (another conversation, content or option); repeat that request exactly to get "
+            "its run, or send this one with a new key",
+        ) from None
     payload = {
         "run_id": str(run.run_id),
         "status": run.status,
@@ -83,9 +112,11 @@ def _idempotency_key(request: Request, user: str) -> str | None:
     raw = request.headers.get("idempotency-key")
     if raw is None:
         return None
-    if not raw or len(raw) > MAX_IDEMPOTENCY_KEY:
+    if not raw or len(raw) > MAX_IDEMPOTENCY_KEY or any(ch < " " or ch == "\x7f" for ch in raw):
         raise ApiError(
-            400, "invalid_request", f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters"
+            400,
+            "invalid_request",
+            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters, without control characters",
         )
     # Namespaced by user so two users' keys never meet; quoting the user id keeps it unambiguous.
     key = f"{quote(user, safe='')}:{raw}"
@@ -146,7 +177,7 @@ def run_json(run: queries.RunState) -> dict[str, Any]:
         "model": run.model,
         "cancel_requested": run.cancel_requested,
         "retry_of": None if run.retry_of is None else str(run.retry_of),
-        "result": run.result,
+        "result": nul.decode(run.result),  # JSON carries a NUL; jsonb stored it encoded
         "error": run.error,
         "created_at": iso(run.created_at),
         "started_at": iso(run.started_at),
@@ -186,7 +217,7 @@ def _cursor(raw: str | None, name: str) -> int:
     if raw is None or raw.strip() == "":
         return 0
     raw = raw.strip()
-    if not raw.isdigit() or len(raw) > 18:
+    if not CURSOR.fullmatch(raw):
         raise ApiError(
             400, "invalid_request", f"{name} must be a non-negative integer event seq, not {raw[:40]!r}"
         )

@@ -42,7 +42,7 @@ from uuid import UUID
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from pyworker.db import api
+from pyworker.db import api, nul
 from pyworker.db.api import ClaimedRun
 from pyworker.db.retry import Retry, is_transient, outcome_unknown
 
@@ -105,6 +105,8 @@ class RunJournal:
         kind = event.get("type")
         if not isinstance(kind, str) or not kind or kind == "complete" or kind.startswith("run_"):
             raise ValueError(f'event must have a string "type" that is not reserved, got {kind!r}')
+        if nul.MARKER in event:
+            raise ValueError(f"event key {nul.MARKER!r} is reserved (the NUL encoding, pyworker/db/nul.py)")
         if self.lost.is_set():
             raise RunLost(str(self.run_id))
         self._emitted += 1
@@ -149,7 +151,7 @@ def _chunks(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     chunks: list[list[dict[str, Any]]] = [[]]
     size = 0
     for event in events:
-        n = len(json.dumps(event))
+        n = len(json.dumps(nul.encode(event)))  # the size append_events will see
         if chunks[-1] and (len(chunks[-1]) >= MAX_EVENTS_PER_CALL or size + n > MAX_BYTES_PER_CALL):
             chunks.append([])
             size = 0
@@ -195,7 +197,7 @@ def _canon(value: Any) -> Any:
 async def _landed(conn: psycopg.AsyncConnection[Any], run_id: UUID, doubt: _Doubt) -> bool:
     """Whether the batch committed: its seqs hold exactly its events. If it did not, those seqs
     are empty or hold someone else's rows (a cancel_requested written after our abort)."""
-    expected = iter([_canon(json.loads(json.dumps(e))) for e in doubt.events])
+    expected = iter([_canon(json.loads(json.dumps(nul.encode(e)))) for e in doubt.events])
     for last, count in doubt.calls:
         after = last - count
         while after < last:

@@ -5,7 +5,10 @@ writes the ending.
   write nothing more; whoever took the run (reaper, stop, a newer claim) owns the ending.
 - cancel (NOTIFY on runrow_cancel, or the heartbeat poll): `ctx.cancel` is set; the handler
   stops and returns Outcome('cancelled'), keeping the partial text already journaled.
-- the handler raises: release_run with the error (the attempts policy requeues or fails it).
+- the handler raises: release_run with the error (the attempts policy requeues or fails it),
+  unless the failure would recur identically on every attempt (pyworker/worker/failures.py: the
+  database refused the run's own data, or DeterministicFailure): then finish_run 'failed'
+  once, so no attempt pays the model again for the same refusal.
 - drain past its budget (`abandon`): the handler is cancelled and the run released with
   error 'drained' (requeued while attempts are left, else failed).
 - otherwise: flush the journal (buffered deltas first, in order), then finish_run with the
@@ -24,11 +27,13 @@ import asyncio
 import contextlib
 from typing import Any
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.db import api
 from pyworker.db.api import ClaimedRun
 from pyworker.db.retry import DatabaseUnavailable, Retry
+from pyworker.worker.failures import deterministic
 from pyworker.worker.handler import Outcome, RunContext, RunHandler
 from pyworker.worker.heartbeat import heartbeat_loop
 from pyworker.worker.journal import JournalWriter, RunLost
@@ -143,7 +148,6 @@ class RunSupervisor:
         return task.result(), None
 
     async def _end(self, outcome: Outcome | None, error: BaseException | None) -> str | None:
-        run = self.run
         if self._abandoned is not None and outcome is None:
             return await self._release(self._abandoned)
         if error is not None:
@@ -151,6 +155,10 @@ class RunSupervisor:
                 return "lost"
             if isinstance(error, DatabaseUnavailable):
                 return self._give_up(error)
+            reason = deterministic(error)
+            if reason is not None:
+                self.log.error("handler failed deterministically; the run fails: %s", reason, exc_info=error)
+                return await self._fail(reason)
             self.log.error("handler raised; releasing the run", exc_info=error)
             return await self._release(f"{type(error).__name__}: {error}")
         if outcome is None:  # cancelled from outside without a drain: hand it back
@@ -170,26 +178,53 @@ class RunSupervisor:
             return "lost"
         except DatabaseUnavailable as exc:
             return self._give_up(exc)
-        calls = 0
-
-        async def finish(conn: Any) -> bool:
-            nonlocal calls
-            calls += 1
-            return await api.finish_run(
-                conn, run.run_id, run.claim_token, outcome.status, outcome.result, outcome.error
-            )
-
         try:
-            ok = await self.retry.call(self._pool, finish, "finish_run")
-            if not ok and calls > 1:
-                ok = await self._ended_by_us(outcome.status, outcome.error)
+            ok = await self._finish(outcome.status, outcome.result, outcome.error)
         except DatabaseUnavailable as exc:
             return self._give_up(exc)
+        except psycopg.Error as exc:
+            reason = deterministic(exc)
+            if reason is None:
+                raise
+            # e.g. a result over finish_run's size limit: every attempt would end here again.
+            self.log.error("finish_run refused the outcome; the run fails: %s", reason)
+            return await self._fail(f"the run's {outcome.status} outcome could not be stored: {reason}")
         if not ok:
             self.log.warning("finish_run fenced out: someone else already ended this run")
             return "lost"
         self.log.info("run finished: %s", outcome.status)
         return outcome.status
+
+    async def _fail(self, reason: str) -> str | None:
+        # The journal may be the thing that refused (its flush then raises again): keep what
+        # it can still write, then end the run; finish_run journals the complete itself.
+        stop = await self._flush_quietly()
+        if stop is not None:
+            return stop
+        try:
+            ok = await self._finish("failed", None, reason)
+        except DatabaseUnavailable as exc:
+            return self._give_up(exc)
+        if not ok:
+            self.log.warning("finish_run fenced out: someone else already ended this run")
+            return "lost"
+        self.log.info("run finished: failed (%s)", reason)
+        return "failed"
+
+    async def _finish(self, status: str, result: Any, error: str | None) -> bool:
+        """finish_run through transient errors; False: someone else ended the run."""
+        run = self.run
+        calls = 0
+
+        async def finish(conn: Any) -> bool:
+            nonlocal calls
+            calls += 1
+            return await api.finish_run(conn, run.run_id, run.claim_token, status, result, error)
+
+        ok = await self.retry.call(self._pool, finish, "finish_run")
+        if not ok and calls > 1:
+            ok = await self._ended_by_us(status, error)
+        return ok
 
     async def _release(self, reason: str | None) -> str | None:
         stop = await self._flush_quietly()
@@ -221,7 +256,7 @@ class RunSupervisor:
         row = await self.retry.call(self._pool, lambda conn: api.get_run(conn, self.run.run_id), "get_run")
         ours = (
             row.attempt == self.run.attempt
-            and row.error == error
+            and row.error == api.stored_error(error)
             and (status is None or row.status == status)
         )
         if ours:

@@ -107,9 +107,26 @@ async function readEvents(body, onFrame) {
         else if (field === "event") event = v;
         else if (field === "data") data.push(v);
       }
-      if (id !== null && data.length) onFrame({ id, event, data: JSON.parse(data.join("\n")) });
+      if (id !== null && data.length) onFrame({ id, event, data: decodeNul(JSON.parse(data.join("\n"))) });
     }
   }
+}
+
+// An event whose text held U+0000 is journaled with "_encoding": "nul-percent" (jsonb cannot
+// hold U+0000): in its strings "%00" stands for U+0000 and "%25" for "%" (pyworker/db/nul.py).
+function decodeNul(value, encoded = false) {
+  if (typeof value === "string") {
+    return encoded ? value.replace(/%(00|25)/g, (m) => (m === "%00" ? "\0" : "%")) : value;
+  }
+  if (Array.isArray(value)) return value.map((v) => decodeNul(v, encoded));
+  if (value === null || typeof value !== "object") return value;
+  const marked = encoded || value._encoding === "nul-percent";
+  const out = {};
+  for (const [k, v] of Object.entries(value)) {
+    if (!encoded && marked && k === "_encoding") continue;
+    out[decodeNul(k, marked)] = decodeNul(v, marked);
+  }
+  return out;
 }
 
 // --- the conversation -----------------------------------------------------------------

@@ -5,7 +5,7 @@
 -- executing -> uncertain for irreversible calls only; a crashed non_idempotent call still
 -- runs again with its key (the downstream service dedups), because a crash says nothing
 -- about how far the tool got, while an interruption is a known cut in the middle.
--- depends: 0009_open_runs_by_conversation
+-- depends: 0010_nul_safe_steps_and_request_fingerprint
 
 CREATE OR REPLACE FUNCTION runrow._tool_effect_guard() RETURNS trigger
 LANGUAGE plpgsql
