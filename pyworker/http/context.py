@@ -23,6 +23,12 @@ class Services:
     pool: AsyncConnectionPool
     hub: Hub
     streams: StreamStats
+    # Where event streams read journals: a pool on the replica (--replica-url), else `pool`.
+    journal: AsyncConnectionPool
+
+    @property
+    def journal_on_replica(self) -> bool:
+        return self.journal is not self.pool
 
 
 def services(request: Request) -> Services:
