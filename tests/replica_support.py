@@ -30,7 +30,7 @@ class Replicated:
     def wait_replayed(self, timeout: float = 30) -> None:
         """Until the standby has replayed everything the primary has written so far."""
         with psycopg.connect(self.primary.superuser_url, autocommit=True) as conn:
-            row = conn.execute("SELECT pg_current_wal_lsn()").fetchone()
+            row = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()
         assert row is not None
         with psycopg.connect(self.standby.superuser_url, autocommit=True) as conn:
             _poll(
@@ -45,6 +45,17 @@ class Replicated:
         with psycopg.connect(self.standby.superuser_url, autocommit=True) as conn:
             conn.execute("SELECT pg_wal_replay_pause()")
             _poll(conn, "SELECT pg_get_wal_replay_pause_state() = 'paused'", (), timeout, "replay to pause")
+
+    def stop_standby(self) -> None:
+        """The standby's server dies (immediate shutdown); its files stay until the pair is removed."""
+        pg_ctl = str(devdb.PG_BIN / "pg_ctl")
+        devdb._run(
+            [pg_ctl, "-D", self.standby.datadir, "-m", "immediate", "-w", "stop"], self.standby.os_user
+        )
+
+    def restart_standby(self) -> None:
+        if not os.path.exists(os.path.join(self.standby.datadir, "postmaster.pid")):
+            _start_server(self.standby)
 
     def resume_replay(self) -> None:
         with psycopg.connect(self.standby.superuser_url, autocommit=True) as conn:
@@ -84,21 +95,26 @@ def start_standby(primary: devdb.Cluster) -> devdb.Cluster:
             [str(pg / "pg_basebackup"), "-D", datadir, "-R", "-X", "stream", "-c", "fast", "-d", source],
             os_user,
         )
-        # A hot standby refuses to start with max_connections or max_locks_per_transaction below
-        # the primary's; devdb passes its settings on the command line, so they are not copied.
-        opts = (
-            f"-c listen_addresses='' -c unix_socket_directories={sockdir} -c port={devdb.PORT} "
-            "-c fsync=off -c max_connections=200 -c shared_buffers=64MB -c hot_standby=on "
-            "-c log_min_messages=warning -c max_locks_per_transaction=256"
-        )
-        log = os.path.join(root, "server.log")
-        devdb._run(
-            [str(pg / "pg_ctl"), "-D", datadir, "-o", opts, "-l", log, "-w", "-t", "60", "start"], os_user
-        )
+        _start_server(standby)
     except BaseException:
         devdb.stop(standby)
         raise
     return standby
+
+
+def _start_server(standby: devdb.Cluster) -> None:
+    # A hot standby refuses to start with max_connections or max_locks_per_transaction below
+    # the primary's; devdb passes its settings on the command line, so they are not copied.
+    opts = (
+        f"-c listen_addresses='' -c unix_socket_directories={standby.sockdir} -c port={devdb.PORT} "
+        "-c fsync=off -c max_connections=200 -c shared_buffers=64MB -c hot_standby=on "
+        "-c log_min_messages=warning -c max_locks_per_transaction=256"
+    )
+    log = os.path.join(standby.root, "server.log")
+    pg_ctl = str(devdb.PG_BIN / "pg_ctl")
+    devdb._run(
+        [pg_ctl, "-D", standby.datadir, "-o", opts, "-l", log, "-w", "-t", "60", "start"], standby.os_user
+    )
 
 
 @contextlib.contextmanager

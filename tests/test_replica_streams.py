@@ -75,6 +75,7 @@ class LiveStream:
         self.frames: list[Frame] = []
         self._frames = parse_frames(self.response.iter_lines())
         self.ended = False
+        self.broken = False
 
     @property
     def events(self) -> list[Frame]:
@@ -82,7 +83,11 @@ class LiveStream:
 
     def read_until(self, done: Any) -> LiveStream:
         while not done(self):
-            frame = next(self._frames, None)
+            try:
+                frame = next(self._frames, None)
+            except httpx.RemoteProtocolError:  # the server ended the response mid-way
+                self.broken = True
+                frame = None
             if frame is None:
                 self.ended = True
                 return self
@@ -292,3 +297,34 @@ def test_cursor_ahead_of_the_standby_is_resumed_not_refused(
             stream.close()
     finally:
         server.stop()
+
+
+def test_streams_read_the_primary_while_the_standby_is_down(
+    replay: Replicated, worker: WorkerProcess
+) -> None:
+    """The standby dies under an open stream: that stream ends, and its client's reconnect with
+    Last-Event-ID reads the primary (the primary is never behind), as does every new stream,
+    instead of a 503 for as long as the standby is down."""
+    server = in_process_server(replay)
+    try:
+        with httpx.Client(base_url=server.url, timeout=20) as client:
+            conversation, run_id = enqueue(client, "the standby dies " * 40, duration=30)
+            first = LiveStream(client, run_id).read_until(lambda s: len(s.events) >= 3)
+            replay.stop_standby()
+            first.read_until(lambda s: False)
+            assert first.ended and [f.event for f in first.events].count("complete") == 0
+            last = first.events[-1].id
+            assert client.post(f"/conversations/{conversation}/stop", headers=ALICE).status_code == 200
+            wait_until(lambda: primary_status(client, run_id) == "cancelled", 20, "the stop to end the run")
+            rest = LiveStream(client, run_id, {"from": last})
+            assert rest.response.status_code == 200
+            rest.read_until(lambda s: False)
+            assert as_journal(first.events) + as_journal(rest.frames) == journal(replay.primary.url, run_id)
+
+            _, other = enqueue(client, "no standby at all", duration=0.2)
+            fresh = LiveStream(client, other).read_until(lambda s: False)
+            assert fresh.response.status_code == 200
+            assert as_journal(fresh.frames) == journal(replay.primary.url, other)
+    finally:
+        server.stop()
+        replay.restart_standby()

@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from pyworker.http.auth import authenticated_user
 from pyworker.http.config import Authenticate, ServeConfig
+from pyworker.http.replica import Replica
 from pyworker.http.sse import StreamStats
 from pyworker.hub import Hub
 
@@ -23,12 +24,8 @@ class Services:
     pool: AsyncConnectionPool
     hub: Hub
     streams: StreamStats
-    # Where event streams read journals: a pool on the replica (--replica-url), else `pool`.
-    journal: AsyncConnectionPool
-
-    @property
-    def journal_on_replica(self) -> bool:
-        return self.journal is not self.pool
+    # The hot standby event streams read journals from (--replica-url), if any.
+    replica: Replica | None = None
 
 
 def services(request: Request) -> Services:

@@ -13,33 +13,70 @@ Why a standby can serve `read_events` without ever showing a client something fa
   complete, and the tail waits until the standby replays it. Wakes come from the primary's
   LISTEN and name the seq journaled; the tail re-reads until the standby has it.
 
-What lag can make look wrong, and is confirmed on the primary instead: a run the standby does
-not have yet (enqueued a moment ago) and a cursor beyond the standby's end of the journal (the
-client read it elsewhere, from the primary or a standby further ahead). Everything else the
+What lag alone can make look wrong, and is confirmed on the primary instead: a run the standby
+does not have yet (enqueued a moment ago) and a cursor beyond the standby's end of the journal
+(the client read it elsewhere, from the primary or a standby further ahead). Everything else the
 service does (ownership, enqueue, stop, status) stays on the primary.
+
+A standby that cannot be reached is no reason to refuse a stream: the primary is never behind,
+so a stream opened while the standby is failing reads the primary, and the standby is tried
+again after RETRY_AFTER seconds. A stream whose standby fails mid-way ends, and its client
+resumes with Last-Event-ID as from any dropped connection.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from uuid import UUID
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.http.config import ServeConfig
-from pyworker.http.context import Services
 from pyworker.tail import CursorPastEnd, RunNotFound, check_cursor
+
+if TYPE_CHECKING:
+    from pyworker.http.context import Services
 
 log = logging.getLogger("runrow.http")
 
 
-async def open_replica_pool(config: ServeConfig) -> AsyncConnectionPool:
+# A standby that failed is left alone this long; streams opened meanwhile read the primary.
+RETRY_AFTER = 5.0
+# How long a stream waits for a standby connection before it reads the primary instead.
+CONNECT_TIMEOUT = 2.0
+
+
+class Replica:
+    """The standby's pool and whether it is to be tried now."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.pool = pool
+        self._down_until = 0.0
+
+    @property
+    def usable(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def failed(self, exc: BaseException) -> None:
+        if self.usable:
+            log.warning("hot standby unavailable (%s): streams read the primary for %g s", exc, RETRY_AFTER)
+        self._down_until = time.monotonic() + RETRY_AFTER
+
+
+async def open_replica(config: ServeConfig) -> Replica:
     assert config.replica_url is not None
     pool = AsyncConnectionPool(
         config.replica_url,
         min_size=config.pool_min_size,
         max_size=config.pool_max_size,
         kwargs={"autocommit": True, "application_name": "runrow-serve-replica"},
+        timeout=CONNECT_TIMEOUT,
         open=False,
     )
     await pool.open(wait=True, timeout=30)
@@ -50,14 +87,39 @@ async def open_replica_pool(config: ServeConfig) -> AsyncConnectionPool:
         log.info("event streams read journals from a hot standby (--replica-url)")
     else:
         log.warning("--replica-url is not a standby (not in recovery): event streams read a primary there")
-    return pool
+    return Replica(pool)
 
 
-async def stream_cursor(svc: Services, run_id: UUID, cursor: int) -> bool:
-    """check_cursor on the journal pool; what lag alone could cause there is decided by the primary."""
-    if not svc.journal_on_replica:
-        return await check_cursor(svc.pool, run_id, cursor)
+@dataclass(frozen=True)
+class StreamSource:
+    """Where one stream reads: the standby's pool (`replica` True) or the primary's."""
+
+    pool: AsyncConnectionPool
+    replica: bool
+
+
+async def open_stream(svc: Services, run_id: UUID, cursor: int) -> tuple[bool, StreamSource]:
+    """check_cursor where the stream will read, and that place. What lag alone could cause on
+    the standby is decided by the primary; a standby that fails is replaced by the primary."""
+    replica = svc.replica
+    if replica is not None and replica.usable:
+        try:
+            return await check_cursor(replica.pool, run_id, cursor), StreamSource(replica.pool, True)
+        except (CursorPastEnd, RunNotFound):
+            return await check_cursor(svc.pool, run_id, cursor), StreamSource(replica.pool, True)
+        except psycopg.OperationalError as exc:
+            replica.failed(exc)
+    return await check_cursor(svc.pool, run_id, cursor), StreamSource(svc.pool, False)
+
+
+async def watched(frames: AsyncIterator[bytes], replica: Replica | None) -> AsyncIterator[bytes]:
+    """The frames of a stream reading the standby; a standby failure ends it and is remembered,
+    so the client's reconnect reads the primary."""
     try:
-        return await check_cursor(svc.journal, run_id, cursor)
-    except (CursorPastEnd, RunNotFound):
-        return await check_cursor(svc.pool, run_id, cursor)
+        async with aclosing(frames) as items:  # type: ignore[type-var]
+            async for chunk in items:
+                yield chunk
+    except psycopg.OperationalError as exc:
+        if replica is not None:
+            replica.failed(exc)
+        raise

@@ -21,7 +21,7 @@ from pyworker.http import queries
 from pyworker.http.bodies import field, path_uuid, read_json_object, reject_unknown
 from pyworker.http.context import Services, authenticated
 from pyworker.http.errors import ApiError, not_found
-from pyworker.http.replica import stream_cursor
+from pyworker.http.replica import open_stream, watched
 from pyworker.http.sse import EventStreamResponse, event_frames
 from pyworker.tail import CursorPastEnd
 
@@ -164,7 +164,7 @@ async def events(request: Request, svc: Services, user: str) -> Response:
     name, from_seq = max(cursors.items(), key=lambda item: item[1])
     await owned_run(svc, run_id, user)
     try:
-        seen_the_end = await stream_cursor(svc, run_id, from_seq)
+        seen_the_end, source = await open_stream(svc, run_id, from_seq)
     except CursorPastEnd:
         # Streaming would send keepalives until the run ends and then nothing: the cursor is
         # stale or another run's. A 4xx also stops an EventSource from reconnecting with it.
@@ -178,14 +178,16 @@ async def events(request: Request, svc: Services, user: str) -> Response:
         # The client has seen the complete: 204 tells an EventSource to stop reconnecting.
         return Response(status_code=204, headers={"Cache-Control": "no-cache"})
     frames = event_frames(
-        svc.journal,
+        source.pool,
         svc.hub,
         run_id,
         from_seq,
         svc.config.keepalive_seconds,
         svc.config.poll_seconds,
-        replica=svc.journal_on_replica,
+        replica=source.replica,
     )
+    if source.replica:
+        frames = watched(frames, svc.replica)
     return EventStreamResponse(frames, svc.streams)
 
 
