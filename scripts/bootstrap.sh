@@ -13,6 +13,10 @@ command -v psql >/dev/null 2>&1 || need_apt+=(postgresql-client-15)
 if [ "${RUNROW_WITH_BROWSER:-0}" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 fi
+# Only `make failover` needs a DCS for Patroni; nothing else starts etcd.
+if [ "${RUNROW_WITH_HA:-0}" = 1 ]; then
+  command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
+fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; else
@@ -32,11 +36,16 @@ if [ ! -x .venv/bin/python ]; then
   echo "bootstrap: creating .venv"
   "$PYTHON" -m venv .venv
 fi
+extras=dev
 stamp=.venv/.runrow-installed
+if [ "${RUNROW_WITH_HA:-0}" = 1 ]; then
+  extras=dev,ha
+  stamp=.venv/.runrow-installed-ha
+fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "bootstrap: pip install -e '.[dev]'"
+  echo "bootstrap: pip install -e '.[$extras]'"
   log=.venv/pip-install.log
-  if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e '.[dev]'; } >"$log" 2>&1; then
+  if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e ".[$extras]"; } >"$log" 2>&1; then
     cat "$log" >&2
     echo "bootstrap: pip install failed (log above, also in $log)" >&2
     exit 1

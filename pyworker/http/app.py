@@ -19,6 +19,7 @@ from pyworker.http.auth import authenticator_for
 from pyworker.http.config import ServeConfig
 from pyworker.http.context import Services
 from pyworker.http.errors import EXCEPTION_HANDLERS
+from pyworker.http.replica import open_replica
 from pyworker.http.sse import StreamStats
 
 log = logging.getLogger("runrow.http")
@@ -37,15 +38,19 @@ def create_app(config: ServeConfig) -> Starlette:
             open=False,
         )
         await pool.open(wait=True, timeout=30)
+        replica = await open_replica(config) if config.replica_url is not None else None
+        # LISTEN on the primary: a standby in recovery refuses LISTEN and never sees a NOTIFY.
         hub = Hub(config.database_url, application_name="runrow-serve-hub")
         await hub.start()
         await hub.wait_connected(5)  # not required: tails poll while the hub is down
-        app.state.services = Services(config, authenticate, pool, hub, StreamStats())
+        app.state.services = Services(config, authenticate, pool, hub, StreamStats(), replica)
         log.info("runrow serve ready (model %s, auth %s)", config.model, _auth_name(config))
         try:
             yield
         finally:
             await hub.stop()
+            if replica is not None:
+                await replica.pool.close()
             await pool.close()
 
     return Starlette(
