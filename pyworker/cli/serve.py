@@ -69,6 +69,13 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--max-body", type=int, default=MAX_BODY_BYTES, help="request body limit in bytes")
     p.add_argument("--pool-size", type=int, default=10, help="database connections at most")
     p.add_argument(
+        "--listen-url",
+        default=os.environ.get("RUNROW_LISTEN_URL") or None,
+        help="a direct (not pooled) PostgreSQL URL for the LISTEN connection that wakes event "
+        "streams, when --database-url goes through a transaction pooler (env RUNROW_LISTEN_URL; "
+        "default: the database URL)",
+    )
+    p.add_argument(
         "--shutdown-grace",
         type=int,
         default=5,
@@ -129,6 +136,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         keepalive_seconds=args.keepalive,
         max_body_bytes=args.max_body,
         pool_max_size=args.pool_size,
+        listen_url=args.listen_url,
     )
 
 

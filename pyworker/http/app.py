@@ -6,6 +6,7 @@ lifespan. Nothing else is kept in memory: any instance can serve any run.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 
 from pyworker.db.hub import Hub
+from pyworker.db.pooling import POOLER_SAFE
 from pyworker.http import routes_approvals, routes_page, routes_runs
 from pyworker.http.auth import authenticator_for
 from pyworker.http.config import ServeConfig
@@ -33,18 +35,23 @@ def create_app(config: ServeConfig) -> Starlette:
             config.database_url,
             min_size=config.pool_min_size,
             max_size=config.pool_max_size,
-            kwargs={"autocommit": True, "application_name": "runrow-serve"},
+            kwargs={"autocommit": True, "application_name": "runrow-serve", **POOLER_SAFE},
             open=False,
         )
         await pool.open(wait=True, timeout=30)
-        hub = Hub(config.database_url, application_name="runrow-serve-hub")
+        hub = Hub(config.listen_url or config.database_url, application_name="runrow-serve-hub")
         await hub.start()
         await hub.wait_connected(5)  # not required: tails poll while the hub is down
+        # Warns when the LISTEN URL goes through a pooler that drops notifications.
+        self_test = asyncio.create_task(hub.self_test(pool), name="runrow-serve-hub-self-test")
         app.state.services = Services(config, authenticate, pool, hub, StreamStats())
         log.info("runrow serve ready (model %s, auth %s)", config.model, _auth_name(config))
         try:
             yield
         finally:
+            self_test.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self_test
             await hub.stop()
             await pool.close()
 

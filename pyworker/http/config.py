@@ -31,3 +31,5 @@ class ServeConfig:
     max_body_bytes: int = MAX_BODY_BYTES
     pool_min_size: int = 1
     pool_max_size: int = 10
+    # A direct URL for the hub's LISTEN when database_url goes through a transaction pooler.
+    listen_url: str | None = None
