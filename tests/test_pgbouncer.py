@@ -76,8 +76,9 @@ def test_workers_through_pgbouncer_complete_every_run_once_and_wake_by_notify(
     db: psycopg.Connection, worker_db: str, spawn: Callable[..., WorkerProcess], bouncer: pgbouncer.Bouncer
 ) -> None:
     # A 30 s poll: after the boot claim, only a NOTIFY on the direct LISTEN URL can wake them
-    # within the test's deadlines. Short leases make heartbeats and flushes frequent.
-    args = ("--listen-url", worker_db, "--poll", "30", "--lease", "3", "--grace", "1", "--reap-interval", "1")
+    # within the test's deadlines. Short leases make heartbeats frequent; the grace leaves a
+    # beat queued behind busy server connections on a loaded box room before a reaper acts.
+    args = ("--listen-url", worker_db, "--poll", "30", "--lease", "3", "--grace", "5", "--reap-interval", "1")
     workers = [spawn(name, *args, "--concurrency", "4") for name in ("pool-a", "pool-b")]
     for w in workers:
         w.wait_log("hub self-test: NOTIFY through the pool reached the hub")
