@@ -77,6 +77,13 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "(env RUNROW_REPLICA_URL)",
     )
     p.add_argument(
+        "--listen-url",
+        default=os.environ.get("RUNROW_LISTEN_URL") or None,
+        help="a direct (not pooled) PostgreSQL URL for the LISTEN connection that wakes event "
+        "streams, when --database-url goes through a transaction pooler (env RUNROW_LISTEN_URL; "
+        "default: the database URL)",
+    )
+    p.add_argument(
         "--shutdown-grace",
         type=int,
         default=5,
@@ -138,6 +145,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         max_body_bytes=args.max_body,
         pool_max_size=args.pool_size,
         replica_url=args.replica_url,
+        listen_url=args.listen_url,
     )
 
 

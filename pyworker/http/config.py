@@ -34,3 +34,5 @@ class ServeConfig:
     # A hot standby that event streams read journals from (the primary still serves everything
     # else and the LISTEN); None reads them from the primary.
     replica_url: str | None = None
+    # A direct URL for the hub's LISTEN when database_url goes through a transaction pooler.
+    listen_url: str | None = None
