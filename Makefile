@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 RUNROW  := $(BIN)/runrow
 
-.PHONY: bootstrap demo test lint format test-in-db pgtap pytest install-sql check-install-sql db-start db-stop bench chaos clean
+.PHONY: bootstrap demo test lint format test-in-db pgtap pytest install-sql check-install-sql db-start db-stop bench chaos failover clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -61,6 +61,13 @@ bench: bootstrap
 CHAOS_ARGS ?= --duration 180 --workers 4 --runs 400
 chaos: bootstrap
 	$(RUNROW) db run -- $(BIN)/python tests/chaos.py $(CHAOS_ARGS)
+
+## SIGKILL of the primary under load on a local Patroni cluster (etcd, 2 synchronous members):
+## nothing acknowledged is lost; prints the failover timings. Installs etcd-server and the `ha` extra.
+failover: export RUNROW_WITH_HA = 1
+failover:
+	@scripts/bootstrap.sh
+	RUNROW_FAILOVER=1 $(BIN)/pytest -q -s tests/test_failover.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .runrow .pytest_cache .ruff_cache

@@ -33,7 +33,9 @@ INSERT INTO api VALUES
     ('retry_run', '{runrow_client}', format($$SELECT runrow.retry_run(%L)$$, :'failed')),
     ('schema_version', '{runrow_worker,runrow_client,runrow_auditor}', $$SELECT runrow.schema_version()$$),
     ('events_channel', '{runrow_worker,runrow_client,runrow_auditor}',
-        $$SELECT runrow.events_channel(gen_random_uuid())$$);
+        $$SELECT runrow.events_channel(gen_random_uuid())$$),
+    ('notify_probe', '{runrow_worker,runrow_client}',
+        $$SELECT runrow.notify_probe('runrow_probe_' || md5(random()::text))$$);
 
 CREATE TEMP TABLE roles (role name PRIMARY KEY);
 INSERT INTO roles VALUES ('runrow_worker'), ('runrow_client'), ('runrow_auditor');

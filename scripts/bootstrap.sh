@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what runrow needs on a fresh Debian machine with nothing but Python and apt:
-# PostgreSQL 15 + pgTAP + pg_prove (apt, when missing and permitted), then a venv with
+# PostgreSQL 15 + pgTAP + pg_prove, pgbouncer and faketime for the fault tests (apt, when
+# missing and permitted), then a venv with
 # the project and its dev tools. Idempotent and quick when everything is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,8 +11,15 @@ need_apt=()
 [ -f /usr/share/postgresql/15/extension/pgtap.control ] || need_apt+=(postgresql-15-pgtap)
 command -v pg_prove >/dev/null 2>&1 || need_apt+=(libtap-parser-sourcehandler-pgtap-perl)
 command -v psql >/dev/null 2>&1 || need_apt+=(postgresql-client-15)
+# The fault tests: a real transaction pooler, and libfaketime for a worker with a skewed clock.
+[ -x /usr/sbin/pgbouncer ] || need_apt+=(pgbouncer)
+command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
 if [ "${RUNROW_WITH_BROWSER:-0}" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+fi
+# Only `make failover` needs a DCS for Patroni; nothing else starts etcd.
+if [ "${RUNROW_WITH_HA:-0}" = 1 ]; then
+  command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -24,7 +32,13 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: apt-get install ${need_apt[*]}"
   # The Debian server package would start a system cluster on 5432; we never use it.
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  # Another apt on the machine holds the dpkg lock for a while: wait for it rather than fail.
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    -o DPkg::Lock::Timeout=600 "${need_apt[@]}" >/dev/null
+  # Debian's pgbouncer package starts a system pgbouncer on 6432; the tests start their own.
+  if [[ " ${need_apt[*]} " == *" pgbouncer "* ]] && [ -x /etc/init.d/pgbouncer ]; then
+    $sudo /etc/init.d/pgbouncer stop >/dev/null 2>&1 || true
+  fi
 fi
 
 PYTHON=${PYTHON:-python3}
@@ -32,11 +46,16 @@ if [ ! -x .venv/bin/python ]; then
   echo "bootstrap: creating .venv"
   "$PYTHON" -m venv .venv
 fi
+extras=dev
 stamp=.venv/.runrow-installed
+if [ "${RUNROW_WITH_HA:-0}" = 1 ]; then
+  extras=dev,ha
+  stamp=.venv/.runrow-installed-ha
+fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "bootstrap: pip install -e '.[dev]'"
+  echo "bootstrap: pip install -e '.[$extras]'"
   log=.venv/pip-install.log
-  if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e '.[dev]'; } >"$log" 2>&1; then
+  if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e ".[$extras]"; } >"$log" 2>&1; then
     cat "$log" >&2
     echo "bootstrap: pip install failed (log above, also in $log)" >&2
     exit 1

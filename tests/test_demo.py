@@ -184,7 +184,8 @@ def test_the_demo_tools_are_the_tools_the_fake_demo_scenario_calls() -> None:
     """The definitions pinned on the demo's run equal the fake scenario's DEMO_TOOLS. In a fresh
     process, as `runrow demo` imports the module."""
     check = (
-        "from pyworker import demo_tools, fake_scenarios; "
+        "from pyworker.demo import tools as demo_tools; "
+        "from pyworker.fake import scenarios as fake_scenarios; "
         "assert demo_tools.definitions() == list(fake_scenarios.DEMO_TOOLS), demo_tools.definitions(); "
         "assert demo_tools.effects()['send_email'] == 'non_idempotent'"
     )

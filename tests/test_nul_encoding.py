@@ -1,6 +1,6 @@
 """The nul-percent encoding (pyworker/db/nul.py): what the worker writes to jsonb when a string holds
 U+0000. Lossless for any value, a no-op without a NUL, storable by PostgreSQL's jsonb, and the
-chat page's decoder (pyworker/web/app.js) reads it back exactly as Python's does."""
+chat page's decoder (pyworker/http/web/app.js) reads it back exactly as Python's does."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_jsonb_stores_the_encoded_form(database_url: str) -> None:
 
 
 def _page_decoder() -> str:
-    source = (REPO / "pyworker" / "web" / "app.js").read_text()
+    source = (REPO / "pyworker" / "http" / "web" / "app.js").read_text()
     match = re.search(r"^function decodeNul\(.*?^\}\n", source, re.S | re.M)
     assert match, "app.js has no decodeNul function"
     return match.group(0)

@@ -87,7 +87,7 @@ def test_a_nul_in_the_models_text_completes_the_run_with_the_nul_kept_everywhere
         timeout=60,
     )
     assert tailed.returncode == 0, tailed.stderr
-    assert tailed.stdout == NUL_TEXT + "\n"
+    assert tailed.stdout == NUL_TEXT  # piped: exactly the answer, no newline added
 
     # The next turn's request carries the turn back byte-identically: the fake verifies the
     # thinking block's signature over the history and answers 400 if anything changed.

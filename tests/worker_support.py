@@ -61,12 +61,23 @@ class WorkerProcess:
     """A `python -m pyworker worker` process (the echo handler unless told), its output in a log file."""
 
     def __init__(
-        self, url: str, name: str, args: list[str], *, handler: str = ECHO, env: dict[str, str] | None = None
+        self,
+        url: str,
+        name: str,
+        args: list[str],
+        *,
+        handler: str = ECHO,
+        env: dict[str, str] | None = None,
+        prefix: list[str] | None = None,
     ) -> None:
         self.name = name
         self.log_path = Path(tempfile.mkstemp(prefix=f"runrow-{name}-", suffix=".log")[1])
         self._log = self.log_path.open("wb")
-        cmd = [sys.executable, "-m", "pyworker", "worker", "--handler", handler, "--worker-id", name, *args]
+        # prefix: a wrapper such as `ip netns exec NS` or `faketime +2h` that execs the worker.
+        cmd = [
+            *(prefix or []),
+            *(sys.executable, "-m", "pyworker", "worker", "--handler", handler, "--worker-id", name, *args),
+        ]
         environment = {**os.environ, "DATABASE_URL": url, **(env or {})}
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, env=environment, stdout=self._log, stderr=subprocess.STDOUT

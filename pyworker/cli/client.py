@@ -30,6 +30,7 @@ from pyworker.cli.tail_render import Renderer
 from pyworker.db import api, nul
 from pyworker.db.config import database_url
 from pyworker.db.hub import Hub
+from pyworker.db.pooling import POOLER_SAFE
 from pyworker.db.tail import CursorPastEnd, Keepalive, RunNotFound, check_cursor, run_status, tail
 
 DEFAULT_MODEL = "claude-sonnet-4-5"
@@ -323,9 +324,12 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
         pass
     render = Renderer(sys.stdout, sys.stderr)
     logging.getLogger("runrow.hub").setLevel(logging.WARNING)  # its INFO lines would mix with the notes
-    hub = Hub(url, application_name="runrow-tail")
+    # Behind a transaction pooler the LISTEN must go direct, as for `runrow worker --listen-url`.
+    hub = Hub(os.environ.get("RUNROW_LISTEN_URL") or url, application_name="runrow-tail")
     await hub.start()
-    pool = AsyncConnectionPool(url, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False)
+    pool = AsyncConnectionPool(
+        url, min_size=1, max_size=1, kwargs={"autocommit": True, **POOLER_SAFE}, open=False
+    )
     await pool.open()
     try:
         try:
@@ -398,7 +402,7 @@ def _db_message(exc: psycopg.Error) -> str:
 
 async def _connect(url: str) -> psycopg.AsyncConnection:
     try:
-        return await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10)
+        return await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10, **POOLER_SAFE)
     except psycopg.OperationalError as exc:
         reason = (str(exc).strip().splitlines() or ["unreachable"])[0].strip().rstrip(".")
         raise CliError(

@@ -101,6 +101,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         worker_id=args.worker_id,
         config=config,
         session_limits=args.session_limits,
+        listen_conninfo=args.listen_url,
     )
     from psycopg_pool import PoolTimeout
 
@@ -234,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="module that defines the agent's tools (env RUNROW_TOOLS)",
     )
     p.add_argument("--worker-id", default=None, help="name in agent_run.worker_id (default host-pid)")
+    p.add_argument(
+        "--listen-url",
+        default=os.environ.get("RUNROW_LISTEN_URL") or None,
+        help="a direct (not pooled) PostgreSQL URL for the LISTEN connection, when --database-url "
+        "goes through a transaction pooler such as pgbouncer (env RUNROW_LISTEN_URL; default: the "
+        "database URL)",
+    )
     p.add_argument(
         "--no-session-limits",
         dest="session_limits",

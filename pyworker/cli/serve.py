@@ -26,6 +26,7 @@ endpoints (JSON; errors are {"error": {"type", "message"}}):
 examples:
   runrow serve --insecure-dev                          # loopback demo, every caller is user "dev"
   RUNROW_TOKENS="$(openssl rand -hex 16)=alice" runrow serve --host 0.0.0.0
+  runrow serve --tokens-file tokens.json --replica-url postgresql://app@standby/app  # streams from a standby
   runrow serve --tokens-file tokens.json --model claude-sonnet-4-5 --system-file prompt.txt \\
       --tools-module pyworker.demo.tools
 """
@@ -68,6 +69,20 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--keepalive", type=float, default=15.0, help="seconds between SSE keepalive comments")
     p.add_argument("--max-body", type=int, default=MAX_BODY_BYTES, help="request body limit in bytes")
     p.add_argument("--pool-size", type=int, default=10, help="database connections at most")
+    p.add_argument(
+        "--replica-url",
+        default=os.environ.get("RUNROW_REPLICA_URL") or None,
+        help="a hot standby of the database: event streams read journals there (lag delays a stream, "
+        "never falsifies it); everything else, LISTEN included, stays on the primary "
+        "(env RUNROW_REPLICA_URL)",
+    )
+    p.add_argument(
+        "--listen-url",
+        default=os.environ.get("RUNROW_LISTEN_URL") or None,
+        help="a direct (not pooled) PostgreSQL URL for the LISTEN connection that wakes event "
+        "streams, when --database-url goes through a transaction pooler (env RUNROW_LISTEN_URL; "
+        "default: the database URL)",
+    )
     p.add_argument(
         "--shutdown-grace",
         type=int,
@@ -129,6 +144,8 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         keepalive_seconds=args.keepalive,
         max_body_bytes=args.max_body,
         pool_max_size=args.pool_size,
+        replica_url=args.replica_url,
+        listen_url=args.listen_url,
     )
 
 

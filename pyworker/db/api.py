@@ -261,3 +261,10 @@ async def retry_run(conn: AsyncConnection, run_id: UUID) -> UUID:
     row = await cur.fetchone()
     assert row is not None
     return row[0]
+
+
+async def notify_probe(conn: AsyncConnection, channel: str) -> str:
+    cur = await conn.execute("SELECT runrow.notify_probe(channel => %s)", (channel,))
+    row = await cur.fetchone()
+    assert row is not None
+    return str(row[0])

@@ -89,8 +89,12 @@ def check_binaries() -> None:
         )
 
 
-def start(fsync: bool = False) -> Cluster:
-    """initdb + start a cluster and create the runrow database owned by runrow_admin."""
+def start(fsync: bool = False, listen_addresses: str = "", trusted_networks: tuple[str, ...] = ()) -> Cluster:
+    """initdb + start a cluster and create the runrow database owned by runrow_admin.
+
+    By default it listens on its Unix socket only. The network fault tests give it an address
+    of their own test hosts (`listen_addresses`, e.g. the root end of a veth pair) and the
+    networks whose clients it trusts as it trusts local ones (`trusted_networks`, CIDR)."""
     check_binaries()
     os_user = "postgres" if os.geteuid() == 0 else None
     root = tempfile.mkdtemp(prefix="runrow-pg-")
@@ -120,8 +124,11 @@ def start(fsync: bool = False) -> Cluster:
             ],
             os_user,
         )
+        if trusted_networks:
+            with open(os.path.join(datadir, "pg_hba.conf"), "a") as hba:
+                hba.writelines(f"host all all {network} trust\n" for network in trusted_networks)
         opts = (
-            f"-c listen_addresses='' -c unix_socket_directories={sockdir} -c port={PORT} "
+            f"-c listen_addresses='{listen_addresses}' -c unix_socket_directories={sockdir} -c port={PORT} "
             f"-c fsync={'on' if fsync else 'off'} -c synchronous_commit={'on' if fsync else 'off'} "
             "-c full_page_writes=off -c max_connections=200 -c shared_buffers=128MB "
             "-c log_min_messages=warning -c max_locks_per_transaction=256"
@@ -198,8 +205,10 @@ def restart(cluster: Cluster, mode: str = "immediate") -> None:
 
 
 @contextlib.contextmanager
-def throwaway(fsync: bool = False) -> Iterator[Cluster]:
-    cluster = start(fsync=fsync)
+def throwaway(
+    fsync: bool = False, listen_addresses: str = "", trusted_networks: tuple[str, ...] = ()
+) -> Iterator[Cluster]:
+    cluster = start(fsync=fsync, listen_addresses=listen_addresses, trusted_networks=trusted_networks)
     try:
         yield cluster
     finally:

@@ -6,8 +6,11 @@ duplicate (reconnect wake) signals; every consumer also polls on its own timeout
 
 A single supervisor task owns the connection and every LISTEN/UNLISTEN: subscribers only
 change the in-process subscriber map and nudge the supervisor, so a reconnect (which re-LISTENs
-the whole map) can never race a subscribe. The connection is opened directly, never through a
-pool or a transaction-pooling bouncer: LISTEN needs a session that lives as long as the hub.
+the whole map) can never race a subscribe. The connection must be direct, never through a
+pool or a transaction-pooling bouncer: LISTEN needs a session that lives as long as the hub, and
+pgbouncer in transaction mode drops notifications without an error. `self_test` catches that
+misconfiguration at start (a NOTIFY of our own through the pool that never arrives) and says so
+in the log; everything still works then, at the pace of the poll tick.
 """
 
 from __future__ import annotations
@@ -16,15 +19,23 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+from pyworker.db import api
 
 log = logging.getLogger("runrow.hub")
 
 RECONNECT_WAKE = ""  # payload put into every queue after a reconnect: re-read, something may have changed
+
+POOLED_WARNING = "LISTEN URL looks pooled: wakes will wait for the poll tick; pass --listen-url"
+SELF_TEST_TIMEOUT = 2.0
 
 
 class Hub:
@@ -98,6 +109,37 @@ class Hub:
                 if not subs:
                     del self._subscribers[channel]
                     self._nudges.put_nowait(None)
+
+    async def self_test(self, pool: AsyncConnectionPool, timeout: float = SELF_TEST_TIMEOUT) -> bool | None:  # noqa: ASYNC109
+        """LISTEN on a fresh private channel, NOTIFY it through `pool` (runrow.notify_probe), and
+        wait up to `timeout` for it to arrive. False, with the POOLED_WARNING in the log, when it
+        never does: the hub's URL goes through a pooler that drops notifications. None when the
+        test could not run (the hub or the pool is down: each logs that on its own)."""
+        if not await self.wait_connected(5):
+            return None
+        channel = f"runrow_probe_{uuid.uuid4().hex}"
+        async with self.subscribe(channel) as queue:
+            session = self.backend_pid
+            if channel not in self._listening:
+                return None  # the hub went down meanwhile
+            try:
+                async with pool.connection() as conn:
+                    await api.notify_probe(conn, channel)
+            except psycopg.Error as exc:
+                log.warning("hub self-test could not NOTIFY through the pool: %s", exc)
+                return None
+            deadline = time.monotonic() + timeout
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    if await asyncio.wait_for(queue.get(), left) == channel:
+                        log.info("hub self-test: NOTIFY through the pool reached the hub")
+                        return True
+                except TimeoutError:
+                    break
+            if self.backend_pid != session:
+                return None  # it reconnected meanwhile and may have missed it: no verdict
+        log.warning("%s (a NOTIFY through the pool did not arrive within %.0f s)", POOLED_WARNING, timeout)
+        return False
 
     def _deliver(self, channel: str, payload: str) -> None:
         for queue in list(self._subscribers.get(channel, ())):

@@ -3,8 +3,12 @@
 The migrations in migrations/ are the only DDL history. functions/ holds the API as
 CREATE OR REPLACE files and is re-applied on every migrate, so editing a function and
 migrating updates it without a new migration. Two migrates started at once serialize on
-a session advisory lock taken before yoyo touches anything, so they never race on
-yoyo's own bookkeeping tables either.
+an advisory lock taken before yoyo touches anything, so they never race on yoyo's own
+bookkeeping tables either. The lock is transaction-scoped, held by a transaction left open for
+the whole migrate: a session lock taken through a transaction pooler stays behind on whichever
+server connection took it, its unlock lands on another one, and every later migrate waits on it
+forever. (yoyo itself sets search_path per session, so run migrations on a direct URL anyway;
+sql/install.sql is one transaction and works through a pooler.)
 """
 
 from __future__ import annotations
@@ -18,12 +22,12 @@ import psycopg
 from yoyo import get_backend, read_migrations
 
 from pyworker.db.paths import FUNCTIONS_DIR, MIGRATIONS_DIR
+from pyworker.db.pooling import POOLER_SAFE
 
 log = logging.getLogger("runrow.migrate")
 
 # pg_advisory_lock key shared by `runrow migrate` and sql/install.sql: hashtext('runrow.migrate').
-LOCK_SQL = "SELECT pg_advisory_lock(hashtext('runrow.migrate'))"
-UNLOCK_SQL = "SELECT pg_advisory_unlock(hashtext('runrow.migrate'))"
+LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtext('runrow.migrate'))"
 YOYO_SCHEMA = "runrow"
 
 
@@ -54,11 +58,13 @@ def yoyo_uri(database_url: str) -> str:
 def migrate(
     database_url: str, migrations_dir: Path = MIGRATIONS_DIR, functions_dir: Path = FUNCTIONS_DIR
 ) -> MigrateResult:
-    with psycopg.connect(database_url, autocommit=True) as lock_conn:
+    # Not autocommit: the lock lives as long as lock_conn's transaction, which writes nothing.
+    with psycopg.connect(database_url, **POOLER_SAFE) as lock_conn:
         lock_conn.execute(LOCK_SQL)
         try:
-            # yoyo keeps its tables in our schema, which must exist before it connects.
-            lock_conn.execute("CREATE SCHEMA IF NOT EXISTS runrow")
+            # yoyo keeps its tables in our schema, which must exist (committed) before it connects.
+            with psycopg.connect(database_url, autocommit=True, **POOLER_SAFE) as conn:
+                conn.execute("CREATE SCHEMA IF NOT EXISTS runrow")
             backend = get_backend(yoyo_uri(database_url))
             migrations = read_migrations(str(migrations_dir))
             pending = backend.to_apply(migrations)
@@ -70,15 +76,15 @@ def migrate(
                 raise MigrateError(f"migration failed, nothing of it was kept: {exc}") from exc
             backend.connection.close()
             files = function_files(functions_dir)
-            with psycopg.connect(database_url) as conn, conn.transaction():
+            with psycopg.connect(database_url, **POOLER_SAFE) as conn, conn.transaction():
                 for path in files:
                     try:
                         conn.execute(path.read_text())  # type: ignore[arg-type]
                     except psycopg.Error as exc:
                         raise MigrateError(f"functions/{path.name}: {exc}") from exc
+                version = conn.execute("SELECT runrow.schema_version()").fetchone()[0]  # type: ignore[index]
             for mid in applied:
                 log.info("applied migration %s", mid)
-            version = lock_conn.execute("SELECT runrow.schema_version()").fetchone()[0]  # type: ignore[index]
         finally:
-            lock_conn.execute(UNLOCK_SQL)
+            lock_conn.rollback()  # ends the transaction and with it the lock
     return MigrateResult(applied=applied, functions=[p.stem for p in files], version=version)

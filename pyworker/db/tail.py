@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 # How often a tail re-reads when no notification can reach it (no hub, or hub down).
 POLL_INTERVAL = 1.0
+# The first re-read after a wake whose rows were not readable yet; doubles up to the poll interval.
+CATCH_UP_FIRST = 0.01
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "dead"})
 
@@ -75,6 +77,7 @@ async def tail(
     keepalive: float = 15.0,
     page: int = 500,
     poll_interval: float = POLL_INTERVAL,
+    replica: bool = False,
 ) -> AsyncIterator[TailItem]:
     """Yield the run's events with seq > from_seq, in order, ending after the first `complete`.
 
@@ -86,20 +89,28 @@ async def tail(
     Yields a Keepalive after `keepalive` seconds without events. Raises RunNotFound for an
     unknown run. With `hub` None, or while the hub is disconnected, it re-reads every
     `poll_interval` seconds instead of waiting for a notification.
+
+    `replica`: `pool` reads a hot standby while `hub` listens on the primary. The standby shows
+    a prefix of the primary's commits, so a run it does not have yet is lag, not absence (the
+    caller checked the primary), and a notification can arrive before the rows it announces:
+    the tail then re-reads, backing off up to `poll_interval`, until it has reached the seq the
+    notification named.
     """
     cursor = from_seq
     loop = asyncio.get_running_loop()
     subscription = hub.subscribe(events_channel(run_id)) if hub is not None else _no_subscription()
+    announced = 0  # the highest seq a notification named: the primary has journaled that far
+    catch_up = 0.0
     async with subscription as queue:
         last_yield = loop.time()
         while True:
             # Clear pending wakes before reading, never after: a wake that arrives after
             # this point is for a row the read below may not see, and must survive.
-            _drain(queue)
+            announced = max(announced, _drain(queue))
             # A hub that is down now may have missed the notification for a row committed
             # before it re-LISTENs; only a wait that began with the hub up can trust it.
             trusted = hub is not None and hub.connected
-            events = await _read(pool, run_id, cursor, page)
+            events = await _read(pool, run_id, cursor, page, missing_ok=replica)
             for event in events:
                 if seen_the_end(event):
                     return  # the journal's own complete is at or before the cursor
@@ -116,7 +127,14 @@ async def tail(
                 yield Keepalive()
             until_keepalive = max(0.0, keepalive - (loop.time() - last_yield))
             timeout = until_keepalive if trusted else min(poll_interval, until_keepalive)
-            await _wait(queue, timeout)
+            if cursor < announced:
+                # The rows a wake announced are not readable here yet (a lagging standby), and
+                # that wake is spent: no later one may come (a complete is the last).
+                catch_up = min(poll_interval, max(CATCH_UP_FIRST, catch_up * 2))
+                timeout = min(timeout, catch_up)
+            else:
+                catch_up = 0.0
+            announced = max(announced, await _wait(queue, timeout))
 
 
 def seen_the_end(event: Event) -> bool:
@@ -160,31 +178,46 @@ async def run_status(pool: AsyncConnectionPool, run_id: UUID) -> str:
     return str(row[0])
 
 
-async def _read(pool: AsyncConnectionPool, run_id: UUID, cursor: int, page: int) -> list[Event]:
+async def _read(
+    pool: AsyncConnectionPool, run_id: UUID, cursor: int, page: int, *, missing_ok: bool = False
+) -> list[Event]:
     # A pooled connection per read: a tail holds no connection while it waits.
     try:
         async with pool.connection() as conn:
             return await read_events(conn, run_id, cursor, page)
     except psycopg.errors.NoDataFound as exc:
+        if missing_ok:
+            return []
         raise RunNotFound(run_id) from exc
 
 
-def _drain(queue: asyncio.Queue[Any] | None) -> None:
+def _drain(queue: asyncio.Queue[Any] | None) -> int:
+    """Empty the queue; the highest seq its payloads named (the hub's reconnect wake names none)."""
+    highest = 0
     if queue is None:
-        return
+        return highest
     while True:
         try:
-            queue.get_nowait()
+            payload = queue.get_nowait()
         except asyncio.QueueEmpty:
-            return
+            return highest
+        highest = max(highest, _seq(payload))
 
 
-async def _wait(queue: asyncio.Queue[Any] | None, seconds: float) -> None:
+async def _wait(queue: asyncio.Queue[Any] | None, seconds: float) -> int:
+    """Sleep until a wake or the timeout; the seq the wake named (0: none, or no wake)."""
     if queue is None:
         await asyncio.sleep(seconds)
-        return
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(queue.get(), timeout=seconds)
+        return 0
+    try:
+        return _seq(await asyncio.wait_for(queue.get(), timeout=seconds))
+    except TimeoutError:
+        return 0
+
+
+def _seq(payload: object) -> int:
+    # Journal wakes carry the run's last seq; the hub's reconnect wake carries nothing.
+    return int(payload) if isinstance(payload, str) and payload.isdigit() else 0
 
 
 @contextlib.asynccontextmanager

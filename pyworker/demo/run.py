@@ -42,6 +42,7 @@ from pyworker.db import api, devdb
 from pyworker.db import steps as steps_api
 from pyworker.db.hub import Hub
 from pyworker.db.migrate import migrate
+from pyworker.db.pooling import POOLER_SAFE
 from pyworker.db.tail import Keepalive, tail
 from pyworker.demo.render import EventPrinter, Screen, short, table
 
@@ -292,7 +293,9 @@ async def _follow(
     from pyworker.demo import tools as demo_tools
 
     live = Live()
-    pool = AsyncConnectionPool(url, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False)
+    pool = AsyncConnectionPool(
+        url, min_size=1, max_size=4, kwargs={"autocommit": True, **POOLER_SAFE}, open=False
+    )
     await pool.open(wait=True, timeout=30)
     hub = Hub(url, application_name="runrow-demo")
     try:
@@ -502,7 +505,7 @@ async def _read_back(url: str, live: Live) -> tuple[list[api.Event], list[steps_
 async def _connect(url: str) -> Any:
     import psycopg
 
-    return await psycopg.AsyncConnection.connect(url, autocommit=True)
+    return await psycopg.AsyncConnection.connect(url, autocommit=True, **POOLER_SAFE)
 
 
 def _step_origins(events: list[api.Event]) -> tuple[dict[int, int], dict[int, str | None]]:

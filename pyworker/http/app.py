@@ -6,6 +6,7 @@ lifespan. Nothing else is kept in memory: any instance can serve any run.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -14,11 +15,13 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 
 from pyworker.db.hub import Hub
+from pyworker.db.pooling import POOLER_SAFE
 from pyworker.http import routes_approvals, routes_page, routes_runs
 from pyworker.http.auth import authenticator_for
 from pyworker.http.config import ServeConfig
 from pyworker.http.context import Services
 from pyworker.http.errors import EXCEPTION_HANDLERS
+from pyworker.http.replica import open_replica
 from pyworker.http.sse import StreamStats
 
 log = logging.getLogger("runrow.http")
@@ -33,19 +36,29 @@ def create_app(config: ServeConfig) -> Starlette:
             config.database_url,
             min_size=config.pool_min_size,
             max_size=config.pool_max_size,
-            kwargs={"autocommit": True, "application_name": "runrow-serve"},
+            kwargs={"autocommit": True, "application_name": "runrow-serve", **POOLER_SAFE},
             open=False,
         )
         await pool.open(wait=True, timeout=30)
-        hub = Hub(config.database_url, application_name="runrow-serve-hub")
+        replica = await open_replica(config) if config.replica_url is not None else None
+        # LISTEN on the primary (directly, not through a pooler): a standby in recovery refuses
+        # LISTEN, and a transaction pooler drops notifications.
+        hub = Hub(config.listen_url or config.database_url, application_name="runrow-serve-hub")
         await hub.start()
         await hub.wait_connected(5)  # not required: tails poll while the hub is down
-        app.state.services = Services(config, authenticate, pool, hub, StreamStats())
+        # Warns when the LISTEN URL goes through a pooler that drops notifications.
+        self_test = asyncio.create_task(hub.self_test(pool), name="runrow-serve-hub-self-test")
+        app.state.services = Services(config, authenticate, pool, hub, StreamStats(), replica)
         log.info("runrow serve ready (model %s, auth %s)", config.model, _auth_name(config))
         try:
             yield
         finally:
+            self_test.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self_test
             await hub.stop()
+            if replica is not None:
+                await replica.pool.close()
             await pool.close()
 
     return Starlette(

@@ -31,3 +31,8 @@ class ServeConfig:
     max_body_bytes: int = MAX_BODY_BYTES
     pool_min_size: int = 1
     pool_max_size: int = 10
+    # A hot standby that event streams read journals from (the primary still serves everything
+    # else and the LISTEN); None reads them from the primary.
+    replica_url: str | None = None
+    # A direct URL for the hub's LISTEN when database_url goes through a transaction pooler.
+    listen_url: str | None = None

@@ -13,6 +13,7 @@ from starlette.responses import Response
 from pyworker.db.hub import Hub
 from pyworker.http.auth import authenticated_user
 from pyworker.http.config import Authenticate, ServeConfig
+from pyworker.http.replica import Replica
 from pyworker.http.sse import StreamStats
 
 
@@ -23,6 +24,8 @@ class Services:
     pool: AsyncConnectionPool
     hub: Hub
     streams: StreamStats
+    # The hot standby event streams read journals from (--replica-url), if any.
+    replica: Replica | None = None
 
 
 def services(request: Request) -> Services:

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from pyworker.db import api, nul
-from pyworker.db.tail import CursorPastEnd, check_cursor
+from pyworker.db.tail import CursorPastEnd
 from pyworker.http import queries
 from pyworker.http.bodies import (
     check_json,
@@ -31,6 +31,7 @@ from pyworker.http.bodies import (
 )
 from pyworker.http.context import Services, authenticated
 from pyworker.http.errors import ApiError, not_found
+from pyworker.http.replica import open_stream, watched
 from pyworker.http.sse import EventStreamResponse, event_frames
 
 ENQUEUE_FIELDS = {"content", "model", "system", "tools", "max_attempts", "metadata", "if_active"}
@@ -194,7 +195,7 @@ async def events(request: Request, svc: Services, user: str) -> Response:
     name, from_seq = max(cursors.items(), key=lambda item: item[1])
     await owned_run(svc, run_id, user)
     try:
-        seen_the_end = await check_cursor(svc.pool, run_id, from_seq)
+        seen_the_end, source = await open_stream(svc, run_id, from_seq)
     except CursorPastEnd:
         # Streaming would send keepalives until the run ends and then nothing: the cursor is
         # stale or another run's. A 4xx also stops an EventSource from reconnecting with it.
@@ -208,8 +209,16 @@ async def events(request: Request, svc: Services, user: str) -> Response:
         # The client has seen the complete: 204 tells an EventSource to stop reconnecting.
         return Response(status_code=204, headers={"Cache-Control": "no-cache"})
     frames = event_frames(
-        svc.pool, svc.hub, run_id, from_seq, svc.config.keepalive_seconds, svc.config.poll_seconds
+        source.pool,
+        svc.hub,
+        run_id,
+        from_seq,
+        svc.config.keepalive_seconds,
+        svc.config.poll_seconds,
+        replica=source.replica,
     )
+    if source.replica:
+        frames = watched(frames, svc.replica)
     return EventStreamResponse(frames, svc.streams)
 
 

@@ -48,10 +48,19 @@ def frame(event: Event) -> bytes:
 
 
 async def event_frames(
-    pool: AsyncConnectionPool, hub: Hub | None, run_id: UUID, from_seq: int, keepalive: float, poll: float
+    pool: AsyncConnectionPool,
+    hub: Hub | None,
+    run_id: UUID,
+    from_seq: int,
+    keepalive: float,
+    poll: float,
+    *,
+    replica: bool = False,
 ) -> AsyncIterator[bytes]:
     yield f"retry: {RETRY_MS}\n\n".encode()
-    items = tail(pool, hub, run_id, from_seq=from_seq, keepalive=keepalive, poll_interval=poll)
+    items = tail(
+        pool, hub, run_id, from_seq=from_seq, keepalive=keepalive, poll_interval=poll, replica=replica
+    )
     async with aclosing(items) as stream:
         async for item in stream:
             yield KEEPALIVE if isinstance(item, Keepalive) else frame(item)

@@ -20,6 +20,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.db.hub import Hub
+from pyworker.db.pooling import POOLER_SAFE, accepted_kwargs
 from pyworker.db.session_limits import worker_connection_kwargs
 from pyworker.worker.dispatcher import Dispatcher
 from pyworker.worker.handler import RunHandler
@@ -78,6 +79,7 @@ class Worker:
         pool_size: int | None = None,
         flush_interval: float = 0.25,
         session_limits: bool = True,
+        listen_conninfo: str | None = None,
     ) -> None:
         settings = {
             "concurrency": concurrency,
@@ -94,6 +96,8 @@ class Worker:
             if value is not None or name not in ("trim_after", "pool_size"):  # None: never trim / the default
                 check_setting(name, value)
         self.conninfo = conninfo
+        # The hub's LISTEN needs a direct session; the pool may go through a transaction pooler.
+        self.listen_conninfo = listen_conninfo or conninfo
         self.concurrency = concurrency
         self.lease_seconds = lease_seconds
         self.drain_seconds = drain_seconds
@@ -136,16 +140,28 @@ class Worker:
                 loop.add_signal_handler(sig, self._on_signal, sig)
         # PostgreSQL itself ends this process's sessions within about a lease if it freezes
         # or vanishes inside a transaction, so its row locks cannot stall reapers and stops.
-        limits = worker_connection_kwargs(self.conninfo, self.lease_seconds) if self.session_limits else {}
+        limits: dict[str, Any] = {}
+        hub_limits: dict[str, Any] = {}
+        if self.session_limits:
+            limits = await accepted_kwargs(
+                self.conninfo,
+                worker_connection_kwargs(self.conninfo, self.lease_seconds),
+                what="worker pool",
+            )
+            hub_limits = await accepted_kwargs(
+                self.listen_conninfo,
+                worker_connection_kwargs(self.listen_conninfo, self.lease_seconds),
+                what="worker hub (LISTEN)",
+            )
         pool = AsyncConnectionPool(
             self.conninfo,
             min_size=1,
             max_size=self.pool_size,
-            kwargs={"autocommit": True, "application_name": "runrow-worker", **limits},
+            kwargs={"autocommit": True, "application_name": "runrow-worker", **POOLER_SAFE, **limits},
             open=False,
         )
         await pool.open(wait=True, timeout=30)
-        hub = self.hub = Hub(self.conninfo, connect_kwargs=limits)
+        hub = self.hub = Hub(self.listen_conninfo, connect_kwargs=hub_limits)
         await hub.start()
         await hub.wait_connected(5)  # not required: without it the worker polls
         writer = JournalWriter(pool, interval=self.flush_interval, retry_budget=self.lease_seconds)
@@ -172,6 +188,8 @@ class Worker:
                 ),
                 name="runrow-reaper",
             ),
+            # Warns when the LISTEN URL goes through a pooler that drops notifications.
+            asyncio.create_task(hub.self_test(pool), name="runrow-hub-self-test"),
         ]
         await dispatcher.start()
         log.info(

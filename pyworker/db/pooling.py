@@ -1,0 +1,57 @@
+"""Connections that work through a transaction-mode pooler (pgbouncer), by construction.
+
+In transaction pooling each transaction may run on another server connection, so nothing may
+outlive a transaction on the server side:
+
+- No server-side prepared statements. psycopg prepares a query after five executions
+  (`_pg3_N`); through pgbouncer the next transaction lands elsewhere and fails with
+  `prepared statement "_pg3_10" does not exist`, or — two clients' statements of the same name
+  — binds one client's parameters to another's statement. The pooler cannot be seen from the
+  client, so every connection runrow opens (except the hub's, which must be direct anyway) is
+  made with `prepare_threshold=None`. Measured on the 2-core test box, direct over a Unix
+  socket: 0.1–0.4 ms more per call (heartbeat 0.31 → 0.57 ms, an empty claim_runs 1.08 →
+  1.47 ms); the functions' own plans are cached inside PL/pgSQL either way. A worker makes a
+  few such calls per run and second, so this is well under a percent of one core.
+- No session settings. The worker's per-session limits (session_limits.py) travel in the
+  `options` startup parameter, which pgbouncer refuses ("unsupported startup parameter:
+  options") unless `ignore_startup_parameters` lists it — and then drops. `accepted_kwargs`
+  connects once and, on that refusal, goes on without `options` and says what to set
+  server-side instead.
+- Advisory locks only transaction-scoped (the SQL functions' `pg_advisory_xact_lock`, migrate's).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+
+log = logging.getLogger("runrow.db")
+
+POOLER_SAFE: dict[str, Any] = {"prepare_threshold": None}
+
+REFUSED_OPTIONS = "unsupported startup parameter: options"
+
+
+async def accepted_kwargs(conninfo: str, kwargs: dict[str, Any], *, what: str) -> dict[str, Any]:
+    """`kwargs`, less `options` when the server on `conninfo` (a pooler) refuses that startup
+    parameter. Any other connection error is left for the caller's pool to retry and report."""
+    if "options" not in kwargs:
+        return kwargs
+    try:
+        conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True, connect_timeout=10, **kwargs)
+    except psycopg.OperationalError as exc:
+        if REFUSED_OPTIONS not in str(exc):
+            return kwargs
+        log.warning(
+            "%s: the server refuses the options startup parameter (a pooler such as pgbouncer): "
+            "connecting without the per-session limits, so set idle_in_transaction_session_timeout, "
+            "tcp_keepalives_* and tcp_user_timeout server-side (ALTER ROLE ... SET, or the pooler's "
+            "idle_transaction_timeout and tcp_* settings; README, Deployment), or a cut-off worker "
+            "keeps its locks until TCP notices",
+            what,
+        )
+        return {key: value for key, value in kwargs.items() if key != "options"}
+    await conn.close()
+    return kwargs

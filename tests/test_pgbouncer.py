@@ -1,0 +1,176 @@
+"""Through a real transaction pooler: Debian's pgbouncer 1.18, pool_mode = transaction, in front
+of the test cluster (pyworker.db.pgbouncer), with fewer server connections than clients.
+
+Real worker processes whose DATABASE_URL goes through it complete every run exactly once (no
+`prepared statement "_pg3_N" does not exist`, no double claim: attempt 1 each); with a direct
+--listen-url the enqueue wakes them by NOTIFY, with a 30 s poll tick that would otherwise be
+the only way to learn of a run. Without --listen-url the hub's self-test warns that the LISTEN
+URL looks pooled, for `runrow worker` and `runrow serve` alike. `runrow migrate`'s advisory
+lock is transaction-scoped, so a pooler cannot leave it behind on a server connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+
+import httpx
+import psycopg
+import pytest
+from http_support import ALICE, serve
+from worker_support import (
+    WorkerProcess,
+    db,
+    enqueue_echo,
+    events,
+    run_row,
+    status,
+    wait_until,
+    worker_db,
+)
+
+from pyworker.db import migrate as migrate_module
+from pyworker.db import pgbouncer
+from pyworker.db.devdb import DevDbError, temporary_database
+from pyworker.db.hub import POOLED_WARNING
+from pyworker.db.pooling import REFUSED_OPTIONS
+
+__all__ = ["db", "worker_db"]
+
+PREPARED = ("prepared statement", "bind message supplies")
+
+
+@pytest.fixture(scope="module")
+def bouncer(database_url: str) -> Iterator[pgbouncer.Bouncer]:
+    try:
+        pgbouncer.check_binary()
+    except DevDbError as exc:
+        pytest.skip(str(exc))
+    # 4 server connections for each database, shared by every client of the test: each
+    # transaction of a worker can land on another one, which is what breaks session state.
+    with pgbouncer.running(database_url, pool_size=4) as b:
+        yield b
+
+
+@pytest.fixture
+def spawn(worker_db: str, bouncer: pgbouncer.Bouncer) -> Iterator[Callable[..., WorkerProcess]]:
+    """A worker process whose DATABASE_URL goes through pgbouncer."""
+    started: list[WorkerProcess] = []
+
+    def _spawn(name: str, *args: str) -> WorkerProcess:
+        w = WorkerProcess(bouncer.url_for(worker_db), name, list(args))
+        started.append(w)
+        return w.wait_started()
+
+    yield _spawn
+    for w in started:
+        w.close()
+
+
+def claims(conn: psycopg.Connection, run_id: uuid.UUID) -> int:
+    return sum(1 for e in events(conn, run_id) if e["type"] == "run_claimed")
+
+
+def test_workers_through_pgbouncer_complete_every_run_once_and_wake_by_notify(
+    db: psycopg.Connection, worker_db: str, spawn: Callable[..., WorkerProcess], bouncer: pgbouncer.Bouncer
+) -> None:
+    # A 30 s poll: after the boot claim, only a NOTIFY on the direct LISTEN URL can wake them
+    # within the test's deadlines. Short leases make heartbeats frequent; the grace leaves a
+    # beat queued behind busy server connections on a loaded box room before a reaper acts.
+    args = ("--listen-url", worker_db, "--poll", "30", "--lease", "3", "--grace", "5", "--reap-interval", "1")
+    workers = [spawn(name, *args, "--concurrency", "4") for name in ("pool-a", "pool-b")]
+    for w in workers:
+        w.wait_log("hub self-test: NOTIFY through the pool reached the hub")
+
+    runs = [enqueue_echo(db, f"answer {i} " * 8, duration=0.6) for i in range(40)]
+    wait_until(
+        lambda: all(status(db, r) == "completed" for r in runs),
+        60,
+        "40 runs through pgbouncer to complete\n" + "\n".join(w.log() for w in workers),
+    )
+    for r in runs:
+        row = run_row(db, r)
+        assert (row["status"], row["attempt"]) == ("completed", 1), row
+        assert claims(db, r) == 1
+        kinds = [e["type"] for e in events(db, r)]
+        assert kinds.count("complete") == 1 and kinds[-1] == "complete"
+    assert db.execute("SELECT * FROM runrow.audit()").fetchall() == []
+
+    # The workers are idle now, parked on the 30 s tick: a run enqueued now is claimed within
+    # seconds only because the enqueue's NOTIFY reached a hub through the direct URL.
+    late = enqueue_echo(db, "woken", duration=0.1)
+    wait_until(lambda: status(db, late) != "queued", 5, "the NOTIFY to wake a worker (the poll is 30 s)")
+    wait_until(lambda: status(db, late) == "completed", 15, "the woken run to complete")
+
+    for w in workers:
+        log = w.log()
+        assert not [line for line in log.splitlines() if any(p in line for p in PREPARED)], log
+        assert "Traceback" not in log and "claim failed" not in log, log
+        assert POOLED_WARNING not in log
+        # pgbouncer refuses the options startup parameter: the pool goes on without the
+        # server-side limits and says so; the direct hub keeps them.
+        assert "worker pool: the server refuses the options startup parameter" in log
+        assert "worker hub (LISTEN): the server refuses" not in log
+    assert REFUSED_OPTIONS in bouncer.log()  # the refusal really came from pgbouncer
+    assert "prepared statement" not in bouncer.log()
+
+
+def test_a_worker_whose_hub_goes_through_pgbouncer_warns_and_still_works_by_polling(
+    db: psycopg.Connection, spawn: Callable[..., WorkerProcess]
+) -> None:
+    w = spawn("pooled-hub", "--poll", "0.5", "--lease", "3")
+    w.wait_log(POOLED_WARNING)
+    run = enqueue_echo(db, "polled", duration=0.1)
+    wait_until(lambda: status(db, run) == "completed", 20, f"the run to complete by polling\n{w.log()}")
+    assert run_row(db, run)["attempt"] == 1
+
+
+def test_serve_warns_when_its_hub_goes_through_pgbouncer_and_not_with_a_listen_url(
+    worker_db: str, bouncer: pgbouncer.Bouncer, caplog: pytest.LogCaptureFixture
+) -> None:
+    pooled = bouncer.url_for(worker_db)
+    caplog.set_level(logging.INFO, logger="runrow.hub")
+    for server in serve(pooled, listen_url=worker_db):
+        wait_until(lambda: "reached the hub" in caplog.text, 10, "the self-test to pass")
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            answer = client.post(f"/conversations/{uuid.uuid4()}/runs", json={"content": "hi"}, headers=ALICE)
+            assert answer.status_code == 202, answer.text
+    assert POOLED_WARNING not in caplog.text
+
+    caplog.clear()
+    for _server in serve(pooled):
+        wait_until(lambda: POOLED_WARNING in caplog.text, 10, "the self-test to warn")
+
+
+def test_migrate_leaves_no_advisory_lock_behind_a_transaction_pooler(
+    database_url: str, bouncer: pgbouncer.Bouncer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another client takes the pooler's most recently used server connection — the one that
+    took migrate's lock — while migrate works. A session lock would stay there, held by a
+    server connection nobody owns (its unlock runs elsewhere) and every later migrate would
+    wait forever; a lock of migrate's own open transaction cannot."""
+    with temporary_database(database_url, "runrow_pooled_migrate", migrated=False) as direct:
+        pooled = bouncer.url_for(direct)
+        others: list[psycopg.Connection] = []
+        real_get_backend = migrate_module.get_backend
+
+        def get_backend(uri: str):  # type: ignore[no-untyped-def]
+            other = psycopg.connect(pooled)  # not autocommit: it holds its server connection
+            other.execute("SELECT 1")
+            others.append(other)
+            return real_get_backend(uri)
+
+        monkeypatch.setattr(migrate_module, "get_backend", get_backend)
+        try:
+            result = migrate_module.migrate(pooled)
+            assert result.version is not None
+            with psycopg.connect(direct, autocommit=True) as conn:
+                held = conn.execute(
+                    "SELECT l.pid FROM pg_locks AS l JOIN pg_database AS d ON d.oid = l.database"
+                    " WHERE l.locktype = 'advisory' AND d.datname = current_database()"
+                ).fetchall()
+            assert held == [], "migrate's advisory lock outlived the migrate"
+        finally:
+            for other in others:
+                other.close()
