@@ -1240,6 +1240,93 @@ INSERT INTO runrow._yoyo_migration VALUES ('b09276bcaf13c29577fc50025348b96747f5
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'b09276bcaf13c29577fc50025348b96747f5bb024604cc819e737111c608a8c6', '0014_interrupted_tool_calls', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0021_claim_blocked_turns
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '6a6f8e8af44cee8ba08534ff0ee851583913010c667fb93f65179ab5e1db70e0') AS apply_6a6f8e8af44c \gset
+\if :apply_6a6f8e8af44c
+-- A claim's cost must depend on what it claims, not on the queue behind it. The claim walks
+-- agent_run_claimable in enqueue order and skips every turn that waits behind an active or
+-- earlier turn of its conversation; when every conversation with queued turns already has a
+-- running one, a claim that finds nothing walked the whole queue (measured: 10 000 blocked
+-- turns, 67 630 buffers per empty claim, on every idle wake of every worker; with the mark, 30,
+-- and 2 once vacuum has run; marking costs about 37 buffers per turn, once).
+--
+-- claim_blocked marks a queued turn that a claim found waiting behind another turn of its
+-- conversation, and agent_run_claimable leaves it out, so later claims never read it again.
+-- It is a filter, not an invariant: the unique index of invariant 1 and the turn-order check
+-- of the guard trigger stay the guarantee, and a turn wrongly left unmarked only costs a
+-- claim a probe. The one thing that must never happen is a mark that outlives its reason (the
+-- turn would never be claimed), so:
+--   - enqueue and retry insert turns unmarked (the default) and never decide it;
+--   - the claim marks a turn only under its row lock (FOR UPDATE SKIP LOCKED), after
+--     re-checking with a fresh snapshot that the turn is still blocked;
+--   - when a turn leaves the open set (queued, running, waiting -> terminal), the trigger
+--     below locks the conversation's next open turn FOR KEY SHARE (which the claim's FOR
+--     UPDATE conflicts with) and clears its mark. Either the claim marked it first (the
+--     trigger waits for that commit, then clears it) or the trigger holds the lock first
+--     (the claim skips the row, and its next look sees the ended turn).
+-- A running turn that goes back to queued (reaper, release, approval) was claimed unmarked
+-- and stays so. audit() reports a marked turn with nothing ahead of it.
+-- depends: 0014_interrupted_tool_calls
+
+ALTER TABLE runrow.agent_run ADD COLUMN claim_blocked boolean NOT NULL DEFAULT false;
+
+COMMENT ON COLUMN runrow.agent_run.claim_blocked IS
+'A queued turn that a claim found waiting behind an active or earlier turn of its '
+'conversation; left out of agent_run_claimable until that turn ends. Written only by the claim '
+'(set) and the agent_run_unblock_next_turn trigger (cleared).';
+
+-- Same name and key as before, so the claim's walk and its plan do not change; only the
+-- blocked turns leave it. Built within the migration's transaction: the queue is small.
+DROP INDEX runrow.agent_run_claimable;
+CREATE INDEX agent_run_claimable ON runrow.agent_run (enqueue_seq)
+WHERE status = 'queued' AND NOT claim_blocked;
+
+CREATE FUNCTION runrow._unblock_next_turn() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    nxt record;
+    marked boolean;
+BEGIN
+    -- The conversation's oldest open turn after this one ended. Only a turn younger than the
+    -- ended one can have been waiting on it (an older open turn was ahead of it all along), so
+    -- locks are taken in turn order, the order stop_conversation takes them in.
+    SELECT n.id, n.enqueue_seq, n.status INTO nxt
+    FROM runrow.agent_run AS n
+    WHERE n.conversation_id = NEW.conversation_id
+      AND n.status IN ('queued', 'running', 'waiting')
+    ORDER BY n.enqueue_seq
+    LIMIT 1;
+    IF NOT FOUND OR nxt.status <> 'queued' OR nxt.enqueue_seq < NEW.enqueue_seq THEN
+        RETURN NULL;
+    END IF;
+    -- Locked even when unmarked: a claim that read this turn as blocked before we ended the
+    -- previous one must not mark it after we looked (it locks FOR UPDATE SKIP LOCKED).
+    SELECT n.claim_blocked INTO marked FROM runrow.agent_run AS n
+    WHERE n.id = nxt.id AND n.status = 'queued'
+    FOR KEY SHARE;
+    IF marked THEN
+        UPDATE runrow.agent_run AS n SET claim_blocked = false WHERE n.id = nxt.id;
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._unblock_next_turn() FROM PUBLIC;
+
+CREATE TRIGGER agent_run_unblock_next_turn
+AFTER UPDATE OF status ON runrow.agent_run
+FOR EACH ROW
+WHEN (
+    old.status IN ('queued', 'running', 'waiting')
+    AND new.status IN ('completed', 'failed', 'cancelled', 'dead')
+)
+EXECUTE FUNCTION runrow._unblock_next_turn();
+INSERT INTO runrow._yoyo_migration VALUES ('6a6f8e8af44cee8ba08534ff0ee851583913010c667fb93f65179ab5e1db70e0', '0021_claim_blocked_turns', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '6a6f8e8af44cee8ba08534ff0ee851583913010c667fb93f65179ab5e1db70e0', '0021_claim_blocked_turns', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -1269,6 +1356,11 @@ DECLARE
     got uuid;
     after_seq bigint := 0;
     locked uuid[] := '{}';
+    blocked boolean;
+    -- The re-check under the lock relies on each statement's fresh snapshot, which only
+    -- READ COMMITTED gives; a claim inside a REPEATABLE READ or SERIALIZABLE transaction
+    -- skips blocked turns without marking them.
+    may_mark boolean := current_setting('transaction_isolation') = 'read committed';
 BEGIN
     IF _claim.worker_id = '' OR length(_claim.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or 1 to 200 characters'
@@ -1286,51 +1378,72 @@ BEGIN
         -- has one sensible plan whatever the statistics: an ordered LIMIT 1 step, two probes
         -- by conversation, a point lock. Every statement takes a fresh snapshot, which only
         -- makes the checks see more recent commits; the unique index and the turn-order
-        -- trigger stay the guarantee.
+        -- trigger stay the guarantee. Rows are locked to be claimed, or, when blocked, to be
+        -- marked claim_blocked once (so the walk never reads them again).
         WHILE cardinality(locked) < _claim.max_runs LOOP
-            -- The next queued run in claim order: agent_run_claimable (status = 'queued',
-            -- enqueue_seq). No filter, so LIMIT 1 is one index step, never a sort.
+            -- The next queued run in claim order: agent_run_claimable (status = 'queued' and
+            -- not claim_blocked, enqueue_seq). No other filter, so LIMIT 1 is one index step,
+            -- never a sort, and turns marked blocked are never read (migration 0021).
             SELECT q.id, q.conversation_id, q.enqueue_seq INTO cand
             FROM runrow.agent_run AS q
-            WHERE q.status = 'queued' AND q.enqueue_seq > after_seq
+            WHERE q.status = 'queued' AND NOT q.claim_blocked AND q.enqueue_seq > after_seq
             ORDER BY q.enqueue_seq
             LIMIT 1;
             EXIT WHEN NOT FOUND;
             after_seq := cand.enqueue_seq;
 
             -- Invariant 1 pre-filter (the unique index is the guarantee): served by that
-            -- unique index, agent_run_one_active_per_conversation.
-            CONTINUE WHEN EXISTS (
+            -- unique index, agent_run_one_active_per_conversation. Turn order: only the
+            -- oldest open turn of a conversation (with the first probe, the oldest queued
+            -- one). A turn locked by another claimer is still queued until that claim
+            -- commits, so its successor is never taken instead of it; one we locked
+            -- ourselves is still queued too, so one call takes one turn per conversation.
+            -- status IN (...) matches agent_run_open_by_conversation alone, not
+            -- agent_run_claimable, so the probe never walks the queue.
+            blocked := EXISTS (
                 SELECT 1 FROM runrow.agent_run AS a
                 WHERE a.conversation_id = cand.conversation_id
                   AND a.status IN ('running', 'waiting')
-            );
-            -- Turn order: only the oldest open turn of a conversation (with the check above,
-            -- the oldest queued one). A turn locked by another claimer is still queued until
-            -- that claim commits, so its successor is never taken instead of it; one we
-            -- locked ourselves is still queued too, so one call takes one turn per
-            -- conversation. status IN (...) matches agent_run_open_by_conversation alone, not
-            -- agent_run_claimable, so the probe never walks the queue.
-            CONTINUE WHEN EXISTS (
+            ) OR EXISTS (
                 SELECT 1 FROM runrow.agent_run AS o
                 WHERE o.conversation_id = cand.conversation_id
                   AND o.status IN ('queued', 'running', 'waiting')
                   AND o.enqueue_seq < cand.enqueue_seq
             );
-            -- The lock: one row, skipped if another claimer holds it, re-checked (still
-            -- queued) once locked. Only rows that passed the checks are ever locked, so the
-            -- call never locks more than it claims. Every index whose predicate this WHERE
-            -- implies has a column of it as key (not so for id: agent_run_claimable would
-            -- qualify with no key to descend), so any plan is a point lookup.
+            CONTINUE WHEN blocked AND NOT may_mark;
+            -- The lock: one row, skipped if another claimer (or the trigger that unblocks
+            -- a turn) holds it, re-checked (still queued) once locked. Every index whose
+            -- predicate this WHERE implies has a column of it as key (not so for id:
+            -- agent_run_claimable would qualify with no key to descend), so any plan is a
+            -- point lookup.
             SELECT q.id INTO got
             FROM runrow.agent_run AS q
             WHERE q.conversation_id = cand.conversation_id
               AND q.enqueue_seq = cand.enqueue_seq
               AND q.status = 'queued'
             FOR UPDATE SKIP LOCKED;
-            IF FOUND THEN
-                locked := locked || got;
+            CONTINUE WHEN NOT FOUND;
+            IF blocked THEN
+                -- Mark it so no later claim reads it again, but only if it is still blocked
+                -- now that we hold its lock: these probes take a fresh snapshot, so a turn
+                -- ahead that ended before we locked is seen ended, and one that ends after
+                -- waits for our lock in agent_run_unblock_next_turn and clears the mark.
+                blocked := EXISTS (
+                    SELECT 1 FROM runrow.agent_run AS a
+                    WHERE a.conversation_id = cand.conversation_id
+                      AND a.status IN ('running', 'waiting')
+                ) OR EXISTS (
+                    SELECT 1 FROM runrow.agent_run AS o
+                    WHERE o.conversation_id = cand.conversation_id
+                      AND o.status IN ('queued', 'running', 'waiting')
+                      AND o.enqueue_seq < cand.enqueue_seq
+                );
+                IF blocked THEN
+                    UPDATE runrow.agent_run AS q SET claim_blocked = true WHERE q.id = got;
+                    CONTINUE;
+                END IF;
             END IF;
+            locked := locked || got;
         END LOOP;
 
         RETURN QUERY
@@ -2121,7 +2234,8 @@ BEGIN
 
     -- A claimable turn (no active or earlier queued turn in its conversation) that nobody
     -- claimed for queued_age since it became claimable: since it (re)entered the queue
-    -- (updated_at; nothing else writes a queued row) or the previous turn ended, whichever
+    -- (updated_at; only the claim's blocked mark also writes a queued row, and that is cleared
+    -- when the turn ahead ends) or the previous turn ended, whichever
     -- is later. A turn blocked behind an active one is not reported: the blocker is.
     RETURN QUERY
     SELECT 'queued_too_long'::text, q.id,
@@ -2139,6 +2253,25 @@ BEGIN
     WHERE q.status = 'queued'
       AND NOT coalesce(c.blocked, false)
       AND c.since < now() - audit.queued_age;
+
+    -- A queued turn marked claim_blocked (the claim's note that it waits behind another turn
+    -- of its conversation, which keeps it out of agent_run_claimable) with no active or
+    -- earlier open turn left: no claim would ever take it. Marked turns are queued, so this
+    -- reads the live set only.
+    RETURN QUERY
+    SELECT 'claimable_turn_marked_blocked'::text, q.id,
+           format('queued turn of conversation %s is marked blocked but nothing is ahead of it: '
+                  'no claim will take it (the turn ahead ended without clearing the mark)', q.conversation_id)
+    FROM runrow.agent_run AS q
+    WHERE q.status = 'queued'
+      AND q.claim_blocked
+      AND NOT EXISTS (
+          SELECT 1 FROM runrow.agent_run AS p
+          WHERE p.conversation_id = q.conversation_id
+            AND p.status IN ('queued', 'running', 'waiting')
+            AND p.id <> q.id
+            AND (p.enqueue_seq < q.enqueue_seq OR p.status IN ('running', 'waiting'))
+      );
 
     -- The journal and the step log of every run in scope (live runs, and runs finished
     -- within history_window), each read through its (run_id, seq) primary key: seq must be
@@ -2283,6 +2416,7 @@ BEGIN
         ('trigger', 'tool_effect_no_truncate', 'tool_effect'),
         ('constraint', 'agent_run_conversation_fk', 'agent_run'),
         ('trigger', 'agent_run_owner_guard', 'agent_run'),
+        ('trigger', 'agent_run_unblock_next_turn', 'agent_run'),
         ('trigger', 'conversation_immutable', 'conversation')
     ) AS g (kind, name, tbl)
     WHERE NOT CASE g.kind
@@ -2316,6 +2450,8 @@ COMMENT ON FUNCTION runrow.audit(interval, interval, interval, interval, interva
 'conversation_has_multiple_active (more than one running or waiting run in a conversation); '
 'queued_too_long (a claimable turn unclaimed for queued_age since it became claimable; turns '
 'blocked behind an active turn are not reported, the blocker is); '
+'claimable_turn_marked_blocked (a queued turn the claim marked as waiting behind another turn '
+'of its conversation, with nothing ahead of it any more: no claim would take it); '
 'journal_seq_gap / step_seq_gap (run_event / agent_step seq not exactly 1..n; a journal '
 'trimmed whole is fine); '
 'multiple_complete_events (more than one complete event); '
