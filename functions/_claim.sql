@@ -17,6 +17,11 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow
+-- Every statement here has one sensible plan whatever its parameters (see below), so plan it
+-- once per session: PL/pgSQL otherwise plans the first calls anew, and keeps doing so for the
+-- final UPDATE ... = ANY (locked) (custom plans look cheaper than the generic one), which cost
+-- more than the claim itself (measured: 1.42 -> 1.00 ms per one-run claim).
+SET plan_cache_mode = force_generic_plan
 AS $fn$
 DECLARE
     who text := coalesce(_claim.worker_id, 'anonymous-' || pg_backend_pid());
