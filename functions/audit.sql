@@ -112,7 +112,8 @@ BEGIN
 
     -- A claimable turn (no active or earlier queued turn in its conversation) that nobody
     -- claimed for queued_age since it became claimable: since it (re)entered the queue
-    -- (updated_at; nothing else writes a queued row) or the previous turn ended, whichever
+    -- (updated_at; only the claim's blocked mark also writes a queued row, and that is cleared
+    -- when the turn ahead ends) or the previous turn ended, whichever
     -- is later. A turn blocked behind an active one is not reported: the blocker is.
     RETURN QUERY
     SELECT 'queued_too_long'::text, q.id,
@@ -130,6 +131,25 @@ BEGIN
     WHERE q.status = 'queued'
       AND NOT coalesce(c.blocked, false)
       AND c.since < now() - audit.queued_age;
+
+    -- A queued turn marked claim_blocked (the claim's note that it waits behind another turn
+    -- of its conversation, which keeps it out of agent_run_claimable) with no active or
+    -- earlier open turn left: no claim would ever take it. Marked turns are queued, so this
+    -- reads the live set only.
+    RETURN QUERY
+    SELECT 'claimable_turn_marked_blocked'::text, q.id,
+           format('queued turn of conversation %s is marked blocked but nothing is ahead of it: '
+                  'no claim will take it (the turn ahead ended without clearing the mark)', q.conversation_id)
+    FROM runrow.agent_run AS q
+    WHERE q.status = 'queued'
+      AND q.claim_blocked
+      AND NOT EXISTS (
+          SELECT 1 FROM runrow.agent_run AS p
+          WHERE p.conversation_id = q.conversation_id
+            AND p.status IN ('queued', 'running', 'waiting')
+            AND p.id <> q.id
+            AND (p.enqueue_seq < q.enqueue_seq OR p.status IN ('running', 'waiting'))
+      );
 
     -- The journal and the step log of every run in scope (live runs, and runs finished
     -- within history_window), each read through its (run_id, seq) primary key: seq must be
@@ -274,6 +294,7 @@ BEGIN
         ('trigger', 'tool_effect_no_truncate', 'tool_effect'),
         ('constraint', 'agent_run_conversation_fk', 'agent_run'),
         ('trigger', 'agent_run_owner_guard', 'agent_run'),
+        ('trigger', 'agent_run_unblock_next_turn', 'agent_run'),
         ('trigger', 'conversation_immutable', 'conversation')
     ) AS g (kind, name, tbl)
     WHERE NOT CASE g.kind
@@ -307,6 +328,8 @@ COMMENT ON FUNCTION runrow.audit(interval, interval, interval, interval, interva
 'conversation_has_multiple_active (more than one running or waiting run in a conversation); '
 'queued_too_long (a claimable turn unclaimed for queued_age since it became claimable; turns '
 'blocked behind an active turn are not reported, the blocker is); '
+'claimable_turn_marked_blocked (a queued turn the claim marked as waiting behind another turn '
+'of its conversation, with nothing ahead of it any more: no claim would take it); '
 'journal_seq_gap / step_seq_gap (run_event / agent_step seq not exactly 1..n; a journal '
 'trimmed whole is fine); '
 'multiple_complete_events (more than one complete event); '

@@ -1,0 +1,139 @@
+"""What a claim and a finish cost the database, in shared buffers, as the tables grow.
+
+Buffers are counted with EXPLAIN (ANALYZE, BUFFERS) of the call itself (every nested
+statement included), inside a transaction that is rolled back, so nothing changes and the
+figure does not depend on the machine's load. Two questions:
+
+- an empty claim (nothing claimable) with no queued turns and with BLOCKED queued turns,
+  each waiting behind a running turn of its conversation;
+- a claim and a finish with FEW and with MANY finished runs in the tables.
+
+`python -m bench.claim_buffers [--short]` runs it alone.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import psycopg
+
+from bench.common import run_alone
+
+BLOCKED = 10_000
+FEW = 1_000
+MANY = 100_000
+
+
+def buffers(conn: psycopg.Connection, sql: str, params: tuple[object, ...] = ()) -> tuple[int, int]:
+    """(shared buffers, rows) of one call, rolled back. The lowest of the last four of ten
+    calls: PL/pgSQL plans a statement anew for each of its first five runs (planning reads
+    index metapages too), so the steady cost is the one after them."""
+    counts: list[tuple[int, int]] = []
+    for _ in range(10):
+        with conn.transaction(force_rollback=True):
+            plan = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", params).fetchone()
+            assert plan is not None
+            node = plan[0][0]["Plan"]
+        counts.append((node["Shared Hit Blocks"] + node["Shared Read Blocks"], node["Actual Rows"]))
+    return min(counts[6:])
+
+
+def fill_finished(conn: psycopg.Connection, runs: int, batch: int = 2000) -> None:
+    """`runs` enqueued, claimed and finished through the single-run functions."""
+    conn.execute(
+        f"""
+        DO $fill$
+        BEGIN
+            FOR b IN 1..{-(-runs // batch)} LOOP
+                PERFORM runrow.enqueue_run(gen_random_uuid(), '"history"', 'bench')
+                FROM generate_series(1, least({batch}, {runs} - (b - 1) * {batch}));
+                LOOP
+                    PERFORM 1 FROM runrow.claim_runs('filler', 1000, 30);
+                    EXIT WHEN NOT FOUND;
+                END LOOP;
+                PERFORM runrow.finish_run(a.id, a.claim_token, 'completed')
+                FROM runrow.agent_run AS a WHERE a.status = 'running';
+                COMMIT;
+            END LOOP;
+        END
+        $fill$
+        """
+    )
+    conn.execute("VACUUM ANALYZE runrow.agent_run, runrow.run_event, runrow.message")
+
+
+def claim_and_finish(conn: psycopg.Connection) -> tuple[int, int]:
+    """Buffers of one claim (one queued run waiting) and of one finish of a running run."""
+    conn.execute("SELECT runrow.enqueue_run(gen_random_uuid(), '\"probe\"', 'bench')")
+    claim, rows = buffers(conn, "SELECT * FROM runrow.claim_run('probe', 30)")
+    assert rows == 1
+    run = conn.execute("SELECT run_id, claim_token FROM runrow.claim_run('probe', 30)").fetchone()
+    assert run is not None
+    finish, _ = buffers(conn, "SELECT runrow.finish_run(%s, %s, 'completed')", (run[0], run[1]))
+    conn.execute("SELECT runrow.finish_run(%s, %s, 'completed')", (run[0], run[1]))
+    return claim, finish
+
+
+def block(conn: psycopg.Connection, turns: int) -> None:
+    """`turns` conversations, each with a running turn and a second turn queued behind it."""
+    conn.execute(
+        f"""
+        DO $block$
+        BEGIN
+            PERFORM runrow.enqueue_run(gen_random_uuid(), '"first"', 'bench')
+            FROM generate_series(1, {turns});
+            LOOP
+                PERFORM 1 FROM runrow.claim_runs('holder', 1000, 3600);
+                EXIT WHEN NOT FOUND;
+            END LOOP;
+            PERFORM runrow.enqueue_run(a.conversation_id, '"second"', 'bench')
+            FROM runrow.agent_run AS a WHERE a.status = 'running';
+        END
+        $block$
+        """
+    )
+    conn.execute("VACUUM ANALYZE runrow.agent_run, runrow.run_event, runrow.message")
+
+
+async def bench(url: str, short: bool = False) -> list[str]:
+    blocked, few, many = (1_000, 100, 5_000) if short else (BLOCKED, FEW, MANY)
+    with psycopg.connect(url, autocommit=True) as conn:
+        empty, _ = buffers(conn, "SELECT * FROM runrow.claim_run('probe', 30)")
+        block(conn, blocked)
+        # The first empty claim after the burst may do one-time work on the new turns.
+        first, rows = buffers(conn, "SELECT * FROM runrow.claim_run('probe', 30)")
+        conn.execute("SELECT * FROM runrow.claim_run('probe', 30)")
+        behind, rows = buffers(conn, "SELECT * FROM runrow.claim_run('probe', 30)")
+        assert rows == 0
+        # Once (auto)vacuum has dropped the index entries of the row versions that were marked.
+        conn.execute("VACUUM runrow.agent_run")
+        vacuumed, rows = buffers(conn, "SELECT * FROM runrow.claim_run('probe', 30)")
+        assert rows == 0
+        conn.execute(
+            "SELECT runrow.stop_conversation(c.id) FROM (SELECT DISTINCT conversation_id AS id"
+            " FROM runrow.agent_run WHERE status IN ('queued', 'running', 'waiting')) AS c"
+        )
+        conn.execute(
+            "SELECT runrow.finish_run(a.id, a.claim_token, 'cancelled') FROM runrow.agent_run AS a"
+            " WHERE a.status = 'running'"
+        )
+        fill_finished(conn, few)
+        claim_few, finish_few = claim_and_finish(conn)
+        fill_finished(conn, many - few)
+        claim_many, finish_many = claim_and_finish(conn)
+    return [
+        "shared buffers per call (EXPLAIN ANALYZE BUFFERS, rolled back)",
+        f"  empty claim: {empty} with no queued turn, {behind} with {blocked:,} blocked queued turns"
+        f" ({vacuumed} after VACUUM; the first empty claim after they arrived: {first})",
+        f"  claim: {claim_few} with {few:,} finished runs, {claim_many} with {many:,}",
+        f"  finish: {finish_few} with {few:,} finished runs, {finish_many} with {many:,}",
+    ]
+
+
+def main() -> None:
+    short = "--short" in sys.argv[1:]
+    run_alone("claim_buffers", lambda url: bench(url, short))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Typed async wrapper of runrow.finish_runs: acknowledge many runs in one statement.
+
+Kept apart from api.py so the batch lifecycle can move with the database layer as one piece.
+Like every wrapper it only calls the function, with its named argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from psycopg import AsyncConnection
+from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
+
+
+@dataclass(frozen=True)
+class Ack:
+    """One run's terminal write: status completed, failed or cancelled; `events` are appended
+    before its complete event, as append_events would."""
+
+    run_id: UUID
+    claim_token: UUID
+    status: str
+    result: Any = None
+    error: str | None = None
+    events: Sequence[dict[str, Any]] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"run_id": str(self.run_id), "claim_token": str(self.claim_token)}
+        out["status"] = self.status
+        if self.result is not None:
+            out["result"] = self.result
+        if self.error is not None:
+            out["error"] = self.error
+        if self.events:
+            out["events"] = list(self.events)
+        return out
+
+
+@dataclass(frozen=True)
+class Finished:
+    run_id: UUID
+    finished: bool  # False: fenced out (someone else ended it, or a newer claim holds it)
+    last_seq: int | None
+
+
+async def finish_runs(conn: AsyncConnection, acks: Sequence[Ack]) -> list[Finished]:
+    """One row per ack, in order. Each run is fenced on its own: the ones fenced out wrote
+    nothing, the others are ended."""
+    if not acks:
+        return []
+    async with conn.cursor(row_factory=class_row(Finished)) as cur:
+        await cur.execute(
+            "SELECT run_id, finished, last_seq FROM runrow.finish_runs(runs => %s)",
+            (Jsonb([a.to_json() for a in acks]),),
+        )
+        return await cur.fetchall()
