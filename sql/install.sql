@@ -1331,9 +1331,9 @@ INSERT INTO runrow._yoyo_migration VALUES ('6db1cb1160e784c7adef892468b144f119c7
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '6db1cb1160e784c7adef892468b144f119c73b543c7bec25275c36ee54f22025', '0011_interrupted_tool_calls', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
--- migration 0021_claim_blocked_turns
-SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '6a6f8e8af44cee8ba08534ff0ee851583913010c667fb93f65179ab5e1db70e0') AS apply_6a6f8e8af44c \gset
-\if :apply_6a6f8e8af44c
+-- migration 0012_claim_blocked_turns
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '7127267d8f77d2544258486d3d15748cdcb2204e7cf50a9b93f1de426dcb7c86') AS apply_7127267d8f77 \gset
+\if :apply_7127267d8f77
 -- A claim's cost must depend on what it claims, not on the queue behind it. The claim walks
 -- agent_run_claimable in enqueue order and skips every turn that waits behind an active or
 -- earlier turn of its conversation; when every conversation with queued turns already has a
@@ -1357,7 +1357,7 @@ SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '
 --     (the claim skips the row, and its next look sees the ended turn).
 -- A running turn that goes back to queued (reaper, release, approval) was claimed unmarked
 -- and stays so. audit() reports a marked turn with nothing ahead of it.
--- depends: 0014_interrupted_tool_calls
+-- depends: 0011_interrupted_tool_calls
 
 ALTER TABLE runrow.agent_run ADD COLUMN claim_blocked boolean NOT NULL DEFAULT false;
 
@@ -1414,8 +1414,8 @@ WHEN (
     AND new.status IN ('completed', 'failed', 'cancelled', 'dead')
 )
 EXECUTE FUNCTION runrow._unblock_next_turn();
-INSERT INTO runrow._yoyo_migration VALUES ('6a6f8e8af44cee8ba08534ff0ee851583913010c667fb93f65179ab5e1db70e0', '0021_claim_blocked_turns', now() AT TIME ZONE 'UTC');
-INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '6a6f8e8af44cee8ba08534ff0ee851583913010c667fb93f65179ab5e1db70e0', '0021_claim_blocked_turns', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_migration VALUES ('7127267d8f77d2544258486d3d15748cdcb2204e7cf50a9b93f1de426dcb7c86', '0012_claim_blocked_turns', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '7127267d8f77d2544258486d3d15748cdcb2204e7cf50a9b93f1de426dcb7c86', '0012_claim_blocked_turns', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
 -- functions/: re-applied on every install, like `runrow migrate`

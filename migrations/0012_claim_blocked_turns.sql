@@ -21,7 +21,7 @@
 --     (the claim skips the row, and its next look sees the ended turn).
 -- A running turn that goes back to queued (reaper, release, approval) was claimed unmarked
 -- and stays so. audit() reports a marked turn with nothing ahead of it.
--- depends: 0014_interrupted_tool_calls
+-- depends: 0011_interrupted_tool_calls
 
 ALTER TABLE runrow.agent_run ADD COLUMN claim_blocked boolean NOT NULL DEFAULT false;
 
