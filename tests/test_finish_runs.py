@@ -11,7 +11,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from race_support import Connect, claim, database_url, enqueue, owner
 
-from pyworker.batch_api import Ack, Finished, finish_runs
+from pyworker.db.batch import Ack, Finished, finish_runs
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
 
