@@ -54,8 +54,12 @@ db-start:
 db-stop:
 	$(RUNROW) db stop
 
+## Every benchmark, then the drain against PgQueuer on a private fsync-on cluster (a few
+## minutes; BENCH_ARGS=--short for a quick pass). Writes bench-results.json.
+BENCH_ARGS ?=
 bench: bootstrap
-	$(RUNROW) db run -- $(BIN)/python -m bench
+	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	$(RUNROW) db run -- $(BIN)/python -m bench $(BENCH_ARGS)
 
 ## Minutes of random SIGKILL / SIGSTOP / SIGTERM over 4 workers; prints a summary, exit 1 on a violation.
 CHAOS_ARGS ?= --duration 180 --workers 4 --runs 400

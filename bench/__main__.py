@@ -1,22 +1,31 @@
 """Run every benchmark and print one report: `make bench`, or `python -m bench` with DATABASE_URL.
 
 Each benchmark is also runnable alone: `python -m bench.enqueue_to_claim`,
-`python -m bench.stop_to_cancelled`, `python -m bench.journal_rows`.
+`python -m bench.stop_to_cancelled`, `python -m bench.journal_rows`,
+`python -m bench.claim_buffers`, `python -m bench.drain`. The drain runs last, on a cluster of
+its own with fsync on. `--short`: smaller sizes for the buffer counts and the drain. The
+report and the drain's rows go to bench-results.json (RUNROW_BENCH_JSON to change it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import sys
 import time
 from collections.abc import Awaitable, Callable
 
-from bench import enqueue_to_claim, journal_rows, stop_to_cancelled
+from bench import claim_buffers, drain, enqueue_to_claim, journal_rows, stop_to_cancelled
 from bench.common import bench_database, machine
+
+SHORT = "--short" in sys.argv[1:]
 
 BENCHMARKS: list[tuple[str, Callable[[str], Awaitable[list[str]]]]] = [
     ("claim", enqueue_to_claim.bench),
     ("stop", stop_to_cancelled.bench),
     ("journal", journal_rows.bench),
+    ("claim_buffers", lambda url: claim_buffers.bench(url, SHORT)),
 ]
 
 
@@ -32,8 +41,16 @@ def main() -> None:
         lines[0] += f"  [{time.monotonic() - t0:.0f} s]"
         report.extend(["", *lines])
         print("\n".join(lines), flush=True)
+    t0 = time.monotonic()
+    lines, rows = drain.run(SHORT)
+    lines[0] += f"  [{time.monotonic() - t0:.0f} s]"
+    report.extend(["", *lines])
     print("\n=== runrow benchmarks ===")
     print("\n".join(report))
+    out = os.environ.get("RUNROW_BENCH_JSON", "bench-results.json")
+    with open(out, "w") as f:
+        json.dump({"report": report, "drain": rows}, f, indent=2)
+    print(f"(report and drain rows in {out})")
     print(f"\n(total {time.monotonic() - started:.0f} s; latencies on the database clock unless noted)")
 
 

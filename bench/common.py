@@ -19,7 +19,10 @@ from datetime import datetime
 
 import psycopg
 
-from pyworker.db.devdb import temporary_database
+from pyworker.db.devdb import temporary_database, throwaway
+from pyworker.db.migrate import migrate
+
+__all__ = ["migrate", "temporary_database"]
 
 
 def server_url() -> str:
@@ -34,6 +37,14 @@ def bench_database(name: str) -> Iterator[str]:
     """A freshly migrated database for one benchmark; dropped afterwards."""
     with temporary_database(server_url(), f"runrow_bench_{name}") as bench_url:
         yield bench_url
+
+
+@contextlib.contextmanager
+def fsync_cluster() -> Iterator[tuple[str, str]]:
+    """(owner URL, superuser URL) of a private cluster with fsync and synchronous_commit on,
+    for throughput benchmarks whose commits must cost what they cost in production."""
+    with throwaway(fsync=True) as cluster:
+        yield cluster.url, cluster.superuser_url
 
 
 def run_alone(name: str, bench: Callable[[str], Awaitable[list[str]]]) -> None:

@@ -1,0 +1,352 @@
+"""Drain throughput side by side: runrow's SQL API against PgQueuer and a bare SQL queue.
+
+JOBS empty jobs are enqueued, then drained by PROCESSES processes, at batch 1 and batch 10,
+each row in a fresh database of one cluster (fsync and synchronous_commit on; the private
+cluster's full_page_writes is off, so WAL figures carry no full-page images; a CHECKPOINT
+before each drain so every row starts at the same point):
+
+- bare SQL: one table, claim = UPDATE ... FOR UPDATE SKIP LOCKED RETURNING, ack = DELETE;
+  the ceiling of a claim + ack on this box.
+- PgQueuer (psycopg driver): its own QueueManager in drain mode, a no-op entrypoint, its
+  default acknowledgement buffering.
+- runrow SQL API: claim_runs(max_runs => batch), then one finish_runs for the batch; each
+  call its own transaction, every rule of SPEC.md kept (fence, journal, turn order, wakes).
+
+Besides jobs/s (wall clock, so it moves with the box's load) it counts what does not depend
+on the clock: WAL bytes, WAL records and full-page images per job (pg_stat_wal and the WAL
+position), and commits per job (pg_stat_database). Every job is checked done exactly once.
+
+`python -m bench.drain [--short]` runs it alone (its own cluster unless DATABASE_URL is set
+and --here is given).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+
+from bench.common import fsync_cluster, machine, migrate, temporary_database
+
+JOBS = 20_000
+SHORT_JOBS = 2_000
+PROCESSES = 2
+BATCHES = (1, 10)
+
+
+@dataclasses.dataclass
+class Row:
+    system: str
+    batch: int
+    jobs: int
+    seconds: float
+    wal_bytes: int
+    wal_records: int
+    wal_fpi: int
+    commits: int
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds
+
+    def cells(self) -> str:
+        return (
+            f"{self.rate:8,.0f} jobs/s  {self.wal_bytes / self.jobs:7,.0f} B WAL/job  "
+            f"{self.wal_records / self.jobs:5.1f} WAL records/job  {self.wal_fpi / self.jobs:5.2f} FPI/job  "
+            f"{self.commits / self.jobs:5.2f} commits/job"
+        )
+
+
+# --- the three systems: setup(url, jobs), then worker(url, batch) in each process, then check
+
+
+def bare_setup(url: str, jobs: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE job (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+            " status text NOT NULL DEFAULT 'queued', payload bytea, picked_at timestamptz)"
+        )
+        conn.execute("CREATE INDEX job_queued ON job (id) WHERE status = 'queued'")
+        conn.execute("CREATE TABLE job_done (id bigint PRIMARY KEY)")
+        conn.execute("INSERT INTO job (payload) SELECT NULL FROM generate_series(1, %s)", (jobs,))
+        conn.execute("VACUUM ANALYZE job")
+
+
+def bare_worker(url: str, batch: int, ready: Callable[[], None]) -> int:
+    done = 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        ready()
+        while True:
+            ids = [
+                r[0]
+                for r in conn.execute(
+                    "UPDATE job SET status = 'picked', picked_at = now() WHERE id IN ("
+                    " SELECT id FROM job WHERE status = 'queued' ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
+                    " RETURNING id",
+                    (batch,),
+                ).fetchall()
+            ]
+            if not ids:
+                return done
+            conn.execute(
+                "WITH d AS (DELETE FROM job WHERE id = ANY (%s) RETURNING id)"
+                " INSERT INTO job_done SELECT id FROM d",
+                (ids,),
+            )
+            done += len(ids)
+
+
+def bare_check(url: str, jobs: int) -> None:
+    with psycopg.connect(url) as conn:
+        left, done = conn.execute(
+            "SELECT (SELECT count(*) FROM job), (SELECT count(*) FROM job_done)"
+        ).fetchone()
+    assert (left, done) == (0, jobs), f"bare SQL: {left} jobs left, {done} done of {jobs}"
+
+
+def pgqueuer_setup(url: str, jobs: int) -> None:
+    asyncio.run(_pgqueuer_setup(url, jobs))
+
+
+async def _pgqueuer_setup(url: str, jobs: int) -> None:
+    from pgqueuer import PsycopgDriver, Queries
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        queries = Queries(PsycopgDriver(conn))
+        await queries.install()
+        for start in range(0, jobs, 5000):
+            n = min(5000, jobs - start)
+            await queries.enqueue(["noop"] * n, [None] * n, [0] * n)
+        await conn.execute("VACUUM ANALYZE")
+
+
+def pgqueuer_worker(url: str, batch: int, ready: Callable[[], None]) -> int:
+    return asyncio.run(_pgqueuer_worker(url, batch, ready))
+
+
+async def _pgqueuer_worker(url: str, batch: int, ready: Callable[[], None]) -> int:
+    from pgqueuer import PsycopgDriver, Queries, QueueManager
+    from pgqueuer.types import QueueExecutionMode
+
+    done = 0
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        qm = QueueManager(Queries(PsycopgDriver(conn)))
+
+        @qm.entrypoint("noop")
+        async def noop(job: object) -> None:
+            nonlocal done
+            done += 1
+
+        ready()
+        await qm.run(batch_size=batch, mode=QueueExecutionMode.drain, dequeue_timeout=_seconds(0.05))
+    return done
+
+
+def _seconds(value: float) -> object:
+    from datetime import timedelta
+
+    return timedelta(seconds=value)
+
+
+def pgqueuer_check(url: str, jobs: int) -> None:
+    with psycopg.connect(url) as conn:
+        left = conn.execute("SELECT count(*) FROM pgqueuer").fetchone()[0]
+        done = conn.execute("SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'").fetchone()[0]
+    assert (left, done) == (0, jobs), f"PgQueuer: {left} jobs left, {done} logged successful of {jobs}"
+
+
+def runrow_setup(url: str, jobs: int) -> None:
+    migrate(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT runrow.enqueue_run(gen_random_uuid(), '\"job\"', 'bench') FROM generate_series(1, %s)",
+            (jobs,),
+        )
+        conn.execute("VACUUM ANALYZE")
+
+
+def runrow_worker(url: str, batch: int, ready: Callable[[], None]) -> int:
+    done = 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        ready()
+        while True:
+            runs = conn.execute(
+                "SELECT run_id, claim_token FROM runrow.claim_runs(worker_id => 'bench', max_runs => %s)",
+                (batch,),
+            ).fetchall()
+            if not runs:
+                return done
+            acks = json.dumps(
+                [{"run_id": str(r), "claim_token": str(t), "status": "completed"} for r, t in runs]
+            )
+            finished = conn.execute("SELECT finished FROM runrow.finish_runs(%s::jsonb)", (acks,)).fetchall()
+            assert all(f for (f,) in finished), "a run held by this worker was fenced out"
+            done += len(finished)
+
+
+def runrow_check(url: str, jobs: int) -> None:
+    with psycopg.connect(url) as conn:
+        runs = conn.execute(
+            "SELECT r.status, r.attempt, count(*) FILTER (WHERE e.type = 'run_claimed'),"
+            " count(*) FILTER (WHERE e.type = 'complete'), count(*) OVER ()"
+            " FROM runrow.agent_run AS r JOIN runrow.run_event AS e ON e.run_id = r.id GROUP BY r.id"
+        ).fetchall()
+        broken = conn.execute("SELECT count(*) FROM runrow.audit()").fetchone()[0]
+    shapes = {row[:4] for row in runs}
+    assert len(runs) == jobs and shapes == {("completed", 1, 1, 1)}, (
+        f"runrow: {len(runs)} runs, shapes {shapes}: every run must be completed once, claimed once"
+    )
+    assert broken == 0, f"runrow: audit() reports {broken} problems"
+
+
+Worker = Callable[[str, int, Callable[[], None]], int]
+SYSTEMS: dict[str, tuple[Callable[[str, int], None], Worker, Callable[[str, int], None]]] = {
+    "bare SQL (claim UPDATE, ack DELETE)": (bare_setup, bare_worker, bare_check),
+    "PgQueuer 1.6 (psycopg, QueueManager)": (pgqueuer_setup, pgqueuer_worker, pgqueuer_check),
+    "runrow SQL API (claim_runs -> finish_runs)": (runrow_setup, runrow_worker, runrow_check),
+}
+
+
+def counters(observer: psycopg.Connection, datname: str) -> tuple[int, int, int, int]:
+    """(WAL position, WAL records, full-page images, commits in database `datname`). The
+    observer sits in another database, so its own statements are not counted as commits;
+    the workers' statistics are flushed when their processes exit."""
+    observer.execute("SELECT pg_stat_clear_snapshot()")
+    row = observer.execute(
+        "SELECT pg_current_wal_lsn() - '0/0', w.wal_records, w.wal_fpi, d.xact_commit"
+        " FROM pg_stat_wal AS w, pg_stat_database AS d WHERE d.datname = %s",
+        (datname,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2]), int(row[3])
+
+
+def _process(worker: Worker, url: str, batch: int, barrier: Any, results: Any) -> None:
+    try:
+        results.put(worker(url, batch, barrier.wait))
+    except BaseException as exc:  # handed to the parent, which raises it
+        results.put(RuntimeError(f"worker failed: {exc!r}"))
+        raise
+
+
+def drain(worker: Worker, url: str, batch: int) -> tuple[list[int], float]:
+    """Run the workers in PROCESSES processes; time from the moment all are connected and
+    ready (a barrier) to the moment the last one reports the queue empty."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(PROCESSES + 1)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_process, args=(worker, url, batch, barrier, results)) for _ in range(PROCESSES)
+    ]
+    for proc in procs:
+        proc.start()
+    barrier.wait(timeout=120)
+    started = time.monotonic()
+    done = [results.get(timeout=1800) for _ in procs]
+    for outcome in done:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    seconds = time.monotonic() - started
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0, f"a worker process exited {proc.exitcode}"
+    return done, seconds
+
+
+def drain_row(server: str, superuser: str, system: str, batch: int, jobs: int) -> Row:
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    setup, worker, check = SYSTEMS[system]
+    with temporary_database(server, "runrow_bench_drain", migrated=False) as url:
+        setup(url, jobs)
+        datname = conninfo_to_dict(url)["dbname"]
+        with psycopg.connect(make_conninfo(superuser, dbname="postgres"), autocommit=True) as observer:
+            observer.execute("CHECKPOINT")
+            before = counters(observer, datname)
+            done, seconds = drain(worker, url, batch)
+            after = counters(observer, datname)
+        check(url, jobs)
+        assert sum(done) == jobs, f"{system}: the workers report {sum(done)} jobs done of {jobs}"
+        return Row(
+            system,
+            batch,
+            jobs,
+            seconds,
+            wal_bytes=after[0] - before[0],
+            wal_records=after[1] - before[1],
+            wal_fpi=after[2] - before[2],
+            commits=after[3] - before[3],
+        )
+
+
+@contextlib.contextmanager
+def bench_cluster() -> Iterator[tuple[str, str]]:
+    """(owner URL, superuser URL) of the cluster to run on: our own fsync-on cluster, or
+    DATABASE_URL's server with --here (its role must be able to CHECKPOINT)."""
+    if "--here" in sys.argv[1:] and os.environ.get("DATABASE_URL"):
+        url = os.environ["DATABASE_URL"]
+        yield url, os.environ.get("RUNROW_SUPERUSER_URL", url)
+        return
+    with fsync_cluster() as urls:
+        yield urls
+
+
+def report(rows: list[Row], jobs: int) -> list[str]:
+    lines = [f"drain: {jobs:,} empty jobs, {PROCESSES} processes, fresh database per row"]
+    for batch in BATCHES:
+        lines.append(f"  batch {batch}")
+        for row in (r for r in rows if r.batch == batch):
+            lines.append(f"    {row.system:<44}{row.cells()}")
+        by = {r.system: r for r in rows if r.batch == batch}
+        runrow = next(r for name, r in by.items() if name.startswith("runrow"))
+        peer = next(r for name, r in by.items() if name.startswith("PgQueuer"))
+        bare = next(r for name, r in by.items() if name.startswith("bare"))
+        lines.append(
+            f"    runrow / PgQueuer: {runrow.rate / peer.rate:.2f}x jobs/s, "
+            f"{runrow.wal_bytes / peer.wal_bytes:.2f}x WAL, "
+            f"{runrow.commits / max(peer.commits, 1):.2f}x commits; "
+            f"runrow / bare SQL: {runrow.rate / bare.rate:.2f}x jobs/s"
+        )
+    return lines
+
+
+def run(short: bool = False) -> tuple[list[str], list[dict]]:
+    jobs = SHORT_JOBS if short else JOBS
+    rows: list[Row] = []
+    with bench_cluster() as (server, superuser):
+        for batch in BATCHES:
+            for system in SYSTEMS:
+                row = drain_row(server, superuser, system, batch, jobs)
+                print(f"  batch {batch:>2}  {system:<44}{row.cells()}", flush=True)
+                rows.append(row)
+        lines = [*report(rows, jobs), machine(server)]
+        with psycopg.connect(server) as conn:
+            settings = conn.execute(
+                "SELECT string_agg(name || '=' || setting, ' ' ORDER BY name) FROM pg_settings WHERE name IN"
+                " ('fsync', 'synchronous_commit', 'full_page_writes', 'shared_buffers', 'wal_level')"
+            ).fetchone()[0]
+        lines.append(f"settings: {settings}")
+    return lines, [dataclasses.asdict(r) | {"jobs_per_second": r.rate} for r in rows]
+
+
+def main() -> None:
+    short = "--short" in sys.argv[1:]
+    lines, rows = run(short)
+    print("\n".join(lines))
+    out = os.environ.get("RUNROW_BENCH_JSON", "bench-drain.json")
+    with open(out, "w") as f:
+        json.dump({"report": lines, "rows": rows}, f, indent=2)
+    print(f"(results in {out})")
+
+
+if __name__ == "__main__":
+    main()
