@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pwd
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -77,23 +75,24 @@ def _poll(
 
 def start_standby(primary: devdb.Cluster) -> devdb.Cluster:
     """pg_basebackup -R of `primary` into a new folder, started as a hot standby."""
-    os_user = primary.os_user
-    root = tempfile.mkdtemp(prefix="runrow-standby-")
-    os.chmod(root, 0o755)
-    datadir = os.path.join(root, "data")
-    sockdir = os.path.join(root, "sock")
-    os.mkdir(sockdir)
-    if os_user is not None:
-        ent = pwd.getpwnam(os_user)
-        os.chown(root, ent.pw_uid, ent.pw_gid)
-        os.chown(sockdir, ent.pw_uid, ent.pw_gid)
-    standby = devdb.Cluster(root=root, datadir=datadir, sockdir=sockdir, os_user=os_user)
+    standby = devdb.new_cluster_folder("runrow-standby-", primary.os_user)
     try:
         source = f"host={primary.sockdir} port={devdb.PORT} user={devdb.SUPERUSER}"
         pg = devdb.PG_BIN
         devdb._run(
-            [str(pg / "pg_basebackup"), "-D", datadir, "-R", "-X", "stream", "-c", "fast", "-d", source],
-            os_user,
+            [
+                str(pg / "pg_basebackup"),
+                "-D",
+                standby.datadir,
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "-d",
+                source,
+            ],
+            standby.os_user,
         )
         _start_server(standby)
     except BaseException:

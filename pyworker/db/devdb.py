@@ -89,15 +89,10 @@ def check_binaries() -> None:
         )
 
 
-def start(fsync: bool = False, listen_addresses: str = "", trusted_networks: tuple[str, ...] = ()) -> Cluster:
-    """initdb + start a cluster and create the runrow database owned by runrow_admin.
-
-    By default it listens on its Unix socket only. The network fault tests give it an address
-    of their own test hosts (`listen_addresses`, e.g. the root end of a veth pair) and the
-    networks whose clients it trusts as it trusts local ones (`trusted_networks`, CIDR)."""
-    check_binaries()
-    os_user = "postgres" if os.geteuid() == 0 else None
-    root = tempfile.mkdtemp(prefix="runrow-pg-")
+def new_cluster_folder(prefix: str, os_user: str | None) -> Cluster:
+    """A fresh temp folder for a cluster (data dir not yet made, socket dir made), owned by
+    `os_user` when given (PostgreSQL refuses to run as root)."""
+    root = tempfile.mkdtemp(prefix=prefix)
     os.chmod(root, 0o755)
     datadir = os.path.join(root, "data")
     sockdir = os.path.join(root, "sock")
@@ -106,7 +101,18 @@ def start(fsync: bool = False, listen_addresses: str = "", trusted_networks: tup
         ent = pwd.getpwnam(os_user)
         os.chown(root, ent.pw_uid, ent.pw_gid)
         os.chown(sockdir, ent.pw_uid, ent.pw_gid)
-    cluster = Cluster(root=root, datadir=datadir, sockdir=sockdir, os_user=os_user)
+    return Cluster(root=root, datadir=datadir, sockdir=sockdir, os_user=os_user)
+
+
+def start(fsync: bool = False, listen_addresses: str = "", trusted_networks: tuple[str, ...] = ()) -> Cluster:
+    """initdb + start a cluster and create the runrow database owned by runrow_admin.
+
+    By default it listens on its Unix socket only. The network fault tests give it an address
+    of their own test hosts (`listen_addresses`, e.g. the root end of a veth pair) and the
+    networks whose clients it trusts as it trusts local ones (`trusted_networks`, CIDR)."""
+    check_binaries()
+    cluster = new_cluster_folder("runrow-pg-", "postgres" if os.geteuid() == 0 else None)
+    root, datadir, sockdir, os_user = cluster.root, cluster.datadir, cluster.sockdir, cluster.os_user
     try:
         _run(
             [
