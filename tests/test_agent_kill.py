@@ -65,6 +65,14 @@ def reset_workspace(demo_dir: Path) -> None:
     (workspace / "report.md").unlink(missing_ok=True)
 
 
+def executing_effects(db: psycopg.Connection, run: str) -> list[tuple[str, str, int]]:
+    return db.execute(
+        "SELECT tool, state, started_attempt FROM runrow.tool_effect "
+        "WHERE run_id = %s AND state <> 'done'",
+        (run,),
+    ).fetchall()
+
+
 def model_requests_of(fake: FakeModel, start: int) -> int:
     return len(fake.requests) - start
 
@@ -105,15 +113,17 @@ def test_sigkill_between_steps_3_and_4_then_a_new_worker_finishes_without_repeat
             a.wait_started(20)
             first_request = len(fake.requests)
             run = enqueue_agent(db)
-            wait_until(lambda: len(steps(db, run)) >= 3, 60, "step 3 to be committed")
+            # Step 3 commits before its tool call is marked executing: wait for both, so the
+            # kill lands inside the 0.5 s tool, not in the gap between the two commits.
+            wait_until(
+                lambda: len(steps(db, run)) >= 3 and executing_effects(db, run),
+                60,
+                "step 3 to be committed and its first tool call to be executing",
+            )
             a.kill()  # SIGKILL: no drain, no release, no last write
             assert len(steps(db, run)) == 3, "the kill must land between steps 3 and 4"
             assert run_row(db, run)["status"] == "running"  # nobody knows yet
-            executing = db.execute(
-                "SELECT tool, state, started_attempt FROM runrow.tool_effect "
-                "WHERE run_id = %s AND state <> 'done'",
-                (run,),
-            ).fetchall()
+            executing = executing_effects(db, run)
             assert executing == [("read_file", "executing", 1)]  # step 3's first call was under way
 
             b = agent_worker(worker_db, "agent-b", fake.base_url, ws, *flags, tool_delay="0.5")
