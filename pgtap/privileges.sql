@@ -11,6 +11,7 @@ SELECT pg_temp.drain_queue();
 -- Fixtures the allowed calls need: an ended run to read and cancel, a failed one to retry.
 SELECT pg_temp.finished('completed') AS done \gset
 SELECT pg_temp.finished('failed') AS failed \gset
+SELECT runrow.create_schedule('privileges-drop', '@daily', '"x"', 'm');
 
 -- The grant matrix of SPEC.md for the lifecycle API: function, roles allowed, and a call
 -- that succeeds for an allowed role (so lives_ok proves the grant, not just the absence
@@ -31,6 +32,9 @@ INSERT INTO api VALUES
     ('stop_conversation', '{runrow_client}', $$SELECT * FROM runrow.stop_conversation(gen_random_uuid())$$),
     ('cancel_run', '{runrow_client}', format($$SELECT runrow.cancel_run(%L)$$, :'done')),
     ('retry_run', '{runrow_client}', format($$SELECT runrow.retry_run(%L)$$, :'failed')),
+    ('create_schedule', '{runrow_client}', $$SELECT runrow.create_schedule('privileges', '@daily', '"x"', 'm')$$),
+    ('drop_schedule', '{runrow_client}', $$SELECT runrow.drop_schedule('privileges-drop')$$),
+    ('fire_schedules', '{runrow_worker}', $$SELECT runrow.fire_schedules()$$),
     ('schema_version', '{runrow_worker,runrow_client,runrow_auditor}', $$SELECT runrow.schema_version()$$),
     ('events_channel', '{runrow_worker,runrow_client,runrow_auditor}',
         $$SELECT runrow.events_channel(gen_random_uuid())$$),

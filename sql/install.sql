@@ -1418,6 +1418,111 @@ INSERT INTO runrow._yoyo_migration VALUES ('7127267d8f77d2544258486d3d15748cdcb2
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '7127267d8f77d2544258486d3d15748cdcb2204e7cf50a9b93f1de426dcb7c86', '0012_claim_blocked_turns', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0016_schedules
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'e41516c01fa861fc9da6a28eae3515eef3dc0a408823a6b61b8fae975d94f77b') AS apply_e41516c01fa8 \gset
+\if :apply_e41516c01fa8
+-- Recurring runs (issue 14, SPEC "Fleet scheduling"): a schedule is a cron expression (five
+-- fields, UTC) and the template of the run each tick enqueues. Every worker's reaper pass
+-- calls runrow.fire_schedules(); no singleton decides. A tick enqueues exactly once whoever
+-- fires it, by two independent means: the firing transaction holds the schedule row's lock
+-- (FOR UPDATE SKIP LOCKED, so reapers never queue behind each other) and advances
+-- next_fire_at before it commits, and each tick's run carries an idempotency key derived from
+-- the schedule id and the tick, so even a rewound next_fire_at replays the first run instead
+-- of enqueueing a second one.
+-- depends: 0012_claim_blocked_turns
+
+-- A parsed cron expression: the allowed values of each field, and whether day-of-month or
+-- day-of-week was written starting with '*' (Vixie cron's rule: when both are restricted a
+-- day matches either one; otherwise both must match).
+CREATE TYPE runrow.cron_spec AS (
+    minutes integer [],
+    hours integer [],
+    doms integer [],
+    months integer [],
+    dows integer [],
+    dom_star boolean,
+    dow_star boolean
+);
+
+CREATE TABLE runrow.schedule (
+    id uuid NOT NULL DEFAULT gen_random_uuid(),
+    name text NOT NULL,
+    cron text NOT NULL,
+    -- NULL: every tick opens a new conversation (its id derived from schedule and tick).
+    conversation_id uuid,
+    content jsonb NOT NULL,
+    model text NOT NULL,
+    user_id text,
+    system_prompt text,
+    tools jsonb NOT NULL DEFAULT '[]',
+    metadata jsonb NOT NULL DEFAULT '{}',
+    max_attempts integer NOT NULL DEFAULT 1,
+    if_active text NOT NULL DEFAULT 'enqueue',
+    catch_up text NOT NULL DEFAULT 'latest',
+    max_catch_up integer NOT NULL DEFAULT 1,
+    -- The oldest tick not fired yet. Always set: create_schedule refuses a cron that never fires.
+    next_fire_at timestamptz NOT NULL,
+    last_tick_at timestamptz,
+    last_run_id uuid,
+    last_error text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT schedule_pkey PRIMARY KEY (id),
+    CONSTRAINT schedule_name_key UNIQUE (name),
+    CONSTRAINT schedule_name_check CHECK (length(name) BETWEEN 1 AND 200),
+    CONSTRAINT schedule_catch_up_check CHECK (catch_up IN ('latest', 'each')),
+    -- 'latest' is 'each' capped at one tick; the cap keeps one fire's work bounded.
+    CONSTRAINT schedule_max_catch_up_check CHECK (
+        max_catch_up BETWEEN 1 AND 1000 AND (catch_up = 'each' OR max_catch_up = 1)
+    ),
+    CONSTRAINT schedule_if_active_check CHECK (if_active IN ('enqueue', 'reject', 'interrupt')),
+    CONSTRAINT schedule_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 100)
+);
+
+COMMENT ON TABLE runrow.schedule IS
+'One row per recurring run: cron (five fields, UTC) and the template each tick enqueues. '
+'next_fire_at is the oldest tick not fired yet; fire_schedules advances it in the transaction '
+'that enqueues the tick. Written only by create_schedule, drop_schedule and fire_schedules.';
+
+-- fire_schedules finds due rows by this index: its cost is the number of due schedules.
+CREATE INDEX schedule_due ON runrow.schedule (next_fire_at);
+
+CREATE VIEW runrow.schedules AS
+SELECT
+    s.name,
+    s.cron,
+    s.catch_up,
+    s.max_catch_up,
+    s.next_fire_at,
+    s.last_tick_at,
+    s.last_run_id,
+    r.status AS last_run_status,
+    s.last_error,
+    s.conversation_id,
+    s.model,
+    s.user_id,
+    s.max_attempts,
+    s.if_active,
+    s.created_at,
+    s.id
+FROM runrow.schedule AS s
+LEFT JOIN runrow.agent_run AS r ON s.last_run_id = r.id;
+
+COMMENT ON VIEW runrow.schedules IS
+'One row per schedule, for DBAs and `runrow schedules list`: name, cron (UTC), catch-up '
+'policy (latest: after an outage only the most recent missed tick runs; each: every missed '
+'tick, at most max_catch_up of the most recent), next_fire_at (the next tick a reaper pass '
+'will fire), last_tick_at, last_run_id and its status, last_error (why the last tick enqueued '
+'nothing, for example the conversation has an active run and if_active = reject; NULL when it '
+'enqueued), conversation_id (NULL: a new conversation per tick).';
+
+REVOKE ALL ON runrow.schedule, runrow.schedules FROM PUBLIC;
+GRANT SELECT ON runrow.schedule TO runrow_auditor;
+GRANT SELECT ON runrow.schedules TO runrow_client, runrow_auditor;
+INSERT INTO runrow._yoyo_migration VALUES ('e41516c01fa861fc9da6a28eae3515eef3dc0a408823a6b61b8fae975d94f77b', '0016_schedules', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'e41516c01fa861fc9da6a28eae3515eef3dc0a408823a6b61b8fae975d94f77b', '0016_schedules', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -1799,6 +1904,423 @@ REVOKE ALL ON FUNCTION runrow._wake_dispatchers(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._journal_complete(uuid, uuid, text, jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_not_null(anyelement, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_range(bigint, text, bigint, bigint) FROM PUBLIC;
+
+-- functions/_schedule_helpers.sql
+-- Private helpers of the schedules (create_schedule, fire_schedules): a cron parser and its
+-- evaluation, in PL/pgSQL so the database clock is the only clock a tick is measured by.
+-- Cron is the five-field Vixie syntax in UTC: minute hour day-of-month month day-of-week;
+-- each field a list of *, N, N-M, */S, N-M/S or N/S (N to the field's maximum); month and
+-- day-of-week also take names (jan..dec, sun..sat), day-of-week 7 is Sunday; the macros
+-- @yearly @annually @monthly @weekly @daily @midnight @hourly.
+
+-- One value of a field: a number or, where the field has names, a name.
+CREATE OR REPLACE FUNCTION runrow._cron_value(
+    token text, source text, what text, lo integer, hi integer, names text[]
+)
+RETURNS integer
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    v integer;
+BEGIN
+    IF _cron_value.token ~ '^[0-9]{1,2}$' THEN
+        v := _cron_value.token::integer;
+    ELSIF _cron_value.names IS NOT NULL AND _cron_value.token = ANY (_cron_value.names) THEN
+        v := _cron_value.lo + array_position(_cron_value.names, _cron_value.token) - 1;
+    ELSE
+        RAISE EXCEPTION 'cron "%": the % field has "%" where a number% is expected',
+            _cron_value.source, _cron_value.what, _cron_value.token,
+            CASE WHEN _cron_value.names IS NULL THEN '' ELSE ' or a name' END
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF v < _cron_value.lo OR v > _cron_value.hi THEN
+        RAISE EXCEPTION 'cron "%": % % is out of range %-%',
+            _cron_value.source, _cron_value.what, v, _cron_value.lo, _cron_value.hi
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN v;
+END
+$fn$;
+
+-- The sorted set of values one field allows.
+CREATE OR REPLACE FUNCTION runrow._cron_field(
+    field text, source text, what text, lo integer, hi integer, names text[] DEFAULT NULL
+)
+RETURNS integer[]
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    item text;
+    parts text [];
+    bounds text [];
+    a integer;
+    b integer;
+    step integer;
+    result integer [] := '{}';
+BEGIN
+    FOREACH item IN ARRAY string_to_array(_cron_field.field, ',') LOOP
+        IF item = '' THEN
+            RAISE EXCEPTION 'cron "%": the % field has an empty list item', _cron_field.source, _cron_field.what
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        parts := string_to_array(item, '/');
+        step := 1;
+        IF cardinality(parts) > 2 THEN
+            RAISE EXCEPTION 'cron "%": the % field has "%", which has more than one /',
+                _cron_field.source, _cron_field.what, item
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF cardinality(parts) = 2 THEN
+            IF parts[2] !~ '^[0-9]{1,2}$' OR parts[2]::integer = 0 THEN
+                RAISE EXCEPTION 'cron "%": the % field has step "%", which must be a number from 1 to %',
+                    _cron_field.source, _cron_field.what, parts[2], _cron_field.hi - _cron_field.lo + 1
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            step := parts[2]::integer;
+        END IF;
+        IF parts[1] = '*' THEN
+            a := _cron_field.lo;
+            b := _cron_field.hi;
+        ELSIF position('-' IN parts[1]) > 0 THEN
+            bounds := string_to_array(parts[1], '-');
+            IF cardinality(bounds) <> 2 THEN
+                RAISE EXCEPTION 'cron "%": the % field has range "%", which is not N-M',
+                    _cron_field.source, _cron_field.what, parts[1]
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            a := runrow._cron_value(bounds[1], _cron_field.source, _cron_field.what,
+                _cron_field.lo, _cron_field.hi, _cron_field.names);
+            b := runrow._cron_value(bounds[2], _cron_field.source, _cron_field.what,
+                _cron_field.lo, _cron_field.hi, _cron_field.names);
+            IF a > b THEN
+                RAISE EXCEPTION 'cron "%": the % field has range "%", which runs backwards (ranges do not wrap)',
+                    _cron_field.source, _cron_field.what, parts[1]
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+        ELSE
+            a := runrow._cron_value(parts[1], _cron_field.source, _cron_field.what,
+                _cron_field.lo, _cron_field.hi, _cron_field.names);
+            -- N/S means N up to the field's maximum, every S.
+            b := CASE WHEN cardinality(parts) = 2 THEN _cron_field.hi ELSE a END;
+        END IF;
+        result := result || ARRAY(SELECT generate_series(a, b, step));
+    END LOOP;
+    RETURN ARRAY(SELECT DISTINCT v FROM unnest(result) AS u (v) ORDER BY v);
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION runrow._cron_parse(cron text)
+RETURNS runrow.cron_spec
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    expr text;
+    fields text [];
+    spec runrow.cron_spec;
+BEGIN
+    PERFORM runrow._require_not_null(_cron_parse.cron, 'cron');
+    IF length(_cron_parse.cron) > 200 THEN
+        RAISE EXCEPTION 'cron must be at most 200 characters' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    expr := lower(btrim(_cron_parse.cron, E' \t\n\r'));
+    expr := CASE expr
+        WHEN '@yearly' THEN '0 0 1 1 *'
+        WHEN '@annually' THEN '0 0 1 1 *'
+        WHEN '@monthly' THEN '0 0 1 * *'
+        WHEN '@weekly' THEN '0 0 * * 0'
+        WHEN '@daily' THEN '0 0 * * *'
+        WHEN '@midnight' THEN '0 0 * * *'
+        WHEN '@hourly' THEN '0 * * * *'
+        ELSE expr
+    END;
+    IF left(expr, 1) = '@' THEN
+        RAISE EXCEPTION 'cron "%": unknown macro; use five fields or one of @yearly, @annually, '
+            '@monthly, @weekly, @daily, @midnight, @hourly', _cron_parse.cron
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    fields := regexp_split_to_array(expr, '\s+');
+    IF expr = '' OR cardinality(fields) <> 5 THEN
+        RAISE EXCEPTION 'cron "%" must have five fields (minute hour day-of-month month day-of-week, UTC), got %',
+            _cron_parse.cron, CASE WHEN expr = '' THEN 0 ELSE cardinality(fields) END
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'For example ''*/15 * * * *'' (every 15 minutes) or ''0 9 * * mon-fri'' (09:00 UTC on weekdays).';
+    END IF;
+    spec.minutes := runrow._cron_field(fields[1], _cron_parse.cron, 'minute', 0, 59);
+    spec.hours := runrow._cron_field(fields[2], _cron_parse.cron, 'hour', 0, 23);
+    spec.doms := runrow._cron_field(fields[3], _cron_parse.cron, 'day-of-month', 1, 31);
+    spec.months := runrow._cron_field(fields[4], _cron_parse.cron, 'month', 1, 12,
+        ARRAY['jan', 'feb', 'mar', 'apr', 'may', 'jun', 'jul', 'aug', 'sep', 'oct', 'nov', 'dec']);
+    -- 7 is Sunday as well as 0 (as in Vixie cron), so 5-7 means Friday to Sunday.
+    spec.dows := ARRAY(
+        SELECT DISTINCT v % 7 FROM unnest(runrow._cron_field(fields[5], _cron_parse.cron, 'day-of-week', 0, 7,
+            ARRAY['sun', 'mon', 'tue', 'wed', 'thu', 'fri', 'sat'])) AS u (v)
+        ORDER BY v % 7);
+    -- Vixie cron's rule: a field written starting with '*' (even */2) does not restrict the
+    -- day on its own, and the two day fields are ANDed; when both are restricted, either
+    -- one matching is enough ('0 0 1 * mon' is the 1st and every Monday).
+    spec.dom_star := left(fields[3], 1) = '*';
+    spec.dow_star := left(fields[5], 1) = '*';
+    RETURN spec;
+END
+$fn$;
+
+-- Whether the day of `t` (a UTC timestamp) is one the spec fires on (month and day fields).
+CREATE OR REPLACE FUNCTION runrow._cron_day_matches(spec runrow.cron_spec, t timestamp)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+    SELECT extract(MONTH FROM t)::integer = ANY (spec.months)
+        AND CASE
+            WHEN spec.dom_star OR spec.dow_star
+                THEN extract(DAY FROM t)::integer = ANY (spec.doms)
+                AND extract(DOW FROM t)::integer = ANY (spec.dows)
+            ELSE extract(DAY FROM t)::integer = ANY (spec.doms)
+                OR extract(DOW FROM t)::integer = ANY (spec.dows)
+        END;
+$fn$;
+
+-- The first tick strictly after `after`, or NULL when there is none within ten years (a
+-- cron such as '0 0 30 2 *' never fires; the longest real gap, 29 February across 2100, is
+-- eight years). Walks by whole months, days and hours, so it costs a few dozen steps.
+CREATE OR REPLACE FUNCTION runrow._cron_next(spec runrow.cron_spec, after timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    t timestamp := date_trunc('minute', _cron_next.after AT TIME ZONE 'UTC') + interval '1 minute';
+    horizon timestamp := t + interval '10 years';
+    n integer;
+BEGIN
+    LOOP
+        IF t > horizon THEN
+            RETURN NULL;
+        END IF;
+        IF NOT extract(MONTH FROM t)::integer = ANY (spec.months) THEN
+            t := date_trunc('month', t) + interval '1 month';
+            CONTINUE;
+        END IF;
+        IF NOT runrow._cron_day_matches(spec, t) THEN
+            t := date_trunc('day', t) + interval '1 day';
+            CONTINUE;
+        END IF;
+        SELECT min(h) INTO n FROM unnest(spec.hours) AS u (h) WHERE h >= extract(HOUR FROM t);
+        IF n IS NULL THEN
+            t := date_trunc('day', t) + interval '1 day';
+            CONTINUE;
+        END IF;
+        IF n > extract(HOUR FROM t) THEN
+            t := date_trunc('day', t) + make_interval(hours => n);
+        END IF;
+        SELECT min(m) INTO n FROM unnest(spec.minutes) AS u (m) WHERE m >= extract(MINUTE FROM t);
+        IF n IS NULL THEN
+            t := date_trunc('hour', t) + interval '1 hour';
+            CONTINUE;
+        END IF;
+        RETURN (date_trunc('hour', t) + make_interval(mins => n)) AT TIME ZONE 'UTC';
+    END LOOP;
+END
+$fn$;
+
+-- The last tick at or before `at` and not before `not_before`, or NULL. The mirror image of
+-- _cron_next: catch-up walks back from now over the missed ticks, newest first, so it costs
+-- what it enqueues, not the length of the outage.
+CREATE OR REPLACE FUNCTION runrow._cron_prev(spec runrow.cron_spec, at timestamptz, not_before timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    t timestamp := date_trunc('minute', _cron_prev.at AT TIME ZONE 'UTC');
+    floor_at timestamp := coalesce(_cron_prev.not_before AT TIME ZONE 'UTC', t - interval '10 years');
+    n integer;
+BEGIN
+    LOOP
+        IF t < floor_at THEN
+            RETURN NULL;
+        END IF;
+        IF NOT extract(MONTH FROM t)::integer = ANY (spec.months) THEN
+            t := date_trunc('month', t) - interval '1 minute';
+            CONTINUE;
+        END IF;
+        IF NOT runrow._cron_day_matches(spec, t) THEN
+            t := date_trunc('day', t) - interval '1 minute';
+            CONTINUE;
+        END IF;
+        SELECT max(h) INTO n FROM unnest(spec.hours) AS u (h) WHERE h <= extract(HOUR FROM t);
+        IF n IS NULL THEN
+            t := date_trunc('day', t) - interval '1 minute';
+            CONTINUE;
+        END IF;
+        IF n < extract(HOUR FROM t) THEN
+            t := date_trunc('day', t) + make_interval(hours => n, mins => 59);
+        END IF;
+        SELECT max(m) INTO n FROM unnest(spec.minutes) AS u (m) WHERE m <= extract(MINUTE FROM t);
+        IF n IS NULL THEN
+            t := date_trunc('hour', t) - interval '1 minute';
+            CONTINUE;
+        END IF;
+        t := date_trunc('hour', t) + make_interval(mins => n);
+        RETURN CASE WHEN t < floor_at THEN NULL ELSE t AT TIME ZONE 'UTC' END;
+    END LOOP;
+END
+$fn$;
+
+-- The idempotency key of one tick of one schedule: the second guarantee of exactly once
+-- (after the schedule row's lock), and how a DBA finds the run of a tick in agent_run.
+CREATE OR REPLACE FUNCTION runrow._schedule_tick_key(schedule_id uuid, tick timestamptz)
+RETURNS text
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+    SELECT 'runrow-schedule:' || schedule_id::text || ':'
+        || to_char(tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI"Z"');
+$fn$;
+
+-- The conversation of a tick of a schedule that opens a new one per tick. Derived, not
+-- random: enqueue_run's idempotency fingerprint includes the conversation, so a replayed
+-- tick must name the same one to be recognised as the same request.
+CREATE OR REPLACE FUNCTION runrow._schedule_conversation(schedule_id uuid, tick timestamptz)
+RETURNS uuid
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+    SELECT md5(runrow._schedule_tick_key(schedule_id, tick))::uuid;
+$fn$;
+
+-- fire_schedules with the clock as an argument, so tests can stand at any instant; the
+-- public function passes now(). Each due schedule is taken under its row lock, skipping
+-- rows another reaper holds; its missed ticks are enqueued by the catch-up policy and
+-- next_fire_at moves past `at` in the same transaction. A tick whose enqueue fails on the
+-- template (the conversation belongs to another user, an active run with if_active = reject)
+-- is recorded in last_error and not retried: the same template would fail the same way.
+CREATE OR REPLACE FUNCTION runrow._fire_schedules(at timestamptz, max_schedules integer)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    s runrow.schedule;
+    spec runrow.cron_spec;
+    ticks timestamptz [];
+    tick timestamptz;
+    t timestamptz;
+    enq record;
+    fired integer := 0;
+    err text;
+    last_run uuid;
+BEGIN
+    FOR s IN
+        SELECT * FROM runrow.schedule AS x
+        WHERE x.next_fire_at <= _fire_schedules.at
+        ORDER BY x.next_fire_at
+        LIMIT _fire_schedules.max_schedules
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        spec := runrow._cron_parse(s.cron);
+        -- The missed ticks, at most max_catch_up of the most recent (1 for 'latest').
+        ticks := '{}';
+        t := _fire_schedules.at;
+        WHILE cardinality(ticks) < s.max_catch_up LOOP
+            t := runrow._cron_prev(spec, t, s.next_fire_at);
+            EXIT WHEN t IS NULL;
+            ticks := t || ticks;
+            t := t - interval '1 minute';
+        END LOOP;
+        err := NULL;
+        last_run := NULL;
+        FOREACH tick IN ARRAY ticks LOOP
+            BEGIN
+                SELECT * INTO enq FROM runrow.enqueue_run(
+                    conversation_id => coalesce(s.conversation_id, runrow._schedule_conversation(s.id, tick)),
+                    content => s.content,
+                    model => s.model,
+                    user_id => s.user_id,
+                    system_prompt => s.system_prompt,
+                    tools => s.tools,
+                    max_attempts => s.max_attempts,
+                    idempotency_key => runrow._schedule_tick_key(s.id, tick),
+                    if_active => s.if_active,
+                    metadata => s.metadata
+                );
+                last_run := enq.run_id;
+                err := NULL;
+                IF enq.created THEN
+                    fired := fired + 1;
+                END IF;
+            EXCEPTION
+                WHEN data_exception OR integrity_constraint_violation OR insufficient_privilege
+                    OR object_not_in_prerequisite_state THEN
+                    err := format('tick %s enqueued nothing: %s (SQLSTATE %s)',
+                        to_char(tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI"Z"'), SQLERRM, SQLSTATE);
+            END;
+        END LOOP;
+        UPDATE runrow.schedule AS x SET
+            next_fire_at = runrow._cron_next(spec, _fire_schedules.at),
+            last_tick_at = coalesce(ticks[cardinality(ticks)], x.last_tick_at),
+            last_run_id = coalesce(last_run, x.last_run_id),
+            last_error = err,
+            updated_at = now()
+        WHERE x.id = s.id;
+    END LOOP;
+    RETURN fired;
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._cron_value(text, text, text, integer, integer, text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._cron_field(text, text, text, integer, integer, text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._cron_parse(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._cron_day_matches(runrow.cron_spec, timestamp) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._cron_next(runrow.cron_spec, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._cron_prev(runrow.cron_spec, timestamptz, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._schedule_tick_key(uuid, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._schedule_conversation(uuid, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._fire_schedules(timestamptz, integer) FROM PUBLIC;
+
+COMMENT ON FUNCTION runrow._cron_value(text, text, text, integer, integer, text[]) IS
+'Private. One value of a cron field (a number, or a name where names are given, counted from lo); '
+'22023 naming cron when it is neither or out of lo..hi.';
+COMMENT ON FUNCTION runrow._cron_field(text, text, text, integer, integer, text[]) IS
+'Private. The sorted values one cron field allows: a comma list of *, N, N-M, */S, N-M/S, N/S '
+'(N to hi). 22023 naming cron for an empty item, a bad step, a backwards range or a bad value.';
+COMMENT ON FUNCTION runrow._cron_parse(text) IS
+'Private. Parses a five-field cron expression (UTC; minute hour day-of-month month day-of-week; '
+'names jan..dec and sun..sat; 7 = Sunday; @yearly @annually @monthly @weekly @daily @midnight '
+'@hourly) into a cron_spec, with dom_star/dow_star for Vixie''s day rule. 22004/22023 naming cron.';
+COMMENT ON FUNCTION runrow._cron_day_matches(runrow.cron_spec, timestamp) IS
+'Private. Whether a UTC day is a firing day: the month matches, and day-of-month AND day-of-week '
+'match when either field starts with *, else day-of-month OR day-of-week (Vixie cron).';
+COMMENT ON FUNCTION runrow._cron_next(runrow.cron_spec, timestamptz) IS
+'Private. The first tick (a whole UTC minute the spec matches) strictly after `after`; NULL '
+'when there is none within ten years.';
+COMMENT ON FUNCTION runrow._cron_prev(runrow.cron_spec, timestamptz, timestamptz) IS
+'Private. The last tick at or before `at` and not before `not_before` (NULL: ten years back); '
+'NULL when there is none.';
+COMMENT ON FUNCTION runrow._schedule_tick_key(uuid, timestamptz) IS
+'Private. The enqueue_run idempotency key of one tick of one schedule: '
+'runrow-schedule:<schedule id>:<tick as YYYY-MM-DDTHH:MIZ>.';
+COMMENT ON FUNCTION runrow._schedule_conversation(uuid, timestamptz) IS
+'Private. The conversation id of one tick of a schedule without a fixed conversation: derived '
+'from the tick key, so a replayed tick names the same conversation.';
+COMMENT ON FUNCTION runrow._fire_schedules(timestamptz, integer) IS
+'Private; fire_schedules calls it with now(). Fires up to max_schedules schedules due at `at` '
+'(next_fire_at <= at), each under its row lock taken FOR UPDATE SKIP LOCKED: enqueues its '
+'missed ticks (the newest max_catch_up of them; 1 for catch_up latest) with enqueue_run and '
+'the tick''s idempotency key, records last_tick_at, last_run_id and last_error (a tick whose '
+'enqueue raised 22xxx, 23xxx, 42501 or 55000 is not retried), and moves next_fire_at to the '
+'first tick after `at`, in the caller''s transaction. Returns the number of runs created.';
 
 -- functions/_steps_helpers.sql
 -- Private helpers of the step log and the tool calls. Not granted to any role: only the
@@ -3051,6 +3573,184 @@ COMMENT ON FUNCTION runrow.conversation_history(uuid, uuid) IS
 REVOKE ALL ON FUNCTION runrow.conversation_history(uuid, uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.conversation_history(uuid, uuid) TO runrow_worker;
 
+-- functions/create_schedule.sql
+CREATE OR REPLACE FUNCTION runrow.create_schedule(
+    name text,
+    cron text,
+    content jsonb,
+    model text,
+    conversation_id uuid DEFAULT NULL,
+    user_id text DEFAULT NULL,
+    system_prompt text DEFAULT NULL,
+    tools jsonb DEFAULT '[]',
+    metadata jsonb DEFAULT '{}',
+    max_attempts integer DEFAULT 1,
+    if_active text DEFAULT 'enqueue',
+    catch_up text DEFAULT 'latest',
+    max_catch_up integer DEFAULT NULL
+)
+RETURNS uuid
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    spec runrow.cron_spec;
+    first_tick timestamptz;
+    cap integer;
+    new_id uuid;
+BEGIN
+    -- Validate everything before writing anything; the template gets enqueue_run's checks
+    -- here, so a bad template fails now and not at every tick.
+    PERFORM runrow._require_not_null(create_schedule.name, 'name');
+    IF btrim(create_schedule.name) = '' OR length(create_schedule.name) > 200 THEN
+        RAISE EXCEPTION 'name must be 1 to 200 characters, not blank' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    spec := runrow._cron_parse(create_schedule.cron);
+    first_tick := runrow._cron_next(spec, now());
+    IF first_tick IS NULL THEN
+        RAISE EXCEPTION 'cron "%" never fires (no matching minute in the next ten years)', create_schedule.cron
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(create_schedule.content, 'content');
+    IF NOT (
+        (jsonb_typeof(create_schedule.content) = 'string' AND create_schedule.content #>> '{}' <> '')
+        OR (jsonb_typeof(create_schedule.content) = 'array' AND jsonb_array_length(create_schedule.content) > 0)
+    ) THEN
+        RAISE EXCEPTION 'content must be a non-empty string or a non-empty array of content blocks'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(create_schedule.content::text) > 1048576 THEN
+        RAISE EXCEPTION 'content is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(create_schedule.model, 'model');
+    IF create_schedule.model = '' OR length(create_schedule.model) > 200 THEN
+        RAISE EXCEPTION 'model must be a non-empty model name of at most 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF create_schedule.user_id = '' OR length(create_schedule.user_id) > 200 THEN
+        RAISE EXCEPTION 'user_id must be NULL or 1 to 200 characters' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(create_schedule.system_prompt) > 1048576 THEN
+        RAISE EXCEPTION 'system_prompt is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(create_schedule.tools, 'tools');
+    IF jsonb_typeof(create_schedule.tools) <> 'array' OR EXISTS (
+        SELECT 1 FROM jsonb_array_elements(create_schedule.tools) AS t (def)
+        WHERE jsonb_typeof(t.def) <> 'object' OR jsonb_typeof(t.def -> 'name') IS DISTINCT FROM 'string'
+    ) THEN
+        RAISE EXCEPTION 'tools must be a JSON array of objects with a string "name"'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(create_schedule.tools::text) > 1048576 THEN
+        RAISE EXCEPTION 'tools is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(create_schedule.metadata, 'metadata');
+    IF jsonb_typeof(create_schedule.metadata) <> 'object' THEN
+        RAISE EXCEPTION 'metadata must be a JSON object, got %', jsonb_typeof(create_schedule.metadata)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_range(create_schedule.max_attempts, 'max_attempts', 1, 100);
+    PERFORM runrow._require_not_null(create_schedule.if_active, 'if_active');
+    IF create_schedule.if_active NOT IN ('enqueue', 'reject', 'interrupt') THEN
+        RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', create_schedule.if_active
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(create_schedule.catch_up, 'catch_up');
+    IF create_schedule.catch_up NOT IN ('latest', 'each') THEN
+        RAISE EXCEPTION 'catch_up must be latest (after an outage, only the most recent missed tick) '
+            'or each (every missed tick, up to max_catch_up), got "%"', create_schedule.catch_up
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF create_schedule.catch_up = 'latest' THEN
+        IF coalesce(create_schedule.max_catch_up, 1) <> 1 THEN
+            RAISE EXCEPTION 'max_catch_up must be NULL or 1 with catch_up latest, got %', create_schedule.max_catch_up
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        cap := 1;
+    ELSE
+        cap := coalesce(create_schedule.max_catch_up, 10);
+        PERFORM runrow._require_range(cap, 'max_catch_up', 1, 1000);
+    END IF;
+    -- A fixed conversation someone else owns would make every tick fail: say so now.
+    IF create_schedule.conversation_id IS NOT NULL AND EXISTS (
+        SELECT 1 FROM runrow.conversation AS c
+        WHERE c.id = create_schedule.conversation_id AND c.user_id IS DISTINCT FROM create_schedule.user_id
+    ) THEN
+        RAISE EXCEPTION 'conversation_id % belongs to another user', create_schedule.conversation_id
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+
+    INSERT INTO runrow.schedule AS s (
+        name, cron, conversation_id, content, model, user_id, system_prompt, tools, metadata,
+        max_attempts, if_active, catch_up, max_catch_up, next_fire_at
+    )
+    VALUES (
+        create_schedule.name, create_schedule.cron, create_schedule.conversation_id, create_schedule.content,
+        create_schedule.model, create_schedule.user_id, create_schedule.system_prompt, create_schedule.tools,
+        create_schedule.metadata, create_schedule.max_attempts, create_schedule.if_active,
+        create_schedule.catch_up, cap, first_tick
+    )
+    ON CONFLICT ON CONSTRAINT schedule_name_key DO NOTHING
+    RETURNING s.id INTO new_id;
+    IF new_id IS NULL THEN
+        RAISE EXCEPTION 'name "%" is already taken by another schedule', create_schedule.name
+            USING ERRCODE = 'unique_violation', CONSTRAINT = 'schedule_name_key',
+                  HINT = 'Drop it first (drop_schedule) or choose another name.';
+    END IF;
+    RETURN new_id;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.create_schedule(
+    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer
+) IS
+'Create a recurring run named `name`: at every tick of `cron` (five fields, UTC, Vixie syntax: '
+'*, lists, ranges, steps, month and weekday names, 7 = Sunday, the day-of-month/day-of-week OR '
+'rule, and @hourly/@daily/@weekly/@monthly/@yearly) a reaper pass enqueues the template with '
+'enqueue_run: content, model, user_id, system_prompt, tools, metadata, max_attempts, if_active, '
+'into conversation_id, or into a new conversation per tick when it is NULL. catch_up says what '
+'a pass does with ticks missed during an outage: latest (the default) enqueues only the most '
+'recent, each enqueues every one, but at most max_catch_up (default 10, 1 to 1000) of the most '
+'recent. The first tick is the first after now(). Returns the schedule id. Bad input raises '
+'22004/22023 naming the argument (a cron that cannot parse or never fires names cron), a taken '
+'name raises 23505 (constraint schedule_name_key), a fixed conversation of another user 42501; '
+'nothing is written.';
+
+REVOKE ALL ON FUNCTION runrow.create_schedule(
+    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer
+) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.create_schedule(
+    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer
+) TO runrow_client;
+
+-- functions/drop_schedule.sql
+CREATE OR REPLACE FUNCTION runrow.drop_schedule(name text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(drop_schedule.name, 'name');
+    -- Waits for a reaper pass that is firing this schedule right now, so a tick it enqueues
+    -- is the last one.
+    DELETE FROM runrow.schedule AS s WHERE s.name = drop_schedule.name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'name "%" is not the name of a schedule', drop_schedule.name
+            USING ERRCODE = 'no_data_found', HINT = 'runrow.schedules lists them.';
+    END IF;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.drop_schedule(text) IS
+'Delete the schedule named `name`: no tick of it fires after this commits (a reaper pass firing '
+'it at that moment finishes first). Runs it already enqueued stay and run. An unknown name '
+'raises P0002 naming name, NULL raises 22004; nothing is written.';
+
+REVOKE ALL ON FUNCTION runrow.drop_schedule(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.drop_schedule(text) TO runrow_client;
+
 -- functions/enqueue_run.sql
 CREATE OR REPLACE FUNCTION runrow.enqueue_run(
     conversation_id uuid,
@@ -3502,6 +4202,35 @@ COMMENT ON FUNCTION runrow.finish_runs(jsonb) IS
 
 REVOKE ALL ON FUNCTION runrow.finish_runs(jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.finish_runs(jsonb) TO runrow_worker;
+
+-- functions/fire_schedules.sql
+CREATE OR REPLACE FUNCTION runrow.fire_schedules(max_schedules integer DEFAULT 100)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_range(fire_schedules.max_schedules, 'max_schedules', 1, 10000);
+    RETURN runrow._fire_schedules(now(), fire_schedules.max_schedules);
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.fire_schedules(integer) IS
+'Fire every schedule whose next tick is due by the database clock (now()), up to max_schedules '
+'of them (the oldest due first; the next pass takes the rest). Called by every worker''s '
+'reaper pass, no singleton: each schedule is fired under its row lock taken FOR UPDATE SKIP '
+'LOCKED (a pass never waits for another) and its next_fire_at advances in the same '
+'transaction, and each tick''s run carries an idempotency key of schedule and tick, so a tick '
+'enqueues exactly once whichever workers fire it. Missed ticks follow the schedule''s catch_up '
+'(latest: only the most recent; each: every one, at most max_catch_up of the most recent). A '
+'tick whose template cannot be enqueued (the fixed conversation belongs to another user, has '
+'an active run and if_active = reject, ...) is skipped for good and its error kept in '
+'runrow.schedules.last_error. Returns the number of runs created. max_schedules outside 1 to '
+'10000 raises 22023, NULL 22004; nothing is written.';
+
+REVOKE ALL ON FUNCTION runrow.fire_schedules(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.fire_schedules(integer) TO runrow_worker;
 
 -- functions/get_conversation.sql
 CREATE OR REPLACE FUNCTION runrow.get_conversation(conversation_id uuid)

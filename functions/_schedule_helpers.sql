@@ -1,0 +1,415 @@
+-- Private helpers of the schedules (create_schedule, fire_schedules): a cron parser and its
+-- evaluation, in PL/pgSQL so the database clock is the only clock a tick is measured by.
+-- Cron is the five-field Vixie syntax in UTC: minute hour day-of-month month day-of-week;
+-- each field a list of *, N, N-M, */S, N-M/S or N/S (N to the field's maximum); month and
+-- day-of-week also take names (jan..dec, sun..sat), day-of-week 7 is Sunday; the macros
+-- @yearly @annually @monthly @weekly @daily @midnight @hourly.
+
+-- One value of a field: a number or, where the field has names, a name.
+CREATE OR REPLACE FUNCTION runrow._cron_value(
+    token text, source text, what text, lo integer, hi integer, names text[]
+)
+RETURNS integer
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    v integer;
+BEGIN
+    IF _cron_value.token ~ '^[0-9]{1,2}$' THEN
+        v := _cron_value.token::integer;
+    ELSIF _cron_value.names IS NOT NULL AND _cron_value.token = ANY (_cron_value.names) THEN
+        v := _cron_value.lo + array_position(_cron_value.names, _cron_value.token) - 1;
+    ELSE
+        RAISE EXCEPTION 'cron "%": the % field has "%" where a number% is expected',
+            _cron_value.source, _cron_value.what, _cron_value.token,
+            CASE WHEN _cron_value.names IS NULL THEN '' ELSE ' or a name' END
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF v < _cron_value.lo OR v > _cron_value.hi THEN
+        RAISE EXCEPTION 'cron "%": % % is out of range %-%',
+            _cron_value.source, _cron_value.what, v, _cron_value.lo, _cron_value.hi
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN v;
+END
+$fn$;
+
+-- The sorted set of values one field allows.
+CREATE OR REPLACE FUNCTION runrow._cron_field(
+    field text, source text, what text, lo integer, hi integer, names text[] DEFAULT NULL
+)
+RETURNS integer[]
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    item text;
+    parts text [];
+    bounds text [];
+    a integer;
+    b integer;
+    step integer;
+    result integer [] := '{}';
+BEGIN
+    FOREACH item IN ARRAY string_to_array(_cron_field.field, ',') LOOP
+        IF item = '' THEN
+            RAISE EXCEPTION 'cron "%": the % field has an empty list item', _cron_field.source, _cron_field.what
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        parts := string_to_array(item, '/');
+        step := 1;
+        IF cardinality(parts) > 2 THEN
+            RAISE EXCEPTION 'cron "%": the % field has "%", which has more than one /',
+                _cron_field.source, _cron_field.what, item
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF cardinality(parts) = 2 THEN
+            IF parts[2] !~ '^[0-9]{1,2}$' OR parts[2]::integer = 0 THEN
+                RAISE EXCEPTION 'cron "%": the % field has step "%", which must be a number from 1 to %',
+                    _cron_field.source, _cron_field.what, parts[2], _cron_field.hi - _cron_field.lo + 1
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            step := parts[2]::integer;
+        END IF;
+        IF parts[1] = '*' THEN
+            a := _cron_field.lo;
+            b := _cron_field.hi;
+        ELSIF position('-' IN parts[1]) > 0 THEN
+            bounds := string_to_array(parts[1], '-');
+            IF cardinality(bounds) <> 2 THEN
+                RAISE EXCEPTION 'cron "%": the % field has range "%", which is not N-M',
+                    _cron_field.source, _cron_field.what, parts[1]
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            a := runrow._cron_value(bounds[1], _cron_field.source, _cron_field.what,
+                _cron_field.lo, _cron_field.hi, _cron_field.names);
+            b := runrow._cron_value(bounds[2], _cron_field.source, _cron_field.what,
+                _cron_field.lo, _cron_field.hi, _cron_field.names);
+            IF a > b THEN
+                RAISE EXCEPTION 'cron "%": the % field has range "%", which runs backwards (ranges do not wrap)',
+                    _cron_field.source, _cron_field.what, parts[1]
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+        ELSE
+            a := runrow._cron_value(parts[1], _cron_field.source, _cron_field.what,
+                _cron_field.lo, _cron_field.hi, _cron_field.names);
+            -- N/S means N up to the field's maximum, every S.
+            b := CASE WHEN cardinality(parts) = 2 THEN _cron_field.hi ELSE a END;
+        END IF;
+        result := result || ARRAY(SELECT generate_series(a, b, step));
+    END LOOP;
+    RETURN ARRAY(SELECT DISTINCT v FROM unnest(result) AS u (v) ORDER BY v);
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION runrow._cron_parse(cron text)
+RETURNS runrow.cron_spec
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    expr text;
+    fields text [];
+    spec runrow.cron_spec;
+BEGIN
+    PERFORM runrow._require_not_null(_cron_parse.cron, 'cron');
+    IF length(_cron_parse.cron) > 200 THEN
+        RAISE EXCEPTION 'cron must be at most 200 characters' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    expr := lower(btrim(_cron_parse.cron, E' \t\n\r'));
+    expr := CASE expr
+        WHEN '@yearly' THEN '0 0 1 1 *'
+        WHEN '@annually' THEN '0 0 1 1 *'
+        WHEN '@monthly' THEN '0 0 1 * *'
+        WHEN '@weekly' THEN '0 0 * * 0'
+        WHEN '@daily' THEN '0 0 * * *'
+        WHEN '@midnight' THEN '0 0 * * *'
+        WHEN '@hourly' THEN '0 * * * *'
+        ELSE expr
+    END;
+    IF left(expr, 1) = '@' THEN
+        RAISE EXCEPTION 'cron "%": unknown macro; use five fields or one of @yearly, @annually, '
+            '@monthly, @weekly, @daily, @midnight, @hourly', _cron_parse.cron
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    fields := regexp_split_to_array(expr, '\s+');
+    IF expr = '' OR cardinality(fields) <> 5 THEN
+        RAISE EXCEPTION 'cron "%" must have five fields (minute hour day-of-month month day-of-week, UTC), got %',
+            _cron_parse.cron, CASE WHEN expr = '' THEN 0 ELSE cardinality(fields) END
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'For example ''*/15 * * * *'' (every 15 minutes) or ''0 9 * * mon-fri'' (09:00 UTC on weekdays).';
+    END IF;
+    spec.minutes := runrow._cron_field(fields[1], _cron_parse.cron, 'minute', 0, 59);
+    spec.hours := runrow._cron_field(fields[2], _cron_parse.cron, 'hour', 0, 23);
+    spec.doms := runrow._cron_field(fields[3], _cron_parse.cron, 'day-of-month', 1, 31);
+    spec.months := runrow._cron_field(fields[4], _cron_parse.cron, 'month', 1, 12,
+        ARRAY['jan', 'feb', 'mar', 'apr', 'may', 'jun', 'jul', 'aug', 'sep', 'oct', 'nov', 'dec']);
+    -- 7 is Sunday as well as 0 (as in Vixie cron), so 5-7 means Friday to Sunday.
+    spec.dows := ARRAY(
+        SELECT DISTINCT v % 7 FROM unnest(runrow._cron_field(fields[5], _cron_parse.cron, 'day-of-week', 0, 7,
+            ARRAY['sun', 'mon', 'tue', 'wed', 'thu', 'fri', 'sat'])) AS u (v)
+        ORDER BY v % 7);
+    -- Vixie cron's rule: a field written starting with '*' (even */2) does not restrict the
+    -- day on its own, and the two day fields are ANDed; when both are restricted, either
+    -- one matching is enough ('0 0 1 * mon' is the 1st and every Monday).
+    spec.dom_star := left(fields[3], 1) = '*';
+    spec.dow_star := left(fields[5], 1) = '*';
+    RETURN spec;
+END
+$fn$;
+
+-- Whether the day of `t` (a UTC timestamp) is one the spec fires on (month and day fields).
+CREATE OR REPLACE FUNCTION runrow._cron_day_matches(spec runrow.cron_spec, t timestamp)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+    SELECT extract(MONTH FROM t)::integer = ANY (spec.months)
+        AND CASE
+            WHEN spec.dom_star OR spec.dow_star
+                THEN extract(DAY FROM t)::integer = ANY (spec.doms)
+                AND extract(DOW FROM t)::integer = ANY (spec.dows)
+            ELSE extract(DAY FROM t)::integer = ANY (spec.doms)
+                OR extract(DOW FROM t)::integer = ANY (spec.dows)
+        END;
+$fn$;
+
+-- The first tick strictly after `after`, or NULL when there is none within ten years (a
+-- cron such as '0 0 30 2 *' never fires; the longest real gap, 29 February across 2100, is
+-- eight years). Walks by whole months, days and hours, so it costs a few dozen steps.
+CREATE OR REPLACE FUNCTION runrow._cron_next(spec runrow.cron_spec, after timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    t timestamp := date_trunc('minute', _cron_next.after AT TIME ZONE 'UTC') + interval '1 minute';
+    horizon timestamp := t + interval '10 years';
+    n integer;
+BEGIN
+    LOOP
+        IF t > horizon THEN
+            RETURN NULL;
+        END IF;
+        IF NOT extract(MONTH FROM t)::integer = ANY (spec.months) THEN
+            t := date_trunc('month', t) + interval '1 month';
+            CONTINUE;
+        END IF;
+        IF NOT runrow._cron_day_matches(spec, t) THEN
+            t := date_trunc('day', t) + interval '1 day';
+            CONTINUE;
+        END IF;
+        SELECT min(h) INTO n FROM unnest(spec.hours) AS u (h) WHERE h >= extract(HOUR FROM t);
+        IF n IS NULL THEN
+            t := date_trunc('day', t) + interval '1 day';
+            CONTINUE;
+        END IF;
+        IF n > extract(HOUR FROM t) THEN
+            t := date_trunc('day', t) + make_interval(hours => n);
+        END IF;
+        SELECT min(m) INTO n FROM unnest(spec.minutes) AS u (m) WHERE m >= extract(MINUTE FROM t);
+        IF n IS NULL THEN
+            t := date_trunc('hour', t) + interval '1 hour';
+            CONTINUE;
+        END IF;
+        RETURN (date_trunc('hour', t) + make_interval(mins => n)) AT TIME ZONE 'UTC';
+    END LOOP;
+END
+$fn$;
+
+-- The last tick at or before `at` and not before `not_before`, or NULL. The mirror image of
+-- _cron_next: catch-up walks back from now over the missed ticks, newest first, so it costs
+-- what it enqueues, not the length of the outage.
+CREATE OR REPLACE FUNCTION runrow._cron_prev(spec runrow.cron_spec, at timestamptz, not_before timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    t timestamp := date_trunc('minute', _cron_prev.at AT TIME ZONE 'UTC');
+    floor_at timestamp := coalesce(_cron_prev.not_before AT TIME ZONE 'UTC', t - interval '10 years');
+    n integer;
+BEGIN
+    LOOP
+        IF t < floor_at THEN
+            RETURN NULL;
+        END IF;
+        IF NOT extract(MONTH FROM t)::integer = ANY (spec.months) THEN
+            t := date_trunc('month', t) - interval '1 minute';
+            CONTINUE;
+        END IF;
+        IF NOT runrow._cron_day_matches(spec, t) THEN
+            t := date_trunc('day', t) - interval '1 minute';
+            CONTINUE;
+        END IF;
+        SELECT max(h) INTO n FROM unnest(spec.hours) AS u (h) WHERE h <= extract(HOUR FROM t);
+        IF n IS NULL THEN
+            t := date_trunc('day', t) - interval '1 minute';
+            CONTINUE;
+        END IF;
+        IF n < extract(HOUR FROM t) THEN
+            t := date_trunc('day', t) + make_interval(hours => n, mins => 59);
+        END IF;
+        SELECT max(m) INTO n FROM unnest(spec.minutes) AS u (m) WHERE m <= extract(MINUTE FROM t);
+        IF n IS NULL THEN
+            t := date_trunc('hour', t) - interval '1 minute';
+            CONTINUE;
+        END IF;
+        t := date_trunc('hour', t) + make_interval(mins => n);
+        RETURN CASE WHEN t < floor_at THEN NULL ELSE t AT TIME ZONE 'UTC' END;
+    END LOOP;
+END
+$fn$;
+
+-- The idempotency key of one tick of one schedule: the second guarantee of exactly once
+-- (after the schedule row's lock), and how a DBA finds the run of a tick in agent_run.
+CREATE OR REPLACE FUNCTION runrow._schedule_tick_key(schedule_id uuid, tick timestamptz)
+RETURNS text
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+    SELECT 'runrow-schedule:' || schedule_id::text || ':'
+        || to_char(tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI"Z"');
+$fn$;
+
+-- The conversation of a tick of a schedule that opens a new one per tick. Derived, not
+-- random: enqueue_run's idempotency fingerprint includes the conversation, so a replayed
+-- tick must name the same one to be recognised as the same request.
+CREATE OR REPLACE FUNCTION runrow._schedule_conversation(schedule_id uuid, tick timestamptz)
+RETURNS uuid
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+    SELECT md5(runrow._schedule_tick_key(schedule_id, tick))::uuid;
+$fn$;
+
+-- fire_schedules with the clock as an argument, so tests can stand at any instant; the
+-- public function passes now(). Each due schedule is taken under its row lock, skipping
+-- rows another reaper holds; its missed ticks are enqueued by the catch-up policy and
+-- next_fire_at moves past `at` in the same transaction. A tick whose enqueue fails on the
+-- template (the conversation belongs to another user, an active run with if_active = reject)
+-- is recorded in last_error and not retried: the same template would fail the same way.
+CREATE OR REPLACE FUNCTION runrow._fire_schedules(at timestamptz, max_schedules integer)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    s runrow.schedule;
+    spec runrow.cron_spec;
+    ticks timestamptz [];
+    tick timestamptz;
+    t timestamptz;
+    enq record;
+    fired integer := 0;
+    err text;
+    last_run uuid;
+BEGIN
+    FOR s IN
+        SELECT * FROM runrow.schedule AS x
+        WHERE x.next_fire_at <= _fire_schedules.at
+        ORDER BY x.next_fire_at
+        LIMIT _fire_schedules.max_schedules
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        spec := runrow._cron_parse(s.cron);
+        -- The missed ticks, at most max_catch_up of the most recent (1 for 'latest').
+        ticks := '{}';
+        t := _fire_schedules.at;
+        WHILE cardinality(ticks) < s.max_catch_up LOOP
+            t := runrow._cron_prev(spec, t, s.next_fire_at);
+            EXIT WHEN t IS NULL;
+            ticks := t || ticks;
+            t := t - interval '1 minute';
+        END LOOP;
+        err := NULL;
+        last_run := NULL;
+        FOREACH tick IN ARRAY ticks LOOP
+            BEGIN
+                SELECT * INTO enq FROM runrow.enqueue_run(
+                    conversation_id => coalesce(s.conversation_id, runrow._schedule_conversation(s.id, tick)),
+                    content => s.content,
+                    model => s.model,
+                    user_id => s.user_id,
+                    system_prompt => s.system_prompt,
+                    tools => s.tools,
+                    max_attempts => s.max_attempts,
+                    idempotency_key => runrow._schedule_tick_key(s.id, tick),
+                    if_active => s.if_active,
+                    metadata => s.metadata
+                );
+                last_run := enq.run_id;
+                err := NULL;
+                IF enq.created THEN
+                    fired := fired + 1;
+                END IF;
+            EXCEPTION
+                WHEN data_exception OR integrity_constraint_violation OR insufficient_privilege
+                    OR object_not_in_prerequisite_state THEN
+                    err := format('tick %s enqueued nothing: %s (SQLSTATE %s)',
+                        to_char(tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI"Z"'), SQLERRM, SQLSTATE);
+            END;
+        END LOOP;
+        UPDATE runrow.schedule AS x SET
+            next_fire_at = runrow._cron_next(spec, _fire_schedules.at),
+            last_tick_at = coalesce(ticks[cardinality(ticks)], x.last_tick_at),
+            last_run_id = coalesce(last_run, x.last_run_id),
+            last_error = err,
+            updated_at = now()
+        WHERE x.id = s.id;
+    END LOOP;
+    RETURN fired;
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._cron_value(text, text, text, integer, integer, text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._cron_field(text, text, text, integer, integer, text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._cron_parse(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._cron_day_matches(runrow.cron_spec, timestamp) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._cron_next(runrow.cron_spec, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._cron_prev(runrow.cron_spec, timestamptz, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._schedule_tick_key(uuid, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._schedule_conversation(uuid, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._fire_schedules(timestamptz, integer) FROM PUBLIC;
+
+COMMENT ON FUNCTION runrow._cron_value(text, text, text, integer, integer, text[]) IS
+'Private. One value of a cron field (a number, or a name where names are given, counted from lo); '
+'22023 naming cron when it is neither or out of lo..hi.';
+COMMENT ON FUNCTION runrow._cron_field(text, text, text, integer, integer, text[]) IS
+'Private. The sorted values one cron field allows: a comma list of *, N, N-M, */S, N-M/S, N/S '
+'(N to hi). 22023 naming cron for an empty item, a bad step, a backwards range or a bad value.';
+COMMENT ON FUNCTION runrow._cron_parse(text) IS
+'Private. Parses a five-field cron expression (UTC; minute hour day-of-month month day-of-week; '
+'names jan..dec and sun..sat; 7 = Sunday; @yearly @annually @monthly @weekly @daily @midnight '
+'@hourly) into a cron_spec, with dom_star/dow_star for Vixie''s day rule. 22004/22023 naming cron.';
+COMMENT ON FUNCTION runrow._cron_day_matches(runrow.cron_spec, timestamp) IS
+'Private. Whether a UTC day is a firing day: the month matches, and day-of-month AND day-of-week '
+'match when either field starts with *, else day-of-month OR day-of-week (Vixie cron).';
+COMMENT ON FUNCTION runrow._cron_next(runrow.cron_spec, timestamptz) IS
+'Private. The first tick (a whole UTC minute the spec matches) strictly after `after`; NULL '
+'when there is none within ten years.';
+COMMENT ON FUNCTION runrow._cron_prev(runrow.cron_spec, timestamptz, timestamptz) IS
+'Private. The last tick at or before `at` and not before `not_before` (NULL: ten years back); '
+'NULL when there is none.';
+COMMENT ON FUNCTION runrow._schedule_tick_key(uuid, timestamptz) IS
+'Private. The enqueue_run idempotency key of one tick of one schedule: '
+'runrow-schedule:<schedule id>:<tick as YYYY-MM-DDTHH:MIZ>.';
+COMMENT ON FUNCTION runrow._schedule_conversation(uuid, timestamptz) IS
+'Private. The conversation id of one tick of a schedule without a fixed conversation: derived '
+'from the tick key, so a replayed tick names the same conversation.';
+COMMENT ON FUNCTION runrow._fire_schedules(timestamptz, integer) IS
+'Private; fire_schedules calls it with now(). Fires up to max_schedules schedules due at `at` '
+'(next_fire_at <= at), each under its row lock taken FOR UPDATE SKIP LOCKED: enqueues its '
+'missed ticks (the newest max_catch_up of them; 1 for catch_up latest) with enqueue_run and '
+'the tick''s idempotency key, records last_tick_at, last_run_id and last_error (a tick whose '
+'enqueue raised 22xxx, 23xxx, 42501 or 55000 is not retried), and moves next_fire_at to the '
+'first tick after `at`, in the caller''s transaction. Returns the number of runs created.';

@@ -1,0 +1,149 @@
+CREATE OR REPLACE FUNCTION runrow.create_schedule(
+    name text,
+    cron text,
+    content jsonb,
+    model text,
+    conversation_id uuid DEFAULT NULL,
+    user_id text DEFAULT NULL,
+    system_prompt text DEFAULT NULL,
+    tools jsonb DEFAULT '[]',
+    metadata jsonb DEFAULT '{}',
+    max_attempts integer DEFAULT 1,
+    if_active text DEFAULT 'enqueue',
+    catch_up text DEFAULT 'latest',
+    max_catch_up integer DEFAULT NULL
+)
+RETURNS uuid
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    spec runrow.cron_spec;
+    first_tick timestamptz;
+    cap integer;
+    new_id uuid;
+BEGIN
+    -- Validate everything before writing anything; the template gets enqueue_run's checks
+    -- here, so a bad template fails now and not at every tick.
+    PERFORM runrow._require_not_null(create_schedule.name, 'name');
+    IF btrim(create_schedule.name) = '' OR length(create_schedule.name) > 200 THEN
+        RAISE EXCEPTION 'name must be 1 to 200 characters, not blank' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    spec := runrow._cron_parse(create_schedule.cron);
+    first_tick := runrow._cron_next(spec, now());
+    IF first_tick IS NULL THEN
+        RAISE EXCEPTION 'cron "%" never fires (no matching minute in the next ten years)', create_schedule.cron
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(create_schedule.content, 'content');
+    IF NOT (
+        (jsonb_typeof(create_schedule.content) = 'string' AND create_schedule.content #>> '{}' <> '')
+        OR (jsonb_typeof(create_schedule.content) = 'array' AND jsonb_array_length(create_schedule.content) > 0)
+    ) THEN
+        RAISE EXCEPTION 'content must be a non-empty string or a non-empty array of content blocks'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(create_schedule.content::text) > 1048576 THEN
+        RAISE EXCEPTION 'content is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(create_schedule.model, 'model');
+    IF create_schedule.model = '' OR length(create_schedule.model) > 200 THEN
+        RAISE EXCEPTION 'model must be a non-empty model name of at most 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF create_schedule.user_id = '' OR length(create_schedule.user_id) > 200 THEN
+        RAISE EXCEPTION 'user_id must be NULL or 1 to 200 characters' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(create_schedule.system_prompt) > 1048576 THEN
+        RAISE EXCEPTION 'system_prompt is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(create_schedule.tools, 'tools');
+    IF jsonb_typeof(create_schedule.tools) <> 'array' OR EXISTS (
+        SELECT 1 FROM jsonb_array_elements(create_schedule.tools) AS t (def)
+        WHERE jsonb_typeof(t.def) <> 'object' OR jsonb_typeof(t.def -> 'name') IS DISTINCT FROM 'string'
+    ) THEN
+        RAISE EXCEPTION 'tools must be a JSON array of objects with a string "name"'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(create_schedule.tools::text) > 1048576 THEN
+        RAISE EXCEPTION 'tools is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(create_schedule.metadata, 'metadata');
+    IF jsonb_typeof(create_schedule.metadata) <> 'object' THEN
+        RAISE EXCEPTION 'metadata must be a JSON object, got %', jsonb_typeof(create_schedule.metadata)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_range(create_schedule.max_attempts, 'max_attempts', 1, 100);
+    PERFORM runrow._require_not_null(create_schedule.if_active, 'if_active');
+    IF create_schedule.if_active NOT IN ('enqueue', 'reject', 'interrupt') THEN
+        RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', create_schedule.if_active
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_not_null(create_schedule.catch_up, 'catch_up');
+    IF create_schedule.catch_up NOT IN ('latest', 'each') THEN
+        RAISE EXCEPTION 'catch_up must be latest (after an outage, only the most recent missed tick) '
+            'or each (every missed tick, up to max_catch_up), got "%"', create_schedule.catch_up
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF create_schedule.catch_up = 'latest' THEN
+        IF coalesce(create_schedule.max_catch_up, 1) <> 1 THEN
+            RAISE EXCEPTION 'max_catch_up must be NULL or 1 with catch_up latest, got %', create_schedule.max_catch_up
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        cap := 1;
+    ELSE
+        cap := coalesce(create_schedule.max_catch_up, 10);
+        PERFORM runrow._require_range(cap, 'max_catch_up', 1, 1000);
+    END IF;
+    -- A fixed conversation someone else owns would make every tick fail: say so now.
+    IF create_schedule.conversation_id IS NOT NULL AND EXISTS (
+        SELECT 1 FROM runrow.conversation AS c
+        WHERE c.id = create_schedule.conversation_id AND c.user_id IS DISTINCT FROM create_schedule.user_id
+    ) THEN
+        RAISE EXCEPTION 'conversation_id % belongs to another user', create_schedule.conversation_id
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+
+    INSERT INTO runrow.schedule AS s (
+        name, cron, conversation_id, content, model, user_id, system_prompt, tools, metadata,
+        max_attempts, if_active, catch_up, max_catch_up, next_fire_at
+    )
+    VALUES (
+        create_schedule.name, create_schedule.cron, create_schedule.conversation_id, create_schedule.content,
+        create_schedule.model, create_schedule.user_id, create_schedule.system_prompt, create_schedule.tools,
+        create_schedule.metadata, create_schedule.max_attempts, create_schedule.if_active,
+        create_schedule.catch_up, cap, first_tick
+    )
+    ON CONFLICT ON CONSTRAINT schedule_name_key DO NOTHING
+    RETURNING s.id INTO new_id;
+    IF new_id IS NULL THEN
+        RAISE EXCEPTION 'name "%" is already taken by another schedule', create_schedule.name
+            USING ERRCODE = 'unique_violation', CONSTRAINT = 'schedule_name_key',
+                  HINT = 'Drop it first (drop_schedule) or choose another name.';
+    END IF;
+    RETURN new_id;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.create_schedule(
+    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer
+) IS
+'Create a recurring run named `name`: at every tick of `cron` (five fields, UTC, Vixie syntax: '
+'*, lists, ranges, steps, month and weekday names, 7 = Sunday, the day-of-month/day-of-week OR '
+'rule, and @hourly/@daily/@weekly/@monthly/@yearly) a reaper pass enqueues the template with '
+'enqueue_run: content, model, user_id, system_prompt, tools, metadata, max_attempts, if_active, '
+'into conversation_id, or into a new conversation per tick when it is NULL. catch_up says what '
+'a pass does with ticks missed during an outage: latest (the default) enqueues only the most '
+'recent, each enqueues every one, but at most max_catch_up (default 10, 1 to 1000) of the most '
+'recent. The first tick is the first after now(). Returns the schedule id. Bad input raises '
+'22004/22023 naming the argument (a cron that cannot parse or never fires names cron), a taken '
+'name raises 23505 (constraint schedule_name_key), a fixed conversation of another user 42501; '
+'nothing is written.';
+
+REVOKE ALL ON FUNCTION runrow.create_schedule(
+    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer
+) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.create_schedule(
+    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer
+) TO runrow_client;

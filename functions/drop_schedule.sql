@@ -1,0 +1,25 @@
+CREATE OR REPLACE FUNCTION runrow.drop_schedule(name text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(drop_schedule.name, 'name');
+    -- Waits for a reaper pass that is firing this schedule right now, so a tick it enqueues
+    -- is the last one.
+    DELETE FROM runrow.schedule AS s WHERE s.name = drop_schedule.name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'name "%" is not the name of a schedule', drop_schedule.name
+            USING ERRCODE = 'no_data_found', HINT = 'runrow.schedules lists them.';
+    END IF;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.drop_schedule(text) IS
+'Delete the schedule named `name`: no tick of it fires after this commits (a reaper pass firing '
+'it at that moment finishes first). Runs it already enqueued stay and run. An unknown name '
+'raises P0002 naming name, NULL raises 22004; nothing is written.';
+
+REVOKE ALL ON FUNCTION runrow.drop_schedule(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.drop_schedule(text) TO runrow_client;
