@@ -275,6 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_approval_commands(sub)
 
+    # schedules [list | add | remove]: recurring runs, fired by every worker's reaper pass.
+    from pyworker.cli.schedules import add_commands as add_schedule_commands
+
+    add_schedule_commands(sub)
+
     from pyworker.cli.serve import add_command as add_serve
 
     add_serve(sub)

@@ -8,6 +8,10 @@ The same loop trims the live journal of runs terminal for longer than `trim_afte
 (runrow.trim_journal; steps, messages and effects stay): the journal is a delivery buffer,
 and without this nobody would ever empty it. trim_journal reads only runs it has not trimmed
 yet, so asking on every pass costs the same with any amount of history.
+
+And it fires the schedules (runrow.fire_schedules): every worker asks, each due tick enqueues
+once whoever asks first, and a pass skips the schedules another worker is firing instead of
+waiting for it, so the fleet needs no scheduler of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import random
 
 from psycopg_pool import AsyncConnectionPool
 
-from pyworker.db import api
+from pyworker.db import api, schedules
 
 log = logging.getLogger("runrow.reaper")
 
@@ -41,6 +45,14 @@ async def trim_once(pool: AsyncConnectionPool, older_than_seconds: float) -> int
     return trimmed
 
 
+async def fire_once(pool: AsyncConnectionPool) -> int:
+    async with pool.connection() as conn:
+        fired = await schedules.fire_schedules(conn)
+    if fired:
+        log.info("schedules: enqueued %d run(s) for due ticks", fired)
+    return fired
+
+
 async def reaper_loop(
     pool: AsyncConnectionPool, *, interval: float, grace_seconds: int, trim_after: float | None = None
 ) -> None:
@@ -49,8 +61,16 @@ async def reaper_loop(
             reaped = await reap_once(pool, grace_seconds)
             if len(reaped) == 100:
                 continue  # more orphans than one pass takes: go again at once
+        except Exception as exc:
+            log.warning("reap failed, retrying after the interval: %s", exc)
+        # Apart from the reap: a schedule that cannot fire must not stop the reaping, nor the reverse.
+        try:
+            await fire_once(pool)
+        except Exception as exc:
+            log.warning("firing schedules failed, retrying after the interval: %s", exc)
+        try:
             if trim_after is not None:
                 await trim_once(pool, trim_after)
         except Exception as exc:
-            log.warning("reap failed, retrying after the interval: %s", exc)
+            log.warning("trim failed, retrying after the interval: %s", exc)
         await asyncio.sleep(interval * random.uniform(0.5, 1.5))

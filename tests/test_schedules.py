@@ -1,0 +1,230 @@
+"""Schedules across real sessions and processes: two reapers firing one due tick enqueue one
+run (SKIP LOCKED: neither waits for the other), a drop waits for the pass that is firing its
+schedule, a real worker's reaper fires a due tick by itself, and `runrow schedules`
+list/add/remove with its errors as exit 2.
+
+The cron evaluation, catch-up policies and template checks are pgTAP's
+(pgtap/cron.sql, create_schedule.sql, fire_schedules.sql)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import psycopg
+import pytest
+from race_support import Background, Connect, database_url, owner
+from worker_support import WorkerProcess, wait_until
+
+__all__ = ["database_url", "owner"]  # the fixtures, re-exported for pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def no_schedules(owner: psycopg.Connection) -> None:
+    """Only the test's own schedules are due (set-up as the owner)."""
+    owner.execute("DELETE FROM runrow.schedule")
+
+
+def due_schedule(conn: psycopg.Connection, name: str, **template: object) -> uuid.UUID:
+    """A yearly schedule whose tick of this 1 January is due and not fired, as after an outage.
+    Yearly, so no other tick falls due while the test runs."""
+    metadata = template.pop("metadata", {})
+    model = template.pop("model", "test-model")
+    schedule_id = conn.execute(
+        "SELECT runrow.create_schedule(name => %s, cron => '0 0 1 1 *', content => '\"tick\"', "
+        "model => %s, metadata => %s)",
+        (name, model, json.dumps(metadata)),
+    ).fetchone()[0]
+    conn.execute(
+        "UPDATE runrow.schedule"
+        " SET next_fire_at = date_trunc('year', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' WHERE id = %s",
+        (schedule_id,),
+    )
+    return schedule_id
+
+
+def fire(conn: psycopg.Connection) -> int:
+    return conn.execute("SELECT runrow.fire_schedules()").fetchone()[0]
+
+
+def runs_of(conn: psycopg.Connection, schedule_id: uuid.UUID) -> list[tuple[uuid.UUID, str]]:
+    return conn.execute(
+        "SELECT id, status FROM runrow.agent_run WHERE idempotency_key LIKE %s ORDER BY enqueue_seq",
+        (f"runrow-schedule:{schedule_id}:%",),
+    ).fetchall()
+
+
+def test_two_reapers_firing_one_due_tick_enqueue_one_run(connect: Connect, owner: psycopg.Connection) -> None:
+    schedule_id = due_schedule(owner, "race-fire")
+    first = connect(autocommit=False)
+    assert fire(first) == 1, "the first reaper fires the tick (and holds the schedule row, uncommitted)"
+
+    # The second reaper's pass skips the locked row and returns at once: it never waits for the
+    # first (result() has a deadline; a pass blocked on the row lock would still be busy).
+    second = Background(connect(), fire)
+    assert second.result() == 0
+
+    first.commit()
+    assert fire(connect()) == 0, "after the commit, next_fire_at has moved past the tick"
+    assert len(runs_of(owner, schedule_id)) == 1, "one run for the tick"
+    next_fire_at, last_run_id = owner.execute(
+        "SELECT next_fire_at > now(), last_run_id FROM runrow.schedule WHERE id = %s", (schedule_id,)
+    ).fetchone()
+    assert next_fire_at and last_run_id == runs_of(owner, schedule_id)[0][0]
+
+
+def test_a_pass_rolled_back_leaves_the_tick_to_the_next(connect: Connect, owner: psycopg.Connection) -> None:
+    schedule_id = due_schedule(owner, "race-rollback")
+    first = connect(autocommit=False)
+    assert fire(first) == 1
+    second = Background(connect(), fire)
+    assert second.result() == 0, "skipped while the first holds it"
+    first.rollback()  # the first reaper's connection died mid-pass
+    assert runs_of(owner, schedule_id) == [], "nothing of the rolled-back pass stays"
+    assert fire(connect()) == 1, "the next pass fires the tick"
+    assert len(runs_of(owner, schedule_id)) == 1
+
+
+def test_a_drop_waits_for_the_pass_firing_its_schedule(connect: Connect, owner: psycopg.Connection) -> None:
+    schedule_id = due_schedule(owner, "race-drop")
+    firing = connect(autocommit=False)
+    assert fire(firing) == 1
+    drop = Background(connect(), lambda c: c.execute("SELECT runrow.drop_schedule('race-drop')"))
+    drop.wait_blocked_by(owner, firing)
+    firing.commit()
+    drop.result()
+    assert owner.execute("SELECT count(*) FROM runrow.schedules WHERE name = 'race-drop'").fetchone()[0] == 0
+    assert [status for _, status in runs_of(owner, schedule_id)] == ["queued"], "the fired run stays"
+
+
+def test_a_workers_reaper_fires_a_due_tick(database_url: str, owner: psycopg.Connection) -> None:
+    schedule_id = due_schedule(
+        owner, "reaper-fires", model="echo", metadata={"echo": "scheduled hello", "duration": 0}
+    )
+    worker = WorkerProcess(database_url, "sched-worker", ["--reap-interval", "0.2", "--poll", "0.2"])
+    try:
+        worker.wait_started()
+        runs = wait_until(
+            lambda: [r for r in runs_of(owner, schedule_id) if r[1] == "completed"],
+            30,
+            f"the scheduled run to complete\n{worker.log()}",
+        )
+        assert len(runs) == 1
+        result = owner.execute("SELECT result FROM runrow.agent_run WHERE id = %s", (runs[0][0],)).fetchone()[
+            0
+        ]
+        assert "scheduled hello" in json.dumps(result)
+        worker.wait_log("schedules: enqueued 1 run(s) for due ticks")
+    finally:
+        worker.close()
+    assert len(runs_of(owner, schedule_id)) == 1, "every later pass found nothing due"
+
+
+# --- runrow schedules ---------------------------------------------------------------------
+
+
+def runrow(url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env["DATABASE_URL"] = url
+    return subprocess.run(
+        [sys.executable, "-m", "pyworker", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=REPO,
+    )
+
+
+def test_cli_adds_lists_and_removes(database_url: str) -> None:
+    added = runrow(
+        database_url,
+        "schedules",
+        "add",
+        "digest",
+        "0 7 * * mon-fri",
+        "Summarize yesterday",
+        "--catch-up",
+        "each",
+    )
+    assert added.returncode == 0, added.stderr
+    schedule_id = uuid.UUID(added.stdout.strip())
+    assert "schedule digest: next tick " in added.stderr and "a new conversation per tick" in added.stderr
+
+    listed = runrow(database_url, "schedules")
+    assert listed.returncode == 0, listed.stderr
+    assert "digest" in listed.stdout and "0 7 * * mon-fri" in listed.stdout and "each<=10" in listed.stdout
+    (row,) = [
+        json.loads(line) for line in runrow(database_url, "schedules", "list", "--json").stdout.splitlines()
+    ]
+    assert row["id"] == str(schedule_id) and row["catch_up"] == "each" and row["last_run_id"] is None
+
+    from_stdin = runrow(database_url, "schedules", "add", "piped", "@hourly", "-", stdin="From stdin")
+    assert from_stdin.returncode == 0, from_stdin.stderr
+
+    removed = runrow(database_url, "schedules", "remove", "digest")
+    assert removed.returncode == 0, removed.stderr
+    assert "digest" not in runrow(database_url, "schedules", "list").stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["add", "bad", "61 * * * *", "hi"],
+            'runrow: invalid argument: cron "61 * * * *": minute 61 is out of range 0-59\n',
+        ),
+        (
+            ["add", "bad", "every day", "hi"],
+            'runrow: invalid argument: cron "every day" must have five fields (minute hour day-of-month '
+            "month day-of-week, UTC), got 2\n",
+        ),
+        (
+            ["add", "taken", "@daily", "hi"],
+            'runrow: already used: name "taken" is already taken by another schedule\n',
+        ),
+        (["remove", "nope"], 'runrow: not found: name "nope" is not the name of a schedule\n'),
+        (
+            ["add", "bad", "@daily", "hi", "--max-catch-up", "5"],
+            "runrow: --max-catch-up goes with --catch-up each (latest fires only the most recent tick)\n",
+        ),
+        (
+            ["add", "bad", "@daily", "hi", "--catch-up", "each", "--max-catch-up", "0"],
+            "runrow: invalid argument: max_catch_up must be between 1 and 1000, got 0\n",
+        ),
+        (
+            ["add", "bad", "@daily", "  "],
+            "runrow: the message is empty: give the text as an argument or on stdin with `-`\n",
+        ),
+    ],
+)
+def test_cli_errors_are_one_line_and_exit_2(
+    database_url: str, owner: psycopg.Connection, args: list[str], message: str
+) -> None:
+    owner.execute("SELECT runrow.create_schedule('taken', '@daily', '\"x\"', 'm')")
+    before = owner.execute("SELECT count(*) FROM runrow.schedule").fetchone()[0]
+    result = runrow(database_url, "schedules", *args)
+    assert (result.returncode, result.stderr) == (2, message)
+    assert owner.execute("SELECT count(*) FROM runrow.schedule").fetchone()[0] == before, "nothing written"
+
+
+def test_cli_help_teaches_cron_and_catch_up(database_url: str) -> None:
+    for args in (["schedules", "--help"], ["schedules", "add", "--help"]):
+        shown = runrow(database_url, *args)
+        assert shown.returncode == 0
+        for needle in (
+            "five fields in UTC",
+            "day-of-week",
+            "latest (default)",
+            "--max-catch-up",
+            "examples:",
+        ):
+            assert needle in shown.stdout, (args, needle)
+    usage = runrow(database_url, "schedules", "add", "only-a-name")
+    assert usage.returncode == 2 and "the following arguments are required: cron, message" in usage.stderr
