@@ -4,7 +4,7 @@
 -- queued (attempts left), cancelled (a stop was requested), failed (max_attempts = 1)
 -- or dead (attempts exhausted). Journals and wakes accordingly. NULL when fenced out.
 CREATE OR REPLACE FUNCTION runrow._end_claim(
-    run_id uuid, claim_token uuid, error text, expired_grace_seconds integer
+    run_id uuid, claim_token uuid, error text, expired_grace_seconds integer, retry_in interval
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -25,7 +25,12 @@ BEGIN
         finished_at = CASE WHEN a.cancel_requested OR a.attempt >= a.max_attempts THEN now() END,
         error = _end_claim.error,
         claim_token = NULL,
-        claim_expires_at = NULL
+        claim_expires_at = NULL,
+        -- A requeue is claimable after retry_in, or at once (a reap: the crash says nothing
+        -- about the model, and the run has already waited out its lease).
+        not_before = CASE
+            WHEN NOT a.cancel_requested AND a.attempt < a.max_attempts THEN now() + _end_claim.retry_in
+        END
     WHERE a.id = _end_claim.run_id
       AND a.claim_token = _end_claim.claim_token
       AND a.status = 'running'
@@ -40,9 +45,11 @@ BEGIN
         outcome := 'requeued';
         last_seq := runrow._journal(r.id, jsonb_build_array(jsonb_build_object(
             'type', 'run_requeued', 'attempt', r.attempt, 'max_attempts', r.max_attempts,
-            'error', _end_claim.error)));
+            'error', _end_claim.error) || jsonb_strip_nulls(jsonb_build_object('not_before', r.not_before))));
         PERFORM runrow._wake_tails(r.id, last_seq);
-        PERFORM runrow._wake_dispatchers(r.conversation_id);
+        IF r.not_before IS NULL THEN
+            PERFORM runrow._wake_dispatchers(r.conversation_id);
+        END IF;
     ELSE
         outcome := r.status;
         PERFORM runrow._journal_complete(r.id, r.conversation_id, r.status, NULL, _end_claim.error);
@@ -51,4 +58,4 @@ BEGIN
 END
 $fn$;
 
-REVOKE ALL ON FUNCTION runrow._end_claim(uuid, uuid, text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._end_claim(uuid, uuid, text, integer, interval) FROM PUBLIC;

@@ -148,6 +148,37 @@ BEGIN
 END
 $fn$;
 
+-- An optional delay: NULL (none) or more than zero and at most hi. A zero or negative delay is
+-- a caller's mistake (it would read as "later" and mean "now"), not a request to run at once.
+CREATE OR REPLACE FUNCTION runrow._require_delay(value interval, arg text, hi interval)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    IF value IS NOT NULL AND (value <= interval '0' OR value > hi) THEN
+        RAISE EXCEPTION '% must be NULL or more than 0 and at most %, got %', arg, hi, value
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$fn$;
+
+-- An optional key naming a tenant or a limit: NULL or 1 to 200 characters.
+CREATE OR REPLACE FUNCTION runrow._require_key(value text, arg text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    IF value = '' OR length(value) > 200 THEN
+        RAISE EXCEPTION '% must be NULL or 1 to 200 characters', arg
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$fn$;
+
 REVOKE ALL ON FUNCTION runrow._pin_prompt(text, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lock_conversation(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._journal(uuid, jsonb) FROM PUBLIC;
@@ -157,3 +188,5 @@ REVOKE ALL ON FUNCTION runrow._wake_dispatchers(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._journal_complete(uuid, uuid, text, jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_not_null(anyelement, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_range(bigint, text, bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_delay(interval, text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_key(text, text) FROM PUBLIC;

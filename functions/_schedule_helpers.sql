@@ -345,7 +345,10 @@ BEGIN
                     max_attempts => s.max_attempts,
                     idempotency_key => runrow._schedule_tick_key(s.id, tick),
                     if_active => s.if_active,
-                    metadata => s.metadata
+                    metadata => s.metadata,
+                    priority => s.priority,
+                    fairness_key => s.fairness_key,
+                    concurrency_key => s.concurrency_key
                 );
                 last_run := enq.run_id;
                 err := NULL;

@@ -11,7 +11,10 @@ CREATE OR REPLACE FUNCTION runrow.create_schedule(
     max_attempts integer DEFAULT 1,
     if_active text DEFAULT 'enqueue',
     catch_up text DEFAULT 'latest',
-    max_catch_up integer DEFAULT NULL
+    max_catch_up integer DEFAULT NULL,
+    priority integer DEFAULT 0,
+    fairness_key text DEFAULT NULL,
+    concurrency_key text DEFAULT NULL
 )
 RETURNS uuid
 LANGUAGE plpgsql
@@ -96,6 +99,9 @@ BEGIN
         cap := coalesce(create_schedule.max_catch_up, 10);
         PERFORM runrow._require_range(cap, 'max_catch_up', 1, 1000);
     END IF;
+    PERFORM runrow._require_range(create_schedule.priority, 'priority', -1000, 1000);
+    PERFORM runrow._require_key(create_schedule.fairness_key, 'fairness_key');
+    PERFORM runrow._require_key(create_schedule.concurrency_key, 'concurrency_key');
     -- A fixed conversation someone else owns would make every tick fail: say so now.
     IF create_schedule.conversation_id IS NOT NULL AND EXISTS (
         SELECT 1 FROM runrow.conversation AS c
@@ -107,12 +113,13 @@ BEGIN
 
     INSERT INTO runrow.schedule AS s (
         name, cron, conversation_id, content, model, user_id, system_prompt, tools, metadata,
-        max_attempts, if_active, catch_up, max_catch_up, next_fire_at
+        max_attempts, if_active, priority, fairness_key, concurrency_key, catch_up, max_catch_up, next_fire_at
     )
     VALUES (
         create_schedule.name, create_schedule.cron, create_schedule.conversation_id, create_schedule.content,
         create_schedule.model, create_schedule.user_id, create_schedule.system_prompt, create_schedule.tools,
         create_schedule.metadata, create_schedule.max_attempts, create_schedule.if_active,
+        create_schedule.priority, create_schedule.fairness_key, create_schedule.concurrency_key,
         create_schedule.catch_up, cap, first_tick
     )
     ON CONFLICT ON CONSTRAINT schedule_name_key DO NOTHING
@@ -127,12 +134,13 @@ END
 $fn$;
 
 COMMENT ON FUNCTION runrow.create_schedule(
-    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer
+    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer, integer, text, text
 ) IS
 'Create a recurring run named `name`: at every tick of `cron` (five fields, UTC, Vixie syntax: '
 '*, lists, ranges, steps, month and weekday names, 7 = Sunday, the day-of-month/day-of-week OR '
 'rule, and @hourly/@daily/@weekly/@monthly/@yearly) a reaper pass enqueues the template with '
 'enqueue_run: content, model, user_id, system_prompt, tools, metadata, max_attempts, if_active, '
+'priority, fairness_key, concurrency_key, '
 'into conversation_id, or into a new conversation per tick when it is NULL. catch_up says what '
 'a pass does with ticks missed during an outage: latest (the default) enqueues only the most '
 'recent, each enqueues every one, but at most max_catch_up (default 10, 1 to 1000) of the most '
@@ -142,8 +150,8 @@ COMMENT ON FUNCTION runrow.create_schedule(
 'nothing is written.';
 
 REVOKE ALL ON FUNCTION runrow.create_schedule(
-    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer
+    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer, integer, text, text
 ) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.create_schedule(
-    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer
+    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer, integer, text, text
 ) TO runrow_client;

@@ -8,7 +8,15 @@ CREATE OR REPLACE FUNCTION runrow.enqueue_run(
     max_attempts integer DEFAULT 1,
     idempotency_key text DEFAULT NULL,
     if_active text DEFAULT 'enqueue',
-    metadata jsonb DEFAULT '{}'
+    metadata jsonb DEFAULT '{}',
+    start_in interval DEFAULT NULL,
+    priority integer DEFAULT 0,
+    fairness_key text DEFAULT NULL,
+    concurrency_key text DEFAULT NULL,
+    rate_limit_key text DEFAULT NULL,
+    token_budget bigint DEFAULT NULL,
+    cost_budget numeric DEFAULT NULL,
+    webhook_url text DEFAULT NULL
 )
 RETURNS TABLE (run_id uuid, status text, created boolean)
 LANGUAGE plpgsql
@@ -79,6 +87,23 @@ BEGIN
         RAISE EXCEPTION 'metadata must be a JSON object, got %', jsonb_typeof(enqueue_run.metadata)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM runrow._require_delay(enqueue_run.start_in, 'start_in', interval '366 days');
+    PERFORM runrow._require_range(enqueue_run.priority, 'priority', -1000, 1000);
+    PERFORM runrow._require_key(enqueue_run.fairness_key, 'fairness_key');
+    PERFORM runrow._require_key(enqueue_run.concurrency_key, 'concurrency_key');
+    PERFORM runrow._require_key(enqueue_run.rate_limit_key, 'rate_limit_key');
+    IF enqueue_run.token_budget <= 0 THEN
+        RAISE EXCEPTION 'token_budget must be NULL or a positive number of tokens, got %', enqueue_run.token_budget
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF enqueue_run.cost_budget <= 0 THEN
+        RAISE EXCEPTION 'cost_budget must be NULL or a positive amount of USD, got %', enqueue_run.cost_budget
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF length(enqueue_run.webhook_url) > 2048 OR enqueue_run.webhook_url !~ '^https?://[^[:space:]]+$' THEN
+        RAISE EXCEPTION 'webhook_url must be NULL or an http:// or https:// URL of at most 2048 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     -- One enqueue at a time per conversation, so reject/interrupt see a stable set of
     -- active runs, and per idempotency key, so a double POST finds the first run.
@@ -86,12 +111,23 @@ BEGIN
     IF enqueue_run.idempotency_key IS NOT NULL THEN
         -- The request as the caller made it; jsonb's text is canonical (key order and
         -- whitespace do not count), so a retry of the same request has the same print.
-        fingerprint := encode(sha256(convert_to(jsonb_build_object(
+        fingerprint := encode(sha256(convert_to((jsonb_build_object(
             'conversation_id', enqueue_run.conversation_id, 'user_id', enqueue_run.user_id,
             'content', enqueue_run.content, 'model', enqueue_run.model,
             'system_prompt', enqueue_run.system_prompt, 'tools', enqueue_run.tools,
             'max_attempts', enqueue_run.max_attempts, 'if_active', enqueue_run.if_active,
-            'metadata', enqueue_run.metadata)::text, 'UTF8')), 'hex');
+            'metadata', enqueue_run.metadata)
+            -- The fleet arguments count only when given, so a request that names none has
+            -- the print it had before they existed (a replay across the upgrade still replays).
+            || jsonb_strip_nulls(jsonb_build_object(
+                'start_in', enqueue_run.start_in::text,
+                'priority', nullif(enqueue_run.priority, 0),
+                'fairness_key', enqueue_run.fairness_key,
+                'concurrency_key', enqueue_run.concurrency_key,
+                'rate_limit_key', enqueue_run.rate_limit_key,
+                'token_budget', enqueue_run.token_budget,
+                'cost_budget', enqueue_run.cost_budget,
+                'webhook_url', enqueue_run.webhook_url)))::text, 'UTF8')), 'hex');
         PERFORM pg_advisory_xact_lock(7142, hashtext(enqueue_run.idempotency_key));
         SELECT r.* INTO existing FROM runrow.agent_run AS r
         WHERE r.idempotency_key = enqueue_run.idempotency_key;
@@ -150,26 +186,40 @@ BEGIN
 
     INSERT INTO runrow.agent_run (
         conversation_id, user_id, user_message_id, max_attempts, model, prompt_id,
-        idempotency_key, request_fingerprint, metadata, request_snapshot
+        idempotency_key, request_fingerprint, metadata, request_snapshot,
+        not_before, priority, fairness_key, concurrency_key, rate_limit_key,
+        token_budget, cost_budget, webhook_url
     )
     VALUES (
         enqueue_run.conversation_id, enqueue_run.user_id, new_message_id, enqueue_run.max_attempts,
         enqueue_run.model, prompt_id, enqueue_run.idempotency_key, fingerprint, enqueue_run.metadata,
-        jsonb_build_object('content', enqueue_run.content, 'metadata', enqueue_run.metadata)
+        jsonb_build_object('content', enqueue_run.content, 'metadata', enqueue_run.metadata),
+        now() + enqueue_run.start_in, enqueue_run.priority,
+        coalesce(enqueue_run.fairness_key, enqueue_run.user_id), enqueue_run.concurrency_key,
+        coalesce(enqueue_run.rate_limit_key, enqueue_run.model),
+        enqueue_run.token_budget, enqueue_run.cost_budget, enqueue_run.webhook_url
     )
     RETURNING id INTO new_run_id;
 
     PERFORM runrow._journal(new_run_id, jsonb_build_array(
         jsonb_build_object('type', 'user_message_created', 'message_id', new_message_id),
         jsonb_build_object('type', 'run_queued', 'run_id', new_run_id)
+        || jsonb_strip_nulls(jsonb_build_object('not_before', now() + enqueue_run.start_in))
     ));
-    PERFORM runrow._wake_dispatchers(enqueue_run.conversation_id);
+    -- A delayed run is nobody's to claim yet: waking the fleet now would only cost a
+    -- notifying commit and an empty claim on every worker. Workers find it by their poll.
+    IF enqueue_run.start_in IS NULL THEN
+        PERFORM runrow._wake_dispatchers(enqueue_run.conversation_id);
+    END IF;
 
     RETURN QUERY SELECT new_run_id, 'queued'::text, true;
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb) IS
+COMMENT ON FUNCTION runrow.enqueue_run(
+    uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb,
+    interval, integer, text, text, text, bigint, numeric, text
+) IS
 'Enqueue one turn of a conversation. In one transaction: the user message, the run '
 '(queued, pinned to model and to a content-addressed prompt of system_prompt + tools), '
 'its journal events user_message_created and run_queued, and a NOTIFY on runrow_enqueued. '
@@ -183,8 +233,18 @@ COMMENT ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, int
 '(wait behind it), reject (error 55000, nothing written) or interrupt (stop the active runs '
 'as stop_conversation does, then enqueue, atomically). Bad input raises 22004/22023 naming '
 'the argument. The first enqueue of a conversation makes user_id its owner; another user''s '
-'enqueue into it raises 42501.';
+'enqueue into it raises 42501. Fleet arguments (SPEC "Fleet scheduling"), stored on the run: '
+'start_in (not claimable before now() + start_in, database clock; no wake is sent), priority '
+'(-1000..1000, higher first), fairness_key (default user_id), concurrency_key, rate_limit_key '
+'(default model), token_budget, cost_budget (USD) and webhook_url; they join the idempotency '
+'fingerprint only when given.';
 
-REVOKE ALL ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb)
+REVOKE ALL ON FUNCTION runrow.enqueue_run(
+    uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb,
+    interval, integer, text, text, text, bigint, numeric, text
+) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.enqueue_run(
+    uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb,
+    interval, integer, text, text, text, bigint, numeric, text
+)
 TO runrow_client;

@@ -29,7 +29,7 @@ BEGIN
         result := runrow._end_claim(
             orphan.id, orphan.claim_token,
             format('lease expired: no heartbeat for more than the lease + %s s grace', reap_expired_runs.grace_seconds),
-            reap_expired_runs.grace_seconds);
+            reap_expired_runs.grace_seconds, NULL);
         IF result IS NOT NULL THEN
             run_id := orphan.id;
             outcome := result;

@@ -1,4 +1,6 @@
-CREATE OR REPLACE FUNCTION runrow.release_run(run_id uuid, claim_token uuid, error text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION runrow.release_run(
+    run_id uuid, claim_token uuid, error text DEFAULT NULL, retry_in interval DEFAULT NULL
+)
 RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -10,16 +12,21 @@ BEGIN
     IF length(release_run.error) > 10000 THEN
         RAISE EXCEPTION 'error is too long: at most 10000 characters' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    RETURN runrow._end_claim(release_run.run_id, release_run.claim_token, release_run.error, NULL);
+    PERFORM runrow._require_delay(release_run.retry_in, 'retry_in', interval '1 day');
+    RETURN runrow._end_claim(
+        release_run.run_id, release_run.claim_token, release_run.error, NULL, release_run.retry_in
+    );
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.release_run(uuid, uuid, text) IS
+COMMENT ON FUNCTION runrow.release_run(uuid, uuid, text, interval) IS
 'A worker hands back a run it cannot finish in this attempt (a transient failure, a drain). '
 'Fenced by claim_token and status running. Returns requeued (attempts left: queued again at '
 'once, without waiting for the lease, dispatchers woken), failed (max_attempts = 1), dead '
 '(attempts exhausted) or cancelled (a stop was pending); terminal outcomes journal complete. '
+'retry_in (more than 0, at most 1 day) is the backoff: requeued but not claimable before '
+'now() + retry_in, run_requeued carries not_before, and no wake is sent. '
 'NULL when fenced out: nothing written.';
 
-REVOKE ALL ON FUNCTION runrow.release_run(uuid, uuid, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION runrow.release_run(uuid, uuid, text) TO runrow_worker;
+REVOKE ALL ON FUNCTION runrow.release_run(uuid, uuid, text, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.release_run(uuid, uuid, text, interval) TO runrow_worker;

@@ -6,7 +6,7 @@
 -- next_fire_at before it commits, and each tick's run carries an idempotency key derived from
 -- the schedule id and the tick, so even a rewound next_fire_at replays the first run instead
 -- of enqueueing a second one.
--- depends: 0012_claim_blocked_turns
+-- depends: 0013_fleet_run_columns
 
 -- A parsed cron expression: the allowed values of each field, and whether day-of-month or
 -- day-of-week was written starting with '*' (Vixie cron's rule: when both are restricted a
@@ -35,6 +35,9 @@ CREATE TABLE runrow.schedule (
     metadata jsonb NOT NULL DEFAULT '{}',
     max_attempts integer NOT NULL DEFAULT 1,
     if_active text NOT NULL DEFAULT 'enqueue',
+    priority integer NOT NULL DEFAULT 0,
+    fairness_key text,
+    concurrency_key text,
     catch_up text NOT NULL DEFAULT 'latest',
     max_catch_up integer NOT NULL DEFAULT 1,
     -- The oldest tick not fired yet. Always set: create_schedule refuses a cron that never fires.
@@ -53,7 +56,8 @@ CREATE TABLE runrow.schedule (
         max_catch_up BETWEEN 1 AND 1000 AND (catch_up = 'each' OR max_catch_up = 1)
     ),
     CONSTRAINT schedule_if_active_check CHECK (if_active IN ('enqueue', 'reject', 'interrupt')),
-    CONSTRAINT schedule_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 100)
+    CONSTRAINT schedule_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 100),
+    CONSTRAINT schedule_priority_check CHECK (priority BETWEEN -1000 AND 1000)
 );
 
 COMMENT ON TABLE runrow.schedule IS
@@ -80,6 +84,9 @@ SELECT
     s.user_id,
     s.max_attempts,
     s.if_active,
+    s.priority,
+    s.fairness_key,
+    s.concurrency_key,
     s.created_at,
     s.id
 FROM runrow.schedule AS s

@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(37);
+SELECT plan(40);
 
 CREATE FUNCTION pg_temp.schedules() RETURNS text LANGUAGE sql AS $$
     SELECT pg_temp.fingerprint() || ',' || (SELECT count(*) FROM runrow.schedule)::text || ','
@@ -12,13 +12,15 @@ CREATE FUNCTION pg_temp.schedules() RETURNS text LANGUAGE sql AS $$
 $$;
 
 SELECT has_function('runrow', 'create_schedule',
-    ARRAY['text', 'text', 'jsonb', 'text', 'uuid', 'text', 'text', 'jsonb', 'jsonb', 'integer', 'text', 'text', 'integer'],
+    ARRAY['text', 'text', 'jsonb', 'text', 'uuid', 'text', 'text', 'jsonb', 'jsonb', 'integer', 'text', 'text', 'integer',
+        'integer', 'text', 'text'],
     'create_schedule exists with the template arguments');
 SELECT is_definer('runrow', 'create_schedule',
-    ARRAY['text', 'text', 'jsonb', 'text', 'uuid', 'text', 'text', 'jsonb', 'jsonb', 'integer', 'text', 'text', 'integer'],
+    ARRAY['text', 'text', 'jsonb', 'text', 'uuid', 'text', 'text', 'jsonb', 'jsonb', 'integer', 'text', 'text', 'integer',
+        'integer', 'text', 'text'],
     'create_schedule is SECURITY DEFINER');
 SELECT ok(length(obj_description('runrow.create_schedule(text, text, jsonb, text, uuid, text, text, jsonb, jsonb, '
-    'integer, text, text, integer)'::regprocedure, 'pg_proc')) > 200, 'create_schedule has a COMMENT stating its contract');
+    'integer, text, text, integer, integer, text, text)'::regprocedure, 'pg_proc')) > 200, 'create_schedule has a COMMENT stating its contract');
 
 -- Happy path.
 SELECT count(*) AS runs_before FROM runrow.agent_run \gset
@@ -82,6 +84,12 @@ SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', metadata => '[]'$
     'metadata must be a JSON object, got array', 'metadata not an object');
 SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', max_attempts => 0$$), '22023',
     'max_attempts must be between 1 and 100, got 0', 'max_attempts out of range');
+SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', priority => 1001$$), '22023',
+    'priority must be between -1000 and 1000, got 1001', 'priority out of range');
+SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', fairness_key => ''$$), '22023',
+    'fairness_key must be NULL or 1 to 200 characters', 'an empty fairness_key');
+SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', concurrency_key => repeat('k', 201)$$), '22023',
+    'concurrency_key must be NULL or 1 to 200 characters', 'a concurrency_key too long');
 SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', if_active => 'queue'$$), '22023',
     'if_active must be one of enqueue, reject, interrupt, got "queue"', 'an unknown if_active');
 SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', catch_up => 'all'$$), '22023', NULL,

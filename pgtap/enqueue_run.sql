@@ -6,7 +6,7 @@ BEGIN;
 SELECT plan(83);
 SELECT pg_temp.drain_queue();
 
-\set sig '''{uuid,jsonb,text,text,text,jsonb,integer,text,text,jsonb}'''
+\set sig '''{uuid,jsonb,text,text,text,jsonb,integer,text,text,jsonb,interval,integer,text,text,text,bigint,numeric,text}'''
 SELECT has_function('runrow', 'enqueue_run', :sig::name[], 'enqueue_run(...) exists with the contract''s arguments');
 SELECT is_definer('runrow', 'enqueue_run', :sig::name[], 'enqueue_run is SECURITY DEFINER');
 SELECT function_privs_are('runrow', 'enqueue_run', :sig::name[], 'runrow_client', ARRAY['EXECUTE'],

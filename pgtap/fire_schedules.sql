@@ -17,7 +17,8 @@ SELECT ok(length(obj_description('runrow.fire_schedules(integer)'::regprocedure,
 
 -- Nothing due: nothing happens.
 SELECT runrow.create_schedule('report', '*/10 * * * *', '"write the report"', 'model-s', user_id => 'ops',
-    system_prompt => 'be brief', tools => '[{"name": "t"}]', metadata => '{"k": 1}', max_attempts => 2) AS report \gset
+    system_prompt => 'be brief', tools => '[{"name": "t"}]', metadata => '{"k": 1}', max_attempts => 2,
+    priority => 5, concurrency_key => 'reports') AS report \gset
 SELECT pg_temp.fingerprint() AS before \gset
 SELECT is(runrow.fire_schedules(), 0, 'no tick is due yet: 0');
 SELECT is(pg_temp.fingerprint(), :'before', 'and nothing is written');
@@ -27,9 +28,11 @@ UPDATE runrow.schedule SET next_fire_at = date_trunc('hour', now()) - interval '
 SELECT runrow._cron_prev(runrow._cron_parse('*/10 * * * *'), now(), NULL) AS tick \gset
 SELECT is(runrow.fire_schedules(), 1, 'a due tick enqueues one run');
 SELECT last_run_id AS run FROM runrow.schedule WHERE id = :'report' \gset
-SELECT is((SELECT (status, model, user_id, max_attempts, metadata, idempotency_key)::text
+SELECT is((SELECT (status, model, user_id, max_attempts, metadata, priority, fairness_key, concurrency_key,
+            idempotency_key)::text
         FROM runrow.agent_run WHERE id = :'run'),
-    ('queued', 'model-s', 'ops', 2, '{"k": 1}'::jsonb, runrow._schedule_tick_key(:'report', :'tick'))::text,
+    ('queued', 'model-s', 'ops', 2, '{"k": 1}'::jsonb, 5, 'ops', 'reports',
+     runrow._schedule_tick_key(:'report', :'tick'))::text,
     'the run is the template, keyed by schedule and tick');
 SELECT is((SELECT (m.content, p.system_prompt, p.tools)::text FROM runrow.agent_run AS a
         JOIN runrow.message AS m ON m.id = a.user_message_id JOIN runrow.prompt AS p ON p.id = a.prompt_id

@@ -119,7 +119,7 @@ FROM roles ORDER BY role;
 SELECT throws_ok($$SELECT pg_temp.as_role('runrow_worker', 'SELECT * FROM runrow._claim(''w'', 1, 30)')$$,
     '42501', 'permission denied for function _claim', 'the worker cannot call _claim around claim_run''s checks');
 SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', 'runrow_worker',
-        format('SELECT runrow._end_claim(%L, NULL, NULL, NULL)', :'done')),
+        format('SELECT runrow._end_claim(%L, NULL, NULL, NULL, NULL)', :'done')),
     '42501', 'permission denied for function _end_claim', 'the worker cannot call _end_claim directly');
 SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', 'runrow_client', format('SELECT runrow._stop_run(%L)', :'done')),
     '42501', 'permission denied for function _stop_run', 'the client cannot call _stop_run directly');

@@ -2,11 +2,11 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(30);
+SELECT plan(40);
 SELECT pg_temp.drain_queue();
 
-SELECT has_function('runrow', 'release_run', ARRAY['uuid', 'uuid', 'text'],
-    'release_run(run_id, claim_token, error) exists');
+SELECT has_function('runrow', 'release_run', ARRAY['uuid', 'uuid', 'text', 'interval'],
+    'release_run(run_id, claim_token, error, retry_in) exists');
 
 -- requeued: attempts left, back in the queue at once, without waiting for the lease.
 SELECT pg_temp.running(attempts => 3) AS requeue \gset
@@ -91,8 +91,42 @@ SELECT throws_ok(format('SELECT runrow.release_run(%L, NULL, ''x'')', :'live'), 
     'claim_token must not be NULL', 'claim_token NULL is rejected');
 SELECT throws_ok(format('SELECT runrow.release_run(%L, %L, repeat(''x'', 10001))', :'live', :'live_token'),
     '22023', 'error is too long: at most 10000 characters', 'an error over 10000 characters is rejected');
+SELECT throws_ok(format($$SELECT runrow.release_run(%L, %L, 'x', interval '0')$$, :'live', :'live_token'),
+    '22023', NULL, 'a zero retry_in is rejected');
+SELECT throws_ok(format($$SELECT runrow.release_run(%L, %L, 'x', interval '-1 second')$$, :'live', :'live_token'),
+    '22023', NULL, 'a negative retry_in is rejected');
+SELECT throws_ok(format($$SELECT runrow.release_run(%L, %L, 'x', interval '2 days')$$, :'live', :'live_token'),
+    '22023', 'retry_in must be NULL or more than 0 and at most 1 day, got 2 days',
+    'a retry_in over a day is rejected, naming retry_in');
 SELECT is(pg_temp.fingerprint(), :'before', 'bad input wrote nothing');
 SELECT is(pg_temp.status(:'live'), 'running', 'the run is still running');
+
+-- retry_in: the backoff. Requeued, with not_before = now() + retry_in, and journaled.
+SELECT is(runrow.release_run(:'live', :'live_token', '429 rate limited', interval '30 seconds'), 'requeued',
+    'with retry_in and attempts left the outcome is requeued');
+SELECT is(
+    (SELECT (status, not_before = now() + interval '30 seconds', claim_token, error)::text
+     FROM runrow.agent_run WHERE id = :'live'),
+    ('queued', true, NULL::uuid, '429 rate limited')::text,
+    'queued, not claimable before now() + retry_in (the database clock), claim cleared');
+SELECT is(pg_temp.last_event(:'live'),
+    jsonb_build_object('type', 'run_requeued', 'attempt', 1, 'max_attempts', 3, 'error', '429 rate limited',
+                       'not_before', now() + interval '30 seconds'),
+    'run_requeued carries not_before');
+-- A later requeue without a delay (here: the reaper) makes it claimable at once again.
+UPDATE runrow.agent_run SET not_before = NULL WHERE id = :'live';
+SELECT pg_temp.claim(:'live') AS live_token2 \gset
+SELECT pg_temp.expire(:'live');
+SELECT is((SELECT outcome FROM runrow.reap_expired_runs(grace_seconds => 0) WHERE run_id = :'live'), 'requeued',
+    'the reaper requeues it');
+SELECT is((SELECT not_before FROM runrow.agent_run WHERE id = :'live'), NULL,
+    'a reap requeues without a delay: the crash says nothing about the model');
+-- retry_in on a run with no attempts left: failed, and no not_before is left on the ended run.
+SELECT pg_temp.drain_queue();
+SELECT pg_temp.running() AS once \gset
+SELECT is(runrow.release_run(:'once', pg_temp.token(:'once'), 'x', interval '5 seconds'), 'failed',
+    'retry_in on the last attempt: failed');
+SELECT is((SELECT not_before FROM runrow.agent_run WHERE id = :'once'), NULL, 'an ended run has no not_before');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -1418,6 +1418,70 @@ INSERT INTO runrow._yoyo_migration VALUES ('7127267d8f77d2544258486d3d15748cdcb2
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '7127267d8f77d2544258486d3d15748cdcb2204e7cf50a9b93f1de426dcb7c86', '0012_claim_blocked_turns', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0013_fleet_run_columns
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'f884eb3df8147572f3028805bd7cc2af08cfa317da79e9555a18b0764b9c36ab') AS apply_f884eb3df814 \gset
+\if :apply_f884eb3df814
+-- Fleet scheduling (SPEC.md "Fleet scheduling"): what a run says about when, in which order
+-- and under which limits it may be claimed, and who is told when it ends. Columns only; the
+-- claim, the limits and the outbox that read them are separate migrations.
+--
+-- fairness_key and rate_limit_key are stored resolved (enqueue_run writes the user and the
+-- model when the caller names none), so the claim and the limiter never fall back at read
+-- time; the open runs of before this migration get the same values here. Runs that ended
+-- before keep NULL: nothing reads those columns of an ended run.
+-- depends: 0012_claim_blocked_turns
+
+ALTER TABLE runrow.agent_run
+ADD COLUMN not_before timestamptz,
+ADD COLUMN priority integer NOT NULL DEFAULT 0
+CONSTRAINT agent_run_priority_range CHECK (priority BETWEEN -1000 AND 1000),
+ADD COLUMN fairness_key text
+CONSTRAINT agent_run_fairness_key_length CHECK (length(fairness_key) BETWEEN 1 AND 200),
+ADD COLUMN concurrency_key text
+CONSTRAINT agent_run_concurrency_key_length CHECK (length(concurrency_key) BETWEEN 1 AND 200),
+ADD COLUMN rate_limit_key text
+CONSTRAINT agent_run_rate_limit_key_length CHECK (length(rate_limit_key) BETWEEN 1 AND 200),
+ADD COLUMN token_budget bigint
+CONSTRAINT agent_run_token_budget_positive CHECK (token_budget > 0),
+ADD COLUMN cost_budget numeric
+CONSTRAINT agent_run_cost_budget_positive CHECK (cost_budget > 0),
+ADD COLUMN webhook_url text
+CONSTRAINT agent_run_webhook_url_http CHECK (
+    length(webhook_url) <= 2048 AND webhook_url ~ '^https?://[^[:space:]]+$'
+);
+
+UPDATE runrow.agent_run
+SET fairness_key = user_id, rate_limit_key = model
+WHERE status IN ('queued', 'running', 'waiting');
+
+COMMENT ON COLUMN runrow.agent_run.not_before IS
+'Not claimable before this instant (database clock): enqueue_run start_in, release_run '
+'retry_in. NULL: claimable at once. Cleared when the run is requeued without a delay.';
+COMMENT ON COLUMN runrow.agent_run.priority IS
+'Claim priority, -1000..1000, higher first (enqueue_run priority; default 0).';
+COMMENT ON COLUMN runrow.agent_run.fairness_key IS
+'The tenant the claim is fair across: enqueue_run fairness_key, else the run''s user_id '
+'(NULL: the anonymous tenant).';
+COMMENT ON COLUMN runrow.agent_run.concurrency_key IS
+'Key of a concurrency limit (set_concurrency_limit); NULL: no cap.';
+COMMENT ON COLUMN runrow.agent_run.rate_limit_key IS
+'Key of the fleet-wide model rate limit this run draws from (enqueue_run rate_limit_key, '
+'else the model).';
+COMMENT ON COLUMN runrow.agent_run.token_budget IS
+'Most input + output tokens (cache reads counted as the API counts them) the run may use; NULL: no budget.';
+COMMENT ON COLUMN runrow.agent_run.cost_budget IS
+'Most USD the run may cost at the model_price table''s prices; NULL: no budget.';
+COMMENT ON COLUMN runrow.agent_run.webhook_url IS
+'Told (through the outbox) when the run ends; NULL: nobody.';
+
+-- The signatures grow; the old ones go so a call by name is never ambiguous.
+DROP FUNCTION IF EXISTS runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb);
+DROP FUNCTION IF EXISTS runrow.release_run(uuid, uuid, text);
+DROP FUNCTION IF EXISTS runrow._end_claim(uuid, uuid, text, integer);
+INSERT INTO runrow._yoyo_migration VALUES ('f884eb3df8147572f3028805bd7cc2af08cfa317da79e9555a18b0764b9c36ab', '0013_fleet_run_columns', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'f884eb3df8147572f3028805bd7cc2af08cfa317da79e9555a18b0764b9c36ab', '0013_fleet_run_columns', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- migration 0016_schedules
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'e41516c01fa861fc9da6a28eae3515eef3dc0a408823a6b61b8fae975d94f77b') AS apply_e41516c01fa8 \gset
 \if :apply_e41516c01fa8
@@ -1429,7 +1493,7 @@ SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '
 -- next_fire_at before it commits, and each tick's run carries an idempotency key derived from
 -- the schedule id and the tick, so even a rewound next_fire_at replays the first run instead
 -- of enqueueing a second one.
--- depends: 0012_claim_blocked_turns
+-- depends: 0013_fleet_run_columns
 
 -- A parsed cron expression: the allowed values of each field, and whether day-of-month or
 -- day-of-week was written starting with '*' (Vixie cron's rule: when both are restricted a
@@ -1458,6 +1522,9 @@ CREATE TABLE runrow.schedule (
     metadata jsonb NOT NULL DEFAULT '{}',
     max_attempts integer NOT NULL DEFAULT 1,
     if_active text NOT NULL DEFAULT 'enqueue',
+    priority integer NOT NULL DEFAULT 0,
+    fairness_key text,
+    concurrency_key text,
     catch_up text NOT NULL DEFAULT 'latest',
     max_catch_up integer NOT NULL DEFAULT 1,
     -- The oldest tick not fired yet. Always set: create_schedule refuses a cron that never fires.
@@ -1476,7 +1543,8 @@ CREATE TABLE runrow.schedule (
         max_catch_up BETWEEN 1 AND 1000 AND (catch_up = 'each' OR max_catch_up = 1)
     ),
     CONSTRAINT schedule_if_active_check CHECK (if_active IN ('enqueue', 'reject', 'interrupt')),
-    CONSTRAINT schedule_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 100)
+    CONSTRAINT schedule_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 100),
+    CONSTRAINT schedule_priority_check CHECK (priority BETWEEN -1000 AND 1000)
 );
 
 COMMENT ON TABLE runrow.schedule IS
@@ -1503,6 +1571,9 @@ SELECT
     s.user_id,
     s.max_attempts,
     s.if_active,
+    s.priority,
+    s.fairness_key,
+    s.concurrency_key,
     s.created_at,
     s.id
 FROM runrow.schedule AS s
@@ -1695,7 +1766,7 @@ REVOKE ALL ON FUNCTION runrow._claim(text, integer, integer) FROM PUBLIC;
 -- queued (attempts left), cancelled (a stop was requested), failed (max_attempts = 1)
 -- or dead (attempts exhausted). Journals and wakes accordingly. NULL when fenced out.
 CREATE OR REPLACE FUNCTION runrow._end_claim(
-    run_id uuid, claim_token uuid, error text, expired_grace_seconds integer
+    run_id uuid, claim_token uuid, error text, expired_grace_seconds integer, retry_in interval
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -1716,7 +1787,12 @@ BEGIN
         finished_at = CASE WHEN a.cancel_requested OR a.attempt >= a.max_attempts THEN now() END,
         error = _end_claim.error,
         claim_token = NULL,
-        claim_expires_at = NULL
+        claim_expires_at = NULL,
+        -- A requeue is claimable after retry_in, or at once (a reap: the crash says nothing
+        -- about the model, and the run has already waited out its lease).
+        not_before = CASE
+            WHEN NOT a.cancel_requested AND a.attempt < a.max_attempts THEN now() + _end_claim.retry_in
+        END
     WHERE a.id = _end_claim.run_id
       AND a.claim_token = _end_claim.claim_token
       AND a.status = 'running'
@@ -1731,9 +1807,11 @@ BEGIN
         outcome := 'requeued';
         last_seq := runrow._journal(r.id, jsonb_build_array(jsonb_build_object(
             'type', 'run_requeued', 'attempt', r.attempt, 'max_attempts', r.max_attempts,
-            'error', _end_claim.error)));
+            'error', _end_claim.error) || jsonb_strip_nulls(jsonb_build_object('not_before', r.not_before))));
         PERFORM runrow._wake_tails(r.id, last_seq);
-        PERFORM runrow._wake_dispatchers(r.conversation_id);
+        IF r.not_before IS NULL THEN
+            PERFORM runrow._wake_dispatchers(r.conversation_id);
+        END IF;
     ELSE
         outcome := r.status;
         PERFORM runrow._journal_complete(r.id, r.conversation_id, r.status, NULL, _end_claim.error);
@@ -1742,7 +1820,7 @@ BEGIN
 END
 $fn$;
 
-REVOKE ALL ON FUNCTION runrow._end_claim(uuid, uuid, text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._end_claim(uuid, uuid, text, integer, interval) FROM PUBLIC;
 
 -- functions/_helpers.sql
 -- Private helpers shared by the public functions. Not granted to any role: only the
@@ -1895,6 +1973,37 @@ BEGIN
 END
 $fn$;
 
+-- An optional delay: NULL (none) or more than zero and at most hi. A zero or negative delay is
+-- a caller's mistake (it would read as "later" and mean "now"), not a request to run at once.
+CREATE OR REPLACE FUNCTION runrow._require_delay(value interval, arg text, hi interval)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    IF value IS NOT NULL AND (value <= interval '0' OR value > hi) THEN
+        RAISE EXCEPTION '% must be NULL or more than 0 and at most %, got %', arg, hi, value
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$fn$;
+
+-- An optional key naming a tenant or a limit: NULL or 1 to 200 characters.
+CREATE OR REPLACE FUNCTION runrow._require_key(value text, arg text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    IF value = '' OR length(value) > 200 THEN
+        RAISE EXCEPTION '% must be NULL or 1 to 200 characters', arg
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$fn$;
+
 REVOKE ALL ON FUNCTION runrow._pin_prompt(text, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lock_conversation(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._journal(uuid, jsonb) FROM PUBLIC;
@@ -1904,6 +2013,8 @@ REVOKE ALL ON FUNCTION runrow._wake_dispatchers(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._journal_complete(uuid, uuid, text, jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_not_null(anyelement, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_range(bigint, text, bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_delay(interval, text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_key(text, text) FROM PUBLIC;
 
 -- functions/_schedule_helpers.sql
 -- Private helpers of the schedules (create_schedule, fire_schedules): a cron parser and its
@@ -2253,7 +2364,10 @@ BEGIN
                     max_attempts => s.max_attempts,
                     idempotency_key => runrow._schedule_tick_key(s.id, tick),
                     if_active => s.if_active,
-                    metadata => s.metadata
+                    metadata => s.metadata,
+                    priority => s.priority,
+                    fairness_key => s.fairness_key,
+                    concurrency_key => s.concurrency_key
                 );
                 last_run := enq.run_id;
                 err := NULL;
@@ -3587,7 +3701,10 @@ CREATE OR REPLACE FUNCTION runrow.create_schedule(
     max_attempts integer DEFAULT 1,
     if_active text DEFAULT 'enqueue',
     catch_up text DEFAULT 'latest',
-    max_catch_up integer DEFAULT NULL
+    max_catch_up integer DEFAULT NULL,
+    priority integer DEFAULT 0,
+    fairness_key text DEFAULT NULL,
+    concurrency_key text DEFAULT NULL
 )
 RETURNS uuid
 LANGUAGE plpgsql
@@ -3672,6 +3789,9 @@ BEGIN
         cap := coalesce(create_schedule.max_catch_up, 10);
         PERFORM runrow._require_range(cap, 'max_catch_up', 1, 1000);
     END IF;
+    PERFORM runrow._require_range(create_schedule.priority, 'priority', -1000, 1000);
+    PERFORM runrow._require_key(create_schedule.fairness_key, 'fairness_key');
+    PERFORM runrow._require_key(create_schedule.concurrency_key, 'concurrency_key');
     -- A fixed conversation someone else owns would make every tick fail: say so now.
     IF create_schedule.conversation_id IS NOT NULL AND EXISTS (
         SELECT 1 FROM runrow.conversation AS c
@@ -3683,12 +3803,13 @@ BEGIN
 
     INSERT INTO runrow.schedule AS s (
         name, cron, conversation_id, content, model, user_id, system_prompt, tools, metadata,
-        max_attempts, if_active, catch_up, max_catch_up, next_fire_at
+        max_attempts, if_active, priority, fairness_key, concurrency_key, catch_up, max_catch_up, next_fire_at
     )
     VALUES (
         create_schedule.name, create_schedule.cron, create_schedule.conversation_id, create_schedule.content,
         create_schedule.model, create_schedule.user_id, create_schedule.system_prompt, create_schedule.tools,
         create_schedule.metadata, create_schedule.max_attempts, create_schedule.if_active,
+        create_schedule.priority, create_schedule.fairness_key, create_schedule.concurrency_key,
         create_schedule.catch_up, cap, first_tick
     )
     ON CONFLICT ON CONSTRAINT schedule_name_key DO NOTHING
@@ -3703,12 +3824,13 @@ END
 $fn$;
 
 COMMENT ON FUNCTION runrow.create_schedule(
-    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer
+    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer, integer, text, text
 ) IS
 'Create a recurring run named `name`: at every tick of `cron` (five fields, UTC, Vixie syntax: '
 '*, lists, ranges, steps, month and weekday names, 7 = Sunday, the day-of-month/day-of-week OR '
 'rule, and @hourly/@daily/@weekly/@monthly/@yearly) a reaper pass enqueues the template with '
 'enqueue_run: content, model, user_id, system_prompt, tools, metadata, max_attempts, if_active, '
+'priority, fairness_key, concurrency_key, '
 'into conversation_id, or into a new conversation per tick when it is NULL. catch_up says what '
 'a pass does with ticks missed during an outage: latest (the default) enqueues only the most '
 'recent, each enqueues every one, but at most max_catch_up (default 10, 1 to 1000) of the most '
@@ -3718,10 +3840,10 @@ COMMENT ON FUNCTION runrow.create_schedule(
 'nothing is written.';
 
 REVOKE ALL ON FUNCTION runrow.create_schedule(
-    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer
+    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer, integer, text, text
 ) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.create_schedule(
-    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer
+    text, text, jsonb, text, uuid, text, text, jsonb, jsonb, integer, text, text, integer, integer, text, text
 ) TO runrow_client;
 
 -- functions/drop_schedule.sql
@@ -3762,7 +3884,15 @@ CREATE OR REPLACE FUNCTION runrow.enqueue_run(
     max_attempts integer DEFAULT 1,
     idempotency_key text DEFAULT NULL,
     if_active text DEFAULT 'enqueue',
-    metadata jsonb DEFAULT '{}'
+    metadata jsonb DEFAULT '{}',
+    start_in interval DEFAULT NULL,
+    priority integer DEFAULT 0,
+    fairness_key text DEFAULT NULL,
+    concurrency_key text DEFAULT NULL,
+    rate_limit_key text DEFAULT NULL,
+    token_budget bigint DEFAULT NULL,
+    cost_budget numeric DEFAULT NULL,
+    webhook_url text DEFAULT NULL
 )
 RETURNS TABLE (run_id uuid, status text, created boolean)
 LANGUAGE plpgsql
@@ -3833,6 +3963,23 @@ BEGIN
         RAISE EXCEPTION 'metadata must be a JSON object, got %', jsonb_typeof(enqueue_run.metadata)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM runrow._require_delay(enqueue_run.start_in, 'start_in', interval '366 days');
+    PERFORM runrow._require_range(enqueue_run.priority, 'priority', -1000, 1000);
+    PERFORM runrow._require_key(enqueue_run.fairness_key, 'fairness_key');
+    PERFORM runrow._require_key(enqueue_run.concurrency_key, 'concurrency_key');
+    PERFORM runrow._require_key(enqueue_run.rate_limit_key, 'rate_limit_key');
+    IF enqueue_run.token_budget <= 0 THEN
+        RAISE EXCEPTION 'token_budget must be NULL or a positive number of tokens, got %', enqueue_run.token_budget
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF enqueue_run.cost_budget <= 0 THEN
+        RAISE EXCEPTION 'cost_budget must be NULL or a positive amount of USD, got %', enqueue_run.cost_budget
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF length(enqueue_run.webhook_url) > 2048 OR enqueue_run.webhook_url !~ '^https?://[^[:space:]]+$' THEN
+        RAISE EXCEPTION 'webhook_url must be NULL or an http:// or https:// URL of at most 2048 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     -- One enqueue at a time per conversation, so reject/interrupt see a stable set of
     -- active runs, and per idempotency key, so a double POST finds the first run.
@@ -3840,12 +3987,23 @@ BEGIN
     IF enqueue_run.idempotency_key IS NOT NULL THEN
         -- The request as the caller made it; jsonb's text is canonical (key order and
         -- whitespace do not count), so a retry of the same request has the same print.
-        fingerprint := encode(sha256(convert_to(jsonb_build_object(
+        fingerprint := encode(sha256(convert_to((jsonb_build_object(
             'conversation_id', enqueue_run.conversation_id, 'user_id', enqueue_run.user_id,
             'content', enqueue_run.content, 'model', enqueue_run.model,
             'system_prompt', enqueue_run.system_prompt, 'tools', enqueue_run.tools,
             'max_attempts', enqueue_run.max_attempts, 'if_active', enqueue_run.if_active,
-            'metadata', enqueue_run.metadata)::text, 'UTF8')), 'hex');
+            'metadata', enqueue_run.metadata)
+            -- The fleet arguments count only when given, so a request that names none has
+            -- the print it had before they existed (a replay across the upgrade still replays).
+            || jsonb_strip_nulls(jsonb_build_object(
+                'start_in', enqueue_run.start_in::text,
+                'priority', nullif(enqueue_run.priority, 0),
+                'fairness_key', enqueue_run.fairness_key,
+                'concurrency_key', enqueue_run.concurrency_key,
+                'rate_limit_key', enqueue_run.rate_limit_key,
+                'token_budget', enqueue_run.token_budget,
+                'cost_budget', enqueue_run.cost_budget,
+                'webhook_url', enqueue_run.webhook_url)))::text, 'UTF8')), 'hex');
         PERFORM pg_advisory_xact_lock(7142, hashtext(enqueue_run.idempotency_key));
         SELECT r.* INTO existing FROM runrow.agent_run AS r
         WHERE r.idempotency_key = enqueue_run.idempotency_key;
@@ -3904,26 +4062,40 @@ BEGIN
 
     INSERT INTO runrow.agent_run (
         conversation_id, user_id, user_message_id, max_attempts, model, prompt_id,
-        idempotency_key, request_fingerprint, metadata, request_snapshot
+        idempotency_key, request_fingerprint, metadata, request_snapshot,
+        not_before, priority, fairness_key, concurrency_key, rate_limit_key,
+        token_budget, cost_budget, webhook_url
     )
     VALUES (
         enqueue_run.conversation_id, enqueue_run.user_id, new_message_id, enqueue_run.max_attempts,
         enqueue_run.model, prompt_id, enqueue_run.idempotency_key, fingerprint, enqueue_run.metadata,
-        jsonb_build_object('content', enqueue_run.content, 'metadata', enqueue_run.metadata)
+        jsonb_build_object('content', enqueue_run.content, 'metadata', enqueue_run.metadata),
+        now() + enqueue_run.start_in, enqueue_run.priority,
+        coalesce(enqueue_run.fairness_key, enqueue_run.user_id), enqueue_run.concurrency_key,
+        coalesce(enqueue_run.rate_limit_key, enqueue_run.model),
+        enqueue_run.token_budget, enqueue_run.cost_budget, enqueue_run.webhook_url
     )
     RETURNING id INTO new_run_id;
 
     PERFORM runrow._journal(new_run_id, jsonb_build_array(
         jsonb_build_object('type', 'user_message_created', 'message_id', new_message_id),
         jsonb_build_object('type', 'run_queued', 'run_id', new_run_id)
+        || jsonb_strip_nulls(jsonb_build_object('not_before', now() + enqueue_run.start_in))
     ));
-    PERFORM runrow._wake_dispatchers(enqueue_run.conversation_id);
+    -- A delayed run is nobody's to claim yet: waking the fleet now would only cost a
+    -- notifying commit and an empty claim on every worker. Workers find it by their poll.
+    IF enqueue_run.start_in IS NULL THEN
+        PERFORM runrow._wake_dispatchers(enqueue_run.conversation_id);
+    END IF;
 
     RETURN QUERY SELECT new_run_id, 'queued'::text, true;
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb) IS
+COMMENT ON FUNCTION runrow.enqueue_run(
+    uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb,
+    interval, integer, text, text, text, bigint, numeric, text
+) IS
 'Enqueue one turn of a conversation. In one transaction: the user message, the run '
 '(queued, pinned to model and to a content-addressed prompt of system_prompt + tools), '
 'its journal events user_message_created and run_queued, and a NOTIFY on runrow_enqueued. '
@@ -3937,10 +4109,20 @@ COMMENT ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, int
 '(wait behind it), reject (error 55000, nothing written) or interrupt (stop the active runs '
 'as stop_conversation does, then enqueue, atomically). Bad input raises 22004/22023 naming '
 'the argument. The first enqueue of a conversation makes user_id its owner; another user''s '
-'enqueue into it raises 42501.';
+'enqueue into it raises 42501. Fleet arguments (SPEC "Fleet scheduling"), stored on the run: '
+'start_in (not claimable before now() + start_in, database clock; no wake is sent), priority '
+'(-1000..1000, higher first), fairness_key (default user_id), concurrency_key, rate_limit_key '
+'(default model), token_budget, cost_budget (USD) and webhook_url; they join the idempotency '
+'fingerprint only when given.';
 
-REVOKE ALL ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb)
+REVOKE ALL ON FUNCTION runrow.enqueue_run(
+    uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb,
+    interval, integer, text, text, text, bigint, numeric, text
+) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.enqueue_run(
+    uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb,
+    interval, integer, text, text, text, bigint, numeric, text
+)
 TO runrow_client;
 
 -- functions/events_channel.sql
@@ -4622,7 +4804,7 @@ BEGIN
         result := runrow._end_claim(
             orphan.id, orphan.claim_token,
             format('lease expired: no heartbeat for more than the lease + %s s grace', reap_expired_runs.grace_seconds),
-            reap_expired_runs.grace_seconds);
+            reap_expired_runs.grace_seconds, NULL);
         IF result IS NOT NULL THEN
             run_id := orphan.id;
             outcome := result;
@@ -4647,7 +4829,9 @@ REVOKE ALL ON FUNCTION runrow.reap_expired_runs(integer, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.reap_expired_runs(integer, integer) TO runrow_worker;
 
 -- functions/release_run.sql
-CREATE OR REPLACE FUNCTION runrow.release_run(run_id uuid, claim_token uuid, error text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION runrow.release_run(
+    run_id uuid, claim_token uuid, error text DEFAULT NULL, retry_in interval DEFAULT NULL
+)
 RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -4659,19 +4843,24 @@ BEGIN
     IF length(release_run.error) > 10000 THEN
         RAISE EXCEPTION 'error is too long: at most 10000 characters' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    RETURN runrow._end_claim(release_run.run_id, release_run.claim_token, release_run.error, NULL);
+    PERFORM runrow._require_delay(release_run.retry_in, 'retry_in', interval '1 day');
+    RETURN runrow._end_claim(
+        release_run.run_id, release_run.claim_token, release_run.error, NULL, release_run.retry_in
+    );
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.release_run(uuid, uuid, text) IS
+COMMENT ON FUNCTION runrow.release_run(uuid, uuid, text, interval) IS
 'A worker hands back a run it cannot finish in this attempt (a transient failure, a drain). '
 'Fenced by claim_token and status running. Returns requeued (attempts left: queued again at '
 'once, without waiting for the lease, dispatchers woken), failed (max_attempts = 1), dead '
 '(attempts exhausted) or cancelled (a stop was pending); terminal outcomes journal complete. '
+'retry_in (more than 0, at most 1 day) is the backoff: requeued but not claimable before '
+'now() + retry_in, run_requeued carries not_before, and no wake is sent. '
 'NULL when fenced out: nothing written.';
 
-REVOKE ALL ON FUNCTION runrow.release_run(uuid, uuid, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION runrow.release_run(uuid, uuid, text) TO runrow_worker;
+REVOKE ALL ON FUNCTION runrow.release_run(uuid, uuid, text, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.release_run(uuid, uuid, text, interval) TO runrow_worker;
 
 -- functions/resolve_approval.sql
 CREATE OR REPLACE FUNCTION runrow.resolve_approval(

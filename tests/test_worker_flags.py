@@ -95,3 +95,11 @@ def test_flags_at_the_ends_of_their_ranges_are_accepted(args: list[str]) -> None
 def test_worker_refuses_the_same_values(option: str, value: float) -> None:
     with pytest.raises(ValueError, match=option):
         Worker(UNREACHABLE, handler=echo, **{option: value})  # type: ignore[arg-type]
+
+
+def test_help_shows_defaults_of_values_but_not_of_switches() -> None:
+    """`--no-session-limits ... (default: True)` read as if the limits were off by default."""
+    worker = build_parser()._subparsers._group_actions[0].choices["worker"]  # type: ignore[union-attr]
+    text = " ".join(worker.format_help().split())
+    assert "(default: True)" not in text and "(default: False)" not in text
+    assert "heartbeats every lease/3 (default: 30)" in text

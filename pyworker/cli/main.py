@@ -138,6 +138,16 @@ def in_range(setting: str, unit: float = 1) -> Callable[[str], float]:
     return parse
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except for on/off switches: "--no-session-limits ...
+    (default: True)" reads as if the limits were off by default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.nargs == 0:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runrow", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -169,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "worker",
         help="run a worker: claim queued runs and drive them to an ending",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
         description="Claim queued runs into free slots (never more than --concurrency at once), "
         "heartbeat each at a third of its lease, journal its events, and finish it. Wakes on "
         "NOTIFY runrow_enqueued and polls every --poll seconds as the fallback. Every worker "

@@ -73,6 +73,9 @@ async def cmd_list(args: argparse.Namespace) -> int:
                         "last_error": s.last_error,
                         "conversation_id": str(s.conversation_id) if s.conversation_id else None,
                         "model": s.model,
+                        "priority": s.priority,
+                        "fairness_key": s.fairness_key,
+                        "concurrency_key": s.concurrency_key,
                         "id": str(s.id),
                     }
                 )
@@ -123,6 +126,9 @@ async def cmd_add(args: argparse.Namespace) -> int:
             if_active=args.if_active,
             catch_up=args.catch_up,
             max_catch_up=args.max_catch_up,
+            priority=args.priority,
+            fairness_key=args.fairness_key,
+            concurrency_key=args.concurrency_key,
         )
         (created,) = await schedules.list_schedules(conn, args.name)
     print(schedule_id)
@@ -207,6 +213,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         help="with -c, when the previous turn is still active: queue behind it (default), skip "
         "this tick (reject), or stop it (interrupt)",
     )
+    q.add_argument(
+        "--priority", type=int, default=0, help="claim priority, -1000 to 1000, higher first (default 0)"
+    )
+    q.add_argument("--fairness-key", help="the tenant the claim is fair across (default: --user)")
+    q.add_argument("--concurrency-key", help="key of a concurrency limit the runs count against")
     q.add_argument(
         "--catch-up",
         choices=["latest", "each"],

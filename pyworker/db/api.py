@@ -8,7 +8,8 @@ conn.transaction():`); on an autocommit connection each call is its own transact
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -138,12 +139,18 @@ async def finish_run(
 
 
 async def release_run(
-    conn: AsyncConnection, run_id: UUID, claim_token: UUID, error: str | None = None
+    conn: AsyncConnection,
+    run_id: UUID,
+    claim_token: UUID,
+    error: str | None = None,
+    *,
+    retry_in: timedelta | None = None,
 ) -> str | None:
-    """'requeued', 'failed', 'dead' or 'cancelled'; None when fenced out."""
+    """'requeued', 'failed', 'dead' or 'cancelled'; None when fenced out. `retry_in` is the
+    backoff: a requeued run is not claimable before the database's now() + retry_in."""
     cur = await conn.execute(
-        "SELECT runrow.release_run(run_id => %s, claim_token => %s, error => %s)",
-        (run_id, claim_token, _error_text(error)),
+        "SELECT runrow.release_run(run_id => %s, claim_token => %s, error => %s, retry_in => %s)",
+        (run_id, claim_token, _error_text(error), retry_in),
     )
     row = await cur.fetchone()
     return None if row is None else row[0]
@@ -207,6 +214,20 @@ async def read_events(
         return await cur.fetchall()
 
 
+@dataclass(frozen=True)
+class FleetOptions:
+    """enqueue_run's fleet-scheduling arguments (SPEC "Fleet scheduling"); None/0 = not given."""
+
+    start_in: timedelta | None = None
+    priority: int = 0
+    fairness_key: str | None = None
+    concurrency_key: str | None = None
+    rate_limit_key: str | None = None
+    token_budget: int | None = None
+    cost_budget: Decimal | None = None
+    webhook_url: str | None = None
+
+
 async def enqueue_run(
     conn: AsyncConnection,
     conversation_id: UUID,
@@ -220,11 +241,15 @@ async def enqueue_run(
     idempotency_key: str | None = None,
     if_active: str = "enqueue",
     metadata: dict[str, Any] | None = None,
+    fleet: FleetOptions | None = None,
 ) -> Enqueued:
+    f = fleet or FleetOptions()
     cur = await conn.execute(
         "SELECT run_id, status, created FROM runrow.enqueue_run("
         "conversation_id => %s, content => %s, model => %s, user_id => %s, system_prompt => %s, "
-        "tools => %s, max_attempts => %s, idempotency_key => %s, if_active => %s, metadata => %s)",
+        "tools => %s, max_attempts => %s, idempotency_key => %s, if_active => %s, metadata => %s, "
+        "start_in => %s, priority => %s, fairness_key => %s, concurrency_key => %s, "
+        "rate_limit_key => %s, token_budget => %s, cost_budget => %s, webhook_url => %s)",
         (
             conversation_id,
             Jsonb(content),
@@ -236,6 +261,14 @@ async def enqueue_run(
             idempotency_key,
             if_active,
             Jsonb({} if metadata is None else metadata),
+            f.start_in,
+            f.priority,
+            f.fairness_key,
+            f.concurrency_key,
+            f.rate_limit_key,
+            f.token_budget,
+            f.cost_budget,
+            f.webhook_url,
         ),
     )
     row = await cur.fetchone()

@@ -31,6 +31,9 @@ class Schedule:
     user_id: str | None
     max_attempts: int
     if_active: str
+    priority: int
+    fairness_key: str | None
+    concurrency_key: str | None
     created_at: datetime
     id: UUID
 
@@ -51,11 +54,15 @@ async def create_schedule(
     if_active: str = "enqueue",
     catch_up: str = "latest",
     max_catch_up: int | None = None,
+    priority: int = 0,
+    fairness_key: str | None = None,
+    concurrency_key: str | None = None,
 ) -> UUID:
     cur = await conn.execute(
         "SELECT runrow.create_schedule(name => %s, cron => %s, content => %s, model => %s, "
         "conversation_id => %s, user_id => %s, system_prompt => %s, tools => %s, metadata => %s, "
-        "max_attempts => %s, if_active => %s, catch_up => %s, max_catch_up => %s)",
+        "max_attempts => %s, if_active => %s, catch_up => %s, max_catch_up => %s, priority => %s, "
+        "fairness_key => %s, concurrency_key => %s)",
         (
             name,
             cron,
@@ -70,6 +77,9 @@ async def create_schedule(
             if_active,
             catch_up,
             max_catch_up,
+            priority,
+            fairness_key,
+            concurrency_key,
         ),
     )
     row = await cur.fetchone()
@@ -93,7 +103,8 @@ async def list_schedules(conn: AsyncConnection, name: str | None = None) -> list
         await cur.execute(
             "SELECT name, cron, catch_up, max_catch_up, next_fire_at, last_tick_at, last_run_id, "
             "last_run_status, last_error, conversation_id, model, user_id, max_attempts, if_active, "
-            "created_at, id FROM runrow.schedules WHERE %s::text IS NULL OR name = %s ORDER BY name",
+            "priority, fairness_key, concurrency_key, created_at, id FROM runrow.schedules "
+            "WHERE %s::text IS NULL OR name = %s ORDER BY name",
             (name, name),
         )
         return await cur.fetchall()
