@@ -152,6 +152,10 @@ def test_cli_adds_lists_and_removes(database_url: str) -> None:
         "Summarize yesterday",
         "--catch-up",
         "each",
+        "--priority",
+        "7",
+        "--concurrency-key",
+        "reports",
     )
     assert added.returncode == 0, added.stderr
     schedule_id = uuid.UUID(added.stdout.strip())
@@ -164,6 +168,7 @@ def test_cli_adds_lists_and_removes(database_url: str) -> None:
         json.loads(line) for line in runrow(database_url, "schedules", "list", "--json").stdout.splitlines()
     ]
     assert row["id"] == str(schedule_id) and row["catch_up"] == "each" and row["last_run_id"] is None
+    assert (row["priority"], row["concurrency_key"]) == (7, "reports")
 
     from_stdin = runrow(database_url, "schedules", "add", "piped", "@hourly", "-", stdin="From stdin")
     assert from_stdin.returncode == 0, from_stdin.stderr
