@@ -79,6 +79,14 @@ BEGIN
         RAISE EXCEPTION 'metadata must be a JSON object, got %', jsonb_typeof(enqueue_run.metadata)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The worker places prompt-cache breakpoints by it (pyworker/agent/prompt_cache.py); a
+    -- misspelt value would silently cache nothing, or pay 1-hour writes nobody asked for.
+    IF enqueue_run.metadata ? 'prompt_cache'
+       AND (enqueue_run.metadata -> 'prompt_cache') NOT IN ('"off"', '"5m"', '"1h"') THEN
+        RAISE EXCEPTION 'metadata.prompt_cache must be one of "off", "5m", "1h", got %',
+            enqueue_run.metadata -> 'prompt_cache'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     -- One enqueue at a time per conversation, so reject/interrupt see a stable set of
     -- active runs, and per idempotency key, so a double POST finds the first run.
@@ -182,7 +190,7 @@ COMMENT ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, int
 'conversation has an active (queued, running or waiting) run, if_active decides: enqueue '
 '(wait behind it), reject (error 55000, nothing written) or interrupt (stop the active runs '
 'as stop_conversation does, then enqueue, atomically). Bad input raises 22004/22023 naming '
-'the argument. The first enqueue of a conversation makes user_id its owner; another user''s '
+'the argument (metadata.prompt_cache, when given, must be "off", "5m" or "1h"). The first enqueue of a conversation makes user_id its owner; another user''s '
 'enqueue into it raises 42501.';
 
 REVOKE ALL ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb) FROM PUBLIC;
