@@ -104,6 +104,14 @@ BEGIN
         RAISE EXCEPTION 'webhook_url must be NULL or an http:// or https:// URL of at most 2048 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The worker places prompt-cache breakpoints by it (pyworker/agent/prompt_cache.py); a
+    -- misspelt value would silently cache nothing, or pay 1-hour writes nobody asked for.
+    IF enqueue_run.metadata ? 'prompt_cache'
+       AND (enqueue_run.metadata -> 'prompt_cache') NOT IN ('"off"', '"5m"', '"1h"') THEN
+        RAISE EXCEPTION 'metadata.prompt_cache must be one of "off", "5m", "1h", got %',
+            enqueue_run.metadata -> 'prompt_cache'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     -- One enqueue at a time per conversation, so reject/interrupt see a stable set of
     -- active runs, and per idempotency key, so a double POST finds the first run.
@@ -232,7 +240,8 @@ COMMENT ON FUNCTION runrow.enqueue_run(
 'conversation has an active (queued, running or waiting) run, if_active decides: enqueue '
 '(wait behind it), reject (error 55000, nothing written) or interrupt (stop the active runs '
 'as stop_conversation does, then enqueue, atomically). Bad input raises 22004/22023 naming '
-'the argument. The first enqueue of a conversation makes user_id its owner; another user''s '
+'the argument (metadata.prompt_cache, when given, must be "off", "5m" or "1h"). The first '
+'enqueue of a conversation makes user_id its owner; another user''s '
 'enqueue into it raises 42501. Fleet arguments (SPEC "Fleet scheduling"), stored on the run: '
 'start_in (not claimable before now() + start_in, database clock; no wake is sent), priority '
 '(-1000..1000, higher first), fairness_key (default user_id), concurrency_key, rate_limit_key '

@@ -3,7 +3,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(83);
+SELECT plan(86);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,jsonb,text,text,text,jsonb,integer,text,text,jsonb,interval,integer,text,text,text,bigint,numeric,text}'''
@@ -325,6 +325,10 @@ SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm
     '22004', 'metadata must not be NULL', 'metadata NULL');
 SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', metadata => '[1]')$$,
     '22023', 'metadata must be a JSON object, got array', 'metadata array');
+SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', metadata => '{"prompt_cache": "10m"}')$$,
+    '22023', 'metadata.prompt_cache must be one of "off", "5m", "1h", got "10m"', 'metadata.prompt_cache unknown');
+SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', metadata => '{"prompt_cache": true}')$$,
+    '22023', 'metadata.prompt_cache must be one of "off", "5m", "1h", got true', 'metadata.prompt_cache not a string');
 -- Bad input is rejected before the idempotency lookup and the if_active decision.
 SELECT throws_ok(
     format($$SELECT * FROM runrow.enqueue_run(%L, '"q"', 'm', user_id => 'u1', idempotency_key => 'key-1',
@@ -345,6 +349,9 @@ SELECT is(
 SELECT is(
     (SELECT created FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', system_prompt => '', tools => '[]')),
     true, 'an empty system prompt and no tools are accepted');
+
+SELECT lives_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', metadata => '{"prompt_cache": "1h"}')$$,
+    'metadata.prompt_cache "1h" is accepted');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -3980,6 +3980,14 @@ BEGIN
         RAISE EXCEPTION 'webhook_url must be NULL or an http:// or https:// URL of at most 2048 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The worker places prompt-cache breakpoints by it (pyworker/agent/prompt_cache.py); a
+    -- misspelt value would silently cache nothing, or pay 1-hour writes nobody asked for.
+    IF enqueue_run.metadata ? 'prompt_cache'
+       AND (enqueue_run.metadata -> 'prompt_cache') NOT IN ('"off"', '"5m"', '"1h"') THEN
+        RAISE EXCEPTION 'metadata.prompt_cache must be one of "off", "5m", "1h", got %',
+            enqueue_run.metadata -> 'prompt_cache'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     -- One enqueue at a time per conversation, so reject/interrupt see a stable set of
     -- active runs, and per idempotency key, so a double POST finds the first run.
@@ -4108,7 +4116,8 @@ COMMENT ON FUNCTION runrow.enqueue_run(
 'conversation has an active (queued, running or waiting) run, if_active decides: enqueue '
 '(wait behind it), reject (error 55000, nothing written) or interrupt (stop the active runs '
 'as stop_conversation does, then enqueue, atomically). Bad input raises 22004/22023 naming '
-'the argument. The first enqueue of a conversation makes user_id its owner; another user''s '
+'the argument (metadata.prompt_cache, when given, must be "off", "5m" or "1h"). The first '
+'enqueue of a conversation makes user_id its owner; another user''s '
 'enqueue into it raises 42501. Fleet arguments (SPEC "Fleet scheduling"), stored on the run: '
 'start_in (not claimable before now() + start_in, database clock; no wake is sent), priority '
 '(-1000..1000, higher first), fairness_key (default user_id), concurrency_key, rate_limit_key '
@@ -5016,6 +5025,55 @@ COMMENT ON FUNCTION runrow.retry_run(uuid) IS
 
 REVOKE ALL ON FUNCTION runrow.retry_run(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.retry_run(uuid) TO runrow_client;
+
+-- functions/run_usage.sql
+CREATE OR REPLACE FUNCTION runrow.run_usage(run_id uuid)
+RETURNS TABLE (
+    model_turns bigint,
+    input_tokens bigint,
+    output_tokens bigint,
+    cache_read_input_tokens bigint,
+    cache_creation_input_tokens bigint
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(run_usage.run_id, 'run_id');
+    PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = run_usage.run_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run_id % does not exist', run_usage.run_id USING ERRCODE = 'no_data_found';
+    END IF;
+    -- usage is the provider's object as received: a field that is missing or not a number
+    -- (an older SDK, another provider) counts as 0 rather than failing the whole sum.
+    RETURN QUERY
+    SELECT
+        count(*),
+        coalesce(sum(CASE WHEN jsonb_typeof(s.usage -> 'input_tokens') = 'number'
+            THEN (s.usage ->> 'input_tokens')::numeric END), 0)::bigint,
+        coalesce(sum(CASE WHEN jsonb_typeof(s.usage -> 'output_tokens') = 'number'
+            THEN (s.usage ->> 'output_tokens')::numeric END), 0)::bigint,
+        coalesce(sum(CASE WHEN jsonb_typeof(s.usage -> 'cache_read_input_tokens') = 'number'
+            THEN (s.usage ->> 'cache_read_input_tokens')::numeric END), 0)::bigint,
+        coalesce(sum(CASE WHEN jsonb_typeof(s.usage -> 'cache_creation_input_tokens') = 'number'
+            THEN (s.usage ->> 'cache_creation_input_tokens')::numeric END), 0)::bigint
+    FROM runrow.agent_step AS s
+    WHERE s.run_id = run_usage.run_id AND s.kind = 'model_turn';
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.run_usage(uuid) IS
+'Per-run token totals from the step log (runrow status RUN): model_turns, and the sums over '
+'its model_turn steps of usage.input_tokens (billed at the full input price), output_tokens, '
+'cache_read_input_tokens and cache_creation_input_tokens, as the provider reported them; a '
+'missing or non-numeric field counts 0. Every attempt''s committed turns count (what was '
+'paid for); a fenced-out append_step stored nothing, so it adds nothing. One index range '
+'scan of the run''s steps. An unknown run_id raises P0002, a NULL one 22004.';
+
+REVOKE ALL ON FUNCTION runrow.run_usage(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.run_usage(uuid) TO runrow_client, runrow_worker, runrow_auditor;
 
 -- functions/schema_version.sql
 CREATE OR REPLACE FUNCTION runrow.schema_version()

@@ -102,6 +102,25 @@ def transcript(conn: psycopg.Connection, run_id: uuid.UUID) -> list[tuple[str, A
     return out
 
 
+def undecorated(value: Any) -> Any:
+    """A request (or a part of one) without the prompt-cache breakpoints the loop adds
+    (pyworker/agent/prompt_cache.py): every `cache_control` dropped, and a system prompt or
+    message content the marker turned into one text block a string again. What is left is what
+    the step log and the pinned prompt hold, byte for byte."""
+    if isinstance(value, list):
+        return [undecorated(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: undecorated(v) for k, v in value.items() if k != "cache_control"}
+    # Only a system prompt and a user message's content are ever strings the loop turned into a block.
+    for key in ("system",) if "system" in out else ("content",) if out.get("role") == "user" else ():
+        blocks = out.get(key)
+        if isinstance(blocks, list) and len(blocks) == 1 and isinstance(blocks[0], dict):
+            if set(blocks[0]) == {"type", "text"} and blocks[0]["type"] == "text":
+                out[key] = blocks[0]["text"]
+    return out
+
+
 def agent_env(base_url: str, demo_dir: Path, tool_delay: str = "0") -> dict[str, str]:
     """An agent worker's environment: the Messages API at base_url, the demo tools in demo_dir."""
     return {

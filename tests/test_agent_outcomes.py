@@ -25,6 +25,7 @@ from agent_support import (
     module_conn,
     module_db,
     steps,
+    undecorated,
 )
 from worker_support import events, run_row, streamed_text, wait_status, wait_until
 
@@ -148,7 +149,7 @@ def test_end_turn_completes_and_the_step_is_the_message_as_received(db, fake) ->
     ).fetchone()
     assert stored_request_id == (request.request_id,)
     # Model, system, tools from the run's pinned prompt; max_tokens and thinking from its metadata.
-    body = request.body
+    body = undecorated(request.body)
     assert (body["model"], body["system"], body["tools"]) == ("claude-fake-1", "Be kind.", [WEATHER])
     assert (body["max_tokens"], body["thinking"]) == (4096, {"type": "enabled", "budget_tokens": 1024})
     assert body["stream"] is True
@@ -192,7 +193,10 @@ def test_pause_turn_sends_the_content_back_and_continues(db, fake) -> None:
     assert row["result"]["text"] == "Searching for a while... Found it: the answer is 42."
     assert kinds(db, run) == ["model_turn", "model_turn"]
     first, second = fake.requests
-    assert second.body["messages"][-1] == {"role": "assistant", "content": first.response["content"]}
+    assert undecorated(second.body["messages"][-1]) == {
+        "role": "assistant",
+        "content": first.response["content"],
+    }
 
 
 @pytest.mark.parametrize(
@@ -229,7 +233,7 @@ def test_unknown_tool_and_raising_tool_are_errors_the_model_sees(db, fake) -> No
     assert [r["is_error"] for r in results] == [True, True]
     assert results[0]["content"] == "RuntimeError: weather service is down"
     assert results[1]["content"].startswith("Unknown tool 'get_time'")
-    sent = fake.requests[-1].body["messages"][-1]["content"]
+    sent = undecorated(fake.requests[-1].body["messages"][-1]["content"])
     assert [b["is_error"] for b in sent] == [True, True]
 
 

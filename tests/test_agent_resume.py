@@ -16,7 +16,7 @@ import uuid
 
 import psycopg
 import pytest
-from agent_support import QUICK_TAKEOVER, ForkedWorker, agent_env, enqueue_agent, steps
+from agent_support import QUICK_TAKEOVER, ForkedWorker, agent_env, enqueue_agent, steps, undecorated
 from worker_support import db, run_row, wait_status, wait_until, worker_db
 
 from pyworker.db.keys import tool_call_key
@@ -59,9 +59,9 @@ def test_resumed_request_is_the_stored_history_unchanged_and_is_accepted(
     assert len(requests) == 6  # no committed model turn was asked for again
     assert all(r.status == 200 and r.outcome == "ok" for r in requests)  # every signature verified
     last_before, first_after = before[-1], requests[3]
-    resent = first_after.body["messages"]
+    resent = undecorated(first_after.body["messages"])
     n = len(last_before.body["messages"])
-    assert resent[:n] == last_before.body["messages"]
+    assert resent[:n] == undecorated(last_before.body["messages"])
     assert resent[n] == {"role": "assistant", "content": last_before.response["content"]}
     assert resent[n + 1]["content"][0]["type"] == "tool_result"
     # Each model_turn payload is the SDK's message content serialized once (json.dumps), stored
@@ -128,9 +128,9 @@ def test_the_next_turn_sends_the_earlier_turn_back_as_stored(db, worker_db, fake
     finally:
         w.kill()
     first_last, second_first = fake.requests[5], fake.requests[6]
-    history = second_first.body["messages"]
+    history = undecorated(second_first.body["messages"])
     n = len(first_last.body["messages"])
-    assert history[:n] == first_last.body["messages"]
+    assert history[:n] == undecorated(first_last.body["messages"])
     assert history[n] == {"role": "assistant", "content": first_last.response["content"]}
     assert history[n + 1] == {"role": "user", "content": "Again, please."}
     assert all(r.status == 200 for r in fake.requests)
@@ -196,7 +196,7 @@ def test_resume_runs_only_the_tool_calls_still_missing_a_result(db, worker_db, f
     ran = [(e.tool, e.args) for e in demo_tools.records(tmp_path)]
     assert ("list_files", {"path": "."}) not in ran  # answered before: not run again
     assert ("read_file", {"path": "notes/todo.txt"}) in ran
-    first = fake.requests[0].body["messages"]
+    first = undecorated(fake.requests[0].body["messages"])
     assert first[1] == {"role": "assistant", "content": EARLIER_TURN}  # sent back as stored
     assert [b["tool_use_id"] for b in first[2]["content"]] == ["toolu_earlier_1", "toolu_earlier_2"]
     assert first[2]["content"][0]["content"] == "answered by the earlier attempt"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 from tail_support import append, claim, enqueue, finish, finished_run, private_database_url
 
 from pyworker.cli.main import build_parser
@@ -258,6 +260,41 @@ def test_status_prints_the_queue_health_view(private_database_url: str, conn: ps
     assert names == columns
     queued = next(line for line in result.stdout.splitlines() if line.startswith("queued "))
     assert int(queued.split()[1]) >= 1
+
+
+def test_status_of_a_run_prints_its_token_totals(private_database_url: str, conn: psycopg.Connection) -> None:
+    run_id = enqueue(conn)
+    token = claim(conn, run_id)
+    usages = [
+        {
+            "input_tokens": 3,
+            "output_tokens": 5,
+            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": 3000,
+        },
+        {
+            "input_tokens": 1,
+            "output_tokens": 7,
+            "cache_read_input_tokens": 3000,
+            "cache_creation_input_tokens": 40,
+        },
+    ]
+    for i, usage in enumerate(usages):
+        conn.execute(
+            "SELECT runrow.append_step(run_id => %s, claim_token => %s, kind => 'model_turn', payload => %s, "
+            "request_id => %s, usage => %s, stop_reason => 'pause_turn')",
+            (run_id, token, json.dumps([{"type": "text", "text": f"part {i}"}]), f"req_{i}", Jsonb(usage)),
+        )
+    result = runrow(private_database_url, "status", str(run_id))
+    assert result.returncode == 0, result.stderr
+    table = dict(line.split(maxsplit=1) for line in result.stdout.splitlines() if len(line.split()) == 2)
+    assert table["run"] == str(run_id) and table["status"] == "running"
+    assert (table["model_turns"], table["input_tokens"], table["output_tokens"]) == ("2", "4", "12")
+    assert (table["cache_read_input_tokens"], table["cache_creation_input_tokens"]) == ("3000", "3040")
+    unknown = runrow(private_database_url, "status", "00000000-0000-0000-0000-000000000000")
+    assert unknown.returncode == 2 and "does not exist" in unknown.stderr and not unknown.stdout
+    bad = runrow(private_database_url, "status", "not-a-uuid")
+    assert bad.returncode == 2 and "invalid UUID value" in bad.stderr
 
 
 def test_audit_exit_code_follows_the_violations(private_database_url: str, conn: psycopg.Connection) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from agent_support import THINKING, agent_worker, enqueue_agent, steps
+from agent_support import THINKING, agent_worker, enqueue_agent, steps, undecorated
 from http_support import ALICE, read_stream, serve
 from worker_support import REPO, WorkerProcess, db, events, run_row, wait_status, worker_db
 
@@ -94,7 +94,7 @@ def test_a_nul_in_the_models_text_completes_the_run_with_the_nul_kept_everywhere
     second = enqueue_agent(db, "And again?", conversation_id=conversation_id, metadata=THINKING)
     assert wait_status(db, second, TERMINAL, 30) == "completed", (run_row(db, second), worker.log())
     assert fake.request_count == 2
-    resent = fake.requests[1].body["messages"][1]
+    resent = undecorated(fake.requests[1].body["messages"][1])
     assert resent == {"role": "assistant", "content": fake.requests[0].response["content"]}
 
 

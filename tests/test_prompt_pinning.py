@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from agent_support import QUICK_TAKEOVER, ForkedWorker, agent_env, enqueue_agent, steps
+from agent_support import QUICK_TAKEOVER, ForkedWorker, agent_env, enqueue_agent, steps, undecorated
 from worker_support import db, run_row, wait_status, wait_until, worker_db
 
 from pyworker.fake.scenarios import DEMO_TOOLS
@@ -30,7 +30,7 @@ OPTIONS = {**QUICK_TAKEOVER, "concurrency": 2}
 
 
 def first_user_text(request: RecordedRequest) -> Any:
-    return request.body["messages"][0]["content"]
+    return undecorated(request.body["messages"][0])["content"]
 
 
 def test_run_pinned_to_v1_keeps_v1_after_v2_and_a_worker_restart(db, worker_db, tmp_path) -> None:
@@ -66,11 +66,12 @@ def test_run_pinned_to_v1_keeps_v1_after_v2_and_a_worker_restart(db, worker_db, 
     assert len(resumed) == 4
     for request in one:
         assert request.body["model"] == "claude-fake-1"
-        assert request.body["system"] == SYSTEM_V1
-        assert request.body["tools"] == TOOLS_V1
+        assert undecorated(request.body)["system"] == SYSTEM_V1
+        assert undecorated(request.body)["tools"] == TOOLS_V1
         assert request.status == 200
     for request in two:
-        assert (request.body["model"], request.body["system"], request.body["tools"]) == (
+        body = undecorated(request.body)
+        assert (body["model"], body["system"], body["tools"]) == (
             "claude-fake-2",
             SYSTEM_V2,
             TOOLS_V2,

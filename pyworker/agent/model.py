@@ -3,7 +3,8 @@ final message, and the classification of what went wrong.
 
 What the request is built from: model, system prompt and tool definitions from the run's pinned
 prompt (`ClaimedRun`), never from worker configuration; request parameters from the run's
-metadata (pinned at enqueue), see `REQUEST_PARAMS` and `DEFAULT_MAX_TOKENS`.
+metadata (pinned at enqueue), see `REQUEST_PARAMS` and `DEFAULT_MAX_TOKENS`; the prompt-cache
+breakpoints from `metadata.prompt_cache` (pyworker/agent/prompt_cache.py).
 
 Where the client points: `ANTHROPIC_BASE_URL` (else the SDK's default, the real API) and
 `ANTHROPIC_API_KEY`; worker config `anthropic_base_url` / `anthropic_max_retries` override.
@@ -21,6 +22,7 @@ from typing import Any
 
 import anthropic
 
+from pyworker.agent.prompt_cache import add_breakpoints, cache_mode
 from pyworker.db.api import ClaimedRun
 from pyworker.worker.journal import RunJournal
 
@@ -102,7 +104,7 @@ def request_params(run: ClaimedRun, messages: list[dict[str, Any]]) -> dict[str,
         params["system"] = run.system_prompt
     if run.tools:
         params["tools"] = run.tools
-    return params
+    return add_breakpoints(params, cache_mode(meta))
 
 
 async def stream_turn(

@@ -169,14 +169,17 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     p.add_argument("run", type=uuid.UUID, help="run id of a failed or dead run")
 
-    _command(
+    p = _command(
         sub,
         "status",
         cmd_status,
-        help="queue health: depth, oldest queued age, running, leases expiring",
-        description="Prints the view runrow.queue_health as a two-column table.",
-        epilog="example:\n  watch -n 2 runrow status",
+        help="queue health: depth, oldest queued age, running, leases expiring; or one run's tokens",
+        description="Without RUN: prints the view runrow.queue_health as a two-column table. With "
+        "RUN: the run's status and its token totals over every attempt (runrow.run_usage): model "
+        "turns, input tokens billed at the full price, output, cache read and cache write.",
+        epilog="examples:\n  watch -n 2 runrow status\n  runrow status 5f0c...a2",
     )
+    p.add_argument("run", type=uuid.UUID, nargs="?", help="run id: show this run's status and token totals")
     _command(
         sub,
         "audit",
@@ -282,11 +285,35 @@ async def _on_run(
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
+    if args.run is not None:
+        return await _run_status(args)
     names, rows = await _select_all(args, "runrow.queue_health", psycopg.errors.UndefinedTable)
     for i, row in enumerate(rows):
         if i:
             print()
         _print_table(["", ""], [[n, _cell(v)] for n, v in zip(names, row, strict=True)], header=False)
+    return 0
+
+
+async def _run_status(args: argparse.Namespace) -> int:
+    async with await _connect(database_url(args.database_url)) as conn:
+        try:
+            run = await conn.execute(
+                "SELECT id AS run, status, model, attempt, error FROM runrow.get_run(run_id => %s)",
+                (args.run,),
+            )
+            run_names, run_row = [c.name for c in run.description or ()], await run.fetchone()
+            usage = await conn.execute("SELECT * FROM runrow.run_usage(run_id => %s)", (args.run,))
+            usage_names, usage_row = [c.name for c in usage.description or ()], await usage.fetchone()
+        except psycopg.errors.NoDataFound as exc:
+            raise CliError(f"run {args.run} does not exist") from exc
+        except psycopg.errors.UndefinedFunction as exc:
+            raise CliError(
+                "this database has no runrow.run_usage: run `runrow migrate` with a runrow that has it"
+            ) from exc
+    assert run_row is not None and usage_row is not None
+    pairs = [*zip(run_names, run_row, strict=True), *zip(usage_names, usage_row, strict=True)]
+    _print_table(["", ""], [[n, _cell(v)] for n, v in pairs], header=False)
     return 0
 
 

@@ -423,12 +423,6 @@ def estimate_tokens(value: Any) -> int:
     return max(1, len(text) // 4)
 
 
-def input_tokens(body: Mapping[str, Any]) -> int:
-    return estimate_tokens(
-        {k: body.get(k) for k in ("system", "tools", "messages") if body.get(k) is not None}
-    )
-
-
 def render_content(turn: Turn, body: Mapping[str, Any], signer: Signer) -> list[dict[str, Any]]:
     """The content blocks of the response, signed against the request's history. A request that
     ends with an assistant message (prefill, or a paused turn sent back) is continued: the new blocks
@@ -516,14 +510,9 @@ def message_json(
     return message
 
 
-def usage_json(in_tokens: int, out_tokens: int) -> dict[str, Any]:
-    return {
-        "input_tokens": in_tokens,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
-        "output_tokens": out_tokens,
-        "service_tier": "standard",
-    }
+def usage_json(input_fields: Mapping[str, Any], out_tokens: int) -> dict[str, Any]:
+    """`input_fields`: input_tokens and the cache fields, from the prompt cache (fake/cache.py)."""
+    return {**input_fields, "output_tokens": out_tokens, "service_tier": "standard"}
 
 
 def _chunks(text: str, size: int) -> Iterator[str]:

@@ -22,12 +22,14 @@ import json
 import logging
 import secrets
 import threading
+import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyworker.fake import protocol as wire
+from pyworker.fake.cache import PromptCache, prompt_tokens
 from pyworker.fake.faults import Fault
 from pyworker.fake.scenarios import ModelRequest, Scenario, conversation_step, resolve_scenario
 
@@ -110,6 +112,7 @@ class FakeModel:
         chunk_size: int = 12,
         merge_consecutive: bool = False,
         context_window: int = 200_000,
+        clock: Callable[[], float] = time.monotonic,
     ):
         """`scenario`: a name from fake_scenarios.SCENARIOS or a callable. `api_key`: when set, the only
         key accepted (else any non-empty key). `faults`: applied to the next /v1/messages requests, one
@@ -117,7 +120,8 @@ class FakeModel:
         `merge_consecutive`: merge same-role turns as today's API does, instead of refusing them.
         `context_window`: tokens (estimated as characters / 4); a longer input is refused (400), and
         output that would overflow it stops with model_context_window_exceeded. Output is also cut at
-        the request's max_tokens (stop_reason max_tokens), like the real API."""
+        the request's max_tokens (stop_reason max_tokens), like the real API. `clock`: seconds, for
+        the prompt cache's TTLs (`prompt_cache`, pyworker/fake/cache.py); inject one to expire entries."""
         self.host = host
         self.port = port
         self.signer = wire.Signer(secret)
@@ -126,6 +130,7 @@ class FakeModel:
         self.chunk_size = chunk_size
         self.merge_consecutive = merge_consecutive
         self.context_window = context_window
+        self.prompt_cache = PromptCache(clock)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         name = scenario if isinstance(scenario, str) else getattr(scenario, "__name__", "custom")
@@ -230,6 +235,7 @@ class FakeModel:
             self._state.faults.clear()
             self._state.requests.clear()
             self._state.served.clear()
+        self.prompt_cache.clear()
 
     def wait_for_requests(self, count: int, timeout: float = 10.0) -> list[RecordedRequest]:
         """Block until `count` /v1/messages requests have been answered (or raise TimeoutError)."""
@@ -322,7 +328,7 @@ class FakeModel:
             )
             if counting:
                 self._finish(record, 200, "ok")
-                await _send_json(writer, 200, {"input_tokens": wire.input_tokens(valid)}, request_id)
+                await _send_json(writer, 200, {"input_tokens": prompt_tokens(valid)}, request_id)
                 return True
             return await self._messages(valid, request, writer, record, fault)
         except wire.ApiError as err:
@@ -386,14 +392,17 @@ class FakeModel:
         record.fault = fault
         if fault is not None and fault.kind == "status":
             raise wire.ApiError(fault.status, fault.error_type, fault.message, fault.retry_headers())
-        in_tokens = wire.input_tokens(body)
+        in_tokens = prompt_tokens(body)
         if in_tokens > self.context_window:
             raise wire.invalid(f"prompt is too long: {in_tokens} tokens > {self.context_window} maximum")
+        # The prompt is processed (and cached) before the first byte of the answer, so a stream cut
+        # later, or a client that goes away, leaves its cache entries behind, as with the API.
+        cached = self.prompt_cache.account(body)
         content = wire.render_content(turn, body, self.signer)
         content, cut = wire.limit_output(content, body["max_tokens"], self.context_window - in_tokens)
         out_tokens = sum(wire.block_tokens(b) for b in content) or 1
         message_id = "msg_01" + secrets.token_hex(11)
-        usage = wire.usage_json(in_tokens, out_tokens)
+        usage = wire.usage_json(cached.usage_fields(), out_tokens)
         message = wire.message_json(message_id, body["model"], content, turn, usage, cut)
         record.response = message
         if not body.get("stream"):

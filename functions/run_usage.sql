@@ -1,0 +1,47 @@
+CREATE OR REPLACE FUNCTION runrow.run_usage(run_id uuid)
+RETURNS TABLE (
+    model_turns bigint,
+    input_tokens bigint,
+    output_tokens bigint,
+    cache_read_input_tokens bigint,
+    cache_creation_input_tokens bigint
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(run_usage.run_id, 'run_id');
+    PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = run_usage.run_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run_id % does not exist', run_usage.run_id USING ERRCODE = 'no_data_found';
+    END IF;
+    -- usage is the provider's object as received: a field that is missing or not a number
+    -- (an older SDK, another provider) counts as 0 rather than failing the whole sum.
+    RETURN QUERY
+    SELECT
+        count(*),
+        coalesce(sum(CASE WHEN jsonb_typeof(s.usage -> 'input_tokens') = 'number'
+            THEN (s.usage ->> 'input_tokens')::numeric END), 0)::bigint,
+        coalesce(sum(CASE WHEN jsonb_typeof(s.usage -> 'output_tokens') = 'number'
+            THEN (s.usage ->> 'output_tokens')::numeric END), 0)::bigint,
+        coalesce(sum(CASE WHEN jsonb_typeof(s.usage -> 'cache_read_input_tokens') = 'number'
+            THEN (s.usage ->> 'cache_read_input_tokens')::numeric END), 0)::bigint,
+        coalesce(sum(CASE WHEN jsonb_typeof(s.usage -> 'cache_creation_input_tokens') = 'number'
+            THEN (s.usage ->> 'cache_creation_input_tokens')::numeric END), 0)::bigint
+    FROM runrow.agent_step AS s
+    WHERE s.run_id = run_usage.run_id AND s.kind = 'model_turn';
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.run_usage(uuid) IS
+'Per-run token totals from the step log (runrow status RUN): model_turns, and the sums over '
+'its model_turn steps of usage.input_tokens (billed at the full input price), output_tokens, '
+'cache_read_input_tokens and cache_creation_input_tokens, as the provider reported them; a '
+'missing or non-numeric field counts 0. Every attempt''s committed turns count (what was '
+'paid for); a fenced-out append_step stored nothing, so it adds nothing. One index range '
+'scan of the run''s steps. An unknown run_id raises P0002, a NULL one 22004.';
+
+REVOKE ALL ON FUNCTION runrow.run_usage(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.run_usage(uuid) TO runrow_client, runrow_worker, runrow_auditor;
