@@ -79,6 +79,19 @@ BEGIN
         RAISE EXCEPTION 'metadata must be a JSON object, got %', jsonb_typeof(enqueue_run.metadata)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The caller's trace (W3C Trace Context) that every attempt's spans continue: a value no
+    -- tracer can parse would silently start a new trace on every worker, so refuse it here.
+    IF enqueue_run.metadata ? 'traceparent' AND NOT coalesce(
+        jsonb_typeof(enqueue_run.metadata -> 'traceparent') = 'string'
+        AND (enqueue_run.metadata ->> 'traceparent') ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+        AND left(enqueue_run.metadata ->> 'traceparent', 2) <> 'ff'
+        AND substr(enqueue_run.metadata ->> 'traceparent', 4, 32) <> repeat('0', 32)
+        AND substr(enqueue_run.metadata ->> 'traceparent', 37, 16) <> repeat('0', 16), FALSE
+    ) THEN
+        RAISE EXCEPTION 'metadata.traceparent must be a W3C traceparent (version-trace_id-parent_id-flags, '
+            'lowercase hex, ids not all zero), got %', enqueue_run.metadata -> 'traceparent'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     -- One enqueue at a time per conversation, so reject/interrupt see a stable set of
     -- active runs, and per idempotency key, so a double POST finds the first run.
@@ -182,7 +195,8 @@ COMMENT ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, int
 'conversation has an active (queued, running or waiting) run, if_active decides: enqueue '
 '(wait behind it), reject (error 55000, nothing written) or interrupt (stop the active runs '
 'as stop_conversation does, then enqueue, atomically). Bad input raises 22004/22023 naming '
-'the argument. The first enqueue of a conversation makes user_id its owner; another user''s '
+'the argument (metadata.traceparent, when given, must be a W3C traceparent: the trace every '
+'attempt of the run continues). The first enqueue of a conversation makes user_id its owner; another user''s '
 'enqueue into it raises 42501.';
 
 REVOKE ALL ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb) FROM PUBLIC;

@@ -3,7 +3,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(83);
+SELECT plan(94);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,jsonb,text,text,text,jsonb,integer,text,text,jsonb}'''
@@ -325,6 +325,23 @@ SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm
     '22004', 'metadata must not be NULL', 'metadata NULL');
 SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', metadata => '[1]')$$,
     '22023', 'metadata must be a JSON object, got array', 'metadata array');
+-- metadata.traceparent: a W3C traceparent or nothing (a worker would start a new trace for it).
+SELECT throws_ok(format($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', metadata => %L)$$, m),
+    '22023', NULL, 'metadata.traceparent refused: ' || why)
+FROM (VALUES
+    ('{"traceparent": 1}', 'not a string'),
+    ('{"traceparent": null}', 'null'),
+    ('{"traceparent": ""}', 'empty'),
+    ('{"traceparent": "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"}', 'uppercase hex'),
+    ('{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01"}', 'a short trace id'),
+    ('{"traceparent": "00-00000000000000000000000000000000-00f067aa0ba902b7-01"}', 'an all-zero trace id'),
+    ('{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"}', 'an all-zero parent id'),
+    ('{"traceparent": "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}', 'version ff'),
+    ('{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 "}', 'a trailing space')
+) AS t (m, why);
+SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', metadata => '{"traceparent": "x"}')$$,
+    '22023', 'metadata.traceparent must be a W3C traceparent (version-trace_id-parent_id-flags, '
+    'lowercase hex, ids not all zero), got "x"', 'the traceparent error names metadata.traceparent');
 -- Bad input is rejected before the idempotency lookup and the if_active decision.
 SELECT throws_ok(
     format($$SELECT * FROM runrow.enqueue_run(%L, '"q"', 'm', user_id => 'u1', idempotency_key => 'key-1',
@@ -345,6 +362,12 @@ SELECT is(
 SELECT is(
     (SELECT created FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', system_prompt => '', tools => '[]')),
     true, 'an empty system prompt and no tools are accepted');
+SELECT run_id AS traced FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm',
+    metadata => '{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}') \gset
+SELECT is(
+    (SELECT a.metadata ->> 'traceparent' FROM runrow.agent_run AS a WHERE a.id = :'traced'),
+    '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01',
+    'a W3C traceparent is accepted and kept in the run''s metadata');
 
 SELECT * FROM finish();
 ROLLBACK;

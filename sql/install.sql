@@ -1418,6 +1418,41 @@ INSERT INTO runrow._yoyo_migration VALUES ('7127267d8f77d2544258486d3d15748cdcb2
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '7127267d8f77d2544258486d3d15748cdcb2204e7cf50a9b93f1de426dcb7c86', '0012_claim_blocked_turns', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0019_queue_metrics
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '4bb305669d7335e12b92f78236629961943d5f8ffed8f99d4d730c5d873555bb') AS apply_4bb305669d73 \gset
+\if :apply_4bb305669d73
+-- The database half of the Prometheus scrape (runrow serve's and runrow worker's /metrics):
+-- one row, one query per scrape, every column a gauge. The exporter maps the columns by name
+-- (pyworker/worker/metrics.py), so a new gauge is one more column here: runs waiting out a
+-- backoff or a rate limit and tenants over budget join as columns once their tables exist.
+-- Reads queue_health, so it costs what that view costs: the live runs only, through the
+-- partial indexes, the same with 1 k or 1 M finished runs.
+-- depends: 0012_claim_blocked_turns
+
+CREATE VIEW runrow.queue_metrics AS
+SELECT
+    h.queued,
+    h.running,
+    h.waiting,
+    h.waiting AS waiting_approval,
+    coalesce(extract(EPOCH FROM h.oldest_queued_age), 0)::double precision
+        AS oldest_queued_age_seconds,
+    h.leases_expired
+FROM runrow.queue_health AS h;
+
+COMMENT ON VIEW runrow.queue_metrics IS
+'One row of numbers for a metrics scrape, now, each exported as a gauge: queued, running, '
+'waiting = queue depth by live status (runrow_queue_depth{status}); waiting_approval = runs '
+'parked on a person''s approval (today every waiting run); oldest_queued_age_seconds = how '
+'long the longest-queued run has waited since it entered the queue, 0 when the queue is '
+'empty; leases_expired = running runs whose lease has lapsed and that no reaper has taken '
+'yet. Readable by the worker, client and auditor roles: counts only, no run or user.';
+
+GRANT SELECT ON runrow.queue_metrics TO runrow_worker, runrow_client, runrow_auditor;
+INSERT INTO runrow._yoyo_migration VALUES ('4bb305669d7335e12b92f78236629961943d5f8ffed8f99d4d730c5d873555bb', '0019_queue_metrics', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '4bb305669d7335e12b92f78236629961943d5f8ffed8f99d4d730c5d873555bb', '0019_queue_metrics', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -3133,6 +3168,19 @@ BEGIN
         RAISE EXCEPTION 'metadata must be a JSON object, got %', jsonb_typeof(enqueue_run.metadata)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The caller's trace (W3C Trace Context) that every attempt's spans continue: a value no
+    -- tracer can parse would silently start a new trace on every worker, so refuse it here.
+    IF enqueue_run.metadata ? 'traceparent' AND NOT coalesce(
+        jsonb_typeof(enqueue_run.metadata -> 'traceparent') = 'string'
+        AND (enqueue_run.metadata ->> 'traceparent') ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+        AND left(enqueue_run.metadata ->> 'traceparent', 2) <> 'ff'
+        AND substr(enqueue_run.metadata ->> 'traceparent', 4, 32) <> repeat('0', 32)
+        AND substr(enqueue_run.metadata ->> 'traceparent', 37, 16) <> repeat('0', 16), FALSE
+    ) THEN
+        RAISE EXCEPTION 'metadata.traceparent must be a W3C traceparent (version-trace_id-parent_id-flags, '
+            'lowercase hex, ids not all zero), got %', enqueue_run.metadata -> 'traceparent'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     -- One enqueue at a time per conversation, so reject/interrupt see a stable set of
     -- active runs, and per idempotency key, so a double POST finds the first run.
@@ -3236,7 +3284,8 @@ COMMENT ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, int
 'conversation has an active (queued, running or waiting) run, if_active decides: enqueue '
 '(wait behind it), reject (error 55000, nothing written) or interrupt (stop the active runs '
 'as stop_conversation does, then enqueue, atomically). Bad input raises 22004/22023 naming '
-'the argument. The first enqueue of a conversation makes user_id its owner; another user''s '
+'the argument (metadata.traceparent, when given, must be a W3C traceparent: the trace every '
+'attempt of the run continues). The first enqueue of a conversation makes user_id its owner; another user''s '
 'enqueue into it raises 42501.';
 
 REVOKE ALL ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb) FROM PUBLIC;
