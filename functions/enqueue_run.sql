@@ -104,7 +104,9 @@ BEGIN
             'content', enqueue_run.content, 'model', enqueue_run.model,
             'system_prompt', enqueue_run.system_prompt, 'tools', enqueue_run.tools,
             'max_attempts', enqueue_run.max_attempts, 'if_active', enqueue_run.if_active,
-            'metadata', enqueue_run.metadata)::text, 'UTF8')), 'hex');
+            -- The caller's trace context is not part of the request: a client that retries
+            -- with the same key from a new span gets the first run, not a 23505.
+            'metadata', enqueue_run.metadata - 'traceparent')::text, 'UTF8')), 'hex');
         PERFORM pg_advisory_xact_lock(7142, hashtext(enqueue_run.idempotency_key));
         SELECT r.* INTO existing FROM runrow.agent_run AS r
         WHERE r.idempotency_key = enqueue_run.idempotency_key;
@@ -187,7 +189,7 @@ COMMENT ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, int
 '(queued, pinned to model and to a content-addressed prompt of system_prompt + tools), '
 'its journal events user_message_created and run_queued, and a NOTIFY on runrow_enqueued. '
 'The same idempotency_key with the same request (conversation, user, content, model, '
-'system_prompt, tools, max_attempts, if_active, metadata; JSON compared as jsonb, so key order '
+'system_prompt, tools, max_attempts, if_active, metadata but its traceparent; JSON compared as jsonb, so key order '
 'and whitespace do not count) returns the first run with created = false and writes nothing; '
 'the key with any other request raises 23505 (unique_violation, constraint '
 'agent_run_idempotency_key) naming idempotency_key, and writes nothing. A run enqueued '

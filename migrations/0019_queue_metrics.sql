@@ -4,7 +4,15 @@
 -- backoff or a rate limit and tenants over budget join as columns once their tables exist.
 -- Reads queue_health, so it costs what that view costs: the live runs only, through the
 -- partial indexes, the same with 1 k or 1 M finished runs.
+--
+-- The claim also says how long each run waited (queued_seconds, for the enqueue-to-claim
+-- histogram): a new column of claim_run's and claim_runs' result, so the old functions go
+-- and functions/ recreates them.
 -- depends: 0012_claim_blocked_turns
+
+DROP FUNCTION IF EXISTS runrow.claim_run(text, integer);
+DROP FUNCTION IF EXISTS runrow.claim_runs(text, integer, integer);
+DROP FUNCTION IF EXISTS runrow._claim(text, integer, integer);
 
 CREATE VIEW runrow.queue_metrics AS
 SELECT

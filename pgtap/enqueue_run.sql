@@ -3,7 +3,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(94);
+SELECT plan(95);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,jsonb,text,text,text,jsonb,integer,text,text,jsonb}'''
@@ -131,6 +131,15 @@ SELECT is(
     (SELECT (:'r1'::uuid, 'queued', false)::text),
     'the same idempotency key with the same request returns the first run with created = false');
 SELECT is(pg_temp.written(), :'before', 'and writes no second message, run, event or prompt');
+SELECT is(
+    (SELECT (run_id, created)::text FROM runrow.enqueue_run(
+        conversation_id => :conv, content => '"first question"', model => 'claude-test',
+        user_id => 'u1', system_prompt => 'You are terse.',
+        tools => '[{"input_schema":{"type":"object"},"name":"search"}]', max_attempts => 3,
+        idempotency_key => 'key-1',
+        metadata => '{"source":"pgtap", "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}')),
+    (SELECT (:'r1'::uuid, false)::text),
+    'a retry from another span (a traceparent added) is the same request: the first run');
 -- The same key with a request that differs in any one argument: 23505, naming the key.
 CREATE FUNCTION pg_temp.replay_refused(args text) RETURNS text LANGUAGE plpgsql AS $$
 BEGIN

@@ -1427,7 +1427,15 @@ SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '
 -- backoff or a rate limit and tenants over budget join as columns once their tables exist.
 -- Reads queue_health, so it costs what that view costs: the live runs only, through the
 -- partial indexes, the same with 1 k or 1 M finished runs.
+--
+-- The claim also says how long each run waited (queued_seconds, for the enqueue-to-claim
+-- histogram): a new column of claim_run's and claim_runs' result, so the old functions go
+-- and functions/ recreates them.
 -- depends: 0012_claim_blocked_turns
+
+DROP FUNCTION IF EXISTS runrow.claim_run(text, integer);
+DROP FUNCTION IF EXISTS runrow.claim_runs(text, integer, integer);
+DROP FUNCTION IF EXISTS runrow._claim(text, integer, integer);
 
 CREATE VIEW runrow.queue_metrics AS
 SELECT
@@ -1471,7 +1479,8 @@ RETURNS TABLE (
     user_id text,
     user_message_id uuid,
     metadata jsonb,
-    claim_expires_at timestamptz
+    claim_expires_at timestamptz,
+    queued_seconds double precision
 )
 LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow
@@ -1590,8 +1599,10 @@ BEGIN
                 worker_id = who,
                 attempt = r.attempt + 1,
                 started_at = coalesce(r.started_at, now())
-            WHERE r.id = ANY (locked)
-            RETURNING r.*
+            -- q: the row as it was queued (the statement's snapshot), for the time it waited.
+            FROM runrow.agent_run AS q
+            WHERE r.id = ANY (locked) AND q.id = r.id
+            RETURNING r.*, extract(EPOCH FROM now() - q.updated_at)::double precision AS queued_seconds
         ),
         journaled AS (
             INSERT INTO runrow.run_event (run_id, seq, type, payload)
@@ -1603,7 +1614,7 @@ BEGIN
         )
         SELECT cl.id, cl.claim_token, cl.conversation_id, cl.attempt, cl.max_attempts, cl.model,
                cl.prompt_id, p.system_prompt, p.tools, cl.user_id, cl.user_message_id, cl.metadata,
-               cl.claim_expires_at
+               cl.claim_expires_at, cl.queued_seconds
         FROM claimed AS cl
         JOIN runrow.prompt AS p ON p.id = cl.prompt_id
         ORDER BY cl.enqueue_seq;
@@ -2812,7 +2823,8 @@ RETURNS TABLE (
     user_id text,
     user_message_id uuid,
     metadata jsonb,
-    claim_expires_at timestamptz
+    claim_expires_at timestamptz,
+    queued_seconds double precision
 )
 LANGUAGE sql
 SECURITY DEFINER
@@ -2828,7 +2840,9 @@ COMMENT ON FUNCTION runrow.claim_run(text, integer) IS
 'database clock, the worker and attempt + 1, and journals run_claimed. Returns what the '
 'worker needs to run it, including the pinned model, system prompt and tools. A collision '
 'with the one-active-run-per-conversation index claims nothing instead of raising. '
-'worker_id NULL means anonymous-<backend pid>.';
+'worker_id NULL means anonymous-<backend pid>. queued_seconds: how long the run waited since it '
+'last became claimable (enqueued, requeued, approved, or the turn ahead of it ended), on the '
+'database clock: the enqueue-to-claim latency.';
 
 REVOKE ALL ON FUNCTION runrow.claim_run(text, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.claim_run(text, integer) TO runrow_worker;
@@ -2850,7 +2864,8 @@ RETURNS TABLE (
     user_id text,
     user_message_id uuid,
     metadata jsonb,
-    claim_expires_at timestamptz
+    claim_expires_at timestamptz,
+    queued_seconds double precision
 )
 LANGUAGE sql
 SECURITY DEFINER
@@ -2863,7 +2878,8 @@ COMMENT ON FUNCTION runrow.claim_runs(text, integer, integer) IS
 'Claim up to max_runs (1..1000) runs in one statement with exactly the rules of claim_run: '
 'enqueue order, SKIP LOCKED, at most one turn per conversation (only the oldest queued turn '
 'of a conversation is claimable), fresh token and lease each, run_claimed journaled. One '
-'call, one transaction: a worker with several free slots fills them without one commit per run.';
+'call, one transaction: a worker with several free slots fills them without one commit per run. '
+'queued_seconds as for claim_run.';
 
 REVOKE ALL ON FUNCTION runrow.claim_runs(text, integer, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.claim_runs(text, integer, integer) TO runrow_worker;
@@ -3193,7 +3209,9 @@ BEGIN
             'content', enqueue_run.content, 'model', enqueue_run.model,
             'system_prompt', enqueue_run.system_prompt, 'tools', enqueue_run.tools,
             'max_attempts', enqueue_run.max_attempts, 'if_active', enqueue_run.if_active,
-            'metadata', enqueue_run.metadata)::text, 'UTF8')), 'hex');
+            -- The caller's trace context is not part of the request: a client that retries
+            -- with the same key from a new span gets the first run, not a 23505.
+            'metadata', enqueue_run.metadata - 'traceparent')::text, 'UTF8')), 'hex');
         PERFORM pg_advisory_xact_lock(7142, hashtext(enqueue_run.idempotency_key));
         SELECT r.* INTO existing FROM runrow.agent_run AS r
         WHERE r.idempotency_key = enqueue_run.idempotency_key;
@@ -3276,7 +3294,7 @@ COMMENT ON FUNCTION runrow.enqueue_run(uuid, jsonb, text, text, text, jsonb, int
 '(queued, pinned to model and to a content-addressed prompt of system_prompt + tools), '
 'its journal events user_message_created and run_queued, and a NOTIFY on runrow_enqueued. '
 'The same idempotency_key with the same request (conversation, user, content, model, '
-'system_prompt, tools, max_attempts, if_active, metadata; JSON compared as jsonb, so key order '
+'system_prompt, tools, max_attempts, if_active, metadata but its traceparent; JSON compared as jsonb, so key order '
 'and whitespace do not count) returns the first run with created = false and writes nothing; '
 'the key with any other request raises 23505 (unique_violation, constraint '
 'agent_run_idempotency_key) naming idempotency_key, and writes nothing. A run enqueued '
