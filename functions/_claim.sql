@@ -13,7 +13,8 @@ RETURNS TABLE (
     user_id text,
     user_message_id uuid,
     metadata jsonb,
-    claim_expires_at timestamptz
+    claim_expires_at timestamptz,
+    queued_seconds double precision
 )
 LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow
@@ -132,8 +133,10 @@ BEGIN
                 worker_id = who,
                 attempt = r.attempt + 1,
                 started_at = coalesce(r.started_at, now())
-            WHERE r.id = ANY (locked)
-            RETURNING r.*
+            -- q: the row as it was queued (the statement's snapshot), for the time it waited.
+            FROM runrow.agent_run AS q
+            WHERE r.id = ANY (locked) AND q.id = r.id
+            RETURNING r.*, extract(EPOCH FROM now() - q.updated_at)::double precision AS queued_seconds
         ),
         journaled AS (
             INSERT INTO runrow.run_event (run_id, seq, type, payload)
@@ -145,7 +148,7 @@ BEGIN
         )
         SELECT cl.id, cl.claim_token, cl.conversation_id, cl.attempt, cl.max_attempts, cl.model,
                cl.prompt_id, p.system_prompt, p.tools, cl.user_id, cl.user_message_id, cl.metadata,
-               cl.claim_expires_at
+               cl.claim_expires_at, cl.queued_seconds
         FROM claimed AS cl
         JOIN runrow.prompt AS p ON p.id = cl.prompt_id
         ORDER BY cl.enqueue_seq;

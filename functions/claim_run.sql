@@ -12,7 +12,8 @@ RETURNS TABLE (
     user_id text,
     user_message_id uuid,
     metadata jsonb,
-    claim_expires_at timestamptz
+    claim_expires_at timestamptz,
+    queued_seconds double precision
 )
 LANGUAGE sql
 SECURITY DEFINER
@@ -28,7 +29,9 @@ COMMENT ON FUNCTION runrow.claim_run(text, integer) IS
 'database clock, the worker and attempt + 1, and journals run_claimed. Returns what the '
 'worker needs to run it, including the pinned model, system prompt and tools. A collision '
 'with the one-active-run-per-conversation index claims nothing instead of raising. '
-'worker_id NULL means anonymous-<backend pid>.';
+'worker_id NULL means anonymous-<backend pid>. queued_seconds: how long the run waited since it '
+'last became claimable (enqueued, requeued, approved, or the turn ahead of it ended), on the '
+'database clock: the enqueue-to-claim latency.';
 
 REVOKE ALL ON FUNCTION runrow.claim_run(text, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.claim_run(text, integer) TO runrow_worker;

@@ -14,7 +14,8 @@ RETURNS TABLE (
     user_id text,
     user_message_id uuid,
     metadata jsonb,
-    claim_expires_at timestamptz
+    claim_expires_at timestamptz,
+    queued_seconds double precision
 )
 LANGUAGE sql
 SECURITY DEFINER
@@ -27,7 +28,8 @@ COMMENT ON FUNCTION runrow.claim_runs(text, integer, integer) IS
 'Claim up to max_runs (1..1000) runs in one statement with exactly the rules of claim_run: '
 'enqueue order, SKIP LOCKED, at most one turn per conversation (only the oldest queued turn '
 'of a conversation is claimable), fresh token and lease each, run_claimed journaled. One '
-'call, one transaction: a worker with several free slots fills them without one commit per run.';
+'call, one transaction: a worker with several free slots fills them without one commit per run. '
+'queued_seconds as for claim_run.';
 
 REVOKE ALL ON FUNCTION runrow.claim_runs(text, integer, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.claim_runs(text, integer, integer) TO runrow_worker;

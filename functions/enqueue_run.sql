@@ -112,6 +112,19 @@ BEGIN
             enqueue_run.metadata -> 'prompt_cache'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The caller's trace (W3C Trace Context) that every attempt's spans continue: a value no
+    -- tracer can parse would silently start a new trace on every worker, so refuse it here.
+    IF enqueue_run.metadata ? 'traceparent' AND NOT coalesce(
+        jsonb_typeof(enqueue_run.metadata -> 'traceparent') = 'string'
+        AND (enqueue_run.metadata ->> 'traceparent') ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+        AND left(enqueue_run.metadata ->> 'traceparent', 2) <> 'ff'
+        AND substr(enqueue_run.metadata ->> 'traceparent', 4, 32) <> repeat('0', 32)
+        AND substr(enqueue_run.metadata ->> 'traceparent', 37, 16) <> repeat('0', 16), FALSE
+    ) THEN
+        RAISE EXCEPTION 'metadata.traceparent must be a W3C traceparent (version-trace_id-parent_id-flags, '
+            'lowercase hex, ids not all zero), got %', enqueue_run.metadata -> 'traceparent'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     -- One enqueue at a time per conversation, so reject/interrupt see a stable set of
     -- active runs, and per idempotency key, so a double POST finds the first run.
@@ -124,7 +137,9 @@ BEGIN
             'content', enqueue_run.content, 'model', enqueue_run.model,
             'system_prompt', enqueue_run.system_prompt, 'tools', enqueue_run.tools,
             'max_attempts', enqueue_run.max_attempts, 'if_active', enqueue_run.if_active,
-            'metadata', enqueue_run.metadata)
+            -- The caller's trace context is not part of the request: a client that retries
+            -- with the same key from a new span gets the first run, not a 23505.
+            'metadata', enqueue_run.metadata - 'traceparent')
             -- The fleet arguments count only when given, so a request that names none has
             -- the print it had before they existed (a replay across the upgrade still replays).
             || jsonb_strip_nulls(jsonb_build_object(
@@ -232,7 +247,7 @@ COMMENT ON FUNCTION runrow.enqueue_run(
 '(queued, pinned to model and to a content-addressed prompt of system_prompt + tools), '
 'its journal events user_message_created and run_queued, and a NOTIFY on runrow_enqueued. '
 'The same idempotency_key with the same request (conversation, user, content, model, '
-'system_prompt, tools, max_attempts, if_active, metadata; JSON compared as jsonb, so key order '
+'system_prompt, tools, max_attempts, if_active, metadata but its traceparent; JSON compared as jsonb, so key order '
 'and whitespace do not count) returns the first run with created = false and writes nothing; '
 'the key with any other request raises 23505 (unique_violation, constraint '
 'agent_run_idempotency_key) naming idempotency_key, and writes nothing. A run enqueued '
@@ -240,7 +255,9 @@ COMMENT ON FUNCTION runrow.enqueue_run(
 'conversation has an active (queued, running or waiting) run, if_active decides: enqueue '
 '(wait behind it), reject (error 55000, nothing written) or interrupt (stop the active runs '
 'as stop_conversation does, then enqueue, atomically). Bad input raises 22004/22023 naming '
-'the argument (metadata.prompt_cache, when given, must be "off", "5m" or "1h"). The first '
+'the argument (metadata.prompt_cache, when given, must be "off", "5m" or "1h"; '
+'metadata.traceparent a W3C traceparent: the trace every attempt of the run continues, left '
+'out of the idempotency fingerprint). The first '
 'enqueue of a conversation makes user_id its owner; another user''s '
 'enqueue into it raises 42501. Fleet arguments (SPEC "Fleet scheduling"), stored on the run: '
 'start_in (not claimable before now() + start_in, database clock; no wake is sent), priority '

@@ -1,7 +1,7 @@
 -- runrow.claim_run: happy path, turn order, fencing, bad input.
 BEGIN;
 \ir helpers/setup.psql
-SELECT plan(19);
+SELECT plan(20);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'claim_run', ARRAY['text', 'integer'], 'claim_run(worker_id, lease_seconds) exists');
@@ -36,6 +36,17 @@ SELECT is_empty('SELECT * FROM runrow.claim_run(''w3'')', 'nothing else is claim
 SELECT runrow.finish_run(:'first', (SELECT claim_token FROM c1), 'completed');
 SELECT is((SELECT run_id FROM runrow.claim_run('w4')), :'second'::uuid,
     'once the first turn ends, the second is claimable');
+
+-- queued_seconds: the wait since the run became claimable, on the database clock (the
+-- enqueue is pushed 42 s back, triggers skipped, as the owner may in a test).
+SELECT runrow.finish_run(:'second', (SELECT claim_token FROM runrow.agent_run WHERE id = :'second'), 'completed');
+SELECT runrow.finish_run(:'other', (SELECT claim_token FROM c2), 'completed');
+SELECT pg_temp.new_run() AS waited \gset
+SET LOCAL session_replication_role = replica;
+UPDATE runrow.agent_run SET updated_at = now() - interval '42 seconds' WHERE id = :'waited';
+SET LOCAL session_replication_role = origin;
+SELECT is((SELECT (run_id, queued_seconds)::text FROM runrow.claim_run('w5')),
+    (:'waited'::uuid, 42::double precision)::text, 'queued_seconds says how long the claimed run waited');
 
 -- Fenced out / stale: a run that already ended is never claimed again.
 SELECT is((SELECT status FROM runrow.agent_run WHERE id = :'first'), 'completed',

@@ -3,7 +3,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(86);
+SELECT plan(98);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,jsonb,text,text,text,jsonb,integer,text,text,jsonb,interval,integer,text,text,text,bigint,numeric,text}'''
@@ -131,6 +131,15 @@ SELECT is(
     (SELECT (:'r1'::uuid, 'queued', false)::text),
     'the same idempotency key with the same request returns the first run with created = false');
 SELECT is(pg_temp.written(), :'before', 'and writes no second message, run, event or prompt');
+SELECT is(
+    (SELECT (run_id, created)::text FROM runrow.enqueue_run(
+        conversation_id => :conv, content => '"first question"', model => 'claude-test',
+        user_id => 'u1', system_prompt => 'You are terse.',
+        tools => '[{"input_schema":{"type":"object"},"name":"search"}]', max_attempts => 3,
+        idempotency_key => 'key-1',
+        metadata => '{"source":"pgtap", "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}')),
+    (SELECT (:'r1'::uuid, false)::text),
+    'a retry from another span (a traceparent added) is the same request: the first run');
 -- The same key with a request that differs in any one argument: 23505, naming the key.
 CREATE FUNCTION pg_temp.replay_refused(args text) RETURNS text LANGUAGE plpgsql AS $$
 BEGIN
@@ -329,6 +338,23 @@ SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm
     '22023', 'metadata.prompt_cache must be one of "off", "5m", "1h", got "10m"', 'metadata.prompt_cache unknown');
 SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', metadata => '{"prompt_cache": true}')$$,
     '22023', 'metadata.prompt_cache must be one of "off", "5m", "1h", got true', 'metadata.prompt_cache not a string');
+-- metadata.traceparent: a W3C traceparent or nothing (a worker would start a new trace for it).
+SELECT throws_ok(format($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', metadata => %L)$$, m),
+    '22023', NULL, 'metadata.traceparent refused: ' || why)
+FROM (VALUES
+    ('{"traceparent": 1}', 'not a string'),
+    ('{"traceparent": null}', 'null'),
+    ('{"traceparent": ""}', 'empty'),
+    ('{"traceparent": "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"}', 'uppercase hex'),
+    ('{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01"}', 'a short trace id'),
+    ('{"traceparent": "00-00000000000000000000000000000000-00f067aa0ba902b7-01"}', 'an all-zero trace id'),
+    ('{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"}', 'an all-zero parent id'),
+    ('{"traceparent": "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}', 'version ff'),
+    ('{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 "}', 'a trailing space')
+) AS t (m, why);
+SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', metadata => '{"traceparent": "x"}')$$,
+    '22023', 'metadata.traceparent must be a W3C traceparent (version-trace_id-parent_id-flags, '
+    'lowercase hex, ids not all zero), got "x"', 'the traceparent error names metadata.traceparent');
 -- Bad input is rejected before the idempotency lookup and the if_active decision.
 SELECT throws_ok(
     format($$SELECT * FROM runrow.enqueue_run(%L, '"q"', 'm', user_id => 'u1', idempotency_key => 'key-1',
@@ -349,6 +375,12 @@ SELECT is(
 SELECT is(
     (SELECT created FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', system_prompt => '', tools => '[]')),
     true, 'an empty system prompt and no tools are accepted');
+SELECT run_id AS traced FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm',
+    metadata => '{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}') \gset
+SELECT is(
+    (SELECT a.metadata ->> 'traceparent' FROM runrow.agent_run AS a WHERE a.id = :'traced'),
+    '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01',
+    'a W3C traceparent is accepted and kept in the run''s metadata');
 
 SELECT lives_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', metadata => '{"prompt_cache": "1h"}')$$,
     'metadata.prompt_cache "1h" is accepted');

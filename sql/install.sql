@@ -1482,9 +1482,9 @@ INSERT INTO runrow._yoyo_migration VALUES ('f884eb3df8147572f3028805bd7cc2af08cf
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'f884eb3df8147572f3028805bd7cc2af08cfa317da79e9555a18b0764b9c36ab', '0013_fleet_run_columns', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
--- migration 0016_schedules
-SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'e41516c01fa861fc9da6a28eae3515eef3dc0a408823a6b61b8fae975d94f77b') AS apply_e41516c01fa8 \gset
-\if :apply_e41516c01fa8
+-- migration 0014_schedules
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '176b08d00ddbd0651d2490c56dd5334482d468390338597bcd3cc860442813c3') AS apply_176b08d00ddb \gset
+\if :apply_176b08d00ddb
 -- Recurring runs (issue 14, SPEC "Fleet scheduling"): a schedule is a cron expression (five
 -- fields, UTC) and the template of the run each tick enqueues. Every worker's reaper pass
 -- calls runrow.fire_schedules(); no singleton decides. A tick enqueues exactly once whoever
@@ -1590,8 +1590,51 @@ COMMENT ON VIEW runrow.schedules IS
 REVOKE ALL ON runrow.schedule, runrow.schedules FROM PUBLIC;
 GRANT SELECT ON runrow.schedule TO runrow_auditor;
 GRANT SELECT ON runrow.schedules TO runrow_client, runrow_auditor;
-INSERT INTO runrow._yoyo_migration VALUES ('e41516c01fa861fc9da6a28eae3515eef3dc0a408823a6b61b8fae975d94f77b', '0016_schedules', now() AT TIME ZONE 'UTC');
-INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'e41516c01fa861fc9da6a28eae3515eef3dc0a408823a6b61b8fae975d94f77b', '0016_schedules', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_migration VALUES ('176b08d00ddbd0651d2490c56dd5334482d468390338597bcd3cc860442813c3', '0014_schedules', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '176b08d00ddbd0651d2490c56dd5334482d468390338597bcd3cc860442813c3', '0014_schedules', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0015_queue_metrics
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'e9ebfab256637d2dee350e1f19e9fee9e041e40efe6000849fcf20983dbeed1a') AS apply_e9ebfab25663 \gset
+\if :apply_e9ebfab25663
+-- The database half of the Prometheus scrape (runrow serve's and runrow worker's /metrics):
+-- one row, one query per scrape, every column a gauge. The exporter maps the columns by name
+-- (pyworker/worker/metrics.py), so a new gauge is one more column here: runs waiting out a
+-- backoff or a rate limit and tenants over budget join as columns once their tables exist.
+-- Reads queue_health, so it costs what that view costs: the live runs only, through the
+-- partial indexes, the same with 1 k or 1 M finished runs.
+--
+-- The claim also says how long each run waited (queued_seconds, for the enqueue-to-claim
+-- histogram): a new column of claim_run's and claim_runs' result, so the old functions go
+-- and functions/ recreates them.
+-- depends: 0014_schedules
+
+DROP FUNCTION IF EXISTS runrow.claim_run(text, integer);
+DROP FUNCTION IF EXISTS runrow.claim_runs(text, integer, integer);
+DROP FUNCTION IF EXISTS runrow._claim(text, integer, integer);
+
+CREATE VIEW runrow.queue_metrics AS
+SELECT
+    h.queued,
+    h.running,
+    h.waiting,
+    h.waiting AS waiting_approval,
+    coalesce(extract(EPOCH FROM h.oldest_queued_age), 0)::double precision
+        AS oldest_queued_age_seconds,
+    h.leases_expired
+FROM runrow.queue_health AS h;
+
+COMMENT ON VIEW runrow.queue_metrics IS
+'One row of numbers for a metrics scrape, now, each exported as a gauge: queued, running, '
+'waiting = queue depth by live status (runrow_queue_depth{status}); waiting_approval = runs '
+'parked on a person''s approval (today every waiting run); oldest_queued_age_seconds = how '
+'long the longest-queued run has waited since it entered the queue, 0 when the queue is '
+'empty; leases_expired = running runs whose lease has lapsed and that no reaper has taken '
+'yet. Readable by the worker, client and auditor roles: counts only, no run or user.';
+
+GRANT SELECT ON runrow.queue_metrics TO runrow_worker, runrow_client, runrow_auditor;
+INSERT INTO runrow._yoyo_migration VALUES ('e9ebfab256637d2dee350e1f19e9fee9e041e40efe6000849fcf20983dbeed1a', '0015_queue_metrics', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'e9ebfab256637d2dee350e1f19e9fee9e041e40efe6000849fcf20983dbeed1a', '0015_queue_metrics', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
 -- functions/: re-applied on every install, like `runrow migrate`
@@ -1612,7 +1655,8 @@ RETURNS TABLE (
     user_id text,
     user_message_id uuid,
     metadata jsonb,
-    claim_expires_at timestamptz
+    claim_expires_at timestamptz,
+    queued_seconds double precision
 )
 LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow
@@ -1731,8 +1775,10 @@ BEGIN
                 worker_id = who,
                 attempt = r.attempt + 1,
                 started_at = coalesce(r.started_at, now())
-            WHERE r.id = ANY (locked)
-            RETURNING r.*
+            -- q: the row as it was queued (the statement's snapshot), for the time it waited.
+            FROM runrow.agent_run AS q
+            WHERE r.id = ANY (locked) AND q.id = r.id
+            RETURNING r.*, extract(EPOCH FROM now() - q.updated_at)::double precision AS queued_seconds
         ),
         journaled AS (
             INSERT INTO runrow.run_event (run_id, seq, type, payload)
@@ -1744,7 +1790,7 @@ BEGIN
         )
         SELECT cl.id, cl.claim_token, cl.conversation_id, cl.attempt, cl.max_attempts, cl.model,
                cl.prompt_id, p.system_prompt, p.tools, cl.user_id, cl.user_message_id, cl.metadata,
-               cl.claim_expires_at
+               cl.claim_expires_at, cl.queued_seconds
         FROM claimed AS cl
         JOIN runrow.prompt AS p ON p.id = cl.prompt_id
         ORDER BY cl.enqueue_seq;
@@ -3413,7 +3459,8 @@ RETURNS TABLE (
     user_id text,
     user_message_id uuid,
     metadata jsonb,
-    claim_expires_at timestamptz
+    claim_expires_at timestamptz,
+    queued_seconds double precision
 )
 LANGUAGE sql
 SECURITY DEFINER
@@ -3429,7 +3476,9 @@ COMMENT ON FUNCTION runrow.claim_run(text, integer) IS
 'database clock, the worker and attempt + 1, and journals run_claimed. Returns what the '
 'worker needs to run it, including the pinned model, system prompt and tools. A collision '
 'with the one-active-run-per-conversation index claims nothing instead of raising. '
-'worker_id NULL means anonymous-<backend pid>.';
+'worker_id NULL means anonymous-<backend pid>. queued_seconds: how long the run waited since it '
+'last became claimable (enqueued, requeued, approved, or the turn ahead of it ended), on the '
+'database clock: the enqueue-to-claim latency.';
 
 REVOKE ALL ON FUNCTION runrow.claim_run(text, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.claim_run(text, integer) TO runrow_worker;
@@ -3451,7 +3500,8 @@ RETURNS TABLE (
     user_id text,
     user_message_id uuid,
     metadata jsonb,
-    claim_expires_at timestamptz
+    claim_expires_at timestamptz,
+    queued_seconds double precision
 )
 LANGUAGE sql
 SECURITY DEFINER
@@ -3464,7 +3514,8 @@ COMMENT ON FUNCTION runrow.claim_runs(text, integer, integer) IS
 'Claim up to max_runs (1..1000) runs in one statement with exactly the rules of claim_run: '
 'enqueue order, SKIP LOCKED, at most one turn per conversation (only the oldest queued turn '
 'of a conversation is claimable), fresh token and lease each, run_claimed journaled. One '
-'call, one transaction: a worker with several free slots fills them without one commit per run.';
+'call, one transaction: a worker with several free slots fills them without one commit per run. '
+'queued_seconds as for claim_run.';
 
 REVOKE ALL ON FUNCTION runrow.claim_runs(text, integer, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.claim_runs(text, integer, integer) TO runrow_worker;
@@ -3988,6 +4039,19 @@ BEGIN
             enqueue_run.metadata -> 'prompt_cache'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The caller's trace (W3C Trace Context) that every attempt's spans continue: a value no
+    -- tracer can parse would silently start a new trace on every worker, so refuse it here.
+    IF enqueue_run.metadata ? 'traceparent' AND NOT coalesce(
+        jsonb_typeof(enqueue_run.metadata -> 'traceparent') = 'string'
+        AND (enqueue_run.metadata ->> 'traceparent') ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+        AND left(enqueue_run.metadata ->> 'traceparent', 2) <> 'ff'
+        AND substr(enqueue_run.metadata ->> 'traceparent', 4, 32) <> repeat('0', 32)
+        AND substr(enqueue_run.metadata ->> 'traceparent', 37, 16) <> repeat('0', 16), FALSE
+    ) THEN
+        RAISE EXCEPTION 'metadata.traceparent must be a W3C traceparent (version-trace_id-parent_id-flags, '
+            'lowercase hex, ids not all zero), got %', enqueue_run.metadata -> 'traceparent'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     -- One enqueue at a time per conversation, so reject/interrupt see a stable set of
     -- active runs, and per idempotency key, so a double POST finds the first run.
@@ -4000,7 +4064,9 @@ BEGIN
             'content', enqueue_run.content, 'model', enqueue_run.model,
             'system_prompt', enqueue_run.system_prompt, 'tools', enqueue_run.tools,
             'max_attempts', enqueue_run.max_attempts, 'if_active', enqueue_run.if_active,
-            'metadata', enqueue_run.metadata)
+            -- The caller's trace context is not part of the request: a client that retries
+            -- with the same key from a new span gets the first run, not a 23505.
+            'metadata', enqueue_run.metadata - 'traceparent')
             -- The fleet arguments count only when given, so a request that names none has
             -- the print it had before they existed (a replay across the upgrade still replays).
             || jsonb_strip_nulls(jsonb_build_object(
@@ -4108,7 +4174,7 @@ COMMENT ON FUNCTION runrow.enqueue_run(
 '(queued, pinned to model and to a content-addressed prompt of system_prompt + tools), '
 'its journal events user_message_created and run_queued, and a NOTIFY on runrow_enqueued. '
 'The same idempotency_key with the same request (conversation, user, content, model, '
-'system_prompt, tools, max_attempts, if_active, metadata; JSON compared as jsonb, so key order '
+'system_prompt, tools, max_attempts, if_active, metadata but its traceparent; JSON compared as jsonb, so key order '
 'and whitespace do not count) returns the first run with created = false and writes nothing; '
 'the key with any other request raises 23505 (unique_violation, constraint '
 'agent_run_idempotency_key) naming idempotency_key, and writes nothing. A run enqueued '
@@ -4116,7 +4182,9 @@ COMMENT ON FUNCTION runrow.enqueue_run(
 'conversation has an active (queued, running or waiting) run, if_active decides: enqueue '
 '(wait behind it), reject (error 55000, nothing written) or interrupt (stop the active runs '
 'as stop_conversation does, then enqueue, atomically). Bad input raises 22004/22023 naming '
-'the argument (metadata.prompt_cache, when given, must be "off", "5m" or "1h"). The first '
+'the argument (metadata.prompt_cache, when given, must be "off", "5m" or "1h"; '
+'metadata.traceparent a W3C traceparent: the trace every attempt of the run continues, left '
+'out of the idempotency fingerprint). The first '
 'enqueue of a conversation makes user_id its owner; another user''s '
 'enqueue into it raises 42501. Fleet arguments (SPEC "Fleet scheduling"), stored on the run: '
 'start_in (not claimable before now() + start_in, database clock; no wake is sent), priority '

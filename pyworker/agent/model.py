@@ -24,6 +24,7 @@ import anthropic
 
 from pyworker.agent.prompt_cache import add_breakpoints, cache_mode
 from pyworker.db.api import ClaimedRun
+from pyworker.worker import metrics, tracing
 from pyworker.worker.journal import RunJournal
 
 try:  # the HTTP library the SDK is built on (httpx2 in this environment, httpx upstream)
@@ -88,7 +89,13 @@ def client_for(config: dict[str, Any]) -> anthropic.AsyncAnthropic:
     client = clients.get(key)
     if client is None:
         client = anthropic.AsyncAnthropic(
-            base_url=base_url, api_key=api_key or "no-key-set", max_retries=retries
+            base_url=base_url,
+            api_key=api_key or "no-key-set",
+            max_retries=retries,
+            # The SDK's own client and defaults, plus a hook that counts the 429/529s it retries.
+            http_client=anthropic.DefaultAsyncHttpxClient(
+                event_hooks={"response": [metrics.on_model_response]}
+            ),
         )
         clients[key] = client
     return client
@@ -138,6 +145,21 @@ async def stream_turn(
 
 
 async def _consume(
+    client: anthropic.AsyncAnthropic, params: dict[str, Any], journal: RunJournal, partial: list[str]
+) -> ModelTurn:
+    model = str(params.get("model"))
+    with metrics.model_request(model), tracing.model_request(model) as span:
+        try:
+            turn = await _consume_stream(client, params, journal, partial)
+        except TurnFailed as failed:
+            tracing.request_failed(span, failed.request_id, str(failed))
+            raise
+        metrics.model_usage(model, turn.usage)
+        tracing.model_turn(span, turn.message.get("model"), turn.usage, turn.request_id, turn.stop_reason)
+        return turn
+
+
+async def _consume_stream(
     client: anthropic.AsyncAnthropic, params: dict[str, Any], journal: RunJournal, partial: list[str]
 ) -> ModelTurn:
     request_id: str | None = None

@@ -43,6 +43,7 @@ from psycopg import AsyncConnection
 from pyworker.agent.tools import CancelSignal, Tool, ToolCancelled, ToolError, ToolRegistry
 from pyworker.db import steps as steps_api
 from pyworker.db.keys import tool_call_key
+from pyworker.worker import metrics, tracing
 from pyworker.worker.failures import DeterministicFailure
 from pyworker.worker.handler import RunContext
 from pyworker.worker.journal import RunLost
@@ -94,67 +95,79 @@ async def run_tool_calls(
         name, use_id, args = block["name"], block["id"], block.get("input") or {}
         tool = registry.get(name)
         if tool is None:
-            await _unknown_tool(ctx, block)
+            with tracing.tool_call(name, "unknown") as call:
+                call.outcome = "unknown_tool"
+                await _unknown_tool(ctx, block)
             continue
-        key = tool_call_key(run.run_id, step_seq, use_id, name, args)
-        # Everything journaled so far lands before a possible park clears the claim.
-        await before_park()
-        try:
-            begun = await ctx.db(
-                lambda conn, key=key, name=name, args=args, tool=tool: steps_api.begin_tool_call(
-                    conn, run.run_id, run.claim_token, key, name, args, tool.effect
-                ),
-                "begin_tool_call",
+        with tracing.tool_call(name, tool.effect) as call:
+            key = tool_call_key(run.run_id, step_seq, use_id, name, args)
+            # Everything journaled so far lands before a possible park clears the claim.
+            await before_park()
+            try:
+                begun = await ctx.db(
+                    lambda conn, key=key, name=name, args=args, tool=tool: steps_api.begin_tool_call(
+                        conn, run.run_id, run.claim_token, key, name, args, tool.effect
+                    ),
+                    "begin_tool_call",
+                )
+            except psycopg.DataError as exc:
+                # e.g. a NUL in the input: tool_effect.args is jsonb, which cannot hold U+0000.
+                raise DeterministicFailure(
+                    f"tool call {name} ({use_id}): its input cannot be recorded, so the call cannot be "
+                    f"made safely: {_db_message(exc)}"
+                ) from exc
+            if begun is None:
+                metrics.fenced("begin_tool_call")
+                call.outcome = "lost"
+                raise RunLost(str(run.run_id))
+            state = call.state = begun.state
+            ctx.log.info("tool %s (%s, %s): %s", name, tool.effect, key[:12], state)
+            if state in ("needs_approval", "uncertain"):
+                call.outcome = "parked"
+                raise Parked(state, key, name)
+            await ctx.journal.emit(
+                {
+                    "type": "tool_call",
+                    "tool": name,
+                    "tool_use_id": use_id,
+                    "effect": tool.effect,
+                    "idempotency_key": key,
+                    "state": state,
+                }
             )
-        except psycopg.DataError as exc:
-            # e.g. a NUL in the input: tool_effect.args is jsonb, which cannot hold U+0000.
-            raise DeterministicFailure(
-                f"tool call {name} ({use_id}): its input cannot be recorded, so the call cannot be "
-                f"made safely: {_db_message(exc)}"
-            ) from exc
-        if begun is None:
-            raise RunLost(str(run.run_id))
-        state = begun.state
-        ctx.log.info("tool %s (%s, %s): %s", name, tool.effect, key[:12], state)
-        if state in ("needs_approval", "uncertain"):
-            raise Parked(state, key, name)
-        await ctx.journal.emit(
-            {
-                "type": "tool_call",
-                "tool": name,
-                "tool_use_id": use_id,
-                "effect": tool.effect,
-                "idempotency_key": key,
-                "state": state,
-            }
-        )
-        if state == "done":
-            continue
-        if state == "rejected":
-            result, is_error = _rejection_text(begun.result), True
-        else:  # execute, approved
-            ran = await _execute(ctx, tool, args, key)
-            if ran is None:
-                await _record_stopped(ctx, tool, key, use_id)
-                return False
-            result, is_error = ran.result, ran.is_error
-        try:
-            seq = await _complete(ctx, key, result, is_error)
-        except psycopg.DataError as exc:
-            raise DeterministicFailure(
-                f"tool call {name} ({use_id}): its result cannot be recorded: {_db_message(exc)}"
-            ) from exc
-        if seq is None:
-            raise RunLost(str(run.run_id))
-        await ctx.journal.emit(
-            {
-                "type": "tool_result",
-                "tool": name,
-                "tool_use_id": use_id,
-                "step_seq": seq,
-                "is_error": is_error,
-            }
-        )
+            if state == "done":
+                call.outcome = "replayed"  # its result is in the log already: nothing runs
+                continue
+            if state == "rejected":
+                call.outcome = "rejected"
+                result, is_error = _rejection_text(begun.result), True
+            else:  # execute, approved
+                ran = await _execute(ctx, tool, args, key)
+                if ran is None:
+                    call.outcome = "stopped"
+                    await _record_stopped(ctx, tool, key, use_id)
+                    return False
+                result, is_error = ran.result, ran.is_error
+                call.outcome = "error" if is_error else "ok"
+            try:
+                seq = await _complete(ctx, key, result, is_error)
+            except psycopg.DataError as exc:
+                raise DeterministicFailure(
+                    f"tool call {name} ({use_id}): its result cannot be recorded: {_db_message(exc)}"
+                ) from exc
+            if seq is None:
+                metrics.fenced("complete_tool_call")
+                call.outcome = "lost"
+                raise RunLost(str(run.run_id))
+            await ctx.journal.emit(
+                {
+                    "type": "tool_result",
+                    "tool": name,
+                    "tool_use_id": use_id,
+                    "step_seq": seq,
+                    "is_error": is_error,
+                }
+            )
     return True
 
 

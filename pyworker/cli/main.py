@@ -75,11 +75,12 @@ def cmd_db(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     import asyncio
 
-    from pyworker.worker import logs
+    from pyworker.worker import logs, tracing
     from pyworker.worker.handler import load_handler
     from pyworker.worker.process import Worker
 
     logs.setup(args.log_format, args.log_level)
+    tracing.configure_from_env()
     try:
         handler = load_handler(args.handler)
     except (ImportError, ValueError) as exc:
@@ -102,11 +103,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
         config=config,
         session_limits=args.session_limits,
         listen_conninfo=args.listen_url,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
     from psycopg_pool import PoolTimeout
 
     try:
         return asyncio.run(worker.run())
+    except OSError as exc:  # e.g. --metrics-port already taken
+        print(f"runrow worker: {exc}", file=sys.stderr)
+        return 2
     except PoolTimeout:
         print(
             "runrow worker: cannot connect to the database within 30 s; check DATABASE_URL / "
@@ -146,6 +152,16 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.nargs == 0:
             return action.help
         return super()._get_help_string(action)
+
+
+def port_number(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {text!r}")
+    return port
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -264,6 +280,18 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["text", "json"],
         default=os.environ.get("RUNROW_LOG_FORMAT", "text"),
         help="json: one object per line with run_id, conversation_id, attempt",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=port_number,
+        default=None,
+        help="serve Prometheus metrics on GET /metrics at this port (0: any free port, logged); "
+        "off by default",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address the metrics endpoint binds (default %(default)s; 0.0.0.0 for a scraper elsewhere)",
     )
     p.set_defaults(func=cmd_worker)
 

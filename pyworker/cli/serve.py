@@ -21,6 +21,7 @@ endpoints (JSON; errors are {"error": {"type", "message"}}):
   GET  /runs/{id}/events          Server-Sent Events; resume with ?from=N or Last-Event-ID
   POST /conversations/{id}/stop   POST /runs/{id}/cancel
   GET  /approvals                 POST /approvals/{key} {"approved": true|false, "note"?}
+  GET  /metrics                   Prometheus metrics (no token: counts only, no run or user)
   GET  /                          the chat page
 
 examples:
@@ -97,6 +98,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from pyworker.http.app import create_app
+    from pyworker.worker import tracing
+
+    tracing.configure_from_env()
 
     try:
         app = create_app(build_config(args))  # refuses a configuration with no way to authenticate

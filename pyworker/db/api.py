@@ -35,6 +35,7 @@ class ClaimedRun:
     user_message_id: UUID
     metadata: dict[str, Any]
     claim_expires_at: datetime
+    queued_seconds: float | None = None  # waited since it last became claimable (database clock)
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class Enqueued:
 
 _CLAIM_COLUMNS = (
     "run_id, claim_token, conversation_id, attempt, max_attempts, model, prompt_id, system_prompt, "
-    "tools, user_id, user_message_id, metadata, claim_expires_at"
+    "tools, user_id, user_message_id, metadata, claim_expires_at, queued_seconds"
 )
 
 

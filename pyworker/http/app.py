@@ -16,13 +16,14 @@ from starlette.applications import Starlette
 
 from pyworker.db.hub import Hub
 from pyworker.db.pooling import POOLER_SAFE
-from pyworker.http import routes_approvals, routes_page, routes_runs
+from pyworker.http import routes_approvals, routes_metrics, routes_page, routes_runs
 from pyworker.http.auth import authenticator_for
 from pyworker.http.config import ServeConfig
 from pyworker.http.context import Services
 from pyworker.http.errors import EXCEPTION_HANDLERS
 from pyworker.http.replica import open_replica
 from pyworker.http.sse import StreamStats
+from pyworker.worker import metrics
 
 log = logging.getLogger("runrow.http")
 
@@ -46,6 +47,7 @@ def create_app(config: ServeConfig) -> Starlette:
         hub = Hub(config.listen_url or config.database_url, application_name="runrow-serve-hub")
         await hub.start()
         await hub.wait_connected(5)  # not required: tails poll while the hub is down
+        metrics.watch_hub(lambda: hub.connected)
         # Warns when the LISTEN URL goes through a pooler that drops notifications.
         self_test = asyncio.create_task(hub.self_test(pool), name="runrow-serve-hub-self-test")
         app.state.services = Services(config, authenticate, pool, hub, StreamStats(), replica)
@@ -62,7 +64,7 @@ def create_app(config: ServeConfig) -> Starlette:
             await pool.close()
 
     return Starlette(
-        routes=[*routes_runs.routes, *routes_approvals.routes, *routes_page.routes],
+        routes=[*routes_runs.routes, *routes_approvals.routes, *routes_metrics.routes, *routes_page.routes],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )

@@ -38,6 +38,8 @@ ENQUEUE_FIELDS = {"content", "model", "system", "tools", "max_attempts", "metada
 IF_ACTIVE = ("enqueue", "reject", "interrupt")
 MAX_IDEMPOTENCY_KEY = 200
 MAX_ATTEMPTS = 100  # enqueue_run's range is 1..100
+# W3C Trace Context, as enqueue_run checks metadata.traceparent (version ff and all-zero ids refused).
+TRACEPARENT = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 CURSOR = re.compile(r"[0-9]{1,18}")  # ASCII digits only (str.isdigit also says yes to "²"); below 2**63
 
 
@@ -58,6 +60,7 @@ async def enqueue(request: Request, svc: Services, user: str) -> Response:
     max_attempts = integer(body, "max_attempts", 1, MAX_ATTEMPTS)
     metadata = field(body, "metadata", dict, "an object")
     check_json(metadata, "metadata")
+    metadata = _with_traceparent(request, metadata)
     if_active = text(body, "if_active", "one of " + ", ".join(IF_ACTIVE))
     if if_active is None:
         if_active = "enqueue"
@@ -107,6 +110,27 @@ async def enqueue(request: Request, svc: Services, user: str) -> Response:
     return JSONResponse(
         payload, status_code=202 if run.created else 200, headers={"Location": f"/runs/{run.run_id}"}
     )
+
+
+def _with_traceparent(request: Request, metadata: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The caller's `traceparent` header joins the run's metadata: every attempt continues that trace."""
+    raw = request.headers.get("traceparent")
+    if raw is None:
+        return metadata
+    value = raw.strip()
+    if not TRACEPARENT.fullmatch(value):
+        raise ApiError(
+            400,
+            "invalid_request",
+            "traceparent header must be a W3C traceparent (version-trace_id-parent_id-flags, lowercase "
+            f"hex, ids not all zero), got {raw[:100]!r}",
+        )
+    given = (metadata or {}).get("traceparent")
+    if given is not None and given != value:
+        raise ApiError(
+            400, "invalid_request", "traceparent header and metadata.traceparent differ: send one of them"
+        )
+    return {**(metadata or {}), "traceparent": value}
 
 
 def _idempotency_key(request: Request, user: str) -> str | None:

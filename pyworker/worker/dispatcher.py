@@ -31,6 +31,7 @@ from pyworker.db import api, channels
 from pyworker.db.api import ClaimedRun
 from pyworker.db.hub import RECONNECT_WAKE, Hub
 from pyworker.db.retry import DatabaseUnavailable, Retry, is_transient, outcome_unknown
+from pyworker.worker import metrics
 from pyworker.worker.handler import RunHandler
 from pyworker.worker.journal import JournalWriter
 from pyworker.worker.supervisor import RunSupervisor
@@ -159,6 +160,7 @@ class Dispatcher:
 
     def _start(self, run: ClaimedRun) -> None:
         self.claimed += 1
+        metrics.claimed(run.queued_seconds)
         sup = RunSupervisor(
             run,
             pool=self._pool,

@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from pyworker.db import api
 from pyworker.db.api import ClaimedRun
 from pyworker.db.retry import DatabaseUnavailable, Retry
+from pyworker.worker import metrics
 
 
 async def heartbeat_loop(
@@ -58,6 +59,7 @@ async def heartbeat_loop(
             continue
         if not hb.owned:
             log.warning("heartbeat: the run is no longer ours (reaped, stopped or superseded); standing down")
+            metrics.fenced("heartbeat")
             lost.set()
             return
         if hb.cancel_requested and not cancel.is_set():

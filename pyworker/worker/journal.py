@@ -35,6 +35,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -45,6 +46,7 @@ from psycopg_pool import AsyncConnectionPool
 from pyworker.db import api, nul
 from pyworker.db.api import ClaimedRun
 from pyworker.db.retry import Retry, is_transient, outcome_unknown
+from pyworker.worker import metrics
 
 log = logging.getLogger("runrow.journal")
 
@@ -303,6 +305,7 @@ class JournalWriter:
             fenced: list[RunJournal] = []
             rejected: list[tuple[RunJournal, Exception]] = []
             committing = False
+            started = time.monotonic()
             try:
                 async with self._pool.connection(pool_timeout) as conn, conn.transaction():
                     for journal, events, mark in batch:
@@ -354,12 +357,14 @@ class JournalWriter:
                 self._stand_down(fenced, rejected)
                 return
             self.ticks += 1
+            metrics.journal_flushed(sum(len(events) for _, events, _ in batch), time.monotonic() - started)
             for journal, done in written:
                 journal._committed = done.mark
                 journal.last_seq = done.last_seq
             self._stand_down(fenced, rejected)
 
     def _stand_down(self, fenced: list[RunJournal], rejected: list[tuple[RunJournal, Exception]]) -> None:
+        metrics.fenced("append_events", len(fenced))
         for journal in fenced:
             log.warning("run %s fenced out of its journal: the claim is lost", journal.run_id)
             journal._buffer, journal._marks = [], []

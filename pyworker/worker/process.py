@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from pyworker.db.hub import Hub
 from pyworker.db.pooling import POOLER_SAFE, accepted_kwargs
 from pyworker.db.session_limits import worker_connection_kwargs
+from pyworker.worker import metrics
 from pyworker.worker.dispatcher import Dispatcher
 from pyworker.worker.handler import RunHandler
 from pyworker.worker.journal import JournalWriter
@@ -80,6 +81,8 @@ class Worker:
         flush_interval: float = 0.25,
         session_limits: bool = True,
         listen_conninfo: str | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         settings = {
             "concurrency": concurrency,
@@ -111,6 +114,9 @@ class Worker:
         self.pool_size = pool_size or min(concurrency + 4, 32)
         self.flush_interval = flush_interval
         self.session_limits = session_limits
+        self.metrics_port = metrics_port  # None: no metrics endpoint; 0: any free port
+        self.metrics_host = metrics_host
+        self.metrics_address: tuple[str, int] | None = None  # where /metrics is served
         self._stop = asyncio.Event()
         self._signals = 0
         self.dispatcher: Dispatcher | None = None
@@ -164,6 +170,12 @@ class Worker:
         hub = self.hub = Hub(self.listen_conninfo, connect_kwargs=hub_limits)
         await hub.start()
         await hub.wait_connected(5)  # not required: without it the worker polls
+        metrics.watch_hub(lambda: hub.connected)
+        metrics_server = None
+        if self.metrics_port is not None:
+            metrics_server = await metrics.serve(pool, self.metrics_host, self.metrics_port)
+            self.metrics_address = metrics_server.sockets[0].getsockname()[:2]
+            log.info("metrics on http://%s:%d/metrics", *self.metrics_address)
         writer = JournalWriter(pool, interval=self.flush_interval, retry_budget=self.lease_seconds)
         await writer.start()
         dispatcher = self.dispatcher = Dispatcher(
@@ -204,6 +216,8 @@ class Worker:
             await self._stop.wait()
             await self._drain(dispatcher)
         finally:
+            if metrics_server is not None:
+                metrics_server.close()
             for task in background:
                 task.cancel()
             for task in background:

@@ -23,6 +23,7 @@ import random
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.db import api, schedules
+from pyworker.worker import metrics
 
 log = logging.getLogger("runrow.reaper")
 
@@ -34,6 +35,7 @@ async def reap_once(
         reaped = await api.reap_expired_runs(conn, grace_seconds, max_runs)
     for run_id, outcome in reaped:
         log.warning("reaped run %s: %s", run_id, outcome, extra={"run_id": str(run_id)})
+    metrics.reaped(outcome for _, outcome in reaped)
     return list(reaped)
 
 

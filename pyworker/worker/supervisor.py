@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 import psycopg
@@ -33,6 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 from pyworker.db import api
 from pyworker.db.api import ClaimedRun
 from pyworker.db.retry import DatabaseUnavailable, Retry
+from pyworker.worker import metrics, tracing
 from pyworker.worker.failures import deterministic
 from pyworker.worker.handler import Outcome, RunContext, RunHandler
 from pyworker.worker.heartbeat import heartbeat_loop
@@ -97,6 +99,15 @@ class RunSupervisor:
             self._handler_task.cancel()
 
     async def supervise(self) -> str | None:
+        started = time.monotonic()
+        with tracing.attempt(self.run, self.ctx.worker_id) as span:
+            try:
+                return await self._supervise()
+            finally:
+                tracing.attempt_ended(span, self.ending)
+                metrics.attempt_ended(self.ending, time.monotonic() - started)
+
+    async def _supervise(self) -> str | None:
         self.log.info("run claimed (attempt %s of %s)", self.run.attempt, self.run.max_attempts)
         hb = asyncio.create_task(
             heartbeat_loop(
@@ -191,6 +202,7 @@ class RunSupervisor:
             return await self._fail(f"the run's {outcome.status} outcome could not be stored: {reason}")
         if not ok:
             self.log.warning("finish_run fenced out: someone else already ended this run")
+            metrics.fenced("finish_run")
             return "lost"
         self.log.info("run finished: %s", outcome.status)
         return outcome.status
@@ -207,6 +219,7 @@ class RunSupervisor:
             return self._give_up(exc)
         if not ok:
             self.log.warning("finish_run fenced out: someone else already ended this run")
+            metrics.fenced("finish_run")
             return "lost"
         self.log.info("run finished: failed (%s)", reason)
         return "failed"
@@ -246,6 +259,7 @@ class RunSupervisor:
             return self._give_up(exc)
         if result is None:
             self.log.warning("release_run fenced out: someone else already ended this run")
+            metrics.fenced("release_run")
             return "lost"
         self.log.info("run released (%s): %s", reason, result)
         return f"released:{result}"

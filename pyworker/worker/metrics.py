@@ -1,0 +1,257 @@
+"""Prometheus metrics of a runrow process: what the worker, the agent loop and the HTTP service
+count, and the database's gauges read at scrape time.
+
+Everything lives in prometheus_client's default registry (so process_* and python_* come along)
+and the sites call one-line helpers below. Labels are bounded: statuses, outcomes, effects, call
+names, and models capped at MAX_MODELS distinct names (a run's model is the caller's string; past
+the cap it counts as "other"). Never a run id, a user or a tool argument.
+
+The database half is ONE query per scrape (`scrape`): `SELECT * FROM runrow.queue_metrics`, one
+row whose every column becomes a gauge by name (migration 0019), so a new database gauge is one
+more column in that view and nothing here. When the query fails, runrow_db_up is 0 and the
+database gauges are left out of that scrape rather than reported stale.
+
+Imports nothing of pyworker but pyworker.db: the worker, the agent and HTTP all stand on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("runrow.metrics")
+
+MAX_MODELS = 50
+OTHER = "other"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Seconds: a claim is milliseconds, a queue wait or an agent run minutes.
+_WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+_FLUSH_EVENTS_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+
+CLAIMS = Counter("runrow_claims", "Runs claimed by this worker.")
+CLAIM_LATENCY = Histogram(
+    "runrow_enqueue_to_claim_seconds",
+    "Time a run spent queued before this worker claimed it (database clock).",
+    buckets=_WAIT_BUCKETS,
+)
+ATTEMPT_DURATION = Histogram(
+    "runrow_attempt_duration_seconds",
+    "Claim to ending of one attempt on this worker, by how it ended.",
+    ["ending"],
+    buckets=_WAIT_BUCKETS,
+)
+REAPS = Counter("runrow_reaps", "Runs this worker's reaper took over after their lease lapsed.", ["outcome"])
+LEASE_LOSSES = Counter("runrow_lease_losses", "Attempts that lost their claim (reaped, stopped, superseded).")
+FENCED = Counter(
+    "runrow_fenced_writes", "Writes the fence refused (the claim was no longer this worker's).", ["call"]
+)
+FLUSH_EVENTS = Histogram(
+    "runrow_journal_flush_events",
+    "Events written per journal flush transaction.",
+    buckets=_FLUSH_EVENTS_BUCKETS,
+)
+FLUSH_SECONDS = Histogram(
+    "runrow_journal_flush_seconds", "Duration of one journal flush transaction.", buckets=_WAIT_BUCKETS
+)
+MODEL_SECONDS = Histogram(
+    "runrow_model_request_seconds",
+    "One streamed model request, start to final message, by model and outcome.",
+    ["model", "outcome"],
+    buckets=_WAIT_BUCKETS,
+)
+MODEL_TOKENS = Counter(
+    "runrow_model_tokens", "Tokens reported by the model API, by model and kind.", ["model", "kind"]
+)
+MODEL_THROTTLED = Counter(
+    "runrow_model_throttled_responses",
+    "429 (rate limited) and 529 (overloaded) answers of the model API, including those the SDK retried.",
+    ["status"],
+)
+TOOL_CALLS = Counter("runrow_tool_calls", "Tool calls by effect class and outcome.", ["effect", "outcome"])
+HUB_UP = Gauge("runrow_hub_up", "1 while this process's LISTEN connection is up, else 0.")
+DB_UP = Gauge("runrow_db_up", "1 if this scrape's database query succeeded, else 0.")
+
+TOKEN_KINDS = {
+    "input_tokens": "input",
+    "output_tokens": "output",
+    "cache_read_input_tokens": "cache_read",
+    "cache_creation_input_tokens": "cache_write",
+}
+
+_models: set[str] = set()
+_models_lock = threading.Lock()
+
+
+def model_label(model: object) -> str:
+    """The model as a label value: the first MAX_MODELS distinct names, then "other"."""
+    name = model if isinstance(model, str) and model else "unknown"
+    with _models_lock:
+        if name in _models:
+            return name
+        if len(_models) < MAX_MODELS:
+            _models.add(name)
+            return name
+    return OTHER
+
+
+def claimed(queued_seconds: float | None) -> None:
+    CLAIMS.inc()
+    if queued_seconds is not None:
+        CLAIM_LATENCY.observe(max(0.0, queued_seconds))
+
+
+def attempt_ended(ending: str | None, seconds: float) -> None:
+    ATTEMPT_DURATION.labels(ending or "none").observe(seconds)
+    if ending == "lost":
+        LEASE_LOSSES.inc()
+
+
+def reaped(outcomes: Iterable[str]) -> None:
+    for outcome in outcomes:
+        REAPS.labels(outcome).inc()
+
+
+def fenced(call: str, n: int = 1) -> None:
+    if n:
+        FENCED.labels(call).inc(n)
+
+
+def journal_flushed(events: int, seconds: float) -> None:
+    FLUSH_EVENTS.observe(events)
+    FLUSH_SECONDS.observe(seconds)
+
+
+def model_usage(model: object, usage: dict[str, Any] | None) -> None:
+    label = model_label(model)
+    for field, kind in TOKEN_KINDS.items():
+        value = (usage or {}).get(field)
+        if isinstance(value, int) and value > 0:
+            MODEL_TOKENS.labels(label, kind).inc(value)
+
+
+@contextlib.contextmanager
+def model_request(model: object) -> Iterator[dict[str, str]]:
+    """Time a model request: outcome "ok", "error" (it raised) or "cancelled"; the caller may
+    set result["outcome"] itself (a stop that ends the stream is a "cancelled", not an error)."""
+    result = {"outcome": "ok"}
+    started = time.monotonic()
+    try:
+        yield result
+    except asyncio.CancelledError:
+        result["outcome"] = "cancelled"
+        raise
+    except BaseException:
+        if result["outcome"] == "ok":
+            result["outcome"] = "error"
+        raise
+    finally:
+        MODEL_SECONDS.labels(model_label(model), result["outcome"]).observe(time.monotonic() - started)
+
+
+async def on_model_response(response: Any) -> None:
+    """An httpx event hook: sees every response, also the ones the SDK retries on its own."""
+    status = getattr(response, "status_code", None)
+    if status in (429, 529):
+        MODEL_THROTTLED.labels(str(status)).inc()
+
+
+def tool_call(effect: str | None, outcome: str) -> None:
+    TOOL_CALLS.labels(effect or "unknown", outcome).inc()
+
+
+def watch_hub(connected: Callable[[], bool]) -> None:
+    """runrow_hub_up follows `connected` at every scrape (the latest hub of the process wins)."""
+    HUB_UP.set_function(lambda: 1.0 if connected() else 0.0)
+
+
+# -- the database half --------------------------------------------------------------------------
+
+# queue_metrics columns that are one status of the queue depth gauge.
+STATUS_COLUMNS = ("queued", "running", "waiting")
+HELP = {
+    "waiting_approval": "Runs parked on a person's approval.",
+    "oldest_queued_age_seconds": "How long the longest-queued run has waited (0: queue empty).",
+    "leases_expired": "Running runs whose lease lapsed and that no reaper has taken yet.",
+}
+SCRAPE_QUERY = "SELECT * FROM runrow.queue_metrics"
+
+
+class _DatabaseGauges(Collector):
+    """Yields the row of the last scrape query; nothing when it failed or never ran."""
+
+    def __init__(self) -> None:
+        self.row: dict[str, Any] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        row = self.row
+        if row is None:
+            return
+        depth = GaugeMetricFamily("runrow_queue_depth", "Runs by live status, now.", labels=["status"])
+        for status in STATUS_COLUMNS:
+            if row.get(status) is not None:
+                depth.add_metric([status], float(row[status]))
+        yield depth
+        for column, value in row.items():
+            if column in STATUS_COLUMNS or not isinstance(value, int | float) or isinstance(value, bool):
+                continue
+            help_text = HELP.get(column, f"runrow.queue_metrics.{column}")
+            yield GaugeMetricFamily(f"runrow_{column}", help_text, value=float(value))
+
+
+_database = _DatabaseGauges()
+REGISTRY.register(_database)
+
+
+async def scrape(pool: Any, timeout: float = 5.0) -> bytes:  # noqa: ASYNC109
+    """The exposition text: the database row read now (one query), then every metric."""
+    try:
+        async with asyncio.timeout(timeout):
+            async with pool.connection() as conn:
+                cur = await conn.execute(SCRAPE_QUERY)
+                values = await cur.fetchone()
+                names = [d.name for d in cur.description or ()]
+        _database.row = dict(zip(names, values or (), strict=False))
+        DB_UP.set(1)
+    except Exception as exc:
+        log.warning("metrics scrape: the database query failed: %s", exc)
+        _database.row = None
+        DB_UP.set(0)
+    return generate_latest(REGISTRY)
+
+
+async def serve(pool: Any, host: str, port: int) -> asyncio.Server:
+    """A minimal HTTP server for `runrow worker --metrics-port`: GET /metrics, 404 otherwise.
+    On the worker's own event loop, so the scrape uses its pool; port 0 picks a free port."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(10):
+                request = await reader.readline()
+                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    pass  # headers: nothing here depends on them
+            parts = request.decode("latin-1").split()
+            if len(parts) >= 2 and parts[0] == "GET" and parts[1].split("?")[0] == "/metrics":
+                status, ctype, body = "200 OK", CONTENT_TYPE, await scrape(pool)
+            else:
+                status, ctype, body = "404 Not Found", "text/plain; charset=utf-8", b"GET /metrics\n"
+            head = f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            writer.write(head.encode() + b"Connection: close\r\n\r\n" + body)
+            await writer.drain()
+        except (TimeoutError, ConnectionError, UnicodeDecodeError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    return await asyncio.start_server(handle, host, port)

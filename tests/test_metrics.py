@@ -1,0 +1,183 @@
+"""Prometheus metrics (issue 15, part 1): scrape `runrow worker --metrics-port 0` and `runrow serve`
+as real processes before and after real runs (echo handler; the agent loop against the fake
+Messages API with a 429 and a 529 the SDK retries) and check the values move as the runs did."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import psycopg
+from agent_support import agent_worker, enqueue_agent
+from prometheus_client.parser import text_string_to_metric_families
+from worker_support import (
+    REPO,
+    WorkerProcess,
+    db,
+    enqueue_echo,
+    start_worker,
+    wait_status,
+    wait_until,
+    worker_db,
+)
+
+from pyworker.fake.faults import overloaded, rate_limited
+from pyworker.fake.server import FakeModel
+
+__all__ = ["db", "start_worker", "worker_db"]
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(url: str) -> Samples:
+    response = httpx.get(url, timeout=10)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain")
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """Summed over every other label."""
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= ls)
+
+
+def metrics_url(worker: WorkerProcess) -> str:
+    worker.wait_log("/metrics")
+    found = re.search(r"metrics on (http://\S+/metrics)", worker.log())
+    assert found, worker.log()
+    return found.group(1)
+
+
+def test_worker_metrics_move_with_echo_runs(db: psycopg.Connection, start_worker) -> None:  # type: ignore[no-untyped-def]
+    worker = start_worker("metrics-echo", "--metrics-port", "0", "--concurrency", "1", "--poll", "0.3")
+    url = metrics_url(worker)
+    before = scrape(url)
+    assert value(before, "runrow_db_up") == 1
+    assert value(before, "runrow_hub_up") == 1
+    assert value(before, "runrow_claims_total") == 0
+    assert value(before, "runrow_queue_depth", status="queued") == 0
+
+    # One slot: the first run holds it for 2 s, so the second is seen waiting in the queue.
+    slow = enqueue_echo(db, "slow one", duration=2.0)
+    wait_status(db, slow, "running")
+    queued = enqueue_echo(db, "queued one", duration=0.1)
+    during = scrape(url)
+    assert value(during, "runrow_queue_depth", status="running") == 1
+    assert value(during, "runrow_queue_depth", status="queued") == 1
+    assert value(during, "runrow_oldest_queued_age_seconds") >= 0
+    for run in (slow, queued, enqueue_echo(db, "third", duration=0.1)):
+        assert wait_status(db, run, {"completed", "failed", "dead"}) == "completed"
+
+    after = wait_until(
+        lambda: (
+            (s := scrape(url))
+            and value(s, "runrow_attempt_duration_seconds_count", ending="completed") == 3
+            and s
+        ),
+        10,
+        "three completed attempts in the histogram",
+    )
+    assert value(after, "runrow_claims_total") == 3
+    assert value(after, "runrow_enqueue_to_claim_seconds_count") == 3
+    # The queued run waited behind the 2 s run: its wait is in a bucket above 0.5 s.
+    assert value(after, "runrow_enqueue_to_claim_seconds_bucket", le="0.5") < 3
+    assert value(after, "runrow_journal_flush_events_count") > value(
+        before, "runrow_journal_flush_events_count"
+    )
+    assert value(after, "runrow_journal_flush_events_sum") > 0
+    assert value(after, "runrow_queue_depth", status="queued") == 0
+    assert value(after, "runrow_queue_depth", status="running") == 0
+    assert not [key for key in after if any(k == "run_id" for k, _ in key[1])]  # labels are bounded
+
+
+def test_agent_run_counts_model_requests_tokens_throttling_and_tools(
+    db: psycopg.Connection, worker_db: str, tmp_path: Path
+) -> None:
+    # The first request meets a 429, its retry a 529; the SDK's third try goes through.
+    with FakeModel("demo", faults=[rate_limited(), overloaded()]) as fake:
+        worker = agent_worker(worker_db, "metrics-agent", fake.base_url, tmp_path, "--metrics-port", "0")
+        try:
+            worker.wait_started(20)
+            url = metrics_url(worker)
+            run = enqueue_agent(db)
+            assert wait_status(db, run, {"completed", "failed", "dead"}, 60) == "completed", worker.log()
+            samples = wait_until(
+                lambda: (
+                    (s := scrape(url))
+                    and value(s, "runrow_attempt_duration_seconds_count", ending="completed")
+                    and s
+                ),
+                10,
+                "the attempt in the histogram",
+            )
+        finally:
+            worker.close()
+    model = "claude-fake-1"
+    assert value(samples, "runrow_model_request_seconds_count", model=model, outcome="ok") == 6
+    assert value(samples, "runrow_model_throttled_responses_total", status="429") == 1
+    assert value(samples, "runrow_model_throttled_responses_total", status="529") == 1
+    for kind in ("input", "output"):
+        assert value(samples, "runrow_model_tokens_total", model=model, kind=kind) > 0
+    # The demo task: list_files, read_file x3, send_email, write_file, every one ran and succeeded.
+    assert total(samples, "runrow_tool_calls_total", outcome="ok") == 6
+    assert value(samples, "runrow_tool_calls_total", effect="pure", outcome="ok") == 4  # list, read x3
+    assert total(samples, "runrow_tool_calls_total", outcome="error") == 0
+
+
+def test_serve_metrics(worker_db: str, tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pyworker", "serve", "--insecure-dev", "--port", str(port)],
+            cwd=REPO,
+            env={**os.environ, "DATABASE_URL": worker_db},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _up(base) or proc.poll() is not None, 30, "runrow serve to answer")
+        assert proc.poll() is None, log.read_text()
+        before = scrape(f"{base}/metrics")
+        assert value(before, "runrow_db_up") == 1
+        assert value(before, "runrow_hub_up") == 1
+        queued_before = value(before, "runrow_queue_depth", status="queued")
+        for _ in range(2):  # nobody works: they stay queued
+            response = httpx.post(
+                f"{base}/conversations/{uuid.uuid4()}/runs", json={"content": "hi"}, timeout=10
+            )
+            assert response.status_code == 202, response.text
+        after = scrape(f"{base}/metrics")
+        assert value(after, "runrow_queue_depth", status="queued") == queued_before + 2
+        assert value(after, "runrow_oldest_queued_age_seconds") >= 0
+        assert "runrow_claims_total" in {name for name, _ in after}  # the process counters are there too
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def _up(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/metrics", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        time.sleep(0.2)
+        return False

@@ -1,0 +1,241 @@
+"""OpenTelemetry traces (issue 15, part 2), read with the SDK's InMemorySpanExporter: one trace per
+run, an attempt span with the model requests and tool calls under it, the caller's traceparent
+continued (also by the worker that resumes a run killed with SIGKILL), the traceparent header of
+the HTTP API, and a worker without the `otel` extra."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from agent_support import TOOLS, InProcessWorker, agent_worker, enqueue_agent, steps
+from http_support import ALICE, serve
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from worker_support import REPO, db, run_row, wait_status, wait_until, worker_db
+
+from pyworker.fake.server import FakeModel
+
+__all__ = ["db", "worker_db"]
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
+DEMO_TOOLS = ["list_files", "read_file", "read_file", "send_email", "write_file", "read_file"]
+
+_exporter = InMemorySpanExporter()
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """The process's tracer provider, exporting every ended span to memory (set once per process)."""
+    provider = trace.get_tracer_provider()
+    if not getattr(provider, "_runrow_test", False):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(_exporter))
+        provider._runrow_test = True  # type: ignore[attr-defined]
+        trace.set_tracer_provider(provider)
+    _exporter.clear()
+    yield _exporter
+    _exporter.clear()
+
+
+def agent_config(fake: FakeModel) -> dict[str, Any]:
+    return {"anthropic_base_url": fake.base_url, "anthropic_api_key": "test-key", "tools_module": TOOLS}
+
+
+def of_run(exporter: InMemorySpanExporter, run_id: uuid.UUID) -> list[ReadableSpan]:
+    """The attempt spans of the run and every span under them."""
+    spans = list(exporter.get_finished_spans())
+    attempts = {s.context.span_id for s in spans if (s.attributes or {}).get("runrow.run_id") == str(run_id)}
+    return [s for s in spans if s.context.span_id in attempts or (s.parent and s.parent.span_id in attempts)]
+
+
+def test_one_trace_per_run_attempt_model_requests_and_tool_calls(
+    db: psycopg.Connection, worker_db: str, tmp_path: Path, spans: InMemorySpanExporter, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("RUNROW_DEMO_DIR", str(tmp_path))
+    with FakeModel("demo") as fake, InProcessWorker(worker_db, "traced", config=agent_config(fake)):
+        run = enqueue_agent(db, metadata={"max_tokens": 4096, "traceparent": TRACEPARENT})
+        assert wait_status(db, run, {"completed", "failed", "dead"}, 60) == "completed"
+        tree = wait_until(
+            lambda: [s for s in of_run(spans, run) if s.name == "runrow.attempt"] and of_run(spans, run),
+            10,
+            "the attempt span",
+        )
+    (attempt,) = [s for s in tree if s.name == "runrow.attempt"]
+    # The caller's trace, as a child of the caller's span.
+    assert format(attempt.context.trace_id, "032x") == TRACE_ID
+    assert attempt.parent is not None and format(attempt.parent.span_id, "016x") == PARENT_ID
+    assert attempt.attributes["runrow.attempt"] == 1
+    assert attempt.attributes["runrow.ending"] == "completed"
+    assert {s.context.trace_id for s in tree} == {attempt.context.trace_id}  # one trace
+    children = sorted((s for s in tree if s is not attempt), key=lambda s: s.start_time or 0)
+    assert all(s.parent is not None and s.parent.span_id == attempt.context.span_id for s in children)
+
+    requests = [s for s in children if s.name.startswith("chat ")]
+    assert len(requests) == 6  # the demo's six model turns
+    for request in requests:
+        attrs = request.attributes or {}
+        assert attrs["gen_ai.request.model"] == "claude-fake-1"
+        assert attrs["gen_ai.usage.input_tokens"] > 0 and attrs["gen_ai.usage.output_tokens"] > 0
+        assert attrs["anthropic.request_id"]
+    stops = [request.attributes["gen_ai.response.finish_reasons"] for request in requests]
+    assert list(stops[-1]) == ["end_turn"] and all(list(s) == ["tool_use"] for s in stops[:-1])
+    # The model's request ids are the ones the step log recorded.
+    recorded = {
+        r
+        for (r,) in db.execute(
+            "SELECT request_id FROM runrow.agent_step WHERE run_id = %s AND kind = 'model_turn'", (run,)
+        )
+    }
+    assert {request.attributes["anthropic.request_id"] for request in requests} == recorded
+
+    tools = [s for s in children if s.name.startswith("execute_tool ")]
+    assert [s.attributes["gen_ai.tool.name"] for s in tools] == DEMO_TOOLS
+    assert {s.attributes["runrow.tool.state"] for s in tools} == {"execute"}
+    assert {s.attributes["runrow.tool.outcome"] for s in tools} == {"ok"}
+    assert tools[3].attributes["runrow.tool.effect"] == "non_idempotent"
+    # Model requests and tool calls in the order the loop made them (step 2 asked for two reads).
+    kinds = [s.name.split()[0] for s in children]
+    assert kinds == ["chat", "execute_tool", "chat", "execute_tool", "execute_tool"] + [
+        "chat",
+        "execute_tool",
+    ] * 3 + ["chat"]
+
+
+def test_without_a_traceparent_the_run_id_is_the_trace_id(
+    db: psycopg.Connection, worker_db: str, tmp_path: Path, spans: InMemorySpanExporter, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("RUNROW_DEMO_DIR", str(tmp_path))
+    with FakeModel("text") as fake, InProcessWorker(worker_db, "untraced", config=agent_config(fake)):
+        run = enqueue_agent(db, content="Say hello.", tools=[], metadata={})
+        assert wait_status(db, run, {"completed", "failed", "dead"}, 60) == "completed"
+        tree = wait_until(lambda: of_run(spans, run), 10, "the run's spans")
+    assert {s.context.trace_id for s in tree} == {run.int}
+    assert sorted(s.name for s in tree) == ["chat claude-fake-1", "runrow.attempt"]
+
+
+def test_a_run_killed_and_resumed_by_another_worker_stays_in_the_callers_trace(
+    db: psycopg.Connection, worker_db: str, tmp_path: Path, spans: InMemorySpanExporter, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("RUNROW_DEMO_DIR", str(tmp_path))
+    flags = ("--lease", "1", "--grace", "0", "--reap-interval", "0.3", "--poll", "0.3", "--concurrency", "1")
+    with FakeModel("demo") as fake:
+        a = agent_worker(worker_db, "trace-a", fake.base_url, tmp_path, *flags, tool_delay="0.3")
+        try:
+            a.wait_started(20)
+            run = enqueue_agent(db, metadata={"max_tokens": 4096, "traceparent": TRACEPARENT})
+            wait_until(lambda: len(steps(db, run)) >= 3, 60, "step 3 to be committed")
+            a.kill()  # SIGKILL: worker a writes nothing more
+        finally:
+            a.close()
+        assert run_row(db, run)["status"] == "running"
+        with InProcessWorker(
+            worker_db,
+            "trace-b",
+            config=agent_config(fake),
+            lease_seconds=1,
+            grace_seconds=0,
+            reap_interval=0.3,
+        ):
+            assert wait_status(db, run, {"completed", "failed", "dead"}, 60) == "completed"
+            tree = wait_until(
+                lambda: [s for s in of_run(spans, run) if s.name == "runrow.attempt"] and of_run(spans, run),
+                10,
+                "b's attempt",
+            )
+    assert run_row(db, run)["attempt"] == 2
+    (attempt,) = [s for s in tree if s.name == "runrow.attempt"]
+    assert attempt.attributes["runrow.attempt"] == 2
+    assert attempt.attributes["runrow.worker_id"] == "trace-b"
+    assert format(attempt.parent.span_id, "016x") == PARENT_ID  # type: ignore[union-attr]
+    assert {format(s.context.trace_id, "032x") for s in tree} == {TRACE_ID}
+    assert any(s.name.startswith("chat ") for s in tree) and any(
+        s.name.startswith("execute_tool ") for s in tree
+    )
+
+
+def test_the_traceparent_header_is_stored_on_the_run(worker_db: str) -> None:
+    with contextlib.contextmanager(serve)(worker_db) as server:
+        base, conversation = server.url, uuid.uuid4()
+        url = f"{base}/conversations/{conversation}/runs"
+        ok = httpx.post(
+            url, json={"content": "hi"}, headers={**ALICE, "traceparent": TRACEPARENT}, timeout=10
+        )
+        assert ok.status_code == 202, ok.text
+        with psycopg.connect(worker_db) as conn:
+            row = conn.execute(
+                "SELECT metadata->>'traceparent' FROM runrow.agent_run WHERE id = %s", (ok.json()["run_id"],)
+            ).fetchone()
+        assert row == (TRACEPARENT,)
+        for bad in ("00-xyz-00f067aa0ba902b7-01", TRACEPARENT.upper(), f"00-{'0' * 32}-{PARENT_ID}-01"):
+            refused = httpx.post(
+                f"{base}/conversations/{uuid.uuid4()}/runs",
+                json={"content": "hi"},
+                headers={**ALICE, "traceparent": bad},
+                timeout=10,
+            )
+            assert refused.status_code == 400, refused.text
+            assert "traceparent" in refused.json()["error"]["message"]
+        differ = httpx.post(
+            f"{base}/conversations/{uuid.uuid4()}/runs",
+            json={"content": "hi", "metadata": {"traceparent": f"00-{TRACE_ID}-{'1' * 16}-01"}},
+            headers={**ALICE, "traceparent": TRACEPARENT},
+            timeout=10,
+        )
+        assert differ.status_code == 400 and "differ" in differ.json()["error"]["message"]
+        # Over SQL metadata a bad one is the 400 of enqueue_run's 22023, naming metadata.traceparent.
+        sql = httpx.post(
+            f"{base}/conversations/{uuid.uuid4()}/runs",
+            json={"content": "hi", "metadata": {"traceparent": "nope"}},
+            headers=ALICE,
+            timeout=10,
+        )
+        assert sql.status_code == 400 and "metadata.traceparent" in sql.json()["error"]["message"]
+
+
+def test_without_the_otel_extra_the_hooks_do_nothing_and_still_count() -> None:
+    code = textwrap.dedent(
+        """
+        import sys, uuid, datetime
+        sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
+        from pyworker.db.api import ClaimedRun
+        from pyworker.worker import metrics, tracing
+        assert not tracing.ENABLED
+        run = ClaimedRun(uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), 1, 1, "m", "p", None, [], None,
+                         uuid.uuid4(), {"traceparent": "TRACEPARENT"}, datetime.datetime.now())
+        with tracing.attempt(run, "w") as span:
+            assert span is None
+            tracing.attempt_ended(span, "completed")
+        with tracing.model_request("m") as span:
+            tracing.model_turn(span, "m", {"input_tokens": 1}, "req", "end_turn")
+        with tracing.tool_call("t", "pure") as call:
+            call.state = "execute"
+        assert metrics.TOOL_CALLS.labels("pure", "ok")._value.get() == 1
+        tracing.configure_from_env()
+        print("untraced ok")
+        """
+    ).replace("TRACEPARENT", TRACEPARENT)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "OTEL_TRACES_EXPORTER": "console"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "untraced ok" in done.stdout
+    assert "the otel extra is not installed" in done.stderr
