@@ -32,6 +32,7 @@ INSERT INTO api VALUES
     ('cancel_run', '{runrow_client}', format($$SELECT runrow.cancel_run(%L)$$, :'done')),
     ('retry_run', '{runrow_client}', format($$SELECT runrow.retry_run(%L)$$, :'failed')),
     ('fork_run', '{runrow_client}', format($$SELECT * FROM runrow.fork_run(%L, 0)$$, :'done')),
+    ('get_run_request', '{runrow_worker,runrow_client}', format($$SELECT * FROM runrow.get_run_request(%L)$$, :'done')),
     ('schema_version', '{runrow_worker,runrow_client,runrow_auditor}', $$SELECT runrow.schema_version()$$),
     ('events_channel', '{runrow_worker,runrow_client,runrow_auditor}',
         $$SELECT runrow.events_channel(gen_random_uuid())$$),
