@@ -3,7 +3,8 @@ SQL API only) next to a Python worker, and the README's psql walkthrough run exa
 
 - Both workers drain one queue: every run completed exactly once (one claim, one complete, attempt
   1), each worker claimed some, every journal complete and its text the echo, audit() clean.
-- The Node worker honours a stop: the cancel NOTIFY ends its run `cancelled` with the partial text.
+- The Node worker honours a stop: the cancel NOTIFY ends its run `cancelled` with the partial text,
+  and so does the heartbeat's cancel_requested alone; fenced out (reaped), it stands down.
 - The README's fenced psql block runs through psql against the test database.
 """
 
@@ -133,6 +134,41 @@ def test_node_worker_honours_a_stop(db: psycopg.Connection, node_worker: NodeWor
     assert wait_status(db, run, TERMINAL, 8) == "cancelled"
     partial = db.execute("SELECT result ->> 'text' FROM runrow.agent_run WHERE id = %s", (run,)).fetchone()[0]
     assert 20 <= len(partial) < 600 and partial == streamed_text(db, run)
+
+
+def test_node_worker_sees_a_stop_in_its_heartbeat(
+    db: psycopg.Connection, worker_db: str, tmp_path: Path
+) -> None:
+    worker = NodeWorker(worker_db, "node-hb", tmp_path, LEASE_SECONDS="3")
+    try:
+        run = enqueue_run(db, "long", "m", metadata={"echo": "y" * 600, "duration": 60})
+        wait_until(lambda: len(streamed_text(db, run)) >= 5, 20, "the node worker to stream")
+        # The flag without the NOTIFY (as the owner may write): only the heartbeat poll can see it.
+        db.execute("UPDATE runrow.agent_run SET cancel_requested = true WHERE id = %s", (run,))
+        assert wait_status(db, run, TERMINAL, 30) == "cancelled"
+    finally:
+        worker.stop()
+
+
+def test_node_worker_stands_down_when_fenced_out(db: psycopg.Connection, node_worker: NodeWorker) -> None:
+    run = enqueue_run(db, "long", "m", metadata={"echo": "z" * 600, "duration": 60})
+    wait_until(lambda: len(streamed_text(db, run)) >= 5, 20, "the node worker to stream")
+    db.execute(
+        "UPDATE runrow.agent_run SET claim_expires_at = now() - interval '1 hour' WHERE id = %s", (run,)
+    )
+    assert db.execute(
+        "SELECT outcome FROM runrow.reap_expired_runs(0) WHERE run_id = %s", (run,)
+    ).fetchone() == ("failed",)
+    wait_until(
+        lambda: f"run {run}: lost its claim, standing down" in node_worker.log(),
+        20,
+        "the node worker to stand down",
+    )
+    kinds = [e["type"] for e in events(db, run)]
+    assert (
+        kinds.count("complete") == 1 and kinds[-1] == "complete"
+    )  # the reaper's; the zombie wrote nothing after
+    assert db.execute("SELECT status FROM runrow.agent_run WHERE id = %s", (run,)).fetchone() == ("failed",)
 
 
 def walkthrough() -> str:
