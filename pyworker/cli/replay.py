@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import psycopg
 
 from pyworker.agent.history import build_messages
 from pyworker.agent.model import DEFAULT_MAX_TOKENS, REQUEST_PARAMS, client_for
@@ -99,10 +100,8 @@ async def cmd_replay(args: argparse.Namespace) -> int:
     async with await _connect(database_url(args.database_url)) as conn:
         try:
             request = await forks.get_run_request(conn, args.run)
-        except Exception as exc:
-            if getattr(exc, "sqlstate", None) == "P0002":
-                raise CliError(f"run {args.run} does not exist") from exc
-            raise
+        except psycopg.errors.NoDataFound as exc:
+            raise CliError(f"run {args.run} does not exist") from exc
         if request.status not in TERMINAL:
             raise CliError(f"run {args.run} is {request.status}: replay needs a finished run")
         rows = await steps_api.conversation_history(conn, request.conversation_id, args.run)
