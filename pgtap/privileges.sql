@@ -35,6 +35,8 @@ INSERT INTO api VALUES
     ('create_schedule', '{runrow_client}', $$SELECT runrow.create_schedule('privileges', '@daily', '"x"', 'm')$$),
     ('drop_schedule', '{runrow_client}', $$SELECT runrow.drop_schedule('privileges-drop')$$),
     ('fire_schedules', '{runrow_worker}', $$SELECT runrow.fire_schedules()$$),
+    ('fork_run', '{runrow_client}', format($$SELECT * FROM runrow.fork_run(%L, 0)$$, :'done')),
+    ('get_run_request', '{runrow_worker,runrow_client}', format($$SELECT * FROM runrow.get_run_request(%L)$$, :'done')),
     ('schema_version', '{runrow_worker,runrow_client,runrow_auditor}', $$SELECT runrow.schema_version()$$),
     ('events_channel', '{runrow_worker,runrow_client,runrow_auditor}',
         $$SELECT runrow.events_channel(gen_random_uuid())$$),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what runrow needs on a fresh Debian machine with nothing but Python and apt:
-# PostgreSQL 15 + pgTAP + pg_prove, pgbouncer and faketime for the fault tests (apt, when
+# PostgreSQL 15 + pgTAP + pg_prove, pgbouncer and faketime for the fault tests, Node.js and npm
+# for the second-language test (apt, when
 # missing and permitted), then a venv with
 # the project and its dev tools. Idempotent and quick when everything is there.
 set -euo pipefail
@@ -14,6 +15,9 @@ command -v psql >/dev/null 2>&1 || need_apt+=(postgresql-client-15)
 # The fault tests: a real transaction pooler, and libfaketime for a worker with a skewed clock.
 [ -x /usr/sbin/pgbouncer ] || need_apt+=(pgbouncer)
 command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
+# The second-language test (tests/test_node_worker.py): examples/node runs on Node.js with npm's pg.
+command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
+command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 if [ "${RUNROW_WITH_BROWSER:-0}" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 fi
@@ -61,4 +65,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     exit 1
   fi
   touch "$stamp"
+fi
+
+# examples/node's dependencies, from its lock file; without them the Node test installs them itself.
+if command -v npm >/dev/null 2>&1 && [ ! -d examples/node/node_modules/pg ]; then
+  echo "bootstrap: npm ci in examples/node"
+  (cd examples/node && npm ci --no-audit --no-fund --silent) ||
+    echo "bootstrap: npm ci failed; tests/test_node_worker.py will try npm install" >&2
 fi

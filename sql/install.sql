@@ -1637,6 +1637,31 @@ INSERT INTO runrow._yoyo_migration VALUES ('e9ebfab256637d2dee350e1f19e9fee9e041
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'e9ebfab256637d2dee350e1f19e9fee9e041e40efe6000849fcf20983dbeed1a', '0015_queue_metrics', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0016_fork_run
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '075c8a9ae3b08e3bba2213c14e2f6a747b14d319f37bd2f4c268871b8591a0fe') AS apply_075c8a9ae3b0 \gset
+\if :apply_075c8a9ae3b0
+-- Fork (issue 15): a run can start a new conversation whose history is another run's, up to one
+-- of its steps. The copy keeps the record honest about where it came from: each run fork_run
+-- writes points at the run it copies and says how many of its steps it copied, so a reader of
+-- the new conversation can tell copied steps (seq <= forked_at_seq) from steps the fork made.
+-- depends: 0015_queue_metrics
+
+-- Nullable, no default: a catalog change, no rewrite of agent_run.
+ALTER TABLE runrow.agent_run
+ADD COLUMN forked_from uuid REFERENCES runrow.agent_run (id),
+ADD COLUMN forked_at_seq integer CHECK (forked_at_seq >= 0),
+ADD CONSTRAINT agent_run_fork_names_its_step CHECK ((forked_from IS NULL) = (forked_at_seq IS NULL));
+
+COMMENT ON COLUMN runrow.agent_run.forked_from IS
+'The run this run is a copy of (runrow.fork_run), NULL otherwise. Its steps 1..forked_at_seq '
+'are that run''s steps, copied verbatim; later steps are the fork''s own.';
+
+COMMENT ON COLUMN runrow.agent_run.forked_at_seq IS
+'How many of forked_from''s steps were copied into this run (0: only its user message).';
+INSERT INTO runrow._yoyo_migration VALUES ('075c8a9ae3b08e3bba2213c14e2f6a747b14d319f37bd2f4c268871b8591a0fe', '0016_fork_run', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '075c8a9ae3b08e3bba2213c14e2f6a747b14d319f37bd2f4c268871b8591a0fe', '0016_fork_run', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -4491,6 +4516,146 @@ COMMENT ON FUNCTION runrow.fire_schedules(integer) IS
 REVOKE ALL ON FUNCTION runrow.fire_schedules(integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.fire_schedules(integer) TO runrow_worker;
 
+-- functions/fork_run.sql
+CREATE OR REPLACE FUNCTION runrow.fork_run(run_id uuid, at_seq integer, model text DEFAULT NULL)
+RETURNS TABLE (new_run_id uuid, new_conversation_id uuid, steps_copied integer, must_drop jsonb)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    src runrow.agent_run;
+    last_seq integer;
+    new_conversation uuid := gen_random_uuid();
+    fork_model text;
+    turn record;
+    copy_message uuid;
+    copy_run uuid;
+    copied integer := 0;
+    n integer;
+    drops jsonb := '[]';
+BEGIN
+    PERFORM runrow._require_not_null(fork_run.run_id, 'run_id');
+    PERFORM runrow._require_not_null(fork_run.at_seq, 'at_seq');
+    IF fork_run.model = '' OR length(fork_run.model) > 200 THEN
+        RAISE EXCEPTION 'model must be NULL or a model name of 1 to 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT a.* INTO src FROM runrow.agent_run AS a WHERE a.id = fork_run.run_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run_id % does not exist', fork_run.run_id USING ERRCODE = 'no_data_found';
+    END IF;
+    -- Steps are append-only, so steps 1..at_seq are final even while the run still runs: a
+    -- fork of a live run needs no lock on it and never sees what the run writes later.
+    SELECT coalesce(max(s.seq), 0) INTO last_seq FROM runrow.agent_step AS s WHERE s.run_id = src.id;
+    IF fork_run.at_seq < 0 OR fork_run.at_seq > last_seq THEN
+        RAISE EXCEPTION 'at_seq must be between 0 and % (the steps run % has), got %',
+            last_seq, src.id, fork_run.at_seq
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    fork_model := coalesce(fork_run.model, src.model);
+
+    INSERT INTO runrow.conversation (id, user_id)
+    SELECT new_conversation, c.user_id FROM runrow.conversation AS c WHERE c.id = src.conversation_id;
+
+    -- The earlier turns that make up the source's history (conversation_history's rule: completed,
+    -- or cancelled after the model acted) are copied as they ended, then the source itself up to
+    -- at_seq as a queued run. Same order, same statuses, same bytes: conversation_history of the
+    -- fork rebuilds exactly the source's model input, synthesized tool results included.
+    FOR turn IN
+        SELECT a.* FROM runrow.agent_run AS a
+        WHERE a.conversation_id = src.conversation_id
+          AND a.enqueue_seq <= src.enqueue_seq
+          AND (
+              a.id = src.id
+              OR a.status = 'completed'
+              OR (a.status = 'cancelled' AND EXISTS (SELECT 1 FROM runrow.agent_step AS s WHERE s.run_id = a.id))
+          )
+        ORDER BY a.enqueue_seq
+    LOOP
+        INSERT INTO runrow.message (conversation_id, user_id, content)
+        SELECT new_conversation, m.user_id, m.content FROM runrow.message AS m WHERE m.id = turn.user_message_id
+        RETURNING id INTO copy_message;
+
+        n := CASE WHEN turn.id = src.id THEN fork_run.at_seq
+                  ELSE (SELECT count(*)::integer FROM runrow.agent_step AS s WHERE s.run_id = turn.id) END;
+        IF turn.id = src.id THEN
+            INSERT INTO runrow.agent_run (
+                conversation_id, user_id, user_message_id, max_attempts, model, prompt_id, metadata,
+                request_snapshot, forked_from, forked_at_seq
+            )
+            VALUES (
+                new_conversation, turn.user_id, copy_message, turn.max_attempts, fork_model, turn.prompt_id,
+                turn.metadata,
+                (SELECT jsonb_build_object('content', m.content, 'metadata', turn.metadata)
+                 FROM runrow.message AS m WHERE m.id = copy_message),
+                turn.id, n
+            )
+            RETURNING id INTO copy_run;
+        ELSE
+            INSERT INTO runrow.agent_run (
+                conversation_id, user_id, user_message_id, status, attempt, max_attempts, model, prompt_id,
+                metadata, result, error, started_at, finished_at, forked_from, forked_at_seq
+            )
+            VALUES (
+                new_conversation, turn.user_id, copy_message, turn.status, turn.attempt, turn.max_attempts,
+                turn.model, turn.prompt_id, turn.metadata, turn.result, turn.error, turn.started_at,
+                turn.finished_at, turn.id, n
+            )
+            RETURNING id INTO copy_run;
+        END IF;
+
+        -- Verbatim: payload is json, so its text (key order, whitespace, signatures) is copied as is.
+        INSERT INTO runrow.agent_step (run_id, seq, kind, payload, request_id, attempt, usage, stop_reason)
+        SELECT copy_run, s.seq, s.kind, s.payload, s.request_id, s.attempt, s.usage, s.stop_reason
+        FROM runrow.agent_step AS s
+        WHERE s.run_id = turn.id AND s.seq <= n
+        ORDER BY s.seq;
+        copied := copied + n;
+
+        -- Thinking is signed for the model that produced it: under another model those blocks
+        -- cannot be sent back, and only the caller can decide what to send instead.
+        IF turn.model <> fork_model THEN
+            drops := drops || coalesce((
+                SELECT jsonb_agg(jsonb_build_object(
+                           'run_id', copy_run, 'seq', s.seq, 'index', b.ord - 1, 'type', b.block ->> 'type')
+                           ORDER BY s.seq, b.ord)
+                FROM runrow.agent_step AS s
+                CROSS JOIN LATERAL json_array_elements(runrow._json_probe(s.payload)) WITH ORDINALITY AS b (block, ord)
+                WHERE s.run_id = copy_run AND s.kind = 'model_turn'
+                  AND b.block ->> 'type' IN ('thinking', 'redacted_thinking')), '[]');
+        END IF;
+    END LOOP;
+
+    PERFORM runrow._journal(copy_run, jsonb_build_array(
+        jsonb_build_object('type', 'user_message_created', 'message_id', copy_message),
+        jsonb_build_object('type', 'run_queued', 'run_id', copy_run, 'forked_from', src.id, 'at_seq', fork_run.at_seq)
+    ));
+    PERFORM runrow._wake_dispatchers(new_conversation);
+    RETURN QUERY SELECT copy_run, new_conversation, copied, drops;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.fork_run(uuid, integer, text) IS
+'Start a new run (new_run_id) in a new conversation (new_conversation_id, owned by the source conversation''s user) whose history '
+'is run_id''s, up to and including its step at_seq (agent_step.seq of run_id; 0 = its user message '
+'only). The earlier turns of the source conversation that its history holds (completed, or '
+'cancelled after a step) are copied as they ended, then run_id''s user message and steps 1..at_seq '
+'into a queued run pinned to the same prompt and metadata, with model (default: the source''s) '
+'and forked_from/forked_at_seq naming what it copies. Every agent_step row is copied verbatim '
+'(payload bytes, request_id, attempt, usage, stop_reason), so conversation_history of the fork '
+'rebuilds the source''s model input byte for byte and thinking signatures stay valid; the worker '
+'that claims the fork resumes from its last copied step like any resumed run. Returns the new run, '
+'its conversation, the number of steps copied and must_drop: the thinking and redacted_thinking '
+'blocks ({run_id, seq, index, type}, index 0-based in the step''s content array) produced by a '
+'model other than the fork''s, which a request under the new model must leave out ([] when the '
+'model is unchanged). One transaction; wakes the dispatchers. Steps written to run_id after the '
+'fork are never part of it. 22004 for a NULL run_id or at_seq, P0002 for an unknown run_id, '
+'22023 for an at_seq outside 0..the run''s last step or a bad model; nothing is written then.';
+
+REVOKE ALL ON FUNCTION runrow.fork_run(uuid, integer, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.fork_run(uuid, integer, text) TO runrow_client;
+
 -- functions/get_conversation.sql
 CREATE OR REPLACE FUNCTION runrow.get_conversation(conversation_id uuid)
 RETURNS TABLE (
@@ -4577,6 +4742,48 @@ COMMENT ON FUNCTION runrow.get_run(uuid) IS
 
 REVOKE ALL ON FUNCTION runrow.get_run(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.get_run(uuid) TO runrow_client, runrow_worker, runrow_auditor;
+
+-- functions/get_run_request.sql
+CREATE OR REPLACE FUNCTION runrow.get_run_request(run_id uuid)
+RETURNS TABLE (
+    conversation_id uuid,
+    status text,
+    model text,
+    prompt_id text,
+    system_prompt text,
+    tools jsonb,
+    metadata jsonb,
+    forked_from uuid,
+    forked_at_seq integer
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(get_run_request.run_id, 'run_id');
+    RETURN QUERY
+    SELECT a.conversation_id, a.status, a.model, a.prompt_id, p.system_prompt, p.tools, a.metadata,
+           a.forked_from, a.forked_at_seq
+    FROM runrow.agent_run AS a
+    JOIN runrow.prompt AS p ON p.id = a.prompt_id
+    WHERE a.id = get_run_request.run_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run_id % does not exist', get_run_request.run_id USING ERRCODE = 'no_data_found';
+    END IF;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.get_run_request(uuid) IS
+'What a run''s model requests are made of, pinned at enqueue: model, the prompt (id, system_prompt, '
+'tools) and metadata (the request parameters), with its conversation, status and fork origin. '
+'With conversation_history it is everything needed to re-ask a run''s model turns (runrow replay) '
+'in any language, at any time after the run, claim or no claim. Reads only. 22004 for a NULL '
+'run_id, P0002 for an unknown one.';
+
+REVOKE ALL ON FUNCTION runrow.get_run_request(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.get_run_request(uuid) TO runrow_worker, runrow_client;
 
 -- functions/get_step.sql
 CREATE OR REPLACE FUNCTION runrow.get_step(run_id uuid, seq integer)

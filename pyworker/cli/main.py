@@ -318,6 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_schedule_commands(sub)
 
+    # fork, replay: a recorded run as the start of another, or re-asked of another model.
+    from pyworker.cli.replay import add_commands as add_replay_commands
+
+    add_replay_commands(sub)
+
     from pyworker.cli.serve import add_command as add_serve
 
     add_serve(sub)
