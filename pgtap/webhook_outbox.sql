@@ -122,7 +122,7 @@ SELECT throws_ok(format($$INSERT INTO runrow.webhook_delivery (id, run_id, url, 
 -- Claim: due rows, leased with a fresh token; nobody else gets them while the lease lives.
 CREATE TEMP TABLE c1 AS SELECT * FROM runrow.claim_webhook_deliveries('w1', 100, 30, 3);
 SELECT is((SELECT count(*)::int FROM c1), 6, 'the six pending deliveries are claimed');
-SELECT ok((SELECT bool_and(attempt = 1 AND claim_expires_at = now() + interval '30 seconds') FROM c1),
+SELECT ok((SELECT bool_and(attempt = 1 AND claim_expires_at = now() + interval '30 seconds' AND claimed_at = now()) FROM c1),
     'each as attempt 1 with the lease on the database clock');
 SELECT is((SELECT payload FROM c1 WHERE run_id = :'done'), (pg_temp.delivery(:'done')).payload, 'with the body to send');
 SELECT is_empty($$SELECT * FROM runrow.claim_webhook_deliveries('w2', 100, 30, 3)$$,

@@ -3147,7 +3147,8 @@ RETURNS TABLE (
     url text,
     payload jsonb,
     attempt integer,
-    claim_expires_at timestamptz
+    claim_expires_at timestamptz,
+    claimed_at timestamptz
 )
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -3208,7 +3209,7 @@ BEGIN
         RETURNING w.id, w.claim_token, w.run_id, w.url, w.payload, w.attempts, w.claim_expires_at, w.state
     )
 
-    SELECT t.id, t.claim_token, t.run_id, t.url, t.payload, t.attempts, t.claim_expires_at
+    SELECT t.id, t.claim_token, t.run_id, t.url, t.payload, t.attempts, t.claim_expires_at, now()
     FROM taken AS t
     WHERE t.state = 'pending'
     ORDER BY t.claim_expires_at, t.id;
@@ -3220,7 +3221,8 @@ COMMENT ON FUNCTION runrow.claim_webhook_deliveries(text, integer, integer, inte
 'never tried, backoff over, or a lapsed lease) in due order, FOR UPDATE SKIP LOCKED, so any '
 'number of workers may call it at once and no delivery goes to two of them while its lease '
 '(lease_seconds, 1..3600) lives. Each comes back with a fresh claim_token, attempt = attempts '
-'so far including this one, and the body to POST. A delivery that already used max_attempts '
+'so far including this one, the body to POST, and claimed_at (the database clock, for the '
+'signature''s timestamp). A delivery that already used max_attempts '
 '(1..100; the last one''s worker died) is dead-lettered instead of returned. Record the '
 'outcome with complete_webhook_delivery or fail_webhook_delivery; a lease that lapses without '
 'one is taken over by the next claim, with the same delivery id.';
