@@ -173,8 +173,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         sub,
         "status",
         cmd_status,
-        help="queue health: depth, oldest queued age, running, leases expiring",
-        description="Prints the view runrow.queue_health as a two-column table.",
+        help="queue health: depth, oldest queued age, running, leases expiring, webhooks",
+        description="Prints the view runrow.queue_health as a two-column table, then "
+        "runrow.webhook_health (pending, retrying, in flight, dead-lettered, delivered in 24 h) "
+        "with its names prefixed webhooks_.",
         epilog="example:\n  watch -n 2 runrow status",
     )
     _command(
@@ -287,6 +289,14 @@ async def cmd_status(args: argparse.Namespace) -> int:
         if i:
             print()
         _print_table(["", ""], [[n, _cell(v)] for n, v in zip(names, row, strict=True)], header=False)
+    try:
+        names, rows = await _select_all(args, "runrow.webhook_health", psycopg.errors.UndefinedTable)
+    except CliError:
+        return 0  # a database from before the webhook outbox: nothing to show
+    for row in rows:
+        print()
+        cells = [[f"webhooks_{n}", _cell(v)] for n, v in zip(names, row, strict=True) if n != "measured_at"]
+        _print_table(["", ""], cells, header=False)
     return 0
 
 

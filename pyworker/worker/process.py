@@ -1,4 +1,4 @@
-"""A worker process: pool, hub, journal writer, dispatcher, cancel watcher, reaper, drain.
+"""A worker process: pool, hub, journal writer, dispatcher, cancel watcher, reaper, webhooks, drain.
 
 Drain (SIGTERM or SIGINT): phase 1 stops claiming at once; phase 2 waits for the runs in
 flight up to the drain budget; what is left is abandoned: its handler is cancelled and the
@@ -26,6 +26,7 @@ from pyworker.worker.dispatcher import Dispatcher
 from pyworker.worker.handler import RunHandler
 from pyworker.worker.journal import JournalWriter
 from pyworker.worker.reaper import reaper_loop
+from pyworker.worker.webhooks import WebhookSettings, webhook_loop
 
 log = logging.getLogger("runrow.worker")
 
@@ -80,6 +81,7 @@ class Worker:
         flush_interval: float = 0.25,
         session_limits: bool = True,
         listen_conninfo: str | None = None,
+        webhooks: WebhookSettings | None = None,
     ) -> None:
         settings = {
             "concurrency": concurrency,
@@ -111,6 +113,7 @@ class Worker:
         self.pool_size = pool_size or min(concurrency + 4, 32)
         self.flush_interval = flush_interval
         self.session_limits = session_limits
+        self.webhooks = webhooks  # None: this worker delivers no webhooks (it has no secret)
         self._stop = asyncio.Event()
         self._signals = 0
         self.dispatcher: Dispatcher | None = None
@@ -191,6 +194,13 @@ class Worker:
             # Warns when the LISTEN URL goes through a pooler that drops notifications.
             asyncio.create_task(hub.self_test(pool), name="runrow-hub-self-test"),
         ]
+        if self.webhooks is not None:
+            background.append(
+                asyncio.create_task(
+                    webhook_loop(pool, self.webhooks, worker_id=self.worker_id, hub=hub),
+                    name="runrow-webhooks",
+                )
+            )
         await dispatcher.start()
         log.info(
             "worker %s started: concurrency %d, lease %ds, poll %.1fs, drain %.1fs",
