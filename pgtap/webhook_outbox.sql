@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(97);
+SELECT plan(99);
 SELECT pg_temp.drain_queue();
 -- Deliveries left by other files' data must not be claimed here.
 UPDATE runrow.webhook_delivery SET state = 'dead', claim_token = NULL, claim_expires_at = NULL
@@ -118,6 +118,13 @@ SELECT ok((SELECT count(DISTINCT id) = count(*) FROM runrow.webhook_delivery), '
 SELECT throws_ok(format($$INSERT INTO runrow.webhook_delivery (id, run_id, url, payload)
     VALUES (gen_random_uuid(), %L, 'http://x.test/', '{}')$$, :'done'), '23505', NULL,
     'one delivery per run is a unique key');
+
+SELECT is_empty($$SELECT * FROM runrow.audit() WHERE invariant = 'schema_guard_missing'$$, 'audit: the guards are in place');
+ALTER TABLE runrow.agent_run DISABLE TRIGGER agent_run_webhook_outbox;
+SELECT is((SELECT detail FROM runrow.audit() WHERE invariant = 'schema_guard_missing'),
+    'trigger agent_run_webhook_outbox on runrow.agent_run is missing, invalid or disabled',
+    'audit reports a disabled outbox trigger: runs would end without telling anyone');
+ALTER TABLE runrow.agent_run ENABLE TRIGGER agent_run_webhook_outbox;
 
 -- Claim: due rows, leased with a fresh token; nobody else gets them while the lease lives.
 CREATE TEMP TABLE c1 AS SELECT * FROM runrow.claim_webhook_deliveries('w1', 100, 30, 3);
