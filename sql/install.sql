@@ -1651,6 +1651,8 @@ COMMENT ON VIEW runrow.webhook_health IS
 'undelivered run ended (NULL when none). runrow status shows it.';
 
 CREATE VIEW runrow.webhook_outbox AS
+-- Two arms, one per partial index: an IN over both states would be served by neither and scan
+-- the delivered history (measured with 200 000 delivered rows: 3 450 buffers, 104 ms; this way 4).
 SELECT
     w.id AS delivery_id,
     w.run_id,
@@ -1666,7 +1668,24 @@ SELECT
     w.updated_at,
     now() - w.created_at AS age
 FROM runrow.webhook_delivery AS w
-WHERE w.state IN ('pending', 'dead');
+WHERE w.state = 'pending'
+UNION ALL
+SELECT
+    w.id AS delivery_id,
+    w.run_id,
+    w.url,
+    w.state,
+    w.attempts,
+    w.next_attempt_at,
+    w.claim_token IS NOT NULL AS leased,
+    w.worker_id,
+    w.last_http_status,
+    w.last_error,
+    w.created_at,
+    w.updated_at,
+    now() - w.created_at AS age
+FROM runrow.webhook_delivery AS w
+WHERE w.state = 'dead';
 
 COMMENT ON VIEW runrow.webhook_outbox IS
 'Every undelivered webhook: pending (due at next_attempt_at, or leased by worker_id) and dead '
