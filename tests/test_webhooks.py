@@ -297,3 +297,24 @@ def test_the_http_api_takes_webhook_url_and_names_it_when_bad(worker_db: str, db
                 assert r.status_code == 400, r.text
                 assert "webhook_url" in error_of(r)["message"]
             assert db.execute("SELECT count(*) FROM runrow.agent_run").fetchone() == before
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--webhook-attempts", "0"),
+        ("--webhook-timeout", "nan"),
+        ("--webhook-backoff", "0"),
+        ("--webhook-poll", "-1"),
+    ],
+)
+def test_webhook_flags_out_of_range_are_usage_errors_naming_the_flag(flag: str, value: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pyworker", "worker", flag, value],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert flag in result.stderr and "Traceback" not in result.stderr
