@@ -295,7 +295,11 @@ BEGIN
         ('constraint', 'agent_run_conversation_fk', 'agent_run'),
         ('trigger', 'agent_run_owner_guard', 'agent_run'),
         ('trigger', 'agent_run_unblock_next_turn', 'agent_run'),
-        ('trigger', 'conversation_immutable', 'conversation')
+        ('trigger', 'conversation_immutable', 'conversation'),
+        -- Without the outbox trigger a run would end and nobody would be told.
+        ('trigger', 'agent_run_webhook_outbox', 'agent_run'),
+        ('unique index', 'webhook_delivery_run_id_key', 'webhook_delivery'),
+        ('trigger', 'webhook_delivery_guard', 'webhook_delivery')
     ) AS g (kind, name, tbl)
     WHERE NOT CASE g.kind
         WHEN 'constraint' THEN EXISTS (

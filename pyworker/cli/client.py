@@ -173,10 +173,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         sub,
         "status",
         cmd_status,
-        help="queue health: depth, oldest queued age, running, leases expiring; or one run's tokens",
-        description="Without RUN: prints the view runrow.queue_health as a two-column table. With "
-        "RUN: the run's status and its token totals over every attempt (runrow.run_usage): model "
-        "turns, input tokens billed at the full price, output, cache read and cache write.",
+        help="queue health: depth, oldest queued age, running, leases, webhooks; or one run's tokens",
+        description="Without RUN: prints the view runrow.queue_health as a two-column table, then "
+        "runrow.webhook_health (pending, retrying, in flight, dead-lettered, delivered in 24 h) "
+        "with its names prefixed webhooks_. With RUN: the run's status and its token totals over "
+        "every attempt (runrow.run_usage): model turns, input tokens billed at the full price, "
+        "output, cache read and cache write.",
         epilog="examples:\n  watch -n 2 runrow status\n  runrow status 5f0c...a2",
     )
     p.add_argument("run", type=uuid.UUID, nargs="?", help="run id: show this run's status and token totals")
@@ -292,6 +294,14 @@ async def cmd_status(args: argparse.Namespace) -> int:
         if i:
             print()
         _print_table(["", ""], [[n, _cell(v)] for n, v in zip(names, row, strict=True)], header=False)
+    try:
+        names, rows = await _select_all(args, "runrow.webhook_health", psycopg.errors.UndefinedTable)
+    except CliError:
+        return 0  # a database from before the webhook outbox: nothing to show
+    for row in rows:
+        print()
+        cells = [[f"webhooks_{n}", _cell(v)] for n, v in zip(names, row, strict=True) if n != "measured_at"]
+        _print_table(["", ""], cells, header=False)
     return 0
 
 

@@ -8,10 +8,14 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pyworker.db import devdb
 from pyworker.db.config import ConfigError, database_url
 from pyworker.db.migrate import MigrateError
+
+if TYPE_CHECKING:
+    from pyworker.worker.webhooks import WebhookSettings
 
 DESCRIPTION = """\
 runrow: durable AI-agent runs on plain PostgreSQL. A run is a row: enqueued, claimed,
@@ -105,6 +109,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         listen_conninfo=args.listen_url,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        webhooks=webhook_settings(args),
     )
     from psycopg_pool import PoolTimeout
 
@@ -122,13 +127,29 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return 2
 
 
+def webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
+    """The worker's webhook delivery settings, or None (no secret: this worker delivers none)."""
+    from pyworker.worker.webhooks import WebhookSettings
+
+    if not args.webhook_secret:
+        return None
+    return WebhookSettings(
+        secret=args.webhook_secret,
+        timeout=args.webhook_timeout,
+        max_attempts=args.webhook_attempts,
+        backoff_seconds=args.webhook_backoff,
+        poll_seconds=args.webhook_poll,
+    )
+
+
 def in_range(setting: str, unit: float = 1) -> Callable[[str], float]:
     """An argparse type for a worker setting: its range is Worker's (pyworker.worker.process.LIMITS, in
     units of `unit` seconds), so a value that cannot work is a usage error naming the flag and
     the range, not a traceback or a worker whose every reaper pass fails."""
     from pyworker.worker.process import LIMITS
+    from pyworker.worker.webhooks import LIMITS as WEBHOOK_LIMITS
 
-    kind, lo, hi = LIMITS[setting]
+    kind, lo, hi = {**LIMITS, **WEBHOOK_LIMITS}[setting]
     lo, hi = lo / unit, hi / unit
     what = "an integer" if kind is int else "a number"
 
@@ -274,6 +295,36 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="do not send the per-session idle/statement timeouts and TCP keepalives derived from "
         "--lease (for a pooler that refuses the options startup parameter; then set them server-side)",
+    )
+    p.add_argument(
+        "--webhook-secret",
+        default=os.environ.get("RUNROW_WEBHOOK_SECRET") or None,
+        help="HMAC-SHA256 key that signs webhook deliveries (Runrow-Signature); prefer the env "
+        "RUNROW_WEBHOOK_SECRET (a flag shows in ps). Without it this worker delivers no webhooks",
+    )
+    p.add_argument(
+        "--webhook-timeout",
+        type=in_range("webhook_timeout"),
+        default=10.0,
+        help="seconds one webhook request may take in all, 0.1 to 600; longer is a failed attempt",
+    )
+    p.add_argument(
+        "--webhook-attempts",
+        type=in_range("webhook_attempts"),
+        default=8,
+        help="attempts before a webhook delivery is dead-lettered, 1 to 100",
+    )
+    p.add_argument(
+        "--webhook-backoff",
+        type=in_range("webhook_backoff"),
+        default=10.0,
+        help="seconds before the first retry, doubled after each failure (at most 6 h), 0.1 to 3600",
+    )
+    p.add_argument(
+        "--webhook-poll",
+        type=in_range("webhook_poll"),
+        default=2.0,
+        help="seconds between looks for due webhook retries (new deliveries wake it by NOTIFY)",
     )
     p.add_argument(
         "--log-format",

@@ -34,7 +34,16 @@ from pyworker.http.errors import ApiError, not_found
 from pyworker.http.replica import open_stream, watched
 from pyworker.http.sse import EventStreamResponse, event_frames
 
-ENQUEUE_FIELDS = {"content", "model", "system", "tools", "max_attempts", "metadata", "if_active"}
+ENQUEUE_FIELDS = {
+    "content",
+    "model",
+    "system",
+    "tools",
+    "max_attempts",
+    "metadata",
+    "if_active",
+    "webhook_url",
+}
 IF_ACTIVE = ("enqueue", "reject", "interrupt")
 MAX_IDEMPOTENCY_KEY = 200
 MAX_ATTEMPTS = 100  # enqueue_run's range is 1..100
@@ -68,6 +77,8 @@ async def enqueue(request: Request, svc: Services, user: str) -> Response:
         raise ApiError(
             400, "invalid_request", f"if_active must be one of {', '.join(IF_ACTIVE)}, not {if_active!r}"
         )
+    # The URL's rules are enqueue_run's (its 22023 names webhook_url and becomes a 400).
+    webhook_url = text(body, "webhook_url", "an http:// or https:// URL")
     key = _idempotency_key(request, user)
     try:
         async with svc.pool.connection() as conn:
@@ -84,6 +95,7 @@ async def enqueue(request: Request, svc: Services, user: str) -> Response:
                 idempotency_key=key,
                 if_active=if_active,
                 metadata=metadata,
+                fleet=api.FleetOptions(webhook_url=webhook_url) if webhook_url is not None else None,
             )
     except psycopg.errors.InsufficientPrivilege:
         raise not_found("conversation", conversation_id) from None

@@ -1,4 +1,4 @@
-"""A worker process: pool, hub, journal writer, dispatcher, cancel watcher, reaper, drain.
+"""A worker process: pool, hub, journal writer, dispatcher, cancel watcher, reaper, webhooks, drain.
 
 Drain (SIGTERM or SIGINT): phase 1 stops claiming at once; phase 2 waits for the runs in
 flight up to the drain budget; what is left is abandoned: its handler is cancelled and the
@@ -27,6 +27,7 @@ from pyworker.worker.dispatcher import Dispatcher
 from pyworker.worker.handler import RunHandler
 from pyworker.worker.journal import JournalWriter
 from pyworker.worker.reaper import reaper_loop
+from pyworker.worker.webhooks import WebhookSettings, webhook_loop
 
 log = logging.getLogger("runrow.worker")
 
@@ -83,6 +84,7 @@ class Worker:
         listen_conninfo: str | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        webhooks: WebhookSettings | None = None,
     ) -> None:
         settings = {
             "concurrency": concurrency,
@@ -117,6 +119,7 @@ class Worker:
         self.metrics_port = metrics_port  # None: no metrics endpoint; 0: any free port
         self.metrics_host = metrics_host
         self.metrics_address: tuple[str, int] | None = None  # where /metrics is served
+        self.webhooks = webhooks  # None: this worker delivers no webhooks (it has no secret)
         self._stop = asyncio.Event()
         self._signals = 0
         self.dispatcher: Dispatcher | None = None
@@ -203,6 +206,13 @@ class Worker:
             # Warns when the LISTEN URL goes through a pooler that drops notifications.
             asyncio.create_task(hub.self_test(pool), name="runrow-hub-self-test"),
         ]
+        if self.webhooks is not None:
+            background.append(
+                asyncio.create_task(
+                    webhook_loop(pool, self.webhooks, worker_id=self.worker_id, hub=hub),
+                    name="runrow-webhooks",
+                )
+            )
         await dispatcher.start()
         log.info(
             "worker %s started: concurrency %d, lease %ds, poll %.1fs, drain %.1fs",

@@ -1,0 +1,22 @@
+CREATE OR REPLACE FUNCTION runrow.retry_webhook_delivery(delivery_id uuid)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(retry_webhook_delivery.delivery_id, 'delivery_id');
+    UPDATE runrow.webhook_delivery AS w
+    SET state = 'pending', attempts = 0, next_attempt_at = now()
+    WHERE w.id = retry_webhook_delivery.delivery_id AND w.state = 'dead';
+    RETURN FOUND;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.retry_webhook_delivery(uuid) IS
+'A person''s decision to try a dead-lettered webhook delivery again (the receiver is fixed): '
+'pending again at once, attempts back to 0, same delivery id and body. false, writing nothing, '
+'when the delivery is not dead (pending or delivered) or does not exist.';
+
+REVOKE ALL ON FUNCTION runrow.retry_webhook_delivery(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.retry_webhook_delivery(uuid) TO runrow_client;

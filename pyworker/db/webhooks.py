@@ -1,0 +1,71 @@
+"""Typed wrappers of the webhook outbox functions (runrow.*webhook*), as pyworker.db.api does for
+the run lifecycle: one `SELECT ... FROM runrow.fn(name => value)` each, on a caller's connection."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg import AsyncConnection
+from psycopg.rows import class_row
+
+
+@dataclass(frozen=True)
+class Delivery:
+    delivery_id: UUID
+    claim_token: UUID
+    run_id: UUID
+    url: str
+    payload: dict[str, Any]
+    attempt: int
+    claim_expires_at: datetime
+    claimed_at: datetime
+
+
+async def claim_webhook_deliveries(
+    conn: AsyncConnection,
+    worker_id: str | None,
+    max_deliveries: int,
+    lease_seconds: int,
+    max_attempts: int,
+) -> list[Delivery]:
+    async with conn.cursor(row_factory=class_row(Delivery)) as cur:
+        await cur.execute(
+            "SELECT delivery_id, claim_token, run_id, url, payload, attempt, claim_expires_at, claimed_at "
+            "FROM runrow.claim_webhook_deliveries(worker_id => %s, max_deliveries => %s, "
+            "lease_seconds => %s, max_attempts => %s)",
+            (worker_id, max_deliveries, lease_seconds, max_attempts),
+        )
+        return await cur.fetchall()
+
+
+async def complete_webhook_delivery(
+    conn: AsyncConnection, delivery_id: UUID, claim_token: UUID, http_status: int
+) -> bool:
+    cur = await conn.execute(
+        "SELECT runrow.complete_webhook_delivery(delivery_id => %s, claim_token => %s, http_status => %s)",
+        (delivery_id, claim_token, http_status),
+    )
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def fail_webhook_delivery(
+    conn: AsyncConnection,
+    delivery_id: UUID,
+    claim_token: UUID,
+    error: str,
+    http_status: int | None,
+    max_attempts: int,
+    backoff_seconds: float,
+) -> str | None:
+    """'retrying', 'dead', or None when fenced out (the lease was taken over)."""
+    cur = await conn.execute(
+        "SELECT runrow.fail_webhook_delivery(delivery_id => %s, claim_token => %s, error => %s, "
+        "http_status => %s, max_attempts => %s, backoff_seconds => %s::numeric)",
+        (delivery_id, claim_token, error[:10000] or "failed", http_status, max_attempts, backoff_seconds),
+    )
+    row = await cur.fetchone()
+    return None if row is None else row[0]

@@ -1,0 +1,266 @@
+"""Webhook delivery: every worker that has a secret drains the outbox (runrow.webhook_delivery).
+
+The database decides everything that must survive a crash: which deliveries are due, who holds
+one (a lease, so a worker killed mid-request loses nothing: the next claim after the lease takes
+it over, same delivery id), the backoff and the dead letter. This loop only sends the POST and
+reports what the receiver said. Delivery is at least once: a receiver deduplicates on the
+Runrow-Delivery-Id header (also the body's "id").
+
+Signing follows Stripe's scheme so receivers can reuse what they know:
+    Runrow-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>
+t is the database clock at the claim. verify_signature() is the receiver's side. The secret is
+the worker's configuration (--webhook-secret / RUNROW_WEBHOOK_SECRET), never stored in the
+database: whoever can read the tables cannot forge a webhook.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from psycopg_pool import AsyncConnectionPool
+
+from pyworker.db import channels
+from pyworker.db.hub import Hub
+from pyworker.db.webhooks import (
+    Delivery,
+    claim_webhook_deliveries,
+    complete_webhook_delivery,
+    fail_webhook_delivery,
+)
+
+log = logging.getLogger("runrow.webhooks")
+
+SIGNATURE_HEADER = "Runrow-Signature"
+DELIVERY_HEADER = "Runrow-Delivery-Id"
+ATTEMPT_HEADER = "Runrow-Delivery-Attempt"
+USER_AGENT = "runrow-webhooks/1"
+DEFAULT_TOLERANCE = 300.0  # seconds a receiver accepts between t and its own clock (Stripe's default)
+
+# Ranges of the settings, shared with `runrow worker`'s flags; the SQL functions' own ranges
+# where they take the value (max_attempts 1..100, backoff_seconds 0.1..3600).
+LIMITS: dict[str, tuple[type, float, float]] = {
+    "webhook_timeout": (float, 0.1, 600),
+    "webhook_attempts": (int, 1, 100),
+    "webhook_backoff": (float, 0.1, 3600),
+    "webhook_poll": (float, 0.1, 86400),
+}
+
+
+class SignatureError(ValueError):
+    """The Runrow-Signature header does not prove the body came from a holder of the secret."""
+
+
+def signature_header(secret: str, timestamp: int, body: bytes) -> str:
+    """The Runrow-Signature value for `body` sent at `timestamp` (unix seconds)."""
+    return f"t={timestamp},v1={_mac(secret, timestamp, body)}"
+
+
+def _mac(secret: str, timestamp: int, body: bytes) -> str:
+    return hmac.new(secret.encode(), str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
+
+
+def verify_signature(
+    secret: str,
+    header: str | None,
+    body: bytes,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    now: float | None = None,
+) -> int:
+    """For receivers: check the Runrow-Signature `header` against the raw request `body` (the
+    bytes as received, before any JSON parsing). Returns the signed timestamp; raises
+    SignatureError when the header is missing or malformed, no v1 matches, or t is more than
+    `tolerance` seconds from `now` (default: this machine's clock), which stops replays."""
+    if not header:
+        raise SignatureError(f"no {SIGNATURE_HEADER} header")
+    timestamp: int | None = None
+    candidates: list[str] = []
+    for part in header.split(","):
+        key, sep, value = part.strip().partition("=")
+        if not sep:
+            continue
+        if key == "t" and value.isdigit() and value.isascii():
+            timestamp = int(value)
+        elif key == "v1":
+            candidates.append(value)
+    if timestamp is None or not candidates:
+        raise SignatureError(f"{SIGNATURE_HEADER} must be t=<unix seconds>,v1=<hex digest>")
+    expected = _mac(secret, timestamp, body)
+    # Every v1 is compared (in constant time): during a secret rotation a sender may add several.
+    if not any(hmac.compare_digest(expected, c) for c in candidates):
+        raise SignatureError("no v1 signature matches the body")
+    current = time.time() if now is None else now
+    if abs(current - timestamp) > tolerance:
+        raise SignatureError(f"timestamp {timestamp} is more than {tolerance:g} s from now")
+    return timestamp
+
+
+def encode_body(payload: dict[str, Any]) -> bytes:
+    """The JSON body: compact, keys sorted, UTF-8, so every attempt sends the same bytes."""
+    return json.dumps(payload, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    secret: str
+    timeout: float = 10.0  # the whole request, connect to status line
+    max_attempts: int = 8
+    backoff_seconds: float = 10.0  # after attempt n: backoff * 2^(n-1), capped at 6 h by the database
+    poll_seconds: float = 2.0
+    batch: int = 10
+
+    def __post_init__(self) -> None:
+        if not self.secret:
+            raise ValueError("webhook secret must not be empty")
+        for name, value in (
+            ("webhook_timeout", self.timeout),
+            ("webhook_attempts", self.max_attempts),
+            ("webhook_backoff", self.backoff_seconds),
+            ("webhook_poll", self.poll_seconds),
+        ):
+            kind, lo, hi = LIMITS[name]
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            if not ok or (kind is int and not isinstance(value, int)) or not lo <= value <= hi:
+                raise ValueError(f"{name} must be from {lo:g} to {hi:g}, got {value!r}")
+
+    @property
+    def lease_seconds(self) -> int:
+        # Longer than any one request can take (the total timeout), so a live sender is never
+        # overtaken; the margin (as long again, at least 5 s) covers recording the outcome on a
+        # slow database. A worker killed mid-request costs its delivery this long.
+        return min(3600, math.ceil(self.timeout) + max(5, math.ceil(self.timeout)))
+
+
+async def deliver(
+    client: httpx.AsyncClient, d: Delivery, settings: WebhookSettings
+) -> tuple[int | None, str | None]:
+    """POST one delivery. (status, None) when the receiver answered 2xx, else (status or None, error)."""
+    body = encode_body(d.payload)
+    timestamp = int(d.claimed_at.timestamp())
+    headers = {
+        "Content-Type": "application/json",
+        SIGNATURE_HEADER: signature_header(settings.secret, timestamp, body),
+        DELIVERY_HEADER: str(d.delivery_id),
+        ATTEMPT_HEADER: str(d.attempt),
+    }
+    try:
+        # httpx's timeout is per phase; a receiver trickling bytes would never trip it.
+        async with asyncio.timeout(settings.timeout):
+            # The response body is never read: a receiver cannot make us buffer anything.
+            async with client.stream("POST", d.url, content=body, headers=headers) as response:
+                status = response.status_code
+    except (TimeoutError, httpx.TimeoutException):
+        return None, f"timed out after {settings.timeout:g} s"
+    except httpx.HTTPError as exc:
+        return None, f"{type(exc).__name__}: {exc}"[:2000]
+    if 200 <= status < 300:
+        return status, None
+    if 300 <= status < 400:
+        return status, f"HTTP {status}: redirects are not followed"
+    return status, f"HTTP {status}"
+
+
+async def _deliver_and_record(
+    pool: AsyncConnectionPool, client: httpx.AsyncClient, d: Delivery, settings: WebhookSettings
+) -> None:
+    extra = {"run_id": str(d.run_id)}
+    status, error = await deliver(client, d, settings)
+    async with pool.connection() as conn:
+        if error is None:
+            assert status is not None
+            if await complete_webhook_delivery(conn, d.delivery_id, d.claim_token, status):
+                log.info(
+                    "webhook %s delivered (HTTP %d, attempt %d)",
+                    d.delivery_id,
+                    status,
+                    d.attempt,
+                    extra=extra,
+                )
+            else:
+                log.info("webhook %s delivered but the lease was taken over", d.delivery_id, extra=extra)
+            return
+        outcome = await fail_webhook_delivery(
+            conn, d.delivery_id, d.claim_token, error, status, settings.max_attempts, settings.backoff_seconds
+        )
+    if outcome == "dead":
+        log.warning(
+            "webhook %s dead-lettered after %d attempts: %s", d.delivery_id, d.attempt, error, extra=extra
+        )
+    else:
+        log.info(
+            "webhook %s attempt %d failed (%s): %s", d.delivery_id, d.attempt, outcome, error, extra=extra
+        )
+
+
+async def deliver_batch(
+    pool: AsyncConnectionPool, client: httpx.AsyncClient, settings: WebhookSettings, worker_id: str | None
+) -> int:
+    """Claim up to settings.batch due deliveries and deliver them concurrently; how many were claimed."""
+    async with pool.connection() as conn:
+        batch = await claim_webhook_deliveries(
+            conn, worker_id, settings.batch, settings.lease_seconds, settings.max_attempts
+        )
+    results = await asyncio.gather(
+        *(_deliver_and_record(pool, client, d, settings) for d in batch), return_exceptions=True
+    )
+    for d, result in zip(batch, results, strict=True):
+        if isinstance(result, Exception):
+            # The outcome was not recorded: the lease lapses and the delivery is tried again.
+            log.warning("webhook %s: could not record the outcome: %s", d.delivery_id, result)
+    return len(batch)
+
+
+async def webhook_loop(
+    pool: AsyncConnectionPool, settings: WebhookSettings, *, worker_id: str | None, hub: Hub | None = None
+) -> None:
+    """Deliver until cancelled. Woken by runrow_enqueued (sent by every terminal write, so a new
+    delivery goes out at once) and by the poll tick (retries whose backoff passed, lapsed leases,
+    and everything when NOTIFY is lost)."""
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(
+            httpx.AsyncClient(
+                timeout=settings.timeout,
+                follow_redirects=False,
+                headers={"User-Agent": USER_AGENT},
+                trust_env=False,
+            )
+        )
+        wakes = await stack.enter_async_context(hub.subscribe(channels.ENQUEUED)) if hub else None
+        log.info(
+            "webhook delivery on: timeout %gs, lease %ds, %d attempts, backoff %gs doubling",
+            settings.timeout,
+            settings.lease_seconds,
+            settings.max_attempts,
+            settings.backoff_seconds,
+        )
+        while True:
+            try:
+                claimed = await deliver_batch(pool, client, settings, worker_id)
+                if claimed == settings.batch:
+                    continue  # more are due than one batch takes
+            except Exception as exc:
+                log.warning("webhook claim failed, retrying after the poll tick: %s", exc)
+            await _idle(wakes, settings.poll_seconds * random.uniform(0.8, 1.2))
+
+
+async def _idle(wakes: asyncio.Queue[str] | None, timeout: float) -> None:  # noqa: ASYNC109
+    if wakes is None:
+        await asyncio.sleep(timeout)
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(wakes.get(), timeout)
+    # Enqueues wake us too: one claim per burst of signals, not one per signal.
+    await asyncio.sleep(0.05)
+    while not wakes.empty():
+        wakes.get_nowait()

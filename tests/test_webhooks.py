@@ -1,0 +1,320 @@
+"""Webhooks through the outbox, end to end: real `runrow worker` processes deliver to a loopback
+receiver (a real HTTP server in this test) that fails, hangs past the timeout and answers 500
+before it succeeds. Delivered once and signed; retried with backoff; dead-lettered after N; a
+worker SIGKILLed while the receiver holds its request loses nothing (another worker delivers the
+same delivery id once the lease lapses). Plus the signature helper and the HTTP API's field.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from http_support import ALICE, error_of, serve
+from psycopg.types.json import Jsonb
+from worker_support import REPO, WorkerProcess, db, wait_until, worker_db
+
+from pyworker.worker.webhooks import (
+    SignatureError,
+    encode_body,
+    signature_header,
+    verify_signature,
+)
+
+__all__ = ["db", "worker_db"]
+
+SECRET = "whsec_test_0123456789"
+# Short clocks so the test's waits are short; the backoff doubles: 0.5 s, 1 s, 2 s, ...
+FAST = ["--poll", "0.2", "--webhook-poll", "0.2", "--webhook-backoff", "0.5", "--webhook-timeout", "1"]
+
+
+@dataclass
+class Received:
+    headers: dict[str, str]
+    body: bytes
+    at: float  # time.monotonic() when the request arrived
+
+
+class Receiver:
+    """A loopback HTTP server that answers each POST as its script says, in order, then 200:
+    "ok" (200), "500", "close" (drops the connection without an answer), "hang" (answers
+    nothing until the test ends: the sender must time out), "hold" (the same; the test kills
+    the sender meanwhile)."""
+
+    def __init__(self, script: list[str]) -> None:
+        self.script = list(script)
+        self.requests: list[Received] = []
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with receiver._lock:
+                    n = len(receiver.requests)
+                    receiver.requests.append(Received(dict(self.headers.items()), body, time.monotonic()))
+                action = receiver.script[n] if n < len(receiver.script) else "ok"
+                if action in ("hang", "hold"):
+                    receiver.done.wait(60)
+                    return
+                if action == "close":
+                    self.close_connection = True
+                    return
+                self.send_response(200 if action == "ok" else int(action))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/runrow"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.requests)
+
+    def close(self) -> None:
+        self.done.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver(request: pytest.FixtureRequest) -> Iterator[Receiver]:
+    r = Receiver(getattr(request, "param", []))
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def workers(worker_db: str) -> Iterator[Any]:
+    started: list[WorkerProcess] = []
+
+    def _start(name: str, *args: str) -> WorkerProcess:
+        w = WorkerProcess(worker_db, name, list(args), env={"RUNROW_WEBHOOK_SECRET": SECRET})
+        started.append(w)
+        w.wait_started()
+        w.wait_log("webhook delivery on")
+        return w
+
+    yield _start
+    for w in started:
+        w.close()
+
+
+def enqueue_hooked(db: psycopg.Connection, url: str) -> uuid.UUID:
+    row = db.execute(
+        "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => %s, model => 'echo', "
+        "metadata => %s, webhook_url => %s)",
+        (uuid.uuid4(), Jsonb("hi"), Jsonb({"echo": "hello", "duration": 0.05}), url),
+    ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def delivery(db: psycopg.Connection, run_id: uuid.UUID) -> dict[str, Any]:
+    cur = db.execute(
+        "SELECT id, state, attempts, worker_id, last_error, last_http_status, payload "
+        "FROM runrow.webhook_delivery WHERE run_id = %s",
+        (run_id,),
+    )
+    row = cur.fetchone()
+    assert row is not None, f"no delivery for run {run_id}"
+    return dict(zip([c.name for c in cur.description or ()], row, strict=True))
+
+
+def state(db: psycopg.Connection, run_id: uuid.UUID) -> str | None:
+    """The delivery's state; None while the run has not ended (no delivery yet)."""
+    row = db.execute("SELECT state FROM runrow.webhook_delivery WHERE run_id = %s", (run_id,)).fetchone()
+    return None if row is None else row[0]
+
+
+def check_signed(r: Received, body: bytes | None = None) -> None:
+    verify_signature(SECRET, r.headers.get("Runrow-Signature"), r.body)
+    if body is not None:
+        assert r.body == body
+
+
+def test_a_run_ending_is_delivered_once_signed_with_a_stable_delivery_id(
+    db: psycopg.Connection, receiver: Receiver, workers: Any
+) -> None:
+    workers("w1", *FAST)
+    run_id = enqueue_hooked(db, receiver.url)
+    wait_until(lambda: state(db, run_id) == "delivered", 20, "the delivery")
+    time.sleep(1.0)  # five webhook polls: nothing is sent twice
+    assert receiver.count() == 1
+    [got] = receiver.requests
+    check_signed(got)
+    row = delivery(db, run_id)
+    body = json.loads(got.body)
+    assert got.headers["Runrow-Delivery-Id"] == body["id"] == str(row["id"])
+    assert got.headers["Runrow-Delivery-Attempt"] == "1"
+    assert got.headers["Content-Type"] == "application/json"
+    assert (body["type"], body["run_id"], body["status"]) == ("run.ended", str(run_id), "completed")
+    assert got.body == encode_body(row["payload"])
+    assert (row["attempts"], row["last_http_status"], row["worker_id"]) == (1, 200, "w1")
+
+
+@pytest.mark.parametrize("receiver", [["close", "500", "hang"]], indirect=True)
+def test_a_failing_hanging_500ing_receiver_is_retried_with_backoff_until_it_succeeds(
+    db: psycopg.Connection, receiver: Receiver, workers: Any
+) -> None:
+    workers("w1", *FAST, "--webhook-attempts", "5")
+    run_id = enqueue_hooked(db, receiver.url)
+    wait_until(lambda: state(db, run_id) == "delivered", 40, "the fourth attempt")
+    assert receiver.count() == 4
+    first = receiver.requests[0]
+    for n, got in enumerate(receiver.requests, start=1):
+        check_signed(got, first.body)  # the same body every time, signed every time
+        assert got.headers["Runrow-Delivery-Id"] == first.headers["Runrow-Delivery-Id"]
+        assert got.headers["Runrow-Delivery-Attempt"] == str(n)
+    at = [r.at for r in receiver.requests]
+    # Lower bounds only (a loaded box is slower, never faster): backoff 0.5 s doubling, after
+    # the hang also the 1 s timeout.
+    assert at[1] - at[0] >= 0.5 - 0.05
+    assert at[2] - at[1] >= 1.0 - 0.05
+    assert at[3] - at[2] >= 1.0 + 2.0 - 0.05
+    row = delivery(db, run_id)
+    assert (row["attempts"], row["last_http_status"], row["last_error"]) == (4, 200, "timed out after 1 s")
+
+
+@pytest.mark.parametrize("receiver", [["500"] * 10], indirect=True)
+def test_a_receiver_that_keeps_failing_is_dead_lettered_after_n_attempts(
+    db: psycopg.Connection, worker_db: str, receiver: Receiver, workers: Any
+) -> None:
+    workers("w1", *FAST, "--webhook-attempts", "3")
+    run_id = enqueue_hooked(db, receiver.url)
+    wait_until(lambda: state(db, run_id) == "dead", 30, "the dead letter")
+    time.sleep(2.5)  # longer than the next backoff would be: no fourth attempt
+    assert receiver.count() == 3
+    row = delivery(db, run_id)
+    assert (row["attempts"], row["last_http_status"], row["last_error"]) == (3, 500, "HTTP 500")
+    health = db.execute(
+        "SELECT pending, retrying, in_flight, dead_lettered FROM runrow.webhook_health"
+    ).fetchone()
+    assert health == (0, 0, 0, 1)
+    outbox = db.execute("SELECT delivery_id, state FROM runrow.webhook_outbox").fetchall()
+    assert outbox == [(row["id"], "dead")]
+    status = subprocess.run(
+        [sys.executable, "-m", "pyworker", "--database-url", worker_db, "status"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert status.returncode == 0, status.stderr
+    lines = {line.split()[0]: line.split()[1:] for line in status.stdout.splitlines() if line.strip()}
+    assert lines["webhooks_dead_lettered"] == ["1"]
+    assert lines["webhooks_pending"] == ["0"]
+
+
+@pytest.mark.parametrize("receiver", [["hold"]], indirect=True)
+def test_a_worker_killed_mid_delivery_does_not_lose_it(
+    db: psycopg.Connection, receiver: Receiver, workers: Any
+) -> None:
+    # --webhook-timeout 3: the lease is 3 + 5 s; w1 is killed long before it would time out.
+    doomed = workers("w1", "--poll", "0.2", "--webhook-poll", "0.2", "--webhook-timeout", "3")
+    run_id = enqueue_hooked(db, receiver.url)
+    wait_until(lambda: receiver.count() == 1, 20, "w1's request to reach the receiver")
+    doomed.kill()  # SIGKILL while the receiver holds the request: no outcome recorded
+    row = delivery(db, run_id)
+    assert (row["state"], row["attempts"], row["worker_id"]) == ("pending", 1, "w1")
+    workers("w2", "--poll", "0.2", "--webhook-poll", "0.2", "--webhook-timeout", "3")
+    wait_until(lambda: state(db, run_id) == "delivered", 40, "w2 to take the lapsed lease over")
+    first, second = receiver.requests
+    assert second.headers["Runrow-Delivery-Id"] == first.headers["Runrow-Delivery-Id"] == str(row["id"])
+    assert (first.headers["Runrow-Delivery-Attempt"], second.headers["Runrow-Delivery-Attempt"]) == ("1", "2")
+    check_signed(second, first.body)
+    row = delivery(db, run_id)
+    assert (row["attempts"], row["worker_id"]) == (2, "w2")
+    assert row["last_error"] == "lease expired: worker w1 recorded no outcome of attempt 1"
+    status = db.execute("SELECT status FROM runrow.agent_run WHERE id = %s", (run_id,)).fetchone()
+    assert status == ("completed",)
+
+
+def test_verify_signature_accepts_the_senders_header_and_nothing_else() -> None:
+    body = b'{"id":"x","type":"run.ended"}'
+    now = 1_800_000_000
+    header = signature_header(SECRET, now, body)
+    assert header.startswith(f"t={now},v1=") and len(header.split("v1=")[1]) == 64
+    assert verify_signature(SECRET, header, body, now=now + 10) == now
+    # A rotation: a second v1 with another key next to the right one still verifies.
+    rotated = f"{header},v1={signature_header('old-secret', now, body).split('v1=')[1]}"
+    assert verify_signature(SECRET, rotated, body, now=now) == now
+    bad = {
+        "tampered body": (SECRET, header, body + b" "),
+        "wrong secret": ("another-secret", header, body),
+        "replayed late": (SECRET, header, body),
+        "no header": (SECRET, None, body),
+        "no v1": (SECRET, f"t={now}", body),
+        "no t": (SECRET, header.split(",", 1)[1], body),
+        "timestamp edited": (SECRET, header.replace(f"t={now}", f"t={now + 1}"), body),
+    }
+    for what, (secret, hdr, payload) in bad.items():
+        when = now + 301 if what == "replayed late" else now
+        with pytest.raises(SignatureError):
+            verify_signature(secret, hdr, payload, now=when)
+            pytest.fail(what)
+
+
+def test_the_http_api_takes_webhook_url_and_names_it_when_bad(worker_db: str, db: psycopg.Connection) -> None:
+    for server in serve(worker_db):
+        with httpx.Client(base_url=server.url, timeout=20) as client:
+            conv = uuid.uuid4()
+            ok = client.post(
+                f"/conversations/{conv}/runs",
+                json={"content": "hi", "webhook_url": "https://hooks.example.test/runrow"},
+                headers=ALICE,
+            )
+            assert ok.status_code == 202, ok.text
+            stored = db.execute(
+                "SELECT webhook_url FROM runrow.agent_run WHERE id = %s", (uuid.UUID(ok.json()["run_id"]),)
+            ).fetchone()
+            assert stored == ("https://hooks.example.test/runrow",)
+            before = db.execute("SELECT count(*) FROM runrow.agent_run").fetchone()
+            for bad in ("ftp://hooks.example.test/", "https://exa mple.test/", 42, "h" * 3000):
+                r = client.post(
+                    f"/conversations/{uuid.uuid4()}/runs",
+                    json={"content": "hi", "webhook_url": bad},
+                    headers=ALICE,
+                )
+                assert r.status_code == 400, r.text
+                assert "webhook_url" in error_of(r)["message"]
+            assert db.execute("SELECT count(*) FROM runrow.agent_run").fetchone() == before
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--webhook-attempts", "0"),
+        ("--webhook-timeout", "nan"),
+        ("--webhook-backoff", "0"),
+        ("--webhook-poll", "-1"),
+    ],
+)
+def test_webhook_flags_out_of_range_are_usage_errors_naming_the_flag(flag: str, value: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pyworker", "worker", flag, value],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert flag in result.stderr and "Traceback" not in result.stderr
