@@ -42,12 +42,15 @@ DECLARE
     open_runs integer;
     -- The priority level being served (h_lvl), and its tenants in index order.
     h_lvl integer;
-    nxt_lvl integer;
     t_key text[];
     -- Each tenant's oldest head seen (the first of the level's index range for the tenant
     -- until its runs are read), the tie-break between tenants of equal virtual time.
     t_head bigint[];
-    found_seq bigint;
+    -- The entry the tenant's range starts with: its first key and that key's head.
+    t_ck text[];
+    t_id uuid[];
+    t_conv uuid[];
+    ent record;
     t_vtime double precision[];
     t_weight double precision[];
     t_served integer[];
@@ -108,47 +111,52 @@ BEGIN
         <<levels>>
         LOOP
             EXIT levels WHEN cardinality(locked) >= _claim.max_runs;
+            -- Every step returns the whole index entry it lands on: the first entry of a
+            -- level is also its first tenant's first key's head, and so on, so the walk starts
+            -- from the head of the index once per level (where the dead entries of runs
+            -- claimed since the last vacuum lie) and every other step descends past them.
             IF h_lvl IS NULL THEN
-                SELECT q.priority INTO nxt_lvl FROM runrow.agent_run AS q
+                SELECT q.priority AS lvl, coalesce(q.fairness_key, '') AS fk, coalesce(q.concurrency_key, '') AS ck,
+                       q.enqueue_seq AS seq, q.id, q.conversation_id AS conv INTO ent
+                FROM runrow.agent_run AS q
                 WHERE q.status = 'queued' AND NOT q.claim_blocked AND q.not_before IS NULL
-                ORDER BY q.priority DESC
+                ORDER BY q.priority DESC, coalesce(q.fairness_key, ''), coalesce(q.concurrency_key, ''), q.enqueue_seq
                 LIMIT 1;
             ELSE
-                SELECT q.priority INTO nxt_lvl FROM runrow.agent_run AS q
+                SELECT q.priority AS lvl, coalesce(q.fairness_key, '') AS fk, coalesce(q.concurrency_key, '') AS ck,
+                       q.enqueue_seq AS seq, q.id, q.conversation_id AS conv INTO ent
+                FROM runrow.agent_run AS q
                 WHERE q.status = 'queued' AND NOT q.claim_blocked AND q.not_before IS NULL
                   AND q.priority < h_lvl
-                ORDER BY q.priority DESC
+                ORDER BY q.priority DESC, coalesce(q.fairness_key, ''), coalesce(q.concurrency_key, ''), q.enqueue_seq
                 LIMIT 1;
             END IF;
             EXIT levels WHEN NOT FOUND;
-            h_lvl := nxt_lvl;
+            h_lvl := ent.lvl;
 
             -- The level's tenants, in index order (which is also the order their clocks are
             -- written in, so concurrent claims lock fairness_tenant rows in one order).
             t_key := '{}';
             t_head := '{}';
-            found_key := NULL;
+            t_ck := '{}';
+            t_id := '{}';
+            t_conv := '{}';
             LOOP
-                IF found_key IS NULL THEN
-                    SELECT coalesce(q.fairness_key, ''), q.enqueue_seq INTO found_key, found_seq
-                    FROM runrow.agent_run AS q
-                    WHERE q.status = 'queued' AND NOT q.claim_blocked AND q.not_before IS NULL
-                      AND q.priority = h_lvl AND coalesce(q.fairness_key, '') >= ''
-                    ORDER BY q.priority DESC, coalesce(q.fairness_key, '')
-                    LIMIT 1;
-                ELSE
-                    SELECT coalesce(q.fairness_key, ''), q.enqueue_seq INTO found_key, found_seq
-                    FROM runrow.agent_run AS q
-                    WHERE q.status = 'queued' AND NOT q.claim_blocked AND q.not_before IS NULL
-                      AND q.priority = h_lvl AND coalesce(q.fairness_key, '') > found_key
-                    ORDER BY q.priority DESC, coalesce(q.fairness_key, '')
-                    LIMIT 1;
-                END IF;
+                t_key := t_key || ent.fk;
+                t_head := t_head || ent.seq;
+                t_ck := t_ck || ent.ck;
+                t_id := t_id || ent.id;
+                t_conv := t_conv || ent.conv;
+                found_key := ent.fk;
+                SELECT q.priority AS lvl, coalesce(q.fairness_key, '') AS fk, coalesce(q.concurrency_key, '') AS ck,
+                       q.enqueue_seq AS seq, q.id, q.conversation_id AS conv INTO ent
+                FROM runrow.agent_run AS q
+                WHERE q.status = 'queued' AND NOT q.claim_blocked AND q.not_before IS NULL
+                  AND q.priority = h_lvl AND coalesce(q.fairness_key, '') > found_key
+                ORDER BY q.priority DESC, coalesce(q.fairness_key, ''), coalesce(q.concurrency_key, ''), q.enqueue_seq
+                LIMIT 1;
                 EXIT WHEN NOT FOUND;
-                t_key := t_key || found_key;
-                t_head := t_head || found_seq;
             END LOOP;
-            CONTINUE levels WHEN cardinality(t_key) = 0;
 
             SELECT array_agg(coalesce(f.vtime, 0) ORDER BY k.n), array_agg(coalesce(f.weight, 1) ORDER BY k.n)
             INTO t_vtime, t_weight
@@ -184,37 +192,38 @@ BEGIN
                 h_tenant := t_key[best];
 
                 IF NOT t_loaded[best] THEN
-                    -- The tenant's concurrency keys ('' = none) and the head of each.
-                    found_key := NULL;
+                    -- The tenant's concurrency keys ('' = none), each with its head: the first
+                    -- from the tenant's own entry, the others by the same skip scan.
+                    g_tenant := g_tenant || best;
+                    g_key := g_key || t_ck[best];
+                    g_head_id := g_head_id || t_id[best];
+                    g_head_conv := g_head_conv || t_conv[best];
+                    g_head_seq := g_head_seq || t_head[best];
+                    found_key := t_ck[best];
                     LOOP
-                        IF found_key IS NULL THEN
-                            SELECT coalesce(q.concurrency_key, '') INTO found_key FROM runrow.agent_run AS q
-                            WHERE q.status = 'queued' AND NOT q.claim_blocked AND q.not_before IS NULL
-                              AND q.priority = h_lvl AND coalesce(q.fairness_key, '') = h_tenant
-                              AND coalesce(q.concurrency_key, '') >= ''
-                            ORDER BY q.priority DESC, coalesce(q.fairness_key, ''), coalesce(q.concurrency_key, '')
-                            LIMIT 1;
-                        ELSE
-                            SELECT coalesce(q.concurrency_key, '') INTO found_key FROM runrow.agent_run AS q
-                            WHERE q.status = 'queued' AND NOT q.claim_blocked AND q.not_before IS NULL
-                              AND q.priority = h_lvl AND coalesce(q.fairness_key, '') = h_tenant
-                              AND coalesce(q.concurrency_key, '') > found_key
-                            ORDER BY q.priority DESC, coalesce(q.fairness_key, ''), coalesce(q.concurrency_key, '')
-                            LIMIT 1;
-                        END IF;
+                        SELECT q.priority AS lvl, coalesce(q.fairness_key, '') AS fk, coalesce(q.concurrency_key, '') AS ck,
+                       q.enqueue_seq AS seq, q.id, q.conversation_id AS conv INTO ent
+                        FROM runrow.agent_run AS q
+                        WHERE q.status = 'queued' AND NOT q.claim_blocked AND q.not_before IS NULL
+                          AND q.priority = h_lvl AND coalesce(q.fairness_key, '') = h_tenant
+                          AND coalesce(q.concurrency_key, '') > found_key
+                        ORDER BY q.priority DESC, coalesce(q.fairness_key, ''), coalesce(q.concurrency_key, ''),
+                                 q.enqueue_seq
+                        LIMIT 1;
                         EXIT WHEN NOT FOUND;
                         g_tenant := g_tenant || best;
-                        g_key := g_key || found_key;
-                        g_head_id := g_head_id || NULL::uuid;
-                        g_head_conv := g_head_conv || NULL::uuid;
-                        g_head_seq := g_head_seq || 0::bigint;
+                        g_key := g_key || ent.ck;
+                        g_head_id := g_head_id || ent.id;
+                        g_head_conv := g_head_conv || ent.conv;
+                        g_head_seq := g_head_seq || ent.seq;
+                        found_key := ent.ck;
                     END LOOP;
                     t_loaded[best] := true;
                 END IF;
 
-                -- The tenant's oldest head over its live groups. A group's head is fetched
-                -- when first needed and after each run taken from it (g_head_id NULL with a
-                -- seq > 0 or = 0: fetch after that seq; seq -1: the group is done this round).
+                -- The tenant's oldest head over its live groups. A group's next head is
+                -- fetched after each run taken from it (g_head_id NULL: fetch after g_head_seq;
+                -- g_head_seq -1: the group is done this round).
                 bg := NULL;
                 FOR j IN 1 .. coalesce(cardinality(g_tenant), 0) LOOP
                     CONTINUE WHEN g_tenant[j] <> best OR g_head_seq[j] < 0;
