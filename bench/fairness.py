@@ -86,7 +86,8 @@ def one_round(url: str, big: int, fifo: bool) -> dict[str, list[float]]:
 def line(label: str, waits: dict[str, list[float]]) -> str:
     small = [w for t in TENANTS for w in waits.get(t, [])]
     parts = [
-        f"  {label:<5} B..E p50 {percentile(small, 50) * 1000:8.0f} ms  p99 {percentile(small, 99) * 1000:8.0f} ms"
+        f"  {label:<5} B..E p50 {percentile(small, 50) * 1000:8.0f} ms"
+        f"  p99 {percentile(small, 99) * 1000:8.0f} ms"
     ]
     if "A" in waits:
         a = waits["A"]
