@@ -194,7 +194,8 @@ def test_claim_cost_depends_on_what_it_claims_not_on_the_queue_behind_it(
     # Many tenants: the claim enumerates the active tenants of the level (one descent each),
     # so this one grows with tenants, not with what each has queued.
     owner.execute(
-        "SELECT runrow.enqueue_run(gen_random_uuid(), '\"x\"', 'test-model', fairness_key => 't' || (n %% 50))"
+        "SELECT runrow.enqueue_run(gen_random_uuid(), '\"x\"', 'test-model',"
+        " fairness_key => 't' || (n %% 50))"
         " FROM generate_series(1, %s) AS n",
         (DEEP,),
     )
@@ -205,7 +206,8 @@ def test_claim_cost_depends_on_what_it_claims_not_on_the_queue_behind_it(
         "SELECT runrow.stop_conversation(conversation_id) FROM runrow.agent_run WHERE status = 'queued'"
     )
     print(
-        f"claim buffers: {base} with 10 queued, {deep} with {DEEP} of one tenant, {delayed} with {DEEP} delayed,"
+        f"claim buffers: {base} with 10 queued, {deep} with {DEEP} of one tenant,"
+        f" {delayed} with {DEEP} delayed,"
         f" {capped} with {DEEP} behind a capped key, {tenants} with {DEEP} over 50 tenants"
     )
     # A deeper queue may add a btree level to each index the claim descends or writes (about
