@@ -4,7 +4,8 @@ Each benchmark is also runnable alone: `python -m bench.enqueue_to_claim`,
 `python -m bench.stop_to_cancelled`, `python -m bench.journal_rows`,
 `python -m bench.claim_buffers`, `python -m bench.fairness`, `python -m bench.drain`. The
 drain runs last, on a cluster of its own with fsync on. `--short`: smaller sizes for the
-buffer counts, the fairness backlog and the drain. The report and the drain's rows go to bench-results.json (RUNROW_BENCH_JSON to change it).
+buffer counts, the fairness backlog and the drain. The report and the drain's rows go to
+bench-results.json (RUNROW_BENCH_JSON to change it).
 """
 
 from __future__ import annotations
