@@ -3327,8 +3327,9 @@ AS $fn$
 $fn$;
 
 COMMENT ON FUNCTION runrow.claim_run(text, integer) IS
-'Claim zero or one run. The oldest claimable queued run (FOR UPDATE SKIP LOCKED, in '
-'enqueue order), whose conversation has no running or waiting run and no earlier queued '
+'Claim zero or one run. The first claimable queued run in claim order (highest priority, '
+'then the least recently served tenant by weighted virtual clock, then enqueue order; FOR '
+'UPDATE SKIP LOCKED), due (not_before passed), of no concurrency key at its limit, whose conversation has no running or waiting run and no earlier queued '
 'turn, becomes running with a fresh claim_token, a lease of lease_seconds (1..3600) on the '
 'database clock, the worker and attempt + 1, and journals run_claimed. Returns what the '
 'worker needs to run it, including the pinned model, system prompt and tools. A collision '
@@ -3366,7 +3367,7 @@ $fn$;
 
 COMMENT ON FUNCTION runrow.claim_runs(text, integer, integer) IS
 'Claim up to max_runs (1..1000) runs in one statement with exactly the rules of claim_run: '
-'enqueue order, SKIP LOCKED, at most one turn per conversation (only the oldest queued turn '
+'claim order (priority, fair across tenants, arrival), delays and concurrency limits, SKIP LOCKED, at most one turn per conversation (only the oldest queued turn '
 'of a conversation is claimable), fresh token and lease each, run_claimed journaled. One '
 'call, one transaction: a worker with several free slots fills them without one commit per run.';
 
