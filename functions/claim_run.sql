@@ -23,8 +23,9 @@ AS $fn$
 $fn$;
 
 COMMENT ON FUNCTION runrow.claim_run(text, integer) IS
-'Claim zero or one run. The oldest claimable queued run (FOR UPDATE SKIP LOCKED, in '
-'enqueue order), whose conversation has no running or waiting run and no earlier queued '
+'Claim zero or one run. The first claimable queued run in claim order (highest priority, '
+'then the least recently served tenant by weighted virtual clock, then enqueue order; FOR '
+'UPDATE SKIP LOCKED), due (not_before passed), of no concurrency key at its limit, whose conversation has no running or waiting run and no earlier queued '
 'turn, becomes running with a fresh claim_token, a lease of lease_seconds (1..3600) on the '
 'database clock, the worker and attempt + 1, and journals run_claimed. Returns what the '
 'worker needs to run it, including the pinned model, system prompt and tools. A collision '

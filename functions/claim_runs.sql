@@ -26,7 +26,7 @@ $fn$;
 
 COMMENT ON FUNCTION runrow.claim_runs(text, integer, integer) IS
 'Claim up to max_runs (1..1000) runs in one statement with exactly the rules of claim_run: '
-'enqueue order, SKIP LOCKED, at most one turn per conversation (only the oldest queued turn '
+'claim order (priority, fair across tenants, arrival), delays and concurrency limits, SKIP LOCKED, at most one turn per conversation (only the oldest queued turn '
 'of a conversation is claimable), fresh token and lease each, run_claimed journaled. One '
 'call, one transaction: a worker with several free slots fills them without one commit per run. '
 'queued_seconds as for claim_run.';
