@@ -1,0 +1,160 @@
+"""Fleet limits end to end: the real SDK against the fake Messages API, real worker processes.
+
+- 4 workers, 40 runs, a fake that allows 5 requests a second and answers the rest 429 +
+  retry-after: once one worker reports the 429, the key is blocked fleet-wide, so during each
+  block at most one more refused request per worker (the ones already in flight); and every
+  run completes.
+- A run with a 2,000-token budget whose model keeps calling tools ends budget_exhausted after
+  the step that crossed it, and no further model request is made.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from agent_support import (
+    ForkedWorker,
+    agent_env,
+    enqueue_agent,
+    in_process_worker,
+    module_conn,
+    module_db,
+    steps,
+)
+from worker_support import run_row, wait_until
+
+from pyworker.agent.tools import ToolRegistry, tool
+from pyworker.fake.ratelimit import RateLimit, Refusal
+from pyworker.fake.scenarios import ModelRequest, Text, ToolCall, turn
+from pyworker.fake.server import FakeModel
+
+__all__ = ["module_conn", "module_db"]
+
+WORKERS = 4
+RUNS = 40
+PER_SECOND = 5
+MODEL = "claude-fake-limited"
+
+
+def episodes(refused: list[Refusal]) -> list[int]:
+    """Refusals grouped by block: a block starts at a refusal not inside an earlier block and
+    lasts that refusal's retry-after."""
+    counts: list[int] = []
+    until = float("-inf")
+    for r in sorted(refused, key=lambda r: r.at):
+        if r.at >= until:
+            counts.append(0)
+            until = r.at + r.retry_after
+        counts[-1] += 1
+    return counts
+
+
+def test_a_429_blocks_the_key_fleet_wide_and_every_run_completes(
+    module_conn: psycopg.Connection, tmp_path
+) -> None:
+    db = module_conn
+    # The fleet knows the rate too: after the first 429 its bucket is empty and refills at
+    # the fake's pace, so the workers stop bursting into the wall.
+    db.execute("SELECT runrow.set_rate_limit(%s, %s, NULL, NULL)", (MODEL, PER_SECOND * 60))
+    limit = RateLimit(requests=PER_SECOND, per_seconds=1.0)
+    with FakeModel("text", rate_limit=limit) as fake:
+        runs = [
+            enqueue_agent(db, f"run {i}", model=MODEL, tools=[], metadata={}, max_attempts=3)
+            for i in range(RUNS)
+        ]
+        env = agent_env(fake.base_url, tmp_path)
+        workers = [
+            ForkedWorker(
+                db.info.dsn,
+                f"limits-{n}",
+                env,
+                concurrency=1,
+                lease_seconds=5,
+                poll_seconds=0.3,
+                reap_interval=1,
+            )
+            for n in range(WORKERS)
+        ]
+        try:
+            wait_until(
+                lambda: all(run_row(db, r)["status"] in ("completed", "failed", "dead") for r in runs),
+                60,
+                "every run ended",
+                interval=0.2,
+            )
+        finally:
+            for w in workers:
+                w.stop()
+        refused = list(limit.refused)
+    statuses = [run_row(db, r)["status"] for r in runs]
+    assert statuses == ["completed"] * RUNS
+    blocks = episodes(refused)
+    print(f"\n{RUNS} runs, {WORKERS} workers, {PER_SECOND}/s: {len(refused)} refused, per block {blocks}")
+    assert refused, "the fake never refused: the test did not meet the limit"
+    assert max(blocks) <= 1 + WORKERS, blocks
+
+
+@pytest.fixture
+def tool_loop_worker(module_db: str) -> Iterator[FakeModel]:
+    registry = ToolRegistry()
+
+    @tool(
+        input_schema={"type": "object", "properties": {"n": {"type": "integer"}}},
+        description="Count.",
+        effect="pure",
+        into=registry,
+    )
+    def count(n: int, idempotency_key: str) -> str:
+        return f"counted {n} " + "x" * 400
+
+    def forever(request: ModelRequest) -> Any:
+        return turn(Text(f"step {request.step}, again."), ToolCall("count", {"n": request.step}))
+
+    with FakeModel(forever) as fake:
+        config = {"anthropic_base_url": fake.base_url, "anthropic_api_key": "test-key", "registry": registry}
+        with in_process_worker(module_db, "budget", config=config, lease_seconds=5, concurrency=1):
+            yield fake
+
+
+def test_a_token_budget_ends_the_run_after_the_crossing_step(
+    module_conn: psycopg.Connection, tool_loop_worker: FakeModel
+) -> None:
+    db = module_conn
+    fake = tool_loop_worker
+    tools = [{"name": "count", "description": "Count.", "input_schema": {"type": "object"}}]
+    run = db.execute(
+        "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => '\"count forever\"', "
+        "model => 'claude-fake-1', tools => %s::jsonb, token_budget => 2000)",
+        (uuid.uuid4(), json.dumps(tools)),
+    ).fetchone()[0]
+    wait_until(
+        lambda: run_row(db, run)["status"] != "queued" and run_row(db, run)["status"] != "running",
+        30,
+        "ended",
+    )
+    row = run_row(db, run)
+    assert row["status"] == "failed"
+    assert row["error"].startswith("budget_exhausted: the run used "), row["error"]
+    assert row["result"]["text"].startswith("step ")
+    usage = [
+        u["input_tokens"] + u["output_tokens"]
+        for (u,) in db.execute(
+            "SELECT usage FROM runrow.agent_step WHERE run_id = %s AND kind = 'model_turn' ORDER BY seq",
+            (run,),
+        ).fetchall()
+    ]
+    assert sum(usage[:-1]) < 2000 <= sum(usage), usage  # the last step is the one that crossed
+    time.sleep(0.5)  # a request sent after the ending would have arrived by now
+    assert len(fake.requests) == len(usage), "a model request was sent after the budget was crossed"
+    kinds = [kind for _, kind, _ in steps(db, run)]
+    assert kinds[-1] in ("model_turn", "tool_result")
+    journal = [
+        t for (t,) in db.execute("SELECT type FROM runrow.run_event WHERE run_id = %s ORDER BY seq", (run,))
+    ]
+    assert journal[-2:] == ["budget_exhausted", "complete"]
