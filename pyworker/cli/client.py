@@ -173,8 +173,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         sub,
         "status",
         cmd_status,
-        help="queue health: depth, oldest queued age, running, leases expiring",
-        description="Prints the view runrow.queue_health as a two-column table.",
+        help="queue health: depth, oldest queued age, running, leases expiring, fleet limits",
+        description="Prints the view runrow.queue_health as a two-column table, then the fleet "
+        "limits in force: rate-limit keys blocked (time left), runs waiting on backoff, tenants "
+        "over budget (details: `runrow limits show`, `runrow budget show`).",
         epilog="example:\n  watch -n 2 runrow status",
     )
     _command(
@@ -282,11 +284,15 @@ async def _on_run(
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
+    from pyworker.cli.limits import fleet_summary
+
     names, rows = await _select_all(args, "runrow.queue_health", psycopg.errors.UndefinedTable)
+    async with await _connect(database_url(args.database_url)) as conn:
+        fleet = [[n, _cell(v)] for n, v in await fleet_summary(conn)]
     for i, row in enumerate(rows):
         if i:
             print()
-        _print_table(["", ""], [[n, _cell(v)] for n, v in zip(names, row, strict=True)], header=False)
+        _print_table(["", ""], [[n, _cell(v)] for n, v in zip(names, row, strict=True)] + fleet, header=False)
     return 0
 
 
