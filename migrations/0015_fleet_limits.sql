@@ -12,7 +12,7 @@
 -- Budgets: agent_run counts what the run has spent (settled by append_step), spend_hour what
 -- each tenant spent per model per hour (the rolling day is the last 24 hours of it, so a
 -- budget check reads at most 25 rows per model, whatever the history).
--- depends: 0013_fleet_run_columns
+-- depends: 0014_fair_claim
 
 CREATE TABLE runrow.rate_limit (
     rate_limit_key text PRIMARY KEY CONSTRAINT rate_limit_key_length CHECK (length(rate_limit_key) BETWEEN 1 AND 200),

@@ -16,8 +16,8 @@ SELECT col_default_is('runrow', 'agent_run', 'claim_blocked', 'false', 'new turn
 SELECT is(
     (SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index AS i
      WHERE i.indexrelid = 'runrow.agent_run_claimable'::regclass),
-    '((status = ''queued''::text) AND (NOT claim_blocked))',
-    'agent_run_claimable holds the queued turns not marked blocked');
+    '((status = ''queued''::text) AND (NOT claim_blocked) AND (not_before IS NULL))',
+    'agent_run_claimable holds the queued turns not marked blocked (nor delayed: migration 0014)');
 SELECT has_trigger('runrow', 'agent_run', 'agent_run_unblock_next_turn', 'the trigger that clears the mark exists');
 
 -- A running turn, a second queued behind it: the first claim marks it, once.

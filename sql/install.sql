@@ -1482,6 +1482,176 @@ INSERT INTO runrow._yoyo_migration VALUES ('f884eb3df8147572f3028805bd7cc2af08cf
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'f884eb3df8147572f3028805bd7cc2af08cfa317da79e9555a18b0764b9c36ab', '0013_fleet_run_columns', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0014_fair_claim
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '463ae75440dcbf8b7d3020e1d5042133f927e4eede59a802f278c1921643d230') AS apply_463ae75440dc \gset
+\if :apply_463ae75440dc
+-- The claim's order (SPEC.md "Fleet scheduling"): priority (high first), then fairly across
+-- fairness keys (tenants), then arrival; delayed runs and runs whose concurrency key is at its
+-- limit are not claimed. Every rule keeps the claim's cost tied to what it claims, not to the
+-- queue behind it (migration 0012's property):
+--
+-- - agent_run_claimable is keyed (priority DESC, tenant, concurrency key, enqueue_seq), so the
+--   top priority level is the first entry, the tenants of a level are enumerated by a skip scan
+--   (one descent each: cost grows with active tenants, never with their queue depth), and the
+--   runs of one tenant under one concurrency key form a contiguous range, so a capped key is
+--   skipped as a whole instead of run by run. NULL tenant and NULL key are stored as '' (no
+--   real key is empty: the columns' checks), so the skip scan sees them as ordinary values.
+-- - A delayed run (not_before set) stays out of agent_run_claimable, so no claim walks the
+--   runs of the future; the claim promotes the few that are due (not_before := NULL) through
+--   agent_run_delayed, a range scan that reads only what is due.
+-- - Fairness is least-recently-served by a virtual clock per tenant (fairness_tenant.vtime,
+--   advanced by 1/weight per run claimed). Written only when a claim chose among two or more
+--   tenants, so a single-tenant queue (the common case, and every throughput benchmark) pays
+--   no write and no lock for it.
+-- - A concurrency limit is guaranteed by agent_run_concurrency_limit: a run of a limited key
+--   starts only under the limit row's lock (an UPDATE, so a concurrent REPEATABLE READ claimer
+--   fails to serialize instead of counting from a stale snapshot) after counting the key's
+--   running and waiting runs. The claim takes the same lock first (SKIP LOCKED) and counts, so
+--   the trigger never fires an error at a claim; it only stops any other way in.
+-- depends: 0013_fleet_run_columns
+
+CREATE TABLE runrow.concurrency_limit (
+    concurrency_key text PRIMARY KEY CHECK (length(concurrency_key) BETWEEN 1 AND 200),
+    max_running integer NOT NULL CHECK (max_running BETWEEN 0 AND 100000),
+    -- Written by every claim of the key: the write is the lock's REPEATABLE READ guard.
+    last_claimed_at timestamptz,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+COMMENT ON TABLE runrow.concurrency_limit IS
+'At most max_running runs of concurrency_key running or waiting at once (set_concurrency_limit). '
+'A key with no row has no cap. Enforced by the agent_run_concurrency_limit trigger.';
+
+CREATE TABLE runrow.fairness_tenant (
+    -- '' is the anonymous tenant (runs with no fairness_key and no user).
+    fairness_key text PRIMARY KEY CHECK (length(fairness_key) <= 200),
+    weight double precision NOT NULL DEFAULT 1 CHECK (weight > 0 AND weight <= 1000),
+    -- Virtual time of service: advanced by 1/weight per run claimed; the claim serves the
+    -- active tenant with the lowest, never letting one fall more than one run behind the
+    -- most-served active tenant (no credit banked while idle).
+    vtime double precision NOT NULL DEFAULT 0,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+COMMENT ON TABLE runrow.fairness_tenant IS
+'Per tenant (fairness key; '''' = anonymous): its claim weight (set_fairness_weight) and its '
+'virtual clock of service (written by the claim). A tenant with no row has weight 1.';
+
+DROP INDEX runrow.agent_run_claimable;
+CREATE INDEX agent_run_claimable ON runrow.agent_run (
+    priority DESC, coalesce(fairness_key, ''), coalesce(concurrency_key, ''), enqueue_seq
+)
+WHERE status = 'queued' AND NOT claim_blocked AND not_before IS NULL;
+
+-- Queued runs not claimable before not_before: the claim promotes the due ones from its head.
+CREATE INDEX agent_run_delayed ON runrow.agent_run (not_before)
+WHERE status = 'queued' AND not_before IS NOT NULL;
+
+-- The cap's count: the running and waiting runs of one key (a set bounded by the limit).
+CREATE INDEX agent_run_open_by_concurrency_key ON runrow.agent_run (concurrency_key)
+WHERE status IN ('running', 'waiting') AND concurrency_key IS NOT NULL;
+
+CREATE FUNCTION runrow._enforce_concurrency_limit() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    cap integer;
+    open_runs integer;
+BEGIN
+    UPDATE runrow.concurrency_limit AS l SET last_claimed_at = now()
+    WHERE l.concurrency_key = NEW.concurrency_key
+    RETURNING l.max_running INTO cap;
+    IF NOT FOUND THEN
+        RETURN NEW;
+    END IF;
+    -- Sees the runs this same statement already moved to running (a BEFORE row trigger sees
+    -- the rows processed before it), so a batch claim cannot overshoot either.
+    SELECT count(*) INTO open_runs FROM (
+        SELECT 1 FROM runrow.agent_run AS a
+        WHERE a.concurrency_key = NEW.concurrency_key AND a.status IN ('running', 'waiting')
+        LIMIT cap
+    ) AS o;
+    IF open_runs >= cap THEN
+        RAISE EXCEPTION 'run %: concurrency key "%" is at its limit of % running or waiting runs',
+            NEW.id, NEW.concurrency_key, cap
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'agent_run_concurrency_limit';
+    END IF;
+    RETURN NEW;
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._enforce_concurrency_limit() FROM PUBLIC;
+
+CREATE TRIGGER agent_run_concurrency_limit
+BEFORE UPDATE OF status ON runrow.agent_run
+FOR EACH ROW
+WHEN (old.status = 'queued' AND new.status = 'running' AND new.concurrency_key IS NOT NULL)
+EXECUTE FUNCTION runrow._enforce_concurrency_limit();
+
+-- DBA views. They read the queue (not the history), so they cost what the queue holds.
+CREATE VIEW runrow.queue_by_tenant AS
+SELECT
+    a.priority,
+    a.fairness_key,
+    count(*) FILTER (WHERE a.not_before IS NULL) AS queued,
+    count(*) FILTER (WHERE a.not_before IS NOT NULL) AS delayed,
+    now() - min(a.updated_at) FILTER (WHERE a.not_before IS NULL) AS oldest_wait,
+    min(a.not_before) AS next_due
+FROM runrow.agent_run AS a
+WHERE a.status = 'queued'
+GROUP BY a.priority, a.fairness_key;
+
+COMMENT ON VIEW runrow.queue_by_tenant IS
+'Queued runs per priority level and tenant (fairness_key; NULL = anonymous): queued = claimable '
+'or waiting behind a turn of their conversation; delayed = not claimable before their not_before '
+'(start_in, retry_in); oldest_wait = how long the longest-waiting of the queued ones has been in '
+'the queue; next_due = the earliest not_before. Claims take priorities high first and tenants '
+'fairly within a priority.';
+
+CREATE VIEW runrow.delayed_runs AS
+SELECT
+    a.id AS run_id,
+    a.conversation_id,
+    a.fairness_key,
+    a.priority,
+    a.not_before,
+    a.not_before - now() AS due_in,
+    a.attempt,
+    a.max_attempts
+FROM runrow.agent_run AS a
+WHERE a.status = 'queued' AND a.not_before IS NOT NULL;
+
+COMMENT ON VIEW runrow.delayed_runs IS
+'Queued runs waiting on not_before (enqueue_run start_in, release_run retry_in); due_in is '
+'negative for a due run no claim has promoted yet (promoted by the next claim).';
+
+CREATE VIEW runrow.concurrency_limits AS
+SELECT
+    l.concurrency_key,
+    l.max_running,
+    (
+        SELECT count(*) FROM runrow.agent_run AS a
+        WHERE a.concurrency_key = l.concurrency_key AND a.status IN ('running', 'waiting')
+    ) AS running_or_waiting,
+    (
+        SELECT count(*) FROM runrow.agent_run AS a
+        WHERE a.concurrency_key = l.concurrency_key AND a.status = 'queued'
+    ) AS queued,
+    l.last_claimed_at,
+    l.updated_at
+FROM runrow.concurrency_limit AS l;
+
+COMMENT ON VIEW runrow.concurrency_limits IS
+'Each concurrency limit with its running-or-waiting runs (never more than max_running once '
+'claims started under the limit) and its queued runs.';
+
+GRANT SELECT ON runrow.concurrency_limit, runrow.fairness_tenant TO runrow_auditor;
+GRANT SELECT ON runrow.queue_by_tenant, runrow.delayed_runs, runrow.concurrency_limits TO runrow_auditor;
+INSERT INTO runrow._yoyo_migration VALUES ('463ae75440dcbf8b7d3020e1d5042133f927e4eede59a802f278c1921643d230', '0014_fair_claim', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '463ae75440dcbf8b7d3020e1d5042133f927e4eede59a802f278c1921643d230', '0014_fair_claim', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- migration 0015_fleet_limits
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'e35bb6a57e80ee7793d3fa8ea51c4c644deba3b6afff807f7ccd281f19e6c93e') AS apply_e35bb6a57e80 \gset
 \if :apply_e35bb6a57e80
@@ -1499,7 +1669,7 @@ SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '
 -- Budgets: agent_run counts what the run has spent (settled by append_step), spend_hour what
 -- each tenant spent per model per hour (the rolling day is the last 24 hours of it, so a
 -- budget check reads at most 25 rows per model, whatever the history).
--- depends: 0013_fleet_run_columns
+-- depends: 0014_fair_claim
 
 CREATE TABLE runrow.rate_limit (
     rate_limit_key text PRIMARY KEY CONSTRAINT rate_limit_key_length CHECK (length(rate_limit_key) BETWEEN 1 AND 200),
@@ -1792,13 +1962,49 @@ DECLARE
     who text := coalesce(_claim.worker_id, 'anonymous-' || pg_backend_pid());
     cand record;
     got uuid;
-    after_seq bigint := 0;
-    locked uuid[] := '{}';
     blocked boolean;
     -- The re-check under the lock relies on each statement's fresh snapshot, which only
     -- READ COMMITTED gives; a claim inside a REPEATABLE READ or SERIALIZABLE transaction
     -- skips blocked turns without marking them.
     may_mark boolean := current_setting('transaction_isolation') = 'read committed';
+    locked uuid[] := '{}';
+    -- The concurrency key of each run in locked (parallel array), for the cap's count.
+    locked_keys text[] := '{}';
+    -- Limit rows this claim holds the lock of, and keys found at their limit this round.
+    held_keys text[] := '{}';
+    capped_keys text[] := '{}';
+    cap integer;
+    open_runs integer;
+    -- The priority level being served (h_lvl), and its tenants in index order.
+    h_lvl integer;
+    t_key text[];
+    -- Each tenant's oldest head seen (the first of the level's index range for the tenant
+    -- until its runs are read), the tie-break between tenants of equal virtual time.
+    t_head bigint[];
+    -- The entry the tenant's range starts with: its first key and that key's head.
+    t_ck text[];
+    t_id uuid[];
+    t_conv uuid[];
+    ent record;
+    t_vtime double precision[];
+    t_weight double precision[];
+    t_served integer[];
+    t_live boolean[];
+    t_loaded boolean[];
+    vfloor double precision;
+    -- The groups (tenant, concurrency key) of the loaded tenants and each group's head.
+    g_tenant integer[];
+    g_key text[];
+    g_head_id uuid[];
+    g_head_conv uuid[];
+    g_head_seq bigint[];
+    h_tenant text;
+    h_group text;
+    h_after bigint;
+    best integer;
+    bg integer;
+    found_key text;
+    promoted integer;
 BEGIN
     IF _claim.worker_id = '' OR length(_claim.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or 1 to 200 characters'
@@ -1808,80 +2014,309 @@ BEGIN
     PERFORM runrow._require_range(_claim.lease_seconds, 'lease_seconds', 1, 3600);
 
     BEGIN
+        -- Delayed runs whose not_before has passed join agent_run_claimable. Only the due
+        -- ones are read (a range of agent_run_delayed), a bounded number per claim (the next
+        -- claim takes the rest), each locked SKIP LOCKED so concurrent claims split them.
+        UPDATE runrow.agent_run AS d SET not_before = NULL
+        WHERE d.id = ANY (ARRAY(
+            SELECT w.id FROM runrow.agent_run AS w
+            WHERE w.status = 'queued' AND w.not_before IS NOT NULL AND w.not_before <= now()
+            ORDER BY w.not_before
+            LIMIT 100
+            FOR UPDATE SKIP LOCKED
+        ));
+        GET DIAGNOSTICS promoted = ROW_COUNT;
+
         -- Walk the queue one run at a time instead of one statement with the checks as
         -- filters: a filtered "ORDER BY ... LIMIT n" is planned from the estimated share of
         -- rows that pass the filters, so fresh statistics of a long queue made the planner
-        -- sort the whole queue (and run both checks on every row), and stale ones of an empty
+        -- sort the whole queue (and run the checks on every row), and stale ones of an empty
         -- queue turned the checks into anti joins over whole indexes. Each statement below
-        -- has one sensible plan whatever the statistics: an ordered LIMIT 1 step, two probes
-        -- by conversation, a point lock. Every statement takes a fresh snapshot, which only
-        -- makes the checks see more recent commits; the unique index and the turn-order
-        -- trigger stay the guarantee. Rows are locked to be claimed, or, when blocked, to be
-        -- marked claim_blocked once (so the walk never reads them again).
-        WHILE cardinality(locked) < _claim.max_runs LOOP
-            -- The next queued run in claim order: agent_run_claimable (status = 'queued' and
-            -- not claim_blocked, enqueue_seq). No other filter, so LIMIT 1 is one index step,
-            -- never a sort, and turns marked blocked are never read (migration 0021).
-            SELECT q.id, q.conversation_id, q.enqueue_seq INTO cand
-            FROM runrow.agent_run AS q
-            WHERE q.status = 'queued' AND NOT q.claim_blocked AND q.enqueue_seq > after_seq
-            ORDER BY q.enqueue_seq
-            LIMIT 1;
-            EXIT WHEN NOT FOUND;
-            after_seq := cand.enqueue_seq;
+        -- has one sensible plan whatever the statistics: an ordered LIMIT 1 step of
+        -- agent_run_claimable (priority DESC, tenant, concurrency key, enqueue_seq), probes
+        -- by conversation, a point lock. The unique index, the turn-order trigger and the
+        -- concurrency-limit trigger stay the guarantee; these steps only avoid their errors.
+        --
+        -- Order: the highest priority level first; within it, the tenant with the lowest
+        -- virtual time (least recently served, weighted); within a tenant, arrival order
+        -- across its concurrency keys. A level's tenants are found by a skip scan (one index
+        -- descent per tenant), a tenant's keys likewise, each (tenant, key) range read from
+        -- its head: what a claim reads grows with the active tenants and keys, not with how
+        -- many runs wait behind each head.
+        <<levels>>
+        LOOP
+            EXIT levels WHEN cardinality(locked) >= _claim.max_runs;
+            -- Every step returns the whole index entry it lands on: the first entry of a
+            -- level is also its first tenant's first key's head, and so on, so the walk starts
+            -- from the head of the index once per level (where the dead entries of runs
+            -- claimed since the last vacuum lie) and every other step descends past them.
+            IF h_lvl IS NULL THEN
+                SELECT q.priority AS lvl, coalesce(q.fairness_key, '') AS fk, coalesce(q.concurrency_key, '') AS ck,
+                       q.enqueue_seq AS seq, q.id, q.conversation_id AS conv INTO ent
+                FROM runrow.agent_run AS q
+                WHERE q.status = 'queued' AND NOT q.claim_blocked AND q.not_before IS NULL
+                ORDER BY q.priority DESC, coalesce(q.fairness_key, ''), coalesce(q.concurrency_key, ''), q.enqueue_seq
+                LIMIT 1;
+            ELSE
+                SELECT q.priority AS lvl, coalesce(q.fairness_key, '') AS fk, coalesce(q.concurrency_key, '') AS ck,
+                       q.enqueue_seq AS seq, q.id, q.conversation_id AS conv INTO ent
+                FROM runrow.agent_run AS q
+                WHERE q.status = 'queued' AND NOT q.claim_blocked AND q.not_before IS NULL
+                  AND q.priority < h_lvl
+                ORDER BY q.priority DESC, coalesce(q.fairness_key, ''), coalesce(q.concurrency_key, ''), q.enqueue_seq
+                LIMIT 1;
+            END IF;
+            EXIT levels WHEN NOT FOUND;
+            h_lvl := ent.lvl;
 
-            -- Invariant 1 pre-filter (the unique index is the guarantee): served by that
-            -- unique index, agent_run_one_active_per_conversation. Turn order: only the
-            -- oldest open turn of a conversation (with the first probe, the oldest queued
-            -- one). A turn locked by another claimer is still queued until that claim
-            -- commits, so its successor is never taken instead of it; one we locked
-            -- ourselves is still queued too, so one call takes one turn per conversation.
-            -- status IN (...) matches agent_run_open_by_conversation alone, not
-            -- agent_run_claimable, so the probe never walks the queue.
-            blocked := EXISTS (
-                SELECT 1 FROM runrow.agent_run AS a
-                WHERE a.conversation_id = cand.conversation_id
-                  AND a.status IN ('running', 'waiting')
-            ) OR EXISTS (
-                SELECT 1 FROM runrow.agent_run AS o
-                WHERE o.conversation_id = cand.conversation_id
-                  AND o.status IN ('queued', 'running', 'waiting')
-                  AND o.enqueue_seq < cand.enqueue_seq
-            );
-            CONTINUE WHEN blocked AND NOT may_mark;
-            -- The lock: one row, skipped if another claimer (or the trigger that unblocks
-            -- a turn) holds it, re-checked (still queued) once locked. Every index whose
-            -- predicate this WHERE implies has a column of it as key (not so for id:
-            -- agent_run_claimable would qualify with no key to descend), so any plan is a
-            -- point lookup.
-            SELECT q.id INTO got
-            FROM runrow.agent_run AS q
-            WHERE q.conversation_id = cand.conversation_id
-              AND q.enqueue_seq = cand.enqueue_seq
-              AND q.status = 'queued'
-            FOR UPDATE SKIP LOCKED;
-            CONTINUE WHEN NOT FOUND;
-            IF blocked THEN
-                -- Mark it so no later claim reads it again, but only if it is still blocked
-                -- now that we hold its lock: these probes take a fresh snapshot, so a turn
-                -- ahead that ended before we locked is seen ended, and one that ends after
-                -- waits for our lock in agent_run_unblock_next_turn and clears the mark.
+            -- The level's tenants, in index order (which is also the order their clocks are
+            -- written in, so concurrent claims lock fairness_tenant rows in one order).
+            t_key := '{}';
+            t_head := '{}';
+            t_ck := '{}';
+            t_id := '{}';
+            t_conv := '{}';
+            LOOP
+                t_key := t_key || ent.fk;
+                t_head := t_head || ent.seq;
+                t_ck := t_ck || ent.ck;
+                t_id := t_id || ent.id;
+                t_conv := t_conv || ent.conv;
+                found_key := ent.fk;
+                SELECT q.priority AS lvl, coalesce(q.fairness_key, '') AS fk, coalesce(q.concurrency_key, '') AS ck,
+                       q.enqueue_seq AS seq, q.id, q.conversation_id AS conv INTO ent
+                FROM runrow.agent_run AS q
+                WHERE q.status = 'queued' AND NOT q.claim_blocked AND q.not_before IS NULL
+                  AND q.priority = h_lvl AND coalesce(q.fairness_key, '') > found_key
+                ORDER BY q.priority DESC, coalesce(q.fairness_key, ''), coalesce(q.concurrency_key, ''), q.enqueue_seq
+                LIMIT 1;
+                EXIT WHEN NOT FOUND;
+            END LOOP;
+
+            SELECT array_agg(coalesce(f.vtime, 0) ORDER BY k.n), array_agg(coalesce(f.weight, 1) ORDER BY k.n)
+            INTO t_vtime, t_weight
+            FROM unnest(t_key) WITH ORDINALITY AS k (fairness_key, n)
+            LEFT JOIN runrow.fairness_tenant AS f ON f.fairness_key = k.fairness_key;
+            -- No banked credit: a tenant idle for a while (or new) starts one run behind the
+            -- most-served active tenant, not at its old clock.
+            vfloor := (SELECT max(v) FROM unnest(t_vtime) AS v) - 1;
+            t_served := array_fill(0, ARRAY[cardinality(t_key)]);
+            t_live := array_fill(true, ARRAY[cardinality(t_key)]);
+            t_loaded := array_fill(false, ARRAY[cardinality(t_key)]);
+            FOR i IN 1 .. cardinality(t_key) LOOP
+                t_vtime[i] := greatest(t_vtime[i], vfloor);
+            END LOOP;
+            g_tenant := '{}';
+            g_key := '{}';
+            g_head_id := '{}';
+            g_head_conv := '{}';
+            g_head_seq := '{}';
+
+            <<serve>>
+            WHILE cardinality(locked) < _claim.max_runs LOOP
+                -- The live tenant with the lowest virtual time; among equals, the one whose
+                -- head has waited longest, so equal tenants are served in arrival order.
+                best := NULL;
+                FOR i IN 1 .. cardinality(t_key) LOOP
+                    IF t_live[i] AND (best IS NULL OR t_vtime[i] < t_vtime[best]
+                                      OR (t_vtime[i] = t_vtime[best] AND t_head[i] < t_head[best])) THEN
+                        best := i;
+                    END IF;
+                END LOOP;
+                EXIT serve WHEN best IS NULL;
+                h_tenant := t_key[best];
+
+                IF NOT t_loaded[best] THEN
+                    -- The tenant's concurrency keys ('' = none), each with its head: the first
+                    -- from the tenant's own entry, the others by the same skip scan.
+                    g_tenant := g_tenant || best;
+                    g_key := g_key || t_ck[best];
+                    g_head_id := g_head_id || t_id[best];
+                    g_head_conv := g_head_conv || t_conv[best];
+                    g_head_seq := g_head_seq || t_head[best];
+                    found_key := t_ck[best];
+                    LOOP
+                        SELECT q.priority AS lvl, coalesce(q.fairness_key, '') AS fk, coalesce(q.concurrency_key, '') AS ck,
+                       q.enqueue_seq AS seq, q.id, q.conversation_id AS conv INTO ent
+                        FROM runrow.agent_run AS q
+                        WHERE q.status = 'queued' AND NOT q.claim_blocked AND q.not_before IS NULL
+                          AND q.priority = h_lvl AND coalesce(q.fairness_key, '') = h_tenant
+                          AND coalesce(q.concurrency_key, '') > found_key
+                        ORDER BY q.priority DESC, coalesce(q.fairness_key, ''), coalesce(q.concurrency_key, ''),
+                                 q.enqueue_seq
+                        LIMIT 1;
+                        EXIT WHEN NOT FOUND;
+                        g_tenant := g_tenant || best;
+                        g_key := g_key || ent.ck;
+                        g_head_id := g_head_id || ent.id;
+                        g_head_conv := g_head_conv || ent.conv;
+                        g_head_seq := g_head_seq || ent.seq;
+                        found_key := ent.ck;
+                    END LOOP;
+                    t_loaded[best] := true;
+                END IF;
+
+                -- The tenant's oldest head over its live groups. A group's next head is
+                -- fetched after each run taken from it (g_head_id NULL: fetch after g_head_seq;
+                -- g_head_seq -1: the group is done this round).
+                bg := NULL;
+                FOR j IN 1 .. coalesce(cardinality(g_tenant), 0) LOOP
+                    CONTINUE WHEN g_tenant[j] <> best OR g_head_seq[j] < 0;
+                    IF g_key[j] <> '' AND g_key[j] = ANY (capped_keys) THEN
+                        g_head_seq[j] := -1;
+                        CONTINUE;
+                    END IF;
+                    IF g_head_id[j] IS NULL THEN
+                        h_group := g_key[j];
+                        h_after := g_head_seq[j];
+                        SELECT q.id, q.conversation_id, q.enqueue_seq INTO cand
+                        FROM runrow.agent_run AS q
+                        WHERE q.status = 'queued' AND NOT q.claim_blocked AND q.not_before IS NULL
+                          AND q.priority = h_lvl AND coalesce(q.fairness_key, '') = h_tenant
+                          AND coalesce(q.concurrency_key, '') = h_group AND q.enqueue_seq > h_after
+                        ORDER BY q.priority DESC, coalesce(q.fairness_key, ''), coalesce(q.concurrency_key, ''),
+                                 q.enqueue_seq
+                        LIMIT 1;
+                        IF NOT FOUND THEN
+                            g_head_seq[j] := -1;
+                            CONTINUE;
+                        END IF;
+                        g_head_id[j] := cand.id;
+                        g_head_conv[j] := cand.conversation_id;
+                        g_head_seq[j] := cand.enqueue_seq;
+                    END IF;
+                    IF bg IS NULL OR g_head_seq[j] < g_head_seq[bg] THEN
+                        bg := j;
+                    END IF;
+                END LOOP;
+                IF bg IS NULL THEN
+                    t_live[best] := false;
+                    CONTINUE serve;
+                END IF;
+                t_head[best] := g_head_seq[bg];
+                -- Consume the head: whatever happens to it below, the group's next look starts
+                -- after it.
+                g_head_id[bg] := NULL;
+
+                -- ==== Per-candidate checks: whether this run may start now. ====
+                -- Every rule that keeps a queued run from being claimed goes here, as a filter
+                -- in front of the guarantee the schema holds (CONTINUE serve skips the run;
+                -- g_head_seq[bg] := -1 skips the rest of its group this round).
+
+                -- Invariant 1 pre-filter (the unique index is the guarantee): served by that
+                -- unique index, agent_run_one_active_per_conversation. Turn order: only the
+                -- oldest open turn of a conversation. A turn locked by another claimer is
+                -- still queued until that claim commits, so its successor is never taken
+                -- instead of it; one we locked ourselves is still queued too, so one call takes
+                -- one turn per conversation. status IN (...) matches
+                -- agent_run_open_by_conversation alone, not agent_run_claimable, so the probe
+                -- never walks the queue.
                 blocked := EXISTS (
                     SELECT 1 FROM runrow.agent_run AS a
-                    WHERE a.conversation_id = cand.conversation_id
+                    WHERE a.conversation_id = g_head_conv[bg]
                       AND a.status IN ('running', 'waiting')
                 ) OR EXISTS (
                     SELECT 1 FROM runrow.agent_run AS o
-                    WHERE o.conversation_id = cand.conversation_id
+                    WHERE o.conversation_id = g_head_conv[bg]
                       AND o.status IN ('queued', 'running', 'waiting')
-                      AND o.enqueue_seq < cand.enqueue_seq
+                      AND o.enqueue_seq < g_head_seq[bg]
                 );
-                IF blocked THEN
-                    UPDATE runrow.agent_run AS q SET claim_blocked = true WHERE q.id = got;
-                    CONTINUE;
+                CONTINUE serve WHEN blocked AND NOT may_mark;
+
+                -- Concurrency cap (agent_run_concurrency_limit is the guarantee). The limit
+                -- row's lock makes the count stable until we commit; a limit row another
+                -- claimer holds means "try the key next round", not "wait". A capped key is
+                -- skipped as a whole, in every tenant, for the rest of this claim.
+                IF NOT blocked AND g_key[bg] <> '' AND NOT g_key[bg] = ANY (held_keys) THEN
+                    h_group := g_key[bg];
+                    SELECT l.max_running INTO cap FROM runrow.concurrency_limit AS l
+                    WHERE l.concurrency_key = h_group;
+                    IF FOUND THEN
+                        SELECT l.max_running INTO cap FROM runrow.concurrency_limit AS l
+                        WHERE l.concurrency_key = h_group
+                        FOR UPDATE SKIP LOCKED;
+                        IF NOT FOUND THEN
+                            capped_keys := capped_keys || h_group;
+                            g_head_seq[bg] := -1;
+                            CONTINUE serve;
+                        END IF;
+                        held_keys := held_keys || h_group;
+                    END IF;
                 END IF;
+                IF NOT blocked AND g_key[bg] = ANY (held_keys) THEN
+                    h_group := g_key[bg];
+                    SELECT l.max_running INTO cap FROM runrow.concurrency_limit AS l
+                    WHERE l.concurrency_key = h_group;
+                    SELECT count(*) INTO open_runs FROM (
+                        SELECT 1 FROM runrow.agent_run AS a
+                        WHERE a.concurrency_key = h_group AND a.status IN ('running', 'waiting')
+                        LIMIT cap
+                    ) AS o;
+                    open_runs := open_runs + (
+                        SELECT count(*) FROM unnest(locked_keys) AS lk (k) WHERE lk.k = h_group
+                    );
+                    IF open_runs >= cap THEN
+                        capped_keys := capped_keys || h_group;
+                        g_head_seq[bg] := -1;
+                        CONTINUE serve;
+                    END IF;
+                END IF;
+                -- ==== End of the per-candidate checks. ====
+
+                -- The lock: one row, skipped if another claimer (or the trigger that unblocks
+                -- a turn) holds it, re-checked (still queued) once locked. Every index whose
+                -- predicate this WHERE implies has a column of it as key (not so for id:
+                -- agent_run_claimable would qualify with no key to descend), so any plan is a
+                -- point lookup.
+                SELECT q.id INTO got
+                FROM runrow.agent_run AS q
+                WHERE q.conversation_id = g_head_conv[bg]
+                  AND q.enqueue_seq = g_head_seq[bg]
+                  AND q.status = 'queued'
+                FOR UPDATE SKIP LOCKED;
+                CONTINUE serve WHEN NOT FOUND;
+                IF blocked THEN
+                    -- Mark it so no later claim reads it again, but only if it is still blocked
+                    -- now that we hold its lock: these probes take a fresh snapshot, so a turn
+                    -- ahead that ended before we locked is seen ended, and one that ends after
+                    -- waits for our lock in agent_run_unblock_next_turn and clears the mark.
+                    -- A turn found free after all is left for the next claim.
+                    blocked := EXISTS (
+                        SELECT 1 FROM runrow.agent_run AS a
+                        WHERE a.conversation_id = g_head_conv[bg]
+                          AND a.status IN ('running', 'waiting')
+                    ) OR EXISTS (
+                        SELECT 1 FROM runrow.agent_run AS o
+                        WHERE o.conversation_id = g_head_conv[bg]
+                          AND o.status IN ('queued', 'running', 'waiting')
+                          AND o.enqueue_seq < g_head_seq[bg]
+                    );
+                    IF blocked THEN
+                        UPDATE runrow.agent_run AS q SET claim_blocked = true WHERE q.id = got;
+                    END IF;
+                    CONTINUE serve;
+                END IF;
+                locked := locked || got;
+                locked_keys := locked_keys || g_key[bg];
+                t_served[best] := t_served[best] + 1;
+                t_vtime[best] := t_vtime[best] + 1 / t_weight[best];
+            END LOOP;
+
+            -- The tenants' clocks, only when there was a choice between tenants: a lone
+            -- tenant's clock needs no advancing (the floor above catches it up when another
+            -- arrives), so a single-tenant queue writes no fairness row. Written as
+            -- increments on the row as it is now, in index order (one lock order for all
+            -- claimers), so concurrent claims of the same tenant add up instead of overwriting.
+            IF cardinality(t_key) > 1 THEN
+                FOR i IN 1 .. cardinality(t_key) LOOP
+                    CONTINUE WHEN t_served[i] = 0;
+                    h_tenant := t_key[i];
+                    INSERT INTO runrow.fairness_tenant AS f (fairness_key, vtime)
+                    VALUES (h_tenant, greatest(0, vfloor) + t_served[i])
+                    ON CONFLICT (fairness_key) DO UPDATE
+                    SET vtime = greatest(f.vtime, vfloor) + t_served[i] / f.weight, updated_at = now();
+                END LOOP;
             END IF;
-            locked := locked || got;
         END LOOP;
 
         RETURN QUERY
@@ -1914,10 +2349,11 @@ BEGIN
         FROM claimed AS cl
         JOIN runrow.prompt AS p ON p.id = cl.prompt_id
         ORDER BY cl.enqueue_seq;
-    EXCEPTION WHEN unique_violation OR serialization_failure THEN
-        -- A collision with invariant 1 (or the turn-order guard) claims nothing this
-        -- round (the subtransaction's row locks go with it); the turns stay queued for the
-        -- next pass. No error reaches the caller.
+    EXCEPTION WHEN unique_violation OR serialization_failure OR check_violation THEN
+        -- A collision with invariant 1, the turn-order guard or a concurrency limit (which
+        -- the checks above make rare: each is pre-checked under the lock that keeps it true)
+        -- claims nothing this round (the subtransaction's row locks go with it); the turns
+        -- stay queued for the next pass. No error reaches the caller.
         RETURN;
     END;
 END
@@ -4943,6 +5379,69 @@ COMMENT ON FUNCTION runrow.schema_version() IS
 
 REVOKE ALL ON FUNCTION runrow.schema_version() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.schema_version() TO runrow_worker, runrow_client, runrow_auditor;
+
+-- functions/set_concurrency_limit.sql
+CREATE OR REPLACE FUNCTION runrow.set_concurrency_limit(concurrency_key text, max_running integer)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(set_concurrency_limit.concurrency_key, 'concurrency_key');
+    PERFORM runrow._require_key(set_concurrency_limit.concurrency_key, 'concurrency_key');
+    IF set_concurrency_limit.max_running IS NULL THEN
+        DELETE FROM runrow.concurrency_limit AS l
+        WHERE l.concurrency_key = set_concurrency_limit.concurrency_key;
+        RETURN;
+    END IF;
+    PERFORM runrow._require_range(set_concurrency_limit.max_running, 'max_running', 0, 100000);
+    INSERT INTO runrow.concurrency_limit AS l (concurrency_key, max_running)
+    VALUES (set_concurrency_limit.concurrency_key, set_concurrency_limit.max_running)
+    ON CONFLICT ON CONSTRAINT concurrency_limit_pkey DO UPDATE
+    SET max_running = excluded.max_running, updated_at = now();
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.set_concurrency_limit(text, integer) IS
+'Cap concurrency_key (1..200 characters) at max_running (0..100000; 0 pauses the key) runs '
+'running or waiting at once; NULL max_running removes the cap. From the next claim on, a queued '
+'run of the key is not claimed while the key is at its limit (the agent_run_concurrency_limit '
+'trigger guarantees it under concurrent claimers); runs already running are never stopped, so '
+'lowering a limit below the running count only holds new claims until enough of them end. '
+'Bad input raises 22004/22023 naming the argument and writes nothing.';
+
+REVOKE ALL ON FUNCTION runrow.set_concurrency_limit(text, integer) FROM PUBLIC;
+
+-- functions/set_fairness_weight.sql
+CREATE OR REPLACE FUNCTION runrow.set_fairness_weight(fairness_key text, weight double precision)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_key(set_fairness_weight.fairness_key, 'fairness_key');
+    IF set_fairness_weight.weight IS NOT NULL
+       AND NOT (set_fairness_weight.weight > 0 AND set_fairness_weight.weight <= 1000) THEN
+        RAISE EXCEPTION 'weight must be NULL or more than 0 and at most 1000, got %', set_fairness_weight.weight
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO runrow.fairness_tenant AS f (fairness_key, weight)
+    VALUES (coalesce(set_fairness_weight.fairness_key, ''), coalesce(set_fairness_weight.weight, 1))
+    ON CONFLICT ON CONSTRAINT fairness_tenant_pkey DO UPDATE
+    SET weight = excluded.weight, updated_at = now();
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.set_fairness_weight(text, double precision) IS
+'Weight of a tenant (fairness_key, 1..200 characters; NULL = the anonymous tenant) in the '
+'claim''s fair share within a priority level: a tenant of weight 2 is claimed twice as often as '
+'one of weight 1 while both have claimable runs. weight more than 0 and at most 1000; NULL '
+'resets it to 1, the default of every tenant. Bad input raises 22023 naming the argument and '
+'writes nothing.';
+
+REVOKE ALL ON FUNCTION runrow.set_fairness_weight(text, double precision) FROM PUBLIC;
 
 -- functions/set_model_price.sql
 CREATE OR REPLACE FUNCTION runrow.set_model_price(

@@ -51,26 +51,33 @@ def fill_finished(conn: psycopg.Connection, runs: int, batch: int = 2000) -> Non
 
 
 def claim_scan_index(conn: psycopg.Connection) -> str | None:
-    """The index the claim's walk of the queue (alias q, the LIMIT 1 step) uses, from EXPLAIN
-    of that statement as the function holds it, from the head of the queue."""
+    """The index every step of the claim's walk of the queue (alias q, the ordered LIMIT 1
+    steps: the top priority level, the next level, a level's tenants, a tenant's concurrency
+    keys, a key's head) uses, from EXPLAIN of each statement as the function holds it, with
+    its variables bound to the head of the queue. One name when they all agree."""
     source = conn.execute(
         "SELECT pg_get_functiondef('runrow._claim(text, integer, integer)'::regprocedure)"
     ).fetchone()[0]
-    match = re.search(r"SELECT q\.id\b[^;]*?ORDER BY q\.enqueue_seq\s+LIMIT 1", source, re.S)
-    assert match, "the claim's walk of the queue was not found in runrow._claim"
-    inner = re.sub(r"\bINTO cand\b", "", match.group(0)).replace("after_seq", "0")
-    plan = conn.execute("EXPLAIN (FORMAT JSON) " + inner).fetchone()[0][0]["Plan"]
+    steps = re.findall(r"SELECT (?:q\.|coalesce\(q\.)[^;]*?FROM runrow\.agent_run AS q[^;]*?LIMIT 1", source, re.S)
+    assert len(steps) >= 5, "the claim's walk of the queue was not found in runrow._claim"
+    bound = {"h_lvl": "0", "found_key": "''", "h_tenant": "''", "h_group": "''", "h_after": "0"}
+    names = set()
+    for step in steps:
+        inner = re.sub(r"\bINTO \w+(, \w+)?", "", step)
+        inner = re.sub(r"\b(" + "|".join(bound) + r")\b", lambda m: bound[m.group(1)], inner)
+        plan = conn.execute("EXPLAIN (FORMAT JSON) " + inner).fetchone()[0][0]["Plan"]
 
-    def find(node: dict) -> str | None:
-        if node.get("Alias") == "q":
-            return node.get("Index Name", node["Node Type"])
-        for child in node.get("Plans", []):
-            found = find(child)
-            if found:
-                return found
-        return None
+        def find(node: dict) -> str | None:
+            if node.get("Alias") == "q":
+                return node.get("Index Name", node["Node Type"])
+            for child in node.get("Plans", []):
+                found = find(child)
+                if found:
+                    return found
+            return None
 
-    return find(plan)
+        names.add(find(plan))
+    return names.pop() if len(names) == 1 else ", ".join(sorted(map(str, names)))
 
 
 def claim_buffers(conn: psycopg.Connection) -> int:

@@ -1,0 +1,31 @@
+CREATE OR REPLACE FUNCTION runrow.set_concurrency_limit(concurrency_key text, max_running integer)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(set_concurrency_limit.concurrency_key, 'concurrency_key');
+    PERFORM runrow._require_key(set_concurrency_limit.concurrency_key, 'concurrency_key');
+    IF set_concurrency_limit.max_running IS NULL THEN
+        DELETE FROM runrow.concurrency_limit AS l
+        WHERE l.concurrency_key = set_concurrency_limit.concurrency_key;
+        RETURN;
+    END IF;
+    PERFORM runrow._require_range(set_concurrency_limit.max_running, 'max_running', 0, 100000);
+    INSERT INTO runrow.concurrency_limit AS l (concurrency_key, max_running)
+    VALUES (set_concurrency_limit.concurrency_key, set_concurrency_limit.max_running)
+    ON CONFLICT ON CONSTRAINT concurrency_limit_pkey DO UPDATE
+    SET max_running = excluded.max_running, updated_at = now();
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.set_concurrency_limit(text, integer) IS
+'Cap concurrency_key (1..200 characters) at max_running (0..100000; 0 pauses the key) runs '
+'running or waiting at once; NULL max_running removes the cap. From the next claim on, a queued '
+'run of the key is not claimed while the key is at its limit (the agent_run_concurrency_limit '
+'trigger guarantees it under concurrent claimers); runs already running are never stopped, so '
+'lowering a limit below the running count only holds new claims until enough of them end. '
+'Bad input raises 22004/22023 naming the argument and writes nothing.';
+
+REVOKE ALL ON FUNCTION runrow.set_concurrency_limit(text, integer) FROM PUBLIC;
