@@ -72,9 +72,6 @@ RETURNS text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow
 AS $fn$
-DECLARE
-    b runrow.tenant_budget;
-    spent record;
 BEGIN
     IF r.budget_exhausted IS NOT NULL THEN
         RETURN r.budget_exhausted;
@@ -92,21 +89,62 @@ BEGIN
                 round(r.spent_cost, 6), r.cost_budget);
         END IF;
     END IF;
-    SELECT t.* INTO b FROM runrow.tenant_budget AS t WHERE t.fairness_key = r.fairness_key;
-    IF FOUND THEN
-        SELECT coalesce(sum(s.tokens), 0) AS tokens, coalesce(sum(s.cost), 0) AS cost INTO spent
-        FROM runrow.spend_hour AS s
-        WHERE s.fairness_key = b.fairness_key AND s.hour > now() - interval '25 hours';
-        IF spent.tokens >= b.tokens_per_day THEN
-            RETURN format('budget_exhausted: tenant "%s" used %s tokens of its %s per day',
-                b.fairness_key, spent.tokens, b.tokens_per_day);
-        END IF;
-        IF spent.cost >= b.cost_per_day THEN
-            RETURN format('budget_exhausted: tenant "%s" spent %s USD of its %s USD per day',
-                b.fairness_key, round(spent.cost, 6), b.cost_per_day);
-        END IF;
+    RETURN runrow._tenant_verdict(r.fairness_key);
+END
+$fn$;
+
+-- Why a tenant may make no further model request (its rolling day, the hours that overlap
+-- the last 24 hours, reached its budget), or NULL.
+CREATE OR REPLACE FUNCTION runrow._tenant_verdict(fairness_key text)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    b runrow.tenant_budget;
+    spent record;
+BEGIN
+    SELECT t.* INTO b FROM runrow.tenant_budget AS t WHERE t.fairness_key = _tenant_verdict.fairness_key;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT coalesce(sum(s.tokens), 0) AS tokens, coalesce(sum(s.cost), 0) AS cost INTO spent
+    FROM runrow.spend_hour AS s
+    WHERE s.fairness_key = b.fairness_key AND s.hour > now() - interval '25 hours';
+    IF spent.tokens >= b.tokens_per_day THEN
+        RETURN format('budget_exhausted: tenant "%s" used %s tokens of its %s per day',
+            b.fairness_key, spent.tokens, b.tokens_per_day);
+    END IF;
+    IF spent.cost >= b.cost_per_day THEN
+        RETURN format('budget_exhausted: tenant "%s" spent %s USD of its %s USD per day',
+            b.fairness_key, round(spent.cost, 6), b.cost_per_day);
     END IF;
     RETURN NULL;
+END
+$fn$;
+
+-- A queued run of a tenant over its budget is not started (the claim, under the run's
+-- lock): failed with the budget's error, nothing silently held; budget_exhausted and
+-- complete journaled, the conversation's next turn woken.
+CREATE OR REPLACE FUNCTION runrow._fail_queued_for_budget(run_id uuid, why text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    conv uuid;
+    reason text := coalesce(_fail_queued_for_budget.why, 'budget_exhausted: the tenant is over its daily budget');
+BEGIN
+    UPDATE runrow.agent_run AS a
+    SET status = 'failed', finished_at = now(), error = reason, budget_exhausted = reason
+    WHERE a.id = _fail_queued_for_budget.run_id AND a.status = 'queued'
+    RETURNING a.conversation_id INTO conv;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM runrow._journal(_fail_queued_for_budget.run_id, jsonb_build_array(jsonb_build_object(
+        'type', 'budget_exhausted', 'reason', reason)));
+    PERFORM runrow._journal_complete(_fail_queued_for_budget.run_id, conv, 'failed', NULL, reason);
 END
 $fn$;
 
@@ -220,4 +258,6 @@ REVOKE ALL ON FUNCTION runrow._lock_bucket(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._usage_tokens(jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._budget_verdict(runrow.agent_run) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._end_for_budget(uuid, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._tenant_verdict(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._fail_queued_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;

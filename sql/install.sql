@@ -1865,8 +1865,68 @@ WHERE l.blocked_until > now();
 COMMENT ON VIEW runrow.rate_limit_blocks IS
 'Rate-limit keys blocked now (a 429 reported by report_rate_limited), with the time left.';
 
-CREATE INDEX agent_run_backoff ON runrow.agent_run (not_before)
-WHERE status = 'queued' AND not_before IS NOT NULL;
+-- The lifecycle gains one edge: queued -> failed, only with budget_exhausted set (the claim
+-- refusing to start a run of a tenant over its daily budget). The rest is 0009's guard.
+CREATE OR REPLACE FUNCTION runrow._agent_run_guard() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    -- Invariant 2: terminal states are sticky. Nothing, not even the table owner,
+    -- moves a row out of completed/failed/cancelled/dead or edits it. The one change
+    -- allowed is trim_journal dropping the PII snapshot.
+    IF OLD.status IN ('completed', 'failed', 'cancelled', 'dead') THEN
+        IF NEW.request_snapshot IS NULL
+           AND (to_jsonb(NEW) - 'request_snapshot' - 'updated_at')
+               = (to_jsonb(OLD) - 'request_snapshot' - 'updated_at') THEN
+            RETURN NEW;
+        END IF;
+        RAISE EXCEPTION 'run % is % and terminal states are sticky', OLD.id, OLD.status
+            USING ERRCODE = 'integrity_constraint_violation',
+                  HINT = 'A terminal run can be run again only as a new run: runrow.retry_run().';
+    END IF;
+    -- Identity of a run never changes.
+    IF NEW.id <> OLD.id
+       OR NEW.conversation_id <> OLD.conversation_id
+       OR NEW.user_message_id <> OLD.user_message_id
+       OR NEW.prompt_id <> OLD.prompt_id
+       OR NEW.model <> OLD.model
+       OR NEW.created_at <> OLD.created_at
+       OR NEW.enqueue_seq <> OLD.enqueue_seq THEN
+        RAISE EXCEPTION 'run %: id, conversation, message, model, prompt and created_at are immutable', OLD.id
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    -- Status moves only along the lifecycle of SPEC.md.
+    IF NEW.status <> OLD.status AND NOT (
+        (OLD.status = 'queued' AND NEW.status IN ('running', 'cancelled'))
+        -- A run of a tenant over its daily budget is not started: failed at claim, with why.
+        OR (OLD.status = 'queued' AND NEW.status = 'failed' AND NEW.budget_exhausted IS NOT NULL)
+        OR (OLD.status = 'running' AND NEW.status IN ('queued', 'waiting', 'completed', 'failed', 'cancelled', 'dead'))
+        OR (OLD.status = 'waiting' AND NEW.status IN ('queued', 'cancelled'))
+    ) THEN
+        RAISE EXCEPTION 'run %: illegal status change % -> %', OLD.id, OLD.status, NEW.status
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    -- Turn order: a turn starts only when no earlier turn of its conversation is still
+    -- queued. The claim never picks such a turn; this makes it impossible. The earlier
+    -- turns are read as "open" (agent_run_open_by_conversation) and tested for queued
+    -- outside the query: a query on status = 'queued' can also be served by
+    -- agent_run_claimable, which walks the whole queue ahead of the run (0009's header).
+    IF NEW.status = 'running' AND OLD.status = 'queued' AND 'queued' = ANY (ARRAY(
+        SELECT earlier.status FROM runrow.agent_run AS earlier
+        WHERE earlier.conversation_id = NEW.conversation_id
+          AND earlier.status IN ('queued', 'running', 'waiting')
+          AND earlier.enqueue_seq < NEW.enqueue_seq
+    )) THEN
+        -- 40001: a concurrent enqueue committed an earlier turn after the claimer's
+        -- snapshot; the claim treats it like any serialization failure and retries later.
+        RAISE EXCEPTION 'run %: an earlier turn of conversation % is still queued', NEW.id, NEW.conversation_id
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+    NEW.updated_at := now();
+    RETURN NEW;
+END
+$fn$;
 
 CREATE VIEW runrow.runs_in_backoff AS
 SELECT
@@ -2005,6 +2065,11 @@ DECLARE
     bg integer;
     found_key text;
     promoted integer;
+    -- Fleet limits (issue 13), read once per claim from their small tables: the rate-limit
+    -- keys blocked now and the tenants over their daily budget.
+    fleet_blocked_keys text[];
+    fleet_over_tenants text[];
+    fleet_cand record;
 BEGIN
     IF _claim.worker_id = '' OR length(_claim.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or 1 to 200 characters'
@@ -2026,6 +2091,9 @@ BEGIN
             FOR UPDATE SKIP LOCKED
         ));
         GET DIAGNOSTICS promoted = ROW_COUNT;
+
+        fleet_blocked_keys := ARRAY(SELECT l.rate_limit_key FROM runrow.rate_limit AS l WHERE l.blocked_until > now());
+        fleet_over_tenants := ARRAY(SELECT b.fairness_key FROM runrow.tenant_budgets AS b WHERE b.over_budget);
 
         -- Walk the queue one run at a time instead of one statement with the checks as
         -- filters: a filtered "ORDER BY ... LIMIT n" is planned from the estimated share of
@@ -2222,6 +2290,33 @@ BEGIN
                       AND o.enqueue_seq < g_head_seq[bg]
                 );
                 CONTINUE serve WHEN blocked AND NOT may_mark;
+
+                -- Fleet limits: a run whose rate-limit key is blocked waits out the block as a
+                -- delayed run (not_before := the block's end: out of agent_run_claimable, so no
+                -- later claim walks it, promoted when due); a run of a tenant over its daily
+                -- budget is not started: it ends failed budget_exhausted here, journaled.
+                -- acquire_model_call refuses both anyway; this keeps them from taking a slot.
+                IF NOT blocked AND (cardinality(fleet_blocked_keys) > 0 OR h_tenant = ANY (fleet_over_tenants)) THEN
+                    SELECT q.id, q.rate_limit_key INTO fleet_cand
+                    FROM runrow.agent_run AS q
+                    WHERE q.conversation_id = g_head_conv[bg]
+                      AND q.enqueue_seq = g_head_seq[bg]
+                      AND q.status = 'queued'
+                    FOR UPDATE SKIP LOCKED;
+                    CONTINUE serve WHEN NOT FOUND;
+                    IF h_tenant = ANY (fleet_over_tenants) THEN
+                        PERFORM runrow._fail_queued_for_budget(fleet_cand.id, runrow._tenant_verdict(h_tenant));
+                        CONTINUE serve;
+                    END IF;
+                    IF fleet_cand.rate_limit_key = ANY (fleet_blocked_keys) THEN
+                        UPDATE runrow.agent_run AS q
+                        SET not_before = (
+                            SELECT l.blocked_until FROM runrow.rate_limit AS l
+                            WHERE l.rate_limit_key = fleet_cand.rate_limit_key)
+                        WHERE q.id = fleet_cand.id;
+                        CONTINUE serve;
+                    END IF;
+                END IF;
 
                 -- Concurrency cap (agent_run_concurrency_limit is the guarantee). The limit
                 -- row's lock makes the count stable until we commit; a limit row another
@@ -2693,9 +2788,6 @@ RETURNS text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow
 AS $fn$
-DECLARE
-    b runrow.tenant_budget;
-    spent record;
 BEGIN
     IF r.budget_exhausted IS NOT NULL THEN
         RETURN r.budget_exhausted;
@@ -2713,21 +2805,62 @@ BEGIN
                 round(r.spent_cost, 6), r.cost_budget);
         END IF;
     END IF;
-    SELECT t.* INTO b FROM runrow.tenant_budget AS t WHERE t.fairness_key = r.fairness_key;
-    IF FOUND THEN
-        SELECT coalesce(sum(s.tokens), 0) AS tokens, coalesce(sum(s.cost), 0) AS cost INTO spent
-        FROM runrow.spend_hour AS s
-        WHERE s.fairness_key = b.fairness_key AND s.hour > now() - interval '25 hours';
-        IF spent.tokens >= b.tokens_per_day THEN
-            RETURN format('budget_exhausted: tenant "%s" used %s tokens of its %s per day',
-                b.fairness_key, spent.tokens, b.tokens_per_day);
-        END IF;
-        IF spent.cost >= b.cost_per_day THEN
-            RETURN format('budget_exhausted: tenant "%s" spent %s USD of its %s USD per day',
-                b.fairness_key, round(spent.cost, 6), b.cost_per_day);
-        END IF;
+    RETURN runrow._tenant_verdict(r.fairness_key);
+END
+$fn$;
+
+-- Why a tenant may make no further model request (its rolling day, the hours that overlap
+-- the last 24 hours, reached its budget), or NULL.
+CREATE OR REPLACE FUNCTION runrow._tenant_verdict(fairness_key text)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    b runrow.tenant_budget;
+    spent record;
+BEGIN
+    SELECT t.* INTO b FROM runrow.tenant_budget AS t WHERE t.fairness_key = _tenant_verdict.fairness_key;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT coalesce(sum(s.tokens), 0) AS tokens, coalesce(sum(s.cost), 0) AS cost INTO spent
+    FROM runrow.spend_hour AS s
+    WHERE s.fairness_key = b.fairness_key AND s.hour > now() - interval '25 hours';
+    IF spent.tokens >= b.tokens_per_day THEN
+        RETURN format('budget_exhausted: tenant "%s" used %s tokens of its %s per day',
+            b.fairness_key, spent.tokens, b.tokens_per_day);
+    END IF;
+    IF spent.cost >= b.cost_per_day THEN
+        RETURN format('budget_exhausted: tenant "%s" spent %s USD of its %s USD per day',
+            b.fairness_key, round(spent.cost, 6), b.cost_per_day);
     END IF;
     RETURN NULL;
+END
+$fn$;
+
+-- A queued run of a tenant over its budget is not started (the claim, under the run's
+-- lock): failed with the budget's error, nothing silently held; budget_exhausted and
+-- complete journaled, the conversation's next turn woken.
+CREATE OR REPLACE FUNCTION runrow._fail_queued_for_budget(run_id uuid, why text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    conv uuid;
+    reason text := coalesce(_fail_queued_for_budget.why, 'budget_exhausted: the tenant is over its daily budget');
+BEGIN
+    UPDATE runrow.agent_run AS a
+    SET status = 'failed', finished_at = now(), error = reason, budget_exhausted = reason
+    WHERE a.id = _fail_queued_for_budget.run_id AND a.status = 'queued'
+    RETURNING a.conversation_id INTO conv;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM runrow._journal(_fail_queued_for_budget.run_id, jsonb_build_array(jsonb_build_object(
+        'type', 'budget_exhausted', 'reason', reason)));
+    PERFORM runrow._journal_complete(_fail_queued_for_budget.run_id, conv, 'failed', NULL, reason);
 END
 $fn$;
 
@@ -2841,6 +2974,8 @@ REVOKE ALL ON FUNCTION runrow._lock_bucket(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._usage_tokens(jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._budget_verdict(runrow.agent_run) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._end_for_budget(uuid, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._tenant_verdict(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._fail_queued_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;
 
 -- functions/_steps_helpers.sql

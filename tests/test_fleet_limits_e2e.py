@@ -1,6 +1,6 @@
 """Fleet limits end to end: the real SDK against the fake Messages API, real worker processes.
 
-- 4 workers, 40 runs, a fake that allows 5 requests a second and answers the rest 429 +
+- 4 workers (2 runs each), 40 runs, a fake that allows 3 requests a second and answers the rest 429 +
   retry-after: once one worker reports the 429, the key is blocked fleet-wide, so during each
   block at most one more refused request per worker (the ones already in flight); and every
   run completes.
@@ -38,7 +38,8 @@ __all__ = ["module_conn", "module_db"]
 
 WORKERS = 4
 RUNS = 40
-PER_SECOND = 5
+PER_SECOND = 3
+CONCURRENCY = 2
 MODEL = "claude-fake-limited"
 
 
@@ -74,7 +75,7 @@ def test_a_429_blocks_the_key_fleet_wide_and_every_run_completes(
                 db.info.dsn,
                 f"limits-{n}",
                 env,
-                concurrency=1,
+                concurrency=CONCURRENCY,
                 lease_seconds=5,
                 poll_seconds=0.3,
                 reap_interval=1,
