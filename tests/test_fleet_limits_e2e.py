@@ -14,6 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -30,6 +31,7 @@ from agent_support import (
 from worker_support import run_row, wait_until
 
 from pyworker.agent.tools import ToolRegistry, tool
+from pyworker.fake.faults import overloaded, rate_limited, server_error
 from pyworker.fake.ratelimit import RateLimit, Refusal
 from pyworker.fake.scenarios import ModelRequest, Text, ToolCall, turn
 from pyworker.fake.server import FakeModel
@@ -159,3 +161,63 @@ def test_a_token_budget_ends_the_run_after_the_crossing_step(
         t for (t,) in db.execute("SELECT type FROM runrow.run_event WHERE run_id = %s ORDER BY seq", (run,))
     ]
     assert journal[-2:] == ["budget_exhausted", "complete"]
+
+
+@pytest.fixture
+def plain_worker(module_db: str) -> Iterator[FakeModel]:
+    with FakeModel("text") as fake:
+        config = {
+            "anthropic_base_url": fake.base_url,
+            "anthropic_api_key": "test-key",
+            "anthropic_max_retries": 0,
+        }
+        with in_process_worker(module_db, "backoff", config=config, lease_seconds=5, concurrency=1):
+            yield fake
+
+
+def requeued(db: psycopg.Connection, run: uuid.UUID) -> dict[str, Any]:
+    row = db.execute(
+        "SELECT payload, created_at FROM runrow.run_event WHERE run_id = %s AND type = 'run_requeued'", (run,)
+    ).fetchone()
+    assert row is not None
+    return {"not_before": row[0]["not_before"], "at": row[1]}
+
+
+def test_a_529_releases_the_run_with_the_apis_retry_after(
+    module_conn: psycopg.Connection, plain_worker: FakeModel
+) -> None:
+    db = module_conn
+    plain_worker.inject(overloaded(2.0))
+    run = enqueue_agent(db, "hi", model="claude-backoff", tools=[], metadata={}, max_attempts=2)
+    wait_until(lambda: run_row(db, run)["status"] == "completed", 30, "completed")
+    event = requeued(db, run)
+    delay = (datetime.fromisoformat(event["not_before"]) - event["at"]).total_seconds()
+    assert 2.0 <= delay <= 2.2 + 0.1, delay  # retry-after, plus at most 10 % jitter
+    assert run_row(db, run)["attempt"] == 2
+
+
+def test_a_5xx_without_retry_after_backs_off_exponentially(
+    module_conn: psycopg.Connection, plain_worker: FakeModel
+) -> None:
+    db = module_conn
+    plain_worker.inject(server_error(None))
+    run = enqueue_agent(db, "hi", model="claude-backoff", tools=[], metadata={}, max_attempts=2)
+    wait_until(lambda: run_row(db, run)["status"] == "completed", 30, "completed")
+    event = requeued(db, run)
+    delay = (datetime.fromisoformat(event["not_before"]) - event["at"]).total_seconds()
+    assert 0.5 <= delay <= 1.1, delay  # attempt 1: 1 s, half of it jitter
+
+
+def test_a_429_is_reported_and_the_attempt_waits_it_out(
+    module_conn: psycopg.Connection, plain_worker: FakeModel
+) -> None:
+    db = module_conn
+    plain_worker.inject(rate_limited(0.5))
+    run = enqueue_agent(db, "hi", model="claude-429", tools=[], metadata={}, max_attempts=1)
+    wait_until(lambda: run_row(db, run)["status"] == "completed", 30, "completed")
+    assert [r.status for r in plain_worker.requests] == [429, 200]  # no SDK retry, one more request
+    row = db.execute(
+        "SELECT blocks_reported, blocked_by_run FROM runrow.rate_limit WHERE rate_limit_key = 'claude-429'"
+    ).fetchone()
+    assert row == (1, run)
+    assert run_row(db, run)["attempt"] == 1  # waited within the attempt
