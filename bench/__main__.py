@@ -2,10 +2,10 @@
 
 Each benchmark is also runnable alone: `python -m bench.enqueue_to_claim`,
 `python -m bench.stop_to_cancelled`, `python -m bench.journal_rows`,
-`python -m bench.claim_buffers`, `python -m bench.rate_limits`, `python -m bench.drain`. The
-drain runs last, on a cluster of its own with fsync on. `--short`: smaller sizes for the buffer
-counts and the drain. The report and the drain's rows go to bench-results.json
-(RUNROW_BENCH_JSON to change it).
+`python -m bench.claim_buffers`, `python -m bench.fairness`, `python -m bench.rate_limits`,
+`python -m bench.drain`. The drain runs last, on a cluster of its own with fsync on. `--short`:
+smaller sizes for the buffer counts, the fairness backlog and the drain. The report and the
+drain's rows go to bench-results.json (RUNROW_BENCH_JSON to change it).
 """
 
 from __future__ import annotations
@@ -17,7 +17,15 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 
-from bench import claim_buffers, drain, enqueue_to_claim, journal_rows, rate_limits, stop_to_cancelled
+from bench import (
+    claim_buffers,
+    drain,
+    enqueue_to_claim,
+    fairness,
+    journal_rows,
+    rate_limits,
+    stop_to_cancelled,
+)
 from bench.common import bench_database, machine
 
 SHORT = "--short" in sys.argv[1:]
@@ -27,6 +35,7 @@ BENCHMARKS: list[tuple[str, Callable[[str], Awaitable[list[str]]]]] = [
     ("stop", stop_to_cancelled.bench),
     ("journal", journal_rows.bench),
     ("claim_buffers", lambda url: claim_buffers.bench(url, SHORT)),
+    ("fairness", lambda url: fairness.bench(url, SHORT)),
     ("rate_limits", rate_limits.bench),
 ]
 

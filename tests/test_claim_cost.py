@@ -58,7 +58,9 @@ def claim_scan_index(conn: psycopg.Connection) -> str | None:
     source = conn.execute(
         "SELECT pg_get_functiondef('runrow._claim(text, integer, integer)'::regprocedure)"
     ).fetchone()[0]
-    steps = re.findall(r"SELECT (?:q\.|coalesce\(q\.)[^;]*?FROM runrow\.agent_run AS q[^;]*?LIMIT 1", source, re.S)
+    steps = re.findall(
+        r"SELECT (?:q\.|coalesce\(q\.)[^;]*?FROM runrow\.agent_run AS q[^;]*?LIMIT 1", source, re.S
+    )
     assert len(steps) >= 5, "the claim's walk of the queue was not found in runrow._claim"
     bound = {"h_lvl": "0", "found_key": "''", "h_tenant": "''", "h_group": "''", "h_after": "0"}
     names = set()

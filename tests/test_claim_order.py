@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-import uuid
 
 import psycopg
 from race_support import Background, Connect, claim, database_url, owner
@@ -39,7 +38,8 @@ def claim_buffers(conn: psycopg.Connection, max_runs: int = 1) -> tuple[int, int
     for _ in range(10):
         with conn.transaction(force_rollback=True):
             plan = conn.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM runrow.claim_runs('cost-probe', %s, 30)",
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)"
+                " SELECT * FROM runrow.claim_runs('cost-probe', %s, 30)",
                 (max_runs,),
             ).fetchone()[0][0]["Plan"]
         counts.append((plan["Shared Hit Blocks"] + plan["Shared Read Blocks"], plan["Actual Rows"]))
@@ -69,11 +69,15 @@ def capped_worker(url: str, worker_id: str) -> list[tuple]:
             time.sleep(0.005)
             for run_id, token in rows:
                 ended = conn.execute("SELECT clock_timestamp()").fetchone()[0]
-                assert conn.execute("SELECT runrow.finish_run(%s, %s, 'completed')", (run_id, token)).fetchone()[0]
+                assert conn.execute(
+                    "SELECT runrow.finish_run(%s, %s, 'completed')", (run_id, token)
+                ).fetchone()[0]
                 records.append((str(run_id), started, ended))
 
 
-def test_a_concurrency_limit_holds_with_several_claimers_at_once(owner: psycopg.Connection, database_url: str):
+def test_a_concurrency_limit_holds_with_several_claimers_at_once(
+    owner: psycopg.Connection, database_url: str
+):
     owner.execute("SELECT runrow.set_concurrency_limit('capped', %s)", (CAP,))
     enqueue_many(owner, CAPPED_RUNS, concurrency_key="capped")
     ctx = multiprocessing.get_context("spawn")
@@ -82,7 +86,9 @@ def test_a_concurrency_limit_holds_with_several_claimers_at_once(owner: psycopg.
     records = [r for rs in per_process for r in rs]
     assert len({run for run, _, _ in records}) == CAPPED_RUNS
     # The most intervals open at any instant: never more than the cap.
-    events = sorted([(s, 1) for _, s, _ in records] + [(e, -1) for _, _, e in records], key=lambda x: (x[0], x[1]))
+    events = sorted(
+        [(s, 1) for _, s, _ in records] + [(e, -1) for _, _, e in records], key=lambda x: (x[0], x[1])
+    )
     most = running = 0
     for _, step in events:
         running += step
@@ -105,9 +111,12 @@ def test_a_claim_skips_a_capped_key_another_claim_holds_and_takes_the_rest(
     second = Background(connect(), lambda c: claim(c, 10))
     rows = second.result()  # returns without waiting on the first claim's locks
     assert len(rows) == 1
-    assert owner.execute(
-        "SELECT concurrency_key FROM runrow.agent_run WHERE id = %s", (rows[0]["run_id"],)
-    ).fetchone()[0] is None, "the second claim took a run of the key whose limit the first held"
+    assert (
+        owner.execute(
+            "SELECT concurrency_key FROM runrow.agent_run WHERE id = %s", (rows[0]["run_id"],)
+        ).fetchone()[0]
+        is None
+    ), "the second claim took a run of the key whose limit the first held"
     first.commit()
     assert claim(connect(), 10) == [], "the key is at its limit of 1 once the first claim committed"
     running = owner.execute(
@@ -116,7 +125,9 @@ def test_a_claim_skips_a_capped_key_another_claim_holds_and_takes_the_rest(
     assert running == 1
 
 
-def test_a_high_priority_run_behind_1000_queued_runs_is_claimed_next(owner: psycopg.Connection, connect: Connect):
+def test_a_high_priority_run_behind_1000_queued_runs_is_claimed_next(
+    owner: psycopg.Connection, connect: Connect
+):
     enqueue_many(owner, 1_000)
     urgent = owner.execute(
         "SELECT run_id FROM runrow.enqueue_run(gen_random_uuid(), '\"urgent\"', 'test-model', priority => 10)"
@@ -133,31 +144,41 @@ def test_a_small_tenant_is_served_alongside_a_big_one(owner: psycopg.Connection,
     for _ in range(20):
         (row,) = claim(worker, 1)
         tenants.append(
-            owner.execute("SELECT fairness_key FROM runrow.agent_run WHERE id = %s", (row["run_id"],)).fetchone()[0]
+            owner.execute(
+                "SELECT fairness_key FROM runrow.agent_run WHERE id = %s", (row["run_id"],)
+            ).fetchone()[0]
         )
     assert tenants.count("small") == 10, tenants
 
 
-def test_claim_cost_depends_on_what_it_claims_not_on_the_queue_behind_it(owner: psycopg.Connection, connect: Connect):
+def test_claim_cost_depends_on_what_it_claims_not_on_the_queue_behind_it(
+    owner: psycopg.Connection, connect: Connect
+):
     probe = connect()
     enqueue_many(owner, 10)
     owner.execute("VACUUM ANALYZE runrow.agent_run")
     base, rows = claim_buffers(probe)
     assert rows == 1
-    owner.execute("SELECT runrow.stop_conversation(conversation_id) FROM runrow.agent_run WHERE status = 'queued'")
+    owner.execute(
+        "SELECT runrow.stop_conversation(conversation_id) FROM runrow.agent_run WHERE status = 'queued'"
+    )
 
     enqueue_many(owner, DEEP, fairness_key="one-tenant")
     owner.execute("VACUUM ANALYZE runrow.agent_run")
     deep, rows = claim_buffers(probe)
     assert rows == 1
-    owner.execute("SELECT runrow.stop_conversation(conversation_id) FROM runrow.agent_run WHERE status = 'queued'")
+    owner.execute(
+        "SELECT runrow.stop_conversation(conversation_id) FROM runrow.agent_run WHERE status = 'queued'"
+    )
 
     enqueue_many(owner, DEEP, start_in="1 hour")
     enqueue_many(owner, 10)
     owner.execute("VACUUM ANALYZE runrow.agent_run")
     delayed, rows = claim_buffers(probe)
     assert rows == 1
-    owner.execute("SELECT runrow.stop_conversation(conversation_id) FROM runrow.agent_run WHERE status = 'queued'")
+    owner.execute(
+        "SELECT runrow.stop_conversation(conversation_id) FROM runrow.agent_run WHERE status = 'queued'"
+    )
 
     # A key at its limit (0: paused) with a deep queue in front of one claimable run.
     owner.execute("SELECT runrow.set_concurrency_limit('full', 0)")
@@ -166,21 +187,27 @@ def test_claim_cost_depends_on_what_it_claims_not_on_the_queue_behind_it(owner: 
     owner.execute("VACUUM ANALYZE runrow.agent_run")
     capped, rows = claim_buffers(probe)
     assert rows == 1
-    owner.execute("SELECT runrow.stop_conversation(conversation_id) FROM runrow.agent_run WHERE status = 'queued'")
+    owner.execute(
+        "SELECT runrow.stop_conversation(conversation_id) FROM runrow.agent_run WHERE status = 'queued'"
+    )
 
     # Many tenants: the claim enumerates the active tenants of the level (one descent each),
     # so this one grows with tenants, not with what each has queued.
     owner.execute(
-        "SELECT runrow.enqueue_run(gen_random_uuid(), '\"x\"', 'test-model', fairness_key => 't' || (n %% 50))"
+        "SELECT runrow.enqueue_run(gen_random_uuid(), '\"x\"', 'test-model',"
+        " fairness_key => 't' || (n %% 50))"
         " FROM generate_series(1, %s) AS n",
         (DEEP,),
     )
     owner.execute("VACUUM ANALYZE runrow.agent_run")
     tenants, rows = claim_buffers(probe)
     assert rows == 1
-    owner.execute("SELECT runrow.stop_conversation(conversation_id) FROM runrow.agent_run WHERE status = 'queued'")
+    owner.execute(
+        "SELECT runrow.stop_conversation(conversation_id) FROM runrow.agent_run WHERE status = 'queued'"
+    )
     print(
-        f"claim buffers: {base} with 10 queued, {deep} with {DEEP} of one tenant, {delayed} with {DEEP} delayed,"
+        f"claim buffers: {base} with 10 queued, {deep} with {DEEP} of one tenant,"
+        f" {delayed} with {DEEP} delayed,"
         f" {capped} with {DEEP} behind a capped key, {tenants} with {DEEP} over 50 tenants"
     )
     # A deeper queue may add a btree level to each index the claim descends or writes (about

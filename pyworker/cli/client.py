@@ -19,6 +19,7 @@ import textwrap
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, LiteralString, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -107,6 +108,20 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     p.add_argument("--metadata", type=_json_object, default=None, help="JSON object stored on the run")
     p.add_argument("--user", help="user id stored on the run")
+    p.add_argument(
+        "--priority", type=int, default=0, help="-1000 to 1000; higher is claimed first (default 0)"
+    )
+    p.add_argument(
+        "--start-in",
+        type=float,
+        metavar="SECONDS",
+        help="not claimable before SECONDS from now (database clock), more than 0, at most 366 days",
+    )
+    p.add_argument("--fairness-key", help="the tenant claims are fair across (default: the user id)")
+    p.add_argument(
+        "--concurrency-key",
+        help="key of a concurrency limit (runrow concurrency set KEY N) the run counts against",
+    )
     p.add_argument("-f", "--follow", action="store_true", help="stream the run until it ends")
 
     p = _command(
@@ -234,6 +249,12 @@ async def cmd_enqueue(args: argparse.Namespace) -> int:
             idempotency_key=args.idempotency_key,
             if_active=args.if_active,
             metadata=args.metadata,
+            fleet=api.FleetOptions(
+                start_in=None if args.start_in is None else timedelta(seconds=args.start_in),
+                priority=args.priority,
+                fairness_key=args.fairness_key,
+                concurrency_key=args.concurrency_key,
+            ),
         )
     print(enq.run_id, flush=True)
     note = "" if enq.created else " (existing run for this idempotency key)"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 from uuid import UUID
@@ -34,11 +35,53 @@ from pyworker.http.errors import ApiError, not_found
 from pyworker.http.replica import open_stream, watched
 from pyworker.http.sse import EventStreamResponse, event_frames
 
-ENQUEUE_FIELDS = {"content", "model", "system", "tools", "max_attempts", "metadata", "if_active"}
+ENQUEUE_FIELDS = {
+    "content",
+    "model",
+    "system",
+    "tools",
+    "max_attempts",
+    "metadata",
+    "if_active",
+    "priority",
+    "start_in",
+    "fairness_key",
+    "concurrency_key",
+}
+MAX_START_IN = 366 * 86400  # enqueue_run's start_in is at most 366 days
 IF_ACTIVE = ("enqueue", "reject", "interrupt")
 MAX_IDEMPOTENCY_KEY = 200
 MAX_ATTEMPTS = 100  # enqueue_run's range is 1..100
 CURSOR = re.compile(r"[0-9]{1,18}")  # ASCII digits only (str.isdigit also says yes to "²"); below 2**63
+
+
+def _fleet_options(body: dict[str, Any]) -> api.FleetOptions:
+    """The claim-order fields of an enqueue (SPEC "Fleet scheduling"), each checked here so a bad
+    one is a 400 naming it, never a database error."""
+    priority = integer(body, "priority", -1000, 1000)
+    start_in = body.get("start_in")
+    if start_in is not None and (
+        isinstance(start_in, bool)
+        or not isinstance(start_in, int | float)
+        or not 0 < start_in <= MAX_START_IN
+    ):
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"start_in must be a number of seconds, more than 0 and at most {MAX_START_IN}",
+        )
+    keys = {}
+    for name in ("fairness_key", "concurrency_key"):
+        value = text(body, name, "a string of 1 to 200 characters", max_chars=200)
+        if value == "":
+            raise ApiError(400, "invalid_request", f"{name} must be a string of 1 to 200 characters")
+        keys[name] = value
+    return api.FleetOptions(
+        start_in=None if start_in is None else timedelta(seconds=start_in),
+        priority=priority or 0,
+        fairness_key=keys["fairness_key"],
+        concurrency_key=keys["concurrency_key"],
+    )
 
 
 async def enqueue(request: Request, svc: Services, user: str) -> Response:
@@ -65,6 +108,7 @@ async def enqueue(request: Request, svc: Services, user: str) -> Response:
         raise ApiError(
             400, "invalid_request", f"if_active must be one of {', '.join(IF_ACTIVE)}, not {if_active!r}"
         )
+    fleet = _fleet_options(body)
     key = _idempotency_key(request, user)
     try:
         async with svc.pool.connection() as conn:
@@ -81,6 +125,7 @@ async def enqueue(request: Request, svc: Services, user: str) -> Response:
                 idempotency_key=key,
                 if_active=if_active,
                 metadata=metadata,
+                fleet=fleet,
             )
     except psycopg.errors.InsufficientPrivilege:
         raise not_found("conversation", conversation_id) from None
