@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+import anthropic
 import psycopg
 import pytest
 from agent_support import (
@@ -30,6 +32,7 @@ from agent_support import (
 )
 from worker_support import run_row, wait_until
 
+from pyworker.agent.model import FleetClient
 from pyworker.agent.tools import ToolRegistry, tool
 from pyworker.fake.faults import overloaded, rate_limited, server_error
 from pyworker.fake.ratelimit import RateLimit, Refusal
@@ -221,3 +224,18 @@ def test_a_429_is_reported_and_the_attempt_waits_it_out(
     ).fetchone()
     assert row == (1, run)
     assert run_row(db, run)["attempt"] == 1  # waited within the attempt
+
+
+def test_the_sdk_does_not_retry_a_429_alone() -> None:
+    async def go(fake: FakeModel) -> None:
+        client = FleetClient(base_url=fake.base_url, api_key="k", max_retries=2)
+        with pytest.raises(anthropic.RateLimitError):
+            async with client.messages.stream(
+                model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+            ) as stream:
+                await stream.get_final_message()
+
+    with FakeModel("text") as fake:
+        fake.inject(rate_limited(0.01), rate_limited(0.01))
+        asyncio.run(go(fake))
+        assert len(fake.requests) == 1  # the worker reports it; plain AsyncAnthropic would send 3
