@@ -249,13 +249,15 @@ def test_unreachable_database_says_what_to_do() -> None:
     assert "DATABASE_URL" in result.stderr and "runrow db start" in result.stderr
 
 
-def test_status_prints_the_queue_health_view(private_database_url: str, conn: psycopg.Connection) -> None:
+def test_status_prints_the_queue_health_view_and_the_fleet_limits(
+    private_database_url: str, conn: psycopg.Connection
+) -> None:
     enqueue(conn)
     result = runrow(private_database_url, "status")
     assert result.returncode == 0, result.stderr
     columns = [c.name for c in conn.execute("SELECT * FROM runrow.queue_health LIMIT 0").description or ()]
     names = [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
-    assert names == columns
+    assert names == [*columns, "rate_limit_keys_blocked", "runs_in_backoff", "tenants_over_budget"]
     queued = next(line for line in result.stdout.splitlines() if line.startswith("queued "))
     assert int(queued.split()[1]) >= 1
 
