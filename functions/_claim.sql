@@ -98,7 +98,10 @@ BEGIN
         GET DIAGNOSTICS promoted = ROW_COUNT;
 
         fleet_blocked_keys := ARRAY(SELECT l.rate_limit_key FROM runrow.rate_limit AS l WHERE l.blocked_until > now());
-        fleet_over_tenants := ARRAY(SELECT b.fairness_key FROM runrow.tenant_budgets AS b WHERE b.over_budget);
+        -- Per budgeted tenant, a range of spend_hour's key: nothing to read without budgets.
+        fleet_over_tenants := ARRAY(
+            SELECT b.fairness_key FROM runrow.tenant_budget AS b
+            WHERE runrow._tenant_verdict(b.fairness_key) IS NOT NULL);
 
         -- Walk the queue one run at a time instead of one statement with the checks as
         -- filters: a filtered "ORDER BY ... LIMIT n" is planned from the estimated share of

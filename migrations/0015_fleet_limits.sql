@@ -84,6 +84,9 @@ CREATE TABLE runrow.spend_hour (
     PRIMARY KEY (fairness_key, hour, model)
 );
 
+-- The rolling-day views read the last 25 hours of every tenant and model.
+CREATE INDEX spend_hour_by_hour ON runrow.spend_hour (hour);
+
 COMMENT ON TABLE runrow.spend_hour IS
 'What each tenant spent on each model per hour (UTC hour start), settled by append_step from '
 'each model turn''s usage. tokens = input + output + cache writes + cache reads, as the API '
@@ -152,16 +155,24 @@ COMMENT ON VIEW runrow.spend_by_tenant IS
 'Each tenant''s model calls, tokens and USD over the rolling day (the hours that overlap the '
 'last 24 hours; NULL: the anonymous tenant).';
 
+-- Per budget, a range of spend_hour's primary key (fairness_key, hour): the cost grows with
+-- the budgeted tenants, not with the other tenants or with history.
 CREATE VIEW runrow.tenant_budgets AS
 SELECT
     b.fairness_key,
     b.tokens_per_day,
     b.cost_per_day,
-    coalesce(t.tokens, 0) AS tokens,
-    coalesce(t.cost, 0) AS cost,
+    t.tokens,
+    t.cost,
     coalesce(t.tokens >= b.tokens_per_day OR t.cost >= b.cost_per_day, false) AS over_budget
 FROM runrow.tenant_budget AS b
-LEFT JOIN runrow.spend_by_tenant AS t ON b.fairness_key = t.fairness_key;
+CROSS JOIN LATERAL (
+    SELECT
+        coalesce(sum(s.tokens), 0) AS tokens,
+        coalesce(sum(s.cost), 0) AS cost
+    FROM runrow.spend_hour AS s
+    WHERE s.fairness_key = b.fairness_key AND s.hour > now() - interval '25 hours'
+) AS t;
 
 COMMENT ON VIEW runrow.tenant_budgets IS
 'Every tenant budget (set_tenant_budget) beside the tenant''s rolling-day spend; over_budget: '
