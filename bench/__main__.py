@@ -3,6 +3,7 @@
 Each benchmark is also runnable alone: `python -m bench.enqueue_to_claim`,
 `python -m bench.stop_to_cancelled`, `python -m bench.journal_rows`,
 `python -m bench.claim_buffers`, `python -m bench.prompt_cache`, `python -m bench.fairness`,
+`python -m bench.rate_limits`,
 `python -m bench.drain`. The drain runs last, on a cluster of its own with fsync on. `--short`:
 smaller sizes for the buffer counts, the fairness backlog and the drain. The report and the
 drain's rows go to bench-results.json (RUNROW_BENCH_JSON to change it).
@@ -24,6 +25,7 @@ from bench import (
     fairness,
     journal_rows,
     prompt_cache,
+    rate_limits,
     stop_to_cancelled,
 )
 from bench.common import bench_database, machine
@@ -37,6 +39,7 @@ BENCHMARKS: list[tuple[str, Callable[[str], Awaitable[list[str]]]]] = [
     ("claim_buffers", lambda url: claim_buffers.bench(url, SHORT)),
     ("prompt_cache", prompt_cache.bench),
     ("fairness", lambda url: fairness.bench(url, SHORT)),
+    ("rate_limits", rate_limits.bench),
 ]
 
 

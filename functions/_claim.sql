@@ -71,6 +71,11 @@ DECLARE
     bg integer;
     found_key text;
     promoted integer;
+    -- Fleet limits (issue 13), read once per claim from their small tables: the rate-limit
+    -- keys blocked now and the tenants over their daily budget.
+    fleet_blocked_keys text[];
+    fleet_over_tenants text[];
+    fleet_cand record;
 BEGIN
     IF _claim.worker_id = '' OR length(_claim.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or 1 to 200 characters'
@@ -92,6 +97,12 @@ BEGIN
             FOR UPDATE SKIP LOCKED
         ));
         GET DIAGNOSTICS promoted = ROW_COUNT;
+
+        fleet_blocked_keys := ARRAY(SELECT l.rate_limit_key FROM runrow.rate_limit AS l WHERE l.blocked_until > now());
+        -- Per budgeted tenant, a range of spend_hour's key: nothing to read without budgets.
+        fleet_over_tenants := ARRAY(
+            SELECT b.fairness_key FROM runrow.tenant_budget AS b
+            WHERE runrow._tenant_verdict(b.fairness_key) IS NOT NULL);
 
         -- Walk the queue one run at a time instead of one statement with the checks as
         -- filters: a filtered "ORDER BY ... LIMIT n" is planned from the estimated share of
@@ -288,6 +299,33 @@ BEGIN
                       AND o.enqueue_seq < g_head_seq[bg]
                 );
                 CONTINUE serve WHEN blocked AND NOT may_mark;
+
+                -- Fleet limits: a run whose rate-limit key is blocked waits out the block as a
+                -- delayed run (not_before := the block's end: out of agent_run_claimable, so no
+                -- later claim walks it, promoted when due); a run of a tenant over its daily
+                -- budget is not started: it ends failed budget_exhausted here, journaled.
+                -- acquire_model_call refuses both anyway; this keeps them from taking a slot.
+                IF NOT blocked AND (cardinality(fleet_blocked_keys) > 0 OR h_tenant = ANY (fleet_over_tenants)) THEN
+                    SELECT q.id, q.rate_limit_key INTO fleet_cand
+                    FROM runrow.agent_run AS q
+                    WHERE q.conversation_id = g_head_conv[bg]
+                      AND q.enqueue_seq = g_head_seq[bg]
+                      AND q.status = 'queued'
+                    FOR UPDATE SKIP LOCKED;
+                    CONTINUE serve WHEN NOT FOUND;
+                    IF h_tenant = ANY (fleet_over_tenants) THEN
+                        PERFORM runrow._fail_queued_for_budget(fleet_cand.id, runrow._tenant_verdict(h_tenant));
+                        CONTINUE serve;
+                    END IF;
+                    IF fleet_cand.rate_limit_key = ANY (fleet_blocked_keys) THEN
+                        UPDATE runrow.agent_run AS q
+                        SET not_before = (
+                            SELECT l.blocked_until FROM runrow.rate_limit AS l
+                            WHERE l.rate_limit_key = fleet_cand.rate_limit_key)
+                        WHERE q.id = fleet_cand.id;
+                        CONTINUE serve;
+                    END IF;
+                END IF;
 
                 -- Concurrency cap (agent_run_concurrency_limit is the guarantee). The limit
                 -- row's lock makes the count stable until we commit; a limit row another

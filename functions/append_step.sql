@@ -12,6 +12,7 @@ DECLARE
     bad record;
     answered text;
     probe json;
+    seq integer;
 BEGIN
     PERFORM runrow._require_not_null(append_step.run_id, 'run_id');
     PERFORM runrow._require_not_null(append_step.claim_token, 'claim_token');
@@ -131,9 +132,15 @@ BEGIN
         END IF;
     END IF;
 
-    RETURN runrow._append_step(
+    seq := runrow._append_step(
         append_step.run_id, append_step.kind, append_step.payload, append_step.request_id,
         append_step.usage, append_step.stop_reason);
+    -- The usage settles the rate-limit buckets and the budgets in the step's own transaction,
+    -- so a crossed budget is decided with the step that crossed it.
+    IF append_step.usage IS NOT NULL THEN
+        PERFORM runrow._settle_usage(append_step.run_id, append_step.usage);
+    END IF;
+    RETURN seq;
 END
 $fn$;
 
@@ -147,7 +154,9 @@ COMMENT ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text
 'refused (55000) while a tool_use of the previous one has no result, so the log is always a '
 'valid conversation. payload is json, stored verbatim: the same bytes come back from '
 'conversation_history, the escape \u0000 (a NUL in the text) included. request_id (the '
-'provider''s) is kept for support tickets. At most 8 MiB. Fenced: NULL, nothing written, '
+'provider''s) is kept for support tickets. A model_turn''s usage settles the run''s '
+'rate-limit buckets and budgets (spent_tokens, spent_cost, spend_hour; a crossed budget marks '
+'the run, and its next acquire_model_call ends it budget_exhausted). At most 8 MiB. Fenced: NULL, nothing written, '
 'unless claim_token matches a running run. Bad input raises 22004/22023 naming the argument.';
 
 REVOKE ALL ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) FROM PUBLIC;

@@ -40,6 +40,13 @@ INSERT INTO api VALUES
     ('schema_version', '{runrow_worker,runrow_client,runrow_auditor}', $$SELECT runrow.schema_version()$$),
     ('events_channel', '{runrow_worker,runrow_client,runrow_auditor}',
         $$SELECT runrow.events_channel(gen_random_uuid())$$),
+    ('acquire_model_call', '{runrow_worker}',
+        $$SELECT * FROM runrow.acquire_model_call(gen_random_uuid(), gen_random_uuid(), 10)$$),
+    ('report_rate_limited', '{runrow_worker}',
+        $$SELECT runrow.report_rate_limited(gen_random_uuid(), gen_random_uuid(), 10)$$),
+    ('set_rate_limit', '{}', $$SELECT runrow.set_rate_limit('pgtap-key', 1, 1, 1)$$),
+    ('set_tenant_budget', '{}', $$SELECT runrow.set_tenant_budget('pgtap-tenant', 1, NULL)$$),
+    ('set_model_price', '{}', $$SELECT runrow.set_model_price('pgtap-model', 1, 1, 1, 1)$$),
     ('notify_probe', '{runrow_worker,runrow_client}',
         $$SELECT runrow.notify_probe('runrow_probe_' || md5(random()::text))$$);
 

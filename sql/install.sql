@@ -2047,6 +2047,355 @@ INSERT INTO runrow._yoyo_migration VALUES ('da8d3c9d42ef73c5d086893562c79d7efae4
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'da8d3c9d42ef73c5d086893562c79d7efae4f2a2e594e5714be1a85168199f38', '0018_fair_claim', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0019_fleet_limits
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '83ed781f2cd24d58de98fe5fd42c5bfdae1a7f90354397c56f0008d36f06e6f4') AS apply_83ed781f2cd2 \gset
+\if :apply_83ed781f2cd2
+-- Fleet-wide rate limits and budgets (SPEC.md "Fleet scheduling", issue 13). The provider's
+-- limits are per organisation, so each worker meeting a 429 alone is the retry storm; these
+-- rows are the one state every worker in every language sees.
+--
+-- rate_limit: one row per rate_limit_key, three token buckets (requests, uncached input tokens,
+-- output tokens) that refill with the database clock at their per-minute rate and hold at
+-- most a minute's worth. The row is the lock: acquire_model_call, report_rate_limited and the
+-- settlement in append_step take it FOR UPDATE, so concurrent callers never overdraw a bucket.
+-- The requests bucket can never go below zero (a check); the token buckets can, by
+-- settlement only (a step used more than its grant estimated): the debt delays the next grants.
+--
+-- Budgets: agent_run counts what the run has spent (settled by append_step), spend_hour what
+-- each tenant spent per model per hour (the rolling day is the last 24 hours of it, so a
+-- budget check reads at most 25 rows per model, whatever the history).
+-- depends: 0018_fair_claim
+
+CREATE TABLE runrow.rate_limit (
+    rate_limit_key text PRIMARY KEY CONSTRAINT rate_limit_key_length CHECK (length(rate_limit_key) BETWEEN 1 AND 200),
+    requests_per_minute integer CONSTRAINT rate_limit_rpm_positive CHECK (requests_per_minute > 0),
+    input_tokens_per_minute integer CONSTRAINT rate_limit_itpm_positive CHECK (input_tokens_per_minute > 0),
+    output_tokens_per_minute integer CONSTRAINT rate_limit_otpm_positive CHECK (output_tokens_per_minute > 0),
+    requests_left numeric NOT NULL DEFAULT 0
+    CONSTRAINT rate_limit_requests_never_overdrawn CHECK (requests_left >= 0),
+    input_tokens_left numeric NOT NULL DEFAULT 0,
+    output_tokens_left numeric NOT NULL DEFAULT 0,
+    refilled_at timestamptz NOT NULL DEFAULT now(),
+    blocked_until timestamptz,
+    blocked_by_run uuid,
+    blocks_reported bigint NOT NULL DEFAULT 0,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT rate_limit_buckets_capped CHECK (
+        (requests_per_minute IS NULL OR requests_left <= requests_per_minute)
+        AND (input_tokens_per_minute IS NULL OR input_tokens_left <= input_tokens_per_minute)
+        AND (output_tokens_per_minute IS NULL OR output_tokens_left <= output_tokens_per_minute)
+    )
+);
+
+COMMENT ON TABLE runrow.rate_limit IS
+'Fleet-wide model rate limits, one row per rate_limit_key (set_rate_limit; a row with no '
+'limits holds only a block reported by report_rate_limited). *_left are token buckets '
+'refilled with the database clock up to a minute''s worth; blocked_until stops every grant '
+'for the key. Written only by set_rate_limit, acquire_model_call, report_rate_limited and '
+'append_step, each under this row''s lock.';
+
+CREATE TABLE runrow.model_price (
+    model text PRIMARY KEY CONSTRAINT model_price_model_length CHECK (length(model) BETWEEN 1 AND 200),
+    input_per_mtok numeric NOT NULL CONSTRAINT model_price_input_nonnegative CHECK (input_per_mtok >= 0),
+    output_per_mtok numeric NOT NULL CONSTRAINT model_price_output_nonnegative CHECK (output_per_mtok >= 0),
+    cache_write_per_mtok numeric NOT NULL
+    CONSTRAINT model_price_cache_write_nonnegative CHECK (cache_write_per_mtok >= 0),
+    cache_read_per_mtok numeric NOT NULL
+    CONSTRAINT model_price_cache_read_nonnegative CHECK (cache_read_per_mtok >= 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+COMMENT ON TABLE runrow.model_price IS
+'USD per million tokens by model, filled by operators (set_model_price); cost budgets and '
+'the spend views read it when append_step settles a step.';
+
+CREATE TABLE runrow.tenant_budget (
+    fairness_key text PRIMARY KEY CONSTRAINT tenant_budget_key_length CHECK (length(fairness_key) BETWEEN 1 AND 200),
+    tokens_per_day bigint CONSTRAINT tenant_budget_tokens_positive CHECK (tokens_per_day > 0),
+    cost_per_day numeric CONSTRAINT tenant_budget_cost_positive CHECK (cost_per_day > 0),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT tenant_budget_something CHECK (tokens_per_day IS NOT NULL OR cost_per_day IS NOT NULL)
+);
+
+COMMENT ON TABLE runrow.tenant_budget IS
+'A tenant''s (agent_run.fairness_key) budget over the last 24 hours (set_tenant_budget). '
+'Its row is the lock that serializes the budget checks of the tenant''s parallel steps.';
+
+CREATE TABLE runrow.spend_hour (
+    -- '' is the anonymous tenant (runs without a fairness_key): a primary key has no NULL.
+    fairness_key text NOT NULL,
+    hour timestamptz NOT NULL,
+    model text NOT NULL,
+    model_calls bigint NOT NULL DEFAULT 0,
+    input_tokens bigint NOT NULL DEFAULT 0,
+    output_tokens bigint NOT NULL DEFAULT 0,
+    cache_write_tokens bigint NOT NULL DEFAULT 0,
+    cache_read_tokens bigint NOT NULL DEFAULT 0,
+    tokens bigint NOT NULL DEFAULT 0,
+    cost numeric NOT NULL DEFAULT 0,
+    PRIMARY KEY (fairness_key, hour, model)
+);
+
+-- The rolling-day views read the last 25 hours of every tenant and model.
+CREATE INDEX spend_hour_by_hour ON runrow.spend_hour (hour);
+
+COMMENT ON TABLE runrow.spend_hour IS
+'What each tenant spent on each model per hour (UTC hour start), settled by append_step from '
+'each model turn''s usage. tokens = input + output + cache writes + cache reads, as the API '
+'counts them; cost at model_price (0 without a price). fairness_key '''' is the anonymous tenant.';
+
+ALTER TABLE runrow.agent_run
+ADD COLUMN spent_tokens bigint NOT NULL DEFAULT 0,
+ADD COLUMN spent_cost numeric NOT NULL DEFAULT 0,
+ADD COLUMN granted_input_tokens integer,
+ADD COLUMN budget_exhausted text;
+
+COMMENT ON COLUMN runrow.agent_run.spent_tokens IS
+'Tokens the run''s model turns used (input + output + cache writes + cache reads), settled by append_step.';
+COMMENT ON COLUMN runrow.agent_run.spent_cost IS
+'USD the run''s model turns cost at model_price, settled by append_step.';
+COMMENT ON COLUMN runrow.agent_run.granted_input_tokens IS
+'The input estimate of the run''s outstanding acquire_model_call grant; append_step settles '
+'the bucket with the real usage and clears it.';
+COMMENT ON COLUMN runrow.agent_run.budget_exhausted IS
+'Why the run may make no further model request (budget_exhausted: ...), decided by append_step '
+'in the transaction that recorded the crossing usage; acquire_model_call then ends the run.';
+
+-- The DBA's view of spend: per run (the live set and the last day's finished runs through
+-- agent_run_finished_idx), per tenant and per model over the last 24 hours.
+CREATE VIEW runrow.spend_by_run AS
+SELECT
+    a.id AS run_id,
+    a.status,
+    a.fairness_key,
+    a.model,
+    a.spent_tokens,
+    a.token_budget,
+    a.spent_cost,
+    a.cost_budget,
+    a.budget_exhausted
+FROM runrow.agent_run AS a
+WHERE a.status IN ('queued', 'running', 'waiting')
+UNION ALL
+SELECT
+    a.id,
+    a.status,
+    a.fairness_key,
+    a.model,
+    a.spent_tokens,
+    a.token_budget,
+    a.spent_cost,
+    a.cost_budget,
+    a.budget_exhausted
+FROM runrow.agent_run AS a
+WHERE a.finished_at > now() - interval '24 hours';
+
+COMMENT ON VIEW runrow.spend_by_run IS
+'Tokens and USD spent by each open run and each run finished in the last 24 hours, beside its budgets.';
+
+CREATE VIEW runrow.spend_by_tenant AS
+SELECT
+    nullif(s.fairness_key, '') AS fairness_key,
+    sum(s.model_calls) AS model_calls,
+    sum(s.tokens) AS tokens,
+    sum(s.cost) AS cost
+FROM runrow.spend_hour AS s
+WHERE s.hour > now() - interval '25 hours'
+GROUP BY s.fairness_key;
+
+COMMENT ON VIEW runrow.spend_by_tenant IS
+'Each tenant''s model calls, tokens and USD over the rolling day (the hours that overlap the '
+'last 24 hours; NULL: the anonymous tenant).';
+
+-- Per budget, a range of spend_hour's primary key (fairness_key, hour): the cost grows with
+-- the budgeted tenants, not with the other tenants or with history.
+CREATE VIEW runrow.tenant_budgets AS
+SELECT
+    b.fairness_key,
+    b.tokens_per_day,
+    b.cost_per_day,
+    t.tokens,
+    t.cost,
+    coalesce(t.tokens >= b.tokens_per_day OR t.cost >= b.cost_per_day, false) AS over_budget
+FROM runrow.tenant_budget AS b
+CROSS JOIN LATERAL (
+    SELECT
+        coalesce(sum(s.tokens), 0) AS tokens,
+        coalesce(sum(s.cost), 0) AS cost
+    FROM runrow.spend_hour AS s
+    WHERE s.fairness_key = b.fairness_key AND s.hour > now() - interval '25 hours'
+) AS t;
+
+COMMENT ON VIEW runrow.tenant_budgets IS
+'Every tenant budget (set_tenant_budget) beside the tenant''s rolling-day spend; over_budget: '
+'its runs get no further model request and are not started.';
+
+CREATE VIEW runrow.model_prices AS
+SELECT
+    p.model,
+    p.input_per_mtok,
+    p.output_per_mtok,
+    p.cache_write_per_mtok,
+    p.cache_read_per_mtok,
+    p.updated_at
+FROM runrow.model_price AS p;
+
+COMMENT ON VIEW runrow.model_prices IS 'The price table (set_model_price), USD per million tokens.';
+
+CREATE VIEW runrow.spend_by_model AS
+SELECT
+    s.model,
+    sum(s.model_calls) AS model_calls,
+    sum(s.input_tokens) AS input_tokens,
+    sum(s.output_tokens) AS output_tokens,
+    sum(s.cache_write_tokens) AS cache_write_tokens,
+    sum(s.cache_read_tokens) AS cache_read_tokens,
+    sum(s.cost) AS cost
+FROM runrow.spend_hour AS s
+WHERE s.hour > now() - interval '25 hours'
+GROUP BY s.model;
+
+COMMENT ON VIEW runrow.spend_by_model IS
+'Model calls, tokens by kind and USD per model over the rolling day.';
+
+CREATE VIEW runrow.rate_limit_blocks AS
+SELECT
+    l.rate_limit_key,
+    l.blocked_until,
+    l.blocked_until - now() AS time_left,
+    l.blocked_by_run,
+    l.blocks_reported
+FROM runrow.rate_limit AS l
+WHERE l.blocked_until > now();
+
+COMMENT ON VIEW runrow.rate_limit_blocks IS
+'Rate-limit keys blocked now (a 429 reported by report_rate_limited), with the time left.';
+
+-- The lifecycle gains one edge: queued -> failed, only with budget_exhausted set (the claim
+-- refusing to start a run of a tenant over its daily budget). The rest is 0009's guard.
+CREATE OR REPLACE FUNCTION runrow._agent_run_guard() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    -- Invariant 2: terminal states are sticky. Nothing, not even the table owner,
+    -- moves a row out of completed/failed/cancelled/dead or edits it. The one change
+    -- allowed is trim_journal dropping the PII snapshot.
+    IF OLD.status IN ('completed', 'failed', 'cancelled', 'dead') THEN
+        IF NEW.request_snapshot IS NULL
+           AND (to_jsonb(NEW) - 'request_snapshot' - 'updated_at')
+               = (to_jsonb(OLD) - 'request_snapshot' - 'updated_at') THEN
+            RETURN NEW;
+        END IF;
+        RAISE EXCEPTION 'run % is % and terminal states are sticky', OLD.id, OLD.status
+            USING ERRCODE = 'integrity_constraint_violation',
+                  HINT = 'A terminal run can be run again only as a new run: runrow.retry_run().';
+    END IF;
+    -- Identity of a run never changes.
+    IF NEW.id <> OLD.id
+       OR NEW.conversation_id <> OLD.conversation_id
+       OR NEW.user_message_id <> OLD.user_message_id
+       OR NEW.prompt_id <> OLD.prompt_id
+       OR NEW.model <> OLD.model
+       OR NEW.created_at <> OLD.created_at
+       OR NEW.enqueue_seq <> OLD.enqueue_seq THEN
+        RAISE EXCEPTION 'run %: id, conversation, message, model, prompt and created_at are immutable', OLD.id
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    -- Status moves only along the lifecycle of SPEC.md.
+    IF NEW.status <> OLD.status AND NOT (
+        (OLD.status = 'queued' AND NEW.status IN ('running', 'cancelled'))
+        -- A run of a tenant over its daily budget is not started: failed at claim, with why.
+        OR (OLD.status = 'queued' AND NEW.status = 'failed' AND NEW.budget_exhausted IS NOT NULL)
+        OR (OLD.status = 'running' AND NEW.status IN ('queued', 'waiting', 'completed', 'failed', 'cancelled', 'dead'))
+        OR (OLD.status = 'waiting' AND NEW.status IN ('queued', 'cancelled'))
+    ) THEN
+        RAISE EXCEPTION 'run %: illegal status change % -> %', OLD.id, OLD.status, NEW.status
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    -- Turn order: a turn starts only when no earlier turn of its conversation is still
+    -- queued. The claim never picks such a turn; this makes it impossible. The earlier
+    -- turns are read as "open" (agent_run_open_by_conversation) and tested for queued
+    -- outside the query: a query on status = 'queued' can also be served by
+    -- agent_run_claimable, which walks the whole queue ahead of the run (0009's header).
+    IF NEW.status = 'running' AND OLD.status = 'queued' AND 'queued' = ANY (ARRAY(
+        SELECT earlier.status FROM runrow.agent_run AS earlier
+        WHERE earlier.conversation_id = NEW.conversation_id
+          AND earlier.status IN ('queued', 'running', 'waiting')
+          AND earlier.enqueue_seq < NEW.enqueue_seq
+    )) THEN
+        -- 40001: a concurrent enqueue committed an earlier turn after the claimer's
+        -- snapshot; the claim treats it like any serialization failure and retries later.
+        RAISE EXCEPTION 'run %: an earlier turn of conversation % is still queued', NEW.id, NEW.conversation_id
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+    NEW.updated_at := now();
+    RETURN NEW;
+END
+$fn$;
+
+CREATE VIEW runrow.runs_in_backoff AS
+SELECT
+    a.id AS run_id,
+    a.rate_limit_key,
+    a.attempt,
+    a.max_attempts,
+    a.not_before,
+    a.not_before - now() AS time_left,
+    a.error AS last_error
+FROM runrow.agent_run AS a
+WHERE a.status = 'queued' AND a.not_before > now();
+
+COMMENT ON VIEW runrow.runs_in_backoff IS
+'Queued runs not claimable yet (enqueue start_in, release retry_in backoff), with the time left.';
+
+CREATE VIEW runrow.tenants_over_budget AS
+SELECT
+    b.fairness_key,
+    b.tokens,
+    b.tokens_per_day,
+    b.cost,
+    b.cost_per_day
+FROM runrow.tenant_budgets AS b
+WHERE b.over_budget;
+
+COMMENT ON VIEW runrow.tenants_over_budget IS
+'Tenants whose rolling-day spend reached their budget: their runs get no further model request.';
+
+-- The buckets as of now (the stored levels plus the refill since refilled_at), without writing.
+CREATE VIEW runrow.rate_limits AS
+WITH e AS (
+    SELECT
+        l.*,
+        greatest(0, extract(EPOCH FROM now() - l.refilled_at)) AS secs
+    FROM runrow.rate_limit AS l
+)
+
+SELECT
+    e.rate_limit_key,
+    e.requests_per_minute,
+    e.input_tokens_per_minute,
+    e.output_tokens_per_minute,
+    least(e.requests_per_minute, e.requests_left + e.requests_per_minute * e.secs / 60) AS requests_left,
+    least(e.input_tokens_per_minute, e.input_tokens_left + e.input_tokens_per_minute * e.secs / 60) AS input_tokens_left,
+    least(e.output_tokens_per_minute, e.output_tokens_left + e.output_tokens_per_minute * e.secs / 60)
+        AS output_tokens_left,
+    CASE WHEN e.blocked_until > now() THEN e.blocked_until END AS blocked_until,
+    CASE WHEN e.blocked_until > now() THEN e.blocked_until - now() END AS block_time_left,
+    e.blocks_reported
+FROM e;
+
+COMMENT ON VIEW runrow.rate_limits IS
+'Every rate-limit key: its per-minute limits, what each bucket holds now, and the block in force.';
+
+GRANT SELECT ON runrow.rate_limit, runrow.model_price, runrow.tenant_budget, runrow.spend_hour TO runrow_auditor;
+GRANT SELECT ON runrow.spend_by_run, runrow.spend_by_tenant, runrow.spend_by_model, runrow.rate_limit_blocks,
+runrow.runs_in_backoff, runrow.tenants_over_budget, runrow.tenant_budgets, runrow.model_prices,
+runrow.rate_limits TO runrow_auditor;
+INSERT INTO runrow._yoyo_migration VALUES ('83ed781f2cd24d58de98fe5fd42c5bfdae1a7f90354397c56f0008d36f06e6f4', '0019_fleet_limits', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '83ed781f2cd24d58de98fe5fd42c5bfdae1a7f90354397c56f0008d36f06e6f4', '0019_fleet_limits', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -2123,6 +2472,11 @@ DECLARE
     bg integer;
     found_key text;
     promoted integer;
+    -- Fleet limits (issue 13), read once per claim from their small tables: the rate-limit
+    -- keys blocked now and the tenants over their daily budget.
+    fleet_blocked_keys text[];
+    fleet_over_tenants text[];
+    fleet_cand record;
 BEGIN
     IF _claim.worker_id = '' OR length(_claim.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or 1 to 200 characters'
@@ -2144,6 +2498,12 @@ BEGIN
             FOR UPDATE SKIP LOCKED
         ));
         GET DIAGNOSTICS promoted = ROW_COUNT;
+
+        fleet_blocked_keys := ARRAY(SELECT l.rate_limit_key FROM runrow.rate_limit AS l WHERE l.blocked_until > now());
+        -- Per budgeted tenant, a range of spend_hour's key: nothing to read without budgets.
+        fleet_over_tenants := ARRAY(
+            SELECT b.fairness_key FROM runrow.tenant_budget AS b
+            WHERE runrow._tenant_verdict(b.fairness_key) IS NOT NULL);
 
         -- Walk the queue one run at a time instead of one statement with the checks as
         -- filters: a filtered "ORDER BY ... LIMIT n" is planned from the estimated share of
@@ -2340,6 +2700,33 @@ BEGIN
                       AND o.enqueue_seq < g_head_seq[bg]
                 );
                 CONTINUE serve WHEN blocked AND NOT may_mark;
+
+                -- Fleet limits: a run whose rate-limit key is blocked waits out the block as a
+                -- delayed run (not_before := the block's end: out of agent_run_claimable, so no
+                -- later claim walks it, promoted when due); a run of a tenant over its daily
+                -- budget is not started: it ends failed budget_exhausted here, journaled.
+                -- acquire_model_call refuses both anyway; this keeps them from taking a slot.
+                IF NOT blocked AND (cardinality(fleet_blocked_keys) > 0 OR h_tenant = ANY (fleet_over_tenants)) THEN
+                    SELECT q.id, q.rate_limit_key INTO fleet_cand
+                    FROM runrow.agent_run AS q
+                    WHERE q.conversation_id = g_head_conv[bg]
+                      AND q.enqueue_seq = g_head_seq[bg]
+                      AND q.status = 'queued'
+                    FOR UPDATE SKIP LOCKED;
+                    CONTINUE serve WHEN NOT FOUND;
+                    IF h_tenant = ANY (fleet_over_tenants) THEN
+                        PERFORM runrow._fail_queued_for_budget(fleet_cand.id, runrow._tenant_verdict(h_tenant));
+                        CONTINUE serve;
+                    END IF;
+                    IF fleet_cand.rate_limit_key = ANY (fleet_blocked_keys) THEN
+                        UPDATE runrow.agent_run AS q
+                        SET not_before = (
+                            SELECT l.blocked_until FROM runrow.rate_limit AS l
+                            WHERE l.rate_limit_key = fleet_cand.rate_limit_key)
+                        WHERE q.id = fleet_cand.id;
+                        CONTINUE serve;
+                    END IF;
+                END IF;
 
                 -- Concurrency cap (agent_run_concurrency_limit is the guarantee). The limit
                 -- row's lock makes the count stable until we commit; a limit row another
@@ -2737,6 +3124,271 @@ REVOKE ALL ON FUNCTION runrow._require_not_null(anyelement, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_range(bigint, text, bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_delay(interval, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_key(text, text) FROM PUBLIC;
+
+-- functions/_limits_helpers.sql
+-- Private helpers of the fleet limits (rate limits, budgets). Not granted to any role: only
+-- the SECURITY DEFINER functions (running as the owner) call them.
+
+-- An optional limit: NULL (none) or more than 0. Zero would read as a limit and block forever.
+CREATE OR REPLACE FUNCTION runrow._require_positive(value numeric, arg text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    IF value <= 0 THEN
+        RAISE EXCEPTION '% must be NULL or more than 0, got %', arg, value USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$fn$;
+
+-- Lock a key's bucket row and bring its buckets up to now: each refills at its per-minute
+-- rate, up to a minute's worth. NULL when the key has no row (no limit, no block). The lock is
+-- held to the end of the caller's transaction: that is what keeps concurrent grants from
+-- overdrawing. A transaction that started before the last refill refills nothing (greatest).
+CREATE OR REPLACE FUNCTION runrow._lock_bucket(rate_limit_key text)
+RETURNS runrow.rate_limit
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    l runrow.rate_limit;
+    secs numeric;
+BEGIN
+    SELECT r.* INTO l FROM runrow.rate_limit AS r WHERE r.rate_limit_key = _lock_bucket.rate_limit_key FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    secs := greatest(0, extract(EPOCH FROM now() - l.refilled_at));
+    IF secs = 0 THEN
+        RETURN l;
+    END IF;
+    UPDATE runrow.rate_limit AS r
+    SET requests_left = coalesce(
+            least(r.requests_per_minute, round(r.requests_left + r.requests_per_minute * secs / 60, 6)), 0),
+        input_tokens_left = coalesce(
+            least(r.input_tokens_per_minute, round(r.input_tokens_left + r.input_tokens_per_minute * secs / 60, 6)), 0),
+        output_tokens_left = coalesce(
+            least(r.output_tokens_per_minute, round(r.output_tokens_left + r.output_tokens_per_minute * secs / 60, 6)), 0),
+        refilled_at = now()
+    WHERE r.rate_limit_key = _lock_bucket.rate_limit_key
+    RETURNING r.* INTO l;
+    RETURN l;
+END
+$fn$;
+
+-- A usage count as the API reports it: a non-negative integer, else 0 (usage is the
+-- provider's object, stored verbatim; a field it lacks or mistypes costs nothing here).
+CREATE OR REPLACE FUNCTION runrow._usage_tokens(usage jsonb, field text)
+RETURNS bigint
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+    SELECT CASE
+        WHEN jsonb_typeof(_usage_tokens.usage -> _usage_tokens.field) = 'number'
+            THEN greatest(0, least(floor((_usage_tokens.usage ->> _usage_tokens.field)::numeric), 1e15))::bigint
+        ELSE 0
+    END;
+$fn$;
+
+-- Why the run may make no further model request, or NULL. Budgets are checked against what
+-- was spent (a step may cross a budget; the one after it is not sent).
+CREATE OR REPLACE FUNCTION runrow._budget_verdict(r runrow.agent_run)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    IF r.budget_exhausted IS NOT NULL THEN
+        RETURN r.budget_exhausted;
+    END IF;
+    IF r.token_budget IS NOT NULL AND r.spent_tokens >= r.token_budget THEN
+        RETURN format('budget_exhausted: the run used %s tokens of its token_budget of %s', r.spent_tokens, r.token_budget);
+    END IF;
+    IF r.cost_budget IS NOT NULL THEN
+        IF NOT EXISTS (SELECT 1 FROM runrow.model_price AS p WHERE p.model = r.model) THEN
+            RETURN format('budget_exhausted: the run has a cost_budget but model "%s" has no price (set_model_price)',
+                r.model);
+        END IF;
+        IF r.spent_cost >= r.cost_budget THEN
+            RETURN format('budget_exhausted: the run cost %s USD of its cost_budget of %s USD',
+                round(r.spent_cost, 6), r.cost_budget);
+        END IF;
+    END IF;
+    RETURN runrow._tenant_verdict(r.fairness_key);
+END
+$fn$;
+
+-- Why a tenant may make no further model request (its rolling day, the hours that overlap
+-- the last 24 hours, reached its budget), or NULL.
+CREATE OR REPLACE FUNCTION runrow._tenant_verdict(fairness_key text)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    b runrow.tenant_budget;
+    spent record;
+BEGIN
+    SELECT t.* INTO b FROM runrow.tenant_budget AS t WHERE t.fairness_key = _tenant_verdict.fairness_key;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT coalesce(sum(s.tokens), 0) AS tokens, coalesce(sum(s.cost), 0) AS cost INTO spent
+    FROM runrow.spend_hour AS s
+    WHERE s.fairness_key = b.fairness_key AND s.hour > now() - interval '25 hours';
+    IF spent.tokens >= b.tokens_per_day THEN
+        RETURN format('budget_exhausted: tenant "%s" used %s tokens of its %s per day',
+            b.fairness_key, spent.tokens, b.tokens_per_day);
+    END IF;
+    IF spent.cost >= b.cost_per_day THEN
+        RETURN format('budget_exhausted: tenant "%s" spent %s USD of its %s USD per day',
+            b.fairness_key, round(spent.cost, 6), b.cost_per_day);
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- A queued run of a tenant over its budget is not started (the claim, under the run's
+-- lock): failed with the budget's error, nothing silently held; budget_exhausted and
+-- complete journaled, the conversation's next turn woken.
+CREATE OR REPLACE FUNCTION runrow._fail_queued_for_budget(run_id uuid, why text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    conv uuid;
+    reason text := coalesce(_fail_queued_for_budget.why, 'budget_exhausted: the tenant is over its daily budget');
+BEGIN
+    UPDATE runrow.agent_run AS a
+    SET status = 'failed', finished_at = now(), error = reason, budget_exhausted = reason
+    WHERE a.id = _fail_queued_for_budget.run_id AND a.status = 'queued'
+    RETURNING a.conversation_id INTO conv;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM runrow._journal(_fail_queued_for_budget.run_id, jsonb_build_array(jsonb_build_object(
+        'type', 'budget_exhausted', 'reason', reason)));
+    PERFORM runrow._journal_complete(_fail_queued_for_budget.run_id, conv, 'failed', NULL, reason);
+END
+$fn$;
+
+-- End a running run for its budget: failed, the error says which budget, the result keeps
+-- the text of its latest model turn, a budget_exhausted event then complete journaled. The
+-- caller holds the run row's lock (the fence).
+CREATE OR REPLACE FUNCTION runrow._end_for_budget(run_id uuid, why text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    last_turn record;
+    res jsonb;
+    conv uuid;
+BEGIN
+    SELECT s.payload, s.stop_reason INTO last_turn
+    FROM runrow.agent_step AS s
+    WHERE s.run_id = _end_for_budget.run_id AND s.kind = 'model_turn'
+    ORDER BY s.seq DESC
+    LIMIT 1;
+    res := jsonb_build_object(
+        'text', coalesce((
+            SELECT string_agg(b.block ->> 'text', '' ORDER BY b.ord)
+            FROM json_array_elements(runrow._json_probe(last_turn.payload)) WITH ORDINALITY AS b (block, ord)
+            WHERE b.block ->> 'type' = 'text'), ''),
+        'stop_reason', 'budget_exhausted');
+    UPDATE runrow.agent_run AS a
+    SET status = 'failed', finished_at = now(), error = _end_for_budget.why, result = res,
+        claim_token = NULL, claim_expires_at = NULL, granted_input_tokens = NULL,
+        budget_exhausted = _end_for_budget.why
+    WHERE a.id = _end_for_budget.run_id
+    RETURNING a.conversation_id INTO conv;
+    PERFORM runrow._journal(_end_for_budget.run_id, jsonb_build_array(jsonb_build_object(
+        'type', 'budget_exhausted', 'reason', _end_for_budget.why)));
+    PERFORM runrow._journal_complete(_end_for_budget.run_id, conv, 'failed', res, _end_for_budget.why);
+END
+$fn$;
+
+-- Settle a model turn's usage (append_step, under the run row's lock): the run's spend, the
+-- tenant's hour, the key's buckets (the grant's estimate is replaced by the real uncached
+-- input; output is charged now), and whether a budget was crossed. The tenant's budget row
+-- is locked before its spend is read, so two runs of one tenant settling at once are
+-- checked one after the other and the second sees the first's spend.
+CREATE OR REPLACE FUNCTION runrow._settle_usage(run_id uuid, usage jsonb)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    r runrow.agent_run;
+    p runrow.model_price;
+    granted integer;
+    inp bigint := runrow._usage_tokens(_settle_usage.usage, 'input_tokens');
+    outp bigint := runrow._usage_tokens(_settle_usage.usage, 'output_tokens');
+    cw bigint := runrow._usage_tokens(_settle_usage.usage, 'cache_creation_input_tokens');
+    cr bigint := runrow._usage_tokens(_settle_usage.usage, 'cache_read_input_tokens');
+    cost numeric := 0;
+    why text;
+BEGIN
+    SELECT a.granted_input_tokens INTO granted FROM runrow.agent_run AS a WHERE a.id = _settle_usage.run_id;
+    SELECT m.* INTO p FROM runrow.model_price AS m
+    WHERE m.model = (SELECT a.model FROM runrow.agent_run AS a WHERE a.id = _settle_usage.run_id);
+    IF FOUND THEN
+        cost := (inp * p.input_per_mtok + outp * p.output_per_mtok + cw * p.cache_write_per_mtok
+                 + cr * p.cache_read_per_mtok) / 1000000;
+    END IF;
+    UPDATE runrow.agent_run AS a
+    SET spent_tokens = a.spent_tokens + inp + outp + cw + cr,
+        spent_cost = a.spent_cost + cost,
+        granted_input_tokens = NULL
+    WHERE a.id = _settle_usage.run_id
+    RETURNING a.* INTO r;
+
+    -- Only uncached input counts toward the input limit (cache writes are uncached input).
+    IF r.rate_limit_key IS NOT NULL AND (runrow._lock_bucket(r.rate_limit_key)).rate_limit_key IS NOT NULL THEN
+        UPDATE runrow.rate_limit AS l
+        SET input_tokens_left = CASE WHEN l.input_tokens_per_minute IS NULL THEN 0
+                ELSE least(l.input_tokens_per_minute, l.input_tokens_left + coalesce(granted, 0) - inp - cw) END,
+            output_tokens_left = CASE WHEN l.output_tokens_per_minute IS NULL THEN 0
+                ELSE l.output_tokens_left - outp END,
+            updated_at = now()
+        WHERE l.rate_limit_key = r.rate_limit_key;
+    END IF;
+
+    PERFORM 1 FROM runrow.tenant_budget AS b WHERE b.fairness_key = r.fairness_key FOR UPDATE;
+    INSERT INTO runrow.spend_hour AS s (
+        fairness_key, hour, model, model_calls, input_tokens, output_tokens, cache_write_tokens,
+        cache_read_tokens, tokens, cost
+    )
+    VALUES (coalesce(r.fairness_key, ''), date_trunc('hour', now(), 'UTC'), r.model, 1, inp, outp, cw, cr,
+            inp + outp + cw + cr, cost)
+    ON CONFLICT ON CONSTRAINT spend_hour_pkey DO UPDATE
+    SET model_calls = s.model_calls + 1,
+        input_tokens = s.input_tokens + excluded.input_tokens,
+        output_tokens = s.output_tokens + excluded.output_tokens,
+        cache_write_tokens = s.cache_write_tokens + excluded.cache_write_tokens,
+        cache_read_tokens = s.cache_read_tokens + excluded.cache_read_tokens,
+        tokens = s.tokens + excluded.tokens,
+        cost = s.cost + excluded.cost;
+
+    why := runrow._budget_verdict(r);
+    IF why IS NOT NULL THEN
+        UPDATE runrow.agent_run AS a SET budget_exhausted = why WHERE a.id = _settle_usage.run_id;
+    END IF;
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._require_positive(numeric, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._lock_bucket(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._usage_tokens(jsonb, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._budget_verdict(runrow.agent_run) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._end_for_budget(uuid, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._tenant_verdict(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._fail_queued_for_budget(uuid, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;
 
 -- functions/_schedule_helpers.sql
 -- Private helpers of the schedules (create_schedule, fire_schedules): a cron parser and its
@@ -3351,6 +4003,94 @@ $fn$;
 
 REVOKE ALL ON FUNCTION runrow._stop_timed_out(uuid, uuid) FROM PUBLIC;
 
+-- functions/acquire_model_call.sql
+CREATE OR REPLACE FUNCTION runrow.acquire_model_call(run_id uuid, claim_token uuid, input_tokens_estimate integer)
+RETURNS TABLE (granted boolean, wait_seconds numeric, reason text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    r runrow.agent_run;
+    l runrow.rate_limit;
+    why text;
+    need_input numeric;
+    wait numeric := 0;
+BEGIN
+    PERFORM runrow._require_not_null(acquire_model_call.run_id, 'run_id');
+    PERFORM runrow._require_not_null(acquire_model_call.claim_token, 'claim_token');
+    PERFORM runrow._require_range(acquire_model_call.input_tokens_estimate, 'input_tokens_estimate', 0, 100000000);
+
+    IF NOT runrow._hold_claim(acquire_model_call.run_id, acquire_model_call.claim_token) THEN
+        RETURN;  -- fenced out: no row, nothing granted, nothing written
+    END IF;
+    SELECT a.* INTO STRICT r FROM runrow.agent_run AS a WHERE a.id = acquire_model_call.run_id;
+
+    why := runrow._budget_verdict(r);
+    IF why IS NOT NULL THEN
+        PERFORM runrow._end_for_budget(r.id, why);
+        RETURN QUERY SELECT false, NULL::numeric, 'budget_exhausted'::text;
+        RETURN;
+    END IF;
+
+    l := runrow._lock_bucket(r.rate_limit_key);
+    IF l.rate_limit_key IS NULL THEN
+        RETURN QUERY SELECT true, 0::numeric, NULL::text;  -- no limit and no block for this key
+        RETURN;
+    END IF;
+    IF l.blocked_until > now() THEN
+        RETURN QUERY SELECT false, round(extract(EPOCH FROM l.blocked_until - now()), 3), 'blocked'::text;
+        RETURN;
+    END IF;
+
+    -- An estimate over a minute's worth waits for a full bucket instead of forever.
+    need_input := least(acquire_model_call.input_tokens_estimate, l.input_tokens_per_minute);
+    IF l.requests_per_minute IS NOT NULL AND l.requests_left < 1 THEN
+        wait := greatest(wait, (1 - l.requests_left) * 60 / l.requests_per_minute);
+    END IF;
+    IF l.input_tokens_per_minute IS NOT NULL AND l.input_tokens_left < need_input THEN
+        wait := greatest(wait, (need_input - l.input_tokens_left) * 60 / l.input_tokens_per_minute);
+    END IF;
+    -- Output is charged when the step settles; a bucket in debt waits until it is back above 0.
+    IF l.output_tokens_per_minute IS NOT NULL AND l.output_tokens_left <= 0 THEN
+        wait := greatest(wait, (1 - l.output_tokens_left) * 60 / l.output_tokens_per_minute);
+    END IF;
+    IF wait > 0 THEN
+        RETURN QUERY SELECT false, round(greatest(wait, 0.001), 3), 'rate_limited'::text;
+        RETURN;
+    END IF;
+
+    UPDATE runrow.rate_limit AS b
+    SET requests_left = CASE WHEN b.requests_per_minute IS NULL THEN 0 ELSE b.requests_left - 1 END,
+        input_tokens_left = CASE WHEN b.input_tokens_per_minute IS NULL THEN 0
+            ELSE b.input_tokens_left - acquire_model_call.input_tokens_estimate END,
+        updated_at = now()
+    WHERE b.rate_limit_key = l.rate_limit_key;
+    UPDATE runrow.agent_run AS a
+    SET granted_input_tokens = CASE WHEN l.input_tokens_per_minute IS NULL THEN NULL
+        ELSE acquire_model_call.input_tokens_estimate END
+    WHERE a.id = r.id AND a.granted_input_tokens IS DISTINCT FROM CASE WHEN l.input_tokens_per_minute IS NULL
+        THEN NULL ELSE acquire_model_call.input_tokens_estimate END;
+    RETURN QUERY SELECT true, 0::numeric, NULL::text;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
+'Asked by the worker before every model request of a run it holds. Budgets first: when the '
+'run''s token_budget or cost_budget (at model_price) or its tenant''s rolling-day budget '
+'(set_tenant_budget) is spent, the run ends here: failed, error budget_exhausted: ..., result '
+'{text of its latest model turn, stop_reason budget_exhausted}, journaled budget_exhausted and '
+'complete; the row says (false, NULL, budget_exhausted). Then the run''s rate_limit_key, under '
+'its bucket row''s lock: blocked (report_rate_limited) gives (false, seconds left, blocked); '
+'too few requests or uncached input tokens left for input_tokens_estimate, or output tokens in '
+'debt, gives (false, seconds until there are, rate_limited); else one request and the estimate '
+'are taken and (true, 0, NULL) returned. A key without a row is not limited. append_step '
+'settles the grant with the real usage. Fenced: no row and nothing written unless claim_token '
+'holds the running run. Bad input (NULL, estimate outside 0..100000000) raises 22004/22023.';
+
+REVOKE ALL ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) TO runrow_worker;
+
 -- functions/append_events.sql
 CREATE OR REPLACE FUNCTION runrow.append_events(run_id uuid, claim_token uuid, events jsonb)
 RETURNS bigint
@@ -3427,6 +4167,7 @@ DECLARE
     bad record;
     answered text;
     probe json;
+    seq integer;
 BEGIN
     PERFORM runrow._require_not_null(append_step.run_id, 'run_id');
     PERFORM runrow._require_not_null(append_step.claim_token, 'claim_token');
@@ -3546,9 +4287,15 @@ BEGIN
         END IF;
     END IF;
 
-    RETURN runrow._append_step(
+    seq := runrow._append_step(
         append_step.run_id, append_step.kind, append_step.payload, append_step.request_id,
         append_step.usage, append_step.stop_reason);
+    -- The usage settles the rate-limit buckets and the budgets in the step's own transaction,
+    -- so a crossed budget is decided with the step that crossed it.
+    IF append_step.usage IS NOT NULL THEN
+        PERFORM runrow._settle_usage(append_step.run_id, append_step.usage);
+    END IF;
+    RETURN seq;
 END
 $fn$;
 
@@ -3562,7 +4309,9 @@ COMMENT ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text
 'refused (55000) while a tool_use of the previous one has no result, so the log is always a '
 'valid conversation. payload is json, stored verbatim: the same bytes come back from '
 'conversation_history, the escape \u0000 (a NUL in the text) included. request_id (the '
-'provider''s) is kept for support tickets. At most 8 MiB. Fenced: NULL, nothing written, '
+'provider''s) is kept for support tickets. A model_turn''s usage settles the run''s '
+'rate-limit buckets and budgets (spent_tokens, spent_cost, spend_hour; a crossed budget marks '
+'the run, and its next acquire_model_call ends it budget_exhausted). At most 8 MiB. Fenced: NULL, nothing written, '
 'unless claim_token matches a running run. Bad input raises 22004/22023 naming the argument.';
 
 REVOKE ALL ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) FROM PUBLIC;
@@ -6000,6 +6749,61 @@ COMMENT ON FUNCTION runrow.release_run(uuid, uuid, text, interval) IS
 REVOKE ALL ON FUNCTION runrow.release_run(uuid, uuid, text, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.release_run(uuid, uuid, text, interval) TO runrow_worker;
 
+-- functions/report_rate_limited.sql
+CREATE OR REPLACE FUNCTION runrow.report_rate_limited(run_id uuid, claim_token uuid, retry_after_seconds numeric)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    key text;
+    until timestamptz;
+BEGIN
+    PERFORM runrow._require_not_null(report_rate_limited.run_id, 'run_id');
+    PERFORM runrow._require_not_null(report_rate_limited.claim_token, 'claim_token');
+    PERFORM runrow._require_not_null(report_rate_limited.retry_after_seconds, 'retry_after_seconds');
+    IF report_rate_limited.retry_after_seconds <= 0 OR report_rate_limited.retry_after_seconds > 86400 THEN
+        RAISE EXCEPTION 'retry_after_seconds must be more than 0 and at most 86400, got %',
+            report_rate_limited.retry_after_seconds
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    IF NOT runrow._hold_claim(report_rate_limited.run_id, report_rate_limited.claim_token) THEN
+        RETURN;  -- fenced out: nothing written
+    END IF;
+    SELECT a.rate_limit_key INTO key FROM runrow.agent_run AS a WHERE a.id = report_rate_limited.run_id;
+    IF key IS NULL THEN
+        RETURN;
+    END IF;
+    until := now() + make_interval(secs => report_rate_limited.retry_after_seconds::double precision);
+
+    -- The provider's bucket is empty: ours is emptied too, and refills only once the block
+    -- ends (refilled_at in the future), so the fleet does not burst into the wall again.
+    INSERT INTO runrow.rate_limit AS l (rate_limit_key, blocked_until, blocked_by_run, blocks_reported)
+    VALUES (key, until, report_rate_limited.run_id, 1)
+    ON CONFLICT ON CONSTRAINT rate_limit_pkey DO UPDATE
+    SET blocked_until = greatest(l.blocked_until, excluded.blocked_until),
+        blocked_by_run = CASE WHEN l.blocked_until >= excluded.blocked_until THEN l.blocked_by_run
+            ELSE excluded.blocked_by_run END,
+        blocks_reported = l.blocks_reported + 1,
+        requests_left = 0,
+        refilled_at = greatest(l.refilled_at, l.blocked_until, excluded.blocked_until),
+        updated_at = now();
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.report_rate_limited(uuid, uuid, numeric) IS
+'A worker got a 429 for the run it holds: the run''s rate_limit_key is blocked fleet-wide for '
+'retry_after_seconds (the API''s retry-after; a later block is never shortened). From this '
+'commit on acquire_model_call grants nothing for the key until the block ends, and the '
+'key''s requests bucket is emptied and refills only after it. Creates the key''s row when it '
+'has no limits. Fenced: nothing written unless claim_token holds the running run. Bad input '
+'(NULL, retry_after_seconds not more than 0 or over 86400) raises 22004/22023.';
+
+REVOKE ALL ON FUNCTION runrow.report_rate_limited(uuid, uuid, numeric) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.report_rate_limited(uuid, uuid, numeric) TO runrow_worker;
+
 -- functions/resolve_approval.sql
 CREATE OR REPLACE FUNCTION runrow.resolve_approval(
     idempotency_key text, approved boolean, decided_by text, note text DEFAULT NULL
@@ -6309,6 +7113,175 @@ COMMENT ON FUNCTION runrow.set_fairness_weight(text, double precision) IS
 'writes nothing.';
 
 REVOKE ALL ON FUNCTION runrow.set_fairness_weight(text, double precision) FROM PUBLIC;
+
+-- functions/set_model_price.sql
+CREATE OR REPLACE FUNCTION runrow.set_model_price(
+    model text, input_per_mtok numeric, output_per_mtok numeric, cache_write_per_mtok numeric,
+    cache_read_per_mtok numeric
+)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    prices numeric[] := ARRAY[
+        set_model_price.input_per_mtok, set_model_price.output_per_mtok,
+        set_model_price.cache_write_per_mtok, set_model_price.cache_read_per_mtok];
+    names text[] := ARRAY['input_per_mtok', 'output_per_mtok', 'cache_write_per_mtok', 'cache_read_per_mtok'];
+BEGIN
+    PERFORM runrow._require_not_null(set_model_price.model, 'model');
+    PERFORM runrow._require_key(set_model_price.model, 'model');
+    IF array_position(prices, NULL) IS NULL OR prices = ARRAY[NULL, NULL, NULL, NULL]::numeric[] THEN
+        FOR i IN 1..4 LOOP
+            IF prices[i] < 0 THEN
+                RAISE EXCEPTION '% must be 0 or more (USD per million tokens), got %', names[i], prices[i]
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+        END LOOP;
+    ELSE
+        RAISE EXCEPTION '% must not be NULL (all four prices NULL removes the model''s price)',
+            names[array_position(prices, NULL)]
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+
+    IF set_model_price.input_per_mtok IS NULL THEN
+        DELETE FROM runrow.model_price AS p WHERE p.model = set_model_price.model;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'model "%" has no price to remove', set_model_price.model USING ERRCODE = 'no_data_found';
+        END IF;
+        RETURN;
+    END IF;
+    INSERT INTO runrow.model_price AS p (model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok)
+    VALUES (set_model_price.model, set_model_price.input_per_mtok, set_model_price.output_per_mtok,
+            set_model_price.cache_write_per_mtok, set_model_price.cache_read_per_mtok)
+    ON CONFLICT ON CONSTRAINT model_price_pkey DO UPDATE
+    SET input_per_mtok = excluded.input_per_mtok, output_per_mtok = excluded.output_per_mtok,
+        cache_write_per_mtok = excluded.cache_write_per_mtok, cache_read_per_mtok = excluded.cache_read_per_mtok,
+        updated_at = now();
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.set_model_price(text, numeric, numeric, numeric, numeric) IS
+'The operator sets a model''s price in USD per million tokens: input (uncached), output, cache '
+'write and cache read, each 0 or more. Costs are settled with the price in force when a step '
+'is appended (append_step); a run with a cost_budget whose model has no price gets no model '
+'request. All four NULL removes the price; P0002 when there is none. Bad input (NULL or '
+'over-long model, one price NULL, a negative price) raises 22004/22023 naming the argument '
+'and writes nothing.';
+
+REVOKE ALL ON FUNCTION runrow.set_model_price(text, numeric, numeric, numeric, numeric) FROM PUBLIC;
+
+-- functions/set_rate_limit.sql
+CREATE OR REPLACE FUNCTION runrow.set_rate_limit(
+    rate_limit_key text, requests_per_minute integer, input_tokens_per_minute integer, output_tokens_per_minute integer
+)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(set_rate_limit.rate_limit_key, 'rate_limit_key');
+    PERFORM runrow._require_key(set_rate_limit.rate_limit_key, 'rate_limit_key');
+    PERFORM runrow._require_positive(set_rate_limit.requests_per_minute, 'requests_per_minute');
+    PERFORM runrow._require_positive(set_rate_limit.input_tokens_per_minute, 'input_tokens_per_minute');
+    PERFORM runrow._require_positive(set_rate_limit.output_tokens_per_minute, 'output_tokens_per_minute');
+
+    IF set_rate_limit.requests_per_minute IS NULL AND set_rate_limit.input_tokens_per_minute IS NULL
+       AND set_rate_limit.output_tokens_per_minute IS NULL THEN
+        DELETE FROM runrow.rate_limit AS l WHERE l.rate_limit_key = set_rate_limit.rate_limit_key;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'rate_limit_key "%" has no rate limit to remove', set_rate_limit.rate_limit_key
+                USING ERRCODE = 'no_data_found';
+        END IF;
+        RETURN;
+    END IF;
+
+    -- A new key starts with full buckets; a changed one keeps what it holds (brought up to
+    -- now, at most the new minute's worth), and a newly limited dimension starts full.
+    INSERT INTO runrow.rate_limit AS l (
+        rate_limit_key, requests_per_minute, input_tokens_per_minute, output_tokens_per_minute,
+        requests_left, input_tokens_left, output_tokens_left
+    )
+    VALUES (
+        set_rate_limit.rate_limit_key, set_rate_limit.requests_per_minute, set_rate_limit.input_tokens_per_minute,
+        set_rate_limit.output_tokens_per_minute, coalesce(set_rate_limit.requests_per_minute, 0),
+        coalesce(set_rate_limit.input_tokens_per_minute, 0), coalesce(set_rate_limit.output_tokens_per_minute, 0)
+    )
+    ON CONFLICT ON CONSTRAINT rate_limit_pkey DO NOTHING;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM runrow._lock_bucket(set_rate_limit.rate_limit_key);
+    UPDATE runrow.rate_limit AS l
+    SET requests_per_minute = set_rate_limit.requests_per_minute,
+        input_tokens_per_minute = set_rate_limit.input_tokens_per_minute,
+        output_tokens_per_minute = set_rate_limit.output_tokens_per_minute,
+        requests_left = CASE WHEN set_rate_limit.requests_per_minute IS NULL THEN 0 ELSE least(
+            CASE WHEN l.requests_per_minute IS NULL THEN set_rate_limit.requests_per_minute ELSE l.requests_left END,
+            set_rate_limit.requests_per_minute) END,
+        input_tokens_left = CASE WHEN set_rate_limit.input_tokens_per_minute IS NULL THEN 0 ELSE least(
+            CASE WHEN l.input_tokens_per_minute IS NULL THEN set_rate_limit.input_tokens_per_minute
+                ELSE l.input_tokens_left END,
+            set_rate_limit.input_tokens_per_minute) END,
+        output_tokens_left = CASE WHEN set_rate_limit.output_tokens_per_minute IS NULL THEN 0 ELSE least(
+            CASE WHEN l.output_tokens_per_minute IS NULL THEN set_rate_limit.output_tokens_per_minute
+                ELSE l.output_tokens_left END,
+            set_rate_limit.output_tokens_per_minute) END,
+        updated_at = now()
+    WHERE l.rate_limit_key = set_rate_limit.rate_limit_key;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.set_rate_limit(text, integer, integer, integer) IS
+'The operator sets the fleet-wide limits of a rate_limit_key (a model name, the default key of '
+'its runs, or a key runs name at enqueue): requests, uncached input tokens and output tokens '
+'per minute, each NULL (not limited) or more than 0, as token buckets that refill with the '
+'database clock and hold at most a minute''s worth. A new key starts full; a changed key keeps '
+'its levels (capped to the new limits) and its block. All three NULL removes the key''s row '
+'(limits and any block); P0002 when it has none. Bad input (NULL or over-long key, a rate not '
+'more than 0) raises 22004/22023 naming the argument and writes nothing.';
+
+REVOKE ALL ON FUNCTION runrow.set_rate_limit(text, integer, integer, integer) FROM PUBLIC;
+
+-- functions/set_tenant_budget.sql
+CREATE OR REPLACE FUNCTION runrow.set_tenant_budget(fairness_key text, tokens_per_day bigint, cost_per_day numeric)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(set_tenant_budget.fairness_key, 'fairness_key');
+    PERFORM runrow._require_key(set_tenant_budget.fairness_key, 'fairness_key');
+    PERFORM runrow._require_positive(set_tenant_budget.tokens_per_day, 'tokens_per_day');
+    PERFORM runrow._require_positive(set_tenant_budget.cost_per_day, 'cost_per_day');
+
+    IF set_tenant_budget.tokens_per_day IS NULL AND set_tenant_budget.cost_per_day IS NULL THEN
+        DELETE FROM runrow.tenant_budget AS b WHERE b.fairness_key = set_tenant_budget.fairness_key;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'fairness_key "%" has no tenant budget to remove', set_tenant_budget.fairness_key
+                USING ERRCODE = 'no_data_found';
+        END IF;
+        RETURN;
+    END IF;
+    INSERT INTO runrow.tenant_budget AS b (fairness_key, tokens_per_day, cost_per_day)
+    VALUES (set_tenant_budget.fairness_key, set_tenant_budget.tokens_per_day, set_tenant_budget.cost_per_day)
+    ON CONFLICT ON CONSTRAINT tenant_budget_pkey DO UPDATE
+    SET tokens_per_day = excluded.tokens_per_day, cost_per_day = excluded.cost_per_day, updated_at = now();
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.set_tenant_budget(text, bigint, numeric) IS
+'The operator sets a tenant''s (agent_run.fairness_key, by default its user_id) budget over a '
+'rolling day: tokens_per_day (input + output + cache writes + cache reads) and cost_per_day '
+'(USD at model_price), each NULL (no limit) or more than 0. Once the tenant''s last 24 hours '
+'reach it, acquire_model_call ends its runs budget_exhausted. Both NULL removes the budget; '
+'P0002 when there is none. Bad input (NULL or over-long key, a budget not more than 0) raises '
+'22004/22023 naming the argument and writes nothing.';
+
+REVOKE ALL ON FUNCTION runrow.set_tenant_budget(text, bigint, numeric) FROM PUBLIC;
 
 -- functions/stop_conversation.sql
 CREATE OR REPLACE FUNCTION runrow.stop_conversation(conversation_id uuid)

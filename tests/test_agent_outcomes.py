@@ -3,7 +3,8 @@ against the fake Messages API and a real worker (in-process, on its own event lo
 
 end_turn → completed; tool_use → tools run, loop continues; pause_turn → content sent back;
 refusal → completed (stop_reason refusal); max_tokens, model_context_window_exceeded → failed with
-a clear error; 429/529 retried by the SDK; retries exhausted, an error event mid-stream or a dropped
+a clear error; 529 retried by the SDK, a 429 reported and asked again once its block ends;
+retries exhausted, an error event mid-stream or a dropped
 connection → released (requeued while attempts are left, else failed); other 4xx → failed; cancel
 mid-stream or between steps → cancelled with the partial text; irreversible tools wait for a person.
 """
@@ -245,7 +246,7 @@ def test_unknown_tool_and_raising_tool_are_errors_the_model_sees(db, fake) -> No
     [([rate_limited(0.01)], 2), ([overloaded(0.01), overloaded(0.01)], 3)],
     ids=["429", "529x2"],
 )
-def test_sdk_retries_429_and_529_inside_the_attempt(db, fake, faults, requests) -> None:
+def test_429_and_529_are_retried_inside_the_attempt(db, fake, faults, requests) -> None:
     fake.inject(*faults)
     run = enqueue_agent(db, "Hi", tools=[], metadata={}, max_attempts=1)
     row = finish(db, run)

@@ -251,7 +251,7 @@ def test_unreachable_database_says_what_to_do() -> None:
     assert "DATABASE_URL" in result.stderr and "runrow db start" in result.stderr
 
 
-def test_status_prints_the_queue_health_and_webhook_health_views(
+def test_status_prints_queue_health_fleet_limits_and_webhook_health(
     private_database_url: str, conn: psycopg.Connection
 ) -> None:
     enqueue(conn)
@@ -260,7 +260,13 @@ def test_status_prints_the_queue_health_and_webhook_health_views(
     columns = [c.name for c in conn.execute("SELECT * FROM runrow.queue_health LIMIT 0").description or ()]
     hooks = [c.name for c in conn.execute("SELECT * FROM runrow.webhook_health LIMIT 0").description or ()]
     names = [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
-    assert names == columns + [f"webhooks_{n}" for n in hooks if n != "measured_at"]
+    assert names == [
+        *columns,
+        "rate_limit_keys_blocked",
+        "runs_in_backoff",
+        "tenants_over_budget",
+        *[f"webhooks_{n}" for n in hooks if n != "measured_at"],
+    ]
     queued = next(line for line in result.stdout.splitlines() if line.startswith("queued "))
     assert int(queued.split()[1]) >= 1
 

@@ -30,11 +30,17 @@ How each stop_reason and failure ends (status / result / error):
 | max_tokens                                      | failed, error "max_tokens: ..." (result: the text)   |
 | model_context_window_exceeded                   | failed, error "model_context_window_exceeded: ..."   |
 | any other stop_reason                           | failed, error names it                               |
-| 429 / 529 / 5xx / connection error              | retried by the SDK (max_retries, retry-after); then  |
-|                                                 | released: requeued while attempts are left, else     |
+| before each request (pyworker/agent/limits.py)  | acquire_model_call: go; a short wait in place; a     |
+|                                                 | long one released with retry_in; budget_exhausted:   |
+|                                                 | failed "budget_exhausted: ..." (ended in SQL)        |
+| 429                                             | not retried by the SDK: reported (the key is blocked |
+|                                                 | fleet-wide for retry-after), then asked again        |
+| 529 / 5xx / connection error                    | retried by the SDK (max_retries, retry-after); then  |
+|                                                 | released with backoff (retry-after, else exponential |
+|                                                 | with jitter): requeued while attempts are left, else |
 |                                                 | failed (max_attempts 1) or dead                       |
-| `error` event mid-stream (APIStatusError 200)   | released, as above                                   |
-| connection dropped mid-stream                   | released, as above                                   |
+| `error` event mid-stream (APIStatusError 200)   | released with backoff, as above                      |
+| connection dropped mid-stream                   | released with backoff, as above                      |
 | other 4xx (400 invalid signature, 401, 404 ...) | failed, error "model API refused the request: ..."   |
 | the database refuses the run's own data (a NUL  | failed at once, never released for another paid     |
 | in a tool's input: tool_effect.args is jsonb)   | attempt (pyworker/worker/failures.py)               |
@@ -58,6 +64,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from pyworker.agent import limits
 from pyworker.agent.history import History, load_history, stop_reason_of
 from pyworker.agent.model import ModelTurn, TurnCancelled, TurnFailed, client_for, request_params, stream_turn
 from pyworker.agent.tool_calls import Parked, run_tool_calls
@@ -90,6 +97,7 @@ async def handle(ctx: RunContext) -> Outcome:
     client = client_for(ctx.config)
     run = ctx.run
     known_stops: dict[int, str | None] = {}  # stop_reason of model turns this attempt made
+    rate_limited = 0  # 429s reported in this attempt
     # A resumed attempt keeps the committed steps (each model_turn event commits with its
     # step) and redoes the rest: what an earlier attempt streamed after them is not the answer.
     await supersede_earlier_attempts(ctx, committed=COMMITTED_EVENTS)
@@ -133,17 +141,27 @@ async def handle(ctx: RunContext) -> Outcome:
                 )
             if stop != "pause_turn":
                 return _ending(stop, history.final_text(), None)
-        # Call the model.
+        # Call the model, once the fleet's limits and budgets allow it (pyworker/agent/limits.py).
+        params = request_params(run, history.messages)
+        ending = await limits.before_request(ctx, params)
+        if ending is not None:
+            return ending
+        if ctx.cancel.is_set():
+            continue
         await ctx.journal.emit({"type": "model_request", "step": len(history.steps) + 1, "model": run.model})
         try:
-            turn = await stream_turn(client, request_params(run, history.messages), ctx.journal, ctx.cancel)
+            turn = await stream_turn(client, params, ctx.journal, ctx.cancel)
         except TurnCancelled as cancelled:
             return await _cancelled(ctx, cancelled.partial_text)
         except TurnFailed as failed:
             ctx.log.warning(
                 "model turn failed (%s): %s", "retryable" if failed.retryable else "final", failed
             )
-            return Outcome("release" if failed.retryable else "failed", error=str(failed))
+            ending = await limits.after_failure(ctx, failed, rate_limited)
+            if ending is not None:
+                return ending
+            rate_limited += 1
+            continue
         seq = await _commit_turn(ctx, turn)
         if seq is not None:
             known_stops[seq] = turn.stop_reason

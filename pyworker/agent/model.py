@@ -44,10 +44,20 @@ class TurnFailed(Exception):
     """The model call of this step failed. `retryable`: a transient failure (the attempt ends and
     the run is released: requeued while attempts are left); otherwise the run fails."""
 
-    def __init__(self, message: str, *, retryable: bool, request_id: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        request_id: str | None = None,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ):
         super().__init__(message)
         self.retryable = retryable
         self.request_id = request_id
+        self.status = status  # the HTTP status, when the API answered with one
+        self.retry_after = retry_after  # seconds, from retry-after-ms / retry-after
 
 
 class TurnCancelled(Exception):
@@ -77,6 +87,17 @@ _clients: weakref.WeakKeyDictionary[
 ] = weakref.WeakKeyDictionary()
 
 
+class FleetClient(anthropic.AsyncAnthropic):
+    """The SDK client without its in-attempt retries of a 429. Those retries are each worker
+    meeting the limit alone; with fleet limits on, the 429 is reported to the database at once
+    and every worker of the key waits out the block (pyworker/agent/limits.py)."""
+
+    def _should_retry(self, response: Any) -> bool:
+        if response.status_code == 429:
+            return False
+        return super()._should_retry(response)
+
+
 def client_for(config: dict[str, Any]) -> anthropic.AsyncAnthropic:
     """One client (one connection pool) per event loop and endpoint."""
     base_url = config.get("anthropic_base_url") or os.environ.get("ANTHROPIC_BASE_URL") or None
@@ -84,11 +105,13 @@ def client_for(config: dict[str, Any]) -> anthropic.AsyncAnthropic:
     retries = int(
         config.get("anthropic_max_retries", os.environ.get("RUNROW_MAX_RETRIES", DEFAULT_MAX_RETRIES))
     )
-    key = (base_url, api_key, retries)
+    fleet = bool(config.get("fleet_limits", True))
+    key = (base_url, api_key, retries, fleet)
     clients = _clients.setdefault(asyncio.get_running_loop(), {})
     client = clients.get(key)
     if client is None:
-        client = anthropic.AsyncAnthropic(
+        kind = FleetClient if fleet else anthropic.AsyncAnthropic
+        client = kind(
             base_url=base_url,
             api_key=api_key or "no-key-set",
             max_retries=retries,
@@ -207,7 +230,32 @@ def _status_failure(exc: anthropic.APIStatusError) -> TurnFailed:
         return TurnFailed(f"model stream error mid-response: {detail}", retryable=True, request_id=request_id)
     retryable = status in (408, 409, 429) or status >= 500
     what = "model API error (retries exhausted)" if retryable else "model API refused the request"
-    return TurnFailed(f"{what}: HTTP {status}: {detail}", retryable=retryable, request_id=request_id)
+    return TurnFailed(
+        f"{what}: HTTP {status}: {detail}",
+        retryable=retryable,
+        request_id=request_id,
+        status=status,
+        retry_after=retry_after_of(exc),
+    )
+
+
+def retry_after_of(exc: anthropic.APIStatusError) -> float | None:
+    """The wait the API asked for, in seconds (retry-after-ms, else retry-after in seconds);
+    None when it gave none or one that is not a positive number (an HTTP date is ignored)."""
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw) * scale
+        except ValueError:
+            continue
+        if 0 < value < float("inf"):
+            return value
+    return None
 
 
 def _error_message(exc: anthropic.APIStatusError) -> str:

@@ -188,12 +188,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         sub,
         "status",
         cmd_status,
-        help="queue health: depth, oldest queued age, running, leases, webhooks; or one run's tokens",
-        description="Without RUN: prints the view runrow.queue_health as a two-column table, then "
-        "runrow.webhook_health (pending, retrying, in flight, dead-lettered, delivered in 24 h) "
-        "with its names prefixed webhooks_. With RUN: the run's status and its token totals over "
-        "every attempt (runrow.run_usage): model turns, input tokens billed at the full price, "
-        "output, cache read and cache write.",
+        help="queue health, fleet limits and webhooks; or one run's tokens",
+        description="Without RUN: prints the view runrow.queue_health as a two-column table with the "
+        "fleet limits in force (rate-limit keys blocked, runs waiting on backoff, tenants over budget; "
+        "details: `runrow limits show`, `runrow budget show`), then runrow.webhook_health (pending, "
+        "retrying, in flight, dead-lettered, delivered in 24 h) with its names prefixed webhooks_. "
+        "With RUN: the run's status and its token totals over every attempt (runrow.run_usage): "
+        "model turns, input tokens billed at the full price, output, cache read and cache write.",
         epilog="examples:\n  watch -n 2 runrow status\n  runrow status 5f0c...a2",
     )
     p.add_argument("run", type=uuid.UUID, nargs="?", help="run id: show this run's status and token totals")
@@ -310,11 +311,15 @@ async def _on_run(
 async def cmd_status(args: argparse.Namespace) -> int:
     if args.run is not None:
         return await _run_status(args)
+    from pyworker.cli.limits import fleet_summary
+
     names, rows = await _select_all(args, "runrow.queue_health", psycopg.errors.UndefinedTable)
+    async with await _connect(database_url(args.database_url)) as conn:
+        fleet = [[n, _cell(v)] for n, v in await fleet_summary(conn)]
     for i, row in enumerate(rows):
         if i:
             print()
-        _print_table(["", ""], [[n, _cell(v)] for n, v in zip(names, row, strict=True)], header=False)
+        _print_table(["", ""], [[n, _cell(v)] for n, v in zip(names, row, strict=True)] + fleet, header=False)
     try:
         names, rows = await _select_all(args, "runrow.webhook_health", psycopg.errors.UndefinedTable)
     except CliError:

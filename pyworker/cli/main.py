@@ -374,6 +374,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_replay_commands(sub)
 
+    # limits, budget: the fleet's rate limits, budgets and prices.
+    from pyworker.cli.limits import add_commands as add_limit_commands
+
+    add_limit_commands(sub)
+
     from pyworker.cli.serve import add_command as add_serve
 
     add_serve(sub)

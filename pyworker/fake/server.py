@@ -31,6 +31,7 @@ from typing import Any
 from pyworker.fake import protocol as wire
 from pyworker.fake.cache import PromptCache, prompt_tokens
 from pyworker.fake.faults import Fault
+from pyworker.fake.ratelimit import RateLimit
 from pyworker.fake.scenarios import ModelRequest, Scenario, conversation_step, resolve_scenario
 
 log = logging.getLogger("runrow.fake_model")
@@ -113,6 +114,7 @@ class FakeModel:
         merge_consecutive: bool = False,
         context_window: int = 200_000,
         clock: Callable[[], float] = time.monotonic,
+        rate_limit: RateLimit | None = None,
     ):
         """`scenario`: a name from fake_scenarios.SCENARIOS or a callable. `api_key`: when set, the only
         key accepted (else any non-empty key). `faults`: applied to the next /v1/messages requests, one
@@ -121,7 +123,10 @@ class FakeModel:
         `context_window`: tokens (estimated as characters / 4); a longer input is refused (400), and
         output that would overflow it stops with model_context_window_exceeded. Output is also cut at
         the request's max_tokens (stop_reason max_tokens), like the real API. `clock`: seconds, for
-        the prompt cache's TTLs (`prompt_cache`, pyworker/fake/cache.py); inject one to expire entries."""
+        the prompt cache's TTLs (`prompt_cache`, pyworker/fake/cache.py); inject one to expire entries.
+        `rate_limit`: a requests-per-period token bucket; an empty one answers 429 with
+        retry-after and counts the refusal (pyworker/fake/ratelimit.py)."""
+        self.rate_limit = rate_limit
         self.host = host
         self.port = port
         self.signer = wire.Signer(secret)
@@ -315,6 +320,15 @@ class FakeModel:
             if request.method != "POST":
                 raise wire.ApiError(405, "invalid_request_error", f"Method {request.method} not allowed")
             self._authenticate(request.headers)
+            if path == "/v1/messages" and self.rate_limit is not None:
+                wait = self.rate_limit.take()
+                if wait is not None:
+                    raise wire.ApiError(
+                        429,
+                        "rate_limit_error",
+                        "Number of requests has exceeded your rate limit",
+                        RateLimit.headers(wait),
+                    )
             if path == "/v1/messages":
                 fault = self._next_fault()
                 record.fault = fault

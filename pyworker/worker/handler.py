@@ -15,7 +15,7 @@ from pyworker.db.api import ClaimedRun
 from pyworker.db.retry import Retry
 from pyworker.worker.journal import RunJournal
 
-OutcomeStatus = Literal["completed", "failed", "cancelled", "release", "parked"]
+OutcomeStatus = Literal["completed", "failed", "cancelled", "release", "parked", "ended"]
 T = TypeVar("T")
 
 
@@ -54,13 +54,16 @@ class RunContext:
 class Outcome:
     """completed/failed/cancelled: finish_run with that status. release: release_run (the attempts
     policy requeues or fails it). parked: the handler already handed the run back in SQL (e.g.
-    waiting on an approval); the supervisor writes nothing. A handler that parks must
-    `await ctx.journal.flush()` before the SQL call that parks the run: after it, the claim
+    waiting on an approval); the supervisor writes nothing. ended: the SQL already ended the run
+    (acquire_model_call's budget_exhausted); nothing is written either. `retry_in` (seconds, with
+    release): the backoff, not claimable again before the database's now() + retry_in. A handler
+    that parks must `await ctx.journal.flush()` before the SQL call that parks the run: after it, the claim
     is gone and appends are fenced out."""
 
     status: OutcomeStatus
     result: dict[str, Any] | None = None
     error: str | None = None
+    retry_in: float | None = None
 
 
 RunHandler = Callable[[RunContext], Awaitable[Outcome]]

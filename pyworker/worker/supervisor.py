@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -178,8 +179,11 @@ class RunSupervisor:
             self.log.info("run parked by its handler")
             await self._flush_quietly()
             return "parked"
+        if outcome.status == "ended":
+            self.log.info("run ended by the database (%s)", outcome.error or "budget_exhausted")
+            return "ended"
         if outcome.status == "release":
-            return await self._release(outcome.error)
+            return await self._release(outcome.error, outcome.retry_in)
         if outcome.status not in FINISH_STATUSES:
             return await self._release(f"handler returned an unknown status {outcome.status!r}")
         try:
@@ -239,17 +243,18 @@ class RunSupervisor:
             ok = await self._ended_by_us(status, error)
         return ok
 
-    async def _release(self, reason: str | None) -> str | None:
+    async def _release(self, reason: str | None, retry_in: float | None = None) -> str | None:
         stop = await self._flush_quietly()
         if stop is not None:
             return stop
         run = self.run
         calls = 0
+        backoff = None if retry_in is None else timedelta(seconds=min(max(retry_in, 0.001), 86400))
 
         async def release(conn: Any) -> str | None:
             nonlocal calls
             calls += 1
-            return await api.release_run(conn, run.run_id, run.claim_token, reason)
+            return await api.release_run(conn, run.run_id, run.claim_token, reason, retry_in=backoff)
 
         try:
             result = await self.retry.call(self._pool, release, "release_run")
@@ -261,7 +266,7 @@ class RunSupervisor:
             self.log.warning("release_run fenced out: someone else already ended this run")
             metrics.fenced("release_run")
             return "lost"
-        self.log.info("run released (%s): %s", reason, result)
+        self.log.info("run released (%s, retry in %s): %s", reason, backoff, result)
         return f"released:{result}"
 
     async def _ended_by_us(self, status: str | None, error: str | None) -> bool:

@@ -1,0 +1,263 @@
+-- Private helpers of the fleet limits (rate limits, budgets). Not granted to any role: only
+-- the SECURITY DEFINER functions (running as the owner) call them.
+
+-- An optional limit: NULL (none) or more than 0. Zero would read as a limit and block forever.
+CREATE OR REPLACE FUNCTION runrow._require_positive(value numeric, arg text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    IF value <= 0 THEN
+        RAISE EXCEPTION '% must be NULL or more than 0, got %', arg, value USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$fn$;
+
+-- Lock a key's bucket row and bring its buckets up to now: each refills at its per-minute
+-- rate, up to a minute's worth. NULL when the key has no row (no limit, no block). The lock is
+-- held to the end of the caller's transaction: that is what keeps concurrent grants from
+-- overdrawing. A transaction that started before the last refill refills nothing (greatest).
+CREATE OR REPLACE FUNCTION runrow._lock_bucket(rate_limit_key text)
+RETURNS runrow.rate_limit
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    l runrow.rate_limit;
+    secs numeric;
+BEGIN
+    SELECT r.* INTO l FROM runrow.rate_limit AS r WHERE r.rate_limit_key = _lock_bucket.rate_limit_key FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    secs := greatest(0, extract(EPOCH FROM now() - l.refilled_at));
+    IF secs = 0 THEN
+        RETURN l;
+    END IF;
+    UPDATE runrow.rate_limit AS r
+    SET requests_left = coalesce(
+            least(r.requests_per_minute, round(r.requests_left + r.requests_per_minute * secs / 60, 6)), 0),
+        input_tokens_left = coalesce(
+            least(r.input_tokens_per_minute, round(r.input_tokens_left + r.input_tokens_per_minute * secs / 60, 6)), 0),
+        output_tokens_left = coalesce(
+            least(r.output_tokens_per_minute, round(r.output_tokens_left + r.output_tokens_per_minute * secs / 60, 6)), 0),
+        refilled_at = now()
+    WHERE r.rate_limit_key = _lock_bucket.rate_limit_key
+    RETURNING r.* INTO l;
+    RETURN l;
+END
+$fn$;
+
+-- A usage count as the API reports it: a non-negative integer, else 0 (usage is the
+-- provider's object, stored verbatim; a field it lacks or mistypes costs nothing here).
+CREATE OR REPLACE FUNCTION runrow._usage_tokens(usage jsonb, field text)
+RETURNS bigint
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, runrow
+AS $fn$
+    SELECT CASE
+        WHEN jsonb_typeof(_usage_tokens.usage -> _usage_tokens.field) = 'number'
+            THEN greatest(0, least(floor((_usage_tokens.usage ->> _usage_tokens.field)::numeric), 1e15))::bigint
+        ELSE 0
+    END;
+$fn$;
+
+-- Why the run may make no further model request, or NULL. Budgets are checked against what
+-- was spent (a step may cross a budget; the one after it is not sent).
+CREATE OR REPLACE FUNCTION runrow._budget_verdict(r runrow.agent_run)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    IF r.budget_exhausted IS NOT NULL THEN
+        RETURN r.budget_exhausted;
+    END IF;
+    IF r.token_budget IS NOT NULL AND r.spent_tokens >= r.token_budget THEN
+        RETURN format('budget_exhausted: the run used %s tokens of its token_budget of %s', r.spent_tokens, r.token_budget);
+    END IF;
+    IF r.cost_budget IS NOT NULL THEN
+        IF NOT EXISTS (SELECT 1 FROM runrow.model_price AS p WHERE p.model = r.model) THEN
+            RETURN format('budget_exhausted: the run has a cost_budget but model "%s" has no price (set_model_price)',
+                r.model);
+        END IF;
+        IF r.spent_cost >= r.cost_budget THEN
+            RETURN format('budget_exhausted: the run cost %s USD of its cost_budget of %s USD',
+                round(r.spent_cost, 6), r.cost_budget);
+        END IF;
+    END IF;
+    RETURN runrow._tenant_verdict(r.fairness_key);
+END
+$fn$;
+
+-- Why a tenant may make no further model request (its rolling day, the hours that overlap
+-- the last 24 hours, reached its budget), or NULL.
+CREATE OR REPLACE FUNCTION runrow._tenant_verdict(fairness_key text)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    b runrow.tenant_budget;
+    spent record;
+BEGIN
+    SELECT t.* INTO b FROM runrow.tenant_budget AS t WHERE t.fairness_key = _tenant_verdict.fairness_key;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT coalesce(sum(s.tokens), 0) AS tokens, coalesce(sum(s.cost), 0) AS cost INTO spent
+    FROM runrow.spend_hour AS s
+    WHERE s.fairness_key = b.fairness_key AND s.hour > now() - interval '25 hours';
+    IF spent.tokens >= b.tokens_per_day THEN
+        RETURN format('budget_exhausted: tenant "%s" used %s tokens of its %s per day',
+            b.fairness_key, spent.tokens, b.tokens_per_day);
+    END IF;
+    IF spent.cost >= b.cost_per_day THEN
+        RETURN format('budget_exhausted: tenant "%s" spent %s USD of its %s USD per day',
+            b.fairness_key, round(spent.cost, 6), b.cost_per_day);
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- A queued run of a tenant over its budget is not started (the claim, under the run's
+-- lock): failed with the budget's error, nothing silently held; budget_exhausted and
+-- complete journaled, the conversation's next turn woken.
+CREATE OR REPLACE FUNCTION runrow._fail_queued_for_budget(run_id uuid, why text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    conv uuid;
+    reason text := coalesce(_fail_queued_for_budget.why, 'budget_exhausted: the tenant is over its daily budget');
+BEGIN
+    UPDATE runrow.agent_run AS a
+    SET status = 'failed', finished_at = now(), error = reason, budget_exhausted = reason
+    WHERE a.id = _fail_queued_for_budget.run_id AND a.status = 'queued'
+    RETURNING a.conversation_id INTO conv;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM runrow._journal(_fail_queued_for_budget.run_id, jsonb_build_array(jsonb_build_object(
+        'type', 'budget_exhausted', 'reason', reason)));
+    PERFORM runrow._journal_complete(_fail_queued_for_budget.run_id, conv, 'failed', NULL, reason);
+END
+$fn$;
+
+-- End a running run for its budget: failed, the error says which budget, the result keeps
+-- the text of its latest model turn, a budget_exhausted event then complete journaled. The
+-- caller holds the run row's lock (the fence).
+CREATE OR REPLACE FUNCTION runrow._end_for_budget(run_id uuid, why text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    last_turn record;
+    res jsonb;
+    conv uuid;
+BEGIN
+    SELECT s.payload, s.stop_reason INTO last_turn
+    FROM runrow.agent_step AS s
+    WHERE s.run_id = _end_for_budget.run_id AND s.kind = 'model_turn'
+    ORDER BY s.seq DESC
+    LIMIT 1;
+    res := jsonb_build_object(
+        'text', coalesce((
+            SELECT string_agg(b.block ->> 'text', '' ORDER BY b.ord)
+            FROM json_array_elements(runrow._json_probe(last_turn.payload)) WITH ORDINALITY AS b (block, ord)
+            WHERE b.block ->> 'type' = 'text'), ''),
+        'stop_reason', 'budget_exhausted');
+    UPDATE runrow.agent_run AS a
+    SET status = 'failed', finished_at = now(), error = _end_for_budget.why, result = res,
+        claim_token = NULL, claim_expires_at = NULL, granted_input_tokens = NULL,
+        budget_exhausted = _end_for_budget.why
+    WHERE a.id = _end_for_budget.run_id
+    RETURNING a.conversation_id INTO conv;
+    PERFORM runrow._journal(_end_for_budget.run_id, jsonb_build_array(jsonb_build_object(
+        'type', 'budget_exhausted', 'reason', _end_for_budget.why)));
+    PERFORM runrow._journal_complete(_end_for_budget.run_id, conv, 'failed', res, _end_for_budget.why);
+END
+$fn$;
+
+-- Settle a model turn's usage (append_step, under the run row's lock): the run's spend, the
+-- tenant's hour, the key's buckets (the grant's estimate is replaced by the real uncached
+-- input; output is charged now), and whether a budget was crossed. The tenant's budget row
+-- is locked before its spend is read, so two runs of one tenant settling at once are
+-- checked one after the other and the second sees the first's spend.
+CREATE OR REPLACE FUNCTION runrow._settle_usage(run_id uuid, usage jsonb)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    r runrow.agent_run;
+    p runrow.model_price;
+    granted integer;
+    inp bigint := runrow._usage_tokens(_settle_usage.usage, 'input_tokens');
+    outp bigint := runrow._usage_tokens(_settle_usage.usage, 'output_tokens');
+    cw bigint := runrow._usage_tokens(_settle_usage.usage, 'cache_creation_input_tokens');
+    cr bigint := runrow._usage_tokens(_settle_usage.usage, 'cache_read_input_tokens');
+    cost numeric := 0;
+    why text;
+BEGIN
+    SELECT a.granted_input_tokens INTO granted FROM runrow.agent_run AS a WHERE a.id = _settle_usage.run_id;
+    SELECT m.* INTO p FROM runrow.model_price AS m
+    WHERE m.model = (SELECT a.model FROM runrow.agent_run AS a WHERE a.id = _settle_usage.run_id);
+    IF FOUND THEN
+        cost := (inp * p.input_per_mtok + outp * p.output_per_mtok + cw * p.cache_write_per_mtok
+                 + cr * p.cache_read_per_mtok) / 1000000;
+    END IF;
+    UPDATE runrow.agent_run AS a
+    SET spent_tokens = a.spent_tokens + inp + outp + cw + cr,
+        spent_cost = a.spent_cost + cost,
+        granted_input_tokens = NULL
+    WHERE a.id = _settle_usage.run_id
+    RETURNING a.* INTO r;
+
+    -- Only uncached input counts toward the input limit (cache writes are uncached input).
+    IF r.rate_limit_key IS NOT NULL AND (runrow._lock_bucket(r.rate_limit_key)).rate_limit_key IS NOT NULL THEN
+        UPDATE runrow.rate_limit AS l
+        SET input_tokens_left = CASE WHEN l.input_tokens_per_minute IS NULL THEN 0
+                ELSE least(l.input_tokens_per_minute, l.input_tokens_left + coalesce(granted, 0) - inp - cw) END,
+            output_tokens_left = CASE WHEN l.output_tokens_per_minute IS NULL THEN 0
+                ELSE l.output_tokens_left - outp END,
+            updated_at = now()
+        WHERE l.rate_limit_key = r.rate_limit_key;
+    END IF;
+
+    PERFORM 1 FROM runrow.tenant_budget AS b WHERE b.fairness_key = r.fairness_key FOR UPDATE;
+    INSERT INTO runrow.spend_hour AS s (
+        fairness_key, hour, model, model_calls, input_tokens, output_tokens, cache_write_tokens,
+        cache_read_tokens, tokens, cost
+    )
+    VALUES (coalesce(r.fairness_key, ''), date_trunc('hour', now(), 'UTC'), r.model, 1, inp, outp, cw, cr,
+            inp + outp + cw + cr, cost)
+    ON CONFLICT ON CONSTRAINT spend_hour_pkey DO UPDATE
+    SET model_calls = s.model_calls + 1,
+        input_tokens = s.input_tokens + excluded.input_tokens,
+        output_tokens = s.output_tokens + excluded.output_tokens,
+        cache_write_tokens = s.cache_write_tokens + excluded.cache_write_tokens,
+        cache_read_tokens = s.cache_read_tokens + excluded.cache_read_tokens,
+        tokens = s.tokens + excluded.tokens,
+        cost = s.cost + excluded.cost;
+
+    why := runrow._budget_verdict(r);
+    IF why IS NOT NULL THEN
+        UPDATE runrow.agent_run AS a SET budget_exhausted = why WHERE a.id = _settle_usage.run_id;
+    END IF;
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._require_positive(numeric, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._lock_bucket(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._usage_tokens(jsonb, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._budget_verdict(runrow.agent_run) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._end_for_budget(uuid, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._tenant_verdict(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._fail_queued_for_budget(uuid, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;

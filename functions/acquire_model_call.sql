@@ -1,0 +1,86 @@
+CREATE OR REPLACE FUNCTION runrow.acquire_model_call(run_id uuid, claim_token uuid, input_tokens_estimate integer)
+RETURNS TABLE (granted boolean, wait_seconds numeric, reason text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    r runrow.agent_run;
+    l runrow.rate_limit;
+    why text;
+    need_input numeric;
+    wait numeric := 0;
+BEGIN
+    PERFORM runrow._require_not_null(acquire_model_call.run_id, 'run_id');
+    PERFORM runrow._require_not_null(acquire_model_call.claim_token, 'claim_token');
+    PERFORM runrow._require_range(acquire_model_call.input_tokens_estimate, 'input_tokens_estimate', 0, 100000000);
+
+    IF NOT runrow._hold_claim(acquire_model_call.run_id, acquire_model_call.claim_token) THEN
+        RETURN;  -- fenced out: no row, nothing granted, nothing written
+    END IF;
+    SELECT a.* INTO STRICT r FROM runrow.agent_run AS a WHERE a.id = acquire_model_call.run_id;
+
+    why := runrow._budget_verdict(r);
+    IF why IS NOT NULL THEN
+        PERFORM runrow._end_for_budget(r.id, why);
+        RETURN QUERY SELECT false, NULL::numeric, 'budget_exhausted'::text;
+        RETURN;
+    END IF;
+
+    l := runrow._lock_bucket(r.rate_limit_key);
+    IF l.rate_limit_key IS NULL THEN
+        RETURN QUERY SELECT true, 0::numeric, NULL::text;  -- no limit and no block for this key
+        RETURN;
+    END IF;
+    IF l.blocked_until > now() THEN
+        RETURN QUERY SELECT false, round(extract(EPOCH FROM l.blocked_until - now()), 3), 'blocked'::text;
+        RETURN;
+    END IF;
+
+    -- An estimate over a minute's worth waits for a full bucket instead of forever.
+    need_input := least(acquire_model_call.input_tokens_estimate, l.input_tokens_per_minute);
+    IF l.requests_per_minute IS NOT NULL AND l.requests_left < 1 THEN
+        wait := greatest(wait, (1 - l.requests_left) * 60 / l.requests_per_minute);
+    END IF;
+    IF l.input_tokens_per_minute IS NOT NULL AND l.input_tokens_left < need_input THEN
+        wait := greatest(wait, (need_input - l.input_tokens_left) * 60 / l.input_tokens_per_minute);
+    END IF;
+    -- Output is charged when the step settles; a bucket in debt waits until it is back above 0.
+    IF l.output_tokens_per_minute IS NOT NULL AND l.output_tokens_left <= 0 THEN
+        wait := greatest(wait, (1 - l.output_tokens_left) * 60 / l.output_tokens_per_minute);
+    END IF;
+    IF wait > 0 THEN
+        RETURN QUERY SELECT false, round(greatest(wait, 0.001), 3), 'rate_limited'::text;
+        RETURN;
+    END IF;
+
+    UPDATE runrow.rate_limit AS b
+    SET requests_left = CASE WHEN b.requests_per_minute IS NULL THEN 0 ELSE b.requests_left - 1 END,
+        input_tokens_left = CASE WHEN b.input_tokens_per_minute IS NULL THEN 0
+            ELSE b.input_tokens_left - acquire_model_call.input_tokens_estimate END,
+        updated_at = now()
+    WHERE b.rate_limit_key = l.rate_limit_key;
+    UPDATE runrow.agent_run AS a
+    SET granted_input_tokens = CASE WHEN l.input_tokens_per_minute IS NULL THEN NULL
+        ELSE acquire_model_call.input_tokens_estimate END
+    WHERE a.id = r.id AND a.granted_input_tokens IS DISTINCT FROM CASE WHEN l.input_tokens_per_minute IS NULL
+        THEN NULL ELSE acquire_model_call.input_tokens_estimate END;
+    RETURN QUERY SELECT true, 0::numeric, NULL::text;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
+'Asked by the worker before every model request of a run it holds. Budgets first: when the '
+'run''s token_budget or cost_budget (at model_price) or its tenant''s rolling-day budget '
+'(set_tenant_budget) is spent, the run ends here: failed, error budget_exhausted: ..., result '
+'{text of its latest model turn, stop_reason budget_exhausted}, journaled budget_exhausted and '
+'complete; the row says (false, NULL, budget_exhausted). Then the run''s rate_limit_key, under '
+'its bucket row''s lock: blocked (report_rate_limited) gives (false, seconds left, blocked); '
+'too few requests or uncached input tokens left for input_tokens_estimate, or output tokens in '
+'debt, gives (false, seconds until there are, rate_limited); else one request and the estimate '
+'are taken and (true, 0, NULL) returned. A key without a row is not limited. append_step '
+'settles the grant with the real usage. Fenced: no row and nothing written unless claim_token '
+'holds the running run. Bad input (NULL, estimate outside 0..100000000) raises 22004/22023.';
+
+REVOKE ALL ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) TO runrow_worker;

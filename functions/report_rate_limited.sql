@@ -1,0 +1,53 @@
+CREATE OR REPLACE FUNCTION runrow.report_rate_limited(run_id uuid, claim_token uuid, retry_after_seconds numeric)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    key text;
+    until timestamptz;
+BEGIN
+    PERFORM runrow._require_not_null(report_rate_limited.run_id, 'run_id');
+    PERFORM runrow._require_not_null(report_rate_limited.claim_token, 'claim_token');
+    PERFORM runrow._require_not_null(report_rate_limited.retry_after_seconds, 'retry_after_seconds');
+    IF report_rate_limited.retry_after_seconds <= 0 OR report_rate_limited.retry_after_seconds > 86400 THEN
+        RAISE EXCEPTION 'retry_after_seconds must be more than 0 and at most 86400, got %',
+            report_rate_limited.retry_after_seconds
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    IF NOT runrow._hold_claim(report_rate_limited.run_id, report_rate_limited.claim_token) THEN
+        RETURN;  -- fenced out: nothing written
+    END IF;
+    SELECT a.rate_limit_key INTO key FROM runrow.agent_run AS a WHERE a.id = report_rate_limited.run_id;
+    IF key IS NULL THEN
+        RETURN;
+    END IF;
+    until := now() + make_interval(secs => report_rate_limited.retry_after_seconds::double precision);
+
+    -- The provider's bucket is empty: ours is emptied too, and refills only once the block
+    -- ends (refilled_at in the future), so the fleet does not burst into the wall again.
+    INSERT INTO runrow.rate_limit AS l (rate_limit_key, blocked_until, blocked_by_run, blocks_reported)
+    VALUES (key, until, report_rate_limited.run_id, 1)
+    ON CONFLICT ON CONSTRAINT rate_limit_pkey DO UPDATE
+    SET blocked_until = greatest(l.blocked_until, excluded.blocked_until),
+        blocked_by_run = CASE WHEN l.blocked_until >= excluded.blocked_until THEN l.blocked_by_run
+            ELSE excluded.blocked_by_run END,
+        blocks_reported = l.blocks_reported + 1,
+        requests_left = 0,
+        refilled_at = greatest(l.refilled_at, l.blocked_until, excluded.blocked_until),
+        updated_at = now();
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.report_rate_limited(uuid, uuid, numeric) IS
+'A worker got a 429 for the run it holds: the run''s rate_limit_key is blocked fleet-wide for '
+'retry_after_seconds (the API''s retry-after; a later block is never shortened). From this '
+'commit on acquire_model_call grants nothing for the key until the block ends, and the '
+'key''s requests bucket is emptied and refills only after it. Creates the key''s row when it '
+'has no limits. Fenced: nothing written unless claim_token holds the running run. Bad input '
+'(NULL, retry_after_seconds not more than 0 or over 86400) raises 22004/22023.';
+
+REVOKE ALL ON FUNCTION runrow.report_rate_limited(uuid, uuid, numeric) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.report_rate_limited(uuid, uuid, numeric) TO runrow_worker;

@@ -1,0 +1,56 @@
+CREATE OR REPLACE FUNCTION runrow.set_model_price(
+    model text, input_per_mtok numeric, output_per_mtok numeric, cache_write_per_mtok numeric,
+    cache_read_per_mtok numeric
+)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    prices numeric[] := ARRAY[
+        set_model_price.input_per_mtok, set_model_price.output_per_mtok,
+        set_model_price.cache_write_per_mtok, set_model_price.cache_read_per_mtok];
+    names text[] := ARRAY['input_per_mtok', 'output_per_mtok', 'cache_write_per_mtok', 'cache_read_per_mtok'];
+BEGIN
+    PERFORM runrow._require_not_null(set_model_price.model, 'model');
+    PERFORM runrow._require_key(set_model_price.model, 'model');
+    IF array_position(prices, NULL) IS NULL OR prices = ARRAY[NULL, NULL, NULL, NULL]::numeric[] THEN
+        FOR i IN 1..4 LOOP
+            IF prices[i] < 0 THEN
+                RAISE EXCEPTION '% must be 0 or more (USD per million tokens), got %', names[i], prices[i]
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+        END LOOP;
+    ELSE
+        RAISE EXCEPTION '% must not be NULL (all four prices NULL removes the model''s price)',
+            names[array_position(prices, NULL)]
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+
+    IF set_model_price.input_per_mtok IS NULL THEN
+        DELETE FROM runrow.model_price AS p WHERE p.model = set_model_price.model;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'model "%" has no price to remove', set_model_price.model USING ERRCODE = 'no_data_found';
+        END IF;
+        RETURN;
+    END IF;
+    INSERT INTO runrow.model_price AS p (model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok)
+    VALUES (set_model_price.model, set_model_price.input_per_mtok, set_model_price.output_per_mtok,
+            set_model_price.cache_write_per_mtok, set_model_price.cache_read_per_mtok)
+    ON CONFLICT ON CONSTRAINT model_price_pkey DO UPDATE
+    SET input_per_mtok = excluded.input_per_mtok, output_per_mtok = excluded.output_per_mtok,
+        cache_write_per_mtok = excluded.cache_write_per_mtok, cache_read_per_mtok = excluded.cache_read_per_mtok,
+        updated_at = now();
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.set_model_price(text, numeric, numeric, numeric, numeric) IS
+'The operator sets a model''s price in USD per million tokens: input (uncached), output, cache '
+'write and cache read, each 0 or more. Costs are settled with the price in force when a step '
+'is appended (append_step); a run with a cost_budget whose model has no price gets no model '
+'request. All four NULL removes the price; P0002 when there is none. Bad input (NULL or '
+'over-long model, one price NULL, a negative price) raises 22004/22023 naming the argument '
+'and writes nothing.';
+
+REVOKE ALL ON FUNCTION runrow.set_model_price(text, numeric, numeric, numeric, numeric) FROM PUBLIC;

@@ -1,0 +1,71 @@
+CREATE OR REPLACE FUNCTION runrow.set_rate_limit(
+    rate_limit_key text, requests_per_minute integer, input_tokens_per_minute integer, output_tokens_per_minute integer
+)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(set_rate_limit.rate_limit_key, 'rate_limit_key');
+    PERFORM runrow._require_key(set_rate_limit.rate_limit_key, 'rate_limit_key');
+    PERFORM runrow._require_positive(set_rate_limit.requests_per_minute, 'requests_per_minute');
+    PERFORM runrow._require_positive(set_rate_limit.input_tokens_per_minute, 'input_tokens_per_minute');
+    PERFORM runrow._require_positive(set_rate_limit.output_tokens_per_minute, 'output_tokens_per_minute');
+
+    IF set_rate_limit.requests_per_minute IS NULL AND set_rate_limit.input_tokens_per_minute IS NULL
+       AND set_rate_limit.output_tokens_per_minute IS NULL THEN
+        DELETE FROM runrow.rate_limit AS l WHERE l.rate_limit_key = set_rate_limit.rate_limit_key;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'rate_limit_key "%" has no rate limit to remove', set_rate_limit.rate_limit_key
+                USING ERRCODE = 'no_data_found';
+        END IF;
+        RETURN;
+    END IF;
+
+    -- A new key starts with full buckets; a changed one keeps what it holds (brought up to
+    -- now, at most the new minute's worth), and a newly limited dimension starts full.
+    INSERT INTO runrow.rate_limit AS l (
+        rate_limit_key, requests_per_minute, input_tokens_per_minute, output_tokens_per_minute,
+        requests_left, input_tokens_left, output_tokens_left
+    )
+    VALUES (
+        set_rate_limit.rate_limit_key, set_rate_limit.requests_per_minute, set_rate_limit.input_tokens_per_minute,
+        set_rate_limit.output_tokens_per_minute, coalesce(set_rate_limit.requests_per_minute, 0),
+        coalesce(set_rate_limit.input_tokens_per_minute, 0), coalesce(set_rate_limit.output_tokens_per_minute, 0)
+    )
+    ON CONFLICT ON CONSTRAINT rate_limit_pkey DO NOTHING;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM runrow._lock_bucket(set_rate_limit.rate_limit_key);
+    UPDATE runrow.rate_limit AS l
+    SET requests_per_minute = set_rate_limit.requests_per_minute,
+        input_tokens_per_minute = set_rate_limit.input_tokens_per_minute,
+        output_tokens_per_minute = set_rate_limit.output_tokens_per_minute,
+        requests_left = CASE WHEN set_rate_limit.requests_per_minute IS NULL THEN 0 ELSE least(
+            CASE WHEN l.requests_per_minute IS NULL THEN set_rate_limit.requests_per_minute ELSE l.requests_left END,
+            set_rate_limit.requests_per_minute) END,
+        input_tokens_left = CASE WHEN set_rate_limit.input_tokens_per_minute IS NULL THEN 0 ELSE least(
+            CASE WHEN l.input_tokens_per_minute IS NULL THEN set_rate_limit.input_tokens_per_minute
+                ELSE l.input_tokens_left END,
+            set_rate_limit.input_tokens_per_minute) END,
+        output_tokens_left = CASE WHEN set_rate_limit.output_tokens_per_minute IS NULL THEN 0 ELSE least(
+            CASE WHEN l.output_tokens_per_minute IS NULL THEN set_rate_limit.output_tokens_per_minute
+                ELSE l.output_tokens_left END,
+            set_rate_limit.output_tokens_per_minute) END,
+        updated_at = now()
+    WHERE l.rate_limit_key = set_rate_limit.rate_limit_key;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.set_rate_limit(text, integer, integer, integer) IS
+'The operator sets the fleet-wide limits of a rate_limit_key (a model name, the default key of '
+'its runs, or a key runs name at enqueue): requests, uncached input tokens and output tokens '
+'per minute, each NULL (not limited) or more than 0, as token buckets that refill with the '
+'database clock and hold at most a minute''s worth. A new key starts full; a changed key keeps '
+'its levels (capped to the new limits) and its block. All three NULL removes the key''s row '
+'(limits and any block); P0002 when it has none. Bad input (NULL or over-long key, a rate not '
+'more than 0) raises 22004/22023 naming the argument and writes nothing.';
+
+REVOKE ALL ON FUNCTION runrow.set_rate_limit(text, integer, integer, integer) FROM PUBLIC;

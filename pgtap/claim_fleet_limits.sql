@@ -1,0 +1,62 @@
+-- The claim's fleet-limit checks (issue 13): a run whose rate-limit key is blocked is not
+-- claimed (it waits out the block as a delayed run); a run of a tenant over its daily budget
+-- is not started: it ends failed budget_exhausted at claim, journaled. Other runs are claimed.
+BEGIN;
+\ir helpers/setup.psql
+\ir helpers/lifecycle.psql
+SELECT plan(12);
+SELECT pg_temp.drain_queue();
+
+CREATE FUNCTION pg_temp.fleet_queued(key text DEFAULT NULL, tenant text DEFAULT NULL) RETURNS uuid
+LANGUAGE sql AS $$
+    SELECT e.run_id FROM runrow.enqueue_run(
+        conversation_id => gen_random_uuid(), content => '"hi"', model => 'test-model', user_id => tenant,
+        rate_limit_key => key) AS e
+$$;
+
+-- A blocked key: reported by a running run of the key.
+SELECT pg_temp.fleet_queued('hot') AS reporter \gset
+SELECT pg_temp.claim(:'reporter');
+SELECT runrow.report_rate_limited(:'reporter', pg_temp.token(:'reporter'), 60);
+SELECT pg_temp.fleet_queued('hot') AS blocked \gset
+SELECT pg_temp.fleet_queued('cold') AS free \gset
+
+SELECT is((SELECT array_agg(run_id) FROM runrow.claim_runs('pgtap', 10, 30)), ARRAY[:'free'::uuid],
+    'the claim skips the run whose key is blocked and takes the other');
+SELECT is((SELECT (status, not_before = now() + interval '60 seconds')::text FROM runrow.agent_run WHERE id = :'blocked'),
+    '(queued,t)', 'the blocked run waits out the block as a delayed run');
+SELECT is((SELECT count(*)::int FROM runrow.runs_in_backoff WHERE run_id = :'blocked'), 1,
+    'runs_in_backoff shows it');
+SELECT is_empty($$SELECT * FROM runrow.claim_runs('pgtap', 10, 30)$$, 'while the block lasts no claim takes it');
+UPDATE runrow.rate_limit SET blocked_until = now() - interval '1 second' WHERE rate_limit_key = 'hot';
+UPDATE runrow.agent_run SET not_before = now() - interval '1 second' WHERE id = :'blocked';
+SELECT is((SELECT array_agg(run_id) FROM runrow.claim_runs('pgtap', 10, 30)), ARRAY[:'blocked'::uuid],
+    'once the block is over the run is claimed');
+
+-- A tenant over its daily budget.
+SELECT runrow.set_tenant_budget('spender', 100, NULL);
+SELECT pg_temp.fleet_queued(tenant => 'spender') AS spent_run \gset
+SELECT pg_temp.claim(:'spent_run');
+SELECT runrow.append_step(:'spent_run', pg_temp.token(:'spent_run'), 'model_turn', '[{"type": "text", "text": "x"}]',
+    NULL, '{"input_tokens": 150}', 'end_turn');
+SELECT pg_temp.fleet_queued(tenant => 'spender') AS over \gset
+SELECT pg_temp.fleet_queued(tenant => 'thrifty') AS other \gset
+SELECT is((SELECT array_agg(run_id) FROM runrow.claim_runs('pgtap', 10, 30)), ARRAY[:'other'::uuid],
+    'the claim does not start the run of the tenant over budget');
+SELECT is((SELECT (status, error, finished_at IS NOT NULL, attempt)::text FROM runrow.agent_run WHERE id = :'over'),
+    '(failed,"budget_exhausted: tenant ""spender"" used 150 tokens of its 100 per day",t,0)',
+    'it ended failed budget_exhausted at claim, nothing silently held');
+SELECT is(pg_temp.journal(:'over'), ARRAY['user_message_created', 'run_queued', 'budget_exhausted', 'complete'],
+    'the journal says so');
+SELECT is(pg_temp.last_event(:'over') ->> 'status', 'failed', 'its complete event says failed');
+SELECT is_empty(format($$SELECT * FROM runrow.audit() WHERE run_id = %L$$, :'over'), 'audit finds nothing wrong with it');
+
+-- Without blocks or budgets the claim is as before.
+SELECT runrow.set_tenant_budget('spender', NULL, NULL);
+SELECT pg_temp.fleet_queued(tenant => 'spender') AS again \gset
+SELECT is((SELECT array_agg(run_id) FROM runrow.claim_runs('pgtap', 10, 30)), ARRAY[:'again'::uuid],
+    'the budget removed, the tenant''s runs are claimed again');
+SELECT is((SELECT count(*)::int FROM runrow.tenants_over_budget), 0, 'no tenant is over budget');
+
+SELECT * FROM finish();
+ROLLBACK;

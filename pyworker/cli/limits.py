@@ -1,0 +1,167 @@
+"""`runrow limits` and `runrow budget`: set and show the fleet's rate limits, budgets and prices
+(SPEC "Fleet scheduling"). They call runrow.set_rate_limit / set_tenant_budget / set_model_price
+and read the documented views; a bad value is refused by the database with a message naming
+the argument (exit 2), and nothing is changed."""
+
+from __future__ import annotations
+
+import argparse
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from pyworker.cli.client import CliError, _cell, _command, _connect, _print_table
+from pyworker.db import limits as limits_api
+from pyworker.db.config import database_url
+
+LIMITS_EPILOG = """how it works:
+  Each run draws from the rate-limit key it was enqueued with (default: its model). Before
+  every model request a worker asks the database (acquire_model_call); the buckets below
+  refill with the database clock, at most a minute's worth. A 429 from the API blocks the key
+  for every worker until its retry-after has passed (shown under "blocks").
+
+examples:
+  runrow limits set claude-sonnet-4-5 --rpm 50 --input-tpm 30000 --output-tpm 8000
+  runrow limits set org-key-2 --rpm 1000         # a key runs name with enqueue_run(rate_limit_key)
+  runrow limits remove org-key-2                 # no limit (and no block) for the key
+  runrow limits show                             # limits, bucket levels, blocks, runs in backoff"""
+
+BUDGET_EPILOG = """how it works:
+  A run's token_budget / cost_budget (enqueue_run) and its tenant's daily budget (the
+  fairness_key, by default the user id, over the last 24 hours) are settled with each step's
+  real usage. Once spent, the run's next model request is refused and the run ends failed
+  with "budget_exhausted: ...", keeping its text so far. Costs need a price per model.
+
+examples:
+  runrow budget price claude-sonnet-4-5 --input 3 --output 15 --cache-write 3.75 --cache-read 0.3
+  runrow budget tenant acme --tokens-per-day 2000000 --cost-per-day 25
+  runrow budget remove-tenant acme
+  runrow budget show                             # budgets, spend per tenant and model, prices"""
+
+
+def _usd(text: str) -> Decimal:
+    try:
+        value = Decimal(text)
+    except InvalidOperation as exc:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
+    if not value.is_finite():
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = _command(
+        sub,
+        "limits",
+        cmd_limits,
+        help="fleet-wide model rate limits: set, remove, show",
+        description="Requests, uncached input tokens and output tokens per minute per "
+        "rate-limit key, shared by every worker of the fleet through the database.",
+        epilog=LIMITS_EPILOG,
+    )
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    s = actions.add_parser("set", help="set a key's limits (an omitted one is not limited)")
+    s.add_argument("key", help="the rate-limit key: a model name, or a key runs name at enqueue")
+    s.add_argument("--rpm", type=int, help="requests per minute (more than 0)")
+    s.add_argument("--input-tpm", type=int, help="uncached input tokens per minute (more than 0)")
+    s.add_argument("--output-tpm", type=int, help="output tokens per minute (more than 0)")
+    r = actions.add_parser("remove", help="remove a key's limits and any block on it")
+    r.add_argument("key")
+    actions.add_parser("show", help="limits, bucket levels, blocks and runs waiting on backoff")
+
+    p = _command(
+        sub,
+        "budget",
+        cmd_budget,
+        help="token and cost budgets: tenant budgets, model prices, spend",
+        description="Per-tenant daily budgets, the price table costs are computed with, and what "
+        "was spent per tenant, model and run.",
+        epilog=BUDGET_EPILOG,
+    )
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    t = actions.add_parser("tenant", help="set a tenant's budget over a rolling day")
+    t.add_argument("tenant", help="the fairness key (by default the run's user id)")
+    t.add_argument("--tokens-per-day", type=int, help="input + output + cache tokens (more than 0)")
+    t.add_argument("--cost-per-day", type=_usd, help="USD (more than 0)")
+    r = actions.add_parser("remove-tenant", help="remove a tenant's budget")
+    r.add_argument("tenant")
+    pr = actions.add_parser("price", help="set a model's price in USD per million tokens")
+    pr.add_argument("model")
+    for flag in ("--input", "--output", "--cache-write", "--cache-read"):
+        pr.add_argument(flag, type=_usd, required=True, help="USD per million tokens (0 or more)")
+    r = actions.add_parser("remove-price", help="remove a model's price")
+    r.add_argument("model")
+    actions.add_parser("show", help="tenant budgets, spend per tenant and model, prices, top runs")
+
+
+async def cmd_limits(args: argparse.Namespace) -> int:
+    async with await _connect(database_url(args.database_url)) as conn:
+        if args.action == "set":
+            if args.rpm is None and args.input_tpm is None and args.output_tpm is None:
+                raise CliError(
+                    "give at least one of --rpm, --input-tpm, --output-tpm (or use `limits remove`)"
+                )
+            await limits_api.set_rate_limit(conn, args.key, args.rpm, args.input_tpm, args.output_tpm)
+            print(f"rate limit of {args.key} set")
+        elif args.action == "remove":
+            await limits_api.set_rate_limit(conn, args.key, None, None, None)
+            print(f"rate limit of {args.key} removed")
+        else:
+            await _show(conn, "limits", "rate_limits")
+            await _show(conn, "blocks", "rate_limit_blocks")
+            await _show(conn, "runs in backoff", "runs_in_backoff")
+    return 0
+
+
+async def cmd_budget(args: argparse.Namespace) -> int:
+    async with await _connect(database_url(args.database_url)) as conn:
+        if args.action == "tenant":
+            if args.tokens_per_day is None and args.cost_per_day is None:
+                raise CliError("give --tokens-per-day or --cost-per-day (or use `budget remove-tenant`)")
+            await limits_api.set_tenant_budget(conn, args.tenant, args.tokens_per_day, args.cost_per_day)
+            print(f"budget of tenant {args.tenant} set")
+        elif args.action == "remove-tenant":
+            await limits_api.set_tenant_budget(conn, args.tenant, None, None)
+            print(f"budget of tenant {args.tenant} removed")
+        elif args.action == "price":
+            await limits_api.set_model_price(
+                conn, args.model, args.input, args.output, args.cache_write, args.cache_read
+            )
+            print(f"price of {args.model} set")
+        elif args.action == "remove-price":
+            await limits_api.set_model_price(conn, args.model, None, None, None, None)
+            print(f"price of {args.model} removed")
+        else:
+            await _show(conn, "tenant budgets", "tenant_budgets")
+            await _show(conn, "spend per tenant (rolling day)", "spend_by_tenant")
+            await _show(conn, "spend per model (rolling day)", "spend_by_model")
+            await _show(conn, "prices (USD per million tokens)", "model_prices")
+            await _show(conn, "top runs by spend", "spend_by_run", limit=10)
+    return 0
+
+
+async def _show(conn: AsyncConnection[Any], title: str, view: str, limit: int = 100) -> None:
+    rows = await limits_api.view_rows(conn, view, limit)
+    print(f"{title}:")
+    if not rows:
+        print("  (none)\n")
+        return
+    names = list(rows[0])
+    _print_table(names, [[_cell(r[n]) for n in names] for r in rows])
+    print()
+
+
+async def fleet_summary(conn: AsyncConnection[Any]) -> list[tuple[str, Any]]:
+    """The fleet-limit lines of `runrow status`."""
+    blocks = await limits_api.view_rows(conn, "rate_limit_blocks")
+    backoff = await limits_api.view_rows(conn, "runs_in_backoff", limit=100000)
+    over = await limits_api.view_rows(conn, "tenants_over_budget")
+    return [
+        (
+            "rate_limit_keys_blocked",
+            ", ".join(f"{b['rate_limit_key']} ({b['time_left']})" for b in blocks) or 0,
+        ),
+        ("runs_in_backoff", len(backoff)),
+        ("tenants_over_budget", ", ".join(str(t["fairness_key"]) for t in over) or 0),
+    ]

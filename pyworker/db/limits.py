@@ -1,0 +1,106 @@
+"""Typed async wrappers of the fleet-limit functions (SPEC "Fleet scheduling") and the views
+the `runrow limits` / `runrow budget` commands show. Same rules as pyworker/db/api.py: only
+`runrow.*` functions with named arguments, and documented views."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+
+
+@dataclass(frozen=True)
+class Slot:
+    """acquire_model_call's answer. granted, or wait `wait_seconds` because of `reason`
+    (rate_limited, blocked) — or budget_exhausted: the run has been ended in SQL."""
+
+    granted: bool
+    wait_seconds: float | None
+    reason: str | None
+
+
+async def acquire_model_call(
+    conn: AsyncConnection, run_id: UUID, claim_token: UUID, input_tokens_estimate: int
+) -> Slot | None:
+    """None when fenced out (the run is no longer this claim's): nothing was granted."""
+    cur = await conn.execute(
+        "SELECT granted, wait_seconds, reason FROM runrow.acquire_model_call("
+        "run_id => %s, claim_token => %s, input_tokens_estimate => %s)",
+        (run_id, claim_token, input_tokens_estimate),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    return Slot(bool(row[0]), None if row[1] is None else float(row[1]), row[2])
+
+
+async def report_rate_limited(
+    conn: AsyncConnection, run_id: UUID, claim_token: UUID, retry_after_seconds: float
+) -> None:
+    await conn.execute(
+        "SELECT runrow.report_rate_limited(run_id => %s, claim_token => %s, retry_after_seconds => %s)",
+        (run_id, claim_token, Decimal(str(round(retry_after_seconds, 3)))),
+    )
+
+
+async def set_rate_limit(
+    conn: AsyncConnection,
+    rate_limit_key: str,
+    requests_per_minute: int | None,
+    input_tokens_per_minute: int | None,
+    output_tokens_per_minute: int | None,
+) -> None:
+    await conn.execute(
+        "SELECT runrow.set_rate_limit(rate_limit_key => %s, requests_per_minute => %s, "
+        "input_tokens_per_minute => %s, output_tokens_per_minute => %s)",
+        (rate_limit_key, requests_per_minute, input_tokens_per_minute, output_tokens_per_minute),
+    )
+
+
+async def set_tenant_budget(
+    conn: AsyncConnection, fairness_key: str, tokens_per_day: int | None, cost_per_day: Decimal | None
+) -> None:
+    await conn.execute(
+        "SELECT runrow.set_tenant_budget(fairness_key => %s, tokens_per_day => %s, cost_per_day => %s)",
+        (fairness_key, tokens_per_day, cost_per_day),
+    )
+
+
+async def set_model_price(
+    conn: AsyncConnection,
+    model: str,
+    input_per_mtok: Decimal | None,
+    output_per_mtok: Decimal | None,
+    cache_write_per_mtok: Decimal | None,
+    cache_read_per_mtok: Decimal | None,
+) -> None:
+    await conn.execute(
+        "SELECT runrow.set_model_price(model => %s, input_per_mtok => %s, output_per_mtok => %s, "
+        "cache_write_per_mtok => %s, cache_read_per_mtok => %s)",
+        (model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok),
+    )
+
+
+# The documented views the CLI shows, and the order of their rows.
+VIEWS = {
+    "rate_limits": "rate_limit_key",
+    "rate_limit_blocks": "blocked_until",
+    "runs_in_backoff": "not_before",
+    "tenant_budgets": "fairness_key",
+    "tenants_over_budget": "fairness_key",
+    "model_prices": "model",
+    "spend_by_tenant": "cost DESC, tokens DESC",
+    "spend_by_model": "cost DESC",
+    "spend_by_run": "spent_cost DESC, spent_tokens DESC",
+}
+
+
+async def view_rows(conn: AsyncConnection, view: str, limit: int = 100) -> list[dict[str, Any]]:
+    order = VIEWS[view]  # only the names above reach the SQL text
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(f"SELECT * FROM runrow.{view} ORDER BY {order} LIMIT %s", (limit,))
+        return await cur.fetchall()

@@ -1,0 +1,95 @@
+"""`runrow limits`, `runrow budget` and the fleet lines of `runrow status`, as real processes."""
+
+from __future__ import annotations
+
+import psycopg
+from tail_support import private_database_url
+from test_cli import runrow
+
+from pyworker.worker.backoff import retry_in
+
+__all__ = ["private_database_url"]
+
+
+def test_limits_set_show_remove(private_database_url: str) -> None:
+    url = private_database_url
+    done = runrow(url, "limits", "set", "cli-key", "--rpm", "50", "--output-tpm", "8000")
+    assert (done.returncode, done.stdout.strip()) == (0, "rate limit of cli-key set"), done.stderr
+    shown = runrow(url, "limits", "show")
+    assert shown.returncode == 0, shown.stderr
+    line = next(ln for ln in shown.stdout.splitlines() if ln.startswith("cli-key"))
+    assert line.split()[:3] == ["cli-key", "50", "8000"]  # rpm, output tpm (input unlimited: empty)
+    assert "blocks:" in shown.stdout and "runs in backoff:" in shown.stdout
+    assert runrow(url, "limits", "remove", "cli-key").returncode == 0
+    again = runrow(url, "limits", "remove", "cli-key")
+    assert again.returncode == 2
+    assert 'rate_limit_key "cli-key" has no rate limit to remove' in again.stderr
+    assert "Traceback" not in again.stderr
+
+
+def test_bad_values_are_one_line_errors_and_change_nothing(private_database_url: str) -> None:
+    url = private_database_url
+    bad = runrow(url, "limits", "set", "cli-bad", "--rpm", "-5")
+    assert bad.returncode == 2
+    assert "requests_per_minute must be NULL or more than 0, got -5" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    with psycopg.connect(url) as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM runrow.rate_limits WHERE rate_limit_key = 'cli-bad'"
+        ).fetchone() == (0,)
+    price = runrow(
+        url,
+        "budget",
+        "price",
+        "m",
+        "--input",
+        "-1",
+        "--output",
+        "1",
+        "--cache-write",
+        "1",
+        "--cache-read",
+        "1",
+    )
+    assert price.returncode == 2 and "input_per_mtok must be 0 or more" in price.stderr
+    nothing = runrow(url, "budget", "tenant", "acme")
+    assert nothing.returncode == 2 and "--tokens-per-day or --cost-per-day" in nothing.stderr
+
+
+def test_budget_and_status(private_database_url: str) -> None:
+    url = private_database_url
+    assert runrow(url, "budget", "tenant", "acme", "--tokens-per-day", "1000").returncode == 0
+    args = [
+        "budget",
+        "price",
+        "claude-x",
+        "--input",
+        "3",
+        "--output",
+        "15",
+        "--cache-write",
+        "3.75",
+        "--cache-read",
+        "0.3",
+    ]
+    assert runrow(url, *args).returncode == 0
+    shown = runrow(url, "budget", "show")
+    assert shown.returncode == 0, shown.stderr
+    assert any(ln.startswith("acme") and "1000" in ln for ln in shown.stdout.splitlines())
+    assert any(ln.startswith("claude-x") for ln in shown.stdout.splitlines())
+    status = runrow(url, "status")
+    assert status.returncode == 0, status.stderr
+    for name in ("rate_limit_keys_blocked", "runs_in_backoff", "tenants_over_budget"):
+        assert name in status.stdout
+    for command in ("limits", "budget"):
+        helped = runrow(None, command, "--help")
+        assert helped.returncode == 0 and "examples:" in helped.stdout
+
+
+def test_backoff_is_exponential_with_jitter_and_honours_retry_after() -> None:
+    assert [retry_in(n, rng=lambda: 0.0) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
+    assert [retry_in(n, rng=lambda: 1.0) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 8.0]
+    assert retry_in(30, rng=lambda: 1.0) == 300.0  # capped
+    assert retry_in(1, 12.0, rng=lambda: 0.0) == 12.0  # the API's retry-after wins
+    assert retry_in(1, 12.0, rng=lambda: 1.0) == 12.0 * 1.1
+    assert retry_in(1, 10**9) == 86400.0  # release_run's limit

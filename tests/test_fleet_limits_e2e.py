@@ -1,0 +1,241 @@
+"""Fleet limits end to end: the real SDK against the fake Messages API, real worker processes.
+
+- 4 workers (2 runs each), 40 runs, a fake that allows 3 requests a second and answers the rest 429 +
+  retry-after: once one worker reports the 429, the key is blocked fleet-wide, so during each
+  block at most one more refused request per worker (the ones already in flight); and every
+  run completes.
+- A run with a 2,000-token budget whose model keeps calling tools ends budget_exhausted after
+  the step that crossed it, and no further model request is made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import anthropic
+import psycopg
+import pytest
+from agent_support import (
+    ForkedWorker,
+    agent_env,
+    enqueue_agent,
+    in_process_worker,
+    module_conn,
+    module_db,
+    steps,
+)
+from worker_support import run_row, wait_until
+
+from pyworker.agent.model import FleetClient
+from pyworker.agent.tools import ToolRegistry, tool
+from pyworker.fake.faults import overloaded, rate_limited, server_error
+from pyworker.fake.ratelimit import RateLimit, Refusal
+from pyworker.fake.scenarios import ModelRequest, Text, ToolCall, turn
+from pyworker.fake.server import FakeModel
+
+__all__ = ["module_conn", "module_db"]
+
+WORKERS = 4
+RUNS = 40
+PER_SECOND = 3
+CONCURRENCY = 2
+MODEL = "claude-fake-limited"
+
+
+def episodes(refused: list[Refusal]) -> list[int]:
+    """Refusals grouped by block: a block starts at a refusal not inside an earlier block and
+    lasts that refusal's retry-after."""
+    counts: list[int] = []
+    until = float("-inf")
+    for r in sorted(refused, key=lambda r: r.at):
+        if r.at >= until:
+            counts.append(0)
+            until = r.at + r.retry_after
+        counts[-1] += 1
+    return counts
+
+
+def test_a_429_blocks_the_key_fleet_wide_and_every_run_completes(
+    module_conn: psycopg.Connection, tmp_path
+) -> None:
+    db = module_conn
+    # The fleet knows the rate too: after the first 429 its bucket is empty and refills at
+    # the fake's pace, so the workers stop bursting into the wall.
+    db.execute("SELECT runrow.set_rate_limit(%s, %s, NULL, NULL)", (MODEL, PER_SECOND * 60))
+    limit = RateLimit(requests=PER_SECOND, per_seconds=1.0)
+    with FakeModel("text", rate_limit=limit) as fake:
+        runs = [
+            enqueue_agent(db, f"run {i}", model=MODEL, tools=[], metadata={}, max_attempts=3)
+            for i in range(RUNS)
+        ]
+        env = agent_env(fake.base_url, tmp_path)
+        workers = [
+            ForkedWorker(
+                db.info.dsn,
+                f"limits-{n}",
+                env,
+                concurrency=CONCURRENCY,
+                lease_seconds=5,
+                poll_seconds=0.3,
+                reap_interval=1,
+            )
+            for n in range(WORKERS)
+        ]
+        try:
+            wait_until(
+                lambda: all(run_row(db, r)["status"] in ("completed", "failed", "dead") for r in runs),
+                60,
+                "every run ended",
+                interval=0.2,
+            )
+        finally:
+            for w in workers:
+                w.stop()
+        refused = list(limit.refused)
+    statuses = [run_row(db, r)["status"] for r in runs]
+    assert statuses == ["completed"] * RUNS
+    blocks = episodes(refused)
+    print(f"\n{RUNS} runs, {WORKERS} workers, {PER_SECOND}/s: {len(refused)} refused, per block {blocks}")
+    assert refused, "the fake never refused: the test did not meet the limit"
+    assert max(blocks) <= 1 + WORKERS, blocks
+
+
+@pytest.fixture
+def tool_loop_worker(module_db: str) -> Iterator[FakeModel]:
+    registry = ToolRegistry()
+
+    @tool(
+        input_schema={"type": "object", "properties": {"n": {"type": "integer"}}},
+        description="Count.",
+        effect="pure",
+        into=registry,
+    )
+    def count(n: int, idempotency_key: str) -> str:
+        return f"counted {n} " + "x" * 400
+
+    def forever(request: ModelRequest) -> Any:
+        return turn(Text(f"step {request.step}, again."), ToolCall("count", {"n": request.step}))
+
+    with FakeModel(forever) as fake:
+        config = {"anthropic_base_url": fake.base_url, "anthropic_api_key": "test-key", "registry": registry}
+        with in_process_worker(module_db, "budget", config=config, lease_seconds=5, concurrency=1):
+            yield fake
+
+
+def test_a_token_budget_ends_the_run_after_the_crossing_step(
+    module_conn: psycopg.Connection, tool_loop_worker: FakeModel
+) -> None:
+    db = module_conn
+    fake = tool_loop_worker
+    tools = [{"name": "count", "description": "Count.", "input_schema": {"type": "object"}}]
+    run = db.execute(
+        "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => '\"count forever\"', "
+        "model => 'claude-fake-1', tools => %s::jsonb, token_budget => 2000)",
+        (uuid.uuid4(), json.dumps(tools)),
+    ).fetchone()[0]
+    wait_until(
+        lambda: run_row(db, run)["status"] != "queued" and run_row(db, run)["status"] != "running",
+        30,
+        "ended",
+    )
+    row = run_row(db, run)
+    assert row["status"] == "failed"
+    assert row["error"].startswith("budget_exhausted: the run used "), row["error"]
+    assert row["result"]["text"].startswith("step ")
+    usage = [
+        u["input_tokens"] + u["output_tokens"]
+        for (u,) in db.execute(
+            "SELECT usage FROM runrow.agent_step WHERE run_id = %s AND kind = 'model_turn' ORDER BY seq",
+            (run,),
+        ).fetchall()
+    ]
+    assert sum(usage[:-1]) < 2000 <= sum(usage), usage  # the last step is the one that crossed
+    time.sleep(0.5)  # a request sent after the ending would have arrived by now
+    assert len(fake.requests) == len(usage), "a model request was sent after the budget was crossed"
+    kinds = [kind for _, kind, _ in steps(db, run)]
+    assert kinds[-1] in ("model_turn", "tool_result")
+    journal = [
+        t for (t,) in db.execute("SELECT type FROM runrow.run_event WHERE run_id = %s ORDER BY seq", (run,))
+    ]
+    assert journal[-2:] == ["budget_exhausted", "complete"]
+
+
+@pytest.fixture
+def plain_worker(module_db: str) -> Iterator[FakeModel]:
+    with FakeModel("text") as fake:
+        config = {
+            "anthropic_base_url": fake.base_url,
+            "anthropic_api_key": "test-key",
+            "anthropic_max_retries": 0,
+        }
+        with in_process_worker(module_db, "backoff", config=config, lease_seconds=5, concurrency=1):
+            yield fake
+
+
+def requeued(db: psycopg.Connection, run: uuid.UUID) -> dict[str, Any]:
+    row = db.execute(
+        "SELECT payload, created_at FROM runrow.run_event WHERE run_id = %s AND type = 'run_requeued'", (run,)
+    ).fetchone()
+    assert row is not None
+    return {"not_before": row[0]["not_before"], "at": row[1]}
+
+
+def test_a_529_releases_the_run_with_the_apis_retry_after(
+    module_conn: psycopg.Connection, plain_worker: FakeModel
+) -> None:
+    db = module_conn
+    plain_worker.inject(overloaded(2.0))
+    run = enqueue_agent(db, "hi", model="claude-backoff", tools=[], metadata={}, max_attempts=2)
+    wait_until(lambda: run_row(db, run)["status"] == "completed", 30, "completed")
+    event = requeued(db, run)
+    delay = (datetime.fromisoformat(event["not_before"]) - event["at"]).total_seconds()
+    assert 2.0 <= delay <= 2.2 + 0.1, delay  # retry-after, plus at most 10 % jitter
+    assert run_row(db, run)["attempt"] == 2
+
+
+def test_a_5xx_without_retry_after_backs_off_exponentially(
+    module_conn: psycopg.Connection, plain_worker: FakeModel
+) -> None:
+    db = module_conn
+    plain_worker.inject(server_error(None))
+    run = enqueue_agent(db, "hi", model="claude-backoff", tools=[], metadata={}, max_attempts=2)
+    wait_until(lambda: run_row(db, run)["status"] == "completed", 30, "completed")
+    event = requeued(db, run)
+    delay = (datetime.fromisoformat(event["not_before"]) - event["at"]).total_seconds()
+    assert 0.5 <= delay <= 1.1, delay  # attempt 1: 1 s, half of it jitter
+
+
+def test_a_429_is_reported_and_the_attempt_waits_it_out(
+    module_conn: psycopg.Connection, plain_worker: FakeModel
+) -> None:
+    db = module_conn
+    plain_worker.inject(rate_limited(0.5))
+    run = enqueue_agent(db, "hi", model="claude-429", tools=[], metadata={}, max_attempts=1)
+    wait_until(lambda: run_row(db, run)["status"] == "completed", 30, "completed")
+    assert [r.status for r in plain_worker.requests] == [429, 200]  # no SDK retry, one more request
+    row = db.execute(
+        "SELECT blocks_reported, blocked_by_run FROM runrow.rate_limit WHERE rate_limit_key = 'claude-429'"
+    ).fetchone()
+    assert row == (1, run)
+    assert run_row(db, run)["attempt"] == 1  # waited within the attempt
+
+
+def test_the_sdk_does_not_retry_a_429_alone() -> None:
+    async def go(fake: FakeModel) -> None:
+        client = FleetClient(base_url=fake.base_url, api_key="k", max_retries=2)
+        with pytest.raises(anthropic.RateLimitError):
+            async with client.messages.stream(
+                model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+            ) as stream:
+                await stream.get_final_message()
+
+    with FakeModel("text") as fake:
+        fake.inject(rate_limited(0.01), rate_limited(0.01))
+        asyncio.run(go(fake))
+        assert len(fake.requests) == 1  # the worker reports it; plain AsyncAnthropic would send 3

@@ -1,0 +1,118 @@
+"""The fleet limits under real concurrent sessions, one forced interleaving at a time
+(tests/race_support.py): the bucket row is the lock, so many acquirers never overdraw it; a
+block reported by one session stops the grant another session is waiting for; a tenant budget
+crossed by two parallel steps of two runs is seen by the second."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import psycopg
+from race_support import POLL_TIMEOUT, Background, Connect, claim, database_url, drain, owner, run_row
+
+__all__ = ["database_url", "owner"]
+
+
+def fleet_runs(conn: psycopg.Connection, n: int, **fleet: Any) -> list[dict]:
+    drain(conn)
+    for _ in range(n):
+        conn.execute(
+            "SELECT runrow.enqueue_run(conversation_id => %s, content => '\"hi\"', model => 'race-model', "
+            "user_id => %s, rate_limit_key => %s)",
+            (uuid.uuid4(), fleet.get("user_id"), fleet.get("rate_limit_key")),
+        )
+    runs = claim(conn, n)
+    assert len(runs) == n
+    return runs
+
+
+def acquire(conn: psycopg.Connection, run: dict, estimate: int = 10) -> tuple:
+    return conn.execute(
+        "SELECT granted, wait_seconds, reason FROM runrow.acquire_model_call(%s, %s, %s)",
+        (run["run_id"], run["claim_token"], estimate),
+    ).fetchone()
+
+
+def step(conn: psycopg.Connection, run: dict, usage: dict) -> int:
+    return conn.execute(
+        "SELECT runrow.append_step(%s, %s, 'model_turn', %s::json, NULL, %s::jsonb, 'tool_use')",
+        (run["run_id"], run["claim_token"], json.dumps([{"type": "text", "text": "t"}]), json.dumps(usage)),
+    ).fetchone()[0]
+
+
+def wait_all_blocked(observer: psycopg.Connection, calls: list[Background]) -> None:
+    """Every call waits on a lock (the holder's, or the tuple lock of the one ahead of it)."""
+    pids = [c.pid for c in calls]
+    deadline = time.monotonic() + POLL_TIMEOUT
+    while observer.execute(
+        "SELECT count(*) FROM unnest(%s::int[]) AS p WHERE cardinality(pg_blocking_pids(p)) > 0", (pids,)
+    ).fetchone()[0] < len(pids):
+        assert not any(c.done for c in calls), "a call finished before the holder let go"
+        assert time.monotonic() < deadline, "the calls did not all block in time"
+        time.sleep(0.005)
+
+
+def lock_row(conn: psycopg.Connection, sql: str, *args: Any) -> None:
+    conn.execute("BEGIN")
+    conn.execute(sql, args)
+
+
+def test_many_acquirers_never_overdraw_the_bucket(owner: psycopg.Connection, connect: Connect) -> None:
+    key = f"race-{uuid.uuid4()}"
+    owner.execute("SELECT runrow.set_rate_limit(%s, 5, NULL, NULL)", (key,))
+    runs = fleet_runs(owner, 12, rate_limit_key=key)
+    holder = connect()
+    lock_row(holder, "SELECT 1 FROM runrow.rate_limit WHERE rate_limit_key = %s FOR UPDATE", key)
+    callers = [Background(connect(), lambda c, r=r: acquire(c, r)) for r in runs]
+    wait_all_blocked(owner, callers)  # all twelve queue on the bucket row at once
+    holder.execute("COMMIT")
+    answers = [call.result() for call in callers]
+    granted = [a for a in answers if a[0]]
+    # The test runs in well under 12 s, so less than one request refills meanwhile.
+    assert len(granted) == 5, answers
+    assert {a[2] for a in answers if not a[0]} == {"rate_limited"}
+    left = owner.execute(
+        "SELECT requests_left FROM runrow.rate_limit WHERE rate_limit_key = %s", (key,)
+    ).fetchone()
+    assert 0 <= left[0] < 1
+
+
+def test_a_reported_block_stops_a_waiting_grant(owner: psycopg.Connection, connect: Connect) -> None:
+    key = f"race-{uuid.uuid4()}"
+    owner.execute("SELECT runrow.set_rate_limit(%s, 100, NULL, NULL)", (key,))
+    reporter, waiter = fleet_runs(owner, 2, rate_limit_key=key)
+    holder = connect()
+    holder.execute("BEGIN")
+    holder.execute(
+        "SELECT runrow.report_rate_limited(%s, %s, 30)", (reporter["run_id"], reporter["claim_token"])
+    )
+    call = Background(connect(), lambda c: acquire(c, waiter))
+    call.wait_blocked_by(owner, holder)  # the bucket has room: only the uncommitted block stands in the way
+    holder.execute("COMMIT")
+    granted, wait, reason = call.result()
+    assert (granted, reason) == (False, "blocked")
+    assert 29 < float(wait) <= 30
+
+
+def test_a_tenant_budget_crossed_by_two_parallel_steps(owner: psycopg.Connection, connect: Connect) -> None:
+    tenant = f"tenant-{uuid.uuid4()}"
+    owner.execute("SELECT runrow.set_tenant_budget(%s, 1000, NULL)", (tenant,))
+    first, second = fleet_runs(owner, 2, user_id=tenant)
+    holder = connect()
+    holder.execute("BEGIN")
+    step(holder, first, {"input_tokens": 600})  # alone, under the budget
+    call = Background(connect(), lambda c: step(c, second, {"input_tokens": 600}))
+    call.wait_blocked_by(owner, holder)  # the second waits on the tenant's budget row
+    holder.execute("COMMIT")
+    call.result()
+    assert run_row(owner, first["run_id"])["budget_exhausted"] is None
+    crossed = run_row(owner, second["run_id"])["budget_exhausted"]
+    assert crossed == f'budget_exhausted: tenant "{tenant}" used 1200 tokens of its 1000 per day'
+    # Neither run gets another model request: the second is marked, the first sees the tenant's day.
+    for run in (first, second):
+        assert acquire(owner, run)[2] == "budget_exhausted"
+        ended = run_row(owner, run["run_id"])
+        assert (ended["status"], ended["error"].split(":")[0]) == ("failed", "budget_exhausted")
