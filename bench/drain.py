@@ -438,9 +438,10 @@ def report(rows: list[Row], jobs: int) -> list[str]:
     lines = [f"drain: {jobs:,} empty jobs, {PROCESSES} processes, fresh database per row"]
     for batch in BATCHES:
         lines.append(f"  batch {batch}")
-        for row in (r for r in rows if r.batch == batch):
+        plain = [r for r in rows if r.batch == batch and "idle LISTEN" not in r.system]
+        for row in plain:
             lines.append(f"    {row.system:<44}{row.cells()}")
-        by = {r.system: r for r in rows if r.batch == batch}
+        by = {r.system: r for r in plain}
         api = by["runrow SQL API (claim_runs -> finish_runs)"]
         worker = by[f"runrow worker (--concurrency {batch})"]
         peer = next(r for name, r in by.items() if name.startswith("PgQueuer"))
