@@ -67,8 +67,7 @@ def reset_workspace(demo_dir: Path) -> None:
 
 def executing_effects(db: psycopg.Connection, run: str) -> list[tuple[str, str, int]]:
     return db.execute(
-        "SELECT tool, state, started_attempt FROM runrow.tool_effect "
-        "WHERE run_id = %s AND state <> 'done'",
+        "SELECT tool, state, started_attempt FROM runrow.tool_effect WHERE run_id = %s AND state <> 'done'",
         (run,),
     ).fetchall()
 
