@@ -11,6 +11,10 @@ before each drain so every row starts at the same point):
   default acknowledgement buffering.
 - runrow SQL API: claim_runs(max_runs => batch), then one finish_runs for the batch; each
   call its own transaction, every rule of SPEC.md kept (fence, journal, turn order, wakes).
+- runrow worker: PROCESSES `runrow worker` processes at --concurrency batch, the echo handler,
+  zero-length runs (message_start, message_stop, complete), enqueued in one statement once the
+  workers wait; then the same worker at --concurrency 10 beside 2 and 20 idle LISTEN sessions,
+  which PostgreSQL wakes (one transaction each) on every notifying commit in the database.
 
 Besides jobs/s (wall clock, so it moves with the box's load) it counts what does not depend
 on the clock: WAL bytes, WAL records and full-page images per job (pg_stat_wal and the WAL
@@ -28,7 +32,10 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -41,6 +48,8 @@ JOBS = 20_000
 SHORT_JOBS = 2_000
 PROCESSES = 2
 BATCHES = (1, 10)
+LISTENERS = (2, 20)  # idle LISTEN connections beside the runrow workers, for the notify-storm rows
+ECHO = "pyworker.worker.echo:handle"
 
 
 @dataclasses.dataclass
@@ -208,6 +217,131 @@ def runrow_check(url: str, jobs: int) -> None:
     assert broken == 0, f"runrow: audit() reports {broken} problems"
 
 
+# --- the reference worker itself: `runrow worker` processes, echo handler, zero-length runs
+
+
+@contextlib.contextmanager
+def runrow_workers(url: str, concurrency: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """PROCESSES `runrow worker` processes on an empty queue, each started (its claim loop
+    waiting on runrow_enqueued); SIGTERM (a drain) and exit 0 at the end."""
+    logs = [tempfile.TemporaryFile() for _ in range(PROCESSES)]
+    cmd = [sys.executable, "-m", "pyworker", "worker", "--handler", ECHO, "--concurrency", str(concurrency)]
+    cmd += ["--poll", "1", "--reap-interval", "3600", "--trim-after", "0", "--lease", "60"]
+    procs = [
+        subprocess.Popen(
+            [*cmd, "--worker-id", f"bench-{i}"],
+            env={**os.environ, "DATABASE_URL": url},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        for i, log in enumerate(logs)
+    ]
+
+    def output(i: int) -> str:
+        logs[i].seek(0)
+        return logs[i].read().decode(errors="replace")
+
+    try:
+        deadline = time.monotonic() + 120
+        for i in range(PROCESSES):
+            while f"worker bench-{i} started" not in output(i):
+                assert procs[i].poll() is None, f"runrow worker bench-{i} exited:\n{output(i)}"
+                assert time.monotonic() < deadline, f"runrow worker bench-{i} did not start:\n{output(i)}"
+                time.sleep(0.05)
+        yield procs
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for i, proc in enumerate(procs):
+            assert proc.wait(60) == 0, f"runrow worker bench-{i} exited {proc.returncode}:\n{output(i)}"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for log in logs:
+            log.close()
+
+
+def settled(observer: psycopg.Connection, datname: str, others: int) -> tuple[int, int, int, int]:
+    """counters() once at most `others` sessions are left in the database and its commit count
+    has stopped moving: a backend flushes its statistics as it exits, after it has left
+    pg_stat_activity."""
+    while observer.execute(
+        "SELECT count(*) > %s FROM pg_stat_activity WHERE datname = %s", (others, datname)
+    ).fetchone()[0]:
+        time.sleep(0.05)
+    last = counters(observer, datname)
+    while True:
+        time.sleep(0.3)
+        now = counters(observer, datname)
+        if now[3] == last[3]:
+            return now
+        last = now
+
+
+def worker_row(server: str, superuser: str, concurrency: int, jobs: int, listeners: int = 0) -> Row:
+    """The drain by `runrow worker` processes at --concurrency `concurrency`, with `listeners`
+    idle LISTEN sessions in the database beside them. The jobs are enqueued in one statement
+    once the workers are up; the clock runs from its commit to the last run completed."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    name = f"runrow worker (--concurrency {concurrency})"
+    if listeners:
+        name = f"runrow worker c{concurrency} + {listeners} idle LISTEN"
+    with temporary_database(server, "runrow_bench_drain", migrated=False) as url:
+        migrate(url)
+        datname = conninfo_to_dict(url)["dbname"]
+        as_super = make_conninfo(superuser, dbname=datname)
+        idle = [psycopg.connect(url, autocommit=True) for _ in range(listeners)]
+        try:
+            for conn in idle:
+                conn.execute("LISTEN runrow_bench_idle")  # a channel nobody notifies
+            with (
+                psycopg.connect(make_conninfo(superuser, dbname="postgres"), autocommit=True) as observer,
+                runrow_workers(url, concurrency),
+                psycopg.connect(as_super, autocommit=True) as poll,
+            ):
+                observer.execute("CHECKPOINT")
+                poll.execute(
+                    "SELECT count(*) FROM (SELECT runrow.enqueue_run(conversation_id => gen_random_uuid(),"
+                    ' content => \'"job"\', model => \'echo\', metadata => \'{"echo": "", "duration": 0}\')'
+                    " FROM generate_series(1, %s)) AS e",
+                    (jobs,),
+                )
+                started = time.monotonic()
+                poll.execute("SELECT pg_stat_force_next_flush()")  # the enqueue's commit is not the drain's
+                before = counters(observer, datname)
+                polls = 0
+                while True:
+                    polls += 1
+                    left = poll.execute(
+                        "SELECT EXISTS (SELECT 1 FROM runrow.agent_run WHERE status = 'queued')"
+                        " OR EXISTS (SELECT 1 FROM runrow.agent_run WHERE status = 'running')"
+                    ).fetchone()[0]
+                    if not left:
+                        break
+                    time.sleep(0.02)
+                seconds = time.monotonic() - started
+                poll.execute("SELECT pg_stat_force_next_flush()")
+                polls += 1
+        finally:
+            for conn in idle:
+                conn.close()
+        with psycopg.connect(make_conninfo(superuser, dbname="postgres"), autocommit=True) as observer:
+            after = settled(observer, datname, others=0)
+        runrow_check(url, jobs)
+        return Row(
+            name,
+            concurrency,
+            jobs,
+            seconds,
+            wal_bytes=after[0] - before[0],
+            wal_records=after[1] - before[1],
+            wal_fpi=after[2] - before[2],
+            commits=after[3] - before[3] - polls,
+        )
+
+
 Worker = Callable[[str, int, Callable[[], None]], int]
 SYSTEMS: dict[str, tuple[Callable[[str, int], None], Worker, Callable[[str, int], None]]] = {
     "bare SQL (claim UPDATE, ack DELETE)": (bare_setup, bare_worker, bare_check),
@@ -304,18 +438,28 @@ def report(rows: list[Row], jobs: int) -> list[str]:
     lines = [f"drain: {jobs:,} empty jobs, {PROCESSES} processes, fresh database per row"]
     for batch in BATCHES:
         lines.append(f"  batch {batch}")
-        for row in (r for r in rows if r.batch == batch):
+        plain = [r for r in rows if r.batch == batch and "idle LISTEN" not in r.system]
+        for row in plain:
             lines.append(f"    {row.system:<44}{row.cells()}")
-        by = {r.system: r for r in rows if r.batch == batch}
-        runrow = next(r for name, r in by.items() if name.startswith("runrow"))
+        by = {r.system: r for r in plain}
+        api = by["runrow SQL API (claim_runs -> finish_runs)"]
+        worker = by[f"runrow worker (--concurrency {batch})"]
         peer = next(r for name, r in by.items() if name.startswith("PgQueuer"))
         bare = next(r for name, r in by.items() if name.startswith("bare"))
+        for label, runrow in (("runrow SQL API", api), ("runrow worker", worker)):
+            lines.append(
+                f"    {label} / PgQueuer: {runrow.rate / peer.rate:.2f}x jobs/s, "
+                f"{runrow.wal_bytes / peer.wal_bytes:.2f}x WAL, "
+                f"{runrow.commits / max(peer.commits, 1):.2f}x commits; "
+                f"/ bare SQL: {runrow.rate / bare.rate:.2f}x jobs/s"
+            )
+    listening = [r for r in rows if "idle LISTEN" in r.system]
+    if listening:
         lines.append(
-            f"    runrow / PgQueuer: {runrow.rate / peer.rate:.2f}x jobs/s, "
-            f"{runrow.wal_bytes / peer.wal_bytes:.2f}x WAL, "
-            f"{runrow.commits / max(peer.commits, 1):.2f}x commits; "
-            f"runrow / bare SQL: {runrow.rate / bare.rate:.2f}x jobs/s"
+            "  transactions per run beside idle LISTEN sessions (each wakes on every notifying commit)"
         )
+        for row in listening:
+            lines.append(f"    {row.system:<44}{row.cells()}")
     return lines
 
 
@@ -328,6 +472,13 @@ def run(short: bool = False) -> tuple[list[str], list[dict]]:
                 row = drain_row(server, superuser, system, batch, jobs)
                 print(f"  batch {batch:>2}  {system:<44}{row.cells()}", flush=True)
                 rows.append(row)
+            row = worker_row(server, superuser, batch, jobs)
+            print(f"  batch {batch:>2}  {row.system:<44}{row.cells()}", flush=True)
+            rows.append(row)
+        for listeners in LISTENERS:
+            row = worker_row(server, superuser, BATCHES[-1], jobs, listeners)
+            print(f"  {row.system:<53}{row.cells()}", flush=True)
+            rows.append(row)
         lines = [*report(rows, jobs), machine(server)]
         with psycopg.connect(server) as conn:
             settings = conn.execute(

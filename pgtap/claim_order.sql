@@ -1,4 +1,4 @@
--- The claim's order and filters (SPEC.md "Fleet scheduling", migration 0014): priority high
+-- The claim's order and filters (SPEC.md "Fleet scheduling", migration 0018): priority high
 -- first, then fairly across tenants (least recently served, weighted), then arrival; delayed
 -- runs wait for their not_before; a concurrency key never has more runs running or waiting
 -- than its limit. set_concurrency_limit and set_fairness_weight: happy path and bad input.

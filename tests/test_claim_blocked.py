@@ -73,7 +73,7 @@ def test_an_empty_claim_costs_the_same_with_thousands_of_blocked_turns(owner: ps
     )
     # Before the mark, every empty claim walked all of them: about 7 buffers per blocked turn.
     # What is left before vacuum is stepping over the index entries the marking left dead in
-    # agent_run_claimable (about 5 leaf pages per 1,000 marked turns with migration 0014's
+    # agent_run_claimable (about 5 leaf pages per 1,000 marked turns with migration 0018's
     # wider key, none once vacuum has run).
     assert blocked <= none_blocked + 20, (
         f"an empty claim touched {none_blocked} buffers with no queued turn, {blocked} with {BLOCKED} blocked"

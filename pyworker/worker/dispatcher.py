@@ -2,7 +2,9 @@
 
 A slot is acquired BEFORE claiming, so a saturated worker never claims a run it cannot start
 (the run stays queued, visible, for a worker with room). With several slots free, one
-claim_runs call fills them (one transaction, not one per run) and the unused slots go back.
+claim_runs call fills them (one transaction, not one per run) and the unused slots go back;
+slots that runs ended together (one group flush of the journal writer) are about to free are
+waited for, a few event-loop turns, so the claim takes them all.
 The idle wait is a NOTIFY on runrow_enqueued with the poll tick as its timeout: the tick is
 the fallback ceiling when a wake is lost or the hub is down.
 
@@ -39,6 +41,7 @@ from pyworker.worker.supervisor import RunSupervisor
 log = logging.getLogger("runrow.dispatcher")
 
 MAX_CLAIM_BATCH = 1000  # claim_runs' own limit on max_runs
+SETTLE_TURNS = 8  # event-loop turns a supervisor takes from its ending to freeing its slot, with room
 
 
 class Dispatcher:
@@ -67,6 +70,7 @@ class Dispatcher:
         self._slots = asyncio.Semaphore(concurrency)
         self.in_flight: dict[tuple[UUID, UUID], tuple[RunSupervisor, asyncio.Task[str | None]]] = {}
         self.claimed = 0  # runs claimed by this dispatcher (observability, tests)
+        self.claims = 0  # claim_runs calls that claimed something (observability, tests)
         self._stopping = False
         self._parked = False  # True while waiting for a slot or a wake: safe to cancel at once
         self._task: asyncio.Task[None] | None = None
@@ -105,10 +109,7 @@ class Dispatcher:
                 if self._stopping:
                     self._slots.release()
                     return
-                n = 1
-                while n < min(self._concurrency, MAX_CLAIM_BATCH) and not self._slots.locked():
-                    await self._slots.acquire()
-                    n += 1
+                n = await self._more_slots(1)
                 _drain(wakes)  # a wake after this point means "claim again", not "already seen"
                 runs: list[ClaimedRun] = []
                 try:
@@ -117,6 +118,7 @@ class Dispatcher:
                     log.warning("claim failed, retrying after the poll tick: %s", exc)
                 for _ in range(n - len(runs)):
                     self._slots.release()
+                self.claims += bool(runs)
                 for run in runs:
                     self._start(run)
                 if len(runs) < n and not self._stopping:
@@ -126,6 +128,21 @@ class Dispatcher:
                             await asyncio.wait_for(wakes.get(), timeout=self._poll)
                     finally:
                         self._parked = False
+
+    async def _more_slots(self, n: int) -> int:
+        """Take every slot that is free, or about to be: runs ended by one group flush wind
+        down over a few turns of the event loop, so a claim made on the first freed slot would
+        claim one run at a time. Waiting those turns (no clock involved) lets one claim_runs
+        fill all of them."""
+        cap = min(self._concurrency, MAX_CLAIM_BATCH)
+        for _ in range(SETTLE_TURNS):
+            while n < cap and not self._slots.locked():
+                await self._slots.acquire()
+                n += 1
+            if n >= cap or not self.in_flight:
+                break
+            await asyncio.sleep(0)
+        return n
 
     async def _claim(self, n: int) -> list[ClaimedRun]:
         claimed: list[ClaimedRun] = []

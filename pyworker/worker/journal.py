@@ -2,11 +2,16 @@
 
 Deltas (`text_delta`, `thinking_delta`, `input_json_delta`) of one stream coalesce in memory:
 consecutive deltas with the same type and content-block `index` become one event whose string
-field is the concatenation. Buffers are flushed on a 250 ms clock, ALL runs in ONE transaction
-(one append_events per run, each in a savepoint), so notifying commits per second do not grow
-with the number of runs (SPEC.md, "Performance rules"). A structural event is written through:
-`emit` returns once it is committed. A run fenced out in a batch (append_events returns NULL)
-loses only its own events, and its `lost` event is set so its supervisor stands down.
+field is the concatenation. Buffers are flushed on a 250 ms clock, ALL runs in ONE transaction,
+so notifying commits per second do not grow with the number of runs (SPEC.md, "Performance
+rules"). A structural event is written through: `emit` returns once it is committed. Flushes
+are group commits: while one transaction is in flight, every run that asks for a flush joins
+the next one, which carries every buffer and every queued run ending (`finish`: the run's
+buffered events and its terminal write in one finish_runs call), so ten runs that write
+through or end at once cost one transaction. No savepoints on the way: only when a run's data
+is refused in a group of several is the group written again with one savepoint per run, so a
+run fenced out or refused loses only its own write, and its `lost` event is set (fenced) so
+its supervisor stands down.
 
 Buffers belong to a claim (run id and claim token), not to a run: a worker paused past its
 lease can claim its own run again while the stale attempt is still standing down, and the two
@@ -20,6 +25,8 @@ append_events already told us the exact seqs the batch took, and while the claim
 worker is the only one appending this claim's events, so the batch landed iff those seqs now hold
 exactly its events. A foreign row (cancel_requested, approval_requested) can only sit there if
 ours did not commit. A failure before COMMIT was sent needs no read-back: the server rolls back.
+A run ending carried by such a flush is not read back: it is sent again, the fence turns it away
+if it had landed, and `finish` says so (maybe_landed) for the supervisor to read the run back.
 
 A write-through flush rides out a transient database error (a restart, a failover: see
 pyworker/db/retry.py): it flushes again until its events are committed, the run turns out to be
@@ -36,14 +43,14 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from pyworker.db import api, nul
+from pyworker.db import api, batch, nul
 from pyworker.db.api import ClaimedRun
 from pyworker.db.retry import Retry, is_transient, outcome_unknown
 from pyworker.worker import metrics
@@ -54,6 +61,7 @@ DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_
 MAX_EVENTS_PER_CALL = 1000  # append_events' own limit
 MAX_BYTES_PER_CALL = 3 * 1024 * 1024  # below append_events' 4 MiB limit, leaving room for JSON overhead
 MAX_READ_BACK = 10000  # read_events' own page limit
+GATHER_TURNS = 6  # event-loop turns a group leader waits for the runs woken with it (see _lead)
 
 
 class RunLost(Exception):
@@ -83,6 +91,7 @@ class RunJournal:
         self.failed: BaseException | None = None
         self.last_seq: int | None = None  # the last seq this claim knows committed
         self._doubt: _Doubt | None = None  # a batch whose COMMIT went unanswered
+        self._ending: _Ending | None = None  # the run's ending, queued for the next group flush
 
     @property
     def run_id(self) -> UUID:
@@ -213,6 +222,52 @@ async def _landed(conn: psycopg.AsyncConnection[Any], run_id: UUID, doubt: _Doub
     return True
 
 
+@dataclass
+class _Ending:
+    """A run's terminal write waiting for the next group flush, which sends it with the run's
+    buffered events in one finish_runs call. `maybe_landed`: a flush that carried it went
+    unanswered at COMMIT, so a fenced-out retry may be this claim's own ending."""
+
+    status: str
+    result: Any
+    error: str | None
+    finished: bool | None = None
+    failure: BaseException | None = None
+    maybe_landed: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.finished is not None or self.failure is not None
+
+
+@dataclass
+class _Unit:
+    """One run's share of a group flush: its taken events (and the emit mark they cover) and
+    its ending, if it is finishing."""
+
+    journal: RunJournal
+    events: list[dict[str, Any]]
+    mark: int
+    ending: _Ending | None
+
+
+@dataclass
+class _Outcome:
+    """What one group transaction did, applied to the journals only once it has committed."""
+
+    written: list[tuple[RunJournal, _Doubt]] = field(default_factory=list)
+    fenced: list[RunJournal] = field(default_factory=list)
+    rejected: list[tuple[RunJournal, Exception]] = field(default_factory=list)
+    ended: list[tuple[_Unit, bool, int | None]] = field(default_factory=list)
+    refused: list[tuple[_Unit, BaseException]] = field(default_factory=list)
+    committing: bool = False  # from here on a failure may come after the commit took effect
+
+
+class _Isolate(Exception):
+    """A run's data was refused inside a group that holds several runs: do it again with a
+    savepoint per run, so only that run loses its write."""
+
+
 class JournalWriter:
     def __init__(
         self, pool: AsyncConnectionPool, *, interval: float = 0.25, retry_budget: float = 30.0
@@ -221,9 +276,10 @@ class JournalWriter:
         self._interval = interval
         self._retry = Retry(retry_budget, log)  # a write-through flush through a restart: about a lease
         self._runs: dict[tuple[UUID, UUID], RunJournal] = {}  # by claim: (run id, claim token)
-        self._lock = asyncio.Lock()  # one flush at a time keeps each run's events in order
+        self._lock = asyncio.Lock()  # one group in flight at a time keeps each run's events in order
+        self._next: asyncio.Future[None] | None = None  # the group that starts when the lock is free
         self._task: asyncio.Task[None] | None = None
-        self.ticks = 0  # flush transactions committed (observability, tests)
+        self.ticks = 0  # group transactions committed (observability, tests)
         # Test hook: hold each flush transaction open this long after its appends, so a test can
         # freeze the process (SIGSTOP) while it holds its runs' row locks. Never set in production.
         self._test_pause = float(os.environ.get("RUNROW_TEST_FLUSH_PAUSE") or 0)
@@ -261,8 +317,8 @@ class JournalWriter:
                 log.warning("journal flush failed, retrying on the next tick: %s", exc)
 
     async def flush(self, journal: RunJournal) -> None:
-        """Write through: flush now (every run's buffer rides along, one transaction) and return
-        once this journal's events emitted so far are committed."""
+        """Write through: join the next group flush (every run's buffer rides along, one
+        transaction) and return once this journal's events emitted so far are committed."""
         if self._runs.get(journal.claim) is not journal:
             return  # closed
         run_id = journal.run_id
@@ -288,80 +344,240 @@ class JournalWriter:
                 f"journal of run {run_id} rejected events: {journal.failed}"
             ) from journal.failed
 
-    async def flush_all(self, pool_timeout: float | None = None) -> None:
-        """One transaction for every run with buffered events. Batches left in doubt by an
-        unanswered COMMIT are settled first (raises while the database is unreachable).
-        `pool_timeout`: the longest wait for a pool connection (the pool's own by default)."""
-        async with self._lock:
-            await self._settle_doubts(pool_timeout)
-            batch = [
-                (j, *j._take())
-                for j in list(self._runs.values())
-                if j.pending and not j.lost.is_set() and not j.in_doubt
-            ]
-            if not batch:
-                return
-            written: list[tuple[RunJournal, _Doubt]] = []  # in doubt only if the COMMIT goes unanswered
-            fenced: list[RunJournal] = []
-            rejected: list[tuple[RunJournal, Exception]] = []
-            committing = False
-            started = time.monotonic()
+    async def finish(
+        self, journal: RunJournal, status: str, result: Any = None, error: str | None = None
+    ) -> tuple[bool, bool]:
+        """End the run in the next group flush, its buffered events first (finish_runs: the
+        same fence as finish_run). Returns (finished, maybe_landed): finished False means
+        fenced out, and maybe_landed says an earlier flush that carried this ending went
+        unanswered at COMMIT, so the caller must read back whether the ending is its own.
+        Raises the database's refusal of this run's outcome (or JournalError for its events)."""
+        if self._runs.get(journal.claim) is not journal:
+            raise RunLost(str(journal.run_id))  # closed: this claim writes nothing more
+        ending = journal._ending
+        if ending is None or ending.done:
+            ending = journal._ending = _Ending(status, result, error)
+        else:  # one left queued by a flush that failed: same run, the caller's latest word
+            ending.status, ending.result, ending.error = status, result, error
+        tries = self._retry.attempts(f"finish of run {journal.run_id}")
+        while not ending.done:
+            if journal.lost.is_set():
+                return False, ending.maybe_landed
             try:
-                async with self._pool.connection(pool_timeout) as conn, conn.transaction():
-                    for journal, events, mark in batch:
-                        try:
-                            async with conn.transaction():  # savepoint: a bad run loses only its own events
-                                calls: list[tuple[int, int]] = []
-                                for chunk in _chunks(events):
-                                    seq = await api.append_events(
-                                        conn, journal.run_id, journal.run.claim_token, chunk
-                                    )
-                                    if seq is None:
-                                        raise _Fenced
-                                    calls.append((seq, len(chunk)))
-                            written.append((journal, _Doubt(events, mark, calls)))
-                        except _Fenced:
-                            fenced.append(journal)
-                        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-                            rejected.append((journal, exc))
-                    if self._test_pause and written:
-                        log.warning(
-                            "test hook: flush transaction paused for %.1fs before COMMIT", self._test_pause
-                        )
-                        await asyncio.sleep(self._test_pause)
-                    committing = True  # from here on a failure may come after the commit took effect
-            except BaseException as exc:
-                if not committing or not written or not outcome_unknown(exc):
-                    for journal, events, mark in batch:
-                        journal._restore(events, mark)
+                await self.flush_all(pool_timeout=max(0.1, tries.remaining()))
+            except psycopg.Error as exc:
+                if not is_transient(exc):
                     raise
-                # The COMMIT went unanswered: hold the written batches in doubt (a cancelled
-                # flush leaves them for the next one to settle).
-                for journal, doubt in written:
-                    journal._doubt = doubt
-                undecided = {*fenced, *(journal for journal, _ in rejected)}
-                try:
-                    if not isinstance(exc, Exception):
-                        raise
-                    log.warning("journal flush: COMMIT unanswered (%s); reading the journal back", exc)
-                    if not await self._settle_doubts(pool_timeout):
-                        raise  # it did not commit: the batches are back in their buffers
-                except BaseException:
-                    # Fenced and rejected runs are decided again by the retry.
-                    for journal, events, mark in batch:
-                        if journal in undecided:
-                            journal._restore(events, mark)
-                    raise
-                # It committed, and with it the fenced and rejected verdicts of that transaction.
-                self.ticks += 1
-                self._stand_down(fenced, rejected)
+                await tries.failed(exc)  # DatabaseUnavailable once the budget is spent
+        tries.succeeded()
+        if ending.failure is not None:
+            raise ending.failure
+        return bool(ending.finished), ending.maybe_landed
+
+    async def flush_all(self, pool_timeout: float | None = None) -> None:
+        """Join the next group flush and return once it has committed (or raise its error).
+
+        Group commit: while one group's transaction is in flight, everything that asks for a
+        flush joins the one group that starts when it ends, which takes every buffer and ending
+        there is then. So N runs writing through at once cost one transaction, not N queued
+        behind a lock. A follower whose leader was cancelled leads the next group itself.
+        `pool_timeout`: the longest wait for a pool connection (the pool's own by default)."""
+        while True:
+            group = self._next
+            if group is None:
+                await self._lead(pool_timeout)
                 return
-            self.ticks += 1
-            metrics.journal_flushed(sum(len(events) for _, events, _ in batch), time.monotonic() - started)
-            for journal, done in written:
-                journal._committed = done.mark
-                journal.last_seq = done.last_seq
-            self._stand_down(fenced, rejected)
+            try:
+                await asyncio.shield(group)
+                return
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not group.cancelled() or (task is not None and task.cancelling()):
+                    raise  # we were cancelled ourselves, not the group's leader
+
+    async def _lead(self, pool_timeout: float | None) -> None:
+        group: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        group.add_done_callback(_retrieved)
+        self._next = group
+        try:
+            # A few turns of the event loop before taking the buffers: runs that reach their
+            # write-through together (ten handlers started by one claim, woken by one group)
+            # arrive a few turns apart, the leader first, and join this group instead of
+            # forming the next one. Turns, not a clock: microseconds when nobody else is ready.
+            for _ in range(GATHER_TURNS):
+                await asyncio.sleep(0)
+            async with self._lock:  # the group in flight ends first: its runs' events go first
+                if self._next is group:
+                    self._next = None  # whoever asks from now on forms the group after this one
+                await self._flush_group(pool_timeout)
+        except BaseException as exc:
+            if self._next is group:
+                self._next = None
+            if isinstance(exc, Exception):
+                group.set_exception(exc)
+            else:
+                group.cancel()
+            raise
+        group.set_result(None)
+
+    def _units(self) -> list[_Unit]:
+        units = []
+        for journal in list(self._runs.values()):
+            if journal.lost.is_set() or journal.in_doubt:
+                continue
+            ending = journal._ending if journal._ending is not None and not journal._ending.done else None
+            if journal.pending:
+                events, mark = journal._take()
+            elif ending is not None:
+                events, mark = [], journal._committed
+            else:
+                continue
+            units.append(_Unit(journal, events, mark, ending))
+        return units
+
+    async def _flush_group(self, pool_timeout: float | None) -> None:
+        """One transaction for every run with buffered events or a queued ending. Batches left
+        in doubt by an unanswered COMMIT are settled first (raises while the database is
+        unreachable)."""
+        await self._settle_doubts(pool_timeout)
+        units = self._units()
+        if not units:
+            return
+        out = _Outcome()
+        started = time.monotonic()
+        try:
+            async with self._pool.connection(pool_timeout) as conn:
+                try:
+                    await self._write(conn, units, out, isolate=False)
+                except _Isolate:
+                    out = _Outcome()
+                    await self._write(conn, units, out, isolate=True)
+        except BaseException as exc:
+            unknown = out.committing and outcome_unknown(exc)
+            for unit in units:
+                if unit.ending is not None:
+                    unit.ending.maybe_landed |= unknown
+            if not unknown or not out.written:
+                for unit in units:
+                    unit.journal._restore(unit.events, unit.mark)
+                raise
+            # The COMMIT went unanswered: hold the written batches in doubt (a cancelled
+            # flush leaves them for the next one to settle). Endings are not read back:
+            # sent again, the fence turns a landed one away and the caller reads the run.
+            for journal, doubt in out.written:
+                journal._doubt = doubt
+            in_doubt = {journal for journal, _ in out.written}
+            try:
+                if not isinstance(exc, Exception):
+                    raise
+                log.warning("journal flush: COMMIT unanswered (%s); reading the journal back", exc)
+                if not await self._settle_doubts(pool_timeout):
+                    raise  # it did not commit: the batches are back in their buffers
+            except BaseException:
+                # Fenced, rejected and ending runs are decided again by the retry.
+                for unit in units:
+                    if unit.journal not in in_doubt:
+                        unit.journal._restore(unit.events, unit.mark)
+                raise
+            # It committed, and with it every verdict of that transaction.
+        self.ticks += 1
+        metrics.journal_flushed(sum(len(unit.events) for unit in units), time.monotonic() - started)
+        for journal, done in out.written:
+            journal._committed = max(journal._committed, done.mark)
+            journal.last_seq = done.last_seq
+        for unit, finished, last_seq in out.ended:
+            assert unit.ending is not None
+            unit.ending.finished = finished
+            if finished:
+                unit.journal._committed = max(unit.journal._committed, unit.mark)
+                unit.journal.last_seq = last_seq
+        for unit, failure in out.refused:
+            assert unit.ending is not None
+            unit.ending.failure = failure
+        self._stand_down(out.fenced, out.rejected)
+
+    async def _write(
+        self, conn: psycopg.AsyncConnection[Any], units: list[_Unit], out: _Outcome, *, isolate: bool
+    ) -> None:
+        """The group's statements, in one transaction (out.committing once only the COMMIT is left). A
+        group that is a single finish_runs statement runs as that statement alone (autocommit:
+        one round trip); its unanswered outcome is settled by the fence like any ending's.
+        Savepoints only when isolating, after a run's data was refused in a group of several."""
+        plan: list[tuple[_Unit, list[list[dict[str, Any]]], list[dict[str, Any]]]] = []
+        for unit in units:
+            chunks = _chunks(unit.events) if unit.events else []
+            tail = chunks.pop() if unit.ending is not None and chunks and not isolate else []
+            plan.append((unit, chunks, tail))
+        appends = any(chunks for _, chunks, _ in plan)
+        if not isolate and not appends and not self._test_pause:  # endings only: one statement
+            out.committing = True
+            await self._end_runs(conn, [(u, tail) for u, _, tail in plan], out, isolate=False)
+            return
+        async with conn.transaction():
+            finishing: list[tuple[_Unit, list[dict[str, Any]]]] = []
+            for unit, chunks, tail in plan:
+                journal = unit.journal
+                try:
+                    async with conn.transaction() if isolate else contextlib.nullcontext():
+                        calls: list[tuple[int, int]] = []
+                        for chunk in chunks:
+                            token = journal.run.claim_token
+                            seq = await api.append_events(conn, journal.run_id, token, chunk)
+                            if seq is None:
+                                raise _Fenced
+                            calls.append((seq, len(chunk)))
+                except _Fenced:
+                    out.fenced.append(journal)
+                    if unit.ending is not None:
+                        out.ended.append((unit, False, None))
+                    continue
+                except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+                    if not isolate:
+                        raise _Isolate from exc
+                    out.rejected.append((journal, exc))
+                    if unit.ending is not None:
+                        failure = JournalError(f"journal of run {journal.run_id} rejected events: {exc}")
+                        failure.__cause__ = exc
+                        out.refused.append((unit, failure))
+                    continue
+                if unit.ending is not None:
+                    finishing.append((unit, tail))
+                elif calls:
+                    out.written.append((journal, _Doubt(unit.events, unit.mark, calls)))
+            if finishing:
+                await self._end_runs(conn, finishing, out, isolate=isolate)
+            if self._test_pause and (out.written or out.ended):
+                log.warning("test hook: flush transaction paused for %.1fs before COMMIT", self._test_pause)
+                await asyncio.sleep(self._test_pause)
+            out.committing = True
+
+    async def _end_runs(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        finishing: list[tuple[_Unit, list[dict[str, Any]]]],
+        out: _Outcome,
+        *,
+        isolate: bool,
+    ) -> None:
+        """The endings: one finish_runs call for all of them, or one each inside a savepoint
+        when isolating (a refused result then costs only its own run)."""
+        acks = [_ack(unit, tail) for unit, tail in finishing]
+        if not isolate:
+            try:
+                rows = await batch.finish_runs(conn, acks)
+            except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+                raise _Isolate from exc  # whose outcome it was is found out one savepoint each
+            for (unit, _), row in zip(finishing, rows, strict=True):
+                out.ended.append((unit, row.finished, row.last_seq))
+            return
+        for (unit, _), ack in zip(finishing, acks, strict=True):
+            try:
+                async with conn.transaction():
+                    (row,) = await batch.finish_runs(conn, [ack])
+            except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+                out.refused.append((unit, exc))
+                continue
+            out.ended.append((unit, row.finished, row.last_seq))
 
     def _stand_down(self, fenced: list[RunJournal], rejected: list[tuple[RunJournal, Exception]]) -> None:
         metrics.fenced("append_events", len(fenced))
@@ -399,3 +615,23 @@ class JournalWriter:
                     "had committed" if landed else "had not committed; writing it again",
                 )
         return landed_any
+
+
+def _ack(unit: _Unit, events: list[dict[str, Any]]) -> batch.Ack:
+    """The run's ending as finish_runs takes it, encoded as finish_run's wrapper would."""
+    ending, journal = unit.ending, unit.journal
+    assert ending is not None
+    return batch.Ack(
+        run_id=journal.run_id,
+        claim_token=journal.run.claim_token,
+        status=ending.status,
+        result=None if ending.result is None else nul.encode(ending.result),
+        error=api.stored_error(ending.error),
+        events=[nul.encode(e) for e in events],
+    )
+
+
+def _retrieved(group: asyncio.Future[None]) -> None:
+    # A group's failure is raised in its leader; followers may all have gone.
+    if not group.cancelled():
+        group.exception()

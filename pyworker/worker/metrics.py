@@ -7,7 +7,7 @@ names, and models capped at MAX_MODELS distinct names (a run's model is the call
 the cap it counts as "other"). Never a run id, a user or a tool argument.
 
 The database half is ONE query per scrape (`scrape`): `SELECT * FROM runrow.queue_metrics`, one
-row whose every column becomes a gauge by name (migration 0019), so a new database gauge is one
+row whose every column becomes a gauge by name (migration 0015), so a new database gauge is one
 more column in that view and nothing here. When the query fails, runrow_db_up is 0 and the
 database gauges are left out of that scrape rather than reported stale.
 

@@ -239,7 +239,13 @@ class Worker:
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
-        log.info("worker %s stopped", self.worker_id)
+        log.info(
+            "worker %s stopped: %d run(s) claimed in %d claim(s), %d journal transaction(s)",
+            self.worker_id,
+            dispatcher.claimed,
+            dispatcher.claims,
+            writer.ticks,
+        )
         return 0
 
     async def _drain(self, dispatcher: Dispatcher) -> None:

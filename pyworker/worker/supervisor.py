@@ -11,8 +11,10 @@ writes the ending.
   once, so no attempt pays the model again for the same refusal.
 - drain past its budget (`abandon`): the handler is cancelled and the run released with
   error 'drained' (requeued while attempts are left, else failed).
-- otherwise: flush the journal (buffered deltas first, in order), then finish_run with the
-  outcome ('release' → release_run; 'parked' → nothing, the handler already handed it back).
+- otherwise: end the run with its outcome through the journal writer, which sends the
+  buffered deltas and the terminal write together (finish_runs, the same fence as finish_run)
+  in its next group flush, shared with the process's other runs ('release' → release_run;
+  'parked' → nothing, the handler already handed it back).
 - a transient database error (restart, failover) is retried on a fresh connection by every
   call made here, the heartbeat and the journal (pyworker/db/retry.py); it never ends or
   releases the run. After about a lease without a database (DatabaseUnavailable) the run is
@@ -39,7 +41,7 @@ from pyworker.worker import metrics, tracing
 from pyworker.worker.failures import deterministic
 from pyworker.worker.handler import Outcome, RunContext, RunHandler
 from pyworker.worker.heartbeat import heartbeat_loop
-from pyworker.worker.journal import JournalWriter, RunLost
+from pyworker.worker.journal import JournalError, JournalWriter, RunLost
 from pyworker.worker.logs import run_logger
 
 FINISH_STATUSES = ("completed", "failed", "cancelled")
@@ -187,17 +189,14 @@ class RunSupervisor:
         if outcome.status not in FINISH_STATUSES:
             return await self._release(f"handler returned an unknown status {outcome.status!r}")
         try:
-            await self.journal.flush()  # the buffered deltas land before the ending, in order
+            # The buffered deltas ride with the ending (finish_runs journals them first).
+            ok = await self._finish(outcome.status, outcome.result, outcome.error)
         except RunLost:
-            self.log.warning("run lost while flushing its journal; writing nothing more")
+            self.log.warning("run lost while ending it; writing nothing more")
             return "lost"
         except DatabaseUnavailable as exc:
             return self._give_up(exc)
-        try:
-            ok = await self._finish(outcome.status, outcome.result, outcome.error)
-        except DatabaseUnavailable as exc:
-            return self._give_up(exc)
-        except psycopg.Error as exc:
+        except (psycopg.Error, JournalError) as exc:
             reason = deterministic(exc)
             if reason is None:
                 raise
@@ -219,6 +218,8 @@ class RunSupervisor:
             return stop
         try:
             ok = await self._finish("failed", None, reason)
+        except RunLost:
+            return "lost"
         except DatabaseUnavailable as exc:
             return self._give_up(exc)
         if not ok:
@@ -229,17 +230,10 @@ class RunSupervisor:
         return "failed"
 
     async def _finish(self, status: str, result: Any, error: str | None) -> bool:
-        """finish_run through transient errors; False: someone else ended the run."""
-        run = self.run
-        calls = 0
-
-        async def finish(conn: Any) -> bool:
-            nonlocal calls
-            calls += 1
-            return await api.finish_run(conn, run.run_id, run.claim_token, status, result, error)
-
-        ok = await self.retry.call(self._pool, finish, "finish_run")
-        if not ok and calls > 1:
+        """The ending, sent with this process's other runs' endings and journals in the writer's
+        next group flush, through transient errors; False: someone else ended the run."""
+        ok, maybe_landed = await self._writer.finish(self.journal, status, result, error)
+        if not ok and maybe_landed:
             ok = await self._ended_by_us(status, error)
         return ok
 

@@ -1,0 +1,118 @@
+"""More slots must cost less per run, not more: a worker at --concurrency 10 acknowledges its
+runs in group commits (run endings and every run's journal in one transaction per flush,
+followers joining the group in flight, claims filling every free slot), so the database
+commits per run fall well below those at --concurrency 1.
+
+Counted, not timed: pg_stat_database.xact_commit of the test's own database over the drain,
+read once every backend of the worker has exited (a backend flushes its statistics on exit).
+The polling connection's own commits are counted and taken off."""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import urlsplit
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+from worker_support import db, enqueue_echo, start_worker, wait_until, worker_db
+
+__all__ = ["db", "start_worker", "worker_db"]
+
+RUNS = 200
+
+
+class Poller:
+    """A connection to the test's database that counts the transactions it commits there."""
+
+    def __init__(self, url: str) -> None:
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.commits = 0
+
+    def one(self, sql: str) -> object:
+        self.commits += 1
+        row = self.conn.execute(sql).fetchone()
+        assert row is not None
+        return row[0]
+
+    def close(self) -> None:
+        self.one("SELECT pg_stat_force_next_flush()")  # its own counts land before it answers
+        self.conn.close()
+
+
+def commits(observer: psycopg.Connection, datname: str) -> int:
+    observer.execute("SELECT pg_stat_clear_snapshot()")
+    row = observer.execute(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (datname,)
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def settled_commits(observer: psycopg.Connection, datname: str, others: int) -> int:
+    """xact_commit once only `others` backends are left in the database and the count has
+    stopped moving (an exiting backend leaves pg_stat_activity just before it flushes)."""
+    wait_until(
+        lambda: observer.execute(
+            "SELECT count(*) <= %s FROM pg_stat_activity WHERE datname = %s", (others, datname)
+        ).fetchone()[0],
+        30,
+        "the worker's backends to exit",
+    )
+    last = commits(observer, datname)
+    while True:
+        time.sleep(0.3)
+        now = commits(observer, datname)
+        if now == last:
+            return now
+        last = now
+
+
+def drain_commits(db, start_worker, worker_db: str, superuser_url: str, concurrency: int) -> float:  # type: ignore[no-untyped-def]
+    """Database commits per run for RUNS zero-length echo runs drained by one worker."""
+    datname = urlsplit(worker_db).path.lstrip("/")
+    runs = [enqueue_echo(db, "x", 0.0) for _ in range(RUNS)]
+    db.execute("SELECT pg_stat_force_next_flush()")
+    observer = psycopg.connect(make_conninfo(superuser_url, dbname="postgres"), autocommit=True)
+    poller = Poller(worker_db)
+    try:
+        before = settled_commits(observer, datname, others=2)
+        worker = start_worker(
+            f"batch-c{concurrency}",
+            "--concurrency",
+            str(concurrency),
+            "--poll",
+            "60",
+            "--reap-interval",
+            "3600",
+        )
+        wait_until(
+            lambda: (
+                poller.one(
+                    "SELECT count(*) FROM runrow.agent_run WHERE status = 'completed' AND id = ANY('{"
+                    + ",".join(str(r) for r in runs)
+                    + "}'::uuid[])"
+                )
+                == RUNS
+            ),
+            120,
+            f"{RUNS} runs to complete",
+            interval=0.5,
+        )
+        worker.signal(15)
+        assert worker.wait_exit(60) == 0
+        print(worker.log().strip().splitlines()[-1])
+        poller.close()
+        after = settled_commits(observer, datname, others=1)
+    finally:
+        observer.close()
+    return (after - before - poller.commits) / RUNS
+
+
+def test_more_slots_cost_fewer_commits_per_run(db, start_worker, worker_db, superuser_url) -> None:
+    one = drain_commits(db, start_worker, worker_db, superuser_url, 1)
+    ten = drain_commits(db, start_worker, worker_db, superuser_url, 10)
+    print(f"commits per run: --concurrency 1 {one:.2f}, --concurrency 10 {ten:.2f}")
+    # Ten runs in lockstep share each claim, each write-through flush and their endings: about
+    # four transactions per ten runs. Per-run endings alone would cost one commit per run.
+    assert ten < 1.0, f"{ten:.2f} commits per run at --concurrency 10 (--concurrency 1: {one:.2f})"
+    assert ten * 4 <= one, f"--concurrency 10 costs {ten:.2f} commits per run, 1 costs {one:.2f}"
