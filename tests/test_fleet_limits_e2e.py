@@ -44,7 +44,11 @@ __all__ = ["module_conn", "module_db"]
 WORKERS = 4
 RUNS = 40
 PER_SECOND = 3
-CONCURRENCY = 2
+# One slot per worker: a worker can only take back requests it has not sent yet, so the bound
+# "at most one more refused request per worker during a block" holds for one request in
+# flight per worker. With more slots, every slot may have a granted request on the wire when
+# the first 429 lands (seen under load: 6 refused in one block with 4 workers x 2 slots).
+CONCURRENCY = 1
 MODEL = "claude-fake-limited"
 
 
