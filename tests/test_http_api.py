@@ -188,28 +188,33 @@ def test_if_active_reject_is_a_409_and_interrupt_stops_the_active_run(
     assert queued_behind.status_code == 202 and queued_behind.json()["status"] == "queued"
 
 
-def test_enqueue_takes_the_claim_order_fields_and_names_a_bad_one(
+def test_enqueue_takes_start_in_and_refuses_the_operators_claim_order_fields(
     client: httpx.Client, db: psycopg.Connection
 ) -> None:
-    run_id, _ = new_run(client, priority=5, start_in=120, fairness_key="team-a", concurrency_key="tools")
+    run_id, _ = new_run(client, start_in=120)
     row = db.execute(
-        "SELECT priority, fairness_key, concurrency_key, not_before - now()"
-        " FROM runrow.agent_run WHERE id = %s",
+        "SELECT priority, fairness_key, not_before - now() FROM runrow.agent_run WHERE id = %s",
         (run_id,),
     ).fetchone()
     assert row is not None
-    assert row[:3] == (5, "team-a", "tools") and 110 < row[3].total_seconds() <= 120
+    # The tenant is the authenticated user, at the default priority.
+    assert row[:2] == (0, "alice") and 110 < row[2].total_seconds() <= 120
     for body, says in [
-        ({"priority": 1001}, "priority must be an integer from -1000 to 1000"),
-        ({"priority": "high"}, "priority must be an integer"),
         ({"start_in": 0}, "start_in must be a number of seconds"),
         ({"start_in": True}, "start_in must be a number of seconds"),
-        ({"fairness_key": ""}, "fairness_key must be a string of 1 to 200 characters"),
-        ({"concurrency_key": "k" * 201}, "concurrency_key must be at most 200 characters"),
     ]:
         response = post_run(client, body={"content": "hello", **body})
         assert response.status_code == 400, (body, response.text)
         assert says in error_of(response)["message"], (body, response.text)
+    # A user who could set these would claim ahead of every tenant, spend another tenant's
+    # share or fill another workload's cap.
+    before = db.execute("SELECT count(*) FROM runrow.agent_run").fetchone()
+    for name, value in [("priority", 1000), ("fairness_key", "bob"), ("concurrency_key", "tools")]:
+        response = post_run(client, body={"content": "hello", name: value})
+        assert response.status_code == 403, (name, response.text)
+        assert error_of(response)["type"] == "forbidden_field"
+        assert error_of(response)["message"].startswith(f"{name} is set by the operator"), response.text
+    assert db.execute("SELECT count(*) FROM runrow.agent_run").fetchone() == before
 
 
 @pytest.mark.parametrize(

@@ -44,11 +44,13 @@ ENQUEUE_FIELDS = {
     "metadata",
     "if_active",
     "webhook_url",
-    "priority",
     "start_in",
-    "fairness_key",
-    "concurrency_key",
 }
+# The claim order's levers over other tenants: a user who could set them would claim ahead of
+# everyone (priority), spend another tenant's share (fairness_key) or fill another workload's
+# cap (concurrency_key). Over HTTP a run's tenant is its authenticated user (enqueue_run's
+# default) at the default priority; operators set these through SQL or `runrow enqueue`.
+OPERATOR_FIELDS = ("priority", "fairness_key", "concurrency_key")
 MAX_START_IN = 366 * 86400  # enqueue_run's start_in is at most 366 days
 IF_ACTIVE = ("enqueue", "reject", "interrupt")
 MAX_IDEMPOTENCY_KEY = 200
@@ -58,10 +60,21 @@ TRACEPARENT = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9
 CURSOR = re.compile(r"[0-9]{1,18}")  # ASCII digits only (str.isdigit also says yes to "²"); below 2**63
 
 
+def _refuse_operator_fields(body: dict[str, Any]) -> None:
+    for name in OPERATOR_FIELDS:
+        if name in body:
+            raise ApiError(
+                403,
+                "forbidden_field",
+                f"{name} is set by the operator, not per request: over HTTP a run belongs to its "
+                "authenticated user's fair share at the default priority (operators use enqueue_run "
+                f"over SQL or `runrow enqueue --{name.replace('_', '-')}`)",
+            )
+
+
 def _fleet_options(body: dict[str, Any]) -> api.FleetOptions:
-    """The claim-order fields of an enqueue (SPEC "Fleet scheduling"), each checked here so a bad
-    one is a 400 naming it, never a database error."""
-    priority = integer(body, "priority", -1000, 1000)
+    """The claim-order field an API user may set (start_in), checked here so a bad one is a 400
+    naming it, never a database error."""
     start_in = body.get("start_in")
     if start_in is not None and (
         isinstance(start_in, bool)
@@ -73,23 +86,13 @@ def _fleet_options(body: dict[str, Any]) -> api.FleetOptions:
             "invalid_request",
             f"start_in must be a number of seconds, more than 0 and at most {MAX_START_IN}",
         )
-    keys = {}
-    for name in ("fairness_key", "concurrency_key"):
-        value = text(body, name, "a string of 1 to 200 characters", max_chars=200)
-        if value == "":
-            raise ApiError(400, "invalid_request", f"{name} must be a string of 1 to 200 characters")
-        keys[name] = value
-    return api.FleetOptions(
-        start_in=None if start_in is None else timedelta(seconds=start_in),
-        priority=priority or 0,
-        fairness_key=keys["fairness_key"],
-        concurrency_key=keys["concurrency_key"],
-    )
+    return api.FleetOptions(start_in=None if start_in is None else timedelta(seconds=start_in))
 
 
 async def enqueue(request: Request, svc: Services, user: str) -> Response:
     conversation_id = path_uuid(request, "conversation_id", "conversation")
     body = await read_json_object(request, svc.config.max_body_bytes)
+    _refuse_operator_fields(body)
     reject_unknown(body, ENQUEUE_FIELDS)
     if body.get("content") is None:
         raise ApiError(400, "invalid_request", "content is required: a string or an array of content blocks")
