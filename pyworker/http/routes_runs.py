@@ -73,8 +73,8 @@ def _refuse_operator_fields(body: dict[str, Any]) -> None:
 
 
 def _fleet_options(body: dict[str, Any]) -> api.FleetOptions:
-    """The claim-order field an API user may set (start_in), checked here so a bad one is a 400
-    naming it, never a database error."""
+    """The fleet fields an API user may set (start_in, webhook_url), each a 400 naming it when
+    bad, never a database error."""
     start_in = body.get("start_in")
     if start_in is not None and (
         isinstance(start_in, bool)
@@ -86,7 +86,11 @@ def _fleet_options(body: dict[str, Any]) -> api.FleetOptions:
             "invalid_request",
             f"start_in must be a number of seconds, more than 0 and at most {MAX_START_IN}",
         )
-    return api.FleetOptions(start_in=None if start_in is None else timedelta(seconds=start_in))
+    return api.FleetOptions(
+        start_in=None if start_in is None else timedelta(seconds=start_in),
+        # The URL's rules are enqueue_run's (its 22023 names webhook_url and becomes a 400).
+        webhook_url=text(body, "webhook_url", "an http:// or https:// URL"),
+    )
 
 
 async def enqueue(request: Request, svc: Services, user: str) -> Response:
