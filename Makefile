@@ -29,8 +29,11 @@ test-in-db:
 pgtap:
 	scripts/pgtap.sh
 
+# Two processes (pytest-xdist, one database each: tests/conftest.py), whole files to one process
+# so module fixtures stay shared; the slowest tests are listed at the end.
+PYTEST_JOBS ?= 2
 pytest:
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(PYTEST_JOBS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 lint:
 	$(BIN)/sqlfluff lint functions migrations sql

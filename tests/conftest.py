@@ -11,10 +11,41 @@ import os
 from collections.abc import Iterator
 
 import psycopg
+import psycopg.sql
 import pytest
 
 from pyworker.db import devdb
 from pyworker.db.migrate import migrate
+
+_WORKER_DATABASE: tuple[str, str] | None = None  # (admin url, name) of this xdist worker's own
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist with DATABASE_URL set, each worker process gets a database of its own
+    on that server and points DATABASE_URL (and RUNROW_SUPERUSER_URL) at it before any test
+    reads them, so the workers, services and queues one process's tests start never see the
+    other process's runs. The roles are the cluster's, created once by `runrow migrate` before
+    pytest starts, so the two migrations cannot race on them."""
+    global _WORKER_DATABASE
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    url = os.environ.get("DATABASE_URL")
+    if not worker or not url:
+        return
+    import uuid
+
+    name = f"runrow_test_{worker}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+    _WORKER_DATABASE = (url, name)
+    os.environ["DATABASE_URL"] = devdb.database_url_for(url, name)
+    superuser = os.environ.get("RUNROW_SUPERUSER_URL")
+    if superuser:
+        os.environ["RUNROW_SUPERUSER_URL"] = devdb.database_url_for(superuser, name)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _WORKER_DATABASE is not None:
+        devdb.drop_database(*_WORKER_DATABASE)
 
 
 @pytest.fixture(scope="session")

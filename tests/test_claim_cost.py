@@ -177,9 +177,11 @@ def test_claim_cost_does_not_grow_with_finished_runs(owner: psycopg.Connection, 
         f"claim touched {few} buffers with {FINISHED_BASELINE} finished runs, {many} with more"
     )
     # Unvacuumed, the walk from the head of the queue steps over the dead entries of every
-    # run claimed since the last vacuum (about 4 index pages per 1000); a probe or a lock
-    # that scanned a whole partial index of live runs would read their heap pages too.
-    assert unvacuumed <= few + 40, (
+    # run claimed since the last vacuum (about 4 index pages per 1000 with the enqueue_seq
+    # key; seen up to +41 in all with migration 0018's wider claim key, priority, tenant,
+    # concurrency key, enqueue_seq); a probe or a lock that scanned a whole partial index of
+    # live runs would read their heap pages too, hundreds of buffers.
+    assert unvacuumed <= few + 60, (
         f"claim touched {few} buffers with {FINISHED_BASELINE} finished runs, {unvacuumed} with "
         f"{FINISHED_MANY} finished since the last vacuum"
     )
