@@ -2522,10 +2522,13 @@ DECLARE
     bg integer;
     found_key text;
     promoted integer;
-    -- Fleet limits (issue 13), read once per claim from their small tables: the rate-limit
-    -- keys blocked now and the tenants over their daily budget.
+    -- Fleet limits (issue 13): the rate-limit keys blocked now (read once per claim from a
+    -- small table), and the tenants over their daily budget, judged the first time the walk
+    -- reaches each one (a claim pays for the tenants it serves, not for every budget set).
     fleet_blocked_keys text[];
-    fleet_over_tenants text[];
+    fleet_has_budgets boolean;
+    fleet_checked_tenants text[] := '{}';
+    fleet_over_tenants text[] := '{}';
     fleet_cand record;
 BEGIN
     IF _claim.worker_id = '' OR length(_claim.worker_id) > 200 THEN
@@ -2550,10 +2553,7 @@ BEGIN
         GET DIAGNOSTICS promoted = ROW_COUNT;
 
         fleet_blocked_keys := ARRAY(SELECT l.rate_limit_key FROM runrow.rate_limit AS l WHERE l.blocked_until > now());
-        -- Per budgeted tenant, a range of spend_hour's key: nothing to read without budgets.
-        fleet_over_tenants := ARRAY(
-            SELECT b.fairness_key FROM runrow.tenant_budget AS b
-            WHERE runrow._tenant_verdict(b.fairness_key) IS NOT NULL);
+        fleet_has_budgets := EXISTS (SELECT 1 FROM runrow.tenant_budget);
 
         -- Walk the queue one run at a time instead of one statement with the checks as
         -- filters: a filtered "ORDER BY ... LIMIT n" is planned from the estimated share of
@@ -2756,6 +2756,13 @@ BEGIN
                 -- later claim walks it, promoted when due); a run of a tenant over its daily
                 -- budget is not started: it ends failed budget_exhausted here, journaled.
                 -- acquire_model_call refuses both anyway; this keeps them from taking a slot.
+                IF fleet_has_budgets AND NOT blocked AND NOT h_tenant = ANY (fleet_checked_tenants) THEN
+                    -- One budget row and a range of spend_hour's key, once per tenant per claim.
+                    fleet_checked_tenants := fleet_checked_tenants || h_tenant;
+                    IF runrow._tenant_verdict(h_tenant) IS NOT NULL THEN
+                        fleet_over_tenants := fleet_over_tenants || h_tenant;
+                    END IF;
+                END IF;
                 IF NOT blocked AND (cardinality(fleet_blocked_keys) > 0 OR h_tenant = ANY (fleet_over_tenants)) THEN
                     SELECT q.id, q.rate_limit_key INTO fleet_cand
                     FROM runrow.agent_run AS q

@@ -218,3 +218,40 @@ def test_claim_cost_depends_on_what_it_claims_not_on_the_queue_behind_it(
     assert delayed <= deep + 10
     assert capped <= deep + 25
     assert tenants <= deep + 50 * 5
+
+
+def test_tenant_budgets_cost_a_claim_only_for_the_tenants_it_reaches(
+    owner: psycopg.Connection, connect: Connect
+):
+    """Every claim judged every budgeted tenant (its budget row and a day of spend_hour) before
+    walking the queue: 10 budgets cost about 285 buffers per claim, whatever it claimed."""
+    probe = connect()
+    owner.execute(
+        "SELECT runrow.stop_conversation(conversation_id) FROM runrow.agent_run WHERE status = 'queued'"
+    )
+    enqueue_many(owner, 10)
+    owner.execute("VACUUM ANALYZE runrow.agent_run")
+    base, rows = claim_buffers(probe)
+    assert rows == 1
+    # 200 tenants with budgets and a day of spend each, none of them with a queued run.
+    owner.execute(
+        "SELECT runrow.set_tenant_budget('budgeted-' || n, 1000000, NULL) FROM generate_series(1, 200) AS n"
+    )
+    owner.execute(
+        "INSERT INTO runrow.spend_hour (fairness_key, hour, model, tokens)"
+        " SELECT 'budgeted-' || n, date_trunc('hour', now()) - make_interval(hours => h), 'test-model', 10"
+        " FROM generate_series(1, 200) AS n, generate_series(0, 23) AS h"
+    )
+    owner.execute("VACUUM ANALYZE runrow.spend_hour")
+    owner.execute("VACUUM ANALYZE runrow.tenant_budget")
+    budgeted, rows = claim_buffers(probe)
+    assert rows == 1
+    print(f"claim buffers: {base} without budgets, {budgeted} with 200 budgeted tenants it never reaches")
+    owner.execute(
+        "SELECT runrow.set_tenant_budget('budgeted-' || n, NULL, NULL) FROM generate_series(1, 200) AS n"
+    )
+    owner.execute("DELETE FROM runrow.spend_hour WHERE fairness_key LIKE 'budgeted-%'")
+    owner.execute(
+        "SELECT runrow.stop_conversation(conversation_id) FROM runrow.agent_run WHERE status = 'queued'"
+    )
+    assert budgeted <= base + 10, (base, budgeted)
