@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import time
 import uuid
 
 import psycopg
@@ -25,24 +26,46 @@ BLOCKED = 3_000
 
 def empty_claim_buffers(conn: psycopg.Connection) -> tuple[int, int]:
     """(buffers of the first empty claim, the steady buffers of the ones after it): each call
-    rolled back except the first, which keeps whatever one-time work it did. Steady: the
-    lowest of the last four of ten, since PL/pgSQL plans a statement anew for each of its
-    first five runs and planning reads index metapages too."""
-    first = None
+    rolled back except the first, which keeps whatever one-time work it did (marking the
+    blocked turns). Steady: the lowest of the last four of ten, since PL/pgSQL plans a
+    statement anew for each of its first five runs and planning reads index metapages too."""
+    first = measure_claim(conn)
+    # An xid newer than the marking's, so waiting for it is enough (if a little more).
+    after_marking = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0]
+    wait_for_no_snapshot_before(conn, after_marking)
     counts = []
-    for n in range(10):
-        with conn.transaction(force_rollback=n > 0):
-            plan = conn.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)"
-                " SELECT * FROM runrow.claim_runs('cost-probe', 10, 30)"
-            ).fetchone()[0][0]["Plan"]
-        assert plan["Actual Rows"] == 0
-        buffers = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
-        if first is None:
-            first = buffers
-        else:
-            counts.append(buffers)
+    for _ in range(9):
+        with conn.transaction(force_rollback=True):
+            counts.append(measure_claim(conn))
     return first, min(counts[5:])
+
+
+def measure_claim(conn: psycopg.Connection) -> int:
+    plan = conn.execute(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM runrow.claim_runs('cost-probe', 10, 30)"
+    ).fetchone()[0][0]["Plan"]
+    assert plan["Actual Rows"] == 0
+    return plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+
+
+def wait_for_no_snapshot_before(conn: psycopg.Connection, xid: int) -> None:
+    """The claim stops reading an index entry left behind by the marking only once it can
+    flag it dead to everyone (kill_prior_tuple), and that needs every snapshot in this
+    database to be newer than the marking's commit. An autovacuum ANALYZE of the freshly
+    filled tables holds an older one for a moment; on a busy CI box that moment covered
+    all nine claims and every one of them walked the 3,000 old tuples again (158 buffers).
+    So wait, on the server's own view of snapshots, rather than hope."""
+    for _ in range(600):
+        (older,) = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND least(backend_xmin::text::bigint, backend_xid::text::bigint) <= %s",
+            (xid % 2**32,),
+        ).fetchone()
+        if older == 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"a session in this database kept a snapshot older than xid {xid} for 30 s")
 
 
 def block(owner: psycopg.Connection, turns: int) -> list[uuid.UUID]:
