@@ -44,18 +44,23 @@ SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '
 CREATE SCHEMA IF NOT EXISTS runrow;
 
 -- Roles are cluster-wide: create them only when missing so a second database in the
--- same cluster (or a re-install) does not fail. NOLOGIN: grant them to login roles.
+-- same cluster (or a re-install) does not fail. The check cannot see a role another
+-- session created and has not committed yet (two databases migrated at once), so that
+-- CREATE waits for it and then raises unique_violation: the role exists, which is all
+-- this needs. NOLOGIN: grant them to login roles.
 DO $roles$
+DECLARE
+    role_name text;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runrow_worker') THEN
-        CREATE ROLE runrow_worker NOLOGIN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runrow_client') THEN
-        CREATE ROLE runrow_client NOLOGIN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runrow_auditor') THEN
-        CREATE ROLE runrow_auditor NOLOGIN;
-    END IF;
+    FOREACH role_name IN ARRAY ARRAY['runrow_worker', 'runrow_client', 'runrow_auditor'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = role_name) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', role_name);
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL;
+            END;
+        END IF;
+    END LOOP;
 END
 $roles$;
 

@@ -152,6 +152,32 @@ def clock(conn: psycopg.Connection) -> Any:
     return conn.execute("SELECT clock_timestamp()").fetchone()[0]
 
 
+def settle(conn: psycopg.Connection) -> None:
+    """Wait until no other session in this database holds a snapshot (or an xid) older than
+    now. Tests that count buffers need it: VACUUM keeps, and an index scan cannot flag dead
+    (kill_prior_tuple), a row version some older snapshot may still see, and an autovacuum
+    ANALYZE of a freshly filled table holds such a snapshot for a moment. On a busy CI box
+    that moment once covered a whole measurement (an empty claim read 158 buffers, not 15)."""
+    (now,) = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+    for _ in range(600):
+        (older,) = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND least(backend_xmin::text::bigint, backend_xid::text::bigint) <= %s",
+            (now % 2**32,),
+        ).fetchone()
+        if older == 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"a session in this database kept a snapshot older than xid {now} for 30 s")
+
+
+def vacuum(conn: psycopg.Connection, *tables: str) -> None:
+    """VACUUM ANALYZE `tables` once nothing older can still see their dead rows."""
+    settle(conn)
+    conn.execute(f"VACUUM ANALYZE {', '.join(tables)}")
+
+
 def stress_worker(url: str, worker_id: str, conversations: list[str], batch: int) -> list[tuple]:
     """One worker process: claim up to `batch` runs, work on each, finish each, until the
     conversations are done.

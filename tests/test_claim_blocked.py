@@ -12,12 +12,22 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
-import time
 import uuid
 
 import psycopg
 from psycopg.types.json import Jsonb
-from race_support import Background, Connect, claim, claim_one, database_url, enqueue, owner, run_row
+from race_support import (
+    Background,
+    Connect,
+    claim,
+    claim_one,
+    database_url,
+    enqueue,
+    owner,
+    run_row,
+    settle,
+    vacuum,
+)
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
 
@@ -30,9 +40,9 @@ def empty_claim_buffers(conn: psycopg.Connection) -> tuple[int, int]:
     blocked turns). Steady: the lowest of the last four of ten, since PL/pgSQL plans a
     statement anew for each of its first five runs and planning reads index metapages too."""
     first = measure_claim(conn)
-    # An xid newer than the marking's, so waiting for it is enough (if a little more).
-    after_marking = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0]
-    wait_for_no_snapshot_before(conn, after_marking)
+    # The claim stops reading the index entries the marking left behind only once it can
+    # flag them dead to everyone.
+    settle(conn)
     counts = []
     for _ in range(9):
         with conn.transaction(force_rollback=True):
@@ -46,26 +56,6 @@ def measure_claim(conn: psycopg.Connection) -> int:
     ).fetchone()[0][0]["Plan"]
     assert plan["Actual Rows"] == 0
     return plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
-
-
-def wait_for_no_snapshot_before(conn: psycopg.Connection, xid: int) -> None:
-    """The claim stops reading an index entry left behind by the marking only once it can
-    flag it dead to everyone (kill_prior_tuple), and that needs every snapshot in this
-    database to be newer than the marking's commit. An autovacuum ANALYZE of the freshly
-    filled tables holds an older one for a moment; on a busy CI box that moment covered
-    all nine claims and every one of them walked the 3,000 old tuples again (158 buffers).
-    So wait, on the server's own view of snapshots, rather than hope."""
-    for _ in range(600):
-        (older,) = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            " AND least(backend_xmin::text::bigint, backend_xid::text::bigint) <= %s",
-            (xid % 2**32,),
-        ).fetchone()
-        if older == 0:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"a session in this database kept a snapshot older than xid {xid} for 30 s")
 
 
 def block(owner: psycopg.Connection, turns: int) -> list[uuid.UUID]:
@@ -82,7 +72,7 @@ def block(owner: psycopg.Connection, turns: int) -> list[uuid.UUID]:
         "SELECT runrow.enqueue_run(c, '\"second\"', 'test-model') FROM unnest(%s::uuid[]) AS c",
         (conversations,),
     )
-    owner.execute("VACUUM ANALYZE runrow.agent_run")
+    vacuum(owner, "runrow.agent_run")
     return conversations
 
 

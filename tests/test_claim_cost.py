@@ -11,7 +11,7 @@ import re
 import uuid
 
 import psycopg
-from race_support import Connect, claim_one, database_url, enqueue, owner
+from race_support import Connect, claim_one, database_url, enqueue, owner, vacuum
 
 FINISHED_BASELINE = 100
 # 50 times the baseline. A claim that read the history would touch hundreds of pages more
@@ -143,7 +143,7 @@ def test_heartbeat_is_a_hot_update(owner: psycopg.Connection, connect: Connect):
 
 def test_claim_cost_does_not_grow_with_finished_runs(owner: psycopg.Connection, connect: Connect):
     fill_finished(owner, FINISHED_BASELINE)
-    owner.execute("VACUUM ANALYZE runrow.agent_run, runrow.run_event, runrow.message")
+    vacuum(owner, "runrow.agent_run", "runrow.run_event", "runrow.message")
     probe = uuid.uuid4()
     enqueue(owner, probe)
     few = claim_buffers(connect())
@@ -162,7 +162,7 @@ def test_claim_cost_does_not_grow_with_finished_runs(owner: psycopg.Connection, 
         owner.execute("ALTER TABLE runrow.agent_run RESET (autovacuum_enabled)")
     # What autovacuum does in steady state: the queued-runs index drops the entries of
     # runs that left the queue, so it holds the queue, not the history.
-    owner.execute("VACUUM ANALYZE runrow.agent_run, runrow.run_event, runrow.message")
+    vacuum(owner, "runrow.agent_run", "runrow.run_event", "runrow.message")
     enqueue(owner, uuid.uuid4())
     many = claim_buffers(connect())
 

@@ -11,7 +11,7 @@ import multiprocessing
 import time
 
 import psycopg
-from race_support import Background, Connect, claim, database_url, owner
+from race_support import Background, Connect, claim, database_url, owner, vacuum
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
 
@@ -156,7 +156,7 @@ def test_claim_cost_depends_on_what_it_claims_not_on_the_queue_behind_it(
 ):
     probe = connect()
     enqueue_many(owner, 10)
-    owner.execute("VACUUM ANALYZE runrow.agent_run")
+    vacuum(owner, "runrow.agent_run")
     base, rows = claim_buffers(probe)
     assert rows == 1
     owner.execute(
@@ -164,7 +164,7 @@ def test_claim_cost_depends_on_what_it_claims_not_on_the_queue_behind_it(
     )
 
     enqueue_many(owner, DEEP, fairness_key="one-tenant")
-    owner.execute("VACUUM ANALYZE runrow.agent_run")
+    vacuum(owner, "runrow.agent_run")
     deep, rows = claim_buffers(probe)
     assert rows == 1
     owner.execute(
@@ -173,7 +173,7 @@ def test_claim_cost_depends_on_what_it_claims_not_on_the_queue_behind_it(
 
     enqueue_many(owner, DEEP, start_in="1 hour")
     enqueue_many(owner, 10)
-    owner.execute("VACUUM ANALYZE runrow.agent_run")
+    vacuum(owner, "runrow.agent_run")
     delayed, rows = claim_buffers(probe)
     assert rows == 1
     owner.execute(
@@ -184,7 +184,7 @@ def test_claim_cost_depends_on_what_it_claims_not_on_the_queue_behind_it(
     owner.execute("SELECT runrow.set_concurrency_limit('full', 0)")
     enqueue_many(owner, DEEP, concurrency_key="full")
     enqueue_many(owner, 10)
-    owner.execute("VACUUM ANALYZE runrow.agent_run")
+    vacuum(owner, "runrow.agent_run")
     capped, rows = claim_buffers(probe)
     assert rows == 1
     owner.execute(
@@ -199,7 +199,7 @@ def test_claim_cost_depends_on_what_it_claims_not_on_the_queue_behind_it(
         " FROM generate_series(1, %s) AS n",
         (DEEP,),
     )
-    owner.execute("VACUUM ANALYZE runrow.agent_run")
+    vacuum(owner, "runrow.agent_run")
     tenants, rows = claim_buffers(probe)
     assert rows == 1
     owner.execute(
@@ -230,7 +230,7 @@ def test_tenant_budgets_cost_a_claim_only_for_the_tenants_it_reaches(
         "SELECT runrow.stop_conversation(conversation_id) FROM runrow.agent_run WHERE status = 'queued'"
     )
     enqueue_many(owner, 10)
-    owner.execute("VACUUM ANALYZE runrow.agent_run")
+    vacuum(owner, "runrow.agent_run")
     base, rows = claim_buffers(probe)
     assert rows == 1
     # 200 tenants with budgets and a day of spend each, none of them with a queued run.
@@ -242,8 +242,8 @@ def test_tenant_budgets_cost_a_claim_only_for_the_tenants_it_reaches(
         " SELECT 'budgeted-' || n, date_trunc('hour', now()) - make_interval(hours => h), 'test-model', 10"
         " FROM generate_series(1, 200) AS n, generate_series(0, 23) AS h"
     )
-    owner.execute("VACUUM ANALYZE runrow.spend_hour")
-    owner.execute("VACUUM ANALYZE runrow.tenant_budget")
+    vacuum(owner, "runrow.spend_hour")
+    vacuum(owner, "runrow.tenant_budget")
     budgeted, rows = claim_buffers(probe)
     assert rows == 1
     print(f"claim buffers: {base} without budgets, {budgeted} with 200 budgeted tenants it never reaches")
