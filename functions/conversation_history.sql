@@ -36,7 +36,7 @@ BEGIN
     WITH turns AS (
         -- Which turns contribute. Every rule depends only on what is final once a turn is
         -- terminal, so a turn contributes the same rows to every later rebuild (history
-        -- only ever grows at the end). Served by agent_run_conversation_idx.
+        -- only ever grows at the end). Served by agent_run_conversation_turn.
         SELECT a.id, a.enqueue_seq, a.status, a.user_message_id, a.id = target.id AS is_target,
                row_number() OVER (ORDER BY a.enqueue_seq)::integer AS turn_index
         FROM runrow.agent_run AS a

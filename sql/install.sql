@@ -2451,6 +2451,38 @@ INSERT INTO runrow._yoyo_migration VALUES ('0d3e1a9b9b7ddfbc70129ca8e062cbfefa4d
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '0d3e1a9b9b7ddfbc70129ca8e062cbfefa4d24fe525f893d6b2234b9eaaf03d2', '0020_uuidv7_run_ids', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0021_index_diet
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '1e32bd9e16f68d807730659c57f43890302519e335b4998af0d7130109522788') AS apply_1e32bd9e16f6 \gset
+\if :apply_1e32bd9e16f6
+-- depends: 0020_uuidv7_run_ids
+-- An index diet for agent_run (issue 11). Neither claim nor finish can be a HOT update
+-- (status is in the predicates of the partial indexes), so every index whose predicate the
+-- new row version meets takes an insert: the enqueue, the claim and the finish each paid for
+-- the two indexes below although no lookup needed both.
+--
+-- - agent_run_enqueue_seq_key (UNIQUE (enqueue_seq)): no statement looks a run up by
+--   enqueue_seq alone or orders the whole table by it; the claim orders
+--   agent_run_claimable, turn order reads agent_run_open_by_conversation. Uniqueness is
+--   the identity column's (GENERATED ALWAYS: no insert chooses it, and the guard trigger
+--   refuses to change it).
+-- - agent_run_conversation_idx (conversation_id, created_at): every reader of a
+--   conversation's runs (get_conversation, conversation_history, fork_run, stop_conversation)
+--   orders them by enqueue_seq, not created_at. Replaced by agent_run_conversation_turn
+--   UNIQUE (conversation_id, enqueue_seq), which serves those scans in their own order and
+--   states in the schema that a conversation's turns are totally ordered.
+--
+-- Measured (bench.drain SQL API rows, 2,000 runs, fsync on): see the commit message.
+ALTER TABLE runrow.agent_run DROP CONSTRAINT agent_run_enqueue_seq_key;
+DROP INDEX runrow.agent_run_conversation_idx;
+ALTER TABLE runrow.agent_run
+ADD CONSTRAINT agent_run_conversation_turn UNIQUE (conversation_id, enqueue_seq);
+
+COMMENT ON CONSTRAINT agent_run_conversation_turn ON runrow.agent_run IS
+'A conversation''s turns are totally ordered by enqueue_seq; serves every per-conversation scan.';
+INSERT INTO runrow._yoyo_migration VALUES ('1e32bd9e16f68d807730659c57f43890302519e335b4998af0d7130109522788', '0021_index_diet', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '1e32bd9e16f68d807730659c57f43890302519e335b4998af0d7130109522788', '0021_index_diet', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -2490,6 +2522,10 @@ DECLARE
     -- skips blocked turns without marking them.
     may_mark boolean := current_setting('transaction_isolation') = 'read committed';
     locked uuid[] := '{}';
+    -- When each run in locked (parallel array) was queued, read with its lock: the time it
+    -- waited, without reading the rows again in the final UPDATE.
+    locked_since timestamptz[] := '{}';
+    got_since timestamptz;
     -- The concurrency key of each run in locked (parallel array), for the cap's count.
     locked_keys text[] := '{}';
     -- Limit rows this claim holds the lock of, and keys found at their limit this round.
@@ -2835,7 +2871,7 @@ BEGIN
                 -- predicate this WHERE implies has a column of it as key (not so for id:
                 -- agent_run_claimable would qualify with no key to descend), so any plan is a
                 -- point lookup.
-                SELECT q.id INTO got
+                SELECT q.id, q.updated_at INTO got, got_since
                 FROM runrow.agent_run AS q
                 WHERE q.conversation_id = g_head_conv[bg]
                   AND q.enqueue_seq = g_head_seq[bg]
@@ -2864,6 +2900,7 @@ BEGIN
                     CONTINUE serve;
                 END IF;
                 locked := locked || got;
+                locked_since := locked_since || got_since;
                 locked_keys := locked_keys || g_key[bg];
                 t_served[best] := t_served[best] + 1;
                 t_vtime[best] := t_vtime[best] + 1 / t_weight[best];
@@ -2899,10 +2936,8 @@ BEGIN
                 worker_id = who,
                 attempt = r.attempt + 1,
                 started_at = coalesce(r.started_at, now())
-            -- q: the row as it was queued (the statement's snapshot), for the time it waited.
-            FROM runrow.agent_run AS q
-            WHERE r.id = ANY (locked) AND q.id = r.id
-            RETURNING r.*, extract(EPOCH FROM now() - q.updated_at)::double precision AS queued_seconds
+            WHERE r.id = ANY (locked)
+            RETURNING r.*
         ),
         journaled AS (
             INSERT INTO runrow.run_event (run_id, seq, type, payload)
@@ -2914,9 +2949,10 @@ BEGIN
         )
         SELECT cl.id, cl.claim_token, cl.conversation_id, cl.attempt, cl.max_attempts, cl.model,
                cl.prompt_id, p.system_prompt, p.tools, cl.user_id, cl.user_message_id, cl.metadata,
-               cl.claim_expires_at, cl.queued_seconds
+               cl.claim_expires_at, extract(EPOCH FROM now() - w.since)::double precision
         FROM claimed AS cl
         JOIN runrow.prompt AS p ON p.id = cl.prompt_id
+        JOIN unnest(locked, locked_since) AS w (id, since) ON w.id = cl.id
         ORDER BY cl.enqueue_seq;
     EXCEPTION WHEN unique_violation OR serialization_failure OR check_violation THEN
         -- A collision with invariant 1, the turn-order guard or a concurrency limit (which
@@ -5274,7 +5310,7 @@ BEGIN
     WITH turns AS (
         -- Which turns contribute. Every rule depends only on what is final once a turn is
         -- terminal, so a turn contributes the same rows to every later rebuild (history
-        -- only ever grows at the end). Served by agent_run_conversation_idx.
+        -- only ever grows at the end). Served by agent_run_conversation_turn.
         SELECT a.id, a.enqueue_seq, a.status, a.user_message_id, a.id = target.id AS is_target,
                row_number() OVER (ORDER BY a.enqueue_seq)::integer AS turn_index
         FROM runrow.agent_run AS a

@@ -1,0 +1,72 @@
+-- agent_run's indexes (migration 0021): neither the claim nor the finish can be a HOT update,
+-- so every index is paid for on every write of a run. The list is pinned here so adding one
+-- is a decision a reviewer sees, and the per-conversation order is a constraint, not a habit.
+BEGIN;
+\ir helpers/setup.psql
+SELECT plan(6);
+
+CREATE FUNCTION pg_temp.plan_of(query text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE line text; plan text := '';
+BEGIN
+    FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || query LOOP plan := plan || line || E'\n'; END LOOP;
+    RETURN plan;
+END $$;
+
+SELECT indexes_are(
+    'runrow', 'agent_run',
+    ARRAY[
+        'agent_run_pkey',
+        'agent_run_conversation_turn',
+        'agent_run_one_active_per_conversation',
+        'agent_run_idempotency_key',
+        'agent_run_running',
+        'agent_run_finished_idx',
+        'agent_run_one_retry',
+        'agent_run_terminal_anomaly',
+        'agent_run_untrimmed',
+        'agent_run_open_by_conversation',
+        'agent_run_claimable',
+        'agent_run_delayed',
+        'agent_run_open_by_concurrency_key'
+    ],
+    'agent_run has exactly the indexes its lookups use'
+);
+SELECT hasnt_index('runrow', 'agent_run', 'agent_run_enqueue_seq_key', 'no unique index on enqueue_seq alone');
+SELECT hasnt_index('runrow', 'agent_run', 'agent_run_conversation_idx', 'no (conversation_id, created_at) index');
+
+-- Two turns of one conversation can never share a place in its order: enqueue_seq is an
+-- identity column, and even the table owner forcing a value hits the constraint.
+SELECT gen_random_uuid() AS c1 \gset
+SELECT run_id AS r1 FROM runrow.enqueue_run(:'c1', '"one"', 'test-model') \gset
+SELECT throws_ok(
+    format($q$
+        INSERT INTO runrow.agent_run (id, enqueue_seq, conversation_id, user_message_id, prompt_id, model)
+        OVERRIDING SYSTEM VALUE
+        SELECT gen_random_uuid(), a.enqueue_seq, a.conversation_id, a.user_message_id, a.prompt_id, a.model
+        FROM runrow.agent_run AS a WHERE a.id = %L
+    $q$, :'r1'),
+    '23505', NULL,
+    'a second turn at the same place in a conversation is refused (agent_run_conversation_turn)'
+);
+
+-- The readers of a conversation's runs are served by the new index, in its order.
+SET LOCAL enable_seqscan = off;
+SET LOCAL enable_bitmapscan = off;
+SELECT ok(
+    pg_temp.plan_of(format(
+        'SELECT id FROM runrow.agent_run WHERE conversation_id = %L ORDER BY enqueue_seq', :'c1'))
+    ~ 'Index (Only )?Scan (Backward )?(using|on) agent_run_conversation_turn',
+    'a conversation''s runs in turn order are read from agent_run_conversation_turn'
+);
+SELECT ok(
+    NOT EXISTS (
+        SELECT 1 FROM pg_constraint
+        WHERE conrelid = 'runrow.agent_run'::regclass AND contype = 'u'
+          AND conkey = ARRAY[(SELECT attnum FROM pg_attribute
+                               WHERE attrelid = 'runrow.agent_run'::regclass AND attname = 'enqueue_seq')]
+    ),
+    'enqueue_seq is unique by its identity, not by an index of its own'
+);
+
+SELECT * FROM finish();
+ROLLBACK;
