@@ -34,6 +34,10 @@ DECLARE
     -- skips blocked turns without marking them.
     may_mark boolean := current_setting('transaction_isolation') = 'read committed';
     locked uuid[] := '{}';
+    -- When each run in locked (parallel array) was queued, read with its lock: the time it
+    -- waited, without reading the rows again in the final UPDATE.
+    locked_since timestamptz[] := '{}';
+    got_since timestamptz;
     -- The concurrency key of each run in locked (parallel array), for the cap's count.
     locked_keys text[] := '{}';
     -- Limit rows this claim holds the lock of, and keys found at their limit this round.
@@ -379,7 +383,7 @@ BEGIN
                 -- predicate this WHERE implies has a column of it as key (not so for id:
                 -- agent_run_claimable would qualify with no key to descend), so any plan is a
                 -- point lookup.
-                SELECT q.id INTO got
+                SELECT q.id, q.updated_at INTO got, got_since
                 FROM runrow.agent_run AS q
                 WHERE q.conversation_id = g_head_conv[bg]
                   AND q.enqueue_seq = g_head_seq[bg]
@@ -408,6 +412,7 @@ BEGIN
                     CONTINUE serve;
                 END IF;
                 locked := locked || got;
+                locked_since := locked_since || got_since;
                 locked_keys := locked_keys || g_key[bg];
                 t_served[best] := t_served[best] + 1;
                 t_vtime[best] := t_vtime[best] + 1 / t_weight[best];
@@ -443,10 +448,8 @@ BEGIN
                 worker_id = who,
                 attempt = r.attempt + 1,
                 started_at = coalesce(r.started_at, now())
-            -- q: the row as it was queued (the statement's snapshot), for the time it waited.
-            FROM runrow.agent_run AS q
-            WHERE r.id = ANY (locked) AND q.id = r.id
-            RETURNING r.*, extract(EPOCH FROM now() - q.updated_at)::double precision AS queued_seconds
+            WHERE r.id = ANY (locked)
+            RETURNING r.*
         ),
         journaled AS (
             INSERT INTO runrow.run_event (run_id, seq, type, payload)
@@ -458,9 +461,10 @@ BEGIN
         )
         SELECT cl.id, cl.claim_token, cl.conversation_id, cl.attempt, cl.max_attempts, cl.model,
                cl.prompt_id, p.system_prompt, p.tools, cl.user_id, cl.user_message_id, cl.metadata,
-               cl.claim_expires_at, cl.queued_seconds
+               cl.claim_expires_at, extract(EPOCH FROM now() - w.since)::double precision
         FROM claimed AS cl
         JOIN runrow.prompt AS p ON p.id = cl.prompt_id
+        JOIN unnest(locked, locked_since) AS w (id, since) ON w.id = cl.id
         ORDER BY cl.enqueue_seq;
     EXCEPTION WHEN unique_violation OR serialization_failure OR check_violation THEN
         -- A collision with invariant 1, the turn-order guard or a concurrency limit (which
