@@ -6,7 +6,8 @@ figure does not depend on the machine's load. Two questions:
 
 - an empty claim (nothing claimable) with no queued turns and with BLOCKED queued turns,
   each waiting behind a running turn of its conversation;
-- a claim and a finish with FEW and with MANY finished runs in the tables.
+- a claim, a heartbeat, an append and a finish with FEW and with MANY finished runs in the
+  tables (MANY is 1,000,000 in the full run: filling it takes about ten minutes).
 
 `python -m bench.claim_buffers [--short]` runs it alone.
 """
@@ -21,7 +22,7 @@ from bench.common import run_alone
 
 BLOCKED = 10_000
 FEW = 1_000
-MANY = 100_000
+MANY = 1_000_000
 
 
 def buffers(conn: psycopg.Connection, sql: str, params: tuple[object, ...] = ()) -> tuple[int, int]:
@@ -62,16 +63,23 @@ def fill_finished(conn: psycopg.Connection, runs: int, batch: int = 2000) -> Non
     conn.execute("VACUUM ANALYZE runrow.agent_run, runrow.run_event, runrow.message")
 
 
-def claim_and_finish(conn: psycopg.Connection) -> tuple[int, int]:
-    """Buffers of one claim (one queued run waiting) and of one finish of a running run."""
+def lifecycle_calls(conn: psycopg.Connection) -> dict[str, int]:
+    """Buffers of one claim (one queued run waiting), then of a heartbeat, an append of one
+    event and a finish of the run it claimed."""
     conn.execute("SELECT runrow.enqueue_run(gen_random_uuid(), '\"probe\"', 'bench')")
     claim, rows = buffers(conn, "SELECT * FROM runrow.claim_run('probe', 30)")
     assert rows == 1
     run = conn.execute("SELECT run_id, claim_token FROM runrow.claim_run('probe', 30)").fetchone()
     assert run is not None
+    heartbeat, _ = buffers(conn, "SELECT * FROM runrow.heartbeat(%s, %s, 30)", (run[0], run[1]))
+    append, _ = buffers(
+        conn,
+        'SELECT runrow.append_events(%s, %s, \'[{"type": "text_delta", "text": "x"}]\')',
+        (run[0], run[1]),
+    )
     finish, _ = buffers(conn, "SELECT runrow.finish_run(%s, %s, 'completed')", (run[0], run[1]))
     conn.execute("SELECT runrow.finish_run(%s, %s, 'completed')", (run[0], run[1]))
-    return claim, finish
+    return {"claim": claim, "heartbeat": heartbeat, "append": append, "finish": finish}
 
 
 def block(conn: psycopg.Connection, turns: int) -> None:
@@ -118,15 +126,18 @@ async def bench(url: str, short: bool = False) -> list[str]:
             " WHERE a.status = 'running'"
         )
         fill_finished(conn, few)
-        claim_few, finish_few = claim_and_finish(conn)
+        at_few = lifecycle_calls(conn)
         fill_finished(conn, many - few)
-        claim_many, finish_many = claim_and_finish(conn)
+        at_many = lifecycle_calls(conn)
     return [
         "shared buffers per call (EXPLAIN ANALYZE BUFFERS, rolled back)",
         f"  empty claim: {empty} with no queued turn, {behind} with {blocked:,} blocked queued turns"
         f" ({vacuumed} after VACUUM; the first empty claim after they arrived: {first})",
-        f"  claim: {claim_few} with {few:,} finished runs, {claim_many} with {many:,}",
-        f"  finish: {finish_few} with {few:,} finished runs, {finish_many} with {many:,}",
+        *(
+            f"  {call}: {at_few[call]} with {few:,} finished runs, {at_many[call]} with {many:,}"
+            f" ({at_many[call] / at_few[call]:.2f}x)"
+            for call in at_few
+        ),
     ]
 
 
