@@ -152,24 +152,29 @@ def clock(conn: psycopg.Connection) -> Any:
     return conn.execute("SELECT clock_timestamp()").fetchone()[0]
 
 
-def settle(conn: psycopg.Connection) -> None:
-    """Wait until no other session in this database holds a snapshot (or an xid) older than
-    now. Tests that count buffers need it: VACUUM keeps, and an index scan cannot flag dead
-    (kill_prior_tuple), a row version some older snapshot may still see, and an autovacuum
-    ANALYZE of a freshly filled table holds such a snapshot for a moment. On a busy CI box
-    that moment once covered a whole measurement (an empty claim read 158 buffers, not 15)."""
+def settle(conn: psycopg.Connection, timeout: float = 120) -> None:
+    """Wait until no row version that is dead now can still look alive to anyone: no
+    transaction anywhere in the cluster holds an xid older than now, and no session in this
+    database a snapshot older than now. Tests that count buffers need it: VACUUM keeps, and an
+    index scan cannot flag dead (kill_prior_tuple), a version some older snapshot may still
+    see. Other databases count through xids: every snapshot's xmin is the oldest xid running
+    in the whole cluster, so a transaction the other xdist worker holds open (a race test's
+    blocked holder) keeps even this session's own claims from flagging anything. On a busy
+    CI box that once made an empty claim read 158 buffers instead of 15."""
     (now,) = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
-    for _ in range(600):
+    deadline = time.monotonic() + timeout
+    while True:
         (older,) = conn.execute(
             "SELECT count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            " AND least(backend_xmin::text::bigint, backend_xid::text::bigint) <= %s",
-            (now % 2**32,),
+            " WHERE pid <> pg_backend_pid() AND (backend_xid::text::bigint <= %(now)s"
+            " OR (datname = current_database() AND backend_xmin::text::bigint <= %(now)s))",
+            {"now": now % 2**32},
         ).fetchone()
         if older == 0:
             return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"a transaction kept an xid or snapshot older than {now} for {timeout} s")
         time.sleep(0.05)
-    raise AssertionError(f"a session in this database kept a snapshot older than xid {now} for 30 s")
 
 
 def vacuum(conn: psycopg.Connection, *tables: str) -> None:
