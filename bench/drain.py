@@ -21,7 +21,7 @@ Besides jobs/s (wall clock, so it moves with the box's load) it counts what does
 on the clock: WAL bytes, WAL records and full-page images per job (pg_stat_wal and the WAL
 position), and commits per job (pg_stat_database). Every job is checked done exactly once.
 
-`python -m bench.drain [--short]` runs it alone (its own cluster unless DATABASE_URL is set
+`python -m bench.drain [--short | --jobs N]` runs it alone (its own cluster unless DATABASE_URL is set
 and --here is given).
 """
 
@@ -489,8 +489,8 @@ def report(rows: list[Row], jobs: int) -> list[str]:
     return lines
 
 
-def run(short: bool = False) -> tuple[list[str], list[dict]]:
-    jobs = SHORT_JOBS if short else JOBS
+def run(short: bool = False, jobs: int | None = None) -> tuple[list[str], list[dict]]:
+    jobs = jobs or (SHORT_JOBS if short else JOBS)
     rows: list[Row] = []
     with bench_cluster() as (server, superuser):
         for batch in BATCHES:
@@ -516,8 +516,11 @@ def run(short: bool = False) -> tuple[list[str], list[dict]]:
 
 
 def main() -> None:
-    short = "--short" in sys.argv[1:]
-    lines, rows = run(short)
+    args = sys.argv[1:]
+    short = "--short" in args
+    # --jobs N: any size, e.g. the few hundred tests/test_bench_drain.py drains to check the harness.
+    jobs = int(args[args.index("--jobs") + 1]) if "--jobs" in args else None
+    lines, rows = run(short, jobs)
     print("\n".join(lines))
     out = os.environ.get("RUNROW_BENCH_JSON", "bench-drain.json")
     with open(out, "w") as f:

@@ -50,10 +50,11 @@ if [ ! -x .venv/bin/python ]; then
   echo "bootstrap: creating .venv"
   "$PYTHON" -m venv .venv
 fi
-extras=dev
+# bench: PgQueuer and asyncpg, the drain's peer, so `make test` can run the drain's short check.
+extras=dev,bench
 stamp=.venv/.runrow-installed
 if [ "${RUNROW_WITH_HA:-0}" = 1 ]; then
-  extras=dev,ha
+  extras=dev,bench,ha
   stamp=.venv/.runrow-installed-ha
 fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then

@@ -1,0 +1,41 @@
+"""The drain benchmark's harness, small: every system's row drains its jobs and passes the
+checks inside the benchmark (every job done exactly once; for runrow, every run completed
+once and claimed once, audit() clean), the report has its ratios, and the JSON its rows.
+Speed is not asserted: figures come from `make bench`, not from a test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_a_small_drain_of_every_system_passes_its_own_checks(tmp_path: Path):
+    out = tmp_path / "drain.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "RUNROW_SUPERUSER_URL")}
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.drain", "--jobs", "200"],
+        capture_output=True,
+        text=True,
+        env={**env, "RUNROW_BENCH_JSON": str(out)},
+        cwd=REPO,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(out.read_text())["rows"]
+    systems = {(r["system"], r["batch"]) for r in rows}
+    for batch in (1, 10):
+        for system in (
+            "bare SQL (claim UPDATE, ack DELETE)",
+            "PgQueuer 1.6 (asyncpg, QueueManager)",
+            "PgQueuer 1.6 (psycopg, QueueManager)",
+            "runrow SQL API (claim_runs -> finish_runs)",
+            f"runrow worker (--concurrency {batch})",
+        ):
+            assert (system, batch) in systems
+    assert all(r["jobs"] == 200 and r["commits"] > 0 and r["wal_bytes"] > 0 for r in rows)
+    assert "runrow SQL API / PgQueuer 1.6 (asyncpg)" in result.stdout
