@@ -379,6 +379,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_limit_commands(sub)
 
+    # concurrency, fairness: the claim's caps per concurrency key and shares per tenant.
+    from pyworker.cli.scheduling import add_commands as add_scheduling_commands
+
+    add_scheduling_commands(sub)
+
     from pyworker.cli.serve import add_command as add_serve
 
     add_serve(sub)

@@ -85,8 +85,24 @@ async def set_model_price(
     )
 
 
+async def set_concurrency_limit(conn: AsyncConnection, concurrency_key: str, max_running: int | None) -> None:
+    await conn.execute(
+        "SELECT runrow.set_concurrency_limit(concurrency_key => %s, max_running => %s)",
+        (concurrency_key, max_running),
+    )
+
+
+async def set_fairness_weight(conn: AsyncConnection, fairness_key: str | None, weight: float | None) -> None:
+    await conn.execute(
+        "SELECT runrow.set_fairness_weight(fairness_key => %s, weight => %s)", (fairness_key, weight)
+    )
+
+
 # The documented views the CLI shows, and the order of their rows.
 VIEWS = {
+    "concurrency_limits": "concurrency_key",
+    "queue_by_tenant": "priority DESC, fairness_key NULLS FIRST",
+    "delayed_runs": "not_before",
     "rate_limits": "rate_limit_key",
     "rate_limit_blocks": "blocked_until",
     "runs_in_backoff": "not_before",

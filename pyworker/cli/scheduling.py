@@ -1,0 +1,98 @@
+"""`runrow concurrency` and `runrow fairness`: the claim's caps and shares (SPEC "Fleet
+scheduling"). They call runrow.set_concurrency_limit / set_fairness_weight and read the
+documented views; a bad value is refused by the database with a message naming the argument
+(exit 2), and nothing is changed."""
+
+from __future__ import annotations
+
+import argparse
+
+from pyworker.cli.client import _command, _connect
+from pyworker.cli.limits import _show
+from pyworker.db import limits as limits_api
+from pyworker.db.config import database_url
+
+CONCURRENCY_EPILOG = """how it works:
+  A run enqueued with a concurrency_key (enqueue_run(concurrency_key => ...), never over HTTP)
+  is claimed only while fewer than the key's limit of its runs are running or waiting. The
+  database enforces it for every worker at once (a trigger on the claim); a key with no limit
+  is not capped. Runs already running are never stopped: lowering a limit holds new claims
+  until enough of them end. 0 pauses the key.
+
+examples:
+  runrow concurrency set crm-api 5        # at most 5 runs of crm-api at once, fleet-wide
+  runrow concurrency set crm-api 0        # pause it
+  runrow concurrency remove crm-api       # no cap
+  runrow concurrency show                 # limits, running or waiting, queued"""
+
+FAIRNESS_EPILOG = """how it works:
+  Within a priority level the claim serves tenants (fairness_key; by default the run's user id)
+  by weighted fair share: a tenant of weight 2 is claimed twice as often as one of weight 1
+  while both have claimable runs, so a tenant with a deep backlog cannot starve the others.
+
+examples:
+  runrow fairness weight acme 3           # acme gets three shares
+  runrow fairness weight acme --reset     # back to 1, every tenant's default
+  runrow fairness show                    # queued and delayed runs per priority and tenant"""
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = _command(
+        sub,
+        "concurrency",
+        cmd_concurrency,
+        help="fleet-wide caps on runs running at once per concurrency key: set, remove, show",
+        description="How many runs of a concurrency key may run (or wait for approval) at once, "
+        "across every worker of the fleet.",
+        epilog=CONCURRENCY_EPILOG,
+    )
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    s = actions.add_parser("set", help="cap a key (0 pauses it)")
+    s.add_argument("key", help="the concurrency key runs were enqueued with")
+    s.add_argument("max_running", type=int, help="runs running or waiting at once (0 to 100000)")
+    r = actions.add_parser("remove", help="remove a key's cap")
+    r.add_argument("key")
+    actions.add_parser("show", help="limits with their running-or-waiting and queued runs")
+
+    p = _command(
+        sub,
+        "fairness",
+        cmd_fairness,
+        help="tenants' shares of the claim: weight, show",
+        description="Weights of the claim's weighted fair share between tenants (fairness keys) "
+        "within a priority level, and the queue per tenant.",
+        epilog=FAIRNESS_EPILOG,
+    )
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    w = actions.add_parser("weight", help="set a tenant's weight (more than 0, at most 1000)")
+    w.add_argument("tenant", help="the fairness key (by default the run's user id)")
+    group = w.add_mutually_exclusive_group(required=True)
+    group.add_argument("weight", nargs="?", type=float, help="shares, e.g. 2 or 0.5")
+    group.add_argument("--reset", action="store_true", help="back to 1, the default")
+    actions.add_parser("show", help="queued and delayed runs per priority level and tenant")
+
+
+async def cmd_concurrency(args: argparse.Namespace) -> int:
+    async with await _connect(database_url(args.database_url)) as conn:
+        if args.action == "set":
+            await limits_api.set_concurrency_limit(conn, args.key, args.max_running)
+            print(f"concurrency limit of {args.key} set to {args.max_running}")
+        elif args.action == "remove":
+            await limits_api.set_concurrency_limit(conn, args.key, None)
+            print(f"concurrency limit of {args.key} removed")
+        else:
+            await _show(conn, "concurrency limits", "concurrency_limits")
+    return 0
+
+
+async def cmd_fairness(args: argparse.Namespace) -> int:
+    async with await _connect(database_url(args.database_url)) as conn:
+        if args.action == "weight":
+            weight = None if args.reset else args.weight
+            await limits_api.set_fairness_weight(conn, args.tenant, weight)
+            done = "reset to 1" if weight is None else f"set to {weight:g}"
+            print(f"weight of tenant {args.tenant} {done}")
+        else:
+            await _show(conn, "queue per priority and tenant", "queue_by_tenant")
+            await _show(conn, "delayed runs", "delayed_runs")
+    return 0
