@@ -452,9 +452,10 @@ BEGIN
             RETURNING r.*
         ),
         journaled AS (
+            -- seq NULL: the guard trigger assigns the next one (its lookup is the only one).
             INSERT INTO runrow.run_event (run_id, seq, type, payload)
             SELECT cl.id,
-                   (SELECT coalesce(max(e.seq), 0) + 1 FROM runrow.run_event AS e WHERE e.run_id = cl.id),
+                   NULL,
                    'run_claimed',
                    jsonb_build_object('type', 'run_claimed', 'worker_id', who, 'attempt', cl.attempt)
             FROM claimed AS cl

@@ -42,17 +42,31 @@ AS $fn$
 DECLARE
     last_seq bigint;
 BEGIN
-    SELECT coalesce(max(e.seq), 0) INTO last_seq
-    FROM runrow.run_event AS e WHERE e.run_id = _journal.run_id;
+    -- seq left NULL: the guard trigger assigns each row the next one, in this order, with
+    -- the one lookup of the run's last seq a row needs (reading it here too doubled that).
+    WITH journaled AS (
+        INSERT INTO runrow.run_event (run_id, seq, type, payload)
+        SELECT _journal.run_id, NULL, x.ev ->> 'type', x.ev
+        FROM jsonb_array_elements(_journal.events) WITH ORDINALITY AS x (ev, ord)
+        ORDER BY x.ord
+        RETURNING run_event.seq
+    )
+    SELECT max(j.seq) INTO last_seq FROM journaled AS j;
 
-    INSERT INTO runrow.run_event (run_id, seq, type, payload)
-    SELECT _journal.run_id, last_seq + x.ord, x.ev ->> 'type', x.ev
-    FROM jsonb_array_elements(_journal.events) WITH ORDINALITY AS x (ev, ord)
-    ORDER BY x.ord;
-
-    RETURN last_seq + jsonb_array_length(_journal.events);
+    -- Nothing to append (no caller does that): the last seq is the run's current one.
+    IF last_seq IS NULL THEN
+        SELECT coalesce(max(e.seq), 0) INTO last_seq
+        FROM runrow.run_event AS e WHERE e.run_id = _journal.run_id;
+    END IF;
+    RETURN last_seq;
 END
 $fn$;
+
+COMMENT ON FUNCTION runrow._journal(uuid, jsonb) IS
+'Private: append a JSON array of event objects to the run''s journal at its next seqs (assigned '
+'by the run_event guard trigger, in array order) and return the last seq written (the run''s '
+'current last seq when the array is empty). The caller holds the run row''s lock, which makes it '
+'the single writer of the run''s seqs, and wakes the tails itself.';
 
 CREATE OR REPLACE FUNCTION runrow._wake_tails(run_id uuid, last_seq bigint)
 RETURNS void

@@ -124,12 +124,11 @@ BEGIN
         RETURNING r.id, r.conversation_id, r.status, r.result, r.error
     ),
     journaled AS (
+        -- seq NULL: the guard trigger assigns each row the next one of its run, in this
+        -- order (it sees the rows inserted before it), and RETURNING reads them back.
         INSERT INTO runrow.run_event (run_id, seq, type, payload)
-        SELECT f.id, m.last + e.ord, e.ev ->> 'type', e.ev
+        SELECT f.id, NULL::bigint, e.ev ->> 'type', e.ev
         FROM fin AS f
-        CROSS JOIN LATERAL (
-            SELECT coalesce(max(j.seq), 0) AS last FROM runrow.run_event AS j WHERE j.run_id = f.id
-        ) AS m
         CROSS JOIN LATERAL jsonb_array_elements(
             coalesce(nullif(byid -> f.id::text -> 'events', 'null'), '[]')
             || jsonb_build_array(jsonb_build_object(

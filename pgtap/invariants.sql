@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(43);
+SELECT plan(49);
 SELECT pg_temp.drain_queue();
 SELECT pg_temp.owner() AS owner \gset
 
@@ -159,6 +159,31 @@ SELECT lives_ok(format($$INSERT INTO runrow.run_event (run_id, seq, type, payloa
     'the next seqs in one multi-row insert are accepted');
 SELECT is(pg_temp.journal(:'live'), ARRAY['user_message_created', 'run_queued', 'run_claimed', 'text', 'text'],
     'the journal is gap-free from 1');
+-- A NULL seq is the writers' way (the guard's one lookup of the last seq assigns it), open
+-- to anyone who may write the table: the owner too, and still only at the next seq.
+SELECT col_not_null('runrow', 'run_event', 'seq', 'seq stays NOT NULL (the guard fills it in before the check)');
+SELECT lives_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
+        format($$INSERT INTO runrow.run_event (run_id, seq, type, payload)
+            VALUES (%L, NULL, 'assigned', '{"type": "assigned"}')$$, :'live')),
+    'the owner may leave seq NULL');
+SELECT is((SELECT seq FROM runrow.run_event WHERE run_id = :'live' AND type = 'assigned'), 6::bigint,
+    'a NULL seq is assigned the next one');
+WITH ins AS (
+    INSERT INTO runrow.run_event (run_id, seq, type, payload)
+    SELECT :'live', NULL, x.t, jsonb_build_object('type', x.t)
+    FROM unnest(ARRAY['a', 'b', 'c']) WITH ORDINALITY AS x (t, ord)
+    ORDER BY x.ord
+    RETURNING seq, type
+)
+SELECT is((SELECT array_agg(seq || ':' || type ORDER BY seq) FROM ins), ARRAY['7:a', '8:b', '9:c'],
+    'a multi-row insert of NULL seqs takes the next ones in insert order, read back with RETURNING');
+SELECT throws_ok(format($$INSERT INTO runrow.run_event (run_id, seq, type, payload)
+        VALUES (%L, NULL, 'text', '{"type": "text"}'), (%L, 9, 'text', '{"type": "text"}')$$, :'live', :'live'),
+    '23000', format('run_event seq 9 for run %s is out of order: expected 11', :'live'),
+    'an explicit seq that is not the next one is still refused after an assigned one, all or nothing');
+SELECT is(pg_temp.journal(:'live'), ARRAY['user_message_created', 'run_queued', 'run_claimed', 'text', 'text',
+        'assigned', 'a', 'b', 'c'],
+    'the journal is still gap-free from 1');
 SELECT throws_ok(format($$INSERT INTO runrow.run_event (run_id, seq, type, payload)
         VALUES (%L, 5, 'complete', '{"type": "complete", "status": "failed"}')$$, :'completed'),
     '23505', 'duplicate key value violates unique constraint "run_event_one_complete"',

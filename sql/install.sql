@@ -2483,6 +2483,65 @@ INSERT INTO runrow._yoyo_migration VALUES ('1e32bd9e16f68d807730659c57f438903025
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '1e32bd9e16f68d807730659c57f43890302519e335b4998af0d7130109522788', '0021_index_diet', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0022_journal_seq_assigned
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '0f0a85168b10ebfbfeb89c59315f1aacb46101fb04f46461a26a76ca97637d8b') AS apply_0f0a85168b10 \gset
+\if :apply_0f0a85168b10
+-- One lookup of a run's last seq per journal row (issue 11). Every writer computed
+-- coalesce(max(seq), 0) + n and the guard trigger looked the same max up again to check it:
+-- two backward scans of run_event_pkey per row. Now the guard assigns the next seq when the
+-- writer leaves it NULL (writers read it back with RETURNING), and still refuses an explicit
+-- seq that is not the next one, so invariant 4 holds for anyone writing the table, the owner
+-- included. seq stays NOT NULL: BEFORE ROW triggers run before the NOT NULL check.
+--
+-- Measured (tests/test_journal_seq_cost.py): see the commit message.
+-- depends: 0021_index_diet
+
+CREATE OR REPLACE FUNCTION runrow._run_event_guard() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    expected bigint;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        -- Invariant 4: seq is the next one, no gap, no reuse. Rows inserted earlier by
+        -- the same statement are visible here, so multi-row appends work, in the order
+        -- the statement inserts them.
+        SELECT coalesce(max(e.seq), 0) + 1 INTO expected
+        FROM runrow.run_event AS e WHERE e.run_id = NEW.run_id;
+        IF NEW.seq IS NULL THEN
+            NEW.seq := expected;
+        ELSIF NEW.seq <> expected THEN
+            RAISE EXCEPTION 'run_event seq % for run % is out of order: expected %', NEW.seq, NEW.run_id, expected
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        RETURN NEW;
+    ELSIF TG_OP = 'UPDATE' THEN
+        RAISE EXCEPTION 'run_event is append-only: rows cannot be updated'
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    -- DELETE: only the journal of a terminal run may go (trim_journal).
+    IF NOT EXISTS (
+        SELECT 1 FROM runrow.agent_run AS r
+        WHERE r.id = OLD.run_id AND r.status IN ('completed', 'failed', 'cancelled', 'dead')
+    ) THEN
+        RAISE EXCEPTION 'run_event is append-only: the journal of run % is still live', OLD.run_id
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN OLD;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._run_event_guard() IS
+'run_event''s BEFORE INSERT OR UPDATE OR DELETE row trigger (invariant 4). INSERT: a NULL seq '
+'is assigned the run''s next one (its last seq + 1, counting rows inserted earlier by the same '
+'statement; writers leave it NULL and read it back with RETURNING); an explicit seq that is not '
+'the next one raises 23000, so no gap or reuse even for the owner. UPDATE always raises 23000 '
+'(append-only). DELETE raises 23000 unless the run is terminal (trim_journal).';
+INSERT INTO runrow._yoyo_migration VALUES ('0f0a85168b10ebfbfeb89c59315f1aacb46101fb04f46461a26a76ca97637d8b', '0022_journal_seq_assigned', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '0f0a85168b10ebfbfeb89c59315f1aacb46101fb04f46461a26a76ca97637d8b', '0022_journal_seq_assigned', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -2940,9 +2999,10 @@ BEGIN
             RETURNING r.*
         ),
         journaled AS (
+            -- seq NULL: the guard trigger assigns the next one (its lookup is the only one).
             INSERT INTO runrow.run_event (run_id, seq, type, payload)
             SELECT cl.id,
-                   (SELECT coalesce(max(e.seq), 0) + 1 FROM runrow.run_event AS e WHERE e.run_id = cl.id),
+                   NULL,
                    'run_claimed',
                    jsonb_build_object('type', 'run_claimed', 'worker_id', who, 'attempt', cl.attempt)
             FROM claimed AS cl
@@ -3074,17 +3134,31 @@ AS $fn$
 DECLARE
     last_seq bigint;
 BEGIN
-    SELECT coalesce(max(e.seq), 0) INTO last_seq
-    FROM runrow.run_event AS e WHERE e.run_id = _journal.run_id;
+    -- seq left NULL: the guard trigger assigns each row the next one, in this order, with
+    -- the one lookup of the run's last seq a row needs (reading it here too doubled that).
+    WITH journaled AS (
+        INSERT INTO runrow.run_event (run_id, seq, type, payload)
+        SELECT _journal.run_id, NULL, x.ev ->> 'type', x.ev
+        FROM jsonb_array_elements(_journal.events) WITH ORDINALITY AS x (ev, ord)
+        ORDER BY x.ord
+        RETURNING run_event.seq
+    )
+    SELECT max(j.seq) INTO last_seq FROM journaled AS j;
 
-    INSERT INTO runrow.run_event (run_id, seq, type, payload)
-    SELECT _journal.run_id, last_seq + x.ord, x.ev ->> 'type', x.ev
-    FROM jsonb_array_elements(_journal.events) WITH ORDINALITY AS x (ev, ord)
-    ORDER BY x.ord;
-
-    RETURN last_seq + jsonb_array_length(_journal.events);
+    -- Nothing to append (no caller does that): the last seq is the run's current one.
+    IF last_seq IS NULL THEN
+        SELECT coalesce(max(e.seq), 0) INTO last_seq
+        FROM runrow.run_event AS e WHERE e.run_id = _journal.run_id;
+    END IF;
+    RETURN last_seq;
 END
 $fn$;
+
+COMMENT ON FUNCTION runrow._journal(uuid, jsonb) IS
+'Private: append a JSON array of event objects to the run''s journal at its next seqs (assigned '
+'by the run_event guard trigger, in array order) and return the last seq written (the run''s '
+'current last seq when the array is empty). The caller holds the run row''s lock, which makes it '
+'the single writer of the run''s seqs, and wakes the tails itself.';
 
 CREATE OR REPLACE FUNCTION runrow._wake_tails(run_id uuid, last_seq bigint)
 RETURNS void
@@ -6138,12 +6212,11 @@ BEGIN
         RETURNING r.id, r.conversation_id, r.status, r.result, r.error
     ),
     journaled AS (
+        -- seq NULL: the guard trigger assigns each row the next one of its run, in this
+        -- order (it sees the rows inserted before it), and RETURNING reads them back.
         INSERT INTO runrow.run_event (run_id, seq, type, payload)
-        SELECT f.id, m.last + e.ord, e.ev ->> 'type', e.ev
+        SELECT f.id, NULL::bigint, e.ev ->> 'type', e.ev
         FROM fin AS f
-        CROSS JOIN LATERAL (
-            SELECT coalesce(max(j.seq), 0) AS last FROM runrow.run_event AS j WHERE j.run_id = f.id
-        ) AS m
         CROSS JOIN LATERAL jsonb_array_elements(
             coalesce(nullif(byid -> f.id::text -> 'events', 'null'), '[]')
             || jsonb_build_array(jsonb_build_object(
