@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(12);
+SELECT plan(14);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.fleet_queued(key text DEFAULT NULL, tenant text DEFAULT NULL) RETURNS uuid
@@ -50,6 +50,21 @@ SELECT is(pg_temp.journal(:'over'), ARRAY['user_message_created', 'run_queued', 
     'the journal says so');
 SELECT is(pg_temp.last_event(:'over') ->> 'status', 'failed', 'its complete event says failed');
 SELECT is_empty(format($$SELECT * FROM runrow.audit() WHERE run_id = %L$$, :'over'), 'audit finds nothing wrong with it');
+
+-- One verdict per tenant per claim, however many of its runs the claim ends.
+SET LOCAL track_functions = 'pl';
+SELECT pg_temp.fleet_queued(tenant => 'spender') AS over2 \gset
+SELECT pg_temp.fleet_queued(tenant => 'spender') AS over3 \gset
+SELECT pg_temp.fleet_queued(tenant => 'spender') AS over4 \gset
+SELECT coalesce(pg_stat_get_xact_function_calls('runrow._tenant_verdict(text)'::regprocedure), 0) AS verdicts \gset
+SELECT is_empty($$SELECT * FROM runrow.claim_runs('pgtap', 10, 30)$$, 'three more runs of the tenant: none started');
+SELECT is(
+    (SELECT array_agg(status ORDER BY id)::text || ' ' ||
+            (coalesce(pg_stat_get_xact_function_calls('runrow._tenant_verdict(text)'::regprocedure), 0) - :verdicts)
+     FROM runrow.agent_run WHERE id IN (:'over2', :'over3', :'over4')),
+    '{failed,failed,failed} 1',
+    'all three end budget_exhausted on one verdict of the tenant''s budget');
+RESET track_functions;
 
 -- Without blocks or budgets the claim is as before.
 SELECT runrow.set_tenant_budget('spender', NULL, NULL);

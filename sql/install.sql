@@ -2629,6 +2629,9 @@ DECLARE
     fleet_has_budgets boolean;
     fleet_checked_tenants text[] := '{}';
     fleet_over_tenants text[] := '{}';
+    -- The verdict of each tenant in fleet_over_tenants (parallel array): judged once per claim.
+    fleet_over_verdicts text[] := '{}';
+    fleet_verdict text;
     fleet_cand record;
 BEGIN
     IF _claim.worker_id = '' OR length(_claim.worker_id) > 200 THEN
@@ -2859,8 +2862,10 @@ BEGIN
                 IF fleet_has_budgets AND NOT blocked AND NOT h_tenant = ANY (fleet_checked_tenants) THEN
                     -- One budget row and a range of spend_hour's key, once per tenant per claim.
                     fleet_checked_tenants := fleet_checked_tenants || h_tenant;
-                    IF runrow._tenant_verdict(h_tenant) IS NOT NULL THEN
+                    fleet_verdict := runrow._tenant_verdict(h_tenant);
+                    IF fleet_verdict IS NOT NULL THEN
                         fleet_over_tenants := fleet_over_tenants || h_tenant;
+                        fleet_over_verdicts := fleet_over_verdicts || fleet_verdict;
                     END IF;
                 END IF;
                 IF NOT blocked AND (cardinality(fleet_blocked_keys) > 0 OR h_tenant = ANY (fleet_over_tenants)) THEN
@@ -2872,7 +2877,9 @@ BEGIN
                     FOR UPDATE SKIP LOCKED;
                     CONTINUE serve WHEN NOT FOUND;
                     IF h_tenant = ANY (fleet_over_tenants) THEN
-                        PERFORM runrow._fail_queued_for_budget(fleet_cand.id, runrow._tenant_verdict(h_tenant));
+                        PERFORM runrow._fail_queued_for_budget(
+                            fleet_cand.id, fleet_over_verdicts[array_position(fleet_over_tenants, h_tenant)]
+                        );
                         CONTINUE serve;
                     END IF;
                     IF fleet_cand.rate_limit_key = ANY (fleet_blocked_keys) THEN
