@@ -18,7 +18,9 @@ from worker_support import db, events, streamed_text, wait_until_async, worker_d
 
 from pyworker.db import api
 from pyworker.db.api import ClaimedRun
+from pyworker.worker.handler import RunContext
 from pyworker.worker.journal import MAX_EVENTS_PER_CALL, JournalError, JournalWriter, RunLost
+from pyworker.worker.logs import run_logger
 
 __all__ = ["db", "worker_db"]
 
@@ -181,6 +183,29 @@ async def test_failure_of_an_event_written_through_without_waiting_surfaces_at_t
     with pytest.raises(JournalError, match="rejected events"):  # the ending does not go out
         await writer.finish(journal, "completed")
     assert [e["type"] for e in events(db, run.run_id)][-1] == "run_claimed"  # nothing written
+    await writer.stop()
+
+
+async def test_ctx_db_waits_for_an_event_written_through_without_waiting(pool, db) -> None:
+    """The handler's own SQL may journal, park or end the run: it must not overtake the event."""
+    (run,) = await claimed(pool, 1)
+    writer = await writer_for(pool, CLOCK_OFF)
+    journal = writer.run_journal(run)
+    ctx = RunContext(
+        run=run,
+        pool=pool,
+        journal=journal,
+        cancel=asyncio.Event(),
+        lost=journal.lost,
+        log=run_logger(run, "journal-test"),
+        worker_id="journal-test",
+    )
+    await journal.emit({"type": "tool_result", "tool_use_id": "tu_1"}, wait=False)
+
+    async def committed(conn: psycopg.AsyncConnection) -> bool:  # asked as the call goes out
+        return journal._committed == journal._emitted
+
+    assert await ctx.db(committed, "the handler's call")
     await writer.stop()
 
 
