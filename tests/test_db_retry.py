@@ -397,28 +397,3 @@ async def test_runs_of_a_claim_whose_answer_was_lost_are_not_orphaned(
     row = run_row(db, run_id)
     assert (row["status"], row["attempt"]) == ("completed", 1)
     assert kinds(db, run_id).count("run_claimed") == 1
-
-
-async def test_a_claim_is_two_round_trips_its_rows_in_hand_before_the_commit(
-    faulty_pool, pool, proxy, db
-) -> None:
-    """BEGIN and claim_runs go out together and their Sync brings the rows back; only then the
-    COMMIT (the two cases above show the rows are never committed unseen). Before: three."""
-    enqueue_echo(db, "counted", duration=0.1)
-    d = Dispatcher(
-        pool=faulty_pool,
-        hub=None,
-        writer=JournalWriter(pool),
-        handler=echo,
-        concurrency=1,
-        lease_seconds=60,
-        poll_seconds=0.2,
-        worker_id="retry-test",
-    )
-    before = proxy.round_trips
-    (run,) = await d._claim(1)
-    assert proxy.round_trips - before == 2
-    assert run_row(db, run.run_id)["status"] == "running"  # committed
-    empty = proxy.round_trips
-    assert await d._claim(1) == []
-    assert proxy.round_trips - empty == 2

@@ -11,9 +11,6 @@ so a test can make the client lose its connection at an exact point of the proto
   open) until a cancel request arrives, as psycopg sends when its task is cancelled mid-query.
   `holding` is set once the server has answered (delivered) or the statement was stopped.
 
-`round_trips` counts the Sync and simple Query messages clients sent: psycopg waits for the
-ReadyForQuery of each, so a test can count what a call costs.
-
 Faults fire once each, in the order armed, on the first statement (Parse or simple Query)
 containing the needle. Pools through the proxy should set `prepare_threshold=None`: a prepared
 statement is executed without sending its text again.
@@ -57,7 +54,6 @@ class _Link:
 class FaultProxy:
     target_url: str
     fired: list[str] = field(default_factory=list)
-    round_trips: int = 0
     _faults: list[_Fault] = field(default_factory=list)
     _links: set[_Link] = field(default_factory=set)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -133,7 +129,6 @@ class FaultProxy:
                 if not typed and message[4:8] == CANCEL_REQUEST:
                     self._release()
                 typed = True
-                self.round_trips += message[:1] in (b"S", b"Q")
                 if link.stopped:
                     continue
                 fault = self._fault_for(message)

@@ -13,7 +13,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from psycopg import AsyncConnection, AsyncCursor
+from psycopg import AsyncConnection
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
@@ -94,20 +94,6 @@ async def claim_runs(
             (worker_id, max_runs, lease_seconds),
         )
         return await cur.fetchall()
-
-
-async def claim_runs_pipelined(
-    conn: AsyncConnection, worker_id: str | None, max_runs: int, lease_seconds: int
-) -> AsyncCursor[ClaimedRun]:
-    """claim_runs sent on a connection in pipeline mode: the cursor's rows are there once the
-    pipeline has synced (the caller decides when, e.g. before sending its COMMIT)."""
-    cur = conn.cursor(row_factory=class_row(ClaimedRun))
-    await cur.execute(
-        f"SELECT {_CLAIM_COLUMNS} FROM runrow.claim_runs("
-        "worker_id => %s, max_runs => %s, lease_seconds => %s)",
-        (worker_id, max_runs, lease_seconds),
-    )
-    return cur
 
 
 async def heartbeat(conn: AsyncConnection, run_id: UUID, claim_token: UUID, lease_seconds: int) -> Heartbeat:

@@ -15,12 +15,8 @@ run, so it reaches every claim of that run here.
 
 A claim whose COMMIT went unanswered (the database restarted under it) may have claimed runs
 nobody would work on until their lease lapsed. So claim_runs runs in a transaction of its own:
-its rows (run ids and claim tokens) are in hand before the COMMIT is sent, and if the COMMIT
-goes unanswered a heartbeat on each asks the fence which of them are ours
-(pyworker/db/retry.py). Two round trips, not three: BEGIN and the claim go out together in a
-pipeline, and its Sync brings the rows back before the COMMIT leaves. Sending the COMMIT in
-the same burst would save one more, but then a claim could commit while its rows were lost on
-the way back (tests/test_db_retry.py, claim-answer-lost), orphaning its runs for a lease.
+its rows (run ids and claim tokens) are in hand before the COMMIT, and if the COMMIT goes
+unanswered a heartbeat on each asks the fence which of them are ours (pyworker/db/retry.py).
 """
 
 from __future__ import annotations
@@ -31,7 +27,6 @@ import logging
 from typing import Any
 from uuid import UUID
 
-from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.db import api, channels
@@ -152,20 +147,8 @@ class Dispatcher:
     async def _claim(self, n: int) -> list[ClaimedRun]:
         claimed: list[ClaimedRun] = []
         try:
-            async with self._pool.connection() as conn:
-                try:
-                    async with conn.pipeline() as pipeline:
-                        await conn.execute("BEGIN")
-                        cur = await api.claim_runs_pipelined(conn, self.worker_id, n, self._lease)
-                        await pipeline.sync()  # one round trip: the rows are here, nothing committed yet
-                        claimed = await cur.fetchall()
-                        await conn.execute("COMMIT")  # sent, and answered, as the pipeline ends
-                except Exception:
-                    # A refused claim leaves its transaction open: end it here, not in the pool.
-                    if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
-                        with contextlib.suppress(Exception):
-                            await conn.execute("ROLLBACK")
-                    raise
+            async with self._pool.connection() as conn, conn.transaction():
+                claimed = await api.claim_runs(conn, self.worker_id, n, self._lease)
         except Exception as exc:
             if not (claimed and is_transient(exc) and outcome_unknown(exc)):
                 raise
