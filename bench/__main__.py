@@ -3,10 +3,11 @@
 Each benchmark is also runnable alone: `python -m bench.enqueue_to_claim`,
 `python -m bench.stop_to_cancelled`, `python -m bench.journal_rows`,
 `python -m bench.claim_buffers`, `python -m bench.prompt_cache`, `python -m bench.fairness`,
-`python -m bench.rate_limits`,
+`python -m bench.rate_limits`, `python -m bench.trim`,
 `python -m bench.drain`. The drain runs last, on a cluster of its own with fsync on. `--short`:
-smaller sizes for the buffer counts, the fairness backlog and the drain. The report and the
-drain's rows go to bench-results.json (RUNROW_BENCH_JSON to change it).
+smaller sizes for the buffer counts, the fairness backlog, the trim and the drain. The report,
+the trim's figures and the drain's rows go to bench-results.json (RUNROW_BENCH_JSON to change
+it).
 """
 
 from __future__ import annotations
@@ -27,10 +28,18 @@ from bench import (
     prompt_cache,
     rate_limits,
     stop_to_cancelled,
+    trim,
 )
 from bench.common import bench_database, machine
 
 SHORT = "--short" in sys.argv[1:]
+FIGURES: dict[str, object] = {}
+
+
+async def trim_bench(url: str) -> list[str]:
+    lines, FIGURES["trim"] = trim.run(url, trim.SHORT if SHORT else trim.FULL)
+    return lines
+
 
 BENCHMARKS: list[tuple[str, Callable[[str], Awaitable[list[str]]]]] = [
     ("claim", enqueue_to_claim.bench),
@@ -40,6 +49,7 @@ BENCHMARKS: list[tuple[str, Callable[[str], Awaitable[list[str]]]]] = [
     ("prompt_cache", prompt_cache.bench),
     ("fairness", lambda url: fairness.bench(url, SHORT)),
     ("rate_limits", rate_limits.bench),
+    ("trim", trim_bench),
 ]
 
 
@@ -63,8 +73,8 @@ def main() -> None:
     print("\n".join(report))
     out = os.environ.get("RUNROW_BENCH_JSON", "bench-results.json")
     with open(out, "w") as f:
-        json.dump({"report": report, "drain": rows}, f, indent=2)
-    print(f"(report and drain rows in {out})")
+        json.dump({"report": report, **FIGURES, "drain": rows}, f, indent=2)
+    print(f"(report, trim figures and drain rows in {out})")
     print(f"\n(total {time.monotonic() - started:.0f} s; latencies on the database clock unless noted)")
 
 
