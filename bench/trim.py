@@ -4,7 +4,8 @@ N finished runs, each with a journal like a streamed answer's (user_message_crea
 run_queued, run_claimed, message_start, 20 text_delta, message_stop, complete: 26 rows) and one
 model_turn step, are written through the SQL API (enqueue_run, claim_runs, append_events,
 append_step, finish_runs; batches of 1,000 runs, one transaction each). Then
-`trim_journal('0 seconds')` trims all of them at once (terminal rows are immutable, so their
+`trim_journal('0 seconds')`, called as the reaper does until it finds nothing (at most 10,000
+runs per call), trims all of them (terminal rows are immutable, so their
 finished_at cannot be backdated: a zero older_than stands in for "a day ago"). Measured, none
 of it on the machine's speed except the wall times:
 
@@ -221,10 +222,18 @@ def run(url: str, runs: int) -> tuple[list[str], dict[str, object]]:
         cost = {"before trim": calls(conn)}
         journal = count(conn, "SELECT count(*) FROM runrow.run_event")
         autovacuum(conn, on=False)
-        trim, deleted = measured(conn, "SELECT runrow.trim_journal('0 seconds')")
-        assert isinstance(deleted, int) and deleted == journal, (
-            f"trim_journal deleted {deleted} rows of {journal}"
-        )
+        # As the reaper does: bounded calls (max_runs, 10,000 by default), oldest first, until
+        # one finds nothing; each is its own transaction.
+        trim, deleted, trims = Cost(0.0, 0), 0, 0
+        while True:
+            step, rows = measured(conn, "SELECT runrow.trim_journal('0 seconds')")
+            trim = Cost(trim.seconds + step.seconds, trim.wal + step.wal)
+            trims += 1
+            if not rows:
+                break
+            assert isinstance(rows, int)
+            deleted += rows
+        assert deleted == journal, f"trim_journal deleted {deleted} rows of {journal}"
         at["after trim"] = sizes(conn)
         cost["after trim"] = calls(conn)
         vacuum, _ = measured(conn, "VACUUM runrow.run_event, runrow.agent_run")
@@ -255,7 +264,7 @@ def run(url: str, runs: int) -> tuple[list[str], dict[str, object]]:
         f"trimming the journals of {runs:,} finished runs ({EVENTS_PER_RUN} events and 1 step each)",
         f"  fill: {first_fill.seconds:.0f} s, {mb(first_fill.wal)} of WAL;"
         f" 2nd fill {second_fill.seconds:.0f} s",
-        f"  trim_journal: {deleted:,} rows in {trim.seconds:.1f} s, {mb(trim.wal)} of WAL"
+        f"  trim_journal: {deleted:,} rows in {trims} calls, {trim.seconds:.1f} s, {mb(trim.wal)} of WAL"
         f" ({trim.wal / first_fill.wal:.2f}x the fill's, {trim.wal / runs:,.0f} B per run);"
         f" VACUUM after it: {vacuum.seconds:.1f} s, {mb(vacuum.wal)} of WAL",
         "  heap / indexes (run_event; agent_run):",

@@ -3,10 +3,10 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(23);
+SELECT plan(28);
 SELECT pg_temp.drain_queue();
 
-SELECT has_function('runrow', 'trim_journal', ARRAY['interval'], 'trim_journal(older_than) exists');
+SELECT has_function('runrow', 'trim_journal', ARRAY['interval', 'integer'], 'trim_journal(older_than, max_runs) exists');
 
 SELECT pg_temp.finished('completed') AS old_done \gset
 SELECT pg_temp.finished('failed') AS old_failed \gset
@@ -62,6 +62,23 @@ SELECT is((SELECT count(*)::int FROM runrow.run_event WHERE run_id IN (:'young',
 SELECT is(pg_temp.journal(:'live'), ARRAY['user_message_created', 'run_queued', 'run_claimed'],
     'never a live run''s journal');
 
+-- A backlog goes in bounded calls, the longest-ended first.
+SELECT pg_temp.drain_queue();
+SELECT pg_temp.finished('completed') AS oldest \gset
+SELECT pg_temp.finished('completed') AS older \gset
+SELECT pg_temp.finished('completed') AS newer \gset
+SELECT pg_temp.age_finished(:'oldest', '3 days'), pg_temp.age_finished(:'older', '2 days'),
+       pg_temp.age_finished(:'newer', '1 day 1 hour');
+SELECT ok(runrow.trim_journal('1 day', max_runs => 2) > 0, 'max_runs 2: a bounded trim');
+SELECT is(
+    (SELECT array_agg(a.request_snapshot IS NULL ORDER BY a.finished_at) FROM runrow.agent_run AS a
+     WHERE a.id IN (:'oldest', :'older', :'newer')),
+    ARRAY[true, true, false], 'it took the two that ended longest ago');
+SELECT is((SELECT count(*)::int FROM runrow.run_event WHERE run_id = :'newer') > 0, true,
+    'the third keeps its journal until the next call');
+SELECT ok(runrow.trim_journal('1 day', max_runs => 2) > 0 AND runrow.trim_journal('1 day', max_runs => 2) = 0,
+    'the next call takes the rest, and the one after finds nothing');
+
 -- Bad input, with a trimmable run in place: nothing written.
 SELECT pg_temp.drain_queue();
 SELECT pg_temp.finished('completed') AS trimmable \gset
@@ -73,6 +90,8 @@ SELECT throws_ok('SELECT runrow.trim_journal(NULL)', '22004', 'older_than must n
     'older_than NULL is rejected');
 SELECT throws_ok('SELECT runrow.trim_journal(''1000000 years'')', '22023',
     'older_than is out of range, got 1000000 years', 'an older_than reaching before 4713 BC is rejected, named');
+SELECT throws_ok('SELECT runrow.trim_journal(''1 day'', 0)', '22023', 'max_runs must be between 1 and 100000, got 0',
+    'max_runs 0 is rejected, named');
 SELECT is(pg_temp.fingerprint(), :'before', 'bad input wrote nothing');
 
 SELECT * FROM finish();

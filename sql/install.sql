@@ -2542,6 +2542,22 @@ INSERT INTO runrow._yoyo_migration VALUES ('0f0a85168b10ebfbfeb89c59315f1aacb461
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '0f0a85168b10ebfbfeb89c59315f1aacb46101fb04f46461a26a76ca97637d8b', '0022_journal_seq_assigned', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0023_bounded_trim
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'e9b88f51f0be62ce13a0c49b6dceffe2798ead0d900fbfa113317a7301ba6c5b') AS apply_e9b88f51f0be \gset
+\if :apply_e9b88f51f0be
+-- depends: 0022_journal_seq_assigned
+-- trim_journal takes max_runs (functions/trim_journal.sql): a backlog of ended runs is trimmed
+-- oldest first in bounded calls instead of one transaction. Measured (bench/trim.py, issue 11):
+-- one call trimmed 200,000 runs (5.2 M journal rows) in 97.5 s, growing linearly, so about 8
+-- minutes for 1 M: past a worker's statement_timeout (300 s at the default lease), the
+-- reaper's trim would roll back on every pass and never catch up, and the long transaction
+-- would hold back vacuum meanwhile. The one-argument form is dropped so calls by name or
+-- with one argument resolve to the new function alone.
+DROP FUNCTION IF EXISTS runrow.trim_journal(interval);
+INSERT INTO runrow._yoyo_migration VALUES ('e9b88f51f0be62ce13a0c49b6dceffe2798ead0d900fbfa113317a7301ba6c5b', '0023_bounded_trim', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'e9b88f51f0be62ce13a0c49b6dceffe2798ead0d900fbfa113317a7301ba6c5b', '0023_bounded_trim', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -7567,7 +7583,9 @@ REVOKE ALL ON FUNCTION runrow.tool_call_key(uuid, integer, text, text, jsonb) FR
 GRANT EXECUTE ON FUNCTION runrow.tool_call_key(uuid, integer, text, text, jsonb) TO runrow_worker, runrow_client;
 
 -- functions/trim_journal.sql
-CREATE OR REPLACE FUNCTION runrow.trim_journal(older_than interval DEFAULT '24 hours')
+CREATE OR REPLACE FUNCTION runrow.trim_journal(
+    older_than interval DEFAULT '24 hours', max_runs integer DEFAULT 10000
+)
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -7579,6 +7597,7 @@ DECLARE
     due uuid[];
 BEGIN
     PERFORM runrow._require_not_null(trim_journal.older_than, 'older_than');
+    PERFORM runrow._require_range(trim_journal.max_runs, 'max_runs', 1, 100000);
     IF trim_journal.older_than < interval '0' THEN
         RAISE EXCEPTION 'older_than must not be negative, got %', trim_journal.older_than
             USING ERRCODE = 'invalid_parameter_value';
@@ -7591,13 +7610,19 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END;
 
-    -- Served by agent_run_untrimmed: only finished runs whose snapshot (and so journal)
-    -- is still there, never the trimmed history.
-    SELECT coalesce(array_agg(a.id), '{}') INTO due
-    FROM runrow.agent_run AS a
-    WHERE a.finished_at < cutoff
-      AND a.finished_at IS NOT NULL
-      AND a.request_snapshot IS NOT NULL;
+    -- Served by agent_run_untrimmed, in its order: only finished runs whose snapshot (and so
+    -- journal) is still there, never the trimmed history; the oldest max_runs of them, so a
+    -- backlog goes in bounded transactions (bench/trim.py: one call for 200,000 runs took
+    -- 97 s, past a worker's statement_timeout for a backlog of 1 M).
+    SELECT coalesce(array_agg(d.id), '{}') INTO due
+    FROM (
+        SELECT a.id FROM runrow.agent_run AS a
+        WHERE a.finished_at < cutoff
+          AND a.finished_at IS NOT NULL
+          AND a.request_snapshot IS NOT NULL
+        ORDER BY a.finished_at
+        LIMIT trim_journal.max_runs
+    ) AS d;
 
     DELETE FROM runrow.run_event AS e WHERE e.run_id = ANY (due);
     GET DIAGNOSTICS deleted = ROW_COUNT;
@@ -7607,14 +7632,16 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.trim_journal(interval) IS
+COMMENT ON FUNCTION runrow.trim_journal(interval, integer) IS
 'Delete the live journal (run_event rows) of runs terminal for longer than older_than '
-'(default 24 hours, not negative) and null their request snapshot (the PII copy). Runs, '
+'(default 24 hours, not negative) and null their request snapshot (the PII copy), for at most '
+'max_runs runs per call (default 10000, 1..100000), the longest-ended first: call it again '
+'while it returns more than 0 to work through a backlog. Runs, '
 'messages, steps and tool effects stay: the journal is a delivery buffer, not the record. '
 'A reader of a trimmed run still gets a synthesized complete from read_events. Returns the '
 'number of journal rows deleted.';
 
-REVOKE ALL ON FUNCTION runrow.trim_journal(interval) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION runrow.trim_journal(interval) TO runrow_worker;
+REVOKE ALL ON FUNCTION runrow.trim_journal(interval, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.trim_journal(interval, integer) TO runrow_worker;
 
 COMMIT;
