@@ -7,45 +7,44 @@ schema is brought current with `runrow migrate` once per session.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 
 import psycopg
-import psycopg.sql
+import psycopg.conninfo
 import pytest
 
 from pyworker.db import devdb
 from pyworker.db.migrate import migrate
 
-_WORKER_DATABASE: tuple[str, str] | None = None  # (admin url, name) of this xdist worker's own
+# This xdist worker's own database, held open from pytest_configure to pytest_unconfigure.
+_WORKER_DATABASE = contextlib.ExitStack()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist with DATABASE_URL set, each worker process gets a database of its own
     on that server and points DATABASE_URL (and RUNROW_SUPERUSER_URL) at it before any test
     reads them, so the workers, services and queues one process's tests start never see the
-    other process's runs. The roles are the cluster's, created once by `runrow migrate` before
-    pytest starts, so the two migrations cannot race on them."""
-    global _WORKER_DATABASE
+    other process's runs. Not migrated here: the session fixture migrates whatever DATABASE_URL
+    names, as it does without xdist."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     url = os.environ.get("DATABASE_URL")
     if not worker or not url:
         return
-    import uuid
-
-    name = f"runrow_test_{worker}_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
-    _WORKER_DATABASE = (url, name)
-    os.environ["DATABASE_URL"] = devdb.database_url_for(url, name)
+    own = _WORKER_DATABASE.enter_context(
+        devdb.temporary_database(url, f"runrow_test_{worker}", migrated=False)
+    )
+    os.environ["DATABASE_URL"] = own
     superuser = os.environ.get("RUNROW_SUPERUSER_URL")
     if superuser:
-        os.environ["RUNROW_SUPERUSER_URL"] = devdb.database_url_for(superuser, name)
+        os.environ["RUNROW_SUPERUSER_URL"] = devdb.database_url_for(
+            superuser, psycopg.conninfo.conninfo_to_dict(own)["dbname"]
+        )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _WORKER_DATABASE is not None:
-        devdb.drop_database(*_WORKER_DATABASE)
+    _WORKER_DATABASE.close()
 
 
 @pytest.fixture(scope="session")
