@@ -3,7 +3,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(28);
+SELECT plan(29);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'trim_journal', ARRAY['interval', 'integer'], 'trim_journal(older_than, max_runs) exists');
@@ -69,7 +69,15 @@ SELECT pg_temp.finished('completed') AS older \gset
 SELECT pg_temp.finished('completed') AS newer \gset
 SELECT pg_temp.age_finished(:'oldest', '3 days'), pg_temp.age_finished(:'older', '2 days'),
        pg_temp.age_finished(:'newer', '1 day 1 hour');
+SET LOCAL track_functions = 'pl';
+SELECT coalesce(pg_stat_get_xact_function_calls('runrow._run_event_guard()'::regprocedure), 0) AS row_checks,
+       coalesce(pg_stat_get_xact_function_calls('runrow._run_event_delete_guard()'::regprocedure), 0) AS stmt_checks \gset
 SELECT ok(runrow.trim_journal('1 day', max_runs => 2) > 0, 'max_runs 2: a bounded trim');
+SELECT is(
+    (coalesce(pg_stat_get_xact_function_calls('runrow._run_event_guard()'::regprocedure), 0) - :row_checks)
+    || ' ' || (pg_stat_get_xact_function_calls('runrow._run_event_delete_guard()'::regprocedure) - :stmt_checks),
+    '0 1', 'its delete is checked once for the statement, not once per journal row');
+RESET track_functions;
 SELECT is(
     (SELECT array_agg(a.request_snapshot IS NULL ORDER BY a.finished_at) FROM runrow.agent_run AS a
      WHERE a.id IN (:'oldest', :'older', :'newer')),
