@@ -14,19 +14,23 @@ before each drain so every row starts at the same point):
   call its own transaction, every rule of SPEC.md kept (fence, journal, turn order, wakes).
 - runrow worker: PROCESSES `runrow worker` processes at --concurrency batch, the echo handler,
   zero-length runs (message_start, message_stop, complete), enqueued in one statement once the
-  workers wait; then the same worker at --concurrency 10 beside 2 and 20 idle LISTEN sessions,
-  which PostgreSQL wakes (one transaction each) on every notifying commit in the database.
+  workers wait.
+- beside idle LISTEN sessions: the SQL API at batch 10 and the worker at --concurrency 10, each
+  with 2 and 20 sessions LISTENing on a channel nobody notifies; PostgreSQL 15 wakes each of them
+  (one transaction) on every notifying commit in the database, so commits per job show whether
+  a run's cost grows with the fleet's listeners.
 
 Besides jobs/s (wall clock, so it moves with the box's load) it counts what does not depend
 on the clock: WAL bytes, WAL records and full-page images per job (pg_stat_wal and the WAL
 position), and commits per job (pg_stat_database). Every job is checked done exactly once.
 
-`python -m bench.drain [--short | --jobs N]` runs it alone (its own cluster unless DATABASE_URL is set
-and --here is given).
+`python -m bench.drain --help` for how to run it alone (its own cluster unless DATABASE_URL is
+set and --here is given).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -303,6 +307,20 @@ def settled(observer: psycopg.Connection, datname: str, others: int) -> tuple[in
         last = now
 
 
+@contextlib.contextmanager
+def idle_listeners(url: str, n: int) -> Iterator[None]:
+    """n sessions LISTENing on a channel nobody notifies: PostgreSQL 15 still signals each on
+    every notifying commit in the database, and each then runs a transaction to read the queue."""
+    idle = [psycopg.connect(url, autocommit=True) for _ in range(n)]
+    try:
+        for conn in idle:
+            conn.execute("LISTEN runrow_bench_idle")
+        yield
+    finally:
+        for conn in idle:
+            conn.close()
+
+
 def worker_row(server: str, superuser: str, concurrency: int, jobs: int, listeners: int = 0) -> Row:
     """The drain by `runrow worker` processes at --concurrency `concurrency`, with `listeners`
     idle LISTEN sessions in the database beside them. The jobs are enqueued in one statement
@@ -316,41 +334,35 @@ def worker_row(server: str, superuser: str, concurrency: int, jobs: int, listene
         migrate(url)
         datname = conninfo_to_dict(url)["dbname"]
         as_super = make_conninfo(superuser, dbname=datname)
-        idle = [psycopg.connect(url, autocommit=True) for _ in range(listeners)]
-        try:
-            for conn in idle:
-                conn.execute("LISTEN runrow_bench_idle")  # a channel nobody notifies
-            with (
-                psycopg.connect(make_conninfo(superuser, dbname="postgres"), autocommit=True) as observer,
-                runrow_workers(url, concurrency),
-                psycopg.connect(as_super, autocommit=True) as poll,
-            ):
-                observer.execute("CHECKPOINT")
-                poll.execute(
-                    "SELECT count(*) FROM (SELECT runrow.enqueue_run(conversation_id => gen_random_uuid(),"
-                    ' content => \'"job"\', model => \'echo\', metadata => \'{"echo": "", "duration": 0}\')'
-                    " FROM generate_series(1, %s)) AS e",
-                    (jobs,),
-                )
-                started = time.monotonic()
-                poll.execute("SELECT pg_stat_force_next_flush()")  # the enqueue's commit is not the drain's
-                before = counters(observer, datname)
-                polls = 0
-                while True:
-                    polls += 1
-                    left = poll.execute(
-                        "SELECT EXISTS (SELECT 1 FROM runrow.agent_run WHERE status = 'queued')"
-                        " OR EXISTS (SELECT 1 FROM runrow.agent_run WHERE status = 'running')"
-                    ).fetchone()[0]
-                    if not left:
-                        break
-                    time.sleep(0.02)
-                seconds = time.monotonic() - started
-                poll.execute("SELECT pg_stat_force_next_flush()")
+        with (
+            idle_listeners(url, listeners),
+            psycopg.connect(make_conninfo(superuser, dbname="postgres"), autocommit=True) as observer,
+            runrow_workers(url, concurrency),
+            psycopg.connect(as_super, autocommit=True) as poll,
+        ):
+            observer.execute("CHECKPOINT")
+            poll.execute(
+                "SELECT count(*) FROM (SELECT runrow.enqueue_run(conversation_id => gen_random_uuid(),"
+                ' content => \'"job"\', model => \'echo\', metadata => \'{"echo": "", "duration": 0}\')'
+                " FROM generate_series(1, %s)) AS e",
+                (jobs,),
+            )
+            started = time.monotonic()
+            poll.execute("SELECT pg_stat_force_next_flush()")  # the enqueue's commit is not the drain's
+            before = counters(observer, datname)
+            polls = 0
+            while True:
                 polls += 1
-        finally:
-            for conn in idle:
-                conn.close()
+                left = poll.execute(
+                    "SELECT EXISTS (SELECT 1 FROM runrow.agent_run WHERE status = 'queued')"
+                    " OR EXISTS (SELECT 1 FROM runrow.agent_run WHERE status = 'running')"
+                ).fetchone()[0]
+                if not left:
+                    break
+                time.sleep(0.02)
+            seconds = time.monotonic() - started
+            poll.execute("SELECT pg_stat_force_next_flush()")
+            polls += 1
         with psycopg.connect(make_conninfo(superuser, dbname="postgres"), autocommit=True) as observer:
             after = settled(observer, datname, others=0)
         runrow_check(url, jobs)
@@ -373,6 +385,7 @@ SYSTEMS: dict[str, tuple[Callable[[str, int], None], Worker, Callable[[str, int]
     "PgQueuer 1.6 (psycopg, QueueManager)": (pgqueuer_setup, pgqueuer_psycopg_worker, pgqueuer_check),
     "runrow SQL API (claim_runs -> finish_runs)": (runrow_setup, runrow_worker, runrow_check),
 }
+RUNROW_API = "runrow SQL API (claim_runs -> finish_runs)"
 
 
 def counters(observer: psycopg.Connection, datname: str) -> tuple[int, int, int, int]:
@@ -421,7 +434,7 @@ def drain(worker: Worker, url: str, batch: int) -> tuple[list[int], float]:
     return done, seconds
 
 
-def drain_row(server: str, superuser: str, system: str, batch: int, jobs: int) -> Row:
+def drain_row(server: str, superuser: str, system: str, batch: int, jobs: int, listeners: int = 0) -> Row:
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     setup, worker, check = SYSTEMS[system]
@@ -429,14 +442,16 @@ def drain_row(server: str, superuser: str, system: str, batch: int, jobs: int) -
         setup(url, jobs)
         datname = conninfo_to_dict(url)["dbname"]
         with psycopg.connect(make_conninfo(superuser, dbname="postgres"), autocommit=True) as observer:
-            observer.execute("CHECKPOINT")
-            before = counters(observer, datname)
-            done, seconds = drain(worker, url, batch)
-            after = counters(observer, datname)
+            with idle_listeners(url, listeners):
+                observer.execute("CHECKPOINT")
+                before = counters(observer, datname)
+                done, seconds = drain(worker, url, batch)
+            # Idle sessions flush their statistics when they exit, not after each wake.
+            after = settled(observer, datname, others=0) if listeners else counters(observer, datname)
         check(url, jobs)
         assert sum(done) == jobs, f"{system}: the workers report {sum(done)} jobs done of {jobs}"
         return Row(
-            system,
+            f"{system.split(' (')[0]} b{batch} + {listeners} idle LISTEN" if listeners else system,
             batch,
             jobs,
             seconds,
@@ -462,16 +477,25 @@ def bench_cluster() -> Iterator[tuple[str, str]]:
 def report(rows: list[Row], jobs: int) -> list[str]:
     lines = [f"drain: {jobs:,} empty jobs, {PROCESSES} processes, fresh database per row"]
     for batch in BATCHES:
-        lines.append(f"  batch {batch}")
         plain = [r for r in rows if r.batch == batch and "idle LISTEN" not in r.system]
+        if not plain:
+            continue
+        lines.append(f"  batch {batch}")
         for row in plain:
             lines.append(f"    {row.system:<44}{row.cells()}")
         by = {r.system: r for r in plain}
-        api = by["runrow SQL API (claim_runs -> finish_runs)"]
-        worker = by[f"runrow worker (--concurrency {batch})"]
-        peer = max((r for name, r in by.items() if name.startswith("PgQueuer")), key=lambda r: r.rate)
-        bare = next(r for name, r in by.items() if name.startswith("bare"))
-        for label, runrow in (("runrow SQL API", api), ("runrow worker", worker)):
+        peers = [r for name, r in by.items() if name.startswith("PgQueuer")]
+        bare = next((r for name, r in by.items() if name.startswith("bare")), None)
+        if not peers or bare is None:
+            continue  # --only without the peers: no ratios
+        peer = max(peers, key=lambda r: r.rate)
+        mine = (
+            ("runrow SQL API", by.get(RUNROW_API)),
+            ("runrow worker", by.get(f"runrow worker (--concurrency {batch})")),
+        )
+        for label, runrow in mine:
+            if runrow is None:
+                continue
             lines.append(
                 f"    {label} / {peer.system.split(' (')[0]} ({peer.system.split('(')[1].split(',')[0]}): "
                 f"{runrow.rate / peer.rate:.2f}x jobs/s, "
@@ -489,22 +513,33 @@ def report(rows: list[Row], jobs: int) -> list[str]:
     return lines
 
 
-def run(short: bool = False, jobs: int | None = None) -> tuple[list[str], list[dict]]:
+ROW_GROUPS = ("peers", "worker", "listen")
+
+
+def run(
+    short: bool = False, jobs: int | None = None, only: tuple[str, ...] = ROW_GROUPS
+) -> tuple[list[str], list[dict]]:
     jobs = jobs or (SHORT_JOBS if short else JOBS)
     rows: list[Row] = []
     with bench_cluster() as (server, superuser):
         for batch in BATCHES:
-            for system in SYSTEMS:
-                row = drain_row(server, superuser, system, batch, jobs)
-                print(f"  batch {batch:>2}  {system:<44}{row.cells()}", flush=True)
+            if "peers" in only:
+                for system in SYSTEMS:
+                    row = drain_row(server, superuser, system, batch, jobs)
+                    print(f"  batch {batch:>2}  {system:<44}{row.cells()}", flush=True)
+                    rows.append(row)
+            if "worker" in only:
+                row = worker_row(server, superuser, batch, jobs)
+                print(f"  batch {batch:>2}  {row.system:<44}{row.cells()}", flush=True)
                 rows.append(row)
-            row = worker_row(server, superuser, batch, jobs)
-            print(f"  batch {batch:>2}  {row.system:<44}{row.cells()}", flush=True)
-            rows.append(row)
-        for listeners in LISTENERS:
-            row = worker_row(server, superuser, BATCHES[-1], jobs, listeners)
-            print(f"  {row.system:<53}{row.cells()}", flush=True)
-            rows.append(row)
+        if "listen" in only:
+            for listeners in LISTENERS:
+                for row in (
+                    drain_row(server, superuser, RUNROW_API, BATCHES[-1], jobs, listeners),
+                    worker_row(server, superuser, BATCHES[-1], jobs, listeners),
+                ):
+                    print(f"  {row.system:<53}{row.cells()}", flush=True)
+                    rows.append(row)
         lines = [*report(rows, jobs), machine(server)]
         with psycopg.connect(server) as conn:
             settings = conn.execute(
@@ -515,12 +550,37 @@ def run(short: bool = False, jobs: int | None = None) -> tuple[list[str], list[d
     return lines, [dataclasses.asdict(r) | {"jobs_per_second": r.rate} for r in rows]
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.drain",
+        description="Drain empty jobs through runrow (SQL API and worker), PgQueuer and a bare SQL queue, "
+        "side by side on one fsync-on cluster; print jobs/s, WAL and commits per job, and ratios; "
+        "write the rows to $RUNROW_BENCH_JSON (default bench-drain.json).",
+    )
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--short", action="store_true", help=f"{SHORT_JOBS:,} jobs per row instead of {JOBS:,}")
+    size.add_argument(
+        "--jobs", type=int, metavar="N", help="N jobs per row (the test suite drains a few hundred)"
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=ROW_GROUPS,
+        help="run only these rows (repeatable): peers = bare SQL, PgQueuer and the SQL API; worker = runrow "
+        "worker; listen = SQL API and worker beside 2 and 20 idle LISTEN sessions. Ratios need the peers.",
+    )
+    parser.add_argument(
+        "--here", action="store_true", help="run on DATABASE_URL's server instead of a private cluster"
+    )
+    args = parser.parse_args(argv)
+    if args.jobs is not None and args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    return args
+
+
 def main() -> None:
-    args = sys.argv[1:]
-    short = "--short" in args
-    # --jobs N: any size, e.g. the few hundred tests/test_bench_drain.py drains to check the harness.
-    jobs = int(args[args.index("--jobs") + 1]) if "--jobs" in args else None
-    lines, rows = run(short, jobs)
+    args = parse_args(sys.argv[1:])
+    lines, rows = run(args.short, args.jobs, tuple(args.only or ROW_GROUPS))
     print("\n".join(lines))
     out = os.environ.get("RUNROW_BENCH_JSON", "bench-drain.json")
     with open(out, "w") as f:
