@@ -74,12 +74,43 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
-    PERFORM pg_notify(runrow.events_channel(_wake_tails.run_id), _wake_tails.last_seq::text);
+    -- Only a run some tail watches (migration 0025): the caller holds the run's row lock
+    -- and this is a statement after it, so a watch registered before the lock is seen here,
+    -- and one registered after waits for our commit and then reads what we wrote. A
+    -- REPEATABLE READ snapshot could predate a watch: notify then regardless.
+    IF current_setting('transaction_isolation') <> 'read committed' OR EXISTS (
+        SELECT 1 FROM runrow.run_watch AS w
+        WHERE w.run_id = _wake_tails.run_id AND w.expires_at > now()
+    ) THEN
+        PERFORM pg_notify(runrow.events_channel(_wake_tails.run_id), _wake_tails.last_seq::text);
+    END IF;
+END
+$fn$;
+
+-- A run's ending: wake its tails (if any watches it) with the seq of its complete event,
+-- and drop its watches, which no later write of the run needs.
+CREATE OR REPLACE FUNCTION runrow._wake_tails_ended(run_id uuid, last_seq bigint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    watched boolean;
+BEGIN
+    WITH gone AS (
+        DELETE FROM runrow.run_watch AS w WHERE w.run_id = _wake_tails_ended.run_id
+        RETURNING w.expires_at
+    )
+    SELECT bool_or(g.expires_at > now()) INTO watched FROM gone AS g;
+    IF watched OR current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM pg_notify(runrow.events_channel(_wake_tails_ended.run_id), _wake_tails_ended.last_seq::text);
+    END IF;
 END
 $fn$;
 
 -- Dispatchers LISTEN on runrow_enqueued; the payload is the conversation whose turn
--- became claimable. Sent on enqueue, requeue and every terminal path.
+-- became claimable. Sent on enqueue and requeue; on an ending, the triggers send it when the
+-- ending lets something start (migration 0025).
 CREATE OR REPLACE FUNCTION runrow._wake_dispatchers(conversation_id uuid)
 RETURNS void
 LANGUAGE sql
@@ -89,8 +120,8 @@ AS $fn$
 $fn$;
 
 -- The terminal tail of every ending (finish, reap, release, stop, cancel): journal the
--- one `complete` event, wake the run's tails and the dispatchers (the conversation's
--- next turn is now claimable). The caller has already made the fenced status write.
+-- one `complete` event and wake the run's tails. The caller has already made the fenced
+-- status write, whose triggers woke the dispatchers if the ending lets a run start.
 CREATE OR REPLACE FUNCTION runrow._journal_complete(
     run_id uuid, conversation_id uuid, status text, result jsonb, error text
 )
@@ -106,8 +137,7 @@ BEGIN
         'status', _journal_complete.status,
         'result', _journal_complete.result,
         'error', _journal_complete.error)));
-    PERFORM runrow._wake_tails(_journal_complete.run_id, last_seq);
-    PERFORM runrow._wake_dispatchers(_journal_complete.conversation_id);
+    PERFORM runrow._wake_tails_ended(_journal_complete.run_id, last_seq);
     RETURN last_seq;
 END
 $fn$;
@@ -198,6 +228,7 @@ REVOKE ALL ON FUNCTION runrow._lock_conversation(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._journal(uuid, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._hold_claim(uuid, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._wake_tails(uuid, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._wake_tails_ended(uuid, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._wake_dispatchers(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._journal_complete(uuid, uuid, text, jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_not_null(anyelement, text) FROM PUBLIC;

@@ -14,7 +14,7 @@ DECLARE
     byid jsonb;
     done_ids uuid[];
     done_seqs bigint[];
-    done_convs uuid[];
+    watched_ids uuid[];
     uuid_re constant text := '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$';
 BEGIN
     PERFORM runrow._require_not_null(finish_runs.runs, 'runs');
@@ -137,18 +137,21 @@ BEGIN
         ORDER BY f.id, e.ord
         RETURNING run_event.run_id, run_event.seq
     )
-    SELECT array_agg(l.run_id), array_agg(l.seq), array_agg(f.conversation_id)
-    INTO done_ids, done_seqs, done_convs
-    FROM (SELECT j.run_id, max(j.seq) AS seq FROM journaled AS j GROUP BY j.run_id) AS l
-    JOIN fin AS f ON f.id = l.run_id;
+    SELECT array_agg(l.run_id), array_agg(l.seq)
+    INTO done_ids, done_seqs
+    FROM (SELECT j.run_id, max(j.seq) AS seq FROM journaled AS j GROUP BY j.run_id) AS l;
 
-    -- The wakes: each finished run's tails once, with its last seq; the dispatchers once per
-    -- conversation (its next turn is claimable now).
+    -- The wakes: each finished run's tails once, with its last seq, if a tail watches it
+    -- (its watches go: nothing more is written to an ended run); the dispatchers were woken
+    -- by the UPDATE's triggers where an ending lets a run start (migration 0025).
+    WITH gone AS (
+        DELETE FROM runrow.run_watch AS w WHERE w.run_id = ANY (done_ids)
+        RETURNING w.run_id, w.expires_at
+    )
+    SELECT array_agg(g.run_id) INTO watched_ids FROM gone AS g WHERE g.expires_at > now();
     PERFORM pg_notify(runrow.events_channel(d.id), d.seq::text)
-    FROM unnest(done_ids, done_seqs) AS d (id, seq);
-    -- runrow_enqueued is _wake_dispatchers' channel, called here once per set, not per row.
-    PERFORM pg_notify('runrow_enqueued', c.id::text)
-    FROM (SELECT DISTINCT u.id FROM unnest(done_convs) AS u (id)) AS c;
+    FROM unnest(done_ids, done_seqs) AS d (id, seq)
+    WHERE current_setting('transaction_isolation') <> 'read committed' OR d.id = ANY (watched_ids);
 
     RETURN QUERY
     SELECT (x.el ->> 'run_id')::uuid, d.seq IS NOT NULL, d.seq
@@ -163,7 +166,8 @@ COMMENT ON FUNCTION runrow.finish_runs(jsonb) IS
 '{run_id, claim_token, status, result?, error?, events?}. Each run is fenced on its own exactly '
 'as finish_run: only while its claim_token matches and it is running; then its events (as '
 'append_events would append them) and the one complete event are journaled at the next seqs, '
-'its tails are notified once with the last seq, and the dispatchers once per conversation. A '
+'its tails are notified once with the last seq (when a tail watches it: watch_runs), and the '
+'dispatchers once per conversation whose next turn (or capped key) may now start. A '
 'run fenced out writes nothing and comes back finished = false, last_seq NULL; the others '
 'proceed. One row per element, in input order. Bad input (runs not an array, an element not an '
 'object, an unknown key, a missing or malformed run_id, claim_token or status, oversize result, '

@@ -2643,6 +2643,118 @@ INSERT INTO runrow._yoyo_migration VALUES ('65d701d1152bcf0a401719c719dd25ebefea
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '65d701d1152bcf0a401719c719dd25ebefead9d5255b089fcfc0012bc70be149', '0024_journal_delete_guard_per_statement', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0025_wakes_only_for_waiters
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'eec84bd63b814b57e7fdfdef05b176349acf134b570df67692e1f2e2cbec072e') AS apply_eec84bd63b81 \gset
+\if :apply_eec84bd63b81
+-- depends: 0024_journal_delete_guard_per_statement
+-- Notifications only where somebody waits (issue 11). PostgreSQL 15 signals every LISTENing
+-- backend of the database on every notifying commit, whatever the channel, and notifying
+-- commits serialize on the global notify lock; so a wake that nobody waits for costs every
+-- listener of the fleet a transaction, and every writer its place in that queue.
+--
+-- 1. runrow_enqueued on an ending is sent only when the ending lets something start: a
+--    queued turn of the same conversation (it was waiting on this one), a run of a
+--    concurrency key that has a limit (a slot came free), or a webhook delivery (the delivery
+--    loop waits on the same channel). The triggers that already see each case send it, so
+--    every ending path (finish, reap to dead, stop, budget) is covered by one rule.
+-- 2. A run's journal channel is notified only while a tail has registered a watch on it
+--    (runrow.watch_runs, a row here that expires unless refreshed). A run nobody follows
+--    ends without a notification at all.
+
+CREATE TABLE runrow.run_watch (
+    run_id uuid PRIMARY KEY,
+    expires_at timestamptz NOT NULL,
+    -- Registered under the run's row lock, so no write in flight then can have missed it.
+    confirmed boolean NOT NULL
+);
+
+COMMENT ON TABLE runrow.run_watch IS
+'Runs a tail follows: while a row is here and unexpired, every journal write of the run '
+'notifies its channel (runrow.events_channel). Written by runrow.watch_runs (register or '
+'refresh), deleted by the run''s ending and, once expired, by later watch_runs calls. confirmed: '
+'registered under the run''s row lock (see watch_runs). No foreign key: runs are never '
+'deleted, and watch_runs checks that the run exists.';
+
+-- watch_runs' bounded prune of watches whose tail went away without the run ending.
+CREATE INDEX run_watch_expires ON runrow.run_watch (expires_at);
+
+REVOKE ALL ON runrow.run_watch FROM PUBLIC;
+GRANT SELECT ON runrow.run_watch TO runrow_auditor;
+
+CREATE OR REPLACE FUNCTION runrow._unblock_next_turn() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    nxt record;
+    marked boolean;
+BEGIN
+    -- A run of a capped concurrency key ended: one of the key's queued runs may start now,
+    -- in any conversation, and a dispatcher may be idle waiting for exactly that.
+    IF NEW.concurrency_key IS NOT NULL AND OLD.status IN ('running', 'waiting') AND EXISTS (
+        SELECT 1 FROM runrow.concurrency_limit AS l WHERE l.concurrency_key = NEW.concurrency_key
+    ) THEN
+        PERFORM pg_notify('runrow_enqueued', NEW.conversation_id::text);
+    END IF;
+    -- The conversation's oldest open turn after this one ended. Only a turn younger than the
+    -- ended one can have been waiting on it (an older open turn was ahead of it all along), so
+    -- locks are taken in turn order, the order stop_conversation takes them in.
+    SELECT n.id, n.enqueue_seq, n.status INTO nxt
+    FROM runrow.agent_run AS n
+    WHERE n.conversation_id = NEW.conversation_id
+      AND n.status IN ('queued', 'running', 'waiting')
+    ORDER BY n.enqueue_seq
+    LIMIT 1;
+    IF NOT FOUND OR nxt.status <> 'queued' OR nxt.enqueue_seq < NEW.enqueue_seq THEN
+        RETURN NULL;
+    END IF;
+    -- Locked even when unmarked: a claim that read this turn as blocked before we ended the
+    -- previous one must not mark it after we looked (it locks FOR UPDATE SKIP LOCKED).
+    SELECT n.claim_blocked INTO marked FROM runrow.agent_run AS n
+    WHERE n.id = nxt.id AND n.status = 'queued'
+    FOR KEY SHARE;
+    IF marked THEN
+        UPDATE runrow.agent_run AS n SET claim_blocked = false WHERE n.id = nxt.id;
+    END IF;
+    -- The turn that waited on this one may start now (sent once per conversation and
+    -- transaction: PostgreSQL folds identical notifications of one transaction).
+    PERFORM pg_notify('runrow_enqueued', NEW.conversation_id::text);
+    RETURN NULL;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION runrow._webhook_outbox() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    delivery uuid := gen_random_uuid();
+BEGIN
+    INSERT INTO runrow.webhook_delivery (id, run_id, url, payload)
+    VALUES (delivery, NEW.id, NEW.webhook_url, jsonb_build_object(
+        'id', delivery,
+        'type', 'run.ended',
+        'run_id', NEW.id,
+        'conversation_id', NEW.conversation_id,
+        'user_id', NEW.user_id,
+        'status', NEW.status,
+        'attempt', NEW.attempt,
+        'result', NEW.result,
+        'error', NEW.error,
+        'metadata', NEW.metadata,
+        'finished_at', NEW.finished_at))
+    -- Unreachable while terminal states are sticky; kept so that a second ending could never
+    -- raise inside someone's terminal write.
+    ON CONFLICT (run_id) DO NOTHING;
+    -- The delivery loop idles on runrow_enqueued: a new delivery goes out at once.
+    PERFORM pg_notify('runrow_enqueued', NEW.conversation_id::text);
+    RETURN NULL;
+END
+$fn$;
+INSERT INTO runrow._yoyo_migration VALUES ('eec84bd63b814b57e7fdfdef05b176349acf134b570df67692e1f2e2cbec072e', '0025_wakes_only_for_waiters', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'eec84bd63b814b57e7fdfdef05b176349acf134b570df67692e1f2e2cbec072e', '0025_wakes_only_for_waiters', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -3274,12 +3386,43 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
-    PERFORM pg_notify(runrow.events_channel(_wake_tails.run_id), _wake_tails.last_seq::text);
+    -- Only a run some tail watches (migration 0025): the caller holds the run's row lock
+    -- and this is a statement after it, so a watch registered before the lock is seen here,
+    -- and one registered after waits for our commit and then reads what we wrote. A
+    -- REPEATABLE READ snapshot could predate a watch: notify then regardless.
+    IF current_setting('transaction_isolation') <> 'read committed' OR EXISTS (
+        SELECT 1 FROM runrow.run_watch AS w
+        WHERE w.run_id = _wake_tails.run_id AND w.expires_at > now()
+    ) THEN
+        PERFORM pg_notify(runrow.events_channel(_wake_tails.run_id), _wake_tails.last_seq::text);
+    END IF;
+END
+$fn$;
+
+-- A run's ending: wake its tails (if any watches it) with the seq of its complete event,
+-- and drop its watches, which no later write of the run needs.
+CREATE OR REPLACE FUNCTION runrow._wake_tails_ended(run_id uuid, last_seq bigint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    watched boolean;
+BEGIN
+    WITH gone AS (
+        DELETE FROM runrow.run_watch AS w WHERE w.run_id = _wake_tails_ended.run_id
+        RETURNING w.expires_at
+    )
+    SELECT bool_or(g.expires_at > now()) INTO watched FROM gone AS g;
+    IF watched OR current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM pg_notify(runrow.events_channel(_wake_tails_ended.run_id), _wake_tails_ended.last_seq::text);
+    END IF;
 END
 $fn$;
 
 -- Dispatchers LISTEN on runrow_enqueued; the payload is the conversation whose turn
--- became claimable. Sent on enqueue, requeue and every terminal path.
+-- became claimable. Sent on enqueue and requeue; on an ending, the triggers send it when the
+-- ending lets something start (migration 0025).
 CREATE OR REPLACE FUNCTION runrow._wake_dispatchers(conversation_id uuid)
 RETURNS void
 LANGUAGE sql
@@ -3289,8 +3432,8 @@ AS $fn$
 $fn$;
 
 -- The terminal tail of every ending (finish, reap, release, stop, cancel): journal the
--- one `complete` event, wake the run's tails and the dispatchers (the conversation's
--- next turn is now claimable). The caller has already made the fenced status write.
+-- one `complete` event and wake the run's tails. The caller has already made the fenced
+-- status write, whose triggers woke the dispatchers if the ending lets a run start.
 CREATE OR REPLACE FUNCTION runrow._journal_complete(
     run_id uuid, conversation_id uuid, status text, result jsonb, error text
 )
@@ -3306,8 +3449,7 @@ BEGIN
         'status', _journal_complete.status,
         'result', _journal_complete.result,
         'error', _journal_complete.error)));
-    PERFORM runrow._wake_tails(_journal_complete.run_id, last_seq);
-    PERFORM runrow._wake_dispatchers(_journal_complete.conversation_id);
+    PERFORM runrow._wake_tails_ended(_journal_complete.run_id, last_seq);
     RETURN last_seq;
 END
 $fn$;
@@ -3398,6 +3540,7 @@ REVOKE ALL ON FUNCTION runrow._lock_conversation(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._journal(uuid, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._hold_claim(uuid, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._wake_tails(uuid, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._wake_tails_ended(uuid, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._wake_dispatchers(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._journal_complete(uuid, uuid, text, jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_not_null(anyelement, text) FROM PUBLIC;
@@ -6210,7 +6353,7 @@ DECLARE
     byid jsonb;
     done_ids uuid[];
     done_seqs bigint[];
-    done_convs uuid[];
+    watched_ids uuid[];
     uuid_re constant text := '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$';
 BEGIN
     PERFORM runrow._require_not_null(finish_runs.runs, 'runs');
@@ -6333,18 +6476,21 @@ BEGIN
         ORDER BY f.id, e.ord
         RETURNING run_event.run_id, run_event.seq
     )
-    SELECT array_agg(l.run_id), array_agg(l.seq), array_agg(f.conversation_id)
-    INTO done_ids, done_seqs, done_convs
-    FROM (SELECT j.run_id, max(j.seq) AS seq FROM journaled AS j GROUP BY j.run_id) AS l
-    JOIN fin AS f ON f.id = l.run_id;
+    SELECT array_agg(l.run_id), array_agg(l.seq)
+    INTO done_ids, done_seqs
+    FROM (SELECT j.run_id, max(j.seq) AS seq FROM journaled AS j GROUP BY j.run_id) AS l;
 
-    -- The wakes: each finished run's tails once, with its last seq; the dispatchers once per
-    -- conversation (its next turn is claimable now).
+    -- The wakes: each finished run's tails once, with its last seq, if a tail watches it
+    -- (its watches go: nothing more is written to an ended run); the dispatchers were woken
+    -- by the UPDATE's triggers where an ending lets a run start (migration 0025).
+    WITH gone AS (
+        DELETE FROM runrow.run_watch AS w WHERE w.run_id = ANY (done_ids)
+        RETURNING w.run_id, w.expires_at
+    )
+    SELECT array_agg(g.run_id) INTO watched_ids FROM gone AS g WHERE g.expires_at > now();
     PERFORM pg_notify(runrow.events_channel(d.id), d.seq::text)
-    FROM unnest(done_ids, done_seqs) AS d (id, seq);
-    -- runrow_enqueued is _wake_dispatchers' channel, called here once per set, not per row.
-    PERFORM pg_notify('runrow_enqueued', c.id::text)
-    FROM (SELECT DISTINCT u.id FROM unnest(done_convs) AS u (id)) AS c;
+    FROM unnest(done_ids, done_seqs) AS d (id, seq)
+    WHERE current_setting('transaction_isolation') <> 'read committed' OR d.id = ANY (watched_ids);
 
     RETURN QUERY
     SELECT (x.el ->> 'run_id')::uuid, d.seq IS NOT NULL, d.seq
@@ -6359,7 +6505,8 @@ COMMENT ON FUNCTION runrow.finish_runs(jsonb) IS
 '{run_id, claim_token, status, result?, error?, events?}. Each run is fenced on its own exactly '
 'as finish_run: only while its claim_token matches and it is running; then its events (as '
 'append_events would append them) and the one complete event are journaled at the next seqs, '
-'its tails are notified once with the last seq, and the dispatchers once per conversation. A '
+'its tails are notified once with the last seq (when a tail watches it: watch_runs), and the '
+'dispatchers once per conversation whose next turn (or capped key) may now start. A '
 'run fenced out writes nothing and comes back finished = false, last_seq NULL; the others '
 'proceed. One row per element, in input order. Bad input (runs not an array, an element not an '
 'object, an unknown key, a missing or malformed run_id, claim_token or status, oversize result, '
@@ -7728,5 +7875,101 @@ COMMENT ON FUNCTION runrow.trim_journal(interval, integer) IS
 
 REVOKE ALL ON FUNCTION runrow.trim_journal(interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.trim_journal(interval, integer) TO runrow_worker;
+
+-- functions/watch_runs.sql
+CREATE OR REPLACE FUNCTION runrow.watch_runs(run_ids uuid[], seconds integer DEFAULT 60)
+RETURNS TABLE (run_id uuid, state text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    rid uuid;
+    st text;
+    live boolean;
+BEGIN
+    PERFORM runrow._require_not_null(watch_runs.run_ids, 'run_ids');
+    IF cardinality(watch_runs.run_ids) > 1000 THEN
+        RAISE EXCEPTION 'run_ids is too large: at most 1000 runs per call, got %', cardinality(watch_runs.run_ids)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF array_position(watch_runs.run_ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'run_ids must not contain NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM runrow._require_range(watch_runs.seconds, 'seconds', 1, 3600);
+
+    -- Watches whose tail went away without the run ending: a bounded share per call.
+    DELETE FROM runrow.run_watch AS w
+    WHERE w.run_id = ANY (ARRAY(
+        SELECT x.run_id FROM runrow.run_watch AS x
+        WHERE x.expires_at <= now()
+        ORDER BY x.expires_at
+        LIMIT 100
+        FOR UPDATE SKIP LOCKED
+    ));
+
+    -- In run id order, so two callers sharing runs take the rows' locks in one order.
+    FOR rid IN SELECT DISTINCT u.id FROM unnest(watch_runs.run_ids) AS u (id) ORDER BY u.id LOOP
+        run_id := rid;
+        -- A confirmed live watch is already seen by every writer: extend it, no lock.
+        UPDATE runrow.run_watch AS w
+        SET expires_at = greatest(w.expires_at, now() + make_interval(secs => watch_runs.seconds))
+        WHERE w.run_id = rid AND w.confirmed AND w.expires_at > now();
+        IF FOUND THEN
+            state := 'watching';
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+
+        SELECT a.status INTO st FROM runrow.agent_run AS a WHERE a.id = rid;
+        IF NOT FOUND THEN
+            state := 'unknown';
+        ELSIF st IN ('completed', 'failed', 'cancelled', 'dead') THEN
+            -- Nothing more is written to an ended run: no watch needed.
+            state := 'ended';
+        ELSIF st = 'queued' THEN
+            -- Not locked: a queued run's lock would make a claim skip it (FOR UPDATE SKIP
+            -- LOCKED). Registered, so writes from now on notify, but one in flight may not.
+            state := 'queued';
+        ELSE
+            -- The row lock (FOR SHARE conflicts with every writer's) orders this watch
+            -- against the run's writers: one that locked the run before us has committed,
+            -- so the tail's next read sees its rows; one that locks it after us sees the
+            -- watch in its wake. NOWAIT: a writer in flight means "ask again", not "wait".
+            BEGIN
+                SELECT a.status INTO st FROM runrow.agent_run AS a WHERE a.id = rid FOR SHARE NOWAIT;
+                state := CASE WHEN st IN ('completed', 'failed', 'cancelled', 'dead') THEN 'ended' ELSE 'watching' END;
+            EXCEPTION WHEN lock_not_available THEN
+                state := 'busy';
+            END;
+        END IF;
+        IF state IN ('queued', 'busy', 'watching') THEN
+            live := state = 'watching';
+            INSERT INTO runrow.run_watch AS w (run_id, expires_at, confirmed)
+            VALUES (rid, now() + make_interval(secs => watch_runs.seconds), live)
+            ON CONFLICT ON CONSTRAINT run_watch_pkey DO UPDATE
+            SET expires_at = greatest(w.expires_at, excluded.expires_at),
+                -- A lapsed confirmation counts for nothing: writers stopped seeing it.
+                confirmed = excluded.confirmed OR (w.confirmed AND w.expires_at > now());
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.watch_runs(uuid[], integer) IS
+'Register (or refresh) the caller''s interest in the journals of run_ids (at most 1000) for '
+'seconds (1 to 3600, default 60): while a run is watched, every journal write notifies its '
+'channel runrow.events_channel(run_id); a run nobody watches is written without notifications. '
+'Call it after LISTEN and before reading the journal, and again within seconds to keep the '
+'watch. One row per distinct run, state: watching (every write from now on notifies: wait on '
+'the channel), queued or busy (registered, but a write in flight may not have seen it: ask '
+'again shortly and poll meanwhile; queued runs are not locked so that no claim skips them), '
+'ended (the run is terminal: read to the end, nothing more comes) or unknown (no such run). '
+'Never waits on a lock. Bad input (run_ids NULL, holding NULL or over 1000; seconds NULL or out '
+'of range) raises 22004/22023 naming the argument and registers nothing.';
+
+REVOKE ALL ON FUNCTION runrow.watch_runs(uuid[], integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.watch_runs(uuid[], integer) TO runrow_client, runrow_worker;
 
 COMMIT;

@@ -1,6 +1,7 @@
 """finish_runs wakes exactly who finish_run wakes: each finished run's tails (with the seq of
-its last event) and the dispatchers once per conversation; a run fenced out wakes nobody.
-Notifications are only delivered on commit, so this is checked with real LISTEN sessions.
+its last event) when a tail watches it, and the dispatchers once per conversation whose next
+turn waited on it; a run fenced out wakes nobody. Notifications are only delivered on commit,
+so this is checked with real LISTEN sessions.
 """
 
 from __future__ import annotations
@@ -16,10 +17,16 @@ from pyworker.db.batch import Ack, Finished, finish_runs
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
 
 
-def listener(connect: Connect, channels: list[str]) -> psycopg.Connection:
+def listener(
+    connect: Connect, channels: list[str], watch: list[uuid.UUID] | None = None
+) -> psycopg.Connection:
+    """LISTEN, then watch the runs (a tail's order): their journal writes notify from now on."""
     conn = connect()
     for channel in channels:
         conn.execute(f"LISTEN {channel}")
+    if watch:
+        states = conn.execute("SELECT state FROM runrow.watch_runs(%s::uuid[])", (watch,)).fetchall()
+        assert {s for (s,) in states} == {"watching"}
     return conn
 
 
@@ -46,7 +53,7 @@ def test_finish_runs_wakes_like_finish_run(owner: psycopg.Connection, connect: C
     single, single_conv = running(owner, turns=2)
     batched, batched_conv = running(owner, turns=2)
     channels = ["runrow_enqueued", channel(owner, single["run_id"]), channel(owner, batched["run_id"])]
-    listen = listener(connect, channels)
+    listen = listener(connect, channels, watch=[single["run_id"], batched["run_id"]])
 
     # The single-run way: append_events + finish_run in one transaction.
     with owner.transaction():
@@ -89,13 +96,13 @@ def test_finish_runs_wakes_like_finish_run(owner: psycopg.Connection, connect: C
     assert [w for w in batched_wakes if w[0] != "runrow_enqueued"] == [(channels[2], str(row[1]))]
 
 
-def test_finish_runs_wakes_each_conversation_once_and_not_the_fenced_out(
-    owner: psycopg.Connection, connect: Connect
-):
-    runs = [running(owner) for _ in range(3)]
-    zombie, zombie_conv = running(owner)
+def test_finish_runs_wakes_only_waiters_and_not_the_fenced_out(owner: psycopg.Connection, connect: Connect):
+    # Two runs with a turn queued behind them, one without; the first and last watched.
+    runs = [running(owner, turns=2), running(owner, turns=1), running(owner, turns=2)]
+    zombie, zombie_conv = running(owner, turns=2)
+    watched = [runs[0][0]["run_id"], runs[2][0]["run_id"], zombie["run_id"]]
     channels = ["runrow_enqueued", *(channel(owner, r["run_id"]) for r, _ in [*runs, (zombie, zombie_conv)])]
-    listen = listener(connect, channels)
+    listen = listener(connect, channels, watch=watched)
     batch = [
         {"run_id": str(r["run_id"]), "claim_token": str(r["claim_token"]), "status": "completed"}
         for r, _ in runs
@@ -109,11 +116,18 @@ def test_finish_runs_wakes_each_conversation_once_and_not_the_fenced_out(
     assert [finished for _, finished, _ in rows] == [True, False, True, True]
 
     wakes = received(listen)
-    assert sorted(p for c, p in wakes if c == "runrow_enqueued") == sorted(str(conv) for _, conv in runs)
+    # The dispatchers: only the conversations whose next turn was waiting.
+    assert sorted(p for c, p in wakes if c == "runrow_enqueued") == sorted([str(runs[0][1]), str(runs[2][1])])
+    # The tails: only the watched runs that finished, each once with its last seq.
     assert sorted((c, p) for c, p in wakes if c != "runrow_enqueued") == sorted(
-        (channel(owner, run_id), str(seq)) for run_id, finished, seq in rows if finished
+        (channel(owner, run_id), str(seq)) for run_id, finished, seq in rows if finished and run_id in watched
     )
     assert all(c != channels[-1] for c, _ in wakes), "the fenced-out run's tails were woken"
+    # The ended runs' watches are gone; the fenced-out run's stays (it is still running).
+    left = {
+        r for (r,) in owner.execute("SELECT run_id FROM runrow.run_watch WHERE run_id = ANY (%s)", (watched,))
+    }
+    assert left == {zombie["run_id"]}
 
 
 async def test_the_typed_wrapper_finishes_a_batch_and_reports_the_fenced_out(

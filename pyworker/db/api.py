@@ -7,6 +7,7 @@ conn.transaction():`); on an autocommit connection each call is its own transact
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -295,6 +296,15 @@ async def retry_run(conn: AsyncConnection, run_id: UUID) -> UUID:
     row = await cur.fetchone()
     assert row is not None
     return row[0]
+
+
+async def watch_runs(conn: AsyncConnection, run_ids: Sequence[UUID], seconds: int) -> list[tuple[UUID, str]]:
+    """Register or refresh watches on these runs' journals: (run_id, state) per distinct run."""
+    cur = await conn.execute(
+        "SELECT run_id, state FROM runrow.watch_runs(run_ids => %s::uuid[], seconds => %s)",
+        (list(run_ids), seconds),
+    )
+    return [(UUID(str(r[0])), str(r[1])) for r in await cur.fetchall()]
 
 
 async def notify_probe(conn: AsyncConnection, channel: str) -> str:

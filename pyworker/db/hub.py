@@ -11,6 +11,13 @@ pool or a transaction-pooling bouncer: LISTEN needs a session that lives as long
 pgbouncer in transaction mode drops notifications without an error. `self_test` catches that
 misconfiguration at start (a NOTIFY of our own through the pool that never arrives) and says so
 in the log; everything still works then, at the pace of the poll tick.
+
+A run's journal channel is notified only while a tail watches the run (runrow.watch_runs), so
+the hub registers a watch for every journal channel it listens on, on its own connection right
+after the LISTEN (before the subscriber's first read), refreshes them all in one call every
+WATCH_REFRESH seconds, asks again soon for a run whose watch is not confirmed yet, and again
+after every reconnect. `armed(channel)` tells a subscriber whether it may trust a wait on the
+channel; until then it polls.
 """
 
 from __future__ import annotations
@@ -28,11 +35,20 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from pyworker.db import api
+from pyworker.db import api, channels
 
 log = logging.getLogger("runrow.hub")
 
 RECONNECT_WAKE = ""  # payload put into every queue after a reconnect: re-read, something may have changed
+
+# A watch lasts WATCH_SECONDS in the database and is refreshed every WATCH_REFRESH; a
+# registration that came back queued or busy is asked again after WATCH_RETRY.
+WATCH_SECONDS = 60
+WATCH_REFRESH = 20.0
+WATCH_RETRY = 0.2
+# Watch states after which a wait on the channel can be trusted (ended/unknown: nothing more
+# will be written; the subscriber's read finds the end or the absence).
+ARMED_STATES = frozenset({"watching", "ended", "unknown"})
 
 POOLED_WARNING = "LISTEN URL looks pooled: wakes will wait for the poll tick; pass --listen-url"
 SELF_TEST_TIMEOUT = 2.0
@@ -64,6 +80,11 @@ class Hub:
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self.backend_pid: int | None = None
         self.dropped = 0  # payloads dropped on full queues (observability, tests)
+        # Journal channels whose watch is confirmed on this connection: loop time of the
+        # registration or refresh that confirmed it.
+        self._watched: dict[str, float] = {}
+        self._watch_failed = False  # watch_runs raised: logged once, subscribers poll
+        self._pending_watch: set[str] = set()  # journal channels whose watch came back queued/busy
 
     @property
     def connected(self) -> bool:
@@ -80,6 +101,16 @@ class Hub:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self._close()
+
+    def armed(self, channel: str) -> bool:
+        """Whether a wait on `channel` can be trusted: connected, and for a run's journal
+        channel, its watch confirmed and fresh. Otherwise the subscriber polls."""
+        if not self.connected:
+            return False
+        if channels.run_of_events_channel(channel) is None:
+            return True
+        confirmed = self._watched.get(channel)
+        return confirmed is not None and time.monotonic() - confirmed < WATCH_SECONDS * 0.75
 
     async def wait_connected(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109
         try:
@@ -180,6 +211,8 @@ class Hub:
         )
         self._conn = conn
         self._listening = set()
+        self._watched = {}
+        self._pending_watch = set()
         await self._reconcile(conn)
         self.backend_pid = conn.info.backend_pid
         self._connected.set()
@@ -193,14 +226,19 @@ class Hub:
         while True:
             pump = asyncio.create_task(self._pump(conn))
             nudge = asyncio.create_task(self._nudges.get())
+            # The next watch refresh or retry, if any journal channel is listened on.
+            due = self._watch_due()
+            timer = asyncio.create_task(asyncio.sleep(3600.0 if due is None else due))
             try:
-                await asyncio.wait({pump, nudge}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({pump, nudge, timer}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 if not pump.done():
                     pump.cancel()
                 if not nudge.done():
                     nudge.cancel()
-                results = await asyncio.gather(pump, nudge, return_exceptions=True)
+                if not timer.done():
+                    timer.cancel()
+                results = await asyncio.gather(pump, nudge, timer, return_exceptions=True)
             waiters = []
             if not nudge.cancelled() and isinstance(results[1], asyncio.Future):
                 waiters.append(results[1])
@@ -235,6 +273,63 @@ class Hub:
                 if channel not in self._subscribers:
                     await conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(channel)))
                 self._listening.discard(channel)
+        await self._watch(conn)
+
+    def _journal_channels(self) -> list[str]:
+        return [c for c in self._listening if channels.run_of_events_channel(c) is not None]
+
+    def _watch_due(self) -> float | None:
+        """Seconds until the next watch registration or refresh is due; None: nothing to watch."""
+        listened = self._journal_channels()
+        if not listened:
+            return None
+        if self._watch_failed:
+            return WATCH_REFRESH
+        now = time.monotonic()
+        due = [
+            WATCH_RETRY if c not in self._watched else self._watched[c] + WATCH_REFRESH - now
+            for c in listened
+        ]
+        return max(0.0, min(due))
+
+    async def _watch(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Register the journal channels not watched yet and refresh those due, in one call.
+        After the LISTEN, so no notification of a write that sees the watch is missed."""
+        listened = self._journal_channels()
+        for channel in set(self._watched) - set(listened):
+            del self._watched[channel]  # unsubscribed: its watch lapses in the database
+        now = time.monotonic()
+        due = [
+            c
+            for c in listened
+            if c not in self._watched or now - self._watched[c] >= WATCH_REFRESH - WATCH_RETRY
+        ]
+        if not due:
+            return
+        runs = [run for c in sorted(due) if (run := channels.run_of_events_channel(c)) is not None]
+        try:
+            rows = await api.watch_runs(conn, runs, WATCH_SECONDS)
+        except psycopg.OperationalError:
+            raise  # the connection: the supervisor reconnects
+        except psycopg.Error as exc:
+            # An older schema (no watch_runs) or a role without the grant: tails poll.
+            if not self._watch_failed:
+                log.warning("hub cannot watch run journals (%s); run tails fall back to polling", exc)
+            self._watch_failed = True
+            return
+        self._watch_failed = False
+        for run, state in rows:
+            channel = channels.events_channel(run)
+            if state in ARMED_STATES:
+                if channel not in self._watched and channel in self._pending_watch:
+                    # Its subscriber is polling: a write it was not woken for may be there.
+                    self._deliver(channel, RECONNECT_WAKE)
+                self._watched[channel] = now
+                self._pending_watch.discard(channel)
+            else:
+                self._watched.pop(channel, None)  # queued or busy: asked again after WATCH_RETRY
+                self._pending_watch.add(channel)
+        self._pending_watch &= set(listened)
 
     def _release_waiters(self) -> None:
         # Subscribers waiting for a LISTEN must not hang while the hub is down: they poll.
@@ -246,6 +341,8 @@ class Hub:
     async def _close(self) -> None:
         conn, self._conn = self._conn, None
         self._listening = set()
+        self._watched = {}
+        self._pending_watch = set()
         self.backend_pid = None
         if conn is not None:
             with contextlib.suppress(Exception):

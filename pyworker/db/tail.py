@@ -1,7 +1,8 @@
 """The tail: follow one run's journal from a cursor until its `complete` event.
 
 One implementation for the CLI and the HTTP service. The journal (`runrow.read_events`) is
-the truth; the run's NOTIFY channel is only a hint that new rows may exist. So the tail
+the truth; the run's NOTIFY channel is only a hint that new rows may exist, sent only while a
+tail watches the run (the hub registers the watch, `runrow.watch_runs`). So the tail
 subscribes *before* its catch-up read (an event committed between read and subscribe would
 otherwise wake no one), re-reads on every wake and on every timeout, and works with no hub
 at all by polling. Each event carries its seq: a consumer that drops reconnects with
@@ -98,7 +99,8 @@ async def tail(
     """
     cursor = from_seq
     loop = asyncio.get_running_loop()
-    subscription = hub.subscribe(events_channel(run_id)) if hub is not None else _no_subscription()
+    channel = events_channel(run_id)
+    subscription = hub.subscribe(channel) if hub is not None else _no_subscription()
     announced = 0  # the highest seq a notification named: the primary has journaled that far
     catch_up = 0.0
     async with subscription as queue:
@@ -108,8 +110,9 @@ async def tail(
             # this point is for a row the read below may not see, and must survive.
             announced = max(announced, _drain(queue))
             # A hub that is down now may have missed the notification for a row committed
-            # before it re-LISTENs; only a wait that began with the hub up can trust it.
-            trusted = hub is not None and hub.connected
+            # before it re-LISTENs, and a run whose watch is not confirmed may be written
+            # without one; only a wait that began with the channel armed can trust it.
+            trusted = hub is not None and hub.armed(channel)
             events = await _read(pool, run_id, cursor, page, missing_ok=replica)
             for event in events:
                 if seen_the_end(event):

@@ -1,0 +1,94 @@
+CREATE OR REPLACE FUNCTION runrow.watch_runs(run_ids uuid[], seconds integer DEFAULT 60)
+RETURNS TABLE (run_id uuid, state text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    rid uuid;
+    st text;
+    live boolean;
+BEGIN
+    PERFORM runrow._require_not_null(watch_runs.run_ids, 'run_ids');
+    IF cardinality(watch_runs.run_ids) > 1000 THEN
+        RAISE EXCEPTION 'run_ids is too large: at most 1000 runs per call, got %', cardinality(watch_runs.run_ids)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF array_position(watch_runs.run_ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'run_ids must not contain NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM runrow._require_range(watch_runs.seconds, 'seconds', 1, 3600);
+
+    -- Watches whose tail went away without the run ending: a bounded share per call.
+    DELETE FROM runrow.run_watch AS w
+    WHERE w.run_id = ANY (ARRAY(
+        SELECT x.run_id FROM runrow.run_watch AS x
+        WHERE x.expires_at <= now()
+        ORDER BY x.expires_at
+        LIMIT 100
+        FOR UPDATE SKIP LOCKED
+    ));
+
+    -- In run id order, so two callers sharing runs take the rows' locks in one order.
+    FOR rid IN SELECT DISTINCT u.id FROM unnest(watch_runs.run_ids) AS u (id) ORDER BY u.id LOOP
+        run_id := rid;
+        -- A confirmed live watch is already seen by every writer: extend it, no lock.
+        UPDATE runrow.run_watch AS w
+        SET expires_at = greatest(w.expires_at, now() + make_interval(secs => watch_runs.seconds))
+        WHERE w.run_id = rid AND w.confirmed AND w.expires_at > now();
+        IF FOUND THEN
+            state := 'watching';
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+
+        SELECT a.status INTO st FROM runrow.agent_run AS a WHERE a.id = rid;
+        IF NOT FOUND THEN
+            state := 'unknown';
+        ELSIF st IN ('completed', 'failed', 'cancelled', 'dead') THEN
+            -- Nothing more is written to an ended run: no watch needed.
+            state := 'ended';
+        ELSIF st = 'queued' THEN
+            -- Not locked: a queued run's lock would make a claim skip it (FOR UPDATE SKIP
+            -- LOCKED). Registered, so writes from now on notify, but one in flight may not.
+            state := 'queued';
+        ELSE
+            -- The row lock (FOR SHARE conflicts with every writer's) orders this watch
+            -- against the run's writers: one that locked the run before us has committed,
+            -- so the tail's next read sees its rows; one that locks it after us sees the
+            -- watch in its wake. NOWAIT: a writer in flight means "ask again", not "wait".
+            BEGIN
+                SELECT a.status INTO st FROM runrow.agent_run AS a WHERE a.id = rid FOR SHARE NOWAIT;
+                state := CASE WHEN st IN ('completed', 'failed', 'cancelled', 'dead') THEN 'ended' ELSE 'watching' END;
+            EXCEPTION WHEN lock_not_available THEN
+                state := 'busy';
+            END;
+        END IF;
+        IF state IN ('queued', 'busy', 'watching') THEN
+            live := state = 'watching';
+            INSERT INTO runrow.run_watch AS w (run_id, expires_at, confirmed)
+            VALUES (rid, now() + make_interval(secs => watch_runs.seconds), live)
+            ON CONFLICT ON CONSTRAINT run_watch_pkey DO UPDATE
+            SET expires_at = greatest(w.expires_at, excluded.expires_at),
+                -- A lapsed confirmation counts for nothing: writers stopped seeing it.
+                confirmed = excluded.confirmed OR (w.confirmed AND w.expires_at > now());
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.watch_runs(uuid[], integer) IS
+'Register (or refresh) the caller''s interest in the journals of run_ids (at most 1000) for '
+'seconds (1 to 3600, default 60): while a run is watched, every journal write notifies its '
+'channel runrow.events_channel(run_id); a run nobody watches is written without notifications. '
+'Call it after LISTEN and before reading the journal, and again within seconds to keep the '
+'watch. One row per distinct run, state: watching (every write from now on notifies: wait on '
+'the channel), queued or busy (registered, but a write in flight may not have seen it: ask '
+'again shortly and poll meanwhile; queued runs are not locked so that no claim skips them), '
+'ended (the run is terminal: read to the end, nothing more comes) or unknown (no such run). '
+'Never waits on a lock. Bad input (run_ids NULL, holding NULL or over 1000; seconds NULL or out '
+'of range) raises 22004/22023 naming the argument and registers nothing.';
+
+REVOKE ALL ON FUNCTION runrow.watch_runs(uuid[], integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.watch_runs(uuid[], integer) TO runrow_client, runrow_worker;
