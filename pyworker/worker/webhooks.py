@@ -225,7 +225,7 @@ async def webhook_loop(
     pool: AsyncConnectionPool, settings: WebhookSettings, *, worker_id: str | None, hub: Hub | None = None
 ) -> None:
     """Deliver until cancelled. Woken by runrow_enqueued (the outbox trigger sends it with each new
-    delivery goes out at once) and by the poll tick (retries whose backoff passed, lapsed leases,
+    delivery, so it goes out at once) and by the poll tick (retries whose backoff passed, lapsed leases,
     and everything when NOTIFY is lost)."""
     async with contextlib.AsyncExitStack() as stack:
         client = await stack.enter_async_context(
