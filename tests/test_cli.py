@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 from tail_support import append, claim, enqueue, finish, finished_run, private_database_url
 
 from pyworker.cli.main import build_parser
+from pyworker.db.devdb import temporary_database
 
 __all__ = ["private_database_url"]  # the fixture, re-exported for pytest
 
@@ -306,16 +307,22 @@ def test_status_of_a_run_prints_its_token_totals(private_database_url: str, conn
     assert bad.returncode == 2 and "invalid UUID value" in bad.stderr
 
 
-def test_audit_exit_code_follows_the_violations(private_database_url: str, conn: psycopg.Connection) -> None:
-    result = runrow(private_database_url, "audit")
-    assert (result.returncode, result.stdout) == (0, ""), result.stderr
-    # A disabled schema guard is a violation the audit reports; re-enabled, it is healthy again.
-    conn.execute("ALTER TABLE runrow.prompt DISABLE TRIGGER prompt_immutable")
-    try:
-        result = runrow(private_database_url, "audit")
-    finally:
-        conn.execute("ALTER TABLE runrow.prompt ENABLE TRIGGER prompt_immutable")
-    assert result.returncode == 1
-    assert result.stdout.splitlines()[0].split() == ["invariant", "run_id", "detail"]
-    assert "schema_guard_missing" in result.stdout and "prompt_immutable" in result.stdout
-    assert runrow(private_database_url, "audit").returncode == 0
+def test_audit_exit_code_follows_the_violations(database_url: str) -> None:
+    # A database of its own: the module's shared one holds runs the other tests left running,
+    # whose leases lapse (a violation) when the box is slow.
+    with (
+        temporary_database(database_url, "runrow_audit") as url,
+        psycopg.connect(url, autocommit=True) as conn,
+    ):
+        result = runrow(url, "audit")
+        assert (result.returncode, result.stdout) == (0, ""), result.stderr
+        # A disabled schema guard is a violation the audit reports; re-enabled, it is healthy again.
+        conn.execute("ALTER TABLE runrow.prompt DISABLE TRIGGER prompt_immutable")
+        try:
+            result = runrow(url, "audit")
+        finally:
+            conn.execute("ALTER TABLE runrow.prompt ENABLE TRIGGER prompt_immutable")
+        assert result.returncode == 1
+        assert result.stdout.splitlines()[0].split() == ["invariant", "run_id", "detail"]
+        assert "schema_guard_missing" in result.stdout and "prompt_immutable" in result.stdout
+        assert runrow(url, "audit").returncode == 0
