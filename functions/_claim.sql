@@ -538,7 +538,9 @@ BEGIN
                 last_heartbeat_at = now(),
                 worker_id = who,
                 attempt = r.attempt + 1,
-                started_at = coalesce(r.started_at, now())
+                started_at = coalesce(r.started_at, now()),
+                -- Stamped here, so agent_run_guard's WHEN skips its call for this legal move.
+                updated_at = now()
             WHERE r.id = ANY (locked)
             RETURNING r.*
         ),
