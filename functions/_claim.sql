@@ -86,6 +86,14 @@ DECLARE
     fleet_over_verdicts text[] := '{}';
     fleet_verdict text;
     fleet_cand record;
+    -- The batch step (one tenant, one group without a key): the runs it locked, when each was
+    -- queued, whether the look before the lock found it blocked, the last seq it read.
+    want integer;
+    b_ids uuid[];
+    b_since timestamptz[];
+    b_flagged uuid[];
+    b_last bigint;
+    b_n integer;
 BEGIN
     IF _claim.worker_id = '' OR length(_claim.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or 1 to 200 characters'
@@ -282,6 +290,82 @@ BEGIN
                 -- after it.
                 g_head_id[bg] := NULL;
 
+                -- The batch step: when the level has one tenant whose only group has no
+                -- concurrency key, and no fleet limit can bite (no blocked rate-limit key, no
+                -- budget), every rule below but turn order is moot, and the order is just the
+                -- group's arrival order. So the group's next runs are locked in one statement
+                -- instead of one head, probe and lock each, each probed for turn order as the
+                -- per-candidate check does (before the lock, a filter: the trigger is the
+                -- guarantee). Runs found blocked are re-checked in a later statement (a fresh
+                -- snapshot, taken under our locks) and marked only if still blocked, as below.
+                -- Only in READ COMMITTED: elsewhere a blocked turn must not even be locked.
+                IF cardinality(t_key) = 1 AND cardinality(g_tenant) = 1 AND g_key[bg] = '' AND may_mark
+                   AND NOT fleet_has_budgets AND cardinality(fleet_blocked_keys) = 0 THEN
+                    want := _claim.max_runs - cardinality(locked);
+                    h_after := g_head_seq[bg];
+                    -- The probes are scalar subqueries, not EXISTS: an EXISTS here could be
+                    -- planned as a hashed subplan that reads every active run.
+                    SELECT array_agg(b.id ORDER BY b.enqueue_seq),
+                           array_agg(b.updated_at ORDER BY b.enqueue_seq),
+                           array_agg(b.id) FILTER (WHERE b.blocked),
+                           max(b.enqueue_seq),
+                           count(*)
+                    INTO b_ids, b_since, b_flagged, b_last, b_n
+                    FROM (
+                        SELECT q.id, q.updated_at, q.enqueue_seq,
+                               (SELECT 1 FROM runrow.agent_run AS a
+                                WHERE a.conversation_id = q.conversation_id
+                                  AND a.status IN ('running', 'waiting')
+                                LIMIT 1) IS NOT NULL
+                               OR (SELECT 1 FROM runrow.agent_run AS o
+                                   WHERE o.conversation_id = q.conversation_id
+                                     AND o.status IN ('queued', 'running', 'waiting')
+                                     AND o.enqueue_seq < q.enqueue_seq
+                                   LIMIT 1) IS NOT NULL AS blocked
+                        FROM runrow.agent_run AS q
+                        WHERE q.status = 'queued' AND NOT q.claim_blocked AND q.not_before IS NULL
+                          AND q.priority = h_lvl AND coalesce(q.fairness_key, '') = h_tenant
+                          AND coalesce(q.concurrency_key, '') = '' AND q.enqueue_seq >= h_after
+                        ORDER BY q.priority DESC, coalesce(q.fairness_key, ''), coalesce(q.concurrency_key, ''),
+                                 q.enqueue_seq
+                        LIMIT want
+                        FOR UPDATE OF q SKIP LOCKED
+                    ) AS b;
+                    IF b_flagged IS NOT NULL THEN
+                        UPDATE runrow.agent_run AS q SET claim_blocked = true
+                        WHERE q.id = ANY (b_flagged)
+                          AND ((SELECT 1 FROM runrow.agent_run AS a
+                                WHERE a.conversation_id = q.conversation_id
+                                  AND a.status IN ('running', 'waiting')
+                                LIMIT 1) IS NOT NULL
+                               OR (SELECT 1 FROM runrow.agent_run AS o
+                                   WHERE o.conversation_id = q.conversation_id
+                                     AND o.status IN ('queued', 'running', 'waiting')
+                                     AND o.enqueue_seq < q.enqueue_seq
+                                   LIMIT 1) IS NOT NULL);
+                        -- A run found free after all is left (locked, unclaimed) for the next
+                        -- claim, as below.
+                        FOR i IN 1 .. b_n LOOP
+                            CONTINUE WHEN b_ids[i] = ANY (b_flagged);
+                            locked := locked || b_ids[i];
+                            locked_since := locked_since || b_since[i];
+                            locked_keys := locked_keys || ''::text;
+                        END LOOP;
+                    ELSIF b_n > 0 THEN
+                        locked := locked || b_ids;
+                        locked_since := locked_since || b_since;
+                        locked_keys := locked_keys || array_fill(''::text, ARRAY[b_n]);
+                    END IF;
+                    -- Fewer than asked for: the group's range is read to its end (SKIP LOCKED
+                    -- rows do not count against the LIMIT).
+                    IF b_n < want THEN
+                        g_head_seq[bg] := -1;
+                    ELSE
+                        g_head_seq[bg] := b_last;
+                    END IF;
+                    CONTINUE serve;
+                END IF;
+
                 -- ==== Per-candidate checks: whether this run may start now. ====
                 -- Every rule that keeps a queued run from being claimed goes here, as a filter
                 -- in front of the guarantee the schema holds (CONTINUE serve skips the run;
@@ -454,7 +538,9 @@ BEGIN
                 last_heartbeat_at = now(),
                 worker_id = who,
                 attempt = r.attempt + 1,
-                started_at = coalesce(r.started_at, now())
+                started_at = coalesce(r.started_at, now()),
+                -- Stamped here, so agent_run_guard's WHEN skips its call for this legal move.
+                updated_at = now()
             WHERE r.id = ANY (locked)
             RETURNING r.*
         ),

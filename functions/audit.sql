@@ -273,6 +273,7 @@ BEGIN
         ('unique index', 'run_event_pkey', 'run_event'),
         ('unique index', 'run_event_one_complete', 'run_event'),
         ('trigger', 'agent_run_guard', 'agent_run'),
+        ('trigger', 'agent_run_turn_order', 'agent_run'),
         ('trigger', 'agent_run_no_delete', 'agent_run'),
         ('trigger', 'agent_run_no_truncate', 'agent_run'),
         ('trigger', 'run_event_guard', 'run_event'),

@@ -117,7 +117,9 @@ BEGIN
             error = byid -> r.id::text ->> 'error',
             finished_at = now(),
             claim_token = NULL,
-            claim_expires_at = NULL
+            claim_expires_at = NULL,
+            -- Stamped here, so agent_run_guard's WHEN skips its call for this legal move.
+            updated_at = now()
         WHERE r.id = ANY (ids)
           AND r.claim_token = (byid -> r.id::text ->> 'claim_token')::uuid
           AND r.status = 'running'

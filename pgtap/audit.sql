@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(85);
+SELECT plan(86);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'audit', ARRAY['interval', 'interval', 'interval', 'interval', 'interval'],
@@ -119,6 +119,11 @@ SELECT results_eq($$SELECT invariant, detail FROM runrow.audit() WHERE run_id IS
     'schema_guard_missing: a disabled trigger is named');
 ALTER TABLE runrow.message ENABLE TRIGGER message_guard;
 SELECT is_empty($$SELECT * FROM runrow.audit() WHERE run_id IS NULL$$, 'and disappears once re-enabled');
+ALTER TABLE runrow.agent_run DISABLE TRIGGER agent_run_turn_order;
+SELECT results_eq($$SELECT detail FROM runrow.audit() WHERE run_id IS NULL$$,
+    $$VALUES ('trigger agent_run_turn_order on runrow.agent_run is missing, invalid or disabled')$$,
+    'schema_guard_missing: the turn-order statement trigger (0026) is a guard too');
+ALTER TABLE runrow.agent_run ENABLE TRIGGER agent_run_turn_order;
 DROP INDEX runrow.agent_run_idempotency_key;
 SELECT results_eq($$SELECT detail FROM runrow.audit() WHERE run_id IS NULL$$,
     $$VALUES ('unique index agent_run_idempotency_key on runrow.agent_run is missing, invalid or disabled')$$,

@@ -7,7 +7,8 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
 \ir helpers/lifecycle.psql
-SELECT plan(55);
+\ir helpers/audit.psql
+SELECT plan(58);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{jsonb}'''
@@ -215,6 +216,26 @@ SELECT is(pg_temp.written(), :'before', 'no bad batch wrote anything, not even i
 SELECT is(pg_temp.status(:'b1'), 'running', 'b1 is still running');
 SELECT results_eq(format('SELECT finished FROM runrow.finish_runs(%L)', jsonb_build_array(:'good'::jsonb, :'good2'::jsonb)),
     $$VALUES (true), (true)$$, 'and the same runs finish once the batch is well formed');
+
+-- The batch path pays no per-row call of agent_run's guard (0026): the claim and finish_runs
+-- stamp updated_at themselves on a legal move, so the trigger's WHEN skips the function, and
+-- turn order is checked once per statement. The runs are aged first (as runs enqueued in an
+-- earlier transaction are), so the stamp is what the WHEN sees.
+SELECT pg_temp.drain_queue();
+SELECT array_agg(pg_temp.new_run()) AS batch FROM generate_series(1, 5) \gset
+SELECT pg_temp.bypass(format('UPDATE runrow.agent_run SET updated_at = now() - interval ''1 hour'' WHERE id = ANY (%L)',
+    :'batch'));
+SET LOCAL track_functions = 'all';
+SELECT coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_guard'::regproc), 0) AS guard_before,
+       coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_turn_order'::regproc), 0) AS order_before \gset
+SELECT jsonb_agg(jsonb_build_object('run_id', c.run_id, 'claim_token', c.claim_token, 'status', 'completed')) AS acks
+FROM runrow.claim_runs('w', 5) AS c \gset
+SELECT results_eq(format('SELECT count(*) FILTER (WHERE finished) FROM runrow.finish_runs(%L)', :'acks'),
+    $$VALUES (5::bigint)$$, 'a batch of five is claimed and finished');
+SELECT is(coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_guard'::regproc), 0) - :guard_before, 0::bigint,
+    'claim_runs and finish_runs call agent_run''s guard function for none of their rows');
+SELECT ok(coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_turn_order'::regproc), 0) - :order_before
+          BETWEEN 2 AND 4, 'turn order is checked once per statement, not once per run');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(49);
+SELECT plan(54);
 SELECT pg_temp.drain_queue();
 SELECT pg_temp.owner() AS owner \gset
 
@@ -71,6 +71,29 @@ SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', attemp
         claim_token = gen_random_uuid(), claim_expires_at = now() + interval '1 minute' WHERE id = %L$$, :'turn2'),
     '40001', format('run %s: an earlier turn of conversation %s is still queued', :'turn2', :conv),
     'a later turn cannot start before an earlier queued one');
+-- The guard's WHEN clause (0026) skips only legal moves whose writer stamped updated_at itself,
+-- as the claim and finish_runs do: a stamped write is still refused whenever the rules say so.
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'completed', finished_at = now(), updated_at = now()
+        WHERE id = %L$$, :'turn2'),
+    '23000', format('run %s: illegal status change queued -> completed', :'turn2'),
+    'an illegal status change is refused even when the writer stamps updated_at');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET model = 'other', updated_at = now() WHERE id = %L$$, :'turn2'),
+    '23000', format('run %s: id, conversation, message, model, prompt and created_at are immutable', :'turn2'),
+    'an identity change is refused even when the writer stamps updated_at');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET result = '{}', updated_at = now() WHERE id = %L$$, :'completed'),
+    '23000', format('run %s is completed and terminal states are sticky', :'completed'),
+    'a terminal run stays sticky even when the writer stamps updated_at');
+-- Turn order is checked once per statement (agent_run_turn_order): a statement that starts a
+-- later turn beside a run that may start fails as a whole.
+SELECT pg_temp.new_run() AS free_run \gset
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', attempt = 1, worker_id = 'w',
+        claim_token = gen_random_uuid(), claim_expires_at = now() + interval '1 minute', updated_at = now()
+        WHERE id IN (%L, %L)$$, :'free_run', :'turn2'),
+    '40001', format('run %s: an earlier turn of conversation %s is still queued', :'turn2', :conv),
+    'a statement starting a later turn beside another run is refused');
+SELECT is((SELECT array_agg(status ORDER BY enqueue_seq) FROM runrow.agent_run WHERE id IN (:'free_run', :'turn2')),
+    ARRAY['queued', 'queued'], 'and starts neither run');
+SELECT runrow.cancel_run(:'free_run');
 
 -- ---------------------------------------------------------------------------------
 -- 1. At most one running or waiting run per conversation, even written directly.

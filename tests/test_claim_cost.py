@@ -11,7 +11,7 @@ import re
 import uuid
 
 import psycopg
-from race_support import Connect, claim_one, database_url, enqueue, owner, vacuum
+from race_support import Connect, claim, claim_one, database_url, enqueue, owner, vacuum
 
 FINISHED_BASELINE = 100
 # 50 times the baseline. A claim that read the history would touch hundreds of pages more
@@ -221,3 +221,34 @@ def test_agent_run_is_vacuumed_and_analyzed_by_traffic_not_by_history(owner: psy
         "SELECT reloptions FROM pg_class WHERE oid = 'runrow.agent_run'::regclass"
     ).fetchone()[0]
     assert {"autovacuum_vacuum_scale_factor=0", "autovacuum_analyze_scale_factor=0"} <= set(options or [])
+
+
+def test_a_batch_claim_of_one_tenant_reads_the_queue_in_one_range(
+    owner: psycopg.Connection, connect: Connect
+):
+    """claim_runs(10) of a queue of one tenant without concurrency keys (the common case, and
+    the drain benchmark's) locks its runs with one range of agent_run_claimable, not one
+    head fetch and one point lock per run. Counted in index scans of the claiming session's
+    own transaction (statistics are not flushed inside a transaction block), not in time."""
+    worker = connect()
+    queued = [enqueue(owner, uuid.uuid4())[0] for _ in range(4)]
+    # Two turns of one conversation inside the batch: the second waits behind the first.
+    first_turn, second_turn = enqueue(owner, uuid.uuid4(), 2)
+    queued += [first_turn] + [enqueue(owner, uuid.uuid4())[0] for _ in range(30)]
+    vacuum(owner, "runrow.agent_run")
+    # A table this small is rightly read whole; with that off, each statement is planned (once,
+    # for the session) as on a real queue.
+    worker.execute("SET enable_seqscan = off")
+    scans = "SELECT pg_stat_get_xact_numscans('runrow.agent_run_claimable'::regclass)"
+    with worker.transaction():
+        (claimable_before,) = worker.execute(scans).fetchone()
+        rows = claim(worker, 10)
+        (claimable_after,) = worker.execute(scans).fetchone()
+    assert [r["run_id"] for r in rows] == queued[:10]
+    # The level, its tenants, the tenant's keys, the batch and the next head after the blocked
+    # turn: a handful of descents, where the walk made one or more per run.
+    assert claimable_after - claimable_before <= 6, claimable_after - claimable_before
+    # The second turn was read behind the first (in the same batch) and marked blocked.
+    assert owner.execute(
+        "SELECT status, claim_blocked FROM runrow.agent_run WHERE id = %s", (second_turn,)
+    ).fetchone() == ("queued", True)
