@@ -14,11 +14,13 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 from wire_fault_support import FaultProxy
-from worker_support import db, events, streamed_text, worker_db
+from worker_support import db, events, streamed_text, wait_until_async, worker_db
 
 from pyworker.db import api
 from pyworker.db.api import ClaimedRun
-from pyworker.worker.journal import MAX_EVENTS_PER_CALL, JournalWriter, RunLost
+from pyworker.worker.handler import RunContext
+from pyworker.worker.journal import MAX_EVENTS_PER_CALL, JournalError, JournalWriter, RunLost
+from pyworker.worker.logs import run_logger
 
 __all__ = ["db", "worker_db"]
 
@@ -125,6 +127,85 @@ async def test_structural_event_writes_through_after_buffered_deltas(pool, db) -
     # emit returned: committed, deltas first, then the structural event
     tail = [(e["type"], e.get("text")) for e in events(db, run.run_id)][-2:]
     assert tail == [("text_delta", "Let me check."), ("tool_use", None)]
+    await writer.stop()
+
+
+async def test_event_written_through_without_waiting_takes_the_burst_after_it(pool, db) -> None:
+    """wait=False: emit returns before the commit, the flush starts with no clock and no flush
+    call, and what the run emits and its ending right after join that one transaction."""
+    alone, burst = await claimed(pool, 2)
+    writer = await writer_for(pool, CLOCK_OFF)
+    journal = writer.run_journal(alone)
+    await journal.emit({"type": "message_start"}, wait=False)
+    assert journal.writing_through  # returned before the commit
+    await wait_until_async(
+        lambda: "message_start" in [e["type"] for e in events(db, alone.run_id)],
+        5,
+        "the event to be written through",
+    )
+    assert not journal.writing_through and writer.ticks == 1
+
+    journal = writer.run_journal(burst)
+    await journal.emit({"type": "message_start"}, wait=False)
+    await journal.emit({"type": "text_delta", "index": 0, "text": "hi"})
+    await journal.emit({"type": "message_stop"}, wait=False)
+    assert await writer.finish(journal, "completed", {"text": "hi"}) == (True, False)
+    assert writer.ticks == 2  # one transaction for the three events and the ending
+    kinds = [e["type"] for e in events(db, burst.run_id)]
+    assert kinds[-4:] == ["message_start", "text_delta", "message_stop", "complete"]
+    await writer.stop()
+
+
+async def test_event_written_through_without_waiting_for_a_fenced_out_run(pool, db) -> None:
+    (run,) = await claimed(pool, 1)
+    async with pool.connection() as conn:  # as a reaper or a stop would
+        assert await api.finish_run(conn, run.run_id, run.claim_token, "failed", error="taken away")
+    before = events(db, run.run_id)
+    writer = await writer_for(pool, CLOCK_OFF)
+    journal = writer.run_journal(run)
+    await journal.emit({"type": "message_start"}, wait=False)  # the fence answers later
+    await wait_until_async(journal.lost.is_set, 5, "the fence to set lost")
+    with pytest.raises(RunLost):
+        await journal.emit({"type": "message_stop"}, wait=False)
+    assert events(db, run.run_id) == before
+    await writer.stop()
+
+
+async def test_failure_of_an_event_written_through_without_waiting_surfaces_at_the_next_call(
+    pool, db
+) -> None:
+    (run,) = await claimed(pool, 1)
+    writer = await writer_for(pool, CLOCK_OFF)
+    journal = writer.run_journal(run)
+    await journal.emit({"type": "text_delta", "index": 0, "text": "a\ud800b"})  # refused by jsonb
+    await journal.emit({"type": "message_stop"}, wait=False)
+    await wait_until_async(lambda: not journal.writing_through, 5, "the write-through to fail")
+    with pytest.raises(JournalError, match="rejected events"):  # the ending does not go out
+        await writer.finish(journal, "completed")
+    assert [e["type"] for e in events(db, run.run_id)][-1] == "run_claimed"  # nothing written
+    await writer.stop()
+
+
+async def test_ctx_db_waits_for_an_event_written_through_without_waiting(pool, db) -> None:
+    """The handler's own SQL may journal, park or end the run: it must not overtake the event."""
+    (run,) = await claimed(pool, 1)
+    writer = await writer_for(pool, CLOCK_OFF)
+    journal = writer.run_journal(run)
+    ctx = RunContext(
+        run=run,
+        pool=pool,
+        journal=journal,
+        cancel=asyncio.Event(),
+        lost=journal.lost,
+        log=run_logger(run, "journal-test"),
+        worker_id="journal-test",
+    )
+    await journal.emit({"type": "tool_result", "tool_use_id": "tu_1"}, wait=False)
+
+    async def committed(conn: psycopg.AsyncConnection) -> bool:  # asked as the call goes out
+        return journal._committed == journal._emitted
+
+    assert await ctx.db(committed, "the handler's call")
     await writer.stop()
 
 

@@ -4,7 +4,12 @@ Deltas (`text_delta`, `thinking_delta`, `input_json_delta`) of one stream coales
 consecutive deltas with the same type and content-block `index` become one event whose string
 field is the concatenation. Buffers are flushed on a 250 ms clock, ALL runs in ONE transaction,
 so notifying commits per second do not grow with the number of runs (SPEC.md, "Performance
-rules"). A structural event is written through: `emit` returns once it is committed. Flushes
+rules"). A structural event is written through: `emit` returns once it is committed. With
+`wait=False` it is written through just the same (a flush starts at once, no clock), but `emit`
+returns before the commit, so what the handler emits or ends right after it, in the same burst,
+joins that flush: a zero-length run's `message_start`, `message_stop` and ending cost one
+finish_runs call, not three transactions. Its failure surfaces at the run's next emit, flush or
+ending (a fence sets `lost` at once). Flushes
 are group commits: while one transaction is in flight, every run that asks for a flush joins
 the next one, which carries every buffer and every queued run ending (`finish`: the run's
 buffered events and its terminal write in one finish_runs call), so ten runs that write
@@ -61,7 +66,11 @@ DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_
 MAX_EVENTS_PER_CALL = 1000  # append_events' own limit
 MAX_BYTES_PER_CALL = 3 * 1024 * 1024  # below append_events' 4 MiB limit, leaving room for JSON overhead
 MAX_READ_BACK = 10000  # read_events' own page limit
-GATHER_TURNS = 6  # event-loop turns a group leader waits for the runs woken with it (see _lead)
+# Event-loop turns a group leader waits for the runs woken with it, and for what a run does
+# right after a wait=False event: a zero-length echo run's message_stop and ending reach the
+# writer 5-6 turns after its message_start (measured), so 16 leaves room for a slower handler
+# or another Python's asyncio; an idle turn costs microseconds (see _lead).
+GATHER_TURNS = 16
 
 
 class RunLost(Exception):
@@ -92,6 +101,9 @@ class RunJournal:
         self.last_seq: int | None = None  # the last seq this claim knows committed
         self._doubt: _Doubt | None = None  # a batch whose COMMIT went unanswered
         self._ending: _Ending | None = None  # the run's ending, queued for the next group flush
+        self._through_mark = 0  # the last emit written through without waiting (wait=False)
+        self._through: asyncio.Task[None] | None = None  # that write-through, while in flight
+        self._deferred: BaseException | None = None  # its failure, raised at the next call
 
     @property
     def run_id(self) -> UUID:
@@ -107,12 +119,23 @@ class RunJournal:
         return bool(self._buffer)
 
     @property
+    def writing_through(self) -> bool:
+        """A structural event emitted with wait=False is not known committed yet."""
+        return self._through is not None and not self._through.done()
+
+    @property
     def in_doubt(self) -> bool:
         """A batch may or may not have committed; nothing more is written until a read-back says."""
         return self._doubt is not None
 
-    async def emit(self, event: dict[str, Any]) -> None:
-        """Buffer a delta (coalesced, flushed on the clock) or write a structural event through."""
+    async def emit(self, event: dict[str, Any], *, wait: bool = True) -> None:
+        """Buffer a delta (coalesced, flushed on the clock) or write a structural event through.
+
+        wait=False: return before the structural event is committed; its flush starts at once
+        and takes whatever this claim emits or ends in the next few event-loop turns. Only
+        when the handler's next database call goes through `ctx.db` (which waits for it) or
+        follows a `flush()`: a call of its own could otherwise journal, park or end the run
+        ahead of the event."""
         kind = event.get("type")
         if not isinstance(kind, str) or not kind or kind == "complete" or kind.startswith("run_"):
             raise ValueError(f'event must have a string "type" that is not reserved, got {kind!r}')
@@ -120,6 +143,7 @@ class RunJournal:
             raise ValueError(f"event key {nul.MARKER!r} is reserved (the NUL encoding, pyworker/db/nul.py)")
         if self.lost.is_set():
             raise RunLost(str(self.run_id))
+        self._raise_deferred()
         self._emitted += 1
         field = DELTA_FIELDS.get(kind)
         last = self._buffer[-1] if self._buffer else None
@@ -137,11 +161,41 @@ class RunJournal:
             self._buffer.append(dict(event))
             self._marks.append(self._emitted)
         if field is None:
-            await self.flush()
+            if wait:
+                await self.flush()
+            else:
+                self._write_soon()
 
     async def flush(self) -> None:
         """Return once everything emitted so far is committed; RunLost if the run was fenced out."""
+        self._raise_deferred()
         await self._writer.flush(self)
+
+    def _raise_deferred(self) -> None:
+        exc, self._deferred = self._deferred, None
+        if exc is not None:
+            raise exc
+
+    def _write_soon(self) -> None:
+        self._through_mark = self._emitted
+        if self._through is None or self._through.done():
+            self._through = asyncio.create_task(self._write_through(), name=f"journal-{self.run_id}")
+            self._writer._through.add(self._through)
+            self._through.add_done_callback(self._writer._through.discard)
+
+    async def _write_through(self) -> None:
+        """The flush of wait=False events: again while more were emitted during it. A fence
+        has set `lost` by the time it returns; any other failure waits for the next call."""
+        try:
+            while True:
+                mark = self._through_mark
+                await self._writer.flush(self)
+                if self._through_mark == mark:
+                    return
+        except RunLost:
+            pass
+        except Exception as exc:
+            self._deferred = exc
 
     def close(self) -> None:
         """Done with this claim; anything still buffered is discarded (flush first to keep it)."""
@@ -279,6 +333,7 @@ class JournalWriter:
         self._lock = asyncio.Lock()  # one group in flight at a time keeps each run's events in order
         self._next: asyncio.Future[None] | None = None  # the group that starts when the lock is free
         self._task: asyncio.Task[None] | None = None
+        self._through: set[asyncio.Task[None]] = set()  # wait=False write-throughs in flight
         self.ticks = 0  # group transactions committed (observability, tests)
         # Test hook: hold each flush transaction open this long after its appends, so a test can
         # freeze the process (SIGSTOP) while it holds its runs' row locks. Never set in production.
@@ -305,6 +360,8 @@ class JournalWriter:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._through:
+            await asyncio.wait(list(self._through))  # each catches its own failure
         with contextlib.suppress(Exception):
             await self.flush_all(pool_timeout=self._retry.budget)
 
@@ -354,6 +411,8 @@ class JournalWriter:
         Raises the database's refusal of this run's outcome (or JournalError for its events)."""
         if self._runs.get(journal.claim) is not journal:
             raise RunLost(str(journal.run_id))  # closed: this claim writes nothing more
+        if not journal.lost.is_set():
+            journal._raise_deferred()  # a wait=False event's failure: the handler's outcome stands on it
         ending = journal._ending
         if ending is None or ending.done:
             ending = journal._ending = _Ending(status, result, error)
