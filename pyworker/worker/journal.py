@@ -57,7 +57,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pyworker.db import api, batch, nul
 from pyworker.db.api import ClaimedRun
-from pyworker.db.retry import Retry, is_transient, outcome_unknown
+from pyworker.db.retry import DatabaseUnavailable, Retry, is_transient, outcome_unknown
 from pyworker.worker import metrics
 
 log = logging.getLogger("runrow.journal")
@@ -103,7 +103,10 @@ class RunJournal:
         self._ending: _Ending | None = None  # the run's ending, queued for the next group flush
         self._through_mark = 0  # the last emit written through without waiting (wait=False)
         self._through: asyncio.Task[None] | None = None  # that write-through, while in flight
-        self._deferred: BaseException | None = None  # its failure, raised at the next call
+        # A failure the run's own code has not been told of yet: a refused batch (set as the
+        # group that refused it commits, so no later group can write past it first) or a
+        # wait=False write-through's error. Raised by the next emit, flush or ending, once.
+        self._deferred: BaseException | None = None
 
     @property
     def run_id(self) -> UUID:
@@ -122,6 +125,11 @@ class RunJournal:
     def writing_through(self) -> bool:
         """A structural event emitted with wait=False is not known committed yet."""
         return self._through is not None and not self._through.done()
+
+    @property
+    def ending_settled(self) -> bool:
+        """The queued ending has its verdict (finished, fenced out or refused)."""
+        return self._ending is not None and self._ending.done
 
     @property
     def in_doubt(self) -> bool:
@@ -181,21 +189,36 @@ class RunJournal:
         if self._through is None or self._through.done():
             self._through = asyncio.create_task(self._write_through(), name=f"journal-{self.run_id}")
             self._writer._through.add(self._through)
-            self._through.add_done_callback(self._writer._through.discard)
+            self._through.add_done_callback(self._written_through)
+
+    def _written_through(self, task: asyncio.Task[None]) -> None:
+        self._writer._through.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # _write_through catches all: a bug
+            log.error("run %s: journal write-through failed", self.run_id, exc_info=task.exception())
+            self._deferred = self._deferred or task.exception()
 
     async def _write_through(self) -> None:
-        """The flush of wait=False events: again while more were emitted during it. A fence
-        has set `lost` by the time it returns; any other failure waits for the next call."""
+        """The flush of wait=False events: again while more were emitted during it. Its failure
+        reaches the run as an awaited flush's would: a fence has set `lost` (the supervisor
+        stops the handler, the ending writes nothing); no database for the writer's budget
+        gives the run up the same way (`lost`, nothing more written), as the heartbeat does; a
+        refused batch is held for the run's next emit, flush or ending (set by the group that
+        refused it); anything else likewise."""
         try:
             while True:
                 mark = self._through_mark
-                await self._writer.flush(self)
+                await self._writer.flush(self, report=False)
                 if self._through_mark == mark:
                     return
         except RunLost:
-            pass
+            self.lost.set()  # already set by whoever found the fence; said again so it cannot be missed
+        except DatabaseUnavailable as exc:
+            log.warning("run %s: journal write-through gave up; giving the run up: %s", self.run_id, exc)
+            self._deferred = self._deferred or exc
+            self.lost.set()
         except Exception as exc:
-            self._deferred = exc
+            log.warning("run %s: journal write-through failed: %s", self.run_id, exc)
+            self._deferred = self._deferred or exc
 
     def close(self) -> None:
         """Done with this claim; anything still buffered is discarded (flush first to keep it)."""
@@ -373,9 +396,11 @@ class JournalWriter:
             except Exception as exc:
                 log.warning("journal flush failed, retrying on the next tick: %s", exc)
 
-    async def flush(self, journal: RunJournal) -> None:
+    async def flush(self, journal: RunJournal, *, report: bool = True) -> None:
         """Write through: join the next group flush (every run's buffer rides along, one
-        transaction) and return once this journal's events emitted so far are committed."""
+        transaction) and return once this journal's events emitted so far are committed.
+        report=False (a wait=False write-through): a refused batch is not raised here but left
+        for the run's next call (journal._deferred)."""
         if self._runs.get(journal.claim) is not journal:
             return  # closed
         run_id = journal.run_id
@@ -396,7 +421,10 @@ class JournalWriter:
             return
         if journal.lost.is_set():
             raise RunLost(str(run_id))
-        if journal.failed is not None:
+        if journal.failed is not None and report:
+            refusal, journal._deferred = journal._deferred, None  # told now, not again
+            if isinstance(refusal, JournalError):
+                raise refusal
             raise JournalError(
                 f"journal of run {run_id} rejected events: {journal.failed}"
             ) from journal.failed
@@ -485,6 +513,12 @@ class JournalWriter:
             if journal.lost.is_set() or journal.in_doubt:
                 continue
             ending = journal._ending if journal._ending is not None and not journal._ending.done else None
+            if journal._deferred is not None:
+                # A failure the run has not been told of (a refused wait=False batch): its
+                # ending, queued meanwhile, stands on events that were not written.
+                if ending is not None:
+                    ending.failure, journal._deferred = journal._deferred, None
+                continue
             if journal.pending:
                 events, mark = journal._take()
             elif ending is not None:
@@ -647,6 +681,15 @@ class JournalWriter:
         for journal, exc in rejected:
             log.error("run %s: journal events rejected: %s", journal.run_id, exc)
             journal.failed = exc
+            # What the run emitted while the refused batch was in flight would land behind a
+            # gap: events are written in order or not at all. The run hears of it at its next
+            # call, unless its ending was refused with the batch (finish raises that).
+            journal._buffer, journal._marks = [], []
+            told = journal._ending is not None and journal._ending.failure is not None
+            if journal._deferred is None and not told:
+                refusal = JournalError(f"journal of run {journal.run_id} rejected events: {exc}")
+                refusal.__cause__ = exc
+                journal._deferred = refusal
 
     async def _settle_doubts(self, pool_timeout: float | None = None) -> bool:
         """Read back every batch in doubt on a fresh connection: landed → committed, else back
