@@ -5,13 +5,18 @@ commits per run fall well below those at --concurrency 1.
 
 Counted, not timed: pg_stat_database.xact_commit of the test's own database over the drain,
 read once every backend of the worker has exited (a backend flushes its statistics on exit).
-The polling connection's own commits are counted and taken off. The worker's own transactions
+The polling connection's own commits are counted and taken off, and autovacuum is off for the
+test database's tables while it drains: a busy box (a whole suite beside it) otherwise has
+autovacuum vacuum and analyze the drained tables inside the window, each table its own
+transaction, which is load, not the worker. The worker's own transactions
 are counted with its LISTEN session in another database: PostgreSQL wakes a listener (one
 transaction) on every notifying commit, which is a cost of the listener, not of the worker."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import psycopg
@@ -69,6 +74,26 @@ def settled_commits(observer: psycopg.Connection, datname: str, others: int) -> 
         last = now
 
 
+@contextlib.contextmanager
+def autovacuum_off(db: psycopg.Connection) -> Iterator[None]:
+    """No autovacuum of the runrow tables (the database's own) while the block runs."""
+    tables = [
+        name
+        for (name,) in db.execute(
+            "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'runrow' AND c.relkind = 'r'"
+        ).fetchall()
+    ]
+    for name in tables:
+        db.execute(f"ALTER TABLE {name} SET (autovacuum_enabled = off)")
+    db.execute("SELECT pg_stat_force_next_flush()")  # these commits land before the count starts
+    try:
+        yield
+    finally:
+        for name in tables:
+            db.execute(f"ALTER TABLE {name} RESET (autovacuum_enabled)")
+
+
 def drain_commits(  # type: ignore[no-untyped-def]
     db, start_worker, worker_db: str, superuser_url: str, concurrency: int, *extra: str
 ) -> float:
@@ -77,8 +102,10 @@ def drain_commits(  # type: ignore[no-untyped-def]
     runs = [enqueue_echo(db, "x", 0.0) for _ in range(RUNS)]
     db.execute("SELECT pg_stat_force_next_flush()")
     observer = psycopg.connect(make_conninfo(superuser_url, dbname="postgres"), autocommit=True)
+    stack = contextlib.ExitStack()
     poller = Poller(worker_db)
     try:
+        stack.enter_context(autovacuum_off(db))
         before = settled_commits(observer, datname, others=2)
         worker = start_worker(
             f"batch-c{concurrency}",
@@ -109,6 +136,7 @@ def drain_commits(  # type: ignore[no-untyped-def]
         poller.close()
         after = settled_commits(observer, datname, others=1)
     finally:
+        stack.close()
         observer.close()
     return (after - before - poller.commits) / RUNS
 
