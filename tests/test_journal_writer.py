@@ -14,11 +14,14 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 from wire_fault_support import FaultProxy
-from worker_support import db, events, streamed_text, worker_db
+from worker_support import db, events, streamed_text, wait_until_async, worker_db
 
-from pyworker.db import api
+from pyworker.db import api, batch
 from pyworker.db.api import ClaimedRun
-from pyworker.worker.journal import MAX_EVENTS_PER_CALL, JournalWriter, RunLost
+from pyworker.worker.handler import Outcome, RunContext
+from pyworker.worker.journal import MAX_EVENTS_PER_CALL, JournalError, JournalWriter, RunLost
+from pyworker.worker.logs import run_logger
+from pyworker.worker.supervisor import RunSupervisor
 
 __all__ = ["db", "worker_db"]
 
@@ -125,6 +128,171 @@ async def test_structural_event_writes_through_after_buffered_deltas(pool, db) -
     # emit returned: committed, deltas first, then the structural event
     tail = [(e["type"], e.get("text")) for e in events(db, run.run_id)][-2:]
     assert tail == [("text_delta", "Let me check."), ("tool_use", None)]
+    await writer.stop()
+
+
+async def test_event_written_through_without_waiting_takes_the_burst_after_it(pool, db) -> None:
+    """wait=False: emit returns before the commit, the flush starts with no clock and no flush
+    call, and what the run emits and its ending right after join that one transaction."""
+    alone, burst = await claimed(pool, 2)
+    writer = await writer_for(pool, CLOCK_OFF)
+    journal = writer.run_journal(alone)
+    await journal.emit({"type": "message_start"}, wait=False)
+    assert journal.writing_through  # returned before the commit
+    await wait_until_async(
+        lambda: "message_start" in [e["type"] for e in events(db, alone.run_id)],
+        5,
+        "the event to be written through",
+    )
+    assert not journal.writing_through and writer.ticks == 1
+
+    journal = writer.run_journal(burst)
+    await journal.emit({"type": "message_start"}, wait=False)
+    await journal.emit({"type": "text_delta", "index": 0, "text": "hi"})
+    await journal.emit({"type": "message_stop"}, wait=False)
+    assert await writer.finish(journal, "completed", {"text": "hi"}) == (True, False)
+    assert writer.ticks == 2  # one transaction for the three events and the ending
+    kinds = [e["type"] for e in events(db, burst.run_id)]
+    assert kinds[-4:] == ["message_start", "text_delta", "message_stop", "complete"]
+    await writer.stop()
+
+
+async def test_event_written_through_without_waiting_for_a_fenced_out_run(pool, db) -> None:
+    (run,) = await claimed(pool, 1)
+    async with pool.connection() as conn:  # as a reaper or a stop would
+        assert await api.finish_run(conn, run.run_id, run.claim_token, "failed", error="taken away")
+    before = events(db, run.run_id)
+    writer = await writer_for(pool, CLOCK_OFF)
+    journal = writer.run_journal(run)
+    await journal.emit({"type": "message_start"}, wait=False)  # the fence answers later
+    await wait_until_async(journal.lost.is_set, 5, "the fence to set lost")
+    with pytest.raises(RunLost):
+        await journal.emit({"type": "message_stop"}, wait=False)
+    assert events(db, run.run_id) == before
+    await writer.stop()
+
+
+async def test_failure_of_an_event_written_through_without_waiting_surfaces_at_the_next_call(
+    pool, db
+) -> None:
+    (run,) = await claimed(pool, 1)
+    writer = await writer_for(pool, CLOCK_OFF)
+    journal = writer.run_journal(run)
+    await journal.emit({"type": "text_delta", "index": 0, "text": "a\ud800b"})  # refused by jsonb
+    await journal.emit({"type": "message_stop"}, wait=False)
+    await wait_until_async(lambda: not journal.writing_through, 5, "the write-through to fail")
+    with pytest.raises(JournalError, match="rejected events"):  # the ending does not go out
+        await writer.finish(journal, "completed")
+    assert [e["type"] for e in events(db, run.run_id)][-1] == "run_claimed"  # nothing written
+    await writer.stop()
+
+
+class Gate:
+    """Holds the writer's statements (append_events, finish_runs) before they are sent, so a test
+    can take the run away between a deferred event's emit and its flush, on real connections."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.held = asyncio.Event()  # a statement is waiting at the gate
+        self.open = asyncio.Event()
+        for module, name in ((api, "append_events"), (batch, "finish_runs")):
+            monkeypatch.setattr(module, name, self._gated(getattr(module, name)))
+
+    def _gated(self, real):  # type: ignore[no-untyped-def]
+        async def gated(*args, **kwargs):  # type: ignore[no-untyped-def]
+            self.held.set()
+            await self.open.wait()
+            return await real(*args, **kwargs)
+
+        return gated
+
+
+async def test_deferred_flush_of_a_run_taken_away_stops_it_as_lost_and_its_ending_writes_nothing(
+    pool, db, monkeypatch
+) -> None:
+    """The handler returns right after a wait=False event; its flush (the ending riding it) is
+    held while the run is reaped and claimed again under another token. The supervisor must
+    learn it as it would had the handler awaited the flush: its heartbeat says the run is no
+    longer ours, it stops with 'lost' while the flush is still held, and once the flush goes out
+    the fence turns it away. Before: the heartbeat stopped with the handler, and the supervisor
+    waited on the held flush for good."""
+    async with pool.connection() as conn:
+        await api.enqueue_run(conn, uuid.uuid4(), "hi", "echo", max_attempts=2)
+        (run,) = await api.claim_runs(conn, "journal-test", 1, 60)
+    writer = await writer_for(pool, CLOCK_OFF)
+    gate = Gate(monkeypatch)
+
+    async def handler(ctx: RunContext) -> Outcome:
+        await ctx.journal.emit({"type": "message_start", "role": "assistant"}, wait=False)
+        return Outcome("completed", result={"text": ""})
+
+    supervisor = RunSupervisor(
+        run, pool=pool, writer=writer, handler=handler, lease_seconds=3, worker_id="journal-test"
+    )
+    supervised = asyncio.create_task(supervisor.supervise())
+    await asyncio.wait_for(gate.held.wait(), 10)
+    async with pool.connection() as conn:  # taken away meanwhile: reaped, then claimed again
+        await conn.execute(
+            "UPDATE runrow.agent_run SET claim_expires_at = now() - interval '1 second' WHERE id = %s",
+            (run.run_id,),
+        )
+        assert (run.run_id, "requeued") in await api.reap_expired_runs(conn, 0, 10)
+        (again,) = await api.claim_runs(conn, "other-worker", 1, 60)
+    assert again.run_id == run.run_id and again.claim_token != run.claim_token
+    before = events(db, run.run_id)
+    # The heartbeat beats every lease/3 = 1 s; the bound only keeps a failure from hanging.
+    assert await asyncio.wait_for(supervised, 20) == "lost"
+    gate.open.set()
+    await writer.stop()  # whatever was held goes out now: fenced, nothing written
+    assert events(db, run.run_id) == before
+    assert "message_start" not in [e["type"] for e in before]
+    status = db.execute("SELECT status, worker_id FROM runrow.agent_run WHERE id = %s", (run.run_id,))
+    assert status.fetchone() == ("running", "other-worker")
+
+
+async def test_ending_after_a_refused_deferred_event_is_refused_and_nothing_after_it_is_written(
+    pool, db, monkeypatch
+) -> None:
+    """A wait=False event's batch is refused while the run goes on emitting and ends: what came
+    after it must not land behind the gap, and the ending must not report the run finished.
+    Before: the later delta and a 'completed' ending were written, the refused events missing."""
+    (run,) = await claimed(pool, 1)
+    writer = await writer_for(pool, CLOCK_OFF)
+    gate = Gate(monkeypatch)
+    journal = writer.run_journal(run)
+    await journal.emit({"type": "text_delta", "index": 0, "text": "a\ud800b"})  # refused by jsonb
+    await journal.emit({"type": "message_stop"}, wait=False)
+    await asyncio.wait_for(gate.held.wait(), 10)  # that flush has taken both, not sent yet
+    await journal.emit({"type": "text_delta", "index": 1, "text": "after"})
+    ending = asyncio.create_task(writer.finish(journal, "completed", {"text": "after"}))
+    await wait_until_async(lambda: journal._ending is not None, 5, "the ending to be queued")
+    gate.open.set()
+    with pytest.raises(JournalError, match="rejected events"):
+        await asyncio.wait_for(ending, 10)
+    kinds = [e["type"] for e in events(db, run.run_id)]
+    assert kinds[-1] == "run_claimed", kinds  # nothing written: not the later delta, not the ending
+    await writer.stop()
+
+
+async def test_ctx_db_waits_for_an_event_written_through_without_waiting(pool, db) -> None:
+    """The handler's own SQL may journal, park or end the run: it must not overtake the event."""
+    (run,) = await claimed(pool, 1)
+    writer = await writer_for(pool, CLOCK_OFF)
+    journal = writer.run_journal(run)
+    ctx = RunContext(
+        run=run,
+        pool=pool,
+        journal=journal,
+        cancel=asyncio.Event(),
+        lost=journal.lost,
+        log=run_logger(run, "journal-test"),
+        worker_id="journal-test",
+    )
+    await journal.emit({"type": "tool_result", "tool_use_id": "tu_1"}, wait=False)
+
+    async def committed(conn: psycopg.AsyncConnection) -> bool:  # asked as the call goes out
+        return journal._committed == journal._emitted
+
+    assert await ctx.db(committed, "the handler's call")
     await writer.stop()
 
 

@@ -24,14 +24,16 @@ async def handle(ctx: RunContext) -> Outcome:
     duration = float(meta.get("duration", 0.5))
     # Echo starts over on every attempt: nothing an earlier attempt streamed is kept.
     await supersede_earlier_attempts(ctx)
-    await ctx.journal.emit({"type": "message_start", "role": "assistant"})
+    # Written through without waiting for the commit: a short answer's text, message_stop and
+    # ending join the same flush (echo makes no database call of its own after this).
+    await ctx.journal.emit({"type": "message_start", "role": "assistant"}, wait=False)
     steps = max(1, int(duration / STEP_SECONDS))
     pieces = [text[i * len(text) // steps : (i + 1) * len(text) // steps] for i in range(steps)]
     sent = ""
     for piece in pieces:
         if ctx.cancel.is_set():
             ctx.log.info("echo: cancelled after %d characters", len(sent))
-            await ctx.journal.emit({"type": "message_stop", "stop_reason": "cancelled"})
+            await ctx.journal.emit({"type": "message_stop", "stop_reason": "cancelled"}, wait=False)
             return Outcome("cancelled", result={"text": sent})
         if piece:
             await ctx.journal.emit({"type": "text_delta", "index": 0, "text": piece})
@@ -40,5 +42,5 @@ async def handle(ctx: RunContext) -> Outcome:
             await asyncio.wait_for(ctx.cancel.wait(), timeout=duration / steps)
     if meta.get("fail"):
         raise RuntimeError("echo: failing on purpose (metadata.fail)")
-    await ctx.journal.emit({"type": "message_stop", "stop_reason": "end_turn"})
+    await ctx.journal.emit({"type": "message_stop", "stop_reason": "end_turn"}, wait=False)
     return Outcome("completed", result={"text": sent})

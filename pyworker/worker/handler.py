@@ -45,8 +45,12 @@ class RunContext:
         database error; DatabaseUnavailable after about a lease without a database (let it
         propagate: the supervisor then gives the run up quietly). For reads, and for writes the
         SQL makes safe to repeat (heartbeat, begin_tool_call, complete_tool_call); a write that
-        would append twice (append_step, append_events) needs `retry.transaction` and a read-back."""
+        would append twice (append_step, append_events) needs `retry.transaction` and a read-back.
+        A structural event emitted with wait=False is committed first: the call may journal,
+        park or end the run, and the journal keeps its order."""
         assert self.retry is not None
+        if self.journal.writing_through:
+            await self.journal.flush()
         return await self.retry.call(self.pool, fn, what)
 
 

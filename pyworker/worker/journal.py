@@ -4,7 +4,12 @@ Deltas (`text_delta`, `thinking_delta`, `input_json_delta`) of one stream coales
 consecutive deltas with the same type and content-block `index` become one event whose string
 field is the concatenation. Buffers are flushed on a 250 ms clock, ALL runs in ONE transaction,
 so notifying commits per second do not grow with the number of runs (SPEC.md, "Performance
-rules"). A structural event is written through: `emit` returns once it is committed. Flushes
+rules"). A structural event is written through: `emit` returns once it is committed. With
+`wait=False` it is written through just the same (a flush starts at once, no clock), but `emit`
+returns before the commit, so what the handler emits or ends right after it, in the same burst,
+joins that flush: a zero-length run's `message_start`, `message_stop` and ending cost one
+finish_runs call, not three transactions. Its failure surfaces at the run's next emit, flush or
+ending (a fence sets `lost` at once). Flushes
 are group commits: while one transaction is in flight, every run that asks for a flush joins
 the next one, which carries every buffer and every queued run ending (`finish`: the run's
 buffered events and its terminal write in one finish_runs call), so ten runs that write
@@ -52,7 +57,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pyworker.db import api, batch, nul
 from pyworker.db.api import ClaimedRun
-from pyworker.db.retry import Retry, is_transient, outcome_unknown
+from pyworker.db.retry import DatabaseUnavailable, Retry, is_transient, outcome_unknown
 from pyworker.worker import metrics
 
 log = logging.getLogger("runrow.journal")
@@ -61,7 +66,11 @@ DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_
 MAX_EVENTS_PER_CALL = 1000  # append_events' own limit
 MAX_BYTES_PER_CALL = 3 * 1024 * 1024  # below append_events' 4 MiB limit, leaving room for JSON overhead
 MAX_READ_BACK = 10000  # read_events' own page limit
-GATHER_TURNS = 6  # event-loop turns a group leader waits for the runs woken with it (see _lead)
+# Event-loop turns a group leader waits for the runs woken with it, and for what a run does
+# right after a wait=False event: a zero-length echo run's message_stop and ending reach the
+# writer 5-6 turns after its message_start (measured), so 16 leaves room for a slower handler
+# or another Python's asyncio; an idle turn costs microseconds (see _lead).
+GATHER_TURNS = 16
 
 
 class RunLost(Exception):
@@ -92,6 +101,12 @@ class RunJournal:
         self.last_seq: int | None = None  # the last seq this claim knows committed
         self._doubt: _Doubt | None = None  # a batch whose COMMIT went unanswered
         self._ending: _Ending | None = None  # the run's ending, queued for the next group flush
+        self._through_mark = 0  # the last emit written through without waiting (wait=False)
+        self._through: asyncio.Task[None] | None = None  # that write-through, while in flight
+        # A failure the run's own code has not been told of yet: a refused batch (set as the
+        # group that refused it commits, so no later group can write past it first) or a
+        # wait=False write-through's error. Raised by the next emit, flush or ending, once.
+        self._deferred: BaseException | None = None
 
     @property
     def run_id(self) -> UUID:
@@ -107,12 +122,28 @@ class RunJournal:
         return bool(self._buffer)
 
     @property
+    def writing_through(self) -> bool:
+        """A structural event emitted with wait=False is not known committed yet."""
+        return self._through is not None and not self._through.done()
+
+    @property
+    def ending_settled(self) -> bool:
+        """The queued ending has its verdict (finished, fenced out or refused)."""
+        return self._ending is not None and self._ending.done
+
+    @property
     def in_doubt(self) -> bool:
         """A batch may or may not have committed; nothing more is written until a read-back says."""
         return self._doubt is not None
 
-    async def emit(self, event: dict[str, Any]) -> None:
-        """Buffer a delta (coalesced, flushed on the clock) or write a structural event through."""
+    async def emit(self, event: dict[str, Any], *, wait: bool = True) -> None:
+        """Buffer a delta (coalesced, flushed on the clock) or write a structural event through.
+
+        wait=False: return before the structural event is committed; its flush starts at once
+        and takes whatever this claim emits or ends in the next few event-loop turns. Only
+        when the handler's next database call goes through `ctx.db` (which waits for it) or
+        follows a `flush()`: a call of its own could otherwise journal, park or end the run
+        ahead of the event."""
         kind = event.get("type")
         if not isinstance(kind, str) or not kind or kind == "complete" or kind.startswith("run_"):
             raise ValueError(f'event must have a string "type" that is not reserved, got {kind!r}')
@@ -120,6 +151,7 @@ class RunJournal:
             raise ValueError(f"event key {nul.MARKER!r} is reserved (the NUL encoding, pyworker/db/nul.py)")
         if self.lost.is_set():
             raise RunLost(str(self.run_id))
+        self._raise_deferred()
         self._emitted += 1
         field = DELTA_FIELDS.get(kind)
         last = self._buffer[-1] if self._buffer else None
@@ -137,11 +169,56 @@ class RunJournal:
             self._buffer.append(dict(event))
             self._marks.append(self._emitted)
         if field is None:
-            await self.flush()
+            if wait:
+                await self.flush()
+            else:
+                self._write_soon()
 
     async def flush(self) -> None:
         """Return once everything emitted so far is committed; RunLost if the run was fenced out."""
+        self._raise_deferred()
         await self._writer.flush(self)
+
+    def _raise_deferred(self) -> None:
+        exc, self._deferred = self._deferred, None
+        if exc is not None:
+            raise exc
+
+    def _write_soon(self) -> None:
+        self._through_mark = self._emitted
+        if self._through is None or self._through.done():
+            self._through = asyncio.create_task(self._write_through(), name=f"journal-{self.run_id}")
+            self._writer._through.add(self._through)
+            self._through.add_done_callback(self._written_through)
+
+    def _written_through(self, task: asyncio.Task[None]) -> None:
+        self._writer._through.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # _write_through catches all: a bug
+            log.error("run %s: journal write-through failed", self.run_id, exc_info=task.exception())
+            self._deferred = self._deferred or task.exception()
+
+    async def _write_through(self) -> None:
+        """The flush of wait=False events: again while more were emitted during it. Its failure
+        reaches the run as an awaited flush's would: a fence has set `lost` (the supervisor
+        stops the handler, the ending writes nothing); no database for the writer's budget
+        gives the run up the same way (`lost`, nothing more written), as the heartbeat does; a
+        refused batch is held for the run's next emit, flush or ending (set by the group that
+        refused it); anything else likewise."""
+        try:
+            while True:
+                mark = self._through_mark
+                await self._writer.flush(self, report=False)
+                if self._through_mark == mark:
+                    return
+        except RunLost:
+            self.lost.set()  # already set by whoever found the fence; said again so it cannot be missed
+        except DatabaseUnavailable as exc:
+            log.warning("run %s: journal write-through gave up; giving the run up: %s", self.run_id, exc)
+            self._deferred = self._deferred or exc
+            self.lost.set()
+        except Exception as exc:
+            log.warning("run %s: journal write-through failed: %s", self.run_id, exc)
+            self._deferred = self._deferred or exc
 
     def close(self) -> None:
         """Done with this claim; anything still buffered is discarded (flush first to keep it)."""
@@ -279,6 +356,7 @@ class JournalWriter:
         self._lock = asyncio.Lock()  # one group in flight at a time keeps each run's events in order
         self._next: asyncio.Future[None] | None = None  # the group that starts when the lock is free
         self._task: asyncio.Task[None] | None = None
+        self._through: set[asyncio.Task[None]] = set()  # wait=False write-throughs in flight
         self.ticks = 0  # group transactions committed (observability, tests)
         # Test hook: hold each flush transaction open this long after its appends, so a test can
         # freeze the process (SIGSTOP) while it holds its runs' row locks. Never set in production.
@@ -305,6 +383,8 @@ class JournalWriter:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._through:
+            await asyncio.wait(list(self._through))  # each catches its own failure
         with contextlib.suppress(Exception):
             await self.flush_all(pool_timeout=self._retry.budget)
 
@@ -316,9 +396,11 @@ class JournalWriter:
             except Exception as exc:
                 log.warning("journal flush failed, retrying on the next tick: %s", exc)
 
-    async def flush(self, journal: RunJournal) -> None:
+    async def flush(self, journal: RunJournal, *, report: bool = True) -> None:
         """Write through: join the next group flush (every run's buffer rides along, one
-        transaction) and return once this journal's events emitted so far are committed."""
+        transaction) and return once this journal's events emitted so far are committed.
+        report=False (a wait=False write-through): a refused batch is not raised here but left
+        for the run's next call (journal._deferred)."""
         if self._runs.get(journal.claim) is not journal:
             return  # closed
         run_id = journal.run_id
@@ -339,7 +421,10 @@ class JournalWriter:
             return
         if journal.lost.is_set():
             raise RunLost(str(run_id))
-        if journal.failed is not None:
+        if journal.failed is not None and report:
+            refusal, journal._deferred = journal._deferred, None  # told now, not again
+            if isinstance(refusal, JournalError):
+                raise refusal
             raise JournalError(
                 f"journal of run {run_id} rejected events: {journal.failed}"
             ) from journal.failed
@@ -354,6 +439,8 @@ class JournalWriter:
         Raises the database's refusal of this run's outcome (or JournalError for its events)."""
         if self._runs.get(journal.claim) is not journal:
             raise RunLost(str(journal.run_id))  # closed: this claim writes nothing more
+        if not journal.lost.is_set():
+            journal._raise_deferred()  # a wait=False event's failure: the handler's outcome stands on it
         ending = journal._ending
         if ending is None or ending.done:
             ending = journal._ending = _Ending(status, result, error)
@@ -426,6 +513,12 @@ class JournalWriter:
             if journal.lost.is_set() or journal.in_doubt:
                 continue
             ending = journal._ending if journal._ending is not None and not journal._ending.done else None
+            if journal._deferred is not None:
+                # A failure the run has not been told of (a refused wait=False batch): its
+                # ending, queued meanwhile, stands on events that were not written.
+                if ending is not None:
+                    ending.failure, journal._deferred = journal._deferred, None
+                continue
             if journal.pending:
                 events, mark = journal._take()
             elif ending is not None:
@@ -588,6 +681,15 @@ class JournalWriter:
         for journal, exc in rejected:
             log.error("run %s: journal events rejected: %s", journal.run_id, exc)
             journal.failed = exc
+            # What the run emitted while the refused batch was in flight would land behind a
+            # gap: events are written in order or not at all. The run hears of it at its next
+            # call, unless its ending was refused with the batch (finish raises that).
+            journal._buffer, journal._marks = [], []
+            told = journal._ending is not None and journal._ending.failure is not None
+            if journal._deferred is None and not told:
+                refusal = JournalError(f"journal of run {journal.run_id} rejected events: {exc}")
+                refusal.__cause__ = exc
+                journal._deferred = refusal
 
     async def _settle_doubts(self, pool_timeout: float | None = None) -> bool:
         """Read back every batch in doubt on a fresh connection: landed → committed, else back

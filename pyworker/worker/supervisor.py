@@ -70,6 +70,7 @@ class RunSupervisor:
         self._beat = asyncio.Event()
         self._abandoned: str | None = None
         self._handler_task: asyncio.Task[Outcome] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
         self.retry = Retry(lease_seconds, self.log)  # about a lease without a database: give up
         self.journal = writer.run_journal(run, self.lost)
         self.ctx = RunContext(
@@ -112,7 +113,7 @@ class RunSupervisor:
 
     async def _supervise(self) -> str | None:
         self.log.info("run claimed (attempt %s of %s)", self.run.attempt, self.run.max_attempts)
-        hb = asyncio.create_task(
+        hb = self._heartbeat = asyncio.create_task(
             heartbeat_loop(
                 self._pool,
                 self.run,
@@ -130,7 +131,9 @@ class RunSupervisor:
                 self.ending = "lost"
                 self.log.warning("run lost; this worker writes nothing more for it")
                 return self.ending
-            hb.cancel()
+            # The heartbeat keeps going through an ending that goes through the writer: the
+            # handler's last events may still be in flight (emit wait=False), and the ending
+            # must learn that the run was lost exactly as the handler would have (see _finish).
             self.ending = await self._end(outcome, error)
             return self.ending
         finally:
@@ -177,6 +180,8 @@ class RunSupervisor:
             return await self._release(f"{type(error).__name__}: {error}")
         if outcome is None:  # cancelled from outside without a drain: hand it back
             return await self._release("handler cancelled")
+        if outcome.status in ("parked", "ended"):
+            self._stop_heartbeat()  # handed back or ended in SQL: the next beat would say "not ours"
         if outcome.status == "parked":
             self.log.info("run parked by its handler")
             await self._flush_quietly()
@@ -219,6 +224,7 @@ class RunSupervisor:
         try:
             ok = await self._finish("failed", None, reason)
         except RunLost:
+            self.log.warning("run lost while ending it; writing nothing more")
             return "lost"
         except DatabaseUnavailable as exc:
             return self._give_up(exc)
@@ -231,13 +237,40 @@ class RunSupervisor:
 
     async def _finish(self, status: str, result: Any, error: str | None) -> bool:
         """The ending, sent with this process's other runs' endings and journals in the writer's
-        next group flush, through transient errors; False: someone else ended the run."""
-        ok, maybe_landed = await self._writer.finish(self.journal, status, result, error)
+        next group flush, through transient errors; False: someone else ended the run.
+
+        Watched like the handler: the ending may be waiting behind a flush of the handler's
+        last events (emit wait=False) that is stuck on a cut connection, and the heartbeat is
+        then what learns the run was lost (owned = false, or no database for a lease).
+        RunLost: stopped waiting; the writer skips a lost run's ending, so nothing more is
+        written for it."""
+        ending = asyncio.create_task(self._writer.finish(self.journal, status, result, error))
+        lost = asyncio.create_task(self.lost.wait())
+        try:
+            await asyncio.wait({ending, lost}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            ending.cancel()
+            raise
+        finally:
+            lost.cancel()
+        if not ending.done() and not self.journal.ending_settled:
+            ending.cancel()
+            await asyncio.wait({ending})
+            if not ending.cancelled():
+                ending.exception()  # observed: whatever it says, the run was lost before it
+            raise RunLost(str(self.run.run_id))
+        self._stop_heartbeat()
+        ok, maybe_landed = await ending
         if not ok and maybe_landed:
             ok = await self._ended_by_us(status, error)
         return ok
 
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+
     async def _release(self, reason: str | None, retry_in: float | None = None) -> str | None:
+        self._stop_heartbeat()  # once released, the next beat would say the run is not ours
         stop = await self._flush_quietly()
         if stop is not None:
             return stop
