@@ -277,6 +277,8 @@ BEGIN
         ('trigger', 'agent_run_no_delete', 'agent_run'),
         ('trigger', 'agent_run_no_truncate', 'agent_run'),
         ('trigger', 'run_event_guard', 'run_event'),
+        -- Since 0024 the journal's delete rule (only an ended run's journal may go) is its own.
+        ('trigger', 'run_event_delete_guard', 'run_event'),
         ('trigger', 'run_event_no_truncate', 'run_event'),
         ('trigger', 'message_guard', 'message'),
         ('trigger', 'prompt_immutable', 'prompt'),

@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(86);
+SELECT plan(87);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'audit', ARRAY['interval', 'interval', 'interval', 'interval', 'interval'],
@@ -124,6 +124,11 @@ SELECT results_eq($$SELECT detail FROM runrow.audit() WHERE run_id IS NULL$$,
     $$VALUES ('trigger agent_run_turn_order on runrow.agent_run is missing, invalid or disabled')$$,
     'schema_guard_missing: the turn-order statement trigger (0026) is a guard too');
 ALTER TABLE runrow.agent_run ENABLE TRIGGER agent_run_turn_order;
+ALTER TABLE runrow.run_event DISABLE TRIGGER run_event_delete_guard;
+SELECT results_eq($$SELECT detail FROM runrow.audit() WHERE run_id IS NULL$$,
+    $$VALUES ('trigger run_event_delete_guard on runrow.run_event is missing, invalid or disabled')$$,
+    'schema_guard_missing: the journal''s delete rule (0024) is a guard too');
+ALTER TABLE runrow.run_event ENABLE TRIGGER run_event_delete_guard;
 DROP INDEX runrow.agent_run_idempotency_key;
 SELECT results_eq($$SELECT detail FROM runrow.audit() WHERE run_id IS NULL$$,
     $$VALUES ('unique index agent_run_idempotency_key on runrow.agent_run is missing, invalid or disabled')$$,
