@@ -51,7 +51,7 @@ $fn$;
 COMMENT ON FUNCTION runrow.append_events(uuid, uuid, jsonb) IS
 'Append a JSON array of event objects (each with a string "type"; "complete" and run_* are '
 'reserved) to the run''s journal at the next seqs, all or nothing, and NOTIFY the run''s '
-'events_channel once with the last seq. Fenced: only while claim_token matches and the run '
+'events_channel once with the last seq if a tail watches the run (watch_runs). Fenced: only while claim_token matches and the run '
 'is running, checked under the run row''s lock; otherwise nothing is written and NULL is '
 'returned. At most 1000 events and 4 MiB per call. Returns the last seq written.';
 

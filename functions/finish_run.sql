@@ -48,7 +48,8 @@ COMMENT ON FUNCTION runrow.finish_run(uuid, uuid, text, jsonb, text) IS
 'The worker''s fenced terminal write: status completed, failed or cancelled, with an optional '
 'result (JSON, at most 1 MiB) and error text. Only while claim_token matches and the run is '
 'running; clears the claim, journals the one terminal complete event (with status, result, '
-'error), NOTIFYs the run''s tails and runrow_enqueued so the conversation''s next turn starts. '
+'error), NOTIFYs the run''s tails if one watches it (watch_runs) and runrow_enqueued if the '
+'ending lets a run start (a queued next turn, a capped key, a webhook delivery). '
 'Returns false, writing nothing, when someone else already ended the run.';
 
 REVOKE ALL ON FUNCTION runrow.finish_run(uuid, uuid, text, jsonb, text) FROM PUBLIC;

@@ -4799,7 +4799,7 @@ $fn$;
 COMMENT ON FUNCTION runrow.append_events(uuid, uuid, jsonb) IS
 'Append a JSON array of event objects (each with a string "type"; "complete" and run_* are '
 'reserved) to the run''s journal at the next seqs, all or nothing, and NOTIFY the run''s '
-'events_channel once with the last seq. Fenced: only while claim_token matches and the run '
+'events_channel once with the last seq if a tail watches the run (watch_runs). Fenced: only while claim_token matches and the run '
 'is running, checked under the run row''s lock; otherwise nothing is written and NULL is '
 'returned. At most 1000 events and 4 MiB per call. Returns the last seq written.';
 
@@ -6564,7 +6564,8 @@ COMMENT ON FUNCTION runrow.finish_run(uuid, uuid, text, jsonb, text) IS
 'The worker''s fenced terminal write: status completed, failed or cancelled, with an optional '
 'result (JSON, at most 1 MiB) and error text. Only while claim_token matches and the run is '
 'running; clears the claim, journals the one terminal complete event (with status, result, '
-'error), NOTIFYs the run''s tails and runrow_enqueued so the conversation''s next turn starts. '
+'error), NOTIFYs the run''s tails if one watches it (watch_runs) and runrow_enqueued if the '
+'ending lets a run start (a queued next turn, a capped key, a webhook delivery). '
 'Returns false, writing nothing, when someone else already ended the run.';
 
 REVOKE ALL ON FUNCTION runrow.finish_run(uuid, uuid, text, jsonb, text) FROM PUBLIC;
