@@ -290,3 +290,18 @@ async def test_an_append_between_read_and_wait_is_not_missed(
         async with asyncio.timeout(5):
             got = [await anext(items) for _ in range(4)]
     assert [e.type for e in got] == ["user_message_created", "run_queued", "run_claimed", "text_delta"]  # type: ignore[union-attr]
+
+
+async def test_a_cancel_that_lands_with_a_wake_is_not_lost() -> None:
+    """The tail's wait, cancelled in the loop turn a wake arrives in (Ctrl-C of `runrow demo`
+    at the moment a notification came: tests/test_demo.py saw the demo run on to exit 0). On
+    Python 3.11 asyncio.wait_for returned the wake and dropped the cancellation."""
+    from pyworker.db.tail import _wait
+
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    waiting = asyncio.create_task(_wait(queue, 10))
+    await asyncio.sleep(0.01)  # parked in queue.get()
+    queue.put_nowait("7")
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting

@@ -212,8 +212,12 @@ async def _wait(queue: asyncio.Queue[Any] | None, seconds: float) -> int:
     if queue is None:
         await asyncio.sleep(seconds)
         return 0
+    # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the item when a wake and
+    # a cancellation land in the same loop turn, and the cancellation (Ctrl-C of `runrow demo`
+    # or `runrow tail`, a client gone) is lost.
     try:
-        return _seq(await asyncio.wait_for(queue.get(), timeout=seconds))
+        async with asyncio.timeout(seconds):
+            return _seq(await queue.get())
     except TimeoutError:
         return 0
 
