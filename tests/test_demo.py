@@ -97,6 +97,12 @@ def test_demo_kills_the_worker_mid_run_the_other_resumes_and_the_email_goes_out_
         assert not alive(pid), pid
 
 
+def _sigint_as_a_terminal_sends_it() -> None:
+    # A background job of a non-interactive shell (`make test &` in a script) inherits SIGINT
+    # ignored, and Python keeps it ignored: the demo would never see the Ctrl-C this test sends.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_mid_run_shuts_down_the_workers_the_fake_model_and_the_cluster() -> None:
     proc = subprocess.Popen(
         [*DEMO, "--delta-delay", "0.2"],
@@ -105,6 +111,7 @@ def test_ctrl_c_mid_run_shuts_down_the_workers_the_fake_model_and_the_cluster() 
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=_sigint_as_a_terminal_sends_it,
     )
     assert proc.stdout is not None
     lines: list[str] = []
