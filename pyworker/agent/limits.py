@@ -18,12 +18,12 @@ the benchmark's baseline).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 from pyworker.agent.model import TurnFailed
 from pyworker.db import limits as limits_api
+from pyworker.db.aio import wait_event
 from pyworker.worker.backoff import retry_in
 from pyworker.worker.handler import Outcome, RunContext
 from pyworker.worker.journal import RunLost
@@ -69,9 +69,7 @@ async def before_request(ctx: RunContext, params: dict[str, Any]) -> Outcome | N
             error = f"{slot.reason}: waiting {wait:.1f}s for a model call"
             return Outcome("release", error=error, retry_in=wait)
         ctx.log.info("model call %s: waiting %.2fs", slot.reason, wait)
-        try:
-            await asyncio.wait_for(ctx.cancel.wait(), timeout=wait)
-        except TimeoutError:
+        if not await wait_event(ctx.cancel, wait):
             continue
         return None  # a stop arrived while waiting: the loop ends the run cancelled
 

@@ -36,8 +36,7 @@ again is harmless.
         while not cancel.is_set():
             if (done := await poll(report_id)) is not None:
                 return done
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(cancel.wait(), timeout=2)
+            await wait_event(cancel, 2)  # pyworker.db.aio; asyncio.wait_for can drop a cancel on 3.11
         raise ToolCancelled("stopped before the report was ready")
 
 Load a module of tools with `runrow worker --tools package.module`: importing it runs the

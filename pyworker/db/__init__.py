@@ -1,5 +1,6 @@
 """The database surface: typed wrappers of the runrow.* SQL functions, the LISTEN hub and the
-journal tail, keys, migrate, install.sql generation and the throwaway cluster.
+journal tail, keys, migrate, install.sql generation and the throwaway cluster; and the bounded
+waits (aio) every async part of the package uses.
 
 The floor of the package: it imports nothing else of pyworker, and everything may import it.
 """

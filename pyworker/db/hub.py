@@ -36,6 +36,7 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.db import api, channels
+from pyworker.db.aio import wait_event, within
 
 log = logging.getLogger("runrow.hub")
 
@@ -113,11 +114,7 @@ class Hub:
         return confirmed is not None and time.monotonic() - confirmed < WATCH_SECONDS * 0.75
 
     async def wait_connected(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109
-        try:
-            await asyncio.wait_for(self._connected.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
+        return await wait_event(self._connected, timeout)
 
     @contextlib.asynccontextmanager
     async def subscribe(self, channel: str) -> AsyncIterator[asyncio.Queue[str]]:
@@ -161,12 +158,12 @@ class Hub:
                 return None
             deadline = time.monotonic() + timeout
             while (left := deadline - time.monotonic()) > 0:
-                try:
-                    if await asyncio.wait_for(queue.get(), left) == channel:
-                        log.info("hub self-test: NOTIFY through the pool reached the hub")
-                        return True
-                except TimeoutError:
+                payload = await within(queue.get(), left)
+                if payload is None:
                     break
+                if payload == channel:
+                    log.info("hub self-test: NOTIFY through the pool reached the hub")
+                    return True
             if self.backend_pid != session:
                 return None  # it reconnected meanwhile and may have missed it: no verdict
         log.warning("%s (a NOTIFY through the pool did not arrive within %.0f s)", POOLED_WARNING, timeout)

@@ -30,6 +30,7 @@ from uuid import UUID
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.db import api, channels
+from pyworker.db.aio import within
 from pyworker.db.api import ClaimedRun
 from pyworker.db.hub import RECONNECT_WAKE, Hub
 from pyworker.db.retry import DatabaseUnavailable, Retry, is_transient, outcome_unknown
@@ -124,8 +125,7 @@ class Dispatcher:
                 if len(runs) < n and not self._stopping:
                     self._parked = True
                     try:
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(wakes.get(), timeout=self._poll)
+                        await within(wakes.get(), self._poll)
                     finally:
                         self._parked = False
 

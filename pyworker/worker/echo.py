@@ -9,9 +9,7 @@ streamed (pyworker/worker/supersede.py).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
+from pyworker.db.aio import wait_event
 from pyworker.worker.handler import Outcome, RunContext
 from pyworker.worker.supersede import supersede_earlier_attempts
 
@@ -38,8 +36,7 @@ async def handle(ctx: RunContext) -> Outcome:
         if piece:
             await ctx.journal.emit({"type": "text_delta", "index": 0, "text": piece})
             sent += piece
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ctx.cancel.wait(), timeout=duration / steps)
+        await wait_event(ctx.cancel, duration / steps)
     if meta.get("fail"):
         raise RuntimeError("echo: failing on purpose (metadata.fail)")
     await ctx.journal.emit({"type": "message_stop", "stop_reason": "end_turn"}, wait=False)

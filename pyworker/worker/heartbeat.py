@@ -18,6 +18,7 @@ import logging
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.db import api
+from pyworker.db.aio import wait_event
 from pyworker.db.api import ClaimedRun
 from pyworker.db.retry import DatabaseUnavailable, Retry
 from pyworker.worker import metrics
@@ -39,10 +40,7 @@ async def heartbeat_loop(
     beat = beat if beat is not None else asyncio.Event()
     retry = retry if retry is not None else Retry(lease_seconds, log)
     while not lost.is_set():
-        try:
-            await asyncio.wait_for(beat.wait(), timeout=interval)
-        except TimeoutError:
-            pass
+        await wait_event(beat, interval)
         beat.clear()
         try:
             hb = await retry.call(

@@ -31,6 +31,7 @@ import httpx
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.db import channels
+from pyworker.db.aio import within
 from pyworker.db.hub import Hub
 from pyworker.db.webhooks import (
     Delivery,
@@ -258,8 +259,7 @@ async def _idle(wakes: asyncio.Queue[str] | None, timeout: float) -> None:  # no
     if wakes is None:
         await asyncio.sleep(timeout)
         return
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(wakes.get(), timeout)
+    await within(wakes.get(), timeout)
     # Enqueues wake us too: one claim per burst of signals, not one per signal.
     await asyncio.sleep(0.05)
     while not wakes.empty():
