@@ -25,10 +25,13 @@ $fn$;
 -- reject/interrupt, stop). Two-key form: namespace 7141 = runrow conversations.
 CREATE OR REPLACE FUNCTION runrow._lock_conversation(conversation_id uuid)
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow
 AS $fn$
-    SELECT pg_advisory_xact_lock(7141, hashtext(_lock_conversation.conversation_id::text));
+BEGIN
+    -- PL/pgSQL, not SQL: an SQL function with SET is not inlined and is planned on every call.
+    PERFORM pg_advisory_xact_lock(7141, hashtext(_lock_conversation.conversation_id::text));
+END
 $fn$;
 
 -- Append events to a run's journal at the next seqs. The caller must hold the run
@@ -113,10 +116,13 @@ $fn$;
 -- ending lets something start (migration 0025).
 CREATE OR REPLACE FUNCTION runrow._wake_dispatchers(conversation_id uuid)
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow
 AS $fn$
-    SELECT pg_notify('runrow_enqueued', _wake_dispatchers.conversation_id::text);
+BEGIN
+    -- PL/pgSQL, not SQL: an SQL function with SET is not inlined and is planned on every call.
+    PERFORM pg_notify('runrow_enqueued', _wake_dispatchers.conversation_id::text);
+END
 $fn$;
 
 -- The terminal tail of every ending (finish, reap, release, stop, cancel): journal the

@@ -15,11 +15,15 @@ RETURNS TABLE (
     claim_expires_at timestamptz,
     queued_seconds double precision
 )
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, runrow
 AS $fn$
-    SELECT * FROM runrow._claim(claim_run.worker_id, 1, claim_run.lease_seconds);
+BEGIN
+    -- PL/pgSQL, not SQL: an SQL function that carries SET cannot be inlined, and is then
+    -- parsed and planned anew on every call; this one plans its statement once per session.
+    RETURN QUERY SELECT * FROM runrow._claim(claim_run.worker_id, 1, claim_run.lease_seconds);
+END
 $fn$;
 
 COMMENT ON FUNCTION runrow.claim_run(text, integer) IS
