@@ -362,6 +362,61 @@ async def test_a_finish_fenced_out_after_a_lost_answer_is_not_mistaken_for_ours(
 # --- the claim: a COMMIT unanswered must not orphan the runs it claimed ---------------------
 
 
+async def test_a_claim_is_two_round_trips_with_the_commit_sent_after_its_rows(
+    faulty_pool, pool, proxy, db
+) -> None:
+    """BEGIN rides with claim_runs (a round trip less per claim than BEGIN, claim, COMMIT); the
+    COMMIT goes alone once the rows are in hand, which is what lets an unanswered one be read back
+    (the next test)."""
+    run_id = enqueue_echo(db, "claimed", duration=0, max_attempts=1)
+    d = Dispatcher(
+        pool=faulty_pool,
+        hub=None,
+        writer=JournalWriter(pool),
+        handler=echo,
+        concurrency=2,
+        lease_seconds=60,
+        poll_seconds=0.2,
+        worker_id="trips-test",
+    )
+    async with faulty_pool.connection():
+        pass  # the pool's connection is made before counting
+    proxy.sent.clear()
+    (run,) = await d._claim(2)
+    # A simple Query or an extended protocol Sync each ends with ReadyForQuery: one round trip.
+    trips = [m for m in proxy.sent if m[:1] in (b"Q", b"S")]
+    assert len(trips) == 2, proxy.sent
+    assert b"claim_runs" in trips[0] and b"COMMIT" not in trips[0]
+    assert trips[1][:1] == b"Q" and b"COMMIT" in trips[1]
+    row = run_row(db, run_id)
+    assert (run.run_id, row["status"], row["worker_id"]) == (run_id, "running", "trips-test")
+    owned = db.execute("SELECT owned FROM runrow.heartbeat(%s, %s, 60)", (run_id, run.claim_token))
+    assert owned.fetchone() == (True,)  # committed, and the claim token in hand is the live one
+
+
+async def test_a_claim_refused_is_rolled_back_and_its_connection_reused(
+    faulty_pool, proxy, db, caplog
+) -> None:
+    run_id = enqueue_echo(db, "claimed", duration=0, max_attempts=1)
+    d = Dispatcher(
+        pool=faulty_pool,
+        hub=None,
+        writer=JournalWriter(faulty_pool),
+        handler=echo,
+        concurrency=1,
+        lease_seconds=0,  # claim_runs refuses a lease under a second
+        poll_seconds=0.2,
+        worker_id="refused-test",
+    )
+    with pytest.raises(psycopg.Error) as refused:
+        await d._claim(1)
+    assert refused.value.sqlstate == "22023" and "lease_seconds" in str(refused.value)
+    assert run_row(db, run_id)["status"] == "queued"
+    async with faulty_pool.connection() as conn:
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert "rolling back returned connection" not in caplog.text
+
+
 @pytest.mark.parametrize(
     "needle", [b"claim_runs", b"COMMIT"], ids=["claim-answer-lost", "claim-commit-answer-lost"]
 )

@@ -239,3 +239,56 @@ def test_without_the_otel_extra_the_hooks_do_nothing_and_still_count() -> None:
     assert done.returncode == 0, done.stderr
     assert "untraced ok" in done.stdout
     assert "the otel extra is not installed" in done.stderr
+
+
+def test_without_a_tracer_provider_no_span_is_made_until_one_is_installed() -> None:
+    """The otel API installed but no provider (an untraced worker): an attempt makes no span, not
+    even the default proxy's non-recording one (its attributes, parent context and context switch
+    were CPU per run); a provider installed later, by a handler or the application, is used."""
+    code = textwrap.dedent(
+        """
+        import sys, uuid, datetime
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        from pyworker.db.api import ClaimedRun
+        from pyworker.worker import metrics, tracing
+        assert tracing.ENABLED
+        run = ClaimedRun(uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), 1, 1, "m", "p", None, [], None,
+                         uuid.uuid4(), {"traceparent": "TRACEPARENT"}, datetime.datetime.now())
+        made = []
+        tracing._parent = lambda run, real=tracing._parent: made.append(run) or real(run)
+        with tracing.attempt(run, "w") as span:
+            assert span is None, span
+            assert trace.get_current_span() is trace.INVALID_SPAN
+            tracing.attempt_ended(span, "completed")
+            with tracing.model_request("m") as request:
+                assert request is None, request
+            with tracing.tool_call("t", "pure") as call:
+                call.state = "execute"
+        assert made == [], "a parent context was built for a span nobody records"
+        assert metrics.TOOL_CALLS.labels("pure", "ok")._value.get() == 1
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        with tracing.attempt(run, "w") as span:
+            with tracing.tool_call("t", "pure"):
+                pass
+            tracing.attempt_ended(span, "completed")
+        names = sorted(s.name for s in exporter.get_finished_spans())
+        assert names == ["execute_tool t", "runrow.attempt"], names
+        print("lazy ok")
+        """
+    ).replace("TRACEPARENT", TRACEPARENT)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "lazy ok" in done.stdout

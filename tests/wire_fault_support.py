@@ -54,6 +54,7 @@ class _Link:
 class FaultProxy:
     target_url: str
     fired: list[str] = field(default_factory=list)
+    sent: list[bytes] = field(default_factory=list)  # every client message after startup, in order
     _faults: list[_Fault] = field(default_factory=list)
     _links: set[_Link] = field(default_factory=set)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -128,6 +129,8 @@ class FaultProxy:
                 message = await _read_message(reader, typed)
                 if not typed and message[4:8] == CANCEL_REQUEST:
                     self._release()
+                if typed:
+                    self.sent.append(message)
                 typed = True
                 if link.stopped:
                     continue

@@ -14,7 +14,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from psycopg import AsyncConnection
+from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
@@ -94,6 +94,23 @@ async def claim_runs(
             "worker_id => %s, max_runs => %s, lease_seconds => %s)",
             (worker_id, max_runs, lease_seconds),
         )
+        return await cur.fetchall()
+
+
+async def begin_claim_runs(
+    conn: AsyncConnection, worker_id: str | None, max_runs: int, lease_seconds: int
+) -> list[ClaimedRun]:
+    """claim_runs in a transaction left open: the caller commits (`conn.commit()`) once the rows,
+    run ids and claim tokens, are in hand, or rolls back. BEGIN rides with the claim in one simple
+    query, one round trip (the parameters bound client-side, quoted by psycopg). `conn` must be
+    idle in autocommit mode."""
+    async with AsyncClientCursor(conn, row_factory=class_row(ClaimedRun)) as cur:
+        await cur.execute(
+            f"BEGIN; SELECT {_CLAIM_COLUMNS} FROM runrow.claim_runs("
+            "worker_id => %s, max_runs => %s, lease_seconds => %s)",
+            (worker_id, max_runs, lease_seconds),
+        )
+        cur.nextset()  # past BEGIN's result
         return await cur.fetchall()
 
 

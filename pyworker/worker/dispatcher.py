@@ -17,6 +17,9 @@ A claim whose COMMIT went unanswered (the database restarted under it) may have 
 nobody would work on until their lease lapsed. So claim_runs runs in a transaction of its own:
 its rows (run ids and claim tokens) are in hand before the COMMIT, and if the COMMIT goes
 unanswered a heartbeat on each asks the fence which of them are ours (pyworker/db/retry.py).
+That takes two round trips, BEGIN with the claim and then the COMMIT; sending the COMMIT with
+them (a pipeline) would save one, but the server could then commit a claim whose rows never
+reached the worker, and those runs would sit claimed by nobody for a lease.
 """
 
 from __future__ import annotations
@@ -147,8 +150,14 @@ class Dispatcher:
     async def _claim(self, n: int) -> list[ClaimedRun]:
         claimed: list[ClaimedRun] = []
         try:
-            async with self._pool.connection() as conn, conn.transaction():
-                claimed = await api.claim_runs(conn, self.worker_id, n, self._lease)
+            async with self._pool.connection() as conn:
+                try:
+                    claimed = await api.begin_claim_runs(conn, self.worker_id, n, self._lease)
+                except BaseException:
+                    with contextlib.suppress(Exception):  # a lost connection rolls back by itself
+                        await conn.rollback()
+                    raise
+                await conn.commit()
         except Exception as exc:
             if not (claimed and is_transient(exc) and outcome_unknown(exc)):
                 raise

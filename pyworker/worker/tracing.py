@@ -11,7 +11,8 @@ nobody exports (the run itself).
 
 Spans go to the process's global tracer provider: `configure_from_env` installs the SDK's for
 OTEL_TRACES_EXPORTER=console or otlp (the OTLP exporter package is the user's to install); a
-handler or embedding application may install its own instead.
+handler or embedding application may install its own instead. While none is installed (the API's
+default proxy) no span is made at all, so an untraced worker pays nothing per attempt for them.
 
 The tool-call span also counts the call (runrow_tool_calls, pyworker/worker/metrics.py), so a
 site needs one `with`.
@@ -37,6 +38,8 @@ try:
     from opentelemetry import trace
     from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    _NOT_RECORDING = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 except ImportError:  # the `otel` extra is not installed: no traces
     trace = None  # type: ignore[assignment]
 
@@ -45,8 +48,16 @@ TRACER = "runrow"
 
 
 def _tracer() -> Any:
-    assert trace is not None
-    return trace.get_tracer(TRACER)
+    """The runrow tracer, or None while the process has no tracer provider (the API's default
+    proxy, or its no-op one): their spans record nothing, yet each would cost its attributes,
+    parent context and context switch, per attempt. Asked at every span, not once at startup,
+    because a handler or the embedding application may install a provider at any time."""
+    if trace is None:
+        return None
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, _NOT_RECORDING):
+        return None
+    return provider.get_tracer(TRACER)
 
 
 def _parent(run: ClaimedRun) -> Any:
@@ -65,8 +76,10 @@ def _parent(run: ClaimedRun) -> Any:
 
 @contextlib.contextmanager
 def attempt(run: ClaimedRun, worker_id: str) -> Iterator[Any]:
-    """The span of one attempt, current for the code (and the tasks it starts) inside."""
-    if trace is None:
+    """The span of one attempt, current for the code (and the tasks it starts) inside; None
+    without a tracer provider."""
+    tracer = _tracer()
+    if tracer is None:
         yield None
         return
     attributes = {
@@ -77,7 +90,7 @@ def attempt(run: ClaimedRun, worker_id: str) -> Iterator[Any]:
         "runrow.worker_id": worker_id,
         "gen_ai.request.model": run.model,
     }
-    with _tracer().start_as_current_span(
+    with tracer.start_as_current_span(
         "runrow.attempt", context=_parent(run), kind=SpanKind.CONSUMER, attributes=attributes
     ) as span:
         yield span
@@ -93,7 +106,8 @@ def attempt_ended(span: Any, ending: str | None) -> None:
 
 @contextlib.contextmanager
 def model_request(model: str) -> Iterator[Any]:
-    if trace is None:
+    tracer = _tracer()
+    if tracer is None:
         yield None
         return
     attributes = {
@@ -101,9 +115,7 @@ def model_request(model: str) -> Iterator[Any]:
         "gen_ai.operation.name": "chat",
         "gen_ai.request.model": model,
     }
-    with _tracer().start_as_current_span(
-        f"chat {model}", kind=SpanKind.CLIENT, attributes=attributes
-    ) as span:
+    with tracer.start_as_current_span(f"chat {model}", kind=SpanKind.CLIENT, attributes=attributes) as span:
         yield span
 
 
@@ -151,8 +163,9 @@ def tool_call(name: str, effect: str) -> Iterator[ToolCall]:
     Outcome: what the site set, else "ok", or "error" when the block raised."""
     call = ToolCall()
     span_cm: Any = contextlib.nullcontext()
-    if trace is not None:
-        span_cm = _tracer().start_as_current_span(
+    tracer = _tracer()
+    if tracer is not None:
+        span_cm = tracer.start_as_current_span(
             f"execute_tool {name}",
             kind=SpanKind.INTERNAL,
             attributes={
