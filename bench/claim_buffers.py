@@ -7,8 +7,8 @@ figure does not depend on the machine's load. Two questions:
 - an empty claim (nothing claimable) with no queued turns and with BLOCKED queued turns,
   each waiting behind a running turn of its conversation;
 - a claim, a heartbeat, an append and a finish with FEW and with MANY finished runs in the
-  tables (MANY is 1,000,000 in the full run: filled through the single-run functions at about
-  500 runs per second on 2 cores, that takes about 35 minutes).
+  tables (MANY is 1,000,000 in the full run: filled through the single-run functions in
+  about an hour on 2 cores: 1,000,000 runs took 63 minutes, about 265 runs per second).
 
 `python -m bench.claim_buffers [--short]` runs it alone.
 """
