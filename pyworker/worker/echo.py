@@ -36,7 +36,8 @@ async def handle(ctx: RunContext) -> Outcome:
         if piece:
             await ctx.journal.emit({"type": "text_delta", "index": 0, "text": piece})
             sent += piece
-        await wait_event(ctx.cancel, duration / steps)
+        if duration > 0:  # a zero-length run has nothing to wait for, and its ending rides its events' flush
+            await wait_event(ctx.cancel, duration / steps)
     if meta.get("fail"):
         raise RuntimeError("echo: failing on purpose (metadata.fail)")
     await ctx.journal.emit({"type": "message_stop", "stop_reason": "end_turn"}, wait=False)
