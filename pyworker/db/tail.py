@@ -28,6 +28,7 @@ from uuid import UUID
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from pyworker.db.aio import within
 from pyworker.db.api import Event, read_events
 from pyworker.db.channels import events_channel
 
@@ -212,14 +213,10 @@ async def _wait(queue: asyncio.Queue[Any] | None, seconds: float) -> int:
     if queue is None:
         await asyncio.sleep(seconds)
         return 0
-    # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the item when a wake and
-    # a cancellation land in the same loop turn, and the cancellation (Ctrl-C of `runrow demo`
-    # or `runrow tail`, a client gone) is lost.
-    try:
-        async with asyncio.timeout(seconds):
-            return _seq(await queue.get())
-    except TimeoutError:
-        return 0
+    # pyworker.db.aio, not wait_for: on Python 3.11 wait_for returns the item when a wake and a
+    # cancellation land in the same loop turn, and the cancellation (Ctrl-C of `runrow demo` or
+    # `runrow tail`, a client gone) is lost. No wake (None) is seq 0.
+    return _seq(await within(queue.get(), seconds))
 
 
 def _seq(payload: object) -> int:
