@@ -85,13 +85,17 @@ async def claim_run(conn: AsyncConnection, worker_id: str | None, lease_seconds:
         return await cur.fetchone()
 
 
+_CLAIM_RUNS = (
+    f"SELECT {_CLAIM_COLUMNS} FROM runrow.claim_runs(worker_id => %s, max_runs => %s, lease_seconds => %s)"
+)
+
+
 async def claim_runs(
     conn: AsyncConnection, worker_id: str | None, max_runs: int, lease_seconds: int
 ) -> list[ClaimedRun]:
     async with conn.cursor(row_factory=class_row(ClaimedRun)) as cur:
         await cur.execute(
-            f"SELECT {_CLAIM_COLUMNS} FROM runrow.claim_runs("
-            "worker_id => %s, max_runs => %s, lease_seconds => %s)",
+            _CLAIM_RUNS,
             (worker_id, max_runs, lease_seconds),
         )
         return await cur.fetchall()
@@ -106,8 +110,7 @@ async def begin_claim_runs(
     idle in autocommit mode."""
     async with AsyncClientCursor(conn, row_factory=class_row(ClaimedRun)) as cur:
         await cur.execute(
-            f"BEGIN; SELECT {_CLAIM_COLUMNS} FROM runrow.claim_runs("
-            "worker_id => %s, max_runs => %s, lease_seconds => %s)",
+            "BEGIN; " + _CLAIM_RUNS,
             (worker_id, max_runs, lease_seconds),
         )
         cur.nextset()  # past BEGIN's result
