@@ -360,6 +360,18 @@ async def test_a_finish_fenced_out_after_a_lost_answer_is_not_mistaken_for_ours(
 
 
 # --- the claim: a COMMIT unanswered must not orphan the runs it claimed ---------------------
+def _dispatcher(pool, writer, worker_id: str, *, concurrency: int, lease_seconds: int) -> Dispatcher:
+    """A dispatcher of echo runs claiming through `pool` (the proxied one, for these tests)."""
+    return Dispatcher(
+        pool=pool,
+        hub=None,
+        writer=writer,
+        handler=echo,
+        concurrency=concurrency,
+        lease_seconds=lease_seconds,
+        poll_seconds=0.2,
+        worker_id=worker_id,
+    )
 
 
 async def test_a_claim_is_two_round_trips_with_the_commit_sent_after_its_rows(
@@ -369,16 +381,7 @@ async def test_a_claim_is_two_round_trips_with_the_commit_sent_after_its_rows(
     COMMIT goes alone once the rows are in hand, which is what lets an unanswered one be read back
     (the next test)."""
     run_id = enqueue_echo(db, "claimed", duration=0, max_attempts=1)
-    d = Dispatcher(
-        pool=faulty_pool,
-        hub=None,
-        writer=JournalWriter(pool),
-        handler=echo,
-        concurrency=2,
-        lease_seconds=60,
-        poll_seconds=0.2,
-        worker_id="trips-test",
-    )
+    d = _dispatcher(faulty_pool, JournalWriter(pool), "trips-test", concurrency=2, lease_seconds=60)
     async with faulty_pool.connection():
         pass  # the pool's connection is made before counting
     proxy.sent.clear()
@@ -398,16 +401,9 @@ async def test_a_claim_refused_is_rolled_back_and_its_connection_reused(
     faulty_pool, proxy, db, caplog
 ) -> None:
     run_id = enqueue_echo(db, "claimed", duration=0, max_attempts=1)
-    d = Dispatcher(
-        pool=faulty_pool,
-        hub=None,
-        writer=JournalWriter(faulty_pool),
-        handler=echo,
-        concurrency=1,
-        lease_seconds=0,  # claim_runs refuses a lease under a second
-        poll_seconds=0.2,
-        worker_id="refused-test",
-    )
+    d = _dispatcher(
+        faulty_pool, JournalWriter(faulty_pool), "refused-test", concurrency=1, lease_seconds=0
+    )  # claim_runs refuses a lease under a second
     with pytest.raises(psycopg.Error) as refused:
         await d._claim(1)
     assert refused.value.sqlstate == "22023" and "lease_seconds" in str(refused.value)
@@ -427,16 +423,9 @@ async def test_runs_of_a_claim_whose_answer_was_lost_are_not_orphaned(
     writer = JournalWriter(pool)  # the journal's commits do not pass the proxy
     await writer.start()
     proxy.break_at(needle, deliver=True)
-    d = Dispatcher(
-        pool=faulty_pool,
-        hub=None,
-        writer=writer,
-        handler=echo,
-        concurrency=1,
-        lease_seconds=60,  # an orphaned claim would sit running for a minute, then fail
-        poll_seconds=0.2,
-        worker_id="retry-test",
-    )
+    d = _dispatcher(
+        faulty_pool, writer, "retry-test", concurrency=1, lease_seconds=60
+    )  # an orphaned claim would sit running for a minute, then fail
     await d.start()
     try:
         await wait_until_async(

@@ -206,6 +206,18 @@ def test_the_traceparent_header_is_stored_on_the_run(worker_db: str) -> None:
         assert sql.status_code == 400 and "metadata.traceparent" in sql.json()["error"]["message"]
 
 
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`code` in a fresh interpreter (its own tracer provider and metrics) with only `env` set."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", **env},
+    )
+
+
 def test_without_the_otel_extra_the_hooks_do_nothing_and_still_count() -> None:
     code = textwrap.dedent(
         """
@@ -228,14 +240,7 @@ def test_without_the_otel_extra_the_hooks_do_nothing_and_still_count() -> None:
         print("untraced ok")
         """
     ).replace("TRACEPARENT", TRACEPARENT)
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin", "OTEL_TRACES_EXPORTER": "console"},
-    )
+    done = _python(code, OTEL_TRACES_EXPORTER="console")
     assert done.returncode == 0, done.stderr
     assert "untraced ok" in done.stdout
     assert "the otel extra is not installed" in done.stderr
@@ -282,13 +287,6 @@ def test_without_a_tracer_provider_no_span_is_made_until_one_is_installed() -> N
         print("lazy ok")
         """
     ).replace("TRACEPARENT", TRACEPARENT)
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin"},
-    )
+    done = _python(code)
     assert done.returncode == 0, done.stderr
     assert "lazy ok" in done.stdout
