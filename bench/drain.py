@@ -12,6 +12,9 @@ before each drain so every row starts at the same point):
   against the faster PgQueuer row.
 - runrow SQL API: claim_runs(max_runs => batch), then one finish_runs for the batch; each
   call its own transaction, every rule of SPEC.md kept (fence, journal, turn order, wakes).
+- runrow SQL API chained: the same calls, but a batch's finish_runs and the next batch's
+  claim_runs share one transaction (BEGIN, finish, claim in one round trip, then COMMIT): one
+  commit per batch instead of two, as a client that asks for more work with its results does.
 - runrow worker: PROCESSES `runrow worker` processes at --concurrency batch, the echo handler,
   zero-length runs (message_start, message_stop, complete), enqueued in one statement once the
   workers wait.
@@ -230,6 +233,33 @@ def runrow_worker(url: str, batch: int, ready: Callable[[], None]) -> int:
             done += len(finished)
 
 
+_CLAIM = "SELECT run_id, claim_token FROM runrow.claim_runs(worker_id => 'bench', max_runs => %s)"
+
+
+def runrow_chained_worker(url: str, batch: int, ready: Callable[[], None]) -> int:
+    """The batch's finish_runs and the next batch's claim_runs in one transaction: one commit
+    per batch, not two. BEGIN, the finish and the claim go in one simple query (parameters bound
+    client-side); the COMMIT follows once the claimed rows are in hand, so a COMMIT that goes
+    unanswered can be settled by the fence (as pyworker's begin_claim_runs does)."""
+    done = 0
+    with psycopg.connect(url, autocommit=True) as conn, psycopg.ClientCursor(conn) as cur:
+        ready()
+        runs = cur.execute(_CLAIM, (batch,)).fetchall()
+        while runs:
+            acks = json.dumps(
+                [{"run_id": str(r), "claim_token": str(t), "status": "completed"} for r, t in runs]
+            )
+            cur.execute("BEGIN; SELECT finished FROM runrow.finish_runs(%s::jsonb); " + _CLAIM, (acks, batch))
+            cur.nextset()  # past BEGIN's result
+            finished = cur.fetchall()
+            assert len(finished) == len(runs) and all(f for (f,) in finished), "a held run was fenced out"
+            cur.nextset()
+            runs = cur.fetchall()
+            conn.commit()
+            done += len(finished)
+    return done
+
+
 def runrow_check(url: str, jobs: int) -> None:
     with psycopg.connect(url) as conn:
         runs = conn.execute(
@@ -384,8 +414,10 @@ SYSTEMS: dict[str, tuple[Callable[[str, int], None], Worker, Callable[[str, int]
     "PgQueuer 1.6 (asyncpg, QueueManager)": (pgqueuer_setup, pgqueuer_worker, pgqueuer_check),
     "PgQueuer 1.6 (psycopg, QueueManager)": (pgqueuer_setup, pgqueuer_psycopg_worker, pgqueuer_check),
     "runrow SQL API (claim_runs -> finish_runs)": (runrow_setup, runrow_worker, runrow_check),
+    "runrow SQL API (finish_runs + next claim_runs)": (runrow_setup, runrow_chained_worker, runrow_check),
 }
 RUNROW_API = "runrow SQL API (claim_runs -> finish_runs)"
+RUNROW_CHAINED = "runrow SQL API (finish_runs + next claim_runs)"
 
 
 def counters(observer: psycopg.Connection, datname: str) -> tuple[int, int, int, int]:
@@ -482,7 +514,7 @@ def report(rows: list[Row], jobs: int) -> list[str]:
             continue
         lines.append(f"  batch {batch}")
         for row in plain:
-            lines.append(f"    {row.system:<44}{row.cells()}")
+            lines.append(f"    {row.system:<48}{row.cells()}")
         by = {r.system: r for r in plain}
         peers = [r for name, r in by.items() if name.startswith("PgQueuer")]
         bare = next((r for name, r in by.items() if name.startswith("bare")), None)
@@ -491,6 +523,7 @@ def report(rows: list[Row], jobs: int) -> list[str]:
         peer = max(peers, key=lambda r: r.rate)
         mine = (
             ("runrow SQL API", by.get(RUNROW_API)),
+            ("runrow SQL API chained", by.get(RUNROW_CHAINED)),
             ("runrow worker", by.get(f"runrow worker (--concurrency {batch})")),
         )
         for label, runrow in mine:
@@ -509,7 +542,7 @@ def report(rows: list[Row], jobs: int) -> list[str]:
             "  transactions per run beside idle LISTEN sessions (each wakes on every notifying commit)"
         )
         for row in listening:
-            lines.append(f"    {row.system:<44}{row.cells()}")
+            lines.append(f"    {row.system:<48}{row.cells()}")
     return lines
 
 
@@ -526,11 +559,11 @@ def run(
             if "peers" in only:
                 for system in SYSTEMS:
                     row = drain_row(server, superuser, system, batch, jobs)
-                    print(f"  batch {batch:>2}  {system:<44}{row.cells()}", flush=True)
+                    print(f"  batch {batch:>2}  {system:<48}{row.cells()}", flush=True)
                     rows.append(row)
             if "worker" in only:
                 row = worker_row(server, superuser, batch, jobs)
-                print(f"  batch {batch:>2}  {row.system:<44}{row.cells()}", flush=True)
+                print(f"  batch {batch:>2}  {row.system:<48}{row.cells()}", flush=True)
                 rows.append(row)
         if "listen" in only:
             for listeners in LISTENERS:
