@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from wire_fault_support import FaultProxy
+from wire_fault_support import faulty_pool, proxy
 from worker_support import db, enqueue_echo, events, pool, run_row, wait_until_async, worker_db
 
 from pyworker.agent import loop as agent_loop
@@ -37,29 +37,10 @@ from pyworker.worker.journal import JournalWriter
 from pyworker.worker.logs import run_logger
 from pyworker.worker.supervisor import RunSupervisor
 
-__all__ = ["db", "pool", "worker_db"]
+__all__ = ["db", "faulty_pool", "pool", "proxy", "worker_db"]
 
 CLOCK_OFF = 3600.0  # the journal clock never ticks: only write-through flushes write
 LOG = logging.getLogger("runrow.test")
-
-
-@pytest.fixture
-async def proxy(worker_db: str) -> AsyncIterator[FaultProxy]:
-    p = FaultProxy(worker_db)
-    await p.start()
-    yield p
-    await p.close()
-
-
-@pytest.fixture
-async def faulty_pool(proxy: FaultProxy) -> AsyncIterator[AsyncConnectionPool]:
-    """A pool through the proxy; statements never prepared, so the proxy sees every text."""
-    p = AsyncConnectionPool(
-        proxy.url, min_size=1, max_size=4, kwargs={"autocommit": True, "prepare_threshold": None}, open=False
-    )
-    await p.open()
-    yield p
-    await p.close()
 
 
 @pytest.fixture

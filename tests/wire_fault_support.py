@@ -22,9 +22,12 @@ import asyncio
 import contextlib
 import shutil
 import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import AsyncConnectionPool
 
 CANCEL_REQUEST = (80877102).to_bytes(4, "big")
 
@@ -184,3 +187,22 @@ async def _read_message(reader: asyncio.StreamReader, typed: bool) -> bytes:
     head = await reader.readexactly(5 if typed else 4)
     length = int.from_bytes(head[-4:], "big")
     return head + await reader.readexactly(length - 4)
+
+
+@pytest.fixture
+async def proxy(worker_db: str) -> AsyncIterator[FaultProxy]:
+    p = FaultProxy(worker_db)
+    await p.start()
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+async def faulty_pool(proxy: FaultProxy) -> AsyncIterator[AsyncConnectionPool]:
+    """A pool through the proxy; statements never prepared, so the proxy sees every text."""
+    p = AsyncConnectionPool(
+        proxy.url, min_size=1, max_size=4, kwargs={"autocommit": True, "prepare_threshold": None}, open=False
+    )
+    await p.open()
+    yield p
+    await p.close()

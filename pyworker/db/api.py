@@ -85,7 +85,8 @@ async def claim_run(conn: AsyncConnection, worker_id: str | None, lease_seconds:
         return await cur.fetchone()
 
 
-_CLAIM_RUNS = (
+# claim_runs' statement, shared by every caller that claims (here and pyworker.db.batch).
+CLAIM_RUNS_SQL = (
     f"SELECT {_CLAIM_COLUMNS} FROM runrow.claim_runs(worker_id => %s, max_runs => %s, lease_seconds => %s)"
 )
 
@@ -95,7 +96,7 @@ async def claim_runs(
 ) -> list[ClaimedRun]:
     async with conn.cursor(row_factory=class_row(ClaimedRun)) as cur:
         await cur.execute(
-            _CLAIM_RUNS,
+            CLAIM_RUNS_SQL,
             (worker_id, max_runs, lease_seconds),
         )
         return await cur.fetchall()
@@ -110,7 +111,7 @@ async def begin_claim_runs(
     idle in autocommit mode."""
     async with AsyncClientCursor(conn, row_factory=class_row(ClaimedRun)) as cur:
         await cur.execute(
-            "BEGIN; " + _CLAIM_RUNS,
+            "BEGIN; " + CLAIM_RUNS_SQL,
             (worker_id, max_runs, lease_seconds),
         )
         cur.nextset()  # past BEGIN's result

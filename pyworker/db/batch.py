@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from psycopg import AsyncConnection
+from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
+
+from pyworker.db.api import CLAIM_RUNS_SQL, ClaimedRun
 
 
 @dataclass(frozen=True)
@@ -47,14 +49,38 @@ class Finished:
     last_seq: int | None
 
 
+_FINISH_RUNS_SQL = "SELECT run_id, finished, last_seq FROM runrow.finish_runs(runs => %s)"
+
+
 async def finish_runs(conn: AsyncConnection, acks: Sequence[Ack]) -> list[Finished]:
     """One row per ack, in order. Each run is fenced on its own: the ones fenced out wrote
     nothing, the others are ended."""
     if not acks:
         return []
     async with conn.cursor(row_factory=class_row(Finished)) as cur:
-        await cur.execute(
-            "SELECT run_id, finished, last_seq FROM runrow.finish_runs(runs => %s)",
-            (Jsonb([a.to_json() for a in acks]),),
-        )
+        await cur.execute(_FINISH_RUNS_SQL, (Jsonb([a.to_json() for a in acks]),))
         return await cur.fetchall()
+
+
+async def begin_finish_runs_and_claim(
+    conn: AsyncConnection,
+    acks: Sequence[Ack],
+    worker_id: str | None,
+    max_runs: int,
+    lease_seconds: int,
+) -> tuple[list[Finished], list[ClaimedRun]]:
+    """finish_runs, then claim_runs for the slots those endings free, in a transaction left
+    open: one commit for both instead of two. BEGIN and both calls go in one simple query, one
+    round trip (parameters bound client-side); the caller commits (`conn.commit()`) once the
+    claimed rows are in hand, so an unanswered COMMIT can be settled by the fence, or rolls
+    back. `conn` must be idle in autocommit mode."""
+    async with AsyncClientCursor(conn) as cur:
+        await cur.execute(
+            f"BEGIN; {_FINISH_RUNS_SQL}; {CLAIM_RUNS_SQL}",
+            (Jsonb([a.to_json() for a in acks]), worker_id, max_runs, lease_seconds),
+        )
+        cur.nextset()  # past BEGIN's result
+        finished = [Finished(*row) for row in await cur.fetchall()]
+        cur.nextset()
+        claimed = [ClaimedRun(*row) for row in await cur.fetchall()]
+    return finished, claimed

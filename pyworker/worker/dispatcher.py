@@ -13,6 +13,15 @@ claim its own run again while the stale attempt is still standing down, and the 
 ending must not take the new one out of the books (drain, cancels). A cancel names only the
 run, so it reaches every claim of that run here.
 
+Runs also come to the dispatcher with the endings of others: a journal flush that only ends
+runs asks it (it is the writer's `rider`) how many successors to claim in the same transaction,
+one commit for both (pyworker/worker/journal.py). It asks for as many as the flush ends, only
+while the last claim found runs enough (a backlog; an idle worker claims on the wake, as
+before), and never once the worker is draining. Such runs start at once in the slots the ended
+runs are about to free: each one handed over spares a later slot release (`_handed`), so runs
+in flight exceed the concurrency only for the few turns an ended run takes to wind down. A drain
+waits for the rides in flight, so their runs are in hand before it counts what to wait for.
+
 A claim whose COMMIT went unanswered (the database restarted under it) may have claimed runs
 nobody would work on until their lease lapsed. So claim_runs runs in a transaction of its own:
 its rows (run ids and claim tokens) are in hand before the COMMIT, and if the COMMIT goes
@@ -78,22 +87,73 @@ class Dispatcher:
         self._stopping = False
         self._parked = False  # True while waiting for a slot or a wake: safe to cancel at once
         self._task: asyncio.Task[None] | None = None
+        self._backlog = False  # the last claim got every run it asked for: there may be more
+        self._handed = 0  # runs started in the slots of ended runs that have not freed them yet
+        self._rides = 0  # claims riding journal flushes, not yet handed over
+        self._no_rides = asyncio.Event()
+        self._no_rides.set()
+        self._doubts: set[asyncio.Task[None]] = set()
+        writer.rider = self
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._claim_loop(), name="runrow-dispatcher")
         self._task.add_done_callback(_log_crash)
 
+    @property
+    def lease_seconds(self) -> int:
+        return self._lease
+
     async def stop_claiming(self) -> None:
         """Phase 1 of a drain: no claim starts after this returns. A claim already in flight is
-        allowed to finish (cancelling it could lose a committed claim); its runs start normally."""
+        allowed to finish (cancelling it could lose a committed claim); its runs start normally,
+        and so do those of claims riding journal flushes."""
         self._stopping = True
         task = self._task
-        if task is None:
-            return
-        if self._parked:
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        if task is not None:
+            if self._parked:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._no_rides.wait()
+
+    # --- claims riding the journal writer's flushes of endings (ClaimRider)
+
+    def ride(self, endings: int) -> int:
+        if self._stopping or not self._backlog or endings < 1:
+            return 0
+        self._rides += 1
+        self._no_rides.clear()
+        return min(endings, self._concurrency, MAX_CLAIM_BATCH)
+
+    def take_claimed(self, runs: list[ClaimedRun], asked: int) -> None:
+        self._backlog = len(runs) >= asked
+        self._adopt(runs)
+        self._ridden()
+
+    def take_in_doubt(self, runs: list[ClaimedRun]) -> None:
+        async def settle() -> None:
+            try:
+                self._adopt(await self._ours(runs))
+            finally:
+                self._ridden()
+
+        task = asyncio.create_task(settle(), name="runrow-claim-read-back")
+        self._doubts.add(task)
+        task.add_done_callback(self._doubts.discard)
+
+    def ride_missed(self) -> None:
+        self._ridden()
+
+    def _ridden(self) -> None:
+        self._rides -= 1
+        if self._rides == 0:
+            self._no_rides.set()
+
+    def _adopt(self, runs: list[ClaimedRun]) -> None:
+        self.claims += bool(runs)
+        for run in runs:
+            self._handed += 1
+            self._start(run)
 
     def tasks(self) -> list[asyncio.Task[str | None]]:
         return [task for _, task in self.in_flight.values()]
@@ -122,6 +182,7 @@ class Dispatcher:
                     log.warning("claim failed, retrying after the poll tick: %s", exc)
                 for _ in range(n - len(runs)):
                     self._slots.release()
+                self._backlog = len(runs) == n
                 self.claims += bool(runs)
                 for run in runs:
                     self._start(run)
@@ -202,7 +263,10 @@ class Dispatcher:
 
         def done(t: asyncio.Task[str | None]) -> None:
             self.in_flight.pop(claim, None)
-            self._slots.release()
+            if self._handed:
+                self._handed -= 1  # its slot already holds a run handed over by a journal flush
+            else:
+                self._slots.release()
             if not t.cancelled() and t.exception() is not None:
                 sup.log.error("run supervisor crashed", exc_info=t.exception())
 

@@ -33,6 +33,13 @@ ours did not commit. A failure before COMMIT was sent needs no read-back: the se
 A run ending carried by such a flush is not read back: it is sent again, the fence turns it away
 if it had landed, and `finish` says so (maybe_landed) for the supervisor to read the run back.
 
+A flush that only ends runs can also claim their successors: the dispatcher, registered as the
+writer's `rider`, says how many runs it wants for the slots those endings free, and the flush
+sends BEGIN, finish_runs and claim_runs in one round trip, then the COMMIT once the claimed rows
+are in hand: one commit per run ended and replaced, not two. The claimed runs are handed to the
+rider after the COMMIT (or, if it went unanswered, for the fence to say which are ours); a claim
+that fails for any other reason is simply not made, and the endings are written again alone.
+
 A write-through flush rides out a transient database error (a restart, a failover: see
 pyworker/db/retry.py): it flushes again until its events are committed, the run turns out to be
 fenced out (RunLost), or the database stays away for the writer's budget (about a lease:
@@ -49,7 +56,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 import psycopg
@@ -340,6 +347,23 @@ class _Outcome:
     committing: bool = False  # from here on a failure may come after the commit took effect
 
 
+class ClaimRider(Protocol):
+    """Who takes the runs a flush of endings claims (the dispatcher). ride() is asked before
+    the flush and says how many runs to claim (0: none); exactly one of take_claimed(),
+    take_in_doubt() or ride_missed() follows each ride() that said more than 0."""
+
+    worker_id: str
+    lease_seconds: int
+
+    def ride(self, endings: int) -> int: ...
+
+    def take_claimed(self, runs: list[ClaimedRun], asked: int) -> None: ...
+
+    def take_in_doubt(self, runs: list[ClaimedRun]) -> None: ...
+
+    def ride_missed(self) -> None: ...
+
+
 class _Isolate(Exception):
     """A run's data was refused inside a group that holds several runs: do it again with a
     savepoint per run, so only that run loses its write."""
@@ -358,6 +382,7 @@ class JournalWriter:
         self._task: asyncio.Task[None] | None = None
         self._through: set[asyncio.Task[None]] = set()  # wait=False write-throughs in flight
         self.ticks = 0  # group transactions committed (observability, tests)
+        self.rider: ClaimRider | None = None  # claims the successors of a flush's endings
         # Test hook: hold each flush transaction open this long after its appends, so a test can
         # freeze the process (SIGSTOP) while it holds its runs' row locks. Never set in production.
         self._test_pause = float(os.environ.get("RUNROW_TEST_FLUSH_PAUSE") or 0)
@@ -603,8 +628,14 @@ class JournalWriter:
             plan.append((unit, chunks, tail))
         appends = any(chunks for _, chunks, _ in plan)
         if not isolate and not appends and not self._test_pause:  # endings only: one statement
+            finishing = [(u, tail) for u, _, tail in plan]
+            rider = self.rider
+            asked = rider.ride(len(finishing)) if rider is not None else 0
+            if rider is not None and asked > 0:
+                await self._end_runs_and_claim(conn, finishing, out, rider, asked)
+                return
             out.committing = True
-            await self._end_runs(conn, [(u, tail) for u, _, tail in plan], out, isolate=False)
+            await self._end_runs(conn, finishing, out, isolate=False)
             return
         async with conn.transaction():
             finishing: list[tuple[_Unit, list[dict[str, Any]]]] = []
@@ -671,6 +702,47 @@ class JournalWriter:
                 out.refused.append((unit, exc))
                 continue
             out.ended.append((unit, row.finished, row.last_seq))
+
+    async def _end_runs_and_claim(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        finishing: list[tuple[_Unit, list[dict[str, Any]]]],
+        out: _Outcome,
+        rider: ClaimRider,
+        asked: int,
+    ) -> None:
+        """The endings and the claim of `asked` successors in one transaction. The claimed rows
+        go to the rider only once the COMMIT is answered; an unanswered one hands them over in
+        doubt. A refusal (of a run's outcome, or of the claim) is sorted out one savepoint per
+        run, without the claim."""
+        acks = [_ack(unit, tail) for unit, tail in finishing]
+        claimed: list[ClaimedRun] = []
+        try:
+            try:
+                rows, claimed = await batch.begin_finish_runs_and_claim(
+                    conn, acks, rider.worker_id, asked, rider.lease_seconds
+                )
+            except BaseException:
+                with contextlib.suppress(Exception):  # a lost connection rolls back by itself
+                    await conn.rollback()
+                raise
+            for (unit, _), row in zip(finishing, rows, strict=True):
+                out.ended.append((unit, row.finished, row.last_seq))
+            out.committing = True
+            await conn.commit()
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+            rider.ride_missed()
+            raise _Isolate from exc
+        except BaseException as exc:
+            if claimed and out.committing and outcome_unknown(exc):
+                rider.take_in_doubt(claimed)
+            else:
+                rider.ride_missed()
+            raise
+        try:  # committed: nothing the rider does can undo the endings
+            rider.take_claimed(claimed, asked)
+        except Exception:
+            log.exception("claimed run(s) not started: %s", ", ".join(str(r.run_id) for r in claimed))
 
     def _stand_down(self, fenced: list[RunJournal], rejected: list[tuple[RunJournal, Exception]]) -> None:
         metrics.fenced("append_events", len(fenced))
