@@ -112,6 +112,39 @@ async def test_an_ending_claims_its_successor_in_its_own_transaction(pool: Async
         await stop(d, writer, gates)
 
 
+async def test_an_ending_flushed_with_another_runs_events_claims_in_that_transaction(
+    pool: AsyncConnectionPool, db
+) -> None:
+    """A flush that also writes another run's buffered deltas is a transaction of several
+    statements; the claim rides it too, after finish_runs, before the COMMIT."""
+    streaming, ending, waiting = await enqueue(pool, 3)
+    gates = {run: asyncio.Event() for run in (streaming, ending, waiting)}
+    delta = asyncio.Event()
+
+    async def handler(ctx: RunContext) -> Outcome:
+        if ctx.run.run_id == streaming:  # a delta left in the buffer (the clock never ticks)
+            await ctx.journal.emit({"type": "text_delta", "index": 0, "text": "x"})
+            delta.set()
+        await gates[ctx.run.run_id].wait()
+        return Outcome("completed", result={"text": ""})
+
+    writer = JournalWriter(pool, interval=3600)
+    d, writer = await start(pool, handler, concurrency=2, writer=writer)
+    try:
+        await wait_until_async(
+            lambda: delta.is_set() and run_row(db, ending)["status"] == "running", what="two runs in flight"
+        )
+        gates[ending].set()
+        await wait_until_async(lambda: run_row(db, waiting)["status"] == "running", what="the successor")
+        assert one_transaction(db, ending, waiting)
+        kinds = db.execute(
+            "SELECT array_agg(type ORDER BY seq) FROM runrow.run_event WHERE run_id = %s", (streaming,)
+        ).fetchone()[0]
+        assert kinds[-1] == "text_delta"  # written by that same flush
+    finally:
+        await stop(d, writer, gates)
+
+
 async def test_an_ending_claims_nothing_when_the_last_claim_found_the_queue_short(
     pool: AsyncConnectionPool, db
 ) -> None:

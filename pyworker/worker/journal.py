@@ -33,10 +33,11 @@ ours did not commit. A failure before COMMIT was sent needs no read-back: the se
 A run ending carried by such a flush is not read back: it is sent again, the fence turns it away
 if it had landed, and `finish` says so (maybe_landed) for the supervisor to read the run back.
 
-A flush that only ends runs can also claim their successors: the dispatcher, registered as the
+A flush that ends runs can also claim their successors: the dispatcher, registered as the
 writer's `rider`, says how many runs it wants for the slots those endings free, and the flush
-sends BEGIN, finish_runs and claim_runs in one round trip, then the COMMIT once the claimed rows
-are in hand: one commit per run ended and replaced, not two. The claimed runs are handed to the
+calls claim_runs in its own transaction after finish_runs (a flush of endings alone sends BEGIN,
+finish_runs and claim_runs in one round trip, then the COMMIT once the claimed rows are in hand):
+one commit per run ended and replaced, not two. The claimed runs are handed to the
 rider after the COMMIT (or, if it went unanswered, for the fence to say which are ours); a claim
 that fails for any other reason is simply not made, and the endings are written again alone.
 
@@ -364,6 +365,49 @@ class ClaimRider(Protocol):
     def ride_missed(self) -> None: ...
 
 
+class _Ride:
+    """One flush's claim of successors for its endings: asked of the rider inside the flush's
+    transaction, handed over once the COMMIT's outcome is known, exactly once."""
+
+    def __init__(self, rider: ClaimRider) -> None:
+        self.rider = rider
+        self.asked = 0
+        self.claimed: list[ClaimedRun] = []
+
+    def ask(self, endings: int) -> int:
+        self.asked = self.rider.ride(endings)
+        return self.asked
+
+    async def claim(self, conn: psycopg.AsyncConnection[Any], endings: int) -> None:
+        """claim_runs inside the flush's open transaction. Refused (not a lost connection), the
+        group is written again without it (_Isolate), so a claim never costs the endings."""
+        if not self.ask(endings):
+            return
+        try:
+            rider = self.rider
+            self.claimed = await api.claim_runs(conn, rider.worker_id, self.asked, rider.lease_seconds)
+        except psycopg.Error as exc:
+            if is_transient(exc):
+                raise
+            raise _Isolate from exc
+
+    def failed(self, exc: BaseException, committing: bool) -> None:
+        if not self.asked:
+            return
+        if self.claimed and committing and outcome_unknown(exc):
+            self.rider.take_in_doubt(self.claimed)
+        else:
+            self.rider.ride_missed()
+
+    def committed(self) -> None:
+        if not self.asked:
+            return
+        try:  # committed: nothing the rider does can undo the endings
+            self.rider.take_claimed(self.claimed, self.asked)
+        except Exception:
+            log.exception("claimed run(s) not started: %s", ", ".join(str(r.run_id) for r in self.claimed))
+
+
 class _Isolate(Exception):
     """A run's data was refused inside a group that holds several runs: do it again with a
     savepoint per run, so only that run loses its write."""
@@ -619,8 +663,10 @@ class JournalWriter:
     ) -> None:
         """The group's statements, in one transaction (out.committing once only the COMMIT is left). A
         group that is a single finish_runs statement runs as that statement alone (autocommit:
-        one round trip); its unanswered outcome is settled by the fence like any ending's.
-        Savepoints only when isolating, after a run's data was refused in a group of several."""
+        one round trip), or, with a claim riding it, as BEGIN, that statement and claim_runs in
+        one round trip and then the COMMIT; its unanswered outcome is settled by the fence like
+        any ending's. Savepoints only when isolating, after a run's data was refused in a group
+        of several (and then no claim rides)."""
         plan: list[tuple[_Unit, list[list[dict[str, Any]]], list[dict[str, Any]]]] = []
         for unit in units:
             chunks = _chunks(unit.events) if unit.events else []
@@ -629,14 +675,33 @@ class JournalWriter:
         appends = any(chunks for _, chunks, _ in plan)
         if not isolate and not appends and not self._test_pause:  # endings only: one statement
             finishing = [(u, tail) for u, _, tail in plan]
-            rider = self.rider
-            asked = rider.ride(len(finishing)) if rider is not None else 0
-            if rider is not None and asked > 0:
-                await self._end_runs_and_claim(conn, finishing, out, rider, asked)
+            ride = _Ride(self.rider) if self.rider is not None else None
+            if ride is not None and ride.ask(len(finishing)):
+                await self._end_runs_and_claim(conn, finishing, out, ride)
                 return
             out.committing = True
             await self._end_runs(conn, finishing, out, isolate=False)
             return
+        ride = _Ride(self.rider) if self.rider is not None and not isolate else None
+        try:
+            await self._write_group(conn, plan, out, ride, isolate=isolate)
+        except BaseException as exc:
+            if ride is not None:
+                ride.failed(exc, out.committing)
+            raise
+        if ride is not None:
+            ride.committed()
+
+    async def _write_group(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        plan: list[tuple[_Unit, list[list[dict[str, Any]]], list[dict[str, Any]]]],
+        out: _Outcome,
+        ride: _Ride | None,
+        *,
+        isolate: bool,
+    ) -> None:
+        """The group's transaction: appends, endings, and the claim riding them (if any)."""
         async with conn.transaction():
             finishing: list[tuple[_Unit, list[dict[str, Any]]]] = []
             for unit, chunks, tail in plan:
@@ -670,6 +735,8 @@ class JournalWriter:
                     out.written.append((journal, _Doubt(unit.events, unit.mark, calls)))
             if finishing:
                 await self._end_runs(conn, finishing, out, isolate=isolate)
+                if ride is not None:
+                    await ride.claim(conn, len(finishing))
             if self._test_pause and (out.written or out.ended):
                 log.warning("test hook: flush transaction paused for %.1fs before COMMIT", self._test_pause)
                 await asyncio.sleep(self._test_pause)
@@ -708,19 +775,17 @@ class JournalWriter:
         conn: psycopg.AsyncConnection[Any],
         finishing: list[tuple[_Unit, list[dict[str, Any]]]],
         out: _Outcome,
-        rider: ClaimRider,
-        asked: int,
+        ride: _Ride,
     ) -> None:
-        """The endings and the claim of `asked` successors in one transaction. The claimed rows
-        go to the rider only once the COMMIT is answered; an unanswered one hands them over in
-        doubt. A refusal (of a run's outcome, or of the claim) is sorted out one savepoint per
-        run, without the claim."""
+        """The endings and the claim of their successors in one transaction of two round trips
+        (BEGIN, finish_runs, claim_runs; then COMMIT). A refusal (of a run's outcome, or of the
+        claim) is sorted out one savepoint per run, without the claim."""
         acks = [_ack(unit, tail) for unit, tail in finishing]
-        claimed: list[ClaimedRun] = []
+        rider = ride.rider
         try:
             try:
-                rows, claimed = await batch.begin_finish_runs_and_claim(
-                    conn, acks, rider.worker_id, asked, rider.lease_seconds
+                rows, ride.claimed = await batch.begin_finish_runs_and_claim(
+                    conn, acks, rider.worker_id, ride.asked, rider.lease_seconds
                 )
             except BaseException:
                 with contextlib.suppress(Exception):  # a lost connection rolls back by itself
@@ -731,18 +796,12 @@ class JournalWriter:
             out.committing = True
             await conn.commit()
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-            rider.ride_missed()
+            ride.failed(exc, committing=False)
             raise _Isolate from exc
         except BaseException as exc:
-            if claimed and out.committing and outcome_unknown(exc):
-                rider.take_in_doubt(claimed)
-            else:
-                rider.ride_missed()
+            ride.failed(exc, out.committing)
             raise
-        try:  # committed: nothing the rider does can undo the endings
-            rider.take_claimed(claimed, asked)
-        except Exception:
-            log.exception("claimed run(s) not started: %s", ", ".join(str(r.run_id) for r in claimed))
+        ride.committed()
 
     def _stand_down(self, fenced: list[RunJournal], rejected: list[tuple[RunJournal, Exception]]) -> None:
         metrics.fenced("append_events", len(fenced))
