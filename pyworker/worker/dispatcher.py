@@ -13,9 +13,9 @@ claim its own run again while the stale attempt is still standing down, and the 
 ending must not take the new one out of the books (drain, cancels). A cancel names only the
 run, so it reaches every claim of that run here.
 
-Runs also come to the dispatcher with the endings of others: a journal flush that only ends
-runs asks it (it is the writer's `rider`) how many successors to claim in the same transaction,
-one commit for both (pyworker/worker/journal.py). It asks for as many as the flush ends, only
+Runs also come to the dispatcher with the endings of others: a journal flush that ends runs
+asks it (it is the writer's `rider`) how many successors to claim in the same transaction, one
+commit for both (pyworker/worker/journal.py). It asks for as many as the flush ends, only
 while the last claim found runs enough (a backlog; an idle worker claims on the wake, as
 before), and never once the worker is draining. Such runs start at once in the slots the ended
 runs are about to free: each one handed over spares a later slot release (`_handed`), so runs
@@ -134,6 +134,8 @@ class Dispatcher:
         async def settle() -> None:
             try:
                 self._adopt(await self._ours(runs))
+            except Exception:  # the rest are left to the reaper, as _ours leaves them
+                log.exception("claim in doubt: %d run(s) not read back", len(runs))
             finally:
                 self._ridden()
 
