@@ -673,21 +673,21 @@ class JournalWriter:
             tail = chunks.pop() if unit.ending is not None and chunks and not isolate else []
             plan.append((unit, chunks, tail))
         appends = any(chunks for _, chunks, _ in plan)
-        if not isolate and not appends and not self._test_pause:  # endings only: one statement
-            finishing = [(u, tail) for u, _, tail in plan]
-            ride = _Ride(self.rider) if self.rider is not None else None
-            if ride is not None and ride.ask(len(finishing)):
-                await self._end_runs_and_claim(conn, finishing, out, ride)
-                return
-            out.committing = True
-            await self._end_runs(conn, finishing, out, isolate=False)
-            return
         ride = _Ride(self.rider) if self.rider is not None and not isolate else None
         try:
-            await self._write_group(conn, plan, out, ride, isolate=isolate)
+            if not isolate and not appends and not self._test_pause:  # endings only: one statement
+                finishing = [(u, tail) for u, _, tail in plan]
+                if ride is not None and ride.ask(len(finishing)):
+                    await self._end_runs_and_claim(conn, finishing, out, ride)
+                else:
+                    out.committing = True
+                    await self._end_runs(conn, finishing, out, isolate=False)
+            else:
+                await self._write_group(conn, plan, out, ride, isolate=isolate)
         except BaseException as exc:
             if ride is not None:
-                ride.failed(exc, out.committing)
+                # _Isolate: the server refused and rolled back, even when the COMMIT refused.
+                ride.failed(exc, out.committing and not isinstance(exc, _Isolate))
             raise
         if ride is not None:
             ride.committed()
@@ -758,8 +758,7 @@ class JournalWriter:
                 rows = await batch.finish_runs(conn, acks)
             except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
                 raise _Isolate from exc  # whose outcome it was is found out one savepoint each
-            for (unit, _), row in zip(finishing, rows, strict=True):
-                out.ended.append((unit, row.finished, row.last_seq))
+            _record_endings(finishing, rows, out)
             return
         for (unit, _), ack in zip(finishing, acks, strict=True):
             try:
@@ -779,7 +778,8 @@ class JournalWriter:
     ) -> None:
         """The endings and the claim of their successors in one transaction of two round trips
         (BEGIN, finish_runs, claim_runs; then COMMIT). A refusal (of a run's outcome, or of the
-        claim) is sorted out one savepoint per run, without the claim."""
+        claim) is sorted out one savepoint per run, without the claim. The claimed rows are left
+        in `ride` for the caller to hand over."""
         acks = [_ack(unit, tail) for unit, tail in finishing]
         rider = ride.rider
         try:
@@ -791,17 +791,11 @@ class JournalWriter:
                 with contextlib.suppress(Exception):  # a lost connection rolls back by itself
                     await conn.rollback()
                 raise
-            for (unit, _), row in zip(finishing, rows, strict=True):
-                out.ended.append((unit, row.finished, row.last_seq))
+            _record_endings(finishing, rows, out)
             out.committing = True
             await conn.commit()
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-            ride.failed(exc, committing=False)
             raise _Isolate from exc
-        except BaseException as exc:
-            ride.failed(exc, out.committing)
-            raise
-        ride.committed()
 
     def _stand_down(self, fenced: list[RunJournal], rejected: list[tuple[RunJournal, Exception]]) -> None:
         metrics.fenced("append_events", len(fenced))
@@ -848,6 +842,14 @@ class JournalWriter:
                     "had committed" if landed else "had not committed; writing it again",
                 )
         return landed_any
+
+
+def _record_endings(
+    finishing: list[tuple[_Unit, list[dict[str, Any]]]], rows: list[batch.Finished], out: _Outcome
+) -> None:
+    """finish_runs' verdicts, one row per ending in order, into the group's outcome."""
+    for (unit, _), row in zip(finishing, rows, strict=True):
+        out.ended.append((unit, row.finished, row.last_seq))
 
 
 def _ack(unit: _Unit, events: list[dict[str, Any]]) -> batch.Ack:
