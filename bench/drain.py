@@ -214,26 +214,26 @@ def runrow_setup(url: str, jobs: int) -> None:
         conn.execute("VACUUM ANALYZE")
 
 
+_CLAIM = "SELECT run_id, claim_token FROM runrow.claim_runs(worker_id => 'bench', max_runs => %s)"
+_FINISH = "SELECT finished FROM runrow.finish_runs(%s::jsonb)"
+
+
+def _acks(runs: list[tuple[Any, ...]]) -> str:
+    """finish_runs' argument: every claimed run (run_id, claim_token) completed."""
+    return json.dumps([{"run_id": str(r), "claim_token": str(t), "status": "completed"} for r, t in runs])
+
+
 def runrow_worker(url: str, batch: int, ready: Callable[[], None]) -> int:
     done = 0
     with psycopg.connect(url, autocommit=True) as conn:
         ready()
         while True:
-            runs = conn.execute(
-                "SELECT run_id, claim_token FROM runrow.claim_runs(worker_id => 'bench', max_runs => %s)",
-                (batch,),
-            ).fetchall()
+            runs = conn.execute(_CLAIM, (batch,)).fetchall()
             if not runs:
                 return done
-            acks = json.dumps(
-                [{"run_id": str(r), "claim_token": str(t), "status": "completed"} for r, t in runs]
-            )
-            finished = conn.execute("SELECT finished FROM runrow.finish_runs(%s::jsonb)", (acks,)).fetchall()
+            finished = conn.execute(_FINISH, (_acks(runs),)).fetchall()
             assert all(f for (f,) in finished), "a run held by this worker was fenced out"
             done += len(finished)
-
-
-_CLAIM = "SELECT run_id, claim_token FROM runrow.claim_runs(worker_id => 'bench', max_runs => %s)"
 
 
 def runrow_chained_worker(url: str, batch: int, ready: Callable[[], None]) -> int:
@@ -246,10 +246,7 @@ def runrow_chained_worker(url: str, batch: int, ready: Callable[[], None]) -> in
         ready()
         runs = cur.execute(_CLAIM, (batch,)).fetchall()
         while runs:
-            acks = json.dumps(
-                [{"run_id": str(r), "claim_token": str(t), "status": "completed"} for r, t in runs]
-            )
-            cur.execute("BEGIN; SELECT finished FROM runrow.finish_runs(%s::jsonb); " + _CLAIM, (acks, batch))
+            cur.execute(f"BEGIN; {_FINISH}; {_CLAIM}", (_acks(runs), batch))
             cur.nextset()  # past BEGIN's result
             finished = cur.fetchall()
             assert len(finished) == len(runs) and all(f for (f,) in finished), "a held run was fenced out"
