@@ -21,7 +21,16 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 from wire_fault_support import faulty_pool, proxy
-from worker_support import db, enqueue_echo, events, pool, run_row, wait_until_async, worker_db
+from worker_support import (
+    db,
+    enqueue_echo,
+    events,
+    in_process_dispatcher,
+    pool,
+    run_row,
+    wait_until_async,
+    worker_db,
+)
 
 from pyworker.agent import loop as agent_loop
 from pyworker.agent.model import ModelTurn
@@ -343,15 +352,8 @@ async def test_a_finish_fenced_out_after_a_lost_answer_is_not_mistaken_for_ours(
 # --- the claim: a COMMIT unanswered must not orphan the runs it claimed ---------------------
 def _dispatcher(pool, writer, worker_id: str, *, concurrency: int, lease_seconds: int) -> Dispatcher:
     """A dispatcher of echo runs claiming through `pool` (the proxied one, for these tests)."""
-    return Dispatcher(
-        pool=pool,
-        hub=None,
-        writer=writer,
-        handler=echo,
-        concurrency=concurrency,
-        lease_seconds=lease_seconds,
-        poll_seconds=0.2,
-        worker_id=worker_id,
+    return in_process_dispatcher(
+        pool, writer, echo, worker_id, concurrency=concurrency, lease_seconds=lease_seconds
     )
 
 

@@ -11,11 +11,10 @@ import uuid
 
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from worker_support import db, pool, run_row, wait_until_async, worker_db
+from worker_support import db, in_process_dispatcher, pool, run_row, wait_until_async, worker_db
 
 from pyworker.db import api
 from pyworker.db.hub import Hub
-from pyworker.worker.dispatcher import Dispatcher
 from pyworker.worker.handler import Outcome, RunContext
 from pyworker.worker.journal import JournalWriter
 
@@ -41,15 +40,8 @@ async def test_cancel_reaches_every_claim_and_a_stale_ending_keeps_the_new_claim
     assert await hub.wait_connected(5)
     writer = JournalWriter(pool)
     await writer.start()
-    d = Dispatcher(
-        pool=pool,
-        hub=hub,
-        writer=writer,
-        handler=handler,
-        concurrency=2,
-        lease_seconds=LEASE,
-        poll_seconds=0.2,
-        worker_id="in-process",
+    d = in_process_dispatcher(
+        pool, writer, handler, "in-process", concurrency=2, lease_seconds=LEASE, hub=hub
     )
     watcher = asyncio.create_task(d.watch_cancels())
     try:

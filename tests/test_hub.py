@@ -9,11 +9,10 @@ import uuid
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
-from worker_support import db, enqueue_echo, pool, run_row, wait_until_async, worker_db
+from worker_support import db, enqueue_echo, in_process_dispatcher, pool, run_row, wait_until_async, worker_db
 
 from pyworker.db import channels
 from pyworker.db.hub import RECONNECT_WAKE, Hub
-from pyworker.worker.dispatcher import Dispatcher
 from pyworker.worker.echo import handle as echo
 from pyworker.worker.journal import JournalWriter
 
@@ -95,15 +94,8 @@ async def test_terminated_hub_backend_falls_back_to_polling_then_recovers(
     await hub.start()
     writer = JournalWriter(pool)
     await writer.start()
-    dispatcher = Dispatcher(
-        pool=pool,
-        hub=hub,
-        writer=writer,
-        handler=echo,
-        concurrency=1,
-        lease_seconds=2,
-        poll_seconds=0.5,
-        worker_id="hub-test",
+    dispatcher = in_process_dispatcher(
+        pool, writer, echo, "hub-test", concurrency=1, lease_seconds=2, hub=hub, poll_seconds=0.5
     )
     try:
         assert await hub.wait_connected(5)

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from wire_fault_support import FaultProxy
+from wire_fault_support import faulty_pool, proxy
 from worker_support import db, events, streamed_text, wait_until_async, worker_db
 
 from pyworker.db import api, batch
@@ -23,7 +23,7 @@ from pyworker.worker.journal import MAX_EVENTS_PER_CALL, JournalError, JournalWr
 from pyworker.worker.logs import run_logger
 from pyworker.worker.supervisor import RunSupervisor
 
-__all__ = ["db", "worker_db"]
+__all__ = ["db", "faulty_pool", "proxy", "worker_db"]
 
 CLOCK_OFF = 3600.0  # the clock never ticks: only explicit or write-through flushes write
 
@@ -364,30 +364,6 @@ async def test_two_claims_of_one_run_keep_separate_journals(pool, db) -> None:
 
 
 # --- a COMMIT that goes unanswered ---------------------------------------------------------
-
-
-@pytest.fixture
-async def proxy(worker_db: str) -> AsyncIterator[FaultProxy]:
-    p = FaultProxy(worker_db)
-    await p.start()
-    yield p
-    await p.close()
-
-
-@pytest.fixture
-async def faulty_pool(proxy: FaultProxy) -> AsyncIterator[AsyncConnectionPool]:
-    """The writer's pool, through the proxy. Statements are never prepared, so every one
-    sends its text and the proxy can find it."""
-    p = AsyncConnectionPool(
-        proxy.url,
-        min_size=1,
-        max_size=4,
-        kwargs={"autocommit": True, "prepare_threshold": None},
-        open=False,
-    )
-    await p.open()
-    yield p
-    await p.close()
 
 
 def journal_of(db, run_id: uuid.UUID) -> list[dict]:  # type: ignore[no-untyped-def]

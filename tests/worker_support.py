@@ -23,6 +23,10 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.db.devdb import database_url_for, temporary_database
+from pyworker.db.hub import Hub
+from pyworker.worker.dispatcher import Dispatcher
+from pyworker.worker.handler import RunHandler
+from pyworker.worker.journal import JournalWriter
 
 REPO = Path(__file__).resolve().parent.parent
 ECHO = "pyworker.worker.echo:handle"
@@ -236,4 +240,28 @@ def wait_streaming(conn: psycopg.Connection, run_id: uuid.UUID, timeout: float =
         lambda: status(conn, run_id) == "running" and streamed_text(conn, run_id),
         timeout,
         f"run {run_id} to be streaming",
+    )
+
+
+def in_process_dispatcher(
+    pool: AsyncConnectionPool,
+    writer: JournalWriter,
+    handler: RunHandler,
+    worker_id: str,
+    *,
+    concurrency: int,
+    lease_seconds: int,
+    hub: Hub | None = None,
+    poll_seconds: float = 0.2,
+) -> Dispatcher:
+    """A dispatcher in the test's own event loop (not started): what `runrow worker` builds."""
+    return Dispatcher(
+        pool=pool,
+        hub=hub,
+        writer=writer,
+        handler=handler,
+        concurrency=concurrency,
+        lease_seconds=lease_seconds,
+        poll_seconds=poll_seconds,
+        worker_id=worker_id,
     )
