@@ -29,6 +29,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pyworker.cli.tail_render import Renderer
 from pyworker.db import api, nul
+from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.config import database_url
 from pyworker.db.hub import Hub
 from pyworker.db.pooling import POOLER_SAFE
@@ -390,9 +391,7 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
     # Behind a transaction pooler the LISTEN must go direct, as for `runrow worker --listen-url`.
     hub = Hub(os.environ.get("RUNROW_LISTEN_URL") or url, application_name="runrow-tail")
     await hub.start()
-    pool = AsyncConnectionPool(
-        url, min_size=1, max_size=1, kwargs={"autocommit": True, **POOLER_SAFE}, open=False
-    )
+    pool = CancelSafePool(url, min_size=1, max_size=1, kwargs={"autocommit": True, **POOLER_SAFE}, open=False)
     await pool.open()
     try:
         try:

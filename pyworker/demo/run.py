@@ -36,10 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
-
 from pyworker.db import api, devdb
 from pyworker.db import steps as steps_api
+from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.hub import Hub
 from pyworker.db.migrate import migrate
 from pyworker.db.pooling import POOLER_SAFE
@@ -293,9 +292,7 @@ async def _follow(
     from pyworker.demo import tools as demo_tools
 
     live = Live()
-    pool = AsyncConnectionPool(
-        url, min_size=1, max_size=4, kwargs={"autocommit": True, **POOLER_SAFE}, open=False
-    )
+    pool = CancelSafePool(url, min_size=1, max_size=4, kwargs={"autocommit": True, **POOLER_SAFE}, open=False)
     await pool.open(wait=True, timeout=30)
     hub = Hub(url, application_name="runrow-demo")
     try:

@@ -11,9 +11,9 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 
+from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.hub import Hub
 from pyworker.db.pooling import POOLER_SAFE
 from pyworker.http import routes_approvals, routes_metrics, routes_page, routes_runs
@@ -33,7 +33,7 @@ def create_app(config: ServeConfig) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        pool = AsyncConnectionPool(
+        pool = CancelSafePool(
             config.database_url,
             min_size=config.pool_min_size,
             max_size=config.pool_max_size,

@@ -37,6 +37,7 @@ from uuid import UUID
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.tail import CursorPastEnd, RunNotFound, check_cursor
 from pyworker.http.config import ServeConfig
 
@@ -71,7 +72,7 @@ class Replica:
 
 async def open_replica(config: ServeConfig) -> Replica:
     assert config.replica_url is not None
-    pool = AsyncConnectionPool(
+    pool = CancelSafePool(
         config.replica_url,
         min_size=config.pool_min_size,
         max_size=config.pool_max_size,

@@ -17,8 +17,7 @@ import signal
 import socket
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
-
+from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.hub import Hub
 from pyworker.db.pooling import POOLER_SAFE, accepted_kwargs
 from pyworker.db.session_limits import worker_connection_kwargs
@@ -162,7 +161,7 @@ class Worker:
                 worker_connection_kwargs(self.listen_conninfo, self.lease_seconds),
                 what="worker hub (LISTEN)",
             )
-        pool = AsyncConnectionPool(
+        pool = CancelSafePool(
             self.conninfo,
             min_size=1,
             max_size=self.pool_size,

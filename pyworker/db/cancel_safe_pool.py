@@ -1,0 +1,50 @@
+"""An `AsyncConnectionPool` whose connections get home even when the task returning one is cancelled.
+
+psycopg_pool 3.3.3 (the latest release) hands a returned connection straight to the first
+queued client: `_add_to_pool` pops that client from the queue, then awaits the client's
+condition lock to give it the connection. A cancellation delivered at that await (the client
+still holds its lock for the moment between queueing and waiting) drops both: the client was
+popped and is never given anything, so it waits out its whole timeout, and the connection is in
+no one's hands, so the pool is one smaller until it is closed.
+
+`runrow serve` cancels a task in exactly that spot whenever an SSE client hangs up — Starlette
+cancels the streaming task, which is often just leaving `async with pool.connection()` — and the
+next request for a connection then hung for the pool's timeout. Returning the connection under
+`asyncio.shield` lets the hand-over finish whatever happens to the caller; the caller's
+cancellation still arrives, one await later. `tests/test_cancel_safe_pool.py` drives the exact
+interleaving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+log = logging.getLogger("runrow.db")
+
+
+class CancelSafePool(AsyncConnectionPool[AsyncConnection[Any]]):
+    """`AsyncConnectionPool` with a `putconn` that a cancellation cannot interrupt half-way."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Held here as well as by shield's callbacks, so the return of a cancelled caller is
+        # not garbage-collected half-way (asyncio keeps only weak references to tasks).
+        self._returning: set[asyncio.Task[None]] = set()
+
+    async def putconn(self, conn: AsyncConnection[Any]) -> None:
+        task = asyncio.ensure_future(super().putconn(conn))
+        self._returning.add(task)
+        task.add_done_callback(self._returned)
+        await asyncio.shield(task)
+
+    def _returned(self, task: asyncio.Task[None]) -> None:
+        self._returning.discard(task)
+        # Retrieved here, so a failure whose caller was cancelled is logged rather than left as
+        # "Task exception was never retrieved"; a caller still waiting also gets it raised.
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.warning("returning a connection to pool %r failed: %s", self.name, error)
