@@ -5,7 +5,6 @@ Messages API with a 429 and a 529 the SDK retries) and check the values move as 
 from __future__ import annotations
 
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -16,10 +15,9 @@ from pathlib import Path
 import httpx
 import psycopg
 from agent_support import agent_worker, enqueue_agent
-from prometheus_client.parser import text_string_to_metric_families
+from metrics_support import metrics_url, scrape, total, value
 from worker_support import (
     REPO,
-    WorkerProcess,
     db,
     enqueue_echo,
     start_worker,
@@ -32,36 +30,6 @@ from pyworker.fake.faults import overloaded, rate_limited
 from pyworker.fake.server import FakeModel
 
 __all__ = ["db", "start_worker", "worker_db"]
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def scrape(url: str) -> Samples:
-    response = httpx.get(url, timeout=10)
-    assert response.status_code == 200, response.text
-    assert response.headers["content-type"].startswith("text/plain")
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(response.text)
-        for sample in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    """Summed over every other label."""
-    wanted = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= ls)
-
-
-def metrics_url(worker: WorkerProcess) -> str:
-    worker.wait_log("/metrics")
-    found = re.search(r"metrics on (http://\S+/metrics)", worker.log())
-    assert found, worker.log()
-    return found.group(1)
 
 
 def test_worker_metrics_move_with_echo_runs(db: psycopg.Connection, start_worker) -> None:  # type: ignore[no-untyped-def]

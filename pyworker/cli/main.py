@@ -113,6 +113,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     )
     from psycopg_pool import PoolTimeout
 
+    from pyworker.worker.collector import tune_collector
+
+    tune_collector()
     try:
         return asyncio.run(worker.run())
     except OSError as exc:  # e.g. --metrics-port already taken

@@ -99,6 +99,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from pyworker.http.app import create_app
     from pyworker.worker import tracing
+    from pyworker.worker.collector import tune_collector
 
     tracing.configure_from_env()
 
@@ -107,6 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (TokenConfigError, ValueError, OSError) as exc:
         print(f"runrow serve: {exc}", file=sys.stderr)
         return 2
+    tune_collector()
     uvicorn.run(
         app,
         host=args.host,
