@@ -23,6 +23,17 @@ SET search_path = pg_catalog, runrow
 -- final UPDATE ... = ANY (locked) (custom plans look cheaper than the generic one), which cost
 -- more than the claim itself (measured: 1.42 -> 1.00 ms per one-run claim).
 SET plan_cache_mode = force_generic_plan
+-- Plans must not depend on how big agent_run looked when the session first claimed: they are
+-- generic and kept for the session, until an ANALYZE or VACUUM of the table. A worker that
+-- starts on a new table (never analyzed: the planner assumes 10 pages) cached two plans that
+-- read the whole table, the promotion of due delayed runs and the final UPDATE by primary key,
+-- and every later claim in that session read all of it: 700 buffers for a one-run claim at
+-- 6,000 runs, against 161 at 6,000 or 16,000 with these settings (tests/test_claim_cost.py
+-- counts the seq scans). So no seq scan where an index serves. A statement with no usable
+-- index still seq-scans, at a nominal cost of 1e10; without jit = off that cost would make
+-- each such call JIT-compile (29 ms, measured).
+SET enable_seqscan = off
+SET jit = off
 AS $fn$
 DECLARE
     who text := coalesce(_claim.worker_id, 'anonymous-' || pg_backend_pid());

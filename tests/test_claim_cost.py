@@ -13,6 +13,8 @@ import uuid
 import psycopg
 from race_support import Connect, claim, claim_one, database_url, enqueue, owner, vacuum
 
+from pyworker.db.devdb import temporary_database
+
 FINISHED_BASELINE = 100
 # 50 times the baseline. A claim that read the history would touch hundreds of pages more
 # (about 80 per 1000 finished runs); filling goes through the functions at ~1 ms a run
@@ -252,3 +254,36 @@ def test_a_batch_claim_of_one_tenant_reads_the_queue_in_one_range(
     assert owner.execute(
         "SELECT status, claim_blocked FROM runrow.agent_run WHERE id = %s", (second_turn,)
     ).fetchone() == ("queued", True)
+
+
+def seq_scans_of_claims(conn: psycopg.Connection, claims: int) -> int:
+    """Sequential scans of agent_run that `claims` one-run claims make in `conn`'s session,
+    counted by PostgreSQL for the transaction (pg_stat_xact_user_tables) and rolled back."""
+    with conn.transaction(force_rollback=True):
+        for _ in range(claims):
+            conn.execute("SELECT count(*) FROM runrow.claim_runs('planned-early', 1, 30)")
+        row = conn.execute(
+            "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relid = 'runrow.agent_run'::regclass"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_session_that_claimed_on_a_new_table_does_not_scan_it_later(database_url: str) -> None:
+    # A new deployment: workers start on a table never analyzed, and keep their sessions. The
+    # plans a session caches at its first claim serve every claim after it, until an ANALYZE or
+    # VACUUM of the table. Two of them read the whole table, which was cheap while it was empty
+    # and read every row once the queue filled up: 700 buffers per one-run claim at 6,000 runs.
+    # Without the fix these 5 claims make 12 seq scans.
+    with temporary_database(database_url, "runrow_new_table") as url:
+        with psycopg.connect(url, autocommit=True) as setup:
+            setup.execute("ALTER TABLE runrow.agent_run SET (autovacuum_enabled = false)")  # no ANALYZE
+            with psycopg.connect(url, autocommit=True) as early:
+                early.execute("SELECT count(*) FROM runrow.claim_runs('planned-early', 1, 30)")  # empty
+                setup.execute(
+                    "SELECT runrow.enqueue_run(gen_random_uuid(), '\"burst\"', 'test-model')"
+                    " FROM generate_series(1, %s)",
+                    (BACKLOG,),
+                )
+                scans = seq_scans_of_claims(early, 5)
+        assert scans == 0, f"5 claims scanned agent_run whole {scans} times (plans made on the empty table)"
