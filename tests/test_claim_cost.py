@@ -182,8 +182,11 @@ def test_claim_cost_does_not_grow_with_finished_runs(owner: psycopg.Connection, 
     # run claimed since the last vacuum (about 4 index pages per 1000 with the enqueue_seq
     # key; seen up to +41 in all with migration 0018's wider claim key, priority, tenant,
     # concurrency key, enqueue_seq); a probe or a lock that scanned a whole partial index of
-    # live runs would read their heap pages too, hundreds of buffers.
-    assert unvacuumed <= few + 60, (
+    # live runs would read their heap pages too, hundreds of buffers. How many dead entries are
+    # still unmarked depends on the sessions of the rest of a suite run: 77 alone, 121 once in
+    # a whole `make test`. The margin was +60 over a baseline of 66; since the claim stopped
+    # planning seq scans the baseline is 44, so the margin is now +90.
+    assert unvacuumed <= few + 90, (
         f"claim touched {few} buffers with {FINISHED_BASELINE} finished runs, {unvacuumed} with "
         f"{FINISHED_MANY} finished since the last vacuum"
     )
