@@ -39,12 +39,15 @@ class CancelSafePool(AsyncConnectionPool[AsyncConnection[Any]]):
     async def putconn(self, conn: AsyncConnection[Any]) -> None:
         task = asyncio.ensure_future(super().putconn(conn))
         self._returning.add(task)
-        task.add_done_callback(self._returned)
-        await asyncio.shield(task)
+        task.add_done_callback(self._returning.discard)
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # Nobody is left to raise a failure of this return to: log it instead of leaving
+            # "Task exception was never retrieved". A caller still waiting has it raised.
+            task.add_done_callback(self._report_abandoned)
+            raise
 
-    def _returned(self, task: asyncio.Task[None]) -> None:
-        self._returning.discard(task)
-        # Retrieved here, so a failure whose caller was cancelled is logged rather than left as
-        # "Task exception was never retrieved"; a caller still waiting also gets it raised.
+    def _report_abandoned(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and (error := task.exception()) is not None:
             log.warning("returning a connection to pool %r failed: %s", self.name, error)
