@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 from bench.common import run_alone
 from pyworker.db import api
 from pyworker.db.api import ClaimedRun
+from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.worker.journal import JournalWriter
 
 DELTA_INTERVAL = 0.004
@@ -76,7 +77,7 @@ async def delta_rows(conn: psycopg.AsyncConnection, run: ClaimedRun) -> tuple[in
 
 async def bench(url: str) -> list[str]:
     expected = "".join(piece(i) for i in range(DELTAS))
-    pool = AsyncConnectionPool(url, min_size=1, max_size=2, kwargs={"autocommit": True}, open=False)
+    pool = CancelSafePool(url, min_size=1, max_size=2, kwargs={"autocommit": True}, open=False)
     await pool.open()
     lines = [
         f"journal rows of one streaming run ({DELTAS} deltas, one every {DELTA_INTERVAL * 1000:.0f} ms, "

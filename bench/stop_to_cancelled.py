@@ -24,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from bench.common import event_times, percentile, run_alone, summary_ms
 from pyworker.db import api
+from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.hub import Hub
 from pyworker.db.tail import Event, tail
 
@@ -73,7 +74,7 @@ async def one_sample(
 async def bench(url: str, seed: int = 2) -> list[str]:
     rng = random.Random(seed)
     worker = start_worker(url)
-    pool = AsyncConnectionPool(url, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False)
+    pool = CancelSafePool(url, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False)
     await pool.open()
     hub = Hub(url, application_name="bench-tail")
     await hub.start()

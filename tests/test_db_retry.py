@@ -36,6 +36,7 @@ from pyworker.agent import loop as agent_loop
 from pyworker.agent.model import ModelTurn
 from pyworker.db import api
 from pyworker.db.api import ClaimedRun
+from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.retry import DatabaseUnavailable, Retry, is_transient, outcome_unknown
 from pyworker.worker.dispatcher import Dispatcher
 from pyworker.worker.echo import handle as echo
@@ -55,9 +56,7 @@ LOG = logging.getLogger("runrow.test")
 @pytest.fixture
 async def no_database(tmp_path) -> AsyncIterator[AsyncConnectionPool]:  # type: ignore[no-untyped-def]
     """A pool whose server is not there at all (a socket folder nothing listens in)."""
-    p = AsyncConnectionPool(
-        f"host={tmp_path} dbname=none", min_size=1, kwargs={"autocommit": True}, open=False
-    )
+    p = CancelSafePool(f"host={tmp_path} dbname=none", min_size=1, kwargs={"autocommit": True}, open=False)
     await p.open(wait=False)
     yield p
     await p.close()

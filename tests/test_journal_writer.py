@@ -18,6 +18,7 @@ from worker_support import db, events, streamed_text, wait_until_async, worker_d
 
 from pyworker.db import api, batch
 from pyworker.db.api import ClaimedRun
+from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.worker.handler import Outcome, RunContext
 from pyworker.worker.journal import MAX_EVENTS_PER_CALL, JournalError, JournalWriter, RunLost
 from pyworker.worker.logs import run_logger
@@ -30,7 +31,7 @@ CLOCK_OFF = 3600.0  # the clock never ticks: only explicit or write-through flus
 
 @pytest.fixture
 async def pool(worker_db: str) -> AsyncIterator[AsyncConnectionPool]:
-    p = AsyncConnectionPool(worker_db, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False)
+    p = CancelSafePool(worker_db, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False)
     await p.open()
     yield p
     await p.close()

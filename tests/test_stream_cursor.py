@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from tail_support import append, claim, enqueue, finish, finished_run, journal, private_database_url
 from test_cli import runrow
 
+from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.tail import Keepalive, tail
 
 __all__ = ["private_database_url"]
@@ -49,9 +50,7 @@ def db(private_database_url: str) -> Iterator[psycopg.Connection]:
 
 @pytest.fixture
 async def pool(private_database_url: str) -> AsyncIterator[AsyncConnectionPool]:
-    p = AsyncConnectionPool(
-        private_database_url, min_size=1, max_size=2, kwargs={"autocommit": True}, open=False
-    )
+    p = CancelSafePool(private_database_url, min_size=1, max_size=2, kwargs={"autocommit": True}, open=False)
     await p.open()
     yield p
     await p.close()

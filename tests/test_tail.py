@@ -23,6 +23,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from tail_support import append, claim, enqueue, finished_run, journal, private_database_url
 
+from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.tail import Event, Keepalive, RunNotFound, tail
 
 __all__ = ["private_database_url"]  # the fixture, re-exported for pytest
@@ -30,9 +31,7 @@ __all__ = ["private_database_url"]  # the fixture, re-exported for pytest
 
 @pytest.fixture
 async def pool(private_database_url: str) -> AsyncIterator[AsyncConnectionPool]:
-    p = AsyncConnectionPool(
-        private_database_url, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False
-    )
+    p = CancelSafePool(private_database_url, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False)
     await p.open()
     yield p
     await p.close()

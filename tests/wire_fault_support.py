@@ -29,6 +29,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
+from pyworker.db.cancel_safe_pool import CancelSafePool
+
 CANCEL_REQUEST = (80877102).to_bytes(4, "big")
 
 
@@ -200,7 +202,7 @@ async def proxy(worker_db: str) -> AsyncIterator[FaultProxy]:
 @pytest.fixture
 async def faulty_pool(proxy: FaultProxy) -> AsyncIterator[AsyncConnectionPool]:
     """A pool through the proxy; statements never prepared, so the proxy sees every text."""
-    p = AsyncConnectionPool(
+    p = CancelSafePool(
         proxy.url, min_size=1, max_size=4, kwargs={"autocommit": True, "prepare_threshold": None}, open=False
     )
     await p.open()

@@ -22,6 +22,7 @@ import pytest
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.devdb import database_url_for, temporary_database
 from pyworker.db.hub import Hub
 from pyworker.worker.dispatcher import Dispatcher
@@ -55,7 +56,7 @@ def db(worker_db: str) -> Iterator[psycopg.Connection]:
 @pytest.fixture
 async def pool(worker_db: str) -> AsyncIterator[AsyncConnectionPool]:
     """An open autocommit pool on this test's database, for in-process workers' parts."""
-    p = AsyncConnectionPool(worker_db, min_size=1, max_size=6, kwargs={"autocommit": True}, open=False)
+    p = CancelSafePool(worker_db, min_size=1, max_size=6, kwargs={"autocommit": True}, open=False)
     await p.open()
     yield p
     await p.close()
