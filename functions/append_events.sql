@@ -8,9 +8,15 @@ DECLARE
     bad record;
     last_seq bigint;
 BEGIN
-    PERFORM runrow._require_not_null(append_events.run_id, 'run_id');
-    PERFORM runrow._require_not_null(append_events.claim_token, 'claim_token');
-    PERFORM runrow._require_not_null(append_events.events, 'events');
+    -- The helpers only raise (the first failing one, in this order): called only when a test
+    -- here fails, not as a statement and a search_path switch each on every call.
+    IF append_events.run_id IS NULL
+       OR append_events.claim_token IS NULL
+       OR append_events.events IS NULL THEN
+        PERFORM runrow._require_not_null(append_events.run_id, 'run_id');
+        PERFORM runrow._require_not_null(append_events.claim_token, 'claim_token');
+        PERFORM runrow._require_not_null(append_events.events, 'events');
+    END IF;
     IF jsonb_typeof(append_events.events) <> 'array' THEN
         RAISE EXCEPTION 'events must be a JSON array of event objects, got %', jsonb_typeof(append_events.events)
             USING ERRCODE = 'invalid_parameter_value';

@@ -273,7 +273,8 @@ BEGIN
         ('unique index', 'run_event_pkey', 'run_event'),
         ('unique index', 'run_event_one_complete', 'run_event'),
         ('trigger', 'agent_run_guard', 'agent_run'),
-        ('trigger', 'agent_run_turn_order', 'agent_run'),
+        -- Turn order and unblocking the next turn, once per statement (0028).
+        ('trigger', 'agent_run_after_update', 'agent_run'),
         ('trigger', 'agent_run_no_delete', 'agent_run'),
         ('trigger', 'agent_run_no_truncate', 'agent_run'),
         ('trigger', 'run_event_guard', 'run_event'),
@@ -297,7 +298,6 @@ BEGIN
         ('trigger', 'tool_effect_no_truncate', 'tool_effect'),
         ('constraint', 'agent_run_conversation_fk', 'agent_run'),
         ('trigger', 'agent_run_owner_guard', 'agent_run'),
-        ('trigger', 'agent_run_unblock_next_turn', 'agent_run'),
         ('trigger', 'conversation_immutable', 'conversation'),
         -- Without the outbox trigger a run would end and nobody would be told.
         ('trigger', 'agent_run_webhook_outbox', 'agent_run'),

@@ -7,14 +7,22 @@ AS $fn$
 DECLARE
     flag boolean;
 BEGIN
-    PERFORM runrow._require_not_null(heartbeat.run_id, 'run_id');
-    PERFORM runrow._require_not_null(heartbeat.claim_token, 'claim_token');
-    PERFORM runrow._require_range(heartbeat.lease_seconds, 'lease_seconds', 1, 3600);
+    -- The helpers only raise (the first failing one, in this order): called only when a test
+    -- here fails, not as a statement and a search_path switch each on every call.
+    IF heartbeat.run_id IS NULL
+       OR heartbeat.claim_token IS NULL
+       OR heartbeat.lease_seconds IS NULL OR heartbeat.lease_seconds NOT BETWEEN 1 AND 3600 THEN
+        PERFORM runrow._require_not_null(heartbeat.run_id, 'run_id');
+        PERFORM runrow._require_not_null(heartbeat.claim_token, 'claim_token');
+        PERFORM runrow._require_range(heartbeat.lease_seconds, 'lease_seconds', 1, 3600);
+    END IF;
 
     -- Touches only unindexed columns, so this is a HOT update.
     UPDATE runrow.agent_run AS r
     SET claim_expires_at = now() + make_interval(secs => heartbeat.lease_seconds),
-        last_heartbeat_at = now()
+        last_heartbeat_at = now(),
+        -- Stamped here (unindexed too), so agent_run_guard's WHEN skips its call.
+        updated_at = now()
     WHERE r.id = heartbeat.run_id
       AND r.claim_token = heartbeat.claim_token
       AND r.status = 'running'

@@ -119,11 +119,11 @@ SELECT results_eq($$SELECT invariant, detail FROM runrow.audit() WHERE run_id IS
     'schema_guard_missing: a disabled trigger is named');
 ALTER TABLE runrow.message ENABLE TRIGGER message_guard;
 SELECT is_empty($$SELECT * FROM runrow.audit() WHERE run_id IS NULL$$, 'and disappears once re-enabled');
-ALTER TABLE runrow.agent_run DISABLE TRIGGER agent_run_turn_order;
+ALTER TABLE runrow.agent_run DISABLE TRIGGER agent_run_after_update;
 SELECT results_eq($$SELECT detail FROM runrow.audit() WHERE run_id IS NULL$$,
-    $$VALUES ('trigger agent_run_turn_order on runrow.agent_run is missing, invalid or disabled')$$,
-    'schema_guard_missing: the turn-order statement trigger (0026) is a guard too');
-ALTER TABLE runrow.agent_run ENABLE TRIGGER agent_run_turn_order;
+    $$VALUES ('trigger agent_run_after_update on runrow.agent_run is missing, invalid or disabled')$$,
+    'schema_guard_missing: the turn-order and unblocking statement trigger (0028) is a guard too');
+ALTER TABLE runrow.agent_run ENABLE TRIGGER agent_run_after_update;
 ALTER TABLE runrow.run_event DISABLE TRIGGER run_event_delete_guard;
 SELECT results_eq($$SELECT detail FROM runrow.audit() WHERE run_id IS NULL$$,
     $$VALUES ('trigger run_event_delete_guard on runrow.run_event is missing, invalid or disabled')$$,

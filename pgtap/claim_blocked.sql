@@ -18,7 +18,7 @@ SELECT is(
      WHERE i.indexrelid = 'runrow.agent_run_claimable'::regclass),
     '((status = ''queued''::text) AND (NOT claim_blocked) AND (not_before IS NULL))',
     'agent_run_claimable holds the queued turns not marked blocked (nor delayed: migration 0018)');
-SELECT has_trigger('runrow', 'agent_run', 'agent_run_unblock_next_turn', 'the trigger that clears the mark exists');
+SELECT has_trigger('runrow', 'agent_run', 'agent_run_after_update', 'the trigger that clears the mark exists');
 
 -- A running turn, a second queued behind it: the first claim marks it, once.
 SELECT pg_temp.running() AS a1 \gset

@@ -227,15 +227,16 @@ SELECT pg_temp.bypass(format('UPDATE runrow.agent_run SET updated_at = now() - i
     :'batch'));
 SET LOCAL track_functions = 'all';
 SELECT coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_guard'::regproc), 0) AS guard_before,
-       coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_turn_order'::regproc), 0) AS order_before \gset
+       coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_after_update'::regproc), 0) AS after_before \gset
 SELECT jsonb_agg(jsonb_build_object('run_id', c.run_id, 'claim_token', c.claim_token, 'status', 'completed')) AS acks
 FROM runrow.claim_runs('w', 5) AS c \gset
 SELECT results_eq(format('SELECT count(*) FILTER (WHERE finished) FROM runrow.finish_runs(%L)', :'acks'),
     $$VALUES (5::bigint)$$, 'a batch of five is claimed and finished');
 SELECT is(coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_guard'::regproc), 0) - :guard_before, 0::bigint,
     'claim_runs and finish_runs call agent_run''s guard function for none of their rows');
-SELECT ok(coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_turn_order'::regproc), 0) - :order_before
-          BETWEEN 2 AND 4, 'turn order is checked once per statement, not once per run');
+SELECT is(coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_after_update'::regproc), 0) - :after_before,
+    2::bigint, 'turn order and the endings'' next turns are looked at once per statement (the claim''s, the '
+    'finish''s), not once per run, and not for a promotion of delayed runs when none is due');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -83,7 +83,7 @@ SELECT throws_ok(format($$UPDATE runrow.agent_run SET model = 'other', updated_a
 SELECT throws_ok(format($$UPDATE runrow.agent_run SET result = '{}', updated_at = now() WHERE id = %L$$, :'completed'),
     '23000', format('run %s is completed and terminal states are sticky', :'completed'),
     'a terminal run stays sticky even when the writer stamps updated_at');
--- Turn order is checked once per statement (agent_run_turn_order): a statement that starts a
+-- Turn order is checked once per statement (agent_run_after_update): a statement that starts a
 -- later turn beside a run that may start fails as a whole.
 SELECT pg_temp.new_run() AS free_run \gset
 SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', attempt = 1, worker_id = 'w',

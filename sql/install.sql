@@ -2938,6 +2938,140 @@ INSERT INTO runrow._yoyo_migration VALUES ('b9337a57a16c9451275269247ea5ec376451
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'b9337a57a16c9451275269247ea5ec3764518379d3a1725f84ec228f7299d283', '0027_uuidv7_plpgsql', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0028_after_update_per_statement
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '63c6abbacc8dafdf1e03a97eea2e918e81cb5b0854511fba4afb236c63903170') AS apply_63c6abbacc8d \gset
+\if :apply_63c6abbacc8d
+-- depends: 0027_uuidv7_plpgsql
+-- agent_run's two AFTER UPDATE jobs, turn order and unblocking the next turn, in one trigger
+-- that fires once per statement (issue 11). agent_run_unblock_next_turn was a row trigger: a
+-- PL/pgSQL call and two statements (the concurrency-key test, whose EXISTS made it a full
+-- statement, and the next-turn lookup) for every run that ended, ten of each for a
+-- finish_runs of ten. A second statement trigger beside agent_run_turn_order would have cost
+-- a call on every UPDATE statement (each claim, each heartbeat), so the two are one function:
+-- one look at the statement's rows decides which of the two checks it needs, and an ending
+-- batch is read in one statement.
+--
+-- Unchanged: what each job does and in which order it locks. Turn order still fails the
+-- statement with 40001; each ended run's next open turn of its conversation is still locked
+-- FOR KEY SHARE, its claim_blocked mark cleared and runrow_enqueued sent as before, the runs
+-- taken in (conversation, turn) order, the order stop_conversation locks in.
+--
+-- Measured (tests/test_after_update_cost.py; one session, claim_runs then finish_runs, 2,000
+-- runs): see the commit message.
+
+CREATE FUNCTION runrow._agent_run_after_update() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    starts boolean;
+    ends boolean;
+    bad record;
+    e record;
+    marked boolean;
+BEGIN
+    -- Most statements neither start nor end a run (a heartbeat, a mark): one look at their rows.
+    SELECT (SELECT bool_or(o.status = 'queued') FROM old_runs AS o),
+           (SELECT bool_or(n.status IN ('completed', 'failed', 'cancelled', 'dead')) FROM new_runs AS n)
+    INTO starts, ends;
+
+    IF starts THEN
+        -- Turn order: no run this statement moved from queued to running has an earlier turn
+        -- of its conversation still queued. The earlier turns are read as "open"
+        -- (agent_run_open_by_conversation) and tested for queued outside the query: a query on
+        -- status = 'queued' can also be served by agent_run_claimable, which walks the whole
+        -- queue ahead of the run (0009's header).
+        SELECT n.id, n.conversation_id INTO bad
+        FROM new_runs AS n
+        JOIN old_runs AS o ON o.id = n.id
+        WHERE n.status = 'running' AND o.status = 'queued'
+          AND 'queued' = ANY (ARRAY(
+              SELECT earlier.status FROM runrow.agent_run AS earlier
+              WHERE earlier.conversation_id = n.conversation_id
+                AND earlier.status IN ('queued', 'running', 'waiting')
+                AND earlier.enqueue_seq < n.enqueue_seq
+          ))
+        LIMIT 1;
+        IF FOUND THEN
+            -- 40001: a concurrent enqueue committed an earlier turn after the claimer's
+            -- snapshot; the claim treats it like any serialization failure and retries later.
+            RAISE EXCEPTION 'run %: an earlier turn of conversation % is still queued', bad.id, bad.conversation_id
+                USING ERRCODE = 'serialization_failure';
+        END IF;
+    END IF;
+
+    IF ends THEN
+        -- Each run this statement ended, with what its ending may let start: a slot of a
+        -- capped concurrency key, and the conversation's oldest open turn after it (only a
+        -- younger turn can have waited on it; an older open one was ahead of it all along).
+        FOR e IN
+            SELECT n.conversation_id,
+                   n.concurrency_key IS NOT NULL AND o.status IN ('running', 'waiting') AND EXISTS (
+                       SELECT 1 FROM runrow.concurrency_limit AS l WHERE l.concurrency_key = n.concurrency_key
+                   ) AS frees_slot,
+                   t.id AS next_id,
+                   t.status = 'queued' AND t.enqueue_seq > n.enqueue_seq AS next_waits
+            FROM new_runs AS n
+            JOIN old_runs AS o ON o.id = n.id
+            LEFT JOIN LATERAL (
+                SELECT x.id, x.enqueue_seq, x.status
+                FROM runrow.agent_run AS x
+                WHERE x.conversation_id = n.conversation_id
+                  AND x.status IN ('queued', 'running', 'waiting')
+                ORDER BY x.enqueue_seq
+                LIMIT 1
+            ) AS t ON true
+            WHERE o.status IN ('queued', 'running', 'waiting')
+              AND n.status IN ('completed', 'failed', 'cancelled', 'dead')
+            ORDER BY n.conversation_id, n.enqueue_seq
+        LOOP
+            IF e.frees_slot THEN
+                -- A dispatcher may be idle waiting for exactly that slot, in any conversation.
+                PERFORM pg_notify('runrow_enqueued', e.conversation_id::text);
+            END IF;
+            CONTINUE WHEN NOT coalesce(e.next_waits, false);
+            -- Locked even when unmarked: a claim that read this turn as blocked before we ended
+            -- the previous one must not mark it after we looked (it locks FOR UPDATE SKIP LOCKED).
+            SELECT x.claim_blocked INTO marked FROM runrow.agent_run AS x
+            WHERE x.id = e.next_id AND x.status = 'queued'
+            FOR KEY SHARE;
+            IF marked THEN
+                UPDATE runrow.agent_run AS x SET claim_blocked = false WHERE x.id = e.next_id;
+            END IF;
+            -- The turn that waited on this one may start now (sent once per conversation and
+            -- transaction: PostgreSQL folds identical notifications of one transaction).
+            PERFORM pg_notify('runrow_enqueued', e.conversation_id::text);
+        END LOOP;
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._agent_run_after_update() FROM PUBLIC;
+
+COMMENT ON FUNCTION runrow._agent_run_after_update() IS
+'agent_run''s AFTER UPDATE statement trigger, once per statement over its old and new rows. '
+'Turn order: the statement fails with 40001 if any run it moved from queued to running has an '
+'earlier turn of its conversation still queued (read after the statement''s own writes, with a '
+'fresh snapshot), so a turn never starts before an earlier one, whoever writes the table. '
+'Unblocking: for each run it moved to a terminal state, in (conversation, turn) order, the '
+'conversation''s oldest open turn, if queued and younger, is locked FOR KEY SHARE, its '
+'claim_blocked mark cleared and runrow_enqueued sent; an ended run of a concurrency key that has '
+'a limit sends runrow_enqueued too (a slot came free).';
+
+DROP TRIGGER agent_run_turn_order ON runrow.agent_run;
+DROP TRIGGER agent_run_unblock_next_turn ON runrow.agent_run;
+DROP FUNCTION runrow._agent_run_turn_order();
+DROP FUNCTION runrow._unblock_next_turn();
+
+CREATE TRIGGER agent_run_after_update
+AFTER UPDATE ON runrow.agent_run
+REFERENCING OLD TABLE AS old_runs NEW TABLE AS new_runs
+FOR EACH STATEMENT EXECUTE FUNCTION runrow._agent_run_after_update();
+INSERT INTO runrow._yoyo_migration VALUES ('63c6abbacc8dafdf1e03a97eea2e918e81cb5b0854511fba4afb236c63903170', '0028_after_update_per_statement', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '63c6abbacc8dafdf1e03a97eea2e918e81cb5b0854511fba4afb236c63903170', '0028_after_update_per_statement', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -3053,22 +3187,37 @@ BEGIN
         RAISE EXCEPTION 'worker_id must be NULL or 1 to 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_range(_claim.max_runs, 'max_runs', 1, 1000);
-    PERFORM runrow._require_range(_claim.lease_seconds, 'lease_seconds', 1, 3600);
+    -- The helpers only raise; calling them only when a test here fails keeps two function
+    -- calls (each a statement and a search_path switch) off every claim.
+    IF _claim.max_runs IS NULL OR _claim.max_runs NOT BETWEEN 1 AND 1000 THEN
+        PERFORM runrow._require_range(_claim.max_runs, 'max_runs', 1, 1000);
+    END IF;
+    IF _claim.lease_seconds IS NULL OR _claim.lease_seconds NOT BETWEEN 1 AND 3600 THEN
+        PERFORM runrow._require_range(_claim.lease_seconds, 'lease_seconds', 1, 3600);
+    END IF;
 
     BEGIN
         -- Delayed runs whose not_before has passed join agent_run_claimable. Only the due
         -- ones are read (a range of agent_run_delayed), a bounded number per claim (the next
         -- claim takes the rest), each locked SKIP LOCKED so concurrent claims split them.
-        UPDATE runrow.agent_run AS d SET not_before = NULL
-        WHERE d.id = ANY (ARRAY(
-            SELECT w.id FROM runrow.agent_run AS w
+        -- Looked for first: an UPDATE that changes nothing still fires agent_run's statement
+        -- trigger, a function call and a statement more on every claim of a queue with no
+        -- delayed run due (migration 0028).
+        promoted := 0;
+        IF EXISTS (
+            SELECT 1 FROM runrow.agent_run AS w
             WHERE w.status = 'queued' AND w.not_before IS NOT NULL AND w.not_before <= now()
-            ORDER BY w.not_before
-            LIMIT 100
-            FOR UPDATE SKIP LOCKED
-        ));
-        GET DIAGNOSTICS promoted = ROW_COUNT;
+        ) THEN
+            UPDATE runrow.agent_run AS d SET not_before = NULL
+            WHERE d.id = ANY (ARRAY(
+                SELECT w.id FROM runrow.agent_run AS w
+                WHERE w.status = 'queued' AND w.not_before IS NOT NULL AND w.not_before <= now()
+                ORDER BY w.not_before
+                LIMIT 100
+                FOR UPDATE SKIP LOCKED
+            ));
+            GET DIAGNOSTICS promoted = ROW_COUNT;
+        END IF;
 
         fleet_blocked_keys := ARRAY(SELECT l.rate_limit_key FROM runrow.rate_limit AS l WHERE l.blocked_until > now());
         fleet_has_budgets := EXISTS (SELECT 1 FROM runrow.tenant_budget);
@@ -3439,7 +3588,7 @@ BEGIN
                     -- Mark it so no later claim reads it again, but only if it is still blocked
                     -- now that we hold its lock: these probes take a fresh snapshot, so a turn
                     -- ahead that ended before we locked is seen ended, and one that ends after
-                    -- waits for our lock in agent_run_unblock_next_turn and clears the mark.
+                    -- waits for our lock in agent_run_after_update and clears the mark.
                     -- A turn found free after all is left for the next claim.
                     blocked := EXISTS (
                         SELECT 1 FROM runrow.agent_run AS a
@@ -4811,9 +4960,15 @@ DECLARE
     bad record;
     last_seq bigint;
 BEGIN
-    PERFORM runrow._require_not_null(append_events.run_id, 'run_id');
-    PERFORM runrow._require_not_null(append_events.claim_token, 'claim_token');
-    PERFORM runrow._require_not_null(append_events.events, 'events');
+    -- The helpers only raise (the first failing one, in this order): called only when a test
+    -- here fails, not as a statement and a search_path switch each on every call.
+    IF append_events.run_id IS NULL
+       OR append_events.claim_token IS NULL
+       OR append_events.events IS NULL THEN
+        PERFORM runrow._require_not_null(append_events.run_id, 'run_id');
+        PERFORM runrow._require_not_null(append_events.claim_token, 'claim_token');
+        PERFORM runrow._require_not_null(append_events.events, 'events');
+    END IF;
     IF jsonb_typeof(append_events.events) <> 'array' THEN
         RAISE EXCEPTION 'events must be a JSON array of event objects, got %', jsonb_typeof(append_events.events)
             USING ERRCODE = 'invalid_parameter_value';
@@ -5302,7 +5457,8 @@ BEGIN
         ('unique index', 'run_event_pkey', 'run_event'),
         ('unique index', 'run_event_one_complete', 'run_event'),
         ('trigger', 'agent_run_guard', 'agent_run'),
-        ('trigger', 'agent_run_turn_order', 'agent_run'),
+        -- Turn order and unblocking the next turn, once per statement (0028).
+        ('trigger', 'agent_run_after_update', 'agent_run'),
         ('trigger', 'agent_run_no_delete', 'agent_run'),
         ('trigger', 'agent_run_no_truncate', 'agent_run'),
         ('trigger', 'run_event_guard', 'run_event'),
@@ -5326,7 +5482,6 @@ BEGIN
         ('trigger', 'tool_effect_no_truncate', 'tool_effect'),
         ('constraint', 'agent_run_conversation_fk', 'agent_run'),
         ('trigger', 'agent_run_owner_guard', 'agent_run'),
-        ('trigger', 'agent_run_unblock_next_turn', 'agent_run'),
         ('trigger', 'conversation_immutable', 'conversation'),
         -- Without the outbox trigger a run would end and nobody would be told.
         ('trigger', 'agent_run_webhook_outbox', 'agent_run'),
@@ -6588,9 +6743,15 @@ AS $fn$
 DECLARE
     conv uuid;
 BEGIN
-    PERFORM runrow._require_not_null(finish_run.run_id, 'run_id');
-    PERFORM runrow._require_not_null(finish_run.claim_token, 'claim_token');
-    PERFORM runrow._require_not_null(finish_run.status, 'status');
+    -- The helpers only raise (the first failing one, in this order): called only when a test
+    -- here fails, not as a statement and a search_path switch each on every call.
+    IF finish_run.run_id IS NULL
+       OR finish_run.claim_token IS NULL
+       OR finish_run.status IS NULL THEN
+        PERFORM runrow._require_not_null(finish_run.run_id, 'run_id');
+        PERFORM runrow._require_not_null(finish_run.claim_token, 'claim_token');
+        PERFORM runrow._require_not_null(finish_run.status, 'status');
+    END IF;
     IF finish_run.status NOT IN ('completed', 'failed', 'cancelled') THEN
         RAISE EXCEPTION 'status must be one of completed, failed, cancelled, got "%"', finish_run.status
             USING ERRCODE = 'invalid_parameter_value';
@@ -6609,7 +6770,9 @@ BEGIN
         error = finish_run.error,
         finished_at = now(),
         claim_token = NULL,
-        claim_expires_at = NULL
+        claim_expires_at = NULL,
+        -- Stamped here, so agent_run_guard's WHEN skips its call for this legal move.
+        updated_at = now()
     WHERE r.id = finish_run.run_id
       AND r.claim_token = finish_run.claim_token
       AND r.status = 'running'
@@ -6654,7 +6817,11 @@ DECLARE
     watched_ids uuid[];
     uuid_re constant text := '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$';
 BEGIN
-    PERFORM runrow._require_not_null(finish_runs.runs, 'runs');
+    IF finish_runs.runs IS NULL THEN
+        -- Called only to raise: a call on every batch would be a statement and a search_path
+        -- switch for nothing.
+        PERFORM runrow._require_not_null(finish_runs.runs, 'runs');
+    END IF;
     IF jsonb_typeof(finish_runs.runs) <> 'array' THEN
         RAISE EXCEPTION 'runs must be a JSON array of run objects, got %', jsonb_typeof(finish_runs.runs)
             USING ERRCODE = 'invalid_parameter_value';
@@ -7162,14 +7329,22 @@ AS $fn$
 DECLARE
     flag boolean;
 BEGIN
-    PERFORM runrow._require_not_null(heartbeat.run_id, 'run_id');
-    PERFORM runrow._require_not_null(heartbeat.claim_token, 'claim_token');
-    PERFORM runrow._require_range(heartbeat.lease_seconds, 'lease_seconds', 1, 3600);
+    -- The helpers only raise (the first failing one, in this order): called only when a test
+    -- here fails, not as a statement and a search_path switch each on every call.
+    IF heartbeat.run_id IS NULL
+       OR heartbeat.claim_token IS NULL
+       OR heartbeat.lease_seconds IS NULL OR heartbeat.lease_seconds NOT BETWEEN 1 AND 3600 THEN
+        PERFORM runrow._require_not_null(heartbeat.run_id, 'run_id');
+        PERFORM runrow._require_not_null(heartbeat.claim_token, 'claim_token');
+        PERFORM runrow._require_range(heartbeat.lease_seconds, 'lease_seconds', 1, 3600);
+    END IF;
 
     -- Touches only unindexed columns, so this is a HOT update.
     UPDATE runrow.agent_run AS r
     SET claim_expires_at = now() + make_interval(secs => heartbeat.lease_seconds),
-        last_heartbeat_at = now()
+        last_heartbeat_at = now(),
+        -- Stamped here (unindexed too), so agent_run_guard's WHEN skips its call.
+        updated_at = now()
     WHERE r.id = heartbeat.run_id
       AND r.claim_token = heartbeat.claim_token
       AND r.status = 'running'

@@ -1,0 +1,144 @@
+"""How many PL/pgSQL functions one lifecycle call runs: the calls it must make, not one more
+per run. Each call below is a function call of its own plus the trigger and helper calls it
+sets off, and each of those is a statement and a search_path switch of the backend's time.
+
+Counted with track_functions = 'all' from this backend's own counters
+(pg_stat_get_xact_function_calls: exact within a transaction, no stats flush to wait for),
+never in time. Every call is rolled back, so each count starts from the same tables.
+
+What this pins (migration 0028 and the argument checks of the hot functions):
+- agent_run's AFTER UPDATE work (turn order, unblocking an ended run's next turn) runs once per
+  UPDATE statement, not once per ended run;
+- a claim that finds no delayed run due runs no promotion UPDATE, so no trigger call for it;
+- the argument helpers (_require_*) are called only when an argument is bad;
+- heartbeat and finish_run stamp updated_at themselves, so agent_run's guard trigger (whose WHEN
+  passes any write that leaves updated_at behind) skips its call for them, as for the batch path.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from race_support import database_url, drain, enqueue, owner
+
+RUNS = 10
+
+__all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
+
+
+@pytest.fixture
+def counted(database_url: str, cluster_urls: tuple[str, str]) -> Iterator[psycopg.Connection]:
+    """A superuser session on this module's database: track_functions is superuser-only. The
+    counts are the same for any role: the functions are SECURITY DEFINER."""
+    url = make_conninfo(cluster_urls[1], dbname=conninfo_to_dict(database_url)["dbname"])
+    with psycopg.connect(url, autocommit=True) as conn:
+        yield conn
+
+
+FUNCTIONS = """
+    SELECT p.proname, pg_stat_get_xact_function_calls(p.oid)
+    FROM pg_proc AS p WHERE p.pronamespace = 'runrow'::regnamespace
+      AND pg_stat_get_xact_function_calls(p.oid) > 0
+"""
+
+
+def calls(conn: psycopg.Connection, sql: str, params: tuple[object, ...] = ()) -> dict[str, int]:
+    """The runrow functions one call of `sql` runs, and how often, rolled back."""
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL track_functions = 'all'")
+        before = dict(conn.execute(FUNCTIONS).fetchall())
+        conn.execute(sql, params).fetchall()
+        after = dict(conn.execute(FUNCTIONS).fetchall())
+    return {name: n - before.get(name, 0) for name, n in after.items() if n > before.get(name, 0)}
+
+
+def test_a_batch_lifecycle_runs_a_fixed_number_of_functions(
+    owner: psycopg.Connection, counted: psycopg.Connection
+):
+    for _ in range(RUNS):
+        enqueue(owner, uuid.uuid4())
+    worker = counted
+    claim = calls(worker, "SELECT * FROM runrow.claim_runs('calls-probe', %s, 30)", (RUNS,))
+
+    runs = worker.execute(
+        "SELECT run_id, claim_token FROM runrow.claim_runs('calls-probe', %s, 30)", (RUNS,)
+    ).fetchall()
+    assert len(runs) == RUNS
+    heartbeat = calls(worker, "SELECT * FROM runrow.heartbeat(%s, %s, 30)", runs[0])
+    append = calls(
+        worker, "SELECT runrow.append_events(%s, %s, %s::jsonb)", (*runs[0], '[{"type": "text_delta"}]')
+    )
+    acks = json.dumps([{"run_id": str(r), "claim_token": str(t), "status": "completed"} for r, t in runs])
+    finish = calls(worker, "SELECT * FROM runrow.finish_runs(%s::jsonb)", (acks,))
+    one = calls(worker, "SELECT runrow.finish_run(%s, %s, 'completed')", runs[0])
+    print(
+        f"claim_runs({RUNS}) {claim}; heartbeat {heartbeat}; append_events {append}; "
+        f"finish_runs({RUNS}) {finish}; finish_run {one}"
+    )
+    drain(owner)
+
+    # The journal guard is the one per-row call left: it assigns each row its seq.
+    assert claim == {"claim_runs": 1, "_claim": 1, "_agent_run_after_update": 1, "_run_event_guard": RUNS}
+    assert heartbeat == {"heartbeat": 1, "_agent_run_after_update": 1}
+    assert finish == {"finish_runs": 1, "_agent_run_after_update": 1, "_run_event_guard": RUNS}
+    # The single-run functions share their journal helpers with the other writers.
+    assert append == {
+        "append_events": 1,
+        "_hold_claim": 1,
+        "_journal": 1,
+        "_wake_tails": 1,
+        "_run_event_guard": 1,
+    }
+    assert one == {
+        "finish_run": 1,
+        "_agent_run_after_update": 1,
+        "_journal": 1,
+        "_journal_complete": 1,
+        "_wake_tails_ended": 1,
+        "_run_event_guard": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    ("sql", "params", "error"),
+    [
+        ("SELECT * FROM runrow.claim_runs('w', %s, 30)", (0,), "max_runs must be between 1 and 1000, got 0"),
+        (
+            "SELECT * FROM runrow.claim_runs('w', %s, 30)",
+            (1001,),
+            "max_runs must be between 1 and 1000, got 1001",
+        ),
+        ("SELECT * FROM runrow.claim_runs('w', 1, %s)", (None,), "lease_seconds must not be NULL"),
+        ("SELECT * FROM runrow.heartbeat(%s, %s, 30)", (None, uuid.uuid4()), "run_id must not be NULL"),
+        ("SELECT * FROM runrow.heartbeat(%s, %s, 30)", (uuid.uuid4(), None), "claim_token must not be NULL"),
+        (
+            "SELECT * FROM runrow.heartbeat(%s, %s, 3601)",
+            (uuid.uuid4(), uuid.uuid4()),
+            "lease_seconds must be between 1 and 3600, got 3601",
+        ),
+        (
+            "SELECT runrow.append_events(%s, %s, %s)",
+            (uuid.uuid4(), uuid.uuid4(), None),
+            "events must not be NULL",
+        ),
+        ("SELECT * FROM runrow.finish_runs(%s)", (None,), "runs must not be NULL"),
+        (
+            "SELECT runrow.finish_run(%s, %s, %s)",
+            (uuid.uuid4(), uuid.uuid4(), None),
+            "status must not be NULL",
+        ),
+    ],
+)
+def test_a_bad_argument_still_gets_its_helpers_error(
+    counted: psycopg.Connection, sql: str, params: tuple[object, ...], error: str
+):
+    """The tests in front of the helpers only decide whether to call them: a bad argument still
+    gets the helper's error (its SQLSTATE, the argument named), as from every other function."""
+    with pytest.raises((psycopg.errors.NullValueNotAllowed, psycopg.errors.InvalidParameterValue)) as raised:
+        counted.execute(sql, params)
+    assert raised.value.diag.message_primary == error
