@@ -5,7 +5,8 @@ Each benchmark is also runnable alone: `python -m bench.enqueue_to_claim`,
 `python -m bench.claim_buffers`, `python -m bench.prompt_cache`, `python -m bench.fairness`,
 `python -m bench.rate_limits`, `python -m bench.trim`,
 `python -m bench.drain`. The drain runs last, on a cluster of its own with fsync on. `--short`:
-smaller sizes for the buffer counts, the fairness backlog, the trim and the drain. The report,
+smaller sizes for the buffer counts, the fairness backlog, the trim and the drain; `--rounds N`:
+the drain's rounds (default 3; ratios are the median of the rounds). The report,
 the trim's figures and the drain's rows go to bench-results.json (RUNROW_BENCH_JSON to change
 it).
 """
@@ -33,6 +34,9 @@ from bench import (
 from bench.common import bench_database, machine
 
 SHORT = "--short" in sys.argv[1:]
+# The drain's peer and worker rows are run this many times, alternating systems, and each ratio
+# is quoted as the median of the rounds (`--rounds N` to change it).
+ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv[1:-1] else 3
 FIGURES: dict[str, object] = {}
 
 
@@ -66,7 +70,7 @@ def main() -> None:
         report.extend(["", *lines])
         print("\n".join(lines), flush=True)
     t0 = time.monotonic()
-    lines, rows = drain.run(SHORT)
+    lines, rows = drain.run(SHORT, rounds=ROUNDS)
     lines[0] += f"  [{time.monotonic() - t0:.0f} s]"
     report.extend(["", *lines])
     print("\n=== runrow benchmarks ===")

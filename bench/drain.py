@@ -41,6 +41,7 @@ import json
 import multiprocessing
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -70,6 +71,7 @@ class Row:
     wal_records: int
     wal_fpi: int
     commits: int
+    round: int = 1
 
     @property
     def rate(self) -> float:
@@ -503,36 +505,67 @@ def bench_cluster() -> Iterator[tuple[str, str]]:
         yield urls
 
 
-def report(rows: list[Row], jobs: int) -> list[str]:
-    lines = [f"drain: {jobs:,} empty jobs, {PROCESSES} processes, fresh database per row"]
-    for batch in BATCHES:
-        plain = [r for r in rows if r.batch == batch and "idle LISTEN" not in r.system]
-        if not plain:
-            continue
-        lines.append(f"  batch {batch}")
-        for row in plain:
-            lines.append(f"    {row.system:<48}{row.cells()}")
-        by = {r.system: r for r in plain}
+def _ratio_lines(rows: list[Row], batch: int) -> list[str]:
+    """Each runrow row against the faster PgQueuer row of its own round: jobs/s, WAL and
+    commits as ratios, and jobs/s against bare SQL. Over several rounds, the median of each
+    ratio with its range (one drain moves with the box's load by 30% and more; the median of
+    rounds run alternately is the figure to quote)."""
+    rounds = sorted({r.round for r in rows})
+    per_round: dict[str, list[tuple[float, float, float, float]]] = {}
+    peer_name = ""
+    for n in rounds:
+        by = {r.system: r for r in rows if r.round == n}
         peers = [r for name, r in by.items() if name.startswith("PgQueuer")]
         bare = next((r for name, r in by.items() if name.startswith("bare")), None)
         if not peers or bare is None:
-            continue  # --only without the peers: no ratios
+            return []  # --only without the peers: no ratios
         peer = max(peers, key=lambda r: r.rate)
+        peer_name = peer.system
         mine = (
             ("runrow SQL API", by.get(RUNROW_API)),
             ("runrow SQL API chained", by.get(RUNROW_CHAINED)),
             ("runrow worker", by.get(f"runrow worker (--concurrency {batch})")),
         )
         for label, runrow in mine:
-            if runrow is None:
-                continue
-            lines.append(
-                f"    {label} / {peer.system.split(' (')[0]} ({peer.system.split('(')[1].split(',')[0]}): "
-                f"{runrow.rate / peer.rate:.2f}x jobs/s, "
-                f"{runrow.wal_bytes / peer.wal_bytes:.2f}x WAL, "
-                f"{runrow.commits / max(peer.commits, 1):.2f}x commits; "
-                f"/ bare SQL: {runrow.rate / bare.rate:.2f}x jobs/s"
-            )
+            if runrow is not None:
+                per_round.setdefault(label, []).append(
+                    (
+                        runrow.rate / peer.rate,
+                        runrow.wal_bytes / peer.wal_bytes,
+                        runrow.commits / max(peer.commits, 1),
+                        runrow.rate / bare.rate,
+                    )
+                )
+    peer_label = f"{peer_name.split(' (')[0]} ({peer_name.split('(')[1].split(',')[0]})"
+    lines = []
+    for label, ratios in per_round.items():
+        rate, wal, commits, to_bare = (statistics.median(x) for x in zip(*ratios, strict=True))
+        spread = ""
+        if len(ratios) > 1:
+            rates = [x[0] for x in ratios]
+            spread = f" (median of {len(ratios)} rounds, {min(rates):.2f}-{max(rates):.2f}x)"
+        lines.append(
+            f"    {label} / {peer_label}: {rate:.2f}x jobs/s{spread}, {wal:.2f}x WAL, "
+            f"{commits:.2f}x commits; / bare SQL: {to_bare:.2f}x jobs/s"
+        )
+    return lines
+
+
+def report(rows: list[Row], jobs: int) -> list[str]:
+    rounds = max((r.round for r in rows), default=1)
+    lines = [
+        f"drain: {jobs:,} empty jobs, {PROCESSES} processes, fresh database per row"
+        + (f", {rounds} rounds" if rounds > 1 else "")
+    ]
+    for batch in BATCHES:
+        plain = [r for r in rows if r.batch == batch and "idle LISTEN" not in r.system]
+        if not plain:
+            continue
+        lines.append(f"  batch {batch}")
+        for row in plain:
+            tag = f"  [round {row.round}]" if rounds > 1 else ""
+            lines.append(f"    {row.system:<48}{row.cells()}{tag}")
+        lines.extend(_ratio_lines(plain, batch))
     listening = [r for r in rows if "idle LISTEN" in r.system]
     if listening:
         lines.append(
@@ -547,21 +580,28 @@ ROW_GROUPS = ("peers", "worker", "listen")
 
 
 def run(
-    short: bool = False, jobs: int | None = None, only: tuple[str, ...] = ROW_GROUPS
+    short: bool = False, jobs: int | None = None, only: tuple[str, ...] = ROW_GROUPS, rounds: int = 1
 ) -> tuple[list[str], list[dict]]:
     jobs = jobs or (SHORT_JOBS if short else JOBS)
     rows: list[Row] = []
     with bench_cluster() as (server, superuser):
-        for batch in BATCHES:
-            if "peers" in only:
-                for system in SYSTEMS:
-                    row = drain_row(server, superuser, system, batch, jobs)
-                    print(f"  batch {batch:>2}  {system:<48}{row.cells()}", flush=True)
+        # Rounds alternate the systems (each round runs every row once, in the same order),
+        # so a slow spell of the box lands on all of them rather than on one.
+        for n in range(1, rounds + 1):
+            for batch in BATCHES:
+                if "peers" in only:
+                    for system in SYSTEMS:
+                        row = dataclasses.replace(drain_row(server, superuser, system, batch, jobs), round=n)
+                        print(
+                            f"  batch {batch:>2}  {system:<48}{row.cells()}  [round {n}/{rounds}]", flush=True
+                        )
+                        rows.append(row)
+                if "worker" in only:
+                    row = dataclasses.replace(worker_row(server, superuser, batch, jobs), round=n)
+                    print(
+                        f"  batch {batch:>2}  {row.system:<48}{row.cells()}  [round {n}/{rounds}]", flush=True
+                    )
                     rows.append(row)
-            if "worker" in only:
-                row = worker_row(server, superuser, batch, jobs)
-                print(f"  batch {batch:>2}  {row.system:<48}{row.cells()}", flush=True)
-                rows.append(row)
         if "listen" in only:
             for listeners in LISTENERS:
                 for row in (
@@ -600,17 +640,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "worker; listen = SQL API and worker beside 2 and 20 idle LISTEN sessions. Ratios need the peers.",
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the peer and worker rows N times, alternating systems, and quote each ratio as the median "
+        "of the rounds with its range (one drain moves with the box's load; 3 is a fair minimum)",
+    )
+    parser.add_argument(
         "--here", action="store_true", help="run on DATABASE_URL's server instead of a private cluster"
     )
     args = parser.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
         parser.error("--jobs must be at least 1")
+    if not 1 <= args.rounds <= 50:
+        parser.error("--rounds must be between 1 and 50")
     return args
 
 
 def main() -> None:
     args = parse_args(sys.argv[1:])
-    lines, rows = run(args.short, args.jobs, tuple(args.only or ROW_GROUPS))
+    lines, rows = run(args.short, args.jobs, tuple(args.only or ROW_GROUPS), args.rounds)
     print("\n".join(lines))
     out = os.environ.get("RUNROW_BENCH_JSON", "bench-drain.json")
     with open(out, "w") as f:

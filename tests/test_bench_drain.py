@@ -48,3 +48,30 @@ def test_a_small_drain_of_every_system_passes_its_own_checks(tmp_path: Path):
         plain = by[("runrow SQL API (claim_runs -> finish_runs)", batch)]["commits"]
         chained = by[("runrow SQL API (finish_runs + next claim_runs)", batch)]["commits"]
         assert chained < 0.75 * plain, (batch, plain, chained)
+
+
+def test_ratios_over_rounds_are_the_median_of_each_rounds_own_ratio(monkeypatch):
+    """Each round's runrow row is divided by that round's faster PgQueuer row, and the report
+    quotes the median of those ratios with their range; a slow round of the box moves every
+    system of that round, not the quoted figure."""
+    monkeypatch.syspath_prepend(str(REPO))  # bench/ is the repository's, not the package's
+    from bench import drain
+
+    def row(system: str, rate: float, n: int) -> drain.Row:
+        return drain.Row(
+            system, 10, 1000, 1000 / rate, wal_bytes=1000, wal_records=10, wal_fpi=0, commits=100, round=n
+        )
+
+    rows = []
+    # Round 2 is a slow spell: every system runs at half speed.
+    for n, (pgq, api) in enumerate([(1000, 1300), (500, 550), (1000, 1200)], start=1):
+        rows += [
+            row("bare SQL (claim UPDATE, ack DELETE)", 3000, n),
+            row("PgQueuer 1.6 (asyncpg, QueueManager)", pgq, n),
+            row("PgQueuer 1.6 (psycopg, QueueManager)", pgq * 0.9, n),
+            row(drain.RUNROW_API, api, n),
+        ]
+    lines = drain.report(rows, 1000)
+    assert lines[0].endswith("3 rounds")
+    (ratio,) = [line for line in lines if "runrow SQL API / PgQueuer" in line]
+    assert "1.20x jobs/s (median of 3 rounds, 1.10-1.30x)" in ratio, ratio
