@@ -1,0 +1,117 @@
+"""What a claim, a heartbeat and a finish write to the WAL for agent_run's row (migration 0029).
+
+Neither the claim nor the finish can be a HOT update (status is in most of agent_run's index
+predicates), but when the new row version lands on the page of the old one PostgreSQL logs
+only the bytes between their common prefix and common suffix. With the changing columns
+together at the end of the row, that is those columns, not the whole row: before 0029 each
+such update logged 270-300 bytes, the size of the row.
+
+Counted, not timed: the WAL records themselves, read back with pg_walinspect (a contrib
+extension of PostgreSQL 15) between two WAL positions of one session.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from race_support import database_url, drain, enqueue, owner
+
+RUNS = 10
+# The columns the claim, the heartbeat and the finish change, in the order 0029 gives them.
+HOT = [
+    "attempt",
+    "started_at",
+    "worker_id",
+    "status",
+    "claim_token",
+    "claim_expires_at",
+    "last_heartbeat_at",
+    "updated_at",
+    "finished_at",
+    "result",
+    "error",
+]
+
+__all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
+
+
+@pytest.fixture
+def superuser(database_url: str, cluster_urls: tuple[str, str]) -> Iterator[psycopg.Connection]:
+    """A superuser session on this module's database: pg_walinspect and CHECKPOINT need one."""
+    url = make_conninfo(cluster_urls[1], dbname=conninfo_to_dict(database_url)["dbname"])
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        yield conn
+
+
+def agent_run_records(su: psycopg.Connection, start: str) -> list[tuple[str, int]]:
+    """(record type, length) of every Heap record on agent_run's heap since `start`. The
+    CHECKPOINT flushes the WAL, which pg_walinspect reads only up to the flushed position."""
+    su.execute("CHECKPOINT")
+    node = su.execute("SELECT pg_relation_filenode('runrow.agent_run')").fetchone()[0]
+    return su.execute(
+        "SELECT record_type, record_length FROM pg_get_wal_records_info(%s, pg_current_wal_flush_lsn())"
+        " WHERE resource_manager = 'Heap' AND block_ref ~ ('rel [0-9]+/[0-9]+/' || %s || ' ')"
+        " ORDER BY start_lsn",
+        (start, str(node)),
+    ).fetchall()
+
+
+def lsn(conn: psycopg.Connection) -> str:
+    return str(conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0])
+
+
+def test_the_columns_a_lifecycle_changes_are_the_last_of_the_row(owner: psycopg.Connection):
+    columns = [
+        name
+        for (name,) in owner.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'runrow.agent_run'::regclass"
+            " AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+        ).fetchall()
+    ]
+    assert columns[-len(HOT) :] == HOT, columns
+
+
+def test_a_claim_a_heartbeat_and_a_finish_log_what_they_change_not_the_row(
+    owner: psycopg.Connection, superuser: psycopg.Connection
+):
+    for _ in range(RUNS):
+        enqueue(owner, uuid.uuid4())
+    owner.execute("VACUUM runrow.agent_run")  # a steady table: the enqueue's pages, pruned
+
+    start = lsn(superuser)
+    runs = owner.execute(
+        "SELECT run_id, claim_token FROM runrow.claim_runs('layout-probe', %s, 30)", (RUNS,)
+    ).fetchall()
+    assert len(runs) == RUNS
+    claimed = agent_run_records(superuser, start)
+
+    start = lsn(superuser)
+    assert owner.execute("SELECT owned FROM runrow.heartbeat(%s, %s, 30)", runs[0]).fetchone()[0]
+    beat = agent_run_records(superuser, start)
+
+    start = lsn(superuser)
+    acks = json.dumps([{"run_id": str(r), "claim_token": str(t), "status": "completed"} for r, t in runs])
+    assert all(f for (f,) in owner.execute("SELECT finished FROM runrow.finish_runs(%s::jsonb)", (acks,)))
+    finished = agent_run_records(superuser, start)
+    print(f"claim {claimed}\nheartbeat {beat}\nfinish {finished}")
+
+    def updates(records: list[tuple[str, int]]) -> list[int]:
+        # UPDATE+INIT: the version went to a fresh page, which logs it whole (no old page to
+        # diff against); the rest landed next to their old version.
+        return [n for kind, n in records if kind in ("UPDATE", "HOT_UPDATE")]
+
+    claim_updates, finish_updates, beat_updates = updates(claimed), updates(finished), updates(beat)
+    assert len(claim_updates) >= RUNS - 2 and len(finish_updates) >= RUNS - 2
+    # The changed columns of a claim (attempt .. updated_at) are about 80 bytes, of a finish
+    # (status .. error) about 50, of a heartbeat (claim_expires_at .. updated_at) 24; each
+    # record adds about 50 bytes of headers. Before 0029: 270-300 bytes each.
+    assert max(claim_updates) <= 150, claimed
+    assert max(finish_updates) <= 150, finished
+    assert beat_updates and max(beat_updates) <= 110, beat
+    drain(owner)
