@@ -131,7 +131,7 @@ BEGIN
             SELECT 1 FROM runrow.agent_run AS w
             WHERE w.status = 'queued' AND w.not_before IS NOT NULL AND w.not_before <= now()
         ) THEN
-            UPDATE runrow.agent_run AS d SET not_before = NULL
+            UPDATE runrow.agent_run AS d SET not_before = NULL, updated_at = now()
             WHERE d.id = ANY (ARRAY(
                 SELECT w.id FROM runrow.agent_run AS w
                 WHERE w.status = 'queued' AND w.not_before IS NOT NULL AND w.not_before <= now()
@@ -358,7 +358,7 @@ BEGIN
                         FOR UPDATE OF q SKIP LOCKED
                     ) AS b;
                     IF b_flagged IS NOT NULL THEN
-                        UPDATE runrow.agent_run AS q SET claim_blocked = true
+                        UPDATE runrow.agent_run AS q SET claim_blocked = true, updated_at = now()
                         WHERE q.id = ANY (b_flagged)
                           AND ((SELECT 1 FROM runrow.agent_run AS a
                                 WHERE a.conversation_id = q.conversation_id
@@ -449,7 +449,8 @@ BEGIN
                         UPDATE runrow.agent_run AS q
                         SET not_before = (
                             SELECT l.blocked_until FROM runrow.rate_limit AS l
-                            WHERE l.rate_limit_key = fleet_cand.rate_limit_key)
+                            WHERE l.rate_limit_key = fleet_cand.rate_limit_key),
+                            updated_at = now()
                         WHERE q.id = fleet_cand.id;
                         CONTINUE serve;
                     END IF;
@@ -524,7 +525,7 @@ BEGIN
                           AND o.enqueue_seq < g_head_seq[bg]
                     );
                     IF blocked THEN
-                        UPDATE runrow.agent_run AS q SET claim_blocked = true WHERE q.id = got;
+                        UPDATE runrow.agent_run AS q SET claim_blocked = true, updated_at = now() WHERE q.id = got;
                     END IF;
                     CONTINUE serve;
                 END IF;
@@ -565,7 +566,7 @@ BEGIN
                 worker_id = who,
                 attempt = r.attempt + 1,
                 started_at = coalesce(r.started_at, now()),
-                -- Stamped here, so agent_run_guard's WHEN skips its call for this legal move.
+                -- Every writer stamps updated_at itself (no BEFORE trigger does, since 0030).
                 updated_at = now()
             WHERE r.id = ANY (locked)
             RETURNING r.*

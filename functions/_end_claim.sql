@@ -26,6 +26,7 @@ BEGIN
         error = _end_claim.error,
         claim_token = NULL,
         claim_expires_at = NULL,
+        updated_at = now(),
         -- A requeue is claimable after retry_in, or at once (a reap: the crash says nothing
         -- about the model, and the run has already waited out its lease).
         not_before = CASE

@@ -136,7 +136,7 @@ DECLARE
     reason text := coalesce(_fail_queued_for_budget.why, 'budget_exhausted: the tenant is over its daily budget');
 BEGIN
     UPDATE runrow.agent_run AS a
-    SET status = 'failed', finished_at = now(), error = reason, budget_exhausted = reason
+    SET status = 'failed', finished_at = now(), error = reason, budget_exhausted = reason, updated_at = now()
     WHERE a.id = _fail_queued_for_budget.run_id AND a.status = 'queued'
     RETURNING a.conversation_id INTO conv;
     IF NOT FOUND THEN
@@ -175,7 +175,7 @@ BEGIN
     UPDATE runrow.agent_run AS a
     SET status = 'failed', finished_at = now(), error = _end_for_budget.why, result = res,
         claim_token = NULL, claim_expires_at = NULL, granted_input_tokens = NULL,
-        budget_exhausted = _end_for_budget.why
+        budget_exhausted = _end_for_budget.why, updated_at = now()
     WHERE a.id = _end_for_budget.run_id
     RETURNING a.conversation_id INTO conv;
     PERFORM runrow._journal(_end_for_budget.run_id, jsonb_build_array(jsonb_build_object(
@@ -215,7 +215,8 @@ BEGIN
     UPDATE runrow.agent_run AS a
     SET spent_tokens = a.spent_tokens + inp + outp + cw + cr,
         spent_cost = a.spent_cost + cost,
-        granted_input_tokens = NULL
+        granted_input_tokens = NULL,
+        updated_at = now()
     WHERE a.id = _settle_usage.run_id
     RETURNING a.* INTO r;
 
@@ -248,7 +249,7 @@ BEGIN
 
     why := runrow._budget_verdict(r);
     IF why IS NOT NULL THEN
-        UPDATE runrow.agent_run AS a SET budget_exhausted = why WHERE a.id = _settle_usage.run_id;
+        UPDATE runrow.agent_run AS a SET budget_exhausted = why, updated_at = now() WHERE a.id = _settle_usage.run_id;
     END IF;
 END
 $fn$;

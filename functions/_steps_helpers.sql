@@ -80,7 +80,8 @@ BEGIN
         finished_at = CASE WHEN a.cancel_requested THEN now() END,
         error = CASE WHEN a.cancel_requested THEN 'stopped before the tool call was approved' ELSE a.error END,
         claim_token = NULL, claim_expires_at = NULL,
-        attempt = CASE WHEN a.cancel_requested THEN a.attempt ELSE a.attempt - 1 END
+        attempt = CASE WHEN a.cancel_requested THEN a.attempt ELSE a.attempt - 1 END,
+        updated_at = now()
     WHERE a.id = _park_for_person.run_id
     RETURNING a.* INTO STRICT r;
     IF r.status = 'cancelled' THEN

@@ -15,7 +15,7 @@ BEGIN
         -- No worker holds it: cancel outright and hand the user message back as a draft.
         UPDATE runrow.agent_run AS a
         SET status = 'cancelled', finished_at = now(), cancel_requested = true,
-            error = 'stopped before it finished'
+            error = 'stopped before it finished', updated_at = now()
         WHERE a.id = r.id;
         UPDATE runrow.message AS m SET status = 'draft' WHERE m.id = r.user_message_id;
         PERFORM runrow._journal_complete(r.id, r.conversation_id, 'cancelled', NULL, 'stopped before it finished');
@@ -24,7 +24,7 @@ BEGIN
         -- Cooperative: the flag is the truth, the NOTIFY the fast path; the worker
         -- finalizes cancelled and keeps the partial text already journaled.
         IF NOT r.cancel_requested THEN
-            UPDATE runrow.agent_run AS a SET cancel_requested = true WHERE a.id = r.id;
+            UPDATE runrow.agent_run AS a SET cancel_requested = true, updated_at = now() WHERE a.id = r.id;
             last_seq := runrow._journal(r.id, '[{"type": "cancel_requested"}]'::jsonb);
             PERFORM runrow._wake_tails(r.id, last_seq);
         END IF;

@@ -62,7 +62,8 @@ BEGIN
     WHERE b.rate_limit_key = l.rate_limit_key;
     UPDATE runrow.agent_run AS a
     SET granted_input_tokens = CASE WHEN l.input_tokens_per_minute IS NULL THEN NULL
-        ELSE acquire_model_call.input_tokens_estimate END
+        ELSE acquire_model_call.input_tokens_estimate END,
+        updated_at = now()
     WHERE a.id = r.id AND a.granted_input_tokens IS DISTINCT FROM CASE WHEN l.input_tokens_per_minute IS NULL
         THEN NULL ELSE acquire_model_call.input_tokens_estimate END;
     RETURN QUERY SELECT true, 0::numeric, NULL::text;

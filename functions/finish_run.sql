@@ -37,7 +37,7 @@ BEGIN
         finished_at = now(),
         claim_token = NULL,
         claim_expires_at = NULL,
-        -- Stamped here, so agent_run_guard's WHEN skips its call for this legal move.
+        -- Every writer stamps updated_at itself (no BEFORE trigger does, since 0030).
         updated_at = now()
     WHERE r.id = finish_run.run_id
       AND r.claim_token = finish_run.claim_token

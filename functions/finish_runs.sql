@@ -122,7 +122,7 @@ BEGIN
             finished_at = now(),
             claim_token = NULL,
             claim_expires_at = NULL,
-            -- Stamped here, so agent_run_guard's WHEN skips its call for this legal move.
+            -- Every writer stamps updated_at itself (no BEFORE trigger does, since 0030).
             updated_at = now()
         WHERE r.id = ANY (ids)
           AND r.claim_token = (byid -> r.id::text ->> 'claim_token')::uuid

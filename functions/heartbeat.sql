@@ -21,7 +21,7 @@ BEGIN
     UPDATE runrow.agent_run AS r
     SET claim_expires_at = now() + make_interval(secs => heartbeat.lease_seconds),
         last_heartbeat_at = now(),
-        -- Stamped here (unindexed too), so agent_run_guard's WHEN skips its call.
+        -- Every writer stamps updated_at itself (unindexed too; no BEFORE trigger does, since 0030).
         updated_at = now()
     WHERE r.id = heartbeat.run_id
       AND r.claim_token = heartbeat.claim_token

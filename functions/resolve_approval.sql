@@ -58,7 +58,7 @@ BEGIN
         decided_at = now()
     WHERE t.idempotency_key = e.idempotency_key;
 
-    UPDATE runrow.agent_run AS a SET status = 'queued' WHERE a.id = r.id;
+    UPDATE runrow.agent_run AS a SET status = 'queued', updated_at = now() WHERE a.id = r.id;
 
     last_seq := runrow._journal(r.id, jsonb_build_array(
         jsonb_build_object(

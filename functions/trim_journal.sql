@@ -42,7 +42,7 @@ BEGIN
     DELETE FROM runrow.run_event AS e WHERE e.run_id = ANY (due);
     GET DIAGNOSTICS deleted = ROW_COUNT;
 
-    UPDATE runrow.agent_run AS a SET request_snapshot = NULL WHERE a.id = ANY (due);
+    UPDATE runrow.agent_run AS a SET request_snapshot = NULL, updated_at = now() WHERE a.id = ANY (due);
     RETURN deleted;
 END
 $fn$;

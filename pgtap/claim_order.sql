@@ -39,7 +39,8 @@ END $$;
 
 SELECT has_index('runrow', 'agent_run', 'agent_run_claimable', 'agent_run_claimable exists');
 SELECT has_index('runrow', 'agent_run', 'agent_run_delayed', 'agent_run_delayed exists');
-SELECT has_trigger('runrow', 'agent_run', 'agent_run_concurrency_limit', 'the cap trigger exists');
+-- The cap is agent_run_after_update's, once per statement (0030), not a BEFORE row trigger's.
+SELECT hasnt_trigger('runrow', 'agent_run', 'agent_run_concurrency_limit', 'no BEFORE row trigger for the cap');
 
 -- Priority: a high-priority run enqueued behind older ones is claimed first; lower than the
 -- default goes last.

@@ -48,7 +48,10 @@ SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'dead', finished_
     '23000', format('run %s: illegal status change queued -> dead', :'queued'), 'queued -> dead is illegal');
 SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'waiting' WHERE id = %L$$, :'queued'),
     '23000', format('run %s: illegal status change queued -> waiting', :'queued'), 'queued -> waiting is illegal');
-SELECT throws_ok(format($$UPDATE runrow.agent_run SET conversation_id = gen_random_uuid() WHERE id = %L$$, :'queued'),
+-- Into another conversation that exists: the guard, not the conversation's foreign key, refuses
+-- it (both are AFTER triggers since 0030, and the key's fires first on a conversation nobody has).
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET conversation_id = (
+        SELECT c.conversation_id FROM runrow.agent_run AS c WHERE c.id = %L) WHERE id = %L$$, :'completed', :'queued'),
     '23000', format('run %s: id, conversation, message, model, prompt and created_at are immutable', :'queued'),
     'a run cannot move to another conversation');
 SELECT throws_ok(format($$UPDATE runrow.agent_run SET model = 'other' WHERE id = %L$$, :'queued'),

@@ -3278,6 +3278,257 @@ INSERT INTO runrow._yoyo_migration VALUES ('004c88e8670c83a34dbec2fcf453652ad8ee
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '004c88e8670c83a34dbec2fcf453652ad8ee67fd8e58d36c4beb429ee1398822', '0029_agent_run_hot_columns_last', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0030_no_before_update_row_triggers
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'f922c2698179ca35ecb7fd12c6b452dec7b9a458f1b0cc47f3641be5c636acfc') AS apply_f922c2698179 \gset
+\if :apply_f922c2698179
+-- depends: 0029_agent_run_hot_columns_last
+-- agent_run without BEFORE UPDATE row triggers (issue 11: WAL and CPU per lifecycle).
+--
+-- Why: when a table has any BEFORE UPDATE row trigger, PostgreSQL locks each row before it
+-- updates it, to hand the trigger the version it will replace (GetTupleForTrigger), and it does
+-- so before it looks at the trigger's WHEN clause. That lock is a WAL record of its own (54
+-- bytes) and a trip through heap_lock_tuple for every finish, heartbeat, release and reap,
+-- although agent_run_guard's WHEN skips the call for every legal move. The claim's rows were
+-- already locked by its FOR UPDATE SKIP LOCKED, so only the claim was spared.
+--
+-- Now:
+-- - agent_run_guard is an AFTER UPDATE row trigger with the same rules (terminal states sticky
+--   but for trim_journal dropping the snapshot, identity immutable, status only along the
+--   lifecycle) and the same WHEN: an AFTER row trigger's WHEN is tested with the old and new
+--   rows the executor already has, and a false one queues nothing. A violation still fails
+--   the statement (23000) before it can commit.
+-- - It no longer stamps updated_at (an AFTER trigger cannot change the row): every runrow
+--   function that updates agent_run sets updated_at = now() itself, as the claim, the
+--   finishes and the heartbeat already did, so updated_at means what it meant. A hand-written
+--   UPDATE by the owner is no longer stamped.
+-- - The concurrency cap (agent_run_concurrency_limit, a BEFORE row trigger since 0018) moves
+--   into agent_run_after_update, which already runs once per UPDATE statement: for each capped
+--   key a statement starts runs of (in key order), the limit row is locked (UPDATE, as before,
+--   so concurrent starts of one key serialize on it) and the key's running and waiting runs
+--   counted with a fresh snapshot, this statement's included; over the limit, the statement
+--   fails with check_violation naming the constraint agent_run_concurrency_limit, as before.
+--
+-- Measured (tests/test_agent_run_layout.py counts the WAL records): see the commit message.
+
+CREATE OR REPLACE FUNCTION runrow._agent_run_guard() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+BEGIN
+    -- Invariant 2: terminal states are sticky. Nothing, not even the table owner,
+    -- moves a row out of completed/failed/cancelled/dead or edits it. The one change
+    -- allowed is trim_journal dropping the PII snapshot.
+    IF OLD.status IN ('completed', 'failed', 'cancelled', 'dead') THEN
+        IF NEW.request_snapshot IS NULL
+           AND (to_jsonb(NEW) - 'request_snapshot' - 'updated_at')
+               = (to_jsonb(OLD) - 'request_snapshot' - 'updated_at') THEN
+            RETURN NULL;
+        END IF;
+        RAISE EXCEPTION 'run % is % and terminal states are sticky', OLD.id, OLD.status
+            USING ERRCODE = 'integrity_constraint_violation',
+                  HINT = 'A terminal run can be run again only as a new run: runrow.retry_run().';
+    END IF;
+    -- Identity of a run never changes.
+    IF NEW.id <> OLD.id
+       OR NEW.conversation_id <> OLD.conversation_id
+       OR NEW.user_message_id <> OLD.user_message_id
+       OR NEW.prompt_id <> OLD.prompt_id
+       OR NEW.model <> OLD.model
+       OR NEW.created_at <> OLD.created_at
+       OR NEW.enqueue_seq <> OLD.enqueue_seq THEN
+        RAISE EXCEPTION 'run %: id, conversation, message, model, prompt and created_at are immutable', OLD.id
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    -- Status moves only along the lifecycle of SPEC.md.
+    IF NEW.status <> OLD.status AND NOT (
+        (OLD.status = 'queued' AND NEW.status IN ('running', 'cancelled'))
+        -- A run of a tenant over its daily budget is not started: failed at claim, with why.
+        OR (OLD.status = 'queued' AND NEW.status = 'failed' AND NEW.budget_exhausted IS NOT NULL)
+        OR (OLD.status = 'running' AND NEW.status IN ('queued', 'waiting', 'completed', 'failed', 'cancelled', 'dead'))
+        OR (OLD.status = 'waiting' AND NEW.status IN ('queued', 'cancelled'))
+    ) THEN
+        RAISE EXCEPTION 'run %: illegal status change % -> %', OLD.id, OLD.status, NEW.status
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._agent_run_guard() IS
+'agent_run''s AFTER UPDATE row trigger (invariant 2 and the lifecycle): the statement fails with '
+'23000 if it edits a terminal run (only dropping request_snapshot is allowed), changes a run''s '
+'identity (id, conversation, message, prompt, model, created_at, enqueue_seq) or moves a status '
+'off SPEC.md''s lifecycle. Its WHEN clause skips the call when none of that can apply. An AFTER '
+'trigger, so no row is locked ahead of its update for it (migration 0030); writers stamp '
+'updated_at themselves.';
+
+DROP TRIGGER agent_run_guard ON runrow.agent_run;
+CREATE TRIGGER agent_run_guard
+AFTER UPDATE ON runrow.agent_run
+FOR EACH ROW
+WHEN (
+    old.status IN ('completed', 'failed', 'cancelled', 'dead')
+    OR new.id <> old.id
+    OR new.conversation_id <> old.conversation_id
+    OR new.user_message_id <> old.user_message_id
+    OR new.prompt_id <> old.prompt_id
+    OR new.model <> old.model
+    OR new.created_at <> old.created_at
+    OR new.enqueue_seq <> old.enqueue_seq
+    OR (
+        new.status <> old.status
+        AND NOT (
+            (old.status = 'queued' AND new.status IN ('running', 'cancelled'))
+            OR (old.status = 'queued' AND new.status = 'failed' AND new.budget_exhausted IS NOT NULL)
+            OR (old.status = 'running' AND new.status IN ('queued', 'waiting', 'completed', 'failed', 'cancelled', 'dead'))
+            OR (old.status = 'waiting' AND new.status IN ('queued', 'cancelled'))
+        )
+    )
+)
+EXECUTE FUNCTION runrow._agent_run_guard();
+
+DROP TRIGGER agent_run_concurrency_limit ON runrow.agent_run;
+DROP FUNCTION runrow._enforce_concurrency_limit();
+
+CREATE OR REPLACE FUNCTION runrow._agent_run_after_update() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    starts boolean;
+    capped boolean;
+    ends boolean;
+    bad record;
+    e record;
+    k record;
+    cap integer;
+    open_runs integer;
+    marked boolean;
+BEGIN
+    -- Most statements neither start nor end a run (a heartbeat, a mark): one look at their rows.
+    SELECT (SELECT bool_or(o.status = 'queued') FROM old_runs AS o),
+           (SELECT bool_or(n.concurrency_key IS NOT NULL) FROM new_runs AS n WHERE n.status = 'running'),
+           (SELECT bool_or(n.status IN ('completed', 'failed', 'cancelled', 'dead')) FROM new_runs AS n)
+    INTO starts, capped, ends;
+
+    IF starts THEN
+        -- Turn order: no run this statement moved from queued to running has an earlier turn
+        -- of its conversation still queued. The earlier turns are read as "open"
+        -- (agent_run_open_by_conversation) and tested for queued outside the query: a query on
+        -- status = 'queued' can also be served by agent_run_claimable, which walks the whole
+        -- queue ahead of the run (0009's header).
+        SELECT n.id, n.conversation_id INTO bad
+        FROM new_runs AS n
+        JOIN old_runs AS o ON o.id = n.id
+        WHERE n.status = 'running' AND o.status = 'queued'
+          AND 'queued' = ANY (ARRAY(
+              SELECT earlier.status FROM runrow.agent_run AS earlier
+              WHERE earlier.conversation_id = n.conversation_id
+                AND earlier.status IN ('queued', 'running', 'waiting')
+                AND earlier.enqueue_seq < n.enqueue_seq
+          ))
+        LIMIT 1;
+        IF FOUND THEN
+            -- 40001: a concurrent enqueue committed an earlier turn after the claimer's
+            -- snapshot; the claim treats it like any serialization failure and retries later.
+            RAISE EXCEPTION 'run %: an earlier turn of conversation % is still queued', bad.id, bad.conversation_id
+                USING ERRCODE = 'serialization_failure';
+        END IF;
+    END IF;
+
+    IF starts AND capped THEN
+        -- Concurrency caps: never more running or waiting runs of a key than its limit. The
+        -- limit row's lock (taken in key order) serializes the starts of one key; the count
+        -- takes a fresh snapshot after it, so it sees every start committed before the lock
+        -- was granted, and this statement's own.
+        FOR k IN
+            SELECT n.concurrency_key AS key, min(n.id::text) AS run_id
+            FROM new_runs AS n
+            JOIN old_runs AS o ON o.id = n.id
+            WHERE o.status = 'queued' AND n.status = 'running' AND n.concurrency_key IS NOT NULL
+            GROUP BY n.concurrency_key
+            ORDER BY n.concurrency_key
+        LOOP
+            UPDATE runrow.concurrency_limit AS l SET last_claimed_at = now()
+            WHERE l.concurrency_key = k.key
+            RETURNING l.max_running INTO cap;
+            CONTINUE WHEN NOT FOUND;
+            SELECT count(*) INTO open_runs FROM (
+                SELECT 1 FROM runrow.agent_run AS a
+                WHERE a.concurrency_key = k.key AND a.status IN ('running', 'waiting')
+                LIMIT cap + 1
+            ) AS o;
+            IF open_runs > cap THEN
+                RAISE EXCEPTION 'run %: concurrency key "%" is at its limit of % running or waiting runs',
+                    k.run_id, k.key, cap
+                    USING ERRCODE = 'check_violation', CONSTRAINT = 'agent_run_concurrency_limit';
+            END IF;
+        END LOOP;
+    END IF;
+
+    IF ends THEN
+        -- Each run this statement ended, with what its ending may let start: a slot of a
+        -- capped concurrency key, and the conversation's oldest open turn after it (only a
+        -- younger turn can have waited on it; an older open one was ahead of it all along).
+        FOR e IN
+            SELECT n.conversation_id,
+                   n.concurrency_key IS NOT NULL AND o.status IN ('running', 'waiting') AND EXISTS (
+                       SELECT 1 FROM runrow.concurrency_limit AS l WHERE l.concurrency_key = n.concurrency_key
+                   ) AS frees_slot,
+                   t.id AS next_id,
+                   t.status = 'queued' AND t.enqueue_seq > n.enqueue_seq AS next_waits
+            FROM new_runs AS n
+            JOIN old_runs AS o ON o.id = n.id
+            LEFT JOIN LATERAL (
+                SELECT x.id, x.enqueue_seq, x.status
+                FROM runrow.agent_run AS x
+                WHERE x.conversation_id = n.conversation_id
+                  AND x.status IN ('queued', 'running', 'waiting')
+                ORDER BY x.enqueue_seq
+                LIMIT 1
+            ) AS t ON true
+            WHERE o.status IN ('queued', 'running', 'waiting')
+              AND n.status IN ('completed', 'failed', 'cancelled', 'dead')
+            ORDER BY n.conversation_id, n.enqueue_seq
+        LOOP
+            IF e.frees_slot THEN
+                -- A dispatcher may be idle waiting for exactly that slot, in any conversation.
+                PERFORM pg_notify('runrow_enqueued', e.conversation_id::text);
+            END IF;
+            CONTINUE WHEN NOT coalesce(e.next_waits, false);
+            -- Locked even when unmarked: a claim that read this turn as blocked before we ended
+            -- the previous one must not mark it after we looked (it locks FOR UPDATE SKIP LOCKED).
+            SELECT x.claim_blocked INTO marked FROM runrow.agent_run AS x
+            WHERE x.id = e.next_id AND x.status = 'queued'
+            FOR KEY SHARE;
+            IF marked THEN
+                UPDATE runrow.agent_run AS x SET claim_blocked = false, updated_at = now() WHERE x.id = e.next_id;
+            END IF;
+            -- The turn that waited on this one may start now (sent once per conversation and
+            -- transaction: PostgreSQL folds identical notifications of one transaction).
+            PERFORM pg_notify('runrow_enqueued', e.conversation_id::text);
+        END LOOP;
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._agent_run_after_update() IS
+'agent_run''s AFTER UPDATE statement trigger, once per statement over its old and new rows. '
+'Turn order: the statement fails with 40001 if any run it moved from queued to running has an '
+'earlier turn of its conversation still queued (read after the statement''s own writes, with a '
+'fresh snapshot), so a turn never starts before an earlier one, whoever writes the table. '
+'Concurrency caps (since 0030): for each key with a concurrency_limit row that the statement '
+'started runs of, the limit row is locked (key order) and the statement fails with 23514 '
+'(constraint agent_run_concurrency_limit) if the key then has more running or waiting runs '
+'than its limit. Unblocking: for each run it moved to a terminal state, in (conversation, '
+'turn) order, the conversation''s oldest open turn, if queued and younger, is locked FOR KEY '
+'SHARE, its claim_blocked mark cleared and runrow_enqueued sent; an ended run of a concurrency '
+'key that has a limit sends runrow_enqueued too (a slot came free).';
+INSERT INTO runrow._yoyo_migration VALUES ('f922c2698179ca35ecb7fd12c6b452dec7b9a458f1b0cc47f3641be5c636acfc', '0030_no_before_update_row_triggers', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'f922c2698179ca35ecb7fd12c6b452dec7b9a458f1b0cc47f3641be5c636acfc', '0030_no_before_update_row_triggers', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -3414,7 +3665,7 @@ BEGIN
             SELECT 1 FROM runrow.agent_run AS w
             WHERE w.status = 'queued' AND w.not_before IS NOT NULL AND w.not_before <= now()
         ) THEN
-            UPDATE runrow.agent_run AS d SET not_before = NULL
+            UPDATE runrow.agent_run AS d SET not_before = NULL, updated_at = now()
             WHERE d.id = ANY (ARRAY(
                 SELECT w.id FROM runrow.agent_run AS w
                 WHERE w.status = 'queued' AND w.not_before IS NOT NULL AND w.not_before <= now()
@@ -3641,7 +3892,7 @@ BEGIN
                         FOR UPDATE OF q SKIP LOCKED
                     ) AS b;
                     IF b_flagged IS NOT NULL THEN
-                        UPDATE runrow.agent_run AS q SET claim_blocked = true
+                        UPDATE runrow.agent_run AS q SET claim_blocked = true, updated_at = now()
                         WHERE q.id = ANY (b_flagged)
                           AND ((SELECT 1 FROM runrow.agent_run AS a
                                 WHERE a.conversation_id = q.conversation_id
@@ -3732,7 +3983,8 @@ BEGIN
                         UPDATE runrow.agent_run AS q
                         SET not_before = (
                             SELECT l.blocked_until FROM runrow.rate_limit AS l
-                            WHERE l.rate_limit_key = fleet_cand.rate_limit_key)
+                            WHERE l.rate_limit_key = fleet_cand.rate_limit_key),
+                            updated_at = now()
                         WHERE q.id = fleet_cand.id;
                         CONTINUE serve;
                     END IF;
@@ -3807,7 +4059,7 @@ BEGIN
                           AND o.enqueue_seq < g_head_seq[bg]
                     );
                     IF blocked THEN
-                        UPDATE runrow.agent_run AS q SET claim_blocked = true WHERE q.id = got;
+                        UPDATE runrow.agent_run AS q SET claim_blocked = true, updated_at = now() WHERE q.id = got;
                     END IF;
                     CONTINUE serve;
                 END IF;
@@ -3848,7 +4100,7 @@ BEGIN
                 worker_id = who,
                 attempt = r.attempt + 1,
                 started_at = coalesce(r.started_at, now()),
-                -- Stamped here, so agent_run_guard's WHEN skips its call for this legal move.
+                -- Every writer stamps updated_at itself (no BEFORE trigger does, since 0030).
                 updated_at = now()
             WHERE r.id = ANY (locked)
             RETURNING r.*
@@ -3910,6 +4162,7 @@ BEGIN
         error = _end_claim.error,
         claim_token = NULL,
         claim_expires_at = NULL,
+        updated_at = now(),
         -- A requeue is claimable after retry_in, or at once (a reap: the crash says nothing
         -- about the model, and the run has already waited out its lease).
         not_before = CASE
@@ -4328,7 +4581,7 @@ DECLARE
     reason text := coalesce(_fail_queued_for_budget.why, 'budget_exhausted: the tenant is over its daily budget');
 BEGIN
     UPDATE runrow.agent_run AS a
-    SET status = 'failed', finished_at = now(), error = reason, budget_exhausted = reason
+    SET status = 'failed', finished_at = now(), error = reason, budget_exhausted = reason, updated_at = now()
     WHERE a.id = _fail_queued_for_budget.run_id AND a.status = 'queued'
     RETURNING a.conversation_id INTO conv;
     IF NOT FOUND THEN
@@ -4367,7 +4620,7 @@ BEGIN
     UPDATE runrow.agent_run AS a
     SET status = 'failed', finished_at = now(), error = _end_for_budget.why, result = res,
         claim_token = NULL, claim_expires_at = NULL, granted_input_tokens = NULL,
-        budget_exhausted = _end_for_budget.why
+        budget_exhausted = _end_for_budget.why, updated_at = now()
     WHERE a.id = _end_for_budget.run_id
     RETURNING a.conversation_id INTO conv;
     PERFORM runrow._journal(_end_for_budget.run_id, jsonb_build_array(jsonb_build_object(
@@ -4407,7 +4660,8 @@ BEGIN
     UPDATE runrow.agent_run AS a
     SET spent_tokens = a.spent_tokens + inp + outp + cw + cr,
         spent_cost = a.spent_cost + cost,
-        granted_input_tokens = NULL
+        granted_input_tokens = NULL,
+        updated_at = now()
     WHERE a.id = _settle_usage.run_id
     RETURNING a.* INTO r;
 
@@ -4440,7 +4694,7 @@ BEGIN
 
     why := runrow._budget_verdict(r);
     IF why IS NOT NULL THEN
-        UPDATE runrow.agent_run AS a SET budget_exhausted = why WHERE a.id = _settle_usage.run_id;
+        UPDATE runrow.agent_run AS a SET budget_exhausted = why, updated_at = now() WHERE a.id = _settle_usage.run_id;
     END IF;
 END
 $fn$;
@@ -4957,7 +5211,8 @@ BEGIN
         finished_at = CASE WHEN a.cancel_requested THEN now() END,
         error = CASE WHEN a.cancel_requested THEN 'stopped before the tool call was approved' ELSE a.error END,
         claim_token = NULL, claim_expires_at = NULL,
-        attempt = CASE WHEN a.cancel_requested THEN a.attempt ELSE a.attempt - 1 END
+        attempt = CASE WHEN a.cancel_requested THEN a.attempt ELSE a.attempt - 1 END,
+        updated_at = now()
     WHERE a.id = _park_for_person.run_id
     RETURNING a.* INTO STRICT r;
     IF r.status = 'cancelled' THEN
@@ -5013,7 +5268,7 @@ BEGIN
         -- No worker holds it: cancel outright and hand the user message back as a draft.
         UPDATE runrow.agent_run AS a
         SET status = 'cancelled', finished_at = now(), cancel_requested = true,
-            error = 'stopped before it finished'
+            error = 'stopped before it finished', updated_at = now()
         WHERE a.id = r.id;
         UPDATE runrow.message AS m SET status = 'draft' WHERE m.id = r.user_message_id;
         PERFORM runrow._journal_complete(r.id, r.conversation_id, 'cancelled', NULL, 'stopped before it finished');
@@ -5022,7 +5277,7 @@ BEGIN
         -- Cooperative: the flag is the truth, the NOTIFY the fast path; the worker
         -- finalizes cancelled and keeps the partial text already journaled.
         IF NOT r.cancel_requested THEN
-            UPDATE runrow.agent_run AS a SET cancel_requested = true WHERE a.id = r.id;
+            UPDATE runrow.agent_run AS a SET cancel_requested = true, updated_at = now() WHERE a.id = r.id;
             last_seq := runrow._journal(r.id, '[{"type": "cancel_requested"}]'::jsonb);
             PERFORM runrow._wake_tails(r.id, last_seq);
         END IF;
@@ -5132,7 +5387,8 @@ BEGIN
     WHERE b.rate_limit_key = l.rate_limit_key;
     UPDATE runrow.agent_run AS a
     SET granted_input_tokens = CASE WHEN l.input_tokens_per_minute IS NULL THEN NULL
-        ELSE acquire_model_call.input_tokens_estimate END
+        ELSE acquire_model_call.input_tokens_estimate END,
+        updated_at = now()
     WHERE a.id = r.id AND a.granted_input_tokens IS DISTINCT FROM CASE WHEN l.input_tokens_per_minute IS NULL
         THEN NULL ELSE acquire_model_call.input_tokens_estimate END;
     RETURN QUERY SELECT true, 0::numeric, NULL::text;
@@ -6977,7 +7233,7 @@ BEGIN
         finished_at = now(),
         claim_token = NULL,
         claim_expires_at = NULL,
-        -- Stamped here, so agent_run_guard's WHEN skips its call for this legal move.
+        -- Every writer stamps updated_at itself (no BEFORE trigger does, since 0030).
         updated_at = now()
     WHERE r.id = finish_run.run_id
       AND r.claim_token = finish_run.claim_token
@@ -7128,7 +7384,7 @@ BEGIN
             finished_at = now(),
             claim_token = NULL,
             claim_expires_at = NULL,
-            -- Stamped here, so agent_run_guard's WHEN skips its call for this legal move.
+            -- Every writer stamps updated_at itself (no BEFORE trigger does, since 0030).
             updated_at = now()
         WHERE r.id = ANY (ids)
           AND r.claim_token = (byid -> r.id::text ->> 'claim_token')::uuid
@@ -7549,7 +7805,7 @@ BEGIN
     UPDATE runrow.agent_run AS r
     SET claim_expires_at = now() + make_interval(secs => heartbeat.lease_seconds),
         last_heartbeat_at = now(),
-        -- Stamped here (unindexed too), so agent_run_guard's WHEN skips its call.
+        -- Every writer stamps updated_at itself (unindexed too; no BEFORE trigger does, since 0030).
         updated_at = now()
     WHERE r.id = heartbeat.run_id
       AND r.claim_token = heartbeat.claim_token
@@ -7972,7 +8228,7 @@ BEGIN
         decided_at = now()
     WHERE t.idempotency_key = e.idempotency_key;
 
-    UPDATE runrow.agent_run AS a SET status = 'queued' WHERE a.id = r.id;
+    UPDATE runrow.agent_run AS a SET status = 'queued', updated_at = now() WHERE a.id = r.id;
 
     last_seq := runrow._journal(r.id, jsonb_build_array(
         jsonb_build_object(
@@ -8540,7 +8796,7 @@ BEGIN
     DELETE FROM runrow.run_event AS e WHERE e.run_id = ANY (due);
     GET DIAGNOSTICS deleted = ROW_COUNT;
 
-    UPDATE runrow.agent_run AS a SET request_snapshot = NULL WHERE a.id = ANY (due);
+    UPDATE runrow.agent_run AS a SET request_snapshot = NULL, updated_at = now() WHERE a.id = ANY (due);
     RETURN deleted;
 END
 $fn$;

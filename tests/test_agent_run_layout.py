@@ -1,10 +1,13 @@
-"""What a claim, a heartbeat and a finish write to the WAL for agent_run's row (migration 0029).
+"""What a claim, a heartbeat and a finish write to the WAL for agent_run's row (migrations
+0029 and 0030).
 
 Neither the claim nor the finish can be a HOT update (status is in most of agent_run's index
 predicates), but when the new row version lands on the page of the old one PostgreSQL logs
 only the bytes between their common prefix and common suffix. With the changing columns
 together at the end of the row, that is those columns, not the whole row: before 0029 each
-such update logged 270-300 bytes, the size of the row.
+such update logged 270-300 bytes, the size of the row. And no row is locked ahead of its
+update: before 0030 a BEFORE UPDATE row trigger made PostgreSQL lock (and log a 54-byte lock
+record for) every row a finish or a heartbeat updated.
 
 Counted, not timed: the WAL records themselves, read back with pg_walinspect (a contrib
 extension of PostgreSQL 15) between two WAL positions of one session.
@@ -114,4 +117,12 @@ def test_a_claim_a_heartbeat_and_a_finish_log_what_they_change_not_the_row(
     assert max(claim_updates) <= 150, claimed
     assert max(finish_updates) <= 150, finished
     assert beat_updates and max(beat_updates) <= 110, beat
+    # No row is locked ahead of its update (migration 0030: agent_run has no BEFORE UPDATE row
+    # trigger, whose tuple fetch locks the row first). The claim's locks are its own FOR
+    # UPDATE SKIP LOCKED, one per claimed run.
+    assert [kind for kind, _ in beat if kind == "LOCK"] == [], beat
+    # The finish's complete events still key-share lock their runs (the journal's foreign key),
+    # after the updates: one each.
+    assert [kind for kind, _ in finished[: len(finish_updates)]] == ["UPDATE"] * len(finish_updates), finished
+    assert sum(kind == "LOCK" for kind, _ in claimed) == RUNS, claimed
     drain(owner)
