@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(54);
+SELECT plan(55);
 SELECT pg_temp.drain_queue();
 SELECT pg_temp.owner() AS owner \gset
 
@@ -170,6 +170,12 @@ SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
     '23000', format('run_event is append-only: the journal of run %s is still live', :'live'),
     'the journal of a live run cannot be deleted, even by the owner');
 SELECT throws_ok('TRUNCATE runrow.run_event', '23000', 'run_event cannot be truncated', 'run_event cannot be truncated');
+-- A journal row names a run that exists (the seq trigger checks it since 0031, a foreign key before).
+SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
+        $$INSERT INTO runrow.run_event (run_id, type, payload)
+          VALUES ('eeeeeeee-0000-0000-0000-00000000000f', 'text', '{"type": "text"}')$$),
+    '23503', 'run_event: run eeeeeeee-0000-0000-0000-00000000000f does not exist',
+    'a journal row for a run that does not exist is refused, even for the owner');
 SELECT throws_ok(format($$INSERT INTO runrow.run_event (run_id, seq, type, payload)
         VALUES (%L, 5, 'text', '{"type": "text"}')$$, :'live'),
     '23000', format('run_event seq 5 for run %s is out of order: expected 4', :'live'), 'a seq gap is rejected');
