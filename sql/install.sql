@@ -3638,6 +3638,14 @@ SET plan_cache_mode = force_generic_plan
 -- index still seq-scans, at a nominal cost of 1e10; without jit = off that cost would make
 -- each such call JIT-compile (29 ms, measured).
 SET enable_seqscan = off
+-- Likewise no sort where an index gives the order: every ordered read of agent_run here is a
+-- walk of the index whose key is that order (agent_run_claimable, agent_run_delayed). On
+-- statistics taken while the queue was nearly empty, every partial index of queued runs looks
+-- one row long, and a sort of agent_run_open_by_conversation's whole range looked as cheap as
+-- agent_run_delayed's first entry: the look for a due delayed run read the whole queue on
+-- every claim (3,000 buffers at 3,000 queued runs; tests/test_claim_cost.py). The one sort
+-- left, the claimed rows' ORDER BY, has no alternative and is kept.
+SET enable_sort = off
 SET jit = off
 AS $fn$
 DECLARE
@@ -3730,12 +3738,17 @@ BEGIN
         -- claim takes the rest), each locked SKIP LOCKED so concurrent claims split them.
         -- Looked for first: an UPDATE that changes nothing still fires agent_run's statement
         -- trigger, a function call and a statement more on every claim of a queue with no
-        -- delayed run due (migration 0028).
+        -- delayed run due (migration 0028). The look is the first entry of
+        -- agent_run_delayed in its own order (enable_sort = off above keeps the planner there:
+        -- a bare EXISTS with these filters can as well be planned through any index of queued
+        -- runs, reading the whole queue).
         promoted := 0;
-        IF EXISTS (
-            SELECT 1 FROM runrow.agent_run AS w
-            WHERE w.status = 'queued' AND w.not_before IS NOT NULL AND w.not_before <= now()
-        ) THEN
+        IF (
+            SELECT w.not_before FROM runrow.agent_run AS w
+            WHERE w.status = 'queued' AND w.not_before IS NOT NULL
+            ORDER BY w.not_before
+            LIMIT 1
+        ) <= now() THEN
             UPDATE runrow.agent_run AS d SET not_before = NULL, updated_at = now()
             WHERE d.id = ANY (ARRAY(
                 SELECT w.id FROM runrow.agent_run AS w
