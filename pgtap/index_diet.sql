@@ -1,9 +1,9 @@
--- agent_run's indexes (migration 0021): neither the claim nor the finish can be a HOT update,
+-- agent_run's indexes (migrations 0021, 0032): neither the claim nor the finish can be a HOT update,
 -- so every index is paid for on every write of a run. The list is pinned here so adding one
 -- is a decision a reviewer sees, and the per-conversation order is a constraint, not a habit.
 BEGIN;
 \ir helpers/setup.psql
-SELECT plan(6);
+SELECT plan(9);
 
 CREATE FUNCTION pg_temp.plan_of(query text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE line text; plan text := '';
@@ -19,7 +19,6 @@ SELECT indexes_are(
         'agent_run_conversation_turn',
         'agent_run_one_active_per_conversation',
         'agent_run_idempotency_key',
-        'agent_run_running',
         'agent_run_finished_idx',
         'agent_run_one_retry',
         'agent_run_terminal_anomaly',
@@ -33,6 +32,7 @@ SELECT indexes_are(
 );
 SELECT hasnt_index('runrow', 'agent_run', 'agent_run_enqueue_seq_key', 'no unique index on enqueue_seq alone');
 SELECT hasnt_index('runrow', 'agent_run', 'agent_run_conversation_idx', 'no (conversation_id, created_at) index');
+SELECT hasnt_index('runrow', 'agent_run', 'agent_run_running', 'no index of running runs by worker (0032)');
 
 -- Two turns of one conversation can never share a place in its order: enqueue_seq is an
 -- identity column, and even the table owner forcing a value hits the constraint.
@@ -57,6 +57,19 @@ SELECT ok(
         'SELECT id FROM runrow.agent_run WHERE conversation_id = %L ORDER BY enqueue_seq', :'c1'))
     ~ 'Index (Only )?Scan (Backward )?(using|on) agent_run_conversation_turn',
     'a conversation''s runs in turn order are read from agent_run_conversation_turn'
+);
+-- Every running run (the reaper, audit(), queue_health) is still read through an index, never
+-- the whole table.
+SELECT ok(
+    pg_temp.plan_of($$SELECT a.id FROM runrow.agent_run AS a WHERE a.status = 'running'
+        AND a.claim_expires_at < now() ORDER BY a.claim_expires_at LIMIT 100 FOR NO KEY UPDATE SKIP LOCKED$$)
+    ~ 'Index (Only )?Scan (Backward )?(using|on) agent_run_one_active_per_conversation',
+    'the reaper reads the running runs through agent_run_one_active_per_conversation'
+);
+SELECT ok(
+    pg_temp.plan_of($$SELECT count(*) FROM runrow.agent_run AS a WHERE a.status = 'running'$$)
+    ~ 'Index (Only )?Scan (Backward )?(using|on) agent_run_one_active_per_conversation',
+    'so does a count of running runs (queue_health)'
 );
 SELECT ok(
     NOT EXISTS (

@@ -3600,6 +3600,32 @@ INSERT INTO runrow._yoyo_migration VALUES ('5c514badcd1555d844b13c07c6e2f05d770d
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '5c514badcd1555d844b13c07c6e2f05d770d7b2d71c37a5ec81d9ddf6d576c7e', '0031_journal_run_checked_by_its_seq_trigger', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0032_no_index_of_running_runs_by_worker
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '84842445937aa857a841ddda1a29f7dc17e1e8bdbec4e0f83ca03684b2f6ef84') AS apply_84842445937a \gset
+\if :apply_84842445937a
+-- depends: 0031_journal_run_checked_by_its_seq_trigger
+-- One more of agent_run's indexes goes (issue 11: WAL per lifecycle). Neither the claim nor
+-- the finish can be a HOT update, so each index whose predicate a run's new version meets
+-- takes an insert: about 64 bytes of WAL and a B-tree descent.
+--
+-- agent_run_running (worker_id WHERE status = 'running'): no statement looks a run up by
+-- worker_id; the index served "every running run" for the reaper, audit() and the DBA views,
+-- and each claim paid an insert for it. agent_run_one_active_per_conversation (status IN
+-- ('running', 'waiting')) serves the same scans: its predicate is implied by status =
+-- 'running', and waiting runs are few (parked on a person). Both sets are bounded by the
+-- fleet's slots, not by history.
+--
+-- Kept, although only audit() and run_stats read it: agent_run_finished_idx. Their windows of
+-- recent history include runs whose journal is already trimmed (their step logs are still
+-- audited), which agent_run_untrimmed, trim_journal's index, no longer holds.
+--
+-- Measured (one session draining 3,000 runs, pg_waldump): see the commit message.
+
+DROP INDEX runrow.agent_run_running;
+INSERT INTO runrow._yoyo_migration VALUES ('84842445937aa857a841ddda1a29f7dc17e1e8bdbec4e0f83ca03684b2f6ef84', '0032_no_index_of_running_runs_by_worker', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '84842445937aa857a841ddda1a29f7dc17e1e8bdbec4e0f83ca03684b2f6ef84', '0032_no_index_of_running_runs_by_worker', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
