@@ -273,6 +273,9 @@ BEGIN
         ('unique index', 'run_event_pkey', 'run_event'),
         ('unique index', 'run_event_one_complete', 'run_event'),
         ('trigger', 'agent_run_guard', 'agent_run'),
+        -- Since 0033 the guard's rules are three triggers, each compiled only when it can apply.
+        ('trigger', 'agent_run_lifecycle_guard', 'agent_run'),
+        ('trigger', 'agent_run_identity_guard', 'agent_run'),
         -- Turn order and unblocking the next turn, once per statement (0028).
         ('trigger', 'agent_run_after_update', 'agent_run'),
         ('trigger', 'agent_run_no_delete', 'agent_run'),
