@@ -276,6 +276,8 @@ BEGIN
         -- Since 0033 the guard's rules are three triggers, each compiled only when it can apply.
         ('trigger', 'agent_run_lifecycle_guard', 'agent_run'),
         ('trigger', 'agent_run_identity_guard', 'agent_run'),
+        -- Since 0034 the rules on what an enqueue sets, when those columns are written.
+        ('trigger', 'agent_run_settings', 'agent_run'),
         -- Turn order and unblocking the next turn, once per statement (0028).
         ('trigger', 'agent_run_after_update', 'agent_run'),
         ('trigger', 'agent_run_no_delete', 'agent_run'),

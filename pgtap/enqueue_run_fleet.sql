@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(27);
+SELECT plan(31);
 SELECT pg_temp.drain_queue();
 
 -- Defaults: old calls are unchanged, and the resolved keys are the user and the model.
@@ -104,11 +104,30 @@ SELECT matches(pg_temp.bad(format('webhook_url => %L', 'https://x.test/' || repe
     '^22023: webhook_url must be', 'a webhook_url over 2048 characters is refused');
 SELECT is(pg_temp.written(), :'before', 'no refused enqueue wrote anything');
 
--- The table's own checks hold for writes that bypass the function.
+-- The table's own rules hold for writes that bypass the function (the agent_run_settings
+-- trigger since 0034, with the CHECK constraints' names and errors).
 SELECT throws_ok(format('UPDATE runrow.agent_run SET priority = 5000 WHERE id = %L', :'plain'),
-    '23514', NULL, 'agent_run_priority_range is a table constraint');
+    '23514', 'new row for relation "agent_run" violates check constraint "agent_run_priority_range"',
+    'agent_run_priority_range holds for a direct update');
 SELECT throws_ok(format($$UPDATE runrow.agent_run SET webhook_url = 'mailto:x' WHERE id = %L$$, :'plain'),
-    '23514', NULL, 'agent_run_webhook_url_http is a table constraint');
+    '23514', 'new row for relation "agent_run" violates check constraint "agent_run_webhook_url_http"',
+    'agent_run_webhook_url_http holds for a direct update');
+SELECT throws_ok(format($$INSERT INTO runrow.agent_run (conversation_id, user_id, user_message_id, model, prompt_id, max_attempts)
+        SELECT conversation_id, user_id, user_message_id, model, prompt_id, 0 FROM runrow.agent_run WHERE id = %L$$, :'plain'),
+    '23514', 'new row for relation "agent_run" violates check constraint "agent_run_max_attempts_check"',
+    'and for a direct insert');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET forked_at_seq = 1 WHERE id = %L$$, :'plain'),
+    '23514', 'new row for relation "agent_run" violates check constraint "agent_run_fork_names_its_step"',
+    'agent_run_fork_names_its_step holds for a direct update');
+SELECT lives_ok(format($$UPDATE runrow.agent_run SET fairness_key = NULL, token_budget = NULL WHERE id = %L$$, :'plain'),
+    'NULL passes, as it passes a CHECK');
+-- An UPDATE that assigns none of those columns (every claim, heartbeat and finish) does not
+-- fire the trigger at all.
+SET LOCAL track_functions = 'all';
+SELECT coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_settings'::regproc), 0) AS settings_before \gset
+UPDATE runrow.agent_run SET updated_at = now(), not_before = NULL WHERE id = :'plain';
+SELECT is(coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_settings'::regproc), 0) - :settings_before,
+    0::bigint, 'an update of other columns does not run the settings check');
 
 SELECT * FROM finish();
 ROLLBACK;
