@@ -121,12 +121,22 @@ BEGIN
                   date_trunc('second', now() - c.since), audit.queued_age, q.created_at, q.attempt, q.max_attempts)
     FROM runrow.agent_run AS q
     CROSS JOIN LATERAL (
-        SELECT greatest(q.updated_at, max(p.finished_at)) AS since,
-               bool_or(p.status IN ('queued', 'running', 'waiting')) AS blocked
-        FROM runrow.agent_run AS p
-        WHERE p.conversation_id = q.conversation_id
-          AND p.id <> q.id
-          AND (p.enqueue_seq < q.enqueue_seq OR p.status IN ('running', 'waiting'))
+        -- Since when it could have been claimed: its last change, or the end of the latest
+        -- earlier turn; and whether an open turn is still ahead of it (an earlier queued one,
+        -- or an active one). The ended and the open turns, each through its index.
+        SELECT greatest(q.updated_at, (
+                   SELECT max(p.finished_at) FROM runrow.agent_run AS p
+                   WHERE p.conversation_id = q.conversation_id
+                     AND p.enqueue_seq < q.enqueue_seq
+                     AND p.status IN ('completed', 'failed', 'cancelled', 'dead')
+               )) AS since,
+               EXISTS (
+                   SELECT 1 FROM runrow.agent_run AS p
+                   WHERE p.conversation_id = q.conversation_id
+                     AND p.id <> q.id
+                     AND p.status IN ('queued', 'running', 'waiting')
+                     AND (p.enqueue_seq < q.enqueue_seq OR p.status IN ('running', 'waiting'))
+               ) AS blocked
     ) AS c
     WHERE q.status = 'queued'
       AND NOT coalesce(c.blocked, false)

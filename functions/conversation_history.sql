@@ -36,18 +36,24 @@ BEGIN
     WITH turns AS (
         -- Which turns contribute. Every rule depends only on what is final once a turn is
         -- terminal, so a turn contributes the same rows to every later rebuild (history
-        -- only ever grows at the end). Served by agent_run_conversation_turn.
-        SELECT a.id, a.enqueue_seq, a.status, a.user_message_id, a.id = target.id AS is_target,
-               row_number() OVER (ORDER BY a.enqueue_seq)::integer AS turn_index
-        FROM runrow.agent_run AS a
-        WHERE a.conversation_id = target.conversation_id
-          AND a.enqueue_seq <= target.enqueue_seq
-          AND (
-              a.id = target.id
-              OR a.status = 'completed'
-              -- A stopped turn the model already acted in: what it did stays true.
-              OR (a.status = 'cancelled' AND EXISTS (SELECT 1 FROM runrow.agent_step AS s WHERE s.run_id = a.id))
-          )
+        -- only ever grows at the end). The earlier turns that contribute have ended: read
+        -- through agent_run_ended_by_conversation; the target itself is already in hand.
+        SELECT t.id, t.enqueue_seq, t.status, t.user_message_id, t.id = target.id AS is_target,
+               row_number() OVER (ORDER BY t.enqueue_seq)::integer AS turn_index
+        FROM (
+            SELECT a.id, a.enqueue_seq, a.status, a.user_message_id
+            FROM runrow.agent_run AS a
+            WHERE a.conversation_id = target.conversation_id
+              AND a.enqueue_seq < target.enqueue_seq
+              AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
+              AND (
+                  a.status = 'completed'
+                  -- A stopped turn the model already acted in: what it did stays true.
+                  OR (a.status = 'cancelled' AND EXISTS (SELECT 1 FROM runrow.agent_step AS s WHERE s.run_id = a.id))
+              )
+            UNION ALL
+            SELECT target.id, target.enqueue_seq, target.status, target.user_message_id
+        ) AS t
     ),
     last_turns AS (
         -- The latest model turn of each earlier turn, to answer its dangling tool_uses.

@@ -43,16 +43,19 @@ BEGIN
     -- or cancelled after the model acted) are copied as they ended, then the source itself up to
     -- at_seq as a queued run. Same order, same statuses, same bytes: conversation_history of the
     -- fork rebuilds exactly the source's model input, synthesized tool results included.
+    -- The earlier turns have ended (agent_run_ended_by_conversation); the source is read by key.
     FOR turn IN
         SELECT a.* FROM runrow.agent_run AS a
         WHERE a.conversation_id = src.conversation_id
-          AND a.enqueue_seq <= src.enqueue_seq
+          AND a.enqueue_seq < src.enqueue_seq
+          AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
           AND (
-              a.id = src.id
-              OR a.status = 'completed'
+              a.status = 'completed'
               OR (a.status = 'cancelled' AND EXISTS (SELECT 1 FROM runrow.agent_step AS s WHERE s.run_id = a.id))
           )
-        ORDER BY a.enqueue_seq
+        UNION ALL
+        SELECT a.* FROM runrow.agent_run AS a WHERE a.id = src.id
+        ORDER BY enqueue_seq
     LOOP
         INSERT INTO runrow.message (conversation_id, user_id, content)
         SELECT new_conversation, m.user_id, m.content FROM runrow.message AS m WHERE m.id = turn.user_message_id

@@ -16,7 +16,11 @@ BEGIN
     PERFORM runrow._require_not_null(get_conversation.conversation_id, 'conversation_id');
     RETURN QUERY
     SELECT c.id, c.user_id, c.created_at, act.id, act.status,
-           (SELECT count(*) FROM runrow.agent_run AS n WHERE n.conversation_id = c.id)
+           -- Every turn: the open ones and the ended ones, each part through its index.
+           (SELECT count(*) FROM runrow.agent_run AS n
+            WHERE n.conversation_id = c.id AND n.status IN ('queued', 'running', 'waiting'))
+           + (SELECT count(*) FROM runrow.agent_run AS n
+              WHERE n.conversation_id = c.id AND n.status IN ('completed', 'failed', 'cancelled', 'dead'))
     FROM runrow.conversation AS c
     LEFT JOIN LATERAL (
         SELECT a.id, a.status FROM runrow.agent_run AS a

@@ -1,9 +1,9 @@
--- agent_run's indexes (migrations 0021, 0032): neither the claim nor the finish can be a HOT update,
+-- agent_run's indexes (migrations 0021, 0032, 0035): neither the claim nor the finish can be a HOT update,
 -- so every index is paid for on every write of a run. The list is pinned here so adding one
 -- is a decision a reviewer sees, and the per-conversation order is a constraint, not a habit.
 BEGIN;
 \ir helpers/setup.psql
-SELECT plan(9);
+SELECT plan(11);
 
 CREATE FUNCTION pg_temp.plan_of(query text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE line text; plan text := '';
@@ -16,7 +16,7 @@ SELECT indexes_are(
     'runrow', 'agent_run',
     ARRAY[
         'agent_run_pkey',
-        'agent_run_conversation_turn',
+        'agent_run_ended_by_conversation',
         'agent_run_one_active_per_conversation',
         'agent_run_idempotency_key',
         'agent_run_finished_idx',
@@ -33,9 +33,12 @@ SELECT indexes_are(
 SELECT hasnt_index('runrow', 'agent_run', 'agent_run_enqueue_seq_key', 'no unique index on enqueue_seq alone');
 SELECT hasnt_index('runrow', 'agent_run', 'agent_run_conversation_idx', 'no (conversation_id, created_at) index');
 SELECT hasnt_index('runrow', 'agent_run', 'agent_run_running', 'no index of running runs by worker (0032)');
+SELECT hasnt_index('runrow', 'agent_run', 'agent_run_conversation_turn',
+    'no index of all of a conversation''s turns: open and ended are two (0035)');
 
 -- Two turns of one conversation can never share a place in its order: enqueue_seq is an
--- identity column, and even the table owner forcing a value hits the constraint.
+-- identity column, and even the table owner forcing a value hits the unique index of the part
+-- (open or ended) the run is in.
 SELECT gen_random_uuid() AS c1 \gset
 SELECT run_id AS r1 FROM runrow.enqueue_run(:'c1', '"one"', 'test-model') \gset
 SELECT throws_ok(
@@ -46,17 +49,24 @@ SELECT throws_ok(
         FROM runrow.agent_run AS a WHERE a.id = %L
     $q$, :'r1'),
     '23505', NULL,
-    'a second turn at the same place in a conversation is refused (agent_run_conversation_turn)'
+    'a second turn at the same place in a conversation is refused (agent_run_open_by_conversation)'
 );
 
--- The readers of a conversation's runs are served by the new index, in its order.
+-- The readers of a conversation's turns read the open part and the ended part, each through
+-- its own index, in turn order.
 SET LOCAL enable_seqscan = off;
 SET LOCAL enable_bitmapscan = off;
 SELECT ok(
-    pg_temp.plan_of(format(
-        'SELECT id FROM runrow.agent_run WHERE conversation_id = %L ORDER BY enqueue_seq', :'c1'))
-    ~ 'Index (Only )?Scan (Backward )?(using|on) agent_run_conversation_turn',
-    'a conversation''s runs in turn order are read from agent_run_conversation_turn'
+    pg_temp.plan_of(format($q$SELECT id FROM runrow.agent_run WHERE conversation_id = %L
+        AND status IN ('completed', 'failed', 'cancelled', 'dead') ORDER BY enqueue_seq$q$, :'c1'))
+    ~ 'Index (Only )?Scan (Backward )?(using|on) agent_run_ended_by_conversation',
+    'a conversation''s ended turns in turn order are read from agent_run_ended_by_conversation'
+);
+SELECT ok(
+    pg_temp.plan_of(format($q$SELECT id FROM runrow.agent_run WHERE conversation_id = %L
+        AND status IN ('queued', 'running', 'waiting') ORDER BY enqueue_seq$q$, :'c1'))
+    ~ 'Index (Only )?Scan (Backward )?(using|on) agent_run_open_by_conversation',
+    'its open turns from agent_run_open_by_conversation'
 );
 -- Every running run (the reaper, audit(), queue_health) is still read through an index, never
 -- the whole table.

@@ -126,3 +126,59 @@ def test_a_claim_a_heartbeat_and_a_finish_log_what_they_change_not_the_row(
     assert [kind for kind, _ in beat + finished if kind == "LOCK"] == [], (beat, finished)
     assert sum(kind == "LOCK" for kind, _ in claimed) == RUNS, claimed
     drain(owner)
+
+
+def index_inserts(su: psycopg.Connection, start: str) -> dict[str, int]:
+    """B-tree leaf inserts since `start`, by index of agent_run."""
+    su.execute("CHECKPOINT")
+    names = dict(
+        su.execute(
+            "SELECT pg_relation_filenode(i.indexrelid)::text, c.relname FROM pg_index AS i"
+            " JOIN pg_class AS c ON c.oid = i.indexrelid WHERE i.indrelid = 'runrow.agent_run'::regclass"
+        ).fetchall()
+    )
+    counts: dict[str, int] = {}
+    for (ref,) in su.execute(
+        "SELECT block_ref FROM pg_get_wal_records_info(%s, pg_current_wal_flush_lsn())"
+        " WHERE resource_manager = 'Btree' AND record_type = 'INSERT_LEAF'",
+        (start,),
+    ).fetchall():
+        node = ref.split("rel ")[1].split()[0].split("/")[2].rstrip(",")
+        if node in names:
+            counts[names[node]] = counts.get(names[node], 0) + 1
+    return counts
+
+
+def test_a_claim_and_a_finish_enter_only_the_indexes_they_must(
+    owner: psycopg.Connection, superuser: psycopg.Connection
+):
+    """The index budget of a lifecycle: neither update can be HOT, so the new version of a
+    run enters every index whose predicate it meets. A claimed run: the primary key and the
+    two indexes of open and active runs per conversation; an ended one: the primary key, the
+    index of ended turns per conversation and the two by finished_at (audit's window and
+    trim_journal's). Migration 0032 dropped one more the claim paid for, 0035 one that both
+    paid for; a new index on agent_run shows up here."""
+    for _ in range(RUNS):
+        enqueue(owner, uuid.uuid4())
+    start = lsn(superuser)
+    runs = owner.execute(
+        "SELECT run_id, claim_token FROM runrow.claim_runs('layout-probe', %s, 30)", (RUNS,)
+    ).fetchall()
+    claimed = index_inserts(superuser, start)
+    start = lsn(superuser)
+    acks = json.dumps([{"run_id": str(r), "claim_token": str(t), "status": "completed"} for r, t in runs])
+    owner.execute("SELECT finished FROM runrow.finish_runs(%s::jsonb)", (acks,)).fetchall()
+    finished = index_inserts(superuser, start)
+    print(f"claim {claimed}\nfinish {finished}")
+    assert claimed == {
+        "agent_run_pkey": RUNS,
+        "agent_run_open_by_conversation": RUNS,
+        "agent_run_one_active_per_conversation": RUNS,
+    }
+    assert finished == {
+        "agent_run_pkey": RUNS,
+        "agent_run_ended_by_conversation": RUNS,
+        "agent_run_finished_idx": RUNS,
+        "agent_run_untrimmed": RUNS,
+    }
+    drain(owner)
