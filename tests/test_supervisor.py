@@ -26,6 +26,7 @@ from worker_support import (
 from pyworker.db.hub import Hub
 from pyworker.worker.dispatcher import Dispatcher
 from pyworker.worker.echo import handle as echo
+from pyworker.worker.handler import Outcome, RunContext
 from pyworker.worker.journal import JournalWriter
 
 __all__ = ["db", "pool", "worker_db"]
@@ -127,3 +128,51 @@ async def test_raising_handler_is_released_to_the_attempts_policy(start, db) -> 
     assert kinds.count("run_claimed") == 2 and kinds.count("run_requeued") == 1  # one retry, then dead
     assert kinds.count("complete") == 1
     assert "failing on purpose" in run_row(db, run)["error"]
+
+
+def heartbeat_tasks() -> int:
+    return sum(
+        1 for t in asyncio.all_tasks() if not t.done() and t.get_coro().__qualname__ == "heartbeat_loop"
+    )
+
+
+async def test_a_run_has_no_heartbeat_task_until_its_first_beat_is_due(worker_db, pool, db) -> None:
+    """The first beat is due a third of a lease after the claim: until then a timer waits, not
+    a task, so a run that ends sooner (most short runs) costs no heartbeat task. A longer run
+    beats on time: the lease is extended and last_heartbeat_at moves past the claim."""
+    seen: dict[str, list[int]] = {}
+
+    async def probe(ctx: RunContext) -> Outcome:
+        name = str(ctx.run.metadata["name"])
+        seen[name] = [heartbeat_tasks()]
+        await asyncio.sleep(float(ctx.run.metadata["wait"]))
+        seen[name].append(heartbeat_tasks())
+        return Outcome("completed", result={"text": ""})
+
+    writer = JournalWriter(pool)
+    await writer.start()
+    d = Dispatcher(
+        pool=pool,
+        hub=None,
+        writer=writer,
+        handler=probe,
+        concurrency=1,
+        lease_seconds=3,
+        poll_seconds=0.1,
+        worker_id="in-process",
+    )
+    await d.start()
+    try:
+        short = enqueue_echo(db, "short", name="short", wait=0.2)
+        await wait_until_async(lambda: run_row(db, short)["status"] == "completed")
+        long = enqueue_echo(db, "long", name="long", wait=2.0)
+        await wait_until_async(lambda: run_row(db, long)["status"] == "completed")
+    finally:
+        await d.stop_claiming()
+        await asyncio.gather(*d.tasks(), return_exceptions=True)
+        await writer.stop()
+    assert seen == {"short": [0, 0], "long": [0, 1]}
+    beat = db.execute(
+        "SELECT last_heartbeat_at > started_at FROM runrow.agent_run WHERE id = %s", (long,)
+    ).fetchone()[0]
+    assert beat, "the long run beat at a third of its lease"

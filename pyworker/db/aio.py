@@ -14,8 +14,8 @@ Nothing awaited here is wrapped in a task either, so a timeout or a cancellation
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -38,3 +38,53 @@ async def wait_event(event: asyncio.Event, seconds: float | None) -> bool:
     """True once `event` is set, False when `seconds` pass first (None: no limit). A
     cancellation of the caller is raised, even one that lands in the turn the event is set."""
     return await within(event.wait(), seconds) is not None
+
+
+class WatchedEvent(asyncio.Event):
+    """An asyncio.Event that also calls back: `watch(fn)` has fn() called when it is set (at
+    once if it already is), so a caller can wake on it without a task waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._watchers: list[Callable[[], None]] = []
+
+    def set(self) -> None:
+        if self.is_set():
+            return
+        super().set()
+        for fn in list(self._watchers):
+            fn()
+
+    def watch(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call fn() once the event is set; returns the function that stops watching."""
+        if self.is_set():
+            fn()
+            return lambda: None
+        self._watchers.append(fn)
+
+        def unwatch() -> None:
+            if fn in self._watchers:
+                self._watchers.remove(fn)
+
+        return unwatch
+
+
+async def until_done_or_set(task: asyncio.Future[Any], event: WatchedEvent) -> None:
+    """Return once `task` is done or `event` is set, whichever comes first. As asyncio.wait,
+    nothing is cancelled; unlike it, no task is made to wait on the event (a run's supervisor
+    waits like this twice per run). A cancellation of the caller is raised."""
+    if task.done() or event.is_set():
+        return
+    woken = asyncio.get_running_loop().create_future()
+
+    def wake(*_: object) -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    task.add_done_callback(wake)
+    unwatch = event.watch(wake)
+    try:
+        await woken
+    finally:
+        task.remove_done_callback(wake)
+        unwatch()

@@ -35,6 +35,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.db import api
+from pyworker.db.aio import WatchedEvent, until_done_or_set
 from pyworker.db.api import ClaimedRun
 from pyworker.db.retry import DatabaseUnavailable, Retry
 from pyworker.worker import metrics, tracing
@@ -61,7 +62,9 @@ class RunSupervisor:
     ) -> None:
         self.run = run
         self.cancel = asyncio.Event()
-        self.lost = asyncio.Event()
+        # Watched: the supervisor wakes on it beside the handler and the ending without a
+        # task waiting on it.
+        self.lost = WatchedEvent()
         self.log = run_logger(run, worker_id)
         self._pool = pool
         self._writer = writer
@@ -71,6 +74,8 @@ class RunSupervisor:
         self._abandoned: str | None = None
         self._handler_task: asyncio.Task[Outcome] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        self._heartbeat_due: asyncio.TimerHandle | None = None
+        self._heartbeat_stopped = False
         self.retry = Retry(lease_seconds, self.log)  # about a lease without a database: give up
         self.journal = writer.run_journal(run, self.lost)
         self.ctx = RunContext(
@@ -95,6 +100,7 @@ class RunSupervisor:
     def poke(self) -> None:
         """Beat now (e.g. after a hub reconnect, when a cancel NOTIFY may have been lost)."""
         self._beat.set()
+        self._start_heartbeat()
 
     def abandon(self, reason: str) -> None:
         """Drain budget spent: stop the handler; the run is released with `reason`."""
@@ -113,18 +119,9 @@ class RunSupervisor:
 
     async def _supervise(self) -> str | None:
         self.log.info("run claimed (attempt %s of %s)", self.run.attempt, self.run.max_attempts)
-        hb = self._heartbeat = asyncio.create_task(
-            heartbeat_loop(
-                self._pool,
-                self.run,
-                self._lease,
-                cancel=self.cancel,
-                lost=self.lost,
-                log=self.log,
-                beat=self._beat,
-                retry=self.retry,
-            )
-        )
+        # The first beat is due a third of a lease after the claim: a timer until then, not a
+        # task waiting, so a run that ends sooner (most short runs) costs no heartbeat task.
+        self._heartbeat_due = asyncio.get_running_loop().call_later(self._lease / 3, self._start_heartbeat)
         try:
             outcome, error = await self._run_handler()
             if self.lost.is_set():
@@ -137,20 +134,37 @@ class RunSupervisor:
             self.ending = await self._end(outcome, error)
             return self.ending
         finally:
-            hb.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await hb
+            self._stop_heartbeat()
+            if self._heartbeat is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._heartbeat
             self.journal.close()  # this claim's journal only: a newer claim of the run keeps its own
+
+    def _start_heartbeat(self) -> None:
+        """The heartbeat loop, beating at once (its first beat is due, or was asked for)."""
+        if self._heartbeat is not None or self._heartbeat_stopped:
+            return
+        if self._heartbeat_due is not None:
+            self._heartbeat_due.cancel()
+        self._beat.set()
+        self._heartbeat = asyncio.create_task(
+            heartbeat_loop(
+                self._pool,
+                self.run,
+                self._lease,
+                cancel=self.cancel,
+                lost=self.lost,
+                log=self.log,
+                beat=self._beat,
+                retry=self.retry,
+            )
+        )
 
     async def _run_handler(self) -> tuple[Outcome | None, BaseException | None]:
         self._handler_task = asyncio.create_task(self._handler(self.ctx))
         if self._abandoned is not None:
             self._handler_task.cancel()
-        lost_wait = asyncio.create_task(self.lost.wait())
-        try:
-            await asyncio.wait({self._handler_task, lost_wait}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            lost_wait.cancel()
+        await until_done_or_set(self._handler_task, self.lost)
         task = self._handler_task
         if not task.done():  # lost: abort the work at once
             task.cancel()
@@ -245,14 +259,11 @@ class RunSupervisor:
         RunLost: stopped waiting; the writer skips a lost run's ending, so nothing more is
         written for it."""
         ending = asyncio.create_task(self._writer.finish(self.journal, status, result, error))
-        lost = asyncio.create_task(self.lost.wait())
         try:
-            await asyncio.wait({ending, lost}, return_when=asyncio.FIRST_COMPLETED)
+            await until_done_or_set(ending, self.lost)
         except BaseException:
             ending.cancel()
             raise
-        finally:
-            lost.cancel()
         if not ending.done() and not self.journal.ending_settled:
             ending.cancel()
             await asyncio.wait({ending})
@@ -266,6 +277,9 @@ class RunSupervisor:
         return ok
 
     def _stop_heartbeat(self) -> None:
+        self._heartbeat_stopped = True
+        if self._heartbeat_due is not None:
+            self._heartbeat_due.cancel()
         if self._heartbeat is not None:
             self._heartbeat.cancel()
 
