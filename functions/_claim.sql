@@ -36,7 +36,7 @@ SET enable_seqscan = off
 -- Likewise no sort where an index gives the order: every ordered read of agent_run here is a
 -- walk of the index whose key is that order (agent_run_claimable, agent_run_delayed). On
 -- statistics taken while the queue was nearly empty, every partial index of queued runs looks
--- one row long, and a sort of agent_run_open_by_conversation's whole range looked as cheap as
+-- one row long, and a sort of another such index's whole range looked as cheap as
 -- agent_run_delayed's first entry: the look for a due delayed run read the whole queue on
 -- every claim (3,000 buffers at 3,000 queued runs; tests/test_claim_cost.py). The one sort
 -- left, the claimed rows' ORDER BY, has no alternative and is kept.
@@ -358,7 +358,7 @@ BEGIN
                                 LIMIT 1) IS NOT NULL
                                OR (SELECT 1 FROM runrow.agent_run AS o
                                    WHERE o.conversation_id = q.conversation_id
-                                     AND o.status IN ('queued', 'running', 'waiting')
+                                     AND o.status = 'queued'
                                      AND o.enqueue_seq < q.enqueue_seq
                                    LIMIT 1) IS NOT NULL AS blocked
                         FROM runrow.agent_run AS q
@@ -379,7 +379,7 @@ BEGIN
                                 LIMIT 1) IS NOT NULL
                                OR (SELECT 1 FROM runrow.agent_run AS o
                                    WHERE o.conversation_id = q.conversation_id
-                                     AND o.status IN ('queued', 'running', 'waiting')
+                                     AND o.status = 'queued'
                                      AND o.enqueue_seq < q.enqueue_seq
                                    LIMIT 1) IS NOT NULL);
                         -- A run found free after all is left (locked, unclaimed) for the next
@@ -415,9 +415,10 @@ BEGIN
                 -- oldest open turn of a conversation. A turn locked by another claimer is
                 -- still queued until that claim commits, so its successor is never taken
                 -- instead of it; one we locked ourselves is still queued too, so one call takes
-                -- one turn per conversation. status IN (...) matches
-                -- agent_run_open_by_conversation alone, not agent_run_claimable, so the probe
-                -- never walks the queue.
+                -- one turn per conversation. An earlier turn that is active is the first
+                -- probe's, so the second looks for an earlier queued one: status = 'queued'
+                -- alone implies agent_run_queued_by_conversation's predicate and not
+                -- agent_run_claimable's, so the probe never walks the queue (migration 0036).
                 blocked := EXISTS (
                     SELECT 1 FROM runrow.agent_run AS a
                     WHERE a.conversation_id = g_head_conv[bg]
@@ -425,7 +426,7 @@ BEGIN
                 ) OR EXISTS (
                     SELECT 1 FROM runrow.agent_run AS o
                     WHERE o.conversation_id = g_head_conv[bg]
-                      AND o.status IN ('queued', 'running', 'waiting')
+                      AND o.status = 'queued'
                       AND o.enqueue_seq < g_head_seq[bg]
                 );
                 CONTINUE serve WHEN blocked AND NOT may_mark;
@@ -534,7 +535,7 @@ BEGIN
                     ) OR EXISTS (
                         SELECT 1 FROM runrow.agent_run AS o
                         WHERE o.conversation_id = g_head_conv[bg]
-                          AND o.status IN ('queued', 'running', 'waiting')
+                          AND o.status = 'queued'
                           AND o.enqueue_seq < g_head_seq[bg]
                     );
                     IF blocked THEN

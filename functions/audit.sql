@@ -133,9 +133,12 @@ BEGIN
                EXISTS (
                    SELECT 1 FROM runrow.agent_run AS p
                    WHERE p.conversation_id = q.conversation_id
-                     AND p.id <> q.id
-                     AND p.status IN ('queued', 'running', 'waiting')
-                     AND (p.enqueue_seq < q.enqueue_seq OR p.status IN ('running', 'waiting'))
+                     AND p.status IN ('running', 'waiting')
+               ) OR EXISTS (
+                   SELECT 1 FROM runrow.agent_run AS p
+                   WHERE p.conversation_id = q.conversation_id
+                     AND p.status = 'queued'
+                     AND p.enqueue_seq < q.enqueue_seq
                ) AS blocked
     ) AS c
     WHERE q.status = 'queued'
@@ -156,9 +159,13 @@ BEGIN
       AND NOT EXISTS (
           SELECT 1 FROM runrow.agent_run AS p
           WHERE p.conversation_id = q.conversation_id
-            AND p.status IN ('queued', 'running', 'waiting')
-            AND p.id <> q.id
-            AND (p.enqueue_seq < q.enqueue_seq OR p.status IN ('running', 'waiting'))
+            AND p.status IN ('running', 'waiting')
+      )
+      AND NOT EXISTS (
+          SELECT 1 FROM runrow.agent_run AS p
+          WHERE p.conversation_id = q.conversation_id
+            AND p.status = 'queued'
+            AND p.enqueue_seq < q.enqueue_seq
       );
 
     -- The journal and the step log of every run in scope (live runs, and runs finished

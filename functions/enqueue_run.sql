@@ -187,10 +187,16 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege';
     END IF;
 
+    -- An open turn: an active one (agent_run_one_active_per_conversation) or a queued one
+    -- (agent_run_queued_by_conversation).
     IF EXISTS (
         SELECT 1 FROM runrow.agent_run AS r
         WHERE r.conversation_id = enqueue_run.conversation_id
-          AND r.status IN ('queued', 'running', 'waiting')
+          AND r.status IN ('running', 'waiting')
+    ) OR EXISTS (
+        SELECT 1 FROM runrow.agent_run AS r
+        WHERE r.conversation_id = enqueue_run.conversation_id
+          AND r.status = 'queued'
     ) THEN
         IF enqueue_run.if_active = 'reject' THEN
             RAISE EXCEPTION 'conversation % already has an active run (if_active = reject)', enqueue_run.conversation_id

@@ -16,16 +16,26 @@ BEGIN
     PERFORM runrow._require_not_null(get_conversation.conversation_id, 'conversation_id');
     RETURN QUERY
     SELECT c.id, c.user_id, c.created_at, act.id, act.status,
-           -- Every turn: the open ones and the ended ones, each part through its index.
+           -- Every turn: the active, queued and ended ones, each part through its index.
            (SELECT count(*) FROM runrow.agent_run AS n
-            WHERE n.conversation_id = c.id AND n.status IN ('queued', 'running', 'waiting'))
+            WHERE n.conversation_id = c.id AND n.status IN ('running', 'waiting'))
+           + (SELECT count(*) FROM runrow.agent_run AS n
+              WHERE n.conversation_id = c.id AND n.status = 'queued')
            + (SELECT count(*) FROM runrow.agent_run AS n
               WHERE n.conversation_id = c.id AND n.status IN ('completed', 'failed', 'cancelled', 'dead'))
     FROM runrow.conversation AS c
     LEFT JOIN LATERAL (
-        SELECT a.id, a.status FROM runrow.agent_run AS a
-        WHERE a.conversation_id = c.id AND a.status IN ('queued', 'running', 'waiting')
-        ORDER BY a.enqueue_seq
+        -- The oldest open turn: the active one, or else the oldest queued one.
+        SELECT o.id, o.status FROM (
+            SELECT a.id, a.status, a.enqueue_seq FROM runrow.agent_run AS a
+            WHERE a.conversation_id = c.id AND a.status IN ('running', 'waiting')
+            UNION ALL
+            (SELECT a.id, a.status, a.enqueue_seq FROM runrow.agent_run AS a
+             WHERE a.conversation_id = c.id AND a.status = 'queued'
+             ORDER BY a.enqueue_seq
+             LIMIT 1)
+        ) AS o
+        ORDER BY o.enqueue_seq
         LIMIT 1
     ) AS act ON true
     WHERE c.id = get_conversation.conversation_id;

@@ -21,10 +21,17 @@ BEGIN
         -- our lock, and its wake then finds nothing left queued to start. The set is stable:
         -- enqueue and retry hold the conversation lock we hold, so no run joins it.
         FOR target IN
-            SELECT a.id FROM runrow.agent_run AS a
-            WHERE a.conversation_id = stop_conversation.conversation_id
-              AND a.status IN ('queued', 'running', 'waiting')
-            ORDER BY a.enqueue_seq
+            -- The open turns: the active one and the queued ones, each through its index.
+            SELECT o.id FROM (
+                SELECT a.id, a.enqueue_seq FROM runrow.agent_run AS a
+                WHERE a.conversation_id = stop_conversation.conversation_id
+                  AND a.status IN ('running', 'waiting')
+                UNION ALL
+                SELECT a.id, a.enqueue_seq FROM runrow.agent_run AS a
+                WHERE a.conversation_id = stop_conversation.conversation_id
+                  AND a.status = 'queued'
+            ) AS o
+            ORDER BY o.enqueue_seq
         LOOP
             waiting_on := target;  -- named in the error if this lock is not granted in time
             PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = target FOR UPDATE;

@@ -1,9 +1,9 @@
--- agent_run's indexes (migrations 0021, 0032, 0035): neither the claim nor the finish can be a HOT update,
+-- agent_run's indexes (migrations 0021, 0032, 0035, 0036): neither the claim nor the finish can be a HOT update,
 -- so every index is paid for on every write of a run. The list is pinned here so adding one
 -- is a decision a reviewer sees, and the per-conversation order is a constraint, not a habit.
 BEGIN;
 \ir helpers/setup.psql
-SELECT plan(11);
+SELECT plan(13);
 
 CREATE FUNCTION pg_temp.plan_of(query text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE line text; plan text := '';
@@ -23,7 +23,7 @@ SELECT indexes_are(
         'agent_run_one_retry',
         'agent_run_terminal_anomaly',
         'agent_run_untrimmed',
-        'agent_run_open_by_conversation',
+        'agent_run_queued_by_conversation',
         'agent_run_claimable',
         'agent_run_delayed',
         'agent_run_open_by_concurrency_key'
@@ -49,7 +49,7 @@ SELECT throws_ok(
         FROM runrow.agent_run AS a WHERE a.id = %L
     $q$, :'r1'),
     '23505', NULL,
-    'a second turn at the same place in a conversation is refused (agent_run_open_by_conversation)'
+    'a second turn at the same place in a conversation is refused (agent_run_queued_by_conversation)'
 );
 
 -- The readers of a conversation's turns read the open part and the ended part, each through
@@ -64,10 +64,18 @@ SELECT ok(
 );
 SELECT ok(
     pg_temp.plan_of(format($q$SELECT id FROM runrow.agent_run WHERE conversation_id = %L
-        AND status IN ('queued', 'running', 'waiting') ORDER BY enqueue_seq$q$, :'c1'))
-    ~ 'Index (Only )?Scan (Backward )?(using|on) agent_run_open_by_conversation',
-    'its open turns from agent_run_open_by_conversation'
+        AND status = 'queued' AND enqueue_seq < 1000000 ORDER BY enqueue_seq$q$, :'c1'))
+    ~ 'Index (Only )?Scan (Backward )?(using|on) agent_run_queued_by_conversation',
+    'its queued turns from agent_run_queued_by_conversation, never the queue''s own index'
 );
+SELECT ok(
+    pg_temp.plan_of(format($q$SELECT id FROM runrow.agent_run WHERE conversation_id = %L
+        AND status IN ('running', 'waiting')$q$, :'c1'))
+    ~ 'Index (Only )?Scan (Backward )?(using|on) agent_run_one_active_per_conversation',
+    'its active turn from agent_run_one_active_per_conversation'
+);
+SELECT hasnt_index('runrow', 'agent_run', 'agent_run_open_by_conversation',
+    'no index of open turns beside the queued and the active ones (0036)');
 -- Every running run (the reaper, audit(), queue_health) is still read through an index, never
 -- the whole table.
 SELECT ok(

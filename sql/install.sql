@@ -3841,6 +3841,203 @@ INSERT INTO runrow._yoyo_migration VALUES ('a4002fb7d30dbc0cf0b3d3c7c35c8161526f
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'a4002fb7d30dbc0cf0b3d3c7c35c8161526f434a03d8da49d8f5b71d79032cac', '0035_turns_indexed_open_and_ended', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0036_open_turns_indexed_queued_and_active
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '0dc2d326604f1c19ff6aaa9ec7bf1d79da55bee4f9e978c98e6933c1830866f2') AS apply_0dc2d326604f \gset
+\if :apply_0dc2d326604f
+-- depends: 0035_turns_indexed_open_and_ended
+-- A conversation's open turns indexed in two parts too: the queued ones
+-- (agent_run_queued_by_conversation) beside the active one, which
+-- agent_run_one_active_per_conversation (invariant 1) already indexes (issue 11: WAL and index
+-- inserts per lifecycle).
+--
+-- Why: a claim cannot be a HOT update, so its new row version enters every index whose
+-- predicate it meets. A running run met two indexes of open turns per conversation:
+-- agent_run_open_by_conversation (queued, running, waiting) and
+-- agent_run_one_active_per_conversation (running, waiting). With the first narrowed to queued
+-- runs, a claimed run enters one index fewer (the enqueue still enters the queued one, the
+-- claim only the active one).
+--
+-- Every reader of open turns reads the two parts, with the same results:
+-- - "an earlier open turn" where an active turn is checked beside it (the claim's probes, the
+--   turn-order rule below, audit()) becomes "an earlier queued turn": an earlier active turn
+--   is an active turn;
+-- - "the oldest open turn" (the ending's wake below, get_conversation) is the active one, or
+--   else the oldest queued one;
+-- - "every open turn" (stop_conversation, enqueue_run's if_active, get_conversation's count) is
+--   the active ones and the queued ones.
+-- A query on status = 'queued' alone implies agent_run_queued_by_conversation's predicate and
+-- not agent_run_claimable's (which also names claim_blocked and not_before), so none of these
+-- can walk the queue.
+--
+-- Measured (one session draining 3,000 runs, pg_waldump): see the commit message.
+
+DROP INDEX runrow.agent_run_open_by_conversation;
+
+CREATE UNIQUE INDEX agent_run_queued_by_conversation ON runrow.agent_run (conversation_id, enqueue_seq)
+WHERE status = 'queued';
+
+COMMENT ON INDEX runrow.agent_run_queued_by_conversation IS
+'A conversation''s queued turns in turn order. With agent_run_one_active_per_conversation (its '
+'running or waiting turn) and agent_run_ended_by_conversation, every turn of a conversation '
+'(migration 0036).';
+
+COMMENT ON INDEX runrow.agent_run_ended_by_conversation IS
+'A conversation''s ended turns in turn order (the history conversation_history rebuilds); with '
+'agent_run_queued_by_conversation and agent_run_one_active_per_conversation, every turn of a '
+'conversation (migration 0036).';
+
+CREATE OR REPLACE FUNCTION runrow._agent_run_after_update() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow
+AS $fn$
+DECLARE
+    starts boolean;
+    capped boolean;
+    ends boolean;
+    bad record;
+    e record;
+    k record;
+    cap integer;
+    open_runs integer;
+    marked boolean;
+BEGIN
+    -- Most statements neither start nor end a run (a heartbeat, a mark): one look at their rows.
+    SELECT (SELECT bool_or(o.status = 'queued') FROM old_runs AS o),
+           (SELECT bool_or(n.concurrency_key IS NOT NULL) FROM new_runs AS n WHERE n.status = 'running'),
+           (SELECT bool_or(n.status IN ('completed', 'failed', 'cancelled', 'dead')) FROM new_runs AS n)
+    INTO starts, capped, ends;
+
+    IF starts THEN
+        -- Turn order: no run this statement moved from queued to running has an earlier turn
+        -- of its conversation still queued. status = 'queued' alone implies the predicate of
+        -- agent_run_queued_by_conversation, not that of agent_run_claimable (which would walk
+        -- the queue ahead of the run, 0009's header): a descent of the conversation's range.
+        SELECT n.id, n.conversation_id INTO bad
+        FROM new_runs AS n
+        JOIN old_runs AS o ON o.id = n.id
+        WHERE n.status = 'running' AND o.status = 'queued'
+          AND (
+              SELECT 1 FROM runrow.agent_run AS earlier
+              WHERE earlier.conversation_id = n.conversation_id
+                AND earlier.status = 'queued'
+                AND earlier.enqueue_seq < n.enqueue_seq
+              LIMIT 1
+          ) IS NOT NULL
+        LIMIT 1;
+        IF FOUND THEN
+            -- 40001: a concurrent enqueue committed an earlier turn after the claimer's
+            -- snapshot; the claim treats it like any serialization failure and retries later.
+            RAISE EXCEPTION 'run %: an earlier turn of conversation % is still queued', bad.id, bad.conversation_id
+                USING ERRCODE = 'serialization_failure';
+        END IF;
+    END IF;
+
+    IF starts AND capped THEN
+        -- Concurrency caps: never more running or waiting runs of a key than its limit. The
+        -- limit row's lock (taken in key order) serializes the starts of one key; the count
+        -- takes a fresh snapshot after it, so it sees every start committed before the lock
+        -- was granted, and this statement's own.
+        FOR k IN
+            SELECT n.concurrency_key AS key, min(n.id::text) AS run_id
+            FROM new_runs AS n
+            JOIN old_runs AS o ON o.id = n.id
+            WHERE o.status = 'queued' AND n.status = 'running' AND n.concurrency_key IS NOT NULL
+            GROUP BY n.concurrency_key
+            ORDER BY n.concurrency_key
+        LOOP
+            UPDATE runrow.concurrency_limit AS l SET last_claimed_at = now()
+            WHERE l.concurrency_key = k.key
+            RETURNING l.max_running INTO cap;
+            CONTINUE WHEN NOT FOUND;
+            SELECT count(*) INTO open_runs FROM (
+                SELECT 1 FROM runrow.agent_run AS a
+                WHERE a.concurrency_key = k.key AND a.status IN ('running', 'waiting')
+                LIMIT cap + 1
+            ) AS o;
+            IF open_runs > cap THEN
+                RAISE EXCEPTION 'run %: concurrency key "%" is at its limit of % running or waiting runs',
+                    k.run_id, k.key, cap
+                    USING ERRCODE = 'check_violation', CONSTRAINT = 'agent_run_concurrency_limit';
+            END IF;
+        END LOOP;
+    END IF;
+
+    IF ends THEN
+        -- Each run this statement ended, with what its ending may let start: a slot of a
+        -- capped concurrency key, and the conversation's oldest open turn after it (only a
+        -- younger turn can have waited on it; an older open one was ahead of it all along).
+        FOR e IN
+            SELECT n.conversation_id,
+                   n.concurrency_key IS NOT NULL AND o.status IN ('running', 'waiting') AND EXISTS (
+                       SELECT 1 FROM runrow.concurrency_limit AS l WHERE l.concurrency_key = n.concurrency_key
+                   ) AS frees_slot,
+                   t.id AS next_id,
+                   t.status = 'queued' AND t.enqueue_seq > n.enqueue_seq AS next_waits
+            FROM new_runs AS n
+            JOIN old_runs AS o ON o.id = n.id
+            LEFT JOIN LATERAL (
+                -- The conversation's oldest open turn: its active one, or else its oldest
+                -- queued one (agent_run_one_active_per_conversation,
+                -- agent_run_queued_by_conversation).
+                SELECT u.id, u.enqueue_seq, u.status
+                FROM (
+                    SELECT x.id, x.enqueue_seq, x.status
+                    FROM runrow.agent_run AS x
+                    WHERE x.conversation_id = n.conversation_id
+                      AND x.status IN ('running', 'waiting')
+                    UNION ALL
+                    (SELECT x.id, x.enqueue_seq, x.status
+                     FROM runrow.agent_run AS x
+                     WHERE x.conversation_id = n.conversation_id
+                       AND x.status = 'queued'
+                     ORDER BY x.enqueue_seq
+                     LIMIT 1)
+                ) AS u
+                ORDER BY u.enqueue_seq
+                LIMIT 1
+            ) AS t ON true
+            WHERE o.status IN ('queued', 'running', 'waiting')
+              AND n.status IN ('completed', 'failed', 'cancelled', 'dead')
+            ORDER BY n.conversation_id, n.enqueue_seq
+        LOOP
+            IF e.frees_slot THEN
+                -- A dispatcher may be idle waiting for exactly that slot, in any conversation.
+                PERFORM pg_notify('runrow_enqueued', e.conversation_id::text);
+            END IF;
+            CONTINUE WHEN NOT coalesce(e.next_waits, false);
+            -- Locked even when unmarked: a claim that read this turn as blocked before we ended
+            -- the previous one must not mark it after we looked (it locks FOR UPDATE SKIP LOCKED).
+            SELECT x.claim_blocked INTO marked FROM runrow.agent_run AS x
+            WHERE x.id = e.next_id AND x.status = 'queued'
+            FOR KEY SHARE;
+            IF marked THEN
+                UPDATE runrow.agent_run AS x SET claim_blocked = false, updated_at = now() WHERE x.id = e.next_id;
+            END IF;
+            -- The turn that waited on this one may start now (sent once per conversation and
+            -- transaction: PostgreSQL folds identical notifications of one transaction).
+            PERFORM pg_notify('runrow_enqueued', e.conversation_id::text);
+        END LOOP;
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._agent_run_after_update() IS
+'agent_run''s AFTER UPDATE statement trigger, once per statement over its old and new rows. '
+'Turn order: the statement fails with 40001 if any run it moved from queued to running has an '
+'earlier turn of its conversation still queued (read after the statement''s own writes, with a '
+'fresh snapshot), so a turn never starts before an earlier one, whoever writes the table. '
+'Concurrency caps (since 0030): for each key with a concurrency_limit row that the statement '
+'started runs of, the limit row is locked (key order) and the statement fails with 23514 '
+'(constraint agent_run_concurrency_limit) if the key then has more running or waiting runs '
+'than its limit. Unblocking: for each run it moved to a terminal state, in (conversation, '
+'turn) order, the conversation''s oldest open turn, if queued and younger, is locked FOR KEY '
+'SHARE, its claim_blocked mark cleared and runrow_enqueued sent; an ended run of a concurrency '
+'key that has a limit sends runrow_enqueued too (a slot came free).';
+INSERT INTO runrow._yoyo_migration VALUES ('0dc2d326604f1c19ff6aaa9ec7bf1d79da55bee4f9e978c98e6933c1830866f2', '0036_open_turns_indexed_queued_and_active', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '0dc2d326604f1c19ff6aaa9ec7bf1d79da55bee4f9e978c98e6933c1830866f2', '0036_open_turns_indexed_queued_and_active', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -3882,7 +4079,7 @@ SET enable_seqscan = off
 -- Likewise no sort where an index gives the order: every ordered read of agent_run here is a
 -- walk of the index whose key is that order (agent_run_claimable, agent_run_delayed). On
 -- statistics taken while the queue was nearly empty, every partial index of queued runs looks
--- one row long, and a sort of agent_run_open_by_conversation's whole range looked as cheap as
+-- one row long, and a sort of another such index's whole range looked as cheap as
 -- agent_run_delayed's first entry: the look for a due delayed run read the whole queue on
 -- every claim (3,000 buffers at 3,000 queued runs; tests/test_claim_cost.py). The one sort
 -- left, the claimed rows' ORDER BY, has no alternative and is kept.
@@ -4204,7 +4401,7 @@ BEGIN
                                 LIMIT 1) IS NOT NULL
                                OR (SELECT 1 FROM runrow.agent_run AS o
                                    WHERE o.conversation_id = q.conversation_id
-                                     AND o.status IN ('queued', 'running', 'waiting')
+                                     AND o.status = 'queued'
                                      AND o.enqueue_seq < q.enqueue_seq
                                    LIMIT 1) IS NOT NULL AS blocked
                         FROM runrow.agent_run AS q
@@ -4225,7 +4422,7 @@ BEGIN
                                 LIMIT 1) IS NOT NULL
                                OR (SELECT 1 FROM runrow.agent_run AS o
                                    WHERE o.conversation_id = q.conversation_id
-                                     AND o.status IN ('queued', 'running', 'waiting')
+                                     AND o.status = 'queued'
                                      AND o.enqueue_seq < q.enqueue_seq
                                    LIMIT 1) IS NOT NULL);
                         -- A run found free after all is left (locked, unclaimed) for the next
@@ -4261,9 +4458,10 @@ BEGIN
                 -- oldest open turn of a conversation. A turn locked by another claimer is
                 -- still queued until that claim commits, so its successor is never taken
                 -- instead of it; one we locked ourselves is still queued too, so one call takes
-                -- one turn per conversation. status IN (...) matches
-                -- agent_run_open_by_conversation alone, not agent_run_claimable, so the probe
-                -- never walks the queue.
+                -- one turn per conversation. An earlier turn that is active is the first
+                -- probe's, so the second looks for an earlier queued one: status = 'queued'
+                -- alone implies agent_run_queued_by_conversation's predicate and not
+                -- agent_run_claimable's, so the probe never walks the queue (migration 0036).
                 blocked := EXISTS (
                     SELECT 1 FROM runrow.agent_run AS a
                     WHERE a.conversation_id = g_head_conv[bg]
@@ -4271,7 +4469,7 @@ BEGIN
                 ) OR EXISTS (
                     SELECT 1 FROM runrow.agent_run AS o
                     WHERE o.conversation_id = g_head_conv[bg]
-                      AND o.status IN ('queued', 'running', 'waiting')
+                      AND o.status = 'queued'
                       AND o.enqueue_seq < g_head_seq[bg]
                 );
                 CONTINUE serve WHEN blocked AND NOT may_mark;
@@ -4380,7 +4578,7 @@ BEGIN
                     ) OR EXISTS (
                         SELECT 1 FROM runrow.agent_run AS o
                         WHERE o.conversation_id = g_head_conv[bg]
-                          AND o.status IN ('queued', 'running', 'waiting')
+                          AND o.status = 'queued'
                           AND o.enqueue_seq < g_head_seq[bg]
                     );
                     IF blocked THEN
@@ -6104,9 +6302,12 @@ BEGIN
                EXISTS (
                    SELECT 1 FROM runrow.agent_run AS p
                    WHERE p.conversation_id = q.conversation_id
-                     AND p.id <> q.id
-                     AND p.status IN ('queued', 'running', 'waiting')
-                     AND (p.enqueue_seq < q.enqueue_seq OR p.status IN ('running', 'waiting'))
+                     AND p.status IN ('running', 'waiting')
+               ) OR EXISTS (
+                   SELECT 1 FROM runrow.agent_run AS p
+                   WHERE p.conversation_id = q.conversation_id
+                     AND p.status = 'queued'
+                     AND p.enqueue_seq < q.enqueue_seq
                ) AS blocked
     ) AS c
     WHERE q.status = 'queued'
@@ -6127,9 +6328,13 @@ BEGIN
       AND NOT EXISTS (
           SELECT 1 FROM runrow.agent_run AS p
           WHERE p.conversation_id = q.conversation_id
-            AND p.status IN ('queued', 'running', 'waiting')
-            AND p.id <> q.id
-            AND (p.enqueue_seq < q.enqueue_seq OR p.status IN ('running', 'waiting'))
+            AND p.status IN ('running', 'waiting')
+      )
+      AND NOT EXISTS (
+          SELECT 1 FROM runrow.agent_run AS p
+          WHERE p.conversation_id = q.conversation_id
+            AND p.status = 'queued'
+            AND p.enqueue_seq < q.enqueue_seq
       );
 
     -- The journal and the step log of every run in scope (live runs, and runs finished
@@ -7362,10 +7567,16 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege';
     END IF;
 
+    -- An open turn: an active one (agent_run_one_active_per_conversation) or a queued one
+    -- (agent_run_queued_by_conversation).
     IF EXISTS (
         SELECT 1 FROM runrow.agent_run AS r
         WHERE r.conversation_id = enqueue_run.conversation_id
-          AND r.status IN ('queued', 'running', 'waiting')
+          AND r.status IN ('running', 'waiting')
+    ) OR EXISTS (
+        SELECT 1 FROM runrow.agent_run AS r
+        WHERE r.conversation_id = enqueue_run.conversation_id
+          AND r.status = 'queued'
     ) THEN
         IF enqueue_run.if_active = 'reject' THEN
             RAISE EXCEPTION 'conversation % already has an active run (if_active = reject)', enqueue_run.conversation_id
@@ -7982,16 +8193,26 @@ BEGIN
     PERFORM runrow._require_not_null(get_conversation.conversation_id, 'conversation_id');
     RETURN QUERY
     SELECT c.id, c.user_id, c.created_at, act.id, act.status,
-           -- Every turn: the open ones and the ended ones, each part through its index.
+           -- Every turn: the active, queued and ended ones, each part through its index.
            (SELECT count(*) FROM runrow.agent_run AS n
-            WHERE n.conversation_id = c.id AND n.status IN ('queued', 'running', 'waiting'))
+            WHERE n.conversation_id = c.id AND n.status IN ('running', 'waiting'))
+           + (SELECT count(*) FROM runrow.agent_run AS n
+              WHERE n.conversation_id = c.id AND n.status = 'queued')
            + (SELECT count(*) FROM runrow.agent_run AS n
               WHERE n.conversation_id = c.id AND n.status IN ('completed', 'failed', 'cancelled', 'dead'))
     FROM runrow.conversation AS c
     LEFT JOIN LATERAL (
-        SELECT a.id, a.status FROM runrow.agent_run AS a
-        WHERE a.conversation_id = c.id AND a.status IN ('queued', 'running', 'waiting')
-        ORDER BY a.enqueue_seq
+        -- The oldest open turn: the active one, or else the oldest queued one.
+        SELECT o.id, o.status FROM (
+            SELECT a.id, a.status, a.enqueue_seq FROM runrow.agent_run AS a
+            WHERE a.conversation_id = c.id AND a.status IN ('running', 'waiting')
+            UNION ALL
+            (SELECT a.id, a.status, a.enqueue_seq FROM runrow.agent_run AS a
+             WHERE a.conversation_id = c.id AND a.status = 'queued'
+             ORDER BY a.enqueue_seq
+             LIMIT 1)
+        ) AS o
+        ORDER BY o.enqueue_seq
         LIMIT 1
     ) AS act ON true
     WHERE c.id = get_conversation.conversation_id;
@@ -9023,10 +9244,17 @@ BEGIN
         -- our lock, and its wake then finds nothing left queued to start. The set is stable:
         -- enqueue and retry hold the conversation lock we hold, so no run joins it.
         FOR target IN
-            SELECT a.id FROM runrow.agent_run AS a
-            WHERE a.conversation_id = stop_conversation.conversation_id
-              AND a.status IN ('queued', 'running', 'waiting')
-            ORDER BY a.enqueue_seq
+            -- The open turns: the active one and the queued ones, each through its index.
+            SELECT o.id FROM (
+                SELECT a.id, a.enqueue_seq FROM runrow.agent_run AS a
+                WHERE a.conversation_id = stop_conversation.conversation_id
+                  AND a.status IN ('running', 'waiting')
+                UNION ALL
+                SELECT a.id, a.enqueue_seq FROM runrow.agent_run AS a
+                WHERE a.conversation_id = stop_conversation.conversation_id
+                  AND a.status = 'queued'
+            ) AS o
+            ORDER BY o.enqueue_seq
         LOOP
             waiting_on := target;  -- named in the error if this lock is not granted in time
             PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = target FOR UPDATE;

@@ -26,6 +26,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from race_support import database_url, drain, enqueue, owner
 
 RUNS = 10
+# Runs whose three versions (queued, claimed, ended) all fit on one fresh page: what is measured
+# is what an update logs when its new version lands next to the old one, and that must not
+# depend on whether a page prune (held back by any snapshot open in the database, an
+# autoanalyze's say) made room in between.
+ON_ONE_PAGE = 5
 # The columns the claim, the heartbeat and the finish change, in the order 0029 gives them.
 HOT = [
     "attempt",
@@ -84,15 +89,15 @@ def test_the_columns_a_lifecycle_changes_are_the_last_of_the_row(owner: psycopg.
 def test_a_claim_a_heartbeat_and_a_finish_log_what_they_change_not_the_row(
     owner: psycopg.Connection, superuser: psycopg.Connection
 ):
-    for _ in range(RUNS):
+    for _ in range(ON_ONE_PAGE):
         enqueue(owner, uuid.uuid4())
     owner.execute("VACUUM runrow.agent_run")  # a steady table: the enqueue's pages, pruned
 
     start = lsn(superuser)
     runs = owner.execute(
-        "SELECT run_id, claim_token FROM runrow.claim_runs('layout-probe', %s, 30)", (RUNS,)
+        "SELECT run_id, claim_token FROM runrow.claim_runs('layout-probe', %s, 30)", (ON_ONE_PAGE,)
     ).fetchall()
-    assert len(runs) == RUNS
+    assert len(runs) == ON_ONE_PAGE
     claimed = agent_run_records(superuser, start)
 
     start = lsn(superuser)
@@ -111,7 +116,7 @@ def test_a_claim_a_heartbeat_and_a_finish_log_what_they_change_not_the_row(
         return [n for kind, n in records if kind in ("UPDATE", "HOT_UPDATE")]
 
     claim_updates, finish_updates, beat_updates = updates(claimed), updates(finished), updates(beat)
-    assert len(claim_updates) >= RUNS - 2 and len(finish_updates) >= RUNS - 2
+    assert len(claim_updates) == ON_ONE_PAGE and len(finish_updates) == ON_ONE_PAGE
     # The changed columns of a claim (attempt .. updated_at) are about 80 bytes, of a finish
     # (status .. error) about 50, of a heartbeat (claim_expires_at .. updated_at) 24; each
     # record adds about 50 bytes of headers. Before 0029: 270-300 bytes each.
@@ -124,7 +129,7 @@ def test_a_claim_a_heartbeat_and_a_finish_log_what_they_change_not_the_row(
     # Nor after it (migration 0031: the journal's run is checked by its seq trigger, not by a
     # foreign key whose check key-share locked the freshly updated row).
     assert [kind for kind, _ in beat + finished if kind == "LOCK"] == [], (beat, finished)
-    assert sum(kind == "LOCK" for kind, _ in claimed) == RUNS, claimed
+    assert sum(kind == "LOCK" for kind, _ in claimed) == ON_ONE_PAGE, claimed
     drain(owner)
 
 
@@ -154,10 +159,10 @@ def test_a_claim_and_a_finish_enter_only_the_indexes_they_must(
 ):
     """The index budget of a lifecycle: neither update can be HOT, so the new version of a
     run enters every index whose predicate it meets. A claimed run: the primary key and the
-    two indexes of open and active runs per conversation; an ended one: the primary key, the
-    index of ended turns per conversation and the two by finished_at (audit's window and
-    trim_journal's). Migration 0032 dropped one more the claim paid for, 0035 one that both
-    paid for; a new index on agent_run shows up here."""
+    index of active runs per conversation; an ended one: the primary key, the index of ended
+    turns per conversation and the two by finished_at (audit's window and trim_journal's).
+    Migration 0032 dropped one the claim paid for, 0035 one that both paid for, 0036 another
+    the claim paid for; a new index on agent_run shows up here."""
     for _ in range(RUNS):
         enqueue(owner, uuid.uuid4())
     start = lsn(superuser)
@@ -172,7 +177,6 @@ def test_a_claim_and_a_finish_enter_only_the_indexes_they_must(
     print(f"claim {claimed}\nfinish {finished}")
     assert claimed == {
         "agent_run_pkey": RUNS,
-        "agent_run_open_by_conversation": RUNS,
         "agent_run_one_active_per_conversation": RUNS,
     }
     assert finished == {
