@@ -157,7 +157,7 @@ async def test_a_run_has_no_heartbeat_task_until_its_first_beat_is_due(worker_db
         writer=writer,
         handler=probe,
         concurrency=1,
-        lease_seconds=3,
+        lease_seconds=6,  # the first beat is due 2 s after the claim: a margin for a busy box
         poll_seconds=0.1,
         worker_id="in-process",
     )
@@ -165,7 +165,7 @@ async def test_a_run_has_no_heartbeat_task_until_its_first_beat_is_due(worker_db
     try:
         short = enqueue_echo(db, "short", name="short", wait=0.2)
         await wait_until_async(lambda: run_row(db, short)["status"] == "completed")
-        long = enqueue_echo(db, "long", name="long", wait=2.0)
+        long = enqueue_echo(db, "long", name="long", wait=3.0)
         await wait_until_async(lambda: run_row(db, long)["status"] == "completed")
     finally:
         await d.stop_claiming()
