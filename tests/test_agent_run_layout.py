@@ -51,10 +51,17 @@ __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the
 
 @pytest.fixture
 def superuser(database_url: str, cluster_urls: tuple[str, str]) -> Iterator[psycopg.Connection]:
-    """A superuser session on this module's database: pg_walinspect and CHECKPOINT need one."""
+    """A superuser session on this module's database: pg_walinspect and CHECKPOINT need one.
+    It holds a temporary physical replication slot that reserves the WAL from before the first
+    measured position: each measure ends in a CHECKPOINT, and with another test's checkpoint in
+    between (a suite runs beside this one), the segments it reads back would otherwise already
+    be recycled ("requested WAL segment ... has already been removed")."""
     url = make_conninfo(cluster_urls[1], dbname=conninfo_to_dict(database_url)["dbname"])
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        conn.execute(
+            "SELECT pg_create_physical_replication_slot('runrow_layout_' || pg_backend_pid(), true, true)"
+        )
         yield conn
 
 
