@@ -194,6 +194,19 @@ WHEN (
 EXECUTE FUNCTION runrow._webhook_outbox();
 
 -- The second rewrite: every row without the dropped columns' bytes, in run id (UUIDv7, so
--- creation) order, its pages filled to the table's fillfactor.
-CLUSTER runrow.agent_run USING agent_run_pkey;
+-- creation) order, its pages filled to the table's fillfactor. Only when there are rows:
+-- CLUSTER records the table's size in pg_class (reltuples 0 for an empty one), and an empty
+-- table known to be empty loses the planner's guess for a table never vacuumed (at least 10
+-- pages). A fresh install's sessions then cache generic plans that scan the whole table for a
+-- lookup by key, and keep them while the table grows, until its first ANALYZE: a bulk enqueue
+-- in one transaction cost O(n) per run (2,000 runs read 6 million rows), a worker that
+-- started on the empty table scanned it on every heartbeat and finish
+-- (tests/test_fresh_install_plans.py).
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM runrow.agent_run) THEN
+        CLUSTER runrow.agent_run USING agent_run_pkey;
+    END IF;
+END
+$$;
 ALTER TABLE runrow.agent_run SET WITHOUT CLUSTER;

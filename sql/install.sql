@@ -3271,8 +3271,21 @@ WHEN (
 EXECUTE FUNCTION runrow._webhook_outbox();
 
 -- The second rewrite: every row without the dropped columns' bytes, in run id (UUIDv7, so
--- creation) order, its pages filled to the table's fillfactor.
-CLUSTER runrow.agent_run USING agent_run_pkey;
+-- creation) order, its pages filled to the table's fillfactor. Only when there are rows:
+-- CLUSTER records the table's size in pg_class (reltuples 0 for an empty one), and an empty
+-- table known to be empty loses the planner's guess for a table never vacuumed (at least 10
+-- pages). A fresh install's sessions then cache generic plans that scan the whole table for a
+-- lookup by key, and keep them while the table grows, until its first ANALYZE: a bulk enqueue
+-- in one transaction cost O(n) per run (2,000 runs read 6 million rows), a worker that
+-- started on the empty table scanned it on every heartbeat and finish
+-- (tests/test_fresh_install_plans.py).
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM runrow.agent_run) THEN
+        CLUSTER runrow.agent_run USING agent_run_pkey;
+    END IF;
+END
+$$;
 ALTER TABLE runrow.agent_run SET WITHOUT CLUSTER;
 INSERT INTO runrow._yoyo_migration VALUES ('004c88e8670c83a34dbec2fcf453652ad8ee67fd8e58d36c4beb429ee1398822', '0029_agent_run_hot_columns_last', now() AT TIME ZONE 'UTC');
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '004c88e8670c83a34dbec2fcf453652ad8ee67fd8e58d36c4beb429ee1398822', '0029_agent_run_hot_columns_last', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
