@@ -5,14 +5,10 @@ commits per run fall well below those at --concurrency 1.
 
 Counted, not timed: pg_stat_database.xact_commit of the test's own database over the drain,
 read once every backend of the worker has exited (a backend flushes its statistics on exit).
-"Exited" means the server process is gone, not that it left pg_stat_activity: an exiting
-backend leaves pg_stat_activity first and flushes after, and on a loaded box that gap can
-outlast any settling delay.
 The database is vacuumed and analyzed, catalogs included, before the count starts: migrating
 it leaves ten catalogs (pg_attribute, pg_depend, pg_class, ...) past autovacuum's thresholds,
 and an autovacuum visit inside the window, a transaction or two per catalog, read 1.05
-transactions per run as 1.16-1.23 in about one full-suite run in five (the baseline's wait
-for exited processes, added first, did not stop it).
+transactions per run as 1.16-1.23 in about one full-suite run in five.
 The polling connection's own commits are counted and taken off, and autovacuum is off for the
 test database's tables while it drains: a busy box (a whole suite beside it) otherwise has
 autovacuum vacuum and analyze the drained tables inside the window, each table its own
@@ -25,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import psycopg
@@ -64,31 +59,15 @@ def commits(observer: psycopg.Connection, datname: str) -> int:
     return int(row[0])
 
 
-def server_processes(datname: str) -> int:
-    """Server processes of this database still alive, by their process title ("postgres:
-    user database host activity"), exiting ones included. 0 when the server is not on this
-    machine (then pg_stat_activity and the settling below are all there is)."""
-    count = 0
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            with contextlib.suppress(OSError):
-                title = (proc / "cmdline").read_bytes().replace(b"\0", b" ").split()
-                count += title[:1] == [b"postgres:"] and datname.encode() in title[1:4]
-    return count
-
-
 def settled_commits(observer: psycopg.Connection, datname: str, others: int) -> int:
-    """xact_commit once only `others` backends are left in the database, in pg_stat_activity
-    and as processes, and the count has stopped moving."""
+    """xact_commit once only `others` backends are left in the database and the count has
+    stopped moving (an exiting backend leaves pg_stat_activity just before it flushes)."""
     wait_until(
-        lambda: (
-            observer.execute(
-                "SELECT count(*) <= %s FROM pg_stat_activity WHERE datname = %s", (others, datname)
-            ).fetchone()[0]
-            and server_processes(datname) <= others
-        ),
+        lambda: observer.execute(
+            "SELECT count(*) <= %s FROM pg_stat_activity WHERE datname = %s", (others, datname)
+        ).fetchone()[0],
         30,
-        "the database's other backends to exit",
+        "the worker's backends to exit",
     )
     last = commits(observer, datname)
     while True:
