@@ -566,6 +566,13 @@ def report(rows: list[Row], jobs: int) -> list[str]:
             tag = f"  [round {row.round}]" if rounds > 1 else ""
             lines.append(f"    {row.system:<48}{row.cells()}{tag}")
         lines.extend(_ratio_lines(plain, batch))
+    if jobs < JOBS and any(r.system.startswith("PgQueuer") for r in rows):
+        # Measured: about 65-90 ms more per drain than the SQL API client, a quarter of
+        # PgQueuer's drain of 2,000 jobs at batch 10 (README, "Drain against PgQueuer").
+        lines.append(
+            f"  (fewer than {JOBS:,} jobs: PgQueuer's fixed start-up and drain-end time weigh on its"
+            " rate, so these ratios flatter runrow; quote ratios from a full-size run)"
+        )
     listening = [r for r in rows if "idle LISTEN" in r.system]
     if listening:
         lines.append(

@@ -75,3 +75,6 @@ def test_ratios_over_rounds_are_the_median_of_each_rounds_own_ratio(monkeypatch)
     assert lines[0].endswith("3 rounds")
     (ratio,) = [line for line in lines if "runrow SQL API / PgQueuer" in line]
     assert "1.20x jobs/s (median of 3 rounds, 1.10-1.30x)" in ratio, ratio
+    # A short drain says its ratios flatter runrow (PgQueuer's fixed start-up); a full one does not.
+    assert any("these ratios flatter runrow" in line for line in lines)
+    assert not any("flatter" in line for line in drain.report(rows, drain.JOBS))
