@@ -8021,6 +8021,10 @@ SET search_path = pg_catalog, runrow
 -- custom plans PL/pgSQL tries first, and keeps for = ANY (array), cost more to build than
 -- to run).
 SET plan_cache_mode = force_generic_plan
+-- Every lookup here is by key (agent_run's and run_watch's primary keys, the journal's): a
+-- generic plan made while agent_run was small (a fresh install, planned as 10 pages) found a
+-- sequential scan cheaper than ten key probes and kept it as the table grew.
+SET enable_seqscan = off
 AS $fn$
 DECLARE
     bad record;
@@ -8130,7 +8134,7 @@ BEGIN
     -- partial index of active runs made the generic plan AND that index with the primary
     -- key, and a bitmap scan reads every dead entry of runs ended since the last vacuum
     -- (8,283 index entries per call after a 15,000-run drain). Only the primary key serves
-    -- this lookup. Then each finished run's events and its complete event at the next
+    -- this lookup (and enable_seqscan = off keeps a small table's plan from scanning it). Then each finished run's events and its complete event at the next
     -- seqs, as append_events and finish_run would journal them in one transaction.
     WITH fin AS (
         UPDATE runrow.agent_run AS r
