@@ -16,12 +16,12 @@ extension of PostgreSQL 15) between two WAL positions of one session.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
+from lifecycle_support import completed
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from race_support import database_url, drain, enqueue, owner
 
@@ -112,7 +112,7 @@ def test_a_claim_a_heartbeat_and_a_finish_log_what_they_change_not_the_row(
     beat = agent_run_records(superuser, start)
 
     start = lsn(superuser)
-    acks = json.dumps([{"run_id": str(r), "claim_token": str(t), "status": "completed"} for r, t in runs])
+    acks = completed(runs)
     assert all(f for (f,) in owner.execute("SELECT finished FROM runrow.finish_runs(%s::jsonb)", (acks,)))
     finished = agent_run_records(superuser, start)
     print(f"claim {claimed}\nheartbeat {beat}\nfinish {finished}")
@@ -178,7 +178,7 @@ def test_a_claim_and_a_finish_enter_only_the_indexes_they_must(
     ).fetchall()
     claimed = index_inserts(superuser, start)
     start = lsn(superuser)
-    acks = json.dumps([{"run_id": str(r), "claim_token": str(t), "status": "completed"} for r, t in runs])
+    acks = completed(runs)
     owner.execute("SELECT finished FROM runrow.finish_runs(%s::jsonb)", (acks,)).fetchall()
     finished = index_inserts(superuser, start)
     print(f"claim {claimed}\nfinish {finished}")

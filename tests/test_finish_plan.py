@@ -14,19 +14,14 @@ returned, with autovacuum off for agent_run so no vacuum clears them mid-test.
 
 from __future__ import annotations
 
-import json
-
 import psycopg
+from lifecycle_support import ENQUEUE, completed
 from worker_support import worker_db, worker_db_superuser
 
 __all__ = ["worker_db", "worker_db_superuser"]
 
 RUNS = 1500
 BATCH = 10
-ENQUEUE = (
-    "SELECT count(*) FROM (SELECT runrow.enqueue_run(conversation_id => gen_random_uuid(),"
-    " content => '\"job\"', model => 'echo') FROM generate_series(1, %s)) AS e"
-)
 CLAIM = "SELECT run_id, claim_token FROM runrow.claim_runs(worker_id => 'plan', max_runs => %s)"
 FINISH = "SELECT finished FROM runrow.finish_runs(%s::jsonb)"
 
@@ -40,10 +35,6 @@ def active_index_entries_read(observer: psycopg.Connection) -> int:
     ).fetchone()
     assert row is not None
     return int(row[0])
-
-
-def acks(runs: list[tuple[object, object]]) -> str:
-    return json.dumps([{"run_id": str(r), "claim_token": str(t), "status": "completed"} for r, t in runs])
 
 
 def test_finish_runs_reads_no_dead_entries_of_the_active_turn_index(
@@ -62,7 +53,7 @@ def test_finish_runs_reads_no_dead_entries_of_the_active_turn_index(
             # The claim's own probes of the index (by conversation) are not what is counted.
             conn.execute("SELECT pg_stat_force_next_flush()")
             before = active_index_entries_read(admin)
-            assert all(f for (f,) in conn.execute(FINISH, (acks(runs),)).fetchall())
+            assert all(f for (f,) in conn.execute(FINISH, (completed(runs),)).fetchall())
             conn.execute("SELECT pg_stat_force_next_flush()")
             read_by_finishes += active_index_entries_read(admin) - before
             finishes += 1

@@ -14,17 +14,12 @@ sequential scans.
 
 from __future__ import annotations
 
-import json
-
 import psycopg
+from lifecycle_support import ENQUEUE, completed
 from worker_support import db, worker_db
 
 __all__ = ["db", "worker_db"]
 
-ENQUEUE = (
-    "SELECT count(*) FROM (SELECT runrow.enqueue_run(conversation_id => gen_random_uuid(),"
-    " content => '\"job\"', model => 'echo') FROM generate_series(1, %s)) AS e"
-)
 CLAIM = "SELECT run_id, claim_token FROM runrow.claim_runs(worker_id => 'fresh', max_runs => 10)"
 
 
@@ -45,8 +40,10 @@ def lifecycle(conn: psycopg.Connection, runs: list[tuple[object, object]]) -> No
     every run finished."""
     assert conn.execute("SELECT owned FROM runrow.heartbeat(%s, %s, 30)", runs[0]).fetchone() == (True,)
     conn.execute('SELECT runrow.append_events(%s, %s, \'[{"type": "x"}]\'::jsonb)', runs[0])
-    acks = json.dumps([{"run_id": str(r), "claim_token": str(t), "status": "completed"} for r, t in runs])
-    assert all(f for (f,) in conn.execute("SELECT finished FROM runrow.finish_runs(%s::jsonb)", (acks,)))
+    finished = conn.execute(
+        "SELECT finished FROM runrow.finish_runs(%s::jsonb)", (completed(runs),)
+    ).fetchall()
+    assert all(f for (f,) in finished)
 
 
 def test_a_fresh_agent_run_is_planned_as_never_vacuumed(db: psycopg.Connection) -> None:

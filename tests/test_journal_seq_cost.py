@@ -13,6 +13,7 @@ import json
 import uuid
 
 import psycopg
+from lifecycle_support import completed
 from race_support import Connect, database_url, drain, enqueue, owner
 
 RUNS = 10
@@ -54,7 +55,7 @@ def test_each_journal_row_costs_one_lookup_of_the_last_seq(owner: psycopg.Connec
     append_scans, append_buffers = journal_cost(
         worker, "SELECT runrow.append_events(%s, %s, %s::jsonb)", (runs[0][0], runs[0][1], events)
     )
-    finish = json.dumps([{"run_id": str(r), "claim_token": str(t), "status": "completed"} for r, t in runs])
+    finish = completed(runs)
     finish_scans, finish_buffers = journal_cost(
         worker, "SELECT * FROM runrow.finish_runs(%s::jsonb)", (finish,)
     )

@@ -17,12 +17,12 @@ What this pins (migration 0028 and the argument checks of the hot functions):
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
+from lifecycle_support import completed
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from race_support import database_url, drain, enqueue, owner
 
@@ -73,7 +73,7 @@ def test_a_batch_lifecycle_runs_a_fixed_number_of_functions(
     append = calls(
         worker, "SELECT runrow.append_events(%s, %s, %s::jsonb)", (*runs[0], '[{"type": "text_delta"}]')
     )
-    acks = json.dumps([{"run_id": str(r), "claim_token": str(t), "status": "completed"} for r, t in runs])
+    acks = completed(runs)
     finish = calls(worker, "SELECT * FROM runrow.finish_runs(%s::jsonb)", (acks,))
     one = calls(worker, "SELECT runrow.finish_run(%s, %s, 'completed')", runs[0])
     print(
