@@ -8134,8 +8134,9 @@ BEGIN
     -- partial index of active runs made the generic plan AND that index with the primary
     -- key, and a bitmap scan reads every dead entry of runs ended since the last vacuum
     -- (8,283 index entries per call after a 15,000-run drain). Only the primary key serves
-    -- this lookup (and enable_seqscan = off keeps a small table's plan from scanning it). Then each finished run's events and its complete event at the next
-    -- seqs, as append_events and finish_run would journal them in one transaction.
+    -- this lookup (and enable_seqscan = off keeps a small table's plan from scanning it).
+    -- Then each finished run's events and its complete event at the next seqs, as
+    -- append_events and finish_run would journal them in one transaction.
     WITH fin AS (
         UPDATE runrow.agent_run AS r
         SET status = byid -> r.id::text ->> 'status',
