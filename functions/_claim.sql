@@ -567,6 +567,14 @@ BEGIN
             END IF;
         END LOOP;
 
+        -- Nothing locked, nothing to write: an UPDATE that matches no row still fires
+        -- agent_run's statement trigger and starts an executor for the whole statement, and
+        -- empty claims are the common ones in a fleet (every idle worker woken by an enqueue
+        -- but the one that takes it).
+        IF cardinality(locked) = 0 THEN
+            RETURN;
+        END IF;
+
         RETURN QUERY
         WITH claimed AS (
             -- By primary key alone: every row is locked by us and was re-checked queued
