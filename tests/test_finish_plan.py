@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import psycopg
 from lifecycle_support import ENQUEUE, completed
+from stats_support import agent_run_updates, counter, flushed
 from worker_support import worker_db, worker_db_superuser
 
 __all__ = ["worker_db", "worker_db_superuser"]
@@ -28,13 +29,11 @@ FINISH = "SELECT finished FROM runrow.finish_runs(%s::jsonb)"
 
 def active_index_entries_read(observer: psycopg.Connection) -> int:
     """Entries of the active-turn index returned by index scans so far, every session's."""
-    observer.execute("SELECT pg_stat_clear_snapshot()")
-    row = observer.execute(
+    return counter(
+        observer,
         "SELECT idx_tup_read FROM pg_stat_user_indexes"
-        " WHERE indexrelid = 'runrow.agent_run_one_active_per_conversation'::regclass"
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
+        " WHERE indexrelid = 'runrow.agent_run_one_active_per_conversation'::regclass",
+    )
 
 
 def test_finish_runs_reads_no_dead_entries_of_the_active_turn_index(
@@ -49,14 +48,17 @@ def test_finish_runs_reads_no_dead_entries_of_the_active_turn_index(
         admin.execute("ANALYZE runrow.agent_run")  # the statistics of a queue, as a worker would see
         finishes = 0
         read_by_finishes = 0
+        updates = agent_run_updates(admin)
         while runs := conn.execute(CLAIM, (BATCH,)).fetchall():
             # The claim's own probes of the index (by conversation) are not what is counted.
-            conn.execute("SELECT pg_stat_force_next_flush()")
+            flushed(conn)
             before = active_index_entries_read(admin)
             assert all(f for (f,) in conn.execute(FINISH, (completed(runs),)).fetchall())
-            conn.execute("SELECT pg_stat_force_next_flush()")
+            flushed(conn)
             read_by_finishes += active_index_entries_read(admin) - before
             finishes += 1
         assert finishes == RUNS // BATCH
+        # The counts do reach the reader: every run was updated twice (claimed, finished).
+        assert agent_run_updates(admin) - updates >= 2 * RUNS
         # Before the fix: 4,159 entries over the 150 finishes.
         assert read_by_finishes == 0

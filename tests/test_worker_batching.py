@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 from psycopg.conninfo import make_conninfo
+from stats_support import counter, flushed
 from worker_support import db, enqueue_echo, start_worker, wait_until, worker_db
 
 __all__ = ["db", "start_worker", "worker_db"]
@@ -51,12 +52,7 @@ class Poller:
 
 
 def commits(observer: psycopg.Connection, datname: str) -> int:
-    observer.execute("SELECT pg_stat_clear_snapshot()")
-    row = observer.execute(
-        "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (datname,)
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
+    return counter(observer, "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (datname,))
 
 
 def settled_commits(observer: psycopg.Connection, datname: str, others: int) -> int:
@@ -90,7 +86,7 @@ def autovacuum_off(db: psycopg.Connection) -> Iterator[None]:
     ]
     for name in tables:
         db.execute(f"ALTER TABLE {name} SET (autovacuum_enabled = off)")
-    db.execute("SELECT pg_stat_force_next_flush()")  # these commits land before the count starts
+    flushed(db)  # these commits land before the count starts
     try:
         yield
     finally:
@@ -104,7 +100,7 @@ def drain_commits(  # type: ignore[no-untyped-def]
     """Database commits per run for RUNS zero-length echo runs drained by one worker."""
     datname = urlsplit(worker_db).path.lstrip("/")
     runs = [enqueue_echo(db, "x", 0.0) for _ in range(RUNS)]
-    db.execute("SELECT pg_stat_force_next_flush()")
+    flushed(db)
     observer = psycopg.connect(make_conninfo(superuser_url, dbname="postgres"), autocommit=True)
     stack = contextlib.ExitStack()
     poller = Poller(worker_db)
