@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from uuid import UUID
+
+from pyworker.db.batch import Ack
 
 # One statement, one transaction: count(*) of n fresh conversations' first turns.
 ENQUEUE = (
@@ -14,5 +17,6 @@ ENQUEUE = (
 
 
 def completed(runs: Sequence[Sequence[object]]) -> str:
-    """finish_runs' `runs` (JSON text) for claimed (run_id, claim_token) rows, each completed."""
-    return json.dumps([{"run_id": str(r), "claim_token": str(t), "status": "completed"} for r, t in runs])
+    """finish_runs' `runs` (JSON text) for claimed (run_id, claim_token) rows, each completed,
+    as the worker writes its acks (pyworker.db.batch.Ack)."""
+    return json.dumps([Ack(UUID(str(r)), UUID(str(t)), "completed").to_json() for r, t in runs])
