@@ -8,7 +8,7 @@ BEGIN;
 \ir helpers/row_versions.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(58);
+SELECT plan(63);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{jsonb}'''
@@ -212,10 +212,30 @@ SELECT throws_ok(pg_temp.batch(:'good2'::jsonb || '{"events": [{"text": "no type
         '("complete" and "run_*" are written by runrow itself)', 'an event without a type');
 SELECT throws_ok(pg_temp.batch(:'good'::jsonb), '22023',
     format('runs[1].run_id "%s" is already runs[0]: each run at most once per call', :'b1'), 'a run twice');
+-- What only the casts after the first pass catch (36 bytes, hyphens in place, not hex) and
+-- what only its key count catches (a run twice, spelled in another case), each reported as the
+-- exact pass reports it: the first broken rule of the first bad element.
+SELECT throws_ok(pg_temp.batch(jsonb_set(:'good2'::jsonb, '{run_id}', '"zzzzzzzz-zzzz-zzzz-zzzz-zzzzzzzzzzzz"')),
+    '22023', 'runs[1].run_id must be a UUID string, got "zzzzzzzz-zzzz-zzzz-zzzz-zzzzzzzzzzzz"',
+    'a run_id of the right shape but not hex');
+SELECT throws_ok(pg_temp.batch(jsonb_set(:'good2'::jsonb, '{claim_token}', '"0000000-00000-0000-0000-000000000000"')),
+    '22023', 'runs[1].claim_token must be a UUID string, got "0000000-00000-0000-0000-000000000000"',
+    'a claim_token of 36 hex digits and hyphens, one hyphen out of place');
+SELECT throws_ok(pg_temp.batch(jsonb_set(:'good2'::jsonb, '{claim_token}', '"{00000000-0000-0000-0000-000000000000}"')),
+    '22023', 'runs[1].claim_token must be a UUID string, got "{00000000-0000-0000-0000-000000000000}"',
+    'a braced claim_token (uuid input takes it; runrow does not)');
+SELECT throws_ok(format('SELECT * FROM runrow.finish_runs(%L)', jsonb_build_array(
+        jsonb_set(jsonb_set(:'good'::jsonb, '{run_id}', '"zzzzzzzz-zzzz-zzzz-zzzz-zzzzzzzzzzzz"'), '{status}', '"dead"'))),
+    '22023', 'runs[0].run_id must be a UUID string, got "zzzzzzzz-zzzz-zzzz-zzzz-zzzzzzzzzzzz"',
+    'an element with two broken rules is reported by the first, the hex test included');
+SELECT throws_ok(pg_temp.batch(jsonb_set(:'good'::jsonb, '{run_id}', to_jsonb(upper(:'b1')))), '22023',
+    format('runs[1].run_id "%s" is already runs[0]: each run at most once per call', upper(:'b1')),
+    'a run twice, the second time in capitals');
 SELECT is(pg_temp.written(), :'before', 'no bad batch wrote anything, not even its good first element');
 SELECT is(pg_temp.status(:'b1'), 'running', 'b1 is still running');
-SELECT results_eq(format('SELECT finished FROM runrow.finish_runs(%L)', jsonb_build_array(:'good'::jsonb, :'good2'::jsonb)),
-    $$VALUES (true), (true)$$, 'and the same runs finish once the batch is well formed');
+SELECT results_eq(format('SELECT finished FROM runrow.finish_runs(%L)', jsonb_build_array(:'good'::jsonb,
+        jsonb_build_object('run_id', upper(:'b2'), 'claim_token', upper(pg_temp.token(:'b2')::text), 'status', 'completed'))),
+    $$VALUES (true), (true)$$, 'and the same runs finish once the batch is well formed (a UUID in capitals is one)');
 
 -- The batch path pays no per-row call of agent_run's guard (0026): the claim and finish_runs
 -- stamp updated_at themselves on a legal move, so the trigger's WHEN skips the function, and
