@@ -4393,9 +4393,6 @@ BEGIN
             GET DIAGNOSTICS promoted = ROW_COUNT;
         END IF;
 
-        fleet_blocked_keys := ARRAY(SELECT l.rate_limit_key FROM runrow.rate_limit AS l WHERE l.blocked_until > now());
-        fleet_has_budgets := EXISTS (SELECT 1 FROM runrow.tenant_budget);
-
         -- Walk the queue one run at a time instead of one statement with the checks as
         -- filters: a filtered "ORDER BY ... LIMIT n" is planned from the estimated share of
         -- rows that pass the filters, so fresh statistics of a long queue made the planner
@@ -4437,6 +4434,15 @@ BEGIN
             END IF;
             EXIT levels WHEN NOT FOUND;
             h_lvl := ent.lvl;
+            -- Read once per claim, and only once the walk has found a run: an empty claim (in
+            -- a fleet, every idle worker woken by an enqueue but the one that takes it) reads
+            -- neither table.
+            IF fleet_has_budgets IS NULL THEN
+                fleet_blocked_keys := ARRAY(
+                    SELECT l.rate_limit_key FROM runrow.rate_limit AS l WHERE l.blocked_until > now()
+                );
+                fleet_has_budgets := EXISTS (SELECT 1 FROM runrow.tenant_budget);
+            END IF;
 
             -- The level's tenants, in index order (which is also the order their clocks are
             -- written in, so concurrent claims lock fairness_tenant rows in one order).
