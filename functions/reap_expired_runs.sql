@@ -8,8 +8,13 @@ DECLARE
     orphan record;
     result text;
 BEGIN
-    PERFORM runrow._require_range(reap_expired_runs.grace_seconds, 'grace_seconds', 0, 86400);
-    PERFORM runrow._require_range(reap_expired_runs.max_runs, 'max_runs', 1, 10000);
+    -- The helpers only raise: called only when a test here fails, as in _claim.
+    IF reap_expired_runs.grace_seconds IS NULL OR reap_expired_runs.grace_seconds NOT BETWEEN 0 AND 86400 THEN
+        PERFORM runrow._require_range(reap_expired_runs.grace_seconds, 'grace_seconds', 0, 86400);
+    END IF;
+    IF reap_expired_runs.max_runs IS NULL OR reap_expired_runs.max_runs NOT BETWEEN 1 AND 10000 THEN
+        PERFORM runrow._require_range(reap_expired_runs.max_runs, 'max_runs', 1, 10000);
+    END IF;
 
     -- The read: candidates as they looked a moment ago. Nothing here is trusted; each
     -- reap below re-checks token, status and lease expiry inside its own write.

@@ -118,6 +118,14 @@ def test_an_empty_claim_runs_no_update(owner: psycopg.Connection, counted: psyco
     assert calls(counted, "SELECT * FROM runrow.claim_run('idle-probe', 30)") == {"claim_run": 1, "_claim": 1}
 
 
+def test_an_idle_reap_runs_no_argument_helper(owner: psycopg.Connection, counted: psycopg.Connection):
+    """Every worker reaps on a timer, and nearly every pass finds nothing: valid arguments
+    call no _require_* helper (each a statement and a search_path switch), bad ones still do
+    (test_a_bad_argument_still_gets_its_helpers_error)."""
+    drain(owner)
+    assert calls(counted, "SELECT * FROM runrow.reap_expired_runs(30, 100)") == {"reap_expired_runs": 1}
+
+
 FLEET_READS = """
     SELECT t.relname, t.seq_scan + coalesce(t.idx_scan, 0) FROM pg_stat_xact_user_tables AS t
     WHERE t.schemaname = 'runrow' AND t.relname IN ('rate_limit', 'tenant_budget')
@@ -167,6 +175,12 @@ def test_an_empty_claim_reads_no_fleet_limit(owner: psycopg.Connection, counted:
             (uuid.uuid4(), uuid.uuid4(), None),
             "events must not be NULL",
         ),
+        (
+            "SELECT * FROM runrow.reap_expired_runs(%s, 100)",
+            (-1,),
+            "grace_seconds must be between 0 and 86400, got -1",
+        ),
+        ("SELECT * FROM runrow.reap_expired_runs(30, %s)", (None,), "max_runs must not be NULL"),
         ("SELECT * FROM runrow.finish_runs(%s)", (None,), "runs must not be NULL"),
         (
             "SELECT runrow.finish_run(%s, %s, %s)",
