@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
+from stats_support import flushed
 
 from pyworker.db.devdb import temporary_database
 from pyworker.db.paths import SQL_DIR
@@ -250,7 +251,7 @@ def load_history(superuser: psycopg.Connection, runs: int) -> None:
 
 
 def seq_scans(conn: psycopg.Connection) -> dict[str, int]:
-    conn.execute("SELECT pg_stat_clear_snapshot()")
+    conn.execute("SELECT pg_stat_clear_snapshot()")  # read afresh, as stats_support.counter does
     return dict(
         conn.execute(
             "SELECT relname, seq_scan FROM pg_stat_user_tables"
@@ -269,7 +270,7 @@ def scans_made_by(
     started = time.perf_counter()
     conn.execute(sql).fetchall()
     took = time.perf_counter() - started
-    conn.execute("SELECT pg_stat_force_next_flush()")
+    flushed(conn)
     after = seq_scans(observer)
     return {t: after[t] - before[t] for t in TABLES if after[t] != before[t]}, took
 

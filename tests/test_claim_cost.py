@@ -12,6 +12,7 @@ import uuid
 
 import psycopg
 from race_support import Connect, claim, claim_one, database_url, enqueue, owner, vacuum
+from stats_support import counter, flushed
 
 from pyworker.db.devdb import temporary_database
 
@@ -119,17 +120,12 @@ def test_heartbeat_is_a_hot_update(owner: psycopg.Connection, connect: Connect):
     worker = connect()
     enqueue(worker, uuid.uuid4())
     run = claim_one(worker)
-    # Stats reach shared memory when a session goes idle, at most once a second unless
-    # forced; forced flushes happen before the call returns, so the reads below are exact.
-    owner.execute("SELECT pg_stat_force_next_flush()")
-    worker.execute("SELECT pg_stat_force_next_flush()")
+    flushed(owner)
+    flushed(worker)
 
     def counters() -> tuple[int, int]:
-        owner.execute("SELECT pg_stat_clear_snapshot()")
-        return owner.execute(
-            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
-            " WHERE schemaname = 'runrow' AND relname = 'agent_run'"
-        ).fetchone()
+        table = "FROM pg_stat_user_tables WHERE relid = 'runrow.agent_run'::regclass"
+        return counter(owner, f"SELECT n_tup_upd {table}"), counter(owner, f"SELECT n_tup_hot_upd {table}")
 
     updates_before, hot_before = counters()
     for _ in range(heartbeats):
@@ -137,7 +133,7 @@ def test_heartbeat_is_a_hot_update(owner: psycopg.Connection, connect: Connect):
             "SELECT owned FROM runrow.heartbeat(%s, %s, 30)", (run["run_id"], run["claim_token"])
         ).fetchone()[0]
         assert owned
-    worker.execute("SELECT pg_stat_force_next_flush()")
+    flushed(worker)
     updates_after, hot_after = counters()
 
     assert updates_after - updates_before == heartbeats
