@@ -4835,7 +4835,8 @@ BEGIN
                 -- Every writer stamps updated_at itself (no BEFORE trigger does, since 0030).
                 updated_at = now()
             WHERE r.id = ANY (locked)
-            RETURNING r.*
+            RETURNING r.id, r.claim_token, r.conversation_id, r.attempt, r.max_attempts, r.model, r.prompt_id,
+                      r.user_id, r.user_message_id, r.metadata, r.claim_expires_at, r.enqueue_seq
         ),
         journaled AS (
             -- seq NULL: the guard trigger assigns the next one (its lookup is the only one).
