@@ -25,7 +25,8 @@ before each drain so every row starts at the same point):
 
 Besides jobs/s (wall clock, so it moves with the box's load) it counts what does not depend
 on the clock: WAL bytes, WAL records and full-page images per job (pg_stat_wal and the WAL
-position), and commits per job (pg_stat_database). Every job is checked done exactly once.
+position), and commits and shared buffers (hit or read) per job (pg_stat_database): the server
+work each system pays per job, whatever the box's speed. Every job is checked done exactly once.
 
 `python -m bench.drain --help` for how to run it alone (its own cluster unless DATABASE_URL is
 set and --here is given).
@@ -71,6 +72,7 @@ class Row:
     wal_records: int
     wal_fpi: int
     commits: int
+    buffers: int = 0  # shared blocks hit or read by the database's sessions
     round: int = 1
 
     @property
@@ -81,7 +83,7 @@ class Row:
         return (
             f"{self.rate:8,.0f} jobs/s  {self.wal_bytes / self.jobs:7,.0f} B WAL/job  "
             f"{self.wal_records / self.jobs:5.1f} WAL records/job  {self.wal_fpi / self.jobs:5.2f} FPI/job  "
-            f"{self.commits / self.jobs:5.2f} commits/job"
+            f"{self.commits / self.jobs:5.2f} commits/job  {self.buffers / self.jobs:6.1f} buffers/job"
         )
 
 
@@ -319,7 +321,7 @@ def runrow_workers(url: str, concurrency: int) -> Iterator[list[subprocess.Popen
             log.close()
 
 
-def settled(observer: psycopg.Connection, datname: str, others: int) -> tuple[int, int, int, int]:
+def settled(observer: psycopg.Connection, datname: str, others: int) -> tuple[int, int, int, int, int]:
     """counters() once at most `others` sessions are left in the database and its commit count
     has stopped moving: a backend flushes its statistics as it exits, after it has left
     pg_stat_activity."""
@@ -404,6 +406,7 @@ def worker_row(server: str, superuser: str, concurrency: int, jobs: int, listene
             wal_records=after[1] - before[1],
             wal_fpi=after[2] - before[2],
             commits=after[3] - before[3] - polls,
+            buffers=after[4] - before[4],
         )
 
 
@@ -419,18 +422,18 @@ RUNROW_API = "runrow SQL API (claim_runs -> finish_runs)"
 RUNROW_CHAINED = "runrow SQL API (finish_runs + next claim_runs)"
 
 
-def counters(observer: psycopg.Connection, datname: str) -> tuple[int, int, int, int]:
-    """(WAL position, WAL records, full-page images, commits in database `datname`). The
-    observer sits in another database, so its own statements are not counted as commits;
-    the workers' statistics are flushed when their processes exit."""
+def counters(observer: psycopg.Connection, datname: str) -> tuple[int, int, int, int, int]:
+    """(WAL position, WAL records, full-page images, commits and shared buffers hit or read
+    in database `datname`). The observer sits in another database, so its own statements are
+    not counted; the workers' statistics are flushed when their processes exit."""
     observer.execute("SELECT pg_stat_clear_snapshot()")
     row = observer.execute(
-        "SELECT pg_current_wal_lsn() - '0/0', w.wal_records, w.wal_fpi, d.xact_commit"
-        " FROM pg_stat_wal AS w, pg_stat_database AS d WHERE d.datname = %s",
+        "SELECT pg_current_wal_lsn() - '0/0', w.wal_records, w.wal_fpi, d.xact_commit,"
+        " d.blks_hit + d.blks_read FROM pg_stat_wal AS w, pg_stat_database AS d WHERE d.datname = %s",
         (datname,),
     ).fetchone()
     assert row is not None
-    return int(row[0]), int(row[1]), int(row[2]), int(row[3])
+    return int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4])
 
 
 def _process(worker: Worker, url: str, batch: int, barrier: Any, results: Any) -> None:
@@ -490,6 +493,7 @@ def drain_row(server: str, superuser: str, system: str, batch: int, jobs: int, l
             wal_records=after[1] - before[1],
             wal_fpi=after[2] - before[2],
             commits=after[3] - before[3],
+            buffers=after[4] - before[4],
         )
 
 
@@ -506,12 +510,12 @@ def bench_cluster() -> Iterator[tuple[str, str]]:
 
 
 def _ratio_lines(rows: list[Row], batch: int) -> list[str]:
-    """Each runrow row against the faster PgQueuer row of its own round: jobs/s, WAL and
-    commits as ratios, and jobs/s against bare SQL. Over several rounds, the median of each
+    """Each runrow row against the faster PgQueuer row of its own round: jobs/s, WAL, commits
+    and buffers as ratios, and jobs/s against bare SQL. Over several rounds, the median of each
     ratio with its range (one drain moves with the box's load by 30% and more; the median of
     rounds run alternately is the figure to quote)."""
     rounds = sorted({r.round for r in rows})
-    per_round: dict[str, list[tuple[float, float, float, float]]] = {}
+    per_round: dict[str, list[tuple[float, float, float, float, float]]] = {}
     peer_name = ""
     for n in rounds:
         by = {r.system: r for r in rows if r.round == n}
@@ -533,20 +537,21 @@ def _ratio_lines(rows: list[Row], batch: int) -> list[str]:
                         runrow.rate / peer.rate,
                         runrow.wal_bytes / peer.wal_bytes,
                         runrow.commits / max(peer.commits, 1),
+                        runrow.buffers / max(peer.buffers, 1),
                         runrow.rate / bare.rate,
                     )
                 )
     peer_label = f"{peer_name.split(' (')[0]} ({peer_name.split('(')[1].split(',')[0]})"
     lines = []
     for label, ratios in per_round.items():
-        rate, wal, commits, to_bare = (statistics.median(x) for x in zip(*ratios, strict=True))
+        rate, wal, commits, buffers, to_bare = (statistics.median(x) for x in zip(*ratios, strict=True))
         spread = ""
         if len(ratios) > 1:
             rates = [x[0] for x in ratios]
             spread = f" (median of {len(ratios)} rounds, {min(rates):.2f}-{max(rates):.2f}x)"
         lines.append(
             f"    {label} / {peer_label}: {rate:.2f}x jobs/s{spread}, {wal:.2f}x WAL, "
-            f"{commits:.2f}x commits; / bare SQL: {to_bare:.2f}x jobs/s"
+            f"{commits:.2f}x commits, {buffers:.2f}x buffers; / bare SQL: {to_bare:.2f}x jobs/s"
         )
     return lines
 

@@ -38,7 +38,9 @@ def test_a_small_drain_of_every_system_passes_its_own_checks(tmp_path: Path):
             f"runrow worker (--concurrency {batch})",
         ):
             assert (system, batch) in systems
-    assert all(r["jobs"] == 200 and r["commits"] > 0 and r["wal_bytes"] > 0 for r in rows)
+    assert all(
+        r["jobs"] == 200 and r["commits"] > 0 and r["wal_bytes"] > 0 and r["buffers"] > 0 for r in rows
+    )
     assert "runrow SQL API / PgQueuer 1.6 (asyncpg)" in result.stdout
     assert "runrow SQL API chained / PgQueuer 1.6 (asyncpg)" in result.stdout
     # Chained, a batch's finish rides the next claim's transaction: about one commit per
