@@ -113,6 +113,8 @@ DECLARE
     b_flagged uuid[];
     b_last bigint;
     b_n integer;
+    -- The claimed rows, returned once the statement that claims them has succeeded.
+    claimed_rows runrow.claimed_run[];
 BEGIN
     IF _claim.worker_id = '' OR length(_claim.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or 1 to 200 characters'
@@ -581,7 +583,10 @@ BEGIN
             RETURN;
         END IF;
 
-        RETURN QUERY
+        -- Gathered, not returned, here: rows a RETURN QUERY has handed over stay returned
+        -- when the statement then fails and the handler below catches it, and the journal
+        -- INSERT and agent_run's statement trigger run after the rows are out. So a claim the
+        -- handler rolls back would have returned runs nobody holds (migration 0038).
         WITH claimed AS (
             -- By primary key alone: every row is locked by us and was re-checked queued
             -- when locked, so nobody changed it since. A status filter here would let the
@@ -609,20 +614,24 @@ BEGIN
                    jsonb_build_object('type', 'run_claimed', 'worker_id', who, 'attempt', cl.attempt)
             FROM claimed AS cl
         )
-        SELECT cl.id, cl.claim_token, cl.conversation_id, cl.attempt, cl.max_attempts, cl.model,
-               cl.prompt_id, p.system_prompt, p.tools, cl.user_id, cl.user_message_id, cl.metadata,
-               cl.claim_expires_at, extract(EPOCH FROM now() - w.since)::double precision
+        SELECT array_agg(ROW(
+                   cl.id, cl.claim_token, cl.conversation_id, cl.attempt, cl.max_attempts, cl.model,
+                   cl.prompt_id, p.system_prompt, p.tools, cl.user_id, cl.user_message_id, cl.metadata,
+                   cl.claim_expires_at, extract(EPOCH FROM now() - w.since)::double precision
+               )::runrow.claimed_run ORDER BY cl.enqueue_seq)
+        INTO claimed_rows
         FROM claimed AS cl
         JOIN runrow.prompt AS p ON p.id = cl.prompt_id
-        JOIN unnest(locked, locked_since) AS w (id, since) ON w.id = cl.id
-        ORDER BY cl.enqueue_seq;
+        JOIN unnest(locked, locked_since) AS w (id, since) ON w.id = cl.id;
     EXCEPTION WHEN unique_violation OR serialization_failure OR check_violation THEN
-        -- A collision with invariant 1, the turn-order guard or a concurrency limit (which
+        -- A collision with invariant 1, the turn-order guard, a concurrency limit (which
         -- the checks above make rare: each is pre-checked under the lock that keeps it true)
-        -- claims nothing this round (the subtransaction's row locks go with it); the turns
-        -- stay queued for the next pass. No error reaches the caller.
+        -- or a journal row written meanwhile claims nothing this round (the
+        -- subtransaction's row locks go with it); the turns stay queued for the next pass.
+        -- No error reaches the caller, and no run: claimed_rows is still empty.
         RETURN;
     END;
+    RETURN QUERY SELECT * FROM unnest(claimed_rows);
 END
 $fn$;
 

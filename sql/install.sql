@@ -4233,6 +4233,47 @@ INSERT INTO runrow._yoyo_migration VALUES ('5748c208d12ca3ae092dd2ca6d080c3967bf
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '5748c208d12ca3ae092dd2ca6d080c3967bfe79f18dc220b4322e4f636a53f34', '0037_ending_wakes_only_when_one_can_start', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0038_claimed_run_type
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '79187ca5d1207767adad91ac4533e8c43b29a5202d5e0298d45977719d5c97a9') AS apply_79187ca5d120 \gset
+\if :apply_79187ca5d120
+-- depends: 0037_ending_wakes_only_when_one_can_start
+-- A claim returns only runs whose claim stands (a correctness fix in _claim).
+--
+-- Why: _claim's final statement (the claiming UPDATE, its journal INSERT, the claimed rows)
+-- ran as RETURN QUERY inside the block whose handler turns a collision (invariant 1, the
+-- turn-order guard, a concurrency limit, a journal row taken meanwhile) into "claim nothing
+-- this round". But PL/pgSQL keeps the rows a RETURN QUERY has already handed over when the
+-- statement then fails and the function's own handler catches the error, and the journal
+-- INSERT (a CTE the result does not read) and agent_run's AFTER statement trigger run only
+-- after the rows are out. So a collision caught there returned the runs and claim tokens the
+-- rollback had taken back (tests/test_claim_rolled_back.py), and a worker would have started
+-- runs it did not hold. Now the statement gathers the claimed rows into an array of this type,
+-- and the function returns them after the block, once the statement has succeeded.
+
+CREATE TYPE runrow.claimed_run AS (
+    run_id uuid,
+    claim_token uuid,
+    conversation_id uuid,
+    attempt integer,
+    max_attempts integer,
+    model text,
+    prompt_id text,
+    system_prompt text,
+    tools jsonb,
+    user_id text,
+    user_message_id uuid,
+    metadata jsonb,
+    claim_expires_at timestamptz,
+    queued_seconds double precision
+);
+
+COMMENT ON TYPE runrow.claimed_run IS
+'One run as claim_run and claim_runs return it. _claim gathers its claimed rows into an array '
+'of this type and returns them only once its claiming statement has succeeded.';
+INSERT INTO runrow._yoyo_migration VALUES ('79187ca5d1207767adad91ac4533e8c43b29a5202d5e0298d45977719d5c97a9', '0038_claimed_run_type', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '79187ca5d1207767adad91ac4533e8c43b29a5202d5e0298d45977719d5c97a9', '0038_claimed_run_type', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -4351,6 +4392,8 @@ DECLARE
     b_flagged uuid[];
     b_last bigint;
     b_n integer;
+    -- The claimed rows, returned once the statement that claims them has succeeded.
+    claimed_rows runrow.claimed_run[];
 BEGIN
     IF _claim.worker_id = '' OR length(_claim.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or 1 to 200 characters'
@@ -4819,7 +4862,10 @@ BEGIN
             RETURN;
         END IF;
 
-        RETURN QUERY
+        -- Gathered, not returned, here: rows a RETURN QUERY has handed over stay returned
+        -- when the statement then fails and the handler below catches it, and the journal
+        -- INSERT and agent_run's statement trigger run after the rows are out. So a claim the
+        -- handler rolls back would have returned runs nobody holds (migration 0038).
         WITH claimed AS (
             -- By primary key alone: every row is locked by us and was re-checked queued
             -- when locked, so nobody changed it since. A status filter here would let the
@@ -4847,20 +4893,24 @@ BEGIN
                    jsonb_build_object('type', 'run_claimed', 'worker_id', who, 'attempt', cl.attempt)
             FROM claimed AS cl
         )
-        SELECT cl.id, cl.claim_token, cl.conversation_id, cl.attempt, cl.max_attempts, cl.model,
-               cl.prompt_id, p.system_prompt, p.tools, cl.user_id, cl.user_message_id, cl.metadata,
-               cl.claim_expires_at, extract(EPOCH FROM now() - w.since)::double precision
+        SELECT array_agg(ROW(
+                   cl.id, cl.claim_token, cl.conversation_id, cl.attempt, cl.max_attempts, cl.model,
+                   cl.prompt_id, p.system_prompt, p.tools, cl.user_id, cl.user_message_id, cl.metadata,
+                   cl.claim_expires_at, extract(EPOCH FROM now() - w.since)::double precision
+               )::runrow.claimed_run ORDER BY cl.enqueue_seq)
+        INTO claimed_rows
         FROM claimed AS cl
         JOIN runrow.prompt AS p ON p.id = cl.prompt_id
-        JOIN unnest(locked, locked_since) AS w (id, since) ON w.id = cl.id
-        ORDER BY cl.enqueue_seq;
+        JOIN unnest(locked, locked_since) AS w (id, since) ON w.id = cl.id;
     EXCEPTION WHEN unique_violation OR serialization_failure OR check_violation THEN
-        -- A collision with invariant 1, the turn-order guard or a concurrency limit (which
+        -- A collision with invariant 1, the turn-order guard, a concurrency limit (which
         -- the checks above make rare: each is pre-checked under the lock that keeps it true)
-        -- claims nothing this round (the subtransaction's row locks go with it); the turns
-        -- stay queued for the next pass. No error reaches the caller.
+        -- or a journal row written meanwhile claims nothing this round (the
+        -- subtransaction's row locks go with it); the turns stay queued for the next pass.
+        -- No error reaches the caller, and no run: claimed_rows is still empty.
         RETURN;
     END;
+    RETURN QUERY SELECT * FROM unnest(claimed_rows);
 END
 $fn$;
 
