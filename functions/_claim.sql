@@ -1,21 +1,7 @@
 -- The claim itself, shared by claim_run and claim_runs.
 CREATE OR REPLACE FUNCTION runrow._claim(worker_id text, max_runs integer, lease_seconds integer)
-RETURNS TABLE (
-    run_id uuid,
-    claim_token uuid,
-    conversation_id uuid,
-    attempt integer,
-    max_attempts integer,
-    model text,
-    prompt_id text,
-    system_prompt text,
-    tools jsonb,
-    user_id text,
-    user_message_id uuid,
-    metadata jsonb,
-    claim_expires_at timestamptz,
-    queued_seconds double precision
-)
+-- One row per claimed run, as claim_run and claim_runs return it (migration 0038).
+RETURNS SETOF runrow.claimed_run
 LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow
 -- Every statement here has one sensible plan whatever its parameters (see below), so plan it

@@ -10,7 +10,10 @@
 -- after the rows are out. So a collision caught there returned the runs and claim tokens the
 -- rollback had taken back (tests/test_claim_rolled_back.py), and a worker would have started
 -- runs it did not hold. Now the statement gathers the claimed rows into an array of this type,
--- and the function returns them after the block, once the statement has succeeded.
+-- and the function returns them after the block, once the statement has succeeded. _claim
+-- returns SETOF this type, so its row shape is written once; a function's return type cannot be
+-- replaced in place, so the old _claim goes here (a fresh install has none yet) and
+-- functions/_claim.sql creates the new one.
 
 CREATE TYPE runrow.claimed_run AS (
     run_id uuid,
@@ -32,3 +35,5 @@ CREATE TYPE runrow.claimed_run AS (
 COMMENT ON TYPE runrow.claimed_run IS
 'One run as claim_run and claim_runs return it. _claim gathers its claimed rows into an array '
 'of this type and returns them only once its claiming statement has succeeded.';
+
+DROP FUNCTION IF EXISTS runrow._claim(text, integer, integer);

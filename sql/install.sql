@@ -4248,7 +4248,10 @@ SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '
 -- after the rows are out. So a collision caught there returned the runs and claim tokens the
 -- rollback had taken back (tests/test_claim_rolled_back.py), and a worker would have started
 -- runs it did not hold. Now the statement gathers the claimed rows into an array of this type,
--- and the function returns them after the block, once the statement has succeeded.
+-- and the function returns them after the block, once the statement has succeeded. _claim
+-- returns SETOF this type, so its row shape is written once; a function's return type cannot be
+-- replaced in place, so the old _claim goes here (a fresh install has none yet) and
+-- functions/_claim.sql creates the new one.
 
 CREATE TYPE runrow.claimed_run AS (
     run_id uuid,
@@ -4270,6 +4273,8 @@ CREATE TYPE runrow.claimed_run AS (
 COMMENT ON TYPE runrow.claimed_run IS
 'One run as claim_run and claim_runs return it. _claim gathers its claimed rows into an array '
 'of this type and returns them only once its claiming statement has succeeded.';
+
+DROP FUNCTION IF EXISTS runrow._claim(text, integer, integer);
 INSERT INTO runrow._yoyo_migration VALUES ('79187ca5d1207767adad91ac4533e8c43b29a5202d5e0298d45977719d5c97a9', '0038_claimed_run_type', now() AT TIME ZONE 'UTC');
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '79187ca5d1207767adad91ac4533e8c43b29a5202d5e0298d45977719d5c97a9', '0038_claimed_run_type', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
@@ -4279,22 +4284,8 @@ INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '79187ca5d1207767a
 -- functions/_claim.sql
 -- The claim itself, shared by claim_run and claim_runs.
 CREATE OR REPLACE FUNCTION runrow._claim(worker_id text, max_runs integer, lease_seconds integer)
-RETURNS TABLE (
-    run_id uuid,
-    claim_token uuid,
-    conversation_id uuid,
-    attempt integer,
-    max_attempts integer,
-    model text,
-    prompt_id text,
-    system_prompt text,
-    tools jsonb,
-    user_id text,
-    user_message_id uuid,
-    metadata jsonb,
-    claim_expires_at timestamptz,
-    queued_seconds double precision
-)
+-- One row per claimed run, as claim_run and claim_runs return it (migration 0038).
+RETURNS SETOF runrow.claimed_run
 LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow
 -- Every statement here has one sensible plan whatever its parameters (see below), so plan it
