@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 from pyworker.db.devdb import temporary_database
@@ -32,6 +33,12 @@ def database_url(database_url: str) -> Iterator[str]:
     and the thousands of finished runs the cost tests create bloat nobody else's tables."""
     with temporary_database(database_url, "runrow_races") as url:
         yield url
+
+
+def superuser_on(database_url: str, cluster_urls: tuple[str, str]) -> str:
+    """The cluster's superuser URL on this module's own database, for what only a superuser may
+    do there (track_functions, session_replication_role, pg_walinspect)."""
+    return make_conninfo(cluster_urls[1], dbname=conninfo_to_dict(database_url)["dbname"])
 
 
 @pytest.fixture

@@ -22,8 +22,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from lifecycle_support import completed
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from race_support import database_url, drain, enqueue, owner
+from race_support import database_url, drain, enqueue, owner, superuser_on
 
 RUNS = 10
 # Runs whose three versions (queued, claimed, ended) all fit on one fresh page: what is measured
@@ -56,7 +55,7 @@ def superuser(database_url: str, cluster_urls: tuple[str, str]) -> Iterator[psyc
     measured position: each measure ends in a CHECKPOINT, and with another test's checkpoint in
     between (a suite runs beside this one), the segments it reads back would otherwise already
     be recycled ("requested WAL segment ... has already been removed")."""
-    url = make_conninfo(cluster_urls[1], dbname=conninfo_to_dict(database_url)["dbname"])
+    url = superuser_on(database_url, cluster_urls)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
         conn.execute(

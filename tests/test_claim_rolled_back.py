@@ -20,15 +20,14 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from race_support import Background, Connect, claim, database_url, enqueue, owner, run_row
+from race_support import Background, Connect, claim, database_url, enqueue, owner, run_row, superuser_on
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
 
 
 @pytest.fixture
 def superuser(database_url: str, cluster_urls: tuple[str, str]) -> Iterator[psycopg.Connection]:
-    url = make_conninfo(cluster_urls[1], dbname=conninfo_to_dict(database_url)["dbname"])
+    url = superuser_on(database_url, cluster_urls)
     with psycopg.connect(url) as conn:
         yield conn
 
@@ -53,3 +52,5 @@ def test_a_claim_whose_final_statement_fails_returns_no_run(
     returned = claimer.result()
     assert run_row(owner, run_id)["status"] == "queued", "the claim was rolled back"
     assert returned == [], f"claim_runs returned runs it did not claim: {returned}"
+    # Nothing was lost: the run stays claimable, and the next claim takes it.
+    assert [r["run_id"] for r in claim(owner, 10)] == [run_id]

@@ -24,8 +24,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from lifecycle_support import completed
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from race_support import database_url, drain, enqueue, owner
+from race_support import database_url, drain, enqueue, owner, superuser_on
 
 RUNS = 10
 
@@ -36,7 +35,7 @@ __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the
 def counted(database_url: str, cluster_urls: tuple[str, str]) -> Iterator[psycopg.Connection]:
     """A superuser session on this module's database: track_functions is superuser-only. The
     counts are the same for any role: the functions are SECURITY DEFINER."""
-    url = make_conninfo(cluster_urls[1], dbname=conninfo_to_dict(database_url)["dbname"])
+    url = superuser_on(database_url, cluster_urls)
     with psycopg.connect(url, autocommit=True) as conn:
         yield conn
 
