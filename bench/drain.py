@@ -48,7 +48,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -321,7 +321,7 @@ def runrow_workers(url: str, concurrency: int) -> Iterator[list[subprocess.Popen
             log.close()
 
 
-def settled(observer: psycopg.Connection, datname: str, others: int) -> tuple[int, int, int, int, int]:
+def settled(observer: psycopg.Connection, datname: str, others: int) -> Counters:
     """counters() once at most `others` sessions are left in the database and its commit count
     has stopped moving: a backend flushes its statistics as it exits, after it has left
     pg_stat_activity."""
@@ -333,7 +333,7 @@ def settled(observer: psycopg.Connection, datname: str, others: int) -> tuple[in
     while True:
         time.sleep(0.3)
         now = counters(observer, datname)
-        if now[3] == last[3]:
+        if now.commits == last.commits:
             return now
         last = now
 
@@ -397,16 +397,13 @@ def worker_row(server: str, superuser: str, concurrency: int, jobs: int, listene
         with psycopg.connect(make_conninfo(superuser, dbname="postgres"), autocommit=True) as observer:
             after = settled(observer, datname, others=0)
         runrow_check(url, jobs)
+        spent = after.since(before)
         return Row(
             name,
             concurrency,
             jobs,
             seconds,
-            wal_bytes=after[0] - before[0],
-            wal_records=after[1] - before[1],
-            wal_fpi=after[2] - before[2],
-            commits=after[3] - before[3] - polls,
-            buffers=after[4] - before[4],
+            **spent._replace(commits=spent.commits - polls)._asdict(),
         )
 
 
@@ -422,10 +419,25 @@ RUNROW_API = "runrow SQL API (claim_runs -> finish_runs)"
 RUNROW_CHAINED = "runrow SQL API (finish_runs + next claim_runs)"
 
 
-def counters(observer: psycopg.Connection, datname: str) -> tuple[int, int, int, int, int]:
-    """(WAL position, WAL records, full-page images, commits and shared buffers hit or read
-    in database `datname`). The observer sits in another database, so its own statements are
-    not counted; the workers' statistics are flushed when their processes exit."""
+class Counters(NamedTuple):
+    """What a row counts instead of timing it: the WAL position (bytes), WAL records and
+    full-page images, and the commits and shared buffers (hit or read) of one database. Field
+    names are Row's, so a difference of two readings is a row's counts."""
+
+    wal_bytes: int
+    wal_records: int
+    wal_fpi: int
+    commits: int
+    buffers: int
+
+    def since(self, before: Counters) -> Counters:
+        return Counters(*(now - then for now, then in zip(self, before, strict=True)))
+
+
+def counters(observer: psycopg.Connection, datname: str) -> Counters:
+    """The cluster's WAL counters and database `datname`'s commits and buffers. The observer
+    sits in another database, so its own statements are not counted; the workers' statistics
+    are flushed when their processes exit."""
     observer.execute("SELECT pg_stat_clear_snapshot()")
     row = observer.execute(
         "SELECT pg_current_wal_lsn() - '0/0', w.wal_records, w.wal_fpi, d.xact_commit,"
@@ -433,7 +445,7 @@ def counters(observer: psycopg.Connection, datname: str) -> tuple[int, int, int,
         (datname,),
     ).fetchone()
     assert row is not None
-    return int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4])
+    return Counters(*(int(v) for v in row))
 
 
 def _process(worker: Worker, url: str, batch: int, barrier: Any, results: Any) -> None:
@@ -489,11 +501,7 @@ def drain_row(server: str, superuser: str, system: str, batch: int, jobs: int, l
             batch,
             jobs,
             seconds,
-            wal_bytes=after[0] - before[0],
-            wal_records=after[1] - before[1],
-            wal_fpi=after[2] - before[2],
-            commits=after[3] - before[3],
-            buffers=after[4] - before[4],
+            **after.since(before)._asdict(),
         )
 
 
