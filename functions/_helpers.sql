@@ -111,6 +111,27 @@ BEGIN
 END
 $fn$;
 
+-- A batch of endings (finish_runs, finish_and_claim_runs): each run's tails woken once with
+-- the seq of its complete event if a tail watches it, and its watches dropped.
+CREATE OR REPLACE FUNCTION runrow._wake_tails_ended_batch(run_ids uuid[], last_seqs bigint[])
+RETURNS void
+LANGUAGE plpgsql
+-- No SET: called only by functions that pin the search_path, once per batch.
+AS $fn$
+DECLARE
+    watched_ids uuid[];
+BEGIN
+    WITH gone AS (
+        DELETE FROM runrow.run_watch AS w WHERE w.run_id = ANY (_wake_tails_ended_batch.run_ids)
+        RETURNING w.run_id, w.expires_at
+    )
+    SELECT array_agg(g.run_id) INTO watched_ids FROM gone AS g WHERE g.expires_at > now();
+    PERFORM pg_notify(runrow.events_channel(d.id), d.seq::text)
+    FROM unnest(_wake_tails_ended_batch.run_ids, _wake_tails_ended_batch.last_seqs) AS d (id, seq)
+    WHERE current_setting('transaction_isolation') <> 'read committed' OR d.id = ANY (watched_ids);
+END
+$fn$;
+
 -- Dispatchers LISTEN on runrow_enqueued; the payload is the conversation whose turn
 -- became claimable. Sent on enqueue and requeue; on an ending, the triggers send it when the
 -- ending lets something start (migration 0025).
@@ -235,6 +256,7 @@ REVOKE ALL ON FUNCTION runrow._journal(uuid, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._hold_claim(uuid, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._wake_tails(uuid, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._wake_tails_ended(uuid, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._wake_tails_ended_batch(uuid[], bigint[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._wake_dispatchers(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._journal_complete(uuid, uuid, text, jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_not_null(anyelement, text) FROM PUBLIC;

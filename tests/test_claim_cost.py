@@ -60,12 +60,12 @@ def claim_scan_index(conn: psycopg.Connection) -> str | None:
     keys, a key's head) uses, from EXPLAIN of each statement as the function holds it, with
     its variables bound to the head of the queue. One name when they all agree."""
     source = conn.execute(
-        "SELECT pg_get_functiondef('runrow._claim(text, integer, integer)'::regprocedure)"
+        "SELECT pg_get_functiondef('runrow._claim_walk(text, integer, integer)'::regprocedure)"
     ).fetchone()[0]
     steps = re.findall(
         r"SELECT (?:q\.|coalesce\(q\.)[^;]*?FROM runrow\.agent_run AS q[^;]*?LIMIT 1", source, re.S
     )
-    assert len(steps) >= 5, "the claim's walk of the queue was not found in runrow._claim"
+    assert len(steps) >= 5, "the claim's walk of the queue was not found in runrow._claim_walk"
     bound = {"h_lvl": "0", "found_key": "''", "h_tenant": "''", "h_group": "''", "h_after": "0"}
     names = set()
     for step in steps:

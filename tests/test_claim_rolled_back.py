@@ -15,12 +15,23 @@ guard will pick); the claimer locks the run, blocks in its journal INSERT, and f
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
-from race_support import Background, Connect, claim, database_url, enqueue, owner, run_row, superuser_on
+from race_support import (
+    Background,
+    Connect,
+    claim,
+    database_url,
+    enqueue,
+    journal,
+    owner,
+    run_row,
+    superuser_on,
+)
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
 
@@ -54,3 +65,44 @@ def test_a_claim_whose_final_statement_fails_returns_no_run(
     assert returned == [], f"claim_runs returned runs it did not claim: {returned}"
     # Nothing was lost: the run stays claimable, and the next claim takes it.
     assert [r["run_id"] for r in claim(owner, 10)] == [run_id]
+
+
+def test_finish_and_claim_whose_statement_fails_ends_the_runs_alone(
+    owner: psycopg.Connection, connect: Connect, superuser: psycopg.Connection
+):
+    """finish_and_claim_runs ends a batch and claims the next in one statement. When that
+    statement fails and is caught, the claim is dropped and the endings are written alone: a
+    worker's finished runs must not stay running because another claimer collided."""
+    (ending,) = enqueue(owner, uuid.uuid4())
+    (held,) = claim(owner, 1)
+    assert held["run_id"] == ending
+    (queued,) = enqueue(owner, uuid.uuid4())
+    superuser.execute("SET LOCAL session_replication_role = replica")
+    superuser.execute(
+        "INSERT INTO runrow.run_event (run_id, seq, type, payload)"
+        " SELECT %s, max(e.seq) + 1, 'blocker', '{}' FROM runrow.run_event AS e WHERE e.run_id = %s",
+        (queued, queued),
+    )
+    acks = json.dumps(
+        [{"run_id": str(ending), "claim_token": str(held["claim_token"]), "status": "completed"}]
+    )
+
+    def finish_and_claim(conn: psycopg.Connection) -> list[tuple]:
+        return conn.execute(
+            "SELECT run_id, finished, last_seq IS NOT NULL, claim_token"
+            " FROM runrow.finish_and_claim_runs(%s, 'w', 10)",
+            (acks,),
+        ).fetchall()
+
+    caller = Background(connect(), finish_and_claim)
+    caller.wait_blocked_by(owner, superuser)
+    superuser.commit()
+
+    assert caller.result() == [(ending, True, True, None)], "the ending alone, no claim"
+    assert run_row(owner, ending)["status"] == "completed"
+    assert [t for _, t in journal(owner, ending)][-2:] == ["run_claimed", "complete"]
+    assert run_row(owner, queued)["status"] == "queued", "the claim was rolled back"
+    assert (
+        owner.execute("SELECT count(*) FROM runrow.audit() WHERE run_id = %s", (ending,)).fetchone()[0] == 0
+    )
+    assert [r["run_id"] for r in claim(owner, 10)] == [queued]

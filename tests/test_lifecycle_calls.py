@@ -76,16 +76,35 @@ def test_a_batch_lifecycle_runs_a_fixed_number_of_functions(
     acks = completed(runs)
     finish = calls(worker, "SELECT * FROM runrow.finish_runs(%s::jsonb)", (acks,))
     one = calls(worker, "SELECT runrow.finish_run(%s, %s, 'completed')", runs[0])
+    for _ in range(RUNS):
+        enqueue(owner, uuid.uuid4())
+    both = calls(
+        worker, "SELECT * FROM runrow.finish_and_claim_runs(%s::jsonb, 'calls-probe', %s, 30)", (acks, RUNS)
+    )
     print(
         f"claim_runs({RUNS}) {claim}; heartbeat {heartbeat}; append_events {append}; "
-        f"finish_runs({RUNS}) {finish}; finish_run {one}"
+        f"finish_runs({RUNS}) {finish}; finish_run {one}; finish_and_claim_runs({RUNS}, {RUNS}) {both}"
     )
     drain(owner)
 
     # The journal guard is the one per-row call left: it assigns each row its seq.
-    assert claim == {"claim_runs": 1, "_claim": 1, "_agent_run_after_update": 1, "_run_event_guard": RUNS}
+    assert claim == {
+        "claim_runs": 1,
+        "_claim": 1,
+        "_claim_walk": 1,
+        "_agent_run_after_update": 1,
+        "_run_event_guard": RUNS,
+    }
     assert heartbeat == {"heartbeat": 1, "_agent_run_after_update": 1}
-    assert finish == {"finish_runs": 1, "_agent_run_after_update": 1, "_run_event_guard": RUNS}
+    batch_finish = {"_finish_runs_input": 1, "_wake_tails_ended_batch": 1, "_agent_run_after_update": 1}
+    assert finish == {"finish_runs": 1, **batch_finish, "_run_event_guard": RUNS}
+    # Ending a batch and claiming the next: one UPDATE, so agent_run's statement trigger once.
+    assert both == {
+        "finish_and_claim_runs": 1,
+        "_claim_walk": 1,
+        **batch_finish,
+        "_run_event_guard": 2 * RUNS,
+    }
     # The single-run functions share their journal helpers with the other writers.
     assert append == {
         "append_events": 1,
@@ -110,11 +129,12 @@ def test_an_empty_claim_runs_no_update(owner: psycopg.Connection, counted: psyco
     trigger (before, an empty claim ran its final UPDATE-and-journal statement all the same:
     140-155 us of backend per call against 82-87 without it)."""
     drain(owner)
+    walk = {"_claim": 1, "_claim_walk": 1}
     assert calls(counted, "SELECT * FROM runrow.claim_runs('idle-probe', 10, 30)") == {
         "claim_runs": 1,
-        "_claim": 1,
+        **walk,
     }
-    assert calls(counted, "SELECT * FROM runrow.claim_run('idle-probe', 30)") == {"claim_run": 1, "_claim": 1}
+    assert calls(counted, "SELECT * FROM runrow.claim_run('idle-probe', 30)") == {"claim_run": 1, **walk}
 
 
 def test_an_idle_reap_runs_no_argument_helper(owner: psycopg.Connection, counted: psycopg.Connection):
@@ -181,6 +201,17 @@ def test_an_empty_claim_reads_no_fleet_limit(owner: psycopg.Connection, counted:
         ),
         ("SELECT * FROM runrow.reap_expired_runs(30, %s)", (None,), "max_runs must not be NULL"),
         ("SELECT * FROM runrow.finish_runs(%s)", (None,), "runs must not be NULL"),
+        ("SELECT * FROM runrow.finish_and_claim_runs(%s, 'w', 1, 30)", (None,), "runs must not be NULL"),
+        (
+            "SELECT * FROM runrow.finish_and_claim_runs('[]', 'w', %s, 30)",
+            (0,),
+            "max_runs must be between 1 and 1000, got 0",
+        ),
+        (
+            "SELECT * FROM runrow.finish_and_claim_runs('[]', 'w', 1, %s)",
+            (None,),
+            "lease_seconds must not be NULL",
+        ),
         (
             "SELECT runrow.finish_run(%s, %s, %s)",
             (uuid.uuid4(), uuid.uuid4(), None),

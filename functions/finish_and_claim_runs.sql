@@ -1,0 +1,171 @@
+CREATE OR REPLACE FUNCTION runrow.finish_and_claim_runs(
+    runs jsonb, worker_id text DEFAULT NULL, max_runs integer DEFAULT 10, lease_seconds integer DEFAULT 30
+)
+-- finish_runs' columns, then claim_runs' (run_id shared): a row per element of runs with
+-- finished set and the claim's columns NULL, then a row per claimed run with finished NULL.
+RETURNS TABLE (
+    run_id uuid,
+    finished boolean,
+    last_seq bigint,
+    claim_token uuid,
+    conversation_id uuid,
+    attempt integer,
+    max_attempts integer,
+    model text,
+    prompt_id text,
+    system_prompt text,
+    tools jsonb,
+    user_id text,
+    user_message_id uuid,
+    metadata jsonb,
+    claim_expires_at timestamptz,
+    queued_seconds double precision
+)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+-- _claim's settings, for the same reasons (see functions/_claim.sql): _claim_walk runs under
+-- them, and the one UPDATE below is a lookup by primary key planned once per session.
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_sort = off
+SET jit = off
+AS $fn$
+DECLARE
+    who text := coalesce(finish_and_claim_runs.worker_id, 'anonymous-' || pg_backend_pid());
+    ids uuid[];
+    byid jsonb;
+    locked uuid[];
+    locked_since timestamptz[];
+    done_ids uuid[];
+    done_seqs bigint[];
+    claimed_rows runrow.claimed_run[];
+BEGIN
+    SELECT i.ids, i.byid INTO ids, byid FROM runrow._finish_runs_input(finish_and_claim_runs.runs) AS i;
+
+    BEGIN
+        -- The walk locks the next runs before the endings are written, so a run's successor
+        -- in its conversation is not among them: it is still blocked behind a running turn
+        -- here. Claiming it in the same UPDATE would not be safe anyway (invariant 1's unique
+        -- index is checked row by row, in whatever order the UPDATE visits the rows). The
+        -- ending's trigger wakes the dispatchers for it, and the next claim takes it.
+        SELECT w.locked, w.locked_since INTO locked, locked_since
+        FROM runrow._claim_walk(
+            finish_and_claim_runs.worker_id, finish_and_claim_runs.max_runs, finish_and_claim_runs.lease_seconds
+        ) AS w;
+
+        -- One UPDATE of agent_run ends the finished runs (fenced by their tokens exactly as
+        -- finish_runs: a run whose token does not match is not updated) and claims the
+        -- locked ones (exactly as _claim), and one journal INSERT writes both kinds of event:
+        -- a statement, its executor start-up, agent_run's statement trigger and the CHECKs'
+        -- compilation fewer than finish_runs then claim_runs. A run in both lists (queued, so
+        -- its token cannot match) is claimed.
+        WITH upd AS (
+            UPDATE runrow.agent_run AS r
+            SET status = CASE WHEN r.id = ANY (locked) THEN 'running' ELSE byid -> r.id::text ->> 'status' END,
+                claim_token = CASE WHEN r.id = ANY (locked) THEN gen_random_uuid() END,
+                claim_expires_at = CASE WHEN r.id = ANY (locked)
+                    THEN now() + make_interval(secs => finish_and_claim_runs.lease_seconds) END,
+                last_heartbeat_at = CASE WHEN r.id = ANY (locked) THEN now() ELSE r.last_heartbeat_at END,
+                worker_id = CASE WHEN r.id = ANY (locked) THEN who ELSE r.worker_id END,
+                attempt = CASE WHEN r.id = ANY (locked) THEN r.attempt + 1 ELSE r.attempt END,
+                started_at = CASE WHEN r.id = ANY (locked) THEN coalesce(r.started_at, now()) ELSE r.started_at END,
+                result = CASE WHEN r.id = ANY (locked) THEN r.result
+                    ELSE nullif(byid -> r.id::text -> 'result', 'null') END,
+                error = CASE WHEN r.id = ANY (locked) THEN r.error ELSE byid -> r.id::text ->> 'error' END,
+                finished_at = CASE WHEN r.id = ANY (locked) THEN r.finished_at ELSE now() END,
+                -- Every writer stamps updated_at itself (no BEFORE trigger does, since 0030).
+                updated_at = now()
+            -- By primary key only, as in finish_runs and _claim (a status test here let the
+            -- planner reach the rows through a partial index and its dead entries).
+            WHERE r.id = ANY (locked)
+               OR (r.id = ANY (ids) AND r.claim_token = (byid -> r.id::text ->> 'claim_token')::uuid)
+            RETURNING r.id, r.claim_token, r.conversation_id, r.status, r.result, r.error, r.attempt,
+                      r.max_attempts, r.model, r.prompt_id, r.user_id, r.user_message_id, r.metadata,
+                      r.claim_expires_at, r.enqueue_seq, r.id = ANY (locked) AS claimed
+        ),
+        journaled AS (
+            -- seq NULL: the guard trigger assigns each row the next one of its run, in this
+            -- order, and RETURNING reads them back.
+            INSERT INTO runrow.run_event (run_id, seq, type, payload)
+            SELECT u.id, NULL::bigint, e.ev ->> 'type', e.ev
+            FROM upd AS u
+            CROSS JOIN LATERAL jsonb_array_elements(
+                CASE WHEN u.claimed
+                    THEN jsonb_build_array(
+                        jsonb_build_object('type', 'run_claimed', 'worker_id', who, 'attempt', u.attempt))
+                    ELSE coalesce(nullif(byid -> u.id::text -> 'events', 'null'), '[]')
+                        || jsonb_build_array(jsonb_build_object(
+                            'type', 'complete', 'status', u.status, 'result', u.result, 'error', u.error))
+                END
+            ) WITH ORDINALITY AS e (ev, ord)
+            ORDER BY u.id, e.ord
+            RETURNING run_event.run_id, run_event.seq
+        ),
+        ended AS (
+            SELECT j.run_id, max(j.seq) AS seq
+            FROM journaled AS j JOIN upd AS u ON u.id = j.run_id
+            WHERE NOT u.claimed
+            GROUP BY j.run_id
+        )
+        -- Gathered, not returned, here: rows a RETURN QUERY hands over inside this block
+        -- would stay returned if the statement then failed (see _claim, migration 0038).
+        SELECT (SELECT array_agg(d.run_id) FROM ended AS d),
+               (SELECT array_agg(d.seq) FROM ended AS d),
+               (SELECT array_agg(ROW(
+                    u.id, u.claim_token, u.conversation_id, u.attempt, u.max_attempts, u.model,
+                    u.prompt_id, p.system_prompt, p.tools, u.user_id, u.user_message_id, u.metadata,
+                    u.claim_expires_at, extract(EPOCH FROM now() - w.since)::double precision
+                )::runrow.claimed_run ORDER BY u.enqueue_seq)
+                FROM upd AS u
+                JOIN runrow.prompt AS p ON p.id = u.prompt_id
+                JOIN unnest(locked, locked_since) AS w (id, since) ON w.id = u.id
+                WHERE u.claimed)
+        INTO done_ids, done_seqs, claimed_rows;
+    EXCEPTION WHEN unique_violation OR serialization_failure OR check_violation THEN
+        -- Whatever collided (a claim's, as _claim catches them, or an ending's), the block's
+        -- writes and locks are gone: the endings are written alone, as finish_runs writes
+        -- them, and nothing is claimed this round. An error of an ending's own recurs there
+        -- and reaches the caller as finish_runs raises it.
+        RETURN QUERY
+        SELECT f.run_id, f.finished, f.last_seq, NULL::uuid, NULL::uuid, NULL::integer, NULL::integer,
+               NULL::text, NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::uuid, NULL::jsonb,
+               NULL::timestamptz, NULL::double precision
+        FROM runrow.finish_runs(finish_and_claim_runs.runs) AS f;
+        RETURN;
+    END;
+
+    -- The wakes, as finish_runs sends them: each ended run's tails, if a tail watches it.
+    IF done_ids IS NOT NULL THEN
+        PERFORM runrow._wake_tails_ended_batch(done_ids, done_seqs);
+    END IF;
+
+    RETURN QUERY
+    SELECT (x.el ->> 'run_id')::uuid, d.seq IS NOT NULL, d.seq, NULL::uuid, NULL::uuid, NULL::integer,
+           NULL::integer, NULL::text, NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::uuid, NULL::jsonb,
+           NULL::timestamptz, NULL::double precision
+    FROM jsonb_array_elements(finish_and_claim_runs.runs) WITH ORDINALITY AS x (el, ord)
+    LEFT JOIN unnest(done_ids, done_seqs) AS d (id, seq) ON d.id = (x.el ->> 'run_id')::uuid
+    ORDER BY x.ord;
+    RETURN QUERY
+    SELECT c.run_id, NULL::boolean, NULL::bigint, c.claim_token, c.conversation_id, c.attempt, c.max_attempts,
+           c.model, c.prompt_id, c.system_prompt, c.tools, c.user_id, c.user_message_id, c.metadata,
+           c.claim_expires_at, c.queued_seconds
+    FROM unnest(claimed_rows) AS c;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.finish_and_claim_runs(jsonb, text, integer, integer) IS
+'finish_runs(runs) and claim_runs(worker_id, max_runs, lease_seconds) in one call and one '
+'UPDATE: each run of runs is fenced and ended exactly as finish_runs ends it (a run fenced out '
+'writes nothing, the others proceed; same journal, same wakes), and up to max_runs (1..1000) '
+'runs are claimed with exactly the rules of claim_runs. The claim is chosen before the endings '
+'are written, so the next turn of a conversation ended here is not claimed by this call (the '
+'ending wakes the dispatchers for it). Returns a row per element of runs, in input order, with '
+'finished and last_seq as finish_runs and the claim columns NULL; then a row per claimed run '
+'with claim_runs'' columns and finished NULL. A claim that collides with another claimer claims '
+'nothing and the endings are written alone. Bad input raises as finish_runs and claim_runs do '
+'(22004/22023 naming runs[i] and the field, or the argument) and writes nothing.';
+
+REVOKE ALL ON FUNCTION runrow.finish_and_claim_runs(jsonb, text, integer, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.finish_and_claim_runs(jsonb, text, integer, integer) TO runrow_worker;
