@@ -15,6 +15,9 @@ before each drain so every row starts at the same point):
 - runrow SQL API chained: the same calls, but a batch's finish_runs and the next batch's
   claim_runs share one transaction (BEGIN, finish, claim in one round trip, then COMMIT): one
   commit per batch instead of two, as a client that asks for more work with its results does.
+- runrow SQL API one call: finish_and_claim_runs, a batch's ending and the next batch's claim in
+  one call (one UPDATE of agent_run and one journal INSERT instead of two of each), in a
+  transaction committed once the rows are in hand; what `runrow worker` sends.
 - runrow worker: PROCESSES `runrow worker` processes at --concurrency batch, the echo handler,
   zero-length runs (message_start, message_stop, complete), enqueued in one statement once the
   workers wait.
@@ -261,6 +264,32 @@ def runrow_chained_worker(url: str, batch: int, ready: Callable[[], None]) -> in
     return done
 
 
+_FINISH_AND_CLAIM = (
+    "SELECT run_id, finished, claim_token"
+    " FROM runrow.finish_and_claim_runs(%s::jsonb, worker_id => 'bench', max_runs => %s)"
+)
+
+
+def runrow_one_call_worker(url: str, batch: int, ready: Callable[[], None]) -> int:
+    """A batch's ending and the next batch's claim in one call, finish_and_claim_runs (one UPDATE
+    and one journal INSERT for both), in a transaction committed once the rows are in hand, as
+    pyworker's begin_finish_runs_and_claim does."""
+    done = 0
+    with psycopg.connect(url, autocommit=True) as conn, psycopg.ClientCursor(conn) as cur:
+        ready()
+        runs = cur.execute(_CLAIM, (batch,)).fetchall()
+        while runs:
+            cur.execute(f"BEGIN; {_FINISH_AND_CLAIM}", (_acks(runs), batch))
+            cur.nextset()  # past BEGIN's result
+            rows = cur.fetchall()
+            conn.commit()
+            finished = [f for _, f, _ in rows if f is not None]
+            assert len(finished) == len(runs) and all(finished), "a held run was fenced out"
+            runs = [(r, t) for r, f, t in rows if f is None]
+            done += len(finished)
+    return done
+
+
 def runrow_check(url: str, jobs: int) -> None:
     with psycopg.connect(url) as conn:
         runs = conn.execute(
@@ -414,9 +443,11 @@ SYSTEMS: dict[str, tuple[Callable[[str, int], None], Worker, Callable[[str, int]
     "PgQueuer 1.6 (psycopg, QueueManager)": (pgqueuer_setup, pgqueuer_psycopg_worker, pgqueuer_check),
     "runrow SQL API (claim_runs -> finish_runs)": (runrow_setup, runrow_worker, runrow_check),
     "runrow SQL API (finish_runs + next claim_runs)": (runrow_setup, runrow_chained_worker, runrow_check),
+    "runrow SQL API (finish_and_claim_runs)": (runrow_setup, runrow_one_call_worker, runrow_check),
 }
 RUNROW_API = "runrow SQL API (claim_runs -> finish_runs)"
 RUNROW_CHAINED = "runrow SQL API (finish_runs + next claim_runs)"
+RUNROW_ONE_CALL = "runrow SQL API (finish_and_claim_runs)"
 
 
 class Counters(NamedTuple):
@@ -536,6 +567,7 @@ def _ratio_lines(rows: list[Row], batch: int) -> list[str]:
         mine = (
             ("runrow SQL API", by.get(RUNROW_API)),
             ("runrow SQL API chained", by.get(RUNROW_CHAINED)),
+            ("runrow SQL API one call", by.get(RUNROW_ONE_CALL)),
             ("runrow worker", by.get(f"runrow worker (--concurrency {batch})")),
         )
         for label, runrow in mine:

@@ -35,6 +35,7 @@ def test_a_small_drain_of_every_system_passes_its_own_checks(tmp_path: Path):
             "PgQueuer 1.6 (psycopg, QueueManager)",
             "runrow SQL API (claim_runs -> finish_runs)",
             "runrow SQL API (finish_runs + next claim_runs)",
+            "runrow SQL API (finish_and_claim_runs)",
             f"runrow worker (--concurrency {batch})",
         ):
             assert (system, batch) in systems
@@ -43,13 +44,16 @@ def test_a_small_drain_of_every_system_passes_its_own_checks(tmp_path: Path):
     )
     assert "runrow SQL API / PgQueuer 1.6 (asyncpg)" in result.stdout
     assert "runrow SQL API chained / PgQueuer 1.6 (asyncpg)" in result.stdout
+    assert "runrow SQL API one call / PgQueuer 1.6 (asyncpg)" in result.stdout
     # Chained, a batch's finish rides the next claim's transaction: about one commit per
     # batch, not two (counted by pg_stat_database, not timed).
     by = {(r["system"], r["batch"]): r for r in rows}
     for batch in (1, 10):
         plain = by[("runrow SQL API (claim_runs -> finish_runs)", batch)]["commits"]
         chained = by[("runrow SQL API (finish_runs + next claim_runs)", batch)]["commits"]
+        one_call = by[("runrow SQL API (finish_and_claim_runs)", batch)]["commits"]
         assert chained < 0.75 * plain, (batch, plain, chained)
+        assert one_call < 0.75 * plain, (batch, plain, one_call)
 
 
 def test_ratios_over_rounds_are_the_median_of_each_rounds_own_ratio(monkeypatch):

@@ -186,7 +186,7 @@ async def test_a_drain_waits_for_a_claim_riding_an_ending(
                 lambda: (
                     db.execute(
                         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                        " AND query LIKE '%%finish_runs%%claim_runs%%'"
+                        " AND query LIKE '%%finish_and_claim_runs%%'"
                     ).fetchone()[0]
                     == 1
                 ),

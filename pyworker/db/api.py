@@ -85,7 +85,7 @@ async def claim_run(conn: AsyncConnection, worker_id: str | None, lease_seconds:
         return await cur.fetchone()
 
 
-# claim_runs' statement, shared by every caller that claims (here and pyworker.db.batch).
+# claim_runs' statement, shared by claim_runs and begin_claim_runs.
 CLAIM_RUNS_SQL = (
     f"SELECT {_CLAIM_COLUMNS} FROM runrow.claim_runs(worker_id => %s, max_runs => %s, lease_seconds => %s)"
 )

@@ -1,4 +1,5 @@
-"""Typed async wrapper of runrow.finish_runs: acknowledge many runs in one statement.
+"""Typed async wrappers of runrow.finish_runs and finish_and_claim_runs: acknowledge many runs in
+one statement, and claim their successors in the same one.
 
 Kept apart from api.py so the batch lifecycle can move with the database layer as one piece.
 Like every wrapper it only calls the function, with its named argument.
@@ -15,7 +16,7 @@ from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
-from pyworker.db.api import CLAIM_RUNS_SQL, ClaimedRun
+from pyworker.db.api import ClaimedRun
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,14 @@ async def finish_runs(conn: AsyncConnection, acks: Sequence[Ack]) -> list[Finish
         return await cur.fetchall()
 
 
+# finish_and_claim_runs' columns: finish_runs' three, then claim_runs' (run_id shared).
+_FINISH_AND_CLAIM_SQL = (
+    "SELECT run_id, finished, last_seq, claim_token, conversation_id, attempt, max_attempts, model,"
+    " prompt_id, system_prompt, tools, user_id, user_message_id, metadata, claim_expires_at, queued_seconds"
+    " FROM runrow.finish_and_claim_runs(runs => %s, worker_id => %s, max_runs => %s, lease_seconds => %s)"
+)
+
+
 async def begin_finish_runs_and_claim(
     conn: AsyncConnection,
     acks: Sequence[Ack],
@@ -69,18 +78,20 @@ async def begin_finish_runs_and_claim(
     max_runs: int,
     lease_seconds: int,
 ) -> tuple[list[Finished], list[ClaimedRun]]:
-    """finish_runs, then claim_runs for the slots those endings free, in a transaction left
-    open: one commit for both instead of two. BEGIN and both calls go in one simple query, one
-    round trip (parameters bound client-side); the caller commits (`conn.commit()`) once the
-    claimed rows are in hand, so an unanswered COMMIT can be settled by the fence, or rolls
-    back. `conn` must be idle in autocommit mode."""
+    """finish_and_claim_runs: the endings and the claim of up to `max_runs` successors in one
+    statement (one UPDATE, one journal INSERT: cheaper for the server than finish_runs then
+    claim_runs), in a transaction left open. BEGIN and the call go in one simple query, one round
+    trip (parameters bound client-side); the caller commits (`conn.commit()`) once the claimed
+    rows are in hand, so an unanswered COMMIT can be settled by the fence, or rolls back. `conn`
+    must be idle in autocommit mode."""
     async with AsyncClientCursor(conn) as cur:
         await cur.execute(
-            f"BEGIN; {_FINISH_RUNS_SQL}; {CLAIM_RUNS_SQL}",
+            "BEGIN; " + _FINISH_AND_CLAIM_SQL,
             (Jsonb([a.to_json() for a in acks]), worker_id, max_runs, lease_seconds),
         )
         cur.nextset()  # past BEGIN's result
-        finished = [Finished(*row) for row in await cur.fetchall()]
-        cur.nextset()
-        claimed = [ClaimedRun(*row) for row in await cur.fetchall()]
+        rows = await cur.fetchall()
+    # A row per ack first (finished set), then a row per claimed run (finished NULL).
+    finished = [Finished(row[0], row[1], row[2]) for row in rows if row[1] is not None]
+    claimed = [ClaimedRun(row[0], *row[3:]) for row in rows if row[1] is None]
     return finished, claimed

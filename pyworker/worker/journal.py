@@ -35,9 +35,10 @@ if it had landed, and `finish` says so (maybe_landed) for the supervisor to read
 
 A flush that ends runs can also claim their successors: the dispatcher, registered as the
 writer's `rider`, says how many runs it wants for the slots those endings free, and the flush
-calls claim_runs in its own transaction after finish_runs (a flush of endings alone sends BEGIN,
-finish_runs and claim_runs in one round trip, then the COMMIT once the claimed rows are in hand):
-one commit per run ended and replaced, not two. The claimed runs are handed to the
+calls claim_runs in its own transaction after finish_runs (a flush of endings alone sends BEGIN and
+finish_and_claim_runs, which ends the runs and claims their successors in one statement, in one
+round trip, then the COMMIT once the claimed rows are in hand): one commit per run ended and
+replaced, not two. The claimed runs are handed to the
 rider after the COMMIT (or, if it went unanswered, for the fence to say which are ours); a claim
 that fails for any other reason is simply not made, and the endings are written again alone.
 
@@ -663,8 +664,8 @@ class JournalWriter:
     ) -> None:
         """The group's statements, in one transaction (out.committing once only the COMMIT is left). A
         group that is a single finish_runs statement runs as that statement alone (autocommit:
-        one round trip), or, with a claim riding it, as BEGIN, that statement and claim_runs in
-        one round trip and then the COMMIT; its unanswered outcome is settled by the fence like
+        one round trip), or, with a claim riding it, as BEGIN and finish_and_claim_runs in one
+        round trip and then the COMMIT; its unanswered outcome is settled by the fence like
         any ending's. Savepoints only when isolating, after a run's data was refused in a group
         of several (and then no claim rides)."""
         plan: list[tuple[_Unit, list[list[dict[str, Any]]], list[dict[str, Any]]]] = []
@@ -777,7 +778,7 @@ class JournalWriter:
         ride: _Ride,
     ) -> None:
         """The endings and the claim of their successors in one transaction of two round trips
-        (BEGIN, finish_runs, claim_runs; then COMMIT). A refusal (of a run's outcome, or of the
+        (BEGIN and finish_and_claim_runs; then COMMIT). A refusal (of a run's outcome, or of the
         claim) is sorted out one savepoint per run, without the claim. The claimed rows are left
         in `ride` for the caller to hand over."""
         acks = [_ack(unit, tail) for unit, tail in finishing]
