@@ -24,6 +24,8 @@ INSERT INTO api VALUES
     ('append_events', '{runrow_worker}',
         $$SELECT runrow.append_events(gen_random_uuid(), gen_random_uuid(), '[{"type": "x"}]')$$),
     ('finish_run', '{runrow_worker}', $$SELECT runrow.finish_run(gen_random_uuid(), gen_random_uuid(), 'completed')$$),
+    ('finish_runs', '{runrow_worker}', $$SELECT * FROM runrow.finish_runs('[]')$$),
+    ('finish_and_claim_runs', '{runrow_worker}', $$SELECT * FROM runrow.finish_and_claim_runs('[]', 'w', 1, 30)$$),
     ('reap_expired_runs', '{runrow_worker}', $$SELECT * FROM runrow.reap_expired_runs(30, 10)$$),
     ('release_run', '{runrow_worker}', $$SELECT runrow.release_run(gen_random_uuid(), gen_random_uuid())$$),
     ('trim_journal', '{runrow_worker}', $$SELECT runrow.trim_journal('100 years')$$),
