@@ -8,7 +8,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
 \ir helpers/lifecycle.psql
-SELECT plan(42);
+SELECT plan(46);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{jsonb,text,integer,integer}'''
@@ -88,13 +88,30 @@ SELECT results_eq(
 SELECT ok((SELECT queued_seconds >= 0 FROM out1 WHERE run_id = :'q1'), 'queued_seconds is the time it waited');
 SELECT is(pg_temp.status(:'q3'), 'queued', 'q3 is past max_runs and stays queued');
 SELECT is(pg_temp.status(:'h1next'), 'queued',
-    'the next turn of a conversation ended in this call is not claimed by it (the claim is chosen first)');
+    'the next turn of a conversation ended in this call is not claimed by it when the walk filled every slot');
 SELECT is((SELECT claim_blocked FROM runrow.agent_run WHERE id = :'h1next'), false,
     'and is not left marked blocked: its turn ahead ended');
 SELECT is((SELECT run_id FROM runrow.claim_run('w')), :'h1next'::uuid,
     'the next claim takes it (before q3: it waited longer)');
 SELECT is_empty(format($$SELECT * FROM runrow.audit() WHERE run_id = ANY (ARRAY[%L, %L, %L, %L]::uuid[])$$,
     :'h1', :'h2', :'q1', :'q2'), 'audit finds nothing wrong with the ended and the claimed runs');
+
+-- A conversation's next turn behind a run ended here, with slots left: claimed in the same
+-- call, after the endings, as claim_runs after finish_runs would claim it.
+SELECT pg_temp.drain_queue();
+\set conv2 '''eeeeeeee-0000-0000-0000-0000000000a2'''
+SELECT pg_temp.running(conv => :conv2) AS t1 \gset
+SELECT pg_temp.new_run(:conv2) AS t2 \gset
+SELECT format('[{"run_id": "%s", "claim_token": "%s", "status": "completed"}]', :'t1', pg_temp.token(:'t1')) AS t1_ack \gset
+SELECT results_eq(format('SELECT run_id, finished FROM runrow.finish_and_claim_runs(%L, ''w-three'', 5)', :'t1_ack'),
+    format($$VALUES (%L::uuid, true), (%L::uuid, NULL::boolean)$$, :'t1', :'t2'),
+    'the next turn of a conversation ended in this call is claimed by it when slots are left');
+SELECT is((SELECT (status, worker_id, claim_blocked)::text FROM runrow.agent_run WHERE id = :'t2'), '(running,w-three,f)',
+    'it is running for this worker, not marked blocked');
+SELECT is(pg_temp.journal(:'t1')::text, '{user_message_created,run_queued,run_claimed,complete}',
+    'the ended turn''s journal ends in its one complete');
+SELECT is_empty(format($$SELECT * FROM runrow.audit() WHERE run_id = ANY (ARRAY[%L, %L]::uuid[])$$, :'t1', :'t2'),
+    'audit finds nothing wrong with either turn');
 
 -- Each part alone: an empty runs is a claim; nothing claimable, only the endings.
 SELECT pg_temp.drain_queue();

@@ -8216,6 +8216,8 @@ DECLARE
     done_ids uuid[];
     done_seqs bigint[];
     claimed_rows runrow.claimed_run[];
+    -- The conversations of the runs ended here, whose next turns the walk found blocked.
+    ended_convs uuid[];
 BEGIN
     SELECT i.ids, i.byid INTO ids, byid FROM runrow._finish_runs_input(finish_and_claim_runs.runs) AS i;
 
@@ -8223,8 +8225,8 @@ BEGIN
         -- The walk locks the next runs before the endings are written, so a run's successor
         -- in its conversation is not among them: it is still blocked behind a running turn
         -- here. Claiming it in the same UPDATE would not be safe anyway (invariant 1's unique
-        -- index is checked row by row, in whatever order the UPDATE visits the rows). The
-        -- ending's trigger wakes the dispatchers for it, and the next claim takes it.
+        -- index is checked row by row, in whatever order the UPDATE visits the rows). It is
+        -- claimed after this block if slots are left (below).
         SELECT w.locked, w.locked_since INTO locked, locked_since
         FROM runrow._claim_walk(
             finish_and_claim_runs.worker_id, finish_and_claim_runs.max_runs, finish_and_claim_runs.lease_seconds
@@ -8288,6 +8290,7 @@ BEGIN
         -- would stay returned if the statement then failed (see _claim, migration 0038).
         SELECT (SELECT array_agg(d.run_id) FROM ended AS d),
                (SELECT array_agg(d.seq) FROM ended AS d),
+               (SELECT array_agg(u.conversation_id) FROM upd AS u WHERE NOT u.claimed),
                (SELECT array_agg(ROW(
                     u.id, u.claim_token, u.conversation_id, u.attempt, u.max_attempts, u.model,
                     u.prompt_id, p.system_prompt, p.tools, u.user_id, u.user_message_id, u.metadata,
@@ -8297,7 +8300,7 @@ BEGIN
                 JOIN runrow.prompt AS p ON p.id = u.prompt_id
                 JOIN unnest(locked, locked_since) AS w (id, since) ON w.id = u.id
                 WHERE u.claimed)
-        INTO done_ids, done_seqs, claimed_rows;
+        INTO done_ids, done_seqs, ended_convs, claimed_rows;
     EXCEPTION WHEN unique_violation OR serialization_failure OR check_violation THEN
         -- Whatever collided (a claim's, as _claim catches them, or an ending's), the block's
         -- writes and locks are gone: the endings are written alone, as finish_runs writes
@@ -8310,6 +8313,25 @@ BEGIN
         FROM runrow.finish_runs(finish_and_claim_runs.runs) AS f;
         RETURN;
     END;
+
+    -- A conversation's next turn queued behind a run ended here was blocked when the walk
+    -- ran. If the walk left slots free, claim what is claimable now that the endings are
+    -- written, as claim_runs after finish_runs would: a second claiming statement, paid only
+    -- when such a turn exists (one probe by conversation, and none while the walk filled
+    -- every slot, the common case under load).
+    IF ended_convs IS NOT NULL AND coalesce(cardinality(claimed_rows), 0) < finish_and_claim_runs.max_runs
+       AND EXISTS (
+           SELECT 1 FROM runrow.agent_run AS n
+           WHERE n.conversation_id = ANY (ended_convs) AND n.status = 'queued'
+       ) THEN
+        claimed_rows := coalesce(claimed_rows, '{}') || ARRAY(
+            SELECT c FROM runrow._claim(
+                finish_and_claim_runs.worker_id,
+                finish_and_claim_runs.max_runs - coalesce(cardinality(claimed_rows), 0),
+                finish_and_claim_runs.lease_seconds
+            ) AS c
+        );
+    END IF;
 
     -- The wakes, as finish_runs sends them: each ended run's tails, if a tail watches it.
     IF done_ids IS NOT NULL THEN
@@ -8336,8 +8358,8 @@ COMMENT ON FUNCTION runrow.finish_and_claim_runs(jsonb, text, integer, integer) 
 'UPDATE: each run of runs is fenced and ended exactly as finish_runs ends it (a run fenced out '
 'writes nothing, the others proceed; same journal, same wakes), and up to max_runs (1..1000) '
 'runs are claimed with exactly the rules of claim_runs. The claim is chosen before the endings '
-'are written, so the next turn of a conversation ended here is not claimed by this call (the '
-'ending wakes the dispatchers for it). Returns a row per element of runs, in input order, with '
+'are written; the next turn of a conversation ended here is claimed after them, in the same '
+'call, when slots are left (otherwise the ending wakes the dispatchers for it). Returns a row per element of runs, in input order, with '
 'finished and last_seq as finish_runs and the claim columns NULL; then a row per claimed run '
 'with claim_runs'' columns and finished NULL. A claim that collides with another claimer claims '
 'nothing and the endings are written alone. Bad input raises as finish_runs and claim_runs do '
