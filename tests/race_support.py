@@ -233,6 +233,50 @@ def stress_worker(url: str, worker_id: str, conversations: list[str], batch: int
                 records.append((str(conversation_id), enqueue_seq, str(run_id), started, ended))
 
 
+def stress_one_call_worker(url: str, worker_id: str, conversations: list[str], batch: int) -> list[tuple]:
+    """stress_worker's loop through finish_and_claim_runs: each call ends the runs in hand and
+    claims the next ones, in a transaction committed once the rows are in hand. Records as
+    stress_worker's: started read after the claiming call committed, ended before the call
+    that ends the run began."""
+    records = []
+    held: list[tuple] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            acks = json.dumps(
+                [{"run_id": str(r), "claim_token": str(t), "status": "completed"} for r, t, _, _ in held]
+            )
+            ended = clock(conn)
+            with conn.transaction():
+                rows = conn.execute(
+                    "SELECT run_id, finished, claim_token, conversation_id"
+                    " FROM runrow.finish_and_claim_runs(%s, %s, %s, 30)",
+                    (acks, worker_id, batch),
+                ).fetchall()
+            finished = {run_id: ok for run_id, ok, _, _ in rows if ok is not None}
+            for run_id, _, conversation_id, started in held:
+                assert finished.get(run_id), f"{worker_id} could not finish {run_id}"
+                enqueue_seq = conn.execute(
+                    "SELECT enqueue_seq FROM runrow.agent_run WHERE id = %s", (run_id,)
+                ).fetchone()[0]
+                records.append((str(conversation_id), enqueue_seq, str(run_id), started, ended))
+            started = clock(conn)
+            held = [(r, t, c, started) for r, ok, t, c in rows if ok is None]
+            for run_id, token, _, _ in held:
+                seq = conn.execute(
+                    'SELECT runrow.append_events(%s, %s, \'[{"type": "text", "text": "x"}]\')',
+                    (run_id, token),
+                ).fetchone()[0]
+                assert seq is not None, f"{worker_id} lost {run_id} while holding it"
+            if not held:
+                active = conn.execute(
+                    "SELECT count(*) FROM runrow.agent_run"
+                    " WHERE conversation_id = ANY (%s::uuid[]) AND status IN ('queued', 'running')",
+                    (conversations,),
+                ).fetchone()[0]
+                if active == 0:
+                    return records
+
+
 def tool_turn(
     conn: psycopg.Connection, run: dict, tool: str = "send_wire", args: str = '{"eur": 100}'
 ) -> str:
