@@ -190,6 +190,15 @@ def vacuum(conn: psycopg.Connection, *tables: str) -> None:
     conn.execute(f"VACUUM ANALYZE {', '.join(tables)}")
 
 
+def _active(conn: psycopg.Connection, conversations: list[str]) -> int:
+    """How many runs of these conversations are still queued or running."""
+    return conn.execute(
+        "SELECT count(*) FROM runrow.agent_run"
+        " WHERE conversation_id = ANY (%s::uuid[]) AND status IN ('queued', 'running')",
+        (conversations,),
+    ).fetchone()[0]
+
+
 def stress_worker(url: str, worker_id: str, conversations: list[str], batch: int) -> list[tuple]:
     """One worker process: claim up to `batch` runs, work on each, finish each, until the
     conversations are done.
@@ -206,12 +215,7 @@ def stress_worker(url: str, worker_id: str, conversations: list[str], batch: int
                 (worker_id, batch),
             ).fetchall()
             if not rows:
-                active = conn.execute(
-                    "SELECT count(*) FROM runrow.agent_run"
-                    " WHERE conversation_id = ANY (%s::uuid[]) AND status IN ('queued', 'running')",
-                    (conversations,),
-                ).fetchone()[0]
-                if active == 0:
+                if not _active(conn, conversations):
                     return records
                 continue
             started = clock(conn)
@@ -268,12 +272,7 @@ def stress_one_call_worker(url: str, worker_id: str, conversations: list[str], b
                 ).fetchone()[0]
                 assert seq is not None, f"{worker_id} lost {run_id} while holding it"
             if not held:
-                active = conn.execute(
-                    "SELECT count(*) FROM runrow.agent_run"
-                    " WHERE conversation_id = ANY (%s::uuid[]) AND status IN ('queued', 'running')",
-                    (conversations,),
-                ).fetchone()[0]
-                if active == 0:
+                if not _active(conn, conversations):
                     return records
 
 
