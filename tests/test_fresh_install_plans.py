@@ -82,3 +82,37 @@ def test_a_session_warmed_on_the_empty_table_drains_without_sequential_scans(
         # Before the fix: 0.3 to 2.3 million (heartbeat, append's fence, finish_runs and the
         # after-update trigger each scanning the table, 100 times over).
         assert read == 0
+
+
+def test_a_session_warmed_on_the_empty_table_drains_through_one_call_without_sequential_scans(
+    db: psycopg.Connection, worker_db: str
+) -> None:
+    """The same through finish_and_claim_runs, which pins the claim's plan settings for the walk
+    it shares with _claim (the walk carries none of its own) and for its one UPDATE."""
+    one_call = (
+        "SELECT run_id, finished, claim_token"
+        " FROM runrow.finish_and_claim_runs(%s::jsonb, worker_id => 'fresh', max_runs => 10)"
+    )
+
+    def cycle(conn: psycopg.Connection, runs: list) -> list:
+        with conn.transaction():
+            rows = conn.execute(one_call, (completed(runs),)).fetchall()
+        assert all(f for _, f, _ in rows if f is not None)
+        return [(r, t) for r, f, t in rows if f is None]
+
+    with psycopg.connect(worker_db, autocommit=True) as warm:
+        runs: list = []
+        for _ in range(8):
+            runs = cycle(warm, runs)
+            db.execute(ENQUEUE, (1,))
+        runs = cycle(warm, runs)
+        db.execute(ENQUEUE, (1000,))
+        before = seq_rows_read(warm)
+        drained = 0
+        while True:
+            drained += len(runs)
+            runs = cycle(warm, runs)
+            if not runs:
+                break
+        assert drained >= 1000
+        assert seq_rows_read(warm) - before == 0
