@@ -65,7 +65,9 @@ BEGIN
     -- The wakes: each finished run's tails once, with its last seq, if a tail watches it
     -- (its watches go: nothing more is written to an ended run); the dispatchers were woken
     -- by the UPDATE's triggers where an ending lets a run start (migration 0025).
-    PERFORM runrow._wake_tails_ended_batch(done_ids, done_seqs);
+    IF done_ids IS NOT NULL THEN
+        PERFORM runrow._wake_tails_ended_batch(done_ids, done_seqs);
+    END IF;
 
     RETURN QUERY
     SELECT (x.el ->> 'run_id')::uuid, d.seq IS NOT NULL, d.seq

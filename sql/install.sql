@@ -8228,6 +8228,8 @@ DECLARE
     claimed_rows runrow.claimed_run[];
     -- The conversations of the runs ended here, whose next turns the walk found blocked.
     ended_convs uuid[];
+    -- The endings were written alone by finish_runs, which woke their tails (a collision).
+    woken boolean := false;
 BEGIN
     SELECT i.ids, i.byid INTO ids, byid FROM runrow._finish_runs_input(finish_and_claim_runs.runs) AS i;
 
@@ -8315,13 +8317,12 @@ BEGIN
         -- Whatever collided (a claim's, as _claim catches them, or an ending's), the block's
         -- writes and locks are gone: the endings are written alone, as finish_runs writes
         -- them, and nothing is claimed this round. An error of an ending's own recurs there
-        -- and reaches the caller as finish_runs raises it.
-        RETURN QUERY
-        SELECT f.run_id, f.finished, f.last_seq, NULL::uuid, NULL::uuid, NULL::integer, NULL::integer,
-               NULL::text, NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::uuid, NULL::jsonb,
-               NULL::timestamptz, NULL::double precision
+        -- and reaches the caller as finish_runs raises it. finish_runs has woken the tails;
+        -- ended_convs and claimed_rows stay NULL, so nothing below claims or wakes again.
+        SELECT array_agg(f.run_id) FILTER (WHERE f.finished), array_agg(f.last_seq) FILTER (WHERE f.finished)
+        INTO done_ids, done_seqs
         FROM runrow.finish_runs(finish_and_claim_runs.runs) AS f;
-        RETURN;
+        woken := true;
     END;
 
     -- A conversation's next turn queued behind a run ended here was blocked when the walk
@@ -8344,7 +8345,7 @@ BEGIN
     END IF;
 
     -- The wakes, as finish_runs sends them: each ended run's tails, if a tail watches it.
-    IF done_ids IS NOT NULL THEN
+    IF done_ids IS NOT NULL AND NOT woken THEN
         PERFORM runrow._wake_tails_ended_batch(done_ids, done_seqs);
     END IF;
 
@@ -8512,7 +8513,9 @@ BEGIN
     -- The wakes: each finished run's tails once, with its last seq, if a tail watches it
     -- (its watches go: nothing more is written to an ended run); the dispatchers were woken
     -- by the UPDATE's triggers where an ending lets a run start (migration 0025).
-    PERFORM runrow._wake_tails_ended_batch(done_ids, done_seqs);
+    IF done_ids IS NOT NULL THEN
+        PERFORM runrow._wake_tails_ended_batch(done_ids, done_seqs);
+    END IF;
 
     RETURN QUERY
     SELECT (x.el ->> 'run_id')::uuid, d.seq IS NOT NULL, d.seq
