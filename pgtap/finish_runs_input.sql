@@ -1,0 +1,41 @@
+-- runrow._finish_runs_input: the input check shared by finish_runs and finish_and_claim_runs.
+-- It returns the runs' ids in input order and each element keyed by its canonical id text
+-- (what the callers' UPDATE looks the fields up by), raises on bad input naming the element
+-- and the field, and reads and writes no table. The messages of each rule are pinned in
+-- pgtap/finish_runs.sql, through the public function.
+BEGIN;
+\ir helpers/setup.psql
+\ir helpers/row_versions.psql
+SELECT plan(11);
+
+\set sig '''{jsonb}'''
+SELECT has_function('runrow', '_finish_runs_input', :sig::name[], '_finish_runs_input(runs) exists');
+SELECT isnt_definer('runrow', '_finish_runs_input', :sig::name[], 'it runs as its caller');
+SELECT is((SELECT proconfig FROM pg_proc WHERE oid = 'runrow._finish_runs_input(jsonb)'::regprocedure),
+    NULL, 'it carries no SET clauses (it reads no table; its callers pin the search_path)');
+SELECT isnt(obj_description('runrow._finish_runs_input(jsonb)'::regprocedure, 'pg_proc'), NULL,
+    'it has a COMMENT stating its contract');
+
+\set a '''0190a0a0-0000-7000-8000-00000000000a'''
+\set b '''0190A0A0-0000-7000-8000-00000000000B'''
+SELECT jsonb_build_array(
+    jsonb_build_object('run_id', :a, 'claim_token', gen_random_uuid(), 'status', 'completed',
+        'events', '[{"type": "text_delta", "text": "x"}]'::jsonb),
+    jsonb_build_object('run_id', :b, 'claim_token', gen_random_uuid(), 'status', 'failed', 'error', 'e')) AS runs \gset
+CREATE TEMP TABLE parsed AS SELECT * FROM runrow._finish_runs_input(:'runs');
+SELECT is((SELECT ids FROM parsed), ARRAY[:a, :b]::uuid[], 'the ids, in input order');
+SELECT is((SELECT array_agg(k ORDER BY k) FROM parsed, jsonb_object_keys(parsed.byid) AS k),
+    ARRAY[lower(:a), lower(:b)], 'each element keyed by its canonical id text (a UUID in capitals included)');
+SELECT is((SELECT byid -> lower(:b) FROM parsed), :'runs'::jsonb -> 1, 'the element itself, as given');
+SELECT is((SELECT (ids, byid)::text FROM runrow._finish_runs_input('[]')), '(,)',
+    'an empty array: no ids, no elements (NULLs, which the callers'' ANY and lookups take as nothing)');
+
+SELECT pg_temp.written() AS before \gset
+SELECT throws_ok('SELECT * FROM runrow._finish_runs_input(NULL)', '22004', 'runs must not be NULL', 'runs NULL');
+SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(:'runs'::jsonb -> 0, :'runs'::jsonb -> 0)),
+    '22023', format('runs[1].run_id "%s" is already runs[0]: each run at most once per call', :a),
+    'a run twice, named by both indexes');
+SELECT is(pg_temp.written(), :'before', 'nothing written, good input or bad');
+
+SELECT * FROM finish();
+ROLLBACK;
