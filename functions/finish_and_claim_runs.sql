@@ -164,11 +164,12 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    SELECT (x.el ->> 'run_id')::uuid, d.seq IS NOT NULL, d.seq, NULL::uuid, NULL::uuid, NULL::integer,
+    SELECT x.id, d.seq IS NOT NULL, d.seq, NULL::uuid, NULL::uuid, NULL::integer,
            NULL::integer, NULL::text, NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::uuid, NULL::jsonb,
            NULL::timestamptz, NULL::double precision
-    FROM jsonb_array_elements(finish_and_claim_runs.runs) WITH ORDINALITY AS x (el, ord)
-    LEFT JOIN unnest(done_ids, done_seqs) AS d (id, seq) ON d.id = (x.el ->> 'run_id')::uuid
+    -- ids is the input's order, already parsed: the JSON is not read again.
+    FROM unnest(ids) WITH ORDINALITY AS x (id, ord)
+    LEFT JOIN unnest(done_ids, done_seqs) AS d (id, seq) ON d.id = x.id
     ORDER BY x.ord;
     RETURN QUERY
     SELECT c.run_id, NULL::boolean, NULL::bigint, c.claim_token, c.conversation_id, c.attempt, c.max_attempts,

@@ -70,9 +70,10 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    SELECT (x.el ->> 'run_id')::uuid, d.seq IS NOT NULL, d.seq
-    FROM jsonb_array_elements(finish_runs.runs) WITH ORDINALITY AS x (el, ord)
-    LEFT JOIN unnest(done_ids, done_seqs) AS d (id, seq) ON d.id = (x.el ->> 'run_id')::uuid
+    SELECT x.id, d.seq IS NOT NULL, d.seq
+    -- ids is the input's order, already parsed: the JSON is not read again.
+    FROM unnest(ids) WITH ORDINALITY AS x (id, ord)
+    LEFT JOIN unnest(done_ids, done_seqs) AS d (id, seq) ON d.id = x.id
     ORDER BY x.ord;
 END
 $fn$;
