@@ -8,7 +8,11 @@ figure does not depend on the machine's load. Two questions:
   each waiting behind a running turn of its conversation;
 - a claim, a heartbeat, an append and a finish with FEW and with MANY finished runs in the
   tables (MANY is 1,000,000 in the full run: filled through the single-run functions in
-  about an hour on 2 cores: 1,000,000 runs took 63 minutes, about 265 runs per second).
+  about an hour on 2 cores: 1,000,000 runs took 63 minutes, about 265 runs per second);
+- a claim with UNVACUUMED runs ended since the last vacuum (autovacuum held off meanwhile):
+  until a vacuum drops them, the index entries of runs that left the queue stay at its head,
+  and the claim's walk steps over them. This is what `autovacuum_naptime` bounds on a busy
+  queue (README, "Autovacuum").
 
 `python -m bench.claim_buffers [--short]` runs it alone.
 """
@@ -24,6 +28,7 @@ from bench.common import run_alone
 BLOCKED = 10_000
 FEW = 1_000
 MANY = 1_000_000
+UNVACUUMED = 10_000
 
 
 def buffers(conn: psycopg.Connection, sql: str, params: tuple[object, ...] = ()) -> tuple[int, int]:
@@ -40,8 +45,9 @@ def buffers(conn: psycopg.Connection, sql: str, params: tuple[object, ...] = ())
     return min(counts[6:])
 
 
-def fill_finished(conn: psycopg.Connection, runs: int, batch: int = 2000) -> None:
-    """`runs` enqueued, claimed and finished through the single-run functions."""
+def fill_finished(conn: psycopg.Connection, runs: int, batch: int = 2000, vacuum: bool = True) -> None:
+    """`runs` enqueued, claimed and finished through the single-run functions, then (unless
+    `vacuum` is false) VACUUM ANALYZE, as autovacuum would."""
     conn.execute(
         f"""
         DO $fill$
@@ -61,7 +67,8 @@ def fill_finished(conn: psycopg.Connection, runs: int, batch: int = 2000) -> Non
         $fill$
         """
     )
-    conn.execute("VACUUM ANALYZE runrow.agent_run, runrow.run_event, runrow.message")
+    if vacuum:
+        conn.execute("VACUUM ANALYZE runrow.agent_run, runrow.run_event, runrow.message")
 
 
 def lifecycle_calls(conn: psycopg.Connection) -> dict[str, int]:
@@ -105,7 +112,7 @@ def block(conn: psycopg.Connection, turns: int) -> None:
 
 
 async def bench(url: str, short: bool = False) -> list[str]:
-    blocked, few, many = (1_000, 100, 5_000) if short else (BLOCKED, FEW, MANY)
+    blocked, few, many, unvacuumed = (1_000, 100, 5_000, 1_000) if short else (BLOCKED, FEW, MANY, UNVACUUMED)
     with psycopg.connect(url, autocommit=True) as conn:
         empty, _ = buffers(conn, "SELECT * FROM runrow.claim_run('probe', 30)")
         block(conn, blocked)
@@ -128,8 +135,18 @@ async def bench(url: str, short: bool = False) -> list[str]:
         )
         fill_finished(conn, few)
         at_few = lifecycle_calls(conn)
-        fill_finished(conn, many - few)
+        # The same claim once `unvacuumed` more runs have ended with no vacuum since (held off
+        # for the fill, so the figure does not depend on when autovacuum wakes).
+        conn.execute("ALTER TABLE runrow.agent_run SET (autovacuum_enabled = false)")
+        try:
+            fill_finished(conn, unvacuumed, vacuum=False)
+            before_vacuum = lifecycle_calls(conn)["claim"]
+        finally:
+            conn.execute("ALTER TABLE runrow.agent_run RESET (autovacuum_enabled)")
+        conn.execute("VACUUM ANALYZE runrow.agent_run, runrow.run_event, runrow.message")
+        fill_finished(conn, many - few - unvacuumed)
         at_many = lifecycle_calls(conn)
+    per_thousand = (before_vacuum - at_few["claim"]) * 1000 / unvacuumed
     return [
         "shared buffers per call (EXPLAIN ANALYZE BUFFERS, rolled back)",
         f"  empty claim: {empty} with no queued turn, {behind} with {blocked:,} blocked queued turns"
@@ -139,6 +156,8 @@ async def bench(url: str, short: bool = False) -> list[str]:
             f" ({at_many[call] / at_few[call]:.2f}x)"
             for call in at_few
         ),
+        f"  claim: {at_few['claim']} right after a vacuum, {before_vacuum} with {unvacuumed:,} runs"
+        f" ended since the last one ({per_thousand:.1f} more per 1,000)",
     ]
 
 
