@@ -3,11 +3,13 @@
 What the SDK does on each fault is asserted here, so the agent loop can rely on it:
 429/529/500 with retry-after are retried (max_retries) and then raise RateLimitError /
 OverloadedError / InternalServerError; an `error` event after a 200 raises a bare APIStatusError with
-status_code 200; a connection cut mid-stream raises httpx2.RemoteProtocolError; neither is retried.
+status_code 200; a connection cut mid-stream raises httpx2.RemoteProtocolError (anthropic before
+2.17) or an APIConnectionError caused by it (2.17 and later); neither is retried.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import signal
@@ -56,6 +58,18 @@ def client_for(fake: FakeModel) -> anthropic.Anthropic:
     if fake not in _clients:
         _clients[fake] = anthropic.Anthropic(base_url=fake.base_url, api_key="test", max_retries=2)
     return _clients[fake]
+
+
+@contextlib.contextmanager
+def dropped_mid_stream() -> Iterator[None]:
+    """What the SDK raises for a stream whose connection is cut mid-body: the transport's
+    RemoteProtocolError itself before anthropic 2.17, an APIConnectionError caused by it since
+    (pyworker.agent.model reads both as "model stream broken mid-response")."""
+    with pytest.raises((httpx2.RemoteProtocolError, anthropic.APIConnectionError)) as raised:
+        yield
+    cause = raised.value if isinstance(raised.value, httpx2.RemoteProtocolError) else raised.value.__cause__
+    assert isinstance(cause, httpx2.RemoteProtocolError), repr(raised.value)
+    assert "incomplete chunked read" in str(cause)
 
 
 def hello(**extra: Any) -> dict[str, Any]:
@@ -564,7 +578,7 @@ def test_error_event_after_200_is_an_api_status_error_with_status_200_not_retrie
 
 def test_dropped_connection_mid_stream_is_a_protocol_error_not_retried(fake: FakeModel) -> None:
     fake.inject(drop_connection(after_events=5))
-    with pytest.raises(httpx2.RemoteProtocolError, match="incomplete chunked read"):
+    with dropped_mid_stream():
         with client_for(fake).messages.stream(**hello()) as stream:
             stream.get_final_message()
     assert fake.request_count == 1
@@ -574,7 +588,7 @@ def test_dropped_connection_mid_stream_is_a_protocol_error_not_retried(fake: Fak
 async def test_dropped_connection_mid_stream_async(fake: FakeModel) -> None:
     fake.inject(drop_connection(after_events=2))
     client = anthropic.AsyncAnthropic(base_url=fake.base_url, api_key="test")
-    with pytest.raises(httpx2.RemoteProtocolError):
+    with dropped_mid_stream():
         async with client.messages.stream(**hello()) as stream:
             await stream.get_final_message()
     await client.close()
@@ -621,7 +635,7 @@ def test_control_endpoints(fake: FakeModel) -> None:
     status, _, answer = raw_post(fake, "/_control/faults", {"faults": faults})
     assert status == 200 and answer == {"queued": 3}
     client_for(fake).messages.create(**hello())  # 429, then served
-    with pytest.raises(httpx2.RemoteProtocolError):
+    with dropped_mid_stream():
         with client_for(fake).messages.stream(**hello()) as stream:
             stream.get_final_message()
     conn = http.client.HTTPConnection(fake.host, fake.port)

@@ -186,8 +186,10 @@ async def _consume_stream(
     client: anthropic.AsyncAnthropic, params: dict[str, Any], journal: RunJournal, partial: list[str]
 ) -> ModelTurn:
     request_id: str | None = None
+    started = False  # the response's headers are in: a failure from here on is mid-response
     try:
         async with client.messages.stream(**params) as stream:
+            started = True
             request_id = stream.request_id
             async for event in stream:
                 if event.type != "content_block_delta":
@@ -204,13 +206,14 @@ async def _consume_stream(
     except anthropic.APIStatusError as exc:
         raise _status_failure(exc) from exc
     except anthropic.APIConnectionError as exc:  # includes timeouts, after the SDK's retries
+        # Since anthropic 2.17 the SDK wraps a read that fails mid-body in APIConnectionError too
+        # (earlier versions let the transport's error through, below): the API was reached and
+        # answered, and the message should say what broke, as before.
+        if started and isinstance(exc.__cause__, _http.TransportError):
+            raise _broken_mid_response(exc.__cause__, request_id) from exc
         raise TurnFailed(f"model API unreachable: {exc}", retryable=True, request_id=request_id) from exc
     except _http.TransportError as exc:  # a connection cut mid-stream; the SDK does not retry it
-        raise TurnFailed(
-            f"model stream broken mid-response: {type(exc).__name__}: {exc}",
-            retryable=True,
-            request_id=request_id,
-        ) from exc
+        raise _broken_mid_response(exc, request_id) from exc
     message = final.to_dict(mode="json")
     return ModelTurn(
         message=message,
@@ -219,6 +222,11 @@ async def _consume_stream(
         usage=message.get("usage"),
         request_id=request_id,
     )
+
+
+def _broken_mid_response(exc: BaseException, request_id: str | None) -> TurnFailed:
+    message = f"model stream broken mid-response: {type(exc).__name__}: {exc}"
+    return TurnFailed(message, retryable=True, request_id=request_id)
 
 
 def _status_failure(exc: anthropic.APIStatusError) -> TurnFailed:
