@@ -20,6 +20,7 @@ figure does not depend on the machine's load. Two questions:
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import psycopg
 
@@ -45,6 +46,11 @@ def buffers(conn: psycopg.Connection, sql: str, params: tuple[object, ...] = ())
     return min(counts[6:])
 
 
+def vacuum_analyze(conn: psycopg.Connection) -> None:
+    """What autovacuum would have done by now to the tables a lifecycle writes."""
+    conn.execute("VACUUM ANALYZE runrow.agent_run, runrow.run_event, runrow.message")
+
+
 def fill_finished(conn: psycopg.Connection, runs: int, batch: int = 2000, vacuum: bool = True) -> None:
     """`runs` enqueued, claimed and finished through the single-run functions, then (unless
     `vacuum` is false) VACUUM ANALYZE, as autovacuum would."""
@@ -68,7 +74,7 @@ def fill_finished(conn: psycopg.Connection, runs: int, batch: int = 2000, vacuum
         """
     )
     if vacuum:
-        conn.execute("VACUUM ANALYZE runrow.agent_run, runrow.run_event, runrow.message")
+        vacuum_analyze(conn)
 
 
 def lifecycle_calls(conn: psycopg.Connection) -> dict[str, int]:
@@ -108,10 +114,11 @@ def block(conn: psycopg.Connection, turns: int) -> None:
         $block$
         """
     )
-    conn.execute("VACUUM ANALYZE runrow.agent_run, runrow.run_event, runrow.message")
+    vacuum_analyze(conn)
 
 
-async def bench(url: str, short: bool = False) -> list[str]:
+def measure(url: str, short: bool = False) -> dict[str, Any]:
+    """Every figure of the report, by name (tests/test_bench_claim_buffers.py reads them)."""
     blocked, few, many, unvacuumed = (1_000, 100, 5_000, 1_000) if short else (BLOCKED, FEW, MANY, UNVACUUMED)
     with psycopg.connect(url, autocommit=True) as conn:
         empty, _ = buffers(conn, "SELECT * FROM runrow.claim_run('probe', 30)")
@@ -143,20 +150,34 @@ async def bench(url: str, short: bool = False) -> list[str]:
             before_vacuum = lifecycle_calls(conn)["claim"]
         finally:
             conn.execute("ALTER TABLE runrow.agent_run RESET (autovacuum_enabled)")
-        conn.execute("VACUUM ANALYZE runrow.agent_run, runrow.run_event, runrow.message")
+        vacuum_analyze(conn)
         fill_finished(conn, many - few - unvacuumed)
         at_many = lifecycle_calls(conn)
-    per_thousand = (before_vacuum - at_few["claim"]) * 1000 / unvacuumed
+    return {
+        "sizes": {"blocked": blocked, "few": few, "many": many, "unvacuumed": unvacuumed},
+        "empty claim": {"no queued turn": empty, "blocked": behind, "vacuumed": vacuumed, "first": first},
+        "at few": at_few,
+        "at many": at_many,
+        "claim before vacuum": before_vacuum,
+    }
+
+
+async def bench(url: str, short: bool = False) -> list[str]:
+    f = measure(url, short)
+    size, empty, at_few, at_many = f["sizes"], f["empty claim"], f["at few"], f["at many"]
+    before_vacuum = f["claim before vacuum"]
+    per_thousand = (before_vacuum - at_few["claim"]) * 1000 / size["unvacuumed"]
     return [
         "shared buffers per call (EXPLAIN ANALYZE BUFFERS, rolled back)",
-        f"  empty claim: {empty} with no queued turn, {behind} with {blocked:,} blocked queued turns"
-        f" ({vacuumed} after VACUUM; the first empty claim after they arrived: {first})",
+        f"  empty claim: {empty['no queued turn']} with no queued turn, {empty['blocked']} with"
+        f" {size['blocked']:,} blocked queued turns ({empty['vacuumed']} after VACUUM; the first empty"
+        f" claim after they arrived: {empty['first']})",
         *(
-            f"  {call}: {at_few[call]} with {few:,} finished runs, {at_many[call]} with {many:,}"
-            f" ({at_many[call] / at_few[call]:.2f}x)"
+            f"  {call}: {at_few[call]} with {size['few']:,} finished runs, {at_many[call]} with"
+            f" {size['many']:,} ({at_many[call] / at_few[call]:.2f}x)"
             for call in at_few
         ),
-        f"  claim: {at_few['claim']} right after a vacuum, {before_vacuum} with {unvacuumed:,} runs"
+        f"  claim: {at_few['claim']} right after a vacuum, {before_vacuum} with {size['unvacuumed']:,} runs"
         f" ended since the last one ({per_thousand:.1f} more per 1,000)",
     ]
 
