@@ -14,17 +14,19 @@ figure does not depend on the machine's load. Two questions:
   and the claim's walk steps over them. This is what `autovacuum_naptime` bounds on a busy
   queue (README, "Autovacuum").
 
-`python -m bench.claim_buffers [--short]` runs it alone.
+`python -m bench.claim_buffers [--short] [--json FILE]` runs it alone; --json also writes the
+figures to FILE.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
 import psycopg
 
-from bench.common import run_alone
+from bench.common import bench_database, run_alone
 
 BLOCKED = 10_000
 FEW = 1_000
@@ -118,7 +120,8 @@ def block(conn: psycopg.Connection, turns: int) -> None:
 
 
 def measure(url: str, short: bool = False) -> dict[str, Any]:
-    """Every figure of the report, by name (tests/test_bench_claim_buffers.py reads them)."""
+    """Every figure of the report, by name (--json writes them; tests/test_bench_claim_buffers.py
+    reads them)."""
     blocked, few, many, unvacuumed = (1_000, 100, 5_000, 1_000) if short else (BLOCKED, FEW, MANY, UNVACUUMED)
     with psycopg.connect(url, autocommit=True) as conn:
         empty, _ = buffers(conn, "SELECT * FROM runrow.claim_run('probe', 30)")
@@ -163,7 +166,10 @@ def measure(url: str, short: bool = False) -> dict[str, Any]:
 
 
 async def bench(url: str, short: bool = False) -> list[str]:
-    f = measure(url, short)
+    return report(measure(url, short))
+
+
+def report(f: dict[str, Any]) -> list[str]:
     size, empty, at_few, at_many = f["sizes"], f["empty claim"], f["at few"], f["at many"]
     before_vacuum = f["claim before vacuum"]
     per_thousand = (before_vacuum - at_few["claim"]) * 1000 / size["unvacuumed"]
@@ -183,8 +189,16 @@ async def bench(url: str, short: bool = False) -> list[str]:
 
 
 def main() -> None:
-    short = "--short" in sys.argv[1:]
-    run_alone("claim_buffers", lambda url: bench(url, short))
+    argv = sys.argv[1:]
+    short = "--short" in argv
+    if "--json" not in argv:
+        run_alone("claim_buffers", lambda url: bench(url, short))
+        return
+    with bench_database("claim_buffers") as url:
+        figures = measure(url, short)
+    print("\n".join(report(figures)))
+    with open(argv[argv.index("--json") + 1], "w") as out:
+        json.dump(figures, out, indent=2)
 
 
 if __name__ == "__main__":

@@ -3,23 +3,21 @@
 what they say as the schema moves: once vacuumed, a claim, a heartbeat, an append and a finish
 read no more with the bigger history (issue 11 asks within 1.2x; a B-tree level more is a
 buffer), and an empty claim over blocked turns reads about what an empty queue does. Counted in
-buffers, not timed."""
+buffers, not timed. Run as `python -m bench.claim_buffers`, the way a reader of the README runs
+it."""
 
 from __future__ import annotations
 
-from bench.claim_buffers import measure
-from pyworker.db import devdb
-from pyworker.db.devdb import temporary_database
+from pathlib import Path
+
+from bench_support import run_bench
 
 
-def test_the_lifecycle_reads_no_more_with_more_history_once_vacuumed() -> None:
-    # A cluster of its own, as test_bench_trim: what a VACUUM can drop (and so what a call reads
-    # after it) depends on the oldest transaction open anywhere in the cluster, and the other
-    # xdist worker's tests hold some.
-    with devdb.throwaway() as cluster, temporary_database(cluster.url, "runrow_bench_claim") as url:
-        figures = measure(url, short=True)
+def test_the_lifecycle_reads_no_more_with_more_history_once_vacuumed(tmp_path: Path) -> None:
+    # A cluster of its own (bench_support): what a VACUUM can drop, and so what a call reads
+    # after it, depends on the oldest transaction open anywhere in the cluster.
+    report, figures = run_bench("claim_buffers", "--short", out=tmp_path / "claim_buffers.json")
     few, many = figures["at few"], figures["at many"]
-    report = f"{figures}"
     for call in ("claim", "heartbeat", "append", "finish"):
         assert many[call] <= few[call] * 1.2 + 1, f"{call} reads more with more history:\n{report}"
     empty = figures["empty claim"]

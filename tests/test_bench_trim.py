@@ -7,36 +7,18 @@ of the README runs it."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from pyworker.db import devdb
+from bench_support import run_bench
 
 RUNS = 2_000
 EVENTS_PER_RUN = 26  # bench.trim's journal: 2 from enqueue, run_claimed, 22 streamed, complete
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_trim_bench_checks_itself(tmp_path: Path) -> None:
-    out = tmp_path / "trim.json"
-    # A cluster of its own: whether the trimmed rows' index entries can be skipped right after
-    # the trim depends on the oldest xid running anywhere in the cluster, and the other xdist
-    # worker's tests hold transactions open (a CI run read 44 buffers per finish, not 37).
-    with devdb.throwaway() as cluster:
-        done = subprocess.run(
-            [sys.executable, "-m", "bench.trim", "--runs", str(RUNS), "--json", str(out)],
-            cwd=ROOT,
-            env={**os.environ, "DATABASE_URL": cluster.url},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    assert done.returncode == 0, done.stderr[-3000:]
-    figures = json.loads(out.read_text())
-    report = done.stdout
+    # A cluster of its own (bench_support): whether the trimmed rows' index entries can be
+    # skipped right after the trim depends on the oldest xid running anywhere in the cluster.
+    report, figures = run_bench("trim", "--runs", str(RUNS), out=tmp_path / "trim.json")
     # Every bench run's journal, and the 4 rows (enqueue, claim, complete) of the probe run the
     # buffer counts claimed and finished before the trim.
     assert figures["deleted"] == RUNS * EVENTS_PER_RUN + 4, report
