@@ -288,7 +288,6 @@ BEGIN
         ('unique index', 'agent_run_idempotency_key', 'agent_run'),
         ('unique index', 'agent_run_one_retry', 'agent_run'),
         ('unique index', 'run_event_pkey', 'run_event'),
-        ('unique index', 'run_event_one_complete', 'run_event'),
         ('trigger', 'agent_run_guard', 'agent_run'),
         -- Since 0033 the guard's rules are three triggers, each compiled only when it can apply.
         ('trigger', 'agent_run_lifecycle_guard', 'agent_run'),

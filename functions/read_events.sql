@@ -34,8 +34,16 @@ BEGIN
     -- reader that waited on a live run with a cursor past its end (stale, or another run's)
     -- would otherwise wait forever once the run ends, its complete landing below the cursor.
     IF n < read_events.max_events AND r.status IN ('completed', 'failed', 'cancelled', 'dead') THEN
+        -- A run's complete is its last journal row (the seq trigger journals nothing after
+        -- one, migration 0039): the last row, read by the primary key.
         SELECT c.seq INTO complete_seq
-        FROM runrow.run_event AS c WHERE c.run_id = read_events.run_id AND c.type = 'complete';
+        FROM (
+            SELECT e.seq, e.type FROM runrow.run_event AS e
+            WHERE e.run_id = read_events.run_id
+            ORDER BY e.seq DESC
+            LIMIT 1
+        ) AS c
+        WHERE c.type = 'complete';
         IF complete_seq IS NULL OR complete_seq <= read_events.after_seq THEN
             SELECT coalesce(max(e.seq), 0) INTO last_seq FROM runrow.run_event AS e WHERE e.run_id = read_events.run_id;
             RETURN QUERY SELECT

@@ -206,10 +206,12 @@ SELECT matches((SELECT detail FROM runrow.audit() WHERE run_id = :'b_multi2'),
 
 -- multiple_complete_events
 SELECT pg_temp.finished() AS b_twice \gset
-DROP INDEX runrow.run_event_one_complete;
+-- Only the seq trigger keeps a second complete out (migration 0039): written with it disabled.
+ALTER TABLE runrow.run_event DISABLE TRIGGER run_event_guard;
 INSERT INTO runrow.run_event (run_id, seq, type, payload)
 SELECT :'b_twice', max(seq) + 1, 'complete', '{"type": "complete", "status": "failed"}'
 FROM runrow.run_event WHERE run_id = :'b_twice';
+ALTER TABLE runrow.run_event ENABLE TRIGGER run_event_guard;
 SELECT is(pg_temp.audit_of(:'b_twice'), 'multiple_complete_events', 'multiple_complete_events');
 
 -- complete_event_on_live_run

@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(55);
+SELECT plan(57);
 SELECT pg_temp.drain_queue();
 SELECT pg_temp.owner() AS owner \gset
 
@@ -216,10 +216,19 @@ SELECT throws_ok(format($$INSERT INTO runrow.run_event (run_id, seq, type, paylo
 SELECT is(pg_temp.journal(:'live'), ARRAY['user_message_created', 'run_queued', 'run_claimed', 'text', 'text',
         'assigned', 'a', 'b', 'c'],
     'the journal is still gap-free from 1');
+SELECT max(seq) AS completed_last FROM runrow.run_event WHERE run_id = :'completed' \gset
+SELECT is((SELECT type FROM runrow.run_event WHERE run_id = :'completed' AND seq = :completed_last), 'complete',
+    'the ended run''s last journal row is its complete');
 SELECT throws_ok(format($$INSERT INTO runrow.run_event (run_id, seq, type, payload)
-        VALUES (%L, 5, 'complete', '{"type": "complete", "status": "failed"}')$$, :'completed'),
-    '23505', 'duplicate key value violates unique constraint "run_event_one_complete"',
-    'a second complete event is rejected');
+        VALUES (%L, NULL, 'complete', '{"type": "complete", "status": "failed"}')$$, :'completed'),
+    '23505', format('run_event: run %s already has its complete event (seq %s); nothing is journaled after it',
+        :'completed', :completed_last),
+    'a second complete event is rejected (migration 0039: the seq trigger keeps one complete per run)');
+SELECT throws_ok(format($$INSERT INTO runrow.run_event (run_id, seq, type, payload)
+        VALUES (%L, %s, 'text', '{"type": "text"}')$$, :'completed', :completed_last + 1),
+    '23505', format('run_event: run %s already has its complete event (seq %s); nothing is journaled after it',
+        :'completed', :completed_last),
+    'so is any event after it, even at the next seq');
 
 -- ---------------------------------------------------------------------------------
 -- The prompt registry and the messages.
