@@ -158,8 +158,12 @@ BEGIN
         );
     END IF;
 
-    -- The wakes, as finish_runs sends them: each ended run's tails, if a tail watches it.
-    IF done_ids IS NOT NULL AND NOT woken THEN
+    -- The wakes, as finish_runs sends them: each ended run's tails, if a tail watches it (the
+    -- helper is called only then, as in finish_runs).
+    IF done_ids IS NOT NULL AND NOT woken AND (
+        current_setting('transaction_isolation') <> 'read committed'
+        OR EXISTS (SELECT 1 FROM runrow.run_watch AS w WHERE w.run_id = ANY (done_ids))
+    ) THEN
         PERFORM runrow._wake_tails_ended_batch(done_ids, done_seqs);
     END IF;
 

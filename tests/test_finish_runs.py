@@ -155,3 +155,32 @@ async def test_the_typed_wrapper_finishes_a_batch_and_reports_the_fenced_out(
     assert owner.execute("SELECT status FROM runrow.agent_run WHERE id = %s", (zombie["run_id"],)).fetchone()[
         0
     ] == ("running")
+
+
+def test_finish_and_claim_runs_wakes_only_the_watched_tails(owner: psycopg.Connection, connect: Connect):
+    """The one-call lifecycle wakes the tails finish_runs would: a watched run's once, with its
+    last seq; an unwatched run's not at all (its wake helper is skipped); the watch is dropped."""
+    watched, _ = running(owner)
+    unwatched, _ = running(owner)
+    channels = [channel(owner, watched["run_id"]), channel(owner, unwatched["run_id"])]
+    listen = listener(connect, channels, watch=[watched["run_id"]])
+    batch = [
+        {
+            "run_id": str(r["run_id"]),
+            "claim_token": str(r["claim_token"]),
+            "status": "completed",
+            "events": EVENTS,
+        }
+        for r in (watched, unwatched)
+    ]
+    rows = owner.execute(
+        "SELECT run_id, finished, last_seq FROM runrow.finish_and_claim_runs(%s, 'wake-probe', 1, 30)"
+        " WHERE finished IS NOT NULL",
+        (Jsonb(batch),),
+    ).fetchall()
+    assert [finished for _, finished, _ in rows] == [True, True]
+    assert received(listen) == [(channels[0], str(rows[0][2]))]
+    left = owner.execute(
+        "SELECT count(*) FROM runrow.run_watch WHERE run_id = %s", (watched["run_id"],)
+    ).fetchone()
+    assert left == (0,)

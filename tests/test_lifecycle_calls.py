@@ -96,7 +96,9 @@ def test_a_batch_lifecycle_runs_a_fixed_number_of_functions(
         "_run_event_guard": RUNS,
     }
     assert heartbeat == {"heartbeat": 1, "_agent_run_after_update": 1}
-    batch_finish = {"_finish_runs_input": 1, "_wake_tails_ended_batch": 1, "_agent_run_after_update": 1}
+    # No tail watches these runs: the wake helper is not called (its DELETE and PERFORM stay
+    # off the call); test_a_watched_ending_still_wakes_its_tails has the other case.
+    batch_finish = {"_finish_runs_input": 1, "_agent_run_after_update": 1}
     assert finish == {"finish_runs": 1, **batch_finish, "_run_event_guard": RUNS}
     # Ending a batch and claiming the next: one UPDATE, so agent_run's statement trigger once.
     assert both == {
@@ -121,6 +123,27 @@ def test_a_batch_lifecycle_runs_a_fixed_number_of_functions(
         "_wake_tails_ended": 1,
         "_run_event_guard": 1,
     }
+
+
+def test_a_watched_ending_still_wakes_its_tails(owner: psycopg.Connection, counted: psycopg.Connection):
+    """One watched run in a batch: the batch's wake helper runs once, for the whole batch, in
+    finish_runs and in finish_and_claim_runs alike."""
+    for _ in range(RUNS):
+        enqueue(owner, uuid.uuid4())
+    worker = counted
+    runs = worker.execute(
+        "SELECT run_id, claim_token FROM runrow.claim_runs('calls-probe', %s, 30)", (RUNS,)
+    ).fetchall()
+    assert len(runs) == RUNS
+    worker.execute("SELECT * FROM runrow.watch_runs(ARRAY[%s]::uuid[])", (runs[3][0],)).fetchall()
+    acks = completed(runs)
+    finish = calls(worker, "SELECT * FROM runrow.finish_runs(%s::jsonb)", (acks,))
+    both = calls(
+        worker, "SELECT * FROM runrow.finish_and_claim_runs(%s::jsonb, 'calls-probe', 1, 30)", (acks,)
+    )
+    drain(owner)
+    assert finish.get("_wake_tails_ended_batch") == 1, finish
+    assert both.get("_wake_tails_ended_batch") == 1, both
 
 
 def test_an_empty_claim_runs_no_update(owner: psycopg.Connection, counted: psycopg.Connection):
