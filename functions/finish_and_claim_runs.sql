@@ -106,27 +106,35 @@ BEGIN
             ORDER BY u.id, e.ord
             RETURNING run_event.run_id, run_event.seq
         ),
+        -- Every ended run has journal rows (its complete at least), so this is every run of upd
+        -- not claimed, with its last seq.
         ended AS (
-            SELECT j.run_id, max(j.seq) AS seq
+            SELECT j.run_id, max(j.seq) AS seq, u.conversation_id
             FROM journaled AS j JOIN upd AS u ON u.id = j.run_id
             WHERE NOT u.claimed
-            GROUP BY j.run_id
+            GROUP BY j.run_id, u.conversation_id
         )
         -- Gathered, not returned, here: rows a RETURN QUERY hands over inside this block
-        -- would stay returned if the statement then failed (see _claim, migration 0038).
-        SELECT (SELECT array_agg(d.run_id) FROM ended AS d),
-               (SELECT array_agg(d.seq) FROM ended AS d),
-               (SELECT array_agg(u.conversation_id) FROM upd AS u WHERE NOT u.claimed),
-               (SELECT array_agg(ROW(
-                    u.id, u.claim_token, u.conversation_id, u.attempt, u.max_attempts, u.model,
-                    u.prompt_id, p.system_prompt, p.tools, u.user_id, u.user_message_id, u.metadata,
-                    u.claim_expires_at, extract(EPOCH FROM now() - w.since)::double precision
-                )::runrow.claimed_run ORDER BY u.enqueue_seq)
-                FROM upd AS u
-                JOIN runrow.prompt AS p ON p.id = u.prompt_id
-                JOIN unnest(locked, locked_since) AS w (id, since) ON w.id = u.id
-                WHERE u.claimed)
-        INTO done_ids, done_seqs, ended_convs, claimed_rows;
+        -- would stay returned if the statement then failed (see _claim, migration 0038). Two
+        -- aggregates, not a subquery per array: each is a plan node the executor sets up on
+        -- every call.
+        SELECT e.ids, e.seqs, e.convs, k.claimed
+        INTO done_ids, done_seqs, ended_convs, claimed_rows
+        FROM (
+            SELECT array_agg(d.run_id) AS ids, array_agg(d.seq) AS seqs, array_agg(d.conversation_id) AS convs
+            FROM ended AS d
+        ) AS e
+        CROSS JOIN (
+            SELECT array_agg(ROW(
+                       u.id, u.claim_token, u.conversation_id, u.attempt, u.max_attempts, u.model,
+                       u.prompt_id, p.system_prompt, p.tools, u.user_id, u.user_message_id, u.metadata,
+                       u.claim_expires_at, extract(EPOCH FROM now() - w.since)::double precision
+                   )::runrow.claimed_run ORDER BY u.enqueue_seq) AS claimed
+            FROM upd AS u
+            JOIN runrow.prompt AS p ON p.id = u.prompt_id
+            JOIN unnest(locked, locked_since) AS w (id, since) ON w.id = u.id
+            WHERE u.claimed
+        ) AS k;
     EXCEPTION WHEN unique_violation OR serialization_failure OR check_violation THEN
         -- Whatever collided (a claim's, as _claim catches them, or an ending's), the block's
         -- writes and locks are gone: the endings are written alone, as finish_runs writes
