@@ -9,6 +9,7 @@ DECLARE
     r runrow.agent_run;
     n integer;
     last_seq bigint;
+    last_type text;
     complete_seq bigint;
 BEGIN
     PERFORM runrow._require_not_null(read_events.run_id, 'run_id');
@@ -35,17 +36,15 @@ BEGIN
     -- would otherwise wait forever once the run ends, its complete landing below the cursor.
     IF n < read_events.max_events AND r.status IN ('completed', 'failed', 'cancelled', 'dead') THEN
         -- A run's complete is its last journal row (the seq trigger journals nothing after
-        -- one, migration 0039): the last row, read by the primary key.
-        SELECT c.seq INTO complete_seq
-        FROM (
-            SELECT e.seq, e.type FROM runrow.run_event AS e
-            WHERE e.run_id = read_events.run_id
-            ORDER BY e.seq DESC
-            LIMIT 1
-        ) AS c
-        WHERE c.type = 'complete';
+        -- one, migration 0039): one read of the last row, by the primary key, gives both.
+        SELECT e.seq, e.type INTO last_seq, last_type
+        FROM runrow.run_event AS e
+        WHERE e.run_id = read_events.run_id
+        ORDER BY e.seq DESC
+        LIMIT 1;
+        complete_seq := CASE WHEN last_type = 'complete' THEN last_seq END;
+        last_seq := coalesce(last_seq, 0);
         IF complete_seq IS NULL OR complete_seq <= read_events.after_seq THEN
-            SELECT coalesce(max(e.seq), 0) INTO last_seq FROM runrow.run_event AS e WHERE e.run_id = read_events.run_id;
             RETURN QUERY SELECT
                 greatest(last_seq, read_events.after_seq) + 1,
                 'complete'::text,
