@@ -20,7 +20,7 @@ from pyworker.db import api, batch
 from pyworker.db.api import ClaimedRun
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.worker.handler import Outcome, RunContext
-from pyworker.worker.journal import MAX_EVENTS_PER_CALL, JournalError, JournalWriter, RunLost
+from pyworker.worker.journal import GATHER_TURNS, MAX_EVENTS_PER_CALL, JournalError, JournalWriter, RunLost
 from pyworker.worker.logs import run_logger
 from pyworker.worker.supervisor import RunSupervisor
 
@@ -155,6 +155,26 @@ async def test_event_written_through_without_waiting_takes_the_burst_after_it(po
     assert writer.ticks == 2  # one transaction for the three events and the ending
     kinds = [e["type"] for e in events(db, burst.run_id)]
     assert kinds[-4:] == ["message_start", "text_delta", "message_stop", "complete"]
+    await writer.stop()
+
+
+async def test_a_group_whose_runs_have_all_ended_goes_without_waiting_out_its_turns(pool, db) -> None:
+    """A group leader waits up to GATHER_TURNS event-loop turns for more runs to join, but once
+    every run of the writer has queued its ending nothing more can: it goes at once (a
+    zero-length run at --concurrency 1 took 23 loop turns, now 12). A run that registers
+    and writes through after those first turns therefore forms the next group: without the
+    early start it joined the leader's, still waiting out its turns."""
+    ended, later = await claimed(pool, 2)
+    writer = await writer_for(pool, CLOCK_OFF)
+    journal = writer.run_journal(ended)
+    await journal.emit({"type": "message_start"}, wait=False)
+    ending = asyncio.create_task(writer.finish(journal, "completed", {"text": ""}))
+    for _ in range(GATHER_TURNS // 2 + 2):
+        await asyncio.sleep(0)
+    await writer.run_journal(later).emit({"type": "message_start"})
+    assert await ending == (True, False)
+    assert writer.ticks == 2
+    assert [e["type"] for e in events(db, ended.run_id)][-2:] == ["message_start", "complete"]
     await writer.stop()
 
 

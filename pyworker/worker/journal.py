@@ -78,7 +78,8 @@ MAX_READ_BACK = 10000  # read_events' own page limit
 # Event-loop turns a group leader waits for the runs woken with it, and for what a run does
 # right after a wait=False event: a zero-length echo run's message_stop and ending reach the
 # writer 5-6 turns after its message_start (measured), so 16 leaves room for a slower handler
-# or another Python's asyncio; an idle turn costs microseconds (see _lead).
+# or another Python's asyncio; an idle turn costs microseconds (see _lead). A group whose runs
+# have all queued their endings stops waiting: nothing more can join it.
 GATHER_TURNS = 16
 
 
@@ -561,8 +562,11 @@ class JournalWriter:
             # write-through together (ten handlers started by one claim, woken by one group)
             # arrive a few turns apart, the leader first, and join this group instead of
             # forming the next one. Turns, not a clock: microseconds when nobody else is ready.
+            # Once every run here has queued its ending, nothing more can join: go at once.
             for _ in range(GATHER_TURNS):
                 await asyncio.sleep(0)
+                if self._all_ending():
+                    break
             async with self._lock:  # the group in flight ends first: its runs' events go first
                 if self._next is group:
                     self._next = None  # whoever asks from now on forms the group after this one
@@ -576,6 +580,11 @@ class JournalWriter:
                 group.cancel()
             raise
         group.set_result(None)
+
+    def _all_ending(self) -> bool:
+        """Every claim here has its ending queued or settled, or is lost: none of them can
+        emit anything more, so waiting for more to join the group gains nothing."""
+        return all(j._ending is not None or j.lost.is_set() for j in self._runs.values())
 
     def _units(self) -> list[_Unit]:
         units = []
