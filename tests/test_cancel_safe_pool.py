@@ -82,3 +82,25 @@ async def test_the_plain_pool_loses_both(database_url: str) -> None:
         version = psycopg_pool.__version__
         pytest.skip(f"psycopg_pool {version} hands over despite the cancellation: CancelSafePool can go")
     assert stats["pool_available"] == 0, stats  # and the connection is gone too
+
+
+async def test_the_connection_returned_last_is_handed_out_next(database_url: str) -> None:
+    """One call at a time keeps to one server backend, whose caches stay warm; psycopg_pool's own
+    order would hand out `first`, idle longest, and the connections would take turns."""
+    pool = CancelSafePool(database_url, min_size=3, max_size=3, kwargs={"autocommit": True}, open=False)
+    await pool.open(wait=True)
+    try:
+        first, second, last = [await pool.getconn() for _ in range(3)]
+        for conn in (first, second, last):
+            await pool.putconn(conn)
+        for _ in range(3):
+            async with pool.connection(timeout=2) as conn:
+                assert conn is last
+        # Two at once: the two returned last, and the one idle longest stays idle.
+        both = {await pool.getconn(), await pool.getconn()}
+        assert both == {last, second}
+        for conn in both:
+            await pool.putconn(conn)
+        assert pool.get_stats()["pool_available"] == 3
+    finally:
+        await pool.close()

@@ -13,12 +13,22 @@ next request for a connection then hung for the pool's timeout. Returning the co
 `asyncio.shield` lets the hand-over finish whatever happens to the caller; the caller's
 cancellation still arrives, one await later. `tests/test_cancel_safe_pool.py` drives the exact
 interleaving.
+
+It also hands out the idle connection returned last, not the one idle longest (psycopg_pool's
+order). A worker makes one call at a time far more often than several: handed out in turn, its
+few connections take turns, and each call lands on a server backend whose caches (catalog,
+plans, the PL/pgSQL functions' compiled trees, the CPU's own) went cold while the others ran.
+Measured with one `runrow worker` at `--concurrency 1`, four alternating drains of 4,000 runs:
+1,430 against 1,625 µs of backend CPU per run (median), one backend busy instead of three.
+SQLAlchemy offers the same order as `pool_use_lifo`; connections a worker no longer needs then
+stay idle, so the pool's own shrinking (and a pooler's idle timeout) can close them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -35,6 +45,7 @@ class CancelSafePool(AsyncConnectionPool[AsyncConnection[Any]]):
         # Held here as well as by shield's callbacks, so the return of a cancelled caller is
         # not garbage-collected half-way (asyncio keeps only weak references to tasks).
         self._returning: set[asyncio.Task[None]] = set()
+        self._pool = _ReturnedLastFirst(self._pool)
 
     async def putconn(self, conn: AsyncConnection[Any]) -> None:
         task = asyncio.ensure_future(super().putconn(conn))
@@ -51,3 +62,14 @@ class CancelSafePool(AsyncConnectionPool[AsyncConnection[Any]]):
     def _report_abandoned(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and (error := task.exception()) is not None:
             log.warning("returning a connection to pool %r failed: %s", self.name, error)
+
+
+class _ReturnedLastFirst(deque):  # type: ignore[type-arg]
+    """The pool's idle connections. psycopg_pool appends a returned connection on the right and
+    takes the next one with popleft (and closes the one popleft gives when it shrinks): taking
+    from the right instead makes the most recently returned connection the next one handed out.
+    `tests/test_cancel_safe_pool.py` checks the order, so a psycopg_pool that stops keeping its
+    idle connections here fails it instead of silently going back to taking turns."""
+
+    def popleft(self) -> Any:
+        return self.pop()
