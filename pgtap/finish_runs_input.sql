@@ -6,7 +6,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(11);
+SELECT plan(14);
 
 \set sig '''{jsonb}'''
 SELECT has_function('runrow', '_finish_runs_input', :sig::name[], '_finish_runs_input(runs) exists');
@@ -35,6 +35,21 @@ SELECT throws_ok('SELECT * FROM runrow._finish_runs_input(NULL)', '22004', 'runs
 SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(:'runs'::jsonb -> 0, :'runs'::jsonb -> 0)),
     '22023', format('runs[1].run_id "%s" is already runs[0]: each run at most once per call', :a),
     'a run twice, named by both indexes');
+-- The first bad element is reported, whichever rule it breaks: a run given twice is bad at its
+-- second element, and only where no element before it broke another rule.
+SELECT jsonb_set(:'runs'::jsonb -> 0, '{status}', '"done"') AS broken \gset
+SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)',
+        jsonb_build_array(:'runs'::jsonb -> 0, :'runs'::jsonb -> 0, :'runs'::jsonb -> 1, :'broken'::jsonb)),
+    '22023', format('runs[1].run_id "%s" is already runs[0]: each run at most once per call', :a),
+    'a run twice before a broken rule: the repeat is reported');
+SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)',
+        jsonb_build_array(:'runs'::jsonb -> 1, :'broken'::jsonb, :'runs'::jsonb -> 0)),
+    '22023', 'runs[1].status must be one of completed, failed, cancelled, got "done"',
+    'a broken rule before a run''s repeat: the broken rule is reported');
+SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)',
+        jsonb_build_array(:'broken'::jsonb, :'runs'::jsonb -> 0)),
+    '22023', 'runs[0].status must be one of completed, failed, cancelled, got "done"',
+    'an element that breaks a rule and is repeated later: its own rule is reported');
 SELECT is(pg_temp.written(), :'before', 'nothing written, good input or bad');
 
 SELECT * FROM finish();
