@@ -183,3 +183,28 @@ async def test_a_cancellation_from_outside_ends_the_supervisor(pool, writer, db)
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 5)
     assert task.cancelled()
+
+
+async def test_an_outside_cancellation_the_handler_swallows_still_ends_the_supervisor(
+    pool, writer, db
+) -> None:  # type: ignore[no-untyped-def]
+    """Before, such a cancellation reached the supervisor's own wait, never the handler: it must
+    not be lost now that it passes through the handler."""
+    waiting = asyncio.Event()
+
+    async def handler(ctx: RunContext) -> Outcome:
+        waiting.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass
+        return Outcome("completed", result={"text": "swallowed"})
+
+    sup = await supervisor(pool, writer, handler)
+    task = asyncio.create_task(sup.supervise())
+    await waiting.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert task.cancelled()
+    assert run_row(db, sup.run.run_id)["status"] == "running"  # nothing written for the swallowed outcome

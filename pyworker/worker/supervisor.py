@@ -3,14 +3,6 @@ writes the ending.
 
 - lost (heartbeat owned = false, or the journal fenced out): cancel the handler at once and
   write nothing more; whoever took the run (reaper, stop, a newer claim) owns the ending.
-
-The handler and the ending run in the supervisor's own task, not in tasks of their own: a task
-is a few dozen Python calls and event-loop callbacks more per run, and a zero-length run is
-little else (measured: 4.1 tasks and 17 callbacks per run down to 2.1 and 11). What a task of
-their own gave, being cancelled alone when the run is lost or the drain abandons it, the
-supervisor does by cancelling its own task while it is in the handler (or in an ending that
-has no verdict yet) and withdrawing that cancellation when it lands (`_interrupt`,
-`_withdraw_interrupts`). A cancellation from anyone else stands and ends the supervisor as before.
 - cancel (NOTIFY on runrow_cancel, or the heartbeat poll): `ctx.cancel` is set; the handler
   stops and returns Outcome('cancelled'), keeping the partial text already journaled.
 - the handler raises: release_run with the error (the attempts policy requeues or fails it),
@@ -29,6 +21,15 @@ has no verdict yet) and withdrawing that cancellation when it lands (`_interrupt
   given up quietly ('abandoned': nothing more written; a reaper takes it). A finish_run or
   release_run whose first COMMIT went unanswered and whose retry is fenced out is read back
   with get_run: it was this claim's own ending, or someone else's.
+
+The handler and the ending run in the supervisor's own task, not in tasks of their own: a task
+is a few dozen Python calls and event-loop callbacks more per run, and a zero-length run is
+little else (measured: 4.1 tasks and 17 callbacks per run down to 2.1 and 11). What a task of
+their own gave, being cancelled alone when the run is lost or the drain abandons it, the
+supervisor does by cancelling its own task while it is in the handler (or in an ending that has
+no verdict yet) and withdrawing that cancellation when it lands (`_interrupt`,
+`_withdraw_interrupts`). A cancellation from anyone else stands and ends the supervisor as
+before, even one the handler swallowed.
 """
 
 from __future__ import annotations
@@ -176,6 +177,8 @@ class RunSupervisor:
     async def _run_handler(self) -> tuple[Outcome | None, BaseException | None]:
         if self._abandoned is not None or self.lost.is_set():
             return None, None
+        outcome: Outcome | None = None
+        error: Exception | None = None
         self._in = "handler"
         try:
             outcome = await self._handler(self.ctx)
@@ -184,12 +187,12 @@ class RunSupervisor:
                 raise
             return None, None  # lost or abandoned: stopped at once
         except Exception as exc:
-            self._withdraw_interrupts()
-            return None, exc
+            error = exc
         finally:
             self._in = None
-        self._withdraw_interrupts()  # the handler swallowed an interrupt and returned anyway
-        return outcome, None
+        if not self._withdraw_interrupts():
+            raise asyncio.CancelledError  # someone else's cancellation, which the handler swallowed
+        return outcome, error
 
     def _interrupt_soon(self, ending_too: bool = True) -> None:
         """Stop the handler (lost, abandoned), or an ending still without a verdict (lost only:
@@ -310,7 +313,8 @@ class RunSupervisor:
             raise RunLost(str(self.run.run_id)) from None
         finally:
             self._in = None
-        self._withdraw_interrupts()
+        if not self._withdraw_interrupts():
+            raise asyncio.CancelledError
         self._stop_heartbeat()
         if not ok and maybe_landed:
             ok = await self._ended_by_us(status, error)
