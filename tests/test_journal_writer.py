@@ -158,6 +158,44 @@ async def test_event_written_through_without_waiting_takes_the_burst_after_it(po
     await writer.stop()
 
 
+async def test_a_run_that_ends_in_its_burst_makes_no_write_through_task(pool, db) -> None:
+    """A wait=False event's write-through task starts one loop turn later, and only if still
+    needed: a zero-length run's ending, queued in the same burst, carries its events (one task
+    less per run). Until then the event counts as writing through, so ctx.db flushes first."""
+    ended, streaming = await claimed(pool, 2)
+    writer = await writer_for(pool, CLOCK_OFF)
+    created: list[str] = []
+    loop = asyncio.get_running_loop()
+    factory = loop.get_task_factory()
+
+    def counting(loop, coro, **kwargs):  # type: ignore[no-untyped-def]
+        created.append(getattr(coro, "__qualname__", "?"))
+        return asyncio.Task(coro, loop=loop, **kwargs) if factory is None else factory(loop, coro, **kwargs)
+
+    loop.set_task_factory(counting)
+    try:
+        journal = writer.run_journal(ended)
+        await journal.emit({"type": "message_start"}, wait=False)
+        assert journal.writing_through  # asked for, not started: ctx.db would flush first
+        await journal.emit({"type": "message_stop"}, wait=False)
+        assert await writer.finish(journal, "completed", {"text": ""}) == (True, False)
+        assert "RunJournal._write_through" not in created
+        assert not journal.writing_through and writer.ticks == 1
+
+        journal = writer.run_journal(streaming)  # a run that goes on after its event: written through
+        await journal.emit({"type": "message_start"}, wait=False)
+        await wait_until_async(
+            lambda: "message_start" in [e["type"] for e in events(db, streaming.run_id)],
+            5,
+            "the write-through",
+        )
+        assert created.count("RunJournal._write_through") == 1
+    finally:
+        loop.set_task_factory(factory)
+    assert [e["type"] for e in events(db, ended.run_id)][-3:] == ["message_start", "message_stop", "complete"]
+    await writer.stop()
+
+
 async def test_a_group_whose_runs_have_all_ended_goes_without_waiting_out_its_turns(pool, db) -> None:
     """A group leader waits up to GATHER_TURNS event-loop turns for more runs to join, but once
     every run of the writer has queued its ending nothing more can: it goes at once (a

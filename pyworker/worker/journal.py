@@ -8,8 +8,9 @@ rules"). A structural event is written through: `emit` returns once it is commit
 `wait=False` it is written through just the same (a flush starts at once, no clock), but `emit`
 returns before the commit, so what the handler emits or ends right after it, in the same burst,
 joins that flush: a zero-length run's `message_start`, `message_stop` and ending cost one
-finish_runs call, not three transactions. Its failure surfaces at the run's next emit, flush or
-ending (a fence sets `lost` at once). Flushes
+finish_runs call, not three transactions (and no write-through task: it starts a loop turn after
+the event, and not at all once the run's ending is queued, which carries the events). Its
+failure surfaces at the run's next emit, flush or ending (a fence sets `lost` at once). Flushes
 are group commits: while one transaction is in flight, every run that asks for a flush joins
 the next one, which carries every buffer and every queued run ending (`finish`: the run's
 buffered events and its terminal write in one finish_runs call), so ten runs that write
@@ -113,6 +114,7 @@ class RunJournal:
         self._ending: _Ending | None = None  # the run's ending, queued for the next group flush
         self._through_mark = 0  # the last emit written through without waiting (wait=False)
         self._through: asyncio.Task[None] | None = None  # that write-through, while in flight
+        self._through_soon = False  # a write-through is asked for and starts on the next loop turn
         # A failure the run's own code has not been told of yet: a refused batch (set as the
         # group that refused it commits, so no later group can write past it first) or a
         # wait=False write-through's error. Raised by the next emit, flush or ending, once.
@@ -134,7 +136,7 @@ class RunJournal:
     @property
     def writing_through(self) -> bool:
         """A structural event emitted with wait=False is not known committed yet."""
-        return self._through is not None and not self._through.done()
+        return self._through_soon or (self._through is not None and not self._through.done())
 
     @property
     def ending_settled(self) -> bool:
@@ -196,6 +198,20 @@ class RunJournal:
 
     def _write_soon(self) -> None:
         self._through_mark = self._emitted
+        if not self._through_soon and (self._through is None or self._through.done()):
+            self._through_soon = True
+            asyncio.get_running_loop().call_soon(self._start_write_through)
+
+    def _start_write_through(self) -> None:
+        """The write-through task, one loop turn after the event: by then a run that ends in
+        the same burst (a zero-length run's message_start, message_stop and ending) has queued
+        its ending, whose flush carries every event emitted before it and whose `finish` raises
+        its failure, so it needs no task of its own; nor does a claim already closed, or one
+        whose events a flush (ctx.db's, say) has committed meanwhile."""
+        self._through_soon = False
+        ending = self._ending is not None and not self._ending.done
+        if ending or self._committed >= self._through_mark or self._writer._runs.get(self.claim) is not self:
+            return
         if self._through is None or self._through.done():
             self._through = asyncio.create_task(self._write_through(), name=f"journal-{self.run_id}")
             self._writer._through.add(self._through)
