@@ -45,6 +45,23 @@ async def supervisor(pool: AsyncConnectionPool, writer: JournalWriter, handler: 
     return RunSupervisor(run, pool=pool, writer=writer, handler=handler, lease_seconds=60, worker_id="t")
 
 
+def waiting_handler(started: asyncio.Event, *, swallow: str | None = None) -> RunHandler:
+    """A handler that sets `started` and then waits for ever: only a cancellation ends it. With
+    `swallow` it catches that cancellation, as a handler should not but one may, and returns a
+    completed outcome whose text is `swallow`."""
+
+    async def handler(ctx: RunContext) -> Outcome:
+        started.set()
+        try:
+            await asyncio.Event().wait()  # never set
+        except asyncio.CancelledError:
+            if swallow is None:
+                raise
+        return Outcome("completed", result={"text": swallow})
+
+    return handler
+
+
 async def turns(n: int = 5) -> None:
     for _ in range(n):
         await asyncio.sleep(0)
@@ -66,13 +83,7 @@ async def test_the_handler_runs_in_the_supervisors_task(pool, writer, db) -> Non
 
 async def test_a_run_lost_while_its_handler_waits_ends_at_once(pool, writer, db) -> None:  # type: ignore[no-untyped-def]
     waiting, after = asyncio.Event(), []
-
-    async def handler(ctx: RunContext) -> Outcome:
-        waiting.set()
-        await asyncio.Event().wait()  # never set: only the interrupt ends this
-        raise AssertionError("unreachable")
-
-    sup = await supervisor(pool, writer, handler)
+    sup = await supervisor(pool, writer, waiting_handler(waiting))
 
     async def supervise_then_await() -> str | None:
         ending = await sup.supervise()
@@ -107,16 +118,7 @@ async def test_a_run_lost_by_the_handlers_own_task_ends_at_its_next_await(pool, 
 
 async def test_a_handler_that_swallows_the_interrupt_still_loses_the_run(pool, writer, db) -> None:  # type: ignore[no-untyped-def]
     waiting = asyncio.Event()
-
-    async def handler(ctx: RunContext) -> Outcome:
-        waiting.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            pass  # a handler should not, but one may
-        return Outcome("completed", result={"text": "too late"})
-
-    sup = await supervisor(pool, writer, handler)
+    sup = await supervisor(pool, writer, waiting_handler(waiting, swallow="too late"))
     task = asyncio.create_task(sup.supervise())
     await waiting.wait()
     sup.lost.set()
@@ -126,13 +128,7 @@ async def test_a_handler_that_swallows_the_interrupt_still_loses_the_run(pool, w
 
 async def test_an_abandoned_handler_is_stopped_and_the_run_released(pool, writer, db) -> None:  # type: ignore[no-untyped-def]
     waiting = asyncio.Event()
-
-    async def handler(ctx: RunContext) -> Outcome:
-        waiting.set()
-        await asyncio.Event().wait()
-        raise AssertionError("unreachable")
-
-    sup = await supervisor(pool, writer, handler)
+    sup = await supervisor(pool, writer, waiting_handler(waiting))
     task = asyncio.create_task(sup.supervise())
     await waiting.wait()
     sup.abandon("drained: test")
@@ -191,16 +187,7 @@ async def test_an_outside_cancellation_the_handler_swallows_still_ends_the_super
     """Before, such a cancellation reached the supervisor's own wait, never the handler: it must
     not be lost now that it passes through the handler."""
     waiting = asyncio.Event()
-
-    async def handler(ctx: RunContext) -> Outcome:
-        waiting.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            pass
-        return Outcome("completed", result={"text": "swallowed"})
-
-    sup = await supervisor(pool, writer, handler)
+    sup = await supervisor(pool, writer, waiting_handler(waiting, swallow="swallowed"))
     task = asyncio.create_task(sup.supervise())
     await waiting.wait()
     task.cancel()
