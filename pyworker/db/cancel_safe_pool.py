@@ -19,7 +19,7 @@ order). A worker makes one call at a time far more often than several: handed ou
 few connections take turns, and each call lands on a server backend whose caches (catalog,
 plans, the PL/pgSQL functions' compiled trees, the CPU's own) went cold while the others ran.
 Measured with one `runrow worker` at `--concurrency 1`, four alternating drains of 4,000 runs:
-1,430 against 1,625 µs of backend CPU per run (median), one backend busy instead of three.
+1,430 against 1,625 µs of backend CPU per run (median), one backend busy instead of two or three.
 SQLAlchemy offers the same order as `pool_use_lifo`; connections a worker no longer needs then
 stay idle, so the pool's own shrinking (and a pooler's idle timeout) can close them.
 """
