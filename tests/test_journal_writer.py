@@ -16,11 +16,18 @@ from psycopg_pool import AsyncConnectionPool
 from wire_fault_support import faulty_pool, proxy
 from worker_support import db, events, streamed_text, wait_until_async, worker_db
 
-from pyworker.db import api, batch
+from pyworker.db import api, batch, nul
 from pyworker.db.api import ClaimedRun
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.worker.handler import Outcome, RunContext
-from pyworker.worker.journal import GATHER_TURNS, MAX_EVENTS_PER_CALL, JournalError, JournalWriter, RunLost
+from pyworker.worker.journal import (
+    GATHER_TURNS,
+    MAX_BYTES_PER_CALL,
+    MAX_EVENTS_PER_CALL,
+    JournalError,
+    JournalWriter,
+    RunLost,
+)
 from pyworker.worker.logs import run_logger
 from pyworker.worker.supervisor import RunSupervisor
 
@@ -605,4 +612,48 @@ async def test_batch_of_several_append_calls_is_read_back_whole(
     rows = journal_of(db, run.run_id)
     assert [(r["index"], r["text"]) for r in rows] == [(i, f"{i} ") for i in range(n)]
     assert journal.last_seq == len(events(db, run.run_id))
+    await writer.stop()
+
+
+async def test_events_with_a_nul_over_the_byte_limit_are_stored_encoded_once_in_order(pool, db) -> None:
+    """_chunks encodes each event once (nul.encode_sized) and hands the encoded events both to
+    the append calls and to the ending: a batch bigger than one call's bytes, whose strings hold
+    NULs and percent signs, comes back exactly as emitted."""
+    (run,) = await claimed(pool, 1)
+    writer = await writer_for(pool, CLOCK_OFF)
+    journal = writer.run_journal(run)
+    big = MAX_BYTES_PER_CALL // 3 + 1  # three of them do not fit one call
+    emitted = [{"type": "text_delta", "index": i, "text": f"{i}\x00 100%" + "x" * big} for i in range(4)]
+    emitted.append({"type": "text_delta", "index": 9, "text": "\\u0000 is no NUL"})
+    for event in emitted:
+        await journal.emit(event)
+    assert await writer.finish(journal, "completed") == (True, False)
+    rows = [nul.decode({k: v for k, v in r.items() if k != "seq"}) for r in journal_of(db, run.run_id)]
+    assert rows[:-1] == emitted
+    assert rows[-1]["type"] == "complete" and rows[-1]["status"] == "completed"
+    stored = [r for r in events(db, run.run_id) if r["type"] == "text_delta"]
+    assert [r.get(nul.MARKER) for r in stored] == [nul.SCHEME] * 4 + [None]
+    await writer.stop()
+
+
+async def test_events_without_a_nul_are_not_walked_for_one(pool, db, monkeypatch) -> None:
+    """The common case costs one json.dumps per event, which both sizes it and shows it holds no
+    NUL: nul.has_nul (a walk in Python, twice per event before) is not called at all."""
+    walks: list[object] = []
+    has_nul = nul.has_nul
+    monkeypatch.setattr(nul, "has_nul", lambda value: walks.append(value) or has_nul(value))
+    (run,) = await claimed(pool, 1)
+    writer = await writer_for(pool, CLOCK_OFF)
+    journal = writer.run_journal(run)
+    await journal.emit({"type": "message_start", "message": {"id": "m", "content": []}}, wait=False)
+    await journal.emit({"type": "text_delta", "index": 0, "text": "no NUL here"})
+    await journal.emit({"type": "message_stop"}, wait=False)
+    assert await writer.finish(journal, "completed", result={"text": "no NUL here"}) == (True, False)
+    assert [r["type"] for r in journal_of(db, run.run_id)] == [
+        "message_start",
+        "text_delta",
+        "message_stop",
+        "complete",
+    ]
+    assert [w for w in walks if isinstance(w, dict) and "type" in w] == []  # the result's walk only
     await writer.stop()

@@ -84,3 +84,25 @@ def test_the_chat_pages_decoder_agrees_with_pythons() -> None:
         timeout=30,
     )
     assert json.loads(out.stdout) == cases
+
+
+@settings(max_examples=300, deadline=None)
+@given(events)
+def test_encode_sized_is_encode_and_its_json_length(event: dict[str, Any]) -> None:
+    encoded, size = nul.encode_sized(event)
+    assert encoded == nul.encode(event)
+    assert size == len(json.dumps(nul.encode(event)))
+    if not nul.has_nul(event):
+        assert encoded is event
+
+
+def test_encode_sized_walks_only_what_its_json_shows_a_nul_in() -> None:
+    # A backslash before "u0000" shows the same escape in the JSON text without a NUL: walked,
+    # found clean, returned as is.
+    literal = {"type": "text_delta", "text": "\\u0000 is how JSON writes a NUL"}
+    assert nul.encode_sized(literal) == (literal, len(json.dumps(literal)))
+    assert nul.encode_sized(literal)[0] is literal
+    real = {"type": "text_delta", "text": "a\x00b"}
+    encoded, size = nul.encode_sized(real)
+    assert encoded == {"type": "text_delta", "text": "a%00b", nul.MARKER: nul.SCHEME}
+    assert size == len(json.dumps(encoded))

@@ -130,13 +130,19 @@ async def heartbeat(conn: AsyncConnection, run_id: UUID, claim_token: UUID, leas
 
 
 async def append_events(
-    conn: AsyncConnection, run_id: UUID, claim_token: UUID, events: list[dict[str, Any]]
+    conn: AsyncConnection,
+    run_id: UUID,
+    claim_token: UUID,
+    events: list[dict[str, Any]],
+    *,
+    encoded: bool = False,
 ) -> int | None:
     """The last seq written, or None when fenced out (the run is no longer this claim's).
-    An event whose strings hold a NUL is written nul-percent encoded (pyworker/db/nul.py)."""
+    An event whose strings hold a NUL is written nul-percent encoded (pyworker/db/nul.py);
+    encoded=True: the caller has encoded them already (nul.encode_sized)."""
     cur = await conn.execute(
         "SELECT runrow.append_events(run_id => %s, claim_token => %s, events => %s)",
-        (run_id, claim_token, Jsonb([nul.encode(e) for e in events])),
+        (run_id, claim_token, Jsonb(events if encoded else [nul.encode(e) for e in events])),
     )
     row = await cur.fetchone()
     return None if row is None else row[0]

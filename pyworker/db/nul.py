@@ -14,6 +14,7 @@ string inside it, replace `%00` with U+0000 and `%25` with `%` in one left-to-ri
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -43,6 +44,18 @@ def encode(value: Any) -> Any:
     encoded = _encode_all(value)
     encoded[MARKER] = SCHEME
     return encoded
+
+
+def encode_sized(value: Any) -> tuple[Any, int]:
+    """`encode(value)` and the length of its JSON text (`json.dumps`), from one dump in C: the
+    text shows the escape `\\u0000` wherever a string holds a NUL, so only a value whose text
+    holds it (a NUL, or a backslash written before `u0000`) is walked in Python. The journal
+    writer sizes its calls by that length, so it encodes each event once, not twice."""
+    text = json.dumps(value)
+    if "\\u0000" not in text:
+        return value, len(text)
+    encoded = encode(value)
+    return encoded, len(text) if encoded is value else len(json.dumps(encoded))
 
 
 def decode(value: Any) -> Any:

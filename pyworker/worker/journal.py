@@ -262,10 +262,11 @@ class RunJournal:
 
 
 def _chunks(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The events nul-encoded as jsonb will hold them, in calls within append_events' limits."""
     chunks: list[list[dict[str, Any]]] = [[]]
     size = 0
-    for event in events:
-        n = len(json.dumps(nul.encode(event)))  # the size append_events will see
+    for raw in events:
+        event, n = nul.encode_sized(raw)  # n: the size append_events will see
         if chunks[-1] and (len(chunks[-1]) >= MAX_EVENTS_PER_CALL or size + n > MAX_BYTES_PER_CALL):
             chunks.append([])
             size = 0
@@ -737,7 +738,7 @@ class JournalWriter:
                         calls: list[tuple[int, int]] = []
                         for chunk in chunks:
                             token = journal.run.claim_token
-                            seq = await api.append_events(conn, journal.run_id, token, chunk)
+                            seq = await api.append_events(conn, journal.run_id, token, chunk, encoded=True)
                             if seq is None:
                                 raise _Fenced
                             calls.append((seq, len(chunk)))
@@ -879,7 +880,8 @@ def _record_endings(
 
 
 def _ack(unit: _Unit, events: list[dict[str, Any]]) -> batch.Ack:
-    """The run's ending as finish_runs takes it, encoded as finish_run's wrapper would."""
+    """The run's ending as finish_runs takes it, encoded as finish_run's wrapper would (its
+    events come from _chunks, encoded already)."""
     ending, journal = unit.ending, unit.journal
     assert ending is not None
     return batch.Ack(
@@ -888,7 +890,7 @@ def _ack(unit: _Unit, events: list[dict[str, Any]]) -> batch.Ack:
         status=ending.status,
         result=None if ending.result is None else nul.encode(ending.result),
         error=api.stored_error(ending.error),
-        events=[nul.encode(e) for e in events],
+        events=events,
     )
 
 
