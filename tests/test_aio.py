@@ -19,7 +19,7 @@ from typing import Any, cast
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from pyworker.db.aio import WatchedEvent, until_done_or_set, wait_event, within
+from pyworker.db.aio import WatchedEvent, wait_event, within
 from pyworker.db.api import ClaimedRun
 from pyworker.db.hub import Hub
 from pyworker.db.retry import DatabaseUnavailable, Retry
@@ -90,41 +90,6 @@ async def test_a_deadline_that_lands_with_a_wake_loses_no_wake(put_first: bool) 
         loop.call_soon(loop.call_soon, queue.put_nowait, "wake")
     got = await waiting
     assert got == "wake" or (got is None and queue.get_nowait() == "wake")
-
-
-async def test_until_done_or_set_wakes_on_either_and_cancels_neither() -> None:
-    event, gate = WatchedEvent(), asyncio.Event()
-    task = asyncio.create_task(gate.wait())
-    waiting = asyncio.create_task(until_done_or_set(task, event))
-    await parked()
-    event.set()
-    await waiting
-    assert not task.done() and not event._watchers, "the task runs on; nothing is left watching"
-    gate.set()
-    await task
-    assert await until_done_or_set(task, WatchedEvent()) is None  # a done task: at once
-
-    event, gate = WatchedEvent(), asyncio.Event()
-    task = asyncio.create_task(gate.wait())
-    waiting = asyncio.create_task(until_done_or_set(task, event))
-    await parked()
-    gate.set()
-    await waiting
-    assert task.done() and not event.is_set() and not event._watchers
-
-
-async def test_until_done_or_set_raises_a_cancel_of_the_caller_and_leaves_the_task() -> None:
-    event, gate = WatchedEvent(), asyncio.Event()
-    task = asyncio.create_task(gate.wait())
-    waiting = asyncio.create_task(until_done_or_set(task, event))
-    await parked()
-    event.set()  # lands in the same turn as the cancel
-    waiting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
-    assert not task.cancelled() and not event._watchers
-    gate.set()
-    await task
 
 
 def test_a_watched_event_calls_back_once_and_at_once_when_already_set() -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -67,24 +67,3 @@ class WatchedEvent(asyncio.Event):
                 self._watchers.remove(fn)
 
         return unwatch
-
-
-async def until_done_or_set(task: asyncio.Future[Any], event: WatchedEvent) -> None:
-    """Return once `task` is done or `event` is set, whichever comes first. As asyncio.wait,
-    nothing is cancelled; unlike it, no task is made to wait on the event (a run's supervisor
-    waits like this twice per run). A cancellation of the caller is raised."""
-    if task.done() or event.is_set():
-        return
-    woken = asyncio.get_running_loop().create_future()
-
-    def wake(*_: object) -> None:
-        if not woken.done():
-            woken.set_result(None)
-
-    task.add_done_callback(wake)
-    unwatch = event.watch(wake)
-    try:
-        await woken
-    finally:
-        task.remove_done_callback(wake)
-        unwatch()
