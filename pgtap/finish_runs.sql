@@ -8,7 +8,7 @@ BEGIN;
 \ir helpers/row_versions.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(63);
+SELECT plan(65);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{jsonb}'''
@@ -228,6 +228,18 @@ SELECT throws_ok(format('SELECT * FROM runrow.finish_runs(%L)', jsonb_build_arra
         jsonb_set(jsonb_set(:'good'::jsonb, '{run_id}', '"zzzzzzzz-zzzz-zzzz-zzzz-zzzzzzzzzzzz"'), '{status}', '"dead"'))),
     '22023', 'runs[0].run_id must be a UUID string, got "zzzzzzzz-zzzz-zzzz-zzzz-zzzzzzzzzzzz"',
     'an element with two broken rules is reported by the first, the hex test included');
+-- A run_id or claim_token of the UUID's shape that is not hex passes the first, cheap pass and
+-- is caught by the casts or the exact pass: an earlier element broken that way is still the one
+-- reported, before a later element broken by a rule the cheap pass sees.
+SELECT throws_ok(format('SELECT * FROM runrow.finish_runs(%L)', jsonb_build_array(
+        jsonb_set(:'good2'::jsonb, '{claim_token}', '"0000000g-0000-0000-0000-000000000000"'),
+        :'good'::jsonb || '{"claimToken": "x"}')),
+    '22023', 'runs[0].claim_token must be a UUID string, got "0000000g-0000-0000-0000-000000000000"',
+    'a non-hex claim_token of the right shape is reported before a later element''s unknown key');
+SELECT throws_ok(format('SELECT * FROM runrow.finish_runs(%L)', jsonb_build_array(
+        :'good'::jsonb, jsonb_set(:'good2'::jsonb, '{run_id}', '"00000000-0000-0000-0000-00000000000G"'))),
+    '22023', 'runs[1].run_id must be a UUID string, got "00000000-0000-0000-0000-00000000000G"',
+    'a non-hex run_id of the right shape in an otherwise valid batch is refused by name');
 SELECT throws_ok(pg_temp.batch(jsonb_set(:'good'::jsonb, '{run_id}', to_jsonb(upper(:'b1')))), '22023',
     format('runs[1].run_id "%s" is already runs[0]: each run at most once per call', upper(:'b1')),
     'a run twice, the second time in capitals');
