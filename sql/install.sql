@@ -4539,6 +4539,42 @@ INSERT INTO runrow._yoyo_migration VALUES ('31b933a567481331ed11cf1e67523790ef52
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '31b933a567481331ed11cf1e67523790ef525183f965dd43439dcc60e89a9861', '0040_finished_runs_indexed_untrimmed_and_trimmed', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0041_hot_triggers_without_set_clauses
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'c5362d89e6c572a763d50df8df4bf9c5f7919e717ce2823be233c0f42a4adea4') AS apply_c5362d89e6c5 \gset
+\if :apply_c5362d89e6c5
+-- depends: 0040_finished_runs_indexed_untrimmed_and_trimmed
+-- The trigger functions that fire on every lifecycle write carry no SET clause (issue 11:
+-- backend CPU per run).
+--
+-- A function with a SET clause is called through fmgr_security_definer: every call opens a
+-- GUC nesting level, sets search_path, and restores it on exit. For a row trigger that is per
+-- row: run_event_guard fires on every journal row (two to four per run in a drain), and the
+-- save and restore was about 9,000 instructions a call, more than the trigger's own lookup
+-- plan costs to run.
+--
+-- Safe without it: none of these functions is SECURITY DEFINER (a trigger runs as whoever
+-- wrote the row), every runrow name they use is qualified, and everything else they name is in
+-- pg_catalog, which PostgreSQL searches first whatever the search_path unless the path lists it
+-- explicitly later. The writers that fire them are runrow's SECURITY DEFINER functions, which
+-- pin search_path = pg_catalog, runrow themselves; a direct write by the owner fires them
+-- under the owner's own path (pgtap/trigger_functions.sql runs them under an empty one).
+--
+-- The functions that only raise (no_delete, no_truncate, the immutability guards) and the
+-- ones gated by a WHEN that an ordinary write does not meet keep their clause: they cost
+-- nothing on the paths that matter.
+--
+-- Measured: see the commit message.
+
+ALTER FUNCTION runrow._run_event_guard() RESET search_path;
+ALTER FUNCTION runrow._agent_run_after_update() RESET search_path;
+ALTER FUNCTION runrow._agent_run_settings() RESET search_path;
+ALTER FUNCTION runrow._run_owner_guard() RESET search_path;
+ALTER FUNCTION runrow._agent_step_guard() RESET search_path;
+ALTER FUNCTION runrow._tool_effect_guard() RESET search_path;
+INSERT INTO runrow._yoyo_migration VALUES ('c5362d89e6c572a763d50df8df4bf9c5f7919e717ce2823be233c0f42a4adea4', '0041_hot_triggers_without_set_clauses', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'c5362d89e6c572a763d50df8df4bf9c5f7919e717ce2823be233c0f42a4adea4', '0041_hot_triggers_without_set_clauses', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -5276,6 +5312,25 @@ REVOKE ALL ON FUNCTION runrow._end_claim(uuid, uuid, text, integer, interval) FR
 
 -- functions/_finish_runs_input.sql
 -- The input check of a batch of endings, shared by finish_runs and finish_and_claim_runs.
+
+-- Whether s has the shape of a UUID in canonical text form: 36 bytes with hyphens at the 9th,
+-- 14th, 19th and 24th. Its digits are not tested here (the cast tests them). A one-expression
+-- SQL function without SET clauses, so the planner inlines it.
+CREATE OR REPLACE FUNCTION runrow._has_uuid_shape(s text) RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT octet_length(s) = 36
+       AND substr(s, 9, 1) || substr(s, 14, 1) || substr(s, 19, 1) || substr(s, 24, 1) = '----'
+$fn$;
+
+COMMENT ON FUNCTION runrow._has_uuid_shape(text) IS
+'True when s has the shape of a canonical UUID text (36 bytes, hyphens where 8-4-4-4-12 puts '
+'them), whatever its other characters; NULL for NULL. Inlined by the planner; _finish_runs_input''s '
+'fast test, completed by a cast (or, when something is wrong, an exact match).';
+
+REVOKE ALL ON FUNCTION runrow._has_uuid_shape(text) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION runrow._finish_runs_input(
     runs jsonb,
     -- The runs' ids in input order, and each element by its canonical id text.
@@ -5288,6 +5343,14 @@ AS $fn$
 DECLARE
     bad record;
     uuid_re constant text := '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$';
+    -- The pass below tests each run_id and claim_token for the UUID's shape only (36 bytes,
+    -- hyphens in place); the casts that build ids then test its digits. A case-insensitive
+    -- match of uuid_re cost about 40,000 instructions per test, two tests per element: 6% of
+    -- the backend's work per run in a batch-10 finish_and_claim_runs (callgrind). The exact
+    -- pass, with the match, runs only when the first pass or a cast finds something wrong, so
+    -- the error reported is the first broken rule of the first bad element as before.
+    exact boolean := false;
+    n_tokens bigint;
 BEGIN
     IF _finish_runs_input.runs IS NULL THEN
         -- Called only to raise: a call on every batch would be a statement and a search_path
@@ -5303,83 +5366,106 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    -- Every element checked before anything is written: the first broken rule (CASE stops
-    -- at it, so a valid batch costs one pass of cheap tests) of the first bad element, whose
-    -- message is built only then. No test casts: each is safe on any JSON value.
-    SELECT v.i, v.el, v.rule, v.first INTO bad
-    FROM (
-        SELECT x.ord - 1 AS i, x.el, x.first - 1 AS first,
-               CASE
-                   WHEN jsonb_typeof(x.el) <> 'object' THEN 1
-                   WHEN x.el - ARRAY['run_id', 'claim_token', 'status', 'result', 'error', 'events'] <> '{}' THEN 2
-                   WHEN nullif(x.el -> 'run_id', 'null') IS NULL THEN 3
-                   WHEN jsonb_typeof(x.el -> 'run_id') <> 'string' OR x.el ->> 'run_id' !~* uuid_re THEN 4
-                   WHEN nullif(x.el -> 'claim_token', 'null') IS NULL THEN 5
-                   WHEN jsonb_typeof(x.el -> 'claim_token') <> 'string' OR x.el ->> 'claim_token' !~* uuid_re THEN 6
-                   WHEN nullif(x.el -> 'status', 'null') IS NULL THEN 7
-                   WHEN jsonb_typeof(x.el -> 'status') <> 'string'
-                        OR x.el ->> 'status' NOT IN ('completed', 'failed', 'cancelled') THEN 8
-                   WHEN octet_length((x.el -> 'result')::text) > 1048576 THEN 9
-                   WHEN jsonb_typeof(x.el -> 'error') NOT IN ('string', 'null') THEN 10
-                   WHEN length(x.el ->> 'error') > 10000 THEN 11
-                   WHEN jsonb_typeof(x.el -> 'events') NOT IN ('array', 'null') THEN 12
-                   WHEN jsonb_typeof(x.el -> 'events') = 'array'
-                        AND (jsonb_array_length(x.el -> 'events') > 1000
-                             OR octet_length((x.el -> 'events')::text) > 4194304) THEN 13
-                   WHEN jsonb_typeof(x.el -> 'events') = 'array' AND EXISTS (
-                       SELECT 1 FROM jsonb_array_elements(x.el -> 'events') AS e (ev)
-                       WHERE (jsonb_typeof(e.ev) <> 'object'
-                              OR jsonb_typeof(e.ev -> 'type') IS DISTINCT FROM 'string'
-                              OR e.ev ->> 'type' = ''
-                              OR e.ev ->> 'type' = 'complete'
-                              OR e.ev ->> 'type' LIKE 'run\_%')) THEN 14
-                   WHEN x.first < x.ord THEN 15
-               END AS rule
+    <<passes>>
+    LOOP
+        -- Every element checked before anything is written: the first broken rule (CASE stops
+        -- at it, so a valid batch costs one pass of cheap tests) of the first bad element, whose
+        -- message is built only then. No test casts: each is safe on any JSON value.
+        SELECT v.i, v.el, v.rule, v.first INTO bad
         FROM (
-            -- first: where this run_id first appears (a run given twice is an error).
-            SELECT e.el, e.ord, min(e.ord) OVER (PARTITION BY lower(e.el ->> 'run_id')) AS first
-            FROM jsonb_array_elements(_finish_runs_input.runs) WITH ORDINALITY AS e (el, ord)
-        ) AS x
-    ) AS v
-    WHERE v.rule IS NOT NULL
-    ORDER BY v.i
-    LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'runs[%]%', bad.i, CASE bad.rule
-                WHEN 1 THEN format(' must be a JSON object, got %s', jsonb_typeof(bad.el))
-                WHEN 2 THEN format(' has an unknown key %s (allowed: run_id, claim_token, status, result, error, events)',
-                    (SELECT string_agg(format('"%s"', k.key), ', ')
-                     FROM jsonb_object_keys(bad.el - ARRAY['run_id', 'claim_token', 'status', 'result', 'error', 'events'])
-                         AS k (key)))
-                WHEN 3 THEN '.run_id must not be NULL'
-                WHEN 4 THEN format('.run_id must be a UUID string, got %s', bad.el -> 'run_id')
-                WHEN 5 THEN '.claim_token must not be NULL'
-                WHEN 6 THEN format('.claim_token must be a UUID string, got %s', bad.el -> 'claim_token')
-                WHEN 7 THEN '.status must not be NULL'
-                WHEN 8 THEN format('.status must be one of completed, failed, cancelled, got %s', bad.el -> 'status')
-                WHEN 9 THEN '.result is too large: the limit is 1 MiB'
-                WHEN 10 THEN format('.error must be a string or null, got %s', jsonb_typeof(bad.el -> 'error'))
-                WHEN 11 THEN '.error is too long: at most 10000 characters'
-                WHEN 12 THEN format('.events must be a JSON array of event objects, got %s',
-                    jsonb_typeof(bad.el -> 'events'))
-                WHEN 13 THEN '.events is too large: at most 1000 events and 4 MiB per run'
-                WHEN 14 THEN format('.events[%s] must be an object with a non-empty string "type" that is not '
-                    'reserved ("complete" and "run_*" are written by runrow itself)',
-                    (SELECT min(e.ord) - 1 FROM jsonb_array_elements(bad.el -> 'events') WITH ORDINALITY AS e (ev, ord)
-                     WHERE (jsonb_typeof(e.ev) <> 'object'
-                         OR jsonb_typeof(e.ev -> 'type') IS DISTINCT FROM 'string'
-                         OR e.ev ->> 'type' = ''
-                         OR e.ev ->> 'type' = 'complete'
-                         OR e.ev ->> 'type' LIKE 'run\_%')))
-                ELSE format('.run_id %s is already runs[%s]: each run at most once per call', bad.el -> 'run_id',
-                    bad.first)
-            END
-            USING ERRCODE = CASE WHEN bad.rule IN (3, 5, 7) THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END;
-    END IF;
+            SELECT x.ord - 1 AS i, x.el, x.first - 1 AS first,
+                   CASE
+                       WHEN jsonb_typeof(x.el) <> 'object' THEN 1
+                       WHEN x.el - ARRAY['run_id', 'claim_token', 'status', 'result', 'error', 'events'] <> '{}' THEN 2
+                       WHEN nullif(x.el -> 'run_id', 'null') IS NULL THEN 3
+                       WHEN jsonb_typeof(x.el -> 'run_id') <> 'string' OR NOT runrow._has_uuid_shape(x.el ->> 'run_id')
+                            OR (exact AND x.el ->> 'run_id' !~* uuid_re) THEN 4
+                       WHEN nullif(x.el -> 'claim_token', 'null') IS NULL THEN 5
+                       WHEN jsonb_typeof(x.el -> 'claim_token') <> 'string' OR NOT runrow._has_uuid_shape(x.el ->> 'claim_token')
+                            OR (exact AND x.el ->> 'claim_token' !~* uuid_re) THEN 6
+                       WHEN nullif(x.el -> 'status', 'null') IS NULL THEN 7
+                       WHEN jsonb_typeof(x.el -> 'status') <> 'string'
+                            OR x.el ->> 'status' NOT IN ('completed', 'failed', 'cancelled') THEN 8
+                       WHEN octet_length((x.el -> 'result')::text) > 1048576 THEN 9
+                       WHEN jsonb_typeof(x.el -> 'error') NOT IN ('string', 'null') THEN 10
+                       WHEN length(x.el ->> 'error') > 10000 THEN 11
+                       WHEN jsonb_typeof(x.el -> 'events') NOT IN ('array', 'null') THEN 12
+                       WHEN jsonb_typeof(x.el -> 'events') = 'array'
+                            AND (jsonb_array_length(x.el -> 'events') > 1000
+                                 OR octet_length((x.el -> 'events')::text) > 4194304) THEN 13
+                       WHEN jsonb_typeof(x.el -> 'events') = 'array' AND EXISTS (
+                           SELECT 1 FROM jsonb_array_elements(x.el -> 'events') AS e (ev)
+                           WHERE (jsonb_typeof(e.ev) <> 'object'
+                                  OR jsonb_typeof(e.ev -> 'type') IS DISTINCT FROM 'string'
+                                  OR e.ev ->> 'type' = ''
+                                  OR e.ev ->> 'type' = 'complete'
+                                  OR e.ev ->> 'type' LIKE 'run\_%')) THEN 14
+                       WHEN x.first < x.ord THEN 15
+                   END AS rule
+            FROM (
+                -- first: where this run_id first appears (a run given twice is an error).
+                SELECT e.el, e.ord, min(e.ord) OVER (PARTITION BY lower(e.el ->> 'run_id')) AS first
+                FROM jsonb_array_elements(_finish_runs_input.runs) WITH ORDINALITY AS e (el, ord)
+            ) AS x
+        ) AS v
+        WHERE v.rule IS NOT NULL
+        ORDER BY v.i
+        LIMIT 1;
+        IF FOUND AND NOT exact THEN
+            -- An element before this one may hold a run_id or claim_token of the right shape
+            -- that is not hex: the exact pass finds the first broken rule of all.
+            exact := true;
+            CONTINUE passes;
+        END IF;
+        IF FOUND THEN
+            RAISE EXCEPTION 'runs[%]%', bad.i, CASE bad.rule
+                    WHEN 1 THEN format(' must be a JSON object, got %s', jsonb_typeof(bad.el))
+                    WHEN 2 THEN format(' has an unknown key %s (allowed: run_id, claim_token, status, result, error, events)',
+                        (SELECT string_agg(format('"%s"', k.key), ', ')
+                         FROM jsonb_object_keys(bad.el - ARRAY['run_id', 'claim_token', 'status', 'result', 'error', 'events'])
+                             AS k (key)))
+                    WHEN 3 THEN '.run_id must not be NULL'
+                    WHEN 4 THEN format('.run_id must be a UUID string, got %s', bad.el -> 'run_id')
+                    WHEN 5 THEN '.claim_token must not be NULL'
+                    WHEN 6 THEN format('.claim_token must be a UUID string, got %s', bad.el -> 'claim_token')
+                    WHEN 7 THEN '.status must not be NULL'
+                    WHEN 8 THEN format('.status must be one of completed, failed, cancelled, got %s', bad.el -> 'status')
+                    WHEN 9 THEN '.result is too large: the limit is 1 MiB'
+                    WHEN 10 THEN format('.error must be a string or null, got %s', jsonb_typeof(bad.el -> 'error'))
+                    WHEN 11 THEN '.error is too long: at most 10000 characters'
+                    WHEN 12 THEN format('.events must be a JSON array of event objects, got %s',
+                        jsonb_typeof(bad.el -> 'events'))
+                    WHEN 13 THEN '.events is too large: at most 1000 events and 4 MiB per run'
+                    WHEN 14 THEN format('.events[%s] must be an object with a non-empty string "type" that is not '
+                        'reserved ("complete" and "run_*" are written by runrow itself)',
+                        (SELECT min(e.ord) - 1 FROM jsonb_array_elements(bad.el -> 'events') WITH ORDINALITY AS e (ev, ord)
+                         WHERE (jsonb_typeof(e.ev) <> 'object'
+                             OR jsonb_typeof(e.ev -> 'type') IS DISTINCT FROM 'string'
+                             OR e.ev ->> 'type' = ''
+                             OR e.ev ->> 'type' = 'complete'
+                             OR e.ev ->> 'type' LIKE 'run\_%')))
+                    ELSE format('.run_id %s is already runs[%s]: each run at most once per call', bad.el -> 'run_id',
+                        bad.first)
+                END
+                USING ERRCODE = CASE WHEN bad.rule IN (3, 5, 7) THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END;
+        END IF;
 
-    SELECT array_agg((x.el ->> 'run_id')::uuid), jsonb_object_agg((x.el ->> 'run_id')::uuid::text, x.el)
-    INTO ids, byid
-    FROM jsonb_array_elements(_finish_runs_input.runs) AS x (el);
+        BEGIN
+            -- Every run_id and claim_token is a string of the UUID's shape here; the casts raise
+            -- 22P02 for one that is not hex.
+            SELECT array_agg((x.el ->> 'run_id')::uuid), jsonb_object_agg((x.el ->> 'run_id')::uuid::text, x.el),
+                   count((x.el ->> 'claim_token')::uuid)
+            INTO ids, byid, n_tokens
+            FROM jsonb_array_elements(_finish_runs_input.runs) AS x (el);
+            EXIT passes;
+        EXCEPTION WHEN invalid_text_representation THEN
+            IF exact THEN
+                -- Not reached: the exact pass refuses every string a cast refuses.
+                RAISE;
+            END IF;
+            exact := true;
+        END;
+    END LOOP passes;
 END
 $fn$;
 
