@@ -18,6 +18,7 @@ demo: bootstrap
 ## (or against DATABASE_URL when it is set).
 # The chat page's browser test needs Debian's chromium: bootstrap installs it for `make test`.
 test: export RUNROW_WITH_BROWSER = 1
+test: export RUNROW_WITH_VALGRIND = 1
 test: bootstrap lint check-install-sql
 	$(RUNROW) db run -- $(MAKE) --no-print-directory test-in-db
 
@@ -58,8 +59,10 @@ db-stop:
 	$(RUNROW) db stop
 
 ## Every benchmark, then the drain against PgQueuer on a private fsync-on cluster (a few
-## minutes; BENCH_ARGS=--short for a quick pass). Writes bench-results.json.
+## minutes; BENCH_ARGS=--short for a quick pass), then the backend's instructions per run under
+## callgrind (installs valgrind). Writes bench-results.json.
 BENCH_ARGS ?=
+bench: export RUNROW_WITH_VALGRIND = 1
 bench: bootstrap
 	$(BIN)/python -m pip install -q -e '.[dev,bench]'
 	$(RUNROW) db run -- $(BIN)/python -m bench $(BENCH_ARGS)

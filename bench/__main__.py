@@ -4,7 +4,8 @@ Each benchmark is also runnable alone: `python -m bench.enqueue_to_claim`,
 `python -m bench.stop_to_cancelled`, `python -m bench.journal_rows`,
 `python -m bench.claim_buffers`, `python -m bench.prompt_cache`, `python -m bench.fairness`,
 `python -m bench.rate_limits`, `python -m bench.trim`,
-`python -m bench.drain`. The drain runs last, on a cluster of its own with fsync on. `--short`:
+`python -m bench.drain`, `python -m bench.instructions`. The drain runs on a cluster of its own with
+fsync on; the instruction counts last, on one under callgrind (skipped without valgrind). `--short`:
 smaller sizes for the buffer counts, the fairness backlog, the trim and the drain; `--rounds N`:
 the drain's rounds (default 3; ratios are the median of the rounds). The report,
 the trim's figures and the drain's rows go to bench-results.json (RUNROW_BENCH_JSON to change
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -25,6 +27,7 @@ from bench import (
     drain,
     enqueue_to_claim,
     fairness,
+    instructions,
     journal_rows,
     prompt_cache,
     rate_limits,
@@ -73,6 +76,15 @@ def main() -> None:
     lines, rows = drain.run(SHORT, rounds=ROUNDS)
     lines[0] += f"  [{time.monotonic() - t0:.0f} s]"
     report.extend(["", *lines])
+    if shutil.which("valgrind") is None:
+        report.extend(["", "(backend instructions per run not counted: valgrind is not installed)"])
+    else:
+        t0 = time.monotonic()
+        FIGURES["instructions_per_run"] = counted = instructions.count([1, 10], [0, 2])
+        lines = instructions.report(counted)
+        lines[0] += f"  [{time.monotonic() - t0:.0f} s]"
+        report.extend(["", *lines])
+        print("\n".join(lines), flush=True)
     print("\n=== runrow benchmarks ===")
     print("\n".join(report))
     out = os.environ.get("RUNROW_BENCH_JSON", "bench-results.json")

@@ -21,6 +21,11 @@ command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 if [ "${RUNROW_WITH_BROWSER:-0}" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 fi
+# `make test` and `make bench` count the backend's instructions per run under callgrind
+# (bench/instructions.py).
+if [ "${RUNROW_WITH_VALGRIND:-0}" = 1 ]; then
+  command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)
+fi
 # Only `make failover` needs a DCS for Patroni; nothing else starts etcd.
 if [ "${RUNROW_WITH_HA:-0}" = 1 ]; then
   command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)

@@ -188,14 +188,16 @@ def stop(cluster: Cluster) -> None:
     shutil.rmtree(cluster.root, ignore_errors=True)
 
 
-def restart(cluster: Cluster, mode: str = "immediate") -> None:
+def restart(cluster: Cluster, mode: str = "immediate", executable: str | None = None) -> None:
     """Restart the server with the options it was started with. `immediate` is a crash: every
-    session dies mid-statement and the server recovers from its WAL (fault tests)."""
+    session dies mid-statement and the server recovers from its WAL (fault tests).
+    `executable` runs another postgres binary or a wrapper of it (bench.instructions: valgrind)."""
     _run(
         [
             str(PG_BIN / "pg_ctl"),
             "-D",
             cluster.datadir,
+            *(["-p", executable] if executable else []),
             "-m",
             mode,
             # The log file keeps pg_ctl from handing the new server our stdout to hold open.

@@ -1,0 +1,189 @@
+"""Backend CPU instructions per run, counted by callgrind: a figure that does not move with the box.
+
+Timing a change worth 4% of the backend's work is hopeless on a shared 2-core VM (two unchanged
+baselines of the same drain differ by more). Instructions executed do not depend on the clock:
+repeated runs of the same code agree within about 1%.
+
+What it counts: one session chaining `finish_and_claim_runs` (what `runrow worker` sends) at a
+batch size, each ending with the events of a zero-length answer (`message_start`,
+`message_stop`) or none, on a private cluster whose postmaster runs under `valgrind
+--tool=callgrind` (every backend it forks is counted into a file of its own). The session drains
+SMALL runs, another LARGE runs, each in a database of its own enqueued beforehand at full speed;
+the figure is the difference of the two sessions' instructions over the difference of runs, so
+connection start-up and the first call's planning cancel out. Autovacuum is off under callgrind:
+an ANALYZE in the middle of a drain makes the session plan its statements again (about 2% more
+on a run that met one).
+
+    python -m bench.instructions [--batch 1 10] [--events 0 2] [--small 200] [--large 600] [--keep DIR]
+                                    [--json PATH]
+
+It needs valgrind (`apt-get install valgrind`); without it, it says so and exits. A run of the
+defaults takes about two minutes. Compare two versions by running it on each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import stat
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+from pyworker.db.devdb import PG_BIN, Cluster, database_url_for, restart, throwaway
+from pyworker.db.migrate import migrate
+
+ENQUEUE = (
+    "SELECT count(*) FROM (SELECT runrow.enqueue_run(conversation_id => gen_random_uuid(), "
+    'content => \'"job"\', model => \'echo\', metadata => \'{"echo": "", "duration": 0}\') '
+    "FROM generate_series(1, %s)) AS e"
+)
+CALL = (
+    "SELECT run_id, finished, claim_token FROM runrow.finish_and_claim_runs(%s::jsonb, worker_id => 'count', "
+    "max_runs => %s)"
+)
+EVENTS = [{"type": "message_start"}, {"type": "message_stop"}]
+
+
+def drain(url: str, batch: int, events: int, runs: int) -> int:
+    """Drain the database's queue in one session as the worker would; returns the backend's pid."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        acks: list[tuple[object, object]] = []
+        done = 0
+        while True:
+            endings = [
+                {
+                    "run_id": str(r),
+                    "claim_token": str(t),
+                    "status": "completed",
+                    **({"events": EVENTS} if events else {}),
+                }
+                for r, t in acks
+            ]
+            with conn.transaction():
+                rows = conn.execute(CALL, (json.dumps(endings), batch)).fetchall()
+            done += sum(1 for r in rows if r[1])
+            acks = [(r[0], r[2]) for r in rows if r[1] is None]
+            if not acks and not endings:
+                break
+        if done != runs:
+            sys.exit(f"bench.instructions: the session ended {done} runs, not {runs}")
+        return int(row[0])
+
+
+def instructions(outdir: Path, pid: int, timeout: float = 120.0) -> int:
+    """The backend's instruction count, from the file callgrind writes when the process exits."""
+    path = outdir / f"cg.{pid}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            for line in path.read_text(errors="replace").splitlines():
+                if line.startswith("totals:") or line.startswith("summary:"):
+                    return int(line.split()[1])
+        time.sleep(0.2)
+    sys.exit(f"bench.instructions: no callgrind totals in {path}")
+
+
+def under_callgrind(cluster: Cluster, outdir: Path) -> None:
+    """Restart the cluster's postmaster under callgrind, with the options it was started with."""
+    wrapper = Path(cluster.root) / "postgres-under-callgrind"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"exec valgrind --tool=callgrind --trace-children=yes --callgrind-out-file={outdir}/cg.%p "
+        f'{PG_BIN / "postgres"} "$@" -c autovacuum=off\n'
+    )
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    if cluster.os_user is not None:
+        shutil.chown(outdir, cluster.os_user)
+    # pg_ctl restart reads the options from postmaster.opts; -p swaps the executable.
+    restart(cluster, mode="fast", executable=str(wrapper))
+
+
+def count(
+    batches: list[int], events: list[int], small: int = 200, large: int = 600, keep: Path | None = None
+) -> dict[str, float]:
+    """Instructions per run for each (batch, events) shape, keyed "batch B, E events"."""
+    shapes = [(b, e) for b in batches for e in events]
+    figures: dict[str, float] = {}
+    with throwaway() as cluster:
+        # Every database migrated and enqueued at full speed first: under callgrind a migration
+        # alone takes half a minute.
+        urls: dict[tuple[int, int, int], str] = {}
+        with psycopg.connect(cluster.superuser_url, autocommit=True) as conn:
+            for b, e in shapes:
+                for n in (small, large):
+                    name = f"count_b{b}_e{e}_n{n}"
+                    conn.execute(f"CREATE DATABASE {name} OWNER runrow_admin")
+                    url = database_url_for(cluster.url, name)
+                    migrate(url)
+                    with psycopg.connect(url, autocommit=True) as c:
+                        c.execute(ENQUEUE, (n,))
+                        c.execute("VACUUM ANALYZE runrow.agent_run")
+                    urls[b, e, n] = url
+        outdir = Path(cluster.root) / "callgrind"
+        outdir.mkdir()
+        under_callgrind(cluster, outdir)
+        for b, e in shapes:
+            counts = {}
+            for n in (small, large):
+                pid = drain(urls[b, e, n], b, e, n)
+                counts[n] = instructions(outdir, pid)
+                if keep is not None:
+                    keep.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(outdir / f"cg.{pid}", keep / f"batch{b}-events{e}-runs{n}.callgrind")
+            figures[f"batch {b}, {e} events"] = (counts[large] - counts[small]) / (large - small)
+    return figures
+
+
+def report(figures: dict[str, float]) -> list[str]:
+    return [
+        "=== backend instructions per run (callgrind; one session chaining finish_and_claim_runs) ===",
+        *(f"  {shape + ' per ending:':<28} {per_run:>12,.0f}" for shape, per_run in figures.items()),
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.instructions",
+        description="Backend instructions per run of finish_and_claim_runs, counted by callgrind "
+        "(difference between a SMALL and a LARGE drain).",
+    )
+    parser.add_argument(
+        "--batch", type=int, nargs="+", default=[1, 10], help="max_runs of each call (default 1 10)"
+    )
+    parser.add_argument(
+        "--events",
+        type=int,
+        nargs="+",
+        choices=[0, 2],
+        default=[0, 2],
+        help="events per ending besides the complete (default 0 2)",
+    )
+    parser.add_argument("--small", type=int, default=200, help="runs of the smaller drain (default 200)")
+    parser.add_argument("--large", type=int, default=600, help="runs of the larger drain (default 600)")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="copy each session's callgrind file to DIR, to read with callgrind_annotate",
+    )
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures to PATH")
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None:
+        sys.exit("bench.instructions: valgrind is not installed (apt-get install valgrind)")
+    if args.large <= args.small:
+        parser.error("--large must be more than --small")
+    figures = count(args.batch, args.events, args.small, args.large, args.keep)
+    for line in report(figures):
+        print(line)
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""bench/instructions.py at a small size, run as a reader of the README runs it: the postmaster
+restarted under callgrind, each drain checked to end every run once, and the figure a difference
+of two sessions' counts. Instructions do not depend on the clock, so the one property asserted
+holds on any box: per run, a call that ends and claims five runs costs less than five calls of
+one (the call's fixed work is shared)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("valgrind") is None, reason="valgrind is not installed (make test installs it)"
+)
+
+
+def test_instruction_counts_per_run_show_what_batching_shares(tmp_path: Path) -> None:
+    out, keep = tmp_path / "instructions.json", tmp_path / "callgrind"
+    done = subprocess.run(
+        [
+            *[sys.executable, "-m", "bench.instructions", "--batch", "1", "5", "--events", "0"],
+            *["--small", "10", "--large", "30", "--keep", str(keep), "--json", str(out)],
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    one, five = figures["batch 1, 0 events"], figures["batch 5, 0 events"]
+    # A run's work is hundreds of thousands of instructions, a call's millions.
+    assert 100_000 < five < one < 50_000_000, done.stdout
+    assert "batch 5, 0 events per ending:" in done.stdout
+    assert sorted(p.name for p in keep.iterdir()) == [
+        "batch1-events0-runs10.callgrind",
+        "batch1-events0-runs30.callgrind",
+        "batch5-events0-runs10.callgrind",
+        "batch5-events0-runs30.callgrind",
+    ]
