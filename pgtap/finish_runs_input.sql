@@ -6,7 +6,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(16);
+SELECT plan(14);
 
 \set sig '''{jsonb}'''
 SELECT has_function('runrow', '_finish_runs_input', :sig::name[], '_finish_runs_input(runs) exists');
@@ -50,18 +50,6 @@ SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)',
         jsonb_build_array(:'broken'::jsonb, :'runs'::jsonb -> 0)),
     '22023', 'runs[0].status must be one of completed, failed, cancelled, got "done"',
     'an element that breaks a rule and is repeated later: its own rule is reported');
--- _has_uuid_shape: the first pass's cheap test (the digits are left to the casts).
-SELECT is((SELECT concat_ws(',', l.lanname, coalesce(p.proconfig::text, 'no SET'), p.prosecdef, p.provolatile)
-           FROM pg_proc AS p JOIN pg_language AS l ON l.oid = p.prolang
-           WHERE p.oid = 'runrow._has_uuid_shape(text)'::regprocedure),
-    'sql,no SET,f,i', '_has_uuid_shape is an immutable SQL function without SET clauses (the planner inlines it)');
-SELECT is(array_agg(runrow._has_uuid_shape(t.s) ORDER BY t.n), ARRAY[true, true, true, false, false, false, false, NULL],
-    '_has_uuid_shape: canonical (either case, or not hex: the casts test digits) yes; braces, no hyphens, '
-    'a hyphen moved, a multibyte character no; NULL for NULL')
-FROM unnest(ARRAY[
-    :a, :b, 'zzzzzzzz-zzzz-zzzz-zzzz-zzzzzzzzzzzz', '{' || :a || '}', replace(:a, '-', ''),
-    '0190a0a00-000-7000-8000-00000000000a', '0190a0a0-0000-7000-8000-00000000000' || 'é', NULL
-]) WITH ORDINALITY AS t (s, n);
 SELECT is(pg_temp.written(), :'before', 'nothing written, good input or bad');
 
 SELECT * FROM finish();

@@ -4571,6 +4571,11 @@ ALTER FUNCTION runrow._agent_run_settings() RESET search_path;
 ALTER FUNCTION runrow._run_owner_guard() RESET search_path;
 ALTER FUNCTION runrow._agent_step_guard() RESET search_path;
 ALTER FUNCTION runrow._tool_effect_guard() RESET search_path;
+
+-- Not a trigger: the shape test _finish_runs_input used for a while (b1d82e9) is a LIKE now,
+-- which initializes one operator per call where the inlined function's expression had eleven
+-- (each an EXECUTE privilege check at executor start-up).
+DROP FUNCTION IF EXISTS runrow._has_uuid_shape(text);
 INSERT INTO runrow._yoyo_migration VALUES ('c5362d89e6c572a763d50df8df4bf9c5f7919e717ce2823be233c0f42a4adea4', '0041_hot_triggers_without_set_clauses', now() AT TIME ZONE 'UTC');
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'c5362d89e6c572a763d50df8df4bf9c5f7919e717ce2823be233c0f42a4adea4', '0041_hot_triggers_without_set_clauses', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
@@ -5313,24 +5318,6 @@ REVOKE ALL ON FUNCTION runrow._end_claim(uuid, uuid, text, integer, interval) FR
 -- functions/_finish_runs_input.sql
 -- The input check of a batch of endings, shared by finish_runs and finish_and_claim_runs.
 
--- Whether s has the shape of a UUID in canonical text form: 36 bytes with hyphens at the 9th,
--- 14th, 19th and 24th. Its digits are not tested here (the cast tests them). A one-expression
--- SQL function without SET clauses, so the planner inlines it.
-CREATE OR REPLACE FUNCTION runrow._has_uuid_shape(s text) RETURNS boolean
-LANGUAGE sql
-IMMUTABLE
-AS $fn$
-    SELECT octet_length(s) = 36
-       AND substr(s, 9, 1) || substr(s, 14, 1) || substr(s, 19, 1) || substr(s, 24, 1) = '----'
-$fn$;
-
-COMMENT ON FUNCTION runrow._has_uuid_shape(text) IS
-'True when s has the shape of a canonical UUID text (36 bytes, hyphens where 8-4-4-4-12 puts '
-'them), whatever its other characters; NULL for NULL. Inlined by the planner; _finish_runs_input''s '
-'fast test, completed by a cast (or, when something is wrong, an exact match).';
-
-REVOKE ALL ON FUNCTION runrow._has_uuid_shape(text) FROM PUBLIC;
-
 CREATE OR REPLACE FUNCTION runrow._finish_runs_input(
     runs jsonb,
     -- The runs' ids in input order, and each element by its canonical id text.
@@ -5343,12 +5330,14 @@ AS $fn$
 DECLARE
     bad record;
     uuid_re constant text := '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$';
-    -- The pass below tests each run_id and claim_token for the UUID's shape only (36 bytes,
-    -- hyphens in place); the casts that build ids then test its digits. A case-insensitive
-    -- match of uuid_re cost about 40,000 instructions per test, two tests per element: 6% of
-    -- the backend's work per run in a batch-10 finish_and_claim_runs (callgrind). The exact
-    -- pass, with the match, runs only when the first pass or a cast finds something wrong, so
-    -- the error reported is the first broken rule of the first bad element as before.
+    -- The pass below tests each run_id and claim_token for the UUID's shape only (36
+    -- characters, hyphens in place: one LIKE); the casts that build ids then test its digits.
+    -- A case-insensitive match of uuid_re cost about 40,000 instructions per test, two tests
+    -- per element: 6% of the backend's work per run in a batch-10 finish_and_claim_runs
+    -- (python -m bench.instructions). The exact pass, with the match, runs only when the first
+    -- pass or a cast finds something wrong, so the error reported is the first broken rule of
+    -- the first bad element, as before.
+    uuid_shape constant text := '________-____-____-____-____________';
     exact boolean := false;
     n_tokens bigint;
 BEGIN
@@ -5378,10 +5367,10 @@ BEGIN
                        WHEN jsonb_typeof(x.el) <> 'object' THEN 1
                        WHEN x.el - ARRAY['run_id', 'claim_token', 'status', 'result', 'error', 'events'] <> '{}' THEN 2
                        WHEN nullif(x.el -> 'run_id', 'null') IS NULL THEN 3
-                       WHEN jsonb_typeof(x.el -> 'run_id') <> 'string' OR NOT runrow._has_uuid_shape(x.el ->> 'run_id')
+                       WHEN jsonb_typeof(x.el -> 'run_id') <> 'string' OR x.el ->> 'run_id' NOT LIKE uuid_shape
                             OR (exact AND x.el ->> 'run_id' !~* uuid_re) THEN 4
                        WHEN nullif(x.el -> 'claim_token', 'null') IS NULL THEN 5
-                       WHEN jsonb_typeof(x.el -> 'claim_token') <> 'string' OR NOT runrow._has_uuid_shape(x.el ->> 'claim_token')
+                       WHEN jsonb_typeof(x.el -> 'claim_token') <> 'string' OR x.el ->> 'claim_token' NOT LIKE uuid_shape
                             OR (exact AND x.el ->> 'claim_token' !~* uuid_re) THEN 6
                        WHEN nullif(x.el -> 'status', 'null') IS NULL THEN 7
                        WHEN jsonb_typeof(x.el -> 'status') <> 'string'
