@@ -292,13 +292,10 @@ BEGIN
         ('unique index', 'agent_run_idempotency_key', 'agent_run'),
         ('unique index', 'agent_run_one_retry', 'agent_run'),
         ('unique index', 'run_event_pkey', 'run_event'),
-        ('trigger', 'agent_run_guard', 'agent_run'),
-        -- Since 0033 the guard's rules are three triggers, each compiled only when it can apply.
-        ('trigger', 'agent_run_lifecycle_guard', 'agent_run'),
-        ('trigger', 'agent_run_identity_guard', 'agent_run'),
         -- Since 0034 the rules on what an enqueue sets, when those columns are written.
         ('trigger', 'agent_run_settings', 'agent_run'),
-        -- Turn order and unblocking the next turn, once per statement (0028).
+        -- Once per statement: turn order and unblocking the next turn (0028); the sticky,
+        -- identity and lifecycle rules and the webhook outbox (0042; row triggers before).
         ('trigger', 'agent_run_after_update', 'agent_run'),
         ('trigger', 'agent_run_no_delete', 'agent_run'),
         ('trigger', 'agent_run_no_truncate', 'agent_run'),
@@ -324,8 +321,6 @@ BEGIN
         ('constraint', 'agent_run_conversation_fk', 'agent_run'),
         ('trigger', 'agent_run_owner_guard', 'agent_run'),
         ('trigger', 'conversation_immutable', 'conversation'),
-        -- Without the outbox trigger a run would end and nobody would be told.
-        ('trigger', 'agent_run_webhook_outbox', 'agent_run'),
         ('unique index', 'webhook_delivery_run_id_key', 'webhook_delivery'),
         ('trigger', 'webhook_delivery_guard', 'webhook_delivery')
     ) AS g (kind, name, tbl)

@@ -249,23 +249,24 @@ SELECT results_eq(format('SELECT finished FROM runrow.finish_runs(%L)', jsonb_bu
         jsonb_build_object('run_id', upper(:'b2'), 'claim_token', upper(pg_temp.token(:'b2')::text), 'status', 'completed'))),
     $$VALUES (true), (true)$$, 'and the same runs finish once the batch is well formed (a UUID in capitals is one)');
 
--- The batch path pays no per-row call of agent_run's guard (0026): the claim and finish_runs
--- stamp updated_at themselves on a legal move, so the trigger's WHEN skips the function, and
--- turn order is checked once per statement. The runs are aged first (as runs enqueued in an
+-- The batch path pays no per-row trigger call: agent_run's rules, turn order and the outbox are
+-- checked once per statement (0042; the row guards before it were skipped by their WHEN). The runs are aged first (as runs enqueued in an
 -- earlier transaction are), so the stamp is what the WHEN sees.
 SELECT pg_temp.drain_queue();
 SELECT array_agg(pg_temp.new_run()) AS batch FROM generate_series(1, 5) \gset
 SELECT pg_temp.bypass(format('UPDATE runrow.agent_run SET updated_at = now() - interval ''1 hour'' WHERE id = ANY (%L)',
     :'batch'));
 SET LOCAL track_functions = 'all';
-SELECT coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_guard'::regproc), 0) AS guard_before,
-       coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_after_update'::regproc), 0) AS after_before \gset
+SELECT coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_after_update'::regproc), 0) AS after_before \gset
 SELECT jsonb_agg(jsonb_build_object('run_id', c.run_id, 'claim_token', c.claim_token, 'status', 'completed')) AS acks
 FROM runrow.claim_runs('w', 5) AS c \gset
 SELECT results_eq(format('SELECT count(*) FILTER (WHERE finished) FROM runrow.finish_runs(%L)', :'acks'),
     $$VALUES (5::bigint)$$, 'a batch of five is claimed and finished');
-SELECT is(coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_guard'::regproc), 0) - :guard_before, 0::bigint,
-    'claim_runs and finish_runs call agent_run''s guard function for none of their rows');
+SELECT is(array_agg(t.tgname::text ORDER BY t.tgname), ARRAY['agent_run_settings'],
+    'the one row-level UPDATE trigger of agent_run is column-gated on what an enqueue sets (no claim or finish fires it)')
+FROM pg_trigger AS t
+WHERE t.tgrelid = 'runrow.agent_run'::regclass AND NOT t.tgisinternal
+  AND (t.tgtype::int & 1) = 1 AND (t.tgtype::int & 16) = 16;
 SELECT is(coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_after_update'::regproc), 0) - :after_before,
     2::bigint, 'turn order and the endings'' next turns are looked at once per statement (the claim''s, the '
     'finish''s), not once per run, and not for a promotion of delayed runs when none is due');

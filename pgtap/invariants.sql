@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(57);
+SELECT plan(61);
 SELECT pg_temp.drain_queue();
 SELECT pg_temp.owner() AS owner \gset
 
@@ -56,6 +56,24 @@ SELECT throws_ok(format($$UPDATE runrow.agent_run SET conversation_id = (
     'a run cannot move to another conversation');
 SELECT throws_ok(format($$UPDATE runrow.agent_run SET model = 'other' WHERE id = %L$$, :'queued'),
     '23000', NULL, 'a run''s pinned model cannot change');
+-- Checked once per statement since 0042: a changed id shows as an old row without its new one;
+-- an identity change beside a status move is reported as the identity change (the row guard's
+-- order); one bad row among good ones fails the whole statement.
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET id = gen_random_uuid() WHERE id = %L$$, :'queued'),
+    '23000', format('run %s: id, conversation, message, model, prompt and created_at are immutable', :'queued'),
+    'a run''s id cannot change');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET model = 'other', status = 'completed', finished_at = now()
+        WHERE id = %L$$, :'queued'),
+    '23000', format('run %s: id, conversation, message, model, prompt and created_at are immutable', :'queued'),
+    'an identity change beside an illegal status move is reported as the identity change');
+SELECT pg_temp.new_run() AS fine \gset
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = CASE WHEN id = %L THEN 'completed' ELSE status END,
+        finished_at = CASE WHEN id = %L THEN now() END, updated_at = now() WHERE id IN (%L, %L)$$,
+        :'queued', :'queued', :'queued', :'fine'),
+    '23000', format('run %s: illegal status change queued -> completed', :'queued'),
+    'one illegal move among legal writes fails the whole statement');
+SELECT is((SELECT count(*) FROM runrow.agent_run WHERE id IN (:'queued', :'fine') AND status = 'queued'), 2::bigint,
+    'and both runs are as they were');
 SELECT pg_temp.claim(:'queued');
 UPDATE runrow.agent_run SET status = 'waiting', claim_token = NULL, claim_expires_at = NULL WHERE id = :'queued';
 SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', claim_token = gen_random_uuid(),

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(99);
+SELECT plan(102);
 SELECT pg_temp.drain_queue();
 -- Deliveries left by other files' data must not be claimed here.
 UPDATE runrow.webhook_delivery SET state = 'dead', claim_token = NULL, claim_expires_at = NULL
@@ -120,11 +120,12 @@ SELECT throws_ok(format($$INSERT INTO runrow.webhook_delivery (id, run_id, url, 
     'one delivery per run is a unique key');
 
 SELECT is_empty($$SELECT * FROM runrow.audit() WHERE invariant = 'schema_guard_missing'$$, 'audit: the guards are in place');
-ALTER TABLE runrow.agent_run DISABLE TRIGGER agent_run_webhook_outbox;
+-- The outbox is written by agent_run's statement trigger (migration 0042).
+ALTER TABLE runrow.agent_run DISABLE TRIGGER agent_run_after_update;
 SELECT is((SELECT detail FROM runrow.audit() WHERE invariant = 'schema_guard_missing'),
-    'trigger agent_run_webhook_outbox on runrow.agent_run is missing, invalid or disabled',
+    'trigger agent_run_after_update on runrow.agent_run is missing, invalid or disabled',
     'audit reports a disabled outbox trigger: runs would end without telling anyone');
-ALTER TABLE runrow.agent_run ENABLE TRIGGER agent_run_webhook_outbox;
+ALTER TABLE runrow.agent_run ENABLE TRIGGER agent_run_after_update;
 
 -- Claim: due rows, leased with a fresh token; nobody else gets them while the lease lives.
 CREATE TEMP TABLE c1 AS SELECT * FROM runrow.claim_webhook_deliveries('w1', 100, 30, 3);
@@ -255,6 +256,25 @@ SELECT throws_ok($$SELECT runrow.fail_webhook_delivery(gen_random_uuid(), gen_ra
 SELECT throws_ok($$SELECT runrow.retry_webhook_delivery(NULL)$$, '22004',
     'delivery_id must not be NULL', 'retry: delivery_id NULL');
 SELECT is(pg_temp.outbox(), :'before', 'bad input wrote nothing');
+
+-- Several endings in one statement (finish_runs): one delivery each, each with its own id and
+-- its own run's body (the statement trigger writes them all in one INSERT, migration 0042).
+SELECT pg_temp.drain_queue();
+SELECT pg_temp.hooked() AS h1 \gset
+SELECT pg_temp.hooked() AS h2 \gset
+SELECT pg_temp.claim(:'h1') AS h1tok \gset
+SELECT pg_temp.claim(:'h2') AS h2tok \gset
+SELECT is((SELECT count(*) FILTER (WHERE f.finished) FROM runrow.finish_runs(jsonb_build_array(
+        jsonb_build_object('run_id', :'h1', 'claim_token', :'h1tok', 'status', 'completed'),
+        jsonb_build_object('run_id', :'h2', 'claim_token', :'h2tok', 'status', 'failed', 'error', 'no'))) AS f),
+    2::bigint, 'two hooked runs ended by one finish_runs');
+SELECT is((SELECT array_agg((w.payload ->> 'run_id') || ' ' || (w.payload ->> 'status') || ' ' || (w.id::text = w.payload ->> 'id')
+                  ORDER BY w.payload ->> 'status')
+           FROM runrow.webhook_delivery AS w WHERE w.run_id IN (:'h1', :'h2')),
+    ARRAY[:'h1' || ' completed true', :'h2' || ' failed true'],
+    'one delivery per run, each body naming its own run, status and delivery id');
+SELECT is((SELECT count(DISTINCT w.id) FROM runrow.webhook_delivery AS w WHERE w.run_id IN (:'h1', :'h2')), 2::bigint,
+    'the two deliveries have two ids');
 
 SELECT * FROM finish();
 ROLLBACK;
