@@ -91,18 +91,26 @@ BEGIN
         journaled AS (
             -- seq NULL: the guard trigger assigns each row the next one of its run, in this
             -- order, and RETURNING reads them back.
+            -- The ending's own events, then the one event runrow writes (run_claimed or complete)
+            -- as a row of its own: not appended to the events' array, which built the array
+            -- again only to take it apart.
             INSERT INTO runrow.run_event (run_id, seq, type, payload)
-            SELECT u.id, NULL::bigint, e.ev ->> 'type', e.ev
+            SELECT u.id, NULL::bigint, e.type, e.ev
             FROM upd AS u
-            CROSS JOIN LATERAL jsonb_array_elements(
-                CASE WHEN u.claimed
-                    THEN jsonb_build_array(
-                        jsonb_build_object('type', 'run_claimed', 'worker_id', who, 'attempt', u.attempt))
-                    ELSE coalesce(nullif(byid -> u.id::text -> 'events', 'null'), '[]')
-                        || jsonb_build_array(jsonb_build_object(
-                            'type', 'complete', 'status', u.status, 'result', u.result, 'error', u.error))
-                END
-            ) WITH ORDINALITY AS e (ev, ord)
+            CROSS JOIN LATERAL (
+                SELECT x.ev ->> 'type', x.ev, x.ord
+                FROM jsonb_array_elements(
+                    CASE WHEN NOT u.claimed THEN nullif(byid -> u.id::text -> 'events', 'null') END
+                ) WITH ORDINALITY AS x (ev, ord)
+                UNION ALL
+                SELECT CASE WHEN u.claimed THEN 'run_claimed' ELSE 'complete' END,
+                       CASE WHEN u.claimed
+                           THEN jsonb_build_object('type', 'run_claimed', 'worker_id', who, 'attempt', u.attempt)
+                           ELSE jsonb_build_object(
+                               'type', 'complete', 'status', u.status, 'result', u.result, 'error', u.error)
+                       END,
+                       9223372036854775807
+            ) AS e (type, ev, ord)
             ORDER BY u.id, e.ord
             RETURNING run_event.run_id, run_event.seq
         ),

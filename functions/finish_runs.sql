@@ -47,14 +47,19 @@ BEGIN
     journaled AS (
         -- seq NULL: the guard trigger assigns each row the next one of its run, in this
         -- order (it sees the rows inserted before it), and RETURNING reads them back.
+        -- The run's own events, then its complete as a row of its own (not appended to the
+        -- events' array, which built the array again only to take it apart).
         INSERT INTO runrow.run_event (run_id, seq, type, payload)
-        SELECT f.id, NULL::bigint, e.ev ->> 'type', e.ev
+        SELECT f.id, NULL::bigint, e.type, e.ev
         FROM fin AS f
-        CROSS JOIN LATERAL jsonb_array_elements(
-            coalesce(nullif(byid -> f.id::text -> 'events', 'null'), '[]')
-            || jsonb_build_array(jsonb_build_object(
-                'type', 'complete', 'status', f.status, 'result', f.result, 'error', f.error))
-        ) WITH ORDINALITY AS e (ev, ord)
+        CROSS JOIN LATERAL (
+            SELECT x.ev ->> 'type', x.ev, x.ord
+            FROM jsonb_array_elements(nullif(byid -> f.id::text -> 'events', 'null')) WITH ORDINALITY AS x (ev, ord)
+            UNION ALL
+            SELECT 'complete',
+                   jsonb_build_object('type', 'complete', 'status', f.status, 'result', f.result, 'error', f.error),
+                   9223372036854775807
+        ) AS e (type, ev, ord)
         ORDER BY f.id, e.ord
         RETURNING run_event.run_id, run_event.seq
     )
