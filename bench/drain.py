@@ -225,9 +225,14 @@ _CLAIM = "SELECT run_id, claim_token FROM runrow.claim_runs(worker_id => 'bench'
 _FINISH = "SELECT finished FROM runrow.finish_runs(%s::jsonb)"
 
 
-def _acks(runs: list[tuple[Any, ...]]) -> str:
-    """finish_runs' argument: every claimed run (run_id, claim_token) completed."""
-    return json.dumps([{"run_id": str(r), "claim_token": str(t), "status": "completed"} for r, t in runs])
+def acks(runs: list[tuple[Any, ...]], events: list[dict[str, Any]] | None = None) -> str:
+    """finish_runs' argument: every claimed run (run_id, claim_token) completed, each with
+    `events` journaled before its complete when given (bench.instructions: a zero-length
+    answer's message_start and message_stop)."""
+    extra = {"events": events} if events else {}
+    return json.dumps(
+        [{"run_id": str(r), "claim_token": str(t), "status": "completed", **extra} for r, t in runs]
+    )
 
 
 def runrow_worker(url: str, batch: int, ready: Callable[[], None]) -> int:
@@ -238,7 +243,7 @@ def runrow_worker(url: str, batch: int, ready: Callable[[], None]) -> int:
             runs = conn.execute(_CLAIM, (batch,)).fetchall()
             if not runs:
                 return done
-            finished = conn.execute(_FINISH, (_acks(runs),)).fetchall()
+            finished = conn.execute(_FINISH, (acks(runs),)).fetchall()
             assert all(f for (f,) in finished), "a run held by this worker was fenced out"
             done += len(finished)
 
@@ -253,7 +258,7 @@ def runrow_chained_worker(url: str, batch: int, ready: Callable[[], None]) -> in
         ready()
         runs = cur.execute(_CLAIM, (batch,)).fetchall()
         while runs:
-            cur.execute(f"BEGIN; {_FINISH}; {_CLAIM}", (_acks(runs), batch))
+            cur.execute(f"BEGIN; {_FINISH}; {_CLAIM}", (acks(runs), batch))
             cur.nextset()  # past BEGIN's result
             finished = cur.fetchall()
             assert len(finished) == len(runs) and all(f for (f,) in finished), "a held run was fenced out"
@@ -264,7 +269,7 @@ def runrow_chained_worker(url: str, batch: int, ready: Callable[[], None]) -> in
     return done
 
 
-_FINISH_AND_CLAIM = (
+FINISH_AND_CLAIM = (
     "SELECT run_id, finished, claim_token"
     " FROM runrow.finish_and_claim_runs(%s::jsonb, worker_id => 'bench', max_runs => %s)"
 )
@@ -279,7 +284,7 @@ def runrow_one_call_worker(url: str, batch: int, ready: Callable[[], None]) -> i
         ready()
         runs = cur.execute(_CLAIM, (batch,)).fetchall()
         while runs:
-            cur.execute(f"BEGIN; {_FINISH_AND_CLAIM}", (_acks(runs), batch))
+            cur.execute(f"BEGIN; {FINISH_AND_CLAIM}", (acks(runs), batch))
             cur.nextset()  # past BEGIN's result
             rows = cur.fetchall()
             conn.commit()
@@ -306,6 +311,13 @@ def runrow_check(url: str, jobs: int) -> None:
 
 
 # --- the reference worker itself: `runrow worker` processes, echo handler, zero-length runs
+
+# %s zero-length runs for the echo handler, one conversation each (also bench.instructions').
+ECHO_ENQUEUE = (
+    "SELECT count(*) FROM (SELECT runrow.enqueue_run(conversation_id => gen_random_uuid(),"
+    ' content => \'"job"\', model => \'echo\', metadata => \'{"echo": "", "duration": 0}\')'
+    " FROM generate_series(1, %s)) AS e"
+)
 
 
 @contextlib.contextmanager
@@ -401,12 +413,7 @@ def worker_row(server: str, superuser: str, concurrency: int, jobs: int, listene
             psycopg.connect(as_super, autocommit=True) as poll,
         ):
             observer.execute("CHECKPOINT")
-            poll.execute(
-                "SELECT count(*) FROM (SELECT runrow.enqueue_run(conversation_id => gen_random_uuid(),"
-                ' content => \'"job"\', model => \'echo\', metadata => \'{"echo": "", "duration": 0}\')'
-                " FROM generate_series(1, %s)) AS e",
-                (jobs,),
-            )
+            poll.execute(ECHO_ENQUEUE, (jobs,))
             started = time.monotonic()
             poll.execute("SELECT pg_stat_force_next_flush()")  # the enqueue's commit is not the drain's
             before = counters(observer, datname)

@@ -2,7 +2,8 @@
 
 Timing a change worth 4% of the backend's work is hopeless on a shared 2-core VM (two unchanged
 baselines of the same drain differ by more). Instructions executed do not depend on the clock:
-repeated runs of the same code agree within about 1%.
+repeated runs of the same code agree within about 2% (random UUIDs split index pages at different
+moments): quote a change smaller than that from several runs of each version.
 
 What it counts: one session chaining `finish_and_claim_runs` (what `runrow worker` sends) at a
 batch size, each ending with the events of a zero-length answer (`message_start`,
@@ -10,9 +11,10 @@ batch size, each ending with the events of a zero-length answer (`message_start`
 --tool=callgrind` (every backend it forks is counted into a file of its own). The session drains
 SMALL runs, another LARGE runs, each in a database of its own enqueued beforehand at full speed;
 the figure is the difference of the two sessions' instructions over the difference of runs, so
-connection start-up and the first call's planning cancel out. Autovacuum is off under callgrind:
-an ANALYZE in the middle of a drain makes the session plan its statements again (about 2% more
-on a run that met one).
+connection start-up and the first call's planning cancel out. Each drain is then checked as
+bench.drain checks its own: every run completed once, claimed once, and audit() clean.
+Autovacuum is off under callgrind: an ANALYZE in the middle of a drain makes the session plan its
+statements again (about 2% more on a run that met one).
 
     python -m bench.instructions [--batch 1 10] [--events 0 2] [--small 200] [--large 600] [--keep DIR]
                                     [--json PATH]
@@ -33,47 +35,30 @@ from pathlib import Path
 
 import psycopg
 
+from bench.drain import ECHO_ENQUEUE, FINISH_AND_CLAIM, acks, runrow_check
 from pyworker.db.devdb import PG_BIN, Cluster, database_url_for, restart, throwaway
 from pyworker.db.migrate import migrate
 
-ENQUEUE = (
-    "SELECT count(*) FROM (SELECT runrow.enqueue_run(conversation_id => gen_random_uuid(), "
-    'content => \'"job"\', model => \'echo\', metadata => \'{"echo": "", "duration": 0}\') '
-    "FROM generate_series(1, %s)) AS e"
-)
-CALL = (
-    "SELECT run_id, finished, claim_token FROM runrow.finish_and_claim_runs(%s::jsonb, worker_id => 'count', "
-    "max_runs => %s)"
-)
+# What `runrow worker` journals for a zero-length answer before its complete.
 EVENTS = [{"type": "message_start"}, {"type": "message_stop"}]
 
 
-def drain(url: str, batch: int, events: int, runs: int) -> int:
-    """Drain the database's queue in one session as the worker would; returns the backend's pid."""
+def chain(url: str, batch: int, events: int) -> int:
+    """Drain the database's queue in one session as the worker would, each call a transaction
+    that ends the last batch and claims the next; returns the backend's pid."""
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
         assert row is not None
-        acks: list[tuple[object, object]] = []
-        done = 0
+        claimed: list[tuple[object, object]] = []
         while True:
-            endings = [
-                {
-                    "run_id": str(r),
-                    "claim_token": str(t),
-                    "status": "completed",
-                    **({"events": EVENTS} if events else {}),
-                }
-                for r, t in acks
-            ]
             with conn.transaction():
-                rows = conn.execute(CALL, (json.dumps(endings), batch)).fetchall()
-            done += sum(1 for r in rows if r[1])
-            acks = [(r[0], r[2]) for r in rows if r[1] is None]
-            if not acks and not endings:
-                break
-        if done != runs:
-            sys.exit(f"bench.instructions: the session ended {done} runs, not {runs}")
-        return int(row[0])
+                rows = conn.execute(
+                    FINISH_AND_CLAIM, (acks(claimed, EVENTS if events else None), batch)
+                ).fetchall()
+            ended = bool(claimed)
+            claimed = [(r, t) for r, f, t in rows if f is None]
+            if not claimed and not ended:
+                return int(row[0])
 
 
 def instructions(outdir: Path, pid: int, timeout: float = 120.0) -> int:
@@ -122,7 +107,7 @@ def count(
                     url = database_url_for(cluster.url, name)
                     migrate(url)
                     with psycopg.connect(url, autocommit=True) as c:
-                        c.execute(ENQUEUE, (n,))
+                        c.execute(ECHO_ENQUEUE, (n,))
                         c.execute("VACUUM ANALYZE runrow.agent_run")
                     urls[b, e, n] = url
         outdir = Path(cluster.root) / "callgrind"
@@ -131,8 +116,9 @@ def count(
         for b, e in shapes:
             counts = {}
             for n in (small, large):
-                pid = drain(urls[b, e, n], b, e, n)
+                pid = chain(urls[b, e, n], b, e)
                 counts[n] = instructions(outdir, pid)
+                runrow_check(urls[b, e, n], n)  # every run completed once, claimed once; audit() clean
                 if keep is not None:
                     keep.mkdir(parents=True, exist_ok=True)
                     shutil.copy(outdir / f"cg.{pid}", keep / f"batch{b}-events{e}-runs{n}.callgrind")
