@@ -27,8 +27,3 @@ ALTER FUNCTION runrow._agent_run_settings() RESET search_path;
 ALTER FUNCTION runrow._run_owner_guard() RESET search_path;
 ALTER FUNCTION runrow._agent_step_guard() RESET search_path;
 ALTER FUNCTION runrow._tool_effect_guard() RESET search_path;
-
--- Not a trigger: the shape test _finish_runs_input used for a while (b1d82e9) is a LIKE now,
--- which initializes one operator per call where the inlined function's expression had eleven
--- (each an EXECUTE privilege check at executor start-up).
-DROP FUNCTION IF EXISTS runrow._has_uuid_shape(text);

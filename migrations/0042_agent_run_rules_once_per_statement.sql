@@ -52,7 +52,9 @@ BEGIN
     -- a scan per question read every row's columns again).
     SELECT bool_or(o.status = 'queued'),
            bool_or(n.status = 'running' AND n.concurrency_key IS NOT NULL),
-           bool_or(n.status IN ('completed', 'failed', 'cancelled', 'dead') AND (
+           -- An ending here: a terminal new row whose old one was not (trim_journal's updates
+           -- of ended runs wake nothing and write no delivery, so they probe nothing).
+           bool_or(o.status IN ('queued', 'running', 'waiting') AND n.status IN ('completed', 'failed', 'cancelled', 'dead') AND (
                n.concurrency_key IS NOT NULL OR EXISTS (
                    SELECT 1 FROM runrow.agent_run AS y
                    WHERE y.conversation_id = n.conversation_id
@@ -60,7 +62,8 @@ BEGIN
                      AND y.enqueue_seq > n.enqueue_seq
                ))),
            -- An ending of a run with a webhook_url (the outbox row is written below).
-           bool_or(n.status IN ('completed', 'failed', 'cancelled', 'dead') AND n.webhook_url IS NOT NULL),
+           bool_or(o.status IN ('queued', 'running', 'waiting') AND n.status IN ('completed', 'failed', 'cancelled', 'dead')
+                   AND n.webhook_url IS NOT NULL),
            -- Whether it wrote a terminal run (trim_journal does, or a broken writer): the
            -- sticky rule compares whole rows, so it is looked at only then (below).
            bool_or(o.status IN ('completed', 'failed', 'cancelled', 'dead')),

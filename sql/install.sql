@@ -4571,11 +4571,6 @@ ALTER FUNCTION runrow._agent_run_settings() RESET search_path;
 ALTER FUNCTION runrow._run_owner_guard() RESET search_path;
 ALTER FUNCTION runrow._agent_step_guard() RESET search_path;
 ALTER FUNCTION runrow._tool_effect_guard() RESET search_path;
-
--- Not a trigger: the shape test _finish_runs_input used for a while (b1d82e9) is a LIKE now,
--- which initializes one operator per call where the inlined function's expression had eleven
--- (each an EXECUTE privilege check at executor start-up).
-DROP FUNCTION IF EXISTS runrow._has_uuid_shape(text);
 INSERT INTO runrow._yoyo_migration VALUES ('c5362d89e6c572a763d50df8df4bf9c5f7919e717ce2823be233c0f42a4adea4', '0041_hot_triggers_without_set_clauses', now() AT TIME ZONE 'UTC');
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'c5362d89e6c572a763d50df8df4bf9c5f7919e717ce2823be233c0f42a4adea4', '0041_hot_triggers_without_set_clauses', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
@@ -4637,7 +4632,9 @@ BEGIN
     -- a scan per question read every row's columns again).
     SELECT bool_or(o.status = 'queued'),
            bool_or(n.status = 'running' AND n.concurrency_key IS NOT NULL),
-           bool_or(n.status IN ('completed', 'failed', 'cancelled', 'dead') AND (
+           -- An ending here: a terminal new row whose old one was not (trim_journal's updates
+           -- of ended runs wake nothing and write no delivery, so they probe nothing).
+           bool_or(o.status IN ('queued', 'running', 'waiting') AND n.status IN ('completed', 'failed', 'cancelled', 'dead') AND (
                n.concurrency_key IS NOT NULL OR EXISTS (
                    SELECT 1 FROM runrow.agent_run AS y
                    WHERE y.conversation_id = n.conversation_id
@@ -4645,7 +4642,8 @@ BEGIN
                      AND y.enqueue_seq > n.enqueue_seq
                ))),
            -- An ending of a run with a webhook_url (the outbox row is written below).
-           bool_or(n.status IN ('completed', 'failed', 'cancelled', 'dead') AND n.webhook_url IS NOT NULL),
+           bool_or(o.status IN ('queued', 'running', 'waiting') AND n.status IN ('completed', 'failed', 'cancelled', 'dead')
+                   AND n.webhook_url IS NOT NULL),
            -- Whether it wrote a terminal run (trim_journal does, or a broken writer): the
            -- sticky rule compares whole rows, so it is looked at only then (below).
            bool_or(o.status IN ('completed', 'failed', 'cancelled', 'dead')),
