@@ -8,7 +8,7 @@ BEGIN;
 \ir helpers/row_versions.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(65);
+SELECT plan(66);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{jsonb}'''
@@ -257,16 +257,19 @@ SELECT array_agg(pg_temp.new_run()) AS batch FROM generate_series(1, 5) \gset
 SELECT pg_temp.bypass(format('UPDATE runrow.agent_run SET updated_at = now() - interval ''1 hour'' WHERE id = ANY (%L)',
     :'batch'));
 SET LOCAL track_functions = 'all';
-SELECT coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_after_update'::regproc), 0) AS after_before \gset
+SELECT coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_after_update'::regproc), 0) AS after_before,
+       coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_settings'::regproc), 0) AS settings_before \gset
 SELECT jsonb_agg(jsonb_build_object('run_id', c.run_id, 'claim_token', c.claim_token, 'status', 'completed')) AS acks
 FROM runrow.claim_runs('w', 5) AS c \gset
 SELECT results_eq(format('SELECT count(*) FILTER (WHERE finished) FROM runrow.finish_runs(%L)', :'acks'),
     $$VALUES (5::bigint)$$, 'a batch of five is claimed and finished');
 SELECT is(array_agg(t.tgname::text ORDER BY t.tgname), ARRAY['agent_run_settings'],
-    'the one row-level UPDATE trigger of agent_run is column-gated on what an enqueue sets (no claim or finish fires it)')
+    'the one row-level UPDATE trigger of agent_run is agent_run_settings, column-gated on what an enqueue sets')
 FROM pg_trigger AS t
 WHERE t.tgrelid = 'runrow.agent_run'::regclass AND NOT t.tgisinternal
   AND (t.tgtype::int & 1) = 1 AND (t.tgtype::int & 16) = 16;
+SELECT is(coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_settings'::regproc), 0) - :settings_before,
+    0::bigint, 'and claim_runs and finish_runs fire it for none of their rows');
 SELECT is(coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_after_update'::regproc), 0) - :after_before,
     2::bigint, 'turn order and the endings'' next turns are looked at once per statement (the claim''s, the '
     'finish''s), not once per run, and not for a promotion of delayed runs when none is due');

@@ -31,11 +31,12 @@ END $$;
 
 -- The journal's seq trigger: numbers a row, refuses a gap, refuses a row after the complete.
 SELECT pg_temp.running() AS r \gset
+SELECT max(seq) AS r_last FROM runrow.run_event WHERE run_id = :'r' \gset
 SELECT lives_ok(format($$SELECT pg_temp.bare(%L)$$, format(
         $$INSERT INTO runrow.run_event (run_id, type, payload) VALUES (%L, 'note', '{"type": "note"}')$$, :'r')),
     'a journal row written directly under an empty search_path');
-SELECT is((SELECT max(seq) FROM runrow.run_event WHERE run_id = :'r' AND type = 'note'),
-    (SELECT max(seq) FROM runrow.run_event WHERE run_id = :'r'), 'it was given the run''s next seq');
+SELECT is((SELECT array_agg(seq) FROM runrow.run_event WHERE run_id = :'r' AND type = 'note'),
+    ARRAY[:r_last + 1]::bigint[], 'it was given the run''s next seq');
 SELECT throws_ok(format($$SELECT pg_temp.bare(%L)$$, format(
         $$INSERT INTO runrow.run_event (run_id, seq, type, payload) VALUES (%L, 99, 'note', '{"type": "note"}')$$, :'r')),
     '23000', NULL, 'a seq that leaves a gap is refused under an empty search_path');
