@@ -161,13 +161,21 @@ def pgqueuer_psycopg_worker(url: str, batch: int, ready: Callable[[], None]) -> 
     return asyncio.run(_pgqueuer_worker(url, batch, ready, "psycopg"))
 
 
-async def _pgqueuer_worker(url: str, batch: int, ready: Callable[[], None], driver: str) -> int:
+async def _pgqueuer_worker(
+    url: str,
+    batch: int,
+    ready: Callable[[], None],
+    driver: str,
+    backend_pid: Callable[[int], None] | None = None,
+) -> int:
     """PgQueuer as its own benchmark (tools/benchmark.py, drain strategy) drives it: one
     connection per QueueManager, drain mode, its default timeouts and ack buffering. asyncpg
     is its default driver and the peer the ratios use. Its psycopg driver is shown beside it
     but is no fair peer at batch 10: its LISTEN watcher holds the connection's lock in
     `notifies(timeout=1.0, stop_after=1)` until a notification arrives, and every query of
-    the queue manager waits behind it (measured: 350 jobs/s against asyncpg's 2,531)."""
+    the queue manager waits behind it (measured: 350 jobs/s against asyncpg's 2,531).
+    backend_pid, when given, is told the server pid of that connection (bench.instructions
+    counts that backend's instructions)."""
     from pgqueuer import AsyncpgDriver, PsycopgDriver, Queries, QueueManager
     from pgqueuer.types import QueueExecutionMode
 
@@ -186,11 +194,15 @@ async def _pgqueuer_worker(url: str, batch: int, ready: Callable[[], None], driv
                 database=params.get("dbname"),
             )
             stack.push_async_callback(conn.close)
+            if backend_pid is not None:
+                backend_pid(conn.get_server_pid())
             queries = Queries(AsyncpgDriver(conn))
         else:
             pconn = await stack.enter_async_context(
                 await psycopg.AsyncConnection.connect(url, autocommit=True)
             )
+            if backend_pid is not None:
+                backend_pid(pconn.info.backend_pid)
             queries = Queries(PsycopgDriver(pconn))
         qm = QueueManager(queries)
 

@@ -16,8 +16,17 @@ bench.drain checks its own: every run completed once, claimed once, and audit() 
 Autovacuum is off under callgrind: an ANALYZE in the middle of a drain makes the session plan its
 statements again (about 2% more on a run that met one).
 
+The peer is counted the same way, in the same cluster: PgQueuer draining SMALL and LARGE jobs at
+each batch size with one QueueManager in drain mode on asyncpg, as bench.drain runs it, and checked
+as bench.drain checks it (every job logged successful, none left). Its acknowledgements are
+flushed by count (batch_size) as at full speed; its timed work (heartbeats every 15 s, log
+aggregation every 30 s) stays out of the figure while each drain takes less than that under
+callgrind (a few seconds). The ratio printed is runrow's instructions per run without events (a
+job with no output, as PgQueuer's) over PgQueuer's per job: the issue's wall-clock goals, in a
+unit the box does not move. `--no-peer` leaves PgQueuer out.
+
     python -m bench.instructions [--batch 1 10] [--events 0 2] [--small 200] [--large 600] [--keep DIR]
-                                    [--json PATH]
+                                    [--json PATH] [--no-peer]
 
 It needs valgrind (`apt-get install valgrind`); without it, it says so and exits. A run of the
 defaults takes about two minutes. Compare two versions by running it on each.
@@ -26,6 +35,7 @@ defaults takes about two minutes. Compare two versions by running it on each.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import shutil
 import stat
@@ -35,7 +45,15 @@ from pathlib import Path
 
 import psycopg
 
-from bench.drain import ECHO_ENQUEUE, FINISH_AND_CLAIM, acks, runrow_check
+from bench.drain import (
+    ECHO_ENQUEUE,
+    FINISH_AND_CLAIM,
+    _pgqueuer_worker,
+    acks,
+    pgqueuer_check,
+    pgqueuer_setup,
+    runrow_check,
+)
 from pyworker.db.devdb import PG_BIN, Cluster, database_url_for, restart, throwaway
 from pyworker.db.migrate import migrate
 
@@ -59,6 +77,18 @@ def chain(url: str, batch: int, events: int) -> int:
             claimed = [(r, t) for r, f, t in rows if f is None]
             if not claimed and not ended:
                 return int(row[0])
+
+
+def peer(url: str, batch: int) -> int:
+    """Drain the database's PgQueuer queue as bench.drain's peer row does; returns the backend's
+    pid."""
+    pids: list[int] = []
+    asyncio.run(_pgqueuer_worker(url, batch, lambda: None, "asyncpg", backend_pid=pids.append))
+    return pids[0]
+
+
+def peer_shape(batch: int) -> str:
+    return f"PgQueuer, batch {batch}"
 
 
 def instructions(outdir: Path, pid: int, timeout: float = 120.0) -> int:
@@ -90,47 +120,81 @@ def under_callgrind(cluster: Cluster, outdir: Path) -> None:
 
 
 def count(
-    batches: list[int], events: list[int], small: int = 200, large: int = 600, keep: Path | None = None
+    batches: list[int],
+    events: list[int],
+    small: int = 200,
+    large: int = 600,
+    keep: Path | None = None,
+    with_peer: bool = True,
 ) -> dict[str, float]:
-    """Instructions per run for each (batch, events) shape, keyed "batch B, E events"."""
-    shapes = [(b, e) for b in batches for e in events]
+    """Instructions per run for each (batch, events) shape, keyed "batch B, E events", and per
+    job of PgQueuer at each batch, keyed "PgQueuer, batch B" (unless with_peer is False)."""
+    # (system, batch, events): the peer's jobs have no events.
+    shapes = [("runrow", b, e) for b in batches for e in events]
+    if with_peer:
+        shapes += [("pgqueuer", b, 0) for b in batches]
     figures: dict[str, float] = {}
     with throwaway() as cluster:
-        # Every database migrated and enqueued at full speed first: under callgrind a migration
+        # Every database set up and filled at full speed first: under callgrind a migration
         # alone takes half a minute.
-        urls: dict[tuple[int, int, int], str] = {}
+        urls: dict[tuple[str, int, int, int], str] = {}
         with psycopg.connect(cluster.superuser_url, autocommit=True) as conn:
-            for b, e in shapes:
+            for system, b, e in shapes:
                 for n in (small, large):
-                    name = f"count_b{b}_e{e}_n{n}"
+                    name = f"count_{system}_b{b}_e{e}_n{n}"
                     conn.execute(f"CREATE DATABASE {name} OWNER runrow_admin")
                     url = database_url_for(cluster.url, name)
-                    migrate(url)
-                    with psycopg.connect(url, autocommit=True) as c:
-                        c.execute(ECHO_ENQUEUE, (n,))
-                        c.execute("VACUUM ANALYZE runrow.agent_run")
-                    urls[b, e, n] = url
+                    if system == "pgqueuer":
+                        pgqueuer_setup(url, n)
+                    else:
+                        migrate(url)
+                        with psycopg.connect(url, autocommit=True) as c:
+                            c.execute(ECHO_ENQUEUE, (n,))
+                            c.execute("VACUUM ANALYZE runrow.agent_run")
+                    urls[system, b, e, n] = url
         outdir = Path(cluster.root) / "callgrind"
         outdir.mkdir()
         under_callgrind(cluster, outdir)
-        for b, e in shapes:
+        for system, b, e in shapes:
             counts = {}
             for n in (small, large):
-                pid = chain(urls[b, e, n], b, e)
-                counts[n] = instructions(outdir, pid)
-                runrow_check(urls[b, e, n], n)  # every run completed once, claimed once; audit() clean
+                url = urls[system, b, e, n]
+                if system == "pgqueuer":
+                    pid = peer(url, b)
+                    counts[n] = instructions(outdir, pid)
+                    pgqueuer_check(url, n)  # every job logged successful, none left
+                    kept = f"pgqueuer-batch{b}-jobs{n}.callgrind"
+                else:
+                    pid = chain(url, b, e)
+                    counts[n] = instructions(outdir, pid)
+                    runrow_check(url, n)  # every run completed once, claimed once; audit() clean
+                    kept = f"batch{b}-events{e}-runs{n}.callgrind"
                 if keep is not None:
                     keep.mkdir(parents=True, exist_ok=True)
-                    shutil.copy(outdir / f"cg.{pid}", keep / f"batch{b}-events{e}-runs{n}.callgrind")
-            figures[f"batch {b}, {e} events"] = (counts[large] - counts[small]) / (large - small)
+                    shutil.copy(outdir / f"cg.{pid}", keep / kept)
+            shape = peer_shape(b) if system == "pgqueuer" else f"batch {b}, {e} events"
+            figures[shape] = (counts[large] - counts[small]) / (large - small)
     return figures
 
 
 def report(figures: dict[str, float]) -> list[str]:
-    return [
-        "=== backend instructions per run (callgrind; one session chaining finish_and_claim_runs) ===",
-        *(f"  {shape + ' per ending:':<28} {per_run:>12,.0f}" for shape, per_run in figures.items()),
+    lines = ["=== backend instructions per run (callgrind; one session chaining finish_and_claim_runs) ==="]
+    lines += [
+        f"  {shape + ' per ending:':<28} {per_run:>12,.0f}"
+        for shape, per_run in figures.items()
+        if not shape.startswith("PgQueuer")
     ]
+    peers = {shape: per_job for shape, per_job in figures.items() if shape.startswith("PgQueuer")}
+    if peers:
+        lines.append("=== PgQueuer's backend instructions per job (asyncpg, one QueueManager draining) ===")
+        lines += [f"  {shape + ':':<28} {per_job:>12,.0f}" for shape, per_job in peers.items()]
+        lines.append("=== runrow (no events) / PgQueuer, instructions per job: below 1 is cheaper ===")
+        for shape, per_job in peers.items():
+            batch = int(shape.rsplit(" ", 1)[1])
+            ours = figures.get(f"batch {batch}, 0 events")
+            if ours is not None:
+                lines.append(f"  batch {batch}: {ours / per_job:>27.2f}x")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -159,12 +223,28 @@ def main(argv: list[str] | None = None) -> None:
         help="copy each session's callgrind file to DIR, to read with callgrind_annotate",
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures to PATH")
+    parser.add_argument(
+        "--peer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also count PgQueuer draining at each batch size, and print the ratios (default on; "
+        "needs the bench extra: pip install -e '.[bench]')",
+    )
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         sys.exit("bench.instructions: valgrind is not installed (apt-get install valgrind)")
     if args.large <= args.small:
         parser.error("--large must be more than --small")
-    figures = count(args.batch, args.events, args.small, args.large, args.keep)
+    if args.peer:
+        try:
+            import asyncpg  # noqa: F401
+            import pgqueuer  # noqa: F401
+        except ImportError:
+            sys.exit(
+                "bench.instructions: PgQueuer is not installed: pip install -e '.[bench]' "
+                "(or pass --no-peer to count runrow alone)"
+            )
+    figures = count(args.batch, args.events, args.small, args.large, args.keep, args.peer)
     for line in report(figures):
         print(line)
     if args.json is not None:
