@@ -2,8 +2,11 @@
 
 CREATE OR REPLACE FUNCTION runrow._finish_runs_input(
     runs jsonb,
-    -- The runs' ids in input order, and each element by its canonical id text.
-    OUT ids uuid[], OUT byid jsonb
+    -- Each element's fields as parallel arrays, in input order: the writers join them to
+    -- agent_run as rows (unnest), instead of looking each field up in the JSON by the run's id
+    -- text (a uuid_out and two jsonb lookups per field and row: issue 11).
+    OUT ids uuid[], OUT tokens uuid[], OUT statuses text[], OUT results jsonb[], OUT errors text[],
+    OUT events jsonb[]
 )
 LANGUAGE plpgsql
 -- No SET clauses: it reads no table, and runs under its callers' search_path (a function's own
@@ -21,7 +24,6 @@ DECLARE
     -- the first bad element, as before.
     uuid_shape constant text := '________-____-____-____-____________';
     exact boolean := false;
-    n_tokens bigint;
 BEGIN
     IF _finish_runs_input.runs IS NULL THEN
         -- Called only to raise: a call on every batch would be a statement and a search_path
@@ -123,10 +125,11 @@ BEGIN
 
         BEGIN
             -- Every run_id and claim_token is a string of the UUID's shape here; the casts raise
-            -- 22P02 for one that is not hex.
-            SELECT array_agg((x.el ->> 'run_id')::uuid), jsonb_object_agg((x.el ->> 'run_id')::uuid::text, x.el),
-                   count((x.el ->> 'claim_token')::uuid)
-            INTO ids, byid, n_tokens
+            -- 22P02 for one that is not hex. A JSON null result or events is SQL NULL here.
+            SELECT array_agg((x.el ->> 'run_id')::uuid), array_agg((x.el ->> 'claim_token')::uuid),
+                   array_agg(x.el ->> 'status'), array_agg(nullif(x.el -> 'result', 'null')),
+                   array_agg(x.el ->> 'error'), array_agg(nullif(x.el -> 'events', 'null'))
+            INTO ids, tokens, statuses, results, errors, events
             FROM jsonb_array_elements(_finish_runs_input.runs) AS x (el);
             EXIT passes;
         EXCEPTION WHEN invalid_text_representation THEN
@@ -142,8 +145,9 @@ $fn$;
 
 COMMENT ON FUNCTION runrow._finish_runs_input(jsonb) IS
 'Checks runs as finish_runs documents it (a JSON array of at most 1000 objects {run_id, '
-'claim_token, status, result?, error?, events?}, each run at most once) and returns the ids in '
-'input order and each element keyed by its id. Bad input raises 22004/22023 naming the element '
-'index (runs[i]) and the field. Reads and writes no table.';
+'claim_token, status, result?, error?, events?}, each run at most once) and returns the elements'' '
+'fields as parallel arrays in input order (ids, tokens, statuses, results, errors, events; a JSON '
+'null result or events is NULL; all NULL for an empty array). Bad input raises 22004/22023 naming '
+'the element index (runs[i]) and the field. Reads and writes no table.';
 
 REVOKE ALL ON FUNCTION runrow._finish_runs_input(jsonb) FROM PUBLIC;

@@ -14,11 +14,17 @@ SET enable_seqscan = off
 AS $fn$
 DECLARE
     ids uuid[];
-    byid jsonb;
+    tokens uuid[];
+    statuses text[];
+    results jsonb[];
+    errors text[];
+    events jsonb[];
     done_ids uuid[];
     done_seqs bigint[];
 BEGIN
-    SELECT i.ids, i.byid INTO ids, byid FROM runrow._finish_runs_input(finish_runs.runs) AS i;
+    SELECT i.ids, i.tokens, i.statuses, i.results, i.errors, i.events
+    INTO ids, tokens, statuses, results, errors, events
+    FROM runrow._finish_runs_input(finish_runs.runs) AS i;
 
     -- The fenced terminal writes, each exactly finish_run's: only while the token matches,
     -- which is only while the run is running (agent_run_claim_iff_running: a claim token is
@@ -27,22 +33,23 @@ BEGIN
     -- partial index of active runs made the generic plan AND that index with the primary
     -- key, and a bitmap scan reads every dead entry of runs ended since the last vacuum
     -- (8,283 index entries per call after a 15,000-run drain). Only the primary key serves
-    -- this lookup (and enable_seqscan = off keeps a small table's plan from scanning it).
+    -- this lookup (and enable_seqscan = off keeps a small table's plan from scanning it): the
+    -- input's rows, joined to it one probe each.
     -- Then each finished run's events and its complete event at the next seqs, as
     -- append_events and finish_run would journal them in one transaction.
     WITH fin AS (
         UPDATE runrow.agent_run AS r
-        SET status = byid -> r.id::text ->> 'status',
-            result = nullif(byid -> r.id::text -> 'result', 'null'),
-            error = byid -> r.id::text ->> 'error',
+        SET status = v.status,
+            result = v.result,
+            error = v.error,
             finished_at = now(),
             claim_token = NULL,
             claim_expires_at = NULL,
             -- Every writer stamps updated_at itself (no BEFORE trigger does, since 0030).
             updated_at = now()
-        WHERE r.id = ANY (ids)
-          AND r.claim_token = (byid -> r.id::text ->> 'claim_token')::uuid
-        RETURNING r.id, r.conversation_id, r.status, r.result, r.error
+        FROM unnest(ids, tokens, statuses, results, errors, events) AS v (id, token, status, result, error, events)
+        WHERE r.id = v.id AND r.claim_token = v.token
+        RETURNING r.id, r.conversation_id, r.status, r.result, r.error, v.events
     ),
     journaled AS (
         -- seq NULL: the guard trigger assigns each row the next one of its run, in this
@@ -54,7 +61,7 @@ BEGIN
         FROM fin AS f
         CROSS JOIN LATERAL (
             SELECT x.ev ->> 'type', x.ev, x.ord
-            FROM jsonb_array_elements(nullif(byid -> f.id::text -> 'events', 'null')) WITH ORDINALITY AS x (ev, ord)
+            FROM jsonb_array_elements(f.events) WITH ORDINALITY AS x (ev, ord)
             UNION ALL
             SELECT 'complete',
                    jsonb_build_object('type', 'complete', 'status', f.status, 'result', f.result, 'error', f.error),

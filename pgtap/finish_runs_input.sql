@@ -1,12 +1,12 @@
 -- runrow._finish_runs_input: the input check shared by finish_runs and finish_and_claim_runs.
--- It returns the runs' ids in input order and each element keyed by its canonical id text
--- (what the callers' UPDATE looks the fields up by), raises on bad input naming the element
+-- It returns the elements' fields as parallel arrays in input order (what the callers' UPDATE
+-- joins to agent_run as rows), raises on bad input naming the element
 -- and the field, and reads and writes no table. The messages of each rule are pinned in
 -- pgtap/finish_runs.sql, through the public function.
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(14);
+SELECT plan(18);
 
 \set sig '''{jsonb}'''
 SELECT has_function('runrow', '_finish_runs_input', :sig::name[], '_finish_runs_input(runs) exists');
@@ -24,11 +24,20 @@ SELECT jsonb_build_array(
     jsonb_build_object('run_id', :b, 'claim_token', gen_random_uuid(), 'status', 'failed', 'error', 'e')) AS runs \gset
 CREATE TEMP TABLE parsed AS SELECT * FROM runrow._finish_runs_input(:'runs');
 SELECT is((SELECT ids FROM parsed), ARRAY[:a, :b]::uuid[], 'the ids, in input order');
-SELECT is((SELECT array_agg(k ORDER BY k) FROM parsed, jsonb_object_keys(parsed.byid) AS k),
-    ARRAY[lower(:a), lower(:b)], 'each element keyed by its canonical id text (a UUID in capitals included)');
-SELECT is((SELECT byid -> lower(:b) FROM parsed), :'runs'::jsonb -> 1, 'the element itself, as given');
-SELECT is((SELECT (ids, byid)::text FROM runrow._finish_runs_input('[]')), '(,)',
-    'an empty array: no ids, no elements (NULLs, which the callers'' ANY and lookups take as nothing)');
+SELECT is((SELECT ids[2]::text FROM parsed), lower(:b), 'a UUID in capitals is the same uuid');
+SELECT is((SELECT tokens FROM parsed),
+    ARRAY[(:'runs'::jsonb -> 0 ->> 'claim_token')::uuid, (:'runs'::jsonb -> 1 ->> 'claim_token')::uuid],
+    'the claim tokens, in input order');
+SELECT is((SELECT statuses FROM parsed), ARRAY['completed', 'failed'], 'the statuses, in input order');
+SELECT is((SELECT errors FROM parsed), ARRAY[NULL, 'e'], 'the errors: an absent one is NULL');
+SELECT is((SELECT events FROM parsed), ARRAY['[{"type": "text_delta", "text": "x"}]'::jsonb, NULL],
+    'the events arrays, as given: absent is NULL');
+SELECT is((SELECT results FROM runrow._finish_runs_input(jsonb_build_array(
+        jsonb_set(:'runs'::jsonb -> 0, '{result}', '{"ok": 1}'),
+        jsonb_set(:'runs'::jsonb -> 1, '{result}', 'null')))),
+    ARRAY['{"ok": 1}'::jsonb, NULL], 'the results: a JSON null is NULL');
+SELECT is((SELECT (ids, tokens, statuses, results, errors, events)::text FROM runrow._finish_runs_input('[]')),
+    '(,,,,,)', 'an empty array: every array NULL (which the callers'' unnest takes as no rows)');
 
 SELECT pg_temp.written() AS before \gset
 SELECT throws_ok('SELECT * FROM runrow._finish_runs_input(NULL)', '22004', 'runs must not be NULL', 'runs NULL');

@@ -4874,6 +4874,24 @@ INSERT INTO runrow._yoyo_migration VALUES ('b20a6d572f4218d11cf83584cff520d8803b
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'b20a6d572f4218d11cf83584cff520d8803b20b600993ba99d8609576be61a21', '0042_agent_run_rules_once_per_statement', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0043_finish_runs_input_as_arrays
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '206f440542ca9fc0ad48318f0e05d2f35318a9aede1fd0a9281fef6d7fa92235') AS apply_206f440542ca \gset
+\if :apply_206f440542ca
+-- depends: 0042_agent_run_rules_once_per_statement
+-- _finish_runs_input returns each element's fields as parallel arrays (ids, tokens, statuses,
+-- results, errors, events) in place of the elements keyed by id (byid): finish_runs and
+-- finish_and_claim_runs join them to agent_run as rows instead of looking each field up in the
+-- JSON by the run's id text (issue 11). A function's OUT columns cannot be changed in place, so
+-- the old one goes here and functions/_finish_runs_input.sql creates the new one, as every
+-- migrate re-applies functions/ after the migrations (its callers, in functions/ too, call it by
+-- name at run time: nothing depends on it in the catalog). IF EXISTS: on a fresh install the
+-- migrations run before functions/ has created it.
+
+DROP FUNCTION IF EXISTS runrow._finish_runs_input(jsonb);
+INSERT INTO runrow._yoyo_migration VALUES ('206f440542ca9fc0ad48318f0e05d2f35318a9aede1fd0a9281fef6d7fa92235', '0043_finish_runs_input_as_arrays', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '206f440542ca9fc0ad48318f0e05d2f35318a9aede1fd0a9281fef6d7fa92235', '0043_finish_runs_input_as_arrays', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -5614,8 +5632,11 @@ REVOKE ALL ON FUNCTION runrow._end_claim(uuid, uuid, text, integer, interval) FR
 
 CREATE OR REPLACE FUNCTION runrow._finish_runs_input(
     runs jsonb,
-    -- The runs' ids in input order, and each element by its canonical id text.
-    OUT ids uuid[], OUT byid jsonb
+    -- Each element's fields as parallel arrays, in input order: the writers join them to
+    -- agent_run as rows (unnest), instead of looking each field up in the JSON by the run's id
+    -- text (a uuid_out and two jsonb lookups per field and row: issue 11).
+    OUT ids uuid[], OUT tokens uuid[], OUT statuses text[], OUT results jsonb[], OUT errors text[],
+    OUT events jsonb[]
 )
 LANGUAGE plpgsql
 -- No SET clauses: it reads no table, and runs under its callers' search_path (a function's own
@@ -5633,7 +5654,6 @@ DECLARE
     -- the first bad element, as before.
     uuid_shape constant text := '________-____-____-____-____________';
     exact boolean := false;
-    n_tokens bigint;
 BEGIN
     IF _finish_runs_input.runs IS NULL THEN
         -- Called only to raise: a call on every batch would be a statement and a search_path
@@ -5735,10 +5755,11 @@ BEGIN
 
         BEGIN
             -- Every run_id and claim_token is a string of the UUID's shape here; the casts raise
-            -- 22P02 for one that is not hex.
-            SELECT array_agg((x.el ->> 'run_id')::uuid), jsonb_object_agg((x.el ->> 'run_id')::uuid::text, x.el),
-                   count((x.el ->> 'claim_token')::uuid)
-            INTO ids, byid, n_tokens
+            -- 22P02 for one that is not hex. A JSON null result or events is SQL NULL here.
+            SELECT array_agg((x.el ->> 'run_id')::uuid), array_agg((x.el ->> 'claim_token')::uuid),
+                   array_agg(x.el ->> 'status'), array_agg(nullif(x.el -> 'result', 'null')),
+                   array_agg(x.el ->> 'error'), array_agg(nullif(x.el -> 'events', 'null'))
+            INTO ids, tokens, statuses, results, errors, events
             FROM jsonb_array_elements(_finish_runs_input.runs) AS x (el);
             EXIT passes;
         EXCEPTION WHEN invalid_text_representation THEN
@@ -5754,9 +5775,10 @@ $fn$;
 
 COMMENT ON FUNCTION runrow._finish_runs_input(jsonb) IS
 'Checks runs as finish_runs documents it (a JSON array of at most 1000 objects {run_id, '
-'claim_token, status, result?, error?, events?}, each run at most once) and returns the ids in '
-'input order and each element keyed by its id. Bad input raises 22004/22023 naming the element '
-'index (runs[i]) and the field. Reads and writes no table.';
+'claim_token, status, result?, error?, events?}, each run at most once) and returns the elements'' '
+'fields as parallel arrays in input order (ids, tokens, statuses, results, errors, events; a JSON '
+'null result or events is NULL; all NULL for an empty array). Bad input raises 22004/22023 naming '
+'the element index (runs[i]) and the field. Reads and writes no table.';
 
 REVOKE ALL ON FUNCTION runrow._finish_runs_input(jsonb) FROM PUBLIC;
 
@@ -8847,7 +8869,11 @@ AS $fn$
 DECLARE
     who text := coalesce(finish_and_claim_runs.worker_id, 'anonymous-' || pg_backend_pid());
     ids uuid[];
-    byid jsonb;
+    tokens uuid[];
+    statuses text[];
+    results jsonb[];
+    errors text[];
+    events jsonb[];
     locked uuid[];
     locked_since timestamptz[];
     done_ids uuid[];
@@ -8858,7 +8884,9 @@ DECLARE
     -- The endings were written alone by finish_runs, which woke their tails (a collision).
     woken boolean := false;
 BEGIN
-    SELECT i.ids, i.byid INTO ids, byid FROM runrow._finish_runs_input(finish_and_claim_runs.runs) AS i;
+    SELECT i.ids, i.tokens, i.statuses, i.results, i.errors, i.events
+    INTO ids, tokens, statuses, results, errors, events
+    FROM runrow._finish_runs_input(finish_and_claim_runs.runs) AS i;
 
     BEGIN
         -- The walk locks the next runs before the endings are written, so a run's successor
@@ -8876,30 +8904,40 @@ BEGIN
         -- locked ones (exactly as _claim), and one journal INSERT writes both kinds of event:
         -- a statement, its executor start-up, agent_run's statement trigger and the CHECKs'
         -- compilation fewer than finish_runs then claim_runs. A run in both lists (queued, so
-        -- its token cannot match) is claimed.
+        -- its token cannot match) is claimed: its ending's row joins but does not qualify.
+        -- v is both lists as rows, each with what the SET needs (claim tells them apart): a
+        -- column per row, not an = ANY (locked) per SET clause and a lookup in the input's JSON
+        -- by the run's id text per field (issue 11: -3% of the backend's work per run at
+        -- batch 10 without events, -5% with two, python -m bench.instructions).
         WITH upd AS (
             UPDATE runrow.agent_run AS r
-            SET status = CASE WHEN r.id = ANY (locked) THEN 'running' ELSE byid -> r.id::text ->> 'status' END,
-                claim_token = CASE WHEN r.id = ANY (locked) THEN gen_random_uuid() END,
-                claim_expires_at = CASE WHEN r.id = ANY (locked)
+            SET status = CASE WHEN v.claim THEN 'running' ELSE v.status END,
+                claim_token = CASE WHEN v.claim THEN gen_random_uuid() END,
+                claim_expires_at = CASE WHEN v.claim
                     THEN now() + make_interval(secs => finish_and_claim_runs.lease_seconds) END,
-                last_heartbeat_at = CASE WHEN r.id = ANY (locked) THEN now() ELSE r.last_heartbeat_at END,
-                worker_id = CASE WHEN r.id = ANY (locked) THEN who ELSE r.worker_id END,
-                attempt = CASE WHEN r.id = ANY (locked) THEN r.attempt + 1 ELSE r.attempt END,
-                started_at = CASE WHEN r.id = ANY (locked) THEN coalesce(r.started_at, now()) ELSE r.started_at END,
-                result = CASE WHEN r.id = ANY (locked) THEN r.result
-                    ELSE nullif(byid -> r.id::text -> 'result', 'null') END,
-                error = CASE WHEN r.id = ANY (locked) THEN r.error ELSE byid -> r.id::text ->> 'error' END,
-                finished_at = CASE WHEN r.id = ANY (locked) THEN r.finished_at ELSE now() END,
+                last_heartbeat_at = CASE WHEN v.claim THEN now() ELSE r.last_heartbeat_at END,
+                worker_id = CASE WHEN v.claim THEN who ELSE r.worker_id END,
+                attempt = CASE WHEN v.claim THEN r.attempt + 1 ELSE r.attempt END,
+                started_at = CASE WHEN v.claim THEN coalesce(r.started_at, now()) ELSE r.started_at END,
+                result = CASE WHEN v.claim THEN r.result ELSE v.result END,
+                error = CASE WHEN v.claim THEN r.error ELSE v.error END,
+                finished_at = CASE WHEN v.claim THEN r.finished_at ELSE now() END,
                 -- Every writer stamps updated_at itself (no BEFORE trigger does, since 0030).
                 updated_at = now()
+            FROM (
+                SELECT c.id, true, c.since, NULL::uuid, NULL::text, NULL::jsonb, NULL::text, NULL::jsonb
+                FROM unnest(locked, locked_since) AS c (id, since)
+                UNION ALL
+                SELECT f.id, false, NULL::timestamptz, f.token, f.status, f.result, f.error, f.events
+                FROM unnest(ids, tokens, statuses, results, errors, events)
+                    AS f (id, token, status, result, error, events)
+            ) AS v (id, claim, since, token, status, result, error, events)
             -- By primary key only, as in finish_runs and _claim (a status test here let the
             -- planner reach the rows through a partial index and its dead entries).
-            WHERE r.id = ANY (locked)
-               OR (r.id = ANY (ids) AND r.claim_token = (byid -> r.id::text ->> 'claim_token')::uuid)
+            WHERE r.id = v.id AND (v.claim OR r.claim_token = v.token)
             RETURNING r.id, r.claim_token, r.conversation_id, r.status, r.result, r.error, r.attempt,
                       r.max_attempts, r.model, r.prompt_id, r.user_id, r.user_message_id, r.metadata,
-                      r.claim_expires_at, r.enqueue_seq, r.id = ANY (locked) AS claimed
+                      r.claim_expires_at, r.enqueue_seq, v.claim AS claimed, v.since, v.events
         ),
         journaled AS (
             -- seq NULL: the guard trigger assigns each row the next one of its run, in this
@@ -8912,9 +8950,7 @@ BEGIN
             FROM upd AS u
             CROSS JOIN LATERAL (
                 SELECT x.ev ->> 'type', x.ev, x.ord
-                FROM jsonb_array_elements(
-                    CASE WHEN NOT u.claimed THEN nullif(byid -> u.id::text -> 'events', 'null') END
-                ) WITH ORDINALITY AS x (ev, ord)
+                FROM jsonb_array_elements(u.events) WITH ORDINALITY AS x (ev, ord)
                 UNION ALL
                 SELECT CASE WHEN u.claimed THEN 'run_claimed' ELSE 'complete' END,
                        CASE WHEN u.claimed
@@ -8949,11 +8985,10 @@ BEGIN
             SELECT array_agg(ROW(
                        u.id, u.claim_token, u.conversation_id, u.attempt, u.max_attempts, u.model,
                        u.prompt_id, p.system_prompt, p.tools, u.user_id, u.user_message_id, u.metadata,
-                       u.claim_expires_at, extract(EPOCH FROM now() - w.since)::double precision
+                       u.claim_expires_at, extract(EPOCH FROM now() - u.since)::double precision
                    )::runrow.claimed_run ORDER BY u.enqueue_seq) AS claimed
             FROM upd AS u
             JOIN runrow.prompt AS p ON p.id = u.prompt_id
-            JOIN unnest(locked, locked_since) AS w (id, since) ON w.id = u.id
             WHERE u.claimed
         ) AS k;
     EXCEPTION WHEN unique_violation OR serialization_failure OR check_violation THEN
@@ -9110,11 +9145,17 @@ SET enable_seqscan = off
 AS $fn$
 DECLARE
     ids uuid[];
-    byid jsonb;
+    tokens uuid[];
+    statuses text[];
+    results jsonb[];
+    errors text[];
+    events jsonb[];
     done_ids uuid[];
     done_seqs bigint[];
 BEGIN
-    SELECT i.ids, i.byid INTO ids, byid FROM runrow._finish_runs_input(finish_runs.runs) AS i;
+    SELECT i.ids, i.tokens, i.statuses, i.results, i.errors, i.events
+    INTO ids, tokens, statuses, results, errors, events
+    FROM runrow._finish_runs_input(finish_runs.runs) AS i;
 
     -- The fenced terminal writes, each exactly finish_run's: only while the token matches,
     -- which is only while the run is running (agent_run_claim_iff_running: a claim token is
@@ -9123,22 +9164,23 @@ BEGIN
     -- partial index of active runs made the generic plan AND that index with the primary
     -- key, and a bitmap scan reads every dead entry of runs ended since the last vacuum
     -- (8,283 index entries per call after a 15,000-run drain). Only the primary key serves
-    -- this lookup (and enable_seqscan = off keeps a small table's plan from scanning it).
+    -- this lookup (and enable_seqscan = off keeps a small table's plan from scanning it): the
+    -- input's rows, joined to it one probe each.
     -- Then each finished run's events and its complete event at the next seqs, as
     -- append_events and finish_run would journal them in one transaction.
     WITH fin AS (
         UPDATE runrow.agent_run AS r
-        SET status = byid -> r.id::text ->> 'status',
-            result = nullif(byid -> r.id::text -> 'result', 'null'),
-            error = byid -> r.id::text ->> 'error',
+        SET status = v.status,
+            result = v.result,
+            error = v.error,
             finished_at = now(),
             claim_token = NULL,
             claim_expires_at = NULL,
             -- Every writer stamps updated_at itself (no BEFORE trigger does, since 0030).
             updated_at = now()
-        WHERE r.id = ANY (ids)
-          AND r.claim_token = (byid -> r.id::text ->> 'claim_token')::uuid
-        RETURNING r.id, r.conversation_id, r.status, r.result, r.error
+        FROM unnest(ids, tokens, statuses, results, errors, events) AS v (id, token, status, result, error, events)
+        WHERE r.id = v.id AND r.claim_token = v.token
+        RETURNING r.id, r.conversation_id, r.status, r.result, r.error, v.events
     ),
     journaled AS (
         -- seq NULL: the guard trigger assigns each row the next one of its run, in this
@@ -9150,7 +9192,7 @@ BEGIN
         FROM fin AS f
         CROSS JOIN LATERAL (
             SELECT x.ev ->> 'type', x.ev, x.ord
-            FROM jsonb_array_elements(nullif(byid -> f.id::text -> 'events', 'null')) WITH ORDINALITY AS x (ev, ord)
+            FROM jsonb_array_elements(f.events) WITH ORDINALITY AS x (ev, ord)
             UNION ALL
             SELECT 'complete',
                    jsonb_build_object('type', 'complete', 'status', f.status, 'result', f.result, 'error', f.error),
