@@ -328,6 +328,57 @@ def test_finish_waiting_on_a_stop_leaves_no_turn_to_start(owner: psycopg.Connect
     assert [t for _, t in journal(owner, turn1)][-2:] == ["cancel_requested", "complete"]
 
 
+def batch_finish(conn: psycopg.Connection, call: str, run: dict) -> list[tuple]:
+    """End one held run through a batch call, with an event before its complete; the rows of
+    the run's ending (run_id, finished, last_seq)."""
+    runs = Jsonb(
+        [
+            {
+                "run_id": str(run["run_id"]),
+                "claim_token": str(run["claim_token"]),
+                "status": "cancelled",
+                "events": [{"type": "text", "text": "last words"}],
+            }
+        ]
+    )
+    if call == "finish_runs":
+        return conn.execute(
+            "SELECT run_id, finished, last_seq FROM runrow.finish_runs(%s)", (runs,)
+        ).fetchall()
+    rows = conn.execute(
+        "SELECT run_id, finished, last_seq FROM runrow.finish_and_claim_runs(%s, max_runs => 1)", (runs,)
+    ).fetchall()
+    return [r for r in rows if r[1] is not None]
+
+
+@pytest.mark.parametrize("call", ["finish_runs", "finish_and_claim_runs"])
+def test_batch_finish_waiting_on_a_stop_journals_after_the_stops_event(
+    owner: psycopg.Connection, connect: Connect, call: str
+):
+    """The batch endings update the run and journal it in one statement, whose snapshot is
+    taken before it waits for the stop's row lock: the ending's rows must still follow the
+    stop's cancel_requested, and the run's journal stay 1..n. The seq trigger reads the run's
+    last seq with a snapshot of its own per row; a writer that read it in its own statement
+    would reuse the stop's seq and fail on the journal's key."""
+    conversation = uuid.uuid4()
+    turn1, turn2 = enqueue(owner, conversation, 2)
+    run = claim_one(owner)
+    stopper = connect(autocommit=False)
+    assert stop(stopper, conversation) == [(turn1, "cancel_requested"), (turn2, "cancelled")]
+
+    worker = Background(connect(), lambda conn: batch_finish(conn, call, run))
+    worker.wait_blocked_by(owner, stopper)
+    stopper.commit()
+
+    ended = worker.result()
+    events = journal(owner, turn1)
+    assert ended == [(turn1, True, events[-1][0])]
+    assert_gap_free(events)
+    assert [t for _, t in events][-3:] == ["cancel_requested", "text", "complete"]
+    assert run_row(owner, turn1)["status"] == "cancelled"
+    assert claim(owner, 10) == []
+
+
 # --- g. several worker processes, thousands of runs -----------------------------------
 
 STRESS_PROCESSES = 4
