@@ -6,7 +6,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(18);
+SELECT plan(31);
 
 \set sig '''{jsonb}'''
 SELECT has_function('runrow', '_finish_runs_input', :sig::name[], '_finish_runs_input(runs) exists');
@@ -59,6 +59,57 @@ SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)',
         jsonb_build_array(:'broken'::jsonb, :'runs'::jsonb -> 0)),
     '22023', 'runs[0].status must be one of completed, failed, cancelled, got "done"',
     'an element that breaks a rule and is repeated later: its own rule is reported');
+
+-- The fast pass proves an element valid with fewer tests than the exact pass has rules (the
+-- LIKE of the UUID's shape and the cast stand for "a string, a canonical UUID"; jsonpath for
+-- the events). Inputs made to slip through such a proof are refused with the exact pass's error.
+\set el0 '(:''runs''::jsonb -> 0)'
+SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
+        jsonb_set(:el0, '{run_id}', '["aaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaa"]'))),
+    '22023', 'runs[0].run_id must be a UUID string, got ["aaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaa"]',
+    'a run_id that is an array whose text has the UUID''s shape');
+SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
+        jsonb_set(:el0, '{claim_token}', to_jsonb(replace(gen_random_uuid()::text, '-', '')) ))),
+    '22023', NULL, 'a claim_token the uuid cast takes but the canonical shape does not (no hyphens)');
+SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
+        jsonb_set(:el0, '{status}', '["completed"]'))),
+    '22023', 'runs[0].status must be one of completed, failed, cancelled, got ["completed"]',
+    'a status that is an array of a valid one');
+SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', '[5]'),
+    '22023', 'runs[0] must be a JSON object, got number', 'an element that is a number (an operator raises)');
+SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
+        jsonb_set(:el0, '{error}', '42'))),
+    '22023', 'runs[0].error must be a string or null, got number', 'an error that is a number');
+SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
+        jsonb_set(:el0, '{events}', '{"type": "text"}'))),
+    '22023', 'runs[0].events must be a JSON array of event objects, got object', 'events that are one object');
+SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
+        jsonb_set(:el0, '{events}', '[{"type": "text"}, [{"type": "text"}]]'))),
+    '22023', 'runs[0].events[1] must be an object with a non-empty string "type" that is not reserved '
+    '("complete" and "run_*" are written by runrow itself)', 'an event that is an array of a valid event');
+SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
+        jsonb_set(:el0, '{events}', '[{"type": ["text"]}]'))),
+    '22023', 'runs[0].events[0] must be an object with a non-empty string "type" that is not reserved '
+    '("complete" and "run_*" are written by runrow itself)', 'an event whose type is an array of a string');
+SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
+        jsonb_set(:el0, '{events}', '[{"text": "x"}]'))),
+    '22023', 'runs[0].events[0] must be an object with a non-empty string "type" that is not reserved '
+    '("complete" and "run_*" are written by runrow itself)', 'an event without a type');
+SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
+        jsonb_set(:el0, '{events}', '[{"type": "run_claimed"}]'))),
+    '22023', 'runs[0].events[0] must be an object with a non-empty string "type" that is not reserved '
+    '("complete" and "run_*" are written by runrow itself)', 'an event of a reserved type');
+SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
+        :el0, jsonb_set(:'runs'::jsonb -> 1, '{run_id}', to_jsonb(upper(:a))))),
+    '22023', format('runs[1].run_id "%s" is already runs[0]: each run at most once per call', upper(:a)),
+    'a run twice, once in capitals');
+SELECT is((SELECT (results, errors, events)::text FROM runrow._finish_runs_input(jsonb_build_array(
+        :el0 || '{"result": null, "error": null, "events": null}'))),
+    '({NULL},{NULL},{NULL})', 'JSON nulls for result, error and events are valid, and NULL');
+SELECT is((SELECT events FROM runrow._finish_runs_input(jsonb_build_array(
+        :el0 || '{"events": [{"type": "message_start"}, {"type": "text", "text": "hi"}, {"type": "message_stop"}]}'))),
+    ARRAY['[{"type": "message_start"}, {"type": "text", "text": "hi"}, {"type": "message_stop"}]'::jsonb],
+    'a worker''s events are valid, and kept as given');
 SELECT is(pg_temp.written(), :'before', 'nothing written, good input or bad');
 
 SELECT * FROM finish();
