@@ -64,6 +64,7 @@ SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)',
 -- LIKE of the UUID's shape and the cast stand for "a string, a canonical UUID"; jsonpath for
 -- the events). Inputs made to slip through such a proof are refused with the exact pass's error.
 \set el0 '(:''runs''::jsonb -> 0)'
+\set event_msg 'runs[0].events[%s] must be an object with a non-empty string "type" that is not reserved ("complete" and "run_*" are written by runrow itself)'
 SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
         jsonb_set(:el0, '{run_id}', '["aaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaa"]'))),
     '22023', 'runs[0].run_id must be a UUID string, got ["aaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaa"]',
@@ -85,20 +86,16 @@ SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_bui
     '22023', 'runs[0].events must be a JSON array of event objects, got object', 'events that are one object');
 SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
         jsonb_set(:el0, '{events}', '[{"type": "text"}, [{"type": "text"}]]'))),
-    '22023', 'runs[0].events[1] must be an object with a non-empty string "type" that is not reserved '
-    '("complete" and "run_*" are written by runrow itself)', 'an event that is an array of a valid event');
+    '22023', format(:'event_msg', 1), 'an event that is an array of a valid event');
 SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
         jsonb_set(:el0, '{events}', '[{"type": ["text"]}]'))),
-    '22023', 'runs[0].events[0] must be an object with a non-empty string "type" that is not reserved '
-    '("complete" and "run_*" are written by runrow itself)', 'an event whose type is an array of a string');
+    '22023', format(:'event_msg', 0), 'an event whose type is an array of a string');
 SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
         jsonb_set(:el0, '{events}', '[{"text": "x"}]'))),
-    '22023', 'runs[0].events[0] must be an object with a non-empty string "type" that is not reserved '
-    '("complete" and "run_*" are written by runrow itself)', 'an event without a type');
+    '22023', format(:'event_msg', 0), 'an event without a type');
 SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
         jsonb_set(:el0, '{events}', '[{"type": "run_claimed"}]'))),
-    '22023', 'runs[0].events[0] must be an object with a non-empty string "type" that is not reserved '
-    '("complete" and "run_*" are written by runrow itself)', 'an event of a reserved type');
+    '22023', format(:'event_msg', 0), 'an event of a reserved type');
 SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
         :el0, jsonb_set(:'runs'::jsonb -> 1, '{run_id}', to_jsonb(upper(:a))))),
     '22023', format('runs[1].run_id "%s" is already runs[0]: each run at most once per call', upper(:a)),
