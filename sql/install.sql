@@ -9038,18 +9038,22 @@ BEGIN
     -- written, as claim_runs after finish_runs would: a second claiming statement, paid only
     -- when such a turn exists (one probe by conversation, and none while the walk filled
     -- every slot, the common case under load).
-    IF ended_convs IS NOT NULL AND coalesce(cardinality(claimed_rows), 0) < finish_and_claim_runs.max_runs
-       AND EXISTS (
-           SELECT 1 FROM runrow.agent_run AS n
-           WHERE n.conversation_id = ANY (ended_convs) AND n.status = 'queued'
-       ) THEN
-        claimed_rows := coalesce(claimed_rows, '{}') || ARRAY(
-            SELECT c FROM runrow._claim(
-                finish_and_claim_runs.worker_id,
-                finish_and_claim_runs.max_runs - coalesce(cardinality(claimed_rows), 0),
-                finish_and_claim_runs.lease_seconds
-            ) AS c
-        );
+    -- Two IFs, not one: an IF whose condition holds a subquery starts the subquery's plan on
+    -- every call, even when the tests before it settle the IF (the cheap tests alone are a
+    -- simple expression, which PL/pgSQL evaluates without starting a plan).
+    IF ended_convs IS NOT NULL AND coalesce(cardinality(claimed_rows), 0) < finish_and_claim_runs.max_runs THEN
+        IF EXISTS (
+            SELECT 1 FROM runrow.agent_run AS n
+            WHERE n.conversation_id = ANY (ended_convs) AND n.status = 'queued'
+        ) THEN
+            claimed_rows := coalesce(claimed_rows, '{}') || ARRAY(
+                SELECT c FROM runrow._claim(
+                    finish_and_claim_runs.worker_id,
+                    finish_and_claim_runs.max_runs - coalesce(cardinality(claimed_rows), 0),
+                    finish_and_claim_runs.lease_seconds
+                ) AS c
+            );
+        END IF;
     END IF;
 
     -- The wakes, as finish_runs sends them: each ended run's tails, if a tail watches it (the
