@@ -200,8 +200,9 @@ def report(figures: dict[str, float]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.instructions",
-        description="Backend instructions per run of finish_and_claim_runs, counted by callgrind "
-        "(difference between a SMALL and a LARGE drain).",
+        description="Backend instructions per run of finish_and_claim_runs, and per job of PgQueuer "
+        "draining beside it, counted by callgrind (difference between a SMALL and a LARGE drain); "
+        "prints runrow/PgQueuer at each batch size.",
     )
     parser.add_argument(
         "--batch", type=int, nargs="+", default=[1, 10], help="max_runs of each call (default 1 10)"
