@@ -153,8 +153,10 @@ async def _pgqueuer_setup(url: str, jobs: int) -> None:
         await conn.execute("VACUUM ANALYZE")
 
 
-def pgqueuer_worker(url: str, batch: int, ready: Callable[[], None]) -> int:
-    return asyncio.run(_pgqueuer_worker(url, batch, ready, "asyncpg"))
+def pgqueuer_worker(
+    url: str, batch: int, ready: Callable[[], None], backend_pid: Callable[[int], None] | None = None
+) -> int:
+    return asyncio.run(_pgqueuer_worker(url, batch, ready, "asyncpg", backend_pid))
 
 
 def pgqueuer_psycopg_worker(url: str, batch: int, ready: Callable[[], None]) -> int:

@@ -35,7 +35,6 @@ defaults takes about two minutes. Compare two versions by running it on each.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import shutil
 import stat
@@ -48,10 +47,10 @@ import psycopg
 from bench.drain import (
     ECHO_ENQUEUE,
     FINISH_AND_CLAIM,
-    _pgqueuer_worker,
     acks,
     pgqueuer_check,
     pgqueuer_setup,
+    pgqueuer_worker,
     runrow_check,
 )
 from pyworker.db.devdb import PG_BIN, Cluster, database_url_for, restart, throwaway
@@ -83,12 +82,21 @@ def peer(url: str, batch: int) -> int:
     """Drain the database's PgQueuer queue as bench.drain's peer row does; returns the backend's
     pid."""
     pids: list[int] = []
-    asyncio.run(_pgqueuer_worker(url, batch, lambda: None, "asyncpg", backend_pid=pids.append))
+    pgqueuer_worker(url, batch, lambda: None, backend_pid=pids.append)
     return pids[0]
+
+
+# The figures' keys: runrow's shapes, PgQueuer's, and the ratio of the two.
+def runrow_shape(batch: int, events: int) -> str:
+    return f"batch {batch}, {events} events"
 
 
 def peer_shape(batch: int) -> str:
     return f"PgQueuer, batch {batch}"
+
+
+def ratio_shape(batch: int) -> str:
+    return f"runrow/PgQueuer, batch {batch}"
 
 
 def instructions(outdir: Path, pid: int, timeout: float = 120.0) -> int:
@@ -127,8 +135,9 @@ def count(
     keep: Path | None = None,
     with_peer: bool = True,
 ) -> dict[str, float]:
-    """Instructions per run for each (batch, events) shape, keyed "batch B, E events", and per
-    job of PgQueuer at each batch, keyed "PgQueuer, batch B" (unless with_peer is False)."""
+    """Instructions per run for each (batch, events) shape, keyed "batch B, E events"; unless
+    with_peer is False, per job of PgQueuer at each batch, keyed "PgQueuer, batch B", and
+    runrow's figure without events over PgQueuer's, keyed "runrow/PgQueuer, batch B"."""
     # (system, batch, events): the peer's jobs have no events.
     shapes = [("runrow", b, e) for b in batches for e in events]
     if with_peer:
@@ -172,28 +181,31 @@ def count(
                 if keep is not None:
                     keep.mkdir(parents=True, exist_ok=True)
                     shutil.copy(outdir / f"cg.{pid}", keep / kept)
-            shape = peer_shape(b) if system == "pgqueuer" else f"batch {b}, {e} events"
+            shape = peer_shape(b) if system == "pgqueuer" else runrow_shape(b, e)
             figures[shape] = (counts[large] - counts[small]) / (large - small)
+    if with_peer and 0 in events:
+        for b in batches:
+            figures[ratio_shape(b)] = figures[runrow_shape(b, 0)] / figures[peer_shape(b)]
     return figures
 
 
 def report(figures: dict[str, float]) -> list[str]:
+    kinds: dict[str, list[tuple[str, float]]] = {"runrow": [], "peer": [], "ratio": []}
+    for shape, figure in figures.items():
+        if shape.startswith("runrow/"):
+            kinds["ratio"].append((shape, figure))
+        elif shape.startswith("PgQueuer"):
+            kinds["peer"].append((shape, figure))
+        else:
+            kinds["runrow"].append((shape, figure))
     lines = ["=== backend instructions per run (callgrind; one session chaining finish_and_claim_runs) ==="]
-    lines += [
-        f"  {shape + ' per ending:':<28} {per_run:>12,.0f}"
-        for shape, per_run in figures.items()
-        if not shape.startswith("PgQueuer")
-    ]
-    peers = {shape: per_job for shape, per_job in figures.items() if shape.startswith("PgQueuer")}
-    if peers:
+    lines += [f"  {shape + ' per ending:':<28} {per_run:>12,.0f}" for shape, per_run in kinds["runrow"]]
+    if kinds["peer"]:
         lines.append("=== PgQueuer's backend instructions per job (asyncpg, one QueueManager draining) ===")
-        lines += [f"  {shape + ':':<28} {per_job:>12,.0f}" for shape, per_job in peers.items()]
+        lines += [f"  {shape + ':':<28} {per_job:>12,.0f}" for shape, per_job in kinds["peer"]]
+    if kinds["ratio"]:
         lines.append("=== runrow (no events) / PgQueuer, instructions per job: below 1 is cheaper ===")
-        for shape, per_job in peers.items():
-            batch = int(shape.rsplit(" ", 1)[1])
-            ours = figures.get(f"batch {batch}, 0 events")
-            if ours is not None:
-                lines.append(f"  batch {batch}: {ours / per_job:>27.2f}x")
+        lines += [f"  {shape + ':':<28} {ratio:>11.2f}x" for shape, ratio in kinds["ratio"]]
     return lines
 
 

@@ -45,7 +45,8 @@ def test_instruction_counts_per_run_show_what_batching_shares(tmp_path: Path) ->
     for batch in (1, 5):
         assert figures[f"PgQueuer, batch {batch}"] > 10_000, done.stdout
         ratio = figures[f"batch {batch}, 0 events"] / figures[f"PgQueuer, batch {batch}"]
-        assert f"  batch {batch}: {ratio:>27.2f}x" in done.stdout
+        assert figures[f"runrow/PgQueuer, batch {batch}"] == pytest.approx(ratio)
+        assert f"runrow/PgQueuer, batch {batch}:" in done.stdout and f"{ratio:.2f}x" in done.stdout
     assert sorted(p.name for p in keep.iterdir()) == [
         "batch1-events0-runs10.callgrind",
         "batch1-events0-runs30.callgrind",
