@@ -69,9 +69,11 @@ SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_bui
         jsonb_set(:el0, '{run_id}', '["aaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaa"]'))),
     '22023', 'runs[0].run_id must be a UUID string, got ["aaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaa"]',
     'a run_id that is an array whose text has the UUID''s shape');
+SELECT replace(gen_random_uuid()::text, '-', '') AS bare_token \gset
 SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
-        jsonb_set(:el0, '{claim_token}', to_jsonb(replace(gen_random_uuid()::text, '-', '')) ))),
-    '22023', NULL, 'a claim_token the uuid cast takes but the canonical shape does not (no hyphens)');
+        jsonb_set(:el0, '{claim_token}', to_jsonb(:'bare_token'::text)))),
+    '22023', format('runs[0].claim_token must be a UUID string, got "%s"', :'bare_token'),
+    'a claim_token the uuid cast takes but the canonical shape does not (no hyphens)');
 SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
         jsonb_set(:el0, '{status}', '["completed"]'))),
     '22023', 'runs[0].status must be one of completed, failed, cancelled, got ["completed"]',
