@@ -294,9 +294,11 @@ BEGIN
         ('unique index', 'run_event_pkey', 'run_event'),
         -- Since 0034 the rules on what an enqueue sets, when those columns are written.
         ('trigger', 'agent_run_settings', 'agent_run'),
-        -- Once per statement: turn order and unblocking the next turn (0028); the sticky,
-        -- identity and lifecycle rules and the webhook outbox (0042; row triggers before).
+        -- Once per statement: turn order and unblocking the next turn (0028); the sticky and
+        -- lifecycle rules and the webhook outbox (0042; row triggers before).
         ('trigger', 'agent_run_after_update', 'agent_run'),
+        -- A run's identity, when a statement assigns one of its columns (0044).
+        ('trigger', 'agent_run_identity_guard', 'agent_run'),
         ('trigger', 'agent_run_no_delete', 'agent_run'),
         ('trigger', 'agent_run_no_truncate', 'agent_run'),
         ('trigger', 'run_event_guard', 'run_event'),

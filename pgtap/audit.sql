@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(87);
+SELECT plan(88);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'audit', ARRAY['interval', 'interval', 'interval', 'interval', 'interval'],
@@ -124,6 +124,11 @@ SELECT results_eq($$SELECT detail FROM runrow.audit() WHERE run_id IS NULL$$,
     $$VALUES ('trigger agent_run_after_update on runrow.agent_run is missing, invalid or disabled')$$,
     'schema_guard_missing: the turn-order and unblocking statement trigger (0028) is a guard too');
 ALTER TABLE runrow.agent_run ENABLE TRIGGER agent_run_after_update;
+ALTER TABLE runrow.agent_run DISABLE TRIGGER agent_run_identity_guard;
+SELECT results_eq($$SELECT detail FROM runrow.audit() WHERE run_id IS NULL$$,
+    $$VALUES ('trigger agent_run_identity_guard on runrow.agent_run is missing, invalid or disabled')$$,
+    'schema_guard_missing: the identity rule''s column-gated trigger (0044) is a guard too');
+ALTER TABLE runrow.agent_run ENABLE TRIGGER agent_run_identity_guard;
 ALTER TABLE runrow.run_event DISABLE TRIGGER run_event_delete_guard;
 SELECT results_eq($$SELECT detail FROM runrow.audit() WHERE run_id IS NULL$$,
     $$VALUES ('trigger run_event_delete_guard on runrow.run_event is missing, invalid or disabled')$$,

@@ -8,7 +8,7 @@ BEGIN;
 \ir helpers/row_versions.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(66);
+SELECT plan(67);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{jsonb}'''
@@ -250,23 +250,29 @@ SELECT results_eq(format('SELECT finished FROM runrow.finish_runs(%L)', jsonb_bu
     $$VALUES (true), (true)$$, 'and the same runs finish once the batch is well formed (a UUID in capitals is one)');
 
 -- The batch path pays no per-row trigger call: agent_run's rules, turn order and the outbox are
--- checked once per statement (0042; the row guards before it were skipped by their WHEN).
+-- checked once per statement (0042; the row guards before it were skipped by their WHEN), and
+-- a run's identity by a trigger gated on columns no claim or ending assigns (0044).
 SELECT pg_temp.drain_queue();
 SELECT count(pg_temp.new_run()) AS queued FROM generate_series(1, 5) \gset
 SET LOCAL track_functions = 'all';
 SELECT coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_after_update'::regproc), 0) AS after_before,
-       coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_settings'::regproc), 0) AS settings_before \gset
+       coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_settings'::regproc), 0) AS settings_before,
+       coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_identity_guard'::regproc), 0) AS identity_before \gset
 SELECT jsonb_agg(jsonb_build_object('run_id', c.run_id, 'claim_token', c.claim_token, 'status', 'completed')) AS acks
 FROM runrow.claim_runs('w', 5) AS c \gset
 SELECT results_eq(format('SELECT count(*) FILTER (WHERE finished) FROM runrow.finish_runs(%L)', :'acks'),
     $$VALUES (5::bigint)$$, 'a batch of five is claimed and finished');
-SELECT is(array_agg(t.tgname::text ORDER BY t.tgname), ARRAY['agent_run_settings'],
-    'the one row-level UPDATE trigger of agent_run is agent_run_settings, column-gated on what an enqueue sets')
+SELECT is(array_agg(t.tgname || CASE WHEN cardinality(t.tgattr::int2[]) > 0 THEN ' (gated)' ELSE '' END
+        ORDER BY t.tgname), ARRAY['agent_run_identity_guard (gated)', 'agent_run_settings (gated)'],
+    'the row-level UPDATE triggers of agent_run are agent_run_identity_guard and agent_run_settings, '
+    'each gated on columns no claim or ending assigns (the identity, what an enqueue sets)')
 FROM pg_trigger AS t
 WHERE t.tgrelid = 'runrow.agent_run'::regclass AND NOT t.tgisinternal
   AND (t.tgtype::int & 1) = 1 AND (t.tgtype::int & 16) = 16;
 SELECT is(coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_settings'::regproc), 0) - :settings_before,
-    0::bigint, 'and claim_runs and finish_runs fire it for none of their rows');
+    0::bigint, 'and claim_runs and finish_runs fire agent_run_settings for none of their rows');
+SELECT is(coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_identity_guard'::regproc), 0)
+    - :identity_before, 0::bigint, 'nor agent_run_identity_guard');
 SELECT is(coalesce(pg_stat_get_xact_function_calls('runrow._agent_run_after_update'::regproc), 0) - :after_before,
     2::bigint, 'turn order and the endings'' next turns are looked at once per statement (the claim''s, the '
     'finish''s), not once per run, and not for a promotion of delayed runs when none is due');

@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(61);
+SELECT plan(64);
 SELECT pg_temp.drain_queue();
 SELECT pg_temp.owner() AS owner \gset
 
@@ -66,6 +66,19 @@ SELECT throws_ok(format($$UPDATE runrow.agent_run SET model = 'other', status = 
         WHERE id = %L$$, :'queued'),
     '23000', format('run %s: id, conversation, message, model, prompt and created_at are immutable', :'queued'),
     'an identity change beside an illegal status move is reported as the identity change');
+-- Since 0044 identity is a row trigger gated on the identity columns (agent_run_identity_guard):
+-- it fires only where a statement assigns one, refuses only a real change, for the owner too,
+-- and reports a terminal run's identity change as sticky, as the rules' order has it.
+SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
+        format($$UPDATE runrow.agent_run SET created_at = created_at - interval '1 day' WHERE id = %L$$, :'queued')),
+    '23000', format('run %s: id, conversation, message, model, prompt and created_at are immutable', :'queued'),
+    'the owner cannot backdate a run either');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET model = 'other' WHERE id = %L$$, :'completed'),
+    '23000', format('run %s is completed and terminal states are sticky', :'completed'),
+    'a terminal run''s identity change is reported as sticky');
+SELECT lives_ok(format($$UPDATE runrow.agent_run SET model = model, conversation_id = conversation_id,
+        updated_at = now() WHERE id = %L$$, :'queued'),
+    'an identity column assigned its own value is no change, and is allowed');
 SELECT pg_temp.new_run() AS fine \gset
 SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = CASE WHEN id = %L THEN 'completed' ELSE status END,
         finished_at = CASE WHEN id = %L THEN now() END, updated_at = now() WHERE id IN (%L, %L)$$,
