@@ -40,7 +40,13 @@ class Server:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="on"))
+        # Keep-alive past any wait a test makes (the stop functions' 5 s lock_timeout, twice over
+        # for a stop queued behind another): at uvicorn's default of 5 s the server closed a
+        # pooled connection just as the test's next request reused it (ECONNRESET on a POST,
+        # which no client retries), the race every client of a keep-alive server has.
+        self._server = uvicorn.Server(
+            uvicorn.Config(self.app, log_level="warning", lifespan="on", timeout_keep_alive=60)
+        )
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, name="uvicorn", daemon=True
         )
