@@ -283,11 +283,8 @@ BEGIN
     SELECT 'schema_guard_missing'::text, NULL::uuid,
            format('%s %s on runrow.%s is missing, invalid or disabled', g.kind, g.name, g.tbl)
     FROM (VALUES
-        ('constraint', 'agent_run_claim_iff_running', 'agent_run'),
-        ('constraint', 'agent_run_no_claim_unless_running', 'agent_run'),
-        ('constraint', 'agent_run_attempt_range', 'agent_run'),
-        ('constraint', 'agent_run_running_has_attempt', 'agent_run'),
-        ('constraint', 'agent_run_finished_iff_terminal', 'agent_run'),
+        -- Since 0045 the six rules on status, attempt, claim and finish, in one CHECK.
+        ('constraint', 'agent_run_state', 'agent_run'),
         ('unique index', 'agent_run_one_active_per_conversation', 'agent_run'),
         ('unique index', 'agent_run_idempotency_key', 'agent_run'),
         ('unique index', 'agent_run_one_retry', 'agent_run'),

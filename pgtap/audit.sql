@@ -156,21 +156,20 @@ SELECT is(pg_temp.audit_of(:'b_lease', lease_grace => '2 hours'), '', 'a longer 
 
 -- running_without_claim
 SELECT pg_temp.running() AS b_noclaim \gset
-ALTER TABLE runrow.agent_run DROP CONSTRAINT agent_run_claim_iff_running;
+-- agent_run_state holds the row rules below: dropped once, here.
+ALTER TABLE runrow.agent_run DROP CONSTRAINT agent_run_state;
 UPDATE runrow.agent_run SET worker_id = NULL WHERE id = :'b_noclaim';
 SELECT is(pg_temp.audit_of(:'b_noclaim'), 'running_without_claim', 'running_without_claim: no worker');
 SELECT ok(EXISTS (SELECT 1 FROM runrow.audit() WHERE invariant = 'schema_guard_missing'
-    AND detail LIKE 'constraint agent_run_claim_iff_running %'), 'the dropped CHECK constraint is named too');
+    AND detail LIKE 'constraint agent_run_state %'), 'the dropped CHECK constraint is named too');
 
 -- attempt_out_of_range
 SELECT pg_temp.running() AS b_attempt \gset
-ALTER TABLE runrow.agent_run DROP CONSTRAINT agent_run_attempt_range;
 UPDATE runrow.agent_run SET attempt = 2 WHERE id = :'b_attempt';
 SELECT is(pg_temp.audit_of(:'b_attempt'), 'attempt_out_of_range', 'attempt_out_of_range: attempt 2 of max 1');
 
 -- live_run_has_finished_at
 SELECT pg_temp.running() AS b_livefin \gset
-ALTER TABLE runrow.agent_run DROP CONSTRAINT agent_run_finished_iff_terminal;
 UPDATE runrow.agent_run SET finished_at = now() WHERE id = :'b_livefin';
 SELECT is(pg_temp.audit_of(:'b_livefin'), 'live_run_has_finished_at', 'live_run_has_finished_at: running with finished_at');
 
@@ -181,7 +180,6 @@ SELECT is(pg_temp.audit_of(:'b_nofin'), 'terminal_without_finished_at', 'termina
 
 -- terminal_run_holds_claim: a token is found in all history (anomaly index); a lease
 -- alone only within history_window (no index may cover the lease: heartbeats stay HOT).
-ALTER TABLE runrow.agent_run DROP CONSTRAINT agent_run_no_claim_unless_running;
 SELECT pg_temp.finished() AS b_token \gset
 SELECT pg_temp.bypass(format('UPDATE runrow.agent_run SET claim_token = gen_random_uuid() WHERE id = %L', :'b_token'));
 SELECT is(pg_temp.audit_of(:'b_token'), 'terminal_run_holds_claim', 'terminal_run_holds_claim: a claim token');

@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(64);
+SELECT plan(70);
 SELECT pg_temp.drain_queue();
 SELECT pg_temp.owner() AS owner \gset
 
@@ -177,6 +177,40 @@ SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', attemp
 SELECT throws_ok(format($$UPDATE runrow.agent_run SET attempt = 2 WHERE id = %L$$, :'bare'),
     '23514', 'new row for relation "agent_run" violates check constraint "agent_run_attempt_range"',
     'attempt beyond max_attempts is rejected');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET finished_at = now() WHERE id = %L$$, :'bare'),
+    '23514', 'new row for relation "agent_run" violates check constraint "agent_run_finished_iff_terminal"',
+    'a queued run with finished_at is rejected');
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'paused' WHERE id = %L$$, :'bare'),
+    '23514', 'new row for relation "agent_run" violates check constraint "agent_run_status_check"',
+    'an unknown status is rejected');
+-- Two rules broken at once: the first by name is reported, as PostgreSQL orders CHECKs.
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET attempt = 2, finished_at = now() WHERE id = %L$$, :'bare'),
+    '23514', 'new row for relation "agent_run" violates check constraint "agent_run_attempt_range"',
+    'of two broken rules the first by name is reported');
+-- The error carries the rule's name in its constraint field, as a failed CHECK does.
+CREATE FUNCTION pg_temp.broken_constraint(stmt text) RETURNS text LANGUAGE plpgsql AS $fn$
+DECLARE
+    name text;
+BEGIN
+    EXECUTE stmt;
+    RETURN NULL;
+EXCEPTION WHEN check_violation THEN
+    GET STACKED DIAGNOSTICS name = CONSTRAINT_NAME;
+    RETURN name;
+END
+$fn$;
+SELECT is(pg_temp.broken_constraint(format(
+        $$UPDATE runrow.agent_run SET claim_token = gen_random_uuid() WHERE id = %L$$, :'bare')),
+    'agent_run_no_claim_unless_running', 'the error names the broken rule as its constraint');
+-- The six rules are one CHECK whose text is one call: PostgreSQL compiles a CHECK's text for
+-- every statement that writes the table (migration 0045).
+SELECT results_eq(
+    $$SELECT conname::text COLLATE "default", convalidated FROM pg_constraint
+      WHERE conrelid = 'runrow.agent_run'::regclass AND contype = 'c'$$,
+    $$VALUES ('agent_run_state', true)$$,
+    'agent_run has one CHECK constraint, validated');
+SELECT ok(pg_get_constraintdef((SELECT oid FROM pg_constraint WHERE conname = 'agent_run_state'))
+    ~ '^CHECK \(runrow\._agent_run_state_valid\(', 'its expression is one call of _agent_run_state_valid');
 
 -- Runs are never deleted, live or ended; neither table can be truncated.
 SELECT throws_ok(format('DELETE FROM runrow.agent_run WHERE id = %L', :'bare'),

@@ -5216,6 +5216,130 @@ INSERT INTO runrow._yoyo_migration VALUES ('c52e260c315b4bbe94cfee80d4713e5ec77d
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'c52e260c315b4bbe94cfee80d4713e5ec77d2fb5fa07322a751a1636e6b79c29', '0044_agent_run_identity_by_column', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0045_agent_run_state_rules_in_one_check
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'c146ffcd23d2e866e11e1f15f5b921c90fcc4c4e2c94d56e7fe052d8f70cf5c9') AS apply_c146ffcd23d2 \gset
+\if :apply_c146ffcd23d2
+-- depends: 0044_agent_run_identity_by_column
+-- agent_run's six row rules on status, attempt, claim and finish are one CHECK constraint,
+-- agent_run_state, whose expression is one call of an IMMUTABLE PL/pgSQL function (issue 11:
+-- the fixed cost of every statement that writes agent_run).
+--
+-- Why: PostgreSQL keeps a CHECK's expression as node text (pg_constraint.conbin) and, for
+-- every INSERT or UPDATE statement, reads it back (stringToNode, about 26 instructions a
+-- character) and compiles it before the first row. The six CHECKs were 6,576 characters,
+-- about a tenth of a batch-1 claim or ending (python -m bench.instructions), however few rows
+-- the statement wrote. One call of seven columns is about 1,000 characters; the function's
+-- own expressions are compiled once per session, and each row then pays one function call.
+--
+-- The rules, their order and their errors are those of the six constraints: PostgreSQL checks
+-- a table's CHECKs in the order of their names, and the function tries them in that order
+-- once the fast expression has failed, raising 23514 with the same message and constraint
+-- name (CONSTRAINT field) that the failing constraint raised. A rule's NULL passes, as in a
+-- CHECK. The constraint stays in the schema: \d runrow.agent_run shows it, the function's
+-- body is the rules' text, and audit() reports the constraint missing, invalid or disabled.
+--
+-- Added NOT VALID here and validated by 0046 in a transaction of its own: ADD CONSTRAINT
+-- takes ACCESS EXCLUSIVE, but only NOT VALID skips the scan that would hold it over the
+-- whole table; VALIDATE CONSTRAINT scans under SHARE UPDATE EXCLUSIVE, beside running
+-- workers. A NOT VALID constraint binds every row written from the moment it is added, and
+-- the rows already there met the six constraints it replaces.
+--
+-- Measured with python -m bench.instructions: see the commit message.
+
+CREATE FUNCTION runrow._agent_run_state_valid(
+    status text,
+    attempt integer,
+    max_attempts integer,
+    claim_token uuid,
+    worker_id text,
+    claim_expires_at timestamptz,
+    finished_at timestamptz
+) RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+PARALLEL SAFE
+AS $fn$
+DECLARE
+    broken text;
+BEGIN
+    -- The six rules at once: the one expression a valid row evaluates.
+    IF coalesce(attempt >= 0 AND attempt <= max_attempts, TRUE)
+        AND coalesce((status = 'running') = (
+            claim_token IS NOT NULL AND worker_id IS NOT NULL AND claim_expires_at IS NOT NULL
+        ), TRUE)
+        AND coalesce((status IN ('completed', 'failed', 'cancelled', 'dead')) = (finished_at IS NOT NULL), TRUE)
+        AND coalesce(status = 'running' OR (claim_token IS NULL AND claim_expires_at IS NULL), TRUE)
+        AND coalesce(status <> 'running' OR attempt >= 1, TRUE)
+        AND coalesce(status IN ('queued', 'running', 'waiting', 'completed', 'failed', 'cancelled', 'dead'), TRUE)
+        THEN
+        RETURN TRUE;
+    END IF;
+    -- The first broken rule, in the order of the constraint names (PostgreSQL's order).
+    broken := CASE
+        WHEN NOT coalesce(attempt >= 0 AND attempt <= max_attempts, TRUE)
+            THEN 'agent_run_attempt_range'
+        WHEN NOT coalesce((status = 'running') = (
+            claim_token IS NOT NULL AND worker_id IS NOT NULL AND claim_expires_at IS NOT NULL
+        ), TRUE)
+            THEN 'agent_run_claim_iff_running'
+        WHEN NOT coalesce((status IN ('completed', 'failed', 'cancelled', 'dead')) = (finished_at IS NOT NULL), TRUE)
+            THEN 'agent_run_finished_iff_terminal'
+        WHEN NOT coalesce(status = 'running' OR (claim_token IS NULL AND claim_expires_at IS NULL), TRUE)
+            THEN 'agent_run_no_claim_unless_running'
+        WHEN NOT coalesce(status <> 'running' OR attempt >= 1, TRUE)
+            THEN 'agent_run_running_has_attempt'
+        ELSE 'agent_run_status_check'
+    END;
+    RAISE EXCEPTION 'new row for relation "agent_run" violates check constraint "%"', broken
+        USING ERRCODE = 'check_violation', CONSTRAINT = broken, TABLE = 'agent_run', SCHEMA = 'runrow';
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._agent_run_state_valid(
+    text, integer, integer, uuid, text, timestamptz, timestamptz
+) FROM PUBLIC;
+
+COMMENT ON FUNCTION runrow._agent_run_state_valid(
+    text, integer, integer, uuid, text, timestamptz, timestamptz
+) IS
+'The expression of agent_run''s CHECK constraint agent_run_state: TRUE when the row meets the six '
+'rules (attempt_range: 0 <= attempt <= max_attempts; claim_iff_running: running exactly when '
+'claim_token, worker_id and claim_expires_at are all set; finished_iff_terminal: finished_at set '
+'exactly when the status is terminal; no_claim_unless_running: no token or lease unless running; '
+'running_has_attempt: a running run is at attempt 1 or more; status_check: a known status), a '
+'rule whose value is NULL passing as in a CHECK. Otherwise it raises 23514 naming the first '
+'broken rule, in name order, as agent_run_<rule>, with the message PostgreSQL gives a failed '
+'CHECK. IMMUTABLE: it reads its arguments only.';
+
+ALTER TABLE runrow.agent_run
+ADD CONSTRAINT agent_run_state CHECK (
+    runrow._agent_run_state_valid(
+        status, attempt, max_attempts, claim_token, worker_id, claim_expires_at, finished_at
+    )
+) NOT VALID,
+DROP CONSTRAINT agent_run_attempt_range,
+DROP CONSTRAINT agent_run_claim_iff_running,
+DROP CONSTRAINT agent_run_finished_iff_terminal,
+DROP CONSTRAINT agent_run_no_claim_unless_running,
+DROP CONSTRAINT agent_run_running_has_attempt,
+DROP CONSTRAINT agent_run_status_check;
+INSERT INTO runrow._yoyo_migration VALUES ('c146ffcd23d2e866e11e1f15f5b921c90fcc4c4e2c94d56e7fe052d8f70cf5c9', '0045_agent_run_state_rules_in_one_check', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'c146ffcd23d2e866e11e1f15f5b921c90fcc4c4e2c94d56e7fe052d8f70cf5c9', '0045_agent_run_state_rules_in_one_check', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0046_agent_run_state_validated
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'ef8d265408c0294dc7bb89e5c4f83ba2df572c887613be0db8b928a92cc7fccc') AS apply_ef8d265408c0 \gset
+\if :apply_ef8d265408c0
+-- depends: 0045_agent_run_state_rules_in_one_check
+-- Validate agent_run_state (added NOT VALID by 0045) in a transaction of its own: the scan of
+-- agent_run runs under SHARE UPDATE EXCLUSIVE, which claims, heartbeats and endings do not
+-- wait for. audit() reports the constraint while it is not validated.
+
+ALTER TABLE runrow.agent_run VALIDATE CONSTRAINT agent_run_state;
+INSERT INTO runrow._yoyo_migration VALUES ('ef8d265408c0294dc7bb89e5c4f83ba2df572c887613be0db8b928a92cc7fccc', '0046_agent_run_state_validated', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'ef8d265408c0294dc7bb89e5c4f83ba2df572c887613be0db8b928a92cc7fccc', '0046_agent_run_state_validated', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -7890,11 +8014,8 @@ BEGIN
     SELECT 'schema_guard_missing'::text, NULL::uuid,
            format('%s %s on runrow.%s is missing, invalid or disabled', g.kind, g.name, g.tbl)
     FROM (VALUES
-        ('constraint', 'agent_run_claim_iff_running', 'agent_run'),
-        ('constraint', 'agent_run_no_claim_unless_running', 'agent_run'),
-        ('constraint', 'agent_run_attempt_range', 'agent_run'),
-        ('constraint', 'agent_run_running_has_attempt', 'agent_run'),
-        ('constraint', 'agent_run_finished_iff_terminal', 'agent_run'),
+        -- Since 0045 the six rules on status, attempt, claim and finish, in one CHECK.
+        ('constraint', 'agent_run_state', 'agent_run'),
         ('unique index', 'agent_run_one_active_per_conversation', 'agent_run'),
         ('unique index', 'agent_run_idempotency_key', 'agent_run'),
         ('unique index', 'agent_run_one_retry', 'agent_run'),

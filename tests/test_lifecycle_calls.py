@@ -13,7 +13,10 @@ What this pins (migration 0028 and the argument checks of the hot functions):
 - a claim that finds nothing runs no UPDATE at all, and reads no fleet-limit table;
 - the argument helpers (_require_*) are called only when an argument is bad;
 - heartbeat and finish_run stamp updated_at themselves, so agent_run's guard trigger (whose WHEN
-  passes any write that leaves updated_at behind) skips its call for them, as for the batch path.
+  passes any write that leaves updated_at behind) skips its call for them, as for the batch path;
+- the per-row calls are the two rules that need one: the journal guard per journal row, and
+  agent_run_state's function per agent_run row written (0045; its CHECK compiled per statement
+  is a call's text, not the six rules').
 """
 
 from __future__ import annotations
@@ -87,24 +90,33 @@ def test_a_batch_lifecycle_runs_a_fixed_number_of_functions(
     )
     drain(owner)
 
-    # The journal guard is the one per-row call left: it assigns each row its seq.
+    # Two calls per row are left, each a rule of the schema: the journal guard (it assigns each
+    # journal row its seq) and agent_run_state's function (migration 0045: a call per written
+    # row costs less than the six CHECKs' text compiled per statement, up to batch 10 at least).
     assert claim == {
         "claim_runs": 1,
         "_claim": 1,
         "_claim_walk": 1,
         "_agent_run_after_update": 1,
+        "_agent_run_state_valid": RUNS,
         "_run_event_guard": RUNS,
     }
-    assert heartbeat == {"heartbeat": 1, "_agent_run_after_update": 1}
+    assert heartbeat == {"heartbeat": 1, "_agent_run_after_update": 1, "_agent_run_state_valid": 1}
     # No tail watches these runs: the wake helper is not called (its DELETE and PERFORM stay
     # off the call); test_a_watched_ending_still_wakes_its_tails has the other case.
     batch_finish = {"_finish_runs_input": 1, "_agent_run_after_update": 1}
-    assert finish == {"finish_runs": 1, **batch_finish, "_run_event_guard": RUNS}
+    assert finish == {
+        "finish_runs": 1,
+        **batch_finish,
+        "_agent_run_state_valid": RUNS,
+        "_run_event_guard": RUNS,
+    }
     # Ending a batch and claiming the next: one UPDATE, so agent_run's statement trigger once.
     assert both == {
         "finish_and_claim_runs": 1,
         "_claim_walk": 1,
         **batch_finish,
+        "_agent_run_state_valid": 2 * RUNS,
         "_run_event_guard": 2 * RUNS,
     }
     # The single-run functions share their journal helpers with the other writers.
@@ -121,6 +133,7 @@ def test_a_batch_lifecycle_runs_a_fixed_number_of_functions(
         "_journal": 1,
         "_journal_complete": 1,
         "_wake_tails_ended": 1,
+        "_agent_run_state_valid": 1,
         "_run_event_guard": 1,
     }
 
