@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(70);
+SELECT plan(76);
 SELECT pg_temp.drain_queue();
 SELECT pg_temp.owner() AS owner \gset
 
@@ -281,6 +281,29 @@ SELECT throws_ok(format($$INSERT INTO runrow.run_event (run_id, seq, type, paylo
 SELECT is(pg_temp.journal(:'live'), ARRAY['user_message_created', 'run_queued', 'run_claimed', 'text', 'text',
         'assigned', 'a', 'b', 'c'],
     'the journal is still gap-free from 1');
+-- The row's own rules, kept by the guard since 0047 (CHECKs before), with the CHECKs' errors,
+-- for the owner too.
+SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
+        format($$INSERT INTO runrow.run_event (run_id, type, payload) VALUES (%L, '', '{"type": ""}')$$, :'live')),
+    '23514', 'new row for relation "run_event" violates check constraint "run_event_type_check"',
+    'an empty type is refused, even for the owner');
+SELECT throws_ok(format($$INSERT INTO runrow.run_event (run_id, type, payload) VALUES (%L, 'text', '["text"]')$$,
+        :'live'),
+    '23514', 'new row for relation "run_event" violates check constraint "run_event_payload_check"',
+    'a payload that is not a JSON object is refused');
+SELECT throws_ok(format($$INSERT INTO runrow.run_event (run_id, type, payload) VALUES (%L, '', '"text"')$$,
+        :'live'),
+    '23514', 'new row for relation "run_event" violates check constraint "run_event_type_check"',
+    'both broken: the type is reported, as the CHECKs were checked in name order');
+SELECT is(pg_temp.broken_constraint(format(
+        $$INSERT INTO runrow.run_event (run_id, type, payload) VALUES (%L, 'text', '1')$$, :'live')),
+    'run_event_payload_check', 'the error names the rule as its constraint');
+SELECT throws_ok(format($$INSERT INTO runrow.run_event (run_id, seq, type, payload) VALUES (%L, 0, '', '1')$$,
+        :'live'),
+    '23000', format('run_event seq 0 for run %s is out of order: expected 10', :'live'),
+    'a seq below 1 is out of order before any row rule');
+SELECT is((SELECT count(*)::int FROM pg_constraint WHERE conrelid = 'runrow.run_event'::regclass AND contype = 'c'),
+    0, 'run_event has no CHECK constraint to compile per statement (0047)');
 SELECT max(seq) AS completed_last FROM runrow.run_event WHERE run_id = :'completed' \gset
 SELECT is((SELECT type FROM runrow.run_event WHERE run_id = :'completed' AND seq = :completed_last), 'complete',
     'the ended run''s last journal row is its complete');
