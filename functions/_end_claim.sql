@@ -32,9 +32,9 @@ BEGIN
         not_before = CASE
             WHEN NOT a.cancel_requested AND a.attempt < a.max_attempts THEN now() + _end_claim.retry_in
         END
+    -- By primary key and token only, as heartbeat (a token means running: agent_run_state).
     WHERE a.id = _end_claim.run_id
       AND a.claim_token = _end_claim.claim_token
-      AND a.status = 'running'
       AND (_end_claim.expired_grace_seconds IS NULL
            OR a.claim_expires_at < now() - make_interval(secs => _end_claim.expired_grace_seconds))
     RETURNING a.* INTO r;

@@ -180,9 +180,9 @@ SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
     PERFORM 1 FROM runrow.agent_run AS r
+    -- By primary key and token only, as heartbeat (a token means running: agent_run_state).
     WHERE r.id = _hold_claim.run_id
       AND r.claim_token = _hold_claim.claim_token
-      AND r.status = 'running'
     FOR NO KEY UPDATE;
     RETURN FOUND;
 END

@@ -37,9 +37,9 @@ BEGIN
     -- The fence. FOR UPDATE: this call may park the run. Lock order everywhere: the run,
     -- then its effect.
     SELECT a.* INTO r FROM runrow.agent_run AS a
+    -- By primary key and token only, as heartbeat (a token means running: agent_run_state).
     WHERE a.id = begin_tool_call.run_id
       AND a.claim_token = begin_tool_call.claim_token
-      AND a.status = 'running'
     FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;

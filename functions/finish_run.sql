@@ -39,9 +39,9 @@ BEGIN
         claim_expires_at = NULL,
         -- Every writer stamps updated_at itself (no BEFORE trigger does, since 0030).
         updated_at = now()
+    -- By primary key and token only, as heartbeat (a token means running: agent_run_state).
     WHERE r.id = finish_run.run_id
       AND r.claim_token = finish_run.claim_token
-      AND r.status = 'running'
     RETURNING r.conversation_id INTO conv;
     IF NOT FOUND THEN
         RETURN false;

@@ -23,9 +23,11 @@ BEGIN
         last_heartbeat_at = now(),
         -- Every writer stamps updated_at itself (unindexed too; no BEFORE trigger does, since 0030).
         updated_at = now()
+    -- By primary key and token only: a token is set exactly while the run is running
+    -- (agent_run_state), and a status test let the planner scan the whole partial index of
+    -- active turns instead, every running run's entry per beat (tests/test_fence_plans.py).
     WHERE r.id = heartbeat.run_id
       AND r.claim_token = heartbeat.claim_token
-      AND r.status = 'running'
     RETURNING r.cancel_requested INTO flag;
 
     IF FOUND THEN

@@ -6141,9 +6141,9 @@ BEGIN
         not_before = CASE
             WHEN NOT a.cancel_requested AND a.attempt < a.max_attempts THEN now() + _end_claim.retry_in
         END
+    -- By primary key and token only, as heartbeat (a token means running: agent_run_state).
     WHERE a.id = _end_claim.run_id
       AND a.claim_token = _end_claim.claim_token
-      AND a.status = 'running'
       AND (_end_claim.expired_grace_seconds IS NULL
            OR a.claim_expires_at < now() - make_interval(secs => _end_claim.expired_grace_seconds))
     RETURNING a.* INTO r;
@@ -6538,9 +6538,9 @@ SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
     PERFORM 1 FROM runrow.agent_run AS r
+    -- By primary key and token only, as heartbeat (a token means running: agent_run_state).
     WHERE r.id = _hold_claim.run_id
       AND r.claim_token = _hold_claim.claim_token
-      AND r.status = 'running'
     FOR NO KEY UPDATE;
     RETURN FOUND;
 END
@@ -8246,9 +8246,9 @@ BEGIN
     -- The fence. FOR UPDATE: this call may park the run. Lock order everywhere: the run,
     -- then its effect.
     SELECT a.* INTO r FROM runrow.agent_run AS a
+    -- By primary key and token only, as heartbeat (a token means running: agent_run_state).
     WHERE a.id = begin_tool_call.run_id
       AND a.claim_token = begin_tool_call.claim_token
-      AND a.status = 'running'
     FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;
@@ -9680,9 +9680,9 @@ BEGIN
         claim_expires_at = NULL,
         -- Every writer stamps updated_at itself (no BEFORE trigger does, since 0030).
         updated_at = now()
+    -- By primary key and token only, as heartbeat (a token means running: agent_run_state).
     WHERE r.id = finish_run.run_id
       AND r.claim_token = finish_run.claim_token
-      AND r.status = 'running'
     RETURNING r.conversation_id INTO conv;
     IF NOT FOUND THEN
         RETURN false;
@@ -10199,9 +10199,11 @@ BEGIN
         last_heartbeat_at = now(),
         -- Every writer stamps updated_at itself (unindexed too; no BEFORE trigger does, since 0030).
         updated_at = now()
+    -- By primary key and token only: a token is set exactly while the run is running
+    -- (agent_run_state), and a status test let the planner scan the whole partial index of
+    -- active turns instead, every running run's entry per beat (tests/test_fence_plans.py).
     WHERE r.id = heartbeat.run_id
       AND r.claim_token = heartbeat.claim_token
-      AND r.status = 'running'
     RETURNING r.cancel_requested INTO flag;
 
     IF FOUND THEN
