@@ -11,8 +11,8 @@
 -- own expressions are compiled once per session, and each row then pays one function call.
 --
 -- The rules, their order and their errors are those of the six constraints: PostgreSQL checks
--- a table's CHECKs in the order of their names, and the function tries them in that order
--- once the fast expression has failed, raising 23514 with the same message and constraint
+-- a table's CHECKs in the order of their names, and the function tests them in that order
+-- (each once, as the six CHECKs did), raising 23514 with the same message and constraint
 -- name (CONSTRAINT field) that the failing constraint raised. A rule's NULL passes, as in a
 -- CHECK. The constraint stays in the schema: \d runrow.agent_run shows it, the function's
 -- body is the rules' text, and audit() reports the constraint missing, invalid or disabled.
@@ -41,19 +41,9 @@ AS $fn$
 DECLARE
     broken text;
 BEGIN
-    -- The six rules at once: the one expression a valid row evaluates.
-    IF coalesce(attempt >= 0 AND attempt <= max_attempts, TRUE)
-        AND coalesce((status = 'running') = (
-            claim_token IS NOT NULL AND worker_id IS NOT NULL AND claim_expires_at IS NOT NULL
-        ), TRUE)
-        AND coalesce((status IN ('completed', 'failed', 'cancelled', 'dead')) = (finished_at IS NOT NULL), TRUE)
-        AND coalesce(status = 'running' OR (claim_token IS NULL AND claim_expires_at IS NULL), TRUE)
-        AND coalesce(status <> 'running' OR attempt >= 1, TRUE)
-        AND coalesce(status IN ('queued', 'running', 'waiting', 'completed', 'failed', 'cancelled', 'dead'), TRUE)
-        THEN
-        RETURN TRUE;
-    END IF;
-    -- The first broken rule, in the order of the constraint names (PostgreSQL's order).
+    -- The first broken rule, in the order of the constraint names (PostgreSQL's order); NULL
+    -- for a valid row, which evaluates each rule once, as the six CHECKs did. A rule whose
+    -- value is NULL passes, as in a CHECK.
     broken := CASE
         WHEN NOT coalesce(attempt >= 0 AND attempt <= max_attempts, TRUE)
             THEN 'agent_run_attempt_range'
@@ -67,8 +57,12 @@ BEGIN
             THEN 'agent_run_no_claim_unless_running'
         WHEN NOT coalesce(status <> 'running' OR attempt >= 1, TRUE)
             THEN 'agent_run_running_has_attempt'
-        ELSE 'agent_run_status_check'
+        WHEN NOT coalesce(status IN ('queued', 'running', 'waiting', 'completed', 'failed', 'cancelled', 'dead'), TRUE)
+            THEN 'agent_run_status_check'
     END;
+    IF broken IS NULL THEN
+        RETURN TRUE;
+    END IF;
     RAISE EXCEPTION 'new row for relation "agent_run" violates check constraint "%"', broken
         USING ERRCODE = 'check_violation', CONSTRAINT = broken, TABLE = 'agent_run', SCHEMA = 'runrow';
 END
