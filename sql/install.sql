@@ -6752,15 +6752,20 @@ SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     conv uuid;
+    st text;
     reason text := coalesce(_fail_queued_for_budget.why, 'budget_exhausted: the tenant is over its daily budget');
 BEGIN
-    UPDATE runrow.agent_run AS a
-    SET status = 'failed', finished_at = now(), error = reason, budget_exhausted = reason, updated_at = now()
-    WHERE a.id = _fail_queued_for_budget.run_id AND a.status = 'queued'
-    RETURNING a.conversation_id INTO conv;
-    IF NOT FOUND THEN
+    -- Found by primary key alone, its status tested here: `status = 'queued'` beside the id
+    -- let the planner scan a partial index of every queued run instead (statistics of an empty
+    -- queue), once per run failed (tests/test_fence_plans.py). The caller holds the row locked.
+    SELECT a.status INTO st FROM runrow.agent_run AS a WHERE a.id = _fail_queued_for_budget.run_id FOR UPDATE;
+    IF st IS DISTINCT FROM 'queued' THEN
         RETURN;
     END IF;
+    UPDATE runrow.agent_run AS a
+    SET status = 'failed', finished_at = now(), error = reason, budget_exhausted = reason, updated_at = now()
+    WHERE a.id = _fail_queued_for_budget.run_id
+    RETURNING a.conversation_id INTO conv;
     PERFORM runrow._journal(_fail_queued_for_budget.run_id, jsonb_build_array(jsonb_build_object(
         'type', 'budget_exhausted', 'reason', reason)));
     PERFORM runrow._journal_complete(_fail_queued_for_budget.run_id, conv, 'failed', NULL, reason);

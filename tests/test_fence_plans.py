@@ -86,3 +86,60 @@ def test_a_fenced_write_reads_no_other_runs_entries(call: str, running) -> None:
         assert agent_run_updates(admin) - updates == PER_CALL
     # Before the fix: every call read all RUNS entries (2,000 for the ten calls).
     assert read == 0, f"{PER_CALL} calls of {call} read {read} entries of the active-turn index"
+
+
+SPEND = (
+    "SELECT count(*) FROM (SELECT runrow.enqueue_run(conversation_id => gen_random_uuid(),"
+    " content => '\"job\"', model => 'echo', fairness_key => 'spender') FROM generate_series(1, %s)) AS e"
+)
+
+
+def queued_index_entries_read(observer: psycopg.Connection) -> int:
+    return counter(
+        observer,
+        "SELECT sum(idx_tup_read) FROM pg_stat_user_indexes"
+        " WHERE relid = 'runrow.agent_run'::regclass AND indexrelname <> 'agent_run_pkey'",
+    )
+
+
+def test_a_claim_fails_a_tenants_runs_over_budget_by_primary_key(
+    worker_db: str, worker_db_superuser: str
+) -> None:
+    """_fail_queued_for_budget updated `WHERE id = run AND status = 'queued'`; with statistics of
+    an empty queue the planner scanned the partial index of queued turns for it, every queued
+    run's entry per run failed (1,047 buffers for one, 1,000 runs queued)."""
+    with (
+        psycopg.connect(worker_db_superuser, autocommit=True) as admin,
+        psycopg.connect(worker_db, autocommit=True) as conn,
+    ):
+        admin.execute("ALTER TABLE runrow.agent_run SET (autovacuum_enabled = false)")
+        admin.execute("SELECT runrow.set_tenant_budget('spender', 100, NULL)")
+        assert conn.execute(SPEND, (1,)).fetchone() == (1,)
+        (run_id, token) = conn.execute(
+            "SELECT run_id, claim_token FROM runrow.claim_runs(worker_id => 'plan', max_runs => 1)"
+        ).fetchone()
+        conn.execute(
+            'SELECT runrow.append_step(%s, %s, \'model_turn\', \'[{"type": "text", "text": "x"}]\','
+            " NULL, '{\"input_tokens\": 150}', 'end_turn')",
+            (run_id, token),
+        )
+        assert conn.execute("SELECT runrow.finish_run(%s, %s, 'completed')", (run_id, token)).fetchone() == (
+            True,
+        )
+        admin.execute("ANALYZE runrow.agent_run")  # no run queued
+        assert conn.execute(SPEND, (RUNS,)).fetchone() == (RUNS,)
+        flushed(conn)
+        before = queued_index_entries_read(admin)
+        assert (
+            conn.execute("SELECT * FROM runrow.claim_runs(worker_id => 'plan', max_runs => 10)").fetchall()
+            == []
+        )
+        flushed(conn)
+        read = queued_index_entries_read(admin) - before
+        failed = conn.execute(
+            "SELECT count(*) FROM runrow.agent_run WHERE status = 'failed' AND budget_exhausted IS NOT NULL"
+        ).fetchone()[0]
+        assert failed >= 1, "the claim failed none of the tenant's runs: nothing was measured"
+        # The walk's own probes read a few entries per run it visits; before the fix each run
+        # failed read every queued run's entry as well (RUNS per run).
+        assert read < 10 * failed, f"{failed} runs failed for budget read {read} index entries"
