@@ -31,3 +31,18 @@ def agent_run_updates(observer: psycopg.Connection) -> int:
     return counter(
         observer, "SELECT n_tup_upd FROM pg_stat_user_tables WHERE relid = 'runrow.agent_run'::regclass"
     )
+
+
+def index_entries_read(observer: psycopg.Connection, index: str) -> int:
+    """Entries that scans of `index` (a qualified name) have returned so far, every session's
+    (pg_stat_user_indexes.idx_tup_read)."""
+    return counter(
+        observer, "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelid = %s::regclass", (index,)
+    )
+
+
+def index_scans(observer: psycopg.Connection, index: str) -> int:
+    """Scans of `index` started so far, every session's (pg_stat_user_indexes.idx_scan)."""
+    return counter(
+        observer, "SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelid = %s::regclass", (index,)
+    )

@@ -20,7 +20,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 from lifecycle_support import ENQUEUE
-from stats_support import agent_run_updates, counter, flushed
+from stats_support import agent_run_updates, counter, flushed, index_entries_read, index_scans
 from worker_support import worker_db, worker_db_superuser
 
 __all__ = ["worker_db", "worker_db_superuser"]
@@ -41,12 +41,8 @@ CALLS = {
 }
 
 
-def active_index_entries_read(observer: psycopg.Connection) -> int:
-    return counter(
-        observer,
-        "SELECT idx_tup_read FROM pg_stat_user_indexes"
-        " WHERE indexrelid = 'runrow.agent_run_one_active_per_conversation'::regclass",
-    )
+ACTIVE = "runrow.agent_run_one_active_per_conversation"
+PKEY = "runrow.agent_run_pkey"
 
 
 @pytest.fixture
@@ -74,14 +70,20 @@ def test_a_fenced_write_reads_no_other_runs_entries(call: str, running) -> None:
     if call == "begin_tool_call":
         params = [(r, t, conn.execute(MODEL_TURN, (r, r, t)).fetchone()[0]) for r, t in params]
     flushed(conn)
-    before, updates = active_index_entries_read(admin), agent_run_updates(admin)
+    before, updates, keyed = (
+        index_entries_read(admin, ACTIVE),
+        agent_run_updates(admin),
+        index_scans(admin, PKEY),
+    )
     for args in params:
         row = conn.execute(CALLS[call], args).fetchone()
         assert row is not None and row[0] not in (None, False), f"{call} was fenced out of its own run: {row}"
     flushed(conn)
-    read = active_index_entries_read(admin) - before
-    # The counts reach the reader: the writes that update agent_run did (a lock-only fence
-    # updates nothing, so the journal and tool-call writers have no such control).
+    read = index_entries_read(admin, ACTIVE) - before
+    # The counts reach the reader, and each call found its run by primary key (the lock-only
+    # fences of the journal and tool-call writers update nothing, so the key's scans are their
+    # control); the writes that update agent_run did.
+    assert index_scans(admin, PKEY) - keyed >= PER_CALL
     if call in ("heartbeat", "finish_run", "release_run"):
         assert agent_run_updates(admin) - updates == PER_CALL
     # Before the fix: every call read all RUNS entries (2,000 for the ten calls).

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import psycopg
 from lifecycle_support import ENQUEUE, completed
-from stats_support import agent_run_updates, counter, flushed
+from stats_support import agent_run_updates, flushed, index_entries_read
 from worker_support import worker_db, worker_db_superuser
 
 __all__ = ["worker_db", "worker_db_superuser"]
@@ -27,13 +27,7 @@ CLAIM = "SELECT run_id, claim_token FROM runrow.claim_runs(worker_id => 'plan', 
 FINISH = "SELECT finished FROM runrow.finish_runs(%s::jsonb)"
 
 
-def active_index_entries_read(observer: psycopg.Connection) -> int:
-    """Entries of the active-turn index returned by index scans so far, every session's."""
-    return counter(
-        observer,
-        "SELECT idx_tup_read FROM pg_stat_user_indexes"
-        " WHERE indexrelid = 'runrow.agent_run_one_active_per_conversation'::regclass",
-    )
+ACTIVE = "runrow.agent_run_one_active_per_conversation"
 
 
 def test_finish_runs_reads_no_dead_entries_of_the_active_turn_index(
@@ -52,10 +46,10 @@ def test_finish_runs_reads_no_dead_entries_of_the_active_turn_index(
         while runs := conn.execute(CLAIM, (BATCH,)).fetchall():
             # The claim's own probes of the index (by conversation) are not what is counted.
             flushed(conn)
-            before = active_index_entries_read(admin)
+            before = index_entries_read(admin, ACTIVE)
             assert all(f for (f,) in conn.execute(FINISH, (completed(runs),)).fetchall())
             flushed(conn)
-            read_by_finishes += active_index_entries_read(admin) - before
+            read_by_finishes += index_entries_read(admin, ACTIVE) - before
             finishes += 1
         assert finishes == RUNS // BATCH
         # The counts do reach the reader: every run was updated twice (claimed, finished).
