@@ -70,39 +70,43 @@ BEGIN
         -- a statement, its executor start-up, agent_run's statement trigger and the CHECKs'
         -- compilation fewer than finish_runs then claim_runs. A run in both lists (queued, so
         -- its token cannot match) is claimed: its ending's row joins but does not qualify.
-        -- v is both lists as rows, each with what the SET needs (claim tells them apart): a
+        -- v is both lists as rows, each with what the SET needs (a token tells an ending): a
         -- column per row, not an = ANY (locked) per SET clause and a lookup in the input's JSON
         -- by the run's id text per field (issue 11: -3% of the backend's work per run at
         -- batch 10 without events, -5% with two, python -m bench.instructions).
         WITH upd AS (
             UPDATE runrow.agent_run AS r
-            SET status = CASE WHEN v.claim THEN 'running' ELSE v.status END,
-                claim_token = CASE WHEN v.claim THEN gen_random_uuid() END,
-                claim_expires_at = CASE WHEN v.claim
+            SET status = CASE WHEN v.token IS NULL THEN 'running' ELSE v.status END,
+                claim_token = CASE WHEN v.token IS NULL THEN gen_random_uuid() END,
+                claim_expires_at = CASE WHEN v.token IS NULL
                     THEN now() + make_interval(secs => finish_and_claim_runs.lease_seconds) END,
-                last_heartbeat_at = CASE WHEN v.claim THEN now() ELSE r.last_heartbeat_at END,
-                worker_id = CASE WHEN v.claim THEN who ELSE r.worker_id END,
-                attempt = CASE WHEN v.claim THEN r.attempt + 1 ELSE r.attempt END,
-                started_at = CASE WHEN v.claim THEN coalesce(r.started_at, now()) ELSE r.started_at END,
-                result = CASE WHEN v.claim THEN r.result ELSE v.result END,
-                error = CASE WHEN v.claim THEN r.error ELSE v.error END,
-                finished_at = CASE WHEN v.claim THEN r.finished_at ELSE now() END,
+                last_heartbeat_at = CASE WHEN v.token IS NULL THEN now() ELSE r.last_heartbeat_at END,
+                worker_id = CASE WHEN v.token IS NULL THEN who ELSE r.worker_id END,
+                attempt = CASE WHEN v.token IS NULL THEN r.attempt + 1 ELSE r.attempt END,
+                started_at = CASE WHEN v.token IS NULL THEN coalesce(r.started_at, now()) ELSE r.started_at END,
+                result = CASE WHEN v.token IS NULL THEN r.result ELSE v.result END,
+                error = CASE WHEN v.token IS NULL THEN r.error ELSE v.error END,
+                finished_at = CASE WHEN v.token IS NULL THEN r.finished_at ELSE now() END,
                 -- Every writer stamps updated_at itself (no BEFORE trigger does, since 0030).
                 updated_at = now()
-            FROM (
-                SELECT c.id, true, c.since, NULL::uuid, NULL::text, NULL::jsonb, NULL::text, NULL::jsonb
-                FROM unnest(locked, locked_since) AS c (id, since)
-                UNION ALL
-                SELECT f.id, false, NULL::timestamptz, f.token, f.status, f.result, f.error, f.events
-                FROM unnest(ids, tokens, statuses, results, errors, events)
-                    AS f (id, token, status, result, error, events)
-            ) AS v (id, claim, since, token, status, result, error, events)
+            -- v: the endings, then the claims, as one function scan; a claim's row has no
+            -- token (unnest pads the endings' shorter arrays with NULLs). Not a UNION ALL of a
+            -- scan of each list: when a row had been updated by another transaction since this
+            -- statement's snapshot (a heartbeat committing meanwhile), PostgreSQL 15's recheck
+            -- of it (EvalPlanQual) through such an append never qualified, so a live run's
+            -- ending came back fenced out and the run was reaped later as if its worker had
+            -- died (tests/test_finish_and_claim_race.py).
+            FROM unnest(
+                ids || locked,
+                tokens, statuses, results, errors, events,
+                array_fill(NULL::timestamptz, ARRAY[coalesce(cardinality(ids), 0)]) || locked_since
+            ) AS v (id, token, status, result, error, events, since)
             -- By primary key only, as in finish_runs and _claim (a status test here let the
             -- planner reach the rows through a partial index and its dead entries).
-            WHERE r.id = v.id AND (v.claim OR r.claim_token = v.token)
+            WHERE r.id = v.id AND (v.token IS NULL OR r.claim_token = v.token)
             RETURNING r.id, r.claim_token, r.conversation_id, r.status, r.result, r.error, r.attempt,
                       r.max_attempts, r.model, r.prompt_id, r.user_id, r.user_message_id, r.metadata,
-                      r.claim_expires_at, r.enqueue_seq, v.claim AS claimed, v.since, v.events
+                      r.claim_expires_at, r.enqueue_seq, v.token IS NULL AS claimed, v.since, v.events
         ),
         journaled AS (
             -- seq NULL: the guard trigger assigns each row the next one of its run, in this
