@@ -12,6 +12,7 @@ commits in a crash).
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections import Counter
@@ -141,6 +142,17 @@ def _violations(
     return found
 
 
+def _story(violations: list[str], workers: list[WorkerProcess]) -> str:
+    """The violations, then every worker's log lines that name a run they name: a run's claim,
+    beats, flushes and ending, whichever worker wrote them (a log's tail alone missed them)."""
+    runs = set(re.findall(r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}", "\n".join(violations)))
+    told = [*violations]
+    for w in workers:
+        lines = [line for line in w.log().splitlines() if any(run in line for run in runs)]
+        told += [f"--- {w.name}: {len(lines)} lines about those runs", *lines[-200:]]
+    return "\n".join(told)
+
+
 def _stop(workers: list[WorkerProcess]) -> None:
     for w in workers:
         w.close()
@@ -177,7 +189,7 @@ def test_echo_runs_survive_two_immediate_restarts(private_cluster: devdb.Cluster
         violations = _violations(db, runs, echoed)
     retries = sum(w.log().count("retrying") for w in workers)
     print(f"echo: runs streaming at the restarts {hit}; worker log lines on database retries: {retries}")
-    assert not violations, "\n".join(violations) + "\n" + "\n".join(w.log()[-4000:] for w in workers)
+    assert not violations, _story(violations, workers)
 
 
 def test_agent_runs_survive_two_immediate_restarts(private_cluster: devdb.Cluster, tmp_path: Path) -> None:
@@ -224,4 +236,4 @@ def test_agent_runs_survive_two_immediate_restarts(private_cluster: devdb.Cluste
         f"agent: runs streaming at the restarts {hit}; model requests {requests} for {len(runs)} runs; "
         f"worker log lines on database retries: {retries}"
     )
-    assert not violations, "\n".join(violations) + "\n" + "\n".join(w.log()[-4000:] for w in workers)
+    assert not violations, _story(violations, workers)
