@@ -15,6 +15,10 @@ writes the ending.
   buffered deltas and the terminal write together (finish_runs, the same fence as finish_run)
   in its next group flush, shared with the process's other runs ('release' → release_run;
   'parked' → nothing, the handler already handed it back).
+- an ending fenced out: one heartbeat with the claim's token tells whether the fence was right.
+  Not owned: logged with what the run is now ('lost'). Owned, a fault on the database side:
+  logged at ERROR and the run released at once, so it is retried or failed now, not reaped at
+  the lease's end.
 - a transient database error (restart, failover) is retried on a fresh connection by every
   call made here, the heartbeat and the journal (pyworker/db/retry.py); it never ends or
   releases the run. After about a lease without a database (DatabaseUnavailable) the run is
@@ -267,9 +271,7 @@ class RunSupervisor:
             self.log.error("finish_run refused the outcome; the run fails: %s", reason)
             return await self._fail(f"the run's {outcome.status} outcome could not be stored: {reason}")
         if not ok:
-            self.log.warning("finish_run fenced out: someone else already ended this run")
-            metrics.fenced("finish_run")
-            return "lost"
+            return await self._fenced_out("finish_run")
         self.log.info("run finished: %s", outcome.status)
         return outcome.status
 
@@ -287,9 +289,7 @@ class RunSupervisor:
         except DatabaseUnavailable as exc:
             return self._give_up(exc)
         if not ok:
-            self.log.warning("finish_run fenced out: someone else already ended this run")
-            metrics.fenced("finish_run")
-            return "lost"
+            return await self._fenced_out("finish_run")
         self.log.info("run finished: failed (%s)", reason)
         return "failed"
 
@@ -348,11 +348,39 @@ class RunSupervisor:
         except DatabaseUnavailable as exc:
             return self._give_up(exc)
         if result is None:
-            self.log.warning("release_run fenced out: someone else already ended this run")
-            metrics.fenced("release_run")
-            return "lost"
+            return await self._fenced_out("release_run", hand_back=False)
         self.log.info("run released (%s, retry in %s): %s", reason, backoff, result)
         return f"released:{result}"
+
+    async def _fenced_out(self, call: str, *, hand_back: bool = True) -> str | None:
+        """An ending the database fenced out: say what the run is now, and hand back a run this
+        claim still holds. The probe is a heartbeat with this claim's token (it writes only the
+        lease). Owned means the fence was wrong, a fault on the database side (stop 38 found
+        one: finish_and_claim_runs' recheck of a row a heartbeat had just updated lost the
+        ending); the run is then released at once with the reason (requeued while attempts are
+        left), not left running until the reaper takes it at the lease's end. A fenced-out
+        release is not released again. A probe and a read, on a rare path."""
+        metrics.fenced(call)
+        run = self.run
+        try:
+            probe = await self.retry.call(
+                self._pool,
+                lambda conn: api.heartbeat(conn, run.run_id, run.claim_token, self._lease),
+                "heartbeat",
+            )
+            if probe.owned:
+                then = "releasing it" if hand_back else "the reaper takes it at the lease's end"
+                self.log.error("%s fenced out, yet this claim still holds the run; %s", call, then)
+                if not hand_back:
+                    return "lost"
+                return await self._release(f"{call} was fenced out while this claim held the run")
+            row = await self.retry.call(self._pool, lambda conn: api.get_run(conn, run.run_id), "get_run")
+        except (DatabaseUnavailable, psycopg.Error) as exc:
+            self.log.warning("%s fenced out: someone else ended or took the run (not read: %s)", call, exc)
+            return "lost"
+        error = f" ({row.error})" if row.error else ""
+        self.log.warning("%s fenced out: the run is %s on attempt %s%s", call, row.status, row.attempt, error)
+        return "lost"
 
     async def _ended_by_us(self, status: str | None, error: str | None) -> bool:
         """A retried ending was fenced out: had the first try's unanswered COMMIT landed? Only

@@ -1,0 +1,118 @@
+"""What a worker does when the database fences out its run's ending.
+
+Usually someone else took the run (a reaper, a stop, a newer claim): the worker writes nothing
+more and says what the run is now. But a fence can also be wrong: stop 38 found
+finish_and_claim_runs losing an ending whose claim still held the run (its recheck of a row a
+heartbeat had just updated), and the run then stayed running until the reaper failed it at the
+lease's end. The worker now asks with a heartbeat: still owned means the database erred, so it
+says so at ERROR and releases the run at once (requeued while attempts are left).
+
+A wrong fence is made here with the real SQL: the first ending is sent with a token that is not
+the claim's, so finish_runs fences it out and leaves the run running under the real token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from worker_support import db, in_process_dispatcher, pool, run_row, wait_until_async, worker_db
+
+from pyworker.db import api
+from pyworker.worker import journal as journal_module
+from pyworker.worker.handler import Outcome, RunContext
+from pyworker.worker.journal import JournalWriter
+
+__all__ = ["db", "pool", "worker_db"]
+
+LEASE = 3600  # no heartbeat of its own fires during the test: only the probe beats
+
+
+async def _drain(dispatcher: Any) -> None:
+    await dispatcher.stop_claiming()
+    await asyncio.gather(*dispatcher.tasks(), return_exceptions=True)
+
+
+async def test_an_ending_fenced_out_while_the_claim_holds_the_run_releases_it(
+    worker_db: str, pool: AsyncConnectionPool, db, caplog: pytest.LogCaptureFixture, monkeypatch
+) -> None:
+    attempts: list[int] = []
+
+    async def handler(ctx: RunContext) -> Outcome:
+        attempts.append(ctx.run.attempt)
+        return Outcome("completed", result={"text": f"attempt {ctx.run.attempt}"})
+
+    real_ack = journal_module._ack
+    forged: list[uuid.UUID] = []
+
+    def first_ack_forged(unit: Any, events: list[dict[str, Any]]) -> Any:
+        ack = real_ack(unit, events)
+        if forged:
+            return ack
+        forged.append(ack.run_id)
+        return replace(ack, claim_token=uuid.uuid4())  # the database sees a token it never gave
+
+    monkeypatch.setattr(journal_module, "_ack", first_ack_forged)
+    caplog.set_level(logging.INFO, logger="runrow")
+    writer = JournalWriter(pool)
+    await writer.start()
+    d = in_process_dispatcher(pool, writer, handler, "in-process", concurrency=1, lease_seconds=LEASE)
+    try:
+        async with pool.connection() as conn:
+            run = (await api.enqueue_run(conn, uuid.uuid4(), "hi", "echo", max_attempts=2)).run_id
+        await d.start()
+        await wait_until_async(lambda: run_row(db, run)["status"] == "completed", what="the run to complete")
+    finally:
+        await _drain(d)
+        await writer.stop()
+
+    assert forged == [run]
+    assert attempts == [1, 2]  # released at once after the wrong fence, then claimed again
+    row = run_row(db, run)
+    assert (row["attempt"], row["result"]) == (2, {"text": "attempt 2"})
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors == ["finish_run fenced out, yet this claim still holds the run; releasing it"]
+    assert "run released (finish_run was fenced out while this claim held the run" in caplog.text
+
+
+async def test_an_ending_fenced_out_by_a_newer_claim_says_what_the_run_is_now(
+    worker_db: str, pool: AsyncConnectionPool, db, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: dict[int, RunContext] = {}
+    gates = {1: asyncio.Event(), 2: asyncio.Event()}
+
+    async def handler(ctx: RunContext) -> Outcome:
+        seen[ctx.run.attempt] = ctx
+        await gates[ctx.run.attempt].wait()
+        return Outcome("completed", result={"text": ""})
+
+    caplog.set_level(logging.INFO, logger="runrow")
+    writer = JournalWriter(pool)
+    await writer.start()
+    d = in_process_dispatcher(pool, writer, handler, "in-process", concurrency=2, lease_seconds=LEASE)
+    try:
+        async with pool.connection() as conn:
+            run = (await api.enqueue_run(conn, uuid.uuid4(), "hi", "echo", max_attempts=2)).run_id
+        await d.start()
+        await wait_until_async(lambda: 1 in seen, what="attempt 1 to start")
+        async with pool.connection() as conn:  # attempt 1's claim is taken away, as a reap would
+            assert await api.release_run(conn, run, seen[1].run.claim_token, "reaped") == "requeued"
+        await wait_until_async(lambda: 2 in seen, what="attempt 2 to start")
+        gates[1].set()
+        await wait_until_async(lambda: "finish_run fenced out" in caplog.text, what="attempt 1's fence")
+        gates[2].set()
+        await wait_until_async(lambda: run_row(db, run)["status"] == "completed", what="attempt 2 to end")
+    finally:
+        for gate in gates.values():
+            gate.set()
+        await _drain(d)
+        await writer.stop()
+
+    assert "finish_run fenced out: the run is running on attempt 2" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert run_row(db, run)["attempt"] == 2
