@@ -17,8 +17,8 @@ writes the ending.
   'parked' → nothing, the handler already handed it back).
 - an ending fenced out: one heartbeat with the claim's token tells whether the fence was right.
   Not owned: logged with what the run is now ('lost'). Owned, a fault on the database side:
-  logged at ERROR and the run released at once, so it is retried or failed now, not reaped at
-  the lease's end.
+  logged at ERROR, and the run is released at once (a deterministic failure is ended failed
+  once more instead), so it is retried or failed now, not reaped at the lease's end.
 - a transient database error (restart, failover) is retried on a fresh connection by every
   call made here, the heartbeat and the journal (pyworker/db/retry.py); it never ends or
   releases the run. After about a lease without a database (DatabaseUnavailable) the run is
@@ -271,7 +271,9 @@ class RunSupervisor:
             self.log.error("finish_run refused the outcome; the run fails: %s", reason)
             return await self._fail(f"the run's {outcome.status} outcome could not be stored: {reason}")
         if not ok:
-            return await self._fenced_out("finish_run")
+            if await self._fenced_out("finish_run", then="releasing it"):
+                return await self._release("finish_run was fenced out while this claim held the run")
+            return "lost"
         self.log.info("run finished: %s", outcome.status)
         return outcome.status
 
@@ -281,17 +283,24 @@ class RunSupervisor:
         stop = await self._flush_quietly()
         if stop is not None:
             return stop
-        try:
-            ok = await self._finish("failed", None, reason)
-        except RunLost:
-            self.log.warning("run lost while ending it; writing nothing more")
-            return "lost"
-        except DatabaseUnavailable as exc:
-            return self._give_up(exc)
-        if not ok:
-            return await self._fenced_out("finish_run")
-        self.log.info("run finished: failed (%s)", reason)
-        return "failed"
+        # A wrong fence (the claim still holds the run: _fenced_out) is answered by ending the
+        # run failed once more, not by a release: a deterministic failure is not tried again.
+        for last in (False, True):
+            try:
+                ok = await self._finish("failed", None, reason)
+            except RunLost:
+                self.log.warning("run lost while ending it; writing nothing more")
+                return "lost"
+            except DatabaseUnavailable as exc:
+                return self._give_up(exc)
+            if ok:
+                self.log.info("run finished: failed (%s)", reason)
+                return "failed"
+            then = "the reaper takes it at the lease's end" if last else "ending it failed again"
+            held = await self._fenced_out("finish_run", then=then)
+            if last or not held:
+                break
+        return "lost"
 
     async def _finish(self, status: str, result: Any, error: str | None) -> bool:
         """The ending, sent with this process's other runs' endings and journals in the writer's
@@ -348,18 +357,19 @@ class RunSupervisor:
         except DatabaseUnavailable as exc:
             return self._give_up(exc)
         if result is None:
-            return await self._fenced_out("release_run", hand_back=False)
+            await self._fenced_out("release_run", then="the reaper takes it at the lease's end")
+            return "lost"
         self.log.info("run released (%s, retry in %s): %s", reason, backoff, result)
         return f"released:{result}"
 
-    async def _fenced_out(self, call: str, *, hand_back: bool = True) -> str | None:
-        """An ending the database fenced out: say what the run is now, and hand back a run this
-        claim still holds. The probe is a heartbeat with this claim's token (it writes only the
-        lease). Owned means the fence was wrong, a fault on the database side (stop 38 found
-        one: finish_and_claim_runs' recheck of a row a heartbeat had just updated lost the
-        ending); the run is then released at once with the reason (requeued while attempts are
-        left), not left running until the reaper takes it at the lease's end. A fenced-out
-        release is not released again. A probe and a read, on a rare path."""
+    async def _fenced_out(self, call: str, *, then: str) -> bool:
+        """An ending the database fenced out: True if this claim still holds the run. The probe
+        is a heartbeat with the claim's token (it writes only the lease). Not owned: someone
+        took the run; logged with what the run is now. Owned: the fence was wrong, a fault on
+        the database side (stop 38 found one: finish_and_claim_runs' recheck of a row a
+        heartbeat had just updated lost the ending); logged at ERROR with what the caller does
+        `then`, so the run is not left running until the reaper takes it at the lease's end.
+        A probe and a read, on a rare path."""
         metrics.fenced(call)
         run = self.run
         try:
@@ -369,18 +379,15 @@ class RunSupervisor:
                 "heartbeat",
             )
             if probe.owned:
-                then = "releasing it" if hand_back else "the reaper takes it at the lease's end"
                 self.log.error("%s fenced out, yet this claim still holds the run; %s", call, then)
-                if not hand_back:
-                    return "lost"
-                return await self._release(f"{call} was fenced out while this claim held the run")
+                return True
             row = await self.retry.call(self._pool, lambda conn: api.get_run(conn, run.run_id), "get_run")
         except (DatabaseUnavailable, psycopg.Error) as exc:
             self.log.warning("%s fenced out: someone else ended or took the run (not read: %s)", call, exc)
-            return "lost"
+            return False
         error = f" ({row.error})" if row.error else ""
         self.log.warning("%s fenced out: the run is %s on attempt %s%s", call, row.status, row.attempt, error)
-        return "lost"
+        return False
 
     async def _ended_by_us(self, status: str | None, error: str | None) -> bool:
         """A retried ending was fenced out: had the first try's unanswered COMMIT landed? Only
