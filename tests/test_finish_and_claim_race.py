@@ -23,11 +23,13 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 from race_support import Background, Connect, claim, database_url, enqueue, journal, owner, run_row
+from stats_support import flushed, index_scans
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
 
-BACKLOG = 300  # finished runs: the planner then joins the batch to agent_run by its key
+BACKLOG = 1  # finished runs: the planner then joins the batch to agent_run by its key
 ENDINGS = 4
+PKEY = "runrow.agent_run_pkey"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -82,10 +84,19 @@ def test_a_batch_ending_waiting_on_a_heartbeat_ends_the_run(
     ).fetchone()
     assert owned == (True,)
 
+    flushed(owner)
+    before = index_scans(owner, PKEY)
     ender = Background(connect(), lambda conn: end_all(conn, call, held))
     ender.wait_blocked_by(owner, beater)
     beater.commit()
     rows = ender.result()
+    flushed(beater)
+    flushed(ender.conn)
+    # The control that the call joined its rows to agent_run by key, one probe per ending (and
+    # per claimed run), the plan that lost the ending: over a hashed key index (one scan) the
+    # old finish_and_claim_runs passed this test with the bug in it.
+    probes = index_scans(owner, PKEY) - before
+    assert probes >= ENDINGS * (2 if call == "finish_and_claim_runs" else 1), probes
 
     verdicts = [(run_id, finished) for run_id, finished in rows if finished is not None]
     assert verdicts == [(r["run_id"], True) for r in held]
