@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 
 import pytest
@@ -65,13 +66,15 @@ async def test_cancel_reaches_every_claim_and_a_stale_ending_keeps_the_new_claim
 
         gates[1].set()  # the stale attempt ends first: fenced out, it writes nothing
         await wait_until_async(lambda: len(d.tasks()) < 2, what="attempt 1 to stand down")
-        assert "finish_run fenced out" in caplog.text
+        # What the stale attempt logs is what the run is now (its heartbeat probe: not owned).
+        assert "finish_run fenced out: the run is running on attempt 2" in caplog.text
         assert len(d.tasks()) == 1  # attempt 2 is still in flight
         assert run_row(db, run)["status"] == "running"
 
         gates[2].set()
         await wait_until_async(lambda: run_row(db, run)["status"] == "cancelled", what="attempt 2 to end")
         assert run_row(db, run)["attempt"] == 2
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # a right fence
     finally:
         for gate in gates.values():
             gate.set()

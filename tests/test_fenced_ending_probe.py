@@ -9,7 +9,8 @@ says so at ERROR and releases the run at once (requeued while attempts are left)
 deterministic failure, ends it failed once more (it must not be tried again).
 
 A wrong fence is made here with the real SQL: the first ending is sent with a token that is not
-the claim's, so finish_runs fences it out and leaves the run running under the real token.
+the claim's, so finish_runs fences it out and leaves the run running under the real token. A
+right fence (a newer claim holds the run) is tests/test_dispatcher_claims.py's stale attempt.
 """
 
 from __future__ import annotations
@@ -119,41 +120,3 @@ async def test_a_deterministic_failure_fenced_out_wrongly_is_ended_failed_again_
         errors(caplog)[-1]
         == "finish_run fenced out, yet this claim still holds the run; ending it failed again"
     )
-
-
-async def test_an_ending_fenced_out_by_a_newer_claim_says_what_the_run_is_now(
-    worker_db: str, pool: AsyncConnectionPool, db, caplog: pytest.LogCaptureFixture
-) -> None:
-    seen: dict[int, RunContext] = {}
-    gates = {1: asyncio.Event(), 2: asyncio.Event()}
-
-    async def handler(ctx: RunContext) -> Outcome:
-        seen[ctx.run.attempt] = ctx
-        await gates[ctx.run.attempt].wait()
-        return Outcome("completed", result={"text": ""})
-
-    caplog.set_level(logging.INFO, logger="runrow")
-    writer = JournalWriter(pool)
-    await writer.start()
-    d = in_process_dispatcher(pool, writer, handler, "in-process", concurrency=2, lease_seconds=LEASE)
-    try:
-        async with pool.connection() as conn:
-            run = (await api.enqueue_run(conn, uuid.uuid4(), "hi", "echo", max_attempts=2)).run_id
-        await d.start()
-        await wait_until_async(lambda: 1 in seen, what="attempt 1 to start")
-        async with pool.connection() as conn:  # attempt 1's claim is taken away, as a reap would
-            assert await api.release_run(conn, run, seen[1].run.claim_token, "reaped") == "requeued"
-        await wait_until_async(lambda: 2 in seen, what="attempt 2 to start")
-        gates[1].set()
-        await wait_until_async(lambda: "finish_run fenced out" in caplog.text, what="attempt 1's fence")
-        gates[2].set()
-        await wait_until_async(lambda: run_row(db, run)["status"] == "completed", what="attempt 2 to end")
-    finally:
-        for gate in gates.values():
-            gate.set()
-        await _drain(d)
-        await writer.stop()
-
-    assert "finish_run fenced out: the run is running on attempt 2" in caplog.text
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert run_row(db, run)["attempt"] == 2
