@@ -31,6 +31,12 @@ on the clock: WAL bytes, WAL records and full-page images per job (pg_stat_wal a
 position), and commits and shared buffers (hit or read) per job (pg_stat_database): the server
 work each system pays per job, whatever the box's speed. Every job is checked done exactly once.
 
+And where the CPU goes, per job: the client processes' (from the moment they are connected)
+and the whole cluster's (every backend, also those gone by the end, and the WAL writer,
+checkpointer and autovacuum), read from /proc (bench/cpu.py; not shown for a server on another
+host). On a box the drain saturates, jobs/s is about cores / (client + server) per job, so the
+split says which side a system would have to shed to catch up with its peer.
+
 `python -m bench.drain --help` for how to run it alone (its own cluster unless DATABASE_URL is
 set and --here is given).
 """
@@ -42,6 +48,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -55,6 +62,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
+from bench import cpu
 from bench.common import fsync_cluster, machine, migrate, temporary_database
 
 JOBS = 20_000
@@ -77,6 +85,10 @@ class Row:
     commits: int
     buffers: int = 0  # shared blocks hit or read by the database's sessions
     round: int = 1
+    # CPU seconds of the drain (bench/cpu.py; None where /proc cannot tell): the client
+    # processes', and the whole cluster's (backends, WAL writer, checkpointer, autovacuum).
+    client_cpu: float | None = None
+    server_cpu: float | None = None
 
     @property
     def rate(self) -> float:
@@ -87,7 +99,21 @@ class Row:
             f"{self.rate:8,.0f} jobs/s  {self.wal_bytes / self.jobs:7,.0f} B WAL/job  "
             f"{self.wal_records / self.jobs:5.1f} WAL records/job  {self.wal_fpi / self.jobs:5.2f} FPI/job  "
             f"{self.commits / self.jobs:5.2f} commits/job  {self.buffers / self.jobs:6.1f} buffers/job"
+            + self.cpu_cells()
         )
+
+    def cpu_cells(self) -> str:
+        if self.client_cpu is None or self.server_cpu is None:
+            return ""
+        client, server = (self.client_cpu / self.jobs * 1e6, self.server_cpu / self.jobs * 1e6)
+        return f"  CPU/job {client:4,.0f} + {server:4,.0f} us (client + server)"
+
+    @property
+    def cpu(self) -> float | None:
+        """CPU seconds per job, client and server together; None without both."""
+        if self.client_cpu is None or self.server_cpu is None:
+            return None
+        return (self.client_cpu + self.server_cpu) / self.jobs
 
 
 # --- the three systems: setup(url, jobs), then worker(url, batch) in each process, then check
@@ -376,14 +402,19 @@ def runrow_workers(url: str, concurrency: int) -> Iterator[list[subprocess.Popen
             log.close()
 
 
-def settled(observer: psycopg.Connection, datname: str, others: int) -> Counters:
-    """counters() once at most `others` sessions are left in the database and its commit count
-    has stopped moving: a backend flushes its statistics as it exits, after it has left
-    pg_stat_activity."""
+def wait_gone(observer: psycopg.Connection, datname: str, others: int) -> None:
+    """Wait until at most `others` sessions are left in the database."""
     while observer.execute(
         "SELECT count(*) > %s FROM pg_stat_activity WHERE datname = %s", (others, datname)
     ).fetchone()[0]:
         time.sleep(0.05)
+
+
+def settled(observer: psycopg.Connection, datname: str, others: int) -> Counters:
+    """counters() once at most `others` sessions are left in the database and its commit count
+    has stopped moving: a backend flushes its statistics as it exits, after it has left
+    pg_stat_activity."""
+    wait_gone(observer, datname, others)
     last = counters(observer, datname)
     while True:
         time.sleep(0.3)
@@ -423,14 +454,17 @@ def worker_row(server: str, superuser: str, concurrency: int, jobs: int, listene
         with (
             idle_listeners(url, listeners),
             psycopg.connect(make_conninfo(superuser, dbname="postgres"), autocommit=True) as observer,
-            runrow_workers(url, concurrency),
+            runrow_workers(url, concurrency) as workers,
             psycopg.connect(as_super, autocommit=True) as poll,
         ):
+            root = postmaster(observer)
             observer.execute("CHECKPOINT")
             poll.execute(ECHO_ENQUEUE, (jobs,))
             started = time.monotonic()
             poll.execute("SELECT pg_stat_force_next_flush()")  # the enqueue's commit is not the drain's
             before = counters(observer, datname)
+            server_before = _server_cpu(root)
+            client_before = [cpu.process_seconds(proc.pid) for proc in workers]
             polls = 0
             while True:
                 polls += 1
@@ -442,18 +476,24 @@ def worker_row(server: str, superuser: str, concurrency: int, jobs: int, listene
                     break
                 time.sleep(0.02)
             seconds = time.monotonic() - started
+            # Before the SIGTERM: a worker's drain and exit are not the runs'.
+            client_after = [cpu.process_seconds(proc.pid) for proc in workers]
             poll.execute("SELECT pg_stat_force_next_flush()")
             polls += 1
         with psycopg.connect(make_conninfo(superuser, dbname="postgres"), autocommit=True) as observer:
             after = settled(observer, datname, others=0)
+            server_cpu = _spent(_server_cpu(root), server_before)
         runrow_check(url, jobs)
         spent = after.since(before)
+        client = [_spent(a, b) for a, b in zip(client_after, client_before, strict=True)]
         return Row(
             name,
             concurrency,
             jobs,
             seconds,
             **spent._replace(commits=spent.commits - polls)._asdict(),
+            client_cpu=None if None in client else sum(c for c in client if c is not None),
+            server_cpu=server_cpu,
         )
 
 
@@ -501,16 +541,25 @@ def counters(observer: psycopg.Connection, datname: str) -> Counters:
 
 
 def _process(worker: Worker, url: str, batch: int, barrier: Any, results: Any) -> None:
+    """One drain process: (jobs done, its CPU seconds from the barrier on), or the error."""
+    started = [0.0]
+
+    def ready() -> None:
+        barrier.wait()
+        started[0] = cpu.own_seconds()  # imports and connecting are not the drain's
+
     try:
-        results.put(worker(url, batch, barrier.wait))
+        done = worker(url, batch, ready)
+        results.put((done, cpu.own_seconds() - started[0]))
     except BaseException as exc:  # handed to the parent, which raises it
         results.put(RuntimeError(f"worker failed: {exc!r}"))
         raise
 
 
-def drain(worker: Worker, url: str, batch: int) -> tuple[list[int], float]:
+def drain(worker: Worker, url: str, batch: int) -> tuple[list[int], float, float]:
     """Run the workers in PROCESSES processes; time from the moment all are connected and
-    ready (a barrier) to the moment the last one reports the queue empty."""
+    ready (a barrier) to the moment the last one reports the queue empty. Returns the jobs
+    each did, the seconds, and the CPU seconds the processes spent from the barrier on."""
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(PROCESSES + 1)
     results = ctx.Queue()
@@ -521,15 +570,30 @@ def drain(worker: Worker, url: str, batch: int) -> tuple[list[int], float]:
         proc.start()
     barrier.wait(timeout=120)
     started = time.monotonic()
-    done = [results.get(timeout=1800) for _ in procs]
-    for outcome in done:
+    outcomes = [results.get(timeout=1800) for _ in procs]
+    for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome
     seconds = time.monotonic() - started
     for proc in procs:
         proc.join(60)
         assert proc.exitcode == 0, f"a worker process exited {proc.exitcode}"
-    return done, seconds
+    return [done for done, _ in outcomes], seconds, sum(spent for _, spent in outcomes)
+
+
+def postmaster(observer: psycopg.Connection) -> int | None:
+    """The pid of the observer's postmaster, if it runs on this host (bench/cpu.py)."""
+    row = observer.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return cpu.parent_of(row[0])
+
+
+def _server_cpu(root: int | None) -> float | None:
+    return None if root is None else cpu.tree_seconds(root)
+
+
+def _spent(after: float | None, before: float | None) -> float | None:
+    return None if after is None or before is None else after - before
 
 
 def drain_row(server: str, superuser: str, system: str, batch: int, jobs: int, listeners: int = 0) -> Row:
@@ -540,12 +604,16 @@ def drain_row(server: str, superuser: str, system: str, batch: int, jobs: int, l
         setup(url, jobs)
         datname = conninfo_to_dict(url)["dbname"]
         with psycopg.connect(make_conninfo(superuser, dbname="postgres"), autocommit=True) as observer:
+            root = postmaster(observer)
             with idle_listeners(url, listeners):
                 observer.execute("CHECKPOINT")
                 before = counters(observer, datname)
-                done, seconds = drain(worker, url, batch)
+                server_before = _server_cpu(root)
+                done, seconds, client_cpu = drain(worker, url, batch)
             # Idle sessions flush their statistics when they exit, not after each wake.
             after = settled(observer, datname, others=0) if listeners else counters(observer, datname)
+            wait_gone(observer, datname, others=0)  # a backend's CPU is all there once it has gone
+            server_cpu = _spent(_server_cpu(root), server_before)
         check(url, jobs)
         assert sum(done) == jobs, f"{system}: the workers report {sum(done)} jobs done of {jobs}"
         return Row(
@@ -554,6 +622,8 @@ def drain_row(server: str, superuser: str, system: str, batch: int, jobs: int, l
             jobs,
             seconds,
             **after.since(before)._asdict(),
+            client_cpu=client_cpu,
+            server_cpu=server_cpu,
         )
 
 
@@ -571,11 +641,12 @@ def bench_cluster() -> Iterator[tuple[str, str]]:
 
 def _ratio_lines(rows: list[Row], batch: int) -> list[str]:
     """Each runrow row against the faster PgQueuer row of its own round: jobs/s, WAL, commits
-    and buffers as ratios, and jobs/s against bare SQL. Over several rounds, the median of each
-    ratio with its range (one drain moves with the box's load by 30% and more; the median of
-    rounds run alternately is the figure to quote)."""
+    and buffers as ratios, CPU per job (client + server) when both rows have it, and jobs/s
+    against bare SQL. Over several rounds, the median of each ratio with its range (one drain
+    moves with the box's load by 30% and more; the median of rounds run alternately is the
+    figure to quote)."""
     rounds = sorted({r.round for r in rows})
-    per_round: dict[str, list[tuple[float, float, float, float, float]]] = {}
+    per_round: dict[str, list[tuple[float, float, float, float, float, float]]] = {}
     peer_name = ""
     for n in rounds:
         by = {r.system: r for r in rows if r.round == n}
@@ -600,19 +671,23 @@ def _ratio_lines(rows: list[Row], batch: int) -> list[str]:
                         runrow.commits / max(peer.commits, 1),
                         runrow.buffers / max(peer.buffers, 1),
                         runrow.rate / bare.rate,
+                        runrow.cpu / peer.cpu if runrow.cpu and peer.cpu else math.nan,
                     )
                 )
     peer_label = f"{peer_name.split(' (')[0]} ({peer_name.split('(')[1].split(',')[0]})"
     lines = []
     for label, ratios in per_round.items():
-        rate, wal, commits, buffers, to_bare = (statistics.median(x) for x in zip(*ratios, strict=True))
+        rate, wal, commits, buffers, to_bare, cpu_ratio = (
+            statistics.median(x) for x in zip(*ratios, strict=True)
+        )
+        spent = "" if math.isnan(cpu_ratio) else f", {cpu_ratio:.2f}x CPU/job"
         spread = ""
         if len(ratios) > 1:
             rates = [x[0] for x in ratios]
             spread = f" (median of {len(ratios)} rounds, {min(rates):.2f}-{max(rates):.2f}x)"
         lines.append(
             f"    {label} / {peer_label}: {rate:.2f}x jobs/s{spread}, {wal:.2f}x WAL, "
-            f"{commits:.2f}x commits, {buffers:.2f}x buffers; / bare SQL: {to_bare:.2f}x jobs/s"
+            f"{commits:.2f}x commits, {buffers:.2f}x buffers{spent}; / bare SQL: {to_bare:.2f}x jobs/s"
         )
     return lines
 

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,6 +43,9 @@ def test_a_small_drain_of_every_system_passes_its_own_checks(tmp_path: Path):
     assert all(
         r["jobs"] == 200 and r["commits"] > 0 and r["wal_bytes"] > 0 and r["buffers"] > 0 for r in rows
     )
+    # The private cluster runs on this host: every row splits its CPU into client and server.
+    assert all(r["client_cpu"] is not None and r["server_cpu"] > 0 for r in rows), rows
+    assert "x CPU/job" in result.stdout
     assert "runrow SQL API / PgQueuer 1.6 (asyncpg)" in result.stdout
     assert "runrow SQL API chained / PgQueuer 1.6 (asyncpg)" in result.stdout
     assert "runrow SQL API one call / PgQueuer 1.6 (asyncpg)" in result.stdout
@@ -84,3 +88,29 @@ def test_ratios_over_rounds_are_the_median_of_each_rounds_own_ratio(monkeypatch)
     # A short drain says its ratios flatter runrow (PgQueuer's fixed start-up); a full one does not.
     assert any("these ratios flatter runrow" in line for line in lines)
     assert not any("flatter" in line for line in drain.report(rows, drain.JOBS))
+
+
+def test_a_process_trees_cpu_counts_its_children_live_and_exited(monkeypatch):
+    """bench/cpu.py reads a postmaster's whole cluster as its tree: a backend's CPU must count
+    while it runs and still after it has exited and been reaped (the drain's processes are gone
+    by the time their row is read)."""
+    monkeypatch.syspath_prepend(str(REPO))
+    from bench import cpu
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+    me = os.getpid()
+    before = cpu.tree_seconds(me)
+    wait = "import sys; sys.stdin.read()"
+    live = subprocess.Popen([sys.executable, "-c", burn + wait], stdin=subprocess.PIPE)
+    try:
+        # /proc counts in ticks (10 ms): 0.25, not the 0.3 the child burns, is surely reached.
+        while (cpu.process_seconds(live.pid) or 0) < 0.25:
+            time.sleep(0.05)
+        while_live = cpu.tree_seconds(me)
+    finally:
+        live.communicate(b"")
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    after = cpu.tree_seconds(me)
+    assert before is not None and while_live is not None and after is not None
+    assert while_live - before >= 0.25
+    assert after - before >= 0.55  # both children, reaped: in this process's cutime and cstime
