@@ -772,7 +772,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.drain",
         description="Drain empty jobs through runrow (SQL API and worker), PgQueuer and a bare SQL queue, "
-        "side by side on one fsync-on cluster; print jobs/s, WAL and commits per job, and ratios; "
+        "side by side on one fsync-on cluster; print jobs/s, WAL, commits, buffers and CPU (client + server) "
+        "per job, and ratios; "
         "write the rows to $RUNROW_BENCH_JSON (default bench-drain.json).",
     )
     size = parser.add_mutually_exclusive_group()
