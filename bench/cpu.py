@@ -40,6 +40,14 @@ def parent_of(pid: int) -> int | None:
     return None if fields is None else int(fields[1])
 
 
+def command(pid: int) -> str | None:
+    """The process's command name (`comm`, e.g. "postgres"), or None."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
 def tree_seconds(root: int) -> float | None:
     """CPU of `root` and of every child it has had: the children it has reaped are in its own
     cutime/cstime, the live ones (and those exited but not yet reaped) are read one by one. For

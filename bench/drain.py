@@ -582,10 +582,14 @@ def drain(worker: Worker, url: str, batch: int) -> tuple[list[int], float, float
 
 
 def postmaster(observer: psycopg.Connection) -> int | None:
-    """The pid of the observer's postmaster, if it runs on this host (bench/cpu.py)."""
+    """The pid of the observer's postmaster, if it runs on this host (bench/cpu.py): a server
+    elsewhere has no such process here, or (its pid taken here by chance) none named postgres."""
     row = observer.execute("SELECT pg_backend_pid()").fetchone()
     assert row is not None
-    return cpu.parent_of(row[0])
+    if cpu.command(row[0]) != "postgres":
+        return None
+    root = cpu.parent_of(row[0])
+    return root if root is not None and cpu.command(root) == "postgres" else None
 
 
 def _server_cpu(root: int | None) -> float | None:
