@@ -104,7 +104,9 @@ def test_a_process_trees_cpu_counts_its_children_live_and_exited(monkeypatch):
     live = subprocess.Popen([sys.executable, "-c", burn + wait], stdin=subprocess.PIPE)
     try:
         # /proc counts in ticks (10 ms): 0.25, not the 0.3 the child burns, is surely reached.
+        deadline = time.monotonic() + 60
         while (cpu.process_seconds(live.pid) or 0) < 0.25:
+            assert live.poll() is None and time.monotonic() < deadline, "the burning child did not burn"
             time.sleep(0.05)
         while_live = cpu.tree_seconds(me)
     finally:
