@@ -9566,12 +9566,16 @@ BEGIN
             JOIN runrow.prompt AS p ON p.id = u.prompt_id
             WHERE u.claimed
         ) AS k;
-    EXCEPTION WHEN unique_violation OR serialization_failure OR check_violation THEN
+    EXCEPTION WHEN unique_violation OR serialization_failure OR check_violation OR deadlock_detected THEN
         -- Whatever collided (a claim's, as _claim catches them, or an ending's), the block's
         -- writes and locks are gone: the endings are written alone, as finish_runs writes
         -- them, and nothing is claimed this round. An error of an ending's own recurs there
         -- and reaches the caller as finish_runs raises it. finish_runs has woken the tails;
         -- ended_convs and claimed_rows stay NULL, so nothing below claims or wakes again.
+        -- A deadlock too: the walk marks the queued turns it finds blocked before the block's
+        -- endings lock their runs' next turns, so two calls that each marked the next turn of
+        -- a run the other ends wait on each other. The loser's marks go with its block, and
+        -- finish_runs walks nothing (tests/test_finish_and_claim_deadlock.py).
         SELECT array_agg(f.run_id) FILTER (WHERE f.finished), array_agg(f.last_seq) FILTER (WHERE f.finished)
         INTO done_ids, done_seqs
         FROM runrow.finish_runs(finish_and_claim_runs.runs) AS f;
@@ -9634,8 +9638,8 @@ COMMENT ON FUNCTION runrow.finish_and_claim_runs(jsonb, text, integer, integer) 
 'are written; the next turn of a conversation ended here is claimed after them, in the same '
 'call, when slots are left (otherwise the ending wakes the dispatchers for it). Returns a row per element of runs, in input order, with '
 'finished and last_seq as finish_runs and the claim columns NULL; then a row per claimed run '
-'with claim_runs'' columns and finished NULL. A claim that collides with another claimer claims '
-'nothing and the endings are written alone. Bad input raises as finish_runs and claim_runs do '
+'with claim_runs'' columns and finished NULL. A claim that collides with another claimer, or a '
+'call that deadlocks with another, claims nothing and the endings are written alone. Bad input raises as finish_runs and claim_runs do '
 '(22004/22023 naming runs[i] and the field, or the argument) and writes nothing.';
 
 REVOKE ALL ON FUNCTION runrow.finish_and_claim_runs(jsonb, text, integer, integer) FROM PUBLIC;

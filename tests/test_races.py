@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import time
 import uuid
 from collections.abc import Callable
 
@@ -384,6 +385,22 @@ def test_batch_finish_waiting_on_a_stop_journals_after_the_stops_event(
 STRESS_PROCESSES = 4
 STRESS_CONVERSATIONS = 5
 STRESS_RUNS = 2000
+STRESS_TIMEOUT = 300  # seconds; a drain takes a few
+
+
+def first_error_or_all(tasks: list, timeout: float) -> list:
+    """Every task's result, or the first task error as soon as it happens. A process that
+    fails leaves its run running, and the others then wait for its conversation forever:
+    starmap would report the error only once they were all done, which is never (one such
+    hang was tests/test_finish_and_claim_deadlock.py's deadlock)."""
+    deadline = time.monotonic() + timeout
+    while not all(task.ready() for task in tasks):
+        for task in tasks:
+            if task.ready() and not task.successful():
+                task.get()  # raises the process's error
+        assert time.monotonic() < deadline, f"the stress processes did not finish within {timeout} s"
+        time.sleep(0.05)
+    return [task.get() for task in tasks]
 
 
 @pytest.mark.parametrize("worker", [stress_worker, stress_one_call_worker], ids=["claim+finish", "one call"])
@@ -403,11 +420,12 @@ def test_worker_processes_claim_every_run_once_and_one_turn_at_a_time(
 
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(STRESS_PROCESSES) as pool:
-        per_process = pool.starmap(
-            worker,
+        tasks = [
             # Half the processes fill several slots per call (claim_runs' one-statement path).
-            [(database_url, f"stress-{n}", conversations, 1 + 2 * (n % 2)) for n in range(STRESS_PROCESSES)],
-        )
+            pool.apply_async(worker, (database_url, f"stress-{n}", conversations, 1 + 2 * (n % 2)))
+            for n in range(STRESS_PROCESSES)
+        ]
+        per_process = first_error_or_all(tasks, STRESS_TIMEOUT)
 
     records = [record for records in per_process for record in records]
     assert len(records) == STRESS_RUNS
