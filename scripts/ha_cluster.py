@@ -182,7 +182,17 @@ def _patroni_argv(os_user: str | None) -> list[str]:
     if system is None:
         raise HAError(f"{os_user} cannot run {sys.executable} and there is no /usr/bin/{version}")
     site = sysconfig.get_paths()["purelib"]
-    return ["runuser", "-u", os_user, "--", "env", f"PYTHONPATH={site}", system, "-m", "patroni"]
+    argv = ["runuser", "-u", os_user, "--", "env", f"PYTHONPATH={site}", system]
+    # The packages must be readable by that user too: a checkout in a folder only root may
+    # enter (/root, a `mktemp -d` folder) gave each member "No module named patroni" and the
+    # cluster no leader, 90 s later.
+    if subprocess.run([*argv, "-c", "import patroni"], capture_output=True).returncode != 0:
+        raise HAError(
+            f"{os_user} cannot import Patroni from {site}: this checkout is in a folder {os_user} may "
+            f"not read. Clone the repository where other users may read it (each parent folder "
+            f"o+rx), or run as a user other than root (then Patroni runs as that user)."
+        )
+    return [*argv, "-m", "patroni"]
 
 
 def _member_config(root: str, member: Member, etcd_port: int, sockdir: str) -> dict[str, Any]:
