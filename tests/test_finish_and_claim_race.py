@@ -27,7 +27,7 @@ from stats_support import flushed, index_scans
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
 
-BACKLOG = 1  # finished runs: the planner then joins the batch to agent_run by its key
+BACKLOG = 300  # finished runs: the planner then joins the batch to agent_run by its key
 ENDINGS = 4
 PKEY = "runrow.agent_run_pkey"
 
