@@ -58,6 +58,24 @@ def forge_first_ending(monkeypatch: pytest.MonkeyPatch) -> list[uuid.UUID]:
     return forged
 
 
+async def drain_forged_run(  # type: ignore[no-untyped-def]
+    pool: AsyncConnectionPool,
+    db,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    handler: Any,
+    status: str,
+) -> uuid.UUID:
+    """One run (two attempts allowed) through an in-process dispatcher until it is `status`,
+    its first ending sent with a forged token (forge_first_ending) and the worker's INFO lines
+    captured."""
+    forged = forge_first_ending(monkeypatch)
+    caplog.set_level(logging.INFO, logger="runrow")
+    run = await drain_one_run(pool, db, handler, status)
+    assert forged == [run]
+    return run
+
+
 async def drain_one_run(pool: AsyncConnectionPool, db, handler: Any, status: str) -> uuid.UUID:  # type: ignore[no-untyped-def]
     """One run (two attempts allowed) through an in-process dispatcher until it is `status`."""
     writer = JournalWriter(pool)
@@ -87,11 +105,8 @@ async def test_an_ending_fenced_out_while_the_claim_holds_the_run_releases_it(
         attempts.append(ctx.run.attempt)
         return Outcome("completed", result={"text": f"attempt {ctx.run.attempt}"})
 
-    forged = forge_first_ending(monkeypatch)
-    caplog.set_level(logging.INFO, logger="runrow")
-    run = await drain_one_run(pool, db, handler, "completed")
+    run = await drain_forged_run(pool, db, monkeypatch, caplog, handler, "completed")
 
-    assert forged == [run]
     assert attempts == [1, 2]  # released at once after the wrong fence, then claimed again
     row = run_row(db, run)
     assert (row["attempt"], row["result"]) == (2, {"text": "attempt 2"})
@@ -108,11 +123,8 @@ async def test_a_deterministic_failure_fenced_out_wrongly_is_ended_failed_again_
         attempts.append(ctx.run.attempt)
         raise DeterministicFailure("the request is malformed")
 
-    forged = forge_first_ending(monkeypatch)
-    caplog.set_level(logging.INFO, logger="runrow")
-    run = await drain_one_run(pool, db, handler, "failed")
+    run = await drain_forged_run(pool, db, monkeypatch, caplog, handler, "failed")
 
-    assert forged == [run]
     assert attempts == [1]  # a second attempt would fail the same way
     row = run_row(db, run)
     assert (row["attempt"], row["error"]) == (1, "the request is malformed")
