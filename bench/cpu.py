@@ -27,12 +27,15 @@ def _stat(pid: int) -> list[str] | None:
     return text.rpartition(")")[2].split()
 
 
+def _own(fields: list[str]) -> float:
+    """utime + stime of a /proc stat: the process's own CPU (all its threads), in seconds."""
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
 def process_seconds(pid: int) -> float | None:
     """User + system CPU of one live process (all its threads), or None."""
     fields = _stat(pid)
-    if fields is None:
-        return None
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    return None if fields is None else _own(fields)
 
 
 def parent_of(pid: int) -> int | None:
@@ -63,7 +66,7 @@ def tree_seconds(root: int) -> float | None:
             if entry.name.isdigit():
                 fields = _stat(int(entry.name))
                 if fields is not None and int(fields[1]) == root:
-                    total += (int(fields[11]) + int(fields[12])) / _TICK
+                    total += _own(fields)
         after = _stat(root)
         if after is not None and after[13:15] == before[13:15]:
             return total
