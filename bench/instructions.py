@@ -189,6 +189,37 @@ def count(
     return figures
 
 
+def fixed_and_per_run(figures: dict[str, float]) -> dict[str, float]:
+    """Each system's instructions split into the work of a call, shared by its batch, and the
+    work of each run: a run's figure at batch b is per_run + per_call / b, so two batch sizes
+    give both (the smallest and the largest counted). Keyed "per call, ..." and "per run, ..."
+    ("runrow, E events" or "PgQueuer"), and "runrow/PgQueuer, per call" and "..., per run" for
+    runrow without events; empty with fewer than two batch sizes."""
+    curves: dict[str, dict[int, float]] = {}
+    for shape, figure in figures.items():
+        if shape.startswith("runrow/"):
+            continue
+        if shape.startswith("PgQueuer, batch "):
+            system, batch = "PgQueuer", int(shape.removeprefix("PgQueuer, batch "))
+        else:
+            size, events = shape.split(", ")
+            system, batch = f"runrow, {events}", int(size.removeprefix("batch "))
+        curves.setdefault(system, {})[batch] = figure
+    split: dict[str, float] = {}
+    for system, by_batch in curves.items():
+        if len(by_batch) < 2:
+            continue
+        low, high = min(by_batch), max(by_batch)
+        per_call = (by_batch[low] - by_batch[high]) / (1 / low - 1 / high)
+        split[f"per call, {system}"] = per_call
+        split[f"per run, {system}"] = by_batch[low] - per_call / low
+    if "per run, PgQueuer" in split and "per run, runrow, 0 events" in split:
+        for part in ("call", "run"):
+            ours, theirs = split[f"per {part}, runrow, 0 events"], split[f"per {part}, PgQueuer"]
+            split[f"runrow/PgQueuer, per {part}"] = ours / theirs
+    return split
+
+
 def report(figures: dict[str, float]) -> list[str]:
     kinds: dict[str, list[tuple[str, float]]] = {"runrow": [], "peer": [], "ratio": []}
     for shape, figure in figures.items():
@@ -206,6 +237,17 @@ def report(figures: dict[str, float]) -> list[str]:
     if kinds["ratio"]:
         lines.append("=== runrow (no events) / PgQueuer, instructions per job: below 1 is cheaper ===")
         lines += [f"  {shape + ':':<28} {ratio:>11.2f}x" for shape, ratio in kinds["ratio"]]
+    split = fixed_and_per_run(figures)
+    if split:
+        lines.append(
+            "=== the same, split: a call's shared work (paid once per batch) and each run's own "
+            "(figure at batch b = per run + per call / b) ==="
+        )
+        for shape, figure in split.items():
+            if shape.startswith("runrow/"):
+                lines.append(f"  {shape + ':':<28} {figure:>11.2f}x")
+            else:
+                lines.append(f"  {shape + ':':<28} {figure:>12,.0f}")
     return lines
 
 

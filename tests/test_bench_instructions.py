@@ -3,7 +3,7 @@ restarted under callgrind, each drain checked to end every run once, and the fig
 of two sessions' counts. Instructions do not depend on the clock, so the one property asserted
 holds on any box: per run, a call that ends and claims five runs costs less than five calls of
 one (the call's fixed work is shared). PgQueuer is counted beside it, in the same cluster, and the
-ratios printed."""
+ratios printed; so is each system's split into a call's shared work and each run's own."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.skipif(
+needs_valgrind = pytest.mark.skipif(
     shutil.which("valgrind") is None, reason="valgrind is not installed (make test installs it)"
 )
 
 
+@needs_valgrind
 def test_instruction_counts_per_run_show_what_batching_shares(tmp_path: Path) -> None:
     out, keep = tmp_path / "instructions.json", tmp_path / "callgrind"
     done = subprocess.run(
@@ -47,6 +48,14 @@ def test_instruction_counts_per_run_show_what_batching_shares(tmp_path: Path) ->
         ratio = figures[f"batch {batch}, 0 events"] / figures[f"PgQueuer, batch {batch}"]
         assert figures[f"runrow/PgQueuer, batch {batch}"] == pytest.approx(ratio)
         assert f"runrow/PgQueuer, batch {batch}:" in done.stdout and f"{ratio:.2f}x" in done.stdout
+    for line in (
+        "per call, runrow, 0 events:",
+        "per run, runrow, 0 events:",
+        "per call, PgQueuer:",
+        "per run, PgQueuer:",
+        "runrow/PgQueuer, per run:",
+    ):
+        assert line in done.stdout, done.stdout
     assert sorted(p.name for p in keep.iterdir()) == [
         "batch1-events0-runs10.callgrind",
         "batch1-events0-runs30.callgrind",
@@ -57,3 +66,35 @@ def test_instruction_counts_per_run_show_what_batching_shares(tmp_path: Path) ->
         "pgqueuer-batch5-jobs10.callgrind",
         "pgqueuer-batch5-jobs30.callgrind",
     ]
+
+
+def test_a_figure_per_run_splits_into_a_calls_work_over_its_batch_and_a_runs_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """per run at batch b = per_run + per_call / b: two batch sizes give both, for each shape,
+    and the ratios compare runrow without events with PgQueuer."""
+    monkeypatch.syspath_prepend(str(ROOT))  # bench/ is the repository's, not the package's
+    from bench.instructions import fixed_and_per_run, report
+
+    runrow = {1: 2_000_000 + 500_000, 10: 200_000 + 500_000}  # per call 2 M, per run 500 k
+    peer = {1: 3_000_000 + 200_000, 10: 300_000 + 200_000}  # per call 3 M, per run 200 k
+    figures = {f"batch {b}, 0 events": v for b, v in runrow.items()}
+    figures |= {f"batch {b}, 2 events": v + 150_000 for b, v in runrow.items()}
+    figures |= {f"PgQueuer, batch {b}": v for b, v in peer.items()}
+    figures |= {f"runrow/PgQueuer, batch {b}": runrow[b] / peer[b] for b in (1, 10)}
+    split = fixed_and_per_run(figures)
+    assert split == pytest.approx(
+        {
+            "per call, runrow, 0 events": 2_000_000,
+            "per run, runrow, 0 events": 500_000,
+            "per call, runrow, 2 events": 2_000_000,
+            "per run, runrow, 2 events": 650_000,
+            "per call, PgQueuer": 3_000_000,
+            "per run, PgQueuer": 200_000,
+            "runrow/PgQueuer, per call": 2 / 3,
+            "runrow/PgQueuer, per run": 2.5,
+        }
+    )
+    assert "  runrow/PgQueuer, per run:           2.50x" in report(figures)
+    # One batch size: nothing to split.
+    assert fixed_and_per_run({"batch 10, 0 events": 700_000.0}) == {}
