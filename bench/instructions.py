@@ -277,7 +277,9 @@ def main(argv: list[str] | None = None) -> None:
         metavar="DIR",
         help="copy each session's callgrind file to DIR, to read with callgrind_annotate",
     )
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures to PATH")
+    parser.add_argument(
+        "--json", type=Path, metavar="PATH", help="also write the figures and their split to PATH"
+    )
     parser.add_argument(
         "--peer",
         action=argparse.BooleanOptionalAction,
@@ -303,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     for line in report(figures):
         print(line)
     if args.json is not None:
-        args.json.write_text(json.dumps(figures, indent=2))
+        args.json.write_text(json.dumps(figures | fixed_and_per_run(figures), indent=2))
 
 
 if __name__ == "__main__":
