@@ -81,6 +81,7 @@ def main() -> None:
     else:
         t0 = time.monotonic()
         FIGURES["instructions_per_run"] = counted = instructions.count([1, 10], [0, 2])
+        FIGURES["instructions_per_call_and_per_run"] = instructions.fixed_and_per_run(counted)
         lines = instructions.report(counted)
         lines[0] += f"  [{time.monotonic() - t0:.0f} s]"
         report.extend(["", *lines])
