@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import stat
 import sys
@@ -97,6 +98,20 @@ def peer_shape(batch: int) -> str:
 
 def ratio_shape(batch: int) -> str:
     return f"runrow/PgQueuer, batch {batch}"
+
+
+_SHAPE = re.compile(r"batch (?P<batch>\d+), (?P<events>\d+) events|PgQueuer, batch (?P<peer_batch>\d+)")
+
+
+def system_and_batch(shape: str) -> tuple[str, int] | None:
+    """The system ("runrow, E events" or "PgQueuer") and batch of a key runrow_shape or
+    peer_shape made; None for any other key (a ratio, a split figure read back from --json)."""
+    m = _SHAPE.fullmatch(shape)
+    if m is None:
+        return None
+    if m["peer_batch"] is not None:
+        return "PgQueuer", int(m["peer_batch"])
+    return f"runrow, {m['events']} events", int(m["batch"])
 
 
 def instructions(outdir: Path, pid: int, timeout: float = 120.0) -> int:
@@ -197,14 +212,10 @@ def fixed_and_per_run(figures: dict[str, float]) -> dict[str, float]:
     runrow without events; empty with fewer than two batch sizes."""
     curves: dict[str, dict[int, float]] = {}
     for shape, figure in figures.items():
-        if shape.startswith("runrow/"):
-            continue
-        if shape.startswith("PgQueuer, batch "):
-            system, batch = "PgQueuer", int(shape.removeprefix("PgQueuer, batch "))
-        else:
-            size, events = shape.split(", ")
-            system, batch = f"runrow, {events}", int(size.removeprefix("batch "))
-        curves.setdefault(system, {})[batch] = figure
+        parsed = system_and_batch(shape)
+        if parsed is not None:
+            system, batch = parsed
+            curves.setdefault(system, {})[batch] = figure
     split: dict[str, float] = {}
     for system, by_batch in curves.items():
         if len(by_batch) < 2:

@@ -98,5 +98,7 @@ def test_a_figure_per_run_splits_into_a_calls_work_over_its_batch_and_a_runs_own
         }
     )
     assert "  runrow/PgQueuer, per run:           2.50x" in report(figures)
+    # The figures as --json writes them, split included, split the same.
+    assert fixed_and_per_run(figures | split) == split
     # One batch size: nothing to split.
     assert fixed_and_per_run({"batch 10, 0 events": 700_000.0}) == {}
