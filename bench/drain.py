@@ -18,6 +18,10 @@ before each drain so every row starts at the same point):
 - runrow SQL API one call: finish_and_claim_runs, a batch's ending and the next batch's claim in
   one call (one UPDATE of agent_run and one journal INSERT instead of two of each), in a
   transaction committed once the rows are in hand; what `runrow worker` sends.
+- runrow floor (bench/floor.py): the four writes SPEC.md asks of a run's lifecycle and no rule,
+  in one statement per call, on a narrow table, then on runrow's own tables without and with
+  their triggers: what runrow's writes cost alone, and what its table, triggers and functions
+  each add on top (the steps between the rungs and the one-call row).
 - runrow worker: PROCESSES `runrow worker` processes at --concurrency batch, the echo handler,
   zero-length runs (message_start, message_stop, complete), enqueued in one statement once the
   workers wait.
@@ -62,7 +66,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
-from bench import cpu
+from bench import cpu, floor
 from bench.common import fsync_cluster, machine, migrate, temporary_database
 
 JOBS = 20_000
@@ -506,6 +510,10 @@ SYSTEMS: dict[str, tuple[Callable[[str, int], None], Worker, Callable[[str, int]
     "runrow SQL API (finish_runs + next claim_runs)": (runrow_setup, runrow_chained_worker, runrow_check),
     "runrow SQL API (finish_and_claim_runs)": (runrow_setup, runrow_one_call_worker, runrow_check),
 }
+# The "peers" rows; the floor's are their own group (--only floor).
+PEER_SYSTEMS = tuple(SYSTEMS)
+SYSTEMS.update(floor.systems())
+FLOOR_SYSTEMS = tuple(name for name in SYSTEMS if name not in PEER_SYSTEMS)
 RUNROW_API = "runrow SQL API (claim_runs -> finish_runs)"
 RUNROW_CHAINED = "runrow SQL API (finish_runs + next claim_runs)"
 RUNROW_ONE_CALL = "runrow SQL API (finish_and_claim_runs)"
@@ -665,6 +673,9 @@ def _ratio_lines(rows: list[Row], batch: int) -> list[str]:
             ("runrow SQL API chained", by.get(RUNROW_CHAINED)),
             ("runrow SQL API one call", by.get(RUNROW_ONE_CALL)),
             ("runrow worker", by.get(f"runrow worker (--concurrency {batch})")),
+            ("runrow floor, narrow table", by.get(floor.NARROW)),
+            ("runrow floor, its tables", by.get(floor.TABLES)),
+            ("runrow floor, its tables and triggers", by.get(floor.TRIGGERS)),
         )
         for label, runrow in mine:
             if runrow is not None:
@@ -728,7 +739,7 @@ def report(rows: list[Row], jobs: int) -> list[str]:
     return lines
 
 
-ROW_GROUPS = ("peers", "worker", "listen")
+ROW_GROUPS = ("peers", "floor", "worker", "listen")
 
 
 def run(
@@ -736,18 +747,16 @@ def run(
 ) -> tuple[list[str], list[dict]]:
     jobs = jobs or (SHORT_JOBS if short else JOBS)
     rows: list[Row] = []
+    drained = (PEER_SYSTEMS if "peers" in only else ()) + (FLOOR_SYSTEMS if "floor" in only else ())
     with bench_cluster() as (server, superuser):
         # Rounds alternate the systems (each round runs every row once, in the same order),
         # so a slow spell of the box lands on all of them rather than on one.
         for n in range(1, rounds + 1):
             for batch in BATCHES:
-                if "peers" in only:
-                    for system in SYSTEMS:
-                        row = dataclasses.replace(drain_row(server, superuser, system, batch, jobs), round=n)
-                        print(
-                            f"  batch {batch:>2}  {system:<48}{row.cells()}  [round {n}/{rounds}]", flush=True
-                        )
-                        rows.append(row)
+                for system in drained:
+                    row = dataclasses.replace(drain_row(server, superuser, system, batch, jobs), round=n)
+                    print(f"  batch {batch:>2}  {system:<48}{row.cells()}  [round {n}/{rounds}]", flush=True)
+                    rows.append(row)
                 if "worker" in only:
                     row = dataclasses.replace(worker_row(server, superuser, batch, jobs), round=n)
                     print(
@@ -789,8 +798,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--only",
         action="append",
         choices=ROW_GROUPS,
-        help="run only these rows (repeatable): peers = bare SQL, PgQueuer and the SQL API; worker = runrow "
-        "worker; listen = SQL API and worker beside 2 and 20 idle LISTEN sessions. Ratios need the peers.",
+        help="run only these rows (repeatable): peers = bare SQL, PgQueuer and the SQL API; floor = "
+        "runrow's writes without its rules (bench/floor.py); worker = runrow worker; listen = SQL API and "
+        "worker beside 2 and 20 idle LISTEN sessions. Ratios need the peers.",
     )
     parser.add_argument(
         "--rounds",

@@ -1,0 +1,226 @@
+"""runrow's floor: the writes SPEC.md asks of a run's lifecycle, and nothing else, drained as
+bench.drain drains the real thing. It prices runrow's rules against the writes they guard.
+
+A run's lifecycle has to write four things: the claim (the run becomes running with a fresh
+token, a lease, a worker and attempt + 1), its `run_claimed` journal row, the fenced ending
+(completed, the claim cleared, finished_at), and its `complete` row, each journal row numbered
+its run's last seq + 1. Each floor row does exactly that, a batch's endings and the next batch's
+claim in one SQL statement per call (as finish_and_claim_runs does in one call), with no rule
+of runrow's checked beyond the fence and the index that keeps one running run per conversation:
+no turn order, no fleet scheduling (priority, fairness, limits, delays), no input validation,
+no guard triggers, no wakes. Three rungs, each adding one part of runrow back:
+
+- narrow table: a table of the lifecycle's columns only, with its primary key, the queue's
+  partial index and the one-running-run-per-conversation index; the journal keyed (run_id, seq).
+- its tables, no triggers: the same statement on runrow's own agent_run and run_event (every
+  column, index and CHECK), their triggers disabled in that throwaway database.
+- its tables and triggers: the same, triggers on: the journal's row guard numbers each row and
+  agent_run's statement trigger checks the moves, as for runrow's functions.
+
+runrow's own row (finish_and_claim_runs) then adds the functions' logic. The steps between the
+rungs say what the table, the triggers and the functions each cost per job; the narrow rung
+against PgQueuer says what any layout of runrow's writes could reach on this server. These rows
+are measurements only: nothing but runrow's functions ever writes runrow's tables in use.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from bench.common import migrate
+
+NARROW = "runrow floor (narrow table)"
+TABLES = "runrow floor (its tables, no triggers)"
+TRIGGERS = "runrow floor (its tables and triggers)"
+
+_NARROW_SCHEMA = (
+    "CREATE TABLE run (id bigint PRIMARY KEY, conversation_id uuid NOT NULL, status text NOT NULL,"
+    " attempt int NOT NULL DEFAULT 0, claim_token uuid, claim_expires_at timestamptz, worker_id text,"
+    " finished_at timestamptz, result jsonb) WITH (fillfactor = 80)",
+    "CREATE INDEX run_queued ON run (id) WHERE status = 'queued'",
+    "CREATE UNIQUE INDEX run_one_running_per_conversation ON run (conversation_id) WHERE status = 'running'",
+    "CREATE TABLE run_event (run_id bigint NOT NULL, seq bigint NOT NULL, type text NOT NULL,"
+    " payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (run_id, seq))",
+)
+_NARROW_ENQUEUE = (
+    "INSERT INTO run (id, conversation_id, status) SELECT i, gen_random_uuid(), 'queued'"
+    " FROM generate_series(1, %s) AS i",
+    "INSERT INTO run_event (run_id, seq, type, payload) SELECT id, 1, 'run_queued', '{}' FROM run",
+)
+
+# A batch's endings (the input's (run_id, claim_token) pairs, fenced by token and status) and
+# their complete rows, then the next batch's claim and its run_claimed rows: one statement.
+_NARROW_CALL = """
+WITH acks AS (
+    SELECT * FROM jsonb_to_recordset(%(acks)s::jsonb) AS a (run_id bigint, claim_token uuid)
+),
+ended AS (
+    UPDATE run SET status = 'completed', claim_token = NULL, claim_expires_at = NULL,
+        finished_at = now(), result = 'null'
+    FROM acks
+    WHERE run.id = acks.run_id AND run.claim_token = acks.claim_token AND run.status = 'running'
+    RETURNING run.id
+),
+ended_rows AS (
+    INSERT INTO run_event (run_id, seq, type, payload)
+    SELECT ended.id, (SELECT max(e.seq) + 1 FROM run_event AS e WHERE e.run_id = ended.id),
+           'complete', '{"type": "complete", "status": "completed"}'
+    FROM ended
+),
+next AS (
+    SELECT id FROM run WHERE status = 'queued' ORDER BY id LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE run SET status = 'running', claim_token = gen_random_uuid(),
+        claim_expires_at = now() + interval '30 seconds', worker_id = 'bench', attempt = run.attempt + 1
+    FROM next WHERE run.id = next.id
+    RETURNING run.id, run.claim_token, run.attempt
+),
+claimed_rows AS (
+    INSERT INTO run_event (run_id, seq, type, payload)
+    SELECT claimed.id, (SELECT max(e.seq) + 1 FROM run_event AS e WHERE e.run_id = claimed.id),
+           'run_claimed',
+           jsonb_build_object('type', 'run_claimed', 'worker_id', 'bench', 'attempt', claimed.attempt)
+    FROM claimed
+)
+SELECT id, claim_token FROM claimed
+"""
+
+# The same on runrow's tables. SEQ is the journal row's seq: looked up here with the triggers
+# off, left NULL for the row guard to assign with them on.
+_TABLES_CALL = """
+WITH acks AS (
+    SELECT * FROM jsonb_to_recordset(%(acks)s::jsonb) AS a (run_id uuid, claim_token uuid)
+),
+ended AS (
+    UPDATE runrow.agent_run AS r SET status = 'completed', claim_token = NULL, claim_expires_at = NULL,
+        finished_at = now(), result = 'null', updated_at = now()
+    FROM acks
+    WHERE r.id = acks.run_id AND r.claim_token = acks.claim_token AND r.status = 'running'
+    RETURNING r.id
+),
+ended_rows AS (
+    INSERT INTO runrow.run_event (run_id, seq, type, payload)
+    SELECT ended.id, {ended_seq}, 'complete',
+           jsonb_build_object(
+               'type', 'complete', 'status', 'completed', 'result', 'null'::jsonb, 'error', NULL
+           )
+    FROM ended
+),
+next AS (
+    SELECT q.id FROM runrow.agent_run AS q
+    WHERE q.status = 'queued' AND NOT q.claim_blocked AND q.not_before IS NULL
+    ORDER BY q.priority DESC, coalesce(q.fairness_key, ''), coalesce(q.concurrency_key, ''), q.enqueue_seq
+    LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE runrow.agent_run AS r SET status = 'running', claim_token = gen_random_uuid(),
+        claim_expires_at = now() + interval '30 seconds', last_heartbeat_at = now(), worker_id = 'bench',
+        attempt = r.attempt + 1, started_at = coalesce(r.started_at, now()), updated_at = now()
+    FROM next WHERE r.id = next.id
+    RETURNING r.id, r.claim_token, r.attempt
+),
+claimed_rows AS (
+    INSERT INTO runrow.run_event (run_id, seq, type, payload)
+    SELECT claimed.id, {claimed_seq}, 'run_claimed',
+           jsonb_build_object('type', 'run_claimed', 'worker_id', 'bench', 'attempt', claimed.attempt)
+    FROM claimed
+)
+SELECT id, claim_token FROM claimed
+"""
+
+
+def _next_seq(alias: str) -> str:
+    return f"(SELECT max(e.seq) + 1 FROM runrow.run_event AS e WHERE e.run_id = {alias}.id)"
+
+
+_CALLS = {
+    NARROW: _NARROW_CALL,
+    TABLES: _TABLES_CALL.format(ended_seq=_next_seq("ended"), claimed_seq=_next_seq("claimed")),
+    TRIGGERS: _TABLES_CALL.format(ended_seq="NULL::bigint", claimed_seq="NULL::bigint"),
+}
+
+
+def call(system: str) -> str:
+    """The rung's statement: %(acks)s the endings (acks()), %(batch)s the runs to claim."""
+    return _CALLS[system]
+
+
+def acks(runs: list[tuple[Any, Any]]) -> str:
+    """The statement's %(acks)s: each (run_id, claim_token) to end as completed."""
+    return json.dumps([{"run_id": str(r), "claim_token": str(t)} for r, t in runs])
+
+
+def tables(system: str) -> tuple[str, str]:
+    """The rung's run table and journal."""
+    return ("run", "run_event") if system == NARROW else ("runrow.agent_run", "runrow.run_event")
+
+
+def setup(system: str, url: str, jobs: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        if system == NARROW:
+            for statement in (*_NARROW_SCHEMA, *_NARROW_ENQUEUE):
+                conn.execute(statement, (jobs,) if "%s" in statement else None)
+            conn.execute("VACUUM ANALYZE")
+            return
+    migrate(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT runrow.enqueue_run(gen_random_uuid(), '\"job\"', 'bench') FROM generate_series(1, %s)",
+            (jobs,),
+        )
+        if system == TABLES:
+            # The owner's right on its tables; USER leaves the internal (foreign-key) triggers on.
+            conn.execute("ALTER TABLE runrow.agent_run DISABLE TRIGGER USER")
+            conn.execute("ALTER TABLE runrow.run_event DISABLE TRIGGER USER")
+        conn.execute("VACUUM ANALYZE")
+
+
+def worker(system: str, url: str, batch: int, ready: Callable[[], None]) -> int:
+    """Chain the floor statement as the one-call row chains finish_and_claim_runs: each call a
+    transaction that ends the last batch and claims the next."""
+    done = 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        ready()
+        claimed: list[tuple[Any, Any]] = []
+        while True:
+            with conn.transaction():
+                rows = conn.execute(call(system), {"acks": acks(claimed), "batch": batch}).fetchall()
+            done += len(claimed)
+            if not rows and not claimed:
+                return done
+            claimed = [(r, t) for r, t in rows]
+
+
+def check(system: str, url: str, jobs: int) -> None:
+    """Every run completed, claimed once, its journal numbered 1..n without a gap, with one
+    run_claimed and one complete."""
+    run, event = tables(system)
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            f"SELECT count(*), count(*) FILTER (WHERE r.status = 'completed' AND r.attempt = 1"
+            f" AND j.n = j.last AND j.claims = 1 AND j.completes = 1)"
+            f" FROM {run} AS r JOIN LATERAL (SELECT count(*) AS n, max(e.seq) AS last,"
+            f" count(*) FILTER (WHERE e.type = 'run_claimed') AS claims,"
+            f" count(*) FILTER (WHERE e.type = 'complete') AS completes"
+            f" FROM {event} AS e WHERE e.run_id = r.id) AS j ON true"
+        ).fetchone()
+    assert row == (jobs, jobs), f"{system}: {row[1]} of {row[0]} runs completed once with a whole journal"
+
+
+def systems() -> dict[str, tuple[Callable[[str, int], None], Any, Callable[[str, int], None]]]:
+    """The three rungs as bench.drain systems (setup, worker, check); partials of module-level
+    functions, so the drain's spawned processes can take them."""
+    return {
+        name: (
+            functools.partial(setup, name),
+            functools.partial(worker, name),
+            functools.partial(check, name),
+        )
+        for name in (NARROW, TABLES, TRIGGERS)
+    }

@@ -1,0 +1,94 @@
+"""bench/floor.py's rungs, small: each drains its runs through its one statement and passes its
+check; the check catches a run left over, claimed twice or with a gap in its journal; the
+statement's fence holds; each rung on runrow's tables runs with its triggers as it says."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from types import ModuleType
+
+import psycopg
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NARROW, TABLES, TRIGGERS = (
+    "runrow floor (narrow table)",
+    "runrow floor (its tables, no triggers)",
+    "runrow floor (its tables and triggers)",
+)
+RUNGS = (NARROW, TABLES, TRIGGERS)
+
+
+@pytest.fixture
+def floor(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(ROOT))  # bench/ is the repository's, not the package's
+    from bench import floor
+
+    assert (floor.NARROW, floor.TABLES, floor.TRIGGERS) == RUNGS
+    return floor
+
+
+@pytest.mark.parametrize("rung", RUNGS)
+@pytest.mark.parametrize("batch", [1, 10])
+def test_a_rung_drains_every_run_once_with_a_whole_journal(
+    floor: ModuleType, scratch_database: str, rung: str, batch: int
+):
+    floor.setup(rung, scratch_database, 25)
+    assert floor.worker(rung, scratch_database, batch, lambda: None) == 25
+    floor.check(rung, scratch_database, 25)
+
+
+@pytest.mark.parametrize("rung", RUNGS)
+def test_the_check_fails_while_runs_are_left(floor: ModuleType, scratch_database: str, rung: str):
+    floor.setup(rung, scratch_database, 3)
+    with pytest.raises(AssertionError, match="0 of 3 runs"):
+        floor.check(rung, scratch_database, 3)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "DELETE FROM run_event WHERE run_id = 2 AND seq = 2",  # a gap
+        "UPDATE run SET attempt = 2 WHERE id = 2",  # claimed twice
+        "DELETE FROM run_event WHERE run_id = 2 AND type = 'complete'",  # no complete
+    ],
+)
+def test_the_check_fails_on_a_damaged_run(floor: ModuleType, scratch_database: str, damage: str):
+    floor.setup(NARROW, scratch_database, 3)
+    floor.worker(NARROW, scratch_database, 10, lambda: None)
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        conn.execute(damage)
+    with pytest.raises(AssertionError, match="2 of 3 runs"):
+        floor.check(NARROW, scratch_database, 3)
+
+
+@pytest.mark.parametrize("rung", RUNGS)
+def test_an_ending_with_a_wrong_token_writes_nothing(floor: ModuleType, scratch_database: str, rung: str):
+    floor.setup(rung, scratch_database, 1)
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        ((run_id, token),) = conn.execute(floor.call(rung), {"acks": "[]", "batch": 1}).fetchall()
+        forged = floor.acks([(run_id, uuid.uuid4())])
+        assert conn.execute(floor.call(rung), {"acks": forged, "batch": 1}).fetchall() == []
+        run, event = floor.tables(rung)
+        status = conn.execute(f"SELECT status FROM {run} WHERE id = %s", (run_id,)).fetchone()
+        completes = conn.execute(
+            f"SELECT count(*) FROM {event} WHERE run_id = %s AND type = 'complete'", (run_id,)
+        ).fetchone()
+        assert (status, completes) == (("running",), (0,))
+        conn.execute(floor.call(rung), {"acks": floor.acks([(run_id, token)]), "batch": 1})
+    floor.check(rung, scratch_database, 1)
+
+
+@pytest.mark.parametrize(("rung", "enabled"), [(TABLES, False), (TRIGGERS, True)])
+def test_the_rungs_on_runrows_tables_run_with_their_triggers_as_named(
+    floor: ModuleType, scratch_database: str, rung: str, enabled: bool
+):
+    floor.setup(rung, scratch_database, 1)
+    with psycopg.connect(scratch_database) as conn:
+        states = conn.execute(
+            "SELECT DISTINCT tgenabled <> 'D' FROM pg_trigger"
+            " WHERE tgrelid IN ('runrow.agent_run'::regclass, 'runrow.run_event'::regclass)"
+            " AND NOT tgisinternal"
+        ).fetchall()
+    assert states == [(enabled,)]
