@@ -32,8 +32,6 @@ from typing import Any
 
 import psycopg
 
-from bench.common import migrate
-
 NARROW = "runrow floor (narrow table)"
 TABLES = "runrow floor (its tables, no triggers)"
 TRIGGERS = "runrow floor (its tables and triggers)"
@@ -49,8 +47,10 @@ _NARROW_SCHEMA = (
 )
 _NARROW_ENQUEUE = (
     "INSERT INTO run (id, conversation_id, status) SELECT i, gen_random_uuid(), 'queued'"
-    " FROM generate_series(1, %s) AS i",
-    "INSERT INTO run_event (run_id, seq, type, payload) SELECT id, 1, 'run_queued', '{}' FROM run",
+    " FROM generate_series(1, %s) AS i"
+)
+_NARROW_QUEUED_ROWS = (
+    "INSERT INTO run_event (run_id, seq, type, payload) SELECT id, 1, 'run_queued', '{}' FROM run"
 )
 
 # A batch's endings (the input's (run_id, claim_token) pairs, fenced by token and status) and
@@ -162,23 +162,24 @@ def tables(system: str) -> tuple[str, str]:
 
 
 def setup(system: str, url: str, jobs: int) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        if system == NARROW:
-            for statement in (*_NARROW_SCHEMA, *_NARROW_ENQUEUE):
-                conn.execute(statement, (jobs,) if "%s" in statement else None)
+    """`jobs` runs queued, each its own conversation: in the narrow table, or by runrow's
+    enqueue_run as the SQL API rows enqueue them."""
+    if system == NARROW:
+        with psycopg.connect(url, autocommit=True) as conn:
+            for statement in _NARROW_SCHEMA:
+                conn.execute(statement)
+            conn.execute(_NARROW_ENQUEUE, (jobs,))
+            conn.execute(_NARROW_QUEUED_ROWS)
             conn.execute("VACUUM ANALYZE")
-            return
-    migrate(url)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            "SELECT runrow.enqueue_run(gen_random_uuid(), '\"job\"', 'bench') FROM generate_series(1, %s)",
-            (jobs,),
-        )
-        if system == TABLES:
+        return
+    from bench.drain import runrow_setup  # bench.drain imports this module
+
+    runrow_setup(url, jobs)
+    if system == TABLES:
+        with psycopg.connect(url, autocommit=True) as conn:
             # The owner's right on its tables; USER leaves the internal (foreign-key) triggers on.
             conn.execute("ALTER TABLE runrow.agent_run DISABLE TRIGGER USER")
             conn.execute("ALTER TABLE runrow.run_event DISABLE TRIGGER USER")
-        conn.execute("VACUUM ANALYZE")
 
 
 def worker(system: str, url: str, batch: int, ready: Callable[[], None]) -> int:
