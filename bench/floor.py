@@ -5,10 +5,11 @@ A run's lifecycle has to write four things: the claim (the run becomes running w
 token, a lease, a worker and attempt + 1), its `run_claimed` journal row, the fenced ending
 (completed, the claim cleared, finished_at), and its `complete` row, each journal row numbered
 its run's last seq + 1. Each floor row does exactly that, a batch's endings and the next batch's
-claim in one SQL statement per call (as finish_and_claim_runs does in one call), with no rule
-of runrow's checked beyond the fence and the index that keeps one running run per conversation:
-no turn order, no fleet scheduling (priority, fairness, limits, delays), no input validation,
-no guard triggers, no wakes. Three rungs, each adding one part of runrow back:
+claim in one SQL statement per call (as finish_and_claim_runs does in one call), prepared and
+planned once as runrow's functions plan their statements, with no rule of runrow's checked
+beyond the fence and the index that keeps one running run per conversation: no turn order, no
+fleet scheduling (priority, fairness, limits, delays), no input validation, no guard triggers,
+no wakes. Three rungs, each adding one part of runrow back:
 
 - narrow table: a table of the lifecycle's columns only, with its primary key, the queue's
   partial index and the one-running-run-per-conversation index; the journal keyed (run_id, seq).
@@ -146,6 +147,27 @@ _CALLS = {
 }
 
 
+_PLANNED_ONCE = (
+    "plan_cache_mode = force_generic_plan",
+    "enable_seqscan = off",
+    "enable_sort = off",
+    "enable_hashjoin = off",
+    "enable_mergejoin = off",
+    "jit = off",
+)
+
+
+def planned_once(conn: psycopg.Connection[Any]) -> None:
+    """Set the session up to plan a rung's prepared statement once, as runrow's functions plan
+    their statements: a statement planned per call would price the planner's look at every
+    partial index of agent_run, which runrow does not pay per call. The generic plan, sized for
+    the LIMIT's default 200 rows, would hash-join the claim to a whole scan of the table; index
+    lookups joined by nested loops are what a plan for ten rows does (runrow's functions pin
+    enable_seqscan and enable_sort off for the same reason)."""
+    for setting in _PLANNED_ONCE:
+        conn.execute(f"SET {setting}")
+
+
 def call(system: str) -> str:
     """The rung's statement: %(acks)s the endings (acks()), %(batch)s the runs to claim."""
     return _CALLS[system]
@@ -184,14 +206,16 @@ def setup(system: str, url: str, jobs: int) -> None:
 
 def worker(system: str, url: str, batch: int, ready: Callable[[], None]) -> int:
     """Chain the floor statement as the one-call row chains finish_and_claim_runs: each call a
-    transaction that ends the last batch and claims the next."""
+    transaction that ends the last batch and claims the next, the statement prepared once."""
     done = 0
     with psycopg.connect(url, autocommit=True) as conn:
+        planned_once(conn)
         ready()
         claimed: list[tuple[Any, Any]] = []
         while True:
             with conn.transaction():
-                rows = conn.execute(call(system), {"acks": acks(claimed), "batch": batch}).fetchall()
+                params = {"acks": acks(claimed), "batch": batch}
+                rows = conn.execute(call(system), params, prepare=True).fetchall()
             done += len(claimed)
             if not rows and not claimed:
                 return done

@@ -92,3 +92,25 @@ def test_the_rungs_on_runrows_tables_run_with_their_triggers_as_named(
             " AND NOT tgisinternal"
         ).fetchall()
     assert states == [(enabled,)]
+
+
+@pytest.mark.parametrize("rung", RUNGS)
+def test_a_rungs_statement_is_planned_once_with_index_lookups(
+    floor: ModuleType, scratch_database: str, rung: str
+):
+    """Planned per call, a rung would pay the planner for agent_run's partial indexes, which
+    runrow's functions do not; planned generically without the session's settings, the claim
+    hash-joined a whole scan of the table."""
+    floor.setup(rung, scratch_database, 50)
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        floor.planned_once(conn)
+        claimed: list[tuple[object, object]] = []
+        for _ in range(3):
+            params = {"acks": floor.acks(claimed), "batch": 10}
+            claimed = conn.execute(floor.call(rung), params, prepare=True).fetchall()
+        ((name, generic, custom),) = conn.execute(
+            "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements"
+        ).fetchall()
+        assert (generic, custom) == (3, 0)
+        plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN EXECUTE {name}('[]', 10)"))
+    assert "Seq Scan" not in plan and "Hash Join" not in plan, plan
