@@ -19,9 +19,9 @@ before each drain so every row starts at the same point):
   one call (one UPDATE of agent_run and one journal INSERT instead of two of each), in a
   transaction committed once the rows are in hand; what `runrow worker` sends.
 - runrow floor (bench/floor.py): the four writes SPEC.md asks of a run's lifecycle and no rule,
-  in one statement per call, on a narrow table, then on runrow's own tables without and with
-  their triggers: what runrow's writes cost alone, and what its table, triggers and functions
-  each add on top (the steps between the rungs and the one-call row).
+  in one statement per call, prepared and planned once, on a narrow table, then on runrow's own
+  tables without and with their triggers: what runrow's writes cost alone, and what its table,
+  triggers and functions each add on top (the steps between the rungs and the one-call row).
 - runrow worker: PROCESSES `runrow worker` processes at --concurrency batch, the echo handler,
   zero-length runs (message_start, message_stop, complete), enqueued in one statement once the
   workers wait.
