@@ -807,8 +807,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=int,
         default=1,
         metavar="N",
-        help="run the peer and worker rows N times, alternating systems, and quote each ratio as the median "
-        "of the rounds with its range (one drain moves with the box's load; 3 is a fair minimum)",
+        help="run the peer, floor and worker rows N times, alternating systems, and quote each ratio as the "
+        "median of the rounds with its range (one drain moves with the box's load; 3 is a fair minimum)",
     )
     parser.add_argument(
         "--here", action="store_true", help="run on DATABASE_URL's server instead of a private cluster"
