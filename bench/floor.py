@@ -27,7 +27,6 @@ are measurements only: nothing but runrow's functions ever writes runrow's table
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -169,13 +168,10 @@ def planned_once(conn: psycopg.Connection[Any]) -> None:
 
 
 def call(system: str) -> str:
-    """The rung's statement: %(acks)s the endings (acks()), %(batch)s the runs to claim."""
+    """The rung's statement: %(acks)s the endings as bench.drain.acks() writes them for
+    finish_runs (the fields other than run_id and claim_token are not read), %(batch)s the runs
+    to claim."""
     return _CALLS[system]
-
-
-def acks(runs: list[tuple[Any, Any]]) -> str:
-    """The statement's %(acks)s: each (run_id, claim_token) to end as completed."""
-    return json.dumps([{"run_id": str(r), "claim_token": str(t)} for r, t in runs])
 
 
 def tables(system: str) -> tuple[str, str]:
@@ -207,6 +203,8 @@ def setup(system: str, url: str, jobs: int) -> None:
 def worker(system: str, url: str, batch: int, ready: Callable[[], None]) -> int:
     """Chain the floor statement as the one-call row chains finish_and_claim_runs: each call a
     transaction that ends the last batch and claims the next, the statement prepared once."""
+    from bench.drain import acks  # bench.drain imports this module
+
     done = 0
     with psycopg.connect(url, autocommit=True) as conn:
         planned_once(conn)
@@ -219,7 +217,7 @@ def worker(system: str, url: str, batch: int, ready: Callable[[], None]) -> int:
             done += len(claimed)
             if not rows and not claimed:
                 return done
-            claimed = [(r, t) for r, t in rows]
+            claimed = rows
 
 
 def check(system: str, url: str, jobs: int) -> None:

@@ -5,6 +5,7 @@ statement's fence holds; each rung on runrow's tables runs with its triggers as 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -18,6 +19,7 @@ NARROW, TABLES, TRIGGERS = (
     "runrow floor (its tables and triggers)",
 )
 RUNGS = (NARROW, TABLES, TRIGGERS)
+Acks = Callable[[list[tuple[object, object]]], str]
 
 
 @pytest.fixture
@@ -27,6 +29,14 @@ def floor(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
     assert (floor.NARROW, floor.TABLES, floor.TRIGGERS) == RUNGS
     return floor
+
+
+@pytest.fixture
+def acks(floor: ModuleType) -> Acks:
+    """The endings' JSON, as the floor's worker writes it (bench.drain's, for finish_runs)."""
+    from bench.drain import acks
+
+    return acks
 
 
 @pytest.mark.parametrize("rung", RUNGS)
@@ -64,11 +74,13 @@ def test_the_check_fails_on_a_damaged_run(floor: ModuleType, scratch_database: s
 
 
 @pytest.mark.parametrize("rung", RUNGS)
-def test_an_ending_with_a_wrong_token_writes_nothing(floor: ModuleType, scratch_database: str, rung: str):
+def test_an_ending_with_a_wrong_token_writes_nothing(
+    floor: ModuleType, acks: Acks, scratch_database: str, rung: str
+):
     floor.setup(rung, scratch_database, 1)
     with psycopg.connect(scratch_database, autocommit=True) as conn:
         ((run_id, token),) = conn.execute(floor.call(rung), {"acks": "[]", "batch": 1}).fetchall()
-        forged = floor.acks([(run_id, uuid.uuid4())])
+        forged = acks([(run_id, uuid.uuid4())])
         assert conn.execute(floor.call(rung), {"acks": forged, "batch": 1}).fetchall() == []
         run, event = floor.tables(rung)
         status = conn.execute(f"SELECT status FROM {run} WHERE id = %s", (run_id,)).fetchone()
@@ -76,7 +88,7 @@ def test_an_ending_with_a_wrong_token_writes_nothing(floor: ModuleType, scratch_
             f"SELECT count(*) FROM {event} WHERE run_id = %s AND type = 'complete'", (run_id,)
         ).fetchone()
         assert (status, completes) == (("running",), (0,))
-        conn.execute(floor.call(rung), {"acks": floor.acks([(run_id, token)]), "batch": 1})
+        conn.execute(floor.call(rung), {"acks": acks([(run_id, token)]), "batch": 1})
     floor.check(rung, scratch_database, 1)
 
 
@@ -96,7 +108,7 @@ def test_the_rungs_on_runrows_tables_run_with_their_triggers_as_named(
 
 @pytest.mark.parametrize("rung", RUNGS)
 def test_a_rungs_statement_is_planned_once_with_index_lookups(
-    floor: ModuleType, scratch_database: str, rung: str
+    floor: ModuleType, acks: Acks, scratch_database: str, rung: str
 ):
     """Planned per call, a rung would pay the planner for agent_run's partial indexes, which
     runrow's functions do not; planned generically without the session's settings, the claim
@@ -106,7 +118,7 @@ def test_a_rungs_statement_is_planned_once_with_index_lookups(
         floor.planned_once(conn)
         claimed: list[tuple[object, object]] = []
         for _ in range(3):
-            params = {"acks": floor.acks(claimed), "batch": 10}
+            params = {"acks": acks(claimed), "batch": 10}
             claimed = conn.execute(floor.call(rung), params, prepare=True).fetchall()
         ((name, generic, custom),) = conn.execute(
             "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements"
