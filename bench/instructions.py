@@ -26,7 +26,11 @@ job with no output, as PgQueuer's) over PgQueuer's per job: the issue's wall-clo
 unit the box does not move. `--no-peer` leaves PgQueuer out.
 
     python -m bench.instructions [--batch 1 10] [--events 0 2] [--small 200] [--large 600] [--keep DIR]
-                                    [--json PATH] [--no-peer]
+                                    [--json PATH] [--no-peer] [--by-function N]
+
+`--by-function N` then reads the drains' callgrind files and prints, for each shape counted at two
+batch sizes, the N PostgreSQL functions through which most of a call's shared work and most of a
+run's own work pass (bench/by_function.py says how to read it).
 
 It needs valgrind (`apt-get install valgrind`); without it, it says so and exits. A run of the
 defaults takes about two minutes. Compare two versions by running it on each.
@@ -40,11 +44,13 @@ import re
 import shutil
 import stat
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import psycopg
 
+from bench import by_function
 from bench.drain import (
     ECHO_ENQUEUE,
     FINISH_AND_CLAIM,
@@ -127,6 +133,34 @@ def instructions(outdir: Path, pid: int, timeout: float = 120.0) -> int:
     sys.exit(f"bench.instructions: no callgrind totals in {path}")
 
 
+def kept_name(system: str, batch: int, events: int, runs: int) -> str:
+    """The name --keep gives a drain's callgrind file."""
+    if system == "pgqueuer":
+        return f"pgqueuer-batch{batch}-jobs{runs}.callgrind"
+    return f"batch{batch}-events{events}-runs{runs}.callgrind"
+
+
+def report_by_function(
+    kept: Path, batches: list[int], events: list[int], small: int, large: int, with_peer: bool, top: int
+) -> list[str]:
+    """The top functions of each shape, from the callgrind files count() kept."""
+    systems = [("runrow", e, f"runrow, {e} events") for e in events]
+    if with_peer:
+        systems.append(("pgqueuer", 0, "PgQueuer"))
+    lines: list[str] = []
+    for system, e, title in systems:
+        by_batch = {
+            b: by_function.per_run(
+                by_function.inclusive(kept / kept_name(system, b, e, small)),
+                by_function.inclusive(kept / kept_name(system, b, e, large)),
+                large - small,
+            )
+            for b in batches
+        }
+        lines += by_function.report(title, by_function.split(by_batch), top)
+    return lines
+
+
 def under_callgrind(cluster: Cluster, outdir: Path) -> None:
     """Restart the cluster's postmaster under callgrind, with the options it was started with."""
     wrapper = Path(cluster.root) / "postgres-under-callgrind"
@@ -187,15 +221,13 @@ def count(
                     pid = peer(url, b)
                     counts[n] = instructions(outdir, pid)
                     pgqueuer_check(url, n)  # every job logged successful, none left
-                    kept = f"pgqueuer-batch{b}-jobs{n}.callgrind"
                 else:
                     pid = chain(url, b, e)
                     counts[n] = instructions(outdir, pid)
                     runrow_check(url, n)  # every run completed once, claimed once; audit() clean
-                    kept = f"batch{b}-events{e}-runs{n}.callgrind"
                 if keep is not None:
                     keep.mkdir(parents=True, exist_ok=True)
-                    shutil.copy(outdir / f"cg.{pid}", keep / kept)
+                    shutil.copy(outdir / f"cg.{pid}", keep / kept_name(system, b, e, n))
             shape = peer_shape(b) if system == "pgqueuer" else runrow_shape(b, e)
             figures[shape] = (counts[large] - counts[small]) / (large - small)
     if with_peer and 0 in events:
@@ -298,7 +330,16 @@ def main(argv: list[str] | None = None) -> None:
         help="also count PgQueuer draining at each batch size, and print the ratios (default on; "
         "needs the bench extra: pip install -e '.[bench]')",
     )
+    parser.add_argument(
+        "--by-function",
+        type=int,
+        metavar="N",
+        help="also print the N PostgreSQL functions through which most of a call's and most of a "
+        "run's instructions pass (needs two --batch sizes; see bench/by_function.py)",
+    )
     args = parser.parse_args(argv)
+    if args.by_function is not None and (args.by_function < 1 or len(set(args.batch)) < 2):
+        parser.error("--by-function needs N >= 1 and two --batch sizes (it splits per call and per run)")
     if shutil.which("valgrind") is None:
         sys.exit("bench.instructions: valgrind is not installed (apt-get install valgrind)")
     if args.large <= args.small:
@@ -312,9 +353,18 @@ def main(argv: list[str] | None = None) -> None:
                 "bench.instructions: PgQueuer is not installed: pip install -e '.[bench]' "
                 "(or pass --no-peer to count runrow alone)"
             )
-    figures = count(args.batch, args.events, args.small, args.large, args.keep, args.peer)
-    for line in report(figures):
-        print(line)
+    with tempfile.TemporaryDirectory(prefix="runrow-callgrind-") as scratch:
+        # --by-function reads the files; without --keep they go once it has.
+        kept = args.keep if args.keep is not None or args.by_function is None else Path(scratch)
+        figures = count(args.batch, args.events, args.small, args.large, kept, args.peer)
+        for line in report(figures):
+            print(line)
+        if args.by_function is not None and kept is not None:
+            batches = sorted(set(args.batch))
+            for line in report_by_function(
+                kept, batches, args.events, args.small, args.large, args.peer, args.by_function
+            ):
+                print(line)
     if args.json is not None:
         args.json.write_text(json.dumps(figures | fixed_and_per_run(figures), indent=2))
 
