@@ -724,7 +724,7 @@ def report(rows: list[Row], jobs: int) -> list[str]:
         lines.extend(_ratio_lines(plain, batch))
     if jobs < JOBS and any(r.system.startswith("PgQueuer") for r in rows):
         # Measured: about 65-90 ms more per drain than the SQL API client, a quarter of
-        # PgQueuer's drain of 2,000 jobs at batch 10 (README, "Drain against PgQueuer").
+        # PgQueuer's drain of 2,000 jobs at batch 10 (bench/RESULTS.md, "Drain against PgQueuer").
         lines.append(
             f"  (fewer than {JOBS:,} jobs: PgQueuer's fixed start-up and drain-end time weigh on its"
             " rate, so these ratios flatter runrow; quote ratios from a full-size run)"

@@ -1,5 +1,5 @@
 """bench/claim_buffers.py at its --short size (100 and 5,000 finished runs, 1,000 blocked turns,
-1,000 runs ended since the last vacuum), so the figures the README quotes from it keep meaning
+1,000 runs ended since the last vacuum), so the figures bench/RESULTS.md quotes from it keep meaning
 what they say as the schema moves: once vacuumed, a claim, a heartbeat, an append and a finish
 read no more with the bigger history (issue 11 asks within 1.2x; a B-tree level more is a
 buffer), and an empty claim over blocked turns reads about what an empty queue does. Counted in

@@ -1,9 +1,9 @@
 """bench/trim.py at a small size, so its own checks stay true as the schema moves: every run
 completed once, the trim deletes exactly the journals and nothing else (steps kept, a trimmed run
-still reads as complete), audit() clean, and the two findings the README reports from it: the
-space the trim frees is reused by the next runs' journals, and the claim and the finish read no
-more buffers right after a trim than before it. Run as `python -m bench.trim`, the way a reader
-of the README runs it."""
+still reads as complete), audit() clean, and the two findings bench/RESULTS.md reports from it:
+the space the trim frees is reused by the next runs' journals, and the claim and the finish read
+no more buffers right after a trim than before it. Run as `python -m bench.trim`, the way a
+reader of the README runs it."""
 
 from __future__ import annotations
 
