@@ -22,6 +22,8 @@ before each drain so every row starts at the same point):
   in one statement per call, prepared and planned once, on a narrow table, then on runrow's own
   tables without and with their triggers: what runrow's writes cost alone, and what its table,
   triggers and functions each add on top (the steps between the rungs and the one-call row).
+  A fourth floor row runs the one-call row's functions with the two rule triggers off (the
+  writers number the journal): the bound for rules that cost nothing.
 - runrow worker: PROCESSES `runrow worker` processes at --concurrency batch, the echo handler,
   zero-length runs (message_start, message_stop, complete), enqueued in one statement once the
   workers wait.
@@ -676,6 +678,7 @@ def _ratio_lines(rows: list[Row], batch: int) -> list[str]:
             ("runrow floor, narrow table", by.get(floor.NARROW)),
             ("runrow floor, its tables", by.get(floor.TABLES)),
             ("runrow floor, its tables and triggers", by.get(floor.TRIGGERS)),
+            ("runrow floor, its functions without rule triggers", by.get(floor.FUNCTIONS)),
         )
         for label, runrow in mine:
             if runrow is not None:
@@ -799,8 +802,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="append",
         choices=ROW_GROUPS,
         help="run only these rows (repeatable): peers = bare SQL, PgQueuer and the SQL API; floor = "
-        "runrow's writes without its rules (bench/floor.py); worker = runrow worker; listen = SQL API and "
-        "worker beside 2 and 20 idle LISTEN sessions. Ratios need the peers.",
+        "runrow's writes without its rules, and its functions without its rule triggers "
+        "(bench/floor.py); worker = runrow worker; listen = SQL API and worker beside 2 and 20 idle "
+        "LISTEN sessions. Ratios need the peers.",
     )
     parser.add_argument(
         "--rounds",

@@ -20,21 +20,56 @@ no wakes. Three rungs, each adding one part of runrow back:
 
 runrow's own row (finish_and_claim_runs) then adds the functions' logic. The steps between the
 rungs say what the table, the triggers and the functions each cost per job; the narrow rung
-against PgQueuer says what any layout of runrow's writes could reach on this server. These rows
-are measurements only: nothing but runrow's functions ever writes runrow's tables in use.
+against PgQueuer says what any layout of runrow's writes could reach on this server.
+
+A fourth row runs the other way round: runrow's functions with the two triggers that carry the
+lifecycle's rules (the journal's row guard, agent_run's statement trigger) disabled, the writers
+numbering their journal rows themselves (their SQL rewritten for that database). It is the
+upper bound of rules that cost nothing, as if written in C: what the functions alone cost on
+runrow's tables. These rows are measurements only: nothing but runrow's functions ever writes
+runrow's tables in use, and never with those triggers off.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
+from pyworker.db.paths import FUNCTIONS_DIR
+
 NARROW = "runrow floor (narrow table)"
 TABLES = "runrow floor (its tables, no triggers)"
 TRIGGERS = "runrow floor (its tables and triggers)"
+FUNCTIONS = "runrow floor (its functions, no rule triggers)"
+
+# The triggers that carry the lifecycle's rules, off in the FUNCTIONS rung's database.
+RULE_TRIGGERS = (("runrow.run_event", "run_event_guard"), ("runrow.agent_run", "agent_run_after_update"))
+
+# The journal INSERTs of the claim and of finish_and_claim_runs leave seq NULL for the row guard
+# to number. With the guard off, each takes its run's last seq plus the row's place: (file,
+# pattern, replacement), each pattern found exactly once.
+_LAST_SEQ = (
+    "coalesce((SELECT l.seq FROM runrow.run_event AS l WHERE l.run_id = {run}"
+    " ORDER BY l.seq DESC LIMIT 1), 0)"
+)
+_SELF_NUMBERED = (
+    (
+        "_claim.sql",
+        r"SELECT cl\.id,\s+NULL,\s+'run_claimed',",
+        f"SELECT cl.id, {_LAST_SEQ.format(run='cl.id')} + 1, 'run_claimed',",
+    ),
+    (
+        "finish_and_claim_runs.sql",
+        r"SELECT u\.id, NULL::bigint, e\.type, e\.ev",
+        f"SELECT u.id, {_LAST_SEQ.format(run='u.id')} + e.ord, e.type, e.ev",
+    ),
+    # The writer's own row (run_claimed or complete) comes after the ending's events.
+    ("finish_and_claim_runs.sql", r"9223372036854775807", "coalesce(jsonb_array_length(u.events), 0) + 1"),
+)
 
 _NARROW_SCHEMA = (
     "CREATE TABLE run (id bigint PRIMARY KEY, conversation_id uuid NOT NULL, status text NOT NULL,"
@@ -179,6 +214,23 @@ def tables(system: str) -> tuple[str, str]:
     return ("run", "run_event") if system == NARROW else ("runrow.agent_run", "runrow.run_event")
 
 
+def self_numbered_functions() -> list[str]:
+    """The SQL of _claim and finish_and_claim_runs as in functions/, but numbering their journal
+    rows themselves, for the FUNCTIONS rung. Raises if functions/ no longer has a statement this
+    rewrites, so the rung cannot quietly measure something else."""
+    sources: dict[str, str] = {}
+    for name, pattern, replacement in _SELF_NUMBERED:
+        text = sources.get(name) or (FUNCTIONS_DIR / name).read_text()
+        text, found = re.subn(pattern, lambda _match, new=replacement: new, text)
+        if found != 1:
+            raise RuntimeError(
+                f"bench.floor: functions/{name} has {found} matches of {pattern!r}, not 1; the "
+                f"'{FUNCTIONS}' rung rewrites its journal INSERT: update _SELF_NUMBERED"
+            )
+        sources[name] = text
+    return list(sources.values())
+
+
 def setup(system: str, url: str, jobs: int) -> None:
     """`jobs` runs queued, each its own conversation: in the narrow table, or by runrow's
     enqueue_run as the SQL API rows enqueue them."""
@@ -198,6 +250,19 @@ def setup(system: str, url: str, jobs: int) -> None:
             # The owner's right on its tables; USER leaves the internal (foreign-key) triggers on.
             conn.execute("ALTER TABLE runrow.agent_run DISABLE TRIGGER USER")
             conn.execute("ALTER TABLE runrow.run_event DISABLE TRIGGER USER")
+    if system == FUNCTIONS:
+        with psycopg.connect(url, autocommit=True) as conn:
+            for sql in self_numbered_functions():
+                conn.execute(sql)
+            for table, trigger in RULE_TRIGGERS:
+                conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER {trigger}")
+
+
+def functions_worker(url: str, batch: int, ready: Callable[[], None]) -> int:
+    """The FUNCTIONS rung's worker: the one-call row's, finish_and_claim_runs chained."""
+    from bench.drain import runrow_one_call_worker  # bench.drain imports this module
+
+    return runrow_one_call_worker(url, batch, ready)
 
 
 def worker(system: str, url: str, batch: int, ready: Callable[[], None]) -> int:
@@ -237,9 +302,9 @@ def check(system: str, url: str, jobs: int) -> None:
 
 
 def systems() -> dict[str, tuple[Callable[[str, int], None], Any, Callable[[str, int], None]]]:
-    """The three rungs as bench.drain systems (setup, worker, check); partials of module-level
+    """The four rows as bench.drain systems (setup, worker, check); partials of module-level
     functions, so the drain's spawned processes can take them."""
-    return {
+    rows: dict[str, tuple[Callable[[str, int], None], Any, Callable[[str, int], None]]] = {
         name: (
             functools.partial(setup, name),
             functools.partial(worker, name),
@@ -247,3 +312,9 @@ def systems() -> dict[str, tuple[Callable[[str, int], None], Any, Callable[[str,
         )
         for name in (NARROW, TABLES, TRIGGERS)
     }
+    rows[FUNCTIONS] = (
+        functools.partial(setup, FUNCTIONS),
+        functions_worker,
+        functools.partial(check, FUNCTIONS),
+    )
+    return rows

@@ -40,6 +40,7 @@ def test_a_small_drain_of_every_system_passes_its_own_checks(tmp_path: Path):
             "runrow floor (narrow table)",
             "runrow floor (its tables, no triggers)",
             "runrow floor (its tables and triggers)",
+            "runrow floor (its functions, no rule triggers)",
             f"runrow worker (--concurrency {batch})",
         ):
             assert (system, batch) in systems
@@ -53,6 +54,7 @@ def test_a_small_drain_of_every_system_passes_its_own_checks(tmp_path: Path):
     assert "runrow SQL API chained / PgQueuer 1.6 (asyncpg)" in result.stdout
     assert "runrow SQL API one call / PgQueuer 1.6 (asyncpg)" in result.stdout
     assert "runrow floor, its tables and triggers / PgQueuer 1.6 (asyncpg)" in result.stdout
+    assert "runrow floor, its functions without rule triggers / PgQueuer 1.6 (asyncpg)" in result.stdout
     # Chained, a batch's finish rides the next claim's transaction: about one commit per
     # batch, not two (counted by pg_stat_database, not timed).
     by = {(r["system"], r["batch"]): r for r in rows}

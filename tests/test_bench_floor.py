@@ -1,9 +1,12 @@
 """bench/floor.py's rungs, small: each drains its runs through its one statement and passes its
 check; the check catches a run left over, claimed twice or with a gap in its journal; the
-statement's fence holds; each rung on runrow's tables runs with its triggers as it says."""
+statement's fence holds; each rung on runrow's tables runs with its triggers as it says. The
+functions row (runrow's functions, its rule triggers off) drains, keeps the fence, has exactly
+those two triggers off, and refuses to run once functions/ no longer has what it rewrites."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -13,10 +16,11 @@ import psycopg
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-NARROW, TABLES, TRIGGERS = (
+NARROW, TABLES, TRIGGERS, FUNCTIONS = (
     "runrow floor (narrow table)",
     "runrow floor (its tables, no triggers)",
     "runrow floor (its tables and triggers)",
+    "runrow floor (its functions, no rule triggers)",
 )
 RUNGS = (NARROW, TABLES, TRIGGERS)
 Acks = Callable[[list[tuple[object, object]]], str]
@@ -28,6 +32,8 @@ def floor(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     from bench import floor
 
     assert (floor.NARROW, floor.TABLES, floor.TRIGGERS) == RUNGS
+    assert floor.FUNCTIONS == FUNCTIONS
+    assert list(floor.systems()) == [*RUNGS, FUNCTIONS]
     return floor
 
 
@@ -126,3 +132,56 @@ def test_a_rungs_statement_is_planned_once_with_index_lookups(
         assert (generic, custom) == (3, 0)
         plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN EXECUTE {name}('[]', 10)"))
     assert "Seq Scan" not in plan and "Hash Join" not in plan, plan
+
+
+@pytest.mark.parametrize("batch", [1, 10])
+def test_the_functions_row_drains_every_run_once_with_a_whole_journal(
+    floor: ModuleType, scratch_database: str, batch: int
+):
+    """With the guard off, nobody numbers the journal but the rewritten writers: a gap, a reused
+    seq or a NULL one would fail the drain or its check."""
+    floor.setup(FUNCTIONS, scratch_database, 25)
+    assert floor.functions_worker(scratch_database, batch, lambda: None) == 25
+    floor.check(FUNCTIONS, scratch_database, 25)
+
+
+def test_the_functions_row_has_exactly_its_rule_triggers_off(floor: ModuleType, scratch_database: str):
+    floor.setup(FUNCTIONS, scratch_database, 1)
+    with psycopg.connect(scratch_database) as conn:
+        off = conn.execute(
+            "SELECT tgrelid::regclass::text, tgname FROM pg_trigger"
+            " WHERE tgrelid IN ('runrow.agent_run'::regclass, 'runrow.run_event'::regclass)"
+            " AND NOT tgisinternal AND tgenabled = 'D' ORDER BY 1, 2"
+        ).fetchall()
+    assert off == sorted(floor.RULE_TRIGGERS)
+
+
+def test_the_functions_row_keeps_the_fence(floor: ModuleType, acks: Acks, scratch_database: str):
+    floor.setup(FUNCTIONS, scratch_database, 1)
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        ((run_id, token),) = conn.execute(
+            "SELECT run_id, claim_token FROM runrow.claim_runs(worker_id => 'bench', max_runs => 1)"
+        ).fetchall()
+        call = "SELECT finished FROM runrow.finish_and_claim_runs(%s::jsonb, worker_id => 'bench')"
+        assert conn.execute(call, (acks([(run_id, uuid.uuid4())]),)).fetchall() == [(False,)]
+        status = conn.execute("SELECT status FROM runrow.agent_run WHERE id = %s", (run_id,)).fetchone()
+        assert status == ("running",)
+        assert conn.execute(call, (acks([(run_id, token)]),)).fetchall() == [(True,)]
+    floor.check(FUNCTIONS, scratch_database, 1)
+
+
+def test_the_functions_row_refuses_functions_it_cannot_rewrite(
+    floor: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    for name in ("_claim.sql", "finish_and_claim_runs.sql"):
+        (tmp_path / name).write_text((floor.FUNCTIONS_DIR / name).read_text())
+    assert len(floor.self_numbered_functions()) == 2
+    monkeypatch.setattr(floor, "FUNCTIONS_DIR", tmp_path)
+    assert len(floor.self_numbered_functions()) == 2
+    claim = tmp_path / "_claim.sql"
+    # The journal INSERT given an explicit NULL::bigint: no longer the statement it rewrites.
+    changed, n = re.subn(r"NULL,(\s+'run_claimed',)", r"NULL::bigint,\1", claim.read_text())
+    assert n == 1
+    claim.write_text(changed)
+    with pytest.raises(RuntimeError, match=r"functions/_claim\.sql has 0 matches"):
+        floor.self_numbered_functions()
