@@ -93,10 +93,12 @@ def test_a_batch_lifecycle_runs_a_fixed_number_of_functions(
     # Two calls per row are left, each a rule of the schema: the journal guard (it assigns each
     # journal row its seq) and agent_run_state's function (migration 0045: a call per written
     # row costs less than the six CHECKs' text compiled per statement, up to batch 10 at least).
+    # A queue of one keyless group: the walk's fast path, its batch step a function of its own.
     assert claim == {
         "claim_runs": 1,
         "_claim": 1,
         "_claim_walk": 1,
+        "_claim_batch_step": 1,
         "_agent_run_after_update": 1,
         "_agent_run_state_valid": RUNS,
         "_run_event_guard": RUNS,
@@ -115,6 +117,7 @@ def test_a_batch_lifecycle_runs_a_fixed_number_of_functions(
     assert both == {
         "finish_and_claim_runs": 1,
         "_claim_walk": 1,
+        "_claim_batch_step": 1,
         **batch_finish,
         "_agent_run_state_valid": 2 * RUNS,
         "_run_event_guard": 2 * RUNS,
