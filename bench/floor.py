@@ -49,23 +49,26 @@ FUNCTIONS = "runrow floor (its functions, no rule triggers)"
 # The triggers that carry the lifecycle's rules, off in the FUNCTIONS rung's database.
 RULE_TRIGGERS = (("runrow.run_event", "run_event_guard"), ("runrow.agent_run", "agent_run_after_update"))
 
+
+def _next_seq(alias: str) -> str:
+    """The next seq of the journal of run `alias`.id, looked up as a writer must without the guard."""
+    return f"(SELECT max(e.seq) + 1 FROM runrow.run_event AS e WHERE e.run_id = {alias}.id)"
+
+
 # The journal INSERTs of the claim and of finish_and_claim_runs leave seq NULL for the row guard
-# to number. With the guard off, each takes its run's last seq plus the row's place: (file,
-# pattern, replacement), each pattern found exactly once.
-_LAST_SEQ = (
-    "coalesce((SELECT l.seq FROM runrow.run_event AS l WHERE l.run_id = {run}"
-    " ORDER BY l.seq DESC LIMIT 1), 0)"
-)
+# to number. With the guard off, each takes its run's next seq plus the row's place after the
+# first (every run has journal rows from its enqueue): (file, pattern, replacement), each pattern
+# found exactly once.
 _SELF_NUMBERED = (
     (
         "_claim.sql",
         r"SELECT cl\.id,\s+NULL,\s+'run_claimed',",
-        f"SELECT cl.id, {_LAST_SEQ.format(run='cl.id')} + 1, 'run_claimed',",
+        f"SELECT cl.id, {_next_seq('cl')}, 'run_claimed',",
     ),
     (
         "finish_and_claim_runs.sql",
         r"SELECT u\.id, NULL::bigint, e\.type, e\.ev",
-        f"SELECT u.id, {_LAST_SEQ.format(run='u.id')} + e.ord, e.type, e.ev",
+        f"SELECT u.id, {_next_seq('u')} + e.ord - 1, e.type, e.ev",
     ),
     # The writer's own row (run_claimed or complete) comes after the ending's events.
     ("finish_and_claim_runs.sql", r"9223372036854775807", "coalesce(jsonb_array_length(u.events), 0) + 1"),
@@ -168,10 +171,6 @@ claimed_rows AS (
 )
 SELECT id, claim_token FROM claimed
 """
-
-
-def _next_seq(alias: str) -> str:
-    return f"(SELECT max(e.seq) + 1 FROM runrow.run_event AS e WHERE e.run_id = {alias}.id)"
 
 
 _CALLS = {
