@@ -38,12 +38,15 @@ DECLARE
     locked_since timestamptz[];
     -- The claimed rows, returned once the statement that claims them has succeeded.
     claimed_rows runrow.claimed_run[];
+    -- The walk's result, read as a simple expression (see finish_and_claim_runs).
+    walk record;
 BEGIN
     BEGIN
         -- The walk writes (promotions, blocked marks, tenant clocks) inside this block, so a
         -- collision of the claiming statement below takes them back with its own writes.
-        SELECT w.locked, w.locked_since INTO locked, locked_since
-        FROM runrow._claim_walk(_claim.worker_id, _claim.max_runs, _claim.lease_seconds) AS w;
+        walk := runrow._claim_walk(_claim.worker_id, _claim.max_runs, _claim.lease_seconds);
+        locked := walk.locked;
+        locked_since := walk.locked_since;
 
         -- Nothing locked, nothing to write: an UPDATE that matches no row still fires
         -- agent_run's statement trigger and starts an executor for the whole statement, and

@@ -78,6 +78,8 @@ DECLARE
     b_since timestamptz[];
     b_last bigint;
     b_n integer;
+    -- Its result, read as a simple expression (see finish_and_claim_runs).
+    step record;
     -- The fast path's look at the queue: its shape ('empty', 'simple' or 'other') and the
     -- first claimable entry's priority, tenant and seq.
     f_shape text;
@@ -152,8 +154,11 @@ BEGIN
             -- found blocked leave slots free and the group's range goes on.
             LOOP
                 want := _claim_walk.max_runs - cardinality(locked);
-                SELECT s.ids, s.since, s.last_seq, s.locked_count INTO b_ids, b_since, b_last, b_n
-                FROM runrow._claim_batch_step(f_lvl, f_tenant, f_seq, want) AS s;
+                step := runrow._claim_batch_step(f_lvl, f_tenant, f_seq, want);
+                b_ids := step.ids;
+                b_since := step.since;
+                b_last := step.last_seq;
+                b_n := step.locked_count;
                 IF cardinality(b_ids) > 0 THEN
                     locked := locked || b_ids;
                     locked_since := locked_since || b_since;
@@ -389,8 +394,11 @@ BEGIN
             IF cardinality(t_key) = 1 AND cardinality(g_tenant) = 1 AND g_key[bg] = '' AND may_mark
                AND NOT fleet_has_budgets AND cardinality(fleet_blocked_keys) = 0 THEN
                 want := _claim_walk.max_runs - cardinality(locked);
-                SELECT s.ids, s.since, s.last_seq, s.locked_count INTO b_ids, b_since, b_last, b_n
-                FROM runrow._claim_batch_step(h_lvl, h_tenant, g_head_seq[bg], want) AS s;
+                step := runrow._claim_batch_step(h_lvl, h_tenant, g_head_seq[bg], want);
+                b_ids := step.ids;
+                b_since := step.since;
+                b_last := step.last_seq;
+                b_n := step.locked_count;
                 IF cardinality(b_ids) > 0 THEN
                     locked := locked || b_ids;
                     locked_since := locked_since || b_since;

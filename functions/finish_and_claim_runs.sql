@@ -48,10 +48,20 @@ DECLARE
     ended_convs uuid[];
     -- The endings were written alone by finish_runs, which woke their tails (a collision).
     woken boolean := false;
+    -- The helpers' results. A helper is called in an assignment, not in SELECT ... INTO ...
+    -- FROM helper(...): an assignment whose expression reads no table is a simple expression,
+    -- which PL/pgSQL evaluates itself, with no executor start-up, no function scan and no
+    -- tuplestore for the one row (issue 11: -0.9% of the backend's work per run at batch 1).
+    inp record;
+    walk record;
 BEGIN
-    SELECT i.ids, i.tokens, i.statuses, i.results, i.errors, i.events
-    INTO ids, tokens, statuses, results, errors, events
-    FROM runrow._finish_runs_input(finish_and_claim_runs.runs) AS i;
+    inp := runrow._finish_runs_input(finish_and_claim_runs.runs);
+    ids := inp.ids;
+    tokens := inp.tokens;
+    statuses := inp.statuses;
+    results := inp.results;
+    errors := inp.errors;
+    events := inp.events;
 
     BEGIN
         -- The walk locks the next runs before the endings are written, so a run's successor
@@ -59,10 +69,11 @@ BEGIN
         -- here. Claiming it in the same UPDATE would not be safe anyway (invariant 1's unique
         -- index is checked row by row, in whatever order the UPDATE visits the rows). It is
         -- claimed after this block if slots are left (below).
-        SELECT w.locked, w.locked_since INTO locked, locked_since
-        FROM runrow._claim_walk(
+        walk := runrow._claim_walk(
             finish_and_claim_runs.worker_id, finish_and_claim_runs.max_runs, finish_and_claim_runs.lease_seconds
-        ) AS w;
+        );
+        locked := walk.locked;
+        locked_since := walk.locked_since;
 
         -- One UPDATE of agent_run ends the finished runs (fenced by their tokens exactly as
         -- finish_runs: a run whose token does not match is not updated) and claims the

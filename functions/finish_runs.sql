@@ -21,10 +21,16 @@ DECLARE
     events jsonb[];
     done_ids uuid[];
     done_seqs bigint[];
+    -- The input check's result, read as a simple expression (see finish_and_claim_runs).
+    inp record;
 BEGIN
-    SELECT i.ids, i.tokens, i.statuses, i.results, i.errors, i.events
-    INTO ids, tokens, statuses, results, errors, events
-    FROM runrow._finish_runs_input(finish_runs.runs) AS i;
+    inp := runrow._finish_runs_input(finish_runs.runs);
+    ids := inp.ids;
+    tokens := inp.tokens;
+    statuses := inp.statuses;
+    results := inp.results;
+    errors := inp.errors;
+    events := inp.events;
 
     -- The fenced terminal writes, each exactly finish_run's: only while the token matches,
     -- which is only while the run is running (agent_run_claim_iff_running: a claim token is
