@@ -189,11 +189,14 @@ END
 $fn$;
 
 -- Bad-input helpers: every error names the argument, with a standard SQLSTATE.
+-- No SET clauses: only runrow's functions call them (EXECUTE is revoked from PUBLIC), under
+-- their own pinned search_path, and a body that compares its arguments and raises resolves
+-- nothing else. A SET is a settings save and restore on every call: half of what a PERFORM of
+-- one of them cost (3.2 -> 1.6 us, issue 11).
 CREATE OR REPLACE FUNCTION runrow._require_not_null(value anyelement, arg text)
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
     IF value IS NULL THEN
@@ -206,7 +209,6 @@ CREATE OR REPLACE FUNCTION runrow._require_range(value bigint, arg text, lo bigi
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
     IF value IS NULL THEN
@@ -225,7 +227,6 @@ CREATE OR REPLACE FUNCTION runrow._require_delay(value interval, arg text, hi in
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
     IF value IS NOT NULL AND (value <= interval '0' OR value > hi) THEN
@@ -240,7 +241,6 @@ CREATE OR REPLACE FUNCTION runrow._require_key(value text, arg text)
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
     IF value = '' OR length(value) > 200 THEN

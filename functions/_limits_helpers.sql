@@ -6,7 +6,7 @@ CREATE OR REPLACE FUNCTION runrow._require_positive(value numeric, arg text)
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
+-- No SET clause, as the other _require_* helpers (functions/_helpers.sql).
 AS $fn$
 BEGIN
     IF value <= 0 THEN

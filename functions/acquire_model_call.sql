@@ -11,9 +11,17 @@ DECLARE
     need_input numeric;
     wait numeric := 0;
 BEGIN
-    PERFORM runrow._require_not_null(acquire_model_call.run_id, 'run_id');
-    PERFORM runrow._require_not_null(acquire_model_call.claim_token, 'claim_token');
-    PERFORM runrow._require_range(acquire_model_call.input_tokens_estimate, 'input_tokens_estimate', 0, 100000000);
+    -- The helpers only raise: called only when a test here fails, not as a statement each
+    -- before every model request (see enqueue_run).
+    IF acquire_model_call.run_id IS NULL OR acquire_model_call.claim_token IS NULL
+       OR acquire_model_call.input_tokens_estimate IS NULL
+       OR acquire_model_call.input_tokens_estimate NOT BETWEEN 0 AND 100000000 THEN
+        PERFORM runrow._require_not_null(acquire_model_call.run_id, 'run_id');
+        PERFORM runrow._require_not_null(acquire_model_call.claim_token, 'claim_token');
+        PERFORM runrow._require_range(
+            acquire_model_call.input_tokens_estimate, 'input_tokens_estimate', 0, 100000000
+        );
+    END IF;
 
     IF NOT runrow._hold_claim(acquire_model_call.run_id, acquire_model_call.claim_token) THEN
         RETURN;  -- fenced out: no row, nothing granted, nothing written

@@ -30,9 +30,14 @@ DECLARE
     prompt_id text;
     fingerprint text;
 BEGIN
-    -- Validate everything before writing anything.
-    PERFORM runrow._require_not_null(enqueue_run.conversation_id, 'conversation_id');
-    PERFORM runrow._require_not_null(enqueue_run.content, 'content');
+    -- Validate everything before writing anything. The _require_* helpers only raise, so each
+    -- is called only when the test before it fails: a PERFORM is a statement, and twelve of
+    -- them were about 38 of the 270 us of an enqueue (issue 11). The tests keep the order of
+    -- the checks, so the first bad argument is still the one named.
+    IF enqueue_run.conversation_id IS NULL OR enqueue_run.content IS NULL THEN
+        PERFORM runrow._require_not_null(enqueue_run.conversation_id, 'conversation_id');
+        PERFORM runrow._require_not_null(enqueue_run.content, 'content');
+    END IF;
     IF NOT (
         (jsonb_typeof(enqueue_run.content) = 'string' AND enqueue_run.content #>> '{}' <> '')
         OR (jsonb_typeof(enqueue_run.content) = 'array' AND jsonb_array_length(enqueue_run.content) > 0)
@@ -44,7 +49,9 @@ BEGIN
         RAISE EXCEPTION 'content is too large: % bytes, the limit is 1 MiB', octet_length(enqueue_run.content::text)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_not_null(enqueue_run.model, 'model');
+    IF enqueue_run.model IS NULL THEN
+        PERFORM runrow._require_not_null(enqueue_run.model, 'model');
+    END IF;
     IF enqueue_run.model = '' OR length(enqueue_run.model) > 200 THEN
         RAISE EXCEPTION 'model must be a non-empty model name of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
@@ -57,7 +64,9 @@ BEGIN
         RAISE EXCEPTION 'system_prompt is too large: the limit is 1 MiB'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_not_null(enqueue_run.tools, 'tools');
+    IF enqueue_run.tools IS NULL THEN
+        PERFORM runrow._require_not_null(enqueue_run.tools, 'tools');
+    END IF;
     IF jsonb_typeof(enqueue_run.tools) <> 'array' THEN
         RAISE EXCEPTION 'tools must be a JSON array of tool definitions, got %', jsonb_typeof(enqueue_run.tools)
             USING ERRCODE = 'invalid_parameter_value';
@@ -72,26 +81,38 @@ BEGIN
     IF octet_length(enqueue_run.tools::text) > 1048576 THEN
         RAISE EXCEPTION 'tools is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_range(enqueue_run.max_attempts, 'max_attempts', 1, 100);
+    IF enqueue_run.max_attempts IS NULL OR enqueue_run.max_attempts NOT BETWEEN 1 AND 100 THEN
+        PERFORM runrow._require_range(enqueue_run.max_attempts, 'max_attempts', 1, 100);
+    END IF;
     IF enqueue_run.idempotency_key = '' OR length(enqueue_run.idempotency_key) > 255 THEN
         RAISE EXCEPTION 'idempotency_key must be NULL or 1 to 255 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_not_null(enqueue_run.if_active, 'if_active');
+    IF enqueue_run.if_active IS NULL THEN
+        PERFORM runrow._require_not_null(enqueue_run.if_active, 'if_active');
+    END IF;
     IF enqueue_run.if_active NOT IN ('enqueue', 'reject', 'interrupt') THEN
         RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', enqueue_run.if_active
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_not_null(enqueue_run.metadata, 'metadata');
+    IF enqueue_run.metadata IS NULL THEN
+        PERFORM runrow._require_not_null(enqueue_run.metadata, 'metadata');
+    END IF;
     IF jsonb_typeof(enqueue_run.metadata) <> 'object' THEN
         RAISE EXCEPTION 'metadata must be a JSON object, got %', jsonb_typeof(enqueue_run.metadata)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_delay(enqueue_run.start_in, 'start_in', interval '366 days');
-    PERFORM runrow._require_range(enqueue_run.priority, 'priority', -1000, 1000);
-    PERFORM runrow._require_key(enqueue_run.fairness_key, 'fairness_key');
-    PERFORM runrow._require_key(enqueue_run.concurrency_key, 'concurrency_key');
-    PERFORM runrow._require_key(enqueue_run.rate_limit_key, 'rate_limit_key');
+    IF enqueue_run.start_in <= interval '0' OR enqueue_run.start_in > interval '366 days'
+       OR enqueue_run.priority IS NULL OR enqueue_run.priority NOT BETWEEN -1000 AND 1000
+       OR enqueue_run.fairness_key = '' OR length(enqueue_run.fairness_key) > 200
+       OR enqueue_run.concurrency_key = '' OR length(enqueue_run.concurrency_key) > 200
+       OR enqueue_run.rate_limit_key = '' OR length(enqueue_run.rate_limit_key) > 200 THEN
+        PERFORM runrow._require_delay(enqueue_run.start_in, 'start_in', interval '366 days');
+        PERFORM runrow._require_range(enqueue_run.priority, 'priority', -1000, 1000);
+        PERFORM runrow._require_key(enqueue_run.fairness_key, 'fairness_key');
+        PERFORM runrow._require_key(enqueue_run.concurrency_key, 'concurrency_key');
+        PERFORM runrow._require_key(enqueue_run.rate_limit_key, 'rate_limit_key');
+    END IF;
     IF enqueue_run.token_budget <= 0 THEN
         RAISE EXCEPTION 'token_budget must be NULL or a positive number of tokens, got %', enqueue_run.token_budget
             USING ERRCODE = 'invalid_parameter_value';

@@ -256,6 +256,60 @@ def test_an_empty_claim_reads_no_fleet_limit(owner: psycopg.Connection, counted:
             (uuid.uuid4(), uuid.uuid4(), None),
             "status must not be NULL",
         ),
+        ("SELECT * FROM runrow.enqueue_run(%s, '\"hi\"', 'm')", (None,), "conversation_id must not be NULL"),
+        # Two bad arguments: the first in the function's order is named, as before the tests.
+        (
+            "SELECT * FROM runrow.enqueue_run(%s, '\"\"', NULL)",
+            (uuid.uuid4(),),
+            "content must be a non-empty string or a non-empty array of content blocks",
+        ),
+        ("SELECT * FROM runrow.enqueue_run(%s, '\"hi\"', NULL)", (uuid.uuid4(),), "model must not be NULL"),
+        (
+            "SELECT * FROM runrow.enqueue_run(%s, '\"hi\"', 'm', max_attempts => 0)",
+            (uuid.uuid4(),),
+            "max_attempts must be between 1 and 100, got 0",
+        ),
+        (
+            "SELECT * FROM runrow.enqueue_run(%s, '\"hi\"', 'm', metadata => NULL)",
+            (uuid.uuid4(),),
+            "metadata must not be NULL",
+        ),
+        (
+            "SELECT * FROM runrow.enqueue_run(%s, '\"hi\"', 'm', start_in => interval '0', priority => NULL)",
+            (uuid.uuid4(),),
+            "start_in must be NULL or more than 0 and at most 366 days, got 00:00:00",
+        ),
+        (
+            "SELECT * FROM runrow.enqueue_run(%s, '\"hi\"', 'm', priority => NULL)",
+            (uuid.uuid4(),),
+            "priority must not be NULL",
+        ),
+        (
+            "SELECT * FROM runrow.enqueue_run(%s, '\"hi\"', 'm', concurrency_key => '',"
+            " rate_limit_key => '')",
+            (uuid.uuid4(),),
+            "concurrency_key must be NULL or 1 to 200 characters",
+        ),
+        (
+            "SELECT * FROM runrow.acquire_model_call(%s, %s, -1)",
+            (uuid.uuid4(), uuid.uuid4()),
+            "input_tokens_estimate must be between 0 and 100000000, got -1",
+        ),
+        (
+            "SELECT * FROM runrow.acquire_model_call(%s, %s, 1)",
+            (uuid.uuid4(), None),
+            "claim_token must not be NULL",
+        ),
+        (
+            "SELECT runrow.append_step(%s, %s, NULL, '[]')",
+            (uuid.uuid4(), uuid.uuid4()),
+            "kind must not be NULL",
+        ),
+        (
+            "SELECT runrow.append_step(%s, %s, 'model_turn', NULL)",
+            (uuid.uuid4(), uuid.uuid4()),
+            "payload must not be NULL",
+        ),
     ],
 )
 def test_a_bad_argument_still_gets_its_helpers_error(
@@ -266,3 +320,31 @@ def test_a_bad_argument_still_gets_its_helpers_error(
     with pytest.raises((psycopg.errors.NullValueNotAllowed, psycopg.errors.InvalidParameterValue)) as raised:
         counted.execute(sql, params)
     assert raised.value.diag.message_primary == error
+
+
+def test_valid_per_run_calls_run_no_argument_helper(owner: psycopg.Connection, counted: psycopg.Connection):
+    """A run's enqueue, its model calls' admission and its steps: valid arguments call no
+    _require_* helper, each a PERFORM statement (twelve of them were about a sixth of an
+    enqueue's backend time); bad ones still do (test_a_bad_argument_still_gets_its_helpers_error)."""
+    drain(owner)
+    enqueue_calls = calls(
+        counted,
+        "SELECT * FROM runrow.enqueue_run(%s, '\"hello\"'::jsonb, 'test-model', max_attempts => 3,"
+        " start_in => interval '1 minute', priority => 5, fairness_key => 'tenant-a',"
+        " concurrency_key => 'key-a', rate_limit_key => 'rl-a')",
+        (uuid.uuid4(),),
+    )
+    enqueue(owner, uuid.uuid4())
+    run_id, token = counted.execute(
+        "SELECT run_id, claim_token FROM runrow.claim_runs('helpers-probe', 1, 30)"
+    ).fetchone()
+    admit = calls(counted, "SELECT * FROM runrow.acquire_model_call(%s, %s, 100)", (run_id, token))
+    step = calls(
+        counted,
+        "SELECT runrow.append_step(%s, %s, 'model_turn', %s::json)",
+        (run_id, token, '[{"type": "text", "text": "hi"}]'),
+    )
+    drain(owner)
+    for name, made in (("enqueue_run", enqueue_calls), ("acquire_model_call", admit), ("append_step", step)):
+        assert made.get(name) == 1, (name, made)
+        assert not [f for f in made if f.startswith("_require")], (name, made)

@@ -1,0 +1,61 @@
+-- The bad-input helpers of functions/_helpers.sql and _limits_helpers.sql (_require_not_null,
+-- _require_range, _require_delay, _require_key, _require_positive), called as the owner (no
+-- runrow role may). Each passes a good value and raises for a bad one with its SQLSTATE and the
+-- argument named; every public function's own file tests them through its arguments. They carry
+-- no SET clause: a settings save and restore on each call, under callers that pin search_path
+-- already (issue 11).
+BEGIN;
+\ir helpers/setup.psql
+\set QUIET 1
+SELECT plan(19);
+
+SELECT is_empty($$SELECT p.oid::regprocedure FROM pg_proc AS p
+    WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%' AND p.proconfig IS NOT NULL$$,
+    'no _require_* helper has a SET clause');
+SELECT is((SELECT count(*)::int FROM pg_proc AS p
+    WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%'), 5,
+    'the five helpers exist');
+SELECT is_empty($$SELECT p.oid::regprocedure FROM pg_proc AS p
+    WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%'
+      AND (p.prosecdef OR has_function_privilege('runrow_worker', p.oid, 'EXECUTE')
+           OR has_function_privilege('runrow_client', p.oid, 'EXECUTE'))$$,
+    'no helper is SECURITY DEFINER or callable by a runrow role');
+
+-- _require_not_null
+SELECT lives_ok($$SELECT runrow._require_not_null('x'::text, 'name')$$, 'not_null: a value passes');
+SELECT throws_ok($$SELECT runrow._require_not_null(NULL::uuid, 'run_id')$$, '22004',
+    'run_id must not be NULL', 'not_null: NULL raises 22004 naming the argument');
+
+-- _require_range
+SELECT lives_ok($$SELECT runrow._require_range(1, 'max_runs', 1, 1000)$$, 'range: the low end passes');
+SELECT lives_ok($$SELECT runrow._require_range(1000, 'max_runs', 1, 1000)$$, 'range: the high end passes');
+SELECT throws_ok($$SELECT runrow._require_range(NULL, 'max_runs', 1, 1000)$$, '22004',
+    'max_runs must not be NULL', 'range: NULL raises 22004');
+SELECT throws_ok($$SELECT runrow._require_range(0, 'max_runs', 1, 1000)$$, '22023',
+    'max_runs must be between 1 and 1000, got 0', 'range: below raises 22023 with the bounds');
+SELECT throws_ok($$SELECT runrow._require_range(1001, 'max_runs', 1, 1000)$$, '22023',
+    'max_runs must be between 1 and 1000, got 1001', 'range: above raises 22023');
+
+-- _require_delay
+SELECT lives_ok($$SELECT runrow._require_delay(NULL, 'start_in', interval '1 day')$$, 'delay: NULL is none');
+SELECT lives_ok($$SELECT runrow._require_delay(interval '1 day', 'start_in', interval '1 day')$$,
+    'delay: the limit passes');
+SELECT throws_ok($$SELECT runrow._require_delay(interval '0', 'start_in', interval '1 day')$$, '22023',
+    'start_in must be NULL or more than 0 and at most 1 day, got 00:00:00', 'delay: zero raises');
+SELECT throws_ok($$SELECT runrow._require_delay(interval '25 hours', 'start_in', interval '1 day')$$, '22023',
+    'start_in must be NULL or more than 0 and at most 1 day, got 25:00:00', 'delay: over the limit raises');
+
+-- _require_key
+SELECT lives_ok($$SELECT runrow._require_key(NULL, 'fairness_key')$$, 'key: NULL is none');
+SELECT lives_ok($$SELECT runrow._require_key(repeat('k', 200), 'fairness_key')$$, 'key: 200 characters pass');
+SELECT throws_ok($$SELECT runrow._require_key('', 'fairness_key')$$, '22023',
+    'fairness_key must be NULL or 1 to 200 characters', 'key: empty raises');
+SELECT throws_ok($$SELECT runrow._require_key(repeat('k', 201), 'fairness_key')$$, '22023',
+    'fairness_key must be NULL or 1 to 200 characters', 'key: 201 characters raise');
+
+-- _require_positive (tested with the other limits helpers in limits_helpers.sql)
+SELECT throws_ok($$SELECT runrow._require_positive(-1, 'cost_per_day')$$, '22023',
+    'cost_per_day must be NULL or more than 0, got -1', 'positive: a negative value raises');
+
+SELECT * FROM finish();
+ROLLBACK;
