@@ -8,7 +8,6 @@ CREATE OR REPLACE FUNCTION runrow._end_claim(
 )
 RETURNS text
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     r runrow.agent_run;

@@ -1,12 +1,12 @@
 -- Private helpers of the fleet limits (rate limits, budgets). Not granted to any role: only
 -- the SECURITY DEFINER functions (running as the owner) call them.
+-- No SET clauses, as in functions/_helpers.sql: they run under their callers' search_path.
 
 -- An optional limit: NULL (none) or more than 0. Zero would read as a limit and block forever.
 CREATE OR REPLACE FUNCTION runrow._require_positive(value numeric, arg text)
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
--- No SET clause, as the other _require_* helpers (functions/_helpers.sql).
 AS $fn$
 BEGIN
     IF value <= 0 THEN
@@ -22,7 +22,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._lock_bucket(rate_limit_key text)
 RETURNS runrow.rate_limit
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     l runrow.rate_limit;
@@ -56,7 +55,6 @@ CREATE OR REPLACE FUNCTION runrow._usage_tokens(usage jsonb, field text)
 RETURNS bigint
 LANGUAGE sql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
 AS $fn$
     SELECT CASE
         WHEN jsonb_typeof(_usage_tokens.usage -> _usage_tokens.field) = 'number'
@@ -70,7 +68,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._budget_verdict(r runrow.agent_run)
 RETURNS text
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
     IF r.budget_exhausted IS NOT NULL THEN
@@ -98,7 +95,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._tenant_verdict(fairness_key text)
 RETURNS text
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     b runrow.tenant_budget;
@@ -129,7 +125,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._fail_queued_for_budget(run_id uuid, why text)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     conv uuid;
@@ -159,7 +154,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._end_for_budget(run_id uuid, why text)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     last_turn record;
@@ -197,7 +191,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._settle_usage(run_id uuid, usage jsonb)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     r runrow.agent_run;

@@ -3,7 +3,6 @@
 CREATE OR REPLACE FUNCTION runrow._stop_run(run_id uuid)
 RETURNS text
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     r runrow.agent_run;
@@ -45,7 +44,6 @@ REVOKE ALL ON FUNCTION runrow._stop_run(uuid) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION runrow._stop_timed_out(conversation_id uuid, run_id uuid)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
     IF _stop_timed_out.run_id IS NOT NULL THEN

@@ -37,7 +37,11 @@ BEGIN
 
     l := runrow._lock_bucket(r.rate_limit_key);
     IF l.rate_limit_key IS NULL THEN
-        RETURN QUERY SELECT true, 0::numeric, NULL::text;  -- no limit and no block for this key
+        -- No limit and no block for this key. A granted row as OUT values and RETURN NEXT: no
+        -- statement for a row of values (issue 11).
+        granted := true;
+        wait_seconds := 0;
+        RETURN NEXT;
         RETURN;
     END IF;
     IF l.blocked_until > now() THEN
@@ -74,7 +78,9 @@ BEGIN
         updated_at = now()
     WHERE a.id = r.id AND a.granted_input_tokens IS DISTINCT FROM CASE WHEN l.input_tokens_per_minute IS NULL
         THEN NULL ELSE acquire_model_call.input_tokens_estimate END;
-    RETURN QUERY SELECT true, 0::numeric, NULL::text;
+    granted := true;
+    wait_seconds := 0;
+    RETURN NEXT;
 END
 $fn$;
 

@@ -29,6 +29,8 @@ DECLARE
     new_run_id uuid;
     prompt_id text;
     fingerprint text;
+    -- The last seq _journal wrote, read only so that the call is an assignment.
+    journaled bigint;
 BEGIN
     -- Validate everything before writing anything. The _require_* helpers only raise, so each
     -- is called only when the test before it fails: a PERFORM is a statement, and twelve of
@@ -251,7 +253,9 @@ BEGIN
     )
     RETURNING id INTO new_run_id;
 
-    PERFORM runrow._journal(new_run_id, jsonb_build_array(
+    -- An assignment, not a PERFORM: a call in an expression that reads no table is evaluated
+    -- without a statement of its own (issue 11).
+    journaled := runrow._journal(new_run_id, jsonb_build_array(
         jsonb_build_object('type', 'user_message_created', 'message_id', new_message_id),
         jsonb_build_object('type', 'run_queued', 'run_id', new_run_id)
         || jsonb_strip_nulls(jsonb_build_object('not_before', now() + enqueue_run.start_in))
@@ -262,7 +266,11 @@ BEGIN
         PERFORM runrow._wake_dispatchers(enqueue_run.conversation_id);
     END IF;
 
-    RETURN QUERY SELECT new_run_id, 'queued'::text, true;
+    -- OUT values and RETURN NEXT: no statement for a row of values (issue 11).
+    run_id := new_run_id;
+    status := 'queued';
+    created := true;
+    RETURN NEXT;
 END
 $fn$;
 

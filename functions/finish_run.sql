@@ -8,6 +8,7 @@ SECURITY DEFINER
 AS $fn$
 DECLARE
     conv uuid;
+    journaled bigint;
 BEGIN
     -- The helpers only raise (the first failing one, in this order): called only when a test
     -- here fails, not as a statement and a search_path switch each on every call.
@@ -47,7 +48,10 @@ BEGIN
         RETURN false;
     END IF;
 
-    PERFORM runrow._journal_complete(finish_run.run_id, conv, finish_run.status, finish_run.result, finish_run.error);
+    -- An assignment, not a PERFORM: no statement of its own (see enqueue_run).
+    journaled := runrow._journal_complete(
+        finish_run.run_id, conv, finish_run.status, finish_run.result, finish_run.error
+    );
     RETURN true;
 END
 $fn$;

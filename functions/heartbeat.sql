@@ -31,7 +31,11 @@ BEGIN
     RETURNING r.cancel_requested INTO flag;
 
     IF FOUND THEN
-        RETURN QUERY SELECT true, flag;
+        -- The row as OUT values and RETURN NEXT, not RETURN QUERY SELECT: a row of values needs
+        -- no statement (issue 11; a heartbeat is the call a long run makes most).
+        owned := true;
+        cancel_requested := flag;
+        RETURN NEXT;
     ELSE
         -- Fenced out: not an error. The caller lost the run and must stand down.
         RETURN QUERY SELECT false, coalesce(

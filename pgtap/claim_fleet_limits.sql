@@ -5,6 +5,9 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 SELECT plan(14);
+-- Counted from the start (test 12): PL/pgSQL compiles a simple expression, a helper's call in
+-- an assignment among them, once per transaction, with the call counting in force then.
+SET LOCAL track_functions = 'pl';
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.fleet_queued(key text DEFAULT NULL, tenant text DEFAULT NULL) RETURNS uuid
@@ -52,7 +55,6 @@ SELECT is(pg_temp.last_event(:'over') ->> 'status', 'failed', 'its complete even
 SELECT is_empty(format($$SELECT * FROM runrow.audit() WHERE run_id = %L$$, :'over'), 'audit finds nothing wrong with it');
 
 -- One verdict per tenant per claim, however many of its runs the claim ends.
-SET LOCAL track_functions = 'pl';
 SELECT pg_temp.fleet_queued(tenant => 'spender') AS over2 \gset
 SELECT pg_temp.fleet_queued(tenant => 'spender') AS over3 \gset
 SELECT pg_temp.fleet_queued(tenant => 'spender') AS over4 \gset

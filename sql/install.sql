@@ -6219,7 +6219,6 @@ CREATE OR REPLACE FUNCTION runrow._end_claim(
 )
 RETURNS text
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     r runrow.agent_run;
@@ -6460,6 +6459,9 @@ REVOKE ALL ON FUNCTION runrow._finish_runs_input(jsonb) FROM PUBLIC;
 -- functions/_helpers.sql
 -- Private helpers shared by the public functions. Not granted to any role: only the
 -- SECURITY DEFINER functions (running as the owner) call them.
+-- They run under their callers' pinned search_path, so none carries a SET clause of its own: a
+-- SET is a settings save and restore on every call, about half of what calling a small helper
+-- costs (issue 11).
 
 -- Content address of a prompt: hex SHA-256 of the jsonb text of {"system", "tools"}.
 -- jsonb's text form is canonical (sorted keys, fixed spacing), so equal prompts share
@@ -6467,7 +6469,6 @@ REVOKE ALL ON FUNCTION runrow._finish_runs_input(jsonb) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION runrow._pin_prompt(system_prompt text, tools jsonb)
 RETURNS text
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     pid text := encode(sha256(convert_to(
@@ -6486,7 +6487,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._lock_conversation(conversation_id uuid)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
     -- PL/pgSQL, not SQL: an SQL function with SET is not inlined and is planned on every call.
@@ -6500,7 +6500,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._journal(run_id uuid, events jsonb)
 RETURNS bigint
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     last_seq bigint;
@@ -6534,7 +6533,6 @@ COMMENT ON FUNCTION runrow._journal(uuid, jsonb) IS
 CREATE OR REPLACE FUNCTION runrow._wake_tails(run_id uuid, last_seq bigint)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
     -- Only a run some tail watches (migration 0025): the caller holds the run's row lock
@@ -6555,7 +6553,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._wake_tails_ended(run_id uuid, last_seq bigint)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     watched boolean;
@@ -6598,7 +6595,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._wake_dispatchers(conversation_id uuid)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
     -- PL/pgSQL, not SQL: an SQL function with SET is not inlined and is planned on every call.
@@ -6614,7 +6610,6 @@ CREATE OR REPLACE FUNCTION runrow._journal_complete(
 )
 RETURNS bigint
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     last_seq bigint;
@@ -6636,7 +6631,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._hold_claim(run_id uuid, claim_token uuid)
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
     PERFORM 1 FROM runrow.agent_run AS r
@@ -6648,11 +6642,8 @@ BEGIN
 END
 $fn$;
 
--- Bad-input helpers: every error names the argument, with a standard SQLSTATE.
--- No SET clauses: only runrow's functions call them (EXECUTE is revoked from PUBLIC), under
--- their own pinned search_path, and a body that compares its arguments and raises resolves
--- nothing else. A SET is a settings save and restore on every call: half of what a PERFORM of
--- one of them cost (3.2 -> 1.6 us, issue 11).
+-- Bad-input helpers: every error names the argument, with a standard SQLSTATE. Callers test
+-- first and call one only to raise where they run often (a PERFORM is a statement).
 CREATE OR REPLACE FUNCTION runrow._require_not_null(value anyelement, arg text)
 RETURNS void
 LANGUAGE plpgsql
@@ -6727,13 +6718,13 @@ REVOKE ALL ON FUNCTION runrow._require_key(text, text) FROM PUBLIC;
 -- functions/_limits_helpers.sql
 -- Private helpers of the fleet limits (rate limits, budgets). Not granted to any role: only
 -- the SECURITY DEFINER functions (running as the owner) call them.
+-- No SET clauses, as in functions/_helpers.sql: they run under their callers' search_path.
 
 -- An optional limit: NULL (none) or more than 0. Zero would read as a limit and block forever.
 CREATE OR REPLACE FUNCTION runrow._require_positive(value numeric, arg text)
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
--- No SET clause, as the other _require_* helpers (functions/_helpers.sql).
 AS $fn$
 BEGIN
     IF value <= 0 THEN
@@ -6749,7 +6740,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._lock_bucket(rate_limit_key text)
 RETURNS runrow.rate_limit
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     l runrow.rate_limit;
@@ -6783,7 +6773,6 @@ CREATE OR REPLACE FUNCTION runrow._usage_tokens(usage jsonb, field text)
 RETURNS bigint
 LANGUAGE sql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
 AS $fn$
     SELECT CASE
         WHEN jsonb_typeof(_usage_tokens.usage -> _usage_tokens.field) = 'number'
@@ -6797,7 +6786,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._budget_verdict(r runrow.agent_run)
 RETURNS text
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
     IF r.budget_exhausted IS NOT NULL THEN
@@ -6825,7 +6813,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._tenant_verdict(fairness_key text)
 RETURNS text
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     b runrow.tenant_budget;
@@ -6856,7 +6843,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._fail_queued_for_budget(run_id uuid, why text)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     conv uuid;
@@ -6886,7 +6872,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._end_for_budget(run_id uuid, why text)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     last_turn record;
@@ -6924,7 +6909,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._settle_usage(run_id uuid, usage jsonb)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     r runrow.agent_run;
@@ -7418,6 +7402,9 @@ COMMENT ON FUNCTION runrow._fire_schedules(timestamptz, integer) IS
 -- functions/_steps_helpers.sql
 -- Private helpers of the step log and the tool calls. Not granted to any role: only the
 -- SECURITY DEFINER functions (running as the owner) call them.
+-- They run under their callers' pinned search_path (functions/_helpers.sql), so none carries a SET clause of its own: a
+-- SET is a settings save and restore on every call, about half of what calling a small helper
+-- costs (issue 11).
 
 -- The canonical JSON text that tool_call_key hashes: object keys sorted by code point
 -- (UTF-8 byte order, hence COLLATE "C"), no whitespace, strings escaped as JSON requires
@@ -7431,7 +7418,6 @@ RETURNS text
 LANGUAGE plpgsql
 IMMUTABLE
 STRICT
-SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
     CASE jsonb_typeof(_canonical_json.value)
@@ -7459,7 +7445,6 @@ CREATE OR REPLACE FUNCTION runrow._append_step(
 )
 RETURNS integer
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     next_seq integer;
@@ -7485,7 +7470,6 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._park_for_person(run_id uuid, idempotency_key text)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     e runrow.tool_effect;
@@ -7523,7 +7507,6 @@ CREATE OR REPLACE FUNCTION runrow._decision(e runrow.tool_effect)
 RETURNS jsonb
 LANGUAGE sql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
 AS $fn$
     SELECT jsonb_build_object(
         'approved', _decision.e.approved,
@@ -7532,7 +7515,32 @@ AS $fn$
         'decided_at', _decision.e.decided_at);
 $fn$;
 
+-- payload with each \u0000 escape read as \ufffd, for the checks and derived values that need
+-- JSON operators (which raise 22P05 on \u0000). Created by migration 0010 as an SQL function
+-- with a SET clause, which PostgreSQL can neither inline nor keep planned: its body was parsed
+-- and planned on every call, about a third of an append_step (178 -> 121 us, issue 11).
+-- PL/pgSQL evaluates the same CASE as a cached simple expression.
+CREATE OR REPLACE FUNCTION runrow._json_probe(payload json)
+RETURNS json
+LANGUAGE plpgsql
+IMMUTABLE
+STRICT
+PARALLEL SAFE
+AS $fn$
+BEGIN
+    RETURN CASE
+        WHEN strpos(_json_probe.payload::text, '\u0000') = 0 THEN _json_probe.payload
+        ELSE replace(replace(replace(_json_probe.payload::text, '\\', chr(1)), '\u0000', '\ufffd'), chr(1), '\\')::json
+    END;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._json_probe(json) IS
+'Private. payload with each \u0000 escape read as \ufffd, for the checks and derived values '
+'that need JSON operators (which raise 22P05 on \u0000). The stored payload is never changed.';
+
 REVOKE ALL ON FUNCTION runrow._canonical_json(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._json_probe(json) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._append_step(uuid, text, json, text, jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._park_for_person(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._decision(runrow.tool_effect) FROM PUBLIC;
@@ -7543,7 +7551,6 @@ REVOKE ALL ON FUNCTION runrow._decision(runrow.tool_effect) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION runrow._stop_run(run_id uuid)
 RETURNS text
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 DECLARE
     r runrow.agent_run;
@@ -7585,7 +7592,6 @@ REVOKE ALL ON FUNCTION runrow._stop_run(uuid) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION runrow._stop_timed_out(conversation_id uuid, run_id uuid)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
     IF _stop_timed_out.run_id IS NOT NULL THEN
@@ -7649,7 +7655,11 @@ BEGIN
 
     l := runrow._lock_bucket(r.rate_limit_key);
     IF l.rate_limit_key IS NULL THEN
-        RETURN QUERY SELECT true, 0::numeric, NULL::text;  -- no limit and no block for this key
+        -- No limit and no block for this key. A granted row as OUT values and RETURN NEXT: no
+        -- statement for a row of values (issue 11).
+        granted := true;
+        wait_seconds := 0;
+        RETURN NEXT;
         RETURN;
     END IF;
     IF l.blocked_until > now() THEN
@@ -7686,7 +7696,9 @@ BEGIN
         updated_at = now()
     WHERE a.id = r.id AND a.granted_input_tokens IS DISTINCT FROM CASE WHEN l.input_tokens_per_minute IS NULL
         THEN NULL ELSE acquire_model_call.input_tokens_estimate END;
-    RETURN QUERY SELECT true, 0::numeric, NULL::text;
+    granted := true;
+    wait_seconds := 0;
+    RETURN NEXT;
 END
 $fn$;
 
@@ -9184,6 +9196,8 @@ DECLARE
     new_run_id uuid;
     prompt_id text;
     fingerprint text;
+    -- The last seq _journal wrote, read only so that the call is an assignment.
+    journaled bigint;
 BEGIN
     -- Validate everything before writing anything. The _require_* helpers only raise, so each
     -- is called only when the test before it fails: a PERFORM is a statement, and twelve of
@@ -9406,7 +9420,9 @@ BEGIN
     )
     RETURNING id INTO new_run_id;
 
-    PERFORM runrow._journal(new_run_id, jsonb_build_array(
+    -- An assignment, not a PERFORM: a call in an expression that reads no table is evaluated
+    -- without a statement of its own (issue 11).
+    journaled := runrow._journal(new_run_id, jsonb_build_array(
         jsonb_build_object('type', 'user_message_created', 'message_id', new_message_id),
         jsonb_build_object('type', 'run_queued', 'run_id', new_run_id)
         || jsonb_strip_nulls(jsonb_build_object('not_before', now() + enqueue_run.start_in))
@@ -9417,7 +9433,11 @@ BEGIN
         PERFORM runrow._wake_dispatchers(enqueue_run.conversation_id);
     END IF;
 
-    RETURN QUERY SELECT new_run_id, 'queued'::text, true;
+    -- OUT values and RETURN NEXT: no statement for a row of values (issue 11).
+    run_id := new_run_id;
+    status := 'queued';
+    created := true;
+    RETURN NEXT;
 END
 $fn$;
 
@@ -9810,6 +9830,7 @@ SECURITY DEFINER
 AS $fn$
 DECLARE
     conv uuid;
+    journaled bigint;
 BEGIN
     -- The helpers only raise (the first failing one, in this order): called only when a test
     -- here fails, not as a statement and a search_path switch each on every call.
@@ -9849,7 +9870,10 @@ BEGIN
         RETURN false;
     END IF;
 
-    PERFORM runrow._journal_complete(finish_run.run_id, conv, finish_run.status, finish_run.result, finish_run.error);
+    -- An assignment, not a PERFORM: no statement of its own (see enqueue_run).
+    journaled := runrow._journal_complete(
+        finish_run.run_id, conv, finish_run.status, finish_run.result, finish_run.error
+    );
     RETURN true;
 END
 $fn$;
@@ -10374,7 +10398,11 @@ BEGIN
     RETURNING r.cancel_requested INTO flag;
 
     IF FOUND THEN
-        RETURN QUERY SELECT true, flag;
+        -- The row as OUT values and RETURN NEXT, not RETURN QUERY SELECT: a row of values needs
+        -- no statement (issue 11; a heartbeat is the call a long run makes most).
+        owned := true;
+        cancel_requested := flag;
+        RETURN NEXT;
     ELSE
         -- Fenced out: not an error. The caller lost the run and must stand down.
         RETURN QUERY SELECT false, coalesce(

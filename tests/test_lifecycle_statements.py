@@ -109,3 +109,41 @@ def test_a_batch_call_reads_its_helpers_without_statements(
     # and the duplicate test), the walk's look at the queue and its batch step, the UPDATE and
     # agent_run's statement trigger's two, the wake's test and the two RETURN QUERYs.
     assert len(both) - len(guard) == 10, both
+
+
+# A statement that only returns a row of values (RETURN QUERY SELECT x, y) or calls a helper that
+# returns one (PERFORM helper(...)): OUT values with RETURN NEXT, or an assignment, need none.
+VALUE_ONLY = (
+    "SELECT true, flag",
+    "SELECT new_run_id, 'queued'::text, true",
+    "SELECT true, 0::numeric, NULL::text",
+)
+VALUE_HELPERS = ("SELECT runrow._journal(", "SELECT runrow._journal_complete(")
+
+
+def test_per_run_calls_run_no_statement_for_a_value(
+    owner: psycopg.Connection, explained: psycopg.Connection
+) -> None:
+    drain(owner)
+    made = {
+        "enqueue_run": statements(
+            explained,
+            "SELECT * FROM runrow.enqueue_run(%s, '\"hello\"'::jsonb, 'test-model')",
+            (uuid.uuid4(),),
+        )
+    }
+    enqueue(owner, uuid.uuid4())
+    run = explained.execute(
+        "SELECT run_id, claim_token FROM runrow.claim_runs('statements-probe', 1, 30)"
+    ).fetchone()
+    made["heartbeat"] = statements(explained, "SELECT * FROM runrow.heartbeat(%s, %s, 30)", run)
+    made["acquire_model_call"] = statements(
+        explained, "SELECT * FROM runrow.acquire_model_call(%s, %s, 100)", run
+    )
+    made["finish_run"] = statements(explained, "SELECT runrow.finish_run(%s, %s, 'completed')", run)
+    drain(owner)
+    for name, texts in made.items():
+        flat = [" ".join(t.split()) for t in texts]
+        assert not [t for t in flat if t in VALUE_ONLY or t.startswith(VALUE_HELPERS)], (name, flat)
+    # A heartbeat is its UPDATE and agent_run's statement trigger's one look at the rows.
+    assert len(made["heartbeat"]) == 2, made["heartbeat"]
