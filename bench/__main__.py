@@ -4,8 +4,9 @@ Each benchmark is also runnable alone: `python -m bench.enqueue_to_claim`,
 `python -m bench.stop_to_cancelled`, `python -m bench.journal_rows`,
 `python -m bench.claim_buffers`, `python -m bench.prompt_cache`, `python -m bench.fairness`,
 `python -m bench.rate_limits`, `python -m bench.trim`,
-`python -m bench.drain`, `python -m bench.instructions`. The drain runs on a cluster of its own with
-fsync on; the instruction counts last, on one under callgrind (skipped without valgrind). `--short`:
+`python -m bench.drain`, `python -m bench.instructions`, `python -m bench.api_calls`. The drain runs on a
+cluster of its own with fsync on; the instruction counts last (per run of the drain, then per call
+of the functions a running agent calls), on one under callgrind (skipped without valgrind). `--short`:
 smaller sizes for the buffer counts, the fairness backlog, the trim and the drain; `--rounds N`:
 the drain's rounds (default 3; ratios are the median of the rounds). The report,
 the trim's figures and the drain's rows go to bench-results.json (RUNROW_BENCH_JSON to change
@@ -23,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from bench import (
+    api_calls,
     claim_buffers,
     drain,
     enqueue_to_claim,
@@ -83,6 +85,12 @@ def main() -> None:
         FIGURES["instructions_per_run"] = counted = instructions.count([1, 10], [0, 2])
         FIGURES["instructions_per_call_and_per_run"] = instructions.fixed_and_per_run(counted)
         lines = instructions.report(counted)
+        lines[0] += f"  [{time.monotonic() - t0:.0f} s]"
+        report.extend(["", *lines])
+        print("\n".join(lines), flush=True)
+        t0 = time.monotonic()
+        FIGURES["instructions_per_api_call"] = per_call = api_calls.count(list(api_calls.SHAPES))
+        lines = api_calls.report(per_call)
         lines[0] += f"  [{time.monotonic() - t0:.0f} s]"
         report.extend(["", *lines])
         print("\n".join(lines), flush=True)

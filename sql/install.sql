@@ -10558,9 +10558,15 @@ DECLARE
     last_type text;
     complete_seq bigint;
 BEGIN
-    PERFORM runrow._require_not_null(read_events.run_id, 'run_id');
-    PERFORM runrow._require_range(read_events.after_seq, 'after_seq', 0, 9223372036854775806);
-    PERFORM runrow._require_range(read_events.max_events, 'max_events', 1, 10000);
+    -- The helpers only raise: called only when a test here fails, not as a statement each on
+    -- every read of a stream (see enqueue_run).
+    IF read_events.run_id IS NULL
+       OR read_events.after_seq IS NULL OR read_events.after_seq NOT BETWEEN 0 AND 9223372036854775806
+       OR read_events.max_events IS NULL OR read_events.max_events NOT BETWEEN 1 AND 10000 THEN
+        PERFORM runrow._require_not_null(read_events.run_id, 'run_id');
+        PERFORM runrow._require_range(read_events.after_seq, 'after_seq', 0, 9223372036854775806);
+        PERFORM runrow._require_range(read_events.max_events, 'max_events', 1, 10000);
+    END IF;
     SELECT a.* INTO r FROM runrow.agent_run AS a WHERE a.id = read_events.run_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'run_id % does not exist', read_events.run_id USING ERRCODE = 'no_data_found';

@@ -305,6 +305,17 @@ def test_an_empty_claim_reads_no_fleet_limit(owner: psycopg.Connection, counted:
             (uuid.uuid4(), uuid.uuid4()),
             "kind must not be NULL",
         ),
+        ("SELECT * FROM runrow.read_events(%s, 0, 100)", (None,), "run_id must not be NULL"),
+        (
+            "SELECT * FROM runrow.read_events(%s, -1, 100)",
+            (uuid.uuid4(),),
+            "after_seq must be between 0 and 9223372036854775806, got -1",
+        ),
+        (
+            "SELECT * FROM runrow.read_events(%s, 0, 10001)",
+            (uuid.uuid4(),),
+            "max_events must be between 1 and 10000, got 10001",
+        ),
         (
             "SELECT runrow.append_step(%s, %s, 'model_turn', NULL)",
             (uuid.uuid4(), uuid.uuid4()),
@@ -323,9 +334,10 @@ def test_a_bad_argument_still_gets_its_helpers_error(
 
 
 def test_valid_per_run_calls_run_no_argument_helper(owner: psycopg.Connection, counted: psycopg.Connection):
-    """A run's enqueue, its model calls' admission and its steps: valid arguments call no
-    _require_* helper, each a PERFORM statement (twelve of them were about a sixth of an
-    enqueue's backend time); bad ones still do (test_a_bad_argument_still_gets_its_helpers_error)."""
+    """A run's enqueue, its model calls' admission, its steps and its stream's reads: valid
+    arguments call no _require_* helper, each a PERFORM statement (twelve of them were about a
+    sixth of an enqueue's backend time); bad ones still do
+    (test_a_bad_argument_still_gets_its_helpers_error)."""
     drain(owner)
     enqueue_calls = calls(
         counted,
@@ -344,7 +356,14 @@ def test_valid_per_run_calls_run_no_argument_helper(owner: psycopg.Connection, c
         "SELECT runrow.append_step(%s, %s, 'model_turn', %s::json)",
         (run_id, token, '[{"type": "text", "text": "hi"}]'),
     )
+    read = calls(counted, "SELECT * FROM runrow.read_events(%s, 0, 100)", (run_id,))
     drain(owner)
-    for name, made in (("enqueue_run", enqueue_calls), ("acquire_model_call", admit), ("append_step", step)):
+    per_run = (
+        ("enqueue_run", enqueue_calls),
+        ("acquire_model_call", admit),
+        ("append_step", step),
+        ("read_events", read),
+    )
+    for name, made in per_run:
         assert made.get(name) == 1, (name, made)
         assert not [f for f in made if f.startswith("_require")], (name, made)

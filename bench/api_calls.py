@@ -1,0 +1,209 @@
+"""Backend instructions per call of the functions a running agent calls, counted by callgrind.
+
+bench.instructions counts the drain (a claim and an ending per run); a real agent run also pays
+for its enqueue, its heartbeats, the stream's appends, each model request's admission and each
+step. Their fixed costs per call (argument checks, helper calls, statements that only return a
+row of values) are invisible in the drain and too small to time on a shared box, so this counts
+them in a unit the box does not move.
+
+What it counts: for each call below, one session makes SMALL calls and another LARGE calls, each
+in a database of its own prepared beforehand at full speed (runs enqueued and claimed there), on a
+private cluster whose postmaster runs under `valgrind --tool=callgrind` (bench.instructions'
+cluster); the figure is the difference of the two sessions' instructions over the difference of
+calls, so connection start-up and the first call's planning cancel out. Each call is its own
+transaction (autocommit), sent as a prepared statement, as a client in any language would send
+it. Each session's result is checked: every call did what it is for (a heartbeat owned its run, an
+append and a step got the next seq, a finish finished).
+
+    python -m bench.api_calls [--calls enqueue_run heartbeat ...] [--small 100] [--large 300] [--json PATH]
+
+It needs valgrind (`apt-get install valgrind`). The defaults take about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from bench.instructions import instructions, under_callgrind
+from pyworker.db.devdb import database_url_for, throwaway
+from pyworker.db.migrate import migrate
+
+ENQUEUE = (
+    "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => '\"hello\"', model => 'bench')"
+)
+DELTA = json.dumps([{"type": "text_delta", "index": 0, "text": "word " * 8}])
+TURN = json.dumps([{"type": "text", "text": "an answer"}])
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One call: its SQL, the runs it needs claimed beforehand (per call, or one for all), and
+    how a session makes n of them and checks they did their work."""
+
+    sql: str
+    runs: Callable[[int], int]  # runs to enqueue and claim in setup, for n calls
+    session: Callable[[psycopg.Connection, str, list[tuple[uuid.UUID, uuid.UUID]], int], None]
+
+
+def _each(conn: psycopg.Connection, sql: str, params: list[tuple[object, ...]]) -> list[tuple]:
+    return [conn.execute(sql, p, prepare=True).fetchone() for p in params]
+
+
+def _enqueue(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
+    rows = _each(conn, sql, [(uuid.uuid4(),) for _ in range(n)])
+    assert all(r is not None and r[0] is not None for r in rows), "an enqueue returned no run"
+
+
+def _heartbeat(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
+    rows = _each(conn, sql, [runs[0]] * n)
+    assert rows == [(True, False)] * n, "a heartbeat did not own its run"
+
+
+def _next_seqs(conn: psycopg.Connection, sql: str, runs: list, n: int, what: str) -> None:
+    seqs = [r[0] for r in _each(conn, sql, [runs[0]] * n)]
+    assert None not in seqs and seqs == list(range(seqs[0], seqs[0] + n)), f"{what}: seqs {seqs[:5]}..."
+
+
+def _append_events(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
+    _next_seqs(conn, sql, runs, n, "append_events")
+
+
+def _append_step(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
+    _next_seqs(conn, sql, runs, n, "append_step")
+
+
+def _acquire(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
+    rows = _each(conn, sql, [runs[0]] * n)
+    assert all(r is not None and r[0] for r in rows), "a model call was not granted"
+
+
+def _finish(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
+    rows = _each(conn, sql, runs[:n])
+    assert rows == [(True,)] * n, "a finish was fenced out"
+
+
+def _read(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
+    rows = _each(conn, sql, [runs[0][:1]] * n)
+    assert all(r is not None for r in rows), "read_events returned nothing"
+
+
+SHAPES: dict[str, Shape] = {
+    "enqueue_run": Shape(ENQUEUE, lambda n: 0, _enqueue),
+    "heartbeat": Shape(
+        "SELECT owned, cancel_requested FROM runrow.heartbeat(%s, %s, 30)", lambda n: 1, _heartbeat
+    ),
+    "append_events": Shape(
+        f"SELECT runrow.append_events(%s, %s, '{DELTA}'::jsonb)", lambda n: 1, _append_events
+    ),
+    "acquire_model_call": Shape(
+        "SELECT granted FROM runrow.acquire_model_call(%s, %s, 1000)", lambda n: 1, _acquire
+    ),
+    "append_step": Shape(
+        f"SELECT runrow.append_step(%s, %s, 'model_turn', '{TURN}'::json)", lambda n: 1, _append_step
+    ),
+    "finish_run": Shape("SELECT runrow.finish_run(%s, %s, 'completed')", lambda n: n, _finish),
+    "read_events": Shape(
+        "SELECT count(*) FROM runrow.read_events(run_id => %s, after_seq => 0)", lambda n: 1, _read
+    ),
+}
+
+
+def prepare(url: str, shape: Shape, n: int) -> list[tuple[uuid.UUID, uuid.UUID]]:
+    """Migrate the database and claim the runs the shape needs; returns (run_id, claim_token)s."""
+    migrate(url)
+    runs = shape.runs(n)
+    if runs == 0:
+        return []
+    with psycopg.connect(url, autocommit=True) as conn:
+        for _ in range(runs):
+            conn.execute(ENQUEUE, (uuid.uuid4(),))
+        claimed = conn.execute(
+            "SELECT run_id, claim_token FROM runrow.claim_runs(worker_id => 'bench', max_runs => %s,"
+            " lease_seconds => 3600)",
+            (runs,),
+        ).fetchall()
+        conn.execute("VACUUM ANALYZE runrow.agent_run")
+    assert len(claimed) == runs, f"claimed {len(claimed)} of {runs} runs"
+    return claimed
+
+
+def session(url: str, shape: Shape, runs: list[tuple[uuid.UUID, uuid.UUID]], n: int) -> int:
+    """Make n calls in one session; returns the backend's pid."""
+    with psycopg.connect(url, autocommit=True, prepare_threshold=0) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        shape.session(conn, shape.sql, runs, n)
+    return int(row[0])
+
+
+def count(calls: list[str], small: int = 100, large: int = 300) -> dict[str, float]:
+    """Instructions per call of each named call."""
+    figures: dict[str, float] = {}
+    with throwaway() as cluster:
+        prepared: dict[tuple[str, int], tuple[str, list]] = {}
+        with psycopg.connect(cluster.superuser_url, autocommit=True) as conn:
+            for name in calls:
+                for n in (small, large):
+                    db = f"calls_{name}_{n}"
+                    conn.execute(f"CREATE DATABASE {db} OWNER runrow_admin")
+                    url = database_url_for(cluster.url, db)
+                    prepared[name, n] = url, prepare(url, SHAPES[name], n)
+        outdir = Path(cluster.root) / "callgrind"
+        outdir.mkdir()
+        under_callgrind(cluster, outdir)
+        for name in calls:
+            totals = {}
+            for n in (small, large):
+                url, runs = prepared[name, n]
+                totals[n] = instructions(outdir, session(url, SHAPES[name], runs, n))
+            figures[name] = (totals[large] - totals[small]) / (large - small)
+    return figures
+
+
+def report(figures: dict[str, float]) -> list[str]:
+    lines = ["=== backend instructions per call (callgrind; each call its own transaction) ==="]
+    lines += [f"  {name + ':':<22} {figure:>12,.0f}" for name, figure in figures.items()]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.api_calls",
+        description="Backend instructions per call of the functions a running agent calls (enqueue, "
+        "heartbeat, appends, model-call admission, steps, finish, reads), counted by callgrind as the "
+        "difference between a SMALL and a LARGE session of calls.",
+    )
+    parser.add_argument(
+        "--calls",
+        nargs="+",
+        choices=list(SHAPES),
+        default=list(SHAPES),
+        metavar="CALL",
+        help=f"which calls to count (default all: {', '.join(SHAPES)})",
+    )
+    parser.add_argument("--small", type=int, default=100, help="calls of the smaller session (default 100)")
+    parser.add_argument("--large", type=int, default=300, help="calls of the larger session (default 300)")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures to PATH")
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None:
+        sys.exit("bench.api_calls: valgrind is not installed (apt-get install valgrind)")
+    if args.large <= args.small or args.small < 1:
+        parser.error("--large must be more than --small, and --small at least 1")
+    figures = count(args.calls, args.small, args.large)
+    for line in report(figures):
+        print(line)
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
