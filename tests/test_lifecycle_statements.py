@@ -125,6 +125,7 @@ def test_per_run_calls_run_no_statement_for_a_value(
     owner: psycopg.Connection, explained: psycopg.Connection
 ) -> None:
     drain(owner)
+    enqueue(owner, uuid.uuid4())  # the prompt every enqueue here pins exists from now on
     made = {
         "enqueue_run": statements(
             explained,
@@ -145,5 +146,13 @@ def test_per_run_calls_run_no_statement_for_a_value(
     for name, texts in made.items():
         flat = [" ".join(t.split()) for t in texts]
         assert not [t for t in flat if t in VALUE_ONLY or t.startswith(VALUE_HELPERS)], (name, flat)
+    enqueued = [" ".join(t.split()) for t in made["enqueue_run"]]
+    # A prompt that exists is looked up, not inserted again: the INSERT evaluated prompt's CHECKs
+    # (a regular expression) before finding the conflict.
+    assert not [t for t in enqueued if t.startswith("INSERT INTO runrow.prompt")], enqueued
+    # _lock_conversation and _wake_dispatchers are inlined into their callers' statements.
+    assert not [t for t in enqueued if t.startswith(("SELECT pg_advisory_xact_lock", "SELECT pg_notify"))], (
+        enqueued
+    )
     # A heartbeat is its UPDATE and agent_run's statement trigger's one look at the rows.
     assert len(made["heartbeat"]) == 2, made["heartbeat"]
