@@ -304,7 +304,8 @@ BEGIN
         ('trigger', 'run_event_no_truncate', 'run_event'),
         ('trigger', 'message_guard', 'message'),
         ('trigger', 'prompt_immutable', 'prompt'),
-        ('constraint', 'agent_step_tool_result_names_its_tool_use', 'agent_step'),
+        -- Since 0048 the eight row rules of a step, in one CHECK.
+        ('constraint', 'agent_step_rules', 'agent_step'),
         ('unique index', 'agent_step_pkey', 'agent_step'),
         ('unique index', 'agent_step_one_result_per_tool_use', 'agent_step'),
         ('trigger', 'agent_step_guard', 'agent_step'),
