@@ -304,6 +304,8 @@ BEGIN
         ('trigger', 'run_event_no_truncate', 'run_event'),
         ('trigger', 'message_guard', 'message'),
         ('trigger', 'prompt_immutable', 'prompt'),
+        -- Since 0050 prompts are never deleted: a run's prompt is checked once, at insert.
+        ('trigger', 'prompt_no_truncate', 'prompt'),
         -- Since 0048 the eight row rules of a step, in one CHECK.
         ('constraint', 'agent_step_rules', 'agent_step'),
         ('unique index', 'agent_step_pkey', 'agent_step'),

@@ -325,7 +325,7 @@ SELECT prompt_id AS prompt, user_message_id AS msg FROM runrow.agent_run WHERE i
 SELECT throws_ok(format($$UPDATE runrow.prompt SET system_prompt = 'changed' WHERE id = %L$$, :'prompt'),
     '23000', format('prompt %s is immutable: register a new prompt instead', :'prompt'), 'a prompt cannot be changed');
 SELECT throws_ok(format('DELETE FROM runrow.prompt WHERE id = %L', :'prompt'),
-    '23503', 'update or delete on table "prompt" violates foreign key constraint "agent_run_prompt_id_fkey" on table "agent_run"',
+    '23000', format('prompt %s is never deleted: runs refer to it by its id', :'prompt'),
     'a prompt a run references cannot be deleted');
 SELECT throws_ok(format($$UPDATE runrow.message SET content = '"edited"' WHERE id = %L$$, :'msg'),
     '23000', format('message %s: only submitted -> draft may change', :'msg'), 'a message''s content cannot change');

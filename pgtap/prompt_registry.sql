@@ -1,10 +1,10 @@
--- The prompt registry (runrow.prompt, _pin_prompt): content-addressed, immutable, not
--- deletable while a run references it, and a run keeps its prompt when a new one is
--- registered (deploying a prompt never changes a run in flight).
+-- The prompt registry (runrow.prompt, _pin_prompt): content-addressed, immutable, never
+-- deleted (a run's prompt is checked once, at its insert: 0050), and a run keeps its prompt
+-- when a new one is registered (deploying a prompt never changes a run in flight).
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(14);
+SELECT plan(18);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.enqueue(conv uuid, sys text, tools jsonb) RETURNS uuid LANGUAGE sql AS $$
@@ -46,11 +46,24 @@ CREATE TEMP TABLE resumed AS SELECT * FROM runrow.claim_run('w2');
 SELECT is((SELECT (run_id, system_prompt, tools)::text FROM resumed), (:'r1b'::uuid, 'You are v1.', :tools_a::jsonb)::text,
     'its retry, claimed after v2 was registered, gets v1''s system prompt and tools from the registry');
 
--- Immutable, and not deletable while referenced, even by the owner.
+-- Immutable and never deleted, even by the owner (0050: a foreign key kept a referenced one
+-- until then, and locked its row on every enqueue).
 SELECT throws_ok(format('UPDATE runrow.prompt SET system_prompt = ''You are evil.'' WHERE id = %L', :'p1'), '23000',
     format('prompt %s is immutable: register a new prompt instead', :'p1'), 'a prompt cannot be changed');
-SELECT throws_ok(format('DELETE FROM runrow.prompt WHERE id = %L', :'p1'), '23503', NULL,
-    'a referenced prompt cannot be deleted');
+SELECT throws_ok(format('DELETE FROM runrow.prompt WHERE id = %L', :'p1'), '23000',
+    format('prompt %s is never deleted: runs refer to it by its id', :'p1'), 'a referenced prompt cannot be deleted');
+INSERT INTO runrow.prompt (id, system_prompt, tools) VALUES (repeat('b', 64), 'unused', '[]');
+SELECT throws_ok(format('DELETE FROM runrow.prompt WHERE id = %L', repeat('b', 64)), '23000',
+    format('prompt %s is never deleted: runs refer to it by its id', repeat('b', 64)),
+    'nor one no run refers to yet: the next enqueue may pin it without a lock');
+SELECT throws_ok('TRUNCATE runrow.prompt CASCADE', '23000', 'prompt cannot be truncated', 'the registry cannot be truncated');
+-- A run whose prompt does not exist is refused as the foreign key refused it.
+SELECT throws_ok(format($$INSERT INTO runrow.agent_run (conversation_id, user_message_id, model, prompt_id)
+        SELECT conversation_id, user_message_id, model, repeat('c', 64) FROM runrow.agent_run WHERE id = %L$$, :'r1'),
+    '23503', 'insert or update on table "agent_run" violates foreign key constraint "agent_run_prompt_id_fkey"',
+    'a run naming a prompt that does not exist is refused, even for the owner');
+SELECT is((SELECT count(*)::int FROM pg_constraint WHERE conrelid = 'runrow.agent_run'::regclass
+    AND confrelid = 'runrow.prompt'::regclass), 0, 'no foreign key locks the prompt row of every enqueue');
 SELECT throws_ok('SELECT pg_temp.as_role(''runrow_worker'', ''INSERT INTO runrow.prompt (id, tools) VALUES (repeat(''''a'''', 64), ''''[]'''')'')',
     '42501', NULL, 'the worker role cannot register prompts directly');
 SELECT throws_ok('SELECT pg_temp.as_role(''runrow_client'', ''SELECT 1 FROM runrow.prompt'')', '42501', NULL,
