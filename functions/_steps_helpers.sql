@@ -47,13 +47,13 @@ AS $fn$
 DECLARE
     next_seq integer;
 BEGIN
-    SELECT coalesce(max(s.seq), 0) + 1 INTO next_seq
-    FROM runrow.agent_step AS s WHERE s.run_id = _append_step.run_id;
-
+    -- seq left NULL: the guard trigger gives the step the run's next one, with the one lookup of
+    -- its last seq a step needs (reading it here too doubled that: migration 0051).
     INSERT INTO runrow.agent_step (run_id, seq, kind, payload, request_id, attempt, usage, stop_reason)
-    SELECT _append_step.run_id, next_seq, _append_step.kind, _append_step.payload,
+    SELECT _append_step.run_id, NULL::integer, _append_step.kind, _append_step.payload,
            _append_step.request_id, r.attempt, _append_step.usage, _append_step.stop_reason
-    FROM runrow.agent_run AS r WHERE r.id = _append_step.run_id;
+    FROM runrow.agent_run AS r WHERE r.id = _append_step.run_id
+    RETURNING agent_step.seq INTO next_seq;
     RETURN next_seq;
 END
 $fn$;

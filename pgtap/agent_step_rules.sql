@@ -1,12 +1,13 @@
 -- agent_step's row rules (migration 0048): one CHECK constraint, agent_step_rules, whose
--- expression calls runrow._agent_step_rules_valid. Each rule refuses its row with the error and
+-- expression calls runrow._agent_step_rules_valid; and its seq, given by the guard trigger to a
+-- row that leaves it NULL (0051). Each rule refuses its row with the error and
 -- constraint name the eight CHECKs it replaced gave, in their (name) order; a NULL passes, as in
 -- a CHECK. Rows are written directly, as the tests' role (the owner's rights): the rules bind
 -- everyone, not only append_step.
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(18);
+SELECT plan(21);
 SELECT pg_temp.drain_queue();
 
 SELECT results_eq(
@@ -63,6 +64,20 @@ SELECT throws_ok(format($$INSERT INTO runrow.agent_step (run_id, seq, kind, payl
 SELECT lives_ok(format($$INSERT INTO runrow.agent_step (run_id, seq, kind, payload, attempt, usage, stop_reason)
         VALUES (%L, 1, 'model_turn', '[{"type": "text", "text": "x"}]', 1, '{}', 'end_turn')$$, :'r'),
     'a valid direct INSERT is accepted');
+
+-- Its seq: the guard's (0051). A NULL seq is given the run's next one, for every role, and read
+-- back; an explicit one must be that one.
+WITH i AS (
+    INSERT INTO runrow.agent_step (run_id, seq, kind, payload, attempt)
+    VALUES (:'r', NULL, 'model_turn', '[{"type": "text", "text": "y"}]', 1) RETURNING seq
+)
+SELECT is((SELECT seq FROM i), 2, 'a NULL seq is given the next one');
+SELECT throws_ok(format($$INSERT INTO runrow.agent_step (run_id, seq, kind, payload, attempt)
+        VALUES (%L, 5, 'model_turn', '[{"type": "text", "text": "z"}]', 1)$$, :'r'),
+    '23000', format('agent_step seq 5 for run %s is out of order: expected 3', :'r'),
+    'an explicit seq that is not the next one is refused');
+SELECT is((SELECT array_agg(seq ORDER BY seq) FROM runrow.agent_step WHERE run_id = :'r'), ARRAY[1, 2],
+    'the step log is gap-free from 1');
 
 SELECT * FROM finish();
 ROLLBACK;

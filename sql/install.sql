@@ -5656,6 +5656,61 @@ INSERT INTO runrow._yoyo_migration VALUES ('71b7ab05aae35b7c0c0f9c3877107debb2ba
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '71b7ab05aae35b7c0c0f9c3877107debb2bafd8e2468e3f1370aab86fbffbc71', '0050_prompt_reference_without_row_lock', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0051_agent_step_seq_from_its_guard
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '955a261a93bc1e574961e3a5970d78f3eb98d55b5ff403615b686ec314561239') AS apply_955a261a93bc \gset
+\if :apply_955a261a93bc
+-- depends: 0050_prompt_reference_without_row_lock
+-- A step's seq is assigned by agent_step's guard trigger when the writer leaves it NULL, as the
+-- journal's has been since 0022 (issue 11: one lookup of a run's last step per step, not two).
+--
+-- Why: _append_step read the run's last seq to number the step, and the guard read it again to
+-- check the number: two statements, each an executor start-up and a descent of agent_step_pkey,
+-- per step. Now the writer leaves seq NULL and reads the guard's number back (RETURNING); the
+-- guard's one lookup assigns it. An explicit seq is still checked, for every role: the next one
+-- or 23000 (fork_run copies steps with theirs).
+--
+-- Unchanged: gap-free seqs from 1, append-only, tool_use_id derived from the payload.
+--
+-- Measured: see the commit message.
+
+CREATE OR REPLACE FUNCTION runrow._agent_step_guard() RETURNS trigger
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    expected integer;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        -- Invariant 4: the next seq, no gap, no reuse. A NULL seq is the writers' way: it is
+        -- given the next one (0051).
+        SELECT coalesce(max(s.seq), 0) + 1 INTO expected
+        FROM runrow.agent_step AS s WHERE s.run_id = NEW.run_id;
+        IF NEW.seq IS NULL THEN
+            NEW.seq := expected;
+        ELSIF NEW.seq <> expected THEN
+            RAISE EXCEPTION 'agent_step seq % for run % is out of order: expected %', NEW.seq, NEW.run_id, expected
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        -- Derived, whatever the INSERT said, so it cannot disagree with the payload.
+        NEW.tool_use_id := CASE
+            WHEN NEW.kind = 'tool_result' THEN runrow._json_probe(NEW.payload) ->> 'tool_use_id'
+        END;
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'agent_step is append-only: rows cannot be %d', lower(TG_OP)
+        USING ERRCODE = 'integrity_constraint_violation',
+              HINT = 'Steps are the record of a run; a correction is a new step.';
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._agent_step_guard() IS
+'agent_step''s BEFORE INSERT OR UPDATE OR DELETE row trigger. INSERT: invariant 4, the run''s next '
+'seq (its last + 1): a NULL seq is assigned it (the writers leave it NULL and read it back with '
+'RETURNING, 0051), any other seq must be it or raises 23000; tool_use_id is derived from a '
+'tool_result''s payload. UPDATE and DELETE always raise 23000 (append-only).';
+INSERT INTO runrow._yoyo_migration VALUES ('955a261a93bc1e574961e3a5970d78f3eb98d55b5ff403615b686ec314561239', '0051_agent_step_seq_from_its_guard', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '955a261a93bc1e574961e3a5970d78f3eb98d55b5ff403615b686ec314561239', '0051_agent_step_seq_from_its_guard', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -7680,13 +7735,13 @@ AS $fn$
 DECLARE
     next_seq integer;
 BEGIN
-    SELECT coalesce(max(s.seq), 0) + 1 INTO next_seq
-    FROM runrow.agent_step AS s WHERE s.run_id = _append_step.run_id;
-
+    -- seq left NULL: the guard trigger gives the step the run's next one, with the one lookup of
+    -- its last seq a step needs (reading it here too doubled that: migration 0051).
     INSERT INTO runrow.agent_step (run_id, seq, kind, payload, request_id, attempt, usage, stop_reason)
-    SELECT _append_step.run_id, next_seq, _append_step.kind, _append_step.payload,
+    SELECT _append_step.run_id, NULL::integer, _append_step.kind, _append_step.payload,
            _append_step.request_id, r.attempt, _append_step.usage, _append_step.stop_reason
-    FROM runrow.agent_run AS r WHERE r.id = _append_step.run_id;
+    FROM runrow.agent_run AS r WHERE r.id = _append_step.run_id
+    RETURNING agent_step.seq INTO next_seq;
     RETURN next_seq;
 END
 $fn$;

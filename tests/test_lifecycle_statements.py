@@ -141,6 +141,11 @@ def test_per_run_calls_run_no_statement_for_a_value(
     made["acquire_model_call"] = statements(
         explained, "SELECT * FROM runrow.acquire_model_call(%s, %s, 100)", run
     )
+    made["append_step"] = statements(
+        explained,
+        "SELECT runrow.append_step(%s, %s, 'model_turn', %s::json)",
+        (*run, '[{"type": "text", "text": "hi"}]'),
+    )
     made["finish_run"] = statements(explained, "SELECT runrow.finish_run(%s, %s, 'completed')", run)
     drain(owner)
     for name, texts in made.items():
@@ -154,5 +159,8 @@ def test_per_run_calls_run_no_statement_for_a_value(
     assert not [t for t in enqueued if t.startswith(("SELECT pg_advisory_xact_lock", "SELECT pg_notify"))], (
         enqueued
     )
+    # A step reads its run's last seq once: the guard numbers it (0051; the writer read it too).
+    last_seq = [t for t in made["append_step"] if "max(s.seq)" in t]
+    assert len(last_seq) == 1, made["append_step"]
     # A heartbeat is its UPDATE and agent_run's statement trigger's one look at the rows.
     assert len(made["heartbeat"]) == 2, made["heartbeat"]
