@@ -320,9 +320,12 @@ BEGIN
         ('unique index', 'tool_effect_one_per_tool_use', 'tool_effect'),
         ('trigger', 'tool_effect_guard', 'tool_effect'),
         ('trigger', 'tool_effect_no_truncate', 'tool_effect'),
-        ('constraint', 'agent_run_conversation_fk', 'agent_run'),
         ('trigger', 'agent_run_owner_guard', 'agent_run'),
         ('trigger', 'conversation_immutable', 'conversation'),
+        -- Since 0052 a run's conversation and message are checked at insert (agent_run_owner_guard),
+        -- so neither table may be emptied under its runs.
+        ('trigger', 'conversation_no_truncate', 'conversation'),
+        ('trigger', 'message_no_truncate', 'message'),
         ('unique index', 'webhook_delivery_run_id_key', 'webhook_delivery'),
         ('trigger', 'webhook_delivery_guard', 'webhook_delivery')
     ) AS g (kind, name, tbl)

@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(18);
+SELECT plan(24);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.enqueue(conv uuid, sys text, tools jsonb) RETURNS uuid LANGUAGE sql AS $$
@@ -63,7 +63,29 @@ SELECT throws_ok(format($$INSERT INTO runrow.agent_run (conversation_id, user_me
     '23503', 'insert or update on table "agent_run" violates foreign key constraint "agent_run_prompt_id_fkey"',
     'a run naming a prompt that does not exist is refused, even for the owner');
 SELECT is((SELECT count(*)::int FROM pg_constraint WHERE conrelid = 'runrow.agent_run'::regclass
-    AND confrelid = 'runrow.prompt'::regclass), 0, 'no foreign key locks the prompt row of every enqueue');
+    AND confrelid IN ('runrow.prompt'::regclass, 'runrow.conversation'::regclass, 'runrow.message'::regclass)), 0,
+    'no foreign key locks the prompt, conversation or message row of every enqueue');
+-- The run's other references, checked in the same look (0052): a missing conversation or message
+-- is refused as their foreign keys refused it, and neither table can be emptied under its runs.
+SELECT throws_ok(format($$INSERT INTO runrow.agent_run (conversation_id, user_message_id, model, prompt_id)
+        SELECT 'dddddddd-0000-0000-0000-0000000000ff', user_message_id, model, prompt_id
+        FROM runrow.agent_run WHERE id = %L$$, :'r1'),
+    '23503', 'insert or update on table "agent_run" violates foreign key constraint "agent_run_conversation_fk"',
+    'a run in a conversation that does not exist is refused');
+SELECT throws_ok(format($$INSERT INTO runrow.agent_run (conversation_id, user_message_id, model, prompt_id)
+        SELECT conversation_id, 'dddddddd-0000-0000-0000-0000000000fe', model, prompt_id
+        FROM runrow.agent_run WHERE id = %L$$, :'r1'),
+    '23503', 'insert or update on table "agent_run" violates foreign key constraint "agent_run_user_message_id_fkey"',
+    'a run for a message that does not exist is refused');
+SELECT throws_ok(format($$INSERT INTO runrow.agent_run (conversation_id, user_id, user_message_id, model, prompt_id)
+        SELECT 'dddddddd-0000-0000-0000-0000000000ff', 'someone', user_message_id, model, prompt_id
+        FROM runrow.agent_run WHERE id = %L$$, :'r1'),
+    '42501', NULL, 'a user''s run in a conversation that does not exist: the owner check comes first, as before');
+SELECT throws_ok('TRUNCATE runrow.conversation CASCADE', '23000', 'conversation cannot be truncated',
+    'conversations cannot be truncated');
+SELECT throws_ok('TRUNCATE runrow.message CASCADE', '23000', 'message cannot be truncated',
+    'messages cannot be truncated');
+SELECT is((SELECT count(*)::int FROM runrow.agent_run WHERE id = :'r1'), 1, 'nothing was written or removed');
 SELECT throws_ok('SELECT pg_temp.as_role(''runrow_worker'', ''INSERT INTO runrow.prompt (id, tools) VALUES (repeat(''''a'''', 64), ''''[]'''')'')',
     '42501', NULL, 'the worker role cannot register prompts directly');
 SELECT throws_ok('SELECT pg_temp.as_role(''runrow_client'', ''SELECT 1 FROM runrow.prompt'')', '42501', NULL,

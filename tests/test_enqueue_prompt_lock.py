@@ -66,3 +66,20 @@ def test_two_enqueues_of_one_prompt_in_flight_leave_its_row_unlocked(
         (run_a, run_b, prompt_id),
     ).fetchone()[0]
     assert both == 2, "both runs are queued, pinned to the shared prompt"
+
+
+def test_an_enqueue_locks_none_of_the_rows_its_run_refers_to(owner: psycopg.Connection):
+    """Its conversation's and its message's rows carry no lock of the enqueue's (0052; foreign keys
+    key-share locked both until then: a WAL record each per enqueue)."""
+    conversation = uuid.uuid4()
+    (run,) = owner.execute(ENQUEUE, (conversation,)).fetchone()
+    enqueuer, conv_xmax, msg_xmax = owner.execute(
+        "SELECT r.xmin::text::bigint, c.xmax::text::bigint, m.xmax::text::bigint FROM runrow.agent_run AS r"
+        " JOIN runrow.conversation AS c ON c.id = r.conversation_id"
+        " JOIN runrow.message AS m ON m.id = r.user_message_id WHERE r.id = %s",
+        (run,),
+    ).fetchone()
+    # A lock leaves its transaction's id in the row's xmax (the enqueue's, here: it wrote both rows).
+    assert (conv_xmax, msg_xmax) == (0, 0), (
+        f"enqueue {enqueuer} locked conversation {conv_xmax}, message {msg_xmax}"
+    )
