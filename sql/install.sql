@@ -7039,7 +7039,15 @@ BEGIN
         'status', _journal_complete.status,
         'result', _journal_complete.result,
         'error', _journal_complete.error)));
-    PERFORM runrow._wake_tails_ended(_journal_complete.run_id, last_seq);
+    -- The wake, with its DELETE of the run's watches, only when the run has a watch (as
+    -- finish_runs: a probe of run_watch's key is cheaper than a DELETE that finds nothing, and
+    -- nearly every ending has no tail). Any watch, expired or not, so that the helper still drops
+    -- the expired ones; under a snapshot older than the statement (not READ COMMITTED) it is
+    -- called regardless, as it notifies regardless there.
+    IF current_setting('transaction_isolation') <> 'read committed'
+       OR EXISTS (SELECT 1 FROM runrow.run_watch AS w WHERE w.run_id = _journal_complete.run_id) THEN
+        PERFORM runrow._wake_tails_ended(_journal_complete.run_id, last_seq);
+    END IF;
     RETURN last_seq;
 END
 $fn$;

@@ -130,12 +130,13 @@ def test_a_batch_lifecycle_runs_a_fixed_number_of_functions(
         "_wake_tails": 1,
         "_run_event_guard": 1,
     }
+    # No tail watches it: the wake and its DELETE of the run's watches are skipped, as in
+    # finish_runs (test_a_watched_ending_still_wakes_its_tails has the other case).
     assert one == {
         "finish_run": 1,
         "_agent_run_after_update": 1,
         "_journal": 1,
         "_journal_complete": 1,
-        "_wake_tails_ended": 1,
         "_agent_run_state_valid": 1,
         "_run_event_guard": 1,
     }
@@ -143,7 +144,7 @@ def test_a_batch_lifecycle_runs_a_fixed_number_of_functions(
 
 def test_a_watched_ending_still_wakes_its_tails(owner: psycopg.Connection, counted: psycopg.Connection):
     """One watched run in a batch: the batch's wake helper runs once, for the whole batch, in
-    finish_runs and in finish_and_claim_runs alike."""
+    finish_runs and in finish_and_claim_runs alike; and finish_run of that run wakes it."""
     for _ in range(RUNS):
         enqueue(owner, uuid.uuid4())
     worker = counted
@@ -157,9 +158,11 @@ def test_a_watched_ending_still_wakes_its_tails(owner: psycopg.Connection, count
     both = calls(
         worker, "SELECT * FROM runrow.finish_and_claim_runs(%s::jsonb, 'calls-probe', 1, 30)", (acks,)
     )
+    one = calls(worker, "SELECT runrow.finish_run(%s, %s, 'completed')", runs[3])
     drain(owner)
     assert finish.get("_wake_tails_ended_batch") == 1, finish
     assert both.get("_wake_tails_ended_batch") == 1, both
+    assert one.get("_wake_tails_ended") == 1, one
 
 
 def test_an_empty_claim_runs_no_update(owner: psycopg.Connection, counted: psycopg.Connection):
