@@ -68,17 +68,10 @@ def _heartbeat(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
     assert rows == [(True, False)] * n, "a heartbeat did not own its run"
 
 
-def _next_seqs(conn: psycopg.Connection, sql: str, runs: list, n: int, what: str) -> None:
+def _next_seqs(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
+    """An append (of events or of a step): each call got the run's next seq."""
     seqs = [r[0] for r in _each(conn, sql, [runs[0]] * n)]
-    assert None not in seqs and seqs == list(range(seqs[0], seqs[0] + n)), f"{what}: seqs {seqs[:5]}..."
-
-
-def _append_events(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
-    _next_seqs(conn, sql, runs, n, "append_events")
-
-
-def _append_step(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
-    _next_seqs(conn, sql, runs, n, "append_step")
+    assert None not in seqs and seqs == list(range(seqs[0], seqs[0] + n)), f"{sql}: seqs {seqs[:5]}..."
 
 
 def _acquire(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
@@ -93,7 +86,8 @@ def _finish(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
 
 def _read(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
     rows = _each(conn, sql, [runs[0][:1]] * n)
-    assert all(r is not None for r in rows), "read_events returned nothing"
+    # The run's journal holds its enqueue's events and its run_claimed.
+    assert all(r is not None and r[0] > 0 for r in rows), "read_events read no event"
 
 
 SHAPES: dict[str, Shape] = {
@@ -101,14 +95,12 @@ SHAPES: dict[str, Shape] = {
     "heartbeat": Shape(
         "SELECT owned, cancel_requested FROM runrow.heartbeat(%s, %s, 30)", lambda n: 1, _heartbeat
     ),
-    "append_events": Shape(
-        f"SELECT runrow.append_events(%s, %s, '{DELTA}'::jsonb)", lambda n: 1, _append_events
-    ),
+    "append_events": Shape(f"SELECT runrow.append_events(%s, %s, '{DELTA}'::jsonb)", lambda n: 1, _next_seqs),
     "acquire_model_call": Shape(
         "SELECT granted FROM runrow.acquire_model_call(%s, %s, 1000)", lambda n: 1, _acquire
     ),
     "append_step": Shape(
-        f"SELECT runrow.append_step(%s, %s, 'model_turn', '{TURN}'::json)", lambda n: 1, _append_step
+        f"SELECT runrow.append_step(%s, %s, 'model_turn', '{TURN}'::json)", lambda n: 1, _next_seqs
     ),
     "finish_run": Shape("SELECT runrow.finish_run(%s, %s, 'completed')", lambda n: n, _finish),
     "read_events": Shape(
