@@ -4,9 +4,11 @@ Each benchmark is also runnable alone: `python -m bench.enqueue_to_claim`,
 `python -m bench.stop_to_cancelled`, `python -m bench.journal_rows`,
 `python -m bench.claim_buffers`, `python -m bench.prompt_cache`, `python -m bench.fairness`,
 `python -m bench.rate_limits`, `python -m bench.trim`,
-`python -m bench.drain`, `python -m bench.instructions`, `python -m bench.api_calls`. The drain runs on a
-cluster of its own with fsync on; the instruction counts last (per run of the drain, then per call
-of the functions a running agent calls), on one under callgrind (skipped without valgrind). `--short`:
+`python -m bench.drain`, `python -m bench.instructions`, `python -m bench.api_calls`,
+`python -m bench.client_instructions`. The drain runs on a cluster of its own with fsync on; the
+instruction counts last (per run of the drain, then per call of the functions a running agent
+calls, on one under callgrind; then the client processes' own, `runrow worker` against PgQueuer's,
+each under callgrind; skipped without valgrind). `--short`:
 smaller sizes for the buffer counts, the fairness backlog, the trim and the drain; `--rounds N`:
 the drain's rounds (default 3; ratios are the median of the rounds). The report,
 the trim's figures and the drain's rows go to bench-results.json (RUNROW_BENCH_JSON to change
@@ -26,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from bench import (
     api_calls,
     claim_buffers,
+    client_instructions,
     drain,
     enqueue_to_claim,
     fairness,
@@ -91,6 +94,12 @@ def main() -> None:
         t0 = time.monotonic()
         FIGURES["instructions_per_api_call"] = per_call = api_calls.count(list(api_calls.SHAPES))
         lines = api_calls.report(per_call)
+        lines[0] += f"  [{time.monotonic() - t0:.0f} s]"
+        report.extend(["", *lines])
+        print("\n".join(lines), flush=True)
+        t0 = time.monotonic()
+        FIGURES["client_instructions_per_run"] = per_client = client_instructions.count([1, 10], 300, 900)
+        lines = client_instructions.report(per_client)
         lines[0] += f"  [{time.monotonic() - t0:.0f} s]"
         report.extend(["", *lines])
         print("\n".join(lines), flush=True)

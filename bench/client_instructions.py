@@ -1,0 +1,275 @@
+"""The clients' own CPU instructions per run, counted by callgrind: `runrow worker` against PgQueuer's.
+
+bench.instructions counts the backend; this counts the other half of a drain's CPU, the client
+process, which is where `runrow worker` differs from the SQL API client that sends it the same
+calls (bench.drain: about 230 µs of Python per run at `--concurrency 10`, against 25 µs for the
+SQL API client and 75 µs for PgQueuer's). Timed, one process's CPU per run moves by ±20% between
+runs a minute apart on this 2-core VM; instructions executed do not move with the box.
+
+What it counts: one `runrow worker` process (the echo handler, zero-length runs, as bench.drain
+runs it, logging at its default INFO) under `valgrind --tool=callgrind`, started on an empty queue
+with instrumentation off (start-up runs about ten times faster uncounted); once it says it has
+started, instrumentation goes on (`callgrind_control -i on`), SMALL runs are enqueued in one
+transaction, and the worker gets SIGTERM once every run has ended and drains out. Another worker
+does the same with LARGE runs, and the figure is the difference of the two processes' instructions
+over the difference of runs, so what both pay once (their idle wait, the wake, the drain at exit)
+cancels out. The peer is PgQueuer's QueueManager in drain mode on asyncpg (bench.drain's peer
+row), counted the same way at each batch size from the moment it is ready (its jobs enqueued
+beforehand, as bench.drain does). Each drain is checked as bench.drain checks its own: every run
+completed and claimed once, audit() clean; every job logged successful.
+
+    python -m bench.client_instructions [--concurrency 1 10] [--small 300] [--large 900]
+                                           [--no-peer] [--json PATH]
+
+Counts are stable to about 1–2%: how many runs a journal flush carries, and so how many calls a
+run shares, depends on which runs a group flush finds ready. It needs valgrind (`apt-get install
+valgrind`); a run of the defaults takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+from bench.drain import ECHO, ECHO_ENQUEUE, pgqueuer_check, pgqueuer_setup, runrow_check
+from pyworker.db.devdb import database_url_for, throwaway
+from pyworker.db.migrate import migrate
+
+# The peer's process: bench.drain's PgQueuer row in a process of its own, which says "ready" once
+# connected and its queue manager built, then waits for a line on stdin (instrumentation is on by
+# then) before it drains.
+PEER_CHILD = """
+import sys
+from bench.drain import pgqueuer_worker
+
+def ready():
+    print("ready", flush=True)
+    sys.stdin.readline()
+
+pgqueuer_worker(sys.argv[1], int(sys.argv[2]), ready)
+"""
+
+
+def callgrind(out: Path, argv: list[str], url: str, log: Path) -> subprocess.Popen[bytes]:
+    """argv under callgrind with instrumentation off until instrument() turns it on: start-up
+    (interpreter, imports, connections) runs about ten times faster uncounted, and is no part
+    of the figure anyway."""
+    return subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", *argv],
+        env={**os.environ, "DATABASE_URL": url},
+        stdin=subprocess.PIPE,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def instrument(proc: subprocess.Popen[bytes]) -> None:
+    done = subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"bench.client_instructions: callgrind_control failed: {done.stdout}{done.stderr}")
+
+
+def named(proc: subprocess.Popen[bytes]) -> str:
+    """The process as the user would name it: its command after valgrind's options."""
+    return " ".join(map(str, proc.args[4:7]))  # type: ignore[index]
+
+
+def exited(proc: subprocess.Popen[bytes], log: Path) -> None:
+    sys.exit(f"bench.client_instructions: {named(proc)} exited {proc.returncode}:\n{log.read_text()[-4000:]}")
+
+
+def wait_for(proc: subprocess.Popen[bytes], log: Path, line: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while line not in log.read_text(errors="replace"):
+        if proc.poll() is not None:
+            exited(proc, log)
+        if time.monotonic() > deadline:
+            sys.exit(f"bench.client_instructions: no {line!r} from {named(proc)} in {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+def totals(out: Path) -> int:
+    for line in out.read_text(errors="replace").splitlines():
+        if line.startswith(("totals:", "summary:")):
+            return int(line.split()[1])
+    sys.exit(f"bench.client_instructions: no callgrind totals in {out}")
+
+
+UNENDED = (
+    "SELECT count(*) FROM runrow.agent_run WHERE status NOT IN ('completed', 'failed', 'cancelled', 'dead')"
+)
+
+
+def unended(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(UNENDED).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def worker_drain(url: str, runs: int, concurrency: int, out: Path, log: Path, timeout: float = 900.0) -> int:
+    """One `runrow worker` under callgrind, started on an empty queue, drains `runs` runs
+    enqueued in one transaction once it is counted; its instructions from then to its exit."""
+    argv = [sys.executable, "-m", "pyworker", "worker", "--handler", ECHO, "--concurrency", str(concurrency)]
+    argv += ["--poll", "1", "--reap-interval", "3600", "--trim-after", "0", "--lease", "600"]
+    proc = callgrind(out, [*argv, "--worker-id", "bench-callgrind"], url, log)
+    try:
+        wait_for(proc, log, "worker bench-callgrind started", timeout)
+        instrument(proc)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(ECHO_ENQUEUE, (runs,))
+        deadline = time.monotonic() + timeout
+        while unended(url):
+            if proc.poll() is not None:
+                exited(proc, log)
+            if time.monotonic() > deadline:
+                sys.exit(f"bench.client_instructions: the worker did not drain in {timeout:.0f} s")
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        if proc.wait(timeout) != 0:
+            exited(proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return totals(out)
+
+
+def peer_drain(url: str, batch: int, out: Path, log: Path, timeout: float = 900.0) -> int:
+    """PgQueuer's QueueManager under callgrind drains the database's jobs, counted from the
+    moment it is ready to its exit; its instructions."""
+    proc = callgrind(out, [sys.executable, "-c", PEER_CHILD, url, str(batch)], url, log)
+    try:
+        wait_for(proc, log, "ready", timeout)
+        instrument(proc)
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
+        if proc.wait(timeout) != 0:
+            exited(proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return totals(out)
+
+
+def worker_shape(concurrency: int) -> str:
+    return f"runrow worker, --concurrency {concurrency}"
+
+
+def peer_shape(batch: int) -> str:
+    return f"PgQueuer, batch {batch}"
+
+
+def ratio_shape(concurrency: int) -> str:
+    return f"runrow worker/PgQueuer, {concurrency}"
+
+
+def count(concurrencies: list[int], small: int, large: int, with_peer: bool = True) -> dict[str, float]:
+    """Client instructions per run for each shape (worker_shape, and peer_shape at the same
+    sizes unless with_peer is False), and the worker's over the peer's (ratio_shape)."""
+    shapes = [("runrow", c) for c in concurrencies]
+    if with_peer:
+        shapes += [("pgqueuer", c) for c in concurrencies]
+    figures: dict[str, float] = {}
+    with throwaway() as cluster, tempfile.TemporaryDirectory(prefix="runrow-client-callgrind-") as scratch:
+        urls: dict[tuple[str, int, int], str] = {}
+        with psycopg.connect(cluster.superuser_url, autocommit=True) as conn:
+            for system, c in shapes:
+                for n in (small, large):
+                    name = f"client_{system}_{c}_n{n}"
+                    conn.execute(f"CREATE DATABASE {name} OWNER runrow_admin")
+                    url = database_url_for(cluster.url, name)
+                    if system == "pgqueuer":
+                        pgqueuer_setup(url, n)
+                    else:
+                        migrate(url)  # the worker's runs are enqueued once it is counted
+                    urls[system, c, n] = url
+        for system, c in shapes:
+            counts: dict[int, int] = {}
+            for n in (small, large):
+                url = urls[system, c, n]
+                out, log = Path(scratch) / f"cg.{system}.{c}.{n}", Path(scratch) / f"log.{system}.{c}.{n}"
+                if system == "pgqueuer":
+                    counts[n] = peer_drain(url, c, out, log)
+                    pgqueuer_check(url, n)  # every job logged successful, none left
+                else:
+                    counts[n] = worker_drain(url, n, c, out, log)
+                    runrow_check(url, n)  # every run completed once, claimed once; audit() clean
+            figure = (counts[large] - counts[small]) / (large - small)
+            figures[peer_shape(c) if system == "pgqueuer" else worker_shape(c)] = figure
+    if with_peer:
+        for c in concurrencies:
+            figures[ratio_shape(c)] = figures[worker_shape(c)] / figures[peer_shape(c)]
+    return figures
+
+
+def report(figures: dict[str, float]) -> list[str]:
+    lines = ["=== client instructions per run (callgrind; the client process alone, not its backend) ==="]
+    for shape, figure in figures.items():
+        if "/" in shape:
+            lines.append(f"  {shape + ':':<40} {figure:>11.2f}x")
+        else:
+            lines.append(f"  {shape + ':':<40} {figure:>12,.0f}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.client_instructions",
+        description="Instructions per run of the client process itself: one `runrow worker` (echo "
+        "handler, zero-length runs) at each --concurrency, and PgQueuer's QueueManager at the same "
+        "batch size, each under callgrind (difference between a SMALL and a LARGE drain).",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        default=[1, 10],
+        help="the worker's --concurrency, and PgQueuer's batch size (default 1 10)",
+    )
+    parser.add_argument("--small", type=int, default=300, help="runs of the smaller drain (default 300)")
+    parser.add_argument("--large", type=int, default=900, help="runs of the larger drain (default 900)")
+    parser.add_argument(
+        "--peer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also count PgQueuer and print the ratios (default on; needs the bench extra)",
+    )
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures to PATH")
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None:
+        sys.exit("bench.client_instructions: valgrind is not installed (apt-get install valgrind)")
+    if args.small < 1 or args.large <= args.small:
+        parser.error("--small must be at least 1 and --large more than --small")
+    if any(c < 1 or c > 1000 for c in args.concurrency):
+        parser.error("--concurrency must be 1 to 1000 (the worker's own range)")
+    if args.peer:
+        try:
+            import asyncpg  # noqa: F401
+            import pgqueuer  # noqa: F401
+        except ImportError:
+            sys.exit(
+                "bench.client_instructions: PgQueuer is not installed: pip install -e '.[bench]' "
+                "(or pass --no-peer to count the worker alone)"
+            )
+    figures = count(args.concurrency, args.small, args.large, args.peer)
+    for line in report(figures):
+        print(line)
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

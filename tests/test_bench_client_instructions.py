@@ -1,0 +1,65 @@
+"""bench/client_instructions.py at a small size, run as a reader of the README runs it: a real
+`runrow worker` and PgQueuer's queue manager, each a process under callgrind counted from the
+moment it is ready, each drain checked to end every run once, the figure a difference of two
+processes' counts. At 10 and 30 runs one idle poll tick weighs too much for the figure to mean
+more than "counted and in a client's range"; `make bench` runs it at 300 and 900."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+needs_valgrind = pytest.mark.skipif(
+    shutil.which("valgrind") is None, reason="valgrind is not installed (make test installs it)"
+)
+
+
+@needs_valgrind
+def test_the_worker_and_its_peer_are_counted_per_run(tmp_path: Path) -> None:
+    out = tmp_path / "client.json"
+    done = subprocess.run(
+        [
+            *[sys.executable, "-m", "bench.client_instructions", "--concurrency", "10"],
+            *["--small", "10", "--large", "30", "--json", str(out)],
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    worker, peer = figures["runrow worker, --concurrency 10"], figures["PgQueuer, batch 10"]
+    # A run through a Python client is hundreds of thousands of instructions, not a handful
+    # (instrumentation never went on) nor the interpreter's start-up (it was counted).
+    assert 100_000 < worker < 20_000_000, done.stdout
+    assert 10_000 < peer < 20_000_000, done.stdout
+    assert figures["runrow worker/PgQueuer, 10"] == pytest.approx(worker / peer)
+    for line in ("runrow worker, --concurrency 10:", "PgQueuer, batch 10:", "runrow worker/PgQueuer, 10:"):
+        assert line in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--small", "30", "--large", "10"], "--large more than --small"),
+        (["--small", "0"], "--small must be at least 1"),
+        (["--concurrency", "0"], "--concurrency must be 1 to 1000"),
+    ],
+)
+def test_bad_sizes_are_refused_before_anything_starts(args: list[str], says: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.client_instructions", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and says in done.stderr, done.stderr
