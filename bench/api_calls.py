@@ -2,7 +2,7 @@
 
 bench.instructions counts the drain (a claim and an ending per run); a real agent run also pays
 for its enqueue, its heartbeats, the stream's appends, each model request's admission and each
-step. Their fixed costs per call (argument checks, helper calls, statements that only return a
+step and tool call. Their fixed costs per call (argument checks, helper calls, statements that only return a
 row of values) are invisible in the drain and too small to time on a shared box, so this counts
 them in a unit the box does not move.
 
@@ -13,7 +13,9 @@ cluster); the figure is the difference of the two sessions' instructions over th
 calls, so connection start-up and the first call's planning cancel out. Each call is its own
 transaction (autocommit), sent as a prepared statement, as a client in any language would send
 it. Each session's result is checked: every call did what it is for (a heartbeat owned its run, an
-append and a step got the next seq, a finish finished).
+append and a step got the next seq, a tool call was begun (execute) or completed (its tool_result
+step), a finish finished). The tool calls are an idempotent tool's, one per run, each run's model
+turn asking for it.
 
     python -m bench.api_calls [--calls enqueue_run heartbeat ...] [--small 100] [--large 300] [--json PATH]
 
@@ -42,6 +44,14 @@ ENQUEUE = (
 )
 DELTA = json.dumps([{"type": "text_delta", "index": 0, "text": "word " * 8}])
 TURN = json.dumps([{"type": "text", "text": "an answer"}])
+# A model turn asking for one tool call: what begin_tool_call and complete_tool_call answer.
+TOOL_ARGS = json.dumps({"city": "Paris"})
+TOOL_TURN = json.dumps(
+    [
+        {"type": "text", "text": "Let me look."},
+        {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Paris"}},
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -51,7 +61,10 @@ class Shape:
 
     sql: str
     runs: Callable[[int], int]  # runs to enqueue and claim in setup, for n calls
-    session: Callable[[psycopg.Connection, str, list[tuple[uuid.UUID, uuid.UUID]], int], None]
+    session: Callable[[psycopg.Connection, str, list[tuple], int], None]
+    # What the calls need written first, per claimed run: returns each call's parameters
+    # (default: the run's id and claim token).
+    setup: Callable[[psycopg.Connection, list[tuple[uuid.UUID, uuid.UUID]]], list[tuple]] | None = None
 
 
 def _each(conn: psycopg.Connection, sql: str, params: list[tuple[object, ...]]) -> list[tuple]:
@@ -90,6 +103,42 @@ def _read(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
     assert all(r is not None and r[0] > 0 for r in rows), "read_events read no event"
 
 
+def _tool_turns(conn: psycopg.Connection, runs: list[tuple[uuid.UUID, uuid.UUID]]) -> list[tuple]:
+    """Each run's model turn asks for one tool call; the call's key, as a worker derives it."""
+    params = []
+    for run_id, token in runs:
+        seq = conn.execute(
+            "SELECT runrow.append_step(%s, %s, 'model_turn', %s::json)", (run_id, token, TOOL_TURN)
+        ).fetchone()[0]
+        key = conn.execute(
+            "SELECT runrow.tool_call_key(%s, %s, 'toolu_1', 'weather', %s::jsonb)", (run_id, seq, TOOL_ARGS)
+        ).fetchone()[0]
+        params.append((run_id, token, key))
+    return params
+
+
+def _tool_calls_begun(conn: psycopg.Connection, runs: list[tuple[uuid.UUID, uuid.UUID]]) -> list[tuple]:
+    params = _tool_turns(conn, runs)
+    for run_id, token, key in params:
+        conn.execute(BEGIN_TOOL_CALL, (run_id, token, key))
+    return params
+
+
+def _begin(conn: psycopg.Connection, sql: str, params: list, n: int) -> None:
+    rows = _each(conn, sql, params[:n])
+    assert rows == [("execute",)] * n, "a tool call was not begun"
+
+
+def _complete(conn: psycopg.Connection, sql: str, params: list, n: int) -> None:
+    rows = _each(conn, sql, params[:n])
+    # The tool_result step follows the model turn (seq 1) in each run.
+    assert rows == [(2,)] * n, "a tool call was not completed"
+
+
+BEGIN_TOOL_CALL = (
+    f"SELECT state FROM runrow.begin_tool_call(%s, %s, %s, 'weather', '{TOOL_ARGS}', 'idempotent')"
+)
+
 SHAPES: dict[str, Shape] = {
     "enqueue_run": Shape(ENQUEUE, lambda n: 0, _enqueue),
     "heartbeat": Shape(
@@ -106,11 +155,19 @@ SHAPES: dict[str, Shape] = {
     "read_events": Shape(
         "SELECT count(*) FROM runrow.read_events(run_id => %s, after_seq => 0)", lambda n: 1, _read
     ),
+    "begin_tool_call": Shape(BEGIN_TOOL_CALL, lambda n: n, _begin, _tool_turns),
+    "complete_tool_call": Shape(
+        'SELECT runrow.complete_tool_call(%s, %s, %s, \'{"forecast": "sun"}\')',
+        lambda n: n,
+        _complete,
+        _tool_calls_begun,
+    ),
 }
 
 
-def prepare(url: str, shape: Shape, n: int) -> list[tuple[uuid.UUID, uuid.UUID]]:
-    """Migrate the database and claim the runs the shape needs; returns (run_id, claim_token)s."""
+def prepare(url: str, shape: Shape, n: int) -> list[tuple]:
+    """Migrate the database, claim the runs the shape needs and write what its calls need;
+    returns each call's parameters ((run_id, claim_token) unless the shape sets them up)."""
     migrate(url)
     runs = shape.runs(n)
     if runs == 0:
@@ -123,12 +180,13 @@ def prepare(url: str, shape: Shape, n: int) -> list[tuple[uuid.UUID, uuid.UUID]]
             " lease_seconds => 3600)",
             (runs,),
         ).fetchall()
-        conn.execute("VACUUM ANALYZE runrow.agent_run")
-    assert len(claimed) == runs, f"claimed {len(claimed)} of {runs} runs"
-    return claimed
+        assert len(claimed) == runs, f"claimed {len(claimed)} of {runs} runs"
+        params = claimed if shape.setup is None else shape.setup(conn, claimed)
+        conn.execute("VACUUM ANALYZE")
+    return params
 
 
-def session(url: str, shape: Shape, runs: list[tuple[uuid.UUID, uuid.UUID]], n: int) -> int:
+def session(url: str, shape: Shape, runs: list[tuple], n: int) -> int:
     """Make n calls in one session; returns the backend's pid."""
     with psycopg.connect(url, autocommit=True, prepare_threshold=0) as conn:
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
@@ -171,8 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.api_calls",
         description="Backend instructions per call of the functions a running agent calls (enqueue, "
-        "heartbeat, appends, model-call admission, steps, finish, reads), counted by callgrind as the "
-        "difference between a SMALL and a LARGE session of calls.",
+        "heartbeat, appends, model-call admission, steps, tool calls, finish, reads), counted by "
+        "callgrind as the difference between a SMALL and a LARGE session of calls.",
     )
     parser.add_argument(
         "--calls",

@@ -35,14 +35,23 @@ def test_each_session_makes_calls_that_do_their_work(database_url: str, name: st
 
 
 @pytest.mark.parametrize(
-    "name", ["heartbeat", "append_events", "append_step", "acquire_model_call", "finish_run"]
+    "name",
+    [
+        "heartbeat",
+        "append_events",
+        "append_step",
+        "acquire_model_call",
+        "finish_run",
+        "begin_tool_call",
+        "complete_tool_call",
+    ],
 )
 def test_a_session_fenced_out_fails_its_check(database_url: str, name: str) -> None:
     """The checks can fail: the same calls with another token write nothing, and the session
     says so instead of counting them."""
     shape = api_calls.SHAPES[name]
     with temporary_database(database_url, "bench_calls", migrated=False) as url:
-        runs = [(run_id, uuid.uuid4()) for run_id, _ in api_calls.prepare(url, shape, 2)]
+        runs = [(p[0], uuid.uuid4(), *p[2:]) for p in api_calls.prepare(url, shape, 2)]
         with pytest.raises(AssertionError):
             api_calls.session(url, shape, runs, 2)
 
