@@ -11,23 +11,36 @@ DECLARE
     e runrow.tool_effect;
     found_call record;
 BEGIN
-    PERFORM runrow._require_not_null(begin_tool_call.run_id, 'run_id');
-    PERFORM runrow._require_not_null(begin_tool_call.claim_token, 'claim_token');
-    PERFORM runrow._require_not_null(begin_tool_call.idempotency_key, 'idempotency_key');
-    IF begin_tool_call.idempotency_key !~ '^[0-9a-f]{64}$' THEN
+    -- Each _require_* helper only raises, and a PERFORM is a statement: called only when the
+    -- test before it fails, in the arguments' order, so the first bad one is still named.
+    IF begin_tool_call.run_id IS NULL OR begin_tool_call.claim_token IS NULL
+       OR begin_tool_call.idempotency_key IS NULL THEN
+        PERFORM runrow._require_not_null(begin_tool_call.run_id, 'run_id');
+        PERFORM runrow._require_not_null(begin_tool_call.claim_token, 'claim_token');
+        PERFORM runrow._require_not_null(begin_tool_call.idempotency_key, 'idempotency_key');
+    END IF;
+    -- ^[0-9a-f]{64}$ without the regex engine (about 90,000 instructions a match).
+    IF length(begin_tool_call.idempotency_key) <> 64
+       OR ltrim(begin_tool_call.idempotency_key, '0123456789abcdef') <> '' THEN
         RAISE EXCEPTION 'idempotency_key must be 64 lowercase hex characters, as runrow.tool_call_key returns'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_not_null(begin_tool_call.tool, 'tool');
+    IF begin_tool_call.tool IS NULL THEN
+        PERFORM runrow._require_not_null(begin_tool_call.tool, 'tool');
+    END IF;
     IF begin_tool_call.tool = '' OR length(begin_tool_call.tool) > 200 THEN
         RAISE EXCEPTION 'tool must be a tool name of 1 to 200 characters' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_not_null(begin_tool_call.args, 'args');
+    IF begin_tool_call.args IS NULL THEN
+        PERFORM runrow._require_not_null(begin_tool_call.args, 'args');
+    END IF;
     IF jsonb_typeof(begin_tool_call.args) <> 'object' THEN
         RAISE EXCEPTION 'args must be a JSON object (the tool_use block''s input), got %', jsonb_typeof(begin_tool_call.args)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_not_null(begin_tool_call.effect, 'effect');
+    IF begin_tool_call.effect IS NULL THEN
+        PERFORM runrow._require_not_null(begin_tool_call.effect, 'effect');
+    END IF;
     IF begin_tool_call.effect NOT IN ('pure', 'idempotent', 'non_idempotent', 'irreversible') THEN
         RAISE EXCEPTION 'effect must be one of pure, idempotent, non_idempotent, irreversible, got "%"',
             begin_tool_call.effect
@@ -90,9 +103,13 @@ BEGIN
         );
         IF begin_tool_call.effect = 'irreversible' THEN
             PERFORM runrow._park_for_person(r.id, begin_tool_call.idempotency_key);
-            RETURN QUERY SELECT 'needs_approval'::text, NULL::jsonb;
+            state := 'needs_approval';
+            result := NULL;
+            RETURN NEXT;
         ELSE
-            RETURN QUERY SELECT 'execute'::text, NULL::jsonb;
+            state := 'execute';
+            result := NULL;
+            RETURN NEXT;
         END IF;
         RETURN;
     END IF;
@@ -105,32 +122,44 @@ BEGIN
 
     CASE e.state
         WHEN 'done' THEN
-            RETURN QUERY SELECT 'done'::text, e.result;
+            state := 'done';
+            result := e.result;
+            RETURN NEXT;
         WHEN 'executing' THEN
             IF e.effect = 'irreversible' THEN
                 -- Begun before and no result: it may have happened. Never again without a person.
                 UPDATE runrow.tool_effect AS t SET state = 'uncertain'
                 WHERE t.idempotency_key = e.idempotency_key;
                 PERFORM runrow._park_for_person(r.id, e.idempotency_key);
-                RETURN QUERY SELECT 'uncertain'::text, NULL::jsonb;
+                state := 'uncertain';
+                result := NULL;
+                RETURN NEXT;
             ELSE
                 -- Safe to run again: the tool passes the same key downstream.
                 UPDATE runrow.tool_effect AS t SET started_attempt = r.attempt, started_at = now()
                 WHERE t.idempotency_key = e.idempotency_key;
-                RETURN QUERY SELECT 'execute'::text, NULL::jsonb;
+                state := 'execute';
+                result := NULL;
+                RETURN NEXT;
             END IF;
         WHEN 'approved' THEN
             -- Recorded before the worker runs it, so a crash from here on reads as uncertain.
             UPDATE runrow.tool_effect AS t SET state = 'executing', started_attempt = r.attempt, started_at = now()
             WHERE t.idempotency_key = e.idempotency_key;
-            RETURN QUERY SELECT 'approved'::text, runrow._decision(e);
+            state := 'approved';
+            result := runrow._decision(e);
+            RETURN NEXT;
         WHEN 'rejected' THEN
-            RETURN QUERY SELECT 'rejected'::text, runrow._decision(e);
+            state := 'rejected';
+            result := runrow._decision(e);
+            RETURN NEXT;
         ELSE
             -- needs_approval or uncertain: still undecided (only a decision requeues a
             -- parked run, so this is a run put back by other means). Park it again.
             PERFORM runrow._park_for_person(r.id, e.idempotency_key);
-            RETURN QUERY SELECT e.state, NULL::jsonb;
+            state := e.state;
+            result := NULL;
+            RETURN NEXT;
     END CASE;
 END
 $fn$;

@@ -8,17 +8,27 @@ SECURITY DEFINER
 SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
-    PERFORM runrow._require_not_null(tool_call_key.run_id, 'run_id');
-    PERFORM runrow._require_range(tool_call_key.step_seq, 'step_seq', 1, 2147483647);
-    PERFORM runrow._require_not_null(tool_call_key.tool_use_id, 'tool_use_id');
+    -- Each _require_* helper only raises, and a PERFORM is a statement (begin_tool_call calls
+    -- this once per tool_use block it looks at): called only when the test before it fails,
+    -- in the arguments' order, so the first bad one is still named.
+    IF tool_call_key.run_id IS NULL OR tool_call_key.step_seq IS NULL OR tool_call_key.step_seq < 1
+       OR tool_call_key.tool_use_id IS NULL THEN
+        PERFORM runrow._require_not_null(tool_call_key.run_id, 'run_id');
+        PERFORM runrow._require_range(tool_call_key.step_seq, 'step_seq', 1, 2147483647);
+        PERFORM runrow._require_not_null(tool_call_key.tool_use_id, 'tool_use_id');
+    END IF;
     IF tool_call_key.tool_use_id = '' THEN
         RAISE EXCEPTION 'tool_use_id must not be empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_not_null(tool_call_key.tool, 'tool');
+    IF tool_call_key.tool IS NULL THEN
+        PERFORM runrow._require_not_null(tool_call_key.tool, 'tool');
+    END IF;
     IF tool_call_key.tool = '' THEN
         RAISE EXCEPTION 'tool must not be empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_not_null(tool_call_key.args, 'args');
+    IF tool_call_key.args IS NULL THEN
+        PERFORM runrow._require_not_null(tool_call_key.args, 'args');
+    END IF;
     IF jsonb_typeof(tool_call_key.args) <> 'object' THEN
         RAISE EXCEPTION 'args must be a JSON object (a tool_use block''s input), got %', jsonb_typeof(tool_call_key.args)
             USING ERRCODE = 'invalid_parameter_value';

@@ -324,6 +324,82 @@ def test_an_empty_claim_reads_no_fleet_limit(owner: psycopg.Connection, counted:
             (uuid.uuid4(), uuid.uuid4()),
             "payload must not be NULL",
         ),
+        (
+            "SELECT * FROM runrow.begin_tool_call(%s, %s, %s, 't', '{}', 'pure')",
+            (None, uuid.uuid4(), "a" * 64),
+            "run_id must not be NULL",
+        ),
+        (
+            "SELECT * FROM runrow.begin_tool_call(%s, %s, %s, NULL, '{}', 'pure')",
+            (uuid.uuid4(), uuid.uuid4(), "a" * 64),
+            "tool must not be NULL",
+        ),
+        (
+            "SELECT * FROM runrow.begin_tool_call(%s, %s, %s, 't', NULL, 'pure')",
+            (uuid.uuid4(), uuid.uuid4(), "a" * 64),
+            "args must not be NULL",
+        ),
+        (
+            "SELECT * FROM runrow.begin_tool_call(%s, %s, %s, 't', '{}', NULL)",
+            (uuid.uuid4(), uuid.uuid4(), "a" * 64),
+            "effect must not be NULL",
+        ),
+        (
+            "SELECT runrow.complete_tool_call(%s, %s, %s, '1')",
+            (uuid.uuid4(), uuid.uuid4(), None),
+            "idempotency_key must not be NULL",
+        ),
+        (
+            "SELECT runrow.complete_tool_call(%s, %s, %s, NULL)",
+            (uuid.uuid4(), uuid.uuid4(), "a" * 64),
+            "result must not be NULL",
+        ),
+        (
+            "SELECT runrow.complete_tool_call(%s, %s, %s, '1', NULL)",
+            (uuid.uuid4(), uuid.uuid4(), "a" * 64),
+            "is_error must not be NULL",
+        ),
+        (
+            "SELECT runrow.interrupt_tool_call(%s, %s, %s, 'why')",
+            (uuid.uuid4(), None, "a" * 64),
+            "claim_token must not be NULL",
+        ),
+        (
+            "SELECT runrow.interrupt_tool_call(%s, %s, %s, NULL)",
+            (uuid.uuid4(), uuid.uuid4(), "a" * 64),
+            "reason must not be NULL",
+        ),
+        (
+            "SELECT runrow.tool_call_key(%s, 0, 'toolu_1', 't', '{}')",
+            (uuid.uuid4(),),
+            "step_seq must be between 1 and 2147483647, got 0",
+        ),
+        (
+            "SELECT runrow.tool_call_key(%s, 1, 'toolu_1', NULL, '{}')",
+            (uuid.uuid4(),),
+            "tool must not be NULL",
+        ),
+        (
+            "SELECT runrow.tool_call_key(%s, 1, 'toolu_1', 't', NULL)",
+            (uuid.uuid4(),),
+            "args must not be NULL",
+        ),
+        # The key's format, tested without the regex engine: still refused, and named.
+        (
+            "SELECT * FROM runrow.begin_tool_call(%s, %s, %s, 't', '{}', 'pure')",
+            (uuid.uuid4(), uuid.uuid4(), "A" * 64),
+            "idempotency_key must be 64 lowercase hex characters, as runrow.tool_call_key returns",
+        ),
+        (
+            "SELECT runrow.complete_tool_call(%s, %s, %s, '1')",
+            (uuid.uuid4(), uuid.uuid4(), "a" * 65),
+            "idempotency_key must be 64 lowercase hex characters, as runrow.tool_call_key returns",
+        ),
+        (
+            "SELECT runrow.interrupt_tool_call(%s, %s, %s, 'why')",
+            (uuid.uuid4(), uuid.uuid4(), "a" * 63 + "g"),
+            "idempotency_key must be 64 lowercase hex characters, as runrow.tool_call_key returns",
+        ),
     ],
 )
 def test_a_bad_argument_still_gets_its_helpers_error(
@@ -370,3 +446,49 @@ def test_valid_per_run_calls_run_no_argument_helper(owner: psycopg.Connection, c
     for name, made in per_run:
         assert made.get(name) == 1, (name, made)
         assert not [f for f in made if f.startswith("_require")], (name, made)
+
+
+TOOL_TURN = (
+    '[{"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"q": "x"}},'
+    ' {"type": "tool_use", "id": "toolu_2", "name": "lookup", "input": {"q": "y"}}]'
+)
+
+
+def test_valid_tool_calls_run_no_argument_helper(owner: psycopg.Connection, counted: psycopg.Connection):
+    """An agent's tool calls (its key, begin, then complete or interrupt): valid arguments call no
+    _require_* helper, each a PERFORM statement (five or six a call, about a tenth of a tool
+    call's backend work); bad ones still do (test_a_bad_argument_still_gets_its_helpers_error)."""
+    drain(owner)
+    enqueue(owner, uuid.uuid4())
+    run_id, token = owner.execute(
+        "SELECT run_id, claim_token FROM runrow.claim_runs('tools-probe', 1, 30)"
+    ).fetchone()
+    seq = owner.execute(
+        "SELECT runrow.append_step(%s, %s, 'model_turn', %s::json)", (run_id, token, TOOL_TURN)
+    ).fetchone()[0]
+    keys = [
+        owner.execute(
+            "SELECT runrow.tool_call_key(%s, %s, %s, 'lookup', %s::jsonb)", (run_id, seq, tool_use, args)
+        ).fetchone()[0]
+        for tool_use, args in (("toolu_1", '{"q": "x"}'), ("toolu_2", '{"q": "y"}'))
+    ]
+    begin = "SELECT * FROM runrow.begin_tool_call(%s, %s, %s, 'lookup', %s::jsonb, 'non_idempotent')"
+    made = {
+        "tool_call_key": calls(
+            counted, "SELECT runrow.tool_call_key(%s, %s, 'toolu_1', 'lookup', '{}')", (run_id, seq)
+        ),
+        "begin_tool_call": calls(counted, begin, (run_id, token, keys[0], '{"q": "x"}')),
+    }
+    # calls() rolls back: begin both for real, then count their endings.
+    owner.execute(begin, (run_id, token, keys[0], '{"q": "x"}')).fetchall()
+    owner.execute(begin, (run_id, token, keys[1], '{"q": "y"}')).fetchall()
+    made["complete_tool_call"] = calls(
+        counted, "SELECT runrow.complete_tool_call(%s, %s, %s, '\"ok\"')", (run_id, token, keys[0])
+    )
+    made["interrupt_tool_call"] = calls(
+        counted, "SELECT runrow.interrupt_tool_call(%s, %s, %s, 'worker stopping')", (run_id, token, keys[1])
+    )
+    drain(owner)
+    for name, functions in made.items():
+        assert functions.get(name) == 1, (name, functions)
+        assert not [f for f in functions if f.startswith("_require")], (name, functions)
