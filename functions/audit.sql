@@ -312,10 +312,8 @@ BEGIN
         ('unique index', 'agent_step_one_result_per_tool_use', 'agent_step'),
         ('trigger', 'agent_step_guard', 'agent_step'),
         ('trigger', 'agent_step_no_truncate', 'agent_step'),
-        ('constraint', 'tool_effect_done_iff_result', 'tool_effect'),
-        ('constraint', 'tool_effect_decision_complete', 'tool_effect'),
-        ('constraint', 'tool_effect_started_together', 'tool_effect'),
-        ('constraint', 'tool_effect_irreversible_needs_yes', 'tool_effect'),
+        -- Since 0053 the fourteen row rules of a tool call, in one CHECK.
+        ('constraint', 'tool_effect_rules', 'tool_effect'),
         ('unique index', 'tool_effect_pkey', 'tool_effect'),
         ('unique index', 'tool_effect_one_per_tool_use', 'tool_effect'),
         ('trigger', 'tool_effect_guard', 'tool_effect'),
