@@ -183,13 +183,14 @@ SELECT set_eq($$SELECT p.proname::text FROM pg_proc AS p
 
 -- The private helpers run under their callers' pinned search_path and carry no SET clause of
 -- their own, a settings save and restore per call (issue 11). Kept: _claim's plan settings,
--- _uuidv7 (a column default, evaluated by whichever session inserts), the schedule helpers
--- (once per reaper pass) and the trigger functions (they fire under any writer's settings).
+-- the schedule helpers (once per reaper pass) and the trigger functions (they fire under any
+-- writer's settings). _uuidv7, a column default evaluated by whichever session inserts, has
+-- none since 0055: its standard body was bound to pg_catalog when it was created.
 SELECT is_empty($$SELECT p.oid::regprocedure FROM pg_proc AS p
     WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_%' AND NOT p.prosecdef
       AND p.prorettype <> 'trigger'::regtype AND p.proconfig IS NOT NULL
-      AND p.proname NOT IN ('_claim', '_uuidv7', '_fire_schedules', '_schedule_conversation', '_schedule_tick_key')
+      AND p.proname NOT IN ('_claim', '_fire_schedules', '_schedule_conversation', '_schedule_tick_key')
       AND p.proname NOT LIKE '\_cron\_%'$$,
-    'no private helper carries a SET clause but _claim, _uuidv7 and the schedule helpers');
+    'no private helper carries a SET clause but _claim and the schedule helpers');
 SELECT * FROM finish();
 ROLLBACK;

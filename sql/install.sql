@@ -6006,6 +6006,57 @@ INSERT INTO runrow._yoyo_migration VALUES ('c32fb3ea486dd48aac5d482f8fd629413869
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'c32fb3ea486dd48aac5d482f8fd62941386900bf0e5dd7cf6cd594a6beb0d4e1', '0054_tool_effect_rules_validated', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0055_uuidv7_inlined
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'c458aa5e1c86caab7fa38b8866a758175d61ae8352a20350e9547f85d5759cd5') AS apply_c458aa5e1c86 \gset
+\if :apply_c458aa5e1c86
+-- depends: 0054_tool_effect_rules_validated
+-- _uuidv7 (every agent_run and message id, two per enqueue) as an SQL function with a
+-- standard body (BEGIN ATOMIC) and no SET clause, so the planner inlines its expression into
+-- the INSERT that takes the default, and a call costs the expression alone (issue 11).
+--
+-- Why: a function with a SET clause is never inlined and saves and restores the setting on
+-- every call; 0027 made it PL/pgSQL for that reason, which still paid a function call and the
+-- SET: about 5.5 us of a message INSERT's 24 (a loop of inserts, against gen_random_uuid()
+-- as the default). The SET was there so that the names in the body could not be taken over by
+-- a caller's search_path (a column default runs under whichever session inserts). A standard
+-- body is parsed when the function is created and stored as a tree of resolved objects, so
+-- the search_path of a later caller does not touch it: the body is parsed here under
+-- pg_catalog alone, and \sf shows the objects it was bound to.
+--
+-- Same expression (overlay and substr in their function form), same result: the millisecond of now(), version 7, the RFC variant and 74
+-- random bits.
+
+SET LOCAL search_path = pg_catalog;
+
+CREATE OR REPLACE FUNCTION runrow._uuidv7() RETURNS uuid
+LANGUAGE sql
+VOLATILE
+PARALLEL SAFE
+BEGIN ATOMIC
+    -- A random v4 with its first 48 bits replaced by the Unix time in milliseconds, and its
+    -- version nibble turned from 4 (0100) into 7 (0111) by setting bits 52 and 53.
+    SELECT encode(
+        set_bit(
+            set_bit(
+                overlay(
+                    uuid_send(gen_random_uuid()),
+                    substr(int8send(floor(extract(EPOCH FROM now()) * 1000)::bigint), 3),
+                    1,
+                    6
+                ),
+                52, 1
+            ),
+            53, 1
+        ),
+        'hex'
+    )::uuid;
+END;
+
+RESET search_path;
+INSERT INTO runrow._yoyo_migration VALUES ('c458aa5e1c86caab7fa38b8866a758175d61ae8352a20350e9547f85d5759cd5', '0055_uuidv7_inlined', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'c458aa5e1c86caab7fa38b8866a758175d61ae8352a20350e9547f85d5759cd5', '0055_uuidv7_inlined', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
