@@ -303,6 +303,8 @@ BEGIN
         ('trigger', 'run_event_delete_guard', 'run_event'),
         ('trigger', 'run_event_no_truncate', 'run_event'),
         ('trigger', 'message_guard', 'message'),
+        -- Since 0056 the three row rules of a message, in one CHECK.
+        ('constraint', 'message_rules', 'message'),
         ('trigger', 'prompt_immutable', 'prompt'),
         -- Since 0050 prompts are never deleted: a run's prompt is checked once, at insert.
         ('trigger', 'prompt_no_truncate', 'prompt'),

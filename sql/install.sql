@@ -6057,6 +6057,95 @@ INSERT INTO runrow._yoyo_migration VALUES ('c458aa5e1c86caab7fa38b8866a758175d61
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'c458aa5e1c86caab7fa38b8866a758175d61ae8352a20350e9547f85d5759cd5', '0055_uuidv7_inlined', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0056_message_rules_in_one_check
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '527053ac367a4f9e376cd3c3731215f203293f1e04b612dbcd89f1316750571f') AS apply_527053ac367a \gset
+\if :apply_527053ac367a
+-- depends: 0055_uuidv7_inlined
+-- message's three row rules are one CHECK constraint, message_rules, whose expression is one
+-- call of an IMMUTABLE PL/pgSQL function, as 0045, 0048 and 0053 did for agent_run,
+-- agent_step and tool_effect (issue 11: the fixed cost of every enqueue_run, which inserts
+-- the turn's message).
+--
+-- Why: PostgreSQL reads a CHECK's node text back (stringToNode) and compiles it for every
+-- INSERT statement, before its first row. The three were 3.5 kB of node text; without them an
+-- enqueue cost 135,000 fewer of its 1.61 million instructions (python -m bench.api_calls).
+-- One call of three columns is a short text; the function's expressions are compiled once
+-- per session, and each row pays one function call.
+--
+-- The rules, their order and their errors are the three constraints': PostgreSQL checks a
+-- table's CHECKs in the order of their names, and the function tests them in that order, each
+-- once, raising 23514 with the message and constraint name (CONSTRAINT field) the failing
+-- constraint raised. A rule whose value is NULL passes, as in a CHECK.
+--
+-- Added NOT VALID here and validated by 0057 in a transaction of its own (0045's reasons: no
+-- scan under ACCESS EXCLUSIVE). The rows already there met the three constraints it replaces.
+
+CREATE FUNCTION runrow._message_rules_valid(
+    role text,
+    content jsonb,
+    status text
+) RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+PARALLEL SAFE
+AS $fn$
+DECLARE
+    broken text;
+BEGIN
+    -- The first broken rule, in the order of the constraint names (PostgreSQL's order); NULL
+    -- for a valid row. A rule whose value is NULL passes, as in a CHECK.
+    broken := CASE
+        WHEN NOT coalesce(
+            (jsonb_typeof(content) = 'string' AND content #>> '{}' <> '')
+            OR (jsonb_typeof(content) = 'array' AND jsonb_array_length(content) > 0),
+            TRUE
+        )
+            THEN 'message_content_check'
+        WHEN NOT coalesce(role = 'user', TRUE)
+            THEN 'message_role_check'
+        WHEN NOT coalesce(status IN ('submitted', 'draft'), TRUE)
+            THEN 'message_status_check'
+    END;
+    IF broken IS NULL THEN
+        RETURN TRUE;
+    END IF;
+    RAISE EXCEPTION 'new row for relation "message" violates check constraint "%"', broken
+        USING ERRCODE = 'check_violation', CONSTRAINT = broken, TABLE = 'message', SCHEMA = 'runrow';
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._message_rules_valid(text, jsonb, text) FROM PUBLIC;
+
+COMMENT ON FUNCTION runrow._message_rules_valid(text, jsonb, text) IS
+'The expression of message''s CHECK constraint message_rules: TRUE when the row meets the three '
+'rules (content_check: a non-empty JSON string or a non-empty array of content blocks; '
+'role_check: user; status_check: submitted or draft), a rule whose value is NULL passing as in '
+'a CHECK. Otherwise it raises 23514 naming the first broken rule, in name order, as '
+'message_<rule>, with the message PostgreSQL gives a failed CHECK. IMMUTABLE: it reads its '
+'arguments only.';
+
+ALTER TABLE runrow.message
+ADD CONSTRAINT message_rules CHECK (runrow._message_rules_valid(role, content, status)) NOT VALID,
+DROP CONSTRAINT message_content_check,
+DROP CONSTRAINT message_role_check,
+DROP CONSTRAINT message_status_check;
+INSERT INTO runrow._yoyo_migration VALUES ('527053ac367a4f9e376cd3c3731215f203293f1e04b612dbcd89f1316750571f', '0056_message_rules_in_one_check', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '527053ac367a4f9e376cd3c3731215f203293f1e04b612dbcd89f1316750571f', '0056_message_rules_in_one_check', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0057_message_rules_validated
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '83fc82d919f7061b8c28dc2daaf56137dfc7efb9858fb9ddc42b5a9d2e55819e') AS apply_83fc82d919f7 \gset
+\if :apply_83fc82d919f7
+-- depends: 0056_message_rules_in_one_check
+-- Validate message_rules (added NOT VALID by 0056) in a transaction of its own: the scan of
+-- message runs under SHARE UPDATE EXCLUSIVE, which enqueues do not wait for. audit() reports
+-- the constraint while it is not validated.
+
+ALTER TABLE runrow.message VALIDATE CONSTRAINT message_rules;
+INSERT INTO runrow._yoyo_migration VALUES ('83fc82d919f7061b8c28dc2daaf56137dfc7efb9858fb9ddc42b5a9d2e55819e', '0057_message_rules_validated', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '83fc82d919f7061b8c28dc2daaf56137dfc7efb9858fb9ddc42b5a9d2e55819e', '0057_message_rules_validated', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_claim.sql
@@ -8902,6 +8991,8 @@ BEGIN
         ('trigger', 'run_event_delete_guard', 'run_event'),
         ('trigger', 'run_event_no_truncate', 'run_event'),
         ('trigger', 'message_guard', 'message'),
+        -- Since 0056 the three row rules of a message, in one CHECK.
+        ('constraint', 'message_rules', 'message'),
         ('trigger', 'prompt_immutable', 'prompt'),
         -- Since 0050 prompts are never deleted: a run's prompt is checked once, at insert.
         ('trigger', 'prompt_no_truncate', 'prompt'),
