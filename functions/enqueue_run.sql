@@ -73,9 +73,14 @@ BEGIN
         RAISE EXCEPTION 'tools must be a JSON array of tool definitions, got %', jsonb_typeof(enqueue_run.tools)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF EXISTS (
-        SELECT 1 FROM jsonb_array_elements(enqueue_run.tools) AS t (def)
-        WHERE jsonb_typeof(t.def) <> 'object' OR jsonb_typeof(t.def -> 'name') IS DISTINCT FROM 'string'
+    -- Each tool an object with a string "name": a jsonpath test is an expression, where an
+    -- EXISTS over jsonb_array_elements was a statement on every enqueue (issue 11). Strict, so
+    -- that a nested array is not unwrapped into its elements; keyvalue(), so that a missing
+    -- "name" is no error (which strict mode would make of @.name).
+    IF jsonb_path_exists(
+        enqueue_run.tools,
+        'strict $[*] ? (@.type() != "object"'
+        ' || !exists(@.keyvalue() ? (@.key == "name" && @.value.type() == "string")))'
     ) THEN
         RAISE EXCEPTION 'tools must hold objects with a string "name"'
             USING ERRCODE = 'invalid_parameter_value';

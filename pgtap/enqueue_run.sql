@@ -3,7 +3,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(98);
+SELECT plan(103);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,jsonb,text,text,text,jsonb,integer,text,text,jsonb,interval,integer,text,text,text,bigint,numeric,text}'''
@@ -311,6 +311,18 @@ SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm
     '22023', 'tools must hold objects with a string "name"', 'tools holding a string');
 SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', tools => '[{"name": 1}]')$$,
     '22023', 'tools must hold objects with a string "name"', 'tools with a non-string name');
+-- The test is a jsonpath expression since issue 11's stop 44: the shapes where one could slip.
+SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', tools => '[{"nom": "t"}]')$$,
+    '22023', 'tools must hold objects with a string "name"', 'a tool without a name');
+SELECT throws_ok(
+    $$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', tools => '[{"name": "t"}, {"x": 1}]')$$,
+    '22023', 'tools must hold objects with a string "name"', 'a second tool without a name');
+SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', tools => '[[{"name": "t"}]]')$$,
+    '22023', 'tools must hold objects with a string "name"', 'a tool nested in an array');
+SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', tools => '[{"name": ["t"]}]')$$,
+    '22023', 'tools must hold objects with a string "name"', 'a name in an array');
+SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', tools => '[{"name": null}]')$$,
+    '22023', 'tools must hold objects with a string "name"', 'a null name');
 SELECT throws_ok(
     $$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm',
         tools => jsonb_build_array(jsonb_build_object('name', 't', 'description', repeat('d', 1048576))))$$,
