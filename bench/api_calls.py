@@ -14,8 +14,9 @@ calls, so connection start-up and the first call's planning cancel out. Each cal
 transaction (autocommit), sent as a prepared statement, as a client in any language would send
 it. Each session's result is checked: every call did what it is for (a heartbeat owned its run, an
 append and a step got the next seq, a tool call was begun (execute) or completed (its tool_result
-step), a finish finished). The tool calls are an idempotent tool's, one per run, each run's model
-turn asking for it.
+step), a webhook delivery was claimed (one a call) or completed, a finish finished). The tool calls
+are an idempotent tool's, one per run, each run's model turn asking for it; the deliveries are
+those of runs enqueued with a webhook URL and finished.
 
     python -m bench.api_calls [--calls enqueue_run heartbeat ...] [--small 100] [--large 300] [--json PATH]
 
@@ -62,9 +63,9 @@ class Shape:
     sql: str
     runs: Callable[[int], int]  # runs to enqueue and claim in setup, for n calls
     session: Callable[[psycopg.Connection, str, list[tuple], int], None]
-    # What the calls need written first, per claimed run: returns each call's parameters
-    # (default: the run's id and claim token).
-    setup: Callable[[psycopg.Connection, list[tuple[uuid.UUID, uuid.UUID]]], list[tuple]] | None = None
+    # What the calls need written first, given the claimed runs and n: returns each call's
+    # parameters (default: the run's id and claim token).
+    setup: Callable[[psycopg.Connection, list[tuple[uuid.UUID, uuid.UUID]], int], list[tuple]] | None = None
 
 
 def _each(conn: psycopg.Connection, sql: str, params: list[tuple[object, ...]]) -> list[tuple]:
@@ -103,7 +104,7 @@ def _read(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
     assert all(r is not None and r[0] > 0 for r in rows), "read_events read no event"
 
 
-def _tool_turns(conn: psycopg.Connection, runs: list[tuple[uuid.UUID, uuid.UUID]]) -> list[tuple]:
+def _tool_turns(conn: psycopg.Connection, runs: list[tuple[uuid.UUID, uuid.UUID]], n: int = 0) -> list[tuple]:
     """Each run's model turn asks for one tool call; the call's key, as a worker derives it."""
     params = []
     for run_id, token in runs:
@@ -117,7 +118,9 @@ def _tool_turns(conn: psycopg.Connection, runs: list[tuple[uuid.UUID, uuid.UUID]
     return params
 
 
-def _tool_calls_begun(conn: psycopg.Connection, runs: list[tuple[uuid.UUID, uuid.UUID]]) -> list[tuple]:
+def _tool_calls_begun(
+    conn: psycopg.Connection, runs: list[tuple[uuid.UUID, uuid.UUID]], n: int
+) -> list[tuple]:
     params = _tool_turns(conn, runs)
     for run_id, token, key in params:
         conn.execute(BEGIN_TOOL_CALL, (run_id, token, key))
@@ -133,6 +136,42 @@ def _complete(conn: psycopg.Connection, sql: str, params: list, n: int) -> None:
     rows = _each(conn, sql, params[:n])
     # The tool_result step follows the model turn (seq 1) in each run.
     assert rows == [(2,)] * n, "a tool call was not completed"
+
+
+def _webhook_runs(conn: psycopg.Connection, n: int) -> None:
+    """n runs enqueued with a webhook URL, claimed and finished: n deliveries pending."""
+    for _ in range(n):
+        conn.execute(
+            "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => '\"hello\"',"
+            " model => 'bench', webhook_url => 'https://hooks.example/runs')",
+            (uuid.uuid4(),),
+        )
+    for run_id, token in conn.execute(
+        "SELECT run_id, claim_token FROM runrow.claim_runs('bench', %s, 3600)", (n,)
+    ).fetchall():
+        conn.execute("SELECT runrow.finish_run(%s, %s, 'completed')", (run_id, token))
+
+
+def _deliveries_due(conn: psycopg.Connection, runs: list, n: int) -> list[tuple]:
+    _webhook_runs(conn, n)
+    return []
+
+
+def _deliveries_claimed(conn: psycopg.Connection, runs: list, n: int) -> list[tuple]:
+    _webhook_runs(conn, n)
+    return conn.execute(
+        "SELECT delivery_id, claim_token FROM runrow.claim_webhook_deliveries('bench', %s)", (n,)
+    ).fetchall()
+
+
+def _claim_deliveries(conn: psycopg.Connection, sql: str, params: list, n: int) -> None:
+    rows = [conn.execute(sql, prepare=True).fetchall() for _ in range(n)]
+    assert all(len(r) == 1 and r[0][0] is not None for r in rows), "a claim took no delivery"
+
+
+def _complete_deliveries(conn: psycopg.Connection, sql: str, params: list, n: int) -> None:
+    rows = _each(conn, sql, params[:n])
+    assert rows == [(True,)] * n, "a delivery was not completed"
 
 
 BEGIN_TOOL_CALL = (
@@ -156,6 +195,18 @@ SHAPES: dict[str, Shape] = {
         "SELECT count(*) FROM runrow.read_events(run_id => %s, after_seq => 0)", lambda n: 1, _read
     ),
     "begin_tool_call": Shape(BEGIN_TOOL_CALL, lambda n: n, _begin, _tool_turns),
+    "claim_webhook_deliveries": Shape(
+        "SELECT delivery_id FROM runrow.claim_webhook_deliveries('bench', 1)",
+        lambda n: 0,
+        _claim_deliveries,
+        _deliveries_due,
+    ),
+    "complete_webhook_delivery": Shape(
+        "SELECT runrow.complete_webhook_delivery(%s, %s, 200)",
+        lambda n: 0,
+        _complete_deliveries,
+        _deliveries_claimed,
+    ),
     "complete_tool_call": Shape(
         'SELECT runrow.complete_tool_call(%s, %s, %s, \'{"forecast": "sun"}\')',
         lambda n: n,
@@ -170,19 +221,21 @@ def prepare(url: str, shape: Shape, n: int) -> list[tuple]:
     returns each call's parameters ((run_id, claim_token) unless the shape sets them up)."""
     migrate(url)
     runs = shape.runs(n)
-    if runs == 0:
+    if runs == 0 and shape.setup is None:
         return []
     with psycopg.connect(url, autocommit=True) as conn:
         for _ in range(runs):
             conn.execute(ENQUEUE, (uuid.uuid4(),))
-        claimed = conn.execute(
-            "SELECT run_id, claim_token FROM runrow.claim_runs(worker_id => 'bench', max_runs => %s,"
-            " lease_seconds => 3600)",
-            (runs,),
-        ).fetchall()
+        claimed = []
+        if runs:
+            claimed = conn.execute(
+                "SELECT run_id, claim_token FROM runrow.claim_runs(worker_id => 'bench', max_runs => %s,"
+                " lease_seconds => 3600)",
+                (runs,),
+            ).fetchall()
         assert len(claimed) == runs, f"claimed {len(claimed)} of {runs} runs"
-        params = claimed if shape.setup is None else shape.setup(conn, claimed)
-        conn.execute("VACUUM ANALYZE")
+        params = claimed if shape.setup is None else shape.setup(conn, claimed, n)
+        conn.execute("VACUUM ANALYZE runrow.agent_run")
     return params
 
 

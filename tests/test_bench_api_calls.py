@@ -30,7 +30,8 @@ def test_each_session_makes_calls_that_do_their_work(database_url: str, name: st
     shape = api_calls.SHAPES[name]
     with temporary_database(database_url, "bench_calls", migrated=False) as url:
         runs = api_calls.prepare(url, shape, 3)
-        assert len(runs) == shape.runs(3)
+        if shape.setup is None:  # a shape that sets its calls up says what they need itself
+            assert len(runs) == shape.runs(3)
         api_calls.session(url, shape, runs, 3)
 
 
@@ -44,6 +45,7 @@ def test_each_session_makes_calls_that_do_their_work(database_url: str, name: st
         "finish_run",
         "begin_tool_call",
         "complete_tool_call",
+        "complete_webhook_delivery",
     ],
 )
 def test_a_session_fenced_out_fails_its_check(database_url: str, name: str) -> None:
