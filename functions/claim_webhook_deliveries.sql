@@ -22,9 +22,15 @@ BEGIN
     IF length(claim_webhook_deliveries.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or at most 200 characters' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_range(claim_webhook_deliveries.max_deliveries, 'max_deliveries', 1, 1000);
-    PERFORM runrow._require_range(claim_webhook_deliveries.lease_seconds, 'lease_seconds', 1, 3600);
-    PERFORM runrow._require_range(claim_webhook_deliveries.max_attempts, 'max_attempts', 1, 100);
+    -- Each _require_* helper only raises, and a PERFORM is a statement: called only when the
+    -- test before it fails, in the arguments' order, so the first bad one is still named.
+    IF claim_webhook_deliveries.max_deliveries IS NULL OR claim_webhook_deliveries.max_deliveries NOT BETWEEN 1 AND 1000
+       OR claim_webhook_deliveries.lease_seconds IS NULL OR claim_webhook_deliveries.lease_seconds NOT BETWEEN 1 AND 3600
+       OR claim_webhook_deliveries.max_attempts IS NULL OR claim_webhook_deliveries.max_attempts NOT BETWEEN 1 AND 100 THEN
+        PERFORM runrow._require_range(claim_webhook_deliveries.max_deliveries, 'max_deliveries', 1, 1000);
+        PERFORM runrow._require_range(claim_webhook_deliveries.lease_seconds, 'lease_seconds', 1, 3600);
+        PERFORM runrow._require_range(claim_webhook_deliveries.max_attempts, 'max_attempts', 1, 100);
+    END IF;
 
     RETURN QUERY
     WITH due AS (

@@ -7,9 +7,14 @@ SECURITY DEFINER
 SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
-    PERFORM runrow._require_not_null(complete_webhook_delivery.delivery_id, 'delivery_id');
-    PERFORM runrow._require_not_null(complete_webhook_delivery.claim_token, 'claim_token');
-    PERFORM runrow._require_range(complete_webhook_delivery.http_status, 'http_status', 200, 299);
+    -- Each _require_* helper only raises, and a PERFORM is a statement: called only when the
+    -- test before it fails, in the arguments' order, so the first bad one is still named.
+    IF complete_webhook_delivery.delivery_id IS NULL OR complete_webhook_delivery.claim_token IS NULL
+       OR complete_webhook_delivery.http_status IS NULL OR complete_webhook_delivery.http_status NOT BETWEEN 200 AND 299 THEN
+        PERFORM runrow._require_not_null(complete_webhook_delivery.delivery_id, 'delivery_id');
+        PERFORM runrow._require_not_null(complete_webhook_delivery.claim_token, 'claim_token');
+        PERFORM runrow._require_range(complete_webhook_delivery.http_status, 'http_status', 200, 299);
+    END IF;
 
     -- A lease that lapsed but was not taken over still matches: the receiver got it, and
     -- saying so spares it a duplicate. A takeover changed the token, so a zombie writes nothing.

@@ -14,9 +14,14 @@ AS $fn$
 DECLARE
     outcome text;
 BEGIN
-    PERFORM runrow._require_not_null(fail_webhook_delivery.delivery_id, 'delivery_id');
-    PERFORM runrow._require_not_null(fail_webhook_delivery.claim_token, 'claim_token');
-    PERFORM runrow._require_not_null(fail_webhook_delivery.error, 'error');
+    -- Each _require_* helper only raises, and a PERFORM is a statement: called only when the
+    -- test before it fails, in the arguments' order, so the first bad one is still named.
+    IF fail_webhook_delivery.delivery_id IS NULL OR fail_webhook_delivery.claim_token IS NULL
+       OR fail_webhook_delivery.error IS NULL THEN
+        PERFORM runrow._require_not_null(fail_webhook_delivery.delivery_id, 'delivery_id');
+        PERFORM runrow._require_not_null(fail_webhook_delivery.claim_token, 'claim_token');
+        PERFORM runrow._require_not_null(fail_webhook_delivery.error, 'error');
+    END IF;
     IF fail_webhook_delivery.error = '' OR length(fail_webhook_delivery.error) > 10000 THEN
         RAISE EXCEPTION 'error must be 1 to 10000 characters' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -24,8 +29,11 @@ BEGIN
         RAISE EXCEPTION 'http_status must be NULL or between 100 and 599, got %', fail_webhook_delivery.http_status
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_range(fail_webhook_delivery.max_attempts, 'max_attempts', 1, 100);
-    PERFORM runrow._require_not_null(fail_webhook_delivery.backoff_seconds, 'backoff_seconds');
+    IF fail_webhook_delivery.max_attempts IS NULL OR fail_webhook_delivery.max_attempts NOT BETWEEN 1 AND 100
+       OR fail_webhook_delivery.backoff_seconds IS NULL THEN
+        PERFORM runrow._require_range(fail_webhook_delivery.max_attempts, 'max_attempts', 1, 100);
+        PERFORM runrow._require_not_null(fail_webhook_delivery.backoff_seconds, 'backoff_seconds');
+    END IF;
     IF NOT fail_webhook_delivery.backoff_seconds BETWEEN 0.1 AND 3600 THEN
         RAISE EXCEPTION 'backoff_seconds must be between 0.1 and 3600, got %', fail_webhook_delivery.backoff_seconds
             USING ERRCODE = 'invalid_parameter_value';

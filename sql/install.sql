@@ -9408,9 +9408,15 @@ BEGIN
     IF length(claim_webhook_deliveries.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or at most 200 characters' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_range(claim_webhook_deliveries.max_deliveries, 'max_deliveries', 1, 1000);
-    PERFORM runrow._require_range(claim_webhook_deliveries.lease_seconds, 'lease_seconds', 1, 3600);
-    PERFORM runrow._require_range(claim_webhook_deliveries.max_attempts, 'max_attempts', 1, 100);
+    -- Each _require_* helper only raises, and a PERFORM is a statement: called only when the
+    -- test before it fails, in the arguments' order, so the first bad one is still named.
+    IF claim_webhook_deliveries.max_deliveries IS NULL OR claim_webhook_deliveries.max_deliveries NOT BETWEEN 1 AND 1000
+       OR claim_webhook_deliveries.lease_seconds IS NULL OR claim_webhook_deliveries.lease_seconds NOT BETWEEN 1 AND 3600
+       OR claim_webhook_deliveries.max_attempts IS NULL OR claim_webhook_deliveries.max_attempts NOT BETWEEN 1 AND 100 THEN
+        PERFORM runrow._require_range(claim_webhook_deliveries.max_deliveries, 'max_deliveries', 1, 1000);
+        PERFORM runrow._require_range(claim_webhook_deliveries.lease_seconds, 'lease_seconds', 1, 3600);
+        PERFORM runrow._require_range(claim_webhook_deliveries.max_attempts, 'max_attempts', 1, 100);
+    END IF;
 
     RETURN QUERY
     WITH due AS (
@@ -9589,9 +9595,14 @@ SECURITY DEFINER
 SET search_path = pg_catalog, runrow
 AS $fn$
 BEGIN
-    PERFORM runrow._require_not_null(complete_webhook_delivery.delivery_id, 'delivery_id');
-    PERFORM runrow._require_not_null(complete_webhook_delivery.claim_token, 'claim_token');
-    PERFORM runrow._require_range(complete_webhook_delivery.http_status, 'http_status', 200, 299);
+    -- Each _require_* helper only raises, and a PERFORM is a statement: called only when the
+    -- test before it fails, in the arguments' order, so the first bad one is still named.
+    IF complete_webhook_delivery.delivery_id IS NULL OR complete_webhook_delivery.claim_token IS NULL
+       OR complete_webhook_delivery.http_status IS NULL OR complete_webhook_delivery.http_status NOT BETWEEN 200 AND 299 THEN
+        PERFORM runrow._require_not_null(complete_webhook_delivery.delivery_id, 'delivery_id');
+        PERFORM runrow._require_not_null(complete_webhook_delivery.claim_token, 'claim_token');
+        PERFORM runrow._require_range(complete_webhook_delivery.http_status, 'http_status', 200, 299);
+    END IF;
 
     -- A lease that lapsed but was not taken over still matches: the receiver got it, and
     -- saying so spares it a duplicate. A takeover changed the token, so a zombie writes nothing.
@@ -10300,9 +10311,14 @@ AS $fn$
 DECLARE
     outcome text;
 BEGIN
-    PERFORM runrow._require_not_null(fail_webhook_delivery.delivery_id, 'delivery_id');
-    PERFORM runrow._require_not_null(fail_webhook_delivery.claim_token, 'claim_token');
-    PERFORM runrow._require_not_null(fail_webhook_delivery.error, 'error');
+    -- Each _require_* helper only raises, and a PERFORM is a statement: called only when the
+    -- test before it fails, in the arguments' order, so the first bad one is still named.
+    IF fail_webhook_delivery.delivery_id IS NULL OR fail_webhook_delivery.claim_token IS NULL
+       OR fail_webhook_delivery.error IS NULL THEN
+        PERFORM runrow._require_not_null(fail_webhook_delivery.delivery_id, 'delivery_id');
+        PERFORM runrow._require_not_null(fail_webhook_delivery.claim_token, 'claim_token');
+        PERFORM runrow._require_not_null(fail_webhook_delivery.error, 'error');
+    END IF;
     IF fail_webhook_delivery.error = '' OR length(fail_webhook_delivery.error) > 10000 THEN
         RAISE EXCEPTION 'error must be 1 to 10000 characters' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -10310,8 +10326,11 @@ BEGIN
         RAISE EXCEPTION 'http_status must be NULL or between 100 and 599, got %', fail_webhook_delivery.http_status
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_range(fail_webhook_delivery.max_attempts, 'max_attempts', 1, 100);
-    PERFORM runrow._require_not_null(fail_webhook_delivery.backoff_seconds, 'backoff_seconds');
+    IF fail_webhook_delivery.max_attempts IS NULL OR fail_webhook_delivery.max_attempts NOT BETWEEN 1 AND 100
+       OR fail_webhook_delivery.backoff_seconds IS NULL THEN
+        PERFORM runrow._require_range(fail_webhook_delivery.max_attempts, 'max_attempts', 1, 100);
+        PERFORM runrow._require_not_null(fail_webhook_delivery.backoff_seconds, 'backoff_seconds');
+    END IF;
     IF NOT fail_webhook_delivery.backoff_seconds BETWEEN 0.1 AND 3600 THEN
         RAISE EXCEPTION 'backoff_seconds must be between 0.1 and 3600, got %', fail_webhook_delivery.backoff_seconds
             USING ERRCODE = 'invalid_parameter_value';

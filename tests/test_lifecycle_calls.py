@@ -384,6 +384,41 @@ def test_an_empty_claim_reads_no_fleet_limit(owner: psycopg.Connection, counted:
             (uuid.uuid4(),),
             "args must not be NULL",
         ),
+        (
+            "SELECT * FROM runrow.claim_webhook_deliveries('w', %s)",
+            (0,),
+            "max_deliveries must be between 1 and 1000, got 0",
+        ),
+        (
+            "SELECT * FROM runrow.claim_webhook_deliveries('w', 1, %s)",
+            (None,),
+            "lease_seconds must not be NULL",
+        ),
+        (
+            "SELECT runrow.complete_webhook_delivery(%s, %s, 200)",
+            (uuid.uuid4(), None),
+            "claim_token must not be NULL",
+        ),
+        (
+            "SELECT runrow.complete_webhook_delivery(%s, %s, %s)",
+            (uuid.uuid4(), uuid.uuid4(), 302),
+            "http_status must be between 200 and 299, got 302",
+        ),
+        (
+            "SELECT runrow.fail_webhook_delivery(%s, %s, %s)",
+            (uuid.uuid4(), uuid.uuid4(), None),
+            "error must not be NULL",
+        ),
+        (
+            "SELECT runrow.fail_webhook_delivery(%s, %s, 'x', max_attempts => %s)",
+            (uuid.uuid4(), uuid.uuid4(), 0),
+            "max_attempts must be between 1 and 100, got 0",
+        ),
+        (
+            "SELECT runrow.fail_webhook_delivery(%s, %s, 'x', backoff_seconds => %s)",
+            (uuid.uuid4(), uuid.uuid4(), None),
+            "backoff_seconds must not be NULL",
+        ),
         # The key's format, tested without the regex engine: still refused, and named.
         (
             "SELECT * FROM runrow.begin_tool_call(%s, %s, %s, 't', '{}', 'pure')",
@@ -489,6 +524,25 @@ def test_valid_tool_calls_run_no_argument_helper(owner: psycopg.Connection, coun
         counted, "SELECT runrow.interrupt_tool_call(%s, %s, %s, 'worker stopping')", (run_id, token, keys[1])
     )
     drain(owner)
+    for name, functions in made.items():
+        assert functions.get(name) == 1, (name, functions)
+        assert not [f for f in functions if f.startswith("_require")], (name, functions)
+
+
+def test_valid_webhook_calls_run_no_argument_helper(owner: psycopg.Connection, counted: psycopg.Connection):
+    """A delivery's claim, completion and failure: valid arguments call no _require_* helper;
+    bad ones still do (test_a_bad_argument_still_gets_its_helpers_error)."""
+    made = {
+        "claim_webhook_deliveries": calls(
+            counted, "SELECT * FROM runrow.claim_webhook_deliveries('hooks-probe', 5)"
+        ),
+        "complete_webhook_delivery": calls(
+            counted, "SELECT runrow.complete_webhook_delivery(%s, %s, 200)", (uuid.uuid4(), uuid.uuid4())
+        ),
+        "fail_webhook_delivery": calls(
+            counted, "SELECT runrow.fail_webhook_delivery(%s, %s, 'timeout')", (uuid.uuid4(), uuid.uuid4())
+        ),
+    }
     for name, functions in made.items():
         assert functions.get(name) == 1, (name, functions)
         assert not [f for f in functions if f.startswith("_require")], (name, functions)
