@@ -327,6 +327,8 @@ BEGIN
         ('trigger', 'conversation_no_truncate', 'conversation'),
         ('trigger', 'message_no_truncate', 'message'),
         ('unique index', 'webhook_delivery_run_id_key', 'webhook_delivery'),
+        -- Since 0058 the nine row rules of a delivery, in one CHECK.
+        ('constraint', 'webhook_delivery_rules', 'webhook_delivery'),
         ('trigger', 'webhook_delivery_guard', 'webhook_delivery')
     ) AS g (kind, name, tbl)
     WHERE NOT CASE g.kind
