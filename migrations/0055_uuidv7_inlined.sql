@@ -9,13 +9,13 @@
 -- as the default). The SET was there so that the names in the body could not be taken over by
 -- a caller's search_path (a column default runs under whichever session inserts). A standard
 -- body is parsed when the function is created and stored as a tree of resolved objects, so
--- the search_path of a later caller does not touch it: the body is parsed here under
--- pg_catalog alone, and \sf shows the objects it was bound to.
+-- the search_path of a later caller does not touch it: every name in the body is
+-- schema-qualified, and \sf shows the objects it was bound to. (Not SET LOCAL search_path
+-- around it: through a transaction pooler, its RESET returned the migrating transaction to the
+-- server connection's default search_path instead of yoyo's, and yoyo's bookkeeping failed.)
 --
 -- Same expression (overlay and substr in their function form), same result: the millisecond of now(), version 7, the RFC variant and 74
 -- random bits.
-
-SET LOCAL search_path = pg_catalog;
 
 CREATE OR REPLACE FUNCTION runrow._uuidv7() RETURNS uuid
 LANGUAGE sql
@@ -23,13 +23,22 @@ VOLATILE
 PARALLEL SAFE
 BEGIN ATOMIC
     -- A random v4 with its first 48 bits replaced by the Unix time in milliseconds, and its
-    -- version nibble turned from 4 (0100) into 7 (0111) by setting bits 52 and 53.
-    SELECT encode(
-        set_bit(
-            set_bit(
-                overlay(
-                    uuid_send(gen_random_uuid()),
-                    substr(int8send(floor(extract(EPOCH FROM now()) * 1000)::bigint), 3),
+    -- version nibble turned from 4 (0100) into 7 (0111) by setting bits 52 and 53. Every name
+    -- is schema-qualified (the multiplication too), so what is bound at creation does not
+    -- depend on the migrating session's search_path either.
+    SELECT pg_catalog.encode(
+        pg_catalog.set_bit(
+            pg_catalog.set_bit(
+                pg_catalog.overlay(
+                    pg_catalog.uuid_send(pg_catalog.gen_random_uuid()),
+                    pg_catalog.substr(
+                        pg_catalog.int8send(
+                            pg_catalog.floor(
+                                pg_catalog.numeric_mul(extract(EPOCH FROM pg_catalog.now()), 1000)
+                            )::bigint
+                        ),
+                        3
+                    ),
                     1,
                     6
                 ),
@@ -38,7 +47,5 @@ BEGIN ATOMIC
             53, 1
         ),
         'hex'
-    )::uuid;
+    )::pg_catalog.uuid;
 END;
-
-RESET search_path;
