@@ -29,6 +29,7 @@ valgrind`); a run of the defaults takes a few minutes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -37,7 +38,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from subprocess import Popen
 
 import psycopg
 
@@ -60,35 +63,48 @@ pgqueuer_worker(sys.argv[1], int(sys.argv[2]), ready)
 """
 
 
-def callgrind(out: Path, argv: list[str], url: str, log: Path) -> subprocess.Popen[bytes]:
-    """argv under callgrind with instrumentation off until instrument() turns it on: start-up
-    (interpreter, imports, connections) runs about ten times faster uncounted, and is no part
-    of the figure anyway."""
-    return subprocess.Popen(
+@contextlib.contextmanager
+def counted(
+    out: Path, argv: list[str], url: str, log: Path, ready: str, timeout: float
+) -> Iterator[Popen[bytes]]:
+    """argv under callgrind, instrumentation off through start-up (about ten times faster
+    uncounted, and no part of the figure) and on once its log says `ready`; killed if still
+    running when the block ends."""
+    proc = subprocess.Popen(
         ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", *argv],
         env={**os.environ, "DATABASE_URL": url},
         stdin=subprocess.PIPE,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
     )
+    try:
+        wait_for(proc, log, ready, timeout)
+        instrument(proc)
+        yield proc
+        if proc.wait(timeout) != 0:
+            exited(proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
-def instrument(proc: subprocess.Popen[bytes]) -> None:
+def instrument(proc: Popen[bytes]) -> None:
     done = subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"bench.client_instructions: callgrind_control failed: {done.stdout}{done.stderr}")
 
 
-def named(proc: subprocess.Popen[bytes]) -> str:
+def named(proc: Popen[bytes]) -> str:
     """The process as the user would name it: its command after valgrind's options."""
     return " ".join(map(str, proc.args[4:7]))  # type: ignore[index]
 
 
-def exited(proc: subprocess.Popen[bytes], log: Path) -> None:
+def exited(proc: Popen[bytes], log: Path) -> None:
     sys.exit(f"bench.client_instructions: {named(proc)} exited {proc.returncode}:\n{log.read_text()[-4000:]}")
 
 
-def wait_for(proc: subprocess.Popen[bytes], log: Path, line: str, timeout: float) -> None:
+def wait_for(proc: Popen[bytes], log: Path, line: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while line not in log.read_text(errors="replace"):
         if proc.poll() is not None:
@@ -122,10 +138,9 @@ def worker_drain(url: str, runs: int, concurrency: int, out: Path, log: Path, ti
     enqueued in one transaction once it is counted; its instructions from then to its exit."""
     argv = [sys.executable, "-m", "pyworker", "worker", "--handler", ECHO, "--concurrency", str(concurrency)]
     argv += ["--poll", "1", "--reap-interval", "3600", "--trim-after", "0", "--lease", "600"]
-    proc = callgrind(out, [*argv, "--worker-id", "bench-callgrind"], url, log)
-    try:
-        wait_for(proc, log, "worker bench-callgrind started", timeout)
-        instrument(proc)
+    with counted(
+        out, [*argv, "--worker-id", "bench-callgrind"], url, log, "worker bench-callgrind started", timeout
+    ) as proc:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(ECHO_ENQUEUE, (runs,))
         deadline = time.monotonic() + timeout
@@ -135,32 +150,19 @@ def worker_drain(url: str, runs: int, concurrency: int, out: Path, log: Path, ti
             if time.monotonic() > deadline:
                 sys.exit(f"bench.client_instructions: the worker did not drain in {timeout:.0f} s")
             time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
-        if proc.wait(timeout) != 0:
-            exited(proc, log)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        proc.send_signal(signal.SIGTERM)  # a drain: it exits 0 once its runs have ended
     return totals(out)
 
 
 def peer_drain(url: str, batch: int, out: Path, log: Path, timeout: float = 900.0) -> int:
     """PgQueuer's QueueManager under callgrind drains the database's jobs, counted from the
     moment it is ready to its exit; its instructions."""
-    proc = callgrind(out, [sys.executable, "-c", PEER_CHILD, url, str(batch)], url, log)
-    try:
-        wait_for(proc, log, "ready", timeout)
-        instrument(proc)
+    with counted(
+        out, [sys.executable, "-c", PEER_CHILD, url, str(batch)], url, log, "ready", timeout
+    ) as proc:
         assert proc.stdin is not None
         proc.stdin.write(b"go\n")
         proc.stdin.close()
-        if proc.wait(timeout) != 0:
-            exited(proc, log)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     return totals(out)
 
 
