@@ -38,9 +38,12 @@ def test_the_worker_and_its_peer_are_counted_per_run(tmp_path: Path) -> None:
     figures = json.loads(out.read_text())
     worker, peer = figures["runrow worker, --concurrency 10"], figures["PgQueuer, batch 10"]
     # A run through a Python client is hundreds of thousands of instructions, not a handful
-    # (instrumentation never went on) nor the interpreter's start-up (it was counted).
-    assert 100_000 < worker < 20_000_000, done.stdout
-    assert 10_000 < peer < 20_000_000, done.stdout
+    # (instrumentation never went on). The worker's start-up (billions, over 20 runs) would show
+    # as hundreds of millions. The peer gets no upper bound at this size: on a loaded box its
+    # queue manager's own timed work once weighed 84M per job over 20 jobs (make bench counts
+    # 600).
+    assert 100_000 < worker < 50_000_000, done.stdout
+    assert peer > 10_000, done.stdout
     assert figures["runrow worker/PgQueuer, 10"] == pytest.approx(worker / peer)
     for line in ("runrow worker, --concurrency 10:", "PgQueuer, batch 10:", "runrow worker/PgQueuer, 10:"):
         assert line in done.stdout, done.stdout
