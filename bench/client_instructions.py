@@ -22,10 +22,12 @@ completed and claimed once, audit() clean; every job logged successful.
                                            [--no-peer] [--json PATH]
 
 Counts are stable to about 1–2%: how many runs a journal flush carries, and so how many calls a
-run shares, depends on which runs a group flush finds ready. Run it on a quiet box: the counted
-window is the drain's wall time, and PgQueuer's timed work lands in it when the drain is slow
-(at 10 and 30 jobs, beside make test's other worker, it once read 84 million instructions per
-job; alone, 421,188; at the defaults, 285,706). It needs valgrind (`apt-get install
+run shares, depends on which runs a group flush finds ready. Run it on a quiet box, and at the
+defaults or more: PgQueuer's count holds about 1.7 billion instructions besides its jobs (a run
+of 10 jobs reads 1.68 billion, repeatably, on a quiet box), and a drain slowed by other load
+moves part of that between its two processes. At 10 and 30 jobs beside make test's other worker
+it read +84 and -84 million instructions per job in two runs; alone, 421,188; at the defaults,
+285,706. It needs valgrind (`apt-get install
 valgrind`); a run of the defaults takes a few minutes.
 """
 
