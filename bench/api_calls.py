@@ -46,11 +46,12 @@ ENQUEUE = (
 DELTA = json.dumps([{"type": "text_delta", "index": 0, "text": "word " * 8}])
 TURN = json.dumps([{"type": "text", "text": "an answer"}])
 # A model turn asking for one tool call: what begin_tool_call and complete_tool_call answer.
-TOOL_ARGS = json.dumps({"city": "Paris"})
+TOOL_INPUT = {"city": "Paris"}
+TOOL_ARGS = json.dumps(TOOL_INPUT)
 TOOL_TURN = json.dumps(
     [
         {"type": "text", "text": "Let me look."},
-        {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Paris"}},
+        {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": TOOL_INPUT},
     ]
 )
 
@@ -195,6 +196,12 @@ SHAPES: dict[str, Shape] = {
         "SELECT count(*) FROM runrow.read_events(run_id => %s, after_seq => 0)", lambda n: 1, _read
     ),
     "begin_tool_call": Shape(BEGIN_TOOL_CALL, lambda n: n, _begin, _tool_turns),
+    "complete_tool_call": Shape(
+        'SELECT runrow.complete_tool_call(%s, %s, %s, \'{"forecast": "sun"}\')',
+        lambda n: n,
+        _complete,
+        _tool_calls_begun,
+    ),
     "claim_webhook_deliveries": Shape(
         "SELECT delivery_id FROM runrow.claim_webhook_deliveries('bench', 1)",
         lambda n: 0,
@@ -206,12 +213,6 @@ SHAPES: dict[str, Shape] = {
         lambda n: 0,
         _complete_deliveries,
         _deliveries_claimed,
-    ),
-    "complete_tool_call": Shape(
-        'SELECT runrow.complete_tool_call(%s, %s, %s, \'{"forecast": "sun"}\')',
-        lambda n: n,
-        _complete,
-        _tool_calls_begun,
     ),
 }
 
