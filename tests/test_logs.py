@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import re
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -104,3 +105,63 @@ def test_the_timestamp_is_rendered_once_a_second(
     sep = "," if fmt == "text" else "."
     expected = [f"{local[0]}{sep}125", f"{local[0]}{sep}500", f"{local[0]}{sep}750", f"{local[1]}{sep}250"]
     assert [s[:23] if fmt == "text" else json.loads(s)["ts"] for s in stamps] == expected
+
+
+class _Stream(io.StringIO):
+    """A text stream that counts its flushes; write_through as sys.stderr's (Python 3.9+) or not."""
+
+    def __init__(self, write_through: bool) -> None:
+        super().__init__()
+        self.write_through = write_through
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+        super().flush()
+
+
+@pytest.mark.parametrize("write_through", [True, False])
+def test_a_line_is_flushed_only_when_the_stream_holds_it_back(
+    write_through: bool, stream: io.StringIO
+) -> None:
+    """sys.stderr writes through: each line is on the descriptor once written, and flushing it
+    again is a few Python calls per line for nothing. A buffered stream is still flushed."""
+    handler = setup("text", stream)
+    out = _Stream(write_through)
+    handler.setStream(out)
+    for n in range(3):
+        logs.run_logger(RUN, "w1").info("line %s", n)
+    assert len(out.getvalue().splitlines()) == 3
+    assert out.flushes == (0 if write_through else 3)
+
+
+def test_text_lines_are_the_stdlib_formatters_text(
+    stream: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The text format puts its line together itself, not through the format string's style
+    machinery, and gives exactly the stdlib Formatter's text for the same format string, a
+    traceback and a stack included, followed by the run's fields."""
+    handler = setup("text", stream)
+    reference = logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        exc_info = sys.exc_info()
+    fields = {"run_id": "r", "conversation_id": "c", "attempt": 2}
+    cases = [({}, None, None), (fields, None, None), (fields, exc_info, None), ({}, None, "Stack:\n  here")]
+
+    def record(extra: dict[str, object], exc: object, stack: str | None) -> logging.LogRecord:
+        made = logging.LogRecord("runrow.run", logging.WARNING, __file__, 1, "m %s", ("x",), exc, sinfo=stack)  # type: ignore[arg-type]
+        made.__dict__.update(extra)
+        made.created, made.msecs = 1_700_000_000.25, 250.0
+        return made
+
+    expected = [
+        reference.format(record(*case)) + (" [run_id=r conversation_id=c attempt=2]" if case[0] else "")
+        for case in cases
+    ]
+    styled = []
+    real = logging.Formatter.formatMessage
+    monkeypatch.setattr(logging.Formatter, "formatMessage", lambda self, r: styled.append(1) or real(self, r))
+    assert [handler.format(record(*case)) for case in cases] == expected
+    assert styled == []

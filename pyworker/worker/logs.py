@@ -5,8 +5,11 @@ Every line about a run carries run_id, conversation_id and attempt: run code log
 
 A worker logs two lines per run at INFO, so what each record costs is worker CPU per run:
 neither format prints where a record was made nor its thread or process, so `setup` turns off
-gathering them (the "Optimization" switches of the logging docs), and the timestamp's date and
-time are rendered once a second, not once a record.
+gathering them (the "Optimization" switches of the logging docs), the timestamp's date and
+time are rendered once a second, not once a record, the text line is put together without the
+format string's style machinery, and a line written to a stream that writes through (sys.stderr)
+is not flushed again. A line through `run_logger` at INFO costs about 75,600 instructions (86,700
+before the last two, counted under callgrind).
 """
 
 from __future__ import annotations
@@ -73,17 +76,37 @@ class JsonFormatter(_Formatter):
 
 
 class TextFormatter(_Formatter):
+    """`%(asctime)s %(levelname)s %(name)s %(message)s`, then the run's fields: the line is
+    put together here, with the stdlib Formatter's text, not through its style machinery."""
+
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record)
+        line = f"{record.asctime} {record.levelname} {record.name} {record.message}"
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line = f"{line}\n{record.exc_text}"
+        if record.stack_info:
+            line = f"{line}\n{self.formatStack(record.stack_info)}"
         fields = [f"{f}={getattr(record, f)}" for f in RUN_FIELDS[:3] if getattr(record, f, None) is not None]
         return f"{line} [{' '.join(fields)}]" if fields else line
 
 
+class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A StreamHandler that skips the flush after each line when its stream writes through
+    (sys.stderr since Python 3.9): the line is already on the file descriptor."""
+
+    def flush(self) -> None:
+        if not getattr(self.stream, "write_through", False):
+            super().flush()
+
+
 def setup(log_format: str = "text", level: str = "INFO") -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Handler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     # Neither format has %(filename)s, %(lineno)d, %(funcName)s, %(thread)d, %(process)d or
