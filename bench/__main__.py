@@ -5,7 +5,9 @@ Each benchmark is also runnable alone: `python -m bench.enqueue_to_claim`,
 `python -m bench.claim_buffers`, `python -m bench.prompt_cache`, `python -m bench.fairness`,
 `python -m bench.rate_limits`, `python -m bench.trim`,
 `python -m bench.drain`, `python -m bench.instructions`, `python -m bench.api_calls`,
-`python -m bench.client_instructions`. The drain runs on a cluster of its own with fsync on; the
+`python -m bench.client_instructions`, `python -m bench.wal_history`. The drain runs on a cluster
+of its own with fsync on, then WAL per job with a history (1,000 and 1,000,000 jobs done before;
+`--short`: 100,000) on one with full_page_writes on too; the
 instruction counts last (per run of the drain, then per call of the functions a running agent
 calls, on one under callgrind; then the client processes' own, `runrow worker` against PgQueuer's,
 each under callgrind; skipped without valgrind). `--short`:
@@ -18,6 +20,7 @@ it).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -38,6 +41,7 @@ from bench import (
     rate_limits,
     stop_to_cancelled,
     trim,
+    wal_history,
 )
 from bench.common import bench_database, machine
 
@@ -81,6 +85,13 @@ def main() -> None:
     lines, rows = drain.run(SHORT, rounds=ROUNDS)
     lines[0] += f"  [{time.monotonic() - t0:.0f} s]"
     report.extend(["", *lines])
+    t0 = time.monotonic()
+    histories = [1_000, 100_000 if SHORT else 1_000_000]
+    lines, wal_rows = wal_history.run(histories, wal_history.JOBS, list(wal_history.BATCHES), with_peer=True)
+    FIGURES["wal_history"] = [dataclasses.asdict(r) for r in wal_rows]
+    lines[0] += f"  [{time.monotonic() - t0:.0f} s]"
+    report.extend(["", *lines])
+    print("\n".join(lines), flush=True)
     if shutil.which("valgrind") is None:
         report.extend(["", "(backend instructions per run not counted: valgrind is not installed)"])
     else:

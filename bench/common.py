@@ -40,10 +40,11 @@ def bench_database(name: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def fsync_cluster() -> Iterator[tuple[str, str]]:
+def fsync_cluster(full_page_writes: bool = False) -> Iterator[tuple[str, str]]:
     """(owner URL, superuser URL) of a private cluster with fsync and synchronous_commit on,
-    for throughput benchmarks whose commits must cost what they cost in production."""
-    with throwaway(fsync=True) as cluster:
+    for throughput benchmarks whose commits must cost what they cost in production (and
+    full_page_writes too, for WAL as a production server writes it)."""
+    with throwaway(fsync=True, full_page_writes=full_page_writes) as cluster:
         yield cluster.url, cluster.superuser_url
 
 

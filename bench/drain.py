@@ -173,16 +173,22 @@ def pgqueuer_setup(url: str, jobs: int) -> None:
     asyncio.run(_pgqueuer_setup(url, jobs))
 
 
-async def _pgqueuer_setup(url: str, jobs: int) -> None:
+async def _pgqueuer_setup(url: str, jobs: int, install: bool = True) -> None:
     from pgqueuer import PsycopgDriver, Queries
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         queries = Queries(PsycopgDriver(conn))
-        await queries.install()
+        if install:
+            await queries.install()
         for start in range(0, jobs, 5000):
             n = min(5000, jobs - start)
             await queries.enqueue(["noop"] * n, [None] * n, [0] * n)
         await conn.execute("VACUUM ANALYZE")
+
+
+def pgqueuer_enqueue(url: str, jobs: int) -> None:
+    """`jobs` more jobs in a database pgqueuer_setup has installed."""
+    asyncio.run(_pgqueuer_setup(url, jobs, install=False))
 
 
 def pgqueuer_worker(
@@ -259,6 +265,11 @@ def pgqueuer_check(url: str, jobs: int) -> None:
 
 def runrow_setup(url: str, jobs: int) -> None:
     migrate(url)
+    runrow_enqueue(url, jobs)
+
+
+def runrow_enqueue(url: str, jobs: int) -> None:
+    """`jobs` runs, one conversation each, in a migrated database."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             "SELECT runrow.enqueue_run(gen_random_uuid(), '\"job\"', 'bench') FROM generate_series(1, %s)",

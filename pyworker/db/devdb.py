@@ -104,8 +104,16 @@ def new_cluster_folder(prefix: str, os_user: str | None) -> Cluster:
     return Cluster(root=root, datadir=datadir, sockdir=sockdir, os_user=os_user)
 
 
-def start(fsync: bool = False, listen_addresses: str = "", trusted_networks: tuple[str, ...] = ()) -> Cluster:
+def start(
+    fsync: bool = False,
+    listen_addresses: str = "",
+    trusted_networks: tuple[str, ...] = (),
+    full_page_writes: bool = False,
+) -> Cluster:
     """initdb + start a cluster and create the runrow database owned by runrow_admin.
+
+    full_page_writes is off unless asked for (a throwaway cluster's crash safety is not needed);
+    a benchmark of WAL as a production server writes it turns it on.
 
     By default it listens on its Unix socket only. The network fault tests give it an address
     of their own test hosts (`listen_addresses`, e.g. the root end of a veth pair) and the
@@ -136,7 +144,8 @@ def start(fsync: bool = False, listen_addresses: str = "", trusted_networks: tup
         opts = (
             f"-c listen_addresses='{listen_addresses}' -c unix_socket_directories={sockdir} -c port={PORT} "
             f"-c fsync={'on' if fsync else 'off'} -c synchronous_commit={'on' if fsync else 'off'} "
-            "-c full_page_writes=off -c max_connections=200 -c shared_buffers=128MB "
+            f"-c full_page_writes={'on' if full_page_writes else 'off'} "
+            "-c max_connections=200 -c shared_buffers=128MB "
             "-c log_min_messages=warning -c max_locks_per_transaction=256"
         )
         _run(
@@ -214,9 +223,17 @@ def restart(cluster: Cluster, mode: str = "immediate", executable: str | None = 
 
 @contextlib.contextmanager
 def throwaway(
-    fsync: bool = False, listen_addresses: str = "", trusted_networks: tuple[str, ...] = ()
+    fsync: bool = False,
+    listen_addresses: str = "",
+    trusted_networks: tuple[str, ...] = (),
+    full_page_writes: bool = False,
 ) -> Iterator[Cluster]:
-    cluster = start(fsync=fsync, listen_addresses=listen_addresses, trusted_networks=trusted_networks)
+    cluster = start(
+        fsync=fsync,
+        listen_addresses=listen_addresses,
+        trusted_networks=trusted_networks,
+        full_page_writes=full_page_writes,
+    )
     try:
         yield cluster
     finally:

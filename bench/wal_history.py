@@ -1,0 +1,254 @@
+"""WAL per lifecycle with a history in the tables: issue 11's "WAL per lifecycle at most
+PgQueuer's, also with 1 M finished runs in the tables".
+
+For runrow (finish_and_claim_runs, bench.drain's one-call row: what `runrow worker` sends) and
+PgQueuer (asyncpg, its QueueManager), at each batch size, in a fresh database each:
+
+1. the history: HISTORY jobs enqueued and drained through the system's own calls, in chunks
+   (runrow: HISTORY finished runs with their journals; PgQueuer: HISTORY jobs done and
+   logged), then VACUUM ANALYZE, as autovacuum would have left them;
+2. JOBS more jobs enqueued, VACUUM ANALYZE, then a CHECKPOINT;
+3. the JOBS drained by 2 processes, counting WAL bytes, WAL records and full-page images per
+   job (pg_stat_wal and the WAL position); then 2 and 3 again for the next batch size, whose
+   history holds the previous batch's jobs too; every job checked done once at the end
+   (bench.drain's checks).
+
+Unlike bench.drain's cluster, this one runs with full_page_writes on, as a production server
+does: the first change of a page after a checkpoint logs the whole page, and that is where a
+history can cost WAL (an insert into an index of a million entries lands on a leaf page nobody
+has touched since the checkpoint). Autovacuum is off while a drain is counted, so the WAL is
+the drain's own, not a vacuum's that happened to run then. Right after a CHECKPOINT is the
+worst case: a server pays each page's image once per checkpoint cycle, so the more jobs a
+cycle holds, the less of it each job carries. The report gives both histories per system, and
+each system's figure over PgQueuer's at the same history.
+
+`python -m bench.wal_history --help`; `make bench` runs it at its defaults (HISTORY 1,000 and
+1,000,000; on 2 cores the million-run fill is about 15 minutes for runrow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from bench.common import fsync_cluster, machine, migrate, temporary_database
+from bench.drain import (
+    Counters,
+    counters,
+    drain,
+    pgqueuer_check,
+    pgqueuer_enqueue,
+    pgqueuer_setup,
+    pgqueuer_worker,
+    runrow_check,
+    runrow_enqueue,
+    runrow_one_call_worker,
+)
+
+RUNROW = "runrow SQL API (finish_and_claim_runs)"
+PGQUEUER = "PgQueuer 1.6 (asyncpg, QueueManager)"
+HISTORIES = (1_000, 1_000_000)
+JOBS = 20_000
+BATCHES = (1, 10)
+FILL_CHUNK = 50_000  # jobs enqueued and drained per step of the history's fill
+FILL_BATCH = 1_000  # the fill's claim size: the history is not what is measured
+
+
+class System(NamedTuple):
+    install: Callable[[str, int], None]  # an empty database made ready, with its first jobs
+    enqueue: Callable[[str, int], None]  # more jobs
+    worker: Callable[[str, int, Callable[[], None]], int]
+    check: Callable[[str, int], None]  # every job of the database done exactly once
+
+
+def runrow_install(url: str, jobs: int) -> None:
+    migrate(url)
+    runrow_enqueue(url, jobs)
+
+
+SYSTEMS = {
+    RUNROW: System(runrow_install, runrow_enqueue, runrow_one_call_worker, runrow_check),
+    PGQUEUER: System(pgqueuer_setup, pgqueuer_enqueue, pgqueuer_worker, pgqueuer_check),
+}
+
+
+@dataclasses.dataclass
+class Row:
+    system: str
+    batch: int
+    history: int
+    jobs: int
+    wal_bytes: int
+    wal_records: int
+    wal_fpi: int
+
+    def per_job(self, field: str) -> float:
+        return getattr(self, field) / self.jobs
+
+    def cells(self) -> str:
+        return (
+            f"{self.per_job('wal_bytes'):8,.0f} B WAL/job  {self.per_job('wal_records'):6.2f} records/job"
+            f"  {self.per_job('wal_fpi'):6.3f} full-page images/job"
+        )
+
+
+def fill(system: System, url: str, history: int, progress: Callable[[str], None]) -> None:
+    """`history` jobs through the system's own calls, FILL_CHUNK at a time: enqueued, then
+    drained by 2 processes claiming FILL_BATCH at a time."""
+    started, done = time.monotonic(), 0
+    system.install(url, min(history, FILL_CHUNK))
+    while True:
+        chunk = min(history - done, FILL_CHUNK)
+        drained, _, _ = drain(system.worker, url, FILL_BATCH)
+        assert sum(drained) == chunk, f"the fill drained {sum(drained)} of {chunk}"
+        done += chunk
+        if history > FILL_CHUNK:
+            progress(f"    history {done:,} of {history:,} ({time.monotonic() - started:.0f} s)")
+        if done == history:
+            break
+        system.enqueue(url, min(history - done, FILL_CHUNK))
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+
+
+def measure(
+    server: str,
+    superuser: str,
+    name: str,
+    batches: list[int],
+    history: int,
+    jobs: int,
+    progress: Callable[[str], None],
+) -> list[Row]:
+    """One database: the history, then per batch size `jobs` more jobs drained and counted (the
+    next batch's history holds the previous batch's jobs too)."""
+    system = SYSTEMS[name]
+    rows: list[Row] = []
+    with temporary_database(server, "runrow_bench_wal", migrated=False) as url:
+        fill(system, url, history, progress)
+        datname = conninfo_to_dict(url)["dbname"]
+        for batch in batches:
+            system.enqueue(url, jobs)
+            with psycopg.connect(make_conninfo(superuser, dbname="postgres"), autocommit=True) as observer:
+                observer.execute("ALTER SYSTEM SET autovacuum = off")
+                observer.execute("SELECT pg_reload_conf()")
+                try:
+                    observer.execute("CHECKPOINT")
+                    before = counters(observer, datname)
+                    drained, _, _ = drain(system.worker, url, batch)
+                    spent: Counters = counters(observer, datname).since(before)
+                finally:
+                    observer.execute("ALTER SYSTEM RESET autovacuum")
+                    observer.execute("SELECT pg_reload_conf()")
+            assert sum(drained) == jobs, f"{name}: {sum(drained)} jobs drained of {jobs}"
+            done_before = history + len(rows) * jobs
+            rows.append(
+                Row(name, batch, done_before, jobs, spent.wal_bytes, spent.wal_records, spent.wal_fpi)
+            )
+            progress(f"    batch {batch}, {done_before:,} done before: {rows[-1].cells()}")
+        system.check(url, history + len(batches) * jobs)
+    return rows
+
+
+def report(rows: list[Row]) -> list[str]:
+    lines = ["=== WAL per job with a history, right after a CHECKPOINT (full_page_writes on) ==="]
+    for row in rows:
+        label = f"{row.system}, batch {row.batch}, {row.history:,} done before"
+        lines.append(f"  {label:<72}{row.cells()}")
+    peers = {(r.batch, r.history): r for r in rows if r.system == PGQUEUER}  # same histories: same order
+    ours = [r for r in rows if r.system == RUNROW]
+    if peers and ours:
+        lines.append("=== runrow / PgQueuer, WAL bytes per job (issue 11: at most 1.00x, also with 1 M) ===")
+        for row in ours:
+            peer = peers.get((row.batch, row.history))
+            if peer is not None:
+                ratio = row.wal_bytes / max(peer.wal_bytes, 1)
+                lines.append(f"  batch {row.batch}, {row.history:>9,} done before: {ratio:5.2f}x")
+    for name in (RUNROW, PGQUEUER):
+        for batch in sorted({r.batch for r in rows}):
+            mine = sorted((r for r in rows if r.system == name and r.batch == batch), key=lambda r: r.history)
+            if len(mine) >= 2:
+                small, large = mine[0], mine[-1]
+                growth = large.wal_bytes / max(small.wal_bytes, 1)
+                sizes = f"{large.history:,} done before / {small.history:,}"
+                lines.append(f"  {name.split(' (')[0]}, batch {batch}: {sizes}: {growth:5.2f}x")
+    return lines
+
+
+def run(histories: list[int], jobs: int, batches: list[int], with_peer: bool) -> tuple[list[str], list[Row]]:
+    names = [RUNROW, PGQUEUER] if with_peer else [RUNROW]
+    rows: list[Row] = []
+    with fsync_cluster(full_page_writes=True) as (server, superuser):
+        for history in histories:
+            for name in names:
+                print(f"  {name}, {history:,} done before ...", flush=True)
+                rows += measure(
+                    server, superuser, name, batches, history, jobs, lambda m: print(m, flush=True)
+                )
+        lines = [*report(rows), machine(server)]
+    return lines, rows
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.wal_history",
+        description="WAL per job of a drain (runrow's finish_and_claim_runs and PgQueuer, 2 processes) "
+        "with HISTORY jobs already done in the tables, right after a CHECKPOINT, on a private cluster "
+        "with fsync and full_page_writes on; prints WAL bytes, records and full-page images per job, "
+        "and runrow over PgQueuer.",
+    )
+    parser.add_argument(
+        "--history",
+        type=int,
+        nargs="+",
+        default=list(HISTORIES),
+        metavar="N",
+        help="jobs done before the counted drain, one database each (default 1000 1000000)",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=JOBS, metavar="N", help=f"jobs counted (default {JOBS:,})"
+    )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        nargs="+",
+        default=list(BATCHES),
+        metavar="B",
+        help="claim sizes: runrow's max_runs, PgQueuer's batch_size (default 1 10)",
+    )
+    parser.add_argument(
+        "--peer", action=argparse.BooleanOptionalAction, default=True, help="also count PgQueuer (default on)"
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the rows to PATH")
+    args = parser.parse_args(argv)
+    if any(h < 1 for h in args.history):
+        parser.error("--history needs N >= 1 (every database gets its first jobs through the system's calls)")
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    if any(not 1 <= b <= 1000 for b in args.batch):
+        parser.error("--batch sizes must be between 1 and 1000")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    lines, rows = run(sorted(set(args.history)), args.jobs, args.batch, args.peer)
+    for line in lines:
+        print(line)
+    path = args.json or os.environ.get("RUNROW_BENCH_JSON")
+    if path:
+        with open(path, "w") as out:
+            json.dump({"report": lines, "rows": [dataclasses.asdict(r) for r in rows]}, out, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""bench/wal_history.py at a small size, run as a reader of the README runs it: for runrow and
+PgQueuer, a history drained through each system's own calls, then a counted drain right after a
+CHECKPOINT on a cluster with full_page_writes on, every job checked done once. WAL is counted,
+not timed; these sizes only show the harness works (make bench runs 1,000 and 1,000,000)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_each_system_is_counted_with_each_history(tmp_path: Path) -> None:
+    out = tmp_path / "wal.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.wal_history",
+            "--history",
+            "20",
+            "300",
+            "--jobs",
+            "200",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    shapes = {(r["system"].split(" ")[0], r["batch"], r["history"]) for r in rows}
+    # One database per system and history: batch 1's jobs are in batch 10's history.
+    assert shapes == {
+        (system, batch, history)
+        for system in ("runrow", "PgQueuer")
+        for batch, history in ((1, 20), (10, 220), (1, 300), (10, 500))
+    }
+    for row in rows:
+        assert row["jobs"] == 200 and row["wal_bytes"] > 0 and row["wal_records"] > 0, row
+        # full_page_writes is on (bench.drain's cluster has it off): pages first changed after
+        # the CHECKPOINT are logged whole.
+        assert row["wal_fpi"] > 0, row
+    for line in (
+        "runrow / PgQueuer, WAL bytes per job",
+        "batch 10,       500 done before:",
+        "runrow SQL API, batch 1: 300 done before / 20:",
+        "PgQueuer 1.6, batch 10: 500 done before / 220:",
+    ):
+        assert line in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--history", "0"], "--history needs N >= 1"),
+        (["--jobs", "0"], "--jobs must be at least 1"),
+        (["--batch", "0"], "--batch sizes must be between 1 and 1000"),
+    ],
+)
+def test_bad_sizes_are_refused_before_anything_starts(args: list[str], says: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.wal_history", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and says in done.stderr, done.stderr
