@@ -90,9 +90,17 @@ class Row:
     wal_bytes: int
     wal_records: int
     wal_fpi: int
+    # Full-page images by the relation whose page they hold (pg_walinspect), most first.
+    fpi_by_relation: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def per_job(self, field: str) -> float:
         return getattr(self, field) / self.jobs
+
+    def images(self, top: int = 4) -> str:
+        """The relations with the most full-page images, per job."""
+        return ", ".join(
+            f"{name} {n / self.jobs:.3f}" for name, n in list(self.fpi_by_relation.items())[:top]
+        )
 
     def cells(self) -> str:
         return (
@@ -120,6 +128,29 @@ def fill(system: System, url: str, history: int, progress: Callable[[str], None]
         conn.execute("VACUUM ANALYZE")
 
 
+def images_by_relation(observer: psycopg.Connection, url: str, start: str, end: str) -> dict[str, int]:
+    """Full-page images in the WAL from start to end, by the relation of the bench database
+    whose page each holds (other databases' and unknown files are left out), most first. Read
+    with pg_walinspect in the observer's database; the drain's commits have flushed the WAL."""
+    observer.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    counted = observer.execute(
+        "SELECT m[1]::oid, m[2]::oid, count(*) FROM pg_get_wal_records_info(%s, %s) AS w,"
+        r" regexp_matches(w.block_ref, 'rel \d+/(\d+)/(\d+) fork main blk \d+ \(FPW\)', 'g') AS m"
+        " GROUP BY 1, 2",
+        (start, end),
+    ).fetchall()
+    with psycopg.connect(url) as conn:
+        me = conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0]
+        names = dict(
+            conn.execute(
+                "SELECT pg_relation_filenode(c.oid), c.relname FROM pg_class AS c"
+                " WHERE pg_relation_filenode(c.oid) IS NOT NULL"
+            ).fetchall()
+        )
+    mine = [(names[node], n) for db, node, n in counted if db == me and node in names]
+    return dict(sorted(mine, key=lambda pair: -pair[1]))
+
+
 def measure(
     server: str,
     superuser: str,
@@ -143,27 +174,36 @@ def measure(
                 observer.execute("SELECT pg_reload_conf()")
                 try:
                     observer.execute("CHECKPOINT")
+                    start = observer.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
                     before = counters(observer, datname)
                     drained, _, _ = drain(system.worker, url, batch)
                     spent: Counters = counters(observer, datname).since(before)
+                    end = observer.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+                    images = images_by_relation(observer, url, start, end)
                 finally:
                     observer.execute("ALTER SYSTEM RESET autovacuum")
                     observer.execute("SELECT pg_reload_conf()")
             assert sum(drained) == jobs, f"{name}: {sum(drained)} jobs drained of {jobs}"
             done_before = history + len(rows) * jobs
-            rows.append(
-                Row(name, batch, done_before, jobs, spent.wal_bytes, spent.wal_records, spent.wal_fpi)
+            row = Row(
+                name, batch, done_before, jobs, spent.wal_bytes, spent.wal_records, spent.wal_fpi, images
             )
-            progress(f"    batch {batch}, {done_before:,} done before: {rows[-1].cells()}")
+            rows.append(row)
+            progress(f"    batch {batch}, {done_before:,} done before: {row.cells()}")
+            progress(f"      full-page images per job: {row.images()}")
         system.check(url, history + len(batches) * jobs)
     return rows
 
 
-def report(rows: list[Row]) -> list[str]:
-    lines = ["=== WAL per job with a history, right after a CHECKPOINT (full_page_writes on) ==="]
+def report(rows: list[Row], wal_compression: str = "off") -> list[str]:
+    lines = [
+        "=== WAL per job with a history, right after a CHECKPOINT"
+        f" (full_page_writes on, wal_compression {wal_compression}) ==="
+    ]
     for row in rows:
         label = f"{row.system}, batch {row.batch}, {row.history:,} done before"
         lines.append(f"  {label:<72}{row.cells()}")
+        lines.append(f"      full-page images per job: {row.images()}")
     peers = {(r.batch, r.history): r for r in rows if r.system == PGQUEUER}  # same histories: same order
     ours = [r for r in rows if r.system == RUNROW]
     if peers and ours:
@@ -184,17 +224,22 @@ def report(rows: list[Row]) -> list[str]:
     return lines
 
 
-def run(histories: list[int], jobs: int, batches: list[int], with_peer: bool) -> tuple[list[str], list[Row]]:
+def run(
+    histories: list[int], jobs: int, batches: list[int], with_peer: bool, wal_compression: str = "off"
+) -> tuple[list[str], list[Row]]:
     names = [RUNROW, PGQUEUER] if with_peer else [RUNROW]
     rows: list[Row] = []
     with fsync_cluster(full_page_writes=True) as (server, superuser):
+        with psycopg.connect(make_conninfo(superuser, dbname="postgres"), autocommit=True) as conn:
+            conn.execute(f"ALTER SYSTEM SET wal_compression = '{wal_compression}'")
+            conn.execute("SELECT pg_reload_conf()")
         for history in histories:
             for name in names:
                 print(f"  {name}, {history:,} done before ...", flush=True)
                 rows += measure(
                     server, superuser, name, batches, history, jobs, lambda m: print(m, flush=True)
                 )
-        lines = [*report(rows), machine(server)]
+        lines = [*report(rows, wal_compression), machine(server)]
     return lines, rows
 
 
@@ -228,6 +273,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--peer", action=argparse.BooleanOptionalAction, default=True, help="also count PgQueuer (default on)"
     )
+    parser.add_argument(
+        "--wal-compression",
+        choices=("off", "pglz", "lz4"),
+        default="off",
+        help="the cluster's wal_compression, which compresses full-page images (default off, "
+        "PostgreSQL's default)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the rows to PATH")
     args = parser.parse_args(argv)
     if any(h < 1 for h in args.history):
@@ -241,7 +293,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    lines, rows = run(sorted(set(args.history)), args.jobs, args.batch, args.peer)
+    lines, rows = run(sorted(set(args.history)), args.jobs, args.batch, args.peer, args.wal_compression)
     for line in lines:
         print(line)
     path = args.json or os.environ.get("RUNROW_BENCH_JSON")

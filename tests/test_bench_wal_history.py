@@ -49,11 +49,17 @@ def test_each_system_is_counted_with_each_history(tmp_path: Path) -> None:
         # full_page_writes is on (bench.drain's cluster has it off): pages first changed after
         # the CHECKPOINT are logged whole.
         assert row["wal_fpi"] > 0, row
+        # By relation, read back from the WAL: each system's images are of its own tables.
+        assert sum(row["fpi_by_relation"].values()) <= row["wal_fpi"], row
+        own = "agent_run" if row["system"].startswith("runrow") else "pgqueuer"
+        assert own in row["fpi_by_relation"], row
     for line in (
         "runrow / PgQueuer, WAL bytes per job",
         "batch 10,       500 done before:",
         "runrow SQL API, batch 1: 300 done before / 20:",
         "PgQueuer 1.6, batch 10: 500 done before / 220:",
+        "full-page images per job: agent_run",
+        "(full_page_writes on, wal_compression off)",
     ):
         assert line in done.stdout, done.stdout
 
@@ -64,6 +70,7 @@ def test_each_system_is_counted_with_each_history(tmp_path: Path) -> None:
         (["--history", "0"], "--history needs N >= 1"),
         (["--jobs", "0"], "--jobs must be at least 1"),
         (["--batch", "0"], "--batch sizes must be between 1 and 1000"),
+        (["--wal-compression", "zip"], "invalid choice: 'zip'"),
     ],
 )
 def test_bad_sizes_are_refused_before_anything_starts(args: list[str], says: str) -> None:
