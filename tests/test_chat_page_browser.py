@@ -132,6 +132,12 @@ def test_reload_mid_stream_continues_with_no_gap_and_no_duplicate(
         page.wait_for_selector(".turn:last-child .assistant.completed")
         assert page_text(page) == streamed_text(db, run_id) == STORY
         assert status(db, run_id) == "completed"
+        # The page names a new conversation with a time-ordered id (UUIDv7): its finished turns'
+        # index entries land beside other recent ones (pyworker/db/ids.py).
+        (conversation,) = db.execute(
+            "SELECT conversation_id FROM runrow.agent_run WHERE id = %s", (run_id,)
+        ).fetchone()
+        assert conversation.version == 7, conversation
     assert page.inner_text(".turn:last-child .user .bubble") == "Tell me a long story"
     assert page.is_enabled("#send") and not page.is_enabled("#stop")
 

@@ -153,6 +153,13 @@ def test_enqueue_prints_the_run_id_and_the_conversation(
     # Reused by another conversation: refused, in one line, exit 2.
     clash = runrow(private_database_url, "enqueue", "x", "--idempotency-key", "k-1")
     assert clash.returncode == 2 and clash.stderr.startswith("runrow: ") and "idempotency_key" in clash.stderr
+    # Without -c, a new conversation with a time-ordered id (UUIDv7, pyworker/db/ids.py).
+    fresh = runrow(private_database_url, "enqueue", "x")
+    assert fresh.returncode == 0, fresh.stderr
+    (conversation,) = conn.execute(
+        "SELECT conversation_id FROM runrow.get_run(run_id => %s)", (uuid.UUID(fresh.stdout.strip()),)
+    ).fetchone()
+    assert conversation.version == 7 and str(conversation) in fresh.stderr
 
 
 def test_enqueue_follow_streams_until_the_run_ends(

@@ -32,6 +32,7 @@ from pyworker.db import api, nul
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.config import database_url
 from pyworker.db.hub import Hub
+from pyworker.db.ids import uuid7
 from pyworker.db.pooling import POOLER_SAFE
 from pyworker.db.tail import CursorPastEnd, Keepalive, RunNotFound, check_cursor, run_status, tail
 
@@ -239,7 +240,7 @@ async def cmd_enqueue(args: argparse.Namespace) -> int:
     if not text.strip():
         raise CliError("the message is empty: give the text as an argument or on stdin with `-`")
     tools = _read_tools(args.tools_json) if args.tools_json else None
-    conversation_id = args.conversation or uuid.uuid4()
+    conversation_id = args.conversation or uuid7()
     url = database_url(args.database_url)
     async with await _connect(url) as conn:
         enq = await api.enqueue_run(

@@ -40,6 +40,7 @@ from pyworker.db import api, devdb
 from pyworker.db import steps as steps_api
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.hub import Hub
+from pyworker.db.ids import uuid7
 from pyworker.db.migrate import migrate
 from pyworker.db.pooling import POOLER_SAFE
 from pyworker.db.tail import Keepalive, tail
@@ -299,7 +300,7 @@ async def _follow(
         await hub.start()
         await hub.wait_connected(5)
         screen.heading("The run, live from its journal")
-        live.conversation_id = uuid.uuid4()
+        live.conversation_id = uuid7()
         async with pool.connection() as conn:
             enqueued = await api.enqueue_run(
                 conn,

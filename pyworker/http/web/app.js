@@ -29,10 +29,18 @@ let following = null; // {turn, controller} of the stream being read
 let approvalsTimer = null;
 const nodes = new WeakMap(); // turn -> its DOM node (kept out of the saved JSON)
 
+// A UUIDv7 (RFC 9562): the time in milliseconds, then random bits. runrow indexes a
+// conversation's finished turns by its id, and a time-ordered id puts a new conversation's
+// entries beside other recent ones instead of on a random page of a history-sized index
+// (README, "For DBAs": WAL and checkpoints). Idempotency keys are indexed the same way.
 function newId() {
-  if (crypto.randomUUID) return crypto.randomUUID();
   const b = crypto.getRandomValues(new Uint8Array(16));
-  b[6] = (b[6] & 0x0f) | 0x40;
+  let ms = Date.now();
+  for (let i = 5; i >= 0; i--) {
+    b[i] = ms % 256;
+    ms = Math.floor(ms / 256);
+  }
+  b[6] = (b[6] & 0x0f) | 0x70;
   b[8] = (b[8] & 0x3f) | 0x80;
   const h = [...b].map((x) => x.toString(16).padStart(2, "0")).join("");
   return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
