@@ -268,11 +268,14 @@ def runrow_setup(url: str, jobs: int) -> None:
     runrow_enqueue(url, jobs)
 
 
-def runrow_enqueue(url: str, jobs: int) -> None:
-    """`jobs` runs, one conversation each, in a migrated database."""
+def runrow_enqueue(url: str, jobs: int, time_ordered: bool = False) -> None:
+    """`jobs` runs, one conversation each, in a migrated database; the conversation ids random
+    (version 4, as any client's might be) or time-ordered (version 7, as runrow's clients mint
+    them; made by runrow's own `_uuidv7`, which the bench's owner role may call)."""
+    conversation = "runrow._uuidv7()" if time_ordered else "gen_random_uuid()"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
-            "SELECT runrow.enqueue_run(gen_random_uuid(), '\"job\"', 'bench') FROM generate_series(1, %s)",
+            f"SELECT runrow.enqueue_run({conversation}, '\"job\"', 'bench') FROM generate_series(1, %s)",
             (jobs,),
         )
         conn.execute("VACUUM ANALYZE")

@@ -70,15 +70,21 @@ class System(NamedTuple):
     check: Callable[[str, int], None]  # every job of the database done exactly once
 
 
-def runrow_install(url: str, jobs: int) -> None:
-    migrate(url)
-    runrow_enqueue(url, jobs)
+def systems(time_ordered: bool) -> dict[str, System]:
+    """Each system's calls; runrow's conversation ids random (version 4, as any client's might
+    be) or time-ordered (version 7, as runrow's own clients mint them)."""
 
+    def runrow_install(url: str, jobs: int) -> None:
+        migrate(url)
+        runrow_enqueue(url, jobs, time_ordered)
 
-SYSTEMS = {
-    RUNROW: System(runrow_install, runrow_enqueue, runrow_one_call_worker, runrow_check),
-    PGQUEUER: System(pgqueuer_setup, pgqueuer_enqueue, pgqueuer_worker, pgqueuer_check),
-}
+    def runrow_more(url: str, jobs: int) -> None:
+        runrow_enqueue(url, jobs, time_ordered)
+
+    return {
+        RUNROW: System(runrow_install, runrow_more, runrow_one_call_worker, runrow_check),
+        PGQUEUER: System(pgqueuer_setup, pgqueuer_enqueue, pgqueuer_worker, pgqueuer_check),
+    }
 
 
 @dataclasses.dataclass
@@ -155,6 +161,7 @@ def measure(
     server: str,
     superuser: str,
     name: str,
+    system: System,
     batches: list[int],
     history: int,
     jobs: int,
@@ -162,7 +169,6 @@ def measure(
 ) -> list[Row]:
     """One database: the history, then per batch size `jobs` more jobs drained and counted (the
     next batch's history holds the previous batch's jobs too)."""
-    system = SYSTEMS[name]
     rows: list[Row] = []
     with temporary_database(server, "runrow_bench_wal", migrated=False) as url:
         fill(system, url, history, progress)
@@ -195,10 +201,11 @@ def measure(
     return rows
 
 
-def report(rows: list[Row], wal_compression: str = "off") -> list[str]:
+def report(rows: list[Row], wal_compression: str = "off", time_ordered: bool = False) -> list[str]:
+    ids = "time-ordered" if time_ordered else "random"
     lines = [
         "=== WAL per job with a history, right after a CHECKPOINT"
-        f" (full_page_writes on, wal_compression {wal_compression}) ==="
+        f" (full_page_writes on, wal_compression {wal_compression}; runrow's conversation ids {ids}) ==="
     ]
     for row in rows:
         label = f"{row.system}, batch {row.batch}, {row.history:,} done before"
@@ -225,9 +232,15 @@ def report(rows: list[Row], wal_compression: str = "off") -> list[str]:
 
 
 def run(
-    histories: list[int], jobs: int, batches: list[int], with_peer: bool, wal_compression: str = "off"
+    histories: list[int],
+    jobs: int,
+    batches: list[int],
+    with_peer: bool,
+    wal_compression: str = "off",
+    time_ordered: bool = False,
 ) -> tuple[list[str], list[Row]]:
     names = [RUNROW, PGQUEUER] if with_peer else [RUNROW]
+    calls = systems(time_ordered)
     rows: list[Row] = []
     with fsync_cluster(full_page_writes=True) as (server, superuser):
         with psycopg.connect(make_conninfo(superuser, dbname="postgres"), autocommit=True) as conn:
@@ -237,9 +250,16 @@ def run(
             for name in names:
                 print(f"  {name}, {history:,} done before ...", flush=True)
                 rows += measure(
-                    server, superuser, name, batches, history, jobs, lambda m: print(m, flush=True)
+                    server,
+                    superuser,
+                    name,
+                    calls[name],
+                    batches,
+                    history,
+                    jobs,
+                    lambda m: print(m, flush=True),
                 )
-        lines = [*report(rows, wal_compression), machine(server)]
+        lines = [*report(rows, wal_compression, time_ordered), machine(server)]
     return lines, rows
 
 
@@ -280,6 +300,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the cluster's wal_compression, which compresses full-page images (default off, "
         "PostgreSQL's default)",
     )
+    parser.add_argument(
+        "--conversation-ids",
+        choices=("random", "time-ordered"),
+        default="random",
+        help="runrow's conversation ids: random (version 4, as any client's might be; the default) or "
+        "time-ordered (version 7, as runrow's own clients mint them)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the rows to PATH")
     args = parser.parse_args(argv)
     if any(h < 1 for h in args.history):
@@ -293,7 +320,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    lines, rows = run(sorted(set(args.history)), args.jobs, args.batch, args.peer, args.wal_compression)
+    lines, rows = run(
+        sorted(set(args.history)),
+        args.jobs,
+        args.batch,
+        args.peer,
+        args.wal_compression,
+        args.conversation_ids == "time-ordered",
+    )
     for line in lines:
         print(line)
     path = args.json or os.environ.get("RUNROW_BENCH_JSON")

@@ -59,7 +59,7 @@ def test_each_system_is_counted_with_each_history(tmp_path: Path) -> None:
         "runrow SQL API, batch 1: 300 done before / 20:",
         "PgQueuer 1.6, batch 10: 500 done before / 220:",
         "full-page images per job: agent_run",
-        "(full_page_writes on, wal_compression off)",
+        "(full_page_writes on, wal_compression off; runrow's conversation ids random)",
     ):
         assert line in done.stdout, done.stdout
 
@@ -71,6 +71,7 @@ def test_each_system_is_counted_with_each_history(tmp_path: Path) -> None:
         (["--jobs", "0"], "--jobs must be at least 1"),
         (["--batch", "0"], "--batch sizes must be between 1 and 1000"),
         (["--wal-compression", "zip"], "invalid choice: 'zip'"),
+        (["--conversation-ids", "v9"], "invalid choice: 'v9'"),
     ],
 )
 def test_bad_sizes_are_refused_before_anything_starts(args: list[str], says: str) -> None:
