@@ -184,7 +184,8 @@ def measure(
                     before = counters(observer, datname)
                     drained, _, _ = drain(system.worker, url, batch)
                     spent: Counters = counters(observer, datname).since(before)
-                    end = observer.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+                    # pg_walinspect reads up to the flushed position; the drain's commits flushed it all.
+                    end = observer.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
                     images = images_by_relation(observer, url, start, end)
                 finally:
                     observer.execute("ALTER SYSTEM RESET autovacuum")
