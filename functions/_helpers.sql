@@ -254,7 +254,19 @@ BEGIN
 END
 $fn$;
 
+-- A tool call's key as runrow.tool_call_key makes it: 64 lowercase hex digits. Tested without
+-- the regular expression engine (^[0-9a-f]{64}$ cost about 90,000 instructions a match), and as
+-- an SQL function of one expression, which the planner inlines into the caller's IF: no call.
+CREATE OR REPLACE FUNCTION runrow._is_tool_call_key(key text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT length(key) = 64 AND ltrim(key, '0123456789abcdef') = ''
+$fn$;
+
 REVOKE ALL ON FUNCTION runrow._pin_prompt(text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._is_tool_call_key(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lock_conversation(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._journal(uuid, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._hold_claim(uuid, uuid) FROM PUBLIC;

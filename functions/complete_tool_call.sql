@@ -20,9 +20,7 @@ BEGIN
         PERFORM runrow._require_not_null(complete_tool_call.claim_token, 'claim_token');
         PERFORM runrow._require_not_null(complete_tool_call.idempotency_key, 'idempotency_key');
     END IF;
-    -- ^[0-9a-f]{64}$ without the regex engine (about 90,000 instructions a match).
-    IF length(complete_tool_call.idempotency_key) <> 64
-       OR ltrim(complete_tool_call.idempotency_key, '0123456789abcdef') <> '' THEN
+    IF NOT runrow._is_tool_call_key(complete_tool_call.idempotency_key) THEN
         RAISE EXCEPTION 'idempotency_key must be 64 lowercase hex characters, as runrow.tool_call_key returns'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;

@@ -527,6 +527,8 @@ def test_valid_tool_calls_run_no_argument_helper(owner: psycopg.Connection, coun
     for name, functions in made.items():
         assert functions.get(name) == 1, (name, functions)
         assert not [f for f in functions if f.startswith("_require")], (name, functions)
+        # The key's format is one SQL expression the planner inlines into the IF: never a call.
+        assert "_is_tool_call_key" not in functions, (name, functions)
 
 
 def test_valid_webhook_calls_run_no_argument_helper(owner: psycopg.Connection, counted: psycopg.Connection):
