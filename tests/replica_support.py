@@ -120,10 +120,12 @@ def _start_server(standby: devdb.Cluster) -> None:
 def replicated_cluster() -> Iterator[Replicated]:
     """A migrated throwaway primary and its streaming standby, both removed afterwards."""
     primary = devdb.start()
+    releases = [devdb.reap_if_owner_dies(primary)]
     standby: devdb.Cluster | None = None
     try:
         migrate(primary.url)
         standby = start_standby(primary)
+        releases.append(devdb.reap_if_owner_dies(standby))
         pair = Replicated(primary, standby)
         pair.wait_replayed()
         yield pair
@@ -132,3 +134,5 @@ def replicated_cluster() -> Iterator[Replicated]:
             devdb.stop(standby)
         devdb.stop(primary)
         shutil.rmtree(primary.root, ignore_errors=True)
+        for release in releases:
+            release()

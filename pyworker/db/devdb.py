@@ -15,9 +15,10 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -234,10 +235,39 @@ def throwaway(
         trusted_networks=trusted_networks,
         full_page_writes=full_page_writes,
     )
+    release = reap_if_owner_dies(cluster)
     try:
         yield cluster
     finally:
         stop(cluster)
+        release()
+
+
+def reap_if_owner_dies(cluster: Cluster) -> Callable[[], None]:
+    """Start `orphan_reaper` for a cluster this process owns: if the process dies before it
+    stops the cluster (SIGKILL, or SIGTERM's default action), the reaper stops it and removes
+    its folder. Returns the call that dismisses the reaper once the cluster is stopped."""
+    read_end, write_end = os.pipe()  # both close-on-exec: only this process holds write_end
+    try:
+        reaper = subprocess.Popen(
+            [sys.executable, "-m", "pyworker.db.orphan_reaper", cluster.to_json()],
+            stdin=read_end,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # out of reach of a signal to this process's group
+        )
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+
+    def release() -> None:
+        os.close(write_end)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            reaper.wait(timeout=30)
+
+    return release
 
 
 STATE_FILE = Path(".runrow/db.json")
