@@ -43,7 +43,9 @@ DELTAS = 20
 # user_message_created and run_queued (enqueue), run_claimed, message_start, the deltas,
 # message_stop, complete
 EVENTS_PER_RUN = DELTAS + 6
-TABLES = ("run_event", "agent_run")
+TABLES = ("run_event", "agent_run", "run_request")
+# A run of `agent_run AS a` whose request snapshot trim_journal has dropped (migration 0061).
+TRIMMED = "NOT EXISTS (SELECT FROM runrow.run_request AS q WHERE q.run_id = a.id)"
 
 
 @dataclass
@@ -155,7 +157,8 @@ def check_filled(conn: psycopg.Connection, runs: int) -> None:
     bad = count(
         conn,
         "SELECT count(*) FROM runrow.agent_run AS a WHERE a.model = 'bench' AND a.worker_id = 'filler'"
-        " AND (a.status <> 'completed' OR a.attempt <> 1 OR a.request_snapshot IS NULL"
+        " AND (a.status <> 'completed' OR a.attempt <> 1"
+        f"      OR {TRIMMED}"
         "      OR (SELECT count(*) FROM runrow.run_event AS e WHERE e.run_id = a.id) <> %s"
         "      OR (SELECT count(*) FROM runrow.agent_step AS s WHERE s.run_id = a.id) <> 1)",
         (EVENTS_PER_RUN,),
@@ -171,21 +174,22 @@ def check_trimmed(conn: psycopg.Connection, trimmed: int) -> None:
     left = count(
         conn,
         "SELECT count(*) FROM runrow.run_event AS e JOIN runrow.agent_run AS a ON a.id = e.run_id"
-        " WHERE a.request_snapshot IS NULL",
+        f" WHERE {TRIMMED}",
     )
     assert left == 0, f"{left} journal rows of trimmed runs are left"
     snapshots = count(
         conn,
-        "SELECT count(*) FROM runrow.agent_run WHERE finished_at IS NOT NULL AND request_snapshot IS NULL",
+        f"SELECT count(*) FROM runrow.agent_run AS a WHERE a.finished_at IS NOT NULL AND {TRIMMED}",
     )
     assert snapshots == trimmed, f"{snapshots} runs lost their snapshot, {trimmed} were trimmed"
     steps = count(
         conn,
         "SELECT count(*) FROM runrow.agent_step AS s JOIN runrow.agent_run AS a ON a.id = s.run_id"
-        " WHERE a.request_snapshot IS NULL",
+        f" WHERE {TRIMMED}",
     )
     filled = count(
-        conn, "SELECT count(*) FROM runrow.agent_run WHERE worker_id = 'filler' AND request_snapshot IS NULL"
+        conn,
+        f"SELECT count(*) FROM runrow.agent_run AS a WHERE a.worker_id = 'filler' AND {TRIMMED}",
     )
     assert steps == filled, f"{steps} steps kept of the {filled} trimmed bench runs"
     sample = scalar(conn, "SELECT id FROM runrow.agent_run WHERE worker_id = 'filler' ORDER BY id LIMIT 1")
@@ -236,19 +240,19 @@ def run(url: str, runs: int) -> tuple[list[str], dict[str, object]]:
         assert deleted == journal, f"trim_journal deleted {deleted} rows of {journal}"
         at["after trim"] = sizes(conn)
         cost["after trim"] = calls(conn)
-        vacuum, _ = measured(conn, "VACUUM runrow.run_event, runrow.agent_run")
+        vacuum, _ = measured(conn, "VACUUM runrow.run_event, runrow.agent_run, runrow.run_request")
         autovacuum(conn, on=True)
-        conn.execute("ANALYZE runrow.run_event, runrow.agent_run")
+        conn.execute("ANALYZE runrow.run_event, runrow.agent_run, runrow.run_request")
         at["after VACUUM"] = sizes(conn)
         cost["after VACUUM"] = calls(conn)
-        trimmed = count(conn, "SELECT count(*) FROM runrow.agent_run WHERE request_snapshot IS NULL")
+        trimmed = count(conn, f"SELECT count(*) FROM runrow.agent_run AS a WHERE {TRIMMED}")
         check_trimmed(conn, trimmed)
         # The index pages the trim emptied are deleted by the first VACUUM but recyclable only
         # once no transaction older than that can still see them: the next (auto)vacuum of
         # the table puts them in the free space map. Without it the 2nd fill's index entries
         # all go to new pages (measured: run_event's indexes +100%).
         conn.execute("SELECT txid_current()")
-        conn.execute("VACUUM runrow.run_event, runrow.agent_run")
+        conn.execute("VACUUM runrow.run_event, runrow.agent_run, runrow.run_request")
         second_fill = fill(conn, runs)
         at["after 2nd fill"] = sizes(conn)
         cost["after 2nd fill"] = calls(conn)
@@ -267,7 +271,7 @@ def run(url: str, runs: int) -> tuple[list[str], dict[str, object]]:
         f"  trim_journal: {deleted:,} rows in {trims} calls, {trim.seconds:.1f} s, {mb(trim.wal)} of WAL"
         f" ({trim.wal / first_fill.wal:.2f}x the fill's, {trim.wal / runs:,.0f} B per run);"
         f" VACUUM after it: {vacuum.seconds:.1f} s, {mb(vacuum.wal)} of WAL",
-        "  heap / indexes (run_event; agent_run):",
+        "  heap / indexes (" + "; ".join(TABLES) + "):",
         *(
             f"    {stage}: " + "; ".join(f"{mb(sizes_[t][0])} / {mb(sizes_[t][1])}" for t in TABLES)
             for stage, sizes_ in at.items()

@@ -3,9 +3,7 @@
 -- Cost model (why each check reads what it reads): everything an audit looks at is either
 -- the live set (queued, running, waiting runs, open tool effects: bounded by capacity, not
 -- by history, and each served by a partial index) or a window of recent history
--- (history_window, served by agent_run_untrimmed and agent_run_trimmed: each read of it says
--- "request_snapshot IS NOT NULL OR request_snapshot IS NULL", one arm per index, see migration
--- 0040), or an index that is empty on a
+-- (history_window, served by agent_run_finished), or an index that is empty on a
 -- healthy database (agent_run_terminal_anomaly). The only history-sized work is the journal
 -- and step pass (seq gaps, complete events), which walks the (run_id, seq) primary keys of
 -- run_event and agent_step for the runs in scope: proportional to the events and steps of
@@ -63,7 +61,6 @@ BEGIN
         UNION
         SELECT a.* FROM runrow.agent_run AS a
         WHERE a.finished_at >= now() - audit.history_window
-          AND (a.request_snapshot IS NOT NULL OR a.request_snapshot IS NULL)
           AND (a.claim_expires_at IS NOT NULL OR a.attempt > a.max_attempts)
           AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
     )
@@ -193,7 +190,6 @@ BEGIN
                     THEN nullif(a.result ->> 'text', '') END
         FROM runrow.agent_run AS a
         WHERE a.finished_at >= now() - audit.history_window
-          AND (a.request_snapshot IS NOT NULL OR a.request_snapshot IS NULL)
           AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
     )
     SELECT v.invariant, s.id, v.detail

@@ -243,20 +243,24 @@ BEGIN
 
     INSERT INTO runrow.agent_run (
         conversation_id, user_id, user_message_id, max_attempts, model, prompt_id,
-        idempotency_key, request_fingerprint, metadata, request_snapshot,
+        idempotency_key, request_fingerprint, metadata,
         not_before, priority, fairness_key, concurrency_key, rate_limit_key,
         token_budget, cost_budget, webhook_url
     )
     VALUES (
         enqueue_run.conversation_id, enqueue_run.user_id, new_message_id, enqueue_run.max_attempts,
         enqueue_run.model, prompt_id, enqueue_run.idempotency_key, fingerprint, enqueue_run.metadata,
-        jsonb_build_object('content', enqueue_run.content, 'metadata', enqueue_run.metadata),
         now() + enqueue_run.start_in, enqueue_run.priority,
         coalesce(enqueue_run.fairness_key, enqueue_run.user_id), enqueue_run.concurrency_key,
         coalesce(enqueue_run.rate_limit_key, enqueue_run.model),
         enqueue_run.token_budget, enqueue_run.cost_budget, enqueue_run.webhook_url
     )
     RETURNING id INTO new_run_id;
+
+    -- The PII copy trim_journal drops, in a table of its own so agent_run's row versions do
+    -- not carry the message (migration 0061).
+    INSERT INTO runrow.run_request (run_id, snapshot)
+    VALUES (new_run_id, jsonb_build_object('content', enqueue_run.content, 'metadata', enqueue_run.metadata));
 
     -- An assignment, not a PERFORM: a call in an expression that reads no table is evaluated
     -- without a statement of its own (issue 11).

@@ -66,16 +66,16 @@ BEGIN
         IF turn.id = src.id THEN
             INSERT INTO runrow.agent_run (
                 conversation_id, user_id, user_message_id, max_attempts, model, prompt_id, metadata,
-                request_snapshot, forked_from, forked_at_seq
+                forked_from, forked_at_seq
             )
             VALUES (
                 new_conversation, turn.user_id, copy_message, turn.max_attempts, fork_model, turn.prompt_id,
-                turn.metadata,
-                (SELECT jsonb_build_object('content', m.content, 'metadata', turn.metadata)
-                 FROM runrow.message AS m WHERE m.id = copy_message),
-                turn.id, n
+                turn.metadata, turn.id, n
             )
             RETURNING id INTO copy_run;
+            INSERT INTO runrow.run_request (run_id, snapshot)
+            SELECT copy_run, jsonb_build_object('content', m.content, 'metadata', turn.metadata)
+            FROM runrow.message AS m WHERE m.id = copy_message;
         ELSE
             INSERT INTO runrow.agent_run (
                 conversation_id, user_id, user_message_id, status, attempt, max_attempts, model, prompt_id,

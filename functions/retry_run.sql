@@ -27,19 +27,19 @@ BEGIN
     END IF;
 
     INSERT INTO runrow.agent_run (
-        conversation_id, user_id, user_message_id, max_attempts, model, prompt_id, metadata,
-        request_snapshot, retry_of
+        conversation_id, user_id, user_message_id, max_attempts, model, prompt_id, metadata, retry_of
     )
     VALUES (
         old.conversation_id, old.user_id, old.user_message_id, old.max_attempts, old.model,
-        old.prompt_id, old.metadata,
-        -- Rebuilt from the kept message, as enqueue_run builds it: the old run's copy may
-        -- be trimmed, and a NULL snapshot would hide this run's journal from trim_journal.
-        (SELECT jsonb_build_object('content', m.content, 'metadata', old.metadata)
-         FROM runrow.message AS m WHERE m.id = old.user_message_id),
-        old.id
+        old.prompt_id, old.metadata, old.id
     )
     RETURNING id INTO new_id;
+
+    -- Rebuilt from the kept message, as enqueue_run builds it: the old run's request may be
+    -- trimmed, and a run without one would hide its journal from trim_journal.
+    INSERT INTO runrow.run_request (run_id, snapshot)
+    SELECT new_id, jsonb_build_object('content', m.content, 'metadata', old.metadata)
+    FROM runrow.message AS m WHERE m.id = old.user_message_id;
 
     PERFORM runrow._journal(new_id, jsonb_build_array(
         jsonb_build_object('type', 'user_message_created', 'message_id', old.user_message_id),

@@ -25,32 +25,44 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END;
 
-    -- Served by agent_run_untrimmed, in its order: only finished runs whose snapshot (and so
-    -- journal) is still there, never the trimmed history; the oldest max_runs of them, so a
-    -- backlog goes in bounded transactions (bench/trim.py: one call for 200,000 runs took
-    -- 97 s, past a worker's statement_timeout for a backlog of 1 M).
-    SELECT coalesce(array_agg(d.id), '{}') INTO due
+    -- The untrimmed runs in enqueue order (run_request's UUIDv7 key), up to the cutoff's
+    -- millisecond: a run that ended before the cutoff was enqueued before it. So the walk reads
+    -- the untrimmed runs enqueued before the cutoff (the due ones, and the few still open or
+    -- ended since), never the trimmed history; the oldest max_runs due ones, so a backlog goes
+    -- in bounded transactions (bench/trim.py: one call for 200,000 runs took 97 s, past a
+    -- worker's statement_timeout for a backlog of 1 M). The bound is the smallest UUID of the
+    -- millisecond after the cutoff's (key and cutoff both in whole milliseconds).
+    SELECT coalesce(array_agg(d.run_id), '{}') INTO due
     FROM (
-        SELECT a.id FROM runrow.agent_run AS a
-        WHERE a.finished_at < cutoff
-          AND a.finished_at IS NOT NULL
-          AND a.request_snapshot IS NOT NULL
-        ORDER BY a.finished_at
+        SELECT q.run_id
+        FROM runrow.run_request AS q
+        WHERE q.id < encode(
+                  overlay(
+                      '\x00000000000000000000000000000000'::bytea
+                      PLACING substr(int8send(floor(extract(EPOCH FROM cutoff) * 1000)::bigint + 1), 3)
+                      FROM 1 FOR 6
+                  ),
+                  'hex'
+              )::uuid
+          -- A scalar subquery, never flattened into a join: the walk stays run_request's key
+          -- in order, stopped by the LIMIT, whatever the statistics say about agent_run.
+          AND (SELECT a.finished_at FROM runrow.agent_run AS a WHERE a.id = q.run_id) < cutoff
+        ORDER BY q.id
         LIMIT trim_journal.max_runs
     ) AS d;
 
     DELETE FROM runrow.run_event AS e WHERE e.run_id = ANY (due);
     GET DIAGNOSTICS deleted = ROW_COUNT;
 
-    UPDATE runrow.agent_run AS a SET request_snapshot = NULL, updated_at = now() WHERE a.id = ANY (due);
+    DELETE FROM runrow.run_request AS q WHERE q.run_id = ANY (due);
     RETURN deleted;
 END
 $fn$;
 
 COMMENT ON FUNCTION runrow.trim_journal(interval, integer) IS
 'Delete the live journal (run_event rows) of runs terminal for longer than older_than '
-'(default 24 hours, not negative) and null their request snapshot (the PII copy), for at most '
-'max_runs runs per call (default 10000, 1..100000), the longest-ended first: call it again '
+'(default 24 hours, not negative) and delete their request snapshot (run_request, the PII copy), '
+'for at most max_runs runs per call (default 10000, 1..100000), the earliest-enqueued first: call it again '
 'while it returns more than 0 to work through a backlog. Runs, '
 'messages, steps and tool effects stay: the journal is a delivery buffer, not the record. '
 'A reader of a trimmed run still gets a synthesized complete from read_events. Returns the '

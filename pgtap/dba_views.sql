@@ -124,9 +124,8 @@ SELECT is((SELECT (tool, effect, args, conversation_id)::text FROM runrow.open_t
      FROM runrow.agent_run WHERE id = :'w1'),
     'it names the tool, the effect, the arguments and the conversation');
 
--- A run counts in the last 24 hours whether its journal is trimmed or not: finished runs are
--- indexed in two parts (agent_run_untrimmed, agent_run_trimmed, migration 0040), and every
--- view reads its window through both.
+-- A run counts in the last 24 hours whether its journal is trimmed or not: every view reads its
+-- window through agent_run_finished, and trim_journal writes no agent_run row (0061).
 SELECT count(*) AS spent_before FROM runrow.spend_by_run \gset
 -- trim_journal takes runs that ended before now(), the transaction's start: this one's are
 -- moved an hour back, still inside the window.
@@ -134,12 +133,12 @@ SELECT pg_temp.bypass(format($$UPDATE runrow.agent_run SET finished_at = finishe
                                WHERE id IN (%L, %L, %L, %L, %L, %L, %L)$$,
                              :'c1', :'c2', :'c3', :'c4', :'f1', :'x1', :'d1'));
 SELECT cmp_ok(runrow.trim_journal(older_than => '0'), '>', 0::bigint, 'the journals of the ended runs are trimmed');
-SELECT is((SELECT count(*)::int FROM runrow.agent_run
-           WHERE id IN (:'c1', :'c2', :'c3', :'c4', :'f1', :'x1', :'d1') AND request_snapshot IS NULL),
-    7, 'every run that ended in the last 24 hours is now a trimmed one');
+SELECT is((SELECT count(*)::int FROM runrow.run_request
+           WHERE run_id IN (:'c1', :'c2', :'c3', :'c4', :'f1', :'x1', :'d1')),
+    0, 'every run that ended in the last 24 hours is now a trimmed one');
 SELECT results_eq($$SELECT status, runs FROM runrow.run_stats WHERE status IN ('completed', 'finished')$$,
     $$VALUES ('completed', 4::bigint), ('finished', 7::bigint)$$,
-    'run_stats still counts them (agent_run_trimmed)');
+    'run_stats still counts them');
 SELECT is((SELECT count(*) FROM runrow.spend_by_run), :'spent_before'::bigint,
     'so does spend_by_run, and run_attempts:');
 SELECT results_eq($$SELECT status, attempt, runs FROM runrow.run_attempts$$,

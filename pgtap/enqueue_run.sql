@@ -38,9 +38,9 @@ SELECT is(
              NULL::jsonb, NULL::text, NULL::uuid, true)::text),
     'the run row holds the arguments, attempt 0, no claim, no ending');
 SELECT is(
-    (SELECT a.request_snapshot FROM runrow.agent_run AS a WHERE a.id = :'r1'),
+    (SELECT q.snapshot FROM runrow.run_request AS q WHERE q.run_id = :'r1'),
     '{"content": "first question", "metadata": {"source": "pgtap"}}'::jsonb,
-    'the request snapshot keeps content and metadata');
+    'the request snapshot (run_request) keeps content and metadata');
 SELECT is(
     (SELECT (m.conversation_id, m.user_id, m.role, m.content, m.status)::text
      FROM runrow.message AS m JOIN runrow.agent_run AS a ON a.user_message_id = m.id WHERE a.id = :'r1'),

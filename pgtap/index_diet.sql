@@ -1,4 +1,4 @@
--- agent_run's indexes (migrations 0021, 0032, 0035, 0036, 0040): neither the claim nor the finish can be a HOT update,
+-- agent_run's indexes (migrations 0021, 0032, 0035, 0036, 0040, 0061): neither the claim nor the finish can be a HOT update,
 -- so every index is paid for on every write of a run. The list is pinned here so adding one
 -- is a decision a reviewer sees, and the per-conversation order is a constraint, not a habit.
 BEGIN;
@@ -21,8 +21,7 @@ SELECT indexes_are(
         'agent_run_idempotency_key',
         'agent_run_one_retry',
         'agent_run_terminal_anomaly',
-        'agent_run_untrimmed',
-        'agent_run_trimmed',
+        'agent_run_finished',
         'agent_run_queued_by_conversation',
         'agent_run_claimable',
         'agent_run_delayed',
@@ -89,50 +88,41 @@ SELECT ok(
     ~ 'Index (Only )?Scan (Backward )?(using|on) agent_run_one_active_per_conversation',
     'so does a count of running runs (queue_health)'
 );
--- A finished run is indexed by finished_at once (0040): in agent_run_untrimmed while its
--- journal is there, in agent_run_trimmed after trim_journal. Every window of history is read
--- through both, never the whole table (an OR of two indexes is a bitmap scan).
+-- A finished run is indexed by finished_at once, at its ending, in agent_run_finished; since
+-- 0061 nothing writes it again (trim_journal deletes its run_request row), so 0040's two
+-- indexes of untrimmed and trimmed runs are one. Every window of history is read through it,
+-- never the whole table (spend_by_run's OR of three indexes is a bitmap scan).
 SET LOCAL enable_bitmapscan = on;
-SELECT hasnt_index('runrow', 'agent_run', 'agent_run_finished_idx',
-    'no index of all finished runs beside the untrimmed and the trimmed ones (0040)');
-SELECT ok(
-    w.p ~ 'agent_run_untrimmed' AND w.p ~ 'agent_run_trimmed',
-    'a window of finished runs is read through agent_run_untrimmed and agent_run_trimmed together'
-)
-FROM (SELECT pg_temp.plan_of($$SELECT count(*) FROM runrow.agent_run AS a
-        WHERE a.finished_at >= now() - interval '1 hour'
-          AND (a.request_snapshot IS NOT NULL OR a.request_snapshot IS NULL)$$) AS p) AS w;
--- Which index a view's plan takes depends on the table's statistics (an empty table here), so
--- the views are held to the filter that makes both indexes usable; dba_views.sql counts a
--- trimmed run in each.
-SELECT ok(
-    (SELECT bool_and(pg_get_viewdef(v::regclass)
-                     ~ 'request_snapshot IS NOT NULL\) OR \(a\.request_snapshot IS NULL')
-     FROM unnest(ARRAY['runrow.run_stats', 'runrow.run_attempts', 'runrow.spend_by_run']) AS v),
-    'run_stats, run_attempts and spend_by_run read their day of history with one arm per index'
+SELECT hasnt_index('runrow', 'agent_run', 'agent_run_untrimmed', 'no index of untrimmed runs (0061)');
+SELECT hasnt_index('runrow', 'agent_run', 'agent_run_trimmed', 'no index of trimmed runs (0061)');
+SELECT is(
+    (SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index AS i
+     WHERE i.indexrelid = 'runrow.agent_run_finished'::regclass),
+    '(finished_at IS NOT NULL)', 'agent_run_finished holds every finished run'
 );
 SELECT ok(
+    w.p ~ 'agent_run_finished' AND w.p !~ 'Seq Scan',
+    'a window of finished runs is read through agent_run_finished'
+)
+FROM (SELECT pg_temp.plan_of($$SELECT count(*) FROM runrow.agent_run AS a
+        WHERE a.finished_at >= now() - interval '1 hour'$$) AS p) AS w;
+SELECT ok(
     v.p !~ 'Seq Scan' AND v.p ~ 'agent_run_queued_by_conversation' AND v.p ~ 'agent_run_one_active_per_conversation'
-    AND v.p ~ 'agent_run_untrimmed' AND v.p ~ 'agent_run_trimmed',
+    AND v.p ~ 'agent_run_finished',
     'spend_by_run reads the queued, the active and the day''s finished runs through their indexes, not the table'
 )
 FROM (SELECT pg_temp.plan_of('SELECT * FROM runrow.spend_by_run') AS p) AS v;
+-- trim_journal's work list (its query): run_request in its key's order (enqueue time), each
+-- run's row by its primary key; never agent_run_finished, which would walk the trimmed history.
 SELECT ok(
-    w.p ~ 'Index Scan using agent_run_untrimmed' AND w.p !~ 'agent_run_trimmed',
-    'trim_journal''s work list is agent_run_untrimmed alone, never the trimmed history'
+    w.p ~ 'Index Scan using run_request_pkey' AND w.p ~ 'agent_run_pkey' AND w.p !~ 'agent_run_finished'
+    AND w.p !~ 'Sort' AND w.p !~ 'Seq Scan',
+    'trim_journal''s work list is run_request''s key in order, never the trimmed history'
 )
-FROM (SELECT pg_temp.plan_of($$SELECT a.id FROM runrow.agent_run AS a
-        WHERE a.finished_at < now() AND a.finished_at IS NOT NULL AND a.request_snapshot IS NOT NULL
-        ORDER BY a.finished_at LIMIT 10$$) AS p) AS w;
--- Each finished run is in exactly one of the two: the predicates split on request_snapshot.
-SELECT is(
-    (SELECT array_agg(pg_get_expr(i.indpred, i.indrelid) ORDER BY c.relname)
-     FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
-     WHERE i.indrelid = 'runrow.agent_run'::regclass AND c.relname IN ('agent_run_untrimmed', 'agent_run_trimmed')),
-    ARRAY['((finished_at IS NOT NULL) AND (request_snapshot IS NULL))',
-          '((finished_at IS NOT NULL) AND (request_snapshot IS NOT NULL))'],
-    'agent_run_trimmed and agent_run_untrimmed split the finished runs by request_snapshot'
-);
+FROM (SELECT pg_temp.plan_of($$SELECT q.run_id FROM runrow.run_request AS q
+        WHERE q.id < '01900000-0000-0000-0000-000000000000'
+          AND (SELECT a.finished_at FROM runrow.agent_run AS a WHERE a.id = q.run_id) < now()
+        ORDER BY q.id LIMIT 10$$) AS p) AS w;
 SELECT ok(
     NOT EXISTS (
         SELECT 1 FROM pg_constraint

@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(76);
+SELECT plan(84);
 SELECT pg_temp.drain_queue();
 SELECT pg_temp.owner() AS owner \gset
 
@@ -34,9 +34,14 @@ SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
     'the owner cannot revive a dead run');
 SELECT throws_ok(format($$UPDATE runrow.agent_run SET finished_at = now() - interval '1 day' WHERE id = %L$$, :'completed'),
     '23000', NULL, 'nor can the superuser through the trigger');
+SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
+        format($$UPDATE runrow.agent_run SET updated_at = now() - interval '1 day', metadata = '{"x": 1}'
+                 WHERE id = %L$$, :'completed')),
+    '23000', format('run %s is completed and terminal states are sticky', :'completed'),
+    'no change at all on a terminal run (the request snapshot that trim_journal drops is run_request''s since 0061)');
 SELECT lives_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
-        format($$UPDATE runrow.agent_run SET request_snapshot = NULL WHERE id = %L$$, :'completed')),
-    'the one change allowed on a terminal run: dropping its request snapshot (trim_journal)');
+        format($$UPDATE runrow.agent_run SET updated_at = now() - interval '1 day' WHERE id = %L$$, :'completed')),
+    'a write that changes nothing but updated_at is not a change');
 
 -- ---------------------------------------------------------------------------------
 -- The lifecycle: illegal status changes and identity changes.
@@ -335,6 +340,29 @@ SELECT throws_ok(format($$UPDATE runrow.message SET status = 'submitted' WHERE i
     '23000', format('message %s: only submitted -> draft may change', :'msg'), 'draft -> submitted is rejected');
 SELECT throws_ok(format('DELETE FROM runrow.message WHERE id = %L', :'msg'),
     '23000', 'messages are never deleted', 'a message cannot be deleted');
+
+-- ---------------------------------------------------------------------------------
+-- A run's request (run_request, 0061): for a run that exists, never edited, dropped only once
+-- the run has ended (trim_journal's delete), even by the owner.
+-- ---------------------------------------------------------------------------------
+SELECT pg_temp.new_run() AS open_run \gset
+SELECT throws_ok($$INSERT INTO runrow.run_request (run_id, snapshot) VALUES (gen_random_uuid(), '{}')$$,
+    '23503', 'insert or update on table "run_request" violates foreign key constraint "run_request_run_id_fkey"',
+    'a request for a run that does not exist is refused, as its foreign key would');
+SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
+        format($$UPDATE runrow.run_request SET snapshot = '{}' WHERE run_id = %L$$, :'open_run')),
+    '23000', 'run_request rows are never updated', 'the owner cannot edit a run''s request');
+SELECT throws_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
+        format('DELETE FROM runrow.run_request WHERE run_id = %L', :'open_run')),
+    '23000', format('run %s is not terminal: its request is kept until it ends', :'open_run'),
+    'nor drop the request of a run that has not ended');
+SELECT throws_ok('TRUNCATE runrow.run_request', '23000', 'run_request cannot be truncated',
+    'run_request cannot be truncated');
+SELECT is((SELECT count(*)::int FROM runrow.run_request WHERE run_id = :'open_run'), 1, 'so the open run keeps its request');
+SELECT lives_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
+        format('DELETE FROM runrow.run_request WHERE run_id = %L', :'completed')),
+    'an ended run''s request can be dropped (trim_journal)');
+SELECT is((SELECT count(*)::int FROM runrow.run_request WHERE run_id = :'completed'), 0, 'and is gone');
 
 SELECT * FROM finish();
 ROLLBACK;

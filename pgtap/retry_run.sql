@@ -27,7 +27,7 @@ SELECT is(
     (SELECT (conversation_id, user_message_id, model, prompt_id, max_attempts, metadata, user_id)::text
      FROM runrow.agent_run WHERE id = :'failed'),
     'same conversation, user message, model, pinned prompt, max_attempts and metadata');
-SELECT is((SELECT request_snapshot FROM runrow.agent_run WHERE id = :'retry'),
+SELECT is((SELECT snapshot FROM runrow.run_request WHERE run_id = :'retry'),
     '{"content": "retry me", "metadata": {"k": 1}}'::jsonb, 'the request snapshot is the one enqueue_run took');
 SELECT is((SELECT count(*)::int FROM runrow.message
            WHERE conversation_id = (SELECT conversation_id FROM runrow.agent_run WHERE id = :'failed')),
@@ -105,7 +105,7 @@ SELECT pg_temp.finished('failed') AS trimmed \gset
 SELECT pg_temp.age_finished(:'trimmed', '2 days');
 SELECT runrow.trim_journal('1 day');
 SELECT runrow.retry_run(:'trimmed') AS retry_of_trimmed \gset
-SELECT is((SELECT request_snapshot FROM runrow.agent_run WHERE id = :'retry_of_trimmed'),
+SELECT is((SELECT snapshot FROM runrow.run_request WHERE run_id = :'retry_of_trimmed'),
     '{"content": "hello", "metadata": {}}'::jsonb, 'a retry of a trimmed run rebuilds the snapshot from the message');
 SELECT pg_temp.claim(:'retry_of_trimmed');
 SELECT runrow.finish_run(:'retry_of_trimmed', pg_temp.token(:'retry_of_trimmed'), 'completed');

@@ -24,27 +24,26 @@ CREATE TEMP TABLE runs_before AS SELECT * FROM runrow.agent_run;
 CREATE TEMP TABLE messages_before AS SELECT * FROM runrow.message;
 SELECT count(*) AS expected FROM runrow.run_event
 WHERE run_id IN (:'old_done', :'old_failed', :'old_stopped') \gset
-SELECT ok(:expected > 0 AND (SELECT bool_and(request_snapshot IS NOT NULL) FROM runrow.agent_run),
+SELECT ok(:expected > 0 AND (SELECT bool_and(EXISTS (SELECT FROM runrow.run_request AS q WHERE q.run_id = a.id))
+                            FROM runrow.agent_run AS a),
     'every run has a journal and a request snapshot before the trim');
 
 SELECT is(runrow.trim_journal('1 day'), :expected::bigint,
     'returns the number of journal rows deleted: those of runs terminal for over a day');
 SELECT is((SELECT count(*)::int FROM runrow.run_event WHERE run_id IN (:'old_done', :'old_failed', :'old_stopped')),
     0, 'completed, failed and cancelled runs older than a day lose their journal');
-SELECT is((SELECT count(*)::int FROM runrow.agent_run
-           WHERE id IN (:'old_done', :'old_failed', :'old_stopped') AND request_snapshot IS NULL),
-    3, 'and their request snapshot');
+SELECT is((SELECT count(*)::int FROM runrow.run_request WHERE run_id IN (:'old_done', :'old_failed', :'old_stopped')),
+    0, 'and their request snapshot');
 SELECT is(pg_temp.journal(:'young'), ARRAY['user_message_created', 'run_queued', 'run_claimed', 'complete'],
     'a run terminal for only an hour keeps its journal');
 SELECT is(pg_temp.count_events(:'day_old', 'complete'), 1, 'so does one terminal for 23 hours');
 SELECT is(pg_temp.journal(:'live'), ARRAY['user_message_created', 'run_queued', 'run_claimed'],
     'a running run keeps its journal');
 SELECT is(pg_temp.journal(:'queued'), ARRAY['user_message_created', 'run_queued'], 'a queued run keeps its journal');
-SELECT is((SELECT count(*)::int FROM runrow.agent_run WHERE id IN (:'young', :'live', :'queued') AND request_snapshot IS NOT NULL),
+SELECT is((SELECT count(*)::int FROM runrow.run_request WHERE run_id IN (:'young', :'live', :'queued')),
     3, 'their request snapshots stay');
-SELECT set_eq('SELECT to_jsonb(a) - ''request_snapshot'' FROM runrow.agent_run AS a',
-    'SELECT to_jsonb(a) - ''request_snapshot'' FROM runs_before AS a',
-    'every run row stays, unchanged except the snapshot');
+SELECT set_eq('SELECT to_jsonb(a) FROM runrow.agent_run AS a', 'SELECT to_jsonb(a) FROM runs_before AS a',
+    'every run row stays, unchanged: the trim does not write agent_run');
 SELECT set_eq('SELECT to_jsonb(m) FROM runrow.message AS m', 'SELECT to_jsonb(m) FROM messages_before AS m',
     'every message stays, unchanged');
 SELECT is((SELECT status FROM runrow.agent_run WHERE id = :'old_failed'), 'failed', 'the trimmed run is still failed');
@@ -79,9 +78,9 @@ SELECT is(
     '0 1', 'its delete is checked once for the statement, not once per journal row');
 RESET track_functions;
 SELECT is(
-    (SELECT array_agg(a.request_snapshot IS NULL ORDER BY a.finished_at) FROM runrow.agent_run AS a
-     WHERE a.id IN (:'oldest', :'older', :'newer')),
-    ARRAY[true, true, false], 'it took the two that ended longest ago');
+    (SELECT array_agg(NOT EXISTS (SELECT FROM runrow.run_request AS q WHERE q.run_id = a.id) ORDER BY a.finished_at)
+     FROM runrow.agent_run AS a WHERE a.id IN (:'oldest', :'older', :'newer')),
+    ARRAY[true, true, false], 'it took the two enqueued (and so ended) longest ago');
 SELECT is((SELECT count(*)::int FROM runrow.run_event WHERE run_id = :'newer') > 0, true,
     'the third keeps its journal until the next call');
 SELECT ok(runrow.trim_journal('1 day', max_runs => 2) > 0 AND runrow.trim_journal('1 day', max_runs => 2) = 0,

@@ -59,10 +59,8 @@ WHERE status = 'running'
 ORDER BY claim_expires_at
 LIMIT 20;
 
--- 6. Dead letters and failures of the last 24 hours (runrow.retry_run(run_id) runs one again).
---    Finished runs are indexed by finished_at in two parts, untrimmed and trimmed journals
---    (agent_run_untrimmed, agent_run_trimmed): the request_snapshot test, always true, lets
---    the planner read a window through both instead of the whole table.
+-- 6. Dead letters and failures of the last 24 hours (runrow.retry_run(run_id) runs one again),
+--    read through agent_run_finished (finished_at of every finished run).
 SELECT
     id AS run_id,
     status,
@@ -73,7 +71,6 @@ SELECT
 FROM runrow.agent_run
 WHERE
     finished_at >= now() - interval '24 hours'
-    AND (request_snapshot IS NOT NULL OR request_snapshot IS NULL)
     AND status IN ('dead', 'failed')
 ORDER BY finished_at DESC
 LIMIT 50;

@@ -166,10 +166,12 @@ def test_a_claim_and_a_finish_enter_only_the_indexes_they_must(
     """The index budget of a lifecycle: neither update can be HOT, so the new version of a
     run enters every index whose predicate it meets. A claimed run: the primary key and the
     index of active runs per conversation; an ended one: the primary key, the index of ended
-    turns per conversation and agent_run_untrimmed (trim_journal's work list; with
-    agent_run_trimmed, the history window's two halves).
+    turns per conversation and agent_run_finished (the history window). Trimming its journal
+    writes none: since migration 0061 the request snapshot is run_request's, and nothing
+    writes a finished run again.
     Migration 0032 dropped one the claim paid for, 0035 one that both paid for, 0036 another
-    the claim paid for, 0040 one the finish paid for; a new index on agent_run shows up here."""
+    the claim paid for, 0040 one the finish paid for, 0061 three the trim paid for; a new
+    index on agent_run shows up here."""
     for _ in range(RUNS):
         enqueue(owner, uuid.uuid4())
     start = lsn(superuser)
@@ -189,22 +191,14 @@ def test_a_claim_and_a_finish_enter_only_the_indexes_they_must(
     assert finished == {
         "agent_run_pkey": RUNS,
         "agent_run_ended_by_conversation": RUNS,
-        "agent_run_untrimmed": RUNS,
+        "agent_run_finished": RUNS,
     }
-    # Trimming the journal moves a run from agent_run_untrimmed to agent_run_trimmed: one
-    # entry by finished_at per version, whichever part it is in (migration 0040).
-    untrimmed = (
-        "SELECT count(*) FROM runrow.agent_run WHERE finished_at IS NOT NULL AND request_snapshot IS NOT NULL"
-    )
+    untrimmed = "SELECT count(*) FROM runrow.run_request"
     due = superuser.execute(untrimmed).fetchone()[0]
     start = lsn(superuser)
     owner.execute("SELECT runrow.trim_journal(older_than => '0')").fetchone()
     trimmed = index_inserts(superuser, start)
     print(f"trim {trimmed}")
     assert due >= RUNS and superuser.execute(untrimmed).fetchone()[0] == 0
-    assert trimmed == {
-        "agent_run_pkey": due,
-        "agent_run_ended_by_conversation": due,
-        "agent_run_trimmed": due,
-    }
+    assert trimmed == {}, "the trim wrote agent_run"
     drain(owner)

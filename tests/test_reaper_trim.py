@@ -17,12 +17,20 @@ __all__ = ["pool", "worker_db", "worker_db_superuser"]
 
 
 def _backdate(superuser_db: str, run_id: object, hours: int) -> None:
-    """Make a run look ended `hours` ago. Its row is sticky-terminal, so the test steps around
-    the guard triggers as the superuser, the way only a test may."""
+    """Make a run look ended `hours` ago, and enqueued then too (run_request's key is a UUIDv7
+    of the enqueue, and trim_journal walks it: a run never ends before it was enqueued). Its
+    row is sticky-terminal, so the test steps around the guard triggers as the superuser, the
+    way only a test may."""
     with psycopg.connect(superuser_db, autocommit=True) as conn:
         conn.execute("SET session_replication_role = replica")
         conn.execute(
             "UPDATE runrow.agent_run SET finished_at = now() - make_interval(hours => %s) WHERE id = %s",
+            (hours, run_id),
+        )
+        conn.execute(
+            "UPDATE runrow.run_request SET id = encode(overlay(uuid_send(id) PLACING substr(int8send("
+            "floor(extract(EPOCH FROM now() - make_interval(hours => %s)) * 1000)::bigint), 3)"
+            " FROM 1 FOR 6), 'hex')::uuid WHERE run_id = %s",
             (hours, run_id),
         )
 
@@ -45,10 +53,12 @@ async def test_a_reaper_pass_trims_journals_of_runs_ended_long_ago(
     assert _journal(worker_db, old) == [], "the old run's journal is gone"
     assert "complete" in _journal(worker_db, recent), "a run that ended recently keeps its journal"
     with psycopg.connect(worker_db) as conn:
-        status, snapshot = conn.execute(
-            "SELECT status, request_snapshot FROM runrow.agent_run WHERE id = %s", (old,)
+        status, snapshots = conn.execute(
+            "SELECT status, (SELECT count(*) FROM runrow.run_request WHERE run_id = a.id)"
+            " FROM runrow.agent_run AS a WHERE a.id = %s",
+            (old,),
         ).fetchone()
-        assert (status, snapshot) == ("completed", None), "the run stays; its PII snapshot goes"
+        assert (status, snapshots) == ("completed", 0), "the run stays; its PII snapshot goes"
         last = conn.execute("SELECT type, payload FROM runrow.read_events(%s)", (old,)).fetchall()
         assert last == [("complete", last[0][1])] and last[0][1]["synthesized"] is True
 
