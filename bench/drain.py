@@ -169,11 +169,11 @@ def bare_check(url: str, jobs: int) -> None:
     assert (left, done) == (0, jobs), f"bare SQL: {left} jobs left, {done} done of {jobs}"
 
 
-def pgqueuer_setup(url: str, jobs: int) -> None:
-    asyncio.run(_pgqueuer_setup(url, jobs))
+def pgqueuer_setup(url: str, jobs: int, payload: bytes | None = None) -> None:
+    asyncio.run(_pgqueuer_setup(url, jobs, payload=payload))
 
 
-async def _pgqueuer_setup(url: str, jobs: int, install: bool = True) -> None:
+async def _pgqueuer_setup(url: str, jobs: int, install: bool = True, payload: bytes | None = None) -> None:
     from pgqueuer import PsycopgDriver, Queries
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
@@ -182,13 +182,13 @@ async def _pgqueuer_setup(url: str, jobs: int, install: bool = True) -> None:
             await queries.install()
         for start in range(0, jobs, 5000):
             n = min(5000, jobs - start)
-            await queries.enqueue(["noop"] * n, [None] * n, [0] * n)
+            await queries.enqueue(["noop"] * n, [payload] * n, [0] * n)
         await conn.execute("VACUUM ANALYZE")
 
 
-def pgqueuer_enqueue(url: str, jobs: int) -> None:
-    """`jobs` more jobs in a database pgqueuer_setup has installed."""
-    asyncio.run(_pgqueuer_setup(url, jobs, install=False))
+def pgqueuer_enqueue(url: str, jobs: int, payload: bytes | None = None) -> None:
+    """`jobs` more jobs in a database pgqueuer_setup has installed, each with `payload`."""
+    asyncio.run(_pgqueuer_setup(url, jobs, install=False, payload=payload))
 
 
 def pgqueuer_worker(
@@ -268,15 +268,16 @@ def runrow_setup(url: str, jobs: int) -> None:
     runrow_enqueue(url, jobs)
 
 
-def runrow_enqueue(url: str, jobs: int, time_ordered: bool = False) -> None:
-    """`jobs` runs, one conversation each, in a migrated database; the conversation ids random
-    (version 4, as any client's might be) or time-ordered (version 7, as runrow's clients mint
-    them; made by runrow's own `_uuidv7`, which the bench's owner role may call)."""
+def runrow_enqueue(url: str, jobs: int, time_ordered: bool = False, content: str = "job") -> None:
+    """`jobs` runs, one conversation each, in a migrated database, each asking `content`; the
+    conversation ids random (version 4, as any client's might be) or time-ordered (version 7, as
+    runrow's clients mint them; made by runrow's own `_uuidv7`, which the bench's owner role may
+    call)."""
     conversation = "runrow._uuidv7()" if time_ordered else "gen_random_uuid()"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
-            f"SELECT runrow.enqueue_run({conversation}, '\"job\"', 'bench') FROM generate_series(1, %s)",
-            (jobs,),
+            f"SELECT runrow.enqueue_run({conversation}, %s::jsonb, 'bench') FROM generate_series(1, %s)",
+            (json.dumps(content), jobs),
         )
         conn.execute("VACUUM ANALYZE")
 

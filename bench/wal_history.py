@@ -70,20 +70,30 @@ class System(NamedTuple):
     check: Callable[[str, int], None]  # every job of the database done exactly once
 
 
-def systems(time_ordered: bool) -> dict[str, System]:
+def systems(time_ordered: bool, request_chars: int | None = None) -> dict[str, System]:
     """Each system's calls; runrow's conversation ids random (version 4, as any client's might
-    be) or time-ordered (version 7, as runrow's own clients mint them)."""
+    be) or time-ordered (version 7, as runrow's own clients mint them). With `request_chars`,
+    each job carries a request of that many characters: runrow's user message, PgQueuer's
+    payload (bytes); without, runrow's is "job" and PgQueuer's none, as in bench.drain."""
+    content = "job" if request_chars is None else "x" * request_chars
+    payload = None if request_chars is None else b"x" * request_chars
 
     def runrow_install(url: str, jobs: int) -> None:
         migrate(url)
-        runrow_enqueue(url, jobs, time_ordered)
+        runrow_enqueue(url, jobs, time_ordered, content)
 
     def runrow_more(url: str, jobs: int) -> None:
-        runrow_enqueue(url, jobs, time_ordered)
+        runrow_enqueue(url, jobs, time_ordered, content)
+
+    def pgqueuer_install(url: str, jobs: int) -> None:
+        pgqueuer_setup(url, jobs, payload)
+
+    def pgqueuer_more(url: str, jobs: int) -> None:
+        pgqueuer_enqueue(url, jobs, payload)
 
     return {
         RUNROW: System(runrow_install, runrow_more, runrow_one_call_worker, runrow_check),
-        PGQUEUER: System(pgqueuer_setup, pgqueuer_enqueue, pgqueuer_worker, pgqueuer_check),
+        PGQUEUER: System(pgqueuer_install, pgqueuer_more, pgqueuer_worker, pgqueuer_check),
     }
 
 
@@ -202,11 +212,18 @@ def measure(
     return rows
 
 
-def report(rows: list[Row], wal_compression: str = "off", time_ordered: bool = False) -> list[str]:
+def report(
+    rows: list[Row],
+    wal_compression: str = "off",
+    time_ordered: bool = False,
+    request_chars: int | None = None,
+) -> list[str]:
     ids = "time-ordered" if time_ordered else "random"
+    request = "" if request_chars is None else f"; a request of {request_chars:,} characters per job"
     lines = [
         "=== WAL per job with a history, right after a CHECKPOINT"
-        f" (full_page_writes on, wal_compression {wal_compression}; runrow's conversation ids {ids}) ==="
+        f" (full_page_writes on, wal_compression {wal_compression};"
+        f" runrow's conversation ids {ids}{request}) ==="
     ]
     for row in rows:
         label = f"{row.system}, batch {row.batch}, {row.history:,} done before"
@@ -239,9 +256,10 @@ def run(
     with_peer: bool,
     wal_compression: str = "off",
     time_ordered: bool = False,
+    request_chars: int | None = None,
 ) -> tuple[list[str], list[Row]]:
     names = [RUNROW, PGQUEUER] if with_peer else [RUNROW]
-    calls = systems(time_ordered)
+    calls = systems(time_ordered, request_chars)
     rows: list[Row] = []
     with fsync_cluster(full_page_writes=True) as (server, superuser):
         with psycopg.connect(make_conninfo(superuser, dbname="postgres"), autocommit=True) as conn:
@@ -260,7 +278,7 @@ def run(
                     jobs,
                     lambda m: print(m, flush=True),
                 )
-        lines = [*report(rows, wal_compression, time_ordered), machine(server)]
+        lines = [*report(rows, wal_compression, time_ordered, request_chars), machine(server)]
     return lines, rows
 
 
@@ -308,6 +326,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="runrow's conversation ids: random (version 4, as any client's might be; the default) or "
         "time-ordered (version 7, as runrow's own clients mint them)",
     )
+    parser.add_argument(
+        "--request-chars",
+        type=int,
+        metavar="N",
+        help="each job carries a request of N characters: runrow's user message, PgQueuer's payload "
+        "(default: runrow's \"job\", PgQueuer's none, as in bench.drain)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the rows to PATH")
     args = parser.parse_args(argv)
     if any(h < 1 for h in args.history):
@@ -316,6 +341,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--jobs must be at least 1")
     if any(not 1 <= b <= 1000 for b in args.batch):
         parser.error("--batch sizes must be between 1 and 1000")
+    if args.request_chars is not None and not 0 <= args.request_chars <= 1_000_000:
+        parser.error("--request-chars must be between 0 and 1000000")
     return args
 
 
@@ -328,6 +355,7 @@ def main(argv: list[str] | None = None) -> None:
         args.peer,
         args.wal_compression,
         args.conversation_ids == "time-ordered",
+        args.request_chars,
     )
     for line in lines:
         print(line)

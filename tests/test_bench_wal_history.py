@@ -72,6 +72,7 @@ def test_each_system_is_counted_with_each_history(tmp_path: Path) -> None:
         (["--batch", "0"], "--batch sizes must be between 1 and 1000"),
         (["--wal-compression", "zip"], "invalid choice: 'zip'"),
         (["--conversation-ids", "v9"], "invalid choice: 'v9'"),
+        (["--request-chars", "-1"], "--request-chars must be between 0 and 1000000"),
     ],
 )
 def test_bad_sizes_are_refused_before_anything_starts(args: list[str], says: str) -> None:
@@ -83,3 +84,27 @@ def test_bad_sizes_are_refused_before_anything_starts(args: list[str], says: str
         timeout=60,
     )
     assert done.returncode == 2 and says in done.stderr, done.stderr
+
+
+def test_a_request_of_n_characters_is_what_each_system_carries(
+    scratch_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--request-chars: runrow's user message and PgQueuer's payload are the same size, so the
+    two drains compare like with like."""
+    import psycopg
+
+    monkeypatch.syspath_prepend(str(ROOT))  # bench/ is the repository's, not the package's
+    from bench.wal_history import PGQUEUER, RUNROW, systems
+
+    calls = systems(time_ordered=True, request_chars=1000)
+    calls[RUNROW].install(scratch_database, 3)
+    calls[PGQUEUER].install(scratch_database, 3)
+    with psycopg.connect(scratch_database) as conn:
+        sizes = conn.execute(
+            "SELECT length(q.snapshot ->> 'content'), length(m.content #>> '{}')"
+            " FROM runrow.run_request AS q JOIN runrow.agent_run AS a ON a.id = q.run_id"
+            " JOIN runrow.message AS m ON m.id = a.user_message_id"
+        ).fetchall()
+        assert sizes == [(1000, 1000)] * 3, sizes
+        payloads = conn.execute("SELECT length(payload) FROM pgqueuer").fetchall()
+        assert payloads == [(1000,)] * 3, payloads
