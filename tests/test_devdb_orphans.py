@@ -1,8 +1,9 @@
-"""A throwaway cluster does not outlive the process that owns it.
+"""A throwaway cluster (or pgbouncer) does not outlive the process that owns it.
 
 A real owner process enters `devdb.throwaway()` and is killed with a real signal: SIGKILL (no
 `finally` runs) and SIGTERM (Python's default action: none runs either). Before the orphan
-reaper, both left the postmaster running and its temp folder on disk.
+reaper, both left the postmaster running and its temp folder on disk; and an owner killed inside
+`pgbouncer.running()` left its pgbouncer.
 """
 
 from __future__ import annotations
@@ -56,6 +57,49 @@ def test_cluster_of_a_killed_owner_is_stopped_and_removed(sig: signal.Signals) -
             time.sleep(0.05)
         assert not _alive(postmaster), "the killed owner's postmaster is still running"
         assert not root.exists(), "the killed owner's cluster folder is still on disk"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+
+
+BOUNCER_OWNER = textwrap.dedent(
+    """
+    import sys, time
+    from pyworker.db import pgbouncer
+
+    with pgbouncer.running(sys.argv[1], port=6499) as bouncer:
+        print(bouncer.root, bouncer.proc.pid, flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def test_pgbouncer_of_a_killed_owner_is_stopped_and_removed(database_url: str) -> None:
+    from pyworker.db import pgbouncer
+
+    if not pgbouncer.PGBOUNCER.exists():
+        pytest.skip("pgbouncer is not installed (make bootstrap installs it)")
+    owner = subprocess.Popen(
+        [sys.executable, "-c", BOUNCER_OWNER, database_url],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert owner.stdout is not None
+        root, pid = owner.stdout.readline().split()
+        bouncer = Path(root)
+        assert _alive(int(pid)) and bouncer.exists()
+
+        owner.kill()
+        assert owner.wait(timeout=10) == -signal.SIGKILL
+
+        deadline = time.monotonic() + 30
+        while (_alive(int(pid)) or bouncer.exists()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(int(pid)), "the killed owner's pgbouncer is still running"
+        assert not bouncer.exists(), "the killed owner's pgbouncer folder is still on disk"
     finally:
         if owner.poll() is None:
             owner.kill()

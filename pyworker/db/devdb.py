@@ -247,10 +247,20 @@ def reap_if_owner_dies(cluster: Cluster) -> Callable[[], None]:
     """Start `orphan_reaper` for a cluster this process owns: if the process dies before it
     stops the cluster (SIGKILL, or SIGTERM's default action), the reaper stops it and removes
     its folder. Returns the call that dismisses the reaper once the cluster is stopped."""
+    return _orphan_reaper("cluster", cluster.to_json())
+
+
+def reap_process_if_owner_dies(pid: int, folder: str) -> Callable[[], None]:
+    """The same for a server process of ours that lives in `folder` (a throwaway pgbouncer):
+    if this process dies first, the reaper stops `pid` and removes `folder`."""
+    return _orphan_reaper("process", str(pid), folder)
+
+
+def _orphan_reaper(*args: str) -> Callable[[], None]:
     read_end, write_end = os.pipe()  # both close-on-exec: only this process holds write_end
     try:
         reaper = subprocess.Popen(
-            [sys.executable, "-m", "pyworker.db.orphan_reaper", cluster.to_json()],
+            [sys.executable, "-m", "pyworker.db.orphan_reaper", *args],
             stdin=read_end,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -1,30 +1,55 @@
-"""Removes a throwaway cluster whose owner died without removing it.
+"""Removes a throwaway server whose owner died without removing it.
 
-`devdb.throwaway` stops its cluster in a `finally`, which a SIGKILL never reaches and a SIGTERM
-reaches only in a process that turned the signal into an exception (Python's default is to die
-at once). The server runs in a process tree of its own, so it outlived its owner: a benchmark
-or test run stopped by a CI timeout left a postmaster and its temp folder behind, every time.
+`devdb.throwaway` stops its cluster in a `finally`, and `pgbouncer.running` its pooler, which a
+SIGKILL never reaches and a SIGTERM reaches only in a process that turned the signal into an
+exception (Python's default is to die at once). The servers run in process trees of their own,
+so they outlived their owner: a benchmark or test run stopped by a CI timeout left a postmaster
+(and a pgbouncer) and their temp folders behind, every time.
 
 This process is started by the owner in a session of its own (a signal to the owner's process
 group does not reach it) with the read end of a pipe as its stdin. The write end lives only in
 the owner (not inherited across exec), so the kernel closes it when the owner exits, however it
-exits. The read then returns, and the cluster is stopped and its folder removed; after a normal
+exits. The read then returns, and the server is stopped and its folder removed; after a normal
 exit the owner has already done that, and there is nothing left to do.
 
-    python -m pyworker.db.orphan_reaper CLUSTER_JSON  < pipe
+    python -m pyworker.db.orphan_reaper cluster CLUSTER_JSON  < pipe
+    python -m pyworker.db.orphan_reaper process PID FOLDER    < pipe
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import sys
+import time
 
 from pyworker.db import devdb
 
 
+def stop_process(pid: int, folder: str) -> None:
+    """SIGTERM `pid`, then SIGKILL after 10 s, then remove `folder`; nothing at all if the folder
+    is gone (the owner stopped it: the pid may belong to someone else by now)."""
+    if not os.path.isdir(folder):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            os.kill(pid, 0)
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def main(argv: list[str]) -> int:
-    cluster = devdb.Cluster.from_json(argv[1])
     sys.stdin.buffer.read()  # returns at EOF: the owner has exited
-    devdb.stop(cluster)
+    if argv[1] == "cluster":
+        devdb.stop(devdb.Cluster.from_json(argv[2]))
+    else:
+        stop_process(int(argv[2]), argv[3])
     return 0
 
 

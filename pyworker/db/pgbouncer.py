@@ -25,6 +25,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from psycopg.conninfo import conninfo_to_dict
 
+from pyworker.db import devdb
 from pyworker.db.devdb import OWNER, SUPERUSER, DevDbError
 
 PGBOUNCER = Path(os.environ.get("RUNROW_PGBOUNCER", "/usr/sbin/pgbouncer"))
@@ -146,7 +147,9 @@ def stop(bouncer: Bouncer) -> None:
 @contextlib.contextmanager
 def running(server_url: str, **kwargs: object) -> Iterator[Bouncer]:
     bouncer = start(server_url, **kwargs)  # type: ignore[arg-type]
+    release = devdb.reap_process_if_owner_dies(bouncer.proc.pid, bouncer.root)
     try:
         yield bouncer
     finally:
         stop(bouncer)
+        release()
