@@ -189,6 +189,10 @@ def measure(
                 observer.execute("ALTER SYSTEM SET autovacuum = off")
                 observer.execute("SELECT pg_reload_conf()")
                 try:
+                    # A temporary slot keeps the WAL read back below until this session ends: a
+                    # checkpoint during a slow drain (checkpoint_timeout) would otherwise recycle
+                    # its first segments ("requested WAL segment ... has already been removed").
+                    observer.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", (datname,))
                     observer.execute("CHECKPOINT")
                     start = observer.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
                     before = counters(observer, datname)
