@@ -63,6 +63,39 @@ def test_cluster_of_a_killed_owner_is_stopped_and_removed(sig: signal.Signals) -
             owner.wait()
 
 
+def test_the_reaper_is_this_package_whatever_the_working_directory(tmp_path: Path) -> None:
+    """An owner whose working directory holds another pyworker (an older checkout, say): the
+    reaper it starts must still be its own package's. Before, `python -m` in the owner's
+    directory ran the other one, which here does nothing, and the cluster stayed."""
+    fake = tmp_path / "pyworker" / "db"
+    fake.mkdir(parents=True)
+    (tmp_path / "pyworker" / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    (fake / "orphan_reaper.py").write_text("import sys\nsys.stdin.read()\n")  # reaps nothing
+    root = Path(__file__).resolve().parent.parent
+    owner = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(root)!r})\n" + OWNER],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    try:
+        assert owner.stdout is not None
+        cluster = Path(owner.stdout.readline().strip())
+        postmaster = int((cluster / "data" / "postmaster.pid").read_text().split()[0])
+        owner.kill()
+        owner.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while (_alive(postmaster) or cluster.exists()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(postmaster) and not cluster.exists(), "the other checkout's reaper ran"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+
+
 BOUNCER_OWNER = textwrap.dedent(
     """
     import sys, time

@@ -265,6 +265,8 @@ def _orphan_reaper(*args: str) -> Callable[[], None]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # out of reach of a signal to this process's group
+            # `-m` finds this package, not another pyworker in the caller's working directory.
+            cwd=Path(__file__).resolve().parents[2],
         )
     except BaseException:
         os.close(write_end)
