@@ -9,7 +9,8 @@ runs per call), trims all of them (terminal rows are immutable, so their
 finished_at cannot be backdated: a zero older_than stands in for "a day ago"). Measured, none
 of it on the machine's speed except the wall times:
 
-- the heap (pg_relation_size) and index (pg_indexes_size) bytes of run_event and agent_run
+- the heap (pg_relation_size) and index (pg_indexes_size) bytes of run_event, agent_run and
+  run_request (the request snapshots, migration 0061)
   before the trim, right after it, after VACUUM, and after a second fill of N runs (begun after
   one more VACUUM, as the next autovacuum would: it recycles the index pages the first one
   emptied): if the deleted space is reused the second fill fits in it, otherwise the tables
