@@ -31,11 +31,14 @@ OWNER = textwrap.dedent(
 
 
 def _alive(pid: int) -> bool:
+    """Whether `pid` runs. A zombie has exited: its new parent (init, once its owner is dead)
+    may be slow to reap it, or in a container never do so."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
         return False
-    return True
+    return state != "Z"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
