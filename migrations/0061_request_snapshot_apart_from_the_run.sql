@@ -40,27 +40,31 @@
 -- Measured: see the commit message.
 
 CREATE TABLE runrow.run_request (
-    id uuid PRIMARY KEY DEFAULT runrow._uuidv7(),
+    id uuid PRIMARY KEY,  -- stamped by run_request_guard from the database clock
     run_id uuid NOT NULL UNIQUE,
     snapshot jsonb NOT NULL
 );
 
 COMMENT ON TABLE runrow.run_request IS
 'The request each run was enqueued with (its user message content and metadata), one row per '
-'run until trim_journal deletes it with the run''s journal. id is a UUIDv7 of the enqueue: '
-'trim_journal''s work list, in enqueue order. Written by enqueue_run, retry_run and fork_run; '
-'rows are never updated, and only those of terminal runs are deleted.';
+'run until trim_journal deletes it with the run''s journal. id is a UUIDv7 of the insert''s now(), '
+'whatever the writer gave (run_request_guard): trim_journal''s work list, in enqueue order. '
+'Written by enqueue_run, retry_run and fork_run; rows are never updated, and only those of '
+'terminal runs are deleted.';
 
--- The run a request belongs to is checked by one lookup without a lock, not by a foreign key,
--- whose check key-share locks the run's row: a Heap/LOCK record on every enqueue, the cost
--- migration 0052 took out of agent_run's own references. A run that exists when its request
--- is written exists as long as the request does: agent_run rows are never deleted
--- (agent_run_no_delete, agent_run_no_truncate) and a run's id never changes
--- (agent_run_identity_guard).
-CREATE FUNCTION runrow._run_request_run_exists() RETURNS trigger
+-- A request's key is stamped here from the database clock, whatever a writer gave:
+-- trim_journal's walk takes every run that ended before its cutoff from the keys below the
+-- cutoff, which holds only if no key is later than its run's enqueue. And the run it belongs
+-- to is checked by one lookup without a lock, not by a foreign key, whose check key-share locks
+-- the run's row: a Heap/LOCK record on every enqueue, the cost migration 0052 took out of
+-- agent_run's own references. A run that exists when its request is written exists as long as
+-- the request does: agent_run rows are never deleted (agent_run_no_delete,
+-- agent_run_no_truncate) and a run's id never changes (agent_run_identity_guard).
+CREATE FUNCTION runrow._run_request_guard() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 BEGIN
+    NEW.id := runrow._uuidv7();
     PERFORM FROM runrow.agent_run AS a WHERE a.id = NEW.run_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'insert or update on table "run_request" violates foreign key constraint "run_request_run_id_fkey"'
@@ -72,14 +76,15 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow._run_request_run_exists() IS
-'run_request''s BEFORE INSERT row trigger: a request for a run that does not exist fails with '
-'23503, as its foreign key would (run_request_run_id_fkey), without locking the run''s row.';
+COMMENT ON FUNCTION runrow._run_request_guard() IS
+'run_request''s BEFORE INSERT row trigger: the row''s id becomes a UUIDv7 of now() (trim_journal''s '
+'work list is in that order), and a request for a run that does not exist fails with 23503, as '
+'its foreign key would (run_request_run_id_fkey), without locking the run''s row.';
 
-REVOKE ALL ON FUNCTION runrow._run_request_run_exists() FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._run_request_guard() FROM PUBLIC;
 
-CREATE TRIGGER run_request_run_exists BEFORE INSERT ON runrow.run_request
-FOR EACH ROW EXECUTE FUNCTION runrow._run_request_run_exists();
+CREATE TRIGGER run_request_guard BEFORE INSERT ON runrow.run_request
+FOR EACH ROW EXECUTE FUNCTION runrow._run_request_guard();
 
 CREATE FUNCTION runrow._run_request_no_update() RETURNS trigger
 LANGUAGE plpgsql

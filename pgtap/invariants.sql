@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(84);
+SELECT plan(87);
 SELECT pg_temp.drain_queue();
 SELECT pg_temp.owner() AS owner \gset
 
@@ -346,6 +346,17 @@ SELECT throws_ok(format('DELETE FROM runrow.message WHERE id = %L', :'msg'),
 -- the run has ended (trim_journal's delete), even by the owner.
 -- ---------------------------------------------------------------------------------
 SELECT pg_temp.new_run() AS open_run \gset
+-- Its key is the database clock's, whatever the writer gives: trim_journal's walk stops at the
+-- cutoff's millisecond, and a key from the future would keep a request from it forever.
+SELECT lives_ok(format($$SET LOCAL session_replication_role = replica;
+        DELETE FROM runrow.run_request WHERE run_id = %L; SET LOCAL session_replication_role = origin$$, :'open_run'),
+    'its request removed around the triggers, to be written again by hand');
+SELECT lives_ok(format('SELECT pg_temp.as_role(%L, %L)', :'owner',
+        format($$INSERT INTO runrow.run_request (id, run_id, snapshot)
+                 VALUES ('ffffffff-ffff-7fff-bfff-ffffffffffff', %L, '{"content": "again"}')$$, :'open_run')),
+    'the owner writes a request with a key far in the future');
+SELECT is((SELECT substr(id::text, 1, 13) FROM runrow.run_request WHERE run_id = :'open_run'),
+    substr(runrow._uuidv7()::text, 1, 13), 'it is keyed by now() instead');
 SELECT throws_ok($$INSERT INTO runrow.run_request (run_id, snapshot) VALUES (gen_random_uuid(), '{}')$$,
     '23503', 'insert or update on table "run_request" violates foreign key constraint "run_request_run_id_fkey"',
     'a request for a run that does not exist is refused, as its foreign key would');
