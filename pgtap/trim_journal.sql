@@ -3,7 +3,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(29);
+SELECT plan(30);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'trim_journal', ARRAY['interval', 'integer'], 'trim_journal(older_than, max_runs) exists');
@@ -28,8 +28,16 @@ SELECT ok(:expected > 0 AND (SELECT bool_and(EXISTS (SELECT FROM runrow.run_requ
                             FROM runrow.agent_run AS a),
     'every run has a journal and a request snapshot before the trim');
 
+SELECT pg_stat_get_xact_numscans('runrow.agent_run_finished'::regclass) AS finished_scans,
+       pg_stat_get_xact_numscans('runrow.agent_run'::regclass) AS run_seqscans \gset
 SELECT is(runrow.trim_journal('1 day'), :expected::bigint,
     'returns the number of journal rows deleted: those of runs terminal for over a day');
+-- Its work list is run_request's untrimmed rows, never the history of finished runs: not
+-- agent_run_finished, and no scan of agent_run (each run's row by its key).
+SELECT is(
+    (pg_stat_get_xact_numscans('runrow.agent_run_finished'::regclass) - :finished_scans)
+    || ' ' || (pg_stat_get_xact_numscans('runrow.agent_run'::regclass) - :run_seqscans),
+    '0 0', 'the trim reads neither agent_run_finished nor the whole of agent_run');
 SELECT is((SELECT count(*)::int FROM runrow.run_event WHERE run_id IN (:'old_done', :'old_failed', :'old_stopped')),
     0, 'completed, failed and cancelled runs older than a day lose their journal');
 SELECT is((SELECT count(*)::int FROM runrow.run_request WHERE run_id IN (:'old_done', :'old_failed', :'old_stopped')),
