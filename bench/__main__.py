@@ -19,6 +19,7 @@ it).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import json
@@ -43,36 +44,61 @@ from bench import (
     trim,
     wal_history,
 )
-from bench.common import bench_database, machine
+from bench.common import bench_database, cli, machine
 
-SHORT = "--short" in sys.argv[1:]
-# The drain's peer and worker rows are run this many times, alternating systems, and each ratio
-# is quoted as the median of the rounds (`--rounds N` to change it).
-ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv[1:-1] else 3
 FIGURES: dict[str, object] = {}
 
 
-async def trim_bench(url: str) -> list[str]:
-    lines, FIGURES["trim"] = trim.run(url, trim.SHORT if SHORT else trim.FULL)
-    return lines
+def benchmarks(short: bool) -> list[tuple[str, Callable[[str], Awaitable[list[str]]]]]:
+    async def trim_bench(url: str) -> list[str]:
+        lines, FIGURES["trim"] = trim.run(url, trim.SHORT if short else trim.FULL)
+        return lines
+
+    return [
+        ("claim", enqueue_to_claim.bench),
+        ("stop", stop_to_cancelled.bench),
+        ("journal", journal_rows.bench),
+        ("claim_buffers", lambda url: claim_buffers.bench(url, short)),
+        ("prompt_cache", prompt_cache.bench),
+        ("fairness", lambda url: fairness.bench(url, short)),
+        ("rate_limits", rate_limits.bench),
+        ("trim", trim_bench),
+    ]
 
 
-BENCHMARKS: list[tuple[str, Callable[[str], Awaitable[list[str]]]]] = [
-    ("claim", enqueue_to_claim.bench),
-    ("stop", stop_to_cancelled.bench),
-    ("journal", journal_rows.bench),
-    ("claim_buffers", lambda url: claim_buffers.bench(url, SHORT)),
-    ("prompt_cache", prompt_cache.bench),
-    ("fairness", lambda url: fairness.bench(url, SHORT)),
-    ("rate_limits", rate_limits.bench),
-    ("trim", trim_bench),
-]
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = cli(
+        "bench",
+        "Run every benchmark and print one report (what `make bench` runs: about two hours on 2 "
+        "cores, plus the trim's; --short for a quick pass).",
+        "The latency, buffer, fairness and trim benchmarks run in databases of their own on the "
+        "server DATABASE_URL points to (`make bench` gives them a throwaway cluster); the drain, "
+        "the WAL history and the instruction counts start clusters of their own. Each is runnable "
+        "alone as `python -m bench.<name>`.",
+    )
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help="smaller sizes: the buffer counts, the fairness backlog, the trim, the drain, the WAL history",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        metavar="N",
+        help="the drain's rounds, alternating systems; each ratio is the median of the rounds (default 3)",
+    )
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    return args
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     started = time.monotonic()
     report: list[str] = []
-    for name, bench in BENCHMARKS:
+    for name, bench in benchmarks(args.short):
         t0 = time.monotonic()
         with bench_database(name) as url:
             lines = asyncio.run(bench(url))
@@ -82,11 +108,11 @@ def main() -> None:
         report.extend(["", *lines])
         print("\n".join(lines), flush=True)
     t0 = time.monotonic()
-    lines, rows = drain.run(SHORT, rounds=ROUNDS)
+    lines, rows = drain.run(args.short, rounds=args.rounds)
     lines[0] += f"  [{time.monotonic() - t0:.0f} s]"
     report.extend(["", *lines])
     t0 = time.monotonic()
-    histories = [1_000, 100_000 if SHORT else 1_000_000]
+    histories = [1_000, 100_000 if args.short else 1_000_000]
     lines, wal_rows = wal_history.run(histories, wal_history.JOBS, list(wal_history.BATCHES), with_peer=True)
     FIGURES["wal_history"] = [dataclasses.asdict(r) for r in wal_rows]
     lines[0] += f"  [{time.monotonic() - t0:.0f} s]"

@@ -25,7 +25,6 @@ It needs valgrind (`apt-get install valgrind`). The defaults take about a minute
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import psycopg
 
+from bench.common import ON_A_CLUSTER, cli
 from bench.instructions import instructions, under_callgrind
 from pyworker.db.devdb import database_url_for, throwaway
 from pyworker.db.migrate import migrate
@@ -280,11 +280,12 @@ def report(figures: dict[str, float]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.api_calls",
-        description="Backend instructions per call of the functions a running agent calls (enqueue, "
+    parser = cli(
+        "bench.api_calls",
+        "Backend instructions per call of the functions a running agent calls (enqueue, "
         "heartbeat, appends, model-call admission, steps, tool calls, finish, reads), counted by "
         "callgrind as the difference between a SMALL and a LARGE session of calls.",
+        ON_A_CLUSTER,
     )
     parser.add_argument(
         "--calls",

@@ -20,13 +20,14 @@ figures to FILE.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import Any
 
 import psycopg
 
-from bench.common import bench_database, run_alone
+from bench.common import bench_database, cli, run_alone
 
 BLOCKED = 10_000
 FEW = 1_000
@@ -188,16 +189,32 @@ def report(f: dict[str, Any]) -> list[str]:
     ]
 
 
-def main() -> None:
-    argv = sys.argv[1:]
-    short = "--short" in argv
-    if "--json" not in argv:
-        run_alone("claim_buffers", lambda url: bench(url, short))
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = cli(
+        "bench.claim_buffers",
+        "What a claim and a finish cost the database in shared buffers (EXPLAIN ANALYZE BUFFERS, "
+        "rolled back): an empty claim behind blocked turns, and a claim, heartbeat, append and "
+        "finish with few and with many finished runs in the tables.",
+    )
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help=f"small sizes: 5,000 finished runs instead of {MANY:,} (about an hour to fill), "
+        f"1,000 blocked turns instead of {BLOCKED:,}",
+    )
+    parser.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.json is None:
+        run_alone("claim_buffers", lambda url: bench(url, args.short))
         return
     with bench_database("claim_buffers") as url:
-        figures = measure(url, short)
+        figures = measure(url, args.short)
     print("\n".join(report(figures)))
-    with open(argv[argv.index("--json") + 1], "w") as out:
+    with open(args.json, "w") as out:
         json.dump(figures, out, indent=2)
 
 

@@ -49,6 +49,7 @@ from subprocess import Popen
 
 import psycopg
 
+from bench.common import ON_A_CLUSTER, cli
 from bench.drain import ECHO, ECHO_ENQUEUE, pgqueuer_check, pgqueuer_setup, runrow_check
 from pyworker.db.devdb import database_url_for, throwaway
 from pyworker.db.migrate import migrate
@@ -233,11 +234,12 @@ def report(figures: dict[str, float]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.client_instructions",
-        description="Instructions per run of the client process itself: one `runrow worker` (echo "
+    parser = cli(
+        "bench.client_instructions",
+        "Instructions per run of the client process itself: one `runrow worker` (echo "
         "handler, zero-length runs) at each --concurrency, and PgQueuer's QueueManager at the same "
         "batch size, each under callgrind (difference between a SMALL and a LARGE drain).",
+        ON_A_CLUSTER,
     )
     parser.add_argument(
         "--concurrency",

@@ -7,6 +7,7 @@ claims one. Latencies come from the database clock: the created_at of journal ev
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -23,6 +24,25 @@ from pyworker.db.devdb import temporary_database, throwaway
 from pyworker.db.migrate import migrate
 
 __all__ = ["migrate", "temporary_database"]
+
+
+IN_A_DATABASE = (
+    "It runs in a database of its own, created on the server DATABASE_URL points to and dropped "
+    "afterwards (it never touches real runs); without a server, run it as `runrow db run -- python "
+    "-m bench...` (a throwaway cluster) or through `make bench`."
+)
+ON_A_CLUSTER = (
+    "It starts a PostgreSQL cluster of its own and removes it afterwards (DATABASE_URL is not used); "
+    "`make bench` runs it too."
+)
+
+
+def cli(module: str, description: str | None, epilog: str = IN_A_DATABASE) -> argparse.ArgumentParser:
+    """The argument parser of `python -m <module>`, saying where the benchmark runs: parsed
+    before anything connects, so `--help` and a misspelt option never start a run. Given the
+    module's docstring as `description`, its first line is the description."""
+    summary = (description or "").strip().split("\n", 1)[0]
+    return argparse.ArgumentParser(prog=f"python -m {module}", description=summary, epilog=epilog)
 
 
 def server_url() -> str:

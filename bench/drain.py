@@ -69,7 +69,7 @@ from typing import Any, NamedTuple
 import psycopg
 
 from bench import cpu, floor
-from bench.common import fsync_cluster, machine, migrate, temporary_database
+from bench.common import ON_A_CLUSTER, cli, fsync_cluster, machine, migrate, temporary_database
 
 JOBS = 20_000
 SHORT_JOBS = 2_000
@@ -800,12 +800,13 @@ def run(
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.drain",
-        description="Drain empty jobs through runrow (SQL API and worker), PgQueuer and a bare SQL queue, "
+    parser = cli(
+        "bench.drain",
+        "Drain empty jobs through runrow (SQL API and worker), PgQueuer and a bare SQL queue, "
         "side by side on one fsync-on cluster; print jobs/s, WAL, commits, buffers and CPU (client + server) "
         "per job, and ratios; "
         "write the rows to $RUNROW_BENCH_JSON (default bench-drain.json).",
+        f"{ON_A_CLUSTER} With --here it runs on DATABASE_URL's server instead.",
     )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--short", action="store_true", help=f"{SHORT_JOBS:,} jobs per row instead of {JOBS:,}")

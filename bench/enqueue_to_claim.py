@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import sys
 import time
 import uuid
 from typing import Any
 
 import psycopg
 
-from bench.common import event_times, percentile, run_alone, summary_ms
+from bench.common import cli, event_times, percentile, run_alone, summary_ms
 from pyworker.db import api
 from pyworker.db.channels import ENQUEUED
 from pyworker.db.hub import Hub
@@ -103,7 +104,8 @@ async def bench(url: str, seed: int = 1) -> list[str]:
     ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    cli("bench.enqueue_to_claim", __doc__).parse_args(sys.argv[1:] if argv is None else argv)
     run_alone("claim", bench)
 
 

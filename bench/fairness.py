@@ -23,7 +23,7 @@ import time
 
 import psycopg
 
-from bench.common import percentile, run_alone
+from bench.common import cli, percentile, run_alone
 
 SMALL = 10
 TENANTS = ["B", "C", "D", "E"]
@@ -114,9 +114,15 @@ async def bench(url: str, short: bool = False) -> list[str]:
     ]
 
 
-def main() -> None:
-    short = "--short" in sys.argv[1:]
-    run_alone("fairness", lambda url: bench(url, short))
+def main(argv: list[str] | None = None) -> None:
+    parser = cli(
+        "bench.fairness",
+        "Fair claiming: tenant A enqueues a backlog, then four other tenants a few runs each; how "
+        "long the small tenants wait with fair claiming, first-in-first-out, and alone.",
+    )
+    parser.add_argument("--short", action="store_true", help="A's backlog is 1,000 runs instead of 10,000")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    run_alone("fairness", lambda url: bench(url, args.short))
 
 
 if __name__ == "__main__":

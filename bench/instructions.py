@@ -51,6 +51,7 @@ from pathlib import Path
 import psycopg
 
 from bench import by_function
+from bench.common import ON_A_CLUSTER, cli
 from bench.drain import (
     ECHO_ENQUEUE,
     FINISH_AND_CLAIM,
@@ -295,11 +296,12 @@ def report(figures: dict[str, float]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.instructions",
-        description="Backend instructions per run of finish_and_claim_runs, and per job of PgQueuer "
+    parser = cli(
+        "bench.instructions",
+        "Backend instructions per run of finish_and_claim_runs, and per job of PgQueuer "
         "draining beside it, counted by callgrind (difference between a SMALL and a LARGE drain); "
         "prints runrow/PgQueuer at each batch size.",
+        ON_A_CLUSTER,
     )
     parser.add_argument(
         "--batch", type=int, nargs="+", default=[1, 10], help="max_runs of each call (default 1 10)"

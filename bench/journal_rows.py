@@ -10,13 +10,14 @@ streaming, and how far the naive writer fell behind its schedule.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 import uuid
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from bench.common import run_alone
+from bench.common import cli, run_alone
 from pyworker.db import api
 from pyworker.db.api import ClaimedRun
 from pyworker.db.cancel_safe_pool import CancelSafePool
@@ -104,7 +105,8 @@ async def bench(url: str) -> list[str]:
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    cli("bench.journal_rows", __doc__).parse_args(sys.argv[1:] if argv is None else argv)
     run_alone("journal", bench)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import tempfile
 import time
 import uuid
@@ -24,7 +25,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import run_alone
+from bench.common import cli, run_alone
 from pyworker.agent import loop as agent
 from pyworker.db import api
 from pyworker.demo import run as demo
@@ -179,5 +180,10 @@ async def bench(url: str) -> list[str]:
     return lines
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    cli("bench.prompt_cache", __doc__).parse_args(sys.argv[1:] if argv is None else argv)
     run_alone("prompt_cache", bench)
+
+
+if __name__ == "__main__":
+    main()

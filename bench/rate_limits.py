@@ -20,6 +20,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 import time
 import uuid
 from typing import Any
@@ -27,7 +28,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from bench.common import run_alone
+from bench.common import cli, run_alone
 from pyworker.agent import loop as agent
 from pyworker.fake.ratelimit import RateLimit, Refusal
 from pyworker.fake.server import FakeModel
@@ -146,5 +147,10 @@ async def bench(url: str) -> list[str]:
     return lines
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    cli("bench.rate_limits", __doc__).parse_args(sys.argv[1:] if argv is None else argv)
     run_alone("rate_limits", bench)
+
+
+if __name__ == "__main__":
+    main()

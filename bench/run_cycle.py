@@ -12,12 +12,13 @@ server pays. Not in `make bench` (the throwaway cluster there has fsync off):
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 import uuid
 
 from psycopg_pool import AsyncConnectionPool
 
-from bench.common import run_alone
+from bench.common import cli, run_alone
 from pyworker.db import api
 
 SECONDS = 8.0
@@ -53,5 +54,10 @@ async def bench(url: str) -> list[str]:
     return lines
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    cli("bench.run_cycle", __doc__).parse_args(sys.argv[1:] if argv is None else argv)
     run_alone("cycle", bench)
+
+
+if __name__ == "__main__":
+    main()

@@ -24,7 +24,7 @@ import uuid
 import httpx
 import psycopg
 
-from bench.common import bench_database, machine, summary_ms
+from bench.common import bench_database, cli, machine, summary_ms
 
 EVENTS = 100
 GAP = 0.02
@@ -120,7 +120,8 @@ def bench(url: str) -> list[str]:
         server.wait(15)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    cli("bench.sse_latency", __doc__).parse_args(sys.argv[1:] if argv is None else argv)
     with bench_database("sse") as url:
         print(machine(url))
         print("\n".join(bench(url)))

@@ -22,7 +22,7 @@ from contextlib import aclosing
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from bench.common import event_times, percentile, run_alone, summary_ms
+from bench.common import cli, event_times, percentile, run_alone, summary_ms
 from pyworker.db import api
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.hub import Hub
@@ -100,7 +100,8 @@ async def bench(url: str, seed: int = 2) -> list[str]:
     ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    cli("bench.stop_to_cancelled", __doc__).parse_args(sys.argv[1:] if argv is None else argv)
     run_alone("stop", bench)
 
 

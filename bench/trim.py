@@ -28,6 +28,7 @@ N = 1,000,000, or 20,000 with --short; --json writes the figures to FILE.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 import psycopg
 
 from bench.claim_buffers import buffers, lifecycle_calls
-from bench.common import bench_database, run_alone
+from bench.common import bench_database, cli, run_alone
 
 FULL = 1_000_000
 SHORT = 20_000
@@ -298,28 +299,41 @@ def run(url: str, runs: int) -> tuple[list[str], dict[str, object]]:
     return lines, figures
 
 
-def size(argv: list[str]) -> int:
-    """N from the command line: `--runs N`, else `--short`'s or the full size."""
-    if "--runs" in argv:
-        return int(argv[argv.index("--runs") + 1])
-    return SHORT if "--short" in argv else FULL
-
-
 async def bench(url: str, runs: int = FULL) -> list[str]:
     lines, _ = run(url, runs)
     return lines
 
 
-def main() -> None:
-    argv = sys.argv[1:]
-    runs = size(argv)
-    if "--json" not in argv:
-        run_alone("trim", lambda url: bench(url, runs))
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = cli(
+        "bench.trim",
+        "What trimming a day of journals costs: N finished runs with a streamed answer's journal "
+        "each, all trimmed by trim_journal as the reaper calls it; prints table sizes before the "
+        "trim, after it, after VACUUM and after N more runs (bloat), the trim's WAL and time, and "
+        "the buffers of a claim and a finish at each stage.",
+    )
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--short", action="store_true", help=f"{SHORT:,} runs instead of {FULL:,}")
+    size.add_argument(
+        "--runs", type=int, metavar="N", help=f"N runs (default {FULL:,}, about two hours to fill)"
+    )
+    parser.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
+    args = parser.parse_args(argv)
+    if args.runs is not None and args.runs < 1:
+        parser.error("--runs must be at least 1")
+    args.runs = args.runs or (SHORT if args.short else FULL)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.json is None:
+        run_alone("trim", lambda url: bench(url, args.runs))
         return
     with bench_database("trim") as url:
-        lines, figures = run(url, runs)
+        lines, figures = run(url, args.runs)
     print("\n".join(lines))
-    with open(argv[argv.index("--json") + 1], "w") as f:
+    with open(args.json, "w") as f:
         json.dump(figures, f, indent=2)
 
 

@@ -40,7 +40,7 @@ from typing import NamedTuple
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from bench.common import fsync_cluster, machine, migrate, temporary_database
+from bench.common import ON_A_CLUSTER, cli, fsync_cluster, machine, migrate, temporary_database
 from bench.drain import (
     Counters,
     counters,
@@ -287,12 +287,13 @@ def run(
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.wal_history",
-        description="WAL per job of a drain (runrow's finish_and_claim_runs and PgQueuer, 2 processes) "
+    parser = cli(
+        "bench.wal_history",
+        "WAL per job of a drain (runrow's finish_and_claim_runs and PgQueuer, 2 processes) "
         "with HISTORY jobs already done in the tables, right after a CHECKPOINT, on a private cluster "
         "with fsync and full_page_writes on; prints WAL bytes, records and full-page images per job, "
         "and runrow over PgQueuer.",
+        ON_A_CLUSTER,
     )
     parser.add_argument(
         "--history",
