@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -72,14 +73,39 @@ def test_help_of_runrow_and_every_client_command() -> None:
         assert "example" in result.stdout, f"{command} --help teaches by example"
 
 
+def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command and nested action of the CLI (`db`, `db start`, `limits set`, ...)."""
+    found: list[tuple[str, ...]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found += [(*path, name), *commands(child, (*path, name))]
+    return found
+
+
 def test_every_subcommand_parses_help_in_process() -> None:
-    # Covers the commands other modules add too (worker, db, migrate, ...).
+    # Covers the commands other modules add too (worker, db, migrate, ...), and their actions.
     parser = build_parser()
-    sub = next(a for a in parser._actions if a.dest == "cmd")
-    for name in sub.choices:  # type: ignore[union-attr]
+    found = commands(parser)
+    assert {("db", "start"), ("db", "stop"), ("limits", "set"), ("worker",)} <= set(found)
+    for path in found:
         with pytest.raises(SystemExit) as exc:
-            parser.parse_args([name, "--help"])
-        assert exc.value.code == 0
+            parser.parse_args([*path, "--help"])
+        assert exc.value.code == 0, path
+
+
+def test_db_actions_take_help_and_refuse_what_they_do_not_take(capsys: pytest.CaptureFixture[str]) -> None:
+    """`db stop --help` used to stop and remove the cluster, and `db start --help` start one:
+    `--help` after the action was swallowed as `run`'s command."""
+    parser = build_parser()
+    for action in ("start", "stop", "url"):
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args(["db", action, "now"])
+        assert exc.value.code == 2
+        assert "unrecognized arguments: now" in capsys.readouterr().err
+    args = parser.parse_args(["db", "run", "--", "pytest", "--help"])
+    assert (args.action, args.command) == ("run", ["--", "pytest", "--help"])
+    assert parser.parse_args(["db", "run", "pytest", "-q"]).command == ["pytest", "-q"]
 
 
 @pytest.mark.parametrize(("status", "code"), [("completed", 0), ("failed", 1), ("cancelled", 3), ("dead", 4)])

@@ -212,9 +212,21 @@ def build_parser() -> argparse.ArgumentParser:
         "run -- CMD: run CMD with DATABASE_URL set to a cluster that lives only as "
         "long as CMD (unless DATABASE_URL is already set).",
     )
-    p.add_argument("action", choices=["start", "stop", "url", "run"])
-    p.add_argument("command", nargs=argparse.REMAINDER, help="for run: the command to run")
     p.set_defaults(func=cmd_db)
+    # Actions of their own, not a positional with choices: `db stop --help` prints help instead
+    # of removing the cluster, and `db start extra` is a usage error.
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions.add_parser("start", help="create the cluster (once) and print its URL")
+    actions.add_parser("stop", help="stop the cluster and remove its folder")
+    actions.add_parser("url", help="print the running cluster's URL")
+    r = actions.add_parser(
+        "run",
+        help="run a command on a cluster that lives as long as it",
+        description="Run CMD with DATABASE_URL set to a throwaway cluster that is removed when CMD "
+        "exits (unless DATABASE_URL is already set: then on that server). Exits with CMD's code.",
+        epilog="example: runrow db run -- pytest -q tests/test_races.py",
+    )
+    r.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
 
     p = sub.add_parser(
         "worker",
