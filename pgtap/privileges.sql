@@ -23,6 +23,7 @@ INSERT INTO api VALUES
     ('heartbeat', '{runrow_worker}', $$SELECT * FROM runrow.heartbeat(gen_random_uuid(), gen_random_uuid(), 30)$$),
     ('append_events', '{runrow_worker}',
         $$SELECT runrow.append_events(gen_random_uuid(), gen_random_uuid(), '[{"type": "x"}]')$$),
+    ('append_runs_events', '{runrow_worker}', $$SELECT * FROM runrow.append_runs_events('[]')$$),
     ('finish_run', '{runrow_worker}', $$SELECT runrow.finish_run(gen_random_uuid(), gen_random_uuid(), 'completed')$$),
     ('finish_runs', '{runrow_worker}', $$SELECT * FROM runrow.finish_runs('[]')$$),
     ('finish_and_claim_runs', '{runrow_worker}', $$SELECT * FROM runrow.finish_and_claim_runs('[]', 'w', 1, 30)$$),

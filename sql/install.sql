@@ -6854,6 +6854,154 @@ INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'a57824de5266aee6e
 
 -- functions/: re-applied on every install, like `runrow migrate`
 
+-- functions/_append_runs_input.sql
+-- The input check of a batch of appends (append_runs_events): the rules of append_events for
+-- each element, named by its index.
+
+CREATE OR REPLACE FUNCTION runrow._append_runs_input(
+    runs jsonb,
+    -- Each element's fields as parallel arrays, in input order (as _finish_runs_input returns
+    -- them): the writer walks them by index instead of looking fields up in the JSON.
+    OUT ids uuid[], OUT tokens uuid[], OUT events jsonb[]
+)
+LANGUAGE plpgsql
+-- No SET clauses: it reads no table, and runs under its caller's search_path.
+AS $fn$
+DECLARE
+    bad record;
+    uuid_re constant text := '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$';
+    uuid_shape constant text := '________-____-____-____-____________';
+    -- Whether the fast pass below proved every element valid.
+    valid boolean;
+BEGIN
+    IF _append_runs_input.runs IS NULL THEN
+        PERFORM runrow._require_not_null(_append_runs_input.runs, 'runs');
+    END IF;
+    IF jsonb_typeof(_append_runs_input.runs) <> 'array' THEN
+        RAISE EXCEPTION 'runs must be a JSON array of run objects, got %', jsonb_typeof(_append_runs_input.runs)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF jsonb_array_length(_append_runs_input.runs) > 1000 THEN
+        RAISE EXCEPTION 'runs is too large: at most 1000 runs per call, got %', jsonb_array_length(_append_runs_input.runs)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- The fast pass, which also builds the arrays: as few expressions as prove every rule for
+    -- every element (PostgreSQL compiles each expression of a statement on every call; see
+    -- _finish_runs_input for why each test is enough). A bad element makes it false or makes a
+    -- cast raise; the exact pass then names the first broken rule of the first bad element.
+    BEGIN
+        SELECT array_agg((x.el ->> 'run_id')::uuid), array_agg((x.el ->> 'claim_token')::uuid),
+               array_agg(x.el -> 'events'),
+               bool_and(coalesce(
+                   x.el ->> 'run_id' LIKE uuid_shape
+                   AND x.el ->> 'claim_token' LIKE uuid_shape
+                   AND x.el - '{run_id,claim_token,events}'::text[] = '{}'
+                   AND jsonb_typeof(x.el -> 'events') = 'array'
+                   AND jsonb_array_length(x.el -> 'events') BETWEEN 1 AND 1000
+                   AND octet_length((x.el -> 'events')::text) <= 4194304
+                   AND NOT jsonb_path_exists(x.el -> 'events', 'strict $[*] ? (@.type() != "object")')
+                   AND NOT jsonb_path_exists(
+                       x.el -> 'events',
+                       'lax $[*] ? (!(@.type.type() == "string") || @.type == "" || @.type == "complete"'
+                       ' || @.type starts with "run_")'
+                   ),
+                   false))
+        INTO ids, tokens, events, valid
+        FROM jsonb_array_elements(_append_runs_input.runs) AS x (el);
+    EXCEPTION WHEN data_exception THEN
+        valid := false;
+    END;
+    IF coalesce(valid, true) THEN
+        -- Each run at most once, looked for only where there are two.
+        IF coalesce(cardinality(ids), 0) < 2 THEN
+            RETURN;
+        END IF;
+        IF (SELECT count(DISTINCT d.id) FROM unnest(ids) AS d (id)) = cardinality(ids) THEN
+            RETURN;
+        END IF;
+    END IF;
+
+    -- The exact pass: the first broken rule (CASE stops at it) of the first bad element. No
+    -- test casts: each is safe on any JSON value.
+    SELECT v.i, v.el, v.rule, v.first INTO bad
+    FROM (
+        SELECT x.ord - 1 AS i, x.el, x.first - 1 AS first,
+               CASE
+                   WHEN jsonb_typeof(x.el) <> 'object' THEN 1
+                   WHEN x.el - ARRAY['run_id', 'claim_token', 'events'] <> '{}' THEN 2
+                   WHEN nullif(x.el -> 'run_id', 'null') IS NULL THEN 3
+                   WHEN jsonb_typeof(x.el -> 'run_id') <> 'string' OR x.el ->> 'run_id' !~* uuid_re THEN 4
+                   WHEN nullif(x.el -> 'claim_token', 'null') IS NULL THEN 5
+                   WHEN jsonb_typeof(x.el -> 'claim_token') <> 'string' OR x.el ->> 'claim_token' !~* uuid_re THEN 6
+                   WHEN nullif(x.el -> 'events', 'null') IS NULL THEN 7
+                   WHEN jsonb_typeof(x.el -> 'events') <> 'array' THEN 8
+                   WHEN jsonb_array_length(x.el -> 'events') = 0 THEN 9
+                   WHEN jsonb_array_length(x.el -> 'events') > 1000
+                        OR octet_length((x.el -> 'events')::text) > 4194304 THEN 10
+                   WHEN EXISTS (
+                       SELECT 1 FROM jsonb_array_elements(x.el -> 'events') AS e (ev)
+                       WHERE (jsonb_typeof(e.ev) <> 'object'
+                              OR jsonb_typeof(e.ev -> 'type') IS DISTINCT FROM 'string'
+                              OR e.ev ->> 'type' = ''
+                              OR e.ev ->> 'type' = 'complete'
+                              OR e.ev ->> 'type' LIKE 'run\_%')) THEN 11
+                   WHEN x.first < x.ord THEN 12
+               END AS rule
+        FROM (
+            -- first: where this run_id first appears (a run given twice is an error).
+            SELECT e.el, e.ord, min(e.ord) OVER (PARTITION BY lower(e.el ->> 'run_id')) AS first
+            FROM jsonb_array_elements(_append_runs_input.runs) WITH ORDINALITY AS e (el, ord)
+        ) AS x
+    ) AS v
+    WHERE v.rule IS NOT NULL
+    ORDER BY v.i
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'runs[%]%', bad.i, CASE bad.rule
+                WHEN 1 THEN format(' must be a JSON object, got %s', jsonb_typeof(bad.el))
+                WHEN 2 THEN format(' has an unknown key %s (allowed: run_id, claim_token, events)',
+                    (SELECT string_agg(format('"%s"', k.key), ', ')
+                     FROM jsonb_object_keys(bad.el - ARRAY['run_id', 'claim_token', 'events']) AS k (key)))
+                WHEN 3 THEN '.run_id must not be NULL'
+                WHEN 4 THEN format('.run_id must be a UUID string, got %s', bad.el -> 'run_id')
+                WHEN 5 THEN '.claim_token must not be NULL'
+                WHEN 6 THEN format('.claim_token must be a UUID string, got %s', bad.el -> 'claim_token')
+                WHEN 7 THEN '.events must not be NULL'
+                WHEN 8 THEN format('.events must be a JSON array of event objects, got %s',
+                    jsonb_typeof(bad.el -> 'events'))
+                WHEN 9 THEN '.events must not be empty'
+                WHEN 10 THEN '.events is too large: at most 1000 events and 4 MiB per run'
+                WHEN 11 THEN format('.events[%s] must be an object with a non-empty string "type" that is not '
+                    'reserved ("complete" and "run_*" are written by runrow itself)',
+                    (SELECT min(e.ord) - 1 FROM jsonb_array_elements(bad.el -> 'events') WITH ORDINALITY AS e (ev, ord)
+                     WHERE (jsonb_typeof(e.ev) <> 'object'
+                         OR jsonb_typeof(e.ev -> 'type') IS DISTINCT FROM 'string'
+                         OR e.ev ->> 'type' = ''
+                         OR e.ev ->> 'type' = 'complete'
+                         OR e.ev ->> 'type' LIKE 'run\_%')))
+                ELSE format('.run_id %s is already runs[%s]: each run at most once per call', bad.el -> 'run_id',
+                    bad.first)
+            END
+            USING ERRCODE = CASE WHEN bad.rule IN (3, 5, 7) THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END;
+    END IF;
+
+    -- Valid after all (the fast pass's proof is sufficient, not necessary): nothing here raises.
+    SELECT array_agg((x.el ->> 'run_id')::uuid), array_agg((x.el ->> 'claim_token')::uuid), array_agg(x.el -> 'events')
+    INTO ids, tokens, events
+    FROM jsonb_array_elements(_append_runs_input.runs) AS x (el);
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._append_runs_input(jsonb) IS
+'Checks runs as append_runs_events documents it (a JSON array of at most 1000 objects {run_id, '
+'claim_token, events}, each run at most once, each events array as append_events takes it) and '
+'returns the elements'' fields as parallel arrays in input order (all NULL for an empty array). '
+'Bad input raises 22004/22023 naming the element index (runs[i]) and the field. Reads and writes '
+'no table.';
+
+REVOKE ALL ON FUNCTION runrow._append_runs_input(jsonb) FROM PUBLIC;
+
 -- functions/_claim.sql
 -- The claim itself, shared by claim_run and claim_runs: _claim_walk locks the runs, one
 -- statement here claims them and journals run_claimed.
@@ -9231,6 +9379,79 @@ COMMENT ON FUNCTION runrow.append_events(uuid, uuid, jsonb) IS
 
 REVOKE ALL ON FUNCTION runrow.append_events(uuid, uuid, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.append_events(uuid, uuid, jsonb) TO runrow_worker;
+
+-- functions/append_runs_events.sql
+CREATE OR REPLACE FUNCTION runrow.append_runs_events(runs jsonb)
+RETURNS TABLE (run_id uuid, last_seq bigint)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow
+-- As finish_runs: one plan for every batch size, and never a scan of the runs' history.
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $fn$
+DECLARE
+    inp record;
+    done_ids uuid[];
+    done_seqs bigint[];
+BEGIN
+    inp := runrow._append_runs_input(append_runs_events.runs);
+
+    -- Two statements for the whole batch, not two per run: the fence of every run (its row
+    -- locked FOR NO KEY UPDATE where its claim_token still matches, rechecked on the row's
+    -- latest version once the lock is granted, as _hold_claim does for one run), then every
+    -- held run's events in one INSERT, each run's in array order, numbered by the guard
+    -- trigger from the run's last seq (a row's lookup sees the rows this INSERT wrote before
+    -- it). A run fenced out is not held and writes nothing.
+    WITH held AS (
+        SELECT r.id
+        FROM runrow.agent_run AS r
+        INNER JOIN unnest(inp.ids, inp.tokens) AS v (id, token) ON r.id = v.id AND r.claim_token = v.token
+        FOR NO KEY UPDATE OF r
+    ),
+    journaled AS (
+        INSERT INTO runrow.run_event (run_id, seq, type, payload)
+        SELECT h.id, NULL::bigint, x.ev ->> 'type', x.ev
+        FROM held AS h
+        INNER JOIN unnest(inp.ids, inp.events) AS v (id, events) ON h.id = v.id
+        CROSS JOIN LATERAL jsonb_array_elements(v.events) WITH ORDINALITY AS x (ev, ord)
+        ORDER BY h.id, x.ord
+        RETURNING run_event.run_id, run_event.seq
+    )
+    SELECT array_agg(l.run_id), array_agg(l.seq)
+    INTO done_ids, done_seqs
+    FROM (SELECT j.run_id, max(j.seq) AS seq FROM journaled AS j GROUP BY j.run_id) AS l;
+
+    -- The tails of the runs some tail watches, woken once each with the run's last seq: one
+    -- probe of run_watch for the batch, a statement after every run's lock (see _wake_tails).
+    IF done_ids IS NOT NULL THEN
+        PERFORM pg_notify(runrow.events_channel(w.id), w.seq::text)
+        FROM unnest(done_ids, done_seqs) AS w (id, seq)
+        WHERE current_setting('transaction_isolation') <> 'read committed'
+           OR EXISTS (SELECT 1 FROM runrow.run_watch AS rw WHERE rw.run_id = w.id AND rw.expires_at > now());
+    END IF;
+
+    RETURN QUERY
+    SELECT x.id, d.seq
+    FROM unnest(inp.ids) WITH ORDINALITY AS x (id, ord)
+    LEFT JOIN unnest(done_ids, done_seqs) AS d (id, seq) ON x.id = d.id
+    ORDER BY x.ord;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.append_runs_events(jsonb) IS
+'Append events to many running runs in one call: runs is a JSON array of at most 1000 objects '
+'{run_id, claim_token, events}, each run at most once, each events array as append_events takes it '
+'(1 to 1000 objects with a string "type", "complete" and run_* reserved, at most 4 MiB). Each run '
+'is fenced on its own exactly as append_events is (its claim_token, checked under the run row''s '
+'lock): a run fenced out writes nothing and comes back with last_seq NULL, the '
+'others are written all or nothing each at their next seqs. One row per element, in input order, '
+'with the last seq written; each written run''s events_channel is notified once if a tail watches '
+'it. Bad input raises 22004/22023 naming the element (runs[i]) and writes nothing. A worker '
+'flushing the deltas of many streaming runs sends one statement per flush instead of one per run.';
+
+REVOKE ALL ON FUNCTION runrow.append_runs_events(jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.append_runs_events(jsonb) TO runrow_worker;
 
 -- functions/append_step.sql
 CREATE OR REPLACE FUNCTION runrow.append_step(

@@ -21,6 +21,7 @@ What this pins (migration 0028 and the argument checks of the hot functions):
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
@@ -76,6 +77,10 @@ def test_a_batch_lifecycle_runs_a_fixed_number_of_functions(
     append = calls(
         worker, "SELECT runrow.append_events(%s, %s, %s::jsonb)", (*runs[0], '[{"type": "text_delta"}]')
     )
+    appends = json.dumps(
+        [{"run_id": str(r), "claim_token": str(t), "events": [{"type": "text_delta"}]} for r, t in runs]
+    )
+    append_runs = calls(worker, "SELECT * FROM runrow.append_runs_events(%s::jsonb)", (appends,))
     acks = completed(runs)
     finish = calls(worker, "SELECT * FROM runrow.finish_runs(%s::jsonb)", (acks,))
     one = calls(worker, "SELECT runrow.finish_run(%s, %s, 'completed')", runs[0])
@@ -130,6 +135,9 @@ def test_a_batch_lifecycle_runs_a_fixed_number_of_functions(
         "_wake_tails": 1,
         "_run_event_guard": 1,
     }
+    # Many runs' appends: the input checked once, every run fenced and journaled by one
+    # statement each for the batch (no per-run helper), the tails' wake one statement.
+    assert append_runs == {"append_runs_events": 1, "_append_runs_input": 1, "_run_event_guard": RUNS}
     # No tail watches it: the wake and its DELETE of the run's watches are skipped, as in
     # finish_runs (test_a_watched_ending_still_wakes_its_tails has the other case).
     assert one == {

@@ -236,6 +236,37 @@ def test_reap_first_then_the_waiting_append_writes_nothing(owner: psycopg.Connec
     assert "text" not in [t for _, t in events]
 
 
+def append_runs(conn: psycopg.Connection, runs: list[dict]) -> list[int | None]:
+    batch = [
+        {"run_id": str(r["run_id"]), "claim_token": str(r["claim_token"]), "events": [{"type": "text"}]}
+        for r in runs
+    ]
+    rows = conn.execute("SELECT last_seq FROM runrow.append_runs_events(%s)", (Jsonb(batch),)).fetchall()
+    return [seq for (seq,) in rows]
+
+
+def test_reap_first_then_the_waiting_batch_append_writes_only_the_others(
+    owner: psycopg.Connection, connect: Connect
+):
+    """append_runs_events waits on the reaper's uncommitted lock of one of its runs, and
+    rechecks that run's token on the row the reaper committed: fenced out there, written for
+    the run nobody took."""
+    reaped, kept = claimed_running(owner), claimed_running(owner)
+    expire_lease(owner, reaped["run_id"])
+    reaper = connect(autocommit=False)
+    assert reap(reaper) == [(reaped["run_id"], "failed")]
+
+    worker = Background(connect(), lambda conn: append_runs(conn, [kept, reaped]))
+    worker.wait_blocked_by(owner, reaper)
+    reaper.commit()
+
+    assert worker.result() == [4, None]
+    assert "text" not in [t for _, t in journal(owner, reaped["run_id"])]
+    events = journal(owner, kept["run_id"])
+    assert_gap_free(events)
+    assert [t for _, t in events][-1] == "text"
+
+
 # --- d, e. claimers and turn order ----------------------------------------------------
 
 

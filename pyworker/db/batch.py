@@ -1,5 +1,6 @@
-"""Typed async wrappers of runrow.finish_runs and finish_and_claim_runs: acknowledge many runs in
-one statement, and claim their successors in the same one.
+"""Typed async wrappers of runrow.finish_runs, finish_and_claim_runs and append_runs_events:
+acknowledge many runs in one statement, claim their successors in the same one, and append the
+events of many running runs in one.
 
 Kept apart from api.py so the batch lifecycle can move with the database layer as one piece.
 Like every wrapper it only calls the function, with its named argument.
@@ -61,6 +62,31 @@ async def finish_runs(conn: AsyncConnection, acks: Sequence[Ack]) -> list[Finish
     async with conn.cursor(row_factory=class_row(Finished)) as cur:
         await cur.execute(_FINISH_RUNS_SQL, (Jsonb([a.to_json() for a in acks]),))
         return await cur.fetchall()
+
+
+@dataclass(frozen=True)
+class Appends:
+    """One run's events for append_runs_events, already nul-encoded as the jsonb will hold them
+    (nul.encode_sized): 1 to 1000 objects with a string "type", at most 4 MiB."""
+
+    run_id: UUID
+    claim_token: UUID
+    events: Sequence[dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": str(self.run_id), "claim_token": str(self.claim_token), "events": list(self.events)}
+
+
+_APPEND_RUNS_SQL = "SELECT last_seq FROM runrow.append_runs_events(runs => %s)"
+
+
+async def append_runs_events(conn: AsyncConnection, appends: Sequence[Appends]) -> list[int | None]:
+    """The last seq written for each element, in order; None where the run was fenced out (it
+    wrote nothing). One statement for every run, each fenced on its own as append_events."""
+    if not appends:
+        return []
+    cur = await conn.execute(_APPEND_RUNS_SQL, (Jsonb([a.to_json() for a in appends]),))
+    return [row[0] for row in await cur.fetchall()]
 
 
 # finish_and_claim_runs' columns: finish_runs' three, then claim_runs' (run_id shared).
