@@ -89,6 +89,21 @@ def _next_seqs(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
     assert None not in seqs and seqs == list(range(seqs[0], seqs[0] + n)), f"{sql}: seqs {seqs[:5]}..."
 
 
+BATCH_RUNS = 10  # append_runs_events' shape: a worker's flush of ten streaming runs
+
+
+def _batch_seqs(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
+    """append_runs_events of one delta to each of BATCH_RUNS runs, n times: every run got its
+    next seq in every call."""
+    batch = json.dumps(
+        [{"run_id": str(r), "claim_token": str(t), "events": [json.loads(DELTA)[0]]} for r, t in runs]
+    )
+    calls = [[row[0] for row in conn.execute(sql, (batch,), prepare=True).fetchall()] for _ in range(n)]
+    for i in range(len(runs)):
+        seqs = [call[i] for call in calls]
+        assert None not in seqs and seqs == list(range(seqs[0], seqs[0] + n)), f"run {i}: seqs {seqs[:5]}..."
+
+
 def _acquire(conn: psycopg.Connection, sql: str, runs: list, n: int) -> None:
     rows = _each(conn, sql, [runs[0]] * n)
     assert all(r is not None and r[0] for r in rows), "a model call was not granted"
@@ -185,6 +200,10 @@ SHAPES: dict[str, Shape] = {
         "SELECT owned, cancel_requested FROM runrow.heartbeat(%s, %s, 30)", lambda n: 1, _heartbeat
     ),
     "append_events": Shape(f"SELECT runrow.append_events(%s, %s, '{DELTA}'::jsonb)", lambda n: 1, _next_seqs),
+    # Per call: ten runs' appends, which ten append_events calls made before (divide by ten).
+    f"append_runs_events_x{BATCH_RUNS}": Shape(
+        "SELECT last_seq FROM runrow.append_runs_events(%s::jsonb)", lambda n: BATCH_RUNS, _batch_seqs
+    ),
     "acquire_model_call": Shape(
         "SELECT granted FROM runrow.acquire_model_call(%s, %s, 1000)", lambda n: 1, _acquire
     ),

@@ -40,6 +40,7 @@ def test_each_session_makes_calls_that_do_their_work(database_url: str, name: st
     [
         "heartbeat",
         "append_events",
+        f"append_runs_events_x{api_calls.BATCH_RUNS}",
         "append_step",
         "acquire_model_call",
         "finish_run",

@@ -21,6 +21,7 @@ from pyworker.db.api import ClaimedRun
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.worker.handler import Outcome, RunContext
 from pyworker.worker.journal import (
+    BATCH_MIN_RUNS,
     GATHER_TURNS,
     MAX_BYTES_PER_CALL,
     MAX_EVENTS_PER_CALL,
@@ -254,13 +255,14 @@ async def test_failure_of_an_event_written_through_without_waiting_surfaces_at_t
 
 
 class Gate:
-    """Holds the writer's statements (append_events, finish_runs) before they are sent, so a test
-    can take the run away between a deferred event's emit and its flush, on real connections."""
+    """Holds the writer's statements (append_events, append_runs_events, finish_runs) before they
+    are sent, so a test can take the run away between a deferred event's emit and its flush, on
+    real connections."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.held = asyncio.Event()  # a statement is waiting at the gate
         self.open = asyncio.Event()
-        for module, name in ((api, "append_events"), (batch, "finish_runs")):
+        for module, name in ((api, "append_events"), (batch, "append_runs_events"), (batch, "finish_runs")):
             monkeypatch.setattr(module, name, self._gated(getattr(module, name)))
 
     def _gated(self, real):  # type: ignore[no-untyped-def]
@@ -375,6 +377,80 @@ async def test_all_runs_flush_in_one_transaction_per_tick(pool, db) -> None:
     await writer.stop()
 
 
+def count_appends(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[uuid.UUID]]:
+    """(runs per append_runs_events call, runs sent through append_events), as the writer calls them."""
+    batched: list[int] = []
+    singles: list[uuid.UUID] = []
+    append_runs, append_one = batch.append_runs_events, api.append_events
+
+    async def runs_counted(conn, appends):  # type: ignore[no-untyped-def]
+        batched.append(len(appends))
+        return await append_runs(conn, appends)
+
+    async def one_counted(conn, run_id, *args, **kwargs):  # type: ignore[no-untyped-def]
+        singles.append(run_id)
+        return await append_one(conn, run_id, *args, **kwargs)
+
+    monkeypatch.setattr(batch, "append_runs_events", runs_counted)
+    monkeypatch.setattr(api, "append_events", one_counted)
+    return batched, singles
+
+
+async def test_a_flush_appends_every_run_in_one_statement(pool, db, monkeypatch) -> None:
+    """One append_runs_events per flush, whatever the number of streaming runs: one append_events
+    per run before, a round trip and a statement each on every tick."""
+    batched, singles = count_appends(monkeypatch)
+    runs = await claimed(pool, 5)
+    writer = await writer_for(pool, CLOCK_OFF)
+    journals = [writer.run_journal(r) for r in runs]
+    for i, j in enumerate(journals):
+        await emit_text(j, [f"run {i} ", "says hi"])
+    await writer.flush_all()
+    assert (batched, singles) == ([5], [])
+    for i, r in enumerate(runs):
+        assert shape(journal_of(db, r.run_id)) == [("text_delta", f"run {i} says hi")]
+    assert transactions(db, [r.run_id for r in runs]) == (1, 5)
+    await writer.stop()
+
+
+async def test_a_run_past_one_calls_limit_takes_a_second_round_alone(pool, db, monkeypatch) -> None:
+    """A run with more events than one call takes (MAX_EVENTS_PER_CALL) sends the rest in a
+    second round of the same transaction; a run fenced out in the first sends no second round."""
+    batched, singles = count_appends(monkeypatch)
+    big, small, other, taken = await claimed(pool, BATCH_MIN_RUNS)
+    writer = await writer_for(pool, CLOCK_OFF)
+    jbig, jsmall, jother, jtaken = (writer.run_journal(r) for r in (big, small, other, taken))
+    async with pool.connection() as conn:  # someone else ends `taken` first
+        assert await api.finish_run(conn, taken.run_id, taken.claim_token, "failed", error="taken away")
+    n = MAX_EVENTS_PER_CALL + 5
+    for i in range(n):  # a content block each: nothing coalesces
+        await jbig.emit({"type": "text_delta", "index": i, "text": f"{i}"})
+        await jtaken.emit({"type": "text_delta", "index": i, "text": f"{i}"})
+    await emit_text(jsmall, ["small"])
+    await emit_text(jother, ["other"])
+    await writer.flush_all()
+    assert (batched, singles) == ([4, 1], [])  # the second round: big alone, not taken
+    assert [(r["index"], r["text"]) for r in journal_of(db, big.run_id)] == [(i, f"{i}") for i in range(n)]
+    assert shape(journal_of(db, small.run_id)) == [("text_delta", "small")]
+    assert deltas(db, taken.run_id) == [] and jtaken.lost.is_set()
+    assert jbig.last_seq == len(events(db, big.run_id))
+    await writer.stop()
+
+
+async def test_a_flush_of_a_few_runs_appends_each_on_its_own(pool, db, monkeypatch) -> None:
+    """Below BATCH_MIN_RUNS runs, append_events each: a batch call's fixed cost is more than the
+    statements it saves there."""
+    batched, singles = count_appends(monkeypatch)
+    runs = await claimed(pool, BATCH_MIN_RUNS - 1)
+    writer = await writer_for(pool, CLOCK_OFF)
+    for i, j in enumerate(writer.run_journal(r) for r in runs):
+        await emit_text(j, [f"run {i}"])
+    await writer.flush_all()
+    assert (batched, sorted(singles)) == ([], sorted(r.run_id for r in runs))
+    assert transactions(db, [r.run_id for r in runs]) == (1, len(runs))
+    await writer.stop()
+
+
 async def test_fenced_out_run_loses_only_its_own_events(pool, db) -> None:
     a, b, c = await claimed(pool, 3)
     writer = await writer_for(pool, CLOCK_OFF)
@@ -474,18 +550,30 @@ async def test_commit_that_landed_but_went_unanswered_is_not_written_again(
 
 
 @pytest.mark.parametrize(
-    "needle",
-    [b"COMMIT", b"append_events"],
-    ids=["connection-lost-at-commit-not-delivered", "connection-lost-before-commit"],
+    ("needle", "n"),
+    [
+        (b"COMMIT", 2),
+        (b"append_events", 2),
+        (b"COMMIT", BATCH_MIN_RUNS),
+        (b"append_runs_events", BATCH_MIN_RUNS),
+    ],
+    ids=[
+        "connection-lost-at-commit-not-delivered",
+        "connection-lost-before-commit",
+        "batched-connection-lost-at-commit-not-delivered",
+        "batched-connection-lost-before-commit",
+    ],
 )
 async def test_flush_that_did_not_commit_is_written_again_once(
-    faulty_pool, proxy, db, caplog, needle: bytes
+    faulty_pool, proxy, db, caplog, needle: bytes, n: int
 ) -> None:
-    a, b = await claimed(faulty_pool, 2)
+    runs = await claimed(faulty_pool, n)
     writer = await writer_for(faulty_pool, CLOCK_OFF)
-    ja, jb = writer.run_journal(a), writer.run_journal(b)
+    journals = [writer.run_journal(r) for r in runs]
+    ja = journals[0]
     await emit_text(ja, ["Hel", "lo"])
-    await emit_text(jb, ["Good", "bye"])
+    for j in journals[1:]:
+        await emit_text(j, ["Good", "bye"])
 
     proxy.break_at(needle, deliver=False)
     with pytest.raises(psycopg.OperationalError):
@@ -493,14 +581,15 @@ async def test_flush_that_did_not_commit_is_written_again_once(
     assert proxy.fired == [f"{needle.decode()} dropped"]
     # Only an unanswered COMMIT needs a read-back; dying before it sent the COMMIT rolls back.
     assert ("had not committed" in caplog.text) == (needle == b"COMMIT")
-    assert ja.pending and jb.pending and not ja.in_doubt and not jb.in_doubt
-    assert journal_of(db, a.run_id) == [] and journal_of(db, b.run_id) == []
+    assert all(j.pending and not j.in_doubt for j in journals)
+    assert all(journal_of(db, r.run_id) == [] for r in runs)
 
     await emit_text(ja, [", world"])  # emitted meanwhile: follows the restored batch, in order
     await writer.flush_all()
-    assert streamed_text(db, a.run_id) == "Hello, world"
-    assert shape(journal_of(db, b.run_id)) == [("text_delta", "Goodbye")]
-    assert ja.last_seq == len(events(db, a.run_id))
+    assert streamed_text(db, runs[0].run_id) == "Hello, world"
+    for r in runs[1:]:
+        assert shape(journal_of(db, r.run_id)) == [("text_delta", "Goodbye")]
+    assert ja.last_seq == len(events(db, runs[0].run_id))
     await writer.stop()
 
 
