@@ -3,9 +3,9 @@
 
 CREATE OR REPLACE FUNCTION runrow._append_runs_input(
     runs jsonb,
-    -- Each element's fields as parallel arrays, in input order (as _finish_runs_input returns
-    -- them): the writer walks them by index instead of looking fields up in the JSON.
-    OUT ids uuid[], OUT tokens uuid[], OUT events jsonb[]
+    -- The elements' run ids, in input order (the writer reads the other fields from the JSON,
+    -- in the one statement that writes them).
+    OUT ids uuid[]
 )
 LANGUAGE plpgsql
 -- No SET clauses: it reads no table, and runs under its caller's search_path.
@@ -34,8 +34,7 @@ BEGIN
     -- _finish_runs_input for why each test is enough). A bad element makes it false or makes a
     -- cast raise; the exact pass then names the first broken rule of the first bad element.
     BEGIN
-        SELECT array_agg((x.el ->> 'run_id')::uuid), array_agg((x.el ->> 'claim_token')::uuid),
-               array_agg(x.el -> 'events'),
+        SELECT array_agg((x.el ->> 'run_id')::uuid),
                bool_and(coalesce(
                    x.el ->> 'run_id' LIKE uuid_shape
                    AND x.el ->> 'claim_token' LIKE uuid_shape
@@ -50,7 +49,7 @@ BEGIN
                        ' || @.type starts with "run_")'
                    ),
                    false))
-        INTO ids, tokens, events, valid
+        INTO ids, valid
         FROM jsonb_array_elements(_append_runs_input.runs) AS x (el);
     EXCEPTION WHEN data_exception THEN
         valid := false;
@@ -130,8 +129,7 @@ BEGIN
     END IF;
 
     -- Valid after all (the fast pass's proof is sufficient, not necessary): nothing here raises.
-    SELECT array_agg((x.el ->> 'run_id')::uuid), array_agg((x.el ->> 'claim_token')::uuid), array_agg(x.el -> 'events')
-    INTO ids, tokens, events
+    SELECT array_agg((x.el ->> 'run_id')::uuid) INTO ids
     FROM jsonb_array_elements(_append_runs_input.runs) AS x (el);
 END
 $fn$;
@@ -139,7 +137,7 @@ $fn$;
 COMMENT ON FUNCTION runrow._append_runs_input(jsonb) IS
 'Checks runs as append_runs_events documents it (a JSON array of at most 1000 objects {run_id, '
 'claim_token, events}, each run at most once, each events array as append_events takes it) and '
-'returns the elements'' fields as parallel arrays in input order (all NULL for an empty array). '
+'returns the elements'' run ids in input order (NULL for an empty array). '
 'Bad input raises 22004/22023 naming the element index (runs[i]) and the field. Reads and writes '
 'no table.';
 

@@ -8,51 +8,51 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 AS $fn$
 DECLARE
-    inp record;
-    done_ids uuid[];
-    done_seqs bigint[];
+    ids uuid[];
 BEGIN
-    inp := runrow._append_runs_input(append_runs_events.runs);
+    ids := runrow._append_runs_input(append_runs_events.runs);
 
-    -- Two statements for the whole batch, not two per run: the fence of every run (its row
+    -- One statement for the whole batch, not a few per run: the fence of every run (its row
     -- locked FOR NO KEY UPDATE where its claim_token still matches, rechecked on the row's
-    -- latest version once the lock is granted, as _hold_claim does for one run), then every
-    -- held run's events in one INSERT, each run's in array order, numbered by the guard
-    -- trigger from the run's last seq (a row's lookup sees the rows this INSERT wrote before
-    -- it). A run fenced out is not held and writes nothing.
+    -- latest version once the lock is granted, as _hold_claim does for one run), every held
+    -- run's events in one INSERT, each run's in array order, numbered by the guard trigger from
+    -- the run's last seq (a row's lookup sees the rows this INSERT wrote before it), and a row
+    -- per element in input order. A run fenced out is not held and writes nothing.
+    RETURN QUERY
     WITH held AS (
-        SELECT r.id
-        FROM runrow.agent_run AS r
-        INNER JOIN unnest(inp.ids, inp.tokens) AS v (id, token) ON r.id = v.id AND r.claim_token = v.token
+        SELECT r.id, x.el -> 'events' AS events
+        FROM jsonb_array_elements(append_runs_events.runs) AS x (el)
+        INNER JOIN runrow.agent_run AS r
+            ON r.id = (x.el ->> 'run_id')::uuid AND r.claim_token = (x.el ->> 'claim_token')::uuid
         FOR NO KEY UPDATE OF r
     ),
     journaled AS (
         INSERT INTO runrow.run_event (run_id, seq, type, payload)
-        SELECT h.id, NULL::bigint, x.ev ->> 'type', x.ev
+        SELECT h.id, NULL::bigint, e.ev ->> 'type', e.ev
         FROM held AS h
-        INNER JOIN unnest(inp.ids, inp.events) AS v (id, events) ON h.id = v.id
-        CROSS JOIN LATERAL jsonb_array_elements(v.events) WITH ORDINALITY AS x (ev, ord)
-        ORDER BY h.id, x.ord
+        CROSS JOIN LATERAL jsonb_array_elements(h.events) WITH ORDINALITY AS e (ev, ord)
+        ORDER BY h.id, e.ord
         RETURNING run_event.run_id, run_event.seq
     )
-    SELECT array_agg(l.run_id), array_agg(l.seq)
-    INTO done_ids, done_seqs
-    FROM (SELECT j.run_id, max(j.seq) AS seq FROM journaled AS j GROUP BY j.run_id) AS l;
+    SELECT i.id, l.seq
+    FROM unnest(ids) WITH ORDINALITY AS i (id, ord)
+    LEFT JOIN (SELECT j.run_id, max(j.seq) AS seq FROM journaled AS j GROUP BY j.run_id) AS l ON i.id = l.run_id
+    ORDER BY i.ord;
 
-    -- The tails of the runs some tail watches, woken once each with the run's last seq: one
-    -- probe of run_watch for the batch, a statement after every run's lock (see _wake_tails).
-    IF done_ids IS NOT NULL THEN
-        PERFORM pg_notify(runrow.events_channel(w.id), w.seq::text)
-        FROM unnest(done_ids, done_seqs) AS w (id, seq)
+    -- The tails of the written runs some tail watches, woken once each with the run's last
+    -- seq. Probed first (nearly every flush has no watched run), a statement after every run's
+    -- lock (see _wake_tails); a run written here is one this transaction still holds with the
+    -- token it was given.
+    IF current_setting('transaction_isolation') <> 'read committed'
+       OR EXISTS (SELECT 1 FROM runrow.run_watch AS w WHERE w.run_id = ANY (ids) AND w.expires_at > now()) THEN
+        PERFORM pg_notify(runrow.events_channel(r.id),
+                          (SELECT max(e.seq) FROM runrow.run_event AS e WHERE e.run_id = r.id)::text)
+        FROM jsonb_array_elements(append_runs_events.runs) AS x (el)
+        INNER JOIN runrow.agent_run AS r
+            ON r.id = (x.el ->> 'run_id')::uuid AND r.claim_token = (x.el ->> 'claim_token')::uuid
         WHERE current_setting('transaction_isolation') <> 'read committed'
-           OR EXISTS (SELECT 1 FROM runrow.run_watch AS rw WHERE rw.run_id = w.id AND rw.expires_at > now());
+           OR EXISTS (SELECT 1 FROM runrow.run_watch AS w WHERE w.run_id = r.id AND w.expires_at > now());
     END IF;
-
-    RETURN QUERY
-    SELECT x.id, d.seq
-    FROM unnest(inp.ids) WITH ORDINALITY AS x (id, ord)
-    LEFT JOIN unnest(done_ids, done_seqs) AS d (id, seq) ON x.id = d.id
-    ORDER BY x.ord;
 END
 $fn$;
 

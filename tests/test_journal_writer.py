@@ -417,7 +417,8 @@ async def test_a_run_past_one_calls_limit_takes_a_second_round_alone(pool, db, m
     """A run with more events than one call takes (MAX_EVENTS_PER_CALL) sends the rest in a
     second round of the same transaction; a run fenced out in the first sends no second round."""
     batched, singles = count_appends(monkeypatch)
-    big, small, other, taken = await claimed(pool, BATCH_MIN_RUNS)
+    assert BATCH_MIN_RUNS <= 4
+    big, small, other, taken = await claimed(pool, 4)
     writer = await writer_for(pool, CLOCK_OFF)
     jbig, jsmall, jother, jtaken = (writer.run_journal(r) for r in (big, small, other, taken))
     async with pool.connection() as conn:  # someone else ends `taken` first

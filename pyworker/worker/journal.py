@@ -78,9 +78,9 @@ MAX_BYTES_PER_CALL = 3 * 1024 * 1024  # below append_events' 4 MiB limit, leavin
 # append_runs_events: the fewest runs a flush sends through it (fewer go one append_events
 # each), its own limit of runs per call, and a bound on one call's size (each run's chunk is
 # within the single-run limits above). Its backend instructions per call (bench.api_calls) are
-# about 580k fixed plus 180k a run, against 384k a run for append_events: 1.29x at 2 runs,
-# 0.87x at 4, 0.62x at 10.
-BATCH_MIN_RUNS = 4
+# about 455k fixed plus 180k a run, against 384k a run for append_events: 1.09x at 2 runs,
+# 0.77x at 4, 0.58x at 10.
+BATCH_MIN_RUNS = 3
 BATCH_RUNS_PER_CALL = 1000
 BATCH_BYTES_PER_CALL = 16 * 1024 * 1024
 MAX_READ_BACK = 10000  # read_events' own page limit
