@@ -6852,6 +6852,26 @@ INSERT INTO runrow._yoyo_migration VALUES ('a57824de5266aee6e7779b9f9bc58fdc497d
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'a57824de5266aee6e7779b9f9bc58fdc497d742b55acd9db4e0a48a5ecff8a31', '0061_request_snapshot_apart_from_the_run', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0062_journal_guard_reads_by_index
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '809898cfbbfa686d229a3ad3c9addf6b25d998a759d05b43fc65ccf61f018666') AS apply_809898cfbbfa \gset
+\if :apply_809898cfbbfa
+-- depends: 0061_request_snapshot_apart_from_the_run
+-- The journal guard reads its run's last seq by run_event's key whatever the statistics say.
+-- A trim that empties the journal, then a VACUUM, leaves run_event with a few live rows over
+-- many pages and its key's index with as many pages; the planner then priced the lookup by
+-- that key above a scan of the whole table, and every journal row written (enqueue, claim,
+-- append, finish) scanned run_event until the next ANALYZE: bench.trim's second fill of
+-- 200,000 runs wrote 2,002 in its first minutes and none in the next 45. SPEC.md's rule is
+-- that every lookup a function does is served by an index. A setting of the guard function
+-- itself, so it holds for every writer and for the plan cached in each session, whichever
+-- writer planned it first (pgtap/journal_lookups_by_index.sql). Its cost is a setting saved
+-- and restored per journal row.
+
+ALTER FUNCTION runrow._run_event_guard() SET enable_seqscan = off;
+INSERT INTO runrow._yoyo_migration VALUES ('809898cfbbfa686d229a3ad3c9addf6b25d998a759d05b43fc65ccf61f018666', '0062_journal_guard_reads_by_index', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '809898cfbbfa686d229a3ad3c9addf6b25d998a759d05b43fc65ccf61f018666', '0062_journal_guard_reads_by_index', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_append_runs_input.sql
@@ -12291,6 +12311,9 @@ LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, runrow
+-- By run_event's key whatever the statistics say (a trimmed, vacuumed journal looks empty to
+-- the planner, which then prices the key above a scan of the table).
+SET enable_seqscan = off
 AS $fn$
 DECLARE
     r runrow.agent_run;
