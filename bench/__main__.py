@@ -5,9 +5,10 @@ Each benchmark is also runnable alone: `python -m bench.enqueue_to_claim`,
 `python -m bench.claim_buffers`, `python -m bench.prompt_cache`, `python -m bench.fairness`,
 `python -m bench.rate_limits`, `python -m bench.trim`,
 `python -m bench.drain`, `python -m bench.instructions`, `python -m bench.api_calls`,
-`python -m bench.client_instructions`, `python -m bench.wal_history`. The drain runs on a cluster
-of its own with fsync on, then WAL per job with a history (1,000 and 1,000,000 jobs done before;
-`--short`: 100,000) on one with full_page_writes on too; the
+`python -m bench.client_instructions`, `python -m bench.wal_history`, `python -m bench.streaming`.
+The drain runs on a cluster of its own with fsync on, then WAL per job with a history (1,000 and
+1,000,000 jobs done before; `--short`: 100,000) on one with full_page_writes on too, then a
+streaming worker's journal calls with and without its cross-run batching on one more; the
 instruction counts last (per run of the drain, then per call of the functions a running agent
 calls, on one under callgrind; then the client processes' own, `runrow worker` against PgQueuer's,
 each under callgrind; skipped without valgrind). `--short`:
@@ -41,6 +42,7 @@ from bench import (
     prompt_cache,
     rate_limits,
     stop_to_cancelled,
+    streaming,
     trim,
     wal_history,
 )
@@ -73,8 +75,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "cores, plus the trim's; --short for a quick pass).",
         "The latency, buffer, fairness and trim benchmarks run in databases of their own on the "
         "server DATABASE_URL points to (`make bench` gives them a throwaway cluster); the drain, "
-        "the WAL history and the instruction counts start clusters of their own. Each is runnable "
-        "alone as `python -m bench.<name>`.",
+        "the WAL history, the streaming counts and the instruction counts start clusters of their "
+        "own. Each is runnable alone as `python -m bench.<name>`.",
     )
     parser.add_argument(
         "--short",
@@ -115,6 +117,12 @@ def main(argv: list[str] | None = None) -> None:
     histories = [1_000, 100_000 if args.short else 1_000_000]
     lines, wal_rows = wal_history.run(histories, wal_history.JOBS, list(wal_history.BATCHES), with_peer=True)
     FIGURES["wal_history"] = [dataclasses.asdict(r) for r in wal_rows]
+    lines[0] += f"  [{time.monotonic() - t0:.0f} s]"
+    report.extend(["", *lines])
+    print("\n".join(lines), flush=True)
+    t0 = time.monotonic()
+    lines, stream_rows = streaming.run(streaming.RUNS, streaming.CONCURRENCY, streaming.DURATION)
+    FIGURES["streaming"] = [dataclasses.asdict(r) for r in stream_rows]
     lines[0] += f"  [{time.monotonic() - t0:.0f} s]"
     report.extend(["", *lines])
     print("\n".join(lines), flush=True)
