@@ -73,6 +73,30 @@ def test_help_of_runrow_and_every_client_command() -> None:
         assert "example" in result.stdout, f"{command} --help teaches by example"
 
 
+def test_commands_that_ask_no_model_do_not_load_the_sdk() -> None:
+    """Importing the anthropic SDK takes about 1.7 s; `runrow --help` took 2.7 s because the
+    parser's module for fork and replay imported it. Only what asks a model (replay, the agent
+    handler a worker loads) loads it now. Counted by module, not by clock."""
+    probe = (
+        "import sys\n"
+        "from pyworker.cli.main import main\n"
+        "for argv in (['--help'], *[[c, '--help'] for c in sys.argv[1:]]):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in sys.modules if m == 'anthropic' or m.startswith('anthropic.')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *COMMANDS, "worker", "serve", "replay", "fork", "limits"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-2000:]
+
+
 def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     """Every command and nested action of the CLI (`db`, `db start`, `limits set`, ...)."""
     found: list[tuple[str, ...]] = []

@@ -17,13 +17,11 @@ import textwrap
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import psycopg
 
 from pyworker.agent.history import build_messages
-from pyworker.agent.model import DEFAULT_MAX_TOKENS, REQUEST_PARAMS, client_for
 from pyworker.cli.client import CliError, _command, _connect
 from pyworker.db import forks
 from pyworker.db import steps as steps_api
@@ -31,6 +29,12 @@ from pyworker.db.config import database_url
 
 TERMINAL = ("completed", "failed", "cancelled", "dead")
 THINKING_TYPES = ("thinking", "redacted_thinking")
+
+if TYPE_CHECKING:
+    import anthropic
+# The SDK (pyworker.agent.model imports it) is imported by replay itself, not with the module:
+# importing anthropic takes about 1.7 s, which every `runrow` command paid, `--help` included,
+# because the CLI builds its parser from this module.
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -113,6 +117,8 @@ async def cmd_replay(args: argparse.Namespace) -> int:
     model = args.model or request.model
     system = request.system_prompt if system_override is None else system_override
     changed = model != request.model or system != request.system_prompt
+    from pyworker.agent.model import client_for
+
     client = client_for({})
     pairs: list[tuple[int, Answer, Answer]] = []
     for i, row in enumerate(rows):
@@ -136,6 +142,8 @@ def _params(
     *,
     drop_thinking: bool,
 ) -> dict[str, Any]:
+    from pyworker.agent.model import DEFAULT_MAX_TOKENS, REQUEST_PARAMS
+
     meta = request.metadata or {}
     params: dict[str, Any] = {"model": model, "max_tokens": DEFAULT_MAX_TOKENS}
     params.update({name: meta[name] for name in REQUEST_PARAMS if meta.get(name) is not None})
@@ -171,6 +179,8 @@ def _tool_loop_without_thinking(messages: list[dict[str, Any]]) -> bool:
 
 
 async def _ask(client: anthropic.AsyncAnthropic, params: dict[str, Any]) -> Answer:
+    import anthropic
+
     note = params.pop("_note", "")
     try:
         message = (await client.messages.create(**params)).to_dict(mode="json")
