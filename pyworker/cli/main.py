@@ -146,11 +146,10 @@ def webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
 
 
 def in_range(setting: str, unit: float = 1) -> Callable[[str], float]:
-    """An argparse type for a worker setting: its range is Worker's (pyworker.worker.process.LIMITS, in
+    """An argparse type for a worker setting: its range is Worker's (pyworker.worker.settings, in
     units of `unit` seconds), so a value that cannot work is a usage error naming the flag and
     the range, not a traceback or a worker whose every reaper pass fails."""
-    from pyworker.worker.process import LIMITS
-    from pyworker.worker.webhooks import LIMITS as WEBHOOK_LIMITS
+    from pyworker.worker.settings import LIMITS, WEBHOOK_LIMITS
 
     kind, lo, hi = {**LIMITS, **WEBHOOK_LIMITS}[setting]
     lo, hi = lo / unit, hi / unit

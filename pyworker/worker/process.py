@@ -26,27 +26,10 @@ from pyworker.worker.dispatcher import Dispatcher
 from pyworker.worker.handler import RunHandler
 from pyworker.worker.journal import JournalWriter
 from pyworker.worker.reaper import reaper_loop
+from pyworker.worker.settings import LIMITS
 from pyworker.worker.webhooks import WebhookSettings, webhook_loop
 
 log = logging.getLogger("runrow.worker")
-
-# The range of every numeric setting, shared with `runrow worker`'s flags. Where a SQL function
-# takes the value, its own range: claim_runs' max_runs (concurrency), the lease of claim and
-# heartbeat, reap_expired_runs' grace_seconds; outside them a worker fails on every call. The
-# clocks have a floor because at 0 they spin (a 0 s poll is thousands of claim commits a
-# second) and a ceiling of a day (`inf` and `nan` are not clocks). trim_after is in seconds
-# here (hours on the command line); 100 years is far inside trim_journal's interval range.
-LIMITS: dict[str, tuple[type, float, float]] = {
-    "concurrency": (int, 1, 1000),
-    "lease_seconds": (int, 1, 3600),
-    "grace_seconds": (int, 0, 86400),
-    "poll_seconds": (float, 0.1, 86400),
-    "reap_interval": (float, 0.1, 86400),
-    "drain_seconds": (float, 0, 86400),
-    "trim_after": (float, 0, 100 * 365 * 86400),
-    "flush_interval": (float, 0.01, 60),
-    "pool_size": (int, 1, 1000),
-}
 
 
 def check_setting(name: str, value: object) -> None:

@@ -39,6 +39,7 @@ from pyworker.db.webhooks import (
     complete_webhook_delivery,
     fail_webhook_delivery,
 )
+from pyworker.worker.settings import WEBHOOK_LIMITS
 
 log = logging.getLogger("runrow.webhooks")
 
@@ -47,15 +48,6 @@ DELIVERY_HEADER = "Runrow-Delivery-Id"
 ATTEMPT_HEADER = "Runrow-Delivery-Attempt"
 USER_AGENT = "runrow-webhooks/1"
 DEFAULT_TOLERANCE = 300.0  # seconds a receiver accepts between t and its own clock (Stripe's default)
-
-# Ranges of the settings, shared with `runrow worker`'s flags; the SQL functions' own ranges
-# where they take the value (max_attempts 1..100, backoff_seconds 0.1..3600).
-LIMITS: dict[str, tuple[type, float, float]] = {
-    "webhook_timeout": (float, 0.1, 600),
-    "webhook_attempts": (int, 1, 100),
-    "webhook_backoff": (float, 0.1, 3600),
-    "webhook_poll": (float, 0.1, 86400),
-}
 
 
 class SignatureError(ValueError):
@@ -130,7 +122,7 @@ class WebhookSettings:
             ("webhook_backoff", self.backoff_seconds),
             ("webhook_poll", self.poll_seconds),
         ):
-            kind, lo, hi = LIMITS[name]
+            kind, lo, hi = WEBHOOK_LIMITS[name]
             ok = isinstance(value, int | float) and not isinstance(value, bool)
             if not ok or (kind is int and not isinstance(value, int)) or not lo <= value <= hi:
                 raise ValueError(f"{name} must be from {lo:g} to {hi:g}, got {value!r}")

@@ -1,0 +1,34 @@
+"""The range of every numeric setting of a worker, shared by Worker and WebhookSettings (which
+check what they are given) and by `runrow worker`'s flags (which refuse a value out of range as
+a usage error naming the flag). A module of its own so that the command line reads them without
+importing the worker.
+"""
+
+from __future__ import annotations
+
+# The worker's own settings. Where a SQL function takes the value, its own range: claim_runs'
+# max_runs (concurrency), the lease of claim and heartbeat, reap_expired_runs' grace_seconds;
+# outside them a worker fails on every call. The clocks have a floor because at 0 they spin (a
+# 0 s poll is thousands of claim commits a second) and a ceiling of a day (`inf` and `nan` are
+# not clocks). trim_after is in seconds here (hours on the command line); 100 years is far
+# inside trim_journal's interval range.
+LIMITS: dict[str, tuple[type, float, float]] = {
+    "concurrency": (int, 1, 1000),
+    "lease_seconds": (int, 1, 3600),
+    "grace_seconds": (int, 0, 86400),
+    "poll_seconds": (float, 0.1, 86400),
+    "reap_interval": (float, 0.1, 86400),
+    "drain_seconds": (float, 0, 86400),
+    "trim_after": (float, 0, 100 * 365 * 86400),
+    "flush_interval": (float, 0.01, 60),
+    "pool_size": (int, 1, 1000),
+}
+
+# The webhook sender's settings: the SQL functions' own ranges where they take the value
+# (max_attempts 1..100, backoff_seconds 0.1..3600).
+WEBHOOK_LIMITS: dict[str, tuple[type, float, float]] = {
+    "webhook_timeout": (float, 0.1, 600),
+    "webhook_attempts": (int, 1, 100),
+    "webhook_backoff": (float, 0.1, 3600),
+    "webhook_poll": (float, 0.1, 86400),
+}
