@@ -3,9 +3,12 @@ RETURNS TABLE (run_id uuid, last_seq bigint)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, runrow
--- As finish_runs: one plan for every batch size, and never a scan of the runs' history.
+-- As finish_runs: one plan for every batch size, and never a scan of the runs' history. Never
+-- JIT-compiled: after a trim the wake probe's lookup of each run's last seq is priced above
+-- jit_above_cost (see read_events, migration 0063).
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET jit = off
 AS $fn$
 DECLARE
     ids uuid[];

@@ -5,8 +5,10 @@ STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, runrow
 -- By run_event's key whatever the statistics say (a trimmed, vacuumed journal looks empty to
--- the planner, which then prices the key above a scan of the table).
+-- the planner, which then prices the key above a scan of the table), and never JIT-compiled
+-- (the same statistics price the key's lookup above jit_above_cost: migration 0063).
 SET enable_seqscan = off
+SET jit = off
 AS $fn$
 DECLARE
     r runrow.agent_run;

@@ -1,7 +1,8 @@
 -- The trigger functions that fire on every lifecycle write carry no SET clause (migration
--- 0041: a SET is a settings save and restore on every row), but for the journal guard's one
--- (migration 0062: its lookup by run_event's key whatever the statistics say,
--- pgtap/journal_lookups_by_index.sql), and still hold their rules under any search_path: every
+-- 0041: a SET is a settings save and restore on every row), but for the journal guard's (its
+-- lookup by run_event's key whatever the statistics say, migration 0062,
+-- pgtap/journal_lookups_by_index.sql; never JIT-compiled, 0063,
+-- tests/test_journal_lookups_never_jit.py), and still hold their rules under any search_path: every
 -- runrow name in them is qualified. Proven by writing the tables directly under an empty
 -- search_path, where an unqualified runrow name would not resolve.
 BEGIN;
@@ -13,7 +14,7 @@ SELECT pg_temp.drain_queue();
 SELECT is(p.proconfig, f.config, format('%s carries %s', p.oid::regprocedure,
         coalesce('only ' || f.config::text, 'no SET clause')))
 FROM (VALUES
-    ('runrow._run_event_guard()'::regprocedure, '{enable_seqscan=off}'::text[]),
+    ('runrow._run_event_guard()'::regprocedure, '{enable_seqscan=off,jit=off}'::text[]),
     ('runrow._agent_run_after_update()', NULL), ('runrow._agent_run_settings()', NULL),
     ('runrow._run_owner_guard()', NULL), ('runrow._agent_step_guard()', NULL), ('runrow._tool_effect_guard()', NULL)
 ) AS f (oid, config)

@@ -6872,6 +6872,28 @@ INSERT INTO runrow._yoyo_migration VALUES ('809898cfbbfa686d229a3ad3c9addf6b25d9
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '809898cfbbfa686d229a3ad3c9addf6b25d998a759d05b43fc65ccf61f018666', '0062_journal_guard_reads_by_index', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0063_journal_lookups_never_jit
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '2b7d8859a4668cce87aa1f7c0be9b5e0a49f8064b9654e86fa49c853366d8a5f') AS apply_2b7d8859a466 \gset
+\if :apply_2b7d8859a466
+-- depends: 0062_journal_guard_reads_by_index
+-- The journal guard never JIT-compiles its lookup of the run's last seq. After a trim that
+-- empties the journal and a VACUUM, run_event's key keeps its pages (169,615 at 1,000,000 runs
+-- trimmed) over a handful of rows, and the planner prices the lookup by that key at the
+-- fraction of those pages one run's rows would fill: 174,190 for one row's lookup, above
+-- jit_above_cost (100,000 by default). Migration 0062 kept the lookup on the key; the plan
+-- then carried JIT, and PostgreSQL compiles a plan's expressions on every execution: every
+-- journal row written (enqueue, claim, append, finish) paid an LLVM compilation, and
+-- bench.trim's second fill of 1,000,000 runs wrote none of its first 1,000 in two minutes
+-- (the first fill took about 1.2 s a thousand). A point lookup has nothing for JIT to speed up.
+-- Until an ANALYZE sees the refilled journal, so any server with JIT on; the planner's
+-- estimate, not the data, decides. A setting of the guard function itself, as 0062's
+-- (tests/test_journal_lookups_never_jit.py).
+
+ALTER FUNCTION runrow._run_event_guard() SET jit = off;
+INSERT INTO runrow._yoyo_migration VALUES ('2b7d8859a4668cce87aa1f7c0be9b5e0a49f8064b9654e86fa49c853366d8a5f', '0063_journal_lookups_never_jit', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '2b7d8859a4668cce87aa1f7c0be9b5e0a49f8064b9654e86fa49c853366d8a5f', '0063_journal_lookups_never_jit', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_append_runs_input.sql
@@ -9404,9 +9426,12 @@ RETURNS TABLE (run_id uuid, last_seq bigint)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, runrow
--- As finish_runs: one plan for every batch size, and never a scan of the runs' history.
+-- As finish_runs: one plan for every batch size, and never a scan of the runs' history. Never
+-- JIT-compiled: after a trim the wake probe's lookup of each run's last seq is priced above
+-- jit_above_cost (see read_events, migration 0063).
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET jit = off
 AS $fn$
 DECLARE
     ids uuid[];
@@ -12312,8 +12337,10 @@ STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, runrow
 -- By run_event's key whatever the statistics say (a trimmed, vacuumed journal looks empty to
--- the planner, which then prices the key above a scan of the table).
+-- the planner, which then prices the key above a scan of the table), and never JIT-compiled
+-- (the same statistics price the key's lookup above jit_above_cost: migration 0063).
 SET enable_seqscan = off
+SET jit = off
 AS $fn$
 DECLARE
     r runrow.agent_run;
@@ -13147,6 +13174,9 @@ RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, runrow
+-- Its deletes go by the journal's key; once a trim has emptied most of it, the planner prices
+-- each by that key's pages and a call would JIT-compile them (migration 0063), for nothing.
+SET jit = off
 AS $fn$
 DECLARE
     deleted bigint;
