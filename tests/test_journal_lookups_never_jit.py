@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from explain_support import nested_plans
 from race_support import database_url, drain, enqueue, owner, superuser_on
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
@@ -41,34 +42,9 @@ def explained(database_url: str, cluster_urls: tuple[str, str]) -> Iterator[psyc
 
 
 def plans(conn: psycopg.Connection, sql: str, params: tuple[object, ...] = ()) -> list[dict]:
-    """(query text, whether JIT compiled it) of every statement one call of `sql` executes, the
-    call's own last; the call is committed (its writes are the next call's input)."""
-    found: list[dict] = []
-
-    def collect(diag: psycopg.errors.Diagnostic) -> None:
-        message = diag.message_primary or ""
-        if "plan:" in message:
-            found.append(json.loads(message.split("plan:", 1)[1]))
-
-    conn.add_notice_handler(collect)
-    try:
-        with conn.transaction():
-            conn.execute(
-                "SELECT set_config('auto_explain.log_min_duration', '0', true),"
-                " set_config('auto_explain.log_nested_statements', 'on', true),"
-                " set_config('auto_explain.log_format', 'json', true),"
-                " set_config('auto_explain.log_level', 'notice', true),"
-                " set_config('client_min_messages', 'notice', true),"
-                " set_config('jit', 'on', true),"
-                " set_config('jit_above_cost', '0', true)"
-            )
-            found.clear()  # the settings' own statement
-            conn.execute(sql, params).fetchall()
-            # The call's own plan is reported when its portal closes, with this statement.
-            conn.execute("SELECT set_config('auto_explain.log_min_duration', '-1', true)")
-    finally:
-        conn.remove_notice_handler(collect)
-    return found
+    """The plan of every statement one call of `sql` executes, the call's own last, with every
+    plan qualifying for JIT; the call is committed (its writes are the next call's input)."""
+    return nested_plans(conn, sql, params, settings=(("jit", "on"), ("jit_above_cost", "0")), commit=True)
 
 
 def journal_lookups(found: list[dict]) -> list[dict]:

@@ -14,12 +14,12 @@ functions execute.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
+from explain_support import nested_plans
 from lifecycle_support import completed
 from race_support import database_url, drain, enqueue, owner, superuser_on
 
@@ -39,30 +39,7 @@ def explained(database_url: str, cluster_urls: tuple[str, str]) -> Iterator[psyc
 def statements(conn: psycopg.Connection, sql: str, params: tuple[object, ...] = ()) -> list[str]:
     """The query text of every statement one call of `sql` executes inside the call (the call
     itself not counted), in the order they end; rolled back."""
-    plans: list[str] = []
-
-    def collect(diag: psycopg.errors.Diagnostic) -> None:
-        message = diag.message_primary or ""
-        if "plan:" in message:
-            plans.append(json.loads(message.split("plan:", 1)[1])["Query Text"])
-
-    conn.add_notice_handler(collect)
-    try:
-        with conn.transaction(force_rollback=True):
-            conn.execute(
-                "SELECT set_config('auto_explain.log_min_duration', '0', true),"
-                " set_config('auto_explain.log_nested_statements', 'on', true),"
-                " set_config('auto_explain.log_format', 'json', true),"
-                " set_config('auto_explain.log_level', 'notice', true),"
-                " set_config('client_min_messages', 'notice', true)"
-            )
-            plans.clear()  # the settings' own statement
-            conn.execute(sql, params).fetchall()
-            # The call's own plan is reported when its portal closes, with this statement.
-            conn.execute("SELECT set_config('auto_explain.log_min_duration', '-1', true)")
-    finally:
-        conn.remove_notice_handler(collect)
-    inside, call = plans[:-1], plans[-1]
+    *inside, call = (p["Query Text"] for p in nested_plans(conn, sql, params))
     assert "runrow." in call, f"the last plan is not the call's: {call}"
     return inside
 
