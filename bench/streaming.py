@@ -38,7 +38,7 @@ from psycopg.conninfo import make_conninfo
 
 from bench import cpu
 from bench.common import ON_A_CLUSTER, cli
-from bench.drain import ECHO, runrow_check, wait_gone
+from bench.drain import ECHO, runrow_check, settled
 from pyworker.db.devdb import database_url_for, throwaway
 from pyworker.db.migrate import migrate
 
@@ -92,31 +92,6 @@ def enqueue(url: str, runs: int, duration: float) -> None:
         )
 
 
-def counters(observer: psycopg.Connection, datname: str) -> tuple[int, int]:
-    """(transactions committed in the database, WAL position in bytes), read from another
-    database, so that the reading is not itself counted."""
-    row = observer.execute(
-        "SELECT d.xact_commit, pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
-        " FROM pg_stat_database AS d WHERE d.datname = %s",
-        (datname,),
-    ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
-
-
-def settled(observer: psycopg.Connection, datname: str) -> tuple[int, int]:
-    """counters() once no session is left in the database and its commits have stopped moving:
-    a backend flushes its statistics as it exits."""
-    wait_gone(observer, datname, others=0)
-    last = counters(observer, datname)
-    while True:
-        time.sleep(0.3)
-        now = counters(observer, datname)
-        if now[0] == last[0]:
-            return now
-        last = now
-
-
 def function_calls(url: str) -> dict[str, int]:
     """Calls of FUNCTIONS in the database since it was made (pg_stat_user_functions is per
     database; the migration and the enqueue call none of them)."""
@@ -145,7 +120,7 @@ def drain(system: str, server: str, superuser: str, runs: int, concurrency: int,
     enqueue(url, runs, duration)
     as_super = make_conninfo(superuser, dbname="postgres")
     with psycopg.connect(as_super, autocommit=True) as observer:
-        commits0, wal0 = settled(observer, name)
+        before = settled(observer, name, others=0)
         cmd = [*SYSTEMS[system], "--log-level", "WARNING", "worker", "--handler", ECHO]
         cmd += ["--concurrency", str(concurrency), "--worker-id", "stream", "--poll", "1"]
         cmd += ["--reap-interval", "3600", "--trim-after", "0", "--lease", "600"]
@@ -177,7 +152,7 @@ def drain(system: str, server: str, superuser: str, runs: int, concurrency: int,
             if worker.poll() is None:
                 worker.kill()
                 worker.wait()
-        commits1, wal1 = settled(observer, name)
+        spent = settled(observer, name, others=0).since(before)
     runrow_check(url, runs)  # every run completed once, claimed once; audit() clean
     with psycopg.connect(url) as conn:
         deltas = conn.execute("SELECT count(*) FROM runrow.run_event WHERE type = 'text_delta'").fetchone()[0]
@@ -186,8 +161,8 @@ def drain(system: str, server: str, superuser: str, runs: int, concurrency: int,
         runs,
         int(deltas),
         function_calls(url),
-        commits1 - commits0 - polls,
-        wal1 - wal0,
+        spent.commits - polls,
+        spent.wal_bytes,
         seconds,
         client_cpu,
     )
