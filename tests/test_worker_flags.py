@@ -14,6 +14,7 @@ import pytest
 from pyworker.cli.main import build_parser
 from pyworker.worker.echo import handle as echo
 from pyworker.worker.process import Worker
+from pyworker.worker.webhooks import WebhookSettings
 
 # Nothing listens there: a flag that slips through makes the worker try to connect (and the
 # subprocess time out) instead of ending in a usage error.
@@ -103,3 +104,21 @@ def test_help_shows_defaults_of_values_but_not_of_switches() -> None:
     text = " ".join(worker.format_help().split())
     assert "(default: True)" not in text and "(default: False)" not in text
     assert "heartbeats every lease/3 (default: 30)" in text
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("timeout", 0.0, "webhook_timeout must be a number from 0.1 to 600, got 0.0"),
+        ("max_attempts", 0, "webhook_attempts must be an integer from 1 to 100, got 0"),
+        ("max_attempts", 2.5, "webhook_attempts must be an integer from 1 to 100, got 2.5"),
+        ("backoff_seconds", True, "webhook_backoff must be a number from 0.1 to 3600, got True"),
+        ("poll_seconds", float("nan"), "webhook_poll must be a number from 0.1 to 86400, got nan"),
+    ],
+)
+def test_webhook_settings_refuse_what_their_flags_refuse(option: str, value: object, message: str) -> None:
+    """The webhook sender's settings, given in code rather than by flag, are checked against
+    the same ranges (pyworker.worker.settings) with the same message as Worker's."""
+    with pytest.raises(ValueError) as refused:
+        WebhookSettings(secret="s", **{option: value})  # type: ignore[arg-type]
+    assert str(refused.value) == message

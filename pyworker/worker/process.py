@@ -26,19 +26,10 @@ from pyworker.worker.dispatcher import Dispatcher
 from pyworker.worker.handler import RunHandler
 from pyworker.worker.journal import JournalWriter
 from pyworker.worker.reaper import reaper_loop
-from pyworker.worker.settings import LIMITS
+from pyworker.worker.settings import check as check_setting
 from pyworker.worker.webhooks import WebhookSettings, webhook_loop
 
 log = logging.getLogger("runrow.worker")
-
-
-def check_setting(name: str, value: object) -> None:
-    """ValueError naming the setting and its range unless `value` is in LIMITS[name]."""
-    kind, lo, hi = LIMITS[name]
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not number or (kind is int and not isinstance(value, int)) or not lo <= value <= hi:  # type: ignore[operator]
-        what = "an integer" if kind is int else "a number"
-        raise ValueError(f"{name} must be {what} from {lo:g} to {hi:g}, got {value!r}")
 
 
 def default_worker_id() -> str:

@@ -1,5 +1,5 @@
 """The range of every numeric setting of a worker, shared by Worker and WebhookSettings (which
-check what they are given) and by `runrow worker`'s flags (which refuse a value out of range as
+check what they are given, with `check`) and by `runrow worker`'s flags (which refuse a value out of range as
 a usage error naming the flag). A module of its own so that the command line reads them without
 importing the worker.
 """
@@ -32,3 +32,13 @@ WEBHOOK_LIMITS: dict[str, tuple[type, float, float]] = {
     "webhook_backoff": (float, 0.1, 3600),
     "webhook_poll": (float, 0.1, 86400),
 }
+
+
+def check(name: str, value: object) -> None:
+    """ValueError naming the setting and its range unless `value` is in LIMITS[name] or
+    WEBHOOK_LIMITS[name]: a number (not a bool), an int where the setting counts things."""
+    kind, lo, hi = LIMITS[name] if name in LIMITS else WEBHOOK_LIMITS[name]
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or (kind is int and not isinstance(value, int)) or not lo <= value <= hi:  # type: ignore[operator]
+        what = "an integer" if kind is int else "a number"
+        raise ValueError(f"{name} must be {what} from {lo:g} to {hi:g}, got {value!r}")

@@ -39,7 +39,7 @@ from pyworker.db.webhooks import (
     complete_webhook_delivery,
     fail_webhook_delivery,
 )
-from pyworker.worker.settings import WEBHOOK_LIMITS
+from pyworker.worker.settings import check as check_setting
 
 log = logging.getLogger("runrow.webhooks")
 
@@ -122,10 +122,7 @@ class WebhookSettings:
             ("webhook_backoff", self.backoff_seconds),
             ("webhook_poll", self.poll_seconds),
         ):
-            kind, lo, hi = WEBHOOK_LIMITS[name]
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-            if not ok or (kind is int and not isinstance(value, int)) or not lo <= value <= hi:
-                raise ValueError(f"{name} must be from {lo:g} to {hi:g}, got {value!r}")
+            check_setting(name, value)
 
     @property
     def lease_seconds(self) -> int:
