@@ -16,9 +16,11 @@ demo: bootstrap
 
 ## Every test: lint, then pgTAP and pytest against a private throwaway PostgreSQL
 ## (or against DATABASE_URL when it is set).
-# The chat page's browser test needs Debian's chromium: bootstrap installs it for `make test`.
+# The chat page's browser test needs Debian's chromium, the short failover etcd and Patroni:
+# bootstrap installs them for `make test`.
 test: export RUNROW_WITH_BROWSER = 1
 test: export RUNROW_WITH_VALGRIND = 1
+test: export RUNROW_WITH_HA = 1
 test: bootstrap lint check-install-sql
 	$(RUNROW) db run -- $(MAKE) --no-print-directory test-in-db
 
@@ -74,6 +76,7 @@ chaos: bootstrap
 
 ## SIGKILL of the primary under load on a local Patroni cluster (etcd, 2 synchronous members):
 ## nothing acknowledged is lost; prints the failover timings. Installs etcd-server and the `ha` extra.
+## Runs the full size (120 runs) and the short one (24) that `make test` runs too.
 failover: export RUNROW_WITH_HA = 1
 failover:
 	@scripts/bootstrap.sh

@@ -26,7 +26,7 @@ fi
 if [ "${RUNROW_WITH_VALGRIND:-0}" = 1 ]; then
   command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)
 fi
-# Only `make failover` needs a DCS for Patroni; nothing else starts etcd.
+# The failover tests (`make test` runs the short one, `make failover` both) need a DCS for Patroni.
 if [ "${RUNROW_WITH_HA:-0}" = 1 ]; then
   command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 fi

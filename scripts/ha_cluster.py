@@ -13,9 +13,10 @@ a second. (A host that dies with its Patroni is taken over when the leader key e
     python scripts/ha_cluster.py status --dir DIR
     python scripts/ha_cluster.py stop --dir DIR
 
-Needs `etcd` (Debian `etcd-server`) and Patroni (`pip install -e '.[ha]'`); `make failover`
-installs both. As root, Patroni and PostgreSQL run as the `postgres` user (PostgreSQL refuses
-root), etcd as the caller.
+Needs `etcd` (Debian `etcd-server`) and Patroni (`pip install -e '.[ha]'`); `make test` and
+`make failover` install both. As root, Patroni and PostgreSQL run as the `postgres` user
+(PostgreSQL refuses root), etcd as the caller; where that user cannot read this environment's
+packages, Patroni's are copied into the cluster's folder for it.
 """
 
 from __future__ import annotations
@@ -168,10 +169,10 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _patroni_argv(os_user: str | None) -> list[str]:
+def _patroni_argv(os_user: str | None, root: str) -> list[str]:
     """How to start Patroni as `os_user`: this interpreter when that user may run it, else the
-    system's Python of the same version with this environment's packages on its path (a venv
-    built from a Python under /root is not executable by `postgres`)."""
+    system's Python of the same version with Patroni's packages on its path (a venv built from a
+    Python under /root is not executable by `postgres`)."""
     if os_user is None:
         return [sys.executable, "-m", "patroni"]
     probe = subprocess.run(["runuser", "-u", os_user, "--", sys.executable, "-c", "0"], capture_output=True)
@@ -183,16 +184,54 @@ def _patroni_argv(os_user: str | None) -> list[str]:
         raise HAError(f"{os_user} cannot run {sys.executable} and there is no /usr/bin/{version}")
     site = sysconfig.get_paths()["purelib"]
     argv = ["runuser", "-u", os_user, "--", "env", f"PYTHONPATH={site}", system]
-    # The packages must be readable by that user too: a checkout in a folder only root may
-    # enter (/root, a `mktemp -d` folder) gave each member "No module named patroni" and the
-    # cluster no leader, 90 s later.
-    if subprocess.run([*argv, "-c", "import patroni"], capture_output=True).returncode != 0:
-        raise HAError(
-            f"{os_user} cannot import Patroni from {site}: this checkout is in a folder {os_user} may "
-            f"not read. Clone the repository where other users may read it (each parent folder "
-            f"o+rx), or run as a user other than root (then Patroni runs as that user)."
-        )
+    if subprocess.run([*argv, "-c", "import patroni"], capture_output=True).returncode == 0:
+        return [*argv, "-m", "patroni"]
+    # The checkout is in a folder `os_user` may not enter (/root, a `mktemp -d` folder: a CI's
+    # clone may be either), so this environment's packages cannot be read there. A copy of
+    # Patroni's own (about 25 MB) goes where the cluster lives, which that user may read.
+    copy = _copy_patroni(os.path.join(root, "patroni-site"))
+    argv = ["runuser", "-u", os_user, "--", "env", f"PYTHONPATH={copy}", system]
+    probe = subprocess.run([*argv, "-c", "import patroni"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise HAError(f"{os_user} cannot import Patroni from {copy}:\n{probe.stderr[-2000:]}")
     return [*argv, "-m", "patroni"]
+
+
+def _copy_patroni(target: str) -> str:
+    """Copy the installed distributions that runrow's `ha` extra needs (Patroni with the extras
+    named there, and everything they require) into `target`, which must not exist yet; the
+    extra in pyproject.toml is the one list of them."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    def required(dist: metadata.Distribution, extras: set[str]) -> list[Requirement]:
+        out = []
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in extras | {""}):
+                out.append(req)
+        return out
+
+    wanted = [r for r in required(metadata.distribution("runrow"), {"ha"}) if r.marker is not None]
+    done: set[str] = set()
+    while wanted:
+        req = wanted.pop()
+        dist = metadata.distribution(req.name)
+        key = f"{dist.metadata['Name'].lower()}{sorted(req.extras)}"
+        if key in done:
+            continue
+        done.add(key)
+        base = Path(str(dist.locate_file("")))
+        for file in dist.files or []:
+            if file.parts[0] == ".." or "__pycache__" in file.parts:
+                continue  # scripts in the venv's bin/; bytecode is written again as needed
+            dest = Path(target, file)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if not dest.exists():
+                shutil.copy2(base / file, dest)
+        wanted.extend(required(dist, set(req.extras)))
+    return target
 
 
 def _member_config(root: str, member: Member, etcd_port: int, sockdir: str) -> dict[str, Any]:
@@ -281,7 +320,7 @@ def start(root: str | None = None, members: int = 2) -> HACluster:
     )
     try:
         _start_etcd(cluster, ports[1])
-        argv = _patroni_argv(os_user)
+        argv = _patroni_argv(os_user, root)
         for member in cluster.members:
             sockdir = os.path.join(root, f"{member.name}.sock")
             os.mkdir(sockdir)
@@ -294,8 +333,14 @@ def start(root: str | None = None, members: int = 2) -> HACluster:
                     os.chown(path, ent.pw_uid, ent.pw_gid)
                 os.chown(root, ent.pw_uid, ent.pw_gid)
             with open(member.log, "ab") as log:
+                # In the cluster's folder: Patroni's helper processes change to their parent's
+                # directory, which `os_user` may not enter (a checkout in a `mktemp -d` folder).
                 proc = subprocess.Popen(
-                    [*argv, member.config], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    [*argv, member.config],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    cwd=root,
                 )
             cluster.pids[member.name] = proc.pid
             if member is cluster.members[0]:

@@ -6,13 +6,17 @@ exists on the new primary and ends completed, no run exists that was not enqueue
 clean, no run needed a second attempt (the failover is shorter than the lease, so the workers
 keep their claims: issue 17), and the timings (database clock) and retries are printed.
 
-About a minute, and it needs etcd and Patroni, so it runs only with RUNROW_FAILOVER=1:
-`make failover` installs both and runs it (`pytest -s` shows the report).
+Two sizes of the same test. The short one (24 runs, about 20 s) is part of `make test`, which
+installs etcd and Patroni for it. The full one (120 runs, about 30 s) runs only with
+RUNROW_FAILOVER=1: `make failover` installs both and runs the file (`pytest -s` shows the
+reports).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -28,15 +32,39 @@ import pytest
 from psycopg.types.json import Jsonb
 from worker_support import REPO, WorkerProcess, wait_until
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("RUNROW_FAILOVER") != "1",
-    reason="Patroni failover under load (about a minute, needs etcd + Patroni): run `make failover`",
-)
+
+def _ha_stack_missing() -> str | None:
+    if shutil.which("etcd") is None:
+        return "etcd is not installed (make test and make failover install etcd-server)"
+    if importlib.util.find_spec("patroni") is None:
+        return "Patroni is not installed (make test and make failover install the `ha` extra)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_ha_stack_missing() is not None, reason=str(_ha_stack_missing()))
+
+
+@dataclass(frozen=True)
+class Size:
+    conversations: int
+    turns: int
+    kill_after: int  # acknowledged enqueues before the primary is killed
+
+
+SIZES = [
+    # Half the load is enqueued through the outage, and runs are running when the primary dies.
+    pytest.param(Size(conversations=12, turns=2, kill_after=12), id="short"),
+    pytest.param(
+        Size(conversations=40, turns=3, kill_after=40),
+        id="full",
+        marks=pytest.mark.skipif(
+            os.environ.get("RUNROW_FAILOVER") != "1",
+            reason="the full failover under load (about 30 s): run `make failover`",
+        ),
+    ),
+]
 
 TERMINAL = ("completed", "failed", "cancelled", "dead")
-CONVERSATIONS = 40
-TURNS = 3
-KILL_AFTER = 40  # acknowledged enqueues before the primary is killed
 MAX_ATTEMPTS = 3  # a second attempt shows up as attempt 2 in the report rather than as a failure
 # Longer than the failover takes (about 2.5 s to a writable primary) plus a heartbeat interval:
 # no lease can really run out, so no run may need a second attempt (issue 17: a worker retries
@@ -50,6 +78,7 @@ class Load:
     was lost is sent again with the same key until the database acknowledges it."""
 
     url: str
+    size: Size
     acknowledged: dict[str, uuid.UUID] = field(default_factory=dict)  # key -> run id
     failed_attempts: int = 0
     done: threading.Event = field(default_factory=threading.Event)
@@ -57,8 +86,8 @@ class Load:
 
     def run(self) -> None:
         try:
-            conversations = [uuid.uuid4() for _ in range(CONVERSATIONS)]
-            for turn in range(TURNS):
+            conversations = [uuid.uuid4() for _ in range(self.size.conversations)]
+            for turn in range(self.size.turns):
                 for i, conversation in enumerate(conversations):
                     self._enqueue(conversation, f"turn {turn} of conversation {i}")
                     time.sleep(0.03)
@@ -94,7 +123,8 @@ class Load:
                 time.sleep(0.1)
 
 
-def test_failover_under_load() -> None:
+@pytest.mark.parametrize("size", SIZES)
+def test_failover_under_load(size: Size) -> None:
     sys.path.insert(0, str(REPO / "scripts"))
     import ha_cluster
 
@@ -119,10 +149,10 @@ def test_failover_under_load() -> None:
         for w in workers:
             w.wait_started(30)
 
-        load = Load(url)
+        load = Load(url, size)
         loader = threading.Thread(target=load.run, name="load", daemon=True)
         loader.start()
-        wait_until(lambda: len(load.acknowledged) >= KILL_AFTER, 60, f"{KILL_AFTER} enqueues")
+        wait_until(lambda: len(load.acknowledged) >= size.kill_after, 60, f"{size.kill_after} enqueues")
 
         old = cluster.leader()
         assert old is not None
@@ -138,7 +168,7 @@ def test_failover_under_load() -> None:
         assert load.done.wait(120), "the load did not finish"
         assert load.error is None, load.error
         runs = set(load.acknowledged.values())
-        assert len(runs) == len(load.acknowledged) == CONVERSATIONS * TURNS
+        assert len(runs) == len(load.acknowledged) == size.conversations * size.turns
 
         with psycopg.connect(url, autocommit=True) as conn:
 
