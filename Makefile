@@ -60,8 +60,8 @@ db-start:
 db-stop:
 	$(RUNROW) db stop
 
-## Every benchmark, then the drain against PgQueuer on a private fsync-on cluster (a few
-## minutes; BENCH_ARGS=--short for a quick pass), then the backend's instructions per run under
+## Every benchmark, then the drain against PgQueuer on a private fsync-on cluster (about two
+## hours on 2 cores; BENCH_ARGS=--short for a quick pass), then the backend's instructions per run under
 ## callgrind (installs valgrind). Writes bench-results.json.
 BENCH_ARGS ?=
 bench: export RUNROW_WITH_VALGRIND = 1
