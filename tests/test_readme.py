@@ -1,0 +1,78 @@
+"""The README's reference tables name what the code has: the SQL API table every public function
+of functions/, the events table every journal event type the SQL functions write, the metrics
+table every metric a worker exports. A rename or a new function, event or metric that the README
+does not follow fails here, not in a reader's hands."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import psycopg
+from prometheus_client import REGISTRY
+
+from pyworker.worker import metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+FUNCTIONS = sorted((ROOT / "functions").glob("*.sql"))
+
+
+def section(title: str) -> str:
+    """The README's text under the heading `title`, down to the next heading of its level."""
+    match = re.search(rf"^(#+) {re.escape(title)}\n", README, re.M)
+    assert match, f"README has no heading {title!r}"
+    level = len(match.group(1))
+    rest = README[match.end() :]
+    end = re.search(rf"^#{{1,{level}}} ", rest, re.M)
+    return rest[: end.start()] if end else rest
+
+
+def first_cells(text: str) -> list[str]:
+    """The first cell of each row of the Markdown tables in `text` (header and rule excluded)."""
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    return [row.split(" | ")[0][2:] for row in rows if not row.startswith("| ---") and "|---" not in row]
+
+
+def test_the_sql_api_table_lists_every_public_function_and_no_other() -> None:
+    public = {
+        name
+        for path in FUNCTIONS
+        for name in re.findall(r"^CREATE OR REPLACE FUNCTION runrow\.(\w+)\(", path.read_text(), re.M)
+        if not name.startswith("_")
+    }
+    listed = {name for cell in first_cells(section("The SQL API")) for name in re.findall(r"`(\w+)\(", cell)}
+    assert public - listed == set(), "public functions missing from the README's SQL API table"
+    assert listed - public == set(), "the README's SQL API table lists functions that do not exist"
+
+
+def test_the_events_table_names_every_type_the_sql_functions_journal() -> None:
+    written = set()
+    for path in FUNCTIONS:
+        sql = path.read_text()
+        written |= set(re.findall(r"'type', '(\w+)'", sql))  # jsonb_build_object('type', 'x', ...)
+        written |= set(re.findall(r"_journal\([^;]*?\"type\": \"(\w+)\"", sql))  # a JSON literal
+    assert {"complete", "run_claimed", "cancel_requested", "tool_interrupted"} <= written  # the scan works
+    cells = first_cells(section("The journal's events"))
+    listed = {name for cell in cells for name in re.findall(r"`(\w+)`", cell)}
+    assert written - listed == set(), "journal event types the README's events table does not name"
+
+
+def test_the_metrics_table_names_every_metric_a_worker_exports(database_url: str) -> None:
+    # The database gauges are the columns of runrow.queue_metrics, read as a scrape reads them.
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        cur = conn.execute(metrics.SCRAPE_QUERY)
+        row = cur.fetchone()
+        metrics._database.row = dict(zip([d.name for d in cur.description or ()], row or (), strict=True))
+    try:
+        families = list(REGISTRY.collect())
+    finally:
+        metrics._database.row = None
+    # A counter's family is named without the `_total` its samples carry.
+    ours = [f for f in families if f.name.startswith("runrow_")]
+    exported = {f"{f.name}_total" if f.type == "counter" else f.name for f in ours}
+    assert "runrow_queue_depth" in exported and "runrow_claims_total" in exported  # the scan works
+    cells = first_cells(section("Metrics (Prometheus)"))
+    listed = {name for cell in cells for name in re.findall(r"`(runrow_\w+)`", cell)}
+    assert exported - listed == set(), "metrics the README's metrics table does not name"
+    assert listed - exported == set(), "the README's metrics table names metrics nothing exports"
