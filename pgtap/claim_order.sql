@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
 \ir helpers/lifecycle.psql
-SELECT plan(49);
+SELECT plan(54);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.run_with(
@@ -93,9 +93,24 @@ SELECT pg_temp.weights() AS w_before \gset
 SELECT throws_ok($$SELECT runrow.set_fairness_weight('t', 0)$$, '22023', NULL, 'weight 0 is refused');
 SELECT throws_ok($$SELECT runrow.set_fairness_weight('t', 1001)$$, '22023', NULL, 'weight over 1000 is refused');
 SELECT throws_ok($$SELECT runrow.set_fairness_weight('t', 'NaN')$$, '22023', NULL, 'NaN is refused');
+SELECT throws_ok($$SELECT runrow.set_fairness_weight('t', 1e-320)$$, '22023',
+    'weight must be NULL or from 0.001 to 1000, got 1e-320', 'a denormal weight is refused, naming the range');
+SELECT throws_ok($$SELECT runrow.set_fairness_weight('t', 0.0009)$$, '22023', NULL, 'a weight under 0.001 is refused');
+SELECT throws_ok($$INSERT INTO runrow.fairness_tenant (fairness_key, weight) VALUES ('t', 1e-320)$$, '23514', NULL,
+    'the table refuses a weight under 0.001 too');
 SELECT throws_ok($$SELECT runrow.set_fairness_weight('', 1)$$, '22023', 'fairness_key must be NULL or 1 to 200 characters',
     'an empty fairness_key is refused, naming it');
 SELECT is(pg_temp.weights(), :'w_before', 'bad input writes nothing');
+-- The smallest weight still claims, and does not stop the claim for the other tenants: a weight
+-- of 1e-320 made the claim's 1 / weight overflow, and every claim raised (migration 0064).
+SELECT lives_ok($$SELECT runrow.set_fairness_weight('tiny', 0.001)$$, 'weight 0.001 is accepted');
+SELECT pg_temp.run_with(tenant => 'tiny') FROM generate_series(1, 3);
+SELECT pg_temp.run_with(tenant => 'light') FROM generate_series(1, 3);
+SELECT results_eq(
+    $$SELECT a.fairness_key, count(*)::int FROM runrow.claim_runs('pgtap', 6) AS c
+      JOIN runrow.agent_run AS a ON a.id = c.run_id GROUP BY 1 ORDER BY 1$$,
+    $$VALUES ('light', 3), ('tiny', 3)$$, 'weight 0.001 against 1: the claim still serves both');
+SELECT pg_temp.drain_queue();
 
 -- Delays: a run not due yet is not claimed, and does not hold back runs behind it.
 SELECT pg_temp.run_with(delay => '1 hour') AS later \gset

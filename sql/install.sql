@@ -6894,6 +6894,28 @@ INSERT INTO runrow._yoyo_migration VALUES ('2b7d8859a4668cce87aa1f7c0be9b5e0a49f
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '2b7d8859a4668cce87aa1f7c0be9b5e0a49f8064b9654e86fa49c853366d8a5f', '0063_journal_lookups_never_jit', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0064_fairness_weight_floor
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '6fe88c9b623e563d8d75d371c8cdc2416bb62fa5e9e742b7986443557470e115') AS apply_6fe88c9b623e \gset
+\if :apply_6fe88c9b623e
+-- depends: 0063_journal_lookups_never_jit
+-- A tenant's fairness weight is at least 0.001 (it was any value above 0). The claim advances a
+-- tenant's virtual time by 1 / weight per run; a weight of 1e-320 (a denormal, which
+-- set_fairness_weight accepted) made that 1e320, a double precision overflow, and every claim
+-- that weighed that tenant against another raised 22003 inside _claim_walk: no worker claimed
+-- anything, of any tenant, until the weight was reset. The floor mirrors the ceiling (1000): at
+-- most a 10^6 : 1 share between two tenants, and 1 / weight at most 1000 a run. A weight set
+-- below it before this migration is raised to it.
+
+UPDATE runrow.fairness_tenant SET weight = 0.001, updated_at = now()
+WHERE weight < 0.001;
+
+ALTER TABLE runrow.fairness_tenant
+DROP CONSTRAINT fairness_tenant_weight_check,
+ADD CONSTRAINT fairness_tenant_weight_check CHECK (weight >= 0.001 AND weight <= 1000);
+INSERT INTO runrow._yoyo_migration VALUES ('6fe88c9b623e563d8d75d371c8cdc2416bb62fa5e9e742b7986443557470e115', '0064_fairness_weight_floor', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '6fe88c9b623e563d8d75d371c8cdc2416bb62fa5e9e742b7986443557470e115', '0064_fairness_weight_floor', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_append_runs_input.sql
@@ -12855,8 +12877,9 @@ AS $fn$
 BEGIN
     PERFORM runrow._require_key(set_fairness_weight.fairness_key, 'fairness_key');
     IF set_fairness_weight.weight IS NOT NULL
-       AND NOT (set_fairness_weight.weight > 0 AND set_fairness_weight.weight <= 1000) THEN
-        RAISE EXCEPTION 'weight must be NULL or more than 0 and at most 1000, got %', set_fairness_weight.weight
+       AND NOT (set_fairness_weight.weight >= 0.001 AND set_fairness_weight.weight <= 1000) THEN
+        -- The floor keeps the claim's 1 / weight a finite, small step (migration 0064).
+        RAISE EXCEPTION 'weight must be NULL or from 0.001 to 1000, got %', set_fairness_weight.weight
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     INSERT INTO runrow.fairness_tenant AS f (fairness_key, weight)
@@ -12869,7 +12892,7 @@ $fn$;
 COMMENT ON FUNCTION runrow.set_fairness_weight(text, double precision) IS
 'Weight of a tenant (fairness_key, 1..200 characters; NULL = the anonymous tenant) in the '
 'claim''s fair share within a priority level: a tenant of weight 2 is claimed twice as often as '
-'one of weight 1 while both have claimable runs. weight more than 0 and at most 1000; NULL '
+'one of weight 1 while both have claimable runs. weight from 0.001 to 1000; NULL '
 'resets it to 1, the default of every tenant. Bad input raises 22023 naming the argument and '
 'writes nothing.';
 

@@ -64,7 +64,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         epilog=FAIRNESS_EPILOG,
     )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    w = actions.add_parser("weight", help="set a tenant's weight (more than 0, at most 1000)")
+    w = actions.add_parser("weight", help="set a tenant's weight (0.001 to 1000)")
     w.add_argument("tenant", help="the fairness key (by default the run's user id)")
     group = w.add_mutually_exclusive_group(required=True)
     group.add_argument("weight", nargs="?", type=float, help="shares, e.g. 2 or 0.5")
