@@ -162,6 +162,19 @@ def test_end_turn_completes_and_the_step_is_the_message_as_received(db, fake) ->
     assert any(e["type"] == "thinking_delta" for e in journaled)
 
 
+def test_every_pinned_request_parameter_reaches_the_api(db, fake) -> None:
+    """Sampling parameters pinned in metadata go in the request even where the SDK's stream()
+    no longer names them (anthropic 2.17: temperature, top_p, top_k). Passed as keywords they
+    raised TypeError before any request, on every attempt of every such run."""
+    pinned = {"temperature": 0.5, "top_p": 0.9, "top_k": 40, "stop_sequences": ["END"], "max_tokens": 300}
+    run = enqueue_agent(db, "Hi!", tools=[], metadata=pinned)
+    row = finish(db, run)
+    assert row["status"] == "completed", row
+    assert row["attempt"] == 1
+    body = undecorated(fake.requests[-1].body)
+    assert {k: body.get(k) for k in pinned} == pinned
+
+
 def test_tool_use_runs_the_tool_with_its_key_and_continues(db, fake) -> None:
     use(fake, "tool_use")
     run = enqueue_agent(db, "Weather?", tools=[WEATHER], metadata={})

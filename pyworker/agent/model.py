@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import os
 import weakref
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anthropic
+from anthropic.resources.messages import AsyncMessages
 
 from pyworker.agent.prompt_cache import add_breakpoints, cache_mode
 from pyworker.db.api import ClaimedRun
@@ -36,6 +38,11 @@ DEFAULT_MAX_TOKENS = 4096
 # Request parameters a run may pin in its metadata (enqueue_run(metadata => ...)).
 REQUEST_PARAMS = ("max_tokens", "thinking", "temperature", "top_p", "top_k", "stop_sequences", "tool_choice")
 DEFAULT_MAX_RETRIES = 2
+# The parameters this SDK's messages.stream() names. A pinned one it does not name goes in the
+# request body as is (extra_body), so the API decides: anthropic 2.17's stream() no longer takes
+# temperature, top_p or top_k, and passing them as keywords raised TypeError before any request,
+# on every attempt. A model that does not take one answers 400, which fails the run once.
+STREAM_PARAMS = frozenset(inspect.signature(AsyncMessages.stream).parameters)
 
 DELTA_EVENTS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
 
@@ -127,9 +134,12 @@ def client_for(config: dict[str, Any]) -> anthropic.AsyncAnthropic:
 def request_params(run: ClaimedRun, messages: list[dict[str, Any]]) -> dict[str, Any]:
     meta = run.metadata or {}
     params: dict[str, Any] = {"model": run.model, "messages": messages, "max_tokens": DEFAULT_MAX_TOKENS}
+    extra: dict[str, Any] = {}
     for name in REQUEST_PARAMS:
         if meta.get(name) is not None:
-            params[name] = meta[name]
+            (params if name in STREAM_PARAMS else extra)[name] = meta[name]
+    if extra:
+        params["extra_body"] = extra
     if run.system_prompt:
         params["system"] = run.system_prompt
     if run.tools:
