@@ -10,6 +10,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -291,18 +292,82 @@ def test_unknown_run_is_a_clear_error(private_database_url: str, command: str) -
     assert result.stderr == f"runrow: run {missing} does not exist\n"
 
 
-def test_bad_input_is_one_line_and_exit_2(private_database_url: str) -> None:
+def test_bad_input_is_one_line_and_exit_2(private_database_url: str, tmp_path: Path) -> None:
+    bad_utf8, deep, digits = tmp_path / "latin1.json", tmp_path / "deep.json", tmp_path / "digits.json"
+    bad_utf8.write_bytes(b'[{"name": "caf\xe9"}]')
+    deep.write_text(DEEP)
+    digits.write_text("[" + "9" * 5000 + "]")
     for args, expected in [
         (["enqueue", "x", "--max-attempts", "0"], "runrow: invalid argument: max_attempts"),
         (["enqueue", "x", "--model", ""], "runrow: invalid argument: model"),
         (["enqueue", ""], "runrow: the message is empty"),
         (["enqueue", "x", "--tools-json", "/nonexistent.json"], "runrow: cannot read --tools-json"),
         (["tail", str(uuid.uuid4()), "--from", "-1"], "runrow: --from must be"),
+        (["enqueue", "x", "--tools-json", str(bad_utf8)], "runrow: --tools-json"),
+        (["enqueue", "x", "--tools-json", str(deep)], "runrow: --tools-json"),
+        (["enqueue", "x", "--tools-json", str(digits)], "runrow: --tools-json"),
     ]:
         result = runrow(private_database_url, *args)
         assert result.returncode == 2, (args, result.stderr)
         assert result.stderr.startswith(expected), (args, result.stderr)
         assert result.stderr.count("\n") == 1, result.stderr
+
+
+DEEP = "[" * 60_000 + "]" * 60_000
+
+# Found by fuzzing the commands (stop 49): each of these ended in a traceback.
+REFUSED_BEFORE_ANY_WORK: list[tuple[list[str | bytes], dict[str, str], int, str]] = [
+    (["--log-level", "FOO", "status"], {}, 2, "argument --log-level: must be one of DEBUG, INFO"),
+    (["status"], {"RUNROW_LOG_LEVEL": "bogus"}, 2, "argument --log-level: must be one of DEBUG, INFO"),
+    (["enqueue", "hi", "--model", b"a\xffb"], {}, 2, "the value of --model is not valid UTF-8: b'a\\xffb'"),
+    ([b"--database-url=\xff", "status"], {}, 2, "the value of --database-url is not valid UTF-8"),
+    (
+        ["enqueue", "hi", "--start-in", "nan"],
+        {},
+        2,
+        "--start-in: must be a number from 0 to 31,622,400",
+    ),
+    (["enqueue", "hi", "--start-in", "1e300"], {}, 2, "argument --start-in: must be a number"),
+    (
+        ["enqueue", "hi", "--metadata", '{"a": ' + DEEP + "}"],
+        {},
+        2,
+        "--metadata: not JSON this command",
+    ),
+    (["--database-url", "garbage", "migrate"], {}, 2, "runrow migrate: cannot use the database: missing"),
+    (["db", "run", "--", "/nonexistent/cmd"], {}, 127, "runrow db run: /nonexistent/cmd: command not found"),
+    (["serve", "--port", "99999"], {}, 2, "argument --port: must be a port number from 0 to 65535"),
+    (["serve", "--pool-size", "0"], {}, 2, "argument --pool-size: must be an integer from 1 to 1,000"),
+    (["serve", "--keepalive", "-1"], {}, 2, "argument --keepalive: must be a number from 0.1 to 3,600"),
+    (["serve", "--max-body", "-1"], {}, 2, "argument --max-body: must be an integer from 1,024"),
+    (
+        ["fake-model", "--port", "99999"],
+        {},
+        2,
+        "fake-model: cannot listen on --host 127.0.0.1 --port 99999",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "code", "expected"),
+    REFUSED_BEFORE_ANY_WORK,
+    ids=[str(i) for i in range(len(REFUSED_BEFORE_ANY_WORK))],
+)
+def test_what_cannot_work_is_refused_naming_the_option_without_a_traceback(
+    args: list[str | bytes], env: dict[str, str], code: int, expected: str
+) -> None:
+    environ = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "RUNROW_LOG_LEVEL")}
+    result = subprocess.run(
+        [sys.executable, "-m", "pyworker", *args],
+        capture_output=True,
+        env={**environ, **env, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2"},
+        timeout=30,
+    )
+    stderr = result.stderr.decode(errors="replace")
+    assert result.returncode == code, stderr
+    assert "Traceback" not in stderr
+    assert expected in stderr.strip().splitlines()[-1], stderr
 
 
 def test_unreachable_database_says_what_to_do() -> None:

@@ -28,6 +28,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.cli.tail_render import Renderer
+from pyworker.cli.types import number
 from pyworker.db import api, nul
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.config import database_url
@@ -115,7 +116,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     p.add_argument(
         "--start-in",
-        type=float,
+        type=number(float, 0, 366 * 86400, "seconds"),
         metavar="SECONDS",
         help="not claimable before SECONDS from now (database clock), more than 0, at most 366 days",
     )
@@ -487,6 +488,8 @@ def _json_object(text: str) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not JSON ({exc.msg}): {text!r}") from exc
+    except (ValueError, RecursionError) as exc:  # a number of over 4300 digits; nesting past the stack
+        raise argparse.ArgumentTypeError(f"not JSON this command can read ({exc})") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError('must be a JSON object, like \'{"k": "v"}\'')
     return value
@@ -499,6 +502,10 @@ def _read_tools(path: Path) -> Any:
         raise CliError(f"cannot read --tools-json {path}: {exc.strerror}") from exc
     except json.JSONDecodeError as exc:
         raise CliError(f"--tools-json {path} is not JSON: {exc.msg} at line {exc.lineno}") from exc
+    except UnicodeDecodeError as exc:
+        raise CliError(f"--tools-json {path} is not UTF-8 text (byte {exc.start})") from None
+    except (ValueError, RecursionError) as exc:  # a number of over 4300 digits; nesting past the stack
+        raise CliError(f"--tools-json {path} is not JSON this command can read ({exc})") from None
     if not isinstance(value, list):
         raise CliError(f"--tools-json {path} must hold a JSON array of tool definitions")
     return value

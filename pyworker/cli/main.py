@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import psycopg
+
+from pyworker.cli.types import LOG_LEVELS, log_level, not_utf8, port_number
 from pyworker.db import devdb
 from pyworker.db.config import ConfigError, database_url
 from pyworker.db.migrate import MigrateError
@@ -69,6 +73,9 @@ def cmd_db(args: argparse.Namespace) -> int:
     if not command:
         print("runrow db run: give a command, for example `runrow db run -- pytest`", file=sys.stderr)
         return 2
+    if shutil.which(command[0]) is None:
+        print(f"runrow db run: {command[0]}: command not found (or not executable)", file=sys.stderr)
+        return 127
     if os.environ.get("DATABASE_URL"):
         return subprocess.call(command)
     with devdb.throwaway() as cluster:
@@ -177,22 +184,17 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def port_number(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {text!r}")
-    return port
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runrow", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--database-url", help="PostgreSQL URL (default: $DATABASE_URL)")
-    parser.add_argument("--log-level", default=os.environ.get("RUNROW_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--log-level",
+        type=log_level,
+        default=os.environ.get("RUNROW_LOG_LEVEL", "INFO"),
+        help=f"one of {', '.join(LOG_LEVELS)} (default: $RUNROW_LOG_LEVEL, else INFO)",
+    )
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
@@ -406,6 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    bad = not_utf8(argv)
+    if bad is not None:
+        parser.error(bad)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("yoyo").setLevel(logging.WARNING)
@@ -419,4 +425,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except devdb.DevDbError as exc:
         print(f"runrow: {exc}", file=sys.stderr)
+        return 2
+    except psycopg.Error as exc:
+        # A command without a handler of its own (migrate): the URL cannot be parsed, or the
+        # server cannot be reached. One line, as the other commands say it.
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0].strip()
+        print(f"runrow {args.cmd}: cannot use the database: {reason}", file=sys.stderr)
         return 2

@@ -99,6 +99,8 @@ async def cmd_replay(args: argparse.Namespace) -> int:
             system_override = args.system_file.read_text()
         except OSError as exc:
             raise CliError(f"cannot read --system-file {args.system_file}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise CliError(f"--system-file {args.system_file} is not UTF-8 text (byte {exc.start})") from None
     if args.model is not None and not args.model.strip():
         raise CliError("--model must not be empty")
     async with await _connect(database_url(args.database_url)) as conn:

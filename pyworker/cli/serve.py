@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from pyworker.cli.types import number, port_number
 from pyworker.db.config import database_url
 from pyworker.http.auth import TokenConfigError, load_tokens_file, parse_tokens_env
 from pyworker.http.config import MAX_BODY_BYTES, ServeConfig
@@ -45,7 +46,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         epilog=EPILOG,
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
-    p.add_argument("--port", type=int, default=8080, help="port (default %(default)s)")
+    p.add_argument("--port", type=port_number, default=8080, help="port (default %(default)s)")
     p.add_argument(
         "--tokens-file",
         type=Path,
@@ -67,9 +68,21 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         default=os.environ.get("RUNROW_TOOLS"),
         help="module whose registered tools are pinned on runs that give none (env RUNROW_TOOLS)",
     )
-    p.add_argument("--keepalive", type=float, default=15.0, help="seconds between SSE keepalive comments")
-    p.add_argument("--max-body", type=int, default=MAX_BODY_BYTES, help="request body limit in bytes")
-    p.add_argument("--pool-size", type=int, default=10, help="database connections at most")
+    p.add_argument(
+        "--keepalive",
+        type=number(float, 0.1, 3600),
+        default=15.0,
+        help="seconds between SSE keepalive comments, 0.1 to 3600",
+    )
+    p.add_argument(
+        "--max-body",
+        type=number(int, 1024, 1 << 30),
+        default=MAX_BODY_BYTES,
+        help="request body limit in bytes, 1024 to 2^30",
+    )
+    p.add_argument(
+        "--pool-size", type=number(int, 1, 1000), default=10, help="database connections at most, 1 to 1000"
+    )
     p.add_argument(
         "--replica-url",
         default=os.environ.get("RUNROW_REPLICA_URL") or None,

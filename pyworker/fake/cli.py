@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def cmd_fake_model(args: argparse.Namespace) -> int:
     from pyworker.fake.server import serve_forever
 
     secret = args.secret.encode() if args.secret else None
-    return serve_forever(args.scenario, args.host, args.port, secret, args.delta_delay)
+    try:
+        return serve_forever(args.scenario, args.host, args.port, secret, args.delta_delay)
+    # The address: unresolvable, not this host's, the port taken, or not a port (OverflowError).
+    except (OSError, OverflowError) as exc:
+        where = f"--host {args.host} --port {args.port}"
+        print(f"runrow fake-model: cannot listen on {where}: {exc}", file=sys.stderr)
+        return 2
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -1,0 +1,62 @@
+"""argparse types shared by the commands: a value that cannot work is a usage error (exit 2)
+naming the option and what it takes, before anything starts, never a traceback later."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from collections.abc import Callable
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def port_number(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {text!r}")
+    return port
+
+
+def log_level(text: str) -> str:
+    """A level name of the logging module, in any case (also from RUNROW_LOG_LEVEL)."""
+    level = text.strip().upper()
+    if level not in LOG_LEVELS or not isinstance(logging.getLevelName(level), int):
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_LEVELS)}, got {text!r}")
+    return level
+
+
+def number(kind: type[int] | type[float], lo: float, hi: float, unit: str = "") -> Callable[[str], float]:
+    """A finite int or float from lo to hi: `inf`, `nan` and values past what the option's
+    consumer can hold (a timedelta, a socket, a pool) are refused here, by name."""
+    what = "an integer" if kind is int else "a number"
+    suffix = f" {unit}" if unit else ""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or not lo <= value <= hi:
+            span = f"from {lo:,.10g} to {hi:,.10g}{suffix}"
+            raise argparse.ArgumentTypeError(f"must be {what} {span}, got {text!r}")
+        return value
+
+    return parse
+
+
+def not_utf8(argv: list[str]) -> str | None:
+    """The first argument that is not valid UTF-8 (Python decodes such bytes of argv to lone
+    surrogates, which no database text or file name can take), named by its option."""
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            before = argv[i - 1] if i > 0 and argv[i - 1].startswith("-") and "=" not in arg else None
+            name = arg.split("=", 1)[0] if arg.startswith("--") and "=" in arg else before
+            where = f"the value of {name}" if name else f"argument {i + 1}"
+            return f"{where} is not valid UTF-8: {arg.encode('utf-8', 'surrogateescape')!r}"
+    return None
