@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -267,6 +269,30 @@ def test_body_limits_and_media_type(client: httpx.Client) -> None:
     assert chunked.status_code == 413 and "larger than 65536 bytes" in error_of(chunked)["message"]
     form = client.post(url, content=b"content=hi", headers={**ALICE, "Content-Type": "text/plain"})
     assert form.status_code == 415 and "application/json" in error_of(form)["message"]
+
+
+def test_a_client_that_hangs_up_mid_body_is_no_server_error(
+    server: Server, db: psycopg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by fuzzing: a body cut short (Content-Length 50, 15 bytes sent, then close) was a
+    500 with two tracebacks in the log (starlette's ClientDisconnect)."""
+    conversation = uuid.uuid4()
+    host, port = server.url.removeprefix("http://").split(":")
+    with caplog.at_level(logging.INFO):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(
+                f"POST /conversations/{conversation}/runs HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: {ALICE['Authorization']}\r\nContent-Type: application/json\r\n"
+                'Content-Length: 50\r\n\r\n{"content":"x"}'.encode()
+            )
+            sock.shutdown(socket.SHUT_WR)
+            # Until the server closes: the app has run its exception handler (and logged) by then.
+            while sock.recv(4096):
+                pass
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    count = "SELECT count(*) FROM runrow.agent_run WHERE conversation_id = %s"
+    runs = db.execute(count, (conversation,)).fetchone()
+    assert runs == (0,)
 
 
 def test_unknown_and_malformed_ids_are_404(client: httpx.Client) -> None:

@@ -12,7 +12,7 @@ import math
 from typing import Any
 from uuid import UUID
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from pyworker.http.errors import ApiError, not_found
 
@@ -26,10 +26,17 @@ async def read_json_object(request: Request, limit: int, *, required: bool = Tru
     if ctype and ctype != "application/json" and not ctype.endswith("+json"):
         raise ApiError(415, "unsupported_media_type", f"send the body as application/json, not {ctype}")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:  # a chunked body has no Content-Length to check up front
-            raise _too_large(limit)
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:  # a chunked body has no Content-Length to check up front
+                raise _too_large(limit)
+    except ClientDisconnect:
+        # The client hung up before its body ended (or sent a chunk uvicorn could not read):
+        # nothing to act on, and nobody to answer; not a server error to log with a traceback.
+        raise ApiError(
+            400, "incomplete_body", "the connection closed before the request body ended"
+        ) from None
     if not body.strip():
         if required:
             raise ApiError(400, "invalid_request", "the request body must be a JSON object")
