@@ -334,6 +334,18 @@ REFUSED_BEFORE_ANY_WORK: list[tuple[list[str | bytes], dict[str, str], int, str]
         2,
         "--metadata: not JSON this command",
     ),
+    (
+        ["enqueue", "hi", "--max-attempts", "99999999999"],
+        {},
+        2,
+        "--max-attempts: must be an integer from -2,147,483,648",
+    ),
+    (
+        ["tail", str(uuid.uuid4()), "--from", "9" * 20],
+        {},
+        2,
+        "--from: must be an integer from -9,223,372,036,854,775,808",
+    ),
     (["--database-url", "garbage", "migrate"], {}, 2, "runrow migrate: cannot use the database: missing"),
     (["db", "run", "--", "/nonexistent/cmd"], {}, 127, "runrow db run: /nonexistent/cmd: command not found"),
     (["serve", "--port", "99999"], {}, 2, "argument --port: must be a port number from 0 to 65535"),

@@ -28,7 +28,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.cli.tail_render import Renderer
-from pyworker.cli.types import number
+from pyworker.cli.types import int32, int64, number
 from pyworker.db import api, nul
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.config import database_url
@@ -97,7 +97,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument(
         "--tools-json", type=Path, metavar="FILE", help="JSON file with an array of tool definitions"
     )
-    p.add_argument("--max-attempts", type=int, default=1, help="attempts before the run is dead (default 1)")
+    p.add_argument(
+        "--max-attempts", type=int32, default=1, help="attempts before the run is dead (default 1)"
+    )
     p.add_argument(
         "--idempotency-key",
         help="the same key with the same request returns the first run instead of a second one; "
@@ -112,7 +114,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--metadata", type=_json_object, default=None, help="JSON object stored on the run")
     p.add_argument("--user", help="user id stored on the run")
     p.add_argument(
-        "--priority", type=int, default=0, help="-1000 to 1000; higher is claimed first (default 0)"
+        "--priority", type=int32, default=0, help="-1000 to 1000; higher is claimed first (default 0)"
     )
     p.add_argument(
         "--start-in",
@@ -146,7 +148,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 {EXIT_CODE_HELP}""",
     )
     p.add_argument("run", type=uuid.UUID, help="run id")
-    p.add_argument("--from", dest="from_seq", type=int, default=0, metavar="N", help="start after seq N")
+    p.add_argument("--from", dest="from_seq", type=int64, default=0, metavar="N", help="start after seq N")
 
     p = _command(
         sub,

@@ -12,6 +12,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from pyworker.cli.client import CliError, _cell, _command, _connect, _print_table
+from pyworker.cli.types import int32, int64
 from pyworker.db import limits as limits_api
 from pyworker.db.config import database_url
 
@@ -63,9 +64,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     s = actions.add_parser("set", help="set a key's limits (an omitted one is not limited)")
     s.add_argument("key", help="the rate-limit key: a model name, or a key runs name at enqueue")
-    s.add_argument("--rpm", type=int, help="requests per minute (more than 0)")
-    s.add_argument("--input-tpm", type=int, help="uncached input tokens per minute (more than 0)")
-    s.add_argument("--output-tpm", type=int, help="output tokens per minute (more than 0)")
+    s.add_argument("--rpm", type=int32, help="requests per minute (more than 0)")
+    s.add_argument("--input-tpm", type=int32, help="uncached input tokens per minute (more than 0)")
+    s.add_argument("--output-tpm", type=int32, help="output tokens per minute (more than 0)")
     r = actions.add_parser("remove", help="remove a key's limits and any block on it")
     r.add_argument("key")
     actions.add_parser("show", help="limits, bucket levels, blocks and runs waiting on backoff")
@@ -82,7 +83,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     t = actions.add_parser("tenant", help="set a tenant's budget over a rolling day")
     t.add_argument("tenant", help="the fairness key (by default the run's user id)")
-    t.add_argument("--tokens-per-day", type=int, help="input + output + cache tokens (more than 0)")
+    t.add_argument("--tokens-per-day", type=int64, help="input + output + cache tokens (more than 0)")
     t.add_argument("--cost-per-day", type=_usd, help="USD (more than 0)")
     r = actions.add_parser("remove-tenant", help="remove a tenant's budget")
     r.add_argument("tenant")

@@ -23,6 +23,7 @@ import psycopg
 
 from pyworker.agent.history import build_messages
 from pyworker.cli.client import CliError, _command, _connect
+from pyworker.cli.types import int32, number
 from pyworker.db import forks
 from pyworker.db import steps as steps_api
 from pyworker.db.config import database_url
@@ -50,7 +51,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         epilog="example:\n  runrow fork 5f0c...a2 3 | xargs runrow tail",
     )
     p.add_argument("run", type=uuid.UUID, help="run id to fork")
-    p.add_argument("at_seq", type=int, help="the last step to copy (agent_step.seq of the run)")
+    p.add_argument("at_seq", type=int32, help="the last step to copy (agent_step.seq of the run)")
     p.add_argument("--model", help="pin the fork to another model (default: the run's)")
 
     p = _command(
@@ -70,7 +71,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument(
         "--system-file", type=Path, metavar="FILE", help="system prompt to use instead of the run's"
     )
-    p.add_argument("--width", type=int, default=0, help="total width (default: the terminal's)")
+    p.add_argument(
+        "--width", type=number(int, 0, 10000), default=0, help="total width (default: the terminal's)"
+    )
 
 
 async def cmd_fork(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ from pyworker.cli.client import (
     _sync,
     _wrap,
 )
+from pyworker.cli.types import int32
 from pyworker.db import schedules
 from pyworker.db.config import database_url
 
@@ -205,7 +206,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     q.add_argument("--metadata", type=_json_object, default=None, help="JSON object stored on each run")
     q.add_argument("--user", help="user id stored on each run (and owner of the conversation)")
-    q.add_argument("--max-attempts", type=int, default=1, help="attempts before a run is dead (default 1)")
+    q.add_argument("--max-attempts", type=int32, default=1, help="attempts before a run is dead (default 1)")
     q.add_argument(
         "--if-active",
         choices=["enqueue", "reject", "interrupt"],
@@ -214,7 +215,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "this tick (reject), or stop it (interrupt)",
     )
     q.add_argument(
-        "--priority", type=int, default=0, help="claim priority, -1000 to 1000, higher first (default 0)"
+        "--priority", type=int32, default=0, help="claim priority, -1000 to 1000, higher first (default 0)"
     )
     q.add_argument("--fairness-key", help="the tenant the claim is fair across (default: --user)")
     q.add_argument("--concurrency-key", help="key of a concurrency limit the runs count against")
@@ -226,7 +227,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     q.add_argument(
         "--max-catch-up",
-        type=int,
+        type=int32,
         metavar="N",
         help="with --catch-up each: at most the N most recent missed ticks (default 10, 1 to 1000)",
     )

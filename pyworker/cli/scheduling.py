@@ -9,6 +9,7 @@ import argparse
 
 from pyworker.cli.client import _command, _connect
 from pyworker.cli.limits import _show
+from pyworker.cli.types import int32
 from pyworker.db import limits as limits_api
 from pyworker.db.config import database_url
 
@@ -49,7 +50,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     s = actions.add_parser("set", help="cap a key (0 pauses it)")
     s.add_argument("key", help="the concurrency key runs were enqueued with")
-    s.add_argument("max_running", type=int, help="runs running or waiting at once (0 to 100000)")
+    s.add_argument("max_running", type=int32, help="runs running or waiting at once (0 to 100000)")
     r = actions.add_parser("remove", help="remove a key's cap")
     r.add_argument("key")
     actions.add_parser("show", help="limits with their running-or-waiting and queued runs")

@@ -99,7 +99,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     )
     p.add_argument(
         "--shutdown-grace",
-        type=int,
+        type=number(int, 0, 3600),
         default=5,
         help="seconds SIGTERM waits for open requests before ending them; event streams never end on "
         "their own, and their clients resume on another instance with Last-Event-ID (default %(default)s)",

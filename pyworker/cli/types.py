@@ -40,12 +40,26 @@ def number(kind: type[int] | type[float], lo: float, hi: float, unit: str = "") 
             value = kind(text)
         except ValueError:
             value = None
-        if value is None or not math.isfinite(value) or not lo <= value <= hi:
-            span = f"from {lo:,.10g} to {hi:,.10g}{suffix}"
+        finite = value is not None and (kind is int or math.isfinite(value))
+        if not finite or not lo <= value <= hi:  # type: ignore[operator]
+            span = (
+                f"from {lo:,} to {hi:,}{suffix}" if kind is int else f"from {lo:,.10g} to {hi:,.10g}{suffix}"
+            )
             raise argparse.ArgumentTypeError(f"must be {what} {span}, got {text!r}")
         return value
 
     return parse
+
+
+def int32(text: str) -> int:
+    """An integer a SQL `integer` argument can take; the function's own range is its to name.
+    (A larger Python int is sent as bigint or numeric, and PostgreSQL then finds no function.)"""
+    return int(number(int, -(2**31), 2**31 - 1)(text))
+
+
+def int64(text: str) -> int:
+    """An integer a SQL `bigint` argument can take."""
+    return int(number(int, -(2**63), 2**63 - 1)(text))
 
 
 def not_utf8(argv: list[str]) -> str | None:
