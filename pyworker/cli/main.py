@@ -100,6 +100,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
     config = {"tools_module": args.tools} if args.tools else {}
     if args.tools:
         os.environ["RUNROW_TOOLS"] = args.tools
+        from pyworker.agent.tools import load_module
+
+        # Imported now, as the agent loop will (load_module keeps it): a module that cannot be
+        # imported would otherwise fail every run this worker claims, one by one.
+        try:
+            load_module(args.tools)
+        except (ImportError, ValueError) as exc:
+            print(f"runrow worker: --tools {args.tools!r}: {exc}", file=sys.stderr)
+            return 2
     worker = Worker(
         database_url(args.database_url),
         concurrency=args.concurrency,

@@ -6,6 +6,7 @@ import argparse
 import ipaddress
 import os
 import sys
+import time
 from pathlib import Path
 
 from pyworker.cli.types import number, port_number
@@ -121,6 +122,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (TokenConfigError, ValueError, OSError) as exc:
         print(f"runrow serve: {exc}", file=sys.stderr)
         return 2
+    problem = _unusable(args)
+    if problem is not None:
+        print(f"runrow serve: {problem}", file=sys.stderr)
+        return 2
     tune_collector()
     uvicorn.run(
         app,
@@ -131,6 +136,37 @@ def cmd_serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=args.shutdown_grace,
     )
     return 0
+
+
+def _unusable(args: argparse.Namespace) -> str | None:
+    """What would stop the service at its start, said before uvicorn starts: there, a database
+    that cannot be reached was a PoolTimeout traceback 30 s later, and a --host that does not
+    resolve an exit without naming it. Nothing is checked that could change once running."""
+    import socket
+
+    import psycopg
+
+    try:
+        socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"--host {args.host}: {exc.strerror or exc}"
+    url = database_url(args.database_url)
+    # A server still starting (a service and its database brought up together) is waited for,
+    # as the pool would wait; a URL that does not parse is refused at once.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with psycopg.connect(url, connect_timeout=10, autocommit=True):
+                return None
+        except psycopg.OperationalError as exc:
+            if time.monotonic() < deadline:
+                time.sleep(1)
+                continue
+            error: psycopg.Error = exc
+        except psycopg.Error as exc:
+            error = exc
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0].strip()
+        return f"cannot connect to the database ({reason}); check DATABASE_URL or --database-url"
 
 
 def build_config(args: argparse.Namespace) -> ServeConfig:

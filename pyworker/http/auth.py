@@ -45,8 +45,8 @@ def parse_tokens_env(text: str) -> dict[str, str]:
 def load_tokens_file(path: Path) -> dict[str, str]:
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise TokenConfigError(f"--tokens-file {path}: {exc}") from exc
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested past the stack
+        raise TokenConfigError(f"--tokens-file {path}: {exc}") from None
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
         raise TokenConfigError(f'--tokens-file {path}: expected a JSON object {{"token": "user id", ...}}')
     return _checked(data, f"--tokens-file {path}")
