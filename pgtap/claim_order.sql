@@ -25,6 +25,11 @@ CREATE FUNCTION pg_temp.weights() RETURNS text LANGUAGE sql AS $$
     SELECT coalesce(md5(string_agg(f::text, ',' ORDER BY f.fairness_key)), '')
     FROM runrow.fairness_tenant AS f
 $$;
+-- One claim of a batch of up to n runs: how many of each tenant it took.
+CREATE FUNCTION pg_temp.batch_by_tenant(n int) RETURNS TABLE (fairness_key text, runs int) LANGUAGE sql AS $$
+    SELECT a.fairness_key, count(*)::int FROM runrow.claim_runs('pgtap', n) AS c
+    JOIN runrow.agent_run AS a ON a.id = c.run_id GROUP BY 1 ORDER BY 1
+$$;
 -- Claims one at a time (as idle workers do) until nothing is left; the tenants in claim order.
 CREATE FUNCTION pg_temp.claim_order(n int) RETURNS text[] LANGUAGE plpgsql AS $$
 DECLARE out text[] := '{}'; r record;
@@ -66,8 +71,7 @@ SELECT is((SELECT count(*)::int FROM runrow.fairness_tenant WHERE fairness_key I
 SELECT pg_temp.run_with(tenant => 'a') FROM generate_series(1, 4);
 SELECT pg_temp.run_with(tenant => 'c') FROM generate_series(1, 4);
 SELECT results_eq(
-    $$SELECT a.fairness_key, count(*)::int FROM runrow.claim_runs('pgtap', 4) AS c
-      JOIN runrow.agent_run AS a ON a.id = c.run_id GROUP BY 1 ORDER BY 1$$,
+    'SELECT * FROM pg_temp.batch_by_tenant(4)',
     $$VALUES ('a', 2), ('c', 2)$$, 'a batch of 4 takes 2 of each tenant');
 SELECT pg_temp.drain_queue();
 -- The tenant is the user when no fairness_key is given.
@@ -81,8 +85,7 @@ SELECT is((SELECT weight FROM runrow.fairness_tenant WHERE fairness_key = 'heavy
 SELECT pg_temp.run_with(tenant => 'heavy') FROM generate_series(1, 8);
 SELECT pg_temp.run_with(tenant => 'light') FROM generate_series(1, 8);
 SELECT results_eq(
-    $$SELECT a.fairness_key, count(*)::int FROM runrow.claim_runs('pgtap', 8) AS c
-      JOIN runrow.agent_run AS a ON a.id = c.run_id GROUP BY 1 ORDER BY 1$$,
+    'SELECT * FROM pg_temp.batch_by_tenant(8)',
     $$VALUES ('heavy', 6), ('light', 2)$$, 'weight 3 against 1: 6 and 2 of 8');
 SELECT pg_temp.drain_queue();
 SELECT lives_ok($$SELECT runrow.set_fairness_weight(NULL, 2)$$, 'the anonymous tenant can be weighted (NULL)');
@@ -107,9 +110,8 @@ SELECT lives_ok($$SELECT runrow.set_fairness_weight('tiny', 0.001)$$, 'weight 0.
 SELECT pg_temp.run_with(tenant => 'tiny') FROM generate_series(1, 3);
 SELECT pg_temp.run_with(tenant => 'light') FROM generate_series(1, 3);
 SELECT results_eq(
-    $$SELECT a.fairness_key, count(*)::int FROM runrow.claim_runs('pgtap', 6) AS c
-      JOIN runrow.agent_run AS a ON a.id = c.run_id GROUP BY 1 ORDER BY 1$$,
-    $$VALUES ('light', 3), ('tiny', 3)$$, 'weight 0.001 against 1: the claim still serves both');
+    'SELECT * FROM pg_temp.batch_by_tenant(4)',
+    $$VALUES ('light', 3), ('tiny', 1)$$, 'weight 0.001 against 1: the claim still weighs both (1 and 3 of 4)');
 SELECT pg_temp.drain_queue();
 
 -- Delays: a run not due yet is not claimed, and does not hold back runs behind it.
