@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from pyworker.cli.types import LOG_LEVELS, log_level, not_utf8, port_number
+from pyworker.cli.types import LOG_LEVELS, log_level, not_utf8, number, port_number
 from pyworker.db import devdb
 from pyworker.db.config import ConfigError, database_url
 from pyworker.db.migrate import MigrateError
@@ -168,19 +168,7 @@ def in_range(setting: str, unit: float = 1) -> Callable[[str], float]:
     from pyworker.worker.settings import LIMITS, WEBHOOK_LIMITS
 
     kind, lo, hi = {**LIMITS, **WEBHOOK_LIMITS}[setting]
-    lo, hi = lo / unit, hi / unit
-    what = "an integer" if kind is int else "a number"
-
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not lo <= value <= hi:  # False for nan too
-            raise argparse.ArgumentTypeError(f"must be {what} from {lo:g} to {hi:g}, got {text!r}")
-        return value  # type: ignore[no-any-return]
-
-    return parse
+    return number(kind, lo / unit, hi / unit)
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

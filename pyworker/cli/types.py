@@ -42,13 +42,16 @@ def number(kind: type[int] | type[float], lo: float, hi: float, unit: str = "") 
             value = None
         finite = value is not None and (kind is int or math.isfinite(value))
         if not finite or not lo <= value <= hi:  # type: ignore[operator]
-            span = (
-                f"from {lo:,} to {hi:,}{suffix}" if kind is int else f"from {lo:,.10g} to {hi:,.10g}{suffix}"
-            )
+            span = f"from {_bound(lo)} to {_bound(hi)}{suffix}"
             raise argparse.ArgumentTypeError(f"must be {what} {span}, got {text!r}")
         return value
 
     return parse
+
+
+def _bound(x: float) -> str:
+    """A range's end as people write it: 86400, 0.1, 2147483647 (not 8.64e+04 or 2.14748e+09)."""
+    return str(int(x)) if x == int(x) else f"{x:g}"
 
 
 def int32(text: str) -> int:
