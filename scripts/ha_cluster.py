@@ -198,9 +198,9 @@ def _patroni_argv(os_user: str | None, root: str) -> list[str]:
 
 
 def _copy_patroni(target: str) -> str:
-    """Copy the installed distributions that runrow's `ha` extra needs (Patroni with the extras
-    named there, and everything they require) into `target`, which must not exist yet; the
-    extra in pyproject.toml is the one list of them."""
+    """Copy the installed distributions of runrow's `ha` extra (Patroni with the extras named
+    there, and everything they require) into `target`, a site folder for another user; the extra
+    in pyproject.toml is the one list of them. A file already there is left as it is."""
     from importlib import metadata
 
     from packaging.requirements import Requirement
@@ -213,7 +213,12 @@ def _copy_patroni(target: str) -> str:
                 out.append(req)
         return out
 
-    wanted = [r for r in required(metadata.distribution("runrow"), {"ha"}) if r.marker is not None]
+    # The extra's own requirements: those its marker admits with `ha` and not without it.
+    wanted = [
+        r
+        for r in required(metadata.distribution("runrow"), {"ha"})
+        if r.marker is not None and not r.marker.evaluate({"extra": ""})
+    ]
     done: set[str] = set()
     while wanted:
         req = wanted.pop()
