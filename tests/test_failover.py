@@ -41,7 +41,8 @@ def _ha_stack_missing() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_ha_stack_missing() is not None, reason=str(_ha_stack_missing()))
+MISSING = _ha_stack_missing()
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
 
 
 @dataclass(frozen=True)
