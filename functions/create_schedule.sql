@@ -39,14 +39,7 @@ BEGIN
         RAISE EXCEPTION 'cron "%" never fires (no matching minute in the next ten years)', create_schedule.cron
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_not_null(create_schedule.content, 'content');
-    IF NOT (
-        (jsonb_typeof(create_schedule.content) = 'string' AND create_schedule.content #>> '{}' <> '')
-        OR (jsonb_typeof(create_schedule.content) = 'array' AND jsonb_array_length(create_schedule.content) > 0)
-    ) THEN
-        RAISE EXCEPTION 'content must be a non-empty string or a non-empty array of content blocks'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM runrow._require_content(create_schedule.content);
     IF octet_length(create_schedule.content::text) > 1048576 THEN
         RAISE EXCEPTION 'content is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -61,14 +54,7 @@ BEGIN
     IF octet_length(create_schedule.system_prompt) > 1048576 THEN
         RAISE EXCEPTION 'system_prompt is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_not_null(create_schedule.tools, 'tools');
-    IF jsonb_typeof(create_schedule.tools) <> 'array' OR EXISTS (
-        SELECT 1 FROM jsonb_array_elements(create_schedule.tools) AS t (def)
-        WHERE jsonb_typeof(t.def) <> 'object' OR jsonb_typeof(t.def -> 'name') IS DISTINCT FROM 'string'
-    ) THEN
-        RAISE EXCEPTION 'tools must be a JSON array of objects with a string "name"'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM runrow._require_tools(create_schedule.tools);
     IF octet_length(create_schedule.tools::text) > 1048576 THEN
         RAISE EXCEPTION 'tools is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
     END IF;

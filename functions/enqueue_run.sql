@@ -40,12 +40,9 @@ BEGIN
         PERFORM runrow._require_not_null(enqueue_run.conversation_id, 'conversation_id');
         PERFORM runrow._require_not_null(enqueue_run.content, 'content');
     END IF;
-    IF NOT (
-        (jsonb_typeof(enqueue_run.content) = 'string' AND enqueue_run.content #>> '{}' <> '')
-        OR (jsonb_typeof(enqueue_run.content) = 'array' AND jsonb_array_length(enqueue_run.content) > 0)
-    ) THEN
-        RAISE EXCEPTION 'content must be a non-empty string or a non-empty array of content blocks'
-            USING ERRCODE = 'invalid_parameter_value';
+    -- Content the API would refuse on every attempt (functions/_request_checks.sql).
+    IF NOT runrow._content_ok(enqueue_run.content) THEN
+        PERFORM runrow._require_content(enqueue_run.content);
     END IF;
     IF octet_length(enqueue_run.content::text) > 1048576 THEN
         RAISE EXCEPTION 'content is too large: % bytes, the limit is 1 MiB', octet_length(enqueue_run.content::text)
@@ -66,24 +63,18 @@ BEGIN
         RAISE EXCEPTION 'system_prompt is too large: the limit is 1 MiB'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF enqueue_run.tools IS NULL THEN
-        PERFORM runrow._require_not_null(enqueue_run.tools, 'tools');
-    END IF;
-    IF jsonb_typeof(enqueue_run.tools) <> 'array' THEN
-        RAISE EXCEPTION 'tools must be a JSON array of tool definitions, got %', jsonb_typeof(enqueue_run.tools)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
     -- Each tool an object with a string "name": a jsonpath test is an expression, where an
     -- EXISTS over jsonb_array_elements was a statement on every enqueue (issue 11). Strict, so
     -- that a nested array is not unwrapped into its elements; keyvalue(), so that a missing
-    -- "name" is no error (which strict mode would make of @.name).
-    IF jsonb_path_exists(
+    -- "name" is no error (which strict mode would make of @.name). _require_tools says which
+    -- tool is wrong; it checks the rest of a definition (name, input_schema, no name twice)
+    -- when _pin_prompt first pins the prompt, once per distinct set of tools.
+    IF enqueue_run.tools IS NULL OR jsonb_typeof(enqueue_run.tools) <> 'array' OR jsonb_path_exists(
         enqueue_run.tools,
         'strict $[*] ? (@.type() != "object"'
         ' || !exists(@.keyvalue() ? (@.key == "name" && @.value.type() == "string")))'
     ) THEN
-        RAISE EXCEPTION 'tools must hold objects with a string "name"'
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM runrow._require_tools(enqueue_run.tools);
     END IF;
     IF octet_length(enqueue_run.tools::text) > 1048576 THEN
         RAISE EXCEPTION 'tools is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';

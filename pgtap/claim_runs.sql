@@ -28,7 +28,7 @@ SELECT is(pg_temp.written(), :'before', 'and writes nothing');
 \set cd '''cccccccc-0000-0000-0000-00000000000d'''
 SELECT pg_temp.new_run(:ca) AS a1 \gset
 SELECT run_id AS b1 FROM runrow.enqueue_run(:cb, '"b1"', 'model-b', user_id => 'ub', system_prompt => 'sys-b',
-    tools => '[{"name": "t"}]', max_attempts => 2, metadata => '{"k": "v"}') \gset
+    tools => '[{"name": "t", "input_schema": {"type": "object"}}]', max_attempts => 2, metadata => '{"k": "v"}') \gset
 SELECT pg_temp.new_run(:ca) AS a2 \gset
 SELECT pg_temp.new_run(:cc) AS c1 \gset
 SELECT pg_temp.new_run(:cc) AS c2 \gset
@@ -52,7 +52,7 @@ SELECT is(
     (SELECT (k1.conversation_id, k1.max_attempts, k1.model, k1.system_prompt, k1.tools, k1.user_id,
              k1.metadata, k1.prompt_id = a.prompt_id, k1.user_message_id = a.user_message_id)::text
      FROM k1 JOIN runrow.agent_run AS a ON a.id = k1.run_id WHERE k1.run_id = :'b1'),
-    (SELECT (:cb::uuid, 2, 'model-b', 'sys-b', '[{"name": "t"}]'::jsonb, 'ub', '{"k": "v"}'::jsonb, true, true)::text),
+    (SELECT (:cb::uuid, 2, 'model-b', 'sys-b', '[{"name": "t", "input_schema": {"type": "object"}}]'::jsonb, 'ub', '{"k": "v"}'::jsonb, true, true)::text),
     'a claim returns the pinned model, prompt, tools, user, message and metadata');
 SELECT results_eq(
     format('SELECT e.seq, e.type, CASE WHEN e.seq = 3 THEN e.payload END FROM runrow.run_event AS e

@@ -25,12 +25,12 @@ SELECT ok(length(obj_description('runrow.create_schedule(text, text, jsonb, text
 -- Happy path.
 SELECT count(*) AS runs_before FROM runrow.agent_run \gset
 SELECT runrow.create_schedule(name => 'nightly', cron => '0 3 * * *', content => '"summarize the day"',
-    model => 'test-model', user_id => 'ops', system_prompt => 'be brief', tools => '[{"name": "t"}]',
+    model => 'test-model', user_id => 'ops', system_prompt => 'be brief', tools => '[{"name": "t", "input_schema": {"type": "object"}}]',
     metadata => '{"k": 1}', max_attempts => 3) AS nightly \gset
 SELECT is((SELECT (name, cron, conversation_id, content, model, user_id, system_prompt, tools, metadata,
         max_attempts, if_active, catch_up, max_catch_up)::text FROM runrow.schedule WHERE id = :'nightly'),
     ('nightly', '0 3 * * *', NULL::uuid, '"summarize the day"'::jsonb, 'test-model', 'ops', 'be brief',
-     '[{"name": "t"}]'::jsonb, '{"k": 1}'::jsonb, 3, 'enqueue', 'latest', 1)::text,
+     '[{"name": "t", "input_schema": {"type": "object"}}]'::jsonb, '{"k": 1}'::jsonb, 3, 'enqueue', 'latest', 1)::text,
     'the row holds the template; catch_up latest by default, which fires one tick');
 SELECT is((SELECT next_fire_at FROM runrow.schedule WHERE id = :'nightly'),
     (date_trunc('day', now() AT TIME ZONE 'UTC') + CASE WHEN extract(HOUR FROM now() AT TIME ZONE 'UTC') >= 3
@@ -79,7 +79,7 @@ SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', ''$$), '22023',
 SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', user_id => ''$$), '22023',
     'user_id must be NULL or 1 to 200 characters', 'an empty user_id');
 SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', tools => '{}'$$), '22023',
-    'tools must be a JSON array of objects with a string "name"', 'tools not an array');
+    'tools must be a JSON array of tool definitions, got object', 'tools not an array');
 SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', metadata => '[]'$$), '22023',
     'metadata must be a JSON object, got array', 'metadata not an object');
 SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', max_attempts => 0$$), '22023',

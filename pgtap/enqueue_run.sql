@@ -79,7 +79,7 @@ SELECT is((SELECT count(*)::int FROM runrow.prompt), split_part(:'before_same', 
     'and add no prompt row');
 SELECT run_id AS r3 FROM runrow.enqueue_run(
     conversation_id => gen_random_uuid(), content => '"x"', model => 'claude-test',
-    system_prompt => 'You are terse.', tools => '[{"name": "fetch"}]') \gset
+    system_prompt => 'You are terse.', tools => '[{"name": "fetch", "input_schema": {"type": "object"}}]') \gset
 SELECT isnt((SELECT a.prompt_id FROM runrow.agent_run AS a WHERE a.id = :'r3'), :'p1',
     'different tools pin a different prompt id');
 SELECT run_id AS r4 FROM runrow.enqueue_run(
@@ -308,21 +308,21 @@ SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm
 SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', tools => '{"name": "t"}')$$,
     '22023', 'tools must be a JSON array of tool definitions, got object', 'tools object');
 SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', tools => '["search"]')$$,
-    '22023', 'tools must hold objects with a string "name"', 'tools holding a string');
+    '22023', 'tools[0] must be an object with a string "name"', 'tools holding a string');
 SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', tools => '[{"name": 1}]')$$,
-    '22023', 'tools must hold objects with a string "name"', 'tools with a non-string name');
+    '22023', 'tools[0] must be an object with a string "name"', 'tools with a non-string name');
 -- The test is a jsonpath expression since issue 11's stop 44: the shapes where one could slip.
 SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', tools => '[{"nom": "t"}]')$$,
-    '22023', 'tools must hold objects with a string "name"', 'a tool without a name');
+    '22023', 'tools[0] must be an object with a string "name"', 'a tool without a name');
 SELECT throws_ok(
-    $$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', tools => '[{"name": "t"}, {"x": 1}]')$$,
-    '22023', 'tools must hold objects with a string "name"', 'a second tool without a name');
+    $$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', tools => '[{"name": "t", "input_schema": {"type": "object"}}, {"x": 1}]')$$,
+    '22023', 'tools[1] must be an object with a string "name"', 'a second tool without a name');
 SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', tools => '[[{"name": "t"}]]')$$,
-    '22023', 'tools must hold objects with a string "name"', 'a tool nested in an array');
+    '22023', 'tools[0] must be an object with a string "name"', 'a tool nested in an array');
 SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', tools => '[{"name": ["t"]}]')$$,
-    '22023', 'tools must hold objects with a string "name"', 'a name in an array');
+    '22023', 'tools[0] must be an object with a string "name"', 'a name in an array');
 SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', tools => '[{"name": null}]')$$,
-    '22023', 'tools must hold objects with a string "name"', 'a null name');
+    '22023', 'tools[0] must be an object with a string "name"', 'a null name');
 SELECT throws_ok(
     $$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm',
         tools => jsonb_build_array(jsonb_build_object('name', 't', 'description', repeat('d', 1048576))))$$,

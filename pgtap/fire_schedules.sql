@@ -17,7 +17,7 @@ SELECT ok(length(obj_description('runrow.fire_schedules(integer)'::regprocedure,
 
 -- Nothing due: nothing happens.
 SELECT runrow.create_schedule('report', '*/10 * * * *', '"write the report"', 'model-s', user_id => 'ops',
-    system_prompt => 'be brief', tools => '[{"name": "t"}]', metadata => '{"k": 1}', max_attempts => 2,
+    system_prompt => 'be brief', tools => '[{"name": "t", "input_schema": {"type": "object"}}]', metadata => '{"k": 1}', max_attempts => 2,
     priority => 5, concurrency_key => 'reports') AS report \gset
 SELECT pg_temp.fingerprint() AS before \gset
 SELECT is(runrow.fire_schedules(), 0, 'no tick is due yet: 0');
@@ -37,7 +37,7 @@ SELECT is((SELECT (status, model, user_id, max_attempts, metadata, priority, fai
 SELECT is((SELECT (m.content, p.system_prompt, p.tools)::text FROM runrow.agent_run AS a
         JOIN runrow.message AS m ON m.id = a.user_message_id JOIN runrow.prompt AS p ON p.id = a.prompt_id
         WHERE a.id = :'run'),
-    ('"write the report"'::jsonb, 'be brief', '[{"name": "t"}]'::jsonb)::text, 'with its content and pinned prompt');
+    ('"write the report"'::jsonb, 'be brief', '[{"name": "t", "input_schema": {"type": "object"}}]'::jsonb)::text, 'with its content and pinned prompt');
 SELECT is((SELECT conversation_id FROM runrow.agent_run WHERE id = :'run'),
     runrow._schedule_conversation(:'report', :'tick'), 'in a new conversation derived from the tick');
 SELECT is(runrow._schedule_tick_key(:'report', :'tick'),

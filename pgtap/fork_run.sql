@@ -14,7 +14,7 @@ SELECT has_function('runrow', 'fork_run', ARRAY['uuid', 'integer', 'text'], 'for
 -- run to fork, four steps with odd whitespace and key order that a jsonb copy would lose.
 SELECT gen_random_uuid() AS conv \gset
 SELECT run_id AS t1 FROM runrow.enqueue_run(:'conv', '"first"', 'model-a', user_id => 'alice',
-    system_prompt => 'sys', tools => '[{"name": "t"}]', metadata => '{"max_tokens": 99}') \gset
+    system_prompt => 'sys', tools => '[{"name": "t", "input_schema": {"type": "object"}}]', metadata => '{"max_tokens": 99}') \gset
 SELECT pg_temp.claim(:'t1') AS tok1 \gset
 SELECT runrow.append_step(:'t1', :'tok1', 'model_turn',
     '[{"type":"thinking","thinking":"hm","signature":"sig-1"},  {"type":"tool_use","id":"tu_1","name":"t","input":{"b":1,"a":2}}]',
@@ -26,7 +26,7 @@ SELECT runrow.finish_run(:'t1', :'tok1', 'completed', '{"text": "one"}');
 SELECT run_id AS t2 FROM runrow.enqueue_run(:'conv', '"never ran"', 'model-a', user_id => 'alice') \gset
 SELECT runrow.cancel_run(:'t2');
 SELECT run_id AS t3 FROM runrow.enqueue_run(:'conv', '[{"type": "text", "text": "third"}]', 'model-a',
-    user_id => 'alice', system_prompt => 'sys', tools => '[{"name": "t"}]', max_attempts => 3,
+    user_id => 'alice', system_prompt => 'sys', tools => '[{"name": "t", "input_schema": {"type": "object"}}]', max_attempts => 3,
     metadata => '{"max_tokens": 99}') \gset
 SELECT pg_temp.claim(:'t3') AS tok3 \gset
 SELECT runrow.append_step(:'t3', :'tok3', 'model_turn',

@@ -10,7 +10,7 @@ SELECT has_function('runrow', 'retry_run', ARRAY['uuid'], 'retry_run(run_id) exi
 -- A failed run with a non-default prompt, attempts and metadata, so "same" means something.
 SELECT run_id AS failed FROM runrow.enqueue_run(
     conversation_id => gen_random_uuid(), content => '"retry me"', model => 'model-r',
-    system_prompt => 'be brief', tools => '[{"name": "t"}]', max_attempts => 1,
+    system_prompt => 'be brief', tools => '[{"name": "t", "input_schema": {"type": "object"}}]', max_attempts => 1,
     metadata => '{"k": 1}') \gset
 SELECT pg_temp.claim(:'failed');
 SELECT runrow.finish_run(:'failed', pg_temp.token(:'failed'), 'failed', NULL, 'model error');

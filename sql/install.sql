@@ -8115,6 +8115,8 @@ BEGIN
     IF EXISTS (SELECT 1 FROM runrow.prompt AS p WHERE p.id = pid) THEN
         RETURN pid;
     END IF;
+    -- A new prompt: its tools are checked in full here, once, not on every enqueue that pins it.
+    PERFORM runrow._require_tools(_pin_prompt.tools);
     INSERT INTO runrow.prompt AS p (id, system_prompt, tools)
     VALUES (pid, _pin_prompt.system_prompt, _pin_prompt.tools)
     ON CONFLICT ON CONSTRAINT prompt_pkey DO NOTHING;
@@ -8635,6 +8637,192 @@ REVOKE ALL ON FUNCTION runrow._end_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._tenant_verdict(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._fail_queued_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;
+
+-- functions/_request_checks.sql
+-- The checks of a turn's request that the Messages API would otherwise make, one attempt too
+-- late: a user turn's content blocks and the run's tool definitions. What the API refuses here
+-- it refuses every time (a 400), so a run enqueued with it could only fail once, after being
+-- claimed, leased and paid for in a worker's slot; the caller is told now instead, and nothing
+-- is written. Only rules that hold for any conversation are checked (a tool_result's pairing
+-- with the model's tool_use depends on the history, and is the API's), and a block type runrow
+-- does not know passes, so that a new kind of block needs no new runrow.
+
+-- TRUE when content is a user turn's content as the API takes it: a non-empty string, or a
+-- non-empty array of content blocks, each an object with a non-empty string "type" that a user
+-- turn may hold (not one of the model's own: thinking, redacted_thinking, tool_use,
+-- server_tool_use), a text block with non-empty text, an image or document with a source
+-- object, a tool_result with a tool_use_id. One SQL expression without a SET clause, so the
+-- planner inlines it into the caller's IF (no call); _require_content says what is wrong.
+-- Strict jsonpath (a nested array is not unwrapped into its elements), keys read through
+-- keyvalue() (a missing key is no error there, where strict mode would make one of @.text).
+CREATE OR REPLACE FUNCTION runrow._content_ok(content jsonb)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT CASE jsonb_typeof(content)
+        WHEN 'string' THEN content #>> '{}' <> ''
+        WHEN 'array' THEN jsonb_array_length(content) > 0 AND NOT jsonb_path_exists(
+            content,
+            'strict $[*] ? (@.type() != "object"'
+            ' || !exists(@.keyvalue() ? (@.key == "type" && @.value.type() == "string" && @.value != ""))'
+            ' || exists(@.keyvalue() ? (@.key == "type" && (@.value == "thinking" || @.value == "redacted_thinking"'
+            ' || @.value == "tool_use" || @.value == "server_tool_use")))'
+            ' || (exists(@.keyvalue() ? (@.key == "type" && @.value == "text"))'
+            ' && !exists(@.keyvalue() ? (@.key == "text" && @.value.type() == "string" && @.value != "")))'
+            ' || (exists(@.keyvalue() ? (@.key == "type" && (@.value == "image" || @.value == "document")))'
+            ' && !exists(@.keyvalue() ? (@.key == "source" && @.value.type() == "object")))'
+            ' || (exists(@.keyvalue() ? (@.key == "type" && @.value == "tool_result"))'
+            ' && !exists(@.keyvalue() ? (@.key == "tool_use_id" && @.value.type() == "string" && @.value != ""))))'
+        )
+        ELSE false
+    END
+$fn$;
+
+-- Raises 22004/22023 naming content (and content[i], 0-based, and the field) if content breaks
+-- a rule of _content_ok; returns otherwise. Called where _content_ok said no, and by the
+-- functions that store a turn's content for later (create_schedule).
+CREATE OR REPLACE FUNCTION runrow._require_content(content jsonb)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+AS $fn$
+DECLARE
+    block jsonb;
+    i integer := -1;
+    kind text;
+BEGIN
+    IF content IS NULL THEN
+        RAISE EXCEPTION 'content must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT coalesce(
+        (jsonb_typeof(content) = 'string' AND content #>> '{}' <> '')
+        OR (jsonb_typeof(content) = 'array' AND jsonb_array_length(content) > 0),
+        false
+    ) THEN
+        RAISE EXCEPTION 'content must be a non-empty string or a non-empty array of content blocks'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF jsonb_typeof(content) = 'string' THEN
+        RETURN;
+    END IF;
+    FOR block IN SELECT b.el FROM jsonb_array_elements(content) AS b (el) LOOP
+        i := i + 1;
+        IF jsonb_typeof(block) <> 'object' THEN
+            RAISE EXCEPTION 'content[%] must be a content block (a JSON object with a "type"), got %',
+                i, jsonb_typeof(block)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(block -> 'type') IS DISTINCT FROM 'string' OR block ->> 'type' = '' THEN
+            RAISE EXCEPTION 'content[%].type must be a non-empty string such as "text" or "image", got %',
+                i, coalesce((block -> 'type')::text, 'none')
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        kind := block ->> 'type';
+        IF kind IN ('thinking', 'redacted_thinking', 'tool_use', 'server_tool_use') THEN
+            RAISE EXCEPTION 'content[%] is a "%" block, which only the model''s own turns hold, not a user''s',
+                i, kind
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF kind = 'text' AND (jsonb_typeof(block -> 'text') IS DISTINCT FROM 'string' OR block ->> 'text' = '') THEN
+            RAISE EXCEPTION 'content[%].text must be a non-empty string (the API refuses empty text blocks)', i
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF kind IN ('image', 'document') AND jsonb_typeof(block -> 'source') IS DISTINCT FROM 'object' THEN
+            RAISE EXCEPTION 'content[%].source must be an object (the %''s data or URL)', i, kind
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF kind = 'tool_result'
+           AND (jsonb_typeof(block -> 'tool_use_id') IS DISTINCT FROM 'string' OR block ->> 'tool_use_id' = '') THEN
+            RAISE EXCEPTION 'content[%].tool_use_id must be a non-empty string (the tool_use this result answers)', i
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+END
+$fn$;
+
+-- Raises 22004/22023 naming tools (and tools[i], 0-based, and the field) unless tools is a JSON
+-- array of tool definitions the API takes: each an object with a string "name"; a custom tool
+-- (no "type", or "custom"; a server tool such as web search carries its own shape) with a name
+-- of 1 to 128 letters, digits, "_" or "-" and an input_schema object of "type": "object"; no
+-- name twice. Called when a prompt is first pinned (an enqueue that reuses a pinned prompt has
+-- had its tools checked) and by create_schedule.
+CREATE OR REPLACE FUNCTION runrow._require_tools(tools jsonb)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+AS $fn$
+DECLARE
+    bad record;
+BEGIN
+    IF tools IS NULL THEN
+        RAISE EXCEPTION 'tools must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF jsonb_typeof(tools) <> 'array' THEN
+        RAISE EXCEPTION 'tools must be a JSON array of tool definitions, got %', jsonb_typeof(tools)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT t.i, t.def, t.custom, t.first INTO bad
+    FROM (
+        SELECT d.ord - 1 AS i, d.def,
+               jsonb_typeof(d.def) = 'object' AND coalesce(d.def ->> 'type', 'custom') = 'custom' AS custom,
+               min(d.ord - 1) OVER (PARTITION BY CASE WHEN jsonb_typeof(d.def) = 'object' THEN d.def -> 'name' END)
+                   AS first
+        FROM jsonb_array_elements(tools) WITH ORDINALITY AS d (def, ord)
+    ) AS t
+    WHERE jsonb_typeof(t.def) <> 'object'
+       OR jsonb_typeof(t.def -> 'name') IS DISTINCT FROM 'string'
+       OR (t.custom AND (
+           t.def ->> 'name' !~ '^[a-zA-Z0-9_-]{1,128}$'
+           OR jsonb_typeof(t.def -> 'input_schema') IS DISTINCT FROM 'object'
+           OR (t.def -> 'input_schema' -> 'type') IS DISTINCT FROM '"object"'))
+       OR t.first < t.i
+    ORDER BY t.i
+    LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF jsonb_typeof(bad.def) <> 'object' OR jsonb_typeof(bad.def -> 'name') IS DISTINCT FROM 'string' THEN
+        RAISE EXCEPTION 'tools[%] must be an object with a string "name"', bad.i
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF bad.custom AND bad.def ->> 'name' !~ '^[a-zA-Z0-9_-]{1,128}$' THEN
+        RAISE EXCEPTION 'tools[%].name must be 1 to 128 letters, digits, "_" or "-", got %', bad.i, bad.def -> 'name'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF bad.custom AND (
+        jsonb_typeof(bad.def -> 'input_schema') IS DISTINCT FROM 'object'
+        OR (bad.def -> 'input_schema' -> 'type') IS DISTINCT FROM '"object"'
+    ) THEN
+        RAISE EXCEPTION 'tools[%].input_schema must be a JSON schema object with "type": "object" '
+            '(the shape of the tool''s input)', bad.i
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RAISE EXCEPTION 'tools[%].name % is already tools[%]: tool names must be unique', bad.i, bad.def -> 'name', bad.first
+        USING ERRCODE = 'invalid_parameter_value';
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._content_ok(jsonb) IS
+'TRUE when content is a user turn''s content the Messages API takes: a non-empty string, or a '
+'non-empty array of content blocks, each an object with a non-empty string type that is not one '
+'of the model''s own (thinking, redacted_thinking, tool_use, server_tool_use), text blocks with '
+'non-empty text, image and document blocks with a source object, tool_result blocks with a '
+'tool_use_id; any other type passes. Inlined into its callers; _require_content names what is wrong.';
+
+COMMENT ON FUNCTION runrow._require_content(jsonb) IS
+'Raises 22004 for a NULL content, 22023 naming content, or content[i] (0-based) and its field, '
+'for the first rule of _content_ok that content breaks; returns otherwise. Reads no table.';
+
+COMMENT ON FUNCTION runrow._require_tools(jsonb) IS
+'Raises 22004 for a NULL tools, 22023 naming tools or tools[i] (0-based) and its field unless '
+'tools is a JSON array of tool definitions: objects with a string name; custom ones (no type, or '
+'"custom") with a name of 1 to 128 of [a-zA-Z0-9_-] and an input_schema object of type object; '
+'each name once. Returns otherwise. Reads no table.';
+
+REVOKE ALL ON FUNCTION runrow._content_ok(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_content(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_tools(jsonb) FROM PUBLIC;
 
 -- functions/_schedule_helpers.sql
 -- Private helpers of the schedules (create_schedule, fire_schedules): a cron parser and its
@@ -10804,14 +10992,7 @@ BEGIN
         RAISE EXCEPTION 'cron "%" never fires (no matching minute in the next ten years)', create_schedule.cron
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_not_null(create_schedule.content, 'content');
-    IF NOT (
-        (jsonb_typeof(create_schedule.content) = 'string' AND create_schedule.content #>> '{}' <> '')
-        OR (jsonb_typeof(create_schedule.content) = 'array' AND jsonb_array_length(create_schedule.content) > 0)
-    ) THEN
-        RAISE EXCEPTION 'content must be a non-empty string or a non-empty array of content blocks'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM runrow._require_content(create_schedule.content);
     IF octet_length(create_schedule.content::text) > 1048576 THEN
         RAISE EXCEPTION 'content is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -10826,14 +11007,7 @@ BEGIN
     IF octet_length(create_schedule.system_prompt) > 1048576 THEN
         RAISE EXCEPTION 'system_prompt is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_not_null(create_schedule.tools, 'tools');
-    IF jsonb_typeof(create_schedule.tools) <> 'array' OR EXISTS (
-        SELECT 1 FROM jsonb_array_elements(create_schedule.tools) AS t (def)
-        WHERE jsonb_typeof(t.def) <> 'object' OR jsonb_typeof(t.def -> 'name') IS DISTINCT FROM 'string'
-    ) THEN
-        RAISE EXCEPTION 'tools must be a JSON array of objects with a string "name"'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM runrow._require_tools(create_schedule.tools);
     IF octet_length(create_schedule.tools::text) > 1048576 THEN
         RAISE EXCEPTION 'tools is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -10991,12 +11165,9 @@ BEGIN
         PERFORM runrow._require_not_null(enqueue_run.conversation_id, 'conversation_id');
         PERFORM runrow._require_not_null(enqueue_run.content, 'content');
     END IF;
-    IF NOT (
-        (jsonb_typeof(enqueue_run.content) = 'string' AND enqueue_run.content #>> '{}' <> '')
-        OR (jsonb_typeof(enqueue_run.content) = 'array' AND jsonb_array_length(enqueue_run.content) > 0)
-    ) THEN
-        RAISE EXCEPTION 'content must be a non-empty string or a non-empty array of content blocks'
-            USING ERRCODE = 'invalid_parameter_value';
+    -- Content the API would refuse on every attempt (functions/_request_checks.sql).
+    IF NOT runrow._content_ok(enqueue_run.content) THEN
+        PERFORM runrow._require_content(enqueue_run.content);
     END IF;
     IF octet_length(enqueue_run.content::text) > 1048576 THEN
         RAISE EXCEPTION 'content is too large: % bytes, the limit is 1 MiB', octet_length(enqueue_run.content::text)
@@ -11017,24 +11188,18 @@ BEGIN
         RAISE EXCEPTION 'system_prompt is too large: the limit is 1 MiB'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF enqueue_run.tools IS NULL THEN
-        PERFORM runrow._require_not_null(enqueue_run.tools, 'tools');
-    END IF;
-    IF jsonb_typeof(enqueue_run.tools) <> 'array' THEN
-        RAISE EXCEPTION 'tools must be a JSON array of tool definitions, got %', jsonb_typeof(enqueue_run.tools)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
     -- Each tool an object with a string "name": a jsonpath test is an expression, where an
     -- EXISTS over jsonb_array_elements was a statement on every enqueue (issue 11). Strict, so
     -- that a nested array is not unwrapped into its elements; keyvalue(), so that a missing
-    -- "name" is no error (which strict mode would make of @.name).
-    IF jsonb_path_exists(
+    -- "name" is no error (which strict mode would make of @.name). _require_tools says which
+    -- tool is wrong; it checks the rest of a definition (name, input_schema, no name twice)
+    -- when _pin_prompt first pins the prompt, once per distinct set of tools.
+    IF enqueue_run.tools IS NULL OR jsonb_typeof(enqueue_run.tools) <> 'array' OR jsonb_path_exists(
         enqueue_run.tools,
         'strict $[*] ? (@.type() != "object"'
         ' || !exists(@.keyvalue() ? (@.key == "name" && @.value.type() == "string")))'
     ) THEN
-        RAISE EXCEPTION 'tools must hold objects with a string "name"'
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM runrow._require_tools(enqueue_run.tools);
     END IF;
     IF octet_length(enqueue_run.tools::text) > 1048576 THEN
         RAISE EXCEPTION 'tools is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';

@@ -479,6 +479,13 @@ def test_a_restarted_fake_model_accepts_its_earlier_signatures(fake: FakeModel) 
             ),
             "messages.0.content.0.text.parsed_output: Extra inputs are not permitted",
         ),
+        (hello(tools=[{"name": "get weather", "input_schema": {"type": "object"}}]), "tools.0.custom.name"),
+        (hello(tools=[{"name": "t"}]), "tools.0.custom.input_schema: Field required"),
+        (hello(tools=[{"name": "t", "input_schema": {"type": "string"}}]), "tools.0.custom.input_schema.type"),
+        (
+            hello(tools=[{"name": "t", "input_schema": {"type": "object"}}] * 2),
+            "tools: Tool names must be unique.",
+        ),
         (hello(thinking={"type": "enabled", "budget_tokens": 100}), "budget_tokens: Input should be greater"),
         (
             hello(max_tokens=1024, thinking={"type": "enabled", "budget_tokens": 1024}),

@@ -239,7 +239,34 @@ def test_enqueue_takes_start_in_and_refuses_the_operators_claim_order_fields(
         ),
         (b'{"content": "x", "if_active": "later"}', 400, "invalid_request", "if_active must be one of"),
         (b'{"content": "x", "metadata": []}', 400, "invalid_request", "metadata must be an object"),
-        (b'{"content": "x", "tools": [{"nom": 1}]}', 400, "invalid_request", "tools must hold objects"),
+        (
+            b'{"content": "x", "tools": [{"nom": 1}]}',
+            400,
+            "invalid_request",
+            "tools[0] must be an object with",
+        ),
+        # What the Messages API would refuse on every attempt is refused here, before a worker
+        # claims it and pays for a request (functions/_request_checks.sql).
+        (b'{"content": [{"type": "text", "text": ""}]}', 400, "invalid_request", "content[0].text must be"),
+        (b'{"content": [{"type": "text", "text": "a"}, 3]}', 400, "invalid_request", "content[1] must be a"),
+        (
+            b'{"content": [{"type": "tool_use", "id": "t", "name": "n", "input": {}}]}',
+            400,
+            "invalid_request",
+            'content[0] is a "tool_use" block',
+        ),
+        (
+            b'{"content": "x", "tools": [{"name": "get weather", "input_schema": {"type": "object"}}]}',
+            400,
+            "invalid_request",
+            'tools[0].name must be 1 to 128 letters, digits, "_" or "-"',
+        ),
+        (
+            b'{"content": "x", "tools": [{"name": "t"}]}',
+            400,
+            "invalid_request",
+            "tools[0].input_schema must be",
+        ),
     ],
 )
 def test_bad_enqueue_input_says_what_was_wrong(

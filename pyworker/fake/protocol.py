@@ -225,8 +225,11 @@ def _validate_tools(tools: Any) -> None:
         name = tool.get("name")
         if not isinstance(name, str) or not TOOL_NAME.match(name):
             raise invalid(f"tools.{k}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$'")
-        if not isinstance(tool.get("input_schema"), dict):
+        schema = tool.get("input_schema")
+        if not isinstance(schema, dict):
             raise invalid(f"tools.{k}.custom.input_schema: Field required")
+        if schema.get("type") != "object":
+            raise invalid(f"tools.{k}.custom.input_schema.type: Input should be 'object'")
         if name in seen:
             raise invalid("tools: Tool names must be unique.")
         seen.add(name)

@@ -1,0 +1,184 @@
+-- The checks of a turn's request that the Messages API would otherwise make, one attempt too
+-- late: a user turn's content blocks and the run's tool definitions. What the API refuses here
+-- it refuses every time (a 400), so a run enqueued with it could only fail once, after being
+-- claimed, leased and paid for in a worker's slot; the caller is told now instead, and nothing
+-- is written. Only rules that hold for any conversation are checked (a tool_result's pairing
+-- with the model's tool_use depends on the history, and is the API's), and a block type runrow
+-- does not know passes, so that a new kind of block needs no new runrow.
+
+-- TRUE when content is a user turn's content as the API takes it: a non-empty string, or a
+-- non-empty array of content blocks, each an object with a non-empty string "type" that a user
+-- turn may hold (not one of the model's own: thinking, redacted_thinking, tool_use,
+-- server_tool_use), a text block with non-empty text, an image or document with a source
+-- object, a tool_result with a tool_use_id. One SQL expression without a SET clause, so the
+-- planner inlines it into the caller's IF (no call); _require_content says what is wrong.
+-- Strict jsonpath (a nested array is not unwrapped into its elements), keys read through
+-- keyvalue() (a missing key is no error there, where strict mode would make one of @.text).
+CREATE OR REPLACE FUNCTION runrow._content_ok(content jsonb)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT CASE jsonb_typeof(content)
+        WHEN 'string' THEN content #>> '{}' <> ''
+        WHEN 'array' THEN jsonb_array_length(content) > 0 AND NOT jsonb_path_exists(
+            content,
+            'strict $[*] ? (@.type() != "object"'
+            ' || !exists(@.keyvalue() ? (@.key == "type" && @.value.type() == "string" && @.value != ""))'
+            ' || exists(@.keyvalue() ? (@.key == "type" && (@.value == "thinking" || @.value == "redacted_thinking"'
+            ' || @.value == "tool_use" || @.value == "server_tool_use")))'
+            ' || (exists(@.keyvalue() ? (@.key == "type" && @.value == "text"))'
+            ' && !exists(@.keyvalue() ? (@.key == "text" && @.value.type() == "string" && @.value != "")))'
+            ' || (exists(@.keyvalue() ? (@.key == "type" && (@.value == "image" || @.value == "document")))'
+            ' && !exists(@.keyvalue() ? (@.key == "source" && @.value.type() == "object")))'
+            ' || (exists(@.keyvalue() ? (@.key == "type" && @.value == "tool_result"))'
+            ' && !exists(@.keyvalue() ? (@.key == "tool_use_id" && @.value.type() == "string" && @.value != ""))))'
+        )
+        ELSE false
+    END
+$fn$;
+
+-- Raises 22004/22023 naming content (and content[i], 0-based, and the field) if content breaks
+-- a rule of _content_ok; returns otherwise. Called where _content_ok said no, and by the
+-- functions that store a turn's content for later (create_schedule).
+CREATE OR REPLACE FUNCTION runrow._require_content(content jsonb)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+AS $fn$
+DECLARE
+    block jsonb;
+    i integer := -1;
+    kind text;
+BEGIN
+    IF content IS NULL THEN
+        RAISE EXCEPTION 'content must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT coalesce(
+        (jsonb_typeof(content) = 'string' AND content #>> '{}' <> '')
+        OR (jsonb_typeof(content) = 'array' AND jsonb_array_length(content) > 0),
+        false
+    ) THEN
+        RAISE EXCEPTION 'content must be a non-empty string or a non-empty array of content blocks'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF jsonb_typeof(content) = 'string' THEN
+        RETURN;
+    END IF;
+    FOR block IN SELECT b.el FROM jsonb_array_elements(content) AS b (el) LOOP
+        i := i + 1;
+        IF jsonb_typeof(block) <> 'object' THEN
+            RAISE EXCEPTION 'content[%] must be a content block (a JSON object with a "type"), got %',
+                i, jsonb_typeof(block)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(block -> 'type') IS DISTINCT FROM 'string' OR block ->> 'type' = '' THEN
+            RAISE EXCEPTION 'content[%].type must be a non-empty string such as "text" or "image", got %',
+                i, coalesce((block -> 'type')::text, 'none')
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        kind := block ->> 'type';
+        IF kind IN ('thinking', 'redacted_thinking', 'tool_use', 'server_tool_use') THEN
+            RAISE EXCEPTION 'content[%] is a "%" block, which only the model''s own turns hold, not a user''s',
+                i, kind
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF kind = 'text' AND (jsonb_typeof(block -> 'text') IS DISTINCT FROM 'string' OR block ->> 'text' = '') THEN
+            RAISE EXCEPTION 'content[%].text must be a non-empty string (the API refuses empty text blocks)', i
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF kind IN ('image', 'document') AND jsonb_typeof(block -> 'source') IS DISTINCT FROM 'object' THEN
+            RAISE EXCEPTION 'content[%].source must be an object (the %''s data or URL)', i, kind
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF kind = 'tool_result'
+           AND (jsonb_typeof(block -> 'tool_use_id') IS DISTINCT FROM 'string' OR block ->> 'tool_use_id' = '') THEN
+            RAISE EXCEPTION 'content[%].tool_use_id must be a non-empty string (the tool_use this result answers)', i
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+END
+$fn$;
+
+-- Raises 22004/22023 naming tools (and tools[i], 0-based, and the field) unless tools is a JSON
+-- array of tool definitions the API takes: each an object with a string "name"; a custom tool
+-- (no "type", or "custom"; a server tool such as web search carries its own shape) with a name
+-- of 1 to 128 letters, digits, "_" or "-" and an input_schema object of "type": "object"; no
+-- name twice. Called when a prompt is first pinned (an enqueue that reuses a pinned prompt has
+-- had its tools checked) and by create_schedule.
+CREATE OR REPLACE FUNCTION runrow._require_tools(tools jsonb)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+AS $fn$
+DECLARE
+    bad record;
+BEGIN
+    IF tools IS NULL THEN
+        RAISE EXCEPTION 'tools must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF jsonb_typeof(tools) <> 'array' THEN
+        RAISE EXCEPTION 'tools must be a JSON array of tool definitions, got %', jsonb_typeof(tools)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT t.i, t.def, t.custom, t.first INTO bad
+    FROM (
+        SELECT d.ord - 1 AS i, d.def,
+               jsonb_typeof(d.def) = 'object' AND coalesce(d.def ->> 'type', 'custom') = 'custom' AS custom,
+               min(d.ord - 1) OVER (PARTITION BY CASE WHEN jsonb_typeof(d.def) = 'object' THEN d.def -> 'name' END)
+                   AS first
+        FROM jsonb_array_elements(tools) WITH ORDINALITY AS d (def, ord)
+    ) AS t
+    WHERE jsonb_typeof(t.def) <> 'object'
+       OR jsonb_typeof(t.def -> 'name') IS DISTINCT FROM 'string'
+       OR (t.custom AND (
+           t.def ->> 'name' !~ '^[a-zA-Z0-9_-]{1,128}$'
+           OR jsonb_typeof(t.def -> 'input_schema') IS DISTINCT FROM 'object'
+           OR (t.def -> 'input_schema' -> 'type') IS DISTINCT FROM '"object"'))
+       OR t.first < t.i
+    ORDER BY t.i
+    LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF jsonb_typeof(bad.def) <> 'object' OR jsonb_typeof(bad.def -> 'name') IS DISTINCT FROM 'string' THEN
+        RAISE EXCEPTION 'tools[%] must be an object with a string "name"', bad.i
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF bad.custom AND bad.def ->> 'name' !~ '^[a-zA-Z0-9_-]{1,128}$' THEN
+        RAISE EXCEPTION 'tools[%].name must be 1 to 128 letters, digits, "_" or "-", got %', bad.i, bad.def -> 'name'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF bad.custom AND (
+        jsonb_typeof(bad.def -> 'input_schema') IS DISTINCT FROM 'object'
+        OR (bad.def -> 'input_schema' -> 'type') IS DISTINCT FROM '"object"'
+    ) THEN
+        RAISE EXCEPTION 'tools[%].input_schema must be a JSON schema object with "type": "object" '
+            '(the shape of the tool''s input)', bad.i
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RAISE EXCEPTION 'tools[%].name % is already tools[%]: tool names must be unique', bad.i, bad.def -> 'name', bad.first
+        USING ERRCODE = 'invalid_parameter_value';
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._content_ok(jsonb) IS
+'TRUE when content is a user turn''s content the Messages API takes: a non-empty string, or a '
+'non-empty array of content blocks, each an object with a non-empty string type that is not one '
+'of the model''s own (thinking, redacted_thinking, tool_use, server_tool_use), text blocks with '
+'non-empty text, image and document blocks with a source object, tool_result blocks with a '
+'tool_use_id; any other type passes. Inlined into its callers; _require_content names what is wrong.';
+
+COMMENT ON FUNCTION runrow._require_content(jsonb) IS
+'Raises 22004 for a NULL content, 22023 naming content, or content[i] (0-based) and its field, '
+'for the first rule of _content_ok that content breaks; returns otherwise. Reads no table.';
+
+COMMENT ON FUNCTION runrow._require_tools(jsonb) IS
+'Raises 22004 for a NULL tools, 22023 naming tools or tools[i] (0-based) and its field unless '
+'tools is a JSON array of tool definitions: objects with a string name; custom ones (no type, or '
+'"custom") with a name of 1 to 128 of [a-zA-Z0-9_-] and an input_schema object of type object; '
+'each name once. Returns otherwise. Reads no table.';
+
+REVOKE ALL ON FUNCTION runrow._content_ok(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_content(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_tools(jsonb) FROM PUBLIC;

@@ -1,0 +1,148 @@
+-- functions/_request_checks.sql: a turn's content blocks and a run's tool definitions that the
+-- Messages API would refuse on every attempt are refused at enqueue_run and create_schedule
+-- (22023 naming the argument, the element and the field), and change nothing; what the API
+-- takes, and block types runrow does not know, pass. _content_ok (the enqueue's inlined test)
+-- and _require_content (its message) agree on every case.
+BEGIN;
+\ir helpers/setup.psql
+SELECT plan(39);
+SELECT pg_temp.drain_queue();
+
+CREATE TEMP TABLE content_case (content jsonb, message text, label text);
+INSERT INTO content_case VALUES
+    ('"hello"', NULL, 'a string'),
+    ('[{"type": "text", "text": "look"}]', NULL, 'a text block'),
+    ('[{"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}}, '
+     '{"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}, '
+     '{"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "d"}}]',
+     NULL, 'text, image and document blocks'),
+    ('[{"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"}]', NULL, 'a tool_result block'),
+    ('[{"type": "search_result_2031", "anything": [1, 2]}]', NULL, 'a block type runrow does not know'),
+    ('[1]', 'content[0] must be a content block (a JSON object with a "type"), got number', 'a number'),
+    ('[{"type": "text", "text": "a"}, "b"]',
+     'content[1] must be a content block (a JSON object with a "type"), got string', 'a bare string'),
+    ('[[{"type": "text", "text": "a"}]]',
+     'content[0] must be a content block (a JSON object with a "type"), got array', 'a nested array'),
+    ('[{"text": "a"}]', 'content[0].type must be a non-empty string such as "text" or "image", got none',
+     'a block without a type'),
+    ('[{"type": 7, "text": "a"}]', 'content[0].type must be a non-empty string such as "text" or "image", got 7',
+     'a numeric type'),
+    ('[{"type": ""}]', 'content[0].type must be a non-empty string such as "text" or "image", got ""',
+     'an empty type'),
+    ('[{"type": "tool_use", "id": "t", "name": "n", "input": {}}]',
+     'content[0] is a "tool_use" block, which only the model''s own turns hold, not a user''s', 'a tool_use'),
+    ('[{"type": "text", "text": "a"}, {"type": "thinking", "thinking": "t", "signature": "s"}]',
+     'content[1] is a "thinking" block, which only the model''s own turns hold, not a user''s', 'a thinking block'),
+    ('[{"type": "redacted_thinking", "data": "x"}]',
+     'content[0] is a "redacted_thinking" block, which only the model''s own turns hold, not a user''s',
+     'a redacted_thinking block'),
+    ('[{"type": "server_tool_use", "id": "s", "name": "web_search", "input": {}}]',
+     'content[0] is a "server_tool_use" block, which only the model''s own turns hold, not a user''s',
+     'a server_tool_use block'),
+    ('[{"type": "text", "text": ""}]',
+     'content[0].text must be a non-empty string (the API refuses empty text blocks)', 'an empty text'),
+    ('[{"type": "text"}]', 'content[0].text must be a non-empty string (the API refuses empty text blocks)',
+     'a text block without text'),
+    ('[{"type": "text", "text": ["a"]}]',
+     'content[0].text must be a non-empty string (the API refuses empty text blocks)', 'text in an array'),
+    ('[{"type": "image", "url": "https://x/y.png"}]',
+     'content[0].source must be an object (the image''s data or URL)', 'an image without a source'),
+    ('[{"type": "document", "source": "https://x/y.pdf"}]',
+     'content[0].source must be an object (the document''s data or URL)', 'a document whose source is a string'),
+    ('[{"type": "tool_result", "content": "42"}]',
+     'content[0].tool_use_id must be a non-empty string (the tool_use this result answers)',
+     'a tool_result without tool_use_id'),
+    ('[]', 'content must be a non-empty string or a non-empty array of content blocks', 'an empty array'),
+    ('{"type": "text", "text": "a"}', 'content must be a non-empty string or a non-empty array of content blocks',
+     'one block, not in an array');
+
+-- The inlined test and the helper that names the fault read every case alike.
+CREATE FUNCTION pg_temp.require_says(c jsonb) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM runrow._require_content(c);
+    RETURN NULL;
+EXCEPTION WHEN invalid_parameter_value THEN
+    RETURN SQLERRM;
+END
+$$;
+SELECT is(
+    (SELECT string_agg(c.label, '; ') FROM content_case AS c
+     WHERE runrow._content_ok(c.content) IS DISTINCT FROM (c.message IS NULL)
+        OR pg_temp.require_says(c.content) IS DISTINCT FROM c.message),
+    NULL,
+    '_content_ok and _require_content agree with every case');
+
+SELECT pg_temp.fingerprint() AS before \gset
+
+-- Through enqueue_run: each bad case is a 22023 with its message, each good one is enqueued.
+SELECT throws_ok(
+    format('SELECT * FROM runrow.enqueue_run(gen_random_uuid(), %L, ''m'')', c.content),
+    '22023', c.message, 'enqueue_run refuses ' || c.label)
+FROM content_case AS c WHERE c.message IS NOT NULL;
+SELECT is(pg_temp.fingerprint(), :'before', 'refused content writes nothing');
+SELECT lives_ok(
+    format('SELECT * FROM runrow.enqueue_run(gen_random_uuid(), %L, ''m'')', c.content),
+    'enqueue_run takes ' || c.label)
+FROM content_case AS c WHERE c.message IS NULL;
+
+-- Through create_schedule: the template is checked now, not at every tick.
+SELECT throws_ok(
+    $$SELECT runrow.create_schedule('bad blocks', '* * * * *', '[{"type": "tool_use", "id": "t", "name": "n", "input": {}}]', 'm')$$,
+    '22023', 'content[0] is a "tool_use" block, which only the model''s own turns hold, not a user''s',
+    'create_schedule refuses a block enqueue_run refuses');
+
+-- Tools: checked in full when their prompt is first pinned, and by create_schedule.
+CREATE FUNCTION pg_temp.enqueue_tools(t jsonb) RETURNS uuid LANGUAGE sql AS $$
+    SELECT run_id FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', tools => t)
+$$;
+SELECT pg_temp.fingerprint() AS before \gset
+SELECT throws_ok($$SELECT pg_temp.enqueue_tools('[{"name": "get weather", "input_schema": {"type": "object"}}]')$$,
+    '22023', 'tools[0].name must be 1 to 128 letters, digits, "_" or "-", got "get weather"', 'a name with a space');
+SELECT throws_ok(format('SELECT pg_temp.enqueue_tools(%L)',
+        jsonb_build_array(jsonb_build_object('name', repeat('n', 129), 'input_schema', '{"type": "object"}'::jsonb))),
+    '22023', format('tools[0].name must be 1 to 128 letters, digits, "_" or "-", got "%s"', repeat('n', 129)),
+    'a name of 129 characters');
+SELECT throws_ok($$SELECT pg_temp.enqueue_tools('[{"name": "", "input_schema": {"type": "object"}}]')$$,
+    '22023', 'tools[0].name must be 1 to 128 letters, digits, "_" or "-", got ""', 'an empty name');
+SELECT throws_ok($$SELECT pg_temp.enqueue_tools('[{"name": "a", "input_schema": {"type": "object"}}, {"name": "b"}]')$$,
+    '22023', 'tools[1].input_schema must be a JSON schema object with "type": "object" (the shape of the tool''s input)',
+    'a custom tool without input_schema');
+SELECT throws_ok($$SELECT pg_temp.enqueue_tools('[{"name": "a", "type": "custom", "input_schema": {"type": "string"}}]')$$,
+    '22023', 'tools[0].input_schema must be a JSON schema object with "type": "object" (the shape of the tool''s input)',
+    'an input_schema of another type');
+SELECT throws_ok($$SELECT pg_temp.enqueue_tools('[{"name": "a", "input_schema": "{}"}]')$$,
+    '22023', 'tools[0].input_schema must be a JSON schema object with "type": "object" (the shape of the tool''s input)',
+    'an input_schema that is a string');
+SELECT throws_ok(
+    $$SELECT pg_temp.enqueue_tools('[{"name": "a", "input_schema": {"type": "object"}}, '
+        '{"type": "web_search_20250305", "name": "web_search"}, {"name": "a", "input_schema": {"type": "object"}}]')$$,
+    '22023', 'tools[2].name "a" is already tools[0]: tool names must be unique', 'a name twice');
+SELECT throws_ok(
+    $$SELECT pg_temp.enqueue_tools('[{"type": "web_search_20250305", "name": "web_search"}, '
+        '{"name": "web_search", "input_schema": {"type": "object"}}]')$$,
+    '22023', 'tools[1].name "web_search" is already tools[0]: tool names must be unique',
+    'a custom tool named as a server tool');
+SELECT is(pg_temp.fingerprint(), :'before', 'refused tools write nothing');
+SELECT lives_ok(
+    $$SELECT pg_temp.enqueue_tools('[{"name": "get_weather-2", "description": "d", "input_schema": '
+        '{"type": "object", "properties": {"city": {"type": "string"}}}}, '
+        '{"type": "web_search_20250305", "name": "web_search", "max_uses": 3}]')$$,
+    'a custom tool and a server tool (which carries no input_schema) are taken');
+SELECT throws_ok(
+    $$SELECT runrow.create_schedule('bad tools', '* * * * *', '"x"', 'm', tools => '[{"name": "t"}]')$$,
+    '22023', 'tools[0].input_schema must be a JSON schema object with "type": "object" (the shape of the tool''s input)',
+    'create_schedule refuses a tool enqueue_run refuses');
+SELECT throws_ok(
+    $$SELECT runrow.create_schedule('bad tools', '* * * * *', '"x"', 'm', tools => '[1]')$$,
+    '22023', 'tools[0] must be an object with a string "name"', 'create_schedule names the element');
+
+-- A prompt pinned before these checks existed is not checked again (its tools are settled):
+-- the check runs when a prompt is first pinned, so reusing one costs an enqueue nothing.
+INSERT INTO runrow.prompt (id, system_prompt, tools)
+SELECT encode(sha256(convert_to(jsonb_build_object('system', NULL::text, 'tools', '[{"name": "old"}]'::jsonb)::text,
+    'UTF8')), 'hex'), NULL, '[{"name": "old"}]';
+SELECT lives_ok($$SELECT pg_temp.enqueue_tools('[{"name": "old"}]')$$,
+    'an enqueue that reuses a pinned prompt does not check its tools again');
+
+SELECT * FROM finish();
+ROLLBACK;
