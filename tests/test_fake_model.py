@@ -481,7 +481,10 @@ def test_a_restarted_fake_model_accepts_its_earlier_signatures(fake: FakeModel) 
         ),
         (hello(tools=[{"name": "get weather", "input_schema": {"type": "object"}}]), "tools.0.custom.name"),
         (hello(tools=[{"name": "t"}]), "tools.0.custom.input_schema: Field required"),
-        (hello(tools=[{"name": "t", "input_schema": {"type": "string"}}]), "tools.0.custom.input_schema.type"),
+        (
+            hello(tools=[{"name": "t", "input_schema": {"type": "string"}}]),
+            "tools.0.custom.input_schema.type",
+        ),
         (
             hello(tools=[{"name": "t", "input_schema": {"type": "object"}}] * 2),
             "tools: Tool names must be unique.",

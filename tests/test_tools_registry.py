@@ -113,3 +113,21 @@ def test_a_model_argument_cannot_be_named_cancel() -> None:
 
         @tools.tool(input_schema=schema, into=tools.ToolRegistry())
         def cancel_order(cancel: bool) -> None: ...
+
+
+@pytest.mark.parametrize("name", ["get weather", "", "n" * 129, "tool.v2", "outil_\u00e9t\u00e9"])
+def test_a_tool_name_the_api_refuses_fails_at_import(name: str) -> None:
+    with pytest.raises(ValueError, match="must be 1 to 128 letters, digits, '_' or '-'"):
+
+        @tools.tool(name, input_schema={"type": "object"}, into=tools.ToolRegistry())
+        def t() -> None: ...
+
+
+def test_a_name_of_128_letters_digits_underscores_and_dashes_is_taken() -> None:
+    reg = tools.ToolRegistry()
+    name = ("get_weather-2" * 10)[:128]
+
+    @tools.tool(name, input_schema={"type": "object"}, into=reg)
+    def t() -> None: ...
+
+    assert reg.get(name) is not None

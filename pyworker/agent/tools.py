@@ -50,6 +50,7 @@ import importlib
 import inspect
 import logging
 import math
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -135,6 +136,10 @@ registry = ToolRegistry()
 # `send_email`; the default registry keeps the first and warns).
 module_registries: dict[str, ToolRegistry] = {}
 
+# The Messages API's rule for a custom tool's name; enqueue_run refuses any other (22023), so a
+# module's tool with such a name fails at import, not on every run the service pins it on.
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
+
 
 def tool(
     name: str | None = None,
@@ -158,15 +163,21 @@ def tool(
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         params = inspect.signature(fn).parameters
+        tool_name = fn.__name__ if name is None else name
         if "cancel" in params and "cancel" in (input_schema.get("properties") or {}):
             raise ValueError(
-                f"tool {name or fn.__name__!r}: the parameter `cancel` receives the stop signal, so the "
+                f"tool {tool_name!r}: the parameter `cancel` receives the stop signal, so the "
                 "input_schema cannot have a property of that name"
+            )
+        if not TOOL_NAME.fullmatch(tool_name):
+            raise ValueError(
+                f"tool name {tool_name!r} must be 1 to 128 letters, digits, '_' or '-' "
+                "(the Messages API's rule): give the decorator name=..."
             )
         doc = inspect.getdoc(fn) or ""
         t = Tool(
-            name=name or fn.__name__,
-            description=description or doc.split("\n\n")[0] or (name or fn.__name__),
+            name=tool_name,
+            description=description or doc.split("\n\n")[0] or tool_name,
             input_schema=input_schema,
             effect=effect,
             fn=fn,
