@@ -42,12 +42,7 @@ BEGIN
                    AND jsonb_typeof(x.el -> 'events') = 'array'
                    AND jsonb_array_length(x.el -> 'events') BETWEEN 1 AND 1000
                    AND octet_length((x.el -> 'events')::text) <= 4194304
-                   AND NOT jsonb_path_exists(x.el -> 'events', 'strict $[*] ? (@.type() != "object")')
-                   AND NOT jsonb_path_exists(
-                       x.el -> 'events',
-                       'lax $[*] ? (!(@.type.type() == "string") || @.type == "" || @.type == "complete"'
-                       ' || @.type starts with "run_")'
-                   ),
+                   AND runrow._events_ok(x.el -> 'events'),
                    false))
         INTO ids, valid
         FROM jsonb_array_elements(_append_runs_input.runs) AS x (el);
@@ -81,13 +76,7 @@ BEGIN
                    WHEN jsonb_array_length(x.el -> 'events') = 0 THEN 9
                    WHEN jsonb_array_length(x.el -> 'events') > 1000
                         OR octet_length((x.el -> 'events')::text) > 4194304 THEN 10
-                   WHEN EXISTS (
-                       SELECT 1 FROM jsonb_array_elements(x.el -> 'events') AS e (ev)
-                       WHERE (jsonb_typeof(e.ev) <> 'object'
-                              OR jsonb_typeof(e.ev -> 'type') IS DISTINCT FROM 'string'
-                              OR e.ev ->> 'type' = ''
-                              OR e.ev ->> 'type' = 'complete'
-                              OR e.ev ->> 'type' LIKE 'run\_%')) THEN 11
+                   WHEN runrow._first_bad_event(x.el -> 'events') IS NOT NULL THEN 11
                    WHEN x.first < x.ord THEN 12
                END AS rule
         FROM (
@@ -116,12 +105,7 @@ BEGIN
                 WHEN 10 THEN '.events is too large: at most 1000 events and 4 MiB per run'
                 WHEN 11 THEN format('.events[%s] must be an object with a non-empty string "type" that is not '
                     'reserved ("complete" and "run_*" are written by runrow itself)',
-                    (SELECT min(e.ord) - 1 FROM jsonb_array_elements(bad.el -> 'events') WITH ORDINALITY AS e (ev, ord)
-                     WHERE (jsonb_typeof(e.ev) <> 'object'
-                         OR jsonb_typeof(e.ev -> 'type') IS DISTINCT FROM 'string'
-                         OR e.ev ->> 'type' = ''
-                         OR e.ev ->> 'type' = 'complete'
-                         OR e.ev ->> 'type' LIKE 'run\_%')))
+                    runrow._first_bad_event(bad.el -> 'events'))
                 ELSE format('.run_id %s is already runs[%s]: each run at most once per call', bad.el -> 'run_id',
                     bad.first)
             END

@@ -6963,12 +6963,7 @@ BEGIN
                    AND jsonb_typeof(x.el -> 'events') = 'array'
                    AND jsonb_array_length(x.el -> 'events') BETWEEN 1 AND 1000
                    AND octet_length((x.el -> 'events')::text) <= 4194304
-                   AND NOT jsonb_path_exists(x.el -> 'events', 'strict $[*] ? (@.type() != "object")')
-                   AND NOT jsonb_path_exists(
-                       x.el -> 'events',
-                       'lax $[*] ? (!(@.type.type() == "string") || @.type == "" || @.type == "complete"'
-                       ' || @.type starts with "run_")'
-                   ),
+                   AND runrow._events_ok(x.el -> 'events'),
                    false))
         INTO ids, valid
         FROM jsonb_array_elements(_append_runs_input.runs) AS x (el);
@@ -7002,13 +6997,7 @@ BEGIN
                    WHEN jsonb_array_length(x.el -> 'events') = 0 THEN 9
                    WHEN jsonb_array_length(x.el -> 'events') > 1000
                         OR octet_length((x.el -> 'events')::text) > 4194304 THEN 10
-                   WHEN EXISTS (
-                       SELECT 1 FROM jsonb_array_elements(x.el -> 'events') AS e (ev)
-                       WHERE (jsonb_typeof(e.ev) <> 'object'
-                              OR jsonb_typeof(e.ev -> 'type') IS DISTINCT FROM 'string'
-                              OR e.ev ->> 'type' = ''
-                              OR e.ev ->> 'type' = 'complete'
-                              OR e.ev ->> 'type' LIKE 'run\_%')) THEN 11
+                   WHEN runrow._first_bad_event(x.el -> 'events') IS NOT NULL THEN 11
                    WHEN x.first < x.ord THEN 12
                END AS rule
         FROM (
@@ -7037,12 +7026,7 @@ BEGIN
                 WHEN 10 THEN '.events is too large: at most 1000 events and 4 MiB per run'
                 WHEN 11 THEN format('.events[%s] must be an object with a non-empty string "type" that is not '
                     'reserved ("complete" and "run_*" are written by runrow itself)',
-                    (SELECT min(e.ord) - 1 FROM jsonb_array_elements(bad.el -> 'events') WITH ORDINALITY AS e (ev, ord)
-                     WHERE (jsonb_typeof(e.ev) <> 'object'
-                         OR jsonb_typeof(e.ev -> 'type') IS DISTINCT FROM 'string'
-                         OR e.ev ->> 'type' = ''
-                         OR e.ev ->> 'type' = 'complete'
-                         OR e.ev ->> 'type' LIKE 'run\_%')))
+                    runrow._first_bad_event(bad.el -> 'events'))
                 ELSE format('.run_id %s is already runs[%s]: each run at most once per call', bad.el -> 'run_id',
                     bad.first)
             END
@@ -7904,6 +7888,59 @@ $fn$;
 
 REVOKE ALL ON FUNCTION runrow._end_claim(uuid, uuid, text, integer, interval) FROM PUBLIC;
 
+-- functions/_event_rules.sql
+-- The rule every journal writer applies to the events a caller appends: each an object with a
+-- non-empty string "type" that is not reserved ("complete" and "run_*" are written by runrow
+-- itself). One definition for the batch writers' checks (_append_runs_input,
+-- _finish_runs_input); append_events keeps the rule in its own statement, which costs it no
+-- function call on every append.
+
+-- TRUE when every event of the array keeps the rule. One SQL expression, so the planner inlines
+-- it into the statement of its caller's fast pass (no call): strict, so that an array in the
+-- array is not unwrapped into its elements; lax for the type, where a missing type is an empty
+-- sequence that fails the test rather than an error.
+CREATE OR REPLACE FUNCTION runrow._events_ok(events jsonb)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT NOT jsonb_path_exists(events, 'strict $[*] ? (@.type() != "object")')
+        AND NOT jsonb_path_exists(
+            events,
+            'lax $[*] ? (!(@.type.type() == "string") || @.type == "" || @.type == "complete"'
+            ' || @.type starts with "run_")'
+        )
+$fn$;
+
+-- The 0-based index of the first event of the array that breaks the rule, NULL if none does:
+-- for the exact passes that name it (events[i]), which run only on bad input.
+CREATE OR REPLACE FUNCTION runrow._first_bad_event(events jsonb)
+RETURNS bigint
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT min(e.ord) - 1
+    FROM jsonb_array_elements(events) WITH ORDINALITY AS e (ev, ord)
+    WHERE jsonb_typeof(e.ev) <> 'object'
+       OR jsonb_typeof(e.ev -> 'type') IS DISTINCT FROM 'string'
+       OR e.ev ->> 'type' = ''
+       OR e.ev ->> 'type' = 'complete'
+       OR e.ev ->> 'type' LIKE 'run\_%'
+$fn$;
+
+COMMENT ON FUNCTION runrow._events_ok(jsonb) IS
+'TRUE when every element of the JSON array events is an object with a non-empty string type '
+'that is neither complete nor run_* (the journal writers'' rule for caller events). Inlined into '
+'its callers'' statements.';
+
+COMMENT ON FUNCTION runrow._first_bad_event(jsonb) IS
+'The 0-based index of the first element of the JSON array events that breaks the journal '
+'writers'' rule (an object with a non-empty string type, not complete, not run_*), NULL if '
+'none does. For error messages (events[i]).';
+
+REVOKE ALL ON FUNCTION runrow._events_ok(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._first_bad_event(jsonb) FROM PUBLIC;
+
 -- functions/_finish_runs_input.sql
 -- The input check of a batch of endings, shared by finish_runs and finish_and_claim_runs.
 
@@ -7973,12 +8010,7 @@ BEGIN
                         OR (jsonb_typeof(x.el -> 'events') = 'array'
                             AND jsonb_array_length(x.el -> 'events') <= 1000
                             AND octet_length((x.el -> 'events')::text) <= 4194304
-                            AND NOT jsonb_path_exists(x.el -> 'events', 'strict $[*] ? (@.type() != "object")')
-                            AND NOT jsonb_path_exists(
-                                x.el -> 'events',
-                                'lax $[*] ? (!(@.type.type() == "string") || @.type == "" || @.type == "complete"'
-                                ' || @.type starts with "run_")'
-                            ))),
+                            AND runrow._events_ok(x.el -> 'events'))),
                    false))
         INTO ids, tokens, statuses, results, errors, events, valid
         FROM jsonb_array_elements(_finish_runs_input.runs) AS x (el);
@@ -8018,13 +8050,7 @@ BEGIN
                    WHEN jsonb_typeof(x.el -> 'events') = 'array'
                         AND (jsonb_array_length(x.el -> 'events') > 1000
                              OR octet_length((x.el -> 'events')::text) > 4194304) THEN 13
-                   WHEN jsonb_typeof(x.el -> 'events') = 'array' AND EXISTS (
-                       SELECT 1 FROM jsonb_array_elements(x.el -> 'events') AS e (ev)
-                       WHERE (jsonb_typeof(e.ev) <> 'object'
-                              OR jsonb_typeof(e.ev -> 'type') IS DISTINCT FROM 'string'
-                              OR e.ev ->> 'type' = ''
-                              OR e.ev ->> 'type' = 'complete'
-                              OR e.ev ->> 'type' LIKE 'run\_%')) THEN 14
+                   WHEN jsonb_typeof(x.el -> 'events') = 'array' AND runrow._first_bad_event(x.el -> 'events') IS NOT NULL THEN 14
                    WHEN x.first < x.ord THEN 15
                END AS rule
         FROM (
@@ -8057,12 +8083,7 @@ BEGIN
                 WHEN 13 THEN '.events is too large: at most 1000 events and 4 MiB per run'
                 WHEN 14 THEN format('.events[%s] must be an object with a non-empty string "type" that is not '
                     'reserved ("complete" and "run_*" are written by runrow itself)',
-                    (SELECT min(e.ord) - 1 FROM jsonb_array_elements(bad.el -> 'events') WITH ORDINALITY AS e (ev, ord)
-                     WHERE (jsonb_typeof(e.ev) <> 'object'
-                         OR jsonb_typeof(e.ev -> 'type') IS DISTINCT FROM 'string'
-                         OR e.ev ->> 'type' = ''
-                         OR e.ev ->> 'type' = 'complete'
-                         OR e.ev ->> 'type' LIKE 'run\_%')))
+                    runrow._first_bad_event(bad.el -> 'events'))
                 ELSE format('.run_id %s is already runs[%s]: each run at most once per call', bad.el -> 'run_id',
                     bad.first)
             END
