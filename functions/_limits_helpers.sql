@@ -2,15 +2,18 @@
 -- the SECURITY DEFINER functions (running as the owner) call them.
 -- No SET clauses, as in functions/_helpers.sql: they run under their callers' search_path.
 
--- An optional limit: NULL (none) or more than 0. Zero would read as a limit and block forever.
+-- An optional limit: NULL (none) or more than 0, and finite. Zero would read as a limit and
+-- block forever; NaN (which sorts above every number, so NaN > 0) and Infinity limit nothing,
+-- and a NaN summed into a spend poisons it (migration 0065).
 CREATE OR REPLACE FUNCTION runrow._require_positive(value numeric, arg text)
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
 AS $fn$
 BEGIN
-    IF value <= 0 THEN
-        RAISE EXCEPTION '% must be NULL or more than 0, got %', arg, value USING ERRCODE = 'invalid_parameter_value';
+    IF value <= 0 OR value >= 'Infinity' THEN
+        RAISE EXCEPTION '% must be NULL or a finite number more than 0, got %', arg, value
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
 END
 $fn$;

@@ -6,6 +6,101 @@
 -- with the model's tool_use depends on the history, and is the API's), and a block type runrow
 -- does not know passes, so that a new kind of block needs no new runrow.
 
+-- TRUE when every JSON client can read doc back: it nests fewer than 100 levels (Python's json
+-- module gives up near 1,000, PostgreSQL's own recursive helpers near 500), and each number is
+-- one an IEEE double can hold (jsonb keeps 1e5000 exactly and prints its 5,001 digits, which
+-- Python refuses past 4,300). A claim hands metadata and tools to the worker: one such value at
+-- the head of the queue made every claim of every worker fail (issue 11's SQL audit). Inlined.
+CREATE OR REPLACE FUNCTION runrow._json_portable(doc jsonb)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT NOT jsonb_path_exists(doc, 'lax $.**{100}')
+        AND NOT jsonb_path_exists(
+            doc, 'lax $.** ? (@.type() == "number" && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'
+        )
+$fn$;
+
+-- Raises 22023 naming arg unless _json_portable(doc).
+CREATE OR REPLACE FUNCTION runrow._require_portable_json(doc jsonb, arg text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+AS $fn$
+BEGIN
+    IF jsonb_path_exists(doc, 'lax $.**{100}') THEN
+        RAISE EXCEPTION '% nests 100 levels deep or more: JSON clients cannot read it back (at most 99)', arg
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT runrow._json_portable(doc) THEN
+        RAISE EXCEPTION '% holds a number no double can hold (beyond ±1.7976931348623157e308): JSON clients '
+            'cannot read it back', arg
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$fn$;
+
+-- TRUE when metadata is a run's metadata as enqueue_run takes it: a JSON object of at most 1 MiB
+-- that JSON clients can read back, whose prompt_cache (if any) is "off", "5m" or "1h" (the
+-- worker places prompt-cache breakpoints by it; a misspelt value would silently cache nothing,
+-- or pay 1-hour writes nobody asked for) and whose traceparent (if any) is a W3C traceparent
+-- (the caller's trace, which every attempt's spans continue: a value no tracer can parse would
+-- silently start a new trace on every worker). CASE, so each test runs only when the ones
+-- before it hold. Inlined; _require_metadata says what is wrong.
+CREATE OR REPLACE FUNCTION runrow._metadata_ok(metadata jsonb)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT CASE
+        WHEN jsonb_typeof(metadata) IS DISTINCT FROM 'object' THEN false
+        WHEN octet_length(metadata::text) > 1048576 THEN false
+        WHEN NOT runrow._json_portable(metadata) THEN false
+        WHEN metadata ? 'prompt_cache' AND (metadata -> 'prompt_cache') NOT IN ('"off"', '"5m"', '"1h"') THEN false
+        WHEN NOT metadata ? 'traceparent' THEN true
+        ELSE coalesce(
+            jsonb_typeof(metadata -> 'traceparent') = 'string'
+            AND (metadata ->> 'traceparent') ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+            AND left(metadata ->> 'traceparent', 2) <> 'ff'
+            AND substr(metadata ->> 'traceparent', 4, 32) <> repeat('0', 32)
+            AND substr(metadata ->> 'traceparent', 37, 16) <> repeat('0', 16), false
+        )
+    END
+$fn$;
+
+-- Raises 22004/22023 naming metadata (or the key) for the first rule of _metadata_ok it breaks.
+-- Called where _metadata_ok said no, and by create_schedule.
+CREATE OR REPLACE FUNCTION runrow._require_metadata(metadata jsonb)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+AS $fn$
+BEGIN
+    IF metadata IS NULL THEN
+        RAISE EXCEPTION 'metadata must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF jsonb_typeof(metadata) <> 'object' THEN
+        RAISE EXCEPTION 'metadata must be a JSON object, got %', jsonb_typeof(metadata)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(metadata::text) > 1048576 THEN
+        RAISE EXCEPTION 'metadata is too large: % bytes, the limit is 1 MiB', octet_length(metadata::text)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_portable_json(metadata, 'metadata');
+    IF metadata ? 'prompt_cache' AND (metadata -> 'prompt_cache') NOT IN ('"off"', '"5m"', '"1h"') THEN
+        RAISE EXCEPTION 'metadata.prompt_cache must be one of "off", "5m", "1h", got %', left((metadata -> 'prompt_cache')::text, 80)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT runrow._metadata_ok(metadata) THEN
+        RAISE EXCEPTION 'metadata.traceparent must be a W3C traceparent (version-trace_id-parent_id-flags, '
+            'lowercase hex, ids not all zero), got %', left((metadata -> 'traceparent')::text, 80)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$fn$;
+
 -- TRUE when content is a user turn's content as the API takes it: a non-empty string, or a
 -- non-empty array of content blocks, each an object with a non-empty string "type" that a user
 -- turn may hold (not one of the model's own: thinking, redacted_thinking, tool_use,
@@ -21,7 +116,7 @@ IMMUTABLE
 AS $fn$
     SELECT CASE jsonb_typeof(content)
         WHEN 'string' THEN content #>> '{}' <> ''
-        WHEN 'array' THEN jsonb_array_length(content) > 0 AND NOT jsonb_path_exists(
+        WHEN 'array' THEN jsonb_array_length(content) > 0 AND runrow._json_portable(content) AND NOT jsonb_path_exists(
             content,
             'strict $[*] ? (@.type() != "object"'
             ' || !exists(@.keyvalue() ? (@.key == "type" && @.value.type() == "string" && @.value != ""))'
@@ -97,6 +192,7 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
     END LOOP;
+    PERFORM runrow._require_portable_json(content, 'content');
 END
 $fn$;
 
@@ -139,6 +235,7 @@ BEGIN
     ORDER BY t.i
     LIMIT 1;
     IF NOT FOUND THEN
+        PERFORM runrow._require_portable_json(tools, 'tools');
         RETURN;
     END IF;
     IF jsonb_typeof(bad.def) <> 'object' OR jsonb_typeof(bad.def -> 'name') IS DISTINCT FROM 'string' THEN
@@ -179,6 +276,27 @@ COMMENT ON FUNCTION runrow._require_tools(jsonb) IS
 '"custom") with a name of 1 to 128 of [a-zA-Z0-9_-] and an input_schema object of type object; '
 'each name once. Returns otherwise. Reads no table.';
 
+COMMENT ON FUNCTION runrow._json_portable(jsonb) IS
+'TRUE when doc nests fewer than 100 levels and holds only numbers an IEEE double can hold, so that '
+'every JSON client (Python''s json, JavaScript''s JSON.parse) reads it back. Inlined into its callers.';
+
+COMMENT ON FUNCTION runrow._require_portable_json(jsonb, text) IS
+'Raises 22023 naming arg when doc nests 100 levels or more, or holds a number beyond an IEEE '
+'double''s range; returns otherwise. Reads no table.';
+
+COMMENT ON FUNCTION runrow._metadata_ok(jsonb) IS
+'TRUE when metadata is a JSON object of at most 1 MiB that _json_portable accepts, with a '
+'prompt_cache (if any) of "off", "5m" or "1h" and a traceparent (if any) that is a W3C traceparent. '
+'Inlined into its callers; _require_metadata names what is wrong.';
+
+COMMENT ON FUNCTION runrow._require_metadata(jsonb) IS
+'Raises 22004 for a NULL metadata, 22023 naming metadata or metadata.<key> for the first rule of '
+'_metadata_ok it breaks; returns otherwise. Reads no table.';
+
+REVOKE ALL ON FUNCTION runrow._json_portable(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_portable_json(jsonb, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._metadata_ok(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_metadata(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._content_ok(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_content(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_tools(jsonb) FROM PUBLIC;

@@ -58,11 +58,7 @@ BEGIN
     IF octet_length(create_schedule.tools::text) > 1048576 THEN
         RAISE EXCEPTION 'tools is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_not_null(create_schedule.metadata, 'metadata');
-    IF jsonb_typeof(create_schedule.metadata) <> 'object' THEN
-        RAISE EXCEPTION 'metadata must be a JSON object, got %', jsonb_typeof(create_schedule.metadata)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM runrow._require_metadata(create_schedule.metadata);
     PERFORM runrow._require_range(create_schedule.max_attempts, 'max_attempts', 1, 100);
     PERFORM runrow._require_not_null(create_schedule.if_active, 'if_active');
     IF create_schedule.if_active NOT IN ('enqueue', 'reject', 'interrupt') THEN

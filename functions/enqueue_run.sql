@@ -93,12 +93,10 @@ BEGIN
         RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', enqueue_run.if_active
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF enqueue_run.metadata IS NULL THEN
-        PERFORM runrow._require_not_null(enqueue_run.metadata, 'metadata');
-    END IF;
-    IF jsonb_typeof(enqueue_run.metadata) <> 'object' THEN
-        RAISE EXCEPTION 'metadata must be a JSON object, got %', jsonb_typeof(enqueue_run.metadata)
-            USING ERRCODE = 'invalid_parameter_value';
+    -- An object of at most 1 MiB that JSON clients can read back, with a valid prompt_cache and
+    -- traceparent if given (functions/_request_checks.sql; the same rules as create_schedule's).
+    IF NOT runrow._metadata_ok(enqueue_run.metadata) THEN
+        PERFORM runrow._require_metadata(enqueue_run.metadata);
     END IF;
     IF enqueue_run.start_in <= interval '0' OR enqueue_run.start_in > interval '366 days'
        OR enqueue_run.priority IS NULL OR enqueue_run.priority NOT BETWEEN -1000 AND 1000
@@ -115,33 +113,13 @@ BEGIN
         RAISE EXCEPTION 'token_budget must be NULL or a positive number of tokens, got %', enqueue_run.token_budget
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF enqueue_run.cost_budget <= 0 THEN
-        RAISE EXCEPTION 'cost_budget must be NULL or a positive amount of USD, got %', enqueue_run.cost_budget
+    -- NaN sorts above every number (NaN > 0): >= 'Infinity' refuses it, and Infinity.
+    IF enqueue_run.cost_budget <= 0 OR enqueue_run.cost_budget >= 'Infinity' THEN
+        RAISE EXCEPTION 'cost_budget must be NULL or a finite, positive amount of USD, got %', enqueue_run.cost_budget
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF length(enqueue_run.webhook_url) > 2048 OR enqueue_run.webhook_url !~ '^https?://[^[:space:]]+$' THEN
         RAISE EXCEPTION 'webhook_url must be NULL or an http:// or https:// URL of at most 2048 characters'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- The worker places prompt-cache breakpoints by it (pyworker/agent/prompt_cache.py); a
-    -- misspelt value would silently cache nothing, or pay 1-hour writes nobody asked for.
-    IF enqueue_run.metadata ? 'prompt_cache'
-       AND (enqueue_run.metadata -> 'prompt_cache') NOT IN ('"off"', '"5m"', '"1h"') THEN
-        RAISE EXCEPTION 'metadata.prompt_cache must be one of "off", "5m", "1h", got %',
-            enqueue_run.metadata -> 'prompt_cache'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- The caller's trace (W3C Trace Context) that every attempt's spans continue: a value no
-    -- tracer can parse would silently start a new trace on every worker, so refuse it here.
-    IF enqueue_run.metadata ? 'traceparent' AND NOT coalesce(
-        jsonb_typeof(enqueue_run.metadata -> 'traceparent') = 'string'
-        AND (enqueue_run.metadata ->> 'traceparent') ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
-        AND left(enqueue_run.metadata ->> 'traceparent', 2) <> 'ff'
-        AND substr(enqueue_run.metadata ->> 'traceparent', 4, 32) <> repeat('0', 32)
-        AND substr(enqueue_run.metadata ->> 'traceparent', 37, 16) <> repeat('0', 16), FALSE
-    ) THEN
-        RAISE EXCEPTION 'metadata.traceparent must be a W3C traceparent (version-trace_id-parent_id-flags, '
-            'lowercase hex, ids not all zero), got %', enqueue_run.metadata -> 'traceparent'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
@@ -290,7 +268,10 @@ COMMENT ON FUNCTION runrow.enqueue_run(
 'conversation has an active (queued, running or waiting) run, if_active decides: enqueue '
 '(wait behind it), reject (error 55000, nothing written) or interrupt (stop the active runs '
 'as stop_conversation does, then enqueue, atomically). Bad input raises 22004/22023 naming '
-'the argument (metadata.prompt_cache, when given, must be "off", "5m" or "1h"; '
+'the argument (content blocks and tool definitions the Messages API refuses, see '
+'functions/_request_checks.sql; metadata, content and tools that nest 100 levels or hold a number '
+'beyond a double''s range, which JSON clients cannot read back; metadata over 1 MiB; '
+'metadata.prompt_cache, when given, must be "off", "5m" or "1h"; '
 'metadata.traceparent a W3C traceparent: the trace every attempt of the run continues, left '
 'out of the idempotency fingerprint). The first '
 'enqueue of a conversation makes user_id its owner; another user''s '

@@ -17,8 +17,10 @@ BEGIN
     PERFORM runrow._require_key(set_model_price.model, 'model');
     IF array_position(prices, NULL) IS NULL OR prices = ARRAY[NULL, NULL, NULL, NULL]::numeric[] THEN
         FOR i IN 1..4 LOOP
-            IF prices[i] < 0 THEN
-                RAISE EXCEPTION '% must be 0 or more (USD per million tokens), got %', names[i], prices[i]
+            -- NaN sorts above every number, so it passes < 0; >= 'Infinity' catches it (0065).
+            IF prices[i] < 0 OR prices[i] >= 'Infinity' THEN
+                RAISE EXCEPTION '% must be a finite number, 0 or more (USD per million tokens), got %',
+                    names[i], prices[i]
                     USING ERRCODE = 'invalid_parameter_value';
             END IF;
         END LOOP;

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(31);
+SELECT plan(33);
 SELECT pg_temp.drain_queue();
 
 -- Defaults: old calls are unchanged, and the resolved keys are the user and the model.
@@ -94,8 +94,12 @@ SELECT matches(pg_temp.bad($$token_budget => 0$$), '^22023: token_budget must be
     'a zero token_budget is refused');
 SELECT matches(pg_temp.bad($$token_budget => -10$$), '^22023: token_budget must be NULL or a positive',
     'a negative token_budget is refused');
-SELECT matches(pg_temp.bad($$cost_budget => 0$$), '^22023: cost_budget must be NULL or a positive',
+SELECT matches(pg_temp.bad($$cost_budget => 0$$), '^22023: cost_budget must be NULL or a finite, positive',
     'a zero cost_budget is refused');
+SELECT matches(pg_temp.bad($$cost_budget => 'NaN'$$), '^22023: cost_budget must be NULL or a finite, positive',
+    'a NaN cost_budget is refused (NaN sorts above every number, so it passed > 0)');
+SELECT matches(pg_temp.bad($$cost_budget => 'Infinity'$$), '^22023: cost_budget must be NULL or a finite, positive',
+    'an infinite cost_budget is refused');
 SELECT matches(pg_temp.bad($$webhook_url => 'ftp://example.test/x'$$), '^22023: webhook_url must be',
     'a non-http webhook_url is refused');
 SELECT matches(pg_temp.bad($$webhook_url => 'https://exa mple.test/'$$), '^22023: webhook_url must be',

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(67);
+SELECT plan(73);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.limits_fingerprint() RETURNS text LANGUAGE sql AS $$
@@ -121,11 +121,11 @@ SELECT is(pg_temp.limits_fingerprint(), :'before', 'fenced-out calls wrote nothi
 
 -- Bad input: standard SQLSTATEs naming the argument, nothing written.
 SELECT throws_ok($$SELECT runrow.set_rate_limit('k1', -1, NULL, NULL)$$, '22023',
-    'requests_per_minute must be NULL or more than 0, got -1', 'a negative rate');
+    'requests_per_minute must be NULL or a finite number more than 0, got -1', 'a negative rate');
 SELECT throws_ok($$SELECT runrow.set_rate_limit('k1', 10, 0, NULL)$$, '22023',
-    'input_tokens_per_minute must be NULL or more than 0, got 0', 'a zero rate');
+    'input_tokens_per_minute must be NULL or a finite number more than 0, got 0', 'a zero rate');
 SELECT throws_ok($$SELECT runrow.set_rate_limit('k1', 10, 10, -5)$$, '22023',
-    'output_tokens_per_minute must be NULL or more than 0, got -5', 'a negative output rate');
+    'output_tokens_per_minute must be NULL or a finite number more than 0, got -5', 'a negative output rate');
 SELECT throws_ok($$SELECT runrow.set_rate_limit(NULL, 10, 10, 10)$$, '22004', 'rate_limit_key must not be NULL',
     'a NULL key');
 SELECT throws_ok($$SELECT runrow.set_rate_limit('', 10, 10, 10)$$, '22023',
@@ -143,16 +143,32 @@ SELECT throws_ok(format('SELECT * FROM runrow.acquire_model_call(%L, %L, -1)', :
 SELECT throws_ok(format('SELECT * FROM runrow.acquire_model_call(%L, %L, NULL)', :'r2', pg_temp.token(:'r2')),
     '22004', 'input_tokens_estimate must not be NULL', 'a NULL estimate');
 SELECT throws_ok($$SELECT runrow.set_tenant_budget('t', -1, NULL)$$, '22023',
-    'tokens_per_day must be NULL or more than 0, got -1', 'a negative tenant budget');
+    'tokens_per_day must be NULL or a finite number more than 0, got -1', 'a negative tenant budget');
 SELECT throws_ok($$SELECT runrow.set_tenant_budget('nobody', NULL, NULL)$$, 'P0002',
     'fairness_key "nobody" has no tenant budget to remove', 'removing an unknown tenant budget');
 SELECT throws_ok($$SELECT runrow.set_model_price('m', 1, -2, 0, 0)$$, '22023',
-    'output_per_mtok must be 0 or more (USD per million tokens), got -2', 'a negative price');
+    'output_per_mtok must be a finite number, 0 or more (USD per million tokens), got -2', 'a negative price');
+-- NaN sorts above every number in PostgreSQL, so it passed >= 0 and > 0; a NaN price made the
+-- tenant's rolling spend NaN and failed all its runs for a day (migration 0065).
+SELECT throws_ok($$SELECT runrow.set_model_price('m', 'NaN', 2, 0, 0)$$, '22023',
+    'input_per_mtok must be a finite number, 0 or more (USD per million tokens), got NaN', 'a NaN price');
+SELECT throws_ok($$SELECT runrow.set_model_price('m', 1, 2, 0, 'Infinity')$$, '22023',
+    'cache_read_per_mtok must be a finite number, 0 or more (USD per million tokens), got Infinity',
+    'an infinite price');
+SELECT throws_ok($$SELECT runrow.set_tenant_budget('t', NULL, 'NaN')$$, '22023',
+    'cost_per_day must be NULL or a finite number more than 0, got NaN', 'a NaN cost budget');
+SELECT throws_ok($$SELECT runrow.set_tenant_budget('t', NULL, 'Infinity')$$, '22023',
+    'cost_per_day must be NULL or a finite number more than 0, got Infinity', 'an infinite cost budget');
 SELECT throws_ok($$SELECT runrow.set_model_price('m', 1, 2, NULL, 0)$$, '22004',
     'cache_write_per_mtok must not be NULL (all four prices NULL removes the model''s price)', 'one price NULL');
 SELECT throws_ok($$SELECT runrow.set_model_price('no-such-model', NULL, NULL, NULL, NULL)$$, 'P0002',
     'model "no-such-model" has no price to remove', 'removing an unknown price');
 SELECT is(pg_temp.limits_fingerprint(), :'before', 'bad input wrote nothing');
+-- The tables hold the rule themselves (a write that bypasses the functions).
+SELECT throws_ok($$INSERT INTO runrow.model_price VALUES ('m-nan', 'NaN', 1, 1, 1)$$, '23514', NULL,
+    'model_price refuses a NaN price');
+SELECT throws_ok($$INSERT INTO runrow.tenant_budget (fairness_key, cost_per_day) VALUES ('t-inf', 'Infinity')$$,
+    '23514', NULL, 'tenant_budget refuses an infinite cost budget');
 
 -- Removing a key lifts its limits and block.
 SELECT runrow.set_rate_limit('fresh', NULL, NULL, NULL);

@@ -12,7 +12,7 @@ SELECT pg_temp.drain_queue();
 SELECT lives_ok($$SELECT runrow._require_positive(NULL, 'requests_per_minute')$$, 'NULL is no limit');
 SELECT lives_ok($$SELECT runrow._require_positive(0.5, 'requests_per_minute')$$, 'a positive value passes');
 SELECT throws_ok($$SELECT runrow._require_positive(0, 'requests_per_minute')$$, '22023',
-    'requests_per_minute must be NULL or more than 0, got 0', 'zero is refused, naming the argument');
+    'requests_per_minute must be NULL or a finite number more than 0, got 0', 'zero is refused, naming the argument');
 
 -- _usage_tokens: a non-negative whole count, anything else costs nothing.
 SELECT is(runrow._usage_tokens('{"input_tokens": 1200}', 'input_tokens'), 1200::bigint, 'a count');

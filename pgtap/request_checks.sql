@@ -5,7 +5,7 @@
 -- and _require_content (its message) agree on every case.
 BEGIN;
 \ir helpers/setup.psql
-SELECT plan(39);
+SELECT plan(52);
 SELECT pg_temp.drain_queue();
 
 CREATE TEMP TABLE content_case (content jsonb, message text, label text);
@@ -143,6 +143,59 @@ SELECT encode(sha256(convert_to(jsonb_build_object('system', NULL::text, 'tools'
     'UTF8')), 'hex'), NULL, '[{"name": "old"}]';
 SELECT lives_ok($$SELECT pg_temp.enqueue_tools('[{"name": "old"}]')$$,
     'an enqueue that reuses a pinned prompt does not check its tools again');
+
+-- JSON every client can read back: a claim hands metadata and tools to the worker, and one
+-- value Python's json cannot read (a 5,001-digit number, 1,000 levels of nesting) at the head of
+-- the queue made every claim of every worker fail. Refused at enqueue and at create_schedule.
+CREATE FUNCTION pg_temp.nested(levels int) RETURNS jsonb LANGUAGE sql AS $$
+    SELECT (repeat('{"a":', levels - 1) || '1' || repeat('}', levels - 1))::jsonb
+$$;
+SELECT is(jsonb_path_exists(pg_temp.nested(100), 'lax $.**{99}') AND NOT jsonb_path_exists(pg_temp.nested(100), 'lax $.**{100}'),
+    true, 'pg_temp.nested(100) nests 99 objects (the last level holds the number)');
+SELECT pg_temp.fingerprint() AS before \gset
+SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', metadata => '{"n": 1e5000}')$$,
+    '22023', 'metadata holds a number no double can hold (beyond ±1.7976931348623157e308): JSON clients cannot read it back',
+    'metadata with a number beyond a double');
+SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', metadata => '{"n": [-2e308]}')$$,
+    '22023', 'metadata holds a number no double can hold (beyond ±1.7976931348623157e308): JSON clients cannot read it back',
+    'metadata with a negative one, in an array');
+SELECT throws_ok(format('SELECT * FROM runrow.enqueue_run(gen_random_uuid(), ''"q"'', ''m'', metadata => %L)',
+        pg_temp.nested(101)),
+    '22023', 'metadata nests 100 levels deep or more: JSON clients cannot read it back (at most 99)',
+    'metadata nested 100 levels');
+SELECT throws_ok(format('SELECT * FROM runrow.enqueue_run(gen_random_uuid(), ''"q"'', ''m'', metadata => %L)',
+        jsonb_build_object('pad', repeat('x', 1048576))),
+    '22023', 'metadata is too large: 1048587 bytes, the limit is 1 MiB', 'metadata over 1 MiB');
+SELECT throws_ok(
+    $$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '[{"type": "text", "text": "a", "n": 1e400}]', 'm')$$,
+    '22023', 'content holds a number no double can hold (beyond ±1.7976931348623157e308): JSON clients cannot read it back',
+    'content with a number beyond a double');
+SELECT throws_ok(
+    $$SELECT pg_temp.enqueue_tools('[{"name": "t", "input_schema": {"type": "object", "maximum": 1e5000}}]')$$,
+    '22023', 'tools holds a number no double can hold (beyond ±1.7976931348623157e308): JSON clients cannot read it back',
+    'tools with a number beyond a double');
+SELECT throws_ok(
+    format('SELECT pg_temp.enqueue_tools(%L)', jsonb_build_array(jsonb_build_object(
+        'name', 't', 'input_schema', jsonb_build_object('type', 'object', 'deep', pg_temp.nested(99))))),
+    '22023', 'tools nests 100 levels deep or more: JSON clients cannot read it back (at most 99)', 'tools nested 100 levels');
+SELECT throws_ok(
+    $$SELECT runrow.create_schedule('bad metadata', '* * * * *', '"x"', 'm', metadata => '{"n": 1e5000}')$$,
+    '22023', 'metadata holds a number no double can hold (beyond ±1.7976931348623157e308): JSON clients cannot read it back',
+    'create_schedule refuses such metadata');
+-- create_schedule checks the template's metadata as enqueue_run does (it used to skip these,
+-- and every tick then failed).
+SELECT throws_ok(
+    $$SELECT runrow.create_schedule('bad cache', '* * * * *', '"x"', 'm', metadata => '{"prompt_cache": "forever"}')$$,
+    '22023', 'metadata.prompt_cache must be one of "off", "5m", "1h", got "forever"', 'create_schedule: prompt_cache');
+SELECT throws_ok(
+    $$SELECT runrow.create_schedule('bad trace', '* * * * *', '"x"', 'm', metadata => '{"traceparent": "nope"}')$$,
+    '22023', 'metadata.traceparent must be a W3C traceparent (version-trace_id-parent_id-flags, lowercase hex, '
+        'ids not all zero), got "nope"', 'create_schedule: traceparent');
+SELECT is(pg_temp.fingerprint(), :'before', 'refused metadata writes nothing');
+SELECT lives_ok(
+    format('SELECT * FROM runrow.enqueue_run(gen_random_uuid(), ''"q"'', ''m'', metadata => %L)',
+        jsonb_build_object('deep', pg_temp.nested(98), 'max', 1.7976931348623157e308, 'tiny', 1e-400)),
+    'metadata nested 99 levels, with a double''s largest number and a tiny one, is taken');
 
 SELECT * FROM finish();
 ROLLBACK;

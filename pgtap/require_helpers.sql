@@ -13,8 +13,8 @@ SELECT is_empty($$SELECT p.oid::regprocedure FROM pg_proc AS p
     WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%' AND p.proconfig IS NOT NULL$$,
     'no _require_* helper has a SET clause');
 SELECT is((SELECT count(*)::int FROM pg_proc AS p
-    WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%'), 5,
-    'the five helpers exist');
+    WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%'), 9,
+    'the nine helpers exist (the request checks of _request_checks.sql are tested in request_checks.sql)');
 SELECT is_empty($$SELECT p.oid::regprocedure FROM pg_proc AS p
     WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%'
       AND (p.prosecdef OR has_function_privilege('runrow_worker', p.oid, 'EXECUTE')
@@ -55,7 +55,7 @@ SELECT throws_ok($$SELECT runrow._require_key(repeat('k', 201), 'fairness_key')$
 
 -- _require_positive (tested with the other limits helpers in limits_helpers.sql)
 SELECT throws_ok($$SELECT runrow._require_positive(-1, 'cost_per_day')$$, '22023',
-    'cost_per_day must be NULL or more than 0, got -1', 'positive: a negative value raises');
+    'cost_per_day must be NULL or a finite number more than 0, got -1', 'positive: a negative value raises');
 
 SELECT * FROM finish();
 ROLLBACK;

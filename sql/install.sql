@@ -6916,6 +6916,46 @@ INSERT INTO runrow._yoyo_migration VALUES ('6fe88c9b623e563d8d75d371c8cdc2416bb6
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '6fe88c9b623e563d8d75d371c8cdc2416bb62fa5e9e742b7986443557470e115', '0064_fairness_weight_floor', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0065_money_is_finite
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'e435ddd4c002553f96884526dec0fde376e4587f9bd6bc699c0b30eeb1190b55') AS apply_e435ddd4c002 \gset
+\if :apply_e435ddd4c002
+-- depends: 0064_fairness_weight_floor
+-- Prices and daily cost budgets are finite. PostgreSQL's numeric has NaN and ±Infinity, and NaN
+-- sorts above every number, so the CHECKs of 0019 (>= 0, > 0) let 'NaN' and 'Infinity' through.
+-- A price of NaN (or of Infinity: 0 tokens × Infinity is NaN) made the cost of every later call
+-- of its model NaN; NaN summed into the tenant's rolling spend, and NaN >= cost_per_day is true,
+-- so every run of the tenant was failed budget_exhausted for the next 25 hours, whatever the
+-- model and even once the price was mended. A budget of NaN was never enforced. (Issue 11's SQL
+-- audit.) x < 'Infinity' is false for NaN and +Infinity; the lower bounds exclude -Infinity.
+--
+-- A row that already holds such a value is removed: it never did what it said (a NaN budget
+-- limited nothing; a NaN price priced nothing), and no finite value can stand in for it. Both
+-- tables hold a row per model or tenant, so the CHECKs are validated as they are added.
+
+DELETE FROM runrow.model_price
+WHERE NOT (
+    input_per_mtok < 'Infinity' AND output_per_mtok < 'Infinity'
+    AND cache_write_per_mtok < 'Infinity' AND cache_read_per_mtok < 'Infinity'
+);
+
+DELETE FROM runrow.tenant_budget
+WHERE cost_per_day >= 'Infinity' AND tokens_per_day IS NULL;
+
+UPDATE runrow.tenant_budget SET cost_per_day = NULL, updated_at = now()
+WHERE cost_per_day >= 'Infinity';
+
+ALTER TABLE runrow.model_price
+ADD CONSTRAINT model_price_finite CHECK (
+    input_per_mtok < 'Infinity' AND output_per_mtok < 'Infinity'
+    AND cache_write_per_mtok < 'Infinity' AND cache_read_per_mtok < 'Infinity'
+);
+
+ALTER TABLE runrow.tenant_budget
+ADD CONSTRAINT tenant_budget_cost_finite CHECK (cost_per_day < 'Infinity');
+INSERT INTO runrow._yoyo_migration VALUES ('e435ddd4c002553f96884526dec0fde376e4587f9bd6bc699c0b30eeb1190b55', '0065_money_is_finite', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'e435ddd4c002553f96884526dec0fde376e4587f9bd6bc699c0b30eeb1190b55', '0065_money_is_finite', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_append_runs_input.sql
@@ -8400,15 +8440,18 @@ REVOKE ALL ON FUNCTION runrow._require_key(text, text) FROM PUBLIC;
 -- the SECURITY DEFINER functions (running as the owner) call them.
 -- No SET clauses, as in functions/_helpers.sql: they run under their callers' search_path.
 
--- An optional limit: NULL (none) or more than 0. Zero would read as a limit and block forever.
+-- An optional limit: NULL (none) or more than 0, and finite. Zero would read as a limit and
+-- block forever; NaN (which sorts above every number, so NaN > 0) and Infinity limit nothing,
+-- and a NaN summed into a spend poisons it (migration 0065).
 CREATE OR REPLACE FUNCTION runrow._require_positive(value numeric, arg text)
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
 AS $fn$
 BEGIN
-    IF value <= 0 THEN
-        RAISE EXCEPTION '% must be NULL or more than 0, got %', arg, value USING ERRCODE = 'invalid_parameter_value';
+    IF value <= 0 OR value >= 'Infinity' THEN
+        RAISE EXCEPTION '% must be NULL or a finite number more than 0, got %', arg, value
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
 END
 $fn$;
@@ -8668,6 +8711,101 @@ REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;
 -- with the model's tool_use depends on the history, and is the API's), and a block type runrow
 -- does not know passes, so that a new kind of block needs no new runrow.
 
+-- TRUE when every JSON client can read doc back: it nests fewer than 100 levels (Python's json
+-- module gives up near 1,000, PostgreSQL's own recursive helpers near 500), and each number is
+-- one an IEEE double can hold (jsonb keeps 1e5000 exactly and prints its 5,001 digits, which
+-- Python refuses past 4,300). A claim hands metadata and tools to the worker: one such value at
+-- the head of the queue made every claim of every worker fail (issue 11's SQL audit). Inlined.
+CREATE OR REPLACE FUNCTION runrow._json_portable(doc jsonb)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT NOT jsonb_path_exists(doc, 'lax $.**{100}')
+        AND NOT jsonb_path_exists(
+            doc, 'lax $.** ? (@.type() == "number" && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'
+        )
+$fn$;
+
+-- Raises 22023 naming arg unless _json_portable(doc).
+CREATE OR REPLACE FUNCTION runrow._require_portable_json(doc jsonb, arg text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+AS $fn$
+BEGIN
+    IF jsonb_path_exists(doc, 'lax $.**{100}') THEN
+        RAISE EXCEPTION '% nests 100 levels deep or more: JSON clients cannot read it back (at most 99)', arg
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT runrow._json_portable(doc) THEN
+        RAISE EXCEPTION '% holds a number no double can hold (beyond ±1.7976931348623157e308): JSON clients '
+            'cannot read it back', arg
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$fn$;
+
+-- TRUE when metadata is a run's metadata as enqueue_run takes it: a JSON object of at most 1 MiB
+-- that JSON clients can read back, whose prompt_cache (if any) is "off", "5m" or "1h" (the
+-- worker places prompt-cache breakpoints by it; a misspelt value would silently cache nothing,
+-- or pay 1-hour writes nobody asked for) and whose traceparent (if any) is a W3C traceparent
+-- (the caller's trace, which every attempt's spans continue: a value no tracer can parse would
+-- silently start a new trace on every worker). CASE, so each test runs only when the ones
+-- before it hold. Inlined; _require_metadata says what is wrong.
+CREATE OR REPLACE FUNCTION runrow._metadata_ok(metadata jsonb)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT CASE
+        WHEN jsonb_typeof(metadata) IS DISTINCT FROM 'object' THEN false
+        WHEN octet_length(metadata::text) > 1048576 THEN false
+        WHEN NOT runrow._json_portable(metadata) THEN false
+        WHEN metadata ? 'prompt_cache' AND (metadata -> 'prompt_cache') NOT IN ('"off"', '"5m"', '"1h"') THEN false
+        WHEN NOT metadata ? 'traceparent' THEN true
+        ELSE coalesce(
+            jsonb_typeof(metadata -> 'traceparent') = 'string'
+            AND (metadata ->> 'traceparent') ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+            AND left(metadata ->> 'traceparent', 2) <> 'ff'
+            AND substr(metadata ->> 'traceparent', 4, 32) <> repeat('0', 32)
+            AND substr(metadata ->> 'traceparent', 37, 16) <> repeat('0', 16), false
+        )
+    END
+$fn$;
+
+-- Raises 22004/22023 naming metadata (or the key) for the first rule of _metadata_ok it breaks.
+-- Called where _metadata_ok said no, and by create_schedule.
+CREATE OR REPLACE FUNCTION runrow._require_metadata(metadata jsonb)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+AS $fn$
+BEGIN
+    IF metadata IS NULL THEN
+        RAISE EXCEPTION 'metadata must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF jsonb_typeof(metadata) <> 'object' THEN
+        RAISE EXCEPTION 'metadata must be a JSON object, got %', jsonb_typeof(metadata)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(metadata::text) > 1048576 THEN
+        RAISE EXCEPTION 'metadata is too large: % bytes, the limit is 1 MiB', octet_length(metadata::text)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM runrow._require_portable_json(metadata, 'metadata');
+    IF metadata ? 'prompt_cache' AND (metadata -> 'prompt_cache') NOT IN ('"off"', '"5m"', '"1h"') THEN
+        RAISE EXCEPTION 'metadata.prompt_cache must be one of "off", "5m", "1h", got %', left((metadata -> 'prompt_cache')::text, 80)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT runrow._metadata_ok(metadata) THEN
+        RAISE EXCEPTION 'metadata.traceparent must be a W3C traceparent (version-trace_id-parent_id-flags, '
+            'lowercase hex, ids not all zero), got %', left((metadata -> 'traceparent')::text, 80)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$fn$;
+
 -- TRUE when content is a user turn's content as the API takes it: a non-empty string, or a
 -- non-empty array of content blocks, each an object with a non-empty string "type" that a user
 -- turn may hold (not one of the model's own: thinking, redacted_thinking, tool_use,
@@ -8683,7 +8821,7 @@ IMMUTABLE
 AS $fn$
     SELECT CASE jsonb_typeof(content)
         WHEN 'string' THEN content #>> '{}' <> ''
-        WHEN 'array' THEN jsonb_array_length(content) > 0 AND NOT jsonb_path_exists(
+        WHEN 'array' THEN jsonb_array_length(content) > 0 AND runrow._json_portable(content) AND NOT jsonb_path_exists(
             content,
             'strict $[*] ? (@.type() != "object"'
             ' || !exists(@.keyvalue() ? (@.key == "type" && @.value.type() == "string" && @.value != ""))'
@@ -8759,6 +8897,7 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
     END LOOP;
+    PERFORM runrow._require_portable_json(content, 'content');
 END
 $fn$;
 
@@ -8801,6 +8940,7 @@ BEGIN
     ORDER BY t.i
     LIMIT 1;
     IF NOT FOUND THEN
+        PERFORM runrow._require_portable_json(tools, 'tools');
         RETURN;
     END IF;
     IF jsonb_typeof(bad.def) <> 'object' OR jsonb_typeof(bad.def -> 'name') IS DISTINCT FROM 'string' THEN
@@ -8841,6 +8981,27 @@ COMMENT ON FUNCTION runrow._require_tools(jsonb) IS
 '"custom") with a name of 1 to 128 of [a-zA-Z0-9_-] and an input_schema object of type object; '
 'each name once. Returns otherwise. Reads no table.';
 
+COMMENT ON FUNCTION runrow._json_portable(jsonb) IS
+'TRUE when doc nests fewer than 100 levels and holds only numbers an IEEE double can hold, so that '
+'every JSON client (Python''s json, JavaScript''s JSON.parse) reads it back. Inlined into its callers.';
+
+COMMENT ON FUNCTION runrow._require_portable_json(jsonb, text) IS
+'Raises 22023 naming arg when doc nests 100 levels or more, or holds a number beyond an IEEE '
+'double''s range; returns otherwise. Reads no table.';
+
+COMMENT ON FUNCTION runrow._metadata_ok(jsonb) IS
+'TRUE when metadata is a JSON object of at most 1 MiB that _json_portable accepts, with a '
+'prompt_cache (if any) of "off", "5m" or "1h" and a traceparent (if any) that is a W3C traceparent. '
+'Inlined into its callers; _require_metadata names what is wrong.';
+
+COMMENT ON FUNCTION runrow._require_metadata(jsonb) IS
+'Raises 22004 for a NULL metadata, 22023 naming metadata or metadata.<key> for the first rule of '
+'_metadata_ok it breaks; returns otherwise. Reads no table.';
+
+REVOKE ALL ON FUNCTION runrow._json_portable(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_portable_json(jsonb, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._metadata_ok(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_metadata(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._content_ok(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_content(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_tools(jsonb) FROM PUBLIC;
@@ -11032,11 +11193,7 @@ BEGIN
     IF octet_length(create_schedule.tools::text) > 1048576 THEN
         RAISE EXCEPTION 'tools is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_not_null(create_schedule.metadata, 'metadata');
-    IF jsonb_typeof(create_schedule.metadata) <> 'object' THEN
-        RAISE EXCEPTION 'metadata must be a JSON object, got %', jsonb_typeof(create_schedule.metadata)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM runrow._require_metadata(create_schedule.metadata);
     PERFORM runrow._require_range(create_schedule.max_attempts, 'max_attempts', 1, 100);
     PERFORM runrow._require_not_null(create_schedule.if_active, 'if_active');
     IF create_schedule.if_active NOT IN ('enqueue', 'reject', 'interrupt') THEN
@@ -11239,12 +11396,10 @@ BEGIN
         RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', enqueue_run.if_active
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF enqueue_run.metadata IS NULL THEN
-        PERFORM runrow._require_not_null(enqueue_run.metadata, 'metadata');
-    END IF;
-    IF jsonb_typeof(enqueue_run.metadata) <> 'object' THEN
-        RAISE EXCEPTION 'metadata must be a JSON object, got %', jsonb_typeof(enqueue_run.metadata)
-            USING ERRCODE = 'invalid_parameter_value';
+    -- An object of at most 1 MiB that JSON clients can read back, with a valid prompt_cache and
+    -- traceparent if given (functions/_request_checks.sql; the same rules as create_schedule's).
+    IF NOT runrow._metadata_ok(enqueue_run.metadata) THEN
+        PERFORM runrow._require_metadata(enqueue_run.metadata);
     END IF;
     IF enqueue_run.start_in <= interval '0' OR enqueue_run.start_in > interval '366 days'
        OR enqueue_run.priority IS NULL OR enqueue_run.priority NOT BETWEEN -1000 AND 1000
@@ -11261,33 +11416,13 @@ BEGIN
         RAISE EXCEPTION 'token_budget must be NULL or a positive number of tokens, got %', enqueue_run.token_budget
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF enqueue_run.cost_budget <= 0 THEN
-        RAISE EXCEPTION 'cost_budget must be NULL or a positive amount of USD, got %', enqueue_run.cost_budget
+    -- NaN sorts above every number (NaN > 0): >= 'Infinity' refuses it, and Infinity.
+    IF enqueue_run.cost_budget <= 0 OR enqueue_run.cost_budget >= 'Infinity' THEN
+        RAISE EXCEPTION 'cost_budget must be NULL or a finite, positive amount of USD, got %', enqueue_run.cost_budget
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF length(enqueue_run.webhook_url) > 2048 OR enqueue_run.webhook_url !~ '^https?://[^[:space:]]+$' THEN
         RAISE EXCEPTION 'webhook_url must be NULL or an http:// or https:// URL of at most 2048 characters'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- The worker places prompt-cache breakpoints by it (pyworker/agent/prompt_cache.py); a
-    -- misspelt value would silently cache nothing, or pay 1-hour writes nobody asked for.
-    IF enqueue_run.metadata ? 'prompt_cache'
-       AND (enqueue_run.metadata -> 'prompt_cache') NOT IN ('"off"', '"5m"', '"1h"') THEN
-        RAISE EXCEPTION 'metadata.prompt_cache must be one of "off", "5m", "1h", got %',
-            enqueue_run.metadata -> 'prompt_cache'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- The caller's trace (W3C Trace Context) that every attempt's spans continue: a value no
-    -- tracer can parse would silently start a new trace on every worker, so refuse it here.
-    IF enqueue_run.metadata ? 'traceparent' AND NOT coalesce(
-        jsonb_typeof(enqueue_run.metadata -> 'traceparent') = 'string'
-        AND (enqueue_run.metadata ->> 'traceparent') ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
-        AND left(enqueue_run.metadata ->> 'traceparent', 2) <> 'ff'
-        AND substr(enqueue_run.metadata ->> 'traceparent', 4, 32) <> repeat('0', 32)
-        AND substr(enqueue_run.metadata ->> 'traceparent', 37, 16) <> repeat('0', 16), FALSE
-    ) THEN
-        RAISE EXCEPTION 'metadata.traceparent must be a W3C traceparent (version-trace_id-parent_id-flags, '
-            'lowercase hex, ids not all zero), got %', enqueue_run.metadata -> 'traceparent'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
@@ -11436,7 +11571,10 @@ COMMENT ON FUNCTION runrow.enqueue_run(
 'conversation has an active (queued, running or waiting) run, if_active decides: enqueue '
 '(wait behind it), reject (error 55000, nothing written) or interrupt (stop the active runs '
 'as stop_conversation does, then enqueue, atomically). Bad input raises 22004/22023 naming '
-'the argument (metadata.prompt_cache, when given, must be "off", "5m" or "1h"; '
+'the argument (content blocks and tool definitions the Messages API refuses, see '
+'functions/_request_checks.sql; metadata, content and tools that nest 100 levels or hold a number '
+'beyond a double''s range, which JSON clients cannot read back; metadata over 1 MiB; '
+'metadata.prompt_cache, when given, must be "off", "5m" or "1h"; '
 'metadata.traceparent a W3C traceparent: the trace every attempt of the run continues, left '
 'out of the idempotency fingerprint). The first '
 'enqueue of a conversation makes user_id its owner; another user''s '
@@ -13104,8 +13242,10 @@ BEGIN
     PERFORM runrow._require_key(set_model_price.model, 'model');
     IF array_position(prices, NULL) IS NULL OR prices = ARRAY[NULL, NULL, NULL, NULL]::numeric[] THEN
         FOR i IN 1..4 LOOP
-            IF prices[i] < 0 THEN
-                RAISE EXCEPTION '% must be 0 or more (USD per million tokens), got %', names[i], prices[i]
+            -- NaN sorts above every number, so it passes < 0; >= 'Infinity' catches it (0065).
+            IF prices[i] < 0 OR prices[i] >= 'Infinity' THEN
+                RAISE EXCEPTION '% must be a finite number, 0 or more (USD per million tokens), got %',
+                    names[i], prices[i]
                     USING ERRCODE = 'invalid_parameter_value';
             END IF;
         END LOOP;

@@ -31,7 +31,7 @@ def test_bad_values_are_one_line_errors_and_change_nothing(private_database_url:
     url = private_database_url
     bad = runrow(url, "limits", "set", "cli-bad", "--rpm", "-5")
     assert bad.returncode == 2
-    assert "requests_per_minute must be NULL or more than 0, got -5" in bad.stderr
+    assert "requests_per_minute must be NULL or a finite number more than 0, got -5" in bad.stderr
     assert "Traceback" not in bad.stderr
     with psycopg.connect(url) as conn:
         assert conn.execute(
@@ -51,7 +51,7 @@ def test_bad_values_are_one_line_errors_and_change_nothing(private_database_url:
         "--cache-read",
         "1",
     )
-    assert price.returncode == 2 and "input_per_mtok must be 0 or more" in price.stderr
+    assert price.returncode == 2 and "input_per_mtok must be a finite number, 0 or more" in price.stderr
     nothing = runrow(url, "budget", "tenant", "acme")
     assert nothing.returncode == 2 and "--tokens-per-day or --cost-per-day" in nothing.stderr
 
