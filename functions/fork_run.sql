@@ -64,13 +64,19 @@ BEGIN
         n := CASE WHEN turn.id = src.id THEN fork_run.at_seq
                   ELSE (SELECT count(*)::integer FROM runrow.agent_step AS s WHERE s.run_id = turn.id) END;
         IF turn.id = src.id THEN
+            -- With the source's fleet settings (without them the fork escaped its tenant's budget
+            -- and fair share, its limits, and its webhook); a rate_limit_key that was the source's
+            -- model (enqueue_run's default) follows the fork's model.
             INSERT INTO runrow.agent_run (
                 conversation_id, user_id, user_message_id, max_attempts, model, prompt_id, metadata,
-                forked_from, forked_at_seq
+                forked_from, forked_at_seq, priority, fairness_key, concurrency_key, rate_limit_key,
+                token_budget, cost_budget, webhook_url
             )
             VALUES (
                 new_conversation, turn.user_id, copy_message, turn.max_attempts, fork_model, turn.prompt_id,
-                turn.metadata, turn.id, n
+                turn.metadata, turn.id, n, turn.priority, turn.fairness_key, turn.concurrency_key,
+                CASE WHEN turn.rate_limit_key = turn.model THEN fork_model ELSE turn.rate_limit_key END,
+                turn.token_budget, turn.cost_budget, turn.webhook_url
             )
             RETURNING id INTO copy_run;
             INSERT INTO runrow.run_request (run_id, snapshot)
@@ -125,7 +131,9 @@ COMMENT ON FUNCTION runrow.fork_run(uuid, integer, text) IS
 'is run_id''s, up to and including its step at_seq (agent_step.seq of run_id; 0 = its user message '
 'only). The earlier turns of the source conversation that its history holds (completed, or '
 'cancelled after a step) are copied as they ended, then run_id''s user message and steps 1..at_seq '
-'into a queued run pinned to the same prompt and metadata, with model (default: the source''s) '
+'into a queued run pinned to the same prompt and metadata, with the source''s fleet settings '
+'(priority, fairness_key, concurrency_key, token_budget, cost_budget, webhook_url; rate_limit_key '
+'too, or the fork''s model when it was the source''s model), with model (default: the source''s) '
 'and forked_from/forked_at_seq naming what it copies. Every agent_step row is copied verbatim '
 '(payload bytes, request_id, attempt, usage, stop_reason), so conversation_history of the fork '
 'rebuilds the source''s model input byte for byte and thinking signatures stay valid; the worker '

@@ -26,12 +26,18 @@ BEGIN
         RETURN new_id;
     END IF;
 
+    -- The old run's fleet settings too (claimable now, not at its not_before): without them the
+    -- retry escaped its tenant's budget and fair share (fairness_key NULL is the anonymous
+    -- tenant), its rate limit and concurrency cap, and nobody heard of its end.
     INSERT INTO runrow.agent_run (
-        conversation_id, user_id, user_message_id, max_attempts, model, prompt_id, metadata, retry_of
+        conversation_id, user_id, user_message_id, max_attempts, model, prompt_id, metadata, retry_of,
+        priority, fairness_key, concurrency_key, rate_limit_key, token_budget, cost_budget, webhook_url
     )
     VALUES (
         old.conversation_id, old.user_id, old.user_message_id, old.max_attempts, old.model,
-        old.prompt_id, old.metadata, old.id
+        old.prompt_id, old.metadata, old.id,
+        old.priority, old.fairness_key, old.concurrency_key, old.rate_limit_key, old.token_budget,
+        old.cost_budget, old.webhook_url
     )
     RETURNING id INTO new_id;
 
@@ -52,7 +58,9 @@ $fn$;
 
 COMMENT ON FUNCTION runrow.retry_run(uuid) IS
 'A person''s decision to run a failed or dead run again: a new queued run of the same '
-'conversation, user message, model and pinned prompt, with retry_of pointing at the old run '
+'conversation, user message, model, pinned prompt, metadata and fleet settings (priority, '
+'fairness_key, concurrency_key, rate_limit_key, token_budget, cost_budget, webhook_url; '
+'claimable at once), with retry_of pointing at the old run '
 '(which stays as it ended). Idempotent: a run is retried at most once and a second call '
 'returns the same new run. Any other status raises 55000; an unknown run_id P0002.';
 

@@ -4,7 +4,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/steps.psql
-SELECT plan(31);
+SELECT plan(33);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'fork_run', ARRAY['uuid', 'integer', 'text'], 'fork_run(run_id, at_seq, model) exists');
@@ -144,6 +144,28 @@ SELECT throws_ok(format('SELECT * FROM runrow.fork_run(%L, 1, %L)', :'t3', ''), 
     'model must be NULL or a model name of 1 to 200 characters', 'an empty model');
 SELECT is(pg_temp.fingerprint() || ':' || (SELECT count(*) FROM runrow.agent_step), :'before' || ':' || :'steps_before',
     'bad input wrote nothing');
+
+-- The fork keeps the source's fleet settings; a rate_limit_key that was the source's model
+-- follows the fork's model, one named apart stays.
+SELECT pg_temp.drain_queue();
+SELECT run_id AS fsrc FROM runrow.enqueue_run(gen_random_uuid(), '"fleet"', 'model-a', user_id => 'bob',
+    priority => -3, fairness_key => 'acme', concurrency_key => 'crm', token_budget => 10, cost_budget => 0.5,
+    webhook_url => 'https://example.test/hook') \gset
+SELECT pg_temp.claim(:'fsrc') AS ftok \gset
+SELECT runrow.finish_run(:'fsrc', :'ftok', 'completed', '{"text": "done"}');
+SELECT new_run_id AS fork_same FROM runrow.fork_run(:'fsrc', 0) \gset
+SELECT new_run_id AS fork_other FROM runrow.fork_run(:'fsrc', 0, 'model-b') \gset
+SELECT is(
+    (SELECT array_agg((priority, fairness_key, concurrency_key, rate_limit_key, token_budget, cost_budget,
+        webhook_url)::text ORDER BY model) FROM runrow.agent_run WHERE id IN (:'fork_same', :'fork_other')),
+    ARRAY[(-3, 'acme', 'crm', 'model-a', 10::bigint, 0.5::numeric, 'https://example.test/hook')::text,
+          (-3, 'acme', 'crm', 'model-b', 10::bigint, 0.5::numeric, 'https://example.test/hook')::text],
+    'forks keep priority, fairness_key, concurrency_key, budgets and webhook_url; the default rate_limit_key follows the model');
+SELECT run_id AS fsrc2 FROM runrow.enqueue_run(gen_random_uuid(), '"fleet"', 'model-a', rate_limit_key => 'shared') \gset
+SELECT pg_temp.claim(:'fsrc2') AS ftok2 \gset
+SELECT runrow.finish_run(:'fsrc2', :'ftok2', 'completed', '{"text": "done"}');
+SELECT new_run_id AS fork_shared FROM runrow.fork_run(:'fsrc2', 0, 'model-b') \gset
+SELECT is((SELECT rate_limit_key FROM runrow.agent_run WHERE id = :'fork_shared'), 'shared', 'a rate_limit_key named apart from the model stays under another model');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -2,7 +2,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(27);
+SELECT plan(28);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'retry_run', ARRAY['uuid'], 'retry_run(run_id) exists');
@@ -55,6 +55,21 @@ SELECT pg_temp.exhausted(2) AS dead \gset
 SELECT runrow.retry_run(:'dead') AS dead_retry \gset
 SELECT is((SELECT (status, retry_of, max_attempts)::text FROM runrow.agent_run WHERE id = :'dead_retry'),
     ('queued', :'dead'::uuid, 2)::text, 'a dead run is retried: a new queued run with the same max_attempts');
+
+-- The fleet settings come along: a retry that dropped them escaped its tenant's budget and
+-- fair share, its rate limit and concurrency cap, and its webhook.
+SELECT pg_temp.drain_queue();
+SELECT run_id AS fleet FROM runrow.enqueue_run(gen_random_uuid(), '"fleet"', 'model-f', user_id => 'bob',
+    max_attempts => 1, priority => 7, fairness_key => 'acme', concurrency_key => 'crm', rate_limit_key => 'rk',
+    token_budget => 10, cost_budget => 0.01, webhook_url => 'https://example.test/hook') \gset
+SELECT pg_temp.claim(:'fleet');
+SELECT runrow.finish_run(:'fleet', pg_temp.token(:'fleet'), 'failed', NULL, 'model error');
+SELECT runrow.retry_run(:'fleet') AS fleet_retry \gset
+SELECT is(
+    (SELECT (priority, fairness_key, concurrency_key, rate_limit_key, token_budget, cost_budget, webhook_url)::text
+     FROM runrow.agent_run WHERE id = :'fleet_retry'),
+    (7, 'acme', 'crm', 'rk', 10::bigint, 0.01::numeric, 'https://example.test/hook')::text,
+    'the retry keeps priority, fairness_key, concurrency_key, rate_limit_key, budgets and webhook_url');
 
 -- Any other status: 55000, nothing written.
 SELECT pg_temp.drain_queue();

@@ -12232,13 +12232,19 @@ BEGIN
         n := CASE WHEN turn.id = src.id THEN fork_run.at_seq
                   ELSE (SELECT count(*)::integer FROM runrow.agent_step AS s WHERE s.run_id = turn.id) END;
         IF turn.id = src.id THEN
+            -- With the source's fleet settings (without them the fork escaped its tenant's budget
+            -- and fair share, its limits, and its webhook); a rate_limit_key that was the source's
+            -- model (enqueue_run's default) follows the fork's model.
             INSERT INTO runrow.agent_run (
                 conversation_id, user_id, user_message_id, max_attempts, model, prompt_id, metadata,
-                forked_from, forked_at_seq
+                forked_from, forked_at_seq, priority, fairness_key, concurrency_key, rate_limit_key,
+                token_budget, cost_budget, webhook_url
             )
             VALUES (
                 new_conversation, turn.user_id, copy_message, turn.max_attempts, fork_model, turn.prompt_id,
-                turn.metadata, turn.id, n
+                turn.metadata, turn.id, n, turn.priority, turn.fairness_key, turn.concurrency_key,
+                CASE WHEN turn.rate_limit_key = turn.model THEN fork_model ELSE turn.rate_limit_key END,
+                turn.token_budget, turn.cost_budget, turn.webhook_url
             )
             RETURNING id INTO copy_run;
             INSERT INTO runrow.run_request (run_id, snapshot)
@@ -12293,7 +12299,9 @@ COMMENT ON FUNCTION runrow.fork_run(uuid, integer, text) IS
 'is run_id''s, up to and including its step at_seq (agent_step.seq of run_id; 0 = its user message '
 'only). The earlier turns of the source conversation that its history holds (completed, or '
 'cancelled after a step) are copied as they ended, then run_id''s user message and steps 1..at_seq '
-'into a queued run pinned to the same prompt and metadata, with model (default: the source''s) '
+'into a queued run pinned to the same prompt and metadata, with the source''s fleet settings '
+'(priority, fairness_key, concurrency_key, token_budget, cost_budget, webhook_url; rate_limit_key '
+'too, or the fork''s model when it was the source''s model), with model (default: the source''s) '
 'and forked_from/forked_at_seq naming what it copies. Every agent_step row is copied verbatim '
 '(payload bytes, request_id, attempt, usage, stop_reason), so conversation_history of the fork '
 'rebuilds the source''s model input byte for byte and thinking signatures stay valid; the worker '
@@ -13033,12 +13041,18 @@ BEGIN
         RETURN new_id;
     END IF;
 
+    -- The old run's fleet settings too (claimable now, not at its not_before): without them the
+    -- retry escaped its tenant's budget and fair share (fairness_key NULL is the anonymous
+    -- tenant), its rate limit and concurrency cap, and nobody heard of its end.
     INSERT INTO runrow.agent_run (
-        conversation_id, user_id, user_message_id, max_attempts, model, prompt_id, metadata, retry_of
+        conversation_id, user_id, user_message_id, max_attempts, model, prompt_id, metadata, retry_of,
+        priority, fairness_key, concurrency_key, rate_limit_key, token_budget, cost_budget, webhook_url
     )
     VALUES (
         old.conversation_id, old.user_id, old.user_message_id, old.max_attempts, old.model,
-        old.prompt_id, old.metadata, old.id
+        old.prompt_id, old.metadata, old.id,
+        old.priority, old.fairness_key, old.concurrency_key, old.rate_limit_key, old.token_budget,
+        old.cost_budget, old.webhook_url
     )
     RETURNING id INTO new_id;
 
@@ -13059,7 +13073,9 @@ $fn$;
 
 COMMENT ON FUNCTION runrow.retry_run(uuid) IS
 'A person''s decision to run a failed or dead run again: a new queued run of the same '
-'conversation, user message, model and pinned prompt, with retry_of pointing at the old run '
+'conversation, user message, model, pinned prompt, metadata and fleet settings (priority, '
+'fairness_key, concurrency_key, rate_limit_key, token_budget, cost_budget, webhook_url; '
+'claimable at once), with retry_of pointing at the old run '
 '(which stays as it ended). Idempotent: a run is retried at most once and a second call '
 'returns the same new run. Any other status raises 55000; an unknown run_id P0002.';
 
