@@ -49,7 +49,11 @@ BEGIN
         RETURN;
     END IF;
 
-    -- An estimate over a minute's worth waits for a full bucket instead of forever.
+    -- An estimate over a minute's worth waits for a full bucket instead of forever, and takes
+    -- that minute's worth: the rest is charged when the call's usage settles (append_step). A
+    -- grant that never settles (the request failed, the worker died) so holds the key back a
+    -- minute at most; the whole estimate put it in debt (100,000,000 tokens at 30,000 a minute:
+    -- every run of the key waited 55 hours, issue 11's SQL audit).
     need_input := least(acquire_model_call.input_tokens_estimate, l.input_tokens_per_minute);
     IF l.requests_per_minute IS NOT NULL AND l.requests_left < 1 THEN
         wait := greatest(wait, (1 - l.requests_left) * 60 / l.requests_per_minute);
@@ -69,15 +73,14 @@ BEGIN
     UPDATE runrow.rate_limit AS b
     SET requests_left = CASE WHEN b.requests_per_minute IS NULL THEN 0 ELSE b.requests_left - 1 END,
         input_tokens_left = CASE WHEN b.input_tokens_per_minute IS NULL THEN 0
-            ELSE b.input_tokens_left - acquire_model_call.input_tokens_estimate END,
+            ELSE b.input_tokens_left - need_input END,
         updated_at = now()
     WHERE b.rate_limit_key = l.rate_limit_key;
     UPDATE runrow.agent_run AS a
-    SET granted_input_tokens = CASE WHEN l.input_tokens_per_minute IS NULL THEN NULL
-        ELSE acquire_model_call.input_tokens_estimate END,
+    SET granted_input_tokens = CASE WHEN l.input_tokens_per_minute IS NULL THEN NULL ELSE need_input END,
         updated_at = now()
     WHERE a.id = r.id AND a.granted_input_tokens IS DISTINCT FROM CASE WHEN l.input_tokens_per_minute IS NULL
-        THEN NULL ELSE acquire_model_call.input_tokens_estimate END;
+        THEN NULL ELSE need_input END;
     granted := true;
     wait_seconds := 0;
     RETURN NEXT;
@@ -93,7 +96,8 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 'its bucket row''s lock: blocked (report_rate_limited) gives (false, seconds left, blocked); '
 'too few requests or uncached input tokens left for input_tokens_estimate, or output tokens in '
 'debt, gives (false, seconds until there are, rate_limited); else one request and the estimate '
-'are taken and (true, 0, NULL) returned. A key without a row is not limited. append_step '
+'(at most a minute''s worth of input; the rest is charged when the usage settles) are taken and '
+'(true, 0, NULL) returned. A key without a row is not limited. append_step '
 'settles the grant with the real usage. Fenced: no row and nothing written unless claim_token '
 'holds the running run. Bad input (NULL, estimate outside 0..100000000) raises 22004/22023.';
 

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(73);
+SELECT plan(76);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.limits_fingerprint() RETURNS text LANGUAGE sql AS $$
@@ -71,7 +71,17 @@ SELECT is(pg_temp.acquire(:'r1', 0), '(t,0,)', 'after 30 s in all a request is g
 UPDATE runrow.rate_limit SET refilled_at = now() - interval '1 hour' WHERE rate_limit_key = 'k1';
 SELECT is(pg_temp.acquire(:'r1', 50000), '(t,0,)', 'an estimate over a minute''s worth goes once the bucket is full');
 SELECT is((SELECT (requests_left, input_tokens_left)::text FROM runrow.rate_limit WHERE rate_limit_key = 'k1'),
-    '(1,-49000)', 'the bucket refilled to at most a minute''s worth, then the estimate put it in debt');
+    '(1,0)', 'the bucket refilled to at most a minute''s worth, and the grant took that minute''s worth');
+SELECT is((SELECT granted_input_tokens FROM runrow.agent_run WHERE id = :'r1'), 1000,
+    'the grant remembers what it took');
+-- A grant that never settles (the request failed; no usage comes) holds the key back a minute
+-- at most: the whole estimate put the key 49,000 tokens in debt, and every run waited 49 minutes.
+SELECT pg_temp.fleet_run('k1') AS r_next \gset
+UPDATE runrow.rate_limit SET refilled_at = now() - interval '1 minute' WHERE rate_limit_key = 'k1';
+SELECT is(pg_temp.acquire(:'r_next', 500), '(t,0,)', 'a minute later the next run of the key is granted');
+SELECT pg_temp.step(:'r_next', '{"input_tokens": 50000, "output_tokens": 0}');
+SELECT is((SELECT input_tokens_left FROM runrow.rate_limit WHERE rate_limit_key = 'k1'), -49000::numeric,
+    'a big call that does settle is charged its real input: the rest of it lands then');
 
 -- Settlement: the real uncached input replaces the estimate, output is charged.
 UPDATE runrow.rate_limit SET input_tokens_left = 0, output_tokens_left = 500, refilled_at = now()
