@@ -23,8 +23,11 @@ BEGIN
     IF EXISTS (SELECT 1 FROM runrow.prompt AS p WHERE p.id = pid) THEN
         RETURN pid;
     END IF;
-    -- A new prompt: its tools are checked in full here, once, not on every enqueue that pins it.
-    PERFORM runrow._require_tools(_pin_prompt.tools);
+    -- A new prompt: its tools are checked in full here, once, not on every enqueue that pins it
+    -- (no tools, nothing to check: no statement).
+    IF _pin_prompt.tools <> '[]' THEN
+        PERFORM runrow._require_tools(_pin_prompt.tools);
+    END IF;
     INSERT INTO runrow.prompt AS p (id, system_prompt, tools)
     VALUES (pid, _pin_prompt.system_prompt, _pin_prompt.tools)
     ON CONFLICT ON CONSTRAINT prompt_pkey DO NOTHING;

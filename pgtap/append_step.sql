@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/lifecycle.psql
 \ir helpers/row_versions.psql
 \ir helpers/steps.psql
-SELECT plan(55);
+SELECT plan(62);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid,text,json,text,jsonb,text}'''
@@ -100,6 +100,36 @@ SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L, '
     'request_id must be NULL or 1 to 255 characters', 'an empty request_id');
 SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L, usage => ''[1]'')', :'r1', :'tok', :ok_turn),
     '22023', 'usage must be NULL or a JSON object, got array', 'usage that is not an object');
+-- Usage the settlement and run_usage add up (1e30 was stored, and run_usage raised 22003 for
+-- the run from then on; -5 was summed).
+SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L, usage => ''{"input_tokens": 1e30}'')',
+    :'r1', :'tok', :ok_turn),
+    '22023', 'usage.input_tokens must be a whole number of tokens from 0 to 10^15, got 1000000000000000000000000000000',
+    'a token count past 10^15');
+SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L, usage => %L)', :'r1', :'tok', :ok_turn,
+    '{"input_tokens": 3, "output_tokens": -5}'),
+    '22023', 'usage.output_tokens must be a whole number of tokens from 0 to 10^15, got -5', 'a negative token count');
+SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L, usage => %L)', :'r1', :'tok', :ok_turn,
+    '{"cache_read_input_tokens": 2.5}'),
+    '22023', 'usage.cache_read_input_tokens must be a whole number of tokens from 0 to 10^15, got 2.5', 'a fraction');
+SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L, usage => %L)', :'r1', :'tok', :ok_turn,
+    '{"input_tokens": "7", "cache_creation_input_tokens": 1e16}'),
+    '22023', 'usage.cache_creation_input_tokens must be a whole number of tokens from 0 to 10^15, got 10000000000000000',
+    'a count past the clamp after one that is not a number (which counts 0, and passes)');
+-- What a tool_use's later calls need: an id tool_effect can index, an id of its own in the turn,
+-- input tool_call_key can walk. Each was taken, and made every later call for the turn fail.
+SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L)', :'r1', :'tok',
+    json_build_array(json_build_object('type', 'tool_use', 'id', repeat('i', 257), 'name', 'n', 'input', '{}'::json))),
+    '22023', 'payload[0].id is 257 characters: a tool_use id is at most 256', 'a tool_use id of 257 characters');
+SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L)', :'r1', :'tok',
+    '[{"type":"tool_use","id":"dup","name":"a","input":{}},{"type":"text","text":"and"},'
+    '{"type":"tool_use","id":"dup","name":"b","input":{}}]'),
+    '22023', 'payload[2].id "dup" is already payload[0]: each tool_use of a turn has an id of its own',
+    'two tool_use blocks with one id');
+SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L)', :'r1', :'tok',
+    '[{"type":"tool_use","id":"deep","name":"a","input":' || repeat('{"a":', 100) || '1' || repeat('}', 100) || '}]'),
+    '22023', 'payload[0].input nests 100 levels deep or more: JSON clients cannot read it back (at most 99)',
+    'a tool_use input nested 100 levels');
 SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L, stop_reason => '''')', :'r1', :'tok', :ok_turn),
     '22023', 'stop_reason must be NULL or 1 to 64 characters', 'an empty stop_reason');
 SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''tool_result'', ''{"type":"tool_result","tool_use_id":"x"}'', '

@@ -33,7 +33,7 @@ SELECT pg_temp.claim(:'r1') AS tok1 \gset
 SELECT runrow.cancel_run(:'r_same');
 SELECT pg_temp.enqueue(:conv, 'You are v2.', :tools_a) AS r2 \gset
 SELECT isnt(pg_temp.prompt_of(:'r2'), :'p1', 'another system prompt is another prompt');
-SELECT pg_temp.enqueue(gen_random_uuid(), 'You are v1.', '[{"name": "search2"}]') AS r3 \gset
+SELECT pg_temp.enqueue(gen_random_uuid(), 'You are v1.', '[{"name": "search2", "input_schema": {"type": "object"}}]') AS r3 \gset
 SELECT isnt(pg_temp.prompt_of(:'r3'), :'p1', 'other tool definitions are another prompt');
 SELECT runrow.cancel_run(:'r3');
 SELECT is(pg_temp.prompt_of(:'r1'), :'p1', 'the run in flight keeps the prompt it was pinned to');

@@ -8176,8 +8176,11 @@ BEGIN
     IF EXISTS (SELECT 1 FROM runrow.prompt AS p WHERE p.id = pid) THEN
         RETURN pid;
     END IF;
-    -- A new prompt: its tools are checked in full here, once, not on every enqueue that pins it.
-    PERFORM runrow._require_tools(_pin_prompt.tools);
+    -- A new prompt: its tools are checked in full here, once, not on every enqueue that pins it
+    -- (no tools, nothing to check: no statement).
+    IF _pin_prompt.tools <> '[]' THEN
+        PERFORM runrow._require_tools(_pin_prompt.tools);
+    END IF;
     INSERT INTO runrow.prompt AS p (id, system_prompt, tools)
     VALUES (pid, _pin_prompt.system_prompt, _pin_prompt.tools)
     ON CONFLICT ON CONSTRAINT prompt_pkey DO NOTHING;
@@ -9935,6 +9938,25 @@ BEGIN
         RAISE EXCEPTION 'usage must be NULL or a JSON object, got %', jsonb_typeof(append_step.usage)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The token counts the settlement and run_usage add up, when numbers: whole, within the
+    -- settlement's clamp. 1e30 or -5 was stored, and run_usage then raised 22003 on every call
+    -- for the run (issue 11's SQL audit). A count that is not a number counts 0 (another
+    -- provider, an older SDK), and other fields are the provider's: both pass.
+    IF append_step.usage IS NOT NULL AND jsonb_path_exists(append_step.usage,
+        'strict $.keyvalue() ? ((@.key == "input_tokens" || @.key == "output_tokens"'
+        ' || @.key == "cache_creation_input_tokens" || @.key == "cache_read_input_tokens")'
+        ' && @.value.type() == "number" && (@.value < 0'
+        ' || @.value > 1000000000000000 || @.value.floor() != @.value))') THEN
+        SELECT k.field, append_step.usage -> k.field AS value INTO bad
+        FROM unnest(ARRAY['input_tokens', 'output_tokens', 'cache_creation_input_tokens', 'cache_read_input_tokens'])
+            AS k (field)
+        WHERE jsonb_typeof(append_step.usage -> k.field) = 'number' AND NOT coalesce(
+            (append_step.usage ->> k.field)::numeric BETWEEN 0 AND 1000000000000000
+            AND (append_step.usage ->> k.field)::numeric = floor((append_step.usage ->> k.field)::numeric), false)
+        LIMIT 1;
+        RAISE EXCEPTION 'usage.% must be a whole number of tokens from 0 to 10^15, got %', bad.field, left(bad.value::text, 80)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF append_step.stop_reason = '' OR length(append_step.stop_reason) > 64 THEN
         RAISE EXCEPTION 'stop_reason must be NULL or 1 to 64 characters'
             USING ERRCODE = 'invalid_parameter_value';
@@ -9967,6 +9989,40 @@ BEGIN
             RAISE EXCEPTION 'payload[%] must be a content block object with a string "type" (a tool_use also needs '
                 'a string "id", a string "name" and an object "input")', bad.ord - 1
                 USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        -- What a tool_use's later calls need (issue 11's SQL audit: each was accepted here and
+        -- made every later call for the turn fail): an id tool_effect's index can hold (rule 1),
+        -- an id of its own in the turn (2: a second "dup" raised 23505 at its begin_tool_call),
+        -- input that tool_call_key's canonical form can walk (3: its recursion hit the stack
+        -- limit, 54001, near 600 levels). A statement of its own, run only when the payload's
+        -- text names a tool_use (a simple expression): a turn of text pays nothing for it.
+        IF strpos(probe::text, '"tool_use"') > 0 THEN
+            SELECT v.ord, v.rule, v.id, v.first INTO bad
+            FROM (
+                SELECT d.ord, d.id, d.first, CASE
+                           WHEN length(d.id) > 256 THEN 1
+                           WHEN d.first < d.ord THEN 2
+                           WHEN jsonb_path_exists(d.input::jsonb, 'lax $.**{100}') THEN 3
+                       END AS rule
+                FROM (
+                    SELECT x.ord, x.block ->> 'id' AS id, x.block -> 'input' AS input,
+                           min(x.ord) OVER (PARTITION BY x.block ->> 'id') AS first
+                    FROM json_array_elements(probe) WITH ORDINALITY AS x (block, ord)
+                    WHERE x.block ->> 'type' = 'tool_use'
+                ) AS d
+            ) AS v
+            WHERE v.rule IS NOT NULL
+            ORDER BY v.ord
+            LIMIT 1;
+            IF FOUND THEN
+                RAISE EXCEPTION 'payload[%]%', bad.ord - 1, CASE bad.rule
+                    WHEN 1 THEN format('.id is %s characters: a tool_use id is at most 256', length(bad.id))
+                    WHEN 2 THEN format('.id "%s" is already payload[%s]: each tool_use of a turn has an id of its own',
+                        left(bad.id, 80), bad.first - 1)
+                    ELSE '.input nests 100 levels deep or more: JSON clients cannot read it back (at most 99)'
+                END
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
         END IF;
     ELSE
         IF json_typeof(probe) <> 'object'
@@ -10058,7 +10114,10 @@ COMMENT ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text
 'provider''s) is kept for support tickets. A model_turn''s usage settles the run''s '
 'rate-limit buckets and budgets (spent_tokens, spent_cost, spend_hour; a crossed budget marks '
 'the run, and its next acquire_model_call ends it budget_exhausted). At most 8 MiB. Fenced: NULL, nothing written, '
-'unless claim_token matches a running run. Bad input raises 22004/22023 naming the argument.';
+'unless claim_token matches a running run. Bad input raises 22004/22023 naming the argument '
+'(a model_turn''s tool_use ids are at most 256 characters and distinct within the turn, their '
+'input nests fewer than 100 levels; usage''s four token counts, when numbers, are whole and 0 to '
+'10^15).';
 
 REVOKE ALL ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) TO runrow_worker;
