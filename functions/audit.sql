@@ -42,6 +42,14 @@ BEGIN
             RAISE EXCEPTION '% must not be negative, got %', arg.name, arg.value
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
+        -- An interval reaching before 4713 BC overflows timestamptz (22008, naming nothing):
+        -- bad input, named as such, as trim_journal names its older_than.
+        BEGIN
+            PERFORM now() - arg.value;
+        EXCEPTION WHEN datetime_field_overflow THEN
+            RAISE EXCEPTION '% is out of range, got %', arg.name, arg.value
+                USING ERRCODE = 'invalid_parameter_value';
+        END;
     END LOOP;
 
     -- Row-level states the CHECK constraints forbid. Live runs are few; terminal runs are

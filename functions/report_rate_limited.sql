@@ -24,7 +24,8 @@ BEGIN
     IF key IS NULL THEN
         RETURN;
     END IF;
-    until := now() + make_interval(secs => report_rate_limited.retry_after_seconds::double precision);
+    -- At least a millisecond: 1e-1000 is more than 0, and underflowed the cast (22003).
+    until := now() + make_interval(secs => greatest(report_rate_limited.retry_after_seconds, 0.001)::double precision);
 
     -- The provider's bucket is empty: ours is emptied too, and refills only once the block
     -- ends (refilled_at in the future), so the fleet does not burst into the wall again.

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(76);
+SELECT plan(78);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.limits_fingerprint() RETURNS text LANGUAGE sql AS $$
@@ -229,6 +229,15 @@ SELECT is((SELECT status FROM runrow.agent_run WHERE id = :'t2'), 'running',
     'the run whose step crossed the tenant budget is marked, not yet ended');
 SELECT pg_temp.fleet_run(tenant => 'acme') AS t3 \gset
 SELECT is(pg_temp.acquire(:'t3'), '(t,0,)', 'a day later the spend has rolled out of the budget');
+
+-- A retry-after of 1e-1000 is more than 0; its cast to a double underflowed (22003). It blocks
+-- for the shortest time runrow counts, a millisecond.
+SELECT runrow.set_rate_limit('k-tiny', 10, NULL, NULL);
+SELECT pg_temp.fleet_run('k-tiny') AS tiny \gset
+SELECT lives_ok(format('SELECT runrow.report_rate_limited(%L, %L, 1e-1000)', :'tiny', pg_temp.token(:'tiny')),
+    'a retry-after too small for a double is taken');
+SELECT is((SELECT blocked_until - now() FROM runrow.rate_limit WHERE rate_limit_key = 'k-tiny'), interval '0.001 seconds',
+    'and blocks the key for a millisecond');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -10167,6 +10167,14 @@ BEGIN
             RAISE EXCEPTION '% must not be negative, got %', arg.name, arg.value
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
+        -- An interval reaching before 4713 BC overflows timestamptz (22008, naming nothing):
+        -- bad input, named as such, as trim_journal names its older_than.
+        BEGIN
+            PERFORM now() - arg.value;
+        EXCEPTION WHEN datetime_field_overflow THEN
+            RAISE EXCEPTION '% is out of range, got %', arg.name, arg.value
+                USING ERRCODE = 'invalid_parameter_value';
+        END;
     END LOOP;
 
     -- Row-level states the CHECK constraints forbid. Live runs are few; terminal runs are
@@ -12954,7 +12962,8 @@ BEGIN
     IF key IS NULL THEN
         RETURN;
     END IF;
-    until := now() + make_interval(secs => report_rate_limited.retry_after_seconds::double precision);
+    -- At least a millisecond: 1e-1000 is more than 0, and underflowed the cast (22003).
+    until := now() + make_interval(secs => greatest(report_rate_limited.retry_after_seconds, 0.001)::double precision);
 
     -- The provider's bucket is empty: ours is emptied too, and refills only once the block
     -- ends (refilled_at in the future), so the fleet does not burst into the wall again.
