@@ -746,3 +746,22 @@ async def test_events_without_a_nul_are_not_walked_for_one(pool, db, monkeypatch
     ]
     assert [w for w in walks if isinstance(w, dict) and "type" in w] == []  # the result's walk only
     await writer.stop()
+
+
+@pytest.mark.parametrize(
+    "kind", ["complete", "run_claimed", "cancel_requested", "approval_resolved", "budget_exhausted", "", 7]
+)
+async def test_a_handler_cannot_emit_a_type_runrow_journals_itself(pool, db, kind: object) -> None:
+    """Tails and UIs read runrow's own events (a pending stop, an approval, a spent budget) as the
+    database's word: emit refuses them, and nothing reaches the journal."""
+    (run,) = await claimed(pool, 1)
+    writer = await writer_for(pool, CLOCK_OFF)
+    journal = writer.run_journal(run)
+    with pytest.raises(ValueError, match="not one runrow journals itself"):
+        await journal.emit({"type": kind})
+    await writer.flush_all()
+    assert [e["type"] for e in events(db, run.run_id)] == [
+        "user_message_created",
+        "run_queued",
+        "run_claimed",
+    ]
