@@ -22,7 +22,7 @@ BEGIN
         PERFORM runrow._require_not_null(append_step.kind, 'kind');
     END IF;
     IF append_step.kind NOT IN ('model_turn', 'tool_result') THEN
-        RAISE EXCEPTION 'kind must be model_turn or tool_result, got "%"', append_step.kind
+        RAISE EXCEPTION 'kind must be model_turn or tool_result, got "%"', left(append_step.kind, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF append_step.payload IS NULL THEN

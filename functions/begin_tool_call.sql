@@ -41,7 +41,7 @@ BEGIN
     END IF;
     IF begin_tool_call.effect NOT IN ('pure', 'idempotent', 'non_idempotent', 'irreversible') THEN
         RAISE EXCEPTION 'effect must be one of pure, idempotent, non_idempotent, irreversible, got "%"',
-            begin_tool_call.effect
+            left(begin_tool_call.effect, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 

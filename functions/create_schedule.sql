@@ -62,13 +62,13 @@ BEGIN
     PERFORM runrow._require_range(create_schedule.max_attempts, 'max_attempts', 1, 100);
     PERFORM runrow._require_not_null(create_schedule.if_active, 'if_active');
     IF create_schedule.if_active NOT IN ('enqueue', 'reject', 'interrupt') THEN
-        RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', create_schedule.if_active
+        RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', left(create_schedule.if_active, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM runrow._require_not_null(create_schedule.catch_up, 'catch_up');
     IF create_schedule.catch_up NOT IN ('latest', 'each') THEN
         RAISE EXCEPTION 'catch_up must be latest (after an outage, only the most recent missed tick) '
-            'or each (every missed tick, up to max_catch_up), got "%"', create_schedule.catch_up
+            'or each (every missed tick, up to max_catch_up), got "%"', left(create_schedule.catch_up, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF create_schedule.catch_up = 'latest' THEN

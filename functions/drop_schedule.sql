@@ -10,7 +10,7 @@ BEGIN
     -- is the last one.
     DELETE FROM runrow.schedule AS s WHERE s.name = drop_schedule.name;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'name "%" is not the name of a schedule', drop_schedule.name
+        RAISE EXCEPTION 'name "%" is not the name of a schedule', left(drop_schedule.name, 200)
             USING ERRCODE = 'no_data_found', HINT = 'runrow.schedules lists them.';
     END IF;
 END

@@ -90,7 +90,7 @@ BEGIN
         PERFORM runrow._require_not_null(enqueue_run.if_active, 'if_active');
     END IF;
     IF enqueue_run.if_active NOT IN ('enqueue', 'reject', 'interrupt') THEN
-        RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', enqueue_run.if_active
+        RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', left(enqueue_run.if_active, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- An object of at most 1 MiB that JSON clients can read back, with a valid prompt_cache and

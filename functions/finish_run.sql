@@ -20,7 +20,7 @@ BEGIN
         PERFORM runrow._require_not_null(finish_run.status, 'status');
     END IF;
     IF finish_run.status NOT IN ('completed', 'failed', 'cancelled') THEN
-        RAISE EXCEPTION 'status must be one of completed, failed, cancelled, got "%"', finish_run.status
+        RAISE EXCEPTION 'status must be one of completed, failed, cancelled, got "%"', left(finish_run.status, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF octet_length(finish_run.result::text) > 1048576 THEN

@@ -26,7 +26,7 @@ BEGIN
     SELECT t.run_id INTO owner_run FROM runrow.tool_effect AS t
     WHERE t.idempotency_key = resolve_approval.idempotency_key;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'idempotency_key % does not exist', resolve_approval.idempotency_key
+        RAISE EXCEPTION 'idempotency_key % does not exist', left(resolve_approval.idempotency_key, 80)
             USING ERRCODE = 'no_data_found';
     END IF;
     -- Lock order everywhere: the run, then its effect.

@@ -10,6 +10,12 @@ BEGIN
     IF set_concurrency_limit.max_running IS NULL THEN
         DELETE FROM runrow.concurrency_limit AS l
         WHERE l.concurrency_key = set_concurrency_limit.concurrency_key;
+        -- As set_rate_limit, set_tenant_budget and set_model_price: removing what is not there
+        -- is a mistyped key, said so, not a silent success.
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'concurrency_key "%" has no concurrency limit to remove', set_concurrency_limit.concurrency_key
+                USING ERRCODE = 'no_data_found';
+        END IF;
         RETURN;
     END IF;
     PERFORM runrow._require_range(set_concurrency_limit.max_running, 'max_running', 0, 100000);
@@ -22,7 +28,7 @@ $fn$;
 
 COMMENT ON FUNCTION runrow.set_concurrency_limit(text, integer) IS
 'Cap concurrency_key (1..200 characters) at max_running (0..100000; 0 pauses the key) runs '
-'running or waiting at once; NULL max_running removes the cap. From the next claim on, a queued '
+'running or waiting at once; NULL max_running removes the cap (P0002 when there is none). From the next claim on, a queued '
 'run of the key is not claimed while the key is at its limit (the agent_run_concurrency_limit '
 'trigger guarantees it under concurrent claimers); runs already running are never stopped, so '
 'lowering a limit below the running count only holds new claims until enough of them end. '

@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
 \ir helpers/lifecycle.psql
-SELECT plan(54);
+SELECT plan(55);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.run_with(
@@ -167,6 +167,9 @@ SELECT throws_ok($$SELECT runrow.set_concurrency_limit('', 1)$$, '22023', 'concu
 SELECT throws_ok(format($$SELECT runrow.set_concurrency_limit(%L, 1)$$, repeat('k', 201)), '22023', NULL, 'a long key is refused');
 SELECT throws_ok($$SELECT runrow.set_concurrency_limit('tools', -1)$$, '22023', 'max_running must be between 0 and 100000, got -1',
     'a negative limit is refused, naming max_running');
+SELECT throws_ok($$SELECT runrow.set_concurrency_limit('no-such-key', NULL)$$, 'P0002',
+    'concurrency_key "no-such-key" has no concurrency limit to remove',
+    'removing a limit that is not there says so, as the other set_* functions do');
 SELECT is(pg_temp.limits(), :'l_before', 'bad input writes nothing');
 
 SELECT * FROM finish();

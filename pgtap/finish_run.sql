@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(45);
+SELECT plan(46);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid,text,jsonb,text}'''
@@ -138,6 +138,10 @@ SELECT throws_ok(format('SELECT runrow.finish_run(%L, %L, ''queued'')', :'r6', :
     'status must be one of completed, failed, cancelled, got "queued"', 'status queued');
 SELECT throws_ok(format('SELECT runrow.finish_run(%L, %L, ''Completed'')', :'r6', :'tok7'), '22023',
     'status must be one of completed, failed, cancelled, got "Completed"', 'status is case-sensitive');
+-- A bad value is quoted up to 80 characters: a 2 MB argument made a 2 MB message and log line.
+SELECT throws_ok(format('SELECT runrow.finish_run(%L, %L, %L)', :'r6', :'tok7', repeat('x', 2000000)), '22023',
+    format('status must be one of completed, failed, cancelled, got "%s"', repeat('x', 80)),
+    'a huge status is quoted up to 80 characters');
 SELECT throws_ok(
     format('SELECT runrow.finish_run(%L, %L, ''completed'', to_jsonb(repeat(''x'', 1048576)))', :'r6', :'tok7'),
     '22023', 'result is too large: the limit is 1 MiB', 'result over 1 MiB');

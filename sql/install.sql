@@ -9920,7 +9920,7 @@ BEGIN
         PERFORM runrow._require_not_null(append_step.kind, 'kind');
     END IF;
     IF append_step.kind NOT IN ('model_turn', 'tool_result') THEN
-        RAISE EXCEPTION 'kind must be model_turn or tool_result, got "%"', append_step.kind
+        RAISE EXCEPTION 'kind must be model_turn or tool_result, got "%"', left(append_step.kind, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF append_step.payload IS NULL THEN
@@ -10561,7 +10561,7 @@ BEGIN
     END IF;
     IF begin_tool_call.effect NOT IN ('pure', 'idempotent', 'non_idempotent', 'irreversible') THEN
         RAISE EXCEPTION 'effect must be one of pure, idempotent, non_idempotent, irreversible, got "%"',
-            begin_tool_call.effect
+            left(begin_tool_call.effect, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
@@ -11268,13 +11268,13 @@ BEGIN
     PERFORM runrow._require_range(create_schedule.max_attempts, 'max_attempts', 1, 100);
     PERFORM runrow._require_not_null(create_schedule.if_active, 'if_active');
     IF create_schedule.if_active NOT IN ('enqueue', 'reject', 'interrupt') THEN
-        RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', create_schedule.if_active
+        RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', left(create_schedule.if_active, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM runrow._require_not_null(create_schedule.catch_up, 'catch_up');
     IF create_schedule.catch_up NOT IN ('latest', 'each') THEN
         RAISE EXCEPTION 'catch_up must be latest (after an outage, only the most recent missed tick) '
-            'or each (every missed tick, up to max_catch_up), got "%"', create_schedule.catch_up
+            'or each (every missed tick, up to max_catch_up), got "%"', left(create_schedule.catch_up, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF create_schedule.catch_up = 'latest' THEN
@@ -11357,7 +11357,7 @@ BEGIN
     -- is the last one.
     DELETE FROM runrow.schedule AS s WHERE s.name = drop_schedule.name;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'name "%" is not the name of a schedule', drop_schedule.name
+        RAISE EXCEPTION 'name "%" is not the name of a schedule', left(drop_schedule.name, 200)
             USING ERRCODE = 'no_data_found', HINT = 'runrow.schedules lists them.';
     END IF;
 END
@@ -11464,7 +11464,7 @@ BEGIN
         PERFORM runrow._require_not_null(enqueue_run.if_active, 'if_active');
     END IF;
     IF enqueue_run.if_active NOT IN ('enqueue', 'reject', 'interrupt') THEN
-        RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', enqueue_run.if_active
+        RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', left(enqueue_run.if_active, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- An object of at most 1 MiB that JSON clients can read back, with a valid prompt_cache and
@@ -12038,7 +12038,7 @@ BEGIN
         PERFORM runrow._require_not_null(finish_run.status, 'status');
     END IF;
     IF finish_run.status NOT IN ('completed', 'failed', 'cancelled') THEN
-        RAISE EXCEPTION 'status must be one of completed, failed, cancelled, got "%"', finish_run.status
+        RAISE EXCEPTION 'status must be one of completed, failed, cancelled, got "%"', left(finish_run.status, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF octet_length(finish_run.result::text) > 1048576 THEN
@@ -13020,7 +13020,7 @@ BEGIN
     SELECT t.run_id INTO owner_run FROM runrow.tool_effect AS t
     WHERE t.idempotency_key = resolve_approval.idempotency_key;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'idempotency_key % does not exist', resolve_approval.idempotency_key
+        RAISE EXCEPTION 'idempotency_key % does not exist', left(resolve_approval.idempotency_key, 80)
             USING ERRCODE = 'no_data_found';
     END IF;
     -- Lock order everywhere: the run, then its effect.
@@ -13259,6 +13259,12 @@ BEGIN
     IF set_concurrency_limit.max_running IS NULL THEN
         DELETE FROM runrow.concurrency_limit AS l
         WHERE l.concurrency_key = set_concurrency_limit.concurrency_key;
+        -- As set_rate_limit, set_tenant_budget and set_model_price: removing what is not there
+        -- is a mistyped key, said so, not a silent success.
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'concurrency_key "%" has no concurrency limit to remove', set_concurrency_limit.concurrency_key
+                USING ERRCODE = 'no_data_found';
+        END IF;
         RETURN;
     END IF;
     PERFORM runrow._require_range(set_concurrency_limit.max_running, 'max_running', 0, 100000);
@@ -13271,7 +13277,7 @@ $fn$;
 
 COMMENT ON FUNCTION runrow.set_concurrency_limit(text, integer) IS
 'Cap concurrency_key (1..200 characters) at max_running (0..100000; 0 pauses the key) runs '
-'running or waiting at once; NULL max_running removes the cap. From the next claim on, a queued '
+'running or waiting at once; NULL max_running removes the cap (P0002 when there is none). From the next claim on, a queued '
 'run of the key is not claimed while the key is at its limit (the agent_run_concurrency_limit '
 'trigger guarantees it under concurrent claimers); runs already running are never stopped, so '
 'lowering a limit below the running count only holds new claims until enough of them end. '

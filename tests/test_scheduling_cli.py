@@ -40,6 +40,11 @@ def test_a_concurrency_limit_set_from_the_cli_caps_the_claim(private_database_ur
     line = next(ln for ln in shown.stdout.splitlines() if ln.startswith("crm-api"))
     assert line.split()[:4] == ["crm-api", "2", "2", "3"]  # limit, running or waiting, queued
     assert runrow(url, "concurrency", "remove", "crm-api").returncode == 0
+    # A second removal (or a mistyped key) says there was nothing to remove, as `limits` does.
+    again = runrow(url, "concurrency", "remove", "crm-api")
+    assert again.returncode == 2
+    assert 'concurrency_key "crm-api" has no concurrency limit to remove' in again.stderr
+    assert "Traceback" not in again.stderr
     with psycopg.connect(url, autocommit=True) as conn:
         assert claimed(conn) == 3
     assert "(none)" in runrow(url, "concurrency", "show").stdout
