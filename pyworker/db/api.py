@@ -19,6 +19,7 @@ from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
 from pyworker.db import nul
+from pyworker.db.claimed_json import read_claims_with
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ _CLAIM_COLUMNS = (
 
 async def claim_run(conn: AsyncConnection, worker_id: str | None, lease_seconds: int) -> ClaimedRun | None:
     async with conn.cursor(row_factory=class_row(ClaimedRun)) as cur:
+        read_claims_with(cur)
         await cur.execute(
             f"SELECT {_CLAIM_COLUMNS} FROM runrow.claim_run(worker_id => %s, lease_seconds => %s)",
             (worker_id, lease_seconds),
@@ -95,6 +97,7 @@ async def claim_runs(
     conn: AsyncConnection, worker_id: str | None, max_runs: int, lease_seconds: int
 ) -> list[ClaimedRun]:
     async with conn.cursor(row_factory=class_row(ClaimedRun)) as cur:
+        read_claims_with(cur)
         await cur.execute(
             CLAIM_RUNS_SQL,
             (worker_id, max_runs, lease_seconds),
@@ -110,6 +113,7 @@ async def begin_claim_runs(
     query, one round trip (the parameters bound client-side, quoted by psycopg). `conn` must be
     idle in autocommit mode."""
     async with AsyncClientCursor(conn, row_factory=class_row(ClaimedRun)) as cur:
+        read_claims_with(cur)
         await cur.execute(
             "BEGIN; " + CLAIM_RUNS_SQL,
             (worker_id, max_runs, lease_seconds),

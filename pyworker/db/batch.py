@@ -18,6 +18,7 @@ from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
 from pyworker.db.api import ClaimedRun
+from pyworker.db.claimed_json import read_claims_with
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ async def begin_finish_runs_and_claim(
     rows are in hand, so an unanswered COMMIT can be settled by the fence, or rolls back. `conn`
     must be idle in autocommit mode."""
     async with AsyncClientCursor(conn) as cur:
+        read_claims_with(cur)
         await cur.execute(
             "BEGIN; " + _FINISH_AND_CLAIM_SQL,
             (Jsonb([a.to_json() for a in acks]), worker_id, max_runs, lease_seconds),

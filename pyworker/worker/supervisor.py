@@ -50,9 +50,10 @@ from psycopg_pool import AsyncConnectionPool
 from pyworker.db import api
 from pyworker.db.aio import WatchedEvent
 from pyworker.db.api import ClaimedRun
+from pyworker.db.claimed_json import unreadable_field
 from pyworker.db.retry import DatabaseUnavailable, Retry
 from pyworker.worker import metrics, tracing
-from pyworker.worker.failures import deterministic
+from pyworker.worker.failures import DeterministicFailure, deterministic
 from pyworker.worker.handler import Outcome, RunContext, RunHandler
 from pyworker.worker.heartbeat import heartbeat_loop
 from pyworker.worker.journal import JournalError, JournalWriter, RunLost
@@ -183,6 +184,15 @@ class RunSupervisor:
             return None, None
         outcome: Outcome | None = None
         error: Exception | None = None
+        unreadable = unreadable_field(self.run)
+        if unreadable is not None:
+            # Enqueued before enqueue_run refused such JSON (pyworker/db/claimed_json.py): no
+            # attempt can read it, so the run ends once, and the claim it came with goes on.
+            name, value = unreadable
+            return None, DeterministicFailure(
+                f"the run's {name} cannot be read as JSON ({value.error}); enqueue_run now refuses "
+                "such values: enqueue the turn again without it"
+            )
         self._in = "handler"
         try:
             outcome = await self._handler(self.ctx)
