@@ -1,5 +1,7 @@
--- The checks of a turn's request that the Messages API would otherwise make, one attempt too
--- late: a user turn's content blocks and the run's tool definitions. What the API refuses here
+-- The checks of a turn's request that would otherwise fail later, on every attempt: JSON that
+-- clients cannot read back (_json_portable), the run's metadata, and what the Messages API would
+-- refuse one attempt too late: a user turn's content blocks and the run's tool definitions.
+-- What the API refuses here
 -- it refuses every time (a 400), so a run enqueued with it could only fail once, after being
 -- claimed, leased and paid for in a worker's slot; the caller is told now instead, and nothing
 -- is written. Only rules that hold for any conversation are checked (a tool_result's pairing
