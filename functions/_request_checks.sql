@@ -222,7 +222,7 @@ BEGIN
     SELECT t.i, t.def, t.custom, t.first INTO bad
     FROM (
         SELECT d.ord - 1 AS i, d.def,
-               jsonb_typeof(d.def) = 'object' AND coalesce(d.def ->> 'type', 'custom') = 'custom' AS custom,
+               jsonb_typeof(d.def) = 'object' AND (d.def ->> 'type' IS NULL OR d.def ->> 'type' = 'custom') AS custom,
                min(d.ord - 1) OVER (PARTITION BY CASE WHEN jsonb_typeof(d.def) = 'object' THEN d.def -> 'name' END)
                    AS first
         FROM jsonb_array_elements(tools) WITH ORDINALITY AS d (def, ord)
