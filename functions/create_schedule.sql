@@ -48,6 +48,12 @@ BEGIN
         RAISE EXCEPTION 'model must be a non-empty model name of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- A model id never begins or ends with white space; a pasted "claude-x " was enqueued and
+    -- failed at the API (404) once claimed and paid for in a worker's slot.
+    IF btrim(create_schedule.model, E' \t\r\n') <> create_schedule.model THEN
+        RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(create_schedule.model, 200)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF create_schedule.user_id = '' OR length(create_schedule.user_id) > 200 THEN
         RAISE EXCEPTION 'user_id must be NULL or 1 to 200 characters' USING ERRCODE = 'invalid_parameter_value';
     END IF;

@@ -55,6 +55,12 @@ BEGIN
         RAISE EXCEPTION 'model must be a non-empty model name of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- A model id never begins or ends with white space; a pasted "claude-x " was enqueued and
+    -- failed at the API (404) once claimed and paid for in a worker's slot.
+    IF btrim(enqueue_run.model, E' \t\r\n') <> enqueue_run.model THEN
+        RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(enqueue_run.model, 200)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF enqueue_run.user_id = '' OR length(enqueue_run.user_id) > 200 THEN
         RAISE EXCEPTION 'user_id must be NULL or 1 to 200 characters'
             USING ERRCODE = 'invalid_parameter_value';

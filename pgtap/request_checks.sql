@@ -5,7 +5,7 @@
 -- and _require_content (its message) agree on every case.
 BEGIN;
 \ir helpers/setup.psql
-SELECT plan(52);
+SELECT plan(57);
 SELECT pg_temp.drain_queue();
 
 CREATE TEMP TABLE content_case (content jsonb, message text, label text);
@@ -196,6 +196,18 @@ SELECT lives_ok(
     format('SELECT * FROM runrow.enqueue_run(gen_random_uuid(), ''"q"'', ''m'', metadata => %L)',
         jsonb_build_object('deep', pg_temp.nested(98), 'max', 1.7976931348623157e308, 'tiny', 1e-400)),
     'metadata nested 99 levels, with a double''s largest number and a tiny one, is taken');
+
+-- A model id with white space around it (a paste) failed at the API once claimed.
+SELECT pg_temp.fingerprint() AS before \gset
+SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'claude-x ')$$, '22023',
+    'model must not begin or end with white space, got "claude-x "', 'enqueue_run: a model with a trailing space');
+SELECT throws_ok($$SELECT runrow.create_schedule('ws', '* * * * *', '"x"', E'\tclaude-x')$$, '22023',
+    E'model must not begin or end with white space, got "\tclaude-x"', 'create_schedule: a model with a leading tab');
+SELECT throws_ok($$SELECT * FROM runrow.fork_run(gen_random_uuid(), 0, E'claude-x\n')$$, '22023',
+    E'model must not begin or end with white space, got "claude-x\n"', 'fork_run: a model with a trailing newline');
+SELECT is(pg_temp.fingerprint(), :'before', 'and nothing is written');
+SELECT lives_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'claude x')$$,
+    'white space inside a model name is the API''s to judge');
 
 SELECT * FROM finish();
 ROLLBACK;

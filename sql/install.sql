@@ -11256,6 +11256,12 @@ BEGIN
         RAISE EXCEPTION 'model must be a non-empty model name of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- A model id never begins or ends with white space; a pasted "claude-x " was enqueued and
+    -- failed at the API (404) once claimed and paid for in a worker's slot.
+    IF btrim(create_schedule.model, E' \t\r\n') <> create_schedule.model THEN
+        RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(create_schedule.model, 200)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF create_schedule.user_id = '' OR length(create_schedule.user_id) > 200 THEN
         RAISE EXCEPTION 'user_id must be NULL or 1 to 200 characters' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -11429,6 +11435,12 @@ BEGIN
     END IF;
     IF enqueue_run.model = '' OR length(enqueue_run.model) > 200 THEN
         RAISE EXCEPTION 'model must be a non-empty model name of at most 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A model id never begins or ends with white space; a pasted "claude-x " was enqueued and
+    -- failed at the API (404) once claimed and paid for in a worker's slot.
+    IF btrim(enqueue_run.model, E' \t\r\n') <> enqueue_run.model THEN
+        RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(enqueue_run.model, 200)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF enqueue_run.user_id = '' OR length(enqueue_run.user_id) > 200 THEN
@@ -12261,6 +12273,12 @@ BEGIN
     PERFORM runrow._require_not_null(fork_run.at_seq, 'at_seq');
     IF fork_run.model = '' OR length(fork_run.model) > 200 THEN
         RAISE EXCEPTION 'model must be NULL or a model name of 1 to 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A model id never begins or ends with white space; a pasted "claude-x " was enqueued and
+    -- failed at the API (404) once claimed and paid for in a worker's slot.
+    IF btrim(fork_run.model, E' \t\r\n') <> fork_run.model THEN
+        RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(fork_run.model, 200)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     SELECT a.* INTO src FROM runrow.agent_run AS a WHERE a.id = fork_run.run_id;
