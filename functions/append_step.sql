@@ -97,8 +97,9 @@ BEGIN
         -- an id of its own in the turn (2: a second "dup" raised 23505 at its begin_tool_call),
         -- input that tool_call_key's canonical form can walk (3: its recursion hit the stack
         -- limit, 54001, near 600 levels). A statement of its own, run only when the payload's
-        -- text names a tool_use (a simple expression): a turn of text pays nothing for it.
-        IF strpos(probe::text, '"tool_use"') > 0 THEN
+        -- text names a tool_use or holds a \u escape, which could spell one (tool\u005fuse):
+        -- simple expressions, so a turn of plain text pays nothing for it.
+        IF strpos(probe::text, 'tool_use') > 0 OR strpos(probe::text, '\u') > 0 THEN
             SELECT v.ord, v.rule, v.id, v.first INTO bad
             FROM (
                 SELECT d.ord, d.id, d.first, CASE

@@ -48,9 +48,9 @@ BEGIN
         RAISE EXCEPTION 'model must be a non-empty model name of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- A model id never begins or ends with white space; a pasted "claude-x " was enqueued and
+    -- A model id never begins or ends with white space (a no-break space included); a pasted "claude-x " was enqueued and
     -- failed at the API (404) once claimed and paid for in a worker's slot.
-    IF btrim(create_schedule.model, E' \t\r\n') <> create_schedule.model THEN
+    IF btrim(create_schedule.model, E' \t\r\n\x0b\f' || chr(160)) <> create_schedule.model THEN
         RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(create_schedule.model, 200)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;

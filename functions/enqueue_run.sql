@@ -55,9 +55,9 @@ BEGIN
         RAISE EXCEPTION 'model must be a non-empty model name of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- A model id never begins or ends with white space; a pasted "claude-x " was enqueued and
+    -- A model id never begins or ends with white space (a no-break space included); a pasted "claude-x " was enqueued and
     -- failed at the API (404) once claimed and paid for in a worker's slot.
-    IF btrim(enqueue_run.model, E' \t\r\n') <> enqueue_run.model THEN
+    IF btrim(enqueue_run.model, E' \t\r\n\x0b\f' || chr(160)) <> enqueue_run.model THEN
         RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(enqueue_run.model, 200)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -128,6 +128,11 @@ BEGIN
         RAISE EXCEPTION 'webhook_url must be NULL or an http:// or https:// URL of at most 2048 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+
+    -- Pinned before anything else is locked or written: a new prompt's tools are checked in full
+    -- there (_require_tools), and their error must come before a reject's 55000 or an
+    -- interrupt's wait for the active runs' locks.
+    prompt_id := runrow._pin_prompt(enqueue_run.system_prompt, enqueue_run.tools);
 
     -- One enqueue at a time per conversation, so reject/interrupt see a stable set of
     -- active runs, and per idempotency key, so a double POST finds the first run.
@@ -209,8 +214,6 @@ BEGIN
             PERFORM runrow.stop_conversation(enqueue_run.conversation_id);
         END IF;
     END IF;
-
-    prompt_id := runrow._pin_prompt(enqueue_run.system_prompt, enqueue_run.tools);
 
     INSERT INTO runrow.message (conversation_id, user_id, content)
     VALUES (enqueue_run.conversation_id, enqueue_run.user_id, enqueue_run.content)

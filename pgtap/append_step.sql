@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/lifecycle.psql
 \ir helpers/row_versions.psql
 \ir helpers/steps.psql
-SELECT plan(62);
+SELECT plan(63);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid,text,json,text,jsonb,text}'''
@@ -126,6 +126,10 @@ SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L)',
     '{"type":"tool_use","id":"dup","name":"b","input":{}}]'),
     '22023', 'payload[2].id "dup" is already payload[0]: each tool_use of a turn has an id of its own',
     'two tool_use blocks with one id');
+SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L)', :'r1', :'tok',
+    '[{"type":"tool\u005fuse","id":"dup","name":"a","input":{}},{"type":"tool_use","id":"dup","name":"b","input":{}}]'),
+    '22023', 'payload[1].id "dup" is already payload[0]: each tool_use of a turn has an id of its own',
+    'a type spelt with an escape (tool\u005fuse) is a tool_use all the same');
 SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L)', :'r1', :'tok',
     '[{"type":"tool_use","id":"deep","name":"a","input":' || repeat('{"a":', 100) || '1' || repeat('}', 100) || '}]'),
     '22023', 'payload[0].input nests 100 levels deep or more: JSON clients cannot read it back (at most 99)',

@@ -5,7 +5,7 @@
 -- and _require_content (its message) agree on every case.
 BEGIN;
 \ir helpers/setup.psql
-SELECT plan(57);
+SELECT plan(60);
 SELECT pg_temp.drain_queue();
 
 CREATE TEMP TABLE content_case (content jsonb, message text, label text);
@@ -123,6 +123,15 @@ SELECT throws_ok(
     '22023', 'tools[1].name "web_search" is already tools[0]: tool names must be unique',
     'a custom tool named as a server tool');
 SELECT is(pg_temp.fingerprint(), :'before', 'refused tools write nothing');
+-- A new prompt's tools are checked before the conversation is looked at: a bad definition sent
+-- to a busy conversation with if_active reject is a 22023, not a 55000 (a 409 a client retries).
+SELECT run_id AS busy FROM runrow.enqueue_run(gen_random_uuid(), '"first"', 'm') \gset
+SELECT pg_temp.fingerprint() AS before \gset
+SELECT throws_ok(format($$SELECT * FROM runrow.enqueue_run(%L, '"second"', 'm', if_active => 'reject',
+        tools => '[{"name": "t"}]')$$, (SELECT conversation_id FROM runrow.agent_run WHERE id = :'busy')),
+    '22023', 'tools[0].input_schema must be a JSON schema object with "type": "object" (the shape of the tool''s input)',
+    'bad tools to a busy conversation: the tools are named, not the busy conversation');
+SELECT is(pg_temp.fingerprint(), :'before', 'and writes nothing');
 SELECT lives_ok(
     $$SELECT pg_temp.enqueue_tools('[{"name": "get_weather-2", "description": "d", "input_schema": '
         '{"type": "object", "properties": {"city": {"type": "string"}}}}, '
@@ -205,6 +214,9 @@ SELECT throws_ok($$SELECT runrow.create_schedule('ws', '* * * * *', '"x"', E'\tc
     E'model must not begin or end with white space, got "\tclaude-x"', 'create_schedule: a model with a leading tab');
 SELECT throws_ok($$SELECT * FROM runrow.fork_run(gen_random_uuid(), 0, E'claude-x\n')$$, '22023',
     E'model must not begin or end with white space, got "claude-x\n"', 'fork_run: a model with a trailing newline');
+SELECT throws_ok(format('SELECT * FROM runrow.enqueue_run(gen_random_uuid(), ''"q"'', %L)', 'claude-x' || chr(160)),
+    '22023', format('model must not begin or end with white space, got "%s"', 'claude-x' || chr(160)),
+    'enqueue_run: a model with a trailing no-break space');
 SELECT is(pg_temp.fingerprint(), :'before', 'and nothing is written');
 SELECT lives_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'claude x')$$,
     'white space inside a model name is the API''s to judge');

@@ -6928,21 +6928,61 @@ SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '
 -- model and even once the price was mended. A budget of NaN was never enforced. (Issue 11's SQL
 -- audit.) x < 'Infinity' is false for NaN and +Infinity; the lower bounds exclude -Infinity.
 --
--- A row that already holds such a value is removed: it never did what it said (a NaN budget
--- limited nothing; a NaN price priced nothing), and no finite value can stand in for it. Both
--- tables hold a row per model or tenant, so the CHECKs are validated as they are added.
+-- What such values already wrote is repaired, not only refused from now on:
+-- - a price or budget row that holds one is removed (it never did what it said: a NaN budget
+--   limited nothing, a NaN price priced nothing; no finite value can stand in for it), each
+--   named in a NOTICE so that the operator sets it again;
+-- - the spend it poisoned counts 0: the tenant's hours (spend_hour.cost) and the open runs'
+--   spent_cost, or the tenant stays failed for a day;
+-- - an open run's non-finite cost_budget is dropped (enqueue_run refuses one from now on, and
+--   retry_run and fork_run copy it). Ended runs are left as they ended (invariant 2).
+-- Both limit tables hold a row per model or tenant, so their CHECKs are validated as they are
+-- added; the lock is waited for 5 s at most, since every claim and model call reads them.
 
-DELETE FROM runrow.model_price
-WHERE NOT (
-    input_per_mtok < 'Infinity' AND output_per_mtok < 'Infinity'
-    AND cache_write_per_mtok < 'Infinity' AND cache_read_per_mtok < 'Infinity'
-);
+SET LOCAL lock_timeout = '5s';
 
-DELETE FROM runrow.tenant_budget
-WHERE cost_per_day >= 'Infinity' AND tokens_per_day IS NULL;
+DO $$
+DECLARE
+    gone record;
+BEGIN
+    FOR gone IN
+        DELETE FROM runrow.model_price
+        WHERE NOT (
+            input_per_mtok < 'Infinity' AND output_per_mtok < 'Infinity'
+            AND cache_write_per_mtok < 'Infinity' AND cache_read_per_mtok < 'Infinity'
+        )
+        RETURNING model
+    LOOP
+        RAISE NOTICE 'model_price of "%" removed: a price was NaN or Infinity; set it again (set_model_price)',
+            gone.model;
+    END LOOP;
+    FOR gone IN
+        DELETE FROM runrow.tenant_budget
+        WHERE cost_per_day >= 'Infinity' AND tokens_per_day IS NULL
+        RETURNING fairness_key
+    LOOP
+        RAISE NOTICE 'tenant_budget of "%" removed: its cost_per_day was NaN or Infinity; set it again '
+            '(set_tenant_budget)', gone.fairness_key;
+    END LOOP;
+    FOR gone IN
+        UPDATE runrow.tenant_budget SET cost_per_day = NULL, updated_at = now()
+        WHERE cost_per_day >= 'Infinity'
+        RETURNING fairness_key
+    LOOP
+        RAISE NOTICE 'tenant_budget of "%": its cost_per_day was NaN or Infinity and is removed (its '
+            'tokens_per_day stays); set it again (set_tenant_budget)', gone.fairness_key;
+    END LOOP;
+END
+$$;
 
-UPDATE runrow.tenant_budget SET cost_per_day = NULL, updated_at = now()
-WHERE cost_per_day >= 'Infinity';
+UPDATE runrow.spend_hour SET cost = 0
+WHERE cost >= 'Infinity';
+
+UPDATE runrow.agent_run SET spent_cost = 0, updated_at = now()
+WHERE status IN ('queued', 'running', 'waiting') AND spent_cost >= 'Infinity';
+
+UPDATE runrow.agent_run SET cost_budget = NULL, updated_at = now()
+WHERE status IN ('queued', 'running', 'waiting') AND cost_budget >= 'Infinity';
 
 ALTER TABLE runrow.model_price
 ADD CONSTRAINT model_price_finite CHECK (
@@ -9997,8 +10037,9 @@ BEGIN
         -- an id of its own in the turn (2: a second "dup" raised 23505 at its begin_tool_call),
         -- input that tool_call_key's canonical form can walk (3: its recursion hit the stack
         -- limit, 54001, near 600 levels). A statement of its own, run only when the payload's
-        -- text names a tool_use (a simple expression): a turn of text pays nothing for it.
-        IF strpos(probe::text, '"tool_use"') > 0 THEN
+        -- text names a tool_use or holds a \u escape, which could spell one (tool\u005fuse):
+        -- simple expressions, so a turn of plain text pays nothing for it.
+        IF strpos(probe::text, 'tool_use') > 0 OR strpos(probe::text, '\u') > 0 THEN
             SELECT v.ord, v.rule, v.id, v.first INTO bad
             FROM (
                 SELECT d.ord, d.id, d.first, CASE
@@ -11256,9 +11297,9 @@ BEGIN
         RAISE EXCEPTION 'model must be a non-empty model name of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- A model id never begins or ends with white space; a pasted "claude-x " was enqueued and
+    -- A model id never begins or ends with white space (a no-break space included); a pasted "claude-x " was enqueued and
     -- failed at the API (404) once claimed and paid for in a worker's slot.
-    IF btrim(create_schedule.model, E' \t\r\n') <> create_schedule.model THEN
+    IF btrim(create_schedule.model, E' \t\r\n\x0b\f' || chr(160)) <> create_schedule.model THEN
         RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(create_schedule.model, 200)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -11437,9 +11478,9 @@ BEGIN
         RAISE EXCEPTION 'model must be a non-empty model name of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- A model id never begins or ends with white space; a pasted "claude-x " was enqueued and
+    -- A model id never begins or ends with white space (a no-break space included); a pasted "claude-x " was enqueued and
     -- failed at the API (404) once claimed and paid for in a worker's slot.
-    IF btrim(enqueue_run.model, E' \t\r\n') <> enqueue_run.model THEN
+    IF btrim(enqueue_run.model, E' \t\r\n\x0b\f' || chr(160)) <> enqueue_run.model THEN
         RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(enqueue_run.model, 200)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -11510,6 +11551,11 @@ BEGIN
         RAISE EXCEPTION 'webhook_url must be NULL or an http:// or https:// URL of at most 2048 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+
+    -- Pinned before anything else is locked or written: a new prompt's tools are checked in full
+    -- there (_require_tools), and their error must come before a reject's 55000 or an
+    -- interrupt's wait for the active runs' locks.
+    prompt_id := runrow._pin_prompt(enqueue_run.system_prompt, enqueue_run.tools);
 
     -- One enqueue at a time per conversation, so reject/interrupt see a stable set of
     -- active runs, and per idempotency key, so a double POST finds the first run.
@@ -11591,8 +11637,6 @@ BEGIN
             PERFORM runrow.stop_conversation(enqueue_run.conversation_id);
         END IF;
     END IF;
-
-    prompt_id := runrow._pin_prompt(enqueue_run.system_prompt, enqueue_run.tools);
 
     INSERT INTO runrow.message (conversation_id, user_id, content)
     VALUES (enqueue_run.conversation_id, enqueue_run.user_id, enqueue_run.content)
@@ -12275,9 +12319,9 @@ BEGIN
         RAISE EXCEPTION 'model must be NULL or a model name of 1 to 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- A model id never begins or ends with white space; a pasted "claude-x " was enqueued and
+    -- A model id never begins or ends with white space (a no-break space included); a pasted "claude-x " was enqueued and
     -- failed at the API (404) once claimed and paid for in a worker's slot.
-    IF btrim(fork_run.model, E' \t\r\n') <> fork_run.model THEN
+    IF btrim(fork_run.model, E' \t\r\n\x0b\f' || chr(160)) <> fork_run.model THEN
         RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(fork_run.model, 200)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
