@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(78);
+SELECT plan(79);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.limits_fingerprint() RETURNS text LANGUAGE sql AS $$
@@ -179,6 +179,10 @@ SELECT throws_ok($$INSERT INTO runrow.model_price VALUES ('m-nan', 'NaN', 1, 1, 
     'model_price refuses a NaN price');
 SELECT throws_ok($$INSERT INTO runrow.tenant_budget (fairness_key, cost_per_day) VALUES ('t-inf', 'Infinity')$$,
     '23514', NULL, 'tenant_budget refuses an infinite cost budget');
+SELECT pg_temp.fleet_run(cost => 1) AS nan_budget \gset
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET cost_budget = 'NaN' WHERE id = %L$$, :'nan_budget'), '23514',
+    'new row for relation "agent_run" violates check constraint "agent_run_cost_budget_positive"',
+    'agent_run refuses a NaN cost_budget, whoever writes it');
 
 -- Removing a key lifts its limits and block.
 SELECT runrow.set_rate_limit('fresh', NULL, NULL, NULL);
