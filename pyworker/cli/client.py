@@ -27,6 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from pyworker.cli.messages import first_line
 from pyworker.cli.tail_render import Renderer
 from pyworker.cli.types import int32, int64, number
 from pyworker.db import api, nul
@@ -470,7 +471,7 @@ async def _connect(url: str) -> psycopg.AsyncConnection:
     try:
         return await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10, **POOLER_SAFE)
     except psycopg.OperationalError as exc:
-        reason = (str(exc).strip().splitlines() or ["unreachable"])[0].strip().rstrip(".")
+        reason = first_line(exc, "unreachable").rstrip(".")
         raise CliError(
             f"cannot connect to {_redact(url)}: {reason}. Set DATABASE_URL (or --database-url) "
             "to a running PostgreSQL, or run `runrow db start`"

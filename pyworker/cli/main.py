@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
+from pyworker.cli.messages import first_line
 from pyworker.cli.types import LOG_LEVELS, log_level, not_utf8, number, port_number
 from pyworker.db import devdb
 from pyworker.db.config import ConfigError, database_url
@@ -426,6 +427,6 @@ def main(argv: list[str] | None = None) -> int:
     except psycopg.Error as exc:
         # A command without a handler of its own (migrate): the URL cannot be parsed, or the
         # server cannot be reached. One line, as the other commands say it.
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0].strip()
+        reason = first_line(exc)
         print(f"runrow {args.cmd}: cannot use the database: {reason}", file=sys.stderr)
         return 2

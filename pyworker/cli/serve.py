@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from pyworker.cli.messages import first_line
 from pyworker.cli.types import number, port_number
 from pyworker.db.config import database_url
 from pyworker.http.auth import TokenConfigError, load_tokens_file, parse_tokens_env
@@ -165,7 +166,7 @@ def _unusable(args: argparse.Namespace) -> str | None:
             error: psycopg.Error = exc
         except psycopg.Error as exc:
             error = exc
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0].strip()
+        reason = first_line(error)
         return f"cannot connect to the database ({reason}); check DATABASE_URL or --database-url"
 
 
