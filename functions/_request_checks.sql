@@ -8,8 +8,18 @@
 -- with the model's tool_use depends on the history, and is the API's), and a block type runrow
 -- does not know passes, so that a new kind of block needs no new runrow.
 
--- TRUE when every JSON client can read doc back: it nests fewer than 100 levels (Python's json
--- module gives up near 1,000, PostgreSQL's own recursive helpers near 500), and each number is
+-- TRUE when doc nests 100 levels deep or more: past what every JSON client reads back (Python's
+-- json module gives up near 1,000 levels, PostgreSQL's own recursive helpers, tool_call_key's
+-- canonical form among them, near 500). The one place that depth is written. Inlined.
+CREATE OR REPLACE FUNCTION runrow._json_too_deep(doc jsonb)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT jsonb_path_exists(doc, 'lax $.**{100}')
+$fn$;
+
+-- TRUE when every JSON client can read doc back: it is not _json_too_deep, and each number is
 -- one an IEEE double can hold (jsonb keeps 1e5000 exactly and prints its 5,001 digits, which
 -- Python refuses past 4,300). A claim hands metadata and tools to the worker: one such value at
 -- the head of the queue made every claim of every worker fail (issue 11's SQL audit). Inlined.
@@ -18,7 +28,7 @@ RETURNS boolean
 LANGUAGE sql
 IMMUTABLE
 AS $fn$
-    SELECT NOT jsonb_path_exists(doc, 'lax $.**{100}')
+    SELECT NOT runrow._json_too_deep(doc)
         AND NOT jsonb_path_exists(
             doc, 'lax $.** ? (@.type() == "number" && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'
         )
@@ -31,7 +41,7 @@ LANGUAGE plpgsql
 IMMUTABLE
 AS $fn$
 BEGIN
-    IF jsonb_path_exists(doc, 'lax $.**{100}') THEN
+    IF runrow._json_too_deep(doc) THEN
         RAISE EXCEPTION '% nests 100 levels deep or more: JSON clients cannot read it back (at most 99)', arg
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -278,6 +288,10 @@ COMMENT ON FUNCTION runrow._require_tools(jsonb) IS
 '"custom") with a name of 1 to 128 of [a-zA-Z0-9_-] and an input_schema object of type object; '
 'each name once. Returns otherwise. Reads no table.';
 
+COMMENT ON FUNCTION runrow._json_too_deep(jsonb) IS
+'TRUE when doc nests 100 levels deep or more, past what JSON clients and '
+'runrow''s own recursive helpers read back. Inlined into its callers.';
+
 COMMENT ON FUNCTION runrow._json_portable(jsonb) IS
 'TRUE when doc nests fewer than 100 levels and holds only numbers an IEEE double can hold, so that '
 'every JSON client (Python''s json, JavaScript''s JSON.parse) reads it back. Inlined into its callers.';
@@ -295,6 +309,7 @@ COMMENT ON FUNCTION runrow._require_metadata(jsonb) IS
 'Raises 22004 for a NULL metadata, 22023 naming metadata or metadata.<key> for the first rule of '
 '_metadata_ok it breaks; returns otherwise. Reads no table.';
 
+REVOKE ALL ON FUNCTION runrow._json_too_deep(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._json_portable(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_portable_json(jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._metadata_ok(jsonb) FROM PUBLIC;

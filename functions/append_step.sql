@@ -105,7 +105,7 @@ BEGIN
                 SELECT d.ord, d.id, d.first, CASE
                            WHEN length(d.id) > 256 THEN 1
                            WHEN d.first < d.ord THEN 2
-                           WHEN jsonb_path_exists(d.input::jsonb, 'lax $.**{100}') THEN 3
+                           WHEN runrow._json_too_deep(d.input::jsonb) THEN 3
                        END AS rule
                 FROM (
                     SELECT x.ord, x.block ->> 'id' AS id, x.block -> 'input' AS input,

@@ -5,7 +5,7 @@
 -- and _require_content (its message) agree on every case.
 BEGIN;
 \ir helpers/setup.psql
-SELECT plan(60);
+SELECT plan(62);
 SELECT pg_temp.drain_queue();
 
 CREATE TEMP TABLE content_case (content jsonb, message text, label text);
@@ -205,6 +205,26 @@ SELECT lives_ok(
     format('SELECT * FROM runrow.enqueue_run(gen_random_uuid(), ''"q"'', ''m'', metadata => %L)',
         jsonb_build_object('deep', pg_temp.nested(98), 'max', 1.7976931348623157e308, 'tiny', 1e-400)),
     'metadata nested 99 levels, with a double''s largest number and a tiny one, is taken');
+
+-- The depth is written once, in _json_too_deep, and inlined with _json_portable into the
+-- statements that test it (no function call per enqueue).
+SELECT is(ARRAY[runrow._json_too_deep(pg_temp.nested(100)), runrow._json_too_deep(pg_temp.nested(101)),
+        runrow._json_too_deep('[[[]]]'), runrow._json_too_deep('1')],
+    ARRAY[false, true, false, false], '_json_too_deep: 99 levels pass, 100 do not');
+CREATE FUNCTION pg_temp.plan_text(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    line text;
+    plan text := '';
+BEGIN
+    FOR line IN EXECUTE 'EXPLAIN (VERBOSE, COSTS OFF) ' || q LOOP
+        plan := plan || line || E'\n';
+    END LOOP;
+    RETURN plan;
+END
+$$;
+CREATE TEMP TABLE doc (d jsonb);
+SELECT unalike(pg_temp.plan_text($$SELECT runrow._json_portable(d) FROM doc$$),
+    '%\_json\_%', '_json_portable and _json_too_deep are inlined (no call per document)');
 
 -- A model id with white space around it (a paste) failed at the API once claimed.
 SELECT pg_temp.fingerprint() AS before \gset
