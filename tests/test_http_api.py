@@ -27,9 +27,12 @@ import httpx
 import psycopg
 import pytest
 from http_support import ALICE, BOB, Server, error_of, private_database, read_stream, serve
+from psycopg.conninfo import conninfo_to_dict
 from steps_support import begin, tool_turn
 from tail_support import append, claim, finish, journal
 from worker_support import REPO, WorkerProcess, streamed_text, wait_until
+
+from pyworker.db.devdb import temporary_database
 
 SYSTEM = "Answer in one sentence."
 TOOLS = [{"name": "lookup", "description": "Look a word up.", "input_schema": {"type": "object"}}]
@@ -519,6 +522,53 @@ def test_cancel_run_says_what_it_did(client: httpx.Client, db: psycopg.Connectio
     assert again.json()["action"] == "already_cancelled"
 
 
+def test_stop_and_cancel_refuse_a_body_they_cannot_read(client: httpx.Client, db: psycopg.Connection) -> None:
+    """They take no fields; a malformed body used to be ignored, and the run stopped anyway."""
+    run_id, conversation_id = new_run(client)
+    json_type = {**ALICE, "Content-Type": "application/json"}
+    for url in (f"/runs/{run_id}/cancel", f"/conversations/{conversation_id}/stop"):
+        malformed = client.post(url, content=b'{"oops', headers=json_type)
+        assert malformed.status_code == 400, malformed.text
+        assert error_of(malformed)["type"] == "malformed_json"
+        field = client.post(url, json={"reason": "x"}, headers=ALICE)
+        assert field.status_code == 400 and "unknown field 'reason'" in error_of(field)["message"]
+        text = client.post(url, content=b"stop it", headers={**ALICE, "Content-Type": "text/plain"})
+        assert text.status_code == 415, text.text
+        big = client.post(url, content=b" " * (64 * 1024 + 1), headers=json_type)
+        assert big.status_code == 413, big.text
+    assert client.get(f"/runs/{run_id}", headers=ALICE).json()["status"] == "queued", "nothing was stopped"
+    empty_object = client.post(f"/runs/{run_id}/cancel", json={}, headers=ALICE)
+    assert empty_object.status_code == 200 and empty_object.json()["action"] == "cancelled"
+
+
+def test_unknown_query_parameters_are_400(client: httpx.Client) -> None:
+    run_id, conversation_id = new_run(client)
+    for url, name in [
+        (f"/runs/{run_id}/events?after=3", "after"),  # ?from=3 misspelt streamed from the start
+        (f"/runs/{run_id}?verbose=1", "verbose"),
+        (f"/conversations/{conversation_id}?x=", "x"),
+        ("/approvals?limit=10", "limit"),
+    ]:
+        # Streamed: the code before streamed ?after=3 as a live run's stream, which never ends.
+        with client.stream("GET", url, headers=ALICE) as response:
+            assert response.status_code == 400, url
+            response.read()
+        assert f"unknown query parameter '{name}'" in error_of(response)["message"]
+    assert client.get(f"/runs/{run_id}?from=0", headers=ALICE).status_code == 400, "from is the stream's only"
+    with client.stream("GET", f"/runs/{run_id}/events?x=1") as unauthenticated:
+        assert unauthenticated.status_code == 401, "401 before 400"
+
+
+def test_head_of_a_live_stream_answers_at_once(client: httpx.Client, server: Server) -> None:
+    """Starlette answers HEAD on GET routes; the stream's HEAD used to stream until the run ended."""
+    run_id, _ = new_run(client)
+    head = client.head(f"/runs/{run_id}/events", headers=ALICE, timeout=5)
+    assert head.status_code == 200 and head.headers["content-type"].startswith("text/event-stream")
+    assert head.content == b""
+    assert server.services.streams.open == 0
+    assert client.head(f"/runs/{uuid.uuid4()}/events", headers=ALICE, timeout=5).status_code == 404
+
+
 def waiting_for_approval(client: httpx.Client, db: psycopg.Connection) -> tuple[uuid.UUID, str]:
     run_id, _ = new_run(client)
     token = claim(db, run_id)
@@ -570,6 +620,29 @@ def test_page_config_and_health_need_no_token(client: httpx.Client) -> None:
     assert client.get("/config").json() == {"auth": "bearer", "model": "echo"}
     health = client.get("/healthz").json()
     assert health["ok"] is True and health["hub_connected"] is True
+
+
+def test_health_answers_503_at_once_when_the_database_refuses_connections(database_url: str) -> None:
+    """A probe waits seconds, not the pool's 30 s: each /healthz answers 503 within its own timeout
+    once the pool's connections are gone and new ones are refused."""
+    with (
+        temporary_database(database_url, "runrow_http_down") as url,
+        contextlib.contextmanager(serve)(url, pool_max_size=2) as server,
+        httpx.Client(base_url=server.url, timeout=10) as c,
+        psycopg.connect(database_url, autocommit=True) as admin,
+    ):
+        assert c.get("/healthz").status_code == 200
+        name = conninfo_to_dict(url)["dbname"]
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        try:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", [name])
+            for _ in range(4):  # past the dead connections the pool still held
+                started = time.monotonic()
+                down = c.get("/healthz")
+                assert down.status_code == 503, down.text
+                assert time.monotonic() - started < 8
+        finally:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
 
 
 # --- a real worker, a real serve process --------------------------------------------------
@@ -697,6 +770,22 @@ def test_serve_command_in_insecure_dev_mode(live_db: str) -> None:
         run_id = carol.json()["run_id"]
         assert httpx.get(f"{base}/runs/{run_id}", headers={"X-Runrow-User": "carol"}).status_code == 200
         assert httpx.get(f"{base}/runs/{run_id}").status_code == 404, "user dev is not carol"
+        # A name the header cannot carry is a 400, not a run of user dev; UTF-8 is read as UTF-8.
+        for bad in ("x" * 201, "bad\x01name", "", "\xff".encode("latin-1")):
+            url = f"{base}/conversations/{uuid.uuid4()}/runs"
+            refused = httpx.post(url, json={"content": "hi"}, headers={"X-Runrow-User": bad})
+            assert refused.status_code == 400 and "X-Runrow-User" in refused.text, (bad, refused.text)
+        zoe = httpx.post(
+            f"{base}/conversations/{uuid.uuid4()}/runs",
+            json={"content": "hi", "model": "nobody-claims-this"},
+            headers={"X-Runrow-User": "zoë".encode()},
+        )
+        assert zoe.status_code == 202, zoe.text
+        with psycopg.connect(live_db) as conn:
+            owner = conn.execute(
+                "SELECT user_id FROM runrow.get_run(%s)", (uuid.UUID(zoe.json()["run_id"]),)
+            ).fetchone()
+        assert owner == ("zoë",)
         # A stream that never ends (a run nobody answers) does not hold up SIGTERM past the grace.
         quiet = httpx.post(
             f"{base}/conversations/{uuid.uuid4()}/runs",

@@ -80,8 +80,22 @@ def bearer_authenticator(tokens: Mapping[str, str]) -> Authenticate:
 
 
 def dev_authenticator(request: Request) -> str | None:
-    user = request.headers.get("x-runrow-user", "").strip()
-    return user if user and _USER_ID.match(user) else DEV_USER
+    raw = request.headers.get("x-runrow-user")
+    if raw is None:
+        return DEV_USER
+    try:
+        # Starlette reads header bytes as latin-1; a browser sends a name's UTF-8 bytes.
+        user = raw.encode("latin-1").decode("utf-8").strip()
+    except UnicodeError:
+        user = ""
+    if not _USER_ID.match(user):
+        # Falling back to `dev` would act as someone the caller did not name.
+        raise ApiError(
+            400,
+            "invalid_request",
+            "X-Runrow-User must name a user: 1 to 200 printable characters of UTF-8 text",
+        )
+    return user
 
 
 def authenticator_for(config: ServeConfig) -> Authenticate:

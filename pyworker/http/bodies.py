@@ -50,6 +50,24 @@ async def read_json_object(request: Request, limit: int, *, required: bool = Tru
     return value
 
 
+async def read_no_fields(request: Request, limit: int) -> None:
+    """A route that takes no fields: an empty body or `{}`, checked like any other body (413,
+    415, 400), so that a malformed request is refused before it acts, as a body with fields is."""
+    body = await read_json_object(request, limit, required=False)
+    if body:
+        name = _short(sorted(body)[0])
+        raise ApiError(400, "invalid_request", f"unknown field {name!r}: this endpoint takes no fields")
+
+
+def reject_unknown_query(request: Request, allowed: frozenset[str]) -> None:
+    """A query parameter the route does not read is a mistake to name (`?after=3` for `?from=3`
+    streamed from the start), as an unknown body field is."""
+    unknown = sorted(set(request.query_params.keys()) - allowed)
+    if unknown:
+        takes = f"it takes {', '.join(sorted(allowed))}" if allowed else "it takes none"
+        raise ApiError(400, "invalid_request", f"unknown query parameter {_short(unknown[0])!r}: {takes}")
+
+
 def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 

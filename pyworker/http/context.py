@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from pyworker.db.hub import Hub
 from pyworker.http.auth import authenticated_user
+from pyworker.http.bodies import reject_unknown_query
 from pyworker.http.config import Authenticate, ServeConfig
 from pyworker.http.replica import Replica
 from pyworker.http.sse import StreamStats
@@ -35,13 +36,17 @@ def services(request: Request) -> Services:
 Endpoint = Callable[[Request, Services, str], Awaitable[Response]]
 
 
-def authenticated(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
-    """Run `endpoint(request, services, user_id)` for an authenticated caller; 401 otherwise."""
+def authenticated(
+    endpoint: Endpoint, query: frozenset[str] = frozenset()
+) -> Callable[[Request], Awaitable[Response]]:
+    """Run `endpoint(request, services, user_id)` for an authenticated caller; 401 otherwise,
+    and 400 naming a query parameter that is not in `query`."""
 
     @wraps(endpoint)
     async def route(request: Request) -> Response:
         svc = services(request)
         user = await authenticated_user(request, svc.authenticate)
+        reject_unknown_query(request, query)
         return await endpoint(request, svc, user)
 
     return route

@@ -18,6 +18,9 @@ from pyworker.http.context import services
 WEB = Path(__file__).resolve().parent / "web"
 
 
+HEALTH_TIMEOUT = 2.0  # seconds /healthz waits for a connection before it answers 503
+
+
 async def index(request: Request) -> Response:
     return FileResponse(WEB / "index.html", headers={"Cache-Control": "no-cache"})
 
@@ -29,7 +32,9 @@ async def page_config(request: Request) -> Response:
 
 async def healthz(request: Request) -> Response:
     svc = services(request)
-    async with svc.pool.connection() as conn:
+    # A probe gives up after a second or two: waiting out the pool's own timeout (30 s) for a
+    # database that is down answered 503 long after the probe had stopped listening.
+    async with svc.pool.connection(timeout=HEALTH_TIMEOUT) as conn:
         cur = await conn.execute("SELECT runrow.schema_version()")
         row = await cur.fetchone()
     return JSONResponse(

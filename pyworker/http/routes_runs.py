@@ -27,6 +27,7 @@ from pyworker.http.bodies import (
     integer,
     path_uuid,
     read_json_object,
+    read_no_fields,
     reject_unknown,
     text,
 )
@@ -313,6 +314,7 @@ def _cursor(raw: str | None, name: str) -> int:
 async def stop_conversation(request: Request, svc: Services, user: str) -> Response:
     conversation_id = path_uuid(request, "conversation_id", "conversation")
     await owned_conversation(svc, conversation_id, user)
+    await read_no_fields(request, svc.config.max_body_bytes)
     async with svc.pool.connection() as conn:
         stopped = await api.stop_conversation(conn, conversation_id)
     runs = [{"run_id": str(run_id), "action": action} for run_id, action in stopped]
@@ -322,6 +324,7 @@ async def stop_conversation(request: Request, svc: Services, user: str) -> Respo
 async def cancel_run(request: Request, svc: Services, user: str) -> Response:
     run_id = path_uuid(request, "run_id", "run")
     await owned_run(svc, run_id, user)
+    await read_no_fields(request, svc.config.max_body_bytes)
     async with svc.pool.connection() as conn:
         action = await api.cancel_run(conn, run_id)
     return JSONResponse({"run_id": str(run_id), "action": action})
@@ -345,6 +348,6 @@ routes = [
     Route("/conversations/{conversation_id}/stop", authenticated(stop_conversation), methods=["POST"]),
     Route("/conversations/{conversation_id}", authenticated(get_conversation), methods=["GET"]),
     Route("/runs/{run_id}", authenticated(get_run), methods=["GET"]),
-    Route("/runs/{run_id}/events", authenticated(events), methods=["GET"]),
+    Route("/runs/{run_id}/events", authenticated(events, query=frozenset({"from"})), methods=["GET"]),
     Route("/runs/{run_id}/cancel", authenticated(cancel_run), methods=["POST"]),
 ]

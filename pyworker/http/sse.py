@@ -81,6 +81,13 @@ class EventStreamResponse(StreamingResponse):
         self._stats = stats
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("method") == "HEAD":
+            # Starlette answers HEAD on every GET route: the headers GET would send, and no
+            # body. Streaming one held the request open, and a tail, until the run ended.
+            await self._frames.aclose()  # type: ignore[attr-defined]
+            await self._start(send)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
         self._stats.open += 1
         stream = asyncio.ensure_future(self._stream(send))
         watch = asyncio.ensure_future(_disconnected(receive))
@@ -95,8 +102,11 @@ class EventStreamResponse(StreamingResponse):
         if isinstance(error, Exception) and not isinstance(error, OSError):
             log.error("event stream failed: %r", error)
 
-    async def _stream(self, send: Send) -> None:
+    async def _start(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+
+    async def _stream(self, send: Send) -> None:
+        await self._start(send)
         async with aclosing(self._frames) as frames:  # type: ignore[type-var]
             async for chunk in frames:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
