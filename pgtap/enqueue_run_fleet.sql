@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(33);
+SELECT plan(35);
 SELECT pg_temp.drain_queue();
 
 -- Defaults: old calls are unchanged, and the resolved keys are the user and the model.
@@ -106,7 +106,26 @@ SELECT matches(pg_temp.bad($$webhook_url => 'https://exa mple.test/'$$), '^22023
     'a webhook_url with a space is refused');
 SELECT matches(pg_temp.bad(format('webhook_url => %L', 'https://x.test/' || repeat('a', 2040))),
     '^22023: webhook_url must be', 'a webhook_url over 2048 characters is refused');
+-- URLs no request can be sent to: each delivery attempt failed the same way after a 202.
+SELECT is(ARRAY[pg_temp.bad($$webhook_url => 'http://e.test:abc/'$$), pg_temp.bad($$webhook_url => 'http://[::1/'$$),
+        pg_temp.bad($$webhook_url => 'http:///hook'$$), pg_temp.bad($$webhook_url => 'http://e.test:99999/'$$),
+        pg_temp.bad($$webhook_url => 'http://e.test:0/'$$)],
+    ARRAY['22023: webhook_url must be NULL or an http:// or https:// URL of at most 2048 characters with a host, '
+        || 'and a port from 1 to 65535 if it names one, got "http://e.test:abc/"', '22023: ' || 'webhook_url must be NULL '
+        || 'or an http:// or https:// URL of at most 2048 characters with a host, and a port from 1 to 65535 if it '
+        || 'names one, got "http://[::1/"', '22023: webhook_url must be NULL or an http:// or https:// URL of at most '
+        || '2048 characters with a host, and a port from 1 to 65535 if it names one, got "http:///hook"',
+        '22023: webhook_url must be NULL or an http:// or https:// URL of at most 2048 characters with a host, and a '
+        || 'port from 1 to 65535 if it names one, got "http://e.test:99999/"', '22023: webhook_url must be NULL or an '
+        || 'http:// or https:// URL of at most 2048 characters with a host, and a port from 1 to 65535 if it names '
+        || 'one, got "http://e.test:0/"'],
+    'a webhook_url with a port that is not one, an unclosed IPv6 bracket or no host is refused, named');
 SELECT is(pg_temp.written(), :'before', 'no refused enqueue wrote anything');
+SELECT is(ARRAY[pg_temp.bad($$webhook_url => 'http://[::1]:8080/hook?x=1#y'$$),
+        pg_temp.bad($$webhook_url => 'https://user:pw@hooks.e.test:65535'$$),
+        pg_temp.bad($$webhook_url => 'http://127.0.0.1:9/'$$), pg_temp.bad($$webhook_url => 'https://é.test/h'$$)],
+    array_fill('no error'::text, ARRAY[4]), 'IPv6 hosts, user info, ports up to 65535 and IDN hosts are taken');
+SELECT pg_temp.written() AS before \gset
 
 -- The table's own rules hold for writes that bypass the function (the agent_run_settings
 -- trigger since 0034, with the CHECK constraints' names and errors).

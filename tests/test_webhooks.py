@@ -224,6 +224,21 @@ def test_a_receiver_that_keeps_failing_is_dead_lettered_after_n_attempts(
     assert lines["webhooks_pending"] == ["0"]
 
 
+def test_a_url_no_request_can_be_sent_to_is_dead_lettered_on_its_first_attempt(
+    db: psycopg.Connection, workers: Any
+) -> None:
+    """enqueue_run takes http://xn--a.com/ (a host name's shape), but idna refuses to encode it, so
+    httpx cannot build the request. That error escaped the sender: no outcome was recorded, and
+    each of the attempts waited out its lease before being dead-lettered as "recorded no outcome".
+    Every attempt would fail the same way, so the first one is the last."""
+    workers("w1", *FAST, "--webhook-attempts", "5")
+    run_id = enqueue_hooked(db, "http://xn--a.com/hook")
+    wait_until(lambda: state(db, run_id) == "dead", 15, "the dead letter")
+    row = delivery(db, run_id)
+    assert row["attempts"] == 1 and row["last_http_status"] is None
+    assert row["last_error"].startswith("webhook_url cannot be requested ("), row["last_error"]
+
+
 @pytest.mark.parametrize("receiver", [["hold"]], indirect=True)
 def test_a_worker_killed_mid_delivery_does_not_lose_it(
     db: psycopg.Connection, receiver: Receiver, workers: Any

@@ -132,10 +132,16 @@ class WebhookSettings:
         return min(3600, math.ceil(self.timeout) + max(5, math.ceil(self.timeout)))
 
 
+class Unsendable(Exception):
+    """The delivery's URL is one no request can be sent to (httpx refuses it): every attempt would
+    fail the same way, so it is dead-lettered on this one."""
+
+
 async def deliver(
     client: httpx.AsyncClient, d: Delivery, settings: WebhookSettings
 ) -> tuple[int | None, str | None]:
-    """POST one delivery. (status, None) when the receiver answered 2xx, else (status or None, error)."""
+    """POST one delivery. (status, None) when the receiver answered 2xx, else (status or None, error).
+    Unsendable: the URL cannot be requested at all."""
     body = encode_body(d.payload)
     timestamp = int(d.claimed_at.timestamp())
     headers = {
@@ -145,13 +151,25 @@ async def deliver(
         ATTEMPT_HEADER: str(d.attempt),
     }
     try:
+        request = client.build_request("POST", d.url, content=body, headers=headers)
+    except Exception as exc:
+        # A URL httpx cannot parse (InvalidURL, or idna's own errors for a host like xn--a) is
+        # not an HTTPError: it escaped, no outcome was recorded, and each attempt waited out its
+        # lease before it was dead-lettered as "recorded no outcome" (http://e.com:abc/).
+        raise Unsendable(f"webhook_url cannot be requested ({type(exc).__name__}: {exc})"[:2000]) from None
+    try:
         # httpx's timeout is per phase; a receiver trickling bytes would never trip it.
         async with asyncio.timeout(settings.timeout):
             # The response body is never read: a receiver cannot make us buffer anything.
-            async with client.stream("POST", d.url, content=body, headers=headers) as response:
+            response = await client.send(request, stream=True)
+            try:
                 status = response.status_code
+            finally:
+                await response.aclose()
     except (TimeoutError, httpx.TimeoutException):
         return None, f"timed out after {settings.timeout:g} s"
+    except httpx.UnsupportedProtocol as exc:
+        raise Unsendable(f"webhook_url cannot be requested ({exc})"[:2000]) from None
     except httpx.HTTPError as exc:
         return None, f"{type(exc).__name__}: {exc}"[:2000]
     if 200 <= status < 300:
@@ -165,7 +183,12 @@ async def _deliver_and_record(
     pool: AsyncConnectionPool, client: httpx.AsyncClient, d: Delivery, settings: WebhookSettings
 ) -> None:
     extra = {"run_id": str(d.run_id)}
-    status, error = await deliver(client, d, settings)
+    attempts = settings.max_attempts
+    try:
+        status, error = await deliver(client, d, settings)
+    except Unsendable as exc:
+        status, error = None, str(exc)
+        attempts = min(attempts, max(1, d.attempt))  # a deterministic failure ends once
     async with pool.connection() as conn:
         if error is None:
             assert status is not None
@@ -181,7 +204,7 @@ async def _deliver_and_record(
                 log.info("webhook %s delivered but the lease was taken over", d.delivery_id, extra=extra)
             return
         outcome = await fail_webhook_delivery(
-            conn, d.delivery_id, d.claim_token, error, status, settings.max_attempts, settings.backoff_seconds
+            conn, d.delivery_id, d.claim_token, error, status, attempts, settings.backoff_seconds
         )
     if outcome == "dead":
         log.warning(
