@@ -113,11 +113,35 @@ BEGIN
 END
 $fn$;
 
--- TRUE when content is a user turn's content as the API takes it: a non-empty string, or a
--- non-empty array of content blocks, each an object with a non-empty string "type" that a user
--- turn may hold (not one of the model's own: thinking, redacted_thinking, tool_use,
+-- TRUE when the content blocks' cache_control markers are ones the API takes: each (if any, and
+-- not null) {"type": "ephemeral"} with a ttl of "5m" or "1h" (if any), on at most 4 blocks (the
+-- API's breakpoints per request). Not inlined (plpgsql), on purpose: it runs only for array
+-- content, and an enqueue of a string pays nothing for its expression.
+CREATE OR REPLACE FUNCTION runrow._cache_controls_ok(content jsonb)
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+STRICT
+AS $fn$
+BEGIN
+    RETURN NOT jsonb_path_exists(
+        content,
+        'strict $[*] ? (exists(@.keyvalue() ? (@.key == "cache_control" && @.value.type() != "null"'
+        ' && (@.value.type() != "object" || !exists(@.value.keyvalue() ? (@.key == "type" && @.value == "ephemeral"))'
+        ' || exists(@.value.keyvalue() ? (@.key == "ttl" && @.value != "5m" && @.value != "1h"))))))'
+    ) AND jsonb_array_length(jsonb_path_query_array(
+        content, 'strict $[*] ? (exists(@.keyvalue() ? (@.key == "cache_control" && @.value.type() != "null")))'
+    )) <= 4;
+END
+$fn$;
+
+-- TRUE when content is a user turn's content as the API takes it: a string with more than white
+-- space, or a non-empty array of content blocks, each an object with a non-empty string "type"
+-- that a user turn may hold (not one of the model's own: thinking, redacted_thinking, tool_use,
 -- server_tool_use), a text block with non-empty text, an image or document with a source
--- object, a tool_result with a tool_use_id. One SQL expression without a SET clause, so the
+-- object, a tool_result with a tool_use_id, a cache_control (if any, and not null) of type
+-- ephemeral with a ttl of 5m or 1h (if any); at most 4 blocks with a cache_control (the API's
+-- breakpoints per request). One SQL expression without a SET clause, so the
 -- planner inlines it into the caller's IF (no call); _require_content says what is wrong.
 -- Strict jsonpath (a nested array is not unwrapped into its elements), keys read through
 -- keyvalue() (a missing key is no error there, where strict mode would make one of @.text).
@@ -127,7 +151,7 @@ LANGUAGE sql
 IMMUTABLE
 AS $fn$
     SELECT CASE jsonb_typeof(content)
-        WHEN 'string' THEN content #>> '{}' <> ''
+        WHEN 'string' THEN btrim(content #>> '{}', E' \t\n\r\x0b\f') <> ''
         WHEN 'array' THEN jsonb_array_length(content) > 0 AND runrow._json_portable(content) AND NOT jsonb_path_exists(
             content,
             'strict $[*] ? (@.type() != "object"'
@@ -140,7 +164,7 @@ AS $fn$
             ' && !exists(@.keyvalue() ? (@.key == "source" && @.value.type() == "object")))'
             ' || (exists(@.keyvalue() ? (@.key == "type" && @.value == "tool_result"))'
             ' && !exists(@.keyvalue() ? (@.key == "tool_use_id" && @.value.type() == "string" && @.value != ""))))'
-        )
+        ) AND runrow._cache_controls_ok(content)
         ELSE false
     END
 $fn$;
@@ -170,6 +194,10 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF jsonb_typeof(content) = 'string' THEN
+        IF btrim(content #>> '{}', E' \t\n\r\x0b\f') = '' THEN
+            RAISE EXCEPTION 'content must hold more than white space (the API refuses a turn of white space only)'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
         RETURN;
     END IF;
     FOR block IN SELECT b.el FROM jsonb_array_elements(content) AS b (el) LOOP
@@ -203,7 +231,23 @@ BEGIN
             RAISE EXCEPTION 'content[%].tool_use_id must be a non-empty string (the tool_use this result answers)', i
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
+        IF jsonb_typeof(block -> 'cache_control') IS DISTINCT FROM 'null' AND block ? 'cache_control' AND (
+            jsonb_typeof(block -> 'cache_control') <> 'object'
+            OR block -> 'cache_control' -> 'type' IS DISTINCT FROM '"ephemeral"'
+            OR coalesce(block -> 'cache_control' -> 'ttl' NOT IN ('"5m"', '"1h"'), false)
+        ) THEN
+            RAISE EXCEPTION 'content[%].cache_control must be {"type": "ephemeral"}, with a "ttl" of "5m" or "1h" '
+                'if any, got %', i, left((block -> 'cache_control')::text, 80)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
     END LOOP;
+    IF (SELECT count(*) FROM jsonb_array_elements(content) AS b (el)
+        WHERE jsonb_typeof(b.el -> 'cache_control') IS DISTINCT FROM 'null' AND b.el ? 'cache_control') > 4 THEN
+        RAISE EXCEPTION 'content has % blocks with a cache_control: a request holds at most 4 cache breakpoints',
+            (SELECT count(*) FROM jsonb_array_elements(content) AS b (el)
+             WHERE jsonb_typeof(b.el -> 'cache_control') IS DISTINCT FROM 'null' AND b.el ? 'cache_control')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     PERFORM runrow._require_portable_json(content, 'content');
 END
 $fn$;
@@ -288,6 +332,11 @@ COMMENT ON FUNCTION runrow._require_tools(jsonb) IS
 '"custom") with a name of 1 to 128 of [a-zA-Z0-9_-] and an input_schema object of type object; '
 'each name once. Returns otherwise. Reads no table.';
 
+COMMENT ON FUNCTION runrow._cache_controls_ok(jsonb) IS
+'TRUE when every content block''s cache_control (if any, and not null) is {"type": "ephemeral"} with a '
+'ttl of "5m" or "1h" (if any), and at most 4 blocks carry one. Reads no table; _require_content names '
+'the fault.';
+
 COMMENT ON FUNCTION runrow._json_too_deep(jsonb) IS
 'TRUE when doc nests 100 levels deep or more, past what JSON clients and '
 'runrow''s own recursive helpers read back. Inlined into its callers.';
@@ -309,6 +358,7 @@ COMMENT ON FUNCTION runrow._require_metadata(jsonb) IS
 'Raises 22004 for a NULL metadata, 22023 naming metadata or metadata.<key> for the first rule of '
 '_metadata_ok it breaks; returns otherwise. Reads no table.';
 
+REVOKE ALL ON FUNCTION runrow._cache_controls_ok(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._json_too_deep(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._json_portable(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_portable_json(jsonb, text) FROM PUBLIC;

@@ -5,7 +5,7 @@
 -- and _require_content (its message) agree on every case.
 BEGIN;
 \ir helpers/setup.psql
-SELECT plan(62);
+SELECT plan(71);
 SELECT pg_temp.drain_queue();
 
 CREATE TEMP TABLE content_case (content jsonb, message text, label text);
@@ -54,7 +54,37 @@ INSERT INTO content_case VALUES
      'a tool_result without tool_use_id'),
     ('[]', 'content must be a non-empty string or a non-empty array of content blocks', 'an empty array'),
     ('{"type": "text", "text": "a"}', 'content must be a non-empty string or a non-empty array of content blocks',
-     'one block, not in an array');
+     'one block, not in an array'),
+    (to_jsonb(E' \t\n\r\x0b\f '::text), 'content must hold more than white space (the API refuses a turn of white '
+     'space only)', 'a string of white space'),
+    ('"  hi \n"', NULL, 'a string with white space around it'),
+    ('[{"type": "text", "text": "a", "cache_control": {"type": "forever"}}]',
+     'content[0].cache_control must be {"type": "ephemeral"}, with a "ttl" of "5m" or "1h" if any, got {"type": "forever"}',
+     'a cache_control of another type'),
+    ('[{"type": "text", "text": "a"}, {"type": "text", "text": "b", "cache_control": {"type": "ephemeral", "ttl": "2h"}}]',
+     'content[1].cache_control must be {"type": "ephemeral"}, with a "ttl" of "5m" or "1h" if any, got '
+     '{"ttl": "2h", "type": "ephemeral"}', 'a cache_control ttl of 2h'),
+    ('[{"type": "text", "text": "a", "cache_control": {"type": "ephemeral", "ttl": null}}]',
+     'content[0].cache_control must be {"type": "ephemeral"}, with a "ttl" of "5m" or "1h" if any, got '
+     '{"ttl": null, "type": "ephemeral"}', 'a cache_control ttl of null'),
+    ('[{"type": "text", "text": "a", "cache_control": "ephemeral"}]',
+     'content[0].cache_control must be {"type": "ephemeral"}, with a "ttl" of "5m" or "1h" if any, got "ephemeral"',
+     'a cache_control that is a string'),
+    ('[{"type": "text", "text": "a", "cache_control": null}, {"type": "text", "text": "b", "cache_control": '
+     '{"type": "ephemeral", "ttl": "1h"}}]', NULL, 'a null cache_control and a 1h one'),
+    (jsonb_build_array(jsonb_build_object('type', 'text', 'text', 'a', 'cache_control', '{"type": "ephemeral"}'::jsonb),
+        jsonb_build_object('type', 'text', 'text', 'b', 'cache_control', '{"type": "ephemeral"}'::jsonb),
+        jsonb_build_object('type', 'text', 'text', 'c', 'cache_control', '{"type": "ephemeral"}'::jsonb),
+        jsonb_build_object('type', 'text', 'text', 'd', 'cache_control', '{"type": "ephemeral"}'::jsonb),
+        jsonb_build_object('type', 'text', 'text', 'e', 'cache_control', 'null'::jsonb)),
+     NULL, 'four blocks with a cache_control'),
+    (jsonb_build_array(jsonb_build_object('type', 'text', 'text', 'a', 'cache_control', '{"type": "ephemeral"}'::jsonb),
+        jsonb_build_object('type', 'text', 'text', 'b', 'cache_control', '{"type": "ephemeral"}'::jsonb),
+        jsonb_build_object('type', 'text', 'text', 'c', 'cache_control', '{"type": "ephemeral"}'::jsonb),
+        jsonb_build_object('type', 'text', 'text', 'd', 'cache_control', '{"type": "ephemeral"}'::jsonb),
+        jsonb_build_object('type', 'text', 'text', 'e', 'cache_control', '{"type": "ephemeral"}'::jsonb)),
+     'content has 5 blocks with a cache_control: a request holds at most 4 cache breakpoints',
+     'five blocks with a cache_control');
 
 -- The inlined test and the helper that names the fault read every case alike.
 CREATE FUNCTION pg_temp.require_says(c jsonb) RETURNS text LANGUAGE plpgsql AS $$

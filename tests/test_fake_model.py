@@ -489,6 +489,23 @@ def test_a_restarted_fake_model_accepts_its_earlier_signatures(fake: FakeModel) 
             hello(tools=[{"name": "t", "input_schema": {"type": "object"}}] * 2),
             "tools: Tool names must be unique.",
         ),
+        (
+            hello(messages=[{"role": "user", "content": " \n"}]),
+            "text content blocks must contain non-whitespace text",
+        ),
+        (
+            hello(
+                messages=[
+                    {"role": "user", "content": "a"},
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "text", "text": " "}, {"type": "text", "text": "\t"}],
+                    },
+                    {"role": "user", "content": "b"},
+                ]
+            ),
+            "text content blocks must contain non-whitespace text",
+        ),
         (hello(thinking={"type": "enabled", "budget_tokens": 100}), "budget_tokens: Input should be greater"),
         (
             hello(max_tokens=1024, thinking={"type": "enabled", "budget_tokens": 1024}),
@@ -502,6 +519,15 @@ def test_invalid_requests_get_400_with_a_clear_message(fake: FakeModel, body: di
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
     assert message in error["error"]["message"]
     assert error["request_id"] == headers["request-id"]
+
+
+def test_white_space_beside_other_text_is_taken(fake: FakeModel) -> None:
+    """As the API: a message of white-space text only is refused, white space beside text is not."""
+    body = hello(
+        messages=[{"role": "user", "content": [{"type": "text", "text": " "}, {"type": "text", "text": "x"}]}]
+    )
+    status, _, _ = raw_post(fake, "/v1/messages", body)
+    assert status == 200
 
 
 def test_bad_alternation_through_the_sdk_is_a_bad_request_error(fake: FakeModel) -> None:

@@ -274,6 +274,8 @@ def _validate_message(i: int, message: Any, *, last: bool) -> None:
                 f"messages.{i}: all messages must have non-empty content except for the optional final "
                 "assistant message"
             )
+        if content and not content.strip():
+            raise invalid(WHITESPACE_ONLY)
         return
     if not isinstance(content, list):
         raise invalid(f"messages.{i}.content: Input should be a valid string or list")
@@ -284,6 +286,14 @@ def _validate_message(i: int, message: Any, *, last: bool) -> None:
         )
     for j, block in enumerate(content):
         _validate_block(i, j, role, block)
+    # As the API: a message whose blocks are all text, and all white space, is refused (white
+    # space beside other text is taken).
+    texts = [b.get("text") for b in content if isinstance(b, dict) and b.get("type") == "text"]
+    if texts and len(texts) == len(content) and not any(t.strip() for t in texts if isinstance(t, str)):
+        raise invalid(WHITESPACE_ONLY)
+
+
+WHITESPACE_ONLY = "messages: text content blocks must contain non-whitespace text"
 
 
 def _validate_block(i: int, j: int, role: str, block: Any) -> None:
