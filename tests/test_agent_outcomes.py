@@ -295,6 +295,28 @@ def test_a_failed_step_is_requeued_while_attempts_are_left(db, fake, name) -> No
     assert "run_requeued" in [e["type"] for e in events(db, run)]
 
 
+def test_a_white_space_answer_does_not_stop_the_conversation(db, fake) -> None:
+    """The model may end a turn with white space only; the API refuses any request that sends such a
+    message back, so every later turn of the conversation failed (the fake, as the API: a 400). The
+    next turn's history leaves it out, and the two user turns around it are one message. (An empty
+    answer is never stored as a step: _commit_turn.)"""
+
+    def answer(request: ModelRequest) -> Any:
+        return turn(Text(" \n")) if request.last_user_text == "say nothing" else turn(Text("Here."))
+
+    fake.set_scenario(answer)
+    first = enqueue_agent(db, "say nothing", system=None, tools=[], metadata={})
+    assert finish(db, first)["status"] == "completed"
+    [conversation] = db.execute("SELECT conversation_id FROM runrow.get_run(%s)", [first]).fetchone()
+    second = enqueue_agent(db, "and now?", conversation_id=conversation, system=None, tools=[], metadata={})
+    row = finish(db, second)
+    assert row["status"] == "completed", row["error"]
+    assert row["result"]["text"] == "Here."
+    sent = undecorated(fake.requests[-1].body)["messages"]
+    assert [m["role"] for m in sent] == ["user"]
+    assert [b["text"] for b in sent[0]["content"]] == ["say nothing", "and now?"]
+
+
 def test_other_4xx_fails_at_once(db, fake) -> None:
     fake.inject(status_error(400, message="messages: bad request"))
     run = enqueue_agent(db, "Hi", tools=[], metadata={}, max_attempts=3)

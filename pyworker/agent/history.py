@@ -77,7 +77,40 @@ def build_messages(rows: list[steps_api.HistoryRow]) -> list[dict[str, Any]]:
             else:
                 content.append(value)
         messages.append({"role": role, "content": content})
-    return messages
+    return _without_blank_answers(messages)
+
+
+def _blank(content: Any) -> bool:
+    """An answer the API refuses to be sent back: no block, or only text blocks of white space."""
+    if isinstance(content, str):
+        return not content.strip()
+    return all(
+        isinstance(b, dict) and b.get("type") == "text" and not str(b.get("text", "")).strip()
+        for b in content
+    )
+
+
+def _as_blocks(content: Any) -> list[Any]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def _without_blank_answers(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history without a past model answer that was empty or white space only. The model may
+    end a turn that way, and the API then refuses every request that sends it back ("all messages
+    must have non-empty content", "text content blocks must contain non-whitespace text"): every
+    later turn of the conversation failed. Such an answer said nothing, so it is left out, and the
+    user messages on either side of it become one message (roles must alternate). The final
+    message is kept: a paused turn's own content goes back as is."""
+    out: list[dict[str, Any]] = []
+    last = len(messages) - 1
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant" and i < last and _blank(message["content"]):
+            continue
+        if out and out[-1]["role"] == message["role"]:
+            out[-1] = {**out[-1], "content": _as_blocks(out[-1]["content"]) + _as_blocks(message["content"])}
+            continue
+        out.append(message)
+    return out
 
 
 async def load_history(conn: AsyncConnection, conversation_id: UUID, run_id: UUID) -> History:
