@@ -111,15 +111,21 @@ def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> lis
     return found
 
 
-def test_every_subcommand_parses_help_in_process() -> None:
+def test_every_subcommand_parses_help_in_process_and_teaches_by_example(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     # Covers the commands other modules add too (worker, db, migrate, ...), and their actions.
     parser = build_parser()
     found = commands(parser)
     assert {("db", "start"), ("db", "stop"), ("limits", "set"), ("worker",)} <= set(found)
+    without = []
     for path in found:
         with pytest.raises(SystemExit) as exc:
             parser.parse_args([*path, "--help"])
         assert exc.value.code == 0, path
+        if "example" not in capsys.readouterr().out:
+            without.append(" ".join(path))
+    assert without == [], "every --help shows an example (README: the CLI)"
 
 
 def test_db_actions_take_help_and_refuse_what_they_do_not_take(capsys: pytest.CaptureFixture[str]) -> None:

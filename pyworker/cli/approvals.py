@@ -87,6 +87,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         description="Every irreversible tool call that waits for a decision: needs_approval (not "
         "run yet) or uncertain (it began and has no result: a crash hit mid-effect, it may have "
         "happened). Decide with `runrow approve KEY` or `runrow reject KEY`.",
+        epilog="examples:\n  runrow approvals\n  runrow approvals --json | jq -r .idempotency_key",
     )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
 
@@ -101,6 +102,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
             help=f"{name} a waiting tool call: {meaning}",
             description=f"{name.capitalize()} the tool call with this idempotency key: {meaning}. "
             "Records who decided and requeues the run.",
+            epilog=f"example:\n  runrow {name} 3f9a...c2 --by alice --note "
+            + ('"checked the amount"' if name == "approve" else '"not today"'),
         )
         p.add_argument("key", help="the idempotency key `runrow approvals` shows")
         p.add_argument(

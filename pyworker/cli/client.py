@@ -215,6 +215,23 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
 
 
+def _action(
+    actions: argparse._SubParsersAction,  # type: ignore[type-arg]
+    name: str,
+    *,
+    help: str,
+    example: str,
+) -> argparse.ArgumentParser:
+    """One action of a command group (`limits set`, …): its help, and an example in its --help."""
+    return actions.add_parser(
+        name,
+        help=help,
+        description=help[0].upper() + help[1:] + ".",
+        epilog="example:\n  " + example,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def _command(
     sub: argparse._SubParsersAction,  # type: ignore[type-arg]
     name: str,

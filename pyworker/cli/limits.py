@@ -11,7 +11,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from pyworker.cli.client import CliError, _cell, _command, _connect, _print_table
+from pyworker.cli.client import CliError, _action, _cell, _command, _connect, _print_table
 from pyworker.cli.types import int32, int64
 from pyworker.db import limits as limits_api
 from pyworker.db.config import database_url
@@ -62,14 +62,29 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         epilog=LIMITS_EPILOG,
     )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    s = actions.add_parser("set", help="set a key's limits (an omitted one is not limited)")
+    s = _action(
+        actions,
+        "set",
+        help="set a key's limits (an omitted one is not limited)",
+        example="runrow limits set claude-sonnet-4-5 --rpm 50 --input-tpm 30000 --output-tpm 8000",
+    )
     s.add_argument("key", help="the rate-limit key: a model name, or a key runs name at enqueue")
     s.add_argument("--rpm", type=int32, help="requests per minute (more than 0)")
     s.add_argument("--input-tpm", type=int32, help="uncached input tokens per minute (more than 0)")
     s.add_argument("--output-tpm", type=int32, help="output tokens per minute (more than 0)")
-    r = actions.add_parser("remove", help="remove a key's limits and any block on it")
+    r = _action(
+        actions,
+        "remove",
+        help="remove a key's limits and any block on it",
+        example="runrow limits remove org-key-2",
+    )
     r.add_argument("key")
-    actions.add_parser("show", help="limits, bucket levels, blocks and runs waiting on backoff")
+    _action(
+        actions,
+        "show",
+        help="limits, bucket levels, blocks and runs waiting on backoff",
+        example="watch -n 5 runrow limits show",
+    )
 
     p = _command(
         sub,
@@ -81,19 +96,39 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         epilog=BUDGET_EPILOG,
     )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    t = actions.add_parser("tenant", help="set a tenant's budget over a rolling day")
+    t = _action(
+        actions,
+        "tenant",
+        help="set a tenant's budget over a rolling day",
+        example="runrow budget tenant acme --tokens-per-day 2000000 --cost-per-day 25",
+    )
     t.add_argument("tenant", help="the fairness key (by default the run's user id)")
     t.add_argument("--tokens-per-day", type=int64, help="input + output + cache tokens (more than 0)")
     t.add_argument("--cost-per-day", type=_usd, help="USD (more than 0)")
-    r = actions.add_parser("remove-tenant", help="remove a tenant's budget")
+    r = _action(
+        actions, "remove-tenant", help="remove a tenant's budget", example="runrow budget remove-tenant acme"
+    )
     r.add_argument("tenant")
-    pr = actions.add_parser("price", help="set a model's price in USD per million tokens")
+    pr = _action(
+        actions,
+        "price",
+        help="set a model's price in USD per million tokens",
+        example="runrow budget price claude-sonnet-4-5 --input 3 --output 15 "
+        "--cache-write 3.75 --cache-read 0.3",
+    )
     pr.add_argument("model")
     for flag in ("--input", "--output", "--cache-write", "--cache-read"):
         pr.add_argument(flag, type=_usd, required=True, help="USD per million tokens (0 or more)")
-    r = actions.add_parser("remove-price", help="remove a model's price")
+    r = _action(
+        actions, "remove-price", help="remove a model's price", example="runrow budget remove-price claude-x"
+    )
     r.add_argument("model")
-    actions.add_parser("show", help="tenant budgets, spend per tenant and model, prices, top runs")
+    _action(
+        actions,
+        "show",
+        help="tenant budgets, spend per tenant and model, prices, top runs",
+        example="runrow budget show",
+    )
 
 
 async def cmd_limits(args: argparse.Namespace) -> int:

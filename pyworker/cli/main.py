@@ -172,7 +172,7 @@ def in_range(setting: str, unit: float = 1) -> Callable[[str], float]:
     return number(kind, lo / unit, hi / unit)
 
 
-class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Shows each option's default, except for on/off switches: "--no-session-limits ...
     (default: True)" reads as if the limits were off by default."""
 
@@ -183,6 +183,8 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pyworker.cli.client import _action, _wrap
+
     parser = argparse.ArgumentParser(
         prog="runrow", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -200,24 +202,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="install or upgrade the runrow schema and functions",
         description="Apply pending migrations (yoyo) and re-apply every file in "
         "functions/. Safe to run from several processes at once.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  runrow migrate\n  runrow --database-url postgresql://admin@db/app migrate"
+        "   # a direct URL, not a pooler's",
     )
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser(
         "db",
         help="a throwaway PostgreSQL cluster for development",
-        description="start: create a private cluster from the PostgreSQL 15 binaries "
-        "and print its URL (kept in .runrow/db.json). stop: remove it. url: print it. "
-        "run -- CMD: run CMD with DATABASE_URL set to a cluster that lives only as "
-        "long as CMD (unless DATABASE_URL is already set).",
+        description=_wrap(
+            "start: create a private cluster from the PostgreSQL 15 binaries "
+            "and print its URL (kept in .runrow/db.json). stop: remove it. url: print it. "
+            "run -- CMD: run CMD with DATABASE_URL set to a cluster that lives only as "
+            "long as CMD (unless DATABASE_URL is already set)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  runrow db start          # then every runrow command in this folder uses it\n"
+        "  runrow db run -- pytest -q\n  runrow db stop",
     )
     p.set_defaults(func=cmd_db)
     # Actions of their own, not a positional with choices: `db stop --help` prints help instead
     # of removing the cluster, and `db start extra` is a usage error.
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    actions.add_parser("start", help="create the cluster (once) and print its URL")
-    actions.add_parser("stop", help="stop the cluster and remove its folder")
-    actions.add_parser("url", help="print the running cluster's URL")
+    _action(
+        actions,
+        "start",
+        help="create the cluster (once) and print its URL (kept in .runrow/db.json of this folder)",
+        example="runrow db start && runrow migrate && runrow worker",
+    )
+    _action(actions, "stop", help="stop the cluster and remove its folder", example="runrow db stop")
+    _action(actions, "url", help="print the running cluster's URL", example='psql "$(runrow db url)"')
     r = actions.add_parser(
         "run",
         help="run a command on a cluster that lives as long as it",
@@ -231,13 +246,20 @@ def build_parser() -> argparse.ArgumentParser:
         "worker",
         help="run a worker: claim queued runs and drive them to an ending",
         formatter_class=DefaultsHelpFormatter,
-        description="Claim queued runs into free slots (never more than --concurrency at once), "
-        "heartbeat each at a third of its lease, journal its events, and finish it. Wakes on "
-        "NOTIFY runrow_enqueued and polls every --poll seconds as the fallback. Every worker "
-        "also reaps runs whose lease expired more than --grace seconds ago (once at boot, then "
-        "on a jittered interval). SIGTERM/SIGINT drains: stop claiming, let runs in flight "
-        "finish for up to --drain seconds, release the rest (requeued while attempts are "
-        "left, else failed), exit 0; a second signal exits at once.",
+        description=_wrap(
+            "Claim queued runs into free slots (never more than --concurrency at once), "
+            "heartbeat each at a third of its lease, journal its events, and finish it. Wakes on "
+            "NOTIFY runrow_enqueued and polls every --poll seconds as the fallback. Every worker "
+            "also reaps runs whose lease expired more than --grace seconds ago (once at boot, then "
+            "on a jittered interval). SIGTERM/SIGINT drains: stop claiming, let runs in flight "
+            "finish for up to --drain seconds, release the rest (requeued while attempts are "
+            "left, else failed), exit 0; a second signal exits at once."
+        ),
+        epilog="""examples:
+  runrow worker --concurrency 8 --tools myapp.tools          # the agent loop, tools from your module
+  runrow worker --handler pyworker.worker.echo:handle        # echo metadata.echo back, no model
+  RUNROW_LISTEN_URL=postgresql://app@db/app runrow --database-url postgresql://app@pgbouncer/app worker
+  runrow --log-level WARNING worker --metrics-port 9464      # quiet logs, Prometheus metrics""",
     )
     # A string default goes through `type` too: a bad RUNROW_CONCURRENCY is a usage error.
     p.add_argument(

@@ -169,6 +169,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         help="every schedule: cron, next tick, last tick and its run (the runrow.schedules view)",
         description="Print runrow.schedules: name, cron, catch-up, next tick, last tick, the last "
         "tick's run and its status, and why the last tick enqueued nothing (last error). Times in UTC.",
+        epilog="examples: runrow schedules list ; runrow schedules list --json | jq -r .name",
     )
     q.add_argument("--json", action="store_true", help="one JSON object per line")
     q.set_defaults(func=_sync(cmd_list))
@@ -238,6 +239,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         help="remove a schedule (its runs already enqueued stay)",
         description="Drop the schedule NAME: no tick of it fires after this. Runs it already "
         "enqueued stay and run; stop them with `runrow stop`.",
+        epilog="example: runrow schedules remove nightly-report",
     )
     q.add_argument("name", help="the schedule's name, as `runrow schedules` lists it")
     q.set_defaults(func=_sync(cmd_remove))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from pyworker.cli.client import _command, _connect
+from pyworker.cli.client import _action, _command, _connect
 from pyworker.cli.limits import _show
 from pyworker.cli.types import int32
 from pyworker.db import limits as limits_api
@@ -48,12 +48,17 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         epilog=CONCURRENCY_EPILOG,
     )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    s = actions.add_parser("set", help="cap a key (0 pauses it)")
+    s = _action(actions, "set", help="cap a key (0 pauses it)", example="runrow concurrency set crm-api 5")
     s.add_argument("key", help="the concurrency key runs were enqueued with")
     s.add_argument("max_running", type=int32, help="runs running or waiting at once (0 to 100000)")
-    r = actions.add_parser("remove", help="remove a key's cap")
+    r = _action(actions, "remove", help="remove a key's cap", example="runrow concurrency remove crm-api")
     r.add_argument("key")
-    actions.add_parser("show", help="limits with their running-or-waiting and queued runs")
+    _action(
+        actions,
+        "show",
+        help="limits with their running-or-waiting and queued runs",
+        example="runrow concurrency show",
+    )
 
     p = _command(
         sub,
@@ -65,12 +70,22 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         epilog=FAIRNESS_EPILOG,
     )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    w = actions.add_parser("weight", help="set a tenant's weight (0.001 to 1000)")
+    w = _action(
+        actions,
+        "weight",
+        help="set a tenant's weight (0.001 to 1000)",
+        example="runrow fairness weight acme 3",
+    )
     w.add_argument("tenant", help="the fairness key (by default the run's user id)")
     group = w.add_mutually_exclusive_group(required=True)
     group.add_argument("weight", nargs="?", type=float, help="shares, e.g. 2 or 0.5")
     group.add_argument("--reset", action="store_true", help="back to 1, the default")
-    actions.add_parser("show", help="queued and delayed runs per priority level and tenant")
+    _action(
+        actions,
+        "show",
+        help="queued and delayed runs per priority level and tenant",
+        example="runrow fairness show",
+    )
 
 
 async def cmd_concurrency(args: argparse.Namespace) -> int:

@@ -578,6 +578,8 @@ def add_command(sub: Any) -> None:
         help="the live demo: kill a worker mid-run, watch another resume it, count the side effects",
         description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  runrow demo\n"
+        "  runrow demo --delta-delay 0.1 --tool-delay 1 --keep   # slowly, and keep its logs",
     )
     p.add_argument(
         "--delta-delay",

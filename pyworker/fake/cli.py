@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 
 
 def cmd_fake_model(args: argparse.Namespace) -> int:
@@ -25,10 +26,17 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p = sub.add_parser(
         "fake-model",
         help="serve a fake Anthropic Messages API on loopback",
-        description="A real HTTP server speaking the Messages API wire format (streaming and not) with "
-        "scripted scenarios, signed thinking blocks and fault injection. Prints its base URL, then "
-        "serves until SIGINT/SIGTERM. Point the SDK at it with ANTHROPIC_BASE_URL. Control: POST "
-        "/_control/faults, /_control/scenario, /_control/reset; GET /_control/requests.",
+        description=textwrap.fill(
+            "A real HTTP server speaking the Messages API wire format (streaming and not) with "
+            "scripted scenarios, signed thinking blocks and fault injection. Prints its base URL, then "
+            "serves until SIGINT/SIGTERM. Point the SDK at it with ANTHROPIC_BASE_URL. Control: POST "
+            "/_control/faults, /_control/scenario, /_control/reset; GET /_control/requests.",
+            width=88,
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="""examples:
+  runrow fake-model --port 8765 --scenario demo &
+  ANTHROPIC_BASE_URL=http://127.0.0.1:8765 ANTHROPIC_API_KEY=test runrow worker""",
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (default)")
