@@ -370,6 +370,19 @@ REFUSED_BEFORE_ANY_WORK: list[tuple[list[str | bytes], dict[str, str], int, str]
         2,
         "worker: --tools 'no_such_tools_module': cannot import",
     ),
+    # The agent read it at its first model call: a ValueError there failed every run, one by one.
+    (
+        ["worker"],
+        {"RUNROW_MAX_RETRIES": "two"},
+        2,
+        "worker: RUNROW_MAX_RETRIES must be a whole number from 0",
+    ),
+    (
+        ["replay", str(uuid.uuid4())],
+        {"RUNROW_MAX_RETRIES": "-1"},
+        2,
+        "RUNROW_MAX_RETRIES must be a whole number",
+    ),
     (["--database-url", "garbage", "migrate"], {}, 2, "runrow migrate: cannot use the database: missing"),
     (["db", "run", "--", "/nonexistent/cmd"], {}, 127, "runrow db run: /nonexistent/cmd: command not found"),
     (["serve", "--port", "99999"], {}, 2, "argument --port: must be a port number from 0 to 65535"),

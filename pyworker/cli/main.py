@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from pyworker.cli.messages import first_line
-from pyworker.cli.types import LOG_LEVELS, log_level, not_utf8, number, port_number
+from pyworker.cli.types import LOG_LEVELS, log_level, not_utf8, number, port_number, sdk_retries_problem
 from pyworker.db import devdb
 from pyworker.db.config import ConfigError, database_url
 from pyworker.db.migrate import MigrateError
@@ -93,6 +93,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     logs.setup(args.log_format, args.log_level)
     tracing.configure_from_env()
+    problem = sdk_retries_problem()
+    if problem is not None:
+        print(f"runrow worker: {problem}", file=sys.stderr)
+        return 2
     try:
         handler = load_handler(args.handler)
     except (ImportError, ValueError) as exc:

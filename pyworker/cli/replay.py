@@ -23,7 +23,7 @@ import psycopg
 
 from pyworker.agent.history import build_messages
 from pyworker.cli.client import CliError, _command, _connect
-from pyworker.cli.types import int32, number
+from pyworker.cli.types import int32, number, sdk_retries_problem
 from pyworker.db import forks
 from pyworker.db import steps as steps_api
 from pyworker.db.config import database_url
@@ -106,6 +106,9 @@ async def cmd_replay(args: argparse.Namespace) -> int:
             raise CliError(f"--system-file {args.system_file} is not UTF-8 text (byte {exc.start})") from None
     if args.model is not None and not args.model.strip():
         raise CliError("--model must not be empty")
+    problem = sdk_retries_problem()
+    if problem is not None:
+        raise CliError(problem)
     async with await _connect(database_url(args.database_url)) as conn:
         try:
             request = await forks.get_run_request(conn, args.run)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
+import re
 from collections.abc import Callable
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -77,3 +79,16 @@ def not_utf8(argv: list[str]) -> str | None:
             where = f"the value of {name}" if name else f"argument {i + 1}"
             return f"{where} is not valid UTF-8: {arg.encode('utf-8', 'surrogateescape')!r}"
     return None
+
+
+MAX_SDK_RETRIES = 100
+
+
+def sdk_retries_problem() -> str | None:
+    """Why RUNROW_MAX_RETRIES (the Anthropic client's own retries per request) cannot work, or
+    None. Read by the agent at its first model call: a bad value failed every run there, one by
+    one, with a ValueError, so the commands that call the model check it before they start."""
+    raw = os.environ.get("RUNROW_MAX_RETRIES")
+    if raw is None or (re.fullmatch(r"[0-9]{1,3}", raw.strip()) and int(raw) <= MAX_SDK_RETRIES):
+        return None
+    return f"RUNROW_MAX_RETRIES must be a whole number from 0 to {MAX_SDK_RETRIES}, got {raw[:40]!r}"
