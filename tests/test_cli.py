@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 from tail_support import append, claim, enqueue, finish, finished_run, private_database_url
+from worker_support import REPO
 
 from pyworker.cli.main import build_parser
 from pyworker.db.devdb import temporary_database
@@ -383,6 +384,15 @@ REFUSED_BEFORE_ANY_WORK: list[tuple[list[str | bytes], dict[str, str], int, str]
         2,
         "RUNROW_MAX_RETRIES must be a whole number",
     ),
+    # From a fuzz of every command (a helper): each was a traceback, or started and did nothing.
+    (["worker", "--tools", "..x"], {}, 2, "give its absolute dotted path"),
+    (["worker", "--handler", "..x:y"], {}, 2, "give the module's absolute dotted path"),
+    (["worker", "--worker-id", "w" * 201], {}, 2, "argument --worker-id: must be 1 to 200 characters"),
+    (["worker"], {"RUNROW_LOG_FORMAT": "xml"}, 2, "argument --log-format: must be one of text, json"),
+    (["enqueue", "hi", "--metadata", '{"a": NaN}'], {}, 2, "argument --metadata: not JSON this command"),
+    (["enqueue", "hi", "--metadata", '{"a": 1e999}'], {}, 2, "holds a number too large for JSON"),
+    (["enqueue", "hi", "--metadata", '{"a": "\\u0000"}'], {}, 2, "holds a NUL character"),
+    (["serve", "--insecure-dev", "--system-file", "/nonexistent"], {}, 2, "cannot read --system-file"),
     (["--database-url", "garbage", "migrate"], {}, 2, "runrow migrate: cannot use the database: missing"),
     (["db", "run", "--", "/nonexistent/cmd"], {}, 127, "runrow db run: /nonexistent/cmd: command not found"),
     (["serve", "--port", "99999"], {}, 2, "argument --port: must be a port number from 0 to 65535"),
@@ -417,6 +427,89 @@ def test_what_cannot_work_is_refused_naming_the_option_without_a_traceback(
     assert result.returncode == code, stderr
     assert "Traceback" not in stderr
     assert expected in stderr.strip().splitlines()[-1], stderr
+
+
+def test_no_login_name_breaks_no_command_but_a_decision_without_by(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container run as an arbitrary uid has no login name: getuser() raised KeyError while the
+    parser was built, so every command, --help included, was a traceback."""
+    import getpass
+
+    from pyworker.cli.approvals import _default_person
+    from pyworker.cli.client import CliError
+
+    def no_login() -> str:
+        raise KeyError("getpwuid(): uid not found: 54321")
+
+    monkeypatch.setattr(getpass, "getuser", no_login)
+    monkeypatch.delenv("RUNROW_PERSON", raising=False)
+    build_parser().parse_args(["approve", "k" * 64])
+    with pytest.raises(CliError, match="pass --by NAME or set RUNROW_PERSON"):
+        _default_person()
+    monkeypatch.setenv("RUNROW_PERSON", "alice")
+    assert _default_person() == "alice"
+
+
+def test_closed_stdin_closed_stdout_and_a_full_disk_are_one_line(private_database_url: str) -> None:
+    runrow = f"{sys.executable} -m pyworker --database-url '{private_database_url}'"
+    cases = [
+        # (shell, exit code of runrow, what stderr says)
+        (f"{runrow} enqueue - <&-", 2, "no stdin to read the message from"),
+        (f"{runrow} status | head -c0", 1, ""),  # the reader went away: nothing to say
+        (f"{runrow} enqueue hi > /dev/full", 1, "cannot write its output (No space left on device)"),
+    ]
+    for shell, code, says in cases:
+        done = subprocess.run(
+            ["bash", "-c", f"{shell}; exit ${{PIPESTATUS[0]}}"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=60,
+        )
+        assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, (shell, done.stderr)
+        assert done.returncode == code, (shell, done.returncode, done.stderr)
+        assert says in done.stderr, (shell, done.stderr)
+
+
+def test_an_unmigrated_database_is_named_and_worker_and_serve_do_not_start(database_url: str) -> None:
+    """Against a database without the schema, worker and serve started anyway (the worker failed
+    every reap and claim forever, serve answered 500); the client commands said 3F000 only."""
+    with temporary_database(database_url, "runrow_cli_empty", migrated=False) as empty:
+        for args, says in [
+            (["worker", "--handler", "pyworker.worker.echo:handle"], "run `runrow migrate` on it first"),
+            (["serve", "--insecure-dev", "--port", "0"], "run `runrow migrate` on it first"),
+            (["cancel", str(uuid.uuid4())], "is runrow installed here? run `runrow migrate`"),
+        ]:
+            done = subprocess.run(
+                [sys.executable, "-m", "pyworker", "--database-url", empty, *args],
+                capture_output=True,
+                text=True,
+                timeout=90,
+            )
+            assert done.returncode == 2, (args, done.stderr[-2000:])
+            assert says in done.stderr and "Traceback" not in done.stderr, (args, done.stderr[-2000:])
+
+
+@pytest.mark.parametrize("state", ["", "{}", "[1]", "folder"])
+def test_a_broken_db_state_file_is_named(tmp_path: Path, state: str) -> None:
+    """`.runrow/db.json` cut short, emptied or edited was a JSONDecodeError or TypeError traceback
+    from every command run in that folder without DATABASE_URL."""
+    folder = tmp_path / ".runrow"
+    folder.mkdir()
+    if state == "folder":
+        (folder / "db.json").mkdir()
+    else:
+        (folder / "db.json").write_text(state)
+    environ = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pyworker", "status"],
+        cwd=tmp_path,
+        env={**environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "does not describe a throwaway cluster" in done.stderr and "db.json" in done.stderr
 
 
 def test_unreachable_database_says_what_to_do() -> None:

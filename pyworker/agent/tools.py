@@ -207,6 +207,8 @@ def tool(
 def load_module(path: str) -> ToolRegistry:
     """Import a user's tool module (`package.module`); its decorators register its tools.
     Returns the registry of exactly the tools that module defines."""
+    if path.startswith("."):  # import_module raises TypeError for a relative name
+        raise ValueError(f"tools module {path!r}: give its absolute dotted path, for example myapp.tools")
     try:
         module = importlib.import_module(path)
     except ModuleNotFoundError as exc:

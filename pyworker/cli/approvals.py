@@ -57,12 +57,13 @@ async def cmd_approvals(args: argparse.Namespace) -> int:
 
 
 async def _decide(args: argparse.Namespace, approved: bool) -> int:
+    by = args.by or _default_person()
     async with await _connect(database_url(args.database_url)) as conn:
         try:
-            run_id = await steps_api.resolve_approval(conn, args.key, approved, args.by, args.note)
+            run_id = await steps_api.resolve_approval(conn, args.key, approved, by, args.note)
         except psycopg.errors.NoDataFound as exc:
             raise CliError(f"no tool call has idempotency key {args.key}") from exc
-    print(f"{'approved' if approved else 'rejected'} by {args.by}; run {run_id} requeued")
+    print(f"{'approved' if approved else 'rejected'} by {by}; run {run_id} requeued")
     return 0
 
 
@@ -75,7 +76,17 @@ async def cmd_reject(args: argparse.Namespace) -> int:
 
 
 def _default_person() -> str:
-    return os.environ.get("RUNROW_PERSON") or getpass.getuser()
+    """Asked only when a decision is made without --by: a process whose uid has no login name (a
+    container run as an arbitrary uid) made getuser() raise while every command built its parser."""
+    person = os.environ.get("RUNROW_PERSON")
+    if person:
+        return person
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        raise CliError(
+            "no login name to record as who decided: pass --by NAME or set RUNROW_PERSON"
+        ) from None
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -106,7 +117,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
             + ('"checked the amount"' if name == "approve" else '"not today"'),
         )
         p.add_argument("key", help="the idempotency key `runrow approvals` shows")
-        p.add_argument(
-            "--by", default=_default_person(), help="who decides (default: $RUNROW_PERSON or the login)"
-        )
+        p.add_argument("--by", help="who decides (default: $RUNROW_PERSON or the login name)")
         p.add_argument("--note", help="why; reaches the worker (and the model, for a rejection)")

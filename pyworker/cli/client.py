@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import sys
 import textwrap
@@ -256,10 +257,30 @@ def _command(
 # --- commands -----------------------------------------------------------------------------
 
 
-async def cmd_enqueue(args: argparse.Namespace) -> int:
-    text = sys.stdin.read() if args.message == "-" else args.message
+def read_message(arg: str) -> str:
+    """The message argument, or stdin for `-`: text PostgreSQL can store, not only white space."""
+    if arg == "-":
+        if sys.stdin is None:
+            raise CliError("no stdin to read the message from (`-`): give the text as an argument")
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError as exc:
+            raise CliError(f"the message on stdin is not UTF-8 text (byte {exc.start})") from None
+    else:
+        text = arg
+    if "\x00" in text:
+        raise CliError("the message holds a NUL character, which PostgreSQL text cannot store")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # stdin read with surrogateescape (a C locale) keeps bad bytes so
+        raise CliError("the message is not UTF-8 text") from None
     if not text.strip():
         raise CliError("the message is empty: give the text as an argument or on stdin with `-`")
+    return text
+
+
+async def cmd_enqueue(args: argparse.Namespace) -> int:
+    text = read_message(args.message)
     tools = _read_tools(args.tools_json) if args.tools_json else None
     conversation_id = args.conversation or uuid7()
     url = database_url(args.database_url)
@@ -476,11 +497,17 @@ def _sync(command: Callable[[argparse.Namespace], Awaitable[int]]) -> Callable[[
     return run
 
 
+NOT_INSTALLED = ("3F000", "42883", "42P01")  # invalid_schema_name, undefined_function, undefined_table
+
+
 def _db_message(exc: psycopg.Error) -> str:
     primary = (exc.diag.message_primary or str(exc)).strip().splitlines()[0]
     kind = CALLER_ERRORS.get(exc.sqlstate or "")
     if kind is not None:
         return f"{kind}: {primary}"
+    if exc.sqlstate in NOT_INSTALLED and "runrow" in primary:
+        # The schema is missing, or older than this runrow (a function it does not have yet).
+        return f"{primary}: is runrow installed here? run `runrow migrate` on this database"
     return f"database error {exc.sqlstate or ''}: {primary}".replace("  ", " ")
 
 
@@ -503,21 +530,46 @@ def _redact(url: str) -> str:
     return url
 
 
+def _not_json_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _unstorable(value: Any) -> str | None:
+    """Why jsonb cannot store value (Python's json reads NaN, 1e999 and lone surrogates), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "a number too large for JSON (it read as infinity)"
+    if isinstance(value, str):
+        if "\x00" in value:
+            return "a NUL character (\\u0000), which PostgreSQL cannot store"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "a lone surrogate (\\ud800-\\udfff), which is not text"
+    if isinstance(value, dict):
+        return next(filter(None, (_unstorable(v) for kv in value.items() for v in kv)), None)
+    if isinstance(value, list):
+        return next(filter(None, (_unstorable(v) for v in value)), None)
+    return None
+
+
 def _json_object(text: str) -> dict[str, Any]:
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_not_json_constant)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not JSON ({exc.msg}): {text!r}") from exc
     except (ValueError, RecursionError) as exc:  # a number of over 4300 digits; nesting past the stack
         raise argparse.ArgumentTypeError(f"not JSON this command can read ({exc})") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError('must be a JSON object, like \'{"k": "v"}\'')
+    problem = _unstorable(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"holds {problem}")
     return value
 
 
 def _read_tools(path: Path) -> Any:
     try:
-        value = json.loads(path.read_text())
+        value = json.loads(path.read_text(), parse_constant=_not_json_constant)
     except OSError as exc:
         raise CliError(f"cannot read --tools-json {path}: {exc.strerror}") from exc
     except json.JSONDecodeError as exc:
@@ -528,6 +580,9 @@ def _read_tools(path: Path) -> Any:
         raise CliError(f"--tools-json {path} is not JSON this command can read ({exc})") from None
     if not isinstance(value, list):
         raise CliError(f"--tools-json {path} must hold a JSON array of tool definitions")
+    problem = _unstorable(value)
+    if problem is not None:
+        raise CliError(f"--tools-json {path} holds {problem}")
     return value
 
 

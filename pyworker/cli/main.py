@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -14,7 +16,16 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from pyworker.cli.messages import first_line
-from pyworker.cli.types import LOG_LEVELS, log_level, not_utf8, number, port_number, sdk_retries_problem
+from pyworker.cli.types import (
+    LOG_LEVELS,
+    log_level,
+    not_utf8,
+    number,
+    one_of,
+    port_number,
+    sdk_retries_problem,
+    worker_id,
+)
 from pyworker.db import devdb
 from pyworker.db.config import ConfigError, database_url
 from pyworker.db.migrate import MigrateError
@@ -89,7 +100,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from pyworker.worker import logs, tracing
     from pyworker.worker.handler import load_handler
-    from pyworker.worker.process import Worker
+    from pyworker.worker.process import SchemaMissing, Worker
 
     logs.setup(args.log_format, args.log_level)
     tracing.configure_from_env()
@@ -142,6 +153,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except OSError as exc:  # e.g. --metrics-port already taken
         print(f"runrow worker: {exc}", file=sys.stderr)
         return 2
+    except SchemaMissing as exc:
+        print(f"runrow worker: {exc}", file=sys.stderr)
+        return 2
     except PoolTimeout:
         print(
             "runrow worker: cannot connect to the database within 30 s; check DATABASE_URL / "
@@ -181,7 +195,8 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.Raw
     (default: True)" reads as if the limits were off by default."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.nargs == 0:
+        # Nor where there is no default to show, or the help already says what it is.
+        if action.nargs == 0 or action.default is None or "default" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
 
@@ -321,7 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("RUNROW_TOOLS"),
         help="module that defines the agent's tools (env RUNROW_TOOLS)",
     )
-    p.add_argument("--worker-id", default=None, help="name in agent_run.worker_id (default host-pid)")
+    p.add_argument(
+        "--worker-id",
+        type=worker_id,
+        default=None,
+        help="name in agent_run.worker_id, 1 to 200 characters (default: host-pid)",
+    )
     p.add_argument(
         "--listen-url",
         default=os.environ.get("RUNROW_LISTEN_URL") or None,
@@ -368,9 +388,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--log-format",
-        choices=["text", "json"],
+        # A type, not choices: argparse checks a default against neither, and a string default
+        # goes through the type, so RUNROW_LOG_FORMAT=xml is refused too.
+        type=one_of("text", "json"),
+        metavar="{text,json}",
         default=os.environ.get("RUNROW_LOG_FORMAT", "text"),
-        help="json: one object per line with run_id, conversation_id, attempt",
+        help="json: one object per line with run_id, conversation_id, attempt (env RUNROW_LOG_FORMAT)",
     )
     p.add_argument(
         "--metrics-port",
@@ -440,7 +463,26 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("yoyo").setLevel(logging.WARNING)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe or a full disk is a traceback
+        return code
+    except KeyboardInterrupt:
+        return 130  # Ctrl-C: the shell's code for SIGINT, without a traceback
+    except BrokenPipeError:
+        # The reader went away (`runrow status | head -1`): nothing left to say, and nobody to say it to.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EIO, errno.EPIPE):
+            raise
+        # Writing to stdout failed (a full disk): what the command did in the database stands.
+        print(
+            f"runrow {args.cmd}: cannot write its output ({exc.strerror}); what it did in the "
+            "database is done",
+            file=sys.stderr,
+        )
+        return 1
     except ConfigError as exc:
         print(f"runrow: {exc}", file=sys.stderr)
         return 2

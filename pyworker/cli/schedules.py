@@ -24,6 +24,7 @@ from pyworker.cli.client import (
     _read_tools,
     _sync,
     _wrap,
+    read_message,
 )
 from pyworker.cli.types import int32
 from pyworker.db import schedules
@@ -105,9 +106,7 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
 
 async def cmd_add(args: argparse.Namespace) -> int:
-    text = sys.stdin.read() if args.message == "-" else args.message
-    if not text.strip():
-        raise CliError("the message is empty: give the text as an argument or on stdin with `-`")
+    text = read_message(args.message)
     if args.max_catch_up is not None and args.catch_up != "each":
         raise CliError("--max-catch-up goes with --catch-up each (latest fires only the most recent tick)")
     tools = _read_tools(args.tools_json) if args.tools_json else None

@@ -157,8 +157,14 @@ def _unusable(args: argparse.Namespace) -> str | None:
     deadline = time.monotonic() + 30
     while True:
         try:
-            with psycopg.connect(url, connect_timeout=10, autocommit=True):
+            with psycopg.connect(url, connect_timeout=10, autocommit=True) as conn:
+                conn.execute("SELECT runrow.schema_version()")
                 return None
+        except (psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedFunction):
+            # Started anyway, it answered every request 500 "internal error".
+            return "the database has no runrow schema: run `runrow migrate` on it first"
+        except psycopg.errors.InsufficientPrivilege:
+            return "this login may not call runrow's functions: GRANT runrow_client TO it"
         except psycopg.OperationalError as exc:
             if time.monotonic() < deadline:
                 time.sleep(1)
@@ -189,7 +195,16 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
             sys.path.insert(0, os.getcwd())
         # Exactly that module's tools (the process has imported others, e.g. the demo's).
         tools = tool_registry.load_module(args.tools_module).definitions()
-    system = args.system_file.read_text() if args.system_file is not None else None
+    system = None
+    if args.system_file is not None:
+        try:
+            system = args.system_file.read_text()
+        except OSError as exc:
+            raise ValueError(f"cannot read --system-file {args.system_file}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"--system-file {args.system_file} is not UTF-8 text (byte {exc.start})"
+            ) from None
     return ServeConfig(
         database_url=database_url(args.database_url),
         model=args.model,

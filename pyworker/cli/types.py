@@ -92,3 +92,20 @@ def sdk_retries_problem() -> str | None:
     if raw is None or (re.fullmatch(r"[0-9]{1,3}", raw.strip()) and int(raw) <= MAX_SDK_RETRIES):
         return None
     return f"RUNROW_MAX_RETRIES must be a whole number from 0 to {MAX_SDK_RETRIES}, got {raw[:40]!r}"
+
+
+def worker_id(text: str) -> str:
+    """claim_runs' worker_id: 1 to 200 characters. A longer one started a worker whose every
+    claim was refused, so it never claimed a run."""
+    if not 1 <= len(text) <= 200:
+        raise argparse.ArgumentTypeError(f"must be 1 to 200 characters, got {len(text)}")
+    return text
+
+
+def one_of(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"must be one of {', '.join(choices)}, got {text!r}")
+        return text
+
+    return parse

@@ -293,7 +293,13 @@ def save_state(cluster: Cluster, path: Path = STATE_FILE) -> None:
 def load_state(path: Path = STATE_FILE) -> Cluster | None:
     if not path.exists():
         return None
-    return Cluster.from_json(path.read_text())
+    try:
+        return Cluster.from_json(path.read_text())
+    except (OSError, ValueError, TypeError, KeyError) as exc:  # empty, cut short, a folder, edited
+        raise DevDbError(
+            f"{path} does not describe a throwaway cluster ({type(exc).__name__}: {exc}); remove it "
+            "(its cluster, if any, is a folder under the temp directory) and run `runrow db start`"
+        ) from None
 
 
 def wait_ready(cluster: Cluster, timeout: float = 10.0) -> None:

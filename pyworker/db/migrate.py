@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from yoyo import get_backend, read_migrations
 
 from pyworker.db.paths import FUNCTIONS_DIR, MIGRATIONS_DIR
@@ -59,7 +60,9 @@ def migrate(
     database_url: str, migrations_dir: Path = MIGRATIONS_DIR, functions_dir: Path = FUNCTIONS_DIR
 ) -> MigrateResult:
     # Not autocommit: the lock lives as long as lock_conn's transaction, which writes nothing.
-    with psycopg.connect(database_url, **POOLER_SAFE) as lock_conn:
+    # A bounded connect, as every other command's: a port that accepts and never answers hung here.
+    timeout = {} if "connect_timeout" in conninfo_to_dict(database_url) else {"connect_timeout": 10}
+    with psycopg.connect(database_url, **timeout, **POOLER_SAFE) as lock_conn:
         lock_conn.execute(LOCK_SQL)
         try:
             # yoyo keeps its tables in our schema, which must exist (committed) before it connects.

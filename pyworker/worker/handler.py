@@ -80,6 +80,10 @@ def load_handler(spec: str) -> RunHandler:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"--handler must be module:function, got {spec!r}")
+    if module_name.startswith("."):  # import_module raises TypeError for a relative name
+        raise ValueError(
+            f"--handler {spec!r}: give the module's absolute dotted path, for example myapp.agent"
+        )
     module = importlib.import_module(module_name)
     handler = getattr(module, attr, None)
     if not callable(handler):

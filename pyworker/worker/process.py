@@ -17,6 +17,8 @@ import signal
 import socket
 from typing import Any
 
+import psycopg
+
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.hub import Hub
 from pyworker.db.pooling import POOLER_SAFE, accepted_kwargs
@@ -34,6 +36,10 @@ log = logging.getLogger("runrow.worker")
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class SchemaMissing(RuntimeError):
+    """The database the worker was pointed at has no runrow schema (never migrated)."""
 
 
 class Worker:
@@ -143,6 +149,20 @@ class Worker:
             open=False,
         )
         await pool.open(wait=True, timeout=30)
+        try:
+            async with pool.connection() as conn:
+                await conn.execute("SELECT runrow.schema_version()")
+        except (psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedFunction):
+            # Started anyway, it logged a failed reap and a failed claim every tick, forever.
+            await pool.close()
+            raise SchemaMissing(
+                "the database has no runrow schema: run `runrow migrate` on it first"
+            ) from None
+        except psycopg.errors.InsufficientPrivilege:
+            await pool.close()
+            raise SchemaMissing(
+                "this login may not call runrow's functions: GRANT runrow_worker TO it"
+            ) from None
         hub = self.hub = Hub(self.listen_conninfo, connect_kwargs=hub_limits)
         await hub.start()
         await hub.wait_connected(5)  # not required: without it the worker polls
