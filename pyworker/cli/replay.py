@@ -23,6 +23,7 @@ import psycopg
 
 from pyworker.agent.history import build_messages
 from pyworker.cli.client import CliError, _command, _connect
+from pyworker.cli.messages import read_text_option
 from pyworker.cli.types import int32, number, sdk_retries_problem
 from pyworker.db import forks
 from pyworker.db import steps as steps_api
@@ -99,11 +100,9 @@ async def cmd_replay(args: argparse.Namespace) -> int:
     system_override: str | None = None
     if args.system_file is not None:
         try:
-            system_override = args.system_file.read_text()
-        except OSError as exc:
-            raise CliError(f"cannot read --system-file {args.system_file}: {exc.strerror}") from exc
-        except UnicodeDecodeError as exc:
-            raise CliError(f"--system-file {args.system_file} is not UTF-8 text (byte {exc.start})") from None
+            system_override = read_text_option(args.system_file, "--system-file")
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
     if args.model is not None and not args.model.strip():
         raise CliError("--model must not be empty")
     problem = sdk_retries_problem()

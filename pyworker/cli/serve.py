@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from pyworker.cli.messages import first_line
+from pyworker.cli.messages import first_line, read_text_option
 from pyworker.cli.types import number, port_number
 from pyworker.db.config import database_url
 from pyworker.http.auth import TokenConfigError, load_tokens_file, parse_tokens_env
@@ -195,16 +195,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
             sys.path.insert(0, os.getcwd())
         # Exactly that module's tools (the process has imported others, e.g. the demo's).
         tools = tool_registry.load_module(args.tools_module).definitions()
-    system = None
-    if args.system_file is not None:
-        try:
-            system = args.system_file.read_text()
-        except OSError as exc:
-            raise ValueError(f"cannot read --system-file {args.system_file}: {exc.strerror}") from None
-        except UnicodeDecodeError as exc:
-            raise ValueError(
-                f"--system-file {args.system_file} is not UTF-8 text (byte {exc.start})"
-            ) from None
+    system = None if args.system_file is None else read_text_option(args.system_file, "--system-file")
     return ServeConfig(
         database_url=database_url(args.database_url),
         model=args.model,
