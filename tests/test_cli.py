@@ -259,6 +259,19 @@ def test_enqueue_follow_streams_until_the_run_ends(
     assert "complete status=failed error=boom" in err
 
 
+def test_a_retried_keyed_enqueue_without_a_conversation_returns_the_first_run(
+    private_database_url: str,
+) -> None:
+    """Each call made a new conversation, so the retry a key is for was refused as another request."""
+    key = f"digest-{uuid.uuid4()}"
+    first = runrow(private_database_url, "enqueue", "weekly digest", "--idempotency-key", key)
+    again = runrow(private_database_url, "enqueue", "weekly digest", "--idempotency-key", key)
+    assert (first.returncode, again.returncode) == (0, 0), again.stderr
+    assert again.stdout == first.stdout and "existing run for this idempotency key" in again.stderr
+    other = runrow(private_database_url, "enqueue", "another text", "--idempotency-key", key)
+    assert other.returncode == 2 and "already used" in other.stderr
+
+
 def test_stop_and_cancel(private_database_url: str, conn: psycopg.Connection) -> None:
     conversation = uuid.uuid4()
     queued = enqueue(conn, conversation_id=conversation)

@@ -105,7 +105,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument(
         "--idempotency-key",
         help="the same key with the same request returns the first run instead of a second one; "
-        "with a different request it is an error",
+        "with a different request it is an error. Without -c the key names the conversation too, so "
+        "a retried command is the same request",
     )
     p.add_argument(
         "--if-active",
@@ -279,10 +280,23 @@ def read_message(arg: str) -> str:
     return text
 
 
+# Conversations of keyed enqueues without -c: a fixed namespace, so a key names one conversation.
+KEYED_CONVERSATIONS = uuid.UUID("5d0f6c1e-2b7a-4c39-9a51-7f2e8d4b6a10")
+
+
+def _conversation_of(idempotency_key: str | None) -> uuid.UUID:
+    """A new conversation; with an idempotency key, the one that key names. A new one per call made
+    a retried `enqueue --idempotency-key K` a request for another conversation, which enqueue_run
+    refuses (the key then names the first run), so the retry a key is for failed."""
+    if idempotency_key is None:
+        return uuid7()
+    return uuid.uuid5(KEYED_CONVERSATIONS, idempotency_key)
+
+
 async def cmd_enqueue(args: argparse.Namespace) -> int:
     text = read_message(args.message)
     tools = _read_tools(args.tools_json) if args.tools_json else None
-    conversation_id = args.conversation or uuid7()
+    conversation_id = args.conversation or _conversation_of(args.idempotency_key)
     url = database_url(args.database_url)
     async with await _connect(url) as conn:
         enq = await api.enqueue_run(
