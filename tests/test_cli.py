@@ -282,6 +282,11 @@ def test_stop_and_cancel(private_database_url: str, conn: psycopg.Connection) ->
 
     result = runrow(private_database_url, "stop", str(conversation))
     assert result.returncode == 0 and result.stdout == "" and "nothing to stop" in result.stderr
+    # An id that names no conversation exited 0 having stopped nothing, a run's id among them.
+    unknown = runrow(private_database_url, "stop", str(uuid.uuid4()))
+    assert unknown.returncode == 2 and "does not exist" in unknown.stderr, unknown.stderr
+    a_run = runrow(private_database_url, "stop", str(queued))
+    assert a_run.returncode == 2 and f"runrow cancel {queued}" in a_run.stderr, a_run.stderr
 
     running = enqueue(conn)
     claim(conn, running)
