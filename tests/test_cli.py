@@ -270,6 +270,8 @@ def test_a_retried_keyed_enqueue_without_a_conversation_returns_the_first_run(
     assert again.stdout == first.stdout and "existing run for this idempotency key" in again.stderr
     other = runrow(private_database_url, "enqueue", "another text", "--idempotency-key", key)
     assert other.returncode == 2 and "already used" in other.stderr
+    conversation = first.stderr.split()[1]  # "conversation <id>"
+    assert runrow(private_database_url, "stop", conversation).returncode == 0  # leave no queued run behind
 
 
 def test_stop_and_cancel(private_database_url: str, conn: psycopg.Connection) -> None:
@@ -323,7 +325,6 @@ def test_bad_input_is_one_line_and_exit_2(private_database_url: str, tmp_path: P
     deep.write_text(DEEP)
     digits.write_text("[" + "9" * 5000 + "]")
     for args, expected in [
-        (["enqueue", "x", "--max-attempts", "0"], "runrow: invalid argument: max_attempts"),
         (["enqueue", "x", "--model", ""], "runrow: invalid argument: model"),
         (["enqueue", ""], "runrow: the message is empty"),
         (["enqueue", "x", "--tools-json", "/nonexistent.json"], "runrow: cannot read --tools-json"),
@@ -363,7 +364,8 @@ REFUSED_BEFORE_ANY_WORK: list[tuple[list[str | bytes], dict[str, str], int, str]
         ["enqueue", "hi", "--max-attempts", "99999999999"],
         {},
         2,
-        "--max-attempts: must be an integer from -2147483648",
+        # The option's own range, not int4's (which it quoted before).
+        "--max-attempts: must be an integer from 1 to 100, got '99999999999'",
     ),
     (
         ["tail", str(uuid.uuid4()), "--from", "9" * 20],

@@ -100,7 +100,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "--tools-json", type=Path, metavar="FILE", help="JSON file with an array of tool definitions"
     )
     p.add_argument(
-        "--max-attempts", type=int32, default=1, help="attempts before the run is dead (default 1)"
+        "--max-attempts",
+        type=number(int, 1, 100),
+        default=1,
+        help="attempts before the run is dead, 1 to 100 (default 1)",
     )
     p.add_argument(
         "--idempotency-key",

@@ -26,7 +26,7 @@ from pyworker.cli.client import (
     _wrap,
     read_message,
 )
-from pyworker.cli.types import int32
+from pyworker.cli.types import int32, number
 from pyworker.db import schedules
 from pyworker.db.config import database_url
 
@@ -206,7 +206,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     q.add_argument("--metadata", type=_json_object, default=None, help="JSON object stored on each run")
     q.add_argument("--user", help="user id stored on each run (and owner of the conversation)")
-    q.add_argument("--max-attempts", type=int32, default=1, help="attempts before a run is dead (default 1)")
+    q.add_argument(
+        "--max-attempts",
+        type=number(int, 1, 100),
+        default=1,
+        help="attempts before a run is dead, 1 to 100 (default 1)",
+    )
     q.add_argument(
         "--if-active",
         choices=["enqueue", "reject", "interrupt"],
