@@ -317,6 +317,22 @@ def test_a_white_space_answer_does_not_stop_the_conversation(db, fake) -> None:
     assert [b["text"] for b in sent[0]["content"]] == ["say nothing", "and now?"]
 
 
+def test_cache_markers_of_many_turns_stay_within_the_apis_four(db, fake) -> None:
+    """enqueue_run takes up to 4 cache_control markers a turn; a history holds every turn's, and
+    the API refuses a request with more than 4, so a conversation whose turns carried 3 each failed
+    from its second turn on (the fake, as the API: a 400). The earliest markers are dropped."""
+    marked = [{"type": "text", "text": f"part {i}", "cache_control": {"type": "ephemeral"}} for i in range(3)]
+    fake.set_scenario(script(turn(Text("Noted."))))
+    first = enqueue_agent(db, marked, system=None, tools=[], metadata={"prompt_cache": "off"})
+    assert finish(db, first)["status"] == "completed"
+    [conversation] = db.execute("SELECT conversation_id FROM runrow.get_run(%s)", [first]).fetchone()
+    second = enqueue_agent(db, marked, conversation_id=conversation, system=None, tools=[], metadata={})
+    row = finish(db, second)
+    assert row["status"] == "completed", row["error"]
+    sent = json.dumps(fake.requests[-1].body)
+    assert sent.count('"cache_control"') == 4
+
+
 def test_other_4xx_fails_at_once(db, fake) -> None:
     fake.inject(status_error(400, message="messages: bad request"))
     run = enqueue_agent(db, "Hi", tools=[], metadata={}, max_attempts=3)

@@ -39,6 +39,7 @@ def cache_mode(metadata: Mapping[str, Any] | None) -> str:
 
 def add_breakpoints(params: dict[str, Any], mode: str) -> dict[str, Any]:
     """`params` with cache breakpoints; `params` and what it holds are left unchanged."""
+    params = _within_limit(params)
     if mode == "off":
         return params
     marker: dict[str, Any] = {"type": "ephemeral"}
@@ -63,6 +64,28 @@ def add_breakpoints(params: dict[str, Any], mode: str) -> dict[str, Any]:
         room -= placed
     out["messages"] = messages
     return out
+
+
+def _within_limit(params: dict[str, Any]) -> dict[str, Any]:
+    """`params` with at most MAX_BREAKPOINTS markers: the users' own, from all the turns a history
+    holds, add up (enqueue_run takes 4 a turn), and the API refuses every request past 4, so a
+    conversation whose turns carried 3 each failed from its second turn on. The earliest markers
+    go first: a marker only says where a cache prefix ends, and the latest ones end the longest."""
+    excess = _markers(params) - MAX_BREAKPOINTS
+    if excess <= 0:
+        return params
+    messages = list(params.get("messages") or [])
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if excess <= 0 or not isinstance(content, list):
+            continue
+        blocks = list(content)
+        for j, block in enumerate(blocks):
+            if excess > 0 and isinstance(block, Mapping) and block.get("cache_control") is not None:
+                blocks[j] = {k: v for k, v in block.items() if k != "cache_control"}
+                excess -= 1
+        messages[i] = {**message, "content": blocks}
+    return {**params, "messages": messages}
 
 
 def _markers(value: Any) -> int:
