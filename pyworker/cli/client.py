@@ -353,10 +353,8 @@ async def cmd_stop(args: argparse.Namespace) -> int:
 async def _conversation_exists(conn: psycopg.AsyncConnection, conversation_id: uuid.UUID) -> None:
     """CliError for an id that names no conversation (stop_conversation is silent on it): a typo,
     or a run's id given to `stop` instead of `cancel`, used to exit 0 having stopped nothing."""
-    from pyworker.http.queries import get_conversation
-
     try:
-        await get_conversation(conn, conversation_id)
+        await api.get_conversation(conn, conversation_id)
     except psycopg.errors.NoDataFound:
         try:
             await api.get_run(conn, conversation_id)

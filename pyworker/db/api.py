@@ -343,3 +343,22 @@ async def notify_probe(conn: AsyncConnection, channel: str) -> str:
     row = await cur.fetchone()
     assert row is not None
     return str(row[0])
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: UUID
+    user_id: str | None
+    created_at: datetime
+    active_run_id: UUID | None
+    active_status: str | None
+    runs: int
+
+
+async def get_conversation(conn: AsyncConnection, conversation_id: UUID) -> Conversation:
+    """runrow.get_conversation; raises psycopg.errors.NoDataFound (P0002) for an unknown one."""
+    async with conn.cursor(row_factory=class_row(Conversation)) as cur:
+        await cur.execute("SELECT * FROM runrow.get_conversation(conversation_id => %s)", (conversation_id,))
+        row = await cur.fetchone()
+    assert row is not None  # get_conversation raises P0002 rather than return nothing
+    return row

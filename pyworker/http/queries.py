@@ -1,5 +1,6 @@
-"""Reads the service needs beyond pyworker.db.api: the client functions get_run and
-get_conversation, and the documented pending_approvals view, filtered to one user."""
+"""Reads the service needs beyond pyworker.db.api: the client function get_run with every column
+a client sees, and the documented pending_approvals view, filtered to one user (get_conversation
+is pyworker.db.api's, which the CLI's stop uses too)."""
 
 from __future__ import annotations
 
@@ -34,25 +35,9 @@ class RunState:
     finished_at: datetime | None
 
 
-@dataclass(frozen=True)
-class Conversation:
-    id: UUID
-    user_id: str | None
-    created_at: datetime
-    active_run_id: UUID | None
-    active_status: str | None
-    runs: int
-
-
 async def get_run(conn: AsyncConnection, run_id: UUID) -> RunState:
     """Raises psycopg.errors.NoDataFound (P0002) for an unknown run."""
     return await _one(conn, RunState, "SELECT * FROM runrow.get_run(run_id => %s)", run_id)
-
-
-async def get_conversation(conn: AsyncConnection, conversation_id: UUID) -> Conversation:
-    """Raises psycopg.errors.NoDataFound (P0002) for an unknown conversation."""
-    query = "SELECT * FROM runrow.get_conversation(conversation_id => %s)"
-    return await _one(conn, Conversation, query, conversation_id)
 
 
 async def _one(conn: AsyncConnection, row_type: type[T], query: LiteralString, key: UUID) -> T:

@@ -208,8 +208,8 @@ async def owned_run(svc: Services, run_id: UUID, user: str) -> queries.RunState:
     return await _owned(svc, "run", run_id, user, queries.get_run)
 
 
-async def owned_conversation(svc: Services, conversation_id: UUID, user: str) -> queries.Conversation:
-    return await _owned(svc, "conversation", conversation_id, user, queries.get_conversation)
+async def owned_conversation(svc: Services, conversation_id: UUID, user: str) -> api.Conversation:
+    return await _owned(svc, "conversation", conversation_id, user, api.get_conversation)
 
 
 class _HasUser(Protocol):
