@@ -181,6 +181,7 @@ DECLARE
     block jsonb;
     i integer := -1;
     kind text;
+    markers bigint;
 BEGIN
     IF content IS NULL THEN
         RAISE EXCEPTION 'content must not be NULL' USING ERRCODE = 'null_value_not_allowed';
@@ -241,11 +242,11 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
     END LOOP;
-    IF (SELECT count(*) FROM jsonb_array_elements(content) AS b (el)
-        WHERE jsonb_typeof(b.el -> 'cache_control') IS DISTINCT FROM 'null' AND b.el ? 'cache_control') > 4 THEN
+    markers := (SELECT count(*) FROM jsonb_array_elements(content) AS b (el)
+        WHERE jsonb_typeof(b.el -> 'cache_control') IS DISTINCT FROM 'null' AND b.el ? 'cache_control');
+    IF markers > 4 THEN
         RAISE EXCEPTION 'content has % blocks with a cache_control: a request holds at most 4 cache breakpoints',
-            (SELECT count(*) FROM jsonb_array_elements(content) AS b (el)
-             WHERE jsonb_typeof(b.el -> 'cache_control') IS DISTINCT FROM 'null' AND b.el ? 'cache_control')
+            markers
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM runrow._require_portable_json(content, 'content');
