@@ -3,7 +3,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(34);
+SELECT plan(36);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'stop_conversation', ARRAY['uuid'], 'stop_conversation(conversation_id) exists');
@@ -79,8 +79,26 @@ SELECT is_empty('SELECT * FROM runrow.claim_run(''w'')',
 SELECT pg_temp.fingerprint() AS before \gset
 SELECT is_empty(format('SELECT * FROM runrow.stop_conversation(%L)', :convd),
     'a conversation whose runs all ended returns no rows');
-SELECT is_empty('SELECT * FROM runrow.stop_conversation(gen_random_uuid())', 'an unknown conversation returns no rows');
 SELECT is(pg_temp.fingerprint(), :'before', 'stopping an idle conversation wrote nothing');
+
+-- An id that names no conversation is an error, as cancel_run's is (it used to return no rows,
+-- so a typo or a run's id "stopped" nothing, successfully); a run's id gets a hint.
+CREATE FUNCTION pg_temp.stop_error(id uuid) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE state text; msg text; hint text;
+BEGIN
+    PERFORM * FROM runrow.stop_conversation(id);
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, hint = PG_EXCEPTION_HINT;
+    RETURN concat_ws(' | ', state, msg, nullif(hint, ''));
+END $$;
+SELECT is(pg_temp.stop_error('eeeeeeee-0000-0000-0000-000000000009'),
+    'P0002 | conversation_id eeeeeeee-0000-0000-0000-000000000009 does not exist',
+    'an unknown conversation raises P0002 naming conversation_id');
+SELECT is(pg_temp.stop_error(:'d1'),
+    format('P0002 | conversation_id %s does not exist | It is a run''s id: cancel_run stops one run.', :'d1'),
+    'a run''s id raises P0002 and the hint names cancel_run');
+SELECT is(pg_temp.fingerprint(), :'before', 'an unknown id wrote nothing');
 
 -- Bad input, with an active conversation around: nothing written.
 SELECT pg_temp.new_run(:conv) AS t4 \gset

@@ -13685,6 +13685,7 @@ AS $fn$
 DECLARE
     target uuid;
     waiting_on uuid;
+    found_any boolean := false;
 BEGIN
     PERFORM runrow._require_not_null(stop_conversation.conversation_id, 'conversation_id');
     BEGIN
@@ -13707,6 +13708,7 @@ BEGIN
             ) AS o
             ORDER BY o.enqueue_seq
         LOOP
+            found_any := true;
             waiting_on := target;  -- named in the error if this lock is not granted in time
             PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = target FOR UPDATE;
             waiting_on := NULL;
@@ -13716,6 +13718,20 @@ BEGIN
                 RETURN NEXT;
             END IF;
         END LOOP;
+        -- Nothing active: an idle conversation returns no rows, but an id that names none is an
+        -- error, as cancel_run's is. Looked for only here, so a stop that acts pays nothing.
+        -- A stop of a typo, or of a run's id, used to succeed having stopped nothing.
+        IF NOT found_any AND NOT EXISTS (
+            SELECT 1 FROM runrow.conversation AS c WHERE c.id = stop_conversation.conversation_id
+        ) THEN
+            IF EXISTS (SELECT 1 FROM runrow.agent_run AS a WHERE a.id = stop_conversation.conversation_id) THEN
+                RAISE EXCEPTION 'conversation_id % does not exist', stop_conversation.conversation_id
+                    USING ERRCODE = 'no_data_found',
+                          HINT = 'It is a run''s id: cancel_run stops one run.';
+            END IF;
+            RAISE EXCEPTION 'conversation_id % does not exist', stop_conversation.conversation_id
+                USING ERRCODE = 'no_data_found';
+        END IF;
     EXCEPTION WHEN lock_not_available THEN
         PERFORM runrow._stop_timed_out(stop_conversation.conversation_id, waiting_on);
     END;
@@ -13728,7 +13744,8 @@ COMMENT ON FUNCTION runrow.stop_conversation(uuid) IS
 'draft); a running run gets cancel_requested, a cancel_requested journal event and a NOTIFY '
 'on runrow_cancel (payload: run id), and its worker finalizes it cancelled keeping the '
 'partial text. No turn of the conversation starts after the stop commits. Returns one row '
-'per run acted on, action cancelled or cancel_requested; no rows when nothing was active. '
+'per run acted on, action cancelled or cancel_requested; no rows when nothing was active. An '
+'unknown conversation_id raises P0002 (with a hint when it is a run''s id: cancel_run). '
 'All or nothing: a lock not granted within the function''s lock_timeout (5 s; a holder '
 'frozen inside its transaction) raises 55P03 naming the run, and nothing is stopped.';
 

@@ -337,9 +337,16 @@ async def cmd_tail(args: argparse.Namespace) -> int:
 
 async def cmd_stop(args: argparse.Namespace) -> int:
     async with await _connect(database_url(args.database_url)) as conn:
-        touched = await api.stop_conversation(conn, args.conversation)
-        if not touched:
-            await _conversation_exists(conn, args.conversation)
+        try:
+            touched = await api.stop_conversation(conn, args.conversation)
+        except psycopg.errors.NoDataFound as exc:
+            # stop_conversation hints only when the id is a run's: say which command takes it.
+            if exc.diag.message_hint:
+                raise CliError(
+                    f"{args.conversation} is a run, not a conversation: "
+                    f"`runrow cancel {args.conversation}` stops one run"
+                ) from None
+            raise CliError(f"conversation {args.conversation} does not exist") from None
     if not touched:
         print(
             f"conversation {args.conversation} has no queued, running or waiting run: nothing to stop",
@@ -348,21 +355,6 @@ async def cmd_stop(args: argparse.Namespace) -> int:
     for run_id, action in touched:
         print(f"{run_id}\t{action}")
     return 0
-
-
-async def _conversation_exists(conn: psycopg.AsyncConnection, conversation_id: uuid.UUID) -> None:
-    """CliError for an id that names no conversation (stop_conversation is silent on it): a typo,
-    or a run's id given to `stop` instead of `cancel`, used to exit 0 having stopped nothing."""
-    try:
-        await api.get_conversation(conn, conversation_id)
-    except psycopg.errors.NoDataFound:
-        try:
-            await api.get_run(conn, conversation_id)
-        except psycopg.errors.NoDataFound:
-            raise CliError(f"conversation {conversation_id} does not exist") from None
-        raise CliError(
-            f"{conversation_id} is a run, not a conversation: `runrow cancel {conversation_id}` stops one run"
-        ) from None
 
 
 async def cmd_cancel(args: argparse.Namespace) -> int:
