@@ -4,7 +4,8 @@ CREATE OR REPLACE FUNCTION runrow.fail_webhook_delivery(
     error text,
     http_status integer DEFAULT NULL,
     max_attempts integer DEFAULT 8,
-    backoff_seconds numeric DEFAULT 10
+    backoff_seconds numeric DEFAULT 10,
+    permanent boolean DEFAULT false
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -30,9 +31,10 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF fail_webhook_delivery.max_attempts IS NULL OR fail_webhook_delivery.max_attempts NOT BETWEEN 1 AND 100
-       OR fail_webhook_delivery.backoff_seconds IS NULL THEN
+       OR fail_webhook_delivery.backoff_seconds IS NULL OR fail_webhook_delivery.permanent IS NULL THEN
         PERFORM runrow._require_range(fail_webhook_delivery.max_attempts, 'max_attempts', 1, 100);
         PERFORM runrow._require_not_null(fail_webhook_delivery.backoff_seconds, 'backoff_seconds');
+        PERFORM runrow._require_not_null(fail_webhook_delivery.permanent, 'permanent');
     END IF;
     IF NOT fail_webhook_delivery.backoff_seconds BETWEEN 0.1 AND 3600 THEN
         RAISE EXCEPTION 'backoff_seconds must be between 0.1 and 3600, got %', fail_webhook_delivery.backoff_seconds
@@ -40,7 +42,12 @@ BEGIN
     END IF;
 
     UPDATE runrow.webhook_delivery AS w
-    SET state = CASE WHEN w.attempts >= fail_webhook_delivery.max_attempts THEN 'dead' ELSE 'pending' END,
+    -- permanent: the failure will recur identically (no request can be built for the URL), so
+    -- another attempt would only wait out a backoff to fail the same way.
+    SET state = CASE
+            WHEN fail_webhook_delivery.permanent OR w.attempts >= fail_webhook_delivery.max_attempts THEN 'dead'
+            ELSE 'pending'
+        END,
         -- Exponential on the database clock: backoff, 2x, 4x, ... after attempts 1, 2, 3,
         -- capped at 6 hours so a long outage is retried a few times a day, not never.
         next_attempt_at = now() + make_interval(secs => least(
@@ -57,13 +64,14 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.fail_webhook_delivery(uuid, uuid, text, integer, integer, numeric) IS
+COMMENT ON FUNCTION runrow.fail_webhook_delivery(uuid, uuid, text, integer, integer, numeric, boolean) IS
 'This attempt failed: error (1..10000 characters) says how, http_status (100..599) what the '
 'receiver answered, NULL when it answered nothing (refused, timed out, cut). Returns retrying '
 '(due again at now() + backoff_seconds * 2^(attempts - 1) by the database clock, at most 6 hours; '
-'backoff_seconds 0.1..3600) or dead (dead-lettered: attempts reached max_attempts, 1..100). '
+'backoff_seconds 0.1..3600) or dead (dead-lettered: attempts reached max_attempts, 1..100, or '
+'permanent is true: the failure will recur identically, so no attempt follows). '
 'Fenced by claim_token and state pending: NULL, writing nothing, when the lease was taken over '
 'or the delivery already ended.';
 
-REVOKE ALL ON FUNCTION runrow.fail_webhook_delivery(uuid, uuid, text, integer, integer, numeric) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION runrow.fail_webhook_delivery(uuid, uuid, text, integer, integer, numeric) TO runrow_worker;
+REVOKE ALL ON FUNCTION runrow.fail_webhook_delivery(uuid, uuid, text, integer, integer, numeric, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.fail_webhook_delivery(uuid, uuid, text, integer, integer, numeric, boolean) TO runrow_worker;

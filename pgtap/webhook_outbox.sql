@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(102);
+SELECT plan(107);
 SELECT pg_temp.drain_queue();
 -- Deliveries left by other files' data must not be claimed here.
 UPDATE runrow.webhook_delivery SET state = 'dead', claim_token = NULL, claim_expires_at = NULL
@@ -44,17 +44,17 @@ SELECT has_function('runrow', 'claim_webhook_deliveries', '{text,integer,integer
     'claim_webhook_deliveries(worker_id, max_deliveries, lease_seconds, max_attempts) exists');
 SELECT has_function('runrow', 'complete_webhook_delivery', '{uuid,uuid,integer}'::name[],
     'complete_webhook_delivery(delivery_id, claim_token, http_status) exists');
-SELECT has_function('runrow', 'fail_webhook_delivery', '{uuid,uuid,text,integer,integer,numeric}'::name[],
-    'fail_webhook_delivery(delivery_id, claim_token, error, http_status, max_attempts, backoff_seconds) exists');
+SELECT has_function('runrow', 'fail_webhook_delivery', '{uuid,uuid,text,integer,integer,numeric,boolean}'::name[],
+    'fail_webhook_delivery(delivery_id, claim_token, error, http_status, max_attempts, backoff_seconds, permanent) exists');
 SELECT has_function('runrow', 'retry_webhook_delivery', '{uuid}'::name[], 'retry_webhook_delivery(delivery_id) exists');
 SELECT function_privs_are('runrow', f, a::name[], 'runrow_worker', ARRAY['EXECUTE'], 'runrow_worker may call ' || f)
 FROM (VALUES ('claim_webhook_deliveries', '{text,integer,integer,integer}'),
              ('complete_webhook_delivery', '{uuid,uuid,integer}'),
-             ('fail_webhook_delivery', '{uuid,uuid,text,integer,integer,numeric}')) AS v (f, a);
+             ('fail_webhook_delivery', '{uuid,uuid,text,integer,integer,numeric,boolean}')) AS v (f, a);
 SELECT function_privs_are('runrow', f, a::name[], 'runrow_client', ARRAY[]::name[], 'runrow_client may not call ' || f)
 FROM (VALUES ('claim_webhook_deliveries', '{text,integer,integer,integer}'),
              ('complete_webhook_delivery', '{uuid,uuid,integer}'),
-             ('fail_webhook_delivery', '{uuid,uuid,text,integer,integer,numeric}')) AS v (f, a);
+             ('fail_webhook_delivery', '{uuid,uuid,text,integer,integer,numeric,boolean}')) AS v (f, a);
 SELECT function_privs_are('runrow', 'retry_webhook_delivery', '{uuid}'::name[], 'runrow_client', ARRAY['EXECUTE'],
     'runrow_client may retry a dead-lettered delivery');
 SELECT function_privs_are('runrow', 'retry_webhook_delivery', '{uuid}'::name[], 'runrow_worker', ARRAY[]::name[],
@@ -207,6 +207,18 @@ SELECT set_eq($$SELECT run_id, state FROM runrow.webhook_outbox WHERE run_id IN 
     format($$VALUES (%L::uuid, 'dead'), (%L::uuid, 'dead'), (%L::uuid, 'pending'), (%L::uuid, 'pending')$$,
         :'batch', :'twice', :'stopped', :'cancelled'), 'webhook_outbox lists the undelivered ones');
 
+-- A failure that will recur identically ends on its first attempt, whatever max_attempts says.
+SELECT (SELECT delivery_id FROM c1 WHERE run_id = :'cancelled') AS d6, (SELECT claim_token FROM c1 WHERE run_id = :'cancelled') AS k6 \gset
+SELECT pg_temp.outbox() AS before \gset
+SELECT is(runrow.fail_webhook_delivery(:'d6', gen_random_uuid(), 'no request can be built', permanent => true), NULL,
+    'a permanent failure is fenced like any other');
+SELECT is(pg_temp.outbox(), :'before', 'and the fenced-out one wrote nothing');
+SELECT is(runrow.fail_webhook_delivery(:'d6', :'k6', 'no request can be built', permanent => true), 'dead',
+    'a permanent failure dead-letters at attempt 1 of the default 8');
+SELECT is(((pg_temp.delivery(:'cancelled')).state, (pg_temp.delivery(:'cancelled')).attempts,
+           (pg_temp.delivery(:'cancelled')).last_error)::text, '(dead,1,"no request can be built")',
+    'dead after 1 attempt, with its reason');
+
 -- A person re-arms a dead letter.
 SELECT is(runrow.retry_webhook_delivery(:'d2'), true, 'retry_webhook_delivery re-arms a dead letter');
 SELECT is(((pg_temp.delivery(:'batch')).state, (pg_temp.delivery(:'batch')).attempts,
@@ -253,6 +265,8 @@ SELECT throws_ok($$SELECT runrow.fail_webhook_delivery(gen_random_uuid(), gen_ra
     'backoff_seconds must be between 0.1 and 3600, got 0', 'fail: backoff_seconds 0');
 SELECT throws_ok($$SELECT runrow.fail_webhook_delivery(gen_random_uuid(), gen_random_uuid(), 'x', NULL, 3, NULL)$$, '22004',
     'backoff_seconds must not be NULL', 'fail: backoff_seconds NULL');
+SELECT throws_ok($$SELECT runrow.fail_webhook_delivery(gen_random_uuid(), gen_random_uuid(), 'x', permanent => NULL)$$, '22004',
+    'permanent must not be NULL', 'fail: permanent NULL');
 SELECT throws_ok($$SELECT runrow.retry_webhook_delivery(NULL)$$, '22004',
     'delivery_id must not be NULL', 'retry: delivery_id NULL');
 SELECT is(pg_temp.outbox(), :'before', 'bad input wrote nothing');

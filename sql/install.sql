@@ -7043,6 +7043,24 @@ INSERT INTO runrow._yoyo_migration VALUES ('e435ddd4c002553f96884526dec0fde376e4
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'e435ddd4c002553f96884526dec0fde376e4587f9bd6bc699c0b30eeb1190b55', '0065_money_is_finite', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0066_webhook_failure_can_be_permanent
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'd1704b630bde4c77b57832f31502a4307b4d755a470568adecc63dcf45a57cc2') AS apply_d1704b630bde \gset
+\if :apply_d1704b630bde
+-- depends: 0065_money_is_finite
+-- fail_webhook_delivery takes permanent (default false): a failure that will recur identically
+-- (a webhook_url no request can be built for) is dead-lettered on this attempt, whatever
+-- max_attempts says. The sender used to get that by passing max_attempts => the attempt's
+-- number, which said what it did but not why. A function's arguments cannot be added in place
+-- (CREATE OR REPLACE would add an overload beside it), so the old signature goes here and
+-- functions/fail_webhook_delivery.sql creates the new one, as every migrate re-applies
+-- functions/ after the migrations. Calls by name and by position keep working unchanged. IF
+-- EXISTS: on a fresh install functions/ has not created it yet.
+
+DROP FUNCTION IF EXISTS runrow.fail_webhook_delivery(uuid, uuid, text, integer, integer, numeric);
+INSERT INTO runrow._yoyo_migration VALUES ('d1704b630bde4c77b57832f31502a4307b4d755a470568adecc63dcf45a57cc2', '0066_webhook_failure_can_be_permanent', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'd1704b630bde4c77b57832f31502a4307b4d755a470568adecc63dcf45a57cc2', '0066_webhook_failure_can_be_permanent', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_append_runs_input.sql
@@ -11876,7 +11894,8 @@ CREATE OR REPLACE FUNCTION runrow.fail_webhook_delivery(
     error text,
     http_status integer DEFAULT NULL,
     max_attempts integer DEFAULT 8,
-    backoff_seconds numeric DEFAULT 10
+    backoff_seconds numeric DEFAULT 10,
+    permanent boolean DEFAULT false
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -11902,9 +11921,10 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF fail_webhook_delivery.max_attempts IS NULL OR fail_webhook_delivery.max_attempts NOT BETWEEN 1 AND 100
-       OR fail_webhook_delivery.backoff_seconds IS NULL THEN
+       OR fail_webhook_delivery.backoff_seconds IS NULL OR fail_webhook_delivery.permanent IS NULL THEN
         PERFORM runrow._require_range(fail_webhook_delivery.max_attempts, 'max_attempts', 1, 100);
         PERFORM runrow._require_not_null(fail_webhook_delivery.backoff_seconds, 'backoff_seconds');
+        PERFORM runrow._require_not_null(fail_webhook_delivery.permanent, 'permanent');
     END IF;
     IF NOT fail_webhook_delivery.backoff_seconds BETWEEN 0.1 AND 3600 THEN
         RAISE EXCEPTION 'backoff_seconds must be between 0.1 and 3600, got %', fail_webhook_delivery.backoff_seconds
@@ -11912,7 +11932,12 @@ BEGIN
     END IF;
 
     UPDATE runrow.webhook_delivery AS w
-    SET state = CASE WHEN w.attempts >= fail_webhook_delivery.max_attempts THEN 'dead' ELSE 'pending' END,
+    -- permanent: the failure will recur identically (no request can be built for the URL), so
+    -- another attempt would only wait out a backoff to fail the same way.
+    SET state = CASE
+            WHEN fail_webhook_delivery.permanent OR w.attempts >= fail_webhook_delivery.max_attempts THEN 'dead'
+            ELSE 'pending'
+        END,
         -- Exponential on the database clock: backoff, 2x, 4x, ... after attempts 1, 2, 3,
         -- capped at 6 hours so a long outage is retried a few times a day, not never.
         next_attempt_at = now() + make_interval(secs => least(
@@ -11929,16 +11954,17 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.fail_webhook_delivery(uuid, uuid, text, integer, integer, numeric) IS
+COMMENT ON FUNCTION runrow.fail_webhook_delivery(uuid, uuid, text, integer, integer, numeric, boolean) IS
 'This attempt failed: error (1..10000 characters) says how, http_status (100..599) what the '
 'receiver answered, NULL when it answered nothing (refused, timed out, cut). Returns retrying '
 '(due again at now() + backoff_seconds * 2^(attempts - 1) by the database clock, at most 6 hours; '
-'backoff_seconds 0.1..3600) or dead (dead-lettered: attempts reached max_attempts, 1..100). '
+'backoff_seconds 0.1..3600) or dead (dead-lettered: attempts reached max_attempts, 1..100, or '
+'permanent is true: the failure will recur identically, so no attempt follows). '
 'Fenced by claim_token and state pending: NULL, writing nothing, when the lease was taken over '
 'or the delivery already ended.';
 
-REVOKE ALL ON FUNCTION runrow.fail_webhook_delivery(uuid, uuid, text, integer, integer, numeric) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION runrow.fail_webhook_delivery(uuid, uuid, text, integer, integer, numeric) TO runrow_worker;
+REVOKE ALL ON FUNCTION runrow.fail_webhook_delivery(uuid, uuid, text, integer, integer, numeric, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.fail_webhook_delivery(uuid, uuid, text, integer, integer, numeric, boolean) TO runrow_worker;
 
 -- functions/finish_and_claim_runs.sql
 CREATE OR REPLACE FUNCTION runrow.finish_and_claim_runs(

@@ -60,12 +60,22 @@ async def fail_webhook_delivery(
     http_status: int | None,
     max_attempts: int,
     backoff_seconds: float,
+    permanent: bool = False,
 ) -> str | None:
-    """'retrying', 'dead', or None when fenced out (the lease was taken over)."""
+    """'retrying', 'dead', or None when fenced out (the lease was taken over). permanent: the
+    failure will recur identically, so it is dead-lettered on this attempt."""
     cur = await conn.execute(
         "SELECT runrow.fail_webhook_delivery(delivery_id => %s, claim_token => %s, error => %s, "
-        "http_status => %s, max_attempts => %s, backoff_seconds => %s::numeric)",
-        (delivery_id, claim_token, error[:10000] or "failed", http_status, max_attempts, backoff_seconds),
+        "http_status => %s, max_attempts => %s, backoff_seconds => %s::numeric, permanent => %s)",
+        (
+            delivery_id,
+            claim_token,
+            error[:10000] or "failed",
+            http_status,
+            max_attempts,
+            backoff_seconds,
+            permanent,
+        ),
     )
     row = await cur.fetchone()
     return None if row is None else row[0]

@@ -183,12 +183,12 @@ async def _deliver_and_record(
     pool: AsyncConnectionPool, client: httpx.AsyncClient, d: Delivery, settings: WebhookSettings
 ) -> None:
     extra = {"run_id": str(d.run_id)}
-    attempts = settings.max_attempts
+    permanent = False
     try:
         status, error = await deliver(client, d, settings)
     except Unsendable as exc:
         status, error = None, str(exc)
-        attempts = min(attempts, max(1, d.attempt))  # a deterministic failure ends once
+        permanent = True  # a deterministic failure ends once
     async with pool.connection() as conn:
         if error is None:
             assert status is not None
@@ -204,7 +204,14 @@ async def _deliver_and_record(
                 log.info("webhook %s delivered but the lease was taken over", d.delivery_id, extra=extra)
             return
         outcome = await fail_webhook_delivery(
-            conn, d.delivery_id, d.claim_token, error, status, attempts, settings.backoff_seconds
+            conn,
+            d.delivery_id,
+            d.claim_token,
+            error,
+            status,
+            settings.max_attempts,
+            settings.backoff_seconds,
+            permanent,
         )
     if outcome == "dead":
         log.warning(
