@@ -81,6 +81,23 @@ AS $fn$
     END
 $fn$;
 
+-- TRUE when url is a webhook_url a request can be sent to: http:// or https://, at most 2048
+-- characters, a host (a name, or an IPv6 address in brackets), and a port from 1 to 65535 if it
+-- names one. A URL without them (http:///x, http://e.com:99999/, http://[::1/) failed every
+-- delivery attempt the same way, long after the enqueue said yes. NULL for NULL. Written once for
+-- enqueue_run's check and agent_run's own rule (_agent_run_settings). Inlined.
+CREATE OR REPLACE FUNCTION runrow._webhook_url_ok(url text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT length(url) <= 2048 AND url ~ (
+        '^https?://([^/?#@[:space:]]*@)?([^][/?#:@[:space:]]+|\[[0-9A-Fa-f:.]+\])'
+        || '(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})?)?'
+        || '([/?#][^[:space:]]*)?$'
+    )
+$fn$;
+
 -- Raises 22004/22023 naming metadata (or the key) for the first rule of _metadata_ok it breaks.
 -- Called where _metadata_ok said no, and by create_schedule.
 CREATE OR REPLACE FUNCTION runrow._require_metadata(metadata jsonb)
@@ -359,6 +376,12 @@ COMMENT ON FUNCTION runrow._require_metadata(jsonb) IS
 'Raises 22004 for a NULL metadata, 22023 naming metadata or metadata.<key> for the first rule of '
 '_metadata_ok it breaks; returns otherwise. Reads no table.';
 
+COMMENT ON FUNCTION runrow._webhook_url_ok(text) IS
+'TRUE when url is an http:// or https:// URL of at most 2048 characters with a host and, if it '
+'names one, a port from 1 to 65535; NULL for NULL. enqueue_run''s check and agent_run''s rule '
+'agent_run_webhook_url_http. Inlined.';
+
+REVOKE ALL ON FUNCTION runrow._webhook_url_ok(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._cache_controls_ok(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._json_too_deep(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._json_portable(jsonb) FROM PUBLIC;

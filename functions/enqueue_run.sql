@@ -126,11 +126,7 @@ BEGIN
     END IF;
     -- A URL no request can be sent to (no host, a port past 65535 or not a number, an unclosed
     -- IPv6 bracket) failed every delivery attempt the same way, long after the enqueue said 202.
-    IF length(enqueue_run.webhook_url) > 2048 OR enqueue_run.webhook_url !~ (
-        '^https?://([^/?#@[:space:]]*@)?([^][/?#:@[:space:]]+|\[[0-9A-Fa-f:.]+\])'
-        || '(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})?)?'
-        || '([/?#][^[:space:]]*)?$'
-    ) THEN
+    IF NOT runrow._webhook_url_ok(enqueue_run.webhook_url) THEN
         RAISE EXCEPTION 'webhook_url must be NULL or an http:// or https:// URL of at most 2048 characters with a '
             'host, and a port from 1 to 65535 if it names one, got "%"', left(enqueue_run.webhook_url, 80)
             USING ERRCODE = 'invalid_parameter_value';

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(35);
+SELECT plan(37);
 SELECT pg_temp.drain_queue();
 
 -- Defaults: old calls are unchanged, and the resolved keys are the user and the model.
@@ -127,6 +127,16 @@ SELECT is(ARRAY[pg_temp.bad($$webhook_url => 'http://[::1]:8080/hook?x=1#y'$$),
     array_fill('no error'::text, ARRAY[4]), 'IPv6 hosts, user info, ports up to 65535 and IDN hosts are taken');
 SELECT pg_temp.written() AS before \gset
 
+CREATE FUNCTION pg_temp.direct_url(url text, run uuid) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE state text; con text;
+BEGIN
+    UPDATE runrow.agent_run SET webhook_url = url WHERE id = run;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, con = CONSTRAINT_NAME;
+    RETURN state || ' ' || con;
+END $$;
+
 -- The table's own rules hold for writes that bypass the function (the agent_run_settings
 -- trigger since 0034, with the CHECK constraints' names and errors).
 SELECT throws_ok(format('UPDATE runrow.agent_run SET priority = 5000 WHERE id = %L', :'plain'),
@@ -135,6 +145,15 @@ SELECT throws_ok(format('UPDATE runrow.agent_run SET priority = 5000 WHERE id = 
 SELECT throws_ok(format($$UPDATE runrow.agent_run SET webhook_url = 'mailto:x' WHERE id = %L$$, :'plain'),
     '23514', 'new row for relation "agent_run" violates check constraint "agent_run_webhook_url_http"',
     'agent_run_webhook_url_http holds for a direct update');
+-- The table's rule is enqueue_run's (_webhook_url_ok): a URL no request can be built for is
+-- refused whoever writes it (the rule used to take any http(s):// text without white space).
+SELECT is(ARRAY(SELECT pg_temp.direct_url(u, :'plain') FROM unnest(ARRAY['http://e.test:abc/', 'http://[::1/',
+        'http:///hook', 'http://e.test:99999/', 'http://e.test:0/']) AS u),
+    array_fill('23514 agent_run_webhook_url_http'::text, ARRAY[5]),
+    'agent_run_webhook_url_http refuses a bad port, an unclosed IPv6 bracket and no host for a direct update');
+SELECT is(ARRAY(SELECT pg_temp.direct_url(u, :'plain') FROM unnest(ARRAY['http://[::1]:8080/hook?x=1#y',
+        'https://user:pw@hooks.e.test:65535', 'https://é.test/h']) AS u),
+    array_fill('no error'::text, ARRAY[3]), 'and takes what enqueue_run takes');
 SELECT throws_ok(format($$INSERT INTO runrow.agent_run (conversation_id, user_id, user_message_id, model, prompt_id, max_attempts)
         SELECT conversation_id, user_id, user_message_id, model, prompt_id, 0 FROM runrow.agent_run WHERE id = %L$$, :'plain'),
     '23514', 'new row for relation "agent_run" violates check constraint "agent_run_max_attempts_check"',

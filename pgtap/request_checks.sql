@@ -5,7 +5,7 @@
 -- and _require_content (its message) agree on every case.
 BEGIN;
 \ir helpers/setup.psql
-SELECT plan(71);
+SELECT plan(73);
 SELECT pg_temp.drain_queue();
 
 CREATE TEMP TABLE content_case (content jsonb, message text, label text);
@@ -255,6 +255,12 @@ $$;
 CREATE TEMP TABLE doc (d jsonb);
 SELECT unalike(pg_temp.plan_text($$SELECT runrow._json_portable(d) FROM doc$$),
     '%\_json\_%', '_json_portable and _json_too_deep are inlined (no call per document)');
+CREATE TEMP TABLE hook (u text);
+SELECT unalike(pg_temp.plan_text($$SELECT runrow._webhook_url_ok(u) FROM hook$$),
+    '%\_webhook\_url\_ok%', '_webhook_url_ok is inlined (enqueue_run and agent_run''s rule pay no call for it)');
+SELECT is(ARRAY[runrow._webhook_url_ok('https://h.test:443/x'), runrow._webhook_url_ok('http://h.test:65536/'),
+        runrow._webhook_url_ok(NULL)],
+    ARRAY[true, false, NULL], '_webhook_url_ok: a host and a port up to 65535; NULL for NULL, as a CHECK reads it');
 
 -- A model id with white space around it (a paste) failed at the API once claimed.
 SELECT pg_temp.fingerprint() AS before \gset

@@ -7063,6 +7063,66 @@ INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'd1704b630bde4c77b
 
 -- functions/: re-applied on every install, like `runrow migrate`
 
+-- functions/_agent_run_settings.sql
+-- agent_run's settings trigger function: the rules on the columns only an enqueue sets (migration
+-- 0034 made them a trigger gated on those columns, so a claim, heartbeat or finish does not
+-- compile them). It lived in migrations until 0065, restated whole by each one that changed a
+-- rule (0034, 0035, 0041, 0050, 0052, 0065). Here it is re-applied by every migrate, like the
+-- API: a rule changes in this one place, and no migration restates it again. Its trigger, and
+-- the column list that gates it, stay in the migrations (DDL history).
+--
+-- The rules are CHECKs in meaning: NULL (an unknown) passes, and a broken one raises 23514 naming
+-- the rule as the constraint, as a CHECK would. No SET clause (a settings save and restore on
+-- every row, 0041); every runrow name is qualified, so the rules hold under any search_path
+-- (pgtap/trigger_functions.sql).
+
+CREATE OR REPLACE FUNCTION runrow._agent_run_settings() RETURNS trigger
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    broken text;
+BEGIN
+    -- Each rule as the CHECK it replaces: NULL (an unknown) passes.
+    broken := CASE
+        WHEN (NEW.max_attempts >= 1 AND NEW.max_attempts <= 100) IS FALSE THEN 'agent_run_max_attempts_check'
+        WHEN (NEW.model <> '') IS FALSE THEN 'agent_run_model_check'
+        WHEN (NEW.idempotency_key <> '') IS FALSE THEN 'agent_run_idempotency_key_check'
+        WHEN (jsonb_typeof(NEW.metadata) = 'object') IS FALSE THEN 'agent_run_metadata_check'
+        WHEN (NEW.priority >= -1000 AND NEW.priority <= 1000) IS FALSE THEN 'agent_run_priority_range'
+        WHEN (length(NEW.fairness_key) >= 1 AND length(NEW.fairness_key) <= 200) IS FALSE
+            THEN 'agent_run_fairness_key_length'
+        WHEN (length(NEW.concurrency_key) >= 1 AND length(NEW.concurrency_key) <= 200) IS FALSE
+            THEN 'agent_run_concurrency_key_length'
+        WHEN (length(NEW.rate_limit_key) >= 1 AND length(NEW.rate_limit_key) <= 200) IS FALSE
+            THEN 'agent_run_rate_limit_key_length'
+        WHEN (NEW.token_budget > 0) IS FALSE THEN 'agent_run_token_budget_positive'
+        -- Finite too (0065): NaN sorts above every number, so NaN > 0 held.
+        WHEN (NEW.cost_budget > 0 AND NEW.cost_budget < 'Infinity') IS FALSE THEN 'agent_run_cost_budget_positive'
+        -- enqueue_run's rule: a host, and a port 1..65535 if it names one (until issue 11's stop 52,
+        -- any http(s):// text without white space).
+        WHEN runrow._webhook_url_ok(NEW.webhook_url) IS FALSE THEN 'agent_run_webhook_url_http'
+        WHEN ((NEW.forked_from IS NULL) = (NEW.forked_at_seq IS NULL)) IS FALSE THEN 'agent_run_fork_names_its_step'
+        WHEN (NEW.forked_at_seq >= 0) IS FALSE THEN 'agent_run_forked_at_seq_check'
+    END;
+    IF broken IS NOT NULL THEN
+        RAISE EXCEPTION 'new row for relation "agent_run" violates check constraint "%"', broken
+            USING ERRCODE = 'check_violation', CONSTRAINT = broken, SCHEMA = 'runrow', TABLE = 'agent_run';
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._agent_run_settings() IS
+'agent_run''s AFTER INSERT OR UPDATE OF <the columns an enqueue sets> row trigger: the 13 rules '
+'that were CHECK constraints until migration 0034 (max_attempts 1..100, model and idempotency_key '
+'not empty, metadata an object, priority -1000..1000, fairness/concurrency/rate-limit keys 1..200 '
+'characters, budgets positive and the cost budget finite (0065), webhook_url an http(s) URL of '
+'at most 2048 characters with a host and a port 1..65535 if it names one (_webhook_url_ok), forked_from '
+'and forked_at_seq set together, forked_at_seq >= 0), with CHECK''s meaning (NULL passes) and its '
+'error: 23514 naming the rule as the constraint. Column-gated, so an UPDATE that assigns none of '
+'those columns (every claim, heartbeat and finish) does not fire it. (A run''s references are '
+'agent_run_owner_guard''s since 0052.)';
+
 -- functions/_append_runs_input.sql
 -- The input check of a batch of appends (append_runs_events): the rules of append_events for
 -- each element, named by its index.
@@ -8894,6 +8954,23 @@ AS $fn$
     END
 $fn$;
 
+-- TRUE when url is a webhook_url a request can be sent to: http:// or https://, at most 2048
+-- characters, a host (a name, or an IPv6 address in brackets), and a port from 1 to 65535 if it
+-- names one. A URL without them (http:///x, http://e.com:99999/, http://[::1/) failed every
+-- delivery attempt the same way, long after the enqueue said yes. NULL for NULL. Written once for
+-- enqueue_run's check and agent_run's own rule (_agent_run_settings). Inlined.
+CREATE OR REPLACE FUNCTION runrow._webhook_url_ok(url text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT length(url) <= 2048 AND url ~ (
+        '^https?://([^/?#@[:space:]]*@)?([^][/?#:@[:space:]]+|\[[0-9A-Fa-f:.]+\])'
+        || '(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})?)?'
+        || '([/?#][^[:space:]]*)?$'
+    )
+$fn$;
+
 -- Raises 22004/22023 naming metadata (or the key) for the first rule of _metadata_ok it breaks.
 -- Called where _metadata_ok said no, and by create_schedule.
 CREATE OR REPLACE FUNCTION runrow._require_metadata(metadata jsonb)
@@ -9172,6 +9249,12 @@ COMMENT ON FUNCTION runrow._require_metadata(jsonb) IS
 'Raises 22004 for a NULL metadata, 22023 naming metadata or metadata.<key> for the first rule of '
 '_metadata_ok it breaks; returns otherwise. Reads no table.';
 
+COMMENT ON FUNCTION runrow._webhook_url_ok(text) IS
+'TRUE when url is an http:// or https:// URL of at most 2048 characters with a host and, if it '
+'names one, a port from 1 to 65535; NULL for NULL. enqueue_run''s check and agent_run''s rule '
+'agent_run_webhook_url_http. Inlined.';
+
+REVOKE ALL ON FUNCTION runrow._webhook_url_ok(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._cache_controls_ok(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._json_too_deep(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._json_portable(jsonb) FROM PUBLIC;
@@ -11680,11 +11763,7 @@ BEGIN
     END IF;
     -- A URL no request can be sent to (no host, a port past 65535 or not a number, an unclosed
     -- IPv6 bracket) failed every delivery attempt the same way, long after the enqueue said 202.
-    IF length(enqueue_run.webhook_url) > 2048 OR enqueue_run.webhook_url !~ (
-        '^https?://([^/?#@[:space:]]*@)?([^][/?#:@[:space:]]+|\[[0-9A-Fa-f:.]+\])'
-        || '(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})?)?'
-        || '([/?#][^[:space:]]*)?$'
-    ) THEN
+    IF NOT runrow._webhook_url_ok(enqueue_run.webhook_url) THEN
         RAISE EXCEPTION 'webhook_url must be NULL or an http:// or https:// URL of at most 2048 characters with a '
             'host, and a port from 1 to 65535 if it names one, got "%"', left(enqueue_run.webhook_url, 80)
             USING ERRCODE = 'invalid_parameter_value';

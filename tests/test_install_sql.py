@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -9,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 
 from pyworker.db.installsql import render
-from pyworker.db.migrate import migrate
-from pyworker.db.paths import INSTALL_SQL, ROOT
+from pyworker.db.migrate import function_files, migrate
+from pyworker.db.paths import INSTALL_SQL, MIGRATIONS_DIR, ROOT
 
 
 def _psql_install(url: str) -> subprocess.CompletedProcess[str]:
@@ -60,3 +61,24 @@ def test_concurrent_migrates_on_an_empty_database(scratch_database: str) -> None
     assert sum(1 for r in results if r.applied) == 1
     # install.sql on top of a migrated database succeeds and changes nothing.
     assert _psql_install(scratch_database).returncode == 0
+
+
+# Functions a migration defined before functions/ took them over. functions/ is applied after the
+# migrations on every migrate, so a later migration that restated one of these would be
+# overwritten on the same migrate: its change would never land.
+DEFINED_BY_MIGRATIONS_BEFORE_FUNCTIONS = {
+    "_agent_run_settings": {"0034", "0050", "0052", "0065"},
+    "_json_probe": {"0010"},
+}
+
+
+def test_no_migration_restates_a_function_that_functions_defines() -> None:
+    defines = re.compile(r"CREATE (?:OR REPLACE )?FUNCTION runrow\.(\w+)\(")
+    in_functions = {name for path in function_files() for name in defines.findall(path.read_text())}
+    restated: dict[str, set[str]] = {}
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        for name in set(defines.findall(path.read_text())) & in_functions:
+            restated.setdefault(name, set()).add(path.name[:4])
+    assert restated == DEFINED_BY_MIGRATIONS_BEFORE_FUNCTIONS, (
+        "a migration defines a function that functions/ also defines; change it in functions/ instead"
+    )
