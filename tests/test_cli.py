@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
 from tail_support import append, claim, enqueue, finish, finished_run, private_database_url
 from worker_support import REPO
@@ -374,11 +375,32 @@ REFUSED_BEFORE_ANY_WORK: list[tuple[list[str | bytes], dict[str, str], int, str]
         "--from: must be an integer from -9223372036854775808",
     ),
     (
-        ["--database-url", "garbage", "serve", "--insecure-dev"],
-        {},
+        ["serve", "--insecure-dev"],
+        {"DATABASE_URL": "garbage"},
         2,
         "serve: cannot connect to the database (missing",
     ),
+    # A URL option libpq cannot parse: --replica-url was a PoolTimeout traceback 30 s after the
+    # start, and --listen-url a LISTEN connection retrying in the background while nothing said why.
+    (
+        ["--database-url", "garbage", "status"],
+        {},
+        2,
+        "argument --database-url: must be a PostgreSQL URL (postgresql://user@host/db) or conninfo string",
+    ),
+    (
+        ["serve", "--insecure-dev", "--replica-url", "garbage"],
+        {},
+        2,
+        "argument --replica-url: must be a PostgreSQL URL",
+    ),
+    (
+        ["serve", "--insecure-dev", "--listen-url", "http://x"],
+        {},
+        2,
+        "argument --listen-url: must be a PostgreSQL URL",
+    ),
+    (["worker", "--listen-url", "postgresql://u@h/d?nope=1"], {}, 2, 'invalid URI query parameter: "nope"'),
     (
         ["serve", "--host", "no.such.host.invalid"],
         {"RUNROW_TOKENS": "t-0123456789abcdef=u"},
@@ -413,7 +435,7 @@ REFUSED_BEFORE_ANY_WORK: list[tuple[list[str | bytes], dict[str, str], int, str]
     (["enqueue", "hi", "--metadata", '{"a": 1e999}'], {}, 2, "holds a number too large for JSON"),
     (["enqueue", "hi", "--metadata", '{"a": "\\u0000"}'], {}, 2, "holds a NUL character"),
     (["serve", "--insecure-dev", "--system-file", "/nonexistent"], {}, 2, "cannot read --system-file"),
-    (["--database-url", "garbage", "migrate"], {}, 2, "runrow migrate: cannot use the database: missing"),
+    (["migrate"], {"DATABASE_URL": "garbage"}, 2, "runrow migrate: cannot use the database: missing"),
     (["db", "run", "--", "/nonexistent/cmd"], {}, 127, "runrow db run: /nonexistent/cmd: command not found"),
     (["serve", "--port", "99999"], {}, 2, "argument --port: must be a port number from 0 to 65535"),
     (["serve", "--pool-size", "0"], {}, 2, "argument --pool-size: must be an integer from 1 to 1000"),
@@ -440,13 +462,53 @@ def test_what_cannot_work_is_refused_naming_the_option_without_a_traceback(
     result = subprocess.run(
         [sys.executable, "-m", "pyworker", *args],
         capture_output=True,
-        env={**environ, **env, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2"},
+        env={**environ, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2", **env},
         timeout=30,
     )
     stderr = result.stderr.decode(errors="replace")
     assert result.returncode == code, stderr
     assert "Traceback" not in stderr
     assert expected in stderr.strip().splitlines()[-1], stderr
+
+
+def test_serve_checks_its_standby_at_start_and_no_url_error_repeats_a_password(
+    private_database_url: str,
+) -> None:
+    """An unusable --replica-url was a PoolTimeout traceback 30 s after the start; now it is one
+    line before uvicorn starts. A URL that does not parse is refused without repeating it."""
+    environ = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    no_schema = make_conninfo(private_database_url, dbname="postgres")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pyworker",
+            "serve",
+            "--insecure-dev",
+            "--port",
+            "0",
+            "--replica-url",
+            no_schema,
+        ],
+        capture_output=True,
+        text=True,
+        env={**environ, "DATABASE_URL": private_database_url},
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "runrow serve: the hot standby has no runrow schema: run `runrow migrate` on its primary"
+    )
+    leaked = subprocess.run(
+        [sys.executable, "-m", "pyworker", "worker", "--listen-url", "postgresql://u:s3cret@[h/x"],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=30,
+    )
+    assert leaked.returncode == 2 and "argument --listen-url" in leaked.stderr, leaked.stderr
+    assert "s3cret" not in leaked.stderr
 
 
 def test_no_login_name_breaks_no_command_but_a_decision_without_by(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ import psycopg
 from pyworker.cli.messages import first_line
 from pyworker.cli.types import (
     LOG_LEVELS,
+    conninfo,
     log_level,
     not_utf8,
     number,
@@ -207,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runrow", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--database-url", help="PostgreSQL URL (default: $DATABASE_URL)")
+    parser.add_argument("--database-url", type=conninfo, help="PostgreSQL URL (default: $DATABASE_URL)")
     parser.add_argument(
         "--log-level",
         type=log_level,
@@ -344,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--listen-url",
+        type=conninfo,
         default=os.environ.get("RUNROW_LISTEN_URL") or None,
         help="a direct (not pooled) PostgreSQL URL for the LISTEN connection, when --database-url "
         "goes through a transaction pooler such as pgbouncer (env RUNROW_LISTEN_URL; default: the "

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from pyworker.cli.messages import first_line, read_text_option
-from pyworker.cli.types import number, port_number
+from pyworker.cli.types import conninfo, number, port_number
 from pyworker.db.config import database_url
 from pyworker.http.auth import TokenConfigError, load_tokens_file, parse_tokens_env
 from pyworker.http.config import MAX_BODY_BYTES, ServeConfig
@@ -87,6 +87,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     )
     p.add_argument(
         "--replica-url",
+        type=conninfo,
         default=os.environ.get("RUNROW_REPLICA_URL") or None,
         help="a hot standby of the database: event streams read journals there (lag delays a stream, "
         "never falsifies it); everything else, LISTEN included, stays on the primary "
@@ -94,6 +95,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     )
     p.add_argument(
         "--listen-url",
+        type=conninfo,
         default=os.environ.get("RUNROW_LISTEN_URL") or None,
         help="a direct (not pooled) PostgreSQL URL for the LISTEN connection that wakes event "
         "streams, when --database-url goes through a transaction pooler (env RUNROW_LISTEN_URL; "
@@ -145,15 +147,25 @@ def _unusable(args: argparse.Namespace) -> str | None:
     resolve an exit without naming it. Nothing is checked that could change once running."""
     import socket
 
-    import psycopg
-
     try:
         socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)
     except OSError as exc:
         return f"--host {args.host}: {exc.strerror or exc}"
-    url = database_url(args.database_url)
-    # A server still starting (a service and its database brought up together) is waited for,
-    # as the pool would wait; a URL that does not parse is refused at once.
+    problem = _unreachable(
+        database_url(args.database_url), "the database", "on it first", "DATABASE_URL or --database-url"
+    )
+    if problem is None and args.replica_url is not None:
+        # The standby's pool is opened at start too, and failed the same way, 30 s later.
+        problem = _unreachable(args.replica_url, "the hot standby", "on its primary", "--replica-url")
+    return problem
+
+
+def _unreachable(url: str, what: str, migrate_where: str, check: str) -> str | None:
+    """Why the runrow database at url cannot serve, or None. A server still starting (a service
+    and its database brought up together) is waited for, as the pool would wait. A URL that
+    does not parse is refused at once (the argparse type, or here for DATABASE_URL)."""
+    import psycopg
+
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -162,9 +174,9 @@ def _unusable(args: argparse.Namespace) -> str | None:
                 return None
         except (psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedFunction):
             # Started anyway, it answered every request 500 "internal error".
-            return "the database has no runrow schema: run `runrow migrate` on it first"
+            return f"{what} has no runrow schema: run `runrow migrate` {migrate_where}"
         except psycopg.errors.InsufficientPrivilege:
-            return "this login may not call runrow's functions: GRANT runrow_client TO it"
+            return f"the login of {what} ({check}) may not call runrow's functions: GRANT runrow_client TO it"
         except psycopg.OperationalError as exc:
             if time.monotonic() < deadline:
                 time.sleep(1)
@@ -172,8 +184,7 @@ def _unusable(args: argparse.Namespace) -> str | None:
             error: psycopg.Error = exc
         except psycopg.Error as exc:
             error = exc
-        reason = first_line(error)
-        return f"cannot connect to the database ({reason}); check DATABASE_URL or --database-url"
+        return f"cannot connect to {what} ({first_line(error)}); check {check}"
 
 
 def build_config(args: argparse.Namespace) -> ServeConfig:

@@ -102,6 +102,27 @@ def worker_id(text: str) -> str:
     return text
 
 
+def conninfo(text: str) -> str:
+    """A PostgreSQL URL or conninfo string that libpq can parse. One that cannot was tried by a
+    pool for 30 s before anything said why (--replica-url, --listen-url), or never said at all:
+    the LISTEN connection retries in the background while the process polls. The value is not
+    repeated in the message, since a URL may hold a password."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(text)
+    except psycopg.Error as exc:
+        reason = (
+            str(exc).strip().splitlines()[0].replace(text, "…") if str(exc).strip() else type(exc).__name__
+        )
+        raise argparse.ArgumentTypeError(
+            "must be a PostgreSQL URL (postgresql://user@host/db) or conninfo string "
+            f"(host=… dbname=…): {reason}"
+        ) from None
+    return text
+
+
 def one_of(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in choices:
