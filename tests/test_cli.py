@@ -352,7 +352,7 @@ REFUSED_BEFORE_ANY_WORK: list[tuple[list[str | bytes], dict[str, str], int, str]
         ["enqueue", "hi", "--start-in", "nan"],
         {},
         2,
-        "--start-in: must be a number from 0 to 31622400",
+        "--start-in: must be a number from 0.001 to 31622400",
     ),
     (["enqueue", "hi", "--start-in", "1e300"], {}, 2, "argument --start-in: must be a number"),
     (
@@ -438,6 +438,11 @@ REFUSED_BEFORE_ANY_WORK: list[tuple[list[str | bytes], dict[str, str], int, str]
     (["migrate"], {"DATABASE_URL": "garbage"}, 2, "runrow migrate: cannot use the database: missing"),
     (["db", "run", "--", "/nonexistent/cmd"], {}, 127, "runrow db run: /nonexistent/cmd: command not found"),
     (["serve", "--port", "99999"], {}, 2, "argument --port: must be a port number from 0 to 65535"),
+    # 0 reached enqueue_run, whose error quoted an interval; inf made the fake never answer.
+    (["enqueue", "hi", "--start-in", "0"], {}, 2, "argument --start-in: must be a number from 0.001"),
+    (["fake-model", "--delta-delay", "inf"], {}, 2, "argument --delta-delay: must be a number from 0 to 60"),
+    (["demo", "--timeout", "-1"], {}, 2, "argument --timeout: must be a number from 1 to 86400 seconds"),
+    (["demo", "--kill-after-step", "-2"], {}, 2, "argument --kill-after-step: must be an integer from 0"),
     (["serve", "--pool-size", "0"], {}, 2, "argument --pool-size: must be an integer from 1 to 1000"),
     (["serve", "--keepalive", "-1"], {}, 2, "argument --keepalive: must be a number from 0.1 to 3600"),
     (["serve", "--max-body", "-1"], {}, 2, "argument --max-body: must be an integer from 1024"),

@@ -124,9 +124,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     p.add_argument(
         "--start-in",
-        type=number(float, 0, 366 * 86400, "seconds"),
+        # 1 ms at least: enqueue_run takes more than 0, and an interval counts microseconds.
+        type=number(float, 0.001, 366 * 86400, "seconds"),
         metavar="SECONDS",
-        help="not claimable before SECONDS from now (database clock), more than 0, at most 366 days",
+        help="not claimable before SECONDS from now (database clock), 0.001 to 31622400 (366 days)",
     )
     p.add_argument("--fairness-key", help="the tenant claims are fair across (default: the user id)")
     p.add_argument(

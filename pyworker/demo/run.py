@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyworker.cli.types import number
 from pyworker.db import api, devdb
 from pyworker.db import steps as steps_api
 from pyworker.db.cancel_safe_pool import CancelSafePool
@@ -583,19 +584,19 @@ def add_command(sub: Any) -> None:
     )
     p.add_argument(
         "--delta-delay",
-        type=float,
+        type=number(float, 0, 60, "seconds"),
         default=Options.delta_delay,
         help="fake model: seconds before each streamed event (default %(default)s; 0.1 to watch slowly)",
     )
     p.add_argument(
         "--tool-delay",
-        type=float,
+        type=number(float, 0, 3600, "seconds"),
         default=Options.tool_delay,
         help="seconds each tool call takes (default %(default)s)",
     )
     p.add_argument(
         "--kill-after-step",
-        type=int,
+        type=number(int, 0, 1000),
         default=Options.kill_after_step,
         metavar="N",
         help="SIGKILL the worker holding the run once step N is committed (default %(default)s; 0: no kill)",
@@ -608,7 +609,7 @@ def add_command(sub: Any) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=number(float, 1, 86400, "seconds"),
         default=Options.timeout,
         help="give up after this many seconds (default %(default)s)",
     )

@@ -6,6 +6,8 @@ import argparse
 import sys
 import textwrap
 
+from pyworker.cli.types import number
+
 
 def cmd_fake_model(args: argparse.Namespace) -> int:
     from pyworker.fake.server import serve_forever
@@ -43,6 +45,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--scenario", default="demo", choices=scenario_names())
     p.add_argument("--secret", help="thinking-signature key (default: a fixed key, stable across restarts)")
     p.add_argument(
-        "--delta-delay", type=float, default=0.0, help="seconds before each streamed event (a visible stream)"
+        "--delta-delay",
+        type=number(float, 0, 60, "seconds"),
+        default=0.0,
+        help="seconds before each streamed event (a visible stream)",
     )
     p.set_defaults(func=cmd_fake_model)
