@@ -24,3 +24,17 @@ def database_url(explicit: str | None = None) -> str:
         "no database: set DATABASE_URL (for example postgresql://user@host/db), pass "
         "--database-url, or start a throwaway cluster with `runrow db start`."
     )
+
+
+def where(conninfo: str) -> str:
+    """host:port/dbname of a URL or conninfo string, for a log line: never its password."""
+    from psycopg import Error
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        parts = conninfo_to_dict(conninfo)
+    except Error:
+        return "the database (its URL does not parse)"
+    host = str(parts.get("host") or parts.get("hostaddr") or "the local socket")
+    port = str(parts.get("port") or "5432")
+    return f"{host}:{port}/{parts.get('dbname') or parts.get('user') or ''}"

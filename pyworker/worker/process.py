@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 
 from pyworker.db.cancel_safe_pool import CancelSafePool
+from pyworker.db.config import where
 from pyworker.db.hub import Hub
 from pyworker.db.pooling import POOLER_SAFE, accepted_kwargs
 from pyworker.db.session_limits import worker_connection_kwargs
@@ -101,11 +102,14 @@ class Worker:
         self.webhooks = webhooks  # None: this worker delivers no webhooks (it has no secret)
         self._stop = asyncio.Event()
         self._signals = 0
+        self._starting: asyncio.Future[tuple[CancelSafePool, dict[str, Any]]] | None = None
         self.dispatcher: Dispatcher | None = None
         self.hub: Hub | None = None
 
     def request_stop(self) -> None:
         self._stop.set()
+        if self._starting is not None:
+            self._starting.cancel()  # nothing to drain before the database answered
 
     def _on_signal(self, signum: int) -> None:
         self._signals += 1
@@ -115,7 +119,7 @@ class Worker:
                 signal.Signals(signum).name,
                 self.drain_seconds,
             )
-            self._stop.set()
+            self.request_stop()
         else:
             log.warning("second signal: exiting now; the reaper takes the runs left in flight")
             logging.shutdown()
@@ -126,43 +130,22 @@ class Worker:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_signal, sig)
-        # PostgreSQL itself ends this process's sessions within about a lease if it freezes
-        # or vanishes inside a transaction, so its row locks cannot stall reapers and stops.
-        limits: dict[str, Any] = {}
-        hub_limits: dict[str, Any] = {}
-        if self.session_limits:
-            limits = await accepted_kwargs(
-                self.conninfo,
-                worker_connection_kwargs(self.conninfo, self.lease_seconds),
-                what="worker pool",
-            )
-            hub_limits = await accepted_kwargs(
-                self.listen_conninfo,
-                worker_connection_kwargs(self.listen_conninfo, self.lease_seconds),
-                what="worker hub (LISTEN)",
-            )
-        pool = CancelSafePool(
-            self.conninfo,
-            min_size=1,
-            max_size=self.pool_size,
-            kwargs={"autocommit": True, "application_name": "runrow-worker", **POOLER_SAFE, **limits},
-            open=False,
-        )
-        await pool.open(wait=True, timeout=30)
+        # Until the database answers, a first Ctrl-C or SIGTERM ends the wait at once: there is
+        # nothing to drain yet. (It waited out the pool's 30 s, or a connect timeout per probe.)
+        log.info("worker %s connecting to %s", self.worker_id, where(self.conninfo))
+        self._starting = asyncio.ensure_future(self._connect())
         try:
-            async with pool.connection() as conn:
-                await conn.execute("SELECT runrow.schema_version()")
-        except (psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedFunction):
-            # Started anyway, it logged a failed reap and a failed claim every tick, forever.
-            await pool.close()
-            raise SchemaMissing(
-                "the database has no runrow schema: run `runrow migrate` on it first"
-            ) from None
-        except psycopg.errors.InsufficientPrivilege:
-            await pool.close()
-            raise SchemaMissing(
-                "this login may not call runrow's functions: GRANT runrow_worker TO it"
-            ) from None
+            pool, hub_limits = await self._starting
+        except BaseException as exc:
+            if install_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+            if isinstance(exc, asyncio.CancelledError) and self._stop.is_set():
+                log.info("stopped before the database answered: nothing was claimed")
+                return 0
+            raise
+        finally:
+            self._starting = None
         hub = self.hub = Hub(self.listen_conninfo, connect_kwargs=hub_limits)
         await hub.start()
         await hub.wait_connected(5)  # not required: without it the worker polls
@@ -240,6 +223,51 @@ class Worker:
             writer.ticks,
         )
         return 0
+
+    async def _connect(self) -> tuple[CancelSafePool, dict[str, Any]]:
+        """The pool, open on a database with runrow's schema, and the LISTEN connection's
+        session limits; the pool is closed again if anything here fails or is cancelled."""
+        # PostgreSQL itself ends this process's sessions within about a lease if it freezes
+        # or vanishes inside a transaction, so its row locks cannot stall reapers and stops.
+        limits: dict[str, Any] = {}
+        hub_limits: dict[str, Any] = {}
+        if self.session_limits:
+            limits = await accepted_kwargs(
+                self.conninfo,
+                worker_connection_kwargs(self.conninfo, self.lease_seconds),
+                what="worker pool",
+            )
+            hub_limits = await accepted_kwargs(
+                self.listen_conninfo,
+                worker_connection_kwargs(self.listen_conninfo, self.lease_seconds),
+                what="worker hub (LISTEN)",
+            )
+        pool = CancelSafePool(
+            self.conninfo,
+            min_size=1,
+            max_size=self.pool_size,
+            kwargs={"autocommit": True, "application_name": "runrow-worker", **POOLER_SAFE, **limits},
+            open=False,
+        )
+        try:
+            await pool.open(wait=True, timeout=30)
+            async with pool.connection() as conn:
+                await conn.execute("SELECT runrow.schema_version()")
+        except (psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedFunction):
+            # Started anyway, it logged a failed reap and a failed claim every tick, forever.
+            await pool.close()
+            raise SchemaMissing(
+                "the database has no runrow schema: run `runrow migrate` on it first"
+            ) from None
+        except psycopg.errors.InsufficientPrivilege:
+            await pool.close()
+            raise SchemaMissing(
+                "this login may not call runrow's functions: GRANT runrow_worker TO it"
+            ) from None
+        except BaseException:  # PoolTimeout, or a stop before the database answered
+            await pool.close()
+            raise
+        return pool, hub_limits
 
     async def _drain(self, dispatcher: Dispatcher) -> None:
         await dispatcher.stop_claiming()  # phase 1: milliseconds, nothing new is claimed
