@@ -48,11 +48,8 @@ BEGIN
         RAISE EXCEPTION 'model must be a non-empty model name of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- A model id never begins or ends with white space (a no-break space included); a pasted "claude-x " was enqueued and
-    -- failed at the API (404) once claimed and paid for in a worker's slot.
-    IF btrim(create_schedule.model, E' \t\r\n\x0b\f' || chr(160)) <> create_schedule.model THEN
-        RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(create_schedule.model, 200)
-            USING ERRCODE = 'invalid_parameter_value';
+    IF NOT runrow._model_trimmed(create_schedule.model) THEN
+        PERFORM runrow._require_model_trimmed(create_schedule.model);
     END IF;
     IF create_schedule.user_id = '' OR length(create_schedule.user_id) > 200 THEN
         RAISE EXCEPTION 'user_id must be NULL or 1 to 200 characters' USING ERRCODE = 'invalid_parameter_value';

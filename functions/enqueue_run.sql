@@ -55,11 +55,8 @@ BEGIN
         RAISE EXCEPTION 'model must be a non-empty model name of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- A model id never begins or ends with white space (a no-break space included); a pasted "claude-x " was enqueued and
-    -- failed at the API (404) once claimed and paid for in a worker's slot.
-    IF btrim(enqueue_run.model, E' \t\r\n\x0b\f' || chr(160)) <> enqueue_run.model THEN
-        RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(enqueue_run.model, 200)
-            USING ERRCODE = 'invalid_parameter_value';
+    IF NOT runrow._model_trimmed(enqueue_run.model) THEN
+        PERFORM runrow._require_model_trimmed(enqueue_run.model);
     END IF;
     IF enqueue_run.user_id = '' OR length(enqueue_run.user_id) > 200 THEN
         RAISE EXCEPTION 'user_id must be NULL or 1 to 200 characters'

@@ -22,11 +22,8 @@ BEGIN
         RAISE EXCEPTION 'model must be NULL or a model name of 1 to 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- A model id never begins or ends with white space (a no-break space included); a pasted "claude-x " was enqueued and
-    -- failed at the API (404) once claimed and paid for in a worker's slot.
-    IF btrim(fork_run.model, E' \t\r\n\x0b\f' || chr(160)) <> fork_run.model THEN
-        RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(fork_run.model, 200)
-            USING ERRCODE = 'invalid_parameter_value';
+    IF NOT runrow._model_trimmed(fork_run.model) THEN
+        PERFORM runrow._require_model_trimmed(fork_run.model);
     END IF;
     SELECT a.* INTO src FROM runrow.agent_run AS a WHERE a.id = fork_run.run_id;
     IF NOT FOUND THEN

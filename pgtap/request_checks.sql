@@ -5,7 +5,7 @@
 -- and _require_content (its message) agree on every case.
 BEGIN;
 \ir helpers/setup.psql
-SELECT plan(73);
+SELECT plan(75);
 SELECT pg_temp.drain_queue();
 
 CREATE TEMP TABLE content_case (content jsonb, message text, label text);
@@ -258,6 +258,11 @@ SELECT unalike(pg_temp.plan_text($$SELECT runrow._json_portable(d) FROM doc$$),
 CREATE TEMP TABLE hook (u text);
 SELECT unalike(pg_temp.plan_text($$SELECT runrow._webhook_url_ok(u) FROM hook$$),
     '%\_webhook\_url\_ok%', '_webhook_url_ok is inlined (enqueue_run and agent_run''s rule pay no call for it)');
+CREATE TEMP TABLE named (m text, c jsonb);
+SELECT unalike(pg_temp.plan_text($$SELECT runrow._model_trimmed(m), runrow._content_ok(c) FROM named$$),
+    '%\_white\_space%', '_white_space is folded into _model_trimmed and _content_ok (a constant, no call)');
+SELECT unalike(pg_temp.plan_text($$SELECT runrow._model_trimmed(m) FROM named$$),
+    '%\_model\_trimmed%', '_model_trimmed is inlined (enqueue_run pays no call for it)');
 SELECT is(ARRAY[runrow._webhook_url_ok('https://h.test:443/x'), runrow._webhook_url_ok('http://h.test:65536/'),
         runrow._webhook_url_ok(NULL)],
     ARRAY[true, false, NULL], '_webhook_url_ok: a host and a port up to 65535; NULL for NULL, as a CHECK reads it');

@@ -8881,6 +8881,42 @@ REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;
 -- with the model's tool_use depends on the history, and is the API's), and a block type runrow
 -- does not know passes, so that a new kind of block needs no new runrow.
 
+-- The white space the API trims: a turn of only these is refused ("text content blocks must
+-- contain non-whitespace text"). One constant, folded into every statement that uses it.
+CREATE OR REPLACE FUNCTION runrow._white_space()
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT E' \t\n\r\x0b\f'
+$fn$;
+
+-- TRUE when model neither begins nor ends with white space, a no-break space included: a pasted
+-- "claude-x " was enqueued and failed at the API (404) once claimed and paid for in a worker's
+-- slot. NULL for NULL. Inlined; _require_model_trimmed says what is wrong.
+CREATE OR REPLACE FUNCTION runrow._model_trimmed(model text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT btrim(model, runrow._white_space() || chr(160)) = model
+$fn$;
+
+-- Raises 22023 naming model unless _model_trimmed(model). Called where that test failed
+-- (enqueue_run, create_schedule, fork_run), so the message is written once.
+CREATE OR REPLACE FUNCTION runrow._require_model_trimmed(model text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+AS $fn$
+BEGIN
+    IF NOT runrow._model_trimmed(model) THEN
+        RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(model, 200)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$fn$;
+
 -- TRUE when doc nests 100 levels deep or more: past what every JSON client reads back (Python's
 -- json module gives up near 1,000 levels, PostgreSQL's own recursive helpers, tool_call_key's
 -- canonical form among them, near 500). The one place that depth is written. Inlined.
@@ -9041,7 +9077,7 @@ LANGUAGE sql
 IMMUTABLE
 AS $fn$
     SELECT CASE jsonb_typeof(content)
-        WHEN 'string' THEN btrim(content #>> '{}', E' \t\n\r\x0b\f') <> ''
+        WHEN 'string' THEN btrim(content #>> '{}', runrow._white_space()) <> ''
         WHEN 'array' THEN jsonb_array_length(content) > 0 AND runrow._json_portable(content) AND NOT jsonb_path_exists(
             content,
             'strict $[*] ? (@.type() != "object"'
@@ -9085,7 +9121,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF jsonb_typeof(content) = 'string' THEN
-        IF btrim(content #>> '{}', E' \t\n\r\x0b\f') = '' THEN
+        IF btrim(content #>> '{}', runrow._white_space()) = '' THEN
             RAISE EXCEPTION 'content must hold more than white space (the API refuses a turn of white space only)'
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
@@ -9254,6 +9290,21 @@ COMMENT ON FUNCTION runrow._webhook_url_ok(text) IS
 'names one, a port from 1 to 65535; NULL for NULL. enqueue_run''s check and agent_run''s rule '
 'agent_run_webhook_url_http. Inlined.';
 
+COMMENT ON FUNCTION runrow._white_space() IS
+'The white space the API trims (space, tab, newline, carriage return, vertical tab, form feed): '
+'content of only these is refused. Inlined and folded to a constant.';
+
+COMMENT ON FUNCTION runrow._model_trimmed(text) IS
+'TRUE when model neither begins nor ends with white space (_white_space, or a no-break space); '
+'NULL for NULL. Inlined into enqueue_run, create_schedule and fork_run.';
+
+COMMENT ON FUNCTION runrow._require_model_trimmed(text) IS
+'Raises 22023 (model must not begin or end with white space, quoting it) unless '
+'_model_trimmed(model).';
+
+REVOKE ALL ON FUNCTION runrow._white_space() FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._model_trimmed(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_model_trimmed(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._webhook_url_ok(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._cache_controls_ok(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._json_too_deep(jsonb) FROM PUBLIC;
@@ -11511,11 +11562,8 @@ BEGIN
         RAISE EXCEPTION 'model must be a non-empty model name of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- A model id never begins or ends with white space (a no-break space included); a pasted "claude-x " was enqueued and
-    -- failed at the API (404) once claimed and paid for in a worker's slot.
-    IF btrim(create_schedule.model, E' \t\r\n\x0b\f' || chr(160)) <> create_schedule.model THEN
-        RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(create_schedule.model, 200)
-            USING ERRCODE = 'invalid_parameter_value';
+    IF NOT runrow._model_trimmed(create_schedule.model) THEN
+        PERFORM runrow._require_model_trimmed(create_schedule.model);
     END IF;
     IF create_schedule.user_id = '' OR length(create_schedule.user_id) > 200 THEN
         RAISE EXCEPTION 'user_id must be NULL or 1 to 200 characters' USING ERRCODE = 'invalid_parameter_value';
@@ -11692,11 +11740,8 @@ BEGIN
         RAISE EXCEPTION 'model must be a non-empty model name of at most 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- A model id never begins or ends with white space (a no-break space included); a pasted "claude-x " was enqueued and
-    -- failed at the API (404) once claimed and paid for in a worker's slot.
-    IF btrim(enqueue_run.model, E' \t\r\n\x0b\f' || chr(160)) <> enqueue_run.model THEN
-        RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(enqueue_run.model, 200)
-            USING ERRCODE = 'invalid_parameter_value';
+    IF NOT runrow._model_trimmed(enqueue_run.model) THEN
+        PERFORM runrow._require_model_trimmed(enqueue_run.model);
     END IF;
     IF enqueue_run.user_id = '' OR length(enqueue_run.user_id) > 200 THEN
         RAISE EXCEPTION 'user_id must be NULL or 1 to 200 characters'
@@ -12544,11 +12589,8 @@ BEGIN
         RAISE EXCEPTION 'model must be NULL or a model name of 1 to 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- A model id never begins or ends with white space (a no-break space included); a pasted "claude-x " was enqueued and
-    -- failed at the API (404) once claimed and paid for in a worker's slot.
-    IF btrim(fork_run.model, E' \t\r\n\x0b\f' || chr(160)) <> fork_run.model THEN
-        RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(fork_run.model, 200)
-            USING ERRCODE = 'invalid_parameter_value';
+    IF NOT runrow._model_trimmed(fork_run.model) THEN
+        PERFORM runrow._require_model_trimmed(fork_run.model);
     END IF;
     SELECT a.* INTO src FROM runrow.agent_run AS a WHERE a.id = fork_run.run_id;
     IF NOT FOUND THEN
