@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import json
 import logging
-import math
 import os
 import sys
 import textwrap
@@ -37,6 +36,7 @@ from pyworker.db.config import database_url
 from pyworker.db.hub import Hub
 from pyworker.db.ids import uuid7
 from pyworker.db.pooling import POOLER_SAFE
+from pyworker.db.storable import Fault, find_unstorable
 from pyworker.db.tail import CursorPastEnd, Keepalive, RunNotFound, check_cursor, run_status, tail
 
 DEFAULT_MODEL = "claude-sonnet-4-5"
@@ -561,22 +561,19 @@ def _not_json_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+_UNSTORABLE = {
+    Fault.NUL: "a NUL character (\\u0000), which PostgreSQL cannot store",
+    Fault.SURROGATE: "a lone surrogate (\\ud800-\\udfff), which is not text",
+    Fault.NOT_FINITE: "a number too large for JSON (it read as infinity)",
+}
+
+
 def _unstorable(value: Any) -> str | None:
     """Why jsonb cannot store value (Python's json reads NaN, 1e999 and lone surrogates), or None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "a number too large for JSON (it read as infinity)"
-    if isinstance(value, str):
-        if "\x00" in value:
-            return "a NUL character (\\u0000), which PostgreSQL cannot store"
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return "a lone surrogate (\\ud800-\\udfff), which is not text"
-    if isinstance(value, dict):
-        return next(filter(None, (_unstorable(v) for kv in value.items() for v in kv)), None)
-    if isinstance(value, list):
-        return next(filter(None, (_unstorable(v) for v in value)), None)
-    return None
+    found = find_unstorable(value, "$")
+    if found is None:
+        return None
+    return f"{_UNSTORABLE[found.fault]}, {'in a key of' if found.in_key else 'at'} {found.path}"
 
 
 def _json_object(text: str) -> dict[str, Any]:

@@ -8,12 +8,12 @@ stay the authority on every value.
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 from uuid import UUID
 
 from starlette.requests import ClientDisconnect, Request
 
+from pyworker.db.storable import Fault, find_unstorable, short, text_fault
 from pyworker.http.errors import ApiError, not_found
 
 
@@ -55,7 +55,7 @@ async def read_no_fields(request: Request, limit: int) -> None:
     415, 400), so that a malformed request is refused before it acts, as a body with fields is."""
     body = await read_json_object(request, limit, required=False)
     if body:
-        name = _short(sorted(body)[0])
+        name = short(sorted(body)[0])
         raise ApiError(400, "invalid_request", f"unknown field {name!r}: this endpoint takes no fields")
 
 
@@ -65,7 +65,7 @@ def reject_unknown_query(request: Request, allowed: frozenset[str]) -> None:
     unknown = sorted(set(request.query_params.keys()) - allowed)
     if unknown:
         takes = f"it takes {', '.join(sorted(allowed))}" if allowed else "it takes none"
-        raise ApiError(400, "invalid_request", f"unknown query parameter {_short(unknown[0])!r}: {takes}")
+        raise ApiError(400, "invalid_request", f"unknown query parameter {short(unknown[0])!r}: {takes}")
 
 
 def _no_constants(name: str) -> Any:
@@ -118,7 +118,7 @@ def integer(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        shown = _kind(value) if isinstance(value, bool) or not isinstance(value, int) else _short(str(value))
+        shown = _kind(value) if isinstance(value, bool) or not isinstance(value, int) else short(str(value))
         raise ApiError(400, "invalid_request", f"{name} must be an integer from {low} to {high}, not {shown}")
     return value
 
@@ -136,46 +136,31 @@ def text(body: dict[str, Any], name: str, what: str, max_chars: int | None = Non
 
 def check_text(value: str, where: str) -> None:
     """PostgreSQL text and jsonb hold neither U+0000 nor a lone surrogate (which JSON can spell)."""
-    if "\x00" in value:
-        raise ApiError(400, "invalid_request", f"{where} must not contain the character U+0000 (NUL)")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ApiError(
-            400,
-            "invalid_request",
-            f"{where} must be valid Unicode text, not a lone surrogate (\\ud800-\\udfff)",
-        ) from None
+    fault = text_fault(value)
+    if fault is not None:
+        raise ApiError(400, "invalid_request", f"{where} {_TEXT_FAULTS[fault]}")
+
+
+_TEXT_FAULTS = {
+    Fault.NUL: "must not contain the character U+0000 (NUL)",
+    Fault.SURROGATE: "must be valid Unicode text, not a lone surrogate (\\ud800-\\udfff)",
+}
 
 
 def check_json(value: Any, name: str) -> None:
     """A JSON field PostgreSQL's jsonb can store: text as check_text says (keys too), finite
     numbers (json.loads reads 1e400 as infinity), at most MAX_JSON_DEPTH levels."""
-    _check_json(value, name, 0)
-
-
-def _check_json(value: Any, path: str, depth: int) -> None:
-    if isinstance(value, str):
-        check_text(value, path)
-    elif isinstance(value, float) and not math.isfinite(value):
-        raise ApiError(400, "invalid_request", f"{path} must be a finite number")
-    elif isinstance(value, dict | list):
-        if depth >= MAX_JSON_DEPTH:
-            root = path.split(".")[0].split("[")[0]
-            raise ApiError(
-                400, "invalid_request", f"{root} is nested too deeply: at most {MAX_JSON_DEPTH} levels"
-            )
-        if isinstance(value, dict):
-            for key, item in value.items():
-                check_text(key, f"{path} (a key)")
-                _check_json(item, f"{path}.{_short(key)}", depth + 1)
-        else:
-            for i, item in enumerate(value):
-                _check_json(item, f"{path}[{i}]", depth + 1)
-
-
-def _short(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    found = find_unstorable(value, name, MAX_JSON_DEPTH)
+    if found is None:
+        return
+    if found.fault is Fault.TOO_DEEP:
+        message = f"{name} is nested too deeply: at most {MAX_JSON_DEPTH} levels"
+    elif found.fault is Fault.NOT_FINITE:
+        message = f"{found.path} must be a finite number"
+    else:
+        where = f"{found.path} (a key)" if found.in_key else found.path
+        message = f"{where} {_TEXT_FAULTS[found.fault]}"
+    raise ApiError(400, "invalid_request", message)
 
 
 def _kind(value: Any) -> str:
