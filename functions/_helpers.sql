@@ -46,6 +46,15 @@ AS $fn$
     SELECT pg_advisory_xact_lock(7141, hashtext(_lock_conversation.conversation_id::text));
 $fn$;
 
+-- _lock_conversation's lock if it is free now, else false at once (the same key): for the
+-- schedule firing, which must never wait on a conversation a client or another pass holds.
+CREATE OR REPLACE FUNCTION runrow._try_lock_conversation(conversation_id uuid)
+RETURNS boolean
+LANGUAGE sql
+AS $fn$
+    SELECT pg_try_advisory_xact_lock(7141, hashtext(_try_lock_conversation.conversation_id::text));
+$fn$;
+
 -- Append events to a run's journal at the next seqs. The caller must hold the run
 -- row's lock (every journal writer does), which makes it the single writer of seq.
 -- Returns the last seq written. Does not notify: callers wake tails once per call.
@@ -273,6 +282,7 @@ $fn$;
 REVOKE ALL ON FUNCTION runrow._pin_prompt(text, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._is_tool_call_key(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lock_conversation(uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._try_lock_conversation(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._journal(uuid, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._hold_claim(uuid, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._wake_tails(uuid, bigint) FROM PUBLIC;

@@ -294,10 +294,23 @@ $fn$;
 
 -- fire_schedules with the clock as an argument, so tests can stand at any instant; the
 -- public function passes now(). Each due schedule is taken under its row lock, skipping
--- rows another reaper holds; its missed ticks are enqueued by the catch-up policy and
+-- rows another pass holds; its missed ticks are enqueued by the catch-up policy and
 -- next_fire_at moves past `at` in the same transaction. A tick whose enqueue fails on the
 -- template (the conversation belongs to another user, an active run with if_active = reject)
 -- is recorded in last_error and not retried: the same template would fail the same way.
+--
+-- A pass never waits on another session, so passes cannot deadlock and one busy schedule holds
+-- no other (issue 11's schedule audit found all three):
+-- - the rows are taken one at a time: a FOR loop over the query fetched, and so locked, ten at
+--   once, and while the pass waited on the first the other nine were skipped by every pass;
+-- - a tick's conversation is locked only if it is free (a client enqueueing into it, another
+--   pass): otherwise the schedule is left due, untouched, for a later pass;
+-- - a stop that times out on a run's lock (if_active = interrupt, 55P03) leaves it due too; it
+--   is in the class of 55000 that marks a template as failing for good, so it is caught first;
+-- - the prompt a tick pins is pinned when the schedule is created (create_schedule), so no two
+--   passes insert the same new prompt row and wait on each other's.
+-- A cron that does not parse (written around create_schedule before migration 0067's trigger)
+-- stops its own schedule (next_fire_at infinity, last_error says why), not every pass.
 CREATE OR REPLACE FUNCTION runrow._fire_schedules(at timestamptz, max_schedules integer)
 RETURNS integer
 LANGUAGE plpgsql
@@ -309,19 +322,33 @@ DECLARE
     ticks timestamptz [];
     tick timestamptz;
     t timestamptz;
+    conv uuid;
     enq record;
     fired integer := 0;
     err text;
+    busy text;
     last_run uuid;
+    taken uuid [] := '{}';
 BEGIN
-    FOR s IN
-        SELECT * FROM runrow.schedule AS x
-        WHERE x.next_fire_at <= _fire_schedules.at
+    WHILE cardinality(taken) < _fire_schedules.max_schedules LOOP
+        SELECT * INTO s FROM runrow.schedule AS x
+        WHERE x.next_fire_at <= _fire_schedules.at AND x.id <> ALL (taken)
         ORDER BY x.next_fire_at
-        LIMIT _fire_schedules.max_schedules
-        FOR UPDATE SKIP LOCKED
-    LOOP
-        spec := runrow._cron_parse(s.cron);
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED;
+        EXIT WHEN NOT FOUND;
+        taken := taken || s.id;  -- a schedule left due is not taken again by this pass
+        BEGIN
+            spec := runrow._cron_parse(s.cron);
+        EXCEPTION WHEN data_exception THEN
+            UPDATE runrow.schedule AS x SET
+                next_fire_at = 'infinity',
+                last_error = format('cron does not parse, so the schedule stopped: %s (SQLSTATE %s); drop it '
+                    'and create it again', SQLERRM, SQLSTATE),
+                updated_at = now()
+            WHERE x.id = s.id;
+            CONTINUE;
+        END;
         -- The missed ticks, at most max_catch_up of the most recent (1 for 'latest').
         ticks := '{}';
         t := _fire_schedules.at;
@@ -332,11 +359,17 @@ BEGIN
             t := t - interval '1 minute';
         END LOOP;
         err := NULL;
+        busy := NULL;
         last_run := NULL;
         FOREACH tick IN ARRAY ticks LOOP
+            conv := coalesce(s.conversation_id, runrow._schedule_conversation(s.id, tick));
+            IF NOT runrow._try_lock_conversation(conv) THEN
+                busy := format('conversation %s is busy (another session holds it)', conv);
+                EXIT;
+            END IF;
             BEGIN
                 SELECT * INTO enq FROM runrow.enqueue_run(
-                    conversation_id => coalesce(s.conversation_id, runrow._schedule_conversation(s.id, tick)),
+                    conversation_id => conv,
                     content => s.content,
                     model => s.model,
                     user_id => s.user_id,
@@ -356,12 +389,24 @@ BEGIN
                     fired := fired + 1;
                 END IF;
             EXCEPTION
+                WHEN lock_not_available THEN
+                    busy := SQLERRM;
+                    EXIT;
                 WHEN data_exception OR integrity_constraint_violation OR insufficient_privilege
                     OR object_not_in_prerequisite_state THEN
                     err := format('tick %s enqueued nothing: %s (SQLSTATE %s)',
                         to_char(tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI"Z"'), SQLERRM, SQLSTATE);
             END;
         END LOOP;
+        IF busy IS NOT NULL THEN
+            -- Left due: the ticks enqueued before this one are replays next time (their keys).
+            UPDATE runrow.schedule AS x SET
+                last_error = format('tick %s waits for a later pass: %s',
+                    to_char(tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI"Z"'), busy),
+                updated_at = now()
+            WHERE x.id = s.id;
+            CONTINUE;
+        END IF;
         UPDATE runrow.schedule AS x SET
             next_fire_at = runrow._cron_next(spec, _fire_schedules.at),
             last_tick_at = coalesce(ticks[cardinality(ticks)], x.last_tick_at),
@@ -415,4 +460,7 @@ COMMENT ON FUNCTION runrow._fire_schedules(timestamptz, integer) IS
 'missed ticks (the newest max_catch_up of them; 1 for catch_up latest) with enqueue_run and '
 'the tick''s idempotency key, records last_tick_at, last_run_id and last_error (a tick whose '
 'enqueue raised 22xxx, 23xxx, 42501 or 55000 is not retried), and moves next_fire_at to the '
-'first tick after `at`, in the caller''s transaction. Returns the number of runs created.';
+'first tick after `at`, in the caller''s transaction. Never waits: rows are taken one at a '
+'time, and a schedule whose tick finds its conversation locked by another session, or whose '
+'stop times out (55P03), is left due for a later pass with last_error saying so. A cron that '
+'does not parse stops its schedule (next_fire_at infinity). Returns the number of runs created.';

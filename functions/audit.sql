@@ -333,7 +333,9 @@ BEGIN
         ('unique index', 'webhook_delivery_run_id_key', 'webhook_delivery'),
         -- Since 0058 the nine row rules of a delivery, in one CHECK.
         ('constraint', 'webhook_delivery_rules', 'webhook_delivery'),
-        ('trigger', 'webhook_delivery_guard', 'webhook_delivery')
+        ('trigger', 'webhook_delivery_guard', 'webhook_delivery'),
+        -- Since 0067: a cron that does not parse would stop every firing pass at it.
+        ('trigger', 'schedule_cron_parses', 'schedule')
     ) AS g (kind, name, tbl)
     WHERE NOT CASE g.kind
         WHEN 'constraint' THEN EXISTS (

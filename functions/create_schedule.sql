@@ -33,6 +33,13 @@ BEGIN
     IF btrim(create_schedule.name) = '' OR length(create_schedule.name) > 200 THEN
         RAISE EXCEPTION 'name must be 1 to 200 characters, not blank' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The name is typed back to drop the schedule: one with a line break broke `runrow
+    -- schedules`' table, and one with a space around it could not be named to drop it.
+    IF NOT runrow._schedule_name_ok(create_schedule.name) THEN
+        RAISE EXCEPTION 'name must not hold control characters or begin or end with white space, got "%"',
+            left(create_schedule.name, 200)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     spec := runrow._cron_parse(create_schedule.cron);
     first_tick := runrow._cron_next(spec, now());
     IF first_tick IS NULL THEN
@@ -87,6 +94,9 @@ BEGIN
     PERFORM runrow._require_range(create_schedule.priority, 'priority', -1000, 1000);
     PERFORM runrow._require_key(create_schedule.fairness_key, 'fairness_key');
     PERFORM runrow._require_key(create_schedule.concurrency_key, 'concurrency_key');
+    -- Pinned now, so that firing passes only read it: two passes that each inserted a new
+    -- prompt row waited on each other's (and deadlocked when their schedules crossed).
+    PERFORM runrow._pin_prompt(create_schedule.system_prompt, create_schedule.tools);
     -- A fixed conversation someone else owns would make every tick fail: say so now.
     IF create_schedule.conversation_id IS NOT NULL AND EXISTS (
         SELECT 1 FROM runrow.conversation AS c

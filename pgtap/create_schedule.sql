@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(40);
+SELECT plan(48);
 
 CREATE FUNCTION pg_temp.schedules() RETURNS text LANGUAGE sql AS $$
     SELECT pg_temp.fingerprint() || ',' || (SELECT count(*) FROM runrow.schedule)::text || ','
@@ -71,6 +71,15 @@ SELECT throws_ok(pg_temp.bad($$'bad', NULL, '"x"', 'm'$$), '22004', 'cron must n
 SELECT throws_ok(pg_temp.bad($$NULL, '* * * * *', '"x"', 'm'$$), '22004', 'name must not be NULL', 'NULL name');
 SELECT throws_ok(pg_temp.bad($$'  ', '* * * * *', '"x"', 'm'$$), '22023', 'name must be 1 to 200 characters, not blank',
     'a blank name');
+-- A name is typed back to drop the schedule: a line break broke `runrow schedules`' table, and
+-- a space around it could not be named (issue 11's schedule audit).
+SELECT throws_ok(pg_temp.bad(format('%L, ''* * * * *'', ''"x"'', ''m''', E'evil\nname')), '22023',
+    E'name must not hold control characters or begin or end with white space, got "evil\nname"',
+    'a name with a line break');
+SELECT throws_ok(pg_temp.bad($$' padded', '* * * * *', '"x"', 'm'$$), '22023',
+    'name must not hold control characters or begin or end with white space, got " padded"',
+    'a name with a space before it');
+SELECT throws_ok(pg_temp.bad($$'padded ', '* * * * *', '"x"', 'm'$$), '22023', NULL, 'or after it');
 SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', NULL, 'm'$$), '22004', 'content must not be NULL', 'NULL content');
 SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '""', 'm'$$), '22023',
     'content must be a non-empty string or a non-empty array of content blocks', 'empty content');
@@ -111,6 +120,23 @@ SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', user_id => 'bob',
 SELECT is(pg_temp.schedules(), :'before', 'no bad call wrote anything');
 SELECT lives_ok(pg_temp.bad($$'alice''s', '* * * * *', '"x"', 'm', user_id => 'alice',
         conversation_id => '00000000-0000-0000-0000-0000000000a1'$$), 'the owner may schedule into it');
+
+-- The table's own rules, for a write that bypasses create_schedule.
+SELECT throws_ok($$UPDATE runrow.schedule SET name = E'a\tb' WHERE name = 'nightly'$$, '23514', NULL,
+    'schedule_name_printable holds for a direct update');
+SELECT throws_ok($$UPDATE runrow.schedule SET cron = '0 9 * * mon-fry' WHERE name = 'nightly'$$, '22023',
+    'cron "0 9 * * mon-fry": the day-of-week field has "fry" where a number or a name is expected',
+    'a cron that does not parse is refused whoever writes it (trigger schedule_cron_parses)');
+SELECT is_empty($$SELECT * FROM runrow.audit() WHERE invariant = 'schema_guard_missing'$$,
+    'audit: the schedule guard is in place');
+ALTER TABLE runrow.schedule DISABLE TRIGGER schedule_cron_parses;
+SELECT is((SELECT detail FROM runrow.audit() WHERE invariant = 'schema_guard_missing'),
+    'trigger schedule_cron_parses on runrow.schedule is missing, invalid or disabled', 'audit reports it disabled');
+ALTER TABLE runrow.schedule ENABLE TRIGGER schedule_cron_parses;
+-- A new schedule's prompt is pinned at once, so a firing pass only reads it.
+SELECT runrow.create_schedule('pinned', '@daily', '"x"', 'm', system_prompt => 'a prompt nothing pinned before');
+SELECT is((SELECT count(*)::int FROM runrow.prompt WHERE system_prompt = 'a prompt nothing pinned before'), 1,
+    'create_schedule pins the schedule''s prompt');
 
 -- Roles: the client creates schedules; the worker and the auditor cannot.
 SELECT lives_ok($$SELECT pg_temp.as_role('runrow_client',

@@ -6,7 +6,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(42);
+SELECT plan(45);
 SELECT pg_temp.drain_queue();
 DELETE FROM runrow.schedule;  -- only this file's schedules fire
 
@@ -127,6 +127,22 @@ SELECT is(runrow._fire_schedules('2030-01-01 00:00Z', 100), 1, 'the other schedu
 SELECT is((SELECT (next_fire_at, last_error LIKE '%belongs to another user (SQLSTATE 42501)')::text
         FROM runrow.schedule WHERE id = :'alice'),
     ('2030-01-01 01:00Z'::timestamptz, true)::text, 'alice''s tick is recorded as 42501 and skipped');
+
+-- A cron written around create_schedule and its trigger that does not parse (before migration
+-- 0067 nothing refused one): every pass raised on it, the oldest due, and nothing fired anywhere.
+-- Now it stops its own schedule, and the others fire.
+DELETE FROM runrow.schedule;
+SELECT runrow.create_schedule('edited', '0 9 * * mon-fri', '"x"', 'm') AS edited \gset
+SELECT runrow.create_schedule('good', '0 * * * *', '"x"', 'm') AS good \gset
+ALTER TABLE runrow.schedule DISABLE TRIGGER schedule_cron_parses;
+UPDATE runrow.schedule SET cron = '0 9 * * mon-fry' WHERE id = :'edited';
+ALTER TABLE runrow.schedule ENABLE TRIGGER schedule_cron_parses;
+UPDATE runrow.schedule SET next_fire_at = '2030-01-01 00:00Z'::timestamptz - make_interval(mins => CASE WHEN id = :'edited' THEN 1 ELSE 0 END);
+SELECT is(runrow._fire_schedules('2030-01-01 00:00Z', 100), 1, 'the good schedule fires past the broken one');
+SELECT is((SELECT (next_fire_at, last_error LIKE 'cron does not parse, so the schedule stopped: cron "0 9 * * mon-fry"%')::text
+        FROM runrow.schedule WHERE id = :'edited'),
+    ('infinity'::timestamptz, true)::text, 'the broken one stops (next_fire_at infinity) and says why');
+SELECT is(runrow._fire_schedules('2030-01-01 00:00Z', 100), 0, 'and is not taken again');
 
 -- Bad input: 22023/22004 naming max_schedules, nothing written.
 SELECT pg_temp.fingerprint() AS before \gset

@@ -7061,6 +7061,77 @@ INSERT INTO runrow._yoyo_migration VALUES ('d1704b630bde4c77b57832f31502a4307b4d
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'd1704b630bde4c77b57832f31502a4307b4d755a470568adecc63dcf45a57cc2', '0066_webhook_failure_can_be_permanent', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0067_schedules_never_wait
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'ec3fb11cc707705ec75962dda5b5038ae4de9cc3dae39fbdbdfb7a4bb62aa74f') AS apply_ec3fb11cc707 \gset
+\if :apply_ec3fb11cc707
+-- depends: 0066_webhook_failure_can_be_permanent
+-- Schedules: what issue 11's schedule audit found the table let through.
+--
+-- - A name with a control character (a line break broke `runrow schedules`' table) or white
+--   space at either end (it could not be typed back to drop the schedule). create_schedule
+--   refuses them, with this function, and so does the table: schedule_name_printable. A name
+--   written before this migration is left as it is (NOT VALID), and is still dropped by name.
+--   The function is defined here, not in functions/, because the CHECK needs it to exist when
+--   the migration runs.
+-- - A cron that does not parse, written around create_schedule: every firing pass raised on it,
+--   the oldest due schedule, so no schedule of the fleet fired. A row trigger now parses the
+--   cron on every insert and on every update of it (runrow._cron_parse, in functions/, is
+--   looked up when the trigger runs, so a fresh install can create the trigger before it).
+--   _fire_schedules stops a schedule whose cron no longer parses, not the pass.
+-- - Each schedule's prompt is pinned when the schedule is created (create_schedule), so firing
+--   passes only read it; the prompts of the schedules created before are pinned here.
+
+CREATE FUNCTION runrow._schedule_name_ok(name text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT name !~ '[[:cntrl:]]' AND name !~ '^[[:space:]]' AND name !~ '[[:space:]]$'
+$fn$;
+
+COMMENT ON FUNCTION runrow._schedule_name_ok(text) IS
+'Private. TRUE when a schedule name holds no control character and no white space at either '
+'end: create_schedule''s rule and the table''s schedule_name_printable. Inlined.';
+
+REVOKE ALL ON FUNCTION runrow._schedule_name_ok(text) FROM PUBLIC;
+
+ALTER TABLE runrow.schedule
+ADD CONSTRAINT schedule_name_printable CHECK (runrow._schedule_name_ok(name)) NOT VALID;
+
+CREATE FUNCTION runrow._schedule_cron_parses() RETURNS trigger
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    PERFORM runrow._cron_parse(NEW.cron);  -- raises 22004/22023 naming cron
+    RETURN NEW;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._schedule_cron_parses() IS
+'schedule''s BEFORE INSERT OR UPDATE OF cron row trigger: the cron must parse (_cron_parse''s '
+'22004/22023 naming cron otherwise), whoever writes the row, or every firing pass would stop '
+'on it.';
+
+REVOKE ALL ON FUNCTION runrow._schedule_cron_parses() FROM PUBLIC;
+
+CREATE TRIGGER schedule_cron_parses
+BEFORE INSERT OR UPDATE OF cron ON runrow.schedule
+FOR EACH ROW EXECUTE FUNCTION runrow._schedule_cron_parses();
+
+DO $$
+DECLARE
+    s record;
+BEGIN
+    -- A fresh install has no schedules, so _pin_prompt (functions/) is not called before it exists.
+    FOR s IN SELECT DISTINCT x.system_prompt, x.tools FROM runrow.schedule AS x LOOP
+        PERFORM runrow._pin_prompt(s.system_prompt, s.tools);
+    END LOOP;
+END
+$$;
+INSERT INTO runrow._yoyo_migration VALUES ('ec3fb11cc707705ec75962dda5b5038ae4de9cc3dae39fbdbdfb7a4bb62aa74f', '0067_schedules_never_wait', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'ec3fb11cc707705ec75962dda5b5038ae4de9cc3dae39fbdbdfb7a4bb62aa74f', '0067_schedules_never_wait', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -8364,6 +8435,15 @@ AS $fn$
     SELECT pg_advisory_xact_lock(7141, hashtext(_lock_conversation.conversation_id::text));
 $fn$;
 
+-- _lock_conversation's lock if it is free now, else false at once (the same key): for the
+-- schedule firing, which must never wait on a conversation a client or another pass holds.
+CREATE OR REPLACE FUNCTION runrow._try_lock_conversation(conversation_id uuid)
+RETURNS boolean
+LANGUAGE sql
+AS $fn$
+    SELECT pg_try_advisory_xact_lock(7141, hashtext(_try_lock_conversation.conversation_id::text));
+$fn$;
+
 -- Append events to a run's journal at the next seqs. The caller must hold the run
 -- row's lock (every journal writer does), which makes it the single writer of seq.
 -- Returns the last seq written. Does not notify: callers wake tails once per call.
@@ -8591,6 +8671,7 @@ $fn$;
 REVOKE ALL ON FUNCTION runrow._pin_prompt(text, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._is_tool_call_key(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lock_conversation(uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._try_lock_conversation(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._journal(uuid, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._hold_claim(uuid, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._wake_tails(uuid, bigint) FROM PUBLIC;
@@ -9613,10 +9694,23 @@ $fn$;
 
 -- fire_schedules with the clock as an argument, so tests can stand at any instant; the
 -- public function passes now(). Each due schedule is taken under its row lock, skipping
--- rows another reaper holds; its missed ticks are enqueued by the catch-up policy and
+-- rows another pass holds; its missed ticks are enqueued by the catch-up policy and
 -- next_fire_at moves past `at` in the same transaction. A tick whose enqueue fails on the
 -- template (the conversation belongs to another user, an active run with if_active = reject)
 -- is recorded in last_error and not retried: the same template would fail the same way.
+--
+-- A pass never waits on another session, so passes cannot deadlock and one busy schedule holds
+-- no other (issue 11's schedule audit found all three):
+-- - the rows are taken one at a time: a FOR loop over the query fetched, and so locked, ten at
+--   once, and while the pass waited on the first the other nine were skipped by every pass;
+-- - a tick's conversation is locked only if it is free (a client enqueueing into it, another
+--   pass): otherwise the schedule is left due, untouched, for a later pass;
+-- - a stop that times out on a run's lock (if_active = interrupt, 55P03) leaves it due too; it
+--   is in the class of 55000 that marks a template as failing for good, so it is caught first;
+-- - the prompt a tick pins is pinned when the schedule is created (create_schedule), so no two
+--   passes insert the same new prompt row and wait on each other's.
+-- A cron that does not parse (written around create_schedule before migration 0067's trigger)
+-- stops its own schedule (next_fire_at infinity, last_error says why), not every pass.
 CREATE OR REPLACE FUNCTION runrow._fire_schedules(at timestamptz, max_schedules integer)
 RETURNS integer
 LANGUAGE plpgsql
@@ -9628,19 +9722,33 @@ DECLARE
     ticks timestamptz [];
     tick timestamptz;
     t timestamptz;
+    conv uuid;
     enq record;
     fired integer := 0;
     err text;
+    busy text;
     last_run uuid;
+    taken uuid [] := '{}';
 BEGIN
-    FOR s IN
-        SELECT * FROM runrow.schedule AS x
-        WHERE x.next_fire_at <= _fire_schedules.at
+    WHILE cardinality(taken) < _fire_schedules.max_schedules LOOP
+        SELECT * INTO s FROM runrow.schedule AS x
+        WHERE x.next_fire_at <= _fire_schedules.at AND x.id <> ALL (taken)
         ORDER BY x.next_fire_at
-        LIMIT _fire_schedules.max_schedules
-        FOR UPDATE SKIP LOCKED
-    LOOP
-        spec := runrow._cron_parse(s.cron);
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED;
+        EXIT WHEN NOT FOUND;
+        taken := taken || s.id;  -- a schedule left due is not taken again by this pass
+        BEGIN
+            spec := runrow._cron_parse(s.cron);
+        EXCEPTION WHEN data_exception THEN
+            UPDATE runrow.schedule AS x SET
+                next_fire_at = 'infinity',
+                last_error = format('cron does not parse, so the schedule stopped: %s (SQLSTATE %s); drop it '
+                    'and create it again', SQLERRM, SQLSTATE),
+                updated_at = now()
+            WHERE x.id = s.id;
+            CONTINUE;
+        END;
         -- The missed ticks, at most max_catch_up of the most recent (1 for 'latest').
         ticks := '{}';
         t := _fire_schedules.at;
@@ -9651,11 +9759,17 @@ BEGIN
             t := t - interval '1 minute';
         END LOOP;
         err := NULL;
+        busy := NULL;
         last_run := NULL;
         FOREACH tick IN ARRAY ticks LOOP
+            conv := coalesce(s.conversation_id, runrow._schedule_conversation(s.id, tick));
+            IF NOT runrow._try_lock_conversation(conv) THEN
+                busy := format('conversation %s is busy (another session holds it)', conv);
+                EXIT;
+            END IF;
             BEGIN
                 SELECT * INTO enq FROM runrow.enqueue_run(
-                    conversation_id => coalesce(s.conversation_id, runrow._schedule_conversation(s.id, tick)),
+                    conversation_id => conv,
                     content => s.content,
                     model => s.model,
                     user_id => s.user_id,
@@ -9675,12 +9789,24 @@ BEGIN
                     fired := fired + 1;
                 END IF;
             EXCEPTION
+                WHEN lock_not_available THEN
+                    busy := SQLERRM;
+                    EXIT;
                 WHEN data_exception OR integrity_constraint_violation OR insufficient_privilege
                     OR object_not_in_prerequisite_state THEN
                     err := format('tick %s enqueued nothing: %s (SQLSTATE %s)',
                         to_char(tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI"Z"'), SQLERRM, SQLSTATE);
             END;
         END LOOP;
+        IF busy IS NOT NULL THEN
+            -- Left due: the ticks enqueued before this one are replays next time (their keys).
+            UPDATE runrow.schedule AS x SET
+                last_error = format('tick %s waits for a later pass: %s',
+                    to_char(tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI"Z"'), busy),
+                updated_at = now()
+            WHERE x.id = s.id;
+            CONTINUE;
+        END IF;
         UPDATE runrow.schedule AS x SET
             next_fire_at = runrow._cron_next(spec, _fire_schedules.at),
             last_tick_at = coalesce(ticks[cardinality(ticks)], x.last_tick_at),
@@ -9734,7 +9860,10 @@ COMMENT ON FUNCTION runrow._fire_schedules(timestamptz, integer) IS
 'missed ticks (the newest max_catch_up of them; 1 for catch_up latest) with enqueue_run and '
 'the tick''s idempotency key, records last_tick_at, last_run_id and last_error (a tick whose '
 'enqueue raised 22xxx, 23xxx, 42501 or 55000 is not retried), and moves next_fire_at to the '
-'first tick after `at`, in the caller''s transaction. Returns the number of runs created.';
+'first tick after `at`, in the caller''s transaction. Never waits: rows are taken one at a '
+'time, and a schedule whose tick finds its conversation locked by another session, or whose '
+'stop times out (55P03), is left due for a later pass with last_error saying so. A cron that '
+'does not parse stops its schedule (next_fire_at infinity). Returns the number of runs created.';
 
 -- functions/_steps_helpers.sql
 -- Private helpers of the step log and the tool calls. Not granted to any role: only the
@@ -10766,7 +10895,9 @@ BEGIN
         ('unique index', 'webhook_delivery_run_id_key', 'webhook_delivery'),
         -- Since 0058 the nine row rules of a delivery, in one CHECK.
         ('constraint', 'webhook_delivery_rules', 'webhook_delivery'),
-        ('trigger', 'webhook_delivery_guard', 'webhook_delivery')
+        ('trigger', 'webhook_delivery_guard', 'webhook_delivery'),
+        -- Since 0067: a cron that does not parse would stop every firing pass at it.
+        ('trigger', 'schedule_cron_parses', 'schedule')
     ) AS g (kind, name, tbl)
     WHERE NOT CASE g.kind
         WHEN 'constraint' THEN EXISTS (
@@ -11547,6 +11678,13 @@ BEGIN
     IF btrim(create_schedule.name) = '' OR length(create_schedule.name) > 200 THEN
         RAISE EXCEPTION 'name must be 1 to 200 characters, not blank' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The name is typed back to drop the schedule: one with a line break broke `runrow
+    -- schedules`' table, and one with a space around it could not be named to drop it.
+    IF NOT runrow._schedule_name_ok(create_schedule.name) THEN
+        RAISE EXCEPTION 'name must not hold control characters or begin or end with white space, got "%"',
+            left(create_schedule.name, 200)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     spec := runrow._cron_parse(create_schedule.cron);
     first_tick := runrow._cron_next(spec, now());
     IF first_tick IS NULL THEN
@@ -11601,6 +11739,9 @@ BEGIN
     PERFORM runrow._require_range(create_schedule.priority, 'priority', -1000, 1000);
     PERFORM runrow._require_key(create_schedule.fairness_key, 'fairness_key');
     PERFORM runrow._require_key(create_schedule.concurrency_key, 'concurrency_key');
+    -- Pinned now, so that firing passes only read it: two passes that each inserted a new
+    -- prompt row waited on each other's (and deadlocked when their schedules crossed).
+    PERFORM runrow._pin_prompt(create_schedule.system_prompt, create_schedule.tools);
     -- A fixed conversation someone else owns would make every tick fail: say so now.
     IF create_schedule.conversation_id IS NOT NULL AND EXISTS (
         SELECT 1 FROM runrow.conversation AS c

@@ -102,6 +102,124 @@ def test_a_drop_waits_for_the_pass_firing_its_schedule(connect: Connect, owner: 
     assert [status for _, status in runs_of(owner, schedule_id)] == ["queued"], "the fired run stays"
 
 
+def due_on(conn: psycopg.Connection, name: str, conversation: uuid.UUID | None, **extra: str) -> uuid.UUID:
+    """A yearly schedule (see due_schedule) whose ticks go to `conversation`, due now."""
+    args = "".join(f", {k} => %({k})s" for k in extra)
+    schedule_id = conn.execute(
+        "SELECT runrow.create_schedule(name => %(name)s, cron => '0 0 1 1 *', content => '\"tick\"', "
+        f"model => 'test-model', conversation_id => %(conv)s{args})",
+        {"name": name, "conv": conversation, **extra},
+    ).fetchone()[0]
+    conn.execute(
+        "UPDATE runrow.schedule"
+        " SET next_fire_at = date_trunc('year', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
+        " - make_interval(secs => %s) WHERE id = %s",
+        (len(name), schedule_id),  # an order of its own per name: the longest name is the oldest due
+    )
+    return schedule_id
+
+
+def still_due(conn: psycopg.Connection) -> list[str]:
+    rows = conn.execute(
+        "SELECT name FROM runrow.schedules WHERE next_fire_at <= now() ORDER BY name"
+    ).fetchall()
+    return [name for (name,) in rows]
+
+
+def test_a_tick_whose_conversation_is_busy_waits_and_holds_no_other_schedule(
+    connect: Connect, owner: psycopg.Connection
+) -> None:
+    """A pass that met a conversation a client was enqueueing into waited for that client, and
+    the nine schedules its FOR loop had fetched (and locked) with it waited too: every other pass
+    skipped them. Now the busy one is left due and the others fire, in a pass that never waits."""
+    conversation = uuid.uuid4()
+    busy = due_on(owner, "chat-with-the-longest-name", conversation)
+    others = [due_on(owner, f"o{i}", None) for i in range(12)]
+    client = connect(autocommit=False)
+    client.execute("SELECT runrow.enqueue_run(%s, '\"a user turn\"', 'test-model')", (conversation,))
+
+    assert Background(connect(), fire).result() == 12, "the others fire, without waiting for the client"
+    assert still_due(owner) == ["chat-with-the-longest-name"]
+    error = owner.execute("SELECT last_error FROM runrow.schedule WHERE id = %s", (busy,)).fetchone()[0]
+    assert f"waits for a later pass: conversation {conversation} is busy" in error
+    assert all(len(runs_of(owner, o)) == 1 for o in others)
+
+    client.commit()
+    assert fire(connect()) == 1, "a later pass fires it"
+    assert still_due(owner) == [] and len(runs_of(owner, busy)) == 1
+
+
+def test_two_passes_sharing_a_conversation_never_wait_for_each_other(
+    connect: Connect, owner: psycopg.Connection
+) -> None:
+    """Two passes that each held a conversation (or a new prompt row) the other needed next
+    deadlocked (40P01), and all of one pass's enqueues rolled back."""
+    shared = uuid.uuid4()
+    due_on(owner, "first-of-two", shared, system_prompt="a prompt no run has pinned yet")
+    second = due_on(owner, "second", shared, system_prompt="another new prompt")
+    first_pass = connect(autocommit=False)
+    assert (
+        owner.execute(
+            "SELECT count(*) FROM runrow.prompt WHERE system_prompt LIKE '%new prompt%' "
+            "OR system_prompt LIKE 'a prompt no run%'"
+        ).fetchone()[0]
+        == 2
+    ), "create_schedule pinned both prompts: firing only reads them"
+    first_pass.execute("SELECT runrow._fire_schedules(now(), 1)")  # holds the shared conversation
+    assert Background(connect(), fire).result() == 0, "the second pass does not wait on the first"
+    assert (
+        "is busy"
+        in owner.execute("SELECT last_error FROM runrow.schedule WHERE id = %s", (second,)).fetchone()[0]
+    )
+    first_pass.commit()
+    assert fire(connect()) == 1 and still_due(owner) == []
+
+
+def test_a_stop_that_times_out_leaves_the_tick_for_a_later_pass(
+    connect: Connect, owner: psycopg.Connection
+) -> None:
+    """if_active = interrupt stops the conversation's active run first. Its 5 s lock_timeout
+    (55P03, "the caller retries") was caught as a template that fails for good: next_fire_at moved
+    on and the tick never ran."""
+    conversation = uuid.uuid4()
+    (queued,) = owner.execute(
+        "SELECT run_id FROM runrow.enqueue_run(%s, '\"first\"', 'test-model')", (conversation,)
+    ).fetchone()
+    schedule_id = due_on(owner, "interrupts", conversation, if_active="interrupt")
+    holder = connect(autocommit=False)
+    holder.execute("SELECT 1 FROM runrow.agent_run WHERE id = %s FOR UPDATE", (queued,))
+
+    assert Background(connect(), fire).result(timeout=30) == 0
+    assert still_due(owner) == ["interrupts"], "left due"
+    assert (
+        "waits for a later pass"
+        in owner.execute("SELECT last_error FROM runrow.schedule WHERE id = %s", (schedule_id,)).fetchone()[0]
+    )
+
+    holder.rollback()
+    assert fire(connect()) == 1, "the next pass stops the run and enqueues the tick"
+    statuses = owner.execute(
+        "SELECT status FROM runrow.agent_run WHERE conversation_id = %s ORDER BY enqueue_seq", (conversation,)
+    ).fetchall()
+    assert statuses == [("cancelled",), ("queued",)]
+
+
+async def test_a_reaper_pass_fires_more_due_schedules_than_one_call_takes(
+    database_url: str, owner: psycopg.Connection
+) -> None:
+    """fire_schedules takes 100 schedules a call; the reaper called it once per interval, so the
+    rest waited an interval (and with catch_up latest, a minute's tick was skipped)."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from pyworker.worker.reaper import FIRE_BATCH, fire_once
+
+    for i in range(FIRE_BATCH + 30):
+        due_on(owner, f"many-{i}", None)
+    async with AsyncConnectionPool(database_url, min_size=1, max_size=1, kwargs={"autocommit": True}) as pool:
+        assert await fire_once(pool) == FIRE_BATCH + 30
+    assert still_due(owner) == []
+
+
 def test_a_workers_reaper_fires_a_due_tick(database_url: str, owner: psycopg.Connection) -> None:
     schedule_id = due_schedule(
         owner, "reaper-fires", model="echo", metadata={"echo": "scheduled hello", "duration": 0}

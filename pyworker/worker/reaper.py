@@ -47,9 +47,22 @@ async def trim_once(pool: AsyncConnectionPool, older_than_seconds: float) -> int
     return trimmed
 
 
+# A pass takes at most this many schedules (fire_schedules' max_schedules), in one transaction.
+FIRE_BATCH = 100
+# Passes in a row while they keep enqueueing: more schedules due at once than one pass takes
+# were left to the next reaper interval, so a minute's tick of the 101st and later ran up to an
+# interval late, and with catch_up latest a tick was skipped for good (issue 11's schedule audit).
+MAX_FIRE_PASSES = 50
+
+
 async def fire_once(pool: AsyncConnectionPool) -> int:
-    async with pool.connection() as conn:
-        fired = await schedules.fire_schedules(conn)
+    fired = 0
+    for _ in range(MAX_FIRE_PASSES):
+        async with pool.connection() as conn:
+            this_pass = await schedules.fire_schedules(conn, FIRE_BATCH)
+        fired += this_pass
+        if this_pass == 0:  # nothing was due, or nothing due could be enqueued now
+            break
     if fired:
         log.info("schedules: enqueued %d run(s) for due ticks", fired)
     return fired
