@@ -4,7 +4,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(7);
+SELECT plan(9);
 
 SELECT pg_temp.drain_queue();
 
@@ -29,6 +29,36 @@ SELECT results_eq($$SELECT queued, running, waiting, waiting_approval, leases_ex
 SELECT is((SELECT round(oldest_queued_age_seconds) FROM runrow.queue_metrics), 90::double precision,
     'oldest_queued_age_seconds: the longest-queued run, in seconds');
 SELECT is((SELECT count(*) FROM runrow.queue_metrics), 1::bigint, 'always exactly one row');
+
+-- The age counts only what a worker could claim now (issue 11's metrics audit): a run delayed by
+-- start_in or a backoff, or a turn behind its conversation's running turn, grew older for the
+-- whole wait, and the README's alert on it fired for every delayed run on an idle fleet.
+SELECT run_id AS later FROM runrow.enqueue_run(gen_random_uuid(), '"later"', 'test-model', start_in => '1 hour') \gset
+SELECT run_id AS due FROM runrow.enqueue_run(gen_random_uuid(), '"due"', 'test-model', start_in => '1 hour') \gset
+-- (a turn a claim found behind its conversation's active turn carries claim_blocked)
+SELECT pg_temp.new_run() AS behind \gset
+SELECT pg_temp.bypass(format($$UPDATE runrow.agent_run SET updated_at = now() - interval '500 seconds' WHERE id = %L$$,
+    :'later'));
+SELECT pg_temp.bypass(format($$UPDATE runrow.agent_run SET updated_at = now() - interval '900 seconds',
+    not_before = now() - interval '120 seconds' WHERE id = %L$$, :'due'));
+SELECT pg_temp.bypass(format($$UPDATE runrow.agent_run SET updated_at = now() - interval '1000 seconds',
+    claim_blocked = true WHERE id = %L$$, :'behind'));
+SELECT results_eq($$SELECT queued, round(oldest_queued_age_seconds), queued_claimable, queued_not_due
+                    FROM runrow.queue_metrics$$,
+    $$VALUES (5::bigint, 120::double precision, 3::bigint, 1::bigint)$$,
+    'the age is that of the run due longest (since not_before); a run not due yet and a blocked turn do not count');
+
+-- Rate-limit blocks, budgets and webhooks, each a gauge.
+SELECT runrow.set_rate_limit('pgtap-key', 10, 1000, 1000);
+SELECT pg_temp.bypass($$UPDATE runrow.rate_limit SET blocked_until = now() + interval '1 minute'
+    WHERE rate_limit_key = 'pgtap-key'$$);
+SELECT runrow.set_tenant_budget('pgtap-tenant', 10, NULL);
+INSERT INTO runrow.spend_hour (fairness_key, hour, model, tokens, cost)
+VALUES ('pgtap-tenant', date_trunc('hour', now()), 'test-model', 50, 0);
+SELECT results_eq($$SELECT rate_limit_keys_blocked, tenants_over_budget, webhooks_pending, webhooks_dead_lettered,
+                           oldest_pending_webhook_age_seconds FROM runrow.queue_metrics$$,
+    $$VALUES (1::bigint, 1::bigint, 0::bigint, 0::bigint, 0::double precision)$$,
+    'a blocked key and a tenant over budget are counted; no webhook, every webhook gauge 0');
 
 SELECT lives_ok($$SELECT pg_temp.as_role('runrow_worker', 'SELECT * FROM runrow.queue_metrics')$$,
     'runrow_worker reads it (runrow worker --metrics-port)');

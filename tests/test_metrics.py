@@ -149,3 +149,27 @@ def _up(base: str) -> bool:
     except httpx.HTTPError:
         time.sleep(0.2)
         return False
+
+
+async def test_a_scrape_the_database_does_not_answer_says_why(caplog) -> None:  # type: ignore[no-untyped-def]
+    """A scrape that timed out logged "the database query failed: " and nothing after it: a
+    TimeoutError has no text. runrow_db_up goes to 0 and the db gauges are left out."""
+    import asyncio
+    import contextlib
+    import logging
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pyworker.worker import metrics
+
+    class NeverAnswers:
+        @contextlib.asynccontextmanager
+        async def connection(self):  # type: ignore[no-untyped-def]
+            await asyncio.sleep(3600)
+            yield None
+
+    with caplog.at_level(logging.WARNING, logger="runrow.metrics"):
+        text = (await metrics.scrape(NeverAnswers(), timeout=0.05)).decode()
+    assert "metrics scrape: the database query failed: no answer within 0.05 s" in caplog.text
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples["runrow_db_up"] == 0 and "runrow_oldest_queued_age_seconds" not in samples

@@ -180,8 +180,16 @@ def watch_hub(connected: Callable[[], bool]) -> None:
 STATUS_COLUMNS = ("queued", "running", "waiting")
 HELP = {
     "waiting_approval": "Runs parked on a person's approval.",
-    "oldest_queued_age_seconds": "How long the longest-queued run has waited (0: queue empty).",
+    "oldest_queued_age_seconds": "How long the longest-waiting claimable run has waited since it became "
+    "claimable (0: none is).",
     "leases_expired": "Running runs whose lease lapsed and that no reaper has taken yet.",
+    "queued_claimable": "Queued runs a worker could claim now (due, not behind their conversation's turn).",
+    "queued_not_due": "Queued runs waiting out start_in or a retry_in backoff.",
+    "rate_limit_keys_blocked": "Rate-limit keys blocked by a reported 429.",
+    "tenants_over_budget": "Tenants at their daily token or cost budget.",
+    "webhooks_pending": "Webhook deliveries not yet made (new, retrying or in flight).",
+    "webhooks_dead_lettered": "Webhook deliveries that gave up (retry_webhook_delivery re-arms one).",
+    "oldest_pending_webhook_age_seconds": "Age of the oldest undelivered webhook (0: none).",
 }
 SCRAPE_QUERY = "SELECT * FROM runrow.queue_metrics"
 
@@ -223,7 +231,9 @@ async def scrape(pool: Any, timeout: float = 5.0) -> bytes:  # noqa: ASYNC109
         _database.row = dict(zip(names, values or (), strict=False))
         DB_UP.set(1)
     except Exception as exc:
-        log.warning("metrics scrape: the database query failed: %s", exc)
+        # A TimeoutError has no text: say what happened rather than log an empty reason.
+        reason = f"no answer within {timeout:g} s" if isinstance(exc, TimeoutError) else str(exc) or repr(exc)
+        log.warning("metrics scrape: the database query failed: %s", reason)
         _database.row = None
         DB_UP.set(0)
     return generate_latest(REGISTRY)
