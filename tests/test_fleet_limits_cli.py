@@ -93,3 +93,29 @@ def test_backoff_is_exponential_with_jitter_and_honours_retry_after() -> None:
     assert retry_in(1, 12.0, rng=lambda: 0.0) == 12.0  # the API's retry-after wins
     assert retry_in(1, 12.0, rng=lambda: 1.0) == 12.0 * 1.1
     assert retry_in(1, 10**9) == 86400.0  # release_run's limit
+
+
+def test_status_counts_what_it_does_not_list(private_database_url: str) -> None:
+    """runrow status read up to 100,000 rows of runs_in_backoff to count them, and listed at most
+    100 blocked keys or tenants over budget without saying there were more. It now counts in
+    queue_metrics, names at most 10 and says how many more."""
+    url = private_database_url
+    with psycopg.connect(url, autocommit=True) as conn:
+        for i in range(12):
+            conn.execute("SELECT runrow.set_tenant_budget(%s, 1, NULL)", (f"over-{i:02}",))
+            conn.execute(
+                "INSERT INTO runrow.spend_hour (fairness_key, hour, model, tokens)"
+                " VALUES (%s, date_trunc('hour', now()), 'm', 5)",
+                (f"over-{i:02}",),
+            )
+        for _ in range(3):
+            conn.execute("SELECT runrow.enqueue_run(gen_random_uuid(), '\"x\"', 'm', start_in => '1 hour')")
+        over, not_due = conn.execute(
+            "SELECT count(*), (SELECT count(*) FROM runrow.runs_in_backoff) FROM runrow.tenants_over_budget"
+        ).fetchone()
+    status = runrow(url, "status")
+    assert status.returncode == 0, status.stderr
+    lines = {ln.split()[0]: ln for ln in status.stdout.splitlines() if ln.strip()}
+    tenants = lines["tenants_over_budget"]
+    assert tenants.count("over-") == 10 and tenants.endswith(f"(+{over - 10} more)"), tenants
+    assert lines["runs_in_backoff"].split()[-1] == str(not_due) and not_due >= 3

@@ -202,8 +202,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         cmd_status,
         help="queue health, fleet limits and webhooks; or one run's tokens",
         description="Without RUN: prints the view runrow.queue_health as a two-column table with the "
-        "fleet limits in force (rate-limit keys blocked, runs waiting on backoff, tenants over budget; "
-        "details: `runrow limits show`, `runrow budget show`), then runrow.webhook_health (pending, "
+        "fleet limits in force (rate-limit keys blocked, runs not due yet: start_in or a retry_in "
+        "backoff, tenants over budget; at most 10 names, then how many more; details: "
+        "`runrow limits show`, `runrow budget show`), then runrow.webhook_health (pending, "
         "retrying, in flight, dead-lettered, delivered in 24 h) with its names prefixed webhooks_. "
         "With RUN: the run's status and its token totals over every attempt (runrow.run_usage): "
         "model turns, input tokens billed at the full price, output, cache read and cache write.",

@@ -82,7 +82,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     _action(
         actions,
         "show",
-        help="limits, bucket levels, blocks and runs waiting on backoff",
+        help="limits, bucket levels, blocks and runs not due yet (start_in, or a retry_in backoff)",
         example="watch -n 5 runrow limits show",
     )
 
@@ -188,16 +188,34 @@ async def _show(conn: AsyncConnection[Any], title: str, view: str, limit: int = 
     print()
 
 
+# Names listed at most, then "(+K more)": the counts come from queue_metrics, so a long list is
+# never fetched (runs_in_backoff read up to 100,000 rows to count them, and the other two lines
+# stopped at 100 names without saying so).
+SHOWN = 10
+
+
 async def fleet_summary(conn: AsyncConnection[Any]) -> list[tuple[str, Any]]:
     """The fleet-limit lines of `runrow status`."""
-    blocks = await limits_api.view_rows(conn, "rate_limit_blocks")
-    backoff = await limits_api.view_rows(conn, "runs_in_backoff", limit=100000)
-    over = await limits_api.view_rows(conn, "tenants_over_budget")
+    cur = await conn.execute(
+        "SELECT rate_limit_keys_blocked, queued_not_due, tenants_over_budget FROM runrow.queue_metrics"
+    )
+    row = await cur.fetchone()
+    blocked, not_due, over_budget = row if row is not None else (0, 0, 0)
+    blocks = await limits_api.view_rows(conn, "rate_limit_blocks", SHOWN) if blocked else []
+    over = await limits_api.view_rows(conn, "tenants_over_budget", SHOWN) if over_budget else []
     return [
         (
             "rate_limit_keys_blocked",
-            ", ".join(f"{b['rate_limit_key']} ({b['time_left']})" for b in blocks) or 0,
+            _some([f"{b['rate_limit_key']} ({b['time_left']})" for b in blocks], blocked),
         ),
-        ("runs_in_backoff", len(backoff)),
-        ("tenants_over_budget", ", ".join(str(t["fairness_key"]) for t in over) or 0),
+        ("runs_in_backoff", not_due),
+        ("tenants_over_budget", _some([str(t["fairness_key"]) for t in over], over_budget)),
     ]
+
+
+def _some(names: list[str], count: int) -> str | int:
+    """Up to SHOWN names, then how many more; 0 when there are none."""
+    if not count:
+        return 0
+    more = count - len(names)
+    return ", ".join(names) + (f" (+{more} more)" if more > 0 else "")
