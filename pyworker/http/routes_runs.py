@@ -5,6 +5,7 @@ A run or conversation of another user answers 404 exactly as an unknown id does.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -47,6 +48,8 @@ ENQUEUE_FIELDS = {
     "webhook_url",
     "start_in",
 }
+log = logging.getLogger("runrow.http")
+
 # The claim order's levers over other tenants: a user who could set them would claim ahead of
 # everyone (priority), spend another tenant's share (fairness_key) or fill another workload's
 # cap (concurrency_key). Over HTTP a run's tenant is its authenticated user (enqueue_run's
@@ -171,20 +174,27 @@ def _with_traceparent(request: Request, metadata: dict[str, Any] | None) -> dict
     raw = request.headers.get("traceparent")
     if raw is None:
         return metadata
-    value = raw.strip()
-    if not TRACEPARENT.fullmatch(value):
-        raise ApiError(
-            400,
-            "invalid_request",
-            "traceparent header must be a W3C traceparent (version-trace_id-parent_id-flags, lowercase "
-            f"hex, ids not all zero), got {raw[:100]!r}",
-        )
+    value = _traceparent(raw.strip())
+    if value is None:
+        # W3C Trace Context: a receiver that cannot parse the header ignores it (and starts a
+        # trace of its own); refusing the request over it (400) lost the caller's run.
+        log.debug("ignoring a traceparent header that is not W3C trace context: %r", raw[:100])
+        return metadata
     given = (metadata or {}).get("traceparent")
     if given is not None and given != value:
         raise ApiError(
             400, "invalid_request", "traceparent header and metadata.traceparent differ: send one of them"
         )
     return {**(metadata or {}), "traceparent": value}
+
+
+def _traceparent(value: str) -> str | None:
+    """The header as enqueue_run stores it, or None when it is not W3C trace context. A later
+    version (not 00) is read from its first 55 characters, as the spec says, if a dash or
+    nothing follows them; version 00 has exactly those."""
+    if len(value) > 55 and not value.startswith("00") and value[55] == "-":
+        value = value[:55]
+    return value if TRACEPARENT.fullmatch(value) else None
 
 
 def _idempotency_key(request: Request, user: str) -> str | None:

@@ -70,8 +70,26 @@ def _parent(run: ClaimedRun) -> Any:
             return extracted
     run_bits = run.run_id.int
     span_id = (run_bits & ((1 << 64) - 1)) or 1
-    own = SpanContext(run_bits, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    flags = TraceFlags(TraceFlags.SAMPLED if _root_sampled(run_bits) else TraceFlags.DEFAULT)
+    own = SpanContext(run_bits, span_id, is_remote=True, trace_flags=flags)
     return trace.set_span_in_context(NonRecordingSpan(own))
+
+
+def _root_sampled(trace_id: int) -> bool:
+    """Whether the provider's sampler samples a new trace with this id. The stand-in parent of a
+    run without a traceparent was always marked sampled, so a parent-based sampler (the SDK's
+    default, and OTEL_TRACES_SAMPLER=parentbased_traceidratio) recorded every such run whatever
+    its ratio. Asked as for a root, which depends on the trace id only: every attempt of the run,
+    on any worker, gets the same answer. A provider without a sampler (not the SDK's) samples."""
+    assert trace is not None
+    sampler = getattr(trace.get_tracer_provider(), "sampler", None)
+    if sampler is None:
+        return True
+    try:
+        result = sampler.should_sample(None, trace_id, "runrow.attempt")
+    except Exception:  # a custom sampler that cannot answer for a root: keep the trace
+        return True
+    return bool(result.decision.is_sampled())
 
 
 @contextlib.contextmanager
