@@ -438,6 +438,21 @@ REFUSED_BEFORE_ANY_WORK: list[tuple[list[str | bytes], dict[str, str], int, str]
     (["migrate"], {"DATABASE_URL": "garbage"}, 2, "runrow migrate: cannot use the database: missing"),
     (["db", "run", "--", "/nonexistent/cmd"], {}, 127, "runrow db run: /nonexistent/cmd: command not found"),
     (["serve", "--port", "99999"], {}, 2, "argument --port: must be a port number from 0 to 65535"),
+    # --metrics-host: a name that does not resolve failed after connecting, without naming the
+    # option; an empty one bound every interface; alone, it was ignored.
+    (
+        ["worker", "--metrics-port", "0", "--metrics-host", "no.such.host.invalid"],
+        {},
+        2,
+        "worker: --metrics-host no.such.host.invalid: ",
+    ),
+    (
+        ["worker", "--metrics-port", "0", "--metrics-host", ""],
+        {},
+        2,
+        "argument --metrics-host: must be a host",
+    ),
+    (["worker", "--metrics-host", "0.0.0.0"], {}, 2, "worker: --metrics-host needs --metrics-port"),
     # 0 reached enqueue_run, whose error quoted an interval; inf made the fake never answer.
     (["enqueue", "hi", "--start-in", "0"], {}, 2, "argument --start-in: must be a number from 0.001"),
     (["fake-model", "--delta-delay", "inf"], {}, 2, "argument --delta-delay: must be a number from 0 to 60"),
@@ -536,7 +551,10 @@ def test_no_login_name_breaks_no_command_but_a_decision_without_by(monkeypatch: 
     assert _default_person() == "alice"
 
 
-def test_closed_stdin_closed_stdout_and_a_full_disk_are_one_line(private_database_url: str) -> None:
+def test_closed_stdin_closed_stdout_and_a_full_disk_are_one_line(
+    private_database_url: str,
+    conn: psycopg.Connection,  # its teardown cancels the run `enqueue hi > /dev/full` leaves queued
+) -> None:
     runrow = f"{sys.executable} -m pyworker --database-url '{private_database_url}'"
     cases = [
         # (shell, exit code of runrow, what stderr says)

@@ -19,6 +19,7 @@ from pyworker.cli.messages import first_line
 from pyworker.cli.types import (
     LOG_LEVELS,
     conninfo,
+    host_name,
     log_level,
     not_utf8,
     number,
@@ -105,7 +106,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     logs.setup(args.log_format, args.log_level)
     tracing.configure_from_env()
-    problem = sdk_retries_problem()
+    problem = sdk_retries_problem() or _metrics_address_problem(args)
     if problem is not None:
         print(f"runrow worker: {problem}", file=sys.stderr)
         return 2
@@ -141,7 +142,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         session_limits=args.session_limits,
         listen_conninfo=args.listen_url,
         metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
+        metrics_host=args.metrics_host or "127.0.0.1",
         webhooks=webhook_settings(args),
     )
     from psycopg_pool import PoolTimeout
@@ -164,6 +165,22 @@ def cmd_worker(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+
+
+def _metrics_address_problem(args: argparse.Namespace) -> str | None:
+    """Why --metrics-host/--metrics-port cannot be served, said before the database is asked:
+    a host that does not resolve failed only after connecting, without naming the option, and
+    --metrics-host alone was ignored without a word."""
+    import socket
+
+    if args.metrics_port is None:
+        return "--metrics-host needs --metrics-port" if args.metrics_host is not None else None
+    args.metrics_host = args.metrics_host or "127.0.0.1"
+    try:
+        socket.getaddrinfo(args.metrics_host, args.metrics_port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"--metrics-host {args.metrics_host}: {exc.strerror or exc}"
+    return None
 
 
 def webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
@@ -406,8 +423,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--metrics-host",
-        default="127.0.0.1",
-        help="address the metrics endpoint binds (default %(default)s; 0.0.0.0 for a scraper elsewhere)",
+        type=host_name,
+        default=None,
+        help="address the metrics endpoint binds (default 127.0.0.1; 0.0.0.0 for a scraper elsewhere); "
+        "needs --metrics-port",
     )
     p.set_defaults(func=cmd_worker)
 

@@ -123,6 +123,16 @@ def conninfo(text: str) -> str:
     return text
 
 
+def host_name(text: str) -> str:
+    """An address to bind: not empty (an empty one bound every interface, 0.0.0.0 and ::, without
+    anyone asking for it), no white space."""
+    if not text or text != text.strip():
+        raise argparse.ArgumentTypeError(
+            f"must be a host name or address (0.0.0.0 for every interface), got {text!r}"
+        )
+    return text
+
+
 def one_of(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in choices:
