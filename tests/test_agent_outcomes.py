@@ -333,6 +333,18 @@ def test_cache_markers_of_many_turns_stay_within_the_apis_four(db, fake) -> None
     assert sent.count('"cache_control"') == 4
 
 
+def test_a_users_one_hour_marker_after_the_default_five_minute_one(db, fake) -> None:
+    """The API refuses a 1-hour cache marker after a 5-minute one. The worker's default marker on
+    the system prompt is a 5-minute one, so a turn whose content asked for an hour failed (the
+    fake, as the API: a 400), and so would every later turn, whose history holds it."""
+    hour = [{"type": "text", "text": "keep this", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    fake.set_scenario(script(turn(Text("Kept."))))
+    run = enqueue_agent(db, hour, system="Be brief.", tools=[], metadata={})
+    row = finish(db, run)
+    assert row["status"] == "completed", row["error"]
+    assert '"ttl": "1h"' not in json.dumps(fake.requests[-1].body)
+
+
 def test_other_4xx_fails_at_once(db, fake) -> None:
     fake.inject(status_error(400, message="messages: bad request"))
     run = enqueue_agent(db, "Hi", tools=[], metadata={}, max_attempts=3)

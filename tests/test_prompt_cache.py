@@ -39,6 +39,7 @@ TERMINAL = {"completed", "failed", "dead"}
 # ~3,000 tokens (bytes/4): a system prompt well past the 1,024-token minimum of the Sonnet class.
 LONG_SYSTEM = "You are a careful assistant. Check every file you read against the house rules. " * 150
 FIVE = {"type": "ephemeral"}
+HOUR = {"type": "ephemeral", "ttl": "1h"}
 
 
 def markers(value: Any, path: str = "") -> list[str]:
@@ -134,6 +135,32 @@ def test_never_more_than_four_counting_the_users_own() -> None:
     out = add_breakpoints(params, "5m")
     assert len(markers(out)) == 4
     assert markers(out)[-1] == "messages.4.content.0"  # the final message's comes first
+
+
+def test_no_one_hour_marker_follows_a_five_minute_one() -> None:
+    """The API refuses a request whose 1-hour marker comes after a 5-minute one (tools, system,
+    messages). A user's 1-hour marker after our default 5-minute one on the system prompt failed
+    the turn, and every later turn of the conversation, whose history holds it. Such a marker
+    becomes a 5-minute one (the fake refuses the order, as the API does)."""
+    from pyworker.fake.cache import prompt_units
+
+    params = tool_loop_params()
+    params["messages"][0] = {
+        "role": "user",
+        "content": [{"type": "text", "text": "keep this an hour", "cache_control": HOUR}],
+    }
+    before = copy.deepcopy(params)
+    for mode in ("5m", "off"):
+        out = add_breakpoints(params, mode)
+        prompt_units(out)  # raises the API's 400 if a 1-hour marker follows a 5-minute one
+        assert out["messages"][0]["content"][0]["cache_control"] == (FIVE if mode == "5m" else HOUR)
+    assert params == before
+    # Our 1-hour markers after a user's 5-minute one in the history: ours become 5-minute ones.
+    params["messages"][0]["content"][0]["cache_control"] = FIVE
+    out = add_breakpoints(params, "1h")
+    prompt_units(out)
+    assert out["system"][0]["cache_control"] == HOUR  # before the user's: kept
+    assert out["messages"][4]["content"][0]["cache_control"] == FIVE
 
 
 def test_the_run_metadata_picks_the_mode() -> None:

@@ -41,7 +41,7 @@ def add_breakpoints(params: dict[str, Any], mode: str) -> dict[str, Any]:
     """`params` with cache breakpoints; `params` and what it holds are left unchanged."""
     params = _within_limit(params)
     if mode == "off":
-        return params
+        return _ttls_in_order(params)
     marker: dict[str, Any] = {"type": "ephemeral"}
     if mode == "1h":
         marker["ttl"] = "1h"
@@ -62,6 +62,45 @@ def add_breakpoints(params: dict[str, Any], mode: str) -> dict[str, Any]:
             assert isinstance(target, int)
             placed = _mark_message(messages, target, marker)
         room -= placed
+    out["messages"] = messages
+    return _ttls_in_order(out)
+
+
+def _ttls_in_order(params: dict[str, Any]) -> dict[str, Any]:
+    """`params` with no 1-hour marker after a 5-minute one, in the order the API reads a prompt
+    (tools, system, messages): it refuses the request otherwise ("a ttl='1h' cache_control block
+    must not come after a ttl='5m' cache_control block"). A user's 1-hour marker in a later turn
+    after our 5-minute one on the system prompt (the default), or our 1-hour ones after a user's
+    5-minute marker in the history, failed the turn, and every later turn of the conversation
+    with it. Such a 1-hour marker becomes a 5-minute one: a shorter cache, never a dearer write."""
+    seen_5m = False
+
+    def fix(blocks: list[Any]) -> list[Any] | None:
+        nonlocal seen_5m
+        changed = None
+        for j, block in enumerate(blocks):
+            marker = block.get("cache_control") if isinstance(block, Mapping) else None
+            if not isinstance(marker, Mapping):
+                continue
+            if marker.get("ttl", "5m") != "1h":
+                seen_5m = True
+            elif seen_5m:
+                changed = changed or list(blocks)
+                changed[j] = {**block, "cache_control": {k: v for k, v in marker.items() if k != "ttl"}}
+        return changed
+
+    out = dict(params)
+    changed = False
+    for key in ("tools", "system"):
+        if isinstance(out.get(key), list) and (fixed := fix(out[key])) is not None:
+            out[key], changed = fixed, True
+    messages = list(out.get("messages") or [])
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list) and (fixed := fix(content)) is not None:
+            messages[i], changed = {**message, "content": fixed}, True
+    if not changed:
+        return params
     out["messages"] = messages
     return out
 
