@@ -461,11 +461,25 @@ REFUSED_BEFORE_ANY_WORK: list[tuple[list[str | bytes], dict[str, str], int, str]
     (["serve", "--pool-size", "0"], {}, 2, "argument --pool-size: must be an integer from 1 to 1000"),
     (["serve", "--keepalive", "-1"], {}, 2, "argument --keepalive: must be a number from 0.1 to 3600"),
     (["serve", "--max-body", "-1"], {}, 2, "argument --max-body: must be an integer from 1024"),
+    (["fake-model", "--port", "99999"], {}, 2, "argument --port: must be a port number from 0 to 65535"),
+    # Their own ranges, not int4's, which they quoted (or the database's message, later).
     (
-        ["fake-model", "--port", "99999"],
+        ["enqueue", "hi", "--priority", "99999999999"],
         {},
         2,
-        "fake-model: cannot listen on --host 127.0.0.1 --port 99999",
+        "argument --priority: must be an integer from -1000",
+    ),
+    (
+        ["schedules", "add", "x", "@daily", "hi", "--priority", "1001"],
+        {},
+        2,
+        "argument --priority: must be an",
+    ),
+    (
+        ["concurrency", "set", "k", "100001"],
+        {},
+        2,
+        "argument max_running: must be an integer from 0 to 100000",
     ),
 ]
 

@@ -29,7 +29,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pyworker.cli.messages import first_line
 from pyworker.cli.tail_render import Renderer
-from pyworker.cli.types import int32, int64, number
+from pyworker.cli.types import int64, number
 from pyworker.db import api, nul
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.config import database_url
@@ -120,7 +120,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--metadata", type=_json_object, default=None, help="JSON object stored on the run")
     p.add_argument("--user", help="user id stored on the run")
     p.add_argument(
-        "--priority", type=int32, default=0, help="-1000 to 1000; higher is claimed first (default 0)"
+        "--priority",
+        type=number(int, -1000, 1000),
+        default=0,
+        help="-1000 to 1000; higher is claimed first (default 0)",
     )
     p.add_argument(
         "--start-in",

@@ -26,7 +26,7 @@ from pyworker.cli.client import (
     _wrap,
     read_message,
 )
-from pyworker.cli.types import int32, number
+from pyworker.cli.types import number
 from pyworker.db import schedules
 from pyworker.db.config import database_url
 
@@ -220,7 +220,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "this tick (reject), or stop it (interrupt)",
     )
     q.add_argument(
-        "--priority", type=int32, default=0, help="claim priority, -1000 to 1000, higher first (default 0)"
+        "--priority",
+        type=number(int, -1000, 1000),
+        default=0,
+        help="claim priority, -1000 to 1000, higher first (default 0)",
     )
     q.add_argument("--fairness-key", help="the tenant the claim is fair across (default: --user)")
     q.add_argument("--concurrency-key", help="key of a concurrency limit the runs count against")
@@ -232,7 +235,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     q.add_argument(
         "--max-catch-up",
-        type=int32,
+        type=number(int, 1, 1000),
         metavar="N",
         help="with --catch-up each: at most the N most recent missed ticks (default 10, 1 to 1000)",
     )

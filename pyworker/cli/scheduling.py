@@ -9,7 +9,7 @@ import argparse
 
 from pyworker.cli.client import _action, _command, _connect
 from pyworker.cli.limits import _show
-from pyworker.cli.types import int32
+from pyworker.cli.types import number
 from pyworker.db import limits as limits_api
 from pyworker.db.config import database_url
 
@@ -50,7 +50,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     s = _action(actions, "set", help="cap a key (0 pauses it)", example="runrow concurrency set crm-api 5")
     s.add_argument("key", help="the concurrency key runs were enqueued with")
-    s.add_argument("max_running", type=int32, help="runs running or waiting at once (0 to 100000)")
+    s.add_argument(
+        "max_running", type=number(int, 0, 100000), help="runs running or waiting at once (0 to 100000)"
+    )
     r = _action(actions, "remove", help="remove a key's cap", example="runrow concurrency remove crm-api")
     r.add_argument("key")
     _action(

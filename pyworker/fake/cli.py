@@ -6,7 +6,7 @@ import argparse
 import sys
 import textwrap
 
-from pyworker.cli.types import number
+from pyworker.cli.types import number, port_number
 
 
 def cmd_fake_model(args: argparse.Namespace) -> int:
@@ -41,7 +41,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
   ANTHROPIC_BASE_URL=http://127.0.0.1:8765 ANTHROPIC_API_KEY=test runrow worker""",
     )
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0, help="0 picks a free port (default)")
+    p.add_argument("--port", type=port_number, default=0, help="0 picks a free port (default)")
     p.add_argument("--scenario", default="demo", choices=scenario_names())
     p.add_argument("--secret", help="thinking-signature key (default: a fixed key, stable across restarts)")
     p.add_argument(
