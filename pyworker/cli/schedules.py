@@ -26,7 +26,7 @@ from pyworker.cli.client import (
     _wrap,
     read_message,
 )
-from pyworker.cli.types import number
+from pyworker.cli.types import int32, number
 from pyworker.db import schedules
 from pyworker.db.config import database_url
 
@@ -235,7 +235,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     q.add_argument(
         "--max-catch-up",
-        type=number(int, 1, 1000),
+        type=int32,
         metavar="N",
         help="with --catch-up each: at most the N most recent missed ticks (default 10, 1 to 1000)",
     )
