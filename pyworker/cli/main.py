@@ -430,11 +430,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_worker)
 
-    from pyworker.fake.cli import add_command as add_fake_model
+    from pyworker.cli.fake_model import add_command as add_fake_model
 
     add_fake_model(sub)
 
-    from pyworker.demo.run import add_command as add_demo
+    from pyworker.cli.demo import add_command as add_demo
 
     add_demo(sub)
 
