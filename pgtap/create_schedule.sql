@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(48);
+SELECT plan(49);
 
 CREATE FUNCTION pg_temp.schedules() RETURNS text LANGUAGE sql AS $$
     SELECT pg_temp.fingerprint() || ',' || (SELECT count(*) FROM runrow.schedule)::text || ','
@@ -101,6 +101,9 @@ SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', concurrency_key =
     'concurrency_key must be NULL or 1 to 200 characters', 'a concurrency_key too long');
 SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', if_active => 'queue'$$), '22023',
     'if_active must be one of enqueue, reject, interrupt, got "queue"', 'an unknown if_active');
+SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', if_active => 'reject'$$), '22023',
+    'if_active reject needs a conversation_id: without one every tick opens a new conversation, which has no '
+    'active run to reject', 'reject without a conversation: it would never act');
 SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', catch_up => 'all'$$), '22023', NULL,
     'an unknown catch_up');
 SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', catch_up => NULL$$), '22004',

@@ -11803,6 +11803,13 @@ BEGIN
         RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', left(create_schedule.if_active, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Without a fixed conversation every tick opens a new one, which has no active run: reject
+    -- and interrupt would never act, and whoever asked for them meant a conversation.
+    IF create_schedule.if_active <> 'enqueue' AND create_schedule.conversation_id IS NULL THEN
+        RAISE EXCEPTION 'if_active % needs a conversation_id: without one every tick opens a new conversation, '
+            'which has no active run to %', create_schedule.if_active, create_schedule.if_active
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     PERFORM runrow._require_not_null(create_schedule.catch_up, 'catch_up');
     IF create_schedule.catch_up NOT IN ('latest', 'each') THEN
         RAISE EXCEPTION 'catch_up must be latest (after an outage, only the most recent missed tick) '
