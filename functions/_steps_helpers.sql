@@ -58,6 +58,26 @@ BEGIN
 END
 $fn$;
 
+-- End a running run whose stop was requested, where its worker must not go on: cancelled, the
+-- claim cleared (the worker's next call is fenced out and it stops), complete journaled, the
+-- message left submitted as for any run stopped while running. The caller holds the run row's
+-- lock. For the tool calls a stop must keep from starting (_park_for_person, begin_tool_call).
+CREATE OR REPLACE FUNCTION runrow._end_stopped(run_id uuid, error text)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    r runrow.agent_run;
+BEGIN
+    UPDATE runrow.agent_run AS a
+    SET status = 'cancelled', finished_at = now(), error = _end_stopped.error,
+        claim_token = NULL, claim_expires_at = NULL, updated_at = now()
+    WHERE a.id = _end_stopped.run_id
+    RETURNING a.* INTO STRICT r;
+    PERFORM runrow._journal_complete(r.id, r.conversation_id, 'cancelled', NULL, r.error);
+END
+$fn$;
+
 -- Park a run on a person: waiting, claim cleared (heartbeat now says owned = false), the
 -- attempt handed back (waiting on a person is not a failed attempt, and the claim after
 -- the decision counts it again), approval_requested journaled, tails woken. The
@@ -75,19 +95,14 @@ DECLARE
     last_seq bigint;
 BEGIN
     SELECT t.* INTO STRICT e FROM runrow.tool_effect AS t WHERE t.idempotency_key = _park_for_person.idempotency_key;
-    UPDATE runrow.agent_run AS a
-    SET status = CASE WHEN a.cancel_requested THEN 'cancelled' ELSE 'waiting' END,
-        finished_at = CASE WHEN a.cancel_requested THEN now() END,
-        error = CASE WHEN a.cancel_requested THEN 'stopped before the tool call was approved' ELSE a.error END,
-        claim_token = NULL, claim_expires_at = NULL,
-        attempt = CASE WHEN a.cancel_requested THEN a.attempt ELSE a.attempt - 1 END,
-        updated_at = now()
-    WHERE a.id = _park_for_person.run_id
-    RETURNING a.* INTO STRICT r;
-    IF r.status = 'cancelled' THEN
-        PERFORM runrow._journal_complete(r.id, r.conversation_id, 'cancelled', NULL, r.error);
+    IF (SELECT a.cancel_requested FROM runrow.agent_run AS a WHERE a.id = _park_for_person.run_id) THEN
+        PERFORM runrow._end_stopped(_park_for_person.run_id, 'stopped before the tool call was approved');
         RETURN;
     END IF;
+    UPDATE runrow.agent_run AS a
+    SET status = 'waiting', claim_token = NULL, claim_expires_at = NULL, attempt = a.attempt - 1, updated_at = now()
+    WHERE a.id = _park_for_person.run_id
+    RETURNING a.* INTO STRICT r;
     last_seq := runrow._journal(_park_for_person.run_id, jsonb_build_array(jsonb_build_object(
         'type', 'approval_requested',
         'reason', e.state,
@@ -140,5 +155,6 @@ COMMENT ON FUNCTION runrow._json_probe(json) IS
 REVOKE ALL ON FUNCTION runrow._canonical_json(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._json_probe(json) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._append_step(uuid, text, json, text, jsonb, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._end_stopped(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._park_for_person(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._decision(runrow.tool_effect) FROM PUBLIC;

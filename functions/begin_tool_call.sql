@@ -61,6 +61,13 @@ BEGIN
     FOR UPDATE;
 
     IF NOT FOUND THEN
+        -- A stop was requested while the worker went on to this call: nothing that touches the
+        -- world once only starts now (an irreversible call is not even offered to a person,
+        -- _park_for_person). The run ends cancelled; no row, so the worker stops as if fenced.
+        IF r.cancel_requested AND begin_tool_call.effect = 'non_idempotent' THEN
+            PERFORM runrow._end_stopped(r.id, 'stopped before the tool call started');
+            RETURN;
+        END IF;
         -- A first begin: the key must be the one tool_call_key derives for an unanswered
         -- tool_use block of the run's latest model turn, so client and database agree on
         -- it and the call is tied to its block.
@@ -124,6 +131,12 @@ BEGIN
             result := e.result;
             RETURN NEXT;
         WHEN 'executing' THEN
+            IF r.cancel_requested AND e.effect = 'non_idempotent' THEN
+                -- Not again after a stop (it may have happened on an earlier attempt: it stays
+                -- executing, for open_tool_effects to show).
+                PERFORM runrow._end_stopped(r.id, 'stopped before the tool call started again');
+                RETURN;
+            END IF;
             IF e.effect = 'irreversible' THEN
                 -- Begun before and no result: it may have happened. Never again without a person.
                 UPDATE runrow.tool_effect AS t SET state = 'uncertain'
@@ -141,6 +154,12 @@ BEGIN
                 RETURN NEXT;
             END IF;
         WHEN 'approved' THEN
+            -- A person said yes, then the user pressed stop: the stop wins, the call never runs
+            -- (it stays approved, unused). The run ends cancelled; no row: the worker stops.
+            IF r.cancel_requested THEN
+                PERFORM runrow._end_stopped(r.id, 'stopped before the approved tool call started');
+                RETURN;
+            END IF;
             -- Recorded before the worker runs it, so a crash from here on reads as uncertain.
             UPDATE runrow.tool_effect AS t SET state = 'executing', started_attempt = r.attempt, started_at = now()
             WHERE t.idempotency_key = e.idempotency_key;
@@ -177,7 +196,9 @@ COMMENT ON FUNCTION runrow.begin_tool_call(uuid, uuid, text, text, jsonb, text) 
 'person) or rejected (result = {approved, decided_by, note, decided_at}: report the rejection '
 'to the model with complete_tool_call(is_error => true)). uncertain: an irreversible call begun, '
 'no result, begun again, or a non_idempotent or irreversible call a worker cut short '
-'(interrupt_tool_call): parked for a person, never run again without one. Fenced: no row, '
+'(interrupt_tool_call): parked for a person, never run again without one. A stop requested '
+'before a non_idempotent call starts (first or again) or an approved call runs ends the run '
+'cancelled instead, and no row comes back: the worker stops. Fenced: no row, '
 'nothing written, unless claim_token matches a '
 'running run.';
 

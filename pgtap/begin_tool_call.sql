@@ -5,7 +5,7 @@ BEGIN;
 \ir helpers/lifecycle.psql
 \ir helpers/row_versions.psql
 \ir helpers/steps.psql
-SELECT plan(60);
+SELECT plan(69);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid,text,text,jsonb,text}'''
@@ -121,6 +121,41 @@ SELECT is((SELECT (status, claim_token IS NULL)::text FROM runrow.agent_run WHER
 SELECT is((SELECT payload ->> 'status' FROM runrow.run_event WHERE run_id = :'rs' AND type = 'complete'), 'cancelled',
     'with its complete event');
 SELECT is((SELECT count(*)::int FROM runrow.pending_approvals WHERE idempotency_key = :'ks'), 0, 'and nothing to approve');
+
+-- A stop after a person said yes: the approved call never starts (issue 11's approvals audit: it
+-- did, after the user pressed stop). The run ends cancelled; no row, so the worker stops.
+SELECT pg_temp.running(2) AS ra \gset
+SELECT pg_temp.tool_turn(:'ra', 'tu_a', 'wipe', '{}') AS sa \gset
+SELECT pg_temp.key(:'ra', :sa, 'tu_a', 'wipe', '{}') AS ka \gset
+SELECT is(pg_temp.begin(:'ra', pg_temp.token(:'ra'), :'ka', 'wipe', '{}', 'irreversible'), 'needs_approval',
+    'an irreversible call asks');
+SELECT runrow.resolve_approval(:'ka', true, 'alice');
+SELECT pg_temp.claim(:'ra') AS toka \gset
+SELECT runrow.cancel_run(:'ra');
+SELECT is(pg_temp.begin(:'ra', :'toka', :'ka', 'wipe', '{}', 'irreversible'), 'no row',
+    'approved, then stopped: no row, the call does not start');
+SELECT is(pg_temp.effect_state(:'ka'), 'approved', 'it stays approved, never executing');
+SELECT is((SELECT (status, claim_token IS NULL, error)::text FROM runrow.agent_run WHERE id = :'ra'),
+    '(cancelled,t,"stopped before the approved tool call started")', 'the run ends cancelled');
+SELECT is((SELECT count(*)::int FROM runrow.run_event WHERE run_id = :'ra' AND type = 'complete'), 1,
+    'with one complete event');
+
+-- A stop before a non_idempotent call starts: no intent is recorded, the run ends. A pure call
+-- after a stop still runs (nothing it does needs undoing).
+SELECT pg_temp.running() AS rn \gset
+SELECT pg_temp.tool_turn(:'rn', 'tu_n', 'charge', '{"cents": 1}') AS sn \gset
+SELECT pg_temp.key(:'rn', :sn, 'tu_n', 'charge', '{"cents": 1}') AS kn \gset
+SELECT runrow.cancel_run(:'rn');
+SELECT is(pg_temp.begin(:'rn', pg_temp.token(:'rn'), :'kn', 'charge', '{"cents": 1}', 'pure'), 'execute',
+    'a pure call of a stopped run still executes');
+SELECT pg_temp.running() AS rm \gset
+SELECT pg_temp.tool_turn(:'rm', 'tu_m', 'charge', '{"cents": 1}') AS sm \gset
+SELECT pg_temp.key(:'rm', :sm, 'tu_m', 'charge', '{"cents": 1}') AS km \gset
+SELECT runrow.cancel_run(:'rm');
+SELECT is(pg_temp.begin(:'rm', pg_temp.token(:'rm'), :'km', 'charge', '{"cents": 1}', 'non_idempotent'), 'no row',
+    'a non_idempotent call of a stopped run: no row');
+SELECT is((SELECT count(*)::int FROM runrow.tool_effect WHERE idempotency_key = :'km'), 0, 'no intent recorded');
+SELECT is((SELECT status FROM runrow.agent_run WHERE id = :'rm'), 'cancelled', 'the run ends cancelled');
 
 -- Key verification: the key must be tool_call_key of an unanswered tool_use of the latest turn.
 -- (the model is told about the rejection first: the log needs tu_4 answered)

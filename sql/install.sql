@@ -10009,6 +10009,26 @@ BEGIN
 END
 $fn$;
 
+-- End a running run whose stop was requested, where its worker must not go on: cancelled, the
+-- claim cleared (the worker's next call is fenced out and it stops), complete journaled, the
+-- message left submitted as for any run stopped while running. The caller holds the run row's
+-- lock. For the tool calls a stop must keep from starting (_park_for_person, begin_tool_call).
+CREATE OR REPLACE FUNCTION runrow._end_stopped(run_id uuid, error text)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    r runrow.agent_run;
+BEGIN
+    UPDATE runrow.agent_run AS a
+    SET status = 'cancelled', finished_at = now(), error = _end_stopped.error,
+        claim_token = NULL, claim_expires_at = NULL, updated_at = now()
+    WHERE a.id = _end_stopped.run_id
+    RETURNING a.* INTO STRICT r;
+    PERFORM runrow._journal_complete(r.id, r.conversation_id, 'cancelled', NULL, r.error);
+END
+$fn$;
+
 -- Park a run on a person: waiting, claim cleared (heartbeat now says owned = false), the
 -- attempt handed back (waiting on a person is not a failed attempt, and the claim after
 -- the decision counts it again), approval_requested journaled, tails woken. The
@@ -10026,19 +10046,14 @@ DECLARE
     last_seq bigint;
 BEGIN
     SELECT t.* INTO STRICT e FROM runrow.tool_effect AS t WHERE t.idempotency_key = _park_for_person.idempotency_key;
-    UPDATE runrow.agent_run AS a
-    SET status = CASE WHEN a.cancel_requested THEN 'cancelled' ELSE 'waiting' END,
-        finished_at = CASE WHEN a.cancel_requested THEN now() END,
-        error = CASE WHEN a.cancel_requested THEN 'stopped before the tool call was approved' ELSE a.error END,
-        claim_token = NULL, claim_expires_at = NULL,
-        attempt = CASE WHEN a.cancel_requested THEN a.attempt ELSE a.attempt - 1 END,
-        updated_at = now()
-    WHERE a.id = _park_for_person.run_id
-    RETURNING a.* INTO STRICT r;
-    IF r.status = 'cancelled' THEN
-        PERFORM runrow._journal_complete(r.id, r.conversation_id, 'cancelled', NULL, r.error);
+    IF (SELECT a.cancel_requested FROM runrow.agent_run AS a WHERE a.id = _park_for_person.run_id) THEN
+        PERFORM runrow._end_stopped(_park_for_person.run_id, 'stopped before the tool call was approved');
         RETURN;
     END IF;
+    UPDATE runrow.agent_run AS a
+    SET status = 'waiting', claim_token = NULL, claim_expires_at = NULL, attempt = a.attempt - 1, updated_at = now()
+    WHERE a.id = _park_for_person.run_id
+    RETURNING a.* INTO STRICT r;
     last_seq := runrow._journal(_park_for_person.run_id, jsonb_build_array(jsonb_build_object(
         'type', 'approval_requested',
         'reason', e.state,
@@ -10091,6 +10106,7 @@ COMMENT ON FUNCTION runrow._json_probe(json) IS
 REVOKE ALL ON FUNCTION runrow._canonical_json(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._json_probe(json) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._append_step(uuid, text, json, text, jsonb, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._end_stopped(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._park_for_person(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._decision(runrow.tool_effect) FROM PUBLIC;
 
@@ -11103,6 +11119,13 @@ BEGIN
     FOR UPDATE;
 
     IF NOT FOUND THEN
+        -- A stop was requested while the worker went on to this call: nothing that touches the
+        -- world once only starts now (an irreversible call is not even offered to a person,
+        -- _park_for_person). The run ends cancelled; no row, so the worker stops as if fenced.
+        IF r.cancel_requested AND begin_tool_call.effect = 'non_idempotent' THEN
+            PERFORM runrow._end_stopped(r.id, 'stopped before the tool call started');
+            RETURN;
+        END IF;
         -- A first begin: the key must be the one tool_call_key derives for an unanswered
         -- tool_use block of the run's latest model turn, so client and database agree on
         -- it and the call is tied to its block.
@@ -11166,6 +11189,12 @@ BEGIN
             result := e.result;
             RETURN NEXT;
         WHEN 'executing' THEN
+            IF r.cancel_requested AND e.effect = 'non_idempotent' THEN
+                -- Not again after a stop (it may have happened on an earlier attempt: it stays
+                -- executing, for open_tool_effects to show).
+                PERFORM runrow._end_stopped(r.id, 'stopped before the tool call started again');
+                RETURN;
+            END IF;
             IF e.effect = 'irreversible' THEN
                 -- Begun before and no result: it may have happened. Never again without a person.
                 UPDATE runrow.tool_effect AS t SET state = 'uncertain'
@@ -11183,6 +11212,12 @@ BEGIN
                 RETURN NEXT;
             END IF;
         WHEN 'approved' THEN
+            -- A person said yes, then the user pressed stop: the stop wins, the call never runs
+            -- (it stays approved, unused). The run ends cancelled; no row: the worker stops.
+            IF r.cancel_requested THEN
+                PERFORM runrow._end_stopped(r.id, 'stopped before the approved tool call started');
+                RETURN;
+            END IF;
             -- Recorded before the worker runs it, so a crash from here on reads as uncertain.
             UPDATE runrow.tool_effect AS t SET state = 'executing', started_attempt = r.attempt, started_at = now()
             WHERE t.idempotency_key = e.idempotency_key;
@@ -11219,7 +11254,9 @@ COMMENT ON FUNCTION runrow.begin_tool_call(uuid, uuid, text, text, jsonb, text) 
 'person) or rejected (result = {approved, decided_by, note, decided_at}: report the rejection '
 'to the model with complete_tool_call(is_error => true)). uncertain: an irreversible call begun, '
 'no result, begun again, or a non_idempotent or irreversible call a worker cut short '
-'(interrupt_tool_call): parked for a person, never run again without one. Fenced: no row, '
+'(interrupt_tool_call): parked for a person, never run again without one. A stop requested '
+'before a non_idempotent call starts (first or again) or an approved call runs ends the run '
+'cancelled instead, and no row comes back: the worker stops. Fenced: no row, '
 'nothing written, unless claim_token matches a '
 'running run.';
 
