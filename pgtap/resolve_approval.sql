@@ -5,7 +5,7 @@ BEGIN;
 \ir helpers/lifecycle.psql
 \ir helpers/row_versions.psql
 \ir helpers/steps.psql
-SELECT plan(32);
+SELECT plan(34);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{text,boolean,text,text}'''
@@ -79,7 +79,12 @@ SELECT throws_ok('SELECT runrow.resolve_approval(NULL, true, ''x'')', '22004', '
 SELECT throws_ok(format('SELECT runrow.resolve_approval(%L, NULL, ''x'')', :'k3'), '22004', 'approved must not be NULL', 'approved NULL');
 SELECT throws_ok(format('SELECT runrow.resolve_approval(%L, true, NULL)', :'k3'), '22004', 'decided_by must not be NULL', 'decided_by NULL');
 SELECT throws_ok(format('SELECT runrow.resolve_approval(%L, true, '''')', :'k3'), '22023',
-    'decided_by must name the person deciding in 1 to 200 characters', 'an empty decided_by');
+    'decided_by must name the person deciding in 1 to 200 characters, not only white space', 'an empty decided_by');
+SELECT throws_ok(format('SELECT runrow.resolve_approval(%L, true, %L)', :'k3', E' \t '), '22023',
+    'decided_by must name the person deciding in 1 to 200 characters, not only white space',
+    'a decided_by of white space names nobody');
+SELECT throws_ok(format('SELECT runrow.resolve_approval(%L, false, ''x'', '''')', :'k3'), '22023',
+    'note must be NULL (no note) or text, not empty', 'an empty note (the contract said so; it was stored)');
 SELECT throws_ok(format('SELECT runrow.resolve_approval(%L, true, ''x'', repeat(''n'', 10001))', :'k3'), '22023',
     'note is too long: at most 10000 characters', 'an over-long note');
 SELECT throws_ok(format('SELECT runrow.resolve_approval(%L, true, ''x'')', repeat('0', 64)), 'P0002',

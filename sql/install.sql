@@ -13608,9 +13608,13 @@ BEGIN
     PERFORM runrow._require_not_null(resolve_approval.idempotency_key, 'idempotency_key');
     PERFORM runrow._require_not_null(resolve_approval.approved, 'approved');
     PERFORM runrow._require_not_null(resolve_approval.decided_by, 'decided_by');
-    IF resolve_approval.decided_by = '' OR length(resolve_approval.decided_by) > 200 THEN
-        RAISE EXCEPTION 'decided_by must name the person deciding in 1 to 200 characters'
+    -- Who decided is the record a person is held to: white space names nobody.
+    IF btrim(resolve_approval.decided_by, runrow._white_space()) = '' OR length(resolve_approval.decided_by) > 200 THEN
+        RAISE EXCEPTION 'decided_by must name the person deciding in 1 to 200 characters, not only white space'
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF resolve_approval.note = '' THEN
+        RAISE EXCEPTION 'note must be NULL (no note) or text, not empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF length(resolve_approval.note) > 10000 THEN
         RAISE EXCEPTION 'note is too long: at most 10000 characters' USING ERRCODE = 'invalid_parameter_value';

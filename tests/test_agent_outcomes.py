@@ -416,7 +416,10 @@ def test_irreversible_tool_waits_for_a_person(db, fake, module_db, capsys, decis
     [(key, reason)] = pending(db, run)
     assert reason == "needs_approval" and calls == []
     assert cli(["--database-url", module_db, "approvals"]) == 0
-    assert key in capsys.readouterr().out
+    assert f"{key}  needs_approval: irreversible, not run yet" in capsys.readouterr().out
+    # A blank --by fell back to the login name: a decision recorded for someone who did not make it.
+    assert cli(["--database-url", module_db, decision, key, "--by", " "]) == 2
+    assert "--by must name the person deciding" in capsys.readouterr().err
     assert cli(["--database-url", module_db, decision, key, "--by", "alice", "--note", "go/no-go"]) == 0
     row = finish(db, run)
     assert row["status"] == "completed", row

@@ -1,9 +1,10 @@
 """`runrow approvals`, `runrow approve KEY`, `runrow reject KEY`: the person in the loop.
 
-An irreversible tool call parks its run as `waiting` until a person decides; an irreversible
-call that began and has no result (a crash hit mid-effect) comes back `uncertain` and waits for a
-person too. Both are listed by the `runrow.pending_approvals` view; a decision goes through
-`runrow.resolve_approval`, which records who decided and requeues the run.
+An irreversible tool call parks its run as `waiting` until a person decides; a call that began
+and has no result (an irreversible one a crash hit mid-effect, or a non_idempotent or irreversible
+one a stop cut short) comes back `uncertain` and waits for a person too. Both are listed by the
+`runrow.pending_approvals` view; a decision goes through `runrow.resolve_approval`, which records
+who decided and requeues the run.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from pyworker.db import steps as steps_api
 from pyworker.db.config import database_url
 
 REASONS = {
-    "needs_approval": "irreversible, not run yet",
-    "uncertain": "irreversible, began and has no result: it may have happened",
+    "needs_approval": "not run yet",
+    # An irreversible call begun again, or a non_idempotent or irreversible one cut short.
+    "uncertain": "began and has no result: it may have happened",
 }
 
 
@@ -49,7 +51,7 @@ async def cmd_approvals(args: argparse.Namespace) -> int:
         print("nothing waits for a decision")
         return 0
     for p in pending:
-        print(f"{p.idempotency_key}  {p.reason}: {REASONS.get(p.reason, p.reason)}")
+        print(f"{p.idempotency_key}  {p.reason}: {p.effect}, {REASONS.get(p.reason, p.reason)}")
         print(f"    run {p.run_id}  tool {p.tool}  args {json.dumps(p.args, ensure_ascii=False)}")
         print(f"    waiting since {p.waiting_since:%Y-%m-%d %H:%M:%S %Z}")
     print(f"{len(pending)} waiting. Decide with: runrow approve KEY | runrow reject KEY [--note TEXT]")
@@ -57,7 +59,11 @@ async def cmd_approvals(args: argparse.Namespace) -> int:
 
 
 async def _decide(args: argparse.Namespace, approved: bool) -> int:
-    by = args.by or _default_person()
+    # An explicit --by "" used to fall back to the login name: a decision recorded for someone
+    # who did not make it.
+    by = args.by if args.by is not None else _default_person()
+    if not by.strip():
+        raise CliError("--by must name the person deciding, not be empty")
     async with await _connect(database_url(args.database_url)) as conn:
         try:
             run_id = await steps_api.resolve_approval(conn, args.key, approved, by, args.note)
@@ -95,8 +101,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "approvals",
         cmd_approvals,
         help="list tool calls waiting for a person (approvals and uncertain intents)",
-        description="Every irreversible tool call that waits for a decision: needs_approval (not "
-        "run yet) or uncertain (it began and has no result: a crash hit mid-effect, it may have "
+        description="Every tool call that waits for a decision: needs_approval (an irreversible "
+        "call, not run yet) or uncertain (it began and has no result: an irreversible call a crash "
+        "hit mid-effect, or a non_idempotent or irreversible call a stop cut short; it may have "
         "happened). Decide with `runrow approve KEY` or `runrow reject KEY`.",
         epilog="examples:\n  runrow approvals\n  runrow approvals --json | jq -r .idempotency_key",
     )
