@@ -224,6 +224,24 @@ def test_a_receiver_that_keeps_failing_is_dead_lettered_after_n_attempts(
     assert lines["webhooks_pending"] == ["0"]
 
 
+@pytest.mark.parametrize("receiver", [["999", "999"]], indirect=True)
+def test_a_status_outside_http_is_recorded_as_a_failed_attempt(
+    db: psycopg.Connection, receiver: Receiver, workers: Any
+) -> None:
+    """httpx takes any three digits, and fail_webhook_delivery refused a 999 as http_status: no
+    outcome was recorded, each attempt waited out its lease, and the dead letter said only
+    "recorded no outcome" (the webhook audit)."""
+    workers("w1", *FAST, "--webhook-attempts", "2")
+    run_id = enqueue_hooked(db, receiver.url)
+    wait_until(lambda: state(db, run_id) == "dead", 30, "the dead letter")
+    row = delivery(db, run_id)
+    assert (row["attempts"], row["last_http_status"], row["last_error"]) == (
+        2,
+        None,
+        "HTTP 999: not an HTTP status code",
+    )
+
+
 def test_a_url_no_request_can_be_sent_to_is_dead_lettered_on_its_first_attempt(
     db: psycopg.Connection, workers: Any
 ) -> None:
@@ -321,6 +339,8 @@ def test_the_http_api_takes_webhook_url_and_names_it_when_bad(worker_db: str, db
         ("--webhook-timeout", "nan"),
         ("--webhook-backoff", "0"),
         ("--webhook-poll", "-1"),
+        # '' turned delivery off without a word.
+        ("--webhook-secret", ""),
     ],
 )
 def test_webhook_flags_out_of_range_are_usage_errors_naming_the_flag(flag: str, value: str) -> None:

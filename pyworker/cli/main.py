@@ -183,6 +183,16 @@ def _metrics_address_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _secret(text: str) -> str:
+    """--webhook-secret: not empty. '' turned delivery off without a word, as if no secret had
+    been given (the environment variable set to '' still means none)."""
+    if not text:
+        raise argparse.ArgumentTypeError(
+            "must not be empty: leave it out for a worker that delivers no webhooks"
+        )
+    return text
+
+
 def webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
     """The worker's webhook delivery settings, or None (no secret: this worker delivers none)."""
     from pyworker.worker.webhooks import WebhookSettings
@@ -377,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--webhook-secret",
+        type=_secret,
         default=os.environ.get("RUNROW_WEBHOOK_SECRET") or None,
         help="HMAC-SHA256 key that signs webhook deliveries (Runrow-Signature); prefer the env "
         "RUNROW_WEBHOOK_SECRET (a flag shows in ps). Without it this worker delivers no webhooks",

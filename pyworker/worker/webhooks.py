@@ -172,6 +172,10 @@ async def deliver(
         raise Unsendable(f"webhook_url cannot be requested ({exc})"[:2000]) from None
     except httpx.HTTPError as exc:
         return None, f"{type(exc).__name__}: {exc}"[:2000]
+    if not 100 <= status <= 599:
+        # httpx takes any three digits; fail_webhook_delivery records 100..599, and refused a 999,
+        # so every attempt waited out its lease and the cause was lost ("recorded no outcome").
+        return None, f"HTTP {status}: not an HTTP status code"
     if 200 <= status < 300:
         return status, None
     if 300 <= status < 400:
