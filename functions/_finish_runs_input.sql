@@ -60,6 +60,7 @@ BEGIN
                    AND x.el ->> 'status' IN ('completed', 'failed', 'cancelled')
                    AND x.el - '{run_id,claim_token,status,result,error,events}'::text[] = '{}'
                    AND coalesce(octet_length((x.el -> 'result')::text) <= 1048576, true)
+                   AND coalesce(runrow._json_portable(x.el -> 'result'), true)
                    AND coalesce(jsonb_typeof(x.el -> 'error') IN ('string', 'null'), true)
                    AND coalesce(length(x.el ->> 'error') <= 10000, true)
                    AND (nullif(x.el -> 'events', 'null') IS NULL
@@ -100,6 +101,8 @@ BEGIN
                    WHEN jsonb_typeof(x.el -> 'status') <> 'string'
                         OR x.el ->> 'status' NOT IN ('completed', 'failed', 'cancelled') THEN 8
                    WHEN octet_length((x.el -> 'result')::text) > 1048576 THEN 9
+                   WHEN runrow._json_too_deep(x.el -> 'result') THEN 16
+                   WHEN NOT runrow._json_portable(x.el -> 'result') THEN 17
                    WHEN jsonb_typeof(x.el -> 'error') NOT IN ('string', 'null') THEN 10
                    WHEN length(x.el ->> 'error') > 10000 THEN 11
                    WHEN jsonb_typeof(x.el -> 'events') NOT IN ('array', 'null') THEN 12
@@ -132,6 +135,9 @@ BEGIN
                 WHEN 7 THEN '.status must not be NULL'
                 WHEN 8 THEN format('.status must be one of completed, failed, cancelled, got %s', bad.el -> 'status')
                 WHEN 9 THEN '.result is too large: the limit is 1 MiB'
+                WHEN 16 THEN '.result nests 100 levels deep or more: JSON clients cannot read it back (at most 99)'
+                WHEN 17 THEN '.result holds a number no double can hold (beyond ±1.7976931348623157e308): JSON '
+                    'clients cannot read it back'
                 WHEN 10 THEN format('.error must be a string or null, got %s', jsonb_typeof(bad.el -> 'error'))
                 WHEN 11 THEN '.error is too long: at most 10000 characters'
                 WHEN 12 THEN format('.events must be a JSON array of event objects, got %s',

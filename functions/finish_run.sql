@@ -26,6 +26,11 @@ BEGIN
     IF octet_length(finish_run.result::text) > 1048576 THEN
         RAISE EXCEPTION 'result is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- agent_run_result_portable's rule, named here (its webhook payload and GET /runs/{id} must
+    -- be readable by every JSON client).
+    IF NOT runrow._json_portable(finish_run.result) THEN
+        PERFORM runrow._require_portable_json(finish_run.result, 'result');
+    END IF;
     IF length(finish_run.error) > 10000 THEN
         RAISE EXCEPTION 'error is too long: at most 10000 characters' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -58,7 +63,8 @@ $fn$;
 
 COMMENT ON FUNCTION runrow.finish_run(uuid, uuid, text, jsonb, text) IS
 'The worker''s fenced terminal write: status completed, failed or cancelled, with an optional '
-'result (JSON, at most 1 MiB) and error text. Only while claim_token matches and the run is '
+'result (JSON, at most 1 MiB, that every JSON client reads back: under 100 levels, numbers within '
+'a double''s range; else 22023 naming result) and error text. Only while claim_token matches and the run is '
 'running; clears the claim, journals the one terminal complete event (with status, result, '
 'error), NOTIFYs the run''s tails if one watches it (watch_runs) and runrow_enqueued if the '
 'ending lets a run start (a queued next turn, a capped key, a webhook delivery). '

@@ -112,7 +112,8 @@ COMMENT ON FUNCTION runrow.finish_runs(jsonb) IS
 'dispatchers once per conversation whose next turn (or capped key) may now start. A '
 'run fenced out writes nothing and comes back finished = false, last_seq NULL; the others '
 'proceed. One row per element, in input order. Bad input (runs not an array, an element not an '
-'object, an unknown key, a missing or malformed run_id, claim_token or status, oversize result, '
+'object, an unknown key, a missing or malformed run_id, claim_token or status, a result over 1 MiB '
+'or one JSON clients cannot read back (100 levels deep, a number beyond a double''s range), oversize '
 'error or events, a reserved event type, a run twice) raises 22004/22023 naming the element '
 'index (runs[i]) and the field, and writes nothing.';
 

@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(46);
+SELECT plan(50);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid,text,jsonb,text}'''
@@ -145,6 +145,21 @@ SELECT throws_ok(format('SELECT runrow.finish_run(%L, %L, %L)', :'r6', :'tok7', 
 SELECT throws_ok(
     format('SELECT runrow.finish_run(%L, %L, ''completed'', to_jsonb(repeat(''x'', 1048576)))', :'r6', :'tok7'),
     '22023', 'result is too large: the limit is 1 MiB', 'result over 1 MiB');
+-- A result every JSON client reads back (migration 0069): 100 levels, or 1e400, would stop the
+-- run's webhook and GET /runs/{id}. The table refuses it too, for writes around finish_run.
+SELECT throws_ok(format('SELECT runrow.finish_run(%L, %L, ''completed'', %L)', :'r6', :'tok7',
+        repeat('[', 101) || repeat(']', 101)),
+    '22023', 'result nests 100 levels deep or more: JSON clients cannot read it back (at most 99)',
+    'a result nested 100 levels deep');
+SELECT throws_ok(format('SELECT runrow.finish_run(%L, %L, ''completed'', ''{"n": -1e400}'')', :'r6', :'tok7'),
+    '22023', 'result holds a number no double can hold (beyond ±1.7976931348623157e308): JSON clients cannot '
+    'read it back', 'a result holding -1e400');
+SELECT throws_ok(format('UPDATE runrow.agent_run SET result = %L WHERE id = %L',
+        repeat('{"a": ', 150) || '1' || repeat('}', 150), :'r6'),
+    '23514', NULL, 'agent_run_result_portable: a direct UPDATE of a result 150 levels deep is refused');
+SELECT is((SELECT conname::text FROM pg_constraint
+           WHERE conrelid = 'runrow.agent_run'::regclass AND conname = 'agent_run_result_portable'),
+    'agent_run_result_portable', 'the table carries the rule as a CHECK a DBA can read');
 SELECT throws_ok(format('SELECT runrow.finish_run(%L, %L, ''failed'', NULL, repeat(''e'', 10001))', :'r6', :'tok7'),
     '22023', 'error is too long: at most 10000 characters', 'error over 10000 characters');
 SELECT is(pg_temp.written(), :'before', 'bad input wrote nothing');

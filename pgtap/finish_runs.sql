@@ -8,7 +8,7 @@ BEGIN;
 \ir helpers/row_versions.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(67);
+SELECT plan(70);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{jsonb}'''
@@ -195,6 +195,18 @@ SELECT throws_ok(pg_temp.batch(jsonb_set(:'good2'::jsonb, '{status}', '["complet
     'runs[1].status must be one of completed, failed, cancelled, got ["completed"]', 'status not a string');
 SELECT throws_ok(pg_temp.batch(:'good2'::jsonb || jsonb_build_object('result', repeat('x', 1048576))), '22023',
     'runs[1].result is too large: the limit is 1 MiB', 'result over 1 MiB');
+-- A result every JSON client reads back (migration 0069): its webhook payload and GET /runs/{id}
+-- carry it. 99 levels pass; 100 do not; nor does a number beyond a double's range.
+SELECT throws_ok(pg_temp.batch(:'good2'::jsonb || jsonb_build_object('result',
+        (repeat('[', 101) || repeat(']', 101))::jsonb)), '22023',
+    'runs[1].result nests 100 levels deep or more: JSON clients cannot read it back (at most 99)',
+    'a result nested 100 levels deep');
+SELECT throws_ok(pg_temp.batch(:'good2'::jsonb || '{"result": {"n": [1e400]}}'), '22023',
+    'runs[1].result holds a number no double can hold (beyond ±1.7976931348623157e308): JSON clients cannot '
+    'read it back', 'a result holding 1e400');
+SELECT lives_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(:'good2'::jsonb
+        || jsonb_build_object('result', (repeat('[', 100) || repeat(']', 100))::jsonb))),
+    'a result nested 99 levels deep is taken');
 SELECT throws_ok(pg_temp.batch(:'good2'::jsonb || '{"error": {"code": 1}}'), '22023',
     'runs[1].error must be a string or null, got object', 'error not a string');
 SELECT throws_ok(pg_temp.batch(:'good2'::jsonb || jsonb_build_object('error', repeat('e', 10001))), '22023',

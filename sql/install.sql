@@ -7215,6 +7215,94 @@ INSERT INTO runrow._yoyo_migration VALUES ('8062c958c7d3196f8b758a76ad81a05e2d91
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '8062c958c7d3196f8b758a76ad81a05e2d918d617911cfe407cadb836c55bb83', '0068_queue_metrics_alertable', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0069_result_portable
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '6b8b1fa6864b1520e6019f17dcd13f06b72e79e477cb665b227a68c5e1bfeb64') AS apply_6b8b1fa6864b \gset
+\if :apply_6b8b1fa6864b
+-- depends: 0068_queue_metrics_alertable
+-- A run's result must be JSON every client can read back, as its metadata, content and tools
+-- have had to be since issue 11's SQL audit: fewer than 100 levels deep, and no number beyond a
+-- double's range. The finish functions checked only its size. A worker that ended a run with a
+-- result nested 3,000 deep (or holding 1e400) wrote it, and then:
+-- - its webhook payload could not be decoded by the sender (Python's json gives up near 1,000
+--   levels), after the claim had leased it and the deliveries claimed beside it, so every
+--   attempt lapsed them all and all were dead-lettered with nothing sent;
+-- - GET /runs/{id} and `runrow show` could not read the run back.
+-- finish_run, finish_runs and finish_and_claim_runs now refuse such a result (22023 naming it),
+-- and the table refuses it too: agent_run_result_portable. A result written before this
+-- migration is left as it is (NOT VALID); the webhook sender reads such a payload apart from the
+-- rest of its batch.
+--
+-- _json_too_deep and _json_portable move here from functions/_request_checks.sql: the CHECK
+-- needs them to exist when the migration runs. CREATE OR REPLACE, as an existing install has
+-- them from functions/.
+
+CREATE OR REPLACE FUNCTION runrow._json_too_deep(doc jsonb)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT jsonb_path_exists(doc, 'lax $.**{100}')
+$fn$;
+
+-- Inlined: a single SELECT of an IMMUTABLE SQL function with no SET clause.
+CREATE OR REPLACE FUNCTION runrow._json_portable(doc jsonb)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT NOT runrow._json_too_deep(doc)
+        AND NOT jsonb_path_exists(
+            doc, 'lax $.** ? (@.type() == "number" && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'
+        )
+$fn$;
+
+COMMENT ON FUNCTION runrow._json_too_deep(jsonb) IS
+'Private. TRUE when doc nests 100 levels deep or more: past what every JSON client reads back '
+'(Python''s json gives up near 1,000 levels, PostgreSQL''s own recursive helpers, tool_call_key''s '
+'canonical form among them, near 500). The one place that depth is written. Inlined.';
+
+COMMENT ON FUNCTION runrow._json_portable(jsonb) IS
+'Private. TRUE when doc nests fewer than 100 levels and holds only numbers an IEEE double can '
+'hold, so that every JSON client (Python''s json, JavaScript''s JSON.parse) reads it back: '
+'enqueue_run''s rule for metadata, content and tools, and agent_run_result_portable''s for a '
+'result. Inlined.';
+
+REVOKE ALL ON FUNCTION runrow._json_too_deep(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._json_portable(jsonb) FROM PUBLIC;
+
+-- The CHECK calls a PL/pgSQL function, which is never inlined: PostgreSQL compiles every
+-- CHECK of agent_run once per UPDATE statement, claims and heartbeats included (0034, 0045),
+-- and an inlined _json_portable is parsed and planned there each time (measured: +172,621
+-- backend instructions per finish_and_claim_runs call, +6,053 per run). The function's own
+-- expression is planned once per session. `result IS NULL` is tested first, so a claim or a
+-- heartbeat calls nothing.
+CREATE FUNCTION runrow._agent_run_result_ok(result jsonb)
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+PARALLEL SAFE
+AS $fn$
+BEGIN
+    RETURN runrow._json_portable(result);
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._agent_run_result_ok(jsonb) IS
+'Private. agent_run_result_portable''s test: _json_portable(result), behind a PL/pgSQL call so '
+'that the CHECK compiled on every UPDATE of agent_run does not inline it.';
+
+REVOKE ALL ON FUNCTION runrow._agent_run_result_ok(jsonb) FROM PUBLIC;
+
+ALTER TABLE runrow.agent_run
+ADD CONSTRAINT agent_run_result_portable CHECK (result IS NULL OR runrow._agent_run_result_ok(result)) NOT VALID;
+
+COMMENT ON CONSTRAINT agent_run_result_portable ON runrow.agent_run IS
+'A run''s result is JSON every client can read back (runrow._json_portable: under 100 levels, '
+'numbers within a double''s range). NOT VALID: results written before migration 0069 stay.';
+INSERT INTO runrow._yoyo_migration VALUES ('6b8b1fa6864b1520e6019f17dcd13f06b72e79e477cb665b227a68c5e1bfeb64', '0069_result_portable', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '6b8b1fa6864b1520e6019f17dcd13f06b72e79e477cb665b227a68c5e1bfeb64', '0069_result_portable', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -8363,6 +8451,7 @@ BEGIN
                    AND x.el ->> 'status' IN ('completed', 'failed', 'cancelled')
                    AND x.el - '{run_id,claim_token,status,result,error,events}'::text[] = '{}'
                    AND coalesce(octet_length((x.el -> 'result')::text) <= 1048576, true)
+                   AND coalesce(runrow._json_portable(x.el -> 'result'), true)
                    AND coalesce(jsonb_typeof(x.el -> 'error') IN ('string', 'null'), true)
                    AND coalesce(length(x.el ->> 'error') <= 10000, true)
                    AND (nullif(x.el -> 'events', 'null') IS NULL
@@ -8403,6 +8492,8 @@ BEGIN
                    WHEN jsonb_typeof(x.el -> 'status') <> 'string'
                         OR x.el ->> 'status' NOT IN ('completed', 'failed', 'cancelled') THEN 8
                    WHEN octet_length((x.el -> 'result')::text) > 1048576 THEN 9
+                   WHEN runrow._json_too_deep(x.el -> 'result') THEN 16
+                   WHEN NOT runrow._json_portable(x.el -> 'result') THEN 17
                    WHEN jsonb_typeof(x.el -> 'error') NOT IN ('string', 'null') THEN 10
                    WHEN length(x.el ->> 'error') > 10000 THEN 11
                    WHEN jsonb_typeof(x.el -> 'events') NOT IN ('array', 'null') THEN 12
@@ -8435,6 +8526,9 @@ BEGIN
                 WHEN 7 THEN '.status must not be NULL'
                 WHEN 8 THEN format('.status must be one of completed, failed, cancelled, got %s', bad.el -> 'status')
                 WHEN 9 THEN '.result is too large: the limit is 1 MiB'
+                WHEN 16 THEN '.result nests 100 levels deep or more: JSON clients cannot read it back (at most 99)'
+                WHEN 17 THEN '.result holds a number no double can hold (beyond ±1.7976931348623157e308): JSON '
+                    'clients cannot read it back'
                 WHEN 10 THEN format('.error must be a string or null, got %s', jsonb_typeof(bad.el -> 'error'))
                 WHEN 11 THEN '.error is too long: at most 10000 characters'
                 WHEN 12 THEN format('.events must be a JSON array of event objects, got %s',
@@ -9081,31 +9175,8 @@ BEGIN
 END
 $fn$;
 
--- TRUE when doc nests 100 levels deep or more: past what every JSON client reads back (Python's
--- json module gives up near 1,000 levels, PostgreSQL's own recursive helpers, tool_call_key's
--- canonical form among them, near 500). The one place that depth is written. Inlined.
-CREATE OR REPLACE FUNCTION runrow._json_too_deep(doc jsonb)
-RETURNS boolean
-LANGUAGE sql
-IMMUTABLE
-AS $fn$
-    SELECT jsonb_path_exists(doc, 'lax $.**{100}')
-$fn$;
-
--- TRUE when every JSON client can read doc back: it is not _json_too_deep, and each number is
--- one an IEEE double can hold (jsonb keeps 1e5000 exactly and prints its 5,001 digits, which
--- Python refuses past 4,300). A claim hands metadata and tools to the worker: one such value at
--- the head of the queue made every claim of every worker fail (issue 11's SQL audit). Inlined.
-CREATE OR REPLACE FUNCTION runrow._json_portable(doc jsonb)
-RETURNS boolean
-LANGUAGE sql
-IMMUTABLE
-AS $fn$
-    SELECT NOT runrow._json_too_deep(doc)
-        AND NOT jsonb_path_exists(
-            doc, 'lax $.** ? (@.type() == "number" && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'
-        )
-$fn$;
+-- _json_too_deep and _json_portable are defined by migration 0069: agent_run_result_portable
+-- (a CHECK) needs them.
 
 -- Raises 22023 naming arg unless _json_portable(doc).
 CREATE OR REPLACE FUNCTION runrow._require_portable_json(doc jsonb, arg text)
@@ -9428,14 +9499,6 @@ COMMENT ON FUNCTION runrow._cache_controls_ok(jsonb) IS
 'ttl of "5m" or "1h" (if any), and at most 4 blocks carry one. Reads no table; _require_content names '
 'the fault.';
 
-COMMENT ON FUNCTION runrow._json_too_deep(jsonb) IS
-'TRUE when doc nests 100 levels deep or more, past what JSON clients and '
-'runrow''s own recursive helpers read back. Inlined into its callers.';
-
-COMMENT ON FUNCTION runrow._json_portable(jsonb) IS
-'TRUE when doc nests fewer than 100 levels and holds only numbers an IEEE double can hold, so that '
-'every JSON client (Python''s json, JavaScript''s JSON.parse) reads it back. Inlined into its callers.';
-
 COMMENT ON FUNCTION runrow._require_portable_json(jsonb, text) IS
 'Raises 22023 naming arg when doc nests 100 levels or more, or holds a number beyond an IEEE '
 'double''s range; returns otherwise. Reads no table.';
@@ -9471,8 +9534,6 @@ REVOKE ALL ON FUNCTION runrow._model_trimmed(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_model_trimmed(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._webhook_url_ok(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._cache_controls_ok(jsonb) FROM PUBLIC;
-REVOKE ALL ON FUNCTION runrow._json_too_deep(jsonb) FROM PUBLIC;
-REVOKE ALL ON FUNCTION runrow._json_portable(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_portable_json(jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._metadata_ok(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_metadata(jsonb) FROM PUBLIC;
@@ -12640,6 +12701,11 @@ BEGIN
     IF octet_length(finish_run.result::text) > 1048576 THEN
         RAISE EXCEPTION 'result is too large: the limit is 1 MiB' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- agent_run_result_portable's rule, named here (its webhook payload and GET /runs/{id} must
+    -- be readable by every JSON client).
+    IF NOT runrow._json_portable(finish_run.result) THEN
+        PERFORM runrow._require_portable_json(finish_run.result, 'result');
+    END IF;
     IF length(finish_run.error) > 10000 THEN
         RAISE EXCEPTION 'error is too long: at most 10000 characters' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -12672,7 +12738,8 @@ $fn$;
 
 COMMENT ON FUNCTION runrow.finish_run(uuid, uuid, text, jsonb, text) IS
 'The worker''s fenced terminal write: status completed, failed or cancelled, with an optional '
-'result (JSON, at most 1 MiB) and error text. Only while claim_token matches and the run is '
+'result (JSON, at most 1 MiB, that every JSON client reads back: under 100 levels, numbers within '
+'a double''s range; else 22023 naming result) and error text. Only while claim_token matches and the run is '
 'running; clears the claim, journals the one terminal complete event (with status, result, '
 'error), NOTIFYs the run''s tails if one watches it (watch_runs) and runrow_enqueued if the '
 'ending lets a run start (a queued next turn, a capped key, a webhook delivery). '
@@ -12796,7 +12863,8 @@ COMMENT ON FUNCTION runrow.finish_runs(jsonb) IS
 'dispatchers once per conversation whose next turn (or capped key) may now start. A '
 'run fenced out writes nothing and comes back finished = false, last_seq NULL; the others '
 'proceed. One row per element, in input order. Bad input (runs not an array, an element not an '
-'object, an unknown key, a missing or malformed run_id, claim_token or status, oversize result, '
+'object, an unknown key, a missing or malformed run_id, claim_token or status, a result over 1 MiB '
+'or one JSON clients cannot read back (100 levels deep, a number beyond a double''s range), oversize '
 'error or events, a reserved event type, a run twice) raises 22004/22023 naming the element '
 'index (runs[i]) and the field, and writes nothing.';
 

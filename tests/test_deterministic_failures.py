@@ -63,6 +63,16 @@ async def oversized_result(ctx: RunContext) -> Outcome:
     return Outcome("completed", result={"text": "x" * (1024 * 1024 + 1)})  # finish_run's limit is 1 MiB
 
 
+async def unreadable_result(ctx: RunContext) -> Outcome:
+    calls.append(ctx.run.attempt)
+    deep: Any = "x"
+    for _ in range(150):
+        deep = [deep]
+    # A result JSON clients cannot read back (migration 0069): its webhook and GET /runs/{id}
+    # carry it, and the sender could not decode one nested 3,000 deep.
+    return Outcome("completed", result={"text": "x", "deep": deep})
+
+
 @pytest.fixture
 async def start(pool: AsyncConnectionPool) -> AsyncIterator[Callable[..., Any]]:
     calls.clear()
@@ -107,6 +117,7 @@ async def ended(db: psycopg.Connection, run: Any) -> dict[str, Any]:
         (journal_rejects, "the journal refused this run's events"),
         (says_so, "the input names a file that does not exist"),
         (oversized_result, "completed outcome could not be stored"),
+        (unreadable_result, "result nests 100 levels deep or more"),
     ],
 )
 async def test_a_refusal_that_would_recur_fails_the_run_after_one_attempt(start, db, handler, says) -> None:

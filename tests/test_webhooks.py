@@ -23,16 +23,17 @@ import psycopg
 import pytest
 from http_support import ALICE, error_of, serve
 from psycopg.types.json import Jsonb
-from worker_support import REPO, WorkerProcess, db, wait_until, worker_db
+from worker_support import REPO, WorkerProcess, db, wait_until, worker_db, worker_db_superuser
 
 from pyworker.worker.webhooks import (
     SignatureError,
+    body_of,
     encode_body,
     signature_header,
     verify_signature,
 )
 
-__all__ = ["db", "worker_db"]
+__all__ = ["db", "worker_db", "worker_db_superuser"]
 
 SECRET = "whsec_test_0123456789"
 # Short clocks so the test's waits are short; the backoff doubles: 0.5 s, 1 s, 2 s, ...
@@ -66,6 +67,8 @@ class Receiver:
                     n = len(receiver.requests)
                     receiver.requests.append(Received(dict(self.headers.items()), body, time.monotonic()))
                 action = receiver.script[n] if n < len(receiver.script) else "ok"
+                if self.path.endswith("/hang"):  # this URL's every request, whatever the script
+                    action = "hang"
                 if action in ("hang", "hold"):
                     receiver.done.wait(60)
                     return
@@ -255,6 +258,82 @@ def test_a_url_no_request_can_be_sent_to_is_dead_lettered_on_its_first_attempt(
     row = delivery(db, run_id)
     assert row["attempts"] == 1 and row["last_http_status"] is None
     assert row["last_error"].startswith("webhook_url cannot be requested ("), row["last_error"]
+
+
+def test_a_hanging_receiver_does_not_hold_up_the_other_deliveries(
+    db: psycopg.Connection, receiver: Receiver, workers: Any
+) -> None:
+    """The sender claimed a batch and waited for all of it (asyncio.gather) before it claimed
+    again, so one receiver hanging to the timeout held up every other delivery of the worker for
+    that long (the webhook audit). Each delivery now has a slot of its own, claimed again as it
+    frees. The timeout (60 s) is far past this test's waits: the hanging request is still in
+    flight when the others have all been delivered."""
+    workers("w1", *FAST, "--webhook-timeout", "60")
+    stuck = enqueue_hooked(db, receiver.url + "/hang")
+    wait_until(lambda: receiver.count() == 1, 20, "the request that hangs")
+    others = [enqueue_hooked(db, receiver.url) for _ in range(3)]
+    wait_until(lambda: all(state(db, r) == "delivered" for r in others), 20, "the others, while one hangs")
+    row = delivery(db, stuck)
+    assert (row["state"], row["attempts"], row["worker_id"]) == ("pending", 1, "w1")  # still in flight
+    assert receiver.count() == 4
+
+
+def test_a_payload_python_cannot_read_is_sent_as_stored_and_holds_up_no_other(
+    db: psycopg.Connection, worker_db_superuser: str, receiver: Receiver, workers: Any
+) -> None:
+    """A payload written before migration 0069 (which now refuses such a result) that Python
+    cannot decode: nested 3,000 deep, or a number of 5,001 digits. The claim's fetch raised after
+    the leases were granted, so that delivery and every one claimed beside it lapsed together on
+    every attempt, and all were dead-lettered with nothing sent (the webhook audit). Each payload
+    is now read on its own: what Python cannot re-encode faithfully is sent as the database's
+    own JSON text, signed like any other, and the others go out as always."""
+    runs = [enqueue_hooked(db, receiver.url) for _ in range(4)]
+    # Ended here by SQL, with no worker running, so each delivery waits until its payload is set.
+    db.execute(
+        "SELECT runrow.finish_run(c.run_id, c.claim_token, 'completed', '{\"text\": \"x\"}') "
+        "FROM runrow.claim_runs('sql', 4, 60) AS c"
+    )
+    odd = {
+        runs[1]: "[" * 3000 + "]" * 3000,
+        runs[2]: '{"n": 1' + "0" * 5000 + "}",
+        runs[3]: '{"n": 1' + "0" * 400 + ".5}",  # Python reads inf; json.dumps would say Infinity
+    }
+    with psycopg.connect(worker_db_superuser, autocommit=True) as su:
+        su.execute("SET session_replication_role = replica")  # past the guard that keeps payloads fixed
+        for run_id, result in odd.items():
+            su.execute(
+                "UPDATE runrow.webhook_delivery SET payload = jsonb_set(payload, '{result}', %s::jsonb) "
+                "WHERE run_id = %s",
+                (result, run_id),
+            )
+    stored = {
+        run_id: (str(delivery_id), text)
+        for run_id, delivery_id, text in db.execute(
+            "SELECT run_id, id, payload::text FROM runrow.webhook_delivery WHERE run_id = ANY(%s)", (runs,)
+        )
+    }
+    workers("w1", *FAST)
+    wait_until(lambda: all(state(db, r) == "delivered" for r in runs), 20, "all four deliveries")
+    assert receiver.count() == 4
+    sent = {r.headers["Runrow-Delivery-Id"]: r for r in receiver.requests}
+    for run_id, (delivery_id, text) in stored.items():
+        got = sent[delivery_id]
+        check_signed(got)
+        if run_id in odd:
+            assert got.body == text.encode()
+            assert b"Infinity" not in got.body
+        else:
+            assert got.body == encode_body(delivery(db, run_id)["payload"])  # the usual form
+
+
+def test_body_of_is_the_compact_sorted_form_unless_python_cannot_carry_the_payload() -> None:
+    assert body_of('{"b": 1, "a": [2, "é"]}') == '{"a":[2,"é"],"b":1}'.encode()
+    deep = "[" * 3000 + "]" * 3000
+    assert body_of(deep) == deep.encode()
+    digits = '{"n": 1' + "0" * 5000 + "}"
+    assert body_of(digits) == digits.encode()
+    beyond = '{"n": 1' + "0" * 400 + ".5}"  # Python reads inf, and json.dumps would say Infinity
+    assert body_of(beyond) == beyond.encode()
 
 
 @pytest.mark.parametrize("receiver", [["hold"]], indirect=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
 from psycopg import AsyncConnection
@@ -18,7 +17,10 @@ class Delivery:
     claim_token: UUID
     run_id: UUID
     url: str
-    payload: dict[str, Any]
+    # The payload as the database's JSON text, decoded by the sender one delivery at a time: a
+    # payload Python cannot decode (nested past its recursion limit) failed the whole claim's
+    # fetch after the leases were granted, so every delivery claimed beside it lapsed with it.
+    payload_json: str
     attempt: int
     claim_expires_at: datetime
     claimed_at: datetime
@@ -33,7 +35,8 @@ async def claim_webhook_deliveries(
 ) -> list[Delivery]:
     async with conn.cursor(row_factory=class_row(Delivery)) as cur:
         await cur.execute(
-            "SELECT delivery_id, claim_token, run_id, url, payload, attempt, claim_expires_at, claimed_at "
+            "SELECT delivery_id, claim_token, run_id, url, payload::text AS payload_json, attempt, "
+            "claim_expires_at, claimed_at "
             "FROM runrow.claim_webhook_deliveries(worker_id => %s, max_deliveries => %s, "
             "lease_seconds => %s, max_attempts => %s)",
             (worker_id, max_deliveries, lease_seconds, max_attempts),

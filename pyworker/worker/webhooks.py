@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 from psycopg_pool import AsyncConnectionPool
 
-from pyworker.db import channels
+from pyworker.db import channels, claimed_json
 from pyworker.db.aio import within
 from pyworker.db.hub import Hub
 from pyworker.db.webhooks import (
@@ -101,7 +101,24 @@ def verify_signature(
 
 def encode_body(payload: dict[str, Any]) -> bytes:
     """The JSON body: compact, keys sorted, UTF-8, so every attempt sends the same bytes."""
-    return json.dumps(payload, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
+    return json.dumps(
+        payload, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False
+    ).encode()
+
+
+def body_of(payload_json: str) -> bytes:
+    """The body of a delivery whose payload the database sent as `payload_json`: encode_body's
+    form, or, for a payload that form cannot carry faithfully, the database's own JSON text
+    (which says the same thing). Such a payload was written before migration 0069 made the
+    table refuse it: nested deeper than Python decodes, or holding a number beyond a double's
+    range (Python reads 1e400 as inf and would have sent `Infinity`, which is not JSON)."""
+    value = claimed_json.loads(payload_json)
+    if isinstance(value, claimed_json.UnreadableJSON):
+        return payload_json.encode()
+    try:
+        return encode_body(value)
+    except (ValueError, RecursionError):
+        return payload_json.encode()
 
 
 @dataclass(frozen=True)
@@ -142,7 +159,7 @@ async def deliver(
 ) -> tuple[int | None, str | None]:
     """POST one delivery. (status, None) when the receiver answered 2xx, else (status or None, error).
     Unsendable: the URL cannot be requested at all."""
-    body = encode_body(d.payload)
+    body = body_of(d.payload_json)
     timestamp = int(d.claimed_at.timestamp())
     headers = {
         "Content-Type": "application/json",
@@ -227,30 +244,27 @@ async def _deliver_and_record(
         )
 
 
-async def deliver_batch(
-    pool: AsyncConnectionPool, client: httpx.AsyncClient, settings: WebhookSettings, worker_id: str | None
-) -> int:
-    """Claim up to settings.batch due deliveries and deliver them concurrently; how many were claimed."""
-    async with pool.connection() as conn:
-        batch = await claim_webhook_deliveries(
-            conn, worker_id, settings.batch, settings.lease_seconds, settings.max_attempts
-        )
-    results = await asyncio.gather(
-        *(_deliver_and_record(pool, client, d, settings) for d in batch), return_exceptions=True
-    )
-    for d, result in zip(batch, results, strict=True):
-        if isinstance(result, Exception):
-            # The outcome was not recorded: the lease lapses and the delivery is tried again.
-            log.warning("webhook %s: could not record the outcome: %s", d.delivery_id, result)
-    return len(batch)
+async def _deliver_logged(
+    pool: AsyncConnectionPool, client: httpx.AsyncClient, d: Delivery, settings: WebhookSettings
+) -> None:
+    try:
+        await _deliver_and_record(pool, client, d, settings)
+    except Exception as exc:
+        # The outcome was not recorded: the lease lapses and the delivery is tried again.
+        log.warning("webhook %s: could not record the outcome: %s", d.delivery_id, exc)
 
 
 async def webhook_loop(
     pool: AsyncConnectionPool, settings: WebhookSettings, *, worker_id: str | None, hub: Hub | None = None
 ) -> None:
-    """Deliver until cancelled. Woken by runrow_enqueued (the outbox trigger sends it with each new
-    delivery, so it goes out at once) and by the poll tick (retries whose backoff passed, lapsed leases,
-    and everything when NOTIFY is lost)."""
+    """Deliver until cancelled, up to settings.batch at once. Woken by runrow_enqueued (the outbox
+    trigger sends it with each new delivery, so it goes out at once), by the poll tick (retries
+    whose backoff passed, lapsed leases, and everything when NOTIFY is lost), and by a delivery
+    ending while every slot was taken.
+
+    Each delivery runs on its own, and a slot it frees is claimed again at once: a batch used to
+    be claimed and waited for whole (gather), so one receiver that hung to the timeout held up
+    every other delivery of this worker for that long."""
     async with contextlib.AsyncExitStack() as stack:
         client = await stack.enter_async_context(
             httpx.AsyncClient(
@@ -261,21 +275,39 @@ async def webhook_loop(
             )
         )
         wakes = await stack.enter_async_context(hub.subscribe(channels.ENQUEUED)) if hub else None
+        # Entered last, so left first: a cancelled loop cancels its deliveries (their leases
+        # lapse and another worker sends them) before the client closes under them.
+        sending = await stack.enter_async_context(asyncio.TaskGroup())
+        in_flight: set[asyncio.Task[None]] = set()
         log.info(
-            "webhook delivery on: timeout %gs, lease %ds, %d attempts, backoff %gs doubling",
+            "webhook delivery on: timeout %gs, lease %ds, %d attempts, backoff %gs doubling, %d at once",
             settings.timeout,
             settings.lease_seconds,
             settings.max_attempts,
             settings.backoff_seconds,
+            settings.batch,
         )
         while True:
-            try:
-                claimed = await deliver_batch(pool, client, settings, worker_id)
-                if claimed == settings.batch:
-                    continue  # more are due than one batch takes
-            except Exception as exc:
-                log.warning("webhook claim failed, retrying after the poll tick: %s", exc)
-            await _idle(wakes, settings.poll_seconds * random.uniform(0.8, 1.2))
+            free = settings.batch - len(in_flight)
+            more = False
+            if free > 0:
+                try:
+                    async with pool.connection() as conn:
+                        claimed = await claim_webhook_deliveries(
+                            conn, worker_id, free, settings.lease_seconds, settings.max_attempts
+                        )
+                except Exception as exc:
+                    log.warning("webhook claim failed, retrying after the poll tick: %s", exc)
+                    claimed = []
+                for d in claimed:
+                    task = sending.create_task(_deliver_logged(pool, client, d, settings))
+                    in_flight.add(task)
+                    task.add_done_callback(in_flight.discard)
+                more = len(claimed) == free  # more may be due than the free slots took
+            if len(in_flight) >= settings.batch:
+                await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            elif not more:
+                await _idle(wakes, settings.poll_seconds * random.uniform(0.8, 1.2))
 
 
 async def _idle(wakes: asyncio.Queue[str] | None, timeout: float) -> None:  # noqa: ASYNC109
