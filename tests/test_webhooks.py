@@ -245,6 +245,24 @@ def test_a_status_outside_http_is_recorded_as_a_failed_attempt(
     )
 
 
+@pytest.mark.parametrize("receiver", [["410"] * 5], indirect=True)
+def test_410_gone_is_dead_lettered_on_its_first_attempt(
+    db: psycopg.Connection, receiver: Receiver, workers: Any
+) -> None:
+    """410 Gone is the receiver saying the URL will not come back (the REST Hooks convention for
+    "stop sending"): it was retried like a 500 until its attempts ran out."""
+    workers("w1", *FAST, "--webhook-attempts", "5")
+    run_id = enqueue_hooked(db, receiver.url)
+    wait_until(lambda: state(db, run_id) == "dead", 15, "the dead letter")
+    row = delivery(db, run_id)
+    assert (row["attempts"], row["last_http_status"], row["last_error"]) == (
+        1,
+        410,
+        "HTTP 410: the receiver says this URL is gone for good",
+    )
+    assert receiver.count() == 1
+
+
 def test_a_url_no_request_can_be_sent_to_is_dead_lettered_on_its_first_attempt(
     db: psycopg.Connection, workers: Any
 ) -> None:

@@ -210,6 +210,10 @@ async def _deliver_and_record(
     except Unsendable as exc:
         status, error = None, str(exc)
         permanent = True  # a deterministic failure ends once
+    if status == 410:
+        # Gone: "likely to be permanent" (RFC 9110), the REST Hooks way for a receiver to say
+        # "stop sending". Every retry would be refused the same way, so this one is the last.
+        error, permanent = "HTTP 410: the receiver says this URL is gone for good", True
     async with pool.connection() as conn:
         if error is None:
             assert status is not None
