@@ -126,10 +126,21 @@ class Worker:
             os._exit(1)
 
     async def run(self, *, install_signals: bool = True) -> int:
+        """Run until stopped: by a signal (when install_signals; a second one exits at once) or
+        request_stop(). The handlers stay installed through the drain, and are removed however
+        the run ends."""
+        if not install_signals:
+            return await self._run()
         loop = asyncio.get_running_loop()
-        if install_signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            return await self._run()
+        finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self._on_signal, sig)
+                loop.remove_signal_handler(sig)
+
+    async def _run(self) -> int:
         # Until the database answers, a first Ctrl-C or SIGTERM ends the wait at once: there is
         # nothing to drain yet. (It waited out the pool's 30 s, or a connect timeout per probe.)
         log.info("worker %s connecting to %s", self.worker_id, where(self.conninfo))
@@ -137,9 +148,6 @@ class Worker:
         try:
             pool, hub_limits = await self._starting
         except BaseException as exc:
-            if install_signals:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(sig)
             if isinstance(exc, asyncio.CancelledError) and self._stop.is_set():
                 log.info("stopped before the database answered: nothing was claimed")
                 return 0
@@ -212,9 +220,6 @@ class Worker:
             await writer.stop()
             await hub.stop()
             await pool.close()
-            if install_signals:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(sig)
         log.info(
             "worker %s stopped: %d run(s) claimed in %d claim(s), %d journal transaction(s)",
             self.worker_id,
