@@ -62,6 +62,11 @@ def test_bad_concurrency_from_the_environment_is_a_usage_error() -> None:
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert "--concurrency" in result.stderr and "1 to 1000" in result.stderr
+    # The variable the user set is named, not only the flag they did not type.
+    assert result.stderr.rstrip().endswith("got '0' (from $RUNROW_CONCURRENCY)"), result.stderr
+    # A value typed as the flag is the flag's, even with the variable set (to a good value).
+    typed = runrow_worker("--concurrency", "0", env={"RUNROW_CONCURRENCY": "4"})
+    assert typed.returncode == 2 and typed.stderr.rstrip().endswith("got '0'"), typed.stderr
 
 
 @pytest.mark.parametrize(

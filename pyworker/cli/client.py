@@ -29,7 +29,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pyworker.cli.messages import first_line
 from pyworker.cli.tail_render import Renderer
-from pyworker.cli.types import int64, number
+from pyworker.cli.types import env_default, int64, number
 from pyworker.db import api, nul
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.config import database_url
@@ -92,7 +92,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     p.add_argument(
         "--model",
-        default=os.environ.get("RUNROW_MODEL", DEFAULT_MODEL),
+        default=env_default("RUNROW_MODEL", DEFAULT_MODEL),
         help="model pinned on the run (default: $RUNROW_MODEL or %(default)s)",
     )
     p.add_argument("--system", help="system prompt pinned on the run")

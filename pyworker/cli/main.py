@@ -19,8 +19,10 @@ from pyworker.cli.messages import first_line
 from pyworker.cli.types import (
     LOG_LEVELS,
     conninfo,
+    env_default,
     host_name,
     log_level,
+    name_env_defaults,
     not_utf8,
     number,
     one_of,
@@ -239,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level",
         type=log_level,
-        default=os.environ.get("RUNROW_LOG_LEVEL", "INFO"),
+        default=env_default("RUNROW_LOG_LEVEL", "INFO"),
         help=f"one of {', '.join(LOG_LEVELS)} (default: $RUNROW_LOG_LEVEL, else INFO)",
     )
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
@@ -312,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--concurrency",
         type=in_range("concurrency"),
-        default=os.environ.get("RUNROW_CONCURRENCY", "4"),
+        default=env_default("RUNROW_CONCURRENCY", "4"),
         help="runs in flight at once, 1 to 1000 (env RUNROW_CONCURRENCY)",
     )
     p.add_argument(
@@ -355,13 +357,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--handler",
-        default=os.environ.get("RUNROW_HANDLER", "pyworker.agent:handle"),
+        default=env_default("RUNROW_HANDLER", "pyworker.agent:handle"),
         help="run handler as module:function (env RUNROW_HANDLER); "
         "pyworker.worker.echo:handle streams metadata.echo back, for tests",
     )
     p.add_argument(
         "--tools",
-        default=os.environ.get("RUNROW_TOOLS"),
+        default=env_default("RUNROW_TOOLS"),
         help="module that defines the agent's tools (env RUNROW_TOOLS)",
     )
     p.add_argument(
@@ -373,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--listen-url",
         type=conninfo,
-        default=os.environ.get("RUNROW_LISTEN_URL") or None,
+        default=env_default("RUNROW_LISTEN_URL", empty_is_unset=True),
         help="a direct (not pooled) PostgreSQL URL for the LISTEN connection, when --database-url "
         "goes through a transaction pooler such as pgbouncer (env RUNROW_LISTEN_URL; default: the "
         "database URL)",
@@ -388,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--webhook-secret",
         type=_secret,
-        default=os.environ.get("RUNROW_WEBHOOK_SECRET") or None,
+        default=env_default("RUNROW_WEBHOOK_SECRET", empty_is_unset=True),
         help="HMAC-SHA256 key that signs webhook deliveries (Runrow-Signature); prefer the env "
         "RUNROW_WEBHOOK_SECRET (a flag shows in ps). Without it this worker delivers no webhooks",
     )
@@ -422,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
         # goes through the type, so RUNROW_LOG_FORMAT=xml is refused too.
         type=one_of("text", "json"),
         metavar="{text,json}",
-        default=os.environ.get("RUNROW_LOG_FORMAT", "text"),
+        default=env_default("RUNROW_LOG_FORMAT", "text"),
         help="json: one object per line with run_id, conversation_id, attempt (env RUNROW_LOG_FORMAT)",
     )
     p.add_argument(
@@ -482,6 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     from pyworker.cli.serve import add_command as add_serve
 
     add_serve(sub)
+    name_env_defaults(parser)
     return parser
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import uuid
 from datetime import UTC, datetime
@@ -26,7 +25,7 @@ from pyworker.cli.client import (
     _wrap,
     read_message,
 )
-from pyworker.cli.types import int32, number
+from pyworker.cli.types import env_default, int32, number
 from pyworker.db import schedules
 from pyworker.db.config import database_url
 
@@ -197,7 +196,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     q.add_argument(
         "--model",
-        default=os.environ.get("RUNROW_MODEL", DEFAULT_MODEL),
+        default=env_default("RUNROW_MODEL", DEFAULT_MODEL),
         help="model pinned on each run (default: $RUNROW_MODEL or %(default)s)",
     )
     q.add_argument("--system", help="system prompt pinned on each run")

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from pyworker.cli.messages import first_line, read_text_option
-from pyworker.cli.types import conninfo, number, port_number
+from pyworker.cli.types import conninfo, env_default, number, port_number
 from pyworker.db.config import database_url
 from pyworker.http.auth import TokenConfigError, load_tokens_file, parse_tokens_env
 from pyworker.http.config import MAX_BODY_BYTES, ServeConfig
@@ -61,13 +61,13 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     )
     p.add_argument(
         "--model",
-        default=os.environ.get("RUNROW_MODEL", DEFAULT_MODEL),
+        default=env_default("RUNROW_MODEL", DEFAULT_MODEL),
         help="model pinned on runs that do not name one (default $RUNROW_MODEL or %(default)s)",
     )
     p.add_argument("--system-file", type=Path, help="system prompt pinned on runs that do not give one")
     p.add_argument(
         "--tools-module",
-        default=os.environ.get("RUNROW_TOOLS"),
+        default=env_default("RUNROW_TOOLS"),
         help="module whose registered tools are pinned on runs that give none (env RUNROW_TOOLS)",
     )
     p.add_argument(
@@ -88,7 +88,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument(
         "--replica-url",
         type=conninfo,
-        default=os.environ.get("RUNROW_REPLICA_URL") or None,
+        default=env_default("RUNROW_REPLICA_URL", empty_is_unset=True),
         help="a hot standby of the database: event streams read journals there (lag delays a stream, "
         "never falsifies it); everything else, LISTEN included, stays on the primary "
         "(env RUNROW_REPLICA_URL)",
@@ -96,7 +96,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument(
         "--listen-url",
         type=conninfo,
-        default=os.environ.get("RUNROW_LISTEN_URL") or None,
+        default=env_default("RUNROW_LISTEN_URL", empty_is_unset=True),
         help="a direct (not pooled) PostgreSQL URL for the LISTEN connection that wakes event "
         "streams, when --database-url goes through a transaction pooler (env RUNROW_LISTEN_URL; "
         "default: the database URL)",

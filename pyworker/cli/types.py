@@ -81,6 +81,49 @@ def not_utf8(argv: list[str]) -> str | None:
     return None
 
 
+class FromEnv(str):
+    """An option's default read from an environment variable, which remembers the variable."""
+
+    var: str
+
+
+def env_default(var: str, fallback: str | None = None, *, empty_is_unset: bool = False) -> str | None:
+    """The value of `var` as an option's default (fallback when it is unset, or empty and
+    empty_is_unset). name_env_defaults makes a type that refuses it name the variable."""
+    value = os.environ.get(var)
+    if value is None or (empty_is_unset and not value):
+        return fallback
+    default = FromEnv(value)
+    default.var = var
+    return default
+
+
+def name_env_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every option of `parser` and its subcommands whose default came from env_default reports
+    a refused value with the variable it came from: RUNROW_CONCURRENCY=0 was refused as
+    "argument --concurrency: ...", a flag the user had not typed."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in {id(p): p for p in action.choices.values()}.values():
+                name_env_defaults(command)
+        elif isinstance(action.default, FromEnv) and callable(action.type):
+            action.type = _naming_env(action.type)
+
+
+def _naming_env(parse: Callable[[str], object]) -> Callable[[str], object]:
+    def parse_or_name(text: str) -> object:
+        try:
+            return parse(text)
+        except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
+            if not isinstance(text, FromEnv):
+                raise
+            why = str(exc) if isinstance(exc, argparse.ArgumentTypeError) else f"invalid value {text!r}"
+            raise argparse.ArgumentTypeError(f"{why} (from ${text.var})") from None
+
+    parse_or_name.__name__ = getattr(parse, "__name__", "value")
+    return parse_or_name
+
+
 MAX_SDK_RETRIES = 100
 
 
