@@ -282,9 +282,13 @@ BEGIN
             vfloor := -1;
         ELSE
             -- No banked credit: a tenant idle for a while (or new) starts one run behind the
-            -- most-served active tenant, not at its old clock (vfloor).
+            -- most-served active tenant, not at its old clock (vfloor). One run of the slowest
+            -- tenant here (1 / weight, at least 1): a tenant of weight 0.1 moves its clock 10
+            -- per run, and a floor one unit behind it lifted the weight-1 tenant beside it to
+            -- within one run on every single-run claim, so the two shared 1 : 1 (issue 11's
+            -- fleet-limits audit).
             SELECT array_agg(coalesce(f.vtime, 0) ORDER BY k.n), array_agg(coalesce(f.weight, 1) ORDER BY k.n),
-                   max(coalesce(f.vtime, 0)) - 1
+                   max(coalesce(f.vtime, 0)) - greatest(1, max(1 / coalesce(f.weight, 1)))
             INTO t_vtime, t_weight, vfloor
             FROM unnest(t_key) WITH ORDINALITY AS k (fairness_key, n)
             LEFT JOIN runrow.fairness_tenant AS f ON f.fairness_key = k.fairness_key;

@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
 \ir helpers/lifecycle.psql
-SELECT plan(55);
+SELECT plan(57);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.run_with(
@@ -87,6 +87,16 @@ SELECT pg_temp.run_with(tenant => 'light') FROM generate_series(1, 8);
 SELECT results_eq(
     'SELECT * FROM pg_temp.batch_by_tenant(8)',
     $$VALUES ('heavy', 6), ('light', 2)$$, 'weight 3 against 1: 6 and 2 of 8');
+SELECT pg_temp.drain_queue();
+-- A weight under 1, claimed one run at a time (as idle workers claim): 1 of 5 claims, not 1 of 2.
+-- The floor that stops idle tenants banking credit lifted the weight-1 tenant to within one
+-- unit of the quarter's clock, which moves 4 per run (the fleet-limits audit).
+SELECT lives_ok($$SELECT runrow.set_fairness_weight('quarter', 0.25)$$, 'a weight of 0.25');
+SELECT pg_temp.run_with(tenant => 'quarter') FROM generate_series(1, 10);
+SELECT pg_temp.run_with(tenant => 'whole') FROM generate_series(1, 10);
+SELECT is((SELECT array_agg(t ORDER BY t) FROM unnest(pg_temp.claim_order(10)) AS t),
+    '{quarter,quarter,whole,whole,whole,whole,whole,whole,whole,whole}'::text[],
+    'weight 0.25 against 1, single claims: 2 and 8 of 10');
 SELECT pg_temp.drain_queue();
 SELECT lives_ok($$SELECT runrow.set_fairness_weight(NULL, 2)$$, 'the anonymous tenant can be weighted (NULL)');
 SELECT is((SELECT weight FROM runrow.fairness_tenant WHERE fairness_key = ''), 2::float8, 'stored under ''''');
