@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(79);
+SELECT plan(84);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.limits_fingerprint() RETURNS text LANGUAGE sql AS $$
@@ -187,6 +187,24 @@ SELECT throws_ok(format($$UPDATE runrow.agent_run SET cost_budget = 'NaN' WHERE 
 -- Removing a key lifts its limits and block.
 SELECT runrow.set_rate_limit('fresh', NULL, NULL, NULL);
 SELECT is(pg_temp.acquire(:'r3', 0), '(t,0,)', 'a removed key is not limited any more');
+-- And the runs of the key that a claim held back for the block (their not_before set to its
+-- end, an hour away) are claimable at once; a run's own backoff is kept.
+SELECT runrow.set_rate_limit('k-held', 10, NULL, NULL);
+SELECT pg_temp.fleet_run('k-held') AS holder \gset
+SELECT runrow.report_rate_limited(:'holder', pg_temp.token(:'holder'), 3600);
+SELECT e.run_id AS held FROM runrow.enqueue_run(gen_random_uuid(), '"hi"', 'test-model', rate_limit_key => 'k-held') AS e \gset
+SELECT e.run_id AS backed_off
+FROM runrow.enqueue_run(gen_random_uuid(), '"hi"', 'test-model', rate_limit_key => 'k-held', start_in => '2 hours') AS e \gset
+SELECT is_empty($$SELECT * FROM runrow.claim_runs('pgtap', 10)$$, 'a blocked key''s run is not claimed');
+SELECT is((SELECT not_before FROM runrow.agent_run WHERE id = :'held'),
+    (SELECT blocked_until FROM runrow.rate_limit WHERE rate_limit_key = 'k-held'),
+    'the claim held it back until the block''s end');
+SELECT runrow.set_rate_limit('k-held', NULL, NULL, NULL);
+SELECT is((SELECT run_id FROM runrow.claim_runs('pgtap', 10)), :'held'::uuid,
+    'once the key is removed, the held-back run is claimed at once (it stayed queued for the hour)');
+SELECT isnt((SELECT not_before FROM runrow.agent_run WHERE id = :'backed_off'), NULL,
+    'a run of the key delayed for its own reason keeps its delay');
+SELECT ok(runrow.finish_run(:'held', pg_temp.token(:'held'), 'completed'), 'the released run finishes');
 
 -- Run token budget: the step that crosses it is kept; the next request ends the run.
 SELECT pg_temp.fleet_run(tokens => 2000) AS b1 \gset

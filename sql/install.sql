@@ -14060,6 +14060,9 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, runrow
 AS $fn$
+DECLARE
+    block_ended timestamptz;
+    woken uuid;
 BEGIN
     PERFORM runrow._require_not_null(set_rate_limit.rate_limit_key, 'rate_limit_key');
     PERFORM runrow._require_key(set_rate_limit.rate_limit_key, 'rate_limit_key');
@@ -14069,10 +14072,27 @@ BEGIN
 
     IF set_rate_limit.requests_per_minute IS NULL AND set_rate_limit.input_tokens_per_minute IS NULL
        AND set_rate_limit.output_tokens_per_minute IS NULL THEN
-        DELETE FROM runrow.rate_limit AS l WHERE l.rate_limit_key = set_rate_limit.rate_limit_key;
+        DELETE FROM runrow.rate_limit AS l WHERE l.rate_limit_key = set_rate_limit.rate_limit_key
+        RETURNING l.blocked_until INTO block_ended;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'rate_limit_key "%" has no rate limit to remove', set_rate_limit.rate_limit_key
                 USING ERRCODE = 'no_data_found';
+        END IF;
+        -- The block goes with the row, and so does its hold on queued runs: a claim that met the
+        -- block set their not_before to its end (up to 24 h away), so they stayed queued after it
+        -- was removed (the fleet-limits audit). Only a not_before equal to the block's end is
+        -- the block's; a retry_in backoff keeps its own. Due now, and the dispatchers are woken.
+        IF block_ended > now() THEN
+            WITH lifted AS (
+                UPDATE runrow.agent_run AS q SET not_before = now(), updated_at = now()
+                WHERE q.status = 'queued' AND q.not_before = block_ended
+                  AND q.rate_limit_key = set_rate_limit.rate_limit_key
+                RETURNING q.conversation_id
+            )
+            SELECT min(lifted.conversation_id::text)::uuid INTO woken FROM lifted;
+            IF woken IS NOT NULL THEN
+                PERFORM runrow._wake_dispatchers(woken);
+            END IF;
         END IF;
         RETURN;
     END IF;
@@ -14119,7 +14139,8 @@ COMMENT ON FUNCTION runrow.set_rate_limit(text, integer, integer, integer) IS
 'per minute, each NULL (not limited) or more than 0, as token buckets that refill with the '
 'database clock and hold at most a minute''s worth. A new key starts full; a changed key keeps '
 'its levels (capped to the new limits) and its block. All three NULL removes the key''s row '
-'(limits and any block); P0002 when it has none. Bad input (NULL or over-long key, a rate not '
+'(limits and any block: queued runs of the key held back by the block are due at once, and the '
+'dispatchers are woken); P0002 when it has none. Bad input (NULL or over-long key, a rate not '
 'more than 0) raises 22004/22023 naming the argument and writes nothing.';
 
 REVOKE ALL ON FUNCTION runrow.set_rate_limit(text, integer, integer, integer) FROM PUBLIC;
