@@ -177,6 +177,7 @@ def plain_worker(module_db: str) -> Iterator[FakeModel]:
             "anthropic_base_url": fake.base_url,
             "anthropic_api_key": "test-key",
             "anthropic_max_retries": 0,
+            "rate_limit_max_wait": 1.0,  # a longer wait defers the run
         }
         with in_process_worker(module_db, "backoff", config=config, lease_seconds=5, concurrency=1):
             yield fake
@@ -228,6 +229,27 @@ def test_a_429_is_reported_and_the_attempt_waits_it_out(
     ).fetchone()
     assert row == (1, run)
     assert run_row(db, run)["attempt"] == 1  # waited within the attempt
+
+
+def test_a_wait_longer_than_the_worker_waits_defers_the_run_without_spending_its_attempt(
+    module_conn: psycopg.Connection, plain_worker: FakeModel
+) -> None:
+    """A 429 whose retry-after (2 s) is past rate_limit_max_wait (1 s): the run is handed back
+    until the block ends. release_run spent the attempt for it, so a run on its one attempt
+    (max_attempts 1, the default) ended failed for having waited (the fleet-limits audit)."""
+    db = module_conn
+    plain_worker.inject(rate_limited(2.0))
+    run = enqueue_agent(db, "hi", model="claude-429-long", tools=[], metadata={}, max_attempts=1)
+    wait_until(lambda: run_row(db, run)["status"] == "completed", 30, "completed")
+    assert [r.status for r in plain_worker.requests] == [429, 200]
+    event = requeued(db, run)
+    payload = db.execute(
+        "SELECT payload FROM runrow.run_event WHERE run_id = %s AND type = 'run_requeued'", (run,)
+    ).fetchone()
+    assert payload is not None and payload[0]["deferred"] is True and payload[0]["attempt"] == 0
+    delay = (datetime.fromisoformat(event["not_before"]) - event["at"]).total_seconds()
+    assert 1.0 < delay <= 2.1, delay  # what was left of the 2 s block
+    assert run_row(db, run)["attempt"] == 1  # claimed twice, one attempt spent
 
 
 def test_the_sdk_does_not_retry_a_429_alone() -> None:

@@ -4,8 +4,9 @@ report_rate_limited).
 
 - granted: send the request.
 - rate_limited / blocked for a short wait (at most `rate_limit_max_wait`, default 10 s): wait
-  here, keeping the lease (the heartbeat runs beside), then ask again. A longer wait: release
-  the run with retry_in = the wait, so no worker slot is held idle.
+  here, keeping the lease (the heartbeat runs beside), then ask again. A longer wait: defer
+  the run (defer_run: requeued with retry_in = the wait and its attempt given back), so no
+  worker slot is held idle and no run fails for having waited.
 - budget_exhausted: acquire_model_call has already ended the run (failed, error
   budget_exhausted: ..., result the text so far, journaled); nothing more is written here.
 - a 429: report the key blocked for the API's retry-after (or a backoff when it gave none),
@@ -67,7 +68,7 @@ async def before_request(ctx: RunContext, params: dict[str, Any]) -> Outcome | N
         if wait > max_wait:
             ctx.log.info("model call %s for %.1fs: releasing the run until then", slot.reason, wait)
             error = f"{slot.reason}: waiting {wait:.1f}s for a model call"
-            return Outcome("release", error=error, retry_in=wait)
+            return Outcome("defer", error=error, retry_in=wait)  # no attempt spent on a wait
         ctx.log.info("model call %s: waiting %.2fs", slot.reason, wait)
         if not await wait_event(ctx.cancel, wait):
             continue

@@ -189,6 +189,19 @@ async def release_run(
     return None if row is None else row[0]
 
 
+async def defer_run(
+    conn: AsyncConnection, run_id: UUID, claim_token: UUID, retry_in: timedelta, reason: str
+) -> str | None:
+    """'deferred' or 'cancelled'; None when fenced out. A fleet limit's wait: requeued with the
+    attempt given back, not claimable before the database's now() + retry_in."""
+    cur = await conn.execute(
+        "SELECT runrow.defer_run(run_id => %s, claim_token => %s, retry_in => %s, reason => %s)",
+        (run_id, claim_token, retry_in, _error_text(reason) or "deferred"),
+    )
+    row = await cur.fetchone()
+    return None if row is None else row[0]
+
+
 MAX_ERROR_CHARS = 10000  # finish_run's and release_run's limit
 
 

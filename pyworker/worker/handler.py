@@ -15,7 +15,7 @@ from pyworker.db.api import ClaimedRun
 from pyworker.db.retry import Retry
 from pyworker.worker.journal import RunJournal
 
-OutcomeStatus = Literal["completed", "failed", "cancelled", "release", "parked", "ended"]
+OutcomeStatus = Literal["completed", "failed", "cancelled", "release", "defer", "parked", "ended"]
 T = TypeVar("T")
 
 
@@ -56,13 +56,15 @@ class RunContext:
 
 @dataclass(frozen=True)
 class Outcome:
-    """completed/failed/cancelled: finish_run with that status. release: release_run (the attempts
-    policy requeues or fails it). parked: the handler already handed the run back in SQL (e.g.
-    waiting on an approval); the supervisor writes nothing. ended: the SQL already ended the run
-    (acquire_model_call's budget_exhausted); nothing is written either. `retry_in` (seconds, with
-    release): the backoff, not claimable again before the database's now() + retry_in. A handler
-    that parks must `await ctx.journal.flush()` before the SQL call that parks the run: after it, the claim
-    is gone and appends are fenced out."""
+    """completed/failed/cancelled: finish_run with that status. release: release_run (the
+    attempts policy requeues or fails it). defer: defer_run (a fleet limit's wait, `retry_in`
+    required: requeued with the attempt given back, so waiting never fails a run on its last
+    attempt). parked: the handler already handed the run back in SQL (e.g. waiting on an
+    approval); the supervisor writes nothing. ended: the SQL already ended the run
+    (acquire_model_call's budget_exhausted); nothing is written either. `retry_in` (seconds,
+    with release or defer): the backoff, not claimable again before the database's now() +
+    retry_in. A handler that parks must `await ctx.journal.flush()` before the SQL call that
+    parks the run: after it, the claim is gone and appends are fenced out."""
 
     status: OutcomeStatus
     result: dict[str, Any] | None = None

@@ -263,6 +263,8 @@ class RunSupervisor:
             return "ended"
         if outcome.status == "release":
             return await self._release(outcome.error, outcome.retry_in)
+        if outcome.status == "defer" and outcome.retry_in is not None:
+            return await self._release(outcome.error, outcome.retry_in, defer=True)
         if outcome.status not in FINISH_STATUSES:
             return await self._release(f"handler returned an unknown status {outcome.status!r}")
         try:
@@ -346,7 +348,10 @@ class RunSupervisor:
         if self._heartbeat is not None:
             self._heartbeat.cancel()
 
-    async def _release(self, reason: str | None, retry_in: float | None = None) -> str | None:
+    async def _release(
+        self, reason: str | None, retry_in: float | None = None, *, defer: bool = False
+    ) -> str | None:
+        """release_run, or defer_run when `defer` (a fleet limit's wait: no attempt spent)."""
         self._stop_heartbeat()  # once released, the next beat would say the run is not ours
         stop = await self._flush_quietly()
         if stop is not None:
@@ -355,21 +360,28 @@ class RunSupervisor:
         calls = 0
         backoff = None if retry_in is None else timedelta(seconds=min(max(retry_in, 0.001), 86400))
 
+        call = "defer_run" if defer else "release_run"
+
         async def release(conn: Any) -> str | None:
             nonlocal calls
             calls += 1
+            if defer:
+                assert backoff is not None
+                return await api.defer_run(conn, run.run_id, run.claim_token, backoff, reason or "deferred")
             return await api.release_run(conn, run.run_id, run.claim_token, reason, retry_in=backoff)
 
         try:
-            result = await self.retry.call(self._pool, release, "release_run")
-            if result is None and calls > 1 and await self._ended_by_us(None, reason):
-                result = "released"
+            result = await self.retry.call(self._pool, release, call)
+            if result is None and calls > 1 and await self._ended_by_us(None, reason, given_back=defer):
+                result = "deferred" if defer else "released"
         except DatabaseUnavailable as exc:
             return self._give_up(exc)
         if result is None:
-            await self._fenced_out("release_run", then="the reaper takes it at the lease's end")
+            await self._fenced_out(call, then="the reaper takes it at the lease's end")
             return "lost"
-        self.log.info("run released (%s, retry in %s): %s", reason, backoff, result)
+        self.log.info(
+            "run %s (%s, retry in %s): %s", "deferred" if defer else "released", reason, backoff, result
+        )
         return f"released:{result}"
 
     async def _fenced_out(self, call: str, *, then: str) -> bool:
@@ -399,12 +411,13 @@ class RunSupervisor:
         self.log.warning("%s fenced out: the run is %s on attempt %s%s", call, row.status, row.attempt, error)
         return False
 
-    async def _ended_by_us(self, status: str | None, error: str | None) -> bool:
+    async def _ended_by_us(self, status: str | None, error: str | None, *, given_back: bool = False) -> bool:
         """A retried ending was fenced out: had the first try's unanswered COMMIT landed? Only
-        this claim ends its attempt with its own error text (a reaper or a stop writes theirs)."""
+        this claim ends its attempt with its own error text (a reaper or a stop writes theirs).
+        given_back: the ending was a deferral, which gives the attempt back."""
         row = await self.retry.call(self._pool, lambda conn: api.get_run(conn, self.run.run_id), "get_run")
         ours = (
-            row.attempt == self.run.attempt
+            row.attempt == self.run.attempt - (1 if given_back else 0)
             and row.error == api.stored_error(error)
             and (status is None or row.status == status)
         )
