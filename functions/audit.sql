@@ -45,7 +45,12 @@ BEGIN
         -- An interval reaching before 4713 BC overflows timestamptz (22008, naming nothing):
         -- bad input, named as such, as trim_journal names its older_than.
         BEGIN
-            PERFORM now() - arg.value;
+            -- Negative by the calendar though not by comparison ('-1 year 360 days' compares
+            -- as 0, and reached 5 days into the future).
+            IF now() - arg.value > now() THEN
+                RAISE EXCEPTION '% must not be negative, got %', arg.name, arg.value
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
         EXCEPTION WHEN datetime_field_overflow THEN
             RAISE EXCEPTION '% is out of range, got %', arg.name, arg.value
                 USING ERRCODE = 'invalid_parameter_value';

@@ -27,6 +27,12 @@ BEGIN
         RAISE EXCEPTION 'older_than is out of range, got %', trim_journal.older_than
             USING ERRCODE = 'invalid_parameter_value';
     END;
+    -- Negative by the calendar though not by comparison: '-1 year 360 days' compares as 0
+    -- (a year is 360 days there, a month 30) and put the cutoff 5 days in the future.
+    IF cutoff > now() THEN
+        RAISE EXCEPTION 'older_than must not be negative, got %', trim_journal.older_than
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     -- The untrimmed runs in enqueue order (run_request's UUIDv7 key), up to the cutoff's
     -- millisecond: a run that ended before the cutoff was enqueued before it. So the walk reads

@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(90);
+SELECT plan(91);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'audit', ARRAY['interval', 'interval', 'interval', 'interval', 'interval'],
@@ -409,6 +409,9 @@ SELECT throws_ok($$SELECT * FROM runrow.audit(history_window => NULL)$$, '22004'
     'history_window NULL');
 SELECT throws_ok($$SELECT * FROM runrow.audit(history_window => '-7 days')$$, '22023',
     'history_window must not be negative, got -7 days', 'history_window negative');
+SELECT throws_ok($$SELECT * FROM runrow.audit(history_window => '-1 year 360 days')$$, '22023',
+    'history_window must not be negative, got -1 years +360 days',
+    'history_window that compares as 0 but is 5 days negative');
 SELECT throws_ok($$SELECT * FROM runrow.audit(history_window => '1000000 years')$$, '22023',
     'history_window is out of range, got 1000000 years', 'history_window reaching before 4713 BC (was 22008)');
 SELECT throws_ok($$SELECT * FROM runrow.audit(lease_grace => '10000 years')$$, '22023',

@@ -3,7 +3,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(30);
+SELECT plan(31);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'trim_journal', ARRAY['interval', 'integer'], 'trim_journal(older_than, max_runs) exists');
@@ -107,6 +107,9 @@ SELECT pg_temp.age_finished(:'trimmable', '2 days');
 SELECT pg_temp.fingerprint() AS before \gset
 SELECT throws_ok('SELECT runrow.trim_journal(''-1 second'')', '22023',
     'older_than must not be negative, got -00:00:01', 'a negative older_than is rejected');
+SELECT throws_ok('SELECT runrow.trim_journal(''-1 year 360 days'')', '22023',
+    'older_than must not be negative, got -1 years +360 days',
+    'an interval that compares as 0 but is 5 days negative is rejected (its cutoff was in the future)');
 SELECT throws_ok('SELECT runrow.trim_journal(NULL)', '22004', 'older_than must not be NULL',
     'older_than NULL is rejected');
 SELECT throws_ok('SELECT runrow.trim_journal(''1000000 years'')', '22023',

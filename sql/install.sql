@@ -10771,7 +10771,12 @@ BEGIN
         -- An interval reaching before 4713 BC overflows timestamptz (22008, naming nothing):
         -- bad input, named as such, as trim_journal names its older_than.
         BEGIN
-            PERFORM now() - arg.value;
+            -- Negative by the calendar though not by comparison ('-1 year 360 days' compares
+            -- as 0, and reached 5 days into the future).
+            IF now() - arg.value > now() THEN
+                RAISE EXCEPTION '% must not be negative, got %', arg.name, arg.value
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
         EXCEPTION WHEN datetime_field_overflow THEN
             RAISE EXCEPTION '% is out of range, got %', arg.name, arg.value
                 USING ERRCODE = 'invalid_parameter_value';
@@ -14418,6 +14423,12 @@ BEGIN
         RAISE EXCEPTION 'older_than is out of range, got %', trim_journal.older_than
             USING ERRCODE = 'invalid_parameter_value';
     END;
+    -- Negative by the calendar though not by comparison: '-1 year 360 days' compares as 0
+    -- (a year is 360 days there, a month 30) and put the cutoff 5 days in the future.
+    IF cutoff > now() THEN
+        RAISE EXCEPTION 'older_than must not be negative, got %', trim_journal.older_than
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     -- The untrimmed runs in enqueue order (run_request's UUIDv7 key), up to the cutoff's
     -- millisecond: a run that ended before the cutoff was enqueued before it. So the walk reads
