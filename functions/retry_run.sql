@@ -29,17 +29,31 @@ BEGIN
     -- The old run's fleet settings too (claimable now, not at its not_before): without them the
     -- retry escaped its tenant's budget and fair share (fairness_key NULL is the anonymous
     -- tenant), its rate limit and concurrency cap, and nobody heard of its end.
+    -- A fork's retry is the fork again: forked_from, forked_at_seq and the steps it was given.
     INSERT INTO runrow.agent_run (
         conversation_id, user_id, user_message_id, max_attempts, model, prompt_id, metadata, retry_of,
-        priority, fairness_key, concurrency_key, rate_limit_key, token_budget, cost_budget, webhook_url
+        priority, fairness_key, concurrency_key, rate_limit_key, token_budget, cost_budget, webhook_url,
+        forked_from, forked_at_seq
     )
     VALUES (
         old.conversation_id, old.user_id, old.user_message_id, old.max_attempts, old.model,
         old.prompt_id, old.metadata, old.id,
         old.priority, old.fairness_key, old.concurrency_key, old.rate_limit_key, old.token_budget,
-        old.cost_budget, old.webhook_url
+        old.cost_budget, old.webhook_url, old.forked_from, old.forked_at_seq
     )
     RETURNING id INTO new_id;
+
+    -- The steps a fork was given (1..forked_at_seq, copied from its source) are its input, not
+    -- what an attempt did: without them the retry started from the user message alone and
+    -- asked the model again from scratch, running the forked tool calls again under new keys
+    -- (the history audit). Copied verbatim, as fork_run copies them.
+    IF old.forked_at_seq > 0 THEN
+        INSERT INTO runrow.agent_step (run_id, seq, kind, payload, request_id, attempt, usage, stop_reason)
+        SELECT new_id, s.seq, s.kind, s.payload, s.request_id, s.attempt, s.usage, s.stop_reason
+        FROM runrow.agent_step AS s
+        WHERE s.run_id = old.id AND s.seq <= old.forked_at_seq
+        ORDER BY s.seq;
+    END IF;
 
     -- Rebuilt from the kept message, as enqueue_run builds it: the old run's request may be
     -- trimmed, and a run without one would hide its journal from trim_journal.
@@ -61,7 +75,8 @@ COMMENT ON FUNCTION runrow.retry_run(uuid) IS
 'conversation, user message, model, pinned prompt, metadata and fleet settings (priority, '
 'fairness_key, concurrency_key, rate_limit_key, token_budget, cost_budget, webhook_url; '
 'claimable at once), with retry_of pointing at the old run '
-'(which stays as it ended). Idempotent: a run is retried at most once and a second call '
+'(which stays as it ended). A fork''s retry is the fork again: the same forked_from and '
+'forked_at_seq, and the steps 1..forked_at_seq it was given, copied verbatim. Idempotent: a run is retried at most once and a second call '
 'returns the same new run. Any other status raises 55000; an unknown run_id P0002.';
 
 REVOKE ALL ON FUNCTION runrow.retry_run(uuid) FROM PUBLIC;

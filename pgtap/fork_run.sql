@@ -4,7 +4,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/steps.psql
-SELECT plan(33);
+SELECT plan(36);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'fork_run', ARRAY['uuid', 'integer', 'text'], 'fork_run(run_id, at_seq, model) exists');
@@ -166,6 +166,31 @@ SELECT pg_temp.claim(:'fsrc2') AS ftok2 \gset
 SELECT runrow.finish_run(:'fsrc2', :'ftok2', 'completed', '{"text": "done"}');
 SELECT new_run_id AS fork_shared FROM runrow.fork_run(:'fsrc2', 0, 'model-b') \gset
 SELECT is((SELECT rate_limit_key FROM runrow.agent_run WHERE id = :'fork_shared'), 'shared', 'a rate_limit_key named apart from the model stays under another model');
+
+-- A fork's retry is the fork again (the history audit): retry_run gave the retry neither
+-- forked_from nor the copied steps, so it asked the model from the user message alone and ran
+-- the forked tool calls again. Here the fork does a step of its own (4) and fails.
+SELECT pg_temp.drain_queue();
+SELECT new_run_id AS doomed, new_conversation_id AS doomed_conv FROM runrow.fork_run(:'t3', 3) \gset
+SELECT array_agg((h.message_index, h.role, h.source, h.seq, h.kind, h.payload::text)::text) AS forked_input
+FROM runrow.conversation_history(:'doomed_conv', :'doomed') AS h \gset
+SELECT pg_temp.claim(:'doomed') AS dtok \gset
+SELECT runrow.append_step(:'doomed', :'dtok', 'tool_result',
+    '{"type":"tool_result","tool_use_id":"tu_4","content":"ran in the fork"}');
+SELECT runrow.finish_run(:'doomed', :'dtok', 'failed', NULL, 'boom');
+SELECT runrow.retry_run(:'doomed') AS again \gset
+SELECT is((SELECT (forked_from, forked_at_seq, retry_of)::text FROM runrow.agent_run WHERE id = :'again'),
+    (:'t3'::uuid, 3, :'doomed'::uuid)::text, 'the retry of a fork names what the fork copied');
+SELECT is(
+    (SELECT array_agg((s.seq, s.kind, s.payload::text, s.request_id)::text ORDER BY s.seq)
+     FROM runrow.agent_step AS s WHERE s.run_id = :'again'),
+    (SELECT array_agg((s.seq, s.kind, s.payload::text, s.request_id)::text ORDER BY s.seq)
+     FROM runrow.agent_step AS s WHERE s.run_id = :'doomed' AND s.seq <= 3),
+    'it is given the fork''s copied steps 1..3 verbatim, not the failed attempt''s own step 4');
+SELECT is(
+    (SELECT array_agg((h.message_index, h.role, h.source, h.seq, h.kind, h.payload::text)::text)
+     FROM runrow.conversation_history(:'doomed_conv', :'again') AS h),
+    :'forked_input'::text[], 'so its model input is the fork''s, as the fork had it');
 
 SELECT * FROM finish();
 ROLLBACK;
