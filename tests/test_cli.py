@@ -176,6 +176,29 @@ def test_tail_from_a_cursor_prints_only_what_follows(
     assert "status=completed" in result.stderr
 
 
+def test_tail_of_a_trimmed_run_prints_its_result_text(
+    private_database_url: str, conn: psycopg.Connection
+) -> None:
+    """trim_journal deletes the deltas; read_events ends the journal with a complete built from
+    the run row, which carries result.text. The tail printed nothing on stdout (the history
+    audit): the README promises `runrow tail RUN > answer.txt` gives exactly result.text."""
+    run_id = enqueue(conn)
+    token = claim(conn, run_id)
+    append(conn, run_id, token, [{"type": "text_delta", "text": t} for t in ("Hel", "lo")])
+    conn.execute(
+        "SELECT runrow.finish_run(run_id => %s, claim_token => %s, status => 'completed', result => %s)",
+        (run_id, token, Jsonb({"text": "Hello"})),
+    )
+    before = runrow(private_database_url, "tail", str(run_id))
+    conn.execute("SELECT runrow.trim_journal(older_than => interval '0')")
+    after = runrow(private_database_url, "tail", str(run_id))
+    assert (before.returncode, before.stdout) == (0, "Hello")
+    assert (after.returncode, after.stdout) == (0, "Hello"), after.stderr
+    # A cursor from before the trim cannot be continued exactly: no text is made up for it.
+    resumed = runrow(private_database_url, "tail", str(run_id), "--from", "3")
+    assert resumed.returncode == 0 and resumed.stdout == "" and "complete status=completed" in resumed.stderr
+
+
 def test_enqueue_prints_the_run_id_and_the_conversation(
     private_database_url: str, conn: psycopg.Connection
 ) -> None:

@@ -9,9 +9,9 @@ from typing import Any
 from pyworker.cli.tail_render import Renderer
 
 
-def render(journal: list[dict[str, Any]], live: bool) -> tuple[str, str]:
+def render(journal: list[dict[str, Any]], live: bool, whole: bool = True) -> tuple[str, str]:
     out, err = io.StringIO(), io.StringIO()
-    renderer = Renderer(out, err, live=live)
+    renderer = Renderer(out, err, live=live, whole=whole)
     for seq, payload in enumerate(journal, start=1):
         renderer.event(seq, payload)
     renderer.end_line()
@@ -79,3 +79,21 @@ def test_piped_unconfirmed_text_is_written_when_the_result_keeps_it() -> None:
     # Reaped mid-stream with no attempt left: no result, no answer; the text is a note.
     out, err = render([CLAIM, delta("hel"), complete("failed", None)], live=False)
     assert out == "" and "not kept by the run's result: hel" in err
+
+
+def test_a_read_from_the_start_that_saw_no_text_prints_the_results_text() -> None:
+    """A trimmed journal is one complete built from the run row (read_events); a handler may keep
+    a result it never streamed. Either way the answer is result.text (the history audit: the
+    tail of a trimmed run printed nothing)."""
+    trimmed = [{**complete("completed", "The answer."), "synthesized": True}]
+    for live in (False, True):
+        end = "\n" if live else ""  # on a terminal the line is ended for the notes after it
+        assert render(trimmed, live=live)[0] == "The answer." + end
+        assert render([CLAIM, complete("completed", "Kept.")], live=live)[0] == "Kept." + end
+    # Not from the start (--from N): what came before is the reader's, so nothing is made up.
+    assert render(trimmed, live=False, whole=False)[0] == ""
+    # Text that was streamed is not printed twice.
+    assert (
+        render([CLAIM, delta("The answer."), complete("completed", "The answer.")], live=False)[0]
+        == "The answer."
+    )

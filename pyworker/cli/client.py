@@ -460,7 +460,7 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
     # Check the URL with one plain connection first: a pool would only say "timed out".
     async with await _connect(url):
         pass
-    render = Renderer(sys.stdout, sys.stderr)
+    render = Renderer(sys.stdout, sys.stderr, whole=from_seq == 0)
     logging.getLogger("runrow.hub").setLevel(logging.WARNING)  # its INFO lines would mix with the notes
     # Behind a transaction pooler the LISTEN must go direct, as for `runrow worker --listen-url`.
     hub = Hub(os.environ.get("RUNROW_LISTEN_URL") or url, application_name="runrow-tail")

@@ -13,6 +13,9 @@ Piped, stdout must be the answer and nothing else, so text is held until it is c
   partial text a cancelled run keeps) when the run completed or its result kept a text; text
   no result kept (an attempt cut off with none left, reaped) is a note on stderr instead;
 - `superseded` drops the held deltas with after_seq < seq <= through_seq.
+- a read from the start that saw no text at all writes result.text at the `complete`: the
+  journal was trimmed (its deltas deleted; read_events ends it with a complete built from the
+  run row), or the handler kept a result without streaming it.
 No newline is added, so for a run that ends normally stdout is exactly result.text.
 """
 
@@ -28,9 +31,12 @@ NARRATION = ("tool_use",)
 
 
 class Renderer:
-    def __init__(self, out: TextIO, err: TextIO, live: bool | None = None) -> None:
+    def __init__(self, out: TextIO, err: TextIO, live: bool | None = None, *, whole: bool = True) -> None:
         self.out = out
         self.err = err
+        # The read started at the journal's beginning (--from 0): what it shows is all there is.
+        self.whole = whole
+        self.text_seen = False
         self.live = out.isatty() if live is None else live
         self.mid_line = False
         self.dim = err.isatty() and os.environ.get("NO_COLOR") is None
@@ -40,6 +46,7 @@ class Renderer:
     def event(self, seq: int, payload: dict[str, Any]) -> None:
         kind = payload.get("type")
         if kind == "text_delta":
+            self.text_seen = True
             text = str(payload.get("text", ""))
             self.message.append((seq, text))
             if self.live:
@@ -55,6 +62,13 @@ class Renderer:
         elif kind == "complete":
             result = payload.get("result")
             kept = isinstance(result, dict) and isinstance(result.get("text"), str)
+            if kept and self.whole and not self.text_seen:
+                # No delta of the answer was read: a trimmed journal, or a handler that kept a
+                # result without streaming it. The run's result is the answer.
+                assert isinstance(result, dict)
+                self.message = [(seq, result["text"])]
+                if self.live:
+                    self._write(result["text"])
             if kept or payload.get("status") == "completed":
                 self._end_message(narration=False)
             elif self.message and not self.live:
