@@ -4,7 +4,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/steps.psql
-SELECT plan(36);
+SELECT plan(37);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'fork_run', ARRAY['uuid', 'integer', 'text'], 'fork_run(run_id, at_seq, model) exists');
@@ -191,6 +191,14 @@ SELECT is(
     (SELECT array_agg((h.message_index, h.role, h.source, h.seq, h.kind, h.payload::text)::text)
      FROM runrow.conversation_history(:'doomed_conv', :'again') AS h),
     :'forked_input'::text[], 'so its model input is the fork''s, as the fork had it');
+
+-- The earlier turns a fork copies ran once, in their own conversation: fork_run inserts them as
+-- they ended (their source's finished_at), and run_stats counted each fork's history again (the
+-- history audit).
+SELECT runs AS completed_before FROM runrow.run_stats WHERE status = 'completed' \gset
+SELECT new_run_id AS another FROM runrow.fork_run(:'t3', 0) \gset
+SELECT is((SELECT runs FROM runrow.run_stats WHERE status = 'completed'), :'completed_before'::bigint,
+    'run_stats does not count a fork''s copy of turn 1 as a run that completed');
 
 SELECT * FROM finish();
 ROLLBACK;

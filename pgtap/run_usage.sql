@@ -1,7 +1,7 @@
 -- runrow.run_usage: per-run token totals of the model turns in the step log (runrow status RUN).
 BEGIN;
 \ir helpers/setup.psql
-SELECT plan(9);
+SELECT plan(11);
 SELECT pg_temp.drain_queue();
 
 SELECT pg_temp.new_run(attempts => 2) AS run \gset
@@ -41,6 +41,17 @@ RESET ROLE;
 
 SELECT runrow.finish_run(:'run', :'tok2', 'completed');
 SELECT is((SELECT output_tokens FROM runrow.run_usage(:'run')), 12::bigint, 'readable after the run ended');
+
+-- A fork is given its source's steps, which the source paid for: a fork that never ran reported
+-- the source's tokens (the history audit). Its own turns count.
+SELECT new_run_id AS fork FROM runrow.fork_run(:'run', 3) \gset
+SELECT is((SELECT (model_turns, input_tokens, output_tokens)::text FROM runrow.run_usage(:'fork')), '(0,0,0)',
+    'a fork that has not run: zeros, not its source''s turns');
+SELECT pg_temp.claim(:'fork') AS ftok \gset
+SELECT runrow.append_step(:'fork', :'ftok', 'model_turn', '[{"type": "text", "text": "again"}]', 'req_f',
+    usage => '{"input_tokens": 4, "output_tokens": 6}', stop_reason => 'end_turn');
+SELECT is((SELECT (model_turns, input_tokens, output_tokens)::text FROM runrow.run_usage(:'fork')), '(1,4,6)',
+    'its own turn counts');
 
 SELECT throws_ok('SELECT * FROM runrow.run_usage(NULL)', '22004', 'run_id must not be NULL', 'NULL run_id');
 SELECT throws_ok('SELECT * FROM runrow.run_usage(''00000000-0000-0000-0000-000000000000'')', 'P0002',

@@ -7303,6 +7303,107 @@ INSERT INTO runrow._yoyo_migration VALUES ('6b8b1fa6864b1520e6019f17dcd13f06b72e
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '6b8b1fa6864b1520e6019f17dcd13f06b72e79e477cb665b227a68c5e1bfeb64', '0069_result_portable', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0070_run_stats_without_fork_copies
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '8ec773d464017f53afaf4495f8be16962f8d9925f36f851598d2b6bbf0dd53ee') AS apply_8ec773d46401 \gset
+\if :apply_8ec773d46401
+-- depends: 0069_result_portable
+-- run_stats counts what ran: the earlier turns fork_run copies into a fork's conversation
+-- are inserted as they ended, with their source's finished_at (before the copy's created_at),
+-- so every fork of a turn that ended in the last 24 hours counted its history again: three
+-- turns and two forks showed 7 completed (the history audit). The view is 0061's with one
+-- predicate more: a run that names a source (forked_from) and ended at its source's instant
+-- is such a copy. Only forks pay its lookup, by primary key.
+
+CREATE OR REPLACE VIEW runrow.run_stats AS
+-- queued and running/waiting are two partial indexes; the planner serves each arm of a
+-- UNION from one, but an IN over all three statuses from neither.
+WITH live AS (
+    SELECT
+        a.status,
+        count(*) AS runs
+    FROM runrow.agent_run AS a
+    WHERE a.status = 'queued'
+    GROUP BY a.status
+    UNION ALL
+    SELECT
+        a.status,
+        count(*) AS runs
+    FROM runrow.agent_run AS a
+    WHERE a.status IN ('running', 'waiting')
+    GROUP BY a.status
+),
+
+recent AS (
+    SELECT
+        a.id,
+        a.status,
+        a.finished_at - a.started_at AS duration,
+        st.steps
+    FROM runrow.agent_run AS a
+    CROSS JOIN
+        LATERAL (
+            SELECT count(*) AS steps
+            FROM runrow.agent_step AS s
+            WHERE s.run_id = a.id
+        ) AS st
+    WHERE
+        a.finished_at >= now() - interval '24 hours'
+        AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
+        -- Not a fork's copy of an earlier turn: fork_run inserts those as they ended, with the
+        -- source's finished_at, so each fork counted its history again (the history audit). A
+        -- fork's own run ends in a transaction of its own, never at its source's instant.
+        AND NOT (
+            a.forked_from IS NOT NULL
+            AND a.finished_at = (
+                SELECT f.finished_at FROM runrow.agent_run AS f
+                WHERE f.id = a.forked_from
+            )
+        )
+),
+
+finished AS (
+    SELECT
+        coalesce(r.status, 'finished') AS status,
+        count(*) AS runs,
+        percentile_cont(0.5) WITHIN GROUP (ORDER BY r.steps) AS steps_p50,
+        percentile_cont(0.95) WITHIN GROUP (ORDER BY r.steps) AS steps_p95,
+        percentile_cont(0.5) WITHIN GROUP (ORDER BY r.duration) AS duration_p50,
+        percentile_cont(0.95) WITHIN GROUP (ORDER BY r.duration) AS duration_p95
+    FROM recent AS r
+    GROUP BY GROUPING SETS ((r.status), ())
+)
+
+SELECT
+    s.status,
+    coalesce(l.runs, f.runs, 0) AS runs,
+    f.steps_p50,
+    f.steps_p95,
+    f.duration_p50,
+    f.duration_p95
+FROM (
+    VALUES
+    (1, 'queued'), (2, 'running'), (3, 'waiting'),
+    (4, 'completed'), (5, 'failed'), (6, 'cancelled'), (7, 'dead'), (8, 'finished')
+) AS s (ord, status)
+LEFT JOIN live AS l ON s.status = l.status
+LEFT JOIN finished AS f ON s.status = f.status
+ORDER BY s.ord;
+
+COMMENT ON VIEW runrow.run_stats IS
+'One row per status, always all of them. runs: for queued, running and waiting, how many are '
+'in that state now; for completed, failed, cancelled and dead, how many ended so in the last '
+'24 hours; finished = the four terminal statuses together. For the terminal rows (NULL for '
+'the live ones): steps_p50 / steps_p95 = steps in the step log per run (percentile_cont, '
+'interpolated; a run stopped before it started counts 0), duration_p50 / duration_p95 = '
+'finished_at - started_at (first claim to ending, including requeues and approval waits; '
+'runs that never started are left out). The earlier turns a fork copies (fork_run) are not '
+'counted: they ran once, in their own conversation. History is read through agent_run_finished '
+'only; all-time counts are SELECT status, count(*) FROM runrow.agent_run '
+'GROUP BY 1 (a full scan).';
+INSERT INTO runrow._yoyo_migration VALUES ('8ec773d464017f53afaf4495f8be16962f8d9925f36f851598d2b6bbf0dd53ee', '0070_run_stats_without_fork_copies', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '8ec773d464017f53afaf4495f8be16962f8d9925f36f851598d2b6bbf0dd53ee', '0070_run_stats_without_fork_copies', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -13953,9 +14054,11 @@ STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, runrow
 AS $fn$
+DECLARE
+    given integer;
 BEGIN
     PERFORM runrow._require_not_null(run_usage.run_id, 'run_id');
-    PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = run_usage.run_id;
+    SELECT coalesce(a.forked_at_seq, 0) INTO given FROM runrow.agent_run AS a WHERE a.id = run_usage.run_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'run_id % does not exist', run_usage.run_id USING ERRCODE = 'no_data_found';
     END IF;
@@ -13973,7 +14076,9 @@ BEGIN
         coalesce(sum(CASE WHEN jsonb_typeof(s.usage -> 'cache_creation_input_tokens') = 'number'
             THEN (s.usage ->> 'cache_creation_input_tokens')::numeric END), 0)::bigint
     FROM runrow.agent_step AS s
-    WHERE s.run_id = run_usage.run_id AND s.kind = 'model_turn';
+    -- Not the steps a fork was given (1..forked_at_seq, copied from its source, which paid for
+    -- them): a fork that never ran reported its source's tokens (the history audit).
+    WHERE s.run_id = run_usage.run_id AND s.kind = 'model_turn' AND s.seq > given;
 END
 $fn$;
 
@@ -13982,7 +14087,8 @@ COMMENT ON FUNCTION runrow.run_usage(uuid) IS
 'its model_turn steps of usage.input_tokens (billed at the full input price), output_tokens, '
 'cache_read_input_tokens and cache_creation_input_tokens, as the provider reported them; a '
 'missing or non-numeric field counts 0. Every attempt''s committed turns count (what was '
-'paid for); a fenced-out append_step stored nothing, so it adds nothing. One index range '
+'paid for); a fenced-out append_step stored nothing, so it adds nothing; the steps a fork '
+'was given (1..forked_at_seq, paid for by its source) do not count. One index range '
 'scan of the run''s steps. An unknown run_id raises P0002, a NULL one 22004.';
 
 REVOKE ALL ON FUNCTION runrow.run_usage(uuid) FROM PUBLIC;
