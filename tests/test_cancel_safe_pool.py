@@ -12,13 +12,18 @@ to pin it. Without the shield the client waits out its timeout and the pool lose
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import stat
 from collections.abc import Callable
+from pathlib import Path
 
+import psycopg
 import psycopg_pool
 import pytest
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from pyworker.db.cancel_safe_pool import CancelSafePool
+from pyworker.db import devdb
+from pyworker.db.cancel_safe_pool import RECONNECT_EVERY, CancelSafePool
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -104,3 +109,42 @@ async def test_the_connection_returned_last_is_handed_out_next(database_url: str
         assert pool.get_stats()["pool_available"] == 3
     finally:
         await pool.close()
+
+
+# Seconds the database is away. psycopg_pool's attempts come at about 0, 1, 3, 7, 15 and 31 s
+# after the outage is noticed, so the first one after the server is back (about 19 s) comes 9 s
+# or more later; CancelSafePool's within RECONNECT_EVERY (2 s, jittered).
+OUTAGE = 18.0
+BACK_WITHIN = 7.0
+
+
+async def test_the_pool_is_back_within_seconds_of_the_database_after_a_long_outage(tmp_path: Path) -> None:
+    """A real server stopped for 18 s while the pool is in use (a failover, a long restart).
+    psycopg_pool doubles its wait between reconnection attempts (1, 2, 4, 8, 16 s ...), so its
+    attempt after the one at about 15 s came near 31 s, well after the server was back: `runrow
+    serve` answered 503 for 18-25 s more after a 40 s outage, and cut an open stream (the HTTP
+    audit). CancelSafePool tries again at least every RECONNECT_EVERY seconds."""
+    assert 3 * RECONNECT_EVERY < BACK_WITHIN
+    with devdb.throwaway() as cluster:
+        pool = CancelSafePool(cluster.url, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False)
+        await pool.open(wait=True, timeout=10)
+        try:
+            wrapper = Path(cluster.root) / "postgres-after-an-outage"
+            wrapper.write_text(f'#!/bin/sh\nsleep {OUTAGE:g}\nexec {devdb.PG_BIN / "postgres"} "$@"\n')
+            wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+            # The server stops at once and starts again after the sleep (pg_ctl restart -p: the
+            # same options, another executable), meanwhile the pool is used as a service uses it.
+            restarting = asyncio.create_task(
+                asyncio.to_thread(devdb.restart, cluster, "immediate", str(wrapper))
+            )
+            await asyncio.sleep(0.5)
+            while not restarting.done():
+                with contextlib.suppress(psycopg.Error, PoolTimeout):
+                    async with pool.connection(timeout=1) as conn:
+                        await conn.execute("SELECT 1")
+                await asyncio.sleep(0.5)
+            await restarting  # the server accepts connections again
+            async with pool.connection(timeout=BACK_WITHIN) as conn:
+                await conn.execute("SELECT 1")
+        finally:
+            await pool.close()

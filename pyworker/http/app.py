@@ -27,6 +27,13 @@ from pyworker.worker import metrics
 
 log = logging.getLogger("runrow.http")
 
+# Seconds a request waits for a database connection before it answers 503 (with Retry-After).
+# psycopg_pool's default, 30 s, held every request that long while the database was down (the
+# HTTP audit); a client or a load balancer had given up long before. Under load the pool's
+# connections are busy for milliseconds at a time, so a wait this long means the database is
+# away or overloaded, and a 503 is the answer either way.
+REQUEST_POOL_TIMEOUT = 5.0
+
 
 def create_app(config: ServeConfig) -> Starlette:
     authenticate = authenticator_for(config)  # fails now, not on the first request, when misconfigured
@@ -38,6 +45,7 @@ def create_app(config: ServeConfig) -> Starlette:
             min_size=config.pool_min_size,
             max_size=config.pool_max_size,
             kwargs={"autocommit": True, "application_name": "runrow-serve", **POOLER_SAFE},
+            timeout=REQUEST_POOL_TIMEOUT,
             open=False,
         )
         await pool.open(wait=True, timeout=30)

@@ -77,7 +77,9 @@ def database_error(exc: psycopg.Error) -> ApiError:
         # psycopg refused to send the value at all (a NUL in a text parameter).
         return ApiError(400, "invalid_request", f"a value of the request cannot be stored: {exc}")
     if isinstance(exc, psycopg.OperationalError | psycopg.errors.AdminShutdown):
-        return ApiError(503, "unavailable", "the database is unavailable; retry shortly")
+        # The pool tries to reconnect every 2 s or so (CancelSafePool): say when to come back.
+        retry = {"Retry-After": "2"}
+        return ApiError(503, "unavailable", "the database is unavailable; retry shortly", retry)
     log.error("unexpected database error %s: %s", state, exc)
     return ApiError(500, "internal", "internal error")
 
