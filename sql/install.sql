@@ -6,6 +6,10 @@
 \set ON_ERROR_STOP on
 BEGIN;
 SELECT pg_advisory_xact_lock(hashtext('runrow.migrate'));
+-- A statement waits at most 5 s for a lock, then the whole install rolls back: an ALTER TABLE
+-- queued behind a long transaction (a report, a pg_dump) holds up every claim and enqueue
+-- queued behind it. Run it again once that transaction has ended (`runrow migrate` retries).
+SET LOCAL lock_timeout = '5s';
 CREATE SCHEMA IF NOT EXISTS runrow;
 -- yoyo-migrations' bookkeeping (internal schema v2), shared with `runrow migrate`.
 CREATE TABLE IF NOT EXISTS runrow._yoyo_migration (

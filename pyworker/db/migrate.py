@@ -9,18 +9,29 @@ the whole migrate: a session lock taken through a transaction pooler stays behin
 server connection took it, its unlock lands on another one, and every later migrate waits on it
 forever. (yoyo itself sets search_path per session, so run migrations on a direct URL anyway;
 sql/install.sql is one transaction and works through a pooler.)
+
+A migration waits at most LOCK_TIMEOUT for a table lock, then is rolled back and tried again
+(LOCK_ATTEMPTS in all): an ALTER TABLE queued behind a long transaction (a report, a pg_dump)
+holds up every claim, heartbeat and enqueue queued behind it, so the fleet stalled for as long
+as that transaction ran (the DBA audit: 19 s behind a 20 s report, claims cancelled by their
+statement_timeout). And yoyo's own lock row is cleared first: under the advisory lock no other
+migrate runs, so a row there is stale (a migrate killed mid-way, or one a pg_dump caught and a
+restore brought back), and yoyo waited on it and failed with a traceback.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from yoyo import get_backend, read_migrations
+from yoyo.exceptions import LockTimeout
 
 from pyworker.db.paths import FUNCTIONS_DIR, MIGRATIONS_DIR
 from pyworker.db.pooling import POOLER_SAFE
@@ -30,6 +41,8 @@ log = logging.getLogger("runrow.migrate")
 # pg_advisory_lock key shared by `runrow migrate` and sql/install.sql: hashtext('runrow.migrate').
 LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtext('runrow.migrate'))"
 YOYO_SCHEMA = "runrow"
+LOCK_TIMEOUT = "5s"  # the longest a migration's statement waits for a lock (install.sql's too)
+LOCK_ATTEMPTS = 3
 
 
 class MigrateError(RuntimeError):
@@ -49,10 +62,12 @@ def function_files(directory: Path = FUNCTIONS_DIR) -> list[Path]:
 
 
 def yoyo_uri(database_url: str) -> str:
-    """The DATABASE_URL as yoyo wants it: psycopg 3 driver, bookkeeping in schema runrow."""
+    """The DATABASE_URL as yoyo wants it: psycopg 3 driver, bookkeeping in schema runrow, and
+    LOCK_TIMEOUT on every session (yoyo applies each migration on a connection of its own)."""
     parts = urlsplit(database_url)
     query = dict(parse_qsl(parts.query))
     query["schema"] = YOYO_SCHEMA
+    query["options"] = f"{query.get('options', '')} -c lock_timeout={LOCK_TIMEOUT}".strip()
     return urlunsplit(("postgresql+psycopg", parts.netloc, parts.path, urlencode(query), ""))
 
 
@@ -68,18 +83,15 @@ def migrate(
             # yoyo keeps its tables in our schema, which must exist (committed) before it connects.
             with psycopg.connect(database_url, autocommit=True, **POOLER_SAFE) as conn:
                 conn.execute("CREATE SCHEMA IF NOT EXISTS runrow")
+                if conn.execute("SELECT to_regclass('runrow.yoyo_lock')").fetchone()[0] is not None:
+                    conn.execute("DELETE FROM runrow.yoyo_lock")  # stale: see the module's docstring
             backend = get_backend(yoyo_uri(database_url))
             migrations = read_migrations(str(migrations_dir))
-            pending = backend.to_apply(migrations)
-            applied = [m.id for m in pending]
-            try:
-                with backend.lock():
-                    backend.apply_migrations(pending)
-            except psycopg.Error as exc:
-                raise MigrateError(f"migration failed, nothing of it was kept: {exc}") from exc
+            applied = _apply(backend, migrations)
             backend.connection.close()
             files = function_files(functions_dir)
             with psycopg.connect(database_url, **POOLER_SAFE) as conn, conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
                 for path in files:
                     try:
                         conn.execute(path.read_text())  # type: ignore[arg-type]
@@ -91,3 +103,34 @@ def migrate(
         finally:
             lock_conn.rollback()  # ends the transaction and with it the lock
     return MigrateResult(applied=applied, functions=[p.stem for p in files], version=version)
+
+
+def _apply(backend: Any, migrations: Any) -> list[str]:
+    """Apply the pending migrations; their ids. A migration that waited out LOCK_TIMEOUT for a
+    lock is rolled back and tried again, LOCK_ATTEMPTS times in all."""
+    applied: list[str] = []
+    for attempt in range(1, LOCK_ATTEMPTS + 1):
+        pending = backend.to_apply(migrations)
+        try:
+            with backend.lock():
+                backend.apply_migrations(pending)
+        except psycopg.errors.LockNotAvailable as exc:
+            done = {m.id for m in pending} - {m.id for m in backend.to_apply(migrations)}
+            applied += [m.id for m in pending if m.id in done]
+            if attempt == LOCK_ATTEMPTS:
+                raise MigrateError(
+                    f"a migration waited {LOCK_TIMEOUT} for a lock {LOCK_ATTEMPTS} times and was rolled back "
+                    f"({exc.diag.message_primary}): a long transaction holds one of its tables (a report, "
+                    "a pg_dump?); run `runrow migrate` again once it has ended"
+                ) from exc
+            log.warning(
+                "a migration waited %s for a lock; trying again (%s)", LOCK_TIMEOUT, exc.diag.message_primary
+            )
+            time.sleep(attempt)
+        except LockTimeout as exc:
+            raise MigrateError(f"yoyo's migration lock is held: {exc}") from exc
+        except psycopg.Error as exc:
+            raise MigrateError(f"migration failed, nothing of it was kept: {exc}") from exc
+        else:
+            return applied + [m.id for m in pending]
+    raise AssertionError("unreachable")
