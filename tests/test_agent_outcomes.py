@@ -11,6 +11,7 @@ mid-stream or between steps → cancelled with the partial text; irreversible to
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -66,7 +67,7 @@ LONG_TEXT = " ".join(f"word{i}" for i in range(300))
 
 registry = ToolRegistry()
 calls: list[tuple[str, dict[str, Any], str]] = []
-behaviour: dict[str, Any] = {"weather_raises": False, "weather_blocks": None}
+behaviour: dict[str, Any] = {"weather_raises": False, "weather_blocks": None, "weather_does": None}
 
 
 @tool(input_schema=WEATHER["input_schema"], description="Weather.", effect="pure", into=registry)
@@ -77,7 +78,15 @@ def get_weather(city: str, idempotency_key: str, unit: str = "celsius") -> dict[
         blocker.wait(10)
     if behaviour["weather_raises"]:
         raise RuntimeError("weather service is down")
+    if behaviour["weather_does"] is not None:
+        return behaviour["weather_does"]()
     return {"city": city, "sky": "sunny"}
+
+
+@tool(input_schema=WEATHER["input_schema"], description="Forecast.", effect="non_idempotent", into=registry)
+async def get_forecast(city: str, idempotency_key: str) -> str:
+    calls.append(("get_forecast", {"city": city}, idempotency_key))
+    raise asyncio.CancelledError("an inner request of the tool was cancelled")
 
 
 @tool(input_schema=LAUNCH["input_schema"], description="Launch.", effect="irreversible", into=registry)
@@ -115,7 +124,7 @@ def db(module_conn: psycopg.Connection, fake: FakeModel, worker: InProcessWorker
     fake.reset()
     fake.set_scenario("text")
     calls.clear()
-    behaviour.update(weather_raises=False, weather_blocks=None)
+    behaviour.update(weather_raises=False, weather_blocks=None, weather_does=None)
     return module_conn
 
 
@@ -249,6 +258,54 @@ def test_unknown_tool_and_raising_tool_are_errors_the_model_sees(db, fake) -> No
     assert results[1]["content"].startswith("Unknown tool 'get_time'")
     sent = undecorated(fake.requests[-1].body["messages"][-1]["content"])
     assert [b["is_error"] for b in sent] == [True, True]
+
+
+def _exits() -> Any:
+    raise SystemExit(3)
+
+
+@pytest.mark.parametrize(
+    ("does", "content"),
+    [
+        (lambda: "x" * (9 * 1024 * 1024), "The tool ran, but its result cannot be recorded: SQLSTATE 22023"),
+        (lambda: "binary\x00data", "The tool ran, but its result cannot be recorded: SQLSTATE 22P05"),
+        (_exits, "SystemExit: 3"),
+    ],
+    ids=["over-8-MiB", "NUL", "SystemExit"],
+)
+def test_what_a_tool_cannot_return_is_an_error_the_model_sees(db, fake, does, content) -> None:
+    """The tools audit: a result the database cannot store ended the run failed (its effect
+    left executing), and a SystemExit raised in a tool's thread stopped the whole worker."""
+    fake.set_scenario(script(turn(Text("Checking."), ToolCall("get_weather", {"city": "Oslo"})), summary))
+    behaviour["weather_does"] = does
+    run = enqueue_agent(db, "Weather?", tools=[WEATHER], metadata={})
+    row = finish(db, run)
+    assert row["status"] == "completed", row
+    (result,) = [json.loads(p) for _, kind, p in steps(db, run) if kind == "tool_result"]
+    assert result["is_error"] is True and result["content"].startswith(content), result["content"][:200]
+    effect = db.execute("SELECT state FROM runrow.tool_effect WHERE run_id = %s", (run,)).fetchone()
+    assert effect == ("done",)
+
+
+def test_a_tool_result_with_nan_is_sent_as_text(db, fake) -> None:
+    fake.set_scenario(script(turn(Text("Checking."), ToolCall("get_weather", {"city": "Oslo"})), summary))
+    behaviour["weather_does"] = lambda: {"v": float("nan")}
+    run = enqueue_agent(db, "Weather?", tools=[WEATHER], metadata={})
+    assert finish(db, run)["status"] == "completed"
+    (result,) = [json.loads(p) for _, kind, p in steps(db, run) if kind == "tool_result"]
+    assert (result["is_error"], result["content"]) == (False, "{'v': nan}")
+
+
+def test_a_cancelled_error_a_tool_raises_itself_is_its_failure_not_a_stop(db, fake) -> None:
+    """An async tool whose own inner await was cancelled raised CancelledError, which the loop
+    took for a stop: the call was recorded uncertain and the run ended cancelled, though nobody
+    had stopped it (the tools audit)."""
+    fake.set_scenario(script(turn(Text("Checking."), ToolCall("get_forecast", {"city": "Oslo"})), summary))
+    run = enqueue_agent(db, "Forecast?", tools=[{**WEATHER, "name": "get_forecast"}], metadata={})
+    row = finish(db, run)
+    assert row["status"] == "completed", row
+    (result,) = [json.loads(p) for _, kind, p in steps(db, run) if kind == "tool_result"]
+    assert result["is_error"] is True and result["content"].startswith("CancelledError"), result
 
 
 # -- faults ------------------------------------------------------------------------------------

@@ -9,6 +9,9 @@ Per tool_use block, in order (only the ones without a tool_result step):
   is_error) | `needs_approval` / `uncertain` (the SQL parked the run as waiting; stop: `parked`);
 - complete_tool_call records the result and appends the tool_result step in one transaction.
 A tool that raises gives an is_error tool_result with the exception's text; the run goes on.
+So does any exception a tool raises (SystemExit from a script, a CancelledError of its own: the
+first stopped the worker, the second was taken for a stop), and a result the database cannot
+store (over 8 MiB, a U+0000 jsonb cannot hold): the model is told the result cannot be shown.
 
 A stop while a tool runs (pyworker/agent/tools.py, "Cooperative cancellation"): a tool that takes
 `cancel` gets the signal and up to its cancel_grace to return; an async pure/idempotent tool
@@ -66,8 +69,9 @@ def _json_result(value: Any) -> Any:
     if value is None:
         return ""
     try:
-        return json.loads(json.dumps(value, ensure_ascii=False))
-    except (TypeError, ValueError):
+        # allow_nan=False: NaN and Infinity are not JSON, and jsonb refused the whole result.
+        return json.loads(json.dumps(value, ensure_ascii=False, allow_nan=False))
+    except (TypeError, ValueError, RecursionError):
         return str(value)
 
 
@@ -152,9 +156,21 @@ async def run_tool_calls(
             try:
                 seq = await _complete(ctx, key, result, is_error)
             except psycopg.DataError as exc:
-                raise DeterministicFailure(
-                    f"tool call {name} ({use_id}): its result cannot be recorded: {_db_message(exc)}"
-                ) from exc
+                # The tool ran; what it returned cannot be stored, and would be refused the same
+                # way on every attempt. The model is told, as for a tool that raised (the run
+                # used to end failed on it). The refused transaction wrote nothing.
+                ctx.log.warning("tool %s: its result cannot be recorded: %s", name, _db_message(exc))
+                result, is_error = (
+                    f"The tool ran, but its result cannot be recorded: {_db_message(exc)}",
+                    True,
+                )
+                call.outcome = "error"
+                try:
+                    seq = await _complete(ctx, key, result, is_error)
+                except psycopg.DataError as again:
+                    raise DeterministicFailure(
+                        f"tool call {name} ({use_id}): its result cannot be recorded: {_db_message(again)}"
+                    ) from again
             if seq is None:
                 metrics.fenced("complete_tool_call")
                 call.outcome = "lost"
@@ -192,14 +208,28 @@ async def _run(
         return None
     except ToolError as exc:  # the tool says what happened, also when it answers a stop
         return Ran(str(exc), True)
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # this task was cancelled (a stop, a drain): _execute records the cut
+        # The tool's own (a cancelled inner future, a misused timeout): its failure, not a stop.
+        return _raised(ctx, tool, signal, exc)
     except Exception as exc:
-        if signal.is_set():
-            # Failing on its way out after the signal: how far it got is unknown.
-            ctx.log.warning("tool %s raised after its cancel signal: %s", tool.name, exc)
-            return None
-        ctx.log.warning("tool %s raised: %s", tool.name, exc, exc_info=True)
-        return Ran(f"{type(exc).__name__}: {exc}", True)
+        return _raised(ctx, tool, signal, exc)
+    except BaseException as exc:
+        # SystemExit or KeyboardInterrupt raised by the tool's code (a sync tool's thread hands
+        # it over): it crossed the event loop and stopped the worker, every run it held with it.
+        return _raised(ctx, tool, signal, exc)
     return Ran(_json_result(value), False)
+
+
+def _raised(ctx: RunContext, tool: Tool, signal: CancelSignal, exc: BaseException) -> Ran | None:
+    if signal.is_set():
+        # Failing on its way out after the signal: how far it got is unknown.
+        ctx.log.warning("tool %s raised after its cancel signal: %s", tool.name, exc)
+        return None
+    ctx.log.warning("tool %s raised: %s", tool.name, exc, exc_info=True)
+    return Ran(f"{type(exc).__name__}: {exc}".replace("\x00", "\\u0000"), True)
 
 
 def _outcome(task: asyncio.Future[Ran | None]) -> Ran | None:
