@@ -12,43 +12,11 @@
 -- migration is left as it is (NOT VALID); the webhook sender reads such a payload apart from the
 -- rest of its batch.
 --
--- _json_too_deep and _json_portable move here from functions/_request_checks.sql: the CHECK
--- needs them to exist when the migration runs. CREATE OR REPLACE, as an existing install has
--- them from functions/.
-
-CREATE OR REPLACE FUNCTION runrow._json_too_deep(doc jsonb)
-RETURNS boolean
-LANGUAGE sql
-IMMUTABLE
-AS $fn$
-    SELECT jsonb_path_exists(doc, 'lax $.**{100}')
-$fn$;
-
--- Inlined: a single SELECT of an IMMUTABLE SQL function with no SET clause.
-CREATE OR REPLACE FUNCTION runrow._json_portable(doc jsonb)
-RETURNS boolean
-LANGUAGE sql
-IMMUTABLE
-AS $fn$
-    SELECT NOT runrow._json_too_deep(doc)
-        AND NOT jsonb_path_exists(
-            doc, 'lax $.** ? (@.type() == "number" && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'
-        )
-$fn$;
-
-COMMENT ON FUNCTION runrow._json_too_deep(jsonb) IS
-'Private. TRUE when doc nests 100 levels deep or more: past what every JSON client reads back '
-'(Python''s json gives up near 1,000 levels, PostgreSQL''s own recursive helpers, tool_call_key''s '
-'canonical form among them, near 500). The one place that depth is written. Inlined.';
-
-COMMENT ON FUNCTION runrow._json_portable(jsonb) IS
-'Private. TRUE when doc nests fewer than 100 levels and holds only numbers an IEEE double can '
-'hold, so that every JSON client (Python''s json, JavaScript''s JSON.parse) reads it back: '
-'enqueue_run''s rule for metadata, content and tools, and agent_run_result_portable''s for a '
-'result. Inlined.';
-
-REVOKE ALL ON FUNCTION runrow._json_too_deep(jsonb) FROM PUBLIC;
-REVOKE ALL ON FUNCTION runrow._json_portable(jsonb) FROM PUBLIC;
+-- The CHECK calls runrow._agent_run_result_ok, defined here because the CHECK needs it to exist
+-- when the migration runs. Its body calls runrow._json_portable (functions/_request_checks.sql,
+-- the one place the rule is written), which PL/pgSQL looks up only when the body first runs:
+-- an existing install has it from functions/, and a fresh one has no row to check before
+-- functions/ is applied after the migrations.
 
 -- The CHECK calls a PL/pgSQL function, which is never inlined: PostgreSQL compiles every
 -- CHECK of agent_run once per UPDATE statement, claims and heartbeats included (0034, 0045),

@@ -7236,43 +7236,11 @@ SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '
 -- migration is left as it is (NOT VALID); the webhook sender reads such a payload apart from the
 -- rest of its batch.
 --
--- _json_too_deep and _json_portable move here from functions/_request_checks.sql: the CHECK
--- needs them to exist when the migration runs. CREATE OR REPLACE, as an existing install has
--- them from functions/.
-
-CREATE OR REPLACE FUNCTION runrow._json_too_deep(doc jsonb)
-RETURNS boolean
-LANGUAGE sql
-IMMUTABLE
-AS $fn$
-    SELECT jsonb_path_exists(doc, 'lax $.**{100}')
-$fn$;
-
--- Inlined: a single SELECT of an IMMUTABLE SQL function with no SET clause.
-CREATE OR REPLACE FUNCTION runrow._json_portable(doc jsonb)
-RETURNS boolean
-LANGUAGE sql
-IMMUTABLE
-AS $fn$
-    SELECT NOT runrow._json_too_deep(doc)
-        AND NOT jsonb_path_exists(
-            doc, 'lax $.** ? (@.type() == "number" && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'
-        )
-$fn$;
-
-COMMENT ON FUNCTION runrow._json_too_deep(jsonb) IS
-'Private. TRUE when doc nests 100 levels deep or more: past what every JSON client reads back '
-'(Python''s json gives up near 1,000 levels, PostgreSQL''s own recursive helpers, tool_call_key''s '
-'canonical form among them, near 500). The one place that depth is written. Inlined.';
-
-COMMENT ON FUNCTION runrow._json_portable(jsonb) IS
-'Private. TRUE when doc nests fewer than 100 levels and holds only numbers an IEEE double can '
-'hold, so that every JSON client (Python''s json, JavaScript''s JSON.parse) reads it back: '
-'enqueue_run''s rule for metadata, content and tools, and agent_run_result_portable''s for a '
-'result. Inlined.';
-
-REVOKE ALL ON FUNCTION runrow._json_too_deep(jsonb) FROM PUBLIC;
-REVOKE ALL ON FUNCTION runrow._json_portable(jsonb) FROM PUBLIC;
+-- The CHECK calls runrow._agent_run_result_ok, defined here because the CHECK needs it to exist
+-- when the migration runs. Its body calls runrow._json_portable (functions/_request_checks.sql,
+-- the one place the rule is written), which PL/pgSQL looks up only when the body first runs:
+-- an existing install has it from functions/, and a fresh one has no row to check before
+-- functions/ is applied after the migrations.
 
 -- The CHECK calls a PL/pgSQL function, which is never inlined: PostgreSQL compiles every
 -- CHECK of agent_run once per UPDATE statement, claims and heartbeats included (0034, 0045),
@@ -9284,8 +9252,31 @@ BEGIN
 END
 $fn$;
 
--- _json_too_deep and _json_portable are defined by migration 0069: agent_run_result_portable
--- (a CHECK) needs them.
+-- TRUE when doc nests 100 levels deep or more: past what every JSON client reads back (Python's
+-- json module gives up near 1,000 levels, PostgreSQL's own recursive helpers, tool_call_key's
+-- canonical form among them, near 500). The one place that depth is written. Inlined.
+CREATE OR REPLACE FUNCTION runrow._json_too_deep(doc jsonb)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT jsonb_path_exists(doc, 'lax $.**{100}')
+$fn$;
+
+-- TRUE when every JSON client can read doc back: it is not _json_too_deep, and each number is
+-- one an IEEE double can hold (jsonb keeps 1e5000 exactly and prints its 5,001 digits, which
+-- Python refuses past 4,300). A claim hands metadata and tools to the worker: one such value at
+-- the head of the queue made every claim of every worker fail (issue 11's SQL audit). Inlined.
+CREATE OR REPLACE FUNCTION runrow._json_portable(doc jsonb)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT NOT runrow._json_too_deep(doc)
+        AND NOT jsonb_path_exists(
+            doc, 'lax $.** ? (@.type() == "number" && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'
+        )
+$fn$;
 
 -- Raises 22023 naming arg unless _json_portable(doc).
 CREATE OR REPLACE FUNCTION runrow._require_portable_json(doc jsonb, arg text)
@@ -9608,6 +9599,14 @@ COMMENT ON FUNCTION runrow._cache_controls_ok(jsonb) IS
 'ttl of "5m" or "1h" (if any), and at most 4 blocks carry one. Reads no table; _require_content names '
 'the fault.';
 
+COMMENT ON FUNCTION runrow._json_too_deep(jsonb) IS
+'TRUE when doc nests 100 levels deep or more, past what JSON clients and '
+'runrow''s own recursive helpers read back. Inlined into its callers.';
+
+COMMENT ON FUNCTION runrow._json_portable(jsonb) IS
+'TRUE when doc nests fewer than 100 levels and holds only numbers an IEEE double can hold, so that '
+'every JSON client (Python''s json, JavaScript''s JSON.parse) reads it back. Inlined into its callers.';
+
 COMMENT ON FUNCTION runrow._require_portable_json(jsonb, text) IS
 'Raises 22023 naming arg when doc nests 100 levels or more, or holds a number beyond an IEEE '
 'double''s range; returns otherwise. Reads no table.';
@@ -9643,6 +9642,8 @@ REVOKE ALL ON FUNCTION runrow._model_trimmed(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_model_trimmed(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._webhook_url_ok(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._cache_controls_ok(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._json_too_deep(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._json_portable(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_portable_json(jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._metadata_ok(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_metadata(jsonb) FROM PUBLIC;

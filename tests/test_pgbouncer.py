@@ -153,15 +153,15 @@ def test_migrate_leaves_no_advisory_lock_behind_a_transaction_pooler(
     with temporary_database(database_url, "runrow_pooled_migrate", migrated=False) as direct:
         pooled = bouncer.url_for(direct)
         others: list[psycopg.Connection] = []
-        real_get_backend = migrate_module.get_backend
+        real_backend = migrate_module._backend
 
-        def get_backend(uri: str):  # type: ignore[no-untyped-def]
+        def backend(url: str):  # type: ignore[no-untyped-def]
             other = psycopg.connect(pooled)  # not autocommit: it holds its server connection
             other.execute("SELECT 1")
             others.append(other)
-            return real_get_backend(uri)
+            return real_backend(url)
 
-        monkeypatch.setattr(migrate_module, "get_backend", get_backend)
+        monkeypatch.setattr(migrate_module, "_backend", backend)
         try:
             result = migrate_module.migrate(pooled)
             assert result.version is not None

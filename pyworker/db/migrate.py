@@ -30,7 +30,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from yoyo import get_backend, read_migrations
+from yoyo import read_migrations
+from yoyo.backends.core.postgresql import PostgresqlPsycopgBackend
+from yoyo.connections import default_migration_table, parse_uri
 from yoyo.exceptions import LockTimeout
 
 from pyworker.db.paths import FUNCTIONS_DIR, MIGRATIONS_DIR
@@ -62,13 +64,27 @@ def function_files(directory: Path = FUNCTIONS_DIR) -> list[Path]:
 
 
 def yoyo_uri(database_url: str) -> str:
-    """The DATABASE_URL as yoyo wants it: psycopg 3 driver, bookkeeping in schema runrow, and
-    LOCK_TIMEOUT on every session (yoyo applies each migration on a connection of its own)."""
+    """The DATABASE_URL as yoyo wants it: psycopg 3 driver, bookkeeping in schema runrow."""
     parts = urlsplit(database_url)
     query = dict(parse_qsl(parts.query))
     query["schema"] = YOYO_SCHEMA
-    query["options"] = f"{query.get('options', '')} -c lock_timeout={LOCK_TIMEOUT}".strip()
     return urlunsplit(("postgresql+psycopg", parts.netloc, parts.path, urlencode(query), ""))
+
+
+class _Backend(PostgresqlPsycopgBackend):
+    """yoyo's psycopg 3 backend with LOCK_TIMEOUT on every session it opens (it applies each
+    migration on a connection of its own, made by copy()). A SET, not libpq's `options`, which
+    pgbouncer refuses as a startup parameter."""
+
+    def init_connection(self, connection: Any) -> None:
+        super().init_connection(connection)
+        connection.cursor().execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+
+
+def _backend(database_url: str) -> _Backend:
+    backend = _Backend(parse_uri(yoyo_uri(database_url)), default_migration_table)
+    backend.init_database()
+    return backend
 
 
 def migrate(
@@ -85,7 +101,7 @@ def migrate(
                 conn.execute("CREATE SCHEMA IF NOT EXISTS runrow")
                 if conn.execute("SELECT to_regclass('runrow.yoyo_lock')").fetchone()[0] is not None:
                     conn.execute("DELETE FROM runrow.yoyo_lock")  # stale: see the module's docstring
-            backend = get_backend(yoyo_uri(database_url))
+            backend = _backend(database_url)
             migrations = read_migrations(str(migrations_dir))
             applied = _apply(backend, migrations)
             backend.connection.close()
