@@ -434,6 +434,24 @@ def test_cancel_mid_stream_closes_the_stream_and_keeps_the_partial_text(db, fake
     wait_until(lambda: fake.requests[-1].outcome == "client_closed", 10, "the fake to see the stream closed")
 
 
+def test_cancel_mid_stream_after_a_pause_turn_keeps_the_whole_message_streamed(db, fake) -> None:
+    """A paused turn and its continuation are one assistant message. A stop mid-continuation
+    kept the continuation's partial text alone, though the paused text had been streamed and a
+    tail showed it (the tools audit)."""
+    fake.set_scenario(
+        script(turn(Text("Searching for a while... "), stop_reason="pause_turn"), turn(Text(LONG_TEXT)))
+    )
+    fake.inject(None, slow(0.05))  # the continuation streams for ~15 s unless stopped
+    run = enqueue_agent(db, "Search.", tools=[], metadata={})
+    wait_until(lambda: "word" in streamed_text(db, run), 15, "the continuation to stream")
+    db.execute("SELECT runrow.cancel_run(run_id => %s)", (run,))
+    row = finish(db, run, timeout=10)
+    assert row["status"] == "cancelled"
+    kept = row["result"]["text"]
+    assert kept.startswith("Searching for a while... word0") and len(kept) < len(LONG_TEXT), kept[:80]
+    assert kept == streamed_text(db, run)  # what was streamed is what is kept
+
+
 def test_cancel_between_steps_stops_before_the_next_model_call(db, fake, worker) -> None:
     use(fake, "tool_use")
     gate = threading.Event()

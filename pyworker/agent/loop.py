@@ -152,7 +152,11 @@ async def handle(ctx: RunContext) -> Outcome:
         try:
             turn = await stream_turn(client, params, ctx.journal, ctx.cancel)
         except TurnCancelled as cancelled:
-            return await _cancelled(ctx, cancelled.partial_text)
+            # A paused turn's continuation extends the same message: what was streamed of the
+            # answer is the paused text and then this partial one (the tools audit: the result
+            # kept the partial text alone, and a tail showed more than the run said).
+            prefix = history.final_text() if _continues(history) else ""
+            return await _cancelled(ctx, prefix + cancelled.partial_text)
         except TurnFailed as failed:
             ctx.log.warning(
                 "model turn failed (%s): %s", "retryable" if failed.retryable else "final", failed
