@@ -61,7 +61,8 @@ MAX_IDEMPOTENCY_KEY = 200
 MAX_ATTEMPTS = 100  # enqueue_run's range is 1..100
 # W3C Trace Context, as enqueue_run checks metadata.traceparent (version ff and all-zero ids refused).
 TRACEPARENT = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
-CURSOR = re.compile(r"[0-9]{1,18}")  # ASCII digits only (str.isdigit also says yes to "²"); below 2**63
+CURSOR = re.compile(r"[0-9]{1,19}")  # ASCII digits only (str.isdigit also says yes to "²")
+MAX_SEQ = 2**63 - 1  # read_events' after_seq is a bigint
 
 
 def _refuse_operator_fields(body: dict[str, Any]) -> None:
@@ -314,9 +315,12 @@ def _cursor(raw: str | None, name: str) -> int:
     if raw is None or raw.strip() == "":
         return 0
     raw = raw.strip()
-    if not CURSOR.fullmatch(raw):
+    # Up to 2**63 - 1, the largest bigint: a 19-digit seq below it was refused (the HTTP audit).
+    if not CURSOR.fullmatch(raw) or int(raw) > MAX_SEQ:
         raise ApiError(
-            400, "invalid_request", f"{name} must be a non-negative integer event seq, not {raw[:40]!r}"
+            400,
+            "invalid_request",
+            f"{name} must be a non-negative integer event seq (at most {MAX_SEQ}), not {raw[:40]!r}",
         )
     return int(raw)
 
