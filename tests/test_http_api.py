@@ -570,6 +570,10 @@ def test_unknown_query_parameters_are_400(client: httpx.Client) -> None:
             response.read()
         assert f"unknown query parameter '{name}'" in error_of(response)["message"]
     assert client.get(f"/runs/{run_id}?from=0", headers=ALICE).status_code == 400, "from is the stream's only"
+    with client.stream("GET", f"/runs/{run_id}/events?from=5&from=6", headers=ALICE) as twice:
+        assert twice.status_code == 400  # the last one was taken without a word
+        twice.read()
+    assert error_of(twice)["message"] == "query parameter 'from' is given more than once"
     with client.stream("GET", f"/runs/{run_id}/events?x=1") as unauthenticated:
         assert unauthenticated.status_code == 401, "401 before 400"
 

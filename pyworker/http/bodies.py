@@ -62,10 +62,15 @@ async def read_no_fields(request: Request, limit: int) -> None:
 def reject_unknown_query(request: Request, allowed: frozenset[str]) -> None:
     """A query parameter the route does not read is a mistake to name (`?after=3` for `?from=3`
     streamed from the start), as an unknown body field is."""
-    unknown = sorted(set(request.query_params.keys()) - allowed)
+    names = request.query_params.keys()
+    unknown = sorted(set(names) - allowed)
     if unknown:
         takes = f"it takes {', '.join(sorted(allowed))}" if allowed else "it takes none"
         raise ApiError(400, "invalid_request", f"unknown query parameter {short(unknown[0])!r}: {takes}")
+    # Given twice (`?from=5&from=6`), the last one was taken without a word (the HTTP audit).
+    twice = sorted({name for name in names if len(request.query_params.getlist(name)) > 1})
+    if twice:
+        raise ApiError(400, "invalid_request", f"query parameter {short(twice[0])!r} is given more than once")
 
 
 def _no_constants(name: str) -> Any:
