@@ -63,8 +63,13 @@ BEGIN
     SET requests_per_minute = set_rate_limit.requests_per_minute,
         input_tokens_per_minute = set_rate_limit.input_tokens_per_minute,
         output_tokens_per_minute = set_rate_limit.output_tokens_per_minute,
+        -- A newly limited request bucket starts full, unless a block holds it empty until the
+        -- block's end (report_rate_limited's rule for a limited key): a key that had no limits when a
+        -- 429 blocked it started full, and burst into the wall again at the block's end.
         requests_left = CASE WHEN set_rate_limit.requests_per_minute IS NULL THEN 0 ELSE least(
-            CASE WHEN l.requests_per_minute IS NULL THEN set_rate_limit.requests_per_minute ELSE l.requests_left END,
+            CASE WHEN l.requests_per_minute IS NOT NULL THEN l.requests_left
+                WHEN l.blocked_until > now() THEN 0
+                ELSE set_rate_limit.requests_per_minute END,
             set_rate_limit.requests_per_minute) END,
         input_tokens_left = CASE WHEN set_rate_limit.input_tokens_per_minute IS NULL THEN 0 ELSE least(
             CASE WHEN l.input_tokens_per_minute IS NULL THEN set_rate_limit.input_tokens_per_minute

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(84);
+SELECT plan(85);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.limits_fingerprint() RETURNS text LANGUAGE sql AS $$
@@ -183,6 +183,15 @@ SELECT pg_temp.fleet_run(cost => 1) AS nan_budget \gset
 SELECT throws_ok(format($$UPDATE runrow.agent_run SET cost_budget = 'NaN' WHERE id = %L$$, :'nan_budget'), '23514',
     'new row for relation "agent_run" violates check constraint "agent_run_cost_budget_positive"',
     'agent_run refuses a NaN cost_budget, whoever writes it');
+
+-- A limit set on a key while a 429 blocks it starts with an empty request bucket, as the
+-- block left a limited one: it started full, and burst into the wall at the block's end.
+SELECT pg_temp.fleet_run('k-unlimited') AS unl \gset
+SELECT runrow.report_rate_limited(:'unl', pg_temp.token(:'unl'), 60);
+SELECT runrow.set_rate_limit('k-unlimited', 10, NULL, NULL);
+SELECT is((SELECT (requests_left, refilled_at = blocked_until)::text FROM runrow.rate_limit
+           WHERE rate_limit_key = 'k-unlimited'), '(0,t)',
+    'a limit set during a block starts empty and refills from the block''s end');
 
 -- Removing a key lifts its limits and block.
 SELECT runrow.set_rate_limit('fresh', NULL, NULL, NULL);

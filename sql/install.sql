@@ -13815,8 +13815,8 @@ BEGIN
 
     -- The provider's bucket is empty: ours is emptied too, and refills only once the block
     -- ends (refilled_at in the future), so the fleet does not burst into the wall again.
-    INSERT INTO runrow.rate_limit AS l (rate_limit_key, blocked_until, blocked_by_run, blocks_reported)
-    VALUES (key, until, report_rate_limited.run_id, 1)
+    INSERT INTO runrow.rate_limit AS l (rate_limit_key, blocked_until, blocked_by_run, blocks_reported, refilled_at)
+    VALUES (key, until, report_rate_limited.run_id, 1, until)
     ON CONFLICT ON CONSTRAINT rate_limit_pkey DO UPDATE
     SET blocked_until = greatest(l.blocked_until, excluded.blocked_until),
         blocked_by_run = CASE WHEN l.blocked_until >= excluded.blocked_until THEN l.blocked_by_run
@@ -14314,8 +14314,13 @@ BEGIN
     SET requests_per_minute = set_rate_limit.requests_per_minute,
         input_tokens_per_minute = set_rate_limit.input_tokens_per_minute,
         output_tokens_per_minute = set_rate_limit.output_tokens_per_minute,
+        -- A newly limited request bucket starts full, unless a block holds it empty until the
+        -- block's end (report_rate_limited's rule for a limited key): a key that had no limits when a
+        -- 429 blocked it started full, and burst into the wall again at the block's end.
         requests_left = CASE WHEN set_rate_limit.requests_per_minute IS NULL THEN 0 ELSE least(
-            CASE WHEN l.requests_per_minute IS NULL THEN set_rate_limit.requests_per_minute ELSE l.requests_left END,
+            CASE WHEN l.requests_per_minute IS NOT NULL THEN l.requests_left
+                WHEN l.blocked_until > now() THEN 0
+                ELSE set_rate_limit.requests_per_minute END,
             set_rate_limit.requests_per_minute) END,
         input_tokens_left = CASE WHEN set_rate_limit.input_tokens_per_minute IS NULL THEN 0 ELSE least(
             CASE WHEN l.input_tokens_per_minute IS NULL THEN set_rate_limit.input_tokens_per_minute
