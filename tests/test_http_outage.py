@@ -1,6 +1,7 @@
 """The HTTP service while its database is away, on a private cluster of its own (the test stops
 the server, so never the session's shared one): a request answers 503 with Retry-After within
-the service's pool wait (5 s), not psycopg_pool's 30 s, and the service answers again within
+the service's pool wait (5 s), not psycopg_pool's 30 s, an open event stream ends cleanly for
+its client to resume, and the service answers again within
 seconds of the database's return, not after psycopg_pool's doubled reconnection wait (the HTTP
 audit: 30 s waits while down, 18-25 s more of 503s after a 40 s outage)."""
 
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 from http_support import ALICE, Server, serve
 
@@ -45,6 +47,24 @@ def test_while_the_database_is_away_requests_get_a_prompt_503_and_then_service_a
     run = f"{server.url}/runs/{uuid.uuid4()}"
     with httpx.Client(headers=ALICE, timeout=REQUEST_POOL_TIMEOUT + 10) as client:
         assert client.get(run).status_code == 404  # up: an unknown run
+        # A stream open on a live run (claimed, never ended) when the database goes away.
+        created = client.post(f"{server.url}/conversations/{uuid.uuid4()}/runs", json={"content": "hi"})
+        live = created.json()["run_id"]
+        with psycopg.connect(outage_cluster.url, autocommit=True) as db:
+            db.execute("SELECT * FROM runrow.claim_runs('outage', 1, 3600)").fetchall()
+        stream_end: list[str] = []
+
+        def follow() -> None:
+            try:
+                with client.stream("GET", f"{server.url}/runs/{live}/events") as response:
+                    ids = [line for line in response.iter_lines() if line.startswith("id:")]
+                stream_end.append(f"ended cleanly after {len(ids)} events")
+            except httpx.HTTPError as exc:
+                stream_end.append(f"{type(exc).__name__}: {exc}")
+
+        following = threading.Thread(target=follow)
+        following.start()
+        time.sleep(1.0)  # the stream has sent what the journal holds and waits
         wrapper = Path(outage_cluster.root) / "postgres-after-an-outage"
         wrapper.write_text(f'#!/bin/sh\nsleep {OUTAGE:g}\nexec {devdb.PG_BIN / "postgres"} "$@"\n')
         wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
@@ -60,8 +80,13 @@ def test_while_the_database_is_away_requests_get_a_prompt_503_and_then_service_a
                     (answer.status_code, answer.headers.get("Retry-After"), answer.json()["error"]["type"])
                 )
             assert answers and set(answers) == {(503, "2", "unavailable")}, answers
+            # The open stream ended as a response ends, for its client to resume with
+            # Last-Event-ID; it was cut mid-chunk (httpx: RemoteProtocolError).
+            following.join(REQUEST_POOL_TIMEOUT + 10)
+            assert stream_end and stream_end[0].startswith("ended cleanly after"), stream_end
         finally:
             restarting.join()
+            following.join(5)
         # Back: the first answers come within seconds, whatever the pool's attempts so far.
         deadline = time.monotonic() + BACK_WITHIN
         while (status := client.get(run).status_code) != 404 and time.monotonic() < deadline:

@@ -18,6 +18,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from uuid import UUID
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -107,9 +108,16 @@ class EventStreamResponse(StreamingResponse):
 
     async def _stream(self, send: Send) -> None:
         await self._start(send)
-        async with aclosing(self._frames) as frames:  # type: ignore[type-var]
-            async for chunk in frames:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        try:
+            async with aclosing(self._frames) as frames:  # type: ignore[type-var]
+                async for chunk in frames:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except psycopg.OperationalError as exc:
+            # The database went away mid-stream (a read waited out the pool). The response is
+            # ended cleanly, so the client reconnects with Last-Event-ID after `retry` and
+            # loses nothing; it used to be cut mid-chunk ("incomplete chunked read", and
+            # uvicorn's "ASGI callable returned without completing response").
+            log.warning("event stream ended, the database is unavailable: %s", exc)
         with contextlib.suppress(OSError):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
