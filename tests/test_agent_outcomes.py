@@ -222,6 +222,17 @@ def test_pause_turn_sends_the_content_back_and_continues(db, fake) -> None:
     }
 
 
+def test_a_pause_turn_without_content_fails_saying_why(db, fake) -> None:
+    """It failed as an 'unexpected stop_reason' (the agent-loop audit): nothing can be sent back
+    for an empty paused turn, and asking again might pay for the same pause without end."""
+    fake.set_scenario(script(turn(stop_reason="pause_turn")))
+    run = enqueue_agent(db, "Search.", tools=[], metadata={})
+    row = finish(db, run)
+    assert row["status"] == "failed" and row["attempt"] == 1, row
+    assert row["error"].startswith("pause_turn without content: there is nothing to send back"), row["error"]
+    assert len(fake.requests) == 1
+
+
 @pytest.mark.parametrize(
     ("scenario", "status", "stop_reason", "error"),
     [

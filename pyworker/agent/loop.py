@@ -250,6 +250,15 @@ def _ending(stop_reason: str | None, text: str, message: dict[str, Any] | None) 
         )
     if stop_reason is None:
         return Outcome("failed", result=result, error="the last model turn has no recorded stop_reason")
+    if stop_reason == "pause_turn":
+        # Reached only for a paused turn without content: the API refuses an empty assistant
+        # message, so nothing can be sent back for it to continue. Sending the same request
+        # again might pay for the same pause without end, so the run ends here, saying why.
+        return Outcome(
+            "failed",
+            result=result,
+            error="pause_turn without content: there is nothing to send back for the model to continue",
+        )
     return Outcome("failed", result=result, error=f"unexpected stop_reason {stop_reason!r}")
 
 
