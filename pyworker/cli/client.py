@@ -477,16 +477,26 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
             ) from exc
         if ended:
             return await _ended_earlier(render, pool, run_id)
-        async with aclosing(tail(pool, hub, run_id, from_seq=from_seq)) as items:
-            async for item in items:
-                if isinstance(item, Keepalive):
-                    continue
-                payload = nul.decode(item.payload)  # a NUL in the text is stored encoded
-                render.event(item.seq, payload)
-                if item.type == "complete":
-                    status = str(payload.get("status"))
-                    return EXIT_CODES.get(status, 1)
-        return await _ended_earlier(render, pool, run_id)  # the tail saw the end past the cursor
+        seen = from_seq
+        while True:
+            try:
+                async with aclosing(tail(pool, hub, run_id, from_seq=seen)) as items:
+                    async for item in items:
+                        if isinstance(item, Keepalive):
+                            continue
+                        payload = nul.decode(item.payload)  # a NUL in the text is stored encoded
+                        render.event(item.seq, payload)
+                        seen = item.seq
+                        if item.type == "complete":
+                            status = str(payload.get("status"))
+                            return EXIT_CODES.get(status, 1)
+                return await _ended_earlier(render, pool, run_id)  # the tail saw the end past the cursor
+            except psycopg.OperationalError as exc:
+                # The database went away (a restart, a failover): wait for it and go on after the
+                # last event shown, as an SSE client resumes with Last-Event-ID. The tail exited
+                # 2 on it, and a user had to find the seq to give --from.
+                render.note(f"the database is unavailable ({_first_line(exc)}); resuming after seq {seen}")
+                await asyncio.sleep(1.0)
     except RunNotFound as exc:
         raise CliError(str(exc)) from exc
     finally:
@@ -631,3 +641,8 @@ def _print_table(names: list[str], rows: list[list[str]], header: bool = True) -
     lines = ([names, ["-" * w for w in widths]] if header else []) + rows
     for line in lines:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__

@@ -1,0 +1,72 @@
+"""`runrow tail` across a database outage (a restart, a failover), on a private cluster of its own
+(the test stops the server): the tail waits for the database and goes on after the last event
+it showed, as an SSE client resumes with Last-Event-ID. It exited 2, and the user had to find
+the seq to give `--from` (the HTTP audit's outage, seen from the CLI)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+from tail_support import append, claim, enqueue
+
+from pyworker.db import devdb
+from pyworker.db.migrate import migrate
+
+OUTAGE = 8.0
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def outage_cluster() -> Iterator[devdb.Cluster]:
+    # fsync on: the restart is a crash, which would otherwise lose the last commits.
+    with devdb.throwaway(fsync=True) as cluster:
+        migrate(cluster.url)
+        yield cluster
+
+
+def test_a_tail_waits_out_an_outage_and_goes_on_after_what_it_showed(outage_cluster: devdb.Cluster) -> None:
+    with psycopg.connect(outage_cluster.url, autocommit=True) as db:
+        run_id = enqueue(db)
+        token = claim(db, run_id)
+        append(db, run_id, token, [{"type": "text_delta", "text": "Hel"}])
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(DATABASE_URL=outage_cluster.url, NO_COLOR="1")
+    following = subprocess.Popen(
+        [sys.executable, "-m", "pyworker", "tail", str(run_id)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    try:
+        time.sleep(2.0)  # it has shown what the journal holds and waits
+        wrapper = Path(outage_cluster.root) / "postgres-after-an-outage"
+        wrapper.write_text(f'#!/bin/sh\nsleep {OUTAGE:g}\nexec {devdb.PG_BIN / "postgres"} "$@"\n')
+        wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        devdb.restart(outage_cluster, "immediate", str(wrapper))
+        assert following.poll() is None, following.communicate()
+        with psycopg.connect(outage_cluster.url, autocommit=True) as db:
+            append(db, run_id, token, [{"type": "text_delta", "text": "lo"}])
+            db.execute(
+                "SELECT runrow.finish_run(run_id => %s, claim_token => %s, status => 'completed', "
+                "result => %s)",
+                (run_id, token, Jsonb({"text": "Hello"})),
+            )
+        out, err = following.communicate(timeout=90)
+    finally:
+        if following.poll() is None:
+            following.kill()
+            following.communicate()
+    assert following.returncode == 0, err
+    assert out == "Hello", err  # no gap, no repeat across the outage
+    assert "the database is unavailable" in err and "resuming after seq 4" in err, err
