@@ -127,3 +127,39 @@ def test_webhook_settings_refuse_what_their_flags_refuse(option: str, value: obj
     with pytest.raises(ValueError) as refused:
         WebhookSettings(secret="s", **{option: value})  # type: ignore[arg-type]
     assert str(refused.value) == message
+
+
+def test_the_runrow_script_imports_tools_and_handlers_from_the_folder_it_runs_in(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`runrow worker --tools myapp.tools` beside `myapp/` (the README's own example) could not
+    import it: the `runrow` script puts the venv's bin on sys.path, not the working directory,
+    as `python -m` does (the README audit). `runrow serve --tools-module` could."""
+    app = tmp_path / "myapp"
+    app.mkdir()
+    (app / "__init__.py").write_text("")
+    (app / "tools.py").write_text(
+        "from pyworker.agent.tools import tool\n\n\n"
+        "@tool(input_schema={'type': 'object', 'properties': {}}, description='Ping.', effect='pure')\n"
+        "def ping(idempotency_key: str) -> str:\n    return 'pong'\n"
+    )
+    (app / "handler.py").write_text("async def handle(ctx):\n    raise NotImplementedError\n")
+    script = os.path.join(os.path.dirname(sys.executable), "runrow")
+    worker = subprocess.Popen(
+        [script, "worker", "--tools", "myapp.tools", "--handler", "myapp.handler:handle"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "DATABASE_URL": UNREACHABLE},
+        cwd=tmp_path,
+    )
+    assert worker.stderr is not None
+    seen: list[str] = []
+    try:
+        # Past the imports it goes on to connect, to a database that is not there; a failed
+        # import exits 2 first.
+        for line in worker.stderr:
+            seen.append(line)
+            if "connecting to 127.0.0.1:1" in line:
+                break
+    finally:
+        worker.terminate()  # stops at once before the database answers
+        worker.communicate(timeout=30)
+    assert any("connecting to 127.0.0.1:1" in line for line in seen), "".join(seen)

@@ -56,6 +56,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pyworker.worker.handler import importable_from_cwd
+
 log = logging.getLogger("runrow.tools")
 
 Effect = Literal["pure", "idempotent", "non_idempotent", "irreversible"]
@@ -209,6 +211,7 @@ def load_module(path: str) -> ToolRegistry:
     Returns the registry of exactly the tools that module defines."""
     if path.startswith("."):  # import_module raises TypeError for a relative name
         raise ValueError(f"tools module {path!r}: give its absolute dotted path, for example myapp.tools")
+    importable_from_cwd()
     try:
         module = importlib.import_module(path)
     except ModuleNotFoundError as exc:

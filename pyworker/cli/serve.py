@@ -201,9 +201,6 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
     if args.tools_module:
         from pyworker.agent import tools as tool_registry
 
-        # As with `python -m`, a module in the directory serve was started from is importable.
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
         # Exactly that module's tools (the process has imported others, e.g. the demo's).
         tools = tool_registry.load_module(args.tools_module).definitions()
     system = None if args.system_file is None else read_text_option(args.system_file, "--system-file")

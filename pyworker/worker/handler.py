@@ -75,9 +75,23 @@ class Outcome:
 RunHandler = Callable[[RunContext], Awaitable[Outcome]]
 
 
+def importable_from_cwd() -> None:
+    """Make a module in the directory the command was started from importable, as `python -m`
+    does: the `runrow` script puts its own folder (the venv's bin) on sys.path instead, so
+    `runrow worker --tools myapp.tools` run beside `myapp/` could not import it (the README
+    audit) while `runrow serve --tools-module myapp.tools` could."""
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
 def load_handler(spec: str) -> RunHandler:
     """`module:function`, for example `pyworker.worker.echo:handle`."""
     import importlib
+
+    importable_from_cwd()
 
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
