@@ -79,12 +79,14 @@ def importable_from_cwd() -> None:
     """Make a module in the directory the command was started from importable, as `python -m`
     does: the `runrow` script puts its own folder (the venv's bin) on sys.path instead, so
     `runrow worker --tools myapp.tools` run beside `myapp/` could not import it (the README
-    audit) while `runrow serve --tools-module myapp.tools` could."""
+    audit) while `runrow serve --tools-module myapp.tools` could. Appended, not put first as
+    `python -m` does: a file in that folder named like a package runrow imports later (httpx,
+    anthropic) must not take its place."""
     import os
     import sys
 
     if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+        sys.path.append(os.getcwd())
 
 
 def load_handler(spec: str) -> RunHandler:
