@@ -99,9 +99,8 @@ def migrate(
             # yoyo keeps its tables in our schema, which must exist (committed) before it connects.
             with psycopg.connect(database_url, autocommit=True, **POOLER_SAFE) as conn:
                 conn.execute("CREATE SCHEMA IF NOT EXISTS runrow")
-                if conn.execute("SELECT to_regclass('runrow.yoyo_lock')").fetchone()[0] is not None:
-                    conn.execute("DELETE FROM runrow.yoyo_lock")  # stale: see the module's docstring
             backend = _backend(database_url)
+            backend.break_lock()  # yoyo's own: any row of its lock table is stale (module docstring)
             migrations = read_migrations(str(migrations_dir))
             applied = _apply(backend, migrations)
             backend.connection.close()
