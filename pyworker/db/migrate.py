@@ -122,16 +122,14 @@ def migrate(
 
 def _apply(backend: Any, migrations: Any) -> list[str]:
     """Apply the pending migrations; their ids. A migration that waited out LOCK_TIMEOUT for a
-    lock is rolled back and tried again, LOCK_ATTEMPTS times in all."""
-    applied: list[str] = []
+    lock is rolled back and tried again, LOCK_ATTEMPTS times in all (the ones before it stay
+    applied: yoyo commits each on its own)."""
+    todo = [m.id for m in backend.to_apply(migrations)]
     for attempt in range(1, LOCK_ATTEMPTS + 1):
-        pending = backend.to_apply(migrations)
         try:
             with backend.lock():
-                backend.apply_migrations(pending)
+                backend.apply_migrations(backend.to_apply(migrations))
         except psycopg.errors.LockNotAvailable as exc:
-            done = {m.id for m in pending} - {m.id for m in backend.to_apply(migrations)}
-            applied += [m.id for m in pending if m.id in done]
             if attempt == LOCK_ATTEMPTS:
                 raise MigrateError(
                     f"a migration waited {LOCK_TIMEOUT} for a lock {LOCK_ATTEMPTS} times and was rolled back "
@@ -147,5 +145,5 @@ def _apply(backend: Any, migrations: Any) -> list[str]:
         except psycopg.Error as exc:
             raise MigrateError(f"migration failed, nothing of it was kept: {exc}") from exc
         else:
-            return applied + [m.id for m in pending]
+            return todo
     raise AssertionError("unreachable")
