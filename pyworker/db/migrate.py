@@ -80,6 +80,22 @@ class _Backend(PostgresqlPsycopgBackend):
         super().init_connection(connection)
         connection.cursor().execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
 
+    def apply_one(self, migration: Any, force: bool = False, mark: bool = True) -> None:
+        """yoyo's, with the migration and the row that records it committed together. yoyo
+        commits the migration on its own connection, then records it in a second transaction: a
+        migrate killed between the two left it applied and unrecorded, and every later migrate
+        failed on the objects it had already made."""
+        migration.load()
+        if not migration.use_transactions:
+            super().apply_one(migration, force=force, mark=mark)
+            return
+        self.ensure_internal_schema_updated()
+        with self.copy() as backend, backend.transaction():
+            migration.process_steps(backend, "apply", force=force)
+            backend.log_migration(migration, "apply")
+            if mark:
+                backend.mark_one(migration, log=False)
+
 
 def _backend(database_url: str) -> _Backend:
     backend = _Backend(parse_uri(yoyo_uri(database_url)), default_migration_table)
