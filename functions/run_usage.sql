@@ -43,8 +43,9 @@ COMMENT ON FUNCTION runrow.run_usage(uuid) IS
 'Per-run token totals from the step log (runrow status RUN): model_turns, and the sums over '
 'its model_turn steps of usage.input_tokens (billed at the full input price), output_tokens, '
 'cache_read_input_tokens and cache_creation_input_tokens, as the provider reported them; a '
-'missing or non-numeric field counts 0. Every attempt''s committed turns count (what was '
-'paid for); a fenced-out append_step stored nothing, so it adds nothing; the steps a fork '
+'missing or non-numeric field counts 0. Every attempt''s committed turns count; a '
+'fenced-out append_step stored nothing, so it adds nothing, and responses paid for with '
+'record_usage (not stored as steps) are in the run''s spent_tokens, not here; the steps a fork '
 'was given (1..forked_at_seq, paid for by its source) do not count. One index range '
 'scan of the run''s steps. An unknown run_id raises P0002, a NULL one 22004.';
 

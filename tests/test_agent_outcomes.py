@@ -443,6 +443,10 @@ def test_cancel_mid_stream_closes_the_stream_and_keeps_the_partial_text(db, fake
     assert took < 3, f"cancel took {took:.1f}s: the stream was not closed at once"
     assert steps(db, run) == []
     wait_until(lambda: fake.requests[-1].outcome == "client_closed", 10, "the fake to see the stream closed")
+    # The stopped response's input was billed: it is paid for, though nothing was stored.
+    billed = fake.requests[-1].response["usage"]["input_tokens"]
+    spent = db.execute("SELECT spent_tokens FROM runrow.agent_run WHERE id = %s", (run,)).fetchone()[0]
+    assert billed > 0 and spent >= billed, (spent, billed)
 
 
 def test_cancel_mid_stream_after_a_pause_turn_keeps_the_whole_message_streamed(db, fake) -> None:

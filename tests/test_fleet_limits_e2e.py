@@ -34,7 +34,7 @@ from worker_support import run_row, wait_until
 
 from pyworker.agent.model import FleetClient
 from pyworker.agent.tools import ToolRegistry, tool
-from pyworker.fake.faults import overloaded, rate_limited, server_error
+from pyworker.fake.faults import error_event, overloaded, rate_limited, server_error
 from pyworker.fake.ratelimit import RateLimit, Refusal
 from pyworker.fake.scenarios import ModelRequest, Text, ToolCall, turn
 from pyworker.fake.server import FakeModel
@@ -265,3 +265,51 @@ def test_the_sdk_does_not_retry_a_429_alone() -> None:
         fake.inject(rate_limited(0.01), rate_limited(0.01))
         asyncio.run(go(fake))
         assert len(fake.requests) == 1  # the worker reports it; plain AsyncAnthropic would send 3
+
+
+def test_a_response_cut_mid_stream_is_paid_for_and_counts_toward_the_tenant_budget(
+    module_conn: psycopg.Connection, plain_worker: FakeModel
+) -> None:
+    """A stream that fails after its message_start was billed for its input: record_usage counts
+    it, so the tenant's budget stops the retries. It was counted nowhere, and a tenant's
+    runs could be billed once per attempt past their budget without end (the money audit: 9
+    cut attempts billed 13,662 input tokens against a budget of 1,000, spend 0)."""
+    db = module_conn
+    db.execute("SELECT runrow.set_tenant_budget('cut-tenant', 1, NULL)")
+    plain_worker.inject(*[error_event(after_events=2)] * 3)
+    before = len(plain_worker.requests)
+    run = db.execute(
+        "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => '\"hi\"', "
+        "model => 'claude-cut', max_attempts => 3, fairness_key => 'cut-tenant', "
+        "metadata => '{\"max_tokens\": 64}')",
+        (uuid.uuid4(),),
+    ).fetchone()[0]
+    wait_until(lambda: run_row(db, run)["status"] not in ("queued", "running"), 30, "ended")
+    row = run_row(db, run)
+    sent = plain_worker.requests[before:]
+    billed = sent[0].response["usage"]["input_tokens"]
+    assert billed > 0
+    assert len(sent) == 1, [(r.status, r.outcome) for r in sent]  # not one per attempt
+    assert row["status"] == "failed" and row["error"].startswith("budget_exhausted"), row["error"]
+    spent = db.execute(
+        "SELECT r.spent_tokens, s.input_tokens FROM runrow.agent_run AS r, runrow.spend_hour AS s "
+        "WHERE r.id = %s AND s.fairness_key = 'cut-tenant'",
+        (run,),
+    ).fetchone()
+    assert spent is not None and spent[1] == billed and spent[0] >= billed, (spent, billed)
+
+
+def test_a_turn_with_empty_content_is_paid_for(module_conn: psycopg.Connection, module_db: str) -> None:
+    """Nothing to store (the API refuses an empty assistant message), but the response was
+    billed: its usage counts toward the run's spend (it counted nowhere)."""
+    db = module_conn
+    with FakeModel(lambda request: turn(stop_reason="end_turn")) as fake:
+        config = {"anthropic_base_url": fake.base_url, "anthropic_api_key": "k", "anthropic_max_retries": 0}
+        with in_process_worker(module_db, "empty", config=config, lease_seconds=5, concurrency=1):
+            run = enqueue_agent(db, "hi", model="claude-empty", tools=[], metadata={}, max_attempts=1)
+            wait_until(lambda: run_row(db, run)["status"] == "completed", 30, "completed")
+        usage = fake.requests[0].response["usage"]
+    billed = sum(usage[k] or 0 for k in ("input_tokens", "output_tokens"))
+    assert billed > 0
+    (spent,) = db.execute("SELECT spent_tokens FROM runrow.agent_run WHERE id = %s", (run,)).fetchone()
+    assert spent == billed, (spent, usage)

@@ -75,6 +75,20 @@ async def before_request(ctx: RunContext, params: dict[str, Any]) -> Outcome | N
         return None  # a stop arrived while waiting: the loop ends the run cancelled
 
 
+async def settle_unstored(ctx: RunContext, usage: dict[str, Any] | None) -> None:
+    """Pay for a response that will not be stored as a step (cut, failed or stopped mid-stream;
+    empty content): what the API billed counts toward the run's and tenant's spend and budgets
+    as a stored turn's does (record_usage). It was billed and never counted, so a tenant could
+    overrun its budget by one response per attempt without end (the money audit). Whatever
+    `fleet_limits` says: this is accounting, as append_step's settling is."""
+    if not usage:
+        return  # no message_start: nothing was billed
+    run = ctx.run
+    await ctx.db(
+        lambda conn: limits_api.record_usage(conn, run.run_id, run.claim_token, usage), "record_usage"
+    )
+
+
 async def after_failure(ctx: RunContext, failed: TurnFailed, rate_limited_so_far: int) -> Outcome | None:
     """None: a 429 was reported; ask again (before_request). Else the run's Outcome."""
     run = ctx.run

@@ -152,12 +152,14 @@ async def handle(ctx: RunContext) -> Outcome:
         try:
             turn = await stream_turn(client, params, ctx.journal, ctx.cancel)
         except TurnCancelled as cancelled:
+            await limits.settle_unstored(ctx, cancelled.usage)
             # A paused turn's continuation extends the same message: what was streamed of the
             # answer is the paused text and then this partial one (the tools audit: the result
             # kept the partial text alone, and a tail showed more than the run said).
             prefix = history.final_text() if _continues(history) else ""
             return await _cancelled(ctx, prefix + cancelled.partial_text)
         except TurnFailed as failed:
+            await limits.settle_unstored(ctx, failed.usage)
             ctx.log.warning(
                 "model turn failed (%s): %s", "retryable" if failed.retryable else "final", failed
             )
@@ -197,6 +199,7 @@ async def _commit_turn(ctx: RunContext, turn: ModelTurn) -> int | None:
         "step_seq": None,
     }
     if not turn.message.get("content"):
+        await limits.settle_unstored(ctx, turn.usage)
         await ctx.journal.emit(event)
         return None
     if ctx.lost.is_set():

@@ -18,7 +18,7 @@ import inspect
 import json
 import os
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anthropic
@@ -65,14 +65,37 @@ class TurnFailed(Exception):
         self.request_id = request_id
         self.status = status  # the HTTP status, when the API answered with one
         self.retry_after = retry_after  # seconds, from retry-after-ms / retry-after
+        self.usage: dict[str, Any] | None = None  # what the response billed before it failed
 
 
 class TurnCancelled(Exception):
     """A stop arrived mid-stream; `partial_text` is what had been streamed (and journaled)."""
 
-    def __init__(self, partial_text: str):
+    def __init__(self, partial_text: str, usage: dict[str, Any] | None = None):
         super().__init__("cancelled mid-stream")
         self.partial_text = partial_text
+        self.usage = usage  # what the response billed before it was closed
+
+
+@dataclass
+class Received:
+    """What a response had delivered so far: its text, and its usage as message_start and the
+    message_delta events reported it (cumulative). None before message_start: the API billed
+    nothing. A response that fails or is stopped mid-stream was billed for this much."""
+
+    text: list[str] = field(default_factory=list)
+    usage: dict[str, Any] | None = None
+
+    def started(self, usage: Any) -> None:
+        self.usage = _reported(usage)
+
+    def grew(self, usage: Any) -> None:
+        if self.usage is not None and usage is not None:
+            self.usage.update(_reported(usage))
+
+
+def _reported(usage: Any) -> dict[str, Any]:
+    return {k: v for k, v in usage.to_dict(mode="json").items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -155,8 +178,8 @@ async def stream_turn(
 ) -> ModelTurn:
     """Stream one response, journaling every delta. Returns when the message is complete; raises
     TurnCancelled (the stream is closed at once), TurnFailed, or RunLost from the journal."""
-    partial: list[str] = []
-    consumer = asyncio.create_task(_consume(client, params, journal, partial))
+    received = Received()
+    consumer = asyncio.create_task(_consume(client, params, journal, received))
     stopper = asyncio.create_task(cancel.wait())
     try:
         await asyncio.wait({consumer, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -173,18 +196,21 @@ async def stream_turn(
         consumer.cancel()
         with contextlib.suppress(BaseException):
             await consumer
-        raise TurnCancelled("".join(partial))
+        metrics.model_usage(str(params.get("model")), received.usage)
+        raise TurnCancelled("".join(received.text), received.usage)
     return consumer.result()
 
 
 async def _consume(
-    client: anthropic.AsyncAnthropic, params: dict[str, Any], journal: RunJournal, partial: list[str]
+    client: anthropic.AsyncAnthropic, params: dict[str, Any], journal: RunJournal, received: Received
 ) -> ModelTurn:
     model = str(params.get("model"))
     with metrics.model_request(model), tracing.model_request(model) as span:
         try:
-            turn = await _consume_stream(client, params, journal, partial)
+            turn = await _consume_stream(client, params, journal, received)
         except TurnFailed as failed:
+            failed.usage = received.usage
+            metrics.model_usage(model, received.usage)
             tracing.request_failed(span, failed.request_id, str(failed))
             raise
         metrics.model_usage(model, turn.usage)
@@ -193,7 +219,7 @@ async def _consume(
 
 
 async def _consume_stream(
-    client: anthropic.AsyncAnthropic, params: dict[str, Any], journal: RunJournal, partial: list[str]
+    client: anthropic.AsyncAnthropic, params: dict[str, Any], journal: RunJournal, received: Received
 ) -> ModelTurn:
     request_id: str | None = None
     started = False  # the response's headers are in: a failure from here on is mid-response
@@ -202,6 +228,12 @@ async def _consume_stream(
             started = True
             request_id = stream.request_id
             async for event in stream:
+                if event.type == "message_start":
+                    received.started(event.message.usage)
+                    continue
+                if event.type == "message_delta":
+                    received.grew(event.usage)
+                    continue
                 if event.type != "content_block_delta":
                     continue
                 delta = event.delta
@@ -210,7 +242,7 @@ async def _consume_stream(
                     continue  # signature_delta, citations_delta: part of the final message
                 value = getattr(delta, field)
                 if delta.type == "text_delta":
-                    partial.append(value)
+                    received.text.append(value)
                 await journal.emit({"type": delta.type, "index": event.index, field: value})
             final = await stream.get_final_message()
     except anthropic.APIStatusError as exc:

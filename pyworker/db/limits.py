@@ -11,6 +11,7 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,16 @@ async def report_rate_limited(
         "SELECT runrow.report_rate_limited(run_id => %s, claim_token => %s, retry_after_seconds => %s)",
         (run_id, claim_token, Decimal(str(round(retry_after_seconds, 3)))),
     )
+
+
+async def record_usage(conn: AsyncConnection, run_id: UUID, claim_token: UUID, usage: dict[str, Any]) -> bool:
+    """False when fenced out (nothing written)."""
+    cur = await conn.execute(
+        "SELECT runrow.record_usage(run_id => %s, claim_token => %s, usage => %s)",
+        (run_id, claim_token, Jsonb(usage)),
+    )
+    row = await cur.fetchone()
+    return bool(row and row[0])
 
 
 async def set_rate_limit(
