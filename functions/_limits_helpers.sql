@@ -203,6 +203,8 @@ DECLARE
     outp bigint := runrow._usage_tokens(_settle_usage.usage, 'output_tokens');
     cw bigint := runrow._usage_tokens(_settle_usage.usage, 'cache_creation_input_tokens');
     cr bigint := runrow._usage_tokens(_settle_usage.usage, 'cache_read_input_tokens');
+    -- Of the cache writes, those with the 1-hour TTL, priced apart (twice input, not 1.25x).
+    cw_1h bigint := least(cw, runrow._usage_tokens(_settle_usage.usage -> 'cache_creation', 'ephemeral_1h_input_tokens'));
     cost numeric := 0;
     why text;
 BEGIN
@@ -210,8 +212,8 @@ BEGIN
     SELECT m.* INTO p FROM runrow.model_price AS m
     WHERE m.model = (SELECT a.model FROM runrow.agent_run AS a WHERE a.id = _settle_usage.run_id);
     IF FOUND THEN
-        cost := (inp * p.input_per_mtok + outp * p.output_per_mtok + cw * p.cache_write_per_mtok
-                 + cr * p.cache_read_per_mtok) / 1000000;
+        cost := (inp * p.input_per_mtok + outp * p.output_per_mtok + (cw - cw_1h) * p.cache_write_per_mtok
+                 + cw_1h * p.cache_write_1h_per_mtok + cr * p.cache_read_per_mtok) / 1000000;
     END IF;
     UPDATE runrow.agent_run AS a
     SET spent_tokens = a.spent_tokens + inp + outp + cw + cr,

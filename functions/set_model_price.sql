@@ -1,6 +1,6 @@
 CREATE OR REPLACE FUNCTION runrow.set_model_price(
     model text, input_per_mtok numeric, output_per_mtok numeric, cache_write_per_mtok numeric,
-    cache_read_per_mtok numeric
+    cache_read_per_mtok numeric, cache_write_1h_per_mtok numeric DEFAULT NULL
 )
 RETURNS void
 LANGUAGE plpgsql
@@ -30,6 +30,16 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
 
+    IF set_model_price.cache_write_1h_per_mtok < 0 OR set_model_price.cache_write_1h_per_mtok >= 'Infinity' THEN
+        RAISE EXCEPTION 'cache_write_1h_per_mtok must be NULL (2 x input_per_mtok) or a finite number, 0 or more, got %',
+            set_model_price.cache_write_1h_per_mtok
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF set_model_price.input_per_mtok IS NULL AND set_model_price.cache_write_1h_per_mtok IS NOT NULL THEN
+        RAISE EXCEPTION 'cache_write_1h_per_mtok must be NULL when the price is removed (the four prices NULL)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
     IF set_model_price.input_per_mtok IS NULL THEN
         DELETE FROM runrow.model_price AS p WHERE p.model = set_model_price.model;
         IF NOT FOUND THEN
@@ -37,22 +47,29 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    INSERT INTO runrow.model_price AS p (model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok)
+    INSERT INTO runrow.model_price AS p (
+        model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok, cache_write_1h_per_mtok
+    )
     VALUES (set_model_price.model, set_model_price.input_per_mtok, set_model_price.output_per_mtok,
-            set_model_price.cache_write_per_mtok, set_model_price.cache_read_per_mtok)
+            set_model_price.cache_write_per_mtok, set_model_price.cache_read_per_mtok,
+            -- The API's rule: a 1-hour cache write costs twice the input price.
+            coalesce(set_model_price.cache_write_1h_per_mtok, 2 * set_model_price.input_per_mtok))
     ON CONFLICT ON CONSTRAINT model_price_pkey DO UPDATE
     SET input_per_mtok = excluded.input_per_mtok, output_per_mtok = excluded.output_per_mtok,
         cache_write_per_mtok = excluded.cache_write_per_mtok, cache_read_per_mtok = excluded.cache_read_per_mtok,
+        cache_write_1h_per_mtok = excluded.cache_write_1h_per_mtok,
         updated_at = now();
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.set_model_price(text, numeric, numeric, numeric, numeric) IS
+COMMENT ON FUNCTION runrow.set_model_price(text, numeric, numeric, numeric, numeric, numeric) IS
 'The operator sets a model''s price in USD per million tokens: input (uncached), output, cache '
-'write and cache read, each 0 or more. Costs are settled with the price in force when a step '
-'is appended (append_step); a run with a cost_budget whose model has no price gets no model '
-'request. All four NULL removes the price; P0002 when there is none. Bad input (NULL or '
-'over-long model, one price NULL, a negative price) raises 22004/22023 naming the argument '
-'and writes nothing.';
+'write (5-minute TTL) and cache read, each 0 or more, and the 1-hour cache write '
+'(cache_write_1h_per_mtok; NULL: 2 x input, the API''s rule). Costs are settled with the price '
+'in force when a step is appended (append_step) or a response paid for (record_usage), the '
+'1-hour price for usage.cache_creation.ephemeral_1h_input_tokens; a run with a cost_budget '
+'whose model has no price gets no model request. All four NULL (and no 1-hour price) removes '
+'the price; P0002 when there is none. Bad input (NULL or over-long model, one price NULL, a '
+'negative or infinite price) raises 22004/22023 naming the argument and writes nothing.';
 
-REVOKE ALL ON FUNCTION runrow.set_model_price(text, numeric, numeric, numeric, numeric) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow.set_model_price(text, numeric, numeric, numeric, numeric, numeric) FROM PUBLIC;

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(85);
+SELECT plan(92);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.limits_fingerprint() RETURNS text LANGUAGE sql AS $$
@@ -175,8 +175,12 @@ SELECT throws_ok($$SELECT runrow.set_model_price('no-such-model', NULL, NULL, NU
     'model "no-such-model" has no price to remove', 'removing an unknown price');
 SELECT is(pg_temp.limits_fingerprint(), :'before', 'bad input wrote nothing');
 -- The tables hold the rule themselves (a write that bypasses the functions).
-SELECT throws_ok($$INSERT INTO runrow.model_price VALUES ('m-nan', 'NaN', 1, 1, 1)$$, '23514', NULL,
+SELECT throws_ok($$INSERT INTO runrow.model_price (model, input_per_mtok, output_per_mtok, cache_write_per_mtok,
+    cache_read_per_mtok, cache_write_1h_per_mtok) VALUES ('m-nan', 'NaN', 1, 1, 1, 2)$$, '23514', NULL,
     'model_price refuses a NaN price');
+SELECT throws_ok($$INSERT INTO runrow.model_price (model, input_per_mtok, output_per_mtok, cache_write_per_mtok,
+    cache_read_per_mtok, cache_write_1h_per_mtok) VALUES ('m-inf', 1, 1, 1, 1, 'Infinity')$$, '23514', NULL,
+    'model_price refuses an infinite 1-hour price');
 SELECT throws_ok($$INSERT INTO runrow.tenant_budget (fairness_key, cost_per_day) VALUES ('t-inf', 'Infinity')$$,
     '23514', NULL, 'tenant_budget refuses an infinite cost budget');
 SELECT pg_temp.fleet_run(cost => 1) AS nan_budget \gset
@@ -238,6 +242,24 @@ SELECT is((SELECT spent_cost FROM runrow.agent_run WHERE id = :'c1'), 0.009::num
     '1000 in x 3 + 200 out x 15 + 10000 cache reads x 0.3 per million = 0.009 USD');
 SELECT pg_temp.step(:'c1', '{"input_tokens": 1000}');
 SELECT is(pg_temp.acquire(:'c1'), '(f,,budget_exhausted)', 'the cost budget crossed: refused');
+-- 1-hour cache writes at their own price: by default twice input (the API's rule), not the
+-- 5-minute rate (the money audit: 37 % low).
+SELECT is((SELECT cache_write_1h_per_mtok FROM runrow.model_prices WHERE model = 'priced'), 6::numeric,
+    'the 1-hour cache write price defaults to 2 x input');
+SELECT pg_temp.fleet_run(cost => 1, model => 'priced') AS h1 \gset
+SELECT pg_temp.step(:'h1', '{"cache_creation_input_tokens": 1000,
+    "cache_creation": {"ephemeral_1h_input_tokens": 600, "ephemeral_5m_input_tokens": 400}}');
+SELECT is((SELECT spent_cost FROM runrow.agent_run WHERE id = :'h1'), 0.0051::numeric,
+    '600 one-hour writes x 6 + 400 five-minute writes x 3.75 per million = 0.0051 USD');
+SELECT lives_ok($$SELECT runrow.set_model_price('priced-1h', 3, 15, 3.75, 0.3, 5)$$, 'an explicit 1-hour price');
+SELECT is((SELECT cache_write_1h_per_mtok FROM runrow.model_price WHERE model = 'priced-1h'), 5::numeric,
+    'is kept');
+SELECT throws_ok($$SELECT runrow.set_model_price('priced-1h', 3, 15, 3.75, 0.3, -1)$$, '22023',
+    'cache_write_1h_per_mtok must be NULL (2 x input_per_mtok) or a finite number, 0 or more, got -1',
+    'a negative 1-hour price');
+SELECT throws_ok($$SELECT runrow.set_model_price('priced-1h', NULL, NULL, NULL, NULL, 5)$$, '22023',
+    'cache_write_1h_per_mtok must be NULL when the price is removed (the four prices NULL)',
+    'a 1-hour price with a removal');
 SELECT pg_temp.fleet_run(cost => 1, model => 'unpriced') AS c2 \gset
 SELECT is(pg_temp.acquire(:'c2'), '(f,,budget_exhausted)', 'a cost budget on a model without a price: refused');
 SELECT alike((SELECT error FROM runrow.agent_run WHERE id = :'c2'), '%has no price (set_model_price)%',

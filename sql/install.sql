@@ -7376,6 +7376,42 @@ INSERT INTO runrow._yoyo_migration VALUES ('8ec773d464017f53afaf4495f8be16962f8d
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '8ec773d464017f53afaf4495f8be16962f8d9925f36f851598d2b6bbf0dd53ee', '0070_run_stats_without_fork_copies', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0071_model_price_cache_write_1h
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '17c5b13a8730c11536c98b1b4722c205a3eba07c1eec777f82dce027b413313c') AS apply_17c5b13a8730 \gset
+\if :apply_17c5b13a8730
+-- A cache write with the 1-hour TTL costs twice the input price, a 5-minute one 1.25 times:
+-- every cache write was priced at the 5-minute rate, so a run or tenant using 1-hour caching
+-- was costed 37 % low on its writes and its cost budget overspent by as much (the money
+-- audit). The price table gets the 1-hour rate, 2 x input for the prices already set (the
+-- API's rule); set_model_price takes it as a sixth argument (functions/set_model_price.sql),
+-- so its five-argument form goes.
+ALTER TABLE runrow.model_price ADD COLUMN cache_write_1h_per_mtok numeric;
+UPDATE runrow.model_price SET cache_write_1h_per_mtok = 2 * input_per_mtok;
+ALTER TABLE runrow.model_price ALTER COLUMN cache_write_1h_per_mtok SET NOT NULL,
+ADD CONSTRAINT model_price_cache_write_1h_nonnegative CHECK (
+    cache_write_1h_per_mtok >= 0 AND cache_write_1h_per_mtok < 'Infinity'
+);
+
+COMMENT ON COLUMN runrow.model_price.cache_write_1h_per_mtok IS
+'USD per million cache-write tokens with the 1-hour TTL (usage.cache_creation.'
+'ephemeral_1h_input_tokens); cache_write_per_mtok prices the other cache writes.';
+
+DROP FUNCTION IF EXISTS runrow.set_model_price(text, numeric, numeric, numeric, numeric);
+
+CREATE OR REPLACE VIEW runrow.model_prices AS
+SELECT
+    p.model,
+    p.input_per_mtok,
+    p.output_per_mtok,
+    p.cache_write_per_mtok,
+    p.cache_read_per_mtok,
+    p.updated_at,
+    p.cache_write_1h_per_mtok
+FROM runrow.model_price AS p;
+INSERT INTO runrow._yoyo_migration VALUES ('17c5b13a8730c11536c98b1b4722c205a3eba07c1eec777f82dce027b413313c', '0071_model_price_cache_write_1h', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '17c5b13a8730c11536c98b1b4722c205a3eba07c1eec777f82dce027b413313c', '0071_model_price_cache_write_1h', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -9144,6 +9180,8 @@ DECLARE
     outp bigint := runrow._usage_tokens(_settle_usage.usage, 'output_tokens');
     cw bigint := runrow._usage_tokens(_settle_usage.usage, 'cache_creation_input_tokens');
     cr bigint := runrow._usage_tokens(_settle_usage.usage, 'cache_read_input_tokens');
+    -- Of the cache writes, those with the 1-hour TTL, priced apart (twice input, not 1.25x).
+    cw_1h bigint := least(cw, runrow._usage_tokens(_settle_usage.usage -> 'cache_creation', 'ephemeral_1h_input_tokens'));
     cost numeric := 0;
     why text;
 BEGIN
@@ -9151,8 +9189,8 @@ BEGIN
     SELECT m.* INTO p FROM runrow.model_price AS m
     WHERE m.model = (SELECT a.model FROM runrow.agent_run AS a WHERE a.id = _settle_usage.run_id);
     IF FOUND THEN
-        cost := (inp * p.input_per_mtok + outp * p.output_per_mtok + cw * p.cache_write_per_mtok
-                 + cr * p.cache_read_per_mtok) / 1000000;
+        cost := (inp * p.input_per_mtok + outp * p.output_per_mtok + (cw - cw_1h) * p.cache_write_per_mtok
+                 + cw_1h * p.cache_write_1h_per_mtok + cr * p.cache_read_per_mtok) / 1000000;
     END IF;
     UPDATE runrow.agent_run AS a
     SET spent_tokens = a.spent_tokens + inp + outp + cw + cr,
@@ -14234,7 +14272,7 @@ REVOKE ALL ON FUNCTION runrow.set_fairness_weight(text, double precision) FROM P
 -- functions/set_model_price.sql
 CREATE OR REPLACE FUNCTION runrow.set_model_price(
     model text, input_per_mtok numeric, output_per_mtok numeric, cache_write_per_mtok numeric,
-    cache_read_per_mtok numeric
+    cache_read_per_mtok numeric, cache_write_1h_per_mtok numeric DEFAULT NULL
 )
 RETURNS void
 LANGUAGE plpgsql
@@ -14264,6 +14302,16 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
 
+    IF set_model_price.cache_write_1h_per_mtok < 0 OR set_model_price.cache_write_1h_per_mtok >= 'Infinity' THEN
+        RAISE EXCEPTION 'cache_write_1h_per_mtok must be NULL (2 x input_per_mtok) or a finite number, 0 or more, got %',
+            set_model_price.cache_write_1h_per_mtok
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF set_model_price.input_per_mtok IS NULL AND set_model_price.cache_write_1h_per_mtok IS NOT NULL THEN
+        RAISE EXCEPTION 'cache_write_1h_per_mtok must be NULL when the price is removed (the four prices NULL)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
     IF set_model_price.input_per_mtok IS NULL THEN
         DELETE FROM runrow.model_price AS p WHERE p.model = set_model_price.model;
         IF NOT FOUND THEN
@@ -14271,25 +14319,32 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    INSERT INTO runrow.model_price AS p (model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok)
+    INSERT INTO runrow.model_price AS p (
+        model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok, cache_write_1h_per_mtok
+    )
     VALUES (set_model_price.model, set_model_price.input_per_mtok, set_model_price.output_per_mtok,
-            set_model_price.cache_write_per_mtok, set_model_price.cache_read_per_mtok)
+            set_model_price.cache_write_per_mtok, set_model_price.cache_read_per_mtok,
+            -- The API's rule: a 1-hour cache write costs twice the input price.
+            coalesce(set_model_price.cache_write_1h_per_mtok, 2 * set_model_price.input_per_mtok))
     ON CONFLICT ON CONSTRAINT model_price_pkey DO UPDATE
     SET input_per_mtok = excluded.input_per_mtok, output_per_mtok = excluded.output_per_mtok,
         cache_write_per_mtok = excluded.cache_write_per_mtok, cache_read_per_mtok = excluded.cache_read_per_mtok,
+        cache_write_1h_per_mtok = excluded.cache_write_1h_per_mtok,
         updated_at = now();
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.set_model_price(text, numeric, numeric, numeric, numeric) IS
+COMMENT ON FUNCTION runrow.set_model_price(text, numeric, numeric, numeric, numeric, numeric) IS
 'The operator sets a model''s price in USD per million tokens: input (uncached), output, cache '
-'write and cache read, each 0 or more. Costs are settled with the price in force when a step '
-'is appended (append_step); a run with a cost_budget whose model has no price gets no model '
-'request. All four NULL removes the price; P0002 when there is none. Bad input (NULL or '
-'over-long model, one price NULL, a negative price) raises 22004/22023 naming the argument '
-'and writes nothing.';
+'write (5-minute TTL) and cache read, each 0 or more, and the 1-hour cache write '
+'(cache_write_1h_per_mtok; NULL: 2 x input, the API''s rule). Costs are settled with the price '
+'in force when a step is appended (append_step) or a response paid for (record_usage), the '
+'1-hour price for usage.cache_creation.ephemeral_1h_input_tokens; a run with a cost_budget '
+'whose model has no price gets no model request. All four NULL (and no 1-hour price) removes '
+'the price; P0002 when there is none. Bad input (NULL or over-long model, one price NULL, a '
+'negative or infinite price) raises 22004/22023 naming the argument and writes nothing.';
 
-REVOKE ALL ON FUNCTION runrow.set_model_price(text, numeric, numeric, numeric, numeric) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow.set_model_price(text, numeric, numeric, numeric, numeric, numeric) FROM PUBLIC;
 
 -- functions/set_rate_limit.sql
 CREATE OR REPLACE FUNCTION runrow.set_rate_limit(

@@ -73,10 +73,13 @@ def test_budget_and_status(private_database_url: str) -> None:
         "0.3",
     ]
     assert runrow(url, *args).returncode == 0
+    assert runrow(url, *args[:2], "claude-1h", *args[3:], "--cache-write-1h", "7.5").returncode == 0
     shown = runrow(url, "budget", "show")
     assert shown.returncode == 0, shown.stderr
     assert any(ln.startswith("acme") and "1000" in ln for ln in shown.stdout.splitlines())
-    assert any(ln.startswith("claude-x") for ln in shown.stdout.splitlines())
+    # The 1-hour cache write price: 2 x input by default, or as given.
+    prices = {ln.split()[0]: ln.split() for ln in shown.stdout.splitlines() if ln.startswith("claude-")}
+    assert prices["claude-x"][-1] == "6" and prices["claude-1h"][-1] == "7.5", prices
     status = runrow(url, "status")
     assert status.returncode == 0, status.stderr
     for name in ("rate_limit_keys_blocked", "runs_in_backoff", "tenants_over_budget"):

@@ -31,7 +31,8 @@ examples:
 BUDGET_EPILOG = """how it works:
   A run's token_budget / cost_budget (enqueue_run) and its tenant's daily budget (the
   fairness_key, by default the user id, over the last 24 hours) are settled with each step's
-  real usage. Once spent, the run's next model request is refused and the run ends failed
+  real usage, and with the usage of responses that were billed but not stored (cut or stopped
+  mid-stream). Once spent, the run's next model request is refused and the run ends failed
   with "budget_exhausted: ...", keeping its text so far. Costs need a price per model.
 
 examples:
@@ -119,6 +120,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     pr.add_argument("model")
     for flag in ("--input", "--output", "--cache-write", "--cache-read"):
         pr.add_argument(flag, type=_usd, required=True, help="USD per million tokens (0 or more)")
+    pr.add_argument(
+        "--cache-write-1h",
+        type=_usd,
+        help="USD per million cache-write tokens with the 1-hour TTL (default: 2 x --input, the API's rule)",
+    )
     r = _action(
         actions, "remove-price", help="remove a model's price", example="runrow budget remove-price claude-x"
     )
@@ -162,7 +168,13 @@ async def cmd_budget(args: argparse.Namespace) -> int:
             print(f"budget of tenant {args.tenant} removed")
         elif args.action == "price":
             await limits_api.set_model_price(
-                conn, args.model, args.input, args.output, args.cache_write, args.cache_read
+                conn,
+                args.model,
+                args.input,
+                args.output,
+                args.cache_write,
+                args.cache_read,
+                args.cache_write_1h,
             )
             print(f"price of {args.model} set")
         elif args.action == "remove-price":

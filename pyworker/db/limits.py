@@ -88,11 +88,20 @@ async def set_model_price(
     output_per_mtok: Decimal | None,
     cache_write_per_mtok: Decimal | None,
     cache_read_per_mtok: Decimal | None,
+    cache_write_1h_per_mtok: Decimal | None = None,
 ) -> None:
+    """cache_write_1h_per_mtok None: twice the input price (the API's rule)."""
     await conn.execute(
         "SELECT runrow.set_model_price(model => %s, input_per_mtok => %s, output_per_mtok => %s, "
-        "cache_write_per_mtok => %s, cache_read_per_mtok => %s)",
-        (model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok),
+        "cache_write_per_mtok => %s, cache_read_per_mtok => %s, cache_write_1h_per_mtok => %s)",
+        (
+            model,
+            input_per_mtok,
+            output_per_mtok,
+            cache_write_per_mtok,
+            cache_read_per_mtok,
+            cache_write_1h_per_mtok,
+        ),
     )
 
 
