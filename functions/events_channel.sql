@@ -19,6 +19,8 @@ REVOKE ALL ON FUNCTION runrow.events_channel(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.events_channel(uuid) TO runrow_worker, runrow_client, runrow_auditor;
 COMMENT ON FUNCTION runrow.events_channel(uuid) IS
 'The NOTIFY channel of one run''s journal: runrow_events_ followed by the run id as 32 '
-'lowercase hex digits (no dashes, so LISTEN needs no quoting). append_events and every '
-'terminal write notify it with the last seq as payload; a tail LISTENs on it before reading. '
-'A NULL run_id raises 22004.';
+'lowercase hex digits (no dashes, so LISTEN needs no quoting). Only while the run is watched '
+'(watch_runs) do append_events and the journal writes a tail waits for (complete, requeue, '
+'cancel request) notify it, with the last seq as payload; an unwatched run is written '
+'without a NOTIFY. A tail LISTENs on it, then calls watch_runs and trusts a wait only once '
+'the run is watching, then reads. A NULL run_id raises 22004.';
