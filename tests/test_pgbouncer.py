@@ -5,8 +5,9 @@ Real worker processes whose DATABASE_URL goes through it complete every run exac
 `prepared statement "_pg3_N" does not exist`, no double claim: attempt 1 each); with a direct
 --listen-url the enqueue wakes them by NOTIFY, with a 30 s poll tick that would otherwise be
 the only way to learn of a run. Without --listen-url the hub's self-test warns that the LISTEN
-URL looks pooled, for `runrow worker` and `runrow serve` alike. `runrow migrate`'s advisory
-lock is transaction-scoped, so a pooler cannot leave it behind on a server connection.
+URL looks pooled, for `runrow worker` and `runrow serve` alike. `runrow migrate` through the
+pooler is refused before it writes anything, and the README's pgbouncer.ini block loads as
+pasted, every value taking effect.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import psycopg
@@ -143,34 +145,44 @@ def test_serve_warns_when_its_hub_goes_through_pgbouncer_and_not_with_a_listen_u
         wait_until(lambda: POOLED_WARNING in caplog.text, 10, "the self-test to warn")
 
 
-def test_migrate_leaves_no_advisory_lock_behind_a_transaction_pooler(
-    database_url: str, bouncer: pgbouncer.Bouncer, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("ignored", [False, True], ids=["refused", "ignored"])
+def test_migrate_through_a_transaction_pooler_is_refused_before_it_writes(
+    database_url: str, ignored: bool
 ) -> None:
-    """Another client takes the pooler's most recently used server connection — the one that
-    took migrate's lock — while migrate works. A session lock would stay there, held by a
-    server connection nobody owns (its unlock runs elsewhere) and every later migrate would
-    wait forever; a lock of migrate's own open transaction cannot."""
-    with temporary_database(database_url, "runrow_pooled_migrate", migrated=False) as direct:
-        pooled = bouncer.url_for(direct)
-        others: list[psycopg.Connection] = []
-        real_backend = migrate_module._backend
+    """yoyo's search_path and migrate's lock_timeout are session settings: through a pooler they
+    stayed on the server connections yoyo used, for the pooler's other clients (the pooler
+    audit: a later client of the pool saw lock_timeout = 5s, search_path = runrow), and with a
+    pool of one server connection migrate waited forever. It is refused, naming the way out,
+    whether pgbouncer refuses the `options` startup parameter or drops it."""
+    settings = {"ignore_startup_parameters": "extra_float_digits,options"} if ignored else {}
+    with (
+        temporary_database(database_url, "runrow_pooled_migrate", migrated=False) as direct,
+        pgbouncer.running(database_url, pool_size=1, port=6433, settings=settings) as b,
+    ):
+        with pytest.raises(migrate_module.MigrateError, match="goes through a connection pooler") as refused:
+            migrate_module.migrate(b.url_for(direct))
+        assert "direct URL" in str(refused.value) and "sql/install.sql" in str(refused.value)
+        with psycopg.connect(direct) as conn:
+            assert conn.execute("SELECT to_regnamespace('runrow')").fetchone() == (None,)
+        assert migrate_module.migrate(direct).version is not None  # the direct URL goes through
 
-        def backend(url: str):  # type: ignore[no-untyped-def]
-            other = psycopg.connect(pooled)  # not autocommit: it holds its server connection
-            other.execute("SELECT 1")
-            others.append(other)
-            return real_backend(url)
 
-        monkeypatch.setattr(migrate_module, "_backend", backend)
-        try:
-            result = migrate_module.migrate(pooled)
-            assert result.version is not None
-            with psycopg.connect(direct, autocommit=True) as conn:
-                held = conn.execute(
-                    "SELECT l.pid FROM pg_locks AS l JOIN pg_database AS d ON d.oid = l.database"
-                    " WHERE l.locktype = 'advisory' AND d.datname = current_database()"
-                ).fetchall()
-            assert held == [], "migrate's advisory lock outlived the migrate"
-        finally:
-            for other in others:
-                other.close()
+def test_the_readmes_pgbouncer_settings_load_and_apply(database_url: str) -> None:
+    """The README's pgbouncer.ini block, pasted as it is: pgbouncer 1.18 takes no `;` comment
+    after a value, and refused to start ("invalid value ... for parameter
+    idle_transaction_timeout"), or on RELOAD kept its old values with only a log warning (the
+    pooler audit), so the protections the Deployment section relies on were silently off."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("```ini\n", 1)[1].split("```", 1)[0]
+    with pgbouncer.running(database_url, port=6434, raw_settings=block) as b:
+        admin = b.url_for(f"postgresql://{pgbouncer.SUPERUSER}@/pgbouncer")
+        with psycopg.connect(admin, autocommit=True, prepare_threshold=None) as conn:
+            shown = {row[0]: row[1] for row in conn.execute("SHOW CONFIG").fetchall()}
+    settings = dict(
+        (part.strip() for part in line.split("=", 1))
+        for line in block.splitlines()
+        if line.strip() and not line.lstrip().startswith(";")
+    )
+    assert settings["idle_transaction_timeout"] == "30", block
+    for key, value in settings.items():
+        assert shown[key] == value, (key, shown[key], value)

@@ -7,8 +7,15 @@ an advisory lock taken before yoyo touches anything, so they never race on yoyo'
 bookkeeping tables either. The lock is transaction-scoped, held by a transaction left open for
 the whole migrate: a session lock taken through a transaction pooler stays behind on whichever
 server connection took it, its unlock lands on another one, and every later migrate waits on it
-forever. (yoyo itself sets search_path per session, so run migrations on a direct URL anyway;
-sql/install.sql is one transaction and works through a pooler.)
+forever.
+
+A migrate through a transaction pooler is refused before it writes anything: yoyo sets
+search_path and this module lock_timeout per session, and through a pooler those settings stay
+on whichever server connections yoyo used, for the pooler's other clients to inherit (the
+pooler audit); with a pool of one server connection the migrate waited forever for a second.
+The pooler is told apart the way the workers tell it (pooling.py): it refuses the `options`
+startup parameter, or accepts and drops it. sql/install.sql is one transaction and works
+through a pooler.
 
 A migration waits at most LOCK_TIMEOUT for a table lock, then is rolled back and tried again
 (LOCK_ATTEMPTS in all): an ALTER TABLE queued behind a long transaction (a report, a pg_dump)
@@ -36,7 +43,7 @@ from yoyo.connections import default_migration_table, parse_uri
 from yoyo.exceptions import LockTimeout
 
 from pyworker.db.paths import FUNCTIONS_DIR, MIGRATIONS_DIR
-from pyworker.db.pooling import POOLER_SAFE
+from pyworker.db.pooling import POOLER_SAFE, REFUSED_OPTIONS
 
 log = logging.getLogger("runrow.migrate")
 
@@ -73,8 +80,8 @@ def yoyo_uri(database_url: str) -> str:
 
 class _Backend(PostgresqlPsycopgBackend):
     """yoyo's psycopg 3 backend with LOCK_TIMEOUT on every session it opens (it applies each
-    migration on a connection of its own, made by copy()). A SET, not libpq's `options`, which
-    pgbouncer refuses as a startup parameter."""
+    migration on a connection of its own, made by copy()). Sessions are the server's own:
+    migrate refuses a pooler first (_refuse_a_pooler)."""
 
     def init_connection(self, connection: Any) -> None:
         super().init_connection(connection)
@@ -97,6 +104,30 @@ class _Backend(PostgresqlPsycopgBackend):
                 backend.mark_one(migration, log=False)
 
 
+POOLED = (
+    "DATABASE_URL goes through a connection pooler (it refused or dropped the `options` startup "
+    "parameter): a migration's session settings would stay on the pooler's server connections for "
+    "its other clients. Run `runrow migrate` with the database's direct URL, or `psql -f "
+    "sql/install.sql` (one transaction, fine through a pooler); README, Deployment"
+)
+
+
+def _refuse_a_pooler(database_url: str, timeout: dict[str, Any]) -> None:
+    """MigrateError when `database_url` goes through a pooler: the server sees the options a
+    client sends at connect time, and pgbouncer refuses them or, told to ignore them, drops them."""
+    given = conninfo_to_dict(database_url).get("options") or ""
+    options = f"{given} -c lock_timeout={LOCK_TIMEOUT}".strip()
+    try:
+        with psycopg.connect(database_url, autocommit=True, options=options, **timeout, **POOLER_SAFE) as c:
+            seen = c.execute("SHOW lock_timeout").fetchone()[0]  # type: ignore[index]
+    except psycopg.OperationalError as exc:
+        if REFUSED_OPTIONS in str(exc):
+            raise MigrateError(POOLED) from None
+        raise
+    if seen != LOCK_TIMEOUT:
+        raise MigrateError(POOLED)
+
+
 def _backend(database_url: str) -> _Backend:
     backend = _Backend(parse_uri(yoyo_uri(database_url)), default_migration_table)
     backend.init_database()
@@ -109,6 +140,7 @@ def migrate(
     # Not autocommit: the lock lives as long as lock_conn's transaction, which writes nothing.
     # A bounded connect, as every other command's: a port that accepts and never answers hung here.
     timeout = {} if "connect_timeout" in conninfo_to_dict(database_url) else {"connect_timeout": 10}
+    _refuse_a_pooler(database_url, timeout)
     with psycopg.connect(database_url, **timeout, **POOLER_SAFE) as lock_conn:
         lock_conn.execute(LOCK_SQL)
         try:

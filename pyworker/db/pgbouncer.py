@@ -75,11 +75,13 @@ def start(
     listen_addr: str | None = None,
     port: int = PORT,
     settings: dict[str, str] | None = None,
+    raw_settings: str = "",
     timeout: float = 15.0,
 ) -> Bouncer:
     """Start pgbouncer (pool_mode = transaction) in front of the server of `server_url` (a
     throwaway cluster's URL); `settings` are extra or overriding [pgbouncer] lines, e.g.
-    {"ignore_startup_parameters": "options"}."""
+    {"ignore_startup_parameters": "options"}; `raw_settings`, ini text appended to the
+    [pgbouncer] section as it is (a later line wins)."""
     check_binary()
     target = conninfo_to_dict(server_url)
     os_user = "postgres" if os.geteuid() == 0 else None
@@ -102,10 +104,11 @@ def start(
         "ignore_startup_parameters": "extra_float_digits",
         **(settings or {}),
     }
-    ini = "[databases]\n* = host={} port={}\n\n[pgbouncer]\n{}\n".format(
+    ini = "[databases]\n* = host={} port={}\n\n[pgbouncer]\n{}\n{}".format(
         target.get("host") or "/var/run/postgresql",
         target.get("port") or 5432,
         "\n".join(f"{k} = {v}" for k, v in config.items()),
+        raw_settings,
     )
     Path(root, "pgbouncer.ini").write_text(ini)
     Path(root, "userlist.txt").write_text(f'"{OWNER}" ""\n"{SUPERUSER}" ""\n')
