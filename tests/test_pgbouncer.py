@@ -13,6 +13,10 @@ pasted, every value taking effect.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +25,7 @@ import httpx
 import psycopg
 import pytest
 from http_support import ALICE, serve
+from tail_support import append, claim, enqueue
 from worker_support import (
     WorkerProcess,
     db,
@@ -186,3 +191,47 @@ def test_the_readmes_pgbouncer_settings_load_and_apply(database_url: str) -> Non
     assert settings["idle_transaction_timeout"] == "30", block
     for key, value in settings.items():
         assert shown[key] == value, (key, shown[key], value)
+
+
+def test_a_tail_whose_listen_is_pooled_polls_instead_of_waiting_for_its_keepalive(
+    database_url: str, bouncer: pgbouncer.Bouncer
+) -> None:
+    """`runrow tail` through the pooler without RUNROW_LISTEN_URL: its LISTEN hears nothing, and
+    it trusted its waits, so the run's events came in bursts a keepalive (15 s) apart (the pooler
+    audit: 15.5 s for a 4 s run). Its hub's self-test now finds the pooled LISTEN and stands the
+    hub down, and the tail polls (every second)."""
+    with temporary_database(database_url, "runrow_pooled_tail") as direct:
+        with psycopg.connect(direct, autocommit=True) as conn:
+            run_id = enqueue(conn)
+            token = claim(conn, run_id)
+            append(conn, run_id, token, [{"type": "text_delta", "text": "Hel"}])
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "RUNROW_LISTEN_URL")}
+        env.update(DATABASE_URL=bouncer.url_for(direct), NO_COLOR="1")
+        following = subprocess.Popen(
+            [sys.executable, "-m", "pyworker", "tail", str(run_id)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        try:
+            time.sleep(4.0)  # it has shown what the journal holds, and its self-test is done
+            with psycopg.connect(direct, autocommit=True) as conn:
+                append(conn, run_id, token, [{"type": "text_delta", "text": "lo"}])
+                conn.execute(
+                    "SELECT runrow.finish_run(run_id => %s, claim_token => %s, status => 'completed', "
+                    'result => \'{"text": "Hello"}\')',
+                    (run_id, token),
+                )
+            finished = time.monotonic()
+            out, err = following.communicate(timeout=30)
+            took = time.monotonic() - finished
+        finally:
+            if following.poll() is None:
+                following.kill()
+                following.communicate()
+    assert following.returncode == 0 and out == "Hello", err
+    assert POOLED_WARNING in err, err
+    # A poll tick (1 s) and a process exit, not the rest of a 15 s keepalive.
+    assert took < 6.0, f"the tail took {took:.1f}s to show the ending: it waited for a wake\n{err}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -467,6 +468,9 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
     await hub.start()
     pool = CancelSafePool(url, min_size=1, max_size=1, kwargs={"autocommit": True, **POOLER_SAFE}, open=False)
     await pool.open()
+    # A LISTEN through a pooler hears nothing: found out, the hub stands down and the tail polls
+    # (it trusted its waits, and showed the run in bursts a keepalive, 15 s, apart).
+    testing = asyncio.create_task(hub.self_test(pool), name="runrow-tail-hub-self-test")
     try:
         try:
             ended = await check_cursor(pool, run_id, from_seq)
@@ -501,6 +505,9 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
         raise CliError(str(exc)) from exc
     finally:
         render.end_line()
+        testing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await testing
         await pool.close()
         await hub.stop()
 

@@ -9,8 +9,11 @@ change the in-process subscriber map and nudge the supervisor, so a reconnect (w
 the whole map) can never race a subscribe. The connection must be direct, never through a
 pool or a transaction-pooling bouncer: LISTEN needs a session that lives as long as the hub, and
 pgbouncer in transaction mode drops notifications without an error. `self_test` catches that
-misconfiguration at start (a NOTIFY of our own through the pool that never arrives) and says so
-in the log; everything still works then, at the pace of the poll tick.
+misconfiguration at start (a NOTIFY of our own through the pool that never arrives), says so
+in the log, and stands the hub down: no channel is armed, so every subscriber polls at its
+poll tick (a tail trusted its waits and showed a stream in bursts 15 s apart, its keepalive),
+and nothing more is LISTENed through the pooler (a LISTEN stays behind on the pooler's server
+connection for its other clients).
 
 A run's journal channel is notified only while a tail watches the run (runrow.watch_runs), so
 the hub registers a watch for every journal channel it listens on, on its own connection right
@@ -86,13 +89,14 @@ class Hub:
         self._watched: dict[str, float] = {}
         self._watch_failed = False  # watch_runs raised: logged once, subscribers poll
         self._pending_watch: set[str] = set()  # journal channels whose watch came back queued/busy
+        self.pooled = False  # the self-test found the LISTEN pooled: stood down for good
 
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
 
     async def start(self) -> None:
-        if self._task is None:
+        if self._task is None and not self.pooled:
             self._task = asyncio.create_task(self._supervise(), name="runrow-hub")
 
     async def stop(self) -> None:
@@ -167,7 +171,25 @@ class Hub:
             if self.backend_pid != session:
                 return None  # it reconnected meanwhile and may have missed it: no verdict
         log.warning("%s (a NOTIFY through the pool did not arrive within %.0f s)", POOLED_WARNING, timeout)
+        await self._stand_down()
         return False
+
+    async def _stand_down(self) -> None:
+        """The LISTEN goes through a pooler: stop, UNLISTEN what was listened (best effort: the
+        pooler may send it to another server connection), and never reconnect."""
+        self.pooled = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._connected.clear()
+        self._release_waiters()
+        self._wake_everyone()  # a wait begun while armed re-reads, and polls from now on
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                await self._conn.execute("UNLISTEN *")
+        await self._close()
 
     def _deliver(self, channel: str, payload: str) -> None:
         for queue in list(self._subscribers.get(channel, ())):
