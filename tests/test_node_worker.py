@@ -5,6 +5,13 @@ SQL API only) next to a Python worker, and the README's psql walkthrough run exa
   1), each worker claimed some, every journal complete and its text the echo, audit() clean.
 - The Node worker honours a stop: the cancel NOTIFY ends its run `cancelled` with the partial text,
   and so does the heartbeat's cancel_requested alone; fenced out (reaped), it stands down.
+- A Node-only fleet does what every worker must (examples/node/README.md): it reaps a SIGKILLed
+  worker's run and fires due schedules; a retried attempt journals `superseded`, so the README's
+  display rule shows the answer once; a failure the database would raise on every attempt ends the
+  run `failed` at once, any other is released with a backoff; emoji are streamed whole; it rides
+  out the loss of every connection (pool and LISTEN) without ending or releasing a run; and a drain
+  releases what it holds: a claim that lands while stopping, runs past DRAIN_SECONDS, and on a
+  second signal at once.
 - The README's fenced psql block runs through psql against the test database.
 """
 
@@ -14,7 +21,9 @@ import itertools
 import os
 import re
 import shutil
+import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,8 +36,10 @@ from worker_support import (
     db,
     enqueue_run,
     events,
+    run_row,
     streamed_text,
     wait_status,
+    wait_streaming,
     wait_until,
     worker_db,
 )
@@ -68,6 +79,9 @@ class NodeWorker:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -202,3 +216,203 @@ def test_the_readme_psql_walkthrough_runs_as_written(worker_db: str) -> None:
             "SELECT count(*) FROM runrow.agent_run WHERE status = 'completed'"
         ).fetchone() == (1,)
         assert conn.execute("SELECT * FROM runrow.audit()").fetchall() == []
+
+
+def displayed_text(db: psycopg.Connection, run: uuid.UUID) -> str:
+    """The README's display rule: the text_deltas in seq order, less those a `superseded` takes back."""
+    journal = events(db, run)
+    dropped = {
+        seq
+        for e in journal
+        if e["type"] == "superseded"
+        for seq in range(e["after_seq"] + 1, e["through_seq"] + 1)
+    }
+    return "".join(e["text"] for e in journal if e["type"] == "text_delta" and e["seq"] not in dropped)
+
+
+def claim_seqs(db: psycopg.Connection, run: uuid.UUID) -> list[int]:
+    return [e["seq"] for e in events(db, run) if e["type"] == "run_claimed"]
+
+
+# The other sessions of the test's own database: the worker's (and a test's second connection).
+OTHER_SESSIONS = "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+
+
+def node_sessions(db: psycopg.Connection, where: str) -> int:
+    return db.execute(f"SELECT count(*) {OTHER_SESSIONS} AND {where}").fetchone()[0]
+
+
+def test_a_node_only_fleet_reaps_a_killed_worker_and_fires_schedules(
+    db: psycopg.Connection, worker_db: str, tmp_path: Path
+) -> None:
+    fast = {"LEASE_SECONDS": "2", "GRACE_SECONDS": "0"}
+    doomed = NodeWorker(worker_db, "node-doomed", tmp_path, **fast)
+    conversation = uuid.uuid4()
+    answer = "the first turn's answer, streamed twice"
+    first = enqueue_run(
+        db, "one", "m", conversation_id=conversation, max_attempts=2, metadata={"echo": answer, "duration": 1}
+    )
+    wait_until(lambda: len(streamed_text(db, first)) >= 3, 20, "the doomed worker to stream")
+    doomed.signal(signal.SIGKILL)
+    doomed.stop()
+    second = enqueue_run(
+        db, "two", "m", conversation_id=conversation, metadata={"echo": "turn two", "duration": 0}
+    )
+    # A schedule whose tick is due now (yearly, so no other tick falls due meanwhile).
+    schedule = db.execute(
+        "SELECT runrow.create_schedule(name => 'node-tick', cron => '0 0 1 1 *', content => '\"tick\"', "
+        'model => \'m\', metadata => \'{"echo": "tick", "duration": 0}\')'
+    ).fetchone()[0]
+    db.execute(
+        "UPDATE runrow.schedule SET next_fire_at = date_trunc('year', now() AT TIME ZONE 'UTC') "
+        "AT TIME ZONE 'UTC' WHERE id = %s",
+        (schedule,),
+    )
+    survivor = NodeWorker(worker_db, "node-survivor", tmp_path, **fast)
+    try:
+        # Only a reaper takes the dead worker's run; until then the conversation's next turn waits.
+        assert wait_status(db, second, TERMINAL, 20) == "completed", survivor.log()
+        ticked = wait_until(
+            lambda: db.execute(
+                "SELECT id FROM runrow.agent_run WHERE idempotency_key LIKE %s AND status = 'completed'",
+                (f"runrow-schedule:{schedule}:%",),
+            ).fetchone(),
+            10,
+            "the schedule's run to complete",
+        )
+    finally:
+        assert survivor.stop() == 0
+    assert ticked and f"reaped run {first}: requeued" in survivor.log()
+    row = run_row(db, first)
+    assert (row["status"], row["attempt"], row["result"]["text"]) == ("completed", 2, answer)
+    # Attempt 2 took back what attempt 1 streamed: the answer shows once.
+    first_claim, second_claim = claim_seqs(db, first)
+    superseded = [e for e in events(db, first) if e["type"] == "superseded"]
+    assert [(e["after_seq"], e["through_seq"], e["attempt"]) for e in superseded] == [
+        (first_claim, second_claim - 1, 2)
+    ]
+    assert superseded[0]["seq"] == second_claim + 1  # first thing the attempt journals
+    assert displayed_text(db, first) == answer and streamed_text(db, first) != answer
+
+
+def test_node_worker_ends_each_failure_by_its_kind(db: psycopg.Connection, node_worker: NodeWorker) -> None:
+    # The database refuses this run's text on every attempt, as a CHECK would (this test's own database).
+    db.execute(
+        "CREATE FUNCTION runrow.test_refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF NEW.payload ->> 'text' LIKE '%poison%' THEN "
+        "RAISE EXCEPTION 'no poison in the journal' USING ERRCODE = 'check_violation'; END IF; "
+        "RETURN NEW; END $$"
+    )
+    db.execute(
+        "CREATE TRIGGER test_refuse_poison BEFORE INSERT ON runrow.run_event "
+        "FOR EACH ROW EXECUTE FUNCTION runrow.test_refuse_poison()"
+    )
+    poison = enqueue_run(db, "p", "m", max_attempts=3, metadata={"echo": "a poison pill", "duration": 0})
+    flaky = enqueue_run(
+        db, "f", "m", max_attempts=2, metadata={"echo": "flaky answer", "duration": 0.1, "fail": True}
+    )
+    # 51 UTF-16 units in 7 steps: a slice by units ends inside a surrogate pair (at unit 7), and
+    # jsonb refuses the lone half (22P02): emoji must be sliced whole, by code points.
+    emoji = "😀" * 25 + "!"
+    smiles = enqueue_run(db, "e", "m", metadata={"echo": emoji, "duration": 0.35})
+
+    assert wait_status(db, poison, TERMINAL, 15) == "failed", node_worker.log()
+    row = run_row(db, poison)
+    assert row["attempt"] == 1 and len(claim_seqs(db, poison)) == 1  # never handed back for another try
+    assert "SQLSTATE 23514" in row["error"] and "not retried" in row["error"]
+
+    assert wait_status(db, flaky, TERMINAL, 15) == "dead", node_worker.log()
+    journal = events(db, flaky)
+    [requeued] = [e for e in journal if e["type"] == "run_requeued"]
+    assert requeued.get("not_before"), requeued  # released with a backoff (retry_in)
+    first_claim, second_claim = claim_seqs(db, flaky)
+    [superseded] = [e for e in journal if e["type"] == "superseded"]
+    assert (superseded["after_seq"], superseded["through_seq"]) == (first_claim, second_claim - 1)
+    assert displayed_text(db, flaky) == "flaky answer" and streamed_text(db, flaky) == "flaky answer" * 2
+
+    assert wait_status(db, smiles, TERMINAL, 15) == "completed", node_worker.log()
+    assert run_row(db, smiles)["result"]["text"] == emoji and streamed_text(db, smiles) == emoji
+
+
+def test_node_worker_rides_out_losing_its_connections(
+    db: psycopg.Connection, worker_db: str, tmp_path: Path
+) -> None:
+    # Polling once a minute: after the cut, only a LISTEN made again can wake it this soon.
+    worker = NodeWorker(worker_db, "node-cut", tmp_path, LEASE_SECONDS="3", POLL_SECONDS="60")
+    try:
+        text = "".join(f"{i:03d}," for i in range(150))  # a gap or a repeat shows
+        run = enqueue_run(db, "q", "m", metadata={"echo": text, "duration": 2.5})
+        wait_streaming(db, run)
+        for _ in range(3):  # every session of the worker, idle or mid-call, its LISTEN included
+            assert worker.proc.poll() is None, worker.log()
+            terminated = db.execute(
+                f"SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) {OTHER_SESSIONS}"
+            ).fetchone()[0]
+            assert terminated >= 1
+            time.sleep(0.4)
+        # And one session cut mid-call: an append waiting on the run's row (held here) is ended by the
+        # server, then made again on a fresh connection, once (no repeat in the journal).
+        with psycopg.connect(worker_db) as holder:
+            holder.execute("SELECT 1 FROM runrow.agent_run WHERE id = %s FOR UPDATE", (run,))
+            appending = "wait_event_type = 'Lock' AND position('append_events' in query) > 0"
+            wait_until(lambda: node_sessions(db, appending), 5, "an append to wait on the run's row")
+            db.execute(f"SELECT pg_terminate_backend(pid) {OTHER_SESSIONS} AND {appending}")
+        assert wait_status(db, run, TERMINAL, 15) == "completed", worker.log()
+        assert worker.proc.poll() is None, worker.log()
+        assert "database call failed, trying again" in worker.log()
+        row = run_row(db, run)
+        assert row["attempt"] == 1 and row["result"]["text"] == text and streamed_text(db, run) == text
+        listening = "query = 'LISTEN runrow_cancel'"
+        wait_until(lambda: node_sessions(db, listening), 10, "it to LISTEN again")
+        again = enqueue_run(db, "q2", "m", metadata={"echo": "after the cut", "duration": 0})
+        assert wait_status(db, again, TERMINAL, 8) == "completed", worker.log()
+    finally:
+        assert worker.stop() == 0
+    assert "LISTEN connection lost" in worker.log()
+    assert db.execute("SELECT * FROM runrow.audit()").fetchall() == []
+
+
+def test_node_worker_drain_releases_what_it_holds(
+    db: psycopg.Connection, worker_db: str, tmp_path: Path
+) -> None:
+    def released(run: uuid.UUID, worker: NodeWorker) -> None:
+        row = run_row(db, run)
+        assert (row["status"], row["attempt"]) == ("queued", 1), worker.log()
+        assert row["error"].startswith("drained"), row["error"]
+        kinds = [e["type"] for e in events(db, run)]
+        assert kinds.count("run_requeued") == 1 and "complete" not in kinds
+        db.execute("SELECT runrow.cancel_run(%s)", (run,))  # not the next worker's to claim
+
+    # 1. A claim in flight when SIGTERM lands: its run is released as it arrives, never started.
+    run = enqueue_run(db, "q", "m", max_attempts=2, metadata={"echo": "never started", "duration": 0})
+    with psycopg.connect(worker_db) as locker:
+        locker.execute("LOCK TABLE runrow.agent_run IN EXCLUSIVE MODE")  # holds the first claim
+        worker = NodeWorker(worker_db, "node-claiming", tmp_path)
+        try:
+            blocked = "wait_event_type = 'Lock' AND position('claim_runs' in query) > 0"
+            wait_until(lambda: node_sessions(db, blocked), 10, "the claim to wait on the lock")
+            worker.signal()
+            wait_until(lambda: "draining" in worker.log(), 5, "the drain to begin")
+            locker.commit()
+            assert worker.proc.wait(timeout=10) == 0, worker.log()
+        finally:
+            locker.rollback()
+            worker.stop()
+    released(run, worker)
+    assert "message_start" not in [e["type"] for e in events(db, run)]
+
+    # 2. DRAIN_SECONDS spent: the run still held is stopped and released, exit 0. 3. A second
+    # SIGTERM: released at once rather than abandoned, exit 1.
+    for how, budget, code in [("budget", "1", 0), ("signal", "60", 1)]:
+        worker = NodeWorker(worker_db, f"node-{how}", tmp_path, DRAIN_SECONDS=budget)
+        try:
+            run = enqueue_run(db, "long", "m", max_attempts=2, metadata={"echo": "z" * 600, "duration": 60})
+            wait_streaming(db, run)
+            worker.signal()
+            if how == "signal":
+                wait_until(lambda w=worker: "draining" in w.log(), 5, "the drain to begin")
+                worker.signal()
+            assert worker.proc.wait(timeout=8) == code, worker.log()
+        finally:
+            worker.stop()
+        released(run, worker)
