@@ -45,6 +45,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     _WORKER_DATABASE.close()
+    # The migrated template the test processes copied their databases from (devdb), once they
+    # are all done: this is the controlling process (or the only one).
+    url = os.environ.get("DATABASE_URL")
+    if url and not os.environ.get("PYTEST_XDIST_WORKER"):
+        with contextlib.suppress(psycopg.Error):
+            devdb.drop_templates(url)
 
 
 @pytest.fixture(scope="session")

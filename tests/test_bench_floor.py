@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
 import psycopg
 import pytest
+
+from pyworker.db.devdb import temporary_database
 
 ROOT = Path(__file__).resolve().parent.parent
 NARROW, TABLES, TRIGGERS, FUNCTIONS = (
@@ -24,6 +26,13 @@ NARROW, TABLES, TRIGGERS, FUNCTIONS = (
 )
 RUNGS = (NARROW, TABLES, TRIGGERS)
 Acks = Callable[[list[tuple[object, object]]], str]
+
+
+@pytest.fixture
+def floor_database(database_url: str) -> Iterator[str]:
+    """A migrated database of its own, as bench.drain gives each row (a copy of the template)."""
+    with temporary_database(database_url, "runrow_floor") as url:
+        yield url
 
 
 @pytest.fixture
@@ -48,18 +57,18 @@ def acks(floor: ModuleType) -> Acks:
 @pytest.mark.parametrize("rung", RUNGS)
 @pytest.mark.parametrize("batch", [1, 10])
 def test_a_rung_drains_every_run_once_with_a_whole_journal(
-    floor: ModuleType, scratch_database: str, rung: str, batch: int
+    floor: ModuleType, floor_database: str, rung: str, batch: int
 ):
-    floor.setup(rung, scratch_database, 25)
-    assert floor.worker(rung, scratch_database, batch, lambda: None) == 25
-    floor.check(rung, scratch_database, 25)
+    floor.setup(rung, floor_database, 25)
+    assert floor.worker(rung, floor_database, batch, lambda: None) == 25
+    floor.check(rung, floor_database, 25)
 
 
 @pytest.mark.parametrize("rung", RUNGS)
-def test_the_check_fails_while_runs_are_left(floor: ModuleType, scratch_database: str, rung: str):
-    floor.setup(rung, scratch_database, 3)
+def test_the_check_fails_while_runs_are_left(floor: ModuleType, floor_database: str, rung: str):
+    floor.setup(rung, floor_database, 3)
     with pytest.raises(AssertionError, match="0 of 3 runs"):
-        floor.check(rung, scratch_database, 3)
+        floor.check(rung, floor_database, 3)
 
 
 @pytest.mark.parametrize(
@@ -70,21 +79,21 @@ def test_the_check_fails_while_runs_are_left(floor: ModuleType, scratch_database
         "DELETE FROM run_event WHERE run_id = 2 AND type = 'complete'",  # no complete
     ],
 )
-def test_the_check_fails_on_a_damaged_run(floor: ModuleType, scratch_database: str, damage: str):
-    floor.setup(NARROW, scratch_database, 3)
-    floor.worker(NARROW, scratch_database, 10, lambda: None)
-    with psycopg.connect(scratch_database, autocommit=True) as conn:
+def test_the_check_fails_on_a_damaged_run(floor: ModuleType, floor_database: str, damage: str):
+    floor.setup(NARROW, floor_database, 3)
+    floor.worker(NARROW, floor_database, 10, lambda: None)
+    with psycopg.connect(floor_database, autocommit=True) as conn:
         conn.execute(damage)
     with pytest.raises(AssertionError, match="2 of 3 runs"):
-        floor.check(NARROW, scratch_database, 3)
+        floor.check(NARROW, floor_database, 3)
 
 
 @pytest.mark.parametrize("rung", RUNGS)
 def test_an_ending_with_a_wrong_token_writes_nothing(
-    floor: ModuleType, acks: Acks, scratch_database: str, rung: str
+    floor: ModuleType, acks: Acks, floor_database: str, rung: str
 ):
-    floor.setup(rung, scratch_database, 1)
-    with psycopg.connect(scratch_database, autocommit=True) as conn:
+    floor.setup(rung, floor_database, 1)
+    with psycopg.connect(floor_database, autocommit=True) as conn:
         ((run_id, token),) = conn.execute(floor.call(rung), {"acks": "[]", "batch": 1}).fetchall()
         forged = acks([(run_id, uuid.uuid4())])
         assert conn.execute(floor.call(rung), {"acks": forged, "batch": 1}).fetchall() == []
@@ -95,7 +104,7 @@ def test_an_ending_with_a_wrong_token_writes_nothing(
         ).fetchone()
         assert (status, completes) == (("running",), (0,))
         conn.execute(floor.call(rung), {"acks": acks([(run_id, token)]), "batch": 1})
-    floor.check(rung, scratch_database, 1)
+    floor.check(rung, floor_database, 1)
 
 
 def disabled_triggers(url: str) -> tuple[list[tuple[str, str]], int]:
@@ -111,22 +120,22 @@ def disabled_triggers(url: str) -> tuple[list[tuple[str, str]], int]:
 
 @pytest.mark.parametrize(("rung", "enabled"), [(TABLES, False), (TRIGGERS, True)])
 def test_the_rungs_on_runrows_tables_run_with_their_triggers_as_named(
-    floor: ModuleType, scratch_database: str, rung: str, enabled: bool
+    floor: ModuleType, floor_database: str, rung: str, enabled: bool
 ):
-    floor.setup(rung, scratch_database, 1)
-    off, total = disabled_triggers(scratch_database)
+    floor.setup(rung, floor_database, 1)
+    off, total = disabled_triggers(floor_database)
     assert total > 0 and len(off) == (0 if enabled else total)
 
 
 @pytest.mark.parametrize("rung", RUNGS)
 def test_a_rungs_statement_is_planned_once_with_index_lookups(
-    floor: ModuleType, acks: Acks, scratch_database: str, rung: str
+    floor: ModuleType, acks: Acks, floor_database: str, rung: str
 ):
     """Planned per call, a rung would pay the planner for agent_run's partial indexes, which
     runrow's functions do not; planned generically without the session's settings, the claim
     hash-joined a whole scan of the table."""
-    floor.setup(rung, scratch_database, 50)
-    with psycopg.connect(scratch_database, autocommit=True) as conn:
+    floor.setup(rung, floor_database, 50)
+    with psycopg.connect(floor_database, autocommit=True) as conn:
         floor.planned_once(conn)
         claimed: list[tuple[object, object]] = []
         for _ in range(3):
@@ -142,24 +151,24 @@ def test_a_rungs_statement_is_planned_once_with_index_lookups(
 
 @pytest.mark.parametrize("batch", [1, 10])
 def test_the_functions_row_drains_every_run_once_with_a_whole_journal(
-    floor: ModuleType, scratch_database: str, batch: int
+    floor: ModuleType, floor_database: str, batch: int
 ):
     """With the guard off, nobody numbers the journal but the rewritten writers: a gap, a reused
     seq or a NULL one would fail the drain or its check."""
-    floor.setup(FUNCTIONS, scratch_database, 25)
-    assert floor.functions_worker(scratch_database, batch, lambda: None) == 25
-    floor.check(FUNCTIONS, scratch_database, 25)
+    floor.setup(FUNCTIONS, floor_database, 25)
+    assert floor.functions_worker(floor_database, batch, lambda: None) == 25
+    floor.check(FUNCTIONS, floor_database, 25)
 
 
-def test_the_functions_row_has_exactly_its_rule_triggers_off(floor: ModuleType, scratch_database: str):
-    floor.setup(FUNCTIONS, scratch_database, 1)
-    off, total = disabled_triggers(scratch_database)
+def test_the_functions_row_has_exactly_its_rule_triggers_off(floor: ModuleType, floor_database: str):
+    floor.setup(FUNCTIONS, floor_database, 1)
+    off, total = disabled_triggers(floor_database)
     assert off == sorted(floor.RULE_TRIGGERS) and total > len(off)
 
 
-def test_the_functions_row_keeps_the_fence(floor: ModuleType, acks: Acks, scratch_database: str):
-    floor.setup(FUNCTIONS, scratch_database, 1)
-    with psycopg.connect(scratch_database, autocommit=True) as conn:
+def test_the_functions_row_keeps_the_fence(floor: ModuleType, acks: Acks, floor_database: str):
+    floor.setup(FUNCTIONS, floor_database, 1)
+    with psycopg.connect(floor_database, autocommit=True) as conn:
         ((run_id, token),) = conn.execute(
             "SELECT run_id, claim_token FROM runrow.claim_runs(worker_id => 'bench', max_runs => 1)"
         ).fetchall()
@@ -168,7 +177,7 @@ def test_the_functions_row_keeps_the_fence(floor: ModuleType, acks: Acks, scratc
         status = conn.execute("SELECT status FROM runrow.agent_run WHERE id = %s", (run_id,)).fetchone()
         assert status == ("running",)
         assert conn.execute(call, (acks([(run_id, token)]),)).fetchall() == [(True,)]
-    floor.check(FUNCTIONS, scratch_database, 1)
+    floor.check(FUNCTIONS, floor_database, 1)
 
 
 def test_the_functions_row_refuses_functions_it_cannot_rewrite(

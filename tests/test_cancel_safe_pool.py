@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -129,14 +128,9 @@ async def test_the_pool_is_back_within_seconds_of_the_database_after_a_long_outa
         pool = CancelSafePool(cluster.url, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False)
         await pool.open(wait=True, timeout=10)
         try:
-            wrapper = Path(cluster.root) / "postgres-after-an-outage"
-            wrapper.write_text(f'#!/bin/sh\nsleep {OUTAGE:g}\nexec {devdb.PG_BIN / "postgres"} "$@"\n')
-            wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-            # The server stops at once and starts again after the sleep (pg_ctl restart -p: the
-            # same options, another executable), meanwhile the pool is used as a service uses it.
-            restarting = asyncio.create_task(
-                asyncio.to_thread(devdb.restart, cluster, "immediate", str(wrapper))
-            )
+            # The server stops at once and starts again OUTAGE seconds later; meanwhile the pool
+            # is used as a service uses it.
+            restarting = asyncio.create_task(asyncio.to_thread(devdb.restart_after, cluster, OUTAGE))
             await asyncio.sleep(0.5)
             while not restarting.done():
                 with contextlib.suppress(psycopg.Error, PoolTimeout):

@@ -7,12 +7,10 @@ audit: 30 s waits while down, 18-25 s more of 503s after a 40 s outage)."""
 
 from __future__ import annotations
 
-import stat
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import psycopg
@@ -65,10 +63,7 @@ def test_while_the_database_is_away_requests_get_a_prompt_503_and_then_service_a
         following = threading.Thread(target=follow)
         following.start()
         time.sleep(1.0)  # the stream has sent what the journal holds and waits
-        wrapper = Path(outage_cluster.root) / "postgres-after-an-outage"
-        wrapper.write_text(f'#!/bin/sh\nsleep {OUTAGE:g}\nexec {devdb.PG_BIN / "postgres"} "$@"\n')
-        wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-        restarting = threading.Thread(target=devdb.restart, args=(outage_cluster, "immediate", str(wrapper)))
+        restarting = threading.Thread(target=devdb.restart_after, args=(outage_cluster, OUTAGE))
         restarting.start()
         try:
             time.sleep(1.0)

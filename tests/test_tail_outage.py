@@ -6,7 +6,6 @@ the seq to give `--from` (the HTTP audit's outage, seen from the CLI)."""
 from __future__ import annotations
 
 import os
-import stat
 import subprocess
 import sys
 import time
@@ -50,10 +49,7 @@ def test_a_tail_waits_out_an_outage_and_goes_on_after_what_it_showed(outage_clus
     )
     try:
         time.sleep(2.0)  # it has shown what the journal holds and waits
-        wrapper = Path(outage_cluster.root) / "postgres-after-an-outage"
-        wrapper.write_text(f'#!/bin/sh\nsleep {OUTAGE:g}\nexec {devdb.PG_BIN / "postgres"} "$@"\n')
-        wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-        devdb.restart(outage_cluster, "immediate", str(wrapper))
+        devdb.restart_after(outage_cluster, OUTAGE)
         assert following.poll() is None, following.communicate()
         with psycopg.connect(outage_cluster.url, autocommit=True) as db:
             append(db, run_id, token, [{"type": "text_delta", "text": "lo"}])
