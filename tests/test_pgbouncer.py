@@ -39,7 +39,7 @@ from worker_support import (
 
 from pyworker.db import migrate as migrate_module
 from pyworker.db import pgbouncer
-from pyworker.db.devdb import DevDbError, temporary_database
+from pyworker.db.devdb import OWNER, DevDbError, temporary_database
 from pyworker.db.hub import POOLED_WARNING
 from pyworker.db.pooling import REFUSED_OPTIONS
 
@@ -235,3 +235,25 @@ def test_a_tail_whose_listen_is_pooled_polls_instead_of_waiting_for_its_keepaliv
     assert POOLED_WARNING in err, err
     # A poll tick (1 s) and a process exit, not the rest of a 15 s keepalive.
     assert took < 6.0, f"the tail took {took:.1f}s to show the ending: it waited for a wake\n{err}"
+
+
+def test_a_worker_started_before_its_pgbouncer_drops_options_once_it_answers(
+    db: psycopg.Connection, worker_db: str, database_url: str
+) -> None:
+    """Services started in the wrong order: the worker's first probe found no pgbouncer (a
+    refused connection, not the refusal of `options`), so it kept `options`, every pool connect
+    was then refused with "unsupported startup parameter: options", and after 30 s it exited 2
+    saying the server was down (the pooler audit). It now waits for an answer to decide."""
+    port = 6435
+    url = f"postgresql://{OWNER}@127.0.0.1:{port}/{worker_db.rsplit('/', 1)[1].split('?', 1)[0]}"
+    worker = WorkerProcess(url, "before-its-pooler", ["--poll", "0.5", "--lease", "3"])
+    try:
+        time.sleep(3.0)  # it has found nothing listening, and keeps asking
+        assert worker.proc.poll() is None, worker.log()
+        with pgbouncer.running(database_url, listen_addr="127.0.0.1", port=port):
+            worker.wait_started(20)
+            assert "worker pool: the server refuses the options startup parameter" in worker.log()
+            run = enqueue_echo(db, "late pooler", duration=0.1)
+            wait_until(lambda: status(db, run) == "completed", 20, f"the run to complete\n{worker.log()}")
+    finally:
+        worker.close()

@@ -163,7 +163,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except PoolTimeout:
         print(
             "runrow worker: cannot connect to the database within 30 s; check DATABASE_URL / "
-            "--database-url and that the server is up (`runrow migrate` must have run)",
+            "--database-url and that the server is up (`runrow migrate` must have run); through a "
+            "pooler that refuses the options startup parameter, --no-session-limits",
             file=sys.stderr,
         )
         return 2

@@ -22,7 +22,9 @@ outlive a transaction on the server side:
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from typing import Any
 
 import psycopg
@@ -34,24 +36,38 @@ POOLER_SAFE: dict[str, Any] = {"prepare_threshold": None}
 REFUSED_OPTIONS = "unsupported startup parameter: options"
 
 
-async def accepted_kwargs(conninfo: str, kwargs: dict[str, Any], *, what: str) -> dict[str, Any]:
+async def accepted_kwargs(
+    conninfo: str, kwargs: dict[str, Any], *, what: str, patience: float = 30.0
+) -> dict[str, Any]:
     """`kwargs`, less `options` when the server on `conninfo` (a pooler) refuses that startup
-    parameter. Any other connection error is left for the caller's pool to retry and report."""
+    parameter. Until the server answers, for up to `patience` seconds, it asks again: a worker
+    started while its pgbouncer was still down (services started in the wrong order) kept
+    `options`, and every connection the pooler then refused (the pooler audit). After that, the
+    error is left for the caller's pool to retry and report."""
     if "options" not in kwargs:
         return kwargs
-    try:
-        conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True, connect_timeout=10, **kwargs)
-    except psycopg.OperationalError as exc:
-        if REFUSED_OPTIONS not in str(exc):
-            return kwargs
-        log.warning(
-            "%s: the server refuses the options startup parameter (a pooler such as pgbouncer): "
-            "connecting without the per-session limits, so set idle_in_transaction_session_timeout, "
-            "tcp_keepalives_* and tcp_user_timeout server-side (ALTER ROLE ... SET, or the pooler's "
-            "idle_transaction_timeout and tcp_* settings; README, Deployment), or a cut-off worker "
-            "keeps its locks until TCP notices",
-            what,
-        )
-        return {key: value for key, value in kwargs.items() if key != "options"}
-    await conn.close()
-    return kwargs
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                conninfo, autocommit=True, connect_timeout=10, **kwargs
+            )
+        except psycopg.OperationalError as exc:
+            if REFUSED_OPTIONS in str(exc):
+                break
+            if time.monotonic() >= deadline:
+                return kwargs
+            log.info("%s: waiting for the database: %s", what, str(exc).strip().splitlines()[0])
+            await asyncio.sleep(0.5)
+            continue
+        await conn.close()
+        return kwargs
+    log.warning(
+        "%s: the server refuses the options startup parameter (a pooler such as pgbouncer): "
+        "connecting without the per-session limits, so set idle_in_transaction_session_timeout, "
+        "tcp_keepalives_* and tcp_user_timeout server-side (ALTER ROLE ... SET, or the pooler's "
+        "idle_transaction_timeout and tcp_* settings; README, Deployment), or a cut-off worker "
+        "keeps its locks until TCP notices",
+        what,
+    )
+    return {key: value for key, value in kwargs.items() if key != "options"}

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from typing import Any
 
 import psycopg
@@ -33,6 +34,8 @@ from pyworker.worker.settings import check as check_setting
 from pyworker.worker.webhooks import WebhookSettings, webhook_loop
 
 log = logging.getLogger("runrow.worker")
+
+START_TIMEOUT = 30.0  # seconds a starting worker waits for its database (PoolTimeout after)
 
 
 def default_worker_id() -> str:
@@ -236,16 +239,20 @@ class Worker:
         # or vanishes inside a transaction, so its row locks cannot stall reapers and stops.
         limits: dict[str, Any] = {}
         hub_limits: dict[str, Any] = {}
+        # One wait for the database in all, whoever waits: the probes below, then the pool.
+        deadline = time.monotonic() + START_TIMEOUT
         if self.session_limits:
             limits = await accepted_kwargs(
                 self.conninfo,
                 worker_connection_kwargs(self.conninfo, self.lease_seconds),
                 what="worker pool",
+                patience=START_TIMEOUT,
             )
             hub_limits = await accepted_kwargs(
                 self.listen_conninfo,
                 worker_connection_kwargs(self.listen_conninfo, self.lease_seconds),
                 what="worker hub (LISTEN)",
+                patience=max(0.0, deadline - time.monotonic()),
             )
         pool = CancelSafePool(
             self.conninfo,
@@ -255,7 +262,7 @@ class Worker:
             open=False,
         )
         try:
-            await pool.open(wait=True, timeout=30)
+            await pool.open(wait=True, timeout=max(1.0, deadline - time.monotonic()))
             async with pool.connection() as conn:
                 await conn.execute("SELECT runrow.schema_version()")
         except (psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedFunction):
