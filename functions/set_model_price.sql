@@ -1,3 +1,8 @@
+-- The five-argument form (before migration 0071) goes: beside this one, a call with five
+-- arguments would be ambiguous (42725). Here rather than in 0071, so that an older migrate or
+-- install.sql run by mistake on this database cannot leave it behind for good.
+DROP FUNCTION IF EXISTS runrow.set_model_price(text, numeric, numeric, numeric, numeric);
+
 CREATE OR REPLACE FUNCTION runrow.set_model_price(
     model text, input_per_mtok numeric, output_per_mtok numeric, cache_write_per_mtok numeric,
     cache_read_per_mtok numeric, cache_write_1h_per_mtok numeric DEFAULT NULL

@@ -2,8 +2,9 @@
 -- every cache write was priced at the 5-minute rate, so a run or tenant using 1-hour caching
 -- was costed 37 % low on its writes and its cost budget overspent by as much (the money
 -- audit). The price table gets the 1-hour rate, 2 x input for the prices already set (the
--- API's rule); set_model_price takes it as a sixth argument (functions/set_model_price.sql),
--- so its five-argument form goes.
+-- API's rule); set_model_price takes it as a sixth argument (functions/set_model_price.sql,
+-- which drops the five-argument form in the same transaction as it creates the new one, so
+-- that the function is never missing, and an older migrate's copy is removed again).
 ALTER TABLE runrow.model_price ADD COLUMN cache_write_1h_per_mtok numeric;
 UPDATE runrow.model_price SET cache_write_1h_per_mtok = 2 * input_per_mtok;
 ALTER TABLE runrow.model_price ALTER COLUMN cache_write_1h_per_mtok SET NOT NULL,
@@ -14,8 +15,6 @@ ADD CONSTRAINT model_price_cache_write_1h_nonnegative CHECK (
 COMMENT ON COLUMN runrow.model_price.cache_write_1h_per_mtok IS
 'USD per million cache-write tokens with the 1-hour TTL (usage.cache_creation.'
 'ephemeral_1h_input_tokens); cache_write_per_mtok prices the other cache writes.';
-
-DROP FUNCTION IF EXISTS runrow.set_model_price(text, numeric, numeric, numeric, numeric);
 
 CREATE OR REPLACE VIEW runrow.model_prices AS
 SELECT

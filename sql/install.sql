@@ -37,6 +37,93 @@ CREATE TABLE IF NOT EXISTS runrow.yoyo_lock (
     pid int NOT NULL
 );
 INSERT INTO runrow._yoyo_version VALUES (2, now() AT TIME ZONE 'UTC') ON CONFLICT DO NOTHING;
+-- A newer runrow upgraded this database: this file would put older functions back (functions/
+-- is re-applied below). Refuse, before anything is written.
+DO $guard$
+DECLARE
+    unknown text;
+BEGIN
+    SELECT string_agg(m.migration_id, ', ' ORDER BY m.migration_id) INTO unknown
+    FROM runrow._yoyo_migration AS m
+    WHERE m.migration_id <> ALL (ARRAY[
+    '0001_core',
+    '0002_steps_and_tools',
+    '0003_dba_views',
+    '0004_conversation_owner',
+    '0005_no_public_execute',
+    '0006_untrimmed_journal_index',
+    '0007_step_usage',
+    '0008_agent_run_autovacuum',
+    '0009_open_runs_by_conversation',
+    '0010_nul_safe_steps_and_request_fingerprint',
+    '0011_interrupted_tool_calls',
+    '0012_claim_blocked_turns',
+    '0013_fleet_run_columns',
+    '0014_schedules',
+    '0015_queue_metrics',
+    '0016_fork_run',
+    '0017_webhook_outbox',
+    '0018_fair_claim',
+    '0019_fleet_limits',
+    '0020_uuidv7_run_ids',
+    '0021_index_diet',
+    '0022_journal_seq_assigned',
+    '0023_bounded_trim',
+    '0024_journal_delete_guard_per_statement',
+    '0025_wakes_only_for_waiters',
+    '0026_agent_run_guard_when',
+    '0027_uuidv7_plpgsql',
+    '0028_after_update_per_statement',
+    '0029_agent_run_hot_columns_last',
+    '0030_no_before_update_row_triggers',
+    '0031_journal_run_checked_by_its_seq_trigger',
+    '0032_no_index_of_running_runs_by_worker',
+    '0033_agent_run_guard_by_column',
+    '0034_agent_run_settings_checked_when_set',
+    '0035_turns_indexed_open_and_ended',
+    '0036_open_turns_indexed_queued_and_active',
+    '0037_ending_wakes_only_when_one_can_start',
+    '0038_claimed_run_type',
+    '0039_journal_nothing_after_complete',
+    '0040_finished_runs_indexed_untrimmed_and_trimmed',
+    '0041_hot_triggers_without_set_clauses',
+    '0042_agent_run_rules_once_per_statement',
+    '0043_finish_runs_input_as_arrays',
+    '0044_agent_run_identity_by_column',
+    '0045_agent_run_state_rules_in_one_check',
+    '0046_agent_run_state_validated',
+    '0047_journal_row_rules_in_its_guard',
+    '0048_agent_step_rules_in_one_check',
+    '0049_agent_step_rules_validated',
+    '0050_prompt_reference_without_row_lock',
+    '0051_agent_step_seq_from_its_guard',
+    '0052_run_references_checked_at_insert',
+    '0053_tool_effect_rules_in_one_check',
+    '0054_tool_effect_rules_validated',
+    '0055_uuidv7_inlined',
+    '0056_message_rules_in_one_check',
+    '0057_message_rules_validated',
+    '0058_webhook_delivery_rules_in_one_check',
+    '0059_webhook_delivery_rules_validated',
+    '0060_journal_pages_keep_a_reserve',
+    '0061_request_snapshot_apart_from_the_run',
+    '0062_journal_guard_reads_by_index',
+    '0063_journal_lookups_never_jit',
+    '0064_fairness_weight_floor',
+    '0065_money_is_finite',
+    '0066_webhook_failure_can_be_permanent',
+    '0067_schedules_never_wait',
+    '0068_queue_metrics_alertable',
+    '0069_result_portable',
+    '0070_run_stats_without_fork_copies',
+    '0071_model_price_cache_write_1h'
+]::text[]);
+    IF unknown IS NOT NULL THEN
+        RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+END
+$guard$;
 
 -- migration 0001_core
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'fbc81279f6519ce332c3226783935c1e1f02694ffc642a63b3dd8d0a63a243f5') AS apply_fbc81279f651 \gset
@@ -7383,8 +7470,9 @@ SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '
 -- every cache write was priced at the 5-minute rate, so a run or tenant using 1-hour caching
 -- was costed 37 % low on its writes and its cost budget overspent by as much (the money
 -- audit). The price table gets the 1-hour rate, 2 x input for the prices already set (the
--- API's rule); set_model_price takes it as a sixth argument (functions/set_model_price.sql),
--- so its five-argument form goes.
+-- API's rule); set_model_price takes it as a sixth argument (functions/set_model_price.sql,
+-- which drops the five-argument form in the same transaction as it creates the new one, so
+-- that the function is never missing, and an older migrate's copy is removed again).
 ALTER TABLE runrow.model_price ADD COLUMN cache_write_1h_per_mtok numeric;
 UPDATE runrow.model_price SET cache_write_1h_per_mtok = 2 * input_per_mtok;
 ALTER TABLE runrow.model_price ALTER COLUMN cache_write_1h_per_mtok SET NOT NULL,
@@ -7395,8 +7483,6 @@ ADD CONSTRAINT model_price_cache_write_1h_nonnegative CHECK (
 COMMENT ON COLUMN runrow.model_price.cache_write_1h_per_mtok IS
 'USD per million cache-write tokens with the 1-hour TTL (usage.cache_creation.'
 'ephemeral_1h_input_tokens); cache_write_per_mtok prices the other cache writes.';
-
-DROP FUNCTION IF EXISTS runrow.set_model_price(text, numeric, numeric, numeric, numeric);
 
 CREATE OR REPLACE VIEW runrow.model_prices AS
 SELECT
@@ -14272,6 +14358,11 @@ COMMENT ON FUNCTION runrow.set_fairness_weight(text, double precision) IS
 REVOKE ALL ON FUNCTION runrow.set_fairness_weight(text, double precision) FROM PUBLIC;
 
 -- functions/set_model_price.sql
+-- The five-argument form (before migration 0071) goes: beside this one, a call with five
+-- arguments would be ambiguous (42725). Here rather than in 0071, so that an older migrate or
+-- install.sql run by mistake on this database cannot leave it behind for good.
+DROP FUNCTION IF EXISTS runrow.set_model_price(text, numeric, numeric, numeric, numeric);
+
 CREATE OR REPLACE FUNCTION runrow.set_model_price(
     model text, input_per_mtok numeric, output_per_mtok numeric, cache_write_per_mtok numeric,
     cache_read_per_mtok numeric, cache_write_1h_per_mtok numeric DEFAULT NULL

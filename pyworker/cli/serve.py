@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pyworker.cli.messages import first_line, read_text_option
 from pyworker.cli.types import conninfo, env_default, number, port_number
+from pyworker.db import schema
 from pyworker.db.config import database_url
 from pyworker.http.auth import TokenConfigError, load_tokens_file, parse_tokens_env
 from pyworker.http.config import MAX_BODY_BYTES, ServeConfig
@@ -170,8 +171,10 @@ def _unreachable(url: str, what: str, migrate_where: str, check: str) -> str | N
     while True:
         try:
             with psycopg.connect(url, connect_timeout=10, autocommit=True) as conn:
-                conn.execute("SELECT runrow.schema_version()")
-                return None
+                version = (conn.execute("SELECT runrow.schema_version()").fetchone() or (None,))[0]
+            # On an older schema the service failed mid-request on a function it lacked.
+            problem = schema.too_old(version, "this runrow serve")
+            return None if problem is None else f"{what}: {problem}"
         except (psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedFunction):
             # Started anyway, it answered every request 500 "internal error".
             return f"{what} has no runrow schema: run `runrow migrate` {migrate_where}"

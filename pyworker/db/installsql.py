@@ -26,6 +26,7 @@ from pyworker.db.paths import FUNCTIONS_DIR, INSTALL_SQL, MIGRATIONS_DIR, SQL_DI
 # module only assembles files and holds no SQL of its own.
 HEADER = (SQL_DIR / "templates" / "install_header.psql").read_text()
 MIGRATION_BLOCK = (SQL_DIR / "templates" / "install_migration.psql").read_text()
+NEWER_GUARD = (SQL_DIR / "templates" / "install_newer_guard.psql").read_text()
 
 
 def _migration_block(path: Path) -> str:
@@ -36,8 +37,10 @@ def _migration_block(path: Path) -> str:
 
 
 def render(migrations_dir: Path = MIGRATIONS_DIR, functions_dir: Path = FUNCTIONS_DIR) -> str:
-    parts = [HEADER]
-    for path in sorted(p for p in migrations_dir.glob("*.sql") if not p.name.endswith(".rollback.sql")):
+    paths = sorted(p for p in migrations_dir.glob("*.sql") if not p.name.endswith(".rollback.sql"))
+    known = ",\n    ".join(f"'{path.stem}'" for path in paths)
+    parts = [HEADER, NEWER_GUARD.format(known="\n    " + known + "\n")]
+    for path in paths:
         parts.append(_migration_block(path))
     parts.append("\n-- functions/: re-applied on every install, like `runrow migrate`\n")
     for path in function_files(functions_dir):

@@ -90,18 +90,20 @@ async def set_model_price(
     cache_read_per_mtok: Decimal | None,
     cache_write_1h_per_mtok: Decimal | None = None,
 ) -> None:
-    """cache_write_1h_per_mtok None: twice the input price (the API's rule)."""
+    """cache_write_1h_per_mtok None: twice the input price (the API's rule). Named only when
+    given, so the call works on a schema from before it (0071) too."""
+    args = (model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok)
+    if cache_write_1h_per_mtok is None:
+        await conn.execute(
+            "SELECT runrow.set_model_price(model => %s, input_per_mtok => %s, output_per_mtok => %s, "
+            "cache_write_per_mtok => %s, cache_read_per_mtok => %s)",
+            args,
+        )
+        return
     await conn.execute(
         "SELECT runrow.set_model_price(model => %s, input_per_mtok => %s, output_per_mtok => %s, "
         "cache_write_per_mtok => %s, cache_read_per_mtok => %s, cache_write_1h_per_mtok => %s)",
-        (
-            model,
-            input_per_mtok,
-            output_per_mtok,
-            cache_write_per_mtok,
-            cache_read_per_mtok,
-            cache_write_1h_per_mtok,
-        ),
+        (*args, cache_write_1h_per_mtok),
     )
 
 

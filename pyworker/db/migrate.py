@@ -128,6 +128,23 @@ def _refuse_a_pooler(database_url: str, timeout: dict[str, Any]) -> None:
         raise MigrateError(POOLED)
 
 
+def _refuse_a_newer_schema(backend: Any, migrations: Any, conn: psycopg.Connection[Any]) -> None:
+    """MigrateError when a newer runrow migrated this database: re-applying this code's
+    functions/ would put older functions back (the rolling-deploy audit: an old migrate job
+    during a rollout exited 0, "already current", and priced 1-hour cache writes at the old
+    rate again)."""
+    known = {m.hash for m in migrations}
+    unknown = [h for h in backend.get_applied_migration_hashes() if h not in known]
+    if not unknown:
+        return
+    version = conn.execute("SELECT runrow.schema_version()").fetchone()[0]  # type: ignore[index]
+    raise MigrateError(
+        f"this database has {len(unknown)} migration(s) this runrow does not ship (it is at {version}; "
+        f"this runrow's newest is {max(m.id for m in migrations)}): a newer runrow migrated it, and this "
+        "one would put older functions back. Run the newer version's `runrow migrate`"
+    )
+
+
 def _backend(database_url: str) -> _Backend:
     backend = _Backend(parse_uri(yoyo_uri(database_url)), default_migration_table)
     backend.init_database()
@@ -150,6 +167,7 @@ def migrate(
             backend = _backend(database_url)
             backend.break_lock()  # yoyo's own: any row of its lock table is stale (module docstring)
             migrations = read_migrations(str(migrations_dir))
+            _refuse_a_newer_schema(backend, migrations, lock_conn)
             applied = _apply(backend, migrations)
             backend.connection.close()
             files = function_files(functions_dir)

@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 
+from pyworker.db import schema
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.config import where
 from pyworker.db.hub import Hub
@@ -264,7 +265,10 @@ class Worker:
         try:
             await pool.open(wait=True, timeout=max(1.0, deadline - time.monotonic()))
             async with pool.connection() as conn:
-                await conn.execute("SELECT runrow.schema_version()")
+                row = await (await conn.execute("SELECT runrow.schema_version()")).fetchone()
+            version = row[0] if row else None
+            if (problem := schema.too_old(version, "this worker")) is not None:
+                raise SchemaMissing(problem)  # the pool is closed below
         except (psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedFunction):
             # Started anyway, it logged a failed reap and a failed claim every tick, forever.
             await pool.close()
