@@ -383,14 +383,15 @@ def temporary_database(admin_url: str, prefix: str, *, migrated: bool = True) ->
 TEMPLATE_PREFIX = "runrow_template_"
 
 
-def migrated_template(admin_url: str) -> str:
+def migrated_template(admin_url: str, timeout: float = 300.0) -> str:
     """A database on the server of `admin_url` migrated to this checkout's schema, made once and
     then copied: CREATE DATABASE ... TEMPLATE takes about 0.06 s where a migrate takes about
     1.7 s, and the test suite makes a migrated database for some 200 tests. Its name holds a
-    hash of migrations/ and functions/, so an edited schema gets a template of its own. Built
-    under a different name and renamed when complete, under an advisory lock (the two test
-    processes ask at once); closed to connections, so nothing (not autovacuum either) changes
-    it between copies."""
+    hash of migrations/ and functions/, so an edited schema gets a template of its own. It is
+    built under another name, whose CREATE DATABASE is the lock among builders (an advisory
+    lock is per database, and the two test processes connect to databases of their own), and
+    renamed when whole; closed to connections, so nothing (not autovacuum either) changes it
+    between copies."""
     import hashlib
 
     import psycopg
@@ -403,23 +404,30 @@ def migrated_template(admin_url: str) -> str:
         digest.update(f"{path.parent.name}/{path.name}\0".encode())
         digest.update(path.read_bytes())
     name = TEMPLATE_PREFIX + digest.hexdigest()[:16]
+    building = f"{name}_building"
+    deadline = time.monotonic() + timeout
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(hashtext('runrow.devdb.template'))")
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
-            return name  # the session ends, and with it the lock
-        building = f"{name}_building"
-        drop_database(admin_url, building)  # a build cut short
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(building)))
-        try:
-            from pyworker.db.migrate import migrate
+        while not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            try:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(building)))
+            except (psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
+                # Another process builds it: wait for the rename (or, past the deadline, take
+                # it for the leftover of a build that was killed).
+                if time.monotonic() > deadline:
+                    drop_database(admin_url, building)
+                    deadline = time.monotonic() + timeout
+                time.sleep(0.2)
+                continue
+            try:
+                from pyworker.db.migrate import migrate
 
-            migrate(database_url_for(admin_url, building))
-            built, final = sql.Identifier(building), sql.Identifier(name)
-            conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(built))
-            conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(built, final))
-        except BaseException:
-            drop_database(admin_url, building)
-            raise
+                migrate(database_url_for(admin_url, building))
+                built, final = sql.Identifier(building), sql.Identifier(name)
+                conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(built))
+                conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(built, final))
+            except BaseException:
+                drop_database(admin_url, building)
+                raise
     return name
 
 
