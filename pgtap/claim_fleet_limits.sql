@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(14);
+SELECT plan(18);
 -- Counted from the start (test 12): PL/pgSQL compiles a simple expression, a helper's call in
 -- an assignment among them, once per transaction, with the call counting in force then.
 SET LOCAL track_functions = 'pl';
@@ -67,6 +67,18 @@ SELECT is(
     '{failed,failed,failed} 1',
     'all three end budget_exhausted on one verdict of the tenant''s budget');
 RESET track_functions;
+
+-- At most 500 runs of tenants over budget end in one claim: 20,000 queued runs of one tenant
+-- all ended in one claim (3.3 s in one transaction); the rest end in later claims.
+SELECT count(pg_temp.fleet_queued(tenant => 'spender')) FROM generate_series(1, 520);
+SELECT pg_temp.fleet_queued(tenant => 'thrifty') AS after_many \gset
+SELECT is((SELECT array_agg(run_id) FROM runrow.claim_runs('pgtap', 10, 30)), ARRAY[:'after_many'::uuid],
+    'behind 520 runs of a tenant over budget, another tenant''s run is claimed');
+SELECT is((SELECT count(*)::int FROM runrow.agent_run WHERE fairness_key = 'spender' AND status = 'queued'), 20,
+    'the claim ended 500 of them, no more');
+SELECT is_empty($$SELECT * FROM runrow.claim_runs('pgtap', 10, 30)$$, 'the next claim starts none of them');
+SELECT is((SELECT count(*)::int FROM runrow.agent_run WHERE fairness_key = 'spender' AND status = 'queued'), 0,
+    'and ends the last 20');
 
 -- Without blocks or budgets the claim is as before.
 SELECT runrow.set_tenant_budget('spender', NULL, NULL);
