@@ -160,6 +160,35 @@ def test_stop_ends_the_run_cancelled_and_keeps_the_partial_text(
     assert page.inner_text(".turn:last-child .assistant .meta") == "stopped"
 
 
+def test_an_enqueue_answered_503_is_sent_again_with_its_key_until_it_lands(
+    live: Server, page_db: str, page: Page
+) -> None:
+    """While the service's database is away (a restart, a failover) a POST is answered 503 with
+    Retry-After. The page marked the turn failed at the first one, though the POST is safe to
+    repeat (the failover audit: 11 such answers across four failovers, each turn given up, and a
+    run created before a lost answer ran and was paid for unseen). It sends it again with the
+    same Idempotency-Key, after Retry-After, and follows the run it gets."""
+    sent: list[str] = []
+    forward = echo_back("back again", 0.2)
+
+    def unavailable_twice(route: Route) -> None:
+        sent.append(route.request.headers.get("idempotency-key", ""))
+        if len(sent) <= 2:
+            error = {"error": {"type": "unavailable", "message": "the database is unavailable; try again"}}
+            route.fulfill(status=503, headers={"Retry-After": "1"}, json=error)
+        else:
+            forward(route)
+
+    page.route("**/conversations/*/runs", unavailable_twice)
+    sign_in_and_send(page, live, "Through a failover")
+    run_id = run_of(page)
+    page.wait_for_selector(".turn:last-child .assistant.completed")
+    assert len(sent) == 3 and len(set(sent)) == 1 and sent[0], sent  # one key, three POSTs
+    assert page_text(page) == "back again"
+    with psycopg.connect(page_db, autocommit=True) as db:
+        assert status(db, run_id) == "completed"
+
+
 @pytest.fixture(scope="module")
 def quiet_db(database_url: str) -> Iterator[str]:
     yield from private_database(database_url, "runrow_http_page_quiet")

@@ -67,10 +67,11 @@ function authHeaders() {
 }
 
 class ApiError extends Error {
-  constructor(status, type, message) {
+  constructor(status, type, message, retryAfter = null) {
     super(message);
     this.status = status;
     this.type = type;
+    this.retryAfter = retryAfter; // seconds, from a 503's Retry-After
   }
 }
 
@@ -85,7 +86,8 @@ async function api(method, path, body, headers = {}) {
   if (res.status === 401) needToken();
   if (!res.ok) {
     const e = data.error || {};
-    throw new ApiError(res.status, e.type || "http_error", e.message || `HTTP ${res.status}`);
+    const wait = Number(res.headers.get("Retry-After"));
+    throw new ApiError(res.status, e.type || "http_error", e.message || `HTTP ${res.status}`, wait > 0 ? wait : null);
   }
   return data;
 }
@@ -169,19 +171,37 @@ async function send() {
   await enqueue(turn);
 }
 
+// The POST is sent again, with the same Idempotency-Key, while the service answers 503 (its
+// database is away: a restart, a failover) or cannot be reached, for up to a minute: the turn
+// stays "sending" meanwhile, so a reload sends it again too. It was marked failed at the first
+// 503, though the run may have been created (an answer lost after the commit) and run, paid for.
+const ENQUEUE_PATIENCE_MS = 60_000;
+
 async function enqueue(turn) {
-  try {
-    const run = await api(
-      "POST",
-      `/conversations/${chat.conversation}/runs`,
-      { content: turn.user },
-      { "Idempotency-Key": turn.key },
-    );
-    turn.runId = run.run_id;
-    turn.status = run.status;
-  } catch (err) {
-    turn.status = "failed";
-    turn.error = err.message;
+  const giveUp = Date.now() + ENQUEUE_PATIENCE_MS;
+  for (;;) {
+    try {
+      const run = await api(
+        "POST",
+        `/conversations/${chat.conversation}/runs`,
+        { content: turn.user },
+        { "Idempotency-Key": turn.key },
+      );
+      turn.runId = run.run_id;
+      turn.status = run.status;
+      turn.error = null;
+      break;
+    } catch (err) {
+      const transient = !(err instanceof ApiError) || err.status === 503;
+      if (!transient || Date.now() > giveUp) {
+        turn.status = "failed";
+        turn.error = err.message;
+        break;
+      }
+      turn.error = `${err.message}: sending again`;
+      renderTurn(turn);
+      await new Promise((resolve) => setTimeout(resolve, 1000 * (err.retryAfter || 2)));
+    }
   }
   saveChat();
   renderTurn(turn);
