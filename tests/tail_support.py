@@ -8,8 +8,12 @@ database where no other test leaves queued runs behind: each module gets its own
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -88,3 +92,18 @@ def journal(conn: psycopg.Connection, run_id: uuid.UUID) -> list[tuple[int, dict
         (run_id,),
     ).fetchall()
     return [(r[0], r[1]) for r in rows]
+
+
+def tail_process(url: str, run_id: uuid.UUID) -> subprocess.Popen[str]:
+    """`runrow tail RUN` in a process of its own on `url` (no RUNROW_LISTEN_URL: its LISTEN goes
+    where its queries go), its output captured as text, without colour."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "RUNROW_LISTEN_URL")}
+    env.update(DATABASE_URL=url, NO_COLOR="1")
+    return subprocess.Popen(
+        [sys.executable, "-m", "pyworker", "tail", str(run_id)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+    )

@@ -13,9 +13,6 @@ pasted, every value taking effect.
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,7 +22,7 @@ import httpx
 import psycopg
 import pytest
 from http_support import ALICE, serve
-from tail_support import append, claim, enqueue
+from tail_support import append, claim, enqueue, tail_process
 from worker_support import (
     WorkerProcess,
     db,
@@ -205,16 +202,7 @@ def test_a_tail_whose_listen_is_pooled_polls_instead_of_waiting_for_its_keepaliv
             run_id = enqueue(conn)
             token = claim(conn, run_id)
             append(conn, run_id, token, [{"type": "text_delta", "text": "Hel"}])
-        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "RUNROW_LISTEN_URL")}
-        env.update(DATABASE_URL=bouncer.url_for(direct), NO_COLOR="1")
-        following = subprocess.Popen(
-            [sys.executable, "-m", "pyworker", "tail", str(run_id)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=Path(__file__).resolve().parent.parent,
-        )
+        following = tail_process(bouncer.url_for(direct), run_id)
         try:
             time.sleep(4.0)  # it has shown what the journal holds, and its self-test is done
             with psycopg.connect(direct, autocommit=True) as conn:

@@ -5,9 +5,6 @@ the seq to give `--from` (the HTTP audit's outage, seen from the CLI)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
-from tail_support import append, claim, enqueue
+from tail_support import append, claim, enqueue, tail_process
 
 from pyworker.db import devdb
 from pyworker.db.migrate import migrate
@@ -37,16 +34,7 @@ def test_a_tail_waits_out_an_outage_and_goes_on_after_what_it_showed(outage_clus
         run_id = enqueue(db)
         token = claim(db, run_id)
         append(db, run_id, token, [{"type": "text_delta", "text": "Hel"}])
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    env.update(DATABASE_URL=outage_cluster.url, NO_COLOR="1")
-    following = subprocess.Popen(
-        [sys.executable, "-m", "pyworker", "tail", str(run_id)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=REPO,
-    )
+    following = tail_process(outage_cluster.url, run_id)
     try:
         time.sleep(2.0)  # it has shown what the journal holds and waits
         devdb.restart_after(outage_cluster, OUTAGE)
