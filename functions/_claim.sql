@@ -4,7 +4,7 @@ CREATE OR REPLACE FUNCTION runrow._claim(worker_id text, max_runs integer, lease
 -- One row per claimed run, as claim_run and claim_runs return it (migration 0038).
 RETURNS SETOF runrow.claimed_run
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 -- Every statement here has one sensible plan whatever its parameters (see below), so plan it
 -- once per session: PL/pgSQL otherwise plans the first calls anew, which cost more than the
 -- claim itself (measured: 1.42 -> 1.00 ms per one-run claim), for the final UPDATE ... = ANY

@@ -12,7 +12,7 @@ CREATE OR REPLACE FUNCTION runrow._cron_value(
 RETURNS integer
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     v integer;
@@ -43,7 +43,7 @@ CREATE OR REPLACE FUNCTION runrow._cron_field(
 RETURNS integer[]
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     item text;
@@ -109,7 +109,7 @@ CREATE OR REPLACE FUNCTION runrow._cron_parse(cron text)
 RETURNS runrow.cron_spec
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     expr text;
@@ -167,7 +167,7 @@ CREATE OR REPLACE FUNCTION runrow._cron_day_matches(spec runrow.cron_spec, t tim
 RETURNS boolean
 LANGUAGE sql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
     SELECT extract(MONTH FROM t)::integer = ANY (spec.months)
         AND CASE
@@ -186,7 +186,7 @@ CREATE OR REPLACE FUNCTION runrow._cron_next(spec runrow.cron_spec, after timest
 RETURNS timestamptz
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     t timestamp := date_trunc('minute', _cron_next.after AT TIME ZONE 'UTC') + interval '1 minute';
@@ -230,7 +230,7 @@ CREATE OR REPLACE FUNCTION runrow._cron_prev(spec runrow.cron_spec, at timestamp
 RETURNS timestamptz
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     t timestamp := date_trunc('minute', _cron_prev.at AT TIME ZONE 'UTC');
@@ -274,7 +274,7 @@ CREATE OR REPLACE FUNCTION runrow._schedule_tick_key(schedule_id uuid, tick time
 RETURNS text
 LANGUAGE sql
 STABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
     SELECT 'runrow-schedule:' || schedule_id::text || ':'
         || to_char(tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI"Z"');
@@ -287,7 +287,7 @@ CREATE OR REPLACE FUNCTION runrow._schedule_conversation(schedule_id uuid, tick 
 RETURNS uuid
 LANGUAGE sql
 STABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
     SELECT md5(runrow._schedule_tick_key(schedule_id, tick))::uuid;
 $fn$;
@@ -314,7 +314,7 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._fire_schedules(at timestamptz, max_schedules integer)
 RETURNS integer
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     s runrow.schedule;

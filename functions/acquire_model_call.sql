@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.acquire_model_call(run_id uuid, claim_token uu
 RETURNS TABLE (granted boolean, wait_seconds numeric, reason text)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     r runrow.agent_run;

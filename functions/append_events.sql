@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.append_events(run_id uuid, claim_token uuid, e
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     bad record;

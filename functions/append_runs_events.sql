@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.append_runs_events(runs jsonb)
 RETURNS TABLE (run_id uuid, last_seq bigint)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 -- As finish_runs: one plan for every batch size, and never a scan of the runs' history. Never
 -- JIT-compiled: after a trim the wake probe's lookup of each run's last seq is priced above
 -- jit_above_cost (see read_events, migration 0063).

@@ -5,7 +5,7 @@ CREATE OR REPLACE FUNCTION runrow.append_step(
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     last_turn record;

@@ -24,7 +24,7 @@ RETURNS TABLE (invariant text, run_id uuid, detail text)
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     arg record;

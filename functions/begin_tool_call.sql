@@ -4,7 +4,7 @@ CREATE OR REPLACE FUNCTION runrow.begin_tool_call(
 RETURNS TABLE (state text, result jsonb)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     r runrow.agent_run;

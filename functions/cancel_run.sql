@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.cancel_run(run_id uuid)
 RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 -- Bounded like stop_conversation: a holder frozen inside its transaction gets 5 s, then
 -- the cancel fails with 55P03 (runrow._stop_timed_out) and the caller retries.
 SET lock_timeout = '5s'

@@ -17,7 +17,7 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     -- PL/pgSQL, not SQL: an SQL function that carries SET cannot be inlined, and is then

@@ -4,7 +4,7 @@ CREATE OR REPLACE FUNCTION runrow.complete_webhook_delivery(
 RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     -- Each _require_* helper only raises, and a PERFORM is a statement: called only when the

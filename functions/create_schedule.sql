@@ -19,7 +19,7 @@ CREATE OR REPLACE FUNCTION runrow.create_schedule(
 RETURNS uuid
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     spec runrow.cron_spec;

@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.defer_run(run_id uuid, claim_token uuid, retry
 RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     r runrow.agent_run;

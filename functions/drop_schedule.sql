@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.drop_schedule(name text)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_not_null(drop_schedule.name, 'name');

@@ -21,7 +21,7 @@ CREATE OR REPLACE FUNCTION runrow.enqueue_run(
 RETURNS TABLE (run_id uuid, status text, created boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     existing runrow.agent_run;

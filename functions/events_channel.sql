@@ -5,7 +5,7 @@ CREATE OR REPLACE FUNCTION runrow.events_channel(run_id uuid)
 RETURNS text
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     IF events_channel.run_id IS NULL THEN

@@ -10,7 +10,7 @@ CREATE OR REPLACE FUNCTION runrow.fail_webhook_delivery(
 RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     outcome text;

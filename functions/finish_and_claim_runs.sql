@@ -23,7 +23,7 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 -- _claim's settings, for the same reasons (see functions/_claim.sql): _claim_walk runs under
 -- them, and the one UPDATE below is a lookup by primary key planned once per session.
 SET plan_cache_mode = force_generic_plan

@@ -3,7 +3,7 @@ CREATE OR REPLACE FUNCTION runrow.finish_run(
 )
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 SECURITY DEFINER
 AS $fn$
 DECLARE

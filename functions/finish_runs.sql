@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.finish_runs(runs jsonb)
 RETURNS TABLE (run_id uuid, finished boolean, last_seq bigint)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 -- The statements' shapes are fixed: plan them once per session, not for every call (the
 -- custom plans PL/pgSQL tries first, and keeps for = ANY (array), cost more to build than
 -- to run).

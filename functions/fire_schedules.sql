@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.fire_schedules(max_schedules integer DEFAULT 1
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_range(fire_schedules.max_schedules, 'max_schedules', 1, 10000);

@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.fork_run(run_id uuid, at_seq integer, model te
 RETURNS TABLE (new_run_id uuid, new_conversation_id uuid, steps_copied integer, must_drop jsonb)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     src runrow.agent_run;

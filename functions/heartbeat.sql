@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.heartbeat(run_id uuid, claim_token uuid, lease
 RETURNS TABLE (owned boolean, cancel_requested boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     flag boolean;

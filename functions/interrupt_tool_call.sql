@@ -4,7 +4,7 @@ CREATE OR REPLACE FUNCTION runrow.interrupt_tool_call(
 RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     e runrow.tool_effect;

@@ -8,7 +8,7 @@ RETURNS text
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     IF notify_probe.channel IS NULL THEN

@@ -3,7 +3,7 @@ RETURNS TABLE (seq bigint, type text, payload jsonb, created_at timestamptz)
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 -- By run_event's key whatever the statistics say (a trimmed, vacuumed journal looks empty to
 -- the planner, which then prices the key above a scan of the table), and never JIT-compiled
 -- (the same statistics price the key's lookup above jit_above_cost: migration 0063).

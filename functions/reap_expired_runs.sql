@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.reap_expired_runs(grace_seconds integer DEFAUL
 RETURNS TABLE (run_id uuid, outcome text)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     orphan record;

@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.record_usage(run_id uuid, claim_token uuid, us
 RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_not_null(record_usage.run_id, 'run_id');

@@ -4,7 +4,7 @@ CREATE OR REPLACE FUNCTION runrow.release_run(
 RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_not_null(release_run.run_id, 'run_id');

@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.report_rate_limited(run_id uuid, claim_token u
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     key text;

@@ -4,7 +4,7 @@ CREATE OR REPLACE FUNCTION runrow.resolve_approval(
 RETURNS uuid
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     owner_run uuid;

@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.retry_run(run_id uuid)
 RETURNS uuid
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     old runrow.agent_run;

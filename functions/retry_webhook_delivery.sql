@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.retry_webhook_delivery(delivery_id uuid)
 RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_not_null(retry_webhook_delivery.delivery_id, 'delivery_id');

@@ -3,7 +3,7 @@ RETURNS text
 LANGUAGE sql
 STABLE
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
     SELECT max(m.migration_id)::text FROM runrow._yoyo_migration AS m;
 $fn$;

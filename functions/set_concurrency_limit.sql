@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.set_concurrency_limit(concurrency_key text, ma
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_not_null(set_concurrency_limit.concurrency_key, 'concurrency_key');

@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.set_fairness_weight(fairness_key text, weight 
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_key(set_fairness_weight.fairness_key, 'fairness_key');

@@ -10,7 +10,7 @@ CREATE OR REPLACE FUNCTION runrow.set_model_price(
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     prices numeric[] := ARRAY[

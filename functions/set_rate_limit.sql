@@ -4,7 +4,7 @@ CREATE OR REPLACE FUNCTION runrow.set_rate_limit(
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     block_ended timestamptz;

@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.stop_conversation(conversation_id uuid)
 RETURNS TABLE (run_id uuid, action text)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 -- A holder frozen inside its transaction (a paused worker mid-flush, a host cut off) keeps
 -- a run's row locked until PostgreSQL ends its session; a stop waits at most this long for
 -- any lock, then fails as a whole with 55P03 (runrow._stop_timed_out) and the caller retries.

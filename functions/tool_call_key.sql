@@ -5,7 +5,7 @@ RETURNS text
 LANGUAGE plpgsql
 IMMUTABLE
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     -- Each _require_* helper only raises, and a PERFORM is a statement (begin_tool_call calls

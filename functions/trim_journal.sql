@@ -4,7 +4,7 @@ CREATE OR REPLACE FUNCTION runrow.trim_journal(
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 -- Its deletes go by the journal's key; once a trim has emptied most of it, the planner prices
 -- each by that key's pages and a call would JIT-compile them (migration 0063), for nothing.
 SET jit = off

@@ -2,7 +2,7 @@ CREATE OR REPLACE FUNCTION runrow.watch_runs(run_ids uuid[], seconds integer DEF
 RETURNS TABLE (run_id uuid, state text)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     rid uuid;

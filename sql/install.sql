@@ -116,7 +116,8 @@ BEGIN
     '0068_queue_metrics_alertable',
     '0069_result_portable',
     '0070_run_stats_without_fork_copies',
-    '0071_model_price_cache_write_1h'
+    '0071_model_price_cache_write_1h',
+    '0072_search_path_pg_temp_last'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -7498,6 +7499,34 @@ INSERT INTO runrow._yoyo_migration VALUES ('17c5b13a8730c11536c98b1b4722c205a3eb
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '17c5b13a8730c11536c98b1b4722c205a3eba07c1eec777f82dce027b413313c', '0071_model_price_cache_write_1h', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0072_search_path_pg_temp_last
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'cfb473b9a744e13c8393d7aa6ca527553277c6c19669c12b53d5f4efba2bc8da') AS apply_cfb473b9a744 \gset
+\if :apply_cfb473b9a744
+-- Every function that pins its search_path names pg_temp last. Left out, pg_temp is searched
+-- first for tables and types: a caller's `CREATE TEMP TABLE text (...)` shadowed pg_catalog's
+-- text inside a SECURITY DEFINER function, and a cast the caller defined to that type ran the
+-- caller's code as the schema owner (the security audit: a login holding only runrow_worker
+-- made itself CREATEROLE through append_events; one holding only runrow_client read every
+-- claim token and message through enqueue_run). PostgreSQL's own advice ("Writing SECURITY
+-- DEFINER Functions Safely"). The functions/ files say so themselves; these trigger functions
+-- are defined by migrations alone.
+-- (A DO block: sqlfluff cannot parse a list after ALTER FUNCTION ... SET.)
+DO $do$
+DECLARE
+    fn text;
+BEGIN
+    FOREACH fn IN ARRAY ARRAY[
+        '_agent_run_no_delete', '_no_truncate', '_message_guard', '_conversation_immutable',
+        '_prompt_immutable', '_run_event_delete_guard', '_webhook_delivery_guard'
+    ] LOOP
+        EXECUTE format('ALTER FUNCTION runrow.%I() SET search_path = pg_catalog, runrow, pg_temp', fn);
+    END LOOP;
+END
+$do$;
+INSERT INTO runrow._yoyo_migration VALUES ('cfb473b9a744e13c8393d7aa6ca527553277c6c19669c12b53d5f4efba2bc8da', '0072_search_path_pg_temp_last', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'cfb473b9a744e13c8393d7aa6ca527553277c6c19669c12b53d5f4efba2bc8da', '0072_search_path_pg_temp_last', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -7697,7 +7726,7 @@ CREATE OR REPLACE FUNCTION runrow._claim(worker_id text, max_runs integer, lease
 -- One row per claimed run, as claim_run and claim_runs return it (migration 0038).
 RETURNS SETOF runrow.claimed_run
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 -- Every statement here has one sensible plan whatever its parameters (see below), so plan it
 -- once per session: PL/pgSQL otherwise plans the first calls anew, which cost more than the
 -- claim itself (measured: 1.42 -> 1.00 ms per one-run claim), for the final UPDATE ... = ANY
@@ -9800,7 +9829,7 @@ CREATE OR REPLACE FUNCTION runrow._cron_value(
 RETURNS integer
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     v integer;
@@ -9831,7 +9860,7 @@ CREATE OR REPLACE FUNCTION runrow._cron_field(
 RETURNS integer[]
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     item text;
@@ -9897,7 +9926,7 @@ CREATE OR REPLACE FUNCTION runrow._cron_parse(cron text)
 RETURNS runrow.cron_spec
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     expr text;
@@ -9955,7 +9984,7 @@ CREATE OR REPLACE FUNCTION runrow._cron_day_matches(spec runrow.cron_spec, t tim
 RETURNS boolean
 LANGUAGE sql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
     SELECT extract(MONTH FROM t)::integer = ANY (spec.months)
         AND CASE
@@ -9974,7 +10003,7 @@ CREATE OR REPLACE FUNCTION runrow._cron_next(spec runrow.cron_spec, after timest
 RETURNS timestamptz
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     t timestamp := date_trunc('minute', _cron_next.after AT TIME ZONE 'UTC') + interval '1 minute';
@@ -10018,7 +10047,7 @@ CREATE OR REPLACE FUNCTION runrow._cron_prev(spec runrow.cron_spec, at timestamp
 RETURNS timestamptz
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     t timestamp := date_trunc('minute', _cron_prev.at AT TIME ZONE 'UTC');
@@ -10062,7 +10091,7 @@ CREATE OR REPLACE FUNCTION runrow._schedule_tick_key(schedule_id uuid, tick time
 RETURNS text
 LANGUAGE sql
 STABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
     SELECT 'runrow-schedule:' || schedule_id::text || ':'
         || to_char(tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI"Z"');
@@ -10075,7 +10104,7 @@ CREATE OR REPLACE FUNCTION runrow._schedule_conversation(schedule_id uuid, tick 
 RETURNS uuid
 LANGUAGE sql
 STABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
     SELECT md5(runrow._schedule_tick_key(schedule_id, tick))::uuid;
 $fn$;
@@ -10102,7 +10131,7 @@ $fn$;
 CREATE OR REPLACE FUNCTION runrow._fire_schedules(at timestamptz, max_schedules integer)
 RETURNS integer
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     s runrow.schedule;
@@ -10490,7 +10519,7 @@ CREATE OR REPLACE FUNCTION runrow.acquire_model_call(run_id uuid, claim_token uu
 RETURNS TABLE (granted boolean, wait_seconds numeric, reason text)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     r runrow.agent_run;
@@ -10597,7 +10626,7 @@ CREATE OR REPLACE FUNCTION runrow.append_events(run_id uuid, claim_token uuid, e
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     bad record;
@@ -10664,7 +10693,7 @@ CREATE OR REPLACE FUNCTION runrow.append_runs_events(runs jsonb)
 RETURNS TABLE (run_id uuid, last_seq bigint)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 -- As finish_runs: one plan for every batch size, and never a scan of the runs' history. Never
 -- JIT-compiled: after a trim the wake probe's lookup of each run's last seq is priced above
 -- jit_above_cost (see read_events, migration 0063).
@@ -10743,7 +10772,7 @@ CREATE OR REPLACE FUNCTION runrow.append_step(
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     last_turn record;
@@ -10990,7 +11019,7 @@ RETURNS TABLE (invariant text, run_id uuid, detail text)
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     arg record;
@@ -11372,7 +11401,7 @@ CREATE OR REPLACE FUNCTION runrow.begin_tool_call(
 RETURNS TABLE (state text, result jsonb)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     r runrow.agent_run;
@@ -11578,7 +11607,7 @@ CREATE OR REPLACE FUNCTION runrow.cancel_run(run_id uuid)
 RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 -- Bounded like stop_conversation: a holder frozen inside its transaction gets 5 s, then
 -- the cancel fails with 55P03 (runrow._stop_timed_out) and the caller retries.
 SET lock_timeout = '5s'
@@ -11628,7 +11657,7 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     -- PL/pgSQL, not SQL: an SQL function that carries SET cannot be inlined, and is then
@@ -11674,7 +11703,7 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     -- PL/pgSQL, not SQL: an SQL function that carries SET cannot be inlined, and is then
@@ -11712,7 +11741,7 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     IF length(claim_webhook_deliveries.worker_id) > 200 THEN
@@ -11803,7 +11832,7 @@ CREATE OR REPLACE FUNCTION runrow.complete_tool_call(
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     e runrow.tool_effect;
@@ -11900,7 +11929,7 @@ CREATE OR REPLACE FUNCTION runrow.complete_webhook_delivery(
 RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     -- Each _require_* helper only raises, and a PERFORM is a statement: called only when the
@@ -11953,7 +11982,7 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     target runrow.agent_run;
@@ -12094,7 +12123,7 @@ CREATE OR REPLACE FUNCTION runrow.create_schedule(
 RETURNS uuid
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     spec runrow.cron_spec;
@@ -12238,7 +12267,7 @@ CREATE OR REPLACE FUNCTION runrow.defer_run(run_id uuid, claim_token uuid, retry
 RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     r runrow.agent_run;
@@ -12304,7 +12333,7 @@ CREATE OR REPLACE FUNCTION runrow.drop_schedule(name text)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_not_null(drop_schedule.name, 'name');
@@ -12350,7 +12379,7 @@ CREATE OR REPLACE FUNCTION runrow.enqueue_run(
 RETURNS TABLE (run_id uuid, status text, created boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     existing runrow.agent_run;
@@ -12637,7 +12666,7 @@ CREATE OR REPLACE FUNCTION runrow.events_channel(run_id uuid)
 RETURNS text
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     IF events_channel.run_id IS NULL THEN
@@ -12670,7 +12699,7 @@ CREATE OR REPLACE FUNCTION runrow.fail_webhook_delivery(
 RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     outcome text;
@@ -12762,7 +12791,7 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 -- _claim's settings, for the same reasons (see functions/_claim.sql): _claim_walk runs under
 -- them, and the one UPDATE below is a lookup by primary key planned once per session.
 SET plan_cache_mode = force_generic_plan
@@ -12995,7 +13024,7 @@ CREATE OR REPLACE FUNCTION runrow.finish_run(
 )
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 SECURITY DEFINER
 AS $fn$
 DECLARE
@@ -13070,7 +13099,7 @@ CREATE OR REPLACE FUNCTION runrow.finish_runs(runs jsonb)
 RETURNS TABLE (run_id uuid, finished boolean, last_seq bigint)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 -- The statements' shapes are fixed: plan them once per session, not for every call (the
 -- custom plans PL/pgSQL tries first, and keeps for = ANY (array), cost more to build than
 -- to run).
@@ -13193,7 +13222,7 @@ CREATE OR REPLACE FUNCTION runrow.fire_schedules(max_schedules integer DEFAULT 1
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_range(fire_schedules.max_schedules, 'max_schedules', 1, 10000);
@@ -13222,7 +13251,7 @@ CREATE OR REPLACE FUNCTION runrow.fork_run(run_id uuid, at_seq integer, model te
 RETURNS TABLE (new_run_id uuid, new_conversation_id uuid, steps_copied integer, must_drop jsonb)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     src runrow.agent_run;
@@ -13384,7 +13413,7 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_not_null(get_conversation.conversation_id, 'conversation_id');
@@ -13449,7 +13478,7 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_not_null(get_run.run_id, 'run_id');
@@ -13488,7 +13517,7 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_not_null(get_run_request.run_id, 'run_id');
@@ -13527,7 +13556,7 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_not_null(get_step.run_id, 'run_id');
@@ -13557,7 +13586,7 @@ CREATE OR REPLACE FUNCTION runrow.heartbeat(run_id uuid, claim_token uuid, lease
 RETURNS TABLE (owned boolean, cancel_requested boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     flag boolean;
@@ -13615,7 +13644,7 @@ CREATE OR REPLACE FUNCTION runrow.interrupt_tool_call(
 RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     e runrow.tool_effect;
@@ -13712,7 +13741,7 @@ RETURNS text
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     IF notify_probe.channel IS NULL THEN
@@ -13744,7 +13773,7 @@ RETURNS TABLE (seq bigint, type text, payload jsonb, created_at timestamptz)
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 -- By run_event's key whatever the statistics say (a trimmed, vacuumed journal looks empty to
 -- the planner, which then prices the key above a scan of the table), and never JIT-compiled
 -- (the same statistics price the key's lookup above jit_above_cost: migration 0063).
@@ -13829,7 +13858,7 @@ CREATE OR REPLACE FUNCTION runrow.reap_expired_runs(grace_seconds integer DEFAUL
 RETURNS TABLE (run_id uuid, outcome text)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     orphan record;
@@ -13890,7 +13919,7 @@ CREATE OR REPLACE FUNCTION runrow.record_usage(run_id uuid, claim_token uuid, us
 RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_not_null(record_usage.run_id, 'run_id');
@@ -13934,7 +13963,7 @@ CREATE OR REPLACE FUNCTION runrow.release_run(
 RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_not_null(release_run.run_id, 'run_id');
@@ -13966,7 +13995,7 @@ CREATE OR REPLACE FUNCTION runrow.report_rate_limited(run_id uuid, claim_token u
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     key text;
@@ -14024,7 +14053,7 @@ CREATE OR REPLACE FUNCTION runrow.resolve_approval(
 RETURNS uuid
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     owner_run uuid;
@@ -14119,7 +14148,7 @@ CREATE OR REPLACE FUNCTION runrow.retry_run(run_id uuid)
 RETURNS uuid
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     old runrow.agent_run;
@@ -14204,7 +14233,7 @@ CREATE OR REPLACE FUNCTION runrow.retry_webhook_delivery(delivery_id uuid)
 RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_not_null(retry_webhook_delivery.delivery_id, 'delivery_id');
@@ -14235,7 +14264,7 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     given integer;
@@ -14284,7 +14313,7 @@ RETURNS text
 LANGUAGE sql
 STABLE
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
     SELECT max(m.migration_id)::text FROM runrow._yoyo_migration AS m;
 $fn$;
@@ -14302,7 +14331,7 @@ CREATE OR REPLACE FUNCTION runrow.set_concurrency_limit(concurrency_key text, ma
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_not_null(set_concurrency_limit.concurrency_key, 'concurrency_key');
@@ -14341,7 +14370,7 @@ CREATE OR REPLACE FUNCTION runrow.set_fairness_weight(fairness_key text, weight 
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_key(set_fairness_weight.fairness_key, 'fairness_key');
@@ -14380,7 +14409,7 @@ CREATE OR REPLACE FUNCTION runrow.set_model_price(
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     prices numeric[] := ARRAY[
@@ -14456,7 +14485,7 @@ CREATE OR REPLACE FUNCTION runrow.set_rate_limit(
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     block_ended timestamptz;
@@ -14553,7 +14582,7 @@ CREATE OR REPLACE FUNCTION runrow.set_tenant_budget(fairness_key text, tokens_pe
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_not_null(set_tenant_budget.fairness_key, 'fairness_key');
@@ -14591,7 +14620,7 @@ CREATE OR REPLACE FUNCTION runrow.stop_conversation(conversation_id uuid)
 RETURNS TABLE (run_id uuid, action text)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 -- A holder frozen inside its transaction (a paused worker mid-flush, a host cut off) keeps
 -- a run's row locked until PostgreSQL ends its session; a stop waits at most this long for
 -- any lock, then fails as a whole with 55P03 (runrow._stop_timed_out) and the caller retries.
@@ -14675,7 +14704,7 @@ RETURNS text
 LANGUAGE plpgsql
 IMMUTABLE
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     -- Each _require_* helper only raises, and a PERFORM is a statement (begin_tool_call calls
@@ -14732,7 +14761,7 @@ CREATE OR REPLACE FUNCTION runrow.trim_journal(
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 -- Its deletes go by the journal's key; once a trim has emptied most of it, the planner prices
 -- each by that key's pages and a call would JIT-compile them (migration 0063), for nothing.
 SET jit = off
@@ -14813,7 +14842,7 @@ CREATE OR REPLACE FUNCTION runrow.watch_runs(run_ids uuid[], seconds integer DEF
 RETURNS TABLE (run_id uuid, state text)
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path = pg_catalog, runrow
+SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     rid uuid;
