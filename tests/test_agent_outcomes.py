@@ -528,3 +528,20 @@ def test_irreversible_tool_waits_for_a_person(db, fake, module_db, capsys, decis
             result["is_error"] is True and "rejected" in result["content"] and "go/no-go" in result["content"]
         )
     assert cli(["--database-url", module_db, "approve", key]) == 2  # decided once, never twice
+
+
+def test_a_history_past_the_context_window_fails_once_saying_what_to_do(db, fake) -> None:
+    """The API's 400 "prompt is too long": every later turn sends the same history and fails the
+    same way, so the run fails on its first request, once, and the error says what to do (it said
+    only "refused"; the long-conversation audit)."""
+    fake.context_window = 5
+    try:
+        run = enqueue_agent(db, "A question past five tokens", tools=[], metadata={}, max_attempts=3)
+        row = finish(db, run)
+    finally:
+        fake.context_window = 200_000
+    assert row["status"] == "failed" and row["attempt"] == 1, row
+    assert "prompt is too long" in row["error"], row["error"]
+    assert "no longer fits the model's context window" in row["error"]
+    assert "fork_run" in row["error"] and "new conversation" in row["error"]
+    assert len(fake.requests) == 1

@@ -66,7 +66,15 @@ from psycopg import AsyncConnection
 
 from pyworker.agent import limits
 from pyworker.agent.history import History, load_history, stop_reason_of
-from pyworker.agent.model import ModelTurn, TurnCancelled, TurnFailed, client_for, request_params, stream_turn
+from pyworker.agent.model import (
+    TOO_LONG_REMEDY,
+    ModelTurn,
+    TurnCancelled,
+    TurnFailed,
+    client_for,
+    request_params,
+    stream_turn,
+)
 from pyworker.agent.tool_calls import Parked, run_tool_calls
 from pyworker.agent.tools import ToolRegistry, load_module
 from pyworker.agent.tools import registry as default_registry
@@ -249,7 +257,7 @@ def _ending(stop_reason: str | None, text: str, message: dict[str, Any] | None) 
             "failed",
             result=result,
             error="model_context_window_exceeded: the conversation no longer fits the model's context "
-            "window; start a new conversation or compact this one",
+            f"window; {TOO_LONG_REMEDY}",
         )
     if stop_reason is None:
         return Outcome("failed", result=result, error="the last model turn has no recorded stop_reason")

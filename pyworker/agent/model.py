@@ -271,10 +271,28 @@ def _broken_mid_response(exc: BaseException, request_id: str | None) -> TurnFail
     return TurnFailed(message, retryable=True, request_id=request_id)
 
 
+# What to do about a conversation grown past the model's window: runrow keeps history whole
+# (no truncation), so the way on is a conversation that holds less.
+TOO_LONG_REMEDY = (
+    "start a new conversation, or fork_run this one at an earlier step (runrow keeps a "
+    "conversation's history whole; it does not truncate or summarise it)"
+)
+
+
 def _status_failure(exc: anthropic.APIStatusError) -> TurnFailed:
     status = exc.status_code
     request_id = getattr(exc, "request_id", None)
     detail = _error_message(exc)
+    if status in (400, 413) and ("prompt is too long" in detail or "request_too_large" in detail):
+        # Every later turn of the conversation sends the same history and fails the same way
+        # (the long-conversation audit): say so, and what to do, rather than "refused".
+        return TurnFailed(
+            f"model API refused the request: HTTP {status}: {detail}: the conversation's history no "
+            f"longer fits the model's context window; {TOO_LONG_REMEDY}",
+            retryable=False,
+            request_id=request_id,
+            status=status,
+        )
     if status == 200:
         # An `error` event after the stream started (overloaded mid-response): the step failed.
         return TurnFailed(f"model stream error mid-response: {detail}", retryable=True, request_id=request_id)
