@@ -40,13 +40,15 @@ BEGIN
         PERFORM runrow._require_not_null(enqueue_run.conversation_id, 'conversation_id');
         PERFORM runrow._require_not_null(enqueue_run.content, 'content');
     END IF;
-    -- Content the API would refuse on every attempt (functions/_request_checks.sql).
-    IF NOT runrow._content_ok(enqueue_run.content) THEN
-        PERFORM runrow._require_content(enqueue_run.content);
-    END IF;
+    -- The size first: the walk of the blocks below costs with their number (80,000 blocks took
+    -- 6.2 s of the backend before the size refused them; the security audit).
     IF octet_length(enqueue_run.content::text) > 1048576 THEN
         RAISE EXCEPTION 'content is too large: % bytes, the limit is 1 MiB', octet_length(enqueue_run.content::text)
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Content the API would refuse on every attempt (functions/_request_checks.sql).
+    IF NOT runrow._content_ok(enqueue_run.content) THEN
+        PERFORM runrow._require_content(enqueue_run.content);
     END IF;
     IF enqueue_run.model IS NULL THEN
         PERFORM runrow._require_not_null(enqueue_run.model, 'model');
