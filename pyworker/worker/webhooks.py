@@ -85,7 +85,9 @@ def verify_signature(
             continue
         if key == "t" and value.isdigit() and value.isascii():
             timestamp = int(value)
-        elif key == "v1":
+        elif key == "v1" and value.isascii():
+            # hmac.compare_digest raises TypeError on non-ASCII str: a receiver that caught
+            # SignatureError, as the README shows, answered 500 (the security audit).
             candidates.append(value)
     if timestamp is None or not candidates:
         raise SignatureError(f"{SIGNATURE_HEADER} must be t=<unix seconds>,v1=<hex digest>")
