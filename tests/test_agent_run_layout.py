@@ -71,10 +71,17 @@ def agent_run_records(su: psycopg.Connection, start: str) -> list[tuple[str, int
     node = su.execute("SELECT pg_relation_filenode('runrow.agent_run')").fetchone()[0]
     return su.execute(
         "SELECT record_type, record_length FROM pg_get_wal_records_info(%s, pg_current_wal_flush_lsn())"
-        " WHERE resource_manager = 'Heap' AND block_ref ~ ('rel [0-9]+/[0-9]+/' || %s || ' ')"
+        " WHERE resource_manager = 'Heap' AND block_ref ~ ('rel [0-9]+/' || %s || '/' || %s || ' ')"
         " ORDER BY start_lsn",
-        (start, str(node)),
+        (start, str(database_oid(su)), str(node)),
     ).fetchall()
+
+
+def database_oid(su: psycopg.Connection) -> int:
+    """This database's oid: a block reference names database and file node, and every database
+    copied from one template (devdb.migrated_template) has the same file nodes, so the other
+    test process's writes to its copy are in the same WAL under the same node."""
+    return su.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0]
 
 
 def lsn(conn: psycopg.Connection) -> str:
@@ -149,13 +156,14 @@ def index_inserts(su: psycopg.Connection, start: str) -> dict[str, int]:
         ).fetchall()
     )
     counts: dict[str, int] = {}
+    here = str(database_oid(su))
     for (ref,) in su.execute(
         "SELECT block_ref FROM pg_get_wal_records_info(%s, pg_current_wal_flush_lsn())"
         " WHERE resource_manager = 'Btree' AND record_type = 'INSERT_LEAF'",
         (start,),
     ).fetchall():
-        node = ref.split("rel ")[1].split()[0].split("/")[2].rstrip(",")
-        if node in names:
+        _, db, node = ref.split("rel ")[1].split()[0].rstrip(",").split("/")
+        if db == here and node in names:
             counts[names[node]] = counts.get(names[node], 0) + 1
     return counts
 
