@@ -18,7 +18,7 @@ import uvicorn
 
 from pyworker.db.devdb import temporary_database
 from pyworker.http.app import create_app
-from pyworker.http.config import ServeConfig
+from pyworker.http.config import OPT_IN_FIELDS, ServeConfig
 from pyworker.http.context import Services
 
 TOKENS = {"alice-token-0123456789": "alice", "bob-token-0123456789ab": "bob"}
@@ -76,6 +76,9 @@ def serve(database_url: str, **overrides: Any) -> Iterator[Server]:
         "tokens": TOKENS,
         "keepalive_seconds": 0.5,
         "poll_seconds": 0.2,
+        # The tests' users set any field (the echo handler reads metadata); the default, none,
+        # is tests/test_http_user_fields.py's.
+        "user_may_set": frozenset(OPT_IN_FIELDS),
     }
     options.update(overrides)
     server = Server(ServeConfig(database_url=database_url, **options)).start()

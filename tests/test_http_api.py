@@ -763,6 +763,8 @@ def test_serve_command_in_insecure_dev_mode(live_db: str) -> None:
             str(port),
             "--model",
             "m-dev",
+            "--user-may-set",
+            "metadata,model",
         ],
         cwd=REPO,
         env=dict(os.environ, DATABASE_URL=live_db),

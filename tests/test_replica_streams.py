@@ -27,7 +27,7 @@ from http_support import ALICE, TOKENS, Frame, Server, parse_frames
 from replica_support import Replicated, replicated_cluster
 from worker_support import REPO, WorkerProcess, wait_until
 
-from pyworker.http.config import ServeConfig
+from pyworker.http.config import OPT_IN_FIELDS, ServeConfig
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +60,7 @@ def in_process_server(pair: Replicated, **overrides: Any) -> Server:
         "tokens": TOKENS,
         "keepalive_seconds": 0.3,
         "poll_seconds": 0.1,
+        "user_may_set": frozenset(OPT_IN_FIELDS),
     }
     options.update(overrides)
     config = ServeConfig(database_url=pair.primary.url, replica_url=pair.standby.url, **options)

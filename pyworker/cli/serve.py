@@ -14,7 +14,7 @@ from pyworker.cli.types import conninfo, env_default, number, port_number
 from pyworker.db import schema
 from pyworker.db.config import database_url
 from pyworker.http.auth import TokenConfigError, load_tokens_file, parse_tokens_env
-from pyworker.http.config import MAX_BODY_BYTES, ServeConfig
+from pyworker.http.config import MAX_BODY_BYTES, OPT_IN_FIELDS, ServeConfig
 
 DEFAULT_MODEL = "claude-sonnet-4-5"
 
@@ -101,6 +101,16 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help="a direct (not pooled) PostgreSQL URL for the LISTEN connection that wakes event "
         "streams, when --database-url goes through a transaction pooler (env RUNROW_LISTEN_URL; "
         "default: the database URL)",
+    )
+    p.add_argument(
+        "--user-may-set",
+        type=_user_fields,
+        default=env_default("RUNROW_USER_MAY_SET", empty_is_unset=True),
+        metavar="FIELD,...",
+        help="enqueue fields users may set on their runs, beside content, if_active and start_in: "
+        f"any of {', '.join(OPT_IN_FIELDS)} (default none: runs take the operator's --model, "
+        "--system-file and --tools-module, and a request naming another field is a 403; "
+        "env RUNROW_USER_MAY_SET)",
     )
     p.add_argument(
         "--shutdown-grace",
@@ -219,7 +229,21 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         pool_max_size=args.pool_size,
         replica_url=args.replica_url,
         listen_url=args.listen_url,
+        user_may_set=_user_fields(args.user_may_set or ""),
     )
+
+
+def _user_fields(value: str | frozenset[str]) -> frozenset[str]:
+    """--user-may-set's comma-separated names, each one of OPT_IN_FIELDS."""
+    if isinstance(value, frozenset):
+        return value
+    names = frozenset(name.strip() for name in value.split(",") if name.strip())
+    unknown = sorted(names - set(OPT_IN_FIELDS))
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(unknown)}: not a field users may be let set; choose from {', '.join(OPT_IN_FIELDS)}"
+        )
+    return names
 
 
 def _loopback(host: str) -> bool:

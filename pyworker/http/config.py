@@ -14,6 +14,15 @@ Authenticate = Callable[[Request], "Awaitable[str | None] | str | None"]
 MAX_BODY_BYTES = 256 * 1024
 
 
+# The enqueue fields a user may always set, and those the operator opts into (`runrow serve
+# --user-may-set`): each of the latter overrides the operator's agent or spends the operator's
+# money or network (the security audit: any user could pin another model, a system prompt of
+# their own, any registered tool, max_tokens and thinking budgets in metadata, and a webhook to
+# an internal address).
+USER_FIELDS = frozenset({"content", "if_active", "start_in"})
+OPT_IN_FIELDS = ("model", "system", "tools", "max_attempts", "metadata", "webhook_url")
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     database_url: str
@@ -36,3 +45,5 @@ class ServeConfig:
     replica_url: str | None = None
     # A direct URL for the hub's LISTEN when database_url goes through a transaction pooler.
     listen_url: str | None = None
+    # The OPT_IN_FIELDS users may set on their runs (the rest are the operator's: 403).
+    user_may_set: frozenset[str] = frozenset()

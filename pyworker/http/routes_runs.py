@@ -32,22 +32,13 @@ from pyworker.http.bodies import (
     reject_unknown,
     text,
 )
+from pyworker.http.config import OPT_IN_FIELDS, USER_FIELDS
 from pyworker.http.context import Services, authenticated
 from pyworker.http.errors import ApiError, not_found
 from pyworker.http.replica import open_stream, watched
 from pyworker.http.sse import EventStreamResponse, event_frames
 
-ENQUEUE_FIELDS = {
-    "content",
-    "model",
-    "system",
-    "tools",
-    "max_attempts",
-    "metadata",
-    "if_active",
-    "webhook_url",
-    "start_in",
-}
+ENQUEUE_FIELDS = USER_FIELDS | set(OPT_IN_FIELDS)
 log = logging.getLogger("runrow.http")
 
 # The claim order's levers over other tenants: a user who could set them would claim ahead of
@@ -77,6 +68,18 @@ def _refuse_operator_fields(body: dict[str, Any]) -> None:
             )
 
 
+def _refuse_fields_not_opted_in(body: dict[str, Any], user_may_set: frozenset[str]) -> None:
+    for name in OPT_IN_FIELDS:
+        if name in body and name not in user_may_set:
+            raise ApiError(
+                403,
+                "forbidden_field",
+                f"{name} is the operator's to set on this service: its runs take the operator's "
+                f"{name} (to let users set it, the operator starts runrow serve with "
+                f"--user-may-set {name})",
+            )
+
+
 def _fleet_options(body: dict[str, Any]) -> api.FleetOptions:
     """The fleet fields an API user may set (start_in, webhook_url), each a 400 naming it when
     bad, never a database error."""
@@ -103,6 +106,7 @@ async def enqueue(request: Request, svc: Services, user: str) -> Response:
     body = await read_json_object(request, svc.config.max_body_bytes)
     _refuse_operator_fields(body)
     reject_unknown(body, ENQUEUE_FIELDS)
+    _refuse_fields_not_opted_in(body, svc.config.user_may_set)
     if body.get("content") is None:
         raise ApiError(400, "invalid_request", "content is required: a string or an array of content blocks")
     content = field(body, "content", (str, list), "a string or an array of content blocks")
