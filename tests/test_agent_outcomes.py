@@ -278,11 +278,15 @@ def _exits() -> Any:
 @pytest.mark.parametrize(
     ("does", "content"),
     [
-        (lambda: "x" * (9 * 1024 * 1024), "The tool ran, but its result cannot be recorded: SQLSTATE 22023"),
+        # More than the model is sent (MAX_TOOL_RESULT_CHARS): a 5 MB result was stored, then the
+        # next request was refused as too long, failing the run and every retry (the
+        # long-conversation audit). complete_tool_call's own 8 MiB limit is not reached first.
+        (lambda: "x" * (9 * 1024 * 1024), "The tool get_weather ran, but returned 9,437,184 characters"),
+        (lambda: {"rows": ["y" * 100] * 2100}, "The tool get_weather ran, but returned 218,"),
         (lambda: "binary\x00data", "The tool ran, but its result cannot be recorded: SQLSTATE 22P05"),
         (_exits, "SystemExit: 3"),
     ],
-    ids=["over-8-MiB", "NUL", "SystemExit"],
+    ids=["over-the-limit", "over-the-limit-as-JSON", "NUL", "SystemExit"],
 )
 def test_what_a_tool_cannot_return_is_an_error_the_model_sees(db, fake, does, content) -> None:
     """The tools audit: a result the database cannot store ended the run failed (its effect

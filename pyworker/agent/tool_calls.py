@@ -75,6 +75,29 @@ def _json_result(value: Any) -> Any:
         return str(value)
 
 
+# Characters of a tool's result the model is sent at most (worker config max_tool_result_chars):
+# about 50,000 tokens, a quarter of a 200k window. complete_tool_call stores up to 8 MiB, and a
+# 5 MB result was stored and then refused by the API on the next request ("prompt is too long"),
+# failing the run and every retry of it (the long-conversation audit).
+MAX_TOOL_RESULT_CHARS = 200_000
+
+
+def _within_limit(ctx: RunContext, name: str, result: Any, is_error: bool) -> tuple[Any, bool]:
+    """The result, or an is_error text naming the tool when it is longer than the limit: the
+    model is told, and can ask for less, as for a tool that raised."""
+    limit = int(ctx.config.get("max_tool_result_chars", MAX_TOOL_RESULT_CHARS))
+    size = len(result) if isinstance(result, str) else len(json.dumps(result, ensure_ascii=False))
+    if size <= limit:
+        return result, is_error
+    ctx.log.warning("tool %s returned %d characters, more than %d: not sent", name, size, limit)
+    return (
+        f"The tool {name} ran, but returned {size:,} characters, more than this worker sends to the "
+        f"model ({limit:,}, worker config max_tool_result_chars); its result was not sent. Ask it for "
+        "less (a narrower query, a page of the result).",
+        True,
+    )
+
+
 def _rejection_text(decision: Any) -> str:
     decision = decision or {}
     text = f"A person rejected this call ({decision.get('decided_by') or 'unknown'})."
@@ -151,7 +174,7 @@ async def run_tool_calls(
                     call.outcome = "stopped"
                     await _record_stopped(ctx, tool, key, use_id)
                     return False
-                result, is_error = ran.result, ran.is_error
+                result, is_error = _within_limit(ctx, name, ran.result, ran.is_error)
                 call.outcome = "error" if is_error else "ok"
             try:
                 seq = await _complete(ctx, key, result, is_error)
