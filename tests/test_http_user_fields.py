@@ -88,3 +88,45 @@ def test_an_unknown_field_for_user_may_set_is_a_one_line_error() -> None:
     assert refused.returncode == 2, refused.stderr
     assert "priority: not a field users may be let set" in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_a_user_may_always_limit_their_own_runs_spend(default_server: Server, fields_db: str) -> None:
+    """token_budget and cost_budget only limit the run, so every user may set them: a run started
+    over HTTP had no limit but its tenant's daily one, and an agent stuck in a tool loop spent
+    on (the long-conversation audit: 407 steps and counting)."""
+    with httpx.Client(base_url=default_server.url, headers=ALICE, timeout=20) as client:
+        made = client.post(
+            f"/conversations/{uuid.uuid4()}/runs",
+            json={"content": "hi", "token_budget": 5000, "cost_budget": 0.25},
+        )
+        assert made.status_code == 202, made.text
+        for bad in ({"token_budget": 0}, {"token_budget": 1.5}, {"cost_budget": "1"}, {"cost_budget": True}):
+            refused = client.post(f"/conversations/{uuid.uuid4()}/runs", json={"content": "hi", **bad})
+            name = next(iter(bad))
+            assert refused.status_code == 400 and refused.json()["error"]["message"].startswith(name), (
+                bad,
+                refused.text,
+            )
+    with psycopg.connect(fields_db) as db:
+        budgets = db.execute(
+            "SELECT token_budget, cost_budget FROM runrow.agent_run WHERE id = %s", (made.json()["run_id"],)
+        ).fetchone()
+    assert budgets is not None and (budgets[0], float(budgets[1])) == (5000, 0.25)
+
+
+def test_runrow_enqueue_sets_a_runs_budgets(fields_db: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"} | {"DATABASE_URL": fields_db}
+    made = subprocess.run(
+        [sys.executable, "-m", "pyworker", "enqueue", "hi", "--token-budget", "700", "--cost-budget", "0.5"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    run = uuid.UUID(made.stdout.split()[0])
+    with psycopg.connect(fields_db) as db:
+        query = "SELECT token_budget, cost_budget FROM runrow.agent_run WHERE id = %s"
+        budgets = db.execute(query, (run,)).fetchone()
+    assert budgets is not None and (budgets[0], float(budgets[1])) == (700, 0.5)

@@ -30,7 +30,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pyworker.cli.messages import first_line
 from pyworker.cli.tail_render import Renderer
-from pyworker.cli.types import env_default, int64, number
+from pyworker.cli.types import env_default, int64, number, usd
 from pyworker.db import api, nul
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.config import database_url
@@ -137,6 +137,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument(
         "--concurrency-key",
         help="key of a concurrency limit (runrow concurrency set KEY N) the run counts against",
+    )
+    p.add_argument(
+        "--token-budget",
+        type=int64,
+        help="most tokens the run may use, over all its model turns (input, output, cache); once "
+        "spent, its next model request is refused and it ends failed budget_exhausted",
+    )
+    p.add_argument(
+        "--cost-budget",
+        type=usd,
+        metavar="USD",
+        help="most USD the run may cost at the model's price (runrow budget price); as --token-budget",
     )
     p.add_argument("-f", "--follow", action="store_true", help="stream the run until it ends")
 
@@ -325,6 +337,8 @@ async def cmd_enqueue(args: argparse.Namespace) -> int:
                 priority=args.priority,
                 fairness_key=args.fairness_key,
                 concurrency_key=args.concurrency_key,
+                token_budget=args.token_budget,
+                cost_budget=args.cost_budget,
             ),
         )
     print(enq.run_id, flush=True)

@@ -6,13 +6,12 @@ the argument (exit 2), and nothing is changed."""
 from __future__ import annotations
 
 import argparse
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from psycopg import AsyncConnection
 
 from pyworker.cli.client import CliError, _action, _cell, _command, _connect, _print_table
-from pyworker.cli.types import int32, int64
+from pyworker.cli.types import int32, int64, usd
 from pyworker.db import limits as limits_api
 from pyworker.db.config import database_url
 
@@ -40,16 +39,6 @@ examples:
   runrow budget tenant acme --tokens-per-day 2000000 --cost-per-day 25
   runrow budget remove-tenant acme
   runrow budget show                             # budgets, spend per tenant and model, prices"""
-
-
-def _usd(text: str) -> Decimal:
-    try:
-        value = Decimal(text)
-    except InvalidOperation as exc:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
-    if not value.is_finite():
-        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
-    return value
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -105,7 +94,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     t.add_argument("tenant", help="the fairness key (by default the run's user id)")
     t.add_argument("--tokens-per-day", type=int64, help="input + output + cache tokens (more than 0)")
-    t.add_argument("--cost-per-day", type=_usd, help="USD (more than 0)")
+    t.add_argument("--cost-per-day", type=usd, help="USD (more than 0)")
     r = _action(
         actions, "remove-tenant", help="remove a tenant's budget", example="runrow budget remove-tenant acme"
     )
@@ -119,10 +108,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     pr.add_argument("model")
     for flag in ("--input", "--output", "--cache-write", "--cache-read"):
-        pr.add_argument(flag, type=_usd, required=True, help="USD per million tokens (0 or more)")
+        pr.add_argument(flag, type=usd, required=True, help="USD per million tokens (0 or more)")
     pr.add_argument(
         "--cache-write-1h",
-        type=_usd,
+        type=usd,
         help="USD per million cache-write tokens with the 1-hour TTL (default: 2 x --input, the API's rule)",
     )
     r = _action(

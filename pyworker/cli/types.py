@@ -9,6 +9,7 @@ import math
 import os
 import re
 from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -183,3 +184,14 @@ def one_of(*choices: str) -> Callable[[str], str]:
         return text
 
     return parse
+
+
+def usd(text: str) -> Decimal:
+    """An amount of USD: any finite decimal (the SQL functions say what range they take)."""
+    try:
+        value = Decimal(text)
+    except InvalidOperation as exc:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
+    if not value.is_finite():
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value

@@ -19,7 +19,7 @@ MAX_BODY_BYTES = 256 * 1024
 # money or network (the security audit: any user could pin another model, a system prompt of
 # their own, any registered tool, max_tokens and thinking budgets in metadata, and a webhook to
 # an internal address).
-USER_FIELDS = frozenset({"content", "if_active", "start_in"})
+USER_FIELDS = frozenset({"content", "if_active", "start_in", "token_budget", "cost_budget"})
 OPT_IN_FIELDS = ("model", "system", "tools", "max_attempts", "metadata", "webhook_url")
 
 
