@@ -142,6 +142,7 @@ def test_serve_with_replica_url_streams_exactly_the_journal(pair: Replicated, wo
         [
             *(sys.executable, "-m", "pyworker", "serve", "--port", str(port), "--tokens-file", tokens.name),
             *("--model", "echo", "--keepalive", "0.5", "--replica-url", pair.standby.url),
+            *("--user-may-set", "metadata"),
         ],
         cwd=REPO,
         env=env,

@@ -113,6 +113,13 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "env RUNROW_USER_MAY_SET)",
     )
     p.add_argument(
+        "--max-streams-per-user",
+        type=number(int, 0, 1_000_000),
+        default=100,
+        help="event streams one user may hold open on this instance; more get a 429 with Retry-After "
+        "(0: no limit; default %(default)s)",
+    )
+    p.add_argument(
         "--shutdown-grace",
         type=number(int, 0, 3600),
         default=5,
@@ -230,6 +237,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         replica_url=args.replica_url,
         listen_url=args.listen_url,
         user_may_set=_user_fields(args.user_may_set or ""),
+        max_streams_per_user=args.max_streams_per_user,
     )
 
 

@@ -47,3 +47,5 @@ class ServeConfig:
     listen_url: str | None = None
     # The OPT_IN_FIELDS users may set on their runs (the rest are the operator's: 403).
     user_may_set: frozenset[str] = frozenset()
+    # Event streams one user may hold open on this process; more is a 429 (0: no limit).
+    max_streams_per_user: int = 100

@@ -15,12 +15,12 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from uuid import UUID
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from pyworker.db.api import Event
@@ -36,9 +36,10 @@ HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 @dataclass
 class StreamStats:
-    """Streams open right now in this process (observability, tests)."""
+    """Streams open right now in this process (observability, tests), in all and per user."""
 
     open: int = 0
+    by_user: dict[str, int] = field(default_factory=dict)
 
 
 def frame(event: Event) -> bytes:
@@ -76,10 +77,14 @@ class EventStreamResponse(StreamingResponse):
 
     media_type = "text/event-stream"
 
-    def __init__(self, frames: AsyncIterator[bytes], stats: StreamStats) -> None:
+    def __init__(
+        self, frames: AsyncIterator[bytes], stats: StreamStats, user: str = "", max_per_user: int = 0
+    ) -> None:
         super().__init__(frames, status_code=200, headers=HEADERS, media_type=self.media_type)
         self._frames = frames
         self._stats = stats
+        self._user = user
+        self._max_per_user = max_per_user  # 0: no limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("method") == "HEAD":
@@ -89,7 +94,15 @@ class EventStreamResponse(StreamingResponse):
             await self._start(send)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
+        held = self._stats.by_user.get(self._user, 0)
+        if self._max_per_user and held >= self._max_per_user:
+            # Checked and counted with no await between, so a burst cannot pass the limit. One
+            # token held 1,100 streams open (the security audit): each a task, a socket, a tail.
+            await self._frames.aclose()  # type: ignore[attr-defined]
+            await too_many_streams(self._max_per_user)(scope, receive, send)
+            return
         self._stats.open += 1
+        self._stats.by_user[self._user] = held + 1
         stream = asyncio.ensure_future(self._stream(send))
         watch = asyncio.ensure_future(_disconnected(receive))
         try:
@@ -99,6 +112,11 @@ class EventStreamResponse(StreamingResponse):
                 task.cancel()
             results = await asyncio.gather(stream, watch, return_exceptions=True)
             self._stats.open -= 1
+            left = self._stats.by_user[self._user] - 1
+            if left:
+                self._stats.by_user[self._user] = left
+            else:
+                del self._stats.by_user[self._user]
         error = results[0]
         if isinstance(error, Exception) and not isinstance(error, OSError):
             log.error("event stream failed: %r", error)
@@ -120,6 +138,20 @@ class EventStreamResponse(StreamingResponse):
             log.warning("event stream ended, the database is unavailable: %s", exc)
         with contextlib.suppress(OSError):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def too_many_streams(limit: int) -> JSONResponse:
+    return JSONResponse(
+        {
+            "error": {
+                "type": "too_many_streams",
+                "message": f"this user has {limit} event streams open on this instance, its limit "
+                "(runrow serve --max-streams-per-user): close one, or follow runs one after another",
+            }
+        },
+        status_code=429,
+        headers={"Retry-After": "5"},
+    )
 
 
 async def _disconnected(receive: Receive) -> None:
