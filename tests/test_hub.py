@@ -4,15 +4,20 @@ backend means polling (slower, never wrong) until the hub reconnects and re-LIST
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
+from tail_support import append as tail_append
+from tail_support import claim as tail_claim
+from tail_support import enqueue as tail_enqueue
 from worker_support import db, enqueue_echo, in_process_dispatcher, pool, run_row, wait_until_async, worker_db
 
 from pyworker.db import channels
 from pyworker.db.hub import RECONNECT_WAKE, Hub
+from pyworker.db.tail import Keepalive, tail
 from pyworker.worker.echo import handle as echo
 from pyworker.worker.journal import JournalWriter
 
@@ -133,4 +138,44 @@ async def test_terminated_hub_backend_falls_back_to_polling_then_recovers(
         await dispatcher.stop_claiming()
         await asyncio.gather(*dispatcher.tasks(), return_exceptions=True)
         await writer.stop()
+        await hub.stop()
+
+
+async def test_a_trusted_wait_falls_back_to_polling_as_soon_as_the_hub_loses_its_connection(
+    worker_db: str, db, pool: AsyncConnectionPool
+) -> None:
+    """A tail whose run's channel was armed waited for a wake up to its keepalive. When the hub's
+    connection was lost, only the reconnect woke it, so while the LISTEN stayed down (its
+    --listen-url member dead, the pool fine) a stream re-read only every keepalive (the failover
+    audit's suspicion). The loss now wakes every subscriber, which polls until the hub is back."""
+    name = f"runrow-hub-{uuid.uuid4().hex[:8]}"
+    hub = Hub(worker_db, application_name=name, backoff_initial=6.0, backoff_max=6.0)
+    await hub.start()
+    run_id = tail_enqueue(db)
+    token = tail_claim(db, run_id)
+    seen: list[tuple[int, float]] = []
+
+    async def follow() -> None:
+        async for item in tail(pool, hub, run_id, keepalive=30.0, poll_interval=0.5):
+            if not isinstance(item, Keepalive):
+                seen.append((item.seq, time.monotonic()))
+
+    following = asyncio.create_task(follow())
+    try:
+        assert await hub.wait_connected(5)
+        channel = channels.events_channel(run_id)
+        await wait_until_async(lambda: hub.armed(channel), what="the run's channel armed")
+        await wait_until_async(lambda: len(seen) == 3, what="the journal so far")  # queued, claimed
+        ours = "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+        db.execute("SELECT pg_terminate_backend(%s)", (db.execute(ours, (name,)).fetchone()[0],))
+        await wait_until_async(lambda: not hub.connected, what="the hub to notice")
+        appended = time.monotonic()
+        seq = tail_append(db, run_id, token, [{"type": "text_delta", "index": 0, "text": "hi"}])
+        await wait_until_async(lambda: any(s == seq for s, _ in seen), within=10, what="the event")
+        took = next(t for s, t in seen if s == seq) - appended
+        assert took < 2.0 and not hub.connected, f"{took:.1f}s: the event waited for the hub's return"
+    finally:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
         await hub.stop()

@@ -219,6 +219,10 @@ class Hub:
                     log.warning("hub cannot connect: %s; retrying", exc)
             self._connected.clear()
             self._release_waiters()
+            # A wait begun while its channel was armed trusted the hub to wake it: with the hub
+            # down no wake comes, so it re-reads now and polls until the reconnect (it slept
+            # until its keepalive or the reconnect, whichever was first: the failover audit).
+            self._wake_everyone()
             await self._close()
             delay = backoff * random.uniform(0.5, 1.5)
             backoff = min(backoff * 2, self._backoff_max)
