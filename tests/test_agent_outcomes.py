@@ -549,3 +549,17 @@ def test_a_history_past_the_context_window_fails_once_saying_what_to_do(db, fake
     assert "no longer fits the model's context window" in row["error"]
     assert "fork_run" in row["error"] and "new conversation" in row["error"]
     assert len(fake.requests) == 1
+
+
+def test_a_registered_tool_the_run_was_not_offered_does_not_run(db, fake) -> None:
+    """The worker's registry holds every tool it has code for; a run offers the model some of
+    them. A model turn naming another registered tool had it run (the security audit): now the
+    model is told it was not offered, and the tool's code never runs."""
+    fake.set_scenario(script(turn(Text("Launching."), ToolCall("launch", {"target": "moon"})), summary))
+    run = enqueue_agent(db, "Weather?", tools=[WEATHER], metadata={})  # launch not offered
+    row = finish(db, run)
+    assert row["status"] == "completed", row
+    assert [c for c in calls if c[0] == "launch"] == []
+    (result,) = [json.loads(p) for _, kind, p in steps(db, run) if kind == "tool_result"]
+    assert result["is_error"] is True
+    assert result["content"] == "Unknown tool 'launch': this run was not offered it.", result

@@ -116,15 +116,21 @@ async def run_tool_calls(
 ) -> bool:
     """Answer `tool_uses` (all from model_turn `step_seq`). False when stopped between calls."""
     run = ctx.run
+    # Only what the run offered runs: the worker's registry may hold tools this run was never
+    # given (the security audit: a model naming any registered tool had it run).
+    offered = {t.get("name") for t in (run.tools or []) if isinstance(t, dict)}
     for block in tool_uses:
         if stop_requested():
             return False
         name, use_id, args = block["name"], block["id"], block.get("input") or {}
-        tool = registry.get(name)
+        tool = registry.get(name) if name in offered else None
         if tool is None:
             with tracing.tool_call(name, "unknown") as call:
                 call.outcome = "unknown_tool"
-                await _unknown_tool(ctx, block)
+                why = "this run was not offered it"
+                if name in offered:
+                    why = "this worker has no tool of that name"
+                await _unknown_tool(ctx, block, why)
             continue
         with tracing.tool_call(name, tool.effect) as call:
             key = tool_call_key(run.run_id, step_seq, use_id, name, args)
@@ -344,13 +350,13 @@ async def _complete(ctx: RunContext, key: str, result: Any, is_error: bool) -> i
     )
 
 
-async def _unknown_tool(ctx: RunContext, block: dict[str, Any]) -> None:
+async def _unknown_tool(ctx: RunContext, block: dict[str, Any], why: str) -> None:
     run = ctx.run
     payload = json.dumps(
         {
             "type": "tool_result",
             "tool_use_id": block["id"],
-            "content": f"Unknown tool {block['name']!r}: this worker has no tool of that name.",
+            "content": f"Unknown tool {block['name']!r}: {why}.",
             "is_error": True,
         },
         ensure_ascii=False,
@@ -369,7 +375,7 @@ async def _unknown_tool(ctx: RunContext, block: dict[str, Any]) -> None:
         "append_step",
         landed=lambda conn, seq: steps_api.step_landed(conn, run.run_id, run.attempt, seq, "tool_result"),
     )
-    ctx.log.warning("model called unknown tool %s", block["name"])
+    ctx.log.warning("model called unknown tool %s: %s", block["name"], why)
     await ctx.journal.emit(
         {
             "type": "tool_result",
