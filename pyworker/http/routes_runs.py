@@ -88,7 +88,7 @@ def _budget(body: dict[str, Any], name: str, what: str, kind: Any, most: float) 
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, kind) or not 0 < value <= most:
-        raise ApiError(400, "invalid_request", f"{name} must be {what}, more than 0 and at most {most:g}")
+        raise ApiError(400, "invalid_request", f"{name} must be {what}, more than 0 and at most {most:.0f}")
     return value
 
 
@@ -97,8 +97,8 @@ def _usd(value: float | None) -> Decimal | None:
 
 
 def _fleet_options(body: dict[str, Any]) -> api.FleetOptions:
-    """The fleet fields an API user may set (start_in, webhook_url), each a 400 naming it when
-    bad, never a database error."""
+    """The fleet fields an API user may set (start_in, the run's budgets, webhook_url where the
+    operator lets them), each a 400 naming it when bad, never a database error."""
     start_in = body.get("start_in")
     if start_in is not None and (
         isinstance(start_in, bool)
