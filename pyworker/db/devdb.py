@@ -419,12 +419,19 @@ def migrated_template(admin_url: str, timeout: float = 300.0) -> str:
                 time.sleep(0.2)
                 continue
             try:
+                # Another builder may have renamed its copy between our look and our CREATE.
+                if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+                    drop_database(admin_url, building)
+                    return name
                 from pyworker.db.migrate import migrate
 
                 migrate(database_url_for(admin_url, building))
                 built, final = sql.Identifier(building), sql.Identifier(name)
                 conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(built))
                 conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(built, final))
+            except psycopg.errors.DuplicateDatabase:
+                drop_database(admin_url, building)  # the other builder's rename came first
+                return name
             except BaseException:
                 drop_database(admin_url, building)
                 raise
@@ -439,7 +446,9 @@ def drop_templates(admin_url: str) -> None:
         names = [
             n
             for (n,) in conn.execute(
-                "SELECT datname FROM pg_database WHERE datname LIKE %s", (TEMPLATE_PREFIX + "%",)
+                # Whole templates only: a copy being built is another run's (a shared server).
+                "SELECT datname FROM pg_database WHERE datname LIKE %s AND datname NOT LIKE %s",
+                (TEMPLATE_PREFIX + "%", "%\\_building"),
             ).fetchall()
         ]
     for name in names:
