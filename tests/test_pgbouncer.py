@@ -204,7 +204,7 @@ def test_a_tail_whose_listen_is_pooled_polls_instead_of_waiting_for_its_keepaliv
             append(conn, run_id, token, [{"type": "text_delta", "text": "Hel"}])
         following = tail_process(bouncer.url_for(direct), run_id)
         try:
-            time.sleep(4.0)  # it has shown what the journal holds, and its self-test is done
+            time.sleep(5.5)  # it has shown what the journal holds, and its self-test (two probes) is done
             with psycopg.connect(direct, autocommit=True) as conn:
                 append(conn, run_id, token, [{"type": "text_delta", "text": "lo"}])
                 conn.execute(

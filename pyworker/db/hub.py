@@ -160,17 +160,28 @@ class Hub:
             except psycopg.Error as exc:
                 log.warning("hub self-test could not NOTIFY through the pool: %s", exc)
                 return None
-            deadline = time.monotonic() + timeout
-            while (left := deadline - time.monotonic()) > 0:
-                payload = await within(queue.get(), left)
-                if payload is None:
-                    break
-                if payload == channel:
-                    log.info("hub self-test: NOTIFY through the pool reached the hub")
-                    return True
-            if self.backend_pid != session:
-                return None  # it reconnected meanwhile and may have missed it: no verdict
-        log.warning("%s (a NOTIFY through the pool did not arrive within %.0f s)", POOLED_WARNING, timeout)
+            # Two probes, each given `timeout`: one late NOTIFY on a busy host must not stand
+            # a direct LISTEN down for the process's whole life.
+            for _probe in range(2):
+                if _probe:
+                    try:
+                        async with pool.connection() as conn:
+                            await api.notify_probe(conn, channel)
+                    except psycopg.Error:
+                        return None
+                deadline = time.monotonic() + timeout
+                while (left := deadline - time.monotonic()) > 0:
+                    payload = await within(queue.get(), left)
+                    if payload is None:
+                        break
+                    if payload == channel:
+                        log.info("hub self-test: NOTIFY through the pool reached the hub")
+                        return True
+                if self.backend_pid != session:
+                    return None  # it reconnected meanwhile and may have missed it: no verdict
+        log.warning(
+            "%s (a NOTIFY through the pool did not arrive within %.0f s, twice)", POOLED_WARNING, timeout
+        )
         await self._stand_down()
         return False
 
