@@ -55,9 +55,12 @@ async def accepted_kwargs(
         except psycopg.OperationalError as exc:
             if REFUSED_OPTIONS in str(exc):
                 break
-            if time.monotonic() >= deadline:
+            # Only while nothing answers (no SQLSTATE: refused, unreachable) or the server is
+            # starting: a wrong password or database is left at once to the pool to report.
+            if time.monotonic() >= deadline or exc.sqlstate not in (None, "57P03"):
                 return kwargs
-            log.info("%s: waiting for the database: %s", what, str(exc).strip().splitlines()[0])
+            lines = str(exc).strip().splitlines()
+            log.info("%s: waiting for the database: %s", what, lines[0] if lines else type(exc).__name__)
             await asyncio.sleep(0.5)
             continue
         await conn.close()
