@@ -130,3 +130,19 @@ def test_runrow_enqueue_sets_a_runs_budgets(fields_db: str) -> None:
         query = "SELECT token_budget, cost_budget FROM runrow.agent_run WHERE id = %s"
         budgets = db.execute(query, (run,)).fetchone()
     assert budgets is not None and (budgets[0], float(budgets[1])) == (700, 0.5)
+
+
+def test_null_for_a_field_not_opted_in_asks_for_the_operators_default(
+    default_server: Server, fields_db: str
+) -> None:
+    """A client that sends "system": null asks for the default, which is the operator's: it is
+    taken as absent, not as a 403, nor as an override of the operator's prompt with none."""
+    with httpx.Client(base_url=default_server.url, headers=ALICE, timeout=20) as client:
+        made = client.post(
+            f"/conversations/{uuid.uuid4()}/runs", json={"content": "hi", "model": None, "system": None}
+        )
+        assert made.status_code == 202, made.text
+    with psycopg.connect(fields_db) as db:
+        run = made.json()["run_id"]
+        model = db.execute("SELECT model FROM runrow.agent_run WHERE id = %s", (run,)).fetchone()
+    assert model == ("echo",)

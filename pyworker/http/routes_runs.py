@@ -72,6 +72,10 @@ def _refuse_operator_fields(body: dict[str, Any]) -> None:
 def _refuse_fields_not_opted_in(body: dict[str, Any], user_may_set: frozenset[str]) -> None:
     for name in OPT_IN_FIELDS:
         if name in body and name not in user_may_set:
+            if body[name] is None:
+                # null asks for the default, which is the operator's: not an override.
+                del body[name]
+                continue
             raise ApiError(
                 403,
                 "forbidden_field",
