@@ -192,7 +192,8 @@ async function enqueue(turn) {
       turn.error = null;
       break;
     } catch (err) {
-      const transient = !(err instanceof ApiError) || err.status === 503;
+      // 503: the service's database is away; 502 and 504: a proxy in front lost the service.
+      const transient = !(err instanceof ApiError) || [502, 503, 504].includes(err.status);
       if (!transient || Date.now() > giveUp) {
         turn.status = "failed";
         turn.error = err.message;
@@ -200,7 +201,7 @@ async function enqueue(turn) {
       }
       turn.error = `${err.message}: sending again`;
       renderTurn(turn);
-      await new Promise((resolve) => setTimeout(resolve, 1000 * (err.retryAfter || 2)));
+      await new Promise((resolve) => setTimeout(resolve, 1000 * Math.min(err.retryAfter || 2, 30)));
     }
   }
   saveChat();
