@@ -3,7 +3,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(18);
+SELECT plan(19);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.spend_fingerprint() RETURNS text LANGUAGE sql AS $$
@@ -60,6 +60,7 @@ SELECT is((SELECT budget_exhausted IS NOT NULL FROM runrow.agent_run WHERE id = 
 -- Fenced out: a wrong token, a run that has ended; nothing written.
 SELECT pg_temp.spend_fingerprint() AS before \gset
 SELECT is(runrow.record_usage(:'next', gen_random_uuid(), '{"input_tokens": 10}'), false, 'a wrong token: false');
+SELECT is(pg_temp.spend_fingerprint(), :'before', 'a wrong token: nothing written');
 SELECT pg_temp.token(:'own') AS own_token \gset
 SELECT runrow.finish_run(:'own', :'own_token', 'completed');
 SELECT pg_temp.spend_fingerprint() AS before \gset
