@@ -513,7 +513,8 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
                 # The database went away (a restart, a failover): wait for it and go on after the
                 # last event shown, as an SSE client resumes with Last-Event-ID. The tail exited
                 # 2 on it, and a user had to find the seq to give --from.
-                render.note(f"the database is unavailable ({_first_line(exc)}); resuming after seq {seen}")
+                why = first_line(exc)[:200]
+                render.note(f"the database is unavailable ({why}); resuming after seq {seen}")
                 await asyncio.sleep(1.0)
     except RunNotFound as exc:
         raise CliError(str(exc)) from exc
@@ -662,8 +663,3 @@ def _print_table(names: list[str], rows: list[list[str]], header: bool = True) -
     lines = ([names, ["-" * w for w in widths]] if header else []) + rows
     for line in lines:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else type(exc).__name__
