@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 from pyworker.db.api import Event
 from pyworker.db.hub import Hub
 from pyworker.db.tail import Keepalive, tail
+from pyworker.http.errors import error_response
 
 log = logging.getLogger("runrow.http")
 
@@ -36,10 +37,13 @@ HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 @dataclass
 class StreamStats:
-    """Streams open right now in this process (observability, tests), in all and per user."""
+    """Streams open right now in this process (observability, tests), per user."""
 
-    open: int = 0
     by_user: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def open(self) -> int:
+        return sum(self.by_user.values())
 
 
 def frame(event: Event) -> bytes:
@@ -101,7 +105,6 @@ class EventStreamResponse(StreamingResponse):
             await self._frames.aclose()  # type: ignore[attr-defined]
             await too_many_streams(self._max_per_user)(scope, receive, send)
             return
-        self._stats.open += 1
         self._stats.by_user[self._user] = held + 1
         stream = asyncio.ensure_future(self._stream(send))
         watch = asyncio.ensure_future(_disconnected(receive))
@@ -111,7 +114,6 @@ class EventStreamResponse(StreamingResponse):
             for task in (stream, watch):
                 task.cancel()
             results = await asyncio.gather(stream, watch, return_exceptions=True)
-            self._stats.open -= 1
             left = self._stats.by_user[self._user] - 1
             if left:
                 self._stats.by_user[self._user] = left
@@ -141,15 +143,11 @@ class EventStreamResponse(StreamingResponse):
 
 
 def too_many_streams(limit: int) -> JSONResponse:
-    return JSONResponse(
-        {
-            "error": {
-                "type": "too_many_streams",
-                "message": f"this user has {limit} event streams open on this instance, its limit "
-                "(runrow serve --max-streams-per-user): close one, or follow runs one after another",
-            }
-        },
-        status_code=429,
+    return error_response(
+        429,
+        "too_many_streams",
+        f"this user has {limit} event streams open on this instance, its limit (runrow serve "
+        "--max-streams-per-user): close one, or follow runs one after another",
         headers={"Retry-After": "5"},
     )
 
