@@ -236,15 +236,13 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         pool_max_size=args.pool_size,
         replica_url=args.replica_url,
         listen_url=args.listen_url,
-        user_may_set=_user_fields(args.user_may_set or ""),
+        user_may_set=args.user_may_set or frozenset(),
         max_streams_per_user=args.max_streams_per_user,
     )
 
 
-def _user_fields(value: str | frozenset[str]) -> frozenset[str]:
+def _user_fields(value: str) -> frozenset[str]:
     """--user-may-set's comma-separated names, each one of OPT_IN_FIELDS."""
-    if isinstance(value, frozenset):
-        return value
     names = frozenset(name.strip() for name in value.split(",") if name.strip())
     unknown = sorted(names - set(OPT_IN_FIELDS))
     if unknown:
