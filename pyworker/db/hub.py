@@ -154,21 +154,15 @@ class Hub:
             session = self.backend_pid
             if channel not in self._listening:
                 return None  # the hub went down meanwhile
-            try:
-                async with pool.connection() as conn:
-                    await api.notify_probe(conn, channel)
-            except psycopg.Error as exc:
-                log.warning("hub self-test could not NOTIFY through the pool: %s", exc)
-                return None
             # Two probes, each given `timeout`: one late NOTIFY on a busy host must not stand
             # a direct LISTEN down for the process's whole life.
             for _probe in range(2):
-                if _probe:
-                    try:
-                        async with pool.connection() as conn:
-                            await api.notify_probe(conn, channel)
-                    except psycopg.Error:
-                        return None
+                try:
+                    async with pool.connection() as conn:
+                        await api.notify_probe(conn, channel)
+                except psycopg.Error as exc:
+                    log.warning("hub self-test could not NOTIFY through the pool: %s", exc)
+                    return None
                 deadline = time.monotonic() + timeout
                 while (left := deadline - time.monotonic()) > 0:
                     payload = await within(queue.get(), left)
