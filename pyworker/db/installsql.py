@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pyworker.db.migrate import function_files
 from pyworker.db.paths import FUNCTIONS_DIR, INSTALL_SQL, MIGRATIONS_DIR, SQL_DIR
+from pyworker.db.schema import migration_files
 
 # The psql text lives in sql/templates/ (.psql: psql meta-commands, not plain SQL), so this
 # module only assembles files and holds no SQL of its own.
@@ -37,7 +38,7 @@ def _migration_block(path: Path) -> str:
 
 
 def render(migrations_dir: Path = MIGRATIONS_DIR, functions_dir: Path = FUNCTIONS_DIR) -> str:
-    paths = sorted(p for p in migrations_dir.glob("*.sql") if not p.name.endswith(".rollback.sql"))
+    paths = migration_files(migrations_dir)
     known = ",\n    ".join(f"'{path.stem}'" for path in paths)
     parts = [HEADER, NEWER_GUARD.format(known="\n    " + known + "\n")]
     for path in paths:

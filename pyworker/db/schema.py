@@ -13,12 +13,19 @@ re-applied on every migrate).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pyworker.db.paths import MIGRATIONS_DIR
+
+
+def migration_files(directory: Path = MIGRATIONS_DIR) -> list[Path]:
+    """The migration files in `directory`, in apply order (rollback scripts left out)."""
+    return sorted(p for p in directory.glob("*.sql") if not p.name.endswith(".rollback.sql"))
 
 
 def shipped_migrations() -> list[str]:
     """The migration ids this code ships, in order."""
-    return sorted(p.stem for p in MIGRATIONS_DIR.glob("*.sql") if not p.name.endswith(".rollback.sql"))
+    return [p.stem for p in migration_files()]
 
 
 def required_version() -> str:
