@@ -10,6 +10,7 @@ run as root.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import pwd
@@ -392,18 +393,10 @@ def migrated_template(admin_url: str, timeout: float = 300.0) -> str:
     lock is per database, and the two test processes connect to databases of their own), and
     renamed when whole; closed to connections, so nothing (not autovacuum either) changes it
     between copies."""
-    import hashlib
-
     import psycopg
     from psycopg import sql
 
-    from pyworker.db.paths import FUNCTIONS_DIR, MIGRATIONS_DIR
-
-    digest = hashlib.sha256()
-    for path in sorted([*MIGRATIONS_DIR.glob("*.sql"), *FUNCTIONS_DIR.glob("*.sql")]):
-        digest.update(f"{path.parent.name}/{path.name}\0".encode())
-        digest.update(path.read_bytes())
-    name = TEMPLATE_PREFIX + digest.hexdigest()[:16]
+    name = TEMPLATE_PREFIX + _schema_digest()
     building = f"{name}_building"
     deadline = time.monotonic() + timeout
     with psycopg.connect(admin_url, autocommit=True) as conn:
@@ -436,6 +429,21 @@ def migrated_template(admin_url: str, timeout: float = 300.0) -> str:
                 drop_database(admin_url, building)
                 raise
     return name
+
+
+@functools.cache
+def _schema_digest() -> str:
+    """A hash of migrations/ and functions/, read once per process (a template is asked for by
+    every test that takes a migrated database)."""
+    import hashlib
+
+    from pyworker.db.paths import FUNCTIONS_DIR, MIGRATIONS_DIR
+
+    digest = hashlib.sha256()
+    for path in sorted([*MIGRATIONS_DIR.glob("*.sql"), *FUNCTIONS_DIR.glob("*.sql")]):
+        digest.update(f"{path.parent.name}/{path.name}\0".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def drop_templates(admin_url: str) -> None:
