@@ -43,6 +43,12 @@ from pyworker.db.migrate import migrate
 ENQUEUE = (
     "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => '\"hello\"', model => 'bench')"
 )
+# The runs each session's calls are made for: offered the tool their model turn asks for
+# (begin_tool_call runs only a tool its run was enqueued with).
+PREPARED_RUN = (
+    "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => '\"hello\"', model => 'bench',"
+    """ tools => '[{"name": "weather", "input_schema": {"type": "object"}}]')"""
+)
 DELTA = json.dumps([{"type": "text_delta", "index": 0, "text": "word " * 8}])
 TURN = json.dumps([{"type": "text", "text": "an answer"}])
 # A model turn asking for one tool call: what begin_tool_call and complete_tool_call answer.
@@ -245,7 +251,7 @@ def prepare(url: str, shape: Shape, n: int) -> list[tuple]:
         return []
     with psycopg.connect(url, autocommit=True) as conn:
         for _ in range(runs):
-            conn.execute(ENQUEUE, (uuid.uuid4(),))
+            conn.execute(PREPARED_RUN, (uuid.uuid4(),))
         claimed = []
         if runs:
             claimed = conn.execute(

@@ -87,8 +87,27 @@ BEGIN
               = begin_tool_call.idempotency_key
           AND NOT EXISTS (
               SELECT 1 FROM runrow.agent_step AS x
-              WHERE x.run_id = r.id AND x.kind = 'tool_result' AND x.tool_use_id = b.block ->> 'id');
+              WHERE x.run_id = r.id AND x.kind = 'tool_result' AND x.tool_use_id = b.block ->> 'id')
+          -- Only a tool the run was enqueued with runs: a model may name any tool, and a worker's
+          -- registry may hold tools this run was never given. Here, not in each worker, so no
+          -- client of any language can run one.
+          AND EXISTS (
+              SELECT 1 FROM runrow.prompt AS p
+              WHERE p.id = r.prompt_id
+                AND p.tools @> jsonb_build_array(jsonb_build_object('name', begin_tool_call.tool)));
         IF NOT FOUND THEN
+            -- Told apart only on the way out, so a valid call runs no statement more.
+            IF NOT EXISTS (
+                SELECT 1 FROM runrow.prompt AS p
+                WHERE p.id = r.prompt_id
+                  AND p.tools @> jsonb_build_array(jsonb_build_object('name', begin_tool_call.tool))
+            ) THEN
+                RAISE EXCEPTION 'tool "%" is not among the tools the run was enqueued with: only an offered tool runs',
+                    left(begin_tool_call.tool, 200)
+                    USING ERRCODE = 'invalid_parameter_value',
+                          HINT = 'Answer the tool_use with append_step(kind => ''tool_result'') and is_error, '
+                                 'without calling the tool.';
+            END IF;
             RAISE EXCEPTION 'idempotency_key matches no unanswered tool_use of the run''s latest model turn with this '
                 'tool and args: it must be runrow.tool_call_key(run_id, step_seq, tool_use_id, tool, args)'
                 USING ERRCODE = 'invalid_parameter_value';
@@ -185,7 +204,8 @@ COMMENT ON FUNCTION runrow.begin_tool_call(uuid, uuid, text, text, jsonb, text) 
 'Call before running a tool; returns one row (state, result). idempotency_key must be '
 'runrow.tool_call_key(run_id, step_seq, tool_use_id, tool, args) of an unanswered tool_use in '
 'the run''s latest model turn (22023 otherwise, and when a known key comes with another run, '
-'tool, args or effect). effect pure, idempotent, non_idempotent: execute (run it; a '
+'tool, args or effect); tool must be one of the tools the run was enqueued with (22023 '
+'otherwise: answer that tool_use with an is_error tool_result, never run it). effect pure, idempotent, non_idempotent: execute (run it; a '
 'non_idempotent tool passes the key downstream; a resumed attempt gets execute again with the '
 'same key) or done (the result is recorded: use result, do not run it). irreversible: the first '
 'call records the intent and returns needs_approval, parking the run as waiting (claim '

@@ -5,7 +5,7 @@ BEGIN;
 \ir helpers/lifecycle.psql
 \ir helpers/row_versions.psql
 \ir helpers/steps.psql
-SELECT plan(69);
+SELECT plan(72);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid,text,text,jsonb,text}'''
@@ -176,6 +176,19 @@ SELECT is(pg_temp.steps_written(), :'before', 'refused keys wrote nothing');
 SELECT runrow.append_step(:'r', :'tok6', 'tool_result', '{"type":"tool_result","tool_use_id":"tu_5","content":"by hand"}');
 SELECT throws_ok(format('SELECT * FROM runrow.begin_tool_call(%L, %L, %L, ''echo'', ''{"a": 1}'', ''pure'')', :'r', :'tok6', :'k5'),
     '22023', NULL, 'a tool_use already answered by append_step cannot be begun');
+
+-- Only an offered tool runs: a tool_use naming a tool the run was not enqueued with is refused
+-- (a model may name any tool), and nothing is written; the worker answers it as an error.
+SELECT pg_temp.tool_turn(:'r', 'tu_u', 'launch', '{"to": "moon"}') AS su \gset
+SELECT pg_temp.steps_written() AS before \gset
+SELECT throws_ok(format('SELECT * FROM runrow.begin_tool_call(%L, %L, %L, ''launch'', ''{"to": "moon"}'', ''pure'')',
+    :'r', :'tok6', pg_temp.key(:'r', :su, 'tu_u', 'launch', '{"to": "moon"}')),
+    '22023', 'tool "launch" is not among the tools the run was enqueued with: only an offered tool runs',
+    'a tool the run was not offered is refused, with its right key');
+SELECT is(pg_temp.steps_written(), :'before', 'the unoffered call wrote nothing');
+SELECT isnt(runrow.append_step(:'r', :'tok6', 'tool_result',
+    '{"type":"tool_result","tool_use_id":"tu_u","content":"Unknown tool","is_error":true}'), NULL,
+    'and its tool_use is answered as an error, as the worker does');
 
 -- A NUL in the turn's text (the escape \u0000): the tool_use is still found and begun.
 SELECT pg_temp.running() AS rn \gset

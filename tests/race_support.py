@@ -12,13 +12,14 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
+from steps_support import tool_defs
 
 from pyworker.db.devdb import temporary_database
 
@@ -99,12 +100,18 @@ class Background:
 
 
 def enqueue(
-    conn: psycopg.Connection, conversation_id: uuid.UUID, turns: int = 1, max_attempts: int = 1
+    conn: psycopg.Connection,
+    conversation_id: uuid.UUID,
+    turns: int = 1,
+    max_attempts: int = 1,
+    tools: Sequence[str] = (),
 ) -> list:
+    """`turns` turns of the conversation, each offered `tools` (steps_support.tool_defs)."""
     return [
         conn.execute(
-            "SELECT run_id FROM runrow.enqueue_run(%s, %s::jsonb, 'test-model', max_attempts => %s)",
-            (conversation_id, json.dumps(f"turn {n}"), max_attempts),
+            "SELECT run_id FROM runrow.enqueue_run(%s, %s::jsonb, 'test-model', max_attempts => %s,"
+            " tools => %s::jsonb)",
+            (conversation_id, json.dumps(f"turn {n}"), max_attempts, tool_defs(*tools)),
         ).fetchone()[0]
         for n in range(turns)
     ]

@@ -19,6 +19,12 @@ from pyworker.db.keys import tool_call_key
 DEADLINE = 15.0
 
 
+def tool_defs(*names: str) -> str:
+    """enqueue_run's `tools` (JSON text) offering `names`, each taking any object: begin_tool_call
+    runs only a tool its run was enqueued with."""
+    return json.dumps([{"name": n, "input_schema": {"type": "object"}} for n in names])
+
+
 def append_step(
     conn: psycopg.Connection, run_id: uuid.UUID, token: uuid.UUID, kind: str, payload: str
 ) -> int | None:

@@ -12,11 +12,12 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import psycopg
 import pytest
+from steps_support import tool_defs
 
 from pyworker.db.devdb import temporary_database
 
@@ -33,11 +34,13 @@ def enqueue(
     text: str = "hello",
     conversation_id: uuid.UUID | None = None,
     max_attempts: int = 1,
+    tools: Sequence[str] = (),
 ) -> uuid.UUID:
+    """A turn offered `tools` (steps_support.tool_defs): only those can be begun."""
     row = conn.execute(
-        "SELECT run_id FROM runrow.enqueue_run("
-        "conversation_id => %s, content => %s::jsonb, model => 'test-model', max_attempts => %s)",
-        (conversation_id or uuid.uuid4(), json.dumps(text), max_attempts),
+        "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => %s::jsonb,"
+        " model => 'test-model', max_attempts => %s, tools => %s::jsonb)",
+        (conversation_id or uuid.uuid4(), json.dumps(text), max_attempts, tool_defs(*tools)),
     ).fetchone()
     assert row is not None
     return row[0]

@@ -23,7 +23,7 @@ __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the
 
 
 def _parked(conn: psycopg.Connection) -> tuple:
-    run_id = enqueue(conn, "terminate it")
+    run_id = enqueue(conn, "terminate it", tools=["terminate_instance"])
     token = claim(conn, run_id)
     key = tool_turn(conn, run_id, token, "tu_t", "terminate_instance", ARGS)
     assert begin(conn, run_id, token, key, "terminate_instance", ARGS, "irreversible")[0] == "needs_approval"

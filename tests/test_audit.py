@@ -22,6 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 from stats_support import flushed
+from steps_support import tool_defs
 
 from pyworker.db.devdb import temporary_database
 from pyworker.db.paths import SQL_DIR
@@ -46,9 +47,11 @@ def as_superuser(superuser_url: str, database: str) -> str:
 def enqueue(
     conn: psycopg.Connection, max_attempts: int = 1, conversation: uuid.UUID | None = None
 ) -> uuid.UUID:
+    # Every run is offered the one tool this file calls (begin_tool_call runs only offered tools).
     return conn.execute(
-        "SELECT run_id FROM runrow.enqueue_run(%s, '\"hi\"', 'test-model', max_attempts => %s)",
-        (conversation or uuid.uuid4(), max_attempts),
+        "SELECT run_id FROM runrow.enqueue_run(%s, '\"hi\"', 'test-model', max_attempts => %s,"
+        " tools => %s::jsonb)",
+        (conversation or uuid.uuid4(), max_attempts, tool_defs("send_email")),
     ).fetchone()[0]
 
 

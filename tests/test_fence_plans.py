@@ -19,13 +19,19 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from lifecycle_support import ENQUEUE
 from stats_support import agent_run_updates, counter, flushed, index_entries_read, index_scans
+from steps_support import tool_defs
 from worker_support import worker_db, worker_db_superuser
 
 __all__ = ["worker_db", "worker_db_superuser"]
 
 RUNS = 200
+# RUNS fresh conversations' first turns in one statement, each offered the tool `t` that
+# begin_tool_call is called with (it runs only a tool its run was enqueued with).
+ENQUEUE_OFFERING_T = (
+    "SELECT count(*) FROM (SELECT runrow.enqueue_run(conversation_id => gen_random_uuid(),"
+    " content => '\"job\"', model => 'echo', tools => %s::jsonb) FROM generate_series(1, %s)) AS e"
+)
 MODEL_TURN = (
     "SELECT runrow.tool_call_key(%s, runrow.append_step(%s, %s, 'model_turn',"
     """ '[{"type": "tool_use", "id": "tu_1", "name": "t", "input": {}}]'), 'tu_1', 't', '{}')"""
@@ -54,7 +60,7 @@ def running(worker_db: str, worker_db_superuser: str):  # type: ignore[no-untype
         psycopg.connect(worker_db, autocommit=True) as conn,
     ):
         admin.execute("ALTER TABLE runrow.agent_run SET (autovacuum_enabled = false)")
-        assert conn.execute(ENQUEUE, (RUNS,)).fetchone() == (RUNS,)
+        assert conn.execute(ENQUEUE_OFFERING_T, (tool_defs("t"), RUNS)).fetchone() == (RUNS,)
         admin.execute("ANALYZE runrow.agent_run")
         runs = conn.execute(
             "SELECT run_id, claim_token FROM runrow.claim_runs(worker_id => 'plan', max_runs => %s)", (RUNS,)

@@ -502,7 +502,7 @@ def test_valid_tool_calls_run_no_argument_helper(owner: psycopg.Connection, coun
     _require_* helper, each a PERFORM statement (five or six a call, about a tenth of a tool
     call's backend work); bad ones still do (test_a_bad_argument_still_gets_its_helpers_error)."""
     drain(owner)
-    enqueue(owner, uuid.uuid4())
+    enqueue(owner, uuid.uuid4(), tools=["lookup"])
     run_id, token = owner.execute(
         "SELECT run_id, claim_token FROM runrow.claim_runs('tools-probe', 1, 30)"
     ).fetchone()

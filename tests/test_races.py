@@ -547,7 +547,7 @@ def test_heartbeat_waiting_on_a_stop_reports_the_cancel(owner: psycopg.Connectio
 def parked(owner: psycopg.Connection) -> tuple[uuid.UUID, dict, uuid.UUID, str]:
     """A conversation whose turn 1 waits on an approval, with turn 2 queued behind it."""
     conversation = uuid.uuid4()
-    _turn1, turn2 = enqueue(owner, conversation, 2)
+    _turn1, turn2 = enqueue(owner, conversation, 2, tools=["send_wire"])
     run = claim_one(owner)
     key = tool_turn(owner, run)
     assert begin_irreversible(owner, run, key) == "needs_approval"
@@ -608,7 +608,7 @@ def test_stop_waiting_on_an_approval_cancels_the_requeued_turn(owner: psycopg.Co
 
 def test_stop_waiting_on_a_park_cancels_the_parked_turn(owner: psycopg.Connection, connect: Connect):
     conversation = uuid.uuid4()
-    turn1, turn2 = enqueue(owner, conversation, 2)
+    turn1, turn2 = enqueue(owner, conversation, 2, tools=["send_wire"])
     run = claim_one(owner)
     key = tool_turn(owner, run)
     worker = connect(autocommit=False)
@@ -624,7 +624,7 @@ def test_stop_waiting_on_a_park_cancels_the_parked_turn(owner: psycopg.Connectio
 
 def test_park_waiting_on_a_stop_ends_the_run_cancelled(owner: psycopg.Connection, connect: Connect):
     conversation = uuid.uuid4()
-    turn1, turn2 = enqueue(owner, conversation, 2)
+    turn1, turn2 = enqueue(owner, conversation, 2, tools=["send_wire"])
     run = claim_one(owner)
     key = tool_turn(owner, run)
     stopper = connect(autocommit=False)

@@ -41,7 +41,7 @@ def _owned(conn: psycopg.Connection, run_id: uuid.UUID, token: uuid.UUID) -> boo
 
 def test_non_idempotent_call_is_executed_again_with_the_same_key(database_url: str) -> None:
     with psycopg.connect(database_url, autocommit=True) as observer:
-        run_id = enqueue(observer, "charge it", max_attempts=3)
+        run_id = enqueue(observer, "charge it", max_attempts=3, tools=["charge_card"])
         worker = psycopg.connect(database_url, autocommit=True)
         token = claim(worker, run_id, lease_seconds=1)
         key = tool_turn(worker, run_id, token, "tu_1", "charge_card", CHARGE)
@@ -83,7 +83,7 @@ def test_non_idempotent_call_is_executed_again_with_the_same_key(database_url: s
 def test_approved_irreversible_call_comes_back_uncertain(database_url: str) -> None:
     args = {"table": "customers"}
     with psycopg.connect(database_url, autocommit=True) as observer:
-        run_id = enqueue(observer, "drop it", max_attempts=2)
+        run_id = enqueue(observer, "drop it", max_attempts=2, tools=["drop_table"])
         token = claim(observer, run_id)
         key = tool_turn(observer, run_id, token, "tu_drop", "drop_table", args)
         assert begin(observer, run_id, token, key, "drop_table", args, "irreversible") == (
@@ -121,7 +121,7 @@ def test_full_approval_path(database_url: str) -> None:
         psycopg.connect(database_url, autocommit=True) as conn,
         psycopg.connect(database_url, autocommit=True) as listener,
     ):
-        run_id = enqueue(conn, "restart prod")
+        run_id = enqueue(conn, "restart prod", tools=["restart_service"])
         conversation_id = conn.execute(
             "SELECT conversation_id FROM runrow.agent_run WHERE id = %s", (run_id,)
         ).fetchone()[0]
@@ -174,7 +174,7 @@ def test_full_approval_path(database_url: str) -> None:
 def test_rejection_reaches_the_model_as_an_error(database_url: str) -> None:
     args = {"id": 42}
     with psycopg.connect(database_url, autocommit=True) as conn:
-        run_id = enqueue(conn, "delete user 42")
+        run_id = enqueue(conn, "delete user 42", tools=["delete_user"])
         token = claim(conn, run_id)
         key = tool_turn(conn, run_id, token, "tu_d", "delete_user", args)
         assert begin(conn, run_id, token, key, "delete_user", args, "irreversible") == (
