@@ -30,11 +30,11 @@ from agent_support import (
     module_db,
     steps,
 )
-from worker_support import run_row, wait_until
+from worker_support import run_row, streamed_text, wait_until
 
 from pyworker.agent.model import FleetClient
 from pyworker.agent.tools import ToolRegistry, tool
-from pyworker.fake.faults import error_event, overloaded, rate_limited, server_error
+from pyworker.fake.faults import error_event, overloaded, rate_limited, server_error, slow
 from pyworker.fake.ratelimit import RateLimit, Refusal
 from pyworker.fake.scenarios import ModelRequest, Text, ToolCall, turn
 from pyworker.fake.server import FakeModel
@@ -313,3 +313,28 @@ def test_a_turn_with_empty_content_is_paid_for(module_conn: psycopg.Connection, 
     assert billed > 0
     (spent,) = db.execute("SELECT spent_tokens FROM runrow.agent_run WHERE id = %s", (run,)).fetchone()
     assert spent == billed, (spent, usage)
+
+
+def test_a_response_cut_by_a_drain_is_paid_for(module_conn: psycopg.Connection, module_db: str) -> None:
+    """A drain past its budget cancels the run's task mid-stream, as a lost claim does: the
+    stream is closed, and the input the response was billed for is paid for while the claim
+    still holds the run. Only a stop or a failure paid for a cut stream, so each deploy's
+    SIGTERM billed one response per run in flight that no spend or budget counted."""
+    db = module_conn
+    long_text = " ".join(f"word{i}" for i in range(300))
+    with FakeModel(lambda request: turn(Text(long_text))) as fake:
+        fake.inject(slow(0.05))  # ~15 s of stream unless it is cut
+        config = {"anthropic_base_url": fake.base_url, "anthropic_api_key": "k", "anthropic_max_retries": 0}
+        options = {"lease_seconds": 5, "concurrency": 1, "drain_seconds": 0.2}
+        with in_process_worker(module_db, "drained", config=config, **options):
+            run = enqueue_agent(db, "Talk.", model="claude-drained", tools=[], metadata={}, max_attempts=1)
+            wait_until(lambda: streamed_text(db, run), 15, "text to stream")
+        # Leaving the block drains the worker: 0.2 s, then the run is abandoned mid-stream.
+        wait_until(lambda: fake.requests[-1].outcome == "client_closed", 10, "the stream to be closed")
+        usage = fake.requests[-1].response["usage"]
+    row = run_row(db, run)
+    assert row["status"] == "failed" and row["error"].startswith("drained"), (row["status"], row["error"])
+    assert len(streamed_text(db, run)) < len(long_text)  # cut mid-stream, not finished
+    billed = usage["input_tokens"]
+    (spent,) = db.execute("SELECT spent_tokens FROM runrow.agent_run WHERE id = %s", (run,)).fetchone()
+    assert billed > 0 and spent >= billed, (spent, usage)

@@ -19,6 +19,7 @@ the benchmark's baseline).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -32,6 +33,14 @@ from pyworker.worker.journal import RunLost
 DEFAULT_MAX_WAIT = 10.0
 MAX_429_IN_ATTEMPT = 5
 MAX_ESTIMATE = 100_000_000  # acquire_model_call's range
+# The longest a cancelled run waits to pay for its cut response. A drain gives the runs it
+# abandons max(5 s, lease) to hand back before it cancels them outright: the release must
+# still fit after this. record_usage takes milliseconds; past this the database is away.
+INTERRUPTED_SETTLE_SECONDS = 2.0
+
+# Payments under way for cancelled runs: asyncio keeps only weak references to tasks, and a
+# caller cancelled again stops waiting for its payment, which must not be collected half-way.
+_settling: set[asyncio.Task[None]] = set()
 
 
 def enabled(ctx: RunContext) -> bool:
@@ -87,6 +96,37 @@ async def settle_unstored(ctx: RunContext, usage: dict[str, Any] | None) -> None
     await ctx.db(
         lambda conn: limits_api.record_usage(conn, run.run_id, run.claim_token, usage), "record_usage"
     )
+
+
+async def settle_interrupted(ctx: RunContext, usage: dict[str, Any] | None) -> None:
+    """settle_unstored for a response cut because the run's own task is being cancelled (a
+    drain abandons the run, its claim was lost), called while that CancelledError is handled,
+    before it is raised on. While a drain's claim still holds the run, the payment lands; a
+    lost claim is fenced out and nothing is written, as it should be.
+
+    The payment is a task of its own, awaited through a shield and bounded: a second
+    cancellation (the run lost meanwhile, the drain's last resort) stops the wait, not the
+    payment half-way, and a database that is away does not hold the cancellation up for a
+    lease (settle_unstored retries for that long). It never raises but a cancellation: the
+    caller's CancelledError is what must go on."""
+    if not usage or ctx.lost.is_set():
+        return
+    payment = asyncio.create_task(_settle_within(ctx, usage, INTERRUPTED_SETTLE_SECONDS))
+    _settling.add(payment)
+    payment.add_done_callback(_settling.discard)
+    await asyncio.shield(payment)
+
+
+async def _settle_within(ctx: RunContext, usage: dict[str, Any], seconds: float) -> None:
+    try:
+        async with asyncio.timeout(seconds):
+            await settle_unstored(ctx, usage)
+    except RunLost:
+        pass  # the journal's flush was fenced out: the claim is gone, so is the payment
+    except TimeoutError:
+        ctx.log.warning("a cut response's usage was not recorded: no database answer in %.0fs", seconds)
+    except Exception as exc:
+        ctx.log.warning("a cut response's usage was not recorded: %s: %s", type(exc).__name__, exc)
 
 
 async def after_failure(ctx: RunContext, failed: TurnFailed, rate_limited_so_far: int) -> Outcome | None:

@@ -60,6 +60,7 @@ it, including the turns that end the run, so the step log is the full record.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -69,6 +70,7 @@ from pyworker.agent.history import History, load_history, stop_reason_of
 from pyworker.agent.model import (
     TOO_LONG_REMEDY,
     ModelTurn,
+    Received,
     TurnCancelled,
     TurnFailed,
     client_for,
@@ -157,8 +159,14 @@ async def handle(ctx: RunContext) -> Outcome:
         if ctx.cancel.is_set():
             continue
         await ctx.journal.emit({"type": "model_request", "step": len(history.steps) + 1, "model": run.model})
+        received = Received()
         try:
-            turn = await stream_turn(client, params, ctx.journal, ctx.cancel)
+            turn = await stream_turn(client, params, ctx.journal, ctx.cancel, received)
+        except asyncio.CancelledError:
+            # This task is being cancelled (a drain abandons the run, its claim was lost): the
+            # stream is closed, but what it billed went unpaid, once per run a drain cut short.
+            await limits.settle_interrupted(ctx, received.usage)
+            raise
         except TurnCancelled as cancelled:
             await limits.settle_unstored(ctx, cancelled.usage)
             # A paused turn's continuation extends the same message: what was streamed of the

@@ -175,10 +175,13 @@ async def stream_turn(
     params: dict[str, Any],
     journal: RunJournal,
     cancel: asyncio.Event,
+    received: Received | None = None,
 ) -> ModelTurn:
     """Stream one response, journaling every delta. Returns when the message is complete; raises
-    TurnCancelled (the stream is closed at once), TurnFailed, or RunLost from the journal."""
-    received = Received()
+    TurnCancelled (the stream is closed at once), TurnFailed, or RunLost from the journal.
+    `received`: the caller's, when it must know what a response cut by the cancellation of its
+    own task was billed (no exception of ours carries that usage out)."""
+    received = Received() if received is None else received
     consumer = asyncio.create_task(_consume(client, params, journal, received))
     stopper = asyncio.create_task(cancel.wait())
     try:
@@ -187,6 +190,7 @@ async def stream_turn(
         consumer.cancel()
         with contextlib.suppress(BaseException):
             await consumer
+        metrics.model_usage(str(params.get("model")), received.usage)
         raise
     finally:
         stopper.cancel()
