@@ -5,16 +5,20 @@ frees its place."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import psycopg
 import pytest
 from http_support import ALICE, BOB, Server, private_database, serve
+from starlette.types import Message
 from worker_support import wait_until
+
+from pyworker.http.sse import EventStreamResponse, StreamStats
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +67,47 @@ def test_a_user_past_the_stream_limit_gets_a_429_and_others_do_not(limits_db: st
                 holder.join(5)
         wait_until(lambda: "alice" not in server.services.streams.by_user, 10, "the streams to close")
         assert opened == [200, 200]
+
+
+async def test_a_stream_cancelled_twice_while_closing_frees_its_place() -> None:
+    """At shutdown a stream's task can be cancelled again while it waits for its tail to close.
+    That second cancellation left the response's finally before the count went down: the user
+    kept a place for a stream that no longer existed (at the limit, a 429 for it), and the
+    process's open count never came back to 0."""
+    stats = StreamStats()
+    streaming = asyncio.Event()
+    closing = asyncio.Event()
+    sent: list[Message] = []
+
+    async def frames() -> AsyncIterator[bytes]:
+        try:
+            yield b"data: {}\n\n"
+            streaming.set()  # the first frame was sent
+            await asyncio.Event().wait()
+        finally:
+            closing.set()
+            await asyncio.sleep(30)  # a tail slow to close: the response waits for it
+
+    async def receive() -> Message:
+        await asyncio.Event().wait()  # the client never hangs up
+        raise AssertionError("unreachable")
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    response = EventStreamResponse(frames(), stats, user="alice", max_per_user=2)
+    task = asyncio.create_task(response({"type": "http", "method": "GET"}, receive, send))
+    async with asyncio.timeout(5):
+        await streaming.wait()
+    assert stats.by_user == {"alice": 1} and [m["type"] for m in sent][:2] == [
+        "http.response.start",
+        "http.response.body",
+    ]
+    task.cancel()
+    async with asyncio.timeout(5):
+        await closing.wait()  # the response is in its finally, waiting for the stream to close
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert stats.by_user == {}
+    assert stats.open == 0

@@ -113,15 +113,23 @@ class EventStreamResponse(StreamingResponse):
         finally:
             for task in (stream, watch):
                 task.cancel()
-            results = await asyncio.gather(stream, watch, return_exceptions=True)
-            left = self._stats.by_user[self._user] - 1
-            if left:
-                self._stats.by_user[self._user] = left
-            else:
-                del self._stats.by_user[self._user]
+            try:
+                results = await asyncio.gather(stream, watch, return_exceptions=True)
+            finally:
+                # A second cancellation (shutdown) ends the wait for the tail to close; the
+                # place must be freed all the same, or it counts against the user's limit and
+                # the open streams for a stream that is gone.
+                self._release()
         error = results[0]
         if isinstance(error, Exception) and not isinstance(error, OSError):
             log.error("event stream failed: %r", error)
+
+    def _release(self) -> None:
+        left = self._stats.by_user[self._user] - 1
+        if left:
+            self._stats.by_user[self._user] = left
+        else:
+            del self._stats.by_user[self._user]
 
     async def _start(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
