@@ -31,6 +31,7 @@ endpoints (JSON; errors are {"error": {"type", "message"}}):
 examples:
   runrow serve --insecure-dev                          # loopback demo, every caller is user "dev"
   RUNROW_TOKENS="$(openssl rand -hex 16)=alice" runrow serve --host 0.0.0.0
+  runrow serve --insecure-dev --user-may-set webhook_url --allow-private-webhooks  # receivers on this machine
   runrow serve --tokens-file tokens.json --replica-url postgresql://app@standby/app  # streams from a standby
   runrow serve --tokens-file tokens.json --model claude-sonnet-4-5 --system-file prompt.txt \\
       --tools-module pyworker.demo.tools
@@ -111,6 +112,16 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         f"any of {', '.join(OPT_IN_FIELDS)} (default none: runs take the operator's --model, "
         "--system-file and --tools-module, and a request naming another field is a 403; "
         "env RUNROW_USER_MAY_SET)",
+    )
+    p.add_argument(
+        "--allow-private-webhooks",
+        action="store_true",
+        help="let a user's webhook_url (--user-may-set webhook_url) point at loopback, private "
+        "(10/8, 172.16/12, 192.168/16, fc00::/7), link-local (169.254/16, the cloud metadata "
+        "service; fe80::/10), unspecified, multicast and other non-public addresses, or a name that "
+        "resolves to one; without it such a request is a 422, since the workers would POST into "
+        "your own network for that user. For local development and receivers you run yourself. "
+        "Either way the check is made at enqueue only: give the workers an egress policy too",
     )
     p.add_argument(
         "--max-streams-per-user",
@@ -237,6 +248,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         replica_url=args.replica_url,
         listen_url=args.listen_url,
         user_may_set=args.user_may_set or frozenset(),
+        allow_private_webhooks=args.allow_private_webhooks,
         max_streams_per_user=args.max_streams_per_user,
     )
 

@@ -47,5 +47,8 @@ class ServeConfig:
     listen_url: str | None = None
     # The OPT_IN_FIELDS users may set on their runs (the rest are the operator's: 403).
     user_may_set: frozenset[str] = frozenset()
+    # A user's webhook_url may point at loopback, private, link-local and other non-public
+    # addresses (local development; receivers on the operator's own network). Off, it is a 422.
+    allow_private_webhooks: bool = False
     # Event streams one user may hold open on this process; more is a 429 (0: no limit).
     max_streams_per_user: int = 100

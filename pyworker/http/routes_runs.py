@@ -38,6 +38,7 @@ from pyworker.http.context import Services, authenticated
 from pyworker.http.errors import ApiError, not_found
 from pyworker.http.replica import open_stream, watched
 from pyworker.http.sse import EventStreamResponse, event_frames
+from pyworker.http.webhook_targets import refuse_non_public
 
 ENQUEUE_FIELDS = USER_FIELDS | set(OPT_IN_FIELDS)
 log = logging.getLogger("runrow.http")
@@ -151,6 +152,8 @@ async def enqueue(request: Request, svc: Services, user: str) -> Response:
             400, "invalid_request", f"if_active must be one of {', '.join(IF_ACTIVE)}, not {if_active!r}"
         )
     fleet = _fleet_options(body)
+    if fleet.webhook_url is not None and not svc.config.allow_private_webhooks:
+        await refuse_non_public(fleet.webhook_url)
     key = _idempotency_key(request, user)
     try:
         async with svc.pool.connection() as conn:

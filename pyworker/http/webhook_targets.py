@@ -1,0 +1,124 @@
+"""Where a user's webhook may point: public addresses only, unless the operator says otherwise.
+
+The workers POST a run's ending to its webhook_url from inside the operator's network, so a
+user who may set that URL could otherwise make them request the loopback interface, the
+private network or the cloud metadata service (169.254.169.254): server-side request forgery.
+The check is made once, when the service takes the request; a name that resolves to a public
+address now and a private one at delivery (DNS rebinding) is not caught here, which is why the
+README asks for an egress policy on the workers as well. Operators (SQL, `runrow enqueue`) are
+trusted and never pass through here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+
+import httpx
+
+from pyworker.http.errors import ApiError
+
+log = logging.getLogger("runrow.http")
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+# A resolver that hangs must not hold the request: past this the name is let through, as it
+# would be had it answered with a public address and been rebound later.
+RESOLVE_TIMEOUT = 5.0
+# NAT64's well-known prefix carries an IPv4 address in its last 32 bits (RFC 6052): on an
+# IPv6-only network with DNS64 every public IPv4 host resolves into it, so it is judged by the
+# address it stands for, not refused whole as the reserved ::/8 it sits in.
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+def why_not_public(ip: IPAddress) -> str | None:
+    """What makes `ip` an address a user's webhook must not reach, or None for a public one."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = _embedded_ipv4(ip)
+        if embedded is not None:
+            return why_not_public(embedded)
+        if ip.is_site_local:  # deprecated fec0::/10, still routed as private where it is used
+            return "a private address"
+    for kind, matches in (
+        ("an unspecified address", ip.is_unspecified),
+        ("a loopback address", ip.is_loopback),
+        ("a link-local address (the cloud metadata service among them)", ip.is_link_local),
+        ("a multicast address", ip.is_multicast),
+        ("a private address", ip.is_private),
+    ):
+        if matches:
+            return kind
+    # Carrier-grade NAT (100.64/10), reserved and other special-purpose blocks: not the internet.
+    if ip.is_reserved or not ip.is_global:
+        return "not a public address"
+    return None
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one is a way of reaching (mapped, 6to4, NAT64), if any: the
+    IPv6 spelling of 127.0.0.1 must not pass for a public address."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip in NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
+async def refuse_non_public(url: str) -> None:
+    """A 422 naming webhook_url when its host is, or resolves to, an address that is not public.
+
+    The host is read by httpx, the client the workers send with, so both see the same host
+    (`http://a@127.0.0.1/` is 127.0.0.1 to both). A URL httpx cannot read is left to
+    enqueue_run's own rules: no request can be sent to it. A name that does not resolve is let
+    through: its deliveries fail until it does, and by then it is rebinding, which no check at
+    enqueue can see.
+    """
+    try:
+        host = httpx.URL(url).raw_host.decode("ascii")
+    except (httpx.InvalidURL, UnicodeError):
+        return
+    if not host:
+        return
+    try:
+        literal: IPAddress | None = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None
+    if literal is not None:
+        reason = why_not_public(literal)
+        if reason is not None:
+            raise _refused(f"webhook_url's host {host} is {reason}")
+        return
+    # Names, and the numeric spellings getaddrinfo reads as IPv4 (127.1, 0x7f.1, 2130706433).
+    for address in await _resolve(host):
+        reason = why_not_public(address)
+        if reason is not None:
+            raise _refused(f"webhook_url's host {host} resolves to {address}, {reason}")
+
+
+async def _resolve(host: str) -> list[IPAddress]:
+    loop = asyncio.get_running_loop()
+    try:
+        # In the loop's executor: a slow resolver holds a thread, never the event loop.
+        infos = await asyncio.wait_for(loop.getaddrinfo(host, None, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT)
+    except (TimeoutError, OSError, UnicodeError) as exc:
+        log.debug("webhook_url host %r did not resolve at enqueue (%s): let through", host, exc)
+        return []
+    addresses: list[IPAddress] = []
+    for family, _type, _proto, _name, sockaddr in infos:
+        if family in (socket.AF_INET, socket.AF_INET6):
+            # An IPv6 link-local answer may carry a zone ("fe80::1%eth0").
+            addresses.append(ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0]))
+    return addresses
+
+
+def _refused(what: str) -> ApiError:
+    return ApiError(
+        422,
+        "webhook_url_not_public",
+        f"{what}: this service sends webhooks only to public addresses (an operator who runs "
+        "receivers on a private network starts runrow serve with --allow-private-webhooks)",
+    )

@@ -1,0 +1,147 @@
+"""A user's webhook_url may not point into the operator's network (server-side request forgery).
+
+With `--user-may-set webhook_url` the workers POST a run's ending wherever its user said, from
+inside the operator's network: the loopback interface, the private network, the cloud metadata
+service at 169.254.169.254. `runrow serve` refuses such a URL with a 422 naming webhook_url,
+whether its host is an address or a name resolving to one, unless the operator started it with
+--allow-private-webhooks (local development, receivers of their own). Nothing is written for a
+refused request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from http_support import ALICE, Server, private_database, serve
+
+from pyworker.http import webhook_targets
+from pyworker.http.errors import ApiError
+
+NOT_PUBLIC = [
+    "http://127.0.0.1:9/hook",
+    "https://10.1.2.3/hook",
+    "http://169.254.169.254/latest/meta-data/",
+    "http://[::1]:8080/hook",
+    "http://localhost:9/hook",  # a name, resolving to loopback
+    "http://93.184.216.34@127.0.0.1/hook",  # the host is 127.0.0.1: userinfo is not the host
+    "http://127.1/hook",  # getaddrinfo reads it as 127.0.0.1, and so would the worker's connect
+    "http://0.0.0.0/hook",
+    "http://[::ffff:169.254.169.254]/hook",
+    "http://[fe80::1]/hook",
+    "http://[fd00::1]/hook",
+    "http://224.0.0.1/hook",
+    "http://100.64.0.1/hook",
+]
+
+
+@pytest.fixture(scope="module")
+def targets_db(database_url: str) -> Iterator[str]:
+    yield from private_database(database_url, "runrow_http_webhook_targets")
+
+
+@pytest.fixture(scope="module")
+def server(targets_db: str) -> Iterator[Server]:
+    yield from serve(targets_db, user_may_set=frozenset({"webhook_url"}))
+
+
+def _enqueue(server: Server, webhook_url: Any) -> httpx.Response:
+    with httpx.Client(base_url=server.url, headers=ALICE, timeout=20) as client:
+        return client.post(
+            f"/conversations/{uuid.uuid4()}/runs", json={"content": "hi", "webhook_url": webhook_url}
+        )
+
+
+def _runs(db_url: str) -> int:
+    with psycopg.connect(db_url) as db:
+        row = db.execute("SELECT count(*) FROM runrow.agent_run").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("url", NOT_PUBLIC)
+def test_a_webhook_into_the_operators_network_is_a_422_naming_webhook_url(
+    server: Server, targets_db: str, url: str
+) -> None:
+    before = _runs(targets_db)
+    refused = _enqueue(server, url)
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["type"] == "webhook_url_not_public", error
+    assert error["message"].startswith("webhook_url"), error
+    assert "--allow-private-webhooks" in error["message"], error
+    assert _runs(targets_db) == before
+
+
+def test_a_public_address_is_taken_without_being_contacted(server: Server, targets_db: str) -> None:
+    url = "https://93.184.216.34/hook"
+    made = _enqueue(server, url)
+    assert made.status_code == 202, made.text
+    with psycopg.connect(targets_db) as db:
+        stored = db.execute(
+            "SELECT webhook_url FROM runrow.agent_run WHERE id = %s", (uuid.UUID(made.json()["run_id"]),)
+        ).fetchone()
+    assert stored == (url,)
+
+
+def test_the_operator_may_allow_private_receivers(targets_db: str) -> None:
+    for server in serve(targets_db, user_may_set=frozenset({"webhook_url"}), allow_private_webhooks=True):
+        for url in ("http://127.0.0.1:9/hook", "http://localhost:9/hook", "http://169.254.169.254/"):
+            made = _enqueue(server, url)
+            assert made.status_code == 202, (url, made.text)
+
+
+def test_the_flag_reaches_the_service() -> None:
+    from pyworker.cli.main import build_parser
+    from pyworker.cli.serve import build_config
+
+    base = ["--database-url", "postgresql://app@primary/app", "serve", "--insecure-dev"]
+    assert build_config(build_parser().parse_args(base)).allow_private_webhooks is False
+    allowed = build_parser().parse_args([*base, "--allow-private-webhooks"])
+    assert build_config(allowed).allow_private_webhooks is True
+
+
+async def test_one_private_answer_among_public_ones_refuses_the_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name with several addresses is refused if any is not public: the worker's connect may
+    take any of them."""
+
+    async def answers(*args: Any, **kwargs: Any) -> list[Any]:
+        return [
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", 0)),
+            (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("fe80::1%eth0", 0, 0, 2)),
+        ]
+
+    monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", answers)
+    with pytest.raises(ApiError) as refused:
+        await webhook_targets.refuse_non_public("https://hooks.example.com/x")
+    assert refused.value.status == 422
+    assert "resolves to fe80::1, a link-local address" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("address", "public"),
+    [
+        ("93.184.216.34", True),
+        ("2606:2800:220:1:248:1893:25c8:1946", True),
+        ("64:ff9b::5db8:d822", True),  # NAT64 of 93.184.216.34: public behind DNS64
+        ("64:ff9b::7f00:1", False),  # NAT64 of 127.0.0.1
+        ("2002:a00:1::", False),  # 6to4 of 10.0.0.1
+        ("::ffff:10.0.0.1", False),
+        ("172.16.0.1", False),
+        ("192.168.1.1", False),
+        ("fc00::1", False),
+        ("fec0::1", False),
+        ("::", False),
+        ("ff02::1", False),
+        ("240.0.0.1", False),
+    ],
+)
+def test_which_addresses_are_public(address: str, public: bool) -> None:
+    assert (webhook_targets.why_not_public(ipaddress.ip_address(address)) is None) is public
