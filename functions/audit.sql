@@ -81,17 +81,20 @@ BEGIN
     FROM suspect AS s
     CROSS JOIN LATERAL (
         SELECT s.status IN ('completed', 'failed', 'cancelled', 'dead') AS terminal,
-               s.claim_token IS NOT NULL OR s.claim_expires_at IS NOT NULL AS holds_claim
+               s.claim_token IS NOT NULL OR s.claim_expires_at IS NOT NULL AS holds_claim,
+               -- Whether a token is set, never the token: the auditor may not read it
+               -- (migration 0073), and this function runs as the owner.
+               CASE WHEN s.claim_token IS NULL THEN 'none' ELSE 'set' END AS token
     ) AS k
     CROSS JOIN LATERAL (VALUES
         ('terminal_run_holds_claim', k.terminal AND k.holds_claim,
-         format('%s run still holds claim token %s, lease until %s', s.status, s.claim_token, s.claim_expires_at)),
+         format('%s run still holds a claim: token %s, lease until %s', s.status, k.token, s.claim_expires_at)),
         ('idle_run_holds_claim', s.status IN ('queued', 'waiting') AND k.holds_claim,
-         format('%s run holds claim token %s, lease until %s', s.status, s.claim_token, s.claim_expires_at)),
+         format('%s run holds a claim: token %s, lease until %s', s.status, k.token, s.claim_expires_at)),
         ('running_without_claim',
          s.status = 'running' AND (s.claim_token IS NULL OR s.worker_id IS NULL OR s.claim_expires_at IS NULL),
          format('running run lacks a claim: token %s, worker %s, lease until %s',
-                s.claim_token, s.worker_id, s.claim_expires_at)),
+                k.token, s.worker_id, s.claim_expires_at)),
         ('terminal_without_finished_at', k.terminal AND s.finished_at IS NULL,
          format('%s run has no finished_at', s.status)),
         ('live_run_has_finished_at', NOT k.terminal AND s.finished_at IS NOT NULL,

@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(91);
+SELECT plan(92);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'audit', ARRAY['interval', 'interval', 'interval', 'interval', 'interval'],
@@ -183,6 +183,12 @@ SELECT is(pg_temp.audit_of(:'b_nofin'), 'terminal_without_finished_at', 'termina
 SELECT pg_temp.finished() AS b_token \gset
 SELECT pg_temp.bypass(format('UPDATE runrow.agent_run SET claim_token = gen_random_uuid() WHERE id = %L', :'b_token'));
 SELECT is(pg_temp.audit_of(:'b_token'), 'terminal_run_holds_claim', 'terminal_run_holds_claim: a claim token');
+-- The auditor may not read claim tokens (migration 0073): audit(), run as the owner, says one is
+-- set and never prints it.
+SELECT ok((SELECT d.detail LIKE '% token set,%' AND strpos(d.detail, a.claim_token::text) = 0
+           FROM runrow.audit() AS d JOIN runrow.agent_run AS a ON a.id = d.run_id
+           WHERE d.run_id = :'b_token' AND d.invariant = 'terminal_run_holds_claim'),
+    'the detail says a claim token is set, never which');
 SELECT pg_temp.age_finished(:'b_token', '1 year');
 SELECT is(pg_temp.audit_of(:'b_token'), 'terminal_run_holds_claim', '... still found a year later, outside the window');
 SELECT pg_temp.finished() AS b_leaseonly \gset

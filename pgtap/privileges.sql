@@ -79,6 +79,7 @@ SELECT plan(
     + 4                                      -- PUBLIC and a role without memberships
     + 2                                      -- search_path pinned; the functions really are SECURITY DEFINER
     + 1                                      -- no SET clause on the private helpers
+    + 5                                      -- claim tokens: the auditor reads every column but them
 );
 
 -- Each role x each API function, for real under SET ROLE.
@@ -126,6 +127,32 @@ BEGIN
     END LOOP;
 END $$;
 SELECT * FROM pg_temp.table_tests();
+
+-- A claim token is the capability that fences a run's or a delivery's lease, not something to
+-- look at: the auditor reads every other column (migration 0073), and what it reads through
+-- the views and audit(), which run as the owner, is unchanged.
+SELECT is_empty($$SELECT a.attrelid::regclass, a.attname FROM pg_attribute AS a
+    JOIN pg_class AS c ON c.oid = a.attrelid
+    WHERE c.relnamespace = 'runrow'::regnamespace AND c.relkind IN ('r', 'p')
+      AND a.attname = 'claim_token' AND NOT a.attisdropped
+      AND has_column_privilege('runrow_auditor', a.attrelid, a.attnum, 'SELECT')$$,
+    'runrow_auditor can read no claim_token column');
+SELECT throws_ok($$SELECT pg_temp.as_role('runrow_auditor', 'SELECT claim_token FROM runrow.agent_run')$$,
+    '42501', 'permission denied for table agent_run', 'the auditor cannot SELECT agent_run.claim_token');
+SELECT throws_ok($$SELECT pg_temp.as_role('runrow_auditor', 'SELECT claim_token FROM runrow.webhook_delivery')$$,
+    '42501', 'permission denied for table webhook_delivery', 'the auditor cannot SELECT webhook_delivery.claim_token');
+SELECT lives_ok(format('SELECT pg_temp.as_role(%L, %L)', 'runrow_auditor', string_agg(format(
+        'SELECT count(*) FROM (SELECT %s FROM runrow.%I) AS c', cols, tab), ' UNION ALL ')),
+    'the auditor still reads every other column of agent_run and webhook_delivery')
+FROM (SELECT c.relname AS tab, string_agg(quote_ident(a.attname), ', ') AS cols
+      FROM pg_class AS c JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+      WHERE c.oid IN ('runrow.agent_run'::regclass, 'runrow.webhook_delivery'::regclass)
+        AND a.attname <> 'claim_token'
+      GROUP BY c.relname) AS t;
+SELECT lives_ok($$SELECT pg_temp.as_role('runrow_auditor', 'SELECT 1 FROM runrow.queue_health, runrow.run_stats,
+        runrow.run_attempts, runrow.webhook_health, (SELECT count(*) FROM runrow.webhook_outbox) AS o,
+        (SELECT count(*) FROM runrow.audit()) AS a')$$,
+    'the auditor still reads the views over them and runs audit()');
 
 -- Private helpers: no runrow role holds EXECUTE on any of them.
 SELECT is_empty(format($$SELECT sig FROM private WHERE has_function_privilege(%L, sig, 'EXECUTE')$$, role),

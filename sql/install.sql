@@ -117,7 +117,8 @@ BEGIN
     '0069_result_portable',
     '0070_run_stats_without_fork_copies',
     '0071_model_price_cache_write_1h',
-    '0072_search_path_pg_temp_last'
+    '0072_search_path_pg_temp_last',
+    '0073_auditor_reads_no_claim_tokens'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -7527,6 +7528,43 @@ INSERT INTO runrow._yoyo_migration VALUES ('cfb473b9a744e13c8393d7aa6ca527553277
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'cfb473b9a744e13c8393d7aa6ca527553277c6c19669c12b53d5f4efba2bc8da', '0072_search_path_pg_temp_last', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0073_auditor_reads_no_claim_tokens
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '23dc9890b950a69f0515692f1fd3b3e27615dfa6d00370ef96632150d2ffe138') AS apply_23dc9890b950 \gset
+\if :apply_23dc9890b950
+-- runrow_auditor (dashboards, DBAs) read every column of agent_run and webhook_delivery, their
+-- claim tokens among them. A claim token is the capability that fences a run's or a delivery's
+-- lease: whoever holds it alongside runrow_worker can heartbeat, journal into and end a run it
+-- never claimed, and a login granted the auditor for a dashboard should not hand that out. The
+-- auditor keeps SELECT on every other column, granted column by column; the views and
+-- runrow.audit() it reads run as their owner and still see the tokens (audit() reports whether
+-- one is set, never its value: functions/audit.sql). A column a later migration adds to either
+-- table is not the auditor's until that migration grants it: secret by default.
+-- Self-contained (the columns are read from the catalog, not listed), so that it applies after
+-- a migration that adds a column, whatever number either ends up with.
+DO $do$
+DECLARE
+    t record;
+    columns text;
+BEGIN
+    FOR t IN
+        SELECT v.tab, v.secret
+        FROM (VALUES ('agent_run', ARRAY['claim_token']),
+                     ('webhook_delivery', ARRAY['claim_token'])) AS v (tab, secret)
+    LOOP
+        SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) INTO columns
+        FROM pg_catalog.pg_attribute AS a
+        WHERE a.attrelid = format('runrow.%I', t.tab)::regclass
+          AND a.attnum > 0 AND NOT a.attisdropped AND a.attname <> ALL (t.secret);
+        -- Revoking the table's SELECT also revokes any column grants: the list below is all there is.
+        EXECUTE format('REVOKE SELECT ON runrow.%I FROM runrow_auditor', t.tab);
+        EXECUTE format('GRANT SELECT (%s) ON runrow.%I TO runrow_auditor', columns, t.tab);
+    END LOOP;
+END
+$do$;
+INSERT INTO runrow._yoyo_migration VALUES ('23dc9890b950a69f0515692f1fd3b3e27615dfa6d00370ef96632150d2ffe138', '0073_auditor_reads_no_claim_tokens', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '23dc9890b950a69f0515692f1fd3b3e27615dfa6d00370ef96632150d2ffe138', '0073_auditor_reads_no_claim_tokens', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -11076,17 +11114,20 @@ BEGIN
     FROM suspect AS s
     CROSS JOIN LATERAL (
         SELECT s.status IN ('completed', 'failed', 'cancelled', 'dead') AS terminal,
-               s.claim_token IS NOT NULL OR s.claim_expires_at IS NOT NULL AS holds_claim
+               s.claim_token IS NOT NULL OR s.claim_expires_at IS NOT NULL AS holds_claim,
+               -- Whether a token is set, never the token: the auditor may not read it
+               -- (migration 0073), and this function runs as the owner.
+               CASE WHEN s.claim_token IS NULL THEN 'none' ELSE 'set' END AS token
     ) AS k
     CROSS JOIN LATERAL (VALUES
         ('terminal_run_holds_claim', k.terminal AND k.holds_claim,
-         format('%s run still holds claim token %s, lease until %s', s.status, s.claim_token, s.claim_expires_at)),
+         format('%s run still holds a claim: token %s, lease until %s', s.status, k.token, s.claim_expires_at)),
         ('idle_run_holds_claim', s.status IN ('queued', 'waiting') AND k.holds_claim,
-         format('%s run holds claim token %s, lease until %s', s.status, s.claim_token, s.claim_expires_at)),
+         format('%s run holds a claim: token %s, lease until %s', s.status, k.token, s.claim_expires_at)),
         ('running_without_claim',
          s.status = 'running' AND (s.claim_token IS NULL OR s.worker_id IS NULL OR s.claim_expires_at IS NULL),
          format('running run lacks a claim: token %s, worker %s, lease until %s',
-                s.claim_token, s.worker_id, s.claim_expires_at)),
+                k.token, s.worker_id, s.claim_expires_at)),
         ('terminal_without_finished_at', k.terminal AND s.finished_at IS NULL,
          format('%s run has no finished_at', s.status)),
         ('live_run_has_finished_at', NOT k.terminal AND s.finished_at IS NOT NULL,
