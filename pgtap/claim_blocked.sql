@@ -7,7 +7,7 @@ BEGIN;
 \ir helpers/row_versions.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(36);
+SELECT plan(44);
 SELECT pg_temp.drain_queue();
 
 SELECT has_column('runrow', 'agent_run', 'claim_blocked', 'agent_run has claim_blocked');
@@ -100,6 +100,36 @@ SELECT is((SELECT count(*)::int FROM runrow.agent_run WHERE conversation_id = :'
 SELECT pg_temp.new_run() AS stuck \gset
 UPDATE runrow.agent_run SET claim_blocked = true WHERE id = :'stuck';
 SELECT is(pg_temp.audit_of(:'stuck'), 'claimable_turn_marked_blocked', 'audit reports a marked turn with nothing ahead');
+
+-- At most 500 turns set aside per claim: 10,000 turns queued behind one conversation's running
+-- turn were all marked by one claim (1.0 s; 50,000: 4.7 s, and past the worker's
+-- statement_timeout no claim would succeed). The next claim goes on where it stopped.
+SELECT pg_temp.drain_queue();
+SELECT pg_temp.running() AS busy \gset
+SELECT conversation_id AS conv_busy FROM runrow.agent_run WHERE id = :'busy' \gset
+SELECT count(pg_temp.new_run(:'conv_busy')) FROM generate_series(1, 520);
+SELECT is_empty('SELECT * FROM runrow.claim_runs(''w'', 1)', 'one tenant: nothing to claim behind a running turn');
+SELECT is((SELECT count(*)::int FROM runrow.agent_run WHERE conversation_id = :'conv_busy' AND claim_blocked), 500,
+    'one tenant (the batch step): the claim marked 500 of the 520 turns, no more');
+SELECT is_empty('SELECT * FROM runrow.claim_runs(''w'', 1)', 'the next claim takes nothing either');
+SELECT is((SELECT count(*)::int FROM runrow.agent_run WHERE conversation_id = :'conv_busy' AND claim_blocked), 520,
+    'and marks the last 20');
+SELECT pg_temp.drain_queue();
+-- The same in the walk between tenants: another tenant's run is claimed all the same.
+SELECT run_id AS hog FROM runrow.enqueue_run(gen_random_uuid(), '"x"', 'test-model', fairness_key => 'hog') \gset
+SELECT pg_temp.claim(:'hog');
+SELECT conversation_id AS conv_hog FROM runrow.agent_run WHERE id = :'hog' \gset
+SELECT count(*) FROM (
+    SELECT runrow.enqueue_run(:'conv_hog', '"x"', 'test-model', fairness_key => 'hog') FROM generate_series(1, 520)
+) AS e;
+SELECT run_id AS calm FROM runrow.enqueue_run(gen_random_uuid(), '"x"', 'test-model', fairness_key => 'calm') \gset
+SELECT is((SELECT array_agg(run_id) FROM runrow.claim_runs('w', 2)), ARRAY[:'calm'::uuid],
+    'behind 520 blocked turns of one tenant, another tenant''s run is claimed');
+SELECT is((SELECT count(*)::int FROM runrow.agent_run WHERE conversation_id = :'conv_hog' AND claim_blocked), 500,
+    'between tenants: 500 marked, no more');
+SELECT is_empty('SELECT * FROM runrow.claim_runs(''w'', 2)', 'the next claim takes nothing');
+SELECT is((SELECT count(*)::int FROM runrow.agent_run WHERE conversation_id = :'conv_hog' AND claim_blocked), 520,
+    'and marks the last 20');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(18);
+SELECT plan(22);
 -- Counted from the start (test 12): PL/pgSQL compiles a simple expression, a helper's call in
 -- an assignment among them, once per transaction, with the call counting in force then.
 SET LOCAL track_functions = 'pl';
@@ -79,6 +79,26 @@ SELECT is((SELECT count(*)::int FROM runrow.agent_run WHERE fairness_key = 'spen
 SELECT is_empty($$SELECT * FROM runrow.claim_runs('pgtap', 10, 30)$$, 'the next claim starts none of them');
 SELECT is((SELECT count(*)::int FROM runrow.agent_run WHERE fairness_key = 'spender' AND status = 'queued'), 0,
     'and ends the last 20');
+
+-- At most 500 runs delayed for a blocked key per claim: 10,000 runs of a key just refused with
+-- a 429 were all delayed by one claim (0.95 s); the next claim delays the rest.
+SELECT pg_temp.fleet_queued('flood') AS flooder \gset
+SELECT pg_temp.claim(:'flooder');
+SELECT runrow.report_rate_limited(:'flooder', pg_temp.token(:'flooder'), 60);
+SELECT count(pg_temp.fleet_queued('flood', 'hog')) FROM generate_series(1, 520);
+SELECT pg_temp.fleet_queued('calm', 'other') AS calm \gset
+SELECT is((SELECT array_agg(run_id) FROM runrow.claim_runs('pgtap', 10, 30)), ARRAY[:'calm'::uuid],
+    'behind 520 runs of a blocked key, another tenant''s run is claimed');
+SELECT is((SELECT count(*)::int FROM runrow.agent_run
+           WHERE rate_limit_key = 'flood' AND status = 'queued' AND not_before IS NOT NULL), 500,
+    'the claim delayed 500 of them, no more');
+SELECT is_empty($$SELECT * FROM runrow.claim_runs('pgtap', 10, 30)$$, 'the next claim starts none of them');
+SELECT is((SELECT count(*)::int FROM runrow.agent_run
+           WHERE rate_limit_key = 'flood' AND status = 'queued' AND not_before IS NOT NULL), 520,
+    'and delays the last 20');
+SELECT runrow.finish_run(:'flooder', pg_temp.token(:'flooder'), 'completed');
+UPDATE runrow.rate_limit SET blocked_until = now() - interval '1 second' WHERE rate_limit_key = 'flood';
+UPDATE runrow.agent_run SET status = 'cancelled', finished_at = now() WHERE rate_limit_key = 'flood' AND status = 'queued';
 
 -- Without blocks or budgets the claim is as before.
 SELECT runrow.set_tenant_budget('spender', NULL, NULL);

@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
 \ir helpers/lifecycle.psql
-SELECT plan(57);
+SELECT plan(58);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.run_with(
@@ -97,6 +97,18 @@ SELECT pg_temp.run_with(tenant => 'whole') FROM generate_series(1, 10);
 SELECT is((SELECT array_agg(t ORDER BY t) FROM unnest(pg_temp.claim_order(10)) AS t),
     '{quarter,quarter,whole,whole,whole,whole,whole,whole,whole,whole}'::text[],
     'weight 0.25 against 1, single claims: 2 and 8 of 10');
+SELECT pg_temp.drain_queue();
+-- A newcomer beside a tenant of a tiny weight starts one run of its own behind the others, not
+-- one run of the tiny weight's (1,000 here): it took 500 claims in a row (the fairness audit).
+SELECT pg_temp.run_with(tenant => 'x') FROM generate_series(1, 20);
+SELECT pg_temp.run_with(tenant => 'y') FROM generate_series(1, 20);
+SELECT pg_temp.claim_order(10);
+SELECT runrow.set_fairness_weight('tiny', 0.001);
+SELECT pg_temp.run_with(tenant => 'tiny') FROM generate_series(1, 3);
+SELECT pg_temp.run_with(tenant => 'newcomer') FROM generate_series(1, 20);
+SELECT is((SELECT array_agg(t ORDER BY t) FROM unnest(pg_temp.claim_order(10)) AS t),
+    '{newcomer,newcomer,newcomer,tiny,x,x,x,y,y,y}'::text[],
+    'a newcomer beside a weight of 0.001 shares with the served tenants: 3 of 10, as each of them');
 SELECT pg_temp.drain_queue();
 SELECT lives_ok($$SELECT runrow.set_fairness_weight(NULL, 2)$$, 'the anonymous tenant can be weighted (NULL)');
 SELECT is((SELECT weight FROM runrow.fairness_tenant WHERE fairness_key = ''), 2::float8, 'stored under ''''');

@@ -8025,11 +8025,18 @@ DECLARE
     fleet_over_verdicts text[] := '{}';
     fleet_verdict text;
     fleet_cand record;
-    -- Runs of tenants over budget this claim has ended, at most 500: a tenant with 20,000
-    -- queued runs had them all failed inside one claim (3.3 s, every row locked and journaled
-    -- in one transaction; at a million, past the worker's statement_timeout); later claims
-    -- end the rest, 500 at a time.
-    fleet_failed integer := 0;
+    -- Runs this claim has set aside without claiming them, each a lock and a write: turns
+    -- marked claim_blocked (behind their conversation's open turn), runs delayed for a blocked
+    -- rate-limit key, runs of tenants over budget ended failed. At most walk_cap of them: a
+    -- tenant with 20,000 queued runs over budget had them all failed inside one claim (3.3 s),
+    -- 10,000 turns queued behind one conversation's running turn were all marked by one claim
+    -- (1.0 s; 50,000: 4.7 s), 10,000 runs of a key just refused with a 429 all delayed by one
+    -- (0.95 s), and past the worker's statement_timeout no claim would ever succeed (its
+    -- rollback undoes the marks). Past the cap, a tenant whose next run would be set aside
+    -- waits for the next claim, which goes on where this one stopped: what it set aside is out
+    -- of agent_run_claimable.
+    set_aside integer := 0;
+    walk_cap CONSTANT integer := 500;
     -- The batch step (one tenant, one group without a key): the free runs it locked, when each
     -- was queued, the last seq it read and how many it locked.
     want integer;
@@ -8122,7 +8129,8 @@ BEGIN
                     locked := locked || b_ids;
                     locked_since := locked_since || b_since;
                 END IF;
-                EXIT WHEN cardinality(locked) >= _claim_walk.max_runs OR b_n < want;
+                set_aside := set_aside + b_n - cardinality(b_ids);
+                EXIT WHEN cardinality(locked) >= _claim_walk.max_runs OR b_n < want OR set_aside >= walk_cap;
                 f_seq := b_last + 1;
             END LOOP;
             RETURN;
@@ -8240,14 +8248,17 @@ BEGIN
             t_weight := '{1}';
             vfloor := -1;
         ELSE
-            -- No banked credit: a tenant idle for a while (or new) starts one run behind the
-            -- most-served active tenant, not at its old clock (vfloor). One run of the slowest
-            -- tenant here (1 / weight, at least 1): a tenant of weight 0.1 moves its clock 10
-            -- per run, and a floor one unit behind it lifted the weight-1 tenant beside it to
-            -- within one run on every single-run claim, so the two shared 1 : 1 (issue 11's
-            -- fleet-limits audit).
+            -- No banked credit: a tenant idle for a while (or new) starts where the latest
+            -- run served here started (vfloor: the highest of each tenant's clock less its own
+            -- last run, 1 / weight), not at its old clock: one run behind the most-served
+            -- tenant, as start-time fair queueing starts an arrival at the virtual time of the
+            -- job in service. Each tenant's own run, not the slowest tenant's: a floor one run
+            -- of weight 0.001 behind let a newcomer take 500 claims in a row (issue 11's
+            -- fairness audit), and one unit behind a tenant of weight 0.1 lifted the weight-1
+            -- tenant beside it to within one run on every single-run claim, so the two shared
+            -- 1 : 1 (the fleet-limits audit).
             SELECT array_agg(coalesce(f.vtime, 0) ORDER BY k.n), array_agg(coalesce(f.weight, 1) ORDER BY k.n),
-                   max(coalesce(f.vtime, 0)) - greatest(1, max(1 / coalesce(f.weight, 1)))
+                   max(coalesce(f.vtime, 0) - 1 / coalesce(f.weight, 1))
             INTO t_vtime, t_weight, vfloor
             FROM unnest(t_key) WITH ORDINALITY AS k (fairness_key, n)
             LEFT JOIN runrow.fairness_tenant AS f ON f.fairness_key = k.fairness_key;
@@ -8374,6 +8385,10 @@ BEGIN
                 ELSE
                     g_head_seq[bg] := b_last;
                 END IF;
+                set_aside := set_aside + b_n - cardinality(b_ids);
+                IF set_aside >= walk_cap THEN
+                    t_live[best] := false;
+                END IF;
                 CONTINUE serve;
             END IF;
 
@@ -8401,6 +8416,10 @@ BEGIN
                   AND o.status = 'queued'
                   AND o.enqueue_seq < g_head_seq[bg]
             );
+            IF blocked AND may_mark AND set_aside >= walk_cap THEN
+                t_live[best] := false;
+                CONTINUE serve;
+            END IF;
             CONTINUE serve WHEN blocked AND NOT may_mark;
 
             -- Fleet limits: a run whose rate-limit key is blocked waits out the block as a
@@ -8417,7 +8436,7 @@ BEGIN
                     fleet_over_verdicts := fleet_over_verdicts || fleet_verdict;
                 END IF;
             END IF;
-            IF fleet_failed >= 500 AND h_tenant = ANY (fleet_over_tenants) THEN
+            IF set_aside >= walk_cap AND h_tenant = ANY (fleet_over_tenants) THEN
                 t_live[best] := false;
                 CONTINUE serve;
             END IF;
@@ -8433,10 +8452,15 @@ BEGIN
                     PERFORM runrow._fail_queued_for_budget(
                         fleet_cand.id, fleet_over_verdicts[array_position(fleet_over_tenants, h_tenant)]
                     );
-                    fleet_failed := fleet_failed + 1;
+                    set_aside := set_aside + 1;
                     CONTINUE serve;
                 END IF;
                 IF fleet_cand.rate_limit_key = ANY (fleet_blocked_keys) THEN
+                    IF set_aside >= walk_cap THEN
+                        t_live[best] := false;
+                        CONTINUE serve;
+                    END IF;
+                    set_aside := set_aside + 1;
                     UPDATE runrow.agent_run AS q
                     SET not_before = (
                         SELECT l.blocked_until FROM runrow.rate_limit AS l
@@ -8517,6 +8541,7 @@ BEGIN
                 );
                 IF blocked THEN
                     UPDATE runrow.agent_run AS q SET claim_blocked = true, updated_at = now() WHERE q.id = got;
+                    set_aside := set_aside + 1;
                 END IF;
                 CONTINUE serve;
             END IF;
