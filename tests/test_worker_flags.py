@@ -33,6 +33,8 @@ REFUSED = [
     ("--reap-interval", "inf", "0.1 to 86400"),
     ("--drain", "-1", "0 to 86400"),
     ("--trim-after", "-1", "0 to 876000"),
+    ("--pool-size", "0", "1 to 1000"),
+    ("--pool-size", "1001", "1 to 1000"),
 ]
 
 
@@ -74,8 +76,8 @@ def test_bad_concurrency_from_the_environment_is_a_usage_error() -> None:
     [
         ["--concurrency", "1", "--lease", "1", "--grace", "0", "--poll", "0.1", "--reap-interval", "0.1"],
         ["--concurrency", "1000", "--lease", "3600", "--grace", "86400", "--poll", "86400"],
-        ["--drain", "0", "--trim-after", "0"],
-        ["--drain", "86400", "--trim-after", "876000", "--reap-interval", "86400"],
+        ["--drain", "0", "--trim-after", "0", "--pool-size", "1"],
+        ["--drain", "86400", "--trim-after", "876000", "--reap-interval", "86400", "--pool-size", "1000"],
     ],
     ids=["lower-bounds", "upper-bounds", "zero-drain-and-never-trim", "upper-drain-and-trim"],
 )
@@ -101,6 +103,31 @@ def test_flags_at_the_ends_of_their_ranges_are_accepted(args: list[str]) -> None
 def test_worker_refuses_the_same_values(option: str, value: float) -> None:
     with pytest.raises(ValueError, match=option):
         Worker(UNREACHABLE, handler=echo, **{option: value})  # type: ignore[arg-type]
+
+
+def test_pool_size_reaches_the_worker_and_concurrency_beyond_it_is_warned_of() -> None:
+    """The work pool had no flag: `min(concurrency + 4, 32)` whatever the handlers needed, and a
+    worker with more runs in flight than connections said nothing of the runs left waiting."""
+    assert build_parser().parse_args(["worker", "--pool-size", "7"]).pool_size == 7
+    assert build_parser().parse_args(["worker"]).pool_size is None  # Worker's default
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "pyworker", "worker", "--concurrency", "8", "--pool-size", "4"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "DATABASE_URL": UNREACHABLE},
+    )
+    assert worker.stderr is not None
+    seen: list[str] = []
+    try:
+        for line in worker.stderr:  # the warning comes before this line
+            seen.append(line)
+            if "connecting to 127.0.0.1:1" in line:
+                break
+    finally:
+        worker.terminate()  # stops at once before the database answers
+        worker.communicate(timeout=30)
+    log = "".join(seen)
+    assert "WARNING" in log and "concurrency 8 exceeds the pool's 4 connections" in log, log
 
 
 def test_help_shows_defaults_of_values_but_not_of_switches() -> None:

@@ -141,6 +141,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         handler=handler,
         worker_id=args.worker_id,
         config=config,
+        pool_size=args.pool_size,
         session_limits=args.session_limits,
         listen_conninfo=args.listen_url,
         metrics_port=args.metrics_port,
@@ -308,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="""examples:
   runrow worker --concurrency 8 --tools myapp.tools          # the agent loop, tools from your module
   runrow worker --handler pyworker.worker.echo:handle        # echo metadata.echo back, no model
+  runrow worker --concurrency 40 --pool-size 44              # handlers that query the database
   RUNROW_LISTEN_URL=postgresql://app@db/app runrow --database-url postgresql://app@pgbouncer/app worker
   runrow --log-level WARNING worker --metrics-port 9464      # quiet logs, Prometheus metrics""",
     )
@@ -317,6 +319,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=in_range("concurrency"),
         default=env_default("RUNROW_CONCURRENCY", "4"),
         help="runs in flight at once, 1 to 1000 (env RUNROW_CONCURRENCY)",
+    )
+    p.add_argument(
+        "--pool-size",
+        type=in_range("pool_size"),
+        default=None,
+        metavar="N",
+        help="connections in the pool for claims, journals, endings and handlers' ctx.db, 1 to 1000 "
+        "(default: min(concurrency + 4, 32)); at least --concurrency when handlers query the "
+        "database, or the runs beyond it wait for a connection",
     )
     p.add_argument(
         "--lease",

@@ -70,8 +70,10 @@ class Dispatcher:
         poll_seconds: float,
         worker_id: str,
         config: dict[str, Any] | None = None,
+        heartbeat_pool: AsyncConnectionPool | None = None,
     ) -> None:
         self._pool = pool
+        self._heartbeat_pool = heartbeat_pool  # None: heartbeats share `pool`
         self._hub = hub
         self._writer = writer
         self._handler = handler
@@ -258,6 +260,7 @@ class Dispatcher:
             lease_seconds=self._lease,
             worker_id=self.worker_id,
             config=self._config,
+            heartbeat_pool=self._heartbeat_pool,
         )
         task = asyncio.create_task(sup.supervise(), name=f"run-{run.run_id}")
         claim = (run.run_id, run.claim_token)

@@ -37,6 +37,9 @@ from pyworker.worker.webhooks import WebhookSettings, webhook_loop
 log = logging.getLogger("runrow.worker")
 
 START_TIMEOUT = 30.0  # seconds a starting worker waits for its database (PoolTimeout after)
+# Heartbeats are a few sub-millisecond calls per run and lease: two connections carry hundreds
+# of runs, and being apart from the work pool they never wait behind a handler's long query.
+HEARTBEAT_POOL_SIZE = 2
 
 
 def default_worker_id() -> str:
@@ -106,7 +109,7 @@ class Worker:
         self.webhooks = webhooks  # None: this worker delivers no webhooks (it has no secret)
         self._stop = asyncio.Event()
         self._signals = 0
-        self._starting: asyncio.Future[tuple[CancelSafePool, dict[str, Any]]] | None = None
+        self._starting: asyncio.Future[tuple[CancelSafePool, CancelSafePool, dict[str, Any]]] | None = None
         self.dispatcher: Dispatcher | None = None
         self.hub: Hub | None = None
 
@@ -147,10 +150,18 @@ class Worker:
     async def _run(self) -> int:
         # Until the database answers, a first Ctrl-C or SIGTERM ends the wait at once: there is
         # nothing to drain yet. (It waited out the pool's 30 s, or a connect timeout per probe.)
+        if self.concurrency > self.pool_size:
+            log.warning(
+                "concurrency %d exceeds the pool's %d connections: runs beyond it wait for a "
+                "connection, and one that waits about a lease (%ds) is given up; raise --pool-size",
+                self.concurrency,
+                self.pool_size,
+                self.lease_seconds,
+            )
         log.info("worker %s connecting to %s", self.worker_id, where(self.conninfo))
         self._starting = asyncio.ensure_future(self._connect())
         try:
-            pool, hub_limits = await self._starting
+            pool, heartbeat_pool, hub_limits = await self._starting
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError) and self._stop.is_set():
                 log.info("stopped before the database answered: nothing was claimed")
@@ -179,6 +190,7 @@ class Worker:
             poll_seconds=self.poll_seconds,
             worker_id=self.worker_id,
             config=self.config,
+            heartbeat_pool=heartbeat_pool,
         )
         background = [
             asyncio.create_task(dispatcher.watch_cancels(), name="runrow-cancel-watch"),
@@ -224,6 +236,7 @@ class Worker:
             await writer.stop()
             await hub.stop()
             await pool.close()
+            await heartbeat_pool.close()
         log.info(
             "worker %s stopped: %d run(s) claimed in %d claim(s), %d journal transaction(s)",
             self.worker_id,
@@ -233,9 +246,10 @@ class Worker:
         )
         return 0
 
-    async def _connect(self) -> tuple[CancelSafePool, dict[str, Any]]:
-        """The pool, open on a database with runrow's schema, and the LISTEN connection's
-        session limits; the pool is closed again if anything here fails or is cancelled."""
+    async def _connect(self) -> tuple[CancelSafePool, CancelSafePool, dict[str, Any]]:
+        """The work pool, open on a database with runrow's schema, the heartbeats' pool, and the
+        LISTEN connection's session limits; the pools are closed again if anything here fails or
+        is cancelled."""
         # PostgreSQL itself ends this process's sessions within about a lease if it freezes
         # or vanishes inside a transaction, so its row locks cannot stall reapers and stops.
         limits: dict[str, Any] = {}
@@ -255,35 +269,34 @@ class Worker:
                 what="worker hub (LISTEN)",
                 patience=max(0.0, deadline - time.monotonic()),
             )
-        pool = CancelSafePool(
-            self.conninfo,
-            min_size=1,
-            max_size=self.pool_size,
-            kwargs={"autocommit": True, "application_name": "runrow-worker", **POOLER_SAFE, **limits},
-            open=False,
+        kwargs = {"autocommit": True, "application_name": "runrow-worker", **POOLER_SAFE, **limits}
+        pool = CancelSafePool(self.conninfo, min_size=1, max_size=self.pool_size, kwargs=kwargs, open=False)
+        heartbeat_pool = CancelSafePool(
+            self.conninfo, min_size=1, max_size=HEARTBEAT_POOL_SIZE, kwargs=kwargs, open=False
         )
         try:
             await pool.open(wait=True, timeout=max(1.0, deadline - time.monotonic()))
+            await heartbeat_pool.open(wait=True, timeout=max(1.0, deadline - time.monotonic()))
             async with pool.connection() as conn:
                 row = await (await conn.execute("SELECT runrow.schema_version()")).fetchone()
             version = row[0] if row else None
             if (problem := schema.too_old(version, "this worker")) is not None:
-                raise SchemaMissing(problem)  # the pool is closed below
+                raise SchemaMissing(problem)  # the pools are closed below
         except (psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedFunction):
             # Started anyway, it logged a failed reap and a failed claim every tick, forever.
-            await pool.close()
+            await _close(pool, heartbeat_pool)
             raise SchemaMissing(
                 "the database has no runrow schema: run `runrow migrate` on it first"
             ) from None
         except psycopg.errors.InsufficientPrivilege:
-            await pool.close()
+            await _close(pool, heartbeat_pool)
             raise SchemaMissing(
                 "this login may not call runrow's functions: GRANT runrow_worker TO it"
             ) from None
         except BaseException:  # PoolTimeout, or a stop before the database answered
-            await pool.close()
+            await _close(pool, heartbeat_pool)
             raise
-        return pool, hub_limits
+        return pool, heartbeat_pool, hub_limits
 
     async def _drain(self, dispatcher: Dispatcher) -> None:
         await dispatcher.stop_claiming()  # phase 1: milliseconds, nothing new is claimed
@@ -301,3 +314,8 @@ class Worker:
         _, stuck = await asyncio.wait(pending, timeout=max(5.0, self.lease_seconds))
         for task in stuck:
             task.cancel()
+
+
+async def _close(*pools: CancelSafePool) -> None:
+    for pool in pools:
+        await pool.close()

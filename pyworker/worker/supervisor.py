@@ -73,6 +73,7 @@ class RunSupervisor:
         lease_seconds: int,
         worker_id: str,
         config: dict[str, Any] | None = None,
+        heartbeat_pool: AsyncConnectionPool | None = None,
     ) -> None:
         self.run = run
         self.cancel = asyncio.Event()
@@ -81,6 +82,9 @@ class RunSupervisor:
         self.lost = WatchedEvent()
         self.log = run_logger(run, worker_id)
         self._pool = pool
+        # A worker gives heartbeats a pool of their own: behind handlers that hold every work
+        # connection, a heartbeat waited out its budget and the healthy run was given up.
+        self._heartbeat_pool = heartbeat_pool or pool
         self._writer = writer
         self._handler = handler
         self._lease = lease_seconds
@@ -168,7 +172,7 @@ class RunSupervisor:
         self._beat.set()
         self._heartbeat = asyncio.create_task(
             heartbeat_loop(
-                self._pool,
+                self._heartbeat_pool,
                 self.run,
                 self._lease,
                 cancel=self.cancel,
