@@ -11,7 +11,10 @@ from pathlib import Path
 import psycopg
 from prometheus_client import REGISTRY
 
+from pyworker.cli.main import build_parser
 from pyworker.worker import metrics
+from pyworker.worker.echo import handle as echo
+from pyworker.worker.process import HEARTBEAT_POOL_SIZE, Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -76,3 +79,20 @@ def test_the_metrics_table_names_every_metric_a_worker_exports(database_url: str
     listed = {name for cell in cells for name in re.findall(r"`(runrow_\w+)`", cell)}
     assert exported - listed == set(), "metrics the README's metrics table does not name"
     assert listed - exported == set(), "the README's metrics table names metrics nothing exports"
+
+
+def test_for_dbas_says_how_many_connections_each_process_holds() -> None:
+    """A DBA could not size max_connections: nothing said what a worker, `runrow serve` or a
+    tail holds. The figures the README and `runrow worker --help` give are the code's."""
+    text = " ".join(section("For DBAs").split())
+    assert "max_connections" in text
+    # The worker's pool: its default, and the heartbeats' own pool beside it.
+    assert "default `min(concurrency + 4, 32)`" in text
+    assert [Worker("postgresql://", concurrency=c, handler=echo).pool_size for c in (8, 40)] == [12, 32]
+    assert f"P + {HEARTBEAT_POOL_SIZE} + 1" in text and f"(P + {HEARTBEAT_POOL_SIZE + 1})" in text
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert commands["serve"].get_default("pool_size") == 10 and "(default 10) + 1 LISTEN" in text
+    help_text = " ".join(commands["worker"].format_help().split())
+    assert (
+        f"at most N + {HEARTBEAT_POOL_SIZE + 1} connections" in help_text and "max_connections" in help_text
+    )
