@@ -161,14 +161,31 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except SchemaMissing as exc:
         print(f"runrow worker: {exc}", file=sys.stderr)
         return 2
-    except PoolTimeout:
-        print(
-            "runrow worker: cannot connect to the database within 30 s; check DATABASE_URL / "
-            "--database-url and that the server is up (`runrow migrate` must have run); through a "
-            "pooler that refuses the options startup parameter, --no-session-limits",
-            file=sys.stderr,
-        )
+    except PoolTimeout as exc:
+        print(f"runrow worker: {_cannot_connect(exc)}", file=sys.stderr)
         return 2
+
+
+def _cannot_connect(exc: BaseException) -> str:
+    """Why a starting worker gave up on its database, with what the server last answered: a
+    server out of connection slots was reported as one that might be down."""
+    from pyworker.db.pooling import out_of_slots
+
+    seconds = getattr(exc, "seconds", 30)
+    error = getattr(exc, "error", None)
+    if error is not None and out_of_slots(error):
+        return (
+            f"cannot connect to the database within {seconds:g} s: {first_line(error)}; the server "
+            "has no connection slots left: raise max_connections (or the role's or database's "
+            "CONNECTION LIMIT), or take connections from other clients (README, For DBAs: "
+            "max_connections)"
+        )
+    said = f" ({first_line(error)})" if error is not None else ""
+    return (
+        f"cannot connect to the database within {seconds:g} s{said}; check DATABASE_URL / "
+        "--database-url and that the server is up (`runrow migrate` must have run); through a "
+        "pooler that refuses the options startup parameter, --no-session-limits"
+    )
 
 
 def _metrics_address_problem(args: argparse.Namespace) -> str | None:

@@ -29,6 +29,10 @@ psycopg_pool doubles the wait between attempts without bound (1, 2, 4 ... 128 s,
 away after the database was back: after a 40 s outage, `runrow serve` answered 503 for another
 18-25 s, and an open event stream was cut by a PoolTimeout (the HTTP audit). An attempt against
 a database that is down is a refused connection, which costs nothing.
+
+And it keeps the error of its last failed attempt to connect (`last_error`, until one
+succeeds): psycopg_pool's PoolTimeout says only that no connection came in time, and a worker
+that gave up at start named no cause (a server out of connection slots read as one that is down).
 """
 
 from __future__ import annotations
@@ -57,6 +61,16 @@ class CancelSafePool(AsyncConnectionPool[AsyncConnection[Any]]):
         # not garbage-collected half-way (asyncio keeps only weak references to tasks).
         self._returning: set[asyncio.Task[None]] = set()
         self._pool = _ReturnedLastFirst(self._pool)
+        self.last_error: BaseException | None = None
+
+    async def _connect(self, timeout: float | None = None) -> AsyncConnection[Any]:  # noqa: ASYNC109 (psycopg_pool's)
+        try:
+            conn = await super()._connect(timeout)
+        except Exception as exc:
+            self.last_error = exc
+            raise
+        self.last_error = None
+        return conn
 
     async def putconn(self, conn: AsyncConnection[Any]) -> None:
         task = asyncio.ensure_future(super().putconn(conn))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -34,19 +35,38 @@ log = logging.getLogger("runrow.db")
 POOLER_SAFE: dict[str, Any] = {"prepare_threshold": None}
 
 REFUSED_OPTIONS = "unsupported startup parameter: options"
+# A wait for the database is logged when it starts, when the error changes, and this often:
+# once every 0.5 s was 60 identical INFO lines before the error that ended it.
+WAIT_LOG_EVERY = 10.0
+# How the server refuses a connection for want of a slot (SQLSTATE 53300): max_connections
+# with the reserved slots, a role's or a database's CONNECTION LIMIT. At connect psycopg gives
+# no SQLSTATE, so the text says it.
+NO_SLOTS = ("too many clients", "too many connections", "connection slots are reserved")
+
+
+def out_of_slots(exc: BaseException) -> bool:
+    """Whether `exc` is the server refusing a connection for want of a slot."""
+    return getattr(exc, "sqlstate", None) == "53300" or any(text in str(exc) for text in NO_SLOTS)
 
 
 async def accepted_kwargs(
-    conninfo: str, kwargs: dict[str, Any], *, what: str, patience: float = 30.0
+    conninfo: str,
+    kwargs: dict[str, Any],
+    *,
+    what: str,
+    patience: float = 30.0,
+    failed: Callable[[BaseException], None] | None = None,
 ) -> dict[str, Any]:
     """`kwargs`, less `options` when the server on `conninfo` (a pooler) refuses that startup
     parameter. Until the server answers, for up to `patience` seconds, it asks again: a worker
     started while its pgbouncer was still down (services started in the wrong order) kept
     `options`, and every connection the pooler then refused (the pooler audit). After that, the
-    error is left for the caller's pool to retry and report."""
+    error is left for the caller's pool to retry and report; `failed` is told each one, so
+    that a caller giving up can say what the server answered."""
     if "options" not in kwargs:
         return kwargs
     deadline = time.monotonic() + patience
+    said, said_at = "", 0.0
     while True:
         try:
             conn = await psycopg.AsyncConnection.connect(
@@ -55,12 +75,17 @@ async def accepted_kwargs(
         except psycopg.OperationalError as exc:
             if REFUSED_OPTIONS in str(exc):
                 break
+            if failed is not None:
+                failed(exc)
             # Only while nothing answers (no SQLSTATE: refused, unreachable) or the server is
             # starting: a wrong password or database is left at once to the pool to report.
             if time.monotonic() >= deadline or exc.sqlstate not in (None, "57P03"):
                 return kwargs
             lines = str(exc).strip().splitlines()
-            log.info("%s: waiting for the database: %s", what, lines[0] if lines else type(exc).__name__)
+            line = lines[0] if lines else type(exc).__name__
+            if line != said or time.monotonic() - said_at >= WAIT_LOG_EVERY:
+                log.info("%s: waiting for the database: %s", what, line)
+                said, said_at = line, time.monotonic()
             await asyncio.sleep(0.5)
             continue
         await conn.close()

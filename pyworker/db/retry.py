@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool, PoolClosed
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 T = TypeVar("T")
 
@@ -174,7 +174,7 @@ class Retry:
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                await tries.failed(exc)
+                await tries.failed(_explained(exc, pool))
                 continue
             tries.succeeded()
             return result
@@ -207,10 +207,22 @@ class Retry:
                         self.log.warning("%s: it had committed", what)
                         return result
                     self.log.warning("%s: it had not committed; writing it again", what)
-                await tries.failed(exc)
+                await tries.failed(_explained(exc, pool))
                 continue
             tries.succeeded()
             return done[0]
+
+
+def _explained(exc: Exception, pool: AsyncConnectionPool) -> Exception:
+    """A PoolTimeout with what the server answered the pool's last attempt to connect, if it
+    failed (CancelSafePool keeps it): "couldn't get a connection after 9.00 sec" alone read the
+    same for a server out of connection slots as for one that was down, or a pool held busy."""
+    why = getattr(pool, "last_error", None)
+    if not isinstance(exc, PoolTimeout) or why is None:
+        return exc
+    explained = PoolTimeout(f"{exc}; the last attempt to connect: {_one_line(why)}")
+    explained.__cause__ = exc
+    return explained
 
 
 def _one_line(exc: BaseException) -> str:

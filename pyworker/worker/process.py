@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import psycopg
+from psycopg_pool import PoolTimeout
 
 from pyworker.db import schema
 from pyworker.db.cancel_safe_pool import CancelSafePool
@@ -48,6 +49,16 @@ def default_worker_id() -> str:
 
 class SchemaMissing(RuntimeError):
     """The database the worker was pointed at has no runrow schema (never migrated)."""
+
+
+class CannotConnect(PoolTimeout):
+    """No connection within `seconds` at start; `error`: what the server last answered, if
+    anything did (a refusal, such as no connection slots left), so the exit can name it."""
+
+    def __init__(self, seconds: float, error: BaseException | None) -> None:
+        super().__init__(f"no connection to the database within {seconds:g} s")
+        self.seconds = seconds
+        self.error = error
 
 
 class Worker:
@@ -109,6 +120,7 @@ class Worker:
         self.webhooks = webhooks  # None: this worker delivers no webhooks (it has no secret)
         self._stop = asyncio.Event()
         self._signals = 0
+        self._refusal: BaseException | None = None  # the start-up probes' last connect error
         self._starting: asyncio.Future[tuple[CancelSafePool, CancelSafePool, dict[str, Any]]] | None = None
         self.dispatcher: Dispatcher | None = None
         self.hub: Hub | None = None
@@ -262,12 +274,14 @@ class Worker:
                 worker_connection_kwargs(self.conninfo, self.lease_seconds),
                 what="worker pool",
                 patience=START_TIMEOUT,
+                failed=self._refused,
             )
             hub_limits = await accepted_kwargs(
                 self.listen_conninfo,
                 worker_connection_kwargs(self.listen_conninfo, self.lease_seconds),
                 what="worker hub (LISTEN)",
                 patience=max(0.0, deadline - time.monotonic()),
+                failed=self._refused,
             )
         kwargs = {"autocommit": True, "application_name": "runrow-worker", **POOLER_SAFE, **limits}
         pool = CancelSafePool(self.conninfo, min_size=1, max_size=self.pool_size, kwargs=kwargs, open=False)
@@ -293,10 +307,18 @@ class Worker:
             raise SchemaMissing(
                 "this login may not call runrow's functions: GRANT runrow_worker TO it"
             ) from None
-        except BaseException:  # PoolTimeout, or a stop before the database answered
+        except PoolTimeout as exc:
+            await _close(pool, heartbeat_pool)
+            raise CannotConnect(
+                START_TIMEOUT, pool.last_error or heartbeat_pool.last_error or self._refusal
+            ) from exc
+        except BaseException:  # a stop before the database answered
             await _close(pool, heartbeat_pool)
             raise
         return pool, heartbeat_pool, hub_limits
+
+    def _refused(self, exc: BaseException) -> None:
+        self._refusal = exc
 
     async def _drain(self, dispatcher: Dispatcher) -> None:
         await dispatcher.stop_claiming()  # phase 1: milliseconds, nothing new is claimed
