@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from http_support import ALICE, TOKENS, Server, private_database, serve
 from playwright.sync_api import Browser, Page, Route, sync_playwright
-from steps_support import begin, tool_turn
+from steps_support import begin, tool_defs, tool_turn
 from tail_support import claim
 from worker_support import WorkerProcess, events, status, streamed_text, wait_until
 
@@ -204,8 +204,8 @@ def test_approve_a_pending_tool_call(quiet: Server, quiet_db: str, page: Page) -
     with psycopg.connect(quiet_db, autocommit=True) as db:
         run_id = db.execute(
             "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => '\"wire it\"', "
-            "model => 'echo', user_id => 'alice')",
-            (uuid.uuid4(),),
+            "model => 'echo', user_id => 'alice', tools => %s::jsonb)",
+            (uuid.uuid4(), tool_defs("send_wire")),
         ).fetchone()[0]
         token = claim(db, run_id)
         key = tool_turn(db, run_id, token, "toolu_1", "send_wire", {"amount": 250})

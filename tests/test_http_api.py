@@ -28,7 +28,7 @@ import psycopg
 import pytest
 from http_support import ALICE, BOB, Server, error_of, private_database, read_stream, serve
 from psycopg.conninfo import conninfo_to_dict
-from steps_support import begin, tool_turn
+from steps_support import begin, tool_defs, tool_turn
 from tail_support import append, claim, finish, journal
 from worker_support import REPO, WorkerProcess, streamed_text, wait_until
 
@@ -589,7 +589,8 @@ def test_head_of_a_live_stream_answers_at_once(client: httpx.Client, server: Ser
 
 
 def waiting_for_approval(client: httpx.Client, db: psycopg.Connection) -> tuple[uuid.UUID, str]:
-    run_id, _ = new_run(client)
+    # Offered the tool it calls: begin_tool_call runs only a tool its run was enqueued with.
+    run_id, _ = new_run(client, tools=json.loads(tool_defs("send_wire")))
     token = claim(db, run_id)
     key = tool_turn(db, run_id, token, "toolu_1", "send_wire", {"amount": 100})
     assert begin(db, run_id, token, key, "send_wire", {"amount": 100}, "irreversible")[0] == "needs_approval"

@@ -19,7 +19,7 @@ import pytest
 from http_support import ALICE, Server, error_of, private_database, serve
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from steps_support import begin, tool_turn
+from steps_support import begin, tool_defs, tool_turn
 from tail_support import claim
 
 DEEP = "[" * 200 + "]" * 200
@@ -210,7 +210,9 @@ def test_bad_ids_in_paths_are_404_and_write_nothing(
 
 @pytest.fixture
 def pending_key(client: httpx.Client, db: psycopg.Connection) -> Iterator[str]:
-    created = client.post(f"/conversations/{uuid.uuid4()}/runs", json={"content": "x"}, headers=ALICE)
+    # Offered the tool it calls: begin_tool_call runs only a tool its run was enqueued with.
+    body = {"content": "x", "tools": json.loads(tool_defs("send_wire"))}
+    created = client.post(f"/conversations/{uuid.uuid4()}/runs", json=body, headers=ALICE)
     run_id = uuid.UUID(created.json()["run_id"])
     token = claim(db, run_id)
     key = tool_turn(db, run_id, token, "toolu_1", "send_wire", {"amount": 100})

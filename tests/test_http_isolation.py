@@ -4,6 +4,7 @@ alice's data is unchanged afterwards. No token, a wrong token: 401."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +13,7 @@ import httpx
 import psycopg
 import pytest
 from http_support import ALICE, BOB, Server, error_of, private_database, serve
-from steps_support import begin, tool_turn
+from steps_support import begin, tool_defs, tool_turn
 from tail_support import append, claim, finish
 
 
@@ -35,9 +36,9 @@ def alices(server: Server, iso_db: str) -> dict[str, Any]:
     ):
 
         def run(conversation_id: uuid.UUID) -> uuid.UUID:
-            response = client.post(
-                f"/conversations/{conversation_id}/runs", json={"content": "secret plans"}, headers=ALICE
-            )
+            # Offered the tool the waiting run calls (begin_tool_call runs only offered tools).
+            body = {"content": "secret plans", "tools": json.loads(tool_defs("send_wire"))}
+            response = client.post(f"/conversations/{conversation_id}/runs", json=body, headers=ALICE)
             assert response.status_code == 202, response.text
             return uuid.UUID(response.json()["run_id"])
 
