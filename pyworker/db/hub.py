@@ -21,6 +21,14 @@ after the LISTEN (before the subscriber's first read), refreshes them all in one
 WATCH_REFRESH seconds, asks again soon for a run whose watch is not confirmed yet, and again
 after every reconnect. `armed(channel)` tells a subscriber whether it may trust a wait on the
 channel; until then it polls.
+
+A queued run answers `queued`: registered, so every write of the run from the registration's
+commit on notifies, but a write in flight when it registered (a claim, a cancel) may not have
+seen it, and the claim itself notifies no one. `registered(channel)` says so: its subscriber
+may back its poll off, because the hub asks again for all queued runs together every
+QUEUED_RETRY (one call per hub, whatever the number of runs) and wakes the subscriber when the
+run is claimed or ends. Asking every WATCH_RETRY and polling every second made a client waiting
+for a queued run to start cost about a transaction a second each (the stream audit).
 """
 
 from __future__ import annotations
@@ -46,10 +54,14 @@ log = logging.getLogger("runrow.hub")
 RECONNECT_WAKE = ""  # payload put into every queue after a reconnect: re-read, something may have changed
 
 # A watch lasts WATCH_SECONDS in the database and is refreshed every WATCH_REFRESH; a
-# registration that came back queued or busy is asked again after WATCH_RETRY.
+# registration that came back busy is asked again after WATCH_RETRY, queued after QUEUED_RETRY.
 WATCH_SECONDS = 60
 WATCH_REFRESH = 20.0
 WATCH_RETRY = 0.2
+# A queued run waits for a claim, which may take minutes in a backlog: asked again this often,
+# all queued runs in one call. It bounds how late a claim that writes nothing more is seen (a
+# worker's first write after its claim notifies at once).
+QUEUED_RETRY = 1.0
 # Watch states after which a wait on the channel can be trusted (ended/unknown: nothing more
 # will be written; the subscriber's read finds the end or the absence).
 ARMED_STATES = frozenset({"watching", "ended", "unknown"})
@@ -89,6 +101,8 @@ class Hub:
         self._watched: dict[str, float] = {}
         self._watch_failed = False  # watch_runs raised: logged once, subscribers poll
         self._pending_watch: set[str] = set()  # journal channels whose watch came back queued/busy
+        # Journal channels whose watch came back queued: loop time of that answer.
+        self._queued: dict[str, float] = {}
         self.pooled = False  # the self-test found the LISTEN pooled: stood down for good
 
     @property
@@ -116,6 +130,16 @@ class Hub:
             return True
         confirmed = self._watched.get(channel)
         return confirmed is not None and time.monotonic() - confirmed < WATCH_SECONDS * 0.75
+
+    def registered(self, channel: str) -> bool:
+        """Whether `channel`'s run is queued and its watch registered (fresh): a wait on it may
+        back off, since the run's writes notify and the hub wakes the subscriber when the run
+        leaves the queue, but not be trusted like an armed one (a write in flight when the watch
+        was registered may not have seen it)."""
+        if not self.connected:
+            return False
+        asked = self._queued.get(channel)
+        return asked is not None and time.monotonic() - asked < WATCH_SECONDS * 0.75
 
     async def wait_connected(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109
         return await wait_event(self._connected, timeout)
@@ -241,6 +265,7 @@ class Hub:
         self._listening = set()
         self._watched = {}
         self._pending_watch = set()
+        self._queued = {}
         await self._reconcile(conn)
         self.backend_pid = conn.info.backend_pid
         self._connected.set()
@@ -315,7 +340,11 @@ class Hub:
             return WATCH_REFRESH
         now = time.monotonic()
         due = [
-            WATCH_RETRY if c not in self._watched else self._watched[c] + WATCH_REFRESH - now
+            self._watched[c] + WATCH_REFRESH - now
+            if c in self._watched
+            else self._queued[c] + QUEUED_RETRY - now
+            if c in self._queued
+            else WATCH_RETRY
             for c in listened
         ]
         return max(0.0, min(due))
@@ -326,11 +355,17 @@ class Hub:
         listened = self._journal_channels()
         for channel in set(self._watched) - set(listened):
             del self._watched[channel]  # unsubscribed: its watch lapses in the database
+        for channel in set(self._queued) - set(listened):
+            del self._queued[channel]
         now = time.monotonic()
+        # A queued run half its retry from due rides along with a call made anyway (a new
+        # subscriber's), so that the queued runs stay asked in one call, not one each.
         due = [
             c
             for c in listened
-            if c not in self._watched or now - self._watched[c] >= WATCH_REFRESH - WATCH_RETRY
+            if (c in self._watched and now - self._watched[c] >= WATCH_REFRESH - WATCH_RETRY)
+            or (c in self._queued and now - self._queued[c] >= QUEUED_RETRY / 2)
+            or (c not in self._watched and c not in self._queued)
         ]
         if not due:
             return
@@ -354,9 +389,14 @@ class Hub:
                     self._deliver(channel, RECONNECT_WAKE)
                 self._watched[channel] = now
                 self._pending_watch.discard(channel)
+                self._queued.pop(channel, None)
             else:
-                self._watched.pop(channel, None)  # queued or busy: asked again after WATCH_RETRY
+                self._watched.pop(channel, None)
                 self._pending_watch.add(channel)
+                if state == "queued":
+                    self._queued[channel] = now
+                else:
+                    self._queued.pop(channel, None)  # busy (a writer in flight): WATCH_RETRY
         self._pending_watch &= set(listened)
 
     def _release_waiters(self) -> None:
@@ -371,6 +411,7 @@ class Hub:
         self._listening = set()
         self._watched = {}
         self._pending_watch = set()
+        self._queued = {}
         self.backend_pid = None
         if conn is not None:
             with contextlib.suppress(Exception):

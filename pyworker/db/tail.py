@@ -90,7 +90,10 @@ async def tail(
 
     Yields a Keepalive after `keepalive` seconds without events. Raises RunNotFound for an
     unknown run. With `hub` None, or while the hub is disconnected, it re-reads every
-    `poll_interval` seconds instead of waiting for a notification.
+    `poll_interval` seconds instead of waiting for a notification. On a queued run whose watch
+    the hub registered (`Hub.registered`), the wait doubles from `poll_interval` up to the
+    keepalive: the hub wakes the tail when the run is claimed or ends, and the run's writes
+    notify, so the poll only covers a write that raced the registration.
 
     `replica`: `pool` reads a hot standby while `hub` listens on the primary. The standby shows
     a prefix of the primary's commits, so a run it does not have yet is lag, not absence (the
@@ -104,6 +107,7 @@ async def tail(
     subscription = hub.subscribe(channel) if hub is not None else _no_subscription()
     announced = 0  # the highest seq a notification named: the primary has journaled that far
     catch_up = 0.0
+    queued_wait = 0.0  # the last wait on a registered queued run; doubles while nothing comes
     async with subscription as queue:
         last_yield = loop.time()
         while True:
@@ -114,7 +118,10 @@ async def tail(
             # before it re-LISTENs, and a run whose watch is not confirmed may be written
             # without one; only a wait that began with the channel armed can trust it.
             trusted = hub is not None and hub.armed(channel)
+            registered = not trusted and hub is not None and hub.registered(channel)
             events = await _read(pool, run_id, cursor, page, missing_ok=replica)
+            if events:
+                queued_wait = 0.0
             for event in events:
                 if seen_the_end(event):
                     return  # the journal's own complete is at or before the cursor
@@ -130,7 +137,16 @@ async def tail(
                 last_yield = now
                 yield Keepalive()
             until_keepalive = max(0.0, keepalive - (loop.time() - last_yield))
-            timeout = until_keepalive if trusted else min(poll_interval, until_keepalive)
+            if trusted:
+                timeout = until_keepalive
+            elif registered:
+                # Polling a queued run every poll_interval cost each waiting client about a
+                # transaction a second, in a backlog, when the database is busiest.
+                queued_wait = min(max(poll_interval, queued_wait * 2), max(poll_interval, keepalive))
+                timeout = min(queued_wait, until_keepalive)
+            else:
+                queued_wait = 0.0
+                timeout = min(poll_interval, until_keepalive)
             if cursor < announced:
                 # The rows a wake announced are not readable here yet (a lagging standby), and
                 # that wake is spent: no later one may come (a complete is the last).
