@@ -104,6 +104,14 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "default: the database URL)",
     )
     p.add_argument(
+        "--no-session-limits",
+        dest="session_limits",
+        action="store_false",
+        help="do not send TCP keepalives, tcp_user_timeout and the 60 s statement_timeout on the "
+        "service's connections (then set them server-side: a network cut holds requests until the "
+        "kernel's TCP timeout otherwise)",
+    )
+    p.add_argument(
         "--user-may-set",
         type=_user_fields,
         default=env_default("RUNROW_USER_MAY_SET", empty_is_unset=True),
@@ -247,6 +255,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         pool_max_size=args.pool_size,
         replica_url=args.replica_url,
         listen_url=args.listen_url,
+        session_limits=args.session_limits,
         user_may_set=args.user_may_set or frozenset(),
         allow_private_webhooks=args.allow_private_webhooks,
         max_streams_per_user=args.max_streams_per_user,

@@ -18,6 +18,14 @@ its startup packet, for PostgreSQL itself to end a dead holder within about one 
 
 A setting already in the connection string (or PGOPTIONS) wins over the derived one, so a DBA
 can override any of them per deployment. Over a Unix socket the TCP settings do nothing.
+
+`runrow serve` holds no leases, but a network black hole between it and the database left its
+requests hanging on pooled connections until the kernel's TCP timeout (minutes), and a dead
+serve's LISTEN session holding back the notify queue as long. `serve_connection_kwargs` gives
+its pool and hub the same protection at fixed values: a dead peer noticed within
+SERVE_DEAD_PEER_SECONDS, and a statement_timeout of SERVE_STATEMENT_TIMEOUT_MS, far past any
+HTTP client's patience. An event stream is unaffected: it reads a page per wake on a pooled
+connection, and the hub's LISTEN runs no statement while it waits.
 """
 
 from __future__ import annotations
@@ -28,12 +36,23 @@ from typing import Any
 from psycopg.conninfo import conninfo_to_dict
 
 KEEPALIVE_PROBES = 4
+SERVE_DEAD_PEER_SECONDS = 30
+SERVE_STATEMENT_TIMEOUT_MS = 60_000
 
 
 def worker_connection_kwargs(conninfo: str, lease_seconds: int) -> dict[str, Any]:
     """psycopg connection kwargs for a worker's pool and hub on `conninfo` with this lease."""
     if lease_seconds < 1:
         raise ValueError("lease_seconds must be at least 1")
+    return _connection_kwargs(conninfo, lease_seconds, max(60_000, 10 * lease_seconds * 1000))
+
+
+def serve_connection_kwargs(conninfo: str) -> dict[str, Any]:
+    """psycopg connection kwargs for `runrow serve`'s pools and hub on `conninfo`."""
+    return _connection_kwargs(conninfo, SERVE_DEAD_PEER_SECONDS, SERVE_STATEMENT_TIMEOUT_MS)
+
+
+def _connection_kwargs(conninfo: str, lease_seconds: int, statement_timeout_ms: int) -> dict[str, Any]:
     given = conninfo_to_dict(conninfo)
     idle = max(1, lease_seconds // 3)
     interval = max(1, (lease_seconds - idle) // KEEPALIVE_PROBES)
@@ -47,7 +66,7 @@ def worker_connection_kwargs(conninfo: str, lease_seconds: int) -> dict[str, Any
     }
     server = {
         "idle_in_transaction_session_timeout": lease_ms,
-        "statement_timeout": max(60_000, 10 * lease_ms),
+        "statement_timeout": statement_timeout_ms,
         "tcp_keepalives_idle": idle,
         "tcp_keepalives_interval": interval,
         "tcp_keepalives_count": KEEPALIVE_PROBES,

@@ -10,12 +10,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.applications import Starlette
 
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.hub import Hub
-from pyworker.db.pooling import POOLER_SAFE
+from pyworker.db.pooling import POOLER_SAFE, accepted_kwargs
+from pyworker.db.session_limits import serve_connection_kwargs
 from pyworker.http import routes_approvals, routes_metrics, routes_page, routes_runs
 from pyworker.http.auth import authenticator_for
 from pyworker.http.config import ServeConfig
@@ -40,19 +42,37 @@ def create_app(config: ServeConfig) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        listen_url = config.listen_url or config.database_url
+        # Without them a network black hole held every request on a pooled connection until the
+        # kernel's TCP timeout (minutes). Through a pooler that refuses `options`, the libpq
+        # keepalives stay and the server-side settings are the deployment's (README).
+        limits: dict[str, Any] = {}
+        hub_limits: dict[str, Any] = {}
+        replica_limits: dict[str, Any] = {}
+        if config.session_limits:
+            limits = await accepted_kwargs(
+                config.database_url, serve_connection_kwargs(config.database_url), what="serve pool"
+            )
+            hub_limits = await accepted_kwargs(
+                listen_url, serve_connection_kwargs(listen_url), what="serve hub (LISTEN)"
+            )
+            if config.replica_url is not None:
+                replica_limits = await accepted_kwargs(
+                    config.replica_url, serve_connection_kwargs(config.replica_url), what="serve replica pool"
+                )
         pool = CancelSafePool(
             config.database_url,
             min_size=config.pool_min_size,
             max_size=config.pool_max_size,
-            kwargs={"autocommit": True, "application_name": "runrow-serve", **POOLER_SAFE},
+            kwargs={"autocommit": True, "application_name": "runrow-serve", **POOLER_SAFE, **limits},
             timeout=REQUEST_POOL_TIMEOUT,
             open=False,
         )
         await pool.open(wait=True, timeout=30)
-        replica = await open_replica(config) if config.replica_url is not None else None
+        replica = await open_replica(config, replica_limits) if config.replica_url is not None else None
         # LISTEN on the primary (directly, not through a pooler): a standby in recovery refuses
         # LISTEN, and a transaction pooler drops notifications.
-        hub = Hub(config.listen_url or config.database_url, application_name="runrow-serve-hub")
+        hub = Hub(listen_url, application_name="runrow-serve-hub", connect_kwargs=hub_limits)
         await hub.start()
         await hub.wait_connected(5)  # not required: tails poll while the hub is down
         metrics.watch_hub(lambda: hub.connected)

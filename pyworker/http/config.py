@@ -45,6 +45,9 @@ class ServeConfig:
     replica_url: str | None = None
     # A direct URL for the hub's LISTEN when database_url goes through a transaction pooler.
     listen_url: str | None = None
+    # Keepalives, tcp_user_timeout and a statement_timeout on every connection
+    # (session_limits.serve_connection_kwargs); off: the deployment sets them server-side.
+    session_limits: bool = True
     # The OPT_IN_FIELDS users may set on their runs (the rest are the operator's: 403).
     user_may_set: frozenset[str] = frozenset()
     # A user's webhook_url may point at loopback, private, link-local and other non-public

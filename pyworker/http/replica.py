@@ -31,7 +31,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import psycopg
@@ -70,13 +70,13 @@ class Replica:
         self._down_until = time.monotonic() + RETRY_AFTER
 
 
-async def open_replica(config: ServeConfig) -> Replica:
+async def open_replica(config: ServeConfig, limits: dict[str, Any] | None = None) -> Replica:
     assert config.replica_url is not None
     pool = CancelSafePool(
         config.replica_url,
         min_size=config.pool_min_size,
         max_size=config.pool_max_size,
-        kwargs={"autocommit": True, "application_name": "runrow-serve-replica"},
+        kwargs={"autocommit": True, "application_name": "runrow-serve-replica", **(limits or {})},
         timeout=CONNECT_TIMEOUT,
         open=False,
     )
