@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -35,6 +36,8 @@ log = logging.getLogger("runrow.http")
 # connections are busy for milliseconds at a time, so a wait this long means the database is
 # away or overloaded, and a 503 is the answer either way.
 REQUEST_POOL_TIMEOUT = 5.0
+# Seconds the service waits at its start for the database (it waited 30 s for its pool alone).
+START_TIMEOUT = 30.0
 
 
 def create_app(config: ServeConfig) -> Starlette:
@@ -49,16 +52,27 @@ def create_app(config: ServeConfig) -> Starlette:
         limits: dict[str, Any] = {}
         hub_limits: dict[str, Any] = {}
         replica_limits: dict[str, Any] = {}
+        # One wait for a database that is not up yet, whoever waits: the probes, then the pool.
+        deadline = time.monotonic() + START_TIMEOUT
         if config.session_limits:
             limits = await accepted_kwargs(
-                config.database_url, serve_connection_kwargs(config.database_url), what="serve pool"
+                config.database_url,
+                serve_connection_kwargs(config.database_url),
+                what="serve pool",
+                patience=START_TIMEOUT,
             )
             hub_limits = await accepted_kwargs(
-                listen_url, serve_connection_kwargs(listen_url), what="serve hub (LISTEN)"
+                listen_url,
+                serve_connection_kwargs(listen_url),
+                what="serve hub (LISTEN)",
+                patience=max(0.0, deadline - time.monotonic()),
             )
             if config.replica_url is not None:
                 replica_limits = await accepted_kwargs(
-                    config.replica_url, serve_connection_kwargs(config.replica_url), what="serve replica pool"
+                    config.replica_url,
+                    serve_connection_kwargs(config.replica_url),
+                    what="serve replica pool",
+                    patience=max(0.0, deadline - time.monotonic()),
                 )
         pool = CancelSafePool(
             config.database_url,
@@ -68,7 +82,7 @@ def create_app(config: ServeConfig) -> Starlette:
             timeout=REQUEST_POOL_TIMEOUT,
             open=False,
         )
-        await pool.open(wait=True, timeout=30)
+        await pool.open(wait=True, timeout=max(1.0, deadline - time.monotonic()))
         replica = await open_replica(config, replica_limits) if config.replica_url is not None else None
         # LISTEN on the primary (directly, not through a pooler): a standby in recovery refuses
         # LISTEN, and a transaction pooler drops notifications.
