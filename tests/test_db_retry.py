@@ -30,6 +30,7 @@ from worker_support import (
     run_row,
     wait_until_async,
     worker_db,
+    worker_db_superuser,
 )
 
 from pyworker.agent import loop as agent_loop
@@ -47,7 +48,7 @@ from pyworker.worker.journal import JournalWriter
 from pyworker.worker.logs import run_logger
 from pyworker.worker.supervisor import RunSupervisor
 
-__all__ = ["db", "faulty_pool", "pool", "proxy", "worker_db"]
+__all__ = ["db", "faulty_pool", "pool", "proxy", "worker_db", "worker_db_superuser"]
 
 CLOCK_OFF = 3600.0  # the journal clock never ticks: only write-through flushes write
 LOG = logging.getLogger("runrow.test")
@@ -105,6 +106,8 @@ def kinds(db, run_id: uuid.UUID) -> list[str]:  # type: ignore[no-untyped-def]
         (psycopg.errors.SerializationFailure("could not serialize access"), True, False),
         (psycopg.errors.DeadlockDetected("deadlock detected"), True, False),
         (psycopg.errors.ReadOnlySqlTransaction("cannot execute in a read-only transaction"), True, False),
+        (psycopg.errors.DiskFull("could not extend file: No space left on device"), True, False),
+        (psycopg.errors.OutOfMemory("out of memory"), True, False),
         (psycopg.errors.InvalidParameterValue("lease_seconds must be"), False, False),
         (psycopg.errors.NullValueNotAllowed("run_id must not be NULL"), False, False),
         (psycopg.errors.UniqueViolation("duplicate key"), False, False),
@@ -163,6 +166,43 @@ async def test_a_write_through_event_rides_out_a_lost_connection(
     assert proxy.fired == [f"{needle.decode()} {'delivered' if deliver else 'dropped'}"]
     assert kinds(db, run.run_id)[-2:] == ["text_delta", "tool_use"]
     assert kinds(db, run.run_id).count("tool_use") == 1
+    assert not journal.lost.is_set()
+    await writer.stop()
+
+
+async def test_a_write_through_event_waits_out_a_full_disk(pool, db, worker_db_superuser) -> None:
+    """The server's disk fills (SQLSTATE 53100, raised here by a trigger on the journal while a
+    flag row exists): the write is made again in place until there is room, and the run keeps
+    its attempt. It was taken for a refusal: the run was handed back and claimed again, and an
+    agent paid the model again, attempt after attempt, until it died of a full disk."""
+    run = await claim(pool)
+    with psycopg.connect(worker_db_superuser, autocommit=True) as admin:
+        admin.execute("CREATE TABLE public.disk_is_full ()")
+        admin.execute("INSERT INTO public.disk_is_full DEFAULT VALUES")
+        admin.execute(
+            """
+            CREATE FUNCTION public.no_space() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+            BEGIN
+                IF EXISTS (SELECT FROM public.disk_is_full) THEN
+                    RAISE EXCEPTION 'could not extend file: No space left on device'
+                        USING ERRCODE = 'disk_full';
+                END IF;
+                RETURN NEW;
+            END $$
+            """
+        )
+        admin.execute(
+            "CREATE TRIGGER no_space BEFORE INSERT ON runrow.run_event"
+            " FOR EACH ROW EXECUTE FUNCTION public.no_space()"
+        )
+        writer = JournalWriter(pool, interval=CLOCK_OFF, retry_budget=30)
+        journal = writer.run_journal(run)
+        emitted = asyncio.ensure_future(journal.emit({"type": "tool_use", "id": "tu_1"}))  # writes through
+        await asyncio.sleep(1.0)
+        assert not emitted.done(), emitted
+        admin.execute("DELETE FROM public.disk_is_full")  # an operator freed space
+        await asyncio.wait_for(emitted, 10)
+    assert kinds(db, run.run_id)[-1] == "tool_use"
     assert not journal.lost.is_set()
     await writer.stop()
 

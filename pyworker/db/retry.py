@@ -9,7 +9,8 @@ could not answer, not that it refused the input:
 - the connection was lost or could not be made (class 08, no SQLSTATE at all, the pool had
   no connection in time), the server ended the session (57P01 admin shutdown, 57P02 crash of
   another backend, 57P03 cannot connect now, 25P03 idle-in-transaction timeout, 53300 too
-  many connections), a failover left this session on a read-only node (25006);
+  many connections), a failover left this session on a read-only node (25006), the server
+  is out of disk or memory (53100, 53200: every write of the fleet alike, not this call's);
 - the transaction lost a race it can win next time: 40001 serialization_failure, 40P01
   deadlock_detected.
 
@@ -44,8 +45,11 @@ T = TypeVar("T")
 
 # The server ended the session: whatever it was doing when it did may or may not have committed.
 SESSION_ENDED = frozenset({"57P01", "57P02", "57P03", "25P03"})
-# The server could not serve this session now; the same call may work on a fresh one.
-UNAVAILABLE = SESSION_ENDED | {"53300", "25006"}
+# The server could not serve this session now; the same call may work on a fresh one. Class 53
+# (insufficient resources) says nothing about the call: a full disk (53100) or memory (53200)
+# refused every write of the fleet alike, and was taken for a refusal of this run's, which
+# handed the run back to be paid for again, attempt after attempt, until it died.
+UNAVAILABLE = SESSION_ENDED | {"53300", "25006", "53100", "53200"}
 # The transaction lost a race with another; it rolled back and can simply run again.
 RACE_LOST = frozenset({"40001", "40P01"})
 # Connection-level failures on a connection the pool handed out are retried at once, this many
