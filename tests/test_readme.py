@@ -14,7 +14,12 @@ from prometheus_client import REGISTRY
 from pyworker.cli.main import build_parser
 from pyworker.worker import metrics
 from pyworker.worker.echo import handle as echo
-from pyworker.worker.process import HEARTBEAT_POOL_SIZE, Worker
+from pyworker.worker.process import (
+    HEARTBEAT_POOL_SIZE,
+    HEARTBEATS_PER_CONNECTION,
+    Worker,
+    heartbeat_pool_size,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -89,7 +94,9 @@ def test_for_dbas_says_how_many_connections_each_process_holds() -> None:
     # The worker's pool: its default, and the heartbeats' own pool beside it.
     assert "default `min(concurrency + 4, 32)`" in text
     assert [Worker("postgresql://", concurrency=c, handler=echo).pool_size for c in (8, 40)] == [12, 32]
-    assert f"P + {HEARTBEAT_POOL_SIZE} + 1" in text and f"(P + {HEARTBEAT_POOL_SIZE + 1})" in text
+    assert "P + H + 1" in text and "(P + H + 1)" in text
+    assert f"`{HEARTBEAT_POOL_SIZE} + concurrency // {HEARTBEATS_PER_CONNECTION}`" in text
+    assert [heartbeat_pool_size(c) for c in (8, 249, 250, 1000)] == [2, 2, 3, 6]
     commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     assert commands["serve"].get_default("pool_size") == 10 and "(default 10) + 1 LISTEN" in text
     help_text = " ".join(commands["worker"].format_help().split())

@@ -345,7 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="connections in the pool for claims, journals, endings and handlers' ctx.db, 1 to 1000 "
         "(default: min(concurrency + 4, 32)); at least --concurrency when handlers query the "
         "database, or the runs beyond it wait for a connection. A worker holds at most N + 3 "
-        "connections: N, 2 for heartbeats and 1 LISTEN (README, For DBAs: max_connections)",
+        "connections below --concurrency 250: N, 2 for heartbeats (one more per 250 of "
+        "concurrency) and 1 LISTEN (README, For DBAs: max_connections)",
     )
     p.add_argument(
         "--lease",

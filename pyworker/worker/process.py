@@ -38,9 +38,17 @@ from pyworker.worker.webhooks import WebhookSettings, webhook_loop
 log = logging.getLogger("runrow.worker")
 
 START_TIMEOUT = 30.0  # seconds a starting worker waits for its database (PoolTimeout after)
-# Heartbeats are a few sub-millisecond calls per run and lease: two connections carry hundreds
-# of runs, and being apart from the work pool they never wait behind a handler's long query.
+# Heartbeats are one call per run every lease / 3, apart from the work pool so that they never
+# wait behind a handler's long query: 2 connections, and one more per HEARTBEATS_PER_CONNECTION
+# runs of concurrency. 1,000 runs at a 30 s lease beat 100 times a second; two connections
+# 20 ms from the database carry about that many, with nothing to spare.
 HEARTBEAT_POOL_SIZE = 2
+HEARTBEATS_PER_CONNECTION = 250
+
+
+def heartbeat_pool_size(concurrency: int) -> int:
+    """Connections of a worker's heartbeat pool at `concurrency` runs in flight."""
+    return HEARTBEAT_POOL_SIZE + concurrency // HEARTBEATS_PER_CONNECTION
 
 
 def default_worker_id() -> str:
@@ -286,7 +294,11 @@ class Worker:
         kwargs = {"autocommit": True, "application_name": "runrow-worker", **POOLER_SAFE, **limits}
         pool = CancelSafePool(self.conninfo, min_size=1, max_size=self.pool_size, kwargs=kwargs, open=False)
         heartbeat_pool = CancelSafePool(
-            self.conninfo, min_size=1, max_size=HEARTBEAT_POOL_SIZE, kwargs=kwargs, open=False
+            self.conninfo,
+            min_size=1,
+            max_size=heartbeat_pool_size(self.concurrency),
+            kwargs=kwargs,
+            open=False,
         )
         try:
             await pool.open(wait=True, timeout=max(1.0, deadline - time.monotonic()))
