@@ -83,6 +83,11 @@ DECLARE
     -- of agent_run_claimable.
     set_aside integer := 0;
     walk_cap CONSTANT integer := 500;
+    -- The cap stopped the walk (or a tenant in it): no lower priority level is served this
+    -- claim (priority stays strict), and the claim wakes the dispatchers when it commits, so
+    -- the next claim goes on at once instead of a poll tick later (a worker that got fewer runs
+    -- than it asked for waits for a wake or the tick: 10,000 blocked turns took 20 ticks).
+    capped boolean := false;
     -- The batch step (one tenant, one group without a key): the free runs it locked, when each
     -- was queued, the last seq it read and how many it locked.
     want integer;
@@ -165,7 +170,8 @@ BEGIN
             -- As the walk's serve loop takes it: again past the last run read while the runs
             -- found blocked leave slots free and the group's range goes on.
             LOOP
-                want := _claim_walk.max_runs - cardinality(locked);
+                -- No more runs locked than the cap has room for: a step may set all of them aside.
+                want := least(_claim_walk.max_runs - cardinality(locked), walk_cap - set_aside);
                 step := runrow._claim_batch_step(f_lvl, f_tenant, f_seq, want);
                 b_ids := step.ids;
                 b_since := step.since;
@@ -175,8 +181,14 @@ BEGIN
                     locked := locked || b_ids;
                     locked_since := locked_since || b_since;
                 END IF;
-                set_aside := set_aside + b_n - cardinality(b_ids);
-                EXIT WHEN cardinality(locked) >= _claim_walk.max_runs OR b_n < want OR set_aside >= walk_cap;
+                -- coalesce: a step that locked nothing returns NULL ids (array_agg of no row), and
+                -- a NULL count turned every later test of the cap false.
+                set_aside := set_aside + b_n - coalesce(cardinality(b_ids), 0);
+                EXIT WHEN cardinality(locked) >= _claim_walk.max_runs OR b_n < want;
+                IF set_aside >= walk_cap THEN
+                    PERFORM pg_notify('runrow_enqueued', '');
+                    EXIT;
+                END IF;
                 f_seq := b_last + 1;
             END LOOP;
             RETURN;
@@ -413,7 +425,12 @@ BEGIN
             -- Only in READ COMMITTED: elsewhere a blocked turn must not even be locked.
             IF cardinality(t_key) = 1 AND cardinality(g_tenant) = 1 AND g_key[bg] = '' AND may_mark
                AND NOT fleet_has_budgets AND cardinality(fleet_blocked_keys) = 0 THEN
-                want := _claim_walk.max_runs - cardinality(locked);
+                want := least(_claim_walk.max_runs - cardinality(locked), walk_cap - set_aside);
+                IF want < 1 THEN
+                    t_live[best] := false;
+                    capped := true;
+                    CONTINUE serve;
+                END IF;
                 step := runrow._claim_batch_step(h_lvl, h_tenant, g_head_seq[bg], want);
                 b_ids := step.ids;
                 b_since := step.since;
@@ -431,9 +448,10 @@ BEGIN
                 ELSE
                     g_head_seq[bg] := b_last;
                 END IF;
-                set_aside := set_aside + b_n - cardinality(b_ids);
+                set_aside := set_aside + b_n - coalesce(cardinality(b_ids), 0);
                 IF set_aside >= walk_cap THEN
                     t_live[best] := false;
+                    capped := true;
                 END IF;
                 CONTINUE serve;
             END IF;
@@ -464,6 +482,7 @@ BEGIN
             );
             IF blocked AND may_mark AND set_aside >= walk_cap THEN
                 t_live[best] := false;
+                capped := true;
                 CONTINUE serve;
             END IF;
             CONTINUE serve WHEN blocked AND NOT may_mark;
@@ -484,6 +503,7 @@ BEGIN
             END IF;
             IF set_aside >= walk_cap AND h_tenant = ANY (fleet_over_tenants) THEN
                 t_live[best] := false;
+                capped := true;
                 CONTINUE serve;
             END IF;
             IF NOT blocked AND (cardinality(fleet_blocked_keys) > 0 OR h_tenant = ANY (fleet_over_tenants)) THEN
@@ -504,6 +524,7 @@ BEGIN
                 IF fleet_cand.rate_limit_key = ANY (fleet_blocked_keys) THEN
                     IF set_aside >= walk_cap THEN
                         t_live[best] := false;
+                        capped := true;
                         CONTINUE serve;
                     END IF;
                     set_aside := set_aside + 1;
@@ -613,7 +634,12 @@ BEGIN
                 SET vtime = greatest(f.vtime, vfloor) + t_served[i] / f.weight, updated_at = now();
             END LOOP;
         END IF;
+        EXIT levels WHEN capped;
     END LOOP;
+    IF capped THEN
+        -- Empty: no conversation in particular; the dispatchers claim again on any wake.
+        PERFORM pg_notify('runrow_enqueued', '');
+    END IF;
 END
 $fn$;
 

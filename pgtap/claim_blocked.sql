@@ -7,7 +7,7 @@ BEGIN;
 \ir helpers/row_versions.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(44);
+SELECT plan(47);
 SELECT pg_temp.drain_queue();
 
 SELECT has_column('runrow', 'agent_run', 'claim_blocked', 'agent_run has claim_blocked');
@@ -130,6 +130,25 @@ SELECT is((SELECT count(*)::int FROM runrow.agent_run WHERE conversation_id = :'
 SELECT is_empty('SELECT * FROM runrow.claim_runs(''w'', 2)', 'the next claim takes nothing');
 SELECT is((SELECT count(*)::int FROM runrow.agent_run WHERE conversation_id = :'conv_hog' AND claim_blocked), 520,
     'and marks the last 20');
+
+-- A claim stopped by the cap serves no lower priority level: priority stays strict. 600 turns
+-- blocked at priority 10 with a free run behind them, a free run at priority 0: the first claim
+-- took the priority-0 run.
+SELECT pg_temp.drain_queue();
+SELECT run_id AS hi1 FROM runrow.enqueue_run(gen_random_uuid(), '"x"', 'test-model', priority => 10) \gset
+SELECT pg_temp.claim(:'hi1');
+SELECT conversation_id AS conv_hi FROM runrow.agent_run WHERE id = :'hi1' \gset
+SELECT count(*) FROM (
+    SELECT runrow.enqueue_run(:'conv_hi', '"x"', 'test-model', priority => 10) FROM generate_series(1, 600)
+) AS e;
+SELECT run_id AS hi_free FROM runrow.enqueue_run(gen_random_uuid(), '"x"', 'test-model', priority => 10) \gset
+SELECT run_id AS lo_free FROM runrow.enqueue_run(gen_random_uuid(), '"x"', 'test-model', fairness_key => 'low') \gset
+SELECT is_empty('SELECT * FROM runrow.claim_runs(''w'', 1)',
+    'capped at priority 10: the claim takes nothing of priority 0');
+SELECT is((SELECT array_agg(run_id) FROM runrow.claim_runs('w', 1)), ARRAY[:'hi_free'::uuid],
+    'the next claim marks the last 100 and takes the priority-10 run');
+SELECT is((SELECT array_agg(run_id) FROM runrow.claim_runs('w', 1)), ARRAY[:'lo_free'::uuid],
+    'then the priority-0 run');
 
 SELECT * FROM finish();
 ROLLBACK;

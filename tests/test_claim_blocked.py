@@ -22,6 +22,7 @@ from race_support import (
     claim,
     claim_one,
     database_url,
+    drain,
     enqueue,
     owner,
     run_row,
@@ -261,3 +262,66 @@ def test_concurrent_claimers_keep_turn_order_and_leave_no_turn_behind(
         ).fetchone()[0]
         == 0
     )
+
+
+# --- the cap: at most MARKED_PER_CLAIM runs set aside per claim ------------------------------
+
+
+def queue_behind_a_running_turn(owner: psycopg.Connection, turns: int, tenant: str | None) -> uuid.UUID:
+    """A conversation of `tenant` whose first turn is running, `turns` more queued behind it."""
+    conversation = uuid.uuid4()
+    owner.execute(
+        "SELECT runrow.enqueue_run(%s, '\"first\"', 'test-model', fairness_key => %s)", (conversation, tenant)
+    )
+    assert len(claim(owner, 1)) == 1
+    owner.execute(
+        "SELECT count(*) FROM (SELECT runrow.enqueue_run(%s, '\"next\"', 'test-model', fairness_key => %s)"
+        " FROM generate_series(1, %s)) AS e",
+        (conversation, tenant, turns),
+    )
+    return conversation
+
+
+def marked(owner: psycopg.Connection, conversation: uuid.UUID) -> int:
+    return owner.execute(
+        "SELECT count(*) FROM runrow.agent_run WHERE conversation_id = %s AND claim_blocked", (conversation,)
+    ).fetchone()[0]
+
+
+def test_the_cap_holds_when_a_batch_step_locks_nothing(owner: psycopg.Connection, connect: Connect):
+    """The review of the cap: a batch step that locked nothing (its level's only run held by
+    another claimer: SKIP LOCKED) returned NULL ids, the count of runs set aside became NULL,
+    and no later test of the cap held: 1,200 turns marked in one claim."""
+    drain(owner)
+    conversation = queue_behind_a_running_turn(owner, 1_200, "u1")
+    free = owner.execute(
+        "SELECT run_id FROM runrow.enqueue_run(gen_random_uuid(), '\"free\"', 'test-model',"
+        " fairness_key => 'u2')"
+    ).fetchone()[0]
+    held = owner.execute(
+        "SELECT run_id FROM runrow.enqueue_run(gen_random_uuid(), '\"held\"', 'test-model', priority => 10)"
+    ).fetchone()[0]
+    other = connect(autocommit=False)
+    other.execute("SELECT 1 FROM runrow.agent_run WHERE id = %s FOR UPDATE", (held,))
+    try:
+        assert [r["run_id"] for r in claim(owner, 2)] == [free]
+        assert marked(owner, conversation) == MARKED_PER_CLAIM
+    finally:
+        other.rollback()
+
+
+def test_a_claim_stopped_by_the_cap_wakes_the_dispatchers(owner: psycopg.Connection, connect: Connect):
+    """A claim that stops at the cap returns fewer runs than asked for, and a worker then waits
+    for a wake or its poll tick: 1,200 blocked turns ahead of a free run took three ticks (21 s
+    at the default 10 s). It now wakes the dispatchers (runrow_enqueued, empty payload) as it
+    commits; a claim that is not capped wakes nobody."""
+    drain(owner)
+    queue_behind_a_running_turn(owner, 1_200, None)
+    listener = connect(autocommit=True)
+    listener.execute("LISTEN runrow_enqueued")
+    assert claim(owner, 1) == []
+    assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == [""]
+    assert claim(owner, 1) == []
+    assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == [""]
+    assert claim(owner, 1) == []  # the last 200: not capped
+    assert [n.payload for n in listener.notifies(timeout=0.5)] == []
