@@ -77,6 +77,7 @@ async def test_a_stream_cancelled_twice_while_closing_frees_its_place() -> None:
     stats = StreamStats()
     streaming = asyncio.Event()
     closing = asyncio.Event()
+    closed = asyncio.Event()  # set at the end: the slow tail finishes, no task is left pending
     sent: list[Message] = []
 
     async def frames() -> AsyncIterator[bytes]:
@@ -86,7 +87,7 @@ async def test_a_stream_cancelled_twice_while_closing_frees_its_place() -> None:
             await asyncio.Event().wait()
         finally:
             closing.set()
-            await asyncio.sleep(30)  # a tail slow to close: the response waits for it
+            await closed.wait()  # a tail slow to close: the response waits for it
 
     async def receive() -> Message:
         await asyncio.Event().wait()  # the client never hangs up
@@ -111,3 +112,6 @@ async def test_a_stream_cancelled_twice_while_closing_frees_its_place() -> None:
         await task
     assert stats.by_user == {}
     assert stats.open == 0
+    closed.set()
+    for _ in range(3):
+        await asyncio.sleep(0)

@@ -128,14 +128,14 @@ async def test_a_tail_of_a_queued_run_shows_its_claim_and_first_events_promptly(
         await wait_until_async(lambda: len(seen) >= 3, within=5, what="event 3 streamed")
         at, event = seen[2]
         print(f"claim -> run_claimed streamed: {at - claimed_at:.3f} s")
-        assert event.type == "run_claimed" and at - claimed_at < 1.5
+        assert event.type == "run_claimed" and at - claimed_at < 2.0  # the next poll: 2.5 s after the claim
         # The run is watched now: a write wakes the tail at once.
         appended_at = time.monotonic()
         append(sync_conn, run_id, token, [{"type": "text_delta", "text": "hi"}])
         await wait_until_async(lambda: len(seen) >= 4, within=5, what="event 4 streamed")
         at, event = seen[3]
         print(f"append -> text_delta streamed: {at - appended_at:.3f} s")
-        assert event.type == "text_delta" and at - appended_at < 0.5
+        assert event.type == "text_delta" and at - appended_at < 2.0  # a wake, not a poll (4 s and more)
     finally:
         following.cancel()
         await asyncio.gather(following, return_exceptions=True)
@@ -158,7 +158,7 @@ async def test_a_claim_and_its_first_write_reach_a_queued_runs_tail_at_once(
         at, _ = seen[3]
         print(f"claim + first write -> streamed: {at - claimed_at:.3f} s")
         assert [e.type for _, e in seen[2:4]] == ["run_claimed", "model_request"]
-        assert at - claimed_at < 0.5
+        assert at - claimed_at < 2.0  # a wake, not a poll (4 s and more)
     finally:
         following.cancel()
         await asyncio.gather(following, return_exceptions=True)
