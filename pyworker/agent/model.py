@@ -187,10 +187,13 @@ async def stream_turn(
     try:
         await asyncio.wait({consumer, stopper}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:  # our own task is being cancelled (run lost, drain): stop the stream
-        consumer.cancel()
+        # Counted here only if cut here: a response that completed (or failed) in the same turn
+        # of the event loop was counted by _consume already.
+        cut = consumer.cancel()
         with contextlib.suppress(BaseException):
             await consumer
-        metrics.model_usage(str(params.get("model")), received.usage)
+        if cut:
+            metrics.model_usage(str(params.get("model")), received.usage)
         raise
     finally:
         stopper.cancel()
