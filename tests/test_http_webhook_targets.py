@@ -5,16 +5,21 @@ inside the operator's network: the loopback interface, the private network, the 
 service at 169.254.169.254. `runrow serve` refuses such a URL with a 422 naming webhook_url,
 whether its host is an address or a name resolving to one, unless the operator started it with
 --allow-private-webhooks (local development, receivers of their own). Nothing is written for a
-refused request.
+refused request. The check fails closed: a name that does not resolve is a 422, one whose
+resolver does not answer in time a 503 with Retry-After, and the look-ups run in threads of their
+own, so names whose DNS hangs cannot take asyncio's default pool from the database's reconnects.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
 import socket
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -57,6 +62,22 @@ def _enqueue(server: Server, webhook_url: Any) -> httpx.Response:
         return client.post(
             f"/conversations/{uuid.uuid4()}/runs", json={"content": "hi", "webhook_url": webhook_url}
         )
+
+
+def _fake_dns(monkeypatch: pytest.MonkeyPatch, names: dict[str, Callable[[str], list[Any]]]) -> None:
+    """socket.getaddrinfo answering `names` with their functions and every other name (the
+    database's host among them: the server runs in this process) as it would."""
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        answer = names.get(host.decode() if isinstance(host, bytes) else str(host))
+        return answer(host) if answer is not None else real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+def _nxdomain(host: str) -> list[Any]:
+    raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
 
 def _runs(db_url: str) -> int:
@@ -112,13 +133,13 @@ async def test_one_private_answer_among_public_ones_refuses_the_name(monkeypatch
     """A name with several addresses is refused if any is not public: the worker's connect may
     take any of them."""
 
-    async def answers(*args: Any, **kwargs: Any) -> list[Any]:
+    def answers(host: str) -> list[Any]:
         return [
             (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", 0)),
             (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("fe80::1%eth0", 0, 0, 2)),
         ]
 
-    monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", answers)
+    _fake_dns(monkeypatch, {"hooks.example.com": answers})
     with pytest.raises(ApiError) as refused:
         await webhook_targets.refuse_non_public("https://hooks.example.com/x")
     assert refused.value.status == 422
@@ -145,3 +166,84 @@ async def test_one_private_answer_among_public_ones_refuses_the_name(monkeypatch
 )
 def test_which_addresses_are_public(address: str, public: bool) -> None:
     assert (webhook_targets.why_not_public(ipaddress.ip_address(address)) is None) is public
+
+
+def test_a_name_that_does_not_resolve_is_a_422_naming_webhook_url(
+    server: Server, targets_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not let through: it could resolve to a private address by delivery, unchecked."""
+    _fake_dns(monkeypatch, {"hooks.nowhere.example": _nxdomain})
+    before = _runs(targets_db)
+    refused = _enqueue(server, "https://hooks.nowhere.example/x")
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["type"] == "webhook_url_unresolvable", error
+    assert error["message"].startswith("webhook_url's host hooks.nowhere.example does not resolve"), error
+    assert _runs(targets_db) == before
+
+
+def test_a_resolver_that_does_not_answer_is_a_503_to_repeat(
+    server: Server, targets_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+
+    def hang(host: str) -> list[Any]:
+        release.wait(30)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    _fake_dns(monkeypatch, {"hooks.slow.example": hang})
+    monkeypatch.setattr(webhook_targets, "RESOLVE_TIMEOUT", 0.5)
+    before = _runs(targets_db)
+    try:
+        slow = _enqueue(server, "https://hooks.slow.example/x")
+    finally:
+        release.set()
+    assert slow.status_code == 503, slow.text
+    assert slow.headers["Retry-After"] == webhook_targets.RETRY_AFTER
+    error = slow.json()["error"]
+    assert error["type"] == "webhook_url_lookup_unavailable", error
+    assert "hooks.slow.example" in error["message"], error
+    assert _runs(targets_db) == before
+
+
+async def test_look_ups_that_hang_leave_asyncios_pool_to_the_database(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """More hanging look-ups than asyncio's default pool has threads (6 on 2 cores): psycopg's
+    reconnects resolve the database's host in that pool, and must still get an answer."""
+    calls = min(32, (os.cpu_count() or 1) + 4) + 4
+    release = threading.Event()
+
+    def hang(host: str) -> list[Any]:
+        release.wait(30)  # the resolver's own timeout, long past the request's
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    _fake_dns(monkeypatch, {f"hook{i}.slow.example": hang for i in range(calls)})
+    monkeypatch.setattr(webhook_targets, "RESOLVE_TIMEOUT", 0.3)
+    try:
+        outcomes = await asyncio.gather(
+            *(webhook_targets.refuse_non_public(f"https://hook{i}.slow.example/x") for i in range(calls)),
+            return_exceptions=True,
+        )
+        # What psycopg's async connect does first with the database's host name.
+        started = time.monotonic()
+        try:
+            answers: Any = await asyncio.wait_for(
+                asyncio.get_running_loop().getaddrinfo("localhost", 5432), 3
+            )
+        except TimeoutError as exc:
+            answers = exc
+        waited = time.monotonic() - started
+    finally:
+        release.set()
+    assert isinstance(answers, list) and answers, f"localhost did not resolve in {waited:.1f} s: {answers!r}"
+    for outcome in outcomes:
+        assert isinstance(outcome, ApiError) and outcome.status == 503, outcome
+        assert outcome.headers == {"Retry-After": webhook_targets.RETRY_AFTER}
+
+
+async def test_a_name_without_addresses_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_dns(monkeypatch, {"hooks.empty.example": lambda host: []})
+    with pytest.raises(ApiError) as refused:
+        await webhook_targets.refuse_non_public("https://hooks.empty.example/x")
+    assert (refused.value.status, refused.value.type) == (422, "webhook_url_unresolvable")

@@ -46,7 +46,6 @@ decorators, which register into the default registry.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import importlib
 import inspect
 import logging
@@ -57,6 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pyworker.db.threads import in_own_thread
 from pyworker.worker.handler import importable_from_cwd
 
 log = logging.getLogger("runrow.tools")
@@ -112,49 +112,9 @@ class Tool:
             kwargs["cancel"] = cancel if cancel is not None else self.new_cancel_signal()
         if self.is_async:
             return await self.fn(**kwargs)
-        # A sync tool must not block the event loop (heartbeats run there).
+        # A sync tool must not block the event loop (heartbeats run there), nor hold a thread of
+        # asyncio's default pool (pyworker.db.threads says why).
         return await in_own_thread(self.fn, **kwargs)
-
-
-async def in_own_thread(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
-    """fn(**kwargs) in a daemon thread of its own, with the caller's context (trace spans).
-
-    Not asyncio.to_thread: asyncio's default pool has min(32, cores + 4) threads (6 on 2 cores)
-    and also resolves host names for psycopg's connects and httpx's requests. Sync tools that
-    wait long took every thread, so a worker whose connections were cut could not look its
-    database's host up again and gave every run up, though the database was there; at
-    `--concurrency 10`, 4 of 10 tool calls waited for a thread; and a tool that never returns
-    (its thread runs on after a stop) kept one for good, and held the process at exit. A
-    thread per call costs about 0.1 ms, nothing beside a tool's work, and is never waited for
-    at exit."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[Any] = loop.create_future()
-    context = contextvars.copy_context()
-
-    def settle(result: Any, error: BaseException | None) -> None:
-        if done.cancelled():
-            return  # the caller stopped waiting; the result is unused
-        if error is not None:
-            done.set_exception(error)
-        else:
-            done.set_result(result)
-
-    def target() -> None:
-        result: Any = None
-        error: BaseException | None = None
-        try:
-            result = context.run(fn, **kwargs)
-        except BaseException as exc:  # the caller decides what a tool's exception means
-            error = exc
-        try:
-            loop.call_soon_threadsafe(settle, result, error)
-        except RuntimeError:
-            pass  # the loop is closed: the worker exited while the tool ran on
-
-    threading.Thread(
-        target=target, name=f"runrow-tool-{getattr(fn, '__name__', 'tool')}", daemon=True
-    ).start()
-    return await done
 
 
 @dataclass

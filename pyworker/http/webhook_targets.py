@@ -5,28 +5,41 @@ user who may set that URL could otherwise make them request the loopback interfa
 private network or the cloud metadata service (169.254.169.254): server-side request forgery.
 The check is made once, when the service takes the request; a name that resolves to a public
 address now and a private one at delivery (DNS rebinding) is not caught here, which is why the
-README asks for an egress policy on the workers as well. Operators (SQL, `runrow enqueue`) are
-trusted and never pass through here.
+README asks for an egress policy on the workers as well. It fails closed: a name that does not
+resolve is refused (422), and one whose resolver does not answer in time is a 503 to repeat,
+never let through. Operators (SQL, `runrow enqueue`) are trusted and never pass through here.
 """
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import logging
 import socket
+import threading
+from typing import Any
 
 import httpx
 
+from pyworker.db.aio import within
+from pyworker.db.threads import in_own_thread
 from pyworker.http.errors import ApiError
 
 log = logging.getLogger("runrow.http")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-# A resolver that hangs must not hold the request: past this the name is let through, as it
-# would be had it answered with a public address and been rebound later.
+# A resolver that hangs must not hold the request: past this it is a 503 to repeat, never a
+# name let through unchecked (that would let a user pass any name by making its DNS slow).
 RESOLVE_TIMEOUT = 5.0
+# Look-ups whose thread has not returned yet, the ones callers gave up on included (a resolver
+# that never answers keeps each for its own timeout, about 30 s): one thread each, so a user
+# posting names whose DNS hangs must not make them without bound. Past this, a 503 to repeat.
+MAX_LOOKUPS = 64
+_lookups = threading.BoundedSemaphore(MAX_LOOKUPS)
+# Seconds a client should wait before repeating a request that met a slow resolver.
+RETRY_AFTER = "5"
+# getaddrinfo's answers for a resolver that could not answer now (a timeout, SERVFAIL): temporary.
+_TEMPORARY = {socket.EAI_AGAIN}
 # NAT64's well-known prefix carries an IPv4 address in its last 32 bits (RFC 6052): on an
 # IPv6-only network with DNS64 every public IPv4 host resolves into it, so it is judged by the
 # address it stands for, not refused whole as the reserved ::/8 it sits in.
@@ -69,13 +82,14 @@ def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
 
 
 async def refuse_non_public(url: str) -> None:
-    """A 422 naming webhook_url when its host is, or resolves to, an address that is not public.
+    """A 422 naming webhook_url when its host is, or resolves to, an address that is not public,
+    or does not resolve at all; a 503 with Retry-After when its resolver does not answer in time.
 
     The host is read by httpx, the client the workers send with, so both see the same host
     (`http://a@127.0.0.1/` is 127.0.0.1 to both). A URL httpx cannot read is left to
-    enqueue_run's own rules: no request can be sent to it. A name that does not resolve is let
-    through: its deliveries fail until it does, and by then it is rebinding, which no check at
-    enqueue can see.
+    enqueue_run's own rules: no request can be sent to it. A name that does not resolve is
+    refused, not let through: it could be made to resolve to a private address before delivery,
+    which no check at enqueue sees.
     """
     try:
         host = httpx.URL(url).raw_host.decode("ascii")
@@ -93,20 +107,43 @@ async def refuse_non_public(url: str) -> None:
             raise _refused(f"webhook_url's host {host} is {reason}")
         return
     # Names, and the numeric spellings getaddrinfo reads as IPv4 (127.1, 0x7f.1, 2130706433).
-    for address in await _resolve(host):
+    addresses = await _resolve(host)
+    if not addresses:
+        raise _unresolvable(host, "no IPv4 or IPv6 address")
+    for address in addresses:
         reason = why_not_public(address)
         if reason is not None:
             raise _refused(f"webhook_url's host {host} resolves to {address}, {reason}")
 
 
 async def _resolve(host: str) -> list[IPAddress]:
-    loop = asyncio.get_running_loop()
+    if not _lookups.acquire(blocking=False):
+        log.warning("webhook_url host %r: %d look-ups already wait for DNS; answered 503", host, MAX_LOOKUPS)
+        raise _unavailable(f"too many webhook_url host look-ups wait for DNS; {host} was not looked up")
+
+    def lookup() -> list[Any]:
+        try:
+            return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        finally:
+            _lookups.release()  # when the thread ends, not when the caller stops waiting
+
+    # In a thread of its own, not loop.getaddrinfo: asyncio's default pool (6 threads on 2
+    # cores) also resolves the database's host for psycopg's reconnects, and a look-up that
+    # hangs holds its thread for the resolver's own timeout, long past ours.
     try:
-        # In the loop's executor: a slow resolver holds a thread, never the event loop.
-        infos = await asyncio.wait_for(loop.getaddrinfo(host, None, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT)
-    except (TimeoutError, OSError, UnicodeError) as exc:
-        log.debug("webhook_url host %r did not resolve at enqueue (%s): let through", host, exc)
-        return []
+        infos = await within(in_own_thread(lookup), RESOLVE_TIMEOUT)
+    except socket.gaierror as exc:
+        if exc.errno in _TEMPORARY:
+            raise _unavailable(
+                f"the resolver could not look webhook_url's host {host} up now ({exc})"
+            ) from exc
+        raise _unresolvable(host, str(exc)) from exc
+    except (OSError, UnicodeError) as exc:
+        raise _unresolvable(host, str(exc)) from exc
+    if infos is None:
+        raise _unavailable(
+            f"the resolver did not answer for webhook_url's host {host} in {RESOLVE_TIMEOUT:g} s"
+        )
     addresses: list[IPAddress] = []
     for family, _type, _proto, _name, sockaddr in infos:
         if family in (socket.AF_INET, socket.AF_INET6):
@@ -121,4 +158,21 @@ def _refused(what: str) -> ApiError:
         "webhook_url_not_public",
         f"{what}: this service sends webhooks only to public addresses (an operator who runs "
         "receivers on a private network starts runrow serve with --allow-private-webhooks)",
+    )
+
+
+def _unresolvable(host: str, why: str) -> ApiError:
+    # Not let through: a name that resolves to nothing now may resolve to a private address at
+    # delivery, and the check here is the only one the workers' requests get.
+    return ApiError(
+        422,
+        "webhook_url_unresolvable",
+        f"webhook_url's host {host} does not resolve ({why}): this service sends webhooks only to "
+        "names that resolve to public addresses",
+    )
+
+
+def _unavailable(what: str) -> ApiError:
+    return ApiError(
+        503, "webhook_url_lookup_unavailable", f"{what}; retry shortly", {"Retry-After": RETRY_AFTER}
     )
