@@ -105,13 +105,10 @@ def test_worker_refuses_the_same_values(option: str, value: float) -> None:
         Worker(UNREACHABLE, handler=echo, **{option: value})  # type: ignore[arg-type]
 
 
-def test_pool_size_reaches_the_worker_and_concurrency_beyond_it_is_warned_of() -> None:
-    """The work pool had no flag: `min(concurrency + 4, 32)` whatever the handlers needed, and a
-    worker with more runs in flight than connections said nothing of the runs left waiting."""
-    assert build_parser().parse_args(["worker", "--pool-size", "7"]).pool_size == 7
-    assert build_parser().parse_args(["worker"]).pool_size is None  # Worker's default
+def _start_log(*flags: str) -> str:
+    """What `runrow worker` logs before it connects (to a database that never answers)."""
     worker = subprocess.Popen(
-        [sys.executable, "-m", "pyworker", "worker", "--concurrency", "8", "--pool-size", "4"],
+        [sys.executable, "-m", "pyworker", "worker", *flags],
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "DATABASE_URL": UNREACHABLE},
@@ -126,8 +123,25 @@ def test_pool_size_reaches_the_worker_and_concurrency_beyond_it_is_warned_of() -
     finally:
         worker.terminate()  # stops at once before the database answers
         worker.communicate(timeout=30)
-    log = "".join(seen)
-    assert "WARNING" in log and "concurrency 8 exceeds the pool's 4 connections" in log, log
+    return "".join(seen)
+
+
+def test_pool_size_reaches_the_worker_and_concurrency_beyond_it_is_warned_of() -> None:
+    """The work pool had no flag: `min(concurrency + 4, 32)` whatever the handlers needed, and a
+    worker with more runs in flight than connections said nothing of the runs left waiting."""
+    assert build_parser().parse_args(["worker", "--pool-size", "7"]).pool_size == 7
+    assert build_parser().parse_args(["worker"]).pool_size is None  # Worker's default
+    log = _start_log("--concurrency", "20", "--pool-size", "10")
+    assert "WARNING" in log and "concurrency 20 exceeds the pool's 10 connections" in log, log
+
+
+def test_the_default_pool_is_not_warned_of_at_any_concurrency() -> None:
+    """Every `--concurrency 40` start warned "exceeds the pool's 32 connections … raise
+    --pool-size": a false alarm for the default agent loop, which holds a connection only briefly
+    (heartbeats have their own pool). Only a --pool-size the operator chose is warned of."""
+    log = _start_log("--concurrency", "40")
+    assert "connecting to 127.0.0.1:1" in log, log
+    assert "exceeds the pool" not in log, log
 
 
 def test_help_shows_defaults_of_values_but_not_of_switches() -> None:

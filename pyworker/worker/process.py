@@ -120,6 +120,10 @@ class Worker:
         self.worker_id = worker_id or default_worker_id()
         self.config = config or {}
         self.pool_size = pool_size or min(concurrency + 4, 32)
+        # Only a size the operator chose is warned of: the default agent loop holds a connection
+        # only briefly per step (heartbeats have a pool of their own), so the default pool serves
+        # any concurrency, and a warning at every `--concurrency 40` start was a false alarm.
+        self.pool_size_given = pool_size is not None
         self.flush_interval = flush_interval
         self.session_limits = session_limits
         self.metrics_port = metrics_port  # None: no metrics endpoint; 0: any free port
@@ -170,7 +174,7 @@ class Worker:
     async def _run(self) -> int:
         # Until the database answers, a first Ctrl-C or SIGTERM ends the wait at once: there is
         # nothing to drain yet. (It waited out the pool's 30 s, or a connect timeout per probe.)
-        if self.concurrency > self.pool_size:
+        if self.pool_size_given and self.concurrency > self.pool_size:
             log.warning(
                 "concurrency %d exceeds the pool's %d connections: runs beyond it wait for a "
                 "connection, and one that waits about a lease (%ds) is given up; raise --pool-size",
