@@ -97,3 +97,47 @@ def test_a_read_from_the_start_that_saw_no_text_prints_the_results_text() -> Non
         render([CLAIM, delta("The answer."), complete("completed", "The answer.")], live=False)[0]
         == "The answer."
     )
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+# What prompt injection can make a model write: retitle the terminal, write its clipboard (OSC 52),
+# erase the line before it and carriage-return over it, and a one-byte C1 CSI.
+HOSTILE = "safe\x1b]0;pwned\x07 \x1b]52;c;cm0gLXJmIH4=\x07\x1b[2K\rdone\x9b2J\ttab\nnext"
+
+
+def test_hostile_text_on_a_terminal_is_shown_not_obeyed() -> None:
+    out, err = Terminal(), Terminal()
+    renderer = Renderer(out, err)
+    assert renderer.live
+    journal = [CLAIM, delta(HOSTILE), turn("tool_use"), delta("x\x1b[31m"), complete("completed", "y")]
+    for seq, payload in enumerate(journal, start=1):
+        renderer.event(seq, payload)
+    renderer.end_line()
+    for written in (out.getvalue(), err.getvalue().replace("\x1b[2m", "").replace("\x1b[0m", "")):
+        assert not any(c in written for c in "\x1b\x07\r\x9b"), repr(written)
+    assert (
+        "safe\\x1b]0;pwned\\x07 \\x1b]52;c;cm0gLXJmIH4=\\x07\\x1b[2K\\x0ddone\\x9b2J\ttab\nnext"
+        in out.getvalue()
+    )
+
+
+def test_hostile_text_piped_is_the_runs_text_unchanged() -> None:
+    out, _ = render([CLAIM, delta(HOSTILE), turn("end_turn"), complete("completed", HOSTILE)], live=False)
+    assert out == HOSTILE
+
+
+def test_a_notes_hostile_text_on_a_terminal_is_shown_not_obeyed() -> None:
+    """Narration before a tool call, piped to a file, goes to stderr as a note: on a terminal."""
+    out, err = io.StringIO(), Terminal()
+    renderer = Renderer(out, err)
+    for seq, payload in enumerate([CLAIM, delta("look\x1b]0;pwned\x07"), turn("tool_use")], start=1):
+        renderer.event(seq, payload)
+    note = err.getvalue().replace("\x1b[2m", "").replace("\x1b[0m", "")
+    assert "said before its tool calls: look\\x1b]0;pwned\\x07" in note
+    assert "\x1b" not in note and "\x07" not in note

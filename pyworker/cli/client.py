@@ -160,7 +160,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         description="Follow the run's journal from a cursor: answer text goes to stdout, every "
         "other event is a one-line note on stderr (with its seq). On a terminal the text streams "
         "live; piped, each message's text is written once it is confirmed and text an earlier, "
-        "cut-off attempt streamed is left out, so stdout is exactly the answer. Safe to "
+        "cut-off attempt streamed is left out, so stdout is exactly the answer. On a terminal, "
+        "control characters in the run's text (ESC, BEL, CR, ...) are shown as \\xNN, not obeyed "
+        "(model output must not retitle the terminal or write its clipboard); piped, the text is "
+        "written as it is. Safe to "
         "interrupt and rerun: `--from N` resumes after event N without repeats.",
         epilog=f"""examples:
   runrow tail 5f0c...a2                 # everything from the start

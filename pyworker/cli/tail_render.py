@@ -17,6 +17,10 @@ Piped, stdout must be the answer and nothing else, so text is held until it is c
   journal was trimmed (its deltas deleted; read_events ends it with a complete built from the
   run row), or the handler kept a result without streaming it.
 No newline is added, so for a run that ends normally stdout is exactly result.text.
+
+On a terminal, control characters of journaled text (ESC, BEL, CR, ...) are shown as `\\xNN`, not
+obeyed: model output must not retitle the terminal, write its clipboard or erase what is shown
+(pyworker/db/terminal_text.py). Piped, the text is written as it is.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from __future__ import annotations
 import json
 import os
 from typing import Any, TextIO
+
+from pyworker.db.terminal_text import for_stream
 
 # model_turn stop reasons after which the assistant message goes on.
 MESSAGE_CONTINUES = ("pause_turn",)
@@ -79,7 +85,7 @@ class Renderer:
 
     def note(self, text: str) -> None:
         self.end_line()
-        line = f"· {text}"
+        line = f"· {for_stream(text, self.err)}"
         self.err.write(f"\x1b[2m{line}\x1b[0m\n" if self.dim else line + "\n")
         self.err.flush()
 
@@ -94,7 +100,7 @@ class Renderer:
         return "".join(text for _, text in self.message)
 
     def _write(self, text: str) -> None:
-        self.out.write(text)
+        self.out.write(for_stream(text, self.out))
         self.out.flush()
         if text and self.live:
             self.mid_line = not text.endswith("\n")

@@ -2,7 +2,9 @@
 model's text and thinking inline as their (coalesced) deltas arrive.
 
 Plain ASCII, so it reads the same in any terminal, log file or CI output; colour only on a terminal
-that wants it (a tty, NO_COLOR unset).
+that wants it (a tty, NO_COLOR unset). On a terminal the control characters of journaled text are
+shown as `\\xNN`, never obeyed (pyworker/db/terminal_text.py): model output must not retitle the
+terminal or write its clipboard.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from typing import Any, TextIO
 
 from pyworker.db.api import Event
+from pyworker.db.terminal_text import is_terminal, shown
 
 STYLES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "blue": "34", "cyan": "36"}
 INDENT = " " * 10
@@ -26,6 +29,8 @@ class Screen:
         if color is None:
             color = self.out.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
         self.color = color
+        # Escape what the run wrote before our own colour codes go around it.
+        self.shown = shown if is_terminal(self.out) else _as_is
         self.started = time.monotonic()
         self._inline: str | None = None  # the open inline stream: text / thinking / input, per block
 
@@ -46,6 +51,7 @@ class Screen:
 
     def heading(self, title: str) -> None:
         self._close_inline()
+        title = self.shown(title)
         bar = "=" * max(8, 72 - len(title) - 4)
         self._write("\n" + self.paint(f"== {title} {bar}", "bold") + "\n")
 
@@ -53,12 +59,12 @@ class Screen:
         """One line, prefixed with the seconds since the demo started."""
         self._close_inline()
         prefix = f"[{time.monotonic() - self.started:6.1f}s] " if stamp else ""
-        self._write(self.paint(prefix, "dim") + self.paint(text, *styles) + "\n")
+        self._write(self.paint(prefix, "dim") + self.paint(self.shown(text), *styles) + "\n")
 
     def note(self, text: str) -> None:
         """An explanatory line under the previous one."""
         self._close_inline()
-        for part in textwrap.wrap(text, 100 - len(INDENT)) or [""]:
+        for part in textwrap.wrap(self.shown(text), 100 - len(INDENT)) or [""]:
             self._write(INDENT + self.paint(part, "dim") + "\n")
 
     def inline(self, stream: str, label: str, text: str, *styles: str) -> None:
@@ -67,8 +73,12 @@ class Screen:
             self._close_inline()
             self._write(INDENT + self.paint(f"{label}: ", "dim"))
             self._inline = stream
-        text = text.replace("\n", "\n" + INDENT + "  ")
+        text = self.shown(text).replace("\n", "\n" + INDENT + "  ")
         self._write(self.paint(text, *styles))
+
+
+def _as_is(text: str) -> str:
+    return text
 
 
 def short(value: Any, width: int = 12) -> str:
