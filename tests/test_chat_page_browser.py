@@ -227,6 +227,49 @@ def test_approve_a_pending_tool_call(quiet: Server, quiet_db: str, page: Page) -
 
 
 @pytest.fixture(scope="module")
+def cards_db(database_url: str) -> Iterator[str]:
+    yield from private_database(database_url, "runrow_http_page_cards")
+
+
+@pytest.fixture(scope="module")
+def cards(cards_db: str) -> Iterator[Server]:
+    """No worker, and no other test's runs: the test claims its run itself."""
+    yield from serve(cards_db, tokens=TOKENS)
+
+
+def test_an_approval_card_shows_bidi_and_invisible_characters_as_escapes(
+    cards: Server, cards_db: str, page: Page
+) -> None:
+    """JSON.stringify leaves U+202E (right-to-left override) as it is: the card read
+    `echo safe -rf ; rm` for a call whose command is `echo safe \u202e; fr- mr\u202c`. The person
+    approving must see what runs, and which run and conversation it belongs to."""
+    hostile = {"cmd": "echo safe \u202e; fr- mr\u202c", "note": "zero\u200bwidth\u2066x\u2069\ufeff\u00ad"}
+    conversation = uuid.uuid4()
+    with psycopg.connect(cards_db, autocommit=True) as db:
+        run_id = db.execute(
+            "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => '\"run it\"', "
+            "model => 'echo', user_id => 'alice', tools => %s::jsonb)",
+            (conversation, tool_defs("shell")),
+        ).fetchone()[0]
+        token = claim(db, run_id)
+        key = tool_turn(db, run_id, token, "toolu_1", "shell", hostile)
+        assert begin(db, run_id, token, key, "shell", hostile, "irreversible")[0] == "needs_approval"
+        page.goto(cards.url + "/")
+        page.fill("#token", ALICE_TOKEN)
+        page.click("#token-form button[type=submit]")
+        item = page.wait_for_selector(f"#approval-list li[data-key='{key}']")
+        shown = str(item.eval_on_selector("code", "el => el.textContent"))
+        assert shown == (
+            'shell({"cmd":"echo safe \\u202e; fr- mr\\u202c",'
+            '"note":"zero\\u200bwidth\\u2066x\\u2069\\ufeff\\u00ad"})'
+        ), shown
+        assert str(item.eval_on_selector("code", "el => getComputedStyle(el).unicodeBidi")) == "isolate"
+        origin = item.inner_text()
+        assert f"run {run_id}" in origin and f"conversation {conversation}" in origin, origin
+        assert "irreversible" in origin, origin
+
+
+@pytest.fixture(scope="module")
 def resume_db(database_url: str) -> Iterator[str]:
     yield from private_database(database_url, "runrow_http_page_resume")
 

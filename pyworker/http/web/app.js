@@ -344,6 +344,21 @@ function newConversation() {
 
 // --- approvals ----------------------------------------------------------------------------
 
+// Characters that reorder or hide text: bidi embeddings, overrides, isolates and marks, zero-width
+// and other format characters, the soft hyphen, C1 controls, line/paragraph separators and tag
+// characters. JSON.stringify leaves them as they are, so a tool call's arguments (the model's,
+// attacker-influenced) could read as something else than what runs: `echo safe \u202e; fr- mr`
+// displays as `echo safe rm -rf ;`. In an approval card they are shown as \uXXXX instead.
+const DECEPTIVE =
+  /[\u007f-\u009f\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb]|[\u{e0000}-\u{e0fff}]/gu;
+
+function visible(text) {
+  return text.replace(DECEPTIVE, (c) => {
+    const code = c.codePointAt(0).toString(16).padStart(4, "0");
+    return code.length > 4 ? `\\u{${code}}` : `\\u${code}`;
+  });
+}
+
 async function pollApprovals() {
   if (authMode === "bearer" && !token) return;
   let approvals = [];
@@ -358,7 +373,13 @@ async function pollApprovals() {
     const li = el("li");
     li.dataset.key = a.idempotency_key;
     const why = a.reason === "uncertain" ? " (started, no result: did it happen?)" : "";
-    const what = el("code", "", `${a.tool}(${JSON.stringify(a.args)})${why}`);
+    const what = el("div", "what");
+    // What the person approves, and where it comes from: the effect and the run and
+    // conversation it belongs to (a card alone could be another conversation's).
+    what.append(
+      el("code", "", `${visible(a.tool)}(${visible(JSON.stringify(a.args))})${why}`),
+      el("small", "origin", `${a.effect} · run ${a.run_id} · conversation ${a.conversation_id}`),
+    );
     const yes = el("button", "approve", a.reason === "uncertain" ? "Run it" : "Approve");
     yes.onclick = () => decide(a.idempotency_key, true);
     const no = el("button", "reject", "Reject");
