@@ -247,3 +247,16 @@ async def test_a_name_without_addresses_is_refused(monkeypatch: pytest.MonkeyPat
     with pytest.raises(ApiError) as refused:
         await webhook_targets.refuse_non_public("https://hooks.empty.example/x")
     assert (refused.value.status, refused.value.type) == (422, "webhook_url_unresolvable")
+
+
+@pytest.mark.parametrize("url", ["https://exa mple.test/", "https://a%2e127.0.0.1/", "https://host!name/"])
+def test_a_host_that_is_not_a_host_name_is_refused_not_passed_on(
+    server: Server, targets_db: str, url: str
+) -> None:
+    """A host no resolver should be asked about (httpx reads `exa mple.test` as `exa%20mple.test`)
+    is a 400 naming webhook_url, never let through unresolved to a delivery."""
+    before = _runs(targets_db)
+    refused = _enqueue(server, url)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["message"].startswith("webhook_url"), refused.text
+    assert _runs(targets_db) == before

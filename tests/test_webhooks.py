@@ -409,16 +409,17 @@ def test_the_http_api_takes_webhook_url_and_names_it_when_bad(worker_db: str, db
     for server in serve(worker_db):
         with httpx.Client(base_url=server.url, timeout=20) as client:
             conv = uuid.uuid4()
+            # A public address, as a user's webhook must be (a .test name does not resolve: 422).
             ok = client.post(
                 f"/conversations/{conv}/runs",
-                json={"content": "hi", "webhook_url": "https://hooks.example.test/runrow"},
+                json={"content": "hi", "webhook_url": "https://93.184.216.34/runrow"},
                 headers=ALICE,
             )
             assert ok.status_code == 202, ok.text
             stored = db.execute(
                 "SELECT webhook_url FROM runrow.agent_run WHERE id = %s", (uuid.UUID(ok.json()["run_id"]),)
             ).fetchone()
-            assert stored == ("https://hooks.example.test/runrow",)
+            assert stored == ("https://93.184.216.34/runrow",)
             before = db.execute("SELECT count(*) FROM runrow.agent_run").fetchone()
             for bad in ("ftp://hooks.example.test/", "https://exa mple.test/", 42, "h" * 3000):
                 r = client.post(

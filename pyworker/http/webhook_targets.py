@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import socket
 import threading
 from typing import Any
@@ -28,6 +29,9 @@ log = logging.getLogger("runrow.http")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
+# What may be looked up: letters, digits, hyphens, underscores (container names) and dots (IDNA
+# names arrive as xn-- ASCII).
+HOST_NAME = re.compile(r"[A-Za-z0-9._-]{1,253}")
 # A resolver that hangs must not hold the request: past this it is a 503 to repeat, never a
 # name let through unchecked (that would let a user pass any name by making its DNS slow).
 RESOLVE_TIMEOUT = 5.0
@@ -92,9 +96,12 @@ async def refuse_non_public(url: str) -> None:
     which no check at enqueue sees.
     """
     try:
-        host = httpx.URL(url).raw_host.decode("ascii")
+        parsed = httpx.URL(url)
+        host = parsed.raw_host.decode("ascii")
     except (httpx.InvalidURL, UnicodeError):
         return
+    if parsed.scheme not in ("http", "https"):
+        return  # enqueue_run refuses it, naming the scheme: no request is ever sent to it
     if not host:
         return
     try:
@@ -106,6 +113,9 @@ async def refuse_non_public(url: str) -> None:
         if reason is not None:
             raise _refused(f"webhook_url's host {host} is {reason}")
         return
+    if not HOST_NAME.fullmatch(host):
+        # Not a host name (a space, a percent sign): refused here, never passed on unresolved.
+        raise ApiError(400, "invalid_request", f"webhook_url's host {host!r} is not a host name")
     # Names, and the numeric spellings getaddrinfo reads as IPv4 (127.1, 0x7f.1, 2130706433).
     addresses = await _resolve(host)
     if not addresses:
