@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psycopg
@@ -68,11 +70,16 @@ def live(page_db: str) -> Iterator[Server]:
 
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
+    """A page whose every test also checks that the service's Content-Security-Policy
+    (pyworker/http/headers.py) refused nothing the chat page does."""
     context = browser.new_context(viewport={"width": 1000, "height": 700})
     p = context.new_page()
     p.set_default_timeout(20_000)
+    refused: list[str] = []
+    p.on("console", lambda msg: refused.append(msg.text) if "Content Security Policy" in msg.text else None)
     yield p
     context.close()
+    assert not refused, f"the page broke its own Content-Security-Policy: {refused}"
 
 
 def echo_back(text: str, duration: float) -> Callable[[Route], None]:
@@ -224,6 +231,40 @@ def test_approve_a_pending_tool_call(quiet: Server, quiet_db: str, page: Page) -
         ).fetchone()
         assert decided == ("approved", "alice")
         wait_until(lambda: status(db, run_id) == "queued", 10, "the approved run to be requeued")
+
+
+def test_the_page_cannot_be_framed_by_another_site(quiet: Server, browser: Browser) -> None:
+    """The audit's clickjacking: a page on another site framed the chat page at opacity 0.3
+    and a click meant for it approved a pending tool call. frame-ancestors 'none' (and
+    X-Frame-Options: DENY) make the browser refuse to show the service in any frame. The
+    framing page is a real server on another loopback port: Chromium will not frame a
+    loopback address in a page it takes for a public one (a routed, made-up origin) at all."""
+    framing = f'<iframe id="victim" src="{quiet.url}/" style="opacity:0.3"></iframe>'.encode()
+
+    class Framing(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(framing)))
+            self.end_headers()
+            self.wfile.write(framing)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    other_site = ThreadingHTTPServer(("127.0.0.1", 0), Framing)
+    threading.Thread(target=other_site.serve_forever, name="other-site", daemon=True).start()
+    context = browser.new_context()
+    try:
+        attacker = context.new_page()
+        # localhost, not 127.0.0.1: another origin, as the audit's page was.
+        attacker.goto(f"http://localhost:{other_site.server_address[1]}/", wait_until="load")
+        victim = attacker.frame_locator("#victim")
+        assert victim.locator("#approval-list").count() == 0, "the chat page rendered inside a frame"
+    finally:
+        context.close()
+        other_site.shutdown()
+        other_site.server_close()
 
 
 @pytest.fixture(scope="module")

@@ -389,7 +389,7 @@ def test_stream_of_a_finished_run_is_the_journal_and_ends_with_complete(
     stream = read_stream(client, run_id, ALICE)
     assert stream.status == 200
     assert stream.headers["content-type"].startswith("text/event-stream")
-    assert stream.headers["cache-control"] == "no-cache" and stream.headers["x-accel-buffering"] == "no"
+    assert stream.headers["cache-control"] == "no-store" and stream.headers["x-accel-buffering"] == "no"
     expected = journal(db, run_id)
     assert [(f.id, f.event, f.data) for f in stream.events] == [(s, p["type"], p) for s, p in expected]
     assert stream.events[-1].event == "complete" and stream.events[-1].data["status"] == "completed"

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.hub import Hub
@@ -24,6 +25,7 @@ from pyworker.http.auth import authenticator_for
 from pyworker.http.config import ServeConfig
 from pyworker.http.context import Services
 from pyworker.http.errors import EXCEPTION_HANDLERS
+from pyworker.http.headers import SecurityHeaders
 from pyworker.http.replica import open_replica
 from pyworker.http.sse import StreamStats
 from pyworker.worker import metrics
@@ -105,11 +107,18 @@ def create_app(config: ServeConfig) -> Starlette:
                 await replica.pool.close()
             await pool.close()
 
-    return Starlette(
+    return _Service(
         routes=[*routes_runs.routes, *routes_approvals.routes, *routes_metrics.routes, *routes_page.routes],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )
+
+
+class _Service(Starlette):
+    def build_middleware_stack(self) -> ASGIApp:
+        # Outside Starlette's ServerErrorMiddleware, which sends a 500 itself, past any
+        # middleware given to Starlette(middleware=...): a 500 carries the headers too.
+        return SecurityHeaders(super().build_middleware_stack())
 
 
 def _auth_name(config: ServeConfig) -> str:

@@ -6,12 +6,14 @@ with every API call.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
-from starlette.staticfiles import StaticFiles
+from starlette.staticfiles import PathLike, StaticFiles
+from starlette.types import Scope
 
 from pyworker.http.context import services
 
@@ -19,6 +21,19 @@ WEB = Path(__file__).resolve().parent / "web"
 
 
 HEALTH_TIMEOUT = 2.0  # seconds /healthz waits for a connection before it answers 503
+
+
+class _PageFiles(StaticFiles):
+    """The page's script and stylesheet, revalidated on every load as the page is (its ETag makes
+    that a 304): an upgrade never pairs a new page with an old script. They hold no data, so
+    they are not the API's `no-store` (pyworker/http/headers.py)."""
+
+    def file_response(
+        self, full_path: PathLike, stat_result: os.stat_result, scope: Scope, status_code: int = 200
+    ) -> Response:
+        response = super().file_response(full_path, stat_result, scope, status_code)
+        response.headers.setdefault("Cache-Control", "no-cache")
+        return response
 
 
 async def index(request: Request) -> Response:
@@ -51,5 +66,5 @@ routes = [
     Route("/", index, methods=["GET"]),
     Route("/config", page_config, methods=["GET"]),
     Route("/healthz", healthz, methods=["GET"]),
-    Mount("/static", StaticFiles(directory=WEB), name="static"),
+    Mount("/static", _PageFiles(directory=WEB), name="static"),
 ]

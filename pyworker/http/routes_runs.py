@@ -325,7 +325,7 @@ async def events(request: Request, svc: Services, user: str) -> Response:
         ) from None
     if seen_the_end:
         # The client has seen the complete: 204 tells an EventSource to stop reconnecting.
-        return Response(status_code=204, headers={"Cache-Control": "no-cache"})
+        return Response(status_code=204, headers={"Cache-Control": "no-store"})
     frames = event_frames(
         source.pool,
         svc.hub,

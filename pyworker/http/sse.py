@@ -32,7 +32,8 @@ log = logging.getLogger("runrow.http")
 
 KEEPALIVE = b": keepalive\n\n"
 RETRY_MS = 2000  # reconnect delay suggested to EventSource clients
-HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# no-store, not no-cache: the stream is one user's conversation, for no cache to keep.
+HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 
 @dataclass
