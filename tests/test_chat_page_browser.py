@@ -9,6 +9,7 @@ the page mid-stream is saved to $RUNROW_SCREENSHOT_DIR (default /tmp).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -233,38 +234,92 @@ def test_approve_a_pending_tool_call(quiet: Server, quiet_db: str, page: Page) -
         wait_until(lambda: status(db, run_id) == "queued", 10, "the approved run to be requeued")
 
 
-def test_the_page_cannot_be_framed_by_another_site(quiet: Server, browser: Browser) -> None:
-    """The audit's clickjacking: a page on another site framed the chat page at opacity 0.3
-    and a click meant for it approved a pending tool call. frame-ancestors 'none' (and
-    X-Frame-Options: DENY) make the browser refuse to show the service in any frame. The
-    framing page is a real server on another loopback port: Chromium will not frame a
-    loopback address in a page it takes for a public one (a routed, made-up origin) at all."""
-    framing = f'<iframe id="victim" src="{quiet.url}/" style="opacity:0.3"></iframe>'.encode()
+@contextlib.contextmanager
+def other_site(html: str) -> Iterator[str]:
+    """A page of another origin: served from another loopback port, at localhost (the service is
+    at 127.0.0.1). A real server: Chromium will not let a page it takes for public (a routed,
+    made-up origin) frame or fetch a loopback address at all."""
+    body = html.encode()
 
-    class Framing(BaseHTTPRequestHandler):
+    class Page(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(framing)))
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(framing)
+            self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    other_site = ThreadingHTTPServer(("127.0.0.1", 0), Framing)
-    threading.Thread(target=other_site.serve_forever, name="other-site", daemon=True).start()
+    site = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=site.serve_forever, name="other-site", daemon=True).start()
+    try:
+        yield f"http://localhost:{site.server_address[1]}/"
+    finally:
+        site.shutdown()
+        site.server_close()
+
+
+def test_the_page_cannot_be_framed_by_another_site(quiet: Server, browser: Browser) -> None:
+    """The audit's clickjacking: a page on another site framed the chat page at opacity 0.3
+    and a click meant for it approved a pending tool call. frame-ancestors 'none' (and
+    X-Frame-Options: DENY) make the browser refuse to show the service in any frame."""
     context = browser.new_context()
     try:
-        attacker = context.new_page()
-        # localhost, not 127.0.0.1: another origin, as the audit's page was.
-        attacker.goto(f"http://localhost:{other_site.server_address[1]}/", wait_until="load")
-        victim = attacker.frame_locator("#victim")
-        assert victim.locator("#approval-list").count() == 0, "the chat page rendered inside a frame"
+        with other_site(f'<iframe id="victim" src="{quiet.url}/" style="opacity:0.3"></iframe>') as url:
+            attacker = context.new_page()
+            attacker.goto(url, wait_until="load")  # the frame's load included
+            victim = attacker.frame_locator("#victim")
+            assert victim.locator("#approval-list").count() == 0, "the chat page rendered inside a frame"
     finally:
         context.close()
-        other_site.shutdown()
-        other_site.server_close()
+
+
+@pytest.fixture(scope="module")
+def dev_db(database_url: str) -> Iterator[str]:
+    yield from private_database(database_url, "runrow_http_page_dev")
+
+
+@pytest.fixture(scope="module")
+def dev(dev_db: str) -> Iterator[Server]:
+    """runrow serve --insecure-dev: no token, every caller is user dev. No worker."""
+    yield from serve(dev_db, tokens={}, insecure_dev=True)
+
+
+def test_insecure_dev_the_page_works_and_another_site_cannot_post(
+    dev: Server, dev_db: str, page: Page, browser: Browser
+) -> None:
+    """The audit's forgery: a page on another origin POSTed a prompt with fetch, mode no-cors,
+    a byte body (so no Content-Type) and got a run as user dev. Now it gets nothing (415 for the
+    missing type, 403 for its Origin), while the page's own same-origin requests go through."""
+    page.goto(dev.url + "/")
+    page.fill("#message", "hello from the page")
+    page.click("#send")
+    run_id = run_of(page)
+    page.click("#stop")  # a POST without a body
+    page.wait_for_selector(".turn:last-child .assistant.cancelled")
+    with psycopg.connect(dev_db, autocommit=True) as db:
+        assert status(db, run_id) == "cancelled"
+        conversation = uuid.uuid4()
+        forge = f"""<script>
+          fetch("{dev.url}/conversations/{conversation}/runs", {{
+            method: "POST", mode: "no-cors",
+            body: new TextEncoder().encode('{{"content": "an attacker prompt"}}'),
+          }}).finally(() => {{ document.title = "sent"; }});
+        </script>"""
+        context = browser.new_context()
+        try:
+            with other_site(forge) as url:
+                attacker = context.new_page()
+                attacker.goto(url)
+                attacker.wait_for_function("document.title === 'sent'")
+        finally:
+            context.close()
+        forged = db.execute(
+            "SELECT count(*) FROM runrow.agent_run WHERE conversation_id = %s", (conversation,)
+        ).fetchone()
+        assert forged == (0,), "another site's page enqueued a run"
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.types import ASGIApp
 
 from pyworker.db.cancel_safe_pool import CancelSafePool
@@ -27,6 +28,7 @@ from pyworker.http.context import Services
 from pyworker.http.errors import EXCEPTION_HANDLERS
 from pyworker.http.headers import SecurityHeaders
 from pyworker.http.replica import open_replica
+from pyworker.http.request_guard import RequestGuard
 from pyworker.http.sse import StreamStats
 from pyworker.worker import metrics
 
@@ -110,6 +112,8 @@ def create_app(config: ServeConfig) -> Starlette:
     return _Service(
         routes=[*routes_runs.routes, *routes_approvals.routes, *routes_metrics.routes, *routes_page.routes],
         exception_handlers=EXCEPTION_HANDLERS,
+        # Before routing, so no route reads a forged request; inside the security headers.
+        middleware=[Middleware(RequestGuard, loopback_only=config.insecure_dev)],
         lifespan=lifespan,
     )
 

@@ -18,7 +18,8 @@ from pyworker.http.errors import ApiError, not_found
 
 
 async def read_json_object(request: Request, limit: int, *, required: bool = True) -> dict[str, Any]:
-    """The body as a JSON object; 413 past `limit` bytes, 415 for a non-JSON type, 400 if malformed."""
+    """The body as a JSON object; 413 past `limit` bytes, 415 for a non-JSON type (or none, for
+    a body that is not empty), 400 if malformed."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
@@ -37,6 +38,15 @@ async def read_json_object(request: Request, limit: int, *, required: bool = Tru
         raise ApiError(
             400, "incomplete_body", "the connection closed before the request body ended"
         ) from None
+    if body and not ctype:
+        # Any page may make a browser send a body without Content-Type to any origin (fetch,
+        # mode "no-cors", a byte body): taken for JSON, it enqueued a forged run (the web
+        # audit). With the JSON type, another site's page needs a CORS preflight, never granted.
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            "the request body has no Content-Type: send it as Content-Type: application/json",
+        )
     if not body.strip():
         if required:
             raise ApiError(400, "invalid_request", "the request body must be a JSON object")
