@@ -1,10 +1,10 @@
 """Server-Sent Events over the shared tail (pyworker.db.tail): the stream is only a reader.
 
-Each journal event is one frame: `id:` its seq (the resume cursor), `event:` its type,
-`data:` its payload JSON. Every event is relayed as is, `superseded` included: the client
-drops the deltas it names (README, "The journal's events"). Quiet stretches get a
-`: keepalive` comment so proxies keep the pipe open. A client that disconnects ends its tail
-and nothing else: disconnect is not stop.
+Each journal event is one frame: `id:` its seq (the resume cursor), `event:` its type (when
+it is a plain name: EVENT_NAME), `data:` its payload JSON. Every event is relayed as is,
+`superseded` included: the client drops the deltas it names (README, "The journal's events").
+Quiet stretches get a `: keepalive` comment so proxies keep the pipe open. A client that
+disconnects ends its tail and nothing else: disconnect is not stop.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -47,11 +48,20 @@ class StreamStats:
         return sum(self.by_user.values())
 
 
+# The event types an `event:` line carries; any other is sent without one (a `message` event
+# whose data, the event object, still holds the real type). A worker journals any non-empty
+# type but the reserved ones, so `comp\r\nlete` passes append_events' check; it used to be
+# framed with its CR and LF deleted, as `event: complete`, a forged end that made clients stop
+# reading (the web audit). Deleting or replacing characters always risks making a name it is not.
+EVENT_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
 def frame(event: Event) -> bytes:
     # json.dumps escapes CR and LF inside strings, so data fits on one line.
     data = json.dumps(event.payload, ensure_ascii=False, separators=(",", ":"))
-    kind = "".join(ch for ch in event.type if ch not in "\r\n") or "message"
-    return f"id: {event.seq}\nevent: {kind}\ndata: {data}\n\n".encode()
+    if EVENT_NAME.fullmatch(event.type) is None:
+        return f"id: {event.seq}\ndata: {data}\n\n".encode()
+    return f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode()
 
 
 async def event_frames(
