@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp
 
+from pyworker.db import finite_json
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.hub import Hub
 from pyworker.db.pooling import POOLER_SAFE, accepted_kwargs
@@ -83,6 +84,7 @@ def create_app(config: ServeConfig) -> Starlette:
             min_size=config.pool_min_size,
             max_size=config.pool_max_size,
             kwargs={"autocommit": True, "application_name": "runrow-serve", **POOLER_SAFE, **limits},
+            configure=finite_json.configure,  # a number past the float range must not break JSON out
             timeout=REQUEST_POOL_TIMEOUT,
             open=False,
         )

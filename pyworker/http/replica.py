@@ -37,6 +37,7 @@ from uuid import UUID
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from pyworker.db import finite_json
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.tail import CursorPastEnd, RunNotFound, check_cursor
 from pyworker.http.config import ServeConfig
@@ -77,6 +78,7 @@ async def open_replica(config: ServeConfig, limits: dict[str, Any] | None = None
         min_size=config.pool_min_size,
         max_size=config.pool_max_size,
         kwargs={"autocommit": True, "application_name": "runrow-serve-replica", **(limits or {})},
+        configure=finite_json.configure,  # a number past the float range must not break JSON out
         timeout=CONNECT_TIMEOUT,
         open=False,
     )
