@@ -13,6 +13,7 @@ import argparse
 import getpass
 import json
 import os
+import re
 
 import psycopg
 
@@ -51,11 +52,28 @@ async def cmd_approvals(args: argparse.Namespace) -> int:
         print("nothing waits for a decision")
         return 0
     for p in pending:
-        print(f"{p.idempotency_key}  {p.reason}: {p.effect}, {REASONS.get(p.reason, p.reason)}")
-        print(f"    run {p.run_id}  tool {p.tool}  args {json.dumps(p.args, ensure_ascii=False)}")
-        print(f"    waiting since {p.waiting_since:%Y-%m-%d %H:%M:%S %Z}")
+        print("\n".join(describe(p)))
     print(f"{len(pending)} waiting. Decide with: runrow approve KEY | runrow reject KEY [--note TEXT]")
     return 0
+
+
+# What a person must see as written, not as drawn: C1 controls (0x9b is a CSI to terminals that
+# read 8-bit controls), bidi embeddings, overrides, isolates and marks, zero-width and other
+# format characters, line and paragraph separators. json.dumps escapes C0 already.
+_HIDDEN = re.compile(r"[\x80-\x9f\u00ad\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def describe(p: steps_api.PendingApproval) -> list[str]:
+    """The lines `runrow approvals` prints for one pending call. The arguments are what the
+    person decides on, and the model wrote them: `{"cmd": "echo safe \\u202e; fr- mr"}` drew as
+    `echo safe -rf ; rm`, so such characters are shown as \\uXXXX escapes (as the chat page's
+    approval card does)."""
+    args = _HIDDEN.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(p.args, ensure_ascii=False))
+    return [
+        f"{p.idempotency_key}  {p.reason}: {p.effect}, {REASONS.get(p.reason, p.reason)}",
+        f"    run {p.run_id}  tool {p.tool}  args {args}",
+        f"    waiting since {p.waiting_since:%Y-%m-%d %H:%M:%S %Z}",
+    ]
 
 
 async def _decide(args: argparse.Namespace, approved: bool) -> int:
