@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -99,3 +99,20 @@ async def accepted_kwargs(
         what,
     )
     return {key: value for key, value in kwargs.items() if key != "options"}
+
+
+async def accepted_kwargs_within(
+    targets: Sequence[tuple[str, dict[str, Any], str]],
+    *,
+    deadline: float,
+    failed: Callable[[BaseException], None] | None = None,
+) -> list[dict[str, Any]]:
+    """accepted_kwargs for each (conninfo, kwargs, what) in turn, all within one wait that ends
+    at `deadline` (time.monotonic()): a database that is not up yet is waited for once, not once
+    per kind of connection a process opens (a pool, a LISTEN, a standby's pool)."""
+    return [
+        await accepted_kwargs(
+            conninfo, kwargs, what=what, patience=max(0.0, deadline - time.monotonic()), failed=failed
+        )
+        for conninfo, kwargs, what in targets
+    ]

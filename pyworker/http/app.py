@@ -20,7 +20,7 @@ from starlette.types import ASGIApp
 from pyworker.db import finite_json
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.hub import Hub
-from pyworker.db.pooling import POOLER_SAFE, accepted_kwargs
+from pyworker.db.pooling import POOLER_SAFE, accepted_kwargs_within
 from pyworker.db.session_limits import serve_connection_kwargs
 from pyworker.http import routes_approvals, routes_metrics, routes_page, routes_runs
 from pyworker.http.auth import authenticator_for
@@ -60,25 +60,13 @@ def create_app(config: ServeConfig) -> Starlette:
         # One wait for a database that is not up yet, whoever waits: the probes, then the pool.
         deadline = time.monotonic() + START_TIMEOUT
         if config.session_limits:
-            limits = await accepted_kwargs(
-                config.database_url,
-                serve_connection_kwargs(config.database_url),
-                what="serve pool",
-                patience=START_TIMEOUT,
-            )
-            hub_limits = await accepted_kwargs(
-                listen_url,
-                serve_connection_kwargs(listen_url),
-                what="serve hub (LISTEN)",
-                patience=max(0.0, deadline - time.monotonic()),
-            )
+            targets = [(config.database_url, "serve pool"), (listen_url, "serve hub (LISTEN)")]
             if config.replica_url is not None:
-                replica_limits = await accepted_kwargs(
-                    config.replica_url,
-                    serve_connection_kwargs(config.replica_url),
-                    what="serve replica pool",
-                    patience=max(0.0, deadline - time.monotonic()),
-                )
+                targets.append((config.replica_url, "serve replica pool"))
+            limits, hub_limits, *rest = await accepted_kwargs_within(
+                [(url, serve_connection_kwargs(url), what) for url, what in targets], deadline=deadline
+            )
+            replica_limits = rest[0] if rest else {}
         pool = CancelSafePool(
             config.database_url,
             min_size=config.pool_min_size,

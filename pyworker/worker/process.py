@@ -25,7 +25,7 @@ from pyworker.db import schema
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.config import where
 from pyworker.db.hub import Hub
-from pyworker.db.pooling import POOLER_SAFE, accepted_kwargs
+from pyworker.db.pooling import POOLER_SAFE, accepted_kwargs_within
 from pyworker.db.session_limits import worker_connection_kwargs
 from pyworker.worker import metrics
 from pyworker.worker.dispatcher import Dispatcher
@@ -281,18 +281,10 @@ class Worker:
         # One wait for the database in all, whoever waits: the probes below, then the pool.
         deadline = time.monotonic() + START_TIMEOUT
         if self.session_limits:
-            limits = await accepted_kwargs(
-                self.conninfo,
-                worker_connection_kwargs(self.conninfo, self.lease_seconds),
-                what="worker pool",
-                patience=START_TIMEOUT,
-                failed=self._refused,
-            )
-            hub_limits = await accepted_kwargs(
-                self.listen_conninfo,
-                worker_connection_kwargs(self.listen_conninfo, self.lease_seconds),
-                what="worker hub (LISTEN)",
-                patience=max(0.0, deadline - time.monotonic()),
+            targets = [(self.conninfo, "worker pool"), (self.listen_conninfo, "worker hub (LISTEN)")]
+            limits, hub_limits = await accepted_kwargs_within(
+                [(url, worker_connection_kwargs(url, self.lease_seconds), what) for url, what in targets],
+                deadline=deadline,
                 failed=self._refused,
             )
         kwargs = {"autocommit": True, "application_name": "runrow-worker", **POOLER_SAFE, **limits}
