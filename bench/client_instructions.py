@@ -37,6 +37,8 @@ import argparse
 import contextlib
 import json
 import os
+import re
+import select
 import shutil
 import signal
 import subprocess
@@ -59,14 +61,25 @@ from pyworker.db.migrate import migrate
 # then) before it drains.
 PEER_CHILD = """
 import sys
+from bench.client_instructions import wait_for_go
 from bench.drain import pgqueuer_worker
 
 def ready():
     print("ready", flush=True)
-    sys.stdin.readline()
+    wait_for_go()
 
 pgqueuer_worker(sys.argv[1], int(sys.argv[2]), ready)
 """
+
+
+def wait_for_go() -> None:
+    """A line on stdin, waited for in short selects, not one blocking read: valgrind takes vgdb's
+    "instrumentation on" only while the process runs, and reaches a process blocked in a system
+    call only through ptrace, which a container without CAP_SYS_PTRACE refuses (CI's peer then
+    counted 0 instructions, and its ratio divided by zero)."""
+    while not select.select([sys.stdin], [], [], 0.05)[0]:
+        pass
+    sys.stdin.readline()
 
 
 @contextlib.contextmanager
@@ -95,10 +108,34 @@ def counted(
             proc.wait()
 
 
-def instrument(proc: Popen[bytes]) -> None:
-    done = subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"bench.client_instructions: callgrind_control failed: {done.stdout}{done.stderr}")
+def instrument(proc: Popen[bytes], timeout: float = 60.0) -> None:
+    """Instrumentation on, and confirmed on: callgrind_control exits 0 whether or not the
+    command reached the process, so its status is asked until it no longer says "switched off"
+    (the command is sent again each time, in case vgdb gave up on it)."""
+    deadline = time.monotonic() + timeout
+    said = ""
+    while time.monotonic() < deadline and proc.poll() is None:
+        said = control(proc, "-i", "on") + control(proc, "-s")
+        # "Events collected: Ir" once on; off, or vgdb locked out, it prints no event name.
+        if re.search(r"Events collected: \S", said):
+            return
+        time.sleep(0.5)
+    sys.exit(
+        f"bench.client_instructions: callgrind's instrumentation did not go on in {named(proc)} "
+        f"(vgdb could not reach it):\n{said}"
+    )
+
+
+def control(proc: Popen[bytes], *args: str) -> str:
+    """callgrind_control's output; it waits on vgdb, which waits for the process without end
+    when ptrace is refused and the process is blocked in a system call."""
+    try:
+        done = subprocess.run(
+            ["callgrind_control", *args, str(proc.pid)], capture_output=True, text=True, timeout=10
+        )
+    except subprocess.TimeoutExpired:
+        return f"callgrind_control {' '.join(args)}: no answer in 10 s\n"
+    return done.stdout + done.stderr
 
 
 def named(proc: Popen[bytes]) -> str:
@@ -123,6 +160,8 @@ def wait_for(proc: Popen[bytes], log: Path, line: str, timeout: float) -> None:
 def totals(out: Path) -> int:
     for line in out.read_text(errors="replace").splitlines():
         if line.startswith(("totals:", "summary:")):
+            if int(line.split()[1]) == 0:
+                sys.exit(f"bench.client_instructions: callgrind counted nothing in {out}")
             return int(line.split()[1])
     sys.exit(f"bench.client_instructions: no callgrind totals in {out}")
 

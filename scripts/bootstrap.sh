@@ -25,6 +25,8 @@ fi
 # (bench/instructions.py).
 if [ "${RUNROW_WITH_VALGRIND:-0}" = 1 ]; then
   command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)
+  # tests/test_bench_client_instructions.py takes the ptrace slot to show the count needs none.
+  command -v strace >/dev/null 2>&1 || need_apt+=(strace)
 fi
 # The failover tests (`make test` runs the short one, `make failover` both) need a DCS for Patroni.
 if [ "${RUNROW_WITH_HA:-0}" = 1 ]; then

@@ -10,9 +10,12 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from bench.client_instructions import instrument, totals
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,6 +50,47 @@ def test_the_worker_and_its_peer_are_counted_per_run(tmp_path: Path) -> None:
     assert figures["runrow worker/PgQueuer, 10"] == pytest.approx(worker / peer)
     for line in ("runrow worker, --concurrency 10:", "PgQueuer, batch 10:", "runrow worker/PgQueuer, 10:"):
         assert line in done.stdout, done.stdout
+
+
+# A process that says "ready", then waits for "go" on stdin as the peer's process does.
+WAITER = "from bench.client_instructions import wait_for_go\nprint('ready', flush=True)\nwait_for_go()\n"
+
+
+@needs_valgrind
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (make test installs it)")
+def test_a_waiting_process_is_counted_where_ptrace_is_refused(tmp_path: Path) -> None:
+    """CI's container refuses ptrace: vgdb could not wake the peer blocked in its read of stdin,
+    and the peer's drain counted 0 instructions. An strace holding the process's one ptrace slot
+    refuses vgdb the same way; instrumentation must still go on, and be confirmed on."""
+    out = tmp_path / "cg.out"
+    proc = subprocess.Popen(
+        [
+            *["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"],
+            *[sys.executable, "-c", WAITER],
+        ],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    tracer = None
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        tracer = subprocess.Popen(["strace", "-p", str(proc.pid), "-o", "/dev/null"], stderr=subprocess.PIPE)
+        assert tracer.stderr is not None and b"attached" in tracer.stderr.readline()
+        started = time.monotonic()
+        instrument(proc, timeout=40)
+        assert time.monotonic() - started < 40
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
+        assert proc.wait(60) == 0
+        assert totals(out) > 0
+    finally:
+        for p in (proc, tracer):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 @pytest.mark.parametrize(
