@@ -104,7 +104,7 @@ BEGIN
                 WHEN 9 THEN '.events must not be empty'
                 WHEN 10 THEN '.events is too large: at most 1000 events and 4 MiB per run'
                 WHEN 11 THEN format('.events[%s] must be an object with a non-empty string "type" that is not '
-                    'reserved ("complete" and "run_*" are written by runrow itself)',
+                    'reserved ("complete" and "run_*" are written by runrow itself) and has no control character',
                     runrow._first_bad_event(bad.el -> 'events'))
                 ELSE format('.run_id %s is already runs[%s]: each run at most once per call', bad.el -> 'run_id',
                     bad.first)

@@ -1,6 +1,11 @@
 -- The rule every journal writer applies to the events a caller appends: each an object with a
 -- non-empty string "type" that is not reserved ("complete" and "run_*" are written by runrow
--- itself). One definition for the batch writers' checks (_append_runs_input,
+-- itself) and holds no control character (C0, DEL, C1: a type is an SSE event name and a line of
+-- `runrow tail`, where a line break forges a frame and an escape rewrites a terminal). Caller
+-- events reach the journal only through these writers (no runrow role may INSERT into
+-- run_event), so the rule holds for every client; runrow's own types are constants. The journal
+-- guard does not test it again: a regular expression per row costs about 3,000 instructions, and
+-- every journal row (claims, endings) would pay it for the owner's sake alone. One definition for the batch writers' checks (_append_runs_input,
 -- _finish_runs_input); append_events keeps the rule in its own statement, which costs it no
 -- function call on every append.
 
@@ -17,7 +22,7 @@ AS $fn$
         AND NOT jsonb_path_exists(
             events,
             'lax $[*] ? (!(@.type.type() == "string") || @.type == "" || @.type == "complete"'
-            ' || @.type starts with "run_")'
+            ' || @.type starts with "run_" || @.type like_regex "[\u0001-\u001f\u007f-\u009f]")'
         )
 $fn$;
 
@@ -35,17 +40,18 @@ AS $fn$
        OR e.ev ->> 'type' = ''
        OR e.ev ->> 'type' = 'complete'
        OR e.ev ->> 'type' LIKE 'run\_%'
+       OR e.ev ->> 'type' ~ '[\u0001-\u001f\u007f-\u009f]'
 $fn$;
 
 COMMENT ON FUNCTION runrow._events_ok(jsonb) IS
 'TRUE when every element of the JSON array events is an object with a non-empty string type '
-'that is neither complete nor run_* (the journal writers'' rule for caller events). Inlined into '
-'its callers'' statements.';
+'that is neither complete nor run_* and has no control character (U+0001-U+001F, U+007F-U+009F; '
+'the journal writers'' rule for caller events). Inlined into its callers'' statements.';
 
 COMMENT ON FUNCTION runrow._first_bad_event(jsonb) IS
 'The 0-based index of the first element of the JSON array events that breaks the journal '
-'writers'' rule (an object with a non-empty string type, not complete, not run_*), NULL if '
-'none does. For error messages (events[i]).';
+'writers'' rule (an object with a non-empty string type, not complete, not run_*, without a '
+'control character), NULL if none does. For error messages (events[i]).';
 
 REVOKE ALL ON FUNCTION runrow._events_ok(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._first_bad_event(jsonb) FROM PUBLIC;

@@ -35,11 +35,12 @@ BEGIN
        OR x.ev ->> 'type' = ''
        OR x.ev ->> 'type' = 'complete'
        OR x.ev ->> 'type' LIKE 'run\_%'
+       OR x.ev ->> 'type' ~ '[\u0001-\u001f\u007f-\u009f]'
     ORDER BY x.ord
     LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'events[%] must be an object with a non-empty string "type" that is not reserved '
-            '("complete" and "run_*" are written by runrow itself)', bad.ord - 1
+            '("complete" and "run_*" are written by runrow itself) and has no control character', bad.ord - 1
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
@@ -55,8 +56,8 @@ END
 $fn$;
 
 COMMENT ON FUNCTION runrow.append_events(uuid, uuid, jsonb) IS
-'Append a JSON array of event objects (each with a string "type"; "complete" and run_* are '
-'reserved) to the run''s journal at the next seqs, all or nothing, and NOTIFY the run''s '
+'Append a JSON array of event objects (each with a non-empty string "type" without control '
+'characters; "complete" and run_* are reserved) to the run''s journal at the next seqs, all or nothing, and NOTIFY the run''s '
 'events_channel once with the last seq if a tail watches the run (watch_runs). Fenced: only while claim_token matches and the run '
 'is running, checked under the run row''s lock; otherwise nothing is written and NULL is '
 'returned. At most 1000 events and 4 MiB per call. Returns the last seq written.';

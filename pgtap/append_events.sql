@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(46);
+SELECT plan(50);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid,jsonb}'''
@@ -94,7 +94,7 @@ SELECT is(pg_temp.written(), :'before', 'and writes nothing');
 SELECT ok(runrow.append_events(:'r2', :'tok3', '[{"type": "text_delta"}]') IS NOT NULL, 'the new token appends');
 
 -- Bad input: each argument, the reason, the index of the bad event; nothing written.
-\set msg '] must be an object with a non-empty string "type" that is not reserved ("complete" and "run_*" are written by runrow itself)'
+\set msg '] must be an object with a non-empty string "type" that is not reserved ("complete" and "run_*" are written by runrow itself) and has no control character'
 SELECT pg_temp.written() AS before \gset
 SELECT throws_ok(format('SELECT runrow.append_events(NULL, %L, ''[{"type": "x"}]'')', :'tok3'), '22004',
     'run_id must not be NULL', 'run_id NULL');
@@ -128,6 +128,16 @@ SELECT throws_ok(format('SELECT runrow.append_events(%L, %L, ''[{"type": "a"}, {
     '22023', 'events[1' || :'msg', 'the reserved type complete');
 SELECT throws_ok(format('SELECT runrow.append_events(%L, %L, ''[{"type": "run_claimed"}]'')', :'r2', :'tok3'),
     '22023', 'events[0' || :'msg', 'a reserved run_* type');
+-- A control character in a type: a line break forges an SSE frame, an escape rewrites a terminal.
+SELECT throws_ok(format('SELECT runrow.append_events(%L, %L, ''[{"type": "a"}, {"type": "comp\r\nlete"}]'')', :'r2', :'tok3'),
+    '22023', 'events[1' || :'msg', 'a type with a line break');
+SELECT throws_ok(format('SELECT runrow.append_events(%L, %L, ''[{"type": "x\u001b]52;c;AA\u0007"}]'')', :'r2', :'tok3'),
+    '22023', 'events[0' || :'msg', 'a type with a terminal escape');
+SELECT throws_ok(format('SELECT runrow.append_events(%L, %L, ''[{"type": "x\u0085y"}]'')', :'r2', :'tok3'),
+    '22023', 'events[0' || :'msg', 'a type with a C1 control (NEL)');
+SELECT ok(runrow.append_events(:'r2', :'tok3', '[{"type": "tool.ü:日本-_x"}]') IS NOT NULL,
+    'a type of letters beyond ASCII and punctuation is not a control character');
+SELECT pg_temp.written() AS before \gset
 SELECT throws_ok(format('SELECT runrow.append_events(%L, %L, ''[{"type": "a"}, null]'')', :'r2', :'tok3'),
     '22023', 'events[1' || :'msg', 'a JSON null event');
 SELECT throws_ok(format('SELECT runrow.append_events(%L, %L, ''[{"type": "run_x"}]'')', :'r2', gen_random_uuid()),

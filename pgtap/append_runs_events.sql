@@ -7,7 +7,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
 \ir helpers/lifecycle.psql
-SELECT plan(41);
+SELECT plan(42);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{jsonb}'''
@@ -167,13 +167,16 @@ SELECT throws_ok(pg_temp.batch(jsonb_set(:'good2'::jsonb, '{events}',
     'runs[1].events is too large: at most 1000 events and 4 MiB per run', 'more than 1000 events for a run');
 SELECT throws_ok(pg_temp.batch(jsonb_set(:'good2'::jsonb, '{events}', '[{"type": "x"}, {"type": "x"}, {"text": "no type"}]')),
     '22023', 'runs[1].events[2] must be an object with a non-empty string "type" that is not reserved '
-    '("complete" and "run_*" are written by runrow itself)', 'an event without a type, named by its index');
+    '("complete" and "run_*" are written by runrow itself) and has no control character', 'an event without a type, named by its index');
 SELECT throws_ok(pg_temp.batch(jsonb_set(:'good2'::jsonb, '{events}', '[{"type": "complete"}]')), '22023',
     'runs[1].events[0] must be an object with a non-empty string "type" that is not reserved '
-    '("complete" and "run_*" are written by runrow itself)', 'a reserved type (complete)');
+    '("complete" and "run_*" are written by runrow itself) and has no control character', 'a reserved type (complete)');
 SELECT throws_ok(pg_temp.batch(jsonb_set(:'good2'::jsonb, '{events}', '[{"type": "run_claimed"}]')), '22023',
     'runs[1].events[0] must be an object with a non-empty string "type" that is not reserved '
-    '("complete" and "run_*" are written by runrow itself)', 'a reserved type (run_*)');
+    '("complete" and "run_*" are written by runrow itself) and has no control character', 'a reserved type (run_*)');
+SELECT throws_ok(pg_temp.batch(jsonb_set(:'good2'::jsonb, '{events}', '[{"type": "x"}, {"type": "a\nb"}]')), '22023',
+    'runs[1].events[1] must be an object with a non-empty string "type" that is not reserved '
+    '("complete" and "run_*" are written by runrow itself) and has no control character', 'a type with a line break');
 SELECT throws_ok(pg_temp.batch(jsonb_set(:'good2'::jsonb, '{run_id}', to_jsonb(upper(:'b1')))), '22023',
     format('runs[1].run_id "%s" is already runs[0]: each run at most once per call', upper(:'b1')),
     'the same run twice (whatever the case of its id)');

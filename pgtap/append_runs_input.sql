@@ -28,7 +28,7 @@ SELECT is((runrow._append_runs_input(:'runs'))[2]::text, lower(:b), 'a UUID in c
 SELECT is(runrow._append_runs_input('[]'), NULL::uuid[], 'an empty array: NULL (no rows for the caller)');
 
 \set el0 '(:''runs''::jsonb -> 0)'
-\set event_msg 'runs[0].events[%s] must be an object with a non-empty string "type" that is not reserved ("complete" and "run_*" are written by runrow itself)'
+\set event_msg 'runs[0].events[%s] must be an object with a non-empty string "type" that is not reserved ("complete" and "run_*" are written by runrow itself) and has no control character'
 SELECT throws_ok(format('SELECT runrow._append_runs_input(%L)', jsonb_build_array(
         jsonb_set(:el0, '{run_id}', '["aaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaa"]'))),
     '22023', 'runs[0].run_id must be a UUID string, got ["aaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaa"]',

@@ -18,7 +18,15 @@ INSERT INTO event_case VALUES
     ('[{"type": ""}]', 0, 'an empty type'),
     ('[{"type": "a"}, {"type": "b"}, {"type": "complete"}]', 2, 'complete'),
     ('[{"type": "a"}, {"type": "run_claimed"}]', 1, 'run_*'),
-    ('[{"type": ""}, {"text": "no type"}]', 0, 'the first of two bad events');
+    ('[{"type": ""}, {"text": "no type"}]', 0, 'the first of two bad events'),
+    ('[{"type": "a"}, {"type": "comp\r\nlete"}]', 1, 'a line break in a type'),
+    ('[{"type": "x\u0001"}]', 0, 'the lowest control character'),
+    ('[{"type": "x\u001f"}, {"type": "y"}]', 0, 'the highest C0 control'),
+    ('[{"type": "a"}, {"type": "x\u007f"}]', 1, 'DEL'),
+    ('[{"type": "\u0080"}]', 0, 'the lowest C1 control'),
+    ('[{"type": "x\u009fy"}]', 0, 'the highest C1 control'),
+    ('[{"type": "x y\u00a0\u200b\u202e:é"}]', NULL, 'space, no-break space and format characters are not controls'),
+    ('[{"type": "a", "text": "line\nbreak"}]', NULL, 'a control character in the payload is the payload''s');
 
 SELECT is(
     (SELECT string_agg(c.label, '; ') FROM event_case AS c

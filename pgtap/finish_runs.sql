@@ -8,7 +8,7 @@ BEGIN;
 \ir helpers/row_versions.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(70);
+SELECT plan(71);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{jsonb}'''
@@ -218,10 +218,13 @@ SELECT throws_ok(pg_temp.batch(:'good2'::jsonb || jsonb_build_object('events',
     'runs[1].events is too large: at most 1000 events and 4 MiB per run', 'more than 1000 events');
 SELECT throws_ok(pg_temp.batch(:'good2'::jsonb || '{"events": [{"type": "t"}, {"type": "t"}, {"type": "complete"}]}'),
     '22023', 'runs[1].events[2] must be an object with a non-empty string "type" that is not reserved '
-        '("complete" and "run_*" are written by runrow itself)', 'a reserved event type, named by its index');
+        '("complete" and "run_*" are written by runrow itself) and has no control character', 'a reserved event type, named by its index');
+SELECT throws_ok(pg_temp.batch(:'good2'::jsonb || '{"events": [{"type": "t\u009b2J"}]}'), '22023',
+    'runs[1].events[0] must be an object with a non-empty string "type" that is not reserved '
+    '("complete" and "run_*" are written by runrow itself) and has no control character', 'a type with a C1 CSI');
 SELECT throws_ok(pg_temp.batch(:'good2'::jsonb || '{"events": [{"text": "no type"}]}'), '22023',
     'runs[1].events[0] must be an object with a non-empty string "type" that is not reserved '
-        '("complete" and "run_*" are written by runrow itself)', 'an event without a type');
+        '("complete" and "run_*" are written by runrow itself) and has no control character', 'an event without a type');
 SELECT throws_ok(pg_temp.batch(:'good'::jsonb), '22023',
     format('runs[1].run_id "%s" is already runs[0]: each run at most once per call', :'b1'), 'a run twice');
 -- What only the casts after the first pass catch (36 bytes, hyphens in place, not hex) and

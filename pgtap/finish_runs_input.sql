@@ -64,7 +64,7 @@ SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)',
 -- LIKE of the UUID's shape and the cast stand for "a string, a canonical UUID"; jsonpath for
 -- the events). Inputs made to slip through such a proof are refused with the exact pass's error.
 \set el0 '(:''runs''::jsonb -> 0)'
-\set event_msg 'runs[0].events[%s] must be an object with a non-empty string "type" that is not reserved ("complete" and "run_*" are written by runrow itself)'
+\set event_msg 'runs[0].events[%s] must be an object with a non-empty string "type" that is not reserved ("complete" and "run_*" are written by runrow itself) and has no control character'
 SELECT throws_ok(format('SELECT * FROM runrow._finish_runs_input(%L)', jsonb_build_array(
         jsonb_set(:el0, '{run_id}', '["aaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaa"]'))),
     '22023', 'runs[0].run_id must be a UUID string, got ["aaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaa"]',

@@ -7734,7 +7734,7 @@ BEGIN
                 WHEN 9 THEN '.events must not be empty'
                 WHEN 10 THEN '.events is too large: at most 1000 events and 4 MiB per run'
                 WHEN 11 THEN format('.events[%s] must be an object with a non-empty string "type" that is not '
-                    'reserved ("complete" and "run_*" are written by runrow itself)',
+                    'reserved ("complete" and "run_*" are written by runrow itself) and has no control character',
                     runrow._first_bad_event(bad.el -> 'events'))
                 ELSE format('.run_id %s is already runs[%s]: each run at most once per call', bad.el -> 'run_id',
                     bad.first)
@@ -8665,7 +8665,12 @@ REVOKE ALL ON FUNCTION runrow._end_claim(uuid, uuid, text, integer, interval) FR
 -- functions/_event_rules.sql
 -- The rule every journal writer applies to the events a caller appends: each an object with a
 -- non-empty string "type" that is not reserved ("complete" and "run_*" are written by runrow
--- itself). One definition for the batch writers' checks (_append_runs_input,
+-- itself) and holds no control character (C0, DEL, C1: a type is an SSE event name and a line of
+-- `runrow tail`, where a line break forges a frame and an escape rewrites a terminal). Caller
+-- events reach the journal only through these writers (no runrow role may INSERT into
+-- run_event), so the rule holds for every client; runrow's own types are constants. The journal
+-- guard does not test it again: a regular expression per row costs about 3,000 instructions, and
+-- every journal row (claims, endings) would pay it for the owner's sake alone. One definition for the batch writers' checks (_append_runs_input,
 -- _finish_runs_input); append_events keeps the rule in its own statement, which costs it no
 -- function call on every append.
 
@@ -8682,7 +8687,7 @@ AS $fn$
         AND NOT jsonb_path_exists(
             events,
             'lax $[*] ? (!(@.type.type() == "string") || @.type == "" || @.type == "complete"'
-            ' || @.type starts with "run_")'
+            ' || @.type starts with "run_" || @.type like_regex "[\u0001-\u001f\u007f-\u009f]")'
         )
 $fn$;
 
@@ -8700,17 +8705,18 @@ AS $fn$
        OR e.ev ->> 'type' = ''
        OR e.ev ->> 'type' = 'complete'
        OR e.ev ->> 'type' LIKE 'run\_%'
+       OR e.ev ->> 'type' ~ '[\u0001-\u001f\u007f-\u009f]'
 $fn$;
 
 COMMENT ON FUNCTION runrow._events_ok(jsonb) IS
 'TRUE when every element of the JSON array events is an object with a non-empty string type '
-'that is neither complete nor run_* (the journal writers'' rule for caller events). Inlined into '
-'its callers'' statements.';
+'that is neither complete nor run_* and has no control character (U+0001-U+001F, U+007F-U+009F; '
+'the journal writers'' rule for caller events). Inlined into its callers'' statements.';
 
 COMMENT ON FUNCTION runrow._first_bad_event(jsonb) IS
 'The 0-based index of the first element of the JSON array events that breaks the journal '
-'writers'' rule (an object with a non-empty string type, not complete, not run_*), NULL if '
-'none does. For error messages (events[i]).';
+'writers'' rule (an object with a non-empty string type, not complete, not run_*, without a '
+'control character), NULL if none does. For error messages (events[i]).';
 
 REVOKE ALL ON FUNCTION runrow._events_ok(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._first_bad_event(jsonb) FROM PUBLIC;
@@ -8862,7 +8868,7 @@ BEGIN
                     jsonb_typeof(bad.el -> 'events'))
                 WHEN 13 THEN '.events is too large: at most 1000 events and 4 MiB per run'
                 WHEN 14 THEN format('.events[%s] must be an object with a non-empty string "type" that is not '
-                    'reserved ("complete" and "run_*" are written by runrow itself)',
+                    'reserved ("complete" and "run_*" are written by runrow itself) and has no control character',
                     runrow._first_bad_event(bad.el -> 'events'))
                 ELSE format('.run_id %s is already runs[%s]: each run at most once per call', bad.el -> 'run_id',
                     bad.first)
@@ -10748,11 +10754,12 @@ BEGIN
        OR x.ev ->> 'type' = ''
        OR x.ev ->> 'type' = 'complete'
        OR x.ev ->> 'type' LIKE 'run\_%'
+       OR x.ev ->> 'type' ~ '[\u0001-\u001f\u007f-\u009f]'
     ORDER BY x.ord
     LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'events[%] must be an object with a non-empty string "type" that is not reserved '
-            '("complete" and "run_*" are written by runrow itself)', bad.ord - 1
+            '("complete" and "run_*" are written by runrow itself) and has no control character', bad.ord - 1
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
@@ -10768,8 +10775,8 @@ END
 $fn$;
 
 COMMENT ON FUNCTION runrow.append_events(uuid, uuid, jsonb) IS
-'Append a JSON array of event objects (each with a string "type"; "complete" and run_* are '
-'reserved) to the run''s journal at the next seqs, all or nothing, and NOTIFY the run''s '
+'Append a JSON array of event objects (each with a non-empty string "type" without control '
+'characters; "complete" and run_* are reserved) to the run''s journal at the next seqs, all or nothing, and NOTIFY the run''s '
 'events_channel once with the last seq if a tail watches the run (watch_runs). Fenced: only while claim_token matches and the run '
 'is running, checked under the run row''s lock; otherwise nothing is written and NULL is '
 'returned. At most 1000 events and 4 MiB per call. Returns the last seq written.';

@@ -2,7 +2,8 @@
 made by deleting characters (pyworker/http/sse.py). The web audit: a worker journaled
 `{"type": "comp\\r\\nlete"}` through runrow.append_events (not literally `complete`, so the SQL
 check let it through), and the stream stripped CR and LF into `event: complete`: a forged end
-that made clients stop reading."""
+that made clients stop reading. The SQL writers now refuse a type with a control character, so
+those rows are written here as a journal written before that rule holds them."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def server(framing_db: str) -> Iterator[Server]:
     yield from serve(framing_db)
 
 
-FORGED = ["comp\r\nlete", "comp\nlete", "comp\rlete", "complete\n", "complete ", "x" * 65, "complète"]
+CONTROLLED = ["comp\r\nlete", "comp\nlete", "comp\rlete", "complete\n"]
+FORGED = [*CONTROLLED, "complete ", "x" * 65, "complète"]
 
 
 def test_a_type_with_cr_lf_is_no_forged_complete(server: Server, framing_db: str) -> None:
@@ -41,7 +43,15 @@ def test_a_type_with_cr_lf_is_no_forged_complete(server: Server, framing_db: str
         with psycopg.connect(framing_db, autocommit=True) as db:
             token = claim(db, run_id)
             forged = [{"type": kind, "status": "completed", "result": "forged"} for kind in FORGED]
-            append(db, run_id, token, [*forged, {"type": "text_delta", "text": "after"}])
+            for event in forged[: len(CONTROLLED)]:
+                with pytest.raises(psycopg.errors.InvalidParameterValue, match="no control character"):
+                    append(db, run_id, token, [event])
+                # As a journal written before the SQL writers' rule holds it (the guard numbers it).
+                db.execute(
+                    "INSERT INTO runrow.run_event (run_id, type, payload) VALUES (%s, %s, %s)",
+                    (run_id, event["type"], json.dumps(event)),
+                )
+            append(db, run_id, token, [*forged[len(CONTROLLED) :], {"type": "text_delta", "text": "after"}])
             finish(db, run_id, token)
         # The raw bytes, as an EventSource or the chat page's reader parses them (either line end).
         response = client.get(f"/runs/{run_id}/events", headers=ALICE)

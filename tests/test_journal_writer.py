@@ -748,6 +748,25 @@ async def test_events_without_a_nul_are_not_walked_for_one(pool, db, monkeypatch
     await writer.stop()
 
 
+@pytest.mark.parametrize("kind", ["comp\r\nlete", "x\x1b]0;title\x07", "x\x7f", "x\x85y", "x\x9b2J"])
+async def test_a_type_with_a_control_character_is_refused_at_emit_and_spoils_no_other_run(
+    pool, db, kind: str
+) -> None:
+    """The SQL writers refuse such a type (22023, functions/_event_rules.sql); one in a group
+    flush would fail every run's events in that call. emit refuses it, and the other run's
+    event goes out in the flush as ever."""
+    run, other = await claimed(pool, 2)
+    writer = await writer_for(pool, CLOCK_OFF)
+    journal, beside = writer.run_journal(run), writer.run_journal(other)
+    await beside.emit({"type": "text_delta", "text": "fine"})
+    with pytest.raises(ValueError, match="no control character"):
+        await journal.emit({"type": kind})
+    await writer.flush_all()
+    assert [e["type"] for e in events(db, run.run_id)][-1] == "run_claimed"
+    assert [e["type"] for e in events(db, other.run_id)][-1] == "text_delta"
+    await writer.stop()
+
+
 @pytest.mark.parametrize(
     "kind", ["complete", "run_claimed", "cancel_requested", "approval_resolved", "budget_exhausted", "", 7]
 )

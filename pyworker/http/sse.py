@@ -49,10 +49,11 @@ class StreamStats:
 
 
 # The event types an `event:` line carries; any other is sent without one (a `message` event
-# whose data, the event object, still holds the real type). A worker journals any non-empty
-# type but the reserved ones, so `comp\r\nlete` passes append_events' check; it used to be
-# framed with its CR and LF deleted, as `event: complete`, a forged end that made clients stop
-# reading (the web audit). Deleting or replacing characters always risks making a name it is not.
+# whose data, the event object, still holds the real type). `comp\r\nlete` was framed with its
+# CR and LF deleted, as `event: complete`, a forged end that made clients stop reading (the web
+# audit); the SQL writers now refuse a type with a control character, but a journal written
+# before keeps its rows, and a type may still hold spaces or a slash. Deleting or replacing
+# characters always risks making a name it is not.
 EVENT_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 

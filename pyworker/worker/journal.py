@@ -57,6 +57,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -88,6 +89,11 @@ RUNROW_EVENTS = frozenset(
     }
 )
 
+
+# A control character (C0, DEL, C1) in a type: the SQL writers refuse it with 22023
+# (functions/_event_rules.sql), and one such event in a group flush would fail every run's
+# events in that call, so emit refuses it first, as it refuses runrow's own types.
+CONTROL = re.compile("[\x01-\x1f\x7f-\x9f]")
 
 DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
 MAX_EVENTS_PER_CALL = 1000  # append_events' own limit
@@ -187,6 +193,8 @@ class RunJournal:
                 f'event must have a string "type" that is not one runrow journals itself '
                 f"(complete, run_*, {', '.join(sorted(RUNROW_EVENTS - {'complete'}))}), got {kind!r}"
             )
+        if CONTROL.search(kind):
+            raise ValueError(f'event "type" must have no control character, got {kind!r}')
         if nul.MARKER in event:
             raise ValueError(f"event key {nul.MARKER!r} is reserved (the NUL encoding, pyworker/db/nul.py)")
         if self.lost.is_set():
