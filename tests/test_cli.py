@@ -659,8 +659,26 @@ def test_a_broken_db_state_file_is_named(tmp_path: Path, state: str) -> None:
 def test_unreachable_database_says_what_to_do() -> None:
     result = runrow("postgresql://nobody@127.0.0.1:1/none?connect_timeout=2", "tail", str(uuid.uuid4()))
     assert result.returncode == 2
-    assert result.stderr.startswith("runrow: cannot connect to postgresql://nobody@127.0.0.1:1/none")
+    assert result.stderr.startswith("runrow: cannot connect to 127.0.0.1:1/none:")
     assert "DATABASE_URL" in result.stderr and "runrow db start" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "host=127.0.0.1 port=1 user=u password=SECRETPW dbname=x connect_timeout=2",
+        "postgresql://u@127.0.0.1:1/x?password=SECRETPW&connect_timeout=2",
+        "postgresql://u:SECRETPW@127.0.0.1:1/x?connect_timeout=2",
+    ],
+)
+def test_an_unreachable_database_is_named_without_its_password(url: str) -> None:
+    """The CLI's message went to scrollback, CI logs and cron mail with the password of a
+    conninfo string or of a URL's ?password= in clear (the operator audit); only user:pw@ was
+    masked. It names host:port/dbname, as the worker's and serve's log lines do."""
+    result = runrow(url, "status")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "SECRETPW" not in result.stderr + result.stdout, result.stderr
+    assert result.stderr.startswith("runrow: cannot connect to 127.0.0.1:1/x:"), result.stderr
 
 
 def test_status_prints_queue_health_fleet_limits_and_webhook_health(

@@ -23,7 +23,6 @@ from contextlib import aclosing
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, LiteralString, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -33,7 +32,7 @@ from pyworker.cli.tail_render import Renderer
 from pyworker.cli.types import env_default, int64, number, usd
 from pyworker.db import api, nul
 from pyworker.db.cancel_safe_pool import CancelSafePool
-from pyworker.db.config import database_url
+from pyworker.db.config import database_url, where
 from pyworker.db.hub import Hub
 from pyworker.db.ids import uuid7
 from pyworker.db.pooling import POOLER_SAFE
@@ -583,17 +582,9 @@ async def _connect(url: str) -> psycopg.AsyncConnection:
     except psycopg.OperationalError as exc:
         reason = first_line(exc, "unreachable").rstrip(".")
         raise CliError(
-            f"cannot connect to {_redact(url)}: {reason}. Set DATABASE_URL (or --database-url) "
+            f"cannot connect to {where(url)}: {reason}. Set DATABASE_URL (or --database-url) "
             "to a running PostgreSQL, or run `runrow db start`"
         ) from exc
-
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
 
 
 def _not_json_constant(name: str) -> Any:
