@@ -454,6 +454,8 @@ REFUSED_BEFORE_ANY_WORK: list[tuple[list[str | bytes], dict[str, str], int, str]
     (["worker", "--handler", "..x:y"], {}, 2, "give the module's absolute dotted path"),
     (["worker", "--worker-id", "w" * 201], {}, 2, "argument --worker-id: must be 1 to 200 characters"),
     (["worker"], {"RUNROW_LOG_FORMAT": "xml"}, 2, "got 'xml' (from $RUNROW_LOG_FORMAT)"),
+    (["serve", "--insecure-dev"], {"RUNROW_LOG_FORMAT": "xml"}, 2, "got 'xml' (from $RUNROW_LOG_FORMAT)"),
+    (["serve", "--log-format", "yaml"], {}, 2, "argument --log-format: must be one of text, json"),
     (["serve", "--insecure-dev"], {"RUNROW_REPLICA_URL": "x=y"}, 2, '"x" (from $RUNROW_REPLICA_URL)'),
     (["worker"], {"RUNROW_LOG_LEVEL": "loud"}, 2, "got 'loud' (from $RUNROW_LOG_LEVEL)"),
     (["enqueue", "hi", "--metadata", '{"a": NaN}'], {}, 2, "argument --metadata: not JSON this command"),

@@ -18,6 +18,7 @@ import psycopg
 from pyworker.cli.messages import first_line
 from pyworker.cli.types import (
     LOG_LEVELS,
+    add_log_format,
     conninfo,
     env_default,
     host_name,
@@ -25,7 +26,6 @@ from pyworker.cli.types import (
     name_env_defaults,
     not_utf8,
     number,
-    one_of,
     port_number,
     sdk_retries_problem,
     worker_id,
@@ -449,15 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=2.0,
         help="seconds between looks for due webhook retries (new deliveries wake it by NOTIFY)",
     )
-    p.add_argument(
-        "--log-format",
-        # A type, not choices: argparse checks a default against neither, and a string default
-        # goes through the type, so RUNROW_LOG_FORMAT=xml is refused too.
-        type=one_of("text", "json"),
-        metavar="{text,json}",
-        default=env_default("RUNROW_LOG_FORMAT", "text"),
-        help="json: one object per line with run_id, conversation_id, attempt (env RUNROW_LOG_FORMAT)",
-    )
+    add_log_format(p, "one object per line with run_id, conversation_id, attempt")
     p.add_argument(
         "--metrics-port",
         type=port_number,

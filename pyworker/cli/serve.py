@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from pyworker.cli.messages import first_line, read_text_option
-from pyworker.cli.types import conninfo, env_default, number, port_number
+from pyworker.cli.types import add_log_format, conninfo, env_default, number, port_number
 from pyworker.db import schema
 from pyworker.db.config import database_url
 from pyworker.http.auth import TokenConfigError, load_tokens_file, parse_tokens_env
@@ -145,6 +145,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help="seconds SIGTERM waits for open requests before ending them; event streams never end on "
         "their own, and their clients resume on another instance with Last-Event-ID (default %(default)s)",
     )
+    add_log_format(p, "one object per line, uvicorn's lines included")
     p.set_defaults(func=cmd_serve)
 
 
@@ -152,9 +153,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from pyworker.http.app import create_app
-    from pyworker.worker import tracing
+    from pyworker.worker import logs, tracing
     from pyworker.worker.collector import tune_collector
 
+    logs.setup(args.log_format, args.log_level)
     tracing.configure_from_env()
 
     try:
@@ -171,7 +173,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app,
         host=args.host,
         port=args.port,
-        log_level=args.log_level.lower(),
+        # uvicorn configures no logging of its own: its lines go through the handler logs.setup
+        # put on the root, in --log-format, at the root's --log-level.
+        log_config=None,
+        log_level=None,
+        # Its access line has the query string (which can carry a token), and every scrape is one.
+        access_log=False,
         proxy_headers=False,
         timeout_graceful_shutdown=args.shutdown_grace,
     )

@@ -186,6 +186,20 @@ def one_of(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def add_log_format(p: argparse.ArgumentParser, json_help: str) -> None:
+    """--log-format of a command that logs (the worker, serve): one definition, so every such
+    command takes the same values from the same variable and hands them to logs.setup."""
+    p.add_argument(
+        "--log-format",
+        # A type, not choices: argparse checks a default against neither, and a string default
+        # goes through the type, so RUNROW_LOG_FORMAT=xml is refused too.
+        type=one_of("text", "json"),
+        metavar="{text,json}",
+        default=env_default("RUNROW_LOG_FORMAT", "text"),
+        help=f"json: {json_help} (env RUNROW_LOG_FORMAT)",
+    )
+
+
 def usd(text: str) -> Decimal:
     """An amount of USD: any finite decimal (the SQL functions say what range they take)."""
     try:

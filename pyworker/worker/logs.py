@@ -1,4 +1,5 @@
-"""Logging setup: `text` for people, `json` (one object per line) for log pipelines.
+"""Logging setup: `text` for people, `json` (one object per line) for log pipelines, for the
+worker and `runrow serve` alike (uvicorn's own lines included).
 
 Every line about a run carries run_id, conversation_id and attempt: run code logs through
 `run_logger(run)`, a LoggerAdapter that puts them on the record; both formats print them.
@@ -22,6 +23,10 @@ from collections.abc import MutableMapping
 from typing import Any
 
 RUN_FIELDS = ("run_id", "conversation_id", "attempt", "worker_id")
+# uvicorn's loggers. `runrow serve` runs uvicorn with log_config=None, so nothing gives them a
+# handler of their own: setup makes sure they have none and propagate, so their lines go out
+# through runrow's handler in runrow's format (a JSON pipeline parsed none of uvicorn's).
+UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
 
 
 class RunLoggerAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -117,3 +122,7 @@ def setup(log_format: str = "text", level: str = "INFO") -> None:
     logging.logMultiprocessing = False
     logging.getLogger("yoyo").setLevel(logging.WARNING)
     logging.getLogger("psycopg.pool").setLevel(logging.WARNING)
+    for name in UVICORN_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True

@@ -1,0 +1,101 @@
+"""`runrow serve`'s log lines, from a real process.
+
+The audit: with RUNROW_LOG_FORMAT=json, serve's own lines were plain text (only the worker called
+logs.setup), uvicorn's in uvicorn's format, and every request an INFO access line with its query
+string verbatim (`?secret=abc` in the logs, every Prometheus scrape a line). Now serve takes the
+worker's --log-format / RUNROW_LOG_FORMAT, uvicorn logs through runrow's handler, and uvicorn's
+access log is off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from http_support import ALICE, TOKENS, private_database
+from worker_support import REPO
+
+SECRET = "secret=abc"
+
+
+@pytest.fixture(scope="module")
+def db(database_url: str) -> Iterator[str]:
+    yield from private_database(database_url, "runrow_serve_logs")
+
+
+def serve_and_request(db: str, tmp_path: Path, args: list[str], env: dict[str, str]) -> list[str]:
+    """Run `runrow serve --port 0 ARGS`, make the audit's requests (three scrapes, then run and
+    health reads with a secret in the query string), stop it with SIGTERM; its stderr lines."""
+    err = tmp_path / "serve.err"
+    tokens = ",".join(f"{token}={user}" for token, user in TOKENS.items())
+    with err.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pyworker", "serve", "--port", "0", *args],
+            cwd=REPO,
+            env=dict(os.environ, DATABASE_URL=db, RUNROW_TOKENS=tokens, **env),
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
+        )
+    try:
+        base = f"http://127.0.0.1:{_bound_port(proc, err)}"
+        for _ in range(3):
+            assert httpx.get(f"{base}/metrics", timeout=10).status_code == 200
+        run = httpx.get(f"{base}/runs/{uuid.uuid4()}?{SECRET}", headers=ALICE, timeout=10)
+        assert run.status_code in (400, 404), run.text
+        httpx.get(f"{base}/healthz?{SECRET}", timeout=10)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+    finally:
+        proc.kill()
+        proc.wait(20)
+    return err.read_text().splitlines()
+
+
+def _bound_port(proc: subprocess.Popen[bytes], err: Path) -> int:
+    """The port uvicorn says it listens on (--port 0), read in whatever format it is written."""
+    deadline = time.monotonic() + 30
+    while True:
+        found = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", err.read_text())
+        if found:
+            return int(found.group(1))
+        assert proc.poll() is None, f"runrow serve exited {proc.returncode}:\n{err.read_text()}"
+        assert time.monotonic() < deadline, f"runrow serve did not start in 30 s:\n{err.read_text()}"
+        time.sleep(0.05)
+
+
+def parsed(lines: list[str]) -> list[dict[str, Any]]:
+    """Every line as a JSON object: a line that is not one fails here, naming it."""
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            pytest.fail(f"not a JSON line: {line!r}")
+        assert isinstance(record, dict) and {"ts", "level", "logger", "msg"} <= record.keys(), line
+        records.append(record)
+    return records
+
+
+def test_json_from_the_environment_is_every_line_uvicorns_included_and_no_access_lines(
+    db: str, tmp_path: Path
+) -> None:
+    lines = serve_and_request(db, tmp_path, [], {"RUNROW_LOG_FORMAT": "json"})
+    records = parsed(lines)
+    said = {(r["logger"], r["msg"].split(" (")[0]) for r in records}
+    assert ("runrow.http", "runrow serve ready") in said
+    assert ("uvicorn.error", "Application startup complete.") in said
+    assert any(r["logger"] == "uvicorn.error" and r["msg"].startswith("Uvicorn running on") for r in records)
+    # No access line at the default level: a scrape every few seconds is no line at all.
+    assert not [line for line in lines if "/metrics" in line or "/runs/" in line or "/healthz" in line]
+    assert not [line for line in lines if SECRET in line]
