@@ -33,6 +33,9 @@ examples:
   RUNROW_TOKENS="$(openssl rand -hex 16)=alice" runrow serve --host 0.0.0.0
   runrow serve --insecure-dev --user-may-set webhook_url --allow-private-webhooks  # receivers on this machine
   runrow serve --tokens-file tokens.json --replica-url postgresql://app@standby/app  # streams from a standby
+  RUNROW_LOG_FORMAT=json runrow serve --tokens-file tokens.json --access-log  # one JSON object a line:
+      # {"ts": "2026-01-05T10:00:00.123", "level": "INFO", "logger": "runrow.http.access",
+      #  "msg": "10.0.0.7:50412 \\"GET /runs/RUN_ID\\" 200 3.1 ms", "http": {"method": "GET", ...}}
   runrow serve --tokens-file tokens.json --model claude-sonnet-4-5 --system-file prompt.txt \\
       --tools-module pyworker.demo.tools
 """
@@ -146,6 +149,14 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "their own, and their clients resume on another instance with Last-Event-ID (default %(default)s)",
     )
     add_log_format(p, "one object per line, uvicorn's lines included")
+    p.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log one INFO line per request when it ends (logger runrow.http.access): client, "
+        'method, path without the query string, status, duration, e.g. 10.0.0.7:50412 "GET '
+        '/runs/RUN_ID" 200 3.1 ms; with --log-format json also an "http" object. Off by default: '
+        "a Prometheus scrape is no log line",
+    )
     p.set_defaults(func=cmd_serve)
 
 
@@ -177,7 +188,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # put on the root, in --log-format, at the root's --log-level.
         log_config=None,
         log_level=None,
-        # Its access line has the query string (which can carry a token), and every scrape is one.
+        # Its access line has the query string (which can carry a token); --access-log is ours.
         access_log=False,
         proxy_headers=False,
         timeout_graceful_shutdown=args.shutdown_grace,
@@ -266,6 +277,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         user_may_set=args.user_may_set or frozenset(),
         allow_private_webhooks=args.allow_private_webhooks,
         max_streams_per_user=args.max_streams_per_user,
+        access_log=args.access_log,
     )
 
 

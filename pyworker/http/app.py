@@ -23,6 +23,7 @@ from pyworker.db.hub import Hub
 from pyworker.db.pooling import POOLER_SAFE, accepted_kwargs_within
 from pyworker.db.session_limits import serve_connection_kwargs
 from pyworker.http import routes_approvals, routes_metrics, routes_page, routes_runs
+from pyworker.http.access_log import AccessLog
 from pyworker.http.auth import authenticator_for
 from pyworker.http.config import ServeConfig
 from pyworker.http.context import Services
@@ -100,6 +101,7 @@ def create_app(config: ServeConfig) -> Starlette:
             await pool.close()
 
     return _Service(
+        access_log=config.access_log,
         routes=[*routes_runs.routes, *routes_approvals.routes, *routes_metrics.routes, *routes_page.routes],
         exception_handlers=EXCEPTION_HANDLERS,
         # Before routing, so no route reads a forged request; inside the security headers.
@@ -109,10 +111,16 @@ def create_app(config: ServeConfig) -> Starlette:
 
 
 class _Service(Starlette):
+    def __init__(self, *, access_log: bool, **kwargs: Any) -> None:
+        self._access_log = access_log
+        super().__init__(**kwargs)
+
     def build_middleware_stack(self) -> ASGIApp:
         # Outside Starlette's ServerErrorMiddleware, which sends a 500 itself, past any
         # middleware given to Starlette(middleware=...): a 500 carries the headers too.
-        return SecurityHeaders(super().build_middleware_stack())
+        app: ASGIApp = SecurityHeaders(super().build_middleware_stack())
+        # Outermost, so a line has the status the client got; absent when off, not a no-op per request.
+        return AccessLog(app) if self._access_log else app
 
 
 def _auth_name(config: ServeConfig) -> str:

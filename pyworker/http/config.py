@@ -55,3 +55,6 @@ class ServeConfig:
     allow_private_webhooks: bool = False
     # Event streams one user may hold open on this process; more is a 429 (0: no limit).
     max_streams_per_user: int = 100
+    # One line per request on the logger runrow.http.access (path only, never the query
+    # string); off, a service scraped every few seconds does not log each scrape.
+    access_log: bool = False

@@ -23,6 +23,8 @@ from collections.abc import MutableMapping
 from typing import Any
 
 RUN_FIELDS = ("run_id", "conversation_id", "attempt", "worker_id")
+# The record attribute (a dict) an HTTP access line carries; json prints it as an object.
+HTTP_FIELD = "http"
 # uvicorn's loggers. `runrow serve` runs uvicorn with log_config=None, so nothing gives them a
 # handler of their own: setup makes sure they have none and propagate, so their lines go out
 # through runrow's handler in runrow's format (a JSON pipeline parsed none of uvicorn's).
@@ -75,6 +77,11 @@ class JsonFormatter(_Formatter):
             value = getattr(record, field, None)
             if value is not None:
                 out[field] = value
+        # An access line's method, path, status, duration and client, as fields a log pipeline
+        # can filter on (`runrow serve --access-log`); one lookup, not one per field, per record.
+        http = getattr(record, HTTP_FIELD, None)
+        if http is not None:
+            out[HTTP_FIELD] = http
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)
