@@ -6,6 +6,11 @@ SDK prefers, so tests can retry after a few milliseconds).
 `error_event`: a 200 stream that sends `after_events` events, then `event: error`, then ends.
 `drop`: a 200 stream that sends `after_events` events, then closes the socket mid-body.
 `slow`: a normal answer with `delay` seconds before each streamed event.
+An account fault (`FakeModel.set_account_error`) is a `status` fault answered to every request
+until it is cleared, as the real API answers every request of a revoked key or an account out of
+credit: `invalid_api_key()` (401 authentication_error), `billing_error()` (402),
+`credit_balance_too_low()` (the API's 400 invalid_request_error for an empty balance),
+`permission_denied()` (403 permission_error).
 Without `stream: true` there is no body to cut: `drop` closes the connection before any response
 (the SDK retries that as a connection error) and `error_event` answers 529 overloaded_error.
 """
@@ -22,6 +27,7 @@ KINDS = ("status", "error_event", "drop", "slow")
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    402: "billing_error",
     403: "permission_error",
     404: "not_found_error",
     413: "request_too_large",
@@ -34,7 +40,17 @@ MESSAGES = {
     "rate_limit_error": "Number of request tokens has exceeded your per-minute rate limit",
     "overloaded_error": "Overloaded",
     "api_error": "Internal server error",
+    "authentication_error": "invalid x-api-key",
+    "billing_error": "Your credit balance is too low to access the Anthropic API.",
+    "permission_error": "Your API key does not have permission to use the specified resource.",
 }
+
+# The real API's answer to a request of an account whose prepaid credit ran out: a 400, not a
+# 402, so only its message says it is about the account.
+CREDIT_BALANCE_TOO_LOW = (
+    "Your credit balance is too low to access the Anthropic API. "
+    "Please go to Plans & Billing to upgrade or purchase credits."
+)
 
 
 @dataclass(frozen=True)
@@ -102,3 +118,19 @@ def drop_connection(after_events: int = 3) -> Fault:
 
 def slow(delay: float = 0.05) -> Fault:
     return Fault("slow", status=200, delay=delay)
+
+
+def invalid_api_key() -> Fault:
+    return status_error(401)
+
+
+def billing_error() -> Fault:
+    return status_error(402)
+
+
+def credit_balance_too_low() -> Fault:
+    return status_error(400, message=CREDIT_BALANCE_TOO_LOW)
+
+
+def permission_denied(message: str | None = None) -> Fault:
+    return status_error(403, message=message)

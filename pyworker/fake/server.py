@@ -10,6 +10,7 @@ with chunked transfer encoding, like the real API, so a connection cut mid-body 
 client as a protocol error rather than a short but well-formed stream.
 
 Control endpoints (for another process): POST /_control/faults {"faults": [fault | null, ...]},
+POST /_control/account_error {"fault": fault | null} (answered to every request until cleared),
 POST /_control/scenario {"scenario": name}, POST /_control/reset, GET /_control/requests.
 Per request, the header `x-fake-scenario: NAME` overrides the server's scenario.
 """
@@ -41,6 +42,7 @@ REASONS = {
     200: "OK",
     400: "Bad Request",
     401: "Unauthorized",
+    402: "Payment Required",
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
@@ -95,6 +97,7 @@ class _State:
     scenario_name: str
     scenario: Scenario
     faults: deque[Fault | None] = field(default_factory=deque)
+    account_error: Fault | None = None
     requests: list[RecordedRequest] = field(default_factory=list)
     served: dict[bytes, int] = field(default_factory=dict)
 
@@ -229,6 +232,16 @@ class FakeModel:
         with self._lock:
             self._state.faults.extend(faults)
 
+    def set_account_error(self, fault: Fault | None) -> None:
+        """Answer every /v1/messages request with this `status` fault until it is cleared (None):
+        what the API does while the key is revoked or the account has no credit
+        (faults.invalid_api_key(), billing_error(), credit_balance_too_low(), permission_denied()).
+        Queued faults wait behind it."""
+        if fault is not None and fault.kind != "status":
+            raise ValueError("an account error is a status fault")
+        with self._lock:
+            self._state.account_error = fault
+
     def set_scenario(self, scenario: str | Scenario) -> None:
         resolved = resolve_scenario(scenario)
         with self._lock:
@@ -238,6 +251,7 @@ class FakeModel:
     def reset(self) -> None:
         with self._lock:
             self._state.faults.clear()
+            self._state.account_error = None
             self._state.requests.clear()
             self._state.served.clear()
         self.prompt_cache.clear()
@@ -373,6 +387,8 @@ class FakeModel:
 
     def _next_fault(self) -> Fault | None:
         with self._lock:
+            if self._state.account_error is not None:
+                return self._state.account_error
             return self._state.faults.popleft() if self._state.faults else None
 
     def _turn_for(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> tuple[Any, Fault | None]:
@@ -485,6 +501,13 @@ class FakeModel:
             faults = [Fault.from_json(f) if f is not None else None for f in body.get("faults", [])]
             self.inject(*faults)
             return {"queued": len(self._state.faults)}
+        if path == "/_control/account_error":
+            fault = body.get("fault")
+            try:
+                self.set_account_error(None if fault is None else Fault.from_json(fault))
+            except (TypeError, ValueError) as exc:
+                raise wire.invalid(str(exc)) from exc
+            return {"account_error": fault}
         if path == "/_control/scenario":
             try:
                 self.set_scenario(str(body.get("scenario")))
