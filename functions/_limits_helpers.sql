@@ -207,6 +207,7 @@ DECLARE
     cw_1h bigint := least(cw, runrow._usage_tokens(_settle_usage.usage -> 'cache_creation', 'ephemeral_1h_input_tokens'));
     cost numeric := 0;
     why text;
+    bucket runrow.rate_limit;
 BEGIN
     SELECT a.granted_input_tokens INTO granted FROM runrow.agent_run AS a WHERE a.id = _settle_usage.run_id;
     SELECT m.* INTO p FROM runrow.model_price AS m
@@ -224,7 +225,10 @@ BEGIN
     RETURNING a.* INTO r;
 
     -- Only uncached input counts toward the input limit (cache writes are uncached input).
-    IF r.rate_limit_key IS NOT NULL AND (runrow._lock_bucket(r.rate_limit_key)).rate_limit_key IS NOT NULL THEN
+    IF r.rate_limit_key IS NOT NULL THEN
+        bucket := runrow._lock_bucket(r.rate_limit_key);
+    END IF;
+    IF bucket.rate_limit_key IS NOT NULL THEN
         UPDATE runrow.rate_limit AS l
         SET input_tokens_left = CASE WHEN l.input_tokens_per_minute IS NULL THEN 0
                 ELSE least(l.input_tokens_per_minute, l.input_tokens_left + coalesce(granted, 0) - inp - cw) END,
@@ -232,6 +236,9 @@ BEGIN
                 ELSE l.output_tokens_left - outp END,
             updated_at = now()
         WHERE l.rate_limit_key = r.rate_limit_key;
+        IF bucket.key_errors > 0 THEN
+            PERFORM runrow._key_answered(bucket);  -- the API answered: the key works again
+        END IF;
     END IF;
 
     PERFORM 1 FROM runrow.tenant_budget AS b WHERE b.fairness_key = r.fairness_key FOR UPDATE;
@@ -257,7 +264,42 @@ BEGIN
 END
 $fn$;
 
+-- The key answered a request (a usage settled) while it had an API key or account error
+-- (report_key_error): the streak is over. Its own block or probe hold is lifted, and so is its
+-- hold on queued runs (a claim that met the block set their not_before to its end, as
+-- set_rate_limit lifts them); the dispatchers are woken. A 429's block stays. The caller holds
+-- the key's row lock.
+CREATE OR REPLACE FUNCTION runrow._key_answered(l runrow.rate_limit)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    own boolean := l.blocked_until > now() AND l.blocked_until = l.key_error_until;
+    woken uuid;
+BEGIN
+    UPDATE runrow.rate_limit AS b
+    SET key_error = NULL, key_errors = 0, key_error_since = NULL, key_error_until = NULL,
+        key_error_block = NULL, key_probe_by = NULL,
+        blocked_until = CASE WHEN own THEN now() ELSE b.blocked_until END,
+        updated_at = now()
+    WHERE b.rate_limit_key = l.rate_limit_key;
+    IF own THEN
+        WITH lifted AS (
+            UPDATE runrow.agent_run AS q SET not_before = now(), updated_at = now()
+            WHERE q.status = 'queued' AND q.not_before = l.blocked_until
+              AND q.rate_limit_key = l.rate_limit_key
+            RETURNING q.conversation_id
+        )
+        SELECT min(lifted.conversation_id::text)::uuid INTO woken FROM lifted;
+        IF woken IS NOT NULL THEN
+            PERFORM runrow._wake_dispatchers(woken);
+        END IF;
+    END IF;
+END
+$fn$;
+
 REVOKE ALL ON FUNCTION runrow._require_positive(numeric, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._key_answered(runrow.rate_limit) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lock_bucket(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._usage_tokens(jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._budget_verdict(runrow.agent_run) FROM PUBLIC;

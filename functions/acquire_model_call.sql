@@ -74,6 +74,17 @@ BEGIN
     SET requests_left = CASE WHEN b.requests_per_minute IS NULL THEN 0 ELSE b.requests_left - 1 END,
         input_tokens_left = CASE WHEN b.input_tokens_per_minute IS NULL THEN 0
             ELSE b.input_tokens_left - need_input END,
+        -- The key's last word was an API key or account error (report_key_error) and its block
+        -- is over: this request is the one probe. The other runs of the key are held for one
+        -- more block, until the probe is answered (its usage settled ends the streak and the
+        -- hold; another key error makes the next block longer), so a fleet does not send one
+        -- request per slot into a key that is still broken every time a block ends.
+        blocked_until = CASE WHEN b.key_errors > 0
+            THEN now() + make_interval(secs => b.key_error_block::double precision) ELSE b.blocked_until END,
+        blocked_by_run = CASE WHEN b.key_errors > 0 THEN r.id ELSE b.blocked_by_run END,
+        key_error_until = CASE WHEN b.key_errors > 0
+            THEN now() + make_interval(secs => b.key_error_block::double precision) ELSE b.key_error_until END,
+        key_probe_by = CASE WHEN b.key_errors > 0 THEN r.id ELSE b.key_probe_by END,
         updated_at = now()
     WHERE b.rate_limit_key = l.rate_limit_key;
     UPDATE runrow.agent_run AS a
@@ -97,7 +108,9 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 'too few requests or uncached input tokens left for input_tokens_estimate, or output tokens in '
 'debt, gives (false, seconds until there are, rate_limited); else one request and the estimate '
 '(at most a minute''s worth of input; the rest is charged when the usage settles) are taken and '
-'(true, 0, NULL) returned. A key without a row is not limited. append_step '
+'(true, 0, NULL) returned. While the key has an API key or account error (report_key_error), '
+'the grant after its block is the one probe: the key is held for the other runs for one more '
+'block, until the probe is answered. A key without a row is not limited. append_step '
 'settles the grant with the real usage. Fenced: no row and nothing written unless claim_token '
 'holds the running run. Bad input (NULL, estimate outside 0..100000000) raises 22004/22023.';
 

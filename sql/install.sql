@@ -118,7 +118,8 @@ BEGIN
     '0070_run_stats_without_fork_copies',
     '0071_model_price_cache_write_1h',
     '0072_search_path_pg_temp_last',
-    '0073_auditor_reads_no_claim_tokens'
+    '0073_auditor_reads_no_claim_tokens',
+    '0074_key_errors'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -7565,6 +7566,105 @@ INSERT INTO runrow._yoyo_migration VALUES ('23dc9890b950a69f0515692f1fd3b3e27615
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '23dc9890b950a69f0515692f1fd3b3e27615dfa6d00370ef96632150d2ffe138', '0073_auditor_reads_no_claim_tokens', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0074_key_errors
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'ee4635fb1c1a5e96d1193b54c163184e70d99c8aad0af3ffcec5a83acae1f9ce') AS apply_ee4635fb1c1a \gset
+\if :apply_ee4635fb1c1a
+-- API key and account errors (401 authentication_error, 402 billing_error, a 403 about the key,
+-- the 400 "credit balance is too low") are about the key every run of the fleet sends, not
+-- about one run: each run failed for good on its first request, and a revoked key or an empty
+-- balance emptied the whole queue into `failed` within seconds. Such an error now blocks the
+-- run's rate_limit_key as a 429 does (report_key_error), for a wait that grows while the error
+-- persists; the run is deferred with its attempt given back.
+--
+-- The streak lives on the key's rate_limit row, under its lock:
+--   key_error        the API's message of the latest report (what an operator reads)
+--   key_errors       reports that each found the key still broken after its block: the streak
+--   key_error_since  when the streak began
+--   key_error_until  end of the streak's current block, or of the hold on the other runs while
+--                    one probe request is out (acquire_model_call grants one request after the
+--                    block and holds the key for one more block until it is answered)
+--   key_error_block  that block's length, in seconds
+--   key_probe_by     the run granted the probe; NULL while none is out
+-- The first answer the key gets (a settled usage, append_step or record_usage) ends the streak.
+
+ALTER TABLE runrow.rate_limit
+ADD COLUMN key_error text,
+ADD COLUMN key_errors integer NOT NULL DEFAULT 0,
+ADD COLUMN key_error_since timestamptz,
+ADD COLUMN key_error_until timestamptz,
+ADD COLUMN key_error_block numeric,
+ADD COLUMN key_probe_by uuid,
+ADD CONSTRAINT rate_limit_key_error_streak CHECK (
+    key_errors >= 0
+    AND (key_errors = 0) = (key_error IS NULL)
+    AND (key_error IS NULL) = (key_error_since IS NULL)
+    AND (key_error IS NULL) = (key_error_until IS NULL)
+    AND (key_error IS NULL) = (key_error_block IS NULL)
+    AND (key_error IS NULL OR length(key_error) BETWEEN 1 AND 1000)
+    AND (key_error_block IS NULL OR (key_error_block > 0 AND key_error_block <= 86400))
+    AND (key_probe_by IS NULL OR key_error IS NOT NULL)
+);
+
+COMMENT ON COLUMN runrow.rate_limit.key_error IS
+'The API''s message of the latest API key or account error reported for the key '
+'(report_key_error); NULL once the key answered again.';
+COMMENT ON COLUMN runrow.rate_limit.key_errors IS
+'How many blocks in a row the key error has lasted (each report after a block ends grows the '
+'next block); 0 when the key works.';
+
+-- The views gain the streak (columns appended: CREATE OR REPLACE keeps the existing ones).
+CREATE OR REPLACE VIEW runrow.rate_limit_blocks AS
+SELECT
+    l.rate_limit_key,
+    l.blocked_until,
+    l.blocked_until - now() AS time_left,
+    l.blocked_by_run,
+    l.blocks_reported,
+    l.key_error,
+    l.key_errors,
+    l.key_error_since
+FROM runrow.rate_limit AS l
+WHERE l.blocked_until > now();
+
+COMMENT ON VIEW runrow.rate_limit_blocks IS
+'Rate-limit keys blocked now, with the time left: a 429 (report_rate_limited) or an API key or '
+'account error (report_key_error: key_error is the API''s message, key_errors how many blocks '
+'in a row it has lasted, key_error_since when it began).';
+
+CREATE OR REPLACE VIEW runrow.rate_limits AS
+WITH e AS (
+    SELECT
+        l.*,
+        greatest(0, extract(EPOCH FROM now() - l.refilled_at)) AS secs
+    FROM runrow.rate_limit AS l
+)
+
+SELECT
+    e.rate_limit_key,
+    e.requests_per_minute,
+    e.input_tokens_per_minute,
+    e.output_tokens_per_minute,
+    least(e.requests_per_minute, e.requests_left + e.requests_per_minute * e.secs / 60) AS requests_left,
+    least(e.input_tokens_per_minute, e.input_tokens_left + e.input_tokens_per_minute * e.secs / 60) AS input_tokens_left,
+    least(e.output_tokens_per_minute, e.output_tokens_left + e.output_tokens_per_minute * e.secs / 60)
+        AS output_tokens_left,
+    CASE WHEN e.blocked_until > now() THEN e.blocked_until END AS blocked_until,
+    CASE WHEN e.blocked_until > now() THEN e.blocked_until - now() END AS block_time_left,
+    e.blocks_reported,
+    e.key_error,
+    e.key_errors
+FROM e;
+
+COMMENT ON VIEW runrow.rate_limits IS
+'Every rate-limit key: its per-minute limits, what each bucket holds now, the block in force, '
+'and an API key or account error that has not cleared (key_error, key_errors).';
+
+-- A view replaced keeps its grants; said again so this file reads whole.
+GRANT SELECT ON runrow.rate_limit_blocks, runrow.rate_limits TO runrow_auditor;
+INSERT INTO runrow._yoyo_migration VALUES ('ee4635fb1c1a5e96d1193b54c163184e70d99c8aad0af3ffcec5a83acae1f9ce', '0074_key_errors', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'ee4635fb1c1a5e96d1193b54c163184e70d99c8aad0af3ffcec5a83acae1f9ce', '0074_key_errors', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -9404,6 +9504,7 @@ DECLARE
     cw_1h bigint := least(cw, runrow._usage_tokens(_settle_usage.usage -> 'cache_creation', 'ephemeral_1h_input_tokens'));
     cost numeric := 0;
     why text;
+    bucket runrow.rate_limit;
 BEGIN
     SELECT a.granted_input_tokens INTO granted FROM runrow.agent_run AS a WHERE a.id = _settle_usage.run_id;
     SELECT m.* INTO p FROM runrow.model_price AS m
@@ -9421,7 +9522,10 @@ BEGIN
     RETURNING a.* INTO r;
 
     -- Only uncached input counts toward the input limit (cache writes are uncached input).
-    IF r.rate_limit_key IS NOT NULL AND (runrow._lock_bucket(r.rate_limit_key)).rate_limit_key IS NOT NULL THEN
+    IF r.rate_limit_key IS NOT NULL THEN
+        bucket := runrow._lock_bucket(r.rate_limit_key);
+    END IF;
+    IF bucket.rate_limit_key IS NOT NULL THEN
         UPDATE runrow.rate_limit AS l
         SET input_tokens_left = CASE WHEN l.input_tokens_per_minute IS NULL THEN 0
                 ELSE least(l.input_tokens_per_minute, l.input_tokens_left + coalesce(granted, 0) - inp - cw) END,
@@ -9429,6 +9533,9 @@ BEGIN
                 ELSE l.output_tokens_left - outp END,
             updated_at = now()
         WHERE l.rate_limit_key = r.rate_limit_key;
+        IF bucket.key_errors > 0 THEN
+            PERFORM runrow._key_answered(bucket);  -- the API answered: the key works again
+        END IF;
     END IF;
 
     PERFORM 1 FROM runrow.tenant_budget AS b WHERE b.fairness_key = r.fairness_key FOR UPDATE;
@@ -9454,7 +9561,42 @@ BEGIN
 END
 $fn$;
 
+-- The key answered a request (a usage settled) while it had an API key or account error
+-- (report_key_error): the streak is over. Its own block or probe hold is lifted, and so is its
+-- hold on queued runs (a claim that met the block set their not_before to its end, as
+-- set_rate_limit lifts them); the dispatchers are woken. A 429's block stays. The caller holds
+-- the key's row lock.
+CREATE OR REPLACE FUNCTION runrow._key_answered(l runrow.rate_limit)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    own boolean := l.blocked_until > now() AND l.blocked_until = l.key_error_until;
+    woken uuid;
+BEGIN
+    UPDATE runrow.rate_limit AS b
+    SET key_error = NULL, key_errors = 0, key_error_since = NULL, key_error_until = NULL,
+        key_error_block = NULL, key_probe_by = NULL,
+        blocked_until = CASE WHEN own THEN now() ELSE b.blocked_until END,
+        updated_at = now()
+    WHERE b.rate_limit_key = l.rate_limit_key;
+    IF own THEN
+        WITH lifted AS (
+            UPDATE runrow.agent_run AS q SET not_before = now(), updated_at = now()
+            WHERE q.status = 'queued' AND q.not_before = l.blocked_until
+              AND q.rate_limit_key = l.rate_limit_key
+            RETURNING q.conversation_id
+        )
+        SELECT min(lifted.conversation_id::text)::uuid INTO woken FROM lifted;
+        IF woken IS NOT NULL THEN
+            PERFORM runrow._wake_dispatchers(woken);
+        END IF;
+    END IF;
+END
+$fn$;
+
 REVOKE ALL ON FUNCTION runrow._require_positive(numeric, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._key_answered(runrow.rate_limit) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lock_bucket(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._usage_tokens(jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._budget_verdict(runrow.agent_run) FROM PUBLIC;
@@ -10686,6 +10828,17 @@ BEGIN
     SET requests_left = CASE WHEN b.requests_per_minute IS NULL THEN 0 ELSE b.requests_left - 1 END,
         input_tokens_left = CASE WHEN b.input_tokens_per_minute IS NULL THEN 0
             ELSE b.input_tokens_left - need_input END,
+        -- The key's last word was an API key or account error (report_key_error) and its block
+        -- is over: this request is the one probe. The other runs of the key are held for one
+        -- more block, until the probe is answered (its usage settled ends the streak and the
+        -- hold; another key error makes the next block longer), so a fleet does not send one
+        -- request per slot into a key that is still broken every time a block ends.
+        blocked_until = CASE WHEN b.key_errors > 0
+            THEN now() + make_interval(secs => b.key_error_block::double precision) ELSE b.blocked_until END,
+        blocked_by_run = CASE WHEN b.key_errors > 0 THEN r.id ELSE b.blocked_by_run END,
+        key_error_until = CASE WHEN b.key_errors > 0
+            THEN now() + make_interval(secs => b.key_error_block::double precision) ELSE b.key_error_until END,
+        key_probe_by = CASE WHEN b.key_errors > 0 THEN r.id ELSE b.key_probe_by END,
         updated_at = now()
     WHERE b.rate_limit_key = l.rate_limit_key;
     UPDATE runrow.agent_run AS a
@@ -10709,7 +10862,9 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 'too few requests or uncached input tokens left for input_tokens_estimate, or output tokens in '
 'debt, gives (false, seconds until there are, rate_limited); else one request and the estimate '
 '(at most a minute''s worth of input; the rest is charged when the usage settles) are taken and '
-'(true, 0, NULL) returned. A key without a row is not limited. append_step '
+'(true, 0, NULL) returned. While the key has an API key or account error (report_key_error), '
+'the grant after its block is the one probe: the key is held for the other runs for one more '
+'block, until the probe is answered. A key without a row is not limited. append_step '
 'settles the grant with the real usage. Fenced: no row and nothing written unless claim_token '
 'holds the running run. Bad input (NULL, estimate outside 0..100000000) raises 22004/22023.';
 
@@ -14110,6 +14265,110 @@ COMMENT ON FUNCTION runrow.release_run(uuid, uuid, text, interval) IS
 
 REVOKE ALL ON FUNCTION runrow.release_run(uuid, uuid, text, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.release_run(uuid, uuid, text, interval) TO runrow_worker;
+
+-- functions/report_key_error.sql
+CREATE OR REPLACE FUNCTION runrow.report_key_error(
+    run_id uuid,
+    claim_token uuid,
+    error text,
+    first_block_seconds numeric DEFAULT 5,
+    max_block_seconds numeric DEFAULT 300
+)
+RETURNS numeric
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow, pg_temp
+AS $fn$
+DECLARE
+    key text;
+    l runrow.rate_limit;
+    streak integer;
+    block numeric;
+    until timestamptz;
+    blocked timestamptz;
+BEGIN
+    PERFORM runrow._require_not_null(report_key_error.run_id, 'run_id');
+    PERFORM runrow._require_not_null(report_key_error.claim_token, 'claim_token');
+    PERFORM runrow._require_not_null(report_key_error.error, 'error');
+    PERFORM runrow._require_not_null(report_key_error.first_block_seconds, 'first_block_seconds');
+    PERFORM runrow._require_not_null(report_key_error.max_block_seconds, 'max_block_seconds');
+    IF btrim(report_key_error.error) = '' THEN
+        RAISE EXCEPTION 'error must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT (report_key_error.first_block_seconds >= 0.001 AND report_key_error.first_block_seconds <= 86400) THEN
+        RAISE EXCEPTION 'first_block_seconds must be from 0.001 to 86400, got %', report_key_error.first_block_seconds
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT (report_key_error.max_block_seconds >= report_key_error.first_block_seconds
+            AND report_key_error.max_block_seconds <= 86400) THEN
+        RAISE EXCEPTION 'max_block_seconds must be from first_block_seconds (%) to 86400, got %',
+            report_key_error.first_block_seconds, report_key_error.max_block_seconds
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    IF NOT runrow._hold_claim(report_key_error.run_id, report_key_error.claim_token) THEN
+        RETURN NULL;  -- fenced out: nothing written
+    END IF;
+    SELECT a.rate_limit_key INTO key FROM runrow.agent_run AS a WHERE a.id = report_key_error.run_id;
+    IF key IS NULL THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO runrow.rate_limit AS r (rate_limit_key) VALUES (key)
+    ON CONFLICT ON CONSTRAINT rate_limit_pkey DO NOTHING;
+    SELECT r.* INTO STRICT l FROM runrow.rate_limit AS r WHERE r.rate_limit_key = key FOR UPDATE;
+
+    IF l.key_errors > 0 AND l.key_probe_by IS NULL AND l.key_error_until > now() THEN
+        -- A request that was on the wire before the block was known: the block stands as it is.
+        UPDATE runrow.rate_limit AS r
+        SET key_error = left(report_key_error.error, 1000), updated_at = now()
+        WHERE r.rate_limit_key = key;
+        RETURN round(greatest(extract(EPOCH FROM greatest(l.blocked_until, l.key_error_until) - now()), 0.001), 3);
+    END IF;
+
+    -- The first error, or the probe (or a request after the block) found the key still broken:
+    -- the next block is twice the last, up to max_block_seconds. A streak whose last block
+    -- ended over an hour ago, with no answer since, is over: it starts again.
+    streak := CASE WHEN l.key_errors > 0 AND l.key_error_until > now() - interval '1 hour'
+        THEN least(l.key_errors, 1000000) + 1 ELSE 1 END;
+    block := round(least(report_key_error.max_block_seconds,
+        report_key_error.first_block_seconds * power(2::numeric, least(streak - 1, 30))), 3);
+    until := now() + make_interval(secs => block::double precision);
+    -- A longer block in force that is not this streak's own (a 429's) is never shortened.
+    blocked := CASE WHEN l.blocked_until > until AND l.blocked_until IS DISTINCT FROM l.key_error_until
+        THEN l.blocked_until ELSE until END;
+    UPDATE runrow.rate_limit AS r
+    SET blocked_until = blocked,
+        blocked_by_run = CASE WHEN blocked = until THEN report_key_error.run_id ELSE r.blocked_by_run END,
+        key_error = left(report_key_error.error, 1000),
+        key_errors = streak,
+        key_error_since = CASE WHEN streak = 1 THEN now() ELSE r.key_error_since END,
+        key_error_until = until,
+        key_error_block = block,
+        key_probe_by = NULL,
+        updated_at = now()
+    WHERE r.rate_limit_key = key;
+    RETURN round(greatest(extract(EPOCH FROM blocked - now()), 0.001), 3);
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) IS
+'A worker got an error about the API key or account (401 authentication_error, 402 '
+'billing_error, a 403 permission_error about the key, the 400 "credit balance is too low") for '
+'the run it holds: not the run''s fault, so the run''s rate_limit_key is blocked fleet-wide as '
+'for a 429, and the worker defers the run (defer_run) for the seconds returned. The first '
+'error blocks for first_block_seconds; when the block has ended and the key''s next request '
+'(the one probe acquire_model_call lets through) fails again, the block doubles, up to '
+'max_block_seconds. A report while the block is in force and no probe is out (a request sent '
+'before the block was known) keeps the block as it is. error (the API''s message, its first '
+'1000 characters kept) is shown in rate_limit_blocks. The first answer the key gets (usage '
+'settled by append_step or record_usage) ends the streak and lifts its block. A longer 429 '
+'block is never shortened. Returns the seconds until the key may be asked again. Fenced: NULL '
+'and nothing written unless claim_token holds the running run. Bad input (NULL, an empty '
+'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400) '
+'raises 22004/22023.';
+
+REVOKE ALL ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) TO runrow_worker;
 
 -- functions/report_rate_limited.sql
 CREATE OR REPLACE FUNCTION runrow.report_rate_limited(run_id uuid, claim_token uuid, retry_after_seconds numeric)

@@ -13,6 +13,13 @@ report_rate_limited).
   then ask again as above. After `MAX_429_IN_ATTEMPT` of them in one attempt the run is
   released with backoff instead.
 
+- an API key or account error (401, 402, a 403 about the key, "credit balance is too low";
+  model.is_key_error): not the run's fault. Reported (report_key_error: the key is blocked
+  fleet-wide for a wait that starts at `key_error_first_block` seconds, default 5, and doubles
+  while the key stays broken, up to `key_error_max_block`, default 300), and the run deferred
+  for that wait with its attempt given back. Logged at ERROR once per change of the error, not
+  once per run, and once more (WARNING) when the key answers again.
+
 Worker config `fleet_limits: False` turns all of this off (every worker meets the API alone;
 the benchmark's baseline).
 """
@@ -26,11 +33,14 @@ from typing import Any
 from pyworker.agent.model import TurnFailed
 from pyworker.db import limits as limits_api
 from pyworker.db.aio import wait_event
+from pyworker.worker import metrics
 from pyworker.worker.backoff import retry_in
 from pyworker.worker.handler import Outcome, RunContext
 from pyworker.worker.journal import RunLost
 
 DEFAULT_MAX_WAIT = 10.0
+KEY_ERROR_FIRST_BLOCK = 5.0
+KEY_ERROR_MAX_BLOCK = 300.0
 MAX_429_IN_ATTEMPT = 5
 MAX_ESTIMATE = 100_000_000  # acquire_model_call's range
 # The longest a cancelled run waits to pay for its cut response. A drain gives the runs it
@@ -41,6 +51,11 @@ INTERRUPTED_SETTLE_SECONDS = 2.0
 # Payments under way for cancelled runs: asyncio keeps only weak references to tasks, and a
 # caller cancelled again stops waiting for its payment, which must not be collected half-way.
 _settling: set[asyncio.Task[None]] = set()
+
+# This process's view of the API key: the key error last logged (None: the key works, as far
+# as this worker knows), and, with fleet limits off, how many in a row (the worker's own backoff).
+_key_error: str | None = None
+_key_errors_in_a_row = 0
 
 
 def enabled(ctx: RunContext) -> bool:
@@ -129,9 +144,58 @@ async def _settle_within(ctx: RunContext, usage: dict[str, Any], seconds: float)
         ctx.log.warning("a cut response's usage was not recorded: %s: %s", type(exc).__name__, exc)
 
 
+def model_answered(ctx: RunContext) -> None:
+    """The model API answered a request: if this worker last saw a key error, say it is over."""
+    global _key_error, _key_errors_in_a_row
+    if _key_error is not None:
+        ctx.log.warning("model API key works again (the key or account error has cleared)")
+        metrics.model_key_works()
+    _key_error = None
+    _key_errors_in_a_row = 0
+
+
+async def _key_error_ending(ctx: RunContext, failed: TurnFailed) -> Outcome:
+    """The key or the account is broken, not the run: block the key fleet-wide and defer the
+    run (no attempt spent). Logged at ERROR when the error is new to this worker."""
+    global _key_error, _key_errors_in_a_row
+    run = ctx.run
+    metrics.model_key_error(failed.status)
+    what = f"HTTP {failed.status}: {_api_detail(failed)}"
+    if what != _key_error:
+        ctx.log.error(
+            "model API key or account error, every run of the key waits until it is fixed "
+            "(rotate the key, top up the credit; `runrow status` shows the block): %s",
+            what,
+        )
+        _key_error = what
+    _key_errors_in_a_row += 1
+    first = float(ctx.config.get("key_error_first_block", KEY_ERROR_FIRST_BLOCK))
+    most = max(first, float(ctx.config.get("key_error_max_block", KEY_ERROR_MAX_BLOCK)))
+    wait: float | None = None
+    if enabled(ctx):
+        wait = await ctx.db(
+            lambda conn: limits_api.report_key_error(
+                conn, run.run_id, run.claim_token, str(failed), first, most
+            ),
+            "report_key_error",
+        )
+    if wait is None:  # fleet limits off (or fenced out: the defer is fenced out too)
+        wait = min(most, first * 2 ** min(_key_errors_in_a_row - 1, 30))
+    ctx.log.info("key error: run deferred for %.2fs, its attempt given back", wait)
+    return Outcome("defer", error=f"key_error: {failed}", retry_in=max(0.001, wait))
+
+
+def _api_detail(failed: TurnFailed) -> str:
+    text = str(failed)
+    head, _, rest = text.partition(f"HTTP {failed.status}: ")
+    return (rest or head).split(" (the run waits", 1)[0]
+
+
 async def after_failure(ctx: RunContext, failed: TurnFailed, rate_limited_so_far: int) -> Outcome | None:
     """None: a 429 was reported; ask again (before_request). Else the run's Outcome."""
     run = ctx.run
+    if failed.key_error:
+        return await _key_error_ending(ctx, failed)
     if failed.status == 429 and enabled(ctx) and rate_limited_so_far < MAX_429_IN_ATTEMPT:
         block = failed.retry_after or retry_in(rate_limited_so_far + 1)
         await ctx.db(

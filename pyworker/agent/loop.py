@@ -184,6 +184,7 @@ async def handle(ctx: RunContext) -> Outcome:
                 return ending
             rate_limited += 1
             continue
+        limits.model_answered(ctx)
         seq = await _commit_turn(ctx, turn)
         if seq is not None:
             known_stops[seq] = turn.stop_reason

@@ -59,9 +59,13 @@ class TurnFailed(Exception):
         request_id: str | None = None,
         status: int | None = None,
         retry_after: float | None = None,
+        key_error: bool = False,
     ):
         super().__init__(message)
         self.retryable = retryable
+        # About the API key or account, not this run (see `is_key_error`): the whole fleet's
+        # requests fail alike until an operator fixes the key or the account.
+        self.key_error = key_error
         self.request_id = request_id
         self.status = status  # the HTTP status, when the API answered with one
         self.retry_after = retry_after  # seconds, from retry-after-ms / retry-after
@@ -290,6 +294,15 @@ def _status_failure(exc: anthropic.APIStatusError) -> TurnFailed:
     status = exc.status_code
     request_id = getattr(exc, "request_id", None)
     detail = _error_message(exc)
+    if is_key_error(exc):
+        return TurnFailed(
+            f"model API key or account error: HTTP {status}: {detail} (the run waits for the key "
+            'to work: fix the API key or the account; README "API key and account errors")',
+            retryable=True,
+            request_id=request_id,
+            status=status,
+            key_error=True,
+        )
     if status in (400, 413) and ("prompt is too long" in detail or "request_too_large" in detail):
         # Every later turn of the conversation sends the same history and fails the same way
         # (the long-conversation audit): say so, and what to do, rather than "refused".
@@ -314,6 +327,36 @@ def _status_failure(exc: anthropic.APIStatusError) -> TurnFailed:
     )
 
 
+# Answers about the API key or the account every request of the fleet sends, not about one
+# run's request. 401: the key (missing, invalid, revoked, expired). 402 / billing_error: the
+# account's billing. 403 permission_error: the key or the organisation (a key without access to
+# the API, a disabled organisation), unless its message names a model: a model the organisation
+# may not use is that run's request, and fails it once, as a 404 for an unknown model does.
+# 400 invalid_request_error "Your credit balance is too low to access the Anthropic API": the
+# account, though sent as a 400. Every other 400 (the request's own content) stays the run's.
+ACCOUNT_MESSAGES = ("credit balance",)
+PaymentRequired = getattr(anthropic, "PaymentRequiredError", None)
+
+
+def is_key_error(exc: anthropic.APIStatusError) -> bool:
+    error_type, message = _error_fields(exc)
+    status = exc.status_code
+    lowered = message.lower()
+    if (
+        status == 401
+        or error_type == "authentication_error"
+        or isinstance(exc, anthropic.AuthenticationError)
+    ):
+        return True
+    if status == 402 or error_type == "billing_error":
+        return True
+    if PaymentRequired is not None and isinstance(exc, PaymentRequired):
+        return True
+    if isinstance(exc, anthropic.PermissionDeniedError) or status == 403 or error_type == "permission_error":
+        return "model" not in lowered
+    return status == 400 and any(m in lowered for m in ACCOUNT_MESSAGES)
+
+
 def retry_after_of(exc: anthropic.APIStatusError) -> float | None:
     """The wait the API asked for, in seconds (retry-after-ms, else retry-after in seconds);
     None when it gave none or one that is not a positive number (an HTTP date is ignored)."""
@@ -334,9 +377,15 @@ def retry_after_of(exc: anthropic.APIStatusError) -> float | None:
 
 
 def _error_message(exc: anthropic.APIStatusError) -> str:
+    error_type, message = _error_fields(exc)
+    return f"{error_type}: {message}" if error_type else message
+
+
+def _error_fields(exc: anthropic.APIStatusError) -> tuple[str | None, str]:
+    """The error body's `type` and `message` (type None when the body has no message)."""
     body = exc.body
     if isinstance(body, dict):
         error = body.get("error") if isinstance(body.get("error"), dict) else body
         if isinstance(error, dict) and error.get("message"):
-            return f"{error.get('type', 'error')}: {error['message']}"
-    return str(exc.message)
+            return str(error.get("type", "error")), str(error["message"])
+    return None, str(exc.message)

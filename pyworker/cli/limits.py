@@ -207,11 +207,20 @@ async def fleet_summary(conn: AsyncConnection[Any]) -> list[tuple[str, Any]]:
     return [
         (
             "rate_limit_keys_blocked",
-            _some([f"{b['rate_limit_key']} ({b['time_left']})" for b in blocks], blocked),
+            _some([_block_line(b) for b in blocks], blocked),
         ),
         ("runs_in_backoff", not_due),
         ("tenants_over_budget", _some([str(t["fairness_key"]) for t in over], over_budget)),
     ]
+
+
+def _block_line(block: dict[str, Any]) -> str:
+    """A blocked key and the time left; for an API key or account error, the API's message and
+    how many blocks in a row it has lasted: the operator's cue to fix the key or the account."""
+    line = f"{block['rate_limit_key']} ({block['time_left']}"
+    if block.get("key_error"):
+        line += f"; KEY ERROR x{block.get('key_errors')}: {block['key_error']}"
+    return line + ")"
 
 
 def _some(names: list[str], count: int) -> str | int:

@@ -13,6 +13,8 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from pyworker.db import nul
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -46,6 +48,30 @@ async def report_rate_limited(
         "SELECT runrow.report_rate_limited(run_id => %s, claim_token => %s, retry_after_seconds => %s)",
         (run_id, claim_token, Decimal(str(round(retry_after_seconds, 3)))),
     )
+
+
+async def report_key_error(
+    conn: AsyncConnection,
+    run_id: UUID,
+    claim_token: UUID,
+    error: str,
+    first_block_seconds: float,
+    max_block_seconds: float,
+) -> float | None:
+    """Seconds until the key may be asked again; None when fenced out (nothing written)."""
+    cur = await conn.execute(
+        "SELECT runrow.report_key_error(run_id => %s, claim_token => %s, error => %s, "
+        "first_block_seconds => %s, max_block_seconds => %s)",
+        (
+            run_id,
+            claim_token,
+            (nul.printable(error) or "key error")[:1000],
+            Decimal(str(round(first_block_seconds, 3))),
+            Decimal(str(round(max_block_seconds, 3))),
+        ),
+    )
+    row = await cur.fetchone()
+    return None if row is None or row[0] is None else float(row[0])
 
 
 async def record_usage(conn: AsyncConnection, run_id: UUID, claim_token: UUID, usage: dict[str, Any]) -> bool:

@@ -77,6 +77,16 @@ MODEL_THROTTLED = Counter(
     "429 (rate limited) and 529 (overloaded) answers of the model API, including those the SDK retried.",
     ["status"],
 )
+MODEL_KEY_ERRORS = Counter(
+    "runrow_model_key_errors",
+    "API key or account errors of the model API (401, 402, a 403 about the key, credit balance too "
+    "low): each blocks the key fleet-wide and defers its run.",
+    ["status"],
+)
+MODEL_KEY_BROKEN = Gauge(
+    "runrow_model_key_broken",
+    "1 while this worker's latest model answer was an API key or account error, else 0.",
+)
 TOOL_CALLS = Counter("runrow_tool_calls", "Tool calls by effect class and outcome.", ["effect", "outcome"])
 HUB_UP = Gauge("runrow_hub_up", "1 while this process's LISTEN connection is up, else 0.")
 DB_UP = Gauge("runrow_db_up", "1 if this scrape's database query succeeded, else 0.")
@@ -163,6 +173,15 @@ async def on_model_response(response: Any) -> None:
     status = getattr(response, "status_code", None)
     if status in (429, 529):
         MODEL_THROTTLED.labels(str(status)).inc()
+
+
+def model_key_error(status: int | None) -> None:
+    MODEL_KEY_ERRORS.labels(str(status)).inc()
+    MODEL_KEY_BROKEN.set(1)
+
+
+def model_key_works() -> None:
+    MODEL_KEY_BROKEN.set(0)
 
 
 def tool_call(effect: str | None, outcome: str) -> None:

@@ -1,0 +1,102 @@
+CREATE OR REPLACE FUNCTION runrow.report_key_error(
+    run_id uuid,
+    claim_token uuid,
+    error text,
+    first_block_seconds numeric DEFAULT 5,
+    max_block_seconds numeric DEFAULT 300
+)
+RETURNS numeric
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow, pg_temp
+AS $fn$
+DECLARE
+    key text;
+    l runrow.rate_limit;
+    streak integer;
+    block numeric;
+    until timestamptz;
+    blocked timestamptz;
+BEGIN
+    PERFORM runrow._require_not_null(report_key_error.run_id, 'run_id');
+    PERFORM runrow._require_not_null(report_key_error.claim_token, 'claim_token');
+    PERFORM runrow._require_not_null(report_key_error.error, 'error');
+    PERFORM runrow._require_not_null(report_key_error.first_block_seconds, 'first_block_seconds');
+    PERFORM runrow._require_not_null(report_key_error.max_block_seconds, 'max_block_seconds');
+    IF btrim(report_key_error.error) = '' THEN
+        RAISE EXCEPTION 'error must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT (report_key_error.first_block_seconds >= 0.001 AND report_key_error.first_block_seconds <= 86400) THEN
+        RAISE EXCEPTION 'first_block_seconds must be from 0.001 to 86400, got %', report_key_error.first_block_seconds
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT (report_key_error.max_block_seconds >= report_key_error.first_block_seconds
+            AND report_key_error.max_block_seconds <= 86400) THEN
+        RAISE EXCEPTION 'max_block_seconds must be from first_block_seconds (%) to 86400, got %',
+            report_key_error.first_block_seconds, report_key_error.max_block_seconds
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    IF NOT runrow._hold_claim(report_key_error.run_id, report_key_error.claim_token) THEN
+        RETURN NULL;  -- fenced out: nothing written
+    END IF;
+    SELECT a.rate_limit_key INTO key FROM runrow.agent_run AS a WHERE a.id = report_key_error.run_id;
+    IF key IS NULL THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO runrow.rate_limit AS r (rate_limit_key) VALUES (key)
+    ON CONFLICT ON CONSTRAINT rate_limit_pkey DO NOTHING;
+    SELECT r.* INTO STRICT l FROM runrow.rate_limit AS r WHERE r.rate_limit_key = key FOR UPDATE;
+
+    IF l.key_errors > 0 AND l.key_probe_by IS NULL AND l.key_error_until > now() THEN
+        -- A request that was on the wire before the block was known: the block stands as it is.
+        UPDATE runrow.rate_limit AS r
+        SET key_error = left(report_key_error.error, 1000), updated_at = now()
+        WHERE r.rate_limit_key = key;
+        RETURN round(greatest(extract(EPOCH FROM greatest(l.blocked_until, l.key_error_until) - now()), 0.001), 3);
+    END IF;
+
+    -- The first error, or the probe (or a request after the block) found the key still broken:
+    -- the next block is twice the last, up to max_block_seconds. A streak whose last block
+    -- ended over an hour ago, with no answer since, is over: it starts again.
+    streak := CASE WHEN l.key_errors > 0 AND l.key_error_until > now() - interval '1 hour'
+        THEN least(l.key_errors, 1000000) + 1 ELSE 1 END;
+    block := round(least(report_key_error.max_block_seconds,
+        report_key_error.first_block_seconds * power(2::numeric, least(streak - 1, 30))), 3);
+    until := now() + make_interval(secs => block::double precision);
+    -- A longer block in force that is not this streak's own (a 429's) is never shortened.
+    blocked := CASE WHEN l.blocked_until > until AND l.blocked_until IS DISTINCT FROM l.key_error_until
+        THEN l.blocked_until ELSE until END;
+    UPDATE runrow.rate_limit AS r
+    SET blocked_until = blocked,
+        blocked_by_run = CASE WHEN blocked = until THEN report_key_error.run_id ELSE r.blocked_by_run END,
+        key_error = left(report_key_error.error, 1000),
+        key_errors = streak,
+        key_error_since = CASE WHEN streak = 1 THEN now() ELSE r.key_error_since END,
+        key_error_until = until,
+        key_error_block = block,
+        key_probe_by = NULL,
+        updated_at = now()
+    WHERE r.rate_limit_key = key;
+    RETURN round(greatest(extract(EPOCH FROM blocked - now()), 0.001), 3);
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) IS
+'A worker got an error about the API key or account (401 authentication_error, 402 '
+'billing_error, a 403 permission_error about the key, the 400 "credit balance is too low") for '
+'the run it holds: not the run''s fault, so the run''s rate_limit_key is blocked fleet-wide as '
+'for a 429, and the worker defers the run (defer_run) for the seconds returned. The first '
+'error blocks for first_block_seconds; when the block has ended and the key''s next request '
+'(the one probe acquire_model_call lets through) fails again, the block doubles, up to '
+'max_block_seconds. A report while the block is in force and no probe is out (a request sent '
+'before the block was known) keeps the block as it is. error (the API''s message, its first '
+'1000 characters kept) is shown in rate_limit_blocks. The first answer the key gets (usage '
+'settled by append_step or record_usage) ends the streak and lifts its block. A longer 429 '
+'block is never shortened. Returns the seconds until the key may be asked again. Fenced: NULL '
+'and nothing written unless claim_token holds the running run. Bad input (NULL, an empty '
+'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400) '
+'raises 22004/22023.';
+
+REVOKE ALL ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) TO runrow_worker;

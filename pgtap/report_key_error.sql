@@ -1,0 +1,116 @@
+-- report_key_error (API key and account errors block the key fleet-wide, growing while they
+-- last), the probe acquire_model_call lets through after a block, and the end of the streak when
+-- a usage settles. Happy path, fenced out, bad input (nothing written). now() is fixed inside this
+-- transaction: time passes by moving the block into the past.
+BEGIN;
+\ir helpers/setup.psql
+\ir helpers/lifecycle.psql
+SELECT plan(30);
+SELECT pg_temp.drain_queue();
+
+CREATE FUNCTION pg_temp.keyed_run(key text) RETURNS uuid LANGUAGE plpgsql AS $$
+DECLARE run uuid;
+BEGIN
+    SELECT e.run_id INTO run FROM runrow.enqueue_run(
+        conversation_id => gen_random_uuid(), content => '"hi"', model => 'test-model', rate_limit_key => key) AS e;
+    PERFORM pg_temp.claim(run);
+    RETURN run;
+END $$;
+CREATE FUNCTION pg_temp.report(run uuid, msg text DEFAULT 'authentication_error: invalid x-api-key')
+RETURNS numeric LANGUAGE sql AS $$
+    SELECT runrow.report_key_error(run, pg_temp.token(run), msg, 5, 20)
+$$;
+CREATE FUNCTION pg_temp.acquire(run uuid) RETURNS text LANGUAGE sql AS $$
+    SELECT (a.granted, a.wait_seconds, a.reason)::text FROM runrow.acquire_model_call(run, pg_temp.token(run), 10) AS a
+$$;
+CREATE FUNCTION pg_temp.streak(key text) RETURNS text LANGUAGE sql AS $$
+    SELECT (l.key_errors, l.key_error_block::float8, l.key_probe_by IS NOT NULL,
+            extract(EPOCH FROM l.blocked_until - now()))::text
+    FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key
+$$;
+-- The block (and the key error's own end) moved into the past: its time is up.
+CREATE FUNCTION pg_temp.time_passes(key text) RETURNS void LANGUAGE sql AS $$
+    UPDATE runrow.rate_limit SET blocked_until = now() - interval '1 second',
+        key_error_until = now() - interval '1 second' WHERE rate_limit_key = key
+$$;
+
+SELECT has_function('runrow', 'report_key_error', ARRAY['uuid', 'uuid', 'text', 'numeric', 'numeric'],
+    'report_key_error exists');
+
+-- The first error blocks the key for the first block; the key had no row.
+SELECT pg_temp.keyed_run('kk') AS a \gset
+SELECT pg_temp.keyed_run('kk') AS b \gset
+SELECT pg_temp.keyed_run('kk') AS c \gset
+SELECT is(pg_temp.report(:'a'), 5.000, 'the first key error blocks for first_block_seconds');
+SELECT is(pg_temp.streak('kk'), '(1,5,f,5.000000)', 'streak 1, no probe out');
+SELECT is((SELECT (key_error, blocked_by_run::text, key_errors)::text FROM runrow.rate_limit_blocks
+    WHERE rate_limit_key = 'kk'), format('("authentication_error: invalid x-api-key",%s,1)', :'a'),
+    'rate_limit_blocks shows the key error and who reported it');
+SELECT is(pg_temp.acquire(:'b'), '(f,5.000,blocked)', 'every run of the key is held');
+-- A request that was on the wire before the block: the block stands, no growth.
+SELECT is(pg_temp.report(:'b', 'billing_error: Your credit balance is too low'), 5.000,
+    'a report during the block keeps the block');
+SELECT is(pg_temp.streak('kk'), '(1,5,f,5.000000)', 'and does not grow the streak');
+SELECT is((SELECT key_error FROM runrow.rate_limit WHERE rate_limit_key = 'kk'),
+    'billing_error: Your credit balance is too low', 'the latest message is kept');
+
+-- After the block: one probe is granted, the others held for one more block.
+SELECT pg_temp.time_passes('kk');
+SELECT is(pg_temp.acquire(:'b'), '(t,0,)', 'after the block one request (the probe) is granted');
+SELECT is(pg_temp.streak('kk'), '(1,5,t,5.000000)', 'the probe is out: the key is held a block more');
+SELECT is(pg_temp.acquire(:'c'), '(f,5.000,blocked)', 'another run is held while the probe is out');
+-- The probe fails: the block doubles, up to max_block_seconds.
+SELECT is(pg_temp.report(:'b'), 10.000, 'the probe failing doubles the block');
+SELECT is(pg_temp.streak('kk'), '(2,10,f,10.000000)', 'streak 2');
+SELECT pg_temp.time_passes('kk');
+SELECT is(pg_temp.report(:'c'), 20.000, 'a failure after the block grows it again');
+SELECT pg_temp.time_passes('kk');
+SELECT is(pg_temp.report(:'c'), 20.000, 'capped at max_block_seconds');
+SELECT is((SELECT key_errors FROM runrow.rate_limit WHERE rate_limit_key = 'kk'), 4, 'streak 4');
+
+-- A queued run the claim held to the block's end, and the probe answered: the streak is over,
+-- its hold lifted, the queued run due now.
+SELECT pg_temp.time_passes('kk');
+SELECT is(pg_temp.acquire(:'c'), '(t,0,)', 'the next probe is granted');
+SELECT e.run_id AS q FROM runrow.enqueue_run(conversation_id => gen_random_uuid(), content => '"q"',
+    model => 'test-model', rate_limit_key => 'kk') AS e \gset
+UPDATE runrow.agent_run SET not_before = (SELECT blocked_until FROM runrow.rate_limit WHERE rate_limit_key = 'kk')
+WHERE id = :'q';
+SELECT runrow.append_step(:'c', pg_temp.token(:'c'), 'model_turn',
+    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
+    'end_turn');
+SELECT is((SELECT (key_errors, key_error, key_error_since, key_error_until, key_error_block, key_probe_by,
+    blocked_until <= now())::text FROM runrow.rate_limit WHERE rate_limit_key = 'kk'), '(0,,,,,,t)',
+    'the probe answered: the streak is over and its hold lifted');
+SELECT is((SELECT not_before <= now() FROM runrow.agent_run WHERE id = :'q'), true,
+    'a queued run held to the hold''s end is due now');
+SELECT is(pg_temp.acquire(:'a'), '(t,0,)', 'the key grants again, with no probe');
+SELECT is(pg_temp.streak('kk'), '(0,,f,0.000000)', 'and holds nobody');
+SELECT is(pg_temp.report(:'a'), 5.000, 'a new error starts a new streak at the first block');
+
+-- A 429's longer block is never shortened by a key error.
+SELECT pg_temp.keyed_run('k429') AS r \gset
+SELECT runrow.report_rate_limited(:'r', pg_temp.token(:'r'), 60);
+SELECT is(pg_temp.report(:'r'), 60.000, 'a longer 429 block stands');
+
+-- Fenced out: a stale token gets NULL and writes nothing.
+SELECT pg_temp.fingerprint() || (SELECT md5(string_agg(to_jsonb(l)::text, '' ORDER BY l.rate_limit_key))
+    FROM runrow.rate_limit AS l) AS before \gset
+SELECT is(runrow.report_key_error(:'a', gen_random_uuid(), 'x'), NULL, 'a stale token: NULL');
+SELECT is(pg_temp.fingerprint() || (SELECT md5(string_agg(to_jsonb(l)::text, '' ORDER BY l.rate_limit_key))
+    FROM runrow.rate_limit AS l), :'before', 'fenced out: nothing written');
+
+-- Bad input: standard SQLSTATEs naming the argument.
+SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, NULL)', :'a', pg_temp.token(:'a')), '22004',
+    'error must not be NULL', 'a NULL error');
+SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, %L)', :'a', pg_temp.token(:'a'), '  '), '22023',
+    'error must not be empty', 'an empty error');
+SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, %L, 0)', :'a', pg_temp.token(:'a'), 'x'), '22023',
+    'first_block_seconds must be from 0.001 to 86400, got 0', 'a zero first block');
+SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, %L, 10, 5)', :'a', pg_temp.token(:'a'), 'x'),
+    '22023', 'max_block_seconds must be from first_block_seconds (10) to 86400, got 5', 'a cap under the first block');
+SELECT throws_ok(format('SELECT runrow.report_key_error(%L, NULL, %L)', :'a', 'x'), '22004',
+    'claim_token must not be NULL', 'a NULL claim_token');
+
+SELECT * FROM finish();
+ROLLBACK;

@@ -1,0 +1,141 @@
+"""API key and account errors are the fleet's problem, not the run's: the real SDK against the
+fake Messages API answering every request as the API does while a key is revoked or the
+account is out of credit (401 authentication_error, 402 billing_error, 403 permission_error
+about the key, the 400 "Your credit balance is too low"). The key is blocked fleet-wide
+(report_key_error), every run is deferred with its attempt given back, a few requests probe
+the key while it lasts, and every run completes once it works again. Errors about the run's
+own request (404 for its model, a 403 naming the model, any other 400) still fail it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from agent_support import InProcessWorker, enqueue_agent, module_conn, module_db
+from worker_support import run_row, wait_status
+
+from pyworker.cli.limits import fleet_summary
+from pyworker.fake.faults import (
+    Fault,
+    billing_error,
+    credit_balance_too_low,
+    invalid_api_key,
+    permission_denied,
+    status_error,
+)
+from pyworker.fake.server import FakeModel
+
+__all__ = ["module_conn", "module_db"]
+
+KEY = "test-key"
+TERMINAL = {"completed", "failed", "cancelled", "dead"}
+RUNS = 6
+OUTAGE_SECONDS = 4.0
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeModel]:
+    with FakeModel("text", api_key=KEY) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def worker(module_db: str, fake: FakeModel) -> Iterator[InProcessWorker]:
+    config = {
+        "anthropic_base_url": fake.base_url,
+        "anthropic_api_key": KEY,
+        # short blocks, so an outage of a few seconds sees the block grow and the key probed
+        "key_error_first_block": 0.5,
+        "key_error_max_block": 2.0,
+    }
+    with InProcessWorker(module_db, "keys", config=config, concurrency=2) as w:
+        yield w
+
+
+@pytest.fixture
+def db(module_conn: psycopg.Connection, fake: FakeModel, worker: InProcessWorker) -> psycopg.Connection:
+    fake.reset()
+    fake.set_scenario("text")
+    return module_conn
+
+
+async def _status_lines(dsn: str) -> str:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        return str(dict(await fleet_summary(conn))["rate_limit_keys_blocked"])
+
+
+def finish(db: psycopg.Connection, run: uuid.UUID, timeout: float = 30) -> dict[str, Any]:
+    wait_status(db, run, TERMINAL, timeout)
+    return run_row(db, run)
+
+
+OUTAGES = {
+    "401": invalid_api_key(),
+    "402-billing": billing_error(),
+    "400-credit-balance": credit_balance_too_low(),
+    "403-key": permission_denied(),
+}
+
+
+@pytest.mark.parametrize("fault", list(OUTAGES.values()), ids=list(OUTAGES))
+def test_an_account_error_defers_every_run_until_the_key_works(db, fake, fault: Fault, caplog) -> None:
+    caplog.set_level(logging.INFO)
+    model = f"claude-fake-key-{fault.status}-{uuid.uuid4().hex[:6]}"  # a rate_limit_key of its own
+    fake.set_account_error(fault)
+    runs = [
+        enqueue_agent(db, f"job {i}", model=model, system=None, tools=[], metadata={}, max_attempts=1)
+        for i in range(RUNS)
+    ]
+    time.sleep(OUTAGE_SECONDS)
+    rows = [run_row(db, r) for r in runs]
+    assert [r["status"] for r in rows if r["status"] in TERMINAL] == [], [r["error"] for r in rows]
+    sent = len(fake.requests)
+    # Two in flight when the first error lands (the worker's two slots), then one probe per
+    # block (0.5 s, 1 s, 2 s): not one request per run, nor one per poll.
+    assert 1 <= sent <= 6, [r.status for r in fake.requests]
+    assert all(r.status == fault.status for r in fake.requests)
+    # What an operator sees: the key blocked, and why.
+    block = db.execute(
+        "SELECT key_error, key_errors FROM runrow.rate_limit_blocks WHERE rate_limit_key = %s", [model]
+    ).fetchone()
+    assert block is not None and fault.message in block[0] and block[1] >= 2, block
+    status = asyncio.run(_status_lines(db.info.dsn))
+    assert "KEY ERROR" in status and fault.message in status and model in status, status
+
+    fake.set_account_error(None)  # the key rotated, the credit topped up
+    rows = [finish(db, r) for r in runs]
+    ended = [(r["status"], r["attempt"]) for r in rows]
+    assert ended == [("completed", 1)] * RUNS, [r["error"] for r in rows]
+    assert len(fake.requests) == sent + RUNS  # after the outage, one request per run
+    state = db.execute(
+        "SELECT key_errors, key_error FROM runrow.rate_limit WHERE rate_limit_key = %s", [model]
+    ).fetchone()
+    assert state == (0, None), "the first answer of a working key ends the streak"
+    # Loud once per change, not once per run or per request.
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "key" in r.getMessage()]
+    assert [m for lvl, m in said if lvl == logging.ERROR and fault.message in m] != []
+    assert len([m for lvl, m in said if lvl == logging.ERROR]) == 1, said
+    assert len([m for lvl, m in said if "works again" in m]) == 1, said
+
+
+RUN_ERRORS = {
+    "404-model": status_error(404, message="model: claude-nope"),
+    "403-model": permission_denied("Your organization does not have access to model claude-fake-1"),
+    "400-request": status_error(400, message="messages.0.content: Field required"),
+}
+
+
+@pytest.mark.parametrize("fault", list(RUN_ERRORS.values()), ids=list(RUN_ERRORS))
+def test_an_error_about_the_run_itself_fails_it_once(db, fake, fault: Fault) -> None:
+    fake.inject(fault)
+    run = enqueue_agent(db, "job", system=None, tools=[], metadata={}, max_attempts=3)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"], len(fake.requests)) == ("failed", 1, 1), row["error"]
+    assert fault.message in row["error"]
