@@ -27,6 +27,7 @@ import pytest
 from pyworker.fake.faults import (
     Fault,
     drop_connection,
+    end_stream,
     error_event,
     overloaded,
     rate_limited,
@@ -629,6 +630,22 @@ async def test_dropped_connection_mid_stream_async(fake: FakeModel) -> None:
             await stream.get_final_message()
     await client.close()
     assert fake.request_count == 1
+
+
+def test_a_stream_ended_cleanly_before_message_stop_raises_nothing_in_the_sdk(fake: FakeModel) -> None:
+    """What a proxy closing an SSE body gracefully does to the SDK: no error, and a final message
+    that is the snapshot so far, stop_reason None, a tool_use's input partially parsed
+    (pyworker.agent.model must see the missing message_stop itself)."""
+    fake.set_scenario(script(turn(ToolCall("get_weather", {"city": "Paris", "unit": "fahrenheit"}))))
+    fake.inject(end_stream(after_events=6))
+    with client_for(fake).messages.stream(**hello(tools=WEATHER_TOOLS)) as stream:
+        seen = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert "message_stop" not in seen and "message_delta" not in seen
+    assert final.stop_reason is None
+    [block] = final.content
+    assert block.type == "tool_use" and block.input == {"city": "Paris"}
+    assert fake.request_count == 1 and fake.requests[0].outcome == "ended_early"
 
 
 def test_dropped_connection_before_the_response_is_retried(fake: FakeModel) -> None:

@@ -41,6 +41,10 @@ How each stop_reason and failure ends (status / result / error):
 |                                                 | failed (max_attempts 1) or dead                       |
 | `error` event mid-stream (APIStatusError 200)   | released with backoff, as above                      |
 | connection dropped mid-stream                   | released with backoff, as above                      |
+| stream ended cleanly before message_stop        | released with backoff, as above: the partial snapshot |
+|                                                 | is never committed (a tool input may be cut)         |
+| a committed turn without stop_reason (an older  | failed, its tool calls never run (_ending)           |
+| worker committed such a partial snapshot)       |                                                      |
 | other 4xx (400 invalid signature, 401, 404 ...) | failed, error "model API refused the request: ..."   |
 | the database refuses the run's own data (a NUL  | failed at once, never released for another paid     |
 | in a tool's input: tool_effect.args is jsonb)   | attempt (pyworker/worker/failures.py)               |
@@ -124,8 +128,14 @@ async def handle(ctx: RunContext) -> Outcome:
                 known_stops[turn_seq] = await ctx.db(
                     lambda conn, seq=turn_seq: stop_reason_of(conn, run.run_id, seq), "get_step"
                 )
-            if known_stops[turn_seq] not in ("tool_use", None):
+            if known_stops[turn_seq] != "tool_use":
                 # e.g. max_tokens cut a tool_use short: its input may be incomplete; never run it.
+                # None too: only a turn whose stream ended before message_stop was ever committed
+                # without a stop_reason (by a worker before that was a retryable failure; or a
+                # step written before migration 0007 kept it), and its tool_use input may be
+                # cut anywhere: running it is what must never happen. Nor can the model be asked
+                # again past it (the step log is append-only and every rebuild sends it back),
+                # so the run ends, failed once, saying so (_ending).
                 return _ending(known_stops[turn_seq], history.final_text(), None)
             try:
                 finished = await run_tool_calls(
@@ -269,7 +279,13 @@ def _ending(stop_reason: str | None, text: str, message: dict[str, Any] | None) 
             f"window; {TOO_LONG_REMEDY}",
         )
     if stop_reason is None:
-        return Outcome("failed", result=result, error="the last model turn has no recorded stop_reason")
+        return Outcome(
+            "failed",
+            result=result,
+            error="the last model turn has no recorded stop_reason: its response may be incomplete (a "
+            "stream that ended before message_stop), so its tool calls were not run; `runrow retry` "
+            "asks the model again from the person's message",
+        )
     if stop_reason == "pause_turn":
         # Reached only for a paused turn without content: the API refuses an empty assistant
         # message, so nothing can be sent back for it to continue. Sending the same request

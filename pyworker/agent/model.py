@@ -234,11 +234,15 @@ async def _consume_stream(
 ) -> ModelTurn:
     request_id: str | None = None
     started = False  # the response's headers are in: a failure from here on is mid-response
+    stopped = False  # message_stop arrived: the response is whole
     try:
         async with client.messages.stream(**params) as stream:
             started = True
             request_id = stream.request_id
             async for event in stream:
+                if event.type == "message_stop":
+                    stopped = True
+                    continue
                 if event.type == "message_start":
                     received.started(event.message.usage)
                     continue
@@ -267,6 +271,13 @@ async def _consume_stream(
         raise TurnFailed(f"model API unreachable: {exc}", retryable=True, request_id=request_id) from exc
     except _http.TransportError as exc:  # a connection cut mid-stream; the SDK does not retry it
         raise _broken_mid_response(exc, request_id) from exc
+    if not stopped or final.stop_reason is None:
+        # A body that ends cleanly before message_stop (a proxy or load balancer closing the SSE
+        # response) raises nothing in the SDK: get_final_message returns the snapshot so far,
+        # stop_reason None, a tool_use's input as far as it got. Committed, it failed the run for
+        # good, and a resume ran the tool with that half input. It is a transient failure of this
+        # call, like a dropped connection: nothing stored, the usage paid, the call made again.
+        raise _ended_early(request_id)
     message = final.to_dict(mode="json")
     return ModelTurn(
         message=message,
@@ -279,6 +290,11 @@ async def _consume_stream(
 
 def _broken_mid_response(exc: BaseException, request_id: str | None) -> TurnFailed:
     message = f"model stream broken mid-response: {type(exc).__name__}: {exc}"
+    return TurnFailed(message, retryable=True, request_id=request_id)
+
+
+def _ended_early(request_id: str | None) -> TurnFailed:
+    message = "model stream ended before message_stop: the response is incomplete (not stored)"
     return TurnFailed(message, retryable=True, request_id=request_id)
 
 

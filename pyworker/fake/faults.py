@@ -5,14 +5,17 @@ with `retry-after` (whole seconds, rounded up, as the real API sends) and `retry
 SDK prefers, so tests can retry after a few milliseconds).
 `error_event`: a 200 stream that sends `after_events` events, then `event: error`, then ends.
 `drop`: a 200 stream that sends `after_events` events, then closes the socket mid-body.
+`end`: a 200 stream that sends `after_events` events, then ends the body cleanly (the chunked
+encoding's last chunk) with no `message_stop`: what a proxy or load balancer that closes an SSE
+response gracefully produces. The SDK raises nothing; its final message is a partial snapshot.
 `slow`: a normal answer with `delay` seconds before each streamed event.
 An account fault (`FakeModel.set_account_error`) is a `status` fault answered to every request
 until it is cleared, as the real API answers every request of a revoked key or an account out of
 credit: `invalid_api_key()` (401 authentication_error), `billing_error()` (402),
 `credit_balance_too_low()` (the API's 400 invalid_request_error for an empty balance),
 `permission_denied()` (403 permission_error).
-Without `stream: true` there is no body to cut: `drop` closes the connection before any response
-(the SDK retries that as a connection error) and `error_event` answers 529 overloaded_error.
+Without `stream: true` there is no body to cut: `drop` and `end` close the connection before any
+response (the SDK retries that as a connection error) and `error_event` answers 529 overloaded_error.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-KINDS = ("status", "error_event", "drop", "slow")
+KINDS = ("status", "error_event", "drop", "end", "slow")
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -114,6 +117,10 @@ def error_event(
 
 def drop_connection(after_events: int = 3) -> Fault:
     return Fault("drop", status=200, after_events=after_events)
+
+
+def end_stream(after_events: int = 3) -> Fault:
+    return Fault("end", status=200, after_events=after_events)
 
 
 def slow(delay: float = 0.05) -> Fault:

@@ -65,7 +65,7 @@ class RecordedRequest:
     body: Any
     request_id: str
     status: int = 0
-    outcome: str = ""  # ok, error, error_event, dropped, client_closed
+    outcome: str = ""  # ok, error, error_event, dropped, ended_early, client_closed
     fault: Fault | None = None
     response: dict[str, Any] | None = None
 
@@ -436,7 +436,7 @@ class FakeModel:
         message = wire.message_json(message_id, body["model"], content, turn, usage, cut)
         record.response = message
         if not body.get("stream"):
-            if fault is not None and fault.kind == "drop":
+            if fault is not None and fault.kind in ("drop", "end"):
                 self._finish(record, 0, "dropped")
                 return False
             if fault is not None and fault.kind == "error_event":
@@ -462,7 +462,9 @@ class FakeModel:
         }
         writer.write(_head(200, record.request_id, headers))
         delay = fault.delay if fault is not None and fault.kind == "slow" else self.delta_delay
-        cut = fault.after_events if fault is not None and fault.kind in ("error_event", "drop") else None
+        cut = (
+            fault.after_events if fault is not None and fault.kind in ("error_event", "drop", "end") else None
+        )
         try:
             for sent, (event, data) in enumerate(wire.stream_events(message, self.chunk_size)):
                 if cut is not None and sent >= cut:
@@ -480,6 +482,8 @@ class FakeModel:
                 error["request_id"] = record.request_id
                 writer.write(_chunk(wire.sse("error", error)))
                 outcome = "error_event"
+            elif fault is not None and fault.kind == "end":
+                outcome = "ended_early"  # the last chunk below, as if the answer were whole
             self._finish(record, 200, outcome)
             writer.write(b"0\r\n\r\n")
             await writer.drain()
