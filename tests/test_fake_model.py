@@ -648,6 +648,61 @@ def test_a_stream_ended_cleanly_before_message_stop_raises_nothing_in_the_sdk(fa
     assert fake.request_count == 1 and fake.requests[0].outcome == "ended_early"
 
 
+def test_a_forcing_tool_choice_makes_the_answer_a_tool_call(fake: FakeModel) -> None:
+    """As the API: `any` / `tool` prefill the answer so that it is a tool call (the named one),
+    with no text before it, whatever the model would have said; `auto` leaves it to the model."""
+    fake.set_scenario(script(turn(Text("It is sunny."))))
+    client = client_for(fake)
+    forced = client.messages.create(**hello(tools=WEATHER_TOOLS, tool_choice={"type": "any"}))
+    assert forced.stop_reason == "tool_use" and [b.type for b in forced.content] == ["tool_use"]
+    assert forced.content[0].name == "get_weather"
+    named = client.messages.create(
+        **hello(tools=WEATHER_TOOLS, tool_choice={"type": "tool", "name": "get_time"})
+    )
+    assert named.stop_reason == "tool_use" and [b.name for b in named.content] == ["get_time"]
+    free = client.messages.create(**hello(tools=WEATHER_TOOLS, tool_choice={"type": "auto"}))
+    assert free.stop_reason == "end_turn" and [b.type for b in free.content] == ["text"]
+
+
+def test_tool_choice_without_parallel_calls_and_none(fake: FakeModel) -> None:
+    both = turn(Text("Checking."), ToolCall("get_weather", {}), ToolCall("get_time", {}))
+    fake.set_scenario(script(both))
+    client = client_for(fake)
+    one = client.messages.create(
+        **hello(tools=WEATHER_TOOLS, tool_choice={"type": "auto", "disable_parallel_tool_use": True})
+    )
+    assert [b.type for b in one.content] == ["text", "tool_use"] and one.stop_reason == "tool_use"
+    forced = client.messages.create(
+        **hello(tools=WEATHER_TOOLS, tool_choice={"type": "any", "disable_parallel_tool_use": True})
+    )
+    assert [b.name for b in forced.content] == ["get_weather"]
+    none = client.messages.create(**hello(tools=WEATHER_TOOLS, tool_choice={"type": "none"}))
+    assert [b.type for b in none.content] == ["text"] and none.stop_reason == "end_turn"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"tool_choice": {"type": "any"}}, "tool_choice may only be specified while providing tools"),
+        ({"tools": WEATHER_TOOLS, "tool_choice": {"type": "sometimes"}}, "tool_choice: Input tag"),
+        ({"tools": WEATHER_TOOLS, "tool_choice": {"type": "tool", "name": "x"}}, "Tool 'x' not found"),
+        (
+            {
+                "tools": WEATHER_TOOLS,
+                "tool_choice": {"type": "any"},
+                "thinking": THINKING,
+                "max_tokens": 2048,
+            },
+            "Thinking may not be enabled when tool_choice forces tool use.",
+        ),
+    ],
+    ids=["no-tools", "bad-type", "unknown-tool", "with-thinking"],
+)
+def test_a_tool_choice_the_api_refuses(fake: FakeModel, extra: dict[str, Any], message: str) -> None:
+    with pytest.raises(anthropic.BadRequestError, match=message):
+        client_for(fake).messages.create(**hello(**extra))
+
+
 def test_dropped_connection_before_the_response_is_retried(fake: FakeModel) -> None:
     fake.inject(drop_connection())
     assert client_for(fake).messages.create(**hello()).stop_reason == "end_turn"

@@ -12,6 +12,7 @@ tool definition or earlier block does not.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import hmac
 import itertools
@@ -172,6 +173,7 @@ def validate(
     _validate_system(body.get("system"))
     _validate_tools(body.get("tools"))
     _validate_thinking(body.get("thinking"), max_tokens)
+    _validate_tool_choice(body)
     messages = body.get("messages")
     if messages is None:
         raise invalid("messages: Field required")
@@ -250,6 +252,91 @@ def _validate_thinking(thinking: Any, max_tokens: int) -> None:
             raise invalid("thinking.enabled.budget_tokens: Input should be greater than or equal to 1024")
         if max_tokens <= budget:
             raise invalid("`max_tokens` must be greater than `thinking.budget_tokens`.")
+
+
+TOOL_CHOICES = ("auto", "any", "tool", "none")
+FORCING_TOOL_CHOICES = ("any", "tool")
+
+
+def _validate_tool_choice(body: Mapping[str, Any]) -> None:
+    choice = body.get("tool_choice")
+    if choice is None:
+        return
+    if not isinstance(choice, dict) or choice.get("type") not in TOOL_CHOICES:
+        raise invalid(
+            "tool_choice: Input tag found using 'type' does not match any of the expected tags: "
+            "'auto', 'any', 'tool', 'none'"
+        )
+    if not body.get("tools"):
+        raise invalid("tool_choice may only be specified while providing tools")
+    parallel = choice.get("disable_parallel_tool_use")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise invalid(
+            f"tool_choice.{choice['type']}.disable_parallel_tool_use: Input should be a valid boolean"
+        )
+    if choice["type"] == "tool":
+        name = choice.get("name")
+        if not isinstance(name, str):
+            raise invalid("tool_choice.tool.name: Field required")
+        if name not in tool_names(body):
+            raise invalid(f"tool_choice.tool.name: Tool '{name}' not found in tools")
+    if choice["type"] in FORCING_TOOL_CHOICES and thinking_enabled(body):
+        raise invalid("Thinking may not be enabled when tool_choice forces tool use.")
+
+
+def tool_names(body: Mapping[str, Any]) -> list[str]:
+    return [
+        t["name"] for t in body.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)
+    ]
+
+
+def honour_tool_choice(turn: Turn, body: Mapping[str, Any]) -> Turn:
+    """The scenario's turn as the request's tool_choice lets the model answer. `any` / `tool`: the
+    API prefills the answer so that it is a tool call (of the named tool), with no text before
+    it, whatever the model would have said; one is made up (its required fields blank) when the
+    scenario calls none. `none`: no tool call. `disable_parallel_tool_use`: at most one."""
+    choice = body.get("tool_choice")
+    if not isinstance(choice, Mapping):
+        return turn
+    blocks = list(turn.blocks)
+    stop_reason = turn.stop_reason
+    kind = choice.get("type")
+    if kind in FORCING_TOOL_CHOICES:
+        allowed = [choice["name"]] if kind == "tool" else tool_names(body)
+        calls: list[Any] = [b for b in blocks if isinstance(b, ToolCall) and b.name in allowed]
+        if not calls and allowed:
+            calls = [ToolCall(allowed[0], _blank_input(body, allowed[0]))]
+        blocks = calls
+        if stop_reason in (None, "end_turn", "stop_sequence"):
+            stop_reason = None  # resolved: tool_use
+    elif kind == "none":
+        blocks = [b for b in blocks if not isinstance(b, ToolCall)] or [Text("")]
+        if stop_reason == "tool_use":
+            stop_reason = None  # resolved: end_turn
+    if choice.get("disable_parallel_tool_use") and kind != "none":
+        first = next((i for i, b in enumerate(blocks) if isinstance(b, ToolCall)), None)
+        blocks = [b for i, b in enumerate(blocks) if not isinstance(b, ToolCall) or i == first]
+    return dataclasses.replace(turn, blocks=tuple(blocks), stop_reason=stop_reason)
+
+
+_BLANKS: dict[str, Any] = {
+    "string": "",
+    "integer": 0,
+    "number": 0,
+    "boolean": False,
+    "array": [],
+    "object": {},
+}
+
+
+def _blank_input(body: Mapping[str, Any], name: str) -> dict[str, Any]:
+    tool = next(t for t in body.get("tools") or [] if isinstance(t, dict) and t.get("name") == name)
+    schema = tool.get("input_schema") or {}
+    properties = schema.get("properties") or {}
+    return {
+        field: _BLANKS.get(str((properties.get(field) or {}).get("type")), "")
+        for field in schema.get("required") or []
+    }
 
 
 def thinking_enabled(body: Mapping[str, Any]) -> bool:

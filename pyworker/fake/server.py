@@ -396,7 +396,9 @@ class FakeModel:
         with self._lock:
             scenario = resolve_scenario(override) if override else self._state.scenario
         try:
-            turn = scenario(ModelRequest(body=body, step=conversation_step(body["messages"])))
+            turn = wire.honour_tool_choice(
+                scenario(ModelRequest(body=body, step=conversation_step(body["messages"]))), body
+            )
         except wire.ApiError:
             raise
         except Exception as exc:
