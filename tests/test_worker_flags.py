@@ -35,6 +35,8 @@ REFUSED = [
     ("--trim-after", "-1", "0 to 876000"),
     ("--pool-size", "0", "1 to 1000"),
     ("--pool-size", "1001", "1 to 1000"),
+    ("--max-model-calls", "0", "1 to 100000"),
+    ("--max-model-calls", "1.5", "1 to 100000"),
 ]
 
 
@@ -76,8 +78,11 @@ def test_bad_concurrency_from_the_environment_is_a_usage_error() -> None:
     [
         ["--concurrency", "1", "--lease", "1", "--grace", "0", "--poll", "0.1", "--reap-interval", "0.1"],
         ["--concurrency", "1000", "--lease", "3600", "--grace", "86400", "--poll", "86400"],
-        ["--drain", "0", "--trim-after", "0", "--pool-size", "1"],
-        ["--drain", "86400", "--trim-after", "876000", "--reap-interval", "86400", "--pool-size", "1000"],
+        ["--drain", "0", "--trim-after", "0", "--pool-size", "1", "--max-model-calls", "1"],
+        [
+            *["--drain", "86400", "--trim-after", "876000", "--reap-interval", "86400"],
+            *["--pool-size", "1000", "--max-model-calls", "100000"],
+        ],
     ],
     ids=["lower-bounds", "upper-bounds", "zero-drain-and-never-trim", "upper-drain-and-trim"],
 )
@@ -103,6 +108,23 @@ def test_flags_at_the_ends_of_their_ranges_are_accepted(args: list[str]) -> None
 def test_worker_refuses_the_same_values(option: str, value: float) -> None:
     with pytest.raises(ValueError, match=option):
         Worker(UNREACHABLE, handler=echo, **{option: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [0, 100_001, 2.5, True, "100"])
+def test_worker_refuses_a_max_model_calls_that_cannot_work(value: object) -> None:
+    """The agent loop's cap comes in the handler config: checked when the worker is made, not
+    at the first model call of every run."""
+    with pytest.raises(ValueError, match="max_model_calls must be an integer from 1 to 100000"):
+        Worker(UNREACHABLE, handler=echo, config={"max_model_calls": value})
+
+
+def test_max_model_calls_from_the_flag_its_variable_or_the_default() -> None:
+    """The agent loop's cap: 100 unless the flag or RUNROW_MAX_MODEL_CALLS says otherwise."""
+    parser = build_parser()
+    assert parser.parse_args(["worker"]).max_model_calls == 100
+    assert parser.parse_args(["worker", "--max-model-calls", "7"]).max_model_calls == 7
+    result = runrow_worker(env={"RUNROW_MAX_MODEL_CALLS": "0"})
+    assert result.returncode == 2 and "got '0' (from $RUNROW_MAX_MODEL_CALLS)" in result.stderr, result.stderr
 
 
 def _start_log(*flags: str) -> str:

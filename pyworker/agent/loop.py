@@ -9,8 +9,11 @@ approval all take the same path, and nothing committed is redone (see pyworker/a
 
 Model, system prompt and tools come from the run's pinned prompt; request parameters from the
 run's metadata: `max_tokens` (default 4096), `thinking`, `temperature`, `top_p`, `top_k`,
-`stop_sequences`, `tool_choice`. The tool implementations come from the worker's `--tools`
-module; a tool the model calls that this worker does not have is an is_error tool_result.
+`stop_sequences`, `tool_choice` (a forcing one, `any` or `tool`, only on the request that answers
+the person's message; `auto` after it: pyworker/agent/model.py tool_choice_for). The tool
+implementations come from the worker's `--tools` module; a tool the model calls that this worker
+does not have is an is_error tool_result. At most `max_model_calls` model calls a run (worker
+config, `runrow worker --max-model-calls`, default 100).
 
 Journal: `model_request` (a call starts), the deltas `text_delta` / `thinking_delta` /
 `input_json_delta` {index, ...} (coalesced), `model_turn` {step_seq, stop_reason, usage,
@@ -30,6 +33,8 @@ How each stop_reason and failure ends (status / result / error):
 | max_tokens                                      | failed, error "max_tokens: ..." (result: the text)   |
 | model_context_window_exceeded                   | failed, error "model_context_window_exceeded: ..."   |
 | any other stop_reason                           | failed, error names it                               |
+| max_model_calls turns made, and the loop would  | failed once, error "max_model_calls: ...", result    |
+| go on (worker config, --max-model-calls 100)    | {text of the last turn, stop_reason max_model_calls} |
 | before each request (pyworker/agent/limits.py)  | acquire_model_call: go; a short wait in place; a     |
 |                                                 | long one released with retry_in; budget_exhausted:   |
 |                                                 | failed "budget_exhausted: ..." (ended in SQL)        |
@@ -70,7 +75,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from pyworker.agent import limits
-from pyworker.agent.history import History, load_history, stop_reason_of
+from pyworker.agent.history import History, Step, load_history, stop_reason_of
 from pyworker.agent.model import (
     TOO_LONG_REMEDY,
     ModelTurn,
@@ -88,6 +93,7 @@ from pyworker.db import api
 from pyworker.db import steps as steps_api
 from pyworker.worker.handler import Outcome, RunContext
 from pyworker.worker.journal import RunLost
+from pyworker.worker.settings import DEFAULT_MAX_MODEL_CALLS
 from pyworker.worker.supersede import supersede_earlier_attempts
 
 CONTINUE_REASONS = ("tool_use", "pause_turn")
@@ -137,6 +143,10 @@ async def handle(ctx: RunContext) -> Outcome:
                 # again past it (the step log is append-only and every rebuild sends it back),
                 # so the run ends, failed once, saying so (_ending).
                 return _ending(known_stops[turn_seq], history.final_text(), None)
+            # At the cap no model call may follow, so nothing would read these results.
+            capped = _at_model_call_cap(ctx, history)
+            if capped is not None:
+                return capped
             try:
                 finished = await run_tool_calls(
                     ctx,
@@ -161,6 +171,9 @@ async def handle(ctx: RunContext) -> Outcome:
                 )
             if stop != "pause_turn":
                 return _ending(stop, history.final_text(), None)
+        capped = _at_model_call_cap(ctx, history)
+        if capped is not None:
+            return capped
         # Call the model, once the fleet's limits and budgets allow it (pyworker/agent/limits.py).
         params = request_params(run, history.messages)
         ending = await limits.before_request(ctx, params)
@@ -202,6 +215,31 @@ async def handle(ctx: RunContext) -> Outcome:
             continue
         text = history.final_text() + turn.text if _continues(history) else turn.text
         return _ending(turn.stop_reason, text, turn.message)
+
+
+def _at_model_call_cap(ctx: RunContext, history: History) -> Outcome | None:
+    """The run's ending when it has made its `max_model_calls` model turns (worker config,
+    `runrow worker --max-model-calls`), else None. A safety net for a loop that never answers
+    (a model that calls tools without end): counted from the step log, so a resumed attempt
+    counts what earlier attempts made, and the run fails once, never released to pay again."""
+    cap = int(ctx.config.get("max_model_calls", DEFAULT_MAX_MODEL_CALLS))
+    made = sum(1 for step in history.steps if step.kind == "model_turn")
+    if made < cap:
+        return None
+    ctx.log.warning("run made %d model calls, the cap: failing it", made)
+    text = _turn_text(history.last_model_turn)
+    return Outcome(
+        "failed",
+        result={"text": text, "stop_reason": "max_model_calls"},
+        error=f"max_model_calls: the run made {made} model calls, this worker's cap (runrow worker "
+        "--max-model-calls), without the model ending its turn; it ends here rather than pay for more",
+    )
+
+
+def _turn_text(step: Step | None) -> str:
+    if step is None or not isinstance(step.payload, list):
+        return ""
+    return "".join(b.get("text", "") for b in step.payload if isinstance(b, dict) and b.get("type") == "text")
 
 
 def _continues(history: History) -> bool:

@@ -38,6 +38,8 @@ DEFAULT_MAX_TOKENS = 4096
 # Request parameters a run may pin in its metadata (enqueue_run(metadata => ...)).
 REQUEST_PARAMS = ("max_tokens", "thinking", "temperature", "top_p", "top_k", "stop_sequences", "tool_choice")
 DEFAULT_MAX_RETRIES = 2
+# tool_choice types that make the model call a tool (tool_choice_for sends them once a turn).
+FORCING_TOOL_CHOICES = ("any", "tool")
 # The parameters this SDK's messages.stream() names. A pinned one it does not name goes in the
 # request body as is (extra_body), so the API decides: anthropic 2.17's stream() no longer takes
 # temperature, top_p or top_k, and passing them as keywords raised TypeError before any request,
@@ -164,7 +166,8 @@ def request_params(run: ClaimedRun, messages: list[dict[str, Any]]) -> dict[str,
     extra: dict[str, Any] = {}
     for name in REQUEST_PARAMS:
         if meta.get(name) is not None:
-            (params if name in STREAM_PARAMS else extra)[name] = meta[name]
+            value = tool_choice_for(meta[name], messages) if name == "tool_choice" else meta[name]
+            (params if name in STREAM_PARAMS else extra)[name] = value
     if extra:
         params["extra_body"] = extra
     if run.system_prompt:
@@ -172,6 +175,36 @@ def request_params(run: ClaimedRun, messages: list[dict[str, Any]]) -> dict[str,
     if run.tools:
         params["tools"] = run.tools
     return add_breakpoints(params, cache_mode(meta))
+
+
+def tool_choice_for(pinned: Any, messages: list[dict[str, Any]]) -> Any:
+    """The tool_choice to send with `messages`: a pinned forcing one (`any`, `tool`) only on the
+    request that answers the person's own message; on the later requests of the turn (tool
+    results, a paused turn sent back) `{"type": "auto"}`, with the pinned
+    `disable_parallel_tool_use` kept. A forcing choice makes the model call a tool on every
+    request it is sent with, so sent with all of them the model could never answer: the loop
+    never ended, and each request carried the whole growing history. Decided from the messages
+    being sent, not from what this attempt did, so a resumed attempt decides the same."""
+    if not isinstance(pinned, dict) or pinned.get("type") not in FORCING_TOOL_CHOICES:
+        return pinned
+    if answers_the_person(messages):
+        return pinned
+    auto: dict[str, Any] = {"type": "auto"}
+    if "disable_parallel_tool_use" in pinned:
+        auto["disable_parallel_tool_use"] = pinned["disable_parallel_tool_use"]
+    return auto
+
+
+def answers_the_person(messages: list[dict[str, Any]]) -> bool:
+    """The request ends with what a person wrote: a user message whose last block is not a tool
+    result (tool results of an earlier turn may come before it in the same message)."""
+    if not messages or messages[-1].get("role") != "user":
+        return False
+    content = messages[-1].get("content")
+    if not isinstance(content, list) or not content:
+        return True
+    last = content[-1]
+    return not (isinstance(last, dict) and last.get("type") == "tool_result")
 
 
 async def stream_turn(

@@ -117,7 +117,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except (ImportError, ValueError) as exc:
         print(f"runrow worker: cannot load --handler {args.handler!r}: {exc}", file=sys.stderr)
         return 2
-    config = {"tools_module": args.tools} if args.tools else {}
+    config: dict[str, object] = {"max_model_calls": args.max_model_calls}
+    if args.tools:
+        config["tools_module"] = args.tools
     if args.tools:
         os.environ["RUNROW_TOOLS"] = args.tools
         from pyworker.agent.tools import load_module
@@ -252,6 +254,7 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.Raw
 
 def build_parser() -> argparse.ArgumentParser:
     from pyworker.cli.client import _action, _wrap
+    from pyworker.worker.settings import DEFAULT_MAX_MODEL_CALLS
 
     parser = argparse.ArgumentParser(
         prog="runrow", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -396,6 +399,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--tools",
         default=env_default("RUNROW_TOOLS"),
         help="module that defines the agent's tools (env RUNROW_TOOLS)",
+    )
+    p.add_argument(
+        "--max-model-calls",
+        type=in_range("max_model_calls"),
+        default=env_default("RUNROW_MAX_MODEL_CALLS", str(DEFAULT_MAX_MODEL_CALLS)),
+        metavar="N",
+        help="model calls one run of the agent loop may make, 1 to 100000; a run that would make "
+        "more ends failed, once, error max_model_calls: ... (env RUNROW_MAX_MODEL_CALLS)",
     )
     p.add_argument(
         "--worker-id",

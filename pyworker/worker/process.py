@@ -106,6 +106,8 @@ class Worker:
         for name, value in settings.items():
             if value is not None or name not in ("trim_after", "pool_size"):  # None: never trim / the default
                 check_setting(name, value)
+        if config and "max_model_calls" in config:  # read by the agent loop, at every model call
+            check_setting("max_model_calls", config["max_model_calls"])
         self.conninfo = conninfo
         # The hub's LISTEN needs a direct session; the pool may go through a transaction pooler.
         self.listen_conninfo = listen_conninfo or conninfo

@@ -22,7 +22,11 @@ LIMITS: dict[str, tuple[type, float, float]] = {
     "trim_after": (float, 0, 100 * 365 * 86400),
     "flush_interval": (float, 0.01, 60),
     "pool_size": (int, 1, 1000),
+    # The agent loop's cap on the model calls of one run (worker config `max_model_calls`,
+    # `runrow worker --max-model-calls`): a safety net for a loop that never answers.
+    "max_model_calls": (int, 1, 100_000),
 }
+DEFAULT_MAX_MODEL_CALLS = 100
 
 # The webhook sender's settings: the SQL functions' own ranges where they take the value
 # (max_attempts 1..100, backoff_seconds 0.1..3600).
