@@ -136,12 +136,12 @@ async def handle(ctx: RunContext) -> Outcome:
                 )
             if known_stops[turn_seq] != "tool_use":
                 # e.g. max_tokens cut a tool_use short: its input may be incomplete; never run it.
-                # None too: only a turn whose stream ended before message_stop was ever committed
-                # without a stop_reason (by a worker before that was a retryable failure; or a
-                # step written before migration 0007 kept it), and its tool_use input may be
-                # cut anywhere: running it is what must never happen. Nor can the model be asked
-                # again past it (the step log is append-only and every rebuild sends it back),
-                # so the run ends, failed once, saying so (_ending).
+                # None too. A turn without a stop_reason is a stream that ended before
+                # message_stop, committed by a worker from before that was a retryable failure
+                # (or a step older than migration 0007's column: nothing tells the two apart),
+                # and its tool_use input may be cut anywhere: running it must never happen. Nor
+                # can the model be asked again past it (the step log is append-only and every
+                # rebuild sends it back), so the run ends, failed once, saying so (_ending).
                 return _ending(known_stops[turn_seq], history.final_text(), None)
             # At the cap no model call may follow, so nothing would read these results.
             capped = _at_model_call_cap(ctx, history)
