@@ -357,9 +357,27 @@ async def test_a_release_whose_answer_was_lost_hands_the_run_back_once(
     proxy.break_at(b"release_run", deliver=deliver)
     ending = await supervise(run, faulty_pool, Outcome("release", error="model overloaded"))
     assert proxy.fired == [f"release_run {'delivered' if deliver else 'dropped'}"]
-    assert ending in ("released:requeued", "released:released")
+    # What release_run did, whether its answer came or not (it read `released:released`, a
+    # value release_run never returns, when the first COMMIT had landed unanswered).
+    assert ending == "released:requeued"
     row = run_row(db, run.run_id)
     assert (row["status"], row["attempt"], row["error"]) == ("queued", 1, "model overloaded")
+    assert kinds(db, run.run_id).count("run_requeued") == 1
+
+
+@pytest.mark.parametrize("deliver", [True, False], ids=["committed-answer-lost", "not-delivered"])
+async def test_a_deferral_whose_answer_was_lost_is_deferred_once(
+    faulty_pool, proxy, db, deliver: bool
+) -> None:
+    """A fleet limit's wait: the ending is `deferred` (not `released:deferred`, which traced
+    as an error), also when the first COMMIT landed and its answer was lost."""
+    run = await claim(faulty_pool, max_attempts=1)
+    proxy.break_at(b"defer_run", deliver=deliver)
+    ending = await supervise(run, faulty_pool, Outcome("defer", error="rate limited", retry_in=30))
+    assert proxy.fired == [f"defer_run {'delivered' if deliver else 'dropped'}"]
+    assert ending == "deferred"
+    row = run_row(db, run.run_id)
+    assert (row["status"], row["attempt"], row["error"]) == ("queued", 0, "rate limited")
     assert kinds(db, run.run_id).count("run_requeued") == 1
 
 

@@ -20,6 +20,7 @@ from pyworker.worker.process import (
     Worker,
     heartbeat_pool_size,
 )
+from pyworker.worker.supervisor import FINISH_STATUSES
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -103,3 +104,21 @@ def test_for_dbas_says_how_many_connections_each_process_holds() -> None:
     assert (
         f"at most N + {HEARTBEAT_POOL_SIZE + 1} connections" in help_text and "max_connections" in help_text
     )
+
+
+def test_the_metrics_table_names_every_attempt_ending() -> None:
+    """`released:released` (a hand-back whose first COMMIT landed unanswered) and
+    `released:deferred` (a fleet limit's wait) were exported and named nowhere. The endings the
+    supervisor returns as literals, the handler's finish statuses, and release_run's and
+    defer_run's outcomes are the README's list, no more and no less."""
+    source = (ROOT / "pyworker" / "worker" / "supervisor.py").read_text()
+    literals = set(re.findall(r'return "([a-z:]+)"', source)) | set(
+        re.findall(r'self\.ending = "([a-z]+)"', source)
+    )
+    assert {"lost", "abandoned", "parked", "ended"} <= literals  # the scan works
+    released = {f"released:{outcome}" for outcome in ("requeued", "failed", "dead", "cancelled")}
+    code = literals | set(FINISH_STATUSES) | released | {"deferred", "none"}
+    row = next(line for line in README.splitlines() if line.startswith("| `runrow_attempt_duration_seconds`"))
+    cell = row.split(" | ")[2]
+    listed = set(re.findall(r"`([a-z:]+)`", cell)) - {"ending", "finish_run", "release_run", "defer_run"}
+    assert listed == code

@@ -127,6 +127,44 @@ def test_without_a_traceparent_the_run_id_is_the_trace_id(
     assert sorted(s.name for s in tree) == ["chat claude-fake-1", "runrow.attempt"]
 
 
+def test_a_fleet_limit_deferral_is_its_own_ending_and_not_an_error(
+    db: psycopg.Connection, worker_db: str, spans: InMemorySpanExporter
+) -> None:
+    """A 429 whose retry-after (2 s) is past rate_limit_max_wait (1 s): the run is deferred, its
+    attempt given back. That attempt was labelled `released:deferred` and its span marked ERROR,
+    though waiting for the fleet is not the run failing (the metrics audit): an error-rate alert
+    fired for every rate-limited run. Its ending is `deferred`, its span's status left unset."""
+    from opentelemetry.trace import StatusCode
+    from prometheus_client import REGISTRY
+
+    from pyworker.fake.faults import rate_limited
+
+    def deferred() -> float:
+        labels = {"ending": "deferred"}
+        return REGISTRY.get_sample_value("runrow_attempt_duration_seconds_count", labels) or 0.0
+
+    before = deferred()
+    with FakeModel("text") as fake:
+        fake.inject(rate_limited(2.0))
+        config = {**agent_config(fake), "anthropic_max_retries": 0, "rate_limit_max_wait": 1.0}
+        with InProcessWorker(worker_db, "deferring", config=config, concurrency=1):
+            run = enqueue_agent(db, "hi", model="claude-429-long", tools=[], metadata={}, max_attempts=1)
+            assert wait_status(db, run, {"completed", "failed", "dead"}, 30) == "completed"
+            attempts = wait_until(
+                lambda: (
+                    (a := [s for s in of_run(spans, run) if s.name == "runrow.attempt"]) and len(a) == 2 and a
+                ),
+                10,
+                "both attempt spans",
+            )
+    first, second = sorted(attempts, key=lambda s: s.start_time or 0)
+    assert first.attributes is not None and first.attributes["runrow.ending"] == "deferred"
+    assert first.status.status_code == StatusCode.UNSET
+    assert second.attributes is not None and second.attributes["runrow.ending"] == "completed"
+    assert deferred() - before == 1
+    assert run_row(db, run)["attempt"] == 1  # the deferral gave its attempt back
+
+
 def test_a_run_killed_and_resumed_by_another_worker_stays_in_the_callers_trace(
     db: psycopg.Connection, worker_db: str, tmp_path: Path, spans: InMemorySpanExporter, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]

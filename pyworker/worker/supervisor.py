@@ -342,7 +342,7 @@ class RunSupervisor:
             raise asyncio.CancelledError
         self._stop_heartbeat()
         if not ok and maybe_landed:
-            ok = await self._ended_by_us(status, error)
+            ok = await self._ended_by_us(status, error) is not None
         return ok
 
     def _stop_heartbeat(self) -> None:
@@ -376,8 +376,12 @@ class RunSupervisor:
 
         try:
             result = await self.retry.call(self._pool, release, call)
-            if result is None and calls > 1 and await self._ended_by_us(None, reason, given_back=defer):
-                result = "deferred" if defer else "released"
+            if result is None and calls > 1:
+                # The first try's COMMIT landed unanswered: say what it did, as its answer would
+                # have (a run it left queued was requeued, or deferred), never a value of our own.
+                landed = await self._ended_by_us(None, reason, given_back=defer)
+                if landed is not None:
+                    result = ("deferred" if defer else "requeued") if landed == "queued" else landed
         except DatabaseUnavailable as exc:
             return self._give_up(exc)
         if result is None:
@@ -386,7 +390,9 @@ class RunSupervisor:
         self.log.info(
             "run %s (%s, retry in %s): %s", "deferred" if defer else "released", reason, backoff, result
         )
-        return f"released:{result}"
+        # Waiting for a fleet limit is not the run failing: an ending of its own, not a
+        # released:* (which traces as an error). A stop that was pending still wins: cancelled.
+        return "deferred" if result == "deferred" else f"released:{result}"
 
     async def _fenced_out(self, call: str, *, then: str) -> bool:
         """An ending the database fenced out: True if this claim still holds the run. The probe
@@ -415,19 +421,23 @@ class RunSupervisor:
         self.log.warning("%s fenced out: the run is %s on attempt %s%s", call, row.status, row.attempt, error)
         return False
 
-    async def _ended_by_us(self, status: str | None, error: str | None, *, given_back: bool = False) -> bool:
-        """A retried ending was fenced out: had the first try's unanswered COMMIT landed? Only
-        this claim ends its attempt with its own error text (a reaper or a stop writes theirs).
-        given_back: the ending was a deferral, which gives the attempt back."""
+    async def _ended_by_us(
+        self, status: str | None, error: str | None, *, given_back: bool = False
+    ) -> str | None:
+        """A retried ending was fenced out: had the first try's unanswered COMMIT landed? The
+        run's status it left, or None when it had not. Only this claim ends its attempt with its
+        own error text (a reaper or a stop writes theirs). given_back: the ending was a deferral,
+        which gives the attempt back."""
         row = await self.retry.call(self._pool, lambda conn: api.get_run(conn, self.run.run_id), "get_run")
         ours = (
             row.attempt == self.run.attempt - (1 if given_back else 0)
             and row.error == api.stored_error(error)
             and (status is None or row.status == status)
         )
-        if ours:
-            self.log.warning("the ending's first COMMIT had landed: the run is %s", row.status)
-        return ours
+        if not ours:
+            return None
+        self.log.warning("the ending's first COMMIT had landed: the run is %s", row.status)
+        return str(row.status)
 
     def _give_up(self, exc: DatabaseUnavailable) -> str:
         self.log.warning("giving the run up, writing nothing more (a reaper takes it): %s", exc)

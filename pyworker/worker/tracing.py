@@ -115,10 +115,14 @@ def attempt(run: ClaimedRun, worker_id: str) -> Iterator[Any]:
 
 
 def attempt_ended(span: Any, ending: str | None) -> None:
+    """The attempt's ending as runrow.ending; ERROR status for an attempt that failed (failed,
+    abandoned, released:*). A deferral (a fleet limit's wait) leaves it unset: waiting for the
+    fleet is not the run failing, and an ERROR per rate-limited run made error-rate alerts fire
+    on a busy fleet."""
     if span is None:
         return
     span.set_attribute("runrow.ending", ending or "none")
-    if ending in ("failed", "abandoned") or (ending or "").startswith("released"):
+    if ending in ("failed", "abandoned") or (ending or "").startswith("released:"):
         span.set_status(Status(StatusCode.ERROR, ending))
 
 
