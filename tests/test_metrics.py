@@ -18,6 +18,7 @@ from agent_support import agent_worker, enqueue_agent
 from metrics_support import metrics_url, scrape, total, value
 from worker_support import (
     REPO,
+    WorkerProcess,
     db,
     enqueue_echo,
     start_worker,
@@ -41,13 +42,21 @@ def test_worker_metrics_move_with_echo_runs(db: psycopg.Connection, start_worker
     assert value(before, "runrow_claims_total") == 0
     assert value(before, "runrow_queue_depth", status="queued") == 0
 
-    # One slot: the first run holds it for 2 s, so the second is seen waiting in the queue.
-    slow = enqueue_echo(db, "slow one", duration=2.0)
+    # One slot: the first run holds it for 3 s, so the second is seen waiting in the queue (by a
+    # scrape past the CACHE_SECONDS that reuse the first one's row).
+    slow = enqueue_echo(db, "slow one", duration=3.0)
     wait_status(db, slow, "running")
     queued = enqueue_echo(db, "queued one", duration=0.1)
-    during = scrape(url)
-    assert value(during, "runrow_queue_depth", status="running") == 1
-    assert value(during, "runrow_queue_depth", status="queued") == 1
+    during = wait_until(
+        lambda: (
+            (s := scrape(url))
+            and value(s, "runrow_queue_depth", status="running") == 1
+            and value(s, "runrow_queue_depth", status="queued") == 1
+            and s
+        ),
+        2,
+        "one run running and one queued",
+    )
     assert value(during, "runrow_oldest_queued_age_seconds") >= 0
     for run in (slow, queued, enqueue_echo(db, "third", duration=0.1)):
         assert wait_status(db, run, {"completed", "failed", "dead"}) == "completed"
@@ -134,8 +143,16 @@ def test_serve_metrics(worker_db: str, tmp_path: Path) -> None:
                 f"{base}/conversations/{uuid.uuid4()}/runs", json={"content": "hi"}, timeout=10
             )
             assert response.status_code == 202, response.text
-        after = scrape(f"{base}/metrics")
-        assert value(after, "runrow_queue_depth", status="queued") == queued_before + 2
+        # A scrape within CACHE_SECONDS of the first shares its row: wait for a fresh one.
+        after = wait_until(
+            lambda: (
+                (s := scrape(f"{base}/metrics"))
+                and value(s, "runrow_queue_depth", status="queued") == queued_before + 2
+                and s
+            ),
+            3,
+            "the two runs queued",
+        )
         assert value(after, "runrow_oldest_queued_age_seconds") >= 0
         assert "runrow_claims_total" in {name for name, _ in after}  # the process counters are there too
     finally:
@@ -173,3 +190,88 @@ async def test_a_scrape_the_database_does_not_answer_says_why(caplog) -> None:  
     assert "metrics scrape: the database query failed: no answer within 0.05 s" in caplog.text
     samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
     assert samples["runrow_db_up"] == 0 and "runrow_oldest_queued_age_seconds" not in samples
+
+
+def test_a_scrape_answers_while_handlers_hold_every_connection_of_the_run_pool(
+    db: psycopg.Connection, worker_db: str
+) -> None:
+    """The metrics audit: the scrape borrowed a connection from the run pool, so with handlers
+    holding all of it (a pool at --concurrency, as the README asks of handlers using ctx.db) it
+    waited out its 5 s and said runrow_db_up 0 with no database gauges: a false "database down"
+    exactly when the worker was busiest. The scrapes have a connection of their own now; and the
+    worker says how full it is (runrow_runs_in_flight against runrow_concurrency)."""
+    path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)
+    worker = WorkerProcess(
+        worker_db,
+        "metrics-held",
+        ["--pool-size", "1", "--concurrency", "1", "--metrics-port", "0", "--poll", "0.3"],
+        handler="hold_handler:handle",
+        env={"PYTHONPATH": path},
+    )
+    try:
+        worker.wait_started()
+        url = metrics_url(worker)
+        run = enqueue_echo(db, "held")
+        wait_status(db, run, "running")
+        # The handler's pg_sleep holds the pool's one connection.
+        wait_until(
+            lambda: (
+                db.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND query LIKE 'SELECT pg_sleep%%' AND state = 'active'"
+                ).fetchone()
+                == (1,)
+            ),
+            10,
+            "the handler to hold its connection",
+        )
+        started = time.monotonic()
+        samples = scrape(url)
+        took = time.monotonic() - started
+    finally:
+        worker.close()
+    assert took < 2.0, took  # was 5.0 s, the scrape's whole wait for a connection
+    assert value(samples, "runrow_db_up") == 1
+    assert value(samples, "runrow_queue_depth", status="running") == 1
+    assert value(samples, "runrow_runs_in_flight") == 1
+    assert value(samples, "runrow_concurrency") == 1
+
+
+async def test_concurrent_scrapes_share_one_query() -> None:
+    """Every scrape ran its own query: a scrape storm (several Prometheus replicas, dashboards
+    scraping directly) was that many queries. Scrapes in flight together, and those within
+    CACHE_SECONDS of an answer, share it."""
+    import asyncio
+    import contextlib
+
+    from pyworker.worker import metrics
+
+    queries = 0
+
+    class Cursor:
+        description = (type("Column", (), {"name": "queued"})(),)
+
+        async def fetchone(self) -> tuple[int]:
+            return (7,)
+
+    class Conn:
+        async def execute(self, sql: str) -> Cursor:
+            nonlocal queries
+            queries += 1
+            await asyncio.sleep(0.05)  # the query takes a while: the scrapes pile up behind it
+            return Cursor()
+
+    class Pool:
+        @contextlib.asynccontextmanager
+        async def connection(self):  # type: ignore[no-untyped-def]
+            yield Conn()
+
+    pool = Pool()
+    texts = await asyncio.gather(*(metrics.scrape(pool) for _ in range(20)))
+    assert queries == 1
+    assert all(b'runrow_queue_depth{status="queued"} 7.0' in text for text in texts)
+    await metrics.scrape(pool)  # within CACHE_SECONDS: the same answer
+    assert queries == 1
+    await asyncio.sleep(metrics.CACHE_SECONDS)
+    await metrics.scrape(pool)
+    assert queries == 2

@@ -17,6 +17,7 @@ from pyworker.worker.echo import handle as echo
 from pyworker.worker.process import (
     HEARTBEAT_POOL_SIZE,
     HEARTBEATS_PER_CONNECTION,
+    METRICS_CONNECTIONS,
     Worker,
     heartbeat_pool_size,
 )
@@ -95,15 +96,23 @@ def test_for_dbas_says_how_many_connections_each_process_holds() -> None:
     # The worker's pool: its default, and the heartbeats' own pool beside it.
     assert "default `min(concurrency + 4, 32)`" in text
     assert [Worker("postgresql://", concurrency=c, handler=echo).pool_size for c in (8, 40)] == [12, 32]
-    assert "P + H + 1" in text and "(P + H + 1)" in text
+    assert "P + H + M + 1" in text and "(P + H + M + 1)" in text
     assert f"`{HEARTBEAT_POOL_SIZE} + concurrency // {HEARTBEATS_PER_CONNECTION}`" in text
     assert [heartbeat_pool_size(c) for c in (8, 249, 250, 1000)] == [2, 2, 3, 6]
+    # The scrapes' own connection (--metrics-port), counted since a scrape no longer borrows one
+    # from the run pool.
+    assert f"M = {METRICS_CONNECTIONS} with `--metrics-port`" in text and "`runrow-worker-metrics`" in text
+    assert "4 x 15 + 11 = 71" in text
+    assert (
+        f"4 x {15 + METRICS_CONNECTIONS} + 11 = {71 + 4 * METRICS_CONNECTIONS} with `--metrics-port`" in text
+    )
     commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     assert commands["serve"].get_default("pool_size") == 10 and "(default 10) + 1 LISTEN" in text
     help_text = " ".join(commands["worker"].format_help().split())
     assert (
         f"at most N + {HEARTBEAT_POOL_SIZE + 1} connections" in help_text and "max_connections" in help_text
     )
+    assert f"N + {HEARTBEAT_POOL_SIZE + 1 + METRICS_CONNECTIONS} with --metrics-port" in help_text
 
 
 def test_the_metrics_table_names_every_attempt_ending() -> None:

@@ -349,7 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: min(concurrency + 4, 32)); at least --concurrency when handlers query the "
         "database, or the runs beyond it wait for a connection. A worker holds at most N + 3 "
         "connections below --concurrency 250: N, 2 for heartbeats (one more per 250 of "
-        "concurrency) and 1 LISTEN (README, For DBAs: max_connections)",
+        "concurrency) and 1 LISTEN; N + 4 with --metrics-port, whose scrapes have 1 of their "
+        "own (README, For DBAs: max_connections)",
     )
     p.add_argument(
         "--lease",

@@ -8,8 +8,10 @@ the cap it counts as "other"). Never a run id, a user or a tool argument.
 
 The database half is ONE query per scrape (`scrape`): `SELECT * FROM runrow.queue_metrics`, one
 row whose every column becomes a gauge by name (migration 0015), so a new database gauge is one
-more column in that view and nothing here. When the query fails, runrow_db_up is 0 and the
-database gauges are left out of that scrape rather than reported stale.
+more column in that view and nothing here. Scrapes that arrive while a query is in flight, or
+within CACHE_SECONDS of its answer, share it: a scrape storm costs the database one query.
+When the query fails, runrow_db_up is 0 and the database gauges are left out of that scrape
+rather than reported stale.
 
 Imports nothing of pyworker but pyworker.db: the worker, the agent and HTTP all stand on it.
 """
@@ -21,6 +23,7 @@ import contextlib
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -32,6 +35,8 @@ log = logging.getLogger("runrow.metrics")
 
 MAX_MODELS = 50
 OTHER = "other"
+# Seconds a scrape's database row is reused by the scrapes after it.
+CACHE_SECONDS = 1.0
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # Seconds: a claim is milliseconds, a queue wait or an agent run minutes.
@@ -90,6 +95,8 @@ MODEL_KEY_BROKEN = Gauge(
 TOOL_CALLS = Counter("runrow_tool_calls", "Tool calls by effect class and outcome.", ["effect", "outcome"])
 HUB_UP = Gauge("runrow_hub_up", "1 while this process's LISTEN connection is up, else 0.")
 DB_UP = Gauge("runrow_db_up", "1 if this scrape's database query succeeded, else 0.")
+RUNS_IN_FLIGHT = Gauge("runrow_runs_in_flight", "Runs this worker holds now (claimed, not yet ended).")
+CONCURRENCY = Gauge("runrow_concurrency", "Runs this worker may hold at once (--concurrency).")
 
 TOKEN_KINDS = {
     "input_tokens": "input",
@@ -193,6 +200,13 @@ def watch_hub(connected: Callable[[], bool]) -> None:
     HUB_UP.set_function(lambda: 1.0 if connected() else 0.0)
 
 
+def watch_runs(in_flight: Callable[[], int], concurrency: int) -> None:
+    """runrow_runs_in_flight follows `in_flight` at every scrape, beside the worker's
+    concurrency: together they say how full the worker is (the latest worker of the process wins)."""
+    RUNS_IN_FLIGHT.set_function(lambda: float(in_flight()))
+    CONCURRENCY.set(concurrency)
+
+
 # -- the database half --------------------------------------------------------------------------
 
 # queue_metrics columns that are one status of the queue depth gauge.
@@ -239,28 +253,62 @@ _database = _DatabaseGauges()
 REGISTRY.register(_database)
 
 
+class _Reads:
+    """The database half of the scrapes against one pool: one query at a time, its answer
+    reused for CACHE_SECONDS. A task of its own, shielded from the scrapes awaiting it, so a
+    scrape whose client hung up does not cancel the query the others wait for."""
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[dict[str, Any] | None] | None = None
+        self.answered = float("-inf")  # time.monotonic() of the last answer
+
+    async def row(self, pool: Any, timeout: float) -> dict[str, Any] | None:  # noqa: ASYNC109
+        task = self.task
+        if task is None or (task.done() and time.monotonic() - self.answered >= CACHE_SECONDS):
+            task = self.task = asyncio.ensure_future(self._query(pool, timeout))
+        return await asyncio.shield(task)
+
+    async def _query(self, pool: Any, timeout: float) -> dict[str, Any] | None:  # noqa: ASYNC109
+        try:
+            async with asyncio.timeout(timeout):
+                async with pool.connection() as conn:
+                    cur = await conn.execute(SCRAPE_QUERY)
+                    values = await cur.fetchone()
+                    names = [d.name for d in cur.description or ()]
+            return dict(zip(names, values or (), strict=False))
+        except Exception as exc:
+            # A TimeoutError has no text: say what happened rather than log an empty reason.
+            reason = (
+                f"no answer within {timeout:g} s" if isinstance(exc, TimeoutError) else str(exc) or repr(exc)
+            )
+            log.warning("metrics scrape: the database query failed: %s", reason)
+            return None
+        finally:
+            self.answered = time.monotonic()
+
+
+# Per pool: a pool belongs to one event loop, and so does the query task in flight against it.
+_reads: weakref.WeakKeyDictionary[Any, _Reads] = weakref.WeakKeyDictionary()
+_reads_lock = threading.Lock()
+
+
 async def scrape(pool: Any, timeout: float = 5.0) -> bytes:  # noqa: ASYNC109
-    """The exposition text: the database row read now (one query), then every metric."""
-    try:
-        async with asyncio.timeout(timeout):
-            async with pool.connection() as conn:
-                cur = await conn.execute(SCRAPE_QUERY)
-                values = await cur.fetchone()
-                names = [d.name for d in cur.description or ()]
-        _database.row = dict(zip(names, values or (), strict=False))
-        DB_UP.set(1)
-    except Exception as exc:
-        # A TimeoutError has no text: say what happened rather than log an empty reason.
-        reason = f"no answer within {timeout:g} s" if isinstance(exc, TimeoutError) else str(exc) or repr(exc)
-        log.warning("metrics scrape: the database query failed: %s", reason)
-        _database.row = None
-        DB_UP.set(0)
+    """The exposition text: the database row (one query, shared by the scrapes within
+    CACHE_SECONDS of it), then every metric. `pool`: what the query borrows a connection from;
+    a worker gives it a connection of its own (pyworker/worker/process.py), since its run pool
+    may be held by handlers for as long as they like."""
+    with _reads_lock:
+        reads = _reads.setdefault(pool, _Reads())
+    row = await reads.row(pool, timeout)
+    _database.row = row
+    DB_UP.set(0 if row is None else 1)
     return generate_latest(REGISTRY)
 
 
 async def serve(pool: Any, host: str, port: int) -> asyncio.Server:
     """A minimal HTTP server for `runrow worker --metrics-port`: GET /metrics, 404 otherwise.
-    On the worker's own event loop, so the scrape uses its pool; port 0 picks a free port."""
+    On the worker's own event loop; `pool` is the scrapes' own (one connection), never the runs'
+    pool. Port 0 picks a free port."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -44,6 +44,12 @@ START_TIMEOUT = 30.0  # seconds a starting worker waits for its database (PoolTi
 # 20 ms from the database carry about that many, with nothing to spare.
 HEARTBEAT_POOL_SIZE = 2
 HEARTBEATS_PER_CONNECTION = 250
+# With --metrics-port, the scrapes' own connection. A scrape borrowed one from the run pool and
+# waited out its 5 s whenever handlers held every connection (a pool at --concurrency, as the
+# README asks of handlers using ctx.db): db_up 0, a false "database down" exactly when the
+# worker was busiest. Not the heartbeats' pool either: a slow scrape there delays beats, and
+# that pool has no connection to spare at high concurrency.
+METRICS_CONNECTIONS = 1
 
 
 def heartbeat_pool_size(concurrency: int) -> int:
@@ -57,6 +63,10 @@ def default_worker_id() -> str:
 
 class SchemaMissing(RuntimeError):
     """The database the worker was pointed at has no runrow schema (never migrated)."""
+
+
+# The work pool, the heartbeats', the scrapes' (None: no --metrics-port), the LISTEN's limits.
+_Pools = tuple[CancelSafePool, CancelSafePool, CancelSafePool | None, dict[str, Any]]
 
 
 class CannotConnect(PoolTimeout):
@@ -135,7 +145,7 @@ class Worker:
         self._stop = asyncio.Event()
         self._signals = 0
         self._refusal: BaseException | None = None  # the start-up probes' last connect error
-        self._starting: asyncio.Future[tuple[CancelSafePool, CancelSafePool, dict[str, Any]]] | None = None
+        self._starting: asyncio.Future[_Pools] | None = None
         self.dispatcher: Dispatcher | None = None
         self.hub: Hub | None = None
 
@@ -187,7 +197,7 @@ class Worker:
         log.info("worker %s connecting to %s", self.worker_id, where(self.conninfo))
         self._starting = asyncio.ensure_future(self._connect())
         try:
-            pool, heartbeat_pool, hub_limits = await self._starting
+            pool, heartbeat_pool, metrics_pool, hub_limits = await self._starting
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError) and self._stop.is_set():
                 log.info("stopped before the database answered: nothing was claimed")
@@ -200,8 +210,9 @@ class Worker:
         await hub.wait_connected(5)  # not required: without it the worker polls
         metrics.watch_hub(lambda: hub.connected)
         metrics_server = None
-        if self.metrics_port is not None:
-            metrics_server = await metrics.serve(pool, self.metrics_host, self.metrics_port)
+        background: list[asyncio.Task[Any]] = []
+        if metrics_pool is not None:
+            metrics_server = await metrics.serve(metrics_pool, self.metrics_host, self.metrics_port or 0)
             self.metrics_address = metrics_server.sockets[0].getsockname()[:2]
             log.info("metrics on http://%s:%d/metrics", *self.metrics_address)
         writer = JournalWriter(pool, interval=self.flush_interval, retry_budget=self.lease_seconds)
@@ -218,7 +229,8 @@ class Worker:
             config=self.config,
             heartbeat_pool=heartbeat_pool,
         )
-        background = [
+        metrics.watch_runs(lambda: len(dispatcher.in_flight), self.concurrency)
+        background += [
             asyncio.create_task(dispatcher.watch_cancels(), name="runrow-cancel-watch"),
             asyncio.create_task(
                 reaper_loop(
@@ -261,8 +273,7 @@ class Worker:
                     await task
             await writer.stop()
             await hub.stop()
-            await pool.close()
-            await heartbeat_pool.close()
+            await _close(pool, heartbeat_pool, *([metrics_pool] if metrics_pool is not None else []))
         log.info(
             "worker %s stopped: %d run(s) claimed in %d claim(s), %d journal transaction(s)",
             self.worker_id,
@@ -272,10 +283,10 @@ class Worker:
         )
         return 0
 
-    async def _connect(self) -> tuple[CancelSafePool, CancelSafePool, dict[str, Any]]:
-        """The work pool, open on a database with runrow's schema, the heartbeats' pool, and the
-        LISTEN connection's session limits; the pools are closed again if anything here fails or
-        is cancelled."""
+    async def _connect(self) -> _Pools:
+        """The work pool, open on a database with runrow's schema, the heartbeats' pool, the
+        scrapes' (None without --metrics-port), and the LISTEN connection's session limits; the
+        pools are closed again if anything here fails or is cancelled."""
         # PostgreSQL itself ends this process's sessions within about a lease if it freezes
         # or vanishes inside a transaction, so its row locks cannot stall reapers and stops.
         limits: dict[str, Any] = {}
@@ -298,9 +309,20 @@ class Worker:
             kwargs=kwargs,
             open=False,
         )
+        pools = [pool, heartbeat_pool]
+        metrics_pool = None
+        if self.metrics_port is not None:
+            metrics_pool = CancelSafePool(
+                self.conninfo,
+                min_size=METRICS_CONNECTIONS,
+                max_size=METRICS_CONNECTIONS,
+                kwargs={**kwargs, "application_name": "runrow-worker-metrics"},
+                open=False,
+            )
+            pools.append(metrics_pool)
         try:
-            await pool.open(wait=True, timeout=max(1.0, deadline - time.monotonic()))
-            await heartbeat_pool.open(wait=True, timeout=max(1.0, deadline - time.monotonic()))
+            for each in pools:
+                await each.open(wait=True, timeout=max(1.0, deadline - time.monotonic()))
             async with pool.connection() as conn:
                 row = await (await conn.execute("SELECT runrow.schema_version()")).fetchone()
             version = row[0] if row else None
@@ -308,24 +330,24 @@ class Worker:
                 raise SchemaMissing(problem)  # the pools are closed below
         except (psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedFunction):
             # Started anyway, it logged a failed reap and a failed claim every tick, forever.
-            await _close(pool, heartbeat_pool)
+            await _close(*pools)
             raise SchemaMissing(
                 "the database has no runrow schema: run `runrow migrate` on it first"
             ) from None
         except psycopg.errors.InsufficientPrivilege:
-            await _close(pool, heartbeat_pool)
+            await _close(*pools)
             raise SchemaMissing(
                 "this login may not call runrow's functions: GRANT runrow_worker TO it"
             ) from None
         except PoolTimeout as exc:
-            await _close(pool, heartbeat_pool)
+            await _close(*pools)
             raise CannotConnect(
-                START_TIMEOUT, pool.last_error or heartbeat_pool.last_error or self._refusal
+                START_TIMEOUT, next((p.last_error for p in pools if p.last_error), None) or self._refusal
             ) from exc
         except BaseException:  # a stop before the database answered
-            await _close(pool, heartbeat_pool)
+            await _close(*pools)
             raise
-        return pool, heartbeat_pool, hub_limits
+        return pool, heartbeat_pool, metrics_pool, hub_limits
 
     def _refused(self, exc: BaseException) -> None:
         self._refusal = exc
