@@ -82,6 +82,7 @@ SELECT plan(
     + 2                                      -- search_path pinned; the functions really are SECURITY DEFINER
     + 1                                      -- no SET clause on the private helpers
     + 5                                      -- claim tokens: the auditor reads every column but them
+    + 1                                      -- the worker reads the priced models (metrics labels)
 );
 
 -- Each role x each API function, for real under SET ROLE.
@@ -155,6 +156,10 @@ SELECT lives_ok($$SELECT pg_temp.as_role('runrow_auditor', 'SELECT 1 FROM runrow
         runrow.run_attempts, runrow.webhook_health, (SELECT count(*) FROM runrow.webhook_outbox) AS o,
         (SELECT count(*) FROM runrow.audit()) AS a')$$,
     'the auditor still reads the views over them and runs audit()');
+
+-- The worker's metrics label only the models the operator priced (migration 0074).
+SELECT lives_ok($$SELECT pg_temp.as_role('runrow_worker', 'SELECT model FROM runrow.model_prices')$$,
+    'the worker reads runrow.model_prices');
 
 -- Private helpers: no runrow role holds EXECUTE on any of them.
 SELECT is_empty(format($$SELECT sig FROM private WHERE has_function_privilege(%L, sig, 'EXECUTE')$$, role),

@@ -119,7 +119,8 @@ BEGIN
     '0071_model_price_cache_write_1h',
     '0072_search_path_pg_temp_last',
     '0073_auditor_reads_no_claim_tokens',
-    '0074_key_errors'
+    '0074_key_errors',
+    '0075_worker_reads_model_prices'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -7663,6 +7664,21 @@ COMMENT ON VIEW runrow.rate_limits IS
 GRANT SELECT ON runrow.rate_limit_blocks, runrow.rate_limits TO runrow_auditor;
 INSERT INTO runrow._yoyo_migration VALUES ('ee4635fb1c1a5e96d1193b54c163184e70d99c8aad0af3ffcec5a83acae1f9ce', '0074_key_errors', now() AT TIME ZONE 'UTC');
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'ee4635fb1c1a5e96d1193b54c163184e70d99c8aad0af3ffcec5a83acae1f9ce', '0074_key_errors', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0075_worker_reads_model_prices
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '61053e77c34ebaa9525022c2442987e74dabfa1d517daa85604f659629be7275') AS apply_61053e77c34e \gset
+\if :apply_61053e77c34e
+-- depends: 0074_key_errors
+-- The worker's metrics label a model request or its tokens by the run's model only when the
+-- operator priced that model: a run's model is the enqueuer's string, so labelling the first 50
+-- names a process saw let 50 junk names push the real model into "other" for the life of the
+-- process (the metrics audit). The worker reads the priced models through this view, once at
+-- start and once a minute (pyworker/worker/metrics.py); it was the auditor's alone. Prices are
+-- not secret: the worker already spends by them in acquire_model_call.
+GRANT SELECT ON runrow.model_prices TO runrow_worker;
+INSERT INTO runrow._yoyo_migration VALUES ('61053e77c34ebaa9525022c2442987e74dabfa1d517daa85604f659629be7275', '0075_worker_reads_model_prices', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '61053e77c34ebaa9525022c2442987e74dabfa1d517daa85604f659629be7275', '0075_worker_reads_model_prices', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
 -- functions/: re-applied on every install, like `runrow migrate`

@@ -86,6 +86,8 @@ def test_worker_metrics_move_with_echo_runs(db: psycopg.Connection, start_worker
 def test_agent_run_counts_model_requests_tokens_throttling_and_tools(
     db: psycopg.Connection, worker_db: str, tmp_path: Path
 ) -> None:
+    # A priced model is labelled by its name (any other counts as "other").
+    db.execute("SELECT runrow.set_model_price('claude-fake-1', 3, 15, 3.75, 0.3)")
     # The first request meets a 429, its retry a 529; the SDK's third try goes through.
     with FakeModel("demo", faults=[rate_limited(), overloaded()]) as fake:
         worker = agent_worker(worker_db, "metrics-agent", fake.base_url, tmp_path, "--metrics-port", "0")
@@ -275,3 +277,43 @@ async def test_concurrent_scrapes_share_one_query() -> None:
     await asyncio.sleep(metrics.CACHE_SECONDS)
     await metrics.scrape(pool)
     assert queries == 2
+
+
+def test_only_a_priced_model_gets_a_label_of_its_own(
+    db: psycopg.Connection, worker_db: str, tmp_path: Path
+) -> None:
+    """The metrics audit: the first 50 distinct model strings a process saw got a label each, and
+    an enqueuer chooses the string: 50 junk names pushed the real model into "other" for the life
+    of the process. A model gets its label when the operator priced it (runrow.model_prices)."""
+    db.execute("SELECT runrow.set_model_price('claude-priced', 3, 15, 3.75, 0.3)")
+    with FakeModel("text") as fake:
+        worker = agent_worker(
+            worker_db, "metrics-models", fake.base_url, tmp_path, "--metrics-port", "0", "--concurrency", "8"
+        )
+        try:
+            worker.wait_started(20)
+            url = metrics_url(worker)
+            junk = [
+                enqueue_agent(db, "hi", model=f"junk-{i}", tools=[], metadata={}, system=None)
+                for i in range(50)
+            ]
+            for run in junk:
+                assert wait_status(db, run, {"completed", "failed", "dead"}, 60) == "completed", worker.log()
+            priced = enqueue_agent(db, "hi", model="claude-priced", tools=[], metadata={}, system=None)
+            assert wait_status(db, priced, {"completed", "failed", "dead"}, 60) == "completed", worker.log()
+            samples = wait_until(
+                lambda: (
+                    (s := scrape(url))
+                    and value(s, "runrow_attempt_duration_seconds_count", ending="completed") == 51
+                    and s
+                ),
+                10,
+                "51 attempts in the histogram",
+            )
+        finally:
+            worker.close()
+    assert value(samples, "runrow_model_request_seconds_count", model="claude-priced", outcome="ok") == 1
+    assert value(samples, "runrow_model_request_seconds_count", model="other", outcome="ok") == 50
+    assert value(samples, "runrow_model_tokens_total", model="claude-priced", kind="output") > 0
+    models = {dict(labels).get("model") for name, labels in samples if name.startswith("runrow_model_")}
+    assert models - {None} == {"claude-priced", "other"}

@@ -43,6 +43,7 @@ async def test_a_response_that_completes_as_its_task_is_cancelled_is_counted_onc
         )
 
     monkeypatch.setattr(model_module, "_consume", consume)
+    monkeypatch.setattr(metrics, "_known_models", frozenset({"claude-fake-1"}))  # as if priced
     before = input_tokens()
     outer = asyncio.create_task(stream_turn(None, {"model": "claude-fake-1"}, None, asyncio.Event()))  # type: ignore[arg-type]
     with pytest.raises(asyncio.CancelledError):

@@ -3,8 +3,10 @@ count, and the database's gauges read at scrape time.
 
 Everything lives in prometheus_client's default registry (so process_* and python_* come along)
 and the sites call one-line helpers below. Labels are bounded: statuses, outcomes, effects, call
-names, and models capped at MAX_MODELS distinct names (a run's model is the caller's string; past
-the cap it counts as "other"). Never a run id, a user or a tool argument.
+names, and models the operator priced (runrow.model_prices, read by `refresh_models`); any other
+model counts as "other". A run's model is the caller's string, so a label per name seen let
+any enqueuer fill the label set with junk names and push the real model into "other" for the
+life of the process. Never a run id, a user or a tool argument.
 
 The database half is ONE query per scrape (`scrape`): `SELECT * FROM runrow.queue_metrics`, one
 row whose every column becomes a gauge by name (migration 0015), so a new database gauge is one
@@ -33,8 +35,12 @@ from prometheus_client.registry import Collector
 
 log = logging.getLogger("runrow.metrics")
 
-MAX_MODELS = 50
 OTHER = "other"
+UNKNOWN = "unknown"  # a run without a model string
+# Seconds between two reads of the priced models: a price set later gets its own label within
+# a minute, and no model call ever waits on (or costs) a query.
+MODELS_REFRESH_SECONDS = 60.0
+MODELS_QUERY = "SELECT model FROM runrow.model_prices"
 # Seconds a scrape's database row is reused by the scrapes after it.
 CACHE_SECONDS = 1.0
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -105,20 +111,50 @@ TOKEN_KINDS = {
     "cache_creation_input_tokens": "cache_write",
 }
 
-_models: set[str] = set()
-_models_lock = threading.Lock()
+# The models that get a label of their own: the priced ones, as last read. Replaced whole,
+# never mutated, so model_label reads it without a lock from any thread.
+_known_models: frozenset[str] = frozenset()
 
 
 def model_label(model: object) -> str:
-    """The model as a label value: the first MAX_MODELS distinct names, then "other"."""
-    name = model if isinstance(model, str) and model else "unknown"
-    with _models_lock:
-        if name in _models:
-            return name
-        if len(_models) < MAX_MODELS:
-            _models.add(name)
-            return name
-    return OTHER
+    """The model as a label value: its name if the operator priced it (runrow.model_prices, as
+    last read), "unknown" without a name, else "other"."""
+    if not isinstance(model, str) or not model:
+        return UNKNOWN
+    return model if model in _known_models else OTHER
+
+
+def set_known_models(models: Iterable[str]) -> None:
+    global _known_models
+    _known_models = frozenset(m for m in models if isinstance(m, str) and m)
+
+
+async def refresh_models(pool: Any, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+    """Read the priced models (one query of the documented view); raises if the read fails,
+    leaving the last set in place."""
+    async with asyncio.timeout(timeout):
+        async with pool.connection() as conn:
+            cur = await conn.execute(MODELS_QUERY)
+            rows = await cur.fetchall()
+    set_known_models(row[0] for row in rows)
+
+
+async def watch_models(pool: Any, every: float = MODELS_REFRESH_SECONDS) -> None:
+    """Re-read the priced models every `every` seconds, for as long as the process runs; a failed
+    read keeps the last set (warned once per outage, the scrape's db_up says the rest)."""
+    failing = False
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await refresh_models(pool)
+        except Exception as exc:
+            if not failing:
+                log.warning(
+                    "metrics: reading the priced models failed, keeping the last: %s", exc or repr(exc)
+                )
+            failing = True
+        else:
+            failing = False
 
 
 def claimed(queued_seconds: float | None) -> None:

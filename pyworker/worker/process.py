@@ -215,6 +215,14 @@ class Worker:
             metrics_server = await metrics.serve(metrics_pool, self.metrics_host, self.metrics_port or 0)
             self.metrics_address = metrics_server.sockets[0].getsockname()[:2]
             log.info("metrics on http://%s:%d/metrics", *self.metrics_address)
+            # Read once before the first claim, so the first runs' model requests are labelled.
+            try:
+                await metrics.refresh_models(metrics_pool)
+            except Exception as exc:
+                log.warning("metrics: the priced models were not read (every model counts as other): %s", exc)
+            background.append(
+                asyncio.create_task(metrics.watch_models(metrics_pool), name="runrow-metrics-models")
+            )
         writer = JournalWriter(pool, interval=self.flush_interval, retry_budget=self.lease_seconds)
         await writer.start()
         dispatcher = self.dispatcher = Dispatcher(
