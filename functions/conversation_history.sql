@@ -33,35 +33,44 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    WITH turns AS (
-        -- Which turns contribute. Every rule depends only on what is final once a turn is
-        -- terminal, so a turn contributes the same rows to every later rebuild (history
-        -- only ever grows at the end). The earlier turns that contribute have ended: read
-        -- through agent_run_ended_by_conversation; the target itself is already in hand.
+    WITH earlier AS (
+        -- The earlier turns that may contribute. Every rule depends only on what is final once
+        -- a turn is terminal, so a turn contributes the same rows to every later rebuild
+        -- (history only ever grows at the end). They have ended: read through
+        -- agent_run_ended_by_conversation; the target itself is already in hand.
+        SELECT a.id, a.enqueue_seq, a.status, a.user_message_id
+        FROM runrow.agent_run AS a
+        WHERE a.conversation_id = target.conversation_id
+          AND a.enqueue_seq < target.enqueue_seq
+          AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
+          AND (
+              a.status = 'completed'
+              -- A stopped turn the model already acted in: what it did stays true.
+              OR (a.status = 'cancelled' AND EXISTS (SELECT 1 FROM runrow.agent_step AS s WHERE s.run_id = a.id))
+          )
+    ),
+    last_turns AS (
+        -- The latest model turn of each earlier turn: how it ended, and its tool_uses (to
+        -- answer the dangling ones).
+        SELECT DISTINCT ON (s.run_id) s.run_id, s.seq, s.payload, s.stop_reason
+        FROM earlier AS e
+        JOIN runrow.agent_step AS s ON s.run_id = e.id AND s.kind = 'model_turn'
+        ORDER BY s.run_id, s.seq DESC
+    ),
+    turns AS (
+        -- Which turns contribute: the earlier ones but those that ended in a refusal, then
+        -- the target. A refused turn contributes nothing, its user message included: the API
+        -- refuses every later request that still holds a refused exchange ("reset the
+        -- conversation context"). Read from the step log, which last_turns reads anyway.
         SELECT t.id, t.enqueue_seq, t.status, t.user_message_id, t.id = target.id AS is_target,
                row_number() OVER (ORDER BY t.enqueue_seq)::integer AS turn_index
         FROM (
-            SELECT a.id, a.enqueue_seq, a.status, a.user_message_id
-            FROM runrow.agent_run AS a
-            WHERE a.conversation_id = target.conversation_id
-              AND a.enqueue_seq < target.enqueue_seq
-              AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
-              AND (
-                  a.status = 'completed'
-                  -- A stopped turn the model already acted in: what it did stays true.
-                  OR (a.status = 'cancelled' AND EXISTS (SELECT 1 FROM runrow.agent_step AS s WHERE s.run_id = a.id))
-              )
+            SELECT e.id, e.enqueue_seq, e.status, e.user_message_id
+            FROM earlier AS e
+            WHERE NOT EXISTS (SELECT 1 FROM last_turns AS l WHERE l.run_id = e.id AND l.stop_reason = 'refusal')
             UNION ALL
             SELECT target.id, target.enqueue_seq, target.status, target.user_message_id
         ) AS t
-    ),
-    last_turns AS (
-        -- The latest model turn of each earlier turn, to answer its dangling tool_uses.
-        SELECT DISTINCT ON (s.run_id) s.run_id, s.seq, s.payload
-        FROM turns AS t
-        JOIN runrow.agent_step AS s ON s.run_id = t.id AND s.kind = 'model_turn'
-        WHERE NOT t.is_target
-        ORDER BY s.run_id, s.seq DESC
     ),
     blocks AS (
         SELECT t.id AS run_id, t.turn_index, 0 AS pos, 0::bigint AS sub, 'user'::text AS role,
@@ -117,7 +126,10 @@ COMMENT ON FUNCTION runrow.conversation_history(uuid, uuid) IS
 'run itself, every earlier completed turn, and every earlier cancelled turn that has at least '
 'one step. Failed and dead turns contribute nothing (a person''s retry_run is a new turn with '
 'the same user message, placed where it was enqueued); turns stopped before any step '
-'contribute nothing (a draft). An earlier turn whose last model turn has a tool_use without a '
+'contribute nothing (a draft); an earlier turn whose last model_turn step has stop_reason '
+'refusal contributes nothing, neither its user message nor its steps (the Messages API refuses '
+'every later request that still holds a refused exchange: the context is reset past it). An '
+'earlier turn whose last model turn has a tool_use without a '
 'result gets one synthesized row per such tool_use (source synthesized, seq NULL): '
 '{"type":"tool_result","tool_use_id":...,"content":"No result: this turn was <status> before '
 'the tool call completed.","is_error":true}. Stored rows never change and every rule reads '

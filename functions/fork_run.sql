@@ -43,8 +43,8 @@ BEGIN
     SELECT new_conversation, c.user_id FROM runrow.conversation AS c WHERE c.id = src.conversation_id;
 
     -- The earlier turns that make up the source's history (conversation_history's rule: completed,
-    -- or cancelled after the model acted) are copied as they ended, then the source itself up to
-    -- at_seq as a queued run. Same order, same statuses, same bytes: conversation_history of the
+    -- or cancelled after the model acted, and not ended in a refusal) are copied as they ended,
+    -- then the source itself up to at_seq as a queued run. Same order, same statuses, same bytes: conversation_history of the
     -- fork rebuilds exactly the source's model input, synthesized tool results included.
     -- The earlier turns have ended (agent_run_ended_by_conversation); the source is read by key.
     FOR turn IN
@@ -56,6 +56,12 @@ BEGIN
               a.status = 'completed'
               OR (a.status = 'cancelled' AND EXISTS (SELECT 1 FROM runrow.agent_step AS s WHERE s.run_id = a.id))
           )
+          AND (
+              SELECT s.stop_reason FROM runrow.agent_step AS s
+              WHERE s.run_id = a.id AND s.kind = 'model_turn'
+              ORDER BY s.seq DESC
+              LIMIT 1
+          ) IS DISTINCT FROM 'refusal'
         UNION ALL
         SELECT a.* FROM runrow.agent_run AS a WHERE a.id = src.id
         ORDER BY enqueue_seq
@@ -133,7 +139,8 @@ COMMENT ON FUNCTION runrow.fork_run(uuid, integer, text) IS
 'Start a new run (new_run_id) in a new conversation (new_conversation_id, owned by the source conversation''s user) whose history '
 'is run_id''s, up to and including its step at_seq (agent_step.seq of run_id; 0 = its user message '
 'only). The earlier turns of the source conversation that its history holds (completed, or '
-'cancelled after a step) are copied as they ended, then run_id''s user message and steps 1..at_seq '
+'cancelled after a step, and whose last model_turn''s stop_reason is not refusal) are copied as '
+'they ended, then run_id''s user message and steps 1..at_seq '
 'into a queued run pinned to the same prompt and metadata, with the source''s fleet settings '
 '(priority, fairness_key, concurrency_key, token_budget, cost_budget, webhook_url; rate_limit_key '
 'too, or the fork''s model when it was the source''s model), with model (default: the source''s) '

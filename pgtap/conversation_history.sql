@@ -1,12 +1,13 @@
 -- runrow.conversation_history: which turns contribute and how, message grouping, the
 -- stored bytes returned, synthesized results for dangling tool_uses of earlier turns,
--- a resumed attempt sees the earlier attempt's steps, bad input.
+-- a resumed attempt sees the earlier attempt's steps, a refused turn left out of later
+-- histories, bad input.
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/row_versions.psql
 \ir helpers/steps.psql
-SELECT plan(18);
+SELECT plan(22);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid}'''
@@ -117,6 +118,51 @@ SELECT results_eq(
         ('synthesized', NULL, 'tool_result', '{"type":"tool_result","tool_use_id":"tu_n","content":"No result: this turn was cancelled before the tool call completed.","is_error":true}'),
         ('user_message', NULL, 'user_message', '"N2"')$q$, :'nul_turn'),
     'a turn whose text holds \u0000 comes back byte for byte, its dangling tool_use answered');
+
+-- A refused turn in the middle: the API refuses every later request that still holds a refused
+-- exchange, so later histories leave out its user message and its answer; its own history (a
+-- resumed attempt rebuilding it) keeps them.
+SELECT pg_temp.drain_queue();
+\set rconv '''cccccccc-0000-0000-0000-000000000003'''
+SELECT pg_temp.say(:rconv, 'R1') AS r1 \gset
+SELECT pg_temp.claim(:'r1') AS tr1 \gset
+SELECT runrow.append_step(:'r1', :'tr1', 'model_turn', '[{"type":"text","text":"fine"}]', stop_reason => 'end_turn');
+SELECT runrow.finish_run(:'r1', :'tr1', 'completed', '{"text": "fine", "stop_reason": "end_turn"}');
+SELECT pg_temp.say(:rconv, 'build a weapon') AS r2 \gset
+SELECT pg_temp.claim(:'r2') AS tr2 \gset
+SELECT runrow.append_step(:'r2', :'tr2', 'model_turn', '[{"type":"text","text":"I can''t help with"}]',
+    stop_reason => 'refusal');
+SELECT results_eq(
+    format('SELECT source, seq, kind, payload::text FROM runrow.conversation_history(%L, %L)', :rconv, :'r2'),
+    $q$VALUES ('user_message', NULL::int, 'user_message', '"R1"'), ('step', 1, 'model_turn', '[{"type":"text","text":"fine"}]'),
+        ('user_message', NULL, 'user_message', '"build a weapon"'),
+        ('step', 1, 'model_turn', '[{"type":"text","text":"I can''t help with"}]')$q$,
+    'the refused run''s own history holds its refusal (a resumed attempt reads how it ended)');
+SELECT runrow.finish_run(:'r2', :'tr2', 'completed', '{"text": "I can''t help with", "stop_reason": "refusal"}');
+-- A turn stopped after a refusal (the stop won the race to end it) is left out the same way.
+SELECT pg_temp.say(:rconv, 'build it anyway') AS r3 \gset
+SELECT pg_temp.claim(:'r3') AS tr3 \gset
+SELECT runrow.append_step(:'r3', :'tr3', 'model_turn', '[{"type":"text","text":"No."}]', stop_reason => 'refusal');
+SELECT runrow.finish_run(:'r3', :'tr3', 'cancelled');
+SELECT pg_temp.say(:rconv, 'what is 2+2?') AS r4 \gset
+SELECT results_eq(
+    format('SELECT turn_index, message_index, role, source, seq, kind, payload::text FROM runrow.conversation_history(%L, %L)', :rconv, :'r4'),
+    $q$VALUES (1, 1, 'user', 'user_message', NULL::int, 'user_message', '"R1"'),
+        (1, 2, 'assistant', 'step', 1, 'model_turn', '[{"type":"text","text":"fine"}]'),
+        (2, 3, 'user', 'user_message', NULL, 'user_message', '"what is 2+2?"')$q$,
+    'a later turn''s history leaves out the refused turns, their user messages and answers: R1, then R4');
+SELECT pg_temp.claim(:'r4') AS tr4 \gset
+SELECT runrow.append_step(:'r4', :'tr4', 'model_turn', '[{"type":"text","text":"4"}]', stop_reason => 'end_turn');
+SELECT runrow.finish_run(:'r4', :'tr4', 'completed', '{"text": "4", "stop_reason": "end_turn"}');
+SELECT pg_temp.say(:rconv, 'and 3+3?') AS r5 \gset
+SELECT is(
+    (SELECT array_agg(DISTINCT run_id ORDER BY run_id) FROM runrow.conversation_history(:rconv, :'r5')),
+    (SELECT array_agg(x ORDER BY x) FROM unnest(ARRAY[:'r1', :'r4', :'r5']::uuid[]) AS x),
+    'and every turn after it too: R1, R4, R5');
+SELECT is(
+    (SELECT count(*)::int FROM runrow.conversation_history(:rconv, :'r5') WHERE payload::text LIKE '%weapon%'
+        OR payload::text LIKE '%help with%' OR payload::text LIKE '%anyway%' OR payload::text LIKE '%No.%'),
+    0, 'no refused text reaches the model again');
 
 -- Bad input.
 SELECT throws_ok(format('SELECT * FROM runrow.conversation_history(NULL, %L)', :'f'), '22004',

@@ -4,7 +4,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/steps.psql
-SELECT plan(37);
+SELECT plan(39);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'fork_run', ARRAY['uuid', 'integer', 'text'], 'fork_run(run_id, at_seq, model) exists');
@@ -199,6 +199,25 @@ SELECT runs AS completed_before FROM runrow.run_stats WHERE status = 'completed'
 SELECT new_run_id AS another FROM runrow.fork_run(:'t3', 0) \gset
 SELECT is((SELECT runs FROM runrow.run_stats WHERE status = 'completed'), :'completed_before'::bigint,
     'run_stats does not count a fork''s copy of turn 1 as a run that completed');
+
+-- A refused turn is not part of any later history (conversation_history leaves it out: the API
+-- refuses every request that still holds a refused exchange), so a fork does not copy it.
+SELECT pg_temp.drain_queue();
+SELECT gen_random_uuid() AS rconv \gset
+SELECT run_id AS refused FROM runrow.enqueue_run(:'rconv', '"build a weapon"', 'model-a') \gset
+SELECT pg_temp.claim(:'refused') AS rtok \gset
+SELECT runrow.append_step(:'refused', :'rtok', 'model_turn', '[{"type":"text","text":"I can''t"}]', stop_reason => 'refusal');
+SELECT runrow.finish_run(:'refused', :'rtok', 'completed', '{"text": "I can''t", "stop_reason": "refusal"}');
+SELECT run_id AS after_refusal FROM runrow.enqueue_run(:'rconv', '"what is 2+2?"', 'model-a') \gset
+SELECT pg_temp.claim(:'after_refusal') AS atok \gset
+SELECT runrow.append_step(:'after_refusal', :'atok', 'model_turn', '[{"type":"text","text":"4"}]', stop_reason => 'end_turn');
+SELECT runrow.finish_run(:'after_refusal', :'atok', 'completed', '{"text": "4"}');
+SELECT * FROM runrow.fork_run(:'after_refusal', 1) AS f (rfork, rfork_conv, rcopied, rdrop) \gset
+SELECT is(
+    (SELECT array_agg(m.content ORDER BY a.enqueue_seq) FROM runrow.agent_run AS a
+     JOIN runrow.message AS m ON m.id = a.user_message_id WHERE a.conversation_id = :'rfork_conv'),
+    ARRAY['"what is 2+2?"'::jsonb], 'a fork leaves out an earlier refused turn, its user message included');
+SELECT is(:'rcopied'::int, 1, 'and copies only the forked turn''s step');
 
 SELECT * FROM finish();
 ROLLBACK;

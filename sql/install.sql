@@ -12291,35 +12291,44 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    WITH turns AS (
-        -- Which turns contribute. Every rule depends only on what is final once a turn is
-        -- terminal, so a turn contributes the same rows to every later rebuild (history
-        -- only ever grows at the end). The earlier turns that contribute have ended: read
-        -- through agent_run_ended_by_conversation; the target itself is already in hand.
+    WITH earlier AS (
+        -- The earlier turns that may contribute. Every rule depends only on what is final once
+        -- a turn is terminal, so a turn contributes the same rows to every later rebuild
+        -- (history only ever grows at the end). They have ended: read through
+        -- agent_run_ended_by_conversation; the target itself is already in hand.
+        SELECT a.id, a.enqueue_seq, a.status, a.user_message_id
+        FROM runrow.agent_run AS a
+        WHERE a.conversation_id = target.conversation_id
+          AND a.enqueue_seq < target.enqueue_seq
+          AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
+          AND (
+              a.status = 'completed'
+              -- A stopped turn the model already acted in: what it did stays true.
+              OR (a.status = 'cancelled' AND EXISTS (SELECT 1 FROM runrow.agent_step AS s WHERE s.run_id = a.id))
+          )
+    ),
+    last_turns AS (
+        -- The latest model turn of each earlier turn: how it ended, and its tool_uses (to
+        -- answer the dangling ones).
+        SELECT DISTINCT ON (s.run_id) s.run_id, s.seq, s.payload, s.stop_reason
+        FROM earlier AS e
+        JOIN runrow.agent_step AS s ON s.run_id = e.id AND s.kind = 'model_turn'
+        ORDER BY s.run_id, s.seq DESC
+    ),
+    turns AS (
+        -- Which turns contribute: the earlier ones but those that ended in a refusal, then
+        -- the target. A refused turn contributes nothing, its user message included: the API
+        -- refuses every later request that still holds a refused exchange ("reset the
+        -- conversation context"). Read from the step log, which last_turns reads anyway.
         SELECT t.id, t.enqueue_seq, t.status, t.user_message_id, t.id = target.id AS is_target,
                row_number() OVER (ORDER BY t.enqueue_seq)::integer AS turn_index
         FROM (
-            SELECT a.id, a.enqueue_seq, a.status, a.user_message_id
-            FROM runrow.agent_run AS a
-            WHERE a.conversation_id = target.conversation_id
-              AND a.enqueue_seq < target.enqueue_seq
-              AND a.status IN ('completed', 'failed', 'cancelled', 'dead')
-              AND (
-                  a.status = 'completed'
-                  -- A stopped turn the model already acted in: what it did stays true.
-                  OR (a.status = 'cancelled' AND EXISTS (SELECT 1 FROM runrow.agent_step AS s WHERE s.run_id = a.id))
-              )
+            SELECT e.id, e.enqueue_seq, e.status, e.user_message_id
+            FROM earlier AS e
+            WHERE NOT EXISTS (SELECT 1 FROM last_turns AS l WHERE l.run_id = e.id AND l.stop_reason = 'refusal')
             UNION ALL
             SELECT target.id, target.enqueue_seq, target.status, target.user_message_id
         ) AS t
-    ),
-    last_turns AS (
-        -- The latest model turn of each earlier turn, to answer its dangling tool_uses.
-        SELECT DISTINCT ON (s.run_id) s.run_id, s.seq, s.payload
-        FROM turns AS t
-        JOIN runrow.agent_step AS s ON s.run_id = t.id AND s.kind = 'model_turn'
-        WHERE NOT t.is_target
-        ORDER BY s.run_id, s.seq DESC
     ),
     blocks AS (
         SELECT t.id AS run_id, t.turn_index, 0 AS pos, 0::bigint AS sub, 'user'::text AS role,
@@ -12375,7 +12384,10 @@ COMMENT ON FUNCTION runrow.conversation_history(uuid, uuid) IS
 'run itself, every earlier completed turn, and every earlier cancelled turn that has at least '
 'one step. Failed and dead turns contribute nothing (a person''s retry_run is a new turn with '
 'the same user message, placed where it was enqueued); turns stopped before any step '
-'contribute nothing (a draft). An earlier turn whose last model turn has a tool_use without a '
+'contribute nothing (a draft); an earlier turn whose last model_turn step has stop_reason '
+'refusal contributes nothing, neither its user message nor its steps (the Messages API refuses '
+'every later request that still holds a refused exchange: the context is reset past it). An '
+'earlier turn whose last model turn has a tool_use without a '
 'result gets one synthesized row per such tool_use (source synthesized, seq NULL): '
 '{"type":"tool_result","tool_use_id":...,"content":"No result: this turn was <status> before '
 'the tool call completed.","is_error":true}. Stored rows never change and every rule reads '
@@ -13584,8 +13596,8 @@ BEGIN
     SELECT new_conversation, c.user_id FROM runrow.conversation AS c WHERE c.id = src.conversation_id;
 
     -- The earlier turns that make up the source's history (conversation_history's rule: completed,
-    -- or cancelled after the model acted) are copied as they ended, then the source itself up to
-    -- at_seq as a queued run. Same order, same statuses, same bytes: conversation_history of the
+    -- or cancelled after the model acted, and not ended in a refusal) are copied as they ended,
+    -- then the source itself up to at_seq as a queued run. Same order, same statuses, same bytes: conversation_history of the
     -- fork rebuilds exactly the source's model input, synthesized tool results included.
     -- The earlier turns have ended (agent_run_ended_by_conversation); the source is read by key.
     FOR turn IN
@@ -13597,6 +13609,12 @@ BEGIN
               a.status = 'completed'
               OR (a.status = 'cancelled' AND EXISTS (SELECT 1 FROM runrow.agent_step AS s WHERE s.run_id = a.id))
           )
+          AND (
+              SELECT s.stop_reason FROM runrow.agent_step AS s
+              WHERE s.run_id = a.id AND s.kind = 'model_turn'
+              ORDER BY s.seq DESC
+              LIMIT 1
+          ) IS DISTINCT FROM 'refusal'
         UNION ALL
         SELECT a.* FROM runrow.agent_run AS a WHERE a.id = src.id
         ORDER BY enqueue_seq
@@ -13674,7 +13692,8 @@ COMMENT ON FUNCTION runrow.fork_run(uuid, integer, text) IS
 'Start a new run (new_run_id) in a new conversation (new_conversation_id, owned by the source conversation''s user) whose history '
 'is run_id''s, up to and including its step at_seq (agent_step.seq of run_id; 0 = its user message '
 'only). The earlier turns of the source conversation that its history holds (completed, or '
-'cancelled after a step) are copied as they ended, then run_id''s user message and steps 1..at_seq '
+'cancelled after a step, and whose last model_turn''s stop_reason is not refusal) are copied as '
+'they ended, then run_id''s user message and steps 1..at_seq '
 'into a queued run pinned to the same prompt and metadata, with the source''s fleet settings '
 '(priority, fairness_key, concurrency_key, token_budget, cost_budget, webhook_url; rate_limit_key '
 'too, or the fork''s model when it was the source''s model), with model (default: the source''s) '

@@ -13,6 +13,10 @@ Control endpoints (for another process): POST /_control/faults {"faults": [fault
 POST /_control/account_error {"fault": fault | null} (answered to every request until cleared),
 POST /_control/scenario {"scenario": name}, POST /_control/reset, GET /_control/requests.
 Per request, the header `x-fake-scenario: NAME` overrides the server's scenario.
+
+Refusals stick, as the API documents ("Reset context after refusal"): once an answer ends with
+stop_reason refusal, any later request whose history (every message but the last) still holds the
+refused message or that answer is refused again, whatever the scenario; reset() forgets them.
 """
 
 from __future__ import annotations
@@ -33,9 +37,22 @@ from pyworker.fake import protocol as wire
 from pyworker.fake.cache import PromptCache, prompt_tokens
 from pyworker.fake.faults import Fault
 from pyworker.fake.ratelimit import RateLimit
-from pyworker.fake.scenarios import ModelRequest, Scenario, conversation_step, resolve_scenario
+from pyworker.fake.scenarios import ModelRequest, Scenario, Text, Turn, conversation_step, resolve_scenario
 
 log = logging.getLogger("runrow.fake_model")
+
+
+def _refused_again(request: ModelRequest) -> Turn:
+    return Turn(
+        (Text("I can't continue this conversation."),),
+        stop_reason="refusal",
+        stop_details={
+            "type": "refusal",
+            "category": None,
+            "explanation": "The conversation still holds a refused exchange: reset the context.",
+        },
+    )
+
 
 DEFAULT_SECRET = b"runrow-fake-model-signing-key"
 REASONS = {
@@ -100,6 +117,9 @@ class _State:
     account_error: Fault | None = None
     requests: list[RecordedRequest] = field(default_factory=list)
     served: dict[bytes, int] = field(default_factory=dict)
+    # Digests (wire.canonical_message) of the refused exchanges: each refused request's last
+    # message and the answer that refused it.
+    refused: set[bytes] = field(default_factory=set)
 
 
 class FakeModel:
@@ -254,6 +274,7 @@ class FakeModel:
             self._state.account_error = None
             self._state.requests.clear()
             self._state.served.clear()
+            self._state.refused.clear()
         self.prompt_cache.clear()
 
     def wait_for_requests(self, count: int, timeout: float = 10.0) -> list[RecordedRequest]:
@@ -385,6 +406,17 @@ class FakeModel:
         if not headers.get("anthropic-version"):
             raise wire.invalid("anthropic-version: header is required")
 
+    def _remember_refusal(self, refused: Mapping[str, Any], answer: list[dict[str, Any]]) -> None:
+        """As the API: once the model refused, a request whose history still holds the refused
+        exchange (the message it refused, or its answer) is refused again ("Attempting to continue
+        without resetting will result in continued refusals"). The message sent again as the last
+        one of a request is the scenario's to judge."""
+        with self._lock:
+            self._state.refused.add(wire.digest(wire.canonical_message(refused)))
+            if answer:
+                exchange = {"role": "assistant", "content": answer}
+                self._state.refused.add(wire.digest(wire.canonical_message(exchange)))
+
     def _next_fault(self) -> Fault | None:
         with self._lock:
             if self._state.account_error is not None:
@@ -395,6 +427,9 @@ class FakeModel:
         override = headers.get("x-fake-scenario")
         with self._lock:
             scenario = resolve_scenario(override) if override else self._state.scenario
+            history = body["messages"][:-1]
+            if any(wire.digest(wire.canonical_message(m)) in self._state.refused for m in history):
+                scenario = _refused_again
         try:
             turn = wire.honour_tool_choice(
                 scenario(ModelRequest(body=body, step=conversation_step(body["messages"]))), body
@@ -437,6 +472,8 @@ class FakeModel:
         usage = wire.usage_json(cached.usage_fields(), out_tokens)
         message = wire.message_json(message_id, body["model"], content, turn, usage, cut)
         record.response = message
+        if message["stop_reason"] == "refusal":
+            self._remember_refusal(body["messages"][-1], content)
         if not body.get("stream"):
             if fault is not None and fault.kind in ("drop", "end"):
                 self._finish(record, 0, "dropped")
