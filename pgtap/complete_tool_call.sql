@@ -1,11 +1,11 @@
 -- runrow.complete_tool_call: the result and its tool_result step in one transaction,
--- content forms, immutable results, rejections, wrong states, fenced out, bad input.
+-- content forms (an array only when it holds content blocks), immutable results, rejections, wrong states, fenced out, bad input.
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/row_versions.psql
 \ir helpers/steps.psql
-SELECT plan(42);
+SELECT plan(49);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid,text,jsonb,boolean}'''
@@ -105,6 +105,37 @@ SELECT runrow.finish_run(:'r2', :'tok2', 'completed');
 SELECT pg_temp.steps_written() AS before2 \gset
 SELECT is(runrow.complete_tool_call(:'r2', :'tok2', :'kf', '"x"'), NULL, 'a finished run: NULL');
 SELECT is(pg_temp.steps_written(), :'before2', 'fenced-out completes wrote nothing');
+
+-- Arrays: a tool's ordinary list is not a list of content blocks. Only a non-empty array of
+-- objects whose type the API takes in a tool_result goes as content; any other reaches the model
+-- as its JSON text (sent as is, the API refused the next request: 400 tool_result.content.0).
+SELECT pg_temp.running() AS r3 \gset
+SELECT pg_temp.token(:'r3') AS tok3 \gset
+SELECT pg_temp.turn(:'r3', '[{"type":"tool_use","id":"tu_1","name":"a","input":{}},{"type":"tool_use","id":"tu_2","name":"b","input":{}},'
+    '{"type":"tool_use","id":"tu_3","name":"c","input":{}},{"type":"tool_use","id":"tu_4","name":"d","input":{}},'
+    '{"type":"tool_use","id":"tu_5","name":"f","input":{}},{"type":"tool_use","id":"tu_6","name":"t","input":{}}]');
+CREATE TEMP TABLE list_calls (tu text, tool text, result jsonb, content text, what text);
+INSERT INTO list_calls VALUES
+    ('tu_1', 'a', '["a", "b"]', '"[\"a\", \"b\"]"', 'a list of plain values is sent as its JSON text'),
+    ('tu_2', 'b', '[{"id": 1, "name": "alpha"}, {"id": 2, "name": "beta"}]',
+     '"[{\"id\": 1, \"name\": \"alpha\"}, {\"id\": 2, \"name\": \"beta\"}]"', 'so is a list of rows (objects without a block type)'),
+    ('tu_3', 'c', '[{"type": "text", "text": "x"}, 1]', '"[{\"text\": \"x\", \"type\": \"text\"}, 1]"',
+     'so is a list mixing a content block with a plain value'),
+    ('tu_4', 'd', '[{"type": "tool_use", "id": "x"}]', '"[{\"id\": \"x\", \"type\": \"tool_use\"}]"',
+     'so is a list of objects whose type is no tool_result content block'),
+    ('tu_5', 'f', '[]', '"[]"', 'so is an empty list'),
+    ('tu_6', 't', '[{"type": "text", "text": "x"}, {"type": "image", "source": {"type": "url", "url": "https://example.test/a.png"}}]',
+     '[{"text": "x", "type": "text"}, {"type": "image", "source": {"url": "https://example.test/a.png", "type": "url"}}]',
+     'a list of text and image blocks is the content itself');
+SELECT pg_temp.begin(:'r3', :'tok3', pg_temp.key(:'r3', 1, tu, tool, '{}'), tool, '{}', 'pure') FROM list_calls ORDER BY tu;
+SELECT runrow.complete_tool_call(:'r3', :'tok3', pg_temp.key(:'r3', 1, tu, tool, '{}'), result) FROM list_calls ORDER BY tu;
+SELECT is((SELECT payload::text FROM runrow.agent_step WHERE run_id = :'r3' AND tool_use_id = c.tu),
+    format('{"type":"tool_result","tool_use_id":"%s","content":%s,"is_error":false}', c.tu, c.content), c.what)
+FROM list_calls AS c ORDER BY c.tu;
+SELECT is(runrow.complete_tool_call(:'r3', :'tok3', pg_temp.key(:'r3', 1, 'tu_2', 'b', '{}'),
+        '[{"id": 1, "name": "alpha"}, {"id": 2, "name": "beta"}]'),
+    (SELECT seq FROM runrow.agent_step WHERE run_id = :'r3' AND tool_use_id = 'tu_2'),
+    'the result recorded is the tool''s own list: repeating it returns the same seq');
 
 -- Bad input.
 SELECT pg_temp.steps_written() AS before \gset

@@ -65,7 +65,9 @@ class Parked(Exception):
 
 
 def _json_result(value: Any) -> Any:
-    """A tool's return value as JSON (what complete_tool_call stores and the model reads)."""
+    """A tool's return value as JSON (what complete_tool_call stores and the model reads). Handed to
+    complete_tool_call as is: the SQL decides what the tool_result's content is (a string or a list
+    of content blocks as itself, anything else, a list of rows included, as its JSON text)."""
     if value is None:
         return ""
     try:

@@ -35,6 +35,9 @@ BLOCK_FIELDS: dict[str, frozenset[str]] = {
     "tool_use": frozenset({"type", "id", "name", "input", "cache_control", "caller", "toolset_name"}),
     "tool_result": frozenset({"type", "tool_use_id", "content", "is_error", "cache_control", "toolset_name"}),
 }
+# What a tool_result's content may hold besides a string (the SDK's ToolResultBlockParam Content);
+# the API refuses a list with anything else in it (runrow.complete_tool_call keeps to the same list).
+TOOL_RESULT_CONTENT = ("text", "image", "search_result", "document", "tool_reference", "browser_state")
 # Accepted without a field check: the fake never produces them.
 OPAQUE_BLOCKS = frozenset({"image", "document", "search_result", "server_tool_use", "web_search_tool_result"})
 
@@ -418,8 +421,31 @@ def _validate_block(i: int, j: int, role: str, block: Any) -> None:
             raise invalid(f"{where}.tool_use: `id` and `name` are required")
         if not isinstance(block.get("input"), dict):
             raise invalid(f"{where}.tool_use.input: Input should be a valid dictionary")
-    elif kind == "tool_result" and not isinstance(block.get("tool_use_id"), str):
-        raise invalid(f"{where}.tool_result.tool_use_id: Field required")
+    elif kind == "tool_result":
+        if not isinstance(block.get("tool_use_id"), str):
+            raise invalid(f"{where}.tool_result.tool_use_id: Field required")
+        _validate_tool_result_content(f"{where}.tool_result.content", block.get("content"))
+
+
+def _validate_tool_result_content(where: str, content: Any) -> None:
+    """As the API: a string, or a list of content blocks (TOOL_RESULT_CONTENT); a tool's own list
+    of rows or values sent as the content is refused."""
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise invalid(f"{where}: Input should be a valid string or list")
+    expected = ", ".join(f"'{t}'" for t in TOOL_RESULT_CONTENT)
+    for k, item in enumerate(content):
+        if not isinstance(item, dict):
+            raise invalid(f"{where}.{k}: Input should be a valid dictionary or object to extract fields from")
+        kind = item.get("type")
+        if kind not in TOOL_RESULT_CONTENT:
+            raise invalid(
+                f"{where}.{k}: Input tag '{kind}' found using 'type' does not match any of the "
+                f"expected tags: {expected}"
+            )
+        if kind == "text" and not isinstance(item.get("text"), str):
+            raise invalid(f"{where}.{k}.text.text: Field required")
 
 
 def _merge_consecutive(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
