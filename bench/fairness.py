@@ -14,7 +14,7 @@ goal: B..E's p99 in the fair round within 2x of the alone round, while A keeps a
 
 `python -m bench.fairness [--short]` runs it alone (--short: A enqueues 1,000).
 
-`--worker-time` asks the other question (migration 0074: fairness counts worker time, not
+`--worker-time` asks the other question (migration 0076: fairness counts worker time, not
 claims): 8 workers; tenant A enqueues 500 runs that hold a slot 5 s each, tenant B 3,000 runs of
 0.05 s; how many runs B starts in the first 20 s (by the database clock), beside A and alone.
 Counting claims, A held nearly every slot (B started 31, 2,863 alone); by worker time, B gets
