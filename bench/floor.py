@@ -159,8 +159,7 @@ next AS (
 claimed AS (
     UPDATE runrow.agent_run AS r SET status = 'running', claim_token = gen_random_uuid(),
         claim_expires_at = now() + interval '30 seconds', last_heartbeat_at = now(), worker_id = 'bench',
-        attempt = r.attempt + 1, started_at = coalesce(r.started_at, now()), claimed_at = now(),
-        updated_at = now()
+        attempt = r.attempt + 1, started_at = coalesce(r.started_at, now()), updated_at = now()
     FROM next WHERE r.id = next.id
     RETURNING r.id, r.claim_token, r.attempt
 ),

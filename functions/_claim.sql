@@ -72,9 +72,6 @@ BEGIN
                 worker_id = who,
                 attempt = r.attempt + 1,
                 started_at = coalesce(r.started_at, now()),
-                -- The database clock's start of this claim: its ending charges the tenant the
-                -- worker time since (agent_run's statement trigger, fairness_charge).
-                claimed_at = now(),
                 -- Every writer stamps updated_at itself (no BEFORE trigger does, since 0030).
                 updated_at = now()
             WHERE r.id = ANY (locked)

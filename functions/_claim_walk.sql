@@ -47,9 +47,6 @@ DECLARE
     t_live boolean[];
     t_loaded boolean[];
     vfloor double precision;
-    -- Each tenant's pending fairness_charge units, as read with its clock (folded when written).
-    t_pending double precision[];
-    folded double precision;
     -- The groups (tenant, concurrency key) of the loaded tenants and each group's head.
     g_tenant integer[];
     g_key text[];
@@ -236,7 +233,7 @@ BEGIN
     -- concurrency-limit trigger stay the guarantee; these steps only avoid their errors.
     --
     -- Order: the highest priority level first; within it, the tenant with the lowest
-    -- virtual time (least worker time had, weighted); within a tenant, arrival order
+    -- virtual time (least recently served, weighted); within a tenant, arrival order
     -- across its concurrency keys. A level's tenants are found by a skip scan (one index
     -- descent per tenant), a tenant's keys likewise, each (tenant, key) range read from
     -- its head: what a claim reads grows with the active tenants and keys, not with how
@@ -307,38 +304,22 @@ BEGIN
             -- and weight are not read (a statement fewer on the common single-tenant claim).
             t_vtime := '{0}';
             t_weight := '{1}';
-            t_pending := '{0}';
             vfloor := -1;
         ELSE
-            -- A tenant's clock counts the worker time its runs held: one quantum (10 ms) per
-            -- run at its claim, the rest when the claim ends (fairness_charge rows, written by
-            -- agent_run's statement trigger, pending until a claim folds them in below). They
-            -- count from the moment they are committed, folded or not.
             -- No banked credit: a tenant idle for a while (or new) starts where the latest
-            -- run served here started (vfloor: the highest vstart, each tenant's clock when its
-            -- latest run was claimed), not at its old clock, as start-time fair queueing starts
-            -- an arrival at the virtual time of the job in service. Each tenant's own last run,
-            -- not the slowest tenant's: a floor one run of weight 0.001 behind let a newcomer
-            -- take 500 claims in a row (issue 11's fairness audit), and one unit behind a
-            -- tenant of weight 0.1 lifted the weight-1 tenant beside it to within one run on
-            -- every single-run claim, so the two shared 1 : 1 (the fleet-limits audit). Not
-            -- the clock less one run (as until migration 0076): a tenant whose runs are long is
-            -- charged far ahead, and lifting everyone to there made tenants alternate again.
-            SELECT array_agg(coalesce(f.vtime, 0) + coalesce(c.units, 0) ORDER BY k.n),
-                   array_agg(coalesce(f.weight, 1) ORDER BY k.n),
-                   array_agg(coalesce(c.units, 0) ORDER BY k.n),
-                   max(coalesce(f.vstart, -1))
-            INTO t_vtime, t_weight, t_pending, vfloor
+            -- run served here started (vfloor: the highest of each tenant's clock less its own
+            -- last run, 1 / weight), not at its old clock: one run behind the most-served
+            -- tenant, as start-time fair queueing starts an arrival at the virtual time of the
+            -- job in service. Each tenant's own run, not the slowest tenant's: a floor one run
+            -- of weight 0.001 behind let a newcomer take 500 claims in a row (issue 11's
+            -- fairness audit), and one unit behind a tenant of weight 0.1 lifted the weight-1
+            -- tenant beside it to within one run on every single-run claim, so the two shared
+            -- 1 : 1 (the fleet-limits audit).
+            SELECT array_agg(coalesce(f.vtime, 0) ORDER BY k.n), array_agg(coalesce(f.weight, 1) ORDER BY k.n),
+                   max(coalesce(f.vtime, 0) - 1 / coalesce(f.weight, 1))
+            INTO t_vtime, t_weight, vfloor
             FROM unnest(t_key) WITH ORDINALITY AS k (fairness_key, n)
-            LEFT JOIN runrow.fairness_tenant AS f ON f.fairness_key = k.fairness_key
-            -- One scan of fairness_charge for all the level's tenants (a descent per tenant),
-            -- and none while nothing is pending (an empty index costs two buffers a descent).
-            LEFT JOIN (
-                SELECT c.fairness_key, sum(c.units) AS units FROM runrow.fairness_charge AS c
-                WHERE c.fairness_key = ANY (t_key)
-                  AND EXISTS (SELECT FROM runrow.fairness_charge)
-                GROUP BY c.fairness_key
-            ) AS c ON c.fairness_key = k.fairness_key;
+            LEFT JOIN runrow.fairness_tenant AS f ON f.fairness_key = k.fairness_key;
         END IF;
         t_served := array_fill(0, ARRAY[cardinality(t_key)]);
         t_live := array_fill(true, ARRAY[cardinality(t_key)]);
@@ -640,35 +621,17 @@ BEGIN
 
         -- The tenants' clocks, only when there was a choice between tenants: a lone
         -- tenant's clock needs no advancing (the floor above catches it up when another
-        -- arrives), so a single-tenant queue writes no fairness row (nor, then, any charge:
-        -- the trigger charges only a tenant whose row was written while the run was held).
-        -- Written as increments on the row as it is now, in index order (one lock order for
-        -- all claimers), so concurrent claims of the same tenant add up instead of
-        -- overwriting. A tenant's pending charges are folded in first, deleted at the
-        -- tenant's place in that order (its charge rows, then its clock row: no claim waits
-        -- for a lock of a tenant earlier in the order, and endings only insert charges), each
-        -- counted by whoever deletes it (a concurrent deleter finds it gone). Only when some
-        -- were read pending: a charge committed since stays pending for the next claim's read.
-        -- updated_at never moves back: the trigger compares it with claimed_at.
+        -- arrives), so a single-tenant queue writes no fairness row. Written as
+        -- increments on the row as it is now, in index order (one lock order for all
+        -- claimers), so concurrent claims of the same tenant add up instead of overwriting.
         IF cardinality(t_key) > 1 THEN
             FOR i IN 1 .. cardinality(t_key) LOOP
                 CONTINUE WHEN t_served[i] = 0;
                 h_tenant := t_key[i];
-                folded := 0;
-                IF t_pending[i] > 0 THEN
-                    WITH d AS (
-                        DELETE FROM runrow.fairness_charge AS c WHERE c.fairness_key = h_tenant
-                        RETURNING c.units
-                    )
-                    SELECT coalesce(sum(d.units), 0) INTO folded FROM d;
-                END IF;
-                INSERT INTO runrow.fairness_tenant AS f (fairness_key, vtime, vstart)
-                VALUES (h_tenant, greatest(folded, vfloor) + t_served[i],
-                        greatest(folded, vfloor) + t_served[i] - 1)
+                INSERT INTO runrow.fairness_tenant AS f (fairness_key, vtime)
+                VALUES (h_tenant, greatest(0, vfloor) + t_served[i])
                 ON CONFLICT (fairness_key) DO UPDATE
-                SET vtime = greatest(f.vtime + folded, vfloor) + t_served[i] / f.weight,
-                    vstart = greatest(f.vtime + folded, vfloor) + (t_served[i] - 1) / f.weight,
-                    updated_at = greatest(f.updated_at, now());
+                SET vtime = greatest(f.vtime, vfloor) + t_served[i] / f.weight, updated_at = now();
             END LOOP;
         END IF;
         EXIT levels WHEN capped;

@@ -28,7 +28,7 @@ $fn$;
 
 COMMENT ON FUNCTION runrow.claim_run(text, integer) IS
 'Claim zero or one run. The first claimable queued run in claim order (highest priority, '
-'then the tenant with the least weighted worker time on its virtual clock, then enqueue order; FOR '
+'then the least recently served tenant by weighted virtual clock, then enqueue order; FOR '
 'UPDATE SKIP LOCKED), due (not_before passed), of no concurrency key at its limit, whose conversation has no running or waiting run and no earlier queued '
 'turn, becomes running with a fresh claim_token, a lease of lease_seconds (1..3600) on the '
 'database clock, the worker and attempt + 1, and journals run_claimed. Returns what the '

@@ -95,8 +95,6 @@ BEGIN
                 worker_id = CASE WHEN v.token IS NULL THEN who ELSE r.worker_id END,
                 attempt = CASE WHEN v.token IS NULL THEN r.attempt + 1 ELSE r.attempt END,
                 started_at = CASE WHEN v.token IS NULL THEN coalesce(r.started_at, now()) ELSE r.started_at END,
-                -- As _claim: the start of the claim by the database clock, for the tenant's charge.
-                claimed_at = CASE WHEN v.token IS NULL THEN now() ELSE r.claimed_at END,
                 result = CASE WHEN v.token IS NULL THEN r.result ELSE v.result END,
                 error = CASE WHEN v.token IS NULL THEN r.error ELSE v.error END,
                 finished_at = CASE WHEN v.token IS NULL THEN r.finished_at ELSE now() END,

@@ -21,10 +21,9 @@ $fn$;
 
 COMMENT ON FUNCTION runrow.set_fairness_weight(text, double precision) IS
 'Weight of a tenant (fairness_key, 1..200 characters; NULL = the anonymous tenant) in the '
-'claim''s fair share of worker time within a priority level: a tenant of weight 2 gets twice the '
-'worker time of one of weight 1 while both have claimable runs (0076: each claim charges one '
-'10 ms quantum over the weight, its ending the rest of the time it held the run). weight from '
-'0.001 to 1000; NULL resets it to 1, the default of every tenant. Bad input raises 22023 naming the argument and '
+'claim''s fair share within a priority level: a tenant of weight 2 is claimed twice as often as '
+'one of weight 1 while both have claimable runs. weight from 0.001 to 1000; NULL '
+'resets it to 1, the default of every tenant. Bad input raises 22023 naming the argument and '
 'writes nothing.';
 
 REVOKE ALL ON FUNCTION runrow.set_fairness_weight(text, double precision) FROM PUBLIC;

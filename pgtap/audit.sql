@@ -205,7 +205,7 @@ SELECT pg_temp.running(conv => :'mconv') AS b_multi1 \gset
 SELECT pg_temp.new_run(:'mconv') AS b_multi2 \gset
 DROP INDEX runrow.agent_run_one_active_per_conversation;
 UPDATE runrow.agent_run
-SET status = 'running', claimed_at = now(), attempt = 1, worker_id = 'rogue', claim_token = gen_random_uuid(),
+SET status = 'running', attempt = 1, worker_id = 'rogue', claim_token = gen_random_uuid(),
     claim_expires_at = now() + interval '30 seconds'
 WHERE id = :'b_multi2';
 SELECT is(pg_temp.audit_of(:'b_multi1'), 'conversation_has_multiple_active', 'conversation_has_multiple_active: the first run');

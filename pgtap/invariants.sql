@@ -94,7 +94,7 @@ SELECT is((SELECT count(*) FROM runrow.agent_run WHERE id IN (:'queued', :'fine'
     'and both runs are as they were');
 SELECT pg_temp.claim(:'queued');
 UPDATE runrow.agent_run SET status = 'waiting', claim_token = NULL, claim_expires_at = NULL WHERE id = :'queued';
-SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', claimed_at = now(), claim_token = gen_random_uuid(),
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', claim_token = gen_random_uuid(),
         claim_expires_at = now() + interval '1 minute' WHERE id = %L$$, :'queued'),
     '23000', format('run %s: illegal status change waiting -> running', :'queued'),
     'waiting -> running is illegal (a decision requeues it)');
@@ -106,7 +106,7 @@ SELECT pg_temp.drain_queue();
 \set conv '''eeeeeeee-0000-0000-0000-000000000001'''
 SELECT pg_temp.new_run(:conv) AS turn1 \gset
 SELECT pg_temp.new_run(:conv) AS turn2 \gset
-SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', claimed_at = now(), attempt = 1, worker_id = 'w',
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', attempt = 1, worker_id = 'w',
         claim_token = gen_random_uuid(), claim_expires_at = now() + interval '1 minute' WHERE id = %L$$, :'turn2'),
     '40001', format('run %s: an earlier turn of conversation %s is still queued', :'turn2', :conv),
     'a later turn cannot start before an earlier queued one');
@@ -125,7 +125,7 @@ SELECT throws_ok(format($$UPDATE runrow.agent_run SET result = '{}', updated_at 
 -- Turn order is checked once per statement (agent_run_after_update): a statement that starts a
 -- later turn beside a run that may start fails as a whole.
 SELECT pg_temp.new_run() AS free_run \gset
-SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', claimed_at = now(), attempt = 1, worker_id = 'w',
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', attempt = 1, worker_id = 'w',
         claim_token = gen_random_uuid(), claim_expires_at = now() + interval '1 minute', updated_at = now()
         WHERE id IN (%L, %L)$$, :'free_run', :'turn2'),
     '40001', format('run %s: an earlier turn of conversation %s is still queued', :'turn2', :conv),
@@ -140,18 +140,18 @@ SELECT runrow.cancel_run(:'free_run');
 SELECT pg_temp.claim(:'turn1');
 SELECT pg_temp.new_run(:conv) AS turn3 \gset
 SELECT runrow.cancel_run(:'turn2');
-SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', claimed_at = now(), attempt = 1, worker_id = 'w',
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', attempt = 1, worker_id = 'w',
         claim_token = gen_random_uuid(), claim_expires_at = now() + interval '1 minute' WHERE id = %L$$, :'turn3'),
     '23505', 'duplicate key value violates unique constraint "agent_run_one_active_per_conversation"',
     'two running runs in one conversation are rejected by the unique index');
 SELECT throws_ok(format($$INSERT INTO runrow.agent_run (conversation_id, user_message_id, model, prompt_id,
-        status, attempt, worker_id, claim_token, claim_expires_at, claimed_at)
+        status, attempt, worker_id, claim_token, claim_expires_at)
         SELECT conversation_id, user_message_id, model, prompt_id, 'running', 1, 'w', gen_random_uuid(),
-               now() + interval '1 minute', now() FROM runrow.agent_run WHERE id = %L$$, :'turn3'),
+               now() + interval '1 minute' FROM runrow.agent_run WHERE id = %L$$, :'turn3'),
     '23505', 'duplicate key value violates unique constraint "agent_run_one_active_per_conversation"',
     'a running run inserted directly next to a running one is rejected');
 UPDATE runrow.agent_run SET status = 'waiting', claim_token = NULL, claim_expires_at = NULL WHERE id = :'turn1';
-SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', claimed_at = now(), attempt = 1, worker_id = 'w',
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', attempt = 1, worker_id = 'w',
         claim_token = gen_random_uuid(), claim_expires_at = now() + interval '1 minute' WHERE id = %L$$, :'turn3'),
     '23505', 'duplicate key value violates unique constraint "agent_run_one_active_per_conversation"',
     'running next to a waiting run in one conversation is rejected');
@@ -161,11 +161,11 @@ SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', claime
 -- ---------------------------------------------------------------------------------
 SELECT pg_temp.drain_queue();
 SELECT pg_temp.new_run() AS bare \gset
-SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', claimed_at = now(), attempt = 1, worker_id = 'w',
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', attempt = 1, worker_id = 'w',
         claim_expires_at = now() + interval '1 minute' WHERE id = %L$$, :'bare'),
     '23514', 'new row for relation "agent_run" violates check constraint "agent_run_claim_iff_running"',
     'running without a token is rejected');
-SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', claimed_at = now(), attempt = 1,
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', attempt = 1,
         claim_token = gen_random_uuid() WHERE id = %L$$, :'bare'),
     '23514', 'new row for relation "agent_run" violates check constraint "agent_run_claim_iff_running"',
     'running without a lease is rejected');
@@ -175,7 +175,7 @@ SELECT throws_ok(format($$UPDATE runrow.agent_run SET claim_token = gen_random_u
 SELECT throws_ok(format($$UPDATE runrow.agent_run SET claim_expires_at = now() WHERE id = %L$$, :'bare'),
     '23514', 'new row for relation "agent_run" violates check constraint "agent_run_no_claim_unless_running"',
     'a queued run with a lease is rejected');
-SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', claimed_at = now(), attempt = 0, worker_id = 'w',
+SELECT throws_ok(format($$UPDATE runrow.agent_run SET status = 'running', attempt = 0, worker_id = 'w',
         claim_token = gen_random_uuid(), claim_expires_at = now() + interval '1 minute' WHERE id = %L$$, :'bare'),
     '23514', 'new row for relation "agent_run" violates check constraint "agent_run_running_has_attempt"',
     'running at attempt 0 is rejected');

@@ -59,7 +59,7 @@ SELECT gen_random_uuid() AS conv \gset
 SELECT pg_temp.new_run(:'conv') AS first \gset
 SELECT pg_temp.new_run(:'conv') AS second \gset
 SELECT throws_ok(format($$SELECT pg_temp.bare(%L)$$, format(
-        $$UPDATE runrow.agent_run SET status = 'running', claimed_at = now(), attempt = 1, worker_id = 'w',
+        $$UPDATE runrow.agent_run SET status = 'running', attempt = 1, worker_id = 'w',
               claim_token = gen_random_uuid(), claim_expires_at = now() + interval '1 minute'
           WHERE id = %L$$, :'second')),
     '40001', NULL, 'starting a turn ahead of its conversation''s earlier one is refused under an empty search_path');

@@ -84,10 +84,8 @@ def test_a_batch_call_reads_its_helpers_without_statements(
     assert len(guard) == 2 * RUNS
     # The call's own statements, whatever its batch size: the input check's two (its fast pass
     # and the duplicate test), the walk's look at the queue and its batch step, the UPDATE and
-    # agent_run's statement trigger's two, the wake's test and the two RETURN QUERYs; and, since
-    # 0076, the trigger's look for a tenant clock before it charges the endings' worker time
-    # (none here: a single-tenant queue, so no charge is written).
-    assert len(both) - len(guard) == 11, both
+    # agent_run's statement trigger's two, the wake's test and the two RETURN QUERYs.
+    assert len(both) - len(guard) == 10, both
 
 
 # A statement that only returns a row of values (RETURN QUERY SELECT x, y) or calls a helper that

@@ -59,10 +59,6 @@ def test_an_upgrade_moves_every_kept_snapshot_and_the_runs_go_on(
         trimmed, ended, running, queued = (
             _enqueue_as_0060_did(conn, name) for name in ("trimmed", "ended", "running", "queued")
         )
-        # Today's claim stamps claimed_at (migration 0076): the column is lent to the claim and
-        # taken back below, so that 0076 meets a running run without it, as on a database that
-        # ran 0073's functions.
-        conn.execute("ALTER TABLE runrow.agent_run ADD COLUMN claimed_at timestamptz")
         claimed = conn.execute(
             "SELECT run_id, claim_token FROM runrow.claim_runs('upgrade', 3, 30) ORDER BY run_id"
         ).fetchall()
@@ -76,7 +72,6 @@ def test_an_upgrade_moves_every_kept_snapshot_and_the_runs_go_on(
         with conn.transaction():
             conn.execute("DELETE FROM runrow.run_event WHERE run_id = %s", (trimmed,))
             conn.execute("UPDATE runrow.agent_run SET request_snapshot = NULL WHERE id = %s", (trimmed,))
-        conn.execute("ALTER TABLE runrow.agent_run DROP COLUMN claimed_at")
 
     with psycopg.connect(scratch_database) as conn:
         versions = dict(conn.execute("SELECT id, ctid::text FROM runrow.agent_run").fetchall())

@@ -28,9 +28,8 @@ examples:
 
 FAIRNESS_EPILOG = """how it works:
   Within a priority level the claim serves tenants (fairness_key; by default the run's user id)
-  by weighted fair share of worker time: a tenant of weight 2 gets twice the worker time of one
-  of weight 1 while both have claimable runs, so a tenant with a deep backlog or long runs cannot
-  starve the others.
+  by weighted fair share: a tenant of weight 2 is claimed twice as often as one of weight 1
+  while both have claimable runs, so a tenant with a deep backlog cannot starve the others.
 
 examples:
   runrow fairness weight acme 3           # acme gets three shares
