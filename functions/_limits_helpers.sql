@@ -236,8 +236,12 @@ BEGIN
                 ELSE l.output_tokens_left - outp END,
             updated_at = now()
         WHERE l.rate_limit_key = r.rate_limit_key;
-        IF bucket.key_errors > 0 THEN
-            PERFORM runrow._key_answered(bucket);  -- the API answered: the key works again
+        -- The probe answered (acquire_model_call grants every request of a streak as its probe):
+        -- the key works again. An answer to a request granted before the key broke proves
+        -- nothing (it was authenticated before the key was revoked or the credit ran out), and
+        -- ended every streak at its first step while long streams were still finishing.
+        IF bucket.key_errors > 0 AND bucket.key_probe_by = r.id THEN
+            PERFORM runrow._key_answered(bucket);
         END IF;
     END IF;
 

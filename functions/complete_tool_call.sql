@@ -65,8 +65,9 @@ BEGIN
     reported_error := complete_tool_call.is_error OR e.state = 'rejected';
     -- The Messages API tool_result block. content is the result itself when it is a string or
     -- a non-empty array of content blocks (each an object whose type is one the API takes in a
-    -- tool_result: the SDK's ToolResultBlockParam Content), otherwise the result's JSON text. Any
-    -- other array ([{"id": 1}], ["a", "b"], []) is a tool's ordinary return value: sent as is,
+    -- tool_result: the SDK's ToolResultBlockParam Content, with that type's required fields),
+    -- otherwise the result's JSON text. Any other array ([{"id": 1}], ["a", "b"], [], a form's
+    -- fields [{"type": "text", "name": "email"}]) is a tool's ordinary return value: sent as is,
     -- the API refused the next request (400 tool_result.content.0) after the tool had run.
     step_payload := format('{"type":"tool_result","tool_use_id":%s,"content":%s,"is_error":%s}',
         to_json(e.tool_use_id)::text,
@@ -75,9 +76,16 @@ BEGIN
                       AND jsonb_array_length(complete_tool_call.result) > 0
                       AND NOT EXISTS (
                           SELECT 1 FROM jsonb_array_elements(complete_tool_call.result) AS b (block)
-                          WHERE (b.block ->> 'type') IS NULL
-                             OR (b.block ->> 'type') NOT IN (
-                                 'text', 'image', 'search_result', 'document', 'tool_reference', 'browser_state')))
+                          WHERE NOT coalesce(CASE b.block ->> 'type'
+                              WHEN 'text' THEN jsonb_typeof(b.block -> 'text') = 'string'
+                              WHEN 'image' THEN jsonb_typeof(b.block -> 'source') = 'object'
+                              WHEN 'document' THEN jsonb_typeof(b.block -> 'source') = 'object'
+                              WHEN 'search_result' THEN jsonb_typeof(b.block -> 'source') = 'string'
+                                  AND jsonb_typeof(b.block -> 'title') = 'string'
+                                  AND jsonb_typeof(b.block -> 'content') = 'array'
+                              WHEN 'tool_reference' THEN jsonb_typeof(b.block -> 'tool_name') = 'string'
+                              WHEN 'browser_state' THEN jsonb_typeof(b.block -> 'tabs') = 'array'
+                          END, false)))
                   THEN complete_tool_call.result::text
              ELSE to_json(complete_tool_call.result::text)::text END,
         reported_error::text)::json;
@@ -95,8 +103,10 @@ COMMENT ON FUNCTION runrow.complete_tool_call(uuid, uuid, text, jsonb, boolean) 
 'Record the result of a tool call begun with begin_tool_call and, in the same transaction, '
 'append its tool_result step; returns that step''s seq. The step payload is the Messages API '
 'block {"type":"tool_result","tool_use_id":<the tool_use id>,"content":<result if it is a '
-'string or a non-empty array of content blocks (objects whose "type" is text, image, '
-'search_result, document, tool_reference or browser_state), else its JSON text as a string: '
+'string or a non-empty array of content blocks (objects whose "type" is text with a string '
+'text, image or document with an object source, search_result with a string source and title '
+'and an array content, tool_reference with a string tool_name, or browser_state with an array '
+'tabs), else its JSON text as a string: '
 'any other array, an object, a number, a boolean, null>,"is_error":<bool>}; '
 'consecutive tool_result steps form one user message in conversation_history. Only for a call '
 'in state executing or rejected (a rejection is always recorded as is_error = true); 55000 '

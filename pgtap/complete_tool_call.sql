@@ -5,7 +5,7 @@ BEGIN;
 \ir helpers/lifecycle.psql
 \ir helpers/row_versions.psql
 \ir helpers/steps.psql
-SELECT plan(49);
+SELECT plan(51);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid,uuid,text,jsonb,boolean}'''
@@ -113,7 +113,8 @@ SELECT pg_temp.running() AS r3 \gset
 SELECT pg_temp.token(:'r3') AS tok3 \gset
 SELECT pg_temp.turn(:'r3', '[{"type":"tool_use","id":"tu_1","name":"a","input":{}},{"type":"tool_use","id":"tu_2","name":"b","input":{}},'
     '{"type":"tool_use","id":"tu_3","name":"c","input":{}},{"type":"tool_use","id":"tu_4","name":"d","input":{}},'
-    '{"type":"tool_use","id":"tu_5","name":"f","input":{}},{"type":"tool_use","id":"tu_6","name":"t","input":{}}]');
+    '{"type":"tool_use","id":"tu_5","name":"f","input":{}},{"type":"tool_use","id":"tu_6","name":"t","input":{}},'
+    '{"type":"tool_use","id":"tu_7","name":"look","input":{}},{"type":"tool_use","id":"tu_8","name":"lookup","input":{}}]');
 CREATE TEMP TABLE list_calls (tu text, tool text, result jsonb, content text, what text);
 INSERT INTO list_calls VALUES
     ('tu_1', 'a', '["a", "b"]', '"[\"a\", \"b\"]"', 'a list of plain values is sent as its JSON text'),
@@ -126,7 +127,13 @@ INSERT INTO list_calls VALUES
     ('tu_5', 'f', '[]', '"[]"', 'so is an empty list'),
     ('tu_6', 't', '[{"type": "text", "text": "x"}, {"type": "image", "source": {"type": "url", "url": "https://example.test/a.png"}}]',
      '[{"text": "x", "type": "text"}, {"type": "image", "source": {"url": "https://example.test/a.png", "type": "url"}}]',
-     'a list of text and image blocks is the content itself');
+     'a list of text and image blocks is the content itself'),
+    ('tu_7', 'look', '[{"type": "text", "name": "email"}, {"type": "image", "name": "avatar"}]',
+     '"[{\"name\": \"email\", \"type\": \"text\"}, {\"name\": \"avatar\", \"type\": \"image\"}]"',
+     'rows with a type column but no block''s fields (a form''s fields) are sent as their JSON text'),
+    ('tu_8', 'lookup', '[{"type": "search_result", "source": "s", "title": "t", "content": []}, {"type": "tool_reference", "tool_name": "a"}]',
+     '[{"type": "search_result", "title": "t", "source": "s", "content": []}, {"type": "tool_reference", "tool_name": "a"}]',
+     'search_result and tool_reference blocks with their fields are the content itself');
 SELECT pg_temp.begin(:'r3', :'tok3', pg_temp.key(:'r3', 1, tu, tool, '{}'), tool, '{}', 'pure') FROM list_calls ORDER BY tu;
 SELECT runrow.complete_tool_call(:'r3', :'tok3', pg_temp.key(:'r3', 1, tu, tool, '{}'), result) FROM list_calls ORDER BY tu;
 SELECT is((SELECT payload::text FROM runrow.agent_step WHERE run_id = :'r3' AND tool_use_id = c.tu),

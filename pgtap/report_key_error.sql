@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(30);
+SELECT plan(32);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.keyed_run(key text) RETURNS uuid LANGUAGE plpgsql AS $$
@@ -87,6 +87,17 @@ SELECT is((SELECT not_before <= now() FROM runrow.agent_run WHERE id = :'q'), tr
 SELECT is(pg_temp.acquire(:'a'), '(t,0,)', 'the key grants again, with no probe');
 SELECT is(pg_temp.streak('kk'), '(0,,f,0.000000)', 'and holds nobody');
 SELECT is(pg_temp.report(:'a'), 5.000, 'a new error starts a new streak at the first block');
+
+-- A request granted before the key broke, answered after: not the probe, so it proves nothing.
+SELECT pg_temp.keyed_run('kold') AS x \gset
+SELECT pg_temp.keyed_run('kold') AS y \gset
+SELECT is(pg_temp.acquire(:'x'), '(t,0,)', 'a request granted before the key broke');
+SELECT pg_temp.report(:'y');
+SELECT runrow.append_step(:'x', pg_temp.token(:'x'), 'model_turn',
+    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
+    'end_turn');
+SELECT is(pg_temp.streak('kold'), '(1,5,f,5.000000)',
+    'its answer, settled after the error, neither ends the streak nor lifts the block');
 
 -- A 429's longer block is never shortened by a key error.
 SELECT pg_temp.keyed_run('k429') AS r \gset

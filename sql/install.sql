@@ -9549,8 +9549,12 @@ BEGIN
                 ELSE l.output_tokens_left - outp END,
             updated_at = now()
         WHERE l.rate_limit_key = r.rate_limit_key;
-        IF bucket.key_errors > 0 THEN
-            PERFORM runrow._key_answered(bucket);  -- the API answered: the key works again
+        -- The probe answered (acquire_model_call grants every request of a streak as its probe):
+        -- the key works again. An answer to a request granted before the key broke proves
+        -- nothing (it was authenticated before the key was revoked or the credit ran out), and
+        -- ended every streak at its first step while long streams were still finishing.
+        IF bucket.key_errors > 0 AND bucket.key_probe_by = r.id THEN
+            PERFORM runrow._key_answered(bucket);
         END IF;
     END IF;
 
@@ -12183,8 +12187,9 @@ BEGIN
     reported_error := complete_tool_call.is_error OR e.state = 'rejected';
     -- The Messages API tool_result block. content is the result itself when it is a string or
     -- a non-empty array of content blocks (each an object whose type is one the API takes in a
-    -- tool_result: the SDK's ToolResultBlockParam Content), otherwise the result's JSON text. Any
-    -- other array ([{"id": 1}], ["a", "b"], []) is a tool's ordinary return value: sent as is,
+    -- tool_result: the SDK's ToolResultBlockParam Content, with that type's required fields),
+    -- otherwise the result's JSON text. Any other array ([{"id": 1}], ["a", "b"], [], a form's
+    -- fields [{"type": "text", "name": "email"}]) is a tool's ordinary return value: sent as is,
     -- the API refused the next request (400 tool_result.content.0) after the tool had run.
     step_payload := format('{"type":"tool_result","tool_use_id":%s,"content":%s,"is_error":%s}',
         to_json(e.tool_use_id)::text,
@@ -12193,9 +12198,16 @@ BEGIN
                       AND jsonb_array_length(complete_tool_call.result) > 0
                       AND NOT EXISTS (
                           SELECT 1 FROM jsonb_array_elements(complete_tool_call.result) AS b (block)
-                          WHERE (b.block ->> 'type') IS NULL
-                             OR (b.block ->> 'type') NOT IN (
-                                 'text', 'image', 'search_result', 'document', 'tool_reference', 'browser_state')))
+                          WHERE NOT coalesce(CASE b.block ->> 'type'
+                              WHEN 'text' THEN jsonb_typeof(b.block -> 'text') = 'string'
+                              WHEN 'image' THEN jsonb_typeof(b.block -> 'source') = 'object'
+                              WHEN 'document' THEN jsonb_typeof(b.block -> 'source') = 'object'
+                              WHEN 'search_result' THEN jsonb_typeof(b.block -> 'source') = 'string'
+                                  AND jsonb_typeof(b.block -> 'title') = 'string'
+                                  AND jsonb_typeof(b.block -> 'content') = 'array'
+                              WHEN 'tool_reference' THEN jsonb_typeof(b.block -> 'tool_name') = 'string'
+                              WHEN 'browser_state' THEN jsonb_typeof(b.block -> 'tabs') = 'array'
+                          END, false)))
                   THEN complete_tool_call.result::text
              ELSE to_json(complete_tool_call.result::text)::text END,
         reported_error::text)::json;
@@ -12213,8 +12225,10 @@ COMMENT ON FUNCTION runrow.complete_tool_call(uuid, uuid, text, jsonb, boolean) 
 'Record the result of a tool call begun with begin_tool_call and, in the same transaction, '
 'append its tool_result step; returns that step''s seq. The step payload is the Messages API '
 'block {"type":"tool_result","tool_use_id":<the tool_use id>,"content":<result if it is a '
-'string or a non-empty array of content blocks (objects whose "type" is text, image, '
-'search_result, document, tool_reference or browser_state), else its JSON text as a string: '
+'string or a non-empty array of content blocks (objects whose "type" is text with a string '
+'text, image or document with an object source, search_result with a string source and title '
+'and an array content, tool_reference with a string tool_name, or browser_state with an array '
+'tabs), else its JSON text as a string: '
 'any other array, an object, a number, a boolean, null>,"is_error":<bool>}; '
 'consecutive tool_result steps form one user message in conversation_history. Only for a call '
 'in state executing or rejected (a rejection is always recorded as is_error = true); 55000 '
@@ -14408,8 +14422,9 @@ COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) 
 '(the one probe acquire_model_call lets through) fails again, the block doubles, up to '
 'max_block_seconds. A report while the block is in force and no probe is out (a request sent '
 'before the block was known) keeps the block as it is. error (the API''s message, its first '
-'1000 characters kept) is shown in rate_limit_blocks. The first answer the key gets (usage '
-'settled by append_step or record_usage) ends the streak and lifts its block. A longer 429 '
+'1000 characters kept) is shown in rate_limit_blocks. The probe''s answer (its usage settled by '
+'append_step or record_usage) ends the streak and lifts its block; the answer to a request '
+'granted before the key broke does not. A longer 429 '
 'block is never shortened. Returns the seconds until the key may be asked again. Fenced: NULL '
 'and nothing written unless claim_token holds the running run. Bad input (NULL, an empty '
 'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400) '
