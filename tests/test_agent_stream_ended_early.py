@@ -113,8 +113,11 @@ def test_a_stream_ended_inside_a_tool_input_is_asked_again_and_the_tool_gets_its
     assert billed > 0 and spent >= stored_usage(db, run) + billed, (spent, billed)
 
 
-def test_a_stream_ended_early_fails_the_last_attempt_without_storing_it(db, fake) -> None:
-    fake.inject(end_stream(after_events=6))
+@pytest.mark.parametrize("after_events", [6, 0, 1])
+def test_a_stream_ended_early_fails_the_last_attempt_without_storing_it(db, fake, after_events: int) -> None:
+    """Also a body that ends before any event (0): the SDK then has no snapshot and failed an
+    assertion in get_final_message, and the run was released as 'handler raised: AssertionError'."""
+    fake.inject(end_stream(after_events=after_events))
     run = enqueue_agent(db, "Weather?", system=None, tools=[WEATHER], metadata={}, max_attempts=1)
     row = finish(db, run)
     assert (row["status"], row["attempt"]) == ("failed", 1), row

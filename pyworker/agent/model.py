@@ -292,6 +292,11 @@ async def _consume_stream(
                 if delta.type == "text_delta":
                     received.text.append(value)
                 await journal.emit({"type": delta.type, "index": event.index, field: value})
+            if not stopped:
+                # Checked before get_final_message: with no message_start at all the SDK has no
+                # snapshot and fails an assertion of its own (the run was released as "handler
+                # raised: AssertionError", with no backoff).
+                raise _ended_early(request_id)
             final = await stream.get_final_message()
     except anthropic.APIStatusError as exc:
         raise _status_failure(exc) from exc
@@ -304,7 +309,7 @@ async def _consume_stream(
         raise TurnFailed(f"model API unreachable: {exc}", retryable=True, request_id=request_id) from exc
     except _http.TransportError as exc:  # a connection cut mid-stream; the SDK does not retry it
         raise _broken_mid_response(exc, request_id) from exc
-    if not stopped or final.stop_reason is None:
+    if final.stop_reason is None:
         # A body that ends cleanly before message_stop (a proxy or load balancer closing the SSE
         # response) raises nothing in the SDK: get_final_message returns the snapshot so far,
         # stop_reason None, a tool_use's input as far as it got. Committed, it failed the run for
