@@ -665,6 +665,32 @@ def test_unreachable_database_says_what_to_do() -> None:
     assert "DATABASE_URL" in result.stderr and "runrow db start" in result.stderr
 
 
+@pytest.mark.parametrize("cmd", ["status", "migrate", "worker"])
+@pytest.mark.parametrize("how", ["env", "flag"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:SEC%zzRETPW@127.0.0.1:1/x",
+        "postgresql://u:SECRETPW@[::1/x",
+        "host=a password=SEC RETPW",
+    ],
+)
+def test_a_url_that_does_not_parse_is_never_printed(url: str, how: str, cmd: str) -> None:
+    """libpq's parse errors quote the token they could not read, or the whole URL: a password
+    with a % pasted into a URL printed it (the review of stop 56)."""
+    environ = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    args = [sys.executable, "-m", "pyworker"]
+    if how == "flag":
+        args += ["--database-url", url]
+    else:
+        environ["DATABASE_URL"] = url
+    done = subprocess.run(
+        [*args, cmd], env={**environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "RETPW" not in done.stderr + done.stdout, done.stderr
+
+
 @pytest.mark.parametrize(
     "url",
     [

@@ -27,7 +27,7 @@ from typing import Any, LiteralString, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from pyworker.cli.messages import first_line
+from pyworker.cli.messages import first_line, unparsable_url_reason
 from pyworker.cli.tail_render import Renderer
 from pyworker.cli.types import env_default, int64, number, usd
 from pyworker.db import api, nul
@@ -584,6 +584,12 @@ async def _connect(url: str) -> psycopg.AsyncConnection:
         raise CliError(
             f"cannot connect to {where(url)}: {reason}. Set DATABASE_URL (or --database-url) "
             "to a running PostgreSQL, or run `runrow db start`"
+        ) from exc
+    except psycopg.ProgrammingError as exc:  # libpq could not parse it; its message quotes it
+        raise CliError(
+            f"the database URL does not parse: {unparsable_url_reason(exc)}. Set DATABASE_URL (or "
+            "--database-url) to a PostgreSQL URL (postgresql://user@host/db; percent-encode a % "
+            "in a password as %25) or a conninfo string"
         ) from exc
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from pyworker.cli.messages import first_line
+from pyworker.cli.messages import first_line, unparsable_url_reason
 from pyworker.cli.types import (
     LOG_LEVELS,
     add_log_format,
@@ -565,6 +565,6 @@ def main(argv: list[str] | None = None) -> int:
     except psycopg.Error as exc:
         # A command without a handler of its own (migrate): the URL cannot be parsed, or the
         # server cannot be reached. One line, as the other commands say it.
-        reason = first_line(exc)
+        reason = unparsable_url_reason(exc) if isinstance(exc, psycopg.ProgrammingError) else first_line(exc)
         print(f"runrow {args.cmd}: cannot use the database: {reason}", file=sys.stderr)
         return 2

@@ -11,6 +11,8 @@ import re
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 
+from pyworker.cli.messages import unparsable_url_reason
+
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -157,9 +159,7 @@ def conninfo(text: str) -> str:
     try:
         conninfo_to_dict(text)
     except psycopg.Error as exc:
-        reason = (
-            str(exc).strip().splitlines()[0].replace(text, "…") if str(exc).strip() else type(exc).__name__
-        )
+        reason = unparsable_url_reason(exc)
         raise argparse.ArgumentTypeError(
             "must be a PostgreSQL URL (postgresql://user@host/db) or conninfo string "
             f"(host=… dbname=…): {reason}"
