@@ -81,6 +81,8 @@ OUTAGES = {
     "402-billing": billing_error(),
     "400-credit-balance": credit_balance_too_low(),
     "403-key": permission_denied(),
+    # The word "model" alone is no model of the run's: the review saw this 403 fail every run.
+    "403-models-suspended": permission_denied("Your organization's access to models has been suspended"),
 }
 
 

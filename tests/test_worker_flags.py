@@ -118,6 +118,15 @@ def test_worker_refuses_a_max_model_calls_that_cannot_work(value: object) -> Non
         Worker(UNREACHABLE, handler=echo, config={"max_model_calls": value})
 
 
+@pytest.mark.parametrize("name", ["key_error_first_block", "key_error_max_block"])
+@pytest.mark.parametrize("value", [0, 86401, float("nan"), "5", True])
+def test_worker_refuses_a_key_error_block_report_key_error_would_refuse(name: str, value: object) -> None:
+    """report_key_error refuses a block outside 0.001..86400 (22023): read at every key error,
+    such a value made each one "handler raised", spending an attempt (the review of stop 56)."""
+    with pytest.raises(ValueError, match=f"{name} must be a number from 0.001 to 86400"):
+        Worker(UNREACHABLE, handler=echo, config={name: value})
+
+
 def test_max_model_calls_from_the_flag_its_variable_or_the_default() -> None:
     """The agent loop's cap: 100 unless the flag or RUNROW_MAX_MODEL_CALLS says otherwise."""
     parser = build_parser()

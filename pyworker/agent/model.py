@@ -299,7 +299,7 @@ async def _consume_stream(
                 raise _ended_early(request_id)
             final = await stream.get_final_message()
     except anthropic.APIStatusError as exc:
-        raise _status_failure(exc) from exc
+        raise _status_failure(exc, params.get("model")) from exc
     except anthropic.APIConnectionError as exc:  # includes timeouts, after the SDK's retries
         # Since anthropic 2.17 the SDK wraps a read that fails mid-body in APIConnectionError too
         # (earlier versions let the transport's error through, below): the API was reached and
@@ -344,11 +344,11 @@ TOO_LONG_REMEDY = (
 )
 
 
-def _status_failure(exc: anthropic.APIStatusError) -> TurnFailed:
+def _status_failure(exc: anthropic.APIStatusError, model: str | None = None) -> TurnFailed:
     status = exc.status_code
     request_id = getattr(exc, "request_id", None)
     detail = _error_message(exc)
-    if is_key_error(exc):
+    if is_key_error(exc, model):
         return TurnFailed(
             f"model API key or account error: HTTP {status}: {detail} (the run waits for the key "
             'to work: fix the API key or the account; README "API key and account errors")',
@@ -384,15 +384,17 @@ def _status_failure(exc: anthropic.APIStatusError) -> TurnFailed:
 # Answers about the API key or the account every request of the fleet sends, not about one
 # run's request. 401: the key (missing, invalid, revoked, expired). 402 / billing_error: the
 # account's billing. 403 permission_error: the key or the organisation (a key without access to
-# the API, a disabled organisation), unless its message names a model: a model the organisation
-# may not use is that run's request, and fails it once, as a 404 for an unknown model does.
+# the API, a disabled organisation, "access to models has been suspended"), unless its message
+# names the run's own model: a model the organisation may not use is that run's request, and
+# fails it once, as a 404 for an unknown model does. Without the run's model at hand, any
+# mention of a model counts (the word alone sent every run of a suspended organisation to fail).
 # 400 invalid_request_error "Your credit balance is too low to access the Anthropic API": the
 # account, though sent as a 400. Every other 400 (the request's own content) stays the run's.
 ACCOUNT_MESSAGES = ("credit balance",)
 PaymentRequired = getattr(anthropic, "PaymentRequiredError", None)
 
 
-def is_key_error(exc: anthropic.APIStatusError) -> bool:
+def is_key_error(exc: anthropic.APIStatusError, model: str | None = None) -> bool:
     error_type, message = _error_fields(exc)
     status = exc.status_code
     lowered = message.lower()
@@ -407,7 +409,7 @@ def is_key_error(exc: anthropic.APIStatusError) -> bool:
     if PaymentRequired is not None and isinstance(exc, PaymentRequired):
         return True
     if isinstance(exc, anthropic.PermissionDeniedError) or status == 403 or error_type == "permission_error":
-        return "model" not in lowered
+        return (model.lower() if model else "model") not in lowered
     return status == 400 and any(m in lowered for m in ACCOUNT_MESSAGES)
 
 

@@ -116,8 +116,9 @@ class Worker:
         for name, value in settings.items():
             if value is not None or name not in ("trim_after", "pool_size"):  # None: never trim / the default
                 check_setting(name, value)
-        if config and "max_model_calls" in config:  # read by the agent loop, at every model call
-            check_setting("max_model_calls", config["max_model_calls"])
+        for name in ("max_model_calls", "key_error_first_block", "key_error_max_block"):
+            if config and name in config:  # read by the agent loop, at every model call
+                check_setting(name, config[name])
         self.conninfo = conninfo
         # The hub's LISTEN needs a direct session; the pool may go through a transaction pooler.
         self.listen_conninfo = listen_conninfo or conninfo

@@ -25,6 +25,11 @@ LIMITS: dict[str, tuple[type, float, float]] = {
     # The agent loop's cap on the model calls of one run (worker config `max_model_calls`,
     # `runrow worker --max-model-calls`): a safety net for a loop that never answers.
     "max_model_calls": (int, 1, 100_000),
+    # An API key or account error's fleet-wide block (worker config; report_key_error's own
+    # range): a value it refuses raised 22023 inside the handler, and every key error then
+    # became "handler raised", spending an attempt.
+    "key_error_first_block": (float, 0.001, 86400),
+    "key_error_max_block": (float, 0.001, 86400),
 }
 DEFAULT_MAX_MODEL_CALLS = 100
 
