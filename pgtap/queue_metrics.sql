@@ -4,7 +4,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(9);
+SELECT plan(11);
 
 SELECT pg_temp.drain_queue();
 
@@ -59,6 +59,15 @@ SELECT results_eq($$SELECT rate_limit_keys_blocked, tenants_over_budget, webhook
                            oldest_pending_webhook_age_seconds FROM runrow.queue_metrics$$,
     $$VALUES (1::bigint, 1::bigint, 0::bigint, 0::bigint, 0::double precision)$$,
     'a blocked key and a tenant over budget are counted; no webhook, every webhook gauge 0');
+
+-- A key whose API key or account error has not cleared counts whether or not it is blocked this
+-- instant (between a block's end and its probe's hold it is not; migration 0077).
+SELECT is((SELECT rate_limit_keys_key_error FROM runrow.queue_metrics), 0::bigint, 'no key error: 0');
+SELECT pg_temp.bypass($$UPDATE runrow.rate_limit SET key_error = 'authentication_error: invalid x-api-key',
+    key_errors = 2, key_error_since = now() - interval '1 minute', key_error_until = now() - interval '1 second',
+    key_error_block = 10, blocked_until = now() - interval '1 second' WHERE rate_limit_key = 'pgtap-key'$$);
+SELECT is((SELECT (rate_limit_keys_key_error, rate_limit_keys_blocked)::text FROM runrow.queue_metrics), '(1,0)',
+    'a key error between blocks: counted as a key error, not as blocked');
 
 SELECT lives_ok($$SELECT pg_temp.as_role('runrow_worker', 'SELECT * FROM runrow.queue_metrics')$$,
     'runrow_worker reads it (runrow worker --metrics-port)');

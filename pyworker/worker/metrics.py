@@ -96,7 +96,8 @@ MODEL_KEY_ERRORS = Counter(
 )
 MODEL_KEY_BROKEN = Gauge(
     "runrow_model_key_broken",
-    "1 while this worker's latest model answer was an API key or account error, else 0.",
+    "1 while this worker's latest model answer was an API key or account error, else 0 (this "
+    "worker's view; the fleet's is runrow_rate_limit_keys_key_error).",
 )
 TOOL_CALLS = Counter("runrow_tool_calls", "Tool calls by effect class and outcome.", ["effect", "outcome"])
 HUB_UP = Gauge("runrow_hub_up", "1 while this process's LISTEN connection is up, else 0.")
@@ -254,7 +255,9 @@ HELP = {
     "leases_expired": "Running runs whose lease lapsed and that no reaper has taken yet.",
     "queued_claimable": "Queued runs a worker could claim now (due, not behind their conversation's turn).",
     "queued_not_due": "Queued runs waiting out start_in or a retry_in backoff.",
-    "rate_limit_keys_blocked": "Rate-limit keys blocked by a reported 429.",
+    "rate_limit_keys_blocked": "Rate-limit keys blocked now, by a reported 429 or an API key error.",
+    "rate_limit_keys_key_error": "Rate-limit keys whose API key or account error has not cleared "
+    "(blocked, or between a block and its probe's answer): alert when above 0.",
     "tenants_over_budget": "Tenants at their daily token or cost budget.",
     "webhooks_pending": "Webhook deliveries not yet made (new, retrying or in flight).",
     "webhooks_dead_lettered": "Webhook deliveries that gave up (retry_webhook_delivery re-arms one).",
