@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(107);
+SELECT plan(108);
 SELECT pg_temp.drain_queue();
 -- Deliveries left by other files' data must not be claimed here.
 UPDATE runrow.webhook_delivery SET state = 'dead', claim_token = NULL, claim_expires_at = NULL
@@ -153,17 +153,40 @@ SELECT throws_ok(format($$UPDATE runrow.webhook_delivery SET payload = '{}' WHER
 
 -- Fail: exponential backoff on the database clock, then dead after max_attempts.
 SELECT (SELECT delivery_id FROM c1 WHERE run_id = :'batch') AS d2, (SELECT claim_token FROM c1 WHERE run_id = :'batch') AS k2 \gset
+-- Jitter: twenty failures of the same attempt (each undone) do not all come back at once.
+CREATE FUNCTION pg_temp.backoffs(d uuid, k uuid) RETURNS double precision[] LANGUAGE plpgsql AS $$
+DECLARE
+    got double precision[] := '{}';
+    secs double precision;
+BEGIN
+    FOR i IN 1..20 LOOP
+        BEGIN
+            PERFORM runrow.fail_webhook_delivery(d, k, 'HTTP 500', 500, 3, 2);
+            SELECT extract(EPOCH FROM w.next_attempt_at - now()) INTO secs FROM runrow.webhook_delivery AS w WHERE w.id = d;
+            got := got || secs;
+            RAISE EXCEPTION 'undone' USING ERRCODE = 'P0001';
+        EXCEPTION WHEN raise_exception THEN
+            NULL;
+        END;
+    END LOOP;
+    RETURN got;
+END $$;
+SELECT pg_temp.backoffs(:'d2', :'k2') AS tries \gset
+SELECT ok((SELECT count(DISTINCT x) > 10 AND min(x) >= 2 AND max(x) <= 3 FROM unnest(:'tries'::double precision[]) AS x),
+    'failures of one attempt back off 2 to 3 s, not all alike (jitter)');
 SELECT is(runrow.fail_webhook_delivery(:'d2', :'k2', 'HTTP 500', 500, 3, 2), 'retrying', 'a first failure retries');
-SELECT is(((pg_temp.delivery(:'batch')).next_attempt_at, (pg_temp.delivery(:'batch')).last_error,
-           (pg_temp.delivery(:'batch')).last_http_status, (pg_temp.delivery(:'batch')).claim_token)::text,
-    ((now() + interval '2 seconds', 'HTTP 500', 500, NULL::uuid))::text, 'due after backoff * 2^0, lease cleared');
+SELECT is(((pg_temp.delivery(:'batch')).next_attempt_at BETWEEN now() + interval '2 seconds' AND now() + interval '3 seconds',
+           (pg_temp.delivery(:'batch')).last_error, (pg_temp.delivery(:'batch')).last_http_status,
+           (pg_temp.delivery(:'batch')).claim_token)::text,
+    ((true, 'HTTP 500', 500, NULL::uuid))::text, 'due after backoff * 2^0 (up to 50% more: jitter), lease cleared');
 SELECT is(runrow.fail_webhook_delivery(:'d2', :'k2', 'again'), NULL, 'the same token again is fenced out');
 SELECT is_empty($$SELECT * FROM runrow.claim_webhook_deliveries('w2', 100, 30, 3)$$, 'not claimable during the backoff');
 SELECT pg_temp.due_now(:'d2');
 SELECT claim_token AS k2, attempt AS a2 FROM runrow.claim_webhook_deliveries('w2', 100, 30, 3) \gset
 SELECT is(:a2, 2, 'claimed again after the backoff as attempt 2');
 SELECT is(runrow.fail_webhook_delivery(:'d2', :'k2', 'timed out', NULL, 3, 2), 'retrying', 'a timeout (no status) retries');
-SELECT is((pg_temp.delivery(:'batch')).next_attempt_at, now() + interval '4 seconds', 'due after backoff * 2^1');
+SELECT ok((pg_temp.delivery(:'batch')).next_attempt_at BETWEEN now() + interval '4 seconds' AND now() + interval '6 seconds',
+    'due after backoff * 2^1 (up to 50% more)');
 SELECT pg_temp.due_now(:'d2');
 SELECT claim_token AS k2 FROM runrow.claim_webhook_deliveries('w2', 100, 30, 3) \gset
 SELECT is(runrow.fail_webhook_delivery(:'d2', :'k2', 'HTTP 503', 503, 3, 2), 'dead', 'the third failure of three dead-letters');

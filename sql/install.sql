@@ -13147,10 +13147,13 @@ BEGIN
             WHEN fail_webhook_delivery.permanent OR w.attempts >= fail_webhook_delivery.max_attempts THEN 'dead'
             ELSE 'pending'
         END,
-        -- Exponential on the database clock: backoff, 2x, 4x, ... after attempts 1, 2, 3,
-        -- capped at 6 hours so a long outage is retried a few times a day, not never.
+        -- Exponential on the database clock: backoff, 2x, 4x, ... after attempts 1, 2, 3, each
+        -- stretched by a random 0-50%, capped at 6 hours so a long outage is retried a few
+        -- times a day, not never. The jitter: deliveries that failed together (a receiver's
+        -- outage) all came back at the same instant at every step, just as it recovered.
         next_attempt_at = now() + make_interval(secs => least(
-            fail_webhook_delivery.backoff_seconds * power(2::numeric, w.attempts - 1), 21600)),
+            fail_webhook_delivery.backoff_seconds * power(2::numeric, w.attempts - 1)
+                * (1 + random()::numeric / 2), 21600)),
         last_error = fail_webhook_delivery.error,
         last_http_status = fail_webhook_delivery.http_status,
         claim_token = NULL,
@@ -13166,7 +13169,8 @@ $fn$;
 COMMENT ON FUNCTION runrow.fail_webhook_delivery(uuid, uuid, text, integer, integer, numeric, boolean) IS
 'This attempt failed: error (1..10000 characters) says how, http_status (100..599) what the '
 'receiver answered, NULL when it answered nothing (refused, timed out, cut). Returns retrying '
-'(due again at now() + backoff_seconds * 2^(attempts - 1) by the database clock, at most 6 hours; '
+'(due again at now() + backoff_seconds * 2^(attempts - 1), stretched by a random 0-50%, by '
+'the database clock, at most 6 hours; '
 'backoff_seconds 0.1..3600) or dead (dead-lettered: attempts reached max_attempts, 1..100, or '
 'permanent is true: the failure will recur identically, so no attempt follows). '
 'Fenced by claim_token and state pending: NULL, writing nothing, when the lease was taken over '
