@@ -8,6 +8,7 @@ same delivery id once the lease lapses). Plus the signature helper and the HTTP 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -49,9 +50,9 @@ class Received:
 
 class Receiver:
     """A loopback HTTP server that answers each POST as its script says, in order, then 200:
-    "ok" (200), "500", "close" (drops the connection without an answer), "hang" (answers
-    nothing until the test ends: the sender must time out), "hold" (the same; the test kills
-    the sender meanwhile)."""
+    "ok" (200), "slow" (200 after 2 s), "500", "close" (drops the connection without an
+    answer), "hang" (answers nothing until the test ends: the sender must time out), "hold"
+    (the same; the test kills the sender meanwhile)."""
 
     def __init__(self, script: list[str]) -> None:
         self.script = list(script)
@@ -72,6 +73,9 @@ class Receiver:
                 if action in ("hang", "hold"):
                     receiver.done.wait(60)
                     return
+                if action == "slow":  # 200, two seconds after the request came
+                    receiver.done.wait(2)
+                    action = "ok"
                 if action == "close":
                     self.close_connection = True
                     return
@@ -195,6 +199,24 @@ def test_a_failing_hanging_500ing_receiver_is_retried_with_backoff_until_it_succ
     assert at[3] - at[2] >= 1.0 + 2.0 - 0.05
     row = delivery(db, run_id)
     assert (row["attempts"], row["last_http_status"], row["last_error"]) == (4, 200, "timed out after 1 s")
+
+
+@pytest.mark.parametrize("receiver", [["slow"]], indirect=True)
+def test_a_drain_lets_a_delivery_in_flight_end_and_records_it(
+    db: psycopg.Connection, receiver: Receiver, workers: Any
+) -> None:
+    """SIGTERM while a receiver takes 2 s to answer 200: the drain cancelled the POST, so the
+    attempt was lost, and on its last attempt the next claim dead-lettered the delivery unsent
+    ("lease expired: worker w1 recorded no outcome of attempt 1"; the webhooks audit). The
+    delivery in flight now ends, is recorded, and the worker exits 0."""
+    w = workers("w1", *FAST, "--webhook-timeout", "5", "--webhook-attempts", "1")
+    run_id = enqueue_hooked(db, receiver.url)
+    wait_until(lambda: receiver.count() == 1, 20, "the receiver has the request")
+    w.signal(signal.SIGTERM)
+    assert w.wait_exit(30) == 0, w.log()
+    row = delivery(db, run_id)
+    assert (row["state"], row["attempts"], row["last_http_status"]) == ("delivered", 1, 200), row
+    assert receiver.count() == 1
 
 
 @pytest.mark.parametrize("receiver", [["500"] * 10], indirect=True)

@@ -253,13 +253,16 @@ class Worker:
             # Warns when the LISTEN URL goes through a pooler that drops notifications.
             asyncio.create_task(hub.self_test(pool), name="runrow-hub-self-test"),
         ]
+        webhooks_stopping = asyncio.Event()
+        webhooks: asyncio.Task[None] | None = None
         if self.webhooks is not None:
-            background.append(
-                asyncio.create_task(
-                    webhook_loop(pool, self.webhooks, worker_id=self.worker_id, hub=hub),
-                    name="runrow-webhooks",
-                )
+            webhooks = asyncio.create_task(
+                webhook_loop(
+                    pool, self.webhooks, worker_id=self.worker_id, hub=hub, stopping=webhooks_stopping
+                ),
+                name="runrow-webhooks",
             )
+            background.append(webhooks)
         await dispatcher.start()
         log.info(
             "worker %s started: concurrency %d, lease %ds, poll %.1fs, drain %.1fs",
@@ -272,6 +275,11 @@ class Worker:
         try:
             await self._stop.wait()
             await self._drain(dispatcher)
+            if webhooks is not None and self.webhooks is not None:
+                # Deliveries in flight end and are recorded (each within the timeout); the
+                # runs the drain ended have their deliveries sent by whichever worker is up.
+                webhooks_stopping.set()
+                await asyncio.wait({webhooks}, timeout=self.webhooks.timeout + 5)
         finally:
             if metrics_server is not None:
                 metrics_server.close()

@@ -261,9 +261,20 @@ async def _deliver_logged(
 
 
 async def webhook_loop(
-    pool: AsyncConnectionPool, settings: WebhookSettings, *, worker_id: str | None, hub: Hub | None = None
+    pool: AsyncConnectionPool,
+    settings: WebhookSettings,
+    *,
+    worker_id: str | None,
+    hub: Hub | None = None,
+    stopping: asyncio.Event | None = None,
 ) -> None:
-    """Deliver until cancelled, up to settings.batch at once. Woken by runrow_enqueued (the outbox
+    """Deliver until cancelled, or until `stopping` is set: then claim nothing more, let the
+    deliveries in flight end (each within the timeout, their outcomes recorded) and return. A
+    drain used to cancel them mid-POST: each lost an attempt and waited out its lease, was likely
+    sent twice, and one on its last attempt was dead-lettered unsent by the next claim though its
+    receiver answered 200 (the webhooks audit).
+
+    Up to settings.batch at once. Woken by runrow_enqueued (the outbox
     trigger sends it with each new delivery, so it goes out at once), by the poll tick (retries
     whose backoff passed, lapsed leases, and everything when NOTIFY is lost), and by a delivery
     ending while every slot was taken.
@@ -293,7 +304,7 @@ async def webhook_loop(
             settings.backoff_seconds,
             settings.batch,
         )
-        while True:
+        while stopping is None or not stopping.is_set():
             free = settings.batch - len(in_flight)
             more = False
             if free > 0:
@@ -313,14 +324,32 @@ async def webhook_loop(
             if len(in_flight) >= settings.batch:
                 await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
             elif not more:
-                await _idle(wakes, settings.poll_seconds * random.uniform(0.8, 1.2))
+                await _idle(wakes, settings.poll_seconds * random.uniform(0.8, 1.2), stopping)
+        if in_flight:
+            log.info("webhook delivery stopping: %d in flight end first", len(in_flight))
+            await asyncio.wait(in_flight)
 
 
-async def _idle(wakes: asyncio.Queue[str] | None, timeout: float) -> None:  # noqa: ASYNC109
-    if wakes is None:
-        await asyncio.sleep(timeout)
+async def _idle(
+    wakes: asyncio.Queue[str] | None,
+    timeout: float,  # noqa: ASYNC109
+    stopping: asyncio.Event | None = None,
+) -> None:
+    """Wait for a wake, the poll tick, or the loop's stop, whichever comes first."""
+    waiting = asyncio.ensure_future(
+        within(wakes.get(), timeout) if wakes is not None else asyncio.sleep(timeout)
+    )
+    stopped = asyncio.ensure_future(stopping.wait()) if stopping is not None else None
+    try:
+        await asyncio.wait(
+            [w for w in (waiting, stopped) if w is not None], return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        for w in (waiting, stopped):
+            if w is not None:
+                w.cancel()
+    if wakes is None or (stopped is not None and stopped.done()):
         return
-    await within(wakes.get(), timeout)
     # Enqueues wake us too: one claim per burst of signals, not one per signal.
     await asyncio.sleep(0.05)
     while not wakes.empty():
