@@ -219,6 +219,40 @@ def test_a_drain_lets_a_delivery_in_flight_end_and_records_it(
     assert receiver.count() == 1
 
 
+def test_a_delivery_goes_through_the_webhook_proxy(
+    db: psycopg.Connection, receiver: Receiver, workers: Any
+) -> None:
+    """README's egress policy for untrusted users' URLs: the sender ignored every proxy
+    (trust_env=False; 71 deliveries, 0 through HTTP_PROXY in the audit). --webhook-proxy sends
+    each delivery through the proxy given; this stub proxy answers for the receiver and records
+    the absolute URL a forward proxy is asked for."""
+    asked: list[str] = []
+
+    class Proxy(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            asked.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        w = workers("w1", *FAST, "--webhook-proxy", f"http://user:pw@127.0.0.1:{proxy.server_address[1]}")
+        run_id = enqueue_hooked(db, receiver.url)
+        wait_until(lambda: state(db, run_id) == "delivered", 20, "the delivery")
+        assert asked == [receiver.url] and receiver.count() == 0
+        assert f"through the proxy at 127.0.0.1:{proxy.server_address[1]}" in w.log()
+        assert "pw@" not in w.log()
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+
+
 @pytest.mark.parametrize("receiver", [["500"] * 10], indirect=True)
 def test_a_receiver_that_keeps_failing_is_dead_lettered_after_n_attempts(
     db: psycopg.Connection, worker_db: str, receiver: Receiver, workers: Any
@@ -463,6 +497,9 @@ def test_the_http_api_takes_webhook_url_and_names_it_when_bad(worker_db: str, db
         ("--webhook-poll", "-1"),
         # '' turned delivery off without a word.
         ("--webhook-secret", ""),
+        ("--webhook-proxy", "socks5://127.0.0.1:1080"),
+        ("--webhook-proxy", "proxy:3128"),
+        ("--webhook-proxy", "http://127.0.0.1:99999"),
     ],
 )
 def test_webhook_flags_out_of_range_are_usage_errors_naming_the_flag(flag: str, value: str) -> None:

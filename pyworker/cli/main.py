@@ -216,6 +216,21 @@ def _secret(text: str) -> str:
     return text
 
 
+def _proxy_url(text: str) -> str:
+    """--webhook-proxy: an http:// or https:// URL with a host (httpx's proxy). Never echoed: it
+    may hold a password."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 (raises ValueError for a port that is not 0-65535)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be a URL, http://host:port") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError("must be an http:// or https:// URL with a host (http://proxy:3128)")
+    return text
+
+
 def webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
     """The worker's webhook delivery settings, or None (no secret: this worker delivers none)."""
     from pyworker.worker.webhooks import WebhookSettings
@@ -228,6 +243,7 @@ def webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
         max_attempts=args.webhook_attempts,
         backoff_seconds=args.webhook_backoff,
         poll_seconds=args.webhook_poll,
+        proxy=args.webhook_proxy,
     )
 
 
@@ -460,6 +476,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=in_range("webhook_poll"),
         default=2.0,
         help="seconds between looks for due webhook retries (new deliveries wake it by NOTIFY)",
+    )
+    p.add_argument(
+        "--webhook-proxy",
+        type=_proxy_url,
+        default=env_default("RUNROW_WEBHOOK_PROXY", empty_is_unset=True),
+        metavar="URL",
+        help="send webhook deliveries through this HTTP proxy (http://proxy:3128), e.g. an egress "
+        "proxy that allows only public addresses; env RUNROW_WEBHOOK_PROXY. HTTP(S)_PROXY are "
+        "not read: a proxy meant for other traffic does not carry webhooks unasked",
     )
     add_log_format(p, "one object per line with run_id, conversation_id, attempt")
     p.add_argument(

@@ -131,6 +131,9 @@ class WebhookSettings:
     backoff_seconds: float = 10.0  # after attempt n: backoff * 2^(n-1), capped at 6 h by the database
     poll_seconds: float = 2.0
     batch: int = 10
+    # An HTTP proxy every delivery goes through (an egress policy: README "Webhooks"); None:
+    # direct. The environment's HTTP(S)_PROXY are never read (trust_env=False below).
+    proxy: str | None = None
 
     def __post_init__(self) -> None:
         if not self.secret:
@@ -149,6 +152,12 @@ class WebhookSettings:
         # overtaken; the margin (as long again, at least 5 s) covers recording the outcome on a
         # slow database. A worker killed mid-request costs its delivery this long.
         return min(3600, math.ceil(self.timeout) + max(5, math.ceil(self.timeout)))
+
+
+def _host_of(url: str) -> str:
+    """host:port of a proxy URL, for a log line (its user and password left out)."""
+    parts = httpx.URL(url)
+    return f"{parts.host}:{parts.port}" if parts.port else parts.host
 
 
 class Unsendable(Exception):
@@ -289,6 +298,7 @@ async def webhook_loop(
                 follow_redirects=False,
                 headers={"User-Agent": USER_AGENT},
                 trust_env=False,
+                proxy=settings.proxy,
             )
         )
         wakes = await stack.enter_async_context(hub.subscribe(channels.ENQUEUED)) if hub else None
@@ -297,12 +307,13 @@ async def webhook_loop(
         sending = await stack.enter_async_context(asyncio.TaskGroup())
         in_flight: set[asyncio.Task[None]] = set()
         log.info(
-            "webhook delivery on: timeout %gs, lease %ds, %d attempts, backoff %gs doubling, %d at once",
+            "webhook delivery on: timeout %gs, lease %ds, %d attempts, backoff %gs doubling, %d at once%s",
             settings.timeout,
             settings.lease_seconds,
             settings.max_attempts,
             settings.backoff_seconds,
             settings.batch,
+            "" if settings.proxy is None else f", through the proxy at {_host_of(settings.proxy)}",
         )
         while stopping is None or not stopping.is_set():
             free = settings.batch - len(in_flight)
