@@ -205,6 +205,10 @@ DECLARE
     cr bigint := runrow._usage_tokens(_settle_usage.usage, 'cache_read_input_tokens');
     -- Of the cache writes, those with the 1-hour TTL, priced apart (twice input, not 1.25x).
     cw_1h bigint := least(cw, runrow._usage_tokens(_settle_usage.usage -> 'cache_creation', 'ephemeral_1h_input_tokens'));
+    -- Server tools billed per request on top of their tokens (migration 0076): a missing,
+    -- non-object server_tool_use or a count that is not a number counts 0, as a token field.
+    searches bigint := runrow._usage_tokens(_settle_usage.usage -> 'server_tool_use', 'web_search_requests');
+    fetches bigint := runrow._usage_tokens(_settle_usage.usage -> 'server_tool_use', 'web_fetch_requests');
     cost numeric := 0;
     why text;
     bucket runrow.rate_limit;
@@ -214,7 +218,8 @@ BEGIN
     WHERE m.model = (SELECT a.model FROM runrow.agent_run AS a WHERE a.id = _settle_usage.run_id);
     IF FOUND THEN
         cost := (inp * p.input_per_mtok + outp * p.output_per_mtok + (cw - cw_1h) * p.cache_write_per_mtok
-                 + cw_1h * p.cache_write_1h_per_mtok + cr * p.cache_read_per_mtok) / 1000000;
+                 + cw_1h * p.cache_write_1h_per_mtok + cr * p.cache_read_per_mtok) / 1000000
+                + searches * p.web_search_per_request + fetches * p.web_fetch_per_request;
     END IF;
     UPDATE runrow.agent_run AS a
     SET spent_tokens = a.spent_tokens + inp + outp + cw + cr,

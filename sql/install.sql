@@ -121,6 +121,7 @@ BEGIN
     '0073_auditor_reads_no_claim_tokens',
     '0074_key_errors',
     '0075_worker_reads_model_prices',
+    '0076_model_price_server_tools',
     '0077_queue_metrics_key_errors'
 ]::text[]);
     IF unknown IS NOT NULL THEN
@@ -7682,6 +7683,62 @@ INSERT INTO runrow._yoyo_migration VALUES ('61053e77c34ebaa9525022c2442987e74dab
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '61053e77c34ebaa9525022c2442987e74dabfa1d517daa85604f659629be7275', '0075_worker_reads_model_prices', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0076_model_price_server_tools
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '304a1246ebb8479dbe50cdc79efd1736e68b9d183b5f394a24ca5b74c0c72efb') AS apply_304a1246ebb8 \gset
+\if :apply_304a1246ebb8
+-- depends: 0075_worker_reads_model_prices
+-- Server tools are billed per request on top of their tokens: web search at $10 per 1,000
+-- searches (usage.server_tool_use.web_search_requests); web fetch has no fee beyond its tokens
+-- (web_fetch_requests). Costs were settled from tokens alone, so a run or tenant using web
+-- search was costed low and its cost budget overspent (the audit: 50 searches, 0.50 USD billed,
+-- 0.000225 USD counted). The price table gets a price per request of each, set by the operator
+-- with set_model_price (two optional arguments, functions/set_model_price.sql, which drops the
+-- six-argument form as it creates the new one). The prices already set get the documented ones,
+-- 0.01 and 0, as set_model_price gives a NULL argument: a budget errs on the side of not
+-- overspending, and an operator who never heard of the fee is no longer undercounted by it.
+-- Each finite and 0 or more, the CHECK pattern of 0065 (NaN sorts above every number).
+-- A column with a constant default is added without a rewrite; the CHECKs are validated as they
+-- are added (one row per model).
+ALTER TABLE runrow.model_price
+ADD COLUMN web_search_per_request numeric NOT NULL DEFAULT 0.01
+CONSTRAINT model_price_web_search_nonnegative CHECK (
+    web_search_per_request >= 0 AND web_search_per_request < 'Infinity'
+),
+ADD COLUMN web_fetch_per_request numeric NOT NULL DEFAULT 0
+CONSTRAINT model_price_web_fetch_nonnegative CHECK (
+    web_fetch_per_request >= 0 AND web_fetch_per_request < 'Infinity'
+);
+
+COMMENT ON TABLE runrow.model_price IS
+'USD per million tokens by model, and USD per server-tool request, filled by operators '
+'(set_model_price); cost budgets and the spend views read it when append_step settles a step.';
+COMMENT ON COLUMN runrow.model_price.web_search_per_request IS
+'USD per web search (usage.server_tool_use.web_search_requests), on top of the tokens; the '
+'documented price is 0.01 (10 USD per 1,000 searches).';
+COMMENT ON COLUMN runrow.model_price.web_fetch_per_request IS
+'USD per web fetch (usage.server_tool_use.web_fetch_requests), on top of the tokens; the '
+'documented price is 0 (no fee beyond the tokens).';
+
+CREATE OR REPLACE VIEW runrow.model_prices AS
+SELECT
+    p.model,
+    p.input_per_mtok,
+    p.output_per_mtok,
+    p.cache_write_per_mtok,
+    p.cache_read_per_mtok,
+    p.updated_at,
+    p.cache_write_1h_per_mtok,
+    p.web_search_per_request,
+    p.web_fetch_per_request
+FROM runrow.model_price AS p;
+
+COMMENT ON VIEW runrow.model_prices IS
+'The price table (set_model_price): USD per million tokens, and USD per request of the server '
+'tools (web search, web fetch).';
+INSERT INTO runrow._yoyo_migration VALUES ('304a1246ebb8479dbe50cdc79efd1736e68b9d183b5f394a24ca5b74c0c72efb', '0076_model_price_server_tools', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '304a1246ebb8479dbe50cdc79efd1736e68b9d183b5f394a24ca5b74c0c72efb', '0076_model_price_server_tools', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- migration 0077_queue_metrics_key_errors
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'c428605b9ea11291d74c98db025a86e9073351eafa5d2273686e09db201989bc') AS apply_c428605b9ea1 \gset
 \if :apply_c428605b9ea1
@@ -9597,6 +9654,10 @@ DECLARE
     cr bigint := runrow._usage_tokens(_settle_usage.usage, 'cache_read_input_tokens');
     -- Of the cache writes, those with the 1-hour TTL, priced apart (twice input, not 1.25x).
     cw_1h bigint := least(cw, runrow._usage_tokens(_settle_usage.usage -> 'cache_creation', 'ephemeral_1h_input_tokens'));
+    -- Server tools billed per request on top of their tokens (migration 0076): a missing,
+    -- non-object server_tool_use or a count that is not a number counts 0, as a token field.
+    searches bigint := runrow._usage_tokens(_settle_usage.usage -> 'server_tool_use', 'web_search_requests');
+    fetches bigint := runrow._usage_tokens(_settle_usage.usage -> 'server_tool_use', 'web_fetch_requests');
     cost numeric := 0;
     why text;
     bucket runrow.rate_limit;
@@ -9606,7 +9667,8 @@ BEGIN
     WHERE m.model = (SELECT a.model FROM runrow.agent_run AS a WHERE a.id = _settle_usage.run_id);
     IF FOUND THEN
         cost := (inp * p.input_per_mtok + outp * p.output_per_mtok + (cw - cw_1h) * p.cache_write_per_mtok
-                 + cw_1h * p.cache_write_1h_per_mtok + cr * p.cache_read_per_mtok) / 1000000;
+                 + cw_1h * p.cache_write_1h_per_mtok + cr * p.cache_read_per_mtok) / 1000000
+                + searches * p.web_search_per_request + fetches * p.web_fetch_per_request;
     END IF;
     UPDATE runrow.agent_run AS a
     SET spent_tokens = a.spent_tokens + inp + outp + cw + cr,
@@ -14927,10 +14989,14 @@ REVOKE ALL ON FUNCTION runrow.set_fairness_weight(text, double precision) FROM P
 -- arguments would be ambiguous (42725). Here rather than in 0071, so that an older migrate or
 -- install.sql run by mistake on this database cannot leave it behind for good.
 DROP FUNCTION IF EXISTS runrow.set_model_price(text, numeric, numeric, numeric, numeric);
+-- So does the six-argument form (before migration 0076), for the same reason: a call with five
+-- or six arguments would match both it and this one.
+DROP FUNCTION IF EXISTS runrow.set_model_price(text, numeric, numeric, numeric, numeric, numeric);
 
 CREATE OR REPLACE FUNCTION runrow.set_model_price(
     model text, input_per_mtok numeric, output_per_mtok numeric, cache_write_per_mtok numeric,
-    cache_read_per_mtok numeric, cache_write_1h_per_mtok numeric DEFAULT NULL
+    cache_read_per_mtok numeric, cache_write_1h_per_mtok numeric DEFAULT NULL,
+    web_search_per_request numeric DEFAULT NULL, web_fetch_per_request numeric DEFAULT NULL
 )
 RETURNS void
 LANGUAGE plpgsql
@@ -14969,6 +15035,25 @@ BEGIN
         RAISE EXCEPTION 'cache_write_1h_per_mtok must be NULL when the price is removed (the four prices NULL)'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Server tools, USD per request (migration 0076).
+    IF set_model_price.web_search_per_request < 0 OR set_model_price.web_search_per_request >= 'Infinity' THEN
+        RAISE EXCEPTION 'web_search_per_request must be NULL (0.01, the documented 10 USD per 1,000 searches) '
+            'or a finite number, 0 or more (USD per search), got %', set_model_price.web_search_per_request
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF set_model_price.web_fetch_per_request < 0 OR set_model_price.web_fetch_per_request >= 'Infinity' THEN
+        RAISE EXCEPTION 'web_fetch_per_request must be NULL (0, no fee beyond the tokens) or a finite number, '
+            '0 or more (USD per fetch), got %', set_model_price.web_fetch_per_request
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF set_model_price.input_per_mtok IS NULL AND set_model_price.web_search_per_request IS NOT NULL THEN
+        RAISE EXCEPTION 'web_search_per_request must be NULL when the price is removed (the four prices NULL)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF set_model_price.input_per_mtok IS NULL AND set_model_price.web_fetch_per_request IS NOT NULL THEN
+        RAISE EXCEPTION 'web_fetch_per_request must be NULL when the price is removed (the four prices NULL)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     IF set_model_price.input_per_mtok IS NULL THEN
         DELETE FROM runrow.model_price AS p WHERE p.model = set_model_price.model;
@@ -14978,31 +15063,43 @@ BEGIN
         RETURN;
     END IF;
     INSERT INTO runrow.model_price AS p (
-        model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok, cache_write_1h_per_mtok
+        model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok, cache_write_1h_per_mtok,
+        web_search_per_request, web_fetch_per_request
     )
     VALUES (set_model_price.model, set_model_price.input_per_mtok, set_model_price.output_per_mtok,
             set_model_price.cache_write_per_mtok, set_model_price.cache_read_per_mtok,
             -- The API's rule: a 1-hour cache write costs twice the input price.
-            coalesce(set_model_price.cache_write_1h_per_mtok, 2 * set_model_price.input_per_mtok))
+            coalesce(set_model_price.cache_write_1h_per_mtok, 2 * set_model_price.input_per_mtok),
+            -- The documented prices: web search 10 USD per 1,000 searches, web fetch no fee.
+            coalesce(set_model_price.web_search_per_request, 0.01),
+            coalesce(set_model_price.web_fetch_per_request, 0))
     ON CONFLICT ON CONSTRAINT model_price_pkey DO UPDATE
     SET input_per_mtok = excluded.input_per_mtok, output_per_mtok = excluded.output_per_mtok,
         cache_write_per_mtok = excluded.cache_write_per_mtok, cache_read_per_mtok = excluded.cache_read_per_mtok,
         cache_write_1h_per_mtok = excluded.cache_write_1h_per_mtok,
+        web_search_per_request = excluded.web_search_per_request,
+        web_fetch_per_request = excluded.web_fetch_per_request,
         updated_at = now();
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.set_model_price(text, numeric, numeric, numeric, numeric, numeric) IS
+COMMENT ON FUNCTION runrow.set_model_price(text, numeric, numeric, numeric, numeric, numeric, numeric, numeric) IS
 'The operator sets a model''s price in USD per million tokens: input (uncached), output, cache '
 'write (5-minute TTL) and cache read, each 0 or more, and the 1-hour cache write '
-'(cache_write_1h_per_mtok; NULL: 2 x input, the API''s rule). Costs are settled with the price '
-'in force when a step is appended (append_step) or a response paid for (record_usage), the '
-'1-hour price for usage.cache_creation.ephemeral_1h_input_tokens; a run with a cost_budget '
-'whose model has no price gets no model request. All four NULL (and no 1-hour price) removes '
-'the price; P0002 when there is none. Bad input (NULL or over-long model, one price NULL, a '
-'negative or infinite price) raises 22004/22023 naming the argument and writes nothing.';
+'(cache_write_1h_per_mtok; NULL: 2 x input, the API''s rule), and USD per server-tool request '
+'on top of the tokens: web_search_per_request (NULL: 0.01, the documented 10 USD per 1,000 '
+'searches) and web_fetch_per_request (NULL: 0, no fee beyond the tokens); 0 leaves one unpriced. '
+'Costs are settled with the price in force when a step is appended (append_step) or a response '
+'paid for (record_usage), the 1-hour price for usage.cache_creation.ephemeral_1h_input_tokens, '
+'the request prices for usage.server_tool_use.web_search_requests / web_fetch_requests; a run '
+'with a cost_budget whose model has no price gets no model request. All four NULL (and the '
+'optional prices NULL) removes the price; P0002 when there is none. Bad input (NULL or '
+'over-long model, one price NULL, a negative or infinite price) raises 22004/22023 naming the '
+'argument and writes nothing.';
 
-REVOKE ALL ON FUNCTION runrow.set_model_price(text, numeric, numeric, numeric, numeric, numeric) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow.set_model_price(
+    text, numeric, numeric, numeric, numeric, numeric, numeric, numeric
+) FROM PUBLIC;
 
 -- functions/set_rate_limit.sql
 CREATE OR REPLACE FUNCTION runrow.set_rate_limit(

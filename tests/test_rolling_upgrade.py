@@ -7,9 +7,9 @@ migrate first, then workers and services, and each piece refuses the order that 
 - `runrow migrate` and sql/install.sql on a database a newer runrow migrated refuse before
   writing (they re-apply functions/, and put older functions back: an old migrate job exited
   0 "already current" and priced 1-hour cache writes at the old rate again);
-- a migrate removes set_model_price's five-argument form whenever an older install put it
-  back (beside the six-argument one every five-argument call was ambiguous, 42725, for good:
-  the migration that dropped it was recorded as applied).
+- a migrate removes set_model_price's five- and six-argument forms whenever an older install put
+  one back (beside the newer one every five-argument call was ambiguous, 42725, for good: the
+  migration that dropped it was recorded as applied).
 """
 
 from __future__ import annotations
@@ -106,15 +106,24 @@ def test_install_sql_refuses_a_database_a_newer_runrow_migrated(newer_database: 
         assert conn.execute(FUNCTIONS_SQL).fetchone() == before
 
 
-def test_a_migrate_removes_the_five_argument_set_model_price_an_older_install_put_back(
-    database_url: str,
+@pytest.mark.parametrize(
+    "older",
+    [
+        "cache_read_per_mtok numeric",  # before migration 0071
+        # Before 0076: beside the eight-argument form, a five- or six-argument call was ambiguous.
+        "cache_read_per_mtok numeric, cache_write_1h_per_mtok numeric DEFAULT NULL",
+    ],
+    ids=["five", "six"],
+)
+def test_a_migrate_removes_an_older_set_model_price_an_older_install_put_back(
+    database_url: str, older: str
 ) -> None:
     with temporary_database(database_url, "runrow_stale_overload") as url:
         with psycopg.connect(url) as conn:
             # What an older functions/set_model_price.sql re-creates beside the new form.
             conn.execute(
                 "CREATE FUNCTION runrow.set_model_price(model text, input_per_mtok numeric,"
-                " output_per_mtok numeric, cache_write_per_mtok numeric, cache_read_per_mtok numeric)"
+                f" output_per_mtok numeric, cache_write_per_mtok numeric, {older})"
                 " RETURNS void LANGUAGE sql AS ''"
             )
             conn.commit()
@@ -123,6 +132,7 @@ def test_a_migrate_removes_the_five_argument_set_model_price_an_older_install_pu
         migrate(url)
         with psycopg.connect(url) as conn:
             conn.execute("SELECT runrow.set_model_price('m', 3, 15, 3.75, 0.3)")
+            conn.execute("SELECT runrow.set_model_price('m', 3, 15, 3.75, 0.3, 6)")
             assert conn.execute(
                 "SELECT count(*) FROM pg_proc WHERE proname = 'set_model_price'"
                 " AND pronamespace = 'runrow'::regnamespace"
