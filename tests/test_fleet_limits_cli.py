@@ -74,12 +74,20 @@ def test_budget_and_status(private_database_url: str) -> None:
     ]
     assert runrow(url, *args).returncode == 0
     assert runrow(url, *args[:2], "claude-1h", *args[3:], "--cache-write-1h", "7.5").returncode == 0
+    web = ["--web-search", "0.02", "--web-fetch", "0.001"]
+    searching = runrow(url, *args[:2], "claude-web", *args[3:], *web)
+    assert searching.returncode == 0, searching.stderr
+    refused = runrow(url, *args[:2], "claude-web", *args[3:], "--web-search", "-1")
+    assert refused.returncode == 2 and "web_search_per_request must be" in refused.stderr, refused.stderr
     shown = runrow(url, "budget", "show")
     assert shown.returncode == 0, shown.stderr
     assert any(ln.startswith("acme") and "1000" in ln for ln in shown.stdout.splitlines())
-    # The 1-hour cache write price: 2 x input by default, or as given.
-    prices = {ln.split()[0]: ln.split() for ln in shown.stdout.splitlines() if ln.startswith("claude-")}
-    assert prices["claude-x"][-1] == "6" and prices["claude-1h"][-1] == "7.5", prices
+    # The 1-hour cache write price: 2 x input by default, or as given; then the server tools' prices
+    # per request, by default the documented ones (web search 0.01, web fetch 0), or as given.
+    prices = {ln.split()[0]: ln.split()[-3:] for ln in shown.stdout.splitlines() if ln.startswith("claude-")}
+    assert prices["claude-x"] == ["6", "0.01", "0"], prices
+    assert prices["claude-1h"] == ["7.5", "0.01", "0"], prices
+    assert prices["claude-web"] == ["6", "0.02", "0.001"], prices
     status = runrow(url, "status")
     assert status.returncode == 0, status.stderr
     for name in ("rate_limit_keys_blocked", "runs_in_backoff", "tenants_over_budget"):

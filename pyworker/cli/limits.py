@@ -36,6 +36,7 @@ BUDGET_EPILOG = """how it works:
 
 examples:
   runrow budget price claude-sonnet-4-5 --input 3 --output 15 --cache-write 3.75 --cache-read 0.3
+  runrow budget price claude-x --input 3 --output 15 --cache-write 3.75 --cache-read 0.3 --web-search 0.01
   runrow budget tenant acme --tokens-per-day 2000000 --cost-per-day 25
   runrow budget remove-tenant acme
   runrow budget show                             # budgets, spend per tenant and model, prices"""
@@ -114,6 +115,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         type=usd,
         help="USD per million cache-write tokens with the 1-hour TTL (default: 2 x --input, the API's rule)",
     )
+    pr.add_argument(
+        "--web-search",
+        type=usd,
+        help="USD per web search (usage.server_tool_use.web_search_requests), on top of its tokens "
+        "(default: 0.01, the documented 10 USD per 1,000 searches; 0: not priced)",
+    )
+    pr.add_argument(
+        "--web-fetch",
+        type=usd,
+        help="USD per web fetch (usage.server_tool_use.web_fetch_requests), on top of its tokens "
+        "(default: 0, no fee beyond the tokens)",
+    )
     r = _action(
         actions, "remove-price", help="remove a model's price", example="runrow budget remove-price claude-x"
     )
@@ -164,6 +177,8 @@ async def cmd_budget(args: argparse.Namespace) -> int:
                 args.cache_write,
                 args.cache_read,
                 args.cache_write_1h,
+                web_search_per_request=args.web_search,
+                web_fetch_per_request=args.web_fetch,
             )
             print(f"price of {args.model} set")
         elif args.action == "remove-price":
@@ -173,7 +188,7 @@ async def cmd_budget(args: argparse.Namespace) -> int:
             await _show(conn, "tenant budgets", "tenant_budgets")
             await _show(conn, "spend per tenant (rolling day)", "spend_by_tenant")
             await _show(conn, "spend per model (rolling day)", "spend_by_model")
-            await _show(conn, "prices (USD per million tokens)", "model_prices")
+            await _show(conn, "prices (USD per million tokens; server tools per request)", "model_prices")
             await _show(conn, "top runs by spend", "spend_by_run", limit=10)
     return 0
 

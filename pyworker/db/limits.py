@@ -115,22 +115,28 @@ async def set_model_price(
     cache_write_per_mtok: Decimal | None,
     cache_read_per_mtok: Decimal | None,
     cache_write_1h_per_mtok: Decimal | None = None,
+    *,
+    web_search_per_request: Decimal | None = None,
+    web_fetch_per_request: Decimal | None = None,
 ) -> None:
-    """cache_write_1h_per_mtok None: twice the input price (the API's rule). Named only when
-    given, so the call works on a schema from before it (0071) too."""
-    args = (model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok)
-    if cache_write_1h_per_mtok is None:
-        await conn.execute(
-            "SELECT runrow.set_model_price(model => %s, input_per_mtok => %s, output_per_mtok => %s, "
-            "cache_write_per_mtok => %s, cache_read_per_mtok => %s)",
-            args,
-        )
-        return
-    await conn.execute(
-        "SELECT runrow.set_model_price(model => %s, input_per_mtok => %s, output_per_mtok => %s, "
-        "cache_write_per_mtok => %s, cache_read_per_mtok => %s, cache_write_1h_per_mtok => %s)",
-        (*args, cache_write_1h_per_mtok),
-    )
+    """cache_write_1h_per_mtok None: twice the input price (the API's rule); web_search_per_request
+    None: 0.01 USD (the documented 10 USD per 1,000 searches); web_fetch_per_request None: 0. Each
+    optional one is named only when given, so the call works on a schema from before it (0071,
+    0076) too."""
+    names = ["model", "input_per_mtok", "output_per_mtok", "cache_write_per_mtok", "cache_read_per_mtok"]
+    values: list[Any] = [model, input_per_mtok, output_per_mtok, cache_write_per_mtok, cache_read_per_mtok]
+    optional = {
+        "cache_write_1h_per_mtok": cache_write_1h_per_mtok,
+        "web_search_per_request": web_search_per_request,
+        "web_fetch_per_request": web_fetch_per_request,
+    }
+    for name, value in optional.items():
+        if value is not None:
+            names.append(name)
+            values.append(value)
+    # Only the names above reach the SQL text.
+    arguments = ", ".join(f"{name} => %s" for name in names)
+    await conn.execute(f"SELECT runrow.set_model_price({arguments})", values)
 
 
 async def set_concurrency_limit(conn: AsyncConnection, concurrency_key: str, max_running: int | None) -> None:
