@@ -369,6 +369,25 @@ def test_stop_reasons_arrive(fake: FakeModel, scenario: str, stop_reason: str, s
         assert message.stop_details is not None and message.stop_details.type == "refusal"
 
 
+def test_a_turn_reports_its_server_tool_requests_in_usage() -> None:
+    """As the API: usage.server_tool_use counts the server-tool requests a turn ran (billed per
+    request), in the message and in the stream's message_delta, which the SDK keeps in the
+    final message; a turn that ran none reports no server_tool_use."""
+    ran = {"web_search_requests": 50, "web_fetch_requests": 2}
+    with FakeModel(lambda request: turn(Text("found it"), server_tool_use=ran)) as fake:
+        message = client_for(fake).messages.create(**hello())
+        assert message.usage.server_tool_use is not None
+        assert message.usage.server_tool_use.to_dict() == ran
+        with client_for(fake).messages.stream(**hello()) as stream:
+            deltas = [e.usage for e in stream if e.type == "message_delta"]
+            final = stream.get_final_message()
+        assert deltas[0].server_tool_use is not None and deltas[0].server_tool_use.to_dict() == ran
+        assert final.usage.server_tool_use is not None
+        assert final.usage.server_tool_use.web_search_requests == 50
+    with FakeModel("text") as plain:
+        assert client_for(plain).messages.create(**hello()).usage.server_tool_use is None
+
+
 def test_output_is_cut_at_max_tokens(fake: FakeModel) -> None:
     with client_for(fake).messages.stream(**hello(max_tokens=3)) as stream:
         message = stream.get_final_message()

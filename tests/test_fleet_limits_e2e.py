@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import anthropic
@@ -338,3 +339,54 @@ def test_a_response_cut_by_a_drain_is_paid_for(module_conn: psycopg.Connection, 
     billed = usage["input_tokens"]
     (spent,) = db.execute("SELECT spent_tokens FROM runrow.agent_run WHERE id = %s", (run,)).fetchone()
     assert billed > 0 and spent >= billed, (spent, usage)
+
+
+def test_web_searches_are_paid_for_at_their_price_per_request(
+    module_conn: psycopg.Connection, module_db: str
+) -> None:
+    """The API bills web search per request on top of its tokens (10 USD per 1,000 searches) and
+    reports the count in usage.server_tool_use. Costs were settled from tokens alone, so a turn
+    that ran 50 searches was billed 0.50 USD more than its run, its tenant's day and their cost
+    budgets counted (the audit: 50 searches, spent_cost 0.000225). The real SDK's usage carries
+    the count to append_step, priced at set_model_price's documented default."""
+    db = module_conn
+    db.execute("SELECT runrow.set_model_price('claude-searching', 3, 15, 3.75, 0.3)")
+    db.execute("SELECT runrow.set_tenant_budget('search-tenant', NULL, 0.4)")
+    searches = {"web_search_requests": 50, "web_fetch_requests": 2}
+    with FakeModel(lambda request: turn(Text("found it"), server_tool_use=searches)) as fake:
+        config = {"anthropic_base_url": fake.base_url, "anthropic_api_key": "k", "anthropic_max_retries": 0}
+        with in_process_worker(module_db, "searching", config=config, lease_seconds=5, concurrency=1):
+            runs = []
+            for _ in range(2):  # one after the other: the second finds the tenant's day spent
+                runs.append(
+                    db.execute(
+                        "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, "
+                        "content => '\"search\"', model => 'claude-searching', max_attempts => 1, "
+                        "fairness_key => 'search-tenant', cost_budget => 0.1)",
+                        (uuid.uuid4(),),
+                    ).fetchone()[0]
+                )
+                wait_until(lambda: run_row(db, runs[-1])["status"] not in ("queued", "running"), 30, "ended")
+        usage = fake.requests[0].response["usage"]
+    assert usage["server_tool_use"] == searches
+    prices = {"input_tokens": 3, "output_tokens": 15, "cache_creation_input_tokens": 3.75}
+    tokens = sum(Decimal(str(p)) * (usage.get(k) or 0) for k, p in prices.items()) / 1_000_000
+    first = run_row(db, runs[0])
+    # The turn ran its searches and was stored (the step that crosses a budget is kept), so the
+    # run completed; the second run of the tenant gets no request: its day is spent.
+    assert first["status"] == "completed", first["error"]
+    (spent, stored) = db.execute(
+        "SELECT r.spent_cost, s.usage -> 'server_tool_use' FROM runrow.agent_run AS r "
+        "JOIN runrow.agent_step AS s ON s.run_id = r.id AND s.kind = 'model_turn' WHERE r.id = %s",
+        (runs[0],),
+    ).fetchone()
+    assert stored == searches
+    assert spent == tokens + Decimal("0.50"), (spent, usage)  # 50 x 0.01, the fetches at 0
+    (day,) = db.execute(
+        "SELECT sum(cost) FROM runrow.spend_hour WHERE fairness_key = 'search-tenant'"
+    ).fetchone()
+    assert day == spent
+    second = run_row(db, runs[1])
+    assert second["status"] == "failed", second["error"]
+    assert 'tenant "search-tenant" spent' in second["error"], second["error"]
+    assert len(fake.requests) == 1

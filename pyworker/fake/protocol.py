@@ -636,9 +636,16 @@ def message_json(
     return message
 
 
-def usage_json(input_fields: Mapping[str, Any], out_tokens: int) -> dict[str, Any]:
-    """`input_fields`: input_tokens and the cache fields, from the prompt cache (fake/cache.py)."""
-    return {**input_fields, "output_tokens": out_tokens, "service_tier": "standard"}
+def usage_json(
+    input_fields: Mapping[str, Any], out_tokens: int, server_tool_use: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """`input_fields`: input_tokens and the cache fields, from the prompt cache (fake/cache.py).
+    `server_tool_use`: the turn's server-tool requests (`Turn.server_tool_use`), as the API's
+    `usage.server_tool_use` (absent when the turn ran none)."""
+    usage = {**input_fields, "output_tokens": out_tokens, "service_tier": "standard"}
+    if server_tool_use is not None:
+        usage["server_tool_use"] = dict(server_tool_use)
+    return usage
 
 
 def _chunks(text: str, size: int) -> Iterator[str]:

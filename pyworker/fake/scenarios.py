@@ -47,12 +47,15 @@ Block = Text | Thinking | RedactedThinking | ToolCall
 class Turn:
     """One model response. `stop_reason` defaults to tool_use when a tool is called, else end_turn.
     `faults[n]` is applied the (n+1)-th time the server serves this turn for the same history (so a
-    retry of the same request gets the next entry; None means serve it normally)."""
+    retry of the same request gets the next entry; None means serve it normally).
+    `server_tool_use`: the server tools the API says the turn ran, reported in its usage as the API
+    reports them (e.g. `{"web_search_requests": 50, "web_fetch_requests": 0}`), billed per request."""
 
     blocks: tuple[Block, ...]
     stop_reason: str | None = None
     stop_details: Mapping[str, Any] | None = None
     faults: tuple[Fault | None, ...] = ()
+    server_tool_use: Mapping[str, int] | None = None
 
     @property
     def resolved_stop_reason(self) -> str:

@@ -469,7 +469,7 @@ class FakeModel:
         content, cut = wire.limit_output(content, body["max_tokens"], self.context_window - in_tokens)
         out_tokens = sum(wire.block_tokens(b) for b in content) or 1
         message_id = "msg_01" + secrets.token_hex(11)
-        usage = wire.usage_json(cached.usage_fields(), out_tokens)
+        usage = wire.usage_json(cached.usage_fields(), out_tokens, turn.server_tool_use)
         message = wire.message_json(message_id, body["model"], content, turn, usage, cut)
         record.response = message
         if message["stop_reason"] == "refusal":
