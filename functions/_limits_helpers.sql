@@ -284,7 +284,6 @@ LANGUAGE plpgsql
 AS $fn$
 DECLARE
     own boolean := l.blocked_until > now() AND l.blocked_until = l.key_error_until;
-    woken uuid;
 BEGIN
     UPDATE runrow.rate_limit AS b
     SET key_error = NULL, key_errors = 0, key_error_since = NULL, key_error_until = NULL,
@@ -293,22 +292,38 @@ BEGIN
         updated_at = now()
     WHERE b.rate_limit_key = l.rate_limit_key;
     IF own THEN
-        WITH lifted AS (
-            UPDATE runrow.agent_run AS q SET not_before = now(), updated_at = now()
-            WHERE q.status = 'queued' AND q.not_before = l.blocked_until
-              AND q.rate_limit_key = l.rate_limit_key
-            RETURNING q.conversation_id
-        )
-        SELECT min(lifted.conversation_id::text)::uuid INTO woken FROM lifted;
-        IF woken IS NOT NULL THEN
-            PERFORM runrow._wake_dispatchers(woken);
-        END IF;
+        PERFORM runrow._lift_held_runs(l.rate_limit_key, l.blocked_until);
+    END IF;
+END
+$fn$;
+
+-- A block of the key that ended early (set_rate_limit removed it, the key error's probe was
+-- answered) lifts its hold on queued runs: a claim that met the block set their not_before to
+-- its end, so they would stay queued until then. Only a not_before equal to the block's end is
+-- the block's; a retry_in backoff keeps its own. Due now, and the dispatchers are woken.
+CREATE OR REPLACE FUNCTION runrow._lift_held_runs(key text, held_until timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    woken uuid;
+BEGIN
+    WITH lifted AS (
+        UPDATE runrow.agent_run AS q SET not_before = now(), updated_at = now()
+        WHERE q.status = 'queued' AND q.not_before = _lift_held_runs.held_until
+          AND q.rate_limit_key = _lift_held_runs.key
+        RETURNING q.conversation_id
+    )
+    SELECT min(lifted.conversation_id::text)::uuid INTO woken FROM lifted;
+    IF woken IS NOT NULL THEN
+        PERFORM runrow._wake_dispatchers(woken);
     END IF;
 END
 $fn$;
 
 REVOKE ALL ON FUNCTION runrow._require_positive(numeric, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._key_answered(runrow.rate_limit) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._lift_held_runs(text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lock_bucket(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._usage_tokens(jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._budget_verdict(runrow.agent_run) FROM PUBLIC;

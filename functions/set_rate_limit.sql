@@ -8,7 +8,6 @@ SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     block_ended timestamptz;
-    woken uuid;
 BEGIN
     PERFORM runrow._require_not_null(set_rate_limit.rate_limit_key, 'rate_limit_key');
     PERFORM runrow._require_key(set_rate_limit.rate_limit_key, 'rate_limit_key');
@@ -29,16 +28,7 @@ BEGIN
         -- was removed (the fleet-limits audit). Only a not_before equal to the block's end is
         -- the block's; a retry_in backoff keeps its own. Due now, and the dispatchers are woken.
         IF block_ended > now() THEN
-            WITH lifted AS (
-                UPDATE runrow.agent_run AS q SET not_before = now(), updated_at = now()
-                WHERE q.status = 'queued' AND q.not_before = block_ended
-                  AND q.rate_limit_key = set_rate_limit.rate_limit_key
-                RETURNING q.conversation_id
-            )
-            SELECT min(lifted.conversation_id::text)::uuid INTO woken FROM lifted;
-            IF woken IS NOT NULL THEN
-                PERFORM runrow._wake_dispatchers(woken);
-            END IF;
+            PERFORM runrow._lift_held_runs(set_rate_limit.rate_limit_key, block_ended);
         END IF;
         RETURN;
     END IF;
