@@ -160,7 +160,7 @@ async def _key_error_ending(ctx: RunContext, failed: TurnFailed) -> Outcome:
     global _key_error, _key_errors_in_a_row
     run = ctx.run
     metrics.model_key_error(failed.status)
-    what = f"HTTP {failed.status}: {_api_detail(failed)}"
+    what = f"HTTP {failed.status}: {failed.detail or failed}"
     if what != _key_error:
         ctx.log.error(
             "model API key or account error, every run of the key waits until it is fixed "
@@ -183,12 +183,6 @@ async def _key_error_ending(ctx: RunContext, failed: TurnFailed) -> Outcome:
         wait = min(most, first * 2 ** min(_key_errors_in_a_row - 1, 30))
     ctx.log.info("key error: run deferred for %.2fs, its attempt given back", wait)
     return Outcome("defer", error=f"key_error: {failed}", retry_in=max(0.001, wait))
-
-
-def _api_detail(failed: TurnFailed) -> str:
-    text = str(failed)
-    head, _, rest = text.partition(f"HTTP {failed.status}: ")
-    return (rest or head).split(" (the run waits", 1)[0]
 
 
 async def after_failure(ctx: RunContext, failed: TurnFailed, rate_limited_so_far: int) -> Outcome | None:

@@ -62,12 +62,14 @@ class TurnFailed(Exception):
         status: int | None = None,
         retry_after: float | None = None,
         key_error: bool = False,
+        detail: str | None = None,
     ):
         super().__init__(message)
         self.retryable = retryable
         # About the API key or account, not this run (see `is_key_error`): the whole fleet's
         # requests fail alike until an operator fixes the key or the account.
         self.key_error = key_error
+        self.detail = detail  # the API's own `type: message`, when it answered with one
         self.request_id = request_id
         self.status = status  # the HTTP status, when the API answered with one
         self.retry_after = retry_after  # seconds, from retry-after-ms / retry-after
@@ -356,6 +358,7 @@ def _status_failure(exc: anthropic.APIStatusError, model: str | None = None) -> 
             request_id=request_id,
             status=status,
             key_error=True,
+            detail=detail,
         )
     if status in (400, 413) and ("prompt is too long" in detail or "request_too_large" in detail):
         # Every later turn of the conversation sends the same history and fails the same way
