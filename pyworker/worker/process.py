@@ -278,8 +278,9 @@ class Worker:
             if webhooks is not None and self.webhooks is not None:
                 # Deliveries in flight end and are recorded (each within the timeout); the
                 # runs the drain ended have their deliveries sent by whichever worker is up.
+                # Waited for at most their lease: past it another worker may take them anyway.
                 webhooks_stopping.set()
-                await asyncio.wait({webhooks}, timeout=self.webhooks.timeout + 5)
+                await asyncio.wait({webhooks}, timeout=self.webhooks.lease_seconds)
         finally:
             if metrics_server is not None:
                 metrics_server.close()
