@@ -1,7 +1,7 @@
 """The dispatcher books runs in flight by claim, not by run: while a stale attempt of a run
 stands down, a new claim of the same run may already be running in the same process. A cancel
-(which names only the run) reaches both, and the stale attempt's ending leaves the new one in
-flight (the drain waits for it)."""
+NOTIFY (which names only the run) makes both beat: the stale attempt stands down writing nothing
+and leaves the new one in flight (the drain waits for it), which its row cancels."""
 
 from __future__ import annotations
 
@@ -59,15 +59,12 @@ async def test_cancel_reaches_every_claim_and_a_stale_ending_keeps_the_new_claim
         assert db.execute("SELECT runrow.cancel_run(run_id => %s)", (run,)).fetchone() == (
             "cancel_requested",
         )
-        await wait_until_async(
-            lambda: seen[1].cancel.is_set() and seen[2].cancel.is_set(),
-            what="the cancel to reach both claims",
-        )
-
-        gates[1].set()  # the stale attempt ends first: fenced out, it writes nothing
+        # The NOTIFY names only the run: both claims beat at once. The stale one learns it lost
+        # the run and stands down, writing nothing; the new one is cancelled by its row.
+        await wait_until_async(lambda: seen[2].cancel.is_set(), what="the cancel to reach attempt 2")
         await wait_until_async(lambda: len(d.tasks()) < 2, what="attempt 1 to stand down")
-        # What the stale attempt logs is what the run is now (its heartbeat probe: not owned).
-        assert "finish_run fenced out: the run is running on attempt 2" in caplog.text
+        assert not seen[1].cancel.is_set() and seen[1].lost.is_set()
+        assert "heartbeat: the run is no longer ours" in caplog.text
         assert len(d.tasks()) == 1  # attempt 2 is still in flight
         assert run_row(db, run)["status"] == "running"
 

@@ -3,7 +3,8 @@ SQL API only) next to a Python worker, and the README's psql walkthrough run exa
 
 - Both workers drain one queue: every run completed exactly once (one claim, one complete, attempt
   1), each worker claimed some, every journal complete and its text the echo, audit() clean.
-- The Node worker honours a stop: the cancel NOTIFY ends its run `cancelled` with the partial text,
+- The Node worker honours a stop: the cancel NOTIFY (confirmed by the row; a forged one stops
+  nothing) ends its run `cancelled` with the partial text,
   and so does the heartbeat's cancel_requested alone; fenced out (reaped), it stands down.
 - A Node-only fleet does what every worker must (examples/node/README.md): it reaps a SIGKILLed
   worker's run and fires due schedules; a retried attempt journals `superseded`, so the README's
@@ -153,6 +154,18 @@ def test_node_worker_honours_a_stop(db: psycopg.Connection, node_worker: NodeWor
     assert wait_status(db, run, TERMINAL, 8) == "cancelled"
     partial = db.execute("SELECT result ->> 'text' FROM runrow.agent_run WHERE id = %s", (run,)).fetchone()[0]
     assert 20 <= len(partial) < 600 and partial == streamed_text(db, run)
+
+
+def test_a_forged_cancel_notify_stops_nothing(db: psycopg.Connection, node_worker: NodeWorker) -> None:
+    # Any login may NOTIFY runrow_cancel: the hint makes the worker beat at once (the lease is
+    # 30 s, the next beat 10 s away), and only the row's cancel_requested may stop the run.
+    run = enqueue_run(db, "long", "m", metadata={"echo": "y" * 300, "duration": 2})
+    wait_until(lambda: len(streamed_text(db, run)) >= 20, 20, "the node worker to stream")
+    before = run_row(db, run)["claim_expires_at"]
+    db.execute("SELECT pg_notify('runrow_cancel', %s)", (str(run),))
+    wait_until(lambda: run_row(db, run)["claim_expires_at"] > before, 5, "the hint's beat")
+    assert wait_status(db, run, TERMINAL, 10) == "completed"
+    assert streamed_text(db, run) == "y" * 300
 
 
 def test_node_worker_sees_a_stop_in_its_heartbeat(

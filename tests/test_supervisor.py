@@ -1,4 +1,5 @@
-"""The run supervisor in-process: cancel by NOTIFY (fast) and by the heartbeat poll (no hub),
+"""The run supervisor in-process: cancel by NOTIFY (fast, confirmed by the row; a forged NOTIFY
+stops nothing) and by the heartbeat poll (no hub),
 the partial text kept; a raising handler is released to the attempts policy; every log line
 about a run carries run_id, conversation_id and attempt."""
 
@@ -118,6 +119,20 @@ async def test_cancel_by_heartbeat_poll_without_a_hub(start, db) -> None:
     took = await cancel_and_time(db, run)
     assert took < 3
     assert_cancelled_keeping_partial_text(db, run)
+
+
+async def test_a_forged_cancel_notify_stops_nothing(start, db) -> None:
+    """Any login may NOTIFY any channel (a role with no runrow grant cancelled a running run
+    this way): the hint makes the worker beat at once, and only the row's cancel_requested stops."""
+    await start(hub=True, lease=30)  # heartbeat every 10 s: the beat below is the hint's
+    run = enqueue_echo(db, LONG, duration=2)
+    await wait_until_async(lambda: run_row(db, run)["status"] == "running" and streamed_text(db, run))
+    before = run_row(db, run)["claim_expires_at"]
+    db.execute("SELECT pg_notify('runrow_cancel', %s)", (str(run),))
+    await wait_until_async(lambda: run_row(db, run)["claim_expires_at"] > before, 5, "the hint's beat")
+    await wait_until_async(lambda: run_row(db, run)["status"] != "running", 10, "the run to end")
+    row = run_row(db, run)
+    assert (row["status"], row["cancel_requested"], row["result"]["text"]) == ("completed", False, LONG)
 
 
 async def test_raising_handler_is_released_to_the_attempts_policy(start, db) -> None:

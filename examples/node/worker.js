@@ -249,7 +249,8 @@ async function listen() {
   client.on('error', reconnect);
   client.on('end', () => reconnect(new Error('connection ended')));
   client.on('notification', (msg) => {
-    if (msg.channel === 'runrow_cancel') running.get(msg.payload)?.stop('cancel');
+    // A cancel NOTIFY is a hint (any login may send one): beat now, and stop when the row says so.
+    if (msg.channel === 'runrow_cancel') { const run = running.get(msg.payload); if (run) heartbeat(run); }
     else claim();
   });
   try {

@@ -115,10 +115,9 @@ class RunSupervisor:
         self.lost.watch(self._interrupt_soon)
 
     def request_cancel(self) -> None:
-        """A hint (NOTIFY): cancel at once, and beat now so the row confirms it."""
-        if not self.cancel.is_set():
-            self.log.info("cancel requested")
-        self.cancel.set()
+        """A hint (NOTIFY on runrow_cancel): beat now; the heartbeat cancels when the row says
+        `cancel_requested`. Any login may NOTIFY any channel, so the hint alone stops nothing."""
+        self.poke()
 
     def poke(self) -> None:
         """Beat now (e.g. after a hub reconnect, when a cancel NOTIFY may have been lost)."""
