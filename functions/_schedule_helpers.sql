@@ -311,12 +311,22 @@ $fn$;
 --   passes insert the same new prompt row and wait on each other's.
 -- A cron that does not parse (written around create_schedule before migration 0067's trigger)
 -- stops its own schedule (next_fire_at infinity, last_error says why), not every pass.
+--
+-- Busy schedules take no other's turn (migration 0079): max_schedules counts the schedules the
+-- pass moves on, not the ones it leaves due, and a schedule left due is stamped passed_over_at
+-- = at, which puts it behind every schedule due at `at` in the firing order
+-- greatest(next_fire_at, passed_over_at). Counted the old way, 100 busy schedules took every
+-- pass's whole budget, the same ones first each time, and no other schedule fired. The pass
+-- reads at most 10 x max_schedules due rows (in one index scan, unlocked; each is then locked
+-- by id), so thousands of busy schedules cost each pass that many rows, never all of them.
 CREATE OR REPLACE FUNCTION runrow._fire_schedules(at timestamptz, max_schedules integer)
 RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
+    candidates uuid [];
+    candidate uuid;
     s runrow.schedule;
     spec runrow.cron_spec;
     ticks timestamptz [];
@@ -325,28 +335,38 @@ DECLARE
     conv uuid;
     enq record;
     fired integer := 0;
+    moved_on integer := 0;
     err text;
     busy text;
     last_run uuid;
-    taken uuid [] := '{}';
 BEGIN
-    WHILE cardinality(taken) < _fire_schedules.max_schedules LOOP
+    -- A list, not a cursor: each row is locked by id below, and a row this pass leaves due
+    -- (stamped, so later in the order) is not met again.
+    candidates := ARRAY(
+        SELECT x.id FROM runrow.schedule AS x
+        WHERE greatest(x.next_fire_at, x.passed_over_at) <= _fire_schedules.at
+        ORDER BY greatest(x.next_fire_at, x.passed_over_at), x.next_fire_at
+        LIMIT 10 * _fire_schedules.max_schedules
+    );
+    FOREACH candidate IN ARRAY candidates LOOP
+        EXIT WHEN moved_on >= _fire_schedules.max_schedules;
+        -- Still due (another pass may have fired it since the list was read), and not another
+        -- pass's: the row lock is the first guarantee of exactly once.
         SELECT * INTO s FROM runrow.schedule AS x
-        WHERE x.next_fire_at <= _fire_schedules.at AND x.id <> ALL (taken)
-        ORDER BY x.next_fire_at
-        LIMIT 1
+        WHERE x.id = candidate AND x.next_fire_at <= _fire_schedules.at
         FOR UPDATE SKIP LOCKED;
-        EXIT WHEN NOT FOUND;
-        taken := taken || s.id;  -- a schedule left due is not taken again by this pass
+        CONTINUE WHEN NOT FOUND;
         BEGIN
             spec := runrow._cron_parse(s.cron);
         EXCEPTION WHEN data_exception THEN
             UPDATE runrow.schedule AS x SET
                 next_fire_at = 'infinity',
+                passed_over_at = NULL,
                 last_error = format('cron does not parse, so the schedule stopped: %s (SQLSTATE %s); drop it '
                     'and create it again', SQLERRM, SQLSTATE),
                 updated_at = now()
             WHERE x.id = s.id;
+            moved_on := moved_on + 1;
             CONTINUE;
         END;
         -- The missed ticks, at most max_catch_up of the most recent (1 for 'latest').
@@ -399,8 +419,10 @@ BEGIN
             END;
         END LOOP;
         IF busy IS NOT NULL THEN
-            -- Left due: the ticks enqueued before this one are replays next time (their keys).
+            -- Left due, behind the others: the ticks enqueued before this one are replays next
+            -- time (their keys).
             UPDATE runrow.schedule AS x SET
+                passed_over_at = _fire_schedules.at,
                 last_error = format('tick %s waits for a later pass: %s',
                     to_char(tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI"Z"'), busy),
                 updated_at = now()
@@ -409,11 +431,13 @@ BEGIN
         END IF;
         UPDATE runrow.schedule AS x SET
             next_fire_at = runrow._cron_next(spec, _fire_schedules.at),
+            passed_over_at = NULL,
             last_tick_at = coalesce(ticks[cardinality(ticks)], x.last_tick_at),
             last_run_id = coalesce(last_run, x.last_run_id),
             last_error = err,
             updated_at = now()
         WHERE x.id = s.id;
+        moved_on := moved_on + 1;
     END LOOP;
     RETURN fired;
 END
@@ -456,11 +480,14 @@ COMMENT ON FUNCTION runrow._schedule_conversation(uuid, timestamptz) IS
 'from the tick key, so a replayed tick names the same conversation.';
 COMMENT ON FUNCTION runrow._fire_schedules(timestamptz, integer) IS
 'Private; fire_schedules calls it with now(). Fires up to max_schedules schedules due at `at` '
-'(next_fire_at <= at), each under its row lock taken FOR UPDATE SKIP LOCKED: enqueues its '
-'missed ticks (the newest max_catch_up of them; 1 for catch_up latest) with enqueue_run and '
-'the tick''s idempotency key, records last_tick_at, last_run_id and last_error (a tick whose '
-'enqueue raised 22xxx, 23xxx, 42501 or 55000 is not retried), and moves next_fire_at to the '
-'first tick after `at`, in the caller''s transaction. Never waits: rows are taken one at a '
-'time, and a schedule whose tick finds its conversation locked by another session, or whose '
-'stop times out (55P03), is left due for a later pass with last_error saying so. A cron that '
-'does not parse stops its schedule (next_fire_at infinity). Returns the number of runs created.';
+'(next_fire_at <= at), in the order of greatest(next_fire_at, passed_over_at), each under its '
+'row lock taken FOR UPDATE SKIP LOCKED: enqueues its missed ticks (the newest max_catch_up of '
+'them; 1 for catch_up latest) with enqueue_run and the tick''s idempotency key, records '
+'last_tick_at, last_run_id and last_error (a tick whose enqueue raised 22xxx, 23xxx, 42501 or '
+'55000 is not retried), and moves next_fire_at to the first tick after `at`, in the caller''s '
+'transaction. Never waits: rows are taken one at a time, and a schedule whose tick finds its '
+'conversation locked by another session, or whose stop times out (55P03), is left due for a '
+'later pass with last_error saying so and passed_over_at = at (behind every schedule due at '
+'`at`); such a schedule does not count toward max_schedules. Reads at most 10 x max_schedules '
+'due schedules. A cron that does not parse stops its schedule (next_fire_at infinity). Returns '
+'the number of runs created.';

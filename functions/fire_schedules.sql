@@ -16,12 +16,16 @@ COMMENT ON FUNCTION runrow.fire_schedules(integer) IS
 'reaper pass, no singleton: each schedule is fired under its row lock taken FOR UPDATE SKIP '
 'LOCKED (a pass never waits for another) and its next_fire_at advances in the same '
 'transaction, and each tick''s run carries an idempotency key of schedule and tick, so a tick '
-'enqueues exactly once whichever workers fire it. Missed ticks follow the schedule''s catch_up '
-'(latest: only the most recent; each: every one, at most max_catch_up of the most recent). A '
-'tick whose template cannot be enqueued (the fixed conversation belongs to another user, has '
-'an active run and if_active = reject, ...) is skipped for good and its error kept in '
-'runrow.schedules.last_error. Returns the number of runs created. max_schedules outside 1 to '
-'10000 raises 22023, NULL 22004; nothing is written.';
+'enqueues exactly once whichever workers fire it. A schedule that is busy (its tick''s '
+'conversation locked by another session, its if_active = interrupt stop timed out) is left due '
+'with last_error saying so; it does not count toward max_schedules and goes behind every '
+'schedule due now (passed_over_at), so busy schedules never take the others'' turn. A call '
+'reads at most 10 x max_schedules due schedules, however many are busy. Missed ticks follow '
+'the schedule''s catch_up (latest: only the most recent; each: every one, at most max_catch_up '
+'of the most recent). A tick whose template cannot be enqueued (the fixed conversation belongs '
+'to another user, has an active run and if_active = reject, ...) is skipped for good and its '
+'error kept in runrow.schedules.last_error. Returns the number of runs created. max_schedules '
+'outside 1 to 10000 raises 22023, NULL 22004; nothing is written.';
 
 REVOKE ALL ON FUNCTION runrow.fire_schedules(integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.fire_schedules(integer) TO runrow_worker;

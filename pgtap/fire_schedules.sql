@@ -6,7 +6,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(45);
+SELECT plan(49);
 SELECT pg_temp.drain_queue();
 DELETE FROM runrow.schedule;  -- only this file's schedules fire
 
@@ -92,6 +92,23 @@ SELECT is(runrow._fire_schedules('2030-01-01 01:30Z', 2), 4,
 SELECT is((SELECT array_agg(name ORDER BY name) FROM runrow.schedule WHERE next_fire_at <= '2030-01-01 01:30Z'),
     ARRAY['latest'], 'the one due last waits for the next pass');
 SELECT is(runrow._fire_schedules('2030-01-01 01:30Z', 2), 1, 'which fires it');
+
+-- A schedule a pass left due because it was busy (passed_over_at: that pass's instant) goes
+-- behind every schedule due then, however old its tick (migration 0079; the busy passes
+-- themselves, with a second session holding the conversations: tests/test_schedules.py).
+DELETE FROM runrow.schedule;
+SELECT runrow.create_schedule('passed-over', '*/10 * * * *', '"p"', 'm') AS passed \gset
+SELECT runrow.create_schedule('later-1', '*/10 * * * *', '"l1"', 'm');
+SELECT runrow.create_schedule('later-2', '*/10 * * * *', '"l2"', 'm');
+UPDATE runrow.schedule SET next_fire_at = CASE name WHEN 'passed-over' THEN '2030-01-01 00:00Z'::timestamptz
+    WHEN 'later-1' THEN '2030-01-01 00:10Z' ELSE '2030-01-01 00:20Z' END;
+UPDATE runrow.schedule SET passed_over_at = '2030-01-01 00:25Z' WHERE id = :'passed';
+SELECT is(runrow._fire_schedules('2030-01-01 00:30Z', 2), 2, 'max_schedules 2: two fire');
+SELECT is((SELECT array_agg(name) FROM runrow.schedule WHERE next_fire_at <= '2030-01-01 00:30Z'),
+    ARRAY['passed-over'], 'the passed-over one, though due longest, waits behind the two due after it');
+SELECT is(runrow._fire_schedules('2030-01-01 00:30Z', 2), 1, 'the next pass fires it');
+SELECT is((SELECT (passed_over_at, next_fire_at)::text FROM runrow.schedule WHERE id = :'passed'),
+    (NULL::timestamptz, '2030-01-01 00:40Z'::timestamptz)::text, 'moved on, it is no longer marked passed over');
 
 -- A fixed conversation: each tick is the next turn of it.
 DELETE FROM runrow.schedule;

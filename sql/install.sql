@@ -122,7 +122,8 @@ BEGIN
     '0074_key_errors',
     '0075_worker_reads_model_prices',
     '0076_model_price_server_tools',
-    '0077_queue_metrics_key_errors'
+    '0077_queue_metrics_key_errors',
+    '0079_schedules_fair_passes'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -7817,6 +7818,39 @@ INSERT INTO runrow._yoyo_migration VALUES ('c428605b9ea11291d74c98db025a86e90733
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'c428605b9ea11291d74c98db025a86e9073351eafa5d2273686e09db201989bc', '0077_queue_metrics_key_errors', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0079_schedules_fair_passes
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '29d1bf8ab638d988c4c695a3c21a54e09108723524a14ce04239426bfc7d83f5') AS apply_29d1bf8ab638 \gset
+\if :apply_29d1bf8ab638
+-- depends: 0077_queue_metrics_key_errors
+-- Schedules: what an audit of the firing passes found.
+--
+-- - A schedule a pass left due because it was busy (its conversation locked by another session,
+--   its if_active = interrupt stop timed out) counted toward the pass's max_schedules, and every
+--   pass took the due schedules oldest first, so the same busy ones came first every time: with
+--   100 busy due schedules (the default max_schedules) no other schedule of the fleet ever fired.
+--   A pass now counts only the schedules it moves on (fired, or failed for good), looks at no
+--   more than 10 x max_schedules due schedules, and stamps each one it leaves due with
+--   passed_over_at: the pass's instant, after every tick due then, so the next passes take the
+--   schedules due before it first and a busy one waits its turn behind them
+--   (functions/_schedule_helpers.sql, _fire_schedules).
+-- A column without a default is added without a rewrite; the index is on a table of one row
+-- per schedule.
+
+ALTER TABLE runrow.schedule
+ADD COLUMN passed_over_at timestamptz;
+
+COMMENT ON COLUMN runrow.schedule.passed_over_at IS
+'The instant of the last firing pass that left this schedule due because it was busy (its '
+'conversation locked, its interrupt timed out); NULL once a pass moves it on. Passes take '
+'due schedules in the order of greatest(next_fire_at, passed_over_at), so a busy schedule '
+'goes behind every schedule that was due when it was passed over.';
+
+-- The firing order, and what a pass reads: its cost is the schedules it looks at.
+CREATE INDEX schedule_fire_order ON runrow.schedule ((greatest(next_fire_at, passed_over_at)), next_fire_at);
+INSERT INTO runrow._yoyo_migration VALUES ('29d1bf8ab638d988c4c695a3c21a54e09108723524a14ce04239426bfc7d83f5', '0079_schedules_fair_passes', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '29d1bf8ab638d988c4c695a3c21a54e09108723524a14ce04239426bfc7d83f5', '0079_schedules_fair_passes', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -10541,12 +10575,22 @@ $fn$;
 --   passes insert the same new prompt row and wait on each other's.
 -- A cron that does not parse (written around create_schedule before migration 0067's trigger)
 -- stops its own schedule (next_fire_at infinity, last_error says why), not every pass.
+--
+-- Busy schedules take no other's turn (migration 0079): max_schedules counts the schedules the
+-- pass moves on, not the ones it leaves due, and a schedule left due is stamped passed_over_at
+-- = at, which puts it behind every schedule due at `at` in the firing order
+-- greatest(next_fire_at, passed_over_at). Counted the old way, 100 busy schedules took every
+-- pass's whole budget, the same ones first each time, and no other schedule fired. The pass
+-- reads at most 10 x max_schedules due rows (in one index scan, unlocked; each is then locked
+-- by id), so thousands of busy schedules cost each pass that many rows, never all of them.
 CREATE OR REPLACE FUNCTION runrow._fire_schedules(at timestamptz, max_schedules integer)
 RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
+    candidates uuid [];
+    candidate uuid;
     s runrow.schedule;
     spec runrow.cron_spec;
     ticks timestamptz [];
@@ -10555,28 +10599,38 @@ DECLARE
     conv uuid;
     enq record;
     fired integer := 0;
+    moved_on integer := 0;
     err text;
     busy text;
     last_run uuid;
-    taken uuid [] := '{}';
 BEGIN
-    WHILE cardinality(taken) < _fire_schedules.max_schedules LOOP
+    -- A list, not a cursor: each row is locked by id below, and a row this pass leaves due
+    -- (stamped, so later in the order) is not met again.
+    candidates := ARRAY(
+        SELECT x.id FROM runrow.schedule AS x
+        WHERE greatest(x.next_fire_at, x.passed_over_at) <= _fire_schedules.at
+        ORDER BY greatest(x.next_fire_at, x.passed_over_at), x.next_fire_at
+        LIMIT 10 * _fire_schedules.max_schedules
+    );
+    FOREACH candidate IN ARRAY candidates LOOP
+        EXIT WHEN moved_on >= _fire_schedules.max_schedules;
+        -- Still due (another pass may have fired it since the list was read), and not another
+        -- pass's: the row lock is the first guarantee of exactly once.
         SELECT * INTO s FROM runrow.schedule AS x
-        WHERE x.next_fire_at <= _fire_schedules.at AND x.id <> ALL (taken)
-        ORDER BY x.next_fire_at
-        LIMIT 1
+        WHERE x.id = candidate AND x.next_fire_at <= _fire_schedules.at
         FOR UPDATE SKIP LOCKED;
-        EXIT WHEN NOT FOUND;
-        taken := taken || s.id;  -- a schedule left due is not taken again by this pass
+        CONTINUE WHEN NOT FOUND;
         BEGIN
             spec := runrow._cron_parse(s.cron);
         EXCEPTION WHEN data_exception THEN
             UPDATE runrow.schedule AS x SET
                 next_fire_at = 'infinity',
+                passed_over_at = NULL,
                 last_error = format('cron does not parse, so the schedule stopped: %s (SQLSTATE %s); drop it '
                     'and create it again', SQLERRM, SQLSTATE),
                 updated_at = now()
             WHERE x.id = s.id;
+            moved_on := moved_on + 1;
             CONTINUE;
         END;
         -- The missed ticks, at most max_catch_up of the most recent (1 for 'latest').
@@ -10629,8 +10683,10 @@ BEGIN
             END;
         END LOOP;
         IF busy IS NOT NULL THEN
-            -- Left due: the ticks enqueued before this one are replays next time (their keys).
+            -- Left due, behind the others: the ticks enqueued before this one are replays next
+            -- time (their keys).
             UPDATE runrow.schedule AS x SET
+                passed_over_at = _fire_schedules.at,
                 last_error = format('tick %s waits for a later pass: %s',
                     to_char(tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI"Z"'), busy),
                 updated_at = now()
@@ -10639,11 +10695,13 @@ BEGIN
         END IF;
         UPDATE runrow.schedule AS x SET
             next_fire_at = runrow._cron_next(spec, _fire_schedules.at),
+            passed_over_at = NULL,
             last_tick_at = coalesce(ticks[cardinality(ticks)], x.last_tick_at),
             last_run_id = coalesce(last_run, x.last_run_id),
             last_error = err,
             updated_at = now()
         WHERE x.id = s.id;
+        moved_on := moved_on + 1;
     END LOOP;
     RETURN fired;
 END
@@ -10686,14 +10744,17 @@ COMMENT ON FUNCTION runrow._schedule_conversation(uuid, timestamptz) IS
 'from the tick key, so a replayed tick names the same conversation.';
 COMMENT ON FUNCTION runrow._fire_schedules(timestamptz, integer) IS
 'Private; fire_schedules calls it with now(). Fires up to max_schedules schedules due at `at` '
-'(next_fire_at <= at), each under its row lock taken FOR UPDATE SKIP LOCKED: enqueues its '
-'missed ticks (the newest max_catch_up of them; 1 for catch_up latest) with enqueue_run and '
-'the tick''s idempotency key, records last_tick_at, last_run_id and last_error (a tick whose '
-'enqueue raised 22xxx, 23xxx, 42501 or 55000 is not retried), and moves next_fire_at to the '
-'first tick after `at`, in the caller''s transaction. Never waits: rows are taken one at a '
-'time, and a schedule whose tick finds its conversation locked by another session, or whose '
-'stop times out (55P03), is left due for a later pass with last_error saying so. A cron that '
-'does not parse stops its schedule (next_fire_at infinity). Returns the number of runs created.';
+'(next_fire_at <= at), in the order of greatest(next_fire_at, passed_over_at), each under its '
+'row lock taken FOR UPDATE SKIP LOCKED: enqueues its missed ticks (the newest max_catch_up of '
+'them; 1 for catch_up latest) with enqueue_run and the tick''s idempotency key, records '
+'last_tick_at, last_run_id and last_error (a tick whose enqueue raised 22xxx, 23xxx, 42501 or '
+'55000 is not retried), and moves next_fire_at to the first tick after `at`, in the caller''s '
+'transaction. Never waits: rows are taken one at a time, and a schedule whose tick finds its '
+'conversation locked by another session, or whose stop times out (55P03), is left due for a '
+'later pass with last_error saying so and passed_over_at = at (behind every schedule due at '
+'`at`); such a schedule does not count toward max_schedules. Reads at most 10 x max_schedules '
+'due schedules. A cron that does not parse stops its schedule (next_fire_at infinity). Returns '
+'the number of runs created.';
 
 -- functions/_steps_helpers.sql
 -- Private helpers of the step log and the tool calls. Not granted to any role: only the
@@ -13727,12 +13788,16 @@ COMMENT ON FUNCTION runrow.fire_schedules(integer) IS
 'reaper pass, no singleton: each schedule is fired under its row lock taken FOR UPDATE SKIP '
 'LOCKED (a pass never waits for another) and its next_fire_at advances in the same '
 'transaction, and each tick''s run carries an idempotency key of schedule and tick, so a tick '
-'enqueues exactly once whichever workers fire it. Missed ticks follow the schedule''s catch_up '
-'(latest: only the most recent; each: every one, at most max_catch_up of the most recent). A '
-'tick whose template cannot be enqueued (the fixed conversation belongs to another user, has '
-'an active run and if_active = reject, ...) is skipped for good and its error kept in '
-'runrow.schedules.last_error. Returns the number of runs created. max_schedules outside 1 to '
-'10000 raises 22023, NULL 22004; nothing is written.';
+'enqueues exactly once whichever workers fire it. A schedule that is busy (its tick''s '
+'conversation locked by another session, its if_active = interrupt stop timed out) is left due '
+'with last_error saying so; it does not count toward max_schedules and goes behind every '
+'schedule due now (passed_over_at), so busy schedules never take the others'' turn. A call '
+'reads at most 10 x max_schedules due schedules, however many are busy. Missed ticks follow '
+'the schedule''s catch_up (latest: only the most recent; each: every one, at most max_catch_up '
+'of the most recent). A tick whose template cannot be enqueued (the fixed conversation belongs '
+'to another user, has an active run and if_active = reject, ...) is skipped for good and its '
+'error kept in runrow.schedules.last_error. Returns the number of runs created. max_schedules '
+'outside 1 to 10000 raises 22023, NULL 22004; nothing is written.';
 
 REVOKE ALL ON FUNCTION runrow.fire_schedules(integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.fire_schedules(integer) TO runrow_worker;

@@ -204,6 +204,60 @@ def test_a_stop_that_times_out_leaves_the_tick_for_a_later_pass(
     assert statuses == [("cancelled",), ("queued",)]
 
 
+def busy_schedules(owner: psycopg.Connection, client: psycopg.Connection, n: int) -> list[uuid.UUID]:
+    """n schedules due before any other of the test (their names are longer), each into a
+    conversation of its own that `client` holds: it enqueued a turn into each, uncommitted."""
+    schedules = []
+    for i in range(n):
+        conversation = uuid.uuid4()
+        schedules.append(due_on(owner, f"busy-{i:04}", conversation))
+        client.execute("SELECT runrow.enqueue_run(%s, '\"a user turn\"', 'test-model')", (conversation,))
+    return schedules
+
+
+def passed_over(conn: psycopg.Connection) -> int:
+    return conn.execute(
+        "SELECT count(*) FROM runrow.schedule WHERE last_error LIKE '%waits for a later pass%'"
+    ).fetchone()[0]
+
+
+def test_busy_schedules_take_no_turn_of_the_others(connect: Connect, owner: psycopg.Connection) -> None:
+    """A schedule left due because it was busy counted toward max_schedules, and every pass took
+    the oldest due first: 100 busy ones (the default max_schedules) took every pass whole and no
+    other schedule ever fired. Now only the schedules a pass moves on count."""
+    client = connect(autocommit=False)
+    busy_schedules(owner, client, 100)
+    other = due_on(owner, "o", None)
+    fired = [fire(connect()) for _ in range(3)]
+    assert fired[0] == 1, f"the one free schedule fires at the first pass (passes fired {fired})"
+    assert len(runs_of(owner, other)) == 1 and len(still_due(owner)) == 100
+    assert passed_over(owner) == 100, "each busy one was looked at, and left due"
+    client.rollback()
+    assert fire(connect()) == 100, "freed, they fire"
+    assert still_due(owner) == [] and passed_over(owner) == 0
+
+
+def test_a_pass_looks_at_a_bounded_number_of_busy_schedules_and_puts_them_behind(
+    connect: Connect, owner: psycopg.Connection
+) -> None:
+    """A pass reads at most 10 x max_schedules due schedules, and the busy ones it leaves due go
+    behind every schedule that was due then (passed_over_at), so the next pass starts past them."""
+    client = connect(autocommit=False)
+    busy_schedules(owner, client, 30)
+    other = due_on(owner, "o", None)
+    firing = connect()
+    assert firing.execute("SELECT runrow.fire_schedules(2)").fetchone()[0] == 0
+    assert passed_over(owner) == 20, "10 x max_schedules looked at, not every due schedule"
+    assert firing.execute("SELECT runrow.fire_schedules(2)").fetchone()[0] == 1, (
+        "the next pass starts with the 10 not looked at yet, and reaches the free one"
+    )
+    assert len(runs_of(owner, other)) == 1 and passed_over(owner) == 30
+    client.rollback()
+    assert fire(connect()) == 30
+    marked = owner.execute("SELECT count(*) FROM runrow.schedule WHERE passed_over_at IS NOT NULL").fetchone()
+    assert marked == (0,), "moved on, none is marked passed over"
+
+
 async def test_a_reaper_pass_fires_more_due_schedules_than_one_call_takes(
     database_url: str, owner: psycopg.Connection
 ) -> None:
