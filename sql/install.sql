@@ -10583,12 +10583,29 @@ $fn$;
 -- pass's whole budget, the same ones first each time, and no other schedule fired. The pass
 -- reads at most 10 x max_schedules due rows (in one index scan, unlocked; each is then locked
 -- by id), so thousands of busy schedules cost each pass that many rows, never all of them.
+--
+-- A call commits at most 64 subtransactions that write (PGPROC_MAX_CACHED_SUBXIDS): each tick's
+-- enqueue is one (its BEGIN ... EXCEPTION block), two with if_active = interrupt (the stop in
+-- enqueue_run opens a block of its own). A 65th in one transaction overflows the backend's subxid
+-- cache, and until it ends every snapshot in the cluster is marked overflowed: each check of a
+-- row written since it began looks the xid up in pg_subtrans, here and on replicas. A pass of
+-- 100 due schedules committed 100 (measured: 10 scans of 2,000 such rows did 20,000 pg_subtrans
+-- page reads while it was open, 0 at 64). A block that raised counts nothing: its xids leave the
+-- cache as it rolls back; the cron's block writes nothing, so it has no xid. The call stops
+-- before the tick that would pass 64; a schedule stopped between its missed ticks keeps the
+-- first one not tried as next_fire_at (the oldest tick not fired), so the next call resumes it.
 CREATE OR REPLACE FUNCTION runrow._fire_schedules(at timestamptz, max_schedules integer)
 RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
+    -- PGPROC_MAX_CACHED_SUBXIDS: the subtransactions with an xid a backend's cache holds.
+    max_subxacts constant integer := 64;
+    subxacts integer := 0;
+    cost integer;
+    cut timestamptz;
+    tried timestamptz;
     candidates uuid [];
     candidate uuid;
     s runrow.schedule;
@@ -10613,7 +10630,7 @@ BEGIN
         LIMIT 10 * _fire_schedules.max_schedules
     );
     FOREACH candidate IN ARRAY candidates LOOP
-        EXIT WHEN moved_on >= _fire_schedules.max_schedules;
+        EXIT WHEN moved_on >= _fire_schedules.max_schedules OR subxacts >= max_subxacts;
         -- Still due (another pass may have fired it since the list was read), and not another
         -- pass's: the row lock is the first guarantee of exactly once.
         SELECT * INTO s FROM runrow.schedule AS x
@@ -10645,7 +10662,14 @@ BEGIN
         err := NULL;
         busy := NULL;
         last_run := NULL;
+        cut := NULL;
+        tried := NULL;
+        cost := CASE WHEN s.if_active = 'interrupt' THEN 2 ELSE 1 END;
         FOREACH tick IN ARRAY ticks LOOP
+            IF subxacts + cost > max_subxacts THEN
+                cut := tick;
+                EXIT;
+            END IF;
             conv := coalesce(s.conversation_id, runrow._schedule_conversation(s.id, tick));
             IF NOT runrow._try_lock_conversation(conv) THEN
                 busy := format('conversation %s is busy (another session holds it)', conv);
@@ -10672,6 +10696,7 @@ BEGIN
                 IF enq.created THEN
                     fired := fired + 1;
                 END IF;
+                subxacts := subxacts + cost;
             EXCEPTION
                 WHEN lock_not_available THEN
                     busy := SQLERRM;
@@ -10681,6 +10706,7 @@ BEGIN
                     err := format('tick %s enqueued nothing: %s (SQLSTATE %s)',
                         to_char(tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI"Z"'), SQLERRM, SQLSTATE);
             END;
+            tried := tick;
         END LOOP;
         IF busy IS NOT NULL THEN
             -- Left due, behind the others: the ticks enqueued before this one are replays next
@@ -10693,10 +10719,12 @@ BEGIN
             WHERE x.id = s.id;
             CONTINUE;
         END IF;
+        -- Not one tick fitted: left as it is, for the next call.
+        EXIT WHEN cut = ticks[1];
         UPDATE runrow.schedule AS x SET
-            next_fire_at = runrow._cron_next(spec, _fire_schedules.at),
+            next_fire_at = coalesce(cut, runrow._cron_next(spec, _fire_schedules.at)),
             passed_over_at = NULL,
-            last_tick_at = coalesce(ticks[cardinality(ticks)], x.last_tick_at),
+            last_tick_at = coalesce(tried, x.last_tick_at),
             last_run_id = coalesce(last_run, x.last_run_id),
             last_error = err,
             updated_at = now()
@@ -10753,8 +10781,11 @@ COMMENT ON FUNCTION runrow._fire_schedules(timestamptz, integer) IS
 'conversation locked by another session, or whose stop times out (55P03), is left due for a '
 'later pass with last_error saying so and passed_over_at = at (behind every schedule due at '
 '`at`); such a schedule does not count toward max_schedules. Reads at most 10 x max_schedules '
-'due schedules. A cron that does not parse stops its schedule (next_fire_at infinity). Returns '
-'the number of runs created.';
+'due schedules, and commits at most 64 subtransactions that write (a tick''s enqueue is one, two '
+'with if_active = interrupt), so the backend''s subxid cache never overflows: it stops before '
+'the tick that would pass 64, and a schedule stopped between its missed ticks keeps the first '
+'one not tried as next_fire_at. A cron that does not parse stops its schedule (next_fire_at '
+'infinity). Returns the number of runs created.';
 
 -- functions/_steps_helpers.sql
 -- Private helpers of the step log and the tool calls. Not granted to any role: only the
@@ -13792,7 +13823,10 @@ COMMENT ON FUNCTION runrow.fire_schedules(integer) IS
 'conversation locked by another session, its if_active = interrupt stop timed out) is left due '
 'with last_error saying so; it does not count toward max_schedules and goes behind every '
 'schedule due now (passed_over_at), so busy schedules never take the others'' turn. A call '
-'reads at most 10 x max_schedules due schedules, however many are busy. Missed ticks follow '
+'reads at most 10 x max_schedules due schedules, however many are busy, and enqueues at most 64 '
+'ticks (a tick of an if_active = interrupt schedule counts two): each is a subtransaction, and '
+'64 is what a backend''s subxid cache holds before every snapshot in the cluster pays for it; '
+'the next call takes the rest. Missed ticks follow '
 'the schedule''s catch_up (latest: only the most recent; each: every one, at most max_catch_up '
 'of the most recent). A tick whose template cannot be enqueued (the fixed conversation belongs '
 'to another user, has an active run and if_active = reject, ...) is skipped for good and its '

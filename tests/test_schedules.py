@@ -233,7 +233,7 @@ def test_busy_schedules_take_no_turn_of_the_others(connect: Connect, owner: psyc
     assert len(runs_of(owner, other)) == 1 and len(still_due(owner)) == 100
     assert passed_over(owner) == 100, "each busy one was looked at, and left due"
     client.rollback()
-    assert fire(connect()) == 100, "freed, they fire"
+    assert [fire(connect()) for _ in range(2)] == [64, 36], "freed, they fire (at most 64 ticks a call)"
     assert still_due(owner) == [] and passed_over(owner) == 0
 
 

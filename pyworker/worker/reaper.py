@@ -47,7 +47,8 @@ async def trim_once(pool: AsyncConnectionPool, older_than_seconds: float) -> int
     return trimmed
 
 
-# A pass takes at most this many schedules (fire_schedules' max_schedules), in one transaction.
+# A pass takes at most this many schedules (fire_schedules' max_schedules), in one transaction, and
+# at most 64 ticks whatever this says (each is a subtransaction: the function's own cap).
 FIRE_BATCH = 100
 # Passes in a row while they keep enqueueing: more schedules due at once than one pass takes
 # were left to the next reaper interval, so a minute's tick of the 101st and later ran up to an
