@@ -4,7 +4,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(11);
+SELECT plan(13);
 
 SELECT pg_temp.drain_queue();
 
@@ -68,6 +68,23 @@ SELECT pg_temp.bypass($$UPDATE runrow.rate_limit SET key_error = 'authentication
     key_error_block = 10, blocked_until = now() - interval '1 second' WHERE rate_limit_key = 'pgtap-key'$$);
 SELECT is((SELECT (rate_limit_keys_key_error, rate_limit_keys_blocked)::text FROM runrow.queue_metrics), '(1,0)',
     'a key error between blocks: counted as a key error, not as blocked');
+
+-- Schedules (migration 0079): overdue = next tick more than 5 minutes past due; the age of the
+-- oldest due tick; the schedules whose last_error is set.
+DELETE FROM runrow.schedule;
+SELECT is((SELECT (schedules_overdue, oldest_due_tick_age_seconds, schedules_with_last_error)::text
+        FROM runrow.queue_metrics), '(0,0,0)', 'no schedule: every schedule gauge 0');
+SELECT runrow.create_schedule('late', '* * * * *', '"x"', 'm') AS late \gset
+SELECT runrow.create_schedule('just-due', '* * * * *', '"x"', 'm') AS just \gset
+SELECT runrow.create_schedule('future', '* * * * *', '"x"', 'm') AS future \gset
+SELECT runrow.create_schedule('stopped', '* * * * *', '"x"', 'm') AS stopped \gset
+UPDATE runrow.schedule SET next_fire_at = now() - interval '10 minutes',
+    last_error = 'tick waits for a later pass: conversation is busy' WHERE id = :'late';
+UPDATE runrow.schedule SET next_fire_at = now() - interval '4 minutes' WHERE id = :'just';
+UPDATE runrow.schedule SET next_fire_at = 'infinity', last_error = 'cron does not parse' WHERE id = :'stopped';
+SELECT is((SELECT (schedules_overdue, round(oldest_due_tick_age_seconds), schedules_with_last_error)::text
+        FROM runrow.queue_metrics), '(1,600,2)',
+    'one tick 10 minutes late (4 minutes is not overdue, a future or stopped one is not due), its age, two errors');
 
 SELECT lives_ok($$SELECT pg_temp.as_role('runrow_worker', 'SELECT * FROM runrow.queue_metrics')$$,
     'runrow_worker reads it (runrow worker --metrics-port)');

@@ -83,6 +83,50 @@ def test_worker_metrics_move_with_echo_runs(db: psycopg.Connection, start_worker
     assert not [key for key in after if any(k == "run_id" for k, _ in key[1])]  # labels are bounded
 
 
+def test_schedule_gauges_follow_a_tick_a_session_holds_back(db: psycopg.Connection, start_worker) -> None:  # type: ignore[no-untyped-def]
+    """queue_metrics' schedule columns (migration 0079) as a worker exports them: a tick due since
+    1 January whose conversation another session holds stays due through the worker's reaper
+    passes, and is counted overdue, aged and erroring until the session lets go and it fires."""
+    conversation = uuid.uuid4()
+    (schedule,) = db.execute(
+        "SELECT runrow.create_schedule('held-back', '0 0 1 1 *', '\"tick\"', 'echo', conversation_id => %s)",
+        (conversation,),
+    ).fetchone()
+    db.execute(
+        "UPDATE runrow.schedule"
+        " SET next_fire_at = date_trunc('year', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' WHERE id = %s",
+        (schedule,),
+    )
+    (late,) = db.execute("SELECT extract(EPOCH FROM now() - next_fire_at) FROM runrow.schedule").fetchone()
+    holder = psycopg.connect(db.info.dsn)  # a client enqueueing into the conversation, uncommitted
+    try:
+        holder.execute("SELECT runrow.enqueue_run(%s, '\"a user turn\"', 'echo')", (conversation,))
+        worker = start_worker("metrics-schedules", "--metrics-port", "0", "--reap-interval", "0.2")
+        url = metrics_url(worker)
+        held = wait_until(
+            lambda: (s := scrape(url)) and value(s, "runrow_schedules_with_last_error") == 1 and s,
+            10,
+            "a reaper pass to leave the tick due, busy",
+        )
+        assert value(held, "runrow_schedules_overdue") == (1 if late > 300 else 0)
+        assert value(held, "runrow_oldest_due_tick_age_seconds") >= late
+    finally:
+        holder.rollback()
+        holder.close()
+    fired = wait_until(
+        lambda: (
+            (s := scrape(url))
+            and value(s, "runrow_schedules_with_last_error") == 0
+            and value(s, "runrow_oldest_due_tick_age_seconds") == 0
+            and s
+        ),
+        10,
+        "a reaper pass to fire the tick once the session let go",
+    )
+    assert value(fired, "runrow_schedules_overdue") == 0
+    assert db.execute("SELECT last_run_id IS NOT NULL FROM runrow.schedule").fetchone() == (True,)
+
+
 def test_agent_run_counts_model_requests_tokens_throttling_and_tools(
     db: psycopg.Connection, worker_db: str, tmp_path: Path
 ) -> None:

@@ -262,6 +262,11 @@ HELP = {
     "webhooks_pending": "Webhook deliveries not yet made (new, retrying or in flight).",
     "webhooks_dead_lettered": "Webhook deliveries that gave up (retry_webhook_delivery re-arms one).",
     "oldest_pending_webhook_age_seconds": "Age of the oldest undelivered webhook (0: none).",
+    "schedules_overdue": "Schedules whose next tick is more than 5 minutes past due: no pass fired it.",
+    "oldest_due_tick_age_seconds": "How long the oldest due schedule tick not fired yet has been due "
+    "(0: none).",
+    "schedules_with_last_error": "Schedules whose last tick enqueued nothing, that a pass left due, or "
+    "whose cron stopped them (runrow.schedules says why).",
 }
 SCRAPE_QUERY = "SELECT * FROM runrow.queue_metrics"
 
