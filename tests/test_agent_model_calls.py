@@ -214,3 +214,25 @@ def test_the_cap_counts_the_model_calls_of_earlier_attempts(db, fake) -> None:
     assert row["error"].startswith(f"max_model_calls: the run made {CAP} model calls"), row["error"]
     assert [r.outcome for r in fake.requests] == ["ok", "dropped"] + ["ok"] * (CAP - 1)
     assert kinds(db, run).count("model_turn") == CAP
+
+
+@pytest.mark.parametrize("at_seq", [4, 2 * CAP - 1], ids=["below-the-cap", "at-the-cap"])
+def test_a_forks_copied_steps_are_not_its_model_calls(db, fake, at_seq) -> None:
+    """fork_run gives a fork its source's steps 1..at_seq: the source paid for those model calls,
+    not the fork. Counted as the fork's own, a fork of a run with CAP model turns failed at once,
+    without a request (at-the-cap), and one with CAP - 1 was allowed one call (below-the-cap)."""
+    fake.set_scenario(never_answers)
+    source = enqueue_agent(db, "Weather?", system=None, tools=[WEATHER], metadata={}, max_attempts=3)
+    assert finish(db, source)["status"] == "failed"
+    assert kinds(db, source).count("model_turn") == CAP
+    fake.reset()
+    fake.set_scenario(never_answers)
+    fork = db.execute("SELECT new_run_id FROM runrow.fork_run(run_id => %s, at_seq => %s)", (source, at_seq))
+    run = fork.fetchone()[0]
+    given = kinds(db, run).count("model_turn")
+    assert given in (CAP - 1, CAP)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("failed", 1), row
+    assert row["error"].startswith(f"max_model_calls: the run made {CAP} model calls"), row["error"]
+    assert len(fake.requests) == CAP
+    assert kinds(db, run).count("model_turn") == given + CAP

@@ -13,7 +13,8 @@ run's metadata: `max_tokens` (default 4096), `thinking`, `temperature`, `top_p`,
 the person's message; `auto` after it: pyworker/agent/model.py tool_choice_for). The tool
 implementations come from the worker's `--tools` module; a tool the model calls that this worker
 does not have is an is_error tool_result. At most `max_model_calls` model calls a run (worker
-config, `runrow worker --max-model-calls`, default 100).
+config, `runrow worker --max-model-calls`, default 100): the run's own, over all its attempts,
+never the steps a fork was given (fork_run copies its source's steps 1..forked_at_seq).
 
 Journal: `model_request` (a call starts), the deltas `text_delta` / `thinking_delta` /
 `input_json_delta` {index, ...} (coalesced), `model_turn` {step_seq, stop_reason, usage,
@@ -90,6 +91,7 @@ from pyworker.agent.tool_calls import Parked, run_tool_calls
 from pyworker.agent.tools import ToolRegistry, load_module
 from pyworker.agent.tools import registry as default_registry
 from pyworker.db import api
+from pyworker.db import forks as forks_api
 from pyworker.db import steps as steps_api
 from pyworker.worker.handler import Outcome, RunContext
 from pyworker.worker.journal import RunLost
@@ -118,6 +120,7 @@ async def handle(ctx: RunContext) -> Outcome:
     run = ctx.run
     known_stops: dict[int, str | None] = {}  # stop_reason of model turns this attempt made
     rate_limited = 0  # 429s reported in this attempt
+    cap = ModelCallCap(ctx)
     # A resumed attempt keeps the committed steps (each model_turn event commits with its
     # step) and redoes the rest: what an earlier attempt streamed after them is not the answer.
     await supersede_earlier_attempts(ctx, committed=COMMITTED_EVENTS)
@@ -144,7 +147,7 @@ async def handle(ctx: RunContext) -> Outcome:
                 # rebuild sends it back), so the run ends, failed once, saying so (_ending).
                 return _ending(known_stops[turn_seq], history.final_text(), None)
             # At the cap no model call may follow, so nothing would read these results.
-            capped = _at_model_call_cap(ctx, history)
+            capped = await cap.reached(history)
             if capped is not None:
                 return capped
             try:
@@ -171,7 +174,7 @@ async def handle(ctx: RunContext) -> Outcome:
                 )
             if stop != "pause_turn":
                 return _ending(stop, history.final_text(), None)
-        capped = _at_model_call_cap(ctx, history)
+        capped = await cap.reached(history)
         if capped is not None:
             return capped
         # Call the model, once the fleet's limits and budgets allow it (pyworker/agent/limits.py).
@@ -217,23 +220,41 @@ async def handle(ctx: RunContext) -> Outcome:
         return _ending(turn.stop_reason, text, turn.message)
 
 
-def _at_model_call_cap(ctx: RunContext, history: History) -> Outcome | None:
-    """The run's ending when it has made its `max_model_calls` model turns (worker config,
-    `runrow worker --max-model-calls`), else None. A safety net for a loop that never answers
-    (a model that calls tools without end): counted from the step log, so a resumed attempt
-    counts what earlier attempts made, and the run fails once, never released to pay again."""
-    cap = int(ctx.config.get("max_model_calls", DEFAULT_MAX_MODEL_CALLS))
-    made = sum(1 for step in history.steps if step.kind == "model_turn")
-    if made < cap:
-        return None
-    ctx.log.warning("run made %d model calls, the cap: failing it", made)
-    text = _turn_text(history.last_model_turn)
-    return Outcome(
-        "failed",
-        result={"text": text, "stop_reason": "max_model_calls"},
-        error=f"max_model_calls: the run made {made} model calls, this worker's cap (runrow worker "
-        "--max-model-calls), without the model ending its turn; it ends here rather than pay for more",
-    )
+class ModelCallCap:
+    """The run's `max_model_calls` (worker config, `runrow worker --max-model-calls`): a safety
+    net for a loop that never answers (a model that calls tools without end). Counted from the
+    step log, so a resumed attempt counts what earlier attempts made, and the run fails once,
+    never released to pay again. Only the run's own model turns count: a fork's steps
+    1..forked_at_seq are its source's, copied by fork_run (and by retry_run of a fork), and were
+    counted as the fork's own, so a fork of a long run failed before its first request."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.cap = int(ctx.config.get("max_model_calls", DEFAULT_MAX_MODEL_CALLS))
+        self.given: int | None = None  # forked_at_seq (0: not a fork), read once an attempt
+
+    async def reached(self, history: History) -> Outcome | None:
+        """The run's ending when it has made its cap of model turns, else None."""
+        turns = [step for step in history.steps if step.kind == "model_turn"]
+        if len(turns) < self.cap:
+            return None  # copied steps only lower the count: nothing to ask the database
+        if self.given is None:
+            run_id = self.ctx.run.run_id
+            request = await self.ctx.db(
+                lambda conn: forks_api.get_run_request(conn, run_id), "get_run_request"
+            )
+            self.given = request.forked_at_seq or 0
+        made = sum(1 for step in turns if step.seq > self.given)
+        if made < self.cap:
+            return None
+        self.ctx.log.warning("run made %d model calls, the cap: failing it", made)
+        text = _turn_text(history.last_model_turn)
+        return Outcome(
+            "failed",
+            result={"text": text, "stop_reason": "max_model_calls"},
+            error=f"max_model_calls: the run made {made} model calls, this worker's cap (runrow worker "
+            "--max-model-calls), without the model ending its turn; it ends here rather than pay for more",
+        )
 
 
 def _turn_text(step: Step | None) -> str:
