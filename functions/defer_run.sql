@@ -7,6 +7,7 @@ AS $fn$
 DECLARE
     r runrow.agent_run;
     last_seq bigint;
+    block_end timestamptz;
 BEGIN
     PERFORM runrow._require_not_null(defer_run.run_id, 'run_id');
     PERFORM runrow._require_not_null(defer_run.claim_token, 'claim_token');
@@ -17,6 +18,25 @@ BEGIN
         RAISE EXCEPTION 'reason must be 1 to 10000 characters, not only white space'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+
+    IF NOT runrow._hold_claim(defer_run.run_id, defer_run.claim_token) THEN
+        RETURN NULL;  -- fenced out: nothing written
+    END IF;
+    -- A deferral past the end of a block of the run's key in force ends with the block. The
+    -- worker's retry_in is the wait acquire_model_call or report_key_error told it, counted
+    -- from that transaction's now(), so now() + retry_in fell just past the block's end, and a
+    -- block that ended early (the key error's probe answered: _key_answered; set_rate_limit
+    -- removed the limit) lifts only the runs held to its very end (_lift_held_runs): a deferred
+    -- run waited out one more block, up to 300 s, with the key working (the model-calls
+    -- audit). Read under a share lock: a probe's answer ending the block (it holds the row's
+    -- lock) waits for this deferral and then finds the run held to the block's end. One that
+    -- committed in the milliseconds between acquire_model_call's answer and this deferral
+    -- ended the block before this run was queued: that run waits its retry_in, as before.
+    SELECT l.blocked_until INTO block_end
+    FROM runrow.rate_limit AS l
+    WHERE l.rate_limit_key = (SELECT a.rate_limit_key FROM runrow.agent_run AS a WHERE a.id = defer_run.run_id)
+      AND l.blocked_until > now()
+    FOR SHARE;
 
     -- release_run's hand-back, but the attempt is given back, as parking gives it back: a wait
     -- for a fleet limit is not the run failing. release_run spent it, so a run on its last
@@ -29,14 +49,10 @@ BEGIN
         error = defer_run.reason,
         claim_token = NULL,
         claim_expires_at = NULL,
-        not_before = CASE WHEN NOT a.cancel_requested THEN now() + defer_run.retry_in END,
+        not_before = CASE WHEN NOT a.cancel_requested THEN least(now() + defer_run.retry_in, block_end) END,
         updated_at = now()
-    -- By primary key and token only, as release_run (a token means running: agent_run_state).
-    WHERE a.id = defer_run.run_id AND a.claim_token = defer_run.claim_token
+    WHERE a.id = defer_run.run_id
     RETURNING a.* INTO r;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
 
     IF r.status = 'cancelled' THEN
         PERFORM runrow._journal_complete(r.id, r.conversation_id, r.status, NULL, defer_run.reason);
@@ -53,7 +69,10 @@ $fn$;
 COMMENT ON FUNCTION runrow.defer_run(uuid, uuid, interval, text) IS
 'A worker hands back a run that must wait for a fleet limit (a rate-limited or blocked '
 'rate_limit_key, as acquire_model_call said), without spending an attempt: queued again with its '
-'attempt given back, not claimable before now() + retry_in (more than 0, at most 1 day), reason '
+'attempt given back, not claimable before now() + retry_in (more than 0, at most 1 day), or '
+'before the end of a block of its rate_limit_key in force when that comes first (so a block '
+'that ends early, its key error''s probe answered or its limit removed, makes it due at once '
+'with the runs the claim held to the block''s end), reason '
 'kept as its error and journaled in run_requeued (with not_before and deferred = true); no wake '
 'is sent. Fenced by claim_token and status running. Returns deferred, or cancelled (a stop was '
 'pending; complete journaled), or NULL when fenced out (nothing written). Bad input (a NULL '

@@ -2,7 +2,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(20);
+SELECT plan(23);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'defer_run', ARRAY['uuid', 'uuid', 'interval', 'text'],
@@ -31,6 +31,20 @@ UPDATE runrow.agent_run SET not_before = now() WHERE id = :'one';
 CREATE TEMP TABLE again AS SELECT * FROM runrow.claim_run('w2', 30);
 SELECT is((SELECT (run_id, attempt)::text FROM again), (:'one'::uuid, 1)::text,
     'once due it is claimed on attempt 1 of 1 again');
+
+-- A deferral past a block of the run's key ends with the block, so a block that ends early
+-- (here set_rate_limit removes the key's row, a 429's block with it; a key error's probe answer
+-- in pgtap/report_key_error.sql) makes it due with the runs held to the block's end.
+SELECT pg_temp.running() AS blk \gset
+SELECT runrow.report_rate_limited(:'blk', pg_temp.token(:'blk'), 60);
+SELECT is(runrow.defer_run(:'blk', pg_temp.token(:'blk'), interval '61 seconds', 'blocked: waiting 60.0s'),
+    'deferred', 'deferred past the key''s block');
+SELECT is((SELECT not_before FROM runrow.agent_run WHERE id = :'blk'), now() + interval '60 seconds',
+    'not claimable before the block''s end, not now() + retry_in');
+SELECT runrow.set_rate_limit('test-model', NULL, NULL, NULL);
+SELECT is((SELECT not_before <= now() FROM runrow.agent_run WHERE id = :'blk'), true,
+    'the block removed: due now');
+SELECT runrow.cancel_run(:'blk');
 
 -- Fenced out: the old token, a made-up one; nothing written.
 SELECT pg_temp.fingerprint() AS before \gset

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(32);
+SELECT plan(39);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.keyed_run(key text) RETURNS uuid LANGUAGE plpgsql AS $$
@@ -98,6 +98,34 @@ SELECT runrow.append_step(:'x', pg_temp.token(:'x'), 'model_turn',
     'end_turn');
 SELECT is(pg_temp.streak('kold'), '(1,5,f,5.000000)',
     'its answer, settled after the error, neither ends the streak nor lifts the block');
+
+-- A run deferred (defer_run) while the probe is out, and the probe answered: the run is due at
+-- once, as one the claim held. The worker's retry_in is the wait acquire_model_call or
+-- report_key_error gave it, counted from that earlier transaction's now(): its own now() + that
+-- ends a little after the block. Deferred past it, the run waited a whole block more (up to
+-- key_error_max_block, 300 s) after the key worked again.
+SELECT pg_temp.keyed_run('kdef') AS p \gset
+SELECT pg_temp.keyed_run('kdef') AS d \gset
+SELECT pg_temp.keyed_run('kdef') AS e \gset
+SELECT pg_temp.report(:'p');
+SELECT pg_temp.time_passes('kdef');
+SELECT is(pg_temp.acquire(:'p'), '(t,0,)', 'the probe is granted');
+SELECT is(pg_temp.acquire(:'d'), '(f,5.000,blocked)', 'another run is held for the probe''s block');
+SELECT is(runrow.defer_run(:'d', pg_temp.token(:'d'), interval '5.25 seconds', 'blocked: waiting 5.0s'), 'deferred',
+    'and deferred for the wait it was given');
+SELECT is((SELECT a.not_before = l.blocked_until FROM runrow.agent_run AS a
+    JOIN runrow.rate_limit AS l ON l.rate_limit_key = a.rate_limit_key WHERE a.id = :'d'), true,
+    'a deferral past the key''s block ends with the block');
+SELECT is(runrow.defer_run(:'e', pg_temp.token(:'e'), interval '2 seconds', 'blocked: waiting 2.0s'), 'deferred',
+    'a deferral shorter than the block');
+SELECT is((SELECT not_before FROM runrow.agent_run WHERE id = :'e'), now() + interval '2 seconds',
+    'keeps its own end (the claim holds the run to the block then)');
+SELECT runrow.append_step(:'p', pg_temp.token(:'p'), 'model_turn',
+    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
+    'end_turn');
+SELECT is((SELECT not_before <= now() FROM runrow.agent_run WHERE id = :'d'), true,
+    'the probe answered: the deferred run is due now');
+SELECT runrow.cancel_run(:'d'), runrow.cancel_run(:'e');  -- out of the claims below
 
 -- A 429's longer block is never shortened by a key error.
 SELECT pg_temp.keyed_run('k429') AS r \gset

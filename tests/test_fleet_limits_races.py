@@ -1,7 +1,8 @@
 """The fleet limits under real concurrent sessions, one forced interleaving at a time
 (tests/race_support.py): the bucket row is the lock, so many acquirers never overdraw it; a
 block reported by one session stops the grant another session is waiting for; a tenant budget
-crossed by two parallel steps of two runs is seen by the second."""
+crossed by two parallel steps of two runs is seen by the second; a key error's probe answered
+while a run is being deferred for its block makes that run due."""
 
 from __future__ import annotations
 
@@ -116,3 +117,43 @@ def test_a_tenant_budget_crossed_by_two_parallel_steps(owner: psycopg.Connection
         assert acquire(owner, run)[2] == "budget_exhausted"
         ended = run_row(owner, run["run_id"])
         assert (ended["status"], ended["error"].split(":")[0]) == ("failed", "budget_exhausted")
+
+
+def test_a_probe_answered_during_a_deferral_lifts_the_deferred_run(
+    owner: psycopg.Connection, connect: Connect
+) -> None:
+    """defer_run reads the key's block under a share lock: the probe's answer (its usage settled,
+    under the key row's lock) waits for the deferral, then finds the run queued to the block's
+    end and makes it due. Without the lock the answer went first, saw the run still running,
+    and the deferral then queued it for the whole block with the key working."""
+    key = f"race-{uuid.uuid4()}"
+    probe, deferred = fleet_runs(owner, 2, rate_limit_key=key)
+    owner.execute(
+        "SELECT runrow.report_key_error(%s, %s, 'authentication_error: invalid x-api-key', 30, 30)",
+        (probe["run_id"], probe["claim_token"]),
+    )
+    owner.execute(  # the block's time is up (set-up as the owner, instead of waiting 30 s)
+        "UPDATE runrow.rate_limit SET blocked_until = now(), key_error_until = now() "
+        "WHERE rate_limit_key = %s",
+        (key,),
+    )
+    assert acquire(owner, probe)[0] is True  # the probe; the key is held for one more block
+    granted, wait, reason = acquire(owner, deferred)
+    assert (granted, reason) == (False, "blocked")
+    holder = connect()
+    holder.execute("BEGIN")
+    holder.execute(
+        "SELECT runrow.defer_run(%s, %s, make_interval(secs => %s + 0.2), 'blocked: waiting')",
+        (deferred["run_id"], deferred["claim_token"], float(wait)),
+    )
+    call = Background(connect(), lambda c: step(c, probe, {"input_tokens": 5, "output_tokens": 2}))
+    call.wait_blocked_by(owner, holder)  # the answer waits for the deferral's share lock
+    holder.execute("COMMIT")
+    call.result()
+    streak, due = owner.execute(
+        "SELECT l.key_errors, a.not_before <= now() FROM runrow.rate_limit AS l "
+        "JOIN runrow.agent_run AS a ON a.rate_limit_key = l.rate_limit_key "
+        "WHERE l.rate_limit_key = %s AND a.id = %s",
+        (key, deferred["run_id"]),
+    ).fetchone()
+    assert (streak, due) == (0, True)

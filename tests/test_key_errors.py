@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from agent_support import InProcessWorker, enqueue_agent, module_conn, module_db
-from worker_support import run_row, wait_status
+from worker_support import run_row, wait_status, wait_until, worker_db
 
 from pyworker.cli.limits import fleet_summary
 from pyworker.fake.faults import (
@@ -32,12 +32,13 @@ from pyworker.fake.faults import (
 )
 from pyworker.fake.server import FakeModel
 
-__all__ = ["module_conn", "module_db"]
+__all__ = ["module_conn", "module_db", "worker_db"]
 
 KEY = "test-key"
 TERMINAL = {"completed", "failed", "cancelled", "dead"}
 RUNS = 6
 OUTAGE_SECONDS = 4.0
+BLOCK = 6.0  # test_deferred_runs_go_as_soon_as_the_key_works: every block of its streak
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +156,67 @@ def test_an_error_about_the_run_itself_fails_it_once(db, fake, fault: Fault) -> 
     row = finish(db, run)
     assert (row["status"], row["attempt"], len(fake.requests)) == ("failed", 1, 1), row["error"]
     assert fault.message in row["error"]
+
+
+def test_deferred_runs_go_as_soon_as_the_key_works(worker_db: str) -> None:
+    """The runs deferred while the key is blocked (defer_run: the first to meet the error, and
+    those that ask while the probe is out, told a wait longer than rate_limit_max_wait) are due
+    the moment the probe is answered, as the runs the claim held to the block's end are. They
+    were deferred for the wait they were told, counted from an earlier transaction, so their
+    not_before fell just past the block and the probe's answer, lifting only the block's own
+    end, missed them: they waited out one more block (up to key_error_max_block, 300 s) with
+    the key working. Its own database, worker and fake: blocks of BLOCK seconds and waits over
+    0.5 s deferred, so the deferrals happen and the old wait is long enough to tell."""
+    config = {
+        "key_error_first_block": BLOCK,
+        "key_error_max_block": BLOCK,
+        "rate_limit_max_wait": 0.5,
+    }
+    with (
+        psycopg.connect(worker_db, autocommit=True) as db,
+        FakeModel("text", api_key=KEY) as fake,
+        InProcessWorker(
+            worker_db,
+            "keys-deferred",
+            config={**config, "anthropic_base_url": fake.base_url, "anthropic_api_key": KEY},
+            concurrency=RUNS,
+        ),
+    ):
+        fake.set_account_error(invalid_api_key())
+        runs = [
+            enqueue_agent(db, f"job {i}", system=None, tools=[], metadata={}, max_attempts=1)
+            for i in range(RUNS)
+        ]
+        key = "claude-fake-1"  # enqueue_agent's model, the runs' rate_limit_key
+
+        def block_end() -> Any:
+            row = db.execute(
+                "SELECT key_error_until FROM runrow.rate_limit WHERE rate_limit_key = %s AND key_errors > 0",
+                [key],
+            ).fetchone()
+            return row and row[0]
+
+        first_block_end = wait_until(block_end, 15, "the key blocked for its error")
+        fake.set_account_error(None)  # fixed while its first block lasts
+        fixed = time.monotonic()
+        rows = [finish(db, r, timeout=4 * BLOCK) for r in runs]
+        took = time.monotonic() - fixed
+        assert [(r["status"], r["attempt"]) for r in rows] == [("completed", 1)] * RUNS, rows
+        deferred = db.execute(
+            "SELECT count(DISTINCT run_id) FROM runrow.run_event "
+            "WHERE type = 'run_requeued' AND (payload ->> 'deferred')::boolean AND run_id = ANY(%s)",
+            [runs],
+        ).fetchone()[0]
+        assert deferred >= 2, "the first runs to meet the error, and the ones told to wait for the probe"
+        # Database clock: from the end of the first block (the probe goes then, and the key
+        # works) to the last run's end. Deferred past the hold the probe put on the key, the
+        # last run went a whole BLOCK after it.
+        after_block = db.execute(
+            "SELECT extract(EPOCH FROM max(finished_at) - %s)::float8 "
+            "FROM runrow.agent_run WHERE id = ANY(%s)",
+            [first_block_end, runs],
+        ).fetchone()[0]
+        assert after_block < BLOCK / 2, (after_block, took)
+        # Wall clock from the fix: the rest of the first block, then the probe and the runs; a
+        # deferral missed by the probe's answer made it two blocks.
+        assert took < 1.5 * BLOCK, (after_block, took)
