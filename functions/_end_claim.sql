@@ -2,7 +2,8 @@
 -- re-check that the run is still running with the token the caller read (and, for the
 -- reaper, that its lease is still expired beyond the grace *now*), then move it to
 -- queued (attempts left), cancelled (a stop was requested), failed (max_attempts = 1)
--- or dead (attempts exhausted). Journals and wakes accordingly. NULL when fenced out.
+-- or dead (attempts exhausted). Journals and wakes accordingly. NULL when fenced out. A reap
+-- charges the reservation of the model call its holder was granted and never settled.
 CREATE OR REPLACE FUNCTION runrow._end_claim(
     run_id uuid, claim_token uuid, error text, expired_grace_seconds integer, retry_in interval
 )
@@ -39,6 +40,15 @@ BEGIN
     RETURNING a.* INTO r;
     IF NOT FOUND THEN
         RETURN NULL;
+    END IF;
+    -- A reap: the holder died, maybe mid-stream. A model call it was granted and never settled
+    -- was billed by the API all the same (a kill does not unsend a request), and its answer can
+    -- no longer be settled (the claim is gone: append_step and record_usage are fenced out), so
+    -- its reservation is charged here, once. Only this attempt's: an earlier attempt's holder
+    -- handed the run back alive, its call refused or failed before any usage.
+    IF _end_claim.expired_grace_seconds IS NOT NULL AND r.model_call_reserved IS NOT NULL
+       AND r.model_call_attempt = r.attempt THEN
+        PERFORM runrow._charge_usage(r.id, r.model_call_reserved);
     END IF;
 
     IF r.status = 'queued' THEN

@@ -186,49 +186,22 @@ BEGIN
 END
 $fn$;
 
--- Settle a model turn's usage (append_step, under the run row's lock): the run's spend, the
--- tenant's hour, the key's buckets (the grant's estimate is replaced by the real uncached
--- input; output is charged now), and whether a budget was crossed. The tenant's budget row
--- is locked before its spend is read, so two runs of one tenant settling at once are
--- checked one after the other and the second sees the first's spend.
+-- Settle a model turn's usage (append_step, record_usage; under the run row's lock): what
+-- _charge_usage charges, and the key's buckets (the grant's estimate is replaced by the real
+-- uncached input; output is charged now). The bucket row is locked before the tenant's budget
+-- row (_charge_usage), as every settle does, so two settles never wait on each other crosswise.
 CREATE OR REPLACE FUNCTION runrow._settle_usage(run_id uuid, usage jsonb)
 RETURNS void
 LANGUAGE plpgsql
 AS $fn$
 DECLARE
     r runrow.agent_run;
-    p runrow.model_price;
-    granted integer;
     inp bigint := runrow._usage_tokens(_settle_usage.usage, 'input_tokens');
     outp bigint := runrow._usage_tokens(_settle_usage.usage, 'output_tokens');
     cw bigint := runrow._usage_tokens(_settle_usage.usage, 'cache_creation_input_tokens');
-    cr bigint := runrow._usage_tokens(_settle_usage.usage, 'cache_read_input_tokens');
-    -- Of the cache writes, those with the 1-hour TTL, priced apart (twice input, not 1.25x).
-    cw_1h bigint := least(cw, runrow._usage_tokens(_settle_usage.usage -> 'cache_creation', 'ephemeral_1h_input_tokens'));
-    -- Server tools billed per request on top of their tokens (migration 0076): a missing,
-    -- non-object server_tool_use or a count that is not a number counts 0, as a token field.
-    searches bigint := runrow._usage_tokens(_settle_usage.usage -> 'server_tool_use', 'web_search_requests');
-    fetches bigint := runrow._usage_tokens(_settle_usage.usage -> 'server_tool_use', 'web_fetch_requests');
-    cost numeric := 0;
-    why text;
     bucket runrow.rate_limit;
 BEGIN
-    SELECT a.granted_input_tokens INTO granted FROM runrow.agent_run AS a WHERE a.id = _settle_usage.run_id;
-    SELECT m.* INTO p FROM runrow.model_price AS m
-    WHERE m.model = (SELECT a.model FROM runrow.agent_run AS a WHERE a.id = _settle_usage.run_id);
-    IF FOUND THEN
-        cost := (inp * p.input_per_mtok + outp * p.output_per_mtok + (cw - cw_1h) * p.cache_write_per_mtok
-                 + cw_1h * p.cache_write_1h_per_mtok + cr * p.cache_read_per_mtok) / 1000000
-                + searches * p.web_search_per_request + fetches * p.web_fetch_per_request;
-    END IF;
-    UPDATE runrow.agent_run AS a
-    SET spent_tokens = a.spent_tokens + inp + outp + cw + cr,
-        spent_cost = a.spent_cost + cost,
-        granted_input_tokens = NULL,
-        updated_at = now()
-    WHERE a.id = _settle_usage.run_id
-    RETURNING a.* INTO r;
-
+    SELECT a.* INTO r FROM runrow.agent_run AS a WHERE a.id = _settle_usage.run_id;
     -- Only uncached input counts toward the input limit (cache writes are uncached input).
     IF r.rate_limit_key IS NOT NULL THEN
         bucket := runrow._lock_bucket(r.rate_limit_key);
@@ -236,7 +209,8 @@ BEGIN
     IF bucket.rate_limit_key IS NOT NULL THEN
         UPDATE runrow.rate_limit AS l
         SET input_tokens_left = CASE WHEN l.input_tokens_per_minute IS NULL THEN 0
-                ELSE least(l.input_tokens_per_minute, l.input_tokens_left + coalesce(granted, 0) - inp - cw) END,
+                ELSE least(l.input_tokens_per_minute, l.input_tokens_left + coalesce(r.granted_input_tokens, 0) - inp - cw)
+            END,
             output_tokens_left = CASE WHEN l.output_tokens_per_minute IS NULL THEN 0
                 ELSE l.output_tokens_left - outp END,
             updated_at = now()
@@ -249,6 +223,53 @@ BEGIN
             PERFORM runrow._key_answered(bucket);
         END IF;
     END IF;
+    PERFORM runrow._charge_usage(_settle_usage.run_id, _settle_usage.usage);
+END
+$fn$;
+
+-- Charge a model call's usage (the caller holds the run row's lock): the run's spend at
+-- model_price, the tenant's hour (one model call), and whether a budget was crossed. The
+-- call's grant is done with: its estimate and its reservation (acquire_model_call) are
+-- cleared. The tenant's budget row is locked before its spend is read, so two runs of one
+-- tenant charged at once are checked one after the other and the second sees the first's
+-- spend. _settle_usage for an answered call; the reaper for a reserved call whose holder died
+-- (the key's buckets are left alone then: the grant took its share of them).
+CREATE OR REPLACE FUNCTION runrow._charge_usage(run_id uuid, usage jsonb)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    r runrow.agent_run;
+    p runrow.model_price;
+    inp bigint := runrow._usage_tokens(_charge_usage.usage, 'input_tokens');
+    outp bigint := runrow._usage_tokens(_charge_usage.usage, 'output_tokens');
+    cw bigint := runrow._usage_tokens(_charge_usage.usage, 'cache_creation_input_tokens');
+    cr bigint := runrow._usage_tokens(_charge_usage.usage, 'cache_read_input_tokens');
+    -- Of the cache writes, those with the 1-hour TTL, priced apart (twice input, not 1.25x).
+    cw_1h bigint := least(cw, runrow._usage_tokens(_charge_usage.usage -> 'cache_creation', 'ephemeral_1h_input_tokens'));
+    -- Server tools billed per request on top of their tokens (migration 0076): a missing,
+    -- non-object server_tool_use or a count that is not a number counts 0, as a token field.
+    searches bigint := runrow._usage_tokens(_charge_usage.usage -> 'server_tool_use', 'web_search_requests');
+    fetches bigint := runrow._usage_tokens(_charge_usage.usage -> 'server_tool_use', 'web_fetch_requests');
+    cost numeric := 0;
+    why text;
+BEGIN
+    SELECT m.* INTO p FROM runrow.model_price AS m
+    WHERE m.model = (SELECT a.model FROM runrow.agent_run AS a WHERE a.id = _charge_usage.run_id);
+    IF FOUND THEN
+        cost := (inp * p.input_per_mtok + outp * p.output_per_mtok + (cw - cw_1h) * p.cache_write_per_mtok
+                 + cw_1h * p.cache_write_1h_per_mtok + cr * p.cache_read_per_mtok) / 1000000
+                + searches * p.web_search_per_request + fetches * p.web_fetch_per_request;
+    END IF;
+    UPDATE runrow.agent_run AS a
+    SET spent_tokens = a.spent_tokens + inp + outp + cw + cr,
+        spent_cost = a.spent_cost + cost,
+        granted_input_tokens = NULL,
+        model_call_reserved = NULL,
+        model_call_attempt = NULL,
+        updated_at = now()
+    WHERE a.id = _charge_usage.run_id
+    RETURNING a.* INTO r;
 
     PERFORM 1 FROM runrow.tenant_budget AS b WHERE b.fairness_key = r.fairness_key FOR UPDATE;
     INSERT INTO runrow.spend_hour AS s (
@@ -268,7 +289,7 @@ BEGIN
 
     why := runrow._budget_verdict(r);
     IF why IS NOT NULL THEN
-        UPDATE runrow.agent_run AS a SET budget_exhausted = why, updated_at = now() WHERE a.id = _settle_usage.run_id;
+        UPDATE runrow.agent_run AS a SET budget_exhausted = why, updated_at = now() WHERE a.id = _charge_usage.run_id;
     END IF;
 END
 $fn$;
@@ -331,3 +352,4 @@ REVOKE ALL ON FUNCTION runrow._end_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._tenant_verdict(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._fail_queued_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._charge_usage(uuid, jsonb) FROM PUBLIC;

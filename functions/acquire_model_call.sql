@@ -10,6 +10,7 @@ DECLARE
     why text;
     need_input numeric;
     wait numeric := 0;
+    reserved jsonb;
 BEGIN
     -- The helpers only raise: called only when a test here fails, not as a statement each
     -- before every model request (see enqueue_run).
@@ -35,10 +36,21 @@ BEGIN
         RETURN;
     END IF;
 
+    -- What the call is charged if its holder dies before settling it (reap_expired_runs): the
+    -- API bills a response cut by a kill, and nothing else would pay for it. The worst case
+    -- the database can know: the worker's estimate as input, the run's max_tokens as output
+    -- (metadata.max_tokens, else the agent loop's default of 4096).
+    reserved := jsonb_build_object(
+        'input_tokens', acquire_model_call.input_tokens_estimate,
+        'output_tokens', coalesce(nullif(runrow._usage_tokens(r.metadata, 'max_tokens'), 0), 4096));
+
     l := runrow._lock_bucket(r.rate_limit_key);
     IF l.rate_limit_key IS NULL THEN
         -- No limit and no block for this key. A granted row as OUT values and RETURN NEXT: no
         -- statement for a row of values (issue 11).
+        UPDATE runrow.agent_run AS a
+        SET model_call_reserved = reserved, model_call_attempt = r.attempt, updated_at = now()
+        WHERE a.id = r.id;
         granted := true;
         wait_seconds := 0;
         RETURN NEXT;
@@ -89,9 +101,10 @@ BEGIN
     WHERE b.rate_limit_key = l.rate_limit_key;
     UPDATE runrow.agent_run AS a
     SET granted_input_tokens = CASE WHEN l.input_tokens_per_minute IS NULL THEN NULL ELSE need_input END,
+        model_call_reserved = reserved,
+        model_call_attempt = r.attempt,
         updated_at = now()
-    WHERE a.id = r.id AND a.granted_input_tokens IS DISTINCT FROM CASE WHEN l.input_tokens_per_minute IS NULL
-        THEN NULL ELSE need_input END;
+    WHERE a.id = r.id;
     granted := true;
     wait_seconds := 0;
     RETURN NEXT;
@@ -110,8 +123,12 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 '(at most a minute''s worth of input; the rest is charged when the usage settles) are taken and '
 '(true, 0, NULL) returned. While the key has an API key or account error (report_key_error), '
 'the grant after its block is the one probe: the key is held for the other runs for one more '
-'block, until the probe is answered. A key without a row is not limited. append_step '
-'settles the grant with the real usage. Fenced: no row and nothing written unless claim_token '
+'block, until the probe is answered. A key without a row is not limited. Every grant '
+'reserves the call''s worst case on the run (model_call_reserved: input_tokens_estimate as '
+'input tokens, metadata.max_tokens, else 4096, as output tokens): append_step or record_usage '
+'settles the grant with the real usage and clears it; if the holder dies first, '
+'reap_expired_runs charges the reservation to the run''s spend, its tenant''s hour and the '
+'budgets. Fenced: no row and nothing written unless claim_token '
 'holds the running run. Bad input (NULL, estimate outside 0..100000000) raises 22004/22023.';
 
 REVOKE ALL ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) FROM PUBLIC;

@@ -50,6 +50,10 @@ BEGIN
         claim_token = NULL,
         claim_expires_at = NULL,
         not_before = CASE WHEN NOT a.cancel_requested THEN least(now() + defer_run.retry_in, block_end) END,
+        -- A deferral follows a call refused (a key error) or never granted: nothing to charge
+        -- if a later holder of this attempt number dies (its attempt is given back).
+        model_call_reserved = NULL,
+        model_call_attempt = NULL,
         updated_at = now()
     WHERE a.id = defer_run.run_id
     RETURNING a.* INTO r;

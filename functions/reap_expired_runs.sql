@@ -53,7 +53,10 @@ COMMENT ON FUNCTION runrow.reap_expired_runs(integer, integer) IS
 'frozen inside its transaction) is skipped and retried on the next pass. Outcome per run: '
 'requeued (attempts left; claim cleared, run_requeued journaled, dispatchers woken), failed '
 '(max_attempts = 1: at-most-once), dead (attempts exhausted) or cancelled (a stop was '
-'pending); terminal outcomes journal complete and wake the next turn.';
+'pending); terminal outcomes journal complete and wake the next turn. A model call the '
+'reaped attempt was granted (acquire_model_call) and never settled was billed all the same: '
+'its reservation (model_call_reserved) is charged to the run''s spend, its tenant''s hour and '
+'the budgets, once (the dead holder''s later append_step or record_usage is fenced out).';
 
 REVOKE ALL ON FUNCTION runrow.reap_expired_runs(integer, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.reap_expired_runs(integer, integer) TO runrow_worker;

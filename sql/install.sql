@@ -123,7 +123,8 @@ BEGIN
     '0075_worker_reads_model_prices',
     '0076_model_price_server_tools',
     '0077_queue_metrics_key_errors',
-    '0079_schedules_fair_passes'
+    '0079_schedules_fair_passes',
+    '0080_model_call_reserved'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -7949,6 +7950,45 @@ INSERT INTO runrow._yoyo_migration VALUES ('29d1bf8ab638d988c4c695a3c21a54e09108
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '29d1bf8ab638d988c4c695a3c21a54e09108723524a14ce04239426bfc7d83f5', '0079_schedules_fair_passes', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0080_model_call_reserved
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '24bb5145c9d5971c41e696ea0660f785a7fe47d9913cec420e080ed6085840d4') AS apply_24bb5145c9d5 \gset
+\if :apply_24bb5145c9d5
+-- depends: 0077_queue_metrics_key_errors
+-- A model call whose worker dies mid-stream (SIGKILL, a lost host) was billed by the API and
+-- never paid for: the usage is settled by append_step or record_usage, which the dead worker
+-- never calls, and the reaper that ends its claim charged nothing. The resumed attempt calls
+-- the model again, so each kill was an unpaid response, and a run or tenant under a
+-- token_budget or cost_budget could overspend by as much as the kills allowed.
+--
+-- acquire_model_call now reserves each call it grants: the worst case the database can know
+-- (the worker's input estimate as input tokens, the run's max_tokens as output tokens), kept
+-- on the run with the attempt it belongs to. append_step and record_usage clear it when they
+-- settle the real usage; defer_run drops it (its call was refused). reap_expired_runs charges
+-- a reservation of the attempt it reaps to the run, the tenant's hour and the budgets, as a
+-- usage, once: the reaped holder's later settle is fenced out. A reservation of an earlier
+-- attempt (its holder handed the run back alive) is never charged.
+--
+-- At the end of the row, after the columns a claim, a heartbeat and a finish change (0029):
+-- none of those writes them, so they sit in the common suffix those updates do not log.
+
+ALTER TABLE runrow.agent_run
+ADD COLUMN model_call_reserved jsonb,
+ADD COLUMN model_call_attempt integer;
+
+COMMENT ON COLUMN runrow.agent_run.model_call_reserved IS
+'The usage charged for the run''s granted, unsettled model call if its holder dies: '
+'{input_tokens: the worker''s estimate, output_tokens: the run''s max_tokens (default 4096)}, '
+'set by acquire_model_call, cleared when append_step or record_usage settles the real usage, '
+'by defer_run, and when reap_expired_runs charges it.';
+COMMENT ON COLUMN runrow.agent_run.model_call_attempt IS
+'The attempt whose grant model_call_reserved is: only a reap of that attempt charges it.';
+
+-- 0073: a column is the auditor's only when granted.
+GRANT SELECT (model_call_reserved, model_call_attempt) ON runrow.agent_run TO runrow_auditor;
+INSERT INTO runrow._yoyo_migration VALUES ('24bb5145c9d5971c41e696ea0660f785a7fe47d9913cec420e080ed6085840d4', '0080_model_call_reserved', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '24bb5145c9d5971c41e696ea0660f785a7fe47d9913cec420e080ed6085840d4', '0080_model_call_reserved', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -8988,7 +9028,8 @@ REVOKE ALL ON FUNCTION runrow._claim_walk(text, integer, integer) FROM PUBLIC;
 -- re-check that the run is still running with the token the caller read (and, for the
 -- reaper, that its lease is still expired beyond the grace *now*), then move it to
 -- queued (attempts left), cancelled (a stop was requested), failed (max_attempts = 1)
--- or dead (attempts exhausted). Journals and wakes accordingly. NULL when fenced out.
+-- or dead (attempts exhausted). Journals and wakes accordingly. NULL when fenced out. A reap
+-- charges the reservation of the model call its holder was granted and never settled.
 CREATE OR REPLACE FUNCTION runrow._end_claim(
     run_id uuid, claim_token uuid, error text, expired_grace_seconds integer, retry_in interval
 )
@@ -9025,6 +9066,15 @@ BEGIN
     RETURNING a.* INTO r;
     IF NOT FOUND THEN
         RETURN NULL;
+    END IF;
+    -- A reap: the holder died, maybe mid-stream. A model call it was granted and never settled
+    -- was billed by the API all the same (a kill does not unsend a request), and its answer can
+    -- no longer be settled (the claim is gone: append_step and record_usage are fenced out), so
+    -- its reservation is charged here, once. Only this attempt's: an earlier attempt's holder
+    -- handed the run back alive, its call refused or failed before any usage.
+    IF _end_claim.expired_grace_seconds IS NOT NULL AND r.model_call_reserved IS NOT NULL
+       AND r.model_call_attempt = r.attempt THEN
+        PERFORM runrow._charge_usage(r.id, r.model_call_reserved);
     END IF;
 
     IF r.status = 'queued' THEN
@@ -9767,49 +9817,22 @@ BEGIN
 END
 $fn$;
 
--- Settle a model turn's usage (append_step, under the run row's lock): the run's spend, the
--- tenant's hour, the key's buckets (the grant's estimate is replaced by the real uncached
--- input; output is charged now), and whether a budget was crossed. The tenant's budget row
--- is locked before its spend is read, so two runs of one tenant settling at once are
--- checked one after the other and the second sees the first's spend.
+-- Settle a model turn's usage (append_step, record_usage; under the run row's lock): what
+-- _charge_usage charges, and the key's buckets (the grant's estimate is replaced by the real
+-- uncached input; output is charged now). The bucket row is locked before the tenant's budget
+-- row (_charge_usage), as every settle does, so two settles never wait on each other crosswise.
 CREATE OR REPLACE FUNCTION runrow._settle_usage(run_id uuid, usage jsonb)
 RETURNS void
 LANGUAGE plpgsql
 AS $fn$
 DECLARE
     r runrow.agent_run;
-    p runrow.model_price;
-    granted integer;
     inp bigint := runrow._usage_tokens(_settle_usage.usage, 'input_tokens');
     outp bigint := runrow._usage_tokens(_settle_usage.usage, 'output_tokens');
     cw bigint := runrow._usage_tokens(_settle_usage.usage, 'cache_creation_input_tokens');
-    cr bigint := runrow._usage_tokens(_settle_usage.usage, 'cache_read_input_tokens');
-    -- Of the cache writes, those with the 1-hour TTL, priced apart (twice input, not 1.25x).
-    cw_1h bigint := least(cw, runrow._usage_tokens(_settle_usage.usage -> 'cache_creation', 'ephemeral_1h_input_tokens'));
-    -- Server tools billed per request on top of their tokens (migration 0076): a missing,
-    -- non-object server_tool_use or a count that is not a number counts 0, as a token field.
-    searches bigint := runrow._usage_tokens(_settle_usage.usage -> 'server_tool_use', 'web_search_requests');
-    fetches bigint := runrow._usage_tokens(_settle_usage.usage -> 'server_tool_use', 'web_fetch_requests');
-    cost numeric := 0;
-    why text;
     bucket runrow.rate_limit;
 BEGIN
-    SELECT a.granted_input_tokens INTO granted FROM runrow.agent_run AS a WHERE a.id = _settle_usage.run_id;
-    SELECT m.* INTO p FROM runrow.model_price AS m
-    WHERE m.model = (SELECT a.model FROM runrow.agent_run AS a WHERE a.id = _settle_usage.run_id);
-    IF FOUND THEN
-        cost := (inp * p.input_per_mtok + outp * p.output_per_mtok + (cw - cw_1h) * p.cache_write_per_mtok
-                 + cw_1h * p.cache_write_1h_per_mtok + cr * p.cache_read_per_mtok) / 1000000
-                + searches * p.web_search_per_request + fetches * p.web_fetch_per_request;
-    END IF;
-    UPDATE runrow.agent_run AS a
-    SET spent_tokens = a.spent_tokens + inp + outp + cw + cr,
-        spent_cost = a.spent_cost + cost,
-        granted_input_tokens = NULL,
-        updated_at = now()
-    WHERE a.id = _settle_usage.run_id
-    RETURNING a.* INTO r;
-
+    SELECT a.* INTO r FROM runrow.agent_run AS a WHERE a.id = _settle_usage.run_id;
     -- Only uncached input counts toward the input limit (cache writes are uncached input).
     IF r.rate_limit_key IS NOT NULL THEN
         bucket := runrow._lock_bucket(r.rate_limit_key);
@@ -9817,7 +9840,8 @@ BEGIN
     IF bucket.rate_limit_key IS NOT NULL THEN
         UPDATE runrow.rate_limit AS l
         SET input_tokens_left = CASE WHEN l.input_tokens_per_minute IS NULL THEN 0
-                ELSE least(l.input_tokens_per_minute, l.input_tokens_left + coalesce(granted, 0) - inp - cw) END,
+                ELSE least(l.input_tokens_per_minute, l.input_tokens_left + coalesce(r.granted_input_tokens, 0) - inp - cw)
+            END,
             output_tokens_left = CASE WHEN l.output_tokens_per_minute IS NULL THEN 0
                 ELSE l.output_tokens_left - outp END,
             updated_at = now()
@@ -9830,6 +9854,53 @@ BEGIN
             PERFORM runrow._key_answered(bucket);
         END IF;
     END IF;
+    PERFORM runrow._charge_usage(_settle_usage.run_id, _settle_usage.usage);
+END
+$fn$;
+
+-- Charge a model call's usage (the caller holds the run row's lock): the run's spend at
+-- model_price, the tenant's hour (one model call), and whether a budget was crossed. The
+-- call's grant is done with: its estimate and its reservation (acquire_model_call) are
+-- cleared. The tenant's budget row is locked before its spend is read, so two runs of one
+-- tenant charged at once are checked one after the other and the second sees the first's
+-- spend. _settle_usage for an answered call; the reaper for a reserved call whose holder died
+-- (the key's buckets are left alone then: the grant took its share of them).
+CREATE OR REPLACE FUNCTION runrow._charge_usage(run_id uuid, usage jsonb)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    r runrow.agent_run;
+    p runrow.model_price;
+    inp bigint := runrow._usage_tokens(_charge_usage.usage, 'input_tokens');
+    outp bigint := runrow._usage_tokens(_charge_usage.usage, 'output_tokens');
+    cw bigint := runrow._usage_tokens(_charge_usage.usage, 'cache_creation_input_tokens');
+    cr bigint := runrow._usage_tokens(_charge_usage.usage, 'cache_read_input_tokens');
+    -- Of the cache writes, those with the 1-hour TTL, priced apart (twice input, not 1.25x).
+    cw_1h bigint := least(cw, runrow._usage_tokens(_charge_usage.usage -> 'cache_creation', 'ephemeral_1h_input_tokens'));
+    -- Server tools billed per request on top of their tokens (migration 0076): a missing,
+    -- non-object server_tool_use or a count that is not a number counts 0, as a token field.
+    searches bigint := runrow._usage_tokens(_charge_usage.usage -> 'server_tool_use', 'web_search_requests');
+    fetches bigint := runrow._usage_tokens(_charge_usage.usage -> 'server_tool_use', 'web_fetch_requests');
+    cost numeric := 0;
+    why text;
+BEGIN
+    SELECT m.* INTO p FROM runrow.model_price AS m
+    WHERE m.model = (SELECT a.model FROM runrow.agent_run AS a WHERE a.id = _charge_usage.run_id);
+    IF FOUND THEN
+        cost := (inp * p.input_per_mtok + outp * p.output_per_mtok + (cw - cw_1h) * p.cache_write_per_mtok
+                 + cw_1h * p.cache_write_1h_per_mtok + cr * p.cache_read_per_mtok) / 1000000
+                + searches * p.web_search_per_request + fetches * p.web_fetch_per_request;
+    END IF;
+    UPDATE runrow.agent_run AS a
+    SET spent_tokens = a.spent_tokens + inp + outp + cw + cr,
+        spent_cost = a.spent_cost + cost,
+        granted_input_tokens = NULL,
+        model_call_reserved = NULL,
+        model_call_attempt = NULL,
+        updated_at = now()
+    WHERE a.id = _charge_usage.run_id
+    RETURNING a.* INTO r;
 
     PERFORM 1 FROM runrow.tenant_budget AS b WHERE b.fairness_key = r.fairness_key FOR UPDATE;
     INSERT INTO runrow.spend_hour AS s (
@@ -9849,7 +9920,7 @@ BEGIN
 
     why := runrow._budget_verdict(r);
     IF why IS NOT NULL THEN
-        UPDATE runrow.agent_run AS a SET budget_exhausted = why, updated_at = now() WHERE a.id = _settle_usage.run_id;
+        UPDATE runrow.agent_run AS a SET budget_exhausted = why, updated_at = now() WHERE a.id = _charge_usage.run_id;
     END IF;
 END
 $fn$;
@@ -9912,6 +9983,7 @@ REVOKE ALL ON FUNCTION runrow._end_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._tenant_verdict(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._fail_queued_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._charge_usage(uuid, jsonb) FROM PUBLIC;
 
 -- functions/_request_checks.sql
 -- The checks of a turn's request that would otherwise fail later, on every attempt: JSON that
@@ -11130,6 +11202,7 @@ DECLARE
     why text;
     need_input numeric;
     wait numeric := 0;
+    reserved jsonb;
 BEGIN
     -- The helpers only raise: called only when a test here fails, not as a statement each
     -- before every model request (see enqueue_run).
@@ -11155,10 +11228,21 @@ BEGIN
         RETURN;
     END IF;
 
+    -- What the call is charged if its holder dies before settling it (reap_expired_runs): the
+    -- API bills a response cut by a kill, and nothing else would pay for it. The worst case
+    -- the database can know: the worker's estimate as input, the run's max_tokens as output
+    -- (metadata.max_tokens, else the agent loop's default of 4096).
+    reserved := jsonb_build_object(
+        'input_tokens', acquire_model_call.input_tokens_estimate,
+        'output_tokens', coalesce(nullif(runrow._usage_tokens(r.metadata, 'max_tokens'), 0), 4096));
+
     l := runrow._lock_bucket(r.rate_limit_key);
     IF l.rate_limit_key IS NULL THEN
         -- No limit and no block for this key. A granted row as OUT values and RETURN NEXT: no
         -- statement for a row of values (issue 11).
+        UPDATE runrow.agent_run AS a
+        SET model_call_reserved = reserved, model_call_attempt = r.attempt, updated_at = now()
+        WHERE a.id = r.id;
         granted := true;
         wait_seconds := 0;
         RETURN NEXT;
@@ -11209,9 +11293,10 @@ BEGIN
     WHERE b.rate_limit_key = l.rate_limit_key;
     UPDATE runrow.agent_run AS a
     SET granted_input_tokens = CASE WHEN l.input_tokens_per_minute IS NULL THEN NULL ELSE need_input END,
+        model_call_reserved = reserved,
+        model_call_attempt = r.attempt,
         updated_at = now()
-    WHERE a.id = r.id AND a.granted_input_tokens IS DISTINCT FROM CASE WHEN l.input_tokens_per_minute IS NULL
-        THEN NULL ELSE need_input END;
+    WHERE a.id = r.id;
     granted := true;
     wait_seconds := 0;
     RETURN NEXT;
@@ -11230,8 +11315,12 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 '(at most a minute''s worth of input; the rest is charged when the usage settles) are taken and '
 '(true, 0, NULL) returned. While the key has an API key or account error (report_key_error), '
 'the grant after its block is the one probe: the key is held for the other runs for one more '
-'block, until the probe is answered. A key without a row is not limited. append_step '
-'settles the grant with the real usage. Fenced: no row and nothing written unless claim_token '
+'block, until the probe is answered. A key without a row is not limited. Every grant '
+'reserves the call''s worst case on the run (model_call_reserved: input_tokens_estimate as '
+'input tokens, metadata.max_tokens, else 4096, as output tokens): append_step or record_usage '
+'settles the grant with the real usage and clears it; if the holder dies first, '
+'reap_expired_runs charges the reservation to the run''s spend, its tenant''s hour and the '
+'budgets. Fenced: no row and nothing written unless claim_token '
 'holds the running run. Bad input (NULL, estimate outside 0..100000000) raises 22004/22023.';
 
 REVOKE ALL ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) FROM PUBLIC;
@@ -12990,6 +13079,10 @@ BEGIN
         claim_token = NULL,
         claim_expires_at = NULL,
         not_before = CASE WHEN NOT a.cancel_requested THEN least(now() + defer_run.retry_in, block_end) END,
+        -- A deferral follows a call refused (a key error) or never granted: nothing to charge
+        -- if a later holder of this attempt number dies (its attempt is given back).
+        model_call_reserved = NULL,
+        model_call_attempt = NULL,
         updated_at = now()
     WHERE a.id = defer_run.run_id
     RETURNING a.* INTO r;
@@ -14623,7 +14716,10 @@ COMMENT ON FUNCTION runrow.reap_expired_runs(integer, integer) IS
 'frozen inside its transaction) is skipped and retried on the next pass. Outcome per run: '
 'requeued (attempts left; claim cleared, run_requeued journaled, dispatchers woken), failed '
 '(max_attempts = 1: at-most-once), dead (attempts exhausted) or cancelled (a stop was '
-'pending); terminal outcomes journal complete and wake the next turn.';
+'pending); terminal outcomes journal complete and wake the next turn. A model call the '
+'reaped attempt was granted (acquire_model_call) and never settled was billed all the same: '
+'its reservation (model_call_reserved) is charged to the run''s spend, its tenant''s hour and '
+'the budgets, once (the dead holder''s later append_step or record_usage is fenced out).';
 
 REVOKE ALL ON FUNCTION runrow.reap_expired_runs(integer, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.reap_expired_runs(integer, integer) TO runrow_worker;

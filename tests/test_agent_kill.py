@@ -31,7 +31,16 @@ from agent_support import (
     steps,
     transcript,
 )
-from worker_support import WorkerProcess, db, events, run_row, wait_status, wait_until, worker_db
+from worker_support import (
+    WorkerProcess,
+    db,
+    events,
+    run_row,
+    wait_status,
+    wait_streaming,
+    wait_until,
+    worker_db,
+)
 
 from pyworker.demo import tools as demo_tools
 from pyworker.fake.server import FakeModel
@@ -74,6 +83,55 @@ def executing_effects(db: psycopg.Connection, run: str) -> list[tuple[str, str, 
 
 def model_requests_of(fake: FakeModel, start: int) -> int:
     return len(fake.requests) - start
+
+
+def test_a_response_cut_by_sigkill_is_charged_to_the_budget(db: psycopg.Connection, worker_db: str) -> None:
+    """The worker dies mid-stream: the API billed the response, and nobody settled it (the
+    worker never got to append_step or record_usage, the reaper charged nothing). The resumed
+    attempt asked again, so a run or tenant under a budget overspent by one response per kill.
+    The reaper now charges the call's reservation (the input estimate and max_tokens of output:
+    acquire_model_call), once: here it crosses the run's token_budget, so the next attempt
+    ends budget_exhausted without another request, and the tenant's hour holds the one call."""
+    tenant = f"kill-{uuid.uuid4().hex[:8]}"
+    max_tokens = 1000
+    with FakeModel("text", delta_delay=0.3) as fake:
+        env = agent_env(fake.base_url, Path("unused"))
+        a = ForkedWorker(worker_db, "stream-a", env, **QUICK_TAKEOVER)
+        b: ForkedWorker | None = None
+        try:
+            run = db.execute(
+                "SELECT run_id FROM runrow.enqueue_run(conversation_id => gen_random_uuid(), content => %s, "
+                "model => 'claude-fake-1', user_id => %s, metadata => %s, token_budget => 500, "
+                "max_attempts => 3)",
+                ('"' + "a long question " * 8 + '"', tenant, f'{{"max_tokens": {max_tokens}}}'),
+            ).fetchone()[0]
+            wait_streaming(db, run, 30)  # a slow stream (0.3 s an event): the kill lands inside it
+            a.kill()
+            assert run_row(db, run)["status"] == "running"
+            assert spent(db, run) == 0, "nothing is charged before the response is settled"
+            b = ForkedWorker(worker_db, "stream-b", env, **QUICK_TAKEOVER)
+            wait_status(db, run, {"completed", "failed", "dead"}, 60)
+        finally:
+            a.kill()
+            if b is not None:
+                b.kill()
+        requests = len(fake.requests)
+    row = run_row(db, run)
+    # Before: the second attempt asked again (2 requests, both billed) and completed with
+    # 85 tokens counted (the second call alone), under its budget of 500.
+    assert requests == 1, (requests, row)
+    assert (row["status"], row["attempt"]) == ("failed", 2), row
+    assert row["error"].startswith("budget_exhausted: the run used "), row["error"]
+    charged = spent(db, run)
+    assert max_tokens < charged < max_tokens + 200, charged  # max_tokens out, the estimate in
+    hour = db.execute(
+        "SELECT model_calls, tokens, output_tokens FROM runrow.spend_hour WHERE fairness_key = %s", (tenant,)
+    ).fetchall()
+    assert hour == [(1, charged, max_tokens)], hour
+
+
+def spent(db: psycopg.Connection, run: uuid.UUID) -> int:
+    return int(db.execute("SELECT spent_tokens FROM runrow.agent_run WHERE id = %s", (run,)).fetchone()[0])
 
 
 def test_sigkill_between_steps_3_and_4_then_a_new_worker_finishes_without_repeating(
