@@ -161,12 +161,13 @@ def _complete(conn: psycopg.Connection, sql: str, params: list, n: int) -> None:
 
 
 def _webhook_runs(conn: psycopg.Connection, n: int) -> None:
-    """n runs enqueued with a webhook URL, claimed and finished: n deliveries pending."""
-    for _ in range(n):
+    """n runs enqueued with a webhook URL, claimed and finished: n deliveries pending, each to a
+    receiver of its own (a claim leases at most 4 to one receiver at a time, fleet-wide)."""
+    for i in range(n):
         conn.execute(
             "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => '\"hello\"',"
-            " model => 'bench', webhook_url => 'https://hooks.example/runs')",
-            (uuid.uuid4(),),
+            " model => 'bench', webhook_url => %s)",
+            (uuid.uuid4(), f"https://hooks-{i}.example/runs"),
         )
     for run_id, token in conn.execute(
         "SELECT run_id, claim_token FROM runrow.claim_runs('bench', %s, 3600)", (n,)

@@ -2,7 +2,8 @@ CREATE OR REPLACE FUNCTION runrow.claim_webhook_deliveries(
     worker_id text DEFAULT NULL,
     max_deliveries integer DEFAULT 10,
     lease_seconds integer DEFAULT 30,
-    max_attempts integer DEFAULT 8
+    max_attempts integer DEFAULT 8,
+    max_per_receiver integer DEFAULT 4
 )
 RETURNS TABLE (
     delivery_id uuid,
@@ -18,6 +19,16 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
+DECLARE
+    -- The due deliveries a sweep reads: the first what was asked for (the common case: as many as
+    -- the claim read before the cap); each later one 100 more, so up to 100 held back (their
+    -- receiver full) at the head of the queue do not hide the rest.
+    walk integer := claim_webhook_deliveries.max_deliveries;
+    got integer := 0;
+    n integer;
+    walked integer;
+    swept uuid[];
+    grp record;
 BEGIN
     IF length(claim_webhook_deliveries.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or at most 200 characters' USING ERRCODE = 'invalid_parameter_value';
@@ -26,67 +37,155 @@ BEGIN
     -- test before it fails, in the arguments' order, so the first bad one is still named.
     IF claim_webhook_deliveries.max_deliveries IS NULL OR claim_webhook_deliveries.max_deliveries NOT BETWEEN 1 AND 1000
        OR claim_webhook_deliveries.lease_seconds IS NULL OR claim_webhook_deliveries.lease_seconds NOT BETWEEN 1 AND 3600
-       OR claim_webhook_deliveries.max_attempts IS NULL OR claim_webhook_deliveries.max_attempts NOT BETWEEN 1 AND 100 THEN
+       OR claim_webhook_deliveries.max_attempts IS NULL OR claim_webhook_deliveries.max_attempts NOT BETWEEN 1 AND 100
+       OR claim_webhook_deliveries.max_per_receiver IS NULL
+       OR claim_webhook_deliveries.max_per_receiver NOT BETWEEN 1 AND 1000 THEN
         PERFORM runrow._require_range(claim_webhook_deliveries.max_deliveries, 'max_deliveries', 1, 1000);
         PERFORM runrow._require_range(claim_webhook_deliveries.lease_seconds, 'lease_seconds', 1, 3600);
         PERFORM runrow._require_range(claim_webhook_deliveries.max_attempts, 'max_attempts', 1, 100);
+        PERFORM runrow._require_range(claim_webhook_deliveries.max_per_receiver, 'max_per_receiver', 1, 1000);
     END IF;
 
-    RETURN QUERY
-    WITH due AS (
-        SELECT w.id
-        FROM runrow.webhook_delivery AS w
-        WHERE w.state = 'pending' AND w.next_attempt_at <= now()
-        ORDER BY w.next_attempt_at
-        LIMIT claim_webhook_deliveries.max_deliveries
-        FOR UPDATE OF w SKIP LOCKED
-    ),
+    -- Sweep 0, then at most 10 more: each reads at most `walk` due deliveries in due order (the
+    -- receiver computed only for those), grouped by receiver (_webhook_receiver) in the order of
+    -- each one's first. A later sweep only when the one before read all it could and leased too
+    -- few: see the end of the loop.
+    FOR sweep IN 0..10 LOOP
+        walked := 0;
+        swept := '{}';
+        FOR grp IN
+            SELECT d.receiver, array_agg(d.id ORDER BY d.next_attempt_at) AS ids
+            FROM (
+                SELECT w.id, w.next_attempt_at, runrow._webhook_receiver(w.url) AS receiver
+                FROM (
+                    SELECT v.id, v.url, v.next_attempt_at
+                    FROM runrow.webhook_delivery AS v
+                    WHERE v.state = 'pending' AND v.next_attempt_at <= now()
+                    ORDER BY v.next_attempt_at
+                    LIMIT walk
+                ) AS w
+            ) AS d
+            GROUP BY d.receiver
+            ORDER BY min(d.next_attempt_at)
+        LOOP
+            -- Complete unless the loop ends early, and then the claim has all it asked for.
+            walked := walked + cardinality(grp.ids);
+            swept := swept || grp.ids;
+            EXIT WHEN got >= claim_webhook_deliveries.max_deliveries;
+            -- One claim at a time leases to a receiver: its count of the receiver's leases and
+            -- its own leases commit together before another claim counts. The count is in a
+            -- statement after the lock, so it sees every lease committed before the lock was
+            -- granted. A receiver another claim holds is passed over, never waited for (its due
+            -- deliveries stay due).
+            CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtext('runrow.webhook_receiver'), hashtext(grp.receiver));
+            RETURN QUERY
+            WITH busy AS (
+                -- Through webhook_delivery_leased: the leased rows only, whatever the table holds.
+                SELECT count(*)::integer AS leases
+                FROM runrow.webhook_delivery AS w
+                WHERE runrow._webhook_receiver(w.url) = grp.receiver
+                  AND w.claim_token IS NOT NULL AND w.claim_expires_at > now()
+            ),
 
-    taken AS (
-        -- A row still holding a token here is one whose lease lapsed: its worker died or hung
-        -- mid-delivery and recorded nothing. That attempt counts, so a receiver that kills
-        -- every worker it meets still ends dead-lettered instead of looping forever.
-        UPDATE runrow.webhook_delivery AS w
-        SET state = CASE WHEN w.attempts >= claim_webhook_deliveries.max_attempts THEN 'dead' ELSE 'pending' END,
-            attempts = CASE
-                WHEN w.attempts < claim_webhook_deliveries.max_attempts THEN w.attempts + 1 ELSE w.attempts
-            END,
-            claim_token = CASE
-                WHEN w.attempts < claim_webhook_deliveries.max_attempts THEN gen_random_uuid()
-            END,
-            claim_expires_at = CASE
-                WHEN w.attempts < claim_webhook_deliveries.max_attempts
-                    THEN now() + make_interval(secs => claim_webhook_deliveries.lease_seconds)
-            END,
-            -- While leased, due again when the lease ends: the same index finds a lapsed lease.
-            next_attempt_at = CASE
-                WHEN w.attempts < claim_webhook_deliveries.max_attempts
-                    THEN now() + make_interval(secs => claim_webhook_deliveries.lease_seconds)
-                ELSE w.next_attempt_at
-            END,
-            worker_id = CASE
-                WHEN w.attempts < claim_webhook_deliveries.max_attempts THEN claim_webhook_deliveries.worker_id
-                ELSE w.worker_id
-            END,
-            last_error = CASE
-                WHEN w.claim_token IS NOT NULL
-                    THEN format('lease expired: worker %s recorded no outcome of attempt %s',
-                                coalesce(w.worker_id, '(unnamed)'), w.attempts)
-                ELSE w.last_error
-            END
-        FROM due
-        WHERE w.id = due.id
-        RETURNING w.id, w.claim_token, w.run_id, w.url, w.payload, w.attempts, w.claim_expires_at, w.state
-    )
+            due AS (
+                SELECT w.id
+                FROM runrow.webhook_delivery AS w
+                WHERE w.id = ANY (grp.ids) AND w.state = 'pending' AND w.next_attempt_at <= now()
+                ORDER BY w.next_attempt_at
+                LIMIT greatest(0, least(
+                    claim_webhook_deliveries.max_per_receiver - (SELECT b.leases FROM busy AS b),
+                    claim_webhook_deliveries.max_deliveries - got
+                ))
+                FOR UPDATE OF w SKIP LOCKED
+            ),
 
-    SELECT t.id, t.claim_token, t.run_id, t.url, t.payload, t.attempts, t.claim_expires_at, now()
-    FROM taken AS t
-    WHERE t.state = 'pending'
-    ORDER BY t.claim_expires_at, t.id;
+            taken AS (
+                -- A row still holding a token here is one whose lease lapsed: its worker died or hung
+                -- mid-delivery and recorded nothing. That attempt counts, so a receiver that kills
+                -- every worker it meets still ends dead-lettered instead of looping forever.
+                UPDATE runrow.webhook_delivery AS w
+                SET state = CASE WHEN w.attempts >= claim_webhook_deliveries.max_attempts THEN 'dead' ELSE 'pending' END,
+                    attempts = CASE
+                        WHEN w.attempts < claim_webhook_deliveries.max_attempts THEN w.attempts + 1 ELSE w.attempts
+                    END,
+                    claim_token = CASE
+                        WHEN w.attempts < claim_webhook_deliveries.max_attempts THEN gen_random_uuid()
+                    END,
+                    claim_expires_at = CASE
+                        WHEN w.attempts < claim_webhook_deliveries.max_attempts
+                            THEN now() + make_interval(secs => claim_webhook_deliveries.lease_seconds)
+                    END,
+                    -- While leased, due again when the lease ends: the same index finds a lapsed lease.
+                    next_attempt_at = CASE
+                        WHEN w.attempts < claim_webhook_deliveries.max_attempts
+                            THEN now() + make_interval(secs => claim_webhook_deliveries.lease_seconds)
+                        ELSE w.next_attempt_at
+                    END,
+                    worker_id = CASE
+                        WHEN w.attempts < claim_webhook_deliveries.max_attempts THEN claim_webhook_deliveries.worker_id
+                        ELSE w.worker_id
+                    END,
+                    last_error = CASE
+                        WHEN w.claim_token IS NOT NULL
+                            THEN format('lease expired: worker %s recorded no outcome of attempt %s',
+                                        coalesce(w.worker_id, '(unnamed)'), w.attempts)
+                        ELSE w.last_error
+                    END
+                FROM due
+                WHERE w.id = due.id
+                RETURNING w.id, w.claim_token, w.run_id, w.url, w.payload, w.attempts, w.claim_expires_at, w.state
+            )
+            SELECT t.id, t.claim_token, t.run_id, t.url, t.payload, t.attempts, t.claim_expires_at, now()
+            FROM taken AS t
+            WHERE t.state = 'pending'
+            ORDER BY t.id;
+            GET DIAGNOSTICS n = ROW_COUNT;
+            got := got + n;
+        END LOOP;
+
+        -- Done when asked for no more, or the sweep read everything due. Otherwise the sweep's
+        -- deliveries not leased are held back (their receiver full) or another claim's. After
+        -- sweep 0 the next reads further. After a later one, the head of the queue is deliveries
+        -- held back and every claim would read the same ones again (a receiver hanging with
+        -- thousands due hid every other receiver's): those whose receiver is full are put back
+        -- until its first lease ends, when it has room for sure (sooner if a delivery ends; no
+        -- attempt is spent), and the next sweep reads on past them. A full receiver stays full
+        -- until a lease of it ends, another claim's uncommitted leases only add to it: so this
+        -- holds for a receiver another claim is leasing to as well.
+        EXIT WHEN got >= claim_webhook_deliveries.max_deliveries OR walked < walk;
+        IF sweep > 0 THEN
+            WITH held AS (
+                -- The sweep's deliveries this claim did not lease (nor dead-letter). Not "still
+                -- due": the planner then read webhook_delivery_due whole beside the key.
+                SELECT w.id, runrow._webhook_receiver(w.url) AS receiver
+                FROM runrow.webhook_delivery AS w
+                WHERE w.id = ANY (swept) AND w.state = 'pending'
+                  AND (w.claim_token IS NULL OR w.claim_expires_at <= now())
+                FOR UPDATE OF w SKIP LOCKED
+            ),
+
+            full_until AS (
+                SELECT r.receiver, min(w.claim_expires_at) AS until
+                FROM (SELECT DISTINCT h.receiver FROM held AS h) AS r
+                INNER JOIN runrow.webhook_delivery AS w
+                    ON runrow._webhook_receiver(w.url) = r.receiver
+                       AND w.claim_token IS NOT NULL AND w.claim_expires_at > now()
+                GROUP BY r.receiver
+                HAVING count(*) >= claim_webhook_deliveries.max_per_receiver
+            )
+
+            UPDATE runrow.webhook_delivery AS w
+            SET next_attempt_at = f.until
+            FROM held AS h
+            INNER JOIN full_until AS f ON f.receiver = h.receiver
+            WHERE w.id = h.id;
+        END IF;
+        walk := claim_webhook_deliveries.max_deliveries + 100;
+    END LOOP;
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.claim_webhook_deliveries(text, integer, integer, integer) IS
+COMMENT ON FUNCTION runrow.claim_webhook_deliveries(text, integer, integer, integer, integer) IS
 'Lease up to max_deliveries (1..1000) due webhook deliveries (pending, next_attempt_at passed: '
 'never tried, backoff over, or a lapsed lease) in due order, FOR UPDATE SKIP LOCKED, so any '
 'number of workers may call it at once and no delivery goes to two of them while its lease '
@@ -95,7 +194,15 @@ COMMENT ON FUNCTION runrow.claim_webhook_deliveries(text, integer, integer, inte
 'signature''s timestamp). A delivery that already used max_attempts '
 '(1..100; the last one''s worker died) is dead-lettered instead of returned. Record the '
 'outcome with complete_webhook_delivery or fail_webhook_delivery; a lease that lapses without '
-'one is taken over by the next claim, with the same delivery id.';
+'one is taken over by the next claim, with the same delivery id. '
+'max_per_receiver (1..1000, default 4): no delivery is leased whose receiver '
+'(_webhook_receiver: scheme://host:port, case-folded) already has that many unexpired leases, '
+'counted over the whole fleet; one claim at a time leases to a receiver (a transaction advisory '
+'lock, tried, never waited for: a receiver another claim holds is passed over), so concurrent '
+'claims never exceed it together. A claim reads the first max_deliveries due deliveries and, '
+'when it could lease too few of them, at most 10 sweeps of max_deliveries + 100; when one of '
+'those reads that many and leases too few, the ones whose receiver is full are due again when '
+'its first lease ends.';
 
-REVOKE ALL ON FUNCTION runrow.claim_webhook_deliveries(text, integer, integer, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION runrow.claim_webhook_deliveries(text, integer, integer, integer) TO runrow_worker;
+REVOKE ALL ON FUNCTION runrow.claim_webhook_deliveries(text, integer, integer, integer, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.claim_webhook_deliveries(text, integer, integer, integer, integer) TO runrow_worker;

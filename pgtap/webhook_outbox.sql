@@ -40,19 +40,19 @@ CREATE FUNCTION pg_temp.due_now(d uuid) RETURNS void LANGUAGE sql AS $$
 $$;
 
 -- Signatures, grants, contracts.
-SELECT has_function('runrow', 'claim_webhook_deliveries', '{text,integer,integer,integer}'::name[],
-    'claim_webhook_deliveries(worker_id, max_deliveries, lease_seconds, max_attempts) exists');
+SELECT has_function('runrow', 'claim_webhook_deliveries', '{text,integer,integer,integer,integer}'::name[],
+    'claim_webhook_deliveries(worker_id, max_deliveries, lease_seconds, max_attempts, max_per_receiver) exists');
 SELECT has_function('runrow', 'complete_webhook_delivery', '{uuid,uuid,integer}'::name[],
     'complete_webhook_delivery(delivery_id, claim_token, http_status) exists');
 SELECT has_function('runrow', 'fail_webhook_delivery', '{uuid,uuid,text,integer,integer,numeric,boolean}'::name[],
     'fail_webhook_delivery(delivery_id, claim_token, error, http_status, max_attempts, backoff_seconds, permanent) exists');
 SELECT has_function('runrow', 'retry_webhook_delivery', '{uuid}'::name[], 'retry_webhook_delivery(delivery_id) exists');
 SELECT function_privs_are('runrow', f, a::name[], 'runrow_worker', ARRAY['EXECUTE'], 'runrow_worker may call ' || f)
-FROM (VALUES ('claim_webhook_deliveries', '{text,integer,integer,integer}'),
+FROM (VALUES ('claim_webhook_deliveries', '{text,integer,integer,integer,integer}'),
              ('complete_webhook_delivery', '{uuid,uuid,integer}'),
              ('fail_webhook_delivery', '{uuid,uuid,text,integer,integer,numeric,boolean}')) AS v (f, a);
 SELECT function_privs_are('runrow', f, a::name[], 'runrow_client', ARRAY[]::name[], 'runrow_client may not call ' || f)
-FROM (VALUES ('claim_webhook_deliveries', '{text,integer,integer,integer}'),
+FROM (VALUES ('claim_webhook_deliveries', '{text,integer,integer,integer,integer}'),
              ('complete_webhook_delivery', '{uuid,uuid,integer}'),
              ('fail_webhook_delivery', '{uuid,uuid,text,integer,integer,numeric,boolean}')) AS v (f, a);
 SELECT function_privs_are('runrow', 'retry_webhook_delivery', '{uuid}'::name[], 'runrow_client', ARRAY['EXECUTE'],
@@ -128,12 +128,14 @@ SELECT is((SELECT detail FROM runrow.audit() WHERE invariant = 'schema_guard_mis
 ALTER TABLE runrow.agent_run ENABLE TRIGGER agent_run_after_update;
 
 -- Claim: due rows, leased with a fresh token; nobody else gets them while the lease lives.
-CREATE TEMP TABLE c1 AS SELECT * FROM runrow.claim_webhook_deliveries('w1', 100, 30, 3);
+-- Every delivery of this file goes to one receiver (:hook), so its claims lift the cap on one
+-- receiver's leases to 100 (claim_webhook_deliveries_per_receiver.sql tests the cap).
+CREATE TEMP TABLE c1 AS SELECT * FROM runrow.claim_webhook_deliveries('w1', 100, 30, 3, 100);
 SELECT is((SELECT count(*)::int FROM c1), 6, 'the six pending deliveries are claimed');
 SELECT ok((SELECT bool_and(attempt = 1 AND claim_expires_at = now() + interval '30 seconds' AND claimed_at = now()) FROM c1),
     'each as attempt 1 with the lease on the database clock');
 SELECT is((SELECT payload FROM c1 WHERE run_id = :'done'), (pg_temp.delivery(:'done')).payload, 'with the body to send');
-SELECT is_empty($$SELECT * FROM runrow.claim_webhook_deliveries('w2', 100, 30, 3)$$,
+SELECT is_empty($$SELECT * FROM runrow.claim_webhook_deliveries('w2', 100, 30, 3, 100)$$,
     'a second claimer gets nothing while the leases live');
 SELECT (SELECT delivery_id FROM c1 WHERE run_id = :'done') AS d1, (SELECT claim_token FROM c1 WHERE run_id = :'done') AS k1 \gset
 
@@ -180,19 +182,19 @@ SELECT is(((pg_temp.delivery(:'batch')).next_attempt_at BETWEEN now() + interval
            (pg_temp.delivery(:'batch')).claim_token)::text,
     ((true, 'HTTP 500', 500, NULL::uuid))::text, 'due after backoff * 2^0 (up to 50% more: jitter), lease cleared');
 SELECT is(runrow.fail_webhook_delivery(:'d2', :'k2', 'again'), NULL, 'the same token again is fenced out');
-SELECT is_empty($$SELECT * FROM runrow.claim_webhook_deliveries('w2', 100, 30, 3)$$, 'not claimable during the backoff');
+SELECT is_empty($$SELECT * FROM runrow.claim_webhook_deliveries('w2', 100, 30, 3, 100)$$, 'not claimable during the backoff');
 SELECT pg_temp.due_now(:'d2');
-SELECT claim_token AS k2, attempt AS a2 FROM runrow.claim_webhook_deliveries('w2', 100, 30, 3) \gset
+SELECT claim_token AS k2, attempt AS a2 FROM runrow.claim_webhook_deliveries('w2', 100, 30, 3, 100) \gset
 SELECT is(:a2, 2, 'claimed again after the backoff as attempt 2');
 SELECT is(runrow.fail_webhook_delivery(:'d2', :'k2', 'timed out', NULL, 3, 2), 'retrying', 'a timeout (no status) retries');
 SELECT ok((pg_temp.delivery(:'batch')).next_attempt_at BETWEEN now() + interval '4 seconds' AND now() + interval '6 seconds',
     'due after backoff * 2^1 (up to 50% more)');
 SELECT pg_temp.due_now(:'d2');
-SELECT claim_token AS k2 FROM runrow.claim_webhook_deliveries('w2', 100, 30, 3) \gset
+SELECT claim_token AS k2 FROM runrow.claim_webhook_deliveries('w2', 100, 30, 3, 100) \gset
 SELECT is(runrow.fail_webhook_delivery(:'d2', :'k2', 'HTTP 503', 503, 3, 2), 'dead', 'the third failure of three dead-letters');
 SELECT is(((pg_temp.delivery(:'batch')).state, (pg_temp.delivery(:'batch')).attempts)::text, '(dead,3)', 'dead after 3 attempts');
 SELECT pg_temp.due_now(:'d2');
-SELECT is_empty($$SELECT * FROM runrow.claim_webhook_deliveries('w2', 100, 30, 3) WHERE run_id = $$ || quote_literal(:'batch'),
+SELECT is_empty($$SELECT * FROM runrow.claim_webhook_deliveries('w2', 100, 30, 3, 100) WHERE run_id = $$ || quote_literal(:'batch'),
     'a dead letter is never claimed');
 SELECT is((SELECT 21600 <= extract(epoch FROM next_attempt_at - now()) FROM (SELECT (pg_temp.delivery(:'batch')).*) AS x), false,
     'sanity: the backoff so far is below the cap');
@@ -200,7 +202,7 @@ SELECT is((SELECT 21600 <= extract(epoch FROM next_attempt_at - now()) FROM (SEL
 -- A lease that lapses (the worker died mid-delivery) is taken over, same delivery id.
 SELECT (SELECT delivery_id FROM c1 WHERE run_id = :'reaped') AS d3, (SELECT claim_token FROM c1 WHERE run_id = :'reaped') AS k3 \gset
 SELECT pg_temp.lapse(:'d3');
-CREATE TEMP TABLE c3 AS SELECT * FROM runrow.claim_webhook_deliveries('w2', 100, 30, 3);
+CREATE TEMP TABLE c3 AS SELECT * FROM runrow.claim_webhook_deliveries('w2', 100, 30, 3, 100);
 SELECT is((SELECT delivery_id FROM c3 WHERE run_id = :'reaped'), :'d3'::uuid, 'the lapsed delivery is claimed again, same id');
 SELECT is((SELECT attempt FROM c3 WHERE run_id = :'reaped'), 2, 'as attempt 2: the lost one counts');
 SELECT isnt((SELECT claim_token FROM c3 WHERE run_id = :'reaped'), :'k3'::uuid, 'with a new token');
@@ -216,14 +218,14 @@ SELECT ok(runrow.complete_webhook_delivery(:'d3', (SELECT claim_token FROM c3 WH
 SELECT (SELECT delivery_id FROM c1 WHERE run_id = :'twice') AS d4 \gset
 UPDATE runrow.webhook_delivery SET attempts = 3 WHERE id = :'d4';
 SELECT pg_temp.lapse(:'d4');
-SELECT is_empty($$SELECT * FROM runrow.claim_webhook_deliveries('w3', 100, 30, 3) WHERE delivery_id = $$ || quote_literal(:'d4'),
+SELECT is_empty($$SELECT * FROM runrow.claim_webhook_deliveries('w3', 100, 30, 3, 100) WHERE delivery_id = $$ || quote_literal(:'d4'),
     'a lapsed delivery that used its attempts is not handed out again');
 SELECT is((pg_temp.delivery(:'twice')).state, 'dead', 'it is dead-lettered');
 
 -- The views.
 SELECT (SELECT delivery_id FROM c1 WHERE run_id = :'stopped') AS d5 \gset
 SELECT pg_temp.lapse(:'d5');
-SELECT is((SELECT count(*)::int FROM runrow.claim_webhook_deliveries('w4', 1, 30, 3)), 1, 'max_deliveries caps the claim');
+SELECT is((SELECT count(*)::int FROM runrow.claim_webhook_deliveries('w4', 1, 30, 3, 100)), 1, 'max_deliveries caps the claim');
 SELECT is((SELECT (pending, retrying, in_flight, dead_lettered >= 2, delivered_24h >= 2)::text FROM runrow.webhook_health),
     '(0,0,2,t,t)', 'webhook_health counts in-flight, dead-lettered and delivered deliveries');
 SELECT set_eq($$SELECT run_id, state FROM runrow.webhook_outbox WHERE run_id IN (SELECT run_id FROM c1)$$,

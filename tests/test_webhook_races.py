@@ -94,3 +94,73 @@ def test_two_claimers_never_share_a_delivery_and_never_wait_for_each_other(
         "SELECT worker_id, attempts FROM runrow.webhook_delivery WHERE id = %s", (taken[0][0],)
     ).fetchone()
     assert holder == ("a", 1)
+
+
+def ended_hooked(conn: psycopg.Connection, url: str, n: int) -> None:
+    """n runs with webhook `url`, ended: n deliveries due, committed."""
+    for _ in range(n):
+        conn.execute(
+            "SELECT runrow.enqueue_run(conversation_id => %s, content => %s, model => 'm', "
+            "webhook_url => %s)",
+            (uuid.uuid4(), Jsonb("hi"), url),
+        )
+    conn.execute(
+        "SELECT runrow.finish_run(c.run_id, c.claim_token, 'completed') "
+        "FROM runrow.claim_runs('w', %s, 60) AS c",
+        (n,),
+    )
+    conn.commit()
+
+
+def claim_capped(conn: psycopg.Connection, worker: str, max_deliveries: int = 10) -> list[str]:
+    """The URLs a claim with the default cap (4 per receiver) leased."""
+    rows = conn.execute(
+        "SELECT url FROM runrow.claim_webhook_deliveries(worker_id => %s, max_deliveries => %s)",
+        (worker, max_deliveries),
+    ).fetchall()
+    return [url for (url,) in rows]
+
+
+def leased(conn: psycopg.Connection, url: str) -> int:
+    row = conn.execute(
+        "SELECT count(*)::int FROM runrow.webhook_delivery WHERE url = %s AND claim_token IS NOT NULL", (url,)
+    ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+CROWDED = "http://hooks.example:8080/crowded"
+OTHER = "http://other.example/hook"
+
+
+def test_two_claims_at_once_never_lease_past_a_receivers_cap_together(
+    conns: tuple[psycopg.Connection, psycopg.Connection],
+) -> None:
+    """A's claim has leased the receiver's 4 and not committed: B's count cannot see those leases,
+    so without the receiver's lock B leased 4 more (8 in flight to a receiver capped at 4). B now
+    passes the receiver over without waiting for A (B's lock_timeout would fire) and still gets
+    another receiver's delivery; once A has committed, B's count sees A's 4."""
+    a, b = conns
+    ended_hooked(a, CROWDED, 10)
+    ended_hooked(a, OTHER, 1)
+    assert claim_capped(a, "a", 4) == [CROWDED] * 4  # A's transaction stays open
+    assert claim_capped(b, "b") == [OTHER], "B passes the receiver A is leasing to, and takes the other"
+    a.commit()
+    assert claim_capped(b, "b") == [], "A's 4 leases fill the receiver"
+    assert leased(b, CROWDED) == 4
+
+
+def test_a_claim_after_another_commits_takes_only_the_room_left(
+    conns: tuple[psycopg.Connection, psycopg.Connection],
+) -> None:
+    """A leases 2 of the receiver's 4 and holds its transaction open; B's claim meanwhile leases
+    none of it (it would have counted 0 leases and taken 4: 6 in flight). After A commits, B
+    takes the 2 left, and a third claim none."""
+    a, b = conns
+    ended_hooked(a, CROWDED, 10)
+    assert claim_capped(a, "a", 2) == [CROWDED] * 2
+    assert claim_capped(b, "b") == []
+    a.commit()
+    assert claim_capped(b, "b") == [CROWDED] * 2
+    assert claim_capped(b, "b") == []
+    assert leased(b, CROWDED) == 4

@@ -352,6 +352,51 @@ def test_a_hanging_receiver_does_not_hold_up_the_other_deliveries(
     assert receiver.count() == 4
 
 
+def test_a_hanging_receiver_gets_its_cap_and_another_receiver_goes_at_once(
+    db: psycopg.Connection, receiver: Receiver, workers: Any
+) -> None:
+    """The audit: 40 deliveries to a receiver hanging past the timeout delayed another receiver's
+    delivery from 0.56 s to 8.7 s, every sender slot taken by the hanging one's in turn. A claim
+    now leases none to a receiver (scheme://host:port) that already has --webhook-per-receiver
+    (default 4) leases anywhere in the fleet: two workers, twenty slots, four to the hanging
+    receiver, and the other's delivery goes while those four still hang (timeout 60 s, far past
+    this test's waits). Before, the two workers took ten each and the other waited a minute."""
+    hanging = Receiver([])
+    try:
+        workers("w1", *FAST, "--webhook-timeout", "60")
+        workers("w2", *FAST, "--webhook-timeout", "60")
+        stuck = [enqueue_hooked(db, hanging.url + "/hang") for _ in range(40)]
+        wait_until(lambda: all(state(db, r) is not None for r in stuck), 30, "the forty runs' endings")
+        wait_until(lambda: hanging.count() >= 4, 20, "the hanging receiver's first requests")
+        good = enqueue_hooked(db, receiver.url)
+        wait_until(lambda: state(db, good) == "delivered", 20, "the other receiver's, while one hangs")
+        in_flight = db.execute(
+            "SELECT count(*) FILTER (WHERE claim_token IS NOT NULL), count(*) FILTER (WHERE attempts = 0) "
+            "FROM runrow.webhook_delivery WHERE run_id = ANY(%s)",
+            (stuck,),
+        ).fetchone()
+        assert in_flight == (4, 36)
+        assert hanging.count() == 4
+    finally:
+        hanging.close()
+
+
+def test_a_receiver_at_its_cap_gets_its_next_delivery_as_one_ends(
+    db: psycopg.Connection, receiver: Receiver, workers: Any
+) -> None:
+    """A delivery held back at its receiver's cap waited for the next poll tick (here 30 s) though
+    the worker's own delivery to that receiver had ended: a delivery's end now wakes the claim.
+    Eight deliveries due before the worker starts, one at a time to the one receiver."""
+    runs = [enqueue_hooked(db, receiver.url) for _ in range(8)]
+    db.execute(
+        "SELECT runrow.finish_run(c.run_id, c.claim_token, 'completed') "
+        "FROM runrow.claim_runs('sql', 8, 60) AS c"
+    )
+    workers("w1", "--poll", "0.2", "--webhook-poll", "30", "--webhook-per-receiver", "1")
+    wait_until(lambda: all(state(db, r) == "delivered" for r in runs), 15, "eight deliveries, one at a time")
+    assert receiver.count() == 8
+
+
 def test_a_payload_python_cannot_read_is_sent_as_stored_and_holds_up_no_other(
     db: psycopg.Connection, worker_db_superuser: str, receiver: Receiver, workers: Any
 ) -> None:
@@ -495,6 +540,8 @@ def test_the_http_api_takes_webhook_url_and_names_it_when_bad(worker_db: str, db
         ("--webhook-timeout", "nan"),
         ("--webhook-backoff", "0"),
         ("--webhook-poll", "-1"),
+        ("--webhook-per-receiver", "0"),
+        ("--webhook-per-receiver", "2.5"),
         # '' turned delivery off without a word.
         ("--webhook-secret", ""),
         ("--webhook-proxy", "socks5://127.0.0.1:1080"),

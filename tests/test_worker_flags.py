@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from pyworker.cli.main import build_parser
+from pyworker.cli.main import build_parser, webhook_settings
 from pyworker.worker.echo import handle as echo
 from pyworker.worker.process import Worker
 from pyworker.worker.webhooks import WebhookSettings
@@ -136,6 +136,18 @@ def test_max_model_calls_from_the_flag_its_variable_or_the_default() -> None:
     assert result.returncode == 2 and "got '0' (from $RUNROW_MAX_MODEL_CALLS)" in result.stderr, result.stderr
 
 
+def test_webhook_per_receiver_from_the_flag_its_variable_or_the_default() -> None:
+    """The cap on deliveries in flight to one receiver: 4 unless the flag or
+    RUNROW_WEBHOOK_PER_RECEIVER says otherwise, and what the worker's settings get."""
+    parser = build_parser()
+    assert webhook_settings(parser.parse_args(["worker", "--webhook-secret", "s"])).per_receiver == 4  # type: ignore[union-attr]
+    args = parser.parse_args(["worker", "--webhook-secret", "s", "--webhook-per-receiver", "7"])
+    assert webhook_settings(args).per_receiver == 7  # type: ignore[union-attr]
+    result = runrow_worker(env={"RUNROW_WEBHOOK_PER_RECEIVER": "0"})
+    assert result.returncode == 2, result.stderr
+    assert "got '0' (from $RUNROW_WEBHOOK_PER_RECEIVER)" in result.stderr, result.stderr
+
+
 def _start_log(*flags: str) -> str:
     """What `runrow worker` logs before it connects (to a database that never answers)."""
     worker = subprocess.Popen(
@@ -191,6 +203,8 @@ def test_help_shows_defaults_of_values_but_not_of_switches() -> None:
         ("max_attempts", 2.5, "webhook_attempts must be an integer from 1 to 100, got 2.5"),
         ("backoff_seconds", True, "webhook_backoff must be a number from 0.1 to 3600, got True"),
         ("poll_seconds", float("nan"), "webhook_poll must be a number from 0.1 to 86400, got nan"),
+        ("per_receiver", 0, "webhook_per_receiver must be an integer from 1 to 1000, got 0"),
+        ("per_receiver", 1001, "webhook_per_receiver must be an integer from 1 to 1000, got 1001"),
     ],
 )
 def test_webhook_settings_refuse_what_their_flags_refuse(option: str, value: object, message: str) -> None:

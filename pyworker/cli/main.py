@@ -244,6 +244,7 @@ def webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
         backoff_seconds=args.webhook_backoff,
         poll_seconds=args.webhook_poll,
         proxy=args.webhook_proxy,
+        per_receiver=args.webhook_per_receiver,
     )
 
 
@@ -270,7 +271,7 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.Raw
 
 def build_parser() -> argparse.ArgumentParser:
     from pyworker.cli.client import _action, _wrap
-    from pyworker.worker.settings import DEFAULT_MAX_MODEL_CALLS
+    from pyworker.worker.settings import DEFAULT_MAX_MODEL_CALLS, DEFAULT_WEBHOOK_PER_RECEIVER
 
     parser = argparse.ArgumentParser(
         prog="runrow", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -476,6 +477,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=in_range("webhook_poll"),
         default=2.0,
         help="seconds between looks for due webhook retries (new deliveries wake it by NOTIFY)",
+    )
+    p.add_argument(
+        "--webhook-per-receiver",
+        type=in_range("webhook_per_receiver"),
+        default=env_default("RUNROW_WEBHOOK_PER_RECEIVER", str(DEFAULT_WEBHOOK_PER_RECEIVER)),
+        metavar="N",
+        help="webhook deliveries in flight to one receiver (scheme://host:port) over the whole fleet, "
+        "1 to 1000; the rest wait for one of them to end (env RUNROW_WEBHOOK_PER_RECEIVER)",
     )
     p.add_argument(
         "--webhook-proxy",

@@ -32,14 +32,17 @@ async def claim_webhook_deliveries(
     max_deliveries: int,
     lease_seconds: int,
     max_attempts: int,
+    max_per_receiver: int,
 ) -> list[Delivery]:
+    """At most max_deliveries due deliveries, none to a receiver (scheme://host:port) that
+    already has max_per_receiver leases anywhere in the fleet."""
     async with conn.cursor(row_factory=class_row(Delivery)) as cur:
         await cur.execute(
             "SELECT delivery_id, claim_token, run_id, url, payload::text AS payload_json, attempt, "
             "claim_expires_at, claimed_at "
             "FROM runrow.claim_webhook_deliveries(worker_id => %s, max_deliveries => %s, "
-            "lease_seconds => %s, max_attempts => %s)",
-            (worker_id, max_deliveries, lease_seconds, max_attempts),
+            "lease_seconds => %s, max_attempts => %s, max_per_receiver => %s)",
+            (worker_id, max_deliveries, lease_seconds, max_attempts, max_per_receiver),
         )
         return await cur.fetchall()
 

@@ -34,13 +34,17 @@ LIMITS: dict[str, tuple[type, float, float]] = {
 DEFAULT_MAX_MODEL_CALLS = 100
 
 # The webhook sender's settings: the SQL functions' own ranges where they take the value
-# (max_attempts 1..100, backoff_seconds 0.1..3600).
+# (max_attempts 1..100, backoff_seconds 0.1..3600, max_per_receiver 1..1000).
 WEBHOOK_LIMITS: dict[str, tuple[type, float, float]] = {
     "webhook_timeout": (float, 0.1, 600),
     "webhook_attempts": (int, 1, 100),
     "webhook_backoff": (float, 0.1, 3600),
     "webhook_poll": (float, 0.1, 86400),
+    "webhook_per_receiver": (int, 1, 1000),
 }
+# Deliveries in flight to one receiver (scheme://host:port) over the whole fleet: fewer than a
+# worker's 10 sender slots, so one receiver that hangs leaves the others slots on every worker.
+DEFAULT_WEBHOOK_PER_RECEIVER = 4
 
 
 def check(name: str, value: object) -> None:

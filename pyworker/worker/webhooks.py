@@ -39,6 +39,7 @@ from pyworker.db.webhooks import (
     complete_webhook_delivery,
     fail_webhook_delivery,
 )
+from pyworker.worker.settings import DEFAULT_WEBHOOK_PER_RECEIVER
 from pyworker.worker.settings import check as check_setting
 
 log = logging.getLogger("runrow.webhooks")
@@ -131,6 +132,8 @@ class WebhookSettings:
     backoff_seconds: float = 10.0  # after attempt n: backoff * 2^(n-1), capped at 6 h by the database
     poll_seconds: float = 2.0
     batch: int = 10
+    # Deliveries in flight to one receiver, fleet-wide (claim_webhook_deliveries' max_per_receiver).
+    per_receiver: int = DEFAULT_WEBHOOK_PER_RECEIVER
     # An HTTP proxy every delivery goes through (an egress policy: README "Webhooks"); None:
     # direct. The environment's HTTP(S)_PROXY are never read (trust_env=False below).
     proxy: str | None = None
@@ -143,6 +146,7 @@ class WebhookSettings:
             ("webhook_attempts", self.max_attempts),
             ("webhook_backoff", self.backoff_seconds),
             ("webhook_poll", self.poll_seconds),
+            ("webhook_per_receiver", self.per_receiver),
         ):
             check_setting(name, value)
 
@@ -286,7 +290,8 @@ async def webhook_loop(
     Up to settings.batch at once. Woken by runrow_enqueued (the outbox
     trigger sends it with each new delivery, so it goes out at once), by the poll tick (retries
     whose backoff passed, lapsed leases, and everything when NOTIFY is lost), and by a delivery
-    ending while every slot was taken.
+    ending: its slot is free, and its receiver may have a delivery the claim held back at the
+    receiver's cap (settings.per_receiver, fleet-wide), which would otherwise wait for the tick.
 
     Each delivery runs on its own, and a slot it frees is claimed again at once: a batch used to
     be claimed and waited for whole (gather), so one receiver that hung to the timeout held up
@@ -307,12 +312,14 @@ async def webhook_loop(
         sending = await stack.enter_async_context(asyncio.TaskGroup())
         in_flight: set[asyncio.Task[None]] = set()
         log.info(
-            "webhook delivery on: timeout %gs, lease %ds, %d attempts, backoff %gs doubling, %d at once%s",
+            "webhook delivery on: timeout %gs, lease %ds, %d attempts, backoff %gs doubling, %d at once, "
+            "%d per receiver%s",
             settings.timeout,
             settings.lease_seconds,
             settings.max_attempts,
             settings.backoff_seconds,
             settings.batch,
+            settings.per_receiver,
             "" if settings.proxy is None else f", through the proxy at {_host_of(settings.proxy)}",
         )
         while stopping is None or not stopping.is_set():
@@ -322,7 +329,12 @@ async def webhook_loop(
                 try:
                     async with pool.connection() as conn:
                         claimed = await claim_webhook_deliveries(
-                            conn, worker_id, free, settings.lease_seconds, settings.max_attempts
+                            conn,
+                            worker_id,
+                            free,
+                            settings.lease_seconds,
+                            settings.max_attempts,
+                            settings.per_receiver,
                         )
                 except Exception as exc:
                     log.warning("webhook claim failed, retrying after the poll tick: %s", exc)
@@ -335,7 +347,7 @@ async def webhook_loop(
             if len(in_flight) >= settings.batch:
                 await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
             elif not more:
-                await _idle(wakes, settings.poll_seconds * random.uniform(0.8, 1.2), stopping)
+                await _idle(wakes, settings.poll_seconds * random.uniform(0.8, 1.2), stopping, in_flight)
         if in_flight:
             log.info("webhook delivery stopping: %d in flight end first", len(in_flight))
             await asyncio.wait(in_flight)
@@ -345,21 +357,24 @@ async def _idle(
     wakes: asyncio.Queue[str] | None,
     timeout: float,  # noqa: ASYNC109
     stopping: asyncio.Event | None = None,
+    sending: set[asyncio.Task[None]] | None = None,
 ) -> None:
-    """Wait for a wake, the poll tick, or the loop's stop, whichever comes first."""
+    """Wait for a wake, the poll tick, the loop's stop or the end of one of the deliveries
+    `sending`, whichever comes first."""
     waiting = asyncio.ensure_future(
         within(wakes.get(), timeout) if wakes is not None else asyncio.sleep(timeout)
     )
     stopped = asyncio.ensure_future(stopping.wait()) if stopping is not None else None
+    ends = list(sending or ())  # waited for, never cancelled here
     try:
-        await asyncio.wait(
-            [w for w in (waiting, stopped) if w is not None], return_when=asyncio.FIRST_COMPLETED
+        done, _ = await asyncio.wait(
+            [w for w in (waiting, stopped) if w is not None] + ends, return_when=asyncio.FIRST_COMPLETED
         )
     finally:
         for w in (waiting, stopped):
             if w is not None:
                 w.cancel()
-    if wakes is None or (stopped is not None and stopped.done()):
+    if wakes is None or (stopped is not None and stopped.done()) or not done.isdisjoint(ends):
         return
     # Enqueues wake us too: one claim per burst of signals, not one per signal.
     await asyncio.sleep(0.05)
