@@ -11,6 +11,7 @@ SET jit = off
 AS $fn$
 DECLARE
     deleted bigint;
+    purged bigint;
     cutoff timestamptz;
     due uuid[];
 BEGIN
@@ -64,18 +65,39 @@ BEGIN
     GET DIAGNOSTICS deleted = ROW_COUNT;
 
     DELETE FROM runrow.run_request AS q WHERE q.run_id = ANY (due);
-    RETURN deleted;
+
+    -- Delivered webhook deliveries delivered before the cutoff, the earliest first, at most
+    -- max_runs: the outbox kept every delivered row forever. By delivered_at, not with the runs
+    -- above: a run's journal goes once (its run_request with it), and a delivery retried past
+    -- that, or re-armed by a person, is delivered after the trim that took its run. Through
+    -- webhook_delivery_delivered (delivered rows by delivered_at), so a call reads what it
+    -- deletes and not the history; SKIP LOCKED, as every worker's reaper calls this. Dead
+    -- letters stay: a person may still re-arm one (retry_webhook_delivery), and runrow never
+    -- drops what nobody was told.
+    DELETE FROM runrow.webhook_delivery AS w
+    WHERE w.id IN (
+        SELECT d.id
+        FROM runrow.webhook_delivery AS d
+        WHERE d.state = 'delivered' AND d.delivered_at < cutoff
+        ORDER BY d.delivered_at
+        LIMIT trim_journal.max_runs
+        FOR UPDATE SKIP LOCKED
+    );
+    GET DIAGNOSTICS purged = ROW_COUNT;
+    RETURN deleted + purged;
 END
 $fn$;
 
 COMMENT ON FUNCTION runrow.trim_journal(interval, integer) IS
 'Delete the live journal (run_event rows) of runs terminal for longer than older_than '
 '(default 24 hours, not negative) and delete their request snapshot (run_request, the PII copy), '
-'for at most max_runs runs per call (default 10000, 1..100000), the earliest-enqueued first: call it again '
-'while it returns more than 0 to work through a backlog. Runs, '
+'for at most max_runs runs per call (default 10000, 1..100000), the earliest-enqueued first; and '
+'delete at most max_runs webhook deliveries delivered longer than older_than ago, the earliest '
+'delivered first (dead-lettered ones stay, for retry_webhook_delivery). Call it again while it '
+'returns more than 0 to work through a backlog. Runs, '
 'messages, steps and tool effects stay: the journal is a delivery buffer, not the record. '
 'A reader of a trimmed run still gets a synthesized complete from read_events. Returns the '
-'number of journal rows deleted.';
+'number of rows deleted: journal rows plus deliveries.';
 
 REVOKE ALL ON FUNCTION runrow.trim_journal(interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.trim_journal(interval, integer) TO runrow_worker;

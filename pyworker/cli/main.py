@@ -404,8 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=in_range("trim_after", unit=3600),
         default=24.0,
         metavar="HOURS",
-        help="the reaper also trims the live journal of runs ended more than HOURS ago "
-        "(runrow.trim_journal; steps and messages stay); 0 = never, at most 876000 (100 years)",
+        help="the reaper also trims the live journal of runs ended, and the webhook deliveries "
+        "delivered, more than HOURS ago (runrow.trim_journal; steps, messages and dead letters "
+        "stay); 0 = never, at most 876000 (100 years)",
     )
     p.add_argument(
         "--handler",

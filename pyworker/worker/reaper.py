@@ -7,7 +7,8 @@ together does not sweep in lockstep. The boot pass clears what a full-cluster ou
 The same loop trims the live journal of runs terminal for longer than `trim_after` seconds
 (runrow.trim_journal; steps, messages and effects stay): the journal is a delivery buffer,
 and without this nobody would ever empty it. trim_journal reads only runs it has not trimmed
-yet, so asking on every pass costs the same with any amount of history.
+yet, so asking on every pass costs the same with any amount of history. It deletes the webhook
+deliveries delivered that long ago too (at most 10,000 a pass; dead letters stay).
 
 And it fires the schedules (runrow.fire_schedules): every worker asks, each due tick enqueues
 once whoever asks first, and a pass skips the schedules another worker is firing instead of
@@ -43,7 +44,11 @@ async def trim_once(pool: AsyncConnectionPool, older_than_seconds: float) -> int
     async with pool.connection() as conn:
         trimmed = await api.trim_journal(conn, older_than_seconds)
     if trimmed:
-        log.info("trimmed %d journal rows of runs ended more than %.0f s ago", trimmed, older_than_seconds)
+        log.info(
+            "trimmed %d rows: journals of runs ended, and webhooks delivered, more than %.0f s ago",
+            trimmed,
+            older_than_seconds,
+        )
     return trimmed
 
 
