@@ -30,6 +30,7 @@ from pyworker.worker.webhooks import (
     SignatureError,
     body_of,
     encode_body,
+    redirect_error,
     signature_header,
     verify_signature,
 )
@@ -52,10 +53,11 @@ class Receiver:
     """A loopback HTTP server that answers each POST as its script says, in order, then 200:
     "ok" (200), "slow" (200 after 2 s), "500", "close" (drops the connection without an
     answer), "hang" (answers nothing until the test ends: the sender must time out), "hold"
-    (the same; the test kills the sender meanwhile)."""
+    (the same; the test kills the sender meanwhile). A 3xx comes with `Location: self.location`."""
 
     def __init__(self, script: list[str]) -> None:
         self.script = list(script)
+        self.location = "http://127.0.0.1:9/moved"
         self.requests: list[Received] = []
         self.done = threading.Event()
         self._lock = threading.Lock()
@@ -79,7 +81,10 @@ class Receiver:
                 if action == "close":
                     self.close_connection = True
                     return
-                self.send_response(200 if action == "ok" else int(action))
+                code = 200 if action == "ok" else int(action)
+                self.send_response(code)
+                if 300 <= code < 400:
+                    self.send_header("Location", receiver.location)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -317,6 +322,50 @@ def test_410_gone_is_dead_lettered_on_its_first_attempt(
         "HTTP 410: the receiver says this URL is gone for good",
     )
     assert receiver.count() == 1
+
+
+@pytest.fixture
+def elsewhere() -> Iterator[Receiver]:
+    """Where a redirect points: a receiver that must never be asked anything."""
+    r = Receiver([])
+    yield r
+    r.close()
+
+
+@pytest.mark.parametrize(
+    "receiver", [[code] * 5 for code in ("301", "308", "302", "303", "307")], indirect=True, ids=str
+)
+def test_a_redirect_is_never_followed_and_a_permanent_one_ends_at_once(
+    db: psycopg.Connection, receiver: Receiver, elsewhere: Receiver, workers: Any
+) -> None:
+    """301 Moved Permanently and 308 Permanent Redirect answer every attempt the same way: they
+    were retried until the attempts ran out. The first now ends the delivery, dead-lettered with
+    the status and the Location, saying what to fix. 302, 303 and 307 say the receiver is
+    elsewhere for now: failed attempts retried like a 5xx, recorded with the Location. No
+    Location is ever asked (the target is the receiver's to choose, and `serve` checked only
+    the URL the user gave)."""
+    receiver.location = elsewhere.url
+    workers("w1", *FAST, "--webhook-attempts", "2")
+    run_id = enqueue_hooked(db, receiver.url)
+    wait_until(lambda: state(db, run_id) == "dead", 15, "the dead letter")
+    status = int(receiver.script[0])
+    if status in (301, 308):
+        attempts = 1
+        error = (
+            f"HTTP {status}: the receiver says this URL moved for good (Location: {elsewhere.url}); "
+            "redirects are not followed: fix the run's webhook_url"
+        )
+    else:
+        attempts, error = 2, f"HTTP {status}: redirects are not followed (Location: {elsewhere.url})"
+    row = delivery(db, run_id)
+    assert (row["attempts"], row["last_http_status"], row["last_error"]) == (attempts, status, error)
+    assert (receiver.count(), elsewhere.count()) == (attempts, 0)
+
+
+def test_a_redirects_location_is_recorded_printable_and_cut() -> None:
+    assert redirect_error(307, None) == "HTTP 307: redirects are not followed (Location: no Location)"
+    shown = redirect_error(302, "http://x.test/\x1b[31m" + "a" * 600)
+    assert "\x1b" not in shown and shown.endswith("a" * (500 - len("http://x.test/?[31m")) + ")")
 
 
 def test_a_url_no_request_can_be_sent_to_is_dead_lettered_on_its_first_attempt(

@@ -164,6 +164,25 @@ def _host_of(url: str) -> str:
     return f"{parts.host}:{parts.port}" if parts.port else parts.host
 
 
+# A permanent redirect (RFC 9110: 301 Moved Permanently, 308 Permanent Redirect) answers every
+# attempt the same way: it ends the delivery at once, as 410 Gone does.
+PERMANENT_REDIRECTS = frozenset({301, 308})
+
+
+def redirect_error(status: int, location: str | None) -> str:
+    """What a 3xx answer is recorded as. Redirects are never followed: the target is the
+    receiver's to choose, and `serve`'s check of a user's webhook_url covers only the URL given
+    (a redirect to a private address would pass it). The Location is quoted so a person sees
+    where the receiver points, cut to 500 characters, anything unprintable shown as '?'."""
+    where = "no Location" if not location else "".join(c if c.isprintable() else "?" for c in location[:500])
+    if status in PERMANENT_REDIRECTS:
+        return (
+            f"HTTP {status}: the receiver says this URL moved for good (Location: {where}); "
+            "redirects are not followed: fix the run's webhook_url"
+        )
+    return f"HTTP {status}: redirects are not followed (Location: {where})"
+
+
 class Unsendable(Exception):
     """The delivery's URL is one no request can be sent to (httpx refuses it): every attempt would
     fail the same way, so it is dead-lettered on this one."""
@@ -196,6 +215,7 @@ async def deliver(
             response = await client.send(request, stream=True)
             try:
                 status = response.status_code
+                location = response.headers.get("location")
             finally:
                 await response.aclose()
     except (TimeoutError, httpx.TimeoutException):
@@ -211,7 +231,7 @@ async def deliver(
     if 200 <= status < 300:
         return status, None
     if 300 <= status < 400:
-        return status, f"HTTP {status}: redirects are not followed"
+        return status, redirect_error(status, location)
     return status, f"HTTP {status}"
 
 
@@ -229,6 +249,10 @@ async def _deliver_and_record(
         # Gone: "likely to be permanent" (RFC 9110), the REST Hooks way for a receiver to say
         # "stop sending". Every retry would be refused the same way, so this one is the last.
         error, permanent = "HTTP 410: the receiver says this URL is gone for good", True
+    elif status in PERMANENT_REDIRECTS:
+        # Retried until the attempts ran out, each answered the same; the delivery keeps its URL,
+        # so only a new run with a fixed webhook_url reaches the receiver.
+        permanent = True
     async with pool.connection() as conn:
         if error is None:
             assert status is not None
