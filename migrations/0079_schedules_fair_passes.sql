@@ -1,4 +1,4 @@
--- depends: 0077_queue_metrics_key_errors
+-- depends: 0078_webhook_cap_per_receiver
 -- Schedules: what an audit of the firing passes found, and their metrics.
 --
 -- - A schedule a pass left due because it was busy (its conversation locked by another session,

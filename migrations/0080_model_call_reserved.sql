@@ -1,4 +1,4 @@
--- depends: 0077_queue_metrics_key_errors
+-- depends: 0079_schedules_fair_passes
 -- A model call whose worker dies mid-stream (SIGKILL, a lost host) was billed by the API and
 -- never paid for: the usage is settled by append_step or record_usage, which the dead worker
 -- never calls, and the reaper that ends its claim charged nothing. The resumed attempt calls

@@ -7910,7 +7910,7 @@ INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'fcc87f4185c36df69
 -- migration 0079_schedules_fair_passes
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '29d1bf8ab638d988c4c695a3c21a54e09108723524a14ce04239426bfc7d83f5') AS apply_29d1bf8ab638 \gset
 \if :apply_29d1bf8ab638
--- depends: 0077_queue_metrics_key_errors
+-- depends: 0078_webhook_cap_per_receiver
 -- Schedules: what an audit of the firing passes found, and their metrics.
 --
 -- - A schedule a pass left due because it was busy (its conversation locked by another session,
@@ -8041,7 +8041,7 @@ INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '29d1bf8ab638d988c
 -- migration 0080_model_call_reserved
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '24bb5145c9d5971c41e696ea0660f785a7fe47d9913cec420e080ed6085840d4') AS apply_24bb5145c9d5 \gset
 \if :apply_24bb5145c9d5
--- depends: 0077_queue_metrics_key_errors
+-- depends: 0079_schedules_fair_passes
 -- A model call whose worker dies mid-stream (SIGKILL, a lost host) was billed by the API and
 -- never paid for: the usage is settled by append_step or record_usage, which the dead worker
 -- never calls, and the reaper that ends its claim charged nothing. The resumed attempt calls
