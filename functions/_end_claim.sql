@@ -15,6 +15,28 @@ DECLARE
     outcome text;
     last_seq bigint;
 BEGIN
+    -- A reap: the holder died, maybe mid-stream. A model call it was granted and never settled
+    -- was billed by the API all the same (a kill does not unsend a request), and its answer can
+    -- no longer be settled (the claim is gone: append_step and record_usage are fenced out), so
+    -- its reservation is charged here, once. Only this attempt's: an earlier attempt's holder
+    -- handed the run back alive, its call refused or failed before any usage. Charged before the
+    -- hand-back, under the row's lock and the same fence: after it a terminal run's row is
+    -- sticky (the guard refuses the charge's write), and a reap of a run's last attempt failed
+    -- whole, every pass of every reaper, behind it (the review of 0080).
+    IF _end_claim.expired_grace_seconds IS NOT NULL THEN
+        SELECT a.* INTO r FROM runrow.agent_run AS a
+        WHERE a.id = _end_claim.run_id
+          AND a.claim_token = _end_claim.claim_token
+          AND a.claim_expires_at < now() - make_interval(secs => _end_claim.expired_grace_seconds)
+        FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        IF r.model_call_reserved IS NOT NULL AND r.model_call_attempt = r.attempt THEN
+            PERFORM runrow._charge_usage(r.id, r.model_call_reserved);
+        END IF;
+    END IF;
+
     UPDATE runrow.agent_run AS a
     SET status = CASE
             WHEN a.cancel_requested THEN 'cancelled'
@@ -40,15 +62,6 @@ BEGIN
     RETURNING a.* INTO r;
     IF NOT FOUND THEN
         RETURN NULL;
-    END IF;
-    -- A reap: the holder died, maybe mid-stream. A model call it was granted and never settled
-    -- was billed by the API all the same (a kill does not unsend a request), and its answer can
-    -- no longer be settled (the claim is gone: append_step and record_usage are fenced out), so
-    -- its reservation is charged here, once. Only this attempt's: an earlier attempt's holder
-    -- handed the run back alive, its call refused or failed before any usage.
-    IF _end_claim.expired_grace_seconds IS NOT NULL AND r.model_call_reserved IS NOT NULL
-       AND r.model_call_attempt = r.attempt THEN
-        PERFORM runrow._charge_usage(r.id, r.model_call_reserved);
     END IF;
 
     IF r.status = 'queued' THEN

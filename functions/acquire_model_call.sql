@@ -40,9 +40,13 @@ BEGIN
     -- API bills a response cut by a kill, and nothing else would pay for it. The worst case
     -- the database can know: the worker's estimate as input, the run's max_tokens as output
     -- (metadata.max_tokens, else the agent loop's default of 4096).
+    -- Each at most what one response can be billed: 1,000,000 input tokens (the largest context
+    -- window) and 128,000 output tokens (the largest max_tokens any model takes). A larger
+    -- max_tokens is a request the API refuses unbilled, yet reserved as asked one kill in that
+    -- window charged 10^15 tokens and put the tenant over its budget (the review of 0080).
     reserved := jsonb_build_object(
-        'input_tokens', acquire_model_call.input_tokens_estimate,
-        'output_tokens', coalesce(nullif(runrow._usage_tokens(r.metadata, 'max_tokens'), 0), 4096));
+        'input_tokens', least(acquire_model_call.input_tokens_estimate, 1000000),
+        'output_tokens', least(coalesce(nullif(runrow._usage_tokens(r.metadata, 'max_tokens'), 0), 4096), 128000));
 
     l := runrow._lock_bucket(r.rate_limit_key);
     IF l.rate_limit_key IS NULL THEN
@@ -125,7 +129,7 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 'the grant after its block is the one probe: the key is held for the other runs for one more '
 'block, until the probe is answered. A key without a row is not limited. Every grant '
 'reserves the call''s worst case on the run (model_call_reserved: input_tokens_estimate as '
-'input tokens, metadata.max_tokens, else 4096, as output tokens): append_step or record_usage '
+'input tokens, at most 1000000, metadata.max_tokens, else 4096, as output tokens, at most 128000): append_step or record_usage '
 'settles the grant with the real usage and clears it; if the holder dies first, '
 'reap_expired_runs charges the reservation to the run''s spend, its tenant''s hour and the '
 'budgets. Fenced: no row and nothing written unless claim_token '

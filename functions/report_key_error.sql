@@ -40,6 +40,11 @@ BEGIN
     IF NOT runrow._hold_claim(report_key_error.run_id, report_key_error.claim_token) THEN
         RETURN NULL;  -- fenced out: nothing written
     END IF;
+    -- The call was refused, and a refusal is not billed: its reservation goes, or a holder
+    -- killed while it waits out the block would be charged for it at the reap (the review of 0080).
+    UPDATE runrow.agent_run AS a
+    SET model_call_reserved = NULL, model_call_attempt = NULL, updated_at = now()
+    WHERE a.id = report_key_error.run_id AND a.model_call_reserved IS NOT NULL;
     SELECT a.rate_limit_key INTO key FROM runrow.agent_run AS a WHERE a.id = report_key_error.run_id;
     IF key IS NULL THEN
         RETURN NULL;
@@ -94,7 +99,9 @@ COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) 
 '1000 characters kept) is shown in rate_limit_blocks. The probe''s answer (its usage settled by '
 'append_step or record_usage) ends the streak and lifts its block; the answer to a request '
 'granted before the key broke does not. A longer 429 '
-'block is never shortened. Returns the seconds until the key may be asked again. Fenced: NULL '
+'block is never shortened. Returns the seconds until the key may be asked again. '
+'The run''s model-call reservation (acquire_model_call) is dropped: a refused call is not billed. '
+'Fenced: NULL '
 'and nothing written unless claim_token holds the running run. Bad input (NULL, an empty '
 'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400) '
 'raises 22004/22023.';

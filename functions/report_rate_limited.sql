@@ -20,6 +20,11 @@ BEGIN
     IF NOT runrow._hold_claim(report_rate_limited.run_id, report_rate_limited.claim_token) THEN
         RETURN;  -- fenced out: nothing written
     END IF;
+    -- The call was refused, and a refusal is not billed: its reservation goes, or a holder
+    -- killed while it waits out the block would be charged for it at the reap (the review of 0080).
+    UPDATE runrow.agent_run AS a
+    SET model_call_reserved = NULL, model_call_attempt = NULL, updated_at = now()
+    WHERE a.id = report_rate_limited.run_id AND a.model_call_reserved IS NOT NULL;
     SELECT a.rate_limit_key INTO key FROM runrow.agent_run AS a WHERE a.id = report_rate_limited.run_id;
     IF key IS NULL THEN
         RETURN;
@@ -47,7 +52,9 @@ COMMENT ON FUNCTION runrow.report_rate_limited(uuid, uuid, numeric) IS
 'retry_after_seconds (the API''s retry-after; a later block is never shortened). From this '
 'commit on acquire_model_call grants nothing for the key until the block ends, and the '
 'key''s requests bucket is emptied and refills only after it. Creates the key''s row when it '
-'has no limits. Fenced: nothing written unless claim_token holds the running run. Bad input '
+'has no limits. '
+'The run''s model-call reservation (acquire_model_call) is dropped: a 429 is not billed. '
+'Fenced: nothing written unless claim_token holds the running run. Bad input '
 '(NULL, retry_after_seconds not more than 0 or over 86400) raises 22004/22023.';
 
 REVOKE ALL ON FUNCTION runrow.report_rate_limited(uuid, uuid, numeric) FROM PUBLIC;

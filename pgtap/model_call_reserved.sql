@@ -7,7 +7,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(24);
+SELECT plan(35);
 SELECT pg_temp.drain_queue();
 
 SELECT runrow.set_model_price('priced-reserve', 3, 15, 3.75, 0.3);
@@ -117,6 +117,48 @@ SELECT is(pg_temp.acquire(:'b'), '(f,budget_exhausted)', 'the reserved charge cr
 SELECT is((SELECT (status, error)::text FROM runrow.agent_run WHERE id = :'b'),
     ('failed', 'budget_exhausted: the run used 1300 tokens of its token_budget of 1000')::text,
     'the run ended for its budget, without another request');
+
+-- The run's last attempt dies mid-call: charged before the row turns terminal (a terminal row is
+-- sticky: the charge after the hand-back failed the reap, and every later pass behind it).
+SELECT pg_temp.reserve_run(attempts => 1) AS f \gset
+SELECT pg_temp.acquire(:'f');
+SELECT pg_temp.reserve_run() AS c \gset
+SELECT pg_temp.acquire(:'c');
+SELECT runrow.cancel_run(:'c');
+SELECT pg_temp.expire(:'f');
+SELECT pg_temp.expire(:'c');
+SELECT is((SELECT string_agg(r.outcome, ',' ORDER BY r.outcome) FROM runrow.reap_expired_runs(grace_seconds => 0) AS r
+    WHERE r.run_id IN (:'f', :'c')), 'cancelled,failed', 'one pass reaps a run on its last attempt and a stopped one, both reserved');
+SELECT is(pg_temp.spent(:'f'), '(1300,0.015900)', 'the failed run is charged its reservation');
+SELECT is(pg_temp.spent(:'c'), '(1300,0.015900)', 'and so is the cancelled one');
+SELECT is((SELECT count(*)::integer FROM runrow.run_event WHERE run_id IN (:'f', :'c') AND type = 'complete'), 2,
+    'each ended once, journaled');
+
+-- At most what one response can be billed, whatever max_tokens and the estimate say.
+SELECT pg_temp.reserve_run('{"max_tokens": 1e300}') AS z \gset
+SELECT pg_temp.acquire(:'z', 100000000);
+SELECT is((SELECT model_call_reserved FROM runrow.agent_run WHERE id = :'z'),
+    '{"input_tokens": 1000000, "output_tokens": 128000}'::jsonb,
+    'the reservation is capped: 1,000,000 input tokens, 128,000 output tokens');
+SELECT runrow.cancel_run(:'z');
+
+-- A refused call is not billed: a 429 or a key error drops the reservation, and a holder killed
+-- while it waits out the block is charged nothing.
+SELECT pg_temp.reserve_run() AS q \gset
+SELECT pg_temp.acquire(:'q');
+SELECT runrow.report_rate_limited(:'q', pg_temp.token(:'q'), 0.001);
+SELECT is((SELECT model_call_reserved FROM runrow.agent_run WHERE id = :'q'), NULL, 'a 429 drops the reservation');
+SELECT is(pg_temp.reap(:'q'), 'requeued', 'its holder dies waiting out the block');
+SELECT is(pg_temp.spent(:'q'), '(0,0.000000)', 'nothing is charged for the 429');
+SELECT runrow.cancel_run(:'q');
+DELETE FROM runrow.rate_limit WHERE rate_limit_key = 'priced-reserve';  -- the block, over (now() stands still here)
+SELECT pg_temp.reserve_run() AS e \gset
+SELECT pg_temp.acquire(:'e');
+SELECT runrow.report_key_error(:'e', pg_temp.token(:'e'), 'invalid x-api-key', 0.001, 0.001);
+SELECT is((SELECT model_call_reserved FROM runrow.agent_run WHERE id = :'e'), NULL, 'a key error drops the reservation');
+SELECT is(pg_temp.reap(:'e'), 'requeued', 'its holder dies before deferring');
+SELECT is(pg_temp.spent(:'e'), '(0,0.000000)', 'nothing is charged for the refused call');
+SELECT runrow.cancel_run(:'e');
 
 SELECT * FROM finish();
 ROLLBACK;

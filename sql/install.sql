@@ -9129,6 +9129,28 @@ DECLARE
     outcome text;
     last_seq bigint;
 BEGIN
+    -- A reap: the holder died, maybe mid-stream. A model call it was granted and never settled
+    -- was billed by the API all the same (a kill does not unsend a request), and its answer can
+    -- no longer be settled (the claim is gone: append_step and record_usage are fenced out), so
+    -- its reservation is charged here, once. Only this attempt's: an earlier attempt's holder
+    -- handed the run back alive, its call refused or failed before any usage. Charged before the
+    -- hand-back, under the row's lock and the same fence: after it a terminal run's row is
+    -- sticky (the guard refuses the charge's write), and a reap of a run's last attempt failed
+    -- whole, every pass of every reaper, behind it (the review of 0080).
+    IF _end_claim.expired_grace_seconds IS NOT NULL THEN
+        SELECT a.* INTO r FROM runrow.agent_run AS a
+        WHERE a.id = _end_claim.run_id
+          AND a.claim_token = _end_claim.claim_token
+          AND a.claim_expires_at < now() - make_interval(secs => _end_claim.expired_grace_seconds)
+        FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        IF r.model_call_reserved IS NOT NULL AND r.model_call_attempt = r.attempt THEN
+            PERFORM runrow._charge_usage(r.id, r.model_call_reserved);
+        END IF;
+    END IF;
+
     UPDATE runrow.agent_run AS a
     SET status = CASE
             WHEN a.cancel_requested THEN 'cancelled'
@@ -9154,15 +9176,6 @@ BEGIN
     RETURNING a.* INTO r;
     IF NOT FOUND THEN
         RETURN NULL;
-    END IF;
-    -- A reap: the holder died, maybe mid-stream. A model call it was granted and never settled
-    -- was billed by the API all the same (a kill does not unsend a request), and its answer can
-    -- no longer be settled (the claim is gone: append_step and record_usage are fenced out), so
-    -- its reservation is charged here, once. Only this attempt's: an earlier attempt's holder
-    -- handed the run back alive, its call refused or failed before any usage.
-    IF _end_claim.expired_grace_seconds IS NOT NULL AND r.model_call_reserved IS NOT NULL
-       AND r.model_call_attempt = r.attempt THEN
-        PERFORM runrow._charge_usage(r.id, r.model_call_reserved);
     END IF;
 
     IF r.status = 'queued' THEN
@@ -11320,9 +11333,13 @@ BEGIN
     -- API bills a response cut by a kill, and nothing else would pay for it. The worst case
     -- the database can know: the worker's estimate as input, the run's max_tokens as output
     -- (metadata.max_tokens, else the agent loop's default of 4096).
+    -- Each at most what one response can be billed: 1,000,000 input tokens (the largest context
+    -- window) and 128,000 output tokens (the largest max_tokens any model takes). A larger
+    -- max_tokens is a request the API refuses unbilled, yet reserved as asked one kill in that
+    -- window charged 10^15 tokens and put the tenant over its budget (the review of 0080).
     reserved := jsonb_build_object(
-        'input_tokens', acquire_model_call.input_tokens_estimate,
-        'output_tokens', coalesce(nullif(runrow._usage_tokens(r.metadata, 'max_tokens'), 0), 4096));
+        'input_tokens', least(acquire_model_call.input_tokens_estimate, 1000000),
+        'output_tokens', least(coalesce(nullif(runrow._usage_tokens(r.metadata, 'max_tokens'), 0), 4096), 128000));
 
     l := runrow._lock_bucket(r.rate_limit_key);
     IF l.rate_limit_key IS NULL THEN
@@ -11405,7 +11422,7 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 'the grant after its block is the one probe: the key is held for the other runs for one more '
 'block, until the probe is answered. A key without a row is not limited. Every grant '
 'reserves the call''s worst case on the run (model_call_reserved: input_tokens_estimate as '
-'input tokens, metadata.max_tokens, else 4096, as output tokens): append_step or record_usage '
+'input tokens, at most 1000000, metadata.max_tokens, else 4096, as output tokens, at most 128000): append_step or record_usage '
 'settles the grant with the real usage and clears it; if the holder dies first, '
 'reap_expired_runs charges the reservation to the run''s spend, its tenant''s hour and the '
 'budgets. Fenced: no row and nothing written unless claim_token '
@@ -15038,6 +15055,11 @@ BEGIN
     IF NOT runrow._hold_claim(report_key_error.run_id, report_key_error.claim_token) THEN
         RETURN NULL;  -- fenced out: nothing written
     END IF;
+    -- The call was refused, and a refusal is not billed: its reservation goes, or a holder
+    -- killed while it waits out the block would be charged for it at the reap (the review of 0080).
+    UPDATE runrow.agent_run AS a
+    SET model_call_reserved = NULL, model_call_attempt = NULL, updated_at = now()
+    WHERE a.id = report_key_error.run_id AND a.model_call_reserved IS NOT NULL;
     SELECT a.rate_limit_key INTO key FROM runrow.agent_run AS a WHERE a.id = report_key_error.run_id;
     IF key IS NULL THEN
         RETURN NULL;
@@ -15092,7 +15114,9 @@ COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) 
 '1000 characters kept) is shown in rate_limit_blocks. The probe''s answer (its usage settled by '
 'append_step or record_usage) ends the streak and lifts its block; the answer to a request '
 'granted before the key broke does not. A longer 429 '
-'block is never shortened. Returns the seconds until the key may be asked again. Fenced: NULL '
+'block is never shortened. Returns the seconds until the key may be asked again. '
+'The run''s model-call reservation (acquire_model_call) is dropped: a refused call is not billed. '
+'Fenced: NULL '
 'and nothing written unless claim_token holds the running run. Bad input (NULL, an empty '
 'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400) '
 'raises 22004/22023.';
@@ -15123,6 +15147,11 @@ BEGIN
     IF NOT runrow._hold_claim(report_rate_limited.run_id, report_rate_limited.claim_token) THEN
         RETURN;  -- fenced out: nothing written
     END IF;
+    -- The call was refused, and a refusal is not billed: its reservation goes, or a holder
+    -- killed while it waits out the block would be charged for it at the reap (the review of 0080).
+    UPDATE runrow.agent_run AS a
+    SET model_call_reserved = NULL, model_call_attempt = NULL, updated_at = now()
+    WHERE a.id = report_rate_limited.run_id AND a.model_call_reserved IS NOT NULL;
     SELECT a.rate_limit_key INTO key FROM runrow.agent_run AS a WHERE a.id = report_rate_limited.run_id;
     IF key IS NULL THEN
         RETURN;
@@ -15150,7 +15179,9 @@ COMMENT ON FUNCTION runrow.report_rate_limited(uuid, uuid, numeric) IS
 'retry_after_seconds (the API''s retry-after; a later block is never shortened). From this '
 'commit on acquire_model_call grants nothing for the key until the block ends, and the '
 'key''s requests bucket is emptied and refills only after it. Creates the key''s row when it '
-'has no limits. Fenced: nothing written unless claim_token holds the running run. Bad input '
+'has no limits. '
+'The run''s model-call reservation (acquire_model_call) is dropped: a 429 is not billed. '
+'Fenced: nothing written unless claim_token holds the running run. Bad input '
 '(NULL, retry_after_seconds not more than 0 or over 86400) raises 22004/22023.';
 
 REVOKE ALL ON FUNCTION runrow.report_rate_limited(uuid, uuid, numeric) FROM PUBLIC;
