@@ -3,11 +3,16 @@ RETURNS TABLE (run_id uuid, state text)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, runrow, pg_temp
+-- Every lock below is taken with NOWAIT or SKIP LOCKED, but an insert cannot be: one that
+-- meets another session's uncommitted row of the same run waits for it. The shortest timeout
+-- makes that wait an error the insert's handler turns into busy.
+SET lock_timeout = '1ms'
 AS $fn$
 DECLARE
     rid uuid;
     st text;
     live boolean;
+    refreshed uuid [] := '{}';
 BEGIN
     PERFORM runrow._require_not_null(watch_runs.run_ids, 'run_ids');
     IF cardinality(watch_runs.run_ids) > 1000 THEN
@@ -29,19 +34,33 @@ BEGIN
         FOR UPDATE SKIP LOCKED
     ));
 
-    -- In run id order, so two callers sharing runs take the rows' locks in one order.
-    FOR rid IN SELECT DISTINCT u.id FROM unnest(watch_runs.run_ids) AS u (id) ORDER BY u.id LOOP
-        run_id := rid;
-        -- A confirmed live watch is already seen by every writer: extend it, no lock.
+    -- Confirmed live watches are already seen by every writer: extended in one statement, no
+    -- run lock. A watch another transaction holds (an ending dropping it, another tail's
+    -- refresh) is skipped, never waited for: the loop below says busy for it.
+    WITH mine AS (
+        SELECT x.run_id FROM runrow.run_watch AS x
+        WHERE x.run_id = ANY (watch_runs.run_ids) AND x.confirmed AND x.expires_at > now()
+        FOR UPDATE SKIP LOCKED
+    ),
+
+    extended AS (
         UPDATE runrow.run_watch AS w
         SET expires_at = greatest(w.expires_at, now() + make_interval(secs => watch_runs.seconds))
-        WHERE w.run_id = rid AND w.confirmed AND w.expires_at > now();
-        IF FOUND THEN
-            state := 'watching';
-            RETURN NEXT;
-            CONTINUE;
-        END IF;
+        FROM mine AS m
+        WHERE w.run_id = m.run_id
+        RETURNING w.run_id
+    )
 
+    SELECT coalesce(array_agg(e.run_id), '{}') INTO refreshed FROM extended AS e;
+    RETURN QUERY SELECT r.id, 'watching'::text FROM unnest(refreshed) AS r (id);
+
+    FOR rid IN
+        SELECT u.id FROM unnest(watch_runs.run_ids) AS u (id)
+        EXCEPT
+        SELECT r.id FROM unnest(refreshed) AS r (id)
+        ORDER BY 1
+    LOOP
+        run_id := rid;
         SELECT a.status INTO st FROM runrow.agent_run AS a WHERE a.id = rid;
         IF NOT FOUND THEN
             state := 'unknown';
@@ -66,12 +85,35 @@ BEGIN
         END IF;
         IF state IN ('queued', 'busy', 'watching') THEN
             live := state = 'watching';
-            INSERT INTO runrow.run_watch AS w (run_id, expires_at, confirmed)
-            VALUES (rid, now() + make_interval(secs => watch_runs.seconds), live)
-            ON CONFLICT ON CONSTRAINT run_watch_pkey DO UPDATE
-            SET expires_at = greatest(w.expires_at, excluded.expires_at),
-                -- A lapsed confirmation counts for nothing: writers stopped seeing it.
-                confirmed = excluded.confirmed OR (w.confirmed AND w.expires_at > now());
+            IF EXISTS (SELECT 1 FROM runrow.run_watch AS x WHERE x.run_id = rid) THEN
+                -- Extended (and confirmed), unless another transaction holds it: an ending
+                -- dropping it (the run is ending, or runs on if that rolls back), another
+                -- tail's registration.
+                UPDATE runrow.run_watch AS w
+                SET expires_at = greatest(w.expires_at, now() + make_interval(secs => watch_runs.seconds)),
+                    -- A lapsed confirmation counts for nothing: writers stopped seeing it.
+                    confirmed = live OR (w.confirmed AND w.expires_at > now())
+                WHERE w.run_id = (
+                    SELECT x.run_id FROM runrow.run_watch AS x WHERE x.run_id = rid FOR UPDATE SKIP LOCKED
+                );
+                IF NOT FOUND THEN
+                    state := 'busy';
+                END IF;
+            ELSE
+                -- A new watch. A registration of the run in flight elsewhere would make the
+                -- insert wait for its commit: lock_timeout (the function's SET) makes that
+                -- wait an error, busy here.
+                BEGIN
+                    INSERT INTO runrow.run_watch AS w (run_id, expires_at, confirmed)
+                    VALUES (rid, now() + make_interval(secs => watch_runs.seconds), live)
+                    ON CONFLICT ON CONSTRAINT run_watch_pkey DO NOTHING;
+                    IF NOT FOUND THEN
+                        state := 'busy';
+                    END IF;
+                EXCEPTION WHEN lock_not_available THEN
+                    state := 'busy';
+                END;
+            END IF;
         END IF;
         RETURN NEXT;
     END LOOP;
@@ -84,10 +126,12 @@ COMMENT ON FUNCTION runrow.watch_runs(uuid[], integer) IS
 'channel runrow.events_channel(run_id); a run nobody watches is written without notifications. '
 'Call it after LISTEN and before reading the journal, and again within seconds to keep the '
 'watch. One row per distinct run, state: watching (every write from now on notifies: wait on '
-'the channel), queued or busy (registered, but a write in flight may not have seen it: ask '
-'again shortly and poll meanwhile; queued runs are not locked so that no claim skips them), '
+'the channel), queued (registered, but a write in flight may not have seen it: ask again '
+'shortly and poll meanwhile; queued runs are not locked so that no claim skips them), busy (a '
+'writer in flight holds the run, or another transaction its watch, such as an ending dropping '
+'it: the watch may not be registered or extended, so ask again shortly and poll meanwhile), '
 'ended (the run is terminal: read to the end, nothing more comes) or unknown (no such run). '
-'Never waits on a lock. Bad input (run_ids NULL, holding NULL or over 1000; seconds NULL or out '
+'Never waits on a lock (a lock held elsewhere is busy). Bad input (run_ids NULL, holding NULL or over 1000; seconds NULL or out '
 'of range) raises 22004/22023 naming the argument and registers nothing.';
 
 REVOKE ALL ON FUNCTION runrow.watch_runs(uuid[], integer) FROM PUBLIC;

@@ -181,3 +181,84 @@ async def test_the_hub_retries_a_busy_watch_and_wakes_the_polling_tail(
             assert payload.isdigit()
     finally:
         await hub.stop()
+
+
+def impatient(connect: Connect) -> psycopg.Connection:
+    """A tail whose every lock wait of 100 ms is an error (55P03): a watch_runs that waited on a
+    lock raises here instead of returning, whatever the timing."""
+    conn = connect()
+    conn.execute("SET lock_timeout = '100ms'")
+    return conn
+
+
+def watch_row(conn: psycopg.Connection, run_id: uuid.UUID) -> tuple | None:
+    return conn.execute(
+        "SELECT confirmed, expires_at > now() FROM runrow.run_watch WHERE run_id = %s", (run_id,)
+    ).fetchone()
+
+
+def watched_run_ending(
+    owner: psycopg.Connection, connect: Connect
+) -> tuple[uuid.UUID, psycopg.Connection, psycopg.Connection]:
+    """A running run an impatient tail watches (confirmed), and a finish_run of it in flight: the
+    run's id, the tail, and the ending's open transaction."""
+    enqueue(owner, uuid.uuid4())
+    run = claim_one(owner)
+    tail = impatient(connect)
+    assert watch(tail, run["run_id"]) == {run["run_id"]: "watching"}
+    ending = connect(autocommit=False)
+    ending.execute("SELECT runrow.finish_run(%s, %s, 'completed')", (run["run_id"], run["claim_token"]))
+    return run["run_id"], tail, ending
+
+
+def test_a_watch_never_waits_on_an_ending_in_flight(owner: psycopg.Connection, connect: Connect) -> None:
+    """The ending drops the run's watch (_wake_tails_ended) and holds that row until it commits:
+    a refresh of the confirmed watch used to wait for it (2.6 s behind a finish_run held 3 s: the
+    SQL audit), and with it every other watch of the hub's call. Busy instead, not ended (the
+    ending may still roll back), and ended once it committed."""
+    run_id, tail, ending = watched_run_ending(owner, connect)
+    enqueue(owner, uuid.uuid4())
+    other = claim_one(owner)
+    assert watch(tail, run_id, other["run_id"]) == {run_id: "busy", other["run_id"]: "watching"}
+    ending.commit()
+    assert watch(tail, run_id) == {run_id: "ended"}
+
+
+def test_an_ending_rolled_back_keeps_the_watch(owner: psycopg.Connection, connect: Connect) -> None:
+    """Busy while the ending holds the watch; it rolls back: the watch is still there, and the
+    next call confirms it again (the hub asks again after WATCH_RETRY)."""
+    run_id, tail, ending = watched_run_ending(owner, connect)
+    assert watch(tail, run_id) == {run_id: "busy"}
+    ending.rollback()
+    assert watch_row(owner, run_id) == (True, True)
+    assert watch(tail, run_id) == {run_id: "watching"}
+
+
+def test_a_queued_run_cancelled_in_flight_is_busy_not_waited_for(
+    owner: psycopg.Connection, connect: Connect
+) -> None:
+    """A queued run's watch is registered without the run's lock; a cancel in flight holds (and
+    drops) the watch: busy, then ended."""
+    (run_id,) = enqueue(owner, uuid.uuid4())
+    tail = impatient(connect)
+    assert watch(tail, run_id) == {run_id: "queued"}
+    cancel = connect(autocommit=False)
+    assert cancel.execute("SELECT runrow.cancel_run(%s)", (run_id,)).fetchone() == ("cancelled",)
+    assert watch(tail, run_id) == {run_id: "busy"}
+    cancel.commit()
+    assert watch(tail, run_id) == {run_id: "ended"}
+
+
+def test_a_registration_in_flight_elsewhere_is_busy_not_waited_for(
+    owner: psycopg.Connection, connect: Connect
+) -> None:
+    """Another tail registered the run in a transaction still open: its new row is not ours to
+    see yet, and an insert of our own would wait for its commit."""
+    enqueue(owner, uuid.uuid4())
+    run = claim_one(owner)
+    first = connect(autocommit=False)
+    assert watch(first, run["run_id"]) == {run["run_id"]: "watching"}
+    tail = impatient(connect)
+    assert watch(tail, run["run_id"]) == {run["run_id"]: "busy"}
+    first.commit()
+    assert watch(tail, run["run_id"]) == {run["run_id"]: "watching"}
