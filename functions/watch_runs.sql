@@ -15,6 +15,11 @@ DECLARE
     refreshed uuid [] := '{}';
 BEGIN
     PERFORM runrow._require_not_null(watch_runs.run_ids, 'run_ids');
+    -- uuid[] takes any number of dimensions; array_position raised 0A000 on more than one.
+    IF array_ndims(watch_runs.run_ids) > 1 THEN
+        RAISE EXCEPTION 'run_ids must be a one-dimensional array, got % dimensions', array_ndims(watch_runs.run_ids)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF cardinality(watch_runs.run_ids) > 1000 THEN
         RAISE EXCEPTION 'run_ids is too large: at most 1000 runs per call, got %', cardinality(watch_runs.run_ids)
             USING ERRCODE = 'invalid_parameter_value';
@@ -131,8 +136,8 @@ COMMENT ON FUNCTION runrow.watch_runs(uuid[], integer) IS
 'writer in flight holds the run, or another transaction its watch, such as an ending dropping '
 'it: the watch may not be registered or extended, so ask again shortly and poll meanwhile), '
 'ended (the run is terminal: read to the end, nothing more comes) or unknown (no such run). '
-'Never waits on a lock (a lock held elsewhere is busy). Bad input (run_ids NULL, holding NULL or over 1000; seconds NULL or out '
-'of range) raises 22004/22023 naming the argument and registers nothing.';
+'Never waits on a lock (a lock held elsewhere is busy). Bad input (run_ids NULL, of more than '
+'one dimension, holding NULL or over 1000; seconds NULL or out of range) raises 22004/22023 naming the argument and registers nothing.';
 
 REVOKE ALL ON FUNCTION runrow.watch_runs(uuid[], integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.watch_runs(uuid[], integer) TO runrow_client, runrow_worker;

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(29);
+SELECT plan(31);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{uuid[],integer}'''
@@ -79,6 +79,11 @@ SELECT throws_ok(format($$SELECT * FROM runrow.watch_runs(ARRAY[%L, NULL]::uuid[
     'run_ids must not contain NULL', 'a NULL run id');
 SELECT throws_ok(format($$SELECT * FROM runrow.watch_runs(array_fill(%L::uuid, ARRAY[1001]))$$, :'other'), '22023',
     'run_ids is too large: at most 1000 runs per call, got 1001', 'over 1000 run ids');
+-- A two-dimensional array: array_position raised 0A000 on it, naming nothing (the SQL audit).
+SELECT throws_ok(format($$SELECT * FROM runrow.watch_runs(ARRAY[[%L], [%L]]::uuid[])$$, :'other', :'other'), '22023',
+    'run_ids must be a one-dimensional array, got 2 dimensions', 'a two-dimensional array of run ids');
+SELECT throws_ok(format($$SELECT * FROM runrow.watch_runs(ARRAY[[[%L]]]::uuid[])$$, :'other'), '22023',
+    'run_ids must be a one-dimensional array, got 3 dimensions', 'a three-dimensional one');
 SELECT throws_ok(format($$SELECT * FROM runrow.watch_runs(ARRAY[%L]::uuid[], 0)$$, :'other'), '22023',
     'seconds must be between 1 and 3600, got 0', 'seconds 0');
 SELECT throws_ok(format($$SELECT * FROM runrow.watch_runs(ARRAY[%L]::uuid[], NULL)$$, :'other'), '22004',
