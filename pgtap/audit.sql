@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(92);
+SELECT plan(96);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'audit', ARRAY['interval', 'interval', 'interval', 'interval', 'interval'],
@@ -382,6 +382,22 @@ SELECT is(pg_temp.audit_of(:'q_blocked'), '', 'a turn behind a running turn is n
 SELECT is(pg_temp.audit_of(:'q_freed'), '', 'a turn whose previous turn just ended is timed from that ending');
 SELECT pg_temp.age_finished(:'q_prev', '20 minutes');
 SELECT is(pg_temp.audit_of(:'q_freed'), 'queued_too_long', '... and reported once that was 20 minutes ago');
+
+-- A delayed run (start_in, a retry_in backoff, defer_run) becomes claimable at its not_before:
+-- timed from then, and not reported at all before it (the SQL audit: a start_in of 2 hours was
+-- queued_too_long after 2 s with queued_age 1 second, after 15 minutes by default).
+SELECT (runrow.enqueue_run(gen_random_uuid(), '"later"', 'm', start_in => '2 hours')).run_id AS q_later \gset
+SELECT (runrow.enqueue_run(gen_random_uuid(), '"due"', 'm', start_in => '1 hour')).run_id AS q_due \gset
+SELECT pg_temp.bypass(format(
+    'UPDATE runrow.agent_run SET updated_at = now() - interval ''1 hour'' WHERE id IN (%L, %L)', :'q_later', :'q_due'));
+SELECT pg_temp.bypass(format(
+    'UPDATE runrow.agent_run SET not_before = now() - interval ''10 minutes'' WHERE id = %L', :'q_due'));
+SELECT is(pg_temp.audit_of(:'q_later', queued_age => '1 second'), '',
+    'a run not due yet is not reported, however long it has been queued');
+SELECT is(pg_temp.audit_of(:'q_due'), '', 'a run due 10 minutes ago has been claimable for 10 minutes, not an hour');
+SELECT is(pg_temp.audit_of(:'q_due', queued_age => '5 minutes'), 'queued_too_long', '... reported past 5 minutes');
+SELECT matches((SELECT detail FROM runrow.audit(queued_age => '5 minutes') WHERE run_id = :'q_due'),
+    '^claimable for 00:10:00 \(threshold 00:05:00\)', '... timed from its not_before');
 
 -- idle_run_holds_claim
 SELECT pg_temp.new_run() AS b_idle \gset

@@ -11935,18 +11935,20 @@ BEGIN
     -- A claimable turn (no active or earlier queued turn in its conversation) that nobody
     -- claimed for queued_age since it became claimable: since it (re)entered the queue
     -- (updated_at; only the claim's blocked mark also writes a queued row, and that is cleared
-    -- when the turn ahead ends) or the previous turn ended, whichever
-    -- is later. A turn blocked behind an active one is not reported: the blocker is.
+    -- when the turn ahead ends), its not_before (start_in, a retry_in backoff, defer_run) or
+    -- the previous turn ended, whichever is latest. A turn blocked behind an active one is not
+    -- reported: the blocker is; nor is one whose not_before is still ahead (not claimable yet).
     RETURN QUERY
     SELECT 'queued_too_long'::text, q.id,
            format('claimable for %s (threshold %s), enqueued %s, attempt %s of %s: are workers claiming?',
                   date_trunc('second', now() - c.since), audit.queued_age, q.created_at, q.attempt, q.max_attempts)
     FROM runrow.agent_run AS q
     CROSS JOIN LATERAL (
-        -- Since when it could have been claimed: its last change, or the end of the latest
-        -- earlier turn; and whether an open turn is still ahead of it (an earlier queued one,
-        -- or an active one). The ended and the open turns, each through its index.
-        SELECT greatest(q.updated_at, (
+        -- Since when it could have been claimed: its last change, its not_before, or the end
+        -- of the latest earlier turn; and whether an open turn is still ahead of it (an
+        -- earlier queued one, or an active one). The ended and the open turns, each through
+        -- its index.
+        SELECT greatest(q.updated_at, q.not_before, (
                    SELECT max(p.finished_at) FROM runrow.agent_run AS p
                    WHERE p.conversation_id = q.conversation_id
                      AND p.enqueue_seq < q.enqueue_seq
@@ -11964,6 +11966,7 @@ BEGIN
                ) AS blocked
     ) AS c
     WHERE q.status = 'queued'
+      AND (q.not_before IS NULL OR q.not_before <= now())
       AND NOT coalesce(c.blocked, false)
       AND c.since < now() - audit.queued_age;
 
@@ -12180,8 +12183,10 @@ COMMENT ON FUNCTION runrow.audit(interval, interval, interval, interval, interva
 'attempt_out_of_range (attempt above max_attempts, or a running run on attempt 0; ended runs '
 'within history_window); '
 'conversation_has_multiple_active (more than one running or waiting run in a conversation); '
-'queued_too_long (a claimable turn unclaimed for queued_age since it became claimable; turns '
-'blocked behind an active turn are not reported, the blocker is); '
+'queued_too_long (a claimable turn unclaimed for queued_age since it became claimable: since '
+'it was queued, its not_before (start_in, retry_in, defer_run) or the turn before it ended, '
+'whichever is latest; a turn not due yet or blocked behind an active turn is not reported, the '
+'blocker is); '
 'claimable_turn_marked_blocked (a queued turn the claim marked as waiting behind another turn '
 'of its conversation, with nothing ahead of it any more: no claim would take it); '
 'journal_seq_gap / step_seq_gap (run_event / agent_step seq not exactly 1..n; a journal '
