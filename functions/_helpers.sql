@@ -241,17 +241,48 @@ $fn$;
 
 -- An optional delay: NULL (none) or more than zero and at most hi. A zero or negative delay is
 -- a caller's mistake (it would read as "later" and mean "now"), not a request to run at once.
+-- Judged where it lands, now() + value, as the caller's not_before is: interval comparison
+-- counts a month as 30 days and a year as 360, so '1 mon -29 days -23 hours' compared as under
+-- a day and landed 1 day 00:59:59 out, and '-1 year 361 days' compared as a day and landed in
+-- the past (the SQL audit). At most hi means no later than now() + hi on the calendar or hi
+-- of elapsed time, whichever is later: '1 day' and '24 hours' both pass across a change of
+-- daylight saving time. An interval that lands beyond timestamptz's range is out of range too.
 CREATE OR REPLACE FUNCTION runrow._require_delay(value interval, arg text, hi interval)
 RETURNS void
 LANGUAGE plpgsql
-IMMUTABLE
+STABLE
 AS $fn$
+DECLARE
+    lands timestamptz;
 BEGIN
-    IF value IS NOT NULL AND (value <= interval '0' OR value > hi) THEN
+    IF value IS NULL THEN
+        RETURN;
+    END IF;
+    BEGIN
+        lands := now() + value;
+    EXCEPTION WHEN datetime_field_overflow THEN
+        lands := NULL;
+    END;
+    IF lands IS NULL OR lands <= now() OR (lands > now() + hi AND lands - now() > hi) THEN
         RAISE EXCEPTION '% must be NULL or more than 0 and at most %, got %', arg, hi, value
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 END
+$fn$;
+
+-- TRUE when value is NULL or a delay that certainly passes _require_delay: a time of day only
+-- (no days, months or years, which a calendar lengthens or shortens), more than 0 and at most
+-- hi. What clients send (make_interval(secs => ...), '90 seconds'); FALSE asks the helper,
+-- which may still accept it. One expression, inlined into the caller's IF: no call.
+CREATE OR REPLACE FUNCTION runrow._delay_plain(value interval, hi interval)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT value IS NULL OR (
+        value > interval '0' AND value <= hi
+        AND date_part('day', value) = 0 AND date_part('month', value) = 0 AND date_part('year', value) = 0
+    )
 $fn$;
 
 -- An optional key naming a tenant or a limit: NULL or 1 to 200 characters.
@@ -293,4 +324,5 @@ REVOKE ALL ON FUNCTION runrow._journal_complete(uuid, uuid, text, jsonb, text) F
 REVOKE ALL ON FUNCTION runrow._require_not_null(anyelement, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_range(bigint, text, bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_delay(interval, text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._delay_plain(interval, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_key(text, text) FROM PUBLIC;

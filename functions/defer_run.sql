@@ -13,7 +13,9 @@ BEGIN
     PERFORM runrow._require_not_null(defer_run.claim_token, 'claim_token');
     PERFORM runrow._require_not_null(defer_run.retry_in, 'retry_in');
     PERFORM runrow._require_not_null(defer_run.reason, 'reason');
-    PERFORM runrow._require_delay(defer_run.retry_in, 'retry_in', interval '1 day');
+    IF NOT runrow._delay_plain(defer_run.retry_in, interval '1 day') THEN
+        PERFORM runrow._require_delay(defer_run.retry_in, 'retry_in', interval '1 day');
+    END IF;
     IF defer_run.reason !~ '[^[:space:]]' OR length(defer_run.reason) > 10000 THEN
         RAISE EXCEPTION 'reason must be 1 to 10000 characters, not only white space'
             USING ERRCODE = 'invalid_parameter_value';
@@ -73,7 +75,7 @@ $fn$;
 COMMENT ON FUNCTION runrow.defer_run(uuid, uuid, interval, text) IS
 'A worker hands back a run that must wait for a fleet limit (a rate-limited or blocked '
 'rate_limit_key, as acquire_model_call said), without spending an attempt: queued again with its '
-'attempt given back, not claimable before now() + retry_in (more than 0, at most 1 day), or '
+'attempt given back, not claimable before now() + retry_in (more than 0, at most 1 day, judged where it lands), or '
 'before the end of a block of its rate_limit_key in force when that comes first (so a block '
 'that ends early, its key error''s probe answered or its limit removed, makes it due at once '
 'with the runs the claim held to the block''s end), reason '

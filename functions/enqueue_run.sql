@@ -103,12 +103,15 @@ BEGIN
     IF NOT runrow._metadata_ok(enqueue_run.metadata) THEN
         PERFORM runrow._require_metadata(enqueue_run.metadata);
     END IF;
-    IF enqueue_run.start_in <= interval '0' OR enqueue_run.start_in > interval '366 days'
-       OR enqueue_run.priority IS NULL OR enqueue_run.priority NOT BETWEEN -1000 AND 1000
+    -- Judged where it lands (now() + start_in, on the calendar): a start_in with days or months
+    -- is the helper's to judge.
+    IF NOT runrow._delay_plain(enqueue_run.start_in, interval '366 days') THEN
+        PERFORM runrow._require_delay(enqueue_run.start_in, 'start_in', interval '366 days');
+    END IF;
+    IF enqueue_run.priority IS NULL OR enqueue_run.priority NOT BETWEEN -1000 AND 1000
        OR enqueue_run.fairness_key = '' OR length(enqueue_run.fairness_key) > 200
        OR enqueue_run.concurrency_key = '' OR length(enqueue_run.concurrency_key) > 200
        OR enqueue_run.rate_limit_key = '' OR length(enqueue_run.rate_limit_key) > 200 THEN
-        PERFORM runrow._require_delay(enqueue_run.start_in, 'start_in', interval '366 days');
         PERFORM runrow._require_range(enqueue_run.priority, 'priority', -1000, 1000);
         PERFORM runrow._require_key(enqueue_run.fairness_key, 'fairness_key');
         PERFORM runrow._require_key(enqueue_run.concurrency_key, 'concurrency_key');
@@ -287,7 +290,8 @@ COMMENT ON FUNCTION runrow.enqueue_run(
 'out of the idempotency fingerprint). The first '
 'enqueue of a conversation makes user_id its owner; another user''s '
 'enqueue into it raises 42501. Fleet arguments (SPEC "Fleet scheduling"), stored on the run: '
-'start_in (not claimable before now() + start_in, database clock; no wake is sent), priority '
+'start_in (not claimable before now() + start_in, database clock, which must land after now() '
+'and at most 366 days out on the calendar; no wake is sent), priority '
 '(-1000..1000, higher first), fairness_key (default user_id), concurrency_key, rate_limit_key '
 '(default model), token_budget, cost_budget (USD) and webhook_url; they join the idempotency '
 'fingerprint only when given.';

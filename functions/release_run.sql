@@ -12,7 +12,9 @@ BEGIN
     IF length(release_run.error) > 10000 THEN
         RAISE EXCEPTION 'error is too long: at most 10000 characters' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_delay(release_run.retry_in, 'retry_in', interval '1 day');
+    IF NOT runrow._delay_plain(release_run.retry_in, interval '1 day') THEN
+        PERFORM runrow._require_delay(release_run.retry_in, 'retry_in', interval '1 day');
+    END IF;
     RETURN runrow._end_claim(
         release_run.run_id, release_run.claim_token, release_run.error, NULL, release_run.retry_in
     );
@@ -24,7 +26,7 @@ COMMENT ON FUNCTION runrow.release_run(uuid, uuid, text, interval) IS
 'Fenced by claim_token and status running. Returns requeued (attempts left: queued again at '
 'once, without waiting for the lease, dispatchers woken), failed (max_attempts = 1), dead '
 '(attempts exhausted) or cancelled (a stop was pending); terminal outcomes journal complete. '
-'retry_in (more than 0, at most 1 day) is the backoff: requeued but not claimable before '
+'retry_in (more than 0, at most 1 day, judged where now() + retry_in lands) is the backoff: requeued but not claimable before '
 'now() + retry_in, run_requeued carries not_before, and no wake is sent. '
 'NULL when fenced out: nothing written.';
 

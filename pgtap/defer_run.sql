@@ -2,7 +2,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(23);
+SELECT plan(24);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'defer_run', ARRAY['uuid', 'uuid', 'interval', 'text'],
@@ -71,6 +71,9 @@ SELECT throws_ok(format('SELECT runrow.defer_run(%L, %L, %L, %L)', :'bad', pg_te
     '22023', 'retry_in must be NULL or more than 0 and at most 1 day, got 00:00:00', 'retry_in 0');
 SELECT throws_ok(format('SELECT runrow.defer_run(%L, %L, %L, %L)', :'bad', pg_temp.token(:'bad'), '2 days', 'x'),
     '22023', 'retry_in must be NULL or more than 0 and at most 1 day, got 2 days', 'retry_in over a day');
+SELECT throws_ok(format('SELECT runrow.defer_run(%L, %L, %L, %L)', :'bad', pg_temp.token(:'bad'), '1 year -359 days', 'x'),
+    '22023', 'retry_in must be NULL or more than 0 and at most 1 day, got 1 year -359 days',
+    'retry_in that compares as a day but lands 6 or 7 days out');
 SELECT throws_ok(format('SELECT runrow.defer_run(%L, %L, %L, %L)', :'bad', pg_temp.token(:'bad'), '1 minute', ' '),
     '22023', 'reason must be 1 to 10000 characters, not only white space', 'a reason of white space');
 SELECT throws_ok(format('SELECT runrow.defer_run(NULL, %L, %L, %L)', pg_temp.token(:'bad'), '1 minute', 'x'),

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/row_versions.psql
-SELECT plan(37);
+SELECT plan(38);
 SELECT pg_temp.drain_queue();
 
 -- Defaults: old calls are unchanged, and the resolved keys are the user and the model.
@@ -80,6 +80,8 @@ SELECT matches(pg_temp.bad($$start_in => interval '-5 seconds'$$), '^22023: star
     'a negative start_in is refused');
 SELECT matches(pg_temp.bad($$start_in => interval '400 days'$$), '^22023: start_in must be',
     'a start_in beyond 366 days is refused');
+SELECT matches(pg_temp.bad($$start_in => interval '1 year 6 days'$$), '^22023: start_in must be',
+    'a start_in that compares as 366 days but lands 371 or 372 days out is refused');
 SELECT matches(pg_temp.bad($$priority => 1001$$), '^22023: priority must be between -1000 and 1000',
     'a priority out of range is refused');
 SELECT matches(pg_temp.bad($$priority => NULL$$), '^22004: priority must not be NULL',

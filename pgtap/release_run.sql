@@ -2,7 +2,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(40);
+SELECT plan(41);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'release_run', ARRAY['uuid', 'uuid', 'text', 'interval'],
@@ -98,6 +98,9 @@ SELECT throws_ok(format($$SELECT runrow.release_run(%L, %L, 'x', interval '-1 se
 SELECT throws_ok(format($$SELECT runrow.release_run(%L, %L, 'x', interval '2 days')$$, :'live', :'live_token'),
     '22023', 'retry_in must be NULL or more than 0 and at most 1 day, got 2 days',
     'a retry_in over a day is rejected, naming retry_in');
+SELECT throws_ok(format($$SELECT runrow.release_run(%L, %L, 'x', interval '-1 year 361 days')$$, :'live', :'live_token'),
+    '22023', 'retry_in must be NULL or more than 0 and at most 1 day, got -1 years +361 days',
+    'a retry_in that compares as a day but lands in the past is rejected');
 SELECT is(pg_temp.fingerprint(), :'before', 'bad input wrote nothing');
 SELECT is(pg_temp.status(:'live'), 'running', 'the run is still running');
 

@@ -7,7 +7,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \set QUIET 1
-SELECT plan(19);
+SELECT plan(29);
 
 SELECT is_empty($$SELECT p.oid::regprocedure FROM pg_proc AS p
     WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%' AND p.proconfig IS NOT NULL$$,
@@ -44,6 +44,37 @@ SELECT throws_ok($$SELECT runrow._require_delay(interval '0', 'start_in', interv
     'start_in must be NULL or more than 0 and at most 1 day, got 00:00:00', 'delay: zero raises');
 SELECT throws_ok($$SELECT runrow._require_delay(interval '25 hours', 'start_in', interval '1 day')$$, '22023',
     'start_in must be NULL or more than 0 and at most 1 day, got 25:00:00', 'delay: over the limit raises');
+-- Judged where the delay lands, now() + value on the calendar, as not_before is: an interval's
+-- comparison counts a month as 30 days and a year as 360 (the SQL audit: '1 mon -29 days -23
+-- hours' passed for at most 1 day and deferred a run 1 day 00:59:59; '1 year 6 days' passed for
+-- at most 366 days and landed 371 days out). Each value below lands wrong on any date.
+SELECT throws_ok($$SELECT runrow._require_delay(interval '1 year -359 days', 'retry_in', interval '1 day')$$,
+    '22023', 'retry_in must be NULL or more than 0 and at most 1 day, got 1 year -359 days',
+    'delay: compares as 1 day, lands 6 or 7 days out: raises');
+SELECT throws_ok($$SELECT runrow._require_delay(interval '1 year 6 days', 'start_in', interval '366 days')$$,
+    '22023', 'start_in must be NULL or more than 0 and at most 366 days, got 1 year 6 days',
+    'delay: compares as 366 days, lands 371 or 372 days out: raises');
+SELECT throws_ok($$SELECT runrow._require_delay(interval '-1 year 361 days', 'retry_in', interval '1 day')$$,
+    '22023', 'retry_in must be NULL or more than 0 and at most 1 day, got -1 years +361 days',
+    'delay: compares as 1 day, lands 4 or 5 days in the past: raises');
+SELECT throws_ok($$SELECT runrow._require_delay(interval '300000 years -107999999 days', 'retry_in', interval '1 day')$$,
+    '22023', 'retry_in must be NULL or more than 0 and at most 1 day, got 300000 years -107999999 days',
+    'delay: compares as 1 day, lands past the end of time: 22023 naming it, not 22008');
+SELECT lives_ok($$SELECT runrow._require_delay(interval '24 hours', 'retry_in', interval '1 day')$$,
+    'delay: 24 hours is a day');
+SELECT lives_ok($$SELECT runrow._require_delay(interval '1 year', 'start_in', interval '366 days')$$,
+    'delay: a year is at most 366 days');
+-- _delay_plain: the callers' inlined test that spares the helper for what clients send.
+SELECT ok(runrow._delay_plain(interval '90 seconds', interval '1 day') AND runrow._delay_plain(NULL, interval '1 day'),
+    'delay_plain: a time within the limit, or NULL, needs no helper');
+SELECT ok(NOT runrow._delay_plain(interval '1 day', interval '1 day'),
+    'delay_plain: days are the helper''s to judge (a calendar day may be 23 or 25 hours)');
+SELECT ok(NOT runrow._delay_plain(interval '1 mon -29 days', interval '1 day')
+    AND NOT runrow._delay_plain(interval '1 year -359 days', interval '1 day'),
+    'delay_plain: so are months and years');
+SELECT ok(NOT runrow._delay_plain(interval '0', interval '1 day')
+    AND NOT runrow._delay_plain(interval '25 hours', interval '1 day'),
+    'delay_plain: zero and over the limit are the helper''s to refuse');
 
 -- _require_key
 SELECT lives_ok($$SELECT runrow._require_key(NULL, 'fairness_key')$$, 'key: NULL is none');

@@ -9675,17 +9675,48 @@ $fn$;
 
 -- An optional delay: NULL (none) or more than zero and at most hi. A zero or negative delay is
 -- a caller's mistake (it would read as "later" and mean "now"), not a request to run at once.
+-- Judged where it lands, now() + value, as the caller's not_before is: interval comparison
+-- counts a month as 30 days and a year as 360, so '1 mon -29 days -23 hours' compared as under
+-- a day and landed 1 day 00:59:59 out, and '-1 year 361 days' compared as a day and landed in
+-- the past (the SQL audit). At most hi means no later than now() + hi on the calendar or hi
+-- of elapsed time, whichever is later: '1 day' and '24 hours' both pass across a change of
+-- daylight saving time. An interval that lands beyond timestamptz's range is out of range too.
 CREATE OR REPLACE FUNCTION runrow._require_delay(value interval, arg text, hi interval)
 RETURNS void
 LANGUAGE plpgsql
-IMMUTABLE
+STABLE
 AS $fn$
+DECLARE
+    lands timestamptz;
 BEGIN
-    IF value IS NOT NULL AND (value <= interval '0' OR value > hi) THEN
+    IF value IS NULL THEN
+        RETURN;
+    END IF;
+    BEGIN
+        lands := now() + value;
+    EXCEPTION WHEN datetime_field_overflow THEN
+        lands := NULL;
+    END;
+    IF lands IS NULL OR lands <= now() OR (lands > now() + hi AND lands - now() > hi) THEN
         RAISE EXCEPTION '% must be NULL or more than 0 and at most %, got %', arg, hi, value
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 END
+$fn$;
+
+-- TRUE when value is NULL or a delay that certainly passes _require_delay: a time of day only
+-- (no days, months or years, which a calendar lengthens or shortens), more than 0 and at most
+-- hi. What clients send (make_interval(secs => ...), '90 seconds'); FALSE asks the helper,
+-- which may still accept it. One expression, inlined into the caller's IF: no call.
+CREATE OR REPLACE FUNCTION runrow._delay_plain(value interval, hi interval)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT value IS NULL OR (
+        value > interval '0' AND value <= hi
+        AND date_part('day', value) = 0 AND date_part('month', value) = 0 AND date_part('year', value) = 0
+    )
 $fn$;
 
 -- An optional key naming a tenant or a limit: NULL or 1 to 200 characters.
@@ -9727,6 +9758,7 @@ REVOKE ALL ON FUNCTION runrow._journal_complete(uuid, uuid, text, jsonb, text) F
 REVOKE ALL ON FUNCTION runrow._require_not_null(anyelement, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_range(bigint, text, bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_delay(interval, text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._delay_plain(interval, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_key(text, text) FROM PUBLIC;
 
 -- functions/_limits_helpers.sql
@@ -13259,7 +13291,9 @@ BEGIN
     PERFORM runrow._require_not_null(defer_run.claim_token, 'claim_token');
     PERFORM runrow._require_not_null(defer_run.retry_in, 'retry_in');
     PERFORM runrow._require_not_null(defer_run.reason, 'reason');
-    PERFORM runrow._require_delay(defer_run.retry_in, 'retry_in', interval '1 day');
+    IF NOT runrow._delay_plain(defer_run.retry_in, interval '1 day') THEN
+        PERFORM runrow._require_delay(defer_run.retry_in, 'retry_in', interval '1 day');
+    END IF;
     IF defer_run.reason !~ '[^[:space:]]' OR length(defer_run.reason) > 10000 THEN
         RAISE EXCEPTION 'reason must be 1 to 10000 characters, not only white space'
             USING ERRCODE = 'invalid_parameter_value';
@@ -13319,7 +13353,7 @@ $fn$;
 COMMENT ON FUNCTION runrow.defer_run(uuid, uuid, interval, text) IS
 'A worker hands back a run that must wait for a fleet limit (a rate-limited or blocked '
 'rate_limit_key, as acquire_model_call said), without spending an attempt: queued again with its '
-'attempt given back, not claimable before now() + retry_in (more than 0, at most 1 day), or '
+'attempt given back, not claimable before now() + retry_in (more than 0, at most 1 day, judged where it lands), or '
 'before the end of a block of its rate_limit_key in force when that comes first (so a block '
 'that ends early, its key error''s probe answered or its limit removed, makes it due at once '
 'with the runs the claim held to the block''s end), reason '
@@ -13465,12 +13499,15 @@ BEGIN
     IF NOT runrow._metadata_ok(enqueue_run.metadata) THEN
         PERFORM runrow._require_metadata(enqueue_run.metadata);
     END IF;
-    IF enqueue_run.start_in <= interval '0' OR enqueue_run.start_in > interval '366 days'
-       OR enqueue_run.priority IS NULL OR enqueue_run.priority NOT BETWEEN -1000 AND 1000
+    -- Judged where it lands (now() + start_in, on the calendar): a start_in with days or months
+    -- is the helper's to judge.
+    IF NOT runrow._delay_plain(enqueue_run.start_in, interval '366 days') THEN
+        PERFORM runrow._require_delay(enqueue_run.start_in, 'start_in', interval '366 days');
+    END IF;
+    IF enqueue_run.priority IS NULL OR enqueue_run.priority NOT BETWEEN -1000 AND 1000
        OR enqueue_run.fairness_key = '' OR length(enqueue_run.fairness_key) > 200
        OR enqueue_run.concurrency_key = '' OR length(enqueue_run.concurrency_key) > 200
        OR enqueue_run.rate_limit_key = '' OR length(enqueue_run.rate_limit_key) > 200 THEN
-        PERFORM runrow._require_delay(enqueue_run.start_in, 'start_in', interval '366 days');
         PERFORM runrow._require_range(enqueue_run.priority, 'priority', -1000, 1000);
         PERFORM runrow._require_key(enqueue_run.fairness_key, 'fairness_key');
         PERFORM runrow._require_key(enqueue_run.concurrency_key, 'concurrency_key');
@@ -13649,7 +13686,8 @@ COMMENT ON FUNCTION runrow.enqueue_run(
 'out of the idempotency fingerprint). The first '
 'enqueue of a conversation makes user_id its owner; another user''s '
 'enqueue into it raises 42501. Fleet arguments (SPEC "Fleet scheduling"), stored on the run: '
-'start_in (not claimable before now() + start_in, database clock; no wake is sent), priority '
+'start_in (not claimable before now() + start_in, database clock, which must land after now() '
+'and at most 366 days out on the calendar; no wake is sent), priority '
 '(-1000..1000, higher first), fairness_key (default user_id), concurrency_key, rate_limit_key '
 '(default model), token_budget, cost_budget (USD) and webhook_url; they join the idempotency '
 'fingerprint only when given.';
@@ -14998,7 +15036,9 @@ BEGIN
     IF length(release_run.error) > 10000 THEN
         RAISE EXCEPTION 'error is too long: at most 10000 characters' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM runrow._require_delay(release_run.retry_in, 'retry_in', interval '1 day');
+    IF NOT runrow._delay_plain(release_run.retry_in, interval '1 day') THEN
+        PERFORM runrow._require_delay(release_run.retry_in, 'retry_in', interval '1 day');
+    END IF;
     RETURN runrow._end_claim(
         release_run.run_id, release_run.claim_token, release_run.error, NULL, release_run.retry_in
     );
@@ -15010,7 +15050,7 @@ COMMENT ON FUNCTION runrow.release_run(uuid, uuid, text, interval) IS
 'Fenced by claim_token and status running. Returns requeued (attempts left: queued again at '
 'once, without waiting for the lease, dispatchers woken), failed (max_attempts = 1), dead '
 '(attempts exhausted) or cancelled (a stop was pending); terminal outcomes journal complete. '
-'retry_in (more than 0, at most 1 day) is the backoff: requeued but not claimable before '
+'retry_in (more than 0, at most 1 day, judged where now() + retry_in lands) is the backoff: requeued but not claimable before '
 'now() + retry_in, run_requeued carries not_before, and no wake is sent. '
 'NULL when fenced out: nothing written.';
 
