@@ -8,17 +8,24 @@
 -- with the model's tool_use depends on the history, and is the API's), and a block type runrow
 -- does not know passes, so that a new kind of block needs no new runrow.
 
--- The white space the API trims: a turn of only these is refused ("text content blocks must
--- contain non-whitespace text"). One constant, folded into every statement that uses it.
+-- White space, for every rule of runrow that speaks of it: Unicode's White_Space property, the
+-- characters btrim(x, runrow._white_space()) removes. A turn of only these is refused (the API:
+-- "text content blocks must contain non-whitespace text"), a model, a schedule's name may not
+-- begin or end with one, a decided_by or a defer reason may not be only these. It was ASCII's
+-- six, with a no-break space added for models alone, and other rules used btrim's default (the
+-- space) or a regular expression's [[:space:]] (the locale's, which in C.UTF-8 leaves out the
+-- no-break space): a lone U+00A0 named the person who approved an irreversible call (the SQL
+-- audit). One constant, folded into every statement that uses it (UTF-8 databases).
 CREATE OR REPLACE FUNCTION runrow._white_space()
 RETURNS text
 LANGUAGE sql
 IMMUTABLE
 AS $fn$
-    SELECT E' \t\n\r\x0b\f'
+    SELECT E' \t\n\r\x0b\f\u0085\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a'
+        '\u2028\u2029\u202f\u205f\u3000'
 $fn$;
 
--- TRUE when model neither begins nor ends with white space, a no-break space included: a pasted
+-- TRUE when model neither begins nor ends with white space (_white_space): a pasted
 -- "claude-x " was enqueued and failed at the API (404) once claimed and paid for in a worker's
 -- slot. NULL for NULL. Inlined; _require_model_trimmed says what is wrong.
 CREATE OR REPLACE FUNCTION runrow._model_trimmed(model text)
@@ -26,7 +33,7 @@ RETURNS boolean
 LANGUAGE sql
 IMMUTABLE
 AS $fn$
-    SELECT btrim(model, runrow._white_space() || chr(160)) = model
+    SELECT btrim(model, runrow._white_space()) = model
 $fn$;
 
 -- Raises 22023 naming model unless _model_trimmed(model). Called where that test failed
@@ -418,11 +425,13 @@ COMMENT ON FUNCTION runrow._webhook_url_ok(text) IS
 'agent_run_webhook_url_http. Inlined.';
 
 COMMENT ON FUNCTION runrow._white_space() IS
-'The white space the API trims (space, tab, newline, carriage return, vertical tab, form feed): '
-'content of only these is refused. Inlined and folded to a constant.';
+'White space, for every rule that speaks of it: Unicode''s White_Space (U+0009-U+000D, U+0020, '
+'U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000), as one text '
+'for btrim. Content of only these is refused; a model or schedule name may not begin or end with '
+'one; decided_by and a defer reason may not be only these. Inlined and folded to a constant.';
 
 COMMENT ON FUNCTION runrow._model_trimmed(text) IS
-'TRUE when model neither begins nor ends with white space (_white_space, or a no-break space); '
+'TRUE when model neither begins nor ends with white space (_white_space); '
 'NULL for NULL. Inlined into enqueue_run, create_schedule and fork_run.';
 
 COMMENT ON FUNCTION runrow._require_model_trimmed(text) IS

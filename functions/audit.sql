@@ -346,7 +346,9 @@ BEGIN
         ('constraint', 'webhook_delivery_rules', 'webhook_delivery'),
         ('trigger', 'webhook_delivery_guard', 'webhook_delivery'),
         -- Since 0067: a cron that does not parse would stop every firing pass at it.
-        ('trigger', 'schedule_cron_parses', 'schedule')
+        ('trigger', 'schedule_cron_parses', 'schedule'),
+        -- Since 0081 (a CHECK before): a name that cannot be typed back to drop the schedule.
+        ('trigger', 'schedule_name_printable', 'schedule')
     ) AS g (kind, name, tbl)
     WHERE NOT CASE g.kind
         WHEN 'constraint' THEN EXISTS (

@@ -1,3 +1,23 @@
+-- A schedule's name is typed back to drop it: no control character (a line break broke `runrow
+-- schedules`' table) and no white space at either end (_white_space: such a name could not be
+-- typed back). create_schedule's rule and the table's (trigger schedule_name_printable, migration
+-- 0081; a CHECK from 0067 to 0081). Here, not in a migration, since migration 0081: the trigger
+-- looks it up when it fires.
+CREATE OR REPLACE FUNCTION runrow._schedule_name_ok(name text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT name !~ '[[:cntrl:]]' AND btrim(name, runrow._white_space()) = name
+$fn$;
+
+COMMENT ON FUNCTION runrow._schedule_name_ok(text) IS
+'Private. TRUE when a schedule name holds no control character and no white space '
+'(_white_space, Unicode''s) at either end: create_schedule''s rule and the table''s trigger '
+'schedule_name_printable. Inlined.';
+
+REVOKE ALL ON FUNCTION runrow._schedule_name_ok(text) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION runrow.create_schedule(
     name text,
     cron text,
@@ -30,7 +50,7 @@ BEGIN
     -- Validate everything before writing anything; the template gets enqueue_run's checks
     -- here, so a bad template fails now and not at every tick.
     PERFORM runrow._require_not_null(create_schedule.name, 'name');
-    IF btrim(create_schedule.name) = '' OR length(create_schedule.name) > 200 THEN
+    IF btrim(create_schedule.name, runrow._white_space()) = '' OR length(create_schedule.name) > 200 THEN
         RAISE EXCEPTION 'name must be 1 to 200 characters, not blank' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- The name is typed back to drop the schedule: one with a line break broke `runrow

@@ -16,7 +16,7 @@ BEGIN
     IF NOT runrow._delay_plain(defer_run.retry_in, interval '1 day') THEN
         PERFORM runrow._require_delay(defer_run.retry_in, 'retry_in', interval '1 day');
     END IF;
-    IF defer_run.reason !~ '[^[:space:]]' OR length(defer_run.reason) > 10000 THEN
+    IF btrim(defer_run.reason, runrow._white_space()) = '' OR length(defer_run.reason) > 10000 THEN
         RAISE EXCEPTION 'reason must be 1 to 10000 characters, not only white space'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;

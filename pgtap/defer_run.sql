@@ -2,7 +2,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(24);
+SELECT plan(25);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'defer_run', ARRAY['uuid', 'uuid', 'interval', 'text'],
@@ -76,6 +76,8 @@ SELECT throws_ok(format('SELECT runrow.defer_run(%L, %L, %L, %L)', :'bad', pg_te
     'retry_in that compares as a day but lands 6 or 7 days out');
 SELECT throws_ok(format('SELECT runrow.defer_run(%L, %L, %L, %L)', :'bad', pg_temp.token(:'bad'), '1 minute', ' '),
     '22023', 'reason must be 1 to 10000 characters, not only white space', 'a reason of white space');
+SELECT throws_ok(format('SELECT runrow.defer_run(%L, %L, %L, %L)', :'bad', pg_temp.token(:'bad'), '1 minute', E'\u00a0\u3000'),
+    '22023', 'reason must be 1 to 10000 characters, not only white space', 'a reason of Unicode white space');
 SELECT throws_ok(format('SELECT runrow.defer_run(NULL, %L, %L, %L)', pg_temp.token(:'bad'), '1 minute', 'x'),
     '22004', 'run_id must not be NULL', 'run_id NULL');
 SELECT is(pg_temp.fingerprint(), :'before', 'bad input wrote nothing');

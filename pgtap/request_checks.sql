@@ -5,7 +5,7 @@
 -- and _require_content (its message) agree on every case.
 BEGIN;
 \ir helpers/setup.psql
-SELECT plan(75);
+SELECT plan(78);
 SELECT pg_temp.drain_queue();
 
 CREATE TEMP TABLE content_case (content jsonb, message text, label text);
@@ -58,6 +58,8 @@ INSERT INTO content_case VALUES
     (to_jsonb(E' \t\n\r\x0b\f '::text), 'content must hold more than white space (the API refuses a turn of white '
      'space only)', 'a string of white space'),
     ('"  hi \n"', NULL, 'a string with white space around it'),
+    (to_jsonb(E'\u00a0\u2003\u3000\u0085'::text), 'content must hold more than white space (the API refuses a turn '
+     'of white space only)', 'a string of Unicode white space'),
     ('[{"type": "text", "text": "a", "cache_control": {"type": "forever"}}]',
      'content[0].cache_control must be {"type": "ephemeral"}, with a "ttl" of "5m" or "1h" if any, got {"type": "forever"}',
      'a cache_control of another type'),
@@ -267,6 +269,15 @@ SELECT is(ARRAY[runrow._webhook_url_ok('https://h.test:443/x'), runrow._webhook_
         runrow._webhook_url_ok(NULL)],
     ARRAY[true, false, NULL], '_webhook_url_ok: a host and a port up to 65535; NULL for NULL, as a CHECK reads it');
 
+-- One notion of white space, Unicode's White_Space, for every rule that speaks of it: exactly
+-- these code points of the Basic Multilingual Plane are trimmed (U+200B, a zero-width space, and
+-- U+FEFF, a byte order mark, are not white space to Unicode either).
+SELECT is((SELECT string_agg(to_hex(c.cp), ',' ORDER BY c.cp)
+           FROM generate_series(1, 65533) AS c (cp)
+           WHERE c.cp NOT BETWEEN 55296 AND 57343 AND btrim(chr(c.cp), runrow._white_space()) = ''),
+    '9,a,b,c,d,20,85,a0,1680,2000,2001,2002,2003,2004,2005,2006,2007,2008,2009,200a,2028,2029,202f,205f,3000',
+    '_white_space is Unicode''s White_Space: every code point of it, no other');
+
 -- A model id with white space around it (a paste) failed at the API once claimed.
 SELECT pg_temp.fingerprint() AS before \gset
 SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'claude-x ')$$, '22023',
@@ -278,6 +289,9 @@ SELECT throws_ok($$SELECT * FROM runrow.fork_run(gen_random_uuid(), 0, E'claude-
 SELECT throws_ok(format('SELECT * FROM runrow.enqueue_run(gen_random_uuid(), ''"q"'', %L)', 'claude-x' || chr(160)),
     '22023', format('model must not begin or end with white space, got "%s"', 'claude-x' || chr(160)),
     'enqueue_run: a model with a trailing no-break space');
+SELECT throws_ok(format('SELECT * FROM runrow.enqueue_run(gen_random_uuid(), ''"q"'', %L)', E'\u2003claude-x'),
+    '22023', format('model must not begin or end with white space, got "%s"', E'\u2003claude-x'),
+    'enqueue_run: a model with a leading em space');
 SELECT is(pg_temp.fingerprint(), :'before', 'and nothing is written');
 SELECT lives_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'claude x')$$,
     'white space inside a model name is the API''s to judge');

@@ -5,7 +5,7 @@ BEGIN;
 \ir helpers/lifecycle.psql
 \ir helpers/row_versions.psql
 \ir helpers/steps.psql
-SELECT plan(34);
+SELECT plan(36);
 SELECT pg_temp.drain_queue();
 
 \set sig '''{text,boolean,text,text}'''
@@ -83,6 +83,12 @@ SELECT throws_ok(format('SELECT runrow.resolve_approval(%L, true, '''')', :'k3')
 SELECT throws_ok(format('SELECT runrow.resolve_approval(%L, true, %L)', :'k3', E' \t '), '22023',
     'decided_by must name the person deciding in 1 to 200 characters, not only white space',
     'a decided_by of white space names nobody');
+SELECT throws_ok(format('SELECT runrow.resolve_approval(%L, true, %L)', :'k3', E'\u00a0'), '22023',
+    'decided_by must name the person deciding in 1 to 200 characters, not only white space',
+    'nor does a no-break space (the SQL audit: it approved an irreversible call)');
+SELECT throws_ok(format('SELECT runrow.resolve_approval(%L, true, %L)', :'k3', E'\u3000\u2028'), '22023',
+    'decided_by must name the person deciding in 1 to 200 characters, not only white space',
+    'nor any other Unicode white space');
 SELECT throws_ok(format('SELECT runrow.resolve_approval(%L, false, ''x'', '''')', :'k3'), '22023',
     'note must be NULL (no note) or text, not empty', 'an empty note (the contract said so; it was stored)');
 SELECT throws_ok(format('SELECT runrow.resolve_approval(%L, true, ''x'', repeat(''n'', 10001))', :'k3'), '22023',

@@ -125,7 +125,8 @@ BEGIN
     '0077_queue_metrics_key_errors',
     '0078_webhook_cap_per_receiver',
     '0079_schedules_fair_passes',
-    '0080_model_call_reserved'
+    '0080_model_call_reserved',
+    '0081_unicode_white_space'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -8077,6 +8078,53 @@ INSERT INTO runrow._yoyo_migration VALUES ('24bb5145c9d5971c41e696ea0660f785a7fe
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '24bb5145c9d5971c41e696ea0660f785a7fe47d9913cec420e080ed6085840d4', '0080_model_call_reserved', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0081_unicode_white_space
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '0d7c5921af6a63044f23913dac005a25b86cc2552a9ab223951ab76a1b3b49f1') AS apply_0d7c5921af6a \gset
+\if :apply_0d7c5921af6a
+-- depends: 0077_queue_metrics_key_errors
+-- White space is Unicode's White_Space in every rule that speaks of it (runrow._white_space,
+-- functions/_request_checks.sql; the SQL audit: a name beginning with a no-break space was
+-- taken, a lone U+00A0 named the person who approved an irreversible call). That widens the rule
+-- on schedule names (runrow._schedule_name_ok, now in functions/create_schedule.sql), and the
+-- table enforced it by a CHECK (schedule_name_printable, migration 0067). A CHECK is evaluated on
+-- every update of a row, so a schedule whose name the wider rule refuses, written before it,
+-- would refuse the firing pass's update of next_fire_at and with it the whole pass, every pass
+-- (the oldest due schedule stops them all). The same held for names written before 0067, which
+-- that migration left NOT VALID. So the rule is now a trigger of the same name that runs when a
+-- name is written (insert, or an update of name), raising the CHECK's 23514: a name already
+-- stored stays, fires, and is still dropped by name.
+
+ALTER TABLE runrow.schedule DROP CONSTRAINT schedule_name_printable;
+
+CREATE FUNCTION runrow._schedule_name_printable() RETURNS trigger
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    IF NOT runrow._schedule_name_ok(NEW.name) THEN
+        RAISE EXCEPTION 'new row for relation "schedule" violates check constraint "schedule_name_printable"'
+            USING ERRCODE = 'check_violation', SCHEMA = 'runrow', TABLE = 'schedule',
+                CONSTRAINT = 'schedule_name_printable',
+                DETAIL = format('name "%s" holds a control character or begins or ends with white space',
+                    left(NEW.name, 200));
+    END IF;
+    RETURN NEW;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._schedule_name_printable() IS
+'schedule''s BEFORE INSERT OR UPDATE OF name row trigger: the name must pass _schedule_name_ok '
+'(no control character, no white space at either end), else 23514 as the CHECK of the same name '
+'(migration 0067) raised; a name already stored is not checked again when other columns change.';
+
+REVOKE ALL ON FUNCTION runrow._schedule_name_printable() FROM PUBLIC;
+
+CREATE TRIGGER schedule_name_printable
+BEFORE INSERT OR UPDATE OF name ON runrow.schedule
+FOR EACH ROW EXECUTE FUNCTION runrow._schedule_name_printable();
+INSERT INTO runrow._yoyo_migration VALUES ('0d7c5921af6a63044f23913dac005a25b86cc2552a9ab223951ab76a1b3b49f1', '0081_unicode_white_space', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '0d7c5921af6a63044f23913dac005a25b86cc2552a9ab223951ab76a1b3b49f1', '0081_unicode_white_space', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -10129,17 +10177,24 @@ REVOKE ALL ON FUNCTION runrow._charge_usage(uuid, jsonb) FROM PUBLIC;
 -- with the model's tool_use depends on the history, and is the API's), and a block type runrow
 -- does not know passes, so that a new kind of block needs no new runrow.
 
--- The white space the API trims: a turn of only these is refused ("text content blocks must
--- contain non-whitespace text"). One constant, folded into every statement that uses it.
+-- White space, for every rule of runrow that speaks of it: Unicode's White_Space property, the
+-- characters btrim(x, runrow._white_space()) removes. A turn of only these is refused (the API:
+-- "text content blocks must contain non-whitespace text"), a model, a schedule's name may not
+-- begin or end with one, a decided_by or a defer reason may not be only these. It was ASCII's
+-- six, with a no-break space added for models alone, and other rules used btrim's default (the
+-- space) or a regular expression's [[:space:]] (the locale's, which in C.UTF-8 leaves out the
+-- no-break space): a lone U+00A0 named the person who approved an irreversible call (the SQL
+-- audit). One constant, folded into every statement that uses it (UTF-8 databases).
 CREATE OR REPLACE FUNCTION runrow._white_space()
 RETURNS text
 LANGUAGE sql
 IMMUTABLE
 AS $fn$
-    SELECT E' \t\n\r\x0b\f'
+    SELECT E' \t\n\r\x0b\f\u0085\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a'
+        '\u2028\u2029\u202f\u205f\u3000'
 $fn$;
 
--- TRUE when model neither begins nor ends with white space, a no-break space included: a pasted
+-- TRUE when model neither begins nor ends with white space (_white_space): a pasted
 -- "claude-x " was enqueued and failed at the API (404) once claimed and paid for in a worker's
 -- slot. NULL for NULL. Inlined; _require_model_trimmed says what is wrong.
 CREATE OR REPLACE FUNCTION runrow._model_trimmed(model text)
@@ -10147,7 +10202,7 @@ RETURNS boolean
 LANGUAGE sql
 IMMUTABLE
 AS $fn$
-    SELECT btrim(model, runrow._white_space() || chr(160)) = model
+    SELECT btrim(model, runrow._white_space()) = model
 $fn$;
 
 -- Raises 22023 naming model unless _model_trimmed(model). Called where that test failed
@@ -10539,11 +10594,13 @@ COMMENT ON FUNCTION runrow._webhook_url_ok(text) IS
 'agent_run_webhook_url_http. Inlined.';
 
 COMMENT ON FUNCTION runrow._white_space() IS
-'The white space the API trims (space, tab, newline, carriage return, vertical tab, form feed): '
-'content of only these is refused. Inlined and folded to a constant.';
+'White space, for every rule that speaks of it: Unicode''s White_Space (U+0009-U+000D, U+0020, '
+'U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000), as one text '
+'for btrim. Content of only these is refused; a model or schedule name may not begin or end with '
+'one; decided_by and a defer reason may not be only these. Inlined and folded to a constant.';
 
 COMMENT ON FUNCTION runrow._model_trimmed(text) IS
-'TRUE when model neither begins nor ends with white space (_white_space, or a no-break space); '
+'TRUE when model neither begins nor ends with white space (_white_space); '
 'NULL for NULL. Inlined into enqueue_run, create_schedule and fork_run.';
 
 COMMENT ON FUNCTION runrow._require_model_trimmed(text) IS
@@ -12184,7 +12241,9 @@ BEGIN
         ('constraint', 'webhook_delivery_rules', 'webhook_delivery'),
         ('trigger', 'webhook_delivery_guard', 'webhook_delivery'),
         -- Since 0067: a cron that does not parse would stop every firing pass at it.
-        ('trigger', 'schedule_cron_parses', 'schedule')
+        ('trigger', 'schedule_cron_parses', 'schedule'),
+        -- Since 0081 (a CHECK before): a name that cannot be typed back to drop the schedule.
+        ('trigger', 'schedule_name_printable', 'schedule')
     ) AS g (kind, name, tbl)
     WHERE NOT CASE g.kind
         WHEN 'constraint' THEN EXISTS (
@@ -13115,6 +13174,26 @@ REVOKE ALL ON FUNCTION runrow.conversation_history(uuid, uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.conversation_history(uuid, uuid) TO runrow_worker;
 
 -- functions/create_schedule.sql
+-- A schedule's name is typed back to drop it: no control character (a line break broke `runrow
+-- schedules`' table) and no white space at either end (_white_space: such a name could not be
+-- typed back). create_schedule's rule and the table's (trigger schedule_name_printable, migration
+-- 0081; a CHECK from 0067 to 0081). Here, not in a migration, since migration 0081: the trigger
+-- looks it up when it fires.
+CREATE OR REPLACE FUNCTION runrow._schedule_name_ok(name text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT name !~ '[[:cntrl:]]' AND btrim(name, runrow._white_space()) = name
+$fn$;
+
+COMMENT ON FUNCTION runrow._schedule_name_ok(text) IS
+'Private. TRUE when a schedule name holds no control character and no white space '
+'(_white_space, Unicode''s) at either end: create_schedule''s rule and the table''s trigger '
+'schedule_name_printable. Inlined.';
+
+REVOKE ALL ON FUNCTION runrow._schedule_name_ok(text) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION runrow.create_schedule(
     name text,
     cron text,
@@ -13147,7 +13226,7 @@ BEGIN
     -- Validate everything before writing anything; the template gets enqueue_run's checks
     -- here, so a bad template fails now and not at every tick.
     PERFORM runrow._require_not_null(create_schedule.name, 'name');
-    IF btrim(create_schedule.name) = '' OR length(create_schedule.name) > 200 THEN
+    IF btrim(create_schedule.name, runrow._white_space()) = '' OR length(create_schedule.name) > 200 THEN
         RAISE EXCEPTION 'name must be 1 to 200 characters, not blank' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- The name is typed back to drop the schedule: one with a line break broke `runrow
@@ -13294,7 +13373,7 @@ BEGIN
     IF NOT runrow._delay_plain(defer_run.retry_in, interval '1 day') THEN
         PERFORM runrow._require_delay(defer_run.retry_in, 'retry_in', interval '1 day');
     END IF;
-    IF defer_run.reason !~ '[^[:space:]]' OR length(defer_run.reason) > 10000 THEN
+    IF btrim(defer_run.reason, runrow._white_space()) = '' OR length(defer_run.reason) > 10000 THEN
         RAISE EXCEPTION 'reason must be 1 to 10000 characters, not only white space'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
