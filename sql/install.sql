@@ -15688,6 +15688,12 @@ DECLARE
 BEGIN
     PERFORM runrow._require_not_null(set_model_price.model, 'model');
     PERFORM runrow._require_key(set_model_price.model, 'model');
+    -- A price is matched by a run's model, which enqueue_run, create_schedule and fork_run refuse
+    -- with white space around it: such a price would never apply, a typo that looks set (the SQL
+    -- audit). Removing one (all four prices NULL) stored before the rule is still allowed.
+    IF set_model_price.input_per_mtok IS NOT NULL AND NOT runrow._model_trimmed(set_model_price.model) THEN
+        PERFORM runrow._require_model_trimmed(set_model_price.model);
+    END IF;
     IF array_position(prices, NULL) IS NULL OR prices = ARRAY[NULL, NULL, NULL, NULL]::numeric[] THEN
         FOR i IN 1..4 LOOP
             -- NaN sorts above every number, so it passes < 0; >= 'Infinity' catches it (0065).
@@ -15771,8 +15777,9 @@ COMMENT ON FUNCTION runrow.set_model_price(text, numeric, numeric, numeric, nume
 'the request prices for usage.server_tool_use.web_search_requests / web_fetch_requests; a run '
 'with a cost_budget whose model has no price gets no model request. All four NULL (and the '
 'optional prices NULL) removes the price; P0002 when there is none. Bad input (NULL or '
-'over-long model, one price NULL, a negative or infinite price) raises 22004/22023 naming the '
-'argument and writes nothing.';
+'over-long model, or one with white space at either end as enqueue_run refuses it (a price is '
+'still removed by such a name); one price NULL, a negative or infinite price) raises '
+'22004/22023 naming the argument and writes nothing.';
 
 REVOKE ALL ON FUNCTION runrow.set_model_price(
     text, numeric, numeric, numeric, numeric, numeric, numeric, numeric
