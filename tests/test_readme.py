@@ -88,6 +88,27 @@ def test_the_metrics_table_names_every_metric_a_worker_exports(database_url: str
     assert listed - exported == set(), "the README's metrics table names metrics nothing exports"
 
 
+def test_the_roles_paragraph_names_every_view_the_worker_and_the_client_read(database_url: str) -> None:
+    """It said the worker reads queue_metrics only; migration 0075 had granted it model_prices
+    too (the SQL audit)."""
+    said = re.search(r"the\s+worker's\s+on\s+(.+?),\s+the\s+client's\s+on\s+(.+?)\);", README, re.S)
+    assert said, "README's roles paragraph no longer says which views the worker and the client read"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        granted = {
+            role: {
+                name
+                for (name,) in conn.execute(
+                    "SELECT c.relname FROM pg_class AS c WHERE c.relnamespace = 'runrow'::regnamespace"
+                    " AND c.relkind IN ('r', 'v', 'm') AND has_table_privilege(%s, c.oid, 'SELECT')",
+                    (role,),
+                )
+            }
+            for role in ("runrow_worker", "runrow_client")
+        }
+    assert set(re.findall(r"`(\w+)`", said.group(1))) == granted["runrow_worker"]
+    assert set(re.findall(r"`(\w+)`", said.group(2))) == granted["runrow_client"]
+
+
 def test_for_dbas_says_how_many_connections_each_process_holds() -> None:
     """A DBA could not size max_connections: nothing said what a worker, `runrow serve` or a
     tail holds. The figures the README and `runrow worker --help` give are the code's."""
