@@ -23,8 +23,10 @@ BEGIN
     PERFORM runrow._require_not_null(report_key_error.error, 'error');
     PERFORM runrow._require_not_null(report_key_error.first_block_seconds, 'first_block_seconds');
     PERFORM runrow._require_not_null(report_key_error.max_block_seconds, 'max_block_seconds');
-    IF btrim(report_key_error.error) = '' THEN
-        RAISE EXCEPTION 'error must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    -- Unicode's white space (_white_space): btrim's default, the space alone, let a tab and a
+    -- newline block the key with a blank error (the SQL API audit).
+    IF btrim(report_key_error.error, runrow._white_space()) = '' THEN
+        RAISE EXCEPTION 'error must not be empty or only white space' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF NOT (report_key_error.first_block_seconds >= 0.001 AND report_key_error.first_block_seconds <= 86400) THEN
         RAISE EXCEPTION 'first_block_seconds must be from 0.001 to 86400, got %', report_key_error.first_block_seconds

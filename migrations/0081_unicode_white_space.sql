@@ -1,4 +1,4 @@
--- depends: 0077_queue_metrics_key_errors
+-- depends: 0080_model_call_reserved
 -- White space is Unicode's White_Space in every rule that speaks of it (runrow._white_space,
 -- functions/_request_checks.sql; the SQL audit: a name beginning with a no-break space was
 -- taken, a lone U+00A0 named the person who approved an irreversible call). That widens the rule

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(39);
+SELECT plan(41);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.keyed_run(key text) RETURNS uuid LANGUAGE plpgsql AS $$
@@ -143,7 +143,11 @@ SELECT is(pg_temp.fingerprint() || (SELECT md5(string_agg(to_jsonb(l)::text, '' 
 SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, NULL)', :'a', pg_temp.token(:'a')), '22004',
     'error must not be NULL', 'a NULL error');
 SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, %L)', :'a', pg_temp.token(:'a'), '  '), '22023',
-    'error must not be empty', 'an empty error');
+    'error must not be empty or only white space', 'an empty error');
+SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, %L)', :'a', pg_temp.token(:'a'), E'\n\t'), '22023',
+    'error must not be empty or only white space', 'an error of tabs and newlines');
+SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, %L)', :'a', pg_temp.token(:'a'), E'\u00a0'), '22023',
+    'error must not be empty or only white space', 'an error of a no-break space');
 SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, %L, 0)', :'a', pg_temp.token(:'a'), 'x'), '22023',
     'first_block_seconds must be from 0.001 to 86400, got 0', 'a zero first block');
 SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, %L, 10, 5)', :'a', pg_temp.token(:'a'), 'x'),

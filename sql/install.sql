@@ -8081,7 +8081,7 @@ INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '24bb5145c9d5971c4
 -- migration 0081_unicode_white_space
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '0d7c5921af6a63044f23913dac005a25b86cc2552a9ab223951ab76a1b3b49f1') AS apply_0d7c5921af6a \gset
 \if :apply_0d7c5921af6a
--- depends: 0077_queue_metrics_key_errors
+-- depends: 0080_model_call_reserved
 -- White space is Unicode's White_Space in every rule that speaks of it (runrow._white_space,
 -- functions/_request_checks.sql; the SQL audit: a name beginning with a no-break space was
 -- taken, a lone U+00A0 named the person who approved an irreversible call). That widens the rule
@@ -15162,8 +15162,10 @@ BEGIN
     PERFORM runrow._require_not_null(report_key_error.error, 'error');
     PERFORM runrow._require_not_null(report_key_error.first_block_seconds, 'first_block_seconds');
     PERFORM runrow._require_not_null(report_key_error.max_block_seconds, 'max_block_seconds');
-    IF btrim(report_key_error.error) = '' THEN
-        RAISE EXCEPTION 'error must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    -- Unicode's white space (_white_space): btrim's default, the space alone, let a tab and a
+    -- newline block the key with a blank error (the SQL API audit).
+    IF btrim(report_key_error.error, runrow._white_space()) = '' THEN
+        RAISE EXCEPTION 'error must not be empty or only white space' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF NOT (report_key_error.first_block_seconds >= 0.001 AND report_key_error.first_block_seconds <= 86400) THEN
         RAISE EXCEPTION 'first_block_seconds must be from 0.001 to 86400, got %', report_key_error.first_block_seconds
