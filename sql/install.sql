@@ -126,7 +126,8 @@ BEGIN
     '0078_webhook_cap_per_receiver',
     '0079_schedules_fair_passes',
     '0080_model_call_reserved',
-    '0081_unicode_white_space'
+    '0081_unicode_white_space',
+    '0082_webhook_wake'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -8125,6 +8126,46 @@ INSERT INTO runrow._yoyo_migration VALUES ('0d7c5921af6a63044f23913dac005a25b86c
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '0d7c5921af6a63044f23913dac005a25b86cc2552a9ab223951ab76a1b3b49f1', '0081_unicode_white_space', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0082_webhook_wake
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '32506e853ab2172a2dc6e193356a1a1a422da6c9bab67d3dc70f9160ca67325f') AS apply_32506e853ab2 \gset
+\if :apply_32506e853ab2
+-- depends: 0081_unicode_white_space
+-- A new webhook delivery wakes the senders (channel runrow_webhooks). The sender waited for a
+-- wake on runrow_enqueued, which the ending's trigger sent with each delivery until migration
+-- 0037 made an ending notify only when another run can start; since then a delivery waited for
+-- the sender's poll tick (--webhook-poll, 2 s) though the README said it went out within
+-- moments (the webhooks review). A channel of its own, not runrow_enqueued: every idle
+-- dispatcher of the fleet would make an empty claim for each run that ended with a webhook.
+-- PostgreSQL 15 signals every listening backend of the database on a notifying commit whatever
+-- the channel, so the channel adds no signal; the notification is sent only by a transaction
+-- that wrote a delivery, the one case whose waiter's latency depends on it.
+--
+-- A statement trigger on the outbox, so every path that writes a delivery (the agent_run
+-- ending trigger, whichever function ended the run) wakes, with one notification a statement
+-- (identical notifications of a transaction are folded into one).
+
+CREATE FUNCTION runrow._webhook_delivery_wake() RETURNS trigger
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    PERFORM pg_notify('runrow_webhooks', '');
+    RETURN NULL;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._webhook_delivery_wake() IS
+'webhook_delivery''s AFTER INSERT statement trigger: NOTIFY runrow_webhooks (empty payload), '
+'so an idle webhook sender claims the new delivery at once instead of at its next poll tick.';
+
+REVOKE ALL ON FUNCTION runrow._webhook_delivery_wake() FROM PUBLIC;
+
+CREATE TRIGGER webhook_delivery_wake
+AFTER INSERT ON runrow.webhook_delivery
+FOR EACH STATEMENT EXECUTE FUNCTION runrow._webhook_delivery_wake();
+INSERT INTO runrow._yoyo_migration VALUES ('32506e853ab2172a2dc6e193356a1a1a422da6c9bab67d3dc70f9160ca67325f', '0082_webhook_wake', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '32506e853ab2172a2dc6e193356a1a1a422da6c9bab67d3dc70f9160ca67325f', '0082_webhook_wake', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -15507,13 +15548,19 @@ BEGIN
     UPDATE runrow.webhook_delivery AS w
     SET state = 'pending', attempts = 0, next_attempt_at = now()
     WHERE w.id = retry_webhook_delivery.delivery_id AND w.state = 'dead';
-    RETURN FOUND;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    -- Due now: an idle sender claims it at once, not at its next poll tick.
+    PERFORM pg_notify('runrow_webhooks', '');
+    RETURN true;
 END
 $fn$;
 
 COMMENT ON FUNCTION runrow.retry_webhook_delivery(uuid) IS
 'A person''s decision to try a dead-lettered webhook delivery again (the receiver is fixed): '
-'pending again at once, attempts back to 0, same delivery id and body. false, writing nothing, '
+'pending again at once, attempts back to 0, same delivery id and body, and the senders woken '
+'(NOTIFY runrow_webhooks). false, writing nothing, '
 'when the delivery is not dead (pending or delivered) or does not exist.';
 
 REVOKE ALL ON FUNCTION runrow.retry_webhook_delivery(uuid) FROM PUBLIC;

@@ -183,6 +183,17 @@ def test_a_run_ending_is_delivered_once_signed_with_a_stable_delivery_id(
     assert (row["attempts"], row["last_http_status"], row["worker_id"]) == (1, 200, "w1")
 
 
+def test_a_new_delivery_wakes_an_idle_sender(
+    db: psycopg.Connection, receiver: Receiver, workers: Any
+) -> None:
+    """The poll tick is 30 s: only the outbox's NOTIFY (runrow_webhooks) sends it this soon. Since
+    migration 0037 nothing woke the sender, and a delivery waited for the tick (2 s by default)."""
+    workers("w1", "--poll", "0.2", "--webhook-poll", "30")
+    run_id = enqueue_hooked(db, receiver.url)
+    wait_until(lambda: state(db, run_id) == "delivered", 10, "the delivery, woken")
+    assert receiver.count() == 1
+
+
 @pytest.mark.parametrize("receiver", [["close", "500", "hang"]], indirect=True)
 def test_a_failing_hanging_500ing_receiver_is_retried_with_backoff_until_it_succeeds(
     db: psycopg.Connection, receiver: Receiver, workers: Any

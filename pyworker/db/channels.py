@@ -5,6 +5,7 @@ from __future__ import annotations
 from uuid import UUID
 
 ENQUEUED = "runrow_enqueued"  # payload: conversation_id; enqueue, requeue, an ending that lets a run start
+WEBHOOKS = "runrow_webhooks"  # payload: empty; a webhook delivery was written or re-armed
 CANCEL = "runrow_cancel"  # payload: run_id; stop or cancel of a running run
 EVENTS_PREFIX = "runrow_events_"  # + run id hex: payload last seq; only while a tail watches the run
 

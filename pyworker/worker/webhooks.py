@@ -311,8 +311,9 @@ async def webhook_loop(
     sent twice, and one on its last attempt was dead-lettered unsent by the next claim though its
     receiver answered 200 (the webhooks audit).
 
-    Up to settings.batch at once. Woken by runrow_enqueued (the outbox
-    trigger sends it with each new delivery, so it goes out at once), by the poll tick (retries
+    Up to settings.batch at once. Woken by runrow_webhooks (the outbox's
+    trigger sends it with each new delivery, retry_webhook_delivery with a re-armed one, so it
+    goes out at once; migration 0082), by the poll tick (retries
     whose backoff passed, lapsed leases, and everything when NOTIFY is lost), and by a delivery
     ending: its slot is free, and its receiver may have a delivery the claim held back at the
     receiver's cap (settings.per_receiver, fleet-wide), which would otherwise wait for the tick.
@@ -330,7 +331,7 @@ async def webhook_loop(
                 proxy=settings.proxy,
             )
         )
-        wakes = await stack.enter_async_context(hub.subscribe(channels.ENQUEUED)) if hub else None
+        wakes = await stack.enter_async_context(hub.subscribe(channels.WEBHOOKS)) if hub else None
         # Entered last, so left first: a cancelled loop cancels its deliveries (their leases
         # lapse and another worker sends them) before the client closes under them.
         sending = await stack.enter_async_context(asyncio.TaskGroup())
