@@ -15,7 +15,10 @@
 -- - Each schedule's prompt is pinned when the schedule is created (create_schedule), so firing
 --   passes only read it; the prompts of the schedules created before are pinned here.
 
-CREATE FUNCTION runrow._schedule_name_ok(name text)
+-- OR REPLACE (since migration 0081): functions/create_schedule.sql defines it now, and a database
+-- whose functions/ were applied before this migration ran (an upgrade test's partial migrate)
+-- already has it.
+CREATE OR REPLACE FUNCTION runrow._schedule_name_ok(name text)
 RETURNS boolean
 LANGUAGE sql
 IMMUTABLE
