@@ -118,8 +118,8 @@ def receiver(request: pytest.FixtureRequest) -> Iterator[Receiver]:
 def workers(worker_db: str) -> Iterator[Any]:
     started: list[WorkerProcess] = []
 
-    def _start(name: str, *args: str) -> WorkerProcess:
-        w = WorkerProcess(worker_db, name, list(args), env={"RUNROW_WEBHOOK_SECRET": SECRET})
+    def _start(name: str, *args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        w = WorkerProcess(worker_db, name, list(args), env={"RUNROW_WEBHOOK_SECRET": SECRET, **(env or {})})
         started.append(w)
         w.wait_started()
         w.wait_log("webhook delivery on")
@@ -607,6 +607,9 @@ def test_the_http_api_takes_webhook_url_and_names_it_when_bad(worker_db: str, db
         ("--webhook-proxy", "socks5://127.0.0.1:1080"),
         ("--webhook-proxy", "proxy:3128"),
         ("--webhook-proxy", "http://127.0.0.1:99999"),
+        ("--webhook-signing", "users"),
+        ("--webhook-signing", "User"),
+        ("--webhook-previous-secret", ""),
     ],
 )
 def test_webhook_flags_out_of_range_are_usage_errors_naming_the_flag(flag: str, value: str) -> None:

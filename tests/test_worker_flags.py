@@ -148,6 +148,35 @@ def test_webhook_per_receiver_from_the_flag_its_variable_or_the_default() -> Non
     assert "got '0' (from $RUNROW_WEBHOOK_PER_RECEIVER)" in result.stderr, result.stderr
 
 
+def test_webhook_signing_and_previous_secret_from_the_flags_or_their_variables() -> None:
+    """--webhook-signing (fleet unless told: what receivers verified before) and
+    --webhook-previous-secret reach the sender's settings. A bad mode from the variable names it;
+    a previous secret with no current one (the worker would deliver nothing) or the current one
+    again (nothing rotated) stops the worker naming both flags and quoting neither secret."""
+    parser = build_parser()
+    base = ["worker", "--webhook-secret", "s"]
+    settings = webhook_settings(parser.parse_args(base))
+    assert settings is not None and (settings.signing, settings.previous_secret) == ("fleet", None)
+    args = parser.parse_args([*base, "--webhook-signing", "both", "--webhook-previous-secret", "old"])
+    settings = webhook_settings(args)
+    assert settings is not None and (settings.signing, settings.previous_secret) == ("both", "old")
+    result = runrow_worker("--webhook-signing", "users")
+    assert result.returncode == 2, result.stderr
+    assert "argument --webhook-signing: must be one of fleet, user, both, got 'users'" in result.stderr
+    result = runrow_worker(env={"RUNROW_WEBHOOK_SIGNING": "users"})
+    assert result.returncode == 2, result.stderr
+    assert "--webhook-signing" in result.stderr, result.stderr
+    assert "got 'users' (from $RUNROW_WEBHOOK_SIGNING)" in result.stderr, result.stderr
+    for env in (
+        {"RUNROW_WEBHOOK_PREVIOUS_SECRET": "old-secret-1"},
+        {"RUNROW_WEBHOOK_SECRET": "old-secret-1", "RUNROW_WEBHOOK_PREVIOUS_SECRET": "old-secret-1"},
+    ):
+        result = runrow_worker(env=env)
+        assert result.returncode == 2, result.stderr
+        assert "--webhook-previous-secret" in result.stderr and "--webhook-secret" in result.stderr
+        assert "old-secret-1" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
 def _start_log(*flags: str) -> str:
     """What `runrow worker` logs before it connects (to a database that never answers)."""
     worker = subprocess.Popen(
@@ -205,6 +234,14 @@ def test_help_shows_defaults_of_values_but_not_of_switches() -> None:
         ("poll_seconds", float("nan"), "webhook_poll must be a number from 0.1 to 86400, got nan"),
         ("per_receiver", 0, "webhook_per_receiver must be an integer from 1 to 1000, got 0"),
         ("per_receiver", 1001, "webhook_per_receiver must be an integer from 1 to 1000, got 1001"),
+        ("signing", "users", "webhook_signing must be one of fleet, user, both, got 'users'"),
+        ("previous_secret", "", "webhook previous secret must not be empty (None: no rotation under way)"),
+        (
+            "previous_secret",
+            "s",
+            "the webhook previous secret is the current secret: in a rotation, the current "
+            "secret is the new one",
+        ),
     ],
 )
 def test_webhook_settings_refuse_what_their_flags_refuse(option: str, value: object, message: str) -> None:

@@ -26,8 +26,10 @@ from pyworker.cli.types import (
     name_env_defaults,
     not_utf8,
     number,
+    one_of,
     port_number,
     sdk_retries_problem,
+    secret,
     worker_id,
 )
 from pyworker.db import devdb
@@ -108,7 +110,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     logs.setup(args.log_format, args.log_level)
     tracing.configure_from_env()
-    problem = sdk_retries_problem() or _metrics_address_problem(args)
+    problem = sdk_retries_problem() or _metrics_address_problem(args) or _webhook_rotation_problem(args)
     if problem is not None:
         print(f"runrow worker: {problem}", file=sys.stderr)
         return 2
@@ -206,16 +208,6 @@ def _metrics_address_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _secret(text: str) -> str:
-    """--webhook-secret: not empty. '' turned delivery off without a word, as if no secret had
-    been given (the environment variable set to '' still means none)."""
-    if not text:
-        raise argparse.ArgumentTypeError(
-            "must not be empty: leave it out for a worker that delivers no webhooks"
-        )
-    return text
-
-
 def _proxy_url(text: str) -> str:
     """--webhook-proxy: an http:// or https:// URL with a host (httpx's proxy). Never echoed: it
     may hold a password."""
@@ -245,7 +237,28 @@ def webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
         poll_seconds=args.webhook_poll,
         proxy=args.webhook_proxy,
         per_receiver=args.webhook_per_receiver,
+        signing=args.webhook_signing,
+        previous_secret=args.webhook_previous_secret,
     )
+
+
+def _webhook_rotation_problem(args: argparse.Namespace) -> str | None:
+    """Why --webhook-previous-secret cannot be what was meant (never quoting either secret).
+    Without a current secret the worker would deliver nothing, and with the current one again
+    nothing would be rotated: both are a rotation's step done half."""
+    if args.webhook_previous_secret is None:
+        return None
+    if not args.webhook_secret:
+        return (
+            "--webhook-previous-secret (RUNROW_WEBHOOK_PREVIOUS_SECRET) needs --webhook-secret "
+            "(RUNROW_WEBHOOK_SECRET), the new secret: without one this worker would deliver nothing"
+        )
+    if args.webhook_previous_secret == args.webhook_secret:
+        return (
+            "--webhook-previous-secret (RUNROW_WEBHOOK_PREVIOUS_SECRET) is the same as "
+            "--webhook-secret (RUNROW_WEBHOOK_SECRET): in a rotation the current secret is the new one"
+        )
+    return None
 
 
 def in_range(setting: str, unit: float = 1) -> Callable[[str], float]:
@@ -271,7 +284,12 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.Raw
 
 def build_parser() -> argparse.ArgumentParser:
     from pyworker.cli.client import _action, _wrap
-    from pyworker.worker.settings import DEFAULT_MAX_MODEL_CALLS, DEFAULT_WEBHOOK_PER_RECEIVER
+    from pyworker.worker.settings import (
+        DEFAULT_MAX_MODEL_CALLS,
+        DEFAULT_WEBHOOK_PER_RECEIVER,
+        DEFAULT_WEBHOOK_SIGNING,
+        WEBHOOK_SIGNING_MODES,
+    )
 
     parser = argparse.ArgumentParser(
         prog="runrow", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -450,10 +468,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--webhook-secret",
-        type=_secret,
+        type=secret("leave it out for a worker that delivers no webhooks"),
         default=env_default("RUNROW_WEBHOOK_SECRET", empty_is_unset=True),
-        help="HMAC-SHA256 key that signs webhook deliveries (Runrow-Signature); prefer the env "
-        "RUNROW_WEBHOOK_SECRET (a flag shows in ps). Without it this worker delivers no webhooks",
+        help="the fleet's HMAC-SHA256 key that signs webhook deliveries (Runrow-Signature), and "
+        "from which each user's key is derived; prefer the env RUNROW_WEBHOOK_SECRET (a flag "
+        "shows in ps). Without it this worker delivers no webhooks",
+    )
+    p.add_argument(
+        "--webhook-signing",
+        type=one_of(*WEBHOOK_SIGNING_MODES),
+        metavar="{" + ",".join(WEBHOOK_SIGNING_MODES) + "}",
+        default=env_default("RUNROW_WEBHOOK_SIGNING", DEFAULT_WEBHOOK_SIGNING),
+        help="what signs a delivery: fleet, the secret itself (receivers verify with it); user, the "
+        "key derived from it for the run's user_id (`runrow webhooks user-secret USER_ID`: a "
+        "user's key cannot sign for another user's receiver); both, one v1 of each, while "
+        "receivers move from the one to the other (env RUNROW_WEBHOOK_SIGNING)",
+    )
+    p.add_argument(
+        "--webhook-previous-secret",
+        type=secret("leave it out when no rotation is under way"),
+        default=env_default("RUNROW_WEBHOOK_PREVIOUS_SECRET", empty_is_unset=True),
+        help="during a rotation of --webhook-secret, the old secret: every delivery also carries "
+        "its v1 values, so receivers switch at their own pace (env RUNROW_WEBHOOK_PREVIOUS_SECRET; "
+        "README, Webhooks: rotating the secret)",
     )
     p.add_argument(
         "--webhook-timeout",
@@ -550,6 +587,11 @@ def build_parser() -> argparse.ArgumentParser:
     from pyworker.cli.scheduling import add_commands as add_scheduling_commands
 
     add_scheduling_commands(sub)
+
+    # webhooks user-secret: a user's own key to verify its deliveries.
+    from pyworker.cli.webhooks import add_commands as add_webhook_commands
+
+    add_webhook_commands(sub)
 
     from pyworker.cli.serve import add_command as add_serve
 

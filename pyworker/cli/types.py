@@ -177,6 +177,26 @@ def host_name(text: str) -> str:
     return text
 
 
+def secret(if_left_out: str) -> Callable[[str], str]:
+    """A secret option (a webhook signing key): not empty, and UTF-8, since its UTF-8 bytes are
+    the HMAC key. '' turned webhook delivery off without a word, as if no secret had been given
+    (an environment variable set to '' still means none: env_default's empty_is_unset), and an
+    environment variable holding other bytes raised UnicodeEncodeError at every signature. The
+    value is never repeated in a message."""
+
+    def parse(text: str) -> str:
+        if not text:
+            raise argparse.ArgumentTypeError(f"must not be empty: {if_left_out}")
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            raise argparse.ArgumentTypeError("must be UTF-8 text (its bytes are the HMAC key)") from None
+        return text
+
+    parse.__name__ = "secret"
+    return parse
+
+
 def one_of(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in choices:

@@ -1,7 +1,7 @@
-"""The range of every numeric setting of a worker, shared by Worker and WebhookSettings (which
-check what they are given, with `check`) and by `runrow worker`'s flags (which refuse a value out of range as
-a usage error naming the flag). A module of its own so that the command line reads them without
-importing the worker.
+"""The range of every numeric setting of a worker, and the choices of the others, shared by
+Worker and WebhookSettings (which check what they are given, with `check`) and by `runrow
+worker`'s flags (which refuse a value out of range as a usage error naming the flag). A module of
+its own so that the command line reads them without importing the worker.
 """
 
 from __future__ import annotations
@@ -45,6 +45,11 @@ WEBHOOK_LIMITS: dict[str, tuple[type, float, float]] = {
 # Deliveries in flight to one receiver (scheme://host:port) over the whole fleet: fewer than a
 # worker's 10 sender slots, so one receiver that hangs leaves the others slots on every worker.
 DEFAULT_WEBHOOK_PER_RECEIVER = 4
+# What signs a delivery (--webhook-signing): the fleet secret, the key derived from it for the
+# run's user (pyworker.worker.webhook_signing), or both, one v1 each. fleet is what receivers
+# had before there was a choice.
+WEBHOOK_SIGNING_MODES = ("fleet", "user", "both")
+DEFAULT_WEBHOOK_SIGNING = "fleet"
 
 
 def check(name: str, value: object) -> None:

@@ -6,24 +6,24 @@ it over, same delivery id), the backoff and the dead letter. This loop only send
 reports what the receiver said. Delivery is at least once: a receiver deduplicates on the
 Runrow-Delivery-Id header (also the body's "id").
 
-Signing follows Stripe's scheme so receivers can reuse what they know:
-    Runrow-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>
-t is the database clock at the claim. verify_signature() is the receiver's side. The secret is
-the worker's configuration (--webhook-secret / RUNROW_WEBHOOK_SECRET), never stored in the
-database: whoever can read the tables cannot forge a webhook.
+Signing follows Stripe's scheme so receivers can reuse what they know (webhook_signing):
+    Runrow-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(key, "<t>.<raw body>")>[,v1=...]
+t is the database clock at the claim; one v1 per key of WebhookSettings.keys_for: the fleet
+secret, the key derived from it for the body's user_id, or both, and the same again from the
+previous secret during a rotation. verify_signature() is the receiver's side. The secrets are the
+worker's configuration (--webhook-secret / RUNROW_WEBHOOK_SECRET, --webhook-previous-secret),
+never stored in the database, nor are the users' keys: whoever can read the tables cannot forge
+a webhook.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import json
 import logging
 import math
 import random
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,67 +39,28 @@ from pyworker.db.webhooks import (
     complete_webhook_delivery,
     fail_webhook_delivery,
 )
-from pyworker.worker.settings import DEFAULT_WEBHOOK_PER_RECEIVER
+from pyworker.worker.settings import (
+    DEFAULT_WEBHOOK_PER_RECEIVER,
+    DEFAULT_WEBHOOK_SIGNING,
+    WEBHOOK_SIGNING_MODES,
+)
 from pyworker.worker.settings import check as check_setting
+
+# The receiver's side lives in webhook_signing (no HTTP client to import); re-exported here,
+# where receivers imported it from before.
+from pyworker.worker.webhook_signing import DEFAULT_TOLERANCE as DEFAULT_TOLERANCE
+from pyworker.worker.webhook_signing import SIGNATURE_HEADER, derive_user_secret, signature_header
+from pyworker.worker.webhook_signing import SignatureError as SignatureError
+from pyworker.worker.webhook_signing import verify_signature as verify_signature
 
 log = logging.getLogger("runrow.webhooks")
 
-SIGNATURE_HEADER = "Runrow-Signature"
 DELIVERY_HEADER = "Runrow-Delivery-Id"
 ATTEMPT_HEADER = "Runrow-Delivery-Attempt"
 USER_AGENT = "runrow-webhooks/1"
-DEFAULT_TOLERANCE = 300.0  # seconds a receiver accepts between t and its own clock (Stripe's default)
-
-
-class SignatureError(ValueError):
-    """The Runrow-Signature header does not prove the body came from a holder of the secret."""
-
-
-def signature_header(secret: str, timestamp: int, body: bytes) -> str:
-    """The Runrow-Signature value for `body` sent at `timestamp` (unix seconds)."""
-    return f"t={timestamp},v1={_mac(secret, timestamp, body)}"
-
-
-def _mac(secret: str, timestamp: int, body: bytes) -> str:
-    return hmac.new(secret.encode(), str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
-
-
-def verify_signature(
-    secret: str,
-    header: str | None,
-    body: bytes,
-    *,
-    tolerance: float = DEFAULT_TOLERANCE,
-    now: float | None = None,
-) -> int:
-    """For receivers: check the Runrow-Signature `header` against the raw request `body` (the
-    bytes as received, before any JSON parsing). Returns the signed timestamp; raises
-    SignatureError when the header is missing or malformed, no v1 matches, or t is more than
-    `tolerance` seconds from `now` (default: this machine's clock), which stops replays."""
-    if not header:
-        raise SignatureError(f"no {SIGNATURE_HEADER} header")
-    timestamp: int | None = None
-    candidates: list[str] = []
-    for part in header.split(","):
-        key, sep, value = part.strip().partition("=")
-        if not sep:
-            continue
-        if key == "t" and value.isdigit() and value.isascii():
-            timestamp = int(value)
-        elif key == "v1" and value.isascii():
-            # hmac.compare_digest raises TypeError on non-ASCII str: a receiver that caught
-            # SignatureError, as the README shows, answered 500 (the security audit).
-            candidates.append(value)
-    if timestamp is None or not candidates:
-        raise SignatureError(f"{SIGNATURE_HEADER} must be t=<unix seconds>,v1=<hex digest>")
-    expected = _mac(secret, timestamp, body)
-    # Every v1 is compared (in constant time): during a secret rotation a sender may add several.
-    if not any(hmac.compare_digest(expected, c) for c in candidates):
-        raise SignatureError("no v1 signature matches the body")
-    current = time.time() if now is None else now
-    if abs(current - timestamp) > tolerance:
-        raise SignatureError(f"timestamp {timestamp} is more than {tolerance:g} s from now")
-    return timestamp
+# Below this many characters a fleet secret that users' keys are derived from is warned of: 32
+# hex digits are 128 random bits (README "Webhooks").
+MIN_SECRET_FOR_USER_KEYS = 32
 
 
 def encode_body(payload: dict[str, Any]) -> bytes:
@@ -115,13 +76,32 @@ def body_of(payload_json: str) -> bytes:
     (which says the same thing). Such a payload was written before migration 0069 made the
     table refuse it: nested deeper than Python decodes, or holding a number beyond a double's
     range (Python reads 1e400 as inf and would have sent `Infinity`, which is not JSON)."""
+    return body_and_user(payload_json)[0]
+
+
+class Unreadable:
+    """A payload's user_id that could not be read: no user's key can sign that delivery."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+def body_and_user(payload_json: str) -> tuple[bytes, object]:
+    """body_of's body, and the "user_id" it carries, read from the same text: a str, None when
+    null or absent, whatever else a hand-written payload holds, or Unreadable. The user's key
+    must be the one of the user_id the receiver reads in the body, byte for byte."""
     value = claimed_json.loads(payload_json)
     if isinstance(value, claimed_json.UnreadableJSON):
-        return payload_json.encode()
+        try:
+            user = claimed_json.top_level_member(payload_json, "user_id")
+        except ValueError as exc:
+            user = Unreadable(str(exc))
+        return payload_json.encode(), user
+    user = value.get("user_id") if isinstance(value, dict) else None
     try:
-        return encode_body(value)
+        return encode_body(value), user
     except (ValueError, RecursionError):
-        return payload_json.encode()
+        return payload_json.encode(), user
 
 
 @dataclass(frozen=True)
@@ -137,10 +117,27 @@ class WebhookSettings:
     # An HTTP proxy every delivery goes through (an egress policy: README "Webhooks"); None:
     # direct. The environment's HTTP(S)_PROXY are never read (trust_env=False below).
     proxy: str | None = None
+    # What signs a delivery (WEBHOOK_SIGNING_MODES): the fleet secret, the body's user's key
+    # derived from it, or both.
+    signing: str = DEFAULT_WEBHOOK_SIGNING
+    # During a rotation, the secret before `secret`: each delivery also carries its v1 values,
+    # so a receiver still on it verifies until it switches.
+    previous_secret: str | None = None
 
     def __post_init__(self) -> None:
         if not self.secret:
             raise ValueError("webhook secret must not be empty")
+        if self.signing not in WEBHOOK_SIGNING_MODES:
+            raise ValueError(
+                f"webhook_signing must be one of {', '.join(WEBHOOK_SIGNING_MODES)}, got {self.signing!r}"
+            )
+        if self.previous_secret is not None and not self.previous_secret:
+            raise ValueError("webhook previous secret must not be empty (None: no rotation under way)")
+        if self.previous_secret == self.secret:
+            raise ValueError(
+                "the webhook previous secret is the current secret: in a rotation, the current "
+                "secret is the new one"
+            )
         for name, value in (
             ("webhook_timeout", self.timeout),
             ("webhook_attempts", self.max_attempts),
@@ -156,6 +153,35 @@ class WebhookSettings:
         # overtaken; the margin (as long again, at least 5 s) covers recording the outcome on a
         # slow database. A worker killed mid-request costs its delivery this long.
         return min(3600, math.ceil(self.timeout) + max(5, math.ceil(self.timeout)))
+
+    def keys_for(self, user: object) -> list[str]:
+        """The keys that sign a delivery whose body's user_id is `user` (body_and_user's), one v1
+        each: for the current secret then the previous one, the secret itself (fleet), the
+        user's derived key (user), or both. Unsendable when the user's key is needed and `user`
+        is no user id: every attempt would be the same."""
+        if self.signing != "fleet" and not (user is None or (isinstance(user, str) and user)):
+            why = user.why if isinstance(user, Unreadable) else f"{type(user).__name__} {str(user)[:100]!r}"
+            raise Unsendable(f"no key can sign it: its payload's user_id is not a user id ({why})")
+        user_id = user if isinstance(user, str) else None
+        keys: list[str] = []
+        for secret in (self.secret, self.previous_secret):
+            if secret is None:
+                continue
+            if self.signing in ("fleet", "both"):
+                keys.append(secret)
+            if self.signing in ("user", "both"):
+                keys.append(derive_user_secret(secret, user_id))
+        return keys
+
+    def describe_signing(self) -> str:
+        """How deliveries are signed, for the log (never a secret)."""
+        what = {
+            "fleet": "the fleet secret",
+            "user": "each user's key",
+            "both": "the fleet secret and each user's key",
+        }
+        rotation = ", and the previous secret's (a rotation)" if self.previous_secret else ""
+        return f"signed with {what[self.signing]}{rotation}"
 
 
 def _host_of(url: str) -> str:
@@ -193,11 +219,11 @@ async def deliver(
 ) -> tuple[int | None, str | None]:
     """POST one delivery. (status, None) when the receiver answered 2xx, else (status or None, error).
     Unsendable: the URL cannot be requested at all."""
-    body = body_of(d.payload_json)
+    body, user = body_and_user(d.payload_json)
     timestamp = int(d.claimed_at.timestamp())
     headers = {
         "Content-Type": "application/json",
-        SIGNATURE_HEADER: signature_header(settings.secret, timestamp, body),
+        SIGNATURE_HEADER: signature_header(settings.keys_for(user), timestamp, body),
         DELIVERY_HEADER: str(d.delivery_id),
         ATTEMPT_HEADER: str(d.attempt),
     }
@@ -338,7 +364,7 @@ async def webhook_loop(
         in_flight: set[asyncio.Task[None]] = set()
         log.info(
             "webhook delivery on: timeout %gs, lease %ds, %d attempts, backoff %gs doubling, %d at once, "
-            "%d per receiver%s",
+            "%d per receiver%s; %s",
             settings.timeout,
             settings.lease_seconds,
             settings.max_attempts,
@@ -346,7 +372,16 @@ async def webhook_loop(
             settings.batch,
             settings.per_receiver,
             "" if settings.proxy is None else f", through the proxy at {_host_of(settings.proxy)}",
+            settings.describe_signing(),
         )
+        if settings.signing != "fleet" and len(settings.secret) < MIN_SECRET_FOR_USER_KEYS:
+            # A user's key is an HMAC of a known message under the fleet secret: a user can try
+            # guesses of the secret against it offline, and the one that matches signs for all.
+            log.warning(
+                "the webhook secret is %d characters: with users' keys it must be a random key "
+                "no one can guess (openssl rand -hex 32)",
+                len(settings.secret),
+            )
         while stopping is None or not stopping.is_set():
             free = settings.batch - len(in_flight)
             more = False
