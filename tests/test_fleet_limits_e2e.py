@@ -341,6 +341,31 @@ def test_a_response_cut_by_a_drain_is_paid_for(module_conn: psycopg.Connection, 
     assert billed > 0 and spent >= billed, (spent, usage)
 
 
+def test_a_response_stopped_mid_answer_is_paid_for_the_output_it_streamed(
+    module_conn: psycopg.Connection, module_db: str
+) -> None:
+    """The API reports output_tokens at message_start (a token or so) and then only in the
+    message_delta a long answer sends at its end: a run stopped mid-answer was charged about 1
+    output token for all it had streamed, so a person stopping long answers spent almost
+    nothing of a budget. A cut response now counts the larger of what was reported and the
+    characters streamed at 3 a token."""
+    db = module_conn
+    long_text = " ".join(f"word{i}" for i in range(300))
+    with FakeModel(lambda request: turn(Text(long_text))) as fake:
+        fake.inject(slow(0.05))  # ~15 s of stream unless it is cut
+        config = {"anthropic_base_url": fake.base_url, "anthropic_api_key": "k", "anthropic_max_retries": 0}
+        with in_process_worker(module_db, "stopped", config=config, lease_seconds=5, concurrency=1):
+            run = enqueue_agent(db, "Talk.", model="claude-stopped", tools=[], metadata={}, max_attempts=1)
+            wait_until(lambda: len(streamed_text(db, run)) >= 300, 15, "300 characters to stream")
+            db.execute("SELECT runrow.cancel_run(%s)", (run,))
+            wait_until(lambda: run_row(db, run)["status"] == "cancelled", 15, "the stop")
+        reported = fake.requests[-1].response["usage"]
+    streamed = len(streamed_text(db, run))
+    assert 300 <= streamed < len(long_text)
+    (spent,) = db.execute("SELECT spent_tokens FROM runrow.agent_run WHERE id = %s", (run,)).fetchone()
+    assert spent >= reported["input_tokens"] + streamed // 3, (spent, streamed, reported)
+
+
 def test_web_searches_are_paid_for_at_their_price_per_request(
     module_conn: psycopg.Connection, module_db: str
 ) -> None:

@@ -191,7 +191,7 @@ async def handle(ctx: RunContext) -> Outcome:
         except asyncio.CancelledError:
             # This task is being cancelled (a drain abandons the run, its claim was lost): the
             # stream is closed, but what it billed went unpaid, once per run a drain cut short.
-            await limits.settle_interrupted(ctx, received.usage)
+            await limits.settle_interrupted(ctx, received.billed())
             raise
         except TurnCancelled as cancelled:
             await limits.settle_unstored(ctx, cancelled.usage)

@@ -93,6 +93,7 @@ class Received:
 
     text: list[str] = field(default_factory=list)
     usage: dict[str, Any] | None = None
+    streamed: int = 0  # characters of every delta (text, thinking, tool input JSON) received
 
     def started(self, usage: Any) -> None:
         self.usage = _reported(usage)
@@ -100,6 +101,22 @@ class Received:
     def grew(self, usage: Any) -> None:
         if self.usage is not None and usage is not None:
             self.usage.update(_reported(usage))
+
+    def billed(self) -> dict[str, Any] | None:
+        """usage, for a response cut before it ended: the API reports output_tokens at
+        message_start (a token or so) and then only in message_delta, which a long answer
+        sends at its end, so a stream stopped, failed or drained mid-answer was paid for
+        almost none of the output it had streamed (a person stopping long answers spent
+        nothing of the budget). output_tokens is the larger of what was reported and the
+        characters streamed at 3 a token (prose runs about 4, code and other languages fewer:
+        it errs high, as a budget must)."""
+        if self.usage is None:
+            return None
+        estimate = -(-self.streamed // CHARS_PER_OUTPUT_TOKEN)
+        return {**self.usage, "output_tokens": max(int(self.usage.get("output_tokens") or 0), estimate)}
+
+
+CHARS_PER_OUTPUT_TOKEN = 3
 
 
 def _reported(usage: Any) -> dict[str, Any]:
@@ -232,7 +249,7 @@ async def stream_turn(
         with contextlib.suppress(BaseException):
             await consumer
         if cut:
-            metrics.model_usage(str(params.get("model")), received.usage)
+            metrics.model_usage(str(params.get("model")), received.billed())
         raise
     finally:
         stopper.cancel()
@@ -242,8 +259,8 @@ async def stream_turn(
         consumer.cancel()
         with contextlib.suppress(BaseException):
             await consumer
-        metrics.model_usage(str(params.get("model")), received.usage)
-        raise TurnCancelled("".join(received.text), received.usage)
+        metrics.model_usage(str(params.get("model")), received.billed())
+        raise TurnCancelled("".join(received.text), received.billed())
     return consumer.result()
 
 
@@ -255,8 +272,8 @@ async def _consume(
         try:
             turn = await _consume_stream(client, params, journal, received)
         except TurnFailed as failed:
-            failed.usage = received.usage
-            metrics.model_usage(model, received.usage)
+            failed.usage = received.billed()
+            metrics.model_usage(model, failed.usage)
             tracing.request_failed(span, failed.request_id, str(failed))
             raise
         metrics.model_usage(model, turn.usage)
@@ -291,6 +308,7 @@ async def _consume_stream(
                 if field is None:
                     continue  # signature_delta, citations_delta: part of the final message
                 value = getattr(delta, field)
+                received.streamed += len(value)
                 if delta.type == "text_delta":
                     received.text.append(value)
                 await journal.emit({"type": delta.type, "index": event.index, field: value})
