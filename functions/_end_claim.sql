@@ -28,7 +28,10 @@ BEGIN
         WHERE a.id = _end_claim.run_id
           AND a.claim_token = _end_claim.claim_token
           AND a.claim_expires_at < now() - make_interval(secs => _end_claim.expired_grace_seconds)
-        FOR UPDATE;
+        -- The reaper's own lock strength (FOR NO KEY UPDATE SKIP LOCKED): a FOR UPDATE here
+        -- waited on a key-share holder (a fork_run of the run, its foreign key), and the reaper
+        -- promises never to wait on a row lock (the review of stop 57).
+        FOR NO KEY UPDATE;
         IF NOT FOUND THEN
             RETURN NULL;
         END IF;

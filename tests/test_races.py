@@ -183,6 +183,20 @@ def test_two_reapers_reap_a_run_once(owner: psycopg.Connection, connect: Connect
     assert [t for _, t in journal(owner, run["run_id"])].count("run_requeued") == 1
 
 
+def test_a_key_share_lock_on_a_run_does_not_hold_up_its_reap(owner: psycopg.Connection, connect: Connect):
+    """A fork_run of the running run (its foreign key takes FOR KEY SHARE) or any other key-share
+    holder does not conflict with the reap's own lock (FOR NO KEY UPDATE): the reaper promises it
+    never waits on a row lock. 7fb3700's FOR UPDATE in _end_claim waited until the holder ended."""
+    run = claimed_running(owner, max_attempts=1)
+    expire_lease(owner, run["run_id"])
+    holder = connect(autocommit=False)
+    holder.execute("SELECT 1 FROM runrow.agent_run WHERE id = %s FOR KEY SHARE", (run["run_id"],))
+    reaper = connect()
+    reaper.execute("SET lock_timeout = '200ms'")  # a wait is an error here (55P03), not a timing
+    assert reap(reaper) == [(run["run_id"], "failed")]
+    holder.rollback()
+
+
 def test_reap_after_an_uncommitted_stop_ends_the_run_cancelled(owner: psycopg.Connection, connect: Connect):
     run = claimed_running(owner, max_attempts=3)
     expire_lease(owner, run["run_id"])
