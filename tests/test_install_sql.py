@@ -5,12 +5,15 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
+import pytest
 
+from pyworker.db.devdb import database_url_for
 from pyworker.db.installsql import render
-from pyworker.db.migrate import function_files, migrate
+from pyworker.db.migrate import MigrateError, function_files, migrate
 from pyworker.db.paths import INSTALL_SQL, MIGRATIONS_DIR, ROOT
 
 
@@ -84,3 +87,25 @@ def test_no_migration_restates_a_function_that_functions_defines() -> None:
     assert restated == DEFINED_BY_MIGRATIONS_BEFORE_FUNCTIONS, (
         "a migration defines a function that functions/ also defines; change it in functions/ instead"
     )
+
+
+def test_migrate_refuses_a_database_that_is_not_utf8_before_writing_anything(superuser_url: str) -> None:
+    """A LATIN1 database took every migration and then failed in functions/ ("character ... has
+    no equivalent in encoding LATIN1"): runrow's rules name Unicode characters. Refused up front,
+    saying how to create one that works, with nothing written."""
+    name = f"runrow_latin1_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(superuser_url, autocommit=True) as admin:
+        admin.execute(
+            f'CREATE DATABASE "{name}" ENCODING LATIN1 TEMPLATE template0 LC_COLLATE "C" LC_CTYPE "C"'
+        )
+    url = database_url_for(superuser_url, name)
+    try:
+        with pytest.raises(MigrateError, match="encoding is LATIN1; runrow needs UTF8"):
+            migrate(url)
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'runrow'").fetchone() == (
+                0,
+            )
+    finally:
+        with psycopg.connect(superuser_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

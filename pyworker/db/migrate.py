@@ -128,6 +128,19 @@ def _refuse_a_pooler(database_url: str, timeout: dict[str, Any]) -> None:
         raise MigrateError(POOLED)
 
 
+def _refuse_a_non_utf8_database(conn: psycopg.Connection[Any]) -> None:
+    """MigrateError unless the database's encoding is UTF8, before anything is written: runrow's
+    rules name Unicode characters (white space, control characters) that other encodings cannot
+    hold, and a conversation's text needs them too. Found by trying: a LATIN1 database took
+    every migration and then failed in functions/ ("character ... has no equivalent")."""
+    encoding = conn.execute("SHOW server_encoding").fetchone()[0]  # type: ignore[index]
+    if encoding != "UTF8":
+        raise MigrateError(
+            f"this database's encoding is {encoding}; runrow needs UTF8: create the database with "
+            "ENCODING 'UTF8' (CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0) and migrate that"
+        )
+
+
 def _refuse_a_newer_schema(backend: Any, migrations: Any, conn: psycopg.Connection[Any]) -> None:
     """MigrateError when a newer runrow migrated this database: re-applying this code's
     functions/ would put older functions back (the rolling-deploy audit: an old migrate job
@@ -159,6 +172,7 @@ def migrate(
     timeout = {} if "connect_timeout" in conninfo_to_dict(database_url) else {"connect_timeout": 10}
     _refuse_a_pooler(database_url, timeout)
     with psycopg.connect(database_url, **timeout, **POOLER_SAFE) as lock_conn:
+        _refuse_a_non_utf8_database(lock_conn)
         lock_conn.execute(LOCK_SQL)
         try:
             # yoyo keeps its tables in our schema, which must exist (committed) before it connects.
