@@ -224,6 +224,25 @@ def test_help_shows_defaults_of_values_but_not_of_switches() -> None:
     assert "heartbeats every lease/3 (default: 30)" in text
 
 
+def test_help_never_shows_a_secret_taken_from_the_environment() -> None:
+    """`runrow worker --help` printed "(default: <the secret>)" for RUNROW_WEBHOOK_SECRET and
+    RUNROW_WEBHOOK_PREVIOUS_SECRET, and the proxy URL with its password (the review of stop 57)."""
+    env = {
+        **os.environ,
+        "RUNROW_WEBHOOK_SECRET": "SECRET-LEAK",
+        "RUNROW_WEBHOOK_PREVIOUS_SECRET": "PREVIOUS-LEAK",
+        "RUNROW_WEBHOOK_PROXY": "http://user:PROXY-LEAK@proxy.example:3128",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "pyworker", "worker", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "LEAK" not in out and "--webhook-secret" in out and "--webhook-proxy" in out
+
+
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [

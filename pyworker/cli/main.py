@@ -223,6 +223,9 @@ def _proxy_url(text: str) -> str:
     return text
 
 
+_proxy_url.never_shown = True  # type: ignore[attr-defined]  # it may hold a password
+
+
 def webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
     """The worker's webhook delivery settings, or None (no secret: this worker delivers none)."""
     from pyworker.worker.webhooks import WebhookSettings
@@ -276,8 +279,15 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.Raw
     (default: True)" reads as if the limits were off by default."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        # Nor where there is no default to show, or the help already says what it is.
-        if action.nargs == 0 or action.default is None or "default" in (action.help or ""):
+        # Nor where there is no default to show, or the help already says what it is, or the
+        # default is a secret taken from the environment (a webhook secret, a proxy URL with a
+        # password: `--help` printed them).
+        if (
+            action.nargs == 0
+            or action.default is None
+            or "default" in (action.help or "")
+            or getattr(action.type, "never_shown", False)
+        ):
             return action.help
         return super()._get_help_string(action)
 

@@ -124,6 +124,7 @@ def _naming_env(parse: Callable[[str], object]) -> Callable[[str], object]:
             raise argparse.ArgumentTypeError(f"{why} (from ${text.var})") from None
 
     parse_or_name.__name__ = getattr(parse, "__name__", "value")
+    parse_or_name.never_shown = getattr(parse, "never_shown", False)  # type: ignore[attr-defined]
     return parse_or_name
 
 
@@ -194,6 +195,7 @@ def secret(if_left_out: str) -> Callable[[str], str]:
         return text
 
     parse.__name__ = "secret"
+    parse.never_shown = True  # type: ignore[attr-defined]  # --help shows no default (its value)
     return parse
 
 
