@@ -14,6 +14,7 @@ DECLARE
     purged bigint;
     cutoff timestamptz;
     due uuid[];
+    purgeable uuid[];
 BEGIN
     PERFORM runrow._require_not_null(trim_journal.older_than, 'older_than');
     PERFORM runrow._require_range(trim_journal.max_runs, 'max_runs', 1, 100000);
@@ -74,8 +75,10 @@ BEGIN
     -- deletes and not the history; SKIP LOCKED, as every worker's reaper calls this. Dead
     -- letters stay: a person may still re-arm one (retry_webhook_delivery), and runrow never
     -- drops what nobody was told.
-    DELETE FROM runrow.webhook_delivery AS w
-    WHERE w.id IN (
+    -- The ids first, as the runs' above: a LIMIT ... SKIP LOCKED subquery inside the DELETE may
+    -- be planned on the inner side of a join and run again per row, each run taking other rows
+    -- (seen: 3 deleted at max_runs 2, the index read 4 times, once the table's statistics moved).
+    purgeable := ARRAY(
         SELECT d.id
         FROM runrow.webhook_delivery AS d
         WHERE d.state = 'delivered' AND d.delivered_at < cutoff
@@ -83,6 +86,7 @@ BEGIN
         LIMIT trim_journal.max_runs
         FOR UPDATE SKIP LOCKED
     );
+    DELETE FROM runrow.webhook_delivery AS w WHERE w.id = ANY (purgeable);
     GET DIAGNOSTICS purged = ROW_COUNT;
     RETURN deleted + purged;
 END
