@@ -35,6 +35,12 @@ DECLARE
     after_at timestamptz := '-infinity';
     after_id uuid := '00000000-0000-0000-0000-000000000000';
     grp record;
+    -- Set when the sweeps stopped at max_read with deliveries still due: one more pass walks the
+    -- receivers instead (webhook_delivery_pending_by_receiver), at most max_receivers of them,
+    -- from a random point of their order, so every receiver is reached over a few claims.
+    walking boolean := false;
+    max_receivers constant integer := 1000;
+    start text;
 BEGIN
     IF length(claim_webhook_deliveries.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or at most 200 characters' USING ERRCODE = 'invalid_parameter_value';
@@ -64,30 +70,67 @@ BEGIN
     FOR sweep IN 0..20 LOOP
         walked := 0;
         FOR grp IN
+            WITH RECURSIVE receivers AS (
+                -- The walk: receivers with a pending delivery in their text order, from the first
+                -- after `start` to the last, then from the first up to `start` (wrapped), one
+                -- index descent each (_next_webhook_receiver).
+                SELECT coalesce(a.first, b.first) AS receiver, 1 AS n, a.first IS NULL AS wrapped
+                FROM (SELECT runrow._next_webhook_receiver(start) AS first) AS a,
+                    (SELECT runrow._next_webhook_receiver('') AS first) AS b
+                WHERE walking
+                UNION ALL
+                SELECT
+                    CASE WHEN nx.receiver IS NOT NULL THEN nx.receiver
+                        WHEN NOT r.wrapped THEN runrow._next_webhook_receiver('') END,
+                    r.n + 1,
+                    r.wrapped OR nx.receiver IS NULL
+                FROM receivers AS r
+                CROSS JOIN LATERAL (SELECT runrow._next_webhook_receiver(r.receiver) AS receiver) AS nx
+                WHERE r.receiver IS NOT NULL AND r.n < max_receivers AND NOT (r.wrapped AND r.receiver > start)
+            )
+
             SELECT
                 d.receiver,
                 array_agg(d.id ORDER BY d.next_attempt_at, d.id) AS ids,
                 max(d.next_attempt_at) AS last_at,
-                (array_agg(d.id ORDER BY d.next_attempt_at DESC, d.id DESC))[1] AS last_id
+                (array_agg(d.id ORDER BY d.next_attempt_at DESC, d.id DESC))[1] AS last_id,
+                min(d.next_attempt_at) AS first_at
             FROM (
                 SELECT w.id, w.next_attempt_at, runrow._webhook_receiver(w.url) AS receiver
                 FROM (
                     SELECT v.id, v.url, v.next_attempt_at
                     FROM runrow.webhook_delivery AS v
-                    WHERE v.state = 'pending' AND v.next_attempt_at <= now()
+                    WHERE NOT walking AND v.state = 'pending' AND v.next_attempt_at <= now()
                       AND (v.next_attempt_at, v.id) > (after_at, after_id)
                     ORDER BY v.next_attempt_at, v.id
                     LIMIT walk
                 ) AS w
             ) AS d
             GROUP BY d.receiver
-            ORDER BY min(d.next_attempt_at)
+            UNION ALL
+            SELECT x.receiver, x.ids, NULL, NULL, NULL
+            FROM (
+                SELECT
+                    r.receiver,
+                    ARRAY(
+                        SELECT v.id FROM runrow.webhook_delivery AS v
+                        WHERE runrow._webhook_receiver(v.url) = r.receiver
+                          AND v.state = 'pending' AND v.next_attempt_at <= now()
+                        ORDER BY v.next_attempt_at
+                        LIMIT claim_webhook_deliveries.max_per_receiver
+                    ) AS ids
+                FROM receivers AS r
+                -- Come round again past `start`: visited already.
+                WHERE r.receiver IS NOT NULL AND NOT (r.wrapped AND r.receiver > start)
+            ) AS x
+            WHERE cardinality(x.ids) > 0
+            ORDER BY 5
         LOOP
             -- Complete unless the loop ends early, and then the claim has all it asked for.
             walked := walked + cardinality(grp.ids);
             -- The cursor was opened with the sweep's start: moving the mark now changes what the
-            -- next sweep reads, not this one.
-            IF (grp.last_at, grp.last_id) > (after_at, after_id) THEN
+            -- next sweep reads, not this one. (The walk's rows have no mark.)
+            IF NOT walking AND (grp.last_at, grp.last_id) > (after_at, after_id) THEN
                 after_at := grp.last_at;
                 after_id := grp.last_id;
             END IF;
@@ -163,10 +206,17 @@ BEGIN
             got := got + n;
         END LOOP;
 
-        -- Done when asked for no more, when the sweep read everything due, or at max_read.
-        EXIT WHEN got >= claim_webhook_deliveries.max_deliveries OR walked < walk;
+        -- Done when asked for no more, when the sweep read everything due, or after the walk.
+        EXIT WHEN got >= claim_webhook_deliveries.max_deliveries OR walked < walk OR walking;
         read_so_far := read_so_far + walked;
-        EXIT WHEN read_so_far >= max_read;
+        IF read_so_far >= max_read THEN
+            -- Still due past max_read: walk the receivers instead, from a random point of
+            -- their order ("http://" or "https://" and a character a host may begin with).
+            walking := true;
+            start := (ARRAY['http://', 'https://'])[1 + floor(random() * 2)::integer]
+                || chr(48 + floor(random() * 75)::integer);
+            CONTINUE;
+        END IF;
         walk := least(greatest(walk * 2, claim_webhook_deliveries.max_deliveries + 100), max_read - read_so_far);
     END LOOP;
 END
@@ -189,8 +239,10 @@ COMMENT ON FUNCTION runrow.claim_webhook_deliveries(text, integer, integer, inte
 'claims in READ COMMITTED (a caller in REPEATABLE READ counts on its older snapshot) never '
 'exceed it together. A claim reads the first max_deliveries due deliveries and, when it could '
 'lease too few of them, reads on in due order (sweeps of max_deliveries + 100, doubling), at '
-'most 10000 due deliveries in all; it writes nothing to those it passes over, so deliveries due '
-'behind more than that many held back at full receivers wait until the backlog ahead drains.';
+'most 10000 due deliveries in all, writing nothing to those it passes over; when those are not '
+'all, it walks the receivers that have a pending delivery instead (up to 1000, from a random '
+'point of their order, one descent of webhook_delivery_pending_by_receiver each) and leases the '
+'due ones of those with room, so no backlog at a full receiver holds the others back.';
 
 REVOKE ALL ON FUNCTION runrow.claim_webhook_deliveries(text, integer, integer, integer, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.claim_webhook_deliveries(text, integer, integer, integer, integer) TO runrow_worker;

@@ -7,7 +7,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(36);
+SELECT plan(38);
 SELECT pg_temp.drain_queue();
 -- Deliveries left by other files' data must not be claimed here.
 UPDATE runrow.webhook_delivery SET state = 'dead', claim_token = NULL, claim_expires_at = NULL
@@ -129,6 +129,19 @@ SELECT is((SELECT count(*)::int FROM runrow.webhook_delivery
            WHERE url = 'http://crowded.example/hook' AND claim_token IS NOT NULL), 1, 'still one in flight to the crowded one');
 SELECT is((SELECT count(*)::int FROM runrow.webhook_delivery WHERE url = 'http://crowded.example/hook' AND attempts > 0), 1,
     'and passing over them spent no attempt');
+-- Past max_read (10,000 due deliveries read in one claim) the claim walks the receivers instead:
+-- 10,100 due to a receiver that takes none (its one place taken), then one to another. Reading in
+-- due order alone, the other waited until the 10,100 drained (hours to days behind a receiver
+-- that never answers: the review of stop 57).
+SELECT pg_temp.ended('http://hanging.example/hook', 10100, '3 minutes');
+SELECT pg_temp.ended('http://behind.example/hook', 1, '1 minute');
+SELECT is(pg_temp.by_receiver($$SELECT * FROM runrow.claim_webhook_deliveries('w4', 1, 60, 3, max_per_receiver => 1)$$),
+    'http://hanging.example:80 x 1', 'the hanging receiver''s one place');
+SELECT is(pg_temp.by_receiver($$SELECT * FROM runrow.claim_webhook_deliveries('w4', 1, 60, 3, max_per_receiver => 1)$$),
+    'http://behind.example:80 x 1', 'the next claim reaches the receiver behind 10,099 held back, by the walk');
+UPDATE runrow.webhook_delivery SET state = 'dead', last_error = 'test over'
+WHERE url = 'http://hanging.example/hook' AND state = 'pending' AND claim_token IS NULL;
+
 -- Fewer due than one sweep reads: nothing is put back, whatever the cap held.
 SELECT pg_temp.outbox() AS before \gset
 SELECT is_empty($$SELECT * FROM runrow.claim_webhook_deliveries('w3', 100, 60, 3, max_per_receiver => 1)$$,

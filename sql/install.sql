@@ -127,7 +127,8 @@ BEGIN
     '0079_schedules_fair_passes',
     '0080_model_call_reserved',
     '0081_unicode_white_space',
-    '0082_webhook_wake'
+    '0082_webhook_wake',
+    '0083_webhook_pending_by_receiver'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -8169,6 +8170,29 @@ INSERT INTO runrow._yoyo_migration VALUES ('32506e853ab2172a2dc6e193356a1a1a422d
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '32506e853ab2172a2dc6e193356a1a1a422da6c9bab67d3dc70f9160ca67325f', '0082_webhook_wake', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0083_webhook_pending_by_receiver
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '4e65603fff7f3527fc5cdaa96621cf82abc84b6b41d8e3385d4064c2a23502af') AS apply_4e65603fff7f \gset
+\if :apply_4e65603fff7f
+-- depends: 0082_webhook_wake
+-- The pending deliveries by receiver, for claim_webhook_deliveries' walk over receivers. A claim
+-- reads the due deliveries in due order, and past a backlog held back at full receivers it reads
+-- on at most 10,000 of them: deliveries behind more than that (10,000 due to one receiver that
+-- never answers, which any user who may set webhook_url can arrange) waited for hours to days
+-- (the review of stop 57). When a claim's sweeps stop at that bound, it walks the receivers that
+-- have a pending delivery instead, one descent of this index each, and leases the due ones of
+-- those with room: its cost is the receivers it visits, not the backlog.
+--
+-- Partial (pending rows only) and on the receiver, so building it computes _webhook_receiver
+-- for the pending rows alone, under a SHARE lock (writes to webhook_delivery wait, reads do not).
+-- To avoid even that on a large outbox, build it with CREATE INDEX CONCURRENTLY and this
+-- definition before migrating: IF NOT EXISTS then leaves it.
+CREATE INDEX IF NOT EXISTS webhook_delivery_pending_by_receiver
+ON runrow.webhook_delivery (runrow._webhook_receiver(url), next_attempt_at)
+WHERE state = 'pending';
+INSERT INTO runrow._yoyo_migration VALUES ('4e65603fff7f3527fc5cdaa96621cf82abc84b6b41d8e3385d4064c2a23502af', '0083_webhook_pending_by_receiver', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '4e65603fff7f3527fc5cdaa96621cf82abc84b6b41d8e3385d4064c2a23502af', '0083_webhook_pending_by_receiver', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -10223,6 +10247,29 @@ REVOKE ALL ON FUNCTION runrow._tenant_verdict(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._fail_queued_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._charge_usage(uuid, jsonb) FROM PUBLIC;
+
+-- functions/_next_webhook_receiver.sql
+-- The first receiver (_webhook_receiver) after `after` in text order that has a pending delivery,
+-- or NULL: one descent of webhook_delivery_pending_by_receiver. claim_webhook_deliveries walks
+-- the receivers with it ('' gives the first).
+CREATE OR REPLACE FUNCTION runrow._next_webhook_receiver(after text)
+RETURNS text
+LANGUAGE sql
+STABLE
+AS $fn$
+    SELECT runrow._webhook_receiver(v.url)
+    FROM runrow.webhook_delivery AS v
+    WHERE v.state = 'pending' AND runrow._webhook_receiver(v.url) > after
+    ORDER BY runrow._webhook_receiver(v.url)
+    LIMIT 1
+$fn$;
+
+COMMENT ON FUNCTION runrow._next_webhook_receiver(text) IS
+'Private. The first receiver after `after` (text order) with a pending webhook delivery, or NULL; '
+'one descent of the index webhook_delivery_pending_by_receiver. claim_webhook_deliveries walks '
+'the receivers with it.';
+
+REVOKE ALL ON FUNCTION runrow._next_webhook_receiver(text) FROM PUBLIC;
 
 -- functions/_request_checks.sql
 -- The checks of a turn's request that would otherwise fail later, on every attempt: JSON that
@@ -12748,6 +12795,12 @@ DECLARE
     after_at timestamptz := '-infinity';
     after_id uuid := '00000000-0000-0000-0000-000000000000';
     grp record;
+    -- Set when the sweeps stopped at max_read with deliveries still due: one more pass walks the
+    -- receivers instead (webhook_delivery_pending_by_receiver), at most max_receivers of them,
+    -- from a random point of their order, so every receiver is reached over a few claims.
+    walking boolean := false;
+    max_receivers constant integer := 1000;
+    start text;
 BEGIN
     IF length(claim_webhook_deliveries.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or at most 200 characters' USING ERRCODE = 'invalid_parameter_value';
@@ -12777,30 +12830,67 @@ BEGIN
     FOR sweep IN 0..20 LOOP
         walked := 0;
         FOR grp IN
+            WITH RECURSIVE receivers AS (
+                -- The walk: receivers with a pending delivery in their text order, from the first
+                -- after `start` to the last, then from the first up to `start` (wrapped), one
+                -- index descent each (_next_webhook_receiver).
+                SELECT coalesce(a.first, b.first) AS receiver, 1 AS n, a.first IS NULL AS wrapped
+                FROM (SELECT runrow._next_webhook_receiver(start) AS first) AS a,
+                    (SELECT runrow._next_webhook_receiver('') AS first) AS b
+                WHERE walking
+                UNION ALL
+                SELECT
+                    CASE WHEN nx.receiver IS NOT NULL THEN nx.receiver
+                        WHEN NOT r.wrapped THEN runrow._next_webhook_receiver('') END,
+                    r.n + 1,
+                    r.wrapped OR nx.receiver IS NULL
+                FROM receivers AS r
+                CROSS JOIN LATERAL (SELECT runrow._next_webhook_receiver(r.receiver) AS receiver) AS nx
+                WHERE r.receiver IS NOT NULL AND r.n < max_receivers AND NOT (r.wrapped AND r.receiver > start)
+            )
+
             SELECT
                 d.receiver,
                 array_agg(d.id ORDER BY d.next_attempt_at, d.id) AS ids,
                 max(d.next_attempt_at) AS last_at,
-                (array_agg(d.id ORDER BY d.next_attempt_at DESC, d.id DESC))[1] AS last_id
+                (array_agg(d.id ORDER BY d.next_attempt_at DESC, d.id DESC))[1] AS last_id,
+                min(d.next_attempt_at) AS first_at
             FROM (
                 SELECT w.id, w.next_attempt_at, runrow._webhook_receiver(w.url) AS receiver
                 FROM (
                     SELECT v.id, v.url, v.next_attempt_at
                     FROM runrow.webhook_delivery AS v
-                    WHERE v.state = 'pending' AND v.next_attempt_at <= now()
+                    WHERE NOT walking AND v.state = 'pending' AND v.next_attempt_at <= now()
                       AND (v.next_attempt_at, v.id) > (after_at, after_id)
                     ORDER BY v.next_attempt_at, v.id
                     LIMIT walk
                 ) AS w
             ) AS d
             GROUP BY d.receiver
-            ORDER BY min(d.next_attempt_at)
+            UNION ALL
+            SELECT x.receiver, x.ids, NULL, NULL, NULL
+            FROM (
+                SELECT
+                    r.receiver,
+                    ARRAY(
+                        SELECT v.id FROM runrow.webhook_delivery AS v
+                        WHERE runrow._webhook_receiver(v.url) = r.receiver
+                          AND v.state = 'pending' AND v.next_attempt_at <= now()
+                        ORDER BY v.next_attempt_at
+                        LIMIT claim_webhook_deliveries.max_per_receiver
+                    ) AS ids
+                FROM receivers AS r
+                -- Come round again past `start`: visited already.
+                WHERE r.receiver IS NOT NULL AND NOT (r.wrapped AND r.receiver > start)
+            ) AS x
+            WHERE cardinality(x.ids) > 0
+            ORDER BY 5
         LOOP
             -- Complete unless the loop ends early, and then the claim has all it asked for.
             walked := walked + cardinality(grp.ids);
             -- The cursor was opened with the sweep's start: moving the mark now changes what the
-            -- next sweep reads, not this one.
-            IF (grp.last_at, grp.last_id) > (after_at, after_id) THEN
+            -- next sweep reads, not this one. (The walk's rows have no mark.)
+            IF NOT walking AND (grp.last_at, grp.last_id) > (after_at, after_id) THEN
                 after_at := grp.last_at;
                 after_id := grp.last_id;
             END IF;
@@ -12876,10 +12966,17 @@ BEGIN
             got := got + n;
         END LOOP;
 
-        -- Done when asked for no more, when the sweep read everything due, or at max_read.
-        EXIT WHEN got >= claim_webhook_deliveries.max_deliveries OR walked < walk;
+        -- Done when asked for no more, when the sweep read everything due, or after the walk.
+        EXIT WHEN got >= claim_webhook_deliveries.max_deliveries OR walked < walk OR walking;
         read_so_far := read_so_far + walked;
-        EXIT WHEN read_so_far >= max_read;
+        IF read_so_far >= max_read THEN
+            -- Still due past max_read: walk the receivers instead, from a random point of
+            -- their order ("http://" or "https://" and a character a host may begin with).
+            walking := true;
+            start := (ARRAY['http://', 'https://'])[1 + floor(random() * 2)::integer]
+                || chr(48 + floor(random() * 75)::integer);
+            CONTINUE;
+        END IF;
         walk := least(greatest(walk * 2, claim_webhook_deliveries.max_deliveries + 100), max_read - read_so_far);
     END LOOP;
 END
@@ -12902,8 +12999,10 @@ COMMENT ON FUNCTION runrow.claim_webhook_deliveries(text, integer, integer, inte
 'claims in READ COMMITTED (a caller in REPEATABLE READ counts on its older snapshot) never '
 'exceed it together. A claim reads the first max_deliveries due deliveries and, when it could '
 'lease too few of them, reads on in due order (sweeps of max_deliveries + 100, doubling), at '
-'most 10000 due deliveries in all; it writes nothing to those it passes over, so deliveries due '
-'behind more than that many held back at full receivers wait until the backlog ahead drains.';
+'most 10000 due deliveries in all, writing nothing to those it passes over; when those are not '
+'all, it walks the receivers that have a pending delivery instead (up to 1000, from a random '
+'point of their order, one descent of webhook_delivery_pending_by_receiver each) and leases the '
+'due ones of those with room, so no backlog at a full receiver holds the others back.';
 
 REVOKE ALL ON FUNCTION runrow.claim_webhook_deliveries(text, integer, integer, integer, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.claim_webhook_deliveries(text, integer, integer, integer, integer) TO runrow_worker;
@@ -16122,6 +16221,7 @@ DECLARE
     purged bigint;
     cutoff timestamptz;
     due uuid[];
+    purgeable uuid[];
 BEGIN
     PERFORM runrow._require_not_null(trim_journal.older_than, 'older_than');
     PERFORM runrow._require_range(trim_journal.max_runs, 'max_runs', 1, 100000);
@@ -16182,8 +16282,10 @@ BEGIN
     -- deletes and not the history; SKIP LOCKED, as every worker's reaper calls this. Dead
     -- letters stay: a person may still re-arm one (retry_webhook_delivery), and runrow never
     -- drops what nobody was told.
-    DELETE FROM runrow.webhook_delivery AS w
-    WHERE w.id IN (
+    -- The ids first, as the runs' above: a LIMIT ... SKIP LOCKED subquery inside the DELETE may
+    -- be planned on the inner side of a join and run again per row, each run taking other rows
+    -- (seen: 3 deleted at max_runs 2, the index read 4 times, once the table's statistics moved).
+    purgeable := ARRAY(
         SELECT d.id
         FROM runrow.webhook_delivery AS d
         WHERE d.state = 'delivered' AND d.delivered_at < cutoff
@@ -16191,6 +16293,7 @@ BEGIN
         LIMIT trim_journal.max_runs
         FOR UPDATE SKIP LOCKED
     );
+    DELETE FROM runrow.webhook_delivery AS w WHERE w.id = ANY (purgeable);
     GET DIAGNOSTICS purged = ROW_COUNT;
     RETURN deleted + purged;
 END
