@@ -10251,17 +10251,23 @@ REVOKE ALL ON FUNCTION runrow._charge_usage(uuid, jsonb) FROM PUBLIC;
 -- functions/_next_webhook_receiver.sql
 -- The first receiver (_webhook_receiver) after `after` in text order that has a pending delivery,
 -- or NULL: one descent of webhook_delivery_pending_by_receiver. claim_webhook_deliveries walks
--- the receivers with it ('' gives the first).
+-- the receivers with it ('' gives the first). PL/pgSQL, whose body is resolved when it runs: a
+-- SQL body is checked when created, and functions/ are applied to a database at any migration
+-- (the upgrade test applies them at 0060, before 0078 defines _webhook_receiver).
 CREATE OR REPLACE FUNCTION runrow._next_webhook_receiver(after text)
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 AS $fn$
-    SELECT runrow._webhook_receiver(v.url)
-    FROM runrow.webhook_delivery AS v
-    WHERE v.state = 'pending' AND runrow._webhook_receiver(v.url) > after
-    ORDER BY runrow._webhook_receiver(v.url)
-    LIMIT 1
+BEGIN
+    RETURN (
+        SELECT runrow._webhook_receiver(v.url)
+        FROM runrow.webhook_delivery AS v
+        WHERE v.state = 'pending' AND runrow._webhook_receiver(v.url) > _next_webhook_receiver.after
+        ORDER BY runrow._webhook_receiver(v.url)
+        LIMIT 1
+    );
+END
 $fn$;
 
 COMMENT ON FUNCTION runrow._next_webhook_receiver(text) IS
