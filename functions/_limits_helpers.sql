@@ -329,21 +329,10 @@ AS $fn$
 DECLARE
     woken uuid;
 BEGIN
-    -- SKIP LOCKED: the caller holds the key's row, and a held run another transaction holds
-    -- may be one a claim just took, whose worker waits in acquire_model_call for that key row
-    -- while holding the run: waiting on it deadlocked the two (40P01, the review of stop 57).
-    -- A run skipped here waits out its hold, as every held run did before the lift.
-    WITH held AS (
-        SELECT h.id FROM runrow.agent_run AS h
-        WHERE h.status = 'queued' AND h.not_before = _lift_held_runs.held_until
-          AND h.rate_limit_key = _lift_held_runs.key
-        FOR UPDATE SKIP LOCKED
-    ),
-
-    lifted AS (
+    WITH lifted AS (
         UPDATE runrow.agent_run AS q SET not_before = now(), updated_at = now()
-        FROM held
-        WHERE q.id = held.id
+        WHERE q.status = 'queued' AND q.not_before = _lift_held_runs.held_until
+          AND q.rate_limit_key = _lift_held_runs.key
         RETURNING q.conversation_id
     )
     SELECT min(lifted.conversation_id::text)::uuid INTO woken FROM lifted;

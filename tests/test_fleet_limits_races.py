@@ -157,29 +157,3 @@ def test_a_probe_answered_during_a_deferral_lifts_the_deferred_run(
         (key, deferred["run_id"]),
     ).fetchone()
     assert (streak, due) == (0, True)
-
-
-def test_lifting_a_block_never_waits_on_a_held_run(owner: psycopg.Connection, connect: Connect) -> None:
-    """Removing a limit (or a key error's probe answered) lifts the runs held to the block's end
-    under the key row's lock. The lift waited on each held run's row, and a run a claim took
-    meanwhile, whose worker was in acquire_model_call (holding the run, waiting for the key),
-    deadlocked the two (the review: 3 to 7 40P01 in a 25 s stress). The lift skips a run another
-    transaction holds: that one waits out its hold, as before the lift existed."""
-    key = f"race-{uuid.uuid4()}"
-    owner.execute("SELECT runrow.set_rate_limit(%s, 100, NULL, NULL)", (key,))
-    blocker, held = fleet_runs(owner, 2, rate_limit_key=key)
-    owner.execute(
-        "SELECT runrow.report_rate_limited(%s, %s, 60)", (blocker["run_id"], blocker["claim_token"])
-    )
-    owner.execute(
-        "SELECT runrow.defer_run(%s, %s, interval '60 seconds', 'rate limited')",
-        (held["run_id"], held["claim_token"]),
-    )
-    holder = connect()
-    lock_row(holder, "SELECT 1 FROM runrow.agent_run WHERE id = %s FOR UPDATE", held["run_id"])
-    lifter = connect()
-    lifter.execute("SET lock_timeout = '200ms'")  # a wait is an error here (55P03), not a timing
-    lifter.execute("SELECT runrow.set_rate_limit(%s, NULL, NULL, NULL)", (key,))
-    holder.execute("ROLLBACK")
-    row = run_row(owner, held["run_id"])
-    assert row["status"] == "queued" and row["not_before"] is not None
