@@ -342,6 +342,24 @@ BEGIN
 END
 $fn$;
 
+-- What report_key_error tells the run that met the error, written on the run in one update:
+-- its call was refused, and a refusal is not billed, so its reservation goes (a holder killed
+-- while it waits out the block was charged for it at the reap: the review of 0080); and the end
+-- of the block it is told to wait for is kept, so a deferral for a block lifted before it
+-- (a probe answered) ends at once (defer_run, migration 0084). The seconds until then.
+CREATE OR REPLACE FUNCTION runrow._key_error_told(run_id uuid, told timestamptz)
+RETURNS numeric
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    UPDATE runrow.agent_run AS a
+    SET model_call_reserved = NULL, model_call_attempt = NULL, block_told_until = _key_error_told.told,
+        updated_at = now()
+    WHERE a.id = _key_error_told.run_id;
+    RETURN round(greatest(extract(EPOCH FROM _key_error_told.told - now()), 0.001), 3);
+END
+$fn$;
+
 REVOKE ALL ON FUNCTION runrow._require_positive(numeric, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._key_answered(runrow.rate_limit) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lift_held_runs(text, timestamptz) FROM PUBLIC;
@@ -353,3 +371,4 @@ REVOKE ALL ON FUNCTION runrow._tenant_verdict(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._fail_queued_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._charge_usage(uuid, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._key_error_told(uuid, timestamptz) FROM PUBLIC;

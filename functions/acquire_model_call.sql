@@ -53,7 +53,8 @@ BEGIN
         -- No limit and no block for this key. A granted row as OUT values and RETURN NEXT: no
         -- statement for a row of values (issue 11).
         UPDATE runrow.agent_run AS a
-        SET model_call_reserved = reserved, model_call_attempt = r.attempt, updated_at = now()
+        SET model_call_reserved = reserved, model_call_attempt = r.attempt, block_told_until = NULL,
+            updated_at = now()
         WHERE a.id = r.id;
         granted := true;
         wait_seconds := 0;
@@ -61,6 +62,11 @@ BEGIN
         RETURN;
     END IF;
     IF l.blocked_until > now() THEN
+        -- The end told is kept on the run: if the block is lifted before the worker defers the
+        -- run for this wait, defer_run sees it and makes the run due (migration 0084). A write
+        -- on this refusal only: the claim holds queued runs to a block's end, so the runs told
+        -- are the few that held a claim when the block began.
+        UPDATE runrow.agent_run AS a SET block_told_until = l.blocked_until, updated_at = now() WHERE a.id = r.id;
         RETURN QUERY SELECT false, round(extract(EPOCH FROM l.blocked_until - now()), 3), 'blocked'::text;
         RETURN;
     END IF;
@@ -107,6 +113,7 @@ BEGIN
     SET granted_input_tokens = CASE WHEN l.input_tokens_per_minute IS NULL THEN NULL ELSE need_input END,
         model_call_reserved = reserved,
         model_call_attempt = r.attempt,
+        block_told_until = NULL,
         updated_at = now()
     WHERE a.id = r.id;
     granted := true;
@@ -121,7 +128,8 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 '(set_tenant_budget) is spent, the run ends here: failed, error budget_exhausted: ..., result '
 '{text of its latest model turn, stop_reason budget_exhausted}, journaled budget_exhausted and '
 'complete; the row says (false, NULL, budget_exhausted). Then the run''s rate_limit_key, under '
-'its bucket row''s lock: blocked (report_rate_limited) gives (false, seconds left, blocked); '
+'its bucket row''s lock: blocked (report_rate_limited) gives (false, seconds left, blocked) '
+'and keeps the block''s end on the run (block_told_until, read by defer_run; a grant clears it); '
 'too few requests or uncached input tokens left for input_tokens_estimate, or output tokens in '
 'debt, gives (false, seconds until there are, rate_limited); else one request and the estimate '
 '(at most a minute''s worth of input; the rest is charged when the usage settles) are taken and '

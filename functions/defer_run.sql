@@ -7,6 +7,9 @@ AS $fn$
 DECLARE
     r runrow.agent_run;
     last_seq bigint;
+    key text;
+    told timestamptz;
+    key_block timestamptz;
     block_end timestamptz;
 BEGIN
     PERFORM runrow._require_not_null(defer_run.run_id, 'run_id');
@@ -31,14 +34,19 @@ BEGIN
     -- removed the limit) lifts only the runs held to its very end (_lift_held_runs): a deferred
     -- run waited out one more block, up to 300 s, with the key working (the model-calls
     -- audit). Read under a share lock: a probe's answer ending the block (it holds the row's
-    -- lock) waits for this deferral and then finds the run held to the block's end. One that
-    -- committed in the milliseconds between acquire_model_call's answer and this deferral
-    -- ended the block before this run was queued: that run waits its retry_in, as before.
-    SELECT l.blocked_until INTO block_end
-    FROM runrow.rate_limit AS l
-    WHERE l.rate_limit_key = (SELECT a.rate_limit_key FROM runrow.agent_run AS a WHERE a.id = defer_run.run_id)
-      AND l.blocked_until > now()
+    -- lock) waits for this deferral and then finds the run held to the block's end.
+    SELECT a.rate_limit_key, a.block_told_until INTO key, told
+    FROM runrow.agent_run AS a WHERE a.id = defer_run.run_id;
+    SELECT l.blocked_until INTO key_block
+    FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key
     FOR SHARE;
+    block_end := CASE
+        WHEN key_block > now() THEN key_block
+        -- The block this run was told to wait for was lifted (or cut short) after it was told
+        -- and before this deferral: the lift ran before the run was queued, so it is due now
+        -- (CI's test_deferred_runs_go_as_soon_as_the_key_works met it: one block late).
+        WHEN told > now() AND coalesce(key_block, '-infinity') < told THEN now()
+    END;
 
     -- release_run's hand-back, but the attempt is given back, as parking gives it back: a wait
     -- for a fleet limit is not the run failing. release_run spent it, so a run on its last
@@ -56,6 +64,7 @@ BEGIN
         -- if a later holder of this attempt number dies (its attempt is given back).
         model_call_reserved = NULL,
         model_call_attempt = NULL,
+        block_told_until = NULL,
         updated_at = now()
     WHERE a.id = defer_run.run_id
     RETURNING a.* INTO r;
@@ -68,6 +77,10 @@ BEGIN
         'type', 'run_requeued', 'attempt', r.attempt, 'max_attempts', r.max_attempts,
         'error', defer_run.reason, 'not_before', r.not_before, 'deferred', true)));
     PERFORM runrow._wake_tails(r.id, last_seq);
+    IF r.not_before <= now() THEN
+        -- Due at once (its block was lifted): the dispatchers the lift woke did not see it.
+        PERFORM runrow._wake_dispatchers(r.conversation_id);
+    END IF;
     RETURN 'deferred';
 END
 $fn$;
@@ -78,9 +91,11 @@ COMMENT ON FUNCTION runrow.defer_run(uuid, uuid, interval, text) IS
 'attempt given back, not claimable before now() + retry_in (more than 0, at most 1 day, judged where it lands), or '
 'before the end of a block of its rate_limit_key in force when that comes first (so a block '
 'that ends early, its key error''s probe answered or its limit removed, makes it due at once '
-'with the runs the claim held to the block''s end), reason '
-'kept as its error and journaled in run_requeued (with not_before and deferred = true); no wake '
-'is sent. Fenced by claim_token and status running. Returns deferred, or cancelled (a stop was '
+'with the runs the claim held to the block''s end), or now when the block its holder was told to '
+'wait for (block_told_until, kept by acquire_model_call and report_key_error) has been lifted or '
+'cut short since; reason '
+'kept as its error and journaled in run_requeued (with not_before and deferred = true); the '
+'dispatchers are woken only when it is due at once. Fenced by claim_token and status running. Returns deferred, or cancelled (a stop was '
 'pending; complete journaled), or NULL when fenced out (nothing written). Bad input (a NULL '
 'argument, retry_in out of range, a reason empty, of white space only or over 10000 characters) '
 'raises 22004/22023 naming it and writes nothing.';

@@ -42,13 +42,9 @@ BEGIN
     IF NOT runrow._hold_claim(report_key_error.run_id, report_key_error.claim_token) THEN
         RETURN NULL;  -- fenced out: nothing written
     END IF;
-    -- The call was refused, and a refusal is not billed: its reservation goes, or a holder
-    -- killed while it waits out the block would be charged for it at the reap (the review of 0080).
-    UPDATE runrow.agent_run AS a
-    SET model_call_reserved = NULL, model_call_attempt = NULL, updated_at = now()
-    WHERE a.id = report_key_error.run_id AND a.model_call_reserved IS NOT NULL;
     SELECT a.rate_limit_key INTO key FROM runrow.agent_run AS a WHERE a.id = report_key_error.run_id;
     IF key IS NULL THEN
+        PERFORM runrow._key_error_told(report_key_error.run_id, NULL);
         RETURN NULL;
     END IF;
     INSERT INTO runrow.rate_limit AS r (rate_limit_key) VALUES (key)
@@ -60,7 +56,7 @@ BEGIN
         UPDATE runrow.rate_limit AS r
         SET key_error = left(report_key_error.error, 1000), updated_at = now()
         WHERE r.rate_limit_key = key;
-        RETURN round(greatest(extract(EPOCH FROM greatest(l.blocked_until, l.key_error_until) - now()), 0.001), 3);
+        RETURN runrow._key_error_told(report_key_error.run_id, greatest(l.blocked_until, l.key_error_until));
     END IF;
 
     -- The first error, or the probe (or a request after the block) found the key still broken:
@@ -85,7 +81,7 @@ BEGIN
         key_probe_by = NULL,
         updated_at = now()
     WHERE r.rate_limit_key = key;
-    RETURN round(greatest(extract(EPOCH FROM blocked - now()), 0.001), 3);
+    RETURN runrow._key_error_told(report_key_error.run_id, blocked);
 END
 $fn$;
 
@@ -102,7 +98,9 @@ COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) 
 'append_step or record_usage) ends the streak and lifts its block; the answer to a request '
 'granted before the key broke does not. A longer 429 '
 'block is never shortened. Returns the seconds until the key may be asked again. '
-'The run''s model-call reservation (acquire_model_call) is dropped: a refused call is not billed. '
+'The run''s model-call reservation (acquire_model_call) is dropped: a refused call is not billed; '
+'the block''s end is kept on the run (block_told_until: defer_run ends the deferral with a block '
+'lifted meanwhile). '
 'Fenced: NULL '
 'and nothing written unless claim_token holds the running run. Bad input (NULL, an empty '
 'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400) '

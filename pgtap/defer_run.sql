@@ -2,7 +2,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(25);
+SELECT plan(29);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'defer_run', ARRAY['uuid', 'uuid', 'interval', 'text'],
@@ -45,6 +45,26 @@ SELECT runrow.set_rate_limit('test-model', NULL, NULL, NULL);
 SELECT is((SELECT not_before <= now() FROM runrow.agent_run WHERE id = :'blk'), true,
     'the block removed: due now');
 SELECT runrow.cancel_run(:'blk');
+
+-- A run told the block (acquire_model_call: blocked) that defers after the block was removed:
+-- the removal's lift ran before the run was queued, so the run is due at once, not retry_in
+-- later. A grant in between makes a later deferral the run's own: it keeps its retry_in.
+SELECT pg_temp.running() AS told \gset
+SELECT pg_temp.running() AS own \gset
+SELECT runrow.report_rate_limited(:'told', pg_temp.token(:'told'), 60);
+SELECT is((SELECT reason FROM runrow.acquire_model_call(:'told', pg_temp.token(:'told'), 10)), 'blocked',
+    'told to wait for the block');
+SELECT is((SELECT reason FROM runrow.acquire_model_call(:'own', pg_temp.token(:'own'), 10)), 'blocked',
+    'another run told the same');
+SELECT runrow.set_rate_limit('test-model', NULL, NULL, NULL);
+SELECT is((SELECT granted FROM runrow.acquire_model_call(:'own', pg_temp.token(:'own'), 10)), true,
+    'the block removed, the other run is granted');
+SELECT runrow.defer_run(:'told', pg_temp.token(:'told'), interval '60 seconds', 'blocked: waiting 60.0s'),
+    runrow.defer_run(:'own', pg_temp.token(:'own'), interval '30 seconds', 'rate_limited: waiting 30.0s');
+SELECT is((SELECT array_agg((not_before <= now(), not_before = now() + interval '30 seconds') ORDER BY id = :'own')::text
+           FROM runrow.agent_run WHERE id IN (:'told', :'own')),
+    '{"(t,f)","(f,t)"}', 'the block lifted before the deferral: due now; after a grant: its own retry_in');
+SELECT runrow.cancel_run(:'told'), runrow.cancel_run(:'own');
 
 -- Fenced out: the old token, a made-up one; nothing written.
 SELECT pg_temp.fingerprint() AS before \gset

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(41);
+SELECT plan(45);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.keyed_run(key text) RETURNS uuid LANGUAGE plpgsql AS $$
@@ -107,6 +107,7 @@ SELECT is(pg_temp.streak('kold'), '(1,5,f,5.000000)',
 SELECT pg_temp.keyed_run('kdef') AS p \gset
 SELECT pg_temp.keyed_run('kdef') AS d \gset
 SELECT pg_temp.keyed_run('kdef') AS e \gset
+SELECT pg_temp.keyed_run('kdef') AS f \gset
 SELECT pg_temp.report(:'p');
 SELECT pg_temp.time_passes('kdef');
 SELECT is(pg_temp.acquire(:'p'), '(t,0,)', 'the probe is granted');
@@ -116,6 +117,10 @@ SELECT is(runrow.defer_run(:'d', pg_temp.token(:'d'), interval '5.25 seconds', '
 SELECT is((SELECT a.not_before = l.blocked_until FROM runrow.agent_run AS a
     JOIN runrow.rate_limit AS l ON l.rate_limit_key = a.rate_limit_key WHERE a.id = :'d'), true,
     'a deferral past the key''s block ends with the block');
+SELECT is(pg_temp.acquire(:'f'), '(f,5.000,blocked)', 'a third run is told the same wait');
+SELECT is((SELECT a.block_told_until = l.blocked_until FROM runrow.agent_run AS a
+    JOIN runrow.rate_limit AS l ON l.rate_limit_key = a.rate_limit_key WHERE a.id = :'f'), true,
+    'and the block''s end it was told is kept on the run');
 SELECT is(runrow.defer_run(:'e', pg_temp.token(:'e'), interval '2 seconds', 'blocked: waiting 2.0s'), 'deferred',
     'a deferral shorter than the block');
 SELECT is((SELECT not_before FROM runrow.agent_run WHERE id = :'e'), now() + interval '2 seconds',
@@ -125,7 +130,13 @@ SELECT runrow.append_step(:'p', pg_temp.token(:'p'), 'model_turn',
     'end_turn');
 SELECT is((SELECT not_before <= now() FROM runrow.agent_run WHERE id = :'d'), true,
     'the probe answered: the deferred run is due now');
-SELECT runrow.cancel_run(:'d'), runrow.cancel_run(:'e');  -- out of the claims below
+-- The third run defers only now, after the probe's answer lifted the block it was told: the
+-- lift ran before it was queued. It waited its whole retry_in (CI: one block late).
+SELECT is(runrow.defer_run(:'f', pg_temp.token(:'f'), interval '5.25 seconds', 'blocked: waiting 5.0s'), 'deferred',
+    'a run told the block defers after the probe''s answer');
+SELECT is((SELECT (not_before <= now(), block_told_until IS NULL) FROM runrow.agent_run WHERE id = :'f'),
+    (true, true), 'due now, not retry_in later: the block it was told was lifted meanwhile');
+SELECT runrow.cancel_run(:'d'), runrow.cancel_run(:'e'), runrow.cancel_run(:'f');  -- out of the claims below
 
 -- A 429's longer block is never shortened by a key error.
 SELECT pg_temp.keyed_run('k429') AS r \gset

@@ -128,7 +128,8 @@ BEGIN
     '0080_model_call_reserved',
     '0081_unicode_white_space',
     '0082_webhook_wake',
-    '0083_webhook_pending_by_receiver'
+    '0083_webhook_pending_by_receiver',
+    '0084_block_told_until'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -8193,6 +8194,38 @@ INSERT INTO runrow._yoyo_migration VALUES ('4e65603fff7f3527fc5cdaa96621cf82abc8
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '4e65603fff7f3527fc5cdaa96621cf82abc84b6b41d8e3385d4064c2a23502af', '0083_webhook_pending_by_receiver', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0084_block_told_until
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'cf3c8ec585bbb03d5f0d329198010ed2d49c37fb7966f55fc99d6c0118b85f98') AS apply_cf3c8ec585bb \gset
+\if :apply_cf3c8ec585bb
+-- depends: 0083_webhook_pending_by_receiver
+-- A run told to wait for its key's block (acquire_model_call answered blocked, report_key_error
+-- blocked the key) and deferred with that wait (defer_run) after the block was lifted early (the
+-- key error's probe answered, set_rate_limit removed the limit) found no block in force, so it
+-- waited its whole retry_in, up to key_error_max_block (300 s), with the key working: the lift
+-- (_lift_held_runs) had run before the run was queued. The worker hands the outcome back to its
+-- supervisor before it defers, so the window is a round trip or more, and CI met it
+-- (test_key_errors::test_deferred_runs_go_as_soon_as_the_key_works: the last run 6.2 s after
+-- the block, one whole block late).
+--
+-- The run now keeps the block's end it was told; defer_run compares it with the key's block:
+-- a block that now ends earlier than the one told (or is gone) has been lifted, and the
+-- deferral ends when the block does. At the end of the row with the model-call columns (0080):
+-- a claim, a heartbeat and a finish never write it.
+
+ALTER TABLE runrow.agent_run
+ADD COLUMN block_told_until timestamptz;
+
+COMMENT ON COLUMN runrow.agent_run.block_told_until IS
+'The end of the rate_limit_key block its holder was last told to wait for (acquire_model_call '
+'answered blocked, report_key_error blocked the key), cleared by a grant and by defer_run: a '
+'deferral for a block lifted since ends with the block, not retry_in later.';
+
+-- 0073: a column is the auditor's only when granted.
+GRANT SELECT (block_told_until) ON runrow.agent_run TO runrow_auditor;
+INSERT INTO runrow._yoyo_migration VALUES ('cf3c8ec585bbb03d5f0d329198010ed2d49c37fb7966f55fc99d6c0118b85f98', '0084_block_told_until', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'cf3c8ec585bbb03d5f0d329198010ed2d49c37fb7966f55fc99d6c0118b85f98', '0084_block_told_until', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -10225,6 +10258,24 @@ BEGIN
 END
 $fn$;
 
+-- What report_key_error tells the run that met the error, written on the run in one update:
+-- its call was refused, and a refusal is not billed, so its reservation goes (a holder killed
+-- while it waits out the block was charged for it at the reap: the review of 0080); and the end
+-- of the block it is told to wait for is kept, so a deferral for a block lifted before it
+-- (a probe answered) ends at once (defer_run, migration 0084). The seconds until then.
+CREATE OR REPLACE FUNCTION runrow._key_error_told(run_id uuid, told timestamptz)
+RETURNS numeric
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    UPDATE runrow.agent_run AS a
+    SET model_call_reserved = NULL, model_call_attempt = NULL, block_told_until = _key_error_told.told,
+        updated_at = now()
+    WHERE a.id = _key_error_told.run_id;
+    RETURN round(greatest(extract(EPOCH FROM _key_error_told.told - now()), 0.001), 3);
+END
+$fn$;
+
 REVOKE ALL ON FUNCTION runrow._require_positive(numeric, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._key_answered(runrow.rate_limit) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lift_held_runs(text, timestamptz) FROM PUBLIC;
@@ -10236,6 +10287,7 @@ REVOKE ALL ON FUNCTION runrow._tenant_verdict(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._fail_queued_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._charge_usage(uuid, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._key_error_told(uuid, timestamptz) FROM PUBLIC;
 
 -- functions/_next_webhook_receiver.sql
 -- The first receiver (_webhook_receiver) after `after` in text order that has a pending delivery,
@@ -11535,7 +11587,8 @@ BEGIN
         -- No limit and no block for this key. A granted row as OUT values and RETURN NEXT: no
         -- statement for a row of values (issue 11).
         UPDATE runrow.agent_run AS a
-        SET model_call_reserved = reserved, model_call_attempt = r.attempt, updated_at = now()
+        SET model_call_reserved = reserved, model_call_attempt = r.attempt, block_told_until = NULL,
+            updated_at = now()
         WHERE a.id = r.id;
         granted := true;
         wait_seconds := 0;
@@ -11543,6 +11596,11 @@ BEGIN
         RETURN;
     END IF;
     IF l.blocked_until > now() THEN
+        -- The end told is kept on the run: if the block is lifted before the worker defers the
+        -- run for this wait, defer_run sees it and makes the run due (migration 0084). A write
+        -- on this refusal only: the claim holds queued runs to a block's end, so the runs told
+        -- are the few that held a claim when the block began.
+        UPDATE runrow.agent_run AS a SET block_told_until = l.blocked_until, updated_at = now() WHERE a.id = r.id;
         RETURN QUERY SELECT false, round(extract(EPOCH FROM l.blocked_until - now()), 3), 'blocked'::text;
         RETURN;
     END IF;
@@ -11589,6 +11647,7 @@ BEGIN
     SET granted_input_tokens = CASE WHEN l.input_tokens_per_minute IS NULL THEN NULL ELSE need_input END,
         model_call_reserved = reserved,
         model_call_attempt = r.attempt,
+        block_told_until = NULL,
         updated_at = now()
     WHERE a.id = r.id;
     granted := true;
@@ -11603,7 +11662,8 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 '(set_tenant_budget) is spent, the run ends here: failed, error budget_exhausted: ..., result '
 '{text of its latest model turn, stop_reason budget_exhausted}, journaled budget_exhausted and '
 'complete; the row says (false, NULL, budget_exhausted). Then the run''s rate_limit_key, under '
-'its bucket row''s lock: blocked (report_rate_limited) gives (false, seconds left, blocked); '
+'its bucket row''s lock: blocked (report_rate_limited) gives (false, seconds left, blocked) '
+'and keeps the block''s end on the run (block_told_until, read by defer_run; a grant clears it); '
 'too few requests or uncached input tokens left for input_tokens_estimate, or output tokens in '
 'debt, gives (false, seconds until there are, rate_limited); else one request and the estimate '
 '(at most a minute''s worth of input; the rest is charged when the usage settles) are taken and '
@@ -13504,6 +13564,9 @@ AS $fn$
 DECLARE
     r runrow.agent_run;
     last_seq bigint;
+    key text;
+    told timestamptz;
+    key_block timestamptz;
     block_end timestamptz;
 BEGIN
     PERFORM runrow._require_not_null(defer_run.run_id, 'run_id');
@@ -13528,14 +13591,19 @@ BEGIN
     -- removed the limit) lifts only the runs held to its very end (_lift_held_runs): a deferred
     -- run waited out one more block, up to 300 s, with the key working (the model-calls
     -- audit). Read under a share lock: a probe's answer ending the block (it holds the row's
-    -- lock) waits for this deferral and then finds the run held to the block's end. One that
-    -- committed in the milliseconds between acquire_model_call's answer and this deferral
-    -- ended the block before this run was queued: that run waits its retry_in, as before.
-    SELECT l.blocked_until INTO block_end
-    FROM runrow.rate_limit AS l
-    WHERE l.rate_limit_key = (SELECT a.rate_limit_key FROM runrow.agent_run AS a WHERE a.id = defer_run.run_id)
-      AND l.blocked_until > now()
+    -- lock) waits for this deferral and then finds the run held to the block's end.
+    SELECT a.rate_limit_key, a.block_told_until INTO key, told
+    FROM runrow.agent_run AS a WHERE a.id = defer_run.run_id;
+    SELECT l.blocked_until INTO key_block
+    FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key
     FOR SHARE;
+    block_end := CASE
+        WHEN key_block > now() THEN key_block
+        -- The block this run was told to wait for was lifted (or cut short) after it was told
+        -- and before this deferral: the lift ran before the run was queued, so it is due now
+        -- (CI's test_deferred_runs_go_as_soon_as_the_key_works met it: one block late).
+        WHEN told > now() AND coalesce(key_block, '-infinity') < told THEN now()
+    END;
 
     -- release_run's hand-back, but the attempt is given back, as parking gives it back: a wait
     -- for a fleet limit is not the run failing. release_run spent it, so a run on its last
@@ -13553,6 +13621,7 @@ BEGIN
         -- if a later holder of this attempt number dies (its attempt is given back).
         model_call_reserved = NULL,
         model_call_attempt = NULL,
+        block_told_until = NULL,
         updated_at = now()
     WHERE a.id = defer_run.run_id
     RETURNING a.* INTO r;
@@ -13565,6 +13634,10 @@ BEGIN
         'type', 'run_requeued', 'attempt', r.attempt, 'max_attempts', r.max_attempts,
         'error', defer_run.reason, 'not_before', r.not_before, 'deferred', true)));
     PERFORM runrow._wake_tails(r.id, last_seq);
+    IF r.not_before <= now() THEN
+        -- Due at once (its block was lifted): the dispatchers the lift woke did not see it.
+        PERFORM runrow._wake_dispatchers(r.conversation_id);
+    END IF;
     RETURN 'deferred';
 END
 $fn$;
@@ -13575,9 +13648,11 @@ COMMENT ON FUNCTION runrow.defer_run(uuid, uuid, interval, text) IS
 'attempt given back, not claimable before now() + retry_in (more than 0, at most 1 day, judged where it lands), or '
 'before the end of a block of its rate_limit_key in force when that comes first (so a block '
 'that ends early, its key error''s probe answered or its limit removed, makes it due at once '
-'with the runs the claim held to the block''s end), reason '
-'kept as its error and journaled in run_requeued (with not_before and deferred = true); no wake '
-'is sent. Fenced by claim_token and status running. Returns deferred, or cancelled (a stop was '
+'with the runs the claim held to the block''s end), or now when the block its holder was told to '
+'wait for (block_told_until, kept by acquire_model_call and report_key_error) has been lifted or '
+'cut short since; reason '
+'kept as its error and journaled in run_requeued (with not_before and deferred = true); the '
+'dispatchers are woken only when it is due at once. Fenced by claim_token and status running. Returns deferred, or cancelled (a stop was '
 'pending; complete journaled), or NULL when fenced out (nothing written). Bad input (a NULL '
 'argument, retry_in out of range, a reason empty, of white space only or over 10000 characters) '
 'raises 22004/22023 naming it and writes nothing.';
@@ -15321,13 +15396,9 @@ BEGIN
     IF NOT runrow._hold_claim(report_key_error.run_id, report_key_error.claim_token) THEN
         RETURN NULL;  -- fenced out: nothing written
     END IF;
-    -- The call was refused, and a refusal is not billed: its reservation goes, or a holder
-    -- killed while it waits out the block would be charged for it at the reap (the review of 0080).
-    UPDATE runrow.agent_run AS a
-    SET model_call_reserved = NULL, model_call_attempt = NULL, updated_at = now()
-    WHERE a.id = report_key_error.run_id AND a.model_call_reserved IS NOT NULL;
     SELECT a.rate_limit_key INTO key FROM runrow.agent_run AS a WHERE a.id = report_key_error.run_id;
     IF key IS NULL THEN
+        PERFORM runrow._key_error_told(report_key_error.run_id, NULL);
         RETURN NULL;
     END IF;
     INSERT INTO runrow.rate_limit AS r (rate_limit_key) VALUES (key)
@@ -15339,7 +15410,7 @@ BEGIN
         UPDATE runrow.rate_limit AS r
         SET key_error = left(report_key_error.error, 1000), updated_at = now()
         WHERE r.rate_limit_key = key;
-        RETURN round(greatest(extract(EPOCH FROM greatest(l.blocked_until, l.key_error_until) - now()), 0.001), 3);
+        RETURN runrow._key_error_told(report_key_error.run_id, greatest(l.blocked_until, l.key_error_until));
     END IF;
 
     -- The first error, or the probe (or a request after the block) found the key still broken:
@@ -15364,7 +15435,7 @@ BEGIN
         key_probe_by = NULL,
         updated_at = now()
     WHERE r.rate_limit_key = key;
-    RETURN round(greatest(extract(EPOCH FROM blocked - now()), 0.001), 3);
+    RETURN runrow._key_error_told(report_key_error.run_id, blocked);
 END
 $fn$;
 
@@ -15381,7 +15452,9 @@ COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) 
 'append_step or record_usage) ends the streak and lifts its block; the answer to a request '
 'granted before the key broke does not. A longer 429 '
 'block is never shortened. Returns the seconds until the key may be asked again. '
-'The run''s model-call reservation (acquire_model_call) is dropped: a refused call is not billed. '
+'The run''s model-call reservation (acquire_model_call) is dropped: a refused call is not billed; '
+'the block''s end is kept on the run (block_told_until: defer_run ends the deferral with a block '
+'lifted meanwhile). '
 'Fenced: NULL '
 'and nothing written unless claim_token holds the running run. Bad input (NULL, an empty '
 'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400) '
