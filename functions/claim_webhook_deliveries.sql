@@ -142,66 +142,11 @@ BEGIN
             -- deliveries stay due).
             CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtext('runrow.webhook_receiver'), hashtext(grp.receiver));
             RETURN QUERY
-            WITH busy AS (
-                -- Through webhook_delivery_leased: the leased rows only, whatever the table holds.
-                SELECT count(*)::integer AS leases
-                FROM runrow.webhook_delivery AS w
-                WHERE runrow._webhook_receiver(w.url) = grp.receiver
-                  AND w.claim_token IS NOT NULL AND w.claim_expires_at > now()
-            ),
-
-            due AS (
-                SELECT w.id
-                FROM runrow.webhook_delivery AS w
-                WHERE w.id = ANY (grp.ids) AND w.state = 'pending' AND w.next_attempt_at <= now()
-                ORDER BY w.next_attempt_at
-                LIMIT greatest(0, least(
-                    claim_webhook_deliveries.max_per_receiver - (SELECT b.leases FROM busy AS b),
-                    claim_webhook_deliveries.max_deliveries - got
-                ))
-                FOR UPDATE OF w SKIP LOCKED
-            ),
-
-            taken AS (
-                -- A row still holding a token here is one whose lease lapsed: its worker died or hung
-                -- mid-delivery and recorded nothing. That attempt counts, so a receiver that kills
-                -- every worker it meets still ends dead-lettered instead of looping forever.
-                UPDATE runrow.webhook_delivery AS w
-                SET state = CASE WHEN w.attempts >= claim_webhook_deliveries.max_attempts THEN 'dead' ELSE 'pending' END,
-                    attempts = CASE
-                        WHEN w.attempts < claim_webhook_deliveries.max_attempts THEN w.attempts + 1 ELSE w.attempts
-                    END,
-                    claim_token = CASE
-                        WHEN w.attempts < claim_webhook_deliveries.max_attempts THEN gen_random_uuid()
-                    END,
-                    claim_expires_at = CASE
-                        WHEN w.attempts < claim_webhook_deliveries.max_attempts
-                            THEN now() + make_interval(secs => claim_webhook_deliveries.lease_seconds)
-                    END,
-                    -- While leased, due again when the lease ends: the same index finds a lapsed lease.
-                    next_attempt_at = CASE
-                        WHEN w.attempts < claim_webhook_deliveries.max_attempts
-                            THEN now() + make_interval(secs => claim_webhook_deliveries.lease_seconds)
-                        ELSE w.next_attempt_at
-                    END,
-                    worker_id = CASE
-                        WHEN w.attempts < claim_webhook_deliveries.max_attempts THEN claim_webhook_deliveries.worker_id
-                        ELSE w.worker_id
-                    END,
-                    last_error = CASE
-                        WHEN w.claim_token IS NOT NULL
-                            THEN format('lease expired: worker %s recorded no outcome of attempt %s',
-                                        coalesce(w.worker_id, '(unnamed)'), w.attempts)
-                        ELSE w.last_error
-                    END
-                FROM due
-                WHERE w.id = due.id
-                RETURNING w.id, w.claim_token, w.run_id, w.url, w.payload, w.attempts, w.claim_expires_at, w.state
-            )
-            SELECT t.id, t.claim_token, t.run_id, t.url, t.payload, t.attempts, t.claim_expires_at, now()
-            FROM taken AS t
-            WHERE t.state = 'pending'
-            ORDER BY t.id;
+            SELECT l.* FROM runrow._lease_webhook_deliveries(
+                grp.receiver, grp.ids, claim_webhook_deliveries.max_deliveries - got,
+                claim_webhook_deliveries.worker_id, claim_webhook_deliveries.lease_seconds,
+                claim_webhook_deliveries.max_attempts, claim_webhook_deliveries.max_per_receiver
+            ) AS l;
             GET DIAGNOSTICS n = ROW_COUNT;
             got := got + n;
         END LOOP;
