@@ -259,8 +259,9 @@ async def stream_turn(
         consumer.cancel()
         with contextlib.suppress(BaseException):
             await consumer
-        metrics.model_usage(str(params.get("model")), received.billed())
-        raise TurnCancelled("".join(received.text), received.billed())
+        billed = received.billed()  # the stream is closed: what was received is final
+        metrics.model_usage(str(params.get("model")), billed)
+        raise TurnCancelled("".join(received.text), billed)
     return consumer.result()
 
 
