@@ -528,10 +528,17 @@ BEGIN
                         CONTINUE serve;
                     END IF;
                     set_aside := set_aside + 1;
+                    -- The block's end under a share lock: a lift in progress (a limit removed,
+                    -- a key error's probe answered: _lift_held_runs, under the key row's lock)
+                    -- is waited for, and its end read after it. Read plainly, the old end held
+                    -- the run a whole block (up to 300 s) past the lift, whose own statement
+                    -- had not seen the hold (test_fleet_limits_races). NULL (the limit and its
+                    -- block removed) or a lifted end: the run is due.
                     UPDATE runrow.agent_run AS q
                     SET not_before = (
                         SELECT l.blocked_until FROM runrow.rate_limit AS l
-                        WHERE l.rate_limit_key = fleet_cand.rate_limit_key),
+                        WHERE l.rate_limit_key = fleet_cand.rate_limit_key
+                        FOR SHARE),
                         updated_at = now()
                     WHERE q.id = fleet_cand.id;
                     CONTINUE serve;

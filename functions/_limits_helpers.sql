@@ -329,10 +329,24 @@ AS $fn$
 DECLARE
     woken uuid;
 BEGIN
-    WITH lifted AS (
+    -- SKIP LOCKED: the caller holds the key's row, and a held run another transaction holds is
+    -- one a claim took as its hold ended, whose worker waits in acquire_model_call for this key
+    -- row while holding the run: waiting on it deadlocked the two (40P01, the review of stop
+    -- 57), or one a stop is ending. A claim that holds a run to the block reads the block under
+    -- a share lock (_claim_walk), so it waits for this lift and holds nothing to a lifted block.
+    -- NO KEY UPDATE, the update's own strength: a journal row's foreign-key check (KEY SHARE)
+    -- does not make a run look held.
+    WITH held AS (
+        SELECT h.id FROM runrow.agent_run AS h
+        WHERE h.status = 'queued' AND h.not_before = _lift_held_runs.held_until
+          AND h.rate_limit_key = _lift_held_runs.key
+        FOR NO KEY UPDATE SKIP LOCKED
+    ),
+
+    lifted AS (
         UPDATE runrow.agent_run AS q SET not_before = now(), updated_at = now()
-        WHERE q.status = 'queued' AND q.not_before = _lift_held_runs.held_until
-          AND q.rate_limit_key = _lift_held_runs.key
+        FROM held
+        WHERE q.id = held.id
         RETURNING q.conversation_id
     )
     SELECT min(lifted.conversation_id::text)::uuid INTO woken FROM lifted;

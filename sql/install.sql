@@ -9143,10 +9143,17 @@ BEGIN
                         CONTINUE serve;
                     END IF;
                     set_aside := set_aside + 1;
+                    -- The block's end under a share lock: a lift in progress (a limit removed,
+                    -- a key error's probe answered: _lift_held_runs, under the key row's lock)
+                    -- is waited for, and its end read after it. Read plainly, the old end held
+                    -- the run a whole block (up to 300 s) past the lift, whose own statement
+                    -- had not seen the hold (test_fleet_limits_races). NULL (the limit and its
+                    -- block removed) or a lifted end: the run is due.
                     UPDATE runrow.agent_run AS q
                     SET not_before = (
                         SELECT l.blocked_until FROM runrow.rate_limit AS l
-                        WHERE l.rate_limit_key = fleet_cand.rate_limit_key),
+                        WHERE l.rate_limit_key = fleet_cand.rate_limit_key
+                        FOR SHARE),
                         updated_at = now()
                     WHERE q.id = fleet_cand.id;
                     CONTINUE serve;
@@ -10340,10 +10347,24 @@ AS $fn$
 DECLARE
     woken uuid;
 BEGIN
-    WITH lifted AS (
+    -- SKIP LOCKED: the caller holds the key's row, and a held run another transaction holds is
+    -- one a claim took as its hold ended, whose worker waits in acquire_model_call for this key
+    -- row while holding the run: waiting on it deadlocked the two (40P01, the review of stop
+    -- 57), or one a stop is ending. A claim that holds a run to the block reads the block under
+    -- a share lock (_claim_walk), so it waits for this lift and holds nothing to a lifted block.
+    -- NO KEY UPDATE, the update's own strength: a journal row's foreign-key check (KEY SHARE)
+    -- does not make a run look held.
+    WITH held AS (
+        SELECT h.id FROM runrow.agent_run AS h
+        WHERE h.status = 'queued' AND h.not_before = _lift_held_runs.held_until
+          AND h.rate_limit_key = _lift_held_runs.key
+        FOR NO KEY UPDATE SKIP LOCKED
+    ),
+
+    lifted AS (
         UPDATE runrow.agent_run AS q SET not_before = now(), updated_at = now()
-        WHERE q.status = 'queued' AND q.not_before = _lift_held_runs.held_until
-          AND q.rate_limit_key = _lift_held_runs.key
+        FROM held
+        WHERE q.id = held.id
         RETURNING q.conversation_id
     )
     SELECT min(lifted.conversation_id::text)::uuid INTO woken FROM lifted;

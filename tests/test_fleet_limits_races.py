@@ -157,3 +157,71 @@ def test_a_probe_answered_during_a_deferral_lifts_the_deferred_run(
         (key, deferred["run_id"]),
     ).fetchone()
     assert (streak, due) == (0, True)
+
+
+def test_a_block_lifted_while_a_claim_holds_a_run_to_it(owner: psycopg.Connection, connect: Connect) -> None:
+    """A claim that meets a due run of a blocked key holds it to the block's end (not_before).
+    It read the block's end without a lock, so a lift not yet committed (a limit removed, a key
+    error's probe answered) went unseen, and the lift's own statement, its snapshot taken
+    before the claim committed, did not see the hold either: the run waited out the whole
+    block (up to key_error_max_block, 300 s) with the key working. The claim now reads the
+    block's end under a share lock: it waits for the lift and finds the block gone."""
+    key = f"race-{uuid.uuid4()}"
+    (blocker,) = fleet_runs(owner, 1, rate_limit_key=key)
+    owner.execute(
+        "SELECT runrow.report_rate_limited(%s, %s, 60)", (blocker["run_id"], blocker["claim_token"])
+    )
+    held = owner.execute(
+        "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => '\"hi\"', "
+        "model => 'race-model', rate_limit_key => %s)",
+        (uuid.uuid4(), key),
+    ).fetchone()[0]
+    lifter = connect()
+    lifter.execute("BEGIN")
+    lifter.execute("SELECT runrow.set_rate_limit(%s, NULL, NULL, NULL)", (key,))  # lifted, not committed
+    call = Background(connect(), lambda c: claim(c, 5))
+    deadline = time.monotonic() + POLL_TIMEOUT
+    # Before the fix the claim never waits: it holds the run to the block it still sees.
+    while (
+        not call.done
+        and not owner.execute(
+            "SELECT %s = ANY (pg_blocking_pids(%s))", (lifter.info.backend_pid, call.pid)
+        ).fetchone()[0]
+    ):
+        assert time.monotonic() < deadline, "the claim neither finished nor waited for the lift"
+        time.sleep(0.005)
+    lifter.execute("COMMIT")
+    assert call.result() == []  # the run was due to a blocked key at the claim's start: not claimed
+    due = owner.execute(
+        "SELECT status, coalesce(not_before, '-infinity') <= now() FROM runrow.agent_run WHERE id = %s",
+        (held,),
+    ).fetchone()
+    assert due == ("queued", True), "held to a block that was lifted"
+
+
+def test_lifting_a_block_never_waits_on_a_held_run(owner: psycopg.Connection, connect: Connect) -> None:
+    """Removing a limit (or a key error's probe answered) lifts the runs held to the block's end
+    under the key row's lock. The lift waited on each held run's row, and a run a claim took
+    meanwhile (its hold ending as the lift began), whose worker was in acquire_model_call
+    holding the run and waiting for the key, deadlocked the two (the review of stop 57: 3 to 7
+    40P01 in a 25 s stress). The lift skips a run another transaction holds: that one is being
+    claimed or stopped, and a claim reads the block under a share lock, after the lift."""
+    key = f"race-{uuid.uuid4()}"
+    owner.execute("SELECT runrow.set_rate_limit(%s, 100, NULL, NULL)", (key,))
+    blocker, held = fleet_runs(owner, 2, rate_limit_key=key)
+    owner.execute(
+        "SELECT runrow.report_rate_limited(%s, %s, 60)", (blocker["run_id"], blocker["claim_token"])
+    )
+    owner.execute(
+        "SELECT runrow.defer_run(%s, %s, interval '60 seconds', 'rate limited')",
+        (held["run_id"], held["claim_token"]),
+    )
+    holder = connect()
+    # _hold_claim's lock strength: what acquire_model_call holds while it waits for the key.
+    lock_row(holder, "SELECT 1 FROM runrow.agent_run WHERE id = %s FOR NO KEY UPDATE", held["run_id"])
+    lifter = connect()
+    lifter.execute("SET lock_timeout = '200ms'")  # a wait is an error here (55P03), not a timing
+    lifter.execute("SELECT runrow.set_rate_limit(%s, NULL, NULL, NULL)", (key,))
+    holder.execute("ROLLBACK")
+    row = run_row(owner, held["run_id"])
+    assert row["status"] == "queued" and row["not_before"] is not None
