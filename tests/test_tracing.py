@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,36 +18,20 @@ import psycopg
 import pytest
 from agent_support import TOOLS, InProcessWorker, agent_worker, enqueue_agent, steps
 from http_support import ALICE, serve
-from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from trace_support import spans, untraced
 from worker_support import REPO, db, run_row, wait_status, wait_until, worker_db
 
 from pyworker.fake.server import FakeModel
 
-__all__ = ["db", "worker_db"]
+__all__ = ["db", "spans", "untraced", "worker_db"]
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
 DEMO_TOOLS = ["list_files", "read_file", "read_file", "send_email", "write_file", "read_file"]
-
-_exporter = InMemorySpanExporter()
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    """The process's tracer provider, exporting every ended span to memory (set once per process)."""
-    provider = trace.get_tracer_provider()
-    if not getattr(provider, "_runrow_test", False):
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(_exporter))
-        provider._runrow_test = True  # type: ignore[attr-defined]
-        trace.set_tracer_provider(provider)
-    _exporter.clear()
-    yield _exporter
-    _exporter.clear()
 
 
 def agent_config(fake: FakeModel) -> dict[str, Any]:
@@ -205,7 +188,8 @@ def test_a_run_killed_and_resumed_by_another_worker_stays_in_the_callers_trace(
     )
 
 
-def test_the_traceparent_header_is_stored_on_the_run(worker_db: str) -> None:
+def test_the_traceparent_header_is_stored_on_the_run(worker_db: str, untraced: InMemorySpanExporter) -> None:
+    """With tracing off, as sent (tests/test_tracing_http.py has it with tracing on)."""
     with contextlib.contextmanager(serve)(worker_db) as server:
         base, conversation = server.url, uuid.uuid4()
         url = f"{base}/conversations/{conversation}/runs"
@@ -257,6 +241,7 @@ def test_the_traceparent_header_is_stored_on_the_run(worker_db: str) -> None:
             timeout=10,
         )
         assert sql.status_code == 400 and "metadata.traceparent" in sql.json()["error"]["message"]
+    assert untraced.get_finished_spans() == ()  # no server span, nor any other
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -290,6 +275,10 @@ def test_without_the_otel_extra_the_hooks_do_nothing_and_still_count() -> None:
             call.state = "execute"
         assert metrics.TOOL_CALLS.labels("pure", "ok")._value.get() == 1
         tracing.configure_from_env()
+        from pyworker.http.app import create_app
+        from pyworker.http.config import ServeConfig
+        app = create_app(ServeConfig(database_url="postgresql:///nowhere", model="m", insecure_dev=True))
+        assert type(app.build_middleware_stack()).__name__ == "SecurityHeaders"  # no ServerSpans
         print("untraced ok")
         """
     ).replace("TRACEPARENT", TRACEPARENT)

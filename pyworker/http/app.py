@@ -31,8 +31,9 @@ from pyworker.http.errors import EXCEPTION_HANDLERS
 from pyworker.http.headers import SecurityHeaders
 from pyworker.http.replica import open_replica
 from pyworker.http.request_guard import RequestGuard
+from pyworker.http.spans import ServerSpans
 from pyworker.http.sse import StreamStats
-from pyworker.worker import metrics
+from pyworker.worker import metrics, tracing
 
 log = logging.getLogger("runrow.http")
 
@@ -119,8 +120,12 @@ class _Service(Starlette):
         # Outside Starlette's ServerErrorMiddleware, which sends a 500 itself, past any
         # middleware given to Starlette(middleware=...): a 500 carries the headers too.
         app: ASGIApp = SecurityHeaders(super().build_middleware_stack())
-        # Outermost, so a line has the status the client got; absent when off, not a no-op per request.
-        return AccessLog(app) if self._access_log else app
+        # So a line has the status the client got; absent when off, not a no-op per request.
+        if self._access_log:
+            app = AccessLog(app)
+        # Outermost: the request's span holds every layer (the access line included). Absent
+        # without the otel extra; without a tracer provider it only asks for one per request.
+        return ServerSpans(app, self.routes) if tracing.ENABLED else app
 
 
 def _auth_name(config: ServeConfig) -> str:

@@ -37,8 +37,10 @@ from pyworker.http.config import OPT_IN_FIELDS, USER_FIELDS
 from pyworker.http.context import Services, authenticated
 from pyworker.http.errors import ApiError, not_found
 from pyworker.http.replica import open_stream, watched
+from pyworker.http.spans import annotate
 from pyworker.http.sse import EventStreamResponse, event_frames
 from pyworker.http.webhook_targets import refuse_non_public
+from pyworker.worker import tracing
 
 ENQUEUE_FIELDS = USER_FIELDS | set(OPT_IN_FIELDS)
 log = logging.getLogger("runrow.http")
@@ -200,22 +202,32 @@ async def enqueue(request: Request, svc: Services, user: str) -> Response:
 
 
 def _with_traceparent(request: Request, metadata: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The caller's `traceparent` header joins the run's metadata: every attempt continues that trace."""
+    """The run's parent span (metadata.traceparent), whose trace every attempt continues: one
+    the caller put in metadata, as given; else this request's server span while one is
+    recording (pyworker/http/spans.py), itself the child of the caller's `traceparent` header,
+    so caller → request → attempts is one trace; else that header, as sent."""
+    value = _header_traceparent(request)
+    given = (metadata or {}).get("traceparent")
+    if given is not None and value is not None and given != value:
+        raise ApiError(
+            400, "invalid_request", "traceparent header and metadata.traceparent differ: send one of them"
+        )
+    if given is not None:
+        return metadata
+    value = tracing.current_traceparent() or value
+    return metadata if value is None else {**(metadata or {}), "traceparent": value}
+
+
+def _header_traceparent(request: Request) -> str | None:
     raw = request.headers.get("traceparent")
     if raw is None:
-        return metadata
+        return None
     value = _traceparent(raw.strip())
     if value is None:
         # W3C Trace Context: a receiver that cannot parse the header ignores it (and starts a
         # trace of its own); refusing the request over it (400) lost the caller's run.
         log.debug("ignoring a traceparent header that is not W3C trace context: %r", raw[:100])
-        return metadata
-    given = (metadata or {}).get("traceparent")
-    if given is not None and given != value:
-        raise ApiError(
-            400, "invalid_request", "traceparent header and metadata.traceparent differ: send one of them"
-        )
-    return {**(metadata or {}), "traceparent": value}
+    return value
 
 
 def _traceparent(value: str) -> str | None:
@@ -311,6 +323,7 @@ async def events(request: Request, svc: Services, user: str) -> Response:
         "Last-Event-ID": _cursor(request.headers.get("last-event-id"), "Last-Event-ID"),
     }
     name, from_seq = max(cursors.items(), key=lambda item: item[1])
+    annotate("runrow.stream.from_seq", from_seq)  # a reconnect's span says where it resumed
     await owned_run(svc, run_id, user)
     try:
         seen_the_end, source = await open_stream(svc, run_id, from_seq)

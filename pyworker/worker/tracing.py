@@ -47,17 +47,33 @@ ENABLED = trace is not None
 TRACER = "runrow"
 
 
-def _tracer() -> Any:
-    """The runrow tracer, or None while the process has no tracer provider (the API's default
-    proxy, or its no-op one): their spans record nothing, yet each would cost its attributes,
-    parent context and context switch, per attempt. Asked at every span, not once at startup,
-    because a handler or the embedding application may install a provider at any time."""
+def tracer(name: str = TRACER) -> Any:
+    """The runrow tracer (`name`: its instrumentation scope), or None while the process has no
+    tracer provider (the API's default proxy, or its no-op one): their spans record nothing, yet
+    each would cost its attributes, parent context and context switch, per attempt or request.
+    Asked at every span, not once at startup, because a handler or the embedding application may
+    install a provider at any time."""
     if trace is None:
         return None
     provider = trace.get_tracer_provider()
     if isinstance(provider, _NOT_RECORDING):
         return None
-    return provider.get_tracer(TRACER)
+    return provider.get_tracer(name)
+
+
+def current_traceparent() -> str | None:
+    """The W3C traceparent of the current span, or None unless one is recording: what a run
+    enqueued inside it stores as metadata.traceparent to be its child (pyworker/http/spans.py's
+    server span). A span nobody records (sampled out, or no provider) would only cut the run
+    from the caller's own trace."""
+    if trace is None:
+        return None
+    span = trace.get_current_span()
+    if not span.is_recording() or not span.get_span_context().is_valid:
+        return None
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier, trace.set_span_in_context(span))
+    return carrier.get("traceparent")
 
 
 def _parent(run: ClaimedRun) -> Any:
@@ -96,8 +112,8 @@ def _root_sampled(trace_id: int) -> bool:
 def attempt(run: ClaimedRun, worker_id: str) -> Iterator[Any]:
     """The span of one attempt, current for the code (and the tasks it starts) inside; None
     without a tracer provider."""
-    tracer = _tracer()
-    if tracer is None:
+    spans = tracer()
+    if spans is None:
         yield None
         return
     attributes = {
@@ -108,7 +124,7 @@ def attempt(run: ClaimedRun, worker_id: str) -> Iterator[Any]:
         "runrow.worker_id": worker_id,
         "gen_ai.request.model": run.model,
     }
-    with tracer.start_as_current_span(
+    with spans.start_as_current_span(
         "runrow.attempt", context=_parent(run), kind=SpanKind.CONSUMER, attributes=attributes
     ) as span:
         yield span
@@ -128,8 +144,8 @@ def attempt_ended(span: Any, ending: str | None) -> None:
 
 @contextlib.contextmanager
 def model_request(model: str) -> Iterator[Any]:
-    tracer = _tracer()
-    if tracer is None:
+    spans = tracer()
+    if spans is None:
         yield None
         return
     attributes = {
@@ -137,7 +153,7 @@ def model_request(model: str) -> Iterator[Any]:
         "gen_ai.operation.name": "chat",
         "gen_ai.request.model": model,
     }
-    with tracer.start_as_current_span(f"chat {model}", kind=SpanKind.CLIENT, attributes=attributes) as span:
+    with spans.start_as_current_span(f"chat {model}", kind=SpanKind.CLIENT, attributes=attributes) as span:
         yield span
 
 
@@ -185,9 +201,9 @@ def tool_call(name: str, effect: str) -> Iterator[ToolCall]:
     Outcome: what the site set, else "ok", or "error" when the block raised."""
     call = ToolCall()
     span_cm: Any = contextlib.nullcontext()
-    tracer = _tracer()
-    if tracer is not None:
-        span_cm = tracer.start_as_current_span(
+    spans = tracer()
+    if spans is not None:
+        span_cm = spans.start_as_current_span(
             f"execute_tool {name}",
             kind=SpanKind.INTERNAL,
             attributes={
