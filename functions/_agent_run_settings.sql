@@ -35,6 +35,11 @@ BEGIN
         -- enqueue_run's rule: a host, and a port 1..65535 if it names one (until issue 11's stop 52,
         -- any http(s):// text without white space).
         WHEN runrow._webhook_url_ok(NEW.webhook_url) IS FALSE THEN 'agent_run_webhook_url_http'
+        -- The identifiers operators read back hold no control character (0085, _printable).
+        WHEN (runrow._printable(NEW.model) AND runrow._printable(NEW.user_id)
+              AND runrow._printable(NEW.idempotency_key) AND runrow._printable(NEW.fairness_key)
+              AND runrow._printable(NEW.concurrency_key) AND runrow._printable(NEW.rate_limit_key)
+              AND runrow._printable(NEW.webhook_url)) IS FALSE THEN 'agent_run_identifiers_printable'
         WHEN ((NEW.forked_from IS NULL) = (NEW.forked_at_seq IS NULL)) IS FALSE THEN 'agent_run_fork_names_its_step'
         WHEN (NEW.forked_at_seq >= 0) IS FALSE THEN 'agent_run_forked_at_seq_check'
     END;
@@ -47,11 +52,13 @@ END
 $fn$;
 
 COMMENT ON FUNCTION runrow._agent_run_settings() IS
-'agent_run''s AFTER INSERT OR UPDATE OF <the columns an enqueue sets> row trigger: the 13 rules '
+'agent_run''s AFTER INSERT OR UPDATE OF <the columns an enqueue sets> row trigger: the 14 rules '
 'that were CHECK constraints until migration 0034 (max_attempts 1..100, model and idempotency_key '
 'not empty, metadata an object, priority -1000..1000, fairness/concurrency/rate-limit keys 1..200 '
 'characters, budgets positive and the cost budget finite (0065), webhook_url an http(s) URL of '
-'at most 2048 characters with a host and a port 1..65535 if it names one (_webhook_url_ok), forked_from '
+'at most 2048 characters with a host and a port 1..65535 if it names one (_webhook_url_ok), model, '
+'user_id, idempotency_key, the three keys and webhook_url with no control character (0085, '
+'_printable: agent_run_identifiers_printable; user_id joined the trigger''s columns), forked_from '
 'and forked_at_seq set together, forked_at_seq >= 0), with CHECK''s meaning (NULL passes) and its '
 'error: 23514 naming the rule as the constraint. Column-gated, so an UPDATE that assigns none of '
 'those columns (every claim, heartbeat and finish) does not fire it. (A run''s references are '

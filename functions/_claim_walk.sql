@@ -109,6 +109,11 @@ BEGIN
         RAISE EXCEPTION 'worker_id must be NULL or 1 to 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Journaled in run_claimed and kept as the run's worker_id, which `runrow status` and the
+    -- logs show: no control character (functions/_identifier_checks.sql).
+    IF NOT runrow._printable(_claim_walk.worker_id) THEN
+        PERFORM runrow._require_printable(_claim_walk.worker_id, 'worker_id');
+    END IF;
     -- The helpers only raise; calling them only when a test here fails keeps two function
     -- calls (each a statement and a search_path switch) off every claim.
     IF _claim_walk.max_runs IS NULL OR _claim_walk.max_runs NOT BETWEEN 1 AND 1000 THEN

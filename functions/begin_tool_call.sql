@@ -29,6 +29,10 @@ BEGIN
     IF begin_tool_call.tool = '' OR length(begin_tool_call.tool) > 200 THEN
         RAISE EXCEPTION 'tool must be a tool name of 1 to 200 characters' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Shown to the person approving it and in the journal: no control character.
+    IF NOT runrow._printable(begin_tool_call.tool) THEN
+        PERFORM runrow._require_printable(begin_tool_call.tool, 'tool');
+    END IF;
     IF begin_tool_call.args IS NULL THEN
         PERFORM runrow._require_not_null(begin_tool_call.args, 'args');
     END IF;

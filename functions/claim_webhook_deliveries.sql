@@ -45,6 +45,10 @@ BEGIN
     IF length(claim_webhook_deliveries.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or at most 200 characters' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Kept on the delivery and in its error (claimed by ...): no control character.
+    IF NOT runrow._printable(claim_webhook_deliveries.worker_id) THEN
+        PERFORM runrow._require_printable(claim_webhook_deliveries.worker_id, 'worker_id');
+    END IF;
     -- Each _require_* helper only raises, and a PERFORM is a statement: called only when the
     -- test before it fails, in the arguments' order, so the first bad one is still named.
     IF claim_webhook_deliveries.max_deliveries IS NULL OR claim_webhook_deliveries.max_deliveries NOT BETWEEN 1 AND 1000

@@ -1,5 +1,5 @@
--- A schedule's name is typed back to drop it: no control character (a line break broke `runrow
--- schedules`' table) and no white space at either end (_white_space: such a name could not be
+-- A schedule's name is typed back to drop it: no control character (_printable: a line break broke
+-- `runrow schedules`' table, a bidirectional override showed another name) and no white space at either end (_white_space: such a name could not be
 -- typed back). create_schedule's rule and the table's (trigger schedule_name_printable, migration
 -- 0081; a CHECK from 0067 to 0081). Here, not in a migration, since migration 0081: the trigger
 -- looks it up when it fires.
@@ -8,11 +8,12 @@ RETURNS boolean
 LANGUAGE sql
 IMMUTABLE
 AS $fn$
-    SELECT name !~ '[[:cntrl:]]' AND btrim(name, runrow._white_space()) = name
+    SELECT runrow._printable(name) AND btrim(name, runrow._white_space()) = name
 $fn$;
 
 COMMENT ON FUNCTION runrow._schedule_name_ok(text) IS
-'Private. TRUE when a schedule name holds no control character and no white space '
+'Private. TRUE when a schedule name holds no control character (_printable: C0, C1 or '
+'bidirectional formatting) and no white space '
 '(_white_space, Unicode''s) at either end: create_schedule''s rule and the table''s trigger '
 'schedule_name_printable. Inlined.';
 
@@ -56,8 +57,9 @@ BEGIN
     -- The name is typed back to drop the schedule: one with a line break broke `runrow
     -- schedules`' table, and one with a space around it could not be named to drop it.
     IF NOT runrow._schedule_name_ok(create_schedule.name) THEN
-        RAISE EXCEPTION 'name must not hold control characters or begin or end with white space, got "%"',
-            left(create_schedule.name, 200)
+        -- A control character is named by its code point: quoted, it would reach the log.
+        PERFORM runrow._require_printable(create_schedule.name, 'name');
+        RAISE EXCEPTION 'name must not begin or end with white space, got "%"', left(create_schedule.name, 200)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     spec := runrow._cron_parse(create_schedule.cron);
@@ -121,6 +123,12 @@ BEGIN
     PERFORM runrow._require_range(create_schedule.priority, 'priority', -1000, 1000);
     PERFORM runrow._require_key(create_schedule.fairness_key, 'fairness_key');
     PERFORM runrow._require_key(create_schedule.concurrency_key, 'concurrency_key');
+    -- The template's identifiers, as enqueue_run's (functions/_identifier_checks.sql): refused
+    -- now, not at every tick.
+    PERFORM runrow._require_printable(create_schedule.model, 'model');
+    PERFORM runrow._require_printable(create_schedule.user_id, 'user_id');
+    PERFORM runrow._require_printable(create_schedule.fairness_key, 'fairness_key');
+    PERFORM runrow._require_printable(create_schedule.concurrency_key, 'concurrency_key');
     -- Pinned now, so that firing passes only read it: two passes that each inserted a new
     -- prompt row waited on each other's (and deadlocked when their schedules crossed).
     PERFORM runrow._pin_prompt(create_schedule.system_prompt, create_schedule.tools);
@@ -167,7 +175,9 @@ COMMENT ON FUNCTION runrow.create_schedule(
 'a pass does with ticks missed during an outage: latest (the default) enqueues only the most '
 'recent, each enqueues every one, but at most max_catch_up (default 10, 1 to 1000) of the most '
 'recent. The first tick is the first after now(). Returns the schedule id. Bad input raises '
-'22004/22023 naming the argument (a cron that cannot parse or never fires names cron), a taken '
+'22004/22023 naming the argument (a cron that cannot parse or never fires names cron; a name, '
+'model, user_id, fairness_key or concurrency_key holding a control character, C0, C1 or '
+'bidirectional formatting, names it), a taken '
 'name raises 23505 (constraint schedule_name_key), a fixed conversation of another user 42501; '
 'nothing is written.';
 

@@ -126,6 +126,21 @@ BEGIN
         RAISE EXCEPTION 'cost_budget must be NULL or a finite, positive amount of USD, got %', enqueue_run.cost_budget
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The identifiers operators read back hold no control character (a line break forged a log
+    -- line, a bidirectional override showed another tenant: functions/_identifier_checks.sql).
+    -- One test of all seven; the helper, in the arguments' order, only when one fails.
+    IF (runrow._printable(enqueue_run.model) AND runrow._printable(enqueue_run.user_id)
+        AND runrow._printable(enqueue_run.idempotency_key) AND runrow._printable(enqueue_run.fairness_key)
+        AND runrow._printable(enqueue_run.concurrency_key) AND runrow._printable(enqueue_run.rate_limit_key)
+        AND runrow._printable(enqueue_run.webhook_url)) IS FALSE THEN
+        PERFORM runrow._require_printable(enqueue_run.model, 'model');
+        PERFORM runrow._require_printable(enqueue_run.user_id, 'user_id');
+        PERFORM runrow._require_printable(enqueue_run.idempotency_key, 'idempotency_key');
+        PERFORM runrow._require_printable(enqueue_run.fairness_key, 'fairness_key');
+        PERFORM runrow._require_printable(enqueue_run.concurrency_key, 'concurrency_key');
+        PERFORM runrow._require_printable(enqueue_run.rate_limit_key, 'rate_limit_key');
+        PERFORM runrow._require_printable(enqueue_run.webhook_url, 'webhook_url');
+    END IF;
     -- A URL no request can be sent to (no host, a port past 65535 or not a number, an unclosed
     -- IPv6 bracket) failed every delivery attempt the same way, long after the enqueue said 202.
     IF NOT runrow._webhook_url_ok(enqueue_run.webhook_url) THEN
@@ -294,7 +309,9 @@ COMMENT ON FUNCTION runrow.enqueue_run(
 'and at most 366 days out on the calendar; no wake is sent), priority '
 '(-1000..1000, higher first), fairness_key (default user_id), concurrency_key, rate_limit_key '
 '(default model), token_budget, cost_budget (USD) and webhook_url; they join the idempotency '
-'fingerprint only when given.';
+'fingerprint only when given. model, user_id, idempotency_key, fairness_key, concurrency_key, '
+'rate_limit_key and webhook_url holding a control character (C0, C1 or bidirectional '
+'formatting: _control_chars) raise 22023 naming the argument.';
 
 REVOKE ALL ON FUNCTION runrow.enqueue_run(
     uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb,

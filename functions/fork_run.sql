@@ -25,6 +25,7 @@ BEGIN
     IF NOT runrow._model_trimmed(fork_run.model) THEN
         PERFORM runrow._require_model_trimmed(fork_run.model);
     END IF;
+    PERFORM runrow._require_printable(fork_run.model, 'model');
     SELECT a.* INTO src FROM runrow.agent_run AS a WHERE a.id = fork_run.run_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'run_id % does not exist', fork_run.run_id USING ERRCODE = 'no_data_found';

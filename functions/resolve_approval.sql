@@ -20,6 +20,8 @@ BEGIN
         RAISE EXCEPTION 'decided_by must name the person deciding in 1 to 200 characters, not only white space'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The name the decision is recorded under, as operators read it: no control character.
+    PERFORM runrow._require_printable(resolve_approval.decided_by, 'decided_by');
     IF resolve_approval.note = '' THEN
         RAISE EXCEPTION 'note must be NULL (no note) or text, not empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;

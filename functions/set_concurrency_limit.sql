@@ -18,6 +18,8 @@ BEGIN
         END IF;
         RETURN;
     END IF;
+    -- Only a key being set: one stored before migration 0085 can still be removed (above).
+    PERFORM runrow._require_printable(set_concurrency_limit.concurrency_key, 'concurrency_key');
     PERFORM runrow._require_range(set_concurrency_limit.max_running, 'max_running', 0, 100000);
     INSERT INTO runrow.concurrency_limit AS l (concurrency_key, max_running)
     VALUES (set_concurrency_limit.concurrency_key, set_concurrency_limit.max_running)

@@ -6,6 +6,7 @@ SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_key(set_fairness_weight.fairness_key, 'fairness_key');
+    PERFORM runrow._require_printable(set_fairness_weight.fairness_key, 'fairness_key');
     IF set_fairness_weight.weight IS NOT NULL
        AND NOT (set_fairness_weight.weight >= 0.001 AND set_fairness_weight.weight <= 1000) THEN
         -- The floor keeps the claim's 1 / weight a finite, small step (migration 0064).

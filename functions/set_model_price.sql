@@ -30,6 +30,10 @@ BEGIN
     IF set_model_price.input_per_mtok IS NOT NULL AND NOT runrow._model_trimmed(set_model_price.model) THEN
         PERFORM runrow._require_model_trimmed(set_model_price.model);
     END IF;
+    -- Nor one holding a control character (no run can name it since migration 0085).
+    IF set_model_price.input_per_mtok IS NOT NULL THEN
+        PERFORM runrow._require_printable(set_model_price.model, 'model');
+    END IF;
     IF array_position(prices, NULL) IS NULL OR prices = ARRAY[NULL, NULL, NULL, NULL]::numeric[] THEN
         FOR i IN 1..4 LOOP
             -- NaN sorts above every number, so it passes < 0; >= 'Infinity' catches it (0065).

@@ -32,6 +32,8 @@ BEGIN
         END IF;
         RETURN;
     END IF;
+    -- Only a key being set: one stored before migration 0085 can still be removed (above).
+    PERFORM runrow._require_printable(set_rate_limit.rate_limit_key, 'rate_limit_key');
 
     -- A new key starts with full buckets; a changed one keeps what it holds (brought up to
     -- now, at most the new minute's worth), and a newly limited dimension starts full.

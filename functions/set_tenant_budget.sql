@@ -18,6 +18,8 @@ BEGIN
         END IF;
         RETURN;
     END IF;
+    -- Only a key being set: one stored before migration 0085 can still be removed (above).
+    PERFORM runrow._require_printable(set_tenant_budget.fairness_key, 'fairness_key');
     INSERT INTO runrow.tenant_budget AS b (fairness_key, tokens_per_day, cost_per_day)
     VALUES (set_tenant_budget.fairness_key, set_tenant_budget.tokens_per_day, set_tenant_budget.cost_per_day)
     ON CONFLICT ON CONSTRAINT tenant_budget_pkey DO UPDATE

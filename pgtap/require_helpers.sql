@@ -13,8 +13,9 @@ SELECT is_empty($$SELECT p.oid::regprocedure FROM pg_proc AS p
     WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%' AND p.proconfig IS NOT NULL$$,
     'no _require_* helper has a SET clause');
 SELECT is((SELECT count(*)::int FROM pg_proc AS p
-    WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%'), 10,
-    'the ten helpers exist (the request checks of _request_checks.sql are tested in request_checks.sql)');
+    WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%'), 11,
+    'the eleven helpers exist (the request checks of _request_checks.sql are tested in request_checks.sql, '
+    '_require_printable in identifiers_printable.sql)');
 SELECT is_empty($$SELECT p.oid::regprocedure FROM pg_proc AS p
     WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%'
       AND (p.prosecdef OR has_function_privilege('runrow_worker', p.oid, 'EXECUTE')

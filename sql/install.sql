@@ -129,7 +129,8 @@ BEGIN
     '0081_unicode_white_space',
     '0082_webhook_wake',
     '0083_webhook_pending_by_receiver',
-    '0084_block_told_until'
+    '0084_block_told_until',
+    '0085_identifiers_printable'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -8226,6 +8227,121 @@ INSERT INTO runrow._yoyo_migration VALUES ('cf3c8ec585bbb03d5f0d329198010ed2d49c
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'cf3c8ec585bbb03d5f0d329198010ed2d49c37fb7966f55fc99d6c0118b85f98', '0084_block_told_until', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0085_identifiers_printable
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'a2f23554ef33f540bf8524135013d3ecf870a75a7c6753bcb5f34db5bd64d71d') AS apply_a2f23554ef33 \gset
+\if :apply_a2f23554ef33
+-- depends: 0084_block_told_until
+-- Identifiers hold no control character (functions/_identifier_checks.sql: C0, DEL and C1
+-- controls, bidirectional formatting). A fairness_key of "acme\n2026-12-07 ERROR ..." forged a log
+-- line, a right-to-left override showed `runrow status` another tenant. The API refuses them
+-- where they are named (22023); here the tables that keep them refuse them too, each in the way
+-- its writes allow:
+--
+-- - agent_run (model, user_id, idempotency_key, the three keys, webhook_url): a rule of its
+--   settings trigger (functions/_agent_run_settings.sql), not a CHECK. A CHECK of agent_run is
+--   compiled and evaluated on every UPDATE, claims and heartbeats included (why 0034 made the
+--   settings a trigger), and a NOT VALID one still refuses an UPDATE of an old row that breaks
+--   it: one queued run stored before with such a key would fail every claim that met it. The
+--   trigger fires when those columns are written, and now on user_id too.
+-- - schedule (model, user_id, fairness_key, concurrency_key): a trigger gated on those columns,
+--   as schedule_name_printable (0081) is on name, for 0081's reason: a firing pass updates every
+--   due schedule's next_fire_at, and a CHECK would make one old schedule stop every pass. Its name
+--   keeps that trigger, whose test (_schedule_name_ok) now refuses the bidirectional controls too.
+-- - model_price, concurrency_limit, tenant_budget: CHECKs. Only their setters write these rows,
+--   and a removal is a DELETE, so a key stored before stays removable. NOT VALID: validating
+--   would fail this migration on an install that stored such a key, which only the operator can
+--   judge; VALIDATE CONSTRAINT is then safe to run by hand (it takes SHARE UPDATE EXCLUSIVE, so
+--   reads and writes go on) once a SELECT with the CHECK's test finds no row.
+-- Not constrained, being copies of the above: agent_run.worker_id and webhook_delivery.worker_id
+-- (the claims' argument, checked once per call; a CHECK would be evaluated on every claim),
+-- conversation.user_id (its run's, in the same transaction), rate_limit.rate_limit_key (a key
+-- set_rate_limit checks or a run's: report_rate_limited inserts an old run's key, which must not
+-- fail), fairness_tenant and spend_hour (a run's keys and model), tool_effect.tool and decided_by
+-- (begin_tool_call's and resolve_approval's arguments; tool_effect's rules are one CHECK
+-- evaluated on every update of a call).
+
+DROP TRIGGER agent_run_settings ON runrow.agent_run;
+CREATE TRIGGER agent_run_settings
+AFTER INSERT OR UPDATE OF
+max_attempts, model, idempotency_key, metadata, priority, fairness_key, concurrency_key, rate_limit_key,
+token_budget, cost_budget, webhook_url, forked_from, forked_at_seq, user_id
+ON runrow.agent_run
+FOR EACH ROW EXECUTE FUNCTION runrow._agent_run_settings();
+
+-- The CHECKs' test, defined here because a CHECK needs it to exist when the migration runs. Its
+-- body calls runrow._printable (functions/_identifier_checks.sql, the one place the characters
+-- are written), which PL/pgSQL looks up only when it first runs: after this migration, once
+-- functions/ is applied (NOT VALID checks no old row now). PL/pgSQL, as _agent_run_result_ok
+-- (0069): never inlined into the CHECK's expression.
+CREATE FUNCTION runrow._identifier_ok(value text)
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+PARALLEL SAFE
+AS $fn$
+BEGIN
+    RETURN runrow._printable(value);
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._identifier_ok(text) IS
+'Private. The identifier CHECKs'' test (migration 0085): _printable(value), no C0, C1 or '
+'bidirectional control character; NULL for NULL.';
+
+REVOKE ALL ON FUNCTION runrow._identifier_ok(text) FROM PUBLIC;
+
+ALTER TABLE runrow.model_price
+ADD CONSTRAINT model_price_model_printable CHECK (runrow._identifier_ok(model)) NOT VALID;
+ALTER TABLE runrow.concurrency_limit
+ADD CONSTRAINT concurrency_limit_key_printable CHECK (runrow._identifier_ok(concurrency_key)) NOT VALID;
+ALTER TABLE runrow.tenant_budget
+ADD CONSTRAINT tenant_budget_key_printable CHECK (runrow._identifier_ok(fairness_key)) NOT VALID;
+
+COMMENT ON CONSTRAINT model_price_model_printable ON runrow.model_price IS
+'model holds no control character (_printable). NOT VALID: a price stored before migration 0085 '
+'stays, and can be removed.';
+COMMENT ON CONSTRAINT concurrency_limit_key_printable ON runrow.concurrency_limit IS
+'concurrency_key holds no control character (_printable). NOT VALID: a limit stored before '
+'migration 0085 stays, and can be removed.';
+COMMENT ON CONSTRAINT tenant_budget_key_printable ON runrow.tenant_budget IS
+'fairness_key holds no control character (_printable). NOT VALID: a budget stored before '
+'migration 0085 stays, and can be removed.';
+
+-- schedule's template identifiers. The trigger's arguments name the columns, so that a column
+-- added later is one more argument. Raises 23514 as a CHECK of the trigger's name would.
+CREATE FUNCTION runrow._identifiers_printable() RETURNS trigger
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    doc jsonb := to_jsonb(NEW);
+    col text;
+BEGIN
+    FOREACH col IN ARRAY TG_ARGV LOOP
+        IF runrow._printable(doc ->> col) IS FALSE THEN
+            RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', TG_TABLE_NAME, TG_NAME
+                USING ERRCODE = 'check_violation', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+                    CONSTRAINT = TG_NAME, COLUMN = col,
+                    DETAIL = format('%s holds a control character (C0, C1 or bidirectional formatting)', col);
+        END IF;
+    END LOOP;
+    RETURN NEW;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._identifiers_printable() IS
+'BEFORE INSERT OR UPDATE OF <columns> row trigger (migration 0085): each column its arguments '
+'name must hold no control character (_printable), else 23514 naming the trigger as the '
+'constraint and the column. A row stored before is not checked again when other columns change.';
+
+REVOKE ALL ON FUNCTION runrow._identifiers_printable() FROM PUBLIC;
+
+CREATE TRIGGER schedule_identifiers_printable
+BEFORE INSERT OR UPDATE OF model, user_id, fairness_key, concurrency_key ON runrow.schedule
+FOR EACH ROW EXECUTE FUNCTION runrow._identifiers_printable('model', 'user_id', 'fairness_key', 'concurrency_key');
+INSERT INTO runrow._yoyo_migration VALUES ('a2f23554ef33f540bf8524135013d3ecf870a75a7c6753bcb5f34db5bd64d71d', '0085_identifiers_printable', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'a2f23554ef33f540bf8524135013d3ecf870a75a7c6753bcb5f34db5bd64d71d', '0085_identifiers_printable', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -8266,6 +8382,11 @@ BEGIN
         -- enqueue_run's rule: a host, and a port 1..65535 if it names one (until issue 11's stop 52,
         -- any http(s):// text without white space).
         WHEN runrow._webhook_url_ok(NEW.webhook_url) IS FALSE THEN 'agent_run_webhook_url_http'
+        -- The identifiers operators read back hold no control character (0085, _printable).
+        WHEN (runrow._printable(NEW.model) AND runrow._printable(NEW.user_id)
+              AND runrow._printable(NEW.idempotency_key) AND runrow._printable(NEW.fairness_key)
+              AND runrow._printable(NEW.concurrency_key) AND runrow._printable(NEW.rate_limit_key)
+              AND runrow._printable(NEW.webhook_url)) IS FALSE THEN 'agent_run_identifiers_printable'
         WHEN ((NEW.forked_from IS NULL) = (NEW.forked_at_seq IS NULL)) IS FALSE THEN 'agent_run_fork_names_its_step'
         WHEN (NEW.forked_at_seq >= 0) IS FALSE THEN 'agent_run_forked_at_seq_check'
     END;
@@ -8278,11 +8399,13 @@ END
 $fn$;
 
 COMMENT ON FUNCTION runrow._agent_run_settings() IS
-'agent_run''s AFTER INSERT OR UPDATE OF <the columns an enqueue sets> row trigger: the 13 rules '
+'agent_run''s AFTER INSERT OR UPDATE OF <the columns an enqueue sets> row trigger: the 14 rules '
 'that were CHECK constraints until migration 0034 (max_attempts 1..100, model and idempotency_key '
 'not empty, metadata an object, priority -1000..1000, fairness/concurrency/rate-limit keys 1..200 '
 'characters, budgets positive and the cost budget finite (0065), webhook_url an http(s) URL of '
-'at most 2048 characters with a host and a port 1..65535 if it names one (_webhook_url_ok), forked_from '
+'at most 2048 characters with a host and a port 1..65535 if it names one (_webhook_url_ok), model, '
+'user_id, idempotency_key, the three keys and webhook_url with no control character (0085, '
+'_printable: agent_run_identifiers_printable; user_id joined the trigger''s columns), forked_from '
 'and forked_at_seq set together, forked_at_seq >= 0), with CHECK''s meaning (NULL passes) and its '
 'error: 23514 naming the rule as the constraint. Column-gated, so an UPDATE that assigns none of '
 'those columns (every claim, heartbeat and finish) does not fire it. (A run''s references are '
@@ -8723,6 +8846,11 @@ BEGIN
     IF _claim_walk.worker_id = '' OR length(_claim_walk.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or 1 to 200 characters'
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Journaled in run_claimed and kept as the run's worker_id, which `runrow status` and the
+    -- logs show: no control character (functions/_identifier_checks.sql).
+    IF NOT runrow._printable(_claim_walk.worker_id) THEN
+        PERFORM runrow._require_printable(_claim_walk.worker_id, 'worker_id');
     END IF;
     -- The helpers only raise; calling them only when a test here fails keeps two function
     -- calls (each a statement and a search_path switch) off every claim.
@@ -9919,6 +10047,78 @@ REVOKE ALL ON FUNCTION runrow._require_range(bigint, text, bigint, bigint) FROM 
 REVOKE ALL ON FUNCTION runrow._require_delay(interval, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._delay_plain(interval, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_key(text, text) FROM PUBLIC;
+
+-- functions/_identifier_checks.sql
+-- Identifiers a caller names (a model, user_id, a fairness, concurrency or rate-limit key, a
+-- schedule's name, a worker_id, a tool, decided_by, a webhook URL) are read back by operators:
+-- in log lines, `runrow status`, Prometheus labels, the HTTP service and the chat page. A control
+-- character in one forges what they read: a fairness_key of "acme\n2026-12-07 ERROR ..." wrote a
+-- log line of its own, a right-to-left override (U+202E) showed `runrow status` another tenant.
+-- They are refused where they are named (22023 naming the argument, nothing written), and the
+-- tables that keep them refuse them too (migration 0085). Free text (a turn's content, a reason,
+-- an error) is not an identifier and keeps them.
+
+-- The characters no identifier may hold, as one bracket expression for the regular expression
+-- engine: C0 controls (U+0001-U+001F; NUL cannot be in text), DEL and the C1 controls
+-- (U+007F-U+009F), and the bidirectional formatting characters (U+061C, U+200E, U+200F,
+-- U+202A-U+202E, U+2066-U+2069). The one place the class is written. Folded to a constant where
+-- it is inlined, so the engine's cache compiles it once per session: a test costs about 0.2 us
+-- on a short key (100,000 tests of a 15-character key: 26.6 ms against 9.4 ms for `<> ''`).
+CREATE OR REPLACE FUNCTION runrow._control_chars()
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT E'[\u0001-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]'
+$fn$;
+
+-- TRUE when value holds none of _control_chars; NULL for NULL. One expression, inlined into the
+-- caller's IF (no call); _require_printable says what is wrong.
+CREATE OR REPLACE FUNCTION runrow._printable(value text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT value !~ runrow._control_chars()
+$fn$;
+
+-- Raises 22023 naming arg unless _printable(value) (NULL passes). The message names the
+-- character by its code point and position, and does not quote the value: quoted, the line
+-- break or override would reach the log through the error itself.
+CREATE OR REPLACE FUNCTION runrow._require_printable(value text, arg text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+AS $fn$
+DECLARE
+    bad text;
+BEGIN
+    IF runrow._printable(value) IS FALSE THEN
+        bad := substring(value FROM runrow._control_chars());
+        RAISE EXCEPTION '% must not hold control characters (C0, C1 or bidirectional formatting), '
+            'got U+% at character %', arg, lpad(upper(to_hex(ascii(bad))), 4, '0'), strpos(value, bad)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._control_chars() IS
+'Private. The characters no identifier may hold, as a regular expression bracket: C0 controls '
+'U+0001-U+001F, DEL and C1 controls U+007F-U+009F, bidirectional formatting U+061C, U+200E, '
+'U+200F, U+202A-U+202E, U+2066-U+2069. The one place the class is written. Inlined and folded.';
+
+COMMENT ON FUNCTION runrow._printable(text) IS
+'Private. TRUE when value holds no character of _control_chars; NULL for NULL. Inlined into the '
+'callers'' tests; _require_printable raises.';
+
+COMMENT ON FUNCTION runrow._require_printable(text, text) IS
+'Private. Raises 22023 "<arg> must not hold control characters (C0, C1 or bidirectional '
+'formatting), got U+XXXX at character N" unless _printable(value); NULL passes. The value itself '
+'is not quoted, so the character does not reach a log through the error.';
+
+REVOKE ALL ON FUNCTION runrow._control_chars() FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._printable(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_printable(text, text) FROM PUBLIC;
 
 -- functions/_lease_webhook_deliveries.sql
 -- Lease the due deliveries among ids (one receiver's, in due order) for claim_webhook_deliveries:
@@ -12612,6 +12812,10 @@ BEGIN
     IF begin_tool_call.tool = '' OR length(begin_tool_call.tool) > 200 THEN
         RAISE EXCEPTION 'tool must be a tool name of 1 to 200 characters' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Shown to the person approving it and in the journal: no control character.
+    IF NOT runrow._printable(begin_tool_call.tool) THEN
+        PERFORM runrow._require_printable(begin_tool_call.tool, 'tool');
+    END IF;
     IF begin_tool_call.args IS NULL THEN
         PERFORM runrow._require_not_null(begin_tool_call.args, 'args');
     END IF;
@@ -12975,6 +13179,10 @@ DECLARE
 BEGIN
     IF length(claim_webhook_deliveries.worker_id) > 200 THEN
         RAISE EXCEPTION 'worker_id must be NULL or at most 200 characters' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Kept on the delivery and in its error (claimed by ...): no control character.
+    IF NOT runrow._printable(claim_webhook_deliveries.worker_id) THEN
+        PERFORM runrow._require_printable(claim_webhook_deliveries.worker_id, 'worker_id');
     END IF;
     -- Each _require_* helper only raises, and a PERFORM is a statement: called only when the
     -- test before it fails, in the arguments' order, so the first bad one is still named.
@@ -13435,8 +13643,8 @@ REVOKE ALL ON FUNCTION runrow.conversation_history(uuid, uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.conversation_history(uuid, uuid) TO runrow_worker;
 
 -- functions/create_schedule.sql
--- A schedule's name is typed back to drop it: no control character (a line break broke `runrow
--- schedules`' table) and no white space at either end (_white_space: such a name could not be
+-- A schedule's name is typed back to drop it: no control character (_printable: a line break broke
+-- `runrow schedules`' table, a bidirectional override showed another name) and no white space at either end (_white_space: such a name could not be
 -- typed back). create_schedule's rule and the table's (trigger schedule_name_printable, migration
 -- 0081; a CHECK from 0067 to 0081). Here, not in a migration, since migration 0081: the trigger
 -- looks it up when it fires.
@@ -13445,11 +13653,12 @@ RETURNS boolean
 LANGUAGE sql
 IMMUTABLE
 AS $fn$
-    SELECT name !~ '[[:cntrl:]]' AND btrim(name, runrow._white_space()) = name
+    SELECT runrow._printable(name) AND btrim(name, runrow._white_space()) = name
 $fn$;
 
 COMMENT ON FUNCTION runrow._schedule_name_ok(text) IS
-'Private. TRUE when a schedule name holds no control character and no white space '
+'Private. TRUE when a schedule name holds no control character (_printable: C0, C1 or '
+'bidirectional formatting) and no white space '
 '(_white_space, Unicode''s) at either end: create_schedule''s rule and the table''s trigger '
 'schedule_name_printable. Inlined.';
 
@@ -13493,8 +13702,9 @@ BEGIN
     -- The name is typed back to drop the schedule: one with a line break broke `runrow
     -- schedules`' table, and one with a space around it could not be named to drop it.
     IF NOT runrow._schedule_name_ok(create_schedule.name) THEN
-        RAISE EXCEPTION 'name must not hold control characters or begin or end with white space, got "%"',
-            left(create_schedule.name, 200)
+        -- A control character is named by its code point: quoted, it would reach the log.
+        PERFORM runrow._require_printable(create_schedule.name, 'name');
+        RAISE EXCEPTION 'name must not begin or end with white space, got "%"', left(create_schedule.name, 200)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     spec := runrow._cron_parse(create_schedule.cron);
@@ -13558,6 +13768,12 @@ BEGIN
     PERFORM runrow._require_range(create_schedule.priority, 'priority', -1000, 1000);
     PERFORM runrow._require_key(create_schedule.fairness_key, 'fairness_key');
     PERFORM runrow._require_key(create_schedule.concurrency_key, 'concurrency_key');
+    -- The template's identifiers, as enqueue_run's (functions/_identifier_checks.sql): refused
+    -- now, not at every tick.
+    PERFORM runrow._require_printable(create_schedule.model, 'model');
+    PERFORM runrow._require_printable(create_schedule.user_id, 'user_id');
+    PERFORM runrow._require_printable(create_schedule.fairness_key, 'fairness_key');
+    PERFORM runrow._require_printable(create_schedule.concurrency_key, 'concurrency_key');
     -- Pinned now, so that firing passes only read it: two passes that each inserted a new
     -- prompt row waited on each other's (and deadlocked when their schedules crossed).
     PERFORM runrow._pin_prompt(create_schedule.system_prompt, create_schedule.tools);
@@ -13604,7 +13820,9 @@ COMMENT ON FUNCTION runrow.create_schedule(
 'a pass does with ticks missed during an outage: latest (the default) enqueues only the most '
 'recent, each enqueues every one, but at most max_catch_up (default 10, 1 to 1000) of the most '
 'recent. The first tick is the first after now(). Returns the schedule id. Bad input raises '
-'22004/22023 naming the argument (a cron that cannot parse or never fires names cron), a taken '
+'22004/22023 naming the argument (a cron that cannot parse or never fires names cron; a name, '
+'model, user_id, fairness_key or concurrency_key holding a control character, C0, C1 or '
+'bidirectional formatting, names it), a taken '
 'name raises 23505 (constraint schedule_name_key), a fixed conversation of another user 42501; '
 'nothing is written.';
 
@@ -13877,6 +14095,21 @@ BEGIN
         RAISE EXCEPTION 'cost_budget must be NULL or a finite, positive amount of USD, got %', enqueue_run.cost_budget
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The identifiers operators read back hold no control character (a line break forged a log
+    -- line, a bidirectional override showed another tenant: functions/_identifier_checks.sql).
+    -- One test of all seven; the helper, in the arguments' order, only when one fails.
+    IF (runrow._printable(enqueue_run.model) AND runrow._printable(enqueue_run.user_id)
+        AND runrow._printable(enqueue_run.idempotency_key) AND runrow._printable(enqueue_run.fairness_key)
+        AND runrow._printable(enqueue_run.concurrency_key) AND runrow._printable(enqueue_run.rate_limit_key)
+        AND runrow._printable(enqueue_run.webhook_url)) IS FALSE THEN
+        PERFORM runrow._require_printable(enqueue_run.model, 'model');
+        PERFORM runrow._require_printable(enqueue_run.user_id, 'user_id');
+        PERFORM runrow._require_printable(enqueue_run.idempotency_key, 'idempotency_key');
+        PERFORM runrow._require_printable(enqueue_run.fairness_key, 'fairness_key');
+        PERFORM runrow._require_printable(enqueue_run.concurrency_key, 'concurrency_key');
+        PERFORM runrow._require_printable(enqueue_run.rate_limit_key, 'rate_limit_key');
+        PERFORM runrow._require_printable(enqueue_run.webhook_url, 'webhook_url');
+    END IF;
     -- A URL no request can be sent to (no host, a port past 65535 or not a number, an unclosed
     -- IPv6 bracket) failed every delivery attempt the same way, long after the enqueue said 202.
     IF NOT runrow._webhook_url_ok(enqueue_run.webhook_url) THEN
@@ -14045,7 +14278,9 @@ COMMENT ON FUNCTION runrow.enqueue_run(
 'and at most 366 days out on the calendar; no wake is sent), priority '
 '(-1000..1000, higher first), fairness_key (default user_id), concurrency_key, rate_limit_key '
 '(default model), token_budget, cost_budget (USD) and webhook_url; they join the idempotency '
-'fingerprint only when given.';
+'fingerprint only when given. model, user_id, idempotency_key, fairness_key, concurrency_key, '
+'rate_limit_key and webhook_url holding a control character (C0, C1 or bidirectional '
+'formatting: _control_chars) raise 22023 naming the argument.';
 
 REVOKE ALL ON FUNCTION runrow.enqueue_run(
     uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb,
@@ -14684,6 +14919,7 @@ BEGIN
     IF NOT runrow._model_trimmed(fork_run.model) THEN
         PERFORM runrow._require_model_trimmed(fork_run.model);
     END IF;
+    PERFORM runrow._require_printable(fork_run.model, 'model');
     SELECT a.* INTO src FROM runrow.agent_run AS a WHERE a.id = fork_run.run_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'run_id % does not exist', fork_run.run_id USING ERRCODE = 'no_data_found';
@@ -15610,6 +15846,8 @@ BEGIN
         RAISE EXCEPTION 'decided_by must name the person deciding in 1 to 200 characters, not only white space'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The name the decision is recorded under, as operators read it: no control character.
+    PERFORM runrow._require_printable(resolve_approval.decided_by, 'decided_by');
     IF resolve_approval.note = '' THEN
         RAISE EXCEPTION 'note must be NULL (no note) or text, not empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -15894,6 +16132,8 @@ BEGIN
         END IF;
         RETURN;
     END IF;
+    -- Only a key being set: one stored before migration 0085 can still be removed (above).
+    PERFORM runrow._require_printable(set_concurrency_limit.concurrency_key, 'concurrency_key');
     PERFORM runrow._require_range(set_concurrency_limit.max_running, 'max_running', 0, 100000);
     INSERT INTO runrow.concurrency_limit AS l (concurrency_key, max_running)
     VALUES (set_concurrency_limit.concurrency_key, set_concurrency_limit.max_running)
@@ -15921,6 +16161,7 @@ SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_key(set_fairness_weight.fairness_key, 'fairness_key');
+    PERFORM runrow._require_printable(set_fairness_weight.fairness_key, 'fairness_key');
     IF set_fairness_weight.weight IS NOT NULL
        AND NOT (set_fairness_weight.weight >= 0.001 AND set_fairness_weight.weight <= 1000) THEN
         -- The floor keeps the claim's 1 / weight a finite, small step (migration 0064).
@@ -15975,6 +16216,10 @@ BEGIN
     -- audit). Removing one (all four prices NULL) stored before the rule is still allowed.
     IF set_model_price.input_per_mtok IS NOT NULL AND NOT runrow._model_trimmed(set_model_price.model) THEN
         PERFORM runrow._require_model_trimmed(set_model_price.model);
+    END IF;
+    -- Nor one holding a control character (no run can name it since migration 0085).
+    IF set_model_price.input_per_mtok IS NOT NULL THEN
+        PERFORM runrow._require_printable(set_model_price.model, 'model');
     END IF;
     IF array_position(prices, NULL) IS NULL OR prices = ARRAY[NULL, NULL, NULL, NULL]::numeric[] THEN
         FOR i IN 1..4 LOOP
@@ -16102,6 +16347,8 @@ BEGIN
         END IF;
         RETURN;
     END IF;
+    -- Only a key being set: one stored before migration 0085 can still be removed (above).
+    PERFORM runrow._require_printable(set_rate_limit.rate_limit_key, 'rate_limit_key');
 
     -- A new key starts with full buckets; a changed one keeps what it holds (brought up to
     -- now, at most the new minute's worth), and a newly limited dimension starts full.
@@ -16177,6 +16424,8 @@ BEGIN
         END IF;
         RETURN;
     END IF;
+    -- Only a key being set: one stored before migration 0085 can still be removed (above).
+    PERFORM runrow._require_printable(set_tenant_budget.fairness_key, 'fairness_key');
     INSERT INTO runrow.tenant_budget AS b (fairness_key, tokens_per_day, cost_per_day)
     VALUES (set_tenant_budget.fairness_key, set_tenant_budget.tokens_per_day, set_tenant_budget.cost_per_day)
     ON CONFLICT ON CONSTRAINT tenant_budget_pkey DO UPDATE
