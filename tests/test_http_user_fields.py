@@ -75,6 +75,28 @@ def test_a_field_the_operator_opts_in_is_taken(fields_db: str) -> None:
             assert model == ("m2",)
 
 
+def test_a_model_with_a_control_character_is_a_400_naming_it(fields_db: str) -> None:
+    # enqueue_run's 22023 (migration 0085): a line break would forge a log line, an override
+    # (U+202E) show another name, NEL (U+0085) is a C1 control. A 400, never a 500, and nothing
+    # written; an ordinary non-ASCII name with a slash, a dot and a colon is still taken.
+    for server in serve(fields_db, user_may_set=frozenset({"model"})):
+        with psycopg.connect(fields_db) as db:
+            before = db.execute("SELECT count(*) FROM runrow.agent_run").fetchone()
+        with httpx.Client(base_url=server.url, headers=ALICE, timeout=20) as client:
+            for char, code in (("\n", "000A"), ("\u202e", "202E"), ("\u0085", "0085")):
+                body = {"content": "hi", "model": f"acme{char}2026-12-07 ERROR forged"}
+                refused = client.post(f"/conversations/{uuid.uuid4()}/runs", json=body)
+                assert refused.status_code == 400, (code, refused.text)
+                error = refused.json()["error"]
+                assert error["type"] == "invalid_request", error
+                assert error["message"].startswith("model must not hold control characters"), error
+                assert f"U+{code} at character 5" in error["message"], error
+            with psycopg.connect(fields_db) as db:
+                assert db.execute("SELECT count(*) FROM runrow.agent_run").fetchone() == before
+            made = client.post(f"/conversations/{uuid.uuid4()}/runs", json={"content": "hi", "model": "租户/ü.v1:2"})
+            assert made.status_code == 202, made.text
+
+
 def test_an_unknown_field_for_user_may_set_is_a_one_line_error() -> None:
     env = {k: v for k, v in os.environ.items() if k != "RUNROW_USER_MAY_SET"}
     refused = subprocess.run(
