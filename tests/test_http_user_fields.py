@@ -93,7 +93,8 @@ def test_a_model_with_a_control_character_is_a_400_naming_it(fields_db: str) -> 
                 assert f"U+{code} at character 5" in error["message"], error
             with psycopg.connect(fields_db) as db:
                 assert db.execute("SELECT count(*) FROM runrow.agent_run").fetchone() == before
-            made = client.post(f"/conversations/{uuid.uuid4()}/runs", json={"content": "hi", "model": "租户/ü.v1:2"})
+            ordinary = {"content": "hi", "model": "租户/ü.v1:2"}
+            made = client.post(f"/conversations/{uuid.uuid4()}/runs", json=ordinary)
             assert made.status_code == 202, made.text
 
 
