@@ -374,6 +374,30 @@ BEGIN
 END
 $fn$;
 
+-- Block a key fleet-wide until `until` (a later block is never shortened): from the caller's
+-- commit on acquire_model_call grants nothing for the key until then, and the key's requests
+-- bucket is emptied and refills only after it, so the fleet does not burst into the wall again.
+-- Creates the key's row (a block-only row) when it has no limits. `refusals`: 429s this report
+-- counts (blocks_reported), 1 for report_rate_limited, 0 for report_rate_limit_exhausted (the
+-- API said the bucket was empty before it refused anything).
+CREATE OR REPLACE FUNCTION runrow._block_key(key text, until timestamptz, by_run uuid, refusals integer)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    INSERT INTO runrow.rate_limit AS l (rate_limit_key, blocked_until, blocked_by_run, blocks_reported, refilled_at)
+    VALUES (_block_key.key, _block_key.until, _block_key.by_run, _block_key.refusals, _block_key.until)
+    ON CONFLICT ON CONSTRAINT rate_limit_pkey DO UPDATE
+    SET blocked_until = greatest(l.blocked_until, excluded.blocked_until),
+        blocked_by_run = CASE WHEN l.blocked_until >= excluded.blocked_until THEN l.blocked_by_run
+            ELSE excluded.blocked_by_run END,
+        blocks_reported = l.blocks_reported + _block_key.refusals,
+        requests_left = 0,
+        refilled_at = greatest(l.refilled_at, l.blocked_until, excluded.blocked_until),
+        updated_at = now();
+END
+$fn$;
+
 REVOKE ALL ON FUNCTION runrow._require_positive(numeric, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._key_answered(runrow.rate_limit) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lift_held_runs(text, timestamptz) FROM PUBLIC;
@@ -386,3 +410,4 @@ REVOKE ALL ON FUNCTION runrow._fail_queued_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._charge_usage(uuid, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._key_error_told(uuid, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._block_key(text, timestamptz, uuid, integer) FROM PUBLIC;

@@ -34,16 +34,7 @@ BEGIN
 
     -- The provider's bucket is empty: ours is emptied too, and refills only once the block
     -- ends (refilled_at in the future), so the fleet does not burst into the wall again.
-    INSERT INTO runrow.rate_limit AS l (rate_limit_key, blocked_until, blocked_by_run, blocks_reported, refilled_at)
-    VALUES (key, until, report_rate_limited.run_id, 1, until)
-    ON CONFLICT ON CONSTRAINT rate_limit_pkey DO UPDATE
-    SET blocked_until = greatest(l.blocked_until, excluded.blocked_until),
-        blocked_by_run = CASE WHEN l.blocked_until >= excluded.blocked_until THEN l.blocked_by_run
-            ELSE excluded.blocked_by_run END,
-        blocks_reported = l.blocks_reported + 1,
-        requests_left = 0,
-        refilled_at = greatest(l.refilled_at, l.blocked_until, excluded.blocked_until),
-        updated_at = now();
+    PERFORM runrow._block_key(key, until, report_rate_limited.run_id, 1);
 END
 $fn$;
 

@@ -48,6 +48,8 @@ INSERT INTO api VALUES
         $$SELECT * FROM runrow.acquire_model_call(gen_random_uuid(), gen_random_uuid(), 10)$$),
     ('report_rate_limited', '{runrow_worker}',
         $$SELECT runrow.report_rate_limited(gen_random_uuid(), gen_random_uuid(), 10)$$),
+    ('report_rate_limit_exhausted', '{runrow_worker}',
+        $$SELECT runrow.report_rate_limit_exhausted(gen_random_uuid(), gen_random_uuid(), 10)$$),
     ('report_key_error', '{runrow_worker}',
         $$SELECT runrow.report_key_error(gen_random_uuid(), gen_random_uuid(), 'invalid x-api-key')$$),
     ('set_rate_limit', '{}', $$SELECT runrow.set_rate_limit('pgtap-key', 1, 1, 1)$$),

@@ -10592,6 +10592,30 @@ BEGIN
 END
 $fn$;
 
+-- Block a key fleet-wide until `until` (a later block is never shortened): from the caller's
+-- commit on acquire_model_call grants nothing for the key until then, and the key's requests
+-- bucket is emptied and refills only after it, so the fleet does not burst into the wall again.
+-- Creates the key's row (a block-only row) when it has no limits. `refusals`: 429s this report
+-- counts (blocks_reported), 1 for report_rate_limited, 0 for report_rate_limit_exhausted (the
+-- API said the bucket was empty before it refused anything).
+CREATE OR REPLACE FUNCTION runrow._block_key(key text, until timestamptz, by_run uuid, refusals integer)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    INSERT INTO runrow.rate_limit AS l (rate_limit_key, blocked_until, blocked_by_run, blocks_reported, refilled_at)
+    VALUES (_block_key.key, _block_key.until, _block_key.by_run, _block_key.refusals, _block_key.until)
+    ON CONFLICT ON CONSTRAINT rate_limit_pkey DO UPDATE
+    SET blocked_until = greatest(l.blocked_until, excluded.blocked_until),
+        blocked_by_run = CASE WHEN l.blocked_until >= excluded.blocked_until THEN l.blocked_by_run
+            ELSE excluded.blocked_by_run END,
+        blocks_reported = l.blocks_reported + _block_key.refusals,
+        requests_left = 0,
+        refilled_at = greatest(l.refilled_at, l.blocked_until, excluded.blocked_until),
+        updated_at = now();
+END
+$fn$;
+
 REVOKE ALL ON FUNCTION runrow._require_positive(numeric, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._key_answered(runrow.rate_limit) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lift_held_runs(text, timestamptz) FROM PUBLIC;
@@ -10604,6 +10628,7 @@ REVOKE ALL ON FUNCTION runrow._fail_queued_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._charge_usage(uuid, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._key_error_told(uuid, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._block_key(text, timestamptz, uuid, integer) FROM PUBLIC;
 
 -- functions/_next_webhook_receiver.sql
 -- The first receiver (_webhook_receiver) after `after` in text order that has a pending delivery,
@@ -15760,6 +15785,63 @@ COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) 
 REVOKE ALL ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) TO runrow_worker;
 
+-- functions/report_rate_limit_exhausted.sql
+CREATE OR REPLACE FUNCTION runrow.report_rate_limit_exhausted(run_id uuid, claim_token uuid, reset_in_seconds numeric)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow, pg_temp
+AS $fn$
+DECLARE
+    key text;
+BEGIN
+    PERFORM runrow._require_not_null(report_rate_limit_exhausted.run_id, 'run_id');
+    PERFORM runrow._require_not_null(report_rate_limit_exhausted.claim_token, 'claim_token');
+    PERFORM runrow._require_not_null(report_rate_limit_exhausted.reset_in_seconds, 'reset_in_seconds');
+    -- The API's limits are per-minute buckets: an empty one is full again within a minute.
+    -- A longer wait is a misread header, and would hold every worker of the key on it.
+    IF report_rate_limit_exhausted.reset_in_seconds <= 0 OR report_rate_limit_exhausted.reset_in_seconds > 60 THEN
+        RAISE EXCEPTION 'reset_in_seconds must be more than 0 and at most 60, got %',
+            report_rate_limit_exhausted.reset_in_seconds
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    IF NOT runrow._hold_claim(report_rate_limit_exhausted.run_id, report_rate_limit_exhausted.claim_token) THEN
+        RETURN;  -- fenced out: nothing written
+    END IF;
+    SELECT a.rate_limit_key INTO key FROM runrow.agent_run AS a WHERE a.id = report_rate_limit_exhausted.run_id;
+    IF key IS NULL THEN
+        RETURN;
+    END IF;
+    -- Unlike a 429 the response was answered, and is billed: the run's model-call reservation
+    -- stays (the report is made while the answer streams, and a holder killed before it
+    -- settles is charged the reservation at the reap). Nor is it a refusal: blocks_reported
+    -- counts 429s only.
+    PERFORM runrow._block_key(
+        key,
+        -- At least a millisecond: 1e-1000 is more than 0, and underflowed the cast (22003).
+        now() + make_interval(secs => greatest(report_rate_limit_exhausted.reset_in_seconds, 0.001)::double precision),
+        report_rate_limit_exhausted.run_id,
+        0
+    );
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.report_rate_limit_exhausted(uuid, uuid, numeric) IS
+'A model response for the run the worker holds said one of the API''s rate-limit buckets is '
+'empty (anthropic-ratelimit-*-remaining: 0): every request before the bucket''s reset would be '
+'refused 429, so the run''s rate_limit_key is blocked fleet-wide for reset_in_seconds (the '
+'reset less the response''s date, both the API''s clock; a later block is never shortened), '
+'as report_rate_limited blocks it for a 429: acquire_model_call grants nothing for the key '
+'until the block ends, and the key''s requests bucket is emptied and refills only after it. '
+'Creates the key''s row when it has no limits. Unlike report_rate_limited, the run''s '
+'model-call reservation stays (the response is billed) and blocks_reported (429s) is not '
+'counted. Fenced: nothing written unless claim_token holds the running run. Bad input (NULL, '
+'reset_in_seconds not more than 0 or over 60) raises 22004/22023.';
+
+REVOKE ALL ON FUNCTION runrow.report_rate_limit_exhausted(uuid, uuid, numeric) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.report_rate_limit_exhausted(uuid, uuid, numeric) TO runrow_worker;
+
 -- functions/report_rate_limited.sql
 CREATE OR REPLACE FUNCTION runrow.report_rate_limited(run_id uuid, claim_token uuid, retry_after_seconds numeric)
 RETURNS void
@@ -15797,16 +15879,7 @@ BEGIN
 
     -- The provider's bucket is empty: ours is emptied too, and refills only once the block
     -- ends (refilled_at in the future), so the fleet does not burst into the wall again.
-    INSERT INTO runrow.rate_limit AS l (rate_limit_key, blocked_until, blocked_by_run, blocks_reported, refilled_at)
-    VALUES (key, until, report_rate_limited.run_id, 1, until)
-    ON CONFLICT ON CONSTRAINT rate_limit_pkey DO UPDATE
-    SET blocked_until = greatest(l.blocked_until, excluded.blocked_until),
-        blocked_by_run = CASE WHEN l.blocked_until >= excluded.blocked_until THEN l.blocked_by_run
-            ELSE excluded.blocked_by_run END,
-        blocks_reported = l.blocks_reported + 1,
-        requests_left = 0,
-        refilled_at = greatest(l.refilled_at, l.blocked_until, excluded.blocked_until),
-        updated_at = now();
+    PERFORM runrow._block_key(key, until, report_rate_limited.run_id, 1);
 END
 $fn$;
 

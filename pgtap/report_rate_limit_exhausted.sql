@@ -1,0 +1,93 @@
+-- report_rate_limit_exhausted: a response's rate-limit headers said a bucket is empty, and the
+-- key is blocked fleet-wide until its reset, before any 429. Happy path, fenced out, bad input
+-- (nothing written). now() is fixed inside this transaction: time passes by moving the block
+-- into the past.
+BEGIN;
+\ir helpers/setup.psql
+\ir helpers/lifecycle.psql
+SELECT plan(23);
+SELECT pg_temp.drain_queue();
+
+CREATE FUNCTION pg_temp.limits_fingerprint() RETURNS text LANGUAGE sql AS $$
+    SELECT concat_ws('|', pg_temp.fingerprint(),
+        (SELECT md5(coalesce(string_agg(to_jsonb(l)::text, '' ORDER BY l.rate_limit_key), '')) FROM runrow.rate_limit AS l))
+$$;
+CREATE FUNCTION pg_temp.keyed_run(key text) RETURNS uuid LANGUAGE plpgsql AS $$
+DECLARE run uuid;
+BEGIN
+    SELECT e.run_id INTO run FROM runrow.enqueue_run(
+        conversation_id => gen_random_uuid(), content => '"hi"', model => 'test-model', rate_limit_key => key) AS e;
+    PERFORM pg_temp.claim(run);
+    RETURN run;
+END $$;
+CREATE FUNCTION pg_temp.acquire(run uuid) RETURNS text LANGUAGE sql AS $$
+    SELECT (a.granted, a.wait_seconds, a.reason)::text FROM runrow.acquire_model_call(run, pg_temp.token(run), 10) AS a
+$$;
+CREATE FUNCTION pg_temp.exhausted(run uuid, secs numeric) RETURNS void LANGUAGE sql AS $$
+    SELECT runrow.report_rate_limit_exhausted(run, pg_temp.token(run), secs)
+$$;
+CREATE FUNCTION pg_temp.block(key text) RETURNS text LANGUAGE sql AS $$
+    SELECT (extract(EPOCH FROM l.blocked_until - now()), l.blocked_by_run, l.blocks_reported, l.requests_left)::text
+    FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key
+$$;
+
+SELECT has_function('runrow', 'report_rate_limit_exhausted', ARRAY['uuid', 'uuid', 'numeric'],
+    'report_rate_limit_exhausted exists');
+
+-- A limited key: the response of a granted call says the bucket is empty, for 12 s.
+SELECT runrow.set_rate_limit('rk', 100, NULL, NULL);
+SELECT pg_temp.keyed_run('rk') AS a \gset
+SELECT pg_temp.keyed_run('rk') AS b \gset
+SELECT is(pg_temp.acquire(:'a'), '(t,0,)', 'a call is granted');
+SELECT lives_ok(format('SELECT pg_temp.exhausted(%L, 12)', :'a'), 'its response said a bucket is empty');
+SELECT is(pg_temp.acquire(:'b'), '(f,12.000,blocked)', 'every other run of the key is told the reset');
+SELECT is(pg_temp.block('rk'), format('(12.000000,%s,0,0)', :'a'),
+    'blocked for reset_in_seconds by the run; not counted as a 429; the requests bucket emptied');
+SELECT isnt((SELECT model_call_reserved FROM runrow.agent_run WHERE id = :'a'), NULL,
+    'the reporting run keeps its reservation: the answer is billed');
+SELECT is((SELECT count(*)::int FROM runrow.rate_limit_blocks WHERE rate_limit_key = 'rk'), 1,
+    'rate_limit_blocks shows the block');
+SELECT pg_temp.exhausted(:'a', 5);
+SELECT is(pg_temp.block('rk'), format('(12.000000,%s,0,0)', :'a'), 'a shorter reset never shortens the block');
+SELECT pg_temp.exhausted(:'a', 30);
+SELECT is(pg_temp.block('rk'), format('(30.000000,%s,0,0)', :'a'), 'a later reset lengthens it');
+SELECT runrow.report_rate_limited(:'b', pg_temp.token(:'b'), 40);
+SELECT is(pg_temp.block('rk'), format('(40.000000,%s,1,0)', :'b'), 'a 429 after it is counted as one');
+UPDATE runrow.rate_limit SET blocked_until = now() - interval '0.3 seconds', refilled_at = now() - interval '0.3 seconds'
+WHERE rate_limit_key = 'rk';
+SELECT is(pg_temp.acquire(:'b'), '(f,0.300,rate_limited)',
+    'after the block the requests bucket refills from empty (100 a minute: one request 0.6 s after it)');
+
+-- A key without limits gets a block-only row; 60 s is the longest block; a tiny one is 1 ms.
+SELECT pg_temp.keyed_run('fresh') AS c \gset
+SELECT pg_temp.exhausted(:'c', 60);
+SELECT is(pg_temp.acquire(:'c'), '(f,60.000,blocked)', 'a key without limits is blocked too, for up to 60 s');
+SELECT is((SELECT (requests_per_minute, blocks_reported)::text FROM runrow.rate_limit WHERE rate_limit_key = 'fresh'),
+    '(,0)', 'a block-only row');
+SELECT pg_temp.keyed_run('tiny') AS t \gset
+SELECT lives_ok(format('SELECT pg_temp.exhausted(%L, 1e-1000)', :'t'), 'a reset too small for a double is taken');
+SELECT is((SELECT blocked_until - now() FROM runrow.rate_limit WHERE rate_limit_key = 'tiny'),
+    interval '0.001 seconds', 'and blocks the key for a millisecond');
+
+-- Fenced out: a stale token, and a run that has ended, write nothing.
+SELECT pg_temp.finished('completed') AS done \gset
+SELECT pg_temp.limits_fingerprint() AS before \gset
+SELECT lives_ok(format('SELECT runrow.report_rate_limit_exhausted(%L, gen_random_uuid(), 10)', :'b'),
+    'a stale token is not an error');
+SELECT lives_ok(format('SELECT runrow.report_rate_limit_exhausted(%L, gen_random_uuid(), 10)', :'done'),
+    'nor is an ended run');
+SELECT is(pg_temp.limits_fingerprint(), :'before', 'fenced-out reports wrote nothing');
+
+-- Bad input: standard SQLSTATEs naming the argument, nothing written.
+SELECT throws_ok(format('SELECT pg_temp.exhausted(%L, 0)', :'b'), '22023',
+    'reset_in_seconds must be more than 0 and at most 60, got 0', 'a zero reset');
+SELECT throws_ok(format('SELECT pg_temp.exhausted(%L, 60.001)', :'b'), '22023',
+    'reset_in_seconds must be more than 0 and at most 60, got 60.001', 'a reset past a minute');
+SELECT throws_ok(format('SELECT pg_temp.exhausted(%L, NULL)', :'b'), '22004',
+    'reset_in_seconds must not be NULL', 'a NULL reset');
+SELECT throws_ok('SELECT runrow.report_rate_limit_exhausted(NULL, gen_random_uuid(), 1)', '22004',
+    'run_id must not be NULL', 'a NULL run_id');
+SELECT is(pg_temp.limits_fingerprint(), :'before', 'bad input wrote nothing');
+
+SELECT * FROM finish();
+ROLLBACK;
