@@ -10,6 +10,7 @@ status_code 200; a connection cut mid-stream raises httpx2.RemoteProtocolError (
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import http.client
 import json
 import signal
@@ -18,12 +19,14 @@ import sys
 import time
 import weakref
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import anthropic
 import httpx2
 import pytest
 
+from pyworker.agent import ratelimit_headers
 from pyworker.fake.faults import (
     Fault,
     drop_connection,
@@ -34,6 +37,7 @@ from pyworker.fake.faults import (
     server_error,
     slow,
 )
+from pyworker.fake.ratelimit import RateLimit
 from pyworker.fake.scenarios import DEMO_TOOLS, Text, Thinking, ToolCall, script, turn
 from pyworker.fake.server import FakeModel
 
@@ -593,6 +597,42 @@ def test_retry_after_headers_are_sent(fake: FakeModel) -> None:
     status, headers, error = raw_post(fake, "/v1/messages", hello())
     assert status == 429 and error["error"]["type"] == "rate_limit_error"
     assert headers["retry-after"] == "2" and headers["retry-after-ms"] == "1500"
+
+
+def test_a_rate_limit_states_its_bucket_in_every_answer_like_the_api() -> None:
+    """limit, remaining (after this request), reset (RFC 3339, when the bucket is full again)
+    and date, on the answers and on the 429; the worker reads them
+    (pyworker/agent/ratelimit_headers.py). Streamed and not."""
+    limit = RateLimit(requests=2, per_seconds=60.0)
+    with FakeModel("text", rate_limit=limit) as fake:
+        with client_for(fake).messages.stream(**hello()) as stream:
+            streamed = stream.response.headers
+            stream.get_final_message()
+        _, answered, _ = raw_post(fake, "/v1/messages", hello())
+        status, refused, _ = raw_post(fake, "/v1/messages", hello())
+    prefix = "anthropic-ratelimit-requests-"
+    assert [(h[prefix + "limit"], h[prefix + "remaining"]) for h in (streamed, answered, refused)] == [
+        ("2", "1"),
+        ("2", "0"),
+        ("2", "0"),
+    ]
+    assert status == 429 and refused["retry-after"] in ("30", "31")
+    for headers in (streamed, answered, refused):
+        date = email.utils.parsedate_to_datetime(headers["date"])
+        reset = datetime.fromisoformat(headers[prefix + "reset"])
+        # Full again in a minute at most (rounded up to the second; date is truncated).
+        assert 0 < (reset - date).total_seconds() <= 62, (headers["date"], headers[prefix + "reset"])
+    wait = ratelimit_headers.exhausted(refused)
+    assert wait is not None and wait.bucket == "requests" and 59 <= wait.seconds <= 60
+    assert ratelimit_headers.exhausted(streamed) is None  # one left: nothing to block
+
+
+def test_every_answer_has_a_date(fake: FakeModel) -> None:
+    _, headers, _ = raw_post(fake, "/v1/messages", hello())
+    _, missing, _ = raw_post(fake, "/v1/nothing", hello())
+    for h in (headers, missing):
+        assert email.utils.parsedate_to_datetime(h["date"]).tzinfo is not None
+    assert not any(name.startswith("anthropic-ratelimit-") for name in headers)  # no limit, no headers
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,12 @@ requests it refused (for the tests and bench/rate_limits.py).
     FakeModel(rate_limit=RateLimit(requests=5, per_seconds=1.0))   # 5 a second, burst 5
 
 `per_seconds` scales the minute so a test runs in seconds.
+
+Like the real API, every /v1/messages response (the 429s too) states the bucket:
+`anthropic-ratelimit-requests-limit`, `-remaining` (whole requests left after this one) and
+`-reset` (RFC 3339, whole seconds rounded up: when the bucket is full again), beside the
+response's `date` (whole seconds, truncated; the server adds it to every response). Both come
+from the same reading of the wall clock, so reset − date is never shorter than the true wait.
 """
 
 from __future__ import annotations
@@ -13,12 +19,40 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import formatdate
+
+PREFIX = "anthropic-ratelimit-requests-"
 
 
 @dataclass(frozen=True)
 class Refusal:
     at: float  # time.monotonic() of the refusal
     retry_after: float  # seconds the 429 asked for
+
+
+@dataclass(frozen=True)
+class Answer:
+    """take()'s verdict on one request, and the bucket as it left it."""
+
+    wait: float | None  # None: allowed; else the retry-after of the 429, in seconds
+    limit: int
+    remaining: int  # whole requests left
+    full_in: float  # seconds until the bucket is full again
+    wall: float  # time.time() of the verdict
+
+    def headers(self) -> dict[str, str]:
+        """The rate-limit headers of the response, with its `date`."""
+        reset = datetime.fromtimestamp(math.ceil(self.wall + self.full_in), UTC)
+        headers = {
+            "date": formatdate(math.floor(self.wall), usegmt=True),
+            f"{PREFIX}limit": str(self.limit),
+            f"{PREFIX}remaining": str(self.remaining),
+            f"{PREFIX}reset": reset.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        if self.wait is not None:
+            headers.update(RateLimit.headers(self.wait))
+        return headers
 
 
 @dataclass
@@ -37,20 +71,22 @@ class RateLimit:
         self._tokens = float(self.requests)
         self._at = time.monotonic()
 
-    def take(self) -> float | None:
-        """None: allowed (one request taken). Else the retry-after of the 429, in seconds."""
+    def take(self) -> Answer:
+        """One request: allowed (a token taken) or refused (Answer.wait: the 429's retry-after)."""
         rate = self.requests / self.per_seconds
         with self._lock:
             now = time.monotonic()
             self._tokens = min(float(self.requests), self._tokens + (now - self._at) * rate)
             self._at = now
+            wait: float | None = None
             if self._tokens >= 1:
                 self._tokens -= 1
                 self.allowed += 1
-                return None
-            wait = (1 - self._tokens) / rate
-            self.refused.append(Refusal(now, wait))
-            return wait
+            else:
+                wait = (1 - self._tokens) / rate
+                self.refused.append(Refusal(now, wait))
+            full_in = (self.requests - self._tokens) / rate
+            return Answer(wait, self.requests, math.floor(self._tokens), full_in, time.time())
 
     @staticmethod
     def headers(wait: float) -> dict[str, str]:

@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from email.utils import formatdate
 from typing import Any
 
 from pyworker.fake import protocol as wire
@@ -147,8 +148,9 @@ class FakeModel:
         output that would overflow it stops with model_context_window_exceeded. Output is also cut at
         the request's max_tokens (stop_reason max_tokens), like the real API. `clock`: seconds, for
         the prompt cache's TTLs (`prompt_cache`, pyworker/fake/cache.py); inject one to expire entries.
-        `rate_limit`: a requests-per-period token bucket; an empty one answers 429 with
-        retry-after and counts the refusal (pyworker/fake/ratelimit.py)."""
+        `rate_limit`: a requests-per-period token bucket; every /v1/messages answer states it in
+        the API's rate-limit headers (limit, remaining, reset, date), and an empty one answers
+        429 with retry-after and counts the refusal (pyworker/fake/ratelimit.py)."""
         self.rate_limit = rate_limit
         self.host = host
         self.port = port
@@ -344,6 +346,7 @@ class FakeModel:
             parse_error = None
         record = self._record(request, body, request_id)
         path = request.path.split("?", 1)[0]
+        limit_headers: dict[str, str] = {}  # the rate limit's, on every answer to the request
         try:
             if path.startswith("/_control/"):
                 result = self._control(request.method, path, body)
@@ -356,13 +359,11 @@ class FakeModel:
                 raise wire.ApiError(405, "invalid_request_error", f"Method {request.method} not allowed")
             self._authenticate(request.headers)
             if path == "/v1/messages" and self.rate_limit is not None:
-                wait = self.rate_limit.take()
-                if wait is not None:
+                answer = self.rate_limit.take()
+                limit_headers = answer.headers()
+                if answer.wait is not None:
                     raise wire.ApiError(
-                        429,
-                        "rate_limit_error",
-                        "Number of requests has exceeded your rate limit",
-                        RateLimit.headers(wait),
+                        429, "rate_limit_error", "Number of requests has exceeded your rate limit"
                     )
             if path == "/v1/messages":
                 fault = self._next_fault()
@@ -379,7 +380,7 @@ class FakeModel:
                 self._finish(record, 200, "ok")
                 await _send_json(writer, 200, {"input_tokens": prompt_tokens(valid)}, request_id)
                 return True
-            return await self._messages(valid, request, writer, record, fault)
+            return await self._messages(valid, request, writer, record, fault, limit_headers)
         except wire.ApiError as err:
             self._finish(record, err.status, "error")
             await _send_json(
@@ -387,7 +388,7 @@ class FakeModel:
                 err.status,
                 wire.error_body(err.error_type, err.message, request_id),
                 request_id,
-                err.headers,
+                {**limit_headers, **err.headers},
             )
             return True
         except ConnectionError:
@@ -453,6 +454,7 @@ class FakeModel:
         writer: asyncio.StreamWriter,
         record: RecordedRequest,
         fault: Fault | None,
+        extra: Mapping[str, str],
     ) -> bool:
         turn, turn_fault = self._turn_for(body, request.headers)
         fault = fault or turn_fault
@@ -483,9 +485,9 @@ class FakeModel:
             if fault is not None and fault.kind == "slow":
                 await asyncio.sleep(fault.delay)
             self._finish(record, 200, "ok")
-            await _send_json(writer, 200, message, record.request_id)
+            await _send_json(writer, 200, message, record.request_id, extra)
             return True
-        return await self._stream(message, writer, record, fault)
+        return await self._stream(message, writer, record, fault, extra)
 
     async def _stream(
         self,
@@ -493,11 +495,13 @@ class FakeModel:
         writer: asyncio.StreamWriter,
         record: RecordedRequest,
         fault: Fault | None,
+        extra: Mapping[str, str],
     ) -> bool:
         headers = {
             "content-type": "text/event-stream; charset=utf-8",
             "cache-control": "no-cache",
             "transfer-encoding": "chunked",
+            **extra,
         }
         writer.write(_head(200, record.request_id, headers))
         delay = fault.delay if fault is not None and fault.kind == "slow" else self.delta_delay
@@ -595,7 +599,11 @@ async def _read_request(reader: asyncio.StreamReader) -> _HttpRequest | None:
 
 
 def _head(status: int, request_id: str, headers: Mapping[str, str]) -> bytes:
+    """The status line and headers; a `date` on every response, as the API sends (one that
+    goes with a rate limit's reset is given in `headers`, read from the same clock)."""
     lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", f"request-id: {request_id}"]
+    if "date" not in headers:
+        lines.append(f"date: {formatdate(usegmt=True)}")
     lines += [f"{name}: {value}" for name, value in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 

@@ -1,0 +1,118 @@
+"""What the Messages API's rate-limit headers say about the organisation's buckets.
+
+Every response, a success or a 429, carries for each bucket `anthropic-ratelimit-<bucket>-limit`,
+`-remaining` and `-reset` (RFC 3339: when the bucket is full again), for the buckets
+requests, input-tokens, output-tokens and tokens, and a `date` header. A bucket at remaining 0
+refuses every request until it refills: `exhausted` says for how long, so the fleet waits
+(pyworker/agent/limits.py, report_rate_limit_exhausted) instead of learning it from a 429.
+
+The wait is reset − date, both the API's clock: the worker's own clock is never compared with
+the API's (a worker a few seconds off would block too long, or not at all). The `date` header
+has whole seconds and is truncated, so the wait errs long by under a second, never short.
+
+Headers are the API's, read defensively: a missing, garbled or contradictory one is ignored,
+never an error; a response without them blocks nothing (the 429 path still catches a limit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from email.utils import parsedate_to_datetime
+
+PREFIX = "anthropic-ratelimit-"
+BUCKETS = ("requests", "input-tokens", "output-tokens", "tokens")
+# The API's rate limits are per-minute token buckets (requests, input and output tokens per
+# minute): an empty one is full again within 60 s of its own clock. A reset further out is not
+# one of them (a misread header, the API's clock jumping, a limit this code does not know), and
+# blocking every worker of the key on it for longer would stall the fleet on a misreading: if the
+# bucket is still empty after 60 s, the next request's 429 says so, with its retry-after.
+MAX_BLOCK_SECONDS = 60.0
+# Shorter waits are not worth a database write: the next request finds the bucket refilled.
+MIN_BLOCK_SECONDS = 0.001
+
+
+@dataclass(frozen=True)
+class Bucket:
+    name: str  # requests, input-tokens, output-tokens, tokens
+    remaining: int
+    limit: int | None  # None when absent or garbled
+    reset_in: float | None  # seconds from the response's date to the reset; None if unknown
+
+
+@dataclass(frozen=True)
+class Exhausted:
+    bucket: str  # the empty bucket that refills last
+    seconds: float  # how long to block the key: reset − date, at most MAX_BLOCK_SECONDS
+
+
+def buckets(headers: Mapping[str, str] | None) -> list[Bucket]:
+    """The buckets whose `remaining` the response states (a non-negative integer)."""
+    if headers is None:
+        return []
+    date = _http_date(_header(headers, "date"))
+    found: list[Bucket] = []
+    for name in BUCKETS:
+        remaining = _count(_header(headers, f"{PREFIX}{name}-remaining"))
+        if remaining is None:
+            continue
+        reset = _rfc3339(_header(headers, f"{PREFIX}{name}-reset"))
+        reset_in = None if reset is None or date is None else (reset - date).total_seconds()
+        found.append(Bucket(name, remaining, _count(_header(headers, f"{PREFIX}{name}-limit")), reset_in))
+    return found
+
+
+def exhausted(headers: Mapping[str, str] | None) -> Exhausted | None:
+    """The block the response calls for: a bucket at remaining 0 whose reset is still ahead of
+    the response's date (the longest, when several are empty); None when every bucket has
+    something left, or none can be read whole."""
+    worst: Exhausted | None = None
+    for bucket in buckets(headers):
+        if bucket.remaining != 0 or bucket.reset_in is None or not bucket.reset_in >= MIN_BLOCK_SECONDS:
+            continue  # something left, no reset or date, or a reset already past
+        seconds = min(bucket.reset_in, MAX_BLOCK_SECONDS)
+        if worst is None or seconds > worst.seconds:
+            worst = Exhausted(bucket.name, seconds)
+    return worst
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    try:
+        value = headers.get(name)
+    except Exception:
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _count(raw: str | None) -> int | None:
+    """A non-negative integer as the API writes it ("0", "4000"), else None."""
+    if raw is None:
+        return None
+    text = raw.strip()
+    if not text.isascii() or not text.isdigit() or len(text) > 18:
+        return None
+    return int(text)
+
+
+def _rfc3339(raw: str | None) -> datetime | None:
+    """An RFC 3339 time with its offset ("2025-01-01T00:00:05Z"); None for anything else (a
+    time without an offset names no instant)."""
+    if raw is None or len(raw) > 64:
+        return None
+    try:
+        value = datetime.fromisoformat(raw.strip())
+    except ValueError:
+        return None
+    return value if value.tzinfo is not None else None
+
+
+def _http_date(raw: str | None) -> datetime | None:
+    """The `date` header (RFC 9110 IMF-fixdate, "Wed, 01 Jan 2025 00:00:00 GMT")."""
+    if raw is None or len(raw) > 64:
+        return None
+    try:
+        value = parsedate_to_datetime(raw.strip())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    return value if value.tzinfo is not None else None

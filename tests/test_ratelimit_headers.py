@@ -1,0 +1,114 @@
+"""Reading the Messages API's rate-limit headers (pyworker/agent/ratelimit_headers.py): a bucket
+at remaining 0 blocks the key for reset − date, the API's own clock, at most 60 s; anything
+missing, garbled or already past blocks nothing and raises nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx2
+import pytest
+
+from pyworker.agent.ratelimit_headers import MAX_BLOCK_SECONDS, Exhausted, buckets, exhausted
+
+DATE = "Wed, 01 Jan 2025 00:00:00 GMT"
+P = "anthropic-ratelimit-"
+
+
+def answer(**buckets_: tuple[Any, Any, Any]) -> dict[str, str]:
+    """Headers of a response: per bucket (limit, remaining, reset), None leaving one out."""
+    headers = {"date": DATE}
+    for name, values in buckets_.items():
+        for field, value in zip(("limit", "remaining", "reset"), values, strict=True):
+            if value is not None:
+                headers[f"{P}{name.replace('_', '-')}-{field}"] = str(value)
+    return headers
+
+
+def test_a_bucket_with_requests_left_blocks_nothing() -> None:
+    headers = answer(requests=(50, 1, "2025-01-01T00:00:30Z"))
+    assert exhausted(headers) is None
+    [bucket] = buckets(headers)
+    assert (bucket.name, bucket.remaining, bucket.limit, bucket.reset_in) == ("requests", 1, 50, 30.0)
+
+
+def test_an_empty_bucket_blocks_until_its_reset_by_the_apis_clock() -> None:
+    # The date is the API's: whatever the worker's clock says, the wait is reset − date.
+    assert exhausted(answer(requests=(50, 0, "2025-01-01T00:00:05Z"))) == Exhausted("requests", 5.0)
+    assert exhausted(answer(requests=(50, 0, "2025-01-01T00:00:05.250+00:00"))) == Exhausted("requests", 5.25)
+    assert exhausted(answer(requests=(50, 0, "2025-01-01T01:00:05+01:00"))) == Exhausted("requests", 5.0)
+
+
+def test_the_bucket_that_refills_last_decides() -> None:
+    headers = answer(
+        requests=(50, 0, "2025-01-01T00:00:02Z"),
+        input_tokens=(40000, 0, "2025-01-01T00:00:20Z"),
+        output_tokens=(8000, 3000, "2025-01-01T00:00:50Z"),  # not empty: its reset does not count
+        tokens=(48000, 0, "2025-01-01T00:00:09Z"),
+    )
+    assert exhausted(headers) == Exhausted("input-tokens", 20.0)
+    assert [b.name for b in buckets(headers)] == ["requests", "input-tokens", "output-tokens", "tokens"]
+
+
+def test_header_names_are_case_insensitive_as_http_has_them() -> None:
+    headers = httpx2.Headers(
+        {"Date": DATE, f"{P}Output-Tokens-Remaining": "0", f"{P}output-tokens-RESET": "2025-01-01T00:00:07Z"}
+    )
+    assert exhausted(headers) == Exhausted("output-tokens", 7.0)
+
+
+def test_a_huge_reset_is_capped_at_a_minute() -> None:
+    assert exhausted(answer(requests=(50, 0, "9999-12-31T23:59:59Z"))) == Exhausted(
+        "requests", MAX_BLOCK_SECONDS
+    )
+    assert exhausted(answer(tokens=(50, 0, "2025-01-01T00:01:00.5Z"))) == Exhausted("tokens", 60.0)
+
+
+@pytest.mark.parametrize("reset", ["2025-01-01T00:00:00Z", "2024-12-31T23:59:00Z", "0001-01-01T00:00:00Z"])
+def test_a_reset_already_past_blocks_nothing(reset: str) -> None:
+    assert exhausted(answer(requests=(50, 0, reset))) is None
+
+
+@pytest.mark.parametrize("remaining", ["", "zero", "-1", "0.0", "0, 0", "٠", "+0", "1e3", "9" * 40, " "])
+def test_a_garbled_remaining_is_ignored(remaining: str) -> None:
+    headers = answer(requests=(50, remaining, "2025-01-01T00:00:05Z"))
+    assert exhausted(headers) is None
+    assert buckets(headers) == []
+
+
+@pytest.mark.parametrize(
+    "reset",
+    ["", "soon", "2025-01-01T00:00:05", "2025-13-01T00:00:05Z", "1735689605", "x" * 10_000, DATE],
+)
+def test_a_garbled_or_naive_reset_is_ignored(reset: str) -> None:
+    headers = answer(requests=(50, 0, reset))
+    assert exhausted(headers) is None
+    assert buckets(headers)[0].reset_in is None
+
+
+@pytest.mark.parametrize(
+    "date", [None, "", "yesterday", "Wed, 01 Jan 2025 00:00:00 -0000", "2025-01-01T00:00:00Z", "x" * 10_000]
+)
+def test_without_a_readable_date_nothing_is_blocked(date: str | None) -> None:
+    # The worker's clock is never compared with the API's: no date, no wait to compute.
+    headers = answer(requests=(50, 0, "2025-01-01T00:00:05Z"))
+    if date is None:
+        del headers["date"]
+    else:
+        headers["date"] = date
+    assert exhausted(headers) is None
+
+
+def test_a_garbled_limit_still_blocks() -> None:
+    assert exhausted(answer(requests=("many", 0, "2025-01-01T00:00:05Z"))) == Exhausted("requests", 5.0)
+    assert buckets(answer(requests=("many", 0, None)))[0].limit is None
+
+
+@pytest.mark.parametrize("headers", [None, {}, {"date": DATE}, {f"{P}requests-remaining": "0"}])
+def test_no_headers_block_nothing(headers: Any) -> None:
+    assert exhausted(headers) is None
+
+
+def test_values_that_are_not_strings_are_ignored() -> None:
+    headers: dict[str, Any] = {"date": DATE, f"{P}requests-remaining": 0, f"{P}requests-reset": None}
+    assert exhausted(headers) is None and buckets(headers) == []
