@@ -18,6 +18,21 @@ BEGIN
 END
 $fn$;
 
+-- A wait a worker reports, in seconds: more than 0 and at most `most` (NaN sorts above every
+-- number, so it is over `most` too).
+CREATE OR REPLACE FUNCTION runrow._require_seconds(value numeric, arg text, most numeric)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+AS $fn$
+BEGIN
+    IF value <= 0 OR value > most THEN
+        RAISE EXCEPTION '% must be more than 0 and at most %, got %', arg, most, value
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$fn$;
+
 -- Lock a key's bucket row and bring its buckets up to now: each refills at its per-minute
 -- rate, up to a minute's worth. NULL when the key has no row (no limit, no block). The lock is
 -- held to the end of the caller's transaction: that is what keeps concurrent grants from
@@ -399,6 +414,7 @@ END
 $fn$;
 
 REVOKE ALL ON FUNCTION runrow._require_positive(numeric, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_seconds(numeric, text, numeric) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._key_answered(runrow.rate_limit) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lift_held_runs(text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lock_bucket(text) FROM PUBLIC;

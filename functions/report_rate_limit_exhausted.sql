@@ -12,11 +12,7 @@ BEGIN
     PERFORM runrow._require_not_null(report_rate_limit_exhausted.reset_in_seconds, 'reset_in_seconds');
     -- The API's limits are per-minute buckets: an empty one is full again within a minute.
     -- A longer wait is a misread header, and would hold every worker of the key on it.
-    IF report_rate_limit_exhausted.reset_in_seconds <= 0 OR report_rate_limit_exhausted.reset_in_seconds > 60 THEN
-        RAISE EXCEPTION 'reset_in_seconds must be more than 0 and at most 60, got %',
-            report_rate_limit_exhausted.reset_in_seconds
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM runrow._require_seconds(report_rate_limit_exhausted.reset_in_seconds, 'reset_in_seconds', 60);
 
     IF NOT runrow._hold_claim(report_rate_limit_exhausted.run_id, report_rate_limit_exhausted.claim_token) THEN
         RETURN;  -- fenced out: nothing written

@@ -11,11 +11,7 @@ BEGIN
     PERFORM runrow._require_not_null(report_rate_limited.run_id, 'run_id');
     PERFORM runrow._require_not_null(report_rate_limited.claim_token, 'claim_token');
     PERFORM runrow._require_not_null(report_rate_limited.retry_after_seconds, 'retry_after_seconds');
-    IF report_rate_limited.retry_after_seconds <= 0 OR report_rate_limited.retry_after_seconds > 86400 THEN
-        RAISE EXCEPTION 'retry_after_seconds must be more than 0 and at most 86400, got %',
-            report_rate_limited.retry_after_seconds
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM runrow._require_seconds(report_rate_limited.retry_after_seconds, 'retry_after_seconds', 86400);
 
     IF NOT runrow._hold_claim(report_rate_limited.run_id, report_rate_limited.claim_token) THEN
         RETURN;  -- fenced out: nothing written

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(23);
+SELECT plan(24);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.limits_fingerprint() RETURNS text LANGUAGE sql AS $$
@@ -83,6 +83,8 @@ SELECT throws_ok(format('SELECT pg_temp.exhausted(%L, 0)', :'b'), '22023',
     'reset_in_seconds must be more than 0 and at most 60, got 0', 'a zero reset');
 SELECT throws_ok(format('SELECT pg_temp.exhausted(%L, 60.001)', :'b'), '22023',
     'reset_in_seconds must be more than 0 and at most 60, got 60.001', 'a reset past a minute');
+SELECT throws_ok(format('SELECT pg_temp.exhausted(%L, %L)', :'b', 'NaN'), '22023',
+    'reset_in_seconds must be more than 0 and at most 60, got NaN', 'a NaN reset');
 SELECT throws_ok(format('SELECT pg_temp.exhausted(%L, NULL)', :'b'), '22004',
     'reset_in_seconds must not be NULL', 'a NULL reset');
 SELECT throws_ok('SELECT runrow.report_rate_limit_exhausted(NULL, gen_random_uuid(), 1)', '22004',

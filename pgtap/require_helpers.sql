@@ -1,20 +1,20 @@
 -- The bad-input helpers of functions/_helpers.sql and _limits_helpers.sql (_require_not_null,
--- _require_range, _require_delay, _require_key, _require_positive), called as the owner (no
--- runrow role may). Each passes a good value and raises for a bad one with its SQLSTATE and the
--- argument named; every public function's own file tests them through its arguments. They carry
--- no SET clause: a settings save and restore on each call, under callers that pin search_path
--- already (issue 11).
+-- _require_range, _require_delay, _require_key, _require_positive, _require_seconds), called as
+-- the owner (no runrow role may). Each passes a good value and raises for a bad one with its
+-- SQLSTATE and the argument named; every public function's own file tests them through its
+-- arguments. They carry no SET clause: a settings save and restore on each call, under callers
+-- that pin search_path already (issue 11).
 BEGIN;
 \ir helpers/setup.psql
 \set QUIET 1
-SELECT plan(29);
+SELECT plan(33);
 
 SELECT is_empty($$SELECT p.oid::regprocedure FROM pg_proc AS p
     WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%' AND p.proconfig IS NOT NULL$$,
     'no _require_* helper has a SET clause');
 SELECT is((SELECT count(*)::int FROM pg_proc AS p
-    WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%'), 11,
-    'the eleven helpers exist (the request checks of _request_checks.sql are tested in request_checks.sql, '
+    WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%'), 12,
+    'the twelve helpers exist (the request checks of _request_checks.sql are tested in request_checks.sql, '
     '_require_printable in identifiers_printable.sql)');
 SELECT is_empty($$SELECT p.oid::regprocedure FROM pg_proc AS p
     WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%'
@@ -88,6 +88,15 @@ SELECT throws_ok($$SELECT runrow._require_key(repeat('k', 201), 'fairness_key')$
 -- _require_positive (tested with the other limits helpers in limits_helpers.sql)
 SELECT throws_ok($$SELECT runrow._require_positive(-1, 'cost_per_day')$$, '22023',
     'cost_per_day must be NULL or a finite number more than 0, got -1', 'positive: a negative value raises');
+
+-- _require_seconds (the waits report_rate_limited and report_rate_limit_exhausted take)
+SELECT lives_ok($$SELECT runrow._require_seconds(60, 'reset_in_seconds', 60)$$, 'seconds: the most passes');
+SELECT throws_ok($$SELECT runrow._require_seconds(0, 'reset_in_seconds', 60)$$, '22023',
+    'reset_in_seconds must be more than 0 and at most 60, got 0', 'seconds: 0 raises 22023 with the bound');
+SELECT throws_ok($$SELECT runrow._require_seconds(60.5, 'reset_in_seconds', 60)$$, '22023',
+    'reset_in_seconds must be more than 0 and at most 60, got 60.5', 'seconds: over the most raises');
+SELECT throws_ok($$SELECT runrow._require_seconds('NaN', 'reset_in_seconds', 60)$$, '22023',
+    'reset_in_seconds must be more than 0 and at most 60, got NaN', 'seconds: NaN raises');
 
 SELECT * FROM finish();
 ROLLBACK;

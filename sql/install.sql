@@ -10236,6 +10236,21 @@ BEGIN
 END
 $fn$;
 
+-- A wait a worker reports, in seconds: more than 0 and at most `most` (NaN sorts above every
+-- number, so it is over `most` too).
+CREATE OR REPLACE FUNCTION runrow._require_seconds(value numeric, arg text, most numeric)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+AS $fn$
+BEGIN
+    IF value <= 0 OR value > most THEN
+        RAISE EXCEPTION '% must be more than 0 and at most %, got %', arg, most, value
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$fn$;
+
 -- Lock a key's bucket row and bring its buckets up to now: each refills at its per-minute
 -- rate, up to a minute's worth. NULL when the key has no row (no limit, no block). The lock is
 -- held to the end of the caller's transaction: that is what keeps concurrent grants from
@@ -10617,6 +10632,7 @@ END
 $fn$;
 
 REVOKE ALL ON FUNCTION runrow._require_positive(numeric, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_seconds(numeric, text, numeric) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._key_answered(runrow.rate_limit) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lift_held_runs(text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lock_bucket(text) FROM PUBLIC;
@@ -15800,11 +15816,7 @@ BEGIN
     PERFORM runrow._require_not_null(report_rate_limit_exhausted.reset_in_seconds, 'reset_in_seconds');
     -- The API's limits are per-minute buckets: an empty one is full again within a minute.
     -- A longer wait is a misread header, and would hold every worker of the key on it.
-    IF report_rate_limit_exhausted.reset_in_seconds <= 0 OR report_rate_limit_exhausted.reset_in_seconds > 60 THEN
-        RAISE EXCEPTION 'reset_in_seconds must be more than 0 and at most 60, got %',
-            report_rate_limit_exhausted.reset_in_seconds
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM runrow._require_seconds(report_rate_limit_exhausted.reset_in_seconds, 'reset_in_seconds', 60);
 
     IF NOT runrow._hold_claim(report_rate_limit_exhausted.run_id, report_rate_limit_exhausted.claim_token) THEN
         RETURN;  -- fenced out: nothing written
@@ -15856,11 +15868,7 @@ BEGIN
     PERFORM runrow._require_not_null(report_rate_limited.run_id, 'run_id');
     PERFORM runrow._require_not_null(report_rate_limited.claim_token, 'claim_token');
     PERFORM runrow._require_not_null(report_rate_limited.retry_after_seconds, 'retry_after_seconds');
-    IF report_rate_limited.retry_after_seconds <= 0 OR report_rate_limited.retry_after_seconds > 86400 THEN
-        RAISE EXCEPTION 'retry_after_seconds must be more than 0 and at most 86400, got %',
-            report_rate_limited.retry_after_seconds
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM runrow._require_seconds(report_rate_limited.retry_after_seconds, 'retry_after_seconds', 86400);
 
     IF NOT runrow._hold_claim(report_rate_limited.run_id, report_rate_limited.claim_token) THEN
         RETURN;  -- fenced out: nothing written
