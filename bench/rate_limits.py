@@ -5,7 +5,10 @@ and answers the rest 429 + retry-after, counting what it refused. WORKERS worker
 (CONCURRENCY runs each) drain RUNS one-turn runs:
 
 - with the limiter: the key's limit is set in the database (set_rate_limit), every request is
-  acquired first, and a 429 blocks the key fleet-wide (report_rate_limited);
+  acquired first, and a 429 blocks the key fleet-wide (report_rate_limited), as does a response
+  whose rate-limit headers say the bucket is empty (report_rate_limit_exhausted);
+- with the limiter and no limit set: the fleet knows only what the API's answers say (its
+  rate-limit headers, its 429s);
 - without (worker config fleet_limits: False): each worker meets the limit alone, its SDK
   retrying 429s (max_retries 2, honouring retry-after), then releasing the run with backoff.
 
@@ -74,11 +77,12 @@ def _worker_main(url: str, name: str, base_url: str, limiter: bool) -> None:
         os._exit(code)
 
 
-def measure(url: str, limiter: bool) -> dict[str, Any]:
+def measure(url: str, limiter: bool, known: bool = True) -> dict[str, Any]:
+    """`known`: the key's limit is set in the database (with the limiter)."""
     model = f"bench-{'limited' if limiter else 'alone'}-{uuid.uuid4().hex[:6]}"
     limit = RateLimit(requests=PER_SECOND, per_seconds=1.0)
     with psycopg.connect(url, autocommit=True) as conn, FakeModel("text", rate_limit=limit) as fake:
-        if limiter:
+        if limiter and known:
             conn.execute("SELECT runrow.set_rate_limit(%s, %s, NULL, NULL)", (model, PER_SECOND * 60))
         runs = [
             conn.execute(
@@ -137,9 +141,13 @@ async def bench(url: str) -> list[str]:
         f"rate limits: {WORKERS} workers x {CONCURRENCY} runs, {RUNS} runs, the API allows {PER_SECOND}/s "
         "(429 + retry-after beyond)"
     ]
-    for limiter in (False, True):
-        m = await asyncio.to_thread(measure, url, limiter)
-        what = "with the fleet limiter" if limiter else "each worker alone    "
+    modes = {
+        "each worker alone         ": (False, True),
+        "with the fleet limiter    ": (True, True),
+        "the limiter, no limit set ": (True, False),
+    }
+    for what, (limiter, known) in modes.items():
+        m = await asyncio.to_thread(measure, url, limiter, known)
         lines.append(
             f"  {what}: {m['refused']:4d} refused ({m['max_refused_per_block']} at most in one block of "
             f"{m['blocks']}), {m['completed']}/{RUNS} completed in {m['seconds']} s"

@@ -4,6 +4,8 @@
   retry-after: once one worker reports the 429, the key is blocked fleet-wide, so during each
   block at most one more refused request per worker (the ones already in flight); and every
   run completes.
+- A response whose rate-limit headers say the requests bucket is empty blocks the key until its
+  reset: one worker, 8 runs, a fake that allows 2 every 2 s, and not one request refused.
 - A run with a 2,000-token budget whose model keeps calling tools ends budget_exhausted after
   the step that crossed it, and no further model request is made.
 """
@@ -39,6 +41,7 @@ from pyworker.fake.faults import error_event, overloaded, rate_limited, server_e
 from pyworker.fake.ratelimit import RateLimit, Refusal
 from pyworker.fake.scenarios import ModelRequest, Text, ToolCall, turn
 from pyworker.fake.server import FakeModel
+from pyworker.worker import metrics
 
 __all__ = ["module_conn", "module_db"]
 
@@ -109,6 +112,47 @@ def test_a_429_blocks_the_key_fleet_wide_and_every_run_completes(
     print(f"\n{RUNS} runs, {WORKERS} workers, {PER_SECOND}/s: {len(refused)} refused, per block {blocks}")
     assert refused, "the fake never refused: the test did not meet the limit"
     assert max(blocks) <= 1 + WORKERS, blocks
+
+
+def test_a_response_saying_the_bucket_is_empty_blocks_the_key_before_any_429(
+    module_conn: psycopg.Connection, module_db: str
+) -> None:
+    """The API states its buckets in every response's headers (anthropic-ratelimit-requests-
+    remaining, -reset, date). Once one says remaining 0, every request before the reset is a
+    certain 429: the worker blocks the key fleet-wide until the reset (reset − date, the API's
+    clock), so the fleet sends none. The database knows no limit for the key: only the headers
+    tell it. Before, the worker sent the next request at once and learned of the limit from the
+    429 (6 of its 14 requests refused for 8 runs, the fake allowing 2 every 2 s); now none.
+    One slot, so that no request is on the wire while the report commits."""
+    db = module_conn
+    model = f"claude-fake-headers-{uuid.uuid4().hex[:6]}"
+    limit = RateLimit(requests=2, per_seconds=2.0)
+    blocks = metrics.MODEL_RATE_LIMIT_EXHAUSTED.labels("requests")
+    blocked_before = blocks._value.get()
+    with FakeModel("text", rate_limit=limit) as fake:
+        config = {"anthropic_base_url": fake.base_url, "anthropic_api_key": "k", "anthropic_max_retries": 0}
+        with in_process_worker(module_db, "headers", config=config, lease_seconds=5, concurrency=1):
+            runs = [
+                enqueue_agent(db, f"run {i}", model=model, tools=[], metadata={}, max_attempts=3)
+                for i in range(8)
+            ]
+            wait_until(
+                lambda: all(run_row(db, r)["status"] in ("completed", "failed", "dead") for r in runs),
+                60,
+                "every run ended",
+                interval=0.2,
+            )
+        statuses = [run_row(db, r)["status"] for r in runs]
+        sent = [r.status for r in fake.requests]
+    assert statuses == ["completed"] * len(runs)
+    print(f"\n{len(runs)} runs, 2 requests every 2 s: {len(limit.refused)} refused")
+    assert sent.count(200) == len(runs) and not limit.refused, f"{len(limit.refused)} refused: {sent}"
+    assert blocks._value.get() > blocked_before  # blocked by the headers, not by luck
+    row = db.execute(
+        "SELECT blocks_reported, requests_per_minute FROM runrow.rate_limit WHERE rate_limit_key = %s",
+        (model,),
+    ).fetchone()
+    assert row == (0, None)  # blocked from the headers alone: no 429 reported, no limit set
 
 
 @pytest.fixture

@@ -29,7 +29,9 @@ async def test_a_response_that_completes_as_its_task_is_cancelled_is_counted_onc
 ) -> None:
     outer: asyncio.Task[ModelTurn] | None = None
 
-    async def consume(client: Any, params: dict[str, Any], journal: Any, received: Received) -> ModelTurn:
+    async def consume(
+        client: Any, params: dict[str, Any], journal: Any, received: Received, on_headers: Any = None
+    ) -> ModelTurn:
         received.usage = dict(USAGE)
         metrics.model_usage(params["model"], USAGE)  # as _consume counts a finished response
         assert outer is not None

@@ -13,6 +13,12 @@ report_rate_limited).
   then ask again as above. After `MAX_429_IN_ATTEMPT` of them in one attempt the run is
   released with backoff instead.
 
+- a response whose rate-limit headers say a bucket is empty (`anthropic-ratelimit-*-remaining:
+  0`, pyworker/agent/ratelimit_headers.py): every request before its reset would be a 429, so
+  the key is blocked fleet-wide until then (report_rate_limit_exhausted, for reset − date, at
+  most 60 s), read as the response's headers arrive, before its body streams: the other
+  workers' next acquire_model_call waits, and none of them sends into the empty bucket.
+
 - an API key or account error (401, 402, a 403 about the key, "credit balance is too low";
   model.is_key_error): not the run's fault. Reported (report_key_error: the key is blocked
   fleet-wide for a wait that starts at `key_error_first_block` seconds, default 5, and doubles
@@ -28,8 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from typing import Any
 
+from pyworker.agent import ratelimit_headers
 from pyworker.agent.model import TurnFailed
 from pyworker.db import limits as limits_api
 from pyworker.db.aio import wait_event
@@ -144,6 +152,31 @@ async def _settle_within(ctx: RunContext, usage: dict[str, Any], seconds: float)
         ctx.log.warning("a cut response's usage was not recorded: %s: %s", type(exc).__name__, exc)
 
 
+async def after_headers(ctx: RunContext, headers: Mapping[str, str] | None) -> None:
+    """A model response's headers: when they say a rate-limit bucket is empty, block the key
+    fleet-wide until its reset. Called as the headers arrive, before the body is read, so the
+    block is in force while this answer still streams."""
+    if not enabled(ctx):
+        return
+    found = ratelimit_headers.buckets(headers)
+    empty = ratelimit_headers.exhausted(headers)
+    metrics.model_rate_limits(
+        ((b.name, b.remaining, b.limit) for b in found), None if empty is None else empty.bucket
+    )
+    if empty is None:
+        return
+    run = ctx.run
+    await ctx.db(
+        lambda conn: limits_api.report_rate_limit_exhausted(conn, run.run_id, run.claim_token, empty.seconds),
+        "report_rate_limit_exhausted",
+    )
+    ctx.log.info(
+        "rate limit: the API says %s has 0 left: key blocked fleet-wide for %.2fs (until its reset)",
+        empty.bucket,
+        empty.seconds,
+    )
+
+
 def model_answered(ctx: RunContext) -> None:
     """The model API answered a request: if this worker last saw a key error, say it is over."""
     global _key_error, _key_errors_in_a_row
@@ -191,13 +224,18 @@ async def after_failure(ctx: RunContext, failed: TurnFailed, rate_limited_so_far
     if failed.key_error:
         return await _key_error_ending(ctx, failed)
     if failed.status == 429 and enabled(ctx) and rate_limited_so_far < MAX_429_IN_ATTEMPT:
-        block = failed.retry_after or retry_in(rate_limited_so_far + 1)
+        # The API's retry-after; else the reset its rate-limit headers give; else a backoff.
+        empty = ratelimit_headers.exhausted(failed.headers)
+        block = failed.retry_after or (empty.seconds if empty else None) or retry_in(rate_limited_so_far + 1)
         await ctx.db(
             lambda conn: limits_api.report_rate_limited(conn, run.run_id, run.claim_token, block),
             "report_rate_limited",
         )
         ctx.log.info("429: rate-limit key blocked fleet-wide for %.2fs", block)
         return None
+    # Another refusal (a 529, a 400) may say a bucket is empty too: the next request would be a 429.
+    if failed.status != 429:
+        await after_headers(ctx, failed.headers)
     if not failed.retryable:
         return Outcome("failed", error=str(failed))
     return Outcome("release", error=str(failed), retry_in=retry_in(run.attempt, failed.retry_after))

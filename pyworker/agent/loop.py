@@ -41,6 +41,8 @@ How each stop_reason and failure ends (status / result / error):
 |                                                 | failed "budget_exhausted: ..." (ended in SQL)        |
 | 429                                             | not retried by the SDK: reported (the key is blocked |
 |                                                 | fleet-wide for retry-after), then asked again        |
+| a response's rate-limit headers say a bucket is | the key is blocked fleet-wide until the bucket's     |
+| empty (anthropic-ratelimit-*-remaining: 0)      | reset (at most 60 s); the answer streams on          |
 | 529 / 5xx / connection error                    | retried by the SDK (max_retries, retry-after); then  |
 |                                                 | released with backoff (retry-after, else exponential |
 |                                                 | with jitter): requeued while attempts are left, else |
@@ -187,7 +189,9 @@ async def handle(ctx: RunContext) -> Outcome:
         await ctx.journal.emit({"type": "model_request", "step": len(history.steps) + 1, "model": run.model})
         received = Received()
         try:
-            turn = await stream_turn(client, params, ctx.journal, ctx.cancel, received)
+            turn = await stream_turn(
+                client, params, ctx.journal, ctx.cancel, received, lambda h: limits.after_headers(ctx, h)
+            )
         except asyncio.CancelledError:
             # This task is being cancelled (a drain abandons the run, its claim was lost): the
             # stream is closed, but what it billed went unpaid, once per run a drain cut short.

@@ -18,6 +18,7 @@ import inspect
 import json
 import os
 import weakref
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,9 @@ class TurnFailed(Exception):
         self.status = status  # the HTTP status, when the API answered with one
         self.retry_after = retry_after  # seconds, from retry-after-ms / retry-after
         self.usage: dict[str, Any] | None = None  # what the response billed before it failed
+        # The refusal's HTTP headers (its rate-limit headers among them), when the API answered
+        # with an error status; None for a failure mid-stream (its headers were read at its start).
+        self.headers: Mapping[str, str] | None = None
 
 
 class TurnCancelled(Exception):
@@ -226,19 +230,25 @@ def answers_the_person(messages: list[dict[str, Any]]) -> bool:
     return not (isinstance(last, dict) and last.get("type") == "tool_result")
 
 
+OnHeaders = Callable[[Mapping[str, str]], Awaitable[None]]
+
+
 async def stream_turn(
     client: anthropic.AsyncAnthropic,
     params: dict[str, Any],
     journal: RunJournal,
     cancel: asyncio.Event,
     received: Received | None = None,
+    on_headers: OnHeaders | None = None,
 ) -> ModelTurn:
     """Stream one response, journaling every delta. Returns when the message is complete; raises
     TurnCancelled (the stream is closed at once), TurnFailed, or RunLost from the journal.
     `received`: the caller's, when it must know what a response cut by the cancellation of its
-    own task was billed (no exception of ours carries that usage out)."""
+    own task was billed (no exception of ours carries that usage out). `on_headers`: awaited
+    with the response's headers once they arrive, before its body is read (the rate-limit
+    headers, pyworker/agent/limits.py after_headers)."""
     received = Received() if received is None else received
-    consumer = asyncio.create_task(_consume(client, params, journal, received))
+    consumer = asyncio.create_task(_consume(client, params, journal, received, on_headers))
     stopper = asyncio.create_task(cancel.wait())
     try:
         await asyncio.wait({consumer, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -266,12 +276,16 @@ async def stream_turn(
 
 
 async def _consume(
-    client: anthropic.AsyncAnthropic, params: dict[str, Any], journal: RunJournal, received: Received
+    client: anthropic.AsyncAnthropic,
+    params: dict[str, Any],
+    journal: RunJournal,
+    received: Received,
+    on_headers: OnHeaders | None,
 ) -> ModelTurn:
     model = str(params.get("model"))
     with metrics.model_request(model), tracing.model_request(model) as span:
         try:
-            turn = await _consume_stream(client, params, journal, received)
+            turn = await _consume_stream(client, params, journal, received, on_headers)
         except TurnFailed as failed:
             failed.usage = received.billed()
             metrics.model_usage(model, failed.usage)
@@ -283,7 +297,11 @@ async def _consume(
 
 
 async def _consume_stream(
-    client: anthropic.AsyncAnthropic, params: dict[str, Any], journal: RunJournal, received: Received
+    client: anthropic.AsyncAnthropic,
+    params: dict[str, Any],
+    journal: RunJournal,
+    received: Received,
+    on_headers: OnHeaders | None,
 ) -> ModelTurn:
     request_id: str | None = None
     started = False  # the response's headers are in: a failure from here on is mid-response
@@ -292,6 +310,8 @@ async def _consume_stream(
         async with client.messages.stream(**params) as stream:
             started = True
             request_id = stream.request_id
+            if on_headers is not None:
+                await on_headers(stream.response.headers)
             async for event in stream:
                 if event.type == "message_stop":
                     stopped = True
@@ -394,13 +414,15 @@ def _status_failure(exc: anthropic.APIStatusError, model: str | None = None) -> 
         return TurnFailed(f"model stream error mid-response: {detail}", retryable=True, request_id=request_id)
     retryable = status in (408, 409, 429) or status >= 500
     what = "model API error (retries exhausted)" if retryable else "model API refused the request"
-    return TurnFailed(
+    failed = TurnFailed(
         f"{what}: HTTP {status}: {detail}",
         retryable=retryable,
         request_id=request_id,
         status=status,
         retry_after=retry_after_of(exc),
     )
+    failed.headers = getattr(getattr(exc, "response", None), "headers", None)
+    return failed
 
 
 # Answers about the API key or the account every request of the fleet sends, not about one

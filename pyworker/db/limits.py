@@ -50,6 +50,15 @@ async def report_rate_limited(
     )
 
 
+async def report_rate_limit_exhausted(
+    conn: AsyncConnection, run_id: UUID, claim_token: UUID, reset_in_seconds: float
+) -> None:
+    await conn.execute(
+        "SELECT runrow.report_rate_limit_exhausted(run_id => %s, claim_token => %s, reset_in_seconds => %s)",
+        (run_id, claim_token, Decimal(str(round(min(60.0, max(0.001, reset_in_seconds)), 3)))),
+    )
+
+
 async def report_key_error(
     conn: AsyncConnection,
     run_id: UUID,

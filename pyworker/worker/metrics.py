@@ -99,6 +99,19 @@ MODEL_KEY_BROKEN = Gauge(
     "1 while this worker's latest model answer was an API key or account error, else 0 (this "
     "worker's view; the fleet's is runrow_rate_limit_keys_key_error).",
 )
+MODEL_RATE_LIMIT_EXHAUSTED = Counter(
+    "runrow_model_rate_limit_exhausted",
+    "Model responses whose rate-limit headers said a bucket was empty (remaining 0, its reset "
+    "ahead): each blocked the key fleet-wide until the reset, before any 429. By the bucket "
+    "that refills last (requests, input-tokens, output-tokens, tokens).",
+    ["bucket"],
+)
+MODEL_RATE_LIMIT_REMAINING = Gauge(
+    "runrow_model_rate_limit_remaining_ratio",
+    "remaining / limit of each rate-limit bucket in this worker's latest model response that "
+    "stated both (this worker's view of the organisation's limit, 0 when empty).",
+    ["bucket"],
+)
 TOOL_CALLS = Counter("runrow_tool_calls", "Tool calls by effect class and outcome.", ["effect", "outcome"])
 HUB_UP = Gauge("runrow_hub_up", "1 while this process's LISTEN connection is up, else 0.")
 DB_UP = Gauge("runrow_db_up", "1 if this scrape's database query succeeded, else 0.")
@@ -226,6 +239,16 @@ def model_key_error(status: int | None) -> None:
 
 def model_key_works() -> None:
     MODEL_KEY_BROKEN.set(0)
+
+
+def model_rate_limits(remaining: Iterable[tuple[str, int, int | None]], exhausted: str | None) -> None:
+    """A model response's rate-limit headers: (bucket, remaining, limit) as read, and the bucket
+    that blocked the key (None: none did)."""
+    for bucket, left, limit in remaining:
+        if limit:
+            MODEL_RATE_LIMIT_REMAINING.labels(bucket).set(min(1.0, left / limit))
+    if exhausted is not None:
+        MODEL_RATE_LIMIT_EXHAUSTED.labels(exhausted).inc()
 
 
 def tool_call(effect: str | None, outcome: str) -> None:
