@@ -37,9 +37,10 @@ $fn$;
 
 COMMENT ON FUNCTION runrow.report_rate_limit_exhausted(uuid, uuid, numeric) IS
 'A model response for the run the worker holds said one of the API''s rate-limit buckets is '
-'empty (anthropic-ratelimit-*-remaining: 0): every request before the bucket''s reset would be '
+'empty (anthropic-ratelimit-requests-remaining: 0): a request before it refills would be '
 'refused 429, so the run''s rate_limit_key is blocked fleet-wide for reset_in_seconds (the '
-'reset less the response''s date, both the API''s clock; a later block is never shortened), '
+'Python worker gives (reset - date) / limit, until one request is back, both the API''s clock; '
+'a later block is never shortened), '
 'as report_rate_limited blocks it for a 429: acquire_model_call grants nothing for the key '
 'until the block ends, and the key''s requests bucket is emptied and refills only after it. '
 'Creates the key''s row when it has no limits. Unlike report_rate_limited, the run''s '

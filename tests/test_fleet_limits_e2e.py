@@ -76,7 +76,9 @@ def test_a_429_blocks_the_key_fleet_wide_and_every_run_completes(
     # The fleet knows the rate too: after the first 429 its bucket is empty and refills at
     # the fake's pace, so the workers stop bursting into the wall.
     db.execute("SELECT runrow.set_rate_limit(%s, %s, NULL, NULL)", (MODEL, PER_SECOND * 60))
-    limit = RateLimit(requests=PER_SECOND, per_seconds=1.0)
+    # An API that states no bucket in its headers: the fleet meets the limit by its 429s alone
+    # (the headers' own block is the next test's).
+    limit = RateLimit(requests=PER_SECOND, per_seconds=1.0, state_headers=False)
     with FakeModel("text", rate_limit=limit) as fake:
         runs = [
             enqueue_agent(db, f"run {i}", model=MODEL, tools=[], metadata={}, max_attempts=3)

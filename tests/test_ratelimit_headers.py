@@ -1,6 +1,7 @@
-"""Reading the Messages API's rate-limit headers (pyworker/agent/ratelimit_headers.py): a bucket
-at remaining 0 blocks the key for reset − date, the API's own clock, at most 60 s; anything
-missing, garbled or already past blocks nothing and raises nothing."""
+"""Reading the Messages API's rate-limit headers (pyworker/agent/ratelimit_headers.py): the
+requests bucket at remaining 0 blocks the key until one request is back, (reset − date) / limit
+by the API's own clock, at most 60 s; the token buckets block nothing; anything missing, garbled
+or already past blocks nothing and raises nothing."""
 
 from __future__ import annotations
 
@@ -32,36 +33,44 @@ def test_a_bucket_with_requests_left_blocks_nothing() -> None:
     assert (bucket.name, bucket.remaining, bucket.limit, bucket.reset_in) == ("requests", 1, 50, 30.0)
 
 
-def test_an_empty_bucket_blocks_until_its_reset_by_the_apis_clock() -> None:
-    # The date is the API's: whatever the worker's clock says, the wait is reset − date.
-    assert exhausted(answer(requests=(50, 0, "2025-01-01T00:00:05Z"))) == Exhausted("requests", 5.0)
-    assert exhausted(answer(requests=(50, 0, "2025-01-01T00:00:05.250+00:00"))) == Exhausted("requests", 5.25)
-    assert exhausted(answer(requests=(50, 0, "2025-01-01T01:00:05+01:00"))) == Exhausted("requests", 5.0)
+def test_an_empty_bucket_blocks_until_one_request_is_back_by_the_apis_clock() -> None:
+    # The date is the API's: whatever the worker's clock says, the wait is (reset − date) / limit,
+    # the bucket refilling evenly to full at its reset.
+    assert exhausted(answer(requests=(50, 0, "2025-01-01T00:00:05Z"))) == Exhausted("requests", 0.1)
+    assert exhausted(answer(requests=(5, 0, "2025-01-01T00:00:05.250+00:00"))) == Exhausted("requests", 1.05)
+    assert exhausted(answer(requests=(1, 0, "2025-01-01T01:00:05+01:00"))) == Exhausted("requests", 5.0)
 
 
-def test_the_bucket_that_refills_last_decides() -> None:
-    headers = answer(
-        requests=(50, 0, "2025-01-01T00:00:02Z"),
+def test_the_token_buckets_block_nothing() -> None:
+    # When the next request fits depends on its size: the API's 429 says (retry-after).
+    tokens_only = answer(
         input_tokens=(40000, 0, "2025-01-01T00:00:20Z"),
-        output_tokens=(8000, 3000, "2025-01-01T00:00:50Z"),  # not empty: its reset does not count
+        output_tokens=(8000, 0, "2025-01-01T00:00:50Z"),
         tokens=(48000, 0, "2025-01-01T00:00:09Z"),
     )
-    assert exhausted(headers) == Exhausted("input-tokens", 20.0)
-    assert [b.name for b in buckets(headers)] == ["requests", "input-tokens", "output-tokens", "tokens"]
+    assert exhausted(tokens_only) is None
+    assert [b.name for b in buckets(tokens_only)] == ["input-tokens", "output-tokens", "tokens"]
+    both = answer(requests=(10, 0, "2025-01-01T00:00:02Z"), input_tokens=(40000, 0, "2025-01-01T00:00:20Z"))
+    assert exhausted(both) == Exhausted("requests", 0.2)
 
 
 def test_header_names_are_case_insensitive_as_http_has_them() -> None:
     headers = httpx2.Headers(
-        {"Date": DATE, f"{P}Output-Tokens-Remaining": "0", f"{P}output-tokens-RESET": "2025-01-01T00:00:07Z"}
+        {
+            "Date": DATE,
+            f"{P}Requests-Remaining": "0",
+            f"{P}requests-LIMIT": "2",
+            f"{P}requests-RESET": "2025-01-01T00:00:07Z",
+        }
     )
-    assert exhausted(headers) == Exhausted("output-tokens", 7.0)
+    assert exhausted(headers) == Exhausted("requests", 3.5)
 
 
 def test_a_huge_reset_is_capped_at_a_minute() -> None:
     assert exhausted(answer(requests=(50, 0, "9999-12-31T23:59:59Z"))) == Exhausted(
         "requests", MAX_BLOCK_SECONDS
     )
-    assert exhausted(answer(tokens=(50, 0, "2025-01-01T00:01:00.5Z"))) == Exhausted("tokens", 60.0)
+    assert exhausted(answer(requests=(1, 0, "2025-01-01T00:01:00.5Z"))) == Exhausted("requests", 60.0)
 
 
 @pytest.mark.parametrize("reset", ["2025-01-01T00:00:00Z", "2024-12-31T23:59:00Z", "0001-01-01T00:00:00Z"])
@@ -99,8 +108,9 @@ def test_without_a_readable_date_nothing_is_blocked(date: str | None) -> None:
     assert exhausted(headers) is None
 
 
-def test_a_garbled_limit_still_blocks() -> None:
+def test_a_garbled_limit_still_blocks_until_the_reset() -> None:
     assert exhausted(answer(requests=("many", 0, "2025-01-01T00:00:05Z"))) == Exhausted("requests", 5.0)
+    assert exhausted(answer(requests=("0", 0, "2025-01-01T00:00:05Z"))) == Exhausted("requests", 5.0)
     assert buckets(answer(requests=("many", 0, None)))[0].limit is None
 
 

@@ -13,11 +13,12 @@ report_rate_limited).
   then ask again as above. After `MAX_429_IN_ATTEMPT` of them in one attempt the run is
   released with backoff instead.
 
-- a response whose rate-limit headers say a bucket is empty (`anthropic-ratelimit-*-remaining:
-  0`, pyworker/agent/ratelimit_headers.py): every request before its reset would be a 429, so
-  the key is blocked fleet-wide until then (report_rate_limit_exhausted, for reset − date, at
-  most 60 s), read as the response's headers arrive, before its body streams: the other
-  workers' next acquire_model_call waits, and none of them sends into the empty bucket.
+- a response whose rate-limit headers say the requests bucket is empty
+  (`anthropic-ratelimit-requests-remaining: 0`, pyworker/agent/ratelimit_headers.py): the next
+  request before one refills would be a 429, so the key is blocked fleet-wide until one is back
+  (report_rate_limit_exhausted, for (reset − date) / limit, at most 60 s), read as the
+  response's headers arrive, before its body streams: the other workers' next
+  acquire_model_call waits, and none of them sends into the empty bucket.
 
 - an API key or account error (401, 402, a 403 about the key, "credit balance is too low";
   model.is_key_error): not the run's fault. Reported (report_key_error: the key is blocked
@@ -154,7 +155,7 @@ async def _settle_within(ctx: RunContext, usage: dict[str, Any], seconds: float)
 
 async def after_headers(ctx: RunContext, headers: Mapping[str, str] | None) -> None:
     """A model response's headers: when they say a rate-limit bucket is empty, block the key
-    fleet-wide until its reset. Called as the headers arrive, before the body is read, so the
+    fleet-wide until one request is back. Called as the headers arrive, before the body is read, so the
     block is in force while this answer still streams."""
     if not enabled(ctx):
         return
@@ -171,7 +172,7 @@ async def after_headers(ctx: RunContext, headers: Mapping[str, str] | None) -> N
         "report_rate_limit_exhausted",
     )
     ctx.log.info(
-        "rate limit: the API says %s has 0 left: key blocked fleet-wide for %.2fs (until its reset)",
+        "rate limit: the API says %s has 0 left: key blocked fleet-wide for %.2fs (one request back)",
         empty.bucket,
         empty.seconds,
     )

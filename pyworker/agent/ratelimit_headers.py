@@ -2,11 +2,11 @@
 
 Every response, a success or a 429, carries for each bucket `anthropic-ratelimit-<bucket>-limit`,
 `-remaining` and `-reset` (RFC 3339: when the bucket is full again), for the buckets
-requests, input-tokens, output-tokens and tokens, and a `date` header. A bucket at remaining 0
-refuses every request until it refills: `exhausted` says for how long, so the fleet waits
-(pyworker/agent/limits.py, report_rate_limit_exhausted) instead of learning it from a 429.
+requests, input-tokens, output-tokens and tokens, and a `date` header. The requests bucket at
+remaining 0 refuses every request until one refills: `exhausted` says for how long, so the fleet
+waits (pyworker/agent/limits.py, report_rate_limit_exhausted) instead of learning it from a 429.
 
-The wait is reset − date, both the API's clock: the worker's own clock is never compared with
+The wait comes from reset − date, both the API's clock: the worker's own clock is never compared with
 the API's (a worker a few seconds off would block too long, or not at all). The `date` header
 has whole seconds and is truncated, so the wait errs long by under a second, never short.
 
@@ -43,8 +43,8 @@ class Bucket:
 
 @dataclass(frozen=True)
 class Exhausted:
-    bucket: str  # the empty bucket that refills last
-    seconds: float  # how long to block the key: reset − date, at most MAX_BLOCK_SECONDS
+    bucket: str  # the empty bucket: requests
+    seconds: float  # how long to block the key: until one request is back, at most MAX_BLOCK_SECONDS
 
 
 def buckets(headers: Mapping[str, str] | None) -> list[Bucket]:
@@ -64,17 +64,24 @@ def buckets(headers: Mapping[str, str] | None) -> list[Bucket]:
 
 
 def exhausted(headers: Mapping[str, str] | None) -> Exhausted | None:
-    """The block the response calls for: a bucket at remaining 0 whose reset is still ahead of
-    the response's date (the longest, when several are empty); None when every bucket has
-    something left, or none can be read whole."""
-    worst: Exhausted | None = None
+    """The block the response calls for: the requests bucket at remaining 0 with its reset still
+    ahead of the response's date, blocked until one request is back; None otherwise.
+
+    The reset is when the bucket is FULL again, and the API refills it evenly (a token bucket),
+    so one request is back after reset_in / limit. Blocking to the full reset idled the fleet
+    for most of a window the API would have served a request in every limit-th of (with the
+    fake's 3 requests a second, a drain took twice as long). Without a readable limit: to the
+    reset. The token buckets block nothing: when the next request fits depends on its size,
+    which only the API's 429 (its retry-after) says; at 0 input tokens left a small request may
+    pass at once, a large one not for most of a minute."""
     for bucket in buckets(headers):
-        if bucket.remaining != 0 or bucket.reset_in is None or not bucket.reset_in >= MIN_BLOCK_SECONDS:
-            continue  # something left, no reset or date, or a reset already past
-        seconds = min(bucket.reset_in, MAX_BLOCK_SECONDS)
-        if worst is None or seconds > worst.seconds:
-            worst = Exhausted(bucket.name, seconds)
-    return worst
+        if bucket.name != "requests" or bucket.remaining != 0 or bucket.reset_in is None:
+            continue
+        seconds = bucket.reset_in / bucket.limit if bucket.limit else bucket.reset_in
+        if not seconds >= MIN_BLOCK_SECONDS:
+            return None  # a reset already past: nothing to wait for
+        return Exhausted(bucket.name, min(seconds, MAX_BLOCK_SECONDS))
+    return None
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:

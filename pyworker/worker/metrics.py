@@ -101,9 +101,9 @@ MODEL_KEY_BROKEN = Gauge(
 )
 MODEL_RATE_LIMIT_EXHAUSTED = Counter(
     "runrow_model_rate_limit_exhausted",
-    "Model responses whose rate-limit headers said a bucket was empty (remaining 0, its reset "
-    "ahead): each blocked the key fleet-wide until the reset, before any 429. By the bucket "
-    "that refills last (requests, input-tokens, output-tokens, tokens).",
+    "Model responses whose rate-limit headers said the requests bucket was empty (remaining 0, "
+    "its reset ahead): each blocked the key fleet-wide until one request was back, before any "
+    "429. By bucket (requests; the token buckets block nothing).",
     ["bucket"],
 )
 MODEL_RATE_LIMIT_REMAINING = Gauge(
