@@ -91,7 +91,8 @@ class RateLimit:
                 wait = (1 - self._tokens) / rate
                 self.refused.append(Refusal(now, wait))
             full_in = (self.requests - self._tokens) / rate
-            return Answer(wait, self.requests, math.floor(self._tokens), full_in, time.time(), self.state_headers)
+            left = math.floor(self._tokens)
+            return Answer(wait, self.requests, left, full_in, time.time(), self.state_headers)
 
     @staticmethod
     def headers(wait: float) -> dict[str, str]:
