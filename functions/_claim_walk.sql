@@ -71,6 +71,7 @@ DECLARE
     fleet_over_verdicts text[] := '{}';
     fleet_verdict text;
     fleet_cand record;
+    fleet_held_to timestamptz;
     -- Runs this claim has set aside without claiming them, each a lock and a write: turns
     -- marked claim_blocked (behind their conversation's open turn), runs delayed for a blocked
     -- rate-limit key, runs of tenants over budget ended failed. At most walk_cap of them: a
@@ -532,21 +533,31 @@ BEGIN
                         capped := true;
                         CONTINUE serve;
                     END IF;
-                    set_aside := set_aside + 1;
-                    -- The block's end under a share lock: a lift in progress (a limit removed,
-                    -- a key error's probe answered: _lift_held_runs, under the key row's lock)
-                    -- is waited for, and its end read after it. Read plainly, the old end held
-                    -- the run a whole block (up to 300 s) past the lift, whose own statement
-                    -- had not seen the hold (test_fleet_limits_races). NULL (the limit and its
-                    -- block removed) or a lifted end: the run is due.
-                    UPDATE runrow.agent_run AS q
-                    SET not_before = (
-                        SELECT l.blocked_until FROM runrow.rate_limit AS l
-                        WHERE l.rate_limit_key = fleet_cand.rate_limit_key
-                        FOR SHARE),
-                        updated_at = now()
-                    WHERE q.id = fleet_cand.id;
-                    CONTINUE serve;
+                    -- The block's end, read again under a share lock, SKIP LOCKED. Read plainly,
+                    -- a lift not yet committed (a limit removed, a key error's probe answered:
+                    -- _lift_held_runs) went unseen, and the lift's statement, its snapshot older
+                    -- than this claim's commit, did not see the hold: the run waited the whole
+                    -- block (up to 300 s) with the key working (test_fleet_limits_races). Waited
+                    -- for, the lock stalled every claim behind any writer of the key (an
+                    -- operator's open transaction, a worker's commit) while it held its runs
+                    -- (the review). So: a key row another transaction writes leaves the run due
+                    -- and unheld (a lift may be under way; a later claim decides); a block
+                    -- gone or over (lifted since the claim began) lets the run be claimed here.
+                    SELECT l.blocked_until INTO fleet_held_to FROM runrow.rate_limit AS l
+                    WHERE l.rate_limit_key = fleet_cand.rate_limit_key
+                    FOR SHARE SKIP LOCKED;
+                    IF NOT FOUND AND EXISTS (
+                        SELECT 1 FROM runrow.rate_limit AS l WHERE l.rate_limit_key = fleet_cand.rate_limit_key
+                    ) THEN
+                        set_aside := set_aside + 1;
+                        CONTINUE serve;
+                    END IF;
+                    IF fleet_held_to > now() THEN
+                        set_aside := set_aside + 1;
+                        UPDATE runrow.agent_run AS q SET not_before = fleet_held_to, updated_at = now()
+                        WHERE q.id = fleet_cand.id;
+                        CONTINUE serve;
+                    END IF;
                 END IF;
             END IF;
 

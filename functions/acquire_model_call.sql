@@ -88,6 +88,12 @@ BEGIN
         wait := greatest(wait, (1 - l.output_tokens_left) * 60 / l.output_tokens_per_minute);
     END IF;
     IF wait > 0 THEN
+        IF r.block_told_until IS NOT NULL THEN
+            -- A block told before (this claim or the last holder's, released or reaped) is not
+            -- what this wait is for: left, a block lifted since made this rate_limited deferral
+            -- due at once (defer_run), a wasted claim (the review).
+            UPDATE runrow.agent_run AS a SET block_told_until = NULL, updated_at = now() WHERE a.id = r.id;
+        END IF;
         RETURN QUERY SELECT false, round(greatest(wait, 0.001), 3), 'rate_limited'::text;
         RETURN;
     END IF;

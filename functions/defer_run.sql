@@ -37,8 +37,11 @@ BEGIN
     -- lock) waits for this deferral and then finds the run held to the block's end.
     SELECT a.rate_limit_key, a.block_told_until INTO key, told
     FROM runrow.agent_run AS a WHERE a.id = defer_run.run_id;
+    -- Only a block in force is locked: a rate_limited deferral (frequent under a tight limit)
+    -- must not queue the key's grants behind it (the review). No block in force reads as NULL,
+    -- which the test below takes for a block lifted.
     SELECT l.blocked_until INTO key_block
-    FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key
+    FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key AND l.blocked_until > now()
     FOR SHARE;
     block_end := CASE
         WHEN key_block > now() THEN key_block

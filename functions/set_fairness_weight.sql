@@ -6,7 +6,11 @@ SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_key(set_fairness_weight.fairness_key, 'fairness_key');
-    PERFORM runrow._require_printable(set_fairness_weight.fairness_key, 'fairness_key');
+    -- A reset (weight NULL) of a key stored before migration 0085 is let through, as the other
+    -- setters let such a key be removed.
+    IF set_fairness_weight.weight IS NOT NULL THEN
+        PERFORM runrow._require_printable(set_fairness_weight.fairness_key, 'fairness_key');
+    END IF;
     IF set_fairness_weight.weight IS NOT NULL
        AND NOT (set_fairness_weight.weight >= 0.001 AND set_fairness_weight.weight <= 1000) THEN
         -- The floor keeps the claim's 1 / weight a finite, small step (migration 0064).

@@ -15,11 +15,12 @@
 --   as schedule_name_printable (0081) is on name, for 0081's reason: a firing pass updates every
 --   due schedule's next_fire_at, and a CHECK would make one old schedule stop every pass. Its name
 --   keeps that trigger, whose test (_schedule_name_ok) now refuses the bidirectional controls too.
--- - model_price, concurrency_limit, tenant_budget: CHECKs. Only their setters write these rows,
---   and a removal is a DELETE, so a key stored before stays removable. NOT VALID: validating
---   would fail this migration on an install that stored such a key, which only the operator can
---   judge; VALIDATE CONSTRAINT is then safe to run by hand (it takes SHARE UPDATE EXCLUSIVE, so
---   reads and writes go on) once a SELECT with the CHECK's test finds no row.
+-- - model_price, concurrency_limit, tenant_budget: the same trigger, gated on the identifier's
+--   column, not a CHECK. A CHECK, even NOT VALID, is evaluated on every UPDATE of the row, and
+--   the claim's trigger (_agent_run_after_update) stamps concurrency_limit.last_claimed_at at
+--   every start of a capped run: one limit stored before this migration with such a key made
+--   every claim that met it fail its check, caught by _claim as "nothing claimed" (the review).
+--   A row stored before stays, is updated and can be removed.
 -- Not constrained, being copies of the above: agent_run.worker_id and webhook_delivery.worker_id
 -- (the claims' argument, checked once per call; a CHECK would be evaluated on every claim),
 -- conversation.user_id (its run's, in the same transaction), rate_limit.rate_limit_key (a key
@@ -36,47 +37,28 @@ token_budget, cost_budget, webhook_url, forked_from, forked_at_seq, user_id
 ON runrow.agent_run
 FOR EACH ROW EXECUTE FUNCTION runrow._agent_run_settings();
 
--- The CHECKs' test, defined here because a CHECK needs it to exist when the migration runs. Its
--- body calls runrow._printable (functions/_identifier_checks.sql, the one place the characters
--- are written), which PL/pgSQL looks up only when it first runs: after this migration, once
--- functions/ is applied (NOT VALID checks no old row now). PL/pgSQL, as _agent_run_result_ok
--- (0069): never inlined into the CHECK's expression.
-CREATE FUNCTION runrow._identifier_ok(value text)
-RETURNS boolean
-LANGUAGE plpgsql
+-- The character class and its test, as functions/_identifier_checks.sql has them (functions/
+-- owns them and replaces these): the triggers below call _printable, and between this
+-- migration's commit and functions/ being applied a row written would otherwise fail with 42883.
+CREATE OR REPLACE FUNCTION runrow._control_chars()
+RETURNS text
+LANGUAGE sql
 IMMUTABLE
-PARALLEL SAFE
 AS $fn$
-BEGIN
-    RETURN runrow._printable(value);
-END
+    SELECT E'[\u0001-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]'
 $fn$;
 
-COMMENT ON FUNCTION runrow._identifier_ok(text) IS
-'Private. The identifier CHECKs'' test (migration 0085): _printable(value), no C0, C1 or '
-'bidirectional control character; NULL for NULL.';
+CREATE OR REPLACE FUNCTION runrow._printable(value text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT value !~ runrow._control_chars()
+$fn$;
 
-REVOKE ALL ON FUNCTION runrow._identifier_ok(text) FROM PUBLIC;
-
-ALTER TABLE runrow.model_price
-ADD CONSTRAINT model_price_model_printable CHECK (runrow._identifier_ok(model)) NOT VALID;
-ALTER TABLE runrow.concurrency_limit
-ADD CONSTRAINT concurrency_limit_key_printable CHECK (runrow._identifier_ok(concurrency_key)) NOT VALID;
-ALTER TABLE runrow.tenant_budget
-ADD CONSTRAINT tenant_budget_key_printable CHECK (runrow._identifier_ok(fairness_key)) NOT VALID;
-
-COMMENT ON CONSTRAINT model_price_model_printable ON runrow.model_price IS
-'model holds no control character (_printable). NOT VALID: a price stored before migration 0085 '
-'stays, and can be removed.';
-COMMENT ON CONSTRAINT concurrency_limit_key_printable ON runrow.concurrency_limit IS
-'concurrency_key holds no control character (_printable). NOT VALID: a limit stored before '
-'migration 0085 stays, and can be removed.';
-COMMENT ON CONSTRAINT tenant_budget_key_printable ON runrow.tenant_budget IS
-'fairness_key holds no control character (_printable). NOT VALID: a budget stored before '
-'migration 0085 stays, and can be removed.';
-
--- schedule's template identifiers. The trigger's arguments name the columns, so that a column
--- added later is one more argument. Raises 23514 as a CHECK of the trigger's name would.
+-- The identifiers of schedule's template, model_price, concurrency_limit and tenant_budget. The
+-- trigger's arguments name the columns, so that a column added later is one more argument.
+-- Raises 23514 as a CHECK of the trigger's name would.
 CREATE FUNCTION runrow._identifiers_printable() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
@@ -106,3 +88,15 @@ REVOKE ALL ON FUNCTION runrow._identifiers_printable() FROM PUBLIC;
 CREATE TRIGGER schedule_identifiers_printable
 BEFORE INSERT OR UPDATE OF model, user_id, fairness_key, concurrency_key ON runrow.schedule
 FOR EACH ROW EXECUTE FUNCTION runrow._identifiers_printable('model', 'user_id', 'fairness_key', 'concurrency_key');
+
+CREATE TRIGGER model_price_model_printable
+BEFORE INSERT OR UPDATE OF model ON runrow.model_price
+FOR EACH ROW EXECUTE FUNCTION runrow._identifiers_printable('model');
+
+CREATE TRIGGER concurrency_limit_key_printable
+BEFORE INSERT OR UPDATE OF concurrency_key ON runrow.concurrency_limit
+FOR EACH ROW EXECUTE FUNCTION runrow._identifiers_printable('concurrency_key');
+
+CREATE TRIGGER tenant_budget_key_printable
+BEFORE INSERT OR UPDATE OF fairness_key ON runrow.tenant_budget
+FOR EACH ROW EXECUTE FUNCTION runrow._identifiers_printable('fairness_key');

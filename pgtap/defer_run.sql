@@ -2,7 +2,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(29);
+SELECT plan(32);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'defer_run', ARRAY['uuid', 'uuid', 'interval', 'text'],
@@ -65,6 +65,25 @@ SELECT is((SELECT array_agg((not_before <= now(), not_before = now() + interval 
            FROM runrow.agent_run WHERE id IN (:'told', :'own')),
     '{"(t,f)","(f,t)"}', 'the block lifted before the deferral: due now; after a grant: its own retry_in');
 SELECT runrow.cancel_run(:'told'), runrow.cancel_run(:'own');
+
+-- A block told, lifted, and then a bucket's wait: the deferral is for the wait, not the block.
+-- The end told stayed on the run, and the deferral was made due at once (the review).
+SELECT pg_temp.running() AS stale \gset
+SELECT pg_temp.running() AS taker \gset
+SELECT runrow.report_rate_limited(:'taker', pg_temp.token(:'taker'), 60);
+SELECT runrow.acquire_model_call(:'stale', pg_temp.token(:'stale'), 10);  -- blocked: the end kept
+SELECT runrow.set_rate_limit('test-model', NULL, NULL, NULL);  -- lifted
+SELECT runrow.set_rate_limit('test-model', 1, NULL, NULL);  -- one request a minute
+SELECT runrow.acquire_model_call(:'taker', pg_temp.token(:'taker'), 10);  -- takes it
+SELECT is((SELECT reason FROM runrow.acquire_model_call(:'stale', pg_temp.token(:'stale'), 10)),
+    'rate_limited', 'a bucket''s wait');
+SELECT is((SELECT block_told_until FROM runrow.agent_run WHERE id = :'stale'), NULL,
+    'clears the block told before');
+SELECT runrow.defer_run(:'stale', pg_temp.token(:'stale'), interval '30 seconds', 'rate_limited: waiting 30.0s');
+SELECT is((SELECT not_before FROM runrow.agent_run WHERE id = :'stale'), now() + interval '30 seconds',
+    'and the deferral keeps its retry_in');
+SELECT runrow.cancel_run(:'stale'), runrow.cancel_run(:'taker');
+SELECT runrow.set_rate_limit('test-model', NULL, NULL, NULL);
 
 -- Fenced out: the old token, a made-up one; nothing written.
 SELECT pg_temp.fingerprint() AS before \gset

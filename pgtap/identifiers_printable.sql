@@ -5,7 +5,7 @@
 -- the tables refuse them too, and a row stored before the rule is still updated and claimed.
 BEGIN;
 \ir helpers/setup.psql
-SELECT plan(114);
+SELECT plan(117);
 
 -- Every table these functions write, as one digest: a refusal leaves it as it was.
 CREATE FUNCTION pg_temp.everything() RETURNS text LANGUAGE sql AS $$
@@ -105,6 +105,15 @@ SELECT lives_ok($$SELECT * FROM runrow.claim_webhook_deliveries('worker ü/1:2.3
 SELECT run_id AS claimed FROM runrow.claim_runs('worker 租户/1:2.3', 1) \gset
 SELECT is((SELECT worker_id FROM runrow.agent_run WHERE id = :'claimed'), 'worker 租户/1:2.3', 'claim_runs too');
 
+-- The line and paragraph separators too (Python's splitlines and JavaScript break lines there).
+SELECT throws_ok(format($$SELECT runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', fairness_key => %L)$$, E'a\u2028b'),
+    '22023', 'fairness_key must not hold control characters (C0, C1 or bidirectional formatting), got U+2028 at character 2',
+    'a fairness_key with a line separator');
+-- A weight's reset (NULL) of a key stored before the rule goes through, as the other setters
+-- remove such a key.
+SELECT lives_ok(format('SELECT runrow.set_fairness_weight(%L, NULL)', E'old\nkey'),
+    'set_fairness_weight resets a key stored before the rule');
+
 -- The tables refuse them too (0085), as a CHECK would: 23514 naming the rule.
 SELECT throws_ok(format('UPDATE runrow.agent_run SET fairness_key = %L WHERE id = %L', E'a\nb', :'queued'),
     '23514', 'new row for relation "agent_run" violates check constraint "agent_run_identifiers_printable"',
@@ -130,16 +139,23 @@ SELECT throws_ok(format('UPDATE runrow.schedule SET name = %L', E'n\u202e'),
 
 -- A row stored before the rule stays usable: its other columns are updated, and a queued run
 -- holding such a key is still claimed (a CHECK, even NOT VALID, would refuse both).
+-- Its concurrency limit too: the claim stamps the limit's last_claimed_at, and a CHECK there
+-- (the first 0085) failed every claim that met one such limit (the review).
 ALTER TABLE runrow.agent_run DISABLE TRIGGER agent_run_settings;
 ALTER TABLE runrow.schedule DISABLE TRIGGER schedule_identifiers_printable;
+ALTER TABLE runrow.concurrency_limit DISABLE TRIGGER concurrency_limit_key_printable;
 SELECT pg_temp.drain_queue();
 SELECT run_id AS old_run FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm') \gset
-UPDATE runrow.agent_run SET fairness_key = E'old\nkey' WHERE id = :'old_run';
+UPDATE runrow.agent_run SET fairness_key = E'old\nkey', concurrency_key = E'old\u0085cap' WHERE id = :'old_run';
+INSERT INTO runrow.concurrency_limit (concurrency_key, max_running) VALUES (E'old\u0085cap', 2);
 UPDATE runrow.schedule SET model = E'old\u202emodel' WHERE name = '租户 nightly/run:1.0';
 ALTER TABLE runrow.agent_run ENABLE TRIGGER agent_run_settings;
 ALTER TABLE runrow.schedule ENABLE TRIGGER schedule_identifiers_printable;
+ALTER TABLE runrow.concurrency_limit ENABLE TRIGGER concurrency_limit_key_printable;
 SELECT is((SELECT run_id FROM runrow.claim_run('w') LIMIT 1), :'old_run'::uuid,
     'a run stored before the rule with such a key is still claimed');
+SELECT isnt((SELECT last_claimed_at FROM runrow.concurrency_limit WHERE concurrency_key = E'old\u0085cap'), NULL,
+    'under its concurrency limit stored before the rule, which the claim stamps');
 SELECT lives_ok($$UPDATE runrow.schedule SET next_fire_at = now() WHERE name = '租户 nightly/run:1.0'$$,
     'a schedule stored before the rule still takes a firing pass''s update');
 

@@ -8247,11 +8247,12 @@ SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '
 --   as schedule_name_printable (0081) is on name, for 0081's reason: a firing pass updates every
 --   due schedule's next_fire_at, and a CHECK would make one old schedule stop every pass. Its name
 --   keeps that trigger, whose test (_schedule_name_ok) now refuses the bidirectional controls too.
--- - model_price, concurrency_limit, tenant_budget: CHECKs. Only their setters write these rows,
---   and a removal is a DELETE, so a key stored before stays removable. NOT VALID: validating
---   would fail this migration on an install that stored such a key, which only the operator can
---   judge; VALIDATE CONSTRAINT is then safe to run by hand (it takes SHARE UPDATE EXCLUSIVE, so
---   reads and writes go on) once a SELECT with the CHECK's test finds no row.
+-- - model_price, concurrency_limit, tenant_budget: the same trigger, gated on the identifier's
+--   column, not a CHECK. A CHECK, even NOT VALID, is evaluated on every UPDATE of the row, and
+--   the claim's trigger (_agent_run_after_update) stamps concurrency_limit.last_claimed_at at
+--   every start of a capped run: one limit stored before this migration with such a key made
+--   every claim that met it fail its check, caught by _claim as "nothing claimed" (the review).
+--   A row stored before stays, is updated and can be removed.
 -- Not constrained, being copies of the above: agent_run.worker_id and webhook_delivery.worker_id
 -- (the claims' argument, checked once per call; a CHECK would be evaluated on every claim),
 -- conversation.user_id (its run's, in the same transaction), rate_limit.rate_limit_key (a key
@@ -8268,47 +8269,28 @@ token_budget, cost_budget, webhook_url, forked_from, forked_at_seq, user_id
 ON runrow.agent_run
 FOR EACH ROW EXECUTE FUNCTION runrow._agent_run_settings();
 
--- The CHECKs' test, defined here because a CHECK needs it to exist when the migration runs. Its
--- body calls runrow._printable (functions/_identifier_checks.sql, the one place the characters
--- are written), which PL/pgSQL looks up only when it first runs: after this migration, once
--- functions/ is applied (NOT VALID checks no old row now). PL/pgSQL, as _agent_run_result_ok
--- (0069): never inlined into the CHECK's expression.
-CREATE FUNCTION runrow._identifier_ok(value text)
-RETURNS boolean
-LANGUAGE plpgsql
+-- The character class and its test, as functions/_identifier_checks.sql has them (functions/
+-- owns them and replaces these): the triggers below call _printable, and between this
+-- migration's commit and functions/ being applied a row written would otherwise fail with 42883.
+CREATE OR REPLACE FUNCTION runrow._control_chars()
+RETURNS text
+LANGUAGE sql
 IMMUTABLE
-PARALLEL SAFE
 AS $fn$
-BEGIN
-    RETURN runrow._printable(value);
-END
+    SELECT E'[\u0001-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]'
 $fn$;
 
-COMMENT ON FUNCTION runrow._identifier_ok(text) IS
-'Private. The identifier CHECKs'' test (migration 0085): _printable(value), no C0, C1 or '
-'bidirectional control character; NULL for NULL.';
+CREATE OR REPLACE FUNCTION runrow._printable(value text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT value !~ runrow._control_chars()
+$fn$;
 
-REVOKE ALL ON FUNCTION runrow._identifier_ok(text) FROM PUBLIC;
-
-ALTER TABLE runrow.model_price
-ADD CONSTRAINT model_price_model_printable CHECK (runrow._identifier_ok(model)) NOT VALID;
-ALTER TABLE runrow.concurrency_limit
-ADD CONSTRAINT concurrency_limit_key_printable CHECK (runrow._identifier_ok(concurrency_key)) NOT VALID;
-ALTER TABLE runrow.tenant_budget
-ADD CONSTRAINT tenant_budget_key_printable CHECK (runrow._identifier_ok(fairness_key)) NOT VALID;
-
-COMMENT ON CONSTRAINT model_price_model_printable ON runrow.model_price IS
-'model holds no control character (_printable). NOT VALID: a price stored before migration 0085 '
-'stays, and can be removed.';
-COMMENT ON CONSTRAINT concurrency_limit_key_printable ON runrow.concurrency_limit IS
-'concurrency_key holds no control character (_printable). NOT VALID: a limit stored before '
-'migration 0085 stays, and can be removed.';
-COMMENT ON CONSTRAINT tenant_budget_key_printable ON runrow.tenant_budget IS
-'fairness_key holds no control character (_printable). NOT VALID: a budget stored before '
-'migration 0085 stays, and can be removed.';
-
--- schedule's template identifiers. The trigger's arguments name the columns, so that a column
--- added later is one more argument. Raises 23514 as a CHECK of the trigger's name would.
+-- The identifiers of schedule's template, model_price, concurrency_limit and tenant_budget. The
+-- trigger's arguments name the columns, so that a column added later is one more argument.
+-- Raises 23514 as a CHECK of the trigger's name would.
 CREATE FUNCTION runrow._identifiers_printable() RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
@@ -8338,6 +8320,18 @@ REVOKE ALL ON FUNCTION runrow._identifiers_printable() FROM PUBLIC;
 CREATE TRIGGER schedule_identifiers_printable
 BEFORE INSERT OR UPDATE OF model, user_id, fairness_key, concurrency_key ON runrow.schedule
 FOR EACH ROW EXECUTE FUNCTION runrow._identifiers_printable('model', 'user_id', 'fairness_key', 'concurrency_key');
+
+CREATE TRIGGER model_price_model_printable
+BEFORE INSERT OR UPDATE OF model ON runrow.model_price
+FOR EACH ROW EXECUTE FUNCTION runrow._identifiers_printable('model');
+
+CREATE TRIGGER concurrency_limit_key_printable
+BEFORE INSERT OR UPDATE OF concurrency_key ON runrow.concurrency_limit
+FOR EACH ROW EXECUTE FUNCTION runrow._identifiers_printable('concurrency_key');
+
+CREATE TRIGGER tenant_budget_key_printable
+BEFORE INSERT OR UPDATE OF fairness_key ON runrow.tenant_budget
+FOR EACH ROW EXECUTE FUNCTION runrow._identifiers_printable('fairness_key');
 INSERT INTO runrow._yoyo_migration VALUES ('a2f23554ef33f540bf8524135013d3ecf870a75a7c6753bcb5f34db5bd64d71d', '0085_identifiers_printable', now() AT TIME ZONE 'UTC');
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'a2f23554ef33f540bf8524135013d3ecf870a75a7c6753bcb5f34db5bd64d71d', '0085_identifiers_printable', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
@@ -8809,6 +8803,7 @@ DECLARE
     fleet_over_verdicts text[] := '{}';
     fleet_verdict text;
     fleet_cand record;
+    fleet_held_to timestamptz;
     -- Runs this claim has set aside without claiming them, each a lock and a write: turns
     -- marked claim_blocked (behind their conversation's open turn), runs delayed for a blocked
     -- rate-limit key, runs of tenants over budget ended failed. At most walk_cap of them: a
@@ -9270,21 +9265,31 @@ BEGIN
                         capped := true;
                         CONTINUE serve;
                     END IF;
-                    set_aside := set_aside + 1;
-                    -- The block's end under a share lock: a lift in progress (a limit removed,
-                    -- a key error's probe answered: _lift_held_runs, under the key row's lock)
-                    -- is waited for, and its end read after it. Read plainly, the old end held
-                    -- the run a whole block (up to 300 s) past the lift, whose own statement
-                    -- had not seen the hold (test_fleet_limits_races). NULL (the limit and its
-                    -- block removed) or a lifted end: the run is due.
-                    UPDATE runrow.agent_run AS q
-                    SET not_before = (
-                        SELECT l.blocked_until FROM runrow.rate_limit AS l
-                        WHERE l.rate_limit_key = fleet_cand.rate_limit_key
-                        FOR SHARE),
-                        updated_at = now()
-                    WHERE q.id = fleet_cand.id;
-                    CONTINUE serve;
+                    -- The block's end, read again under a share lock, SKIP LOCKED. Read plainly,
+                    -- a lift not yet committed (a limit removed, a key error's probe answered:
+                    -- _lift_held_runs) went unseen, and the lift's statement, its snapshot older
+                    -- than this claim's commit, did not see the hold: the run waited the whole
+                    -- block (up to 300 s) with the key working (test_fleet_limits_races). Waited
+                    -- for, the lock stalled every claim behind any writer of the key (an
+                    -- operator's open transaction, a worker's commit) while it held its runs
+                    -- (the review). So: a key row another transaction writes leaves the run due
+                    -- and unheld (a lift may be under way; a later claim decides); a block
+                    -- gone or over (lifted since the claim began) lets the run be claimed here.
+                    SELECT l.blocked_until INTO fleet_held_to FROM runrow.rate_limit AS l
+                    WHERE l.rate_limit_key = fleet_cand.rate_limit_key
+                    FOR SHARE SKIP LOCKED;
+                    IF NOT FOUND AND EXISTS (
+                        SELECT 1 FROM runrow.rate_limit AS l WHERE l.rate_limit_key = fleet_cand.rate_limit_key
+                    ) THEN
+                        set_aside := set_aside + 1;
+                        CONTINUE serve;
+                    END IF;
+                    IF fleet_held_to > now() THEN
+                        set_aside := set_aside + 1;
+                        UPDATE runrow.agent_run AS q SET not_before = fleet_held_to, updated_at = now()
+                        WHERE q.id = fleet_cand.id;
+                        CONTINUE serve;
+                    END IF;
                 END IF;
             END IF;
 
@@ -10060,8 +10065,9 @@ REVOKE ALL ON FUNCTION runrow._require_key(text, text) FROM PUBLIC;
 
 -- The characters no identifier may hold, as one bracket expression for the regular expression
 -- engine: C0 controls (U+0001-U+001F; NUL cannot be in text), DEL and the C1 controls
--- (U+007F-U+009F), and the bidirectional formatting characters (U+061C, U+200E, U+200F,
--- U+202A-U+202E, U+2066-U+2069). The one place the class is written. Folded to a constant where
+-- (U+007F-U+009F), the line and paragraph separators (U+2028, U+2029: Python's splitlines and
+-- JavaScript break a line there), and the bidirectional formatting characters (U+061C, U+200E,
+-- U+200F, U+202A-U+202E, U+2066-U+2069). Migration 0085 has a copy for its triggers' first use. The one place the class is written. Folded to a constant where
 -- it is inlined, so the engine's cache compiles it once per session: a test costs about 0.2 us
 -- on a short key (100,000 tests of a 15-character key: 26.6 ms against 9.4 ms for `<> ''`).
 CREATE OR REPLACE FUNCTION runrow._control_chars()
@@ -10069,7 +10075,7 @@ RETURNS text
 LANGUAGE sql
 IMMUTABLE
 AS $fn$
-    SELECT E'[\u0001-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]'
+    SELECT E'[\u0001-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]'
 $fn$;
 
 -- TRUE when value holds none of _control_chars; NULL for NULL. One expression, inlined into the
@@ -10104,7 +10110,8 @@ $fn$;
 
 COMMENT ON FUNCTION runrow._control_chars() IS
 'Private. The characters no identifier may hold, as a regular expression bracket: C0 controls '
-'U+0001-U+001F, DEL and C1 controls U+007F-U+009F, bidirectional formatting U+061C, U+200E, '
+'U+0001-U+001F, DEL and C1 controls U+007F-U+009F, the separators U+2028 and U+2029, '
+'bidirectional formatting U+061C, U+200E, '
 'U+200F, U+202A-U+202E, U+2066-U+2069. The one place the class is written. Inlined and folded.';
 
 COMMENT ON FUNCTION runrow._printable(text) IS
@@ -11979,6 +11986,12 @@ BEGIN
         wait := greatest(wait, (1 - l.output_tokens_left) * 60 / l.output_tokens_per_minute);
     END IF;
     IF wait > 0 THEN
+        IF r.block_told_until IS NOT NULL THEN
+            -- A block told before (this claim or the last holder's, released or reaped) is not
+            -- what this wait is for: left, a block lifted since made this rate_limited deferral
+            -- due at once (defer_run), a wasted claim (the review).
+            UPDATE runrow.agent_run AS a SET block_told_until = NULL, updated_at = now() WHERE a.id = r.id;
+        END IF;
         RETURN QUERY SELECT false, round(greatest(wait, 0.001), 3), 'rate_limited'::text;
         RETURN;
     END IF;
@@ -13914,8 +13927,11 @@ BEGIN
     -- lock) waits for this deferral and then finds the run held to the block's end.
     SELECT a.rate_limit_key, a.block_told_until INTO key, told
     FROM runrow.agent_run AS a WHERE a.id = defer_run.run_id;
+    -- Only a block in force is locked: a rate_limited deferral (frequent under a tight limit)
+    -- must not queue the key's grants behind it (the review). No block in force reads as NULL,
+    -- which the test below takes for a block lifted.
     SELECT l.blocked_until INTO key_block
-    FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key
+    FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key AND l.blocked_until > now()
     FOR SHARE;
     block_end := CASE
         WHEN key_block > now() THEN key_block
@@ -16243,7 +16259,11 @@ SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
     PERFORM runrow._require_key(set_fairness_weight.fairness_key, 'fairness_key');
-    PERFORM runrow._require_printable(set_fairness_weight.fairness_key, 'fairness_key');
+    -- A reset (weight NULL) of a key stored before migration 0085 is let through, as the other
+    -- setters let such a key be removed.
+    IF set_fairness_weight.weight IS NOT NULL THEN
+        PERFORM runrow._require_printable(set_fairness_weight.fairness_key, 'fairness_key');
+    END IF;
     IF set_fairness_weight.weight IS NOT NULL
        AND NOT (set_fairness_weight.weight >= 0.001 AND set_fairness_weight.weight <= 1000) THEN
         -- The floor keeps the claim's 1 / weight a finite, small step (migration 0064).

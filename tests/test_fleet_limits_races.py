@@ -165,7 +165,8 @@ def test_a_block_lifted_while_a_claim_holds_a_run_to_it(owner: psycopg.Connectio
     error's probe answered) went unseen, and the lift's own statement, its snapshot taken
     before the claim committed, did not see the hold either: the run waited out the whole
     block (up to key_error_max_block, 300 s) with the key working. The claim now reads the
-    block's end under a share lock: it waits for the lift and finds the block gone."""
+    block's end again under a share lock, SKIP LOCKED: a key row the lift holds leaves the run
+    due and unheld."""
     key = f"race-{uuid.uuid4()}"
     (blocker,) = fleet_runs(owner, 1, rate_limit_key=key)
     owner.execute(
@@ -181,7 +182,8 @@ def test_a_block_lifted_while_a_claim_holds_a_run_to_it(owner: psycopg.Connectio
     lifter.execute("SELECT runrow.set_rate_limit(%s, NULL, NULL, NULL)", (key,))  # lifted, not committed
     call = Background(connect(), lambda c: claim(c, 5))
     deadline = time.monotonic() + POLL_TIMEOUT
-    # Before the fix the claim never waits: it holds the run to the block it still sees.
+    # The claim does not wait (SKIP LOCKED): it leaves the run. Before the fix it held the run to
+    # the block it still saw. (Had it waited, in between: blocked on the lifter.)
     while (
         not call.done
         and not owner.execute(
@@ -225,3 +227,33 @@ def test_lifting_a_block_never_waits_on_a_held_run(owner: psycopg.Connection, co
     holder.execute("ROLLBACK")
     row = run_row(owner, held["run_id"])
     assert row["status"] == "queued" and row["not_before"] is not None
+
+
+def test_a_claim_never_waits_on_a_blocked_keys_row(owner: psycopg.Connection, connect: Connect) -> None:
+    """A claim that meets a due run of a blocked key reads the block again under a share lock.
+    Waited for, that lock stalled every claim of the fleet behind any writer of the key row (an
+    operator's set_rate_limit in an open transaction, a worker's commit): the claim held its
+    runs meanwhile, and the other tenants' runs waited too (the review: 55P03 after 2 s under a
+    lock_timeout, none without one). It is taken SKIP LOCKED: the claim goes on at once."""
+    key = f"race-{uuid.uuid4()}"
+    (blocker,) = fleet_runs(owner, 1, rate_limit_key=key)
+    owner.execute(
+        "SELECT runrow.report_rate_limited(%s, %s, 600)", (blocker["run_id"], blocker["claim_token"])
+    )
+    held, other = (
+        owner.execute(
+            "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => '\"hi\"', "
+            "model => 'race-model', user_id => %s, rate_limit_key => %s)",
+            (uuid.uuid4(), user, rate_key),
+        ).fetchone()[0]
+        for user, rate_key in (("tenant-a", key), ("tenant-b", f"other-{uuid.uuid4()}"))
+    )
+    operator = connect()
+    operator.execute("BEGIN")
+    operator.execute("SELECT runrow.set_rate_limit(%s, 100, NULL, NULL)", (key,))  # the block stays
+    claimer = connect()
+    claimer.execute("SET lock_timeout = '200ms'")  # a wait is an error here (55P03), not a timing
+    claimed = {r["run_id"] for r in claim(claimer, 5)}
+    operator.execute("ROLLBACK")
+    assert other in claimed and held not in claimed
+    assert run_row(owner, held)["status"] == "queued"
