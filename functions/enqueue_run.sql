@@ -311,7 +311,7 @@ COMMENT ON FUNCTION runrow.enqueue_run(
 '(default model), token_budget, cost_budget (USD) and webhook_url; they join the idempotency '
 'fingerprint only when given. model, user_id, idempotency_key, fairness_key, concurrency_key, '
 'rate_limit_key and webhook_url holding a control character (C0, C1 or bidirectional '
-'formatting: _control_chars) raise 22023 naming the argument.';
+'formatting: _printable) raise 22023 naming the argument.';
 
 REVOKE ALL ON FUNCTION runrow.enqueue_run(
     uuid, jsonb, text, text, text, jsonb, integer, text, text, jsonb,

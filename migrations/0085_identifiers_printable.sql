@@ -37,23 +37,15 @@ token_budget, cost_budget, webhook_url, forked_from, forked_at_seq, user_id
 ON runrow.agent_run
 FOR EACH ROW EXECUTE FUNCTION runrow._agent_run_settings();
 
--- The character class and its test, as functions/_identifier_checks.sql has them (functions/
--- owns them and replaces these): the triggers below call _printable, and between this
+-- The test of the class, as functions/_identifier_checks.sql has it (functions/ owns it and
+-- replaces this): the triggers below call it from their first row on, and between this
 -- migration's commit and functions/ being applied a row written would otherwise fail with 42883.
-CREATE OR REPLACE FUNCTION runrow._control_chars()
-RETURNS text
-LANGUAGE sql
-IMMUTABLE
-AS $fn$
-    SELECT E'[\u0001-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]'
-$fn$;
-
 CREATE OR REPLACE FUNCTION runrow._printable(value text)
 RETURNS boolean
 LANGUAGE sql
 IMMUTABLE
 AS $fn$
-    SELECT value !~ runrow._control_chars()
+    SELECT value !~ E'[\u0001-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]'
 $fn$;
 
 -- The identifiers of schedule's template, model_price, concurrency_limit and tenant_budget. The

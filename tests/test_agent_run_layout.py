@@ -46,8 +46,9 @@ HOT = [
 ]
 # Columns added after 0029 that no claim, heartbeat or finish writes: behind HOT they are in the
 # common suffix of those updates (and take no bytes while NULL), so they log nothing there.
-# model_call_reserved, model_call_attempt: 0080, written by acquire_model_call and the settle.
-AFTER_HOT = ["model_call_reserved", "model_call_attempt"]
+# model_call_reserved, model_call_attempt: 0080, written by acquire_model_call and the settle;
+# block_told_until: 0084, written by acquire_model_call's refusals, report_key_error, defer_run.
+AFTER_HOT = ["model_call_reserved", "model_call_attempt", "block_told_until"]
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
 

@@ -74,6 +74,8 @@ DEFINED_BY_MIGRATIONS_BEFORE_FUNCTIONS = {
     "_json_probe": {"0010"},
     # A CHECK needed it when 0067 ran; since 0081 a trigger looks it up when it fires.
     "_schedule_name_ok": {"0067"},
+    # 0085's triggers call it from their first row on, before functions/ is applied.
+    "_printable": {"0085"},
 }
 
 
