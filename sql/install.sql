@@ -130,7 +130,8 @@ BEGIN
     '0082_webhook_wake',
     '0083_webhook_pending_by_receiver',
     '0084_block_told_until',
-    '0085_identifiers_printable'
+    '0085_identifiers_printable',
+    '0086_report_rate_limit_exhausted'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -8326,6 +8327,25 @@ BEFORE INSERT OR UPDATE OF fairness_key ON runrow.tenant_budget
 FOR EACH ROW EXECUTE FUNCTION runrow._identifiers_printable('fairness_key');
 INSERT INTO runrow._yoyo_migration VALUES ('a2f23554ef33f540bf8524135013d3ecf870a75a7c6753bcb5f34db5bd64d71d', '0085_identifiers_printable', now() AT TIME ZONE 'UTC');
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'a2f23554ef33f540bf8524135013d3ecf870a75a7c6753bcb5f34db5bd64d71d', '0085_identifiers_printable', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0086_report_rate_limit_exhausted
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '7f1f176d30d6683db85e90eec1c6e645bb8013053e8375262ba269f628326be7') AS apply_7f1f176d30d6 \gset
+\if :apply_7f1f176d30d6
+-- depends: 0085_identifiers_printable
+-- report_rate_limit_exhausted (functions/report_rate_limit_exhausted.sql, with _block_key in
+-- functions/_limits_helpers.sql) came with no migration, so schema_version() stayed at 0085 and
+-- a worker that calls it passed its start-up check (the newest migration it needs) on a
+-- database migrated one commit before the function existed: the first response saying its
+-- requests bucket was empty failed the run with 42883, unpaid (the review). This migration is
+-- the version that says the function is there: a worker needs it, and `runrow migrate`
+-- applies functions/ after it.
+
+COMMENT ON SCHEMA runrow IS
+'runrow: durable AI-agent runs (migrations and functions/ of the runrow package; '
+'runrow.schema_version() names the newest migration applied).';
+INSERT INTO runrow._yoyo_migration VALUES ('7f1f176d30d6683db85e90eec1c6e645bb8013053e8375262ba269f628326be7', '0086_report_rate_limit_exhausted', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '7f1f176d30d6683db85e90eec1c6e645bb8013053e8375262ba269f628326be7', '0086_report_rate_limit_exhausted', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
 -- functions/: re-applied on every install, like `runrow migrate`

@@ -42,6 +42,7 @@ from pyworker.agent import ratelimit_headers
 from pyworker.agent.model import TurnFailed
 from pyworker.db import limits as limits_api
 from pyworker.db.aio import wait_event
+from pyworker.db.retry import Retry
 from pyworker.worker import metrics
 from pyworker.worker.backoff import retry_in
 from pyworker.worker.handler import Outcome, RunContext
@@ -154,9 +155,11 @@ async def _settle_within(ctx: RunContext, usage: dict[str, Any], seconds: float)
 
 
 async def after_headers(ctx: RunContext, headers: Mapping[str, str] | None) -> None:
-    """A model response's headers: when they say a rate-limit bucket is empty, block the key
-    fleet-wide until one request is back. Called as the headers arrive, before the body is read, so the
-    block is in force while this answer still streams."""
+    """A model response's headers: when they say the requests bucket is empty, block the key
+    fleet-wide until one request is back. Called as the headers arrive, before the body is
+    read; the block is written beside the stream, not before it: awaited there, it delayed the
+    answer's first token by the write (up to a lease while the database was away), and its
+    error failed an answer the API had already billed (the review). It never raises."""
     if not enabled(ctx):
         return
     found = ratelimit_headers.buckets(headers)
@@ -166,11 +169,41 @@ async def after_headers(ctx: RunContext, headers: Mapping[str, str] | None) -> N
     )
     if empty is None:
         return
+    report = asyncio.create_task(_report_exhausted(ctx, empty))
+    _reporting.add(report)  # a strong reference: the loop keeps only a weak one
+    report.add_done_callback(_reporting.discard)
+
+
+_reporting: set[asyncio.Task[None]] = set()
+# A block that commits later than this is one the next requests have already met (as 429s):
+# not worth holding a connection for a lease of retries.
+EXHAUSTED_REPORT_SECONDS = 5.0
+
+
+async def _report_exhausted(ctx: RunContext, empty: ratelimit_headers.Exhausted) -> None:
+    """report_rate_limit_exhausted, best effort: it journals nothing, so no flush comes first;
+    fenced out when the run has ended meanwhile (nothing written)."""
     run = ctx.run
-    await ctx.db(
-        lambda conn: limits_api.report_rate_limit_exhausted(conn, run.run_id, run.claim_token, empty.seconds),
-        "report_rate_limit_exhausted",
-    )
+    retry = ctx.retry if ctx.retry is not None else Retry(EXHAUSTED_REPORT_SECONDS, ctx.log)
+    try:
+        async with asyncio.timeout(EXHAUSTED_REPORT_SECONDS):
+            await retry.call(
+                ctx.pool,
+                lambda conn: limits_api.report_rate_limit_exhausted(
+                    conn, run.run_id, run.claim_token, empty.seconds
+                ),
+                "report_rate_limit_exhausted",
+            )
+    except Exception as exc:  # TimeoutError, DatabaseUnavailable, an older schema: the 429s say it
+        metrics.model_rate_limit_report_failed()
+        ctx.log.warning(
+            "rate limit: the API says %s has 0 left, but the key could not be blocked (%s: %s); "
+            "the fleet learns it from the next 429",
+            empty.bucket,
+            type(exc).__name__,
+            exc,
+        )
+        return
     ctx.log.info(
         "rate limit: the API says %s has 0 left: key blocked fleet-wide for %.2fs (one request back)",
         empty.bucket,

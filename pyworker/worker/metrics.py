@@ -106,6 +106,11 @@ MODEL_RATE_LIMIT_EXHAUSTED = Counter(
     "429. By bucket (requests; the token buckets block nothing).",
     ["bucket"],
 )
+MODEL_RATE_LIMIT_REPORT_FAILED = Counter(
+    "runrow_model_rate_limit_report_failed",
+    "Empty requests buckets (rate-limit headers) the worker could not block the key for within "
+    "5 s (the database away or slow, a schema older than the worker): the fleet meets 429s instead.",
+)
 MODEL_RATE_LIMIT_REMAINING = Gauge(
     "runrow_model_rate_limit_remaining_ratio",
     "remaining / limit of each rate-limit bucket in this worker's latest model response that "
@@ -249,6 +254,10 @@ def model_rate_limits(remaining: Iterable[tuple[str, int, int | None]], exhauste
             MODEL_RATE_LIMIT_REMAINING.labels(bucket).set(min(1.0, left / limit))
     if exhausted is not None:
         MODEL_RATE_LIMIT_EXHAUSTED.labels(exhausted).inc()
+
+
+def model_rate_limit_report_failed() -> None:
+    MODEL_RATE_LIMIT_REPORT_FAILED.inc()
 
 
 def tool_call(effect: str | None, outcome: str) -> None:
