@@ -665,6 +665,110 @@ def test_unreachable_database_says_what_to_do() -> None:
     assert "DATABASE_URL" in result.stderr and "runrow db start" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--database-url", "", "migrate"],
+        ["--database-url=", "status"],
+        ["status", "--database-url", "  "],
+        ["migrate", "--database-url="],
+    ],
+)
+def test_an_empty_database_url_is_refused_never_replaced_by_another_database(
+    private_database_url: str, args: list[str]
+) -> None:
+    """`runrow --database-url "$PROD_URL" migrate` with PROD_URL unset migrated the database that
+    DATABASE_URL (or .runrow/db.json) named, exit 0: a blank option counted as not given."""
+    result = runrow(private_database_url, *args)
+    assert (result.returncode, result.stdout) == (2, ""), (result.returncode, result.stdout, result.stderr)
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            "argument --database-url: is empty (an unset shell variable?): give a URL or leave the option out"
+        )
+    ), result.stderr
+
+
+def test_a_blank_database_url_in_the_code_is_an_error_and_a_blank_variable_is_unset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same rule where a command hands database_url() a blank value itself. DATABASE_URL set
+    to white space counts as unset, as an empty one does: it was a conninfo of nothing, which
+    libpq reads as its local default server."""
+    from pyworker.db import config, devdb
+
+    monkeypatch.setenv("DATABASE_URL", "postgresql://env@h/db")
+    with pytest.raises(config.ConfigError, match="--database-url is empty"):
+        config.database_url(" ")
+    assert config.database_url(None) == "postgresql://env@h/db"
+    monkeypatch.setattr(devdb, "load_state", lambda: None)
+    for blank in ("", "  "):
+        monkeypatch.setenv("DATABASE_URL", blank)
+        with pytest.raises(config.ConfigError, match="no database: set DATABASE_URL"):
+            config.database_url()
+
+
+def test_global_options_work_after_the_command_too(
+    private_database_url: str, conn: psycopg.Connection
+) -> None:
+    """`runrow status --database-url URL` read the URL as a run id, `runrow enqueue hi
+    --database-url URL` refused it as an unrecognized argument: global options worked only
+    before the command."""
+    status = runrow(None, "status", "--database-url", private_database_url, "--log-level", "debug")
+    assert status.returncode == 0, status.stderr
+    enqueued = runrow(None, "enqueue", "hi", "--database-url", private_database_url)
+    assert enqueued.returncode == 0, enqueued.stderr
+    run_id = uuid.UUID(enqueued.stdout.strip())
+    assert conn.execute("SELECT status FROM runrow.get_run(run_id => %s)", (run_id,)).fetchone() == (
+        "queued",
+    )
+    # An action's own options and the global ones, in any order; the last --database-url wins.
+    shown = runrow(
+        None,
+        "--database-url",
+        "postgresql://u@127.0.0.1:1/x",
+        "limits",
+        "show",
+        "--database-url",
+        private_database_url,
+    )
+    assert shown.returncode == 0, shown.stderr
+    # A value given before the command is not reset by the command's copy of the option.
+    parser = build_parser()
+    assert parser.parse_args(["--log-level", "ERROR", "status"]).log_level == "ERROR"
+    assert parser.parse_args(["status", "--log-level", "ERROR"]).log_level == "ERROR"
+    assert parser.parse_args(["db", "run", "--", "x", "--log-level", "y"]).command == [
+        "--",
+        "x",
+        "--log-level",
+        "y",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["status", "postgresql://u:SECRETPW@h/db"], "invalid UUID value: 'postgresql://u:***@h/db'"),
+        (
+            ["enqueue", "hi", "postgresql://u:SECRETPW@h/db"],
+            "unrecognized arguments: postgresql://u:***@h/db",
+        ),
+        (["postgresql://u:SECRETPW@h/db"], "invalid choice: 'postgresql://u:***@h/db'"),
+        (["tail", "host=h password=SECRETPW"], "invalid UUID value: 'host=h password=***'"),
+        (["enqueue", "hi", "--model", "m", "password='SECRET PW'"], "unrecognized arguments: password=***"),
+        (["cancel", "--database-url", "postgresql://u:SECRETPW@[h/x"], "argument --database-url: must be a"),
+    ],
+)
+def test_no_usage_error_repeats_a_password(args: list[str], says: str) -> None:
+    """A URL typed where the command did not take it (the password echoed into scrollback and
+    CI logs), whatever the error: each value a usage error quotes is shown without it."""
+    result = runrow(None, *args)
+    assert result.returncode == 2, result.stderr
+    assert "SECRET" not in result.stderr + result.stdout, result.stderr
+    assert says in result.stderr.strip().splitlines()[-1], result.stderr
+
+
 @pytest.mark.parametrize("cmd", ["status", "migrate", "worker"])
 @pytest.mark.parametrize("how", ["env", "flag"])
 @pytest.mark.parametrize(

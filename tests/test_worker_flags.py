@@ -216,6 +216,17 @@ def test_the_default_pool_is_not_warned_of_at_any_concurrency() -> None:
     assert "exceeds the pool" not in log, log
 
 
+def test_log_level_after_the_command_is_the_workers() -> None:
+    """`runrow worker --log-level DEBUG` was "unrecognized arguments": the global options worked
+    only before the command."""
+    log = _start_log("--handler", "pyworker.worker.echo:handle", "--log-level", "DEBUG")
+    assert any(" DEBUG " in line for line in log.splitlines()), log
+    quiet = _start_log(
+        "--log-level", "DEBUG", "--handler", "pyworker.worker.echo:handle", "--log-level", "INFO"
+    )
+    assert "connecting to 127.0.0.1:1" in quiet and " DEBUG " not in quiet, quiet
+
+
 def test_help_shows_defaults_of_values_but_not_of_switches() -> None:
     """`--no-session-limits ... (default: True)` read as if the limits were off by default."""
     worker = build_parser()._subparsers._group_actions[0].choices["worker"]  # type: ignore[union-attr]

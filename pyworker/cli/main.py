@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from pyworker.cli.messages import first_line, unparsable_url_reason
+from pyworker.cli.parser import RunrowParser
 from pyworker.cli.types import (
-    LOG_LEVELS,
     add_log_format,
     conninfo,
     env_default,
     host_name,
-    log_level,
     name_env_defaults,
     not_utf8,
     number,
@@ -33,7 +32,7 @@ from pyworker.cli.types import (
     worker_id,
 )
 from pyworker.db import devdb
-from pyworker.db.config import ConfigError, database_url
+from pyworker.db.config import ConfigError, database_url, env_database_url
 from pyworker.db.migrate import MigrateError
 
 if TYPE_CHECKING:
@@ -43,8 +42,8 @@ DESCRIPTION = """\
 runrow: durable AI-agent runs on plain PostgreSQL. A run is a row: enqueued, claimed,
 leased, fenced, journaled, resumed and stopped by the runrow.* SQL functions.
 
-Every command that talks to the database takes --database-url, else DATABASE_URL,
-else the cluster started by `runrow db start`.
+Every command that talks to the database takes --database-url (before or after the
+command), else DATABASE_URL, else the cluster started by `runrow db start`.
 """
 
 
@@ -94,7 +93,7 @@ def cmd_db(args: argparse.Namespace) -> int:
     if shutil.which(command[0]) is None:
         print(f"runrow db run: {command[0]}: command not found (or not executable)", file=sys.stderr)
         return 127
-    if os.environ.get("DATABASE_URL"):
+    if env_database_url() is not None:
         return subprocess.call(command)
     with devdb.throwaway() as cluster:
         env = dict(os.environ, DATABASE_URL=cluster.url, RUNROW_SUPERUSER_URL=cluster.superuser_url)
@@ -301,15 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
         WEBHOOK_SIGNING_MODES,
     )
 
-    parser = argparse.ArgumentParser(
-        prog="runrow", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--database-url", type=conninfo, help="PostgreSQL URL (default: $DATABASE_URL)")
-    parser.add_argument(
-        "--log-level",
-        type=log_level,
-        default=env_default("RUNROW_LOG_LEVEL", "INFO"),
-        help=f"one of {', '.join(LOG_LEVELS)} (default: $RUNROW_LOG_LEVEL, else INFO)",
+    parser = RunrowParser(
+        prog="runrow", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter, top=True
     )
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 

@@ -168,6 +168,17 @@ def conninfo(text: str) -> str:
     return text
 
 
+def database_url_option(text: str) -> str:
+    """--database-url: a URL libpq can parse, and not blank. A blank one was taken as not given:
+    `runrow --database-url "$PROD_URL" migrate` with PROD_URL unset migrated whatever
+    DATABASE_URL or .runrow/db.json pointed at, and said nothing."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "is empty (an unset shell variable?): give a URL or leave the option out"
+        )
+    return conninfo(text)
+
+
 def host_name(text: str) -> str:
     """An address to bind: not empty (an empty one bound every interface, 0.0.0.0 and ::, without
     anyone asking for it), no white space."""

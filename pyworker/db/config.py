@@ -12,10 +12,18 @@ class ConfigError(RuntimeError):
 
 
 def database_url(explicit: str | None = None) -> str:
-    if explicit:
+    """The URL given (an explicit one that is blank is an error, never a fall back to another
+    database), else DATABASE_URL, else the running `runrow db start` cluster. DATABASE_URL set to
+    white space only counts as unset, as `export DATABASE_URL=` means: what it falls back to is
+    this folder's throwaway cluster, never a server named somewhere else."""
+    if explicit is not None:
+        if not explicit.strip():
+            raise ConfigError(
+                "--database-url is empty (an unset shell variable?): give a URL or leave the option out"
+            )
         return explicit
-    env = os.environ.get("DATABASE_URL")
-    if env:
+    env = env_database_url()
+    if env is not None:
         return env
     cluster = devdb.load_state()
     if cluster is not None:
@@ -24,6 +32,12 @@ def database_url(explicit: str | None = None) -> str:
         "no database: set DATABASE_URL (for example postgresql://user@host/db), pass "
         "--database-url, or start a throwaway cluster with `runrow db start`."
     )
+
+
+def env_database_url() -> str | None:
+    """DATABASE_URL, or None when it is unset, empty or white space only."""
+    env = os.environ.get("DATABASE_URL")
+    return env if env and env.strip() else None
 
 
 def where(conninfo: str) -> str:

@@ -39,6 +39,7 @@ from typing import Any
 from pyworker.db import api, devdb
 from pyworker.db import steps as steps_api
 from pyworker.db.cancel_safe_pool import CancelSafePool
+from pyworker.db.config import env_database_url
 from pyworker.db.hub import Hub
 from pyworker.db.ids import uuid7
 from pyworker.db.migrate import migrate
@@ -208,7 +209,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 def _database(opts: Options, screen: Screen, stack: contextlib.ExitStack) -> str:
     screen.heading("Database")
-    url = opts.database_url or os.environ.get("DATABASE_URL")
+    url = opts.database_url or env_database_url()
     if url:
         screen.line("using the database of --database-url / DATABASE_URL")
         screen.note("note: the demo's workers claim any queued run in that database")
