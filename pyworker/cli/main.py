@@ -8,7 +8,6 @@ import errno
 import logging
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -93,11 +92,13 @@ def cmd_db(args: argparse.Namespace) -> int:
     if shutil.which(command[0]) is None:
         print(f"runrow db run: {command[0]}: command not found (or not executable)", file=sys.stderr)
         return 127
+    from pyworker.cli import db_run
+
     if env_database_url() is not None:
-        return subprocess.call(command)
+        return db_run.run(command)
     with devdb.throwaway() as cluster:
         env = dict(os.environ, DATABASE_URL=cluster.url, RUNROW_SUPERUSER_URL=cluster.superuser_url)
-        return subprocess.call(command, env=env)
+        return db_run.run(command, env)  # the cluster is stopped when CMD has ended, signal or not
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -345,7 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run a command on a cluster that lives as long as it",
         description="Run CMD with DATABASE_URL set to a throwaway cluster that is removed when CMD "
-        "exits (unless DATABASE_URL is already set: then on that server). Exits with CMD's code.",
+        "exits (unless DATABASE_URL is already set: then on that server). Exits with CMD's code. "
+        "SIGTERM, SIGINT and SIGHUP are passed on to CMD; then, once CMD has ended and the "
+        "cluster is removed, the exit code is 128 + the signal.",
         epilog="example: runrow db run -- pytest -q tests/test_races.py",
     )
     r.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
