@@ -177,13 +177,18 @@ def test_webhook_signing_and_previous_secret_from_the_flags_or_their_variables()
         assert "old-secret-1" not in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
-def _start_log(*flags: str) -> str:
+def _model_env(**given: str) -> dict[str, str]:
+    """The environment with the Anthropic variables `given` and no others."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}, **given}
+
+
+def _start_log(*flags: str, env: dict[str, str] | None = None) -> str:
     """What `runrow worker` logs before it connects (to a database that never answers)."""
     worker = subprocess.Popen(
         [sys.executable, "-m", "pyworker", "worker", *flags],
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "DATABASE_URL": UNREACHABLE},
+        env={**(env or _model_env(ANTHROPIC_API_KEY="test-key")), "DATABASE_URL": UNREACHABLE},
     )
     assert worker.stderr is not None
     seen: list[str] = []
@@ -225,6 +230,63 @@ def test_log_level_after_the_command_is_the_workers() -> None:
         "--log-level", "DEBUG", "--handler", "pyworker.worker.echo:handle", "--log-level", "INFO"
     )
     assert "connecting to 127.0.0.1:1" in quiet and " DEBUG " not in quiet, quiet
+
+
+NO_MODEL = "neither ANTHROPIC_API_KEY nor ANTHROPIC_BASE_URL is set"
+
+
+@pytest.mark.parametrize(
+    ("handler", "env", "starts"),
+    [
+        ([], {}, False),
+        (["--handler", "pyworker.agent:handle"], {"ANTHROPIC_AUTH_TOKEN": "t"}, False),
+        ([], {"ANTHROPIC_API_KEY": ""}, False),
+        ([], {"ANTHROPIC_API_KEY": "k"}, True),
+        ([], {"ANTHROPIC_BASE_URL": "http://127.0.0.1:1"}, True),  # a gateway, or `runrow fake-model`
+        (["--handler", "pyworker.worker.echo:handle"], {}, True),
+    ],
+    ids=["default", "auth-token", "empty-key", "key", "base-url", "echo"],
+)
+def test_the_agent_worker_does_not_start_without_a_model_to_call(
+    handler: list[str], env: dict[str, str], starts: bool
+) -> None:
+    """With neither ANTHROPIC_API_KEY nor ANTHROPIC_BASE_URL the agent loop's client called
+    api.anthropic.com without a key: the worker started, claimed, and failed every run ("model
+    API unreachable: Connection to api.anthropic.com failed"). A handler of one's own is not
+    asked. ANTHROPIC_AUTH_TOKEN is not read by the worker's client (it sends the API key only)."""
+    if starts:
+        log = _start_log(*handler, env=_model_env(**env))
+        assert "connecting to 127.0.0.1:1" in log and NO_MODEL not in log, log
+        return
+    done = subprocess.run(
+        [sys.executable, "-m", "pyworker", "worker", *handler],
+        capture_output=True,
+        text=True,
+        env={**_model_env(**env), "DATABASE_URL": UNREACHABLE},
+        timeout=60,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert (
+        last.startswith("runrow worker: the agent handler calls the Anthropic Messages API")
+        and NO_MODEL in last
+    )
+    assert ("ANTHROPIC_AUTH_TOKEN is set" in last) == ("ANTHROPIC_AUTH_TOKEN" in env), last
+
+
+def test_worker_help_lists_the_environment_it_reads() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "pyworker", "worker", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    block = out[out.index("\nenvironment:\n") :]
+    for var in (
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_BASE_URL",
+        "RUNROW_MAX_RETRIES",
+        "DATABASE_URL",
+        "OTEL_TRACES_EXPORTER",
+    ):
+        assert var in block, var
 
 
 def test_help_shows_defaults_of_values_but_not_of_switches() -> None:

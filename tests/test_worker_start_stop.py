@@ -21,7 +21,7 @@ def test_a_signal_before_the_database_answers_stops_the_worker(signum: signal.Si
         [sys.executable, "-m", "pyworker", "worker", "--worker-id", "early"],
         stderr=subprocess.PIPE,
         text=True,
-        env={**environ, "DATABASE_URL": unreachable},
+        env={**environ, "DATABASE_URL": unreachable, "ANTHROPIC_API_KEY": "test-key"},
     )
     assert worker.stderr is not None
     seen = []

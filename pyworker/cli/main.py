@@ -30,6 +30,7 @@ from pyworker.cli.types import (
     secret,
     worker_id,
 )
+from pyworker.cli.worker_env import ENVIRONMENT, model_key_problem
 from pyworker.db import devdb
 from pyworker.db.config import ConfigError, database_url, env_database_url
 from pyworker.db.migrate import MigrateError
@@ -133,6 +134,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         except (ImportError, ValueError) as exc:
             print(f"runrow worker: --tools {args.tools!r}: {exc}", file=sys.stderr)
             return 2
+    problem = model_key_problem(handler)
+    if problem is not None:
+        print(f"runrow worker: {problem}", file=sys.stderr)
+        return 2
     worker = Worker(
         database_url(args.database_url),
         concurrency=args.concurrency,
@@ -371,7 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
   runrow worker --handler pyworker.worker.echo:handle        # echo metadata.echo back, no model
   runrow worker --concurrency 40 --pool-size 44              # handlers that query the database
   RUNROW_LISTEN_URL=postgresql://app@db/app runrow --database-url postgresql://app@pgbouncer/app worker
-  runrow --log-level WARNING worker --metrics-port 9464      # quiet logs, Prometheus metrics""",
+  runrow --log-level WARNING worker --metrics-port 9464      # quiet logs, Prometheus metrics
+
+"""
+        + ENVIRONMENT,
     )
     # A string default goes through `type` too: a bad RUNROW_CONCURRENCY is a usage error.
     p.add_argument(
