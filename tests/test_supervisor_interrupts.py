@@ -8,6 +8,7 @@ events the test sets, so every interleaving here is exact."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator
 
@@ -19,7 +20,7 @@ from pyworker.db import api
 from pyworker.db.api import ClaimedRun
 from pyworker.worker.handler import Outcome, RunContext, RunHandler
 from pyworker.worker.journal import JournalWriter
-from pyworker.worker.supervisor import RunSupervisor
+from pyworker.worker.supervisor import RunSupervisor, _what_next
 
 __all__ = ["db", "pool", "worker_db"]
 
@@ -126,15 +127,35 @@ async def test_a_handler_that_swallows_the_interrupt_still_loses_the_run(pool, w
     assert run_row(db, sup.run.run_id)["status"] == "running"
 
 
-async def test_an_abandoned_handler_is_stopped_and_the_run_released(pool, writer, db) -> None:  # type: ignore[no-untyped-def]
+async def test_an_abandoned_handler_is_stopped_and_the_run_released(pool, writer, db, caplog) -> None:  # type: ignore[no-untyped-def]
     waiting = asyncio.Event()
     sup = await supervisor(pool, writer, waiting_handler(waiting))
     task = asyncio.create_task(sup.supervise())
     await waiting.wait()
-    sup.abandon("drained: test")
-    assert await asyncio.wait_for(task, 5) == "released:requeued"
+    with caplog.at_level(logging.INFO):
+        sup.abandon("drained: test")
+        assert await asyncio.wait_for(task, 5) == "released:requeued"
     row = run_row(db, sup.run.run_id)
     assert (row["status"], row["error"]) == ("queued", "drained: test")
+    # It said "run released (drained: test, retry in None): requeued".
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run released")]
+    assert said == ["run released (drained: test): requeued, claimable at once"], said
+
+
+@pytest.mark.parametrize(
+    ("result", "retry_in", "said"),
+    [
+        ("requeued", None, "requeued, claimable at once"),
+        ("requeued", 2.5, "requeued, claimable in 2.5 s"),
+        ("failed", None, "failed"),
+        ("dead", 30.0, "dead"),
+        ("deferred", 0.25, "deferred, claimable within 0.25 s"),
+    ],
+)
+def test_a_release_says_what_comes_next_without_a_none(
+    result: str, retry_in: float | None, said: str
+) -> None:
+    assert _what_next(result, retry_in) == said
 
 
 async def test_abandoning_a_run_whose_ending_is_in_flight_keeps_the_ending(pool, writer, db) -> None:  # type: ignore[no-untyped-def]

@@ -387,7 +387,10 @@ class RunSupervisor:
             await self._fenced_out(call, then="the reaper takes it at the lease's end")
             return "lost"
         self.log.info(
-            "run %s (%s, retry in %s): %s", "deferred" if defer else "released", reason, backoff, result
+            "run %s (%s): %s",
+            "deferred" if defer else "released",
+            reason,
+            _what_next(result, None if backoff is None else backoff.total_seconds()),
         )
         # Waiting for a fleet limit is not the run failing: an ending of its own, not a
         # released:* (which traces as an error). A stop that was pending still wins: cancelled.
@@ -454,3 +457,13 @@ class RunSupervisor:
         except Exception as exc:
             self.log.warning("journal flush before hand-back failed: %s", exc)
         return None
+
+
+def _what_next(result: str, retry_in: float | None) -> str:
+    """A release's or deferral's result as the log says it. It said "retry in None" for a run
+    released without a backoff (claimable at once), and for one that failed, never retried."""
+    if result == "requeued":
+        return "requeued, claimable at once" if retry_in is None else f"requeued, claimable in {retry_in:g} s"
+    if result == "deferred" and retry_in is not None:
+        return f"deferred, claimable within {retry_in:g} s"  # sooner if the key's block ends sooner
+    return result
