@@ -746,6 +746,33 @@ def test_global_options_work_after_the_command_too(
     ]
 
 
+def test_db_run_takes_database_url_and_the_other_db_actions_refuse_it(tmp_path: Path) -> None:
+    """Every command takes --database-url now: `db run --database-url URL -- CMD` runs CMD on that
+    server (as with DATABASE_URL), where a throwaway cluster was started and the URL ignored;
+    start, stop and url manage the local cluster only, and say so rather than ignore it. In an
+    empty folder: were the option ignored, `db start` would start a cluster there."""
+    environ = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"} | {"PYTHONPATH": str(REPO)}
+
+    def db(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pyworker", "db", *args],
+            capture_output=True,
+            text=True,
+            env=environ,
+            cwd=tmp_path,
+            timeout=120,
+        )
+
+    url = "postgresql://u@127.0.0.1:1/given"
+    done = db("run", "--database-url", url, "--", "sh", "-c", 'echo "$DATABASE_URL"')
+    assert (done.returncode, done.stdout) == (0, url + "\n"), done.stderr
+    for action in ("start", "url", "stop"):
+        refused = db(action, "--database-url", url)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.startswith(f"runrow db {action}: --database-url does not apply"), refused.stderr
+    assert not (tmp_path / ".runrow").exists()
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

@@ -59,6 +59,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
+    if args.database_url is not None and args.action != "run":
+        # Taken by every command's parser now, it would be ignored here without a word.
+        print(
+            f"runrow db {args.action}: --database-url does not apply: `runrow db` starts and stops "
+            "this folder's throwaway cluster",
+            file=sys.stderr,
+        )
+        return 2
     if args.action == "start":
         existing = devdb.load_state()
         if existing is not None and os.path.exists(existing.root):
@@ -95,6 +103,8 @@ def cmd_db(args: argparse.Namespace) -> int:
         return 127
     from pyworker.cli import db_run
 
+    if args.database_url is not None:
+        return db_run.run(command, dict(os.environ, DATABASE_URL=args.database_url))
     if env_database_url() is not None:
         return db_run.run(command)
     with devdb.throwaway() as cluster:
@@ -351,7 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run a command on a cluster that lives as long as it",
         description="Run CMD with DATABASE_URL set to a throwaway cluster that is removed when CMD "
-        "exits (unless DATABASE_URL is already set: then on that server). Exits with CMD's code. "
+        "exits (unless --database-url is given or DATABASE_URL is set: then on that server). Exits "
+        "with CMD's code. "
         "SIGTERM, SIGINT and SIGHUP are passed on to CMD; then, once CMD has ended and the "
         "cluster is removed, the exit code is 128 + the signal.",
         epilog="example: runrow db run -- pytest -q tests/test_races.py",
