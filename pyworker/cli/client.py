@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, LiteralString, TypeVar
+from typing import Any, LiteralString, TextIO, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -38,6 +38,7 @@ from pyworker.db.ids import uuid7
 from pyworker.db.pooling import POOLER_SAFE
 from pyworker.db.storable import Fault, find_unstorable
 from pyworker.db.tail import CursorPastEnd, Keepalive, RunNotFound, check_cursor, run_status, tail
+from pyworker.db.terminal_text import for_stream
 
 DEFAULT_MODEL = "claude-sonnet-4-5"
 T = TypeVar("T")
@@ -548,14 +549,14 @@ def _sync(command: Callable[[argparse.Namespace], Awaitable[int]]) -> Callable[[
         except KeyboardInterrupt:
             return 130
         except CliError as exc:
-            print(f"runrow: {exc}", file=sys.stderr)
+            echo(f"runrow: {exc}", sys.stderr)
             return EXIT_USAGE
         except psycopg.errors.LockNotAvailable as exc:
             hint = exc.diag.message_hint
-            print(f"runrow: {_db_message(exc)}" + (f" ({hint})" if hint else ""), file=sys.stderr)
+            echo(f"runrow: {_db_message(exc)}" + (f" ({hint})" if hint else ""), sys.stderr)
             return EXIT_RETRY
         except psycopg.Error as exc:
-            print(f"runrow: {_db_message(exc)}", file=sys.stderr)
+            echo(f"runrow: {_db_message(exc)}", sys.stderr)
             return EXIT_USAGE
 
     run.__name__ = command.__name__
@@ -658,7 +659,20 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def echo(line: str, stream: TextIO | None = None) -> None:
+    """print() of a line holding text a model, an API or a person wrote (an error, a key, a
+    name): on a terminal its control characters are shown as \\xNN, not obeyed; piped, written
+    as it is (pyworker/db/terminal_text.py)."""
+    stream = sys.stdout if stream is None else stream
+    print(for_stream(line, stream), file=stream)
+
+
 def _print_table(names: list[str], rows: list[list[str]], header: bool = True) -> None:
+    """Columns padded to their widest cell. Every cell as for_stream writes it: on a terminal an
+    escape sequence in a cell (a run's error, an API's key error) retitled the terminal or
+    cleared it, and its bytes, drawn as nothing, widened its column."""
+    names = [for_stream(n, sys.stdout) for n in names]
+    rows = [[for_stream(c, sys.stdout) for c in r] for r in rows]
     widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
     lines = ([names, ["-" * w for w in widths]] if header else []) + rows
     for line in lines:

@@ -10,7 +10,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from pyworker.cli.client import CliError, _action, _cell, _command, _connect, _print_table
+from pyworker.cli.client import CliError, _action, _cell, _command, _connect, _print_table, echo
 from pyworker.cli.types import int32, int64, usd
 from pyworker.db import limits as limits_api
 from pyworker.db.config import database_url
@@ -147,10 +147,10 @@ async def cmd_limits(args: argparse.Namespace) -> int:
                     "give at least one of --rpm, --input-tpm, --output-tpm (or use `limits remove`)"
                 )
             await limits_api.set_rate_limit(conn, args.key, args.rpm, args.input_tpm, args.output_tpm)
-            print(f"rate limit of {args.key} set")
+            echo(f"rate limit of {args.key} set")
         elif args.action == "remove":
             await limits_api.set_rate_limit(conn, args.key, None, None, None)
-            print(f"rate limit of {args.key} removed")
+            echo(f"rate limit of {args.key} removed")
         else:
             await _show(conn, "limits", "rate_limits")
             await _show(conn, "blocks", "rate_limit_blocks")
@@ -164,10 +164,10 @@ async def cmd_budget(args: argparse.Namespace) -> int:
             if args.tokens_per_day is None and args.cost_per_day is None:
                 raise CliError("give --tokens-per-day or --cost-per-day (or use `budget remove-tenant`)")
             await limits_api.set_tenant_budget(conn, args.tenant, args.tokens_per_day, args.cost_per_day)
-            print(f"budget of tenant {args.tenant} set")
+            echo(f"budget of tenant {args.tenant} set")
         elif args.action == "remove-tenant":
             await limits_api.set_tenant_budget(conn, args.tenant, None, None)
-            print(f"budget of tenant {args.tenant} removed")
+            echo(f"budget of tenant {args.tenant} removed")
         elif args.action == "price":
             await limits_api.set_model_price(
                 conn,
@@ -180,10 +180,10 @@ async def cmd_budget(args: argparse.Namespace) -> int:
                 web_search_per_request=args.web_search,
                 web_fetch_per_request=args.web_fetch,
             )
-            print(f"price of {args.model} set")
+            echo(f"price of {args.model} set")
         elif args.action == "remove-price":
             await limits_api.set_model_price(conn, args.model, None, None, None, None)
-            print(f"price of {args.model} removed")
+            echo(f"price of {args.model} removed")
         else:
             await _show(conn, "tenant budgets", "tenant_budgets")
             await _show(conn, "spend per tenant (rolling day)", "spend_by_tenant")

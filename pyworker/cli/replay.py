@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import textwrap
 import uuid
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from pyworker.cli.types import int32, number, sdk_retries_problem
 from pyworker.db import forks
 from pyworker.db import steps as steps_api
 from pyworker.db.config import database_url
+from pyworker.db.terminal_text import for_stream
 
 TERMINAL = ("completed", "failed", "cancelled", "dead")
 THINKING_TYPES = ("thinking", "redacted_thinking")
@@ -221,7 +223,7 @@ def _print(
     column = max(20, (width - 3) // 2)
     prompt = "system prompt from " + str(args.system_file) if new_system else "recorded system prompt"
     print(f"replay of run {args.run}: {len(pairs)} model turns; tool results from the step log, none ran")
-    print(f"recorded: {recorded_model}    replay: {model}, {prompt}")
+    print(_shown(f"recorded: {recorded_model}    replay: {model}, {prompt}"))
     totals = {"recorded": [0, 0], "replay": [0, 0]}
     for seq, recorded, new in pairs:
         print()
@@ -242,15 +244,22 @@ def _print(
 
 
 def _lines(answer: Answer, column: int) -> list[str]:
+    """One side of a step, wrapped to `column`. The text is the model's (and an error the API's),
+    so it is shown as for_stream writes it before it is measured: `\\e]0;PWNED\\a` retitled
+    the terminal, and its bytes, drawn as nothing, threw the other column out of line."""
     tokens = f"in {_n(answer.input_tokens)}  out {_n(answer.output_tokens)}"
-    lines = [f"{answer.model}  {tokens}"[:column]]
+    lines = [_shown(f"{answer.model}  {tokens}")[:column]]
     if answer.note:
-        lines += textwrap.wrap(f"({answer.note})", column)
+        lines += textwrap.wrap(_shown(f"({answer.note})"), column)
     for paragraph in answer.text.splitlines() or ([""] if not answer.tool_calls else []):
-        lines += textwrap.wrap(paragraph, column) or [""]
+        lines += textwrap.wrap(_shown(paragraph), column) or [""]
     for call in answer.tool_calls:
-        lines += textwrap.wrap(call, column)
+        lines += textwrap.wrap(_shown(call), column)
     return lines
+
+
+def _shown(text: str) -> str:
+    return for_stream(text, sys.stdout)
 
 
 def _n(value: int | None) -> str:

@@ -23,6 +23,7 @@ from pyworker.cli.client import (
     _read_tools,
     _sync,
     _wrap,
+    echo,
     read_message,
 )
 from pyworker.cli.types import env_default, int32, number
@@ -132,14 +133,14 @@ async def cmd_add(args: argparse.Namespace) -> int:
         (created,) = await schedules.list_schedules(conn, args.name)
     print(schedule_id)
     where = f"conversation {args.conversation}" if args.conversation else "a new conversation per tick"
-    print(f"schedule {args.name}: next tick {_when(created.next_fire_at)}, into {where}", file=sys.stderr)
+    echo(f"schedule {args.name}: next tick {_when(created.next_fire_at)}, into {where}", sys.stderr)
     return 0
 
 
 async def cmd_remove(args: argparse.Namespace) -> int:
     async with await _connect(database_url(args.database_url)) as conn:
         await schedules.drop_schedule(conn, args.name)
-    print(f"schedule {args.name} removed; runs it already enqueued stay", file=sys.stderr)
+    echo(f"schedule {args.name} removed; runs it already enqueued stay", sys.stderr)
     return 0
 
 

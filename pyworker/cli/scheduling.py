@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from pyworker.cli.client import _action, _command, _connect
+from pyworker.cli.client import _action, _command, _connect, echo
 from pyworker.cli.limits import _show
 from pyworker.cli.types import number
 from pyworker.db import limits as limits_api
@@ -94,10 +94,10 @@ async def cmd_concurrency(args: argparse.Namespace) -> int:
     async with await _connect(database_url(args.database_url)) as conn:
         if args.action == "set":
             await limits_api.set_concurrency_limit(conn, args.key, args.max_running)
-            print(f"concurrency limit of {args.key} set to {args.max_running}")
+            echo(f"concurrency limit of {args.key} set to {args.max_running}")
         elif args.action == "remove":
             await limits_api.set_concurrency_limit(conn, args.key, None)
-            print(f"concurrency limit of {args.key} removed")
+            echo(f"concurrency limit of {args.key} removed")
         else:
             await _show(conn, "concurrency limits", "concurrency_limits")
     return 0
@@ -109,7 +109,7 @@ async def cmd_fairness(args: argparse.Namespace) -> int:
             weight = None if args.reset else args.weight
             await limits_api.set_fairness_weight(conn, args.tenant, weight)
             done = "reset to 1" if weight is None else f"set to {weight:g}"
-            print(f"weight of tenant {args.tenant} {done}")
+            echo(f"weight of tenant {args.tenant} {done}")
         else:
             await _show(conn, "queue per priority and tenant", "queue_by_tenant")
             await _show(conn, "delayed runs", "delayed_runs")
