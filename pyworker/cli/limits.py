@@ -23,6 +23,7 @@ LIMITS_EPILOG = """how it works:
 
 examples:
   runrow limits set claude-sonnet-4-5 --rpm 50 --input-tpm 30000 --output-tpm 8000
+  runrow limits set claude-sonnet-4-5 --rpm 80   # the key's token limits stay as they were
   runrow limits set org-key-2 --rpm 1000         # a key runs name with enqueue_run(rate_limit_key)
   runrow limits remove org-key-2                 # no limit (and no block) for the key
   runrow limits show                             # limits, bucket levels, blocks, runs in backoff"""
@@ -38,6 +39,7 @@ examples:
   runrow budget price claude-sonnet-4-5 --input 3 --output 15 --cache-write 3.75 --cache-read 0.3
   runrow budget price claude-x --input 3 --output 15 --cache-write 3.75 --cache-read 0.3 --web-search 0.01
   runrow budget tenant acme --tokens-per-day 2000000 --cost-per-day 25
+  runrow budget tenant acme --cost-per-day 30    # acme's tokens per day stay 2000000
   runrow budget remove-tenant acme
   runrow budget show                             # budgets, spend per tenant and model, prices"""
 
@@ -56,7 +58,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     s = _action(
         actions,
         "set",
-        help="set a key's limits (an omitted one is not limited)",
+        help="set a key's limits; an option left out keeps the key's current limit (none for a new "
+        "key: not limited); to lift one limit, `limits remove` the key and set the others again",
         example="runrow limits set claude-sonnet-4-5 --rpm 50 --input-tpm 30000 --output-tpm 8000",
     )
     s.add_argument("key", help="the rate-limit key: a model name, or a key runs name at enqueue")
@@ -90,7 +93,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     t = _action(
         actions,
         "tenant",
-        help="set a tenant's budget over a rolling day",
+        help="set a tenant's budget over a rolling day; an option left out keeps the tenant's current "
+        "budget for it (none for a new tenant: not limited); to lift one, `budget remove-tenant` "
+        "and set the other again",
         example="runrow budget tenant acme --tokens-per-day 2000000 --cost-per-day 25",
     )
     t.add_argument("tenant", help="the fairness key (by default the run's user id)")
@@ -146,8 +151,19 @@ async def cmd_limits(args: argparse.Namespace) -> int:
                 raise CliError(
                     "give at least one of --rpm, --input-tpm, --output-tpm (or use `limits remove`)"
                 )
-            await limits_api.set_rate_limit(conn, args.key, args.rpm, args.input_tpm, args.output_tpm)
+            limits = await _kept(
+                conn,
+                "rate_limits",
+                args.key,
+                {
+                    "requests_per_minute": args.rpm,
+                    "input_tokens_per_minute": args.input_tpm,
+                    "output_tokens_per_minute": args.output_tpm,
+                },
+            )
+            await limits_api.set_rate_limit(conn, args.key, *limits.values())
             echo(f"rate limit of {args.key} set")
+            await _show_row(conn, "rate_limits", args.key, list(limits))
         elif args.action == "remove":
             await limits_api.set_rate_limit(conn, args.key, None, None, None)
             echo(f"rate limit of {args.key} removed")
@@ -163,8 +179,15 @@ async def cmd_budget(args: argparse.Namespace) -> int:
         if args.action == "tenant":
             if args.tokens_per_day is None and args.cost_per_day is None:
                 raise CliError("give --tokens-per-day or --cost-per-day (or use `budget remove-tenant`)")
-            await limits_api.set_tenant_budget(conn, args.tenant, args.tokens_per_day, args.cost_per_day)
+            budget = await _kept(
+                conn,
+                "tenant_budgets",
+                args.tenant,
+                {"tokens_per_day": args.tokens_per_day, "cost_per_day": args.cost_per_day},
+            )
+            await limits_api.set_tenant_budget(conn, args.tenant, *budget.values())
             echo(f"budget of tenant {args.tenant} set")
+            await _show_row(conn, "tenant_budgets", args.tenant, list(budget))
         elif args.action == "remove-tenant":
             await limits_api.set_tenant_budget(conn, args.tenant, None, None)
             echo(f"budget of tenant {args.tenant} removed")
@@ -191,6 +214,23 @@ async def cmd_budget(args: argparse.Namespace) -> int:
             await _show(conn, "prices (USD per million tokens; server tools per request)", "model_prices")
             await _show(conn, "top runs by spend", "spend_by_run", limit=10)
     return 0
+
+
+async def _kept(conn: AsyncConnection[Any], view: str, key: str, given: dict[str, Any]) -> dict[str, Any]:
+    """`given` (a setter's arguments, None for an option left out) with each one left out taken
+    from the key's row of `view`. The SQL setters take every value, NULL being "not limited": the
+    CLI passed NULL for an option not given, so `budget tenant acme --cost-per-day 30` lifted
+    acme's tokens-per-day budget without a word."""
+    current = await limits_api.view_row(conn, view, key) or {}
+    return {name: current.get(name) if value is None else value for name, value in given.items()}
+
+
+async def _show_row(conn: AsyncConnection[Any], view: str, key: str, columns: list[str]) -> None:
+    """The key's row of `view` as it now is: its key and `columns`."""
+    row = await limits_api.view_row(conn, view, key)
+    if row is not None:
+        names = [limits_api.KEYED_VIEWS[view], *columns]
+        _print_table(names, [[_cell(row[n]) for n in names]])
 
 
 async def _show(conn: AsyncConnection[Any], title: str, view: str, limit: int = 100) -> None:

@@ -178,6 +178,22 @@ VIEWS = {
 }
 
 
+# The documented views with one row per key, and their key column.
+KEYED_VIEWS = {
+    "rate_limits": "rate_limit_key",
+    "tenant_budgets": "fairness_key",
+    "concurrency_limits": "concurrency_key",
+}
+
+
+async def view_row(conn: AsyncConnection, view: str, key: str) -> dict[str, Any] | None:
+    """The row of `key` in a keyed view (KEYED_VIEWS), or None when the key has none."""
+    column = KEYED_VIEWS[view]  # only the names above reach the SQL text
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(f"SELECT * FROM runrow.{view} WHERE {column} = %s", (key,))
+        return await cur.fetchone()
+
+
 async def view_rows(conn: AsyncConnection, view: str, limit: int = 100) -> list[dict[str, Any]]:
     order = VIEWS[view]  # only the names above reach the SQL text
     async with conn.cursor(row_factory=dict_row) as cur:
