@@ -54,11 +54,17 @@ def test_a_key_error_is_shown_and_its_columns_stay_in_line(
 ) -> None:
     """An API's key error (report_key_error) in `limits show` and `status`: the escape sequence
     was written raw, and its bytes, drawn as nothing, widened its column past its header."""
-    run = enqueue(db)
+    # A model of its own: the block holds back that key's runs, and the other tests claim theirs.
+    run = db.execute(
+        "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => '\"hi\"', "
+        "model => 'blocked')",
+        (uuid.uuid4(),),
+    ).fetchone()[0]
     db.execute(
         "SELECT runrow.report_key_error(run_id => %s, claim_token => %s, error => %s)",
         (run, claim(db, run), f"permission_error: {HOSTILE}"),
     )
+    db.execute("SELECT runrow.cancel_run(run_id => %s)", (run,))  # deferred, it would be claimed later
     shown = runrow_on_a_terminal(private_database_url, "limits", "show")
     assert shown.returncode == 0, shown.stderr
     assert not raw_in(shown.stdout), repr(shown.stdout)
@@ -68,7 +74,9 @@ def test_a_key_error_is_shown_and_its_columns_stay_in_line(
     spans = [m.span() for m in re.finditer("-+", dashes)]
     cells = dict(zip(names.split(), (row[a:b].strip() for a, b in spans), strict=True))
     assert cells["key_error"] == f"permission_error: {SHOWN}"
-    assert cells["key_errors"] == "1"  # the column after it, where its header says
+    assert (
+        cells["rate_limit_key"] == "blocked" and cells["key_errors"] == "1"
+    )  # the column after it, where its header says
     status = runrow_on_a_terminal(private_database_url, "status")
     assert status.returncode == 0, status.stderr
     assert not raw_in(status.stdout) and f"KEY ERROR x1: permission_error: {SHOWN}" in status.stdout
