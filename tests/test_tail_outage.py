@@ -54,3 +54,6 @@ def test_a_tail_waits_out_an_outage_and_goes_on_after_what_it_showed(outage_clus
     assert following.returncode == 0, err
     assert out == "Hello", err  # no gap, no repeat across the outage
     assert "the database is unavailable" in err and "resuming after seq 4" in err, err
+    # Only the tail's own notes: the pool's "WARNING psycopg.pool discarding closed connection:
+    # <psycopg.AsyncConnection [BAD] at 0x...>" and the hub's reconnect warnings mixed in.
+    assert all(line.startswith("· ") for line in err.splitlines()), err

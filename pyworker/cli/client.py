@@ -89,7 +89,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     p.add_argument("message", help="the user message text, or - to read it from stdin")
     p.add_argument(
-        "-c", "--conversation", type=uuid.UUID, help="conversation id (default: a new conversation)"
+        "-c",
+        "--conversation",
+        type=uuid.UUID,
+        help="conversation id (default: a new conversation); one that has a user takes --user with that user",
     )
     p.add_argument(
         "--model",
@@ -398,7 +401,21 @@ async def _on_run(
         try:
             return await call(conn, args.run)
         except psycopg.errors.NoDataFound as exc:
-            raise CliError(f"run {args.run} does not exist") from exc
+            raise await _no_such_run(conn, args.run) from exc
+
+
+async def _no_such_run(conn: psycopg.AsyncConnection, run_id: uuid.UUID) -> CliError:
+    """The error for an id no run has; for a conversation's id, which command takes it (as `stop`
+    says of a run's id the other way round)."""
+    try:
+        conversation = await api.get_conversation(conn, run_id)
+    except psycopg.Error:  # no such conversation either (or a login that may not look)
+        return CliError(f"run {run_id} does not exist")
+    active = f"; its active run is {conversation.active_run_id}" if conversation.active_run_id else ""
+    return CliError(
+        f"run {run_id} does not exist: {run_id} is a conversation, not a run "
+        f"(`runrow stop {run_id}` stops its runs{active})"
+    )
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
@@ -435,7 +452,7 @@ async def _run_status(args: argparse.Namespace) -> int:
             usage = await conn.execute("SELECT * FROM runrow.run_usage(run_id => %s)", (args.run,))
             usage_names, usage_row = [c.name for c in usage.description or ()], await usage.fetchone()
         except psycopg.errors.NoDataFound as exc:
-            raise CliError(f"run {args.run} does not exist") from exc
+            raise await _no_such_run(conn, args.run) from exc
         except psycopg.errors.UndefinedFunction as exc:
             raise CliError(
                 "this database has no runrow.run_usage: run `runrow migrate` with a runrow that has it"
@@ -475,11 +492,17 @@ async def _select_all(
 
 
 async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
-    # Check the URL with one plain connection first: a pool would only say "timed out".
-    async with await _connect(url):
-        pass
+    # Check the URL and the schema with one plain connection first: a pool would only say "timed
+    # out", and a hub started on a database without runrow wrote its own multi-line warning
+    # before the one line that says to run `runrow migrate`.
+    async with await _connect(url) as conn:
+        await conn.execute("SELECT runrow.schema_version()")
     render = Renderer(sys.stdout, sys.stderr, whole=from_seq == 0)
-    logging.getLogger("runrow.hub").setLevel(logging.WARNING)  # its INFO lines would mix with the notes
+    # The tail's one-line notes say what matters (an outage, how the run ended). The hub's
+    # warnings and the pool's ("discarding closed connection: <psycopg.AsyncConnection [BAD] at
+    # 0x...>", at every restart) mixed raw library lines into them.
+    for name in ("runrow.hub", "psycopg.pool"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     # Behind a transaction pooler the LISTEN must go direct, as for `runrow worker --listen-url`.
     hub = Hub(os.environ.get("RUNROW_LISTEN_URL") or url, application_name="runrow-tail")
     await hub.start()
@@ -520,7 +543,8 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
                 render.note(f"the database is unavailable ({why}); resuming after seq {seen}")
                 await asyncio.sleep(1.0)
     except RunNotFound as exc:
-        raise CliError(str(exc)) from exc
+        async with pool.connection() as conn:
+            raise await _no_such_run(conn, run_id) from exc
     finally:
         render.end_line()
         testing.cancel()
@@ -574,7 +598,27 @@ def _db_message(exc: psycopg.Error) -> str:
     if exc.sqlstate in NOT_INSTALLED and "runrow" in primary:
         # The schema is missing, or older than this runrow (a function it does not have yet).
         return f"{primary}: is runrow installed here? run `runrow migrate` on this database"
+    if exc.sqlstate == "42501":
+        hint = _privilege_hint(primary)
+        if hint is not None:
+            return f"{primary}: {hint}"
     return f"database error {exc.sqlstate or ''}: {primary}".replace("  ", " ")
+
+
+def _privilege_hint(primary: str) -> str | None:
+    """What to do about a 42501 (insufficient_privilege) a client command met, or None."""
+    if primary == "permission denied for schema runrow":
+        # As `runrow worker` and `runrow serve` say of their logins.
+        return (
+            "this login has no runrow role: GRANT runrow_client TO it (and runrow_auditor for "
+            "`status`, `audit` and the `show` actions)"
+        )
+    if primary.startswith(("permission denied for view ", "permission denied for table ")):
+        return "the runrow views are runrow_auditor's to read: GRANT runrow_auditor TO this login"
+    if primary.endswith("belongs to another user"):
+        # A conversation keeps the user it was started for; a turn or a schedule names it again.
+        return "pass --user OWNER, the user the conversation was started for"
+    return None
 
 
 async def _connect(url: str) -> psycopg.AsyncConnection:

@@ -193,7 +193,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "-c",
         "--conversation",
         type=uuid.UUID,
-        help="every tick is the next turn of this conversation (default: a new conversation per tick)",
+        help="every tick is the next turn of this conversation (default: a new conversation per tick); "
+        "one that has a user takes --user with that user",
     )
     q.add_argument(
         "--model",
