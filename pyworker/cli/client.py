@@ -511,6 +511,7 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
     # A LISTEN through a pooler hears nothing: found out, the hub stands down and the tail polls
     # (it trusted its waits, and showed the run in bursts a keepalive, 15 s, apart).
     testing = asyncio.create_task(hub.self_test(pool), name="runrow-tail-hub-self-test")
+    testing.add_done_callback(lambda done: _pooled_note(render, done))
     try:
         try:
             ended = await check_cursor(pool, run_id, from_seq)
@@ -552,6 +553,16 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
             await testing
         await pool.close()
         await hub.stop()
+
+
+def _pooled_note(render: Renderer, self_test: asyncio.Task[bool | None]) -> None:
+    """The hub's verdict on a pooled LISTEN, as one of the tail's notes (the hub's own warnings
+    are kept out of them, and named the worker's --listen-url)."""
+    if not self_test.cancelled() and self_test.exception() is None and self_test.result() is False:
+        render.note(
+            "the LISTEN URL looks pooled (a NOTIFY through it did not arrive): the tail polls every "
+            "second; set RUNROW_LISTEN_URL to a direct URL for live wakes"
+        )
 
 
 async def _ended_earlier(render: Renderer, pool: AsyncConnectionPool, run_id: uuid.UUID) -> int:
