@@ -44,6 +44,9 @@ def no_slots_url(database_url: str, superuser_url: str) -> Iterator[str]:
 
 def test_a_worker_out_of_connection_slots_names_the_refusal_and_max_connections(no_slots_url: str) -> None:
     environ = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    # The agent handler starts only with a model to call (runrow worker's check): a key that is
+    # never used, so what stops the worker is the database.
+    environ["ANTHROPIC_API_KEY"] = "test-key"
     worker = subprocess.run(
         [sys.executable, "-c", RUN_WORKER, str(BUDGET), "--database-url", no_slots_url, "worker"],
         capture_output=True,
