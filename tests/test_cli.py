@@ -489,6 +489,9 @@ REFUSED_BEFORE_ANY_WORK: list[tuple[list[str | bytes], dict[str, str], int, str]
     (["serve", "--keepalive", "-1"], {}, 2, "argument --keepalive: must be a number from 0.1 to 3600"),
     (["serve", "--max-body", "-1"], {}, 2, "argument --max-body: must be an integer from 1024"),
     (["fake-model", "--port", "99999"], {}, 2, "argument --port: must be a port number from 0 to 65535"),
+    # '' bound 0.0.0.0 and :: on two different ports and printed "http://:PORT".
+    (["fake-model", "--host", ""], {}, 2, "argument --host: must be a host name or address"),
+    (["serve", "--insecure-dev", "--host", ""], {}, 2, "argument --host: must be a host name"),
     # Their own ranges, not int4's, which they quoted (or the database's message, later).
     (
         ["enqueue", "hi", "--priority", "99999999999"],

@@ -6,7 +6,7 @@ import argparse
 import sys
 import textwrap
 
-from pyworker.cli.types import number, port_number
+from pyworker.cli.types import host_name, number, port_number
 
 
 def cmd_fake_model(args: argparse.Namespace) -> int:
@@ -40,14 +40,25 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
   runrow fake-model --port 8765 --scenario demo &
   ANTHROPIC_BASE_URL=http://127.0.0.1:8765 ANTHROPIC_API_KEY=test runrow worker""",
     )
-    p.add_argument("--host", default="127.0.0.1")
+    # An empty host bound 0.0.0.0 and :: on two different ports and printed "http://:PORT".
+    p.add_argument(
+        "--host",
+        type=host_name,
+        default="127.0.0.1",
+        help="address to bind (default %(default)s; the fake takes no token: keep it on loopback)",
+    )
     p.add_argument("--port", type=port_number, default=0, help="0 picks a free port (default)")
-    p.add_argument("--scenario", default="demo", choices=scenario_names())
+    p.add_argument(
+        "--scenario",
+        default="demo",
+        choices=scenario_names(),
+        help="scripted answers to serve (default %(default)s; POST /_control/scenario changes it)",
+    )
     p.add_argument("--secret", help="thinking-signature key (default: a fixed key, stable across restarts)")
     p.add_argument(
         "--delta-delay",
         type=number(float, 0, 60, "seconds"),
         default=0.0,
-        help="seconds before each streamed event (a visible stream)",
+        help="seconds before each streamed event, to see a stream (default %(default)s)",
     )
     p.set_defaults(func=cmd_fake_model)

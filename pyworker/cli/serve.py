@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from pyworker.cli.messages import first_line, read_text_option
-from pyworker.cli.types import add_log_format, conninfo, env_default, number, port_number
+from pyworker.cli.types import add_log_format, conninfo, env_default, host_name, number, port_number
 from pyworker.db import schema
 from pyworker.db.config import database_url
 from pyworker.http.auth import TokenConfigError, load_tokens_file, parse_tokens_env
@@ -52,7 +52,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "Runs are driven by `runrow worker` processes, not by this one.",
         epilog=EPILOG,
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    p.add_argument(
+        "--host", type=host_name, default="127.0.0.1", help="address to bind (default %(default)s)"
+    )
     p.add_argument("--port", type=port_number, default=8080, help="port (default %(default)s)")
     p.add_argument(
         "--tokens-file",
