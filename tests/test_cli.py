@@ -535,6 +535,30 @@ def test_what_cannot_work_is_refused_naming_the_option_without_a_traceback(
     assert expected in stderr.strip().splitlines()[-1], stderr
 
 
+@pytest.mark.parametrize(
+    ("tokens", "expected"),
+    [
+        ("Zq8garbage", "RUNROW_TOKENS: item 1 of 1 has no '=user'"),
+        ("0123456789abcdef0=alice,Zq8garbage", "RUNROW_TOKENS: item 2 of 2 has no '=user'"),
+    ],
+)
+def test_a_bad_runrow_tokens_item_is_named_by_position_never_by_its_characters(
+    tokens: str, expected: str
+) -> None:
+    """`RUNROW_TOKENS=garbage` was refused as "garb... has no '=user'": four characters of what
+    may be a secret token, in a log. The item is named by its position."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pyworker", "serve", "--port", "0"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RUNROW_TOKENS": tokens, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"},
+        timeout=30,
+    )
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+    assert "Zq8" not in result.stderr
+
+
 def test_serve_checks_its_standby_at_start_and_no_url_error_repeats_a_password(
     private_database_url: str,
 ) -> None:

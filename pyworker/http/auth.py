@@ -30,14 +30,17 @@ class TokenConfigError(ValueError):
 
 
 def parse_tokens_env(text: str) -> dict[str, str]:
-    """`tok1=alice,tok2=bob` -> {"tok1": "alice", "tok2": "bob"}."""
+    """`tok1=alice,tok2=bob` -> {"tok1": "alice", "tok2": "bob"}. A bad item is named by its
+    position, never by any of its characters: they may be a token (`garbage` was quoted as
+    "garb...", four characters of a secret in a log)."""
     tokens: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    for position, item in enumerate(items, 1):
+        where = f"RUNROW_TOKENS: item {position} of {len(items)}"
         token, sep, user = item.partition("=")
         if not sep:
-            raise TokenConfigError(
-                f"RUNROW_TOKENS: {item[:4]}... has no '=user' (expected tok1=alice,tok2=bob)"
-            )
+            raise TokenConfigError(f"{where} has no '=user' (expected tok1=alice,tok2=bob)")
+        _checked({token.strip(): user.strip()}, where)
         tokens[token.strip()] = user.strip()
     return _checked(tokens, "RUNROW_TOKENS")
 
