@@ -536,6 +536,24 @@ def test_what_cannot_work_is_refused_naming_the_option_without_a_traceback(
 
 
 @pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        ('{"a": ' + "x" * 50_000 + "}", 'not JSON (Expecting value at character 6): \'{"a": xxx'),
+        ('{"a": ' + "1" * 5000 + "}", "not JSON this command can read (a number of more than 4300 digits)"),
+    ],
+    ids=["50 KB of bad JSON", "5000 digits"],
+)
+def test_bad_metadata_json_is_one_short_line_in_the_users_terms(metadata: str, expected: str) -> None:
+    """A bad --metadata was echoed in full (a 50,118-byte error line), and a 5000-digit number
+    was refused with Python's advice to "use sys.set_int_max_str_digits()"."""
+    result = runrow("postgresql://nobody@127.0.0.1:1/none", "enqueue", "hi", "--metadata", metadata)
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert expected in last
+    assert len(last) < 200 and "sys." not in last, last
+
+
+@pytest.mark.parametrize(
     ("tokens", "expected"),
     [
         ("Zq8garbage", "RUNROW_TOKENS: item 1 of 1 has no '=user'"),

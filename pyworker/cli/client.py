@@ -668,13 +668,32 @@ def _unstorable(value: Any) -> str | None:
     return f"{_UNSTORABLE[found.fault]}, {'in a key of' if found.in_key else 'at'} {found.path}"
 
 
+def _unreadable_json(exc: ValueError | RecursionError) -> str:
+    """What json.loads could not read, in this command's terms: Python's own words for a long
+    number told the user to "use sys.set_int_max_str_digits()"."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if "integer string conversion" in str(exc):
+        return f"a number of more than {sys.get_int_max_str_digits()} digits"
+    return str(exc)
+
+
+def _clipped(text: str, limit: int = 80) -> str:
+    """A value repeated in an error, cut to its start: a bad 50 KB --metadata was one 50 KB line."""
+    return repr(text if len(text) <= limit else text[:limit] + "…")
+
+
 def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text, parse_constant=_not_json_constant)
     except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON ({exc.msg}): {text!r}") from exc
-    except (ValueError, RecursionError) as exc:  # a number of over 4300 digits; nesting past the stack
-        raise argparse.ArgumentTypeError(f"not JSON this command can read ({exc})") from None
+        raise argparse.ArgumentTypeError(
+            f"not JSON ({exc.msg} at character {exc.pos}): {_clipped(text)}"
+        ) from exc
+    except (ValueError, RecursionError) as exc:
+        raise argparse.ArgumentTypeError(
+            f"not JSON this command can read ({_unreadable_json(exc)})"
+        ) from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError('must be a JSON object, like \'{"k": "v"}\'')
     problem = _unstorable(value)
@@ -692,8 +711,10 @@ def _read_tools(path: Path) -> Any:
         raise CliError(f"--tools-json {path} is not JSON: {exc.msg} at line {exc.lineno}") from exc
     except UnicodeDecodeError as exc:
         raise CliError(f"--tools-json {path} is not UTF-8 text (byte {exc.start})") from None
-    except (ValueError, RecursionError) as exc:  # a number of over 4300 digits; nesting past the stack
-        raise CliError(f"--tools-json {path} is not JSON this command can read ({exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise CliError(
+            f"--tools-json {path} is not JSON this command can read ({_unreadable_json(exc)})"
+        ) from None
     if not isinstance(value, list):
         raise CliError(f"--tools-json {path} must hold a JSON array of tool definitions")
     problem = _unstorable(value)
