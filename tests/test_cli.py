@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -647,6 +648,9 @@ def test_closed_stdin_closed_stdout_and_a_full_disk_are_one_line(
         (f"{runrow} enqueue - <&-", 2, "no stdin to read the message from"),
         (f"{runrow} status | head -c0", 1, ""),  # the reader went away: nothing to say
         (f"{runrow} enqueue hi > /dev/full", 1, "cannot write its output (No space left on device)"),
+        # argparse ignored the error: exit 0, having written nothing.
+        (f"{runrow} --help > /dev/full", 1, "runrow --help: cannot write its output"),
+        (f"{runrow} enqueue --help > /dev/full", 1, "runrow enqueue: cannot write its output"),
     ]
     for shell, code, says in cases:
         done = subprocess.run(
@@ -659,6 +663,28 @@ def test_closed_stdin_closed_stdout_and_a_full_disk_are_one_line(
         assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, (shell, done.stderr)
         assert done.returncode == code, (shell, done.returncode, done.stderr)
         assert says in done.stderr, (shell, done.stderr)
+
+
+def test_enqueue_says_the_new_runs_id_on_stderr_when_stdout_cannot_take_it(
+    private_database_url: str, conn: psycopg.Connection
+) -> None:
+    """`runrow enqueue hi > /dev/full` enqueued a run whose id went nowhere: a retry enqueued
+    another. The id is said on stderr, with the error, exit 1."""
+    runrow = f"{sys.executable} -m pyworker --database-url '{private_database_url}'"
+    done = subprocess.run(
+        ["bash", "-c", f"{runrow} enqueue hi > /dev/full"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    said = re.search(
+        r"cannot write its output \(No space left on device\); run (\S+) is enqueued", done.stderr
+    )
+    assert said is not None, done.stderr
+    row = conn.execute("SELECT status FROM runrow.agent_run WHERE id = %s", (said[1],)).fetchone()
+    assert row == ("queued",)
 
 
 def test_an_unmigrated_database_is_named_and_worker_and_serve_do_not_start(database_url: str) -> None:

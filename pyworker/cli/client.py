@@ -28,6 +28,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pyworker.cli.messages import first_line, unparsable_url_reason
+from pyworker.cli.output import stdout_lost
 from pyworker.cli.tail_render import Renderer
 from pyworker.cli.types import env_default, int64, number, usd
 from pyworker.db import api, nul
@@ -347,8 +348,14 @@ async def cmd_enqueue(args: argparse.Namespace) -> int:
                 cost_budget=args.cost_budget,
             ),
         )
-    print(enq.run_id, flush=True)
     note = "" if enq.created else " (existing run for this idempotency key)"
+    try:
+        print(enq.run_id, flush=True)
+    except OSError as exc:
+        # The run is enqueued, and its id, the one thing the caller cannot learn again, went
+        # nowhere (`> /dev/full`): say it where it can be read, even to a reader gone away.
+        done = f"run {enq.run_id} is enqueued, conversation {conversation_id}{note}"
+        return stdout_lost(exc, "enqueue", done, quiet_if_reader_gone=False)
     print(f"conversation {conversation_id}{note}", file=sys.stderr)
     if not args.follow:
         return 0

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import errno
 import logging
 import os
 import shutil
@@ -15,6 +13,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from pyworker.cli.messages import first_line, unparsable_url_reason
+from pyworker.cli.output import WRITE_ERRORS, stdout_lost
 from pyworker.cli.parser import RunrowParser
 from pyworker.cli.types import (
     add_log_format,
@@ -639,21 +638,11 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except KeyboardInterrupt:
         return 130  # Ctrl-C: the shell's code for SIGINT, without a traceback
-    except BrokenPipeError:
-        # The reader went away (`runrow status | head -1`): nothing left to say, and nobody to say it to.
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
     except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EIO, errno.EPIPE):
+        if exc.errno not in WRITE_ERRORS:
             raise
-        # Writing to stdout failed (a full disk): what the command did in the database stands.
-        print(
-            f"runrow {args.cmd}: cannot write its output ({exc.strerror}); what it did in the "
-            "database is done",
-            file=sys.stderr,
-        )
-        return 1
+        # Writing to stdout failed (the reader went away, a full disk): what the command did stands.
+        return stdout_lost(exc, args.cmd, "what it did in the database is done")
     except ConfigError as exc:
         print(f"runrow: {exc}", file=sys.stderr)
         return 2

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from typing import Any, NoReturn
 
+from pyworker.cli.output import WRITE_ERRORS, stdout_lost
 from pyworker.cli.types import LOG_LEVELS, database_url_option, env_default, log_level
 
 # user:password@ of a URL, and password=… of a conninfo string or a URL's query, wherever a
@@ -48,3 +50,21 @@ class RunrowParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         super().error(without_passwords(message))
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        """--help and usage on stdout: argparse ignores an OSError writing them, so `runrow --help
+        > /dev/full` exited 0 having written nothing. Now exit 1 (a reader gone, quietly)."""
+        if file is not sys.stdout or not message:
+            super()._print_message(message, file)
+            return
+        try:
+            file.write(message)
+            file.flush()
+        except OSError as exc:
+            if exc.errno not in WRITE_ERRORS:
+                raise
+            sys.exit(
+                stdout_lost(
+                    exc, self.prog.removeprefix("runrow").strip() or "--help", "nothing else was done"
+                )
+            )
