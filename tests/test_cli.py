@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -576,6 +577,35 @@ def test_a_bad_runrow_tokens_item_is_named_by_position_never_by_its_characters(
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr
     assert "Zq8" not in result.stderr
+
+
+def test_serve_says_at_once_that_it_waits_for_an_unreachable_database(tmp_path: Path) -> None:
+    """`runrow serve` waited 30 s in silence for a database it could not reach before its
+    one-line error. It says so after the first failed attempt, without the password."""
+    err = tmp_path / "serve.err"
+    with err.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pyworker", "serve", "--port", "0"],
+            env={
+                **os.environ,
+                "DATABASE_URL": "postgresql://nobody:Pw9secret@127.0.0.1:1/none",
+                "RUNROW_TOKENS": "0123456789abcdef0=alice",
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
+        )
+    try:
+        deadline = time.monotonic() + 20  # well before the 30 s after which it gives up
+        while "waiting for the database" not in err.read_text():
+            assert proc.poll() is None, err.read_text()
+            assert time.monotonic() < deadline, f"nothing said in 20 s: {err.read_text()!r}"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait(20)
+    said = err.read_text()
+    assert "waiting for the database at 127.0.0.1:1/none (" in said and "up to 30 s" in said, said
+    assert "Connection refused" in said and "Pw9secret" not in said, said
 
 
 def test_serve_checks_its_standby_at_start_and_no_url_error_repeats_a_password(

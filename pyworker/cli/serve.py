@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import logging
 import os
 import sys
 import time
@@ -17,6 +18,9 @@ from pyworker.http.auth import TokenConfigError, load_tokens_file, parse_tokens_
 from pyworker.http.config import MAX_BODY_BYTES, OPT_IN_FIELDS, ServeConfig
 
 DEFAULT_MODEL = "claude-sonnet-4-5"
+# How long serve waits at its start for a database still starting (as its pool would).
+WAIT_FOR_DATABASE = 30
+log = logging.getLogger("runrow.serve")
 
 EPILOG = """\
 endpoints (JSON; errors are {"error": {"type", "message"}}):
@@ -223,7 +227,8 @@ def _unreachable(url: str, what: str, migrate_where: str, check: str) -> str | N
     does not parse is refused at once (the argparse type, or here for DATABASE_URL)."""
     import psycopg
 
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + WAIT_FOR_DATABASE
+    said = False
     while True:
         try:
             with psycopg.connect(url, connect_timeout=10, autocommit=True) as conn:
@@ -238,12 +243,30 @@ def _unreachable(url: str, what: str, migrate_where: str, check: str) -> str | N
             return f"the login of {what} ({check}) may not call runrow's functions: GRANT runrow_client TO it"
         except psycopg.OperationalError as exc:
             if time.monotonic() < deadline:
+                if not said:
+                    # Else 30 s of silence before the one-line error.
+                    reason = first_line(exc).rstrip(".")
+                    log.warning(
+                        "waiting for %s at %s (%s), up to %d s", what, _where(url), reason, WAIT_FOR_DATABASE
+                    )
+                    said = True
                 time.sleep(1)
                 continue
             error: psycopg.Error = exc
         except psycopg.Error as exc:
             error = exc
         return f"cannot connect to {what} ({first_line(error)}); check {check}"
+
+
+def _where(url: str) -> str:
+    """host:port/dbname of a database URL as libpq reads it, without its user or password."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(url)
+    host = params.get("host") or os.environ.get("PGHOST") or "localhost"
+    port = params.get("port") or os.environ.get("PGPORT") or "5432"
+    dbname = params.get("dbname") or os.environ.get("PGDATABASE") or params.get("user") or ""
+    return f"{host}:{port}/{dbname}"
 
 
 def build_config(args: argparse.Namespace) -> ServeConfig:
