@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -715,6 +716,52 @@ def test_enqueue_says_the_new_runs_id_on_stderr_when_stdout_cannot_take_it(
     assert said is not None, done.stderr
     row = conn.execute("SELECT status FROM runrow.agent_run WHERE id = %s", (said[1],)).fetchone()
     assert row == ("queued",)
+
+
+def test_ctrl_c_on_enqueue_follow_says_the_run_goes_on_and_how_to_rejoin_or_stop_it(
+    private_database_url: str,
+    conn: psycopg.Connection,  # its teardown cancels the run left queued
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C on `runrow enqueue --follow` exited 130 without a word, as if the run had stopped
+    with it. It says the run goes on, and the commands that follow it again or stop it."""
+    out, err = tmp_path / "out", tmp_path / "err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pyworker",
+                "--database-url",
+                private_database_url,
+                "enqueue",
+                "hi",
+                "--follow",
+            ],
+            stdout=stdout,
+            stderr=stderr,
+            cwd=REPO,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while not out.read_text().strip():
+            assert proc.poll() is None, err.read_text()
+            assert time.monotonic() < deadline, err.read_text()
+            time.sleep(0.05)
+        run_id = out.read_text().split()[0]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130, err.read_text()
+    finally:
+        proc.kill()
+        proc.wait(20)
+    said = err.read_text()
+    assert "Traceback" not in said, said
+    assert f"run {run_id} goes on" in said, said
+    # N: the last seq shown (0 if the signal came before the tail showed any event).
+    rejoin = re.search(rf"`runrow tail {run_id} --from (\d+)`", said)
+    assert rejoin is not None and f"`runrow cancel {run_id}`" in said, said
+    shown = [int(line.split()[1]) for line in said.splitlines() if line.startswith("· ")]
+    assert int(rejoin[1]) == (shown[-1] if shown else 0), said
 
 
 def test_an_unmigrated_database_is_named_and_worker_and_serve_do_not_start(database_url: str) -> None:

@@ -20,6 +20,7 @@ import textwrap
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, LiteralString, TextIO, TypeVar
@@ -359,13 +360,24 @@ async def cmd_enqueue(args: argparse.Namespace) -> int:
     print(f"conversation {conversation_id}{note}", file=sys.stderr)
     if not args.follow:
         return 0
-    return await _follow(url, enq.run_id, 0)
+    cursor = Cursor(0)
+    try:
+        return await _follow(url, enq.run_id, cursor)
+    except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels this task, then exits 130
+        # It exited 130 without a word, as if the run had stopped with the tail: it goes on.
+        print(
+            f"runrow enqueue: stopped following; run {enq.run_id} goes on: "
+            f"`runrow tail {enq.run_id} --from {cursor.seq}` follows it again, "
+            f"`runrow cancel {enq.run_id}` stops it",
+            file=sys.stderr,
+        )
+        raise
 
 
 async def cmd_tail(args: argparse.Namespace) -> int:
     if args.from_seq < 0:
         raise CliError("--from must be 0 or a seq seen earlier")
-    return await _follow(database_url(args.database_url), args.run, args.from_seq)
+    return await _follow(database_url(args.database_url), args.run, Cursor(args.from_seq))
 
 
 async def cmd_stop(args: argparse.Namespace) -> int:
@@ -498,7 +510,15 @@ async def _select_all(
 # --- the tail, rendered -------------------------------------------------------------------
 
 
-async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
+@dataclass
+class Cursor:
+    """The last seq a tail has shown (from_seq until it shows one): where to rejoin it."""
+
+    seq: int
+
+
+async def _follow(url: str, run_id: uuid.UUID, cursor: Cursor) -> int:
+    from_seq = cursor.seq
     # Check the URL and the schema with one plain connection first: a pool would only say "timed
     # out", and a hub started on a database without runrow wrote its own multi-line warning
     # before the one line that says to run `runrow migrate`.
@@ -538,7 +558,7 @@ async def _follow(url: str, run_id: uuid.UUID, from_seq: int) -> int:
                             continue
                         payload = nul.decode(item.payload)  # a NUL in the text is stored encoded
                         render.event(item.seq, payload)
-                        seen = item.seq
+                        seen = cursor.seq = item.seq
                         if item.type == "complete":
                             status = str(payload.get("status"))
                             return EXIT_CODES.get(status, 1)
