@@ -741,6 +741,9 @@ def test_ctrl_c_on_enqueue_follow_says_the_run_goes_on_and_how_to_rejoin_or_stop
             stdout=stdout,
             stderr=stderr,
             cwd=REPO,
+            # A background job (`make test &`, CI's runner) inherits SIGINT ignored, and Python
+            # keeps it ignored: the Ctrl-C this test sends would never arrive.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
     try:
         deadline = time.monotonic() + 30
