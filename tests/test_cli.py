@@ -79,6 +79,19 @@ def test_help_of_runrow_and_every_client_command() -> None:
         assert "example" in result.stdout, f"{command} --help teaches by example"
 
 
+def test_version_names_the_package_and_the_schema_it_needs() -> None:
+    """`runrow --version` answered "the following arguments are required: COMMAND" (exit 2): an
+    operator had no way to ask which runrow a host runs, nor which schema it needs, which a
+    worker compares with the database's runrow.schema_version() at start (the CLI audit)."""
+    newest = sorted((REPO / "migrations").glob("*.sql"))[-1].stem
+    declared = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M)
+    assert declared is not None
+    result = runrow(None, "--version")
+    assert (result.returncode, result.stdout.strip()) == (0, f"runrow {declared[1]} (schema {newest})"), (
+        result
+    )
+
+
 def test_help_loads_neither_the_sdk_nor_the_worker() -> None:
     """Importing the anthropic SDK takes about 1.7 s, and the worker's modules (httpx, the pool,
     the dispatcher) about 0.2 s: `runrow --help` took 2.7 s, because the parser's module for fork

@@ -306,6 +306,20 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.Raw
         return super()._get_help_string(action)
 
 
+def _version() -> str:
+    """The package's version and the newest migration it ships: what an operator compares with a
+    database's runrow.schema_version() (a worker refuses a database older than that)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from pyworker.db.schema import required_version
+
+    try:
+        package = version("runrow")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        package = "(not installed)"
+    return f"runrow {package} (schema {required_version()})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pyworker.cli.client import _action, _wrap
     from pyworker.worker.settings import (
@@ -317,6 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = RunrowParser(
         prog="runrow", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter, top=True
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=_version(),
+        help="print runrow's version and the schema it needs (`runrow migrate` installs it), then exit",
     )
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
