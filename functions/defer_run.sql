@@ -37,18 +37,18 @@ BEGIN
     -- lock) waits for this deferral and then finds the run held to the block's end.
     SELECT a.rate_limit_key, a.block_told_until INTO key, told
     FROM runrow.agent_run AS a WHERE a.id = defer_run.run_id;
-    -- Only a block in force is locked: a rate_limited deferral (frequent under a tight limit)
-    -- must not queue the key's grants behind it (the review). No block in force reads as NULL,
-    -- which the test below takes for a block lifted.
+    -- Only a block in force is locked (and read): a rate_limited deferral (frequent under a
+    -- tight limit) must not queue the key's grants behind it (the review).
     SELECT l.blocked_until INTO key_block
     FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key AND l.blocked_until > now()
     FOR SHARE;
     block_end := CASE
-        WHEN key_block > now() THEN key_block
-        -- The block this run was told to wait for was lifted (or cut short) after it was told
-        -- and before this deferral: the lift ran before the run was queued, so it is due now
-        -- (CI's test_deferred_runs_go_as_soon_as_the_key_works met it: one block late).
-        WHEN told > now() AND coalesce(key_block, '-infinity') < told THEN now()
+        WHEN key_block IS NOT NULL THEN key_block
+        -- No block in force, yet the one this run was told to wait for had not ended: it was
+        -- lifted after it was told and before this deferral, and the lift ran before the run
+        -- was queued, so it is due now (CI's test_deferred_runs_go_as_soon_as_the_key_works
+        -- met it: one block late).
+        WHEN told > now() THEN now()
     END;
 
     -- release_run's hand-back, but the attempt is given back, as parking gives it back: a wait
