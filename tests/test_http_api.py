@@ -75,7 +75,7 @@ def post_run(
     client: httpx.Client,
     conversation_id: uuid.UUID | str | None = None,
     body: dict[str, Any] | None = None,
-    headers: dict[str, str] | None = None,
+    headers: dict[str, str] | list[tuple[str, str | bytes]] | None = None,
 ) -> httpx.Response:
     conversation_id = conversation_id or uuid.uuid4()
     return client.post(
@@ -868,3 +868,32 @@ def test_any_instance_serves_any_run(api_db: str, server: Server, db: psycopg.Co
     finally:
         for gen in others:
             gen.close()
+
+
+def test_an_idempotency_key_is_utf8_and_refuses_hidden_characters_by_position(
+    client: httpx.Client, db: psycopg.Connection
+) -> None:
+    """The header is read as UTF-8 (Starlette decodes it as latin-1): a key with "é" replays the
+    same run and is quoted as sent; a U+202E is named at its place in the header; bytes that are
+    not UTF-8 are a 400 saying so."""
+    conversation_id = uuid.uuid4()
+    key = "café-1".encode()
+    first = post_run(client, conversation_id, headers=[*ALICE.items(), ("Idempotency-Key", key)])
+    again = post_run(client, conversation_id, headers=[*ALICE.items(), ("Idempotency-Key", key)])
+    assert (first.status_code, again.status_code) == (202, 200), (first.text, again.text)
+    stored = db.execute(
+        "SELECT idempotency_key FROM runrow.agent_run WHERE id = %s", (first.json()["run_id"],)
+    ).fetchone()
+    assert stored == ("alice:café-1",)
+    reused = post_run(
+        client, conversation_id, {"content": "other"}, headers=[*ALICE.items(), ("Idempotency-Key", key)]
+    )
+    assert reused.status_code == 422 and "'café-1'" in error_of(reused)["message"], reused.text
+    for header, says in [
+        ("ab\u202ecd".encode(), "got U+202E at character 3"),
+        ("x\u0085".encode(), "got U+0085 at character 2"),
+        (b"\xff\xfe", "must be UTF-8"),
+    ]:
+        refused = post_run(client, uuid.uuid4(), headers=[*ALICE.items(), ("Idempotency-Key", header)])
+        assert refused.status_code == 400, refused.text
+        assert says in error_of(refused)["message"], error_of(refused)

@@ -56,6 +56,10 @@ MAX_IDEMPOTENCY_KEY = 200
 MAX_ATTEMPTS = 100  # enqueue_run's range is 1..100
 # W3C Trace Context, as enqueue_run checks metadata.traceparent (version ff and all-zero ids refused).
 TRACEPARENT = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+# runrow._printable's class (functions/_identifier_checks.sql): C0, DEL and C1, U+2028/2029 and
+# the bidirectional formatting characters. enqueue_run refuses them too, but at the position in
+# the user-namespaced key, not in the header the client sent.
+NOT_PRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 CURSOR = re.compile(r"[0-9]{1,19}")  # ASCII digits only (str.isdigit also says yes to "²")
 MAX_SEQ = 2**63 - 1  # read_events' after_seq is a bigint
 
@@ -185,7 +189,7 @@ async def enqueue(request: Request, svc: Services, user: str) -> Response:
         raise ApiError(
             422,
             "idempotency_key_reused",
-            f"Idempotency-Key {request.headers['idempotency-key']!r} was already used for a different "
+            f"Idempotency-Key {key.partition(':')[2]!r} was already used for a different "
             "request (another conversation, content or option); repeat that request exactly to get "
             "its run, or send this one with a new key",
         ) from None
@@ -240,16 +244,32 @@ def _traceparent(value: str) -> str | None:
 
 
 def _idempotency_key(request: Request, user: str) -> str | None:
-    raw = request.headers.get("idempotency-key")
-    if raw is None:
+    header = request.headers.get("idempotency-key")
+    if header is None:
         return None
-    if not raw or len(raw) > MAX_IDEMPOTENCY_KEY or any(ch < " " or ch == "\x7f" for ch in raw):
+    # Starlette decodes header values as latin-1: a UTF-8 key arrived as mojibake, so "é" was
+    # stored as "Ã©" and a U+202E was refused as a C1 control at a shifted position.
+    try:
+        raw = header.encode("latin-1").decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "invalid_request", "Idempotency-Key must be UTF-8 text") from None
+    if not raw or len(raw) > MAX_IDEMPOTENCY_KEY:
         raise ApiError(
             400,
             "invalid_request",
             f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters, without control characters",
         )
-    # Namespaced by user so two users' keys never meet; quoting the user id keeps it unambiguous.
+    hidden = NOT_PRINTABLE.search(raw)
+    if hidden is not None:
+        # Named by code point and position, not echoed (enqueue_run's rule for identifiers).
+        raise ApiError(
+            400,
+            "invalid_request",
+            "Idempotency-Key must not hold control characters (C0, C1 or bidirectional formatting), "
+            f"got U+{ord(hidden.group()):04X} at character {hidden.start() + 1}",
+        )
+    # Namespaced by user so two users' keys never meet; quoting the user id keeps it unambiguous
+    # (no ':' in it, so the key the client sent is what follows the first one).
     key = f"{quote(user, safe='')}:{raw}"
     if len(key) > 255:
         raise ApiError(400, "invalid_request", "Idempotency-Key is too long for this user id")
