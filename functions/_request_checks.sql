@@ -45,6 +45,9 @@ IMMUTABLE
 AS $fn$
 BEGIN
     IF NOT runrow._model_trimmed(model) THEN
+        -- A line break, NEL or separator at either end is also a control character: named by
+        -- its code point, since quoting it wrote a line of its own into the server's log.
+        PERFORM runrow._require_printable(model, 'model');
         RAISE EXCEPTION 'model must not begin or end with white space, got "%"', left(model, 200)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -435,8 +438,9 @@ COMMENT ON FUNCTION runrow._model_trimmed(text) IS
 'NULL for NULL. Inlined into enqueue_run, create_schedule and fork_run.';
 
 COMMENT ON FUNCTION runrow._require_model_trimmed(text) IS
-'Raises 22023 (model must not begin or end with white space, quoting it) unless '
-'_model_trimmed(model).';
+'Raises 22023 unless _model_trimmed(model): _require_printable''s message when the white space '
+'is a control character (a line break, NEL, U+2028/2029: named by code point, not quoted), else '
+'"model must not begin or end with white space", quoting it.';
 
 REVOKE ALL ON FUNCTION runrow._white_space() FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._model_trimmed(text) FROM PUBLIC;

@@ -283,9 +283,11 @@ SELECT pg_temp.fingerprint() AS before \gset
 SELECT throws_ok($$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'claude-x ')$$, '22023',
     'model must not begin or end with white space, got "claude-x "', 'enqueue_run: a model with a trailing space');
 SELECT throws_ok($$SELECT runrow.create_schedule('ws', '* * * * *', '"x"', E'\tclaude-x')$$, '22023',
-    E'model must not begin or end with white space, got "\tclaude-x"', 'create_schedule: a model with a leading tab');
+    'model must not hold control characters (C0, C1 or bidirectional formatting), got U+0009 at character 1',
+    'create_schedule: a model with a leading tab, named by code point');
 SELECT throws_ok($$SELECT * FROM runrow.fork_run(gen_random_uuid(), 0, E'claude-x\n')$$, '22023',
-    E'model must not begin or end with white space, got "claude-x\n"', 'fork_run: a model with a trailing newline');
+    'model must not hold control characters (C0, C1 or bidirectional formatting), got U+000A at character 9',
+    'fork_run: a model with a trailing newline, named by code point');
 SELECT throws_ok(format('SELECT * FROM runrow.enqueue_run(gen_random_uuid(), ''"q"'', %L)', 'claude-x' || chr(160)),
     '22023', format('model must not begin or end with white space, got "%s"', 'claude-x' || chr(160)),
     'enqueue_run: a model with a trailing no-break space');

@@ -15,7 +15,8 @@ SELECT pg_temp.prices() AS before \gset
 SELECT throws_ok($$SELECT runrow.set_model_price(' pm ', 3, 15, 3.75, 0.3)$$, '22023',
     'model must not begin or end with white space, got " pm "', 'a model with spaces around it');
 SELECT throws_ok($$SELECT runrow.set_model_price(E'pm\n', 3, 15, 3.75, 0.3)$$, '22023',
-    E'model must not begin or end with white space, got "pm\n"', 'a model with a trailing newline');
+    'model must not hold control characters (C0, C1 or bidirectional formatting), got U+000A at character 3',
+    'a model with a trailing newline: named by code point, not quoted into the log');
 SELECT throws_ok(format('SELECT runrow.set_model_price(%L, 3, 15, 3.75, 0.3)', E'\u00a0pm'), '22023',
     format('model must not begin or end with white space, got "%s"', E'\u00a0pm'), 'a leading no-break space');
 SELECT throws_ok($$SELECT runrow.set_model_price(' pm', 3, 15, 3.75, 0.3, 6, 0.02, 0.001)$$, '22023',
