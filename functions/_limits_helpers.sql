@@ -37,6 +37,9 @@ $fn$;
 -- rate, up to a minute's worth. NULL when the key has no row (no limit, no block). The lock is
 -- held to the end of the caller's transaction: that is what keeps concurrent grants from
 -- overdrawing. A transaction that started before the last refill refills nothing (greatest).
+-- A key without a requests limit of its own refills its requests bucket at the pace a header
+-- block set (report_rate_limit_exhausted), up to the API's bucket size; full for one more
+-- request's time, the pace is over.
 CREATE OR REPLACE FUNCTION runrow._lock_bucket(rate_limit_key text)
 RETURNS runrow.rate_limit
 LANGUAGE plpgsql
@@ -44,6 +47,10 @@ AS $fn$
 DECLARE
     l runrow.rate_limit;
     secs numeric;
+    rpm numeric;
+    cap numeric;
+    requests numeric;
+    pace_over boolean;
 BEGIN
     SELECT r.* INTO l FROM runrow.rate_limit AS r WHERE r.rate_limit_key = _lock_bucket.rate_limit_key FOR UPDATE;
     IF NOT FOUND THEN
@@ -53,9 +60,19 @@ BEGIN
     IF secs = 0 THEN
         RETURN l;
     END IF;
+    rpm := coalesce(l.requests_per_minute, l.paced_requests_per_minute);
+    cap := coalesce(l.requests_per_minute, l.paced_requests_limit);
+    requests := coalesce(least(cap, round(l.requests_left + rpm * secs / 60, 6)), 0);
+    -- The paced bucket stood full for a request's time with nobody drawing on it: the API's is
+    -- full again too, and the key's demand is under its pace. (Full alone is no end: with a
+    -- limit of 1 the bucket is full as the block ends.)
+    pace_over := coalesce(
+        l.requests_per_minute IS NULL AND l.requests_left + rpm * secs / 60 >= l.paced_requests_limit + 1, false
+    );
     UPDATE runrow.rate_limit AS r
-    SET requests_left = coalesce(
-            least(r.requests_per_minute, round(r.requests_left + r.requests_per_minute * secs / 60, 6)), 0),
+    SET requests_left = CASE WHEN pace_over THEN 0 ELSE requests END,
+        paced_requests_per_minute = CASE WHEN pace_over THEN NULL ELSE r.paced_requests_per_minute END,
+        paced_requests_limit = CASE WHEN pace_over THEN NULL ELSE r.paced_requests_limit END,
         input_tokens_left = coalesce(
             least(r.input_tokens_per_minute, round(r.input_tokens_left + r.input_tokens_per_minute * secs / 60, 6)), 0),
         output_tokens_left = coalesce(
@@ -312,19 +329,22 @@ $fn$;
 -- The key answered a request (a usage settled) while it had an API key or account error
 -- (report_key_error): the streak is over. Its own block or probe hold is lifted, and so is its
 -- hold on queued runs (a claim that met the block set their not_before to its end, as
--- set_rate_limit lifts them); the dispatchers are woken. A 429's block stays. The caller holds
--- the key's row lock.
+-- set_rate_limit lifts them). A rate block (a 429's, a response's headers': rate_blocked_until)
+-- stays: the key is then blocked to its end, and so are the runs the hold held. The caller
+-- holds the key's row lock.
 CREATE OR REPLACE FUNCTION runrow._key_answered(l runrow.rate_limit)
 RETURNS void
 LANGUAGE plpgsql
 AS $fn$
 DECLARE
-    own boolean := l.blocked_until > now() AND l.blocked_until = l.key_error_until;
+    -- What is left of the key's block once the hold goes (greatest skips a NULL).
+    rest timestamptz := greatest(now(), l.rate_blocked_until);
+    own boolean := l.blocked_until > rest AND l.blocked_until = l.key_error_until;
 BEGIN
     UPDATE runrow.rate_limit AS b
     SET key_error = NULL, key_errors = 0, key_error_since = NULL, key_error_until = NULL,
         key_error_block = NULL, key_probe_by = NULL,
-        blocked_until = CASE WHEN own THEN now() ELSE b.blocked_until END,
+        blocked_until = CASE WHEN own THEN rest ELSE b.blocked_until END,
         updated_at = now()
     WHERE b.rate_limit_key = l.rate_limit_key;
     IF own THEN
@@ -336,14 +356,19 @@ $fn$;
 -- A block of the key that ended early (set_rate_limit removed it, the key error's probe was
 -- answered) lifts its hold on queued runs: a claim that met the block set their not_before to
 -- its end, so they would stay queued until then. Only a not_before equal to the block's end is
--- the block's; a retry_in backoff keeps its own. Due now, and the dispatchers are woken.
+-- the block's; a retry_in backoff keeps its own. Due now, and the dispatchers are woken; or,
+-- when a shorter block of the key is still in force (a rate block outlasting the key error's
+-- hold), held to its end instead, as a claim would hold them.
 CREATE OR REPLACE FUNCTION runrow._lift_held_runs(key text, held_until timestamptz)
 RETURNS void
 LANGUAGE plpgsql
 AS $fn$
 DECLARE
     woken uuid;
+    held_to timestamptz;
 BEGIN
+    SELECT l.blocked_until INTO held_to FROM runrow.rate_limit AS l
+    WHERE l.rate_limit_key = _lift_held_runs.key AND l.blocked_until > now();
     -- SKIP LOCKED: the caller holds the key's row, and a held run another transaction holds is
     -- one a claim took as its hold ended, whose worker waits in acquire_model_call for this key
     -- row while holding the run: waiting on it deadlocked the two (40P01, the review of stop
@@ -359,13 +384,13 @@ BEGIN
     ),
 
     lifted AS (
-        UPDATE runrow.agent_run AS q SET not_before = now(), updated_at = now()
+        UPDATE runrow.agent_run AS q SET not_before = coalesce(held_to, now()), updated_at = now()
         FROM held
         WHERE q.id = held.id
         RETURNING q.conversation_id
     )
     SELECT min(lifted.conversation_id::text)::uuid INTO woken FROM lifted;
-    IF woken IS NOT NULL THEN
+    IF woken IS NOT NULL AND held_to IS NULL THEN
         PERFORM runrow._wake_dispatchers(woken);
     END IF;
 END
@@ -392,6 +417,8 @@ $fn$;
 -- Block a key fleet-wide until `until` (a later block is never shortened): from the caller's
 -- commit on acquire_model_call grants nothing for the key until then, and the key's requests
 -- bucket is emptied and refills only after it, so the fleet does not burst into the wall again.
+-- A rate block: its end is kept apart (rate_blocked_until), so a key error's hold lifted
+-- (_key_answered) leaves it in force; blocked_until is the later of the two.
 -- Creates the key's row (a block-only row) when it has no limits. `refusals`: 429s this report
 -- counts (blocks_reported), 1 for report_rate_limited, 0 for report_rate_limit_exhausted (the
 -- API said the bucket was empty before it refused anything).
@@ -400,10 +427,13 @@ RETURNS void
 LANGUAGE plpgsql
 AS $fn$
 BEGIN
-    INSERT INTO runrow.rate_limit AS l (rate_limit_key, blocked_until, blocked_by_run, blocks_reported, refilled_at)
-    VALUES (_block_key.key, _block_key.until, _block_key.by_run, _block_key.refusals, _block_key.until)
+    INSERT INTO runrow.rate_limit AS l (
+        rate_limit_key, blocked_until, rate_blocked_until, blocked_by_run, blocks_reported, refilled_at
+    )
+    VALUES (_block_key.key, _block_key.until, _block_key.until, _block_key.by_run, _block_key.refusals, _block_key.until)
     ON CONFLICT ON CONSTRAINT rate_limit_pkey DO UPDATE
     SET blocked_until = greatest(l.blocked_until, excluded.blocked_until),
+        rate_blocked_until = greatest(l.rate_blocked_until, excluded.rate_blocked_until),
         blocked_by_run = CASE WHEN l.blocked_until >= excluded.blocked_until THEN l.blocked_by_run
             ELSE excluded.blocked_by_run END,
         blocks_reported = l.blocks_reported + _block_key.refusals,

@@ -9,6 +9,7 @@ DECLARE
     l runrow.rate_limit;
     why text;
     need_input numeric;
+    rpm numeric;
     wait numeric := 0;
     reserved jsonb;
 BEGIN
@@ -77,8 +78,12 @@ BEGIN
     -- minute at most; the whole estimate put it in debt (100,000,000 tokens at 30,000 a minute:
     -- every run of the key waited 55 hours, issue 11's SQL audit).
     need_input := least(acquire_model_call.input_tokens_estimate, l.input_tokens_per_minute);
-    IF l.requests_per_minute IS NOT NULL AND l.requests_left < 1 THEN
-        wait := greatest(wait, (1 - l.requests_left) * 60 / l.requests_per_minute);
+    -- A key without a requests limit of its own is paced after a header block until the API's
+    -- bucket is full again (report_rate_limit_exhausted, _lock_bucket): its waiting requests go
+    -- one at a time, not at once.
+    rpm := coalesce(l.requests_per_minute, l.paced_requests_per_minute);
+    IF rpm IS NOT NULL AND l.requests_left < 1 THEN
+        wait := greatest(wait, (1 - l.requests_left) * 60 / rpm);
     END IF;
     IF l.input_tokens_per_minute IS NOT NULL AND l.input_tokens_left < need_input THEN
         wait := greatest(wait, (need_input - l.input_tokens_left) * 60 / l.input_tokens_per_minute);
@@ -99,7 +104,7 @@ BEGIN
     END IF;
 
     UPDATE runrow.rate_limit AS b
-    SET requests_left = CASE WHEN b.requests_per_minute IS NULL THEN 0 ELSE b.requests_left - 1 END,
+    SET requests_left = CASE WHEN rpm IS NULL THEN 0 ELSE b.requests_left - 1 END,
         input_tokens_left = CASE WHEN b.input_tokens_per_minute IS NULL THEN 0
             ELSE b.input_tokens_left - need_input END,
         -- The key's last word was an API key or account error (report_key_error) and its block
@@ -137,7 +142,8 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 'its bucket row''s lock: blocked (report_rate_limited) gives (false, seconds left, blocked) '
 'and keeps the block''s end on the run (block_told_until, read by defer_run; a grant clears it); '
 'too few requests or uncached input tokens left for input_tokens_estimate, or output tokens in '
-'debt, gives (false, seconds until there are, rate_limited); else one request and the estimate '
+'debt, gives (false, seconds until there are, rate_limited) (a key with no requests limit of its '
+'own is paced so after a header block: report_rate_limit_exhausted); else one request and the estimate '
 '(at most a minute''s worth of input; the rest is charged when the usage settles) are taken and '
 '(true, 0, NULL) returned. While the key has an API key or account error (report_key_error), '
 'the grant after its block is the one probe: the key is held for the other runs for one more '

@@ -67,9 +67,9 @@ BEGIN
     block := round(least(report_key_error.max_block_seconds,
         report_key_error.first_block_seconds * power(2::numeric, least(streak - 1, 30))), 3);
     until := now() + make_interval(secs => block::double precision);
-    -- A longer block in force that is not this streak's own (a 429's) is never shortened.
-    blocked := CASE WHEN l.blocked_until > until AND l.blocked_until IS DISTINCT FROM l.key_error_until
-        THEN l.blocked_until ELSE until END;
+    -- A longer rate block in force (a 429's, a response's headers') is never shortened
+    -- (greatest skips a NULL).
+    blocked := greatest(until, l.rate_blocked_until);
     UPDATE runrow.rate_limit AS r
     SET blocked_until = blocked,
         blocked_by_run = CASE WHEN blocked = until THEN report_key_error.run_id ELSE r.blocked_by_run END,

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(24);
+SELECT plan(40);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.limits_fingerprint() RETURNS text LANGUAGE sql AS $$
@@ -31,7 +31,7 @@ CREATE FUNCTION pg_temp.block(key text) RETURNS text LANGUAGE sql AS $$
     FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key
 $$;
 
-SELECT has_function('runrow', 'report_rate_limit_exhausted', ARRAY['uuid', 'uuid', 'numeric'],
+SELECT has_function('runrow', 'report_rate_limit_exhausted', ARRAY['uuid', 'uuid', 'numeric', 'integer'],
     'report_rate_limit_exhausted exists');
 
 -- A limited key: the response of a granted call says the bucket is empty, for 12 s.
@@ -69,6 +69,52 @@ SELECT lives_ok(format('SELECT pg_temp.exhausted(%L, 1e-1000)', :'t'), 'a reset 
 SELECT is((SELECT blocked_until - now() FROM runrow.rate_limit WHERE rate_limit_key = 'tiny'),
     interval '0.001 seconds', 'and blocks the key for a millisecond');
 
+-- The header's requests limit given, a key with no requests limit of its own is paced after the
+-- block at the API's refill (one request per reset_in_seconds) up to the API's bucket size, until
+-- that bucket stands full: before, every slot waiting on the block was granted at its end, into
+-- the empty bucket (bench/rate_limits.py, no limit set).
+CREATE FUNCTION pg_temp.pace(key text) RETURNS text LANGUAGE sql AS $$
+    SELECT (l.paced_requests_per_minute, l.paced_requests_limit, l.requests_left)::text
+    FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key
+$$;
+-- Time passes: every time of the key's row moves `secs` into the past.
+CREATE FUNCTION pg_temp.later(key text, secs numeric) RETURNS void LANGUAGE sql AS $$
+    UPDATE runrow.rate_limit
+    SET blocked_until = blocked_until - make_interval(secs => secs::float8),
+        rate_blocked_until = rate_blocked_until - make_interval(secs => secs::float8),
+        refilled_at = refilled_at - make_interval(secs => secs::float8)
+    WHERE rate_limit_key = key
+$$;
+SELECT pg_temp.keyed_run('paced') AS p \gset
+SELECT pg_temp.keyed_run('paced') AS q \gset
+SELECT pg_temp.keyed_run('paced') AS s \gset
+SELECT lives_ok(format('SELECT runrow.report_rate_limit_exhausted(%L, %L, 2, 3)', :'p', pg_temp.token(:'p')),
+    'a header block with the limit stated (3 requests, one back every 2 s)');
+SELECT is(pg_temp.pace('paced'), '(30.000000,3,1)',
+    'paced at one request per 2 s, up to 3, one request back at the block''s end');
+SELECT is(pg_temp.acquire(:'q'), '(f,2.000,blocked)', 'the block holds every run');
+SELECT pg_temp.later('paced', 2.5);
+SELECT is(pg_temp.acquire(:'q'), '(t,0,)', 'at the block''s end one request is granted');
+SELECT is(pg_temp.acquire(:'s'), '(f,1.500,rate_limited)',
+    'the next waits for the pace (0.5 s after the block a quarter of the next request is back)');
+SELECT pg_temp.later('paced', 1.5);
+SELECT is(pg_temp.acquire(:'s'), '(t,0,)', 'and is granted one pace later');
+SELECT is(pg_temp.acquire(:'p'), '(f,2.000,rate_limited)', 'one at a time');
+SELECT pg_temp.later('paced', 6);
+SELECT is(pg_temp.acquire(:'p'), '(t,0,)', 'the bucket full (3), the API''s burst is there');
+SELECT is(pg_temp.pace('paced'), '(30.000000,3,2)', 'still paced: it was drawn on as it filled');
+SELECT pg_temp.later('paced', 4);
+SELECT is(pg_temp.acquire(:'q'), '(t,0,)', 'a request''s time after it was full again, unused');
+SELECT is(pg_temp.pace('paced'), '(,,0)', 'the pace is over: the key is not limited');
+SELECT runrow.report_rate_limit_exhausted(:'p', pg_temp.token(:'p'), 0.5, 1);
+SELECT is(pg_temp.pace('paced'), '(120.000000,1,1)', 'a new report sets the pace anew');
+SELECT pg_temp.later('paced', 0.75);
+SELECT is(pg_temp.acquire(:'q'), '(t,0,)', 'with a limit of 1 the bucket is full as the block ends');
+SELECT is(pg_temp.acquire(:'s'), '(f,0.500,rate_limited)', 'and is still paced: the next one a pace later');
+SELECT runrow.report_rate_limit_exhausted(:'a', pg_temp.token(:'a'), 2, 50);
+SELECT is((SELECT (paced_requests_per_minute, requests_left)::text FROM runrow.rate_limit WHERE rate_limit_key = 'rk'),
+    '(,0)', 'a key with a requests limit of its own keeps it: no pace, the bucket empty');
+
 -- Fenced out: a stale token, and a run that has ended, write nothing.
 SELECT pg_temp.finished('completed') AS done \gset
 SELECT pg_temp.limits_fingerprint() AS before \gset
@@ -87,6 +133,8 @@ SELECT throws_ok(format('SELECT pg_temp.exhausted(%L, %L)', :'b', 'NaN'), '22023
     'reset_in_seconds must be more than 0 and at most 60, got NaN', 'a NaN reset');
 SELECT throws_ok(format('SELECT pg_temp.exhausted(%L, NULL)', :'b'), '22004',
     'reset_in_seconds must not be NULL', 'a NULL reset');
+SELECT throws_ok(format('SELECT runrow.report_rate_limit_exhausted(%L, %L, 1, 0)', :'b', pg_temp.token(:'b')), '22023',
+    'requests_limit must be NULL or a finite number more than 0, got 0', 'a zero requests_limit');
 SELECT throws_ok('SELECT runrow.report_rate_limit_exhausted(NULL, gen_random_uuid(), 1)', '22004',
     'run_id must not be NULL', 'a NULL run_id');
 SELECT is(pg_temp.limits_fingerprint(), :'before', 'bad input wrote nothing');

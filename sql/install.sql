@@ -131,7 +131,8 @@ BEGIN
     '0083_webhook_pending_by_receiver',
     '0084_block_told_until',
     '0085_identifiers_printable',
-    '0086_report_rate_limit_exhausted'
+    '0086_report_rate_limit_exhausted',
+    '0087_rate_block_apart'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -8348,6 +8349,65 @@ INSERT INTO runrow._yoyo_migration VALUES ('7f1f176d30d6683db85e90eec1c6e645bb80
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '7f1f176d30d6683db85e90eec1c6e645bb8013053e8375262ba269f628326be7', '0086_report_rate_limit_exhausted', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0087_rate_block_apart
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'a37289ad6a2e955788fe1bf058011283d108d4d846036fb3c103bd6fc8909c07') AS apply_a37289ad6a2e \gset
+\if :apply_a37289ad6a2e
+-- depends: 0086_report_rate_limit_exhausted
+-- Two defects of the blocks a response's rate-limit headers report (report_rate_limit_exhausted).
+--
+-- (A) A rate block folded into a key error's hold was lifted with it. A key's block was one
+-- end, blocked_until, the later of every block reported: a key error's probe answered
+-- (_key_answered) ended it at now() when it was the hold's, and so also ended a rate block
+-- reported in between (the probe's own answer saying requests-remaining: 0); the fleet then
+-- sent into the empty bucket. The rate block (a 429's, a response's headers') now keeps its own
+-- end, rate_blocked_until; blocked_until stays what every reader reads (the claim's skip of
+-- blocked keys, acquire_model_call, defer_run, the views, queue_metrics): the later of the rate
+-- block and the key error's hold, so a hold lifted leaves the rate block in force. A block in
+-- force that is not the key error's own (it does not end at key_error_until) is a rate block.
+--
+-- (B) A header block released the fleet in a burst: when a block of one request back ended,
+-- a key without a requests limit of its own (set_rate_limit) granted every waiting slot at
+-- once, and they met the API's bucket together as 429s (bench/rate_limits.py, no limit set).
+-- report_rate_limit_exhausted takes the header's requests limit (requests_limit, DEFAULT
+-- NULL): the key's requests bucket then mirrors the API's after the block, refilling at its
+-- pace (one request per reset_in_seconds) up to requests_limit, and the pace ends once it is
+-- full (the API's bucket is full again: nobody drew on it for as long as that takes).
+--   paced_requests_per_minute  the pace: 60 / reset_in_seconds
+--   paced_requests_limit       the bucket's size under it: requests_limit
+-- The function's new argument is a new signature: the old one goes (functions/ makes the new).
+
+ALTER TABLE runrow.rate_limit
+ADD COLUMN rate_blocked_until timestamptz,
+ADD COLUMN paced_requests_per_minute numeric,
+ADD COLUMN paced_requests_limit integer,
+ADD CONSTRAINT rate_limit_paced CHECK (
+    (paced_requests_per_minute IS NULL) = (paced_requests_limit IS NULL)
+    AND (paced_requests_per_minute IS NULL OR (paced_requests_per_minute > 0 AND paced_requests_per_minute <= 60000))
+    AND (paced_requests_limit IS NULL OR paced_requests_limit > 0)
+);
+
+COMMENT ON COLUMN runrow.rate_limit.rate_blocked_until IS
+'The end of the key''s latest rate block (a 429: report_rate_limited; a response''s headers: '
+'report_rate_limit_exhausted), kept apart from a key error''s hold (key_error_until) so that '
+'lifting the hold leaves it in force. blocked_until is the later of the two.';
+COMMENT ON COLUMN runrow.rate_limit.paced_requests_per_minute IS
+'For a key with no requests_per_minute of its own, after a header block (report_rate_limit_exhausted '
+'with requests_limit): the refill rate of its requests bucket, the API''s pace, so waiting '
+'requests are granted one at a time, not all at the block''s end. NULL: not paced.';
+COMMENT ON COLUMN runrow.rate_limit.paced_requests_limit IS
+'The size of the paced requests bucket (the header''s requests limit): the pace ends when it is '
+'full, as the API''s bucket is then.';
+
+-- A block in force that is not the key error's own is a rate block (0074's reading of it).
+UPDATE runrow.rate_limit AS l
+SET rate_blocked_until = l.blocked_until
+WHERE l.blocked_until > now() AND l.blocked_until IS DISTINCT FROM l.key_error_until;
+
+DROP FUNCTION IF EXISTS runrow.report_rate_limit_exhausted(uuid, uuid, numeric);
+INSERT INTO runrow._yoyo_migration VALUES ('a37289ad6a2e955788fe1bf058011283d108d4d846036fb3c103bd6fc8909c07', '0087_rate_block_apart', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'a37289ad6a2e955788fe1bf058011283d108d4d846036fb3c103bd6fc8909c07', '0087_rate_block_apart', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -10267,6 +10327,9 @@ $fn$;
 -- rate, up to a minute's worth. NULL when the key has no row (no limit, no block). The lock is
 -- held to the end of the caller's transaction: that is what keeps concurrent grants from
 -- overdrawing. A transaction that started before the last refill refills nothing (greatest).
+-- A key without a requests limit of its own refills its requests bucket at the pace a header
+-- block set (report_rate_limit_exhausted), up to the API's bucket size; full for one more
+-- request's time, the pace is over.
 CREATE OR REPLACE FUNCTION runrow._lock_bucket(rate_limit_key text)
 RETURNS runrow.rate_limit
 LANGUAGE plpgsql
@@ -10274,6 +10337,10 @@ AS $fn$
 DECLARE
     l runrow.rate_limit;
     secs numeric;
+    rpm numeric;
+    cap numeric;
+    requests numeric;
+    pace_over boolean;
 BEGIN
     SELECT r.* INTO l FROM runrow.rate_limit AS r WHERE r.rate_limit_key = _lock_bucket.rate_limit_key FOR UPDATE;
     IF NOT FOUND THEN
@@ -10283,9 +10350,19 @@ BEGIN
     IF secs = 0 THEN
         RETURN l;
     END IF;
+    rpm := coalesce(l.requests_per_minute, l.paced_requests_per_minute);
+    cap := coalesce(l.requests_per_minute, l.paced_requests_limit);
+    requests := coalesce(least(cap, round(l.requests_left + rpm * secs / 60, 6)), 0);
+    -- The paced bucket stood full for a request's time with nobody drawing on it: the API's is
+    -- full again too, and the key's demand is under its pace. (Full alone is no end: with a
+    -- limit of 1 the bucket is full as the block ends.)
+    pace_over := coalesce(
+        l.requests_per_minute IS NULL AND l.requests_left + rpm * secs / 60 >= l.paced_requests_limit + 1, false
+    );
     UPDATE runrow.rate_limit AS r
-    SET requests_left = coalesce(
-            least(r.requests_per_minute, round(r.requests_left + r.requests_per_minute * secs / 60, 6)), 0),
+    SET requests_left = CASE WHEN pace_over THEN 0 ELSE requests END,
+        paced_requests_per_minute = CASE WHEN pace_over THEN NULL ELSE r.paced_requests_per_minute END,
+        paced_requests_limit = CASE WHEN pace_over THEN NULL ELSE r.paced_requests_limit END,
         input_tokens_left = coalesce(
             least(r.input_tokens_per_minute, round(r.input_tokens_left + r.input_tokens_per_minute * secs / 60, 6)), 0),
         output_tokens_left = coalesce(
@@ -10542,19 +10619,22 @@ $fn$;
 -- The key answered a request (a usage settled) while it had an API key or account error
 -- (report_key_error): the streak is over. Its own block or probe hold is lifted, and so is its
 -- hold on queued runs (a claim that met the block set their not_before to its end, as
--- set_rate_limit lifts them); the dispatchers are woken. A 429's block stays. The caller holds
--- the key's row lock.
+-- set_rate_limit lifts them). A rate block (a 429's, a response's headers': rate_blocked_until)
+-- stays: the key is then blocked to its end, and so are the runs the hold held. The caller
+-- holds the key's row lock.
 CREATE OR REPLACE FUNCTION runrow._key_answered(l runrow.rate_limit)
 RETURNS void
 LANGUAGE plpgsql
 AS $fn$
 DECLARE
-    own boolean := l.blocked_until > now() AND l.blocked_until = l.key_error_until;
+    -- What is left of the key's block once the hold goes (greatest skips a NULL).
+    rest timestamptz := greatest(now(), l.rate_blocked_until);
+    own boolean := l.blocked_until > rest AND l.blocked_until = l.key_error_until;
 BEGIN
     UPDATE runrow.rate_limit AS b
     SET key_error = NULL, key_errors = 0, key_error_since = NULL, key_error_until = NULL,
         key_error_block = NULL, key_probe_by = NULL,
-        blocked_until = CASE WHEN own THEN now() ELSE b.blocked_until END,
+        blocked_until = CASE WHEN own THEN rest ELSE b.blocked_until END,
         updated_at = now()
     WHERE b.rate_limit_key = l.rate_limit_key;
     IF own THEN
@@ -10566,14 +10646,19 @@ $fn$;
 -- A block of the key that ended early (set_rate_limit removed it, the key error's probe was
 -- answered) lifts its hold on queued runs: a claim that met the block set their not_before to
 -- its end, so they would stay queued until then. Only a not_before equal to the block's end is
--- the block's; a retry_in backoff keeps its own. Due now, and the dispatchers are woken.
+-- the block's; a retry_in backoff keeps its own. Due now, and the dispatchers are woken; or,
+-- when a shorter block of the key is still in force (a rate block outlasting the key error's
+-- hold), held to its end instead, as a claim would hold them.
 CREATE OR REPLACE FUNCTION runrow._lift_held_runs(key text, held_until timestamptz)
 RETURNS void
 LANGUAGE plpgsql
 AS $fn$
 DECLARE
     woken uuid;
+    held_to timestamptz;
 BEGIN
+    SELECT l.blocked_until INTO held_to FROM runrow.rate_limit AS l
+    WHERE l.rate_limit_key = _lift_held_runs.key AND l.blocked_until > now();
     -- SKIP LOCKED: the caller holds the key's row, and a held run another transaction holds is
     -- one a claim took as its hold ended, whose worker waits in acquire_model_call for this key
     -- row while holding the run: waiting on it deadlocked the two (40P01, the review of stop
@@ -10589,13 +10674,13 @@ BEGIN
     ),
 
     lifted AS (
-        UPDATE runrow.agent_run AS q SET not_before = now(), updated_at = now()
+        UPDATE runrow.agent_run AS q SET not_before = coalesce(held_to, now()), updated_at = now()
         FROM held
         WHERE q.id = held.id
         RETURNING q.conversation_id
     )
     SELECT min(lifted.conversation_id::text)::uuid INTO woken FROM lifted;
-    IF woken IS NOT NULL THEN
+    IF woken IS NOT NULL AND held_to IS NULL THEN
         PERFORM runrow._wake_dispatchers(woken);
     END IF;
 END
@@ -10622,6 +10707,8 @@ $fn$;
 -- Block a key fleet-wide until `until` (a later block is never shortened): from the caller's
 -- commit on acquire_model_call grants nothing for the key until then, and the key's requests
 -- bucket is emptied and refills only after it, so the fleet does not burst into the wall again.
+-- A rate block: its end is kept apart (rate_blocked_until), so a key error's hold lifted
+-- (_key_answered) leaves it in force; blocked_until is the later of the two.
 -- Creates the key's row (a block-only row) when it has no limits. `refusals`: 429s this report
 -- counts (blocks_reported), 1 for report_rate_limited, 0 for report_rate_limit_exhausted (the
 -- API said the bucket was empty before it refused anything).
@@ -10630,10 +10717,13 @@ RETURNS void
 LANGUAGE plpgsql
 AS $fn$
 BEGIN
-    INSERT INTO runrow.rate_limit AS l (rate_limit_key, blocked_until, blocked_by_run, blocks_reported, refilled_at)
-    VALUES (_block_key.key, _block_key.until, _block_key.by_run, _block_key.refusals, _block_key.until)
+    INSERT INTO runrow.rate_limit AS l (
+        rate_limit_key, blocked_until, rate_blocked_until, blocked_by_run, blocks_reported, refilled_at
+    )
+    VALUES (_block_key.key, _block_key.until, _block_key.until, _block_key.by_run, _block_key.refusals, _block_key.until)
     ON CONFLICT ON CONSTRAINT rate_limit_pkey DO UPDATE
     SET blocked_until = greatest(l.blocked_until, excluded.blocked_until),
+        rate_blocked_until = greatest(l.rate_blocked_until, excluded.rate_blocked_until),
         blocked_by_run = CASE WHEN l.blocked_until >= excluded.blocked_until THEN l.blocked_by_run
             ELSE excluded.blocked_by_run END,
         blocks_reported = l.blocks_reported + _block_key.refusals,
@@ -11916,6 +12006,7 @@ DECLARE
     l runrow.rate_limit;
     why text;
     need_input numeric;
+    rpm numeric;
     wait numeric := 0;
     reserved jsonb;
 BEGIN
@@ -11984,8 +12075,12 @@ BEGIN
     -- minute at most; the whole estimate put it in debt (100,000,000 tokens at 30,000 a minute:
     -- every run of the key waited 55 hours, issue 11's SQL audit).
     need_input := least(acquire_model_call.input_tokens_estimate, l.input_tokens_per_minute);
-    IF l.requests_per_minute IS NOT NULL AND l.requests_left < 1 THEN
-        wait := greatest(wait, (1 - l.requests_left) * 60 / l.requests_per_minute);
+    -- A key without a requests limit of its own is paced after a header block until the API's
+    -- bucket is full again (report_rate_limit_exhausted, _lock_bucket): its waiting requests go
+    -- one at a time, not at once.
+    rpm := coalesce(l.requests_per_minute, l.paced_requests_per_minute);
+    IF rpm IS NOT NULL AND l.requests_left < 1 THEN
+        wait := greatest(wait, (1 - l.requests_left) * 60 / rpm);
     END IF;
     IF l.input_tokens_per_minute IS NOT NULL AND l.input_tokens_left < need_input THEN
         wait := greatest(wait, (need_input - l.input_tokens_left) * 60 / l.input_tokens_per_minute);
@@ -12006,7 +12101,7 @@ BEGIN
     END IF;
 
     UPDATE runrow.rate_limit AS b
-    SET requests_left = CASE WHEN b.requests_per_minute IS NULL THEN 0 ELSE b.requests_left - 1 END,
+    SET requests_left = CASE WHEN rpm IS NULL THEN 0 ELSE b.requests_left - 1 END,
         input_tokens_left = CASE WHEN b.input_tokens_per_minute IS NULL THEN 0
             ELSE b.input_tokens_left - need_input END,
         -- The key's last word was an API key or account error (report_key_error) and its block
@@ -12044,7 +12139,8 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 'its bucket row''s lock: blocked (report_rate_limited) gives (false, seconds left, blocked) '
 'and keeps the block''s end on the run (block_told_until, read by defer_run; a grant clears it); '
 'too few requests or uncached input tokens left for input_tokens_estimate, or output tokens in '
-'debt, gives (false, seconds until there are, rate_limited); else one request and the estimate '
+'debt, gives (false, seconds until there are, rate_limited) (a key with no requests limit of its '
+'own is paced so after a header block: report_rate_limit_exhausted); else one request and the estimate '
 '(at most a minute''s worth of input; the rest is charged when the usage settles) are taken and '
 '(true, 0, NULL) returned. While the key has an API key or account error (report_key_error), '
 'the grant after its block is the one probe: the key is held for the other runs for one more '
@@ -15784,9 +15880,9 @@ BEGIN
     block := round(least(report_key_error.max_block_seconds,
         report_key_error.first_block_seconds * power(2::numeric, least(streak - 1, 30))), 3);
     until := now() + make_interval(secs => block::double precision);
-    -- A longer block in force that is not this streak's own (a 429's) is never shortened.
-    blocked := CASE WHEN l.blocked_until > until AND l.blocked_until IS DISTINCT FROM l.key_error_until
-        THEN l.blocked_until ELSE until END;
+    -- A longer rate block in force (a 429's, a response's headers') is never shortened
+    -- (greatest skips a NULL).
+    blocked := greatest(until, l.rate_blocked_until);
     UPDATE runrow.rate_limit AS r
     SET blocked_until = blocked,
         blocked_by_run = CASE WHEN blocked = until THEN report_key_error.run_id ELSE r.blocked_by_run END,
@@ -15827,7 +15923,9 @@ REVOKE ALL ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeri
 GRANT EXECUTE ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) TO runrow_worker;
 
 -- functions/report_rate_limit_exhausted.sql
-CREATE OR REPLACE FUNCTION runrow.report_rate_limit_exhausted(run_id uuid, claim_token uuid, reset_in_seconds numeric)
+CREATE OR REPLACE FUNCTION runrow.report_rate_limit_exhausted(
+    run_id uuid, claim_token uuid, reset_in_seconds numeric, requests_limit integer DEFAULT NULL
+)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -15835,6 +15933,7 @@ SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     key text;
+    until timestamptz;
 BEGIN
     PERFORM runrow._require_not_null(report_rate_limit_exhausted.run_id, 'run_id');
     PERFORM runrow._require_not_null(report_rate_limit_exhausted.claim_token, 'claim_token');
@@ -15842,6 +15941,7 @@ BEGIN
     -- The API's limits are per-minute buckets: an empty one is full again within a minute.
     -- A longer wait is a misread header, and would hold every worker of the key on it.
     PERFORM runrow._require_seconds(report_rate_limit_exhausted.reset_in_seconds, 'reset_in_seconds', 60);
+    PERFORM runrow._require_positive(report_rate_limit_exhausted.requests_limit, 'requests_limit');
 
     IF NOT runrow._hold_claim(report_rate_limit_exhausted.run_id, report_rate_limit_exhausted.claim_token) THEN
         RETURN;  -- fenced out: nothing written
@@ -15850,21 +15950,33 @@ BEGIN
     IF key IS NULL THEN
         RETURN;
     END IF;
+    -- At least a millisecond: 1e-1000 is more than 0, and underflowed the cast (22003).
+    until := now() + make_interval(secs => greatest(report_rate_limit_exhausted.reset_in_seconds, 0.001)::double precision);
     -- Unlike a 429 the response was answered, and is billed: the run's model-call reservation
     -- stays (the report is made while the answer streams, and a holder killed before it
     -- settles is charged the reservation at the reap). Nor is it a refusal: blocks_reported
     -- counts 429s only.
-    PERFORM runrow._block_key(
-        key,
-        -- At least a millisecond: 1e-1000 is more than 0, and underflowed the cast (22003).
-        now() + make_interval(secs => greatest(report_rate_limit_exhausted.reset_in_seconds, 0.001)::double precision),
-        report_rate_limit_exhausted.run_id,
-        0
-    );
+    PERFORM runrow._block_key(key, until, report_rate_limit_exhausted.run_id, 0);
+    IF report_rate_limit_exhausted.requests_limit IS NULL THEN
+        RETURN;
+    END IF;
+    -- With the limit known, reset_in_seconds is the API's pace: its bucket of requests_limit
+    -- refills one request per reset_in_seconds (the block lasts until one is back). A key with
+    -- no requests limit of its own had nothing to hold its waiting requests to once the block
+    -- ended: all went at once, and all but one met the empty bucket as 429s (bench/rate_limits).
+    -- So its requests bucket mirrors the API's: the block ends with the one request back, then
+    -- it refills one per reset_in_seconds up to requests_limit, and once it has stood full for
+    -- one more request's time (nobody drew on it for as long as the API's takes to fill) the
+    -- pace is over (_lock_bucket). Each report sets it anew.
+    UPDATE runrow.rate_limit AS l
+    SET paced_requests_per_minute = round(60 / greatest(report_rate_limit_exhausted.reset_in_seconds, 0.001), 6),
+        paced_requests_limit = report_rate_limit_exhausted.requests_limit,
+        requests_left = 1
+    WHERE l.rate_limit_key = key AND l.requests_per_minute IS NULL;
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.report_rate_limit_exhausted(uuid, uuid, numeric) IS
+COMMENT ON FUNCTION runrow.report_rate_limit_exhausted(uuid, uuid, numeric, integer) IS
 'A model response for the run the worker holds said one of the API''s rate-limit buckets is '
 'empty (anthropic-ratelimit-requests-remaining: 0): a request before it refills would be '
 'refused 429, so the run''s rate_limit_key is blocked fleet-wide for reset_in_seconds (the '
@@ -15872,13 +15984,22 @@ COMMENT ON FUNCTION runrow.report_rate_limit_exhausted(uuid, uuid, numeric) IS
 'a later block is never shortened), '
 'as report_rate_limited blocks it for a 429: acquire_model_call grants nothing for the key '
 'until the block ends, and the key''s requests bucket is emptied and refills only after it. '
+'The block is a rate block: a key error''s hold lifted meanwhile (its probe answered) leaves it '
+'in force. With requests_limit (the header''s anthropic-ratelimit-requests-limit; DEFAULT NULL: '
+'no pace), a key with no requests_per_minute of its own (set_rate_limit) is paced after the '
+'block: its requests bucket mirrors the API''s, ending the block with one request back, then '
+'refilling one request per reset_in_seconds (60 / reset_in_seconds a minute) up to '
+'requests_limit, and the pace ends when it has stood full for one more reset_in_seconds (the '
+'API''s is full then, and the key''s demand under its pace); so the slots '
+'waiting on the block are granted one at a time, not at once into the API''s empty bucket. '
+'Each report sets the pace anew. '
 'Creates the key''s row when it has no limits. Unlike report_rate_limited, the run''s '
 'model-call reservation stays (the response is billed) and blocks_reported (429s) is not '
 'counted. Fenced: nothing written unless claim_token holds the running run. Bad input (NULL, '
-'reset_in_seconds not more than 0 or over 60) raises 22004/22023.';
+'reset_in_seconds not more than 0 or over 60, requests_limit not more than 0) raises 22004/22023.';
 
-REVOKE ALL ON FUNCTION runrow.report_rate_limit_exhausted(uuid, uuid, numeric) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION runrow.report_rate_limit_exhausted(uuid, uuid, numeric) TO runrow_worker;
+REVOKE ALL ON FUNCTION runrow.report_rate_limit_exhausted(uuid, uuid, numeric, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.report_rate_limit_exhausted(uuid, uuid, numeric, integer) TO runrow_worker;
 
 -- functions/report_rate_limited.sql
 CREATE OR REPLACE FUNCTION runrow.report_rate_limited(run_id uuid, claim_token uuid, retry_after_seconds numeric)

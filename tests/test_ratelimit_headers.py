@@ -36,9 +36,10 @@ def test_a_bucket_with_requests_left_blocks_nothing() -> None:
 def test_an_empty_bucket_blocks_until_one_request_is_back_by_the_apis_clock() -> None:
     # The date is the API's: whatever the worker's clock says, the wait is (reset − date) / limit,
     # the bucket refilling evenly to full at its reset.
-    assert exhausted(answer(requests=(50, 0, "2025-01-01T00:00:05Z"))) == Exhausted("requests", 0.1)
-    assert exhausted(answer(requests=(5, 0, "2025-01-01T00:00:05.250+00:00"))) == Exhausted("requests", 1.05)
-    assert exhausted(answer(requests=(1, 0, "2025-01-01T01:00:05+01:00"))) == Exhausted("requests", 5.0)
+    assert exhausted(answer(requests=(50, 0, "2025-01-01T00:00:05Z"))) == Exhausted("requests", 0.1, 50)
+    quarter = answer(requests=(5, 0, "2025-01-01T00:00:05.250+00:00"))
+    assert exhausted(quarter) == Exhausted("requests", 1.05, 5)
+    assert exhausted(answer(requests=(1, 0, "2025-01-01T01:00:05+01:00"))) == Exhausted("requests", 5.0, 1)
 
 
 def test_the_token_buckets_block_nothing() -> None:
@@ -51,7 +52,7 @@ def test_the_token_buckets_block_nothing() -> None:
     assert exhausted(tokens_only) is None
     assert [b.name for b in buckets(tokens_only)] == ["input-tokens", "output-tokens", "tokens"]
     both = answer(requests=(10, 0, "2025-01-01T00:00:02Z"), input_tokens=(40000, 0, "2025-01-01T00:00:20Z"))
-    assert exhausted(both) == Exhausted("requests", 0.2)
+    assert exhausted(both) == Exhausted("requests", 0.2, 10)
 
 
 def test_header_names_are_case_insensitive_as_http_has_them() -> None:
@@ -63,14 +64,14 @@ def test_header_names_are_case_insensitive_as_http_has_them() -> None:
             f"{P}requests-RESET": "2025-01-01T00:00:07Z",
         }
     )
-    assert exhausted(headers) == Exhausted("requests", 3.5)
+    assert exhausted(headers) == Exhausted("requests", 3.5, 2)
 
 
 def test_a_huge_reset_is_capped_at_a_minute() -> None:
     assert exhausted(answer(requests=(50, 0, "9999-12-31T23:59:59Z"))) == Exhausted(
-        "requests", MAX_BLOCK_SECONDS
+        "requests", MAX_BLOCK_SECONDS, 50
     )
-    assert exhausted(answer(requests=(1, 0, "2025-01-01T00:01:00.5Z"))) == Exhausted("requests", 60.0)
+    assert exhausted(answer(requests=(1, 0, "2025-01-01T00:01:00.5Z"))) == Exhausted("requests", 60.0, 1)
 
 
 @pytest.mark.parametrize("reset", ["2025-01-01T00:00:00Z", "2024-12-31T23:59:00Z", "0001-01-01T00:00:00Z"])
@@ -112,6 +113,8 @@ def test_a_garbled_limit_still_blocks_until_the_reset() -> None:
     assert exhausted(answer(requests=("many", 0, "2025-01-01T00:00:05Z"))) == Exhausted("requests", 5.0)
     assert exhausted(answer(requests=("0", 0, "2025-01-01T00:00:05Z"))) == Exhausted("requests", 5.0)
     assert buckets(answer(requests=("many", 0, None)))[0].limit is None
+    # No limit, no pace: the wait is to the full reset, not one request's refill.
+    assert exhausted(answer(requests=("0", 0, "2025-01-01T00:00:05Z"))).limit is None  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("headers", [None, {}, {"date": DATE}, {f"{P}requests-remaining": "0"}])

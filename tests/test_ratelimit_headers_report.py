@@ -82,7 +82,9 @@ async def test_a_block_that_cannot_be_written_fails_nothing(
 ) -> None:
     key = f"headers-{uuid.uuid4()}"
     ctx = await context(pool, key)
-    db.execute("ALTER FUNCTION runrow.report_rate_limit_exhausted(uuid, uuid, numeric) RENAME TO gone")
+    db.execute(
+        "ALTER FUNCTION runrow.report_rate_limit_exhausted(uuid, uuid, numeric, integer) RENAME TO gone"
+    )
     try:
         before = metrics.MODEL_RATE_LIMIT_REPORT_FAILED._value.get()
         with caplog.at_level(logging.WARNING, logger="runrow.run"):
@@ -93,4 +95,23 @@ async def test_a_block_that_cannot_be_written_fails_nothing(
         assert any("could not be blocked" in r.getMessage() for r in caplog.records), caplog.records
         assert blocked_for(db, key) is None
     finally:
-        db.execute("ALTER FUNCTION runrow.gone(uuid, uuid, numeric) RENAME TO report_rate_limit_exhausted")
+        db.execute(
+            "ALTER FUNCTION runrow.gone(uuid, uuid, numeric, integer) RENAME TO report_rate_limit_exhausted"
+        )
+
+
+async def test_a_key_without_a_limit_is_paced_at_the_apis_refill_after_the_block(
+    pool: AsyncConnectionPool, db: psycopg.Connection
+) -> None:
+    # The header's limit goes with the block: with the key's own limit unset, its waiting slots
+    # were all granted at the block's end, into the API's empty bucket (bench/rate_limits.py).
+    key = f"headers-{uuid.uuid4()}"
+    ctx = await context(pool, key)
+    await limits.after_headers(ctx, EMPTY)
+    await wait_until_async(lambda: blocked_for(db, key) is not None, 10, "the key blocked")
+    row = db.execute(
+        "SELECT paced_requests_per_minute::float8, paced_requests_limit FROM runrow.rate_limit "
+        "WHERE rate_limit_key = %s",
+        (key,),
+    ).fetchone()
+    assert row == (12.0, 2)  # one request back per 5 s (10 s for 2), up to the 2

@@ -18,7 +18,9 @@ report_rate_limited).
   request before one refills would be a 429, so the key is blocked fleet-wide until one is back
   (report_rate_limit_exhausted, for (reset − date) / limit, at most 60 s), read as the
   response's headers arrive, before its body streams: the other workers' next
-  acquire_model_call waits, and none of them sends into the empty bucket.
+  acquire_model_call waits, and none of them sends into the empty bucket. With the header's
+  limit passed too, a key with no limit set in the database is paced after the block at the
+  API's refill (one request per that wait), so the slots waiting on it do not all go at once.
 
 - an API key or account error (401, 402, a 403 about the key, "credit balance is too low";
   model.is_key_error): not the run's fault. Reported (report_key_error: the key is blocked
@@ -190,7 +192,7 @@ async def _report_exhausted(ctx: RunContext, empty: ratelimit_headers.Exhausted)
             await retry.call(
                 ctx.pool,
                 lambda conn: limits_api.report_rate_limit_exhausted(
-                    conn, run.run_id, run.claim_token, empty.seconds
+                    conn, run.run_id, run.claim_token, empty.seconds, empty.limit
                 ),
                 "report_rate_limit_exhausted",
             )

@@ -45,6 +45,9 @@ class Bucket:
 class Exhausted:
     bucket: str  # the empty bucket: requests
     seconds: float  # how long to block the key: until one request is back, at most MAX_BLOCK_SECONDS
+    # The bucket's limit when the response states it: `seconds` is then the API's pace (one
+    # request back per `seconds`), which the fleet keeps after the block (report_rate_limit_exhausted).
+    limit: int | None = None
 
 
 def buckets(headers: Mapping[str, str] | None) -> list[Bucket]:
@@ -80,7 +83,7 @@ def exhausted(headers: Mapping[str, str] | None) -> Exhausted | None:
         seconds = bucket.reset_in / bucket.limit if bucket.limit else bucket.reset_in
         if not seconds >= MIN_BLOCK_SECONDS:
             return None  # a reset already past: nothing to wait for
-        return Exhausted(bucket.name, min(seconds, MAX_BLOCK_SECONDS))
+        return Exhausted(bucket.name, min(seconds, MAX_BLOCK_SECONDS), bucket.limit or None)
     return None
 
 

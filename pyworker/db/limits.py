@@ -51,11 +51,23 @@ async def report_rate_limited(
 
 
 async def report_rate_limit_exhausted(
-    conn: AsyncConnection, run_id: UUID, claim_token: UUID, reset_in_seconds: float
+    conn: AsyncConnection,
+    run_id: UUID,
+    claim_token: UUID,
+    reset_in_seconds: float,
+    requests_limit: int | None = None,
 ) -> None:
+    """`requests_limit`: the header's, when stated (a key without a limit of its own is paced
+    after the block); at most an integer column's range (the pace lasts a minute at most)."""
     await conn.execute(
-        "SELECT runrow.report_rate_limit_exhausted(run_id => %s, claim_token => %s, reset_in_seconds => %s)",
-        (run_id, claim_token, Decimal(str(round(min(60.0, max(0.001, reset_in_seconds)), 3)))),
+        "SELECT runrow.report_rate_limit_exhausted(run_id => %s, claim_token => %s, reset_in_seconds => %s, "
+        "requests_limit => %s)",
+        (
+            run_id,
+            claim_token,
+            Decimal(str(round(min(60.0, max(0.001, reset_in_seconds)), 3))),
+            None if not requests_limit or requests_limit < 1 else min(requests_limit, 2_147_483_647),
+        ),
     )
 
 
