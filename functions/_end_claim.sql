@@ -3,7 +3,8 @@
 -- reaper, that its lease is still expired beyond the grace *now*), then move it to
 -- queued (attempts left), cancelled (a stop was requested), failed (max_attempts = 1)
 -- or dead (attempts exhausted). Journals and wakes accordingly. NULL when fenced out. A reap
--- charges the reservation of the model call its holder was granted and never settled.
+-- charges the reservation of the model call its holder was granted and never settled; either
+-- way the reservation leaves the tenant's reserved total.
 CREATE OR REPLACE FUNCTION runrow._end_claim(
     run_id uuid, claim_token uuid, error text, expired_grace_seconds integer, retry_in interval
 )
@@ -66,6 +67,11 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    -- The claim is over: a call it was granted and never settled no longer holds back its
+    -- tenant's other runs (migration 0088). A reap charged it above, if it was this attempt's; a
+    -- release follows a call that got no answer (a 5xx, a connection lost before the response
+    -- began: a response cut after it began was paid by record_usage first), which is not billed.
+    PERFORM runrow._tenant_unreserve(r.id);
 
     IF r.status = 'queued' THEN
         outcome := 'requeued';

@@ -139,16 +139,35 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    SELECT coalesce(sum(s.tokens), 0) AS tokens, coalesce(sum(s.cost), 0) AS cost INTO spent
+    spent := runrow._tenant_spent(b.fairness_key);
+    RETURN runrow._tenant_over(b, spent.tokens, spent.cost);
+END
+$fn$;
+
+-- What a tenant spent (settled) in its rolling day: every hour that overlaps the last 24.
+CREATE OR REPLACE FUNCTION runrow._tenant_spent(fairness_key text, OUT tokens numeric, OUT cost numeric)
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    SELECT coalesce(sum(s.tokens), 0), coalesce(sum(s.cost), 0) INTO tokens, cost
     FROM runrow.spend_hour AS s
-    WHERE s.fairness_key = b.fairness_key AND s.hour > now() - interval '25 hours';
-    IF spent.tokens >= b.tokens_per_day THEN
+    WHERE s.fairness_key = _tenant_spent.fairness_key AND s.hour > now() - interval '25 hours';
+END
+$fn$;
+
+-- Why a tenant that spent `tokens` and `cost` in its rolling day is over budget b, or NULL.
+CREATE OR REPLACE FUNCTION runrow._tenant_over(b runrow.tenant_budget, tokens numeric, cost numeric)
+RETURNS text
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    IF _tenant_over.tokens >= b.tokens_per_day THEN
         RETURN format('budget_exhausted: tenant "%s" used %s tokens of its %s per day',
-            b.fairness_key, spent.tokens, b.tokens_per_day);
+            b.fairness_key, _tenant_over.tokens, b.tokens_per_day);
     END IF;
-    IF spent.cost >= b.cost_per_day THEN
+    IF _tenant_over.cost >= b.cost_per_day THEN
         RETURN format('budget_exhausted: tenant "%s" spent %s USD of its %s USD per day',
-            b.fairness_key, round(spent.cost, 6), b.cost_per_day);
+            b.fairness_key, round(_tenant_over.cost, 6), b.cost_per_day);
     END IF;
     RETURN NULL;
 END
@@ -304,6 +323,8 @@ BEGIN
     RETURNING a.* INTO r;
 
     PERFORM 1 FROM runrow.tenant_budget AS b WHERE b.fairness_key = r.fairness_key FOR UPDATE;
+    -- Its reservation leaves the tenant's total as its usage joins the spend (migration 0088).
+    PERFORM runrow._tenant_unreserve(_charge_usage.run_id);
     INSERT INTO runrow.spend_hour AS s (
         fairness_key, hour, model, model_calls, input_tokens, output_tokens, cache_write_tokens,
         cache_read_tokens, tokens, cost
@@ -410,6 +431,8 @@ BEGIN
     SET model_call_reserved = NULL, model_call_attempt = NULL, block_told_until = _key_error_told.told,
         updated_at = now()
     WHERE a.id = _key_error_told.run_id;
+    -- And from its tenant's total; report_key_error holds the key's row already, as a grant would.
+    PERFORM runrow._tenant_unreserve(_key_error_told.run_id);
     RETURN round(greatest(extract(EPOCH FROM _key_error_told.told - now()), 0.001), 3);
 END
 $fn$;
@@ -452,6 +475,8 @@ REVOKE ALL ON FUNCTION runrow._usage_tokens(jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._budget_verdict(runrow.agent_run) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._end_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._tenant_verdict(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._tenant_spent(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._tenant_over(runrow.tenant_budget, numeric, numeric) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._fail_queued_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._charge_usage(uuid, jsonb) FROM PUBLIC;

@@ -50,18 +50,6 @@ BEGIN
         'output_tokens', least(coalesce(nullif(runrow._usage_tokens(r.metadata, 'max_tokens'), 0), 4096), 128000));
 
     l := runrow._lock_bucket(r.rate_limit_key);
-    IF l.rate_limit_key IS NULL THEN
-        -- No limit and no block for this key. A granted row as OUT values and RETURN NEXT: no
-        -- statement for a row of values (issue 11).
-        UPDATE runrow.agent_run AS a
-        SET model_call_reserved = reserved, model_call_attempt = r.attempt, block_told_until = NULL,
-            updated_at = now()
-        WHERE a.id = r.id;
-        granted := true;
-        wait_seconds := 0;
-        RETURN NEXT;
-        RETURN;
-    END IF;
     IF l.blocked_until > now() THEN
         -- The end told is kept on the run: if the block is lifted before the worker defers the
         -- run for this wait, defer_run sees it and makes the run due (migration 0084). A write
@@ -72,34 +60,65 @@ BEGIN
         RETURN;
     END IF;
 
-    -- An estimate over a minute's worth waits for a full bucket instead of forever, and takes
-    -- that minute's worth: the rest is charged when the call's usage settles (append_step). A
-    -- grant that never settles (the request failed, the worker died) so holds the key back a
-    -- minute at most; the whole estimate put it in debt (100,000,000 tokens at 30,000 a minute:
-    -- every run of the key waited 55 hours, issue 11's SQL audit).
-    need_input := least(acquire_model_call.input_tokens_estimate, l.input_tokens_per_minute);
-    -- A key without a requests limit of its own is paced after a header block until the API's
-    -- bucket is full again (report_rate_limit_exhausted, _lock_bucket): its waiting requests go
-    -- one at a time, not at once.
-    rpm := coalesce(l.requests_per_minute, l.paced_requests_per_minute);
-    IF rpm IS NOT NULL AND l.requests_left < 1 THEN
-        wait := greatest(wait, (1 - l.requests_left) * 60 / rpm);
+    IF l.rate_limit_key IS NOT NULL THEN
+        -- An estimate over a minute's worth waits for a full bucket instead of forever, and
+        -- takes that minute's worth: the rest is charged when the call's usage settles
+        -- (append_step). A grant that never settles (the request failed, the worker died) so
+        -- holds the key back a minute at most; the whole estimate put it in debt (100,000,000
+        -- tokens at 30,000 a minute: every run of the key waited 55 hours, issue 11's SQL audit).
+        need_input := least(acquire_model_call.input_tokens_estimate, l.input_tokens_per_minute);
+        -- A key without a requests limit of its own is paced after a header block until the
+        -- API's bucket is full again (report_rate_limit_exhausted, _lock_bucket): its waiting
+        -- requests go one at a time, not at once.
+        rpm := coalesce(l.requests_per_minute, l.paced_requests_per_minute);
+        IF rpm IS NOT NULL AND l.requests_left < 1 THEN
+            wait := greatest(wait, (1 - l.requests_left) * 60 / rpm);
+        END IF;
+        IF l.input_tokens_per_minute IS NOT NULL AND l.input_tokens_left < need_input THEN
+            wait := greatest(wait, (need_input - l.input_tokens_left) * 60 / l.input_tokens_per_minute);
+        END IF;
+        -- Output is charged when the step settles; a bucket in debt waits until it is back above 0.
+        IF l.output_tokens_per_minute IS NOT NULL AND l.output_tokens_left <= 0 THEN
+            wait := greatest(wait, (1 - l.output_tokens_left) * 60 / l.output_tokens_per_minute);
+        END IF;
     END IF;
-    IF l.input_tokens_per_minute IS NOT NULL AND l.input_tokens_left < need_input THEN
-        wait := greatest(wait, (need_input - l.input_tokens_left) * 60 / l.input_tokens_per_minute);
+    IF wait = 0 THEN
+        -- The tenant's budget with its calls in flight (migration 0088), under its budget row's
+        -- lock, taken after the bucket's as every settle takes them.
+        why := runrow._tenant_reserve(r, reserved);
+        IF why IS NOT NULL AND why <> 'budget_reserved' THEN
+            -- Spent, settled, since the verdict above: a call settled in between.
+            PERFORM runrow._end_for_budget(r.id, why);
+            RETURN QUERY SELECT false, NULL::numeric, 'budget_exhausted'::text;
+            RETURN;
+        END IF;
     END IF;
-    -- Output is charged when the step settles; a bucket in debt waits until it is back above 0.
-    IF l.output_tokens_per_minute IS NOT NULL AND l.output_tokens_left <= 0 THEN
-        wait := greatest(wait, (1 - l.output_tokens_left) * 60 / l.output_tokens_per_minute);
-    END IF;
-    IF wait > 0 THEN
+    IF wait > 0 OR why IS NOT NULL THEN
         IF r.block_told_until IS NOT NULL THEN
             -- A block told before (this claim or the last holder's, released or reaped) is not
             -- what this wait is for: left, a block lifted since made this rate_limited deferral
             -- due at once (defer_run), a wasted claim (the review).
             UPDATE runrow.agent_run AS a SET block_told_until = NULL, updated_at = now() WHERE a.id = r.id;
         END IF;
+        IF why IS NOT NULL THEN
+            -- The tenant's calls in flight may settle lower than reserved: ask again soon.
+            RETURN QUERY SELECT false, 1::numeric, why;
+            RETURN;
+        END IF;
         RETURN QUERY SELECT false, round(greatest(wait, 0.001), 3), 'rate_limited'::text;
+        RETURN;
+    END IF;
+
+    IF l.rate_limit_key IS NULL THEN
+        -- No limit and no block for this key. A granted row as OUT values and RETURN NEXT: no
+        -- statement for a row of values (issue 11).
+        UPDATE runrow.agent_run AS a
+        SET model_call_reserved = reserved, model_call_attempt = r.attempt, block_told_until = NULL,
+            updated_at = now()
+        WHERE a.id = r.id;
+        granted := true;
+        wait_seconds := 0;
+        RETURN NEXT;
         RETURN;
     END IF;
 
@@ -143,13 +162,20 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 'and keeps the block''s end on the run (block_told_until, read by defer_run; a grant clears it); '
 'too few requests or uncached input tokens left for input_tokens_estimate, or output tokens in '
 'debt, gives (false, seconds until there are, rate_limited) (a key with no requests limit of its '
-'own is paced so after a header block: report_rate_limit_exhausted); else one request and the estimate '
+'own is paced so after a header block: report_rate_limit_exhausted). Then the tenant''s budget with '
+'its calls in flight, under its budget row''s lock: when the settled spend plus the reservations '
+'of the tenant''s other granted, unsettled calls plus this call''s would pass tokens_per_day or '
+'cost_per_day, the call waits while another is in flight: (false, 1, budget_reserved), nothing '
+'taken (the calls in flight may settle lower; alone, a call goes), so the tenant passes its '
+'budget by one call''s reservation at most; the settled spend alone at the budget ends the run '
+'as above. Else one request and the estimate '
 '(at most a minute''s worth of input; the rest is charged when the usage settles) are taken and '
 '(true, 0, NULL) returned. While the key has an API key or account error (report_key_error), '
 'the grant after its block is the one probe: the key is held for the other runs for one more '
 'block, until the probe is answered. A key without a row is not limited. Every grant '
 'reserves the call''s worst case on the run (model_call_reserved: input_tokens_estimate as '
-'input tokens, at most 1000000, metadata.max_tokens, else 4096, as output tokens, at most 128000): append_step or record_usage '
+'input tokens, at most 1000000, metadata.max_tokens, else 4096, as output tokens, at most 128000), '
+'counted in a budgeted tenant''s reserved total (tenant_reservation): append_step or record_usage '
 'settles the grant with the real usage and clears it; if the holder dies first, '
 'reap_expired_runs charges the reservation to the run''s spend, its tenant''s hour and the '
 'budgets. Fenced: no row and nothing written unless claim_token '

@@ -71,6 +71,8 @@ BEGIN
         updated_at = now()
     WHERE a.id = defer_run.run_id
     RETURNING a.* INTO r;
+    -- Out of its tenant's reserved total too (migration 0088), after the key's row as a grant.
+    PERFORM runrow._tenant_unreserve(defer_run.run_id);
 
     IF r.status = 'cancelled' THEN
         PERFORM runrow._journal_complete(r.id, r.conversation_id, r.status, NULL, defer_run.reason);

@@ -23,6 +23,7 @@ BEGIN
     WHERE a.id = report_rate_limited.run_id AND a.model_call_reserved IS NOT NULL;
     SELECT a.rate_limit_key INTO key FROM runrow.agent_run AS a WHERE a.id = report_rate_limited.run_id;
     IF key IS NULL THEN
+        PERFORM runrow._tenant_unreserve(report_rate_limited.run_id);
         RETURN;
     END IF;
     -- At least a millisecond: 1e-1000 is more than 0, and underflowed the cast (22003).
@@ -31,6 +32,8 @@ BEGIN
     -- The provider's bucket is empty: ours is emptied too, and refills only once the block
     -- ends (refilled_at in the future), so the fleet does not burst into the wall again.
     PERFORM runrow._block_key(key, until, report_rate_limited.run_id, 1);
+    -- Out of its tenant's total too (migration 0088): after the key's row, as a grant locks them.
+    PERFORM runrow._tenant_unreserve(report_rate_limited.run_id);
 END
 $fn$;
 
@@ -40,7 +43,8 @@ COMMENT ON FUNCTION runrow.report_rate_limited(uuid, uuid, numeric) IS
 'commit on acquire_model_call grants nothing for the key until the block ends, and the '
 'key''s requests bucket is emptied and refills only after it. Creates the key''s row when it '
 'has no limits. '
-'The run''s model-call reservation (acquire_model_call) is dropped: a 429 is not billed. '
+'The run''s model-call reservation (acquire_model_call) is dropped, from its tenant''s '
+'reserved total too: a 429 is not billed. '
 'Fenced: nothing written unless claim_token holds the running run. Bad input '
 '(NULL, retry_after_seconds not more than 0 or over 86400) raises 22004/22023.';
 

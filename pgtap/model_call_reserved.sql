@@ -107,6 +107,9 @@ SELECT pg_temp.reserve_run('{"max_tokens": "lots"}') AS d \gset
 SELECT pg_temp.acquire(:'d', 10);
 SELECT is((SELECT model_call_reserved FROM runrow.agent_run WHERE id = :'d'),
     '{"input_tokens": 10, "output_tokens": 4096}'::jsonb, 'no numeric max_tokens: 4096');
+-- Handed back (its reservation, in flight, would hold back the tenant's next calls: 0088).
+SELECT runrow.release_run(:'d', pg_temp.token(:'d'), 'done');
+SELECT runrow.cancel_run(:'d');
 
 -- The charge crosses the run's token_budget: its next request is refused, the run ends.
 SELECT pg_temp.reserve_run(tokens => 1000) AS b \gset

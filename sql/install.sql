@@ -132,7 +132,8 @@ BEGIN
     '0084_block_told_until',
     '0085_identifiers_printable',
     '0086_report_rate_limit_exhausted',
-    '0087_rate_block_apart'
+    '0087_rate_block_apart',
+    '0088_tenant_reserved'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -8408,6 +8409,137 @@ INSERT INTO runrow._yoyo_migration VALUES ('a37289ad6a2e955788fe1bf058011283d108
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'a37289ad6a2e955788fe1bf058011283d108d4d846036fb3c103bd6fc8909c07', '0087_rate_block_apart', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0088_tenant_reserved
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '018457e352207bca365b031c806d3df94e7c7a53f3fb5a2952fbf9f200b52db0') AS apply_018457e35220 \gset
+\if :apply_018457e35220
+-- depends: 0087_rate_block_apart
+-- A tenant's runs in flight together each crossed its budget once: acquire_model_call checked
+-- only the spend already settled, so a tenant with 100 runs in flight and $0.10 left of its
+-- cost_per_day got 100 grants, each of which could cost up to its reservation (the worst case
+-- of one response, migration 0080). Now a grant counts the reservations of the tenant's calls
+-- granted and not yet settled: a call whose reservation would carry the settled spend plus the
+-- reservations in flight past the budget waits (budget_reserved) while another call of the
+-- tenant is in flight (those may settle lower than reserved); alone it goes, as a run's one step
+-- always could. So settled + reserved never passes the budget by more than one call's
+-- reservation, however many runs the tenant has in flight.
+--
+-- The total is kept on the tenant's budget row (reserved_tokens, reserved_cost), under the row
+-- lock the grant takes to decide, and each counted reservation is a row of tenant_reservation
+-- (the run, the claim it was granted under, its tokens and its priced cost), which a trigger
+-- adds to and takes from the total, so the total is the sum of the rows by construction. The
+-- grant adds the row; the settle (append_step, record_usage), the reap's charge, a 429, a key
+-- error, a deferral and a release remove it in the same transaction. A claim that ends another
+-- way with its call unsettled (a refused request ends the run failed through finish_run, which
+-- is left alone) leaves its row until a grant that would wait finds it: the rows whose run no
+-- longer holds the claim they were granted under are deleted then, and the decision is made
+-- again. Only tenants with a budget have a total: the others' grants lock nothing more.
+
+ALTER TABLE runrow.tenant_budget
+ADD COLUMN reserved_tokens bigint NOT NULL DEFAULT 0
+CONSTRAINT tenant_budget_reserved_tokens_not_negative CHECK (reserved_tokens >= 0),
+ADD COLUMN reserved_cost numeric NOT NULL DEFAULT 0
+CONSTRAINT tenant_budget_reserved_cost_not_negative CHECK (reserved_cost >= 0);
+
+COMMENT ON COLUMN runrow.tenant_budget.reserved_tokens IS
+'The tokens reserved by the tenant''s granted, unsettled model calls (the sum of its '
+'tenant_reservation rows, kept by their trigger): acquire_model_call counts them with the '
+'settled spend.';
+COMMENT ON COLUMN runrow.tenant_budget.reserved_cost IS
+'The USD (at model_price when granted) reserved by the tenant''s granted, unsettled model '
+'calls (the sum of its tenant_reservation rows, kept by their trigger).';
+
+CREATE TABLE runrow.tenant_reservation (
+    run_id uuid PRIMARY KEY,
+    -- A budget removed takes its reservations with it: a budget set again counts from its
+    -- next grant.
+    fairness_key text NOT NULL REFERENCES runrow.tenant_budget (fairness_key) ON DELETE CASCADE,
+    claim_token uuid NOT NULL,
+    tokens bigint NOT NULL CONSTRAINT tenant_reservation_tokens_not_negative CHECK (tokens >= 0),
+    cost numeric NOT NULL CONSTRAINT tenant_reservation_cost_not_negative CHECK (cost >= 0)
+);
+
+CREATE INDEX tenant_reservation_by_tenant ON runrow.tenant_reservation (fairness_key);
+
+COMMENT ON TABLE runrow.tenant_reservation IS
+'A model call of a budgeted tenant granted (acquire_model_call) and not yet settled: its '
+'reservation (input estimate + max_tokens tokens, priced as uncached input and output) counted '
+'in tenant_budget.reserved_tokens and reserved_cost. Removed when the call settles, is charged '
+'at the reap, is refused (a 429, a key error) or its run is deferred or released; a row whose '
+'run no longer holds claim_token is stale, and deleted by the next grant that would wait.';
+
+-- The total follows the rows. No SET clause (migration 0041): every name is qualified. The
+-- writers lock the tenant's budget row before they write a row (_tenant_reserve,
+-- _tenant_unreserve), so this update never waits crosswise with another.
+CREATE FUNCTION runrow._tenant_reservation_total() RETURNS trigger
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    IF tg_op = 'UPDATE' AND new.fairness_key = old.fairness_key THEN
+        UPDATE runrow.tenant_budget AS b
+        SET reserved_tokens = b.reserved_tokens + new.tokens - old.tokens,
+            reserved_cost = b.reserved_cost + new.cost - old.cost
+        WHERE b.fairness_key = new.fairness_key;
+        RETURN NULL;
+    END IF;
+    IF tg_op <> 'INSERT' THEN
+        UPDATE runrow.tenant_budget AS b
+        SET reserved_tokens = b.reserved_tokens - old.tokens, reserved_cost = b.reserved_cost - old.cost
+        WHERE b.fairness_key = old.fairness_key;
+    END IF;
+    IF tg_op <> 'DELETE' THEN
+        UPDATE runrow.tenant_budget AS b
+        SET reserved_tokens = b.reserved_tokens + new.tokens, reserved_cost = b.reserved_cost + new.cost
+        WHERE b.fairness_key = new.fairness_key;
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._tenant_reservation_total() IS
+'Trigger of tenant_reservation: keeps tenant_budget.reserved_tokens and reserved_cost the sum '
+'of the tenant''s rows.';
+
+REVOKE ALL ON FUNCTION runrow._tenant_reservation_total() FROM PUBLIC;
+
+CREATE TRIGGER tenant_reservation_total
+AFTER INSERT OR UPDATE OR DELETE ON runrow.tenant_reservation
+FOR EACH ROW EXECUTE FUNCTION runrow._tenant_reservation_total();
+
+-- The calls of budgeted tenants in flight as this migration runs are counted at once: the
+-- first grant after it decides with them.
+WITH in_flight AS (
+    -- Written by acquire_model_call alone, as two whole numbers (functions/ is not applied yet).
+    SELECT
+        a.id,
+        a.fairness_key,
+        a.claim_token,
+        a.model,
+        (a.model_call_reserved ->> 'input_tokens')::bigint AS input_tokens,
+        (a.model_call_reserved ->> 'output_tokens')::bigint AS output_tokens
+    FROM runrow.agent_run AS a
+    INNER JOIN runrow.tenant_budget AS b ON a.fairness_key = b.fairness_key
+    WHERE
+        a.status = 'running'
+        AND a.model_call_reserved IS NOT NULL
+        AND a.model_call_attempt = a.attempt
+)
+
+INSERT INTO runrow.tenant_reservation (run_id, fairness_key, claim_token, tokens, cost)
+SELECT
+    f.id AS run_id,
+    f.fairness_key,
+    f.claim_token,
+    f.input_tokens + f.output_tokens AS tokens,
+    coalesce((f.input_tokens * p.input_per_mtok + f.output_tokens * p.output_per_mtok) / 1000000, 0) AS cost
+FROM in_flight AS f
+LEFT JOIN runrow.model_price AS p ON f.model = p.model;
+
+-- 0073: the auditor reads what it is granted; a claim token is a capability, not to be read.
+GRANT SELECT (run_id, fairness_key, tokens, cost) ON runrow.tenant_reservation TO runrow_auditor;
+INSERT INTO runrow._yoyo_migration VALUES ('018457e352207bca365b031c806d3df94e7c7a53f3fb5a2952fbf9f200b52db0', '0088_tenant_reserved', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '018457e352207bca365b031c806d3df94e7c7a53f3fb5a2952fbf9f200b52db0', '0088_tenant_reserved', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -9478,7 +9610,8 @@ REVOKE ALL ON FUNCTION runrow._claim_walk(text, integer, integer) FROM PUBLIC;
 -- reaper, that its lease is still expired beyond the grace *now*), then move it to
 -- queued (attempts left), cancelled (a stop was requested), failed (max_attempts = 1)
 -- or dead (attempts exhausted). Journals and wakes accordingly. NULL when fenced out. A reap
--- charges the reservation of the model call its holder was granted and never settled.
+-- charges the reservation of the model call its holder was granted and never settled; either
+-- way the reservation leaves the tenant's reserved total.
 CREATE OR REPLACE FUNCTION runrow._end_claim(
     run_id uuid, claim_token uuid, error text, expired_grace_seconds integer, retry_in interval
 )
@@ -9541,6 +9674,11 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    -- The claim is over: a call it was granted and never settled no longer holds back its
+    -- tenant's other runs (migration 0088). A reap charged it above, if it was this attempt's; a
+    -- release follows a call that got no answer (a 5xx, a connection lost before the response
+    -- began: a response cut after it began was paid by record_usage first), which is not billed.
+    PERFORM runrow._tenant_unreserve(r.id);
 
     IF r.status = 'queued' THEN
         outcome := 'requeued';
@@ -10429,16 +10567,35 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    SELECT coalesce(sum(s.tokens), 0) AS tokens, coalesce(sum(s.cost), 0) AS cost INTO spent
+    spent := runrow._tenant_spent(b.fairness_key);
+    RETURN runrow._tenant_over(b, spent.tokens, spent.cost);
+END
+$fn$;
+
+-- What a tenant spent (settled) in its rolling day: every hour that overlaps the last 24.
+CREATE OR REPLACE FUNCTION runrow._tenant_spent(fairness_key text, OUT tokens numeric, OUT cost numeric)
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    SELECT coalesce(sum(s.tokens), 0), coalesce(sum(s.cost), 0) INTO tokens, cost
     FROM runrow.spend_hour AS s
-    WHERE s.fairness_key = b.fairness_key AND s.hour > now() - interval '25 hours';
-    IF spent.tokens >= b.tokens_per_day THEN
+    WHERE s.fairness_key = _tenant_spent.fairness_key AND s.hour > now() - interval '25 hours';
+END
+$fn$;
+
+-- Why a tenant that spent `tokens` and `cost` in its rolling day is over budget b, or NULL.
+CREATE OR REPLACE FUNCTION runrow._tenant_over(b runrow.tenant_budget, tokens numeric, cost numeric)
+RETURNS text
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    IF _tenant_over.tokens >= b.tokens_per_day THEN
         RETURN format('budget_exhausted: tenant "%s" used %s tokens of its %s per day',
-            b.fairness_key, spent.tokens, b.tokens_per_day);
+            b.fairness_key, _tenant_over.tokens, b.tokens_per_day);
     END IF;
-    IF spent.cost >= b.cost_per_day THEN
+    IF _tenant_over.cost >= b.cost_per_day THEN
         RETURN format('budget_exhausted: tenant "%s" spent %s USD of its %s USD per day',
-            b.fairness_key, round(spent.cost, 6), b.cost_per_day);
+            b.fairness_key, round(_tenant_over.cost, 6), b.cost_per_day);
     END IF;
     RETURN NULL;
 END
@@ -10594,6 +10751,8 @@ BEGIN
     RETURNING a.* INTO r;
 
     PERFORM 1 FROM runrow.tenant_budget AS b WHERE b.fairness_key = r.fairness_key FOR UPDATE;
+    -- Its reservation leaves the tenant's total as its usage joins the spend (migration 0088).
+    PERFORM runrow._tenant_unreserve(_charge_usage.run_id);
     INSERT INTO runrow.spend_hour AS s (
         fairness_key, hour, model, model_calls, input_tokens, output_tokens, cache_write_tokens,
         cache_read_tokens, tokens, cost
@@ -10700,6 +10859,8 @@ BEGIN
     SET model_call_reserved = NULL, model_call_attempt = NULL, block_told_until = _key_error_told.told,
         updated_at = now()
     WHERE a.id = _key_error_told.run_id;
+    -- And from its tenant's total; report_key_error holds the key's row already, as a grant would.
+    PERFORM runrow._tenant_unreserve(_key_error_told.run_id);
     RETURN round(greatest(extract(EPOCH FROM _key_error_told.told - now()), 0.001), 3);
 END
 $fn$;
@@ -10742,6 +10903,8 @@ REVOKE ALL ON FUNCTION runrow._usage_tokens(jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._budget_verdict(runrow.agent_run) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._end_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._tenant_verdict(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._tenant_spent(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._tenant_over(runrow.tenant_budget, numeric, numeric) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._fail_queued_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._charge_usage(uuid, jsonb) FROM PUBLIC;
@@ -11994,6 +12157,114 @@ $fn$;
 
 REVOKE ALL ON FUNCTION runrow._stop_timed_out(uuid, uuid) FROM PUBLIC;
 
+-- functions/_tenant_reservation.sql
+-- A budgeted tenant's model calls in flight (migration 0088): each grant's reservation is a
+-- row of tenant_reservation, summed on the tenant's budget row by the table's trigger, and
+-- acquire_model_call decides with the settled spend plus that sum. Private helpers, as in
+-- functions/_limits_helpers.sql: no SET clauses, granted to no role.
+
+-- May the run's call, reserving `reserved` ({input_tokens, output_tokens}, acquire_model_call's
+-- worst case), go as far as its tenant's budget is concerned? NULL: yes, and the reservation
+-- is counted (replacing one the run's last claim left unsettled); 'budget_reserved': wait, the
+-- settled spend plus the reservations of the tenant's other calls in flight plus this one would
+-- pass the budget (they may settle lower; alone, a call goes, as a run's one step always could,
+-- so the tenant passes its budget by one call's reservation at most); else the budget is spent,
+-- settled, and the reason to end the run. The budget row is locked to the end of the caller's
+-- transaction (after the key's bucket row: the order of every settle), so two grants racing for
+-- the last of a budget decide one after the other, the second counting the first.
+CREATE OR REPLACE FUNCTION runrow._tenant_reserve(r runrow.agent_run, reserved jsonb)
+RETURNS text
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    b runrow.tenant_budget;
+    spent record;
+    why text;
+    p runrow.model_price;
+    inp bigint := (_tenant_reserve.reserved ->> 'input_tokens')::bigint;
+    outp bigint := (_tenant_reserve.reserved ->> 'output_tokens')::bigint;
+    cost numeric := 0;
+BEGIN
+    SELECT t.* INTO b FROM runrow.tenant_budget AS t WHERE t.fairness_key = r.fairness_key FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    -- Read under the lock: a settle that committed before it is in the spend, and its
+    -- reservation out of the total, never one without the other.
+    spent := runrow._tenant_spent(b.fairness_key);
+    why := runrow._tenant_over(b, spent.tokens, spent.cost);
+    IF why IS NOT NULL THEN
+        RETURN why;
+    END IF;
+    SELECT m.* INTO p FROM runrow.model_price AS m WHERE m.model = r.model;
+    IF FOUND THEN
+        cost := (inp * p.input_per_mtok + outp * p.output_per_mtok) / 1000000;
+    END IF;
+
+    IF b.reserved_tokens > 0
+       AND NOT runrow._tenant_room(b, spent.tokens + b.reserved_tokens + inp + outp, spent.cost + b.reserved_cost + cost) THEN
+        -- Before making it wait, the reservations that hold nothing back any more go: the run's
+        -- own (its last call is over, as it asks for the next one; this one replaces it) and
+        -- those of claims that ended unsettled (a run failed on a refused request, stopped or
+        -- parked: finish_run and its kin leave them). Read on this path only, where it pays.
+        DELETE FROM runrow.tenant_reservation AS s
+        WHERE s.fairness_key = b.fairness_key
+          AND (s.run_id = r.id OR NOT EXISTS (
+              SELECT 1 FROM runrow.agent_run AS a WHERE a.id = s.run_id AND a.claim_token = s.claim_token
+          ));
+        IF FOUND THEN
+            SELECT t.* INTO b FROM runrow.tenant_budget AS t WHERE t.fairness_key = b.fairness_key;
+        END IF;
+        IF b.reserved_tokens > 0
+           AND NOT runrow._tenant_room(b, spent.tokens + b.reserved_tokens + inp + outp, spent.cost + b.reserved_cost + cost) THEN
+            RETURN 'budget_reserved';
+        END IF;
+    END IF;
+
+    INSERT INTO runrow.tenant_reservation AS s (run_id, fairness_key, claim_token, tokens, cost)
+    VALUES (r.id, b.fairness_key, r.claim_token, inp + outp, cost)
+    ON CONFLICT ON CONSTRAINT tenant_reservation_pkey DO UPDATE
+    SET fairness_key = excluded.fairness_key, claim_token = excluded.claim_token,
+        tokens = excluded.tokens, cost = excluded.cost;
+    RETURN NULL;
+END
+$fn$;
+
+-- Does a rolling day of `tokens` and `cost` (spent, reserved and asked for) fit budget b?
+CREATE OR REPLACE FUNCTION runrow._tenant_room(b runrow.tenant_budget, tokens numeric, cost numeric)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT (b.tokens_per_day IS NULL OR _tenant_room.tokens <= b.tokens_per_day)
+        AND (b.cost_per_day IS NULL OR _tenant_room.cost <= b.cost_per_day);
+$fn$;
+
+-- The run's call is done with (settled, charged at the reap, refused, or its claim handed
+-- back): its reservation leaves its tenant's total. The tenant's budget row is locked before
+-- the reservation's row, as a grant locks them, so the two never wait on each other crosswise;
+-- callers that hold a key's bucket row took it first, as a grant does. A run with nothing
+-- counted (most: a tenant without a budget) costs one probe of a small table.
+CREATE OR REPLACE FUNCTION runrow._tenant_unreserve(run_id uuid)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    key text;
+BEGIN
+    SELECT s.fairness_key INTO key FROM runrow.tenant_reservation AS s WHERE s.run_id = _tenant_unreserve.run_id;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM 1 FROM runrow.tenant_budget AS b WHERE b.fairness_key = key FOR UPDATE;
+    DELETE FROM runrow.tenant_reservation AS s WHERE s.run_id = _tenant_unreserve.run_id;
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._tenant_reserve(runrow.agent_run, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._tenant_unreserve(uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._tenant_room(runrow.tenant_budget, numeric, numeric) FROM PUBLIC;
+
 -- functions/acquire_model_call.sql
 CREATE OR REPLACE FUNCTION runrow.acquire_model_call(run_id uuid, claim_token uuid, input_tokens_estimate integer)
 RETURNS TABLE (granted boolean, wait_seconds numeric, reason text)
@@ -12047,18 +12318,6 @@ BEGIN
         'output_tokens', least(coalesce(nullif(runrow._usage_tokens(r.metadata, 'max_tokens'), 0), 4096), 128000));
 
     l := runrow._lock_bucket(r.rate_limit_key);
-    IF l.rate_limit_key IS NULL THEN
-        -- No limit and no block for this key. A granted row as OUT values and RETURN NEXT: no
-        -- statement for a row of values (issue 11).
-        UPDATE runrow.agent_run AS a
-        SET model_call_reserved = reserved, model_call_attempt = r.attempt, block_told_until = NULL,
-            updated_at = now()
-        WHERE a.id = r.id;
-        granted := true;
-        wait_seconds := 0;
-        RETURN NEXT;
-        RETURN;
-    END IF;
     IF l.blocked_until > now() THEN
         -- The end told is kept on the run: if the block is lifted before the worker defers the
         -- run for this wait, defer_run sees it and makes the run due (migration 0084). A write
@@ -12069,34 +12328,65 @@ BEGIN
         RETURN;
     END IF;
 
-    -- An estimate over a minute's worth waits for a full bucket instead of forever, and takes
-    -- that minute's worth: the rest is charged when the call's usage settles (append_step). A
-    -- grant that never settles (the request failed, the worker died) so holds the key back a
-    -- minute at most; the whole estimate put it in debt (100,000,000 tokens at 30,000 a minute:
-    -- every run of the key waited 55 hours, issue 11's SQL audit).
-    need_input := least(acquire_model_call.input_tokens_estimate, l.input_tokens_per_minute);
-    -- A key without a requests limit of its own is paced after a header block until the API's
-    -- bucket is full again (report_rate_limit_exhausted, _lock_bucket): its waiting requests go
-    -- one at a time, not at once.
-    rpm := coalesce(l.requests_per_minute, l.paced_requests_per_minute);
-    IF rpm IS NOT NULL AND l.requests_left < 1 THEN
-        wait := greatest(wait, (1 - l.requests_left) * 60 / rpm);
+    IF l.rate_limit_key IS NOT NULL THEN
+        -- An estimate over a minute's worth waits for a full bucket instead of forever, and
+        -- takes that minute's worth: the rest is charged when the call's usage settles
+        -- (append_step). A grant that never settles (the request failed, the worker died) so
+        -- holds the key back a minute at most; the whole estimate put it in debt (100,000,000
+        -- tokens at 30,000 a minute: every run of the key waited 55 hours, issue 11's SQL audit).
+        need_input := least(acquire_model_call.input_tokens_estimate, l.input_tokens_per_minute);
+        -- A key without a requests limit of its own is paced after a header block until the
+        -- API's bucket is full again (report_rate_limit_exhausted, _lock_bucket): its waiting
+        -- requests go one at a time, not at once.
+        rpm := coalesce(l.requests_per_minute, l.paced_requests_per_minute);
+        IF rpm IS NOT NULL AND l.requests_left < 1 THEN
+            wait := greatest(wait, (1 - l.requests_left) * 60 / rpm);
+        END IF;
+        IF l.input_tokens_per_minute IS NOT NULL AND l.input_tokens_left < need_input THEN
+            wait := greatest(wait, (need_input - l.input_tokens_left) * 60 / l.input_tokens_per_minute);
+        END IF;
+        -- Output is charged when the step settles; a bucket in debt waits until it is back above 0.
+        IF l.output_tokens_per_minute IS NOT NULL AND l.output_tokens_left <= 0 THEN
+            wait := greatest(wait, (1 - l.output_tokens_left) * 60 / l.output_tokens_per_minute);
+        END IF;
     END IF;
-    IF l.input_tokens_per_minute IS NOT NULL AND l.input_tokens_left < need_input THEN
-        wait := greatest(wait, (need_input - l.input_tokens_left) * 60 / l.input_tokens_per_minute);
+    IF wait = 0 THEN
+        -- The tenant's budget with its calls in flight (migration 0088), under its budget row's
+        -- lock, taken after the bucket's as every settle takes them.
+        why := runrow._tenant_reserve(r, reserved);
+        IF why IS NOT NULL AND why <> 'budget_reserved' THEN
+            -- Spent, settled, since the verdict above: a call settled in between.
+            PERFORM runrow._end_for_budget(r.id, why);
+            RETURN QUERY SELECT false, NULL::numeric, 'budget_exhausted'::text;
+            RETURN;
+        END IF;
     END IF;
-    -- Output is charged when the step settles; a bucket in debt waits until it is back above 0.
-    IF l.output_tokens_per_minute IS NOT NULL AND l.output_tokens_left <= 0 THEN
-        wait := greatest(wait, (1 - l.output_tokens_left) * 60 / l.output_tokens_per_minute);
-    END IF;
-    IF wait > 0 THEN
+    IF wait > 0 OR why IS NOT NULL THEN
         IF r.block_told_until IS NOT NULL THEN
             -- A block told before (this claim or the last holder's, released or reaped) is not
             -- what this wait is for: left, a block lifted since made this rate_limited deferral
             -- due at once (defer_run), a wasted claim (the review).
             UPDATE runrow.agent_run AS a SET block_told_until = NULL, updated_at = now() WHERE a.id = r.id;
         END IF;
+        IF why IS NOT NULL THEN
+            -- The tenant's calls in flight may settle lower than reserved: ask again soon.
+            RETURN QUERY SELECT false, 1::numeric, why;
+            RETURN;
+        END IF;
         RETURN QUERY SELECT false, round(greatest(wait, 0.001), 3), 'rate_limited'::text;
+        RETURN;
+    END IF;
+
+    IF l.rate_limit_key IS NULL THEN
+        -- No limit and no block for this key. A granted row as OUT values and RETURN NEXT: no
+        -- statement for a row of values (issue 11).
+        UPDATE runrow.agent_run AS a
+        SET model_call_reserved = reserved, model_call_attempt = r.attempt, block_told_until = NULL,
+            updated_at = now()
+        WHERE a.id = r.id;
+        granted := true;
+        wait_seconds := 0;
+        RETURN NEXT;
         RETURN;
     END IF;
 
@@ -12140,13 +12430,20 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 'and keeps the block''s end on the run (block_told_until, read by defer_run; a grant clears it); '
 'too few requests or uncached input tokens left for input_tokens_estimate, or output tokens in '
 'debt, gives (false, seconds until there are, rate_limited) (a key with no requests limit of its '
-'own is paced so after a header block: report_rate_limit_exhausted); else one request and the estimate '
+'own is paced so after a header block: report_rate_limit_exhausted). Then the tenant''s budget with '
+'its calls in flight, under its budget row''s lock: when the settled spend plus the reservations '
+'of the tenant''s other granted, unsettled calls plus this call''s would pass tokens_per_day or '
+'cost_per_day, the call waits while another is in flight: (false, 1, budget_reserved), nothing '
+'taken (the calls in flight may settle lower; alone, a call goes), so the tenant passes its '
+'budget by one call''s reservation at most; the settled spend alone at the budget ends the run '
+'as above. Else one request and the estimate '
 '(at most a minute''s worth of input; the rest is charged when the usage settles) are taken and '
 '(true, 0, NULL) returned. While the key has an API key or account error (report_key_error), '
 'the grant after its block is the one probe: the key is held for the other runs for one more '
 'block, until the probe is answered. A key without a row is not limited. Every grant '
 'reserves the call''s worst case on the run (model_call_reserved: input_tokens_estimate as '
-'input tokens, at most 1000000, metadata.max_tokens, else 4096, as output tokens, at most 128000): append_step or record_usage '
+'input tokens, at most 1000000, metadata.max_tokens, else 4096, as output tokens, at most 128000), '
+'counted in a budgeted tenant''s reserved total (tenant_reservation): append_step or record_usage '
 'settles the grant with the real usage and clears it; if the holder dies first, '
 'reap_expired_runs charges the reservation to the run''s spend, its tenant''s hour and the '
 'budgets. Fenced: no row and nothing written unless claim_token '
@@ -14066,6 +14363,8 @@ BEGIN
         updated_at = now()
     WHERE a.id = defer_run.run_id
     RETURNING a.* INTO r;
+    -- Out of its tenant's reserved total too (migration 0088), after the key's row as a grant.
+    PERFORM runrow._tenant_unreserve(defer_run.run_id);
 
     IF r.status = 'cancelled' THEN
         PERFORM runrow._journal_complete(r.id, r.conversation_id, r.status, NULL, defer_run.reason);
@@ -16027,6 +16326,7 @@ BEGIN
     WHERE a.id = report_rate_limited.run_id AND a.model_call_reserved IS NOT NULL;
     SELECT a.rate_limit_key INTO key FROM runrow.agent_run AS a WHERE a.id = report_rate_limited.run_id;
     IF key IS NULL THEN
+        PERFORM runrow._tenant_unreserve(report_rate_limited.run_id);
         RETURN;
     END IF;
     -- At least a millisecond: 1e-1000 is more than 0, and underflowed the cast (22003).
@@ -16035,6 +16335,8 @@ BEGIN
     -- The provider's bucket is empty: ours is emptied too, and refills only once the block
     -- ends (refilled_at in the future), so the fleet does not burst into the wall again.
     PERFORM runrow._block_key(key, until, report_rate_limited.run_id, 1);
+    -- Out of its tenant's total too (migration 0088): after the key's row, as a grant locks them.
+    PERFORM runrow._tenant_unreserve(report_rate_limited.run_id);
 END
 $fn$;
 
@@ -16044,7 +16346,8 @@ COMMENT ON FUNCTION runrow.report_rate_limited(uuid, uuid, numeric) IS
 'commit on acquire_model_call grants nothing for the key until the block ends, and the '
 'key''s requests bucket is emptied and refills only after it. Creates the key''s row when it '
 'has no limits. '
-'The run''s model-call reservation (acquire_model_call) is dropped: a 429 is not billed. '
+'The run''s model-call reservation (acquire_model_call) is dropped, from its tenant''s '
+'reserved total too: a 429 is not billed. '
 'Fenced: nothing written unless claim_token holds the running run. Bad input '
 '(NULL, retry_after_seconds not more than 0 or over 86400) raises 22004/22023.';
 

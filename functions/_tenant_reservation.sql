@@ -1,0 +1,106 @@
+-- A budgeted tenant's model calls in flight (migration 0088): each grant's reservation is a
+-- row of tenant_reservation, summed on the tenant's budget row by the table's trigger, and
+-- acquire_model_call decides with the settled spend plus that sum. Private helpers, as in
+-- functions/_limits_helpers.sql: no SET clauses, granted to no role.
+
+-- May the run's call, reserving `reserved` ({input_tokens, output_tokens}, acquire_model_call's
+-- worst case), go as far as its tenant's budget is concerned? NULL: yes, and the reservation
+-- is counted (replacing one the run's last claim left unsettled); 'budget_reserved': wait, the
+-- settled spend plus the reservations of the tenant's other calls in flight plus this one would
+-- pass the budget (they may settle lower; alone, a call goes, as a run's one step always could,
+-- so the tenant passes its budget by one call's reservation at most); else the budget is spent,
+-- settled, and the reason to end the run. The budget row is locked to the end of the caller's
+-- transaction (after the key's bucket row: the order of every settle), so two grants racing for
+-- the last of a budget decide one after the other, the second counting the first.
+CREATE OR REPLACE FUNCTION runrow._tenant_reserve(r runrow.agent_run, reserved jsonb)
+RETURNS text
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    b runrow.tenant_budget;
+    spent record;
+    why text;
+    p runrow.model_price;
+    inp bigint := (_tenant_reserve.reserved ->> 'input_tokens')::bigint;
+    outp bigint := (_tenant_reserve.reserved ->> 'output_tokens')::bigint;
+    cost numeric := 0;
+BEGIN
+    SELECT t.* INTO b FROM runrow.tenant_budget AS t WHERE t.fairness_key = r.fairness_key FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    -- Read under the lock: a settle that committed before it is in the spend, and its
+    -- reservation out of the total, never one without the other.
+    spent := runrow._tenant_spent(b.fairness_key);
+    why := runrow._tenant_over(b, spent.tokens, spent.cost);
+    IF why IS NOT NULL THEN
+        RETURN why;
+    END IF;
+    SELECT m.* INTO p FROM runrow.model_price AS m WHERE m.model = r.model;
+    IF FOUND THEN
+        cost := (inp * p.input_per_mtok + outp * p.output_per_mtok) / 1000000;
+    END IF;
+
+    IF b.reserved_tokens > 0
+       AND NOT runrow._tenant_room(b, spent.tokens + b.reserved_tokens + inp + outp, spent.cost + b.reserved_cost + cost) THEN
+        -- Before making it wait, the reservations that hold nothing back any more go: the run's
+        -- own (its last call is over, as it asks for the next one; this one replaces it) and
+        -- those of claims that ended unsettled (a run failed on a refused request, stopped or
+        -- parked: finish_run and its kin leave them). Read on this path only, where it pays.
+        DELETE FROM runrow.tenant_reservation AS s
+        WHERE s.fairness_key = b.fairness_key
+          AND (s.run_id = r.id OR NOT EXISTS (
+              SELECT 1 FROM runrow.agent_run AS a WHERE a.id = s.run_id AND a.claim_token = s.claim_token
+          ));
+        IF FOUND THEN
+            SELECT t.* INTO b FROM runrow.tenant_budget AS t WHERE t.fairness_key = b.fairness_key;
+        END IF;
+        IF b.reserved_tokens > 0
+           AND NOT runrow._tenant_room(b, spent.tokens + b.reserved_tokens + inp + outp, spent.cost + b.reserved_cost + cost) THEN
+            RETURN 'budget_reserved';
+        END IF;
+    END IF;
+
+    INSERT INTO runrow.tenant_reservation AS s (run_id, fairness_key, claim_token, tokens, cost)
+    VALUES (r.id, b.fairness_key, r.claim_token, inp + outp, cost)
+    ON CONFLICT ON CONSTRAINT tenant_reservation_pkey DO UPDATE
+    SET fairness_key = excluded.fairness_key, claim_token = excluded.claim_token,
+        tokens = excluded.tokens, cost = excluded.cost;
+    RETURN NULL;
+END
+$fn$;
+
+-- Does a rolling day of `tokens` and `cost` (spent, reserved and asked for) fit budget b?
+CREATE OR REPLACE FUNCTION runrow._tenant_room(b runrow.tenant_budget, tokens numeric, cost numeric)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+AS $fn$
+    SELECT (b.tokens_per_day IS NULL OR _tenant_room.tokens <= b.tokens_per_day)
+        AND (b.cost_per_day IS NULL OR _tenant_room.cost <= b.cost_per_day);
+$fn$;
+
+-- The run's call is done with (settled, charged at the reap, refused, or its claim handed
+-- back): its reservation leaves its tenant's total. The tenant's budget row is locked before
+-- the reservation's row, as a grant locks them, so the two never wait on each other crosswise;
+-- callers that hold a key's bucket row took it first, as a grant does. A run with nothing
+-- counted (most: a tenant without a budget) costs one probe of a small table.
+CREATE OR REPLACE FUNCTION runrow._tenant_unreserve(run_id uuid)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    key text;
+BEGIN
+    SELECT s.fairness_key INTO key FROM runrow.tenant_reservation AS s WHERE s.run_id = _tenant_unreserve.run_id;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM 1 FROM runrow.tenant_budget AS b WHERE b.fairness_key = key FOR UPDATE;
+    DELETE FROM runrow.tenant_reservation AS s WHERE s.run_id = _tenant_unreserve.run_id;
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._tenant_reserve(runrow.agent_run, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._tenant_unreserve(uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._tenant_room(runrow.tenant_budget, numeric, numeric) FROM PUBLIC;
