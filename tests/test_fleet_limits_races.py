@@ -1,8 +1,9 @@
 """The fleet limits under real concurrent sessions, one forced interleaving at a time
 (tests/race_support.py): the bucket row is the lock, so many acquirers never overdraw it; a
 block reported by one session stops the grant another session is waiting for; a tenant budget
-crossed by two parallel steps of two runs is seen by the second; a key error's probe answered
-while a run is being deferred for its block makes that run due."""
+crossed by two parallel steps of two runs is seen by the second; two grants racing for the last
+of a tenant's budget do not both pass; a key error's probe answered while a run is being
+deferred for its block makes that run due."""
 
 from __future__ import annotations
 
@@ -117,6 +118,36 @@ def test_a_tenant_budget_crossed_by_two_parallel_steps(owner: psycopg.Connection
         assert acquire(owner, run)[2] == "budget_exhausted"
         ended = run_row(owner, run["run_id"])
         assert (ended["status"], ended["error"].split(":")[0]) == ("failed", "budget_exhausted")
+
+
+def test_two_grants_racing_for_the_last_of_a_tenant_budget(owner: psycopg.Connection, connect: Connect) -> None:
+    """The grant reads the tenant's calls in flight under its budget row's lock: the second waits
+    for the first's commit and counts its reservation. Before migration 0088 neither locked nor
+    counted anything: both were granted, 8,212 tokens reserved against a budget of 5,000."""
+    tenant = f"tenant-{uuid.uuid4()}"
+    owner.execute("SELECT runrow.set_tenant_budget(%s, 5000, NULL)", (tenant,))
+    # No rate_limit_key: no bucket row serializes the two grants, only the tenant's.
+    first, second = fleet_runs(owner, 2, user_id=tenant)
+    holder = connect()
+    holder.execute("BEGIN")
+    assert acquire(holder, first)[0] is True  # 10 + 4096 (the default max_tokens) reserved, uncommitted
+    call = Background(connect(), lambda c: acquire(c, second))
+    deadline = time.monotonic() + POLL_TIMEOUT
+    while not call.done and not owner.execute(
+        "SELECT %s = ANY (pg_blocking_pids(%s))", (holder.info.backend_pid, call.pid)
+    ).fetchone()[0]:
+        assert time.monotonic() < deadline, "the second grant neither blocked nor answered in time"
+        time.sleep(0.005)
+    holder.execute("COMMIT")
+    granted, wait, reason = call.result()
+    assert (granted, wait, reason) == (False, 1, "budget_reserved"), "both grants passed"
+    reserved = owner.execute(
+        "SELECT reserved_tokens FROM runrow.tenant_budget WHERE fairness_key = %s", (tenant,)
+    ).fetchone()
+    assert reserved == (4106,)
+    # The first call settles lower than reserved: the second fits now.
+    step(owner, first, {"input_tokens": 500})
+    assert acquire(owner, second)[0] is True
 
 
 def test_a_probe_answered_during_a_deferral_lifts_the_deferred_run(
