@@ -120,7 +120,7 @@ def test_a_tenant_budget_crossed_by_two_parallel_steps(owner: psycopg.Connection
         assert (ended["status"], ended["error"].split(":")[0]) == ("failed", "budget_exhausted")
 
 
-def test_two_grants_racing_for_the_last_of_a_tenant_budget(owner: psycopg.Connection, connect: Connect) -> None:
+def test_two_grants_racing_for_a_tenant_budget(owner: psycopg.Connection, connect: Connect) -> None:
     """The grant reads the tenant's calls in flight under its budget row's lock: the second waits
     for the first's commit and counts its reservation. Before migration 0088 neither locked nor
     counted anything: both were granted, 8,212 tokens reserved against a budget of 5,000."""
@@ -133,9 +133,12 @@ def test_two_grants_racing_for_the_last_of_a_tenant_budget(owner: psycopg.Connec
     assert acquire(holder, first)[0] is True  # 10 + 4096 (the default max_tokens) reserved, uncommitted
     call = Background(connect(), lambda c: acquire(c, second))
     deadline = time.monotonic() + POLL_TIMEOUT
-    while not call.done and not owner.execute(
-        "SELECT %s = ANY (pg_blocking_pids(%s))", (holder.info.backend_pid, call.pid)
-    ).fetchone()[0]:
+    while (
+        not call.done
+        and not owner.execute(
+            "SELECT %s = ANY (pg_blocking_pids(%s))", (holder.info.backend_pid, call.pid)
+        ).fetchone()[0]
+    ):
         assert time.monotonic() < deadline, "the second grant neither blocked nor answered in time"
         time.sleep(0.005)
     holder.execute("COMMIT")
