@@ -130,6 +130,18 @@ def test_a_user_may_always_limit_their_own_runs_spend(default_server: Server, fi
                 bad,
                 refused.text,
             )
+        # The bound is the exact bigint, not 2**63 - 1 rounded through a float (…808).
+        too_big = client.post(
+            f"/conversations/{uuid.uuid4()}/runs", json={"content": "hi", "token_budget": 2**63}
+        )
+        assert too_big.status_code == 400, too_big.text
+        assert too_big.json()["error"]["message"].endswith("at most 9223372036854775807"), too_big.text
+        assert (
+            "at most 1000000000000000"
+            in client.post(
+                f"/conversations/{uuid.uuid4()}/runs", json={"content": "hi", "cost_budget": 1e16}
+            ).json()["error"]["message"]
+        )
     with psycopg.connect(fields_db) as db:
         budgets = db.execute(
             "SELECT token_budget, cost_budget FROM runrow.agent_run WHERE id = %s", (made.json()["run_id"],)

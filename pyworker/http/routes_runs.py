@@ -92,14 +92,15 @@ def _refuse_fields_not_opted_in(body: dict[str, Any], user_may_set: frozenset[st
             )
 
 
-def _budget(body: dict[str, Any], name: str, what: str, kind: Any, most: float) -> Any:
+def _budget(body: dict[str, Any], name: str, what: str, kind: Any, most: int) -> Any:
     """A run's own budget: a user may always set one, since it only limits the run (a run
     started over HTTP had no limit but its tenant's, an agent in a tool loop spending on)."""
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, kind) or not 0 < value <= most:
-        raise ApiError(400, "invalid_request", f"{name} must be {what}, more than 0 and at most {most:.0f}")
+        # An int bound, printed as one: `{2**63 - 1:.0f}` went through a float, 9223372036854775808.
+        raise ApiError(400, "invalid_request", f"{name} must be {what}, more than 0 and at most {most}")
     return value
 
 
@@ -124,7 +125,7 @@ def _fleet_options(body: dict[str, Any]) -> api.FleetOptions:
     return api.FleetOptions(
         start_in=None if start_in is None else timedelta(seconds=start_in),
         token_budget=_budget(body, "token_budget", "a number of tokens", int, 2**63 - 1),
-        cost_budget=_usd(_budget(body, "cost_budget", "a number of USD", int | float, 1e15)),
+        cost_budget=_usd(_budget(body, "cost_budget", "a number of USD", int | float, 10**15)),
         # The URL's rules are enqueue_run's (its 22023 names webhook_url and becomes a 400).
         webhook_url=text(body, "webhook_url", "an http:// or https:// URL"),
     )
