@@ -10,12 +10,8 @@ log is runrow's, off unless --access-log, the path without its query string.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
-from http_support import ALICE, TOKENS, private_database
-from worker_support import REPO
+from http_support import ALICE, private_database
+from serve_process import serve_process
 
 SECRET = "secret=abc"
 
@@ -37,41 +33,16 @@ def db(database_url: str) -> Iterator[str]:
 def serve_and_request(db: str, tmp_path: Path, args: list[str], env: dict[str, str]) -> list[str]:
     """Run `runrow serve --port 0 ARGS`, make the audit's requests (three scrapes, then run and
     health reads with a secret in the query string), stop it with SIGTERM; its stderr lines."""
-    err = tmp_path / "serve.err"
-    tokens = ",".join(f"{token}={user}" for token, user in TOKENS.items())
-    with err.open("w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pyworker", "serve", "--port", "0", *args],
-            cwd=REPO,
-            env=dict(os.environ, DATABASE_URL=db, RUNROW_TOKENS=tokens, **env),
-            stdout=subprocess.DEVNULL,
-            stderr=sink,
-        )
-    try:
-        base = f"http://127.0.0.1:{_bound_port(proc, err)}"
+    with serve_process(db, tmp_path, args, env) as serve:
+        base = serve.url
         for _ in range(3):
             assert httpx.get(f"{base}/metrics", timeout=10).status_code == 200
         run = httpx.get(f"{base}/runs/{uuid.uuid4()}?{SECRET}", headers=ALICE, timeout=10)
         assert run.status_code in (400, 404), run.text
         httpx.get(f"{base}/healthz?{SECRET}", timeout=10)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
-    finally:
-        proc.kill()
-        proc.wait(20)
-    return err.read_text().splitlines()
-
-
-def _bound_port(proc: subprocess.Popen[bytes], err: Path) -> int:
-    """The port uvicorn says it listens on (--port 0), read in whatever format it is written."""
-    deadline = time.monotonic() + 30
-    while True:
-        found = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", err.read_text())
-        if found:
-            return int(found.group(1))
-        assert proc.poll() is None, f"runrow serve exited {proc.returncode}:\n{err.read_text()}"
-        assert time.monotonic() < deadline, f"runrow serve did not start in 30 s:\n{err.read_text()}"
-        time.sleep(0.05)
+        serve.proc.send_signal(signal.SIGTERM)
+        serve.proc.wait(20)
+    return serve.log().splitlines()
 
 
 def parsed(lines: list[str]) -> list[dict[str, Any]]:

@@ -151,8 +151,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "--shutdown-grace",
         type=number(int, 0, 3600),
         default=5,
-        help="seconds SIGTERM waits for open requests before ending them; event streams never end on "
-        "their own, and their clients resume on another instance with Last-Event-ID (default %(default)s)",
+        help="seconds SIGTERM waits for open requests before ending them; event streams end at once "
+        "(they never end on their own), and their clients resume on another instance with "
+        "Last-Event-ID (default %(default)s)",
     )
     add_log_format(p, "one object per line, uvicorn's lines included")
     p.add_argument(
@@ -167,8 +168,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from pyworker.http import server
     from pyworker.http.app import create_app
     from pyworker.worker import logs, tracing
     from pyworker.worker.collector import tune_collector
@@ -186,7 +186,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"runrow serve: {problem}", file=sys.stderr)
         return 2
     tune_collector()
-    uvicorn.run(
+    server.run(  # uvicorn.run, and the event streams end as the shutdown starts
         app,
         host=args.host,
         port=args.port,

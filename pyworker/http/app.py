@@ -116,6 +116,19 @@ class _Service(Starlette):
         self._access_log = access_log
         super().__init__(**kwargs)
 
+    def begin_shutdown(self) -> None:
+        """The server stops taking requests (uvicorn's shutdown, pyworker/http/server.py): end
+        every event stream now, each with a clean last chunk for its client to resume elsewhere
+        with Last-Event-ID. Held instead, they used up the whole --shutdown-grace and were then
+        cancelled mid-response (a cut transfer, and one ERROR traceback per stream). On the
+        service's event loop."""
+        svc: Services | None = getattr(self.state, "services", None)
+        if svc is None or svc.stopping.is_set():
+            return
+        if svc.streams.open:
+            log.info("shutting down: ending %d event stream(s)", svc.streams.open)
+        svc.stopping.set()
+
     def build_middleware_stack(self) -> ASGIApp:
         # Outside Starlette's ServerErrorMiddleware, which sends a 500 itself, past any
         # middleware given to Starlette(middleware=...): a 500 carries the headers too.

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import wraps
 
 from psycopg_pool import AsyncConnectionPool
@@ -27,6 +28,9 @@ class Services:
     streams: StreamStats
     # The hot standby event streams read journals from (--replica-url), if any.
     replica: Replica | None = None
+    # Set when the server begins to shut down: every event stream ends at once (it never ends
+    # on its own), so the graceful-shutdown window is left to the requests that do.
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def services(request: Request) -> Services:

@@ -371,7 +371,7 @@ async def events(request: Request, svc: Services, user: str) -> Response:
     )
     if source.replica:
         frames = watched(frames, svc.replica)
-    return EventStreamResponse(frames, svc.streams, user, svc.config.max_streams_per_user)
+    return EventStreamResponse(frames, svc.streams, user, svc.config.max_streams_per_user, svc.stopping)
 
 
 def _cursor(raw: str | None, name: str) -> int:

@@ -32,6 +32,8 @@ from pyworker.http.errors import error_response
 log = logging.getLogger("runrow.http")
 
 KEEPALIVE = b": keepalive\n\n"
+# The last frame of a stream the server ends as it shuts down, before the response's clean end.
+STOPPING = b": stopping: this server is shutting down; resume with Last-Event-ID\n\n"
 RETRY_MS = 2000  # reconnect delay suggested to EventSource clients
 # no-store, not no-cache: the stream is one user's conversation, for no cache to keep.
 HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -94,13 +96,20 @@ class EventStreamResponse(StreamingResponse):
     media_type = "text/event-stream"
 
     def __init__(
-        self, frames: AsyncIterator[bytes], stats: StreamStats, user: str = "", max_per_user: int = 0
+        self,
+        frames: AsyncIterator[bytes],
+        stats: StreamStats,
+        user: str = "",
+        max_per_user: int = 0,
+        stopping: asyncio.Event | None = None,
     ) -> None:
         super().__init__(frames, status_code=200, headers=HEADERS, media_type=self.media_type)
         self._frames = frames
         self._stats = stats
         self._user = user
         self._max_per_user = max_per_user  # 0: no limit
+        self._stopping = stopping  # set: the server is shutting down, the stream ends now
+        self._started = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("method") == "HEAD":
@@ -120,21 +129,36 @@ class EventStreamResponse(StreamingResponse):
         self._stats.by_user[self._user] = held + 1
         stream = asyncio.ensure_future(self._stream(send))
         watch = asyncio.ensure_future(_disconnected(receive))
+        stop = asyncio.ensure_future(_stopped(self._stopping))
+        stopped = False
         try:
-            await asyncio.wait({stream, watch}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({stream, watch, stop}, return_when=asyncio.FIRST_COMPLETED)
+            # Ended by the shutdown, with the client still there and the response not over.
+            stopped = stop.done() and not stream.done() and not watch.done()
         finally:
-            for task in (stream, watch):
+            for task in (stream, watch, stop):
                 task.cancel()
             try:
-                results = await asyncio.gather(stream, watch, return_exceptions=True)
+                results = await asyncio.gather(stream, watch, stop, return_exceptions=True)
             finally:
                 # A second cancellation (shutdown) ends the wait for the tail to close; the
                 # place must be freed all the same, or it counts against the user's limit and
                 # the open streams for a stream that is gone.
                 self._release()
+        if stopped:
+            await self._end_for_shutdown(send)
         error = results[0]
         if isinstance(error, Exception) and not isinstance(error, OSError):
             log.error("event stream failed: %r", error)
+
+    async def _end_for_shutdown(self, send: Send) -> None:
+        """A comment saying why, then the response's clean end: the client reconnects (after
+        `retry`) with Last-Event-ID, to another instance, and loses nothing."""
+        with contextlib.suppress(OSError):
+            if not self._started:
+                await self._start(send)
+            await send({"type": "http.response.body", "body": STOPPING, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _release(self) -> None:
         left = self._stats.by_user[self._user] - 1
@@ -148,6 +172,7 @@ class EventStreamResponse(StreamingResponse):
 
     async def _stream(self, send: Send) -> None:
         await self._start(send)
+        self._started = True
         try:
             async with aclosing(self._frames) as frames:  # type: ignore[type-var]
                 async for chunk in frames:
@@ -170,6 +195,13 @@ def too_many_streams(limit: int) -> JSONResponse:
         "--max-streams-per-user): close one, or follow runs one after another",
         headers={"Retry-After": "5"},
     )
+
+
+async def _stopped(stopping: asyncio.Event | None) -> None:
+    if stopping is None:
+        await asyncio.Future()  # never: no shutdown signal to wait for
+    else:
+        await stopping.wait()
 
 
 async def _disconnected(receive: Receive) -> None:
