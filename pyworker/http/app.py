@@ -75,10 +75,22 @@ def create_app(config: ServeConfig) -> Starlette:
             max_size=config.pool_max_size,
             kwargs={"autocommit": True, "application_name": "runrow-serve", **POOLER_SAFE, **limits},
             configure=finite_json.configure,  # a number past the float range must not break JSON out
-            timeout=REQUEST_POOL_TIMEOUT,
+            timeout=config.pool_timeout or REQUEST_POOL_TIMEOUT,
             open=False,
         )
         await pool.open(wait=True, timeout=max(1.0, deadline - time.monotonic()))
+        # The worker's metrics have one too (pyworker/worker/process.py): a probe says whether
+        # the database answers, not whether a request pool has a connection free.
+        probe = CancelSafePool(
+            config.database_url,
+            min_size=1,
+            max_size=1,
+            kwargs={"autocommit": True, "application_name": "runrow-serve-probe", **POOLER_SAFE, **limits},
+            configure=finite_json.configure,
+            timeout=REQUEST_POOL_TIMEOUT,
+            open=False,
+        )
+        await probe.open(wait=True, timeout=max(1.0, deadline - time.monotonic()))
         replica = await open_replica(config, replica_limits) if config.replica_url is not None else None
         # LISTEN on the primary (directly, not through a pooler): a standby in recovery refuses
         # LISTEN, and a transaction pooler drops notifications.
@@ -88,7 +100,7 @@ def create_app(config: ServeConfig) -> Starlette:
         metrics.watch_hub(lambda: hub.connected)
         # Warns when the LISTEN URL goes through a pooler that drops notifications.
         self_test = asyncio.create_task(hub.self_test(pool), name="runrow-serve-hub-self-test")
-        app.state.services = Services(config, authenticate, pool, hub, StreamStats(), replica)
+        app.state.services = Services(config, authenticate, pool, hub, StreamStats(), replica, probe=probe)
         log.info("runrow serve ready (model %s, auth %s)", config.model, _auth_name(config))
         try:
             yield
@@ -100,6 +112,7 @@ def create_app(config: ServeConfig) -> Starlette:
             if replica is not None:
                 await replica.pool.close()
             await pool.close()
+            await probe.close()
 
     return _Service(
         access_log=config.access_log,

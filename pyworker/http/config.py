@@ -40,6 +40,8 @@ class ServeConfig:
     max_body_bytes: int = MAX_BODY_BYTES
     pool_min_size: int = 1
     pool_max_size: int = 10
+    # Seconds a request waits for a pooled connection before its 503 (None: the app's 5 s).
+    pool_timeout: float | None = None
     # A hot standby that event streams read journals from (the primary still serves everything
     # else and the LISTEN); None reads them from the primary.
     replica_url: str | None = None

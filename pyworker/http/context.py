@@ -31,6 +31,14 @@ class Services:
     # Set when the server begins to shut down: every event stream ends at once (it never ends
     # on its own), so the graceful-shutdown window is left to the requests that do.
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    # /healthz's and /metrics' own connection (None: they use `pool`). On the request pool, a
+    # pool busy with requests (every connection waiting on a lock) made /healthz answer 503
+    # "database unavailable" and a scrape wait its 5 s out, with the database itself fine.
+    probe: AsyncConnectionPool | None = None
+
+    @property
+    def probe_pool(self) -> AsyncConnectionPool:
+        return self.probe or self.pool
 
 
 def services(request: Request) -> Services:

@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -64,7 +65,9 @@ _BAD_INPUT_CLASSES = ("22", "54")
 _BAD_INPUT_STATES = {"23502", "23514"}
 
 
-def database_error(exc: psycopg.Error) -> ApiError:
+def database_error(exc: psycopg.Error, pool: AsyncConnectionPool | None = None) -> ApiError:
+    """The answer to a database error; `pool`, the one a PoolTimeout waited on, tells a pool
+    whose connections are all busy from a database that cannot be reached."""
     state = exc.sqlstate or ""
     if state in _SQLSTATES or state.startswith(_BAD_INPUT_CLASSES) or state in _BAD_INPUT_STATES:
         status, type_ = _SQLSTATES.get(state, (400, "invalid_request"))
@@ -76,12 +79,30 @@ def database_error(exc: psycopg.Error) -> ApiError:
     if not state and isinstance(exc, psycopg.DataError):
         # psycopg refused to send the value at all (a NUL in a text parameter).
         return ApiError(400, "invalid_request", f"a value of the request cannot be stored: {exc}")
+    if isinstance(exc, PoolTimeout) and pool is not None and _busy(pool):
+        # Every connection is in use (say, waiting on a lock) and the pool could not get one
+        # back in time: the database may be fine, this instance is saturated.
+        return ApiError(
+            503,
+            "busy",
+            f"all {pool.max_size} of this instance's database connections are busy (runrow serve "
+            "--pool-size); retry shortly",
+            {"Retry-After": "1"},
+        )
     if isinstance(exc, psycopg.OperationalError | psycopg.errors.AdminShutdown):
         # The pool tries to reconnect every 2 s or so (CancelSafePool): say when to come back.
         retry = {"Retry-After": "2"}
         return ApiError(503, "unavailable", "the database is unavailable; retry shortly", retry)
     log.error("unexpected database error %s: %s", state, exc)
     return ApiError(500, "internal", "internal error")
+
+
+def _busy(pool: AsyncConnectionPool) -> bool:
+    """Every connection the pool may have is open and lent out, and its last attempt to connect
+    (CancelSafePool's last_error) did not fail: waiting was for a connection, not the server."""
+    stats = pool.get_stats()
+    full = stats.get("pool_size", 0) >= pool.max_size and stats.get("pool_available", 0) == 0
+    return full and getattr(pool, "last_error", None) is None
 
 
 async def handle_api_error(request: Request, exc: Exception) -> Response:
@@ -91,7 +112,8 @@ async def handle_api_error(request: Request, exc: Exception) -> Response:
 
 async def handle_database_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, psycopg.Error)
-    err = database_error(exc)
+    svc = getattr(request.app.state, "services", None)
+    err = database_error(exc, None if svc is None else svc.pool)
     return error_response(err.status, err.type, err.message, err.headers)
 
 

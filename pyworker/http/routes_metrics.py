@@ -16,7 +16,7 @@ from pyworker.worker import metrics
 
 
 async def get_metrics(request: Request) -> Response:
-    return Response(await metrics.scrape(services(request).pool), media_type=metrics.CONTENT_TYPE)
+    return Response(await metrics.scrape(services(request).probe_pool), media_type=metrics.CONTENT_TYPE)
 
 
 routes = [Route("/metrics", get_metrics, methods=["GET"])]

@@ -49,7 +49,7 @@ async def healthz(request: Request) -> Response:
     svc = services(request)
     # A probe gives up after a second or two: waiting out the pool's own timeout (30 s) for a
     # database that is down answered 503 long after the probe had stopped listening.
-    async with svc.pool.connection(timeout=HEALTH_TIMEOUT) as conn:
+    async with svc.probe_pool.connection(timeout=HEALTH_TIMEOUT) as conn:
         cur = await conn.execute("SELECT runrow.schema_version()")
         row = await cur.fetchone()
     return JSONResponse(
