@@ -141,6 +141,14 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "Either way the check is made at enqueue only: give the workers an egress policy too",
     )
     p.add_argument(
+        "--max-attempts",
+        type=number(int, 1, 100),
+        default=1,
+        help="attempts a run enqueued over HTTP gets, 1 to 100: with more, a run whose worker died "
+        "is requeued (at-least-once model calls) instead of failed (default %(default)s, at-most-once, "
+        "as enqueue_run's; a user's own max_attempts wins where --user-may-set max_attempts)",
+    )
+    p.add_argument(
         "--max-streams-per-user",
         type=number(int, 0, 1_000_000),
         default=100,
@@ -302,6 +310,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         user_may_set=args.user_may_set or frozenset(),
         allow_private_webhooks=args.allow_private_webhooks,
         max_streams_per_user=args.max_streams_per_user,
+        max_attempts=args.max_attempts,
         access_log=args.access_log,
     )
 

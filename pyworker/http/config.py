@@ -55,6 +55,9 @@ class ServeConfig:
     # A user's webhook_url may point at loopback, private, link-local and other non-public
     # addresses (local development; receivers on the operator's own network). Off, it is a 422.
     allow_private_webhooks: bool = False
+    # Attempts of a run enqueued without its own max_attempts (`runrow serve --max-attempts`):
+    # 1, enqueue_run's default, is at-most-once; more requeues a run whose worker died.
+    max_attempts: int = 1
     # Event streams one user may hold open on this process; more is a 429 (0: no limit).
     max_streams_per_user: int = 100
     # One line per request on the logger runrow.http.access (path only, never the query

@@ -173,7 +173,7 @@ async def enqueue(request: Request, svc: Services, user: str) -> Response:
                 # The server's defaults are pinned on the run now, not resolved by a worker later.
                 system_prompt=system if "system" in body else svc.config.system_prompt,
                 tools=tools if "tools" in body and tools is not None else svc.config.tools,
-                max_attempts=1 if max_attempts is None else max_attempts,
+                max_attempts=svc.config.max_attempts if max_attempts is None else max_attempts,
                 idempotency_key=key,
                 if_active=if_active,
                 metadata=metadata,

@@ -1,0 +1,63 @@
+"""`runrow serve`'s operator flags, from a real process: --max-attempts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from http_support import ALICE, private_database
+from serve_process import serve_process
+from worker_support import REPO
+
+
+@pytest.fixture(scope="module")
+def db(database_url: str) -> Iterator[str]:
+    yield from private_database(database_url, "runrow_serve_flags")
+
+
+def _enqueue(base: str, body: dict[str, object]) -> httpx.Response:
+    return httpx.post(
+        f"{base}/conversations/{uuid.uuid4()}/runs", json={"content": "hi", **body}, headers=ALICE, timeout=20
+    )
+
+
+def test_max_attempts_is_the_operators_default_for_http_runs(db: str, tmp_path: Path) -> None:
+    """Every run enqueued over HTTP got max_attempts 1 (a run whose worker died failed) unless
+    users were let set it; the operator now chooses, and a user's own value still wins."""
+    args = ["--max-attempts", "3", "--user-may-set", "max_attempts"]
+    with serve_process(db, tmp_path, args) as serve:
+        default = _enqueue(serve.url, {})
+        own = _enqueue(serve.url, {"max_attempts": 2})
+        for made in (default, own):
+            assert made.status_code == 202, made.text
+        read = [
+            httpx.get(f"{serve.url}/runs/{made.json()['run_id']}", headers=ALICE, timeout=20).json()
+            for made in (default, own)
+        ]
+    assert [run["max_attempts"] for run in read] == [3, 2]
+
+
+def test_max_attempts_out_of_range_is_refused_and_documented() -> None:
+    for bad in ("0", "101", "x"):
+        refused = subprocess.run(
+            [sys.executable, "-m", "pyworker", "serve", "--max-attempts", bad],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == 2 and "--max-attempts" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+    shown = subprocess.run(
+        [sys.executable, "-m", "pyworker", "serve", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "--max-attempts" in shown.stdout and "requeued" in shown.stdout
