@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import psycopg
 from agent_support import agent_worker, enqueue_agent
-from metrics_support import metrics_url, scrape, total, value
+from metrics_support import Samples, metrics_url, scrape, total, value
 from worker_support import (
     REPO,
     WorkerProcess,
@@ -170,7 +170,10 @@ def test_serve_metrics(worker_db: str, tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pyworker", "serve", "--insecure-dev", "--port", str(port)],
+            [
+                *[sys.executable, "-m", "pyworker", "serve", "--insecure-dev", "--port", str(port)],
+                *["--max-streams-per-user", "1"],
+            ],
             cwd=REPO,
             env={**os.environ, "DATABASE_URL": worker_db},
             stdout=out,
@@ -200,10 +203,43 @@ def test_serve_metrics(worker_db: str, tmp_path: Path) -> None:
             "the two runs queued",
         )
         assert value(after, "runrow_oldest_queued_age_seconds") >= 0
-        assert "runrow_claims_total" in {name for name, _ in after}  # the process counters are there too
+        assert "process_cpu_seconds_total" in {name for name, _ in after}  # the process's own are there
+        _http_series(base, after)
     finally:
         proc.terminate()
         proc.wait(15)
+
+
+def _http_series(base: str, samples: Samples) -> None:
+    """The service's own series, by route template; none of the worker's, which a serve process
+    exported stuck at 0 (the serve audit: claims, runs in flight, the key gauge, flushes)."""
+    names = {name for name, _ in samples}
+    assert not {"runrow_claims_total", "runrow_runs_in_flight", "runrow_model_key_broken"} & names
+    assert not [name for name in names if name.startswith(("runrow_journal_flush", "runrow_model_"))]
+    enqueue = "/conversations/{conversation_id}/runs"
+    assert value(samples, "runrow_http_requests_total", route=enqueue, status="202") == 2
+    assert value(samples, "runrow_http_request_duration_seconds_count", route=enqueue) == 2
+    assert value(samples, "runrow_http_requests_total", route="/metrics", status="200") >= 1
+    routes = {dict(labels)["route"] for name, labels in samples if name == "runrow_http_requests_total"}
+    assert not [route for route in routes if "-" in route], routes  # never a path with an id in it
+    run = httpx.post(f"{base}/conversations/{uuid.uuid4()}/runs", json={"content": "hi"}, timeout=10)
+    with httpx.stream("GET", f"{base}/runs/{run.json()['run_id']}/events", timeout=10) as stream:
+        lines = stream.iter_lines()  # held: a dropped iterator closes the response
+        assert next(lines).startswith("retry:")
+        # A second stream of the same user is past --max-streams-per-user 1: a 429, counted.
+        refused = httpx.get(f"{base}/runs/{run.json()['run_id']}/events", timeout=10)
+        assert refused.status_code == 429, refused.text
+        during = scrape(f"{base}/metrics")
+    assert value(during, "runrow_http_streams_open") == 1
+    assert value(during, "runrow_http_streams_refused_total") == 1
+    assert value(during, "runrow_http_requests_total", route="/runs/{run_id}/events", status="429") == 1
+    assert httpx.get(f"{base}/nowhere/{uuid.uuid4()}", timeout=10).status_code == 404
+    after = wait_until(
+        lambda: (s := scrape(f"{base}/metrics")) and value(s, "runrow_http_streams_open") == 0 and s,
+        10,
+        "the stream to close",
+    )
+    assert value(after, "runrow_http_requests_total", route="unmatched", status="404") == 1
 
 
 def _up(base: str) -> bool:

@@ -12,6 +12,7 @@ import psycopg
 from prometheus_client import REGISTRY
 
 from pyworker.cli.main import build_parser
+from pyworker.http import metrics as http_metrics
 from pyworker.worker import metrics
 from pyworker.worker.echo import handle as echo
 from pyworker.worker.process import (
@@ -69,6 +70,9 @@ def test_the_events_table_names_every_type_the_sql_functions_journal() -> None:
 
 
 def test_the_metrics_table_names_every_metric_a_worker_exports(database_url: str) -> None:
+    # A worker's series and the HTTP service's: each process registers its own.
+    metrics.register_worker()
+    http_metrics.register(lambda: 0)
     # The database gauges are the columns of runrow.queue_metrics, read as a scrape reads them.
     with psycopg.connect(database_url, autocommit=True) as conn:
         cur = conn.execute(metrics.SCRAPE_QUERY)

@@ -22,6 +22,7 @@ from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.hub import Hub
 from pyworker.db.pooling import POOLER_SAFE, accepted_kwargs_within
 from pyworker.db.session_limits import serve_connection_kwargs
+from pyworker.http import metrics as http_metrics
 from pyworker.http import routes_approvals, routes_metrics, routes_page, routes_runs
 from pyworker.http.access_log import AccessLog
 from pyworker.http.auth import authenticator_for
@@ -29,6 +30,7 @@ from pyworker.http.config import ServeConfig
 from pyworker.http.context import Services
 from pyworker.http.errors import EXCEPTION_HANDLERS
 from pyworker.http.headers import SecurityHeaders
+from pyworker.http.metrics import RequestMetrics
 from pyworker.http.replica import open_replica
 from pyworker.http.request_guard import RequestGuard
 from pyworker.http.spans import ServerSpans
@@ -98,9 +100,11 @@ def create_app(config: ServeConfig) -> Starlette:
         await hub.start()
         await hub.wait_connected(5)  # not required: tails poll while the hub is down
         metrics.watch_hub(lambda: hub.connected)
+        streams = StreamStats()
+        http_metrics.register(lambda: streams.open)
         # Warns when the LISTEN URL goes through a pooler that drops notifications.
         self_test = asyncio.create_task(hub.self_test(pool), name="runrow-serve-hub-self-test")
-        app.state.services = Services(config, authenticate, pool, hub, StreamStats(), replica, probe=probe)
+        app.state.services = Services(config, authenticate, pool, hub, streams, replica, probe=probe)
         log.info("runrow serve ready (model %s, auth %s)", config.model, _auth_name(config))
         try:
             yield
@@ -145,7 +149,8 @@ class _Service(Starlette):
     def build_middleware_stack(self) -> ASGIApp:
         # Outside Starlette's ServerErrorMiddleware, which sends a 500 itself, past any
         # middleware given to Starlette(middleware=...): a 500 carries the headers too.
-        app: ASGIApp = SecurityHeaders(super().build_middleware_stack())
+        # Metrics outside the error middleware too, so a 500 is counted as the 500 the client got.
+        app: ASGIApp = SecurityHeaders(RequestMetrics(super().build_middleware_stack(), self.routes))
         # So a line has the status the client got; absent when off, not a no-op per request.
         if self._access_log:
             app = AccessLog(app)

@@ -27,6 +27,7 @@ from starlette.types import Receive, Scope, Send
 from pyworker.db.api import Event
 from pyworker.db.hub import Hub
 from pyworker.db.tail import Keepalive, tail
+from pyworker.http import metrics as http_metrics
 from pyworker.http.errors import error_response
 
 log = logging.getLogger("runrow.http")
@@ -124,6 +125,7 @@ class EventStreamResponse(StreamingResponse):
             # Checked and counted with no await between, so a burst cannot pass the limit. One
             # token held 1,100 streams open (the security audit): each a task, a socket, a tail.
             await self._frames.aclose()  # type: ignore[attr-defined]
+            http_metrics.stream_refused()
             await too_many_streams(self._max_per_user)(scope, receive, send)
             return
         self._stats.by_user[self._user] = held + 1

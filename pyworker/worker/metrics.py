@@ -2,11 +2,14 @@
 count, and the database's gauges read at scrape time.
 
 Everything lives in prometheus_client's default registry (so process_* and python_* come along)
-and the sites call one-line helpers below. Labels are bounded: statuses, outcomes, effects, call
-names, and models the operator priced (runrow.model_prices, read by `refresh_models`); any other
-model counts as "other". A run's model is the caller's string, so a label per name seen let
-any enqueuer fill the label set with junk names and push the real model into "other" for the
-life of the process. Never a run id, a user or a tool argument.
+and the sites call one-line helpers below. The worker's own series are registered only in a
+process that runs a worker (`register_worker`), the HTTP service's only in one that serves
+(pyworker/http/metrics.py): each exports what it can move, not the other's zeros. Labels are
+bounded: statuses, outcomes, effects, call names, and models the operator priced
+(runrow.model_prices, read by `refresh_models`); any other model counts as "other". A run's
+model is the caller's string, so a label per name seen let any enqueuer fill the label set with
+junk names and push the real model into "other" for the life of the process. Never a run id, a
+user or a tool argument.
 
 The database half is ONE query per scrape (`scrape`): `SELECT * FROM runrow.queue_metrics`, one
 row whose every column becomes a gauge by name (migration 0015), so a new database gauge is one
@@ -49,55 +52,78 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 _WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 _FLUSH_EVENTS_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
 
-CLAIMS = Counter("runrow_claims", "Runs claimed by this worker.")
+CLAIMS = Counter("runrow_claims", "Runs claimed by this worker.", registry=None)
 CLAIM_LATENCY = Histogram(
     "runrow_enqueue_to_claim_seconds",
     "Time a run spent queued before this worker claimed it (database clock).",
     buckets=_WAIT_BUCKETS,
+    registry=None,
 )
 ATTEMPT_DURATION = Histogram(
     "runrow_attempt_duration_seconds",
     "Claim to ending of one attempt on this worker, by how it ended.",
     ["ending"],
     buckets=_WAIT_BUCKETS,
+    registry=None,
 )
-REAPS = Counter("runrow_reaps", "Runs this worker's reaper took over after their lease lapsed.", ["outcome"])
-LEASE_LOSSES = Counter("runrow_lease_losses", "Attempts that lost their claim (reaped, stopped, superseded).")
+REAPS = Counter(
+    "runrow_reaps",
+    "Runs this worker's reaper took over after their lease lapsed.",
+    ["outcome"],
+    registry=None,
+)
+LEASE_LOSSES = Counter(
+    "runrow_lease_losses", "Attempts that lost their claim (reaped, stopped, superseded).", registry=None
+)
 FENCED = Counter(
-    "runrow_fenced_writes", "Writes the fence refused (the claim was no longer this worker's).", ["call"]
+    "runrow_fenced_writes",
+    "Writes the fence refused (the claim was no longer this worker's).",
+    ["call"],
+    registry=None,
 )
 FLUSH_EVENTS = Histogram(
     "runrow_journal_flush_events",
     "Events written per journal flush transaction.",
     buckets=_FLUSH_EVENTS_BUCKETS,
+    registry=None,
 )
 FLUSH_SECONDS = Histogram(
-    "runrow_journal_flush_seconds", "Duration of one journal flush transaction.", buckets=_WAIT_BUCKETS
+    "runrow_journal_flush_seconds",
+    "Duration of one journal flush transaction.",
+    buckets=_WAIT_BUCKETS,
+    registry=None,
 )
 MODEL_SECONDS = Histogram(
     "runrow_model_request_seconds",
     "One streamed model request, start to final message, by model and outcome.",
     ["model", "outcome"],
     buckets=_WAIT_BUCKETS,
+    registry=None,
 )
 MODEL_TOKENS = Counter(
-    "runrow_model_tokens", "Tokens reported by the model API, by model and kind.", ["model", "kind"]
+    "runrow_model_tokens",
+    "Tokens reported by the model API, by model and kind.",
+    ["model", "kind"],
+    registry=None,
 )
 MODEL_THROTTLED = Counter(
     "runrow_model_throttled_responses",
     "429 (rate limited) and 529 (overloaded) answers of the model API, including those the SDK retried.",
     ["status"],
+    registry=None,
 )
 MODEL_KEY_ERRORS = Counter(
     "runrow_model_key_errors",
     "API key or account errors of the model API (401, 402, a 403 about the key, credit balance too "
     "low): each blocks the key fleet-wide and defers its run.",
     ["status"],
+    registry=None,
 )
 MODEL_KEY_BROKEN = Gauge(
     "runrow_model_key_broken",
     "1 while this worker's latest model answer was an API key or account error, else 0 (this "
     "worker's view; the fleet's is runrow_rate_limit_keys_key_error).",
+    registry=None,
 )
 MODEL_RATE_LIMIT_EXHAUSTED = Counter(
     "runrow_model_rate_limit_exhausted",
@@ -105,23 +131,72 @@ MODEL_RATE_LIMIT_EXHAUSTED = Counter(
     "its reset ahead): each blocked the key fleet-wide until one request was back, before any "
     "429. By bucket (requests; the token buckets block nothing).",
     ["bucket"],
+    registry=None,
 )
 MODEL_RATE_LIMIT_REPORT_FAILED = Counter(
     "runrow_model_rate_limit_report_failed",
     "Empty requests buckets (rate-limit headers) the worker could not block the key for within "
     "5 s (the database away or slow, a schema older than the worker): the fleet meets 429s instead.",
+    registry=None,
 )
 MODEL_RATE_LIMIT_REMAINING = Gauge(
     "runrow_model_rate_limit_remaining_ratio",
     "remaining / limit of each rate-limit bucket in this worker's latest model response that "
     "stated both (this worker's view of the organisation's limit, 0 when empty).",
     ["bucket"],
+    registry=None,
 )
-TOOL_CALLS = Counter("runrow_tool_calls", "Tool calls by effect class and outcome.", ["effect", "outcome"])
+TOOL_CALLS = Counter(
+    "runrow_tool_calls", "Tool calls by effect class and outcome.", ["effect", "outcome"], registry=None
+)
 HUB_UP = Gauge("runrow_hub_up", "1 while this process's LISTEN connection is up, else 0.")
 DB_UP = Gauge("runrow_db_up", "1 if this scrape's database query succeeded, else 0.")
-RUNS_IN_FLIGHT = Gauge("runrow_runs_in_flight", "Runs this worker holds now (claimed, not yet ended).")
-CONCURRENCY = Gauge("runrow_concurrency", "Runs this worker may hold at once (--concurrency).")
+RUNS_IN_FLIGHT = Gauge(
+    "runrow_runs_in_flight", "Runs this worker holds now (claimed, not yet ended).", registry=None
+)
+CONCURRENCY = Gauge("runrow_concurrency", "Runs this worker may hold at once (--concurrency).", registry=None)
+
+# The series only a worker moves, registered by `register_worker()` when a worker starts: a
+# `runrow serve` process exported all of them stuck at 0 (a claims counter, runs in flight, the
+# model key gauge, the flush histograms), as if it were a worker that never claimed.
+WORKER_ONLY = (
+    CLAIMS,
+    CLAIM_LATENCY,
+    ATTEMPT_DURATION,
+    REAPS,
+    LEASE_LOSSES,
+    FENCED,
+    FLUSH_EVENTS,
+    FLUSH_SECONDS,
+    MODEL_SECONDS,
+    MODEL_TOKENS,
+    MODEL_THROTTLED,
+    MODEL_KEY_ERRORS,
+    MODEL_KEY_BROKEN,
+    MODEL_RATE_LIMIT_EXHAUSTED,
+    MODEL_RATE_LIMIT_REPORT_FAILED,
+    MODEL_RATE_LIMIT_REMAINING,
+    TOOL_CALLS,
+    RUNS_IN_FLIGHT,
+    CONCURRENCY,
+)
+_registered: set[int] = set()
+_register_lock = threading.Lock()
+
+
+def register(collectors: Iterable[Collector]) -> None:
+    """Export these (made with registry=None) from this process; again is a no-op."""
+    with _register_lock:
+        for collector in collectors:
+            if id(collector) not in _registered:
+                REGISTRY.register(collector)
+                _registered.add(id(collector))
+
+
+def register_worker() -> None:
+    """This process runs a worker: export the worker's series (a Worker calls it as it starts)."""
+    register(WORKER_ONLY)
+
 
 TOKEN_KINDS = {
     "input_tokens": "input",

@@ -195,6 +195,7 @@ class Worker:
                 self.pool_size,
                 self.lease_seconds,
             )
+        metrics.register_worker()  # the worker's series, in a process that runs one
         log.info("worker %s connecting to %s", self.worker_id, where(self.conninfo))
         self._starting = asyncio.ensure_future(self._connect())
         try:
