@@ -1,4 +1,4 @@
-"""`runrow serve`'s operator flags, from a real process: --max-attempts."""
+"""`runrow serve`'s operator flags, from a real process: --max-attempts, --metrics-port."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from http_support import ALICE, private_database
-from serve_process import serve_process
+from serve_process import bound_port, serve_process
 from worker_support import REPO
 
 
@@ -61,3 +61,30 @@ def test_max_attempts_out_of_range_is_refused_and_documented() -> None:
         timeout=60,
     )
     assert "--max-attempts" in shown.stdout and "requeued" in shown.stdout
+
+
+def test_metrics_port_moves_metrics_to_a_listener_of_its_own(db: str, tmp_path: Path) -> None:
+    """serve had no --metrics-host/--metrics-port like the worker: /metrics was on the API's
+    port only, beside the API a scraper's network policy had to open."""
+    with serve_process(db, tmp_path, ["--metrics-port", "0"]) as serve:
+        metrics_port = bound_port(serve.proc, serve.err, name="metrics on")
+        assert httpx.get(f"{serve.url}/runs/{uuid.uuid4()}", headers=ALICE, timeout=20).status_code == 404
+        scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=20)
+        on_api = httpx.get(f"{serve.url}/metrics", timeout=20)
+        elsewhere = httpx.get(f"http://127.0.0.1:{metrics_port}/runs", timeout=20)
+    assert scraped.status_code == 200, scraped.text
+    assert "runrow_db_up 1.0" in scraped.text.splitlines()
+    assert 'runrow_http_requests_total{route="/runs/{run_id}",status="404"} 1.0' in scraped.text
+    assert on_api.status_code == 404 and on_api.json()["error"]["type"] == "not_found", on_api.text
+    assert elsewhere.status_code == 404
+
+
+def test_metrics_host_needs_metrics_port() -> None:
+    refused = subprocess.run(
+        [sys.executable, "-m", "pyworker", "serve", "--insecure-dev", "--metrics-host", "0.0.0.0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "--metrics-host needs --metrics-port" in refused.stderr, refused.stderr

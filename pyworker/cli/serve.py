@@ -61,6 +61,19 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     )
     p.add_argument("--port", type=port_number, default=8080, help="port (default %(default)s)")
     p.add_argument(
+        "--metrics-port",
+        type=port_number,
+        default=None,
+        help="serve GET /metrics on a listener of its own at this port (0: any free port, logged), "
+        "and answer 404 for it on --port; default: /metrics on --port",
+    )
+    p.add_argument(
+        "--metrics-host",
+        type=host_name,
+        default=None,
+        help="address the metrics listener binds (default 127.0.0.1); needs --metrics-port",
+    )
+    p.add_argument(
         "--tokens-file",
         type=Path,
         help='JSON {"token": "user id", ...} (else env RUNROW_TOKENS=tok=user,...)',
@@ -220,6 +233,11 @@ def _unusable(args: argparse.Namespace) -> str | None:
         socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)
     except OSError as exc:
         return f"--host {args.host}: {exc.strerror or exc}"
+    from pyworker.cli.main import _metrics_address_problem  # the worker's flags, the same rules
+
+    problem = _metrics_address_problem(args)
+    if problem is not None:
+        return problem
     problem = _unreachable(
         database_url(args.database_url), "the database", "on it first", "DATABASE_URL or --database-url"
     )
@@ -312,6 +330,8 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         max_streams_per_user=args.max_streams_per_user,
         max_attempts=args.max_attempts,
         access_log=args.access_log,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host or "127.0.0.1",
     )
 
 

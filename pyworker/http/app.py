@@ -104,11 +104,20 @@ def create_app(config: ServeConfig) -> Starlette:
         http_metrics.register(lambda: streams.open)
         # Warns when the LISTEN URL goes through a pooler that drops notifications.
         self_test = asyncio.create_task(hub.self_test(pool), name="runrow-serve-hub-self-test")
+        metrics_server = None
+        if config.metrics_port is not None:
+            # The worker's listener (GET /metrics, 404 otherwise), scraping over the probe's
+            # connection; the API's port then has no /metrics route.
+            metrics_server = await metrics.serve(probe, config.metrics_host, config.metrics_port)
+            app.state.metrics_address = metrics_server.sockets[0].getsockname()[:2]
+            log.info("metrics on http://%s:%d/metrics", *app.state.metrics_address)
         app.state.services = Services(config, authenticate, pool, hub, streams, replica, probe=probe)
         log.info("runrow serve ready (model %s, auth %s)", config.model, _auth_name(config))
         try:
             yield
         finally:
+            if metrics_server is not None:
+                metrics_server.close()
             self_test.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self_test
@@ -120,7 +129,12 @@ def create_app(config: ServeConfig) -> Starlette:
 
     return _Service(
         access_log=config.access_log,
-        routes=[*routes_runs.routes, *routes_approvals.routes, *routes_metrics.routes, *routes_page.routes],
+        routes=[
+            *routes_runs.routes,
+            *routes_approvals.routes,
+            *(routes_metrics.routes if config.metrics_port is None else []),
+            *routes_page.routes,
+        ],
         exception_handlers=EXCEPTION_HANDLERS,
         # Before routing, so no route reads a forged request; inside the security headers.
         middleware=[Middleware(RequestGuard, loopback_only=config.insecure_dev)],

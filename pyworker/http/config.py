@@ -63,3 +63,7 @@ class ServeConfig:
     # One line per request on the logger runrow.http.access (path only, never the query
     # string); off, a service scraped every few seconds does not log each scrape.
     access_log: bool = False
+    # GET /metrics on a listener of its own (0: any free port), and not on the API's port;
+    # None: on the API's port.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
