@@ -17,8 +17,9 @@ import logging
 import time
 from urllib.parse import quote_from_bytes
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from pyworker.http.observed import call_noting_status
 from pyworker.worker.logs import HTTP_FIELD
 
 log = logging.getLogger("runrow.http.access")
@@ -38,22 +39,13 @@ class AccessLog:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 0
-
-        async def send_noting_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_noting_status)
-        except Exception:
-            # Raised before a response began: uvicorn answers it with a 500.
-            status = status or 500
-            raise
-        finally:
-            _log(scope, status, (time.perf_counter() - started) * 1000)
+        await call_noting_status(
+            self.app,
+            scope,
+            receive,
+            send,
+            lambda status: _log(scope, status, (time.perf_counter() - started) * 1000),
+        )
 
 
 def _log(scope: Scope, status: int, ms: float) -> None:

@@ -12,8 +12,9 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 from starlette.routing import BaseRoute
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from pyworker.http.observed import call_noting_status
 from pyworker.http.spans import route_template
 from pyworker.worker import metrics
 
@@ -65,20 +66,11 @@ class RequestMetrics:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 0
+        await call_noting_status(
+            self.app, scope, receive, send, lambda status: self._count(scope, status, started)
+        )
 
-        async def send_noting_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_noting_status)
-        except Exception:
-            status = status or 500  # raised before a response began: the server answers 500
-            raise
-        finally:
-            route = route_template(self.routes, scope) or UNMATCHED
-            REQUESTS.labels(route, str(status) if status else NO_RESPONSE).inc()
-            DURATION.labels(route).observe(time.perf_counter() - started)
+    def _count(self, scope: Scope, status: int, started: float) -> None:
+        route = route_template(self.routes, scope) or UNMATCHED
+        REQUESTS.labels(route, str(status) if status else NO_RESPONSE).inc()
+        DURATION.labels(route).observe(time.perf_counter() - started)
