@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 
 from pyworker.cli.main import build_parser
 from pyworker.http import metrics as http_metrics
+from pyworker.http.app import PROBE_CONNECTIONS
 from pyworker.worker import metrics
 from pyworker.worker.echo import handle as echo
 from pyworker.worker.process import (
@@ -127,12 +128,15 @@ def test_for_dbas_says_how_many_connections_each_process_holds() -> None:
     # The scrapes' own connection (--metrics-port), counted since a scrape no longer borrows one
     # from the run pool.
     assert f"M = {METRICS_CONNECTIONS} with `--metrics-port`" in text and "`runrow-worker-metrics`" in text
-    assert "4 x 15 + 11 = 71" in text
-    assert (
-        f"4 x {15 + METRICS_CONNECTIONS} + 11 = {71 + 4 * METRICS_CONNECTIONS} with `--metrics-port`" in text
-    )
+    # serve: its pool, /healthz's and the scrapes' own connection, the LISTEN.
+    serve = 10 + PROBE_CONNECTIONS + 1
+    assert f"4 x 15 + {serve} = {60 + serve}" in text
+    worker = 15 + METRICS_CONNECTIONS
+    assert f"4 x {worker} + {serve} = {4 * worker + serve} with `--metrics-port`" in text
     commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    assert commands["serve"].get_default("pool_size") == 10 and "(default 10) + 1 LISTEN" in text
+    assert commands["serve"].get_default("pool_size") == 10
+    assert f"(default 10) + {PROBE_CONNECTIONS} for `/healthz` and `/metrics` + 1 LISTEN" in text
+    assert f"(pool_size + {PROBE_CONNECTIONS + 1})" in text
     help_text = " ".join(commands["worker"].format_help().split())
     assert (
         f"at most N + {HEARTBEAT_POOL_SIZE + 1} connections" in help_text and "max_connections" in help_text

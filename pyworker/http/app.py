@@ -47,6 +47,8 @@ log = logging.getLogger("runrow.http")
 REQUEST_POOL_TIMEOUT = 5.0
 # Seconds the service waits at its start for the database (it waited 30 s for its pool alone).
 START_TIMEOUT = 30.0
+# /healthz's and the scrapes' own connections, beside the request pool (README, For DBAs).
+PROBE_CONNECTIONS = 1
 
 
 def create_app(config: ServeConfig) -> Starlette:
@@ -86,7 +88,7 @@ def create_app(config: ServeConfig) -> Starlette:
         probe = CancelSafePool(
             config.database_url,
             min_size=1,
-            max_size=1,
+            max_size=PROBE_CONNECTIONS,
             kwargs={"autocommit": True, "application_name": "runrow-serve-probe", **POOLER_SAFE, **limits},
             configure=finite_json.configure,
             timeout=REQUEST_POOL_TIMEOUT,
