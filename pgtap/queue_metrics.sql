@@ -4,7 +4,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(13);
+SELECT plan(20);
 
 SELECT pg_temp.drain_queue();
 
@@ -47,6 +47,9 @@ SELECT results_eq($$SELECT queued, round(oldest_queued_age_seconds), queued_clai
                     FROM runrow.queue_metrics$$,
     $$VALUES (5::bigint, 120::double precision, 3::bigint, 1::bigint)$$,
     'the age is that of the run due longest (since not_before); a run not due yet and a blocked turn do not count');
+SELECT results_eq($$SELECT queued_blocked, round(oldest_blocked_age_seconds) FROM runrow.queue_metrics$$,
+    $$VALUES (1::bigint, 1000::double precision)$$,
+    'the blocked turn is counted apart, with its own age (migration 0090)');
 
 -- Rate-limit blocks, budgets and webhooks, each a gauge.
 SELECT runrow.set_rate_limit('pgtap-key', 10, 1000, 1000);
@@ -85,6 +88,36 @@ UPDATE runrow.schedule SET next_fire_at = 'infinity', last_error = 'cron does no
 SELECT is((SELECT (schedules_overdue, round(oldest_due_tick_age_seconds), schedules_with_last_error)::text
         FROM runrow.queue_metrics), '(1,600,2)',
     'one tick 10 minutes late (4 minutes is not overdue, a future or stopped one is not due), its age, two errors');
+
+-- Turns held behind another turn of their conversation (migration 0090): counted in none of
+-- queued_claimable and queued_not_due before, so a conversation stuck behind an unanswered
+-- approval or a far start_in turn showed in no gauge but the total. Real claims mark them.
+SELECT pg_temp.drain_queue();
+SELECT is((SELECT (queued_blocked, oldest_blocked_age_seconds)::text FROM runrow.queue_metrics), '(0,0)',
+    'no queued run: queued_blocked and oldest_blocked_age_seconds 0');
+SELECT gen_random_uuid() AS conv \gset
+SELECT run_id AS far FROM runrow.enqueue_run(:'conv', '"in a year"', 'test-model', start_in => '366 days') \gset
+SELECT run_id AS next_turn FROM runrow.enqueue_run(:'conv', '"next"', 'test-model') \gset
+SELECT is((SELECT count(*) FROM runrow.claim_run(worker_id => 'pgtap')), 0::bigint,
+    'a claim takes nothing: the second turn waits behind the start_in turn');
+SELECT results_eq($$SELECT queued, queued_claimable, queued_not_due, queued_blocked FROM runrow.queue_metrics$$,
+    $$VALUES (2::bigint, 0::bigint, 1::bigint, 1::bigint)$$,
+    'behind a start_in turn: queued 2 = claimable 0 + not due 1 + blocked 1 (the audit''s case)');
+-- Behind an approval nobody answered, for two days.
+SELECT pg_temp.parked() AS parked2 \gset
+SELECT run_id AS after_approval FROM runrow.enqueue_run(
+    (SELECT conversation_id FROM runrow.agent_run WHERE id = :'parked2'), '"and then?"', 'test-model') \gset
+SELECT is((SELECT count(*) FROM runrow.claim_run(worker_id => 'pgtap')), 0::bigint,
+    'a claim takes nothing: the turn waits behind the approval');
+SELECT pg_temp.bypass(format($$UPDATE runrow.agent_run SET updated_at = now() - interval '2 days' WHERE id = %L$$,
+    :'after_approval'));
+SELECT results_eq($$SELECT queued_blocked, round(oldest_blocked_age_seconds), queued,
+                           queued_claimable + queued_not_due + queued_blocked FROM runrow.queue_metrics$$,
+    $$VALUES (2::bigint, 172800::double precision, 3::bigint, 3::bigint)$$,
+    'two blocked turns; the age is the one behind the approval for two days; the three parts add up to queued');
+SELECT pg_temp.bypass(format($$UPDATE runrow.agent_run SET not_before = now() WHERE id = %L$$, :'far'));
+SELECT is((SELECT (queued_not_due, queued_blocked)::text FROM runrow.queue_metrics), '(0,2)',
+    'the start_in turn due: not counted as not due any more; the turn behind it is still blocked');
 
 SELECT lives_ok($$SELECT pg_temp.as_role('runrow_worker', 'SELECT * FROM runrow.queue_metrics')$$,
     'runrow_worker reads it (runrow worker --metrics-port)');

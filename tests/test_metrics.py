@@ -127,6 +127,30 @@ def test_schedule_gauges_follow_a_tick_a_session_holds_back(db: psycopg.Connecti
     assert db.execute("SELECT last_run_id IS NOT NULL FROM runrow.schedule").fetchone() == (True,)
 
 
+def test_blocked_gauges_count_a_turn_behind_a_start_in_turn(db: psycopg.Connection, start_worker) -> None:  # type: ignore[no-untyped-def]
+    """queue_metrics' queued_blocked and oldest_blocked_age_seconds (migration 0090) as a worker
+    exports them: a turn behind its conversation's start_in turn (due in a year) was in
+    runrow_queue_depth{status="queued"} only, in neither runrow_queued_claimable nor
+    runrow_queued_not_due (the audit's case)."""
+    conversation = uuid.uuid4()
+    db.execute(
+        "SELECT runrow.enqueue_run(%s, '\"next year\"', 'echo', start_in => '366 days')", (conversation,)
+    )
+    enqueue_echo(db, "behind it", conversation_id=conversation)
+    worker = start_worker("metrics-blocked", "--metrics-port", "0", "--poll", "0.3")
+    url = metrics_url(worker)
+    held = wait_until(
+        lambda: (s := scrape(url)) and value(s, "runrow_queued_blocked") == 1 and s,
+        10,
+        "a claim to find the second turn behind the first",
+    )
+    assert value(held, "runrow_queue_depth", status="queued") == 2
+    assert value(held, "runrow_queued_not_due") == 1
+    assert value(held, "runrow_queued_claimable") == 0
+    assert value(held, "runrow_oldest_blocked_age_seconds") >= 0
+    assert "# HELP runrow_queued_blocked Queued runs due but held" in httpx.get(url, timeout=10).text
+
+
 def test_agent_run_counts_model_requests_tokens_throttling_and_tools(
     db: psycopg.Connection, worker_db: str, tmp_path: Path
 ) -> None:

@@ -374,6 +374,10 @@ HELP = {
     "(0: none).",
     "schedules_with_last_error": "Schedules whose last tick enqueued nothing, that a pass left due, or "
     "whose cron stopped them (runrow.schedules says why).",
+    "queued_blocked": "Queued runs due but held behind another turn of their conversation (running, "
+    "waiting on an approval, or an earlier queued turn).",
+    "oldest_blocked_age_seconds": "How long the longest-held of the blocked queued runs has been held "
+    "(0: none): a conversation stuck behind an unanswered approval grows it.",
 }
 SCRAPE_QUERY = "SELECT * FROM runrow.queue_metrics"
 
