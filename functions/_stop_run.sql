@@ -66,3 +66,44 @@ END
 $fn$;
 
 REVOKE ALL ON FUNCTION runrow._stop_timed_out(uuid, uuid) FROM PUBLIC;
+
+-- Lock a run's row FOR UPDATE before `deadline` on the database clock (stop_conversation,
+-- cancel_run); false when no such run, 55P03 when the deadline passed. One row lock can be two
+-- waits, each timed by lock_timeout on its own: the tuple's queue of lockers (another stop of
+-- the run waiting ahead), then the holder's transaction. So a cancel behind another cancel of a
+-- run a frozen session held waited 5 s in each, and answered after 10 s, not the 5 s promised
+-- (the audit). Each try gets half of what is left, so both waits together end by the deadline,
+-- and tries follow one another until it.
+CREATE OR REPLACE FUNCTION runrow._lock_run_by(run_id uuid, deadline timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    left_ms bigint;
+BEGIN
+    LOOP
+        left_ms := floor(extract(EPOCH FROM _lock_run_by.deadline - clock_timestamp()) * 1000);
+        IF left_ms < 2 THEN
+            RAISE EXCEPTION 'run % not locked by its deadline', _lock_run_by.run_id
+                USING ERRCODE = 'lock_not_available';
+        END IF;
+        -- Local to the caller's transaction, and undone with it (or its block) on an error.
+        PERFORM set_config('lock_timeout', (left_ms / 2)::text || 'ms', true);
+        BEGIN
+            PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = _lock_run_by.run_id FOR UPDATE;
+            RETURN found;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;  -- the next try, with what is left
+        END;
+    END LOOP;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._lock_run_by(uuid, timestamptz) IS
+'Lock run_id''s row FOR UPDATE before deadline (database clock), for the stops (cancel_run, '
+'stop_conversation): true when locked, false when no such run, 55P03 when the deadline passed '
+'first. Tries with lock_timeout set to half of what is left, local to the caller''s '
+'transaction, so the two waits one row lock can make (the queue of lockers, the holder) end by '
+'the deadline together.';
+
+REVOKE ALL ON FUNCTION runrow._lock_run_by(uuid, timestamptz) FROM PUBLIC;

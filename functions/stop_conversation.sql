@@ -5,10 +5,12 @@ SECURITY DEFINER
 SET search_path = pg_catalog, runrow, pg_temp
 -- A holder frozen inside its transaction (a paused worker mid-flush, a host cut off) keeps
 -- a run's row locked until PostgreSQL ends its session; a stop waits at most this long for
--- any lock, then fails as a whole with 55P03 (runrow._stop_timed_out) and the caller retries.
+-- every lock together (runrow._lock_run_by), then fails as a whole with 55P03
+-- (runrow._stop_timed_out) and the caller retries.
 SET lock_timeout = '5s'
 AS $fn$
 DECLARE
+    deadline timestamptz := clock_timestamp() + current_setting('lock_timeout')::interval;
     target uuid;
     waiting_on uuid;
     found_any boolean := false;
@@ -36,7 +38,7 @@ BEGIN
         LOOP
             found_any := true;
             waiting_on := target;  -- named in the error if this lock is not granted in time
-            PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = target FOR UPDATE;
+            PERFORM runrow._lock_run_by(target, deadline);
             waiting_on := NULL;
             action := runrow._stop_run(target);
             run_id := target;
@@ -72,8 +74,9 @@ COMMENT ON FUNCTION runrow.stop_conversation(uuid) IS
 'partial text. No turn of the conversation starts after the stop commits. Returns one row '
 'per run acted on, action cancelled or cancel_requested; no rows when nothing was active. An '
 'unknown conversation_id raises P0002 (with a hint when it is a run''s id: cancel_run). '
-'All or nothing: a lock not granted within the function''s lock_timeout (5 s; a holder '
-'frozen inside its transaction) raises 55P03 naming the run, and nothing is stopped.';
+'All or nothing: the locks not all granted within the function''s lock_timeout (5 s in all '
+'on the database clock, other stops waiting ahead included; a holder frozen inside its '
+'transaction) raises 55P03 naming the run, and nothing is stopped.';
 
 REVOKE ALL ON FUNCTION runrow.stop_conversation(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.stop_conversation(uuid) TO runrow_client;

@@ -2,7 +2,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(25);
+SELECT plan(29);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'cancel_run', ARRAY['uuid'], 'cancel_run(run_id) exists');
@@ -64,6 +64,15 @@ SELECT is(pg_temp.status(:'live'), 'queued', 'the queued run is still queued');
 -- Bounded like stop_conversation: a frozen holder makes the cancel fail with 55P03, not hang.
 SELECT ok((SELECT proconfig FROM pg_proc WHERE oid = 'runrow.cancel_run(uuid)'::regprocedure)
     @> ARRAY['lock_timeout=5s'], 'cancel_run waits at most lock_timeout = 5s for the run''s lock');
+
+-- runrow._lock_run_by (the stops' row lock, one deadline for every wait it makes): a run locked
+-- is true, no such run false, a deadline already passed 55P03 with nothing taken; it leaves
+-- lock_timeout to the caller's transaction (the functions' SET clause undoes it).
+SELECT ok(runrow._lock_run_by(:'live', clock_timestamp() + interval '5 seconds'), 'a run is locked: true');
+SELECT ok(NOT runrow._lock_run_by(gen_random_uuid(), clock_timestamp() + interval '5 seconds'), 'no such run: false');
+SELECT throws_ok(format('SELECT runrow._lock_run_by(%L, clock_timestamp() - interval ''1 second'')', :'live'),
+    '55P03', format('run %s not locked by its deadline', :'live'), 'a deadline passed: 55P03 naming the run');
+SELECT is(runrow.cancel_run(:'live'), 'cancelled', 'cancel_run through it: the queued run is cancelled');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -12283,6 +12283,47 @@ $fn$;
 
 REVOKE ALL ON FUNCTION runrow._stop_timed_out(uuid, uuid) FROM PUBLIC;
 
+-- Lock a run's row FOR UPDATE before `deadline` on the database clock (stop_conversation,
+-- cancel_run); false when no such run, 55P03 when the deadline passed. One row lock can be two
+-- waits, each timed by lock_timeout on its own: the tuple's queue of lockers (another stop of
+-- the run waiting ahead), then the holder's transaction. So a cancel behind another cancel of a
+-- run a frozen session held waited 5 s in each, and answered after 10 s, not the 5 s promised
+-- (the audit). Each try gets half of what is left, so both waits together end by the deadline,
+-- and tries follow one another until it.
+CREATE OR REPLACE FUNCTION runrow._lock_run_by(run_id uuid, deadline timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    left_ms bigint;
+BEGIN
+    LOOP
+        left_ms := floor(extract(EPOCH FROM _lock_run_by.deadline - clock_timestamp()) * 1000);
+        IF left_ms < 2 THEN
+            RAISE EXCEPTION 'run % not locked by its deadline', _lock_run_by.run_id
+                USING ERRCODE = 'lock_not_available';
+        END IF;
+        -- Local to the caller's transaction, and undone with it (or its block) on an error.
+        PERFORM set_config('lock_timeout', (left_ms / 2)::text || 'ms', true);
+        BEGIN
+            PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = _lock_run_by.run_id FOR UPDATE;
+            RETURN found;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;  -- the next try, with what is left
+        END;
+    END LOOP;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._lock_run_by(uuid, timestamptz) IS
+'Lock run_id''s row FOR UPDATE before deadline (database clock), for the stops (cancel_run, '
+'stop_conversation): true when locked, false when no such run, 55P03 when the deadline passed '
+'first. Tries with lock_timeout set to half of what is left, local to the caller''s '
+'transaction, so the two waits one row lock can make (the queue of lockers, the holder) end by '
+'the deadline together.';
+
+REVOKE ALL ON FUNCTION runrow._lock_run_by(uuid, timestamptz) FROM PUBLIC;
+
 -- functions/_tenant_reservation.sql
 -- A budgeted tenant's model calls in flight (migration 0088): each grant's reservation is a
 -- row of tenant_reservation, summed on the tenant's budget row by the table's trigger, and
@@ -13600,15 +13641,17 @@ RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, runrow, pg_temp
--- Bounded like stop_conversation: a holder frozen inside its transaction gets 5 s, then
--- the cancel fails with 55P03 (runrow._stop_timed_out) and the caller retries.
+-- Bounded like stop_conversation: a holder frozen inside its transaction gets 5 s in all (also
+-- when other stops of the run wait ahead: runrow._lock_run_by), then the cancel fails with 55P03
+-- (runrow._stop_timed_out) and the caller retries.
 SET lock_timeout = '5s'
 AS $fn$
+DECLARE
+    deadline timestamptz := clock_timestamp() + current_setting('lock_timeout')::interval;
 BEGIN
     PERFORM runrow._require_not_null(cancel_run.run_id, 'run_id');
     BEGIN
-        PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = cancel_run.run_id FOR UPDATE;
-        IF NOT FOUND THEN
+        IF NOT runrow._lock_run_by(cancel_run.run_id, deadline) THEN
             RAISE EXCEPTION 'run_id % does not exist', cancel_run.run_id USING ERRCODE = 'no_data_found';
         END IF;
         RETURN runrow._stop_run(cancel_run.run_id);
@@ -13624,7 +13667,8 @@ COMMENT ON FUNCTION runrow.cancel_run(uuid) IS
 'running run gets cancel_requested and a NOTIFY on runrow_cancel, returns cancel_requested, '
 'and its worker finalizes it. A run that already ended is left alone: already_<status>. An '
 'unknown run_id raises P0002. A row lock not granted within the function''s lock_timeout '
-'(5 s; a holder frozen inside its transaction) raises 55P03 naming the run; nothing is written.';
+'(5 s in all on the database clock, other stops of the run waiting ahead included; a holder '
+'frozen inside its transaction) raises 55P03 naming the run; nothing is written.';
 
 REVOKE ALL ON FUNCTION runrow.cancel_run(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.cancel_run(uuid) TO runrow_client;
@@ -17112,10 +17156,12 @@ SECURITY DEFINER
 SET search_path = pg_catalog, runrow, pg_temp
 -- A holder frozen inside its transaction (a paused worker mid-flush, a host cut off) keeps
 -- a run's row locked until PostgreSQL ends its session; a stop waits at most this long for
--- any lock, then fails as a whole with 55P03 (runrow._stop_timed_out) and the caller retries.
+-- every lock together (runrow._lock_run_by), then fails as a whole with 55P03
+-- (runrow._stop_timed_out) and the caller retries.
 SET lock_timeout = '5s'
 AS $fn$
 DECLARE
+    deadline timestamptz := clock_timestamp() + current_setting('lock_timeout')::interval;
     target uuid;
     waiting_on uuid;
     found_any boolean := false;
@@ -17143,7 +17189,7 @@ BEGIN
         LOOP
             found_any := true;
             waiting_on := target;  -- named in the error if this lock is not granted in time
-            PERFORM 1 FROM runrow.agent_run AS a WHERE a.id = target FOR UPDATE;
+            PERFORM runrow._lock_run_by(target, deadline);
             waiting_on := NULL;
             action := runrow._stop_run(target);
             run_id := target;
@@ -17179,8 +17225,9 @@ COMMENT ON FUNCTION runrow.stop_conversation(uuid) IS
 'partial text. No turn of the conversation starts after the stop commits. Returns one row '
 'per run acted on, action cancelled or cancel_requested; no rows when nothing was active. An '
 'unknown conversation_id raises P0002 (with a hint when it is a run''s id: cancel_run). '
-'All or nothing: a lock not granted within the function''s lock_timeout (5 s; a holder '
-'frozen inside its transaction) raises 55P03 naming the run, and nothing is stopped.';
+'All or nothing: the locks not all granted within the function''s lock_timeout (5 s in all '
+'on the database clock, other stops waiting ahead included; a holder frozen inside its '
+'transaction) raises 55P03 naming the run, and nothing is stopped.';
 
 REVOKE ALL ON FUNCTION runrow.stop_conversation(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.stop_conversation(uuid) TO runrow_client;

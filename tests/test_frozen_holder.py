@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -157,6 +158,42 @@ def test_stop_cancel_and_interrupt_give_up_on_a_frozen_holder_and_write_nothing(
         (frozen["run_id"], "cancel_requested"),
         (turn2, "cancelled"),
     ]
+
+
+def elapsed_failing(call: Background) -> float:
+    """Seconds from now until the call fails (it must fail with 55P03)."""
+    started = time.monotonic()
+    error = failure(call)
+    assert isinstance(error, psycopg.errors.LockNotAvailable), repr(error)
+    return time.monotonic() - started
+
+
+# A stop waits at most 5 s; behind another stop of the same run it waited 5 s in the row's
+# queue of lockers and 5 s more for the holder (10 s; the audit). Halfway between the two.
+BOUND = 7.5
+
+
+@pytest.mark.parametrize("stop", ["cancel_run", "stop_conversation"])
+def test_a_stop_behind_another_stop_answers_within_its_5s(
+    owner: psycopg.Connection, connect: Connect, stop: str
+):
+    conversation, frozen, _turn2 = frozen_turn(owner)
+    holder = hold(connect, frozen)
+    before = state(owner, conversation)
+    sql, arg = (
+        ("SELECT runrow.cancel_run(%s)", frozen["run_id"])
+        if stop == "cancel_run"
+        else ("SELECT * FROM runrow.stop_conversation(%s)", conversation)
+    )
+    first = Background(connect(), lambda conn: conn.execute(sql, (arg,)).fetchall())
+    first.wait_blocked_by(owner, holder)
+    second_conn = connect()
+    second = Background(second_conn, lambda conn: conn.execute(sql, (arg,)).fetchall())
+    second.wait_blocked_by(owner, first.conn)  # queued behind the first stop, not the holder
+    assert elapsed_failing(second) < BOUND
+    assert isinstance(failure(first), psycopg.errors.LockNotAvailable)
+    assert state(owner, conversation) == before
+    holder.rollback()
 
 
 def test_a_stop_behind_a_stuck_enqueue_names_the_conversation(owner: psycopg.Connection, connect: Connect):
