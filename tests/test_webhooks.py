@@ -23,6 +23,7 @@ import httpx
 import psycopg
 import pytest
 from http_support import ALICE, error_of, serve
+from metrics_support import metrics_url, scrape, total, value
 from psycopg.types.json import Jsonb
 from worker_support import REPO, WorkerProcess, db, wait_until, worker_db, worker_db_superuser
 
@@ -215,6 +216,42 @@ def test_a_failing_hanging_500ing_receiver_is_retried_with_backoff_until_it_succ
     assert at[3] - at[2] >= 1.0 + 2.0 - 0.05
     row = delivery(db, run_id)
     assert (row["attempts"], row["last_http_status"], row["last_error"]) == (4, 200, "timed out after 1 s")
+
+
+@pytest.mark.parametrize("receiver", [["500", "500"]], indirect=True)
+def test_deliveries_are_counted_by_outcome_with_their_latency(
+    db: psycopg.Connection, receiver: Receiver, workers: Any
+) -> None:
+    """Per-process counters beside the database's gauges (the audit: deliveries were visible only
+    as webhooks_pending / webhooks_dead_lettered): one delivery refused twice (failed, then
+    dead-lettered on its last attempt) and one delivered, each POST in the latency histogram."""
+    w = workers("w1", *FAST, "--webhook-attempts", "2", "--metrics-port", "0")
+    url = metrics_url(w)
+    refused = enqueue_hooked(db, receiver.url)
+    wait_until(lambda: state(db, refused) == "dead", 30, "the dead letter")
+    other = Receiver([])
+    try:
+        delivered = enqueue_hooked(db, other.url)
+        wait_until(lambda: state(db, delivered) == "delivered", 30, "the delivery")
+    finally:
+        other.close()
+    counts = wait_until(
+        lambda: (
+            (s := scrape(url))
+            and {o: value(s, "runrow_webhook_deliveries_total", outcome=o) for o in OUTCOMES}
+            == {"delivered": 1, "failed": 1, "dead_lettered": 1}
+            and s
+        ),
+        10,
+        "one attempt of each outcome counted",
+    )
+    for outcome in OUTCOMES:
+        assert value(counts, "runrow_webhook_delivery_seconds_count", outcome=outcome) == 1
+        assert value(counts, "runrow_webhook_delivery_seconds_bucket", outcome=outcome, le="+Inf") == 1
+    assert total(counts, "runrow_webhook_delivery_seconds_sum") > 0
+
+
+OUTCOMES = ("delivered", "failed", "dead_lettered")
 
 
 @pytest.mark.parametrize("receiver", [["slow"]], indirect=True)

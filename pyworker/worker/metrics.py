@@ -149,6 +149,20 @@ MODEL_RATE_LIMIT_REMAINING = Gauge(
 TOOL_CALLS = Counter(
     "runrow_tool_calls", "Tool calls by effect class and outcome.", ["effect", "outcome"], registry=None
 )
+WEBHOOK_DELIVERIES = Counter(
+    "runrow_webhook_deliveries",
+    "Webhook delivery attempts this worker made, by outcome: delivered (the receiver answered 2xx), "
+    "failed (to be tried again), dead_lettered (the last attempt, or a failure that would recur).",
+    ["outcome"],
+    registry=None,
+)
+WEBHOOK_SECONDS = Histogram(
+    "runrow_webhook_delivery_seconds",
+    "One webhook POST, sent to the receiver's answer (or the error, the timeout), by outcome.",
+    ["outcome"],
+    buckets=_WAIT_BUCKETS,
+    registry=None,
+)
 HUB_UP = Gauge("runrow_hub_up", "1 while this process's LISTEN connection is up, else 0.")
 DB_UP = Gauge("runrow_db_up", "1 if this scrape's database query succeeded, else 0.")
 RUNS_IN_FLIGHT = Gauge(
@@ -177,6 +191,8 @@ WORKER_ONLY = (
     MODEL_RATE_LIMIT_REPORT_FAILED,
     MODEL_RATE_LIMIT_REMAINING,
     TOOL_CALLS,
+    WEBHOOK_DELIVERIES,
+    WEBHOOK_SECONDS,
     RUNS_IN_FLIGHT,
     CONCURRENCY,
 )
@@ -337,6 +353,11 @@ def model_rate_limit_report_failed() -> None:
 
 def tool_call(effect: str | None, outcome: str) -> None:
     TOOL_CALLS.labels(effect or "unknown", outcome).inc()
+
+
+def webhook_delivery(outcome: str, seconds: float) -> None:
+    WEBHOOK_DELIVERIES.labels(outcome).inc()
+    WEBHOOK_SECONDS.labels(outcome).observe(seconds)
 
 
 def watch_hub(connected: Callable[[], bool]) -> None:

@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ from pyworker.db.webhooks import (
     complete_webhook_delivery,
     fail_webhook_delivery,
 )
+from pyworker.worker import metrics
 from pyworker.worker.settings import (
     DEFAULT_WEBHOOK_PER_RECEIVER,
     DEFAULT_WEBHOOK_SIGNING,
@@ -266,11 +268,13 @@ async def _deliver_and_record(
 ) -> None:
     extra = {"run_id": str(d.run_id)}
     permanent = False
+    started = time.monotonic()
     try:
         status, error = await deliver(client, d, settings)
     except Unsendable as exc:
         status, error = None, str(exc)
         permanent = True  # a deterministic failure ends once
+    seconds = time.monotonic() - started
     if status == 410:
         # Gone: "likely to be permanent" (RFC 9110), the REST Hooks way for a receiver to say
         # "stop sending". Every retry would be refused the same way, so this one is the last.
@@ -282,6 +286,8 @@ async def _deliver_and_record(
     async with pool.connection() as conn:
         if error is None:
             assert status is not None
+            # The receiver has it, whether or not the lease was still ours to record it.
+            metrics.webhook_delivery("delivered", seconds)
             if await complete_webhook_delivery(conn, d.delivery_id, d.claim_token, status):
                 log.info(
                     "webhook %s delivered (HTTP %d, attempt %d)",
@@ -303,6 +309,9 @@ async def _deliver_and_record(
             settings.backoff_seconds,
             permanent,
         )
+    # Counted once recorded: a failure the database refused (the lease was taken over) counts as
+    # failed; one whose recording raised is not counted (its lease lapses, it is tried again).
+    metrics.webhook_delivery("dead_lettered" if outcome == "dead" else "failed", seconds)
     if outcome == "dead":
         log.warning(
             "webhook %s dead-lettered after %d attempts: %s", d.delivery_id, d.attempt, error, extra=extra
