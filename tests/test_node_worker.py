@@ -112,7 +112,9 @@ def test_node_and_python_workers_share_the_queue(
             text = f"answer number {i}, from whichever worker"
             conv = conversation if i % 6 == 0 else None
             texts[
-                enqueue_run(db, f"q{i}", "m", conversation_id=conv, metadata={"echo": text, "duration": 0.2})
+                enqueue_run(
+                    db, f"q{i}", "echo", conversation_id=conv, metadata={"echo": text, "duration": 0.2}
+                )
             ] = text
         for run in texts:
             assert wait_status(db, run, TERMINAL, 60) == "completed", (python.log(), node_worker.log())
@@ -147,7 +149,7 @@ def test_node_and_python_workers_share_the_queue(
 
 
 def test_node_worker_honours_a_stop(db: psycopg.Connection, node_worker: NodeWorker) -> None:
-    run = enqueue_run(db, "long", "m", metadata={"echo": "x" * 600, "duration": 30})
+    run = enqueue_run(db, "long", "echo", metadata={"echo": "x" * 600, "duration": 30})
     wait_until(lambda: len(streamed_text(db, run)) >= 20, 20, "the node worker to stream")
     assert db.execute("SELECT runrow.cancel_run(%s)", (run,)).fetchone()[0] == "cancel_requested"
     # The lease is 30 s, so the first heartbeat is 10 s away: only the cancel NOTIFY ends it this soon.
@@ -159,7 +161,7 @@ def test_node_worker_honours_a_stop(db: psycopg.Connection, node_worker: NodeWor
 def test_a_forged_cancel_notify_stops_nothing(db: psycopg.Connection, node_worker: NodeWorker) -> None:
     # Any login may NOTIFY runrow_cancel: the hint makes the worker beat at once (the lease is
     # 30 s, the next beat 10 s away), and only the row's cancel_requested may stop the run.
-    run = enqueue_run(db, "long", "m", metadata={"echo": "y" * 300, "duration": 2})
+    run = enqueue_run(db, "long", "echo", metadata={"echo": "y" * 300, "duration": 2})
     wait_until(lambda: len(streamed_text(db, run)) >= 20, 20, "the node worker to stream")
     before = run_row(db, run)["claim_expires_at"]
     db.execute("SELECT pg_notify('runrow_cancel', %s)", (str(run),))
@@ -173,7 +175,7 @@ def test_node_worker_sees_a_stop_in_its_heartbeat(
 ) -> None:
     worker = NodeWorker(worker_db, "node-hb", tmp_path, LEASE_SECONDS="3")
     try:
-        run = enqueue_run(db, "long", "m", metadata={"echo": "y" * 600, "duration": 60})
+        run = enqueue_run(db, "long", "echo", metadata={"echo": "y" * 600, "duration": 60})
         wait_until(lambda: len(streamed_text(db, run)) >= 5, 20, "the node worker to stream")
         # The flag without the NOTIFY (as the owner may write): only the heartbeat poll can see it.
         db.execute("UPDATE runrow.agent_run SET cancel_requested = true WHERE id = %s", (run,))
@@ -183,7 +185,7 @@ def test_node_worker_sees_a_stop_in_its_heartbeat(
 
 
 def test_node_worker_stands_down_when_fenced_out(db: psycopg.Connection, node_worker: NodeWorker) -> None:
-    run = enqueue_run(db, "long", "m", metadata={"echo": "z" * 600, "duration": 60})
+    run = enqueue_run(db, "long", "echo", metadata={"echo": "z" * 600, "duration": 60})
     wait_until(lambda: len(streamed_text(db, run)) >= 5, 20, "the node worker to stream")
     db.execute(
         "UPDATE runrow.agent_run SET claim_expires_at = now() - interval '1 hour' WHERE id = %s", (run,)
@@ -263,18 +265,23 @@ def test_a_node_only_fleet_reaps_a_killed_worker_and_fires_schedules(
     conversation = uuid.uuid4()
     answer = "the first turn's answer, streamed twice"
     first = enqueue_run(
-        db, "one", "m", conversation_id=conversation, max_attempts=2, metadata={"echo": answer, "duration": 1}
+        db,
+        "one",
+        "echo",
+        conversation_id=conversation,
+        max_attempts=2,
+        metadata={"echo": answer, "duration": 1},
     )
     wait_until(lambda: len(streamed_text(db, first)) >= 3, 20, "the doomed worker to stream")
     doomed.signal(signal.SIGKILL)
     doomed.stop()
     second = enqueue_run(
-        db, "two", "m", conversation_id=conversation, metadata={"echo": "turn two", "duration": 0}
+        db, "two", "echo", conversation_id=conversation, metadata={"echo": "turn two", "duration": 0}
     )
     # A schedule whose tick is due now (yearly, so no other tick falls due meanwhile).
     schedule = db.execute(
         "SELECT runrow.create_schedule(name => 'node-tick', cron => '0 0 1 1 *', content => '\"tick\"', "
-        'model => \'m\', metadata => \'{"echo": "tick", "duration": 0}\')'
+        'model => \'echo\', metadata => \'{"echo": "tick", "duration": 0}\')'
     ).fetchone()[0]
     db.execute(
         "UPDATE runrow.schedule SET next_fire_at = date_trunc('year', now() AT TIME ZONE 'UTC') "
@@ -320,14 +327,14 @@ def test_node_worker_ends_each_failure_by_its_kind(db: psycopg.Connection, node_
         "CREATE TRIGGER test_refuse_poison BEFORE INSERT ON runrow.run_event "
         "FOR EACH ROW EXECUTE FUNCTION runrow.test_refuse_poison()"
     )
-    poison = enqueue_run(db, "p", "m", max_attempts=3, metadata={"echo": "a poison pill", "duration": 0})
+    poison = enqueue_run(db, "p", "echo", max_attempts=3, metadata={"echo": "a poison pill", "duration": 0})
     flaky = enqueue_run(
-        db, "f", "m", max_attempts=2, metadata={"echo": "flaky answer", "duration": 0.1, "fail": True}
+        db, "f", "echo", max_attempts=2, metadata={"echo": "flaky answer", "duration": 0.1, "fail": True}
     )
     # 51 UTF-16 units in 7 steps: a slice by units ends inside a surrogate pair (at unit 7), and
     # jsonb refuses the lone half (22P02): emoji must be sliced whole, by code points.
     emoji = "😀" * 25 + "!"
-    smiles = enqueue_run(db, "e", "m", metadata={"echo": emoji, "duration": 0.35})
+    smiles = enqueue_run(db, "e", "echo", metadata={"echo": emoji, "duration": 0.35})
 
     assert wait_status(db, poison, TERMINAL, 15) == "failed", node_worker.log()
     row = run_row(db, poison)
@@ -354,7 +361,7 @@ def test_node_worker_rides_out_losing_its_connections(
     worker = NodeWorker(worker_db, "node-cut", tmp_path, LEASE_SECONDS="3", POLL_SECONDS="60")
     try:
         text = "".join(f"{i:03d}," for i in range(150))  # a gap or a repeat shows
-        run = enqueue_run(db, "q", "m", metadata={"echo": text, "duration": 2.5})
+        run = enqueue_run(db, "q", "echo", metadata={"echo": text, "duration": 2.5})
         wait_streaming(db, run)
         for _ in range(3):  # every session of the worker, idle or mid-call, its LISTEN included
             assert worker.proc.poll() is None, worker.log()
@@ -383,7 +390,7 @@ def test_node_worker_rides_out_losing_its_connections(
         assert row["attempt"] == 1 and row["result"]["text"] == text and streamed_text(db, run) == text
         listening = "query = 'LISTEN runrow_cancel'"
         wait_until(lambda: node_sessions(db, listening), 10, "it to LISTEN again")
-        again = enqueue_run(db, "q2", "m", metadata={"echo": "after the cut", "duration": 0})
+        again = enqueue_run(db, "q2", "echo", metadata={"echo": "after the cut", "duration": 0})
         assert wait_status(db, again, TERMINAL, 8) == "completed", worker.log()
     finally:
         assert worker.stop() == 0
@@ -403,7 +410,7 @@ def test_node_worker_drain_releases_what_it_holds(
         db.execute("SELECT runrow.cancel_run(%s)", (run,))  # not the next worker's to claim
 
     # 1. A claim in flight when SIGTERM lands: its run is released as it arrives, never started.
-    run = enqueue_run(db, "q", "m", max_attempts=2, metadata={"echo": "never started", "duration": 0})
+    run = enqueue_run(db, "q", "echo", max_attempts=2, metadata={"echo": "never started", "duration": 0})
     with psycopg.connect(worker_db) as locker:
         locker.execute("LOCK TABLE runrow.agent_run IN EXCLUSIVE MODE")  # holds the first claim
         worker = NodeWorker(worker_db, "node-claiming", tmp_path)
@@ -425,7 +432,9 @@ def test_node_worker_drain_releases_what_it_holds(
     for how, budget, code in [("budget", "1", 0), ("signal", "60", 1)]:
         worker = NodeWorker(worker_db, f"node-{how}", tmp_path, DRAIN_SECONDS=budget)
         try:
-            run = enqueue_run(db, "long", "m", max_attempts=2, metadata={"echo": "z" * 600, "duration": 60})
+            run = enqueue_run(
+                db, "long", "echo", max_attempts=2, metadata={"echo": "z" * 600, "duration": 60}
+            )
             wait_streaming(db, run)
             worker.signal()
             if how == "signal":
@@ -435,3 +444,53 @@ def test_node_worker_drain_releases_what_it_holds(
         finally:
             worker.stop()
         released(run, worker)
+
+
+def test_node_worker_refuses_a_run_of_another_model(db: psycopg.Connection, node_worker: NodeWorker) -> None:
+    """Next to an agent fleet the Node worker claimed agent runs and completed them with echo text
+    (the audit). A run of another model now ends `failed` at once, saying why, with nothing
+    journaled by the handler and no attempt spent on a retry; echo runs go on."""
+    agent = enqueue_run(db, "what is 2+2?", "claude-sonnet-4-5", max_attempts=3, metadata={"echo": "4"})
+    echo = enqueue_run(db, "e", "echo", metadata={"echo": "still echoing", "duration": 0})
+    assert wait_status(db, agent, TERMINAL, 15) == "failed", node_worker.log()
+    row = run_row(db, agent)
+    assert row["attempt"] == 1 and len(claim_seqs(db, agent)) == 1  # ended once, not handed back
+    assert row["error"].startswith('worker.js runs model "echo" only, not "claude-sonnet-4-5"'), row["error"]
+    assert "every worker on one queue must run the same handler" in row["error"]
+    assert streamed_text(db, agent) == "" and "message_start" not in [e["type"] for e in events(db, agent)]
+    assert wait_status(db, echo, TERMINAL, 15) == "completed", node_worker.log()
+    assert run_row(db, echo)["result"]["text"] == "still echoing"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "wanted"),
+    [
+        ("LEASE_SECONDS", "abc", "a whole number from 1 to 3600"),
+        ("LEASE_SECONDS", "0", "a whole number from 1 to 3600"),
+        ("CONCURRENCY", "0", "a whole number from 1 to 1000"),
+        ("CONCURRENCY", "2.5", "a whole number from 1 to 1000"),
+        ("POLL_SECONDS", "", "a number from 0.01 to 3600"),
+        ("POLL_SECONDS", "NaN", "a number from 0.01 to 3600"),
+        ("GRACE_SECONDS", "-1", "a whole number from 0 to 86400"),
+        ("DRAIN_SECONDS", "1e3", "a number from 0 to 86400"),
+        ("WORKER_ID", "a\nb", "1 to 200 printable characters"),
+        ("ECHO_MODEL", "", "1 to 200 printable characters"),
+    ],
+)
+def test_node_worker_refuses_a_bad_setting_naming_it(
+    worker_db: str, name: str, value: str, wanted: str
+) -> None:
+    """LEASE_SECONDS=abc logged "invalid input syntax for type integer: NaN" on every poll and ran
+    the reaper every millisecond (setTimeout(reap, NaN)); CONCURRENCY=0 idled without a word."""
+    environment = {**os.environ, "DATABASE_URL": worker_db, name: value}
+    done = subprocess.run(
+        [node_or_skip(), "worker.js"],
+        cwd=NODE_DIR,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.startswith(f"worker.js: {name} must be {wanted}, got "), done.stderr
+    assert done.stdout == ""  # nothing started: no connection, no "listening"

@@ -1,20 +1,42 @@
 // A runrow worker in Node.js: the same queue as the Python worker, through the runrow.* SQL API only.
-// Handler: echo (streams metadata.echo back over metadata.duration seconds), like pyworker's echo.
+// Handler: echo (streams metadata.echo back over metadata.duration seconds), like pyworker's echo, for runs
+// of ECHO_MODEL only: every worker on one queue must run the same handler (README.md beside this).
 // Env: DATABASE_URL, CONCURRENCY (2), LEASE_SECONDS (30), POLL_SECONDS (5), GRACE_SECONDS (30),
-// DRAIN_SECONDS (30), WORKER_ID (node-<host>-<pid>). What every worker must do: README.md beside this.
+// DRAIN_SECONDS (30), WORKER_ID (node-<host>-<pid>), ECHO_MODEL (echo). What every worker must do: README.md.
 'use strict';
 const os = require('os');
 const { Client, Pool } = require('pg');
 
+// Every setting checked before anything starts, exit 2 naming it: LEASE_SECONDS=abc was NaN, so every claim
+// failed ("invalid input syntax for type integer") and setTimeout(reap, NaN) ran the reaper every 1 ms;
+// CONCURRENCY=0 claimed nothing and said nothing.
+const usage = (name, what, value) => {
+  console.error(`worker.js: ${name} must be ${what}, got ${JSON.stringify(value)}`);
+  process.exit(2);
+};
+function setting(name, fallback, { min, max, whole }) {
+  const raw = process.env[name] ?? String(fallback);
+  const value = Number(raw);
+  const what = `${whole ? 'a whole number' : 'a number'} from ${min} to ${max}`;
+  if (!(whole ? /^\d+$/ : /^\d+(\.\d+)?$/).test(raw) || value < min || value > max) usage(name, what, raw);
+  return value;
+}
+function text(name, fallback) {
+  const value = process.env[name] ?? fallback;
+  if (value.length < 1 || value.length > 200 || /\p{C}/u.test(value)) {
+    usage(name, '1 to 200 printable characters', value);
+  }
+  return value;
+}
 const url = process.env.DATABASE_URL;
-if (!url) { console.error('worker.js: set DATABASE_URL'); process.exit(2); }
-const setting = (name, fallback) => Number(process.env[name] ?? fallback);
-const concurrency = setting('CONCURRENCY', 2);
-const lease = setting('LEASE_SECONDS', 30);
-const poll = setting('POLL_SECONDS', 5);
-const grace = setting('GRACE_SECONDS', 30);
-const drainSeconds = setting('DRAIN_SECONDS', 30);
-const workerId = process.env.WORKER_ID || `node-${os.hostname()}-${process.pid}`;
+if (!url) usage('DATABASE_URL', 'set (postgresql://user@host/db)', url ?? null);
+const concurrency = setting('CONCURRENCY', 2, { min: 1, max: 1000, whole: true }); // claim_runs' max_runs
+const lease = setting('LEASE_SECONDS', 30, { min: 1, max: 3600, whole: true }); // claim_runs' lease_seconds
+const poll = setting('POLL_SECONDS', 5, { min: 0.01, max: 3600 });
+const grace = setting('GRACE_SECONDS', 30, { min: 0, max: 86400, whole: true }); // reap_expired_runs'
+const drainSeconds = setting('DRAIN_SECONDS', 30, { min: 0, max: 86400 });
+const workerId = text('WORKER_ID', `node-${os.hostname()}-${process.pid}`);
+const echoModel = text('ECHO_MODEL', 'echo');
 const pool = new Pool({ connectionString: url, max: concurrency + 2, application_name: workerId });
 // An idle pooled connection whose session ends (restart, failover, pg_terminate_backend) emits 'error' on
 // the pool, and an 'error' event nobody listens to kills Node. The pool drops it and connects afresh.
@@ -131,9 +153,10 @@ async function execute(run) {
   const beat = setInterval(() => heartbeat(run), (lease * 1000) / 3);
   const pause = (ms) => new Promise((resolve) => { wake = resolve; setTimeout(resolve, ms); });
   try {
-    if ((await supersede(run)) === null) run.stop('lost');
+    if (run.model !== echoModel) await refuse(run);
+    else if ((await supersede(run)) === null) run.stop('lost');
     else if ((await append(run, [{ type: 'message_start', role: 'assistant' }])) === null) run.stop('lost');
-    await end(run, run.stopped ? '' : await echo(run, pause));
+    if (!run.refused) await end(run, run.stopped ? '' : await echo(run, pause));
   } catch (err) {
     await fail(run, err).catch((e) => log(`run ${run.run_id}: ending failed:`, e.message));
   } finally {
@@ -168,6 +191,18 @@ async function end(run, text) {
   const status = cancelled ? 'cancelled' : 'completed';
   const [{ ok }] = await finish(run, status, { text });
   return log(`run ${run.run_id}: ${ok ? status : 'already ended elsewhere'}`);
+}
+
+// A run of another model (an agent run, next to an agent fleet) was completed with echo text. The claim
+// takes any run and cannot be handed back for free: release_run spends the attempt (then failed at
+// max_attempts = 1, the default) and comes back here after its backoff; defer_run is for fleet limits and
+// would bring it back for ever. So it ends `failed` once, saying why, and nothing of it is journaled.
+async function refuse(run) {
+  run.refused = true;
+  const error = `worker.js runs model ${JSON.stringify(echoModel)} only, not ${JSON.stringify(run.model)}: every `
+    + 'worker on one queue must run the same handler; retry_run it where a worker of its model drains the queue';
+  const [{ ok }] = await finish(run, 'failed', null, error);
+  log(`run ${run.run_id}: ${ok ? 'failed' : 'already ended elsewhere'}: ${error}`);
 }
 
 // The handler threw. A database outage that outlasted call()'s retries ends nothing: the lease lapses and
