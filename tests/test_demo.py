@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 DEMO = [sys.executable, "-m", "pyworker", "demo", "--fake"]
 
@@ -89,6 +91,14 @@ def test_demo_kills_the_worker_mid_run_the_other_resumes_and_the_email_goes_out_
     assert all(s[3] for s in steps if s[1] == "model_turn"), out
     assert re.search(r"run_claimed\s+2\b", out) and re.search(r"complete\s+1\b", out), out
 
+    # Each line of an attempt's events says whose it is: those of the killed attempt printed after
+    # the KILL line (the tail catching up) read as attempt 1's, not as work after the kill.
+    attempt_lines = [ln for ln in out.splitlines() if re.search(r"tool call \w+ \[|step \d+ committed: ", ln)]
+    assert attempt_lines and all(re.search(r"worker-[ab] #[12]: ", ln) for ln in attempt_lines), out
+    after_kill = out[out.index("KILL:") : out.index("REQUEUED")]
+    assert f"{victim} #2" not in after_kill and f"{survivor} #" not in after_kill, out
+    assert f"lines labelled {victim} #1 below were journaled before the kill" in out, out
+
     # Everything it started is gone: the killed worker, and the one it stopped.
     assert f"{victim}: killed by the demo (SIGKILL)" in out, out
     assert f"{survivor}: stopped (SIGTERM, exit 0)" in out, out
@@ -103,7 +113,8 @@ def _sigint_as_a_terminal_sends_it() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_ctrl_c_mid_run_shuts_down_the_workers_the_fake_model_and_the_cluster() -> None:
+def started_until_claimed() -> tuple[subprocess.Popen[str], str]:
+    """The demo on its own cluster, slowed down, and what it printed up to its run's first claim."""
     proc = subprocess.Popen(
         [*DEMO, "--delta-delay", "0.2"],
         cwd=REPO,
@@ -122,11 +133,22 @@ def test_ctrl_c_mid_run_shuts_down_the_workers_the_fake_model_and_the_cluster() 
             break
     out = "".join(lines)
     assert "CLAIMED by" in out, out
-    proc.send_signal(signal.SIGINT)
+    return proc, out
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_mid_run_shuts_down_the_workers_the_fake_model_and_the_cluster(
+    sig: signal.Signals, code: int
+) -> None:
+    """A SIGTERM exited 130, the Ctrl-C code (the audit): it is 128 + the signal, as a shell says."""
+    proc, out = started_until_claimed()
+    proc.send_signal(sig)
     rest, _ = proc.communicate(timeout=60)
     out += rest
-    assert proc.returncode == 130, out
-    assert "interrupted" in out, out
+    assert proc.returncode == code, out
+    assert f"interrupted ({sig.name})" in out, out
+    assert "INTERRUPTED: demo took" in out, out
+    assert not demo_folder(out).exists(), out
 
     root = re.search(r"cluster up in (\S+)", out)
     assert root, out
@@ -139,6 +161,29 @@ def test_ctrl_c_mid_run_shuts_down_the_workers_the_fake_model_and_the_cluster() 
         assert not alive(pid), pid
     postmasters = subprocess.run(["pgrep", "-f", root.group(1)], capture_output=True, text=True).stdout
     assert not postmasters.strip(), postmasters
+
+
+def demo_folder(out: str) -> Path:
+    found = re.search(r"worker logs: (\S+)/worker-\*\.log", out)
+    assert found, out
+    return Path(found.group(1))
+
+
+def test_a_sigkilled_demo_leaves_no_folder_cluster_or_worker() -> None:
+    """SIGKILL reaches no `finally`: the cluster's own reaper removed the cluster, but the demo's
+    temp folder (/tmp/runrow-demo-*: worker logs, workspace) stayed behind (the audit)."""
+    proc, out = started_until_claimed()
+    folder, cluster = demo_folder(out), Path(re.findall(r"cluster up in (\S+)", out)[0])
+    assert folder.is_dir() and cluster.is_dir(), out
+    proc.kill()
+    proc.communicate(timeout=30)
+    pids = [int(p) for p in re.findall(r"worker-[ab] up \(pid (\d+)\)", out)]
+    gone = time.monotonic() + 60  # the workers drain (up to 5 s) before the folder goes
+    while (folder.exists() or cluster.exists() or any(map(alive, pids))) and time.monotonic() < gone:
+        time.sleep(0.1)
+    assert not folder.exists(), sorted(p.name for p in folder.rglob("*"))
+    assert not cluster.exists()
+    assert not any(map(alive, pids)), pids
 
 
 def test_help_says_what_the_demo_shows() -> None:

@@ -269,6 +269,12 @@ def reap_process_if_owner_dies(pid: int, folder: str) -> Callable[[], None]:
     return _orphan_reaper("process", str(pid), folder)
 
 
+def reap_folder_if_owner_dies(folder: str) -> Callable[[], None]:
+    """The same for a temp folder of ours (the demo's worker logs and workspace): if this process
+    dies first, the reaper removes `folder` once no process works in it any more."""
+    return _orphan_reaper("folder", folder)
+
+
 def _orphan_reaper(*args: str) -> Callable[[], None]:
     read_end, write_end = os.pipe()  # both close-on-exec: only this process holds write_end
     try:

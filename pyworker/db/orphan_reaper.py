@@ -14,6 +14,7 @@ exit the owner has already done that, and there is nothing left to do.
 
     python -m pyworker.db.orphan_reaper cluster CLUSTER_JSON  < pipe
     python -m pyworker.db.orphan_reaper process PID FOLDER    < pipe
+    python -m pyworker.db.orphan_reaper folder FOLDER         < pipe
 """
 
 from __future__ import annotations
@@ -44,10 +45,43 @@ def stop_process(pid: int, folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+# How long `folder` waits for the processes working in the folder (the demo's workers, which the
+# owner's death sent SIGTERM and which drain for up to 5 s) before it removes it anyway.
+FOLDER_WAIT = 30.0
+
+
+def _working_in(folder: str) -> list[int]:
+    """The processes whose working directory is `folder` or below it."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+            except OSError:
+                continue
+            if cwd == folder or cwd.startswith(folder + "/"):
+                pids.append(int(entry))
+    return pids
+
+
+def remove_folder(folder: str) -> None:
+    """Remove `folder` once no process works in it (at most FOLDER_WAIT s): a worker still
+    draining could write into it, and its tools would make its workspace again."""
+    if not os.path.isdir(folder):
+        return
+    folder = os.path.realpath(folder)
+    deadline = time.monotonic() + FOLDER_WAIT
+    while _working_in(folder) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def main(argv: list[str]) -> int:
     sys.stdin.buffer.read()  # returns at EOF: the owner has exited
     if argv[1] == "cluster":
         devdb.stop(devdb.Cluster.from_json(argv[2]))
+    elif argv[1] == "folder":
+        remove_folder(argv[2])
     else:
         stop_process(int(argv[2]), argv[3])
     return 0

@@ -87,23 +87,41 @@ def short(value: Any, width: int = 12) -> str:
 
 
 class EventPrinter:
-    """Renders the journal of the demo's run. `pids` maps worker id -> pid for the claim lines."""
+    """Renders the journal of the demo's run. `pids` maps worker id -> pid for the claim lines.
+
+    The tail prints each event as it reads it, which can be after the worker that journaled it was
+    killed: right after "KILL ... SIGKILL worker-b" came "tool call read_file ... execute" of the
+    killed attempt, which read as work done after the kill. So every line of an attempt's own
+    events says whose it is (`worker-b #1: ...`): the events between a run_claimed and the next
+    run_requeued, run_claimed or complete are that claim's."""
 
     def __init__(self, screen: Screen, pids: dict[str, int]) -> None:
         self.screen = screen
         self.pids = pids
         self.tool_of_use: dict[str, str] = {}
+        self.attempt: str | None = None  # "worker-b #1" while a claim's events are being shown
+
+    def _mine(self, text: str) -> str:
+        return text if self.attempt is None else f"{self.attempt}: {text}"
 
     def show(self, event: Event) -> None:
         p = event.payload
         s = self.screen
         kind = event.type
+        mine = self._mine
         if kind == "text_delta":
-            s.inline(f"text{p.get('index')}", "text", str(p.get("text", "")))
+            s.inline(f"{self.attempt}text{p.get('index')}", mine("text"), str(p.get("text", "")))
         elif kind == "thinking_delta":
-            s.inline(f"thinking{p.get('index')}", "thinking", str(p.get("thinking", "")), "dim")
+            s.inline(
+                f"{self.attempt}thinking{p.get('index')}", mine("thinking"), str(p.get("thinking", "")), "dim"
+            )
         elif kind == "input_json_delta":
-            s.inline(f"input{p.get('index')}", "tool input", str(p.get("partial_json", "")), "cyan")
+            s.inline(
+                f"{self.attempt}input{p.get('index')}",
+                mine("tool input"),
+                str(p.get("partial_json", "")),
+                "cyan",
+            )
         elif kind == "user_message_created":
             s.line(f"user message stored (journal seq {event.seq})")
         elif kind == "run_queued":
@@ -116,25 +134,33 @@ class EventPrinter:
                 "bold",
                 "blue",
             )
+            self.attempt = f"{who} #{p.get('attempt')}"
         elif kind == "model_request":
-            s.line(f"-> model call for step {p.get('step')} ({p.get('model')})")
+            s.line(mine(f"-> model call for step {p.get('step')} ({p.get('model')})"))
         elif kind == "model_turn":
             s.line(
-                f"step {p.get('step_seq')} committed: model_turn, stop_reason {p.get('stop_reason')}, "
-                f"request_id {p.get('request_id')}",
+                mine(
+                    f"step {p.get('step_seq')} committed: model_turn, stop_reason {p.get('stop_reason')}, "
+                    f"request_id {p.get('request_id')}"
+                ),
                 "green",
             )
         elif kind == "tool_call":
             self.tool_of_use[str(p.get("tool_use_id"))] = str(p.get("tool"))
             s.line(
-                f"tool call {p.get('tool')} [{p.get('effect')}] key {short(p.get('idempotency_key'))}: "
-                f"{p.get('state')}",
+                mine(
+                    f"tool call {p.get('tool')} [{p.get('effect')}] key {short(p.get('idempotency_key'))}: "
+                    f"{p.get('state')}"
+                ),
                 "cyan",
             )
         elif kind == "tool_result":
             error = " (is_error)" if p.get("is_error") else ""
-            s.line(f"step {p.get('step_seq')} committed: tool_result of {p.get('tool')}{error}", "green")
+            s.line(
+                mine(f"step {p.get('step_seq')} committed: tool_result of {p.get('tool')}{error}"), "green"
+            )
         elif kind == "run_requeued":
+            self.attempt = None  # a reaper's or a release's line: the attempt is over
             s.line(
                 f"REQUEUED after attempt {p.get('attempt')} of {p.get('max_attempts')}: "
                 f"{p.get('error') or p.get('reason') or ''}",
@@ -143,8 +169,11 @@ class EventPrinter:
             )
         elif kind == "superseded":
             s.line(
-                f"SUPERSEDED: seqs {p.get('after_seq', 0) + 1}..{p.get('through_seq')} were streamed by a "
-                f"cut-off attempt; attempt {p.get('attempt')} redoes that work, so they are not the answer",
+                mine(
+                    f"SUPERSEDED: seqs {p.get('after_seq', 0) + 1}..{p.get('through_seq')} were streamed "
+                    f"by a cut-off attempt; attempt {p.get('attempt')} redoes that work, so they are not "
+                    "the answer"
+                ),
                 "bold",
                 "yellow",
             )
@@ -153,8 +182,9 @@ class EventPrinter:
             s.line(
                 f"COMPLETE: {status}" + (f" ({p.get('error')})" if p.get("error") else ""), "bold", "green"
             )
+            self.attempt = None
         else:
-            s.line(f"{kind} {json.dumps({k: v for k, v in p.items() if k != 'type'})[:100]}")
+            s.line(mine(f"{kind} {json.dumps({k: v for k, v in p.items() if k != 'type'})[:100]}"))
 
 
 def table(screen: Screen, header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:

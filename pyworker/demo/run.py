@@ -176,6 +176,10 @@ def run(opts: Options, screen: Screen | None = None) -> int:
         with stack:
             workdir = Path(tempfile.mkdtemp(prefix="runrow-demo-"))
             if not opts.keep:
+                # A SIGKILL of the demo reaches no `finally`: the cluster's reaper removed the
+                # cluster, and this folder (worker logs, workspace) stayed in /tmp. Registered
+                # first, so it is dismissed last, once the folder is gone.
+                stack.callback(devdb.reap_folder_if_owner_dies(str(workdir)))
                 stack.callback(shutil.rmtree, workdir, True)
             try:
                 demo_tools.seed(workdir / "workspace")
@@ -187,24 +191,41 @@ def run(opts: Options, screen: Screen | None = None) -> int:
                 code = _report(url, live, workers, fake, workdir, opts, screen)
             except (DemoError, devdb.DevDbError) as exc:
                 screen.line(f"demo failed: {exc}", "bold", "red")
-            except KeyboardInterrupt:
-                screen.line("interrupted", "yellow")
-                code = 130
+            except KeyboardInterrupt as exc:
+                screen.line(f"interrupted ({_signal_name(exc)})", "yellow")
+                code = _interrupted(exc)
             screen.heading("Shutting down everything the demo started")
         if opts.keep:
             screen.line(f"kept {workdir} (worker logs, workspace, effects.json)", stamp=False)
-    except KeyboardInterrupt:
-        screen.line("interrupted again while shutting down", "yellow")
-        return 130
+    except KeyboardInterrupt as exc:
+        screen.line(f"interrupted again while shutting down ({_signal_name(exc)})", "yellow")
+        return _interrupted(exc)
     finally:
         signal.signal(signal.SIGTERM, previous_term)
-    verdict = {0: "OK", 130: "INTERRUPTED"}.get(code, "FAILED")
+    verdict = "OK" if code == 0 else "INTERRUPTED" if code > 128 else "FAILED"
     screen.line(f"{verdict}: demo took {time.monotonic() - screen.started:.1f} s", "bold")
     return code
 
 
+class _Signalled(KeyboardInterrupt):
+    """SIGTERM, raised where the demo is, so it shuts down as on Ctrl-C (and exits 143, not 130)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+    raise _Signalled(signum)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    """128 + the signal, as a shell reports a process the signal ended: 130 Ctrl-C, 143 SIGTERM."""
+    return 128 + int(getattr(exc, "signum", signal.SIGINT))
+
+
+def _signal_name(exc: KeyboardInterrupt) -> str:
+    return signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
 
 
 def _database(opts: Options, screen: Screen, stack: contextlib.ExitStack) -> str:
@@ -377,6 +398,10 @@ async def _react(
     screen.note("whatever it was doing after that commit is lost; its claim stays until the lease runs out:")
     screen.note(
         f"lease {LEASE} s + grace {GRACE} s, then a reaper (on the surviving worker) requeues the run"
+    )
+    screen.note(
+        f"lines labelled {holder.name} #{live.claims[-1][0]} below were journaled before the kill: the "
+        "demo prints each event as it reads it"
     )
 
 
