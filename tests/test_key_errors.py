@@ -21,7 +21,7 @@ import pytest
 from agent_support import InProcessWorker, enqueue_agent, module_conn, module_db
 from worker_support import run_row, wait_status, wait_until, worker_db
 
-from pyworker.cli.limits import fleet_summary
+from pyworker.cli.limits import fleet_facts, fleet_summary
 from pyworker.fake.faults import (
     Fault,
     billing_error,
@@ -69,7 +69,7 @@ def db(module_conn: psycopg.Connection, fake: FakeModel, worker: InProcessWorker
 
 async def _status_lines(dsn: str) -> str:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        return str(dict(await fleet_summary(conn))["rate_limit_keys_blocked"])
+        return str(dict(fleet_summary(await fleet_facts(conn)))["rate_limit_keys_blocked"])
 
 
 def finish(db: psycopg.Connection, run: uuid.UUID, timeout: float = 30) -> dict[str, Any]:

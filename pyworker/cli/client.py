@@ -28,6 +28,7 @@ from typing import Any, LiteralString, TextIO, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from pyworker.cli import json_output
 from pyworker.cli.messages import first_line, unparsable_url_reason
 from pyworker.cli.output import stdout_lost
 from pyworker.cli.tail_render import Renderer
@@ -232,18 +233,24 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "retrying, in flight, dead-lettered, delivered in 24 h) with its names prefixed webhooks_. "
         "With RUN: the run's status and its token totals over every attempt (runrow.run_usage): "
         "model turns, input tokens billed at the full price, output, cache read and cache write.",
-        epilog="examples:\n  watch -n 2 runrow status\n  runrow status 5f0c...a2",
+        epilog="examples:\n  watch -n 2 runrow status\n  runrow status 5f0c...a2\n"
+        "  runrow status --json | jq .queue_health.queued      # one JSON document (keys: queue_health, "
+        "fleet, webhook_health)\n"
+        "  runrow status 5f0c...a2 --json | jq .input_tokens",
     )
     p.add_argument("run", type=uuid.UUID, nargs="?", help="run id: show this run's status and token totals")
-    _command(
+    json_output.add_json_flag(p)
+    p = _command(
         sub,
         "audit",
         cmd_audit,
         help="check every invariant; exit 1 when any is violated",
         description="Runs runrow.audit(): one row per violated invariant. Prints them as a "
         "table and exits 1 when there are any, 0 when the database is healthy.",
-        epilog="example:\n  runrow audit || page-the-dba",
+        epilog="examples:\n  runrow audit || page-the-dba\n"
+        "  runrow audit --json | jq '.violations | length'   # {violations: [{invariant, run_id, detail}]}",
     )
+    json_output.add_json_flag(p)
 
 
 def _action(
@@ -440,22 +447,38 @@ async def _no_such_run(conn: psycopg.AsyncConnection, run_id: uuid.UUID) -> CliE
 async def cmd_status(args: argparse.Namespace) -> int:
     if args.run is not None:
         return await _run_status(args)
-    from pyworker.cli.limits import fleet_summary
+    from pyworker.cli.limits import fleet_facts, fleet_json, fleet_summary
 
     names, rows = await _select_all(args, "runrow.queue_health", psycopg.errors.UndefinedTable)
     async with await _connect(database_url(args.database_url)) as conn:
-        fleet = [[n, _cell(v)] for n, v in await fleet_summary(conn)]
+        facts = await fleet_facts(conn)
+    try:
+        hook_names, hook_rows = await _select_all(
+            args, "runrow.webhook_health", psycopg.errors.UndefinedTable
+        )
+    except CliError:  # a database from before the webhook outbox: nothing to show
+        hook_names, hook_rows = [], []
+    if args.json:
+        json_output.emit(
+            {
+                "queue_health": json_output.row(dict(zip(names, rows[0], strict=True))) if rows else None,
+                "fleet": fleet_json(facts),
+                "webhook_health": (
+                    json_output.row(dict(zip(hook_names, hook_rows[0], strict=True))) if hook_rows else None
+                ),
+            }
+        )
+        return 0
+    fleet = [[n, _cell(v)] for n, v in fleet_summary(facts)]
     for i, row in enumerate(rows):
         if i:
             print()
         _print_table(["", ""], [[n, _cell(v)] for n, v in zip(names, row, strict=True)] + fleet, header=False)
-    try:
-        names, rows = await _select_all(args, "runrow.webhook_health", psycopg.errors.UndefinedTable)
-    except CliError:
-        return 0  # a database from before the webhook outbox: nothing to show
-    for row in rows:
+    for row in hook_rows:
         print()
-        cells = [[f"webhooks_{n}", _cell(v)] for n, v in zip(names, row, strict=True) if n != "measured_at"]
+        cells = [
+            [f"webhooks_{n}", _cell(v)] for n, v in zip(hook_names, row, strict=True) if n != "measured_at"
+        ]
         _print_table(["", ""], cells, header=False)
     return 0
 
@@ -478,16 +501,22 @@ async def _run_status(args: argparse.Namespace) -> int:
             ) from exc
     assert run_row is not None and usage_row is not None
     pairs = [*zip(run_names, run_row, strict=True), *zip(usage_names, usage_row, strict=True)]
+    if args.json:
+        json_output.emit(json_output.row(dict(pairs)))
+        return 0
     _print_table(["", ""], [[n, _cell(v)] for n, v in pairs], header=False)
     return 0
 
 
 async def cmd_audit(args: argparse.Namespace) -> int:
     names, rows = await _select_all(args, "runrow.audit()", psycopg.errors.UndefinedFunction)
+    if args.json:
+        json_output.emit({"violations": [json_output.row(dict(zip(names, r, strict=True))) for r in rows]})
     if not rows:
         print("audit: every invariant holds", file=sys.stderr)
         return 0
-    _print_table(names, [[_cell(v) for v in row] for row in rows])
+    if not args.json:
+        _print_table(names, [[_cell(v) for v in row] for row in rows])
     print(f"audit: {len(rows)} violation(s)", file=sys.stderr)
     return 1
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from pyworker.cli import json_output
 from pyworker.cli.client import CliError, _action, _cell, _command, _connect, _print_table, echo
 from pyworker.cli.types import int32, int64, usd
 from pyworker.db import limits as limits_api
@@ -26,7 +27,8 @@ examples:
   runrow limits set claude-sonnet-4-5 --rpm 80   # the key's token limits stay as they were
   runrow limits set org-key-2 --rpm 1000         # a key runs name with enqueue_run(rate_limit_key)
   runrow limits remove org-key-2                 # no limit (and no block) for the key
-  runrow limits show                             # limits, bucket levels, blocks, runs in backoff"""
+  runrow limits show                             # limits, bucket levels, blocks, runs in backoff
+  runrow limits show --json | jq '.rate_limit_blocks[].rate_limit_key'   # one JSON document"""
 
 BUDGET_EPILOG = """how it works:
   A run's token_budget / cost_budget (enqueue_run) and its tenant's daily budget (the
@@ -41,7 +43,8 @@ examples:
   runrow budget tenant acme --tokens-per-day 2000000 --cost-per-day 25
   runrow budget tenant acme --cost-per-day 30    # acme's tokens per day stay 2000000
   runrow budget remove-tenant acme
-  runrow budget show                             # budgets, spend per tenant and model, prices"""
+  runrow budget show                             # budgets, spend per tenant and model, prices
+  runrow budget show --json | jq -r '.spend_by_tenant[].cost'   # money as exact decimal strings"""
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -73,11 +76,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         example="runrow limits remove org-key-2",
     )
     r.add_argument("key")
-    _action(
-        actions,
-        "show",
-        help="limits, bucket levels, blocks and runs not due yet (start_in, or a retry_in backoff)",
-        example="watch -n 5 runrow limits show",
+    json_output.add_json_flag(
+        _action(
+            actions,
+            "show",
+            help="limits, bucket levels, blocks and runs not due yet (start_in, or a retry_in backoff)",
+            example="watch -n 5 runrow limits show",
+        )
     )
 
     p = _command(
@@ -136,11 +141,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         actions, "remove-price", help="remove a model's price", example="runrow budget remove-price claude-x"
     )
     r.add_argument("model")
-    _action(
-        actions,
-        "show",
-        help="tenant budgets, spend per tenant and model, prices, top runs",
-        example="runrow budget show",
+    json_output.add_json_flag(
+        _action(
+            actions,
+            "show",
+            help="tenant budgets, spend per tenant and model, prices, top runs",
+            example="runrow budget show --json",
+        )
     )
 
 
@@ -168,9 +175,12 @@ async def cmd_limits(args: argparse.Namespace) -> int:
             await limits_api.set_rate_limit(conn, args.key, None, None, None)
             echo(f"rate limit of {args.key} removed")
         else:
-            await _show(conn, "limits", "rate_limits")
-            await _show(conn, "blocks", "rate_limit_blocks")
-            await _show(conn, "runs in backoff", "runs_in_backoff")
+            doc: dict[str, Any] | None = {} if args.json else None
+            await _show(conn, "limits", "rate_limits", into=doc)
+            await _show(conn, "blocks", "rate_limit_blocks", into=doc)
+            await _show(conn, "runs in backoff", "runs_in_backoff", into=doc)
+            if doc is not None:
+                json_output.emit(doc)
     return 0
 
 
@@ -208,11 +218,16 @@ async def cmd_budget(args: argparse.Namespace) -> int:
             await limits_api.set_model_price(conn, args.model, None, None, None, None)
             echo(f"price of {args.model} removed")
         else:
-            await _show(conn, "tenant budgets", "tenant_budgets")
-            await _show(conn, "spend per tenant (rolling day)", "spend_by_tenant")
-            await _show(conn, "spend per model (rolling day)", "spend_by_model")
-            await _show(conn, "prices (USD per million tokens; server tools per request)", "model_prices")
-            await _show(conn, "top runs by spend", "spend_by_run", limit=10)
+            doc: dict[str, Any] | None = {} if args.json else None
+            await _show(conn, "tenant budgets", "tenant_budgets", into=doc)
+            await _show(conn, "spend per tenant (rolling day)", "spend_by_tenant", into=doc)
+            await _show(conn, "spend per model (rolling day)", "spend_by_model", into=doc)
+            await _show(
+                conn, "prices (USD per million tokens; server tools per request)", "model_prices", into=doc
+            )
+            await _show(conn, "top runs by spend", "spend_by_run", limit=10, into=doc)
+            if doc is not None:
+                json_output.emit(doc)
     return 0
 
 
@@ -233,8 +248,14 @@ async def _show_row(conn: AsyncConnection[Any], view: str, key: str, columns: li
         _print_table(names, [[_cell(row[n]) for n in names]])
 
 
-async def _show(conn: AsyncConnection[Any], title: str, view: str, limit: int = 100) -> None:
+async def _show(
+    conn: AsyncConnection[Any], title: str, view: str, limit: int = 100, into: dict[str, Any] | None = None
+) -> None:
+    """The rows of `view` as a titled table; with `into` (--json), as into[view], a list of objects."""
     rows = await limits_api.view_rows(conn, view, limit)
+    if into is not None:
+        into[view] = [json_output.row(r) for r in rows]
+        return
     print(f"{title}:")
     if not rows:
         print("  (none)\n")
@@ -250,23 +271,45 @@ async def _show(conn: AsyncConnection[Any], title: str, view: str, limit: int = 
 SHOWN = 10
 
 
-async def fleet_summary(conn: AsyncConnection[Any]) -> list[tuple[str, Any]]:
-    """The fleet-limit lines of `runrow status`."""
+async def fleet_facts(conn: AsyncConnection[Any]) -> dict[str, Any]:
+    """The fleet limits in force: three counts, and at most SHOWN blocks and tenants over budget."""
     cur = await conn.execute(
         "SELECT rate_limit_keys_blocked, queued_not_due, tenants_over_budget FROM runrow.queue_metrics"
     )
     row = await cur.fetchone()
     blocked, not_due, over_budget = row if row is not None else (0, 0, 0)
-    blocks = await limits_api.view_rows(conn, "rate_limit_blocks", SHOWN) if blocked else []
-    over = await limits_api.view_rows(conn, "tenants_over_budget", SHOWN) if over_budget else []
+    return {
+        "rate_limit_keys_blocked": blocked,
+        "runs_in_backoff": not_due,
+        "tenants_over_budget": over_budget,
+        "rate_limit_blocks": await limits_api.view_rows(conn, "rate_limit_blocks", SHOWN) if blocked else [],
+        "tenants": await limits_api.view_rows(conn, "tenants_over_budget", SHOWN) if over_budget else [],
+    }
+
+
+def fleet_summary(facts: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The fleet-limit lines of `runrow status`."""
     return [
         (
             "rate_limit_keys_blocked",
-            _some([_block_line(b) for b in blocks], blocked),
+            _some([_block_line(b) for b in facts["rate_limit_blocks"]], facts["rate_limit_keys_blocked"]),
         ),
-        ("runs_in_backoff", not_due),
-        ("tenants_over_budget", _some([str(t["fairness_key"]) for t in over], over_budget)),
+        ("runs_in_backoff", facts["runs_in_backoff"]),
+        (
+            "tenants_over_budget",
+            _some([str(t["fairness_key"]) for t in facts["tenants"]], facts["tenants_over_budget"]),
+        ),
     ]
+
+
+def fleet_json(facts: dict[str, Any]) -> dict[str, Any]:
+    """The fleet limits as `runrow status --json` gives them: the counts, the blocks listed (at
+    most SHOWN, rows of rate_limit_blocks) and the names of the tenants over budget (as many)."""
+    return {
+        **{k: facts[k] for k in ("rate_limit_keys_blocked", "runs_in_backoff", "tenants_over_budget")},
+        "rate_limit_blocks": [json_output.row(b) for b in facts["rate_limit_blocks"]],
+        "tenants_over_budget_names": [str(t["fairness_key"]) for t in facts["tenants"]],
+    }
 
 
 def _block_line(block: dict[str, Any]) -> str:

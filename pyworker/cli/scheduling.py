@@ -6,7 +6,9 @@ documented views; a bad value is refused by the database with a message naming t
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
+from pyworker.cli import json_output
 from pyworker.cli.client import _action, _command, _connect, echo
 from pyworker.cli.limits import _show
 from pyworker.cli.types import number
@@ -55,11 +57,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     r = _action(actions, "remove", help="remove a key's cap", example="runrow concurrency remove crm-api")
     r.add_argument("key")
-    _action(
-        actions,
-        "show",
-        help="limits with their running-or-waiting and queued runs",
-        example="runrow concurrency show",
+    json_output.add_json_flag(
+        _action(
+            actions,
+            "show",
+            help="limits with their running-or-waiting and queued runs",
+            example="runrow concurrency show --json | jq .concurrency_limits",
+        )
     )
 
     p = _command(
@@ -82,11 +86,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     group = w.add_mutually_exclusive_group(required=True)
     group.add_argument("weight", nargs="?", type=float, help="shares, e.g. 2 or 0.5")
     group.add_argument("--reset", action="store_true", help="back to 1, the default")
-    _action(
-        actions,
-        "show",
-        help="queued and delayed runs per priority level and tenant",
-        example="runrow fairness show",
+    json_output.add_json_flag(
+        _action(
+            actions,
+            "show",
+            help="queued and delayed runs per priority level and tenant",
+            example="runrow fairness show --json | jq .queue_by_tenant",
+        )
     )
 
 
@@ -99,7 +105,10 @@ async def cmd_concurrency(args: argparse.Namespace) -> int:
             await limits_api.set_concurrency_limit(conn, args.key, None)
             echo(f"concurrency limit of {args.key} removed")
         else:
-            await _show(conn, "concurrency limits", "concurrency_limits")
+            doc: dict[str, Any] | None = {} if args.json else None
+            await _show(conn, "concurrency limits", "concurrency_limits", into=doc)
+            if doc is not None:
+                json_output.emit(doc)
     return 0
 
 
@@ -111,6 +120,9 @@ async def cmd_fairness(args: argparse.Namespace) -> int:
             done = "reset to 1" if weight is None else f"set to {weight:g}"
             echo(f"weight of tenant {args.tenant} {done}")
         else:
-            await _show(conn, "queue per priority and tenant", "queue_by_tenant")
-            await _show(conn, "delayed runs", "delayed_runs")
+            doc: dict[str, Any] | None = {} if args.json else None
+            await _show(conn, "queue per priority and tenant", "queue_by_tenant", into=doc)
+            await _show(conn, "delayed runs", "delayed_runs", into=doc)
+            if doc is not None:
+                json_output.emit(doc)
     return 0
