@@ -253,7 +253,9 @@ def test_enqueue_prints_the_run_id_and_the_conversation(
     assert "existing run" in again[1].stderr
     # Reused by another conversation: refused, in one line, exit 2.
     clash = runrow(private_database_url, "enqueue", "x", "--idempotency-key", "k-1")
-    assert clash.returncode == 2 and clash.stderr.startswith("runrow: ") and "idempotency_key" in clash.stderr
+    assert (
+        clash.returncode == 2 and clash.stderr.startswith("runrow: ") and "--idempotency-key" in clash.stderr
+    )
     # Without -c, a new conversation with a time-ordered id (UUIDv7, pyworker/db/ids.py).
     fresh = runrow(private_database_url, "enqueue", "x")
     assert fresh.returncode == 0, fresh.stderr
@@ -365,7 +367,7 @@ def test_bad_input_is_one_line_and_exit_2(private_database_url: str, tmp_path: P
     deep.write_text(DEEP)
     digits.write_text("[" + "9" * 5000 + "]")
     for args, expected in [
-        (["enqueue", "x", "--model", ""], "runrow: invalid argument: model"),
+        (["enqueue", "x", "--model", ""], "runrow: invalid argument: --model must"),
         (["enqueue", ""], "runrow: the message is empty"),
         (["enqueue", "x", "--tools-json", "/nonexistent.json"], "runrow: cannot read --tools-json"),
         (["tail", str(uuid.uuid4()), "--from", "-1"], "runrow: --from must be"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import psycopg
+import pytest
 from tail_support import private_database_url
 from test_cli import runrow
 
@@ -78,7 +79,7 @@ def test_bad_values_are_one_line_errors_and_change_nothing(private_database_url:
     url = private_database_url
     bad = runrow(url, "limits", "set", "cli-bad", "--rpm", "-5")
     assert bad.returncode == 2
-    assert "requests_per_minute must be NULL or a finite number more than 0, got -5" in bad.stderr
+    assert "--rpm must be NULL or a finite number more than 0, got -5" in bad.stderr
     assert "Traceback" not in bad.stderr
     with psycopg.connect(url) as conn:
         assert conn.execute(
@@ -98,9 +99,46 @@ def test_bad_values_are_one_line_errors_and_change_nothing(private_database_url:
         "--cache-read",
         "1",
     )
-    assert price.returncode == 2 and "input_per_mtok must be a finite number, 0 or more" in price.stderr
+    assert price.returncode == 2 and "--input must be a finite number, 0 or more" in price.stderr
     nothing = runrow(url, "budget", "tenant", "acme")
     assert nothing.returncode == 2 and "--tokens-per-day or --cost-per-day" in nothing.stderr
+
+
+PRICE_BUT_CACHE_READ = ["budget", "price", "opt-m", "--input", "1", "--output", "1", "--cache-write", "1"]
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "argument"),
+    [
+        (["limits", "set", "opt-key", "--rpm", "0"], "--rpm", "requests_per_minute"),
+        (
+            ["limits", "set", "opt-key", "--rpm", "5", "--input-tpm", "-1"],
+            "--input-tpm",
+            "input_tokens_per_minute",
+        ),
+        (["limits", "set", "opt-key", "--output-tpm", "0"], "--output-tpm", "output_tokens_per_minute"),
+        (["budget", "tenant", "opt-t", "--tokens-per-day", "0"], "--tokens-per-day", "tokens_per_day"),
+        (["budget", "tenant", "opt-t", "--cost-per-day", "-1"], "--cost-per-day", "cost_per_day"),
+        (
+            [*PRICE_BUT_CACHE_READ, "--cache-read", "-1"],
+            "--cache-read",
+            "cache_read_per_mtok",
+        ),
+        (["enqueue", "hi", "--token-budget", "0"], "--token-budget", "token_budget"),
+        (["enqueue", "hi", "--cost-budget", "-1"], "--cost-budget", "cost_budget"),
+        (["enqueue", "hi", "--fairness-key", ""], "--fairness-key", "fairness_key"),
+    ],
+)
+def test_errors_name_the_option_not_the_sql_argument(
+    private_database_url: str, args: list[str], option: str, argument: str
+) -> None:
+    """The SQL function's 22023 names its argument (`requests_per_minute must be ...`), which the
+    user never typed: the CLI says the option instead, keeping the SQLSTATE's meaning."""
+    done = runrow(private_database_url, *args)
+    assert done.returncode == 2, done.stderr
+    line = done.stderr.strip()
+    assert line.startswith(f"runrow: invalid argument: {option} must "), line
+    assert argument not in line and "\n" not in line
 
 
 def test_budget_and_status(private_database_url: str) -> None:
@@ -125,7 +163,7 @@ def test_budget_and_status(private_database_url: str) -> None:
     searching = runrow(url, *args[:2], "claude-web", *args[3:], *web)
     assert searching.returncode == 0, searching.stderr
     refused = runrow(url, *args[:2], "claude-web", *args[3:], "--web-search", "-1")
-    assert refused.returncode == 2 and "web_search_per_request must be" in refused.stderr, refused.stderr
+    assert refused.returncode == 2 and "--web-search must be" in refused.stderr, refused.stderr
     shown = runrow(url, "budget", "show")
     assert shown.returncode == 0, shown.stderr
     assert any(ln.startswith("acme") and "1000" in ln for ln in shown.stdout.splitlines())

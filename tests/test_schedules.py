@@ -373,7 +373,7 @@ def test_cli_adds_lists_and_removes(database_url: str) -> None:
         ),
         (
             ["add", "bad", "@daily", "hi", "--catch-up", "each", "--max-catch-up", "0"],
-            "runrow: invalid argument: max_catch_up must be between 1 and 1000, got 0\n",
+            "runrow: invalid argument: --max-catch-up must be between 1 and 1000, got 0\n",
         ),
         (
             ["add", "bad", "@daily", "  "],

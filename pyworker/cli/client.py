@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import textwrap
 import uuid
@@ -70,6 +71,33 @@ exit codes: 0 completed, 1 failed, 3 cancelled, 4 dead (attempts exhausted),
 
 class CliError(Exception):
     """A one-line message for the person at the shell; exit code 2."""
+
+
+# enqueue_run's (and create_schedule's) arguments and the options that pass them.
+ENQUEUE_OPTIONS = {
+    "conversation_id": "--conversation",
+    "model": "--model",
+    "user_id": "--user",
+    "system_prompt": "--system",
+    "tools": "--tools-json",
+    "metadata": "--metadata",
+    "max_attempts": "--max-attempts",
+    "idempotency_key": "--idempotency-key",
+    "if_active": "--if-active",
+    "priority": "--priority",
+    "start_in": "--start-in",
+    "fairness_key": "--fairness-key",
+    "concurrency_key": "--concurrency-key",
+    "token_budget": "--token-budget",
+    "cost_budget": "--cost-budget",
+}
+
+
+def options_of_arguments(p: argparse.ArgumentParser, options: dict[str, str]) -> None:
+    """Which option of command `p` passes which argument of the SQL function it calls: a runrow.*
+    function's error names the argument first (`requests_per_minute must be ...`), a name the
+    user never typed, and _db_message says the option instead (`--rpm must be ...`)."""
+    p.set_defaults(sql_options=options)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -157,6 +185,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         help="most USD the run may cost at the model's price (runrow budget price); as --token-budget",
     )
     p.add_argument("-f", "--follow", action="store_true", help="stream the run until it ends")
+    options_of_arguments(p, ENQUEUE_OPTIONS)
 
     p = _command(
         sub,
@@ -647,7 +676,7 @@ def _sync(command: Callable[[argparse.Namespace], Awaitable[int]]) -> Callable[[
             echo(f"runrow: {_db_message(exc)}" + (f" ({hint})" if hint else ""), sys.stderr)
             return EXIT_RETRY
         except psycopg.Error as exc:
-            echo(f"runrow: {_db_message(exc)}", sys.stderr)
+            echo(f"runrow: {_db_message(exc, getattr(args, 'sql_options', None))}", sys.stderr)
             return EXIT_USAGE
 
     run.__name__ = command.__name__
@@ -657,11 +686,11 @@ def _sync(command: Callable[[argparse.Namespace], Awaitable[int]]) -> Callable[[
 NOT_INSTALLED = ("3F000", "42883", "42P01")  # invalid_schema_name, undefined_function, undefined_table
 
 
-def _db_message(exc: psycopg.Error) -> str:
+def _db_message(exc: psycopg.Error, options: dict[str, str] | None = None) -> str:
     primary = (exc.diag.message_primary or str(exc)).strip().splitlines()[0]
     kind = CALLER_ERRORS.get(exc.sqlstate or "")
     if kind is not None:
-        return f"{kind}: {primary}"
+        return f"{kind}: {_as_option(primary, options or {})}"
     if exc.sqlstate in NOT_INSTALLED and "runrow" in primary:
         # The schema is missing, or older than this runrow (a function it does not have yet).
         return f"{primary}: is runrow installed here? run `runrow migrate` on this database"
@@ -670,6 +699,23 @@ def _db_message(exc: psycopg.Error) -> str:
         if hint is not None:
             return f"{primary}: {hint}"
     return f"database error {exc.sqlstate or ''}: {primary}".replace("  ", " ")
+
+
+# The argument a runrow.* function's message starts with: `cost_budget must be ...`,
+# `tools[0].name must be ...`.
+_LEADING_ARGUMENT = re.compile(r"[a-z_][a-z0-9_]*(?=[ \[.])")
+
+
+def _as_option(primary: str, options: dict[str, str]) -> str:
+    """`primary` naming the option that passed the argument it starts with (options_of_arguments):
+    `--rpm must be ...`; an element of it keeps its path, after the option (`--tools-json:
+    tools[0].name must be ...`). Other messages are left as they are."""
+    found = _LEADING_ARGUMENT.match(primary)
+    option = options.get(found.group()) if found else None
+    if found is None or option is None:
+        return primary
+    rest = primary[found.end() :]
+    return option + rest if rest.startswith(" ") else f"{option}: {primary}"
 
 
 def _privilege_hint(primary: str) -> str | None:

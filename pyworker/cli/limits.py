@@ -11,7 +11,16 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from pyworker.cli import json_output
-from pyworker.cli.client import CliError, _action, _cell, _command, _connect, _print_table, echo
+from pyworker.cli.client import (
+    CliError,
+    _action,
+    _cell,
+    _command,
+    _connect,
+    _print_table,
+    echo,
+    options_of_arguments,
+)
 from pyworker.cli.types import int32, int64, usd
 from pyworker.db import limits as limits_api
 from pyworker.db.config import database_url
@@ -69,6 +78,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     s.add_argument("--rpm", type=int32, help="requests per minute (more than 0)")
     s.add_argument("--input-tpm", type=int32, help="uncached input tokens per minute (more than 0)")
     s.add_argument("--output-tpm", type=int32, help="output tokens per minute (more than 0)")
+    options_of_arguments(
+        s,
+        {
+            "requests_per_minute": "--rpm",
+            "input_tokens_per_minute": "--input-tpm",
+            "output_tokens_per_minute": "--output-tpm",
+        },
+    )
     r = _action(
         actions,
         "remove",
@@ -106,6 +123,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     t.add_argument("tenant", help="the fairness key (by default the run's user id)")
     t.add_argument("--tokens-per-day", type=int64, help="input + output + cache tokens (more than 0)")
     t.add_argument("--cost-per-day", type=usd, help="USD (more than 0)")
+    options_of_arguments(t, {"tokens_per_day": "--tokens-per-day", "cost_per_day": "--cost-per-day"})
     r = _action(
         actions, "remove-tenant", help="remove a tenant's budget", example="runrow budget remove-tenant acme"
     )
@@ -136,6 +154,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         type=usd,
         help="USD per web fetch (usage.server_tool_use.web_fetch_requests), on top of its tokens "
         "(default: 0, no fee beyond the tokens)",
+    )
+    options_of_arguments(
+        pr,
+        {
+            "input_per_mtok": "--input",
+            "output_per_mtok": "--output",
+            "cache_write_per_mtok": "--cache-write",
+            "cache_read_per_mtok": "--cache-read",
+            "cache_write_1h_per_mtok": "--cache-write-1h",
+            "web_search_per_request": "--web-search",
+            "web_fetch_per_request": "--web-fetch",
+        },
     )
     r = _action(
         actions, "remove-price", help="remove a model's price", example="runrow budget remove-price claude-x"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pyworker.cli.client import (
     DEFAULT_MODEL,
+    ENQUEUE_OPTIONS,
     CliError,
     _connect,
     _json_object,
@@ -24,6 +25,7 @@ from pyworker.cli.client import (
     _sync,
     _wrap,
     echo,
+    options_of_arguments,
     read_message,
 )
 from pyworker.cli.types import env_default, int32, number
@@ -240,6 +242,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         metavar="N",
         help="with --catch-up each: at most the N most recent missed ticks (default 10, 1 to 1000)",
     )
+    options_of_arguments(q, {**ENQUEUE_OPTIONS, "catch_up": "--catch-up", "max_catch_up": "--max-catch-up"})
     q.set_defaults(func=_sync(cmd_add))
 
     q = actions.add_parser(
