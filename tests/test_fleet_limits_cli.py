@@ -141,6 +141,37 @@ def test_errors_name_the_option_not_the_sql_argument(
     assert argument not in line and "\n" not in line
 
 
+@pytest.mark.parametrize("amount", ["1e400", "-1e400", "1e15", "1e-400", "0.0000000000000001", "inf", "nan"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["budget", "tenant", "usd-t", "--cost-per-day"],
+        [*PRICE_BUT_CACHE_READ, "--cache-read", "1", "--input"],
+        [*PRICE_BUT_CACHE_READ, "--cache-read", "1", "--web-search"],
+        ["enqueue", "hi", "--cost-budget"],
+    ],
+    ids=["cost-per-day", "input", "web-search", "cost-budget"],
+)
+def test_amounts_past_what_money_needs_are_refused_naming_the_option(
+    private_database_url: str, args: list[str], amount: str
+) -> None:
+    """Decimal reads 1e400 and 1e-400 exactly and the numeric SQL arguments stored them: a budget
+    of 1e400 USD was set (a 400-digit column in `budget show`), 1e200000 was a database error
+    naming nothing. The CLI refuses an amount past 10^15 USD or finer than 15 decimal places (and
+    inf, nan) as a usage error naming the option, before connecting."""
+    done = runrow(private_database_url, *args[:-1], f"{args[-1]}={amount}")
+    assert done.returncode == 2, done.stdout
+    error = done.stderr.strip().splitlines()[-1]
+    assert f"argument {args[-1]}: " in error and repr(amount) in error, error
+    with psycopg.connect(private_database_url) as conn:
+        written = conn.execute(
+            "SELECT (SELECT count(*) FROM runrow.tenant_budgets WHERE fairness_key = 'usd-t')"
+            " + (SELECT count(*) FROM runrow.model_prices WHERE model = 'opt-m')"
+            " + (SELECT count(*) FROM runrow.agent_run WHERE cost_budget IS NOT NULL)"
+        ).fetchone()
+    assert written == (0,)
+
+
 def test_budget_and_status(private_database_url: str) -> None:
     url = private_database_url
     assert runrow(url, "budget", "tenant", "acme", "--tokens-per-day", "1000").returncode == 0

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, LiteralString, TextIO, TypeVar
 
@@ -832,6 +833,8 @@ def _wrap(text: str) -> str:
 def _cell(value: Any) -> str:
     if value is None:
         return ""
+    if isinstance(value, Decimal):
+        return format(value, "f")  # an amount as people write it: 0.0000001, not 1E-7
     if isinstance(value, dict | list):
         return json.dumps(value, default=str)
     return str(value)

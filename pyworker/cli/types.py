@@ -233,12 +233,27 @@ def add_log_format(p: argparse.ArgumentParser, json_help: str) -> None:
     )
 
 
+# The largest USD amount an option takes (exclusive), and its finest fraction. Decimal reads
+# 1e400 or 1e-400 exactly and the SQL numeric arguments store them: a budget of 1e400 USD was
+# "set" (and shown as a 400-digit column), 1e200000 was a database error 22003 naming nothing,
+# and 1e-400 a price no spend could ever reach. No price or budget needs more than these.
+USD_BELOW = Decimal(10) ** 15
+USD_PLACES = 15
+
+
 def usd(text: str) -> Decimal:
-    """An amount of USD: any finite decimal (the SQL functions say what range they take)."""
+    """An amount of USD: a finite decimal below USD_BELOW in magnitude with at most USD_PLACES
+    decimal places (the SQL functions say which sign they take)."""
     try:
         value = Decimal(text)
     except InvalidOperation as exc:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
     if not value.is_finite():
         raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    exact = value.normalize()
+    if abs(value) >= USD_BELOW or (value and exact.as_tuple().exponent < -USD_PLACES):  # type: ignore[operator]
+        raise argparse.ArgumentTypeError(
+            f"must be an amount of USD below {USD_BELOW:f} with at most {USD_PLACES} decimal places, "
+            f"got {text[:40]!r}"
+        )
     return value
