@@ -50,11 +50,21 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from pyworker.db.migrate import migrate
 
     result = migrate(database_url(args.database_url))
-    applied = ", ".join(result.applied) or "none (already current)"
-    print(f"migrations applied: {applied}")
-    print(f"functions re-applied: {len(result.functions)}")
-    print(f"schema version: {result.version}")
+    print(migrate_summary(result.applied, len(result.functions), result.version))
     return 0
+
+
+def migrate_summary(applied: list[str], functions: int, version: str) -> str:
+    """What `runrow migrate` did, in one line. It printed every migration applied on one line and
+    logged one INFO line for each: 86 of them for a new database (each is a DEBUG line now)."""
+    if not applied:
+        return (
+            f"schema at {version}: up to date, no migration to apply ({functions} function files re-applied)"
+        )
+    first, last = applied[0].split("_", 1)[0], applied[-1].split("_", 1)[0]
+    span = first if len(applied) == 1 else f"{first}…{last}"
+    many = "migration" if len(applied) == 1 else "migrations"
+    return f"applied {len(applied)} {many} ({span}) and {functions} function files; schema at {version}"
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -346,8 +356,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Apply pending migrations (yoyo) and re-apply every file in "
         "functions/. Safe to run from several processes at once.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n  runrow migrate\n  runrow --database-url postgresql://admin@db/app migrate"
-        "   # a direct URL, not a pooler's",
+        epilog="Prints one line: how many migrations it applied (or that the schema is up to date) "
+        "and the schema version; --log-level DEBUG logs each migration as it is applied.\n\n"
+        "examples:\n  runrow migrate\n  runrow --database-url postgresql://admin@db/app migrate"
+        "   # a direct URL, not a pooler's\n"
+        "  runrow --log-level DEBUG migrate   # and each migration applied",
     )
     p.set_defaults(func=cmd_migrate)
 

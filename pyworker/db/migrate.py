@@ -193,8 +193,8 @@ def migrate(
                     except psycopg.Error as exc:
                         raise MigrateError(f"functions/{path.name}: {exc}") from exc
                 version = conn.execute("SELECT runrow.schema_version()").fetchone()[0]  # type: ignore[index]
-            for mid in applied:
-                log.info("applied migration %s", mid)
+            for mid in applied:  # one line each at DEBUG: the summary is `runrow migrate`'s to print
+                log.debug("applied migration %s", mid)
         finally:
             lock_conn.rollback()  # ends the transaction and with it the lock
     return MigrateResult(applied=applied, functions=[p.stem for p in files], version=version)
