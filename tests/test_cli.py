@@ -595,6 +595,62 @@ def test_a_bad_runrow_tokens_item_is_named_by_position_never_by_its_characters(
     assert "Zq8" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        (
+            ["serve", "--port", "0", "--insecure-dev"],
+            {"RUNROW_TOKENS": ",,"},
+            "RUNROW_TOKENS is set but holds no token",
+        ),
+        (["serve", "--port", "0"], {"RUNROW_TOKENS": " , "}, "RUNROW_TOKENS is set but holds no token"),
+        (["serve", "--port", "0", "--tokens-file", "{empty}"], {}, "holds no token"),
+    ],
+)
+def test_a_token_setting_with_no_token_is_refused_at_start(
+    tmp_path: Path, args: list[str], env: dict[str, str], expected: str
+) -> None:
+    """`RUNROW_TOKENS=",,"` (only empty items) was read as no tokens, as if unset: with
+    --insecure-dev the service went on without auth, and without it the error said no users were
+    configured, not that the variable held none."""
+    empty = tmp_path / "tokens.json"
+    empty.write_text("{}")
+    result = subprocess.run(
+        [sys.executable, "-m", "pyworker", *(a.replace("{empty}", str(empty)) for a in args)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "RUNROW_TOKENS"}
+        | {"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none", **env},
+        timeout=30,
+    )
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr.strip().splitlines()[-1], result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["serve", "--port", "0", "--insecure-dev", "--listen-url", ""],
+        ["serve", "--port", "0", "--insecure-dev", "--replica-url="],
+        ["worker", "--listen-url", " "],
+    ],
+)
+def test_an_empty_listen_or_replica_url_is_refused(args: list[str]) -> None:
+    """`--listen-url "$DIRECT_URL"` with the variable unset fell back to the database URL (a
+    pooler's: LISTEN hears nothing through it) and `--replica-url ""` to the primary, without a
+    word; `--database-url ""` was already refused."""
+    result = runrow("postgresql://nobody@127.0.0.1:1/none", *args)
+    assert result.returncode == 2, result.stderr
+    option = args[-1].split("=")[0] if args[-1].startswith("--") else args[-2]
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"argument {option}: is empty (an unset shell variable?): give a URL or leave the option out"
+        )
+    ), result.stderr
+
+
 def test_serve_says_at_once_that_it_waits_for_an_unreachable_database(tmp_path: Path) -> None:
     """`runrow serve` waited 30 s in silence for a database it could not reach before its
     one-line error. It says so after the first failed attempt, without the password."""

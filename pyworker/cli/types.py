@@ -157,6 +157,13 @@ def conninfo(text: str) -> str:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
+    if not text.strip():
+        # libpq parses "" (every parameter left to its default), and the commands then took it
+        # as not given: `--listen-url "$DIRECT_URL"` with the variable unset listened through
+        # the pooler of --database-url, and `--replica-url ""` read streams from the primary.
+        raise argparse.ArgumentTypeError(
+            "is empty (an unset shell variable?): give a URL or leave the option out"
+        )
     try:
         conninfo_to_dict(text)
     except psycopg.Error as exc:
@@ -171,11 +178,7 @@ def conninfo(text: str) -> str:
 def database_url_option(text: str) -> str:
     """--database-url: a URL libpq can parse, and not blank. A blank one was taken as not given:
     `runrow --database-url "$PROD_URL" migrate` with PROD_URL unset migrated whatever
-    DATABASE_URL or .runrow/db.json pointed at, and said nothing."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(
-            "is empty (an unset shell variable?): give a URL or leave the option out"
-        )
+    DATABASE_URL or .runrow/db.json pointed at, and said nothing (conninfo refuses it)."""
     return conninfo(text)
 
 

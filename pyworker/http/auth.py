@@ -35,6 +35,13 @@ def parse_tokens_env(text: str) -> dict[str, str]:
     "garb...", four characters of a secret in a log)."""
     tokens: dict[str, str] = {}
     items = [part.strip() for part in text.split(",") if part.strip()]
+    if not items:
+        # Set, yet no token: `RUNROW_TOKENS=",,"` (a template filled with nothing) was read as no
+        # tokens at all, the same as leaving it unset.
+        raise TokenConfigError(
+            f"RUNROW_TOKENS is set but holds no token ({len(text)} characters of commas and white "
+            "space): expected tok1=alice,tok2=bob; unset it to configure none"
+        )
     for position, item in enumerate(items, 1):
         where = f"RUNROW_TOKENS: item {position} of {len(items)}"
         token, sep, user = item.partition("=")
@@ -52,6 +59,8 @@ def load_tokens_file(path: Path) -> dict[str, str]:
         raise TokenConfigError(f"--tokens-file {path}: {exc}") from None
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
         raise TokenConfigError(f'--tokens-file {path}: expected a JSON object {{"token": "user id", ...}}')
+    if not data:
+        raise TokenConfigError(f'--tokens-file {path}: holds no token (expected {{"token": "user id", ...}})')
     return _checked(data, f"--tokens-file {path}")
 
 
