@@ -651,6 +651,29 @@ def test_an_empty_listen_or_replica_url_is_refused(args: list[str]) -> None:
     ), result.stderr
 
 
+@pytest.mark.parametrize("given", [{}, {"ANTHROPIC_API_KEY": ""}, {"ANTHROPIC_AUTH_TOKEN": "t"}])
+def test_replay_refuses_to_start_without_a_model_to_call(given: dict[str, str]) -> None:
+    """`runrow worker` refuses to start without ANTHROPIC_API_KEY or ANTHROPIC_BASE_URL (a3a4542);
+    `runrow replay` read the run from the database, then called api.anthropic.com without a key
+    and failed at the first turn. It is refused the same way before any work: the database here
+    cannot be reached, and the refusal is not about it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pyworker", "replay", str(uuid.uuid4())],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+        | {"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none", **given},
+        timeout=30,
+    )
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip()
+    assert line.startswith(
+        "runrow: replay calls the Anthropic Messages API, and neither ANTHROPIC_API_KEY nor "
+    ), line
+    assert "\n" not in line and "connect" not in line
+    assert ("ANTHROPIC_AUTH_TOKEN is set" in line) == bool(given.get("ANTHROPIC_AUTH_TOKEN")), line
+
+
 def test_serve_says_at_once_that_it_waits_for_an_unreachable_database(tmp_path: Path) -> None:
     """`runrow serve` waited 30 s in silence for a database it could not reach before its
     one-line error. It says so after the first failed attempt, without the password."""

@@ -26,6 +26,7 @@ from pyworker.agent.history import build_messages
 from pyworker.cli.client import CliError, _command, _connect
 from pyworker.cli.messages import read_text_option
 from pyworker.cli.types import int32, number, sdk_retries_problem
+from pyworker.cli.worker_env import model_api_problem
 from pyworker.db import forks
 from pyworker.db import steps as steps_api
 from pyworker.db.config import database_url
@@ -65,9 +66,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         description="For each model turn of the run, send the history it had then (tool results "
         "as recorded in the step log) to --model with --system-file's prompt, and print the "
         "recorded answer and the new one side by side with their token counts. Nothing is "
-        "written to the database and no tool runs.",
+        "written to the database and no tool runs. Needs ANTHROPIC_API_KEY, or ANTHROPIC_BASE_URL "
+        "(a gateway, `runrow fake-model`), as `runrow worker` does: without either it does nothing.",
         epilog="examples:\n  runrow replay 5f0c...a2 --model claude-haiku-4-5\n"
-        "  runrow replay 5f0c...a2 --system-file prompts/v2.txt",
+        "  runrow replay 5f0c...a2 --system-file prompts/v2.txt\n"
+        "  ANTHROPIC_BASE_URL=http://127.0.0.1:8765 runrow replay 5f0c...a2   # against `runrow fake-model`",
     )
     p.add_argument("run", type=uuid.UUID, help="run id of a finished run")
     p.add_argument("--model", help="model to ask (default: the run's)")
@@ -107,7 +110,7 @@ async def cmd_replay(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
     if args.model is not None and not args.model.strip():
         raise CliError("--model must not be empty")
-    problem = sdk_retries_problem()
+    problem = sdk_retries_problem() or model_api_problem("replay", "every turn it re-asks would fail")
     if problem is not None:
         raise CliError(problem)
     async with await _connect(database_url(args.database_url)) as conn:

@@ -36,15 +36,22 @@ def model_key_problem(handler: object) -> str | None:
     log line nobody reads while the queue drains into failures."""
     if not getattr(handler, "__module__", "").startswith(AGENT_PACKAGE):
         return None  # a handler of its own: whether it calls a model is not ours to know
+    return model_api_problem("the agent handler", "every run would fail", ", or give a --handler of your own")
+
+
+def model_api_problem(who: str, otherwise: str, or_else: str = "") -> str | None:
+    """Why `who` (a command that calls the Messages API through the SDK's client) cannot call
+    it, or None: neither ANTHROPIC_API_KEY nor ANTHROPIC_BASE_URL is set. `runrow worker` and
+    `runrow replay` say it the same way, before they do any work."""
     if os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_BASE_URL"):
         return None
     token = (
-        " (ANTHROPIC_AUTH_TOKEN is set, but the worker's client sends ANTHROPIC_API_KEY only)"
+        " (ANTHROPIC_AUTH_TOKEN is set, but runrow's client sends ANTHROPIC_API_KEY only)"
         if os.environ.get("ANTHROPIC_AUTH_TOKEN")
         else ""
     )
     return (
-        "the agent handler calls the Anthropic Messages API, and neither ANTHROPIC_API_KEY nor "
-        "ANTHROPIC_BASE_URL is set: every run would fail. Set ANTHROPIC_API_KEY (or "
-        "ANTHROPIC_BASE_URL for a gateway or `runrow fake-model`), or give a --handler of your own" + token
+        f"{who} calls the Anthropic Messages API, and neither ANTHROPIC_API_KEY nor "
+        f"ANTHROPIC_BASE_URL is set: {otherwise}. Set ANTHROPIC_API_KEY (or "
+        f"ANTHROPIC_BASE_URL for a gateway or `runrow fake-model`){or_else}" + token
     )
