@@ -49,6 +49,30 @@ def test_a_runs_error_in_status_is_shown_on_a_terminal_and_kept_piped(
     assert piped.returncode == 0 and f"model said {HOSTILE}" in piped.stdout  # a program gets it as it is
 
 
+def test_a_newline_tab_or_bidi_control_in_a_cell_cannot_break_or_redraw_its_row(
+    private_database_url: str, db: psycopg.Connection
+) -> None:
+    """shown() keeps newline and tab (prose needs them) and let bidi controls through; in a table
+    cell a newline in a run's error started a line of its own under the table, a tab shifted the
+    columns after it, and U+202E drew the rest of the row right to left. Only `approvals` showed
+    bidi controls. Every cell now goes through terminal_text.cell() on a terminal."""
+    run = enqueue(db)
+    error = "line one\nfield\tvalue \u202eevil\u200b"
+    finish(db, run, claim(db, run), "failed", error=error)
+    shown = runrow_on_a_terminal(private_database_url, "status", str(run))
+    assert shown.returncode == 0, shown.stderr
+    rows = shown.stdout.splitlines()
+    assert [ln.split()[0] for ln in rows] == [
+        "run", "status", "model", "attempt", "error", "model_turns", "input_tokens", "output_tokens",
+        "cache_read_input_tokens", "cache_creation_input_tokens",
+    ], rows  # fmt: skip
+    line = next(ln for ln in rows if ln.startswith("error "))
+    assert line.split(None, 1)[1] == "line one\\nfield\\tvalue \\u202eevil\\u200b", line
+    assert not any(c in shown.stdout for c in "\t\u202e\u200b")
+    piped = runrow(private_database_url, "status", str(run))
+    assert piped.returncode == 0 and error in piped.stdout  # a program gets it as it is
+
+
 def test_a_key_error_is_shown_and_its_columns_stay_in_line(
     private_database_url: str, db: psycopg.Connection
 ) -> None:

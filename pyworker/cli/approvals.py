@@ -13,13 +13,14 @@ import argparse
 import getpass
 import json
 import os
-import re
+import sys
 
 import psycopg
 
 from pyworker.cli.client import CliError, _command, _connect
 from pyworker.db import steps as steps_api
 from pyworker.db.config import database_url
+from pyworker.db.terminal_text import cell_for_stream, unhidden
 
 REASONS = {
     "needs_approval": "not run yet",
@@ -57,21 +58,17 @@ async def cmd_approvals(args: argparse.Namespace) -> int:
     return 0
 
 
-# What a person must see as written, not as drawn: C1 controls (0x9b is a CSI to terminals that
-# read 8-bit controls), bidi embeddings, overrides, isolates and marks, zero-width and other
-# format characters, line and paragraph separators. json.dumps escapes C0 already.
-_HIDDEN = re.compile(r"[\x80-\x9f\u00ad\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
-
-
 def describe(p: steps_api.PendingApproval) -> list[str]:
     """The lines `runrow approvals` prints for one pending call. The arguments are what the
     person decides on, and the model wrote them: `{"cmd": "echo safe \\u202e; fr- mr"}` drew as
     `echo safe -rf ; rm`, so such characters are shown as \\uXXXX escapes (as the chat page's
-    approval card does)."""
-    args = _HIDDEN.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(p.args, ensure_ascii=False))
+    approval card does; json.dumps escapes C0 already). The key and the tool's name are shown as
+    a table's cells are, on a terminal."""
+    args = unhidden(json.dumps(p.args, ensure_ascii=False))
+    key, tool = (cell_for_stream(text, sys.stdout) for text in (p.idempotency_key, p.tool))
     return [
-        f"{p.idempotency_key}  {p.reason}: {p.effect}, {REASONS.get(p.reason, p.reason)}",
-        f"    run {p.run_id}  tool {p.tool}  args {args}",
+        f"{key}  {p.reason}: {p.effect}, {REASONS.get(p.reason, p.reason)}",
+        f"    run {p.run_id}  tool {tool}  args {args}",
         f"    waiting since {p.waiting_since:%Y-%m-%d %H:%M:%S %Z}",
     ]
 

@@ -43,7 +43,7 @@ from pyworker.db.ids import uuid7
 from pyworker.db.pooling import POOLER_SAFE
 from pyworker.db.storable import Fault, find_unstorable
 from pyworker.db.tail import CursorPastEnd, Keepalive, RunNotFound, check_cursor, run_status, tail
-from pyworker.db.terminal_text import for_stream
+from pyworker.db.terminal_text import cell_for_stream, for_stream
 
 DEFAULT_MODEL = "claude-sonnet-4-5"
 T = TypeVar("T")
@@ -849,11 +849,12 @@ def echo(line: str, stream: TextIO | None = None) -> None:
 
 
 def _print_table(names: list[str], rows: list[list[str]], header: bool = True) -> None:
-    """Columns padded to their widest cell. Every cell as for_stream writes it: on a terminal an
-    escape sequence in a cell (a run's error, an API's key error) retitled the terminal or
-    cleared it, and its bytes, drawn as nothing, widened its column."""
-    names = [for_stream(n, sys.stdout) for n in names]
-    rows = [[for_stream(c, sys.stdout) for c in r] for r in rows]
+    """Columns padded to their widest cell. Every cell as cell_for_stream writes it: on a terminal
+    an escape sequence in a cell (a run's error, an API's key error) retitled the terminal or
+    cleared it, and its bytes, drawn as nothing, widened its column; a newline in a schedule's
+    last error started a line of its own, outside every column; a bidi override redrew the row."""
+    names = [cell_for_stream(n, sys.stdout) for n in names]
+    rows = [[cell_for_stream(c, sys.stdout) for c in r] for r in rows]
     widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
     lines = ([names, ["-" * w for w in widths]] if header else []) + rows
     for line in lines:
