@@ -134,6 +134,7 @@ BEGIN
     '0086_report_rate_limit_exhausted',
     '0087_rate_block_apart',
     '0088_tenant_reserved',
+    '0089_update_tenant_budget',
     '0090_queue_metrics_blocked'
 ]::text[]);
     IF unknown IS NOT NULL THEN
@@ -8539,6 +8540,24 @@ LEFT JOIN runrow.model_price AS p ON f.model = p.model;
 GRANT SELECT (run_id, fairness_key, tokens, cost) ON runrow.tenant_reservation TO runrow_auditor;
 INSERT INTO runrow._yoyo_migration VALUES ('018457e352207bca365b031c806d3df94e7c7a53f3fb5a2952fbf9f200b52db0', '0088_tenant_reserved', now() AT TIME ZONE 'UTC');
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '018457e352207bca365b031c806d3df94e7c7a53f3fb5a2952fbf9f200b52db0', '0088_tenant_reserved', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0089_update_tenant_budget
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'a01c64480bfb48a3995f72055f2b7194f126d8d1d6de1792b723516a14d0ebe3') AS apply_a01c64480bfb \gset
+\if :apply_a01c64480bfb
+-- depends: 0086_report_rate_limit_exhausted
+-- update_tenant_budget (functions/update_tenant_budget.sql): `runrow budget tenant acme
+-- --cost-per-day 30` keeps acme's tokens_per_day. The CLI read the tenant's row and then called
+-- set_tenant_budget with both values, so a change of tokens_per_day committed between the two
+-- was overwritten with the value read. The new function takes NULL as "keep" and applies the
+-- change in one statement under the row's lock. This migration is the version that says the
+-- function is there (`runrow migrate` applies functions/ after it).
+
+COMMENT ON SCHEMA runrow IS
+'runrow: durable AI-agent runs (migrations and functions/ of the runrow package; '
+'runrow.schema_version() names the newest migration applied).';
+INSERT INTO runrow._yoyo_migration VALUES ('a01c64480bfb48a3995f72055f2b7194f126d8d1d6de1792b723516a14d0ebe3', '0089_update_tenant_budget', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'a01c64480bfb48a3995f72055f2b7194f126d8d1d6de1792b723516a14d0ebe3', '0089_update_tenant_budget', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
 -- migration 0090_queue_metrics_blocked
@@ -17398,6 +17417,52 @@ COMMENT ON FUNCTION runrow.trim_journal(interval, integer) IS
 
 REVOKE ALL ON FUNCTION runrow.trim_journal(interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.trim_journal(interval, integer) TO runrow_worker;
+
+-- functions/update_tenant_budget.sql
+CREATE OR REPLACE FUNCTION runrow.update_tenant_budget(
+    fairness_key text, tokens_per_day bigint DEFAULT NULL, cost_per_day numeric DEFAULT NULL
+)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow, pg_temp
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(update_tenant_budget.fairness_key, 'fairness_key');
+    PERFORM runrow._require_key(update_tenant_budget.fairness_key, 'fairness_key');
+    PERFORM runrow._require_positive(update_tenant_budget.tokens_per_day, 'tokens_per_day');
+    PERFORM runrow._require_positive(update_tenant_budget.cost_per_day, 'cost_per_day');
+    IF update_tenant_budget.tokens_per_day IS NULL AND update_tenant_budget.cost_per_day IS NULL THEN
+        RAISE EXCEPTION 'tokens_per_day or cost_per_day must be given: NULL keeps that budget as it is '
+            '(set_tenant_budget(fairness_key, NULL, NULL) removes the tenant''s budget)'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM runrow._require_printable(update_tenant_budget.fairness_key, 'fairness_key');
+    -- One statement: the row lock of ON CONFLICT makes a concurrent update of the other budget
+    -- wait and then keep this one (the CLI read the row, then set both: a change made between
+    -- its read and its write was lost).
+    INSERT INTO runrow.tenant_budget AS b (fairness_key, tokens_per_day, cost_per_day)
+    VALUES (
+        update_tenant_budget.fairness_key, update_tenant_budget.tokens_per_day, update_tenant_budget.cost_per_day
+    )
+    ON CONFLICT ON CONSTRAINT tenant_budget_pkey DO UPDATE
+    SET
+        tokens_per_day = coalesce(excluded.tokens_per_day, b.tokens_per_day),
+        cost_per_day = coalesce(excluded.cost_per_day, b.cost_per_day),
+        updated_at = now();
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.update_tenant_budget(text, bigint, numeric) IS
+'The operator changes part of a tenant''s budget over a rolling day (see set_tenant_budget): '
+'each of tokens_per_day and cost_per_day given (more than 0) replaces that budget, and one '
+'left NULL keeps the tenant''s current value (none for a new tenant: not limited), in one '
+'statement under the row''s lock, so two concurrent updates of different budgets both stand. '
+'To lift one budget, set_tenant_budget the whole; both NULL raises 22004. Bad input (NULL, '
+'over-long or unprintable key, a budget not more than 0) raises 22004/22023 naming the '
+'argument and writes nothing.';
+
+REVOKE ALL ON FUNCTION runrow.update_tenant_budget(text, bigint, numeric) FROM PUBLIC;
 
 -- functions/watch_runs.sql
 CREATE OR REPLACE FUNCTION runrow.watch_runs(run_ids uuid[], seconds integer DEFAULT 60)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import time
 
 import psycopg
 import pytest
@@ -73,6 +77,45 @@ def test_an_option_left_out_keeps_the_current_value(private_database_url: str) -
     for command in (["budget", "tenant"], ["limits", "set"]):
         helped = runrow(None, *command, "--help")
         assert "left out keeps" in " ".join(helped.stdout.split()), helped.stdout
+
+
+def test_budget_tenant_keeps_a_budget_changed_while_it_waits(private_database_url: str) -> None:
+    """`budget tenant race --cost-per-day 30` read the tenant's tokens_per_day, then set both: a
+    change of tokens_per_day committed between the read and the write was overwritten with the
+    value read. update_tenant_budget keeps what is not given in SQL, under the row's lock. A
+    real second session holds its change uncommitted while the command runs."""
+    url = private_database_url
+    assert (
+        runrow(url, "budget", "tenant", "race", "--tokens-per-day", "1000", "--cost-per-day", "25").returncode
+        == 0
+    )
+    with psycopg.connect(url) as holder:
+        holder.execute("SELECT runrow.set_tenant_budget('race', 5000, 25)")  # uncommitted: the row is locked
+        env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"} | {"DATABASE_URL": url}
+        command = subprocess.Popen(
+            [sys.executable, "-m", "pyworker", "budget", "tenant", "race", "--cost-per-day", "30"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            with psycopg.connect(url, autocommit=True) as watcher:
+                deadline = time.monotonic() + 30
+                while not watcher.execute(
+                    "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock' AND query LIKE '%tenant_budget%')"
+                ).fetchone()[0]:  # type: ignore[index]
+                    assert command.poll() is None, command.communicate()
+                    assert time.monotonic() < deadline, "the command never waited for the row"
+                    time.sleep(0.05)
+            holder.commit()
+            out, err = command.communicate(timeout=30)
+        finally:
+            if command.poll() is None:
+                command.kill()
+    assert command.returncode == 0, err
+    assert _row(out, "race") == {"fairness_key": "race", "tokens_per_day": "5000", "cost_per_day": "30"}
 
 
 def test_bad_values_are_one_line_errors_and_change_nothing(private_database_url: str) -> None:

@@ -219,15 +219,11 @@ async def cmd_budget(args: argparse.Namespace) -> int:
         if args.action == "tenant":
             if args.tokens_per_day is None and args.cost_per_day is None:
                 raise CliError("give --tokens-per-day or --cost-per-day (or use `budget remove-tenant`)")
-            budget = await _kept(
-                conn,
-                "tenant_budgets",
-                args.tenant,
-                {"tokens_per_day": args.tokens_per_day, "cost_per_day": args.cost_per_day},
-            )
-            await limits_api.set_tenant_budget(conn, args.tenant, *budget.values())
+            # In SQL, not read here and set whole: a change of the other budget committed between
+            # the read and the write was overwritten with the value read.
+            await limits_api.update_tenant_budget(conn, args.tenant, args.tokens_per_day, args.cost_per_day)
             echo(f"budget of tenant {args.tenant} set")
-            await _show_row(conn, "tenant_budgets", args.tenant, list(budget))
+            await _show_row(conn, "tenant_budgets", args.tenant, ["tokens_per_day", "cost_per_day"])
         elif args.action == "remove-tenant":
             await limits_api.set_tenant_budget(conn, args.tenant, None, None)
             echo(f"budget of tenant {args.tenant} removed")
@@ -263,9 +259,10 @@ async def cmd_budget(args: argparse.Namespace) -> int:
 
 async def _kept(conn: AsyncConnection[Any], view: str, key: str, given: dict[str, Any]) -> dict[str, Any]:
     """`given` (a setter's arguments, None for an option left out) with each one left out taken
-    from the key's row of `view`. The SQL setters take every value, NULL being "not limited": the
-    CLI passed NULL for an option not given, so `budget tenant acme --cost-per-day 30` lifted
-    acme's tokens-per-day budget without a word."""
+    from the key's row of `view`. set_rate_limit takes every value, NULL being "not limited": the
+    CLI passed NULL for an option not given, so `limits set K --rpm 80` lifted K's token limits
+    without a word. (Read, then set: a concurrent change of another limit of the key can be
+    lost; `budget tenant` has update_tenant_budget in SQL for that.)"""
     current = await limits_api.view_row(conn, view, key) or {}
     return {name: current.get(name) if value is None else value for name, value in given.items()}
 

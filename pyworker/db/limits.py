@@ -128,6 +128,16 @@ async def set_tenant_budget(
     )
 
 
+async def update_tenant_budget(
+    conn: AsyncConnection, fairness_key: str, tokens_per_day: int | None, cost_per_day: Decimal | None
+) -> None:
+    """The budgets given replace the tenant's; one left None keeps its current value, atomically."""
+    await conn.execute(
+        "SELECT runrow.update_tenant_budget(fairness_key => %s, tokens_per_day => %s, cost_per_day => %s)",
+        (fairness_key, tokens_per_day, cost_per_day),
+    )
+
+
 async def set_model_price(
     conn: AsyncConnection,
     model: str,
