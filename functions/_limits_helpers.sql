@@ -18,6 +18,21 @@ BEGIN
 END
 $fn$;
 
+-- A tenant budget's arguments, as set_tenant_budget and update_tenant_budget take them: a key
+-- (its printable rule is the callers': a key stored before it can still be removed), and two
+-- optional budgets.
+CREATE OR REPLACE FUNCTION runrow._require_tenant_budget(fairness_key text, tokens_per_day bigint, cost_per_day numeric)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(_require_tenant_budget.fairness_key, 'fairness_key');
+    PERFORM runrow._require_key(_require_tenant_budget.fairness_key, 'fairness_key');
+    PERFORM runrow._require_positive(_require_tenant_budget.tokens_per_day, 'tokens_per_day');
+    PERFORM runrow._require_positive(_require_tenant_budget.cost_per_day, 'cost_per_day');
+END
+$fn$;
+
 -- A wait a worker reports, in seconds: more than 0 and at most `most` (NaN sorts above every
 -- number, so it is over `most` too).
 CREATE OR REPLACE FUNCTION runrow._require_seconds(value numeric, arg text, most numeric)
@@ -468,6 +483,7 @@ $fn$;
 
 REVOKE ALL ON FUNCTION runrow._require_positive(numeric, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_seconds(numeric, text, numeric) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_tenant_budget(text, bigint, numeric) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._key_answered(runrow.rate_limit) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lift_held_runs(text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lock_bucket(text) FROM PUBLIC;

@@ -5,10 +5,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
-    PERFORM runrow._require_not_null(set_tenant_budget.fairness_key, 'fairness_key');
-    PERFORM runrow._require_key(set_tenant_budget.fairness_key, 'fairness_key');
-    PERFORM runrow._require_positive(set_tenant_budget.tokens_per_day, 'tokens_per_day');
-    PERFORM runrow._require_positive(set_tenant_budget.cost_per_day, 'cost_per_day');
+    PERFORM runrow._require_tenant_budget(set_tenant_budget.fairness_key, set_tenant_budget.tokens_per_day, set_tenant_budget.cost_per_day);
 
     IF set_tenant_budget.tokens_per_day IS NULL AND set_tenant_budget.cost_per_day IS NULL THEN
         DELETE FROM runrow.tenant_budget AS b WHERE b.fairness_key = set_tenant_budget.fairness_key;

@@ -7,10 +7,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
-    PERFORM runrow._require_not_null(update_tenant_budget.fairness_key, 'fairness_key');
-    PERFORM runrow._require_key(update_tenant_budget.fairness_key, 'fairness_key');
-    PERFORM runrow._require_positive(update_tenant_budget.tokens_per_day, 'tokens_per_day');
-    PERFORM runrow._require_positive(update_tenant_budget.cost_per_day, 'cost_per_day');
+    PERFORM runrow._require_tenant_budget(update_tenant_budget.fairness_key, update_tenant_budget.tokens_per_day, update_tenant_budget.cost_per_day);
     IF update_tenant_budget.tokens_per_day IS NULL AND update_tenant_budget.cost_per_day IS NULL THEN
         RAISE EXCEPTION 'tokens_per_day or cost_per_day must be given: NULL keeps that budget as it is '
             '(set_tenant_budget(fairness_key, NULL, NULL) removes the tenant''s budget)'

@@ -10591,6 +10591,21 @@ BEGIN
 END
 $fn$;
 
+-- A tenant budget's arguments, as set_tenant_budget and update_tenant_budget take them: a key
+-- (its printable rule is the callers': a key stored before it can still be removed), and two
+-- optional budgets.
+CREATE OR REPLACE FUNCTION runrow._require_tenant_budget(fairness_key text, tokens_per_day bigint, cost_per_day numeric)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(_require_tenant_budget.fairness_key, 'fairness_key');
+    PERFORM runrow._require_key(_require_tenant_budget.fairness_key, 'fairness_key');
+    PERFORM runrow._require_positive(_require_tenant_budget.tokens_per_day, 'tokens_per_day');
+    PERFORM runrow._require_positive(_require_tenant_budget.cost_per_day, 'cost_per_day');
+END
+$fn$;
+
 -- A wait a worker reports, in seconds: more than 0 and at most `most` (NaN sorts above every
 -- number, so it is over `most` too).
 CREATE OR REPLACE FUNCTION runrow._require_seconds(value numeric, arg text, most numeric)
@@ -11041,6 +11056,7 @@ $fn$;
 
 REVOKE ALL ON FUNCTION runrow._require_positive(numeric, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_seconds(numeric, text, numeric) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_tenant_budget(text, bigint, numeric) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._key_answered(runrow.rate_limit) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lift_held_runs(text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lock_bucket(text) FROM PUBLIC;
@@ -17135,10 +17151,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
-    PERFORM runrow._require_not_null(set_tenant_budget.fairness_key, 'fairness_key');
-    PERFORM runrow._require_key(set_tenant_budget.fairness_key, 'fairness_key');
-    PERFORM runrow._require_positive(set_tenant_budget.tokens_per_day, 'tokens_per_day');
-    PERFORM runrow._require_positive(set_tenant_budget.cost_per_day, 'cost_per_day');
+    PERFORM runrow._require_tenant_budget(set_tenant_budget.fairness_key, set_tenant_budget.tokens_per_day, set_tenant_budget.cost_per_day);
 
     IF set_tenant_budget.tokens_per_day IS NULL AND set_tenant_budget.cost_per_day IS NULL THEN
         DELETE FROM runrow.tenant_budget AS b WHERE b.fairness_key = set_tenant_budget.fairness_key;
@@ -17428,10 +17441,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 BEGIN
-    PERFORM runrow._require_not_null(update_tenant_budget.fairness_key, 'fairness_key');
-    PERFORM runrow._require_key(update_tenant_budget.fairness_key, 'fairness_key');
-    PERFORM runrow._require_positive(update_tenant_budget.tokens_per_day, 'tokens_per_day');
-    PERFORM runrow._require_positive(update_tenant_budget.cost_per_day, 'cost_per_day');
+    PERFORM runrow._require_tenant_budget(update_tenant_budget.fairness_key, update_tenant_budget.tokens_per_day, update_tenant_budget.cost_per_day);
     IF update_tenant_budget.tokens_per_day IS NULL AND update_tenant_budget.cost_per_day IS NULL THEN
         RAISE EXCEPTION 'tokens_per_day or cost_per_day must be given: NULL keeps that budget as it is '
             '(set_tenant_budget(fairness_key, NULL, NULL) removes the tenant''s budget)'
