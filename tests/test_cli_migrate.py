@@ -47,6 +47,6 @@ def test_the_summary_names_the_span() -> None:
     assert migrate_summary(["0087_a"], 70, "0087_a") == (
         "applied 1 migration (0087) and 70 function files; schema at 0087_a"
     )
-    assert migrate_summary(["0084_a", "0085_b", "0086_c"], 69, "0086_c") == (
+    assert migrate_summary(["0084_a", "0086_c", "0085_b"], 69, "0086_c") == (
         "applied 3 migrations (0084…0086) and 69 function files; schema at 0086_c"
-    )
+    )  # the span by number, whatever order the dependencies applied them in

@@ -61,7 +61,8 @@ def migrate_summary(applied: list[str], functions: int, version: str) -> str:
         return (
             f"schema at {version}: up to date, no migration to apply ({functions} function files re-applied)"
         )
-    first, last = applied[0].split("_", 1)[0], applied[-1].split("_", 1)[0]
+    # By number, not in the order applied: yoyo orders by dependency, which need not be the same.
+    first, last = (min(applied).split("_", 1)[0], max(applied).split("_", 1)[0])
     span = first if len(applied) == 1 else f"{first}…{last}"
     many = "migration" if len(applied) == 1 else "migrations"
     return f"applied {len(applied)} {many} ({span}) and {functions} function files; schema at {version}"
