@@ -1,4 +1,4 @@
--- depends: 0086_report_rate_limit_exhausted
+-- depends: 0088_tenant_reserved
 -- update_tenant_budget (functions/update_tenant_budget.sql): `runrow budget tenant acme
 -- --cost-per-day 30` keeps acme's tokens_per_day. The CLI read the tenant's row and then called
 -- set_tenant_budget with both values, so a change of tokens_per_day committed between the two

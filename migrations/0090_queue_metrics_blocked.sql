@@ -1,4 +1,4 @@
--- depends: 0088_tenant_reserved
+-- depends: 0089_update_tenant_budget
 -- queue_metrics counted no queued run held behind another turn of its conversation (an
 -- approval nobody answered, a start_in turn not due yet, a long running turn): such a turn,
 -- marked claim_blocked by the first claim that walked it, is in queued but in neither

@@ -8545,7 +8545,7 @@ INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '018457e352207bca3
 -- migration 0089_update_tenant_budget
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'a01c64480bfb48a3995f72055f2b7194f126d8d1d6de1792b723516a14d0ebe3') AS apply_a01c64480bfb \gset
 \if :apply_a01c64480bfb
--- depends: 0086_report_rate_limit_exhausted
+-- depends: 0088_tenant_reserved
 -- update_tenant_budget (functions/update_tenant_budget.sql): `runrow budget tenant acme
 -- --cost-per-day 30` keeps acme's tokens_per_day. The CLI read the tenant's row and then called
 -- set_tenant_budget with both values, so a change of tokens_per_day committed between the two
@@ -8563,7 +8563,7 @@ INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'a01c64480bfb48a39
 -- migration 0090_queue_metrics_blocked
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '9f86d8a519f549d84307b402d7faeae7fee6fe6e526ae9019d5e2ff26626c975') AS apply_9f86d8a519f5 \gset
 \if :apply_9f86d8a519f5
--- depends: 0088_tenant_reserved
+-- depends: 0089_update_tenant_budget
 -- queue_metrics counted no queued run held behind another turn of its conversation (an
 -- approval nobody answered, a start_in turn not due yet, a long running turn): such a turn,
 -- marked claim_blocked by the first claim that walked it, is in queued but in neither
