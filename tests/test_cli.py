@@ -1160,3 +1160,42 @@ def test_audit_exit_code_follows_the_violations(database_url: str) -> None:
         assert result.stdout.splitlines()[0].split() == ["invariant", "run_id", "detail"]
         assert "schema_guard_missing" in result.stdout and "prompt_immutable" in result.stdout
         assert runrow(url, "audit").returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("tokens", "says"),
+    [
+        (
+            "aaaaaaaaaaaaaaaa=alice,aaaaaaaaaaaaaaaa=bob",
+            "RUNROW_TOKENS: item 2 of 2 repeats the token of item 1",
+        ),
+        (
+            "aaaaaaaaaaaaaaaa=al\u202eice",
+            "a user id holds a control or bidirectional formatting character (U+202E",
+        ),
+    ],
+)
+def test_a_repeated_token_or_a_hidden_character_in_a_user_is_refused_at_start(tokens: str, says: str) -> None:
+    """A token given twice authenticated as the last user named (the first user's requests became
+    the second's); a user id with a bidi override passed, and every enqueue of it was a 400."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pyworker", "serve", "--port", "0"],
+        env={**os.environ, "RUNROW_TOKENS": tokens, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result
+    assert says in result.stderr and "aaaaaaaaaaaaaaaa" not in result.stderr, result.stderr
+
+
+def test_a_base64_token_keeps_its_padding_and_its_user(tmp_path: Path) -> None:
+    """`openssl rand -base64` ends in '=': split at the first '=', the token lost its padding and
+    its user became "=alice", another tenant who could not see alice's conversations."""
+    from pyworker.http.auth import TokenConfigError, load_tokens_file, parse_tokens_env
+
+    assert parse_tokens_env("q1w2e3r4t5y6u7i8o9p0aA==alice") == {"q1w2e3r4t5y6u7i8o9p0aA=": "alice"}
+    twice = tmp_path / "tokens.json"
+    twice.write_text('{"aaaaaaaaaaaaaaaa": "alice", "aaaaaaaaaaaaaaaa": "bob"}')
+    with pytest.raises(TokenConfigError, match="entry 2 repeats a token"):
+        load_tokens_file(twice)

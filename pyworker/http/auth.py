@@ -2,7 +2,8 @@
 
 The check is pluggable (`ServeConfig.authenticate`: a callable `request -> user_id | None`).
 The default maps bearer tokens to user ids from configuration (`--tokens-file` JSON
-`{"token": "user"}`, or `RUNROW_TOKENS="tok1=alice,tok2=bob"`); `--insecure-dev` accepts
+`{"token": "user"}`, or `RUNROW_TOKENS="tok1=alice,tok2=bob"`, each item split at its last '=',
+so a base64 token keeps its padding); `--insecure-dev` accepts
 every request as user `dev`, or as the user named in its `X-Runrow-User` header.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from starlette.requests import Request
 
+from pyworker.db.printable import first_hidden
 from pyworker.http.config import Authenticate, ServeConfig
 from pyworker.http.errors import ApiError
 
@@ -42,19 +44,41 @@ def parse_tokens_env(text: str) -> dict[str, str]:
             f"RUNROW_TOKENS is set but holds no token ({len(text)} characters of commas and white "
             "space): expected tok1=alice,tok2=bob; unset it to configure none"
         )
+    seen: dict[str, int] = {}
     for position, item in enumerate(items, 1):
         where = f"RUNROW_TOKENS: item {position} of {len(items)}"
-        token, sep, user = item.partition("=")
+        # The last '=': a base64 token (`openssl rand -base64 24`) ends in '=' padding, and split
+        # at its first one it lost the padding and its user became "=alice", another tenant.
+        token, sep, user = item.rpartition("=")
         if not sep:
             raise TokenConfigError(f"{where} has no '=user' (expected tok1=alice,tok2=bob)")
-        _checked({token.strip(): user.strip()}, where)
-        tokens[token.strip()] = user.strip()
+        token, user = token.strip(), user.strip()
+        _checked({token: user}, where)
+        if token in seen:
+            # The later one won: the earlier user's requests became the later user's.
+            raise TokenConfigError(
+                f"{where} repeats the token of item {seen[token]}: give each user a token of its own"
+            )
+        seen[token] = position
+        tokens[token] = user
     return _checked(tokens, "RUNROW_TOKENS")
+
+
+def _unique_pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """json.loads' object_pairs_hook: a token given twice is an error (json keeps the last)."""
+    data: dict[str, object] = {}
+    for position, (key, value) in enumerate(pairs, 1):
+        if key in data:
+            raise ValueError(
+                f"entry {position} repeats a token given before: give each user a token of its own"
+            )
+        data[key] = value
+    return data
 
 
 def load_tokens_file(path: Path) -> dict[str, str]:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(), object_pairs_hook=_unique_pairs)
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested past the stack
         raise TokenConfigError(f"--tokens-file {path}: {exc}") from None
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
@@ -70,6 +94,12 @@ def _checked(tokens: dict[str, str], where: str) -> dict[str, str]:
             raise TokenConfigError(f"{where}: a token of user {user!r} is shorter than 16 characters")
         if not _USER_ID.match(user):
             raise TokenConfigError(f"{where}: user id {user!r} must be 1 to 200 printable characters")
+        hidden = first_hidden(user)
+        if hidden is not None:
+            # enqueue_run refuses such a user_id: every run of the user would have been a 400.
+            raise TokenConfigError(
+                f"{where}: a user id holds a control or bidirectional formatting character ({hidden})"
+            )
     return tokens
 
 
@@ -100,7 +130,7 @@ def dev_authenticator(request: Request) -> str | None:
         user = raw.encode("latin-1").decode("utf-8").strip()
     except UnicodeError:
         user = ""
-    if not _USER_ID.match(user):
+    if not _USER_ID.match(user) or first_hidden(user) is not None:
         # Falling back to `dev` would act as someone the caller did not name.
         raise ApiError(
             400,

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from pyworker.db import api, nul
+from pyworker.db.printable import first_hidden
 from pyworker.db.tail import CursorPastEnd
 from pyworker.http import queries
 from pyworker.http.bodies import (
@@ -56,10 +57,6 @@ MAX_IDEMPOTENCY_KEY = 200
 MAX_ATTEMPTS = 100  # enqueue_run's range is 1..100
 # W3C Trace Context, as enqueue_run checks metadata.traceparent (version ff and all-zero ids refused).
 TRACEPARENT = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
-# runrow._printable's class (functions/_identifier_checks.sql): C0, DEL and C1, U+2028/2029 and
-# the bidirectional formatting characters. enqueue_run refuses them too, but at the position in
-# the user-namespaced key, not in the header the client sent.
-NOT_PRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 CURSOR = re.compile(r"[0-9]{1,19}")  # ASCII digits only (str.isdigit also says yes to "²")
 MAX_SEQ = 2**63 - 1  # read_events' after_seq is a bigint
 
@@ -260,14 +257,14 @@ def _idempotency_key(request: Request, user: str) -> str | None:
             "invalid_request",
             f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters, without control characters",
         )
-    hidden = NOT_PRINTABLE.search(raw)
+    hidden = first_hidden(raw)
     if hidden is not None:
         # Named by code point and position, not echoed (enqueue_run's rule for identifiers).
         raise ApiError(
             400,
             "invalid_request",
             "Idempotency-Key must not hold control characters (C0, C1 or bidirectional formatting), "
-            f"got U+{ord(hidden.group()):04X} at character {hidden.start() + 1}",
+            f"got {hidden}",
         )
     # Namespaced by user so two users' keys never meet; quoting the user id keeps it unambiguous
     # (no ':' in it, so the key the client sent is what follows the first one).
