@@ -80,3 +80,31 @@ def test_health_and_metrics_answer_while_every_request_connection_waits_on_a_loc
     assert "unavailable" not in error["message"], error
     assert read.headers["Retry-After"] == "1"
     assert len(cancels) == CANCELS
+
+
+def test_health_answers_while_a_scrape_waits_on_the_database(busy_db: str, server: Server) -> None:
+    """The review of stop 59: with one probe connection, a scrape slow on a loaded database
+    (here: queue_metrics waiting on a lock of agent_run) held it, and /healthz answered 503
+    "database unavailable" after 2 s while the database answered everything else."""
+    with httpx.Client(base_url=server.url, headers=ALICE, timeout=30) as client:
+        with psycopg.connect(busy_db) as holder:
+            holder.execute("LOCK TABLE runrow.agent_run IN ACCESS EXCLUSIVE MODE")
+            scraped: list[httpx.Response] = []
+            scrape = threading.Thread(target=lambda: scraped.append(client.get("/metrics")))
+            scrape.start()
+            with psycopg.connect(busy_db, autocommit=True) as watcher:
+                waiting = (
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND application_name = 'runrow-serve-probe'"
+                )
+
+                def scrape_waits() -> bool:
+                    row = watcher.execute(waiting).fetchone()
+                    return row is not None and row[0] >= 1
+
+                wait_until(scrape_waits, 10, "the scrape to wait on the lock")
+            health = client.get("/healthz")
+            holder.rollback()
+            scrape.join(30)
+    assert health.status_code == 200 and health.json()["ok"] is True, health.text
+    assert scraped and scraped[0].status_code == 200

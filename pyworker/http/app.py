@@ -47,8 +47,10 @@ log = logging.getLogger("runrow.http")
 REQUEST_POOL_TIMEOUT = 5.0
 # Seconds the service waits at its start for the database (it waited 30 s for its pool alone).
 START_TIMEOUT = 30.0
-# /healthz's and the scrapes' own connections, beside the request pool (README, For DBAs).
-PROBE_CONNECTIONS = 1
+# /healthz's and the scrapes' own connections, beside the request pool (README, For DBAs). Two:
+# a scrape may hold one for seconds (queue_metrics on a loaded database; concurrent scrapes share
+# one query), and with one /healthz waited behind it and answered 503, the database fine.
+PROBE_CONNECTIONS = 2
 
 
 def create_app(config: ServeConfig) -> Starlette:

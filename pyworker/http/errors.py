@@ -65,7 +65,11 @@ _BAD_INPUT_CLASSES = ("22", "54")
 _BAD_INPUT_STATES = {"23502", "23514"}
 
 
-def database_error(exc: psycopg.Error, pool: AsyncConnectionPool | None = None) -> ApiError:
+def database_error(
+    exc: psycopg.Error,
+    pool: AsyncConnectionPool | None = None,
+    what: str = "database connections (runrow serve --pool-size)",
+) -> ApiError:
     """The answer to a database error; `pool`, the one a PoolTimeout waited on, tells a pool
     whose connections are all busy from a database that cannot be reached."""
     state = exc.sqlstate or ""
@@ -85,8 +89,7 @@ def database_error(exc: psycopg.Error, pool: AsyncConnectionPool | None = None) 
         return ApiError(
             503,
             "busy",
-            f"all {pool.max_size} of this instance's database connections are busy (runrow serve "
-            "--pool-size); retry shortly",
+            f"all {pool.max_size} of this instance's {what} are busy; retry shortly",
             {"Retry-After": "1"},
         )
     if isinstance(exc, psycopg.OperationalError | psycopg.errors.AdminShutdown):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from psycopg_pool import PoolTimeout
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -16,6 +17,7 @@ from starlette.staticfiles import PathLike, StaticFiles
 from starlette.types import Scope
 
 from pyworker.http.context import services
+from pyworker.http.errors import database_error
 
 WEB = Path(__file__).resolve().parent / "web"
 
@@ -49,9 +51,15 @@ async def healthz(request: Request) -> Response:
     svc = services(request)
     # A probe gives up after a second or two: waiting out the pool's own timeout (30 s) for a
     # database that is down answered 503 long after the probe had stopped listening.
-    async with svc.probe_pool.connection(timeout=HEALTH_TIMEOUT) as conn:
-        cur = await conn.execute("SELECT runrow.schema_version()")
-        row = await cur.fetchone()
+    try:
+        async with svc.probe_pool.connection(timeout=HEALTH_TIMEOUT) as conn:
+            cur = await conn.execute("SELECT runrow.schema_version()")
+            row = await cur.fetchone()
+    except PoolTimeout as exc:
+        # Judged on the probe's pool, not the request pool the generic handler would look at.
+        raise database_error(
+            exc, svc.probe_pool, what="health probe connections (beside --pool-size)"
+        ) from None
     return JSONResponse(
         {
             "ok": True,
