@@ -79,6 +79,9 @@ def serve(database_url: str, **overrides: Any) -> Iterator[Server]:
         # The tests' users set any field (the echo handler reads metadata); the default, none,
         # is tests/test_http_user_fields.py's.
         "user_may_set": frozenset(OPT_IN_FIELDS),
+        # Many tests send bad tokens on purpose from 127.0.0.1; the limit is
+        # tests/test_http_auth_throttle.py's.
+        "auth_failures_per_minute": 0,
     }
     options.update(overrides)
     server = Server(ServeConfig(database_url=database_url, **options)).start()

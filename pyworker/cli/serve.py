@@ -169,6 +169,16 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "(0: no limit; default %(default)s)",
     )
     p.add_argument(
+        "--auth-failures-per-minute",
+        type=number(int, 0, 1_000_000),
+        default=10,
+        help="requests without a valid token one client address may make a minute (a burst of that "
+        "many, then one every 60/N s); past it the address gets a 429 too_many_auth_failures with "
+        "Retry-After, a valid token included unless its user authenticated from that address "
+        "before. The address is the TCP peer's: behind a reverse proxy every client is the proxy, "
+        "so set 0 there and limit at the proxy (0: no limit; default %(default)s)",
+    )
+    p.add_argument(
         "--shutdown-grace",
         type=number(int, 0, 3600),
         default=5,
@@ -328,6 +338,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         user_may_set=args.user_may_set or frozenset(),
         allow_private_webhooks=args.allow_private_webhooks,
         max_streams_per_user=args.max_streams_per_user,
+        auth_failures_per_minute=args.auth_failures_per_minute,
         max_attempts=args.max_attempts,
         access_log=args.access_log,
         metrics_port=args.metrics_port,

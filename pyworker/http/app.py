@@ -26,6 +26,7 @@ from pyworker.http import metrics as http_metrics
 from pyworker.http import routes_approvals, routes_metrics, routes_page, routes_runs
 from pyworker.http.access_log import AccessLog
 from pyworker.http.auth import authenticator_for
+from pyworker.http.auth_throttle import AuthFailureLimiter
 from pyworker.http.config import ServeConfig
 from pyworker.http.context import Services
 from pyworker.http.errors import EXCEPTION_HANDLERS
@@ -55,6 +56,8 @@ PROBE_CONNECTIONS = 2
 
 def create_app(config: ServeConfig) -> Starlette:
     authenticate = authenticator_for(config)  # fails now, not on the first request, when misconfigured
+    per_minute = config.auth_failures_per_minute
+    auth_failures = AuthFailureLimiter(per_minute) if per_minute > 0 else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -115,7 +118,9 @@ def create_app(config: ServeConfig) -> Starlette:
             metrics_server = await metrics.serve(probe, config.metrics_host, config.metrics_port)
             app.state.metrics_address = metrics_server.sockets[0].getsockname()[:2]
             log.info("metrics on http://%s:%d/metrics", *app.state.metrics_address)
-        app.state.services = Services(config, authenticate, pool, hub, streams, replica, probe=probe)
+        app.state.services = Services(
+            config, authenticate, pool, hub, streams, replica, probe=probe, auth_failures=auth_failures
+        )
         log.info("runrow serve ready (model %s, auth %s)", config.model, _auth_name(config))
         try:
             yield

@@ -153,15 +153,28 @@ def authenticator_for(config: ServeConfig) -> Authenticate:
     return bearer_authenticator(config.tokens)
 
 
-async def authenticated_user(request: Request, authenticate: Authenticate) -> str:
+async def user_of(request: Request, authenticate: Authenticate) -> str | None:
+    """The authenticated user id of the request, or None."""
     user = authenticate(request)
     if inspect.isawaitable(user):
         user = await user
-    if not user:
-        raise ApiError(
-            401,
-            "unauthorized",
-            "missing or invalid bearer token: send Authorization: Bearer <token>",
-            headers={"WWW-Authenticate": 'Bearer realm="runrow"'},
-        )
-    return str(user)
+    return str(user) if user else None
+
+
+def unauthorized() -> ApiError:
+    return ApiError(
+        401,
+        "unauthorized",
+        "missing or invalid bearer token: send Authorization: Bearer <token>",
+        headers={"WWW-Authenticate": 'Bearer realm="runrow"'},
+    )
+
+
+def too_many_auth_failures(per_minute: int, retry_after: int) -> ApiError:
+    return ApiError(
+        429,
+        "too_many_auth_failures",
+        f"too many failed authentications from this address: {per_minute} a minute at most "
+        f"(runrow serve --auth-failures-per-minute); retry in {retry_after} s",
+        headers={"Retry-After": str(retry_after)},
+    )

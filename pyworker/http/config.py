@@ -60,6 +60,9 @@ class ServeConfig:
     max_attempts: int = 1
     # Event streams one user may hold open on this process; more is a 429 (0: no limit).
     max_streams_per_user: int = 100
+    # Failed authentications a client address may make a minute (a token bucket of that many);
+    # past it, a 429 (pyworker/http/auth_throttle.py). 0: no limit.
+    auth_failures_per_minute: int = 10
     # One line per request on the logger runrow.http.access (path only, never the query
     # string); off, a service scraped every few seconds does not log each scrape.
     access_log: bool = False

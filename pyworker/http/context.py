@@ -12,7 +12,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pyworker.db.hub import Hub
-from pyworker.http.auth import authenticated_user
+from pyworker.http import metrics as http_metrics
+from pyworker.http.auth import too_many_auth_failures, unauthorized, user_of
+from pyworker.http.auth_throttle import AuthFailureLimiter, address_key
 from pyworker.http.bodies import reject_unknown_query
 from pyworker.http.config import Authenticate, ServeConfig
 from pyworker.http.replica import Replica
@@ -35,6 +37,8 @@ class Services:
     # pool busy with requests (every connection waiting on a lock) made /healthz answer 503
     # "database unavailable" and a scrape wait its 5 s out, with the database itself fine.
     probe: AsyncConnectionPool | None = None
+    # Failed authentications by client address (--auth-failures-per-minute; None: off).
+    auth_failures: AuthFailureLimiter | None = None
 
     @property
     def probe_pool(self) -> AsyncConnectionPool:
@@ -57,8 +61,31 @@ def authenticated(
     @wraps(endpoint)
     async def route(request: Request) -> Response:
         svc = services(request)
-        user = await authenticated_user(request, svc.authenticate)
+        user = await authenticated_caller(request, svc)
         reject_unknown_query(request, query)
         return await endpoint(request, svc, user)
 
     return route
+
+
+async def authenticated_caller(request: Request, svc: Services) -> str:
+    """The caller's user id; a 401 when it has none, a 429 when its address failed too often
+    (pyworker/http/auth_throttle.py says who still passes and why)."""
+    user = await user_of(request, svc.authenticate)
+    limiter = svc.auth_failures
+    address = address_key(request.client.host if request.client else None)
+    # Looked at after the authenticator's await, and charged with no await between: a burst of
+    # concurrent guesses cannot all pass one look at a bucket with one failure left.
+    if limiter is not None:
+        wait = limiter.retry_after(address)
+        if wait is not None and (user is None or not limiter.may_pass(address, user)):
+            http_metrics.auth_failed(429)
+            raise too_many_auth_failures(svc.config.auth_failures_per_minute, wait)
+    if user is None:
+        if limiter is not None:
+            limiter.failed(address)
+        http_metrics.auth_failed(401)
+        raise unauthorized()
+    if limiter is not None:
+        limiter.succeeded(address, user)
+    return user

@@ -42,16 +42,27 @@ STREAMS_REFUSED = Counter(
     "Event streams refused with a 429: the user held --max-streams-per-user open on this service.",
     registry=None,
 )
+AUTH_FAILURES = Counter(
+    "runrow_http_auth_failures",
+    "Requests that did not authenticate, by the status they got: 401 (no token, or a wrong "
+    "one) or 429 (their address failed --auth-failures-per-minute times; not checked further).",
+    ["status"],
+    registry=None,
+)
 
 
 def register(streams_open: Callable[[], int]) -> None:
     """Export the HTTP series from this process; streams_open is read at every scrape."""
-    metrics.register((REQUESTS, DURATION, STREAMS_OPEN, STREAMS_REFUSED))
+    metrics.register((REQUESTS, DURATION, STREAMS_OPEN, STREAMS_REFUSED, AUTH_FAILURES))
     STREAMS_OPEN.set_function(lambda: float(streams_open()))
 
 
 def stream_refused() -> None:
     STREAMS_REFUSED.inc()
+
+
+def auth_failed(status: int) -> None:
+    AUTH_FAILURES.labels(str(status)).inc()
 
 
 class RequestMetrics:
