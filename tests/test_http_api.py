@@ -562,7 +562,7 @@ def test_unknown_query_parameters_are_400(client: httpx.Client) -> None:
         (f"/runs/{run_id}/events?after=3", "after"),  # ?from=3 misspelt streamed from the start
         (f"/runs/{run_id}?verbose=1", "verbose"),
         (f"/conversations/{conversation_id}?x=", "x"),
-        ("/approvals?limit=10", "limit"),
+        ("/approvals?offset=10", "offset"),
     ]:
         # Streamed: the code before streamed ?after=3 as a live run's stream, which never ends.
         with client.stream("GET", url, headers=ALICE) as response:
@@ -631,6 +631,62 @@ def test_approvals_list_and_decide(client: httpx.Client, db: psycopg.Connection)
     assert key not in {
         a["idempotency_key"] for a in client.get("/approvals", headers=ALICE).json()["approvals"]
     }
+
+
+def test_approvals_come_in_pages_each_seen_once(client: httpx.Client, db: psycopg.Connection) -> None:
+    """GET /approvals answered every pending approval at once; now ?limit= (default 100, at
+    most 1000) and ?after=, the `next` of the page before, keyset on (waiting_since, key)."""
+    calls = []
+    for _ in range(7):
+        run_id, _ = new_run(client, tools=json.loads(tool_defs("send_wire")))
+        token = claim(db, run_id)
+        calls.append((run_id, token, tool_turn(db, run_id, token, "toolu_1", "send_wire", {"amount": 1})))
+    keys = [key for _, _, key in calls]
+    # Three in one transaction wait since the same instant (now()): the key breaks the tie.
+    for group in (calls[:2], calls[2:5], calls[5:]):
+        with db.transaction():
+            for run_id, token, key in group:
+                assert begin(db, run_id, token, key, "send_wire", {"amount": 1}, "irreversible")[0] == (
+                    "needs_approval"
+                )
+    tied = "SELECT count(DISTINCT updated_at) FROM runrow.tool_effect WHERE idempotency_key = ANY(%s)"
+    assert db.execute(tied, (keys[2:5],)).fetchone() == (1,)
+    expected = [
+        key
+        for (key,) in db.execute(
+            "SELECT idempotency_key FROM runrow.pending_approvals WHERE user_id = 'alice' "
+            "ORDER BY waiting_since, idempotency_key"
+        )
+    ]
+    assert set(keys) <= set(expected)
+    seen: list[str] = []
+    # Pages of 2: a boundary falls inside the three tied ones, wherever they are in the list.
+    url: str | None = "/approvals?limit=2"
+    while url is not None:
+        page = client.get(url, headers=ALICE)
+        assert page.status_code == 200, page.text
+        listed = [a["idempotency_key"] for a in page.json()["approvals"]]
+        assert 1 <= len(listed) <= 2
+        seen += listed
+        following = page.json()["next"]
+        url = None if following is None else f"/approvals?limit=2&after={following}"
+    assert seen == expected  # each once, in order
+    everything = client.get("/approvals", headers=ALICE).json()
+    assert [a["idempotency_key"] for a in everything["approvals"]] == expected and everything["next"] is None
+    assert client.get("/approvals", headers=BOB).json() == {"approvals": [], "next": None}
+    for query, name in [
+        ("limit=0", "limit"),
+        ("limit=1001", "limit"),
+        ("limit=-1", "limit"),
+        ("limit=ten", "limit"),
+        ("limit=%D9%A1", "limit"),  # an Arabic-Indic 1, which int() reads
+        ("after=nope", "after"),
+        ("after=" + "A" * 300, "after"),
+        ("after=MjAyNi0wMS0wMVQwMDowMDowMHxrZXk", "after"),  # base64 of a time and a bad key
+    ]:
+        refused = client.get(f"/approvals?{query}", headers=ALICE)
+        assert refused.status_code == 400, (query, refused.text)
+        assert error_of(refused)["message"].startswith(f"{name} must be"), refused.text
 
 
 def test_page_config_and_health_need_no_token(client: httpx.Client) -> None:

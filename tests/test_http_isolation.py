@@ -113,7 +113,7 @@ def test_bob_gets_404_for_everything_of_alices_and_changes_nothing(
                     json={"content": "mine now", "if_active": if_active},
                 )
                 assert posted.status_code == 404 and error_of(posted)["type"] == "not_found", posted.text
-        assert bob.get("/approvals").json() == {"approvals": []}
+        assert bob.get("/approvals").json() == {"approvals": [], "next": None}
         for approved in [True, False]:
             same_404(
                 bob.post(f"/approvals/{alices['key']}", json={"approved": approved}),

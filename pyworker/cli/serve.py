@@ -28,7 +28,8 @@ endpoints (JSON; errors are {"error": {"type", "message"}}):
   GET  /runs/{id}                 status, attempts, result or error
   GET  /runs/{id}/events          Server-Sent Events; resume with ?from=N or Last-Event-ID
   POST /conversations/{id}/stop   POST /runs/{id}/cancel
-  GET  /approvals                 POST /approvals/{key} {"approved": true|false, "note"?}
+  GET  /approvals?limit=&after=   a page (limit 100, at most 1000) and its next cursor
+  POST /approvals/{key}           {"approved": true|false, "note"?}
   GET  /metrics                   Prometheus metrics (no token: counts only, no run or user)
   GET  /                          the chat page
 

@@ -49,13 +49,26 @@ async def _one(conn: AsyncConnection, row_type: type[T], query: LiteralString, k
     return row
 
 
-async def pending_approvals_of(conn: AsyncConnection, user_id: str) -> list[PendingApproval]:
+async def pending_approvals_of(
+    conn: AsyncConnection, user_id: str, limit: int, after: tuple[datetime, str] | None = None
+) -> list[PendingApproval]:
+    """Up to `limit` of the user's pending approvals in (waiting_since, idempotency_key) order,
+    past `after`, a (waiting_since, idempotency_key) of the page before (keyset pagination: a
+    page is not shifted by approvals decided since the one before)."""
     async with conn.cursor(row_factory=class_row(PendingApproval)) as cur:
-        await cur.execute(
-            f"SELECT {PENDING_APPROVAL_COLUMNS} FROM runrow.pending_approvals WHERE user_id = %s "
-            "ORDER BY waiting_since, idempotency_key",
-            (user_id,),
-        )
+        if after is None:
+            await cur.execute(
+                f"SELECT {PENDING_APPROVAL_COLUMNS} FROM runrow.pending_approvals WHERE user_id = %s "
+                "ORDER BY waiting_since, idempotency_key LIMIT %s",
+                (user_id, limit),
+            )
+        else:
+            await cur.execute(
+                f"SELECT {PENDING_APPROVAL_COLUMNS} FROM runrow.pending_approvals WHERE user_id = %s "
+                "AND (waiting_since, idempotency_key) > (%s, %s) ORDER BY waiting_since, idempotency_key "
+                "LIMIT %s",
+                (user_id, *after, limit),
+            )
         return await cur.fetchall()
 
 

@@ -1,7 +1,8 @@
 """Approvals: this user's tool calls waiting on a person, and deciding one.
 
 Lists the runrow.pending_approvals view filtered to the caller: irreversible calls not yet
-run (reason needs_approval) and calls that began without a recorded result (uncertain). A
+run (reason needs_approval) and calls that began without a recorded result (uncertain), a page
+at a time (pyworker/http/approval_pages.py). A
 key of another user's run answers 404, exactly as an unknown key does.
 """
 
@@ -16,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from pyworker.db.steps import PendingApproval, resolve_approval
-from pyworker.http import queries
+from pyworker.http import approval_pages, queries
 from pyworker.http.bodies import field, read_json_object, reject_unknown, text
 from pyworker.http.context import Services, authenticated
 from pyworker.http.errors import ApiError, not_found
@@ -40,9 +41,19 @@ def approval_json(a: PendingApproval) -> dict[str, Any]:
 
 
 async def list_approvals(request: Request, svc: Services, user: str) -> Response:
+    limit = approval_pages.limit_of(request.query_params.get("limit"))
+    after = approval_pages.after_of(request.query_params.get("after"))
     async with svc.pool.connection() as conn:
-        pending = await queries.pending_approvals_of(conn, user)
-    return JSONResponse({"approvals": [approval_json(a) for a in pending]})
+        # One more than the page: whether another page follows, without a count.
+        pending = await queries.pending_approvals_of(conn, user, limit + 1, after)
+    page = pending[:limit]
+    more = len(pending) > limit
+    return JSONResponse(
+        {
+            "approvals": [approval_json(a) for a in page],
+            "next": approval_pages.cursor(page[-1].waiting_since, page[-1].idempotency_key) if more else None,
+        }
+    )
 
 
 KEY = re.compile(r"[0-9a-f]{64}")  # runrow.tool_call_key's form; anything else names no call
@@ -80,6 +91,6 @@ async def decide(request: Request, svc: Services, user: str) -> Response:
 
 
 routes = [
-    Route("/approvals", authenticated(list_approvals), methods=["GET"]),
+    Route("/approvals", authenticated(list_approvals, query=frozenset({"limit", "after"})), methods=["GET"]),
     Route("/approvals/{key}", authenticated(decide), methods=["POST"]),
 ]
