@@ -114,3 +114,47 @@ def test_an_ipv6_host_counts_by_its_64() -> None:
     assert address_key("::ffff:10.0.0.7") == "10.0.0.7"
     assert address_key("10.0.0.7") == "10.0.0.7"
     assert address_key(None) == "(unknown)"
+
+
+def test_behind_a_trusted_proxy_the_forwarded_client_is_throttled_not_the_proxy(
+    db: str, tmp_path: Path
+) -> None:
+    """Behind a reverse proxy every client's TCP peer is the proxy: one client's bad tokens
+    throttled all. With --forwarded-allow-ips naming the proxy, X-Forwarded-For's client is the
+    one limited; from any other peer the header is not believed."""
+    args = ["--auth-failures-per-minute", "2", "--forwarded-allow-ips", "127.0.0.1"]
+    with serve_process(db, tmp_path, args) as serve:
+        run = f"/runs/{uuid.uuid4()}"
+        proxy = httpx.Client(base_url=serve.url, timeout=20)
+        other = httpx.Client(
+            base_url=serve.url, timeout=20, transport=httpx.HTTPTransport(local_address="127.0.0.2")
+        )
+        with proxy, other:
+            guesser = {**WRONG, "X-Forwarded-For": "203.0.113.7"}
+            guessed = [proxy.get(run, headers=guesser).status_code for _ in range(3)]
+            # Another client through the same proxy is not the guesser.
+            neighbour = proxy.get(run, headers={**WRONG, "X-Forwarded-For": "203.0.113.8"}).status_code
+            # An untrusted peer cannot pose as a fresh address: it is limited as itself.
+            posing = [
+                other.get(run, headers={**WRONG, "X-Forwarded-For": f"198.51.100.{i}"}).status_code
+                for i in range(3)
+            ]
+    assert guessed == [401, 401, 429]
+    assert neighbour == 401
+    assert posing == [401, 401, 429]
+
+
+def test_a_forwarded_allow_ips_item_that_is_no_address_is_a_usage_error() -> None:
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pyworker", "serve", "--forwarded-allow-ips", "10.0.0.5,prxy"],
+        env={**os.environ, "RUNROW_TOKENS": "aaaaaaaaaaaaaaaa=alice"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "item 2 ('prxy') is not an IP address or network" in result.stderr, result.stderr

@@ -176,8 +176,20 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help="requests without a valid token one client address may make a minute (a burst of that "
         "many, then one every 60/N s); past it the address gets a 429 too_many_auth_failures with "
         "Retry-After, a valid token included unless its user authenticated from that address "
-        "before. The address is the TCP peer's: behind a reverse proxy every client is the proxy, "
+        "before. The address is the TCP peer's, or behind a reverse proxy the one its "
+        "X-Forwarded-For names (--forwarded-allow-ips); without that every client is the proxy, "
         "so set 0 there and limit at the proxy (0: no limit; default %(default)s)",
+    )
+    p.add_argument(
+        "--forwarded-allow-ips",
+        type=_proxy_addresses,
+        metavar="IPS",
+        default=None,
+        help="comma-separated addresses or networks of the reverse proxies in front of this "
+        "service (e.g. 10.0.0.5,10.1.0.0/16): a request from one of them is taken to come from "
+        "the client its X-Forwarded-For header names (and X-Forwarded-Proto's scheme), for the "
+        "failed-authentication limit and the access log. Default: none, the TCP peer is the "
+        "client (a header a client sent itself would let it pose as any address)",
     )
     p.add_argument(
         "--shutdown-grace",
@@ -228,10 +240,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_level=None,
         # Its access line has the query string (which can carry a token); --access-log is ours.
         access_log=False,
-        proxy_headers=False,
+        # uvicorn's ProxyHeadersMiddleware: only a peer in --forwarded-allow-ips is believed.
+        proxy_headers=args.forwarded_allow_ips is not None,
+        forwarded_allow_ips=args.forwarded_allow_ips or "",
         timeout_graceful_shutdown=args.shutdown_grace,
     )
     return 0
+
+
+def _proxy_addresses(text: str) -> str:
+    """--forwarded-allow-ips: addresses or networks (or "*", every peer), each checked here:
+    uvicorn took a typo for a host name to match and trusted no one, silently."""
+    items = [item.strip() for item in text.split(",")]
+    for position, item in enumerate(items, 1):
+        if item == "*":
+            continue
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"item {position} ({item!r}) is not an IP address or network (10.0.0.5, 10.1.0.0/16, or *)"
+            ) from None
+    return ",".join(items)
 
 
 def _unusable(args: argparse.Namespace) -> str | None:
