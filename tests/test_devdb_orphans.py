@@ -169,3 +169,64 @@ def _reapers_of(root: str) -> list[int]:
         if b"pyworker.db.orphan_reaper" in argv and any(root.encode() in a for a in argv):
             found.append(int(entry.name))
     return found
+
+
+def test_a_released_folder_reaper_touches_nothing_a_link_there_points_to(tmp_path: Path) -> None:
+    """The review of stop 59: after a normal exit the owner removed its folder, then released
+    the reaper, which woke on EOF and removed whatever the path named by then: a link made there
+    to another directory had that directory deleted. Released, it now does nothing."""
+    from pyworker.db import devdb
+
+    work = tmp_path / "work"
+    work.mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("mine")
+    release = devdb.reap_folder_if_owner_dies(str(work))
+    deadline = time.monotonic() + 10
+    while not _reapers_of(str(work)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    work.rmdir()
+    work.symlink_to(victim)
+    release()
+    assert (victim / "keep").read_text() == "mine"
+
+
+def test_a_folder_reaper_of_a_killed_owner_removes_the_folder_not_a_link_put_in_its_place(
+    tmp_path: Path,
+) -> None:
+    """Its owner killed, the reaper removes the folder it saw at its start, and only that: a
+    link found in its place instead is left, and so is what it points to."""
+    owner = textwrap.dedent(
+        """
+        import sys, time
+        from pyworker.db import devdb
+
+        devdb.reap_folder_if_owner_dies(sys.argv[1])
+        print("ready", flush=True)
+        time.sleep(600)
+        """
+    )
+    gone, swapped, victim = tmp_path / "gone", tmp_path / "swapped", tmp_path / "victim"
+    for folder in (gone, swapped, victim):
+        folder.mkdir()
+    (victim / "keep").write_text("mine")
+    owners = [
+        subprocess.Popen([sys.executable, "-c", owner, str(folder)], stdout=subprocess.PIPE, text=True)
+        for folder in (gone, swapped)
+    ]
+    for process in owners:
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    swapped.rmdir()
+    swapped.symlink_to(victim)
+    for process in owners:
+        process.kill()
+        process.wait(10)
+    deadline = time.monotonic() + 30
+    while gone.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not gone.exists()
+    deadline = time.monotonic() + 10
+    while _reapers_of(str(swapped)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert swapped.is_symlink() and (victim / "keep").read_text() == "mine"

@@ -9,8 +9,9 @@ so they outlived their owner: a benchmark or test run stopped by a CI timeout le
 This process is started by the owner in a session of its own (a signal to the owner's process
 group does not reach it) with the read end of a pipe as its stdin. The write end lives only in
 the owner (not inherited across exec), so the kernel closes it when the owner exits, however it
-exits. The read then returns, and the server is stopped and its folder removed; after a normal
-exit the owner has already done that, and there is nothing left to do.
+exits. The read then returns, and the server is stopped and its folder removed. After a normal
+exit the owner has already done that and wrote a byte before closing the pipe: the reaper reads
+it and does nothing (acting on the path then, it would have followed a link made there since).
 
     python -m pyworker.db.orphan_reaper cluster CLUSTER_JSON  < pipe
     python -m pyworker.db.orphan_reaper process PID FOLDER    < pipe
@@ -22,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import sys
 import time
 
@@ -64,24 +66,37 @@ def _working_in(folder: str) -> list[int]:
     return pids
 
 
-def remove_folder(folder: str) -> None:
+def identity(folder: str) -> tuple[int, int] | None:
+    """(device, inode) of `folder` itself, None unless it is a directory (a link is not)."""
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+
+def remove_folder(folder: str, seen: tuple[int, int] | None) -> None:
     """Remove `folder` once no process works in it (at most FOLDER_WAIT s): a worker still
-    draining could write into it, and its tools would make its workspace again."""
-    if not os.path.isdir(folder):
+    draining could write into it, and its tools would make its workspace again. Only the
+    directory seen when the reaper started (`seen`), never what a link there points to."""
+    if seen is None or identity(folder) != seen:
         return
-    folder = os.path.realpath(folder)
+    resolved = os.path.realpath(folder)  # how /proc spells the workers' working directories
     deadline = time.monotonic() + FOLDER_WAIT
-    while _working_in(folder) and time.monotonic() < deadline:
+    while _working_in(resolved) and time.monotonic() < deadline:
         time.sleep(0.1)
-    shutil.rmtree(folder, ignore_errors=True)
+    if identity(folder) == seen:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main(argv: list[str]) -> int:
-    sys.stdin.buffer.read()  # returns at EOF: the owner has exited
+    seen = identity(argv[2]) if argv[1] == "folder" else None
+    if sys.stdin.buffer.read():  # returns at EOF: the owner has exited; a byte: it released us
+        return 0
     if argv[1] == "cluster":
         devdb.stop(devdb.Cluster.from_json(argv[2]))
     elif argv[1] == "folder":
-        remove_folder(argv[2])
+        remove_folder(argv[2], seen)
     else:
         stop_process(int(argv[2]), argv[3])
     return 0
