@@ -1195,6 +1195,8 @@ def test_a_base64_token_keeps_its_padding_and_its_user(tmp_path: Path) -> None:
     from pyworker.http.auth import TokenConfigError, load_tokens_file, parse_tokens_env
 
     assert parse_tokens_env("q1w2e3r4t5y6u7i8o9p0aA==alice") == {"q1w2e3r4t5y6u7i8o9p0aA=": "alice"}
+    # A user id with '=' in it stays whole (split at the last '=', it became another token).
+    assert parse_tokens_env("tok_aaaaaaaaaaaaaaaa=team=ops") == {"tok_aaaaaaaaaaaaaaaa": "team=ops"}
     twice = tmp_path / "tokens.json"
     twice.write_text('{"aaaaaaaaaaaaaaaa": "alice", "aaaaaaaaaaaaaaaa": "bob"}')
     with pytest.raises(TokenConfigError, match="entry 2 repeats a token"):

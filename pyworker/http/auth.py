@@ -2,9 +2,10 @@
 
 The check is pluggable (`ServeConfig.authenticate`: a callable `request -> user_id | None`).
 The default maps bearer tokens to user ids from configuration (`--tokens-file` JSON
-`{"token": "user"}`, or `RUNROW_TOKENS="tok1=alice,tok2=bob"`, each item split at its last '=',
-so a base64 token keeps its padding); `--insecure-dev` accepts
-every request as user `dev`, or as the user named in its `X-Runrow-User` header.
+`{"token": "user"}`, or `RUNROW_TOKENS="tok1=alice,tok2=bob"`, each item split at the last '='
+of its first run of them, so a base64 token keeps its padding and a user id may hold '=');
+`--insecure-dev` accepts every request as user `dev`, or as the user named in its
+`X-Runrow-User` header.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from pyworker.http.errors import ApiError
 DEV_USER = "dev"
 # A user id names an owner in runrow.conversation (1..200 characters); keep them printable.
 _USER_ID = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
+# RUNROW_TOKENS' item: the token up to its first run of '=' with all but the last of them (the
+# padding), then the user.
+_TOKEN_ITEM = re.compile(r"([^=]*=*)=(.*)", re.DOTALL)
 
 
 class TokenConfigError(ValueError):
@@ -47,12 +51,13 @@ def parse_tokens_env(text: str) -> dict[str, str]:
     seen: dict[str, int] = {}
     for position, item in enumerate(items, 1):
         where = f"RUNROW_TOKENS: item {position} of {len(items)}"
-        # The last '=': a base64 token (`openssl rand -base64 24`) ends in '=' padding, and split
-        # at its first one it lost the padding and its user became "=alice", another tenant.
-        token, sep, user = item.rpartition("=")
-        if not sep:
+        # The last '=' of the first run of them: a base64 token (`openssl rand -base64 24`) ends
+        # in '=' padding, and split at its first one it lost the padding and its user became
+        # "=alice", another tenant; a user id may hold '=' ("team=ops"), as it always could.
+        split = _TOKEN_ITEM.fullmatch(item)
+        if split is None:
             raise TokenConfigError(f"{where} has no '=user' (expected tok1=alice,tok2=bob)")
-        token, user = token.strip(), user.strip()
+        token, user = split.group(1).strip(), split.group(2).strip()
         _checked({token: user}, where)
         if token in seen:
             # The later one won: the earlier user's requests became the later user's.
