@@ -500,6 +500,14 @@ async def serve(pool: Any, host: str, port: int) -> asyncio.Server:
             head = f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
             writer.write(head.encode() + b"Connection: close\r\n\r\n" + body)
             await writer.drain()
+        except ValueError:
+            # A request or header line past the reader's 64 KiB limit (a LimitOverrunError inside):
+            # it reached asyncio's handler as an ERROR traceback per connection, on a port that
+            # `runrow serve --metrics-host 0.0.0.0` may open to anyone.
+            with contextlib.suppress(ConnectionError):
+                writer.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n")
+                writer.write(b"Connection: close\r\n\r\n")
+                await writer.drain()
         except (TimeoutError, ConnectionError, UnicodeDecodeError):
             pass
         finally:
