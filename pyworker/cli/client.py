@@ -715,7 +715,9 @@ def _as_option(primary: str, options: dict[str, str]) -> str:
     option = options.get(found.group()) if found else None
     if found is None or option is None:
         return primary
-    rest = primary[found.end() :]
+    # NULL is SQL's word for an option left out, which a command line cannot type: "--rpm must
+    # be NULL or a finite number more than 0" read as if NULL were a value to pass.
+    rest = primary[found.end() :].replace(" must be NULL or ", " must be ", 1)
     return option + rest if rest.startswith(" ") else f"{option}: {primary}"
 
 

@@ -81,6 +81,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     options_of_arguments(
         s,
         {
+            "rate_limit_key": "KEY",
             "requests_per_minute": "--rpm",
             "input_tokens_per_minute": "--input-tpm",
             "output_tokens_per_minute": "--output-tpm",
@@ -123,11 +124,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     t.add_argument("tenant", help="the fairness key (by default the run's user id)")
     t.add_argument("--tokens-per-day", type=int64, help="input + output + cache tokens (more than 0)")
     t.add_argument("--cost-per-day", type=usd, help="USD (more than 0)")
-    options_of_arguments(t, {"tokens_per_day": "--tokens-per-day", "cost_per_day": "--cost-per-day"})
+    options_of_arguments(
+        t, {"fairness_key": "TENANT", "tokens_per_day": "--tokens-per-day", "cost_per_day": "--cost-per-day"}
+    )
     r = _action(
         actions, "remove-tenant", help="remove a tenant's budget", example="runrow budget remove-tenant acme"
     )
     r.add_argument("tenant")
+    options_of_arguments(r, {"fairness_key": "TENANT"})
     pr = _action(
         actions,
         "price",

@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 from pyworker.cli import json_output
-from pyworker.cli.client import _action, _command, _connect, echo
+from pyworker.cli.client import _action, _command, _connect, echo, options_of_arguments
 from pyworker.cli.limits import _show
 from pyworker.cli.types import number
 from pyworker.db import limits as limits_api
@@ -86,6 +86,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     group = w.add_mutually_exclusive_group(required=True)
     group.add_argument("weight", nargs="?", type=float, help="shares, e.g. 2 or 0.5")
     group.add_argument("--reset", action="store_true", help="back to 1, the default")
+    options_of_arguments(w, {"fairness_key": "TENANT", "weight": "WEIGHT"})
     json_output.add_json_flag(
         _action(
             actions,
