@@ -88,3 +88,32 @@ def test_metrics_host_needs_metrics_port() -> None:
         timeout=60,
     )
     assert refused.returncode == 2 and "--metrics-host needs --metrics-port" in refused.stderr, refused.stderr
+
+
+def test_a_metrics_port_that_cannot_be_listened_on_is_one_line_at_start() -> None:
+    """The review of stop 59: --metrics-port equal to --port was not refused (uvicorn then said
+    "address already in use" of the API's port), and a port in use was a traceback from the
+    app's start. Both are one line, exit 2, before anything opens."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        cases = [
+            (["--port", "18123", "--metrics-port", "18123"], "--metrics-port 18123 is --port's"),
+            (
+                ["--port", "0", "--metrics-port", str(busy)],
+                f"--metrics-port {busy} on 127.0.0.1: Address already in use",
+            ),
+        ]
+        for args, says in cases:
+            refused = subprocess.run(
+                [sys.executable, "-m", "pyworker", "serve", "--insecure-dev", *args],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert refused.returncode == 2, refused.stderr
+            assert says in refused.stderr and "Traceback" not in refused.stderr, refused.stderr

@@ -276,7 +276,7 @@ def _unusable(args: argparse.Namespace) -> str | None:
         return f"--host {args.host}: {exc.strerror or exc}"
     from pyworker.cli.main import _metrics_address_problem  # the worker's flags, the same rules
 
-    problem = _metrics_address_problem(args)
+    problem = _metrics_address_problem(args) or _metrics_port_problem(args)
     if problem is not None:
         return problem
     problem = _unreachable(
@@ -286,6 +286,31 @@ def _unusable(args: argparse.Namespace) -> str | None:
         # The standby's pool is opened at start too, and failed the same way, 30 s later.
         problem = _unreachable(args.replica_url, "the hot standby", "on its primary", "--replica-url")
     return problem
+
+
+ANY_HOST = ("0.0.0.0", "::", "")
+
+
+def _metrics_port_problem(args: argparse.Namespace) -> str | None:
+    """Why --metrics-port cannot be listened on, said before anything opens (the review of stop
+    59): the API's own port was not refused and uvicorn then said "address already in use" of
+    --port; a port in use was an OSError traceback from the app's start, its pools left open.
+    A port taken between this check and the start still fails there."""
+    import socket
+
+    if args.metrics_port is None or args.metrics_port == 0:
+        return None
+    same_host = args.metrics_host == args.host or args.metrics_host in ANY_HOST or args.host in ANY_HOST
+    if args.metrics_port == args.port and same_host:
+        return f"--metrics-port {args.metrics_port} is --port's: give /metrics a port of its own"
+    family = socket.AF_INET6 if ":" in args.metrics_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's server binds
+        try:
+            probe.bind((args.metrics_host, args.metrics_port))
+        except OSError as exc:
+            return f"--metrics-port {args.metrics_port} on {args.metrics_host}: {exc.strerror or exc}"
+    return None
 
 
 def _unreachable(url: str, what: str, migrate_where: str, check: str) -> str | None:
