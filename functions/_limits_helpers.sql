@@ -366,8 +366,11 @@ $fn$;
 -- (report_key_error): the streak is over. Its own block or probe hold is lifted, and so is its
 -- hold on queued runs (a claim that met the block set their not_before to its end, as
 -- set_rate_limit lifts them). A rate block (a 429's, a response's headers': rate_blocked_until)
--- stays: the key is then blocked to its end, and so are the runs the hold held. The caller
--- holds the key's row lock.
+-- stays: the key is then blocked to its end, and so are the runs the hold held. Its buckets
+-- refill from that end too: a header block reported during the hold (_block_key) put
+-- refilled_at at the hold's end, and left there the key granted nothing until the lifted hold
+-- would have ended (up to max_block_seconds), its waiters polling every 0.1 s (the review of
+-- session 59). The caller holds the key's row lock.
 CREATE OR REPLACE FUNCTION runrow._key_answered(l runrow.rate_limit)
 RETURNS void
 LANGUAGE plpgsql
@@ -381,6 +384,7 @@ BEGIN
     SET key_error = NULL, key_errors = 0, key_error_since = NULL, key_error_until = NULL,
         key_error_block = NULL, key_probe_by = NULL,
         blocked_until = CASE WHEN own THEN rest ELSE b.blocked_until END,
+        refilled_at = CASE WHEN own THEN least(b.refilled_at, rest) ELSE b.refilled_at END,
         updated_at = now()
     WHERE b.rate_limit_key = l.rate_limit_key;
     IF own THEN

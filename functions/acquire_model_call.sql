@@ -81,6 +81,11 @@ BEGIN
         IF l.output_tokens_per_minute IS NOT NULL AND l.output_tokens_left <= 0 THEN
             wait := greatest(wait, (1 - l.output_tokens_left) * 60 / l.output_tokens_per_minute);
         END IF;
+        -- A block's end put the refill in the future (_block_key): nothing refills before it, so
+        -- the bucket counts from then, and a waiter does not poll every 0.1 s meanwhile.
+        IF wait > 0 AND l.refilled_at > now() THEN
+            wait := wait + extract(EPOCH FROM l.refilled_at - now());
+        END IF;
     END IF;
     IF wait = 0 THEN
         -- The tenant's budget with its calls in flight (migration 0088), under its budget row's

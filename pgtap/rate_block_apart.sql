@@ -7,7 +7,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(14);
+SELECT plan(20);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.keyed_run(key text) RETURNS uuid LANGUAGE plpgsql AS $$
@@ -86,6 +86,34 @@ SELECT runrow.report_rate_limit_exhausted(:'r', pg_temp.token(:'r'), 40);
 SELECT is(pg_temp.key_error(:'r'), 40.000, 'a key error during a longer header block is told its end');
 SELECT is((SELECT extract(EPOCH FROM key_error_until - now()) FROM runrow.rate_limit WHERE rate_limit_key = 'kr'),
     5.000000, 'the key error''s own block is the first block');
+
+-- A limited key (600 requests and 6000 input tokens a minute): the header block reported during
+-- the probe's hold set the refill to the hold's end; the probe answered, the buckets refill from
+-- the header block's end, not the lifted hold's (the review of session 59: a minute of
+-- (f,0.100,rate_limited) answers, every waiter polling every 0.1 s).
+SELECT runrow.set_rate_limit('kp', 600, 6000, NULL);
+SELECT pg_temp.keyed_run('kp') AS kp \gset
+SELECT pg_temp.keyed_run('kp') AS ko \gset
+SELECT pg_temp.key_error(:'kp');
+SELECT pg_temp.hold_ends('kp');
+SELECT is(pg_temp.acquire(:'kp'), '(t,0,)', 'the limited key''s probe is granted');
+SELECT runrow.report_rate_limit_exhausted(:'kp', pg_temp.token(:'kp'), 2);
+SELECT pg_temp.answered(:'kp');
+SELECT is((SELECT extract(EPOCH FROM refilled_at - now()) FROM runrow.rate_limit WHERE rate_limit_key = 'kp'),
+    2.000000, 'the probe answered: the buckets refill from the header block''s end, not the hold''s');
+-- Three seconds pass: the header block is over a second, ten requests are back.
+UPDATE runrow.rate_limit SET blocked_until = blocked_until - interval '3 seconds',
+    rate_blocked_until = rate_blocked_until - interval '3 seconds', refilled_at = refilled_at - interval '3 seconds'
+WHERE rate_limit_key = 'kp';
+SELECT is(pg_temp.acquire(:'ko'), '(t,0,)', 'a second after the header block the key grants');
+-- A refill in the future (a block's end) counts in the wait: nothing refills before it.
+UPDATE runrow.rate_limit SET requests_left = 0, refilled_at = now() + interval '30 seconds' WHERE rate_limit_key = 'kp';
+SELECT is(pg_temp.acquire(:'ko'), '(f,30.100,rate_limited)',
+    'requests: the wait runs from the refill''s start, not 0.1 s polls');
+UPDATE runrow.rate_limit SET requests_left = 10, input_tokens_left = 0 WHERE rate_limit_key = 'kp';
+SELECT is(pg_temp.acquire(:'ko'), '(f,30.100,rate_limited)', 'input tokens too');
+UPDATE runrow.rate_limit SET input_tokens_left = 6000 WHERE rate_limit_key = 'kp';
+SELECT is(pg_temp.acquire(:'ko'), '(t,0,)', 'a bucket with enough in it grants before its refill starts');
 
 SELECT * FROM finish();
 ROLLBACK;
