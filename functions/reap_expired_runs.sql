@@ -22,14 +22,23 @@ BEGIN
     -- would let one holder frozen inside its transaction (a paused worker, a host cut off
     -- mid-flush) stall every reaper of the fleet behind that one lock; PostgreSQL ends such
     -- a session after its idle_in_transaction_session_timeout and a later pass takes the run.
+    -- The batch (the oldest leases) is reaped in tenant order: a reap charges its call's
+    -- reservation under the tenant's budget row (_charge_usage, _tenant_unreserve), held to the
+    -- end of the pass, and two passes taking those rows in lease order took them crosswise, one
+    -- dying on 40P01 with its whole pass rolled back (the review of session 59). A sort of the
+    -- batch, no extra statement when nothing is reserved.
     FOR orphan IN
-        SELECT a.id, a.claim_token
-        FROM runrow.agent_run AS a
-        WHERE a.status = 'running'
-          AND a.claim_expires_at < now() - make_interval(secs => reap_expired_runs.grace_seconds)
-        ORDER BY a.claim_expires_at
-        LIMIT reap_expired_runs.max_runs
-        FOR NO KEY UPDATE SKIP LOCKED
+        SELECT batch.id, batch.claim_token
+        FROM (
+            SELECT a.id, a.claim_token, a.fairness_key
+            FROM runrow.agent_run AS a
+            WHERE a.status = 'running'
+              AND a.claim_expires_at < now() - make_interval(secs => reap_expired_runs.grace_seconds)
+            ORDER BY a.claim_expires_at
+            LIMIT reap_expired_runs.max_runs
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) AS batch
+        ORDER BY batch.fairness_key, batch.id
     LOOP
         result := runrow._end_claim(
             orphan.id, orphan.claim_token,
@@ -56,7 +65,9 @@ COMMENT ON FUNCTION runrow.reap_expired_runs(integer, integer) IS
 'pending); terminal outcomes journal complete and wake the next turn. A model call the '
 'reaped attempt was granted (acquire_model_call) and never settled was billed all the same: '
 'its reservation (model_call_reserved) is charged to the run''s spend, its tenant''s hour and '
-'the budgets, once (the dead holder''s later append_step or record_usage is fenced out).';
+'the budgets, once (the dead holder''s later append_step or record_usage is fenced out). The '
+'batch is reaped in fairness_key order, so two passes charging the same tenants lock their '
+'budget rows in one order and never deadlock.';
 
 REVOKE ALL ON FUNCTION runrow.reap_expired_runs(integer, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.reap_expired_runs(integer, integer) TO runrow_worker;

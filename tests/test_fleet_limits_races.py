@@ -291,3 +291,54 @@ def test_a_claim_never_waits_on_a_blocked_keys_row(owner: psycopg.Connection, co
     operator.execute("ROLLBACK")
     assert other in claimed and held not in claimed
     assert run_row(owner, held)["status"] == "queued"
+
+
+def test_two_reapers_charging_crosswise_tenants_do_not_deadlock(
+    owner: psycopg.Connection, connect: Connect
+) -> None:
+    """A reap charges each reaped call's reservation under its tenant's budget row: two passes
+    taking those rows in lease-expiry order took them crosswise (T1 then T2, T2 then T1) and one
+    died on 40P01, its whole pass rolled back (the review of session 59). The batch is charged in
+    key order now: the second pass waits for the first."""
+    prefix = f"t-{uuid.uuid4()}"
+    owner.execute("SELECT runrow.set_model_price('race-model', 3, 15, 3.75, 0.3)")
+    tenants = {n: f"{prefix}-{n}" for n in (1, 2, 3)}
+    for tenant in tenants.values():
+        owner.execute("SELECT runrow.set_tenant_budget(%s, 10000000, NULL)", (tenant,))
+    drain(owner)
+    plan = [1, 3, 2, 2, 1]  # by lease expiry: reaper A takes the first three, reaper B the last two
+    for n in plan:
+        owner.execute(
+            "SELECT runrow.enqueue_run(conversation_id => %s, content => '\"hi\"', model => 'race-model',"
+            " user_id => %s)",
+            (uuid.uuid4(), tenants[n]),
+        )
+    runs = claim(owner, len(plan))
+    by_tenant: dict[str, list[dict]] = {}
+    for run in runs:
+        assert acquire(owner, run)[0] is True
+        by_tenant.setdefault(run_row(owner, run["run_id"])["fairness_key"], []).append(run)
+    for i, n in enumerate(plan):
+        run = by_tenant[tenants[n]].pop()
+        owner.execute(
+            "UPDATE runrow.agent_run SET claim_expires_at = now() - interval '1 hour'"
+            " + %s * interval '1 second' WHERE id = %s",
+            (i, run["run_id"]),
+        )
+    holder = connect()  # a grant or settle of tenant 3 in flight
+    lock_row(holder, "SELECT 1 FROM runrow.tenant_budget WHERE fairness_key = %s FOR UPDATE", tenants[3])
+
+    def reap(n: int) -> Any:
+        return lambda c: c.execute("SELECT outcome FROM runrow.reap_expired_runs(0, %s)", (n,)).fetchall()
+
+    reaper_a = Background(connect(), reap(3))
+    reaper_a.wait_blocked_by(owner, holder)
+    reaper_b = Background(connect(), reap(2))
+    reaper_b.wait_blocked_by(owner, reaper_a.conn)
+    holder.execute("COMMIT")
+    assert reaper_a.result() == [("failed",)] * 3  # max_attempts 1: at-most-once
+    assert reaper_b.result() == [("failed",)] * 2
+    reserved = owner.execute(
+        "SELECT sum(reserved_tokens) FROM runrow.tenant_budget WHERE fairness_key LIKE %s", (prefix + "%",)
+    ).fetchone()
+    assert reserved == (0,)
