@@ -12,6 +12,12 @@
 -- settled, and the reason to end the run. The budget row is locked to the end of the caller's
 -- transaction (after the key's bucket row: the order of every settle), so two grants racing for
 -- the last of a budget decide one after the other, the second counting the first.
+-- First come, first served (migration 0092): the first call told to wait is kept on the budget
+-- row (waiter_run, its reservation, its latest ask), and while it waits another call goes only if
+-- it fits beside the waiter's reservation too, so the calls in flight drain and the waiter goes;
+-- before, smaller calls taking turns in flight kept a large one waiting forever. A waiter is
+-- forgotten when granted, or once its run is no longer queued or running or it has not asked for
+-- a minute (acquire_model_call tells it to wait 15 s, and the worker defers the run for that).
 CREATE OR REPLACE FUNCTION runrow._tenant_reserve(r runrow.agent_run, reserved jsonb)
 RETURNS text
 LANGUAGE plpgsql
@@ -24,6 +30,7 @@ DECLARE
     inp bigint := (_tenant_reserve.reserved ->> 'input_tokens')::bigint;
     outp bigint := (_tenant_reserve.reserved ->> 'output_tokens')::bigint;
     cost numeric := 0;
+    behind boolean := false;
 BEGIN
     SELECT t.* INTO b FROM runrow.tenant_budget AS t WHERE t.fairness_key = r.fairness_key FOR UPDATE;
     IF NOT FOUND THEN
@@ -41,8 +48,24 @@ BEGIN
         cost := (inp * p.input_per_mtok + outp * p.output_per_mtok) / 1000000;
     END IF;
 
-    IF b.reserved_tokens > 0
-       AND NOT runrow._tenant_room(b, spent.tokens + b.reserved_tokens + inp + outp, spent.cost + b.reserved_cost + cost) THEN
+    -- Another call waits for room: this one goes only if it leaves the waiter's room too.
+    IF b.waiter_run IS NOT NULL AND b.waiter_run <> r.id
+       AND NOT runrow._tenant_room(b, spent.tokens + b.reserved_tokens + b.waiter_tokens + inp + outp,
+           spent.cost + b.reserved_cost + b.waiter_cost + cost) THEN
+        behind := b.waiter_seen_at > now() - interval '1 minute' AND EXISTS (
+            SELECT 1 FROM runrow.agent_run AS w WHERE w.id = b.waiter_run AND w.status IN ('queued', 'running')
+        );
+        IF NOT behind THEN
+            -- The waiter went away (its run ended, or it stopped asking): forgotten.
+            UPDATE runrow.tenant_budget AS t
+            SET waiter_run = NULL, waiter_tokens = NULL, waiter_cost = NULL, waiter_seen_at = NULL
+            WHERE t.fairness_key = b.fairness_key
+            RETURNING t.* INTO b;
+        END IF;
+    END IF;
+
+    IF behind OR (b.reserved_tokens > 0
+       AND NOT runrow._tenant_room(b, spent.tokens + b.reserved_tokens + inp + outp, spent.cost + b.reserved_cost + cost)) THEN
         -- Before making it wait, the reservations that hold nothing back any more go: the run's
         -- own (its last call is over, as it asks for the next one; this one replaces it) and
         -- those of claims that ended unsettled (a run failed on a refused request, stopped or
@@ -55,12 +78,29 @@ BEGIN
         IF FOUND THEN
             SELECT t.* INTO b FROM runrow.tenant_budget AS t WHERE t.fairness_key = b.fairness_key;
         END IF;
+        IF behind AND NOT runrow._tenant_room(
+            b, spent.tokens + b.reserved_tokens + b.waiter_tokens + inp + outp,
+            spent.cost + b.reserved_cost + b.waiter_cost + cost) THEN
+            RETURN 'budget_reserved';
+        END IF;
         IF b.reserved_tokens > 0
            AND NOT runrow._tenant_room(b, spent.tokens + b.reserved_tokens + inp + outp, spent.cost + b.reserved_cost + cost) THEN
+            -- The first to wait is the waiter (a later one waits behind it); its ask is kept fresh.
+            IF b.waiter_run IS NULL OR b.waiter_run = r.id THEN
+                UPDATE runrow.tenant_budget AS t
+                SET waiter_run = r.id, waiter_tokens = inp + outp, waiter_cost = cost,
+                    waiter_seen_at = now()
+                WHERE t.fairness_key = b.fairness_key;
+            END IF;
             RETURN 'budget_reserved';
         END IF;
     END IF;
 
+    IF b.waiter_run = r.id THEN
+        UPDATE runrow.tenant_budget AS t
+        SET waiter_run = NULL, waiter_tokens = NULL, waiter_cost = NULL, waiter_seen_at = NULL
+        WHERE t.fairness_key = b.fairness_key;
+    END IF;
     INSERT INTO runrow.tenant_reservation AS s (run_id, fairness_key, claim_token, tokens, cost)
     VALUES (r.id, b.fairness_key, r.claim_token, inp + outp, cost)
     ON CONFLICT ON CONSTRAINT tenant_reservation_pkey DO UPDATE

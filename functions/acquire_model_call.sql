@@ -106,8 +106,10 @@ BEGIN
             UPDATE runrow.agent_run AS a SET block_told_until = NULL, updated_at = now() WHERE a.id = r.id;
         END IF;
         IF why IS NOT NULL THEN
-            -- The tenant's calls in flight may settle lower than reserved: ask again soon.
-            RETURN QUERY SELECT false, 1::numeric, why;
+            -- The tenant's calls in flight may settle lower than reserved. Longer than a worker
+            -- waits in place (rate_limit_max_wait, 10 s): it defers the run and frees its slot, not
+            -- polling the budget row every second from a slot a tenant near its budget would fill.
+            RETURN QUERY SELECT false, 15::numeric, why;
             RETURN;
         END IF;
         RETURN QUERY SELECT false, round(greatest(wait, 0.001), 3), 'rate_limited'::text;
@@ -170,9 +172,11 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 'own is paced so after a header block: report_rate_limit_exhausted). Then the tenant''s budget with '
 'its calls in flight, under its budget row''s lock: when the settled spend plus the reservations '
 'of the tenant''s other granted, unsettled calls plus this call''s would pass tokens_per_day or '
-'cost_per_day, the call waits while another is in flight: (false, 1, budget_reserved), nothing '
+'cost_per_day, the call waits while another is in flight: (false, 15, budget_reserved), nothing '
 'taken (the calls in flight may settle lower; alone, a call goes), so the tenant passes its '
-'budget by one call''s reservation at most; the settled spend alone at the budget ends the run '
+'budget by one call''s reservation at most; the first call told so is the tenant''s waiter '
+'(tenant_budget.waiter_run), and while it waits another call goes only if it fits beside the '
+'waiter''s reservation too; the settled spend alone at the budget ends the run '
 'as above. Else one request and the estimate '
 '(at most a minute''s worth of input; the rest is charged when the usage settles) are taken and '
 '(true, 0, NULL) returned. While the key has an API key or account error (report_key_error), '

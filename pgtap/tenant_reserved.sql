@@ -9,7 +9,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(43);
+SELECT plan(51);
 SELECT pg_temp.drain_queue();
 
 SELECT runrow.set_model_price('held-model', 3, 15, 3.75, 0.3);
@@ -58,7 +58,7 @@ SELECT is(pg_temp.reserved(), '(2600,0.031800)', 'both counted');
 -- A third would carry settled + reserved past the budget: it waits, and takes nothing.
 SELECT pg_temp.held_run() AS c \gset
 SELECT pg_temp.requests_left() AS left_before \gset
-SELECT is(pg_temp.acquire(:'c'), '(f,1,budget_reserved)', '0 + 2600 + 1300 > 3000: the call waits, briefly');
+SELECT is(pg_temp.acquire(:'c'), '(f,15,budget_reserved)', '0 + 2600 + 1300 > 3000: the call waits, longer than a worker waits in place (it defers)');
 SELECT is(pg_temp.reserved(), '(2600,0.031800)', 'nothing more reserved');
 SELECT is((SELECT (status, model_call_reserved)::text FROM runrow.agent_run WHERE id = :'c'), '(running,)',
     'the run keeps its claim and has no grant');
@@ -82,7 +82,7 @@ SELECT runrow.cancel_run(:'b');
 
 -- A release (a 5xx: no answer, not billed) drops it.
 SELECT pg_temp.held_run() AS d \gset
-SELECT is(pg_temp.acquire(:'d'), '(f,1,budget_reserved)', '1450 + 1300 + 1300 > 3000: waits');
+SELECT is(pg_temp.acquire(:'d'), '(f,15,budget_reserved)', '1450 + 1300 + 1300 > 3000: waits');
 SELECT runrow.release_run(:'c', pg_temp.token(:'c'), 'model API 503', interval '1 hour');
 SELECT is(pg_temp.reserved(), '(0,0.000000)', 'release_run drops the released claim''s reservation');
 SELECT is(pg_temp.acquire(:'d'), '(t,0,)', 'alone it goes');
@@ -103,8 +103,8 @@ SELECT pg_temp.turn(:'e', '{"input_tokens": 1450}');
 SELECT pg_temp.held_run() AS f \gset
 SELECT is(pg_temp.acquire(:'f'), '(t,0,)', '2900 settled + 1300 > 3000, but nothing else in flight: granted');
 SELECT pg_temp.held_run() AS g \gset
-SELECT is(pg_temp.acquire(:'g'), '(f,1,budget_reserved)', 'with f in flight, g waits');
-SELECT is(pg_temp.acquire(:'g'), '(f,1,budget_reserved)', 'and waits again: a wait changes nothing');
+SELECT is(pg_temp.acquire(:'g'), '(f,15,budget_reserved)', 'with f in flight, g waits');
+SELECT is(pg_temp.acquire(:'g'), '(f,15,budget_reserved)', 'and waits again: a wait changes nothing');
 SELECT pg_temp.turn(:'f', '{"input_tokens": 200}');
 SELECT is(pg_temp.acquire(:'g'), '(f,,budget_exhausted)', '3100 settled: g ends');
 SELECT is((SELECT (status, error)::text FROM runrow.agent_run WHERE id = :'g'),
@@ -118,7 +118,7 @@ SELECT runrow.set_tenant_budget('cost-tenant', NULL, 0.03);
 SELECT pg_temp.held_run('cost-tenant') AS h \gset
 SELECT pg_temp.held_run('cost-tenant') AS i \gset
 SELECT is(pg_temp.acquire(:'h'), '(t,0,)', 'a cost budget: granted');
-SELECT is(pg_temp.acquire(:'i'), '(f,1,budget_reserved)', '0.0159 + 0.0159 > 0.03 USD: waits');
+SELECT is(pg_temp.acquire(:'i'), '(f,15,budget_reserved)', '0.0159 + 0.0159 > 0.03 USD: waits');
 SELECT runrow.report_rate_limited(:'h', pg_temp.token(:'h'), 0.001);
 SELECT is(pg_temp.reserved('cost-tenant'), '(0,0.000000)', 'a 429 drops it');
 DELETE FROM runrow.rate_limit WHERE rate_limit_key = 'held-key';  -- the block, over (now() stands still here)
@@ -147,6 +147,35 @@ SELECT throws_ok('SELECT * FROM runrow.acquire_model_call(NULL, gen_random_uuid(
     'a NULL run_id: 22004');
 SELECT is(pg_temp.fingerprint(), :'fp', 'nothing written');
 SELECT is(pg_temp.reserved('cost-tenant'), '(1300,0.015900)', 'the total unchanged');
+
+-- First come, first served (migration 0092): a large call waiting for room is not starved by
+-- smaller calls taking turns in flight. Budget 91000; the large call reserves 90300, the small
+-- ones 1300. Before, every small call was granted beside the other's and the large one waited
+-- forever (the review of session 59: 30 asks, never granted).
+SELECT runrow.set_tenant_budget('fair-tenant', 91000, NULL);
+SELECT e.run_id AS big FROM runrow.enqueue_run(conversation_id => gen_random_uuid(), content => '"hi"',
+    model => 'held-model', user_id => 'fair-tenant', metadata => '{"max_tokens": 90000}',
+    rate_limit_key => 'held-key') AS e \gset
+SELECT pg_temp.claim(:'big');
+SELECT pg_temp.held_run('fair-tenant') AS s1 \gset
+SELECT pg_temp.held_run('fair-tenant') AS s2 \gset
+SELECT pg_temp.held_run('fair-tenant') AS s3 \gset
+SELECT is(pg_temp.acquire(:'s1'), '(t,0,)', 'a small call is granted');
+SELECT is(pg_temp.acquire(:'big'), '(f,15,budget_reserved)', 'the large one does not fit beside it: it waits');
+SELECT is((SELECT (waiter_run, waiter_tokens)::text FROM runrow.tenant_budget WHERE fairness_key = 'fair-tenant'),
+    format('(%s,90300)', :'big'), 'it is the tenant''s waiter');
+SELECT is(pg_temp.acquire(:'s2'), '(f,15,budget_reserved)',
+    'a newer small call that fits beside s1 but not beside the waiter waits behind it');
+SELECT pg_temp.turn(:'s1', '{"input_tokens": 100, "output_tokens": 100}');
+SELECT is(pg_temp.acquire(:'big'), '(t,0,)', 's1 settled: the waiter goes');
+SELECT is((SELECT waiter_run FROM runrow.tenant_budget WHERE fairness_key = 'fair-tenant'), NULL,
+    'granted, it is no longer the waiter');
+-- A waiter that stopped asking for a minute is forgotten: the next call to wait takes its place.
+SELECT is(pg_temp.acquire(:'s2'), '(f,15,budget_reserved)', 's2 waits for the large call');
+UPDATE runrow.tenant_budget SET waiter_seen_at = now() - interval '2 minutes' WHERE fairness_key = 'fair-tenant';
+SELECT pg_temp.acquire(:'s3');
+SELECT is((SELECT waiter_run FROM runrow.tenant_budget WHERE fairness_key = 'fair-tenant'), :'s3'::uuid,
+    'the stale waiter is forgotten, the next to wait is the waiter');
 
 -- The total is the sum of the rows; a budget removed takes its rows with it.
 SELECT is_empty($$SELECT b.fairness_key FROM runrow.tenant_budget AS b

@@ -135,7 +135,8 @@ BEGIN
     '0087_rate_block_apart',
     '0088_tenant_reserved',
     '0089_update_tenant_budget',
-    '0090_queue_metrics_blocked'
+    '0090_queue_metrics_blocked',
+    '0092_budget_waiter_pace_full'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -8685,6 +8686,60 @@ INSERT INTO runrow._yoyo_migration VALUES ('9f86d8a519f549d84307b402d7faeae7fee6
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '9f86d8a519f549d84307b402d7faeae7fee6fe6e526ae9019d5e2ff26626c975', '0090_queue_metrics_blocked', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0092_budget_waiter_pace_full
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '2aa1a672152b46862aa2a66c67313760a63c98088ccf79df9a773f8cb9d5b463') AS apply_2aa1a672152b \gset
+\if :apply_2aa1a672152b
+-- depends: 0090_queue_metrics_blocked
+-- Two defects of the fleet limits (the review of session 59).
+--
+-- (A) A tenant's large model call starved near its budget: acquire_model_call made a call that
+-- would carry the tenant's settled spend plus its calls in flight past the budget wait
+-- (budget_reserved) while another call was in flight, so smaller calls taking turns in flight
+-- kept a large one waiting forever (30 polls, never granted). The tenant's first waiting call is
+-- now kept on its budget row (waiter_run, what it reserves: waiter_tokens, waiter_cost, and its
+-- latest ask: waiter_seen_at); while it waits, another call of the tenant goes only if it fits
+-- beside the waiter's reservation too, so the calls in flight drain and the waiter goes. A
+-- waiter is forgotten when granted, when its run is no longer queued or running, or when it has
+-- not asked for a minute. And budget_reserved answered a wait of 1 s, under the worker's
+-- in-place limit (rate_limit_max_wait, 10 s): every waiting run kept its lease and worker slot,
+-- so a tenant near its budget occupied fleet slots; the wait is 15 s now, and the worker defers
+-- the run instead (functions/_tenant_reservation.sql).
+--
+-- (B) A header block's pace never ended while anything touched the key's bucket: _lock_bucket
+-- ended it only when one gap between two locks of the bucket was as long as a request's refill,
+-- and settles and waiting polls lock it too. The bucket's first moment full is kept
+-- (paced_full_since, cleared by a grant that takes from it): the pace ends once it has stood
+-- full for one more request's time, however often it is locked meanwhile (_lock_bucket).
+
+ALTER TABLE runrow.tenant_budget
+ADD COLUMN waiter_run uuid,
+ADD COLUMN waiter_tokens bigint,
+ADD COLUMN waiter_cost numeric,
+ADD COLUMN waiter_seen_at timestamptz;
+
+COMMENT ON COLUMN runrow.tenant_budget.waiter_run IS
+'The run whose model call has waited longest for room in the budget (budget_reserved), or NULL: '
+'while it waits another call of the tenant goes only if it fits beside the waiter''s '
+'reservation (waiter_tokens, waiter_cost) too. Cleared when it is granted; ignored once its run '
+'is no longer queued or running or it has not asked for a minute (waiter_seen_at).';
+COMMENT ON COLUMN runrow.tenant_budget.waiter_tokens IS
+'The tokens the waiting call (waiter_run) would reserve.';
+COMMENT ON COLUMN runrow.tenant_budget.waiter_cost IS
+'The USD (at model_price) the waiting call (waiter_run) would reserve.';
+COMMENT ON COLUMN runrow.tenant_budget.waiter_seen_at IS
+'When the waiting call (waiter_run) last asked (acquire_model_call).';
+
+ALTER TABLE runrow.rate_limit
+ADD COLUMN paced_full_since timestamptz;
+
+COMMENT ON COLUMN runrow.rate_limit.paced_full_since IS
+'While a header block''s pace is on (paced_requests_per_minute): since when the paced requests '
+'bucket has stood full with nobody drawing on it (a grant clears it); the pace ends once that '
+'is one request''s time (_lock_bucket).';
+INSERT INTO runrow._yoyo_migration VALUES ('2aa1a672152b46862aa2a66c67313760a63c98088ccf79df9a773f8cb9d5b463', '0092_budget_waiter_pace_full', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '2aa1a672152b46862aa2a66c67313760a63c98088ccf79df9a773f8cb9d5b463', '0092_budget_waiter_pace_full', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -12378,6 +12433,12 @@ REVOKE ALL ON FUNCTION runrow._lock_run_by(uuid, timestamptz) FROM PUBLIC;
 -- settled, and the reason to end the run. The budget row is locked to the end of the caller's
 -- transaction (after the key's bucket row: the order of every settle), so two grants racing for
 -- the last of a budget decide one after the other, the second counting the first.
+-- First come, first served (migration 0092): the first call told to wait is kept on the budget
+-- row (waiter_run, its reservation, its latest ask), and while it waits another call goes only if
+-- it fits beside the waiter's reservation too, so the calls in flight drain and the waiter goes;
+-- before, smaller calls taking turns in flight kept a large one waiting forever. A waiter is
+-- forgotten when granted, or once its run is no longer queued or running or it has not asked for
+-- a minute (acquire_model_call tells it to wait 15 s, and the worker defers the run for that).
 CREATE OR REPLACE FUNCTION runrow._tenant_reserve(r runrow.agent_run, reserved jsonb)
 RETURNS text
 LANGUAGE plpgsql
@@ -12390,6 +12451,7 @@ DECLARE
     inp bigint := (_tenant_reserve.reserved ->> 'input_tokens')::bigint;
     outp bigint := (_tenant_reserve.reserved ->> 'output_tokens')::bigint;
     cost numeric := 0;
+    behind boolean := false;
 BEGIN
     SELECT t.* INTO b FROM runrow.tenant_budget AS t WHERE t.fairness_key = r.fairness_key FOR UPDATE;
     IF NOT FOUND THEN
@@ -12407,8 +12469,24 @@ BEGIN
         cost := (inp * p.input_per_mtok + outp * p.output_per_mtok) / 1000000;
     END IF;
 
-    IF b.reserved_tokens > 0
-       AND NOT runrow._tenant_room(b, spent.tokens + b.reserved_tokens + inp + outp, spent.cost + b.reserved_cost + cost) THEN
+    -- Another call waits for room: this one goes only if it leaves the waiter's room too.
+    IF b.waiter_run IS NOT NULL AND b.waiter_run <> r.id
+       AND NOT runrow._tenant_room(b, spent.tokens + b.reserved_tokens + b.waiter_tokens + inp + outp,
+           spent.cost + b.reserved_cost + b.waiter_cost + cost) THEN
+        behind := b.waiter_seen_at > now() - interval '1 minute' AND EXISTS (
+            SELECT 1 FROM runrow.agent_run AS w WHERE w.id = b.waiter_run AND w.status IN ('queued', 'running')
+        );
+        IF NOT behind THEN
+            -- The waiter went away (its run ended, or it stopped asking): forgotten.
+            UPDATE runrow.tenant_budget AS t
+            SET waiter_run = NULL, waiter_tokens = NULL, waiter_cost = NULL, waiter_seen_at = NULL
+            WHERE t.fairness_key = b.fairness_key
+            RETURNING t.* INTO b;
+        END IF;
+    END IF;
+
+    IF behind OR (b.reserved_tokens > 0
+       AND NOT runrow._tenant_room(b, spent.tokens + b.reserved_tokens + inp + outp, spent.cost + b.reserved_cost + cost)) THEN
         -- Before making it wait, the reservations that hold nothing back any more go: the run's
         -- own (its last call is over, as it asks for the next one; this one replaces it) and
         -- those of claims that ended unsettled (a run failed on a refused request, stopped or
@@ -12421,12 +12499,29 @@ BEGIN
         IF FOUND THEN
             SELECT t.* INTO b FROM runrow.tenant_budget AS t WHERE t.fairness_key = b.fairness_key;
         END IF;
+        IF behind AND NOT runrow._tenant_room(
+            b, spent.tokens + b.reserved_tokens + b.waiter_tokens + inp + outp,
+            spent.cost + b.reserved_cost + b.waiter_cost + cost) THEN
+            RETURN 'budget_reserved';
+        END IF;
         IF b.reserved_tokens > 0
            AND NOT runrow._tenant_room(b, spent.tokens + b.reserved_tokens + inp + outp, spent.cost + b.reserved_cost + cost) THEN
+            -- The first to wait is the waiter (a later one waits behind it); its ask is kept fresh.
+            IF b.waiter_run IS NULL OR b.waiter_run = r.id THEN
+                UPDATE runrow.tenant_budget AS t
+                SET waiter_run = r.id, waiter_tokens = inp + outp, waiter_cost = cost,
+                    waiter_seen_at = now()
+                WHERE t.fairness_key = b.fairness_key;
+            END IF;
             RETURN 'budget_reserved';
         END IF;
     END IF;
 
+    IF b.waiter_run = r.id THEN
+        UPDATE runrow.tenant_budget AS t
+        SET waiter_run = NULL, waiter_tokens = NULL, waiter_cost = NULL, waiter_seen_at = NULL
+        WHERE t.fairness_key = b.fairness_key;
+    END IF;
     INSERT INTO runrow.tenant_reservation AS s (run_id, fairness_key, claim_token, tokens, cost)
     VALUES (r.id, b.fairness_key, r.claim_token, inp + outp, cost)
     ON CONFLICT ON CONSTRAINT tenant_reservation_pkey DO UPDATE
@@ -12580,8 +12675,10 @@ BEGIN
             UPDATE runrow.agent_run AS a SET block_told_until = NULL, updated_at = now() WHERE a.id = r.id;
         END IF;
         IF why IS NOT NULL THEN
-            -- The tenant's calls in flight may settle lower than reserved: ask again soon.
-            RETURN QUERY SELECT false, 1::numeric, why;
+            -- The tenant's calls in flight may settle lower than reserved. Longer than a worker
+            -- waits in place (rate_limit_max_wait, 10 s): it defers the run and frees its slot, not
+            -- polling the budget row every second from a slot a tenant near its budget would fill.
+            RETURN QUERY SELECT false, 15::numeric, why;
             RETURN;
         END IF;
         RETURN QUERY SELECT false, round(greatest(wait, 0.001), 3), 'rate_limited'::text;
@@ -12644,9 +12741,11 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 'own is paced so after a header block: report_rate_limit_exhausted). Then the tenant''s budget with '
 'its calls in flight, under its budget row''s lock: when the settled spend plus the reservations '
 'of the tenant''s other granted, unsettled calls plus this call''s would pass tokens_per_day or '
-'cost_per_day, the call waits while another is in flight: (false, 1, budget_reserved), nothing '
+'cost_per_day, the call waits while another is in flight: (false, 15, budget_reserved), nothing '
 'taken (the calls in flight may settle lower; alone, a call goes), so the tenant passes its '
-'budget by one call''s reservation at most; the settled spend alone at the budget ends the run '
+'budget by one call''s reservation at most; the first call told so is the tenant''s waiter '
+'(tenant_budget.waiter_run), and while it waits another call goes only if it fits beside the '
+'waiter''s reservation too; the settled spend alone at the budget ends the run '
 'as above. Else one request and the estimate '
 '(at most a minute''s worth of input; the rest is charged when the usage settles) are taken and '
 '(true, 0, NULL) returned. While the key has an API key or account error (report_key_error), '
