@@ -54,7 +54,9 @@ $fn$;
 -- overdrawing. A transaction that started before the last refill refills nothing (greatest).
 -- A key without a requests limit of its own refills its requests bucket at the pace a header
 -- block set (report_rate_limit_exhausted), up to the API's bucket size; full for one more
--- request's time, the pace is over.
+-- request's time, the pace is over. The moment it was full is kept (paced_full_since; a grant
+-- clears it): judged from one lock to the next, the pace never ended while settles and waiting
+-- polls locked the bucket more often than a request refills (the review of session 59).
 CREATE OR REPLACE FUNCTION runrow._lock_bucket(rate_limit_key text)
 RETURNS runrow.rate_limit
 LANGUAGE plpgsql
@@ -65,7 +67,8 @@ DECLARE
     rpm numeric;
     cap numeric;
     requests numeric;
-    pace_over boolean;
+    pace_over boolean := false;
+    full_at timestamptz;
 BEGIN
     SELECT r.* INTO l FROM runrow.rate_limit AS r WHERE r.rate_limit_key = _lock_bucket.rate_limit_key FOR UPDATE;
     IF NOT FOUND THEN
@@ -81,13 +84,16 @@ BEGIN
     -- The paced bucket stood full for a request's time with nobody drawing on it: the API's is
     -- full again too, and the key's demand is under its pace. (Full alone is no end: with a
     -- limit of 1 the bucket is full as the block ends.)
-    pace_over := coalesce(
-        l.requests_per_minute IS NULL AND l.requests_left + rpm * secs / 60 >= l.paced_requests_limit + 1, false
-    );
+    IF l.requests_per_minute IS NULL AND l.requests_left + rpm * secs / 60 >= l.paced_requests_limit THEN
+        full_at := coalesce(l.paced_full_since,
+            l.refilled_at + make_interval(secs => (greatest(0, l.paced_requests_limit - l.requests_left) * 60 / rpm)::double precision));
+        pace_over := extract(EPOCH FROM now() - full_at) >= 60 / rpm;
+    END IF;
     UPDATE runrow.rate_limit AS r
     SET requests_left = CASE WHEN pace_over THEN 0 ELSE requests END,
         paced_requests_per_minute = CASE WHEN pace_over THEN NULL ELSE r.paced_requests_per_minute END,
         paced_requests_limit = CASE WHEN pace_over THEN NULL ELSE r.paced_requests_limit END,
+        paced_full_since = CASE WHEN pace_over THEN NULL ELSE full_at END,
         input_tokens_left = coalesce(
             least(r.input_tokens_per_minute, round(r.input_tokens_left + r.input_tokens_per_minute * secs / 60, 6)), 0),
         output_tokens_left = coalesce(
@@ -480,6 +486,7 @@ BEGIN
             ELSE excluded.blocked_by_run END,
         blocks_reported = l.blocks_reported + _block_key.refusals,
         requests_left = 0,
+        paced_full_since = NULL,
         refilled_at = greatest(l.refilled_at, l.blocked_until, excluded.blocked_until),
         updated_at = now();
 END

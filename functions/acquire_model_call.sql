@@ -131,6 +131,7 @@ BEGIN
 
     UPDATE runrow.rate_limit AS b
     SET requests_left = CASE WHEN rpm IS NULL THEN 0 ELSE b.requests_left - 1 END,
+        paced_full_since = NULL,  -- drawn on: a pace's bucket is not standing full (_lock_bucket)
         input_tokens_left = CASE WHEN b.input_tokens_per_minute IS NULL THEN 0
             ELSE b.input_tokens_left - need_input END,
         -- The key's last word was an API key or account error (report_key_error) and its block

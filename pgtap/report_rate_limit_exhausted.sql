@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(40);
+SELECT plan(45);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.limits_fingerprint() RETURNS text LANGUAGE sql AS $$
@@ -82,7 +82,8 @@ CREATE FUNCTION pg_temp.later(key text, secs numeric) RETURNS void LANGUAGE sql 
     UPDATE runrow.rate_limit
     SET blocked_until = blocked_until - make_interval(secs => secs::float8),
         rate_blocked_until = rate_blocked_until - make_interval(secs => secs::float8),
-        refilled_at = refilled_at - make_interval(secs => secs::float8)
+        refilled_at = refilled_at - make_interval(secs => secs::float8),
+        paced_full_since = paced_full_since - make_interval(secs => secs::float8)
     WHERE rate_limit_key = key
 $$;
 SELECT pg_temp.keyed_run('paced') AS p \gset
@@ -111,6 +112,26 @@ SELECT is(pg_temp.pace('paced'), '(120.000000,1,1)', 'a new report sets the pace
 SELECT pg_temp.later('paced', 0.75);
 SELECT is(pg_temp.acquire(:'q'), '(t,0,)', 'with a limit of 1 the bucket is full as the block ends');
 SELECT is(pg_temp.acquire(:'s'), '(f,0.500,rate_limited)', 'and is still paced: the next one a pace later');
+-- The pace ends once the bucket has stood full for a request's time, however often it is locked
+-- meanwhile (a settle, a waiting poll): before, that needed one gap as long between two locks,
+-- and a busy key's pace never ended (the review of session 59).
+SELECT runrow.report_rate_limit_exhausted(:'p', pg_temp.token(:'p'), 2, 3);
+SELECT pg_temp.later('paced', 6);
+SELECT runrow._lock_bucket('paced');
+SELECT is((SELECT (requests_left, extract(EPOCH FROM now() - paced_full_since))::text
+    FROM runrow.rate_limit WHERE rate_limit_key = 'paced'), '(3,0.000000)', 'the bucket is full, since now');
+SELECT pg_temp.later('paced', 1.5);
+SELECT runrow._lock_bucket('paced');
+SELECT is(pg_temp.pace('paced'), '(30.000000,3,3)', 'full for 1.5 s of a 2 s pace: still paced');
+SELECT pg_temp.later('paced', 1.5);
+SELECT runrow._lock_bucket('paced');
+SELECT is(pg_temp.pace('paced'), '(,,0)', 'full for 3 s, locked every 1.5 s: the pace is over');
+SELECT runrow.report_rate_limit_exhausted(:'p', pg_temp.token(:'p'), 2, 3);
+SELECT pg_temp.later('paced', 6);
+SELECT runrow._lock_bucket('paced');
+SELECT is(pg_temp.acquire(:'q'), '(t,0,)', 'a grant draws on the full bucket');
+SELECT is((SELECT paced_full_since FROM runrow.rate_limit WHERE rate_limit_key = 'paced'), NULL,
+    'and it no longer stands full since then');
 SELECT runrow.report_rate_limit_exhausted(:'a', pg_temp.token(:'a'), 2, 50);
 SELECT is((SELECT (paced_requests_per_minute, requests_left)::text FROM runrow.rate_limit WHERE rate_limit_key = 'rk'),
     '(,0)', 'a key with a requests limit of its own keeps it: no pace, the bucket empty');
