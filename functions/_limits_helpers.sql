@@ -234,6 +234,7 @@ DECLARE
     last_turn record;
     res jsonb;
     conv uuid;
+    reserved boolean;
 BEGIN
     SELECT s.payload, s.stop_reason INTO last_turn
     FROM runrow.agent_step AS s
@@ -251,7 +252,11 @@ BEGIN
         claim_token = NULL, claim_expires_at = NULL, granted_input_tokens = NULL,
         budget_exhausted = _end_for_budget.why, updated_at = now()
     WHERE a.id = _end_for_budget.run_id
-    RETURNING a.conversation_id INTO conv;
+    RETURNING a.conversation_id, a.model_call_reserved IS NOT NULL INTO conv, reserved;
+    -- A call of this claim granted and never settled (asked again after a refusal) is over.
+    IF reserved THEN
+        PERFORM runrow._tenant_unreserve(_end_for_budget.run_id);
+    END IF;
     PERFORM runrow._journal(_end_for_budget.run_id, jsonb_build_array(jsonb_build_object(
         'type', 'budget_exhausted', 'reason', _end_for_budget.why)));
     PERFORM runrow._journal_complete(_end_for_budget.run_id, conv, 'failed', res, _end_for_budget.why);

@@ -69,7 +69,7 @@ BEGIN
         -- Before making it wait, the reservations that hold nothing back any more go: the run's
         -- own (its last call is over, as it asks for the next one; this one replaces it) and
         -- those of claims that ended unsettled (a run failed on a refused request, stopped or
-        -- parked: finish_run and its kin leave them). Read on this path only, where it pays.
+        -- parked: finish_runs and a stop leave them). Read on this path only, where it pays.
         DELETE FROM runrow.tenant_reservation AS s
         WHERE s.fairness_key = b.fairness_key
           AND (s.run_id = r.id OR NOT EXISTS (

@@ -9,6 +9,7 @@ AS $fn$
 DECLARE
     conv uuid;
     journaled bigint;
+    reserved boolean;
 BEGIN
     -- The helpers only raise (the first failing one, in this order): called only when a test
     -- here fails, not as a statement and a search_path switch each on every call.
@@ -48,9 +49,15 @@ BEGIN
     -- By primary key and token only, as heartbeat (a token means running: agent_run_state).
     WHERE r.id = finish_run.run_id
       AND r.claim_token = finish_run.claim_token
-    RETURNING r.conversation_id INTO conv;
+    RETURNING r.conversation_id, r.model_call_reserved IS NOT NULL INTO conv, reserved;
     IF NOT FOUND THEN
         RETURN false;
+    END IF;
+    -- A call granted and never settled (the API refused it: the run fails) holds nothing back
+    -- any more: its reservation leaves the tenant's total. Only then: a run without one pays
+    -- nothing here (tests/test_lifecycle_calls.py).
+    IF reserved THEN
+        PERFORM runrow._tenant_unreserve(finish_run.run_id);
     END IF;
 
     -- An assignment, not a PERFORM: no statement of its own (see enqueue_run).

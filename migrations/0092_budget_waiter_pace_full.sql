@@ -19,6 +19,10 @@
 -- and settles and waiting polls lock it too. The bucket's first moment full is kept
 -- (paced_full_since, cleared by a grant that takes from it): the pace ends once it has stood
 -- full for one more request's time, however often it is locked meanwhile (_lock_bucket).
+--
+-- (C) A refused call's reservation outlived its claim: finish_run (and a run ended for its
+-- budget) now take it out; finish_runs and the stops still leave it, so the total may count
+-- ended claims until a grant that would wait prunes them (the comments below say so).
 
 ALTER TABLE runrow.tenant_budget
 ADD COLUMN waiter_run uuid,
@@ -45,3 +49,13 @@ COMMENT ON COLUMN runrow.rate_limit.paced_full_since IS
 'While a header block''s pace is on (paced_requests_per_minute): since when the paced requests '
 'bucket has stood full with nobody drawing on it (a grant clears it); the pace ends once that '
 'is one request''s time (_lock_bucket).';
+
+COMMENT ON COLUMN runrow.tenant_budget.reserved_tokens IS
+'The tokens reserved by the tenant''s granted, unsettled model calls (the sum of its '
+'tenant_reservation rows, kept by their trigger): acquire_model_call counts them with the '
+'settled spend. May include claims ended by finish_runs or a stop with their call unsettled, '
+'until a grant that would wait prunes them.';
+COMMENT ON COLUMN runrow.tenant_budget.reserved_cost IS
+'The USD (at model_price when granted) reserved by the tenant''s granted, unsettled model '
+'calls (the sum of its tenant_reservation rows, kept by their trigger); may include ended '
+'claims, as reserved_tokens.';

@@ -9,7 +9,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(51);
+SELECT plan(56);
 SELECT pg_temp.drain_queue();
 
 SELECT runrow.set_model_price('held-model', 3, 15, 3.75, 0.3);
@@ -88,13 +88,20 @@ SELECT is(pg_temp.reserved(), '(0,0.000000)', 'release_run drops the released cl
 SELECT is(pg_temp.acquire(:'d'), '(t,0,)', 'alone it goes');
 SELECT runrow.cancel_run(:'c');
 
--- A claim that ended with its call unsettled another way (a refused request fails the run
--- through finish_run) is pruned by the next grant that would wait.
+-- A claim that ended with its call unsettled (a refused request fails the run through
+-- finish_run): its reservation leaves the total then (the review of session 59: before, it
+-- stayed until a grant that would wait pruned it). finish_runs leaves it to that pruning.
 SELECT runrow.finish_run(:'d', pg_temp.token(:'d'), 'failed', NULL, 'model API refused the request: 400');
-SELECT is(pg_temp.reserved(), '(1300,0.015900)', 'finish_run leaves the reservation counted');
+SELECT is(pg_temp.reserved(), '(0,0.000000)', 'finish_run takes the refused call''s reservation out');
+SELECT pg_temp.held_run() AS fr \gset
+SELECT is(pg_temp.acquire(:'fr'), '(t,0,)', 'granted');
+SELECT runrow.finish_runs(jsonb_build_array(jsonb_build_object('run_id', :'fr', 'claim_token', pg_temp.token(:'fr'),
+    'status', 'failed', 'error', 'model API refused the request: 400')));
+SELECT is(pg_temp.reserved(), '(1300,0.015900)',
+    'finish_runs (a batch: it reads no column 0080 added, tests/test_upgrade_0061.py) leaves it counted');
 SELECT pg_temp.held_run() AS e \gset
 SELECT is(pg_temp.acquire(:'e'), '(t,0,)', 'the next grant that would wait finds it stale: granted');
-SELECT is(pg_temp.held(), ARRAY[:'e'::uuid], 'd''s row is gone, e''s counted');
+SELECT is(pg_temp.held(), ARRAY[:'e'::uuid], 'fr''s row is gone, e''s counted');
 SELECT is(pg_temp.reserved(), '(1300,0.015900)', 'the total is e''s alone');
 
 -- Alone a call goes even across the budget (as a run's one step always could); the next waits,
@@ -105,13 +112,15 @@ SELECT is(pg_temp.acquire(:'f'), '(t,0,)', '2900 settled + 1300 > 3000, but noth
 SELECT pg_temp.held_run() AS g \gset
 SELECT is(pg_temp.acquire(:'g'), '(f,15,budget_reserved)', 'with f in flight, g waits');
 SELECT is(pg_temp.acquire(:'g'), '(f,15,budget_reserved)', 'and waits again: a wait changes nothing');
-SELECT pg_temp.turn(:'f', '{"input_tokens": 200}');
+SELECT pg_temp.turn(:'e', '{"input_tokens": 200}');
 SELECT is(pg_temp.acquire(:'g'), '(f,,budget_exhausted)', '3100 settled: g ends');
 SELECT is((SELECT (status, error)::text FROM runrow.agent_run WHERE id = :'g'),
     ('failed', 'budget_exhausted: tenant "held-tenant" used 3100 tokens of its 3000 per day')::text,
     'failed for the tenant''s budget');
+SELECT is(pg_temp.held(), ARRAY[:'f'::uuid], 'f''s call is granted, not yet settled (asked again after a refusal)');
+SELECT is(pg_temp.acquire(:'f'), '(f,,budget_exhausted)', 'f asks again: it ends for the budget');
+SELECT is(pg_temp.reserved(), '(0,0.000000)', 'and its unsettled call''s reservation leaves the total');
 SELECT runrow.finish_run(:'e', pg_temp.token(:'e'), 'completed');
-SELECT runrow.finish_run(:'f', pg_temp.token(:'f'), 'completed');
 
 -- A cost budget counts the priced reservations; a 429, a key error and a deferral drop them.
 SELECT runrow.set_tenant_budget('cost-tenant', NULL, 0.03);

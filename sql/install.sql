@@ -8710,6 +8710,10 @@ SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '
 -- and settles and waiting polls lock it too. The bucket's first moment full is kept
 -- (paced_full_since, cleared by a grant that takes from it): the pace ends once it has stood
 -- full for one more request's time, however often it is locked meanwhile (_lock_bucket).
+--
+-- (C) A refused call's reservation outlived its claim: finish_run (and a run ended for its
+-- budget) now take it out; finish_runs and the stops still leave it, so the total may count
+-- ended claims until a grant that would wait prunes them (the comments below say so).
 
 ALTER TABLE runrow.tenant_budget
 ADD COLUMN waiter_run uuid,
@@ -8736,6 +8740,16 @@ COMMENT ON COLUMN runrow.rate_limit.paced_full_since IS
 'While a header block''s pace is on (paced_requests_per_minute): since when the paced requests '
 'bucket has stood full with nobody drawing on it (a grant clears it); the pace ends once that '
 'is one request''s time (_lock_bucket).';
+
+COMMENT ON COLUMN runrow.tenant_budget.reserved_tokens IS
+'The tokens reserved by the tenant''s granted, unsettled model calls (the sum of its '
+'tenant_reservation rows, kept by their trigger): acquire_model_call counts them with the '
+'settled spend. May include claims ended by finish_runs or a stop with their call unsettled, '
+'until a grant that would wait prunes them.';
+COMMENT ON COLUMN runrow.tenant_budget.reserved_cost IS
+'The USD (at model_price when granted) reserved by the tenant''s granted, unsettled model '
+'calls (the sum of its tenant_reservation rows, kept by their trigger); may include ended '
+'claims, as reserved_tokens.';
 INSERT INTO runrow._yoyo_migration VALUES ('2aa1a672152b46862aa2a66c67313760a63c98088ccf79df9a773f8cb9d5b463', '0092_budget_waiter_pace_full', now() AT TIME ZONE 'UTC');
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '2aa1a672152b46862aa2a66c67313760a63c98088ccf79df9a773f8cb9d5b463', '0092_budget_waiter_pace_full', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
@@ -10862,6 +10876,7 @@ DECLARE
     last_turn record;
     res jsonb;
     conv uuid;
+    reserved boolean;
 BEGIN
     SELECT s.payload, s.stop_reason INTO last_turn
     FROM runrow.agent_step AS s
@@ -10879,7 +10894,11 @@ BEGIN
         claim_token = NULL, claim_expires_at = NULL, granted_input_tokens = NULL,
         budget_exhausted = _end_for_budget.why, updated_at = now()
     WHERE a.id = _end_for_budget.run_id
-    RETURNING a.conversation_id INTO conv;
+    RETURNING a.conversation_id, a.model_call_reserved IS NOT NULL INTO conv, reserved;
+    -- A call of this claim granted and never settled (asked again after a refusal) is over.
+    IF reserved THEN
+        PERFORM runrow._tenant_unreserve(_end_for_budget.run_id);
+    END IF;
     PERFORM runrow._journal(_end_for_budget.run_id, jsonb_build_array(jsonb_build_object(
         'type', 'budget_exhausted', 'reason', _end_for_budget.why)));
     PERFORM runrow._journal_complete(_end_for_budget.run_id, conv, 'failed', res, _end_for_budget.why);
@@ -12497,7 +12516,7 @@ BEGIN
         -- Before making it wait, the reservations that hold nothing back any more go: the run's
         -- own (its last call is over, as it asks for the next one; this one replaces it) and
         -- those of claims that ended unsettled (a run failed on a refused request, stopped or
-        -- parked: finish_run and its kin leave them). Read on this path only, where it pays.
+        -- parked: finish_runs and a stop leave them). Read on this path only, where it pays.
         DELETE FROM runrow.tenant_reservation AS s
         WHERE s.fairness_key = b.fairness_key
           AND (s.run_id = r.id OR NOT EXISTS (
@@ -15450,6 +15469,7 @@ AS $fn$
 DECLARE
     conv uuid;
     journaled bigint;
+    reserved boolean;
 BEGIN
     -- The helpers only raise (the first failing one, in this order): called only when a test
     -- here fails, not as a statement and a search_path switch each on every call.
@@ -15489,9 +15509,15 @@ BEGIN
     -- By primary key and token only, as heartbeat (a token means running: agent_run_state).
     WHERE r.id = finish_run.run_id
       AND r.claim_token = finish_run.claim_token
-    RETURNING r.conversation_id INTO conv;
+    RETURNING r.conversation_id, r.model_call_reserved IS NOT NULL INTO conv, reserved;
     IF NOT FOUND THEN
         RETURN false;
+    END IF;
+    -- A call granted and never settled (the API refused it: the run fails) holds nothing back
+    -- any more: its reservation leaves the tenant's total. Only then: a run without one pays
+    -- nothing here (tests/test_lifecycle_calls.py).
+    IF reserved THEN
+        PERFORM runrow._tenant_unreserve(finish_run.run_id);
     END IF;
 
     -- An assignment, not a PERFORM: no statement of its own (see enqueue_run).
