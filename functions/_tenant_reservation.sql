@@ -12,7 +12,7 @@
 -- settled, and the reason to end the run. The budget row is locked to the end of the caller's
 -- transaction (after the key's bucket row: the order of every settle), so two grants racing for
 -- the last of a budget decide one after the other, the second counting the first.
--- First come, first served (migration 0092): the first call told to wait is kept on the budget
+-- First come, first served (migration 0091): the first call told to wait is kept on the budget
 -- row (waiter_run, its reservation, its latest ask), and while it waits another call goes only if
 -- it fits beside the waiter's reservation too, so the calls in flight drain and the waiter goes;
 -- before, smaller calls taking turns in flight kept a large one waiting forever. A waiter is

@@ -157,7 +157,7 @@ SELECT throws_ok('SELECT * FROM runrow.acquire_model_call(NULL, gen_random_uuid(
 SELECT is(pg_temp.fingerprint(), :'fp', 'nothing written');
 SELECT is(pg_temp.reserved('cost-tenant'), '(1300,0.015900)', 'the total unchanged');
 
--- First come, first served (migration 0092): a large call waiting for room is not starved by
+-- First come, first served (migration 0091): a large call waiting for room is not starved by
 -- smaller calls taking turns in flight. Budget 91000; the large call reserves 90300, the small
 -- ones 1300. Before, every small call was granted beside the other's and the large one waited
 -- forever (the review of session 59: 30 asks, never granted).

@@ -136,7 +136,7 @@ BEGIN
     '0088_tenant_reserved',
     '0089_update_tenant_budget',
     '0090_queue_metrics_blocked',
-    '0092_budget_waiter_pace_full'
+    '0091_budget_waiter_pace_full'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -8686,9 +8686,9 @@ INSERT INTO runrow._yoyo_migration VALUES ('9f86d8a519f549d84307b402d7faeae7fee6
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '9f86d8a519f549d84307b402d7faeae7fee6fe6e526ae9019d5e2ff26626c975', '0090_queue_metrics_blocked', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
--- migration 0092_budget_waiter_pace_full
-SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '2aa1a672152b46862aa2a66c67313760a63c98088ccf79df9a773f8cb9d5b463') AS apply_2aa1a672152b \gset
-\if :apply_2aa1a672152b
+-- migration 0091_budget_waiter_pace_full
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'f80d18fa42be66aa11b5d40299306bf10b156d1676951b7ab07b97837bbe5882') AS apply_f80d18fa42be \gset
+\if :apply_f80d18fa42be
 -- depends: 0090_queue_metrics_blocked
 -- Two defects of the fleet limits (the review of session 59).
 --
@@ -8750,8 +8750,8 @@ COMMENT ON COLUMN runrow.tenant_budget.reserved_cost IS
 'The USD (at model_price when granted) reserved by the tenant''s granted, unsettled model '
 'calls (the sum of its tenant_reservation rows, kept by their trigger); may include ended '
 'claims, as reserved_tokens.';
-INSERT INTO runrow._yoyo_migration VALUES ('2aa1a672152b46862aa2a66c67313760a63c98088ccf79df9a773f8cb9d5b463', '0092_budget_waiter_pace_full', now() AT TIME ZONE 'UTC');
-INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '2aa1a672152b46862aa2a66c67313760a63c98088ccf79df9a773f8cb9d5b463', '0092_budget_waiter_pace_full', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_migration VALUES ('f80d18fa42be66aa11b5d40299306bf10b156d1676951b7ab07b97837bbe5882', '0091_budget_waiter_pace_full', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'f80d18fa42be66aa11b5d40299306bf10b156d1676951b7ab07b97837bbe5882', '0091_budget_waiter_pace_full', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
 -- functions/: re-applied on every install, like `runrow migrate`
@@ -12459,7 +12459,7 @@ REVOKE ALL ON FUNCTION runrow._lock_run_by(uuid, timestamptz) FROM PUBLIC;
 -- settled, and the reason to end the run. The budget row is locked to the end of the caller's
 -- transaction (after the key's bucket row: the order of every settle), so two grants racing for
 -- the last of a budget decide one after the other, the second counting the first.
--- First come, first served (migration 0092): the first call told to wait is kept on the budget
+-- First come, first served (migration 0091): the first call told to wait is kept on the budget
 -- row (waiter_run, its reservation, its latest ask), and while it waits another call goes only if
 -- it fits beside the waiter's reservation too, so the calls in flight drain and the waiter goes;
 -- before, smaller calls taking turns in flight kept a large one waiting forever. A waiter is
