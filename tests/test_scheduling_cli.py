@@ -78,11 +78,12 @@ def test_bad_values_are_one_line_errors_and_change_nothing(private_database_url:
     )
     weight = runrow(url, "fairness", "weight", "cli-bad", "0")
     assert weight.returncode == 2
-    assert "weight" in weight.stderr and "Traceback" not in weight.stderr
+    # Named by its metavar, as `fairness weight TENANT WEIGHT` shows it (not the SQL argument).
+    assert "WEIGHT must be from 0.001 to 1000" in weight.stderr and "Traceback" not in weight.stderr
     with psycopg.connect(url) as conn:
         assert conn.execute(
             "SELECT (SELECT count(*) FROM runrow.concurrency_limit WHERE concurrency_key = 'cli-bad'),"
             " (SELECT count(*) FROM runrow.fairness_tenant WHERE fairness_key = 'cli-bad')"
         ).fetchone() == (0, 0)
     neither = runrow(url, "fairness", "weight", "cli-bad")
-    assert neither.returncode == 2 and "weight --reset is required" in neither.stderr
+    assert neither.returncode == 2 and "WEIGHT --reset is required" in neither.stderr

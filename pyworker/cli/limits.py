@@ -74,7 +74,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "key: not limited); to lift one limit, `limits remove` the key and set the others again",
         example="runrow limits set claude-sonnet-4-5 --rpm 50 --input-tpm 30000 --output-tpm 8000",
     )
-    s.add_argument("key", help="the rate-limit key: a model name, or a key runs name at enqueue")
+    s.add_argument(
+        "key", metavar="KEY", help="the rate-limit key: a model name, or a key runs name at enqueue"
+    )
     s.add_argument("--rpm", type=int32, help="requests per minute (more than 0)")
     s.add_argument("--input-tpm", type=int32, help="uncached input tokens per minute (more than 0)")
     s.add_argument("--output-tpm", type=int32, help="output tokens per minute (more than 0)")
@@ -121,7 +123,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "and set the other again",
         example="runrow budget tenant acme --tokens-per-day 2000000 --cost-per-day 25",
     )
-    t.add_argument("tenant", help="the fairness key (by default the run's user id)")
+    t.add_argument("tenant", metavar="TENANT", help="the fairness key (by default the run's user id)")
     t.add_argument("--tokens-per-day", type=int64, help="input + output + cache tokens (more than 0)")
     t.add_argument("--cost-per-day", type=usd, help="USD (more than 0)")
     options_of_arguments(
@@ -130,7 +132,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     r = _action(
         actions, "remove-tenant", help="remove a tenant's budget", example="runrow budget remove-tenant acme"
     )
-    r.add_argument("tenant")
+    r.add_argument("tenant", metavar="TENANT")
     options_of_arguments(r, {"fairness_key": "TENANT"})
     pr = _action(
         actions,

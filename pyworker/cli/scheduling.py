@@ -82,9 +82,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         help="set a tenant's weight (0.001 to 1000)",
         example="runrow fairness weight acme 3",
     )
-    w.add_argument("tenant", help="the fairness key (by default the run's user id)")
+    w.add_argument("tenant", metavar="TENANT", help="the fairness key (by default the run's user id)")
     group = w.add_mutually_exclusive_group(required=True)
-    group.add_argument("weight", nargs="?", type=float, help="shares, e.g. 2 or 0.5")
+    group.add_argument("weight", metavar="WEIGHT", nargs="?", type=float, help="shares, e.g. 2 or 0.5")
     group.add_argument("--reset", action="store_true", help="back to 1, the default")
     options_of_arguments(w, {"fairness_key": "TENANT", "weight": "WEIGHT"})
     json_output.add_json_flag(
