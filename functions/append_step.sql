@@ -22,6 +22,8 @@ BEGIN
         PERFORM runrow._require_not_null(append_step.kind, 'kind');
     END IF;
     IF append_step.kind NOT IN ('model_turn', 'tool_result') THEN
+        -- Quoted below: a control character would reach the log through the error.
+        PERFORM runrow._require_printable(append_step.kind, 'kind');
         RAISE EXCEPTION 'kind must be model_turn or tool_result, got "%"', left(append_step.kind, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -32,7 +34,12 @@ BEGIN
         RAISE EXCEPTION 'payload is too large: % bytes, the limit is 8 MiB', octet_length(append_step.payload::text)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF append_step.request_id = '' OR length(append_step.request_id) > 255 THEN
+    -- request_id and stop_reason are kept on the step and read back (support tickets, the
+    -- history): no control character (functions/_identifier_checks.sql). A term of the test
+    -- each already had, inlined: no statement more on a valid step.
+    IF append_step.request_id = '' OR length(append_step.request_id) > 255
+       OR NOT runrow._printable(append_step.request_id) THEN
+        PERFORM runrow._require_printable(append_step.request_id, 'request_id');
         RAISE EXCEPTION 'request_id must be NULL or 1 to 255 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -59,7 +66,9 @@ BEGIN
         RAISE EXCEPTION 'usage.% must be a whole number of tokens from 0 to 10^15, got %', bad.field, left(bad.value::text, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF append_step.stop_reason = '' OR length(append_step.stop_reason) > 64 THEN
+    IF append_step.stop_reason = '' OR length(append_step.stop_reason) > 64
+       OR NOT runrow._printable(append_step.stop_reason) THEN
+        PERFORM runrow._require_printable(append_step.stop_reason, 'stop_reason');
         RAISE EXCEPTION 'stop_reason must be NULL or 1 to 64 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -96,14 +105,18 @@ BEGIN
         -- made every later call for the turn fail): an id tool_effect's index can hold (rule 1),
         -- an id of its own in the turn (2: a second "dup" raised 23505 at its begin_tool_call),
         -- input that tool_call_key's canonical form can walk (3: its recursion hit the stack
-        -- limit, 54001, near 600 levels). A statement of its own, run only when the payload's
-        -- text names a tool_use or holds a \u escape, which could spell one (tool\u005fuse):
-        -- simple expressions, so a turn of plain text pays nothing for it.
+        -- limit, 54001, near 600 levels), and an id with no control character (4: it becomes
+        -- tool_effect's and the tool_result's tool_use_id, read back by operators and quoted in
+        -- errors; tested before rule 2, whose message quotes it). A statement of its
+        -- own, run only when the payload's text names a tool_use or holds a \u escape, which
+        -- could spell one (tool\u005fuse): simple expressions, so a turn of plain text pays
+        -- nothing for it.
         IF strpos(probe::text, 'tool_use') > 0 OR strpos(probe::text, '\u') > 0 THEN
             SELECT v.ord, v.rule, v.id, v.first INTO bad
             FROM (
                 SELECT d.ord, d.id, d.first, CASE
                            WHEN length(d.id) > 256 THEN 1
+                           WHEN NOT runrow._printable(d.id) THEN 4
                            WHEN d.first < d.ord THEN 2
                            WHEN runrow._json_too_deep(d.input::jsonb) THEN 3
                        END AS rule
@@ -118,6 +131,9 @@ BEGIN
             ORDER BY v.ord
             LIMIT 1;
             IF FOUND THEN
+                IF bad.rule = 4 THEN
+                    PERFORM runrow._require_printable(bad.id, format('payload[%s].id', bad.ord - 1));
+                END IF;
                 RAISE EXCEPTION 'payload[%]%', bad.ord - 1, CASE bad.rule
                     WHEN 1 THEN format('.id is %s characters: a tool_use id is at most 256', length(bad.id))
                     WHEN 2 THEN format('.id "%s" is already payload[%s]: each tool_use of a turn has an id of its own',
@@ -132,7 +148,10 @@ BEGIN
            OR json_typeof(probe -> 'type') IS DISTINCT FROM 'string'
            OR probe ->> 'type' <> 'tool_result'
            OR json_typeof(probe -> 'tool_use_id') IS DISTINCT FROM 'string'
-           OR probe ->> 'tool_use_id' = '' THEN
+           OR probe ->> 'tool_use_id' = ''
+           -- Kept as the step's tool_use_id and quoted in the errors below: no control character.
+           OR NOT runrow._printable(probe ->> 'tool_use_id') THEN
+            PERFORM runrow._require_printable(probe ->> 'tool_use_id', 'payload.tool_use_id');
             RAISE EXCEPTION 'payload of a tool_result must be one {"type": "tool_result", "tool_use_id": ...} block'
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
@@ -220,7 +239,9 @@ COMMENT ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text
 'unless claim_token matches a running run. Bad input raises 22004/22023 naming the argument '
 '(a model_turn''s tool_use ids are at most 256 characters and distinct within the turn, their '
 'input nests fewer than 100 levels; usage''s four token counts, when numbers, are whole and 0 to '
-'10^15).';
+'10^15). request_id, stop_reason, a tool_use''s id and a tool_result''s tool_use_id holding a control '
+'character (C0, C1 or bidirectional formatting: _printable) raise 22023 naming it '
+'(payload[i].id, payload.tool_use_id).';
 
 REVOKE ALL ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) TO runrow_worker;

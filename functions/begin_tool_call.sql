@@ -44,6 +44,8 @@ BEGIN
         PERFORM runrow._require_not_null(begin_tool_call.effect, 'effect');
     END IF;
     IF begin_tool_call.effect NOT IN ('pure', 'idempotent', 'non_idempotent', 'irreversible') THEN
+        -- Quoted below: a control character would reach the log through the error.
+        PERFORM runrow._require_printable(begin_tool_call.effect, 'effect');
         RAISE EXCEPTION 'effect must be one of pure, idempotent, non_idempotent, irreversible, got "%"',
             left(begin_tool_call.effect, 80)
             USING ERRCODE = 'invalid_parameter_value';

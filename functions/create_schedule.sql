@@ -62,6 +62,9 @@ BEGIN
         RAISE EXCEPTION 'name must not begin or end with white space, got "%"', left(create_schedule.name, 200)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Kept and shown by `runrow schedules`, and quoted by the parser's errors: a line break
+    -- split into fields like a space ("0\n3 * * *" was stored as given).
+    PERFORM runrow._require_printable(create_schedule.cron, 'cron');
     spec := runrow._cron_parse(create_schedule.cron);
     first_tick := runrow._cron_next(spec, now());
     IF first_tick IS NULL THEN
@@ -94,6 +97,8 @@ BEGIN
     PERFORM runrow._require_range(create_schedule.max_attempts, 'max_attempts', 1, 100);
     PERFORM runrow._require_not_null(create_schedule.if_active, 'if_active');
     IF create_schedule.if_active NOT IN ('enqueue', 'reject', 'interrupt') THEN
+        -- Quoted below: a control character would reach the log through the error.
+        PERFORM runrow._require_printable(create_schedule.if_active, 'if_active');
         RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', left(create_schedule.if_active, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -106,6 +111,8 @@ BEGIN
     END IF;
     PERFORM runrow._require_not_null(create_schedule.catch_up, 'catch_up');
     IF create_schedule.catch_up NOT IN ('latest', 'each') THEN
+        -- Quoted below: a control character would reach the log through the error.
+        PERFORM runrow._require_printable(create_schedule.catch_up, 'catch_up');
         RAISE EXCEPTION 'catch_up must be latest (after an outage, only the most recent missed tick) '
             'or each (every missed tick, up to max_catch_up), got "%"', left(create_schedule.catch_up, 80)
             USING ERRCODE = 'invalid_parameter_value';

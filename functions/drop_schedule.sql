@@ -10,6 +10,10 @@ BEGIN
     -- is the last one.
     DELETE FROM runrow.schedule AS s WHERE s.name = drop_schedule.name;
     IF NOT FOUND THEN
+        -- No schedule is named with a control character since 0067/0085, and the name is quoted
+        -- below, where one would reach the log. Tested only here, when nothing was found: a
+        -- name stored before the rule is still dropped.
+        PERFORM runrow._require_printable(drop_schedule.name, 'name');
         RAISE EXCEPTION 'name "%" is not the name of a schedule', left(drop_schedule.name, 200)
             USING ERRCODE = 'no_data_found', HINT = 'runrow.schedules lists them.';
     END IF;

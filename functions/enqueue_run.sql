@@ -95,6 +95,8 @@ BEGIN
         PERFORM runrow._require_not_null(enqueue_run.if_active, 'if_active');
     END IF;
     IF enqueue_run.if_active NOT IN ('enqueue', 'reject', 'interrupt') THEN
+        -- Quoted below: a control character would reach the log through the error.
+        PERFORM runrow._require_printable(enqueue_run.if_active, 'if_active');
         RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', left(enqueue_run.if_active, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -128,7 +130,9 @@ BEGIN
     END IF;
     -- The identifiers operators read back hold no control character (a line break forged a log
     -- line, a bidirectional override showed another tenant: functions/_identifier_checks.sql).
-    -- One test of all seven; the helper, in the arguments' order, only when one fails.
+    -- One test of all seven; the helper, in the arguments' order, only when one fails. The
+    -- only test of them an enqueue makes: agent_run's settings trigger leaves a new run's to
+    -- this one (it tests an UPDATE's, a retry's and a fork's).
     IF (runrow._printable(enqueue_run.model) AND runrow._printable(enqueue_run.user_id)
         AND runrow._printable(enqueue_run.idempotency_key) AND runrow._printable(enqueue_run.fairness_key)
         AND runrow._printable(enqueue_run.concurrency_key) AND runrow._printable(enqueue_run.rate_limit_key)

@@ -21,6 +21,8 @@ BEGIN
         PERFORM runrow._require_not_null(finish_run.status, 'status');
     END IF;
     IF finish_run.status NOT IN ('completed', 'failed', 'cancelled') THEN
+        -- Quoted below: a control character would reach the log through the error.
+        PERFORM runrow._require_printable(finish_run.status, 'status');
         RAISE EXCEPTION 'status must be one of completed, failed, cancelled, got "%"', left(finish_run.status, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;

@@ -15,6 +15,8 @@ BEGIN
         RAISE EXCEPTION 'channel must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF notify_probe.channel !~ '^runrow_probe_[0-9a-f]{32}$' THEN
+        -- Shown below: a control character would reach the log through the error.
+        PERFORM runrow._require_printable(notify_probe.channel, 'channel');
         RAISE EXCEPTION 'channel must be runrow_probe_ followed by 32 lowercase hex digits, got %',
             left(notify_probe.channel, 80)
             USING ERRCODE = 'invalid_parameter_value';

@@ -32,6 +32,9 @@ BEGIN
     SELECT t.run_id INTO owner_run FROM runrow.tool_effect AS t
     WHERE t.idempotency_key = resolve_approval.idempotency_key;
     IF NOT FOUND THEN
+        -- Every key is 64 hex digits (begin_tool_call): one with a control character names no
+        -- call, and quoted below it would reach the log through the error.
+        PERFORM runrow._require_printable(resolve_approval.idempotency_key, 'idempotency_key');
         RAISE EXCEPTION 'idempotency_key % does not exist', left(resolve_approval.idempotency_key, 80)
             USING ERRCODE = 'no_data_found';
     END IF;

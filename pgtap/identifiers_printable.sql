@@ -5,7 +5,7 @@
 -- the tables refuse them too, and a row stored before the rule is still updated and claimed.
 BEGIN;
 \ir helpers/setup.psql
-SELECT plan(117);
+SELECT plan(165);
 
 -- Every table these functions write, as one digest: a refusal leaves it as it was.
 CREATE FUNCTION pg_temp.everything() RETURNS text LANGUAGE sql AS $$
@@ -59,14 +59,35 @@ INSERT INTO id_case (fn, arg, call, prefix) VALUES
 ('set_rate_limit', 'rate_limit_key', $$SELECT runrow.set_rate_limit(%L, 10, NULL, NULL)$$, 'acme'),
 ('set_concurrency_limit', 'concurrency_key', $$SELECT runrow.set_concurrency_limit(%L, 5)$$, 'acme'),
 ('set_tenant_budget', 'fairness_key', $$SELECT runrow.set_tenant_budget(%L, 1000, NULL)$$, 'acme'),
-('set_fairness_weight', 'fairness_key', $$SELECT runrow.set_fairness_weight(%L, 2)$$, 'acme');
+('set_fairness_weight', 'fairness_key', $$SELECT runrow.set_fairness_weight(%L, 2)$$, 'acme'),
+-- Stop 60's audit: identifiers that were stored, or quoted back in an error, unchecked.
+('enqueue_run', 'if_active', $$SELECT * FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', if_active => %L)$$, 'acme'),
+('append_step', 'kind', $$SELECT runrow.append_step(gen_random_uuid(), gen_random_uuid(), %L, '[]')$$, 'acme'),
+('append_step', 'request_id', $$SELECT runrow.append_step(gen_random_uuid(), gen_random_uuid(), 'model_turn',
+    '[{"type": "text", "text": "hi"}]', request_id => %L)$$, 'req_01'),
+('append_step', 'stop_reason', $$SELECT runrow.append_step(gen_random_uuid(), gen_random_uuid(), 'model_turn',
+    '[{"type": "text", "text": "hi"}]', stop_reason => %L)$$, 'end_turn'),
+('append_step', 'payload[1].id', $$SELECT runrow.append_step(gen_random_uuid(), gen_random_uuid(), 'model_turn',
+    json_build_array(json_build_object('type', 'text', 'text', 'hi'),
+        json_build_object('type', 'tool_use', 'id', %L::text, 'name', 't', 'input', '{}'::json)))$$, 'toolu_1'),
+('append_step', 'payload.tool_use_id', $$SELECT runrow.append_step(gen_random_uuid(), gen_random_uuid(), 'tool_result',
+    json_build_object('type', 'tool_result', 'tool_use_id', %L::text))$$, 'toolu_1'),
+('begin_tool_call', 'effect',
+    $$SELECT runrow.begin_tool_call(gen_random_uuid(), gen_random_uuid(), repeat('a', 64), 't', '{}', %L)$$, 'pure'),
+('finish_run', 'status', $$SELECT runrow.finish_run(gen_random_uuid(), gen_random_uuid(), %L)$$, 'failed'),
+('create_schedule', 'cron', $$SELECT runrow.create_schedule('s-ok', %L, '"x"', 'm')$$, '0 3 * *'),
+('create_schedule', 'if_active', $$SELECT runrow.create_schedule('s-ok', '* * * * *', '"x"', 'm', if_active => %L)$$, 'acme'),
+('create_schedule', 'catch_up', $$SELECT runrow.create_schedule('s-ok', '* * * * *', '"x"', 'm', catch_up => %L)$$, 'each'),
+('drop_schedule', 'name', $$SELECT runrow.drop_schedule(%L)$$, 'acme'),
+('notify_probe', 'channel', $$SELECT runrow.notify_probe(%L)$$, 'runrow_probe_'),
+('resolve_approval', 'idempotency_key', $$SELECT runrow.resolve_approval(%L, true, 'ann')$$, 'acme');
 
 -- A queued run a refused claim would have taken, and a delivery a refused webhook claim would.
 SELECT pg_temp.drain_queue();
 SELECT run_id AS queued FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', webhook_url => 'https://h.example/') \gset
 SELECT pg_temp.everything() AS before \gset
 
--- 24 identifiers x 3 characters: 22023, the argument named, the character by its code point and
+-- 38 identifiers x 3 characters: 22023, the argument named, the character by its code point and
 -- position (the value is not quoted, so the character cannot reach the log through the error).
 SELECT throws_ok(
     format(k.call, k.prefix || b.c || 'x'), '22023',
@@ -76,7 +97,7 @@ SELECT throws_ok(
 FROM id_case AS k CROSS JOIN bad_char AS b
 ORDER BY k.ord, b.code;
 
-SELECT is(pg_temp.everything(), :'before', 'nothing was written by any of the 72 refused calls');
+SELECT is(pg_temp.everything(), :'before', 'nothing was written by any of the 114 refused calls');
 SELECT is((SELECT status FROM runrow.agent_run WHERE id = :'queued'), 'queued', 'the refused claims claimed nothing');
 
 -- The other characters of the class: C0 (U+0001, U+001F), DEL, C1's ends, the bidirectional ones.
@@ -158,6 +179,46 @@ SELECT isnt((SELECT last_claimed_at FROM runrow.concurrency_limit WHERE concurre
     'under its concurrency limit stored before the rule, which the claim stamps');
 SELECT lives_ok($$UPDATE runrow.schedule SET next_fire_at = now() WHERE name = '租户 nightly/run:1.0'$$,
     'a schedule stored before the rule still takes a firing pass''s update');
+
+-- A new run's identifiers are tested once, by enqueue_run (22023 naming the argument): agent_run's
+-- settings trigger tests the copies, so a run stored before the rule is neither retried nor forked.
+SELECT finish_run AS failed_old FROM runrow.finish_run(:'old_run',
+    (SELECT claim_token FROM runrow.agent_run WHERE id = :'old_run'), 'failed', error => 'x') \gset
+SELECT throws_ok(format('SELECT runrow.retry_run(%L)', :'old_run'),
+    '23514', 'new row for relation "agent_run" violates check constraint "agent_run_identifiers_printable"',
+    'a run stored before the rule with such a key is not retried');
+SELECT throws_ok(format('SELECT runrow.fork_run(%L, 0)', :'old_run'),
+    '23514', 'new row for relation "agent_run" violates check constraint "agent_run_identifiers_printable"',
+    'nor forked');
+-- A schedule named before the rule (0085 added the bidirectional controls) is still dropped.
+ALTER TABLE runrow.schedule DISABLE TRIGGER schedule_name_printable;
+UPDATE runrow.schedule SET name = E'old\u202ename' WHERE name = '租户 nightly/run:1.0';
+ALTER TABLE runrow.schedule ENABLE TRIGGER schedule_name_printable;
+SELECT lives_ok(format('SELECT runrow.drop_schedule(%L)', E'old\u202ename'),
+    'drop_schedule drops a schedule named before the rule');
+
+-- How many times an enqueue tests the identifiers: _printable, kept from being inlined (a SET
+-- clause), is a counted call per test. 7 (enqueue_run's one test of its seven), not 14 (the
+-- settings trigger testing the same seven again); a retry's copy is tested by the trigger.
+ALTER FUNCTION runrow._printable(text) SET search_path = pg_catalog;
+SET LOCAL track_functions = 'all';
+CREATE FUNCTION pg_temp.printable_calls() RETURNS bigint LANGUAGE sql AS $$
+    SELECT coalesce(pg_stat_get_xact_function_calls('runrow._printable'::regproc), 0)
+$$;
+SELECT pg_temp.printable_calls() AS calls_before \gset
+SELECT run_id AS counted FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', user_id => 'u',
+    idempotency_key => 'count-1', fairness_key => 'f', concurrency_key => 'c', rate_limit_key => 'r',
+    webhook_url => 'https://h.example/') \gset
+SELECT is(pg_temp.printable_calls() - :calls_before, 7::bigint, 'an enqueue tests its 7 identifiers once each');
+SELECT pg_temp.drain_queue();
+SELECT pg_temp.printable_calls() AS calls_before \gset
+SELECT run_id AS counted FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm') \gset
+SELECT is(pg_temp.printable_calls() - :calls_before, 7::bigint, 'and an enqueue that names only a model too');
+SELECT claim_token AS counted_token FROM runrow.claim_run('w') \gset
+SELECT runrow.finish_run(:'counted', :'counted_token', 'failed', error => 'x') AS counted_failed \gset
+SELECT pg_temp.printable_calls() AS calls_before \gset
+SELECT runrow.retry_run(:'counted') AS retried \gset
+SELECT is(pg_temp.printable_calls() - :calls_before, 7::bigint, 'a retry''s copy is tested by the table''s rule');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -8794,11 +8794,17 @@ BEGIN
         -- enqueue_run's rule: a host, and a port 1..65535 if it names one (until issue 11's stop 52,
         -- any http(s):// text without white space).
         WHEN runrow._webhook_url_ok(NEW.webhook_url) IS FALSE THEN 'agent_run_webhook_url_http'
-        -- The identifiers operators read back hold no control character (0085, _printable).
-        WHEN (runrow._printable(NEW.model) AND runrow._printable(NEW.user_id)
-              AND runrow._printable(NEW.idempotency_key) AND runrow._printable(NEW.fairness_key)
-              AND runrow._printable(NEW.concurrency_key) AND runrow._printable(NEW.rate_limit_key)
-              AND runrow._printable(NEW.webhook_url)) IS FALSE THEN 'agent_run_identifiers_printable'
+        -- The identifiers operators read back hold no control character (0085, _printable). A
+        -- new run's are enqueue_run's arguments (the one INSERT of a run that copies no other),
+        -- which enqueue_run tests itself before it writes anything, for its 22023 naming the
+        -- argument: tested here too, they were tested twice per enqueue (14 tests, 7 wasted).
+        -- Here: an UPDATE of the columns, and a retry's or a fork's copy of a run (one stored
+        -- before 0085 may hold such a key).
+        WHEN (TG_OP = 'UPDATE' OR NEW.retry_of IS NOT NULL OR NEW.forked_from IS NOT NULL)
+             AND (runrow._printable(NEW.model) AND runrow._printable(NEW.user_id)
+                  AND runrow._printable(NEW.idempotency_key) AND runrow._printable(NEW.fairness_key)
+                  AND runrow._printable(NEW.concurrency_key) AND runrow._printable(NEW.rate_limit_key)
+                  AND runrow._printable(NEW.webhook_url)) IS FALSE THEN 'agent_run_identifiers_printable'
         WHEN ((NEW.forked_from IS NULL) = (NEW.forked_at_seq IS NULL)) IS FALSE THEN 'agent_run_fork_names_its_step'
         WHEN (NEW.forked_at_seq >= 0) IS FALSE THEN 'agent_run_forked_at_seq_check'
     END;
@@ -8817,7 +8823,9 @@ COMMENT ON FUNCTION runrow._agent_run_settings() IS
 'characters, budgets positive and the cost budget finite (0065), webhook_url an http(s) URL of '
 'at most 2048 characters with a host and a port 1..65535 if it names one (_webhook_url_ok), model, '
 'user_id, idempotency_key, the three keys and webhook_url with no control character (0085, '
-'_printable: agent_run_identifiers_printable; user_id joined the trigger''s columns), forked_from '
+'_printable: agent_run_identifiers_printable; user_id joined the trigger''s columns; tested on an '
+'UPDATE and on a retry''s or fork''s INSERT, a new run''s being enqueue_run''s arguments, which it '
+'tests itself), forked_from '
 'and forked_at_seq set together, forked_at_seq >= 0), with CHECK''s meaning (NULL passes) and its '
 'error: 23514 naming the rule as the constraint. Column-gated, so an UPDATE that assigns none of '
 'those columns (every claim, heartbeat and finish) does not fire it. (A run''s references are '
@@ -12958,6 +12966,8 @@ BEGIN
         PERFORM runrow._require_not_null(append_step.kind, 'kind');
     END IF;
     IF append_step.kind NOT IN ('model_turn', 'tool_result') THEN
+        -- Quoted below: a control character would reach the log through the error.
+        PERFORM runrow._require_printable(append_step.kind, 'kind');
         RAISE EXCEPTION 'kind must be model_turn or tool_result, got "%"', left(append_step.kind, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -12968,7 +12978,12 @@ BEGIN
         RAISE EXCEPTION 'payload is too large: % bytes, the limit is 8 MiB', octet_length(append_step.payload::text)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF append_step.request_id = '' OR length(append_step.request_id) > 255 THEN
+    -- request_id and stop_reason are kept on the step and read back (support tickets, the
+    -- history): no control character (functions/_identifier_checks.sql). A term of the test
+    -- each already had, inlined: no statement more on a valid step.
+    IF append_step.request_id = '' OR length(append_step.request_id) > 255
+       OR NOT runrow._printable(append_step.request_id) THEN
+        PERFORM runrow._require_printable(append_step.request_id, 'request_id');
         RAISE EXCEPTION 'request_id must be NULL or 1 to 255 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -12995,7 +13010,9 @@ BEGIN
         RAISE EXCEPTION 'usage.% must be a whole number of tokens from 0 to 10^15, got %', bad.field, left(bad.value::text, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF append_step.stop_reason = '' OR length(append_step.stop_reason) > 64 THEN
+    IF append_step.stop_reason = '' OR length(append_step.stop_reason) > 64
+       OR NOT runrow._printable(append_step.stop_reason) THEN
+        PERFORM runrow._require_printable(append_step.stop_reason, 'stop_reason');
         RAISE EXCEPTION 'stop_reason must be NULL or 1 to 64 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -13032,14 +13049,18 @@ BEGIN
         -- made every later call for the turn fail): an id tool_effect's index can hold (rule 1),
         -- an id of its own in the turn (2: a second "dup" raised 23505 at its begin_tool_call),
         -- input that tool_call_key's canonical form can walk (3: its recursion hit the stack
-        -- limit, 54001, near 600 levels). A statement of its own, run only when the payload's
-        -- text names a tool_use or holds a \u escape, which could spell one (tool\u005fuse):
-        -- simple expressions, so a turn of plain text pays nothing for it.
+        -- limit, 54001, near 600 levels), and an id with no control character (4: it becomes
+        -- tool_effect's and the tool_result's tool_use_id, read back by operators and quoted in
+        -- errors; tested before rule 2, whose message quotes it). A statement of its
+        -- own, run only when the payload's text names a tool_use or holds a \u escape, which
+        -- could spell one (tool\u005fuse): simple expressions, so a turn of plain text pays
+        -- nothing for it.
         IF strpos(probe::text, 'tool_use') > 0 OR strpos(probe::text, '\u') > 0 THEN
             SELECT v.ord, v.rule, v.id, v.first INTO bad
             FROM (
                 SELECT d.ord, d.id, d.first, CASE
                            WHEN length(d.id) > 256 THEN 1
+                           WHEN NOT runrow._printable(d.id) THEN 4
                            WHEN d.first < d.ord THEN 2
                            WHEN runrow._json_too_deep(d.input::jsonb) THEN 3
                        END AS rule
@@ -13054,6 +13075,9 @@ BEGIN
             ORDER BY v.ord
             LIMIT 1;
             IF FOUND THEN
+                IF bad.rule = 4 THEN
+                    PERFORM runrow._require_printable(bad.id, format('payload[%s].id', bad.ord - 1));
+                END IF;
                 RAISE EXCEPTION 'payload[%]%', bad.ord - 1, CASE bad.rule
                     WHEN 1 THEN format('.id is %s characters: a tool_use id is at most 256', length(bad.id))
                     WHEN 2 THEN format('.id "%s" is already payload[%s]: each tool_use of a turn has an id of its own',
@@ -13068,7 +13092,10 @@ BEGIN
            OR json_typeof(probe -> 'type') IS DISTINCT FROM 'string'
            OR probe ->> 'type' <> 'tool_result'
            OR json_typeof(probe -> 'tool_use_id') IS DISTINCT FROM 'string'
-           OR probe ->> 'tool_use_id' = '' THEN
+           OR probe ->> 'tool_use_id' = ''
+           -- Kept as the step's tool_use_id and quoted in the errors below: no control character.
+           OR NOT runrow._printable(probe ->> 'tool_use_id') THEN
+            PERFORM runrow._require_printable(probe ->> 'tool_use_id', 'payload.tool_use_id');
             RAISE EXCEPTION 'payload of a tool_result must be one {"type": "tool_result", "tool_use_id": ...} block'
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
@@ -13156,7 +13183,9 @@ COMMENT ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text
 'unless claim_token matches a running run. Bad input raises 22004/22023 naming the argument '
 '(a model_turn''s tool_use ids are at most 256 characters and distinct within the turn, their '
 'input nests fewer than 100 levels; usage''s four token counts, when numbers, are whole and 0 to '
-'10^15).';
+'10^15). request_id, stop_reason, a tool_use''s id and a tool_result''s tool_use_id holding a control '
+'character (C0, C1 or bidirectional formatting: _printable) raise 22023 naming it '
+'(payload[i].id, payload.tool_use_id).';
 
 REVOKE ALL ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) TO runrow_worker;
@@ -13620,6 +13649,8 @@ BEGIN
         PERFORM runrow._require_not_null(begin_tool_call.effect, 'effect');
     END IF;
     IF begin_tool_call.effect NOT IN ('pure', 'idempotent', 'non_idempotent', 'irreversible') THEN
+        -- Quoted below: a control character would reach the log through the error.
+        PERFORM runrow._require_printable(begin_tool_call.effect, 'effect');
         RAISE EXCEPTION 'effect must be one of pure, idempotent, non_idempotent, irreversible, got "%"',
             left(begin_tool_call.effect, 80)
             USING ERRCODE = 'invalid_parameter_value';
@@ -14503,6 +14534,9 @@ BEGIN
         RAISE EXCEPTION 'name must not begin or end with white space, got "%"', left(create_schedule.name, 200)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Kept and shown by `runrow schedules`, and quoted by the parser's errors: a line break
+    -- split into fields like a space ("0\n3 * * *" was stored as given).
+    PERFORM runrow._require_printable(create_schedule.cron, 'cron');
     spec := runrow._cron_parse(create_schedule.cron);
     first_tick := runrow._cron_next(spec, now());
     IF first_tick IS NULL THEN
@@ -14535,6 +14569,8 @@ BEGIN
     PERFORM runrow._require_range(create_schedule.max_attempts, 'max_attempts', 1, 100);
     PERFORM runrow._require_not_null(create_schedule.if_active, 'if_active');
     IF create_schedule.if_active NOT IN ('enqueue', 'reject', 'interrupt') THEN
+        -- Quoted below: a control character would reach the log through the error.
+        PERFORM runrow._require_printable(create_schedule.if_active, 'if_active');
         RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', left(create_schedule.if_active, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -14547,6 +14583,8 @@ BEGIN
     END IF;
     PERFORM runrow._require_not_null(create_schedule.catch_up, 'catch_up');
     IF create_schedule.catch_up NOT IN ('latest', 'each') THEN
+        -- Quoted below: a control character would reach the log through the error.
+        PERFORM runrow._require_printable(create_schedule.catch_up, 'catch_up');
         RAISE EXCEPTION 'catch_up must be latest (after an outage, only the most recent missed tick) '
             'or each (every missed tick, up to max_catch_up), got "%"', left(create_schedule.catch_up, 80)
             USING ERRCODE = 'invalid_parameter_value';
@@ -14753,6 +14791,10 @@ BEGIN
     -- is the last one.
     DELETE FROM runrow.schedule AS s WHERE s.name = drop_schedule.name;
     IF NOT FOUND THEN
+        -- No schedule is named with a control character since 0067/0085, and the name is quoted
+        -- below, where one would reach the log. Tested only here, when nothing was found: a
+        -- name stored before the rule is still dropped.
+        PERFORM runrow._require_printable(drop_schedule.name, 'name');
         RAISE EXCEPTION 'name "%" is not the name of a schedule', left(drop_schedule.name, 200)
             USING ERRCODE = 'no_data_found', HINT = 'runrow.schedules lists them.';
     END IF;
@@ -14865,6 +14907,8 @@ BEGIN
         PERFORM runrow._require_not_null(enqueue_run.if_active, 'if_active');
     END IF;
     IF enqueue_run.if_active NOT IN ('enqueue', 'reject', 'interrupt') THEN
+        -- Quoted below: a control character would reach the log through the error.
+        PERFORM runrow._require_printable(enqueue_run.if_active, 'if_active');
         RAISE EXCEPTION 'if_active must be one of enqueue, reject, interrupt, got "%"', left(enqueue_run.if_active, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -14898,7 +14942,9 @@ BEGIN
     END IF;
     -- The identifiers operators read back hold no control character (a line break forged a log
     -- line, a bidirectional override showed another tenant: functions/_identifier_checks.sql).
-    -- One test of all seven; the helper, in the arguments' order, only when one fails.
+    -- One test of all seven; the helper, in the arguments' order, only when one fails. The
+    -- only test of them an enqueue makes: agent_run's settings trigger leaves a new run's to
+    -- this one (it tests an UPDATE's, a retry's and a fork's).
     IF (runrow._printable(enqueue_run.model) AND runrow._printable(enqueue_run.user_id)
         AND runrow._printable(enqueue_run.idempotency_key) AND runrow._printable(enqueue_run.fairness_key)
         AND runrow._printable(enqueue_run.concurrency_key) AND runrow._printable(enqueue_run.rate_limit_key)
@@ -15481,6 +15527,8 @@ BEGIN
         PERFORM runrow._require_not_null(finish_run.status, 'status');
     END IF;
     IF finish_run.status NOT IN ('completed', 'failed', 'cancelled') THEN
+        -- Quoted below: a control character would reach the log through the error.
+        PERFORM runrow._require_printable(finish_run.status, 'status');
         RAISE EXCEPTION 'status must be one of completed, failed, cancelled, got "%"', left(finish_run.status, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -16209,6 +16257,8 @@ BEGIN
         RAISE EXCEPTION 'channel must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF notify_probe.channel !~ '^runrow_probe_[0-9a-f]{32}$' THEN
+        -- Shown below: a control character would reach the log through the error.
+        PERFORM runrow._require_printable(notify_probe.channel, 'channel');
         RAISE EXCEPTION 'channel must be runrow_probe_ followed by 32 lowercase hex digits, got %',
             left(notify_probe.channel, 80)
             USING ERRCODE = 'invalid_parameter_value';
@@ -16747,6 +16797,9 @@ BEGIN
     SELECT t.run_id INTO owner_run FROM runrow.tool_effect AS t
     WHERE t.idempotency_key = resolve_approval.idempotency_key;
     IF NOT FOUND THEN
+        -- Every key is 64 hex digits (begin_tool_call): one with a control character names no
+        -- call, and quoted below it would reach the log through the error.
+        PERFORM runrow._require_printable(resolve_approval.idempotency_key, 'idempotency_key');
         RAISE EXCEPTION 'idempotency_key % does not exist', left(resolve_approval.idempotency_key, 80)
             USING ERRCODE = 'no_data_found';
     END IF;
