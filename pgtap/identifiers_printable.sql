@@ -5,7 +5,7 @@
 -- the tables refuse them too, and a row stored before the rule is still updated and claimed.
 BEGIN;
 \ir helpers/setup.psql
-SELECT plan(165);
+SELECT plan(163);
 
 -- Every table these functions write, as one digest: a refusal leaves it as it was.
 CREATE FUNCTION pg_temp.everything() RETURNS text LANGUAGE sql AS $$
@@ -197,28 +197,13 @@ ALTER TABLE runrow.schedule ENABLE TRIGGER schedule_name_printable;
 SELECT lives_ok(format('SELECT runrow.drop_schedule(%L)', E'old\u202ename'),
     'drop_schedule drops a schedule named before the rule');
 
--- How many times an enqueue tests the identifiers: _printable, kept from being inlined (a SET
--- clause), is a counted call per test. 7 (enqueue_run's one test of its seven), not 14 (the
--- settings trigger testing the same seven again); a retry's copy is tested by the trigger.
-ALTER FUNCTION runrow._printable(text) SET search_path = pg_catalog;
-SET LOCAL track_functions = 'all';
-CREATE FUNCTION pg_temp.printable_calls() RETURNS bigint LANGUAGE sql AS $$
-    SELECT coalesce(pg_stat_get_xact_function_calls('runrow._printable'::regproc), 0)
-$$;
-SELECT pg_temp.printable_calls() AS calls_before \gset
-SELECT run_id AS counted FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm', user_id => 'u',
-    idempotency_key => 'count-1', fairness_key => 'f', concurrency_key => 'c', rate_limit_key => 'r',
-    webhook_url => 'https://h.example/') \gset
-SELECT is(pg_temp.printable_calls() - :calls_before, 7::bigint, 'an enqueue tests its 7 identifiers once each');
-SELECT pg_temp.drain_queue();
-SELECT pg_temp.printable_calls() AS calls_before \gset
-SELECT run_id AS counted FROM runrow.enqueue_run(gen_random_uuid(), '"q"', 'm') \gset
-SELECT is(pg_temp.printable_calls() - :calls_before, 7::bigint, 'and an enqueue that names only a model too');
-SELECT claim_token AS counted_token FROM runrow.claim_run('w') \gset
-SELECT runrow.finish_run(:'counted', :'counted_token', 'failed', error => 'x') AS counted_failed \gset
-SELECT pg_temp.printable_calls() AS calls_before \gset
-SELECT runrow.retry_run(:'counted') AS retried \gset
-SELECT is(pg_temp.printable_calls() - :calls_before, 7::bigint, 'a retry''s copy is tested by the table''s rule');
+-- enqueue_run tests a new run's identifiers for its 22023; the table tests them again on the
+-- INSERT, whoever writes the row: a raw INSERT by the owner is refused too.
+SELECT throws_ok(format($$INSERT INTO runrow.agent_run (conversation_id, user_id, user_message_id, model, prompt_id,
+    fairness_key) SELECT conversation_id, user_id, user_message_id, model, prompt_id, %L FROM runrow.agent_run
+    WHERE id = %L$$, E'raw\nkey', :'queued'),
+    '23514', 'new row for relation "agent_run" violates check constraint "agent_run_identifiers_printable"',
+    'a raw INSERT of a new run with a line break in its fairness_key is refused by the table');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -8795,16 +8795,13 @@ BEGIN
         -- any http(s):// text without white space).
         WHEN runrow._webhook_url_ok(NEW.webhook_url) IS FALSE THEN 'agent_run_webhook_url_http'
         -- The identifiers operators read back hold no control character (0085, _printable). A
-        -- new run's are enqueue_run's arguments (the one INSERT of a run that copies no other),
-        -- which enqueue_run tests itself before it writes anything, for its 22023 naming the
-        -- argument: tested here too, they were tested twice per enqueue (14 tests, 7 wasted).
-        -- Here: an UPDATE of the columns, and a retry's or a fork's copy of a run (one stored
-        -- before 0085 may hold such a key).
-        WHEN (TG_OP = 'UPDATE' OR NEW.retry_of IS NOT NULL OR NEW.forked_from IS NOT NULL)
-             AND (runrow._printable(NEW.model) AND runrow._printable(NEW.user_id)
-                  AND runrow._printable(NEW.idempotency_key) AND runrow._printable(NEW.fairness_key)
-                  AND runrow._printable(NEW.concurrency_key) AND runrow._printable(NEW.rate_limit_key)
-                  AND runrow._printable(NEW.webhook_url)) IS FALSE THEN 'agent_run_identifiers_printable'
+        -- new run's are tested here too although enqueue_run tested them (for its 22023 naming
+        -- the argument): this is the schema's guarantee, whoever writes the row (about 1 us an
+        -- enqueue).
+        WHEN (runrow._printable(NEW.model) AND runrow._printable(NEW.user_id)
+              AND runrow._printable(NEW.idempotency_key) AND runrow._printable(NEW.fairness_key)
+              AND runrow._printable(NEW.concurrency_key) AND runrow._printable(NEW.rate_limit_key)
+              AND runrow._printable(NEW.webhook_url)) IS FALSE THEN 'agent_run_identifiers_printable'
         WHEN ((NEW.forked_from IS NULL) = (NEW.forked_at_seq IS NULL)) IS FALSE THEN 'agent_run_fork_names_its_step'
         WHEN (NEW.forked_at_seq >= 0) IS FALSE THEN 'agent_run_forked_at_seq_check'
     END;
@@ -8823,9 +8820,7 @@ COMMENT ON FUNCTION runrow._agent_run_settings() IS
 'characters, budgets positive and the cost budget finite (0065), webhook_url an http(s) URL of '
 'at most 2048 characters with a host and a port 1..65535 if it names one (_webhook_url_ok), model, '
 'user_id, idempotency_key, the three keys and webhook_url with no control character (0085, '
-'_printable: agent_run_identifiers_printable; user_id joined the trigger''s columns; tested on an '
-'UPDATE and on a retry''s or fork''s INSERT, a new run''s being enqueue_run''s arguments, which it '
-'tests itself), forked_from '
+'_printable: agent_run_identifiers_printable; user_id joined the trigger''s columns), forked_from '
 'and forked_at_seq set together, forked_at_seq >= 0), with CHECK''s meaning (NULL passes) and its '
 'error: 23514 naming the rule as the constraint. Column-gated, so an UPDATE that assigns none of '
 'those columns (every claim, heartbeat and finish) does not fire it. (A run''s references are '
