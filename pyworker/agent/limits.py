@@ -7,6 +7,9 @@ report_rate_limited).
   here, keeping the lease (the heartbeat runs beside), then ask again. A longer wait: defer
   the run (defer_run: requeued with retry_in = the wait and its attempt given back), so no
   worker slot is held idle and no run fails for having waited.
+- budget_reserved (the tenant's budget is held by its other calls in flight; a wait of 15 s):
+  always deferred, whatever `rate_limit_max_wait` says: those calls settle when their responses
+  end, so a worker would hold a slot polling for a model response's length.
 - budget_exhausted: acquire_model_call has already ended the run (failed, error
   budget_exhausted: ..., result the text so far, journaled); nothing more is written here.
 - a 429: report the key blocked for the API's retry-after (or a backoff when it gave none),
@@ -101,7 +104,12 @@ async def before_request(ctx: RunContext, params: dict[str, Any]) -> Outcome | N
             ctx.log.warning("budget exhausted: the database ended the run; no further model request")
             return Outcome("ended")
         wait = max(0.001, slot.wait_seconds or 0.0)
-        if wait > max_wait:
+        # budget_reserved waits on other calls settling, which may take a model response's
+        # whole length: always handed back, or a worker with a long rate_limit_max_wait held a
+        # slot polling the tenant's budget row. The run keeps its place as the tenant's waiter
+        # (tenant_budget.waiter_run names the run, not the claim) while it is queued and asks
+        # again within a minute.
+        if wait > max_wait or slot.reason == "budget_reserved":
             ctx.log.info("model call %s for %.1fs: releasing the run until then", slot.reason, wait)
             error = f"{slot.reason}: waiting {wait:.1f}s for a model call"
             return Outcome("defer", error=error, retry_in=wait)  # no attempt spent on a wait
