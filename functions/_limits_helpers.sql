@@ -33,6 +33,23 @@ BEGIN
 END
 $fn$;
 
+-- A key's rate limits, as set_rate_limit and update_rate_limit take them: a key (its printable
+-- rule is the callers': a key stored before it can still be removed), and three optional limits.
+CREATE OR REPLACE FUNCTION runrow._require_rate_limit(
+    rate_limit_key text, requests_per_minute integer, input_tokens_per_minute integer, output_tokens_per_minute integer
+)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(_require_rate_limit.rate_limit_key, 'rate_limit_key');
+    PERFORM runrow._require_key(_require_rate_limit.rate_limit_key, 'rate_limit_key');
+    PERFORM runrow._require_positive(_require_rate_limit.requests_per_minute, 'requests_per_minute');
+    PERFORM runrow._require_positive(_require_rate_limit.input_tokens_per_minute, 'input_tokens_per_minute');
+    PERFORM runrow._require_positive(_require_rate_limit.output_tokens_per_minute, 'output_tokens_per_minute');
+END
+$fn$;
+
 -- A wait a worker reports, in seconds: more than 0 and at most `most` (NaN sorts above every
 -- number, so it is over `most` too).
 CREATE OR REPLACE FUNCTION runrow._require_seconds(value numeric, arg text, most numeric)
@@ -500,6 +517,7 @@ $fn$;
 REVOKE ALL ON FUNCTION runrow._require_positive(numeric, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_seconds(numeric, text, numeric) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_tenant_budget(text, bigint, numeric) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_rate_limit(text, integer, integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._key_answered(runrow.rate_limit) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lift_held_runs(text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lock_bucket(text) FROM PUBLIC;

@@ -9,11 +9,10 @@ AS $fn$
 DECLARE
     block_ended timestamptz;
 BEGIN
-    PERFORM runrow._require_not_null(set_rate_limit.rate_limit_key, 'rate_limit_key');
-    PERFORM runrow._require_key(set_rate_limit.rate_limit_key, 'rate_limit_key');
-    PERFORM runrow._require_positive(set_rate_limit.requests_per_minute, 'requests_per_minute');
-    PERFORM runrow._require_positive(set_rate_limit.input_tokens_per_minute, 'input_tokens_per_minute');
-    PERFORM runrow._require_positive(set_rate_limit.output_tokens_per_minute, 'output_tokens_per_minute');
+    PERFORM runrow._require_rate_limit(
+        set_rate_limit.rate_limit_key, set_rate_limit.requests_per_minute,
+        set_rate_limit.input_tokens_per_minute, set_rate_limit.output_tokens_per_minute
+    );
 
     IF set_rate_limit.requests_per_minute IS NULL AND set_rate_limit.input_tokens_per_minute IS NULL
        AND set_rate_limit.output_tokens_per_minute IS NULL THEN

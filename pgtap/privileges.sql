@@ -55,6 +55,7 @@ INSERT INTO api VALUES
     ('set_rate_limit', '{}', $$SELECT runrow.set_rate_limit('pgtap-key', 1, 1, 1)$$),
     ('set_tenant_budget', '{}', $$SELECT runrow.set_tenant_budget('pgtap-tenant', 1, NULL)$$),
     ('update_tenant_budget', '{}', $$SELECT runrow.update_tenant_budget('pgtap-tenant', 1)$$),
+    ('update_rate_limit', '{}', $$SELECT runrow.update_rate_limit('pgtap-key', 2)$$),
     ('set_model_price', '{}', $$SELECT runrow.set_model_price('pgtap-model', 1, 1, 1, 1)$$),
     ('watch_runs', '{runrow_worker,runrow_client}', format($$SELECT * FROM runrow.watch_runs(ARRAY[%L]::uuid[])$$, :'done')),
     ('notify_probe', '{runrow_worker,runrow_client}',

@@ -1,6 +1,6 @@
 -- The bad-input helpers of functions/_helpers.sql and _limits_helpers.sql (_require_not_null,
 -- _require_range, _require_delay, _require_key, _require_positive, _require_seconds,
--- _require_tenant_budget), called as
+-- _require_tenant_budget, _require_rate_limit), called as
 -- the owner (no runrow role may). Each passes a good value and raises for a bad one with its
 -- SQLSTATE and the argument named; every public function's own file tests them through its
 -- arguments. They carry no SET clause: a settings save and restore on each call, under callers
@@ -8,14 +8,14 @@
 BEGIN;
 \ir helpers/setup.psql
 \set QUIET 1
-SELECT plan(36);
+SELECT plan(39);
 
 SELECT is_empty($$SELECT p.oid::regprocedure FROM pg_proc AS p
     WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%' AND p.proconfig IS NOT NULL$$,
     'no _require_* helper has a SET clause');
 SELECT is((SELECT count(*)::int FROM pg_proc AS p
-    WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%'), 13,
-    'the thirteen helpers exist (the request checks of _request_checks.sql are tested in request_checks.sql, '
+    WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%'), 14,
+    'the fourteen helpers exist (the request checks of _request_checks.sql are tested in request_checks.sql, '
     '_require_printable in identifiers_printable.sql)');
 SELECT is_empty($$SELECT p.oid::regprocedure FROM pg_proc AS p
     WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_require\_%'
@@ -105,6 +105,13 @@ SELECT throws_ok($$SELECT runrow._require_tenant_budget(NULL, 1, NULL)$$, '22004
     'fairness_key must not be NULL', 'tenant_budget: a NULL key raises 22004');
 SELECT throws_ok($$SELECT runrow._require_tenant_budget('acme', 0, NULL)$$, '22023',
     'tokens_per_day must be NULL or a finite number more than 0, got 0', 'tenant_budget: a budget of 0 raises 22023');
+
+-- _require_rate_limit: set_rate_limit's and update_rate_limit's arguments.
+SELECT lives_ok($$SELECT runrow._require_rate_limit('k', 50, NULL, 8000)$$, 'rate_limit: a key and limits pass');
+SELECT throws_ok($$SELECT runrow._require_rate_limit(NULL, 1, NULL, NULL)$$, '22004',
+    'rate_limit_key must not be NULL', 'rate_limit: a NULL key raises 22004');
+SELECT throws_ok($$SELECT runrow._require_rate_limit('k', NULL, NULL, 0)$$, '22023',
+    'output_tokens_per_minute must be NULL or a finite number more than 0, got 0', 'rate_limit: a limit of 0 raises 22023');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -136,7 +136,8 @@ BEGIN
     '0088_tenant_reserved',
     '0089_update_tenant_budget',
     '0090_queue_metrics_blocked',
-    '0091_budget_waiter_pace_full'
+    '0091_budget_waiter_pace_full',
+    '0093_update_rate_limit'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -8754,6 +8755,25 @@ INSERT INTO runrow._yoyo_migration VALUES ('f80d18fa42be66aa11b5d40299306bf10b15
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'f80d18fa42be66aa11b5d40299306bf10b156d1676951b7ab07b97837bbe5882', '0091_budget_waiter_pace_full', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0093_update_rate_limit
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '137c1f0b121ba4984b483bf83832b8eb2620af7a218f531eea273cf0436e32d6') AS apply_137c1f0b121b \gset
+\if :apply_137c1f0b121b
+-- depends: 0091_budget_waiter_pace_full
+-- update_rate_limit (functions/update_rate_limit.sql): `runrow limits set KEY --rpm 80` keeps
+-- KEY's token limits. The CLI read the key's limits from the rate_limits view and then called
+-- set_rate_limit with all three, so a change of another limit committed between the two was
+-- overwritten with the value read. The new function takes NULL as "keep" and reads and writes
+-- under the key's row lock, as update_tenant_budget does for `runrow budget tenant` (0089).
+-- This migration is the version that says the function is there (`runrow migrate` applies
+-- functions/ after it).
+
+COMMENT ON SCHEMA runrow IS
+'runrow: durable AI-agent runs (migrations and functions/ of the runrow package; '
+'runrow.schema_version() names the newest migration applied).';
+INSERT INTO runrow._yoyo_migration VALUES ('137c1f0b121ba4984b483bf83832b8eb2620af7a218f531eea273cf0436e32d6', '0093_update_rate_limit', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '137c1f0b121ba4984b483bf83832b8eb2620af7a218f531eea273cf0436e32d6', '0093_update_rate_limit', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -10678,6 +10698,23 @@ BEGIN
 END
 $fn$;
 
+-- A key's rate limits, as set_rate_limit and update_rate_limit take them: a key (its printable
+-- rule is the callers': a key stored before it can still be removed), and three optional limits.
+CREATE OR REPLACE FUNCTION runrow._require_rate_limit(
+    rate_limit_key text, requests_per_minute integer, input_tokens_per_minute integer, output_tokens_per_minute integer
+)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    PERFORM runrow._require_not_null(_require_rate_limit.rate_limit_key, 'rate_limit_key');
+    PERFORM runrow._require_key(_require_rate_limit.rate_limit_key, 'rate_limit_key');
+    PERFORM runrow._require_positive(_require_rate_limit.requests_per_minute, 'requests_per_minute');
+    PERFORM runrow._require_positive(_require_rate_limit.input_tokens_per_minute, 'input_tokens_per_minute');
+    PERFORM runrow._require_positive(_require_rate_limit.output_tokens_per_minute, 'output_tokens_per_minute');
+END
+$fn$;
+
 -- A wait a worker reports, in seconds: more than 0 and at most `most` (NaN sorts above every
 -- number, so it is over `most` too).
 CREATE OR REPLACE FUNCTION runrow._require_seconds(value numeric, arg text, most numeric)
@@ -11145,6 +11182,7 @@ $fn$;
 REVOKE ALL ON FUNCTION runrow._require_positive(numeric, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_seconds(numeric, text, numeric) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_tenant_budget(text, bigint, numeric) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._require_rate_limit(text, integer, integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._key_answered(runrow.rate_limit) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lift_held_runs(text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._lock_bucket(text) FROM PUBLIC;
@@ -17265,11 +17303,10 @@ AS $fn$
 DECLARE
     block_ended timestamptz;
 BEGIN
-    PERFORM runrow._require_not_null(set_rate_limit.rate_limit_key, 'rate_limit_key');
-    PERFORM runrow._require_key(set_rate_limit.rate_limit_key, 'rate_limit_key');
-    PERFORM runrow._require_positive(set_rate_limit.requests_per_minute, 'requests_per_minute');
-    PERFORM runrow._require_positive(set_rate_limit.input_tokens_per_minute, 'input_tokens_per_minute');
-    PERFORM runrow._require_positive(set_rate_limit.output_tokens_per_minute, 'output_tokens_per_minute');
+    PERFORM runrow._require_rate_limit(
+        set_rate_limit.rate_limit_key, set_rate_limit.requests_per_minute,
+        set_rate_limit.input_tokens_per_minute, set_rate_limit.output_tokens_per_minute
+    );
 
     IF set_rate_limit.requests_per_minute IS NULL AND set_rate_limit.input_tokens_per_minute IS NULL
        AND set_rate_limit.output_tokens_per_minute IS NULL THEN
@@ -17631,6 +17668,69 @@ COMMENT ON FUNCTION runrow.trim_journal(interval, integer) IS
 
 REVOKE ALL ON FUNCTION runrow.trim_journal(interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.trim_journal(interval, integer) TO runrow_worker;
+
+-- functions/update_rate_limit.sql
+CREATE OR REPLACE FUNCTION runrow.update_rate_limit(
+    rate_limit_key text,
+    requests_per_minute integer DEFAULT NULL,
+    input_tokens_per_minute integer DEFAULT NULL,
+    output_tokens_per_minute integer DEFAULT NULL
+)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow, pg_temp
+AS $fn$
+DECLARE
+    l runrow.rate_limit;
+BEGIN
+    PERFORM runrow._require_rate_limit(
+        update_rate_limit.rate_limit_key, update_rate_limit.requests_per_minute,
+        update_rate_limit.input_tokens_per_minute, update_rate_limit.output_tokens_per_minute
+    );
+    IF update_rate_limit.requests_per_minute IS NULL AND update_rate_limit.input_tokens_per_minute IS NULL
+       AND update_rate_limit.output_tokens_per_minute IS NULL THEN
+        RAISE EXCEPTION 'requests_per_minute, input_tokens_per_minute or output_tokens_per_minute must be '
+            'given: NULL keeps that limit as it is (set_rate_limit(rate_limit_key, NULL, NULL, NULL) removes '
+            'the key''s limits)'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM runrow._require_printable(update_rate_limit.rate_limit_key, 'rate_limit_key');
+    -- The key's row is locked before its limits are read, and set_rate_limit writes them under
+    -- the same lock: a concurrent change of another limit waits, then stands (the CLI read the
+    -- key's limits, then set all three: a change committed between the two was overwritten).
+    -- A new key gets a row with no limits first, so two first updates of it take turns too; a
+    -- row removed meanwhile (set_rate_limit with three NULLs) is made again.
+    LOOP
+        INSERT INTO runrow.rate_limit AS r (rate_limit_key) VALUES (update_rate_limit.rate_limit_key)
+        ON CONFLICT ON CONSTRAINT rate_limit_pkey DO NOTHING;
+        SELECT r.* INTO l FROM runrow.rate_limit AS r WHERE r.rate_limit_key = update_rate_limit.rate_limit_key
+        FOR UPDATE;
+        EXIT WHEN FOUND;
+    END LOOP;
+    -- set_rate_limit's rules for the levels: a newly limited dimension starts full (a key's row
+    -- made just now has none), a changed one keeps its level, capped.
+    PERFORM runrow.set_rate_limit(
+        update_rate_limit.rate_limit_key,
+        coalesce(update_rate_limit.requests_per_minute, l.requests_per_minute),
+        coalesce(update_rate_limit.input_tokens_per_minute, l.input_tokens_per_minute),
+        coalesce(update_rate_limit.output_tokens_per_minute, l.output_tokens_per_minute)
+    );
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.update_rate_limit(text, integer, integer, integer) IS
+'The operator changes some of a rate_limit_key''s limits (see set_rate_limit): each of '
+'requests_per_minute, input_tokens_per_minute and output_tokens_per_minute given (more than 0) '
+'replaces that limit, and one left NULL keeps the key''s current value (none for a new key: not '
+'limited), under the key''s row lock from the read to the write, so two concurrent updates of '
+'different limits both stand. Levels as set_rate_limit: a new or newly limited bucket starts '
+'full, a changed one keeps its level (capped) and the key its block. To lift a limit, '
+'set_rate_limit the whole; all three NULL raises 22004. Bad input (NULL, over-long or '
+'unprintable key, a limit not more than 0) raises 22004/22023 naming the argument and writes '
+'nothing.';
+
+REVOKE ALL ON FUNCTION runrow.update_rate_limit(text, integer, integer, integer) FROM PUBLIC;
 
 -- functions/update_tenant_budget.sql
 CREATE OR REPLACE FUNCTION runrow.update_tenant_budget(

@@ -79,21 +79,15 @@ def test_an_option_left_out_keeps_the_current_value(private_database_url: str) -
         assert "left out keeps" in " ".join(helped.stdout.split()), helped.stdout
 
 
-def test_budget_tenant_keeps_a_budget_changed_while_it_waits(private_database_url: str) -> None:
-    """`budget tenant race --cost-per-day 30` read the tenant's tokens_per_day, then set both: a
-    change of tokens_per_day committed between the read and the write was overwritten with the
-    value read. update_tenant_budget keeps what is not given in SQL, under the row's lock. A
-    real second session holds its change uncommitted while the command runs."""
-    url = private_database_url
-    assert (
-        runrow(url, "budget", "tenant", "race", "--tokens-per-day", "1000", "--cost-per-day", "25").returncode
-        == 0
-    )
+def _run_while_a_session_holds(url: str, change: str, command: list[str], waits_on: str) -> str:
+    """Run `runrow *command` while a real second session holds `change` uncommitted (its row
+    locked); once the command waits for a lock (its query naming `waits_on`), commit the change
+    and return the command's stdout."""
     with psycopg.connect(url) as holder:
-        holder.execute("SELECT runrow.set_tenant_budget('race', 5000, 25)")  # uncommitted: the row is locked
+        holder.execute(change)
         env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"} | {"DATABASE_URL": url}
-        command = subprocess.Popen(
-            [sys.executable, "-m", "pyworker", "budget", "tenant", "race", "--cost-per-day", "30"],
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pyworker", *command],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -104,18 +98,59 @@ def test_budget_tenant_keeps_a_budget_changed_while_it_waits(private_database_ur
                 deadline = time.monotonic() + 30
                 while not watcher.execute(
                     "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND wait_event_type = 'Lock' AND query LIKE '%tenant_budget%')"
+                    " AND wait_event_type = 'Lock' AND query LIKE %s)",
+                    (f"%{waits_on}%",),
                 ).fetchone()[0]:  # type: ignore[index]
-                    assert command.poll() is None, command.communicate()
+                    assert process.poll() is None, process.communicate()
                     assert time.monotonic() < deadline, "the command never waited for the row"
                     time.sleep(0.05)
             holder.commit()
-            out, err = command.communicate(timeout=30)
+            out, err = process.communicate(timeout=30)
         finally:
-            if command.poll() is None:
-                command.kill()
-    assert command.returncode == 0, err
+            if process.poll() is None:
+                process.kill()
+    assert process.returncode == 0, err
+    return out
+
+
+def test_budget_tenant_keeps_a_budget_changed_while_it_waits(private_database_url: str) -> None:
+    """`budget tenant race --cost-per-day 30` read the tenant's tokens_per_day, then set both: a
+    change of tokens_per_day committed between the read and the write was overwritten with the
+    value read. update_tenant_budget keeps what is not given in SQL, under the row's lock. A
+    real second session holds its change uncommitted while the command runs."""
+    url = private_database_url
+    assert (
+        runrow(url, "budget", "tenant", "race", "--tokens-per-day", "1000", "--cost-per-day", "25").returncode
+        == 0
+    )
+    out = _run_while_a_session_holds(
+        url,
+        "SELECT runrow.set_tenant_budget('race', 5000, 25)",
+        ["budget", "tenant", "race", "--cost-per-day", "30"],
+        "tenant_budget",
+    )
     assert _row(out, "race") == {"fairness_key": "race", "tokens_per_day": "5000", "cost_per_day": "30"}
+
+
+def test_limits_set_keeps_a_limit_changed_while_it_waits(private_database_url: str) -> None:
+    """`limits set race-key --rpm 80` read the key's token limits from the view, then set all
+    three: a change of input_tokens_per_minute committed between the read and the write was
+    overwritten with the value read (before update_rate_limit: input 30000 again, not 50000).
+    update_rate_limit keeps what is not given in SQL, under the key's row lock."""
+    url = private_database_url
+    assert runrow(url, "limits", "set", "race-key", "--rpm", "50", "--input-tpm", "30000").returncode == 0
+    out = _run_while_a_session_holds(
+        url,
+        "SELECT runrow.set_rate_limit('race-key', 50, 50000, NULL)",
+        ["limits", "set", "race-key", "--rpm", "80"],
+        "rate_limit",
+    )
+    assert _row(out, "race-key") == {
+        "rate_limit_key": "race-key",
+        "requests_per_minute": "80",
+        "input_tokens_per_minute": "50000",
+        "output_tokens_per_minute": "",
+    }
 
 
 def test_bad_values_are_one_line_errors_and_change_nothing(private_database_url: str) -> None:

@@ -342,3 +342,24 @@ def test_two_reapers_charging_crosswise_tenants_do_not_deadlock(
         "SELECT sum(reserved_tokens) FROM runrow.tenant_budget WHERE fairness_key LIKE %s", (prefix + "%",)
     ).fetchone()
     assert reserved == (0,)
+
+
+def test_two_first_updates_of_a_new_key_both_stand(owner: psycopg.Connection, connect: Connect) -> None:
+    """update_rate_limit on a key with no row yet: the first makes the row (uncommitted), the
+    second waits for it, then keeps its limit. A read of no row followed by set_rate_limit with
+    NULL for "keep" would have lifted the first's limit: (NULL, 500, NULL), not (10, 500, NULL)."""
+    key = f"new-key-{uuid.uuid4()}"
+    holder = connect()
+    holder.execute("BEGIN")
+    holder.execute("SELECT runrow.update_rate_limit(%s, requests_per_minute => 10)", (key,))
+    second = "SELECT runrow.update_rate_limit(%s, input_tokens_per_minute => 500)"
+    call = Background(connect(), lambda c: c.execute(second, (key,)))
+    call.wait_blocked_by(owner, holder)
+    holder.execute("COMMIT")
+    call.result()
+    row = owner.execute(
+        "SELECT requests_per_minute, input_tokens_per_minute, output_tokens_per_minute, requests_left, "
+        "input_tokens_left FROM runrow.rate_limit WHERE rate_limit_key = %s",
+        (key,),
+    ).fetchone()
+    assert row == (10, 500, None, 10, 500)

@@ -1,7 +1,8 @@
 """`runrow limits` and `runrow budget`: set and show the fleet's rate limits, budgets and prices
-(SPEC "Fleet scheduling"). They call runrow.set_rate_limit / set_tenant_budget / set_model_price
-and read the documented views; a bad value is refused by the database with a message naming
-the argument (exit 2), and nothing is changed."""
+(SPEC "Fleet scheduling"). They call runrow.update_rate_limit / set_rate_limit /
+update_tenant_budget / set_tenant_budget / set_model_price and read the documented views; a bad
+value is refused by the database with a message naming the argument (exit 2), and nothing is
+changed."""
 
 from __future__ import annotations
 
@@ -194,19 +195,18 @@ async def cmd_limits(args: argparse.Namespace) -> int:
                 raise CliError(
                     "give at least one of --rpm, --input-tpm, --output-tpm (or use `limits remove`)"
                 )
-            limits = await _kept(
+            # In SQL, not read here and set whole: a change of another limit committed between
+            # the read and the write was overwritten with the value read.
+            await limits_api.set_rate_limit(
+                conn, args.key, args.rpm, args.input_tpm, args.output_tpm, keep_unset=True
+            )
+            echo(f"rate limit of {args.key} set")
+            await _show_row(
                 conn,
                 "rate_limits",
                 args.key,
-                {
-                    "requests_per_minute": args.rpm,
-                    "input_tokens_per_minute": args.input_tpm,
-                    "output_tokens_per_minute": args.output_tpm,
-                },
+                ["requests_per_minute", "input_tokens_per_minute", "output_tokens_per_minute"],
             )
-            await limits_api.set_rate_limit(conn, args.key, *limits.values())
-            echo(f"rate limit of {args.key} set")
-            await _show_row(conn, "rate_limits", args.key, list(limits))
         elif args.action == "remove":
             await limits_api.set_rate_limit(conn, args.key, None, None, None)
             echo(f"rate limit of {args.key} removed")
@@ -261,16 +261,6 @@ async def cmd_budget(args: argparse.Namespace) -> int:
             if doc is not None:
                 json_output.emit(doc)
     return 0
-
-
-async def _kept(conn: AsyncConnection[Any], view: str, key: str, given: dict[str, Any]) -> dict[str, Any]:
-    """`given` (a setter's arguments, None for an option left out) with each one left out taken
-    from the key's row of `view`. set_rate_limit takes every value, NULL being "not limited": the
-    CLI passed NULL for an option not given, so `limits set K --rpm 80` lifted K's token limits
-    without a word. (Read, then set: a concurrent change of another limit of the key can be
-    lost; `budget tenant` has update_tenant_budget in SQL for that.)"""
-    current = await limits_api.view_row(conn, view, key) or {}
-    return {name: current.get(name) if value is None else value for name, value in given.items()}
 
 
 async def _show_row(conn: AsyncConnection[Any], view: str, key: str, columns: list[str]) -> None:

@@ -105,16 +105,27 @@ async def record_usage(conn: AsyncConnection, run_id: UUID, claim_token: UUID, u
     return bool(row and row[0])
 
 
+_RATE_LIMIT_SETTERS = {
+    "set": "SELECT runrow.set_rate_limit(rate_limit_key => %s, requests_per_minute => %s, "
+    "input_tokens_per_minute => %s, output_tokens_per_minute => %s)",
+    "update": "SELECT runrow.update_rate_limit(rate_limit_key => %s, requests_per_minute => %s, "
+    "input_tokens_per_minute => %s, output_tokens_per_minute => %s)",
+}
+
+
 async def set_rate_limit(
     conn: AsyncConnection,
     rate_limit_key: str,
     requests_per_minute: int | None,
     input_tokens_per_minute: int | None,
     output_tokens_per_minute: int | None,
+    *,
+    keep_unset: bool = False,
 ) -> None:
+    """The key's limits, None being "not limited" (all None removes the key). keep_unset
+    (update_rate_limit): one left None keeps its current value instead, atomically."""
     await conn.execute(
-        "SELECT runrow.set_rate_limit(rate_limit_key => %s, requests_per_minute => %s, "
-        "input_tokens_per_minute => %s, output_tokens_per_minute => %s)",
+        _RATE_LIMIT_SETTERS["update" if keep_unset else "set"],
         (rate_limit_key, requests_per_minute, input_tokens_per_minute, output_tokens_per_minute),
     )
 
