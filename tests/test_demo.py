@@ -113,8 +113,9 @@ def _sigint_as_a_terminal_sends_it() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def started_until_claimed() -> tuple[subprocess.Popen[str], str]:
-    """The demo on its own cluster, slowed down, and what it printed up to its run's first claim."""
+def started_until_claimed(marker: str = "CLAIMED by") -> tuple[subprocess.Popen[str], str]:
+    """The demo on its own cluster, slowed down, and what it printed up to its run's first claim
+    (or to the first line with `marker`)."""
     proc = subprocess.Popen(
         [*DEMO, "--delta-delay", "0.2"],
         cwd=REPO,
@@ -129,10 +130,10 @@ def started_until_claimed() -> tuple[subprocess.Popen[str], str]:
     deadline = time.monotonic() + 120
     for line in proc.stdout:
         lines.append(line)
-        if "CLAIMED by" in line or time.monotonic() > deadline:
+        if marker in line or time.monotonic() > deadline:
             break
     out = "".join(lines)
-    assert "CLAIMED by" in out, out
+    assert marker in out, out
     return proc, out
 
 
@@ -159,8 +160,27 @@ def test_ctrl_c_or_sigterm_mid_run_shuts_down_the_workers_the_fake_model_and_the
     assert len(pids) == 2, out
     for pid in pids:
         assert not alive(pid), pid
+    # Drained, the run in flight released: each worker ended on its own, not by the signal.
+    assert re.findall(r"(worker-[ab]): stopped \(SIGTERM, exit 0\)", out) == ["worker-a", "worker-b"], out
     postmasters = subprocess.run(["pgrep", "-f", root.group(1)], capture_output=True, text=True).stdout
     assert not postmasters.strip(), postmasters
+
+
+def test_stopped_while_its_workers_start_the_workers_still_drain_and_exit_0() -> None:
+    """A SIGTERM to the demo just after it started its workers: they were still importing, had no
+    handler yet, and died by the demo's SIGTERM: `worker-a: stopped (SIGTERM, exit -15)` (the
+    audit). Each must end on its own, exit 0, having claimed nothing."""
+    proc, out = started_until_claimed("worker-b starting (pid")
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=60)
+    out += rest
+    assert proc.returncode == 143, out
+    assert "interrupted (SIGTERM)" in out and "CLAIMED by" not in out, out
+    assert re.findall(r"(worker-[ab]): stopped \(SIGTERM, exit 0\)", out) == ["worker-a", "worker-b"], out
+    pids = [int(p) for p in re.findall(r"worker-[ab] starting \(pid (\d+)\)", out)]
+    assert len(pids) == 2 and not any(map(alive, pids)), out
+    root = re.search(r"cluster up in (\S+)", out)
+    assert root and not Path(root.group(1)).exists(), out
 
 
 def demo_folder(out: str) -> Path:

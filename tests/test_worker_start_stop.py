@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +41,70 @@ def test_a_signal_before_the_database_answers_stops_the_worker(signum: signal.Si
     assert worker.returncode == 0, log
     assert "stopped before the database answered: nothing was claimed" in log
     assert "Traceback" not in log and "s3cret" not in log
+
+
+SLOW_HANDLER = """
+import os, sys, time
+
+print("slow_handler: loading", file=sys.stderr, flush=True)
+deadline = time.monotonic() + 30
+while not os.path.exists(os.environ["SLOW_HANDLER_GO"]) and time.monotonic() < deadline:
+    time.sleep(0.02)
+
+async def handle(ctx):
+    return {}
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_the_worker_still_loads_its_handler_stops_it_cleanly(
+    signum: signal.Signals, tmp_path: Path
+) -> None:
+    """Worker.run installs its handlers only once the handler and tools are imported (2-3 s for
+    the agent's). A SIGTERM in that window killed the worker by the signal (status -15), as
+    `runrow demo` stopped at its start reported for both workers. Here the handler's import waits
+    for a file, so the signal lands there every time."""
+    (tmp_path / "slow_handler.py").write_text(SLOW_HANDLER)
+    go = tmp_path / "go"
+    environ = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pyworker",
+            "worker",
+            "--worker-id",
+            "loading",
+            "--handler",
+            "slow_handler:handle",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={
+            **environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), environ.get("PYTHONPATH")) if p),
+            "SLOW_HANDLER_GO": str(go),
+            # Never asked: the worker stops before it connects.
+            "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2",
+        },
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert worker.stderr is not None
+    seen = []
+    try:
+        for line in worker.stderr:
+            seen.append(line)
+            if "slow_handler: loading" in line:
+                break
+        else:
+            pytest.fail("".join(seen))
+        worker.send_signal(signum)
+        go.touch()
+        rest = worker.communicate(timeout=25)[1]
+    finally:
+        worker.kill()
+    log = "".join(seen) + rest
+    assert worker.returncode == 0, log
+    assert f"{signum.name}: draining" in log, log
+    assert "stopped before the database answered: nothing was claimed" in log, log
+    assert "connecting to" not in log and "Traceback" not in log, log

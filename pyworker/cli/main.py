@@ -123,6 +123,9 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from pyworker.worker import early_signals
+
+    early_signals.install()  # first: a SIGTERM while the handler loads must still drain, exit 0
     import asyncio
 
     from pyworker.worker import logs, tracing

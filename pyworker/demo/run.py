@@ -62,6 +62,7 @@ TASK = (
 )
 METADATA = {"max_tokens": 4096, "thinking": {"type": "enabled", "budget_tokens": 1024}}
 NON_IDEMPOTENT = "send_email"
+WORKER_STOPS = (signal.SIGTERM, signal.SIGINT)
 
 
 @dataclass
@@ -106,10 +107,17 @@ class WorkerProcess:
         # in order. setpriv's parent-death signal ends them even if the demo itself is SIGKILLed.
         if shutil.which("setpriv"):
             cmd = ["setpriv", "--pdeathsig", "TERM", "--", *cmd]
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        # Started with SIGTERM and SIGINT blocked (a child inherits the mask): a stop that comes
+        # while it still imports waits, pending, until `runrow worker` handles it
+        # (pyworker/worker/early_signals.py); before, it died by the signal (exit -15).
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_STOPS)
+        try:
+            with self.log_path.open("wb") as log:
+                self.proc = subprocess.Popen(
+                    cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     @property
     def pid(self) -> int:
@@ -295,6 +303,7 @@ def _workers(
     stack.callback(stop_all)
     for name in WORKERS:
         workers[name] = WorkerProcess(name, env, workdir)
+        screen.line(f"{name} starting (pid {workers[name].pid}) ...")
     deadline = time.monotonic() + 60
     while not all(w.started() for w in workers.values()):
         if time.monotonic() > deadline:

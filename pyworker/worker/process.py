@@ -27,7 +27,7 @@ from pyworker.db.config import where
 from pyworker.db.hub import Hub
 from pyworker.db.pooling import POOLER_SAFE, accepted_kwargs_within
 from pyworker.db.session_limits import worker_connection_kwargs
-from pyworker.worker import metrics
+from pyworker.worker import early_signals, metrics
 from pyworker.worker.dispatcher import Dispatcher
 from pyworker.worker.handler import RunHandler
 from pyworker.worker.journal import JournalWriter
@@ -178,6 +178,8 @@ class Worker:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        for signum in early_signals.take():  # those that came while the process was starting
+            self._on_signal(signum)
         try:
             return await self._run()
         finally:
@@ -195,6 +197,9 @@ class Worker:
                 self.pool_size,
                 self.lease_seconds,
             )
+        if self._stop.is_set():  # stopped while starting: the database was never asked
+            log.info("stopped before the database answered: nothing was claimed")
+            return 0
         metrics.register_worker()  # the worker's series, in a process that runs one
         log.info("worker %s connecting to %s", self.worker_id, where(self.conninfo))
         self._starting = asyncio.ensure_future(self._connect())
