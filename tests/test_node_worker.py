@@ -2,7 +2,9 @@
 SQL API only) next to a Python worker, and the README's psql walkthrough run exactly as written.
 
 - Both workers drain one queue: every run completed exactly once (one claim, one complete, attempt
-  1), each worker claimed some, every journal complete and its text the echo, audit() clean.
+  1), each worker claimed some, every journal complete and its text the echo, audit() clean. A run
+  of another model the Node worker claims is handed back (defer_run, attempt given back, 1 s then
+  2 s) and the Python worker runs it as its first attempt.
 - The Node worker honours a stop: the cancel NOTIFY (confirmed by the row; a forged one stops
   nothing) ends its run `cancelled` with the partial text,
   and so does the heartbeat's cancel_requested alone; fenced out (reaped), it stands down.
@@ -446,20 +448,65 @@ def test_node_worker_drain_releases_what_it_holds(
         released(run, worker)
 
 
-def test_node_worker_refuses_a_run_of_another_model(db: psycopg.Connection, node_worker: NodeWorker) -> None:
-    """Next to an agent fleet the Node worker claimed agent runs and completed them with echo text
-    (the audit). A run of another model now ends `failed` at once, saying why, with nothing
-    journaled by the handler and no attempt spent on a retry; echo runs go on."""
-    agent = enqueue_run(db, "what is 2+2?", "claude-sonnet-4-5", max_attempts=3, metadata={"echo": "4"})
+def hand_backs(db: psycopg.Connection, run: uuid.UUID) -> list[float]:
+    """The seconds each deferral of `run` kept it from every claimer (not_before - its now())."""
+    rows = db.execute(
+        "SELECT extract(epoch FROM (payload ->> 'not_before')::timestamptz - created_at) "
+        "FROM runrow.run_event WHERE run_id = %s AND type = 'run_requeued' "
+        "AND (payload ->> 'deferred')::boolean ORDER BY seq",
+        (run,),
+    ).fetchall()
+    return [float(r[0]) for r in rows]
+
+
+def test_node_worker_hands_a_run_of_another_model_back_for_the_fleet(
+    db: psycopg.Connection, worker_db: str, tmp_path: Path
+) -> None:
+    """claim_runs has no model filter, so a Node echo worker next to Python workers claims their
+    runs. It ended them `failed` (the audit): a run the fleet could run, lost. Now it hands such
+    a run back with defer_run, its attempt given back (at max_attempts = 1, where release_run
+    would fail it), journaling nothing of its own, not claimable for 1 s, then 2 s, ... (at most
+    60 s) per hand-back of the same run; a Python worker then runs it as its first attempt.
+    Echo runs go on meanwhile. The Node worker polls every 2 s and the Python one every 0.2 s:
+    both race for a run as it comes due, and each race Node wins doubles the wait (bounded)."""
+    node = NodeWorker(worker_db, "node-1", tmp_path, POLL_SECONDS="2")
+    try:
+        hand_back_then_python_runs_them(db, worker_db, node)
+    finally:
+        node.stop()
+
+
+def hand_back_then_python_runs_them(db: psycopg.Connection, worker_db: str, node: NodeWorker) -> None:
+    others = [
+        enqueue_run(db, f"other {i}", "not-echo", metadata={"echo": f"from python {i}"}) for i in range(2)
+    ]
     echo = enqueue_run(db, "e", "echo", metadata={"echo": "still echoing", "duration": 0})
-    assert wait_status(db, agent, TERMINAL, 15) == "failed", node_worker.log()
-    row = run_row(db, agent)
-    assert row["attempt"] == 1 and len(claim_seqs(db, agent)) == 1  # ended once, not handed back
-    assert row["error"].startswith('worker.js runs model "echo" only, not "claude-sonnet-4-5"'), row["error"]
-    assert "every worker on one queue must run the same handler" in row["error"]
-    assert streamed_text(db, agent) == "" and "message_start" not in [e["type"] for e in events(db, agent)]
-    assert wait_status(db, echo, TERMINAL, 15) == "completed", node_worker.log()
+    # Alone on the queue, the Node worker hands each back twice, the second time for longer.
+    for run in others:
+        wait_until(lambda r=run: len(hand_backs(db, r)) >= 2, 20, f"two hand-backs\n{node.log()}", 0.1)
+        assert hand_backs(db, run)[:2] == [1.0, 2.0], node.log()
+        row = run_row(db, run)
+        assert row["status"] in ("queued", "running") and row["attempt"] <= 1, row  # running: held now
+        reason = 'worker.js runs model "echo" only, not "not-echo": handed back with its attempt'
+        assert row["status"] == "running" or row["error"].startswith(reason), row
+    assert wait_status(db, echo, TERMINAL, 15) == "completed", node.log()
     assert run_row(db, echo)["result"]["text"] == "still echoing"
+
+    python = WorkerProcess(worker_db, "py-1", ["--poll", "0.2"]).wait_started()
+    try:
+        for i, run in enumerate(others):
+            assert wait_status(db, run, TERMINAL, 90) == "completed", (python.log(), node.log())
+            row = run_row(db, run)
+            assert (row["worker_id"], row["attempt"], row["error"]) == ("py-1", 1, None), row
+            assert row["result"]["text"] == f"from python {i}"
+            kinds = [e["type"] for e in events(db, run)]
+            # Node's claims journaled run_claimed and run_requeued only: no message, no text.
+            assert kinds.count("message_start") == 1 and streamed_text(db, run) == f"from python {i}", kinds
+            assert kinds.count("run_claimed") == kinds.count("run_requeued") + 1, kinds
+    finally:
+        python.close()
+    assert node.stop() == 0
+    assert db.execute("SELECT * FROM runrow.audit()").fetchall() == []
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 // A runrow worker in Node.js: the same queue as the Python worker, through the runrow.* SQL API only.
 // Handler: echo (streams metadata.echo back over metadata.duration seconds), like pyworker's echo, for runs
-// of ECHO_MODEL only: every worker on one queue must run the same handler (README.md beside this).
+// of ECHO_MODEL only: a run of another model is handed back, its attempt given back (README.md beside this).
 // Env: DATABASE_URL, CONCURRENCY (2), LEASE_SECONDS (30), POLL_SECONDS (5), GRACE_SECONDS (30),
 // DRAIN_SECONDS (30), WORKER_ID (node-<host>-<pid>), ECHO_MODEL (echo). What every worker must do: README.md.
 'use strict';
@@ -153,7 +153,7 @@ async function execute(run) {
   const beat = setInterval(() => heartbeat(run), (lease * 1000) / 3);
   const pause = (ms) => new Promise((resolve) => { wake = resolve; setTimeout(resolve, ms); });
   try {
-    if (run.model !== echoModel) await refuse(run);
+    if (run.model !== echoModel) await handBack(run);
     else if ((await supersede(run)) === null) run.stop('lost');
     else if ((await append(run, [{ type: 'message_start', role: 'assistant' }])) === null) run.stop('lost');
     if (!run.refused) await end(run, run.stopped ? '' : await echo(run, pause));
@@ -193,16 +193,28 @@ async function end(run, text) {
   return log(`run ${run.run_id}: ${ok ? status : 'already ended elsewhere'}`);
 }
 
-// A run of another model (an agent run, next to an agent fleet) was completed with echo text. The claim
-// takes any run and cannot be handed back for free: release_run spends the attempt (then failed at
-// max_attempts = 1, the default) and comes back here after its backoff; defer_run is for fleet limits and
-// would bring it back for ever. So it ends `failed` once, saying why, and nothing of it is journaled.
-async function refuse(run) {
+// A run of another model (an agent run, next to an agent fleet). claim_runs has no model filter, so it was
+// claimed; it is handed back untouched for a worker of its model. defer_run gives the attempt back and
+// journals run_requeued (deferred: true), nothing else; release_run would spend the attempt (failed at once
+// at max_attempts = 1, the default), and ending it `failed` (as this worker did) lost a run the fleet could
+// run. Nobody can claim it for retryIn: 1 s the first time this worker hands the run back, doubling per
+// hand-back of the same run up to 60 s, so a run no worker on the queue can take costs two journal rows a
+// minute, not two a poll, and one that can be taken waits at most a minute longer for it.
+const handedBack = new Map(); // run_id -> hand-backs so far, for the newest 10,000 runs
+async function handBack(run) {
   run.refused = true;
-  const error = `worker.js runs model ${JSON.stringify(echoModel)} only, not ${JSON.stringify(run.model)}: every `
-    + 'worker on one queue must run the same handler; retry_run it where a worker of its model drains the queue';
-  const [{ ok }] = await finish(run, 'failed', null, error);
-  log(`run ${run.run_id}: ${ok ? 'failed' : 'already ended elsewhere'}: ${error}`);
+  const times = handedBack.get(run.run_id) ?? 0;
+  handedBack.delete(run.run_id); // re-inserted: the Map keeps insertion order, the oldest go first
+  handedBack.set(run.run_id, times + 1);
+  if (handedBack.size > 10000) handedBack.delete(handedBack.keys().next().value);
+  const retryIn = Math.min(60, 2 ** times);
+  const reason = `worker.js runs model ${JSON.stringify(echoModel)} only, not ${JSON.stringify(run.model)}: `
+    + 'handed back with its attempt for a worker of that model';
+  const [{ outcome }] = await call(
+    'SELECT runrow.defer_run(run_id => $1, claim_token => $2, retry_in => make_interval(secs => $3), '
+      + 'reason => $4) AS outcome',
+    [run.run_id, run.claim_token, retryIn, reason]);
+  log(`run ${run.run_id}: ${outcome ?? 'fenced out (no longer ours)'} for ${retryIn} s: ${reason}`);
 }
 
 // The handler threw. A database outage that outlasted call()'s retries ends nothing: the lease lapses and
@@ -237,8 +249,10 @@ async function claim() {
       const { rows } = await pool.query(
         'SELECT * FROM runrow.claim_runs(worker_id => $1, max_runs => $2, lease_seconds => $3)',
         [workerId, concurrency - running.size, lease]);
-      // A drain began while this claim was in flight: hand its runs back now rather than exit holding them.
-      if (stopping) await Promise.all(rows.map((run) => release(run, 'drained: claimed as the worker was stopping')));
+      // A drain began while this claim was in flight: hand its runs back now rather than exit holding them
+      // (one of another model with its attempt, as always).
+      const drained = (run) => release(run, 'drained: claimed as the worker was stopping');
+      if (stopping) await Promise.all(rows.map((run) => (run.model === echoModel ? drained(run) : handBack(run))));
       else rows.forEach((run) => execute(run));
       if (rows.length === 0) break;
     }
