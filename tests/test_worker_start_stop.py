@@ -8,37 +8,58 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_before_the_database_answers_stops_the_worker(signum: signal.Signals) -> None:
+def signalled_at(
+    needle: str,
+    signum: signal.Signals,
+    args: list[str],
+    env: dict[str, str],
+    then: Callable[[], object] = list,
+) -> tuple[int, str]:
+    """Start `runrow worker ARGS`, send it `signum` once it logs `needle`, call `then`; its exit
+    status and everything it logged."""
     environ = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    # Port 1 refuses at once, so the pool retries for its 30 s.
-    unreachable = "postgresql://nobody:s3cret@127.0.0.1:1/none?connect_timeout=2"
     worker = subprocess.Popen(
-        [sys.executable, "-m", "pyworker", "worker", "--worker-id", "early"],
+        [sys.executable, "-m", "pyworker", "worker", *args],
         stderr=subprocess.PIPE,
         text=True,
-        env={**environ, "DATABASE_URL": unreachable, "ANTHROPIC_API_KEY": "test-key"},
+        env={**environ, **env},
+        # A background job inherits SIGINT ignored: give the worker the terminal's.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert worker.stderr is not None
     seen = []
-    for line in worker.stderr:  # the handlers are installed before this line is logged
-        seen.append(line)
-        if "worker early connecting to 127.0.0.1:1/none" in line:
-            break
-    else:
-        pytest.fail("".join(seen))
-    worker.send_signal(signum)
     try:
+        for line in worker.stderr:
+            seen.append(line)
+            if needle in line:
+                break
+        else:
+            pytest.fail("".join(seen))
+        worker.send_signal(signum)
+        then()
         rest = worker.communicate(timeout=25)[1]
     finally:
         worker.kill()
-    log = "".join(seen) + rest
-    assert worker.returncode == 0, log
+    return worker.returncode, "".join(seen) + rest
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_before_the_database_answers_stops_the_worker(signum: signal.Signals) -> None:
+    # Port 1 refuses at once, so the pool retries for its 30 s.
+    unreachable = "postgresql://nobody:s3cret@127.0.0.1:1/none?connect_timeout=2"
+    code, log = signalled_at(
+        "worker early connecting to 127.0.0.1:1/none",  # the handlers are installed before this line
+        signum,
+        ["--worker-id", "early"],
+        {"DATABASE_URL": unreachable, "ANTHROPIC_API_KEY": "test-key"},
+    )
+    assert code == 0, log
     assert "stopped before the database answered: nothing was claimed" in log
     assert "Traceback" not in log and "s3cret" not in log
 
@@ -66,45 +87,19 @@ def test_a_signal_while_the_worker_still_loads_its_handler_stops_it_cleanly(
     for a file, so the signal lands there every time."""
     (tmp_path / "slow_handler.py").write_text(SLOW_HANDLER)
     go = tmp_path / "go"
-    environ = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pyworker",
-            "worker",
-            "--worker-id",
-            "loading",
-            "--handler",
-            "slow_handler:handle",
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-        env={
-            **environ,
-            "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), environ.get("PYTHONPATH")) if p),
+    code, log = signalled_at(
+        "slow_handler: loading",
+        signum,
+        ["--worker-id", "loading", "--handler", "slow_handler:handle"],
+        {
+            "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p),
             "SLOW_HANDLER_GO": str(go),
             # Never asked: the worker stops before it connects.
             "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2",
         },
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        then=go.touch,
     )
-    assert worker.stderr is not None
-    seen = []
-    try:
-        for line in worker.stderr:
-            seen.append(line)
-            if "slow_handler: loading" in line:
-                break
-        else:
-            pytest.fail("".join(seen))
-        worker.send_signal(signum)
-        go.touch()
-        rest = worker.communicate(timeout=25)[1]
-    finally:
-        worker.kill()
-    log = "".join(seen) + rest
-    assert worker.returncode == 0, log
+    assert code == 0, log
     assert f"{signum.name}: draining" in log, log
     assert "stopped before the database answered: nothing was claimed" in log, log
     assert "connecting to" not in log and "Traceback" not in log, log
