@@ -94,12 +94,32 @@ def echo_back(text: str, duration: float) -> Callable[[Route], None]:
     return handle
 
 
-def sign_in_and_send(page: Page, server: Server, message: str) -> None:
+def sign_in(page: Page, server: Server) -> None:
     page.goto(server.url + "/")
     page.fill("#token", ALICE_TOKEN)
     page.click("#token-form button[type=submit]")
+
+
+def sign_in_and_send(page: Page, server: Server, message: str) -> None:
+    sign_in(page, server)
     page.fill("#message", message)
     page.click("#send")
+
+
+def park_on_approval(
+    db: psycopg.Connection, tool: str, args: dict, conversation: uuid.UUID | None = None
+) -> tuple[uuid.UUID, str]:
+    """Alice's run, claimed by the test (no worker) and parked on an irreversible call of `tool`
+    that waits for her approval: the run and the call's key."""
+    run_id = db.execute(
+        "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => '\"do it\"', "
+        "model => 'echo', user_id => 'alice', tools => %s::jsonb)",
+        (conversation or uuid.uuid4(), tool_defs(tool)),
+    ).fetchone()[0]
+    token = claim(db, run_id)
+    key = tool_turn(db, run_id, token, "toolu_1", tool, args)
+    assert begin(db, run_id, token, key, tool, args, "irreversible")[0] == "needs_approval"
+    return run_id, key
 
 
 def page_text(page: Page) -> str:
@@ -210,19 +230,8 @@ def quiet(quiet_db: str) -> Iterator[Server]:
 
 def test_approve_a_pending_tool_call(quiet: Server, quiet_db: str, page: Page) -> None:
     with psycopg.connect(quiet_db, autocommit=True) as db:
-        run_id = db.execute(
-            "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => '\"wire it\"', "
-            "model => 'echo', user_id => 'alice', tools => %s::jsonb)",
-            (uuid.uuid4(), tool_defs("send_wire")),
-        ).fetchone()[0]
-        token = claim(db, run_id)
-        key = tool_turn(db, run_id, token, "toolu_1", "send_wire", {"amount": 250})
-        assert (
-            begin(db, run_id, token, key, "send_wire", {"amount": 250}, "irreversible")[0] == "needs_approval"
-        )
-        page.goto(quiet.url + "/")
-        page.fill("#token", ALICE_TOKEN)
-        page.click("#token-form button[type=submit]")
+        run_id, key = park_on_approval(db, "send_wire", {"amount": 250})
+        sign_in(page, quiet)
         item = page.wait_for_selector(f"#approval-list li[data-key='{key}']")
         assert "send_wire" in item.inner_text() and '"amount":250' in item.inner_text()
         item.query_selector("button.approve").click()
@@ -342,17 +351,8 @@ def test_an_approval_card_shows_bidi_and_invisible_characters_as_escapes(
     hostile = {"cmd": "echo safe \u202e; fr- mr\u202c", "note": "zero\u200bwidth\u2066x\u2069\ufeff\u00ad"}
     conversation = uuid.uuid4()
     with psycopg.connect(cards_db, autocommit=True) as db:
-        run_id = db.execute(
-            "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => '\"run it\"', "
-            "model => 'echo', user_id => 'alice', tools => %s::jsonb)",
-            (conversation, tool_defs("shell")),
-        ).fetchone()[0]
-        token = claim(db, run_id)
-        key = tool_turn(db, run_id, token, "toolu_1", "shell", hostile)
-        assert begin(db, run_id, token, key, "shell", hostile, "irreversible")[0] == "needs_approval"
-        page.goto(cards.url + "/")
-        page.fill("#token", ALICE_TOKEN)
-        page.click("#token-form button[type=submit]")
+        run_id, key = park_on_approval(db, "shell", hostile, conversation)
+        sign_in(page, cards)
         item = page.wait_for_selector(f"#approval-list li[data-key='{key}']")
         shown = str(item.eval_on_selector("code", "el => el.textContent"))
         assert shown == (
@@ -363,6 +363,40 @@ def test_an_approval_card_shows_bidi_and_invisible_characters_as_escapes(
         origin = item.inner_text()
         assert f"run {run_id}" in origin and f"conversation {conversation}" in origin, origin
         assert "irreversible" in origin, origin
+
+
+@pytest.fixture(scope="module")
+def many_db(database_url: str) -> Iterator[str]:
+    yield from private_database(database_url, "runrow_http_page_many")
+
+
+@pytest.fixture(scope="module")
+def many(many_db: str) -> Iterator[Server]:
+    """No worker: the test parks its runs on approvals itself."""
+    yield from serve(many_db, tokens=TOKENS)
+
+
+def test_the_page_shows_every_pending_approval_past_the_first_page(
+    many: Server, many_db: str, page: Page
+) -> None:
+    """GET /approvals answers 100 a page with `next`; the page read the first page only, so the
+    101st call waiting on alice never had a card to approve. 201 approvals: three pages."""
+    with psycopg.connect(many_db, autocommit=True) as db:
+        keys = [park_on_approval(db, "send_wire", {"amount": i})[1] for i in range(201)]
+        sign_in(page, many)
+        page.wait_for_selector(f"#approval-list li[data-key='{keys[0]}']")
+        page.wait_for_function(
+            "n => document.querySelectorAll('#approval-list li').length >= n", arg=len(keys)
+        )
+        shown = page.eval_on_selector_all("#approval-list li", "items => items.map((li) => li.dataset.key)")
+        assert shown == keys, (len(shown), len(keys))  # each once, oldest waiting first
+        # The last one can be decided from the page like the first.
+        page.query_selector(f"#approval-list li[data-key='{keys[-1]}'] button.reject").click()
+        page.wait_for_function("n => document.querySelectorAll('#approval-list li').length === n", arg=200)
+        decided = db.execute(
+            "SELECT state, decided_by FROM runrow.tool_effect WHERE idempotency_key = %s", (keys[-1],)
+        ).fetchone()
+        assert decided == ("rejected", "alice")
 
 
 @pytest.fixture(scope="module")

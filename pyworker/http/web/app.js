@@ -359,14 +359,34 @@ function visible(text) {
   });
 }
 
+// GET /approvals answers a page at a time (100 by default) with `next` while more remain: the
+// page showed the first page only, so the 101st call waiting on this person never had a card.
+// Every page is read before the list is replaced; a poll that a later one overtook draws nothing.
+const APPROVAL_PAGES = 100; // 10,000 cards at most: past that, `runrow approvals` lists them
+let approvalsPoll = 0;
+
+async function pendingApprovals() {
+  const approvals = [];
+  let after = null;
+  for (let i = 0; i < APPROVAL_PAGES; i++) {
+    const page = await api("GET", after === null ? "/approvals" : `/approvals?after=${encodeURIComponent(after)}`);
+    approvals.push(...page.approvals);
+    after = page.next ?? null;
+    if (after === null) break;
+  }
+  return approvals;
+}
+
 async function pollApprovals() {
   if (authMode === "bearer" && !token) return;
+  const mine = ++approvalsPoll;
   let approvals = [];
   try {
-    approvals = (await api("GET", "/approvals")).approvals;
+    approvals = await pendingApprovals();
   } catch (err) {
     return;
   }
+  if (mine !== approvalsPoll) return;
   const list = $("approval-list");
   list.replaceChildren();
   for (const a of approvals) {
