@@ -29,9 +29,11 @@ import pytest
 from pyworker.agent import ratelimit_headers
 from pyworker.fake.faults import (
     Fault,
+    bad_tool_json,
     drop_connection,
     end_stream,
     error_event,
+    garbled,
     overloaded,
     rate_limited,
     server_error,
@@ -706,6 +708,31 @@ def test_a_stream_ended_cleanly_before_message_stop_raises_nothing_in_the_sdk(fa
     [block] = final.content
     assert block.type == "tool_use" and block.input == {"city": "Paris"}
     assert fake.request_count == 1 and fake.requests[0].outcome == "ended_early"
+
+
+def test_a_tool_input_that_is_not_json_is_a_value_error_in_the_sdk(fake: FakeModel) -> None:
+    """The SDK parses a tool_use's input as it streams, and raises a bare ValueError (worded as
+    pyworker.agent.model.TOOL_JSON_ERROR, the JSON so far after TOOL_JSON_AT) at the delta that
+    breaks it: no APIError, not retried."""
+    from pyworker.agent.model import TOOL_JSON_AT, TOOL_JSON_ERROR
+
+    fake.set_scenario(script(turn(ToolCall("get_weather", {"city": "Oslo"}))))
+    fake.inject(bad_tool_json('{"city": Oslo}'))
+    with pytest.raises(ValueError) as caught:
+        with client_for(fake).messages.stream(**hello(tools=WEATHER_TOOLS)) as stream:
+            stream.get_final_message()
+    assert not isinstance(caught.value, anthropic.APIError)
+    message = str(caught.value)
+    assert message.startswith(TOOL_JSON_ERROR) and message.endswith(TOOL_JSON_AT + '{"city": Osl'), message
+    assert fake.request_count == 1 and fake.requests[0].outcome == "ok"
+
+
+def test_an_event_that_is_not_json_is_a_decode_error_in_the_sdk(fake: FakeModel) -> None:
+    fake.inject(garbled(after_events=4))
+    with pytest.raises(json.JSONDecodeError):
+        with client_for(fake).messages.stream(**hello()) as stream:
+            stream.get_final_message()
+    assert fake.request_count == 1 and fake.requests[0].outcome == "garbled"
 
 
 def test_a_forcing_tool_choice_makes_the_answer_a_tool_call(fake: FakeModel) -> None:

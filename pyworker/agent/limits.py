@@ -13,8 +13,9 @@ report_rate_limited).
 - budget_exhausted: acquire_model_call has already ended the run (failed, error
   budget_exhausted: ..., result the text so far, journaled); nothing more is written here.
 - a 429: report the key blocked for the API's retry-after (or a backoff when it gave none),
-  then ask again as above. After `MAX_429_IN_ATTEMPT` of them in one attempt the run is
-  released with backoff instead.
+  then ask again as above. Past `MAX_429_IN_ATTEMPT` of them in one attempt the run is
+  deferred for the block instead (its attempt given back: a 429 is never billed). A
+  `rate_limit_error` event mid-stream is a 429 too (model.py).
 
 - a response whose rate-limit headers say the requests bucket is empty
   (`anthropic-ratelimit-requests-remaining: 0`, pyworker/agent/ratelimit_headers.py): the next
@@ -267,7 +268,7 @@ async def after_failure(ctx: RunContext, failed: TurnFailed, rate_limited_so_far
     run = ctx.run
     if failed.key_error:
         return await _key_error_ending(ctx, failed)
-    if failed.status == 429 and enabled(ctx) and rate_limited_so_far < MAX_429_IN_ATTEMPT:
+    if failed.status == 429 and enabled(ctx):
         # The API's retry-after; else the reset its rate-limit headers give; else a backoff.
         empty = ratelimit_headers.exhausted(failed.headers)
         block = failed.retry_after or (empty.seconds if empty else None) or retry_in(rate_limited_so_far + 1)
@@ -276,7 +277,17 @@ async def after_failure(ctx: RunContext, failed: TurnFailed, rate_limited_so_far
             "report_rate_limited",
         )
         ctx.log.info("429: rate-limit key blocked fleet-wide for %.2fs", block)
-        return None
+        if rate_limited_so_far < MAX_429_IN_ATTEMPT:
+            return None
+        # Enough for one attempt: hand the slot back until the block ends. Deferred, not
+        # released: a 429 is never billed, and released it spent the attempt, so a run on its
+        # one attempt (the default) failed "retries exhausted: HTTP 429" for having waited.
+        ctx.log.info(
+            "429 x%d in this attempt: run deferred for %.2fs, its attempt given back",
+            rate_limited_so_far + 1,
+            block,
+        )
+        return Outcome("defer", error=str(failed), retry_in=max(0.001, block))
     # Another refusal (a 529, a 400) may say a bucket is empty too: the next request would be a 429.
     if failed.status != 429:
         await after_headers(ctx, failed.headers)

@@ -39,15 +39,22 @@ How each stop_reason and failure ends (status / result / error):
 | before each request (pyworker/agent/limits.py)  | acquire_model_call: go; a short wait in place; a     |
 |                                                 | long one released with retry_in; budget_exhausted:   |
 |                                                 | failed "budget_exhausted: ..." (ended in SQL)        |
-| 429                                             | not retried by the SDK: reported (the key is blocked |
-|                                                 | fleet-wide for retry-after), then asked again        |
+| 429 (or a rate_limit_error event mid-stream)    | not retried by the SDK: reported (the key is blocked |
+|                                                 | fleet-wide for retry-after), then asked again; past  |
+|                                                 | 5 in an attempt deferred (attempt given back)        |
 | a response's rate-limit headers say a bucket is | the key is blocked fleet-wide until the bucket's     |
 | empty (anthropic-ratelimit-*-remaining: 0)      | reset (at most 60 s); the answer streams on          |
 | 529 / 5xx / connection error                    | retried by the SDK (max_retries, retry-after); then  |
 |                                                 | released with backoff (retry-after, else exponential |
 |                                                 | with jitter): requeued while attempts are left, else |
 |                                                 | failed (max_attempts 1) or dead                       |
-| `error` event mid-stream (APIStatusError 200)   | released with backoff, as above                      |
+| `error` event mid-stream (APIStatusError 200):  | released with backoff, as above                      |
+| overloaded_error, api_error, timeout_error      |                                                      |
+| any other `error` event mid-stream              | failed once (it would recur), the usage paid         |
+| a tool input the model streamed that is not     | failed once, error names the tool and the input; the |
+| JSON (the SDK's ValueError mid-stream)          | usage paid                                           |
+| an event that is not JSON (any other error the  | released with backoff, as above; the usage paid      |
+| SDK raises reading the stream)                  |                                                      |
 | connection dropped mid-stream                   | released with backoff, as above                      |
 | stream ended cleanly before message_stop        | released with backoff, as above: the partial snapshot |
 |                                                 | is never committed (a tool input may be cut)         |

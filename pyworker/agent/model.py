@@ -20,7 +20,7 @@ import os
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anthropic
 from anthropic.resources.messages import AsyncMessages
@@ -306,13 +306,16 @@ async def _consume_stream(
     request_id: str | None = None
     started = False  # the response's headers are in: a failure from here on is mid-response
     stopped = False  # message_stop arrived: the response is whole
+    reading: Any = None  # the SDK's stream, once open: what it had parsed when it could read no more
     try:
         async with client.messages.stream(**params) as stream:
             started = True
+            reading = stream
             request_id = stream.request_id
             if on_headers is not None:
                 await on_headers(stream.response.headers)
-            async for event in stream:
+            events = aiter(stream)
+            while (event := await _read(anext(events, None))) is not None:
                 if event.type == "message_stop":
                     stopped = True
                     continue
@@ -338,14 +341,19 @@ async def _consume_stream(
                 # snapshot and fails an assertion of its own (the run was released as "handler
                 # raised: AssertionError", with no backoff).
                 raise _ended_early(request_id)
-            final = await stream.get_final_message()
+            final = await _read(stream.get_final_message())
+    except _Unreadable as unreadable:
+        exc = unreadable.__cause__
+        assert exc is not None
+        raise _unreadable(exc, reading, request_id) from exc
     except anthropic.APIStatusError as exc:
         raise _status_failure(exc, params.get("model")) from exc
     except anthropic.APIConnectionError as exc:  # includes timeouts, after the SDK's retries
         # Since anthropic 2.17 the SDK wraps a read that fails mid-body in APIConnectionError too
         # (earlier versions let the transport's error through, below): the API was reached and
         # answered, and the message should say what broke, as before.
-        if started and isinstance(exc.__cause__, _http.TransportError):
+        # (A body that cannot be decoded, httpx's DecodingError, is wrapped the same way.)
+        if started and exc.__cause__ is not None:
             raise _broken_mid_response(exc.__cause__, request_id) from exc
         raise TurnFailed(f"model API unreachable: {exc}", retryable=True, request_id=request_id) from exc
     except _http.TransportError as exc:  # a connection cut mid-stream; the SDK does not retry it
@@ -365,6 +373,73 @@ async def _consume_stream(
         usage=message.get("usage"),
         request_id=request_id,
     )
+
+
+class _Unreadable(Exception):
+    """The SDK raised, reading a response, what is none of its API or transport errors (the
+    cause): a tool input the model streamed that does not parse, an event that is not JSON.
+    Raised only from the SDK's own calls (`_read`), so what the loop raises between them (the
+    journal's RunLost, a JournalError) is never taken for it."""
+
+
+T = TypeVar("T")
+
+
+async def _read(step: Awaitable[T]) -> T:
+    try:
+        return await step
+    except (anthropic.APIStatusError, anthropic.APIConnectionError, _http.TransportError):
+        raise  # classified by _consume_stream
+    except Exception as exc:
+        raise _Unreadable from exc
+
+
+# How the SDK words a tool input the model streamed that does not parse (its ValueError, raised
+# as the delta that breaks it arrives), and where in its message that input starts.
+TOOL_JSON_ERROR = "Unable to parse tool parameter JSON from model"
+TOOL_JSON_AT = ". JSON: "
+SHOWN_INPUT = 160  # characters of such an input the run's error shows, half from each end
+
+
+def _unreadable(exc: BaseException, stream: Any, request_id: str | None) -> TurnFailed:
+    """What a response the SDK could not read means for the run. Escaped unclassified, it was
+    "handler raised": released with no backoff and its billed usage never counted (the agent
+    audit: a tenant's budget went unpaid by an answer per attempt).
+
+    A tool input that does not parse is the model's answer to this request, paid for each time
+    it is asked: the run fails once, saying which tool and what input (a retry at the same
+    request costs as much and may well answer the same). Anything else (an event that is not
+    JSON, events out of order) is the stream's fault, not the request's: a transient failure."""
+    message = str(exc)
+    if isinstance(exc, ValueError) and message.startswith(TOOL_JSON_ERROR):
+        raw = message.split(TOOL_JSON_AT, 1)[1] if TOOL_JSON_AT in message else ""
+        why = exc.__cause__ if exc.__cause__ is not None else "not JSON"
+        return TurnFailed(
+            f"the model's input for the tool {_tool_of(stream)} is not valid JSON ({why}): "
+            f"{_shortened(raw)}; the response is not stored, and the run fails rather than pay for it again",
+            retryable=False,
+            request_id=request_id,
+        )
+    return TurnFailed(
+        f"model stream unreadable mid-response: {type(exc).__name__}: {_shortened(message)}",
+        retryable=True,
+        request_id=request_id,
+    )
+
+
+def _tool_of(stream: Any) -> str:
+    """The name of the tool whose input was streaming: the snapshot's last block."""
+    try:
+        return str(stream.current_message_snapshot.content[-1].name)
+    except (AttributeError, IndexError, AssertionError):
+        return "(unknown)"
+
+
+def _shortened(text: str) -> str:
+    if len(text) <= SHOWN_INPUT:
+        return text
+    half = SHOWN_INPUT // 2
+    return f"{text[:half]}…{text[-half:]}"
 
 
 def _broken_mid_response(exc: BaseException, request_id: str | None) -> TurnFailed:
@@ -410,8 +485,7 @@ def _status_failure(exc: anthropic.APIStatusError, model: str | None = None) -> 
             status=status,
         )
     if status == 200:
-        # An `error` event after the stream started (overloaded mid-response): the step failed.
-        return TurnFailed(f"model stream error mid-response: {detail}", retryable=True, request_id=request_id)
+        return _error_event_failure(exc, detail, request_id)
     retryable = status in (408, 409, 429) or status >= 500
     what = "model API error (retries exhausted)" if retryable else "model API refused the request"
     failed = TurnFailed(
@@ -423,6 +497,23 @@ def _status_failure(exc: anthropic.APIStatusError, model: str | None = None) -> 
     )
     failed.headers = getattr(getattr(exc, "response", None), "headers", None)
     return failed
+
+
+# The `error` events mid-stream that may pass: the API's own trouble, not the request's. No type
+# at all (a body that is not the API's JSON) counts as one too. Any other type (an
+# invalid_request_error, a not_found_error) recurs on every attempt: retried, each attempt was
+# sent and paid for again.
+TRANSIENT_ERROR_EVENTS = (None, "overloaded_error", "api_error", "timeout_error")
+
+
+def _error_event_failure(exc: anthropic.APIStatusError, detail: str, request_id: str | None) -> TurnFailed:
+    """An `error` event after the stream started (a 200): the step failed. A rate_limit_error is
+    the API's 429, sent late: reported and waited out like one (status 429, limits.after_failure)."""
+    error_type, _ = _error_fields(exc)
+    message = f"model stream error mid-response: {detail}"
+    if error_type == "rate_limit_error":
+        return TurnFailed(message, retryable=True, request_id=request_id, status=429)
+    return TurnFailed(message, retryable=error_type in TRANSIENT_ERROR_EVENTS, request_id=request_id)
 
 
 # Answers about the API key or the account every request of the fleet sends, not about one

@@ -9,13 +9,18 @@ SDK prefers, so tests can retry after a few milliseconds).
 encoding's last chunk) with no `message_stop`: what a proxy or load balancer that closes an SSE
 response gracefully produces. The SDK raises nothing; its final message is a partial snapshot.
 `slow`: a normal answer with `delay` seconds before each streamed event.
+`tool_json`: a 200 stream whose tool_use blocks stream `raw` as their input JSON (e.g. `{"city": Oslo}`):
+a model's tool input that does not parse, which the SDK raises as a ValueError mid-stream.
+`garbled`: a 200 stream that sends `after_events` events, then an event whose `data:` is not JSON,
+then ends (the SDK raises the JSON decode error).
 An account fault (`FakeModel.set_account_error`) is a `status` fault answered to every request
 until it is cleared, as the real API answers every request of a revoked key or an account out of
 credit: `invalid_api_key()` (401 authentication_error), `billing_error()` (402),
 `credit_balance_too_low()` (the API's 400 invalid_request_error for an empty balance),
 `permission_denied()` (403 permission_error).
-Without `stream: true` there is no body to cut: `drop` and `end` close the connection before any
-response (the SDK retries that as a connection error) and `error_event` answers 529 overloaded_error.
+Without `stream: true` there is no body to cut: `drop`, `end` and `garbled` close the connection
+before any response (the SDK retries that as a connection error), `error_event` answers 529
+overloaded_error, and `tool_json` is served normally.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-KINDS = ("status", "error_event", "drop", "end", "slow")
+KINDS = ("status", "error_event", "drop", "end", "slow", "tool_json", "garbled")
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -65,6 +70,7 @@ class Fault:
     retry_after: float | None = None
     after_events: int = 3
     delay: float = 0.0
+    raw: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -121,6 +127,14 @@ def drop_connection(after_events: int = 3) -> Fault:
 
 def end_stream(after_events: int = 3) -> Fault:
     return Fault("end", status=200, after_events=after_events)
+
+
+def bad_tool_json(raw: str = '{"city": Oslo}') -> Fault:
+    return Fault("tool_json", status=200, raw=raw)
+
+
+def garbled(after_events: int = 3) -> Fault:
+    return Fault("garbled", status=200, after_events=after_events)
 
 
 def slow(delay: float = 0.05) -> Fault:

@@ -653,8 +653,11 @@ def _chunks(text: str, size: int) -> Iterator[str]:
         yield text[start : start + size]
 
 
-def stream_events(message: Mapping[str, Any], chunk: int = 12) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The SSE events of a streamed message, in the real API's order."""
+def stream_events(
+    message: Mapping[str, Any], chunk: int = 12, tool_json: str | None = None
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The SSE events of a streamed message, in the real API's order. `tool_json`: what every
+    tool_use block streams as its input JSON instead of its input (a fault: see faults.py)."""
     usage = dict(message["usage"])
     start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
     start.pop("stop_details", None)
@@ -673,7 +676,7 @@ def stream_events(message: Mapping[str, Any], chunk: int = 12) -> Iterator[tuple
         yield "content_block_start", {"type": "content_block_start", "index": index, "content_block": opening}
         if index == 0:
             yield "ping", {"type": "ping"}
-        for delta in _deltas(block, chunk):
+        for delta in _deltas(block, chunk, tool_json):
             yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
         yield "content_block_stop", {"type": "content_block_stop", "index": index}
     delta: dict[str, Any] = {"stop_reason": message["stop_reason"], "stop_sequence": None}
@@ -684,7 +687,7 @@ def stream_events(message: Mapping[str, Any], chunk: int = 12) -> Iterator[tuple
     yield "message_stop", {"type": "message_stop"}
 
 
-def _deltas(block: Mapping[str, Any], chunk: int) -> Iterator[dict[str, Any]]:
+def _deltas(block: Mapping[str, Any], chunk: int, tool_json: str | None = None) -> Iterator[dict[str, Any]]:
     kind = block["type"]
     if kind == "text":
         for piece in _chunks(block["text"], chunk):
@@ -695,7 +698,8 @@ def _deltas(block: Mapping[str, Any], chunk: int) -> Iterator[dict[str, Any]]:
         yield {"type": "signature_delta", "signature": block["signature"]}
     elif kind == "tool_use":
         yield {"type": "input_json_delta", "partial_json": ""}
-        for piece in _chunks(json.dumps(block["input"], ensure_ascii=False), chunk):
+        text = json.dumps(block["input"], ensure_ascii=False) if tool_json is None else tool_json
+        for piece in _chunks(text, chunk):
             yield {"type": "input_json_delta", "partial_json": piece}
 
 

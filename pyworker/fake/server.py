@@ -83,7 +83,7 @@ class RecordedRequest:
     body: Any
     request_id: str
     status: int = 0
-    outcome: str = ""  # ok, error, error_event, dropped, ended_early, client_closed
+    outcome: str = ""  # ok, error, error_event, dropped, ended_early, garbled, client_closed
     fault: Fault | None = None
     response: dict[str, Any] | None = None
 
@@ -477,7 +477,7 @@ class FakeModel:
         if message["stop_reason"] == "refusal":
             self._remember_refusal(body["messages"][-1], content)
         if not body.get("stream"):
-            if fault is not None and fault.kind in ("drop", "end"):
+            if fault is not None and fault.kind in ("drop", "end", "garbled"):
                 self._finish(record, 0, "dropped")
                 return False
             if fault is not None and fault.kind == "error_event":
@@ -506,10 +506,13 @@ class FakeModel:
         writer.write(_head(200, record.request_id, headers))
         delay = fault.delay if fault is not None and fault.kind == "slow" else self.delta_delay
         cut = (
-            fault.after_events if fault is not None and fault.kind in ("error_event", "drop", "end") else None
+            fault.after_events
+            if fault is not None and fault.kind in ("error_event", "drop", "end", "garbled")
+            else None
         )
+        tool_json = fault.raw if fault is not None and fault.kind == "tool_json" else None
         try:
-            for sent, (event, data) in enumerate(wire.stream_events(message, self.chunk_size)):
+            for sent, (event, data) in enumerate(wire.stream_events(message, self.chunk_size, tool_json)):
                 if cut is not None and sent >= cut:
                     break
                 if delay:
@@ -527,6 +530,9 @@ class FakeModel:
                 outcome = "error_event"
             elif fault is not None and fault.kind == "end":
                 outcome = "ended_early"  # the last chunk below, as if the answer were whole
+            elif fault is not None and fault.kind == "garbled":
+                writer.write(_chunk(b"event: content_block_delta\ndata: {not json\n\n"))
+                outcome = "garbled"
             self._finish(record, 200, outcome)
             writer.write(b"0\r\n\r\n")
             await writer.drain()

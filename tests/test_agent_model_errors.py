@@ -1,0 +1,197 @@
+"""What the agent loop does with a response it cannot use, with the real SDK against the fake
+Messages API and a real worker (in-process): every failure is classified (never "handler
+raised"), a response that was billed is paid for, a failure that would recur ends the run once,
+and a transient one is retried with a backoff.
+
+- a tool input the model streamed that is not JSON (the SDK's ValueError mid-stream): failed
+  once, the error naming the tool and the input, the response paid for;
+- an SSE event whose data is not JSON: a transient failure, released with a backoff, paid for;
+- an `error` event mid-stream: overloaded_error / api_error are retried, rate_limit_error is a
+  429 (reported, waited out in the attempt), any other type fails the run once, paid for;
+- more 429s in one attempt than MAX_429_IN_ATTEMPT: the run is deferred, its attempt given back.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from agent_support import InProcessWorker, enqueue_agent, module_conn, module_db, steps
+from worker_support import events, run_row, wait_status
+
+from pyworker.agent.limits import MAX_429_IN_ATTEMPT
+from pyworker.agent.tools import ToolRegistry, tool
+from pyworker.fake.faults import bad_tool_json, error_event, garbled, rate_limited
+from pyworker.fake.scenarios import Text, ToolCall, script, turn
+from pyworker.fake.server import FakeModel
+
+__all__ = ["module_conn", "module_db"]
+
+TERMINAL = {"completed", "failed", "cancelled", "dead"}
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather of a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+registry = ToolRegistry()
+
+
+@tool(input_schema=WEATHER["input_schema"], description="Weather.", effect="pure", into=registry)
+def get_weather(city: str, idempotency_key: str) -> dict[str, Any]:
+    return {"city": city, "sky": "sunny"}
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeModel]:
+    with FakeModel("text") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def worker(module_db: str, fake: FakeModel) -> Iterator[InProcessWorker]:
+    config = {
+        "anthropic_base_url": fake.base_url,
+        "anthropic_api_key": "test-key",
+        "anthropic_max_retries": 0,
+        "registry": registry,
+    }
+    with InProcessWorker(module_db, "modelerr", config=config, lease_seconds=2, concurrency=2) as w:
+        yield w
+
+
+@pytest.fixture
+def db(module_conn: psycopg.Connection, fake: FakeModel, worker: InProcessWorker) -> psycopg.Connection:
+    fake.reset()
+    fake.set_scenario("text")
+    return module_conn
+
+
+def finish(db: psycopg.Connection, run: uuid.UUID, timeout: float = 30) -> dict[str, Any]:
+    wait_status(db, run, TERMINAL, timeout)
+    return run_row(db, run)
+
+
+def spent(db: psycopg.Connection, run: uuid.UUID) -> int:
+    return int(db.execute("SELECT spent_tokens FROM runrow.agent_run WHERE id = %s", (run,)).fetchone()[0])
+
+
+def billed_input(fake: FakeModel, number: int = 0) -> int:
+    response = fake.requests[number].response
+    assert response is not None
+    return int(response["usage"]["input_tokens"])
+
+
+def no_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    """A classified failure is logged as a warning, not as "handler raised" with a traceback."""
+    raised = [r.getMessage() for r in caplog.records if r.exc_info or "handler raised" in r.getMessage()]
+    assert raised == [], raised
+
+
+def requeue_delays(db: psycopg.Connection, run: uuid.UUID) -> list[dict[str, Any]]:
+    return [e for e in events(db, run) if e["type"] == "run_requeued"]
+
+
+# -- what the stream raises that is not an API error ------------------------------------------
+
+
+def test_a_tool_input_that_is_not_json_fails_once_naming_the_tool_and_is_paid_for(db, fake, caplog) -> None:
+    """The SDK raises ValueError("Unable to parse tool parameter JSON from model...") mid-stream.
+    It escaped unclassified: "handler raised", released at once, the billed response never
+    counted; with max_attempts 3 the run was dead after three paid answers, spend 0 (the agent
+    audit). It is the model's answer to this request, paid each time: the run fails once."""
+    caplog.set_level(logging.WARNING)
+    fake.set_scenario(script(turn(Text("Checking."), ToolCall("get_weather", {"city": "Oslo"}))))
+    fake.inject(*[bad_tool_json('{"city": Oslo}')] * 3)
+    run = enqueue_agent(db, "Weather?", tools=[WEATHER], metadata={}, max_attempts=3)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("failed", 1), row
+    # The input as far as the SDK had it when it could not parse it: the fake streams 12 characters a delta.
+    assert '{"city": Osl' in row["error"], row["error"]
+    assert row["error"].startswith("the model's input for the tool get_weather is not valid JSON"), row[
+        "error"
+    ]
+    assert len(fake.requests) == 1
+    assert steps(db, run) == []  # nothing of the response is stored
+    assert spent(db, run) >= billed_input(fake) > 0
+    no_traceback(caplog)
+
+
+def test_a_long_unparsable_tool_input_is_cut_in_the_error(db, fake) -> None:
+    fake.set_scenario(script(turn(ToolCall("get_weather", {"city": "Oslo"}))))
+    fake.inject(bad_tool_json('{"city": "' + "x" * 5000 + '", "unit": celsius}'))
+    run = enqueue_agent(db, "Weather?", tools=[WEATHER], metadata={}, max_attempts=1)
+    row = finish(db, run)
+    assert row["status"] == "failed" and "get_weather" in row["error"], row
+    assert len(row["error"]) < 700 and "…" in row["error"], row["error"]
+
+
+def test_an_event_that_is_not_json_is_retried_with_a_backoff_and_paid_for(db, fake, caplog) -> None:
+    """A JSON decode error on an SSE line escaped unclassified the same way: released with no
+    backoff, the response's input never counted."""
+    caplog.set_level(logging.WARNING)
+    fake.inject(garbled(after_events=4))
+    run = enqueue_agent(db, "Hi", tools=[], metadata={}, max_attempts=2)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("completed", 2), row
+    [requeued] = requeue_delays(db, run)
+    assert requeued.get("not_before") is not None, requeued  # a backoff, not at once
+    assert fake.requests[0].outcome == "garbled"
+    usage = db.execute("SELECT input_tokens, output_tokens FROM runrow.run_usage(%s)", (run,)).fetchone()
+    assert spent(db, run) >= sum(usage) + billed_input(fake, 0), (spent(db, run), usage)
+    no_traceback(caplog)
+
+
+# -- an error event mid-stream ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("error_type", ["overloaded_error", "api_error"])
+def test_a_transient_error_event_is_retried(db, fake, error_type) -> None:
+    fake.inject(error_event(after_events=4, error_type=error_type, message="try again"))
+    run = enqueue_agent(db, "Hi", tools=[], metadata={}, max_attempts=2)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("completed", 2), row
+
+
+@pytest.mark.parametrize("error_type", ["invalid_request_error", "not_found_error", "request_too_large"])
+def test_an_error_event_that_would_recur_fails_once_and_is_paid_for(db, fake, error_type) -> None:
+    """Every error event mid-stream was retried, so a request the API refuses was sent again
+    (and paid for) on every attempt."""
+    fake.inject(*[error_event(after_events=4, error_type=error_type, message="bad request")] * 2)
+    run = enqueue_agent(db, "Hi", tools=[], metadata={}, max_attempts=2)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("failed", 1), row
+    assert row["error"] == f"model stream error mid-response: {error_type}: bad request", row["error"]
+    assert len(fake.requests) == 1
+    assert spent(db, run) >= billed_input(fake) > 0
+
+
+def test_a_rate_limit_error_event_is_a_429_waited_out_in_the_attempt(db, fake) -> None:
+    fake.inject(error_event(after_events=4, error_type="rate_limit_error", message="slow down"))
+    run = enqueue_agent(db, "Hi", model="claude-429-event", tools=[], metadata={}, max_attempts=1)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("completed", 1), row
+    assert requeue_delays(db, run) == []
+    reported = db.execute(
+        "SELECT blocks_reported FROM runrow.rate_limit WHERE rate_limit_key = 'claude-429-event'"
+    ).fetchone()
+    assert reported == (1,)
+
+
+# -- 429s past the attempt's cap --------------------------------------------------------------
+
+
+def test_429s_past_the_attempts_cap_defer_the_run_without_spending_its_attempt(db, fake) -> None:
+    """The sixth 429 in one attempt released the run and spent its attempt: with the default
+    max_attempts 1 it failed "model API error (retries exhausted): HTTP 429", though a 429 is
+    never billed and no run fails for having waited."""
+    fake.inject(*[rate_limited(0.01)] * (MAX_429_IN_ATTEMPT + 1))
+    run = enqueue_agent(db, "Hi", model="claude-429-cap", tools=[], metadata={}, max_attempts=1)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("completed", 1), row
+    assert [r.status for r in fake.requests] == [429] * (MAX_429_IN_ATTEMPT + 1) + [200]
+    [requeued] = requeue_delays(db, run)
+    assert requeued["deferred"] is True and requeued["attempt"] == 0, requeued
