@@ -8,11 +8,13 @@ and a transient one is retried with a backoff.
 - an SSE event whose data is not JSON: a transient failure, released with a backoff, paid for;
 - an `error` event mid-stream: overloaded_error / api_error are retried, rate_limit_error is a
   429 (reported, waited out in the attempt), any other type fails the run once, paid for;
-- more 429s in one attempt than MAX_429_IN_ATTEMPT: the run is deferred, its attempt given back.
+- more 429s in one attempt than MAX_429_IN_ATTEMPT: the run is deferred, its attempt given back;
+- stop_reason stop_sequence: the sequence that fired is in the result and the model_turn event.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Iterator
@@ -195,3 +197,27 @@ def test_429s_past_the_attempts_cap_defer_the_run_without_spending_its_attempt(d
     assert [r.status for r in fake.requests] == [429] * (MAX_429_IN_ATTEMPT + 1) + [200]
     [requeued] = requeue_delays(db, run)
     assert requeued["deferred"] is True and requeued["attempt"] == 0, requeued
+
+
+# -- stop sequences ---------------------------------------------------------------------------
+
+
+def test_the_stop_sequence_that_fired_is_in_the_result_and_the_model_turn_event(db, fake) -> None:
+    fake.set_scenario(script(turn(Text("Hello there. STOP and more"))))
+    run = enqueue_agent(db, "Hi", tools=[], metadata={"stop_sequences": ["END", "STOP"]})
+    row = finish(db, run)
+    assert row["status"] == "completed", row
+    assert row["result"] == {"text": "Hello there. ", "stop_reason": "stop_sequence", "stop_sequence": "STOP"}
+    [model_turn] = [e for e in events(db, run) if e["type"] == "model_turn"]
+    assert (model_turn["stop_reason"], model_turn["stop_sequence"]) == ("stop_sequence", "STOP")
+    [(_, _, payload)] = steps(db, run)
+    assert json.loads(payload) == [{"type": "text", "text": "Hello there. "}]
+
+
+def test_an_answer_that_meets_no_stop_sequence_has_none_in_its_result(db, fake) -> None:
+    fake.set_scenario(script(turn(Text("Hello!"))))
+    run = enqueue_agent(db, "Hi", tools=[], metadata={"stop_sequences": ["END"]})
+    row = finish(db, run)
+    assert row["result"] == {"text": "Hello!", "stop_reason": "end_turn"}, row
+    [model_turn] = [e for e in events(db, run) if e["type"] == "model_turn"]
+    assert "stop_sequence" not in model_turn

@@ -735,6 +735,24 @@ def test_an_event_that_is_not_json_is_a_decode_error_in_the_sdk(fake: FakeModel)
     assert fake.request_count == 1 and fake.requests[0].outcome == "garbled"
 
 
+@pytest.mark.parametrize("streaming", [True, False])
+def test_output_stops_at_the_first_stop_sequence_met(fake: FakeModel, streaming: bool) -> None:
+    """As the API: the text up to the sequence (left out), stop_reason stop_sequence, and
+    `stop_sequence` saying which one."""
+    fake.set_scenario(script(turn(Text("one two three four"), ToolCall("get_weather", {"city": "Oslo"}))))
+    request = hello(tools=WEATHER_TOOLS, stop_sequences=["four", "two"])
+    if streaming:
+        with client_for(fake).messages.stream(**request) as stream:
+            message = stream.get_final_message()
+    else:
+        message = client_for(fake).messages.create(**request)
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "two")
+    assert [(b.type, getattr(b, "text", None)) for b in message.content] == [("text", "one ")]
+    unmet = client_for(fake).messages.create(**hello(tools=WEATHER_TOOLS, stop_sequences=["nowhere"]))
+    assert (unmet.stop_reason, unmet.stop_sequence) == ("tool_use", None)
+    assert [b.type for b in unmet.content] == ["text", "tool_use"]
+
+
 def test_a_forcing_tool_choice_makes_the_answer_a_tool_call(fake: FakeModel) -> None:
     """As the API: `any` / `tool` prefill the answer so that it is a tool call (the named one),
     with no text before it, whatever the model would have said; `auto` leaves it to the model."""

@@ -27,7 +27,8 @@ How each stop_reason and failure ends (status / result / error):
 
 | what happened                                   | run ends as                                          |
 |-------------------------------------------------|------------------------------------------------------|
-| end_turn, stop_sequence                         | completed, result {text, stop_reason}                |
+| end_turn, stop_sequence                         | completed, result {text, stop_reason} (and           |
+|                                                 | stop_sequence: the one that fired)                   |
 | tool_use                                        | tools run, loop continues                            |
 | pause_turn                                      | content sent back as is, loop continues              |
 | refusal                                         | completed, result {text, stop_reason: refusal, ...}  |
@@ -295,6 +296,8 @@ async def _commit_turn(ctx: RunContext, turn: ModelTurn) -> int | None:
         "model": turn.message.get("model"),
         "step_seq": None,
     }
+    if turn.message.get("stop_sequence") is not None:
+        event["stop_sequence"] = turn.message["stop_sequence"]  # which of the run's stop_sequences
     if not turn.message.get("content"):
         await limits.settle_unstored(ctx, turn.usage)
         await ctx.journal.emit(event)
@@ -330,8 +333,9 @@ async def _commit_turn(ctx: RunContext, turn: ModelTurn) -> int | None:
 
 def _ending(stop_reason: str | None, text: str, message: dict[str, Any] | None) -> Outcome:
     result: dict[str, Any] = {"text": text, "stop_reason": stop_reason}
-    if message is not None and message.get("stop_details") is not None:
-        result["stop_details"] = message["stop_details"]
+    for field in ("stop_details", "stop_sequence"):  # stop_sequence: which of the run's fired
+        if message is not None and message.get(field) is not None:
+            result[field] = message[field]
     if stop_reason in ("end_turn", "stop_sequence", "refusal"):
         return Outcome("completed", result=result)
     if stop_reason == "max_tokens":

@@ -613,6 +613,23 @@ def limit_output(
     return kept, None
 
 
+def stop_at_sequence(
+    content: list[dict[str, Any]], sequences: Any
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Cut the output where the real API stops at one of the request's `stop_sequences`: at its
+    first occurrence in a text block, the sequence itself left out, and nothing after it.
+    Returns the kept blocks and the sequence that matched (None: none did)."""
+    wanted = [s for s in sequences or () if isinstance(s, str) and s]
+    for i, block in enumerate(content):
+        if block["type"] != "text":
+            continue
+        found = [(block["text"].find(s), s) for s in wanted if s in block["text"]]
+        if found:
+            at, sequence = min(found)
+            return [*content[:i], {**block, "text": block["text"][:at]}], sequence
+    return content, None
+
+
 def message_json(
     message_id: str,
     model: str,
@@ -620,6 +637,7 @@ def message_json(
     turn: Turn,
     usage: Mapping[str, int],
     stop_reason: str | None = None,
+    stop_sequence: str | None = None,
 ) -> dict[str, Any]:
     message: dict[str, Any] = {
         "id": message_id,
@@ -628,7 +646,7 @@ def message_json(
         "model": model,
         "content": content,
         "stop_reason": stop_reason or turn.resolved_stop_reason,
-        "stop_sequence": None,
+        "stop_sequence": stop_sequence,
         "usage": dict(usage),
     }
     if turn.stop_details is not None and stop_reason is None:
@@ -679,7 +697,7 @@ def stream_events(
         for delta in _deltas(block, chunk, tool_json):
             yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
         yield "content_block_stop", {"type": "content_block_stop", "index": index}
-    delta: dict[str, Any] = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+    delta: dict[str, Any] = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
     if "stop_details" in message:
         delta["stop_details"] = message["stop_details"]
     final_usage = {k: v for k, v in usage.items() if k != "service_tier"}

@@ -146,8 +146,10 @@ class FakeModel:
         `merge_consecutive`: merge same-role turns as today's API does, instead of refusing them.
         `context_window`: tokens (estimated as characters / 4); a longer input is refused (400), and
         output that would overflow it stops with model_context_window_exceeded. Output is also cut at
-        the request's max_tokens (stop_reason max_tokens), like the real API. `clock`: seconds, for
-        the prompt cache's TTLs (`prompt_cache`, pyworker/fake/cache.py); inject one to expire entries.
+        the request's max_tokens (stop_reason max_tokens) and at the first of its stop_sequences
+        in a text block (stop_reason stop_sequence, `stop_sequence` the one met), like the real API.
+        `clock`: seconds, for the prompt cache's TTLs (`prompt_cache`, pyworker/fake/cache.py);
+        inject one to expire entries.
         `rate_limit`: a requests-per-period token bucket; every /v1/messages answer states it in
         the API's rate-limit headers (limit, remaining, reset, date), and an empty one answers
         429 with retry-after and counts the refusal (pyworker/fake/ratelimit.py)."""
@@ -468,11 +470,16 @@ class FakeModel:
         # later, or a client that goes away, leaves its cache entries behind, as with the API.
         cached = self.prompt_cache.account(body)
         content = wire.render_content(turn, body, self.signer)
+        content, sequence = wire.stop_at_sequence(content, body.get("stop_sequences"))
         content, cut = wire.limit_output(content, body["max_tokens"], self.context_window - in_tokens)
+        if cut is None and sequence is not None:
+            cut = "stop_sequence"
+        else:
+            sequence = None
         out_tokens = sum(wire.block_tokens(b) for b in content) or 1
         message_id = "msg_01" + secrets.token_hex(11)
         usage = wire.usage_json(cached.usage_fields(), out_tokens, turn.server_tool_use)
-        message = wire.message_json(message_id, body["model"], content, turn, usage, cut)
+        message = wire.message_json(message_id, body["model"], content, turn, usage, cut, sequence)
         record.response = message
         if message["stop_reason"] == "refusal":
             self._remember_refusal(body["messages"][-1], content)
