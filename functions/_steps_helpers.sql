@@ -93,6 +93,8 @@ DECLARE
     e runrow.tool_effect;
     r runrow.agent_run;
     last_seq bigint;
+    events jsonb;
+    taken_back jsonb;
 BEGIN
     SELECT t.* INTO STRICT e FROM runrow.tool_effect AS t WHERE t.idempotency_key = _park_for_person.idempotency_key;
     IF (SELECT a.cancel_requested FROM runrow.agent_run AS a WHERE a.id = _park_for_person.run_id) THEN
@@ -103,14 +105,22 @@ BEGIN
     SET status = 'waiting', claim_token = NULL, claim_expires_at = NULL, attempt = a.attempt - 1, updated_at = now()
     WHERE a.id = _park_for_person.run_id
     RETURNING a.* INTO STRICT r;
-    last_seq := runrow._journal(_park_for_person.run_id, jsonb_build_array(jsonb_build_object(
+    events := jsonb_build_array(jsonb_build_object(
         'type', 'approval_requested',
         'reason', e.state,
         'idempotency_key', e.idempotency_key,
         'tool', e.tool,
         'tool_use_id', e.tool_use_id,
         'args', e.args,
-        'effect', e.effect)));
+        'effect', e.effect));
+    -- The claim after the decision has this claim's attempt number and takes nothing back: a
+    -- handler parks with what it streamed committed, and if it did not, that is taken back
+    -- here (functions/_supersede.sql; usually the walk stops at the model_turn a few rows up).
+    taken_back := runrow._superseded_event(_park_for_person.run_id, r.attempt + 1);
+    IF taken_back IS NOT NULL THEN
+        events := jsonb_build_array(taken_back) || events;
+    END IF;
+    last_seq := runrow._journal(_park_for_person.run_id, events);
     PERFORM runrow._wake_tails(_park_for_person.run_id, last_seq);
 END
 $fn$;

@@ -11,6 +11,8 @@ DECLARE
     told timestamptz;
     key_block timestamptz;
     block_end timestamptz;
+    events jsonb;
+    taken_back jsonb;
 BEGIN
     PERFORM runrow._require_not_null(defer_run.run_id, 'run_id');
     PERFORM runrow._require_not_null(defer_run.claim_token, 'claim_token');
@@ -78,9 +80,17 @@ BEGIN
         PERFORM runrow._journal_complete(r.id, r.conversation_id, r.status, NULL, defer_run.reason);
         RETURN 'cancelled';
     END IF;
-    last_seq := runrow._journal(r.id, jsonb_build_array(jsonb_build_object(
+    events := jsonb_build_array(jsonb_build_object(
         'type', 'run_requeued', 'attempt', r.attempt, 'max_attempts', r.max_attempts,
-        'error', defer_run.reason, 'not_before', r.not_before, 'deferred', true)));
+        'error', defer_run.reason, 'not_before', r.not_before, 'deferred', true));
+    -- The next claim has this claim's attempt number, and a resumed attempt 1 takes nothing
+    -- back: what this claim streamed and did not commit (a turn cut off by a key error
+    -- mid-stream) is taken back here (functions/_supersede.sql).
+    taken_back := runrow._superseded_event(r.id, r.attempt + 1);
+    IF taken_back IS NOT NULL THEN
+        events := jsonb_build_array(taken_back) || events;
+    END IF;
+    last_seq := runrow._journal(r.id, events);
     PERFORM runrow._wake_tails(r.id, last_seq);
     IF r.not_before <= now() THEN
         -- Due at once (its block was lifted): the dispatchers the lift woke did not see it.
@@ -99,7 +109,9 @@ COMMENT ON FUNCTION runrow.defer_run(uuid, uuid, interval, text) IS
 'with the runs the claim held to the block''s end), or now when the block its holder was told to '
 'wait for (block_told_until, kept by acquire_model_call and report_key_error) has been lifted or '
 'cut short since; reason '
-'kept as its error and journaled in run_requeued (with not_before and deferred = true); the '
+'kept as its error and journaled in run_requeued (with not_before and deferred = true), after a '
+'superseded event for the next claim (which has this attempt number) when this claim streamed '
+'deltas after the work it committed (_superseded_event); the '
 'dispatchers are woken only when it is due at once. Fenced by claim_token and status running. Returns deferred, or cancelled (a stop was '
 'pending; complete journaled), or NULL when fenced out (nothing written). Bad input (a NULL '
 'argument, retry_in out of range, a reason empty, of white space only or over 10000 characters) '

@@ -137,7 +137,8 @@ BEGIN
     '0089_update_tenant_budget',
     '0090_queue_metrics_blocked',
     '0091_budget_waiter_pace_full',
-    '0093_update_rate_limit'
+    '0093_update_rate_limit',
+    '0096_supersede_on_give_back'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -8774,6 +8775,27 @@ INSERT INTO runrow._yoyo_migration VALUES ('137c1f0b121ba4984b483bf83832b8eb2620
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '137c1f0b121ba4984b483bf83832b8eb2620af7a218f531eea273cf0436e32d6', '0093_update_rate_limit', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0096_supersede_on_give_back
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'e4d80ca0fe62499f659f37bfe5f083d5208f00d0aa7a83edc55043405f501a20') AS apply_e4d80ca0fe62 \gset
+\if :apply_e4d80ca0fe62
+-- depends: 0091_budget_waiter_pace_full
+-- A claim handed back with its attempt given back (defer_run after a key error, a rate limit or
+-- a budget wait; _park_for_person) is followed by a claim of the same attempt number, and a
+-- resumed attempt 1 takes nothing back (pyworker/worker/supersede.py looks from attempt 2 on).
+-- So the deltas of a model turn cut off by a key error mid-stream, then deferred, stayed in
+-- what a tail, the SSE service and the chat page show: the journal said text_delta,
+-- run_requeued, run_claimed, text_delta, with no superseded event, and 234 characters streamed
+-- for a 210-character result (the worker audit). The hand-back now journals the superseded
+-- event itself (functions/_supersede.sql, runrow._superseded_event). This migration is the
+-- version that says so (`runrow migrate` applies functions/ after it).
+
+COMMENT ON SCHEMA runrow IS
+'runrow: durable AI-agent runs (migrations and functions/ of the runrow package; '
+'runrow.schema_version() names the newest migration applied).';
+INSERT INTO runrow._yoyo_migration VALUES ('e4d80ca0fe62499f659f37bfe5f083d5208f00d0aa7a83edc55043405f501a20', '0096_supersede_on_give_back', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'e4d80ca0fe62499f659f37bfe5f083d5208f00d0aa7a83edc55043405f501a20', '0096_supersede_on_give_back', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -12308,6 +12330,8 @@ DECLARE
     e runrow.tool_effect;
     r runrow.agent_run;
     last_seq bigint;
+    events jsonb;
+    taken_back jsonb;
 BEGIN
     SELECT t.* INTO STRICT e FROM runrow.tool_effect AS t WHERE t.idempotency_key = _park_for_person.idempotency_key;
     IF (SELECT a.cancel_requested FROM runrow.agent_run AS a WHERE a.id = _park_for_person.run_id) THEN
@@ -12318,14 +12342,22 @@ BEGIN
     SET status = 'waiting', claim_token = NULL, claim_expires_at = NULL, attempt = a.attempt - 1, updated_at = now()
     WHERE a.id = _park_for_person.run_id
     RETURNING a.* INTO STRICT r;
-    last_seq := runrow._journal(_park_for_person.run_id, jsonb_build_array(jsonb_build_object(
+    events := jsonb_build_array(jsonb_build_object(
         'type', 'approval_requested',
         'reason', e.state,
         'idempotency_key', e.idempotency_key,
         'tool', e.tool,
         'tool_use_id', e.tool_use_id,
         'args', e.args,
-        'effect', e.effect)));
+        'effect', e.effect));
+    -- The claim after the decision has this claim's attempt number and takes nothing back: a
+    -- handler parks with what it streamed committed, and if it did not, that is taken back
+    -- here (functions/_supersede.sql; usually the walk stops at the model_turn a few rows up).
+    taken_back := runrow._superseded_event(_park_for_person.run_id, r.attempt + 1);
+    IF taken_back IS NOT NULL THEN
+        events := jsonb_build_array(taken_back) || events;
+    END IF;
+    last_seq := runrow._journal(_park_for_person.run_id, events);
     PERFORM runrow._wake_tails(_park_for_person.run_id, last_seq);
 END
 $fn$;
@@ -12484,6 +12516,73 @@ COMMENT ON FUNCTION runrow._lock_run_by(uuid, timestamptz) IS
 'the deadline together.';
 
 REVOKE ALL ON FUNCTION runrow._lock_run_by(uuid, timestamptz) FROM PUBLIC;
+
+-- functions/_supersede.sql
+-- What a hand-back that gives the attempt back takes back from the journal (migration 0096).
+-- A resumed attempt journals `superseded` for what earlier attempts streamed and it does not
+-- keep (pyworker/worker/supersede.py), and looks only when its attempt is 2 or more. A claim
+-- handed back with its attempt given back (defer_run, _park_for_person) is followed by a claim
+-- of the same attempt number, which does not look: the deltas of a model turn cut off by a key
+-- error mid-stream (then deferred) stayed in the answer a tail or the chat page shows (the
+-- worker audit: 234 characters streamed for a 210-character result). So the hand-back journals
+-- it, in its own transaction, under the run row's lock the caller holds (nobody appends
+-- meanwhile).
+--
+-- The range is the resumed attempt's: A the last committed event (model_turn, tool_result),
+-- else the run's first run_claimed (a handler that starts over keeps nothing); B the run's last
+-- seq. The walk goes back from the journal's end and stops at the first committed event, or at
+-- a `superseded` (what is before it was taken back already, or kept: its after_seq is A), so
+-- it reads one turn's events, not the run's whole journal.
+CREATE OR REPLACE FUNCTION runrow._superseded_event(run_id uuid, attempt integer)
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    ev record;
+    through bigint;
+    kept bigint;
+    first_claim bigint;
+    last_delta bigint;
+BEGIN
+    FOR ev IN
+        SELECT e.seq, e.type FROM runrow.run_event AS e
+        WHERE e.run_id = _superseded_event.run_id
+        ORDER BY e.seq DESC
+    LOOP
+        through := coalesce(through, ev.seq);
+        IF ev.type IN ('model_turn', 'tool_result') THEN
+            kept := ev.seq;
+            EXIT;
+        ELSIF ev.type = 'superseded' THEN
+            SELECT (e.payload ->> 'after_seq')::bigint INTO kept
+            FROM runrow.run_event AS e
+            WHERE e.run_id = _superseded_event.run_id AND e.seq = ev.seq;
+            EXIT;
+        ELSIF ev.type = 'run_claimed' THEN
+            first_claim := ev.seq;
+        ELSIF ev.type IN ('text_delta', 'thinking_delta', 'input_json_delta') THEN
+            last_delta := coalesce(last_delta, ev.seq);
+        END IF;
+    END LOOP;
+    kept := coalesce(kept, first_claim);
+    IF last_delta IS NULL OR kept IS NULL OR last_delta <= kept THEN
+        RETURN NULL;  -- nothing streamed since the work kept: a clean resume
+    END IF;
+    RETURN jsonb_build_object(
+        'type', 'superseded', 'after_seq', kept, 'through_seq', through, 'attempt', _superseded_event.attempt
+    );
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._superseded_event(uuid, integer) IS
+'Private. The superseded event (after_seq A, through_seq B, attempt) that takes back the deltas '
+'the run streamed after its work kept, for the claim of number attempt that resumes it: A the '
+'seq of the last model_turn or tool_result (or the after_seq of the latest superseded when it '
+'comes later), else the run''s first run_claimed; B the run''s last seq. NULL when no '
+'text_delta, thinking_delta or input_json_delta lies in (A, B]. The caller holds the run row''s '
+'lock and journals the event before the hand-back''s own.';
+
+REVOKE ALL ON FUNCTION runrow._superseded_event(uuid, integer) FROM PUBLIC;
 
 -- functions/_tenant_reservation.sql
 -- A budgeted tenant's model calls in flight (migration 0088): each grant's reservation is a
@@ -14714,6 +14813,8 @@ DECLARE
     told timestamptz;
     key_block timestamptz;
     block_end timestamptz;
+    events jsonb;
+    taken_back jsonb;
 BEGIN
     PERFORM runrow._require_not_null(defer_run.run_id, 'run_id');
     PERFORM runrow._require_not_null(defer_run.claim_token, 'claim_token');
@@ -14781,9 +14882,17 @@ BEGIN
         PERFORM runrow._journal_complete(r.id, r.conversation_id, r.status, NULL, defer_run.reason);
         RETURN 'cancelled';
     END IF;
-    last_seq := runrow._journal(r.id, jsonb_build_array(jsonb_build_object(
+    events := jsonb_build_array(jsonb_build_object(
         'type', 'run_requeued', 'attempt', r.attempt, 'max_attempts', r.max_attempts,
-        'error', defer_run.reason, 'not_before', r.not_before, 'deferred', true)));
+        'error', defer_run.reason, 'not_before', r.not_before, 'deferred', true));
+    -- The next claim has this claim's attempt number, and a resumed attempt 1 takes nothing
+    -- back: what this claim streamed and did not commit (a turn cut off by a key error
+    -- mid-stream) is taken back here (functions/_supersede.sql).
+    taken_back := runrow._superseded_event(r.id, r.attempt + 1);
+    IF taken_back IS NOT NULL THEN
+        events := jsonb_build_array(taken_back) || events;
+    END IF;
+    last_seq := runrow._journal(r.id, events);
     PERFORM runrow._wake_tails(r.id, last_seq);
     IF r.not_before <= now() THEN
         -- Due at once (its block was lifted): the dispatchers the lift woke did not see it.
@@ -14802,7 +14911,9 @@ COMMENT ON FUNCTION runrow.defer_run(uuid, uuid, interval, text) IS
 'with the runs the claim held to the block''s end), or now when the block its holder was told to '
 'wait for (block_told_until, kept by acquire_model_call and report_key_error) has been lifted or '
 'cut short since; reason '
-'kept as its error and journaled in run_requeued (with not_before and deferred = true); the '
+'kept as its error and journaled in run_requeued (with not_before and deferred = true), after a '
+'superseded event for the next claim (which has this attempt number) when this claim streamed '
+'deltas after the work it committed (_superseded_event); the '
 'dispatchers are woken only when it is due at once. Fenced by claim_token and status running. Returns deferred, or cancelled (a stop was '
 'pending; complete journaled), or NULL when fenced out (nothing written). Bad input (a NULL '
 'argument, retry_in out of range, a reason empty, of white space only or over 10000 characters) '

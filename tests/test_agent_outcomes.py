@@ -12,6 +12,7 @@ mid-stream or between steps → cancelled with the partial text; irreversible to
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import threading
 import time
@@ -33,6 +34,7 @@ from worker_support import events, run_row, streamed_text, wait_status, wait_unt
 
 from pyworker.agent.tools import ToolRegistry, tool
 from pyworker.cli.main import main as cli
+from pyworker.cli.tail_render import Renderer
 from pyworker.db.keys import tool_call_key
 from pyworker.fake.faults import (
     drop_connection,
@@ -365,6 +367,53 @@ def test_a_failed_step_is_requeued_while_attempts_are_left(db, fake, name) -> No
     row = finish(db, run)
     assert (row["status"], row["attempt"]) == ("completed", 2)
     assert "run_requeued" in [e["type"] for e in events(db, run)]
+
+
+def rendered_answer(db: psycopg.Connection, run: uuid.UUID) -> str:
+    """What a piped `runrow tail` prints from the run's whole journal."""
+    out, err = io.StringIO(), io.StringIO()
+    renderer = Renderer(out, err, live=False)
+    for event in events(db, run):
+        renderer.event(event["seq"], {k: v for k, v in event.items() if k != "seq"})
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("error_type", ["authentication_error", "billing_error", "permission_error"])
+def test_text_streamed_before_a_key_error_mid_stream_is_not_in_the_answer(db, fake, error_type) -> None:
+    """A key error arriving as an `error` event mid-stream defers the run with its attempt given
+    back, so the next claim is attempt 1 again. The text streamed before the error was shown to
+    every client and was never taken back: the journal said text_delta, run_requeued,
+    run_claimed, text_delta, and a tail printed 234 characters for a 210-character answer (the
+    worker audit). What a tail renders from the journal is the run's result."""
+    use(fake, "long")
+    fake.inject(error_event(after_events=20, error_type=error_type, message="the key is not valid"))
+    model = f"claude-fake-midkey-{uuid.uuid4().hex[:6]}"  # a rate_limit_key of its own
+    run = enqueue_agent(db, "Talk.", model=model, tools=[], metadata={}, max_attempts=1)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("completed", 1), row["error"]
+    types = [e["type"] for e in events(db, run)]
+    assert types.count("run_claimed") == 2, types
+    assert "text_delta" in types[: types.index("run_requeued")], "the first claim streamed text"
+    assert rendered_answer(db, run) == row["result"]["text"] == LONG_TEXT
+
+
+def test_a_resumed_attempt_does_not_take_back_again_what_a_deferral_took_back(db, fake) -> None:
+    """Attempt 1 is cut off mid-stream (requeued: attempt 2 takes its text back), attempt 2 by a
+    key error mid-stream (deferred: the deferral takes its text back), and the claim after it,
+    attempt 2 again, finds nothing left to take back: one superseded event each, no third
+    naming the same deltas again."""
+    use(fake, "long")
+    fake.inject(error_event(after_events=20), error_event(after_events=20, error_type="billing_error"))
+    model = f"claude-fake-midkey-{uuid.uuid4().hex[:6]}"
+    run = enqueue_agent(db, "Talk.", model=model, tools=[], metadata={}, max_attempts=2)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("completed", 2), row["error"]
+    journal = events(db, run)
+    assert [e["type"] for e in journal].count("run_claimed") == 3
+    taken_back = [(e["attempt"], e["after_seq"]) for e in journal if e["type"] == "superseded"]
+    claimed_first = next(e["seq"] for e in journal if e["type"] == "run_claimed")
+    assert taken_back == [(2, claimed_first), (2, claimed_first)], journal
+    assert rendered_answer(db, run) == row["result"]["text"] == LONG_TEXT
 
 
 def test_a_white_space_answer_does_not_stop_the_conversation(db, fake) -> None:

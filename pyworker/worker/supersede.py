@@ -17,8 +17,12 @@ that range holds a delta, so a run that resumes cleanly (after an approval, or a
 between steps) gets none.
 
 Finding A and B reads the run's journal once, by its primary key, and only on attempt 2 or
-later: resumes are rare, and attempt 1 can follow an earlier claim only when that claim parked
-on an approval, which a handler does with everything it streamed confirmed.
+later: resumes are rare, and attempt 1 can follow an earlier claim only when that claim was
+handed back with its attempt given back (defer_run: a key error, a rate limit or a budget wait;
+a park on an approval). That hand-back journals `superseded` itself, in SQL
+(functions/_supersede.sql), for what the claim streamed and did not commit: a key error's
+`error` event mid-stream left a turn's deltas in the answer when nobody did (the worker audit).
+Deltas a `superseded` event already took back are not taken back again.
 """
 
 from __future__ import annotations
@@ -56,6 +60,10 @@ async def supersede_earlier_attempts(
                 kept, deltas = event.seq, []
             elif event.type in DELTA_FIELDS:
                 deltas.append(event.seq)
+            elif event.type == "superseded":
+                through = event.payload.get("through_seq")
+                if isinstance(through, int):
+                    deltas = [seq for seq in deltas if seq > through]
         if len(events) < PAGE:
             break
         cursor = events[-1].seq
