@@ -5,12 +5,17 @@ attempts are left, else failed), nothing is left running, and the worker exits 0
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 
+from stuck_handler import USAGE
 from worker_support import (
+    REPO,
+    WorkerProcess,
     db,
     enqueue_echo,
+    events,
     run_row,
     start_worker,
     status,
@@ -67,3 +72,33 @@ def test_second_signal_exits_at_once(db, start_worker) -> None:
     claimed = [r for r in lines if r["msg"].startswith("run claimed")]
     assert claimed and claimed[0]["run_id"] == str(run) and claimed[0]["attempt"] == 1
     assert claimed[0]["conversation_id"] and claimed[0]["worker_id"] == "impatient"
+
+
+def test_a_run_stuck_past_the_drain_is_cancelled_and_its_cleanup_lands(db, worker_db) -> None:
+    """A run that ignores the drain's interrupt is cancelled a lease later, and what it does on
+    that cancellation (pay for the response it cut, journal it) must land: the drain cancelled
+    such tasks and went on at once to stop the journal writer and close the pools, under the
+    cleanup, and neither the event nor the usage was written (the worker audit)."""
+    path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)
+    w = WorkerProcess(
+        worker_db,
+        "stuck-drain",
+        ["--concurrency", "1", "--lease", "2", "--drain", "0.5", "--poll", "0.3"],
+        handler="stuck_handler:handle",
+        env={"PYTHONPATH": path},
+    )
+    try:
+        w.wait_started()
+        run = enqueue_echo(db, "stuck", max_attempts=2)
+        wait_streaming(db, run)
+        w.signal(signal.SIGTERM)
+        w.wait_log("stuck: the drain's interrupt is ignored")
+        assert w.wait_exit(30) == 0, w.log()
+        log = w.log()
+        assert "PoolClosed" not in log and "is already closed" not in log and "not recorded" not in log, log
+        types = [e["type"] for e in events(db, run)]
+        assert "interrupted" in types, (types, log)
+        spent = db.execute("SELECT spent_tokens FROM runrow.agent_run WHERE id = %s", (run,)).fetchone()
+        assert spent == (USAGE["input_tokens"] + USAGE["output_tokens"],), (spent, log)
+    finally:
+        w.close()

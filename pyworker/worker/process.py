@@ -390,8 +390,17 @@ class Worker:
             if task in pending:
                 sup.abandon(f"drained: worker {self.worker_id} stopped before the run finished")
         _, stuck = await asyncio.wait(pending, timeout=max(5.0, self.lease_seconds))
+        if not stuck:
+            return
         for task in stuck:
             task.cancel()
+        # What a cancelled run does on its way out (the agent pays for a response it cut,
+        # records a tool call it interrupted) must land before the writer stops and the pools
+        # close: not awaited, it met a closed pool and was lost (the worker audit). Bounded:
+        # a task that swallows this cancellation too is left, as before.
+        _, left = await asyncio.wait(stuck, timeout=max(5.0, self.lease_seconds))
+        if left:
+            log.warning("%d run(s) did not stop when cancelled; the reaper takes them", len(left))
 
 
 async def _close(*pools: CancelSafePool) -> None:
