@@ -18,13 +18,13 @@ from agent_support import agent_worker, enqueue_agent
 from metrics_support import Samples, metrics_url, scrape, total, value
 from worker_support import (
     REPO,
-    WorkerProcess,
     db,
     enqueue_echo,
     start_worker,
     wait_status,
     wait_until,
     worker_db,
+    worker_with_test_handler,
 )
 
 from pyworker.fake.faults import overloaded, rate_limited
@@ -306,13 +306,11 @@ def test_a_scrape_answers_while_handlers_hold_every_connection_of_the_run_pool(
     waited out its 5 s and said runrow_db_up 0 with no database gauges: a false "database down"
     exactly when the worker was busiest. The scrapes have a connection of their own now; and the
     worker says how full it is (runrow_runs_in_flight against runrow_concurrency)."""
-    path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)
-    worker = WorkerProcess(
+    worker = worker_with_test_handler(
         worker_db,
         "metrics-held",
         ["--pool-size", "1", "--concurrency", "1", "--metrics-port", "0", "--poll", "0.3"],
-        handler="hold_handler:handle",
-        env={"PYTHONPATH": path},
+        "hold_handler:handle",
     )
     try:
         worker.wait_started()

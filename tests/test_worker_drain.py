@@ -5,14 +5,11 @@ attempts are left, else failed), nothing is left running, and the worker exits 0
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 
 from stuck_handler import USAGE
 from worker_support import (
-    REPO,
-    WorkerProcess,
     db,
     enqueue_echo,
     events,
@@ -22,6 +19,7 @@ from worker_support import (
     streamed_text,
     wait_streaming,
     worker_db,
+    worker_with_test_handler,
 )
 
 __all__ = ["db", "start_worker", "worker_db"]
@@ -79,13 +77,11 @@ def test_a_run_stuck_past_the_drain_is_cancelled_and_its_cleanup_lands(db, worke
     that cancellation (pay for the response it cut, journal it) must land: the drain cancelled
     such tasks and went on at once to stop the journal writer and close the pools, under the
     cleanup, and neither the event nor the usage was written (the worker audit)."""
-    path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)
-    w = WorkerProcess(
+    w = worker_with_test_handler(
         worker_db,
         "stuck-drain",
         ["--concurrency", "1", "--lease", "2", "--drain", "0.5", "--poll", "0.3"],
-        handler="stuck_handler:handle",
-        env={"PYTHONPATH": path},
+        "stuck_handler:handle",
     )
     try:
         w.wait_started()

@@ -5,14 +5,12 @@ answer, and the worker still counts the new attempt as in flight (a drain waits 
 
 from __future__ import annotations
 
-import os
 import signal
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 from worker_support import (
-    REPO,
     WorkerProcess,
     db,
     enqueue_echo,
@@ -22,6 +20,7 @@ from worker_support import (
     wait_streaming,
     wait_until,
     worker_db,
+    worker_with_test_handler,
 )
 
 __all__ = ["db", "worker_db"]
@@ -31,15 +30,13 @@ ANSWER = "every word of this answer must reach the journal of the attempt that f
 
 @pytest.fixture
 def worker(worker_db: str) -> Iterator[WorkerProcess]:
-    path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)
-    w = WorkerProcess(
+    w = worker_with_test_handler(
         worker_db,
         "reclaimer",
         # Two slots: the re-claim needs one while the stale attempt still holds the other.
         # No reaper of its own after boot: the test reaps while the worker is stopped.
         ["--concurrency", "2", "--lease", "2", "--grace", "0", "--reap-interval", "600", "--poll", "0.5"],
-        handler="reclaim_handler:handle",
-        env={"PYTHONPATH": path},
+        "reclaim_handler:handle",
     )
     try:
         w.wait_started()
