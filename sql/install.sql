@@ -8778,7 +8778,7 @@ INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '137c1f0b121ba4984
 -- migration 0096_supersede_on_give_back
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'e4d80ca0fe62499f659f37bfe5f083d5208f00d0aa7a83edc55043405f501a20') AS apply_e4d80ca0fe62 \gset
 \if :apply_e4d80ca0fe62
--- depends: 0091_budget_waiter_pace_full
+-- depends: 0093_update_rate_limit
 -- A claim handed back with its attempt given back (defer_run after a key error, a rate limit or
 -- a budget wait; _park_for_person) is followed by a claim of the same attempt number, and a
 -- resumed attempt 1 takes nothing back (pyworker/worker/supersede.py looks from attempt 2 on).
