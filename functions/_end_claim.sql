@@ -71,7 +71,12 @@ BEGIN
     -- tenant's other runs (migration 0088). A reap charged it above, if it was this attempt's; a
     -- release follows a call that got no answer (a 5xx, a connection lost before the response
     -- began: a response cut after it began was paid by record_usage first), which is not billed.
-    PERFORM runrow._tenant_unreserve(r.id);
+    -- Only a run with a grant has one (every writer that clears model_call_reserved takes the
+    -- reservation out with it; a reap's charge did above): as in finish_run, a run that never
+    -- reserved pays nothing here (a release_run of one read 23 shared buffers, 21 without the call).
+    IF r.model_call_reserved IS NOT NULL THEN
+        PERFORM runrow._tenant_unreserve(r.id);
+    END IF;
 
     IF r.status = 'queued' THEN
         outcome := 'requeued';

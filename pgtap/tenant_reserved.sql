@@ -9,7 +9,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(56);
+SELECT plan(63);
 SELECT pg_temp.drain_queue();
 
 SELECT runrow.set_model_price('held-model', 3, 15, 3.75, 0.3);
@@ -87,6 +87,31 @@ SELECT runrow.release_run(:'c', pg_temp.token(:'c'), 'model API 503', interval '
 SELECT is(pg_temp.reserved(), '(0,0.000000)', 'release_run drops the released claim''s reservation');
 SELECT is(pg_temp.acquire(:'d'), '(t,0,)', 'alone it goes');
 SELECT runrow.cancel_run(:'c');
+
+-- A claim that never reserved (most: no model call yet, or its call settled) pays nothing for
+-- it when it ends: release_run and the reaper (_end_claim) call _tenant_unreserve only for a
+-- run with a grant, as finish_run does. Before, they called it for every run they ended.
+SET LOCAL track_functions = 'all';
+CREATE FUNCTION pg_temp.unreserves() RETURNS bigint LANGUAGE sql AS $$
+    SELECT coalesce(pg_stat_get_xact_function_calls('runrow._tenant_unreserve'::regproc), 0)
+$$;
+SELECT runrow.set_tenant_budget('end-tenant', 100000, NULL);
+SELECT pg_temp.held_run('end-tenant', 5) AS never \gset
+SELECT pg_temp.unreserves() AS unreserves_before \gset
+SELECT is(runrow.release_run(:'never', pg_temp.token(:'never'), 'model API 503'), 'requeued',
+    'a run with no grant is released');
+SELECT pg_temp.claim(:'never');
+SELECT pg_temp.expire(:'never');
+SELECT is((SELECT r.outcome FROM runrow.reap_expired_runs(grace_seconds => 0) AS r WHERE r.run_id = :'never'),
+    'requeued', 'and reaped');
+SELECT is(pg_temp.unreserves() - :unreserves_before, 0::bigint,
+    'neither ending looked for a reservation it cannot have');
+SELECT pg_temp.claim(:'never');
+SELECT is(pg_temp.acquire(:'never'), '(t,0,)', 'granted, it has one');
+SELECT is(runrow.release_run(:'never', pg_temp.token(:'never'), 'model API 503'), 'requeued', 'released');
+SELECT is(pg_temp.unreserves() - :unreserves_before, 1::bigint, 'that release takes it out');
+SELECT is(pg_temp.reserved('end-tenant'), '(0,0.000000)', 'and the tenant''s total is back to 0');
+SELECT runrow.cancel_run(:'never');
 
 -- A claim that ended with its call unsettled (a refused request fails the run through
 -- finish_run): its reservation leaves the total then (the review of session 59: before, it
