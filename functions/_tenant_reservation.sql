@@ -30,7 +30,14 @@ DECLARE
     inp bigint := (_tenant_reserve.reserved ->> 'input_tokens')::bigint;
     outp bigint := (_tenant_reserve.reserved ->> 'output_tokens')::bigint;
     cost numeric := 0;
+    -- The tenant's day with this call: settled plus this call's reservation.
+    day_tokens numeric;
+    day_cost numeric;
+    -- Another run's call waits for room (b.waiter_run): this one goes only beside it.
+    beside boolean;
+    -- That waiter is still there (it asked within the minute and its run is queued or running).
     behind boolean := false;
+    pruned boolean := false;
 BEGIN
     SELECT t.* INTO b FROM runrow.tenant_budget AS t WHERE t.fairness_key = r.fairness_key FOR UPDATE;
     IF NOT FOUND THEN
@@ -47,25 +54,41 @@ BEGIN
     IF FOUND THEN
         cost := (inp * p.input_per_mtok + outp * p.output_per_mtok) / 1000000;
     END IF;
+    day_tokens := spent.tokens + inp + outp;
+    day_cost := spent.cost + cost;
 
-    -- Another call waits for room: this one goes only if it leaves the waiter's room too.
-    IF b.waiter_run IS NOT NULL AND b.waiter_run <> r.id
-       AND NOT runrow._tenant_room(b, spent.tokens + b.reserved_tokens + b.waiter_tokens + inp + outp,
-           spent.cost + b.reserved_cost + b.waiter_cost + cost) THEN
-        behind := b.waiter_seen_at > now() - interval '1 minute' AND EXISTS (
-            SELECT 1 FROM runrow.agent_run AS w WHERE w.id = b.waiter_run AND w.status IN ('queued', 'running')
-        );
-        IF NOT behind THEN
-            -- The waiter went away (its run ended, or it stopped asking): forgotten.
-            UPDATE runrow.tenant_budget AS t
-            SET waiter_run = NULL, waiter_tokens = NULL, waiter_cost = NULL, waiter_seen_at = NULL
-            WHERE t.fairness_key = b.fairness_key
-            RETURNING t.* INTO b;
+    -- The one room test: this call, beside the calls in flight (and the waiter's, if another
+    -- call waits), in the budget. Alone (nothing reserved, nobody else waiting) a call goes.
+    -- Failing it, what holds nothing back any more goes and it is made again: at most a waiter
+    -- that went away, then the stale reservations; so at most three passes.
+    LOOP
+        beside := b.waiter_run IS NOT NULL AND b.waiter_run <> r.id;
+        EXIT WHEN (b.reserved_tokens = 0 AND NOT beside) OR runrow._tenant_room(b,
+            day_tokens + b.reserved_tokens + CASE WHEN beside THEN b.waiter_tokens ELSE 0 END,
+            day_cost + b.reserved_cost + CASE WHEN beside THEN b.waiter_cost ELSE 0 END);
+        IF beside AND NOT behind THEN
+            behind := b.waiter_seen_at > now() - interval '1 minute' AND EXISTS (
+                SELECT 1 FROM runrow.agent_run AS w WHERE w.id = b.waiter_run AND w.status IN ('queued', 'running')
+            );
+            IF NOT behind THEN
+                -- The waiter went away (its run ended, or it stopped asking): forgotten.
+                UPDATE runrow.tenant_budget AS t
+                SET waiter_run = NULL, waiter_tokens = NULL, waiter_cost = NULL, waiter_seen_at = NULL
+                WHERE t.fairness_key = b.fairness_key
+                RETURNING t.* INTO b;
+                CONTINUE;
+            END IF;
         END IF;
-    END IF;
-
-    IF behind OR (b.reserved_tokens > 0
-       AND NOT runrow._tenant_room(b, spent.tokens + b.reserved_tokens + inp + outp, spent.cost + b.reserved_cost + cost)) THEN
+        IF pruned THEN
+            -- The first to wait is the waiter (a later one waits behind it); its ask is kept fresh.
+            IF NOT beside THEN
+                UPDATE runrow.tenant_budget AS t
+                SET waiter_run = r.id, waiter_tokens = inp + outp, waiter_cost = cost,
+                    waiter_seen_at = now()
+                WHERE t.fairness_key = b.fairness_key;
+            END IF;
+            RETURN 'budget_reserved';
+        END IF;
         -- Before making it wait, the reservations that hold nothing back any more go: the run's
         -- own (its last call is over, as it asks for the next one; this one replaces it) and
         -- those of claims that ended unsettled (a run failed on a refused request, stopped or
@@ -78,23 +101,8 @@ BEGIN
         IF FOUND THEN
             SELECT t.* INTO b FROM runrow.tenant_budget AS t WHERE t.fairness_key = b.fairness_key;
         END IF;
-        IF behind AND NOT runrow._tenant_room(
-            b, spent.tokens + b.reserved_tokens + b.waiter_tokens + inp + outp,
-            spent.cost + b.reserved_cost + b.waiter_cost + cost) THEN
-            RETURN 'budget_reserved';
-        END IF;
-        IF b.reserved_tokens > 0
-           AND NOT runrow._tenant_room(b, spent.tokens + b.reserved_tokens + inp + outp, spent.cost + b.reserved_cost + cost) THEN
-            -- The first to wait is the waiter (a later one waits behind it); its ask is kept fresh.
-            IF b.waiter_run IS NULL OR b.waiter_run = r.id THEN
-                UPDATE runrow.tenant_budget AS t
-                SET waiter_run = r.id, waiter_tokens = inp + outp, waiter_cost = cost,
-                    waiter_seen_at = now()
-                WHERE t.fairness_key = b.fairness_key;
-            END IF;
-            RETURN 'budget_reserved';
-        END IF;
-    END IF;
+        pruned := true;
+    END LOOP;
 
     IF b.waiter_run = r.id THEN
         UPDATE runrow.tenant_budget AS t
