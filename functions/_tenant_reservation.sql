@@ -91,8 +91,8 @@ BEGIN
         END IF;
         -- Before making it wait, the reservations that hold nothing back any more go: the run's
         -- own (its last call is over, as it asks for the next one; this one replaces it) and
-        -- those of claims that ended unsettled (a run failed on a refused request, stopped or
-        -- parked: finish_runs and a stop leave them). Read on this path only, where it pays.
+        -- those of claims that ended unsettled another way than the endings that take theirs
+        -- out (a run stopped or parked on a person). Read on this path only, where it pays.
         DELETE FROM runrow.tenant_reservation AS s
         WHERE s.fairness_key = b.fairness_key
           AND (s.run_id = r.id OR NOT EXISTS (
@@ -149,6 +149,30 @@ BEGIN
 END
 $fn$;
 
+-- _tenant_unreserve for a batch of ended runs (finish_runs, finish_and_claim_runs): called
+-- only for the runs of tenants with a budget, the only ones a call can be reserved for. A
+-- batch spans tenants, so their budget rows are locked in key order: two batches ending runs
+-- of the same tenants never wait on each other crosswise. The callers read no column or table
+-- a recent migration added (tests/test_upgrade_0061.py runs them on an older schema): this
+-- body is planned only when called.
+CREATE OR REPLACE FUNCTION runrow._tenant_unreserve_runs(run_ids uuid[])
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    PERFORM 1 FROM runrow.tenant_budget AS b
+    WHERE b.fairness_key IN (
+        SELECT s.fairness_key FROM runrow.tenant_reservation AS s WHERE s.run_id = ANY (_tenant_unreserve_runs.run_ids)
+    )
+    ORDER BY b.fairness_key
+    FOR UPDATE;
+    IF FOUND THEN
+        DELETE FROM runrow.tenant_reservation AS s WHERE s.run_id = ANY (_tenant_unreserve_runs.run_ids);
+    END IF;
+END
+$fn$;
+
 REVOKE ALL ON FUNCTION runrow._tenant_reserve(runrow.agent_run, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._tenant_unreserve_runs(uuid[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._tenant_unreserve(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._tenant_room(runrow.tenant_budget, numeric, numeric) FROM PUBLIC;

@@ -46,6 +46,8 @@ DECLARE
     claimed_rows runrow.claimed_run[];
     -- The conversations of the runs ended here, whose next turns the walk found blocked.
     ended_convs uuid[];
+    -- The runs ended here of tenants with a budget, whose reservations go (as in finish_runs).
+    budgeted uuid[];
     -- The endings were written alone by finish_runs, which woke their tails (a collision).
     woken boolean := false;
     -- The helpers' results. A helper is called in an assignment, not in SELECT ... INTO ...
@@ -117,7 +119,8 @@ BEGIN
             WHERE r.id = v.id AND (v.token IS NULL OR r.claim_token = v.token)
             RETURNING r.id, r.claim_token, r.conversation_id, r.status, r.result, r.error, r.attempt,
                       r.max_attempts, r.model, r.prompt_id, r.user_id, r.user_message_id, r.metadata,
-                      r.claim_expires_at, r.enqueue_seq, v.token IS NULL AS claimed, v.since, v.events
+                      r.claim_expires_at, r.enqueue_seq, v.token IS NULL AS claimed, v.since, v.events,
+                      r.fairness_key
         ),
         journaled AS (
             -- seq NULL: the guard trigger assigns each row the next one of its run, in this
@@ -146,20 +149,25 @@ BEGIN
         -- Every ended run has journal rows (its complete at least), so this is every run of upd
         -- not claimed, with its last seq.
         ended AS (
-            SELECT j.run_id, max(j.seq) AS seq, u.conversation_id
+            SELECT j.run_id, max(j.seq) AS seq, u.conversation_id, u.fairness_key
             FROM journaled AS j JOIN upd AS u ON u.id = j.run_id
             WHERE NOT u.claimed
-            GROUP BY j.run_id, u.conversation_id
+            GROUP BY j.run_id, u.conversation_id, u.fairness_key
         )
         -- Gathered, not returned, here: rows a RETURN QUERY hands over inside this block
         -- would stay returned if the statement then failed (see _claim, migration 0038). Two
         -- aggregates, not a subquery per array: each is a plan node the executor sets up on
         -- every call.
-        SELECT e.ids, e.seqs, e.convs, k.claimed
-        INTO done_ids, done_seqs, ended_convs, claimed_rows
+        SELECT e.ids, e.seqs, e.convs, e.budgeted, k.claimed
+        INTO done_ids, done_seqs, ended_convs, budgeted, claimed_rows
         FROM (
-            SELECT array_agg(d.run_id) AS ids, array_agg(d.seq) AS seqs, array_agg(d.conversation_id) AS convs
+            SELECT array_agg(d.run_id) AS ids, array_agg(d.seq) AS seqs, array_agg(d.conversation_id) AS convs,
+                   array_agg(d.run_id) FILTER (WHERE b.fairness_key IS NOT NULL) AS budgeted
             FROM ended AS d
+            -- The ended runs of tenants with a budget, as finish_runs finds them.
+            LEFT JOIN (
+                SELECT t.fairness_key FROM runrow.tenant_budget AS t WHERE EXISTS (SELECT 1 FROM runrow.tenant_budget)
+            ) AS b ON b.fairness_key = d.fairness_key
         ) AS e
         CROSS JOIN (
             SELECT array_agg(ROW(
@@ -186,6 +194,12 @@ BEGIN
         FROM runrow.finish_runs(finish_and_claim_runs.runs) AS f;
         woken := true;
     END;
+
+    -- An ended run's call granted and never settled holds nothing back any more, as in
+    -- finish_runs (which did it itself when the endings were written alone).
+    IF budgeted IS NOT NULL THEN
+        PERFORM runrow._tenant_unreserve_runs(budgeted);
+    END IF;
 
     -- A conversation's next turn queued behind a run ended here was blocked when the walk
     -- ran. If the walk left slots free, claim what is claimable now that the endings are

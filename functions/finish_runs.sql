@@ -21,6 +21,8 @@ DECLARE
     events jsonb[];
     done_ids uuid[];
     done_seqs bigint[];
+    -- The finished runs of tenants with a budget: the only runs a reservation can be left for.
+    budgeted uuid[];
     -- The input check's result, read as a simple expression (see finish_and_claim_runs).
     inp record;
 BEGIN
@@ -55,7 +57,7 @@ BEGIN
             updated_at = now()
         FROM unnest(ids, tokens, statuses, results, errors, events) AS v (id, token, status, result, error, events)
         WHERE r.id = v.id AND r.claim_token = v.token
-        RETURNING r.id, r.conversation_id, r.status, r.result, r.error, v.events
+        RETURNING r.id, r.conversation_id, r.status, r.result, r.error, v.events, r.fairness_key
     ),
     journaled AS (
         -- seq NULL: the guard trigger assigns each row the next one of its run, in this
@@ -76,9 +78,23 @@ BEGIN
         ORDER BY f.id, e.ord
         RETURNING run_event.run_id, run_event.seq
     )
-    SELECT array_agg(l.run_id), array_agg(l.seq)
-    INTO done_ids, done_seqs
-    FROM (SELECT j.run_id, max(j.seq) AS seq FROM journaled AS j GROUP BY j.run_id) AS l;
+    -- A run's call granted and never settled (the API refused it: the run fails) holds nothing
+    -- back any more, as finish_run has it: its reservation leaves its tenant's total. A call is
+    -- reserved only under a tenant's budget, so only those runs go to _tenant_unreserve_runs
+    -- (not gated on model_call_reserved as finish_run is: see there). The budgets are probed per
+    -- run only when there is one at all: without, the probe is one read of an empty index per
+    -- call (10-run batch: 201 shared buffers against 200 before; a budget of another tenant,
+    -- 212; the runs' tenant's, 237, the reservations looked for).
+    SELECT array_agg(l.run_id), array_agg(l.seq), array_agg(l.run_id) FILTER (WHERE b.fairness_key IS NOT NULL)
+    INTO done_ids, done_seqs, budgeted
+    FROM (SELECT j.run_id, max(j.seq) AS seq FROM journaled AS j GROUP BY j.run_id) AS l
+    JOIN fin AS f ON f.id = l.run_id
+    LEFT JOIN (
+        SELECT t.fairness_key FROM runrow.tenant_budget AS t WHERE EXISTS (SELECT 1 FROM runrow.tenant_budget)
+    ) AS b ON b.fairness_key = f.fairness_key;
+    IF budgeted IS NOT NULL THEN
+        PERFORM runrow._tenant_unreserve_runs(budgeted);
+    END IF;
 
     -- The wakes: each finished run's tails once, with its last seq, if a tail watches it
     -- (its watches go: nothing more is written to an ended run); the dispatchers were woken

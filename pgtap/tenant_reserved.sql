@@ -9,7 +9,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(63);
+SELECT plan(71);
 SELECT pg_temp.drain_queue();
 
 SELECT runrow.set_model_price('held-model', 3, 15, 3.75, 0.3);
@@ -114,16 +114,44 @@ SELECT is(pg_temp.reserved('end-tenant'), '(0,0.000000)', 'and the tenant''s tot
 SELECT runrow.cancel_run(:'never');
 
 -- A claim that ended with its call unsettled (a refused request fails the run through
--- finish_run): its reservation leaves the total then (the review of session 59: before, it
--- stayed until a grant that would wait pruned it). finish_runs leaves it to that pruning.
+-- finish_run, or through finish_runs and finish_and_claim_runs, the worker's batch endings): its
+-- reservation leaves the total then (the review of session 59: before, it stayed until a grant
+-- that would wait pruned it; the batch endings left it so until session 60).
 SELECT runrow.finish_run(:'d', pg_temp.token(:'d'), 'failed', NULL, 'model API refused the request: 400');
 SELECT is(pg_temp.reserved(), '(0,0.000000)', 'finish_run takes the refused call''s reservation out');
+CREATE FUNCTION pg_temp.failed(run uuid) RETURNS jsonb LANGUAGE sql AS $$
+    SELECT jsonb_build_array(jsonb_build_object('run_id', run, 'claim_token', pg_temp.token(run),
+        'status', 'failed', 'error', 'model API refused the request: 400'))
+$$;
+SELECT runrow.set_tenant_budget('batch-tenant', 100000, NULL);
 SELECT pg_temp.held_run() AS fr \gset
+SELECT pg_temp.held_run('batch-tenant') AS fr2 \gset
+SELECT pg_temp.held_run('free-tenant') AS fr3 \gset
 SELECT is(pg_temp.acquire(:'fr'), '(t,0,)', 'granted');
-SELECT runrow.finish_runs(jsonb_build_array(jsonb_build_object('run_id', :'fr', 'claim_token', pg_temp.token(:'fr'),
-    'status', 'failed', 'error', 'model API refused the request: 400')));
-SELECT is(pg_temp.reserved(), '(1300,0.015900)',
-    'finish_runs (a batch: it reads no column 0080 added, tests/test_upgrade_0061.py) leaves it counted');
+SELECT is(pg_temp.acquire(:'fr2'), '(t,0,)', 'a call of another tenant, granted');
+SELECT is(pg_temp.acquire(:'fr3'), '(t,0,)', 'and of a tenant without a budget');
+SELECT pg_temp.held_run() AS fine \gset
+SELECT is(
+    (SELECT array_agg(f.finished) FROM runrow.finish_runs(pg_temp.failed(:'fr') || pg_temp.failed(:'fr2')
+        || pg_temp.failed(:'fr3') || jsonb_build_array(jsonb_build_object('run_id', :'fine',
+            'claim_token', pg_temp.token(:'fine'), 'status', 'completed'))) AS f),
+    ARRAY[true, true, true, true], 'finish_runs ends the refused calls'' runs and one that never reserved');
+SELECT is((pg_temp.reserved(), pg_temp.reserved('batch-tenant'))::text, '("(0,0.000000)","(0,0.000000)")',
+    'finish_runs takes each tenant''s refused call out of its total');
+SELECT is((SELECT count(*)::int FROM runrow.tenant_reservation WHERE run_id IN (:'fr', :'fr2', :'fr3', :'fine')), 0,
+    'no reservation row is left for a run it ended');
+SELECT pg_temp.held_run('batch-tenant') AS fc \gset
+SELECT is(pg_temp.acquire(:'fc'), '(t,0,)', 'granted');
+SELECT is(
+    (SELECT array_agg(f.finished) FROM runrow.finish_and_claim_runs(pg_temp.failed(:'fc'), 'pgtap', 1, 30) AS f
+     WHERE f.finished IS NOT NULL),
+    ARRAY[true], 'finish_and_claim_runs ends a refused call''s run');
+SELECT is(pg_temp.reserved('batch-tenant'), '(0,0.000000)', 'and takes its reservation out too');
+-- A claim ended unsettled another way (a stop or a park still leaves its reservation): the next
+-- grant that would wait finds it stale.
+INSERT INTO runrow.tenant_reservation (run_id, fairness_key, claim_token, tokens, cost)
+VALUES (:'fr', 'held-tenant', gen_random_uuid(), 1300, 0.0159);
+SELECT is(pg_temp.reserved(), '(1300,0.015900)', 'a stale reservation');
 SELECT pg_temp.held_run() AS e \gset
 SELECT is(pg_temp.acquire(:'e'), '(t,0,)', 'the next grant that would wait finds it stale: granted');
 SELECT is(pg_temp.held(), ARRAY[:'e'::uuid], 'fr''s row is gone, e''s counted');

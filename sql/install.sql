@@ -12683,8 +12683,8 @@ BEGIN
         END IF;
         -- Before making it wait, the reservations that hold nothing back any more go: the run's
         -- own (its last call is over, as it asks for the next one; this one replaces it) and
-        -- those of claims that ended unsettled (a run failed on a refused request, stopped or
-        -- parked: finish_runs and a stop leave them). Read on this path only, where it pays.
+        -- those of claims that ended unsettled another way than the endings that take theirs
+        -- out (a run stopped or parked on a person). Read on this path only, where it pays.
         DELETE FROM runrow.tenant_reservation AS s
         WHERE s.fairness_key = b.fairness_key
           AND (s.run_id = r.id OR NOT EXISTS (
@@ -12741,7 +12741,31 @@ BEGIN
 END
 $fn$;
 
+-- _tenant_unreserve for a batch of ended runs (finish_runs, finish_and_claim_runs): called
+-- only for the runs of tenants with a budget, the only ones a call can be reserved for. A
+-- batch spans tenants, so their budget rows are locked in key order: two batches ending runs
+-- of the same tenants never wait on each other crosswise. The callers read no column or table
+-- a recent migration added (tests/test_upgrade_0061.py runs them on an older schema): this
+-- body is planned only when called.
+CREATE OR REPLACE FUNCTION runrow._tenant_unreserve_runs(run_ids uuid[])
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    PERFORM 1 FROM runrow.tenant_budget AS b
+    WHERE b.fairness_key IN (
+        SELECT s.fairness_key FROM runrow.tenant_reservation AS s WHERE s.run_id = ANY (_tenant_unreserve_runs.run_ids)
+    )
+    ORDER BY b.fairness_key
+    FOR UPDATE;
+    IF FOUND THEN
+        DELETE FROM runrow.tenant_reservation AS s WHERE s.run_id = ANY (_tenant_unreserve_runs.run_ids);
+    END IF;
+END
+$fn$;
+
 REVOKE ALL ON FUNCTION runrow._tenant_reserve(runrow.agent_run, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._tenant_unreserve_runs(uuid[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._tenant_unreserve(uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._tenant_room(runrow.tenant_budget, numeric, numeric) FROM PUBLIC;
 
@@ -15456,6 +15480,8 @@ DECLARE
     claimed_rows runrow.claimed_run[];
     -- The conversations of the runs ended here, whose next turns the walk found blocked.
     ended_convs uuid[];
+    -- The runs ended here of tenants with a budget, whose reservations go (as in finish_runs).
+    budgeted uuid[];
     -- The endings were written alone by finish_runs, which woke their tails (a collision).
     woken boolean := false;
     -- The helpers' results. A helper is called in an assignment, not in SELECT ... INTO ...
@@ -15527,7 +15553,8 @@ BEGIN
             WHERE r.id = v.id AND (v.token IS NULL OR r.claim_token = v.token)
             RETURNING r.id, r.claim_token, r.conversation_id, r.status, r.result, r.error, r.attempt,
                       r.max_attempts, r.model, r.prompt_id, r.user_id, r.user_message_id, r.metadata,
-                      r.claim_expires_at, r.enqueue_seq, v.token IS NULL AS claimed, v.since, v.events
+                      r.claim_expires_at, r.enqueue_seq, v.token IS NULL AS claimed, v.since, v.events,
+                      r.fairness_key
         ),
         journaled AS (
             -- seq NULL: the guard trigger assigns each row the next one of its run, in this
@@ -15556,20 +15583,25 @@ BEGIN
         -- Every ended run has journal rows (its complete at least), so this is every run of upd
         -- not claimed, with its last seq.
         ended AS (
-            SELECT j.run_id, max(j.seq) AS seq, u.conversation_id
+            SELECT j.run_id, max(j.seq) AS seq, u.conversation_id, u.fairness_key
             FROM journaled AS j JOIN upd AS u ON u.id = j.run_id
             WHERE NOT u.claimed
-            GROUP BY j.run_id, u.conversation_id
+            GROUP BY j.run_id, u.conversation_id, u.fairness_key
         )
         -- Gathered, not returned, here: rows a RETURN QUERY hands over inside this block
         -- would stay returned if the statement then failed (see _claim, migration 0038). Two
         -- aggregates, not a subquery per array: each is a plan node the executor sets up on
         -- every call.
-        SELECT e.ids, e.seqs, e.convs, k.claimed
-        INTO done_ids, done_seqs, ended_convs, claimed_rows
+        SELECT e.ids, e.seqs, e.convs, e.budgeted, k.claimed
+        INTO done_ids, done_seqs, ended_convs, budgeted, claimed_rows
         FROM (
-            SELECT array_agg(d.run_id) AS ids, array_agg(d.seq) AS seqs, array_agg(d.conversation_id) AS convs
+            SELECT array_agg(d.run_id) AS ids, array_agg(d.seq) AS seqs, array_agg(d.conversation_id) AS convs,
+                   array_agg(d.run_id) FILTER (WHERE b.fairness_key IS NOT NULL) AS budgeted
             FROM ended AS d
+            -- The ended runs of tenants with a budget, as finish_runs finds them.
+            LEFT JOIN (
+                SELECT t.fairness_key FROM runrow.tenant_budget AS t WHERE EXISTS (SELECT 1 FROM runrow.tenant_budget)
+            ) AS b ON b.fairness_key = d.fairness_key
         ) AS e
         CROSS JOIN (
             SELECT array_agg(ROW(
@@ -15596,6 +15628,12 @@ BEGIN
         FROM runrow.finish_runs(finish_and_claim_runs.runs) AS f;
         woken := true;
     END;
+
+    -- An ended run's call granted and never settled holds nothing back any more, as in
+    -- finish_runs (which did it itself when the endings were written alone).
+    IF budgeted IS NOT NULL THEN
+        PERFORM runrow._tenant_unreserve_runs(budgeted);
+    END IF;
 
     -- A conversation's next turn queued behind a run ended here was blocked when the walk
     -- ran. If the walk left slots free, claim what is claimable now that the endings are
@@ -15769,6 +15807,8 @@ DECLARE
     events jsonb[];
     done_ids uuid[];
     done_seqs bigint[];
+    -- The finished runs of tenants with a budget: the only runs a reservation can be left for.
+    budgeted uuid[];
     -- The input check's result, read as a simple expression (see finish_and_claim_runs).
     inp record;
 BEGIN
@@ -15803,7 +15843,7 @@ BEGIN
             updated_at = now()
         FROM unnest(ids, tokens, statuses, results, errors, events) AS v (id, token, status, result, error, events)
         WHERE r.id = v.id AND r.claim_token = v.token
-        RETURNING r.id, r.conversation_id, r.status, r.result, r.error, v.events
+        RETURNING r.id, r.conversation_id, r.status, r.result, r.error, v.events, r.fairness_key
     ),
     journaled AS (
         -- seq NULL: the guard trigger assigns each row the next one of its run, in this
@@ -15824,9 +15864,23 @@ BEGIN
         ORDER BY f.id, e.ord
         RETURNING run_event.run_id, run_event.seq
     )
-    SELECT array_agg(l.run_id), array_agg(l.seq)
-    INTO done_ids, done_seqs
-    FROM (SELECT j.run_id, max(j.seq) AS seq FROM journaled AS j GROUP BY j.run_id) AS l;
+    -- A run's call granted and never settled (the API refused it: the run fails) holds nothing
+    -- back any more, as finish_run has it: its reservation leaves its tenant's total. A call is
+    -- reserved only under a tenant's budget, so only those runs go to _tenant_unreserve_runs
+    -- (not gated on model_call_reserved as finish_run is: see there). The budgets are probed per
+    -- run only when there is one at all: without, the probe is one read of an empty index per
+    -- call (10-run batch: 201 shared buffers against 200 before; a budget of another tenant,
+    -- 212; the runs' tenant's, 237, the reservations looked for).
+    SELECT array_agg(l.run_id), array_agg(l.seq), array_agg(l.run_id) FILTER (WHERE b.fairness_key IS NOT NULL)
+    INTO done_ids, done_seqs, budgeted
+    FROM (SELECT j.run_id, max(j.seq) AS seq FROM journaled AS j GROUP BY j.run_id) AS l
+    JOIN fin AS f ON f.id = l.run_id
+    LEFT JOIN (
+        SELECT t.fairness_key FROM runrow.tenant_budget AS t WHERE EXISTS (SELECT 1 FROM runrow.tenant_budget)
+    ) AS b ON b.fairness_key = f.fairness_key;
+    IF budgeted IS NOT NULL THEN
+        PERFORM runrow._tenant_unreserve_runs(budgeted);
+    END IF;
 
     -- The wakes: each finished run's tails once, with its last seq, if a tail watches it
     -- (its watches go: nothing more is written to an ended run); the dispatchers were woken
