@@ -57,11 +57,20 @@ BEGIN
         -- A newly limited request bucket starts full, unless a block holds it empty until the
         -- block's end (report_rate_limited's rule for a limited key): a key that had no limits when a
         -- 429 blocked it started full, and burst into the wall again at the block's end.
+        -- A paced key's bucket (report_rate_limit_exhausted) mirrors the API's, so it keeps what
+        -- it holds too.
         requests_left = CASE WHEN set_rate_limit.requests_per_minute IS NULL THEN 0 ELSE least(
-            CASE WHEN l.requests_per_minute IS NOT NULL THEN l.requests_left
+            CASE WHEN l.requests_per_minute IS NOT NULL OR l.paced_requests_per_minute IS NOT NULL THEN l.requests_left
                 WHEN l.blocked_until > now() THEN 0
                 ELSE set_rate_limit.requests_per_minute END,
             set_rate_limit.requests_per_minute) END,
+        -- The operator's word on the key replaces the pace a header block set: a requests limit
+        -- set is the key's pace from now on, and one removed (or never set) leaves it unpaced,
+        -- not held to a pace learned before (it was only shadowed under a limit, and came back
+        -- when the limit was removed).
+        paced_requests_per_minute = NULL,
+        paced_requests_limit = NULL,
+        paced_full_since = NULL,
         input_tokens_left = CASE WHEN set_rate_limit.input_tokens_per_minute IS NULL THEN 0 ELSE least(
             CASE WHEN l.input_tokens_per_minute IS NULL THEN set_rate_limit.input_tokens_per_minute
                 ELSE l.input_tokens_left END,
@@ -80,7 +89,8 @@ COMMENT ON FUNCTION runrow.set_rate_limit(text, integer, integer, integer) IS
 'its runs, or a key runs name at enqueue): requests, uncached input tokens and output tokens '
 'per minute, each NULL (not limited) or more than 0, as token buckets that refill with the '
 'database clock and hold at most a minute''s worth. A new key starts full; a changed key keeps '
-'its levels (capped to the new limits) and its block. All three NULL removes the key''s row '
+'its levels (capped to the new limits) and its block, and ends a pace a header block set '
+'(report_rate_limit_exhausted: the limits set replace it). All three NULL removes the key''s row '
 '(limits and any block: queued runs of the key held back by the block are due at once, and the '
 'dispatchers are woken); P0002 when it has none. Bad input (NULL or over-long key, a rate not '
 'more than 0) raises 22004/22023 naming the argument and writes nothing.';

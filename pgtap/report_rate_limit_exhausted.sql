@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(45);
+SELECT plan(54);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.limits_fingerprint() RETURNS text LANGUAGE sql AS $$
@@ -135,6 +135,32 @@ SELECT is((SELECT paced_full_since FROM runrow.rate_limit WHERE rate_limit_key =
 SELECT runrow.report_rate_limit_exhausted(:'a', pg_temp.token(:'a'), 2, 50);
 SELECT is((SELECT (paced_requests_per_minute, requests_left)::text FROM runrow.rate_limit WHERE rate_limit_key = 'rk'),
     '(,0)', 'a key with a requests limit of its own keeps it: no pace, the bucket empty');
+
+-- An operator sees the pace (rate_limits.paced_interval, its last column: migration 0092): before,
+-- a paced key read as one with no requests limit. And set_rate_limit replaces it: before, a
+-- requests limit set only shadowed it (the bucket started full, into the API's empty one) and
+-- the pace came back when that limit was removed.
+CREATE FUNCTION pg_temp.shown(key text) RETURNS text LANGUAGE sql AS $$
+    SELECT (v.requests_per_minute, v.paced_interval)::text FROM runrow.rate_limits AS v WHERE v.rate_limit_key = key
+$$;
+SELECT pg_temp.keyed_run('shown') AS sh \gset
+SELECT runrow.report_rate_limit_exhausted(:'sh', pg_temp.token(:'sh'), 2, 3);
+SELECT is(pg_temp.shown('shown'), '(,00:00:02)', 'rate_limits shows the pace: one request every 2 s');
+SELECT is(pg_temp.shown('rk'), '(100,)', 'and no pace on a key with a requests limit of its own');
+SELECT is((SELECT attname::text FROM pg_attribute WHERE attrelid = 'runrow.rate_limits'::regclass
+    ORDER BY attnum DESC LIMIT 1), 'paced_interval', 'appended after the view''s other columns');
+SELECT pg_temp.later('shown', 3);
+SELECT runrow.set_rate_limit('shown', 100, NULL, NULL);
+SELECT is(pg_temp.pace('shown'), '(,,1.500000)',
+    'a requests limit set ends the pace; the bucket keeps what the pace refilled (1 + 1 s at 30 a minute)');
+SELECT is(pg_temp.shown('shown'), '(100,)', 'rate_limits shows the limit, not the pace');
+SELECT runrow.set_rate_limit('shown', NULL, 1000, NULL);
+SELECT is(pg_temp.pace('shown'), '(,,0)', 'the requests limit removed: not paced, the requests not limited');
+SELECT runrow.report_rate_limit_exhausted(:'sh', pg_temp.token(:'sh'), 2, 3);
+SELECT is(pg_temp.shown('shown'), '(,00:00:02)', 'paced again after another header block');
+SELECT runrow.set_rate_limit('shown', NULL, 2000, NULL);
+SELECT is(pg_temp.pace('shown'), '(,,0)', 'a token limit changed with no requests limit ends it too');
+SELECT is(pg_temp.shown('shown'), '(,)', 'and rate_limits shows none');
 
 -- Fenced out: a stale token, and a run that has ended, write nothing.
 SELECT pg_temp.finished('completed') AS done \gset

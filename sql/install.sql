@@ -137,6 +137,7 @@ BEGIN
     '0089_update_tenant_budget',
     '0090_queue_metrics_blocked',
     '0091_budget_waiter_pace_full',
+    '0092_pace_shown_reservations_dropped',
     '0093_update_rate_limit',
     '0096_supersede_on_give_back'
 ]::text[]);
@@ -8754,6 +8755,77 @@ COMMENT ON COLUMN runrow.tenant_budget.reserved_cost IS
 'claims, as reserved_tokens.';
 INSERT INTO runrow._yoyo_migration VALUES ('f80d18fa42be66aa11b5d40299306bf10b156d1676951b7ab07b97837bbe5882', '0091_budget_waiter_pace_full', now() AT TIME ZONE 'UTC');
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'f80d18fa42be66aa11b5d40299306bf10b156d1676951b7ab07b97837bbe5882', '0091_budget_waiter_pace_full', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0092_pace_shown_reservations_dropped
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '40326c5c6eea69c9cb1345aedf0a3e259ca802382065aac53ad77ce0c562913d') AS apply_40326c5c6eea \gset
+\if :apply_40326c5c6eea
+-- depends: 0091_budget_waiter_pace_full
+-- Three defects of the fleet limits (session 60).
+--
+-- (A) A header block's pace (report_rate_limit_exhausted with requests_limit, migration 0087)
+-- was invisible: rate_limits showed a paced key as one with no requests limit, so an operator
+-- could not tell its requests were held to one every reset_in_seconds. The view gains
+-- paced_interval (appended: CREATE OR REPLACE keeps the existing columns in order).
+--
+-- (B) set_rate_limit left the pace on the key: a requests limit the operator set did not replace
+-- it (it was only shadowed, and came back when the limit was removed again). set_rate_limit now
+-- clears it (functions/set_rate_limit.sql); the paces it left under a requests limit go here.
+--
+-- (C) finish_runs and finish_and_claim_runs now take out the reservation of a call granted and
+-- never settled, as finish_run does (functions/finish_runs.sql, _tenant_unreserve_runs): the
+-- reserved totals' comments no longer name them among the endings that leave one.
+
+CREATE OR REPLACE VIEW runrow.rate_limits AS
+WITH e AS (
+    SELECT
+        l.*,
+        greatest(0, extract(EPOCH FROM now() - l.refilled_at)) AS secs
+    FROM runrow.rate_limit AS l
+)
+
+SELECT
+    e.rate_limit_key,
+    e.requests_per_minute,
+    e.input_tokens_per_minute,
+    e.output_tokens_per_minute,
+    least(e.requests_per_minute, e.requests_left + e.requests_per_minute * e.secs / 60) AS requests_left,
+    least(e.input_tokens_per_minute, e.input_tokens_left + e.input_tokens_per_minute * e.secs / 60) AS input_tokens_left,
+    least(e.output_tokens_per_minute, e.output_tokens_left + e.output_tokens_per_minute * e.secs / 60)
+        AS output_tokens_left,
+    CASE WHEN e.blocked_until > now() THEN e.blocked_until END AS blocked_until,
+    CASE WHEN e.blocked_until > now() THEN e.blocked_until - now() END AS block_time_left,
+    e.blocks_reported,
+    e.key_error,
+    e.key_errors,
+    make_interval(secs => round(60 / e.paced_requests_per_minute, 3)::double precision) AS paced_interval
+FROM e;
+
+COMMENT ON VIEW runrow.rate_limits IS
+'Every rate-limit key: its per-minute limits, what each bucket holds now, the block in force, '
+'an API key or account error that has not cleared (key_error, key_errors), and the pace a header '
+'block set on a key with no requests limit of its own (paced_interval: one request per that '
+'interval, until the bucket has stood full for one; NULL when not paced).';
+
+-- A view replaced keeps its grants; said again so this file reads whole.
+GRANT SELECT ON runrow.rate_limits TO runrow_auditor;
+
+-- A pace shadowed by a requests limit set after it: what set_rate_limit now clears.
+UPDATE runrow.rate_limit AS l
+SET paced_requests_per_minute = NULL, paced_requests_limit = NULL, paced_full_since = NULL
+WHERE l.requests_per_minute IS NOT NULL AND l.paced_requests_per_minute IS NOT NULL;
+
+COMMENT ON COLUMN runrow.tenant_budget.reserved_tokens IS
+'The tokens reserved by the tenant''s granted, unsettled model calls (the sum of its '
+'tenant_reservation rows, kept by their trigger): acquire_model_call counts them with the '
+'settled spend. May include claims ended by a stop or a park on a person with their call '
+'unsettled, until a grant that would wait prunes them.';
+COMMENT ON COLUMN runrow.tenant_budget.reserved_cost IS
+'The USD (at model_price when granted) reserved by the tenant''s granted, unsettled model '
+'calls (the sum of its tenant_reservation rows, kept by their trigger); may include ended '
+'claims, as reserved_tokens.';
+INSERT INTO runrow._yoyo_migration VALUES ('40326c5c6eea69c9cb1345aedf0a3e259ca802382065aac53ad77ce0c562913d', '0092_pace_shown_reservations_dropped', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '40326c5c6eea69c9cb1345aedf0a3e259ca802382065aac53ad77ce0c562913d', '0092_pace_shown_reservations_dropped', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
 -- migration 0093_update_rate_limit
@@ -17529,11 +17601,20 @@ BEGIN
         -- A newly limited request bucket starts full, unless a block holds it empty until the
         -- block's end (report_rate_limited's rule for a limited key): a key that had no limits when a
         -- 429 blocked it started full, and burst into the wall again at the block's end.
+        -- A paced key's bucket (report_rate_limit_exhausted) mirrors the API's, so it keeps what
+        -- it holds too.
         requests_left = CASE WHEN set_rate_limit.requests_per_minute IS NULL THEN 0 ELSE least(
-            CASE WHEN l.requests_per_minute IS NOT NULL THEN l.requests_left
+            CASE WHEN l.requests_per_minute IS NOT NULL OR l.paced_requests_per_minute IS NOT NULL THEN l.requests_left
                 WHEN l.blocked_until > now() THEN 0
                 ELSE set_rate_limit.requests_per_minute END,
             set_rate_limit.requests_per_minute) END,
+        -- The operator's word on the key replaces the pace a header block set: a requests limit
+        -- set is the key's pace from now on, and one removed (or never set) leaves it unpaced,
+        -- not held to a pace learned before (it was only shadowed under a limit, and came back
+        -- when the limit was removed).
+        paced_requests_per_minute = NULL,
+        paced_requests_limit = NULL,
+        paced_full_since = NULL,
         input_tokens_left = CASE WHEN set_rate_limit.input_tokens_per_minute IS NULL THEN 0 ELSE least(
             CASE WHEN l.input_tokens_per_minute IS NULL THEN set_rate_limit.input_tokens_per_minute
                 ELSE l.input_tokens_left END,
@@ -17552,7 +17633,8 @@ COMMENT ON FUNCTION runrow.set_rate_limit(text, integer, integer, integer) IS
 'its runs, or a key runs name at enqueue): requests, uncached input tokens and output tokens '
 'per minute, each NULL (not limited) or more than 0, as token buckets that refill with the '
 'database clock and hold at most a minute''s worth. A new key starts full; a changed key keeps '
-'its levels (capped to the new limits) and its block. All three NULL removes the key''s row '
+'its levels (capped to the new limits) and its block, and ends a pace a header block set '
+'(report_rate_limit_exhausted: the limits set replace it). All three NULL removes the key''s row '
 '(limits and any block: queued runs of the key held back by the block are due at once, and the '
 'dispatchers are woken); P0002 when it has none. Bad input (NULL or over-long key, a rate not '
 'more than 0) raises 22004/22023 naming the argument and writes nothing.';
