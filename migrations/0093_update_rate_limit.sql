@@ -1,4 +1,4 @@
--- depends: 0091_budget_waiter_pace_full
+-- depends: 0092_pace_shown_reservations_dropped
 -- update_rate_limit (functions/update_rate_limit.sql): `runrow limits set KEY --rpm 80` keeps
 -- KEY's token limits. The CLI read the key's limits from the rate_limits view and then called
 -- set_rate_limit with all three, so a change of another limit committed between the two was

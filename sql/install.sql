@@ -8831,7 +8831,7 @@ INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '40326c5c6eea69c9c
 -- migration 0093_update_rate_limit
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '137c1f0b121ba4984b483bf83832b8eb2620af7a218f531eea273cf0436e32d6') AS apply_137c1f0b121b \gset
 \if :apply_137c1f0b121b
--- depends: 0091_budget_waiter_pace_full
+-- depends: 0092_pace_shown_reservations_dropped
 -- update_rate_limit (functions/update_rate_limit.sql): `runrow limits set KEY --rpm 80` keeps
 -- KEY's token limits. The CLI read the key's limits from the rate_limits view and then called
 -- set_rate_limit with all three, so a change of another limit committed between the two was

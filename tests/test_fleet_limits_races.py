@@ -363,3 +363,53 @@ def test_two_first_updates_of_a_new_key_both_stand(owner: psycopg.Connection, co
         (key,),
     ).fetchone()
     assert row == (10, 500, None, 10, 500)
+
+
+def test_batch_endings_across_the_same_tenants_take_their_budgets_in_one_order(
+    owner: psycopg.Connection, connect: Connect
+) -> None:
+    """Two finish_runs, each ending runs of the same two budgeted tenants (listed in opposite
+    orders) whose calls were granted and never settled: each takes its runs' reservations out
+    under the tenants' budget rows, as finish_run does, locking them in key order, so neither
+    waits on the other crosswise (a deadlock, one batch ending nothing). Forced: a third session
+    holds the first tenant's row until both batches wait. Before session 60 the batches locked
+    nothing and left the four reservations counted."""
+    tag = uuid.uuid4().hex[:8]
+    first, second = f"a-{tag}", f"b-{tag}"
+    for tenant in (first, second):
+        owner.execute("SELECT runrow.set_tenant_budget(%s, 100000000, NULL)", (tenant,))
+    drain(owner)
+    for tenant in (first, second, first, second):
+        owner.execute(
+            "SELECT runrow.enqueue_run(conversation_id => %s, content => '\"hi\"', model => 'race-model', "
+            "user_id => %s)",
+            (uuid.uuid4(), tenant),
+        )
+    runs = claim(owner, 4)
+    assert len(runs) == 4
+    assert all(acquire(owner, run)[0] for run in runs)
+    of = {t: [r for r in runs if r["user_id"] == t] for t in (first, second)}
+
+    def finish(conn: psycopg.Connection, batch: list[dict]) -> list[bool]:
+        acks = [
+            {"run_id": str(r["run_id"]), "claim_token": str(r["claim_token"]), "status": "failed"}
+            for r in batch
+        ]
+        sql = "SELECT finished FROM runrow.finish_runs(%s::jsonb)"
+        return [f for (f,) in conn.execute(sql, (json.dumps(acks),))]
+
+    holder = connect()
+    lock_row(holder, "SELECT 1 FROM runrow.tenant_budget WHERE fairness_key = %s FOR UPDATE", first)
+    one = Background(connect(), lambda c: finish(c, [of[first][0], of[second][0]]))
+    one.wait_blocked_by(owner, holder)
+    other = Background(connect(), lambda c: finish(c, [of[second][1], of[first][1]]))
+    wait_all_blocked(owner, [one, other])
+    holder.execute("COMMIT")
+    assert one.result() == [True, True]
+    assert other.result() == [True, True]
+    left = owner.execute(
+        "SELECT coalesce(sum(reserved_tokens), 0), (SELECT count(*) FROM runrow.tenant_reservation AS s"
+        " WHERE s.fairness_key IN (%s, %s)) FROM runrow.tenant_budget WHERE fairness_key IN (%s, %s)",
+        (first, second, first, second),
+    ).fetchone()
+    assert left == (0, 0)
