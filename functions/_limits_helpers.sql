@@ -361,6 +361,8 @@ BEGIN
         granted_input_tokens = NULL,
         model_call_reserved = NULL,
         model_call_attempt = NULL,
+        -- Its own request answered: a key error it gets later is the key's again (migration 0095).
+        key_error_answers = NULL,
         updated_at = now()
     WHERE a.id = _charge_usage.run_id
     RETURNING a.* INTO r;
@@ -411,6 +413,9 @@ BEGIN
     UPDATE runrow.rate_limit AS b
     SET key_error = NULL, key_errors = 0, key_error_since = NULL, key_error_until = NULL,
         key_error_block = NULL, key_probe_by = NULL,
+        -- A request sent after the key's error was answered: a run whose request the key refuses
+        -- again since is refused for its own request (report_key_error, migration 0095).
+        key_answers = b.key_answers + 1,
         blocked_until = CASE WHEN own THEN rest ELSE b.blocked_until END,
         refilled_at = CASE WHEN own THEN least(b.refilled_at, rest) ELSE b.refilled_at END,
         updated_at = now()
@@ -468,7 +473,9 @@ $fn$;
 -- its call was refused, and a refusal is not billed, so its reservation goes (a holder killed
 -- while it waits out the block was charged for it at the reap: the review of 0080); and the end
 -- of the block it is told to wait for is kept, so a deferral for a block lifted before it
--- (a probe answered) ends at once (defer_run, migration 0084). The seconds until then.
+-- (a probe answered) ends at once (defer_run, migration 0084); and the key's answers so far,
+-- so a refusal after the key answered another run's request is known for the run's own
+-- (key_error_answers, migration 0095; NULL without a key row). The seconds until then.
 CREATE OR REPLACE FUNCTION runrow._key_error_told(run_id uuid, told timestamptz)
 RETURNS numeric
 LANGUAGE plpgsql
@@ -476,6 +483,7 @@ AS $fn$
 BEGIN
     UPDATE runrow.agent_run AS a
     SET model_call_reserved = NULL, model_call_attempt = NULL, block_told_until = _key_error_told.told,
+        key_error_answers = (SELECT l.key_answers FROM runrow.rate_limit AS l WHERE l.rate_limit_key = a.rate_limit_key),
         updated_at = now()
     WHERE a.id = _key_error_told.run_id;
     -- And from its tenant's total; report_key_error holds the key's row already, as a grant would.

@@ -3,7 +3,8 @@ CREATE OR REPLACE FUNCTION runrow.report_key_error(
     claim_token uuid,
     error text,
     first_block_seconds numeric DEFAULT 5,
-    max_block_seconds numeric DEFAULT 300
+    max_block_seconds numeric DEFAULT 300,
+    own_request_possible boolean DEFAULT false
 )
 RETURNS numeric
 LANGUAGE plpgsql
@@ -12,6 +13,7 @@ SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     key text;
+    seen bigint;
     l runrow.rate_limit;
     streak integer;
     block numeric;
@@ -23,6 +25,7 @@ BEGIN
     PERFORM runrow._require_not_null(report_key_error.error, 'error');
     PERFORM runrow._require_not_null(report_key_error.first_block_seconds, 'first_block_seconds');
     PERFORM runrow._require_not_null(report_key_error.max_block_seconds, 'max_block_seconds');
+    PERFORM runrow._require_not_null(report_key_error.own_request_possible, 'own_request_possible');
     -- Unicode's white space (_white_space): btrim's default, the space alone, let a tab and a
     -- newline block the key with a blank error (the SQL API audit).
     IF btrim(report_key_error.error, runrow._white_space()) = '' THEN
@@ -42,7 +45,8 @@ BEGIN
     IF NOT runrow._hold_claim(report_key_error.run_id, report_key_error.claim_token) THEN
         RETURN NULL;  -- fenced out: nothing written
     END IF;
-    SELECT a.rate_limit_key INTO key FROM runrow.agent_run AS a WHERE a.id = report_key_error.run_id;
+    SELECT a.rate_limit_key, a.key_error_answers INTO key, seen
+    FROM runrow.agent_run AS a WHERE a.id = report_key_error.run_id;
     IF key IS NULL THEN
         PERFORM runrow._key_error_told(report_key_error.run_id, NULL);
         RETURN NULL;
@@ -50,6 +54,20 @@ BEGIN
     INSERT INTO runrow.rate_limit AS r (rate_limit_key) VALUES (key)
     ON CONFLICT ON CONSTRAINT rate_limit_pkey DO NOTHING;
     SELECT r.* INTO STRICT l FROM runrow.rate_limit AS r WHERE r.rate_limit_key = key FOR UPDATE;
+
+    IF report_key_error.own_request_possible AND l.key_answers > seen THEN
+        -- The key answered a request sent after this run's last key error (its probe, another
+        -- run's: this run's own answer clears seen), and refuses this run's again with an error
+        -- that may be about the request (a 403: a beta, a tool type, a file the organisation may
+        -- not use): it is, and recurs on every retry. The run fails once; the key is not blocked.
+        -- A 401, 402 or "credit balance" is never the request's: a key that broke again (a
+        -- rotation half-way through the fleet, the credit spent again) stays a key error.
+        PERFORM runrow.finish_run(report_key_error.run_id, report_key_error.claim_token, 'failed', NULL,
+            'model API refused the request: ' || left(report_key_error.error, 1000)
+            || ' (refused again after the key answered another request since this run''s last '
+            || 'refusal: the error is about this run''s request, not the key; not retried)');
+        RETURN NULL;
+    END IF;
 
     IF l.key_errors > 0 AND l.key_probe_by IS NULL AND l.key_error_until > now() THEN
         -- A request that was on the wire before the block was known: the block stands as it is.
@@ -85,7 +103,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) IS
+COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean) IS
 'A worker got an error about the API key or account (401 authentication_error, 402 '
 'billing_error, a 403 permission_error about the key, the 400 "credit balance is too low") for '
 'the run it holds: not the run''s fault, so the run''s rate_limit_key is blocked fleet-wide as '
@@ -102,9 +120,15 @@ COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) 
 'the block''s end is kept on the run (block_told_until: defer_run ends the deferral with a block '
 'lifted meanwhile). '
 'Fenced: NULL '
-'and nothing written unless claim_token holds the running run. Bad input (NULL, an empty '
+'and nothing written unless claim_token holds the running run. With own_request_possible (the '
+'worker''s word that the error may be about the request: a 403 permission_error), a run refused '
+'again after the key answered a request sent since the run''s last key error (the key''s '
+'key_answers grew past the run''s key_error_answers) is refused for its own request, not the '
+'key: it is ended failed '
+'(finish_run: error "model API refused the request: <error> (...)"), the key is not blocked, '
+'and NULL is returned. Bad input (NULL, an empty '
 'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400) '
 'raises 22004/22023.';
 
-REVOKE ALL ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) TO runrow_worker;
+REVOKE ALL ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean) TO runrow_worker;

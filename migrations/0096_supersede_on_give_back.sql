@@ -1,4 +1,4 @@
--- depends: 0093_update_rate_limit
+-- depends: 0095_key_error_own_request
 -- A claim handed back with its attempt given back (defer_run after a key error, a rate limit or
 -- a budget wait; _park_for_person) is followed by a claim of the same attempt number, and a
 -- resumed attempt 1 takes nothing back (pyworker/worker/supersede.py looks from attempt 2 on).

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(45);
+SELECT plan(63);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.keyed_run(key text) RETURNS uuid LANGUAGE plpgsql AS $$
@@ -18,7 +18,7 @@ BEGIN
 END $$;
 CREATE FUNCTION pg_temp.report(run uuid, msg text DEFAULT 'authentication_error: invalid x-api-key')
 RETURNS numeric LANGUAGE sql AS $$
-    SELECT runrow.report_key_error(run, pg_temp.token(run), msg, 5, 20)
+    SELECT runrow.report_key_error(run, pg_temp.token(run), msg, 5, 20, msg LIKE 'permission_error:%')
 $$;
 CREATE FUNCTION pg_temp.acquire(run uuid) RETURNS text LANGUAGE sql AS $$
     SELECT (a.granted, a.wait_seconds, a.reason)::text FROM runrow.acquire_model_call(run, pg_temp.token(run), 10) AS a
@@ -34,7 +34,7 @@ CREATE FUNCTION pg_temp.time_passes(key text) RETURNS void LANGUAGE sql AS $$
         key_error_until = now() - interval '1 second' WHERE rate_limit_key = key
 $$;
 
-SELECT has_function('runrow', 'report_key_error', ARRAY['uuid', 'uuid', 'text', 'numeric', 'numeric'],
+SELECT has_function('runrow', 'report_key_error', ARRAY['uuid', 'uuid', 'text', 'numeric', 'numeric', 'boolean'],
     'report_key_error exists');
 
 -- The first error blocks the key for the first block; the key had no row.
@@ -137,6 +137,59 @@ SELECT is(runrow.defer_run(:'f', pg_temp.token(:'f'), interval '5.25 seconds', '
 SELECT is((SELECT (not_before <= now(), block_told_until IS NULL) FROM runrow.agent_run WHERE id = :'f'),
     (true, true), 'due now, not retry_in later: the block it was told was lifted meanwhile');
 SELECT runrow.cancel_run(:'d'), runrow.cancel_run(:'e'), runrow.cancel_run(:'f');  -- out of the claims below
+
+-- A refusal of one run's own request (a 403 for a beta the organisation may not use) reads like a
+-- key error. Refused again after the key answered another run's request sent since, it is the
+-- run's own: the run fails once and the key is not blocked again (migration 0095).
+SELECT pg_temp.keyed_run('kown') AS o \gset
+SELECT pg_temp.keyed_run('kown') AS o2 \gset
+SELECT pg_temp.keyed_run('kown') AS s \gset
+SELECT is(pg_temp.report(:'o', 'permission_error: no access to the beta'), 5.000,
+    'the first refusal blocks the key: it may be the key''s');
+SELECT pg_temp.report(:'o2', 'permission_error: no access to the beta');
+SELECT is(pg_temp.report(:'o', 'permission_error: no access to the beta'), 5.000,
+    'refused again with no answer between: still the key''s');
+SELECT pg_temp.time_passes('kown');
+SELECT is(pg_temp.acquire(:'s'), '(t,0,)', 'another run''s request is the probe');
+SELECT runrow.append_step(:'s', pg_temp.token(:'s'), 'model_turn',
+    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
+    'end_turn');
+SELECT is((SELECT (key_errors, key_answers)::text FROM runrow.rate_limit WHERE rate_limit_key = 'kown'), '(0,1)',
+    'the probe answered: the streak is over, the key''s answers counted');
+-- Fenced out: a stale token writes nothing, the run's own refusal or not.
+SELECT is(runrow.report_key_error(:'o2', gen_random_uuid(), 'permission_error: no access to the beta'), NULL,
+    'a stale token: NULL');
+SELECT is((SELECT status FROM runrow.agent_run WHERE id = :'o2'), 'running', 'fenced out: the run is not ended');
+SELECT is(pg_temp.report(:'o', 'permission_error: no access to the beta'), NULL,
+    'refused again after the key answered: NULL, the run''s own');
+SELECT is((SELECT (status, attempt, claim_token IS NULL, error)::text FROM runrow.agent_run WHERE id = :'o'),
+    '(failed,1,t,"model API refused the request: permission_error: no access to the beta (refused again after '
+    'the key answered another request since this run''s last refusal: the error is about this run''s request, '
+    'not the key; not retried)")', 'the run fails once, saying why');
+SELECT is((SELECT count(*)::int FROM runrow.run_event WHERE run_id = :'o' AND type = 'complete'), 1,
+    'its end is journaled');
+SELECT is(pg_temp.streak('kown'), '(0,,f,0.000000)', 'the key is not blocked for it');
+SELECT is(pg_temp.report(:'o2'), 5.000,
+    'a 401 after the key answered stays the key''s (a rotation half-way through the fleet)');
+-- A run whose own request the key answered since its key error: a later one is the key's again.
+SELECT pg_temp.time_passes('kown');
+SELECT is(pg_temp.acquire(:'s'), '(t,0,)', 'the other run''s probe');
+SELECT runrow.append_step(:'s', pg_temp.token(:'s'), 'model_turn',
+    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
+    'end_turn');
+SELECT is(pg_temp.acquire(:'s'), '(t,0,)', 'asks again, no probe');
+SELECT is(pg_temp.report(:'s', 'permission_error: no access to the beta'), 5.000, 'its first refusal: the key''s');
+SELECT pg_temp.time_passes('kown');
+SELECT is(pg_temp.acquire(:'s'), '(t,0,)', 'its own probe is granted');
+SELECT runrow.append_step(:'s', pg_temp.token(:'s'), 'model_turn',
+    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
+    'end_turn');
+SELECT is((SELECT key_error_answers FROM runrow.agent_run WHERE id = :'s'), NULL::bigint,
+    'its own request answered: its key error is forgotten');
+SELECT is(pg_temp.report(:'s', 'permission_error: no access to the beta'), 5.000,
+    'refused later: the key''s again, not its own');
+SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, %L, 5, 20, NULL)', :'s', pg_temp.token(:'s'), 'x'),
+    '22004', 'own_request_possible must not be NULL', 'a NULL own_request_possible');
 
 -- A 429's longer block is never shortened by a key error.
 SELECT pg_temp.keyed_run('k429') AS r \gset

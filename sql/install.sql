@@ -139,6 +139,7 @@ BEGIN
     '0091_budget_waiter_pace_full',
     '0092_pace_shown_reservations_dropped',
     '0093_update_rate_limit',
+    '0095_key_error_own_request',
     '0096_supersede_on_give_back'
 ]::text[]);
     IF unknown IS NOT NULL THEN
@@ -8847,10 +8848,63 @@ INSERT INTO runrow._yoyo_migration VALUES ('137c1f0b121ba4984b483bf83832b8eb2620
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '137c1f0b121ba4984b483bf83832b8eb2620af7a218f531eea273cf0436e32d6', '0093_update_rate_limit', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0095_key_error_own_request
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '3abc2b473876f5c2401fda7ad3ebc4c073727bdb1e9f8902a72cbb700ade4db4') AS apply_3abc2b473876 \gset
+\if :apply_3abc2b473876
+-- depends: 0093_update_rate_limit
+-- A 403 permission_error about one run's own request (a beta, a tool type, a file the
+-- organisation may not use) reads as one about the key when its message does not name the
+-- run's model (model.is_key_error): the run was deferred with its attempt given back, for
+-- ever, and each of its retries blocked every run of the key again (report_key_error), a
+-- deterministic failure tried again without end. The wording alone cannot tell the two apart
+-- (the API's 403s share one type and no list of messages); the key's other runs can: when the
+-- key answered another run's request since this run's last key error, and this run's request
+-- is refused again, the refusal is this run's own.
+--
+-- The facts, under the key's row lock:
+--   rate_limit.key_answers         how many key error streaks the key's probe ended by an
+--                                  answer (_key_answered)
+--   agent_run.key_error_answers    the key's key_answers when this run's request last got a key
+--                                  error (report_key_error); NULL once its own request is
+--                                  answered (a usage charged), so a later outage of the key is
+--                                  a key error for it again
+-- A counter, not a time: exact under the row lock whatever the transactions' start times.
+-- report_key_error (functions/) takes own_request_possible, the worker's word that the error may
+-- be about the request (a 403 permission_error; never a 401, a 402 or "credit balance", which a
+-- key rotated half-way through the fleet or a credit spent again can repeat after an answer),
+-- and then fails the run once when the key's count has grown past the run's, blocking nothing.
+-- agent_run's column goes at the end of the row, behind the model-call columns (0080, 0084): a
+-- claim, a heartbeat and a finish never write it.
+
+ALTER TABLE runrow.agent_run
+ADD COLUMN key_error_answers bigint;
+
+ALTER TABLE runrow.rate_limit
+ADD COLUMN key_answers bigint NOT NULL DEFAULT 0
+CONSTRAINT rate_limit_key_answers_not_negative CHECK (key_answers >= 0);
+
+COMMENT ON COLUMN runrow.agent_run.key_error_answers IS
+'The rate_limit_key''s key_answers when this run''s request last got an API key or account '
+'error (report_key_error); NULL once its own request is answered. A key error reported while '
+'the key''s count has grown past it is the run''s own request''s: the run fails once.';
+COMMENT ON COLUMN runrow.rate_limit.key_answers IS
+'How many API key or account error streaks of the key ended with its probe answered: the key '
+'worked for a request sent after the error (report_key_error compares it with the run''s '
+'key_error_answers).';
+
+-- 0073: a column is the auditor's only when granted.
+GRANT SELECT (key_error_answers) ON runrow.agent_run TO runrow_auditor;
+
+-- report_key_error gains own_request_possible (functions/report_key_error.sql defines it).
+DROP FUNCTION IF EXISTS runrow.report_key_error(uuid, uuid, text, numeric, numeric);
+INSERT INTO runrow._yoyo_migration VALUES ('3abc2b473876f5c2401fda7ad3ebc4c073727bdb1e9f8902a72cbb700ade4db4', '0095_key_error_own_request', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '3abc2b473876f5c2401fda7ad3ebc4c073727bdb1e9f8902a72cbb700ade4db4', '0095_key_error_own_request', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- migration 0096_supersede_on_give_back
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'e4d80ca0fe62499f659f37bfe5f083d5208f00d0aa7a83edc55043405f501a20') AS apply_e4d80ca0fe62 \gset
 \if :apply_e4d80ca0fe62
--- depends: 0093_update_rate_limit
+-- depends: 0095_key_error_own_request
 -- A claim handed back with its attempt given back (defer_run after a key error, a rate limit or
 -- a budget wait; _park_for_person) is followed by a claim of the same attempt number, and a
 -- resumed attempt 1 takes nothing back (pyworker/worker/supersede.py looks from attempt 2 on).
@@ -11125,6 +11179,8 @@ BEGIN
         granted_input_tokens = NULL,
         model_call_reserved = NULL,
         model_call_attempt = NULL,
+        -- Its own request answered: a key error it gets later is the key's again (migration 0095).
+        key_error_answers = NULL,
         updated_at = now()
     WHERE a.id = _charge_usage.run_id
     RETURNING a.* INTO r;
@@ -11175,6 +11231,9 @@ BEGIN
     UPDATE runrow.rate_limit AS b
     SET key_error = NULL, key_errors = 0, key_error_since = NULL, key_error_until = NULL,
         key_error_block = NULL, key_probe_by = NULL,
+        -- A request sent after the key's error was answered: a run whose request the key refuses
+        -- again since is refused for its own request (report_key_error, migration 0095).
+        key_answers = b.key_answers + 1,
         blocked_until = CASE WHEN own THEN rest ELSE b.blocked_until END,
         refilled_at = CASE WHEN own THEN least(b.refilled_at, rest) ELSE b.refilled_at END,
         updated_at = now()
@@ -11232,7 +11291,9 @@ $fn$;
 -- its call was refused, and a refusal is not billed, so its reservation goes (a holder killed
 -- while it waits out the block was charged for it at the reap: the review of 0080); and the end
 -- of the block it is told to wait for is kept, so a deferral for a block lifted before it
--- (a probe answered) ends at once (defer_run, migration 0084). The seconds until then.
+-- (a probe answered) ends at once (defer_run, migration 0084); and the key's answers so far,
+-- so a refusal after the key answered another run's request is known for the run's own
+-- (key_error_answers, migration 0095; NULL without a key row). The seconds until then.
 CREATE OR REPLACE FUNCTION runrow._key_error_told(run_id uuid, told timestamptz)
 RETURNS numeric
 LANGUAGE plpgsql
@@ -11240,6 +11301,7 @@ AS $fn$
 BEGIN
     UPDATE runrow.agent_run AS a
     SET model_call_reserved = NULL, model_call_attempt = NULL, block_told_until = _key_error_told.told,
+        key_error_answers = (SELECT l.key_answers FROM runrow.rate_limit AS l WHERE l.rate_limit_key = a.rate_limit_key),
         updated_at = now()
     WHERE a.id = _key_error_told.run_id;
     -- And from its tenant's total; report_key_error holds the key's row already, as a grant would.
@@ -16806,7 +16868,8 @@ CREATE OR REPLACE FUNCTION runrow.report_key_error(
     claim_token uuid,
     error text,
     first_block_seconds numeric DEFAULT 5,
-    max_block_seconds numeric DEFAULT 300
+    max_block_seconds numeric DEFAULT 300,
+    own_request_possible boolean DEFAULT false
 )
 RETURNS numeric
 LANGUAGE plpgsql
@@ -16815,6 +16878,7 @@ SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     key text;
+    seen bigint;
     l runrow.rate_limit;
     streak integer;
     block numeric;
@@ -16826,6 +16890,7 @@ BEGIN
     PERFORM runrow._require_not_null(report_key_error.error, 'error');
     PERFORM runrow._require_not_null(report_key_error.first_block_seconds, 'first_block_seconds');
     PERFORM runrow._require_not_null(report_key_error.max_block_seconds, 'max_block_seconds');
+    PERFORM runrow._require_not_null(report_key_error.own_request_possible, 'own_request_possible');
     -- Unicode's white space (_white_space): btrim's default, the space alone, let a tab and a
     -- newline block the key with a blank error (the SQL API audit).
     IF btrim(report_key_error.error, runrow._white_space()) = '' THEN
@@ -16845,7 +16910,8 @@ BEGIN
     IF NOT runrow._hold_claim(report_key_error.run_id, report_key_error.claim_token) THEN
         RETURN NULL;  -- fenced out: nothing written
     END IF;
-    SELECT a.rate_limit_key INTO key FROM runrow.agent_run AS a WHERE a.id = report_key_error.run_id;
+    SELECT a.rate_limit_key, a.key_error_answers INTO key, seen
+    FROM runrow.agent_run AS a WHERE a.id = report_key_error.run_id;
     IF key IS NULL THEN
         PERFORM runrow._key_error_told(report_key_error.run_id, NULL);
         RETURN NULL;
@@ -16853,6 +16919,20 @@ BEGIN
     INSERT INTO runrow.rate_limit AS r (rate_limit_key) VALUES (key)
     ON CONFLICT ON CONSTRAINT rate_limit_pkey DO NOTHING;
     SELECT r.* INTO STRICT l FROM runrow.rate_limit AS r WHERE r.rate_limit_key = key FOR UPDATE;
+
+    IF report_key_error.own_request_possible AND l.key_answers > seen THEN
+        -- The key answered a request sent after this run's last key error (its probe, another
+        -- run's: this run's own answer clears seen), and refuses this run's again with an error
+        -- that may be about the request (a 403: a beta, a tool type, a file the organisation may
+        -- not use): it is, and recurs on every retry. The run fails once; the key is not blocked.
+        -- A 401, 402 or "credit balance" is never the request's: a key that broke again (a
+        -- rotation half-way through the fleet, the credit spent again) stays a key error.
+        PERFORM runrow.finish_run(report_key_error.run_id, report_key_error.claim_token, 'failed', NULL,
+            'model API refused the request: ' || left(report_key_error.error, 1000)
+            || ' (refused again after the key answered another request since this run''s last '
+            || 'refusal: the error is about this run''s request, not the key; not retried)');
+        RETURN NULL;
+    END IF;
 
     IF l.key_errors > 0 AND l.key_probe_by IS NULL AND l.key_error_until > now() THEN
         -- A request that was on the wire before the block was known: the block stands as it is.
@@ -16888,7 +16968,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) IS
+COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean) IS
 'A worker got an error about the API key or account (401 authentication_error, 402 '
 'billing_error, a 403 permission_error about the key, the 400 "credit balance is too low") for '
 'the run it holds: not the run''s fault, so the run''s rate_limit_key is blocked fleet-wide as '
@@ -16905,12 +16985,18 @@ COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) 
 'the block''s end is kept on the run (block_told_until: defer_run ends the deferral with a block '
 'lifted meanwhile). '
 'Fenced: NULL '
-'and nothing written unless claim_token holds the running run. Bad input (NULL, an empty '
+'and nothing written unless claim_token holds the running run. With own_request_possible (the '
+'worker''s word that the error may be about the request: a 403 permission_error), a run refused '
+'again after the key answered a request sent since the run''s last key error (the key''s '
+'key_answers grew past the run''s key_error_answers) is refused for its own request, not the '
+'key: it is ended failed '
+'(finish_run: error "model API refused the request: <error> (...)"), the key is not blocked, '
+'and NULL is returned. Bad input (NULL, an empty '
 'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400) '
 'raises 22004/22023.';
 
-REVOKE ALL ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric) TO runrow_worker;
+REVOKE ALL ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean) TO runrow_worker;
 
 -- functions/report_rate_limit_exhausted.sql
 CREATE OR REPLACE FUNCTION runrow.report_rate_limit_exhausted(

@@ -220,3 +220,42 @@ def test_deferred_runs_go_as_soon_as_the_key_works(worker_db: str) -> None:
         # Wall clock from the fix: the rest of the first block, then the probe and the runs; a
         # deferral missed by the probe's answer made it two blocks.
         assert took < 1.5 * BLOCK, (after_block, took)
+
+
+OWN_REQUEST = "uses-a-beta-the-organisation-may-not"
+OTHERS = 4
+
+
+def test_a_403_about_one_runs_own_request_fails_it_once(db, fake) -> None:
+    """A 403 permission_error whose message does not name the run's model reads like one about
+    the key (model.is_key_error): a request using a beta, a tool type or a file the organisation
+    may not use. Refused for that run only, it was deferred for ever with its attempt given back,
+    each retry blocking every run of the key again. Now: refused again after the key answered
+    another run's request since its last refusal, the run fails once (report_key_error), and the
+    key's other runs complete."""
+    model = f"claude-fake-own-{uuid.uuid4().hex[:6]}"  # a rate_limit_key of its own
+    refusal = permission_denied("This organization does not have access to the requested beta feature")
+    fake.refuse_requests_with(OWN_REQUEST, refusal)
+    own = enqueue_agent(
+        db, f"job {OWN_REQUEST}", model=model, system=None, tools=[], metadata={}, max_attempts=3
+    )
+    others = [
+        enqueue_agent(db, f"job {i}", model=model, system=None, tools=[], metadata={}, max_attempts=1)
+        for i in range(OTHERS)
+    ]
+    row = finish(db, own)
+    assert (row["status"], row["attempt"]) == ("failed", 1), row["error"]
+    assert refusal.message in row["error"] and "not the key" in row["error"], row["error"]
+    ended = [(r["status"], r["attempt"]) for r in (finish(db, r) for r in others)]
+    assert ended == [("completed", 1)] * OTHERS
+    refused = [r for r in fake.requests if r.status == 403]
+    answered = [r for r in fake.requests if r.status == 200]
+    assert len(answered) == OTHERS, [r.status for r in fake.requests]
+    # The first refusal blocks the key (the key might be the trouble); the one after another
+    # run's request was answered ends the run. Between the two, the run may win a probe or two
+    # of its key before another run does: each is one more block, never one without end.
+    assert 2 <= len(refused) <= 4, [r.status for r in fake.requests]
+    state = db.execute(
+        "SELECT key_errors, key_error FROM runrow.rate_limit WHERE rate_limit_key = %s", [model]
+    ).fetchone()
+    assert state == (0, None), "the run's last refusal blocked nothing"

@@ -31,7 +31,10 @@ report_rate_limited).
   fleet-wide for a wait that starts at `key_error_first_block` seconds, default 5, and doubles
   while the key stays broken, up to `key_error_max_block`, default 300), and the run deferred
   for that wait with its attempt given back. Logged at ERROR once per change of the error, not
-  once per run, and once more (WARNING) when the key answers again.
+  once per run, and once more (WARNING) when the key answers again. Refused again after the
+  key answered a request sent since the run's last key error, the refusal is the run's own
+  request's (a 403 for a beta, a tool type or a file the organisation may not use reads like
+  one about the key): report_key_error ends the run failed, once, and blocks nothing.
 
 Worker config `fleet_limits: False` turns all of this off (every worker meets the API alone;
 the benchmark's baseline).
@@ -45,7 +48,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pyworker.agent import ratelimit_headers
-from pyworker.agent.model import TurnFailed
+from pyworker.agent.model import TurnFailed, may_be_own_request
 from pyworker.db import limits as limits_api
 from pyworker.db.aio import wait_event
 from pyworker.db.retry import Retry
@@ -234,11 +237,33 @@ def model_answered(ctx: RunContext) -> None:
 
 async def _key_error_ending(ctx: RunContext, failed: TurnFailed) -> Outcome:
     """The key or the account is broken, not the run: block the key fleet-wide and defer the
-    run (no attempt spent). Logged at ERROR when the error is new to this worker."""
+    run (no attempt spent). Logged at ERROR when the error is new to this worker. Unless the
+    database knows better: refused again after the key answered a request sent since this
+    run's last key error, the refusal is the run's own request's, and report_key_error has
+    ended the run failed (a 403 for a beta, a tool type, a file the organisation may not use
+    reads like one about the key, and was retried for ever, blocking the key each time)."""
     global _key_error, _key_errors_in_a_row
     run = ctx.run
-    metrics.model_key_error(failed.status)
     what = f"HTTP {failed.status}: {failed.detail or failed}"
+    first = float(ctx.config.get("key_error_first_block", KEY_ERROR_FIRST_BLOCK))
+    most = max(first, float(ctx.config.get("key_error_max_block", KEY_ERROR_MAX_BLOCK)))
+    wait: float | None = None
+    if enabled(ctx):
+        wait = await ctx.db(
+            lambda conn: limits_api.report_key_error(
+                conn, run.run_id, run.claim_token, what, first, most, may_be_own_request(failed.status)
+            ),
+            "report_key_error",
+        )
+        if wait is None:  # ended by the database (its own request), or fenced out: nothing more to write
+            ctx.log.warning(
+                "model API refused this run's request again after the key answered another (%s): "
+                "the run's own request, not the key; the database ended the run failed (or the "
+                "claim was lost)",
+                what,
+            )
+            return Outcome("ended", error=f"model API refused the request: {what}")
+    metrics.model_key_error(failed.status)
     if what != _key_error:
         ctx.log.error(
             "model API key or account error, every run of the key waits until it is fixed "
@@ -247,17 +272,7 @@ async def _key_error_ending(ctx: RunContext, failed: TurnFailed) -> Outcome:
         )
         _key_error = what
     _key_errors_in_a_row += 1
-    first = float(ctx.config.get("key_error_first_block", KEY_ERROR_FIRST_BLOCK))
-    most = max(first, float(ctx.config.get("key_error_max_block", KEY_ERROR_MAX_BLOCK)))
-    wait: float | None = None
-    if enabled(ctx):
-        wait = await ctx.db(
-            lambda conn: limits_api.report_key_error(
-                conn, run.run_id, run.claim_token, str(failed), first, most
-            ),
-            "report_key_error",
-        )
-    if wait is None:  # fleet limits off (or fenced out: the defer is fenced out too)
+    if wait is None:  # fleet limits off
         wait = min(most, first * 2 ** min(_key_errors_in_a_row - 1, 30))
     ctx.log.info("key error: run deferred for %.2fs, its attempt given back", wait)
     return Outcome("defer", error=f"key_error: {failed}", retry_in=max(0.001, wait))

@@ -548,6 +548,16 @@ def is_key_error(exc: anthropic.APIStatusError, model: str | None = None) -> boo
     return status == 400 and any(m in lowered for m in ACCOUNT_MESSAGES)
 
 
+def may_be_own_request(status: int | None) -> bool:
+    """Whether a key error (is_key_error) may be about the run's own request after all: a 403
+    not naming the model may refuse a beta, a tool type or a file the organisation may not use,
+    in words no list keeps. The database tells it apart (report_key_error): refused again after
+    the key answered another request since, the run fails once. A 401, a 402, a "credit
+    balance" never is: repeated after an answer, the key broke again (a rotation half-way
+    through the fleet, the credit spent again)."""
+    return status == 403
+
+
 def retry_after_of(exc: anthropic.APIStatusError) -> float | None:
     """The wait the API asked for, in seconds (retry-after-ms, else retry-after in seconds);
     None when it gave none or one that is not a positive number (an HTTP date is ignored)."""

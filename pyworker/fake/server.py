@@ -116,6 +116,8 @@ class _State:
     scenario: Scenario
     faults: deque[Fault | None] = field(default_factory=deque)
     account_error: Fault | None = None
+    # Refusals of one kind of request: a request whose body holds the text gets the fault.
+    request_errors: dict[str, Fault] = field(default_factory=dict)
     requests: list[RecordedRequest] = field(default_factory=list)
     served: dict[bytes, int] = field(default_factory=dict)
     # Digests (wire.canonical_message) of the refused exchanges: each refused request's last
@@ -266,6 +268,19 @@ class FakeModel:
         with self._lock:
             self._state.account_error = fault
 
+    def refuse_requests_with(self, text: str, fault: Fault | None) -> None:
+        """Answer every /v1/messages request whose body holds `text` with this `status` fault
+        (None: no longer), and serve the others: what the API does with a request using
+        something the organisation may not use (a beta, a tool type, a file), while the key
+        works for every other request (faults.permission_denied("...")). Before queued faults."""
+        if fault is not None and fault.kind != "status":
+            raise ValueError("a request's refusal is a status fault")
+        with self._lock:
+            if fault is None:
+                self._state.request_errors.pop(text, None)
+            else:
+                self._state.request_errors[text] = fault
+
     def set_scenario(self, scenario: str | Scenario) -> None:
         resolved = resolve_scenario(scenario)
         with self._lock:
@@ -276,6 +291,7 @@ class FakeModel:
         with self._lock:
             self._state.faults.clear()
             self._state.account_error = None
+            self._state.request_errors.clear()
             self._state.requests.clear()
             self._state.served.clear()
             self._state.refused.clear()
@@ -368,7 +384,7 @@ class FakeModel:
                         429, "rate_limit_error", "Number of requests has exceeded your rate limit"
                     )
             if path == "/v1/messages":
-                fault = self._next_fault()
+                fault = self._next_fault(request.body)
                 record.fault = fault
                 if fault is not None and fault.kind == "status":
                     raise wire.ApiError(fault.status, fault.error_type, fault.message, fault.retry_headers())
@@ -420,10 +436,13 @@ class FakeModel:
                 exchange = {"role": "assistant", "content": answer}
                 self._state.refused.add(wire.digest(wire.canonical_message(exchange)))
 
-    def _next_fault(self) -> Fault | None:
+    def _next_fault(self, raw: bytes) -> Fault | None:
         with self._lock:
             if self._state.account_error is not None:
                 return self._state.account_error
+            for text, fault in self._state.request_errors.items():
+                if text.encode() in raw:
+                    return fault
             return self._state.faults.popleft() if self._state.faults else None
 
     def _turn_for(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> tuple[Any, Fault | None]:
