@@ -62,6 +62,11 @@ $fn$;
 -- claim cleared (the worker's next call is fenced out and it stops), complete journaled, the
 -- message left submitted as for any run stopped while running. The caller holds the run row's
 -- lock. For the tool calls a stop must keep from starting (_park_for_person, begin_tool_call).
+-- A call of the claim granted and never settled leaves its tenant's reserved total, as at
+-- finish_run (migration 0097): the claim is gone, so nothing can settle it any more (append_step
+-- and record_usage are fenced out), and left, it held the tenant's other calls back until a
+-- grant that had to wait pruned it. Not charged: the holder is alive (the reaper charges a dead
+-- one's), and it settles a call's usage before it begins the turn's tool calls.
 CREATE OR REPLACE FUNCTION runrow._end_stopped(run_id uuid, error text)
 RETURNS void
 LANGUAGE plpgsql
@@ -74,6 +79,10 @@ BEGIN
         claim_token = NULL, claim_expires_at = NULL, updated_at = now()
     WHERE a.id = _end_stopped.run_id
     RETURNING a.* INTO STRICT r;
+    -- Only a run with a grant has one: a stop of one without pays nothing more.
+    IF r.model_call_reserved IS NOT NULL THEN
+        PERFORM runrow._tenant_unreserve(r.id);
+    END IF;
     PERFORM runrow._journal_complete(r.id, r.conversation_id, 'cancelled', NULL, r.error);
 END
 $fn$;
@@ -85,6 +94,12 @@ $fn$;
 -- A run whose stop was requested is not parked: nobody should be asked to approve a
 -- call of a run the user stopped, so it ends cancelled here (its message stays
 -- submitted, as for any run stopped while running).
+-- A call of the claim granted and never settled is done with, as at a deferral (defer_run):
+-- it leaves its tenant's reserved total (migration 0097; left, it held the tenant's other calls
+-- back while a person decided, until a grant that had to wait pruned it) and the run's
+-- model_call_reserved (the claim after the decision has this attempt number, and a reap of it
+-- would charge this one's grant). Not charged: the holder is alive, and settles a call's usage
+-- before it begins the turn's tool calls.
 CREATE OR REPLACE FUNCTION runrow._park_for_person(run_id uuid, idempotency_key text)
 RETURNS void
 LANGUAGE plpgsql
@@ -95,16 +110,24 @@ DECLARE
     last_seq bigint;
     events jsonb;
     taken_back jsonb;
+    stopped boolean;
+    reserved boolean;
 BEGIN
     SELECT t.* INTO STRICT e FROM runrow.tool_effect AS t WHERE t.idempotency_key = _park_for_person.idempotency_key;
-    IF (SELECT a.cancel_requested FROM runrow.agent_run AS a WHERE a.id = _park_for_person.run_id) THEN
+    SELECT a.cancel_requested, a.model_call_reserved IS NOT NULL INTO stopped, reserved
+    FROM runrow.agent_run AS a WHERE a.id = _park_for_person.run_id;
+    IF stopped THEN
         PERFORM runrow._end_stopped(_park_for_person.run_id, 'stopped before the tool call was approved');
         RETURN;
     END IF;
     UPDATE runrow.agent_run AS a
-    SET status = 'waiting', claim_token = NULL, claim_expires_at = NULL, attempt = a.attempt - 1, updated_at = now()
+    SET status = 'waiting', claim_token = NULL, claim_expires_at = NULL, attempt = a.attempt - 1,
+        model_call_reserved = NULL, model_call_attempt = NULL, updated_at = now()
     WHERE a.id = _park_for_person.run_id
     RETURNING a.* INTO STRICT r;
+    IF reserved THEN
+        PERFORM runrow._tenant_unreserve(_park_for_person.run_id);
+    END IF;
     events := jsonb_build_array(jsonb_build_object(
         'type', 'approval_requested',
         'reason', e.state,

@@ -16,8 +16,9 @@
 -- row (waiter_run, its reservation, its latest ask), and while it waits another call goes only if
 -- it fits beside the waiter's reservation too, so the calls in flight drain and the waiter goes;
 -- before, smaller calls taking turns in flight kept a large one waiting forever. A waiter is
--- forgotten when granted, or once its run is no longer queued or running or it has not asked for
--- a minute (acquire_model_call tells it to wait 15 s, and the worker defers the run for that).
+-- forgotten when granted, or once its run is no longer queued or running, or held and silent for
+-- a minute, or queued and due for five minutes (acquire_model_call tells it to wait 15 s, and the
+-- worker defers the run for that; migration 0097).
 CREATE OR REPLACE FUNCTION runrow._tenant_reserve(r runrow.agent_run, reserved jsonb)
 RETURNS text
 LANGUAGE plpgsql
@@ -35,7 +36,7 @@ DECLARE
     day_cost numeric;
     -- Another run's call waits for room (b.waiter_run): this one goes only beside it.
     beside boolean;
-    -- That waiter is still there (it asked within the minute and its run is queued or running).
+    -- That waiter is still there (its run held or queued, and not silent too long: below).
     behind boolean := false;
     pruned boolean := false;
 BEGIN
@@ -67,8 +68,21 @@ BEGIN
             day_tokens + b.reserved_tokens + CASE WHEN beside THEN b.waiter_tokens ELSE 0 END,
             day_cost + b.reserved_cost + CASE WHEN beside THEN b.waiter_cost ELSE 0 END);
         IF beside AND NOT behind THEN
-            behind := b.waiter_seen_at > now() - interval '1 minute' AND EXISTS (
-                SELECT 1 FROM runrow.agent_run AS w WHERE w.id = b.waiter_run AND w.status IN ('queued', 'running')
+            -- Its run is held and asked within the minute, or it is queued (deferred for its
+            -- wait, then waiting for a free slot) and was due less than five minutes ago: the
+            -- minute counted from its last ask dropped it when a saturated fleet took longer
+            -- than 45 s past the deferral's 15 s to claim it again, and smaller calls took the
+            -- room once more. Due: not_before while deferred (a later deferral of the run, for
+            -- a rate limit, moves it on); once a claim promoted it (not_before cleared), its
+            -- last ask is the bound's start, 15 s before it was due. Five minutes, not forever:
+            -- a run no claim reaches (a low priority under constant load, a key blocked for
+            -- hours) must not hold its tenant's room idle for good.
+            behind := EXISTS (
+                SELECT 1 FROM runrow.agent_run AS w
+                WHERE w.id = b.waiter_run
+                  AND (w.status = 'running' AND b.waiter_seen_at > now() - interval '1 minute'
+                       OR w.status = 'queued'
+                       AND greatest(b.waiter_seen_at, w.not_before) > now() - interval '5 minutes')
             );
             IF NOT behind THEN
                 -- The waiter went away (its run ended, or it stopped asking): forgotten.

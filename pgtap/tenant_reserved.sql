@@ -147,8 +147,8 @@ SELECT is(
      WHERE f.finished IS NOT NULL),
     ARRAY[true], 'finish_and_claim_runs ends a refused call''s run');
 SELECT is(pg_temp.reserved('batch-tenant'), '(0,0.000000)', 'and takes its reservation out too');
--- A claim ended unsettled another way (a stop or a park still leaves its reservation): the next
--- grant that would wait finds it stale.
+-- A stale row (a claim ended unsettled before migration 0097 took a stop's and a park's out too,
+-- pgtap/tenant_reservation_stop_park.sql): the next grant that would wait finds it stale.
 INSERT INTO runrow.tenant_reservation (run_id, fairness_key, claim_token, tokens, cost)
 VALUES (:'fr', 'held-tenant', gen_random_uuid(), 1300, 0.0159);
 SELECT is(pg_temp.reserved(), '(1300,0.015900)', 'a stale reservation');

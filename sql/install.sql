@@ -140,7 +140,8 @@ BEGIN
     '0092_pace_shown_reservations_dropped',
     '0093_update_rate_limit',
     '0095_key_error_own_request',
-    '0096_supersede_on_give_back'
+    '0096_supersede_on_give_back',
+    '0097_waiter_queued_stop_park_unreserve'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -8922,6 +8923,60 @@ INSERT INTO runrow._yoyo_migration VALUES ('e4d80ca0fe62499f659f37bfe5f083d5208f
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'e4d80ca0fe62499f659f37bfe5f083d5208f00d0aa7a83edc55043405f501a20', '0096_supersede_on_give_back', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0097_waiter_queued_stop_park_unreserve
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'f608814d2762200e0de8b577857efd769529ec5d17e9dc4e0972ad60b17eca56') AS apply_f608814d2762 \gset
+\if :apply_f608814d2762
+-- depends: 0096_supersede_on_give_back
+-- Two defects of the tenant budgets' calls in flight (session 60).
+--
+-- (A) A tenant's waiter (migration 0091) lost its place under saturation: it was forgotten a
+-- minute after its last ask, wherever its run was, and the worker defers a run told
+-- budget_reserved for 15 s, after which it waits for a free slot. A fleet that took more than
+-- 45 s past the deferral to claim it again dropped it, and smaller calls took the room again:
+-- the starvation the waiter was built to stop. A queued waiter now keeps its place until its run
+-- has been due for five minutes (not_before while deferred; once promoted by a claim, its last
+-- ask); a held one still asks within the minute (functions/_tenant_reservation.sql).
+--
+-- (B) A stop that ends a claim (_end_stopped) and a park on a person (_park_for_person) left the
+-- reservation of a call the claim was granted and never settled in the tenant's total, until a
+-- grant that had to wait pruned it; the park left it on the run too, and a reap of the claim
+-- after the decision (the same attempt number) charged it. Both take it out now, as finish_run
+-- does (functions/_steps_helpers.sql); the rows they left go here.
+
+DELETE FROM runrow.tenant_reservation AS s
+WHERE NOT EXISTS (
+    SELECT 1 FROM runrow.agent_run AS a
+    WHERE a.id = s.run_id AND a.claim_token = s.claim_token
+);
+
+UPDATE runrow.agent_run AS a
+SET model_call_reserved = NULL, model_call_attempt = NULL, updated_at = now()
+WHERE a.status = 'waiting' AND a.model_call_reserved IS NOT NULL;
+
+COMMENT ON COLUMN runrow.tenant_budget.waiter_run IS
+'The run whose model call has waited longest for room in the budget (budget_reserved), or NULL: '
+'while it waits another call of the tenant goes only if it fits beside the waiter''s '
+'reservation (waiter_tokens, waiter_cost) too. Cleared when it is granted; ignored once its run '
+'is no longer queued or running, or is running and has not asked for a minute (waiter_seen_at), '
+'or is queued and has been due (not_before, else waiter_seen_at) for five minutes.';
+COMMENT ON COLUMN runrow.tenant_budget.reserved_tokens IS
+'The tokens reserved by the tenant''s granted, unsettled model calls (the sum of its '
+'tenant_reservation rows, kept by their trigger): acquire_model_call counts them with the '
+'settled spend.';
+COMMENT ON COLUMN runrow.tenant_budget.reserved_cost IS
+'The USD (at model_price when granted) reserved by the tenant''s granted, unsettled model '
+'calls (the sum of its tenant_reservation rows, kept by their trigger).';
+COMMENT ON TABLE runrow.tenant_reservation IS
+'A model call of a budgeted tenant granted (acquire_model_call) and not yet settled: its '
+'reservation (input estimate + max_tokens tokens, priced as uncached input and output) counted '
+'in tenant_budget.reserved_tokens and reserved_cost. Removed when the call settles, is charged '
+'at the reap, is refused (a 429, a key error), or its claim ends (finished, deferred, released, '
+'ended for a budget, stopped, parked on a person); a row whose run no longer holds claim_token '
+'is stale, and deleted by the next grant that would wait.';
+INSERT INTO runrow._yoyo_migration VALUES ('f608814d2762200e0de8b577857efd769529ec5d17e9dc4e0972ad60b17eca56', '0097_waiter_queued_stop_park_unreserve', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'f608814d2762200e0de8b577857efd769529ec5d17e9dc4e0972ad60b17eca56', '0097_waiter_queued_stop_park_unreserve', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -12438,6 +12493,11 @@ $fn$;
 -- claim cleared (the worker's next call is fenced out and it stops), complete journaled, the
 -- message left submitted as for any run stopped while running. The caller holds the run row's
 -- lock. For the tool calls a stop must keep from starting (_park_for_person, begin_tool_call).
+-- A call of the claim granted and never settled leaves its tenant's reserved total, as at
+-- finish_run (migration 0097): the claim is gone, so nothing can settle it any more (append_step
+-- and record_usage are fenced out), and left, it held the tenant's other calls back until a
+-- grant that had to wait pruned it. Not charged: the holder is alive (the reaper charges a dead
+-- one's), and it settles a call's usage before it begins the turn's tool calls.
 CREATE OR REPLACE FUNCTION runrow._end_stopped(run_id uuid, error text)
 RETURNS void
 LANGUAGE plpgsql
@@ -12450,6 +12510,10 @@ BEGIN
         claim_token = NULL, claim_expires_at = NULL, updated_at = now()
     WHERE a.id = _end_stopped.run_id
     RETURNING a.* INTO STRICT r;
+    -- Only a run with a grant has one: a stop of one without pays nothing more.
+    IF r.model_call_reserved IS NOT NULL THEN
+        PERFORM runrow._tenant_unreserve(r.id);
+    END IF;
     PERFORM runrow._journal_complete(r.id, r.conversation_id, 'cancelled', NULL, r.error);
 END
 $fn$;
@@ -12461,6 +12525,12 @@ $fn$;
 -- A run whose stop was requested is not parked: nobody should be asked to approve a
 -- call of a run the user stopped, so it ends cancelled here (its message stays
 -- submitted, as for any run stopped while running).
+-- A call of the claim granted and never settled is done with, as at a deferral (defer_run):
+-- it leaves its tenant's reserved total (migration 0097; left, it held the tenant's other calls
+-- back while a person decided, until a grant that had to wait pruned it) and the run's
+-- model_call_reserved (the claim after the decision has this attempt number, and a reap of it
+-- would charge this one's grant). Not charged: the holder is alive, and settles a call's usage
+-- before it begins the turn's tool calls.
 CREATE OR REPLACE FUNCTION runrow._park_for_person(run_id uuid, idempotency_key text)
 RETURNS void
 LANGUAGE plpgsql
@@ -12471,16 +12541,24 @@ DECLARE
     last_seq bigint;
     events jsonb;
     taken_back jsonb;
+    stopped boolean;
+    reserved boolean;
 BEGIN
     SELECT t.* INTO STRICT e FROM runrow.tool_effect AS t WHERE t.idempotency_key = _park_for_person.idempotency_key;
-    IF (SELECT a.cancel_requested FROM runrow.agent_run AS a WHERE a.id = _park_for_person.run_id) THEN
+    SELECT a.cancel_requested, a.model_call_reserved IS NOT NULL INTO stopped, reserved
+    FROM runrow.agent_run AS a WHERE a.id = _park_for_person.run_id;
+    IF stopped THEN
         PERFORM runrow._end_stopped(_park_for_person.run_id, 'stopped before the tool call was approved');
         RETURN;
     END IF;
     UPDATE runrow.agent_run AS a
-    SET status = 'waiting', claim_token = NULL, claim_expires_at = NULL, attempt = a.attempt - 1, updated_at = now()
+    SET status = 'waiting', claim_token = NULL, claim_expires_at = NULL, attempt = a.attempt - 1,
+        model_call_reserved = NULL, model_call_attempt = NULL, updated_at = now()
     WHERE a.id = _park_for_person.run_id
     RETURNING a.* INTO STRICT r;
+    IF reserved THEN
+        PERFORM runrow._tenant_unreserve(_park_for_person.run_id);
+    END IF;
     events := jsonb_build_array(jsonb_build_object(
         'type', 'approval_requested',
         'reason', e.state,
@@ -12742,8 +12820,9 @@ REVOKE ALL ON FUNCTION runrow._superseded_event(uuid, integer) FROM PUBLIC;
 -- row (waiter_run, its reservation, its latest ask), and while it waits another call goes only if
 -- it fits beside the waiter's reservation too, so the calls in flight drain and the waiter goes;
 -- before, smaller calls taking turns in flight kept a large one waiting forever. A waiter is
--- forgotten when granted, or once its run is no longer queued or running or it has not asked for
--- a minute (acquire_model_call tells it to wait 15 s, and the worker defers the run for that).
+-- forgotten when granted, or once its run is no longer queued or running, or held and silent for
+-- a minute, or queued and due for five minutes (acquire_model_call tells it to wait 15 s, and the
+-- worker defers the run for that; migration 0097).
 CREATE OR REPLACE FUNCTION runrow._tenant_reserve(r runrow.agent_run, reserved jsonb)
 RETURNS text
 LANGUAGE plpgsql
@@ -12761,7 +12840,7 @@ DECLARE
     day_cost numeric;
     -- Another run's call waits for room (b.waiter_run): this one goes only beside it.
     beside boolean;
-    -- That waiter is still there (it asked within the minute and its run is queued or running).
+    -- That waiter is still there (its run held or queued, and not silent too long: below).
     behind boolean := false;
     pruned boolean := false;
 BEGIN
@@ -12793,8 +12872,21 @@ BEGIN
             day_tokens + b.reserved_tokens + CASE WHEN beside THEN b.waiter_tokens ELSE 0 END,
             day_cost + b.reserved_cost + CASE WHEN beside THEN b.waiter_cost ELSE 0 END);
         IF beside AND NOT behind THEN
-            behind := b.waiter_seen_at > now() - interval '1 minute' AND EXISTS (
-                SELECT 1 FROM runrow.agent_run AS w WHERE w.id = b.waiter_run AND w.status IN ('queued', 'running')
+            -- Its run is held and asked within the minute, or it is queued (deferred for its
+            -- wait, then waiting for a free slot) and was due less than five minutes ago: the
+            -- minute counted from its last ask dropped it when a saturated fleet took longer
+            -- than 45 s past the deferral's 15 s to claim it again, and smaller calls took the
+            -- room once more. Due: not_before while deferred (a later deferral of the run, for
+            -- a rate limit, moves it on); once a claim promoted it (not_before cleared), its
+            -- last ask is the bound's start, 15 s before it was due. Five minutes, not forever:
+            -- a run no claim reaches (a low priority under constant load, a key blocked for
+            -- hours) must not hold its tenant's room idle for good.
+            behind := EXISTS (
+                SELECT 1 FROM runrow.agent_run AS w
+                WHERE w.id = b.waiter_run
+                  AND (w.status = 'running' AND b.waiter_seen_at > now() - interval '1 minute'
+                       OR w.status = 'queued'
+                       AND greatest(b.waiter_seen_at, w.not_before) > now() - interval '5 minutes')
             );
             IF NOT behind THEN
                 -- The waiter went away (its run ended, or it stopped asking): forgotten.
