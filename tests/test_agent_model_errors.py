@@ -25,9 +25,9 @@ import pytest
 from agent_support import InProcessWorker, enqueue_agent, module_conn, module_db, steps
 from worker_support import events, run_row, wait_status
 
-from pyworker.agent.limits import MAX_429_IN_ATTEMPT
+from pyworker.agent.limits import MAX_429_DEFERRALS, MAX_429_IN_ATTEMPT
 from pyworker.agent.tools import ToolRegistry, tool
-from pyworker.fake.faults import bad_tool_json, error_event, garbled, rate_limited
+from pyworker.fake.faults import bad_tool_json, error_event, garbled, rate_limited, status_error
 from pyworker.fake.scenarios import Text, ToolCall, script, turn
 from pyworker.fake.server import FakeModel
 
@@ -197,6 +197,66 @@ def test_429s_past_the_attempts_cap_defer_the_run_without_spending_its_attempt(d
     assert [r.status for r in fake.requests] == [429] * (MAX_429_IN_ATTEMPT + 1) + [200]
     [requeued] = requeue_delays(db, run)
     assert requeued["deferred"] is True and requeued["attempt"] == 0, requeued
+
+
+def blocks_reported(db: psycopg.Connection, key: str) -> int:
+    row = db.execute(
+        "SELECT blocks_reported FROM runrow.rate_limit WHERE rate_limit_key = %s", (key,)
+    ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def test_429s_that_never_clear_spend_an_attempt_after_the_deferral_cap(db, fake) -> None:
+    """Each deferral gave the attempt back with no cap, so a 429 that never clears looped
+    without end, each 429 blocking the key for the whole fleet: 24 429s for a max_attempts 1
+    run were 24 blocks and 4 deferrals, attempt still 1, and it went on (the review). Now the
+    deferrals are counted in the run's journal (the worker's count dies with each claim), and
+    past MAX_429_DEFERRALS the next trip past the attempt's cap spends the attempt."""
+    per_claim = MAX_429_IN_ATTEMPT + 1
+    fake.inject(*[rate_limited(0.01)] * (per_claim * (MAX_429_DEFERRALS + 1) + 5))
+    run = enqueue_agent(db, "Hi", model="claude-429-forever", tools=[], metadata={}, max_attempts=1)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("failed", 1), row
+    assert "429" in row["error"] and f"after {MAX_429_DEFERRALS} deferrals" in row["error"], row["error"]
+    requeued = requeue_delays(db, run)
+    assert [r["deferred"] for r in requeued] == [True] * MAX_429_DEFERRALS, requeued
+    assert len(fake.requests) == per_claim * (MAX_429_DEFERRALS + 1)
+    assert blocks_reported(db, "claude-429-forever") == per_claim * (MAX_429_DEFERRALS + 1)
+
+
+# The real API's 429 for an input-tokens-per-minute limit (the wording since 2025; "Please reduce
+# the prompt length" is in every such 429, a bucket merely empty included).
+ITPM_429 = (
+    "This request would exceed the rate limit for your organization "
+    "(a22cf6e6-a940-4fff-8c4c-1580816ac7be) of {limit} input tokens per minute. For details, refer to: "
+    "https://docs.anthropic.com/en/api/rate-limits. You can see the response headers for current usage. "
+    "Please reduce the prompt length or the maximum tokens requested, or try again later."
+)
+
+
+def test_a_429_for_a_request_larger_than_the_keys_per_minute_limit_fails_once_blocking_nothing(
+    db, fake
+) -> None:
+    """One request larger than the organisation's input tokens per minute gets the same 429
+    every time: it was reported (the key blocked for the whole fleet) and waited out, 429 after
+    429. Its input is more than the limit the 429 states: no wait cures it."""
+    fake.inject(*[status_error(429, 0.01, ITPM_429.format(limit="1,000"))] * 30)
+    run = enqueue_agent(db, "x" * 8000, model="claude-429-huge", tools=[], metadata={}, max_attempts=3)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("failed", 1), row
+    assert row["error"].startswith("rate_limit: the request's input (about 2"), row["error"]
+    assert "limit of 1000 input tokens per minute" in row["error"], row["error"]
+    assert len(fake.requests) == 1
+    assert blocks_reported(db, "claude-429-huge") == 0
+    assert requeue_delays(db, run) == []
+
+
+def test_the_same_429_for_a_request_that_fits_the_limit_is_waited_out(db, fake) -> None:
+    fake.inject(status_error(429, 0.01, ITPM_429.format(limit="30,000")))
+    run = enqueue_agent(db, "x" * 8000, model="claude-429-fits", tools=[], metadata={}, max_attempts=1)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("completed", 1), row
+    assert blocks_reported(db, "claude-429-fits") == 1
 
 
 # -- stop sequences ---------------------------------------------------------------------------

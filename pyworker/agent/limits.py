@@ -14,7 +14,10 @@ report_rate_limited).
   budget_exhausted: ..., result the text so far, journaled); nothing more is written here.
 - a 429: report the key blocked for the API's retry-after (or a backoff when it gave none),
   then ask again as above. Past `MAX_429_IN_ATTEMPT` of them in one attempt the run is
-  deferred for the block instead (its attempt given back: a 429 is never billed). A
+  deferred for the block instead (its attempt given back: a 429 is never billed), at most
+  `MAX_429_DEFERRALS` times a run (counted in its journal); after that such a 429 releases it,
+  spending an attempt. A 429 for a request whose input alone is more than the key's input
+  tokens per minute (`never_fits`) fails the run once and blocks nothing. A
   `rate_limit_error` event mid-stream is a 429 too (model.py).
 
 - a response whose rate-limit headers say the requests bucket is empty
@@ -49,6 +52,8 @@ from typing import Any
 
 from pyworker.agent import ratelimit_headers
 from pyworker.agent.model import TurnFailed, may_be_own_request
+from pyworker.agent.prompt_cache import cache_mode
+from pyworker.db import api
 from pyworker.db import limits as limits_api
 from pyworker.db.aio import wait_event
 from pyworker.db.retry import Retry
@@ -278,11 +283,20 @@ async def _key_error_ending(ctx: RunContext, failed: TurnFailed) -> Outcome:
     return Outcome("defer", error=f"key_error: {failed}", retry_in=max(0.001, wait))
 
 
-async def after_failure(ctx: RunContext, failed: TurnFailed, rate_limited_so_far: int) -> Outcome | None:
+async def after_failure(
+    ctx: RunContext, failed: TurnFailed, rate_limited_so_far: int, params: dict[str, Any]
+) -> Outcome | None:
     """None: a 429 was reported; ask again (before_request). Else the run's Outcome."""
     run = ctx.run
     if failed.key_error:
         return await _key_error_ending(ctx, failed)
+    if failed.status == 429:
+        never = never_fits(failed, params, cache_mode(ctx.run.metadata))
+        if never is not None:
+            # Not the key's fault and no wait cures it: blocking the key for it stopped the
+            # whole fleet once per 429, without end (the review: 24 blocks for one run).
+            ctx.log.warning("429 for a request larger than the key's per-minute limit: failing the run")
+            return Outcome("failed", error=never)
     if failed.status == 429 and enabled(ctx):
         # The API's retry-after; else the reset its rate-limit headers give; else a backoff.
         empty = ratelimit_headers.exhausted(failed.headers)
@@ -294,18 +308,89 @@ async def after_failure(ctx: RunContext, failed: TurnFailed, rate_limited_so_far
         ctx.log.info("429: rate-limit key blocked fleet-wide for %.2fs", block)
         if rate_limited_so_far < MAX_429_IN_ATTEMPT:
             return None
-        # Enough for one attempt: hand the slot back until the block ends. Deferred, not
-        # released: a 429 is never billed, and released it spent the attempt, so a run on its
-        # one attempt (the default) failed "retries exhausted: HTTP 429" for having waited.
-        ctx.log.info(
-            "429 x%d in this attempt: run deferred for %.2fs, its attempt given back",
-            rate_limited_so_far + 1,
-            block,
-        )
-        return Outcome("defer", error=str(failed), retry_in=max(0.001, block))
+        return await _past_429_cap(ctx, failed, rate_limited_so_far + 1, block)
     # Another refusal (a 529, a 400) may say a bucket is empty too: the next request would be a 429.
     if failed.status != 429:
         await after_headers(ctx, failed.headers)
     if not failed.retryable:
         return Outcome("failed", error=str(failed))
     return Outcome("release", error=str(failed), retry_in=retry_in(run.attempt, failed.retry_after))
+
+
+def never_fits(failed: TurnFailed, params: dict[str, Any], cache: str) -> str | None:
+    """The run's error when a 429 refused a request that no wait lets through: its input alone
+    is more than the organisation's input tokens per minute (the 429's header or message states
+    the limit). The API's wording ("Please reduce the prompt length ... or try again later") is
+    the same for a bucket that is merely empty, so the request's own size decides, and only
+    where the prompt cache cannot explain the 429: cache reads do not count toward the limit, so
+    a request that sends back an earlier answer of the run (with caching on) may fit though it
+    is larger. Those 429s are bounded by MAX_429_DEFERRALS instead."""
+    limit = ratelimit_headers.input_tokens_limit(failed.headers, failed.detail or str(failed))
+    if limit is None:
+        return None
+    if cache != "off" and any(m.get("role") == "assistant" for m in params.get("messages") or []):
+        return None
+    estimate = estimate_input_tokens(params)
+    if estimate <= limit:
+        return None
+    return (
+        f"rate_limit: the request's input (about {estimate} tokens) is more than the API key's "
+        f"limit of {limit} input tokens per minute, so no wait lets it through ({failed}); raise the "
+        "organisation's limit, or start a new conversation with less in it"
+    )
+
+
+# How many times a run is deferred for 429s past MAX_429_IN_ATTEMPT (its attempt given back)
+# before the next such 429 spends an attempt (released, as any transient failure: max_attempts
+# bounds it). Each deferral waits out the API's retry-after after 6 refusals, each of which
+# blocked the key for the whole fleet; a per-minute bucket that is only contended refills within
+# a minute, so a run refused 24 times across 4 claims and their waits is not going to be served
+# by waiting longer, and every further 429 stops the fleet again. 3: a burst of several minutes'
+# contention still costs no attempt; a limit that never clears costs 24 blocks, not unbounded.
+MAX_429_DEFERRALS = 3
+# The reason defer_run records (run_requeued.error) for such a deferral: how the count is found
+# again, as the worker's own count dies with the claim.
+PAST_429_CAP = "429_cap"
+
+
+async def _past_429_cap(ctx: RunContext, failed: TurnFailed, count: int, block: float) -> Outcome:
+    """Enough 429s for one attempt: hand the slot back until the block ends. Deferred, not
+    released, the first MAX_429_DEFERRALS times (a 429 is never billed, and a run on its one
+    attempt, the default, must not fail for a wait); after that released, spending an attempt."""
+    run = ctx.run
+    deferred = await _429_deferrals(ctx)
+    if deferred >= MAX_429_DEFERRALS:
+        ctx.log.warning("429 x%d in this attempt, after %d deferrals: releasing the run", count, deferred)
+        return Outcome(
+            "release",
+            error=f"{failed} ({count} in this attempt, after {deferred} deferrals for 429s)",
+            retry_in=max(block, retry_in(run.attempt, failed.retry_after)),
+        )
+    ctx.log.info("429 x%d in this attempt: run deferred for %.2fs, its attempt given back", count, block)
+    error = f"{PAST_429_CAP}: {count} in one attempt: {failed}"
+    return Outcome("defer", error=error, retry_in=max(0.001, block))
+
+
+async def _429_deferrals(ctx: RunContext) -> int:
+    """The run's deferrals for 429s past the attempt's cap so far, from its journal
+    (run_requeued, deferred, error PAST_429_CAP): read only when one more is due."""
+    run_id = ctx.run.run_id
+    count = 0
+    cursor = 0
+    while True:
+        events = await ctx.db(
+            lambda conn, after=cursor: api.read_events(conn, run_id, after, JOURNAL_PAGE), "journal read"
+        )
+        count += sum(
+            1
+            for e in events
+            if e.type == "run_requeued"
+            and e.payload.get("deferred") is True
+            and str(e.payload.get("error", "")).startswith(PAST_429_CAP + ":")
+        )
+        if len(events) < JOURNAL_PAGE:
+            return count
+        cursor = events[-1].seq
+
+
+JOURNAL_PAGE = 10000  # read_events' own page limit

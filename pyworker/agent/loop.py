@@ -42,7 +42,10 @@ How each stop_reason and failure ends (status / result / error):
 |                                                 | failed "budget_exhausted: ..." (ended in SQL)        |
 | 429 (or a rate_limit_error event mid-stream)    | not retried by the SDK: reported (the key is blocked |
 |                                                 | fleet-wide for retry-after), then asked again; past  |
-|                                                 | 5 in an attempt deferred (attempt given back)        |
+|                                                 | 5 in an attempt deferred (attempt given back), 3     |
+|                                                 | times a run; then released, spending an attempt      |
+| 429 whose stated input-tokens-per-minute limit  | failed once, the key not blocked (no wait cures it)  |
+| is less than the request's own input            |                                                      |
 | a response's rate-limit headers say a bucket is | the key is blocked fleet-wide until the bucket's     |
 | empty (anthropic-ratelimit-*-remaining: 0)      | reset (at most 60 s); the answer streams on          |
 | 529 / 5xx / connection error                    | retried by the SDK (max_retries, retry-after); then  |
@@ -217,7 +220,7 @@ async def handle(ctx: RunContext) -> Outcome:
             ctx.log.warning(
                 "model turn failed (%s): %s", "retryable" if failed.retryable else "final", failed
             )
-            ending = await limits.after_failure(ctx, failed, rate_limited)
+            ending = await limits.after_failure(ctx, failed, rate_limited, params)
             if ending is not None:
                 return ending
             rate_limited += 1

@@ -16,6 +16,7 @@ never an error; a response without them blocks nothing (the 429 path still catch
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -85,6 +86,26 @@ def exhausted(headers: Mapping[str, str] | None) -> Exhausted | None:
             return None  # a reset already past: nothing to wait for
         return Exhausted(bucket.name, min(seconds, MAX_BLOCK_SECONDS), bucket.limit or None)
     return None
+
+
+# How the API's 429 for an input-tokens-per-minute limit names the limit ("This request would
+# exceed the rate limit for your organization (<org>) of 30,000 input tokens per minute", or
+# "... exceed your organization's rate limit of 30,000 input tokens per minute (org: ...)"):
+# read when the refusal has no headers (a rate_limit_error event mid-stream).
+INPUT_LIMIT_WORDING = re.compile(r"rate limit\b.{0,80}? of ([0-9][0-9,]{0,15}) input tokens per minute", re.S)
+
+
+def input_tokens_limit(headers: Mapping[str, str] | None, message: str) -> int | None:
+    """The organisation's input tokens per minute, as a 429 states it: its
+    `anthropic-ratelimit-input-tokens-limit` header, else its message's wording; None when it
+    states none (a requests limit, a 429 of another kind)."""
+    limit = _count(_header(headers, f"{PREFIX}input-tokens-limit")) if headers is not None else None
+    if limit:
+        return limit
+    found = INPUT_LIMIT_WORDING.search(message)
+    if found is None:
+        return None
+    return _count(found.group(1).replace(",", "")) or None
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
