@@ -3,8 +3,9 @@ Messages API and a real worker (in-process): every failure is classified (never 
 raised"), a response that was billed is paid for, a failure that would recur ends the run once,
 and a transient one is retried with a backoff.
 
-- a tool input the model streamed that is not JSON (the SDK's ValueError mid-stream): failed
-  once, the error naming the tool and the input, the response paid for;
+- a tool input the model streamed that is not JSON (the SDK's ValueError mid-stream): released
+  with a backoff, spending an attempt (failed once on the default single attempt), the error
+  naming the tool and the input, the response paid for;
 - an SSE event whose data is not JSON: a transient failure, released with a backoff, paid for;
 - an `error` event mid-stream: overloaded_error / api_error are retried, rate_limit_error is a
   429 (reported, waited out in the attempt), any other type fails the run once, paid for;
@@ -100,25 +101,44 @@ def requeue_delays(db: psycopg.Connection, run: uuid.UUID) -> list[dict[str, Any
 # -- what the stream raises that is not an API error ------------------------------------------
 
 
-def test_a_tool_input_that_is_not_json_fails_once_naming_the_tool_and_is_paid_for(db, fake, caplog) -> None:
+def test_a_tool_input_that_is_not_json_fails_once_on_one_attempt_naming_the_tool_and_is_paid_for(
+    db, fake, caplog
+) -> None:
     """The SDK raises ValueError("Unable to parse tool parameter JSON from model...") mid-stream.
     It escaped unclassified: "handler raised", released at once, the billed response never
     counted; with max_attempts 3 the run was dead after three paid answers, spend 0 (the agent
-    audit). It is the model's answer to this request, paid each time: the run fails once."""
+    audit). With the default max_attempts 1 it fails once, paid once."""
     caplog.set_level(logging.WARNING)
     fake.set_scenario(script(turn(Text("Checking."), ToolCall("get_weather", {"city": "Oslo"}))))
     fake.inject(*[bad_tool_json('{"city": Oslo}')] * 3)
-    run = enqueue_agent(db, "Weather?", tools=[WEATHER], metadata={}, max_attempts=3)
+    run = enqueue_agent(db, "Weather?", tools=[WEATHER], metadata={}, max_attempts=1)
     row = finish(db, run)
     assert (row["status"], row["attempt"]) == ("failed", 1), row
     # The input as far as the SDK had it when it could not parse it: the fake streams 12 characters a delta.
     assert '{"city": Osl' in row["error"], row["error"]
-    assert row["error"].startswith("the model's input for the tool get_weather is not valid JSON"), row[
-        "error"
-    ]
+    assert "the model's input for the tool get_weather is not valid JSON" in row["error"], row["error"]
     assert len(fake.requests) == 1
     assert steps(db, run) == []  # nothing of the response is stored
     assert spent(db, run) >= billed_input(fake) > 0
+    no_traceback(caplog)
+
+
+def test_a_tool_input_that_is_not_json_is_asked_again_while_attempts_are_left(db, fake, caplog) -> None:
+    """It failed the run at once even with attempts left (the review of 97011fe): the model
+    samples, and asked again it usually answers valid JSON; max_attempts is the operator's
+    bound on what that costs. Released with a backoff, spending an attempt; both answers paid."""
+    caplog.set_level(logging.WARNING)
+    fake.set_scenario(
+        script(turn(Text("Checking."), ToolCall("get_weather", {"city": "Oslo"})), turn(Text("Sunny.")))
+    )
+    fake.inject(bad_tool_json('{"city": Oslo}'))
+    run = enqueue_agent(db, "Weather?", tools=[WEATHER], metadata={}, max_attempts=2)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("completed", 2), row
+    [requeued] = requeue_delays(db, run)
+    assert requeued.get("not_before") is not None and not requeued.get("deferred"), requeued
+    assert "get_weather is not valid JSON" in requeued["error"], requeued
+    assert spent(db, run) >= billed_input(fake, 0) + billed_input(fake, 1) > 0
     no_traceback(caplog)
 
 

@@ -55,8 +55,9 @@ How each stop_reason and failure ends (status / result / error):
 | `error` event mid-stream (APIStatusError 200):  | released with backoff, as above                      |
 | overloaded_error, api_error, timeout_error      |                                                      |
 | any other `error` event mid-stream              | failed once (it would recur), the usage paid         |
-| a tool input the model streamed that is not     | failed once, error names the tool and the input; the |
-| JSON (the SDK's ValueError mid-stream)          | usage paid                                           |
+| a tool input the model streamed that is not     | released with backoff, as above (the model samples:  |
+| JSON (the SDK's ValueError mid-stream)          | asked again it may answer JSON); error names the tool |
+|                                                 | and the input; the usage paid                        |
 | an event that is not JSON (any other error the  | released with backoff, as above; the usage paid      |
 | SDK raises reading the stream)                  |                                                      |
 | connection dropped mid-stream                   | released with backoff, as above                      |

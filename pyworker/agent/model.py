@@ -406,18 +406,20 @@ def _unreadable(exc: BaseException, stream: Any, request_id: str | None) -> Turn
     "handler raised": released with no backoff and its billed usage never counted (the agent
     audit: a tenant's budget went unpaid by an answer per attempt).
 
-    A tool input that does not parse is the model's answer to this request, paid for each time
-    it is asked: the run fails once, saying which tool and what input (a retry at the same
-    request costs as much and may well answer the same). Anything else (an event that is not
-    JSON, events out of order) is the stream's fault, not the request's: a transient failure."""
+    A tool input that does not parse is the model's answer, sampled: asked again, it usually
+    answers valid JSON. So it is released with a backoff, spending an attempt, the error saying
+    which tool and what input: max_attempts is the operator's bound on what retries cost (the
+    default 1 fails it once, paid once). Failed at once, a run with attempts left never got the
+    second answer it was configured to pay for. Anything else (an event that is not JSON,
+    events out of order) is the stream's fault, not the request's: a transient failure too."""
     message = str(exc)
     if isinstance(exc, ValueError) and message.startswith(TOOL_JSON_ERROR):
         raw = message.split(TOOL_JSON_AT, 1)[1] if TOOL_JSON_AT in message else ""
         why = exc.__cause__ if exc.__cause__ is not None else "not JSON"
         return TurnFailed(
             f"the model's input for the tool {_tool_of(stream)} is not valid JSON ({why}): "
-            f"{_shortened(raw)}; the response is not stored, and the run fails rather than pay for it again",
-            retryable=False,
+            f"{_shortened(raw)}; the response is not stored",
+            retryable=True,
             request_id=request_id,
         )
     return TurnFailed(
