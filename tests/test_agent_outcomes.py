@@ -416,6 +416,50 @@ def test_a_resumed_attempt_does_not_take_back_again_what_a_deferral_took_back(db
     assert rendered_answer(db, run) == row["result"]["text"] == LONG_TEXT
 
 
+def test_text_streamed_before_a_rate_limit_error_event_is_taken_back_before_the_call_is_made_again(
+    db, fake
+) -> None:
+    """A rate_limit_error event mid-stream is a 429: waited out and the model asked again in the
+    same attempt. Nothing took back what the cut response had streamed, so a client showed it
+    and then the whole answer (the review of 97011fe: model_request, text_delta, model_request,
+    text_delta, model_turn, complete, the text twice). The attempt journals `superseded` for it
+    before it asks again: A the run's first run_claimed (nothing committed yet), B the seq
+    before the event."""
+    use(fake, "long")
+    fake.inject(error_event(after_events=20, error_type="rate_limit_error", message="slow down"))
+    model = f"claude-fake-midrate-{uuid.uuid4().hex[:6]}"
+    run = enqueue_agent(db, "Talk.", model=model, tools=[], metadata={}, max_attempts=1)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("completed", 1), row["error"]
+    assert rendered_answer(db, run) == row["result"]["text"] == LONG_TEXT
+    journal = events(db, run)
+    types = [e["type"] for e in journal]
+    assert types.count("run_claimed") == 1 and types.count("model_request") == 2, types
+    [taken_back] = [e for e in journal if e["type"] == "superseded"]
+    claimed = next(e["seq"] for e in journal if e["type"] == "run_claimed")
+    second_request = [e["seq"] for e in journal if e["type"] == "model_request"][1]
+    assert (taken_back["after_seq"], taken_back["attempt"]) == (claimed, 1), taken_back
+    assert taken_back["through_seq"] == taken_back["seq"] - 1 < second_request, taken_back
+
+
+def test_a_rate_limit_error_event_after_a_tool_result_takes_back_only_the_cut_turn(db, fake) -> None:
+    """After a committed turn and its tool result, A is the tool_result (the committed work is
+    kept), and the answer after the tool call is shown once."""
+    fake.set_scenario(
+        script(turn(Text("Checking."), ToolCall("get_weather", {"city": "Oslo"})), turn(Text(LONG_TEXT)))
+    )
+    fake.inject(None, error_event(after_events=20, error_type="rate_limit_error", message="slow down"))
+    model = f"claude-fake-midrate-{uuid.uuid4().hex[:6]}"
+    run = enqueue_agent(db, "Weather?", model=model, tools=[WEATHER], metadata={}, max_attempts=1)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("completed", 1), row["error"]
+    journal = events(db, run)
+    [taken_back] = [e for e in journal if e["type"] == "superseded"]
+    last_result = [e["seq"] for e in journal if e["type"] == "tool_result"][-1]
+    assert taken_back["after_seq"] == last_result, (taken_back, journal)
+    assert rendered_answer(db, run) == row["result"]["text"] == LONG_TEXT
+
+
 def test_a_white_space_answer_does_not_stop_the_conversation(db, fake) -> None:
     """The model may end a turn with white space only; the API refuses any request that sends such a
     message back, so every later turn of the conversation failed (the fake, as the API: a 400). The

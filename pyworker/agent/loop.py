@@ -22,6 +22,8 @@ request_id, model} written in the same transaction as the step, `tool_call`, `to
 (and `approval_requested`, journaled by the SQL). A resumed attempt first journals
 `superseded` {after_seq, through_seq, attempt} when an earlier attempt streamed deltas after
 the last committed step: those deltas are not part of the answer (pyworker/worker/supersede.py).
+So does an attempt that asks the model again in place after a response cut mid-stream (a
+`rate_limit_error` event), before the new `model_request`.
 
 How each stop_reason and failure ends (status / result / error):
 
@@ -110,7 +112,7 @@ from pyworker.db import steps as steps_api
 from pyworker.worker.handler import Outcome, RunContext
 from pyworker.worker.journal import RunLost
 from pyworker.worker.settings import DEFAULT_MAX_MODEL_CALLS
-from pyworker.worker.supersede import supersede_earlier_attempts
+from pyworker.worker.supersede import supersede_earlier_attempts, supersede_in_place
 
 CONTINUE_REASONS = ("tool_use", "pause_turn")
 COMMITTED_EVENTS = ("model_turn", "tool_result")  # journaled once their step is in the log
@@ -223,8 +225,12 @@ async def handle(ctx: RunContext) -> Outcome:
             )
             ending = await limits.after_failure(ctx, failed, rate_limited, params)
             if ending is not None:
-                return ending
+                return ending  # a later claim, or defer_run, takes back what this one streamed
             rate_limited += 1
+            if received.streamed:
+                # Asked again in this attempt (a rate_limit_error event mid-stream): what the
+                # cut response streamed is not the answer, which streams whole after it.
+                await supersede_in_place(ctx, committed=COMMITTED_EVENTS)
             continue
         limits.model_answered(ctx)
         seq = await _commit_turn(ctx, turn)

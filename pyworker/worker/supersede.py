@@ -23,11 +23,18 @@ a park on an approval). That hand-back journals `superseded` itself, in SQL
 (functions/_supersede.sql), for what the claim streamed and did not commit: a key error's
 `error` event mid-stream left a turn's deltas in the answer when nobody did (the worker audit).
 Deltas a `superseded` event already took back are not taken back again.
+
+An attempt that does the work again itself, in place (the agent after a `rate_limit_error`
+event that cut a response mid-stream: the 429 is waited out and the model asked again, same
+attempt), journals the same event first (`supersede_in_place`), B then the journal's last seq:
+the client saw the cut response's deltas, and then saw the whole answer after them (the review
+of 97011fe: the text twice).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 from pyworker.db import api
@@ -45,35 +52,61 @@ async def supersede_earlier_attempts(
     attempt emits anything."""
     if ctx.run.attempt <= 1:
         return None
-    claims: list[int] = []
-    kept = 0  # seq of the last event closing work this handler keeps
-    deltas: list[int] = []  # seqs of deltas after `kept`
+    journal = await _read_journal(ctx, committed)
+    if len(journal.claims) < 2:
+        return None  # this attempt's claim is the run's first: nothing came before it
+    # The latest claim is this attempt's: no one else can claim it now.
+    return await _take_back(ctx, journal, journal.claims[-1] - 1)
+
+
+async def supersede_in_place(ctx: RunContext, committed: Collection[str] = ()) -> dict[str, Any] | None:
+    """Journal `superseded` for what THIS attempt streamed after the last `committed` event,
+    before it does that work again in place (the agent asks the model again after a
+    `rate_limit_error` event mid-stream, same attempt): B is the journal's last seq. Reads the
+    run's journal, as a resumed attempt does: only after a response that failed mid-stream
+    having streamed deltas."""
+    await ctx.journal.flush()  # this attempt's deltas are in the journal before B is read
+    journal = await _read_journal(ctx, committed)
+    return await _take_back(ctx, journal, journal.last)
+
+
+@dataclass
+class _Journal:
+    claims: list[int]  # seqs of run_claimed
+    kept: int  # seq of the last event closing work the handler keeps
+    deltas: list[int]  # seqs of deltas after `kept` no superseded event took back
+    last: int  # the last seq
+
+
+async def _read_journal(ctx: RunContext, committed: Collection[str]) -> _Journal:
+    journal = _Journal([], 0, [], 0)
     cursor = 0
     while True:
         events = await ctx.db(
             lambda conn, after=cursor: api.read_events(conn, ctx.run.run_id, after, PAGE), "journal read"
         )
         for event in events:
+            journal.last = event.seq
             if event.type == "run_claimed":
-                claims.append(event.seq)
+                journal.claims.append(event.seq)
             elif event.type in committed:
-                kept, deltas = event.seq, []
+                journal.kept, journal.deltas = event.seq, []
             elif event.type in DELTA_FIELDS:
-                deltas.append(event.seq)
+                journal.deltas.append(event.seq)
             elif event.type == "superseded":
                 through = event.payload.get("through_seq")
                 if isinstance(through, int):
-                    deltas = [seq for seq in deltas if seq > through]
+                    journal.deltas = [seq for seq in journal.deltas if seq > through]
         if len(events) < PAGE:
-            break
+            return journal
         cursor = events[-1].seq
-    if len(claims) < 2:
-        return None  # this attempt's claim is the run's first: nothing came before it
-    after = max(kept, claims[0])
-    through = claims[-1] - 1  # the latest claim is this attempt's: no one else can claim it now
-    if not any(after < seq <= through for seq in deltas):
+
+
+async def _take_back(ctx: RunContext, journal: _Journal, through: int) -> dict[str, Any] | None:
+    after = max(journal.kept, journal.claims[0]) if journal.claims else journal.kept
+    if not any(after < seq <= through for seq in journal.deltas):
         return None
     event = {"type": "superseded", "after_seq": after, "through_seq": through, "attempt": ctx.run.attempt}
     await ctx.journal.emit(event)
-    ctx.log.info("superseded seqs %d..%d: streamed by an earlier attempt, not kept", after + 1, through)
+    ctx.log.info("superseded seqs %d..%d: streamed and not kept", after + 1, through)
     return event
