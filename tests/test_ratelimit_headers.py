@@ -10,7 +10,13 @@ from typing import Any
 import httpx2
 import pytest
 
-from pyworker.agent.ratelimit_headers import MAX_BLOCK_SECONDS, Exhausted, buckets, exhausted
+from pyworker.agent.ratelimit_headers import (
+    MAX_BLOCK_SECONDS,
+    Exhausted,
+    buckets,
+    exhausted,
+    input_tokens_limit,
+)
 
 DATE = "Wed, 01 Jan 2025 00:00:00 GMT"
 P = "anthropic-ratelimit-"
@@ -125,3 +131,31 @@ def test_no_headers_block_nothing(headers: Any) -> None:
 def test_values_that_are_not_strings_are_ignored() -> None:
     headers: dict[str, Any] = {"date": DATE, f"{P}requests-remaining": 0, f"{P}requests-reset": None}
     assert exhausted(headers) is None and buckets(headers) == []
+
+
+@pytest.mark.parametrize(
+    ("message", "limit"),
+    [
+        # The API's two wordings of an input-tokens-per-minute 429 (2025 and 2026).
+        (
+            "This request would exceed the rate limit for your organization "
+            "(a22cf6e6-a940-4fff-8c4c-1580816ac7be) of 1,000,000 input tokens per minute. For details, ...",
+            1_000_000,
+        ),
+        (
+            "This request would exceed your organization's rate limit of 30,000 input tokens per minute "
+            "(org: ef36bf5a-434a-4c52-b7a0-ba958aef9dfd, model: claude-sonnet-4-20250514). For details, ...",
+            30_000,
+        ),
+        ("Number of request tokens has exceeded your per-minute rate limit", None),
+        ("This request would exceed the rate limit for your organization of 50 requests per minute.", None),
+    ],
+)
+def test_a_429_states_its_input_tokens_limit_in_its_message(message: str, limit: int | None) -> None:
+    assert input_tokens_limit(None, message) == limit
+
+
+def test_a_429s_input_tokens_limit_header_comes_first() -> None:
+    headers = httpx2.Headers({"anthropic-ratelimit-input-tokens-limit": "4000"})
+    assert input_tokens_limit(headers, "... of 30,000 input tokens per minute") == 4000
+    assert input_tokens_limit(httpx2.Headers({"anthropic-ratelimit-input-tokens-limit": "x"}), "") is None
