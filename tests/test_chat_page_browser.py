@@ -14,10 +14,12 @@ import json
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -397,6 +399,72 @@ def test_the_page_shows_every_pending_approval_past_the_first_page(
             "SELECT state, decided_by FROM runrow.tool_effect WHERE idempotency_key = %s", (keys[-1],)
         ).fetchone()
         assert decided == ("rejected", "alice")
+
+
+@pytest.fixture(scope="module")
+def slow_db(database_url: str) -> Iterator[str]:
+    yield from private_database(database_url, "runrow_http_page_slow")
+
+
+@pytest.fixture(scope="module")
+def slow(slow_db: str) -> Iterator[Server]:
+    """No worker: the test parks its runs on approvals itself."""
+    yield from serve(slow_db, tokens=TOKENS)
+
+
+@contextlib.contextmanager
+def unrouted(page: Page) -> Iterator[None]:
+    """Routes removed on the way out, so that closing the page does not fail a handler mid-way."""
+    try:
+        yield
+    finally:
+        page.unroute_all(behavior="ignoreErrors")
+
+
+PAGE_DELAY = 1.5  # seconds each GET /approvals takes: three pages outlast the page's 3 s poll
+
+
+def test_approvals_show_when_walking_their_pages_outlasts_the_poll_interval(
+    slow: Server, slow_db: str, page: Page
+) -> None:
+    """Every 3 s the page started a poll walking all of GET /approvals' pages, and a poll a later
+    one overtook drew nothing: once the walk took longer than 3 s no poll ever drew (and the
+    overtaken ones kept fetching). Here the service answers 2 a page (the route rewrites the
+    page's limit), each page 1.5 s late: 5 approvals, three pages, 4.5 s a walk."""
+    asked: list[dict[str, list[str]]] = []
+
+    def slow_small_pages(route: Route) -> None:
+        if route.request.method != "GET":
+            route.continue_()
+            return
+        url = urlsplit(route.request.url)
+        query = parse_qs(url.query)
+        asked.append(query)
+        small = urlunsplit(url._replace(query=urlencode({**query, "limit": ["2"]}, doseq=True)))
+        response = route.fetch(url=small)
+        time.sleep(PAGE_DELAY)  # a slow service, not an assertion
+        route.fulfill(response=response)
+
+    page.route("**/approvals?*", slow_small_pages)
+    page.route("**/approvals", slow_small_pages)
+    with psycopg.connect(slow_db, autocommit=True) as db, unrouted(page):
+        keys = [park_on_approval(db, "send_wire", {"amount": i})[1] for i in range(5)]
+        sign_in(page, slow)
+        page.wait_for_function(
+            "n => document.querySelectorAll('#approval-list li').length === n", arg=len(keys), timeout=15_000
+        )
+        shown = page.eval_on_selector_all("#approval-list li", "items => items.map((li) => li.dataset.key)")
+        assert shown == keys
+        # One walk at a time: each first page is asked for after the walk before ended.
+        walks = ["after" not in q for q in asked]
+        assert walks[: len(walks) - len(walks) % 3] == [True, False, False] * (len(walks) // 3), walks
+        assert all(q.get("limit") == ["1000"] for q in asked), asked  # the fewest pages the service allows
+        # A decision still redraws at once, overtaking a tick's walk in flight.
+        page.query_selector(f"#approval-list li[data-key='{keys[0]}'] button.reject").click()
+        page.wait_for_function(
+            "n => document.querySelectorAll('#approval-list li').length === n", arg=len(keys) - 1
+        )
+        assert page.query_selector(f"#approval-list li[data-key='{keys[0]}']") is None
 
 
 @pytest.fixture(scope="module")

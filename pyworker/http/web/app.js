@@ -359,17 +359,23 @@ function visible(text) {
   });
 }
 
-// GET /approvals answers a page at a time (100 by default) with `next` while more remain: the
-// page showed the first page only, so the 101st call waiting on this person never had a card.
-// Every page is read before the list is replaced; a poll that a later one overtook draws nothing.
-const APPROVAL_PAGES = 100; // 10,000 cards at most: past that, `runrow approvals` lists them
-let approvalsPoll = 0;
+// GET /approvals answers a page at a time (at most 1000, asked for) with `next` while more remain:
+// the page showed the first page only, so the 101st call waiting on this person never had a card.
+// Every page is read before the list is replaced. The 3 s tick starts no walk while one is in
+// flight: when walking took longer than 3 s every walk was overtaken by the next tick and drew
+// nothing, and the overtaken ones kept fetching. A forced poll (a decision, an approval event,
+// signing in) starts at once; the walk it overtakes stops at its next page and draws nothing.
+const APPROVAL_LIMIT = 1000; // GET /approvals' most a page (pyworker/http/approval_pages.py)
+const APPROVAL_PAGES = 10; // 10,000 cards at most: past that, `runrow approvals` lists them
+let approvalsPoll = 0; // the latest walk's number
+let approvalsWalking = 0; // walks in flight
 
-async function pendingApprovals() {
+async function pendingApprovals(mine) {
   const approvals = [];
   let after = null;
-  for (let i = 0; i < APPROVAL_PAGES; i++) {
-    const page = await api("GET", after === null ? "/approvals" : `/approvals?after=${encodeURIComponent(after)}`);
+  for (let i = 0; i < APPROVAL_PAGES && mine === approvalsPoll; i++) {
+    const cursor = after === null ? "" : `&after=${encodeURIComponent(after)}`;
+    const page = await api("GET", `/approvals?limit=${APPROVAL_LIMIT}${cursor}`);
     approvals.push(...page.approvals);
     after = page.next ?? null;
     if (after === null) break;
@@ -377,14 +383,18 @@ async function pendingApprovals() {
   return approvals;
 }
 
-async function pollApprovals() {
+async function pollApprovals({ forced = true } = {}) {
   if (authMode === "bearer" && !token) return;
+  if (!forced && approvalsWalking > 0) return;
   const mine = ++approvalsPoll;
   let approvals = [];
+  approvalsWalking++;
   try {
-    approvals = await pendingApprovals();
+    approvals = await pendingApprovals(mine);
   } catch (err) {
     return;
+  } finally {
+    approvalsWalking--;
   }
   if (mine !== approvalsPoll) return;
   const list = $("approval-list");
@@ -517,7 +527,7 @@ function resume() {
   else setBusy(false);
   pollApprovals();
   clearInterval(approvalsTimer);
-  approvalsTimer = setInterval(pollApprovals, 3000);
+  approvalsTimer = setInterval(() => pollApprovals({ forced: false }), 3000);
 }
 
 async function start() {
