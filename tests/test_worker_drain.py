@@ -98,3 +98,33 @@ def test_a_run_stuck_past_the_drain_is_cancelled_and_its_cleanup_lands(db, worke
         assert spent == (USAGE["input_tokens"] + USAGE["output_tokens"],), (spent, log)
     finally:
         w.close()
+
+
+DEAF_LEASE = 30  # the waits after the drain were a lease each: 60 s here, past systemd's 90 s with more
+
+
+def test_a_run_that_ignores_every_interrupt_does_not_hold_the_shutdown_past_its_bound(db, worker_db) -> None:
+    """After the drain budget the worker waited a lease for the abandoned runs, then another
+    lease for the ones it cancelled: drain + 2 x lease (60 s past --drain at --lease 30) before
+    the writer flush and the webhooks, past Kubernetes' 30 s grace and near systemd's 90 s. The
+    waits after the drain now share one budget, max(5, min(lease, 10)) s (README: Drain)."""
+    w = worker_with_test_handler(
+        worker_db,
+        "deaf-drain",
+        ["--concurrency", "1", "--lease", str(DEAF_LEASE), "--drain", "0.5", "--poll", "0.3"],
+        "deaf_handler:handle",
+    )
+    try:
+        w.wait_started()
+        run = enqueue_echo(db, "deaf", max_attempts=2)
+        wait_streaming(db, run)
+        signalled = time.monotonic()
+        w.signal(signal.SIGTERM)
+        w.wait_log("deaf: an interrupt is ignored")
+        code = w.wait_exit(DEAF_LEASE * 3)
+        took = time.monotonic() - signalled
+        assert code == 0, w.log()
+        assert took < 0.5 + 15, (took, w.log())  # drain + the shared 10 s, with a margin
+        assert "did not stop when cancelled" in w.log(), w.log()
+    finally:
+        w.close()

@@ -35,6 +35,7 @@ from pyworker.db.config import ConfigError, database_url, env_database_url
 from pyworker.db.migrate import MigrateError
 
 if TYPE_CHECKING:
+    from pyworker.worker.process import Worker
     from pyworker.worker.webhooks import WebhookSettings
 
 DESCRIPTION = """\
@@ -186,7 +187,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     tune_collector()
     try:
-        return asyncio.run(worker.run())
+        return asyncio.run(_run_to_exit(worker))
     except OSError as exc:  # e.g. --metrics-port already taken
         print(f"runrow worker: {exc}", file=sys.stderr)
         return 2
@@ -196,6 +197,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except PoolTimeout as exc:
         print(f"runrow worker: {_cannot_connect(exc)}", file=sys.stderr)
         return 2
+
+
+async def _run_to_exit(worker: Worker) -> int:
+    """worker.run(), then out: a run that ignored even the drain's cancellation is still a task,
+    and asyncio.run cancels and awaits every task left before it returns, for ever here (the
+    worker was stopped and the run released or left to the reaper: nothing is lost by not
+    waiting). The log is flushed first; os._exit skips only the interpreter's own teardown."""
+    code = await worker.run()
+    if worker.unstoppable:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _cannot_connect(exc: BaseException) -> str:
@@ -457,7 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--drain",
         type=in_range("drain_seconds"),
         default=30.0,
-        help="drain budget in seconds after SIGTERM, 0 to 86400",
+        help="drain budget in seconds after SIGTERM, 0 to 86400; the stop takes at most "
+        "max(5, min(lease, 10)) s more (README: How long a stop takes)",
     )
     p.add_argument(
         "--poll",

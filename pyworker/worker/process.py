@@ -149,6 +149,9 @@ class Worker:
         self._starting: asyncio.Future[_Pools] | None = None
         self.dispatcher: Dispatcher | None = None
         self.hub: Hub | None = None
+        # Runs whose task did not end even when cancelled: asyncio.run would await them for
+        # ever at exit, so `runrow worker` exits without them (pyworker/cli/main.py).
+        self.unstoppable = 0
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -280,13 +283,15 @@ class Worker:
         )
         try:
             await self._stop.wait()
-            await self._drain(dispatcher)
+            deadline = await self._drain(dispatcher)
             if webhooks is not None and self.webhooks is not None:
                 # Deliveries in flight end and are recorded (each within the timeout); the
                 # runs the drain ended have their deliveries sent by whichever worker is up.
-                # Waited for at most their lease: past it another worker may take them anyway.
+                # Waited for at most their lease (past it another worker may take them anyway)
+                # and within the drain's deadline: one cut short is sent again after its lease.
                 webhooks_stopping.set()
-                await asyncio.wait({webhooks}, timeout=self.webhooks.lease_seconds)
+                left = min(self.webhooks.lease_seconds, deadline - time.monotonic())
+                await asyncio.wait({webhooks}, timeout=max(0.0, left))
         finally:
             if metrics_server is not None:
                 metrics_server.close()
@@ -376,20 +381,33 @@ class Worker:
     def _refused(self, exc: BaseException) -> None:
         self._refusal = exc
 
-    async def _drain(self, dispatcher: Dispatcher) -> None:
+    async def _drain(self, dispatcher: Dispatcher) -> float:
+        """Stop claiming, let runs in flight finish within the drain budget, release the rest.
+        Returns the deadline (time.monotonic()) the phases after the drain share: the waits
+        for released and cancelled runs here, then the webhook deliveries in flight."""
         await dispatcher.stop_claiming()  # phase 1: milliseconds, nothing new is claimed
         tasks = dispatcher.tasks()
-        if not tasks:
-            return
-        log.info("draining %d run(s)", len(tasks))
-        _, pending = await asyncio.wait(tasks, timeout=self.drain_seconds)  # phase 2
-        if not pending:
-            return
+        pending: set[asyncio.Task[Any]] = set()
+        if tasks:
+            log.info("draining %d run(s)", len(tasks))
+            _, pending = await asyncio.wait(tasks, timeout=self.drain_seconds)  # phase 2
+        grace = stop_grace(self.lease_seconds)
+        deadline = time.monotonic() + grace
+        if pending:
+            await self._release(dispatcher, pending, deadline - grace / 2, deadline)
+        return deadline
+
+    async def _release(
+        self, dispatcher: Dispatcher, pending: set[asyncio.Task[Any]], halfway: float, deadline: float
+    ) -> None:
+        """The drain budget is spent: abandon what is left (released, `drained: ...`) until
+        `halfway`, then cancel what still runs and await its cleanup until `deadline`. Each
+        wait was a lease of its own (60 s past --drain at --lease 30, and the webhooks after)."""
         log.warning("drain budget spent: releasing %d run(s)", len(pending))
         for sup, task in list(dispatcher.in_flight.values()):
             if task in pending:
                 sup.abandon(f"drained: worker {self.worker_id} stopped before the run finished")
-        _, stuck = await asyncio.wait(pending, timeout=max(5.0, self.lease_seconds))
+        _, stuck = await asyncio.wait(pending, timeout=max(0.0, halfway - time.monotonic()))
         if not stuck:
             return
         for task in stuck:
@@ -397,10 +415,19 @@ class Worker:
         # What a cancelled run does on its way out (the agent pays for a response it cut,
         # records a tool call it interrupted) must land before the writer stops and the pools
         # close: not awaited, it met a closed pool and was lost (the worker audit). Bounded:
-        # a task that swallows this cancellation too is left, as before.
-        _, left = await asyncio.wait(stuck, timeout=max(5.0, self.lease_seconds))
+        # a task that swallows this cancellation too is left, and the process exits without it.
+        _, left = await asyncio.wait(stuck, timeout=max(0.0, deadline - time.monotonic()))
         if left:
+            self.unstoppable = len(left)
             log.warning("%d run(s) did not stop when cancelled; the reaper takes them", len(left))
+
+
+def stop_grace(lease_seconds: float) -> float:
+    """Seconds the phases after the drain share (README: Drain): enough for a handler to stop
+    and its run to be released or its cleanup to land, and bounded whatever the lease, so the
+    worst shutdown is --drain + 10 s (plus milliseconds to flush and close), inside systemd's
+    TimeoutStopSec and Kubernetes' terminationGracePeriodSeconds when --drain leaves room."""
+    return max(5.0, min(float(lease_seconds), 10.0))
 
 
 async def _close(*pools: CancelSafePool) -> None:
