@@ -15710,6 +15710,8 @@ DECLARE
     budgeted uuid[];
     -- The endings were written alone by finish_runs, which woke their tails (a collision).
     woken boolean := false;
+    -- What made the block give up (its SQLSTATE), read only on that path.
+    gave_up text;
     -- The helpers' results. A helper is called in an assignment, not in SELECT ... INTO ...
     -- FROM helper(...): an assignment whose expression reads no table is a simple expression,
     -- which PL/pgSQL evaluates itself, with no executor start-up, no function scan and no
@@ -15839,7 +15841,30 @@ BEGIN
             JOIN runrow.prompt AS p ON p.id = u.prompt_id
             WHERE u.claimed
         ) AS k;
-    EXCEPTION WHEN unique_violation OR serialization_failure OR check_violation OR deadlock_detected THEN
+
+        -- An ended run's call granted and never settled holds nothing back any more, as in
+        -- finish_runs: its reservation goes, under its tenant's budget row. That row is not waited
+        -- for here, where the walk's rows are held: a reap or a grant of the tenant holds it and
+        -- then wants a turn the walk locked (an ended run's next one, whose mark its ending
+        -- clears), and the call died on 40P01 with its whole flush (the review of session 60). A
+        -- row held elsewhere gives the block up (NOWAIT: 55P03), and the endings are written
+        -- alone, as finish_runs writes them: the run rows, then the budget rows, waited for
+        -- with no walked turn held; the claim follows (below).
+        IF budgeted IS NOT NULL THEN
+            PERFORM 1 FROM runrow.tenant_budget AS b
+            WHERE b.fairness_key IN (
+                SELECT s.fairness_key FROM runrow.tenant_reservation AS s WHERE s.run_id = ANY (budgeted)
+            )
+            ORDER BY b.fairness_key
+            FOR UPDATE NOWAIT;
+            -- The rows locked, the helper takes the reservations out (its lock waits for nothing).
+            IF FOUND THEN
+                PERFORM runrow._tenant_unreserve_runs(budgeted);
+            END IF;
+        END IF;
+    EXCEPTION WHEN unique_violation OR serialization_failure OR check_violation OR deadlock_detected
+        OR lock_not_available THEN
+        GET STACKED DIAGNOSTICS gave_up = RETURNED_SQLSTATE;
         -- Whatever collided (a claim's, as _claim catches them, or an ending's), the block's
         -- writes and locks are gone: the endings are written alone, as finish_runs writes
         -- them, and nothing is claimed this round. An error of an ending's own recurs there
@@ -15849,16 +15874,24 @@ BEGIN
         -- endings lock their runs' next turns, so two calls that each marked the next turn of
         -- a run the other ends wait on each other. The loser's marks go with its block, and
         -- finish_runs walks nothing (tests/test_finish_and_claim_deadlock.py).
+        -- The block's claims are gone with it (the variables it set are not).
+        ended_convs := NULL;
+        claimed_rows := NULL;
         SELECT array_agg(f.run_id) FILTER (WHERE f.finished), array_agg(f.last_seq) FILTER (WHERE f.finished)
         INTO done_ids, done_seqs
         FROM runrow.finish_runs(finish_and_claim_runs.runs) AS f;
         woken := true;
     END;
 
-    -- An ended run's call granted and never settled holds nothing back any more, as in
-    -- finish_runs (which did it itself when the endings were written alone).
-    IF budgeted IS NOT NULL THEN
-        PERFORM runrow._tenant_unreserve_runs(budgeted);
+    -- A budget row held elsewhere is no collision of the claim's: with the endings written,
+    -- claim as claim_runs would (_claim never waits for a row: SKIP LOCKED), so a budgeted
+    -- tenant's worker does not go a round without work for a grant in flight.
+    IF gave_up = '55P03' THEN
+        claimed_rows := ARRAY(
+            SELECT c FROM runrow._claim(
+                finish_and_claim_runs.worker_id, finish_and_claim_runs.max_runs, finish_and_claim_runs.lease_seconds
+            ) AS c
+        );
     END IF;
 
     -- A conversation's next turn queued behind a run ended here was blocked when the walk
@@ -15918,7 +15951,10 @@ COMMENT ON FUNCTION runrow.finish_and_claim_runs(jsonb, text, integer, integer) 
 'call, when slots are left (otherwise the ending wakes the dispatchers for it). Returns a row per element of runs, in input order, with '
 'finished and last_seq as finish_runs and the claim columns NULL; then a row per claimed run '
 'with claim_runs'' columns and finished NULL. A claim that collides with another claimer, or a '
-'call that deadlocks with another, claims nothing and the endings are written alone. Bad input raises as finish_runs and claim_runs do '
+'call that deadlocks with another, claims nothing and the endings are written alone. An ended run''s '
+'reservation goes under its tenant''s budget row, never waited for while the claim''s rows are held: '
+'if another session holds it, the endings are written alone (as finish_runs, waiting for it) and the '
+'claim follows them. Bad input raises as finish_runs and claim_runs do '
 '(22004/22023 naming runs[i] and the field, or the argument) and writes nothing.';
 
 REVOKE ALL ON FUNCTION runrow.finish_and_claim_runs(jsonb, text, integer, integer) FROM PUBLIC;

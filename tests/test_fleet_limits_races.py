@@ -413,3 +413,99 @@ def test_batch_endings_across_the_same_tenants_take_their_budgets_in_one_order(
         (first, second, first, second),
     ).fetchone()
     assert left == (0, 0)
+
+
+def tenant_turns(conn: psycopg.Connection, tenant: str, conversation: uuid.UUID, turns: int = 1) -> None:
+    for _ in range(turns):
+        conn.execute(
+            "SELECT runrow.enqueue_run(conversation_id => %s, content => '\"hi\"', model => 'race-model', "
+            "user_id => %s)",
+            (conversation, tenant),
+        )
+
+
+def finish_and_claim(conn: psycopg.Connection, run: dict) -> list[tuple]:
+    acks = [{"run_id": str(run["run_id"]), "claim_token": str(run["claim_token"]), "status": "failed"}]
+    return conn.execute(
+        "SELECT run_id, finished FROM runrow.finish_and_claim_runs(%s::jsonb, 'race-test', 1, 30)",
+        (json.dumps(acks),),
+    ).fetchall()
+
+
+def test_a_batch_ending_never_waits_for_a_budget_holding_a_walked_turn(
+    owner: psycopg.Connection, connect: Connect
+) -> None:
+    """finish_and_claim_runs ends run R of tenant A, whose call was granted: its reservation goes
+    under A's budget row. Its claim's walk had locked (and marked) N, queued behind X in X's
+    conversation. The reaper, reaping X (A's, its call unsettled), charges it under A's budget row,
+    and X's ending then wants N's lock to clear its mark. Waited for after the walk, A's row closed
+    the cycle: 40P01, the worker's whole flush lost (the review of session 60). Forced: a third
+    session holds A's row until both wait. The flush now never waits for a budget row while it
+    holds the walk's rows: it ends its runs alone, then claims, and takes N once X has ended."""
+    tenant = f"tenant-{uuid.uuid4()}"
+    owner.execute("SELECT runrow.set_tenant_budget(%s, 100000000, NULL)", (tenant,))
+    drain(owner)
+    conversation = uuid.uuid4()
+    tenant_turns(owner, tenant, conversation)  # X
+    tenant_turns(owner, tenant, uuid.uuid4())  # R
+    runs = claim(owner, 2)
+    assert len(runs) == 2
+    assert all(acquire(owner, run)[0] for run in runs)
+    x, r = sorted(runs, key=lambda run: run["conversation_id"] != conversation)
+    tenant_turns(owner, tenant, conversation)  # N, behind X
+    (n,) = owner.execute(
+        "SELECT id FROM runrow.agent_run WHERE conversation_id = %s AND status = 'queued'", (conversation,)
+    ).fetchone()
+    owner.execute(
+        "UPDATE runrow.agent_run SET claim_expires_at = now() - interval '1 hour' WHERE id = %s",
+        (x["run_id"],),
+    )
+    holder = connect()  # a grant or settle of tenant A in flight
+    lock_row(holder, "SELECT 1 FROM runrow.tenant_budget WHERE fairness_key = %s FOR UPDATE", tenant)
+    reaper = Background(
+        connect(), lambda c: c.execute("SELECT outcome FROM runrow.reap_expired_runs(0, 10)").fetchall()
+    )
+    reaper.wait_blocked_by(owner, holder)
+    flush = Background(connect(), lambda c: finish_and_claim(c, r))
+    flush.wait_blocked_by(owner, reaper.conn)  # queued on A's row behind the reaper
+    holder.execute("COMMIT")
+    assert reaper.result() == [("failed",)]  # max_attempts 1: at-most-once
+    assert flush.result() == [(r["run_id"], True), (n, None)]  # N claimed once X ended
+    left = owner.execute(
+        "SELECT reserved_tokens, (SELECT count(*) FROM runrow.tenant_reservation AS s"
+        " WHERE s.fairness_key = %s) FROM runrow.tenant_budget WHERE fairness_key = %s",
+        (tenant, tenant),
+    ).fetchone()
+    assert left == (0, 0)
+
+
+def test_a_batch_ending_never_waits_for_a_budget_a_spent_grant_holds(
+    owner: psycopg.Connection, connect: Connect
+) -> None:
+    """As above, the other side being acquire_model_call for X: it finds A's budget spent under
+    A's row (a settle committed meanwhile) and ends X, whose ending wants N's lock, which the
+    flush's walk held while it waited for A's row."""
+    tenant = f"tenant-{uuid.uuid4()}"
+    owner.execute("SELECT runrow.set_tenant_budget(%s, 1000, NULL)", (tenant,))
+    drain(owner)
+    conversation = uuid.uuid4()
+    tenant_turns(owner, tenant, conversation)  # X
+    tenant_turns(owner, tenant, uuid.uuid4())  # R
+    tenant_turns(owner, tenant, uuid.uuid4())  # Z, whose settle spends the budget
+    runs = claim(owner, 3)
+    assert len(runs) == 3
+    x = next(run for run in runs if run["conversation_id"] == conversation)
+    r, z = (run for run in runs if run is not x)
+    assert acquire(owner, r)[0] is True
+    tenant_turns(owner, tenant, conversation)  # N, behind X
+    holder = connect()
+    holder.execute("BEGIN")
+    step(holder, z, {"input_tokens": 2000})  # under A's row: the budget spent, not yet committed
+    grant = Background(connect(), lambda c: acquire(c, x))
+    grant.wait_blocked_by(owner, holder)
+    flush = Background(connect(), lambda c: finish_and_claim(c, r))
+    flush.wait_blocked_by(owner, grant.conn)  # queued on A's row behind the grant
+    holder.execute("COMMIT")
+    assert grant.result()[2] == "budget_exhausted"
+    assert flush.result()[0] == (r["run_id"], True)
+    assert run_row(owner, x["run_id"])["status"] == "failed"
