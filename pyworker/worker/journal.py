@@ -879,24 +879,35 @@ class JournalWriter:
         *,
         isolate: bool,
     ) -> None:
-        """The endings: one finish_runs call for all of them, or one each inside a savepoint
-        when isolating (a refused result then costs only its own run)."""
+        """The endings: one finish_runs call for all of them. When isolating, each is tried
+        first alone inside a savepoint rolled back (a refused result then costs only its own
+        run), and the ones accepted are written by one call."""
         acks = [_ack(unit, tail) for unit, tail in finishing]
-        if not isolate:
-            try:
-                rows = await batch.finish_runs(conn, acks)
-            except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-                raise _Isolate from exc  # whose outcome it was is found out one savepoint each
-            _record_endings(finishing, rows, out)
+        if isolate:
+            # Not one savepoint kept per ending: each kept its tenant's budget row locked to the
+            # COMMIT (finish_runs takes an unsettled call's reservation out under it), so the
+            # rows were taken in this list's order, and two workers isolating endings of tenants
+            # A and B listed in opposite orders deadlocked (the review of session 60). A trial
+            # rolled back keeps no lock; the one call takes the rows in key order.
+            accepted = []
+            for ending, ack in zip(finishing, acks, strict=True):
+                try:
+                    async with conn.transaction(force_rollback=True):
+                        await batch.finish_runs(conn, [ack])
+                except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+                    out.refused.append((ending[0], exc))
+                    continue
+                accepted.append((ending, ack))
+            # A refusal now (not deterministic after all) fails the flush, which is retried.
+            _record_endings(
+                [e for e, _ in accepted], await batch.finish_runs(conn, [a for _, a in accepted]), out
+            )
             return
-        for (unit, _), ack in zip(finishing, acks, strict=True):
-            try:
-                async with conn.transaction():
-                    (row,) = await batch.finish_runs(conn, [ack])
-            except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-                out.refused.append((unit, exc))
-                continue
-            out.ended.append((unit, row.finished, row.last_seq))
+        try:
+            rows = await batch.finish_runs(conn, acks)
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+            raise _Isolate from exc  # whose outcome it was is found out one savepoint each
+        _record_endings(finishing, rows, out)
 
     async def _end_runs_and_claim(
         self,
