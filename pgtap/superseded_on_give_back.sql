@@ -5,7 +5,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/steps.psql
-SELECT plan(16);
+SELECT plan(23);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', '_superseded_event', ARRAY['uuid', 'integer'], '_superseded_event exists');
@@ -36,15 +36,16 @@ SELECT is(pg_temp.taken_back(:'key'), format('%s..%s@1', pg_temp.seq_of(:'key', 
 SELECT is((pg_temp.journal(:'key'))[array_length(pg_temp.journal(:'key'), 1) - 1 :],
     ARRAY['superseded', 'run_requeued'], 'journaled just before run_requeued');
 
--- Deferred again after the next claim streamed more: the walk stops at the superseded event,
--- and takes back from its after_seq (nothing was committed since) to the end.
+-- Deferred again after the next claim streamed more: the walk stops at the previous
+-- deferral's run_requeued (it dealt with what came before), and takes back from there.
 UPDATE runrow.agent_run SET not_before = now() WHERE id = :'key';
 SELECT pg_temp.claim(:'key');
 SELECT pg_temp.emit(:'key', 'model_request', 'text_delta');
 SELECT max(seq) AS key_last2 FROM runrow.run_event WHERE run_id = :'key' \gset
 SELECT runrow.defer_run(:'key', pg_temp.token(:'key'), interval '1 second', 'key_error: x');
 SELECT is(pg_temp.taken_back(:'key'),
-    format('%1$s..%2$s@1 %1$s..%3$s@1', pg_temp.seq_of(:'key', 'run_claimed'), :'key_last', :'key_last2'),
+    format('%s..%s@1 %s..%s@1', pg_temp.seq_of(:'key', 'run_claimed'), :'key_last',
+        pg_temp.seq_of(:'key', 'run_requeued'), :'key_last2'),
     'a second deferral takes back the new deltas');
 -- Deferred once more without streaming: nothing new to take back.
 UPDATE runrow.agent_run SET not_before = now() WHERE id = :'key';
@@ -102,6 +103,79 @@ SELECT pg_temp.begin(:'park2', pg_temp.token(:'park2'), pg_temp.key(:'park2', :p
 SELECT is(pg_temp.taken_back(:'park2'),
     format('%s..%s@1', pg_temp.seq_of(:'park2', 'model_turn'), pg_temp.seq_of(:'park2', 'text_delta')),
     'a delta after the committed turn is taken back before approval_requested');
+
+-- A worker's superseded whose after_seq is not a whole number at or before its own seq is no
+-- stop: defer_run raised 22P02 on 1.5, and a null one left the deltas after it in the answer.
+CREATE FUNCTION pg_temp.defer_past(worker_said jsonb) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    run uuid := pg_temp.running();
+    last_delta bigint;
+BEGIN
+    PERFORM pg_temp.emit(run, 'text_delta');
+    PERFORM runrow.append_events(run, pg_temp.token(run), jsonb_build_array(worker_said));
+    PERFORM pg_temp.emit(run, 'text_delta');
+    last_delta := pg_temp.seq_of(run, 'text_delta', 2);
+    PERFORM runrow.defer_run(run, pg_temp.token(run), interval '1 second', 'key_error: x');
+    RETURN CASE WHEN pg_temp.taken_back(run) LIKE format('%% %s..%s@1', pg_temp.seq_of(run, 'run_claimed'), last_delta)
+        THEN 'taken back' ELSE pg_temp.taken_back(run) END;
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE;
+END $$;
+SELECT is(array_agg(pg_temp.defer_past(v) ORDER BY n),
+    array_fill('taken back'::text, ARRAY[7]),
+    'a superseded with a malformed after_seq neither breaks defer_run nor stops the walk: every delta '
+    'since the first claim is taken back (after_seq 1.5, null, "2", -1, 1e30, none, past its own seq)')
+FROM unnest(ARRAY['{"type": "superseded", "after_seq": 1.5, "through_seq": 1}', '{"type": "superseded", "after_seq": null}',
+    '{"type": "superseded", "after_seq": "2"}', '{"type": "superseded", "after_seq": -1}',
+    '{"type": "superseded", "after_seq": 1e30}', '{"type": "superseded"}',
+    '{"type": "superseded", "after_seq": 999999}']::jsonb[]) WITH ORDINALITY AS w (v, n);
+-- A whole number written as 3.0 is one.
+SELECT pg_temp.running() AS whole \gset
+SELECT pg_temp.emit(:'whole', 'text_delta');
+SELECT pg_temp.seq_of(:'whole', 'text_delta') AS whole_delta \gset
+SELECT runrow.append_events(:'whole', pg_temp.token(:'whole'),
+    jsonb_build_array(jsonb_build_object('type', 'superseded', 'after_seq', (:'whole_delta' || '.0')::numeric)));
+SELECT pg_temp.emit(:'whole', 'text_delta');
+SELECT lives_ok(format($$SELECT runrow.defer_run(%L, %L, interval '1 second', 'key_error: x')$$, :'whole',
+    pg_temp.token(:'whole')), 'defer_run past a superseded whose after_seq is N.0');
+SELECT is(pg_temp.taken_back(:'whole') LIKE format('%% %s..%%', :'whole_delta'), true,
+    'an after_seq of N.0 is a stop: taken back from it');
+-- The same on a park (begin_tool_call raised 22P02).
+SELECT pg_temp.running() AS park3 \gset
+SELECT pg_temp.tool_turn(:'park3', 'tu3', 'wipe', '{}') AS pseq3 \gset
+SELECT pg_temp.emit(:'park3', 'model_turn', 'text_delta');
+SELECT runrow.append_events(:'park3', pg_temp.token(:'park3'), '[{"type": "superseded", "after_seq": 1.5}]');
+SELECT pg_temp.emit(:'park3', 'text_delta');
+SELECT lives_ok(format($$SELECT pg_temp.begin(%L, %L, %L, 'wipe', '{}', 'irreversible')$$, :'park3',
+    pg_temp.token(:'park3'), pg_temp.key(:'park3', :pseq3, 'tu3', 'wipe', '{}')), 'a park past a malformed superseded');
+SELECT is(pg_temp.taken_back(:'park3') LIKE format('%% %s..%%', pg_temp.seq_of(:'park3', 'model_turn')), true,
+    'taken back from the committed turn');
+
+-- A run deferred over and over before its first turn: each hand-back reads back to the
+-- previous one's run_requeued, not the whole journal (it read all 3k events at the k-th).
+SELECT pg_temp.running() AS often \gset
+CREATE FUNCTION pg_temp.defer_again(run uuid, k int) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    FOR i IN 1..k LOOP
+        PERFORM pg_temp.emit(run, 'model_request');
+        PERFORM runrow.defer_run(run, pg_temp.token(run), interval '1 second', 'rate_limited: x');
+        UPDATE runrow.agent_run SET not_before = now() WHERE id = run;
+        PERFORM pg_temp.claim(run);
+    END LOOP;
+END $$;
+SELECT pg_temp.defer_again(:'often', 30);
+SELECT pg_temp.emit(:'often', 'model_request', 'text_delta');
+CREATE FUNCTION pg_temp.event_rows_read() RETURNS bigint LANGUAGE sql AS $$
+    SELECT idx_tup_fetch + coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables
+    WHERE relid = 'runrow.run_event'::regclass
+$$;
+SELECT pg_temp.event_rows_read() AS rows0 \gset
+SELECT runrow.defer_run(:'often', pg_temp.token(:'often'), interval '1 second', 'rate_limited: x');
+SELECT cmp_ok(pg_temp.event_rows_read() - :rows0, '<', 10::bigint,
+    'the 31st deferral reads a few journal rows, not the ~90 of the run');
+SELECT is(pg_temp.taken_back(:'often'),
+    format('%s..%s@1', pg_temp.seq_of(:'often', 'run_requeued', 30), pg_temp.seq_of(:'often', 'text_delta')),
+    'and takes back what the last claim streamed, after the previous hand-back');
 
 SELECT * FROM finish();
 ROLLBACK;
