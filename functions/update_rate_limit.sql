@@ -37,12 +37,14 @@ BEGIN
         EXIT WHEN FOUND;
     END LOOP;
     -- set_rate_limit's rules for the levels: a newly limited dimension starts full (a key's row
-    -- made just now has none), a changed one keeps its level, capped.
-    PERFORM runrow.set_rate_limit(
+    -- made just now has none), a changed one keeps its level, capped. A pace a header block
+    -- set stands unless a requests limit is given (set_rate_limit ended it on every call).
+    PERFORM runrow._set_rate_limit(
         update_rate_limit.rate_limit_key,
         coalesce(update_rate_limit.requests_per_minute, l.requests_per_minute),
         coalesce(update_rate_limit.input_tokens_per_minute, l.input_tokens_per_minute),
-        coalesce(update_rate_limit.output_tokens_per_minute, l.output_tokens_per_minute)
+        coalesce(update_rate_limit.output_tokens_per_minute, l.output_tokens_per_minute),
+        keep_pace => update_rate_limit.requests_per_minute IS NULL
     );
 END
 $fn$;
@@ -53,7 +55,9 @@ COMMENT ON FUNCTION runrow.update_rate_limit(text, integer, integer, integer) IS
 'replaces that limit, and one left NULL keeps the key''s current value (none for a new key: not '
 'limited), under the key''s row lock from the read to the write, so two concurrent updates of '
 'different limits both stand. Levels as set_rate_limit: a new or newly limited bucket starts '
-'full, a changed one keeps its level (capped) and the key its block. To lift a limit, '
+'full, a changed one keeps its level (capped) and the key its block. A pace a header block set '
+'(report_rate_limit_exhausted) ends when requests_per_minute is given, and stands with its '
+'level when it is NULL. To lift a limit, '
 'set_rate_limit the whole; all three NULL raises 22004. Bad input (NULL, over-long or '
 'unprintable key, a limit not more than 0) raises 22004/22023 naming the argument and writes '
 'nothing.';

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(24);
+SELECT plan(28);
 
 CREATE FUNCTION pg_temp.limits(key text) RETURNS text LANGUAGE sql AS $$
     SELECT (l.requests_per_minute, l.input_tokens_per_minute, l.output_tokens_per_minute)::text
@@ -48,6 +48,35 @@ SELECT is((SELECT (blocked_until = now() + interval '30 seconds')::text || pg_te
 SELECT runrow.set_rate_limit('upd-key', NULL, NULL, NULL);
 SELECT lives_ok($$SELECT runrow.update_rate_limit('upd-key', output_tokens_per_minute => 500)$$, 'after a removal');
 SELECT is(pg_temp.limits('upd-key') || pg_temp.levels('upd-key'), '(,,500)(0,0,500)', 'only what is given');
+
+-- A pace a header block set (report_rate_limit_exhausted, on a key with no requests limit)
+-- is the API's word, not a limit the operator set: a change of the tokens only keeps it and
+-- the requests level it mirrors (set_rate_limit, which update_rate_limit called, ended it on
+-- every call), and a requests limit given ends it, as set_rate_limit does.
+CREATE FUNCTION pg_temp.pace(key text) RETURNS text LANGUAGE sql AS $$
+    SELECT (l.paced_requests_per_minute, l.paced_requests_limit, l.paced_full_since IS NOT NULL, l.requests_left)::text
+    FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key
+$$;
+CREATE FUNCTION pg_temp.paced(key text) RETURNS void LANGUAGE sql AS $$
+    UPDATE runrow.rate_limit SET paced_requests_per_minute = 12, paced_requests_limit = 50, requests_left = 3,
+        paced_full_since = now(), refilled_at = now()
+    WHERE rate_limit_key = key
+$$;
+SELECT runrow.update_rate_limit('upd-paced', input_tokens_per_minute => 1000);
+SELECT pg_temp.paced('upd-paced');
+SELECT runrow.update_rate_limit('upd-paced', input_tokens_per_minute => 2000);
+SELECT is(pg_temp.limits('upd-paced') || pg_temp.pace('upd-paced'), '(,2000,)(12,50,t,3)',
+    'an input tokens limit changed: the pace and its level stand');
+SELECT runrow.update_rate_limit('upd-paced', NULL, NULL, 500);
+SELECT is(pg_temp.limits('upd-paced') || pg_temp.pace('upd-paced'), '(,2000,500)(12,50,t,3)',
+    'an output tokens limit added: the pace stands');
+SELECT runrow.update_rate_limit('upd-paced', 40);
+SELECT is(pg_temp.limits('upd-paced') || pg_temp.pace('upd-paced'), '(40,2000,500)(,,f,3)',
+    'a requests limit given ends the pace (its bucket keeps its level, capped)');
+SELECT runrow.set_rate_limit('upd-paced', NULL, 2000, 500);
+SELECT pg_temp.paced('upd-paced');
+SELECT runrow.set_rate_limit('upd-paced', NULL, 3000, 500);
+SELECT is(pg_temp.pace('upd-paced'), '(,,f,0)', 'set_rate_limit, the whole, still ends it');
 
 -- Who may call it: the owner only, as set_rate_limit (no runrow role sets limits).
 SELECT throws_ok($$SELECT pg_temp.as_role('runrow_client', 'SELECT runrow.update_rate_limit(''upd-key'', 5)')$$,

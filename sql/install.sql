@@ -141,7 +141,8 @@ BEGIN
     '0093_update_rate_limit',
     '0095_key_error_own_request',
     '0096_supersede_on_give_back',
-    '0097_waiter_queued_stop_park_unreserve'
+    '0097_waiter_queued_stop_park_unreserve',
+    '0100_update_rate_limit_keeps_pace'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -8977,6 +8978,26 @@ INSERT INTO runrow._yoyo_migration VALUES ('f608814d2762200e0de8b577857efd769529
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'f608814d2762200e0de8b577857efd769529ec5d17e9dc4e0972ad60b17eca56', '0097_waiter_queued_stop_park_unreserve', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0100_update_rate_limit_keeps_pace
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '58d358594b6e2533ea27d1818690ee5a8cfa8177e2314893411693dd7afd7777') AS apply_58d358594b6e \gset
+\if :apply_58d358594b6e
+-- depends: 0097_waiter_queued_stop_park_unreserve
+-- update_rate_limit ("each NULL keeps") wrote through set_rate_limit, which ends the pace a
+-- header block set (report_rate_limit_exhausted: paced_requests_per_minute,
+-- paced_requests_limit, paced_full_since) on every call: `runrow limits set KEY --input-tpm N`
+-- wiped a pace the operator did not mention, and the key's waiting requests went at once into
+-- the API's empty bucket. Both now write through runrow._set_rate_limit (functions/
+-- set_rate_limit.sql), whose keep_pace keeps it when update_rate_limit is given no requests
+-- limit. This migration is the version that says so (`runrow migrate` applies functions/
+-- after it, and creates the new private function there).
+
+COMMENT ON SCHEMA runrow IS
+'runrow: durable AI-agent runs (migrations and functions/ of the runrow package; '
+'runrow.schema_version() names the newest migration applied).';
+INSERT INTO runrow._yoyo_migration VALUES ('58d358594b6e2533ea27d1818690ee5a8cfa8177e2314893411693dd7afd7777', '0100_update_rate_limit_keeps_pace', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '58d358594b6e2533ea27d1818690ee5a8cfa8177e2314893411693dd7afd7777', '0100_update_rate_limit_keeps_pace', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -17775,28 +17796,32 @@ REVOKE ALL ON FUNCTION runrow.set_model_price(
 ) FROM PUBLIC;
 
 -- functions/set_rate_limit.sql
-CREATE OR REPLACE FUNCTION runrow.set_rate_limit(
-    rate_limit_key text, requests_per_minute integer, input_tokens_per_minute integer, output_tokens_per_minute integer
+-- set_rate_limit's body, and update_rate_limit's write (migration 0100). keep_pace: the
+-- caller kept the key's requests limit as it was (update_rate_limit without one), so a pace
+-- a header block set (report_rate_limit_exhausted) stands, with the level it mirrors: `runrow
+-- limits set KEY --input-tpm N` wiped a pace the operator did not mention.
+CREATE OR REPLACE FUNCTION runrow._set_rate_limit(
+    rate_limit_key text, requests_per_minute integer, input_tokens_per_minute integer, output_tokens_per_minute integer,
+    keep_pace boolean
 )
 RETURNS void
 LANGUAGE plpgsql
-SECURITY DEFINER
 SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     block_ended timestamptz;
 BEGIN
     PERFORM runrow._require_rate_limit(
-        set_rate_limit.rate_limit_key, set_rate_limit.requests_per_minute,
-        set_rate_limit.input_tokens_per_minute, set_rate_limit.output_tokens_per_minute
+        _set_rate_limit.rate_limit_key, _set_rate_limit.requests_per_minute,
+        _set_rate_limit.input_tokens_per_minute, _set_rate_limit.output_tokens_per_minute
     );
 
-    IF set_rate_limit.requests_per_minute IS NULL AND set_rate_limit.input_tokens_per_minute IS NULL
-       AND set_rate_limit.output_tokens_per_minute IS NULL THEN
-        DELETE FROM runrow.rate_limit AS l WHERE l.rate_limit_key = set_rate_limit.rate_limit_key
+    IF _set_rate_limit.requests_per_minute IS NULL AND _set_rate_limit.input_tokens_per_minute IS NULL
+       AND _set_rate_limit.output_tokens_per_minute IS NULL THEN
+        DELETE FROM runrow.rate_limit AS l WHERE l.rate_limit_key = _set_rate_limit.rate_limit_key
         RETURNING l.blocked_until INTO block_ended;
         IF NOT FOUND THEN
-            RAISE EXCEPTION 'rate_limit_key "%" has no rate limit to remove', set_rate_limit.rate_limit_key
+            RAISE EXCEPTION 'rate_limit_key "%" has no rate limit to remove', _set_rate_limit.rate_limit_key
                 USING ERRCODE = 'no_data_found';
         END IF;
         -- The block goes with the row, and so does its hold on queued runs: a claim that met the
@@ -17804,12 +17829,12 @@ BEGIN
         -- was removed (the fleet-limits audit). Only a not_before equal to the block's end is
         -- the block's; a retry_in backoff keeps its own. Due now, and the dispatchers are woken.
         IF block_ended > now() THEN
-            PERFORM runrow._lift_held_runs(set_rate_limit.rate_limit_key, block_ended);
+            PERFORM runrow._lift_held_runs(_set_rate_limit.rate_limit_key, block_ended);
         END IF;
         RETURN;
     END IF;
     -- Only a key being set: one stored before migration 0085 can still be removed (above).
-    PERFORM runrow._require_printable(set_rate_limit.rate_limit_key, 'rate_limit_key');
+    PERFORM runrow._require_printable(_set_rate_limit.rate_limit_key, 'rate_limit_key');
 
     -- A new key starts with full buckets; a changed one keeps what it holds (brought up to
     -- now, at most the new minute's worth), and a newly limited dimension starts full.
@@ -17818,46 +17843,72 @@ BEGIN
         requests_left, input_tokens_left, output_tokens_left
     )
     VALUES (
-        set_rate_limit.rate_limit_key, set_rate_limit.requests_per_minute, set_rate_limit.input_tokens_per_minute,
-        set_rate_limit.output_tokens_per_minute, coalesce(set_rate_limit.requests_per_minute, 0),
-        coalesce(set_rate_limit.input_tokens_per_minute, 0), coalesce(set_rate_limit.output_tokens_per_minute, 0)
+        _set_rate_limit.rate_limit_key, _set_rate_limit.requests_per_minute, _set_rate_limit.input_tokens_per_minute,
+        _set_rate_limit.output_tokens_per_minute, coalesce(_set_rate_limit.requests_per_minute, 0),
+        coalesce(_set_rate_limit.input_tokens_per_minute, 0), coalesce(_set_rate_limit.output_tokens_per_minute, 0)
     )
     ON CONFLICT ON CONSTRAINT rate_limit_pkey DO NOTHING;
     IF FOUND THEN
         RETURN;
     END IF;
-    PERFORM runrow._lock_bucket(set_rate_limit.rate_limit_key);
+    PERFORM runrow._lock_bucket(_set_rate_limit.rate_limit_key);
     UPDATE runrow.rate_limit AS l
-    SET requests_per_minute = set_rate_limit.requests_per_minute,
-        input_tokens_per_minute = set_rate_limit.input_tokens_per_minute,
-        output_tokens_per_minute = set_rate_limit.output_tokens_per_minute,
+    SET requests_per_minute = _set_rate_limit.requests_per_minute,
+        input_tokens_per_minute = _set_rate_limit.input_tokens_per_minute,
+        output_tokens_per_minute = _set_rate_limit.output_tokens_per_minute,
         -- A newly limited request bucket starts full, unless a block holds it empty until the
         -- block's end (report_rate_limited's rule for a limited key): a key that had no limits when a
         -- 429 blocked it started full, and burst into the wall again at the block's end.
         -- A paced key's bucket (report_rate_limit_exhausted) mirrors the API's, so it keeps what
         -- it holds too.
-        requests_left = CASE WHEN set_rate_limit.requests_per_minute IS NULL THEN 0 ELSE least(
+        requests_left = CASE WHEN _set_rate_limit.requests_per_minute IS NULL THEN
+            CASE WHEN _set_rate_limit.keep_pace AND l.paced_requests_per_minute IS NOT NULL THEN l.requests_left ELSE 0 END
+        ELSE least(
             CASE WHEN l.requests_per_minute IS NOT NULL OR l.paced_requests_per_minute IS NOT NULL THEN l.requests_left
                 WHEN l.blocked_until > now() THEN 0
-                ELSE set_rate_limit.requests_per_minute END,
-            set_rate_limit.requests_per_minute) END,
+                ELSE _set_rate_limit.requests_per_minute END,
+            _set_rate_limit.requests_per_minute) END,
         -- The operator's word on the key replaces the pace a header block set: a requests limit
         -- set is the key's pace from now on, and one removed (or never set) leaves it unpaced,
         -- not held to a pace learned before (it was only shadowed under a limit, and came back
-        -- when the limit was removed).
-        paced_requests_per_minute = NULL,
-        paced_requests_limit = NULL,
-        paced_full_since = NULL,
-        input_tokens_left = CASE WHEN set_rate_limit.input_tokens_per_minute IS NULL THEN 0 ELSE least(
-            CASE WHEN l.input_tokens_per_minute IS NULL THEN set_rate_limit.input_tokens_per_minute
+        -- when the limit was removed). A word on the tokens only (keep_pace) is none on it.
+        paced_requests_per_minute = CASE WHEN _set_rate_limit.keep_pace THEN l.paced_requests_per_minute END,
+        paced_requests_limit = CASE WHEN _set_rate_limit.keep_pace THEN l.paced_requests_limit END,
+        paced_full_since = CASE WHEN _set_rate_limit.keep_pace THEN l.paced_full_since END,
+        input_tokens_left = CASE WHEN _set_rate_limit.input_tokens_per_minute IS NULL THEN 0 ELSE least(
+            CASE WHEN l.input_tokens_per_minute IS NULL THEN _set_rate_limit.input_tokens_per_minute
                 ELSE l.input_tokens_left END,
-            set_rate_limit.input_tokens_per_minute) END,
-        output_tokens_left = CASE WHEN set_rate_limit.output_tokens_per_minute IS NULL THEN 0 ELSE least(
-            CASE WHEN l.output_tokens_per_minute IS NULL THEN set_rate_limit.output_tokens_per_minute
+            _set_rate_limit.input_tokens_per_minute) END,
+        output_tokens_left = CASE WHEN _set_rate_limit.output_tokens_per_minute IS NULL THEN 0 ELSE least(
+            CASE WHEN l.output_tokens_per_minute IS NULL THEN _set_rate_limit.output_tokens_per_minute
                 ELSE l.output_tokens_left END,
-            set_rate_limit.output_tokens_per_minute) END,
+            _set_rate_limit.output_tokens_per_minute) END,
         updated_at = now()
-    WHERE l.rate_limit_key = set_rate_limit.rate_limit_key;
+    WHERE l.rate_limit_key = _set_rate_limit.rate_limit_key;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._set_rate_limit(text, integer, integer, integer, boolean) IS
+'Private. set_rate_limit''s write (see it), called by set_rate_limit with keep_pace false and by '
+'update_rate_limit with keep_pace true when it keeps the key''s requests limit: then a pace a '
+'header block set (paced_requests_per_minute, paced_requests_limit, paced_full_since) and the '
+'requests level it mirrors stand, where set_rate_limit ends the pace.';
+
+REVOKE ALL ON FUNCTION runrow._set_rate_limit(text, integer, integer, integer, boolean) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION runrow.set_rate_limit(
+    rate_limit_key text, requests_per_minute integer, input_tokens_per_minute integer, output_tokens_per_minute integer
+)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow, pg_temp
+AS $fn$
+BEGIN
+    PERFORM runrow._set_rate_limit(
+        set_rate_limit.rate_limit_key, set_rate_limit.requests_per_minute,
+        set_rate_limit.input_tokens_per_minute, set_rate_limit.output_tokens_per_minute, false
+    );
 END
 $fn$;
 
@@ -18202,12 +18253,14 @@ BEGIN
         EXIT WHEN FOUND;
     END LOOP;
     -- set_rate_limit's rules for the levels: a newly limited dimension starts full (a key's row
-    -- made just now has none), a changed one keeps its level, capped.
-    PERFORM runrow.set_rate_limit(
+    -- made just now has none), a changed one keeps its level, capped. A pace a header block
+    -- set stands unless a requests limit is given (set_rate_limit ended it on every call).
+    PERFORM runrow._set_rate_limit(
         update_rate_limit.rate_limit_key,
         coalesce(update_rate_limit.requests_per_minute, l.requests_per_minute),
         coalesce(update_rate_limit.input_tokens_per_minute, l.input_tokens_per_minute),
-        coalesce(update_rate_limit.output_tokens_per_minute, l.output_tokens_per_minute)
+        coalesce(update_rate_limit.output_tokens_per_minute, l.output_tokens_per_minute),
+        keep_pace => update_rate_limit.requests_per_minute IS NULL
     );
 END
 $fn$;
@@ -18218,7 +18271,9 @@ COMMENT ON FUNCTION runrow.update_rate_limit(text, integer, integer, integer) IS
 'replaces that limit, and one left NULL keeps the key''s current value (none for a new key: not '
 'limited), under the key''s row lock from the read to the write, so two concurrent updates of '
 'different limits both stand. Levels as set_rate_limit: a new or newly limited bucket starts '
-'full, a changed one keeps its level (capped) and the key its block. To lift a limit, '
+'full, a changed one keeps its level (capped) and the key its block. A pace a header block set '
+'(report_rate_limit_exhausted) ends when requests_per_minute is given, and stands with its '
+'level when it is NULL. To lift a limit, '
 'set_rate_limit the whole; all three NULL raises 22004. Bad input (NULL, over-long or '
 'unprintable key, a limit not more than 0) raises 22004/22023 naming the argument and writes '
 'nothing.';
