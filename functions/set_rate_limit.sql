@@ -8,7 +8,6 @@ CREATE OR REPLACE FUNCTION runrow._set_rate_limit(
 )
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     block_ended timestamptz;
