@@ -1,4 +1,4 @@
--- set_rate_limit's body, and update_rate_limit's write (migration 0100). keep_pace: the
+-- set_rate_limit's body, and update_rate_limit's write (migration 0098). keep_pace: the
 -- caller kept the key's requests limit as it was (update_rate_limit without one), so a pace
 -- a header block set (report_rate_limit_exhausted) stands, with the level it mirrors: `runrow
 -- limits set KEY --input-tpm N` wiped a pace the operator did not mention.

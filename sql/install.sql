@@ -142,7 +142,7 @@ BEGIN
     '0095_key_error_own_request',
     '0096_supersede_on_give_back',
     '0097_waiter_queued_stop_park_unreserve',
-    '0100_update_rate_limit_keeps_pace'
+    '0098_update_rate_limit_keeps_pace'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -8978,9 +8978,9 @@ INSERT INTO runrow._yoyo_migration VALUES ('f608814d2762200e0de8b577857efd769529
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'f608814d2762200e0de8b577857efd769529ec5d17e9dc4e0972ad60b17eca56', '0097_waiter_queued_stop_park_unreserve', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
--- migration 0100_update_rate_limit_keeps_pace
-SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '58d358594b6e2533ea27d1818690ee5a8cfa8177e2314893411693dd7afd7777') AS apply_58d358594b6e \gset
-\if :apply_58d358594b6e
+-- migration 0098_update_rate_limit_keeps_pace
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '37b57e062e750a06a5777182d84b43e246995b93c087cd55f8fd259edc9d2ca9') AS apply_37b57e062e75 \gset
+\if :apply_37b57e062e75
 -- depends: 0097_waiter_queued_stop_park_unreserve
 -- update_rate_limit ("each NULL keeps") wrote through set_rate_limit, which ends the pace a
 -- header block set (report_rate_limit_exhausted: paced_requests_per_minute,
@@ -8994,8 +8994,8 @@ SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '
 COMMENT ON SCHEMA runrow IS
 'runrow: durable AI-agent runs (migrations and functions/ of the runrow package; '
 'runrow.schema_version() names the newest migration applied).';
-INSERT INTO runrow._yoyo_migration VALUES ('58d358594b6e2533ea27d1818690ee5a8cfa8177e2314893411693dd7afd7777', '0100_update_rate_limit_keeps_pace', now() AT TIME ZONE 'UTC');
-INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '58d358594b6e2533ea27d1818690ee5a8cfa8177e2314893411693dd7afd7777', '0100_update_rate_limit_keeps_pace', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_migration VALUES ('37b57e062e750a06a5777182d84b43e246995b93c087cd55f8fd259edc9d2ca9', '0098_update_rate_limit_keeps_pace', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '37b57e062e750a06a5777182d84b43e246995b93c087cd55f8fd259edc9d2ca9', '0098_update_rate_limit_keeps_pace', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
 -- functions/: re-applied on every install, like `runrow migrate`
@@ -17796,7 +17796,7 @@ REVOKE ALL ON FUNCTION runrow.set_model_price(
 ) FROM PUBLIC;
 
 -- functions/set_rate_limit.sql
--- set_rate_limit's body, and update_rate_limit's write (migration 0100). keep_pace: the
+-- set_rate_limit's body, and update_rate_limit's write (migration 0098). keep_pace: the
 -- caller kept the key's requests limit as it was (update_rate_limit without one), so a pace
 -- a header block set (report_rate_limit_exhausted) stands, with the level it mirrors: `runrow
 -- limits set KEY --input-tpm N` wiped a pace the operator did not mention.
