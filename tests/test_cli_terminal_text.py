@@ -84,8 +84,10 @@ def test_a_key_error_is_shown_and_its_columns_stay_in_line(
         "model => 'blocked')",
         (uuid.uuid4(),),
     ).fetchone()[0]
+    # A block longer than the test: the default 5 s ran out before `status` read it on a loaded box.
     db.execute(
-        "SELECT runrow.report_key_error(run_id => %s, claim_token => %s, error => %s)",
+        "SELECT runrow.report_key_error(run_id => %s, claim_token => %s, error => %s, "
+        "first_block_seconds => 300)",
         (run, claim(db, run), f"permission_error: {HOSTILE}"),
     )
     db.execute("SELECT runrow.cancel_run(run_id => %s)", (run,))  # deferred, it would be claimed later
