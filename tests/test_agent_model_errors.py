@@ -15,8 +15,10 @@ and a transient one is retried with a backoff.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import random
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -277,6 +279,58 @@ def test_the_same_429_for_a_request_that_fits_the_limit_is_waited_out(db, fake) 
     row = finish(db, run)
     assert (row["status"], row["attempt"]) == ("completed", 1), row
     assert blocks_reported(db, "claude-429-fits") == 1
+
+
+def test_the_same_429_for_a_request_whose_size_is_a_base64_image_is_waited_out(db, fake) -> None:
+    """The API counts an image by its pixels (about 1,600 tokens at most), not by its base64
+    bytes: a 200 KB image's characters / 4 (66,721 "tokens") failed the run at a 30,000 limit,
+    for a 429 that a wait cures (the review of 436ee21)."""
+    data = base64.b64encode(random.Random(7).randbytes(150_000)).decode()
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+    content = [image, {"type": "text", "text": "What is in this picture?"}]
+    fake.inject(status_error(429, 0.01, ITPM_429.format(limit="30,000")))
+    run = enqueue_agent(db, content, model="claude-429-image", tools=[], metadata={}, max_attempts=1)
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("completed", 1), row
+    assert len(fake.requests) == 2
+    assert blocks_reported(db, "claude-429-image") == 1
+
+
+def test_the_same_429_for_a_first_turn_whose_size_is_a_cached_system_prompt_is_waited_out(db, fake) -> None:
+    """Cache reads do not count toward the input tokens per minute: a first turn whose 160 KB
+    system prompt (another run's, or this prompt's last request's, cache entry) is read from
+    the cache fits a 30,000 limit though its characters / 4 are 40,020 (the review of 436ee21:
+    failed). Its question alone is counted."""
+    system = "You answer questions about the manual below.\n" + "The manual says little. " * 6_700
+    fake.inject(status_error(429, 0.01, ITPM_429.format(limit="30,000")))
+    run = enqueue_agent(
+        db, "Hi", model="claude-429-cached", system=system, tools=[], metadata={}, max_attempts=1
+    )
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("completed", 1), row
+    assert len(fake.requests) == 2
+    assert fake.requests[0].body["system"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert blocks_reported(db, "claude-429-cached") == 1
+
+
+def test_the_same_429_for_a_large_first_turn_without_the_cache_still_fails_once(db, fake) -> None:
+    """With prompt_cache off nothing is read from a cache: the system prompt counts."""
+    system = "The manual says little. " * 6_700
+    fake.inject(*[status_error(429, 0.01, ITPM_429.format(limit="30,000"))] * 30)
+    run = enqueue_agent(
+        db,
+        "Hi",
+        model="claude-429-uncached",
+        system=system,
+        tools=[],
+        metadata={"prompt_cache": "off"},
+        max_attempts=1,
+    )
+    row = finish(db, run)
+    assert (row["status"], row["attempt"]) == ("failed", 1), row
+    assert "limit of 30000 input tokens per minute" in row["error"], row["error"]
+    assert len(fake.requests) == 1
+    assert blocks_reported(db, "claude-429-uncached") == 0
 
 
 # -- stop sequences ---------------------------------------------------------------------------

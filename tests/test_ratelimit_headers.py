@@ -159,3 +159,20 @@ def test_a_429s_input_tokens_limit_header_comes_first() -> None:
     headers = httpx2.Headers({"anthropic-ratelimit-input-tokens-limit": "4000"})
     assert input_tokens_limit(headers, "... of 30,000 input tokens per minute") == 4000
     assert input_tokens_limit(httpx2.Headers({"anthropic-ratelimit-input-tokens-limit": "x"}), "") is None
+
+
+def test_a_429_about_another_limit_states_no_input_tokens_limit_whatever_its_headers() -> None:
+    """The input limit's header comes with every 429 (a requests-per-minute one too): read
+    alone, it failed runs for their size when only their number of requests was refused."""
+    headers = httpx2.Headers({"anthropic-ratelimit-input-tokens-limit": "4000"})
+    assert input_tokens_limit(headers, "Number of requests has exceeded your rate limit") is None
+    assert (
+        input_tokens_limit(
+            headers, "rate_limit_error: Number of request tokens has exceeded your per-minute rate limit"
+        )
+        is None
+    )
+    assert (
+        input_tokens_limit(headers, "This request would exceed your rate limit of input tokens per minute.")
+        == 4000
+    )

@@ -16,8 +16,8 @@ report_rate_limited).
   then ask again as above. Past `MAX_429_IN_ATTEMPT` of them in one attempt the run is
   deferred for the block instead (its attempt given back: a 429 is never billed), at most
   `MAX_429_DEFERRALS` times a run (counted in its journal); after that such a 429 releases it,
-  spending an attempt. A 429 for a request whose input alone is more than the key's input
-  tokens per minute (`never_fits`) fails the run once and blocks nothing. A
+  spending an attempt. A 429 about input tokens per minute for a request whose uncached text
+  alone is more than that limit (`never_fits`) fails the run once and blocks nothing. A
   `rate_limit_error` event mid-stream is a 429 too (model.py).
 
 - a response whose rate-limit headers say the requests bucket is empty
@@ -53,6 +53,7 @@ from typing import Any
 from pyworker.agent import ratelimit_headers
 from pyworker.agent.model import TurnFailed, may_be_own_request
 from pyworker.agent.prompt_cache import cache_mode
+from pyworker.agent.uncached_input import uncached_input_tokens
 from pyworker.db import api
 from pyworker.db import limits as limits_api
 from pyworker.db.aio import wait_event
@@ -319,18 +320,19 @@ async def after_failure(
 
 def never_fits(failed: TurnFailed, params: dict[str, Any], cache: str) -> str | None:
     """The run's error when a 429 refused a request that no wait lets through: its input alone
-    is more than the organisation's input tokens per minute (the 429's header or message states
-    the limit). The API's wording ("Please reduce the prompt length ... or try again later") is
-    the same for a bucket that is merely empty, so the request's own size decides, and only
-    where the prompt cache cannot explain the 429: cache reads do not count toward the limit, so
-    a request that sends back an earlier answer of the run (with caching on) may fit though it
-    is larger. Those 429s are bounded by MAX_429_DEFERRALS instead."""
+    is more than the organisation's input tokens per minute. Judged only when the 429's message
+    is about that limit (ratelimit_headers.input_tokens_limit), and only on the input that limit
+    must count (uncached_input_tokens: no base64 payloads, no prefix the prompt cache may
+    serve). The API's wording ("Please reduce the prompt length ... or try again later") is the
+    same for a bucket that is merely empty, so the request's own size decides. A request that
+    sends back an earlier answer of the run (with caching on) is not judged at all: its history
+    may be read from the cache. Every 429 not judged here is bounded by MAX_429_DEFERRALS."""
     limit = ratelimit_headers.input_tokens_limit(failed.headers, failed.detail or str(failed))
     if limit is None:
         return None
     if cache != "off" and any(m.get("role") == "assistant" for m in params.get("messages") or []):
         return None
-    estimate = estimate_input_tokens(params)
+    estimate = uncached_input_tokens(params)
     if estimate <= limit:
         return None
     return (

@@ -90,15 +90,19 @@ def exhausted(headers: Mapping[str, str] | None) -> Exhausted | None:
 
 # How the API's 429 for an input-tokens-per-minute limit names the limit ("This request would
 # exceed the rate limit for your organization (<org>) of 30,000 input tokens per minute", or
-# "... exceed your organization's rate limit of 30,000 input tokens per minute (org: ...)"):
-# read when the refusal has no headers (a rate_limit_error event mid-stream).
+# "... exceed your organization's rate limit of 30,000 input tokens per minute (org: ...)").
 INPUT_LIMIT_WORDING = re.compile(r"rate limit\b.{0,80}? of ([0-9][0-9,]{0,15}) input tokens per minute", re.S)
+INPUT_LIMIT_NAMED = re.compile(r"\binput tokens per minute\b", re.I)
 
 
 def input_tokens_limit(headers: Mapping[str, str] | None, message: str) -> int | None:
-    """The organisation's input tokens per minute, as a 429 states it: its
-    `anthropic-ratelimit-input-tokens-limit` header, else its message's wording; None when it
-    states none (a requests limit, a 429 of another kind)."""
+    """The organisation's input tokens per minute, when a 429 is about that limit: only when its
+    message names it, and then its `anthropic-ratelimit-input-tokens-limit` header, else the
+    number in its wording; None for a 429 about another limit (requests, output tokens) or one
+    that does not say, whatever headers come with it: the API sends the input limit's header
+    with a requests-per-minute 429 too, and that 429 says nothing about the request's size."""
+    if INPUT_LIMIT_NAMED.search(message) is None:
+        return None
     limit = _count(_header(headers, f"{PREFIX}input-tokens-limit")) if headers is not None else None
     if limit:
         return limit
