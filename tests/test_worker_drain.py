@@ -22,6 +22,8 @@ from worker_support import (
     worker_with_test_handler,
 )
 
+from pyworker.cli.worker_exit import LEFT_RUNS_STATUS
+
 __all__ = ["db", "start_worker", "worker_db"]
 
 
@@ -103,16 +105,23 @@ def test_a_run_stuck_past_the_drain_is_cancelled_and_its_cleanup_lands(db, worke
 DEAF_LEASE = 30  # the waits after the drain were a lease each: 60 s here, past systemd's 90 s with more
 
 
-def test_a_run_that_ignores_every_interrupt_does_not_hold_the_shutdown_past_its_bound(db, worker_db) -> None:
+def test_a_run_that_ignores_every_interrupt_does_not_hold_the_shutdown_past_its_bound(
+    db, worker_db, tmp_path
+) -> None:
     """After the drain budget the worker waited a lease for the abandoned runs, then another
     lease for the ones it cancelled: drain + 2 x lease (60 s past --drain at --lease 30) before
     the writer flush and the webhooks, past Kubernetes' 30 s grace and near systemd's 90 s. The
-    waits after the drain now share one budget, max(5, min(lease, 10)) s (README: Drain)."""
+    waits after the drain now share one budget, max(5, min(lease, 10)) s (README: Drain).
+    The process then leaves with os._exit (asyncio.run would wait on the deaf task for ever),
+    which skipped the atexit handlers (the tracer provider's flush of its batched spans) and
+    exited 0 as after a clean stop: now they run, bounded, and it exits 1 (runs left behind)."""
+    ran = tmp_path / "atexit-ran"
     w = worker_with_test_handler(
         worker_db,
         "deaf-drain",
         ["--concurrency", "1", "--lease", str(DEAF_LEASE), "--drain", "0.5", "--poll", "0.3"],
         "deaf_handler:handle",
+        env={"DEAF_ATEXIT_FILE": str(ran)},
     )
     try:
         w.wait_started()
@@ -123,8 +132,10 @@ def test_a_run_that_ignores_every_interrupt_does_not_hold_the_shutdown_past_its_
         w.wait_log("deaf: an interrupt is ignored")
         code = w.wait_exit(DEAF_LEASE * 3)
         took = time.monotonic() - signalled
-        assert code == 0, w.log()
+        assert code == LEFT_RUNS_STATUS == 1, (code, w.log())
         assert took < 0.5 + 15, (took, w.log())  # drain + the shared 10 s, with a margin
         assert "did not stop when cancelled" in w.log(), w.log()
+        assert "1 run(s) left to the reaper" in w.log(), w.log()
+        assert ran.read_text() == "exit handlers ran", w.log()
     finally:
         w.close()

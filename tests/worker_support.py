@@ -121,10 +121,12 @@ class WorkerProcess:
         self._log.close()
 
 
-def worker_with_test_handler(url: str, name: str, args: list[str], handler: str) -> WorkerProcess:
+def worker_with_test_handler(
+    url: str, name: str, args: list[str], handler: str, env: dict[str, str] | None = None
+) -> WorkerProcess:
     """A worker process whose handler is a module of tests/ (e.g. "hold_handler:handle")."""
     path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)
-    return WorkerProcess(url, name, args, handler=handler, env={"PYTHONPATH": path})
+    return WorkerProcess(url, name, args, handler=handler, env={**(env or {}), "PYTHONPATH": path})
 
 
 @pytest.fixture

@@ -35,7 +35,6 @@ from pyworker.db.config import ConfigError, database_url, env_database_url
 from pyworker.db.migrate import MigrateError
 
 if TYPE_CHECKING:
-    from pyworker.worker.process import Worker
     from pyworker.worker.webhooks import WebhookSettings
 
 DESCRIPTION = """\
@@ -129,6 +128,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     early_signals.install()  # first: a SIGTERM while the handler loads must still drain, exit 0
     import asyncio
 
+    from pyworker.cli.worker_exit import run_to_exit
     from pyworker.worker import logs, tracing
     from pyworker.worker.handler import load_handler
     from pyworker.worker.process import SchemaMissing, Worker
@@ -187,7 +187,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     tune_collector()
     try:
-        return asyncio.run(_run_to_exit(worker))
+        return asyncio.run(run_to_exit(worker))
     except OSError as exc:  # e.g. --metrics-port already taken
         print(f"runrow worker: {exc}", file=sys.stderr)
         return 2
@@ -197,20 +197,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except PoolTimeout as exc:
         print(f"runrow worker: {_cannot_connect(exc)}", file=sys.stderr)
         return 2
-
-
-async def _run_to_exit(worker: Worker) -> int:
-    """worker.run(), then out: a run that ignored even the drain's cancellation is still a task,
-    and asyncio.run cancels and awaits every task left before it returns, for ever here (the
-    worker was stopped and the run released or left to the reaper: nothing is lost by not
-    waiting). The log is flushed first; os._exit skips only the interpreter's own teardown."""
-    code = await worker.run()
-    if worker.unstoppable:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
 
 
 def _cannot_connect(exc: BaseException) -> str:

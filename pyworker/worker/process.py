@@ -3,8 +3,9 @@
 Drain (SIGTERM or SIGINT): phase 1 stops claiming at once; phase 2 waits for the runs in
 flight up to the drain budget; what is left is abandoned: its handler is cancelled and the
 run released with error 'drained' — the attempts policy decides (requeued while attempts are
-left, otherwise failed), exactly as for any other hand-back. Then exit 0. A second signal
-exits at once (status 1); the reaper takes those runs after lease + grace.
+left, otherwise failed), exactly as for any other hand-back. Then exit 0 (1 when a handler
+ignored the cancellation too and its run is left to the reaper: pyworker/cli/worker_exit.py).
+A second signal exits at once (status 1); the reaper takes those runs after lease + grace.
 """
 
 from __future__ import annotations
