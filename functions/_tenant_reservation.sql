@@ -18,7 +18,8 @@
 -- before, smaller calls taking turns in flight kept a large one waiting forever. A waiter is
 -- forgotten when granted, or once its run is no longer queued or running, or held and silent for
 -- a minute, or queued and due for five minutes (acquire_model_call tells it to wait 15 s, and the
--- worker defers the run for that; migration 0097).
+-- worker defers the run for that; migration 0097), due at most a minute after its last ask
+-- (migration 0099).
 CREATE OR REPLACE FUNCTION runrow._tenant_reserve(r runrow.agent_run, reserved jsonb)
 RETURNS text
 LANGUAGE plpgsql
@@ -76,13 +77,19 @@ BEGIN
             -- a rate limit, moves it on); once a claim promoted it (not_before cleared), its
             -- last ask is the bound's start, 15 s before it was due. Five minutes, not forever:
             -- a run no claim reaches (a low priority under constant load, a key blocked for
-            -- hours) must not hold its tenant's room idle for good.
+            -- hours) must not hold its tenant's room idle for good. Nor a run deferred far for
+            -- another reason (a 429's retry-after, up to a day; a claim holding it to its key's
+            -- block): due counts as at most a minute after its last ask (its 15 s deferral and
+            -- some), so a waiter deferred for hours held every other call of its tenant to the
+            -- room beside its reservation, nothing in flight, for those hours (the review of
+            -- 0097). Queued, a waiter holds the room at most six minutes past its last ask.
             behind := EXISTS (
                 SELECT 1 FROM runrow.agent_run AS w
                 WHERE w.id = b.waiter_run
                   AND (w.status = 'running' AND b.waiter_seen_at > now() - interval '1 minute'
                        OR w.status = 'queued'
-                       AND greatest(b.waiter_seen_at, w.not_before) > now() - interval '5 minutes')
+                       AND least(greatest(b.waiter_seen_at, w.not_before), b.waiter_seen_at + interval '1 minute')
+                       > now() - interval '5 minutes')
             );
             IF NOT behind THEN
                 -- The waiter went away (its run ended, or it stopped asking): forgotten.

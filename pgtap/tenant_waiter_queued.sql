@@ -3,12 +3,13 @@
 -- forgotten a minute after its last ask, wherever its run was: a saturated fleet that took more
 -- than 45 s past the deferral to claim it again dropped it, and smaller calls took the room once
 -- more (the large-call starvation the waiter was built to stop). Now a queued waiter is kept
--- until its run has been due for five minutes; a held one still asks within the minute. The
+-- until its run has been due for five minutes (due at most a minute after its last ask: migration
+-- 0099); a held one still asks within the minute. The
 -- transaction's now() does not move: the test moves the columns (waiter_seen_at, not_before).
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(13);
+SELECT plan(17);
 SELECT pg_temp.drain_queue();
 
 SELECT runrow.set_model_price('wq-model', 3, 15, 3.75, 0.3);
@@ -45,6 +46,7 @@ SELECT pg_temp.held_run() AS s1 \gset
 SELECT pg_temp.held_run() AS s2 \gset
 SELECT pg_temp.held_run(90000) AS s3 \gset
 SELECT pg_temp.held_run(90000) AS s4 \gset
+SELECT pg_temp.held_run() AS s5 \gset
 SELECT is(pg_temp.acquire(:'s1'), '(t,0,)', 'a small call is granted');
 SELECT is(pg_temp.acquire(:'big'), '(f,15,budget_reserved)', 'the large one waits');
 SELECT is(runrow.defer_run(:'big', pg_temp.token(:'big'), interval '15 seconds', 'budget_reserved: waiting 15.0s'),
@@ -62,8 +64,9 @@ SELECT pg_temp.age(:'big', interval '4 minutes', NULL);
 SELECT is(pg_temp.acquire(:'s2'), '(f,15,budget_reserved)', 'due and waiting for a slot, it keeps its place');
 SELECT is(pg_temp.waiter(), :'big'::uuid, 'still the waiter');
 
--- Claimed again by a rate limit's deferral (not_before ahead), its last budget ask long ago.
-SELECT pg_temp.age(:'big', interval '10 minutes', now() + interval '30 seconds');
+-- Deferred again by a rate limit (not_before ahead) after its last budget ask 90 s ago: due
+-- counts from at most a minute after the ask, 30 s ago.
+SELECT pg_temp.age(:'big', interval '90 seconds', now() + interval '30 seconds');
 SELECT is(pg_temp.acquire(:'s2'), '(f,15,budget_reserved)', 'deferred again and not yet due: it keeps its place');
 
 -- The bound: due for more than five minutes and never claimed (a low priority under constant
@@ -77,6 +80,19 @@ SELECT is(pg_temp.acquire(:'s3'), '(f,15,budget_reserved)', 's3 does not fit bes
 SELECT pg_temp.age(:'s3', interval '2 minutes', NULL);
 SELECT pg_temp.acquire(:'s4');
 SELECT is(pg_temp.waiter(), :'s4'::uuid, 'a held waiter silent for two minutes is forgotten: the next to wait is it');
+
+-- A waiter deferred far (a 429's retry-after, a claim holding it to its key's block: 3 h) kept
+-- the tenant's room for those hours before migration 0099, nothing in flight: due counts as at
+-- most a minute after its last ask, so it holds the room six minutes past the ask at most.
+SELECT is(runrow.defer_run(:'s4', pg_temp.token(:'s4'), interval '3 hours', 'rate_limited: retry-after 10800'),
+    'deferred', 'the waiter is deferred for three hours');
+SELECT pg_temp.age(:'s4', interval '2 minutes', now() + interval '3 hours');
+SELECT is(pg_temp.acquire(:'s5'), '(f,15,budget_reserved)',
+    'asked two minutes ago: it keeps its place, a small call that fits only without it waits');
+SELECT pg_temp.age(:'s4', interval '7 minutes', now() + interval '3 hours');
+SELECT is(pg_temp.acquire(:'s5'), '(t,0,)',
+    'asked seven minutes ago, due in three hours: forgotten, the small call goes');
+SELECT is(pg_temp.waiter(), NULL, 'nobody waits');
 
 SELECT * FROM finish();
 ROLLBACK;
