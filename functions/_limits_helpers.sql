@@ -475,8 +475,10 @@ $fn$;
 -- of the block it is told to wait for is kept, so a deferral for a block lifted before it
 -- (a probe answered) ends at once (defer_run, migration 0084); and the key's answers so far,
 -- so a refusal after the key answered another run's request is known for the run's own
--- (key_error_answers, migration 0095; NULL without a key row). The seconds until then.
-CREATE OR REPLACE FUNCTION runrow._key_error_told(run_id uuid, told timestamptz)
+-- (key_error_answers, migration 0095; NULL without a key row), and the refusal, a 403 that may
+-- be the request's (key_error_refused, migration 0099: only the same 403 again is the run's
+-- own; NULL for another key error). The seconds until then.
+CREATE OR REPLACE FUNCTION runrow._key_error_told(run_id uuid, told timestamptz, refused text)
 RETURNS numeric
 LANGUAGE plpgsql
 AS $fn$
@@ -484,6 +486,7 @@ BEGIN
     UPDATE runrow.agent_run AS a
     SET model_call_reserved = NULL, model_call_attempt = NULL, block_told_until = _key_error_told.told,
         key_error_answers = (SELECT l.key_answers FROM runrow.rate_limit AS l WHERE l.rate_limit_key = a.rate_limit_key),
+        key_error_refused = _key_error_told.refused,
         updated_at = now()
     WHERE a.id = _key_error_told.run_id;
     -- And from its tenant's total; report_key_error holds the key's row already, as a grant would.
@@ -538,5 +541,5 @@ REVOKE ALL ON FUNCTION runrow._tenant_over(runrow.tenant_budget, numeric, numeri
 REVOKE ALL ON FUNCTION runrow._fail_queued_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._charge_usage(uuid, jsonb) FROM PUBLIC;
-REVOKE ALL ON FUNCTION runrow._key_error_told(uuid, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._key_error_told(uuid, timestamptz, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._block_key(text, timestamptz, uuid, integer) FROM PUBLIC;

@@ -14,6 +14,9 @@ AS $fn$
 DECLARE
     key text;
     seen bigint;
+    -- The 403 this run's request last got (key_error_refused), and this one if it is a 403.
+    last_refused text;
+    refused text := CASE WHEN report_key_error.own_request_possible THEN left(report_key_error.error, 1000) END;
     l runrow.rate_limit;
     streak integer;
     block numeric;
@@ -45,27 +48,54 @@ BEGIN
     IF NOT runrow._hold_claim(report_key_error.run_id, report_key_error.claim_token) THEN
         RETURN NULL;  -- fenced out: nothing written
     END IF;
-    SELECT a.rate_limit_key, a.key_error_answers INTO key, seen
+    SELECT a.rate_limit_key, a.key_error_answers, a.key_error_refused INTO key, seen, last_refused
     FROM runrow.agent_run AS a WHERE a.id = report_key_error.run_id;
     IF key IS NULL THEN
-        PERFORM runrow._key_error_told(report_key_error.run_id, NULL);
+        PERFORM runrow._key_error_told(report_key_error.run_id, NULL, refused);
         RETURN NULL;
     END IF;
     INSERT INTO runrow.rate_limit AS r (rate_limit_key) VALUES (key)
     ON CONFLICT ON CONSTRAINT rate_limit_pkey DO NOTHING;
     SELECT r.* INTO STRICT l FROM runrow.rate_limit AS r WHERE r.rate_limit_key = key FOR UPDATE;
 
-    IF report_key_error.own_request_possible AND l.key_answers > seen THEN
+    -- Only the same 403 as this run's last refusal can be its own request's (migration 0099): a
+    -- key that broke again with another 403 (workers with different API keys may share a
+    -- rate_limit_key) blocks the key as any key error, and fails none of the runs the first
+    -- outage left waiting. A 401, 402 or "credit balance" (refused NULL) is never the request's:
+    -- a key that broke again (a rotation half-way through the fleet, the credit spent again)
+    -- stays a key error.
+    IF refused = last_refused AND l.key_answers > seen THEN
         -- The key answered a request sent after this run's last key error (its probe, another
         -- run's: this run's own answer clears seen), and refuses this run's again with an error
         -- that may be about the request (a 403: a beta, a tool type, a file the organisation may
         -- not use): it is, and recurs on every retry. The run fails once; the key is not blocked.
-        -- A 401, 402 or "credit balance" is never the request's: a key that broke again (a
-        -- rotation half-way through the fleet, the credit spent again) stays a key error.
         PERFORM runrow.finish_run(report_key_error.run_id, report_key_error.claim_token, 'failed', NULL,
-            'model API refused the request: ' || left(report_key_error.error, 1000)
+            'model API refused the request: ' || refused
             || ' (refused again after the key answered another request since this run''s last '
             || 'refusal: the error is about this run''s request, not the key; not retried)');
+        RETURN NULL;
+    END IF;
+    IF refused = last_refused AND l.key_answers = seen AND l.key_probe_by = report_key_error.run_id
+       AND l.key_error_block >= report_key_error.max_block_seconds
+       AND NOT EXISTS (
+           SELECT 1 FROM runrow.agent_run AS o
+           WHERE o.rate_limit_key = key AND o.status IN ('queued', 'running') AND o.id <> report_key_error.run_id
+       ) THEN
+        -- The key's only open run: no other request can answer, and its probe is refused with the
+        -- same 403 through the key's whole backoff, the block already at its longest (615 s with
+        -- the defaults 5 and 300, so a key outage of a few minutes fails nothing). Before 0099
+        -- the run was deferred for ever, its attempt given back. It is taken for the run's own
+        -- request: the run fails once. The probe is over; the key's hold stands (the key may be
+        -- broken: its next probe tells). Alone only: with other runs of the key waiting, a long
+        -- key-wide 403 would fail one of them per longest block, and their probes tell the two
+        -- apart (the rule above). Read on this path only, once per longest block of a key.
+        UPDATE runrow.rate_limit AS r SET key_probe_by = NULL, updated_at = now() WHERE r.rate_limit_key = key;
+        PERFORM runrow.finish_run(report_key_error.run_id, report_key_error.claim_token, 'failed', NULL,
+            'model API refused the request: ' || refused
+            || format(' (refused again as the key''s probe after its longest block, %s s, the key''s '
+                || 'refusal %s in a row, and no request of the key answered since this run''s last '
+                || 'refusal: taken for this run''s request, not the key; not retried)',
+                l.key_error_block::float8, l.key_errors + 1));
         RETURN NULL;
     END IF;
 
@@ -74,7 +104,7 @@ BEGIN
         UPDATE runrow.rate_limit AS r
         SET key_error = left(report_key_error.error, 1000), updated_at = now()
         WHERE r.rate_limit_key = key;
-        RETURN runrow._key_error_told(report_key_error.run_id, greatest(l.blocked_until, l.key_error_until));
+        RETURN runrow._key_error_told(report_key_error.run_id, greatest(l.blocked_until, l.key_error_until), refused);
     END IF;
 
     -- The first error, or the probe (or a request after the block) found the key still broken:
@@ -99,7 +129,7 @@ BEGIN
         key_probe_by = NULL,
         updated_at = now()
     WHERE r.rate_limit_key = key;
-    RETURN runrow._key_error_told(report_key_error.run_id, blocked);
+    RETURN runrow._key_error_told(report_key_error.run_id, blocked, refused);
 END
 $fn$;
 
@@ -126,7 +156,11 @@ COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, 
 'key_answers grew past the run''s key_error_answers) is refused for its own request, not the '
 'key: it is ended failed '
 '(finish_run: error "model API refused the request: <error> (...)"), the key is not blocked, '
-'and NULL is returned. Bad input (NULL, an empty '
+'and NULL is returned; so is the key''s probe refused when the key''s block has reached '
+'max_block_seconds and nothing of the key was answered since the run''s last refusal, when it '
+'is the key''s only queued or running run (no other can answer); the key''s hold stands. '
+'Either only when the error is the same as the 403 of the run''s last refusal '
+'(agent_run.key_error_refused): a key broken again by another 403 is a key error. Bad input (NULL, an empty '
 'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400) '
 'raises 22004/22023.';
 

@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(63);
+SELECT plan(76);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.keyed_run(key text) RETURNS uuid LANGUAGE plpgsql AS $$
@@ -190,6 +190,48 @@ SELECT is(pg_temp.report(:'s', 'permission_error: no access to the beta'), 5.000
     'refused later: the key''s again, not its own');
 SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, %L, 5, 20, NULL)', :'s', pg_temp.token(:'s'), 'x'),
     '22004', 'own_request_possible must not be NULL', 'a NULL own_request_possible');
+
+-- The key breaks again with another 403 (workers with different API keys share the key): a run
+-- the first outage left waiting, unanswered since, is not failed for it; it is a key error
+-- (migration 0099: only the same 403 as the run's last refusal is its own).
+SELECT pg_temp.keyed_run('kagain') AS p \gset
+SELECT pg_temp.keyed_run('kagain') AS q \gset
+SELECT is(pg_temp.report(:'p', 'permission_error: this organization has been disabled'), 5.000,
+    'the first outage''s 403 blocks the key');
+SELECT pg_temp.time_passes('kagain');
+SELECT is(pg_temp.acquire(:'q'), '(t,0,)', 'another run''s probe');
+SELECT runrow.append_step(:'q', pg_temp.token(:'q'), 'model_turn',
+    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
+    'end_turn');
+SELECT is(pg_temp.report(:'p', 'permission_error: this API key may not be used from this workspace'), 5.000,
+    'the key broken again by another 403: a key error for the run that waited, not its own');
+SELECT is((SELECT (status, key_error_refused)::text FROM runrow.agent_run WHERE id = :'p'),
+    '(running,"permission_error: this API key may not be used from this workspace")',
+    'the run is not failed; its last refusal is kept');
+
+-- A run alone on its key whose own request draws the 403: no other request is ever answered,
+-- and it is the probe every time. Once the key's block has reached max_block_seconds (20 here)
+-- and the probe is refused with the same 403, it is the run's own: it fails once (migration
+-- 0099; before, it was deferred for ever, one probe per longest block, its attempt given back).
+SELECT pg_temp.keyed_run('kalone') AS z \gset
+SELECT is(pg_temp.report(:'z', 'permission_error: no access to the beta'), 5.000, 'the first refusal: 5 s');
+SELECT pg_temp.time_passes('kalone');
+SELECT is(pg_temp.acquire(:'z'), '(t,0,)', 'the block over, its request is the probe');
+SELECT is(pg_temp.report(:'z', 'permission_error: no access to the beta'), 10.000,
+    'the probe refused under the longest block: still the key''s, the block doubles');
+SELECT pg_temp.time_passes('kalone');
+SELECT is(pg_temp.acquire(:'z'), '(t,0,)', 'the probe again');
+SELECT is(pg_temp.report(:'z', 'permission_error: no access to the beta'), 20.000, 'the block reaches its longest');
+SELECT pg_temp.time_passes('kalone');
+SELECT is(pg_temp.acquire(:'z'), '(t,0,)', 'the probe after the longest block');
+SELECT is(pg_temp.report(:'z', 'permission_error: no access to the beta'), NULL,
+    'refused again after the longest block, nothing answered: NULL, the run''s own');
+SELECT is((SELECT (status, attempt, error)::text FROM runrow.agent_run WHERE id = :'z'),
+    '(failed,1,"model API refused the request: permission_error: no access to the beta (refused again as '
+    'the key''s probe after its longest block, 20 s, the key''s refusal 4 in a row, and no request of the '
+    'key answered since this run''s last refusal: taken for this run''s request, not the key; not retried)")',
+    'the run fails once, saying why');
+SELECT is(pg_temp.streak('kalone'), '(3,20,f,20.000000)', 'the probe is over; the key''s hold stands');
 
 -- A 429's longer block is never shortened by a key error.
 SELECT pg_temp.keyed_run('k429') AS r \gset

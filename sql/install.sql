@@ -142,7 +142,8 @@ BEGIN
     '0095_key_error_own_request',
     '0096_supersede_on_give_back',
     '0097_waiter_queued_stop_park_unreserve',
-    '0098_update_rate_limit_keeps_pace'
+    '0098_update_rate_limit_keeps_pace',
+    '0099_key_error_refused'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -8998,6 +8999,63 @@ INSERT INTO runrow._yoyo_migration VALUES ('37b57e062e750a06a5777182d84b43e24699
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '37b57e062e750a06a5777182d84b43e246995b93c087cd55f8fd259edc9d2ca9', '0098_update_rate_limit_keeps_pace', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0099_key_error_refused
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'da09bfb8563f5622100b36e3408ea59d25541d5ad8911672b9b5fb93a01b03ac') AS apply_da09bfb8563f \gset
+\if :apply_da09bfb8563f
+-- depends: 0098_update_rate_limit_keeps_pace
+-- Two defects of migration 0095's "a 403 refused again after the key answered another request
+-- is the run's own" (report_key_error, the review of session 60), and one of 0097's waiter.
+--
+-- (A) The key's answers only grow when its probe after a block is answered. A run whose own
+-- request draws the 403, and which is itself the probe every time (the key's only active run,
+-- or one the claim order favours), never saw an answer: each refusal doubled the block up to
+-- max_block_seconds, the run never failed, got its attempt back, and every other run of the key
+-- waited for good. Now the probe of the key's only open run, refused with the same 403 as the
+-- run's last refusal when the key's block has already reached max_block_seconds (the key refused
+-- through its whole backoff: 615 s with the defaults 5 and 300, so a key outage of a few minutes
+-- fails nothing), is taken for the run's own request: the run fails once. With other runs of the
+-- key waiting it is not (a long key-wide 403 would fail one per longest block): a run the claim
+-- order makes the probe every time still holds them (not covered).
+--
+-- (B) A key that broke again with a key-wide 403 failed every run still holding a key error of
+-- the first outage and not answered since (workers with different API keys may share a
+-- rate_limit_key). The run's last refusal is kept now (agent_run.key_error_refused: the 403's
+-- text, NULL for any other key error), and a refusal counts as the run's own only when it is
+-- that same 403 again.
+--
+-- (C) functions/_tenant_reservation.sql: a queued waiter is due at most a minute after its last
+-- ask, so one deferred for hours (a 429's retry-after) no longer holds its tenant's room for
+-- them (the column comment below).
+--
+-- agent_run's column goes at the end of the row, behind the model-call columns (0080, 0084,
+-- 0095): a claim, a heartbeat and a finish never write it.
+
+ALTER TABLE runrow.agent_run
+ADD COLUMN key_error_refused text;
+
+COMMENT ON COLUMN runrow.agent_run.key_error_refused IS
+'The 403 (report_key_error with own_request_possible; its first 1000 characters) this run''s '
+'request last got as an API key or account error, or NULL when its last key error was another '
+'(a 401, a 402, a credit balance). A refusal counts as the run''s own request''s only when it '
+'is this same 403 again.';
+
+-- 0073: a column is the auditor's only when granted.
+GRANT SELECT (key_error_refused) ON runrow.agent_run TO runrow_auditor;
+
+-- _key_error_told gains the refusal to keep (functions/_limits_helpers.sql defines it).
+DROP FUNCTION IF EXISTS runrow._key_error_told(uuid, timestamptz);
+
+COMMENT ON COLUMN runrow.tenant_budget.waiter_run IS
+'The run whose model call has waited longest for room in the budget (budget_reserved), or NULL: '
+'while it waits another call of the tenant goes only if it fits beside the waiter''s '
+'reservation (waiter_tokens, waiter_cost) too. Cleared when it is granted; ignored once its run '
+'is no longer queued or running, or is running and has not asked for a minute (waiter_seen_at), '
+'or is queued and has been due (not_before, else waiter_seen_at, but at most a minute after '
+'waiter_seen_at) for five minutes.';
+INSERT INTO runrow._yoyo_migration VALUES ('da09bfb8563f5622100b36e3408ea59d25541d5ad8911672b9b5fb93a01b03ac', '0099_key_error_refused', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'da09bfb8563f5622100b36e3408ea59d25541d5ad8911672b9b5fb93a01b03ac', '0099_key_error_refused', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -11369,8 +11427,10 @@ $fn$;
 -- of the block it is told to wait for is kept, so a deferral for a block lifted before it
 -- (a probe answered) ends at once (defer_run, migration 0084); and the key's answers so far,
 -- so a refusal after the key answered another run's request is known for the run's own
--- (key_error_answers, migration 0095; NULL without a key row). The seconds until then.
-CREATE OR REPLACE FUNCTION runrow._key_error_told(run_id uuid, told timestamptz)
+-- (key_error_answers, migration 0095; NULL without a key row), and the refusal, a 403 that may
+-- be the request's (key_error_refused, migration 0099: only the same 403 again is the run's
+-- own; NULL for another key error). The seconds until then.
+CREATE OR REPLACE FUNCTION runrow._key_error_told(run_id uuid, told timestamptz, refused text)
 RETURNS numeric
 LANGUAGE plpgsql
 AS $fn$
@@ -11378,6 +11438,7 @@ BEGIN
     UPDATE runrow.agent_run AS a
     SET model_call_reserved = NULL, model_call_attempt = NULL, block_told_until = _key_error_told.told,
         key_error_answers = (SELECT l.key_answers FROM runrow.rate_limit AS l WHERE l.rate_limit_key = a.rate_limit_key),
+        key_error_refused = _key_error_told.refused,
         updated_at = now()
     WHERE a.id = _key_error_told.run_id;
     -- And from its tenant's total; report_key_error holds the key's row already, as a grant would.
@@ -11432,7 +11493,7 @@ REVOKE ALL ON FUNCTION runrow._tenant_over(runrow.tenant_budget, numeric, numeri
 REVOKE ALL ON FUNCTION runrow._fail_queued_for_budget(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._settle_usage(uuid, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._charge_usage(uuid, jsonb) FROM PUBLIC;
-REVOKE ALL ON FUNCTION runrow._key_error_told(uuid, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._key_error_told(uuid, timestamptz, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._block_key(text, timestamptz, uuid, integer) FROM PUBLIC;
 
 -- functions/_next_webhook_receiver.sql
@@ -17054,6 +17115,9 @@ AS $fn$
 DECLARE
     key text;
     seen bigint;
+    -- The 403 this run's request last got (key_error_refused), and this one if it is a 403.
+    last_refused text;
+    refused text := CASE WHEN report_key_error.own_request_possible THEN left(report_key_error.error, 1000) END;
     l runrow.rate_limit;
     streak integer;
     block numeric;
@@ -17085,27 +17149,54 @@ BEGIN
     IF NOT runrow._hold_claim(report_key_error.run_id, report_key_error.claim_token) THEN
         RETURN NULL;  -- fenced out: nothing written
     END IF;
-    SELECT a.rate_limit_key, a.key_error_answers INTO key, seen
+    SELECT a.rate_limit_key, a.key_error_answers, a.key_error_refused INTO key, seen, last_refused
     FROM runrow.agent_run AS a WHERE a.id = report_key_error.run_id;
     IF key IS NULL THEN
-        PERFORM runrow._key_error_told(report_key_error.run_id, NULL);
+        PERFORM runrow._key_error_told(report_key_error.run_id, NULL, refused);
         RETURN NULL;
     END IF;
     INSERT INTO runrow.rate_limit AS r (rate_limit_key) VALUES (key)
     ON CONFLICT ON CONSTRAINT rate_limit_pkey DO NOTHING;
     SELECT r.* INTO STRICT l FROM runrow.rate_limit AS r WHERE r.rate_limit_key = key FOR UPDATE;
 
-    IF report_key_error.own_request_possible AND l.key_answers > seen THEN
+    -- Only the same 403 as this run's last refusal can be its own request's (migration 0099): a
+    -- key that broke again with another 403 (workers with different API keys may share a
+    -- rate_limit_key) blocks the key as any key error, and fails none of the runs the first
+    -- outage left waiting. A 401, 402 or "credit balance" (refused NULL) is never the request's:
+    -- a key that broke again (a rotation half-way through the fleet, the credit spent again)
+    -- stays a key error.
+    IF refused = last_refused AND l.key_answers > seen THEN
         -- The key answered a request sent after this run's last key error (its probe, another
         -- run's: this run's own answer clears seen), and refuses this run's again with an error
         -- that may be about the request (a 403: a beta, a tool type, a file the organisation may
         -- not use): it is, and recurs on every retry. The run fails once; the key is not blocked.
-        -- A 401, 402 or "credit balance" is never the request's: a key that broke again (a
-        -- rotation half-way through the fleet, the credit spent again) stays a key error.
         PERFORM runrow.finish_run(report_key_error.run_id, report_key_error.claim_token, 'failed', NULL,
-            'model API refused the request: ' || left(report_key_error.error, 1000)
+            'model API refused the request: ' || refused
             || ' (refused again after the key answered another request since this run''s last '
             || 'refusal: the error is about this run''s request, not the key; not retried)');
+        RETURN NULL;
+    END IF;
+    IF refused = last_refused AND l.key_answers = seen AND l.key_probe_by = report_key_error.run_id
+       AND l.key_error_block >= report_key_error.max_block_seconds
+       AND NOT EXISTS (
+           SELECT 1 FROM runrow.agent_run AS o
+           WHERE o.rate_limit_key = key AND o.status IN ('queued', 'running') AND o.id <> report_key_error.run_id
+       ) THEN
+        -- The key's only open run: no other request can answer, and its probe is refused with the
+        -- same 403 through the key's whole backoff, the block already at its longest (615 s with
+        -- the defaults 5 and 300, so a key outage of a few minutes fails nothing). Before 0099
+        -- the run was deferred for ever, its attempt given back. It is taken for the run's own
+        -- request: the run fails once. The probe is over; the key's hold stands (the key may be
+        -- broken: its next probe tells). Alone only: with other runs of the key waiting, a long
+        -- key-wide 403 would fail one of them per longest block, and their probes tell the two
+        -- apart (the rule above). Read on this path only, once per longest block of a key.
+        UPDATE runrow.rate_limit AS r SET key_probe_by = NULL, updated_at = now() WHERE r.rate_limit_key = key;
+        PERFORM runrow.finish_run(report_key_error.run_id, report_key_error.claim_token, 'failed', NULL,
+            'model API refused the request: ' || refused
+            || format(' (refused again as the key''s probe after its longest block, %s s, the key''s '
+                || 'refusal %s in a row, and no request of the key answered since this run''s last '
+                || 'refusal: taken for this run''s request, not the key; not retried)',
+                l.key_error_block::float8, l.key_errors + 1));
         RETURN NULL;
     END IF;
 
@@ -17114,7 +17205,7 @@ BEGIN
         UPDATE runrow.rate_limit AS r
         SET key_error = left(report_key_error.error, 1000), updated_at = now()
         WHERE r.rate_limit_key = key;
-        RETURN runrow._key_error_told(report_key_error.run_id, greatest(l.blocked_until, l.key_error_until));
+        RETURN runrow._key_error_told(report_key_error.run_id, greatest(l.blocked_until, l.key_error_until), refused);
     END IF;
 
     -- The first error, or the probe (or a request after the block) found the key still broken:
@@ -17139,7 +17230,7 @@ BEGIN
         key_probe_by = NULL,
         updated_at = now()
     WHERE r.rate_limit_key = key;
-    RETURN runrow._key_error_told(report_key_error.run_id, blocked);
+    RETURN runrow._key_error_told(report_key_error.run_id, blocked, refused);
 END
 $fn$;
 
@@ -17166,7 +17257,11 @@ COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, 
 'key_answers grew past the run''s key_error_answers) is refused for its own request, not the '
 'key: it is ended failed '
 '(finish_run: error "model API refused the request: <error> (...)"), the key is not blocked, '
-'and NULL is returned. Bad input (NULL, an empty '
+'and NULL is returned; so is the key''s probe refused when the key''s block has reached '
+'max_block_seconds and nothing of the key was answered since the run''s last refusal, when it '
+'is the key''s only queued or running run (no other can answer); the key''s hold stands. '
+'Either only when the error is the same as the 403 of the run''s last refusal '
+'(agent_run.key_error_refused): a key broken again by another 403 is a key error. Bad input (NULL, an empty '
 'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400) '
 'raises 22004/22023.';
 

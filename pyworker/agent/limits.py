@@ -37,7 +37,9 @@ report_rate_limited).
   once per run, and once more (WARNING) when the key answers again. Refused again after the
   key answered a request sent since the run's last key error, the refusal is the run's own
   request's (a 403 for a beta, a tool type or a file the organisation may not use reads like
-  one about the key): report_key_error ends the run failed, once, and blocks nothing.
+  one about the key): report_key_error ends the run failed, once, and blocks nothing; so it
+  does when the run's probe is refused after the key's longest block with nothing answered,
+  the run alone on its key. Either only for the same 403 as the run's last refusal.
 
 Worker config `fleet_limits: False` turns all of this off (every worker meets the API alone;
 the benchmark's baseline).
@@ -247,7 +249,9 @@ async def _key_error_ending(ctx: RunContext, failed: TurnFailed) -> Outcome:
     database knows better: refused again after the key answered a request sent since this
     run's last key error, the refusal is the run's own request's, and report_key_error has
     ended the run failed (a 403 for a beta, a tool type, a file the organisation may not use
-    reads like one about the key, and was retried for ever, blocking the key each time)."""
+    reads like one about the key, and was retried for ever, blocking the key each time), or
+    refused with the same 403 as its probe after the key's longest block, alone on its key
+    (migration 0099)."""
     global _key_error, _key_errors_in_a_row
     run = ctx.run
     what = f"HTTP {failed.status}: {failed.detail or failed}"
@@ -263,9 +267,9 @@ async def _key_error_ending(ctx: RunContext, failed: TurnFailed) -> Outcome:
         )
         if wait is None:  # ended by the database (its own request), or fenced out: nothing more to write
             ctx.log.warning(
-                "model API refused this run's request again after the key answered another (%s): "
-                "the run's own request, not the key; the database ended the run failed (or the "
-                "claim was lost)",
+                "model API refused this run's request again with the same 403 after the key "
+                "answered another, or through the key's longest block (%s): the run's own request, "
+                "not the key; the database ended the run failed (or the claim was lost)",
                 what,
             )
             return Outcome("ended", error=f"model API refused the request: {what}")
