@@ -27,6 +27,7 @@ from metrics_support import metrics_url, scrape, total, value
 from psycopg.types.json import Jsonb
 from worker_support import REPO, WorkerProcess, db, wait_until, worker_db, worker_db_superuser
 
+from pyworker.worker import exact_json
 from pyworker.worker.webhooks import (
     SignatureError,
     body_of,
@@ -512,7 +513,7 @@ def test_a_payload_python_cannot_read_is_sent_as_stored_and_holds_up_no_other(
     odd = {
         runs[1]: "[" * 3000 + "]" * 3000,
         runs[2]: '{"n": 1' + "0" * 5000 + "}",
-        runs[3]: '{"n": 1' + "0" * 400 + ".5}",  # Python reads inf; json.dumps would say Infinity
+        runs[3]: '{"n": 1' + "0" * 400 + ".5}",  # a float would be inf, and json.dumps say Infinity
     }
     with psycopg.connect(worker_db_superuser, autocommit=True) as su:
         su.execute("SET session_replication_role = replica")  # past the guard that keeps payloads fixed
@@ -535,11 +536,11 @@ def test_a_payload_python_cannot_read_is_sent_as_stored_and_holds_up_no_other(
     for run_id, (delivery_id, text) in stored.items():
         got = sent[delivery_id]
         check_signed(got)
-        if run_id in odd:
+        if run_id in (runs[1], runs[2]):
             assert got.body == text.encode()
-            assert b"Infinity" not in got.body
         else:
-            assert got.body == encode_body(delivery(db, run_id)["payload"])  # the usual form
+            assert got.body == encode_body(exact_json.loads(text))  # the usual form
+    assert b'"n":1' + b"0" * 400 + b".5}" in sent[stored[runs[3]][0]].body  # never Infinity
 
 
 def test_body_of_is_the_compact_sorted_form_unless_python_cannot_carry_the_payload() -> None:
@@ -548,8 +549,31 @@ def test_body_of_is_the_compact_sorted_form_unless_python_cannot_carry_the_paylo
     assert body_of(deep) == deep.encode()
     digits = '{"n": 1' + "0" * 5000 + "}"
     assert body_of(digits) == digits.encode()
-    beyond = '{"n": 1' + "0" * 400 + ".5}"  # Python reads inf, and json.dumps would say Infinity
-    assert body_of(beyond) == beyond.encode()
+    beyond = '{"n": 1' + "0" * 400 + ".5}"  # a float would be inf, and json.dumps say Infinity
+    assert body_of(beyond) == ('{"n":1' + "0" * 400 + ".5}").encode()
+    exact = '{"b": [1.50, 1e5, -0.0, 0.0000001], "a": 12345678901234567.89}'
+    assert body_of(exact) == b'{"a":12345678901234567.89,"b":[1.50,1e5,-0.0,0.0000001]}'
+
+
+def test_a_results_numbers_are_delivered_as_the_run_stored_them(
+    db: psycopg.Connection, receiver: Receiver, workers: Any
+) -> None:
+    """A result written by another language's worker (finish_run over SQL) with numbers a double
+    cannot hold: read as floats, they went out as 1.2345678901234568e+16 and 1.0 (the webhooks
+    audit). They are sent digit for digit, and the signature covers the bytes sent."""
+    run_id = enqueue_hooked(db, receiver.url)
+    db.execute(
+        "SELECT runrow.finish_run(c.run_id, c.claim_token, 'completed', "
+        '\'{"amount": 12345678901234567.89, "id": 1.00000000000000000001}\') '
+        "FROM runrow.claim_runs('sql', 1, 60) AS c"
+    )
+    workers("w1", *FAST)
+    wait_until(lambda: state(db, run_id) == "delivered", 20, "the delivery")
+    [got] = receiver.requests
+    check_signed(got)
+    assert b'"result":{"amount":12345678901234567.89,"id":1.00000000000000000001}' in got.body
+    [[text]] = db.execute("SELECT payload::text FROM runrow.webhook_delivery WHERE run_id = %s", (run_id,))
+    assert got.body == encode_body(exact_json.loads(text))
 
 
 @pytest.mark.parametrize("receiver", [["hold"]], indirect=True)

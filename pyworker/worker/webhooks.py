@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import random
@@ -40,7 +39,7 @@ from pyworker.db.webhooks import (
     complete_webhook_delivery,
     fail_webhook_delivery,
 )
-from pyworker.worker import metrics
+from pyworker.worker import exact_json, metrics
 from pyworker.worker.settings import (
     DEFAULT_WEBHOOK_PER_RECEIVER,
     DEFAULT_WEBHOOK_SIGNING,
@@ -66,18 +65,18 @@ MIN_SECRET_FOR_USER_KEYS = 32
 
 
 def encode_body(payload: dict[str, Any]) -> bytes:
-    """The JSON body: compact, keys sorted, UTF-8, so every attempt sends the same bytes."""
-    return json.dumps(
-        payload, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False
-    ).encode()
+    """The JSON body: compact, keys sorted, UTF-8, so every attempt sends the same bytes; a
+    number read by exact_json.loads is written as the database printed it."""
+    return exact_json.dumps(payload).encode()
 
 
 def body_of(payload_json: str) -> bytes:
     """The body of a delivery whose payload the database sent as `payload_json`: encode_body's
     form, or, for a payload that form cannot carry faithfully, the database's own JSON text
     (which says the same thing). Such a payload was written before migration 0069 made the
-    table refuse it: nested deeper than Python decodes, or holding a number beyond a double's
-    range (Python reads 1e400 as inf and would have sent `Infinity`, which is not JSON)."""
+    table refuse it: nested deeper than Python decodes, or an integer of more digits than Python
+    reads (4,300). Numbers are never read as floats (exact_json): a result's
+    12345678901234567.89 went out as 1.2345678901234568e+16, and 1e400 as `Infinity`."""
     return body_and_user(payload_json)[0]
 
 
@@ -92,8 +91,9 @@ def body_and_user(payload_json: str) -> tuple[bytes, object]:
     """body_of's body, and the "user_id" it carries, read from the same text: a str, None when
     null or absent, whatever else a hand-written payload holds, or Unreadable. The user's key
     must be the one of the user_id the receiver reads in the body, byte for byte."""
-    value = claimed_json.loads(payload_json)
-    if isinstance(value, claimed_json.UnreadableJSON):
+    try:
+        value = exact_json.loads(payload_json)
+    except (ValueError, RecursionError):
         try:
             user = claimed_json.top_level_member(payload_json, "user_id")
         except ValueError as exc:
