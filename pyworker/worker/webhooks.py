@@ -53,6 +53,7 @@ from pyworker.worker.webhook_signing import DEFAULT_TOLERANCE as DEFAULT_TOLERAN
 from pyworker.worker.webhook_signing import SIGNATURE_HEADER, derive_user_secret, signature_header
 from pyworker.worker.webhook_signing import SignatureError as SignatureError
 from pyworker.worker.webhook_signing import verify_signature as verify_signature
+from pyworker.worker.webhook_transport import sender_client
 
 log = logging.getLogger("runrow.webhooks")
 
@@ -357,15 +358,7 @@ async def webhook_loop(
     be claimed and waited for whole (gather), so one receiver that hung to the timeout held up
     every other delivery of this worker for that long."""
     async with contextlib.AsyncExitStack() as stack:
-        client = await stack.enter_async_context(
-            httpx.AsyncClient(
-                timeout=settings.timeout,
-                follow_redirects=False,
-                headers={"User-Agent": USER_AGENT},
-                trust_env=False,
-                proxy=settings.proxy,
-            )
-        )
+        client = await stack.enter_async_context(sender_client(settings.timeout, USER_AGENT, settings.proxy))
         wakes = await stack.enter_async_context(hub.subscribe(channels.WEBHOOKS)) if hub else None
         # Entered last, so left first: a cancelled loop cancels its deliveries (their leases
         # lapse and another worker sends them) before the client closes under them.

@@ -1,0 +1,115 @@
+"""The webhook sender's HTTP client, whose host look-ups run in threads of its own.
+
+httpx connects through anyio, which looks a host name up with loop.getaddrinfo: in asyncio's
+default pool (6 threads on 2 cores), shared with psycopg's reconnects and the Anthropic SDK
+(pyworker/db/threads.py). A receiver whose nameserver stopped answering held a thread per
+attempt for the resolver's own timeout, long after the attempt's 10 s ended: an unrelated
+look-up afterwards waited 28 s, and at exit asyncio.run waited 30 s for those threads (the
+webhooks audit). Here the name is looked up in a daemon thread of its own, at most
+MAX_LOOKUPS at once, and the connection is opened to the address found. Only the TCP connect
+changes: the request still names the host, so the Host header, TLS SNI and the certificate
+check are those of the webhook_url (or of the proxy, which resolves the receiver itself).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import httpcore
+import httpx
+
+from pyworker.db.threads import in_own_thread
+
+# Look-ups in flight at once, the ones still running after their attempt ended included: a
+# nameserver that never answers costs at most this many threads, and the attempts beyond it
+# fail at once (retried with backoff) rather than adding threads.
+MAX_LOOKUPS = 32
+
+
+class ResolvingBackend(httpcore.AsyncNetworkBackend):
+    """`inner`, with each host name looked up in a thread of its own before the TCP connect."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkBackend, max_lookups: int = MAX_LOOKUPS) -> None:
+        self._inner = inner
+        self._lookups = threading.BoundedSemaphore(max_lookups)
+        self._max_lookups = max_lookups
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's signature)
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        error: Exception | None = None
+        for address in await self._resolve(host, port):
+            try:
+                return await self._inner.connect_tcp(address, port, timeout, local_address, socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                error = exc  # the next address, as a connect to the name would
+        assert error is not None
+        raise error
+
+    async def _resolve(self, host: str, port: int) -> list[str]:
+        try:
+            ipaddress.ip_address(host)
+            return [host]
+        except ValueError:
+            pass
+        if not self._lookups.acquire(blocking=False):
+            raise httpcore.ConnectError(
+                f"{self._max_lookups} look-ups of webhook hosts already wait for DNS; "
+                f"{host} was not looked up"
+            )
+
+        def lookup() -> list[Any]:
+            try:
+                return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            finally:
+                self._lookups.release()  # when the thread ends, not when the attempt does
+
+        try:
+            infos = await in_own_thread(lookup)
+        except OSError as exc:  # what anyio's connect raised (httpcore maps it the same way)
+            raise httpcore.ConnectError(str(exc)) from exc
+        addresses = [
+            str(sockaddr[0]) for family, *_, sockaddr in infos if family in (socket.AF_INET, socket.AF_INET6)
+        ]
+        if not addresses:
+            raise httpcore.ConnectError(f"{host} has no IPv4 or IPv6 address")
+        return list(dict.fromkeys(addresses))
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        return await self._inner.connect_unix_socket(path, timeout, socket_options)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+def sender_client(timeout: float, user_agent: str, proxy: str | None) -> httpx.AsyncClient:
+    """The client webhook_loop sends with: no redirects followed, no environment read (an egress
+    proxy is `proxy` or none), host look-ups in ResolvingBackend's threads."""
+    transport = httpx.AsyncHTTPTransport(proxy=proxy, trust_env=False)
+    # httpx takes no network backend, so it is set on the pool it built; checked here so an
+    # httpx that renames it fails at the sender's start, not by silently resolving in the pool.
+    pool = transport._pool
+    if not isinstance(getattr(pool, "_network_backend", None), httpcore.AsyncNetworkBackend):
+        raise RuntimeError(f"httpx {httpx.__version__}: cannot set the webhook sender's network backend")
+    pool._network_backend = ResolvingBackend(pool._network_backend)  # type: ignore[union-attr]
+    return httpx.AsyncClient(
+        timeout=timeout,
+        follow_redirects=False,
+        headers={"User-Agent": user_agent},
+        trust_env=False,
+        transport=transport,
+    )
