@@ -292,8 +292,8 @@ AS $fn$
     SELECT md5(runrow._schedule_tick_key(schedule_id, tick))::uuid;
 $fn$;
 
--- fire_schedules with the clock as an argument, so tests can stand at any instant; the
--- public function passes now(). Each due schedule is taken under its row lock, skipping
+-- fire_schedules_pass with the clock as an argument, so tests can stand at any instant; the
+-- public functions pass now(). Each due schedule is taken under its row lock, skipping
 -- rows another pass holds; its missed ticks are enqueued by the catch-up policy and
 -- next_fire_at moves past `at` in the same transaction. A tick whose enqueue fails on the
 -- template (the conversation belongs to another user, an active run with if_active = reject)
@@ -330,8 +330,15 @@ $fn$;
 -- cache as it rolls back; the cron's block writes nothing, so it has no xid. The call stops
 -- before the tick that would pass 64; a schedule stopped between its missed ticks keeps the
 -- first one not tried as next_fire_at (the oldest tick not fired), so the next call resumes it.
-CREATE OR REPLACE FUNCTION runrow._fire_schedules(at timestamptz, max_schedules integer)
-RETURNS integer
+--
+-- It reports the schedules it moved on as well as the runs it created (migration 0100): a pass
+-- that moved on max_schedules schedules whose ticks enqueued nothing (if_active = reject on a
+-- conversation with an active run, a template that fails) created 0 runs, and the reaper, which
+-- stopped at a pass of 0, left the due schedules behind them for its next interval, one interval
+-- per 100 such schedules.
+CREATE OR REPLACE FUNCTION runrow._fire_schedules_pass(
+    at timestamptz, max_schedules integer, OUT enqueued integer, OUT moved_on integer
+)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
@@ -352,25 +359,25 @@ DECLARE
     conv uuid;
     enq record;
     fired integer := 0;
-    moved_on integer := 0;
     err text;
     busy text;
     last_run uuid;
 BEGIN
+    moved_on := 0;
     -- A list, not a cursor: each row is locked by id below, and a row this pass leaves due
     -- (stamped, so later in the order) is not met again.
     candidates := ARRAY(
         SELECT x.id FROM runrow.schedule AS x
-        WHERE greatest(x.next_fire_at, x.passed_over_at) <= _fire_schedules.at
+        WHERE greatest(x.next_fire_at, x.passed_over_at) <= _fire_schedules_pass.at
         ORDER BY greatest(x.next_fire_at, x.passed_over_at), x.next_fire_at
-        LIMIT 10 * _fire_schedules.max_schedules
+        LIMIT 10 * _fire_schedules_pass.max_schedules
     );
     FOREACH candidate IN ARRAY candidates LOOP
-        EXIT WHEN moved_on >= _fire_schedules.max_schedules OR subxacts >= max_subxacts;
+        EXIT WHEN moved_on >= _fire_schedules_pass.max_schedules OR subxacts >= max_subxacts;
         -- Still due (another pass may have fired it since the list was read), and not another
         -- pass's: the row lock is the first guarantee of exactly once.
         SELECT * INTO s FROM runrow.schedule AS x
-        WHERE x.id = candidate AND x.next_fire_at <= _fire_schedules.at
+        WHERE x.id = candidate AND x.next_fire_at <= _fire_schedules_pass.at
         FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
         BEGIN
@@ -388,7 +395,7 @@ BEGIN
         END;
         -- The missed ticks, at most max_catch_up of the most recent (1 for 'latest').
         ticks := '{}';
-        t := _fire_schedules.at;
+        t := _fire_schedules_pass.at;
         WHILE cardinality(ticks) < s.max_catch_up LOOP
             t := runrow._cron_prev(spec, t, s.next_fire_at);
             EXIT WHEN t IS NULL;
@@ -448,7 +455,7 @@ BEGIN
             -- Left due, behind the others: the ticks enqueued before this one are replays next
             -- time (their keys).
             UPDATE runrow.schedule AS x SET
-                passed_over_at = _fire_schedules.at,
+                passed_over_at = _fire_schedules_pass.at,
                 last_error = format('tick %s waits for a later pass: %s',
                     to_char(tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI"Z"'), busy),
                 updated_at = now()
@@ -458,7 +465,7 @@ BEGIN
         -- Not one tick fitted: left as it is, for the next call.
         EXIT WHEN cut = ticks[1];
         UPDATE runrow.schedule AS x SET
-            next_fire_at = coalesce(cut, runrow._cron_next(spec, _fire_schedules.at)),
+            next_fire_at = coalesce(cut, runrow._cron_next(spec, _fire_schedules_pass.at)),
             passed_over_at = NULL,
             last_tick_at = coalesce(tried, x.last_tick_at),
             last_run_id = coalesce(last_run, x.last_run_id),
@@ -467,7 +474,20 @@ BEGIN
         WHERE x.id = s.id;
         moved_on := moved_on + 1;
     END LOOP;
-    RETURN fired;
+    enqueued := fired;
+END
+$fn$;
+
+-- The runs a pass created, as fire_schedules returns it (and pgTAP calls it at chosen instants).
+CREATE OR REPLACE FUNCTION runrow._fire_schedules(at timestamptz, max_schedules integer)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow, pg_temp
+AS $fn$
+BEGIN
+    RETURN (
+        SELECT p.enqueued FROM runrow._fire_schedules_pass(_fire_schedules.at, _fire_schedules.max_schedules) AS p
+    );
 END
 $fn$;
 
@@ -479,6 +499,7 @@ REVOKE ALL ON FUNCTION runrow._cron_next(runrow.cron_spec, timestamptz) FROM PUB
 REVOKE ALL ON FUNCTION runrow._cron_prev(runrow.cron_spec, timestamptz, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._schedule_tick_key(uuid, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._schedule_conversation(uuid, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._fire_schedules_pass(timestamptz, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._fire_schedules(timestamptz, integer) FROM PUBLIC;
 
 COMMENT ON FUNCTION runrow._cron_value(text, text, text, integer, integer, text[]) IS
@@ -507,7 +528,10 @@ COMMENT ON FUNCTION runrow._schedule_conversation(uuid, timestamptz) IS
 'Private. The conversation id of one tick of a schedule without a fixed conversation: derived '
 'from the tick key, so a replayed tick names the same conversation.';
 COMMENT ON FUNCTION runrow._fire_schedules(timestamptz, integer) IS
-'Private; fire_schedules calls it with now(). Fires up to max_schedules schedules due at `at` '
+'Private; fire_schedules calls it with now(). _fire_schedules_pass at `at`, returning only the '
+'number of runs created.';
+COMMENT ON FUNCTION runrow._fire_schedules_pass(timestamptz, integer) IS
+'Private; fire_schedules_pass calls it with now(), _fire_schedules wraps it. Fires up to max_schedules schedules due at `at` '
 '(next_fire_at <= at), in the order of greatest(next_fire_at, passed_over_at), each under its '
 'row lock taken FOR UPDATE SKIP LOCKED: enqueues its missed ticks (the newest max_catch_up of '
 'them; 1 for catch_up latest) with enqueue_run and the tick''s idempotency key, records '
@@ -521,4 +545,6 @@ COMMENT ON FUNCTION runrow._fire_schedules(timestamptz, integer) IS
 'with if_active = interrupt), so the backend''s subxid cache never overflows: it stops before '
 'the tick that would pass 64, and a schedule stopped between its missed ticks keeps the first '
 'one not tried as next_fire_at. A cron that does not parse stops its schedule (next_fire_at '
-'infinity). Returns the number of runs created.';
+'infinity). Returns enqueued, the number of runs created, and moved_on, the schedules it moved '
+'on (fired, their ticks skipped for good, or stopped); a pass that moved on max_schedules may '
+'have left more due.';

@@ -39,6 +39,7 @@ INSERT INTO api VALUES
     ('create_schedule', '{runrow_client}', $$SELECT runrow.create_schedule('privileges', '@daily', '"x"', 'm')$$),
     ('drop_schedule', '{runrow_client}', $$SELECT runrow.drop_schedule('privileges-drop')$$),
     ('fire_schedules', '{runrow_worker}', $$SELECT runrow.fire_schedules()$$),
+    ('fire_schedules_pass', '{runrow_worker}', $$SELECT * FROM runrow.fire_schedules_pass()$$),
     ('fork_run', '{runrow_client}', format($$SELECT * FROM runrow.fork_run(%L, 0)$$, :'done')),
     ('get_run_request', '{runrow_worker,runrow_client}', format($$SELECT * FROM runrow.get_run_request(%L)$$, :'done')),
     ('schema_version', '{runrow_worker,runrow_client,runrow_auditor}', $$SELECT runrow.schema_version()$$),
@@ -230,7 +231,7 @@ SELECT set_eq($$SELECT p.proname::text FROM pg_proc AS p
 SELECT is_empty($$SELECT p.oid::regprocedure FROM pg_proc AS p
     WHERE p.pronamespace = 'runrow'::regnamespace AND p.proname LIKE '\_%' AND NOT p.prosecdef
       AND p.prorettype <> 'trigger'::regtype AND p.proconfig IS NOT NULL
-      AND p.proname NOT IN ('_claim', '_fire_schedules', '_schedule_conversation', '_schedule_tick_key')
+      AND p.proname NOT IN ('_claim', '_fire_schedules', '_fire_schedules_pass', '_schedule_conversation', '_schedule_tick_key')
       AND p.proname NOT LIKE '\_cron\_%'$$,
     'no private helper carries a SET clause but _claim and the schedule helpers');
 SELECT * FROM finish();

@@ -143,7 +143,8 @@ BEGIN
     '0096_supersede_on_give_back',
     '0097_waiter_queued_stop_park_unreserve',
     '0098_update_rate_limit_keeps_pace',
-    '0099_key_error_refused'
+    '0099_key_error_refused',
+    '0100_fire_schedules_pass'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -9056,6 +9057,30 @@ INSERT INTO runrow._yoyo_migration VALUES ('da09bfb8563f5622100b36e3408ea59d2554
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'da09bfb8563f5622100b36e3408ea59d25541d5ad8911672b9b5fb93a01b03ac', '0099_key_error_refused', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0100_fire_schedules_pass
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'd638872d8c9f3bc5df5622c4751791816aa9c0a1b075abcdedd7d8891ae8faa2') AS apply_d638872d8c9f \gset
+\if :apply_d638872d8c9f
+-- depends: 0099_key_error_refused
+-- The reaper's fire_once called fire_schedules while a pass enqueued a run, and stopped at a
+-- pass that returned 0. A pass that moved on 100 schedules (its max_schedules) whose ticks
+-- enqueued nothing (if_active = reject schedules whose conversation has an active run,
+-- templates that fail) also returned 0, so the due schedules behind them waited a whole reaper
+-- interval (15 s x 0.5-1.5) per 100 such schedules: with about 300 of them a `* * * * *`
+-- schedule with catch_up latest lost ticks. functions/fire_schedules_pass.sql (new, for the
+-- workers) returns the runs created and the schedules moved on, and the reaper goes again while
+-- a pass used its whole budget; fire_schedules keeps its contract (functions/
+-- _schedule_helpers.sql: the body is _fire_schedules_pass, _fire_schedules wraps it). This
+-- migration is the version that says so (`runrow migrate` applies functions/ after it, and
+-- creates the new functions there): a worker that calls fire_schedules_pass refuses an older
+-- database.
+
+COMMENT ON SCHEMA runrow IS
+'runrow: durable AI-agent runs (migrations and functions/ of the runrow package; '
+'runrow.schema_version() names the newest migration applied).';
+INSERT INTO runrow._yoyo_migration VALUES ('d638872d8c9f3bc5df5622c4751791816aa9c0a1b075abcdedd7d8891ae8faa2', '0100_fire_schedules_pass', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'd638872d8c9f3bc5df5622c4751791816aa9c0a1b075abcdedd7d8891ae8faa2', '0100_fire_schedules_pass', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -12279,8 +12304,8 @@ AS $fn$
     SELECT md5(runrow._schedule_tick_key(schedule_id, tick))::uuid;
 $fn$;
 
--- fire_schedules with the clock as an argument, so tests can stand at any instant; the
--- public function passes now(). Each due schedule is taken under its row lock, skipping
+-- fire_schedules_pass with the clock as an argument, so tests can stand at any instant; the
+-- public functions pass now(). Each due schedule is taken under its row lock, skipping
 -- rows another pass holds; its missed ticks are enqueued by the catch-up policy and
 -- next_fire_at moves past `at` in the same transaction. A tick whose enqueue fails on the
 -- template (the conversation belongs to another user, an active run with if_active = reject)
@@ -12317,8 +12342,15 @@ $fn$;
 -- cache as it rolls back; the cron's block writes nothing, so it has no xid. The call stops
 -- before the tick that would pass 64; a schedule stopped between its missed ticks keeps the
 -- first one not tried as next_fire_at (the oldest tick not fired), so the next call resumes it.
-CREATE OR REPLACE FUNCTION runrow._fire_schedules(at timestamptz, max_schedules integer)
-RETURNS integer
+--
+-- It reports the schedules it moved on as well as the runs it created (migration 0100): a pass
+-- that moved on max_schedules schedules whose ticks enqueued nothing (if_active = reject on a
+-- conversation with an active run, a template that fails) created 0 runs, and the reaper, which
+-- stopped at a pass of 0, left the due schedules behind them for its next interval, one interval
+-- per 100 such schedules.
+CREATE OR REPLACE FUNCTION runrow._fire_schedules_pass(
+    at timestamptz, max_schedules integer, OUT enqueued integer, OUT moved_on integer
+)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
@@ -12339,25 +12371,25 @@ DECLARE
     conv uuid;
     enq record;
     fired integer := 0;
-    moved_on integer := 0;
     err text;
     busy text;
     last_run uuid;
 BEGIN
+    moved_on := 0;
     -- A list, not a cursor: each row is locked by id below, and a row this pass leaves due
     -- (stamped, so later in the order) is not met again.
     candidates := ARRAY(
         SELECT x.id FROM runrow.schedule AS x
-        WHERE greatest(x.next_fire_at, x.passed_over_at) <= _fire_schedules.at
+        WHERE greatest(x.next_fire_at, x.passed_over_at) <= _fire_schedules_pass.at
         ORDER BY greatest(x.next_fire_at, x.passed_over_at), x.next_fire_at
-        LIMIT 10 * _fire_schedules.max_schedules
+        LIMIT 10 * _fire_schedules_pass.max_schedules
     );
     FOREACH candidate IN ARRAY candidates LOOP
-        EXIT WHEN moved_on >= _fire_schedules.max_schedules OR subxacts >= max_subxacts;
+        EXIT WHEN moved_on >= _fire_schedules_pass.max_schedules OR subxacts >= max_subxacts;
         -- Still due (another pass may have fired it since the list was read), and not another
         -- pass's: the row lock is the first guarantee of exactly once.
         SELECT * INTO s FROM runrow.schedule AS x
-        WHERE x.id = candidate AND x.next_fire_at <= _fire_schedules.at
+        WHERE x.id = candidate AND x.next_fire_at <= _fire_schedules_pass.at
         FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
         BEGIN
@@ -12375,7 +12407,7 @@ BEGIN
         END;
         -- The missed ticks, at most max_catch_up of the most recent (1 for 'latest').
         ticks := '{}';
-        t := _fire_schedules.at;
+        t := _fire_schedules_pass.at;
         WHILE cardinality(ticks) < s.max_catch_up LOOP
             t := runrow._cron_prev(spec, t, s.next_fire_at);
             EXIT WHEN t IS NULL;
@@ -12435,7 +12467,7 @@ BEGIN
             -- Left due, behind the others: the ticks enqueued before this one are replays next
             -- time (their keys).
             UPDATE runrow.schedule AS x SET
-                passed_over_at = _fire_schedules.at,
+                passed_over_at = _fire_schedules_pass.at,
                 last_error = format('tick %s waits for a later pass: %s',
                     to_char(tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI"Z"'), busy),
                 updated_at = now()
@@ -12445,7 +12477,7 @@ BEGIN
         -- Not one tick fitted: left as it is, for the next call.
         EXIT WHEN cut = ticks[1];
         UPDATE runrow.schedule AS x SET
-            next_fire_at = coalesce(cut, runrow._cron_next(spec, _fire_schedules.at)),
+            next_fire_at = coalesce(cut, runrow._cron_next(spec, _fire_schedules_pass.at)),
             passed_over_at = NULL,
             last_tick_at = coalesce(tried, x.last_tick_at),
             last_run_id = coalesce(last_run, x.last_run_id),
@@ -12454,7 +12486,20 @@ BEGIN
         WHERE x.id = s.id;
         moved_on := moved_on + 1;
     END LOOP;
-    RETURN fired;
+    enqueued := fired;
+END
+$fn$;
+
+-- The runs a pass created, as fire_schedules returns it (and pgTAP calls it at chosen instants).
+CREATE OR REPLACE FUNCTION runrow._fire_schedules(at timestamptz, max_schedules integer)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runrow, pg_temp
+AS $fn$
+BEGIN
+    RETURN (
+        SELECT p.enqueued FROM runrow._fire_schedules_pass(_fire_schedules.at, _fire_schedules.max_schedules) AS p
+    );
 END
 $fn$;
 
@@ -12466,6 +12511,7 @@ REVOKE ALL ON FUNCTION runrow._cron_next(runrow.cron_spec, timestamptz) FROM PUB
 REVOKE ALL ON FUNCTION runrow._cron_prev(runrow.cron_spec, timestamptz, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._schedule_tick_key(uuid, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._schedule_conversation(uuid, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._fire_schedules_pass(timestamptz, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._fire_schedules(timestamptz, integer) FROM PUBLIC;
 
 COMMENT ON FUNCTION runrow._cron_value(text, text, text, integer, integer, text[]) IS
@@ -12494,7 +12540,10 @@ COMMENT ON FUNCTION runrow._schedule_conversation(uuid, timestamptz) IS
 'Private. The conversation id of one tick of a schedule without a fixed conversation: derived '
 'from the tick key, so a replayed tick names the same conversation.';
 COMMENT ON FUNCTION runrow._fire_schedules(timestamptz, integer) IS
-'Private; fire_schedules calls it with now(). Fires up to max_schedules schedules due at `at` '
+'Private; fire_schedules calls it with now(). _fire_schedules_pass at `at`, returning only the '
+'number of runs created.';
+COMMENT ON FUNCTION runrow._fire_schedules_pass(timestamptz, integer) IS
+'Private; fire_schedules_pass calls it with now(), _fire_schedules wraps it. Fires up to max_schedules schedules due at `at` '
 '(next_fire_at <= at), in the order of greatest(next_fire_at, passed_over_at), each under its '
 'row lock taken FOR UPDATE SKIP LOCKED: enqueues its missed ticks (the newest max_catch_up of '
 'them; 1 for catch_up latest) with enqueue_run and the tick''s idempotency key, records '
@@ -12508,7 +12557,9 @@ COMMENT ON FUNCTION runrow._fire_schedules(timestamptz, integer) IS
 'with if_active = interrupt), so the backend''s subxid cache never overflows: it stops before '
 'the tick that would pass 64, and a schedule stopped between its missed ticks keeps the first '
 'one not tried as next_fire_at. A cron that does not parse stops its schedule (next_fire_at '
-'infinity). Returns the number of runs created.';
+'infinity). Returns enqueued, the number of runs created, and moved_on, the schedules it moved '
+'on (fired, their ticks skipped for good, or stopped); a pass that moved on max_schedules may '
+'have left more due.';
 
 -- functions/_steps_helpers.sql
 -- Private helpers of the step log and the tool calls. Not granted to any role: only the
@@ -16327,6 +16378,40 @@ COMMENT ON FUNCTION runrow.fire_schedules(integer) IS
 
 REVOKE ALL ON FUNCTION runrow.fire_schedules(integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.fire_schedules(integer) TO runrow_worker;
+
+-- functions/fire_schedules_pass.sql
+-- fire_schedules' pass, counted: the reaper goes again at once while a pass used its whole
+-- budget. fire_schedules' count of runs created could not say so: a pass that moved on 100
+-- schedules whose ticks enqueued nothing (if_active = reject on a busy conversation, a template
+-- that fails) returned 0, like a pass that found nothing due (migration 0100).
+CREATE OR REPLACE FUNCTION runrow.fire_schedules_pass(max_schedules integer DEFAULT 100)
+RETURNS TABLE (enqueued integer, moved_on integer)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, runrow, pg_temp
+AS $fn$
+BEGIN
+    PERFORM runrow._require_range(fire_schedules_pass.max_schedules, 'max_schedules', 1, 10000);
+    RETURN QUERY SELECT p.enqueued, p.moved_on
+    FROM runrow._fire_schedules_pass(now(), fire_schedules_pass.max_schedules) AS p;
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow.fire_schedules_pass(integer) IS
+'fire_schedules, reporting what the pass did: one row of enqueued, the runs created (what '
+'fire_schedules returns), and moved_on, the schedules the pass moved on to their next tick '
+'(fired, or their ticks skipped for good because the template could not be enqueued: '
+'if_active = reject on a conversation with an active run, a conversation of another user; or '
+'stopped for a cron that does not parse). A schedule left due because it was busy is not '
+'counted. A pass that moved on max_schedules, or that enqueued anything (it may have stopped at '
+'its 64 subtransactions), may have left due schedules behind: the caller calls again, in a '
+'transaction of its own; a pass with moved_on < max_schedules and enqueued = 0 left nothing '
+'it could fire now. Same guarantees as fire_schedules (row locks FOR UPDATE SKIP LOCKED, a tick '
+'enqueues exactly once, never waits on another session). max_schedules outside 1 to 10000 '
+'raises 22023, NULL 22004; nothing is written.';
+
+REVOKE ALL ON FUNCTION runrow.fire_schedules_pass(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.fire_schedules_pass(integer) TO runrow_worker;
 
 -- functions/fork_run.sql
 CREATE OR REPLACE FUNCTION runrow.fork_run(run_id uuid, at_seq integer, model text DEFAULT NULL)

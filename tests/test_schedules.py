@@ -274,6 +274,32 @@ async def test_a_reaper_pass_fires_more_due_schedules_than_one_call_takes(
     assert still_due(owner) == []
 
 
+async def test_a_reaper_pass_goes_on_past_a_full_pass_that_enqueued_nothing(
+    database_url: str, owner: psycopg.Connection
+) -> None:
+    """A pass that moved on FIRE_BATCH schedules whose ticks enqueued nothing (if_active reject on
+    a conversation with an active run) returned 0, and the reaper stopped there: the due schedule
+    behind them waited an interval (with catch_up latest, a minute's tick was lost)."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from pyworker.worker.reaper import FIRE_BATCH, fire_once
+
+    conversation = uuid.uuid4()
+    owner.execute("SELECT runrow.enqueue_run(%s, '\"a user turn\"', 'test-model')", (conversation,))
+    for i in range(FIRE_BATCH):
+        due_on(owner, f"reject-{i:04}", conversation, if_active="reject")
+    healthy = due_on(owner, "h", None)  # the shortest name: due last
+    async with AsyncConnectionPool(database_url, min_size=1, max_size=1, kwargs={"autocommit": True}) as pool:
+        assert await fire_once(pool) == 1
+    assert len(runs_of(owner, healthy)) == 1, "the healthy schedule fired in the same fire_once"
+    assert still_due(owner) == []
+    skipped = owner.execute(
+        "SELECT count(*) FROM runrow.schedule"
+        " WHERE name LIKE 'reject-%%' AND last_error LIKE '%%enqueued nothing%%'"
+    ).fetchone()[0]
+    assert skipped == FIRE_BATCH, "each reject tick was skipped for good, its error kept"
+
+
 def test_a_workers_reaper_fires_a_due_tick(database_url: str, owner: psycopg.Connection) -> None:
     schedule_id = due_schedule(
         owner, "reaper-fires", model="echo", metadata={"echo": "scheduled hello", "duration": 0}

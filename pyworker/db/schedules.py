@@ -1,5 +1,5 @@
 """Typed async wrappers of the schedule functions (runrow.create_schedule, drop_schedule,
-fire_schedules) and of the runrow.schedules view. Named arguments only, as in api.py."""
+fire_schedules, fire_schedules_pass) and of the runrow.schedules view. Named arguments only, as in api.py."""
 
 from __future__ import annotations
 
@@ -96,6 +96,15 @@ async def fire_schedules(conn: AsyncConnection, max_schedules: int = 100) -> int
     cur = await conn.execute("SELECT runrow.fire_schedules(max_schedules => %s)", (max_schedules,))
     row = await cur.fetchone()
     return int(row[0]) if row else 0
+
+
+async def fire_schedules_pass(conn: AsyncConnection, max_schedules: int = 100) -> tuple[int, int]:
+    """One firing pass: (runs enqueued, schedules moved on to their next tick)."""
+    cur = await conn.execute(
+        "SELECT enqueued, moved_on FROM runrow.fire_schedules_pass(max_schedules => %s)", (max_schedules,)
+    )
+    row = await cur.fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
 async def list_schedules(conn: AsyncConnection, name: str | None = None) -> list[Schedule]:

@@ -10,7 +10,7 @@ and without this nobody would ever empty it. trim_journal reads only runs it has
 yet, so asking on every pass costs the same with any amount of history. It deletes the webhook
 deliveries delivered that long ago too (at most 10,000 a pass; dead letters stay).
 
-And it fires the schedules (runrow.fire_schedules): every worker asks, each due tick enqueues
+And it fires the schedules (runrow.fire_schedules_pass): every worker asks, each due tick enqueues
 once whoever asks first, and a pass skips the schedules another worker is firing instead of
 waiting for it, so the fleet needs no scheduler of its own.
 """
@@ -65,9 +65,14 @@ async def fire_once(pool: AsyncConnectionPool) -> int:
     fired = 0
     for _ in range(MAX_FIRE_PASSES):
         async with pool.connection() as conn:
-            this_pass = await schedules.fire_schedules(conn, FIRE_BATCH)
-        fired += this_pass
-        if this_pass == 0:  # nothing was due, or nothing due could be enqueued now
+            enqueued, moved_on = await schedules.fire_schedules_pass(conn, FIRE_BATCH)
+        fired += enqueued
+        # Again while the pass used its budget: FIRE_BATCH schedules moved on (their ticks may
+        # all have enqueued nothing: if_active reject on a busy conversation, a failing template,
+        # and the schedules behind them waited an interval per FIRE_BATCH of those), or runs
+        # enqueued (it may have stopped at its 64 subtransactions). Otherwise nothing due could
+        # fire now (what is left is busy, for a later interval).
+        if moved_on < FIRE_BATCH and enqueued == 0:
             break
     if fired:
         log.info("schedules: enqueued %d run(s) for due ticks", fired)
