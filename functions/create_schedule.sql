@@ -117,6 +117,14 @@ BEGIN
             'or each (every missed tick, up to max_catch_up), got "%"', left(create_schedule.catch_up, 80)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Each missed tick would stop the one before it: after a 5-minute outage a * * * * *
+    -- schedule enqueued 5 runs and cancelled 4, each paying for a stop. Only the last ran.
+    IF create_schedule.catch_up = 'each' AND create_schedule.if_active = 'interrupt' THEN
+        RAISE EXCEPTION 'catch_up each cannot go with if_active interrupt: after an outage every missed tick '
+            'would be enqueued and stop the one before it, so all but the last would be cancelled; use '
+            'catch_up latest (only the most recent missed tick)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF create_schedule.catch_up = 'latest' THEN
         IF coalesce(create_schedule.max_catch_up, 1) <> 1 THEN
             RAISE EXCEPTION 'max_catch_up must be NULL or 1 with catch_up latest, got %', create_schedule.max_catch_up
@@ -182,7 +190,8 @@ COMMENT ON FUNCTION runrow.create_schedule(
 'a pass does with ticks missed during an outage: latest (the default) enqueues only the most '
 'recent, each enqueues every one, but at most max_catch_up (default 10, 1 to 1000) of the most '
 'recent. The first tick is the first after now(). Returns the schedule id. Bad input raises '
-'22004/22023 naming the argument (a cron that cannot parse or never fires names cron; a name, '
+'22004/22023 naming the argument (a cron that cannot parse or never fires names cron; catch_up '
+'each with if_active interrupt names catch_up: every missed tick would stop the one before; a name, '
 'model, user_id, fairness_key or concurrency_key holding a control character, C0, C1 or '
 'bidirectional formatting, names it), a taken '
 'name raises 23505 (constraint schedule_name_key), a fixed conversation of another user 42501; '

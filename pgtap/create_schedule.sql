@@ -4,7 +4,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(56);
+SELECT plan(57);
 
 CREATE FUNCTION pg_temp.schedules() RETURNS text LANGUAGE sql AS $$
     SELECT pg_temp.fingerprint() || ',' || (SELECT count(*) FROM runrow.schedule)::text || ','
@@ -122,6 +122,11 @@ SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', catch_up => 'each
     'max_catch_up must be between 1 and 1000, got 0', 'max_catch_up out of range');
 SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', catch_up => 'each', max_catch_up => 1001$$), '22023',
     'max_catch_up must be between 1 and 1000, got 1001', 'max_catch_up above 1000');
+SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', conversation_id => gen_random_uuid(),
+        if_active => 'interrupt', catch_up => 'each'$$), '22023',
+    'catch_up each cannot go with if_active interrupt: after an outage every missed tick would be enqueued and '
+    'stop the one before it, so all but the last would be cancelled; use catch_up latest (only the most recent '
+    'missed tick)', 'catch_up each with if_active interrupt: all but the last tick would be cancelled');
 SELECT throws_ok(pg_temp.bad($$'bad', '* * * * *', '"x"', 'm', max_catch_up => 5$$), '22023',
     'max_catch_up must be NULL or 1 with catch_up latest, got 5', 'max_catch_up with latest');
 SELECT runrow.enqueue_run('00000000-0000-0000-0000-0000000000a1', '"mine"', 'm', user_id => 'alice');

@@ -402,6 +402,12 @@ def test_cli_adds_lists_and_removes(database_url: str) -> None:
             "runrow: invalid argument: --max-catch-up must be between 1 and 1000, got 0\n",
         ),
         (
+            ["add", "b", "@daily", "x", "-c", str(uuid.uuid4()), "--if-active=interrupt", "--catch-up=each"],
+            "runrow: invalid argument: --catch-up each cannot go with if_active interrupt: after an outage "
+            "every missed tick would be enqueued and stop the one before it, so all but the last would be "
+            "cancelled; use catch_up latest (only the most recent missed tick)\n",
+        ),
+        (
             ["add", "bad", "@daily", "  "],
             "runrow: the message is empty: give the text as an argument or on stdin with `-`\n",
         ),
