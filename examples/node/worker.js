@@ -272,10 +272,14 @@ async function reap() {
       for (const r of rows) log(`reaped run ${r.run_id}: ${r.outcome}`);
     } while (rows.length === 100);
   } catch (err) { log('reap failed, trying again next pass:', err.message); }
-  try { // 100 schedules a pass; again while it keeps enqueueing, as the Python reaper does
-    for (let i = 0, fired = 1; i < 50 && fired > 0; i++) {
-      fired = (await pool.query('SELECT runrow.fire_schedules(max_schedules => 100) AS n')).rows[0].n;
-      if (fired > 0) log(`schedules: enqueued ${fired} run(s)`);
+  try { // 100 schedules a pass; again while a pass used its budget, as the Python reaper does: a pass
+    // whose 100 ticks all enqueued nothing (if_active reject on a busy conversation) left the
+    // schedules behind them due, and fire_schedules' 0 could not tell it from an empty pass
+    for (let i = 0, more = true; i < 50 && more; i++) {
+      const { enqueued, moved_on: movedOn } = (await pool.query(
+        'SELECT enqueued, moved_on FROM runrow.fire_schedules_pass(max_schedules => 100)')).rows[0];
+      if (enqueued > 0) log(`schedules: enqueued ${enqueued} run(s)`);
+      more = movedOn === 100 || enqueued > 0;
     }
   } catch (err) { log('firing schedules failed, trying again next pass:', err.message); }
   if (!stopping) timers.reap = setTimeout(reap, lease * 1000 * (0.5 + Math.random()));
