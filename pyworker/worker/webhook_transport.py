@@ -13,6 +13,7 @@ check are those of the webhook_url (or of the proxy, which resolves the receiver
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 import threading
@@ -28,6 +29,14 @@ from pyworker.db.threads import in_own_thread
 # nameserver that never answers costs at most this many threads, and the attempts beyond it
 # fail at once (retried with backoff) rather than adding threads.
 MAX_LOOKUPS = 32
+# After this long without an answer from one address, the next is tried beside it (RFC 8305's
+# connection attempt delay, as anyio's connect_tcp does for a name): one by one, a first address
+# that drops packets (an AAAA record on a network without IPv6, a dead IP behind a balancer) took
+# the whole connect timeout, which is also the attempt's, and the delivery was dead-lettered with
+# the receiver reachable at its second address (the final review of c62868f).
+STAGGER_SECONDS = 0.25
+# A connect failing so leaves the next address to try, as a connect to the name would.
+_NEXT_ADDRESS = (httpcore.ConnectError, httpcore.ConnectTimeout)
 
 
 class ResolvingBackend(httpcore.AsyncNetworkBackend):
@@ -46,12 +55,47 @@ class ResolvingBackend(httpcore.AsyncNetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:
-        error: Exception | None = None
-        for address in await self._resolve(host, port):
-            try:
-                return await self._inner.connect_tcp(address, port, timeout, local_address, socket_options)
-            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
-                error = exc  # the next address, as a connect to the name would
+        addresses = await self._resolve(host, port)
+        return await self._first_to_connect(addresses, port, timeout, local_address, socket_options)
+
+    async def _first_to_connect(
+        self,
+        addresses: list[str],
+        port: int,
+        timeout: float | None,  # noqa: ASYNC109 (httpcore's signature)
+        local_address: str | None,
+        socket_options: Iterable[Any] | None,
+    ) -> httpcore.AsyncNetworkStream:
+        """The first address to connect, each next one started STAGGER_SECONDS after the one
+        before (or at once when it failed); the others are cancelled, and closed if they
+        connected too."""
+        waiting = list(addresses)
+        pending: set[asyncio.Task[httpcore.AsyncNetworkStream]] = set()
+        error: BaseException | None = None
+        try:
+            while waiting or pending:
+                if waiting:
+                    connect = self._inner.connect_tcp(
+                        waiting.pop(0), port, timeout, local_address, socket_options
+                    )
+                    pending.add(asyncio.ensure_future(connect))
+                done, pending = await asyncio.wait(
+                    pending, timeout=STAGGER_SECONDS if waiting else None, return_when=asyncio.FIRST_COMPLETED
+                )
+                connected = [t for t in done if t.exception() is None]
+                for task in done:
+                    exc = task.exception()
+                    if exc is not None and not isinstance(exc, _NEXT_ADDRESS):
+                        for other in connected:
+                            await other.result().aclose()
+                        raise exc
+                    error = exc or error
+                if connected:
+                    for other in connected[1:]:
+                        await other.result().aclose()
+                    return connected[0].result()
+        finally:
+            await _cancel_and_close(pending)
         assert error is not None
         raise error
 
@@ -94,6 +138,16 @@ class ResolvingBackend(httpcore.AsyncNetworkBackend):
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
+
+
+async def _cancel_and_close(tasks: set[asyncio.Task[httpcore.AsyncNetworkStream]]) -> None:
+    """The connects still running once one won (or the attempt ended): cancelled, and a stream
+    one of them opened meanwhile closed, not left to the garbage collector."""
+    for task in tasks:
+        task.cancel()
+    for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+        if isinstance(outcome, httpcore.AsyncNetworkStream):
+            await outcome.aclose()
 
 
 def sender_client(timeout: float, user_agent: str, proxy: str | None) -> httpx.AsyncClient:
