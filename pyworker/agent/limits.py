@@ -56,7 +56,6 @@ from pyworker.agent import ratelimit_headers
 from pyworker.agent.model import TurnFailed, may_be_own_request
 from pyworker.agent.prompt_cache import cache_mode
 from pyworker.agent.uncached_input import uncached_input_tokens
-from pyworker.db import api
 from pyworker.db import limits as limits_api
 from pyworker.db.aio import wait_event
 from pyworker.db.retry import Retry
@@ -64,6 +63,7 @@ from pyworker.worker import metrics
 from pyworker.worker.backoff import retry_in
 from pyworker.worker.handler import Outcome, RunContext
 from pyworker.worker.journal import RunLost
+from pyworker.worker.journal_pages import run_journal
 
 DEFAULT_MAX_WAIT = 10.0
 KEY_ERROR_FIRST_BLOCK = 5.0
@@ -380,23 +380,12 @@ async def _past_429_cap(ctx: RunContext, failed: TurnFailed, count: int, block: 
 async def _429_deferrals(ctx: RunContext) -> int:
     """The run's deferrals for 429s past the attempt's cap so far, from its journal
     (run_requeued, deferred, error PAST_429_CAP): read only when one more is due."""
-    run_id = ctx.run.run_id
     count = 0
-    cursor = 0
-    while True:
-        events = await ctx.db(
-            lambda conn, after=cursor: api.read_events(conn, run_id, after, JOURNAL_PAGE), "journal read"
-        )
-        count += sum(
-            1
-            for e in events
-            if e.type == "run_requeued"
+    async for e in run_journal(ctx):
+        if (
+            e.type == "run_requeued"
             and e.payload.get("deferred") is True
             and str(e.payload.get("error", "")).startswith(PAST_429_CAP + ":")
-        )
-        if len(events) < JOURNAL_PAGE:
-            return count
-        cursor = events[-1].seq
-
-
-JOURNAL_PAGE = 10000  # read_events' own page limit
+        ):
+            count += 1
+    return count

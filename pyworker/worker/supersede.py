@@ -37,11 +37,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from pyworker.db import api
 from pyworker.worker.handler import RunContext
 from pyworker.worker.journal import DELTA_FIELDS
-
-PAGE = 10000  # read_events' own page limit
+from pyworker.worker.journal_pages import run_journal
 
 
 async def supersede_earlier_attempts(
@@ -80,26 +78,19 @@ class _Journal:
 
 async def _read_journal(ctx: RunContext, committed: Collection[str]) -> _Journal:
     journal = _Journal([], 0, [], 0)
-    cursor = 0
-    while True:
-        events = await ctx.db(
-            lambda conn, after=cursor: api.read_events(conn, ctx.run.run_id, after, PAGE), "journal read"
-        )
-        for event in events:
-            journal.last = event.seq
-            if event.type == "run_claimed":
-                journal.claims.append(event.seq)
-            elif event.type in committed:
-                journal.kept, journal.deltas = event.seq, []
-            elif event.type in DELTA_FIELDS:
-                journal.deltas.append(event.seq)
-            elif event.type == "superseded":
-                through = event.payload.get("through_seq")
-                if isinstance(through, int):
-                    journal.deltas = [seq for seq in journal.deltas if seq > through]
-        if len(events) < PAGE:
-            return journal
-        cursor = events[-1].seq
+    async for event in run_journal(ctx):
+        journal.last = event.seq
+        if event.type == "run_claimed":
+            journal.claims.append(event.seq)
+        elif event.type in committed:
+            journal.kept, journal.deltas = event.seq, []
+        elif event.type in DELTA_FIELDS:
+            journal.deltas.append(event.seq)
+        elif event.type == "superseded":
+            through = event.payload.get("through_seq")
+            if isinstance(through, int):
+                journal.deltas = [seq for seq in journal.deltas if seq > through]
+    return journal
 
 
 async def _take_back(ctx: RunContext, journal: _Journal, through: int) -> dict[str, Any] | None:

@@ -1,0 +1,26 @@
+"""A run's whole journal, read page by page through read_events: what a resumed attempt and the
+agent's 429 cap both walk (they each had the paging loop)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pyworker.db import api
+from pyworker.worker.handler import RunContext
+
+PAGE = 10000  # read_events' own page limit
+
+
+async def run_journal(ctx: RunContext) -> AsyncIterator[Any]:
+    """The run's events in seq order, from its first."""
+    cursor = 0
+    while True:
+        events = await ctx.db(
+            lambda conn, after=cursor: api.read_events(conn, ctx.run.run_id, after, PAGE), "journal read"
+        )
+        for event in events:
+            yield event
+        if len(events) < PAGE:
+            return
+        cursor = events[-1].seq
