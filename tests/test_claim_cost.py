@@ -54,11 +54,11 @@ def fill_finished(conn: psycopg.Connection, runs: int, batch: int = 2000) -> Non
     )
 
 
-def claim_scan_index(conn: psycopg.Connection) -> str | None:
-    """The index every step of the claim's walk of the queue (alias q, the ordered LIMIT 1
+def claim_scan_indexes(conn: psycopg.Connection) -> set[str]:
+    """The indexes the steps of the claim's walk of the queue (alias q, the ordered LIMIT 1
     steps: the top priority level, the next level, a level's tenants, a tenant's concurrency
-    keys, a key's head) uses, from EXPLAIN of each statement as the function holds it, with
-    its variables bound to the head of the queue. One name when they all agree."""
+    keys, a key's head) use, from EXPLAIN of each statement as the function holds it, with
+    its variables bound to the head of the queue (a node type where a step reads no index)."""
     source = conn.execute(
         "SELECT pg_get_functiondef('runrow._claim_walk(text, integer, integer)'::regprocedure)"
     ).fetchone()[0]
@@ -82,8 +82,24 @@ def claim_scan_index(conn: psycopg.Connection) -> str | None:
                     return found
             return None
 
-        names.add(find(plan))
-    return names.pop() if len(names) == 1 else ", ".join(sorted(map(str, names)))
+        names.add(str(find(plan)))
+    return names
+
+
+def holding_only_queued_runs(conn: psycopg.Connection, names: set[str]) -> set[str]:
+    """Those of `names` that are partial indexes of agent_run whose predicate keeps only queued
+    runs: whatever the history, they hold the queue."""
+    rows = conn.execute(
+        "SELECT indexrelid::regclass::text, pg_get_expr(indpred, indrelid) FROM pg_index"
+        " WHERE indrelid = 'runrow.agent_run'::regclass AND indpred IS NOT NULL"
+    ).fetchall()
+    # A conjunction whose first term is the status test, as pg_get_expr prints it.
+    queued_only = {
+        name.removeprefix("runrow.")
+        for name, predicate in rows
+        if re.match(r"\(*status = 'queued'::text\)?( AND |$)", predicate) and " OR " not in predicate
+    }
+    return names & queued_only
 
 
 def claim_buffers(conn: psycopg.Connection) -> int:
@@ -110,9 +126,24 @@ def test_claim_predicate_and_order_match_the_partial_index_of_queued_runs(owner:
     # The cost test below checks the choice the planner makes unaided on a big table.
     owner.execute("SET enable_seqscan = off")
     try:
-        assert claim_scan_index(owner) == "agent_run_claimable"
+        assert claim_scan_indexes(owner) == {"agent_run_claimable"}
     finally:
         owner.execute("RESET enable_seqscan")
+    # The check the cost test below makes of whichever index the planner picks.
+    some = {
+        "agent_run_claimable",
+        "agent_run_queued_by_conversation",
+        "agent_run_delayed",
+        "agent_run_pkey",
+        "agent_run_ended_by_conversation",
+        "agent_run_one_active_per_conversation",
+        "Seq Scan",
+    }
+    assert holding_only_queued_runs(owner, some) == {
+        "agent_run_claimable",
+        "agent_run_queued_by_conversation",
+        "agent_run_delayed",
+    }
 
 
 def test_heartbeat_is_a_hot_update(owner: psycopg.Connection, connect: Connect):
@@ -168,7 +199,12 @@ def test_claim_cost_does_not_grow_with_finished_runs(owner: psycopg.Connection, 
     enqueue(owner, uuid.uuid4())
     many = claim_buffers(connect())
 
-    assert claim_scan_index(owner) == "agent_run_claimable"
+    # Each step reads an index of queued runs only. agent_run_claimable is the one built for the
+    # walk; with one queued run left, the planner may rightly price agent_run_queued_by_conversation
+    # (also queued runs only, one entry) plus a sort of that entry the same or lower (it did once in
+    # CI). Either holds the queue, not the history, which is what this test is about.
+    used = claim_scan_indexes(owner)
+    assert used and holding_only_queued_runs(owner, used) == used, used
     # A bigger history may add a btree level to each index the claim descends or writes
     # (about 20 of them, one buffer each); reading the history would add hundreds.
     print(
