@@ -257,6 +257,9 @@ def test_ending_stop_reasons(db, fake, scenario, status, stop_reason, error) -> 
     assert kinds(db, run) == ["model_turn"]  # the turn is on record either way
     if scenario == "refusal":
         assert row["result"]["stop_details"]["type"] == "refusal"
+        # Kept beside the step too, for an attempt that resumes after the turn (test_agent_resume).
+        (turn_event,) = [e for e in events(db, run) if e["type"] == "model_turn"]
+        assert turn_event["stop_details"] == row["result"]["stop_details"]
 
 
 def test_unknown_tool_and_raising_tool_are_errors_the_model_sees(db, fake) -> None:

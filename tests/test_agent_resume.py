@@ -137,11 +137,17 @@ def test_the_next_turn_sends_the_earlier_turn_back_as_stored(db, worker_db, fake
 
 
 def hand_back_after_a_model_turn(
-    db: psycopg.Connection, run: uuid.UUID, content: list[dict], stop_reason: str, answer: int = 0
+    db: psycopg.Connection,
+    run: uuid.UUID,
+    content: list[dict],
+    stop_reason: str,
+    answer: int = 0,
+    ending: dict | None = None,
 ) -> None:
     """Play an earlier attempt through the SQL API: claim, commit a model turn (and its
-    model_turn event, as the agent does, in one transaction), answer the first `answer` tool
-    calls through begin/complete_tool_call, then hand the run back (requeued)."""
+    model_turn event, as the agent does, in one transaction, with `ending`'s fields), answer
+    the first `answer` tool calls through begin/complete_tool_call, then hand the run back
+    (requeued)."""
     run_id, token = db.execute(
         "SELECT run_id, claim_token FROM runrow.claim_run("
         "worker_id => 'earlier-attempt', lease_seconds => 30)"
@@ -153,7 +159,7 @@ def hand_back_after_a_model_turn(
             "payload => %s::json, request_id => 'req_earlier', stop_reason => %s)",
             (run, token, json.dumps(content), stop_reason),
         ).fetchone()
-        event = {"type": "model_turn", "step_seq": seq, "stop_reason": stop_reason}
+        event = {"type": "model_turn", "step_seq": seq, "stop_reason": stop_reason, **(ending or {})}
         db.execute(
             "SELECT runrow.append_events(run_id => %s, claim_token => %s, events => %s::jsonb)",
             (run, token, json.dumps([event])),
@@ -215,3 +221,27 @@ def test_a_resumed_turn_cut_by_max_tokens_never_runs_its_tool_calls(db, worker_d
     assert row["error"].startswith("max_tokens") and row["result"]["text"] == "Looking around."
     assert demo_tools.records(tmp_path) == []  # no tool ran
     assert fake.requests == []  # and the model was not asked again
+
+
+@pytest.mark.parametrize(
+    ("stop_reason", "ending"),
+    [
+        ("stop_sequence", {"stop_sequence": "END"}),
+        ("refusal", {"stop_details": {"type": "refusal", "category": "cyber", "explanation": "declined"}}),
+    ],
+)
+def test_a_run_resumed_after_its_last_turn_ends_with_what_that_turn_said(
+    db, worker_db, fake, tmp_path, stop_reason: str, ending: dict
+) -> None:
+    # The earlier attempt committed the final turn and died before finishing the run: the
+    # resumed one ends it from the stored turn, with the stop_sequence or the refusal's details
+    # the first would have put in the result (they are in the turn's model_turn event).
+    run = enqueue_agent(db, metadata={}, max_attempts=3)
+    hand_back_after_a_model_turn(db, run, [{"type": "text", "text": "Done."}], stop_reason, ending=ending)
+    w = ForkedWorker(worker_db, "resumer", agent_env(fake.base_url, tmp_path), **QUICK_TAKEOVER)
+    try:
+        assert wait_status(db, run, TERMINAL, 30) == "completed"
+    finally:
+        w.kill()
+    assert run_row(db, run)["result"] == {"text": "Done.", "stop_reason": stop_reason, **ending}
+    assert fake.requests == []  # the model was not asked again

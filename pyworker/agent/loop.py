@@ -106,6 +106,7 @@ from pyworker.agent.model import (
 from pyworker.agent.tool_calls import Parked, run_tool_calls
 from pyworker.agent.tools import ToolRegistry, load_module
 from pyworker.agent.tools import registry as default_registry
+from pyworker.agent.turn_endings import ending_fields, recorded_ending
 from pyworker.db import api
 from pyworker.db import forks as forks_api
 from pyworker.db import steps as steps_api
@@ -161,7 +162,8 @@ async def handle(ctx: RunContext) -> Outcome:
                 # and its tool_use input may be cut anywhere: running it must never happen. Nor
                 # can the model be asked again past it (the step log is append-only and every
                 # rebuild sends it back), so the run ends, failed once, saying so (_ending).
-                return _ending(known_stops[turn_seq], history.final_text(), None)
+                fields = await recorded_ending(ctx, turn_seq)
+                return _ending(known_stops[turn_seq], history.final_text(), fields)
             # At the cap no model call may follow, so nothing would read these results.
             capped = await cap.reached(history)
             if capped is not None:
@@ -189,7 +191,8 @@ async def handle(ctx: RunContext) -> Outcome:
                     lambda conn, seq=last.seq: stop_reason_of(conn, run.run_id, seq), "get_step"
                 )
             if stop != "pause_turn":
-                return _ending(stop, history.final_text(), None)
+                # A turn this attempt made ended the loop above; this one is an earlier attempt's.
+                return _ending(stop, history.final_text(), await recorded_ending(ctx, last.seq))
         capped = await cap.reached(history)
         if capped is not None:
             return capped
@@ -306,8 +309,9 @@ async def _commit_turn(ctx: RunContext, turn: ModelTurn) -> int | None:
         "model": turn.message.get("model"),
         "step_seq": None,
     }
-    if turn.message.get("stop_sequence") is not None:
-        event["stop_sequence"] = turn.message["stop_sequence"]  # which of the run's stop_sequences
+    # Which of the run's stop_sequences fired, a refusal's details: what a resumed attempt
+    # ending on this turn reads back (turn_endings.recorded_ending).
+    event.update(ending_fields(turn.message))
     if not turn.message.get("content"):
         await limits.settle_unstored(ctx, turn.usage)
         await ctx.journal.emit(event)
@@ -341,11 +345,9 @@ async def _commit_turn(ctx: RunContext, turn: ModelTurn) -> int | None:
     )
 
 
-def _ending(stop_reason: str | None, text: str, message: dict[str, Any] | None) -> Outcome:
-    result: dict[str, Any] = {"text": text, "stop_reason": stop_reason}
-    for field in ("stop_details", "stop_sequence"):  # stop_sequence: which of the run's fired
-        if message is not None and message.get(field) is not None:
-            result[field] = message[field]
+def _ending(stop_reason: str | None, text: str, message: dict[str, Any]) -> Outcome:
+    """`message`: the turn's model message, or what its model_turn event recorded of it."""
+    result: dict[str, Any] = {"text": text, "stop_reason": stop_reason, **ending_fields(message)}
     if stop_reason in ("end_turn", "stop_sequence", "refusal"):
         return Outcome("completed", result=result)
     if stop_reason == "max_tokens":
