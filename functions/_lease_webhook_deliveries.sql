@@ -58,6 +58,12 @@ BEGIN
             claim_token = CASE
                 WHEN w.attempts < _lease_webhook_deliveries.max_attempts THEN gen_random_uuid()
             END,
+            -- Dead-lettered with its lease lapsed: that lease's sender may have been answered
+            -- 2xx and not recorded it yet, so complete_webhook_delivery still accepts its token.
+            -- A new attempt's token is the only one: the lapsed one is forgotten.
+            lapsed_claim_token = CASE
+                WHEN w.attempts >= _lease_webhook_deliveries.max_attempts THEN w.claim_token
+            END,
             claim_expires_at = CASE
                 WHEN w.attempts < _lease_webhook_deliveries.max_attempts
                     THEN now() + make_interval(secs => _lease_webhook_deliveries.lease_seconds)

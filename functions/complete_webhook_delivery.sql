@@ -17,25 +17,35 @@ BEGIN
     END IF;
 
     -- A lease that lapsed but was not taken over still matches: the receiver got it, and
-    -- saying so spares it a duplicate. A takeover changed the token, so a zombie writes nothing.
+    -- saying so spares it a duplicate. That holds too for a lease that lapsed into a dead letter
+    -- (its attempts used up; lapsed_claim_token), until a new attempt is claimed: a re-armed
+    -- delivery would otherwise be sent again. A takeover changed the token, so a zombie writes
+    -- nothing.
     UPDATE runrow.webhook_delivery AS w
     SET state = 'delivered',
         delivered_at = now(),
         last_http_status = complete_webhook_delivery.http_status,
         claim_token = NULL,
-        claim_expires_at = NULL
+        claim_expires_at = NULL,
+        lapsed_claim_token = NULL
     WHERE w.id = complete_webhook_delivery.delivery_id
-      AND w.claim_token = complete_webhook_delivery.claim_token
-      AND w.state = 'pending';
+      AND (
+          (w.state = 'pending' AND w.claim_token = complete_webhook_delivery.claim_token)
+          OR (w.state IN ('pending', 'dead') AND w.claim_token IS NULL
+              AND w.lapsed_claim_token = complete_webhook_delivery.claim_token)
+      );
     RETURN FOUND;
 END
 $fn$;
 
 COMMENT ON FUNCTION runrow.complete_webhook_delivery(uuid, uuid, integer) IS
 'The receiver answered http_status (200..299): the delivery is delivered, which is final. '
-'Fenced by claim_token and state pending: false, writing nothing, when the lease was taken over '
-'by another worker (which delivers again, with the same delivery id) or the delivery already '
-'ended.';
+'Fenced by claim_token: true for the token of the delivery''s current lease (pending; lapsed '
+'or not), and for the token of the lease that lapsed when a claim dead-lettered it '
+'(lapsed_claim_token), dead or re-armed, until a new attempt is claimed; false, writing '
+'nothing, for any other token (the lease was taken over by another worker, which delivers '
+'again with the same delivery id), or when the delivery is delivered or failed by its '
+'holder.';
 
 REVOKE ALL ON FUNCTION runrow.complete_webhook_delivery(uuid, uuid, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.complete_webhook_delivery(uuid, uuid, integer) TO runrow_worker;

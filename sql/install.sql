@@ -144,7 +144,8 @@ BEGIN
     '0097_waiter_queued_stop_park_unreserve',
     '0098_update_rate_limit_keeps_pace',
     '0099_key_error_refused',
-    '0100_fire_schedules_pass'
+    '0100_fire_schedules_pass',
+    '0102_webhook_late_complete'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -9081,6 +9082,37 @@ INSERT INTO runrow._yoyo_migration VALUES ('d638872d8c9f3bc5df5622c4751791816aa9
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'd638872d8c9f3bc5df5622c4751791816aa9c0a1b075abcdedd7d8891ae8faa2', '0100_fire_schedules_pass', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0102_webhook_late_complete
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '82e7e3c68bc64a72d91832fd3a27afd9ce3e1f25de293d0ff600008dc1c5d6de') AS apply_82e7e3c68bc6 \gset
+\if :apply_82e7e3c68bc6
+-- depends: 0100_fire_schedules_pass
+-- A delivery whose POST succeeded could end dead-lettered: when its last attempt's lease ran
+-- out before the sender recorded the 2xx (a slow database, a sender paused past the 20 s
+-- lease), the next claim dead-lettered it and cleared its claim token, so the sender's late
+-- complete_webhook_delivery was fenced out and the delivery stayed dead; an operator who
+-- re-armed it sent the receiver a duplicate (the webhooks review).
+--
+-- lapsed_claim_token keeps the token of the lease that lapsed into that dead letter. The sender
+-- that held exactly that lease may still say it delivered (functions/
+-- complete_webhook_delivery.sql), until a new attempt is claimed with a new token, which clears
+-- it (functions/_lease_webhook_deliveries.sql). A lapsed lease that is taken over instead
+-- (attempts left) never sets it: the new attempt's token is the only one.
+--
+-- A token is a capability, not something to look at: like claim_token (0073), the column is
+-- not granted to runrow_auditor (a column this migration adds is not the auditor's unless
+-- granted).
+
+ALTER TABLE runrow.webhook_delivery ADD COLUMN lapsed_claim_token uuid;
+
+COMMENT ON COLUMN runrow.webhook_delivery.lapsed_claim_token IS
+'The claim token of the lease that lapsed when a claim dead-lettered the delivery (its attempts '
+'used up, no outcome recorded): complete_webhook_delivery still accepts it, since the sender '
+'that held that lease may have been answered 2xx. NULL otherwise; cleared when a new attempt '
+'is claimed. Set only while claim_token is NULL. Not readable by runrow_auditor.';
+INSERT INTO runrow._yoyo_migration VALUES ('82e7e3c68bc64a72d91832fd3a27afd9ce3e1f25de293d0ff600008dc1c5d6de', '0102_webhook_late_complete', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '82e7e3c68bc64a72d91832fd3a27afd9ce3e1f25de293d0ff600008dc1c5d6de', '0102_webhook_late_complete', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -10939,6 +10971,12 @@ BEGIN
             END,
             claim_token = CASE
                 WHEN w.attempts < _lease_webhook_deliveries.max_attempts THEN gen_random_uuid()
+            END,
+            -- Dead-lettered with its lease lapsed: that lease's sender may have been answered
+            -- 2xx and not recorded it yet, so complete_webhook_delivery still accepts its token.
+            -- A new attempt's token is the only one: the lapsed one is forgotten.
+            lapsed_claim_token = CASE
+                WHEN w.attempts >= _lease_webhook_deliveries.max_attempts THEN w.claim_token
             END,
             claim_expires_at = CASE
                 WHEN w.attempts < _lease_webhook_deliveries.max_attempts
@@ -14852,25 +14890,35 @@ BEGIN
     END IF;
 
     -- A lease that lapsed but was not taken over still matches: the receiver got it, and
-    -- saying so spares it a duplicate. A takeover changed the token, so a zombie writes nothing.
+    -- saying so spares it a duplicate. That holds too for a lease that lapsed into a dead letter
+    -- (its attempts used up; lapsed_claim_token), until a new attempt is claimed: a re-armed
+    -- delivery would otherwise be sent again. A takeover changed the token, so a zombie writes
+    -- nothing.
     UPDATE runrow.webhook_delivery AS w
     SET state = 'delivered',
         delivered_at = now(),
         last_http_status = complete_webhook_delivery.http_status,
         claim_token = NULL,
-        claim_expires_at = NULL
+        claim_expires_at = NULL,
+        lapsed_claim_token = NULL
     WHERE w.id = complete_webhook_delivery.delivery_id
-      AND w.claim_token = complete_webhook_delivery.claim_token
-      AND w.state = 'pending';
+      AND (
+          (w.state = 'pending' AND w.claim_token = complete_webhook_delivery.claim_token)
+          OR (w.state IN ('pending', 'dead') AND w.claim_token IS NULL
+              AND w.lapsed_claim_token = complete_webhook_delivery.claim_token)
+      );
     RETURN FOUND;
 END
 $fn$;
 
 COMMENT ON FUNCTION runrow.complete_webhook_delivery(uuid, uuid, integer) IS
 'The receiver answered http_status (200..299): the delivery is delivered, which is final. '
-'Fenced by claim_token and state pending: false, writing nothing, when the lease was taken over '
-'by another worker (which delivers again, with the same delivery id) or the delivery already '
-'ended.';
+'Fenced by claim_token: true for the token of the delivery''s current lease (pending; lapsed '
+'or not), and for the token of the lease that lapsed when a claim dead-lettered it '
+'(lapsed_claim_token), dead or re-armed, until a new attempt is claimed; false, writing '
+'nothing, for any other token (the lease was taken over by another worker, which delivers '
+'again with the same delivery id), or when the delivery is delivered or failed by its '
+'holder.';
 
 REVOKE ALL ON FUNCTION runrow.complete_webhook_delivery(uuid, uuid, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.complete_webhook_delivery(uuid, uuid, integer) TO runrow_worker;
