@@ -65,7 +65,7 @@ async def test_a_first_address_that_drops_packets_does_not_spend_the_attempt(
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     server = asyncio.ensure_future(_serve(listener))
     try:
-        async with sender_client(timeout=5.0, user_agent="test", proxy=None) as client:
+        async with sender_client(timeout=5.0, user_agent="test", proxy=None, allow_private=True) as client:
             # The attempt's bound below the connect timeout, as deliver()'s equals it: one by
             # one, the black hole took all of it.
             async with asyncio.timeout(2.5):

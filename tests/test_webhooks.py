@@ -120,8 +120,15 @@ def receiver(request: pytest.FixtureRequest) -> Iterator[Receiver]:
 def workers(worker_db: str) -> Iterator[Any]:
     started: list[WorkerProcess] = []
 
-    def _start(name: str, *args: str, env: dict[str, str] | None = None) -> WorkerProcess:
-        w = WorkerProcess(worker_db, name, list(args), env={"RUNROW_WEBHOOK_SECRET": SECRET, **(env or {})})
+    def _start(
+        name: str, *args: str, env: dict[str, str] | None = None, allow_private: bool = True
+    ) -> WorkerProcess:
+        # The receivers here are on the loopback interface, which the sender reaches only when
+        # allowed (tests/test_webhook_public_only.py starts one without).
+        flags = ["--allow-private-webhooks"] if allow_private else []
+        w = WorkerProcess(
+            worker_db, name, [*flags, *args], env={"RUNROW_WEBHOOK_SECRET": SECRET, **(env or {})}
+        )
         started.append(w)
         w.wait_started()
         w.wait_log("webhook delivery on")

@@ -271,6 +271,7 @@ def webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
         per_receiver=args.webhook_per_receiver,
         signing=args.webhook_signing,
         previous_secret=args.webhook_previous_secret,
+        allow_private=args.allow_private_webhooks,
     )
 
 
@@ -594,6 +595,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="send webhook deliveries through this HTTP proxy (http://proxy:3128), e.g. an egress "
         "proxy that allows only public addresses; env RUNROW_WEBHOOK_PROXY. HTTP(S)_PROXY are "
         "not read: a proxy meant for other traffic does not carry webhooks unasked",
+    )
+    p.add_argument(
+        "--allow-private-webhooks",
+        action="store_true",
+        help="let webhook deliveries reach loopback, private (10/8, 172.16/12, 192.168/16, fc00::/7), "
+        "link-local (169.254/16, the cloud metadata service; fe80::/10), unspecified, multicast and "
+        "other non-public addresses. Without it the sender checks every address it connects to and "
+        "dead-letters a delivery whose host has no public one, naming the address: a user's name "
+        "rebound to a private address after `runrow serve` checked it is not reached. For receivers "
+        "of your own on a private network and local development. Through --webhook-proxy, the "
+        "proxy's policy decides",
     )
     add_log_format(p, "one object per line with run_id, conversation_id, attempt")
     p.add_argument(

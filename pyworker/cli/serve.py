@@ -152,7 +152,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "service; fe80::/10), unspecified, multicast and other non-public addresses, or a name that "
         "resolves to one; without it such a request is a 422, since the workers would POST into "
         "your own network for that user. For local development and receivers you run yourself. "
-        "Either way the check is made at enqueue only: give the workers an egress policy too",
+        "The workers check every address again at delivery (DNS rebinding) unless started with "
+        "--allow-private-webhooks themselves",
     )
     p.add_argument(
         "--max-attempts",

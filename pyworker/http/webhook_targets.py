@@ -3,11 +3,12 @@
 The workers POST a run's ending to its webhook_url from inside the operator's network, so a
 user who may set that URL could otherwise make them request the loopback interface, the
 private network or the cloud metadata service (169.254.169.254): server-side request forgery.
-The check is made once, when the service takes the request; a name that resolves to a public
-address now and a private one at delivery (DNS rebinding) is not caught here, which is why the
-README asks for an egress policy on the workers as well. It fails closed: a name that does not
-resolve is refused (422), and one whose resolver does not answer in time is a 503 to repeat,
-never let through. Operators (SQL, `runrow enqueue`) are trusted and never pass through here.
+The check here is made when the service takes the request; a name that resolves to a public
+address now and a private one at delivery (DNS rebinding) is caught by the workers' sender,
+which checks every address it connects to again (pyworker/worker/webhook_transport.py). It
+fails closed: a name that does not resolve is refused (422), and one whose resolver does not
+answer in time is a 503 to repeat, never let through. Operators (SQL, `runrow enqueue`) are
+trusted and never pass through here.
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ import httpx
 from pyworker.db.aio import within
 from pyworker.db.threads import in_own_thread
 from pyworker.http.errors import ApiError
+from pyworker.worker.public_addresses import IPAddress, why_not_public
 
 log = logging.getLogger("runrow.http")
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 # What may be looked up: letters, digits, hyphens, underscores (container names) and dots (IDNA
 # names arrive as xn-- ASCII).
@@ -44,45 +44,6 @@ _lookups = threading.BoundedSemaphore(MAX_LOOKUPS)
 RETRY_AFTER = "5"
 # getaddrinfo's answers for a resolver that could not answer now (a timeout, SERVFAIL): temporary.
 _TEMPORARY = {socket.EAI_AGAIN}
-# NAT64's well-known prefix carries an IPv4 address in its last 32 bits (RFC 6052): on an
-# IPv6-only network with DNS64 every public IPv4 host resolves into it, so it is judged by the
-# address it stands for, not refused whole as the reserved ::/8 it sits in.
-NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
-
-
-def why_not_public(ip: IPAddress) -> str | None:
-    """What makes `ip` an address a user's webhook must not reach, or None for a public one."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        embedded = _embedded_ipv4(ip)
-        if embedded is not None:
-            return why_not_public(embedded)
-        if ip.is_site_local:  # deprecated fec0::/10, still routed as private where it is used
-            return "a private address"
-    for kind, matches in (
-        ("an unspecified address", ip.is_unspecified),
-        ("a loopback address", ip.is_loopback),
-        ("a link-local address (the cloud metadata service among them)", ip.is_link_local),
-        ("a multicast address", ip.is_multicast),
-        ("a private address", ip.is_private),
-    ):
-        if matches:
-            return kind
-    # Carrier-grade NAT (100.64/10), reserved and other special-purpose blocks: not the internet.
-    if ip.is_reserved or not ip.is_global:
-        return "not a public address"
-    return None
-
-
-def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 one is a way of reaching (mapped, 6to4, NAT64), if any: the
-    IPv6 spelling of 127.0.0.1 must not pass for a public address."""
-    if ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    if ip.sixtofour is not None:
-        return ip.sixtofour
-    if ip in NAT64:
-        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    return None
 
 
 async def refuse_non_public(url: str) -> None:

@@ -9,6 +9,12 @@ webhooks audit). Here the name is looked up in a daemon thread of its own, at mo
 MAX_LOOKUPS at once, and the connection is opened to the address found. Only the TCP connect
 changes: the request still names the host, so the Host header, TLS SNI and the certificate
 check are those of the webhook_url (or of the proxy, which resolves the receiver itself).
+
+Resolving here also lets the sender see every address it is about to connect to: unless the
+worker allows private receivers (--allow-private-webhooks), each must be public
+(public_addresses.why_not_public), so a user's name that `runrow serve` saw resolve to a public
+address and that answers 127.0.0.1 or 169.254.169.254 at delivery (DNS rebinding) is not
+reached. The addresses that are not public are left out; a host with no other is NotPublic.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import httpcore
 import httpx
 
 from pyworker.db.threads import in_own_thread
+from pyworker.worker.public_addresses import why_not_public
 
 # Look-ups in flight at once, the ones still running after their attempt ended included: a
 # nameserver that never answers costs at most this many threads, and the attempts beyond it
@@ -39,13 +46,27 @@ STAGGER_SECONDS = 0.25
 _NEXT_ADDRESS = (httpcore.ConnectError, httpcore.ConnectTimeout)
 
 
-class ResolvingBackend(httpcore.AsyncNetworkBackend):
-    """`inner`, with each host name looked up in a thread of its own before the TCP connect."""
+class NotPublic(Exception):
+    """The receiver's host is, or resolves only to, addresses a webhook must not reach (loopback,
+    private, link-local, ...): no connection was opened. The message names each address and why.
+    Not an httpcore error, so httpx passes it through as it is, not as a ConnectError to retry."""
 
-    def __init__(self, inner: httpcore.AsyncNetworkBackend, max_lookups: int = MAX_LOOKUPS) -> None:
+
+class ResolvingBackend(httpcore.AsyncNetworkBackend):
+    """`inner`, with each host name looked up in a thread of its own before the TCP connect;
+    with public_only, connecting to public addresses only."""
+
+    def __init__(
+        self,
+        inner: httpcore.AsyncNetworkBackend,
+        max_lookups: int = MAX_LOOKUPS,
+        *,
+        public_only: bool = False,
+    ) -> None:
         self._inner = inner
         self._lookups = threading.BoundedSemaphore(max_lookups)
         self._max_lookups = max_lookups
+        self._public_only = public_only
 
     async def connect_tcp(
         self,
@@ -56,6 +77,8 @@ class ResolvingBackend(httpcore.AsyncNetworkBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:
         addresses = await self._resolve(host, port)
+        if self._public_only:
+            addresses = _public(host, addresses)
         return await self._first_to_connect(addresses, port, timeout, local_address, socket_options)
 
     async def _first_to_connect(
@@ -140,6 +163,30 @@ class ResolvingBackend(httpcore.AsyncNetworkBackend):
         await self._inner.sleep(seconds)
 
 
+def _public(host: str, addresses: list[str]) -> list[str]:
+    """The public ones of `addresses` (host's, as resolved), in their order; NotPublic when there
+    is none. The others are left out, never tried: a name answering both a public and a private
+    address reaches only the public one."""
+    public: list[str] = []
+    refused: list[tuple[str, str]] = []
+    for address in addresses:
+        reason = why_not_public(ipaddress.ip_address(address.split("%", 1)[0]))
+        if reason is None:
+            public.append(address)
+        else:
+            refused.append((address, reason))
+    if public:
+        return public
+    if addresses == [host]:  # an address, not a name
+        where = f"is {refused[0][1]}"
+    else:
+        where = "resolves to " + "; ".join(f"{address}, {reason}" for address, reason in refused)
+    raise NotPublic(
+        f"webhook_url's host {host} {where}: the sender connects to public addresses only "
+        "(runrow worker --allow-private-webhooks lets it reach private ones)"
+    )
+
+
 async def _cancel_and_close(tasks: set[asyncio.Task[httpcore.AsyncNetworkStream]]) -> None:
     """The connects still running once one won (or the attempt ended): cancelled, and a stream
     one of them opened meanwhile closed, not left to the garbage collector."""
@@ -150,16 +197,23 @@ async def _cancel_and_close(tasks: set[asyncio.Task[httpcore.AsyncNetworkStream]
             await outcome.aclose()
 
 
-def sender_client(timeout: float, user_agent: str, proxy: str | None) -> httpx.AsyncClient:
+def sender_client(
+    timeout: float, user_agent: str, proxy: str | None, *, allow_private: bool
+) -> httpx.AsyncClient:
     """The client webhook_loop sends with: no redirects followed, no environment read (an egress
-    proxy is `proxy` or none), host look-ups in ResolvingBackend's threads."""
+    proxy is `proxy` or none), host look-ups in ResolvingBackend's threads, which connect to
+    public addresses only unless `allow_private`. Through a proxy, the connection is to the proxy
+    (an address of the operator's choosing, private as a rule) and the proxy resolves and
+    reaches the receiver: its egress policy is the check then."""
     transport = httpx.AsyncHTTPTransport(proxy=proxy, trust_env=False)
     # httpx takes no network backend, so it is set on the pool it built; checked here so an
     # httpx that renames it fails at the sender's start, not by silently resolving in the pool.
     pool = transport._pool
     if not isinstance(getattr(pool, "_network_backend", None), httpcore.AsyncNetworkBackend):
         raise RuntimeError(f"httpx {httpx.__version__}: cannot set the webhook sender's network backend")
-    pool._network_backend = ResolvingBackend(pool._network_backend)  # type: ignore[union-attr]
+    pool._network_backend = ResolvingBackend(  # type: ignore[union-attr]
+        pool._network_backend, public_only=not allow_private and proxy is None
+    )
     return httpx.AsyncClient(
         timeout=timeout,
         follow_redirects=False,

@@ -53,7 +53,7 @@ from pyworker.worker.webhook_signing import DEFAULT_TOLERANCE as DEFAULT_TOLERAN
 from pyworker.worker.webhook_signing import SIGNATURE_HEADER, derive_user_secret, signature_header
 from pyworker.worker.webhook_signing import SignatureError as SignatureError
 from pyworker.worker.webhook_signing import verify_signature as verify_signature
-from pyworker.worker.webhook_transport import sender_client
+from pyworker.worker.webhook_transport import NotPublic, sender_client
 
 log = logging.getLogger("runrow.webhooks")
 
@@ -126,6 +126,10 @@ class WebhookSettings:
     # During a rotation, the secret before `secret`: each delivery also carries its v1 values,
     # so a receiver still on it verifies until it switches.
     previous_secret: str | None = None
+    # Whether deliveries may reach loopback, private, link-local and other non-public addresses
+    # (--allow-private-webhooks). Without it every address the sender connects to is checked at
+    # delivery, so a name rebound to a private address after `serve` checked it is not reached.
+    allow_private: bool = False
 
     def __post_init__(self) -> None:
         if not self.secret:
@@ -251,6 +255,10 @@ async def deliver(
         return None, f"timed out after {settings.timeout:g} s"
     except httpx.UnsupportedProtocol as exc:
         raise Unsendable(f"webhook_url cannot be requested ({exc})"[:2000]) from None
+    except NotPublic as exc:
+        # Not connected to. Retried, it would be refused the same way (a person allows private
+        # receivers, then re-arms it), so it ends on this attempt.
+        raise Unsendable(str(exc)[:2000]) from None
     except httpx.HTTPError as exc:
         return None, f"{type(exc).__name__}: {exc}"[:2000]
     if not 100 <= status <= 599:
@@ -358,7 +366,9 @@ async def webhook_loop(
     be claimed and waited for whole (gather), so one receiver that hung to the timeout held up
     every other delivery of this worker for that long."""
     async with contextlib.AsyncExitStack() as stack:
-        client = await stack.enter_async_context(sender_client(settings.timeout, USER_AGENT, settings.proxy))
+        client = await stack.enter_async_context(
+            sender_client(settings.timeout, USER_AGENT, settings.proxy, allow_private=settings.allow_private)
+        )
         wakes = await stack.enter_async_context(hub.subscribe(channels.WEBHOOKS)) if hub else None
         # Entered last, so left first: a cancelled loop cancels its deliveries (their leases
         # lapse and another worker sends them) before the client closes under them.
@@ -366,7 +376,7 @@ async def webhook_loop(
         in_flight: set[asyncio.Task[None]] = set()
         log.info(
             "webhook delivery on: timeout %gs, lease %ds, %d attempts, backoff %gs doubling, %d at once, "
-            "%d per receiver%s; %s",
+            "%d per receiver%s, %s; %s",
             settings.timeout,
             settings.lease_seconds,
             settings.max_attempts,
@@ -374,6 +384,11 @@ async def webhook_loop(
             settings.batch,
             settings.per_receiver,
             "" if settings.proxy is None else f", through the proxy at {_host_of(settings.proxy)}",
+            "private receivers allowed"
+            if settings.allow_private
+            else "public receivers only"
+            if settings.proxy is None
+            else "public receivers: the proxy's to check",
             settings.describe_signing(),
         )
         if settings.signing != "fleet" and len(settings.secret) < MIN_SECRET_FOR_USER_KEYS:
