@@ -60,6 +60,35 @@ BEGIN
         RETURN;
     END IF;
 
+    -- The key's block after a key error is over: the grant would be the key's one probe. A run
+    -- refused with a 403 since the key's last answer (a 403 may be about its own request: a
+    -- beta, a tool type) leaves the probe to another run of the key waiting for it (migration
+    -- 0101): the claim order made such a run the probe every time, each refusal doubling the
+    -- block, and the key's other runs waited with it for ever, none ever answered to tell. The
+    -- others waiting: running, or queued and due before this run comes back (15 s) and not
+    -- behind another turn of their conversation (this run's own conversation's wait for it),
+    -- none refused a 403 since that answer itself (two such runs would leave it to each other).
+    -- Alone, it is the probe (report_key_error's lone-run rule ends it). 15 s, as for
+    -- budget_reserved: longer than a worker waits in place, so the run is deferred and frees its
+    -- slot (a concurrency limit of one held the waiting run out). Read only while the key has a
+    -- key error: a key that works takes no statement more.
+    IF l.key_errors > 0 AND r.key_error_refused IS NOT NULL AND r.key_error_answers = l.key_answers
+       AND EXISTS (
+           SELECT 1 FROM runrow.agent_run AS o
+           WHERE o.rate_limit_key = l.rate_limit_key AND o.id <> r.id AND o.conversation_id <> r.conversation_id
+             AND (o.status = 'running'
+                  OR (o.status = 'queued' AND NOT o.claim_blocked
+                      AND coalesce(o.not_before, now()) <= now() + interval '15 seconds'))
+             AND (o.key_error_refused IS NULL OR o.key_error_answers IS DISTINCT FROM l.key_answers)
+       ) THEN
+        IF r.block_told_until IS NOT NULL THEN
+            -- Not a block this run waits for: a lift must not make its deferral due at once.
+            UPDATE runrow.agent_run AS a SET block_told_until = NULL, updated_at = now() WHERE a.id = r.id;
+        END IF;
+        RETURN QUERY SELECT false, 15::numeric, 'probe_elsewhere'::text;
+        RETURN;
+    END IF;
+
     IF l.rate_limit_key IS NOT NULL THEN
         -- An estimate over a minute's worth waits for a full bucket instead of forever, and
         -- takes that minute's worth: the rest is charged when the call's usage settles
@@ -182,7 +211,12 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 '(at most a minute''s worth of input; the rest is charged when the usage settles) are taken and '
 '(true, 0, NULL) returned. While the key has an API key or account error (report_key_error), '
 'the grant after its block is the one probe: the key is held for the other runs for one more '
-'block, until the probe is answered. A key without a row is not limited. Every grant '
+'block, until the probe is answered. A run refused with a 403 since the key''s last answer '
+'(report_key_error with own_request_possible; the 403 may be its own request''s) is not made '
+'the probe while another run of the key waits for it (running, or queued and due within 15 s, '
+'not behind a turn of its conversation, not refused a 403 since that answer itself): '
+'(false, 15, probe_elsewhere), longer than a worker waits in place, so it defers the run; '
+'alone, it is the probe. A key without a row is not limited. Every grant '
 'reserves the call''s worst case on the run (model_call_reserved: input_tokens_estimate as '
 'input tokens, at most 1000000, metadata.max_tokens, else 4096, as output tokens, at most 128000), '
 'counted in a budgeted tenant''s reserved total (tenant_reservation): append_step or record_usage '

@@ -64,11 +64,16 @@ BEGIN
     -- outage left waiting. A 401, 402 or "credit balance" (refused NULL) is never the request's:
     -- a key that broke again (a rotation half-way through the fleet, the credit spent again)
     -- stays a key error.
-    IF refused = last_refused AND l.key_answers > seen THEN
+    IF refused = last_refused AND l.key_answers > seen AND l.key_errors = 0 THEN
         -- The key answered a request sent after this run's last key error (its probe, another
         -- run's: this run's own answer clears seen), and refuses this run's again with an error
         -- that may be about the request (a 403: a beta, a tool type, a file the organisation may
         -- not use): it is, and recurs on every retry. The run fails once; the key is not blocked.
+        -- Only while the key works (key_errors = 0, migration 0101): a streak in force began
+        -- with a refusal after that answer, a new outage of the key, and the run's refusal is
+        -- one of it (the probe of the new streak, a request on the wire), not its own. Before,
+        -- a second outage with the same 403 text failed one run left waiting from the first
+        -- per probe.
         PERFORM runrow.finish_run(report_key_error.run_id, report_key_error.claim_token, 'failed', NULL,
             'model API refused the request: ' || refused
             || ' (refused again after the key answered another request since this run''s last '
@@ -76,26 +81,32 @@ BEGIN
         RETURN NULL;
     END IF;
     IF refused = last_refused AND l.key_answers = seen AND l.key_probe_by = report_key_error.run_id
-       AND l.key_error_block >= report_key_error.max_block_seconds
+       AND l.key_error_since <= now() - make_interval(secs => greatest(report_key_error.max_block_seconds, 600)::float8)
        AND NOT EXISTS (
            SELECT 1 FROM runrow.agent_run AS o
            WHERE o.rate_limit_key = key AND o.status IN ('queued', 'running') AND o.id <> report_key_error.run_id
        ) THEN
         -- The key's only open run: no other request can answer, and its probe is refused with the
-        -- same 403 through the key's whole backoff, the block already at its longest (615 s with
-        -- the defaults 5 and 300, so a key outage of a few minutes fails nothing). Before 0099
-        -- the run was deferred for ever, its attempt given back. It is taken for the run's own
+        -- same 403 when the key's streak of refusals began at least max_block_seconds, and at
+        -- least 600 s, ago on the database clock (615 s with the defaults 5 and 300). Timed, not
+        -- counted in blocks (migration 0101): the block reaching max_block_seconds was the rule,
+        -- and with key_error_max_block equal to key_error_first_block (allowed) it failed the run
+        -- on its second refusal, 5 s into a real outage. 600 s: a key outage of a few minutes
+        -- (a rotation, a top-up) fails nothing; max_block_seconds when longer: the operator's
+        -- longest wait between probes, so the streak has seen at least one. Before 0099 the run
+        -- was deferred for ever, its attempt given back. It is taken for the run's own
         -- request: the run fails once. The probe is over; the key's hold stands (the key may be
         -- broken: its next probe tells). Alone only: with other runs of the key waiting, a long
         -- key-wide 403 would fail one of them per longest block, and their probes tell the two
-        -- apart (the rule above). Read on this path only, once per longest block of a key.
+        -- apart (the rule above; acquire_model_call leaves the probe to them). Read on this path
+        -- only, once per block of a key.
         UPDATE runrow.rate_limit AS r SET key_probe_by = NULL, updated_at = now() WHERE r.rate_limit_key = key;
         PERFORM runrow.finish_run(report_key_error.run_id, report_key_error.claim_token, 'failed', NULL,
             'model API refused the request: ' || refused
-            || format(' (refused again as the key''s probe after its longest block, %s s, the key''s '
+            || format(' (refused again as the key''s probe %s s into the key''s refusals, its '
                 || 'refusal %s in a row, and no request of the key answered since this run''s last '
                 || 'refusal: taken for this run''s request, not the key; not retried)',
-                l.key_error_block::float8, l.key_errors + 1));
+                floor(extract(EPOCH FROM now() - l.key_error_since))::bigint, l.key_errors + 1));
         RETURN NULL;
     END IF;
 
@@ -154,11 +165,14 @@ COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, 
 'worker''s word that the error may be about the request: a 403 permission_error), a run refused '
 'again after the key answered a request sent since the run''s last key error (the key''s '
 'key_answers grew past the run''s key_error_answers) is refused for its own request, not the '
-'key: it is ended failed '
+'key, and the key works (no key error reported since that answer: a refusal during a new '
+'outage of the key, its probe or a request on the wire, is the outage''s): it is ended failed '
 '(finish_run: error "model API refused the request: <error> (...)"), the key is not blocked, '
-'and NULL is returned; so is the key''s probe refused when the key''s block has reached '
-'max_block_seconds and nothing of the key was answered since the run''s last refusal, when it '
-'is the key''s only queued or running run (no other can answer); the key''s hold stands. '
+'and NULL is returned; so is the key''s probe refused when nothing of the key was answered '
+'since the run''s last refusal and the key''s streak of refusals (key_error_since) began at '
+'least greatest(max_block_seconds, 600) seconds ago on the database clock (a key outage of a '
+'few minutes fails nothing, whatever the blocks), when it is the key''s only queued or running '
+'run (no other can answer); the key''s hold stands. '
 'Either only when the error is the same as the 403 of the run''s last refusal '
 '(agent_run.key_error_refused): a key broken again by another 403 is a key error. Bad input (NULL, an empty '
 'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400) '

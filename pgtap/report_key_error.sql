@@ -5,7 +5,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
-SELECT plan(76);
+SELECT plan(96);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.keyed_run(key text) RETURNS uuid LANGUAGE plpgsql AS $$
@@ -171,6 +171,7 @@ SELECT is((SELECT count(*)::int FROM runrow.run_event WHERE run_id = :'o' AND ty
 SELECT is(pg_temp.streak('kown'), '(0,,f,0.000000)', 'the key is not blocked for it');
 SELECT is(pg_temp.report(:'o2'), 5.000,
     'a 401 after the key answered stays the key''s (a rotation half-way through the fleet)');
+SELECT runrow.finish_run(:'o2', pg_temp.token(:'o2'), 'completed');  -- no run left waiting beside s
 -- A run whose own request the key answered since its key error: a later one is the key's again.
 SELECT pg_temp.time_passes('kown');
 SELECT is(pg_temp.acquire(:'s'), '(t,0,)', 'the other run''s probe');
@@ -209,29 +210,106 @@ SELECT is((SELECT (status, key_error_refused)::text FROM runrow.agent_run WHERE 
     '(running,"permission_error: this API key may not be used from this workspace")',
     'the run is not failed; its last refusal is kept');
 
+-- The key breaks again with the SAME 403 text (a second outage of one organisation): a run the
+-- first outage left waiting is the second streak's probe, refused with the text it saw in the
+-- first. Its refusal is the new outage's, not its own (migration 0101): the key had answered
+-- since its last refusal, but another request was refused since that answer. Before, it was
+-- failed, and so was each run of the first outage the second one's probes met.
+SELECT pg_temp.keyed_run('ktwice') AS w \gset
+SELECT pg_temp.keyed_run('ktwice') AS v \gset
+SELECT pg_temp.keyed_run('ktwice') AS u \gset
+SELECT is(pg_temp.report(:'w', 'permission_error: this organization has been disabled'), 5.000,
+    'the first outage''s 403 blocks the key');
+SELECT pg_temp.time_passes('ktwice');
+SELECT is(pg_temp.acquire(:'v'), '(t,0,)', 'another run''s probe');
+SELECT runrow.append_step(:'v', pg_temp.token(:'v'), 'model_turn',
+    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
+    'end_turn');
+SELECT is(pg_temp.report(:'v', 'permission_error: this organization has been disabled'), 5.000,
+    'the key breaks again with the same 403: a new streak');
+SELECT is(pg_temp.acquire(:'w'), '(f,5.000,blocked)', 'the run left waiting meets the new block');
+SELECT pg_temp.time_passes('ktwice');
+SELECT is(pg_temp.acquire(:'w'), '(t,0,)', 'and is the new streak''s probe');
+SELECT is(pg_temp.report(:'w', 'permission_error: this organization has been disabled'), 10.000,
+    'refused with the first outage''s text: the new outage''s refusal, the block doubles');
+SELECT is((SELECT (status, key_error_answers)::text FROM runrow.agent_run WHERE id = :'w'), '(running,1)',
+    'the run is not failed; its refusal now counts from the new streak');
+-- The new outage ends (another run's probe answered), and the run is refused again with that
+-- 403: the key works, so it is the run's own.
+SELECT pg_temp.time_passes('ktwice');
+SELECT is(pg_temp.acquire(:'w'), '(f,15,probe_elsewhere)',
+    'refused a 403 since the key''s last answer: it leaves the probe to a run waiting beside it');
+SELECT is(pg_temp.acquire(:'u'), '(t,0,)', 'a third run''s probe');
+SELECT runrow.append_step(:'u', pg_temp.token(:'u'), 'model_turn',
+    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
+    'end_turn');
+SELECT is(pg_temp.acquire(:'w'), '(t,0,)', 'the key works: the run asks');
+SELECT is(pg_temp.report(:'w', 'permission_error: this organization has been disabled'), NULL,
+    'refused again while the key works: the run''s own');
+SELECT is(pg_temp.status(:'w'), 'failed', 'the run fails once');
+
 -- A run alone on its key whose own request draws the 403: no other request is ever answered,
--- and it is the probe every time. Once the key's block has reached max_block_seconds (20 here)
--- and the probe is refused with the same 403, it is the run's own: it fails once (migration
--- 0099; before, it was deferred for ever, one probe per longest block, its attempt given back).
+-- and it is the probe every time. Once the key's streak of refusals began greatest(
+-- max_block_seconds, 600) seconds ago on the database clock and the probe is refused with the
+-- same 403, it is the run's own: it fails once (migration 0099; before, it was deferred for ever,
+-- one probe per longest block, its attempt given back). Timed (migration 0101): the block
+-- reaching max_block_seconds was the rule, and with max_block_seconds equal to
+-- first_block_seconds that failed the run on its second refusal, 5 s into an outage. Time
+-- passes by backdating the streak's start (now() is fixed in this transaction).
+CREATE FUNCTION pg_temp.probe_refused(run uuid, max_block numeric DEFAULT 20) RETURNS numeric
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_temp.time_passes((SELECT rate_limit_key FROM runrow.agent_run WHERE id = run));
+    IF pg_temp.acquire(run) <> '(t,0,)' THEN
+        RAISE EXCEPTION 'pg_temp.probe_refused: % is not the probe', run;
+    END IF;
+    RETURN runrow.report_key_error(run, pg_temp.token(run), 'permission_error: no access to the beta',
+        least(5, max_block), max_block, true);
+END $$;
+CREATE FUNCTION pg_temp.streak_began(key text, secs numeric) RETURNS void LANGUAGE sql AS $$
+    UPDATE runrow.rate_limit SET key_error_since = now() - make_interval(secs => secs::float8)
+    WHERE rate_limit_key = key
+$$;
 SELECT pg_temp.keyed_run('kalone') AS z \gset
 SELECT is(pg_temp.report(:'z', 'permission_error: no access to the beta'), 5.000, 'the first refusal: 5 s');
-SELECT pg_temp.time_passes('kalone');
-SELECT is(pg_temp.acquire(:'z'), '(t,0,)', 'the block over, its request is the probe');
-SELECT is(pg_temp.report(:'z', 'permission_error: no access to the beta'), 10.000,
-    'the probe refused under the longest block: still the key''s, the block doubles');
-SELECT pg_temp.time_passes('kalone');
-SELECT is(pg_temp.acquire(:'z'), '(t,0,)', 'the probe again');
-SELECT is(pg_temp.report(:'z', 'permission_error: no access to the beta'), 20.000, 'the block reaches its longest');
-SELECT pg_temp.time_passes('kalone');
-SELECT is(pg_temp.acquire(:'z'), '(t,0,)', 'the probe after the longest block');
-SELECT is(pg_temp.report(:'z', 'permission_error: no access to the beta'), NULL,
-    'refused again after the longest block, nothing answered: NULL, the run''s own');
+SELECT is(pg_temp.probe_refused(:'z'), 10.000, 'its probe refused: still the key''s, the block doubles');
+SELECT is(pg_temp.probe_refused(:'z'), 20.000, 'the block reaches its longest');
+SELECT is(pg_temp.probe_refused(:'z'), 20.000,
+    'refused again at the longest block, the streak begun 0 s ago: still the key''s (the old rule failed it)');
+SELECT pg_temp.streak_began('kalone', 599.999);
+SELECT is(pg_temp.probe_refused(:'z'), 20.000, 'the streak begun 599.999 s ago: still the key''s');
+SELECT is(pg_temp.status(:'z'), 'running', 'the run is not failed');
+SELECT pg_temp.streak_began('kalone', 600);
+SELECT is(pg_temp.probe_refused(:'z'), NULL,
+    'the streak begun 600 s ago, nothing answered: NULL, the run''s own');
 SELECT is((SELECT (status, attempt, error)::text FROM runrow.agent_run WHERE id = :'z'),
     '(failed,1,"model API refused the request: permission_error: no access to the beta (refused again as '
-    'the key''s probe after its longest block, 20 s, the key''s refusal 4 in a row, and no request of the '
+    'the key''s probe 600 s into the key''s refusals, its refusal 6 in a row, and no request of the '
     'key answered since this run''s last refusal: taken for this run''s request, not the key; not retried)")',
     'the run fails once, saying why');
-SELECT is(pg_temp.streak('kalone'), '(3,20,f,20.000000)', 'the probe is over; the key''s hold stands');
+SELECT is(pg_temp.streak('kalone'), '(5,20,f,20.000000)', 'the probe is over; the key''s hold stands');
+
+-- key_error_max_block equal to key_error_first_block (5): the block is at its longest from the
+-- first refusal. The second refusal, 5 s into the outage, is the key's.
+SELECT pg_temp.keyed_run('kflat') AS z5 \gset
+SELECT is(runrow.report_key_error(:'z5', pg_temp.token(:'z5'), 'permission_error: no access to the beta', 5, 5, true),
+    5.000, 'the first refusal, first and longest block 5 s');
+SELECT pg_temp.streak_began('kflat', 5);
+SELECT is(pg_temp.probe_refused(:'z5', 5), 5.000, 'its probe refused 5 s in: the key''s, not the run''s');
+SELECT pg_temp.streak_began('kflat', 599);
+SELECT is(pg_temp.probe_refused(:'z5', 5), 5.000, 'nor 599 s in');
+SELECT pg_temp.streak_began('kflat', 600);
+SELECT is(pg_temp.probe_refused(:'z5', 5), NULL, '600 s in: the run''s own (the floor, over max_block_seconds)');
+SELECT is(pg_temp.status(:'z5'), 'failed', 'the run fails once');
+
+-- max_block_seconds over 600: the streak must have lasted that long.
+SELECT pg_temp.keyed_run('klong') AS z9 \gset
+SELECT is(runrow.report_key_error(:'z9', pg_temp.token(:'z9'), 'permission_error: no access to the beta', 5, 900, true),
+    5.000, 'the first refusal, longest block 900 s');
+SELECT pg_temp.streak_began('klong', 899.999);
+SELECT is(pg_temp.probe_refused(:'z9', 900), 10.000, 'its probe refused 899.999 s in: the key''s');
+SELECT pg_temp.streak_began('klong', 900);
+SELECT is(pg_temp.probe_refused(:'z9', 900), NULL, '900 s in: the run''s own');
 
 -- A 429's longer block is never shortened by a key error.
 SELECT pg_temp.keyed_run('k429') AS r \gset

@@ -145,6 +145,7 @@ BEGIN
     '0098_update_rate_limit_keeps_pace',
     '0099_key_error_refused',
     '0100_fire_schedules_pass',
+    '0101_key_error_probe',
     '0102_webhook_late_complete'
 ]::text[]);
     IF unknown IS NOT NULL THEN
@@ -9082,6 +9083,50 @@ INSERT INTO runrow._yoyo_migration VALUES ('d638872d8c9f3bc5df5622c4751791816aa9
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'd638872d8c9f3bc5df5622c4751791816aa9c0a1b075abcdedd7d8891ae8faa2', '0100_fire_schedules_pass', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0101_key_error_probe
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'fc02c992d70c2958d5d25ce739c43bdec90d327fc82f001378819af19bbc5c79') AS apply_fc02c992d70c \gset
+\if :apply_fc02c992d70c
+-- depends: 0100_fire_schedules_pass
+-- Three defects of the key error's "a 403 may be the run's own request" rules (migrations 0095,
+-- 0099; the review of session 61). The functions are in functions/ (acquire_model_call,
+-- report_key_error); this migration is the version that says so, and restates the columns the
+-- rules read.
+--
+-- (A) The probe's choice. After a key error's block the first run to ask is the key's one probe
+-- (acquire_model_call). A run whose own request draws the 403 and that the claim order favours
+-- was the probe every time: each refusal doubled the block, nothing of the key was ever answered,
+-- so the run never failed, and the key's other runs waited with it for ever. Now a run refused
+-- with a 403 since the key's last answer (key_error_refused set, key_error_answers equal to the
+-- key's key_answers) is told probe_elsewhere (15 s, it is deferred) while another run of the key
+-- waits for the key; alone, it is still the probe.
+--
+-- (B) The lone run's rule. A run alone on its key, its probe refused with the same 403, failed once
+-- the key's block had reached max_block_seconds: with key_error_max_block equal to
+-- key_error_first_block (allowed) that was its second refusal, 5 s into a real outage. Now it
+-- fails once the key's streak of refusals (key_error_since) began at least
+-- greatest(max_block_seconds, 600 s) ago on the database clock.
+--
+-- (C) A second outage with the same 403 text. Refused again after the key answered, a run is
+-- failed for its own request; a run left waiting by a first outage, made the probe of a second
+-- one with the same text, was failed so, one per probe. Now only while the key works (no key
+-- error since that answer, key_errors = 0): a refusal during a streak is the streak's.
+
+COMMENT ON COLUMN runrow.rate_limit.key_error_since IS
+'When the key''s current streak of API key or account errors began (report_key_error), by the '
+'database clock; NULL while the key works. A run alone on its key whose probe is refused with '
+'the same 403 fails once the streak began greatest(max_block_seconds, 600) seconds ago.';
+
+COMMENT ON COLUMN runrow.agent_run.key_error_refused IS
+'The 403 (report_key_error with own_request_possible; its first 1000 characters) this run''s '
+'request last got as an API key or account error, or NULL when its last key error was another '
+'(a 401, a 402, a credit balance). A refusal counts as the run''s own request''s only when it '
+'is this same 403 again. While it is set and key_error_answers equals the key''s key_answers '
+'(no answer since), acquire_model_call leaves the key''s probe to another run of the key '
+'waiting for it (probe_elsewhere).';
+INSERT INTO runrow._yoyo_migration VALUES ('fc02c992d70c2958d5d25ce739c43bdec90d327fc82f001378819af19bbc5c79', '0101_key_error_probe', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'fc02c992d70c2958d5d25ce739c43bdec90d327fc82f001378819af19bbc5c79', '0101_key_error_probe', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- migration 0102_webhook_late_complete
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '82e7e3c68bc64a72d91832fd3a27afd9ce3e1f25de293d0ff600008dc1c5d6de') AS apply_82e7e3c68bc6 \gset
 \if :apply_82e7e3c68bc6
@@ -13255,6 +13300,35 @@ BEGIN
         RETURN;
     END IF;
 
+    -- The key's block after a key error is over: the grant would be the key's one probe. A run
+    -- refused with a 403 since the key's last answer (a 403 may be about its own request: a
+    -- beta, a tool type) leaves the probe to another run of the key waiting for it (migration
+    -- 0101): the claim order made such a run the probe every time, each refusal doubling the
+    -- block, and the key's other runs waited with it for ever, none ever answered to tell. The
+    -- others waiting: running, or queued and due before this run comes back (15 s) and not
+    -- behind another turn of their conversation (this run's own conversation's wait for it),
+    -- none refused a 403 since that answer itself (two such runs would leave it to each other).
+    -- Alone, it is the probe (report_key_error's lone-run rule ends it). 15 s, as for
+    -- budget_reserved: longer than a worker waits in place, so the run is deferred and frees its
+    -- slot (a concurrency limit of one held the waiting run out). Read only while the key has a
+    -- key error: a key that works takes no statement more.
+    IF l.key_errors > 0 AND r.key_error_refused IS NOT NULL AND r.key_error_answers = l.key_answers
+       AND EXISTS (
+           SELECT 1 FROM runrow.agent_run AS o
+           WHERE o.rate_limit_key = l.rate_limit_key AND o.id <> r.id AND o.conversation_id <> r.conversation_id
+             AND (o.status = 'running'
+                  OR (o.status = 'queued' AND NOT o.claim_blocked
+                      AND coalesce(o.not_before, now()) <= now() + interval '15 seconds'))
+             AND (o.key_error_refused IS NULL OR o.key_error_answers IS DISTINCT FROM l.key_answers)
+       ) THEN
+        IF r.block_told_until IS NOT NULL THEN
+            -- Not a block this run waits for: a lift must not make its deferral due at once.
+            UPDATE runrow.agent_run AS a SET block_told_until = NULL, updated_at = now() WHERE a.id = r.id;
+        END IF;
+        RETURN QUERY SELECT false, 15::numeric, 'probe_elsewhere'::text;
+        RETURN;
+    END IF;
+
     IF l.rate_limit_key IS NOT NULL THEN
         -- An estimate over a minute's worth waits for a full bucket instead of forever, and
         -- takes that minute's worth: the rest is charged when the call's usage settles
@@ -13377,7 +13451,12 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 '(at most a minute''s worth of input; the rest is charged when the usage settles) are taken and '
 '(true, 0, NULL) returned. While the key has an API key or account error (report_key_error), '
 'the grant after its block is the one probe: the key is held for the other runs for one more '
-'block, until the probe is answered. A key without a row is not limited. Every grant '
+'block, until the probe is answered. A run refused with a 403 since the key''s last answer '
+'(report_key_error with own_request_possible; the 403 may be its own request''s) is not made '
+'the probe while another run of the key waits for it (running, or queued and due within 15 s, '
+'not behind a turn of its conversation, not refused a 403 since that answer itself): '
+'(false, 15, probe_elsewhere), longer than a worker waits in place, so it defers the run; '
+'alone, it is the probe. A key without a row is not limited. Every grant '
 'reserves the call''s worst case on the run (model_call_reserved: input_tokens_estimate as '
 'input tokens, at most 1000000, metadata.max_tokens, else 4096, as output tokens, at most 128000), '
 'counted in a budgeted tenant''s reserved total (tenant_reservation): append_step or record_usage '
@@ -17307,11 +17386,16 @@ BEGIN
     -- outage left waiting. A 401, 402 or "credit balance" (refused NULL) is never the request's:
     -- a key that broke again (a rotation half-way through the fleet, the credit spent again)
     -- stays a key error.
-    IF refused = last_refused AND l.key_answers > seen THEN
+    IF refused = last_refused AND l.key_answers > seen AND l.key_errors = 0 THEN
         -- The key answered a request sent after this run's last key error (its probe, another
         -- run's: this run's own answer clears seen), and refuses this run's again with an error
         -- that may be about the request (a 403: a beta, a tool type, a file the organisation may
         -- not use): it is, and recurs on every retry. The run fails once; the key is not blocked.
+        -- Only while the key works (key_errors = 0, migration 0101): a streak in force began
+        -- with a refusal after that answer, a new outage of the key, and the run's refusal is
+        -- one of it (the probe of the new streak, a request on the wire), not its own. Before,
+        -- a second outage with the same 403 text failed one run left waiting from the first
+        -- per probe.
         PERFORM runrow.finish_run(report_key_error.run_id, report_key_error.claim_token, 'failed', NULL,
             'model API refused the request: ' || refused
             || ' (refused again after the key answered another request since this run''s last '
@@ -17319,26 +17403,32 @@ BEGIN
         RETURN NULL;
     END IF;
     IF refused = last_refused AND l.key_answers = seen AND l.key_probe_by = report_key_error.run_id
-       AND l.key_error_block >= report_key_error.max_block_seconds
+       AND l.key_error_since <= now() - make_interval(secs => greatest(report_key_error.max_block_seconds, 600)::float8)
        AND NOT EXISTS (
            SELECT 1 FROM runrow.agent_run AS o
            WHERE o.rate_limit_key = key AND o.status IN ('queued', 'running') AND o.id <> report_key_error.run_id
        ) THEN
         -- The key's only open run: no other request can answer, and its probe is refused with the
-        -- same 403 through the key's whole backoff, the block already at its longest (615 s with
-        -- the defaults 5 and 300, so a key outage of a few minutes fails nothing). Before 0099
-        -- the run was deferred for ever, its attempt given back. It is taken for the run's own
+        -- same 403 when the key's streak of refusals began at least max_block_seconds, and at
+        -- least 600 s, ago on the database clock (615 s with the defaults 5 and 300). Timed, not
+        -- counted in blocks (migration 0101): the block reaching max_block_seconds was the rule,
+        -- and with key_error_max_block equal to key_error_first_block (allowed) it failed the run
+        -- on its second refusal, 5 s into a real outage. 600 s: a key outage of a few minutes
+        -- (a rotation, a top-up) fails nothing; max_block_seconds when longer: the operator's
+        -- longest wait between probes, so the streak has seen at least one. Before 0099 the run
+        -- was deferred for ever, its attempt given back. It is taken for the run's own
         -- request: the run fails once. The probe is over; the key's hold stands (the key may be
         -- broken: its next probe tells). Alone only: with other runs of the key waiting, a long
         -- key-wide 403 would fail one of them per longest block, and their probes tell the two
-        -- apart (the rule above). Read on this path only, once per longest block of a key.
+        -- apart (the rule above; acquire_model_call leaves the probe to them). Read on this path
+        -- only, once per block of a key.
         UPDATE runrow.rate_limit AS r SET key_probe_by = NULL, updated_at = now() WHERE r.rate_limit_key = key;
         PERFORM runrow.finish_run(report_key_error.run_id, report_key_error.claim_token, 'failed', NULL,
             'model API refused the request: ' || refused
-            || format(' (refused again as the key''s probe after its longest block, %s s, the key''s '
+            || format(' (refused again as the key''s probe %s s into the key''s refusals, its '
                 || 'refusal %s in a row, and no request of the key answered since this run''s last '
                 || 'refusal: taken for this run''s request, not the key; not retried)',
-                l.key_error_block::float8, l.key_errors + 1));
+                floor(extract(EPOCH FROM now() - l.key_error_since))::bigint, l.key_errors + 1));
         RETURN NULL;
     END IF;
 
@@ -17397,11 +17487,14 @@ COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, 
 'worker''s word that the error may be about the request: a 403 permission_error), a run refused '
 'again after the key answered a request sent since the run''s last key error (the key''s '
 'key_answers grew past the run''s key_error_answers) is refused for its own request, not the '
-'key: it is ended failed '
+'key, and the key works (no key error reported since that answer: a refusal during a new '
+'outage of the key, its probe or a request on the wire, is the outage''s): it is ended failed '
 '(finish_run: error "model API refused the request: <error> (...)"), the key is not blocked, '
-'and NULL is returned; so is the key''s probe refused when the key''s block has reached '
-'max_block_seconds and nothing of the key was answered since the run''s last refusal, when it '
-'is the key''s only queued or running run (no other can answer); the key''s hold stands. '
+'and NULL is returned; so is the key''s probe refused when nothing of the key was answered '
+'since the run''s last refusal and the key''s streak of refusals (key_error_since) began at '
+'least greatest(max_block_seconds, 600) seconds ago on the database clock (a key outage of a '
+'few minutes fails nothing, whatever the blocks), when it is the key''s only queued or running '
+'run (no other can answer); the key''s hold stands. '
 'Either only when the error is the same as the 403 of the run''s last refusal '
 '(agent_run.key_error_refused): a key broken again by another 403 is a key error. Bad input (NULL, an empty '
 'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400) '

@@ -37,9 +37,12 @@ report_rate_limited).
   once per run, and once more (WARNING) when the key answers again. Refused again after the
   key answered a request sent since the run's last key error, the refusal is the run's own
   request's (a 403 for a beta, a tool type or a file the organisation may not use reads like
-  one about the key): report_key_error ends the run failed, once, and blocks nothing; so it
-  does when the run's probe is refused after the key's longest block with nothing answered,
-  the run alone on its key. Either only for the same 403 as the run's last refusal.
+  one about the key) while the key works: report_key_error ends the run failed, once, and
+  blocks nothing; so it does when the run's probe is refused with nothing answered, the run
+  alone on its key and the key refusing for at least `key_error_max_block` and 600 s. Either
+  only for the same 403 as the run's last refusal. Such a run leaves the key's probe to
+  another run of the key waiting for it (acquire_model_call's `probe_elsewhere`: the run is
+  deferred, its slot freed).
 
 Worker config `fleet_limits: False` turns all of this off (every worker meets the API alone;
 the benchmark's baseline).
@@ -120,8 +123,11 @@ async def before_request(ctx: RunContext, params: dict[str, Any]) -> Outcome | N
         # whole length: always handed back, or a worker with a long rate_limit_max_wait held a
         # slot polling the tenant's budget row. The run keeps its place as the tenant's waiter
         # (tenant_budget.waiter_run names the run, not the claim) while it is queued and asks
-        # again within a minute.
-        if wait > max_wait or slot.reason == "budget_reserved":
+        # again within a minute. probe_elsewhere (migration 0101): this run, refused a 403 since
+        # the key last answered, leaves the key's probe to another run of the key, which may
+        # need this very slot (a concurrency limit of one): waiting in place, it held that run
+        # out and was refused again without end.
+        if wait > max_wait or slot.reason in ("budget_reserved", "probe_elsewhere"):
             ctx.log.info("model call %s for %.1fs: releasing the run until then", slot.reason, wait)
             error = f"{slot.reason}: waiting {wait:.1f}s for a model call"
             return Outcome("defer", error=error, retry_in=wait)  # no attempt spent on a wait
@@ -250,8 +256,8 @@ async def _key_error_ending(ctx: RunContext, failed: TurnFailed) -> Outcome:
     run's last key error, the refusal is the run's own request's, and report_key_error has
     ended the run failed (a 403 for a beta, a tool type, a file the organisation may not use
     reads like one about the key, and was retried for ever, blocking the key each time), or
-    refused with the same 403 as its probe after the key's longest block, alone on its key
-    (migration 0099)."""
+    refused with the same 403 as its probe, alone on its key, the key refusing for at least
+    max(key_error_max_block, 600 s) (migrations 0099, 0101)."""
     global _key_error, _key_errors_in_a_row
     run = ctx.run
     what = f"HTTP {failed.status}: {failed.detail or failed}"
@@ -268,7 +274,7 @@ async def _key_error_ending(ctx: RunContext, failed: TurnFailed) -> Outcome:
         if wait is None:  # ended by the database (its own request), or fenced out: nothing more to write
             ctx.log.warning(
                 "model API refused this run's request again with the same 403 after the key "
-                "answered another, or through the key's longest block (%s): the run's own request, "
+                "answered another, or alone through the key's outage (%s): the run's own request, "
                 "not the key; the database ended the run failed (or the claim was lost)",
                 what,
             )
