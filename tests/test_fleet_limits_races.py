@@ -3,7 +3,8 @@
 block reported by one session stops the grant another session is waiting for; a tenant budget
 crossed by two parallel steps of two runs is seen by the second; two grants racing for the last
 of a tenant's budget do not both pass; a key error's probe answered while a run is being
-deferred for its block makes that run due."""
+deferred for its block makes that run due; a run refused with a 403 asking first leaves the
+probe to the run asking after it."""
 
 from __future__ import annotations
 
@@ -191,6 +192,39 @@ def test_a_probe_answered_during_a_deferral_lifts_the_deferred_run(
         (key, deferred["run_id"]),
     ).fetchone()
     assert (streak, due) == (0, True)
+
+
+def test_a_run_refused_with_a_403_leaves_the_probe_to_a_run_asking_after_it(
+    owner: psycopg.Connection, connect: Connect
+) -> None:
+    """Two runs of a key ask at once as its key error's block ends, the one refused with a 403
+    first in line (the claim order favoured it): the other is the probe (migration 0101). Before,
+    the first to ask was the probe, so a run whose own request draws the 403 was the probe every
+    time, and the key's other runs waited with it for ever."""
+    key = f"race-{uuid.uuid4()}"
+    refused, other = fleet_runs(owner, 2, rate_limit_key=key)
+    owner.execute(
+        "SELECT runrow.report_key_error(%s, %s, 'permission_error: no access to the beta', 30, 300, true)",
+        (refused["run_id"], refused["claim_token"]),
+    )
+    assert acquire(owner, other)[2] == "blocked"
+    owner.execute(  # the block's time is up (set-up as the owner, instead of waiting 30 s)
+        "UPDATE runrow.rate_limit SET blocked_until = now(), key_error_until = now() WHERE rate_limit_key = %s",
+        (key,),
+    )
+    holder = connect()
+    lock_row(holder, "SELECT 1 FROM runrow.rate_limit WHERE rate_limit_key = %s FOR UPDATE", key)
+    first = Background(connect(), lambda c: acquire(c, refused))
+    first.wait_blocked_by(owner, holder)
+    second = Background(connect(), lambda c: acquire(c, other))
+    wait_all_blocked(owner, [first, second])
+    holder.execute("COMMIT")
+    assert first.result() == (False, 15, "probe_elsewhere")
+    assert second.result() == (True, 0, None)
+    probe = owner.execute(
+        "SELECT key_probe_by FROM runrow.rate_limit WHERE rate_limit_key = %s", (key,)
+    ).fetchone()
+    assert probe == (other["run_id"],)
 
 
 def test_a_block_lifted_while_a_claim_holds_a_run_to_it(owner: psycopg.Connection, connect: Connect) -> None:
