@@ -209,7 +209,8 @@ def test_a_run_refused_with_a_403_leaves_the_probe_to_a_run_asking_after_it(
     )
     assert acquire(owner, other)[2] == "blocked"
     owner.execute(  # the block's time is up (set-up as the owner, instead of waiting 30 s)
-        "UPDATE runrow.rate_limit SET blocked_until = now(), key_error_until = now() WHERE rate_limit_key = %s",
+        "UPDATE runrow.rate_limit SET blocked_until = now(), key_error_until = now() "
+        "WHERE rate_limit_key = %s",
         (key,),
     )
     holder = connect()

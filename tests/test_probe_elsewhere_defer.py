@@ -42,7 +42,8 @@ def test_probe_elsewhere_defers_the_run_past_a_long_max_wait(
     # refused's request drew a 403 (it may be its own request's): the key is blocked; other, held
     # by this test's claim, waits for the key.
     wait = db.execute(
-        "SELECT runrow.report_key_error(%s, %s, 'HTTP 403: permission_error: no access to the beta', 5, 300, true)",
+        "SELECT runrow.report_key_error(%s, %s, "
+        "'HTTP 403: permission_error: no access to the beta', 5, 300, true)",
         (refused, claims[refused]),
     ).fetchone()
     assert wait == (5,)
@@ -50,7 +51,8 @@ def test_probe_elsewhere_defers_the_run_past_a_long_max_wait(
         "SELECT runrow.defer_run(%s, %s, interval '0.001 seconds', 'key_error')", (refused, claims[refused])
     )
     db.execute(  # the block's time is up (instead of waiting 5 s)
-        "UPDATE runrow.rate_limit SET blocked_until = now(), key_error_until = now() WHERE rate_limit_key = %s",
+        "UPDATE runrow.rate_limit SET blocked_until = now(), key_error_until = now() "
+        "WHERE rate_limit_key = %s",
         (KEY,),
     )
     db.execute("UPDATE runrow.agent_run SET not_before = now() WHERE id = %s", (refused,))
