@@ -7,33 +7,16 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
+\ir helpers/key_errors.psql
 SELECT plan(19);
 SELECT pg_temp.drain_queue();
 
-CREATE FUNCTION pg_temp.keyed_run(key text, conv uuid DEFAULT gen_random_uuid(), claimed boolean DEFAULT true)
-RETURNS uuid LANGUAGE plpgsql AS $$
-DECLARE run uuid;
-BEGIN
-    SELECT e.run_id INTO run FROM runrow.enqueue_run(
-        conversation_id => conv, content => '"hi"', model => 'test-model', rate_limit_key => key) AS e;
-    IF claimed THEN
-        PERFORM pg_temp.claim(run);
-    END IF;
-    RETURN run;
-END $$;
 CREATE FUNCTION pg_temp.refused(run uuid, msg text DEFAULT 'permission_error: no access to the beta')
 RETURNS numeric LANGUAGE sql AS $$
     SELECT runrow.report_key_error(run, pg_temp.token(run), msg, 5, 300, msg LIKE 'permission_error:%')
 $$;
-CREATE FUNCTION pg_temp.acquire(run uuid) RETURNS text LANGUAGE sql AS $$
-    SELECT (a.granted, a.wait_seconds, a.reason)::text FROM runrow.acquire_model_call(run, pg_temp.token(run), 10) AS a
-$$;
 CREATE FUNCTION pg_temp.probe(key text) RETURNS uuid LANGUAGE sql AS $$
     SELECT key_probe_by FROM runrow.rate_limit WHERE rate_limit_key = key
-$$;
-CREATE FUNCTION pg_temp.time_passes(key text) RETURNS void LANGUAGE sql AS $$
-    UPDATE runrow.rate_limit SET blocked_until = now() - interval '1 second',
-        key_error_until = now() - interval '1 second' WHERE rate_limit_key = key
 $$;
 
 -- A run refused with a 403, and another run of the key queued, due: the other is the probe.
@@ -62,9 +45,7 @@ SELECT is(pg_temp.refused(:'o'), 10.000, 'the probe refused: the block doubles')
 SELECT pg_temp.time_passes('kp');
 SELECT is(pg_temp.acquire(:'r'), '(t,0,)', 'with only runs refused since the answer left, the run is the probe');
 -- The probe answered: the key works, the run asks as any other.
-SELECT runrow.append_step(:'r', pg_temp.token(:'r'), 'model_turn',
-    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
-    'end_turn');
+SELECT pg_temp.answered(:'r');
 SELECT is(pg_temp.acquire(:'o'), '(t,0,)', 'the key works: no probe, nobody held');
 SELECT runrow.finish_run(:'r', pg_temp.token(:'r'), 'completed');
 SELECT runrow.finish_run(:'o', pg_temp.token(:'o'), 'completed');
@@ -95,9 +76,7 @@ SELECT pg_temp.keyed_run('kold') AS q \gset
 SELECT pg_temp.refused(:'p');
 SELECT pg_temp.time_passes('kold');
 SELECT is(pg_temp.acquire(:'q'), '(t,0,)', 'another run''s probe');
-SELECT runrow.append_step(:'q', pg_temp.token(:'q'), 'model_turn',
-    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
-    'end_turn');
+SELECT pg_temp.answered(:'q');
 SELECT pg_temp.refused(:'q', 'authentication_error: invalid x-api-key');
 SELECT pg_temp.time_passes('kold');
 SELECT is(pg_temp.acquire(:'p'), '(t,0,)',

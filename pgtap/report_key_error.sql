@@ -5,33 +5,18 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
+\ir helpers/key_errors.psql
 SELECT plan(96);
 SELECT pg_temp.drain_queue();
 
-CREATE FUNCTION pg_temp.keyed_run(key text) RETURNS uuid LANGUAGE plpgsql AS $$
-DECLARE run uuid;
-BEGIN
-    SELECT e.run_id INTO run FROM runrow.enqueue_run(
-        conversation_id => gen_random_uuid(), content => '"hi"', model => 'test-model', rate_limit_key => key) AS e;
-    PERFORM pg_temp.claim(run);
-    RETURN run;
-END $$;
 CREATE FUNCTION pg_temp.report(run uuid, msg text DEFAULT 'authentication_error: invalid x-api-key')
 RETURNS numeric LANGUAGE sql AS $$
     SELECT runrow.report_key_error(run, pg_temp.token(run), msg, 5, 20, msg LIKE 'permission_error:%')
-$$;
-CREATE FUNCTION pg_temp.acquire(run uuid) RETURNS text LANGUAGE sql AS $$
-    SELECT (a.granted, a.wait_seconds, a.reason)::text FROM runrow.acquire_model_call(run, pg_temp.token(run), 10) AS a
 $$;
 CREATE FUNCTION pg_temp.streak(key text) RETURNS text LANGUAGE sql AS $$
     SELECT (l.key_errors, l.key_error_block::float8, l.key_probe_by IS NOT NULL,
             extract(EPOCH FROM l.blocked_until - now()))::text
     FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key
-$$;
--- The block (and the key error's own end) moved into the past: its time is up.
-CREATE FUNCTION pg_temp.time_passes(key text) RETURNS void LANGUAGE sql AS $$
-    UPDATE runrow.rate_limit SET blocked_until = now() - interval '1 second',
-        key_error_until = now() - interval '1 second' WHERE rate_limit_key = key
 $$;
 
 SELECT has_function('runrow', 'report_key_error', ARRAY['uuid', 'uuid', 'text', 'numeric', 'numeric', 'boolean'],
@@ -76,9 +61,7 @@ SELECT e.run_id AS q FROM runrow.enqueue_run(conversation_id => gen_random_uuid(
     model => 'test-model', rate_limit_key => 'kk') AS e \gset
 UPDATE runrow.agent_run SET not_before = (SELECT blocked_until FROM runrow.rate_limit WHERE rate_limit_key = 'kk')
 WHERE id = :'q';
-SELECT runrow.append_step(:'c', pg_temp.token(:'c'), 'model_turn',
-    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
-    'end_turn');
+SELECT pg_temp.answered(:'c');
 SELECT is((SELECT (key_errors, key_error, key_error_since, key_error_until, key_error_block, key_probe_by,
     blocked_until <= now())::text FROM runrow.rate_limit WHERE rate_limit_key = 'kk'), '(0,,,,,,t)',
     'the probe answered: the streak is over and its hold lifted');
@@ -93,9 +76,7 @@ SELECT pg_temp.keyed_run('kold') AS x \gset
 SELECT pg_temp.keyed_run('kold') AS y \gset
 SELECT is(pg_temp.acquire(:'x'), '(t,0,)', 'a request granted before the key broke');
 SELECT pg_temp.report(:'y');
-SELECT runrow.append_step(:'x', pg_temp.token(:'x'), 'model_turn',
-    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
-    'end_turn');
+SELECT pg_temp.answered(:'x');
 SELECT is(pg_temp.streak('kold'), '(1,5,f,5.000000)',
     'its answer, settled after the error, neither ends the streak nor lifts the block');
 
@@ -125,9 +106,7 @@ SELECT is(runrow.defer_run(:'e', pg_temp.token(:'e'), interval '2 seconds', 'blo
     'a deferral shorter than the block');
 SELECT is((SELECT not_before FROM runrow.agent_run WHERE id = :'e'), now() + interval '2 seconds',
     'keeps its own end (the claim holds the run to the block then)');
-SELECT runrow.append_step(:'p', pg_temp.token(:'p'), 'model_turn',
-    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
-    'end_turn');
+SELECT pg_temp.answered(:'p');
 SELECT is((SELECT not_before <= now() FROM runrow.agent_run WHERE id = :'d'), true,
     'the probe answered: the deferred run is due now');
 -- The third run defers only now, after the probe's answer lifted the block it was told: the
@@ -151,9 +130,7 @@ SELECT is(pg_temp.report(:'o', 'permission_error: no access to the beta'), 5.000
     'refused again with no answer between: still the key''s');
 SELECT pg_temp.time_passes('kown');
 SELECT is(pg_temp.acquire(:'s'), '(t,0,)', 'another run''s request is the probe');
-SELECT runrow.append_step(:'s', pg_temp.token(:'s'), 'model_turn',
-    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
-    'end_turn');
+SELECT pg_temp.answered(:'s');
 SELECT is((SELECT (key_errors, key_answers)::text FROM runrow.rate_limit WHERE rate_limit_key = 'kown'), '(0,1)',
     'the probe answered: the streak is over, the key''s answers counted');
 -- Fenced out: a stale token writes nothing, the run's own refusal or not.
@@ -175,16 +152,12 @@ SELECT runrow.finish_run(:'o2', pg_temp.token(:'o2'), 'completed');  -- no run l
 -- A run whose own request the key answered since its key error: a later one is the key's again.
 SELECT pg_temp.time_passes('kown');
 SELECT is(pg_temp.acquire(:'s'), '(t,0,)', 'the other run''s probe');
-SELECT runrow.append_step(:'s', pg_temp.token(:'s'), 'model_turn',
-    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
-    'end_turn');
+SELECT pg_temp.answered(:'s');
 SELECT is(pg_temp.acquire(:'s'), '(t,0,)', 'asks again, no probe');
 SELECT is(pg_temp.report(:'s', 'permission_error: no access to the beta'), 5.000, 'its first refusal: the key''s');
 SELECT pg_temp.time_passes('kown');
 SELECT is(pg_temp.acquire(:'s'), '(t,0,)', 'its own probe is granted');
-SELECT runrow.append_step(:'s', pg_temp.token(:'s'), 'model_turn',
-    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
-    'end_turn');
+SELECT pg_temp.answered(:'s');
 SELECT is((SELECT key_error_answers FROM runrow.agent_run WHERE id = :'s'), NULL::bigint,
     'its own request answered: its key error is forgotten');
 SELECT is(pg_temp.report(:'s', 'permission_error: no access to the beta'), 5.000,
@@ -201,9 +174,7 @@ SELECT is(pg_temp.report(:'p', 'permission_error: this organization has been dis
     'the first outage''s 403 blocks the key');
 SELECT pg_temp.time_passes('kagain');
 SELECT is(pg_temp.acquire(:'q'), '(t,0,)', 'another run''s probe');
-SELECT runrow.append_step(:'q', pg_temp.token(:'q'), 'model_turn',
-    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
-    'end_turn');
+SELECT pg_temp.answered(:'q');
 SELECT is(pg_temp.report(:'p', 'permission_error: this API key may not be used from this workspace'), 5.000,
     'the key broken again by another 403: a key error for the run that waited, not its own');
 SELECT is((SELECT (status, key_error_refused)::text FROM runrow.agent_run WHERE id = :'p'),
@@ -222,9 +193,7 @@ SELECT is(pg_temp.report(:'w', 'permission_error: this organization has been dis
     'the first outage''s 403 blocks the key');
 SELECT pg_temp.time_passes('ktwice');
 SELECT is(pg_temp.acquire(:'v'), '(t,0,)', 'another run''s probe');
-SELECT runrow.append_step(:'v', pg_temp.token(:'v'), 'model_turn',
-    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
-    'end_turn');
+SELECT pg_temp.answered(:'v');
 SELECT is(pg_temp.report(:'v', 'permission_error: this organization has been disabled'), 5.000,
     'the key breaks again with the same 403: a new streak');
 SELECT is(pg_temp.acquire(:'w'), '(f,5.000,blocked)', 'the run left waiting meets the new block');
@@ -240,9 +209,7 @@ SELECT pg_temp.time_passes('ktwice');
 SELECT is(pg_temp.acquire(:'w'), '(f,15,probe_elsewhere)',
     'refused a 403 since the key''s last answer: it leaves the probe to a run waiting beside it');
 SELECT is(pg_temp.acquire(:'u'), '(t,0,)', 'a third run''s probe');
-SELECT runrow.append_step(:'u', pg_temp.token(:'u'), 'model_turn',
-    json_build_array(json_build_object('type', 'text', 'text', 'ok')), NULL, '{"input_tokens": 3, "output_tokens": 2}',
-    'end_turn');
+SELECT pg_temp.answered(:'u');
 SELECT is(pg_temp.acquire(:'w'), '(t,0,)', 'the key works: the run asks');
 SELECT is(pg_temp.report(:'w', 'permission_error: this organization has been disabled'), NULL,
     'refused again while the key works: the run''s own');
