@@ -13,6 +13,11 @@ DECLARE
     block_end timestamptz;
     events jsonb;
     taken_back jsonb;
+    -- A deferral for 429s past the attempt's cap (the agent's reason 429_cap: ...): at most
+    -- this many a run (agent_run.cap_429_deferrals); the next spends the attempt.
+    max_cap_deferrals constant smallint := 3;
+    for_cap boolean := starts_with(defer_run.reason, '429_cap');
+    cap_deferrals smallint;
 BEGIN
     PERFORM runrow._require_not_null(defer_run.run_id, 'run_id');
     PERFORM runrow._require_not_null(defer_run.claim_token, 'claim_token');
@@ -37,8 +42,21 @@ BEGIN
     -- run waited out one more block, up to 300 s, with the key working (the model-calls
     -- audit). Read under a share lock: a probe's answer ending the block (it holds the row's
     -- lock) waits for this deferral and then finds the run held to the block's end.
-    SELECT a.rate_limit_key, a.block_told_until INTO key, told
+    SELECT a.rate_limit_key, a.block_told_until, a.cap_429_deferrals INTO key, told, cap_deferrals
     FROM runrow.agent_run AS a WHERE a.id = defer_run.run_id;
+    -- The cap on deferrals for 429s is the run's, not the worker's: each came after a run of
+    -- 429s that blocked the key for the whole fleet, and a worker that counts them wrong (or
+    -- not at all: examples/node) deferred for ever. Past it the run is released instead, its
+    -- attempt spent (release_run's ending: failed on a run's last attempt, the default), so
+    -- max_attempts bounds a 429 that never clears.
+    IF for_cap AND cap_deferrals >= max_cap_deferrals THEN
+        RETURN runrow._end_claim(
+            defer_run.run_id, defer_run.claim_token,
+            format('%s (after %s deferrals for 429s, the most defer_run gives a run: its attempt spent)',
+                left(defer_run.reason, 9900), cap_deferrals),
+            NULL, defer_run.retry_in
+        );
+    END IF;
     -- Only a block in force is locked (and read): a rate_limited deferral (frequent under a
     -- tight limit) must not queue the key's grants behind it (the review).
     SELECT l.blocked_until INTO key_block
@@ -70,6 +88,7 @@ BEGIN
         model_call_reserved = NULL,
         model_call_attempt = NULL,
         block_told_until = NULL,
+        cap_429_deferrals = a.cap_429_deferrals + CASE WHEN for_cap AND NOT a.cancel_requested THEN 1 ELSE 0 END,
         updated_at = now()
     WHERE a.id = defer_run.run_id
     RETURNING a.* INTO r;
@@ -112,8 +131,14 @@ COMMENT ON FUNCTION runrow.defer_run(uuid, uuid, interval, text) IS
 'kept as its error and journaled in run_requeued (with not_before and deferred = true), after a '
 'superseded event for the next claim (which has this attempt number) when this claim streamed '
 'deltas after the work it committed (_superseded_event); the '
-'dispatchers are woken only when it is due at once. Fenced by claim_token and status running. Returns deferred, or cancelled (a stop was '
-'pending; complete journaled), or NULL when fenced out (nothing written). Bad input (a NULL '
+'dispatchers are woken only when it is due at once. A reason beginning 429_cap (a worker''s '
+'deferral after too many 429s in one attempt) is counted in agent_run.cap_429_deferrals, at most '
+'3 a run whoever calls: a 4th is not deferred but released as release_run releases, its attempt '
+'spent (requeued for retry_in with attempts left; failed, or dead, on its last attempt: the '
+'default max_attempts 1 fails), error the reason followed by (after 3 deferrals for 429s, ...). '
+'Fenced by claim_token and status running. Returns deferred, or cancelled (a stop was '
+'pending; complete journaled), or past the 429 cap requeued, failed, dead or cancelled, or NULL '
+'when fenced out (nothing written, nothing counted). Bad input (a NULL '
 'argument, retry_in out of range, a reason empty, of white space only or over 10000 characters) '
 'raises 22004/22023 naming it and writes nothing.';
 

@@ -146,7 +146,8 @@ BEGIN
     '0099_key_error_refused',
     '0100_fire_schedules_pass',
     '0101_key_error_probe',
-    '0102_webhook_late_complete'
+    '0102_webhook_late_complete',
+    '0103_429_cap_in_sql'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -9158,6 +9159,57 @@ INSERT INTO runrow._yoyo_migration VALUES ('82e7e3c68bc64a72d91832fd3a27afd9ce3e
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '82e7e3c68bc64a72d91832fd3a27afd9ce3e1f25de293d0ff600008dc1c5d6de', '0102_webhook_late_complete', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0103_429_cap_in_sql
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'bbb57687847ad1c479bd1e6f8aca42ac7a94104c5f77c3e89c75d95e3b00ea0f') AS apply_bbb57687847a \gset
+\if :apply_bbb57687847a
+-- depends: 0100_fire_schedules_pass
+-- The agent's cap on deferrals for 429s (pyworker/agent/limits.py: a run refused 6 times in one
+-- attempt is deferred, its attempt given back, at most 3 times; after that such a 429 spends an
+-- attempt) lived only in the Python worker, which counted the earlier deferrals by paging the
+-- run's whole journal. Another worker (examples/node), a bug, or a trimmed journal deferred for
+-- ever, each deferral after a run of 429s that blocked the key for the whole fleet. The count is
+-- the run's now (agent_run.cap_429_deferrals, written only by defer_run), and defer_run keeps the
+-- cap: a deferral whose reason begins with 429_cap past the third is not one, it spends the
+-- attempt as release_run does (functions/defer_run.sql).
+--
+-- agent_run's column goes at the end of the row, behind the model-call and key-error columns
+-- (0080, 0084, 0095, 0099): a claim, a heartbeat and a finish never write it, and a NOT NULL
+-- default is the catalogue's (no rewrite). No CHECK: one is evaluated on every update of the
+-- row, the claim's and the heartbeat's too, and defer_run is the column's only writer.
+
+ALTER TABLE runrow.agent_run
+ADD COLUMN cap_429_deferrals smallint NOT NULL DEFAULT 0;
+
+COMMENT ON COLUMN runrow.agent_run.cap_429_deferrals IS
+'How many times defer_run deferred this run with a reason beginning 429_cap (a worker''s '
+'deferral after too many 429s in one attempt), at most 3: defer_run spends the attempt instead '
+'of a fourth (release_run''s ending). Written only by defer_run.';
+
+-- 0073: a column is the auditor's only when granted.
+GRANT SELECT (cap_429_deferrals) ON runrow.agent_run TO runrow_auditor;
+
+-- The runs waiting or running now keep the count their journals hold (the worker's count until
+-- now): a run deferred 3 times before the upgrade is not given 3 more.
+UPDATE runrow.agent_run AS a
+SET cap_429_deferrals = least(3, d.n)
+FROM (
+    SELECT
+        e.run_id,
+        count(*) AS n
+    FROM runrow.run_event AS e
+    INNER JOIN runrow.agent_run AS r ON e.run_id = r.id
+    WHERE
+        r.status IN ('queued', 'running')
+        AND e.type = 'run_requeued'
+        AND e.payload ->> 'deferred' = 'true'
+        AND starts_with(e.payload ->> 'error', '429_cap')
+    GROUP BY e.run_id
+) AS d
+WHERE a.id = d.run_id;
+INSERT INTO runrow._yoyo_migration VALUES ('bbb57687847ad1c479bd1e6f8aca42ac7a94104c5f77c3e89c75d95e3b00ea0f', '0103_429_cap_in_sql', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'bbb57687847ad1c479bd1e6f8aca42ac7a94104c5f77c3e89c75d95e3b00ea0f', '0103_429_cap_in_sql', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -15373,6 +15425,11 @@ DECLARE
     block_end timestamptz;
     events jsonb;
     taken_back jsonb;
+    -- A deferral for 429s past the attempt's cap (the agent's reason 429_cap: ...): at most
+    -- this many a run (agent_run.cap_429_deferrals); the next spends the attempt.
+    max_cap_deferrals constant smallint := 3;
+    for_cap boolean := starts_with(defer_run.reason, '429_cap');
+    cap_deferrals smallint;
 BEGIN
     PERFORM runrow._require_not_null(defer_run.run_id, 'run_id');
     PERFORM runrow._require_not_null(defer_run.claim_token, 'claim_token');
@@ -15397,8 +15454,21 @@ BEGIN
     -- run waited out one more block, up to 300 s, with the key working (the model-calls
     -- audit). Read under a share lock: a probe's answer ending the block (it holds the row's
     -- lock) waits for this deferral and then finds the run held to the block's end.
-    SELECT a.rate_limit_key, a.block_told_until INTO key, told
+    SELECT a.rate_limit_key, a.block_told_until, a.cap_429_deferrals INTO key, told, cap_deferrals
     FROM runrow.agent_run AS a WHERE a.id = defer_run.run_id;
+    -- The cap on deferrals for 429s is the run's, not the worker's: each came after a run of
+    -- 429s that blocked the key for the whole fleet, and a worker that counts them wrong (or
+    -- not at all: examples/node) deferred for ever. Past it the run is released instead, its
+    -- attempt spent (release_run's ending: failed on a run's last attempt, the default), so
+    -- max_attempts bounds a 429 that never clears.
+    IF for_cap AND cap_deferrals >= max_cap_deferrals THEN
+        RETURN runrow._end_claim(
+            defer_run.run_id, defer_run.claim_token,
+            format('%s (after %s deferrals for 429s, the most defer_run gives a run: its attempt spent)',
+                left(defer_run.reason, 9900), cap_deferrals),
+            NULL, defer_run.retry_in
+        );
+    END IF;
     -- Only a block in force is locked (and read): a rate_limited deferral (frequent under a
     -- tight limit) must not queue the key's grants behind it (the review).
     SELECT l.blocked_until INTO key_block
@@ -15430,6 +15500,7 @@ BEGIN
         model_call_reserved = NULL,
         model_call_attempt = NULL,
         block_told_until = NULL,
+        cap_429_deferrals = a.cap_429_deferrals + CASE WHEN for_cap AND NOT a.cancel_requested THEN 1 ELSE 0 END,
         updated_at = now()
     WHERE a.id = defer_run.run_id
     RETURNING a.* INTO r;
@@ -15472,8 +15543,14 @@ COMMENT ON FUNCTION runrow.defer_run(uuid, uuid, interval, text) IS
 'kept as its error and journaled in run_requeued (with not_before and deferred = true), after a '
 'superseded event for the next claim (which has this attempt number) when this claim streamed '
 'deltas after the work it committed (_superseded_event); the '
-'dispatchers are woken only when it is due at once. Fenced by claim_token and status running. Returns deferred, or cancelled (a stop was '
-'pending; complete journaled), or NULL when fenced out (nothing written). Bad input (a NULL '
+'dispatchers are woken only when it is due at once. A reason beginning 429_cap (a worker''s '
+'deferral after too many 429s in one attempt) is counted in agent_run.cap_429_deferrals, at most '
+'3 a run whoever calls: a 4th is not deferred but released as release_run releases, its attempt '
+'spent (requeued for retry_in with attempts left; failed, or dead, on its last attempt: the '
+'default max_attempts 1 fails), error the reason followed by (after 3 deferrals for 429s, ...). '
+'Fenced by claim_token and status running. Returns deferred, or cancelled (a stop was '
+'pending; complete journaled), or past the 429 cap requeued, failed, dead or cancelled, or NULL '
+'when fenced out (nothing written, nothing counted). Bad input (a NULL '
 'argument, retry_in out of range, a reason empty, of white space only or over 10000 characters) '
 'raises 22004/22023 naming it and writes nothing.';
 

@@ -49,13 +49,14 @@ HOT = [
 # model_call_reserved, model_call_attempt: 0080, written by acquire_model_call and the settle;
 # block_told_until: 0084, written by acquire_model_call's refusals, report_key_error, defer_run;
 # key_error_answers: 0095, written by report_key_error and the settle; key_error_refused: 0099,
-# written by report_key_error.
+# written by report_key_error; cap_429_deferrals: 0103, written by defer_run.
 AFTER_HOT = [
     "model_call_reserved",
     "model_call_attempt",
     "block_told_until",
     "key_error_answers",
     "key_error_refused",
+    "cap_429_deferrals",
 ]
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer

@@ -15,10 +15,10 @@ report_rate_limited).
 - a 429: report the key blocked for the API's retry-after (or a backoff when it gave none),
   then ask again as above. Past `MAX_429_IN_ATTEMPT` of them in one attempt the run is
   deferred for the block instead (its attempt given back: a 429 is never billed), at most
-  `MAX_429_DEFERRALS` times a run (counted in its journal); after that such a 429 releases it,
-  spending an attempt. A 429 about input tokens per minute for a request whose uncached text
-  alone is more than that limit (`never_fits`) fails the run once and blocks nothing. A
-  `rate_limit_error` event mid-stream is a 429 too (model.py).
+  `MAX_429_DEFERRALS` times a run (counted and capped by defer_run in the database); after
+  that such a deferral releases it, spending an attempt. A 429 about input tokens per minute
+  for a request whose uncached text alone is more than that limit (`never_fits`) fails the
+  run once and blocks nothing. A `rate_limit_error` event mid-stream is a 429 too (model.py).
 
 - a response whose rate-limit headers say the requests bucket is empty
   (`anthropic-ratelimit-requests-remaining: 0`, pyworker/agent/ratelimit_headers.py): the next
@@ -66,7 +66,6 @@ from pyworker.worker import metrics
 from pyworker.worker.backoff import retry_in
 from pyworker.worker.handler import Outcome, RunContext
 from pyworker.worker.journal import RunLost
-from pyworker.worker.journal_pages import run_journal
 
 DEFAULT_MAX_WAIT = 10.0
 KEY_ERROR_FIRST_BLOCK = 5.0
@@ -359,39 +358,23 @@ def never_fits(failed: TurnFailed, params: dict[str, Any], cache: str) -> str | 
 # a minute, so a run refused 24 times across 4 claims and their waits is not going to be served
 # by waiting longer, and every further 429 stops the fleet again. 3: a burst of several minutes'
 # contention still costs no attempt; a limit that never clears costs 24 blocks, not unbounded.
+# The database keeps the count and the cap (defer_run, agent_run.cap_429_deferrals: migration
+# 0103), whatever worker defers the run; this is its value, for the logs and the tests.
 MAX_429_DEFERRALS = 3
-# The reason defer_run records (run_requeued.error) for such a deferral: how the count is found
-# again, as the worker's own count dies with the claim.
+# The reason's prefix that makes defer_run count a deferral against the cap.
 PAST_429_CAP = "429_cap"
 
 
 async def _past_429_cap(ctx: RunContext, failed: TurnFailed, count: int, block: float) -> Outcome:
     """Enough 429s for one attempt: hand the slot back until the block ends. Deferred, not
     released, the first MAX_429_DEFERRALS times (a 429 is never billed, and a run on its one
-    attempt, the default, must not fail for a wait); after that released, spending an attempt."""
-    run = ctx.run
-    deferred = await _429_deferrals(ctx)
-    if deferred >= MAX_429_DEFERRALS:
-        ctx.log.warning("429 x%d in this attempt, after %d deferrals: releasing the run", count, deferred)
-        return Outcome(
-            "release",
-            error=f"{failed} ({count} in this attempt, after {deferred} deferrals for 429s)",
-            retry_in=max(block, retry_in(run.attempt, failed.retry_after)),
-        )
-    ctx.log.info("429 x%d in this attempt: run deferred for %.2fs, its attempt given back", count, block)
+    attempt, the default, must not fail for a wait); after that defer_run releases it instead,
+    spending its attempt (its error then says after how many deferrals)."""
+    ctx.log.info(
+        "429 x%d in this attempt: run deferred for %.2fs, its attempt given back (released past %d such)",
+        count,
+        block,
+        MAX_429_DEFERRALS,
+    )
     error = f"{PAST_429_CAP}: {count} in one attempt: {failed}"
     return Outcome("defer", error=error, retry_in=max(0.001, block))
-
-
-async def _429_deferrals(ctx: RunContext) -> int:
-    """The run's deferrals for 429s past the attempt's cap so far, from its journal
-    (run_requeued, deferred, error PAST_429_CAP): read only when one more is due."""
-    count = 0
-    async for e in run_journal(ctx):
-        if (
-            e.type == "run_requeued"
-            and e.payload.get("deferred") is True
-            and str(e.payload.get("error", "")).startswith(PAST_429_CAP + ":")
-        ):
-            count += 1
-    return count

@@ -1,5 +1,5 @@
-"""A run's whole journal, read page by page through read_events: what a resumed attempt and the
-agent's 429 cap both walk (they each had the paging loop)."""
+"""A run's whole journal, read page by page through read_events: what a resumed attempt walks
+(supersede.py). The agent's 429 cap walked it too until defer_run kept the count (0103)."""
 
 from __future__ import annotations
 
