@@ -147,7 +147,7 @@ BEGIN
     '0100_fire_schedules_pass',
     '0101_key_error_probe',
     '0102_webhook_late_complete',
-    '0103_429_cap_in_sql'
+    '0103_429_cap_and_clock_set_back'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -9159,11 +9159,11 @@ INSERT INTO runrow._yoyo_migration VALUES ('82e7e3c68bc64a72d91832fd3a27afd9ce3e
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '82e7e3c68bc64a72d91832fd3a27afd9ce3e1f25de293d0ff600008dc1c5d6de', '0102_webhook_late_complete', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
--- migration 0103_429_cap_in_sql
-SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'bbb57687847ad1c479bd1e6f8aca42ac7a94104c5f77c3e89c75d95e3b00ea0f') AS apply_bbb57687847a \gset
-\if :apply_bbb57687847a
+-- migration 0103_429_cap_and_clock_set_back
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'daa4162be349a73ba30caba90aefcb39b01b22eedfc5eec222d932767f0c2410') AS apply_daa4162be349 \gset
+\if :apply_daa4162be349
 -- depends: 0100_fire_schedules_pass
--- The agent's cap on deferrals for 429s (pyworker/agent/limits.py: a run refused 6 times in one
+-- (1) The agent's cap on deferrals for 429s (pyworker/agent/limits.py: a run refused 6 times in one
 -- attempt is deferred, its attempt given back, at most 3 times; after that such a 429 spends an
 -- attempt) lived only in the Python worker, which counted the earlier deferrals by paging the
 -- run's whole journal. Another worker (examples/node), a bug, or a trimmed journal deferred for
@@ -9206,8 +9206,16 @@ FROM (
     GROUP BY e.run_id
 ) AS d
 WHERE a.id = d.run_id;
-INSERT INTO runrow._yoyo_migration VALUES ('bbb57687847ad1c479bd1e6f8aca42ac7a94104c5f77c3e89c75d95e3b00ea0f', '0103_429_cap_in_sql', now() AT TIME ZONE 'UTC');
-INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'bbb57687847ad1c479bd1e6f8aca42ac7a94104c5f77c3e89c75d95e3b00ea0f', '0103_429_cap_in_sql', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+
+-- (2) Schedules silent after the database clock is set back: a pass run while the clock was ahead
+-- (a wrong NTP step) moved next_fire_at to the first tick after that future instant, and once the
+-- clock was set back the schedule stayed silent for as long as it had been ahead, with no
+-- last_error. Every writer stamps updated_at with now(), so such a row has updated_at > now():
+-- each firing pass looks for those through this index (a range that is empty but for then) and
+-- moves their next tick back (functions/_schedule_helpers.sql, _rewind_schedules).
+CREATE INDEX schedule_updated_at ON runrow.schedule (updated_at);
+INSERT INTO runrow._yoyo_migration VALUES ('daa4162be349a73ba30caba90aefcb39b01b22eedfc5eec222d932767f0c2410', '0103_429_cap_and_clock_set_back', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'daa4162be349a73ba30caba90aefcb39b01b22eedfc5eec222d932767f0c2410', '0103_429_cap_and_clock_set_back', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
 -- functions/: re-applied on every install, like `runrow migrate`
@@ -12439,6 +12447,65 @@ AS $fn$
     SELECT md5(runrow._schedule_tick_key(schedule_id, tick))::uuid;
 $fn$;
 
+-- Schedules whose next tick was computed by a clock ahead of `at`: the database clock ran ahead
+-- (a wrong NTP step, a VM restored from a snapshot taken later) and was set back. A pass then
+-- moved next_fire_at to the first tick after that future instant, and the schedule stayed silent
+-- for as long as the clock had been ahead, with no last_error (a passed_over_at stamped then kept
+-- a busy one out of the firing order as long). Every writer of a schedule stamps updated_at with
+-- now(), so a row written by the clock that ran ahead has updated_at > now() once it is set
+-- back: an index range (schedule_updated_at, migration 0103) that is empty but for then. Such a
+-- row whose next_fire_at is later than the first tick after `at` is moved back to that tick, and
+-- last_error says so (runrow_schedules_with_last_error counts it until its next tick fires); a
+-- tick fired while the clock was ahead is a replay when the clock reaches it again (its key).
+-- Each row is written once (updated_at = now()), under its row lock, skipping rows a pass holds.
+-- No SET clause: it runs under _fire_schedules_pass's pinned search_path.
+CREATE OR REPLACE FUNCTION runrow._rewind_schedules(at timestamptz, max_schedules integer)
+RETURNS integer
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    candidate uuid;
+    s runrow.schedule;
+    first_tick timestamptz;
+    rewound integer := 0;
+BEGIN
+    FOR candidate IN
+        SELECT x.id FROM runrow.schedule AS x
+        WHERE x.updated_at > _rewind_schedules.at
+        ORDER BY x.updated_at
+        LIMIT _rewind_schedules.max_schedules
+    LOOP
+        SELECT * INTO s FROM runrow.schedule AS x
+        WHERE x.id = candidate AND x.updated_at > _rewind_schedules.at
+        FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND OR s.next_fire_at = 'infinity';
+        BEGIN
+            first_tick := runrow._cron_next(runrow._cron_parse(s.cron), _rewind_schedules.at);
+        EXCEPTION WHEN data_exception THEN
+            CONTINUE;  -- the firing pass stops it when it is due
+        END;
+        UPDATE runrow.schedule AS x SET
+            next_fire_at = least(x.next_fire_at, first_tick),
+            passed_over_at = CASE WHEN x.passed_over_at <= _rewind_schedules.at THEN x.passed_over_at END,
+            last_error = CASE
+                WHEN x.next_fire_at > first_tick OR x.passed_over_at > _rewind_schedules.at THEN format(
+                    'the database clock was set back: this schedule was written at %s, %s ahead of %s, '
+                    'and its next tick %s was counted from then; moved back to %s, the first tick after now',
+                    to_char(x.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+                    x.updated_at - _rewind_schedules.at,
+                    to_char(_rewind_schedules.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+                    to_char(x.next_fire_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI"Z"'),
+                    to_char(least(x.next_fire_at, first_tick) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI"Z"'))
+                ELSE x.last_error
+            END,
+            updated_at = now()
+        WHERE x.id = s.id;
+        rewound := rewound + 1;
+    END LOOP;
+    RETURN rewound;
+END
+$fn$;
+
 -- fire_schedules_pass with the clock as an argument, so tests can stand at any instant; the
 -- public functions pass now(). Each due schedule is taken under its row lock, skipping
 -- rows another pass holds; its missed ticks are enqueued by the catch-up policy and
@@ -12510,7 +12577,9 @@ DECLARE
     busy text;
     last_run uuid;
 BEGIN
-    moved_on := 0;
+    -- Schedules counted from a clock that has since been set back come first: they are not due,
+    -- and would stay silent for as long as the clock was ahead.
+    moved_on := runrow._rewind_schedules(_fire_schedules_pass.at, _fire_schedules_pass.max_schedules);
     -- A list, not a cursor: each row is locked by id below, and a row this pass leaves due
     -- (stamped, so later in the order) is not met again.
     candidates := ARRAY(
@@ -12646,6 +12715,7 @@ REVOKE ALL ON FUNCTION runrow._cron_next(runrow.cron_spec, timestamptz) FROM PUB
 REVOKE ALL ON FUNCTION runrow._cron_prev(runrow.cron_spec, timestamptz, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._schedule_tick_key(uuid, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._schedule_conversation(uuid, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._rewind_schedules(timestamptz, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._fire_schedules_pass(timestamptz, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._fire_schedules(timestamptz, integer) FROM PUBLIC;
 
@@ -12677,6 +12747,14 @@ COMMENT ON FUNCTION runrow._schedule_conversation(uuid, timestamptz) IS
 COMMENT ON FUNCTION runrow._fire_schedules(timestamptz, integer) IS
 'Private; fire_schedules calls it with now(). _fire_schedules_pass at `at`, returning only the '
 'number of runs created.';
+COMMENT ON FUNCTION runrow._rewind_schedules(timestamptz, integer) IS
+'Private; _fire_schedules_pass calls it first. Up to max_schedules schedules written by a clock '
+'ahead of `at` (updated_at > at: the database clock was set back since), each under its row lock '
+'taken FOR UPDATE SKIP LOCKED: next_fire_at becomes the first tick after `at` when it was later '
+'(counted from the future instant), a passed_over_at after `at` is cleared, last_error says '
+'what was moved back, and updated_at becomes now(), so a row is taken once. A stopped schedule '
+'(next_fire_at infinity) or a cron that does not parse is left to the firing pass. Returns the '
+'schedules it wrote.';
 COMMENT ON FUNCTION runrow._fire_schedules_pass(timestamptz, integer) IS
 'Private; fire_schedules_pass calls it with now(), _fire_schedules wraps it. Fires up to max_schedules schedules due at `at` '
 '(next_fire_at <= at), in the order of greatest(next_fire_at, passed_over_at), each under its '
@@ -12692,8 +12770,10 @@ COMMENT ON FUNCTION runrow._fire_schedules_pass(timestamptz, integer) IS
 'with if_active = interrupt), so the backend''s subxid cache never overflows: it stops before '
 'the tick that would pass 64, and a schedule stopped between its missed ticks keeps the first '
 'one not tried as next_fire_at. A cron that does not parse stops its schedule (next_fire_at '
-'infinity). Returns enqueued, the number of runs created, and moved_on, the schedules it moved '
-'on (fired, their ticks skipped for good, or stopped); a pass that moved on max_schedules may '
+'infinity). First, _rewind_schedules moves back the next tick of schedules written by a clock '
+'ahead of `at` (the database clock set back), up to max_schedules of them. Returns enqueued, the '
+'number of runs created, and moved_on, the schedules it moved on (fired, their ticks skipped for '
+'good, stopped, or moved back by _rewind_schedules); a pass that moved on max_schedules may '
 'have left more due.';
 
 -- functions/_steps_helpers.sql

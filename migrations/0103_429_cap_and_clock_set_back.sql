@@ -1,5 +1,5 @@
 -- depends: 0100_fire_schedules_pass
--- The agent's cap on deferrals for 429s (pyworker/agent/limits.py: a run refused 6 times in one
+-- (1) The agent's cap on deferrals for 429s (pyworker/agent/limits.py: a run refused 6 times in one
 -- attempt is deferred, its attempt given back, at most 3 times; after that such a 429 spends an
 -- attempt) lived only in the Python worker, which counted the earlier deferrals by paging the
 -- run's whole journal. Another worker (examples/node), a bug, or a trimmed journal deferred for
@@ -42,3 +42,11 @@ FROM (
     GROUP BY e.run_id
 ) AS d
 WHERE a.id = d.run_id;
+
+-- (2) Schedules silent after the database clock is set back: a pass run while the clock was ahead
+-- (a wrong NTP step) moved next_fire_at to the first tick after that future instant, and once the
+-- clock was set back the schedule stayed silent for as long as it had been ahead, with no
+-- last_error. Every writer stamps updated_at with now(), so such a row has updated_at > now():
+-- each firing pass looks for those through this index (a range that is empty but for then) and
+-- moves their next tick back (functions/_schedule_helpers.sql, _rewind_schedules).
+CREATE INDEX schedule_updated_at ON runrow.schedule (updated_at);
