@@ -1,4 +1,4 @@
--- depends: 0100_fire_schedules_pass
+-- depends: 0101_key_error_probe
 -- A delivery whose POST succeeded could end dead-lettered: when its last attempt's lease ran
 -- out before the sender recorded the 2xx (a slow database, a sender paused past the 20 s
 -- lease), the next claim dead-lettered it and cleared its claim token, so the sender's late

@@ -1,4 +1,4 @@
--- depends: 0100_fire_schedules_pass
+-- depends: 0102_webhook_late_complete
 -- (1) The agent's cap on deferrals for 429s (pyworker/agent/limits.py: a run refused 6 times in one
 -- attempt is deferred, its attempt given back, at most 3 times; after that such a 429 spends an
 -- attempt) lived only in the Python worker, which counted the earlier deferrals by paging the

@@ -9131,7 +9131,7 @@ INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'fc02c992d70c2958d
 -- migration 0102_webhook_late_complete
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '82e7e3c68bc64a72d91832fd3a27afd9ce3e1f25de293d0ff600008dc1c5d6de') AS apply_82e7e3c68bc6 \gset
 \if :apply_82e7e3c68bc6
--- depends: 0100_fire_schedules_pass
+-- depends: 0101_key_error_probe
 -- A delivery whose POST succeeded could end dead-lettered: when its last attempt's lease ran
 -- out before the sender recorded the 2xx (a slow database, a sender paused past the 20 s
 -- lease), the next claim dead-lettered it and cleared its claim token, so the sender's late
@@ -9162,7 +9162,7 @@ INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '82e7e3c68bc64a72d
 -- migration 0103_429_cap_and_clock_set_back
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'daa4162be349a73ba30caba90aefcb39b01b22eedfc5eec222d932767f0c2410') AS apply_daa4162be349 \gset
 \if :apply_daa4162be349
--- depends: 0100_fire_schedules_pass
+-- depends: 0102_webhook_late_complete
 -- (1) The agent's cap on deferrals for 429s (pyworker/agent/limits.py: a run refused 6 times in one
 -- attempt is deferred, its attempt given back, at most 3 times; after that such a 429 spends an
 -- attempt) lived only in the Python worker, which counted the earlier deferrals by paging the
