@@ -348,6 +348,23 @@ def test_the_stop_sequence_that_fired_is_in_the_result_and_the_model_turn_event(
     assert json.loads(payload) == [{"type": "text", "text": "Hello there. "}]
 
 
+def test_a_fork_at_a_stop_sequence_turn_ends_with_the_sequence_its_source_met(db, fake) -> None:
+    # fork_run copies the steps, not the journal: the turn's model_turn event (which keeps the
+    # sequence that fired) is the source's, or further up a chain of forks.
+    fake.set_scenario(script(turn(Text("Hello there. STOP and more"))))
+    source = enqueue_agent(db, "Hi", tools=[], metadata={"stop_sequences": ["END", "STOP"]})
+    expected = finish(db, source)["result"]
+    assert expected["stop_sequence"] == "STOP"
+    run = source
+    for _ in range(2):  # a fork, then a fork of the fork
+        (run,) = db.execute(
+            "SELECT new_run_id FROM runrow.fork_run(run_id => %s, at_seq => 1)", (run,)
+        ).fetchone()
+        row = finish(db, run)
+        assert (row["status"], row["result"]) == ("completed", expected), row
+    assert len(fake.requests) == 1  # neither fork asked the model again
+
+
 def test_an_answer_that_meets_no_stop_sequence_has_none_in_its_result(db, fake) -> None:
     fake.set_scenario(script(turn(Text("Hello!"))))
     run = enqueue_agent(db, "Hi", tools=[], metadata={"stop_sequences": ["END"]})

@@ -162,7 +162,7 @@ async def handle(ctx: RunContext) -> Outcome:
                 # and its tool_use input may be cut anywhere: running it must never happen. Nor
                 # can the model be asked again past it (the step log is append-only and every
                 # rebuild sends it back), so the run ends, failed once, saying so (_ending).
-                fields = await recorded_ending(ctx, turn_seq)
+                fields = await recorded_ending(ctx, turn_seq, known_stops[turn_seq])
                 return _ending(known_stops[turn_seq], history.final_text(), fields)
             # At the cap no model call may follow, so nothing would read these results.
             capped = await cap.reached(history)
@@ -192,7 +192,7 @@ async def handle(ctx: RunContext) -> Outcome:
                 )
             if stop != "pause_turn":
                 # A turn this attempt made ended the loop above; this one is an earlier attempt's.
-                return _ending(stop, history.final_text(), await recorded_ending(ctx, last.seq))
+                return _ending(stop, history.final_text(), await recorded_ending(ctx, last.seq, stop))
         capped = await cap.reached(history)
         if capped is not None:
             return capped

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Any
+from uuid import UUID
 
 from pyworker.db import api
 from pyworker.worker.handler import RunContext
@@ -12,12 +13,14 @@ from pyworker.worker.handler import RunContext
 PAGE = 10000  # read_events' own page limit
 
 
-async def run_journal(ctx: RunContext) -> AsyncIterator[Any]:
-    """The run's events in seq order, from its first."""
+async def run_journal(ctx: RunContext, run_id: UUID | None = None) -> AsyncIterator[Any]:
+    """The events of the run (ctx's own, or `run_id`, e.g. a fork's source) in seq order, from
+    its first."""
+    run = ctx.run.run_id if run_id is None else run_id
     cursor = 0
     while True:
         events = await ctx.db(
-            lambda conn, after=cursor: api.read_events(conn, ctx.run.run_id, after, PAGE), "journal read"
+            lambda conn, after=cursor: api.read_events(conn, run, after, PAGE), "journal read"
         )
         for event in events:
             yield event
