@@ -83,8 +83,17 @@ BEGIN
     IF refused = last_refused AND l.key_answers = seen AND l.key_probe_by = report_key_error.run_id
        AND l.key_error_since <= now() - make_interval(secs => greatest(report_key_error.max_block_seconds, 600)::float8)
        AND NOT EXISTS (
-           SELECT 1 FROM runrow.agent_run AS o
-           WHERE o.rate_limit_key = key AND o.status IN ('queued', 'running') AND o.id <> report_key_error.run_id
+           -- Two arms, each implying a partial index's predicate (agent_run_queued_by_conversation,
+           -- agent_run_one_active_per_conversation): no index has rate_limit_key, and status IN
+           -- ('queued', 'running') implied neither, so every read scanned the whole history
+           --.
+           SELECT 1
+           FROM (
+               SELECT o.id, o.rate_limit_key FROM runrow.agent_run AS o WHERE o.status = 'queued'
+               UNION ALL
+               SELECT o.id, o.rate_limit_key FROM runrow.agent_run AS o WHERE o.status = 'running'
+           ) AS o
+           WHERE o.rate_limit_key = key AND o.id <> report_key_error.run_id
        ) THEN
         -- The key's only open run: no other request can answer, and its probe is refused with the
         -- same 403 when the key's streak of refusals began at least max_block_seconds, and at

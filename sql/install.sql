@@ -13443,14 +13443,27 @@ BEGIN
     -- Alone, it is the probe (report_key_error's lone-run rule ends it). 15 s, as for
     -- budget_reserved: longer than a worker waits in place, so the run is deferred and frees its
     -- slot (a concurrency limit of one held the waiting run out). Read only while the key has a
-    -- key error: a key that works takes no statement more.
+    -- key error: a key that works takes no statement more. No index has rate_limit_key: each arm
+    -- below implies the predicate of a partial index of open runs (running:
+    -- agent_run_one_active_per_conversation; queued and claimable: agent_run_claimable; queued
+    -- and delayed, by not_before: agent_run_delayed), so the read costs the open runs, not the
+    -- history. One test of status across two of them left the planner a seq
+    -- scan of the whole table, every 15 s per suspect run (issue 11).
     IF l.key_errors > 0 AND r.key_error_refused IS NOT NULL AND r.key_error_answers = l.key_answers
        AND EXISTS (
-           SELECT 1 FROM runrow.agent_run AS o
+           SELECT 1
+           FROM (
+               SELECT o.id, o.conversation_id, o.rate_limit_key, o.key_error_refused, o.key_error_answers
+               FROM runrow.agent_run AS o WHERE o.status = 'running'
+               UNION ALL
+               SELECT o.id, o.conversation_id, o.rate_limit_key, o.key_error_refused, o.key_error_answers
+               FROM runrow.agent_run AS o WHERE o.status = 'queued' AND NOT o.claim_blocked AND o.not_before IS NULL
+               UNION ALL
+               SELECT o.id, o.conversation_id, o.rate_limit_key, o.key_error_refused, o.key_error_answers
+               FROM runrow.agent_run AS o
+               WHERE o.status = 'queued' AND NOT o.claim_blocked AND o.not_before <= now() + interval '15 seconds'
+           ) AS o
            WHERE o.rate_limit_key = l.rate_limit_key AND o.id <> r.id AND o.conversation_id <> r.conversation_id
-             AND (o.status = 'running'
-                  OR (o.status = 'queued' AND NOT o.claim_blocked
-                      AND coalesce(o.not_before, now()) <= now() + interval '15 seconds'))
              AND (o.key_error_refused IS NULL OR o.key_error_answers IS DISTINCT FROM l.key_answers)
        ) THEN
         IF r.block_told_until IS NOT NULL THEN
@@ -17562,8 +17575,17 @@ BEGIN
     IF refused = last_refused AND l.key_answers = seen AND l.key_probe_by = report_key_error.run_id
        AND l.key_error_since <= now() - make_interval(secs => greatest(report_key_error.max_block_seconds, 600)::float8)
        AND NOT EXISTS (
-           SELECT 1 FROM runrow.agent_run AS o
-           WHERE o.rate_limit_key = key AND o.status IN ('queued', 'running') AND o.id <> report_key_error.run_id
+           -- Two arms, each implying a partial index's predicate (agent_run_queued_by_conversation,
+           -- agent_run_one_active_per_conversation): no index has rate_limit_key, and status IN
+           -- ('queued', 'running') implied neither, so every read scanned the whole history
+           --.
+           SELECT 1
+           FROM (
+               SELECT o.id, o.rate_limit_key FROM runrow.agent_run AS o WHERE o.status = 'queued'
+               UNION ALL
+               SELECT o.id, o.rate_limit_key FROM runrow.agent_run AS o WHERE o.status = 'running'
+           ) AS o
+           WHERE o.rate_limit_key = key AND o.id <> report_key_error.run_id
        ) THEN
         -- The key's only open run: no other request can answer, and its probe is refused with the
         -- same 403 when the key's streak of refusals began at least max_block_seconds, and at

@@ -117,6 +117,38 @@ def enqueue(
     ]
 
 
+def fill_finished(
+    conn: psycopg.Connection, runs: int, batch: int = 2000, rate_limit_key: str | None = None
+) -> None:
+    """Enqueue, claim and finish `runs` runs through the functions themselves, so the table
+    and its indexes carry a real history. Batches commit and re-analyze between them, so the
+    history is measured with current statistics, as autovacuum keeps them. (The claim itself
+    no longer seq-scans on stale ones: tests/test_claim_cost.py's
+    test_a_session_that_claimed_on_a_new_table_...) The runs are of `rate_limit_key` if given."""
+    key = "NULL" if rate_limit_key is None else "'" + rate_limit_key.replace("'", "''") + "'"
+    conn.execute(
+        f"""
+        DO $fill$
+        BEGIN
+            FOR b IN 1..{-(-runs // batch)} LOOP
+                PERFORM runrow.enqueue_run(gen_random_uuid(), '"history"', 'test-model',
+                    rate_limit_key => {key})
+                FROM generate_series(1, least({batch}, {runs} - (b - 1) * {batch}));
+                LOOP
+                    PERFORM 1 FROM runrow.claim_runs('filler', 1000, 30);
+                    EXIT WHEN NOT FOUND;
+                END LOOP;
+                PERFORM runrow.finish_run(a.id, a.claim_token, 'completed')
+                FROM runrow.agent_run AS a WHERE a.status = 'running';
+                COMMIT;
+                ANALYZE runrow.agent_run, runrow.run_event, runrow.message;
+            END LOOP;
+        END
+        $fill$
+        """
+    )
+
+
 def claim(conn: psycopg.Connection, max_runs: int = 1, lease_seconds: int = 30) -> list[dict]:
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(

@@ -11,7 +11,17 @@ import re
 import uuid
 
 import psycopg
-from race_support import Connect, claim, claim_one, database_url, enqueue, owner, settle, vacuum
+from race_support import (
+    Connect,
+    claim,
+    claim_one,
+    database_url,
+    enqueue,
+    fill_finished,
+    owner,
+    settle,
+    vacuum,
+)
 from stats_support import counter, flushed
 
 from pyworker.db.devdb import temporary_database
@@ -25,33 +35,6 @@ BACKLOG = 3_000
 
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
-
-
-def fill_finished(conn: psycopg.Connection, runs: int, batch: int = 2000) -> None:
-    """Enqueue, claim and finish `runs` runs through the functions themselves, so the table
-    and its indexes carry a real history. Batches commit and re-analyze between them, so the
-    history is measured with current statistics, as autovacuum keeps them. (The claim itself
-    no longer seq-scans on stale ones: test_a_session_that_claimed_on_a_new_table_... below.)"""
-    conn.execute(
-        f"""
-        DO $fill$
-        BEGIN
-            FOR b IN 1..{-(-runs // batch)} LOOP
-                PERFORM runrow.enqueue_run(gen_random_uuid(), '"history"', 'test-model')
-                FROM generate_series(1, least({batch}, {runs} - (b - 1) * {batch}));
-                LOOP
-                    PERFORM 1 FROM runrow.claim_runs('filler', 1000, 30);
-                    EXIT WHEN NOT FOUND;
-                END LOOP;
-                PERFORM runrow.finish_run(a.id, a.claim_token, 'completed')
-                FROM runrow.agent_run AS a WHERE a.status = 'running';
-                COMMIT;
-                ANALYZE runrow.agent_run, runrow.run_event, runrow.message;
-            END LOOP;
-        END
-        $fill$
-        """
-    )
 
 
 def claim_scan_indexes(conn: psycopg.Connection) -> set[str]:
