@@ -15,6 +15,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -379,6 +380,53 @@ async def test_a_deferral_whose_answer_was_lost_is_deferred_once(
     row = run_row(db, run.run_id)
     assert (row["status"], row["attempt"], row["error"]) == ("queued", 0, "rate limited")
     assert kinds(db, run.run_id).count("run_requeued") == 1
+
+
+CAP_REASON = "429_cap: rate limited 4 times in one attempt"
+
+
+async def claim_when_due(pool: AsyncConnectionPool, within: float = 20) -> ClaimedRun:
+    """The next claimable run, once one is due (a deferral of 1 ms makes its run due at once)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        async with pool.connection() as conn:
+            run = await api.claim_run(conn, "retry-test", 60)
+        if run is not None:
+            return run
+        assert asyncio.get_running_loop().time() < deadline, "no run came due"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("deliver", [True, False], ids=["committed-answer-lost", "not-delivered"])
+@pytest.mark.parametrize(("max_attempts", "ending"), [(1, "released:failed"), (3, "released:requeued")])
+async def test_a_deferral_past_the_429_cap_whose_answer_was_lost_is_recognised(
+    faulty_pool, proxy, db, deliver: bool, max_attempts: int, ending: str
+) -> None:
+    """defer_run releases a run's 4th deferral for 429s instead (its attempt spent, the reason
+    stored with "(after 3 deferrals for 429s, ...)" after it). When that COMMIT landed and its
+    answer was lost, the retry is fenced out and the check whether the first try landed took
+    the suffixed error, and the attempt not given back, for someone else's ending: it logged
+    "fenced out" and ended "lost" (the run's state was right)."""
+    async with faulty_pool.connection() as conn:
+        await api.enqueue_run(conn, uuid.uuid4(), "hi", "echo", max_attempts=max_attempts)
+        for _ in range(3):  # the run's three deferrals for 429s, the most defer_run gives
+            run = await claim_when_due(faulty_pool)
+            assert (
+                await api.defer_run(conn, run.run_id, run.claim_token, timedelta(milliseconds=1), CAP_REASON)
+                == "deferred"
+            )
+    run = await claim_when_due(faulty_pool)
+    proxy.break_at(b"defer_run", deliver=deliver)
+    got = await supervise(run, faulty_pool, Outcome("defer", error=CAP_REASON, retry_in=30))
+    assert proxy.fired == [f"defer_run {'delivered' if deliver else 'dropped'}"]
+    assert got == ending
+    row = run_row(db, run.run_id)
+    assert (row["status"], row["attempt"]) == (
+        ending.removeprefix("released:").replace("requeued", "queued"),
+        1,
+    )
+    assert row["error"].startswith(CAP_REASON + " (after 3 deferrals for 429s"), row["error"]
+    assert kinds(db, run.run_id).count("run_requeued") == (4 if max_attempts > 1 else 3)
 
 
 async def test_a_finish_fenced_out_after_a_lost_answer_is_not_mistaken_for_ours(

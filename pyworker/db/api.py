@@ -205,6 +205,15 @@ async def defer_run(
 MAX_ERROR_CHARS = 10000  # finish_run's and release_run's limit
 
 
+def released_past_429_cap(reason: str | None, stored: str | None) -> bool:
+    """Whether `stored` (a run's error) is what defer_run keeps when it releases a deferral for
+    429s past its cap instead (a reason beginning 429_cap after 3 such deferrals of the run: its
+    attempt spent): the reason sent (as defer_run above sends it), its first 9900 characters,
+    followed by " (after N deferrals for 429s, ...)" (migration 0103)."""
+    sent = _error_text(reason) or "deferred"
+    return sent.startswith("429_cap") and stored is not None and stored.startswith(sent[:9900] + " (after ")
+
+
 def _error_text(error: str | None) -> str | None:
     """An error message as a text column takes it: a NUL reads as U+FFFD, and a message past
     the limit is cut (an ending must not fail on the length of its own explanation)."""

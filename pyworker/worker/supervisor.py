@@ -378,9 +378,7 @@ class RunSupervisor:
             if result is None and calls > 1:
                 # The first try's COMMIT landed unanswered: say what it did, as its answer would
                 # have (a run it left queued was requeued, or deferred), never a value of our own.
-                landed = await self._ended_by_us(None, reason, given_back=defer)
-                if landed is not None:
-                    result = ("deferred" if defer else "requeued") if landed == "queued" else landed
+                result = await self._ended_by_us(None, reason, given_back=defer)
         except DatabaseUnavailable as exc:
             return self._give_up(exc)
         if result is None:
@@ -426,20 +424,30 @@ class RunSupervisor:
     async def _ended_by_us(
         self, status: str | None, error: str | None, *, given_back: bool = False
     ) -> str | None:
-        """A retried ending was fenced out: had the first try's unanswered COMMIT landed? The
-        run's status it left, or None when it had not. Only this claim ends its attempt with its
-        own error text (a reaper or a stop writes theirs). given_back: the ending was a deferral,
-        which gives the attempt back."""
+        """A retried ending was fenced out: had the first try's unanswered COMMIT landed? What
+        its answer would have been (the run's status; a release's or deferral's requeued or
+        deferred for a run it left queued), or None when it had not. Only this claim ends its
+        attempt with its own error text (a reaper or a stop writes theirs). given_back: the
+        ending was a deferral, which gives the attempt back, unless it was a deferral for 429s
+        past the run's cap, which defer_run releases instead: the attempt spent, the error the
+        reason with the database's suffix (api.released_past_429_cap)."""
         row = await self.retry.call(self._pool, lambda conn: api.get_run(conn, self.run.run_id), "get_run")
-        ours = (
+        landed = str(row.status)
+        if (
             row.attempt == self.run.attempt - (1 if given_back else 0)
             and row.error == api.stored_error(error)
-            and (status is None or row.status == status)
-        )
-        if not ours:
+            and (status is None or landed == status)
+        ):
+            if status is None and landed == "queued":
+                landed = "deferred" if given_back else "requeued"
+        elif not (
+            given_back and row.attempt == self.run.attempt and api.released_past_429_cap(error, row.error)
+        ):
             return None
+        elif landed == "queued":
+            landed = "requeued"
         self.log.warning("the ending's first COMMIT had landed: the run is %s", row.status)
-        return str(row.status)
+        return landed
 
     def _give_up(self, exc: DatabaseUnavailable) -> str:
         self.log.warning("giving the run up, writing nothing more (a reaper takes it): %s", exc)
