@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import ssl
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import certifi
 import httpx
 import pytest
+from dns_support import fake_dns
 
 from pyworker.worker.webhook_transport import sender_client
 
@@ -64,14 +63,7 @@ async def test_an_https_delivery_sends_the_hosts_sni_and_verifies_its_certificat
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=server_ctx)
     port = server.sockets[0].getsockname()[1]
-    real = socket.getaddrinfo
-
-    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
-        if host in (NAME, OTHER):
-            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
-        return real(host, port, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    fake_dns(monkeypatch, {NAME: ["127.0.0.1"], OTHER: ["127.0.0.1"]})
     # The only authority the client trusts: the test's certificate (httpx reads certifi's bundle
     # when the transport is built; the sender reads no SSL_CERT_FILE, trust_env is off).
     monkeypatch.setattr(certifi, "where", lambda: str(cert))

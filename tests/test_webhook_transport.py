@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
+from dns_support import fake_dns
 
 from pyworker.worker.webhook_transport import sender_client
 
@@ -52,17 +52,7 @@ async def test_a_first_address_that_drops_packets_does_not_spend_the_attempt(
     receiver: tuple[int, socket.socket], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     port, listener = receiver
-    real = socket.getaddrinfo
-
-    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
-        if host == NAME:
-            return [
-                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.2", port)),
-                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
-            ]
-        return real(host, port, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    fake_dns(monkeypatch, {NAME: ["127.0.0.2", "127.0.0.1"]})
     server = asyncio.ensure_future(_serve(listener))
     try:
         async with sender_client(timeout=5.0, user_agent="test", proxy=None, allow_private=True) as client:
