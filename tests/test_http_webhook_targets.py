@@ -153,6 +153,12 @@ async def test_one_private_answer_among_public_ones_refuses_the_name(monkeypatch
         ("2606:2800:220:1:248:1893:25c8:1946", True),
         ("64:ff9b::5db8:d822", True),  # NAT64 of 93.184.216.34: public behind DNS64
         ("64:ff9b::7f00:1", False),  # NAT64 of 127.0.0.1
+        # RFC 8215's local-use prefix, a /96 of it a network's own: judged as 64:ff9b::/96
+        ("64:ff9b:1::5db8:d822", True),
+        ("64:ff9b:1:abcd::5db8:d822", True),
+        ("64:ff9b:1::7f00:1", False),
+        ("64:ff9b:1:abcd::a9fe:a9fe", False),  # 169.254.169.254
+        ("64:ff9b:1::a00:1", False),
         ("2002:a00:1::", False),  # 6to4 of 10.0.0.1
         ("::ffff:10.0.0.1", False),
         ("172.16.0.1", False),

@@ -11,17 +11,23 @@ from __future__ import annotations
 import ipaddress
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-# NAT64's well-known prefix carries an IPv4 address in its last 32 bits (RFC 6052): on an
-# IPv6-only network with DNS64 every public IPv4 host resolves into it, so it is judged by the
-# address it stands for, not refused whole as the reserved ::/8 it sits in.
-NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+# NAT64 prefixes whose addresses carry an IPv4 address in their last 32 bits: on an IPv6-only
+# network with DNS64 every public IPv4 host resolves into one, so such an address is judged by
+# the address it stands for, not refused whole as the reserved ::/8 it sits in. The well-known
+# prefix (RFC 6052) and the local-use one (RFC 8215), of which a network takes a /96 as its own.
+# Not covered, since nothing in an address says it is one: a network-specific prefix (an
+# operator's 2001:db8:64::/96 is judged as the global IPv6 address it looks like), and a NAT64
+# embedding the IPv4 at another RFC 6052 length (/48 to /64) inside 64:ff9b:1::/48, whose last
+# 32 bits are not the IPv4 it reaches. Workers behind such a NAT64 need an egress policy.
+NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
 
 
 def why_not_public(ip: IPAddress) -> str | None:
     """What makes `ip` an address a user's webhook must not reach, or None for a public one."""
     if isinstance(ip, ipaddress.IPv6Address):
-        embedded = _embedded_ipv4(ip)
+        embedded = embedded_ipv4(ip)
         if embedded is not None:
             return why_not_public(embedded)
         if ip.is_site_local:  # deprecated fec0::/10, still routed as private where it is used
@@ -41,13 +47,13 @@ def why_not_public(ip: IPAddress) -> str | None:
     return None
 
 
-def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     """The IPv4 address an IPv6 one is a way of reaching (mapped, 6to4, NAT64), if any: the
     IPv6 spelling of 127.0.0.1 must not pass for a public address."""
     if ip.ipv4_mapped is not None:
         return ip.ipv4_mapped
     if ip.sixtofour is not None:
         return ip.sixtofour
-    if ip in NAT64:
+    if any(ip in prefix for prefix in NAT64):
         return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     return None
