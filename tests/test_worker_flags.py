@@ -5,6 +5,7 @@ lease of claim and heartbeat, reap_expired_runs' grace_seconds). Worker() checks
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
 import sys
@@ -329,6 +330,11 @@ def test_help_never_shows_a_secret_taken_from_the_environment() -> None:
         ("signing", "users", "webhook_signing must be one of fleet, user, both, got 'users'"),
         ("previous_secret", "", "webhook previous secret must not be empty (None: no rotation under way)"),
         (
+            "allow_networks",
+            ["10.0.0.0/8"],
+            "webhook allow_networks must be a tuple of ipaddress networks, got ['10.0.0.0/8']",
+        ),
+        (
             "previous_secret",
             "s",
             "the webhook previous secret is the current secret: in a rotation, the current "
@@ -378,3 +384,74 @@ def test_the_runrow_script_imports_tools_and_handlers_from_the_folder_it_runs_in
         worker.terminate()  # stops at once before the database answers
         worker.communicate(timeout=30)
     assert any("connecting to 127.0.0.1:1" in line for line in seen), "".join(seen)
+
+
+def test_allow_private_webhooks_from_the_flag_or_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RUNROW_ALLOW_PRIVATE_WEBHOOKS, as RUNROW_WEBHOOK_PROXY and the other webhook settings come
+    from the environment: a deployment whose receivers are on its own network sets it where it
+    sets the rest. A value that is neither on nor off is refused naming the variable, not taken
+    as off (every private receiver refused, unsaid)."""
+    base = ["worker", "--webhook-secret", "s"]
+    for value, allowed in (
+        ("1", True),
+        ("true", True),
+        ("YES", True),
+        ("0", False),
+        ("off", False),
+        ("", False),
+    ):
+        monkeypatch.setenv("RUNROW_ALLOW_PRIVATE_WEBHOOKS", value)
+        settings = webhook_settings(build_parser().parse_args(base))
+        flagged = webhook_settings(build_parser().parse_args([*base, "--allow-private-webhooks"]))
+        assert settings is not None and settings.allow_private is allowed, value
+        assert flagged is not None and flagged.allow_private is True  # the flag wins
+    monkeypatch.delenv("RUNROW_ALLOW_PRIVATE_WEBHOOKS")
+    settings = webhook_settings(build_parser().parse_args(base))
+    assert settings is not None and settings.allow_private is False
+    result = runrow_worker(env={"RUNROW_ALLOW_PRIVATE_WEBHOOKS": "enabled"})
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "argument --allow-private-webhooks: must be one of" in result.stderr, result.stderr
+    assert result.stderr.rstrip().endswith("got 'enabled' (from $RUNROW_ALLOW_PRIVATE_WEBHOOKS)"), (
+        result.stderr
+    )
+
+
+def test_webhook_allow_network_from_the_flags_or_their_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--webhook-allow-network, repeatable (and comma-separated), or RUNROW_WEBHOOK_ALLOW_NETWORKS:
+    the networks reach the sender's settings, each once; flags replace the variable's list."""
+    base = ["worker", "--webhook-secret", "s"]
+    ten, fd, docker = (ipaddress.ip_network(n) for n in ("10.96.0.0/12", "fd00::/8", "172.17.0.0/16"))
+    settings = webhook_settings(build_parser().parse_args(base))
+    assert settings is not None and settings.allow_networks == ()
+    args = [
+        *base,
+        "--webhook-allow-network",
+        "10.96.0.0/12",
+        "--webhook-allow-network",
+        "fd00::/8,10.96.0.0/12",
+    ]
+    settings = webhook_settings(build_parser().parse_args(args))
+    assert settings is not None and settings.allow_networks == (ten, fd)
+    monkeypatch.setenv("RUNROW_WEBHOOK_ALLOW_NETWORKS", "10.96.0.0/12, 172.17.0.0/16")
+    from_env = webhook_settings(build_parser().parse_args(base))
+    flagged = webhook_settings(build_parser().parse_args([*base, "--webhook-allow-network", "fd00::/8"]))
+    assert from_env is not None and from_env.allow_networks == (ten, docker)
+    assert flagged is not None and flagged.allow_networks == (fd,)
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("10.0.0/8", "must be a network in CIDR notation (10.0.0.0/8, fd00::/8), got '10.0.0/8'"),
+        ("10.1.2.3/8", "10.1.2.3/8 has host bits set: the network is 10.0.0.0/8"),
+        ("private", "must be a network in CIDR notation (10.0.0.0/8, fd00::/8), got 'private'"),
+        ("10.0.0.0/8,", "must be a network in CIDR notation (10.0.0.0/8, fd00::/8), got ''"),
+    ],
+)
+def test_a_webhook_allow_network_that_is_no_network_is_a_usage_error(value: str, why: str) -> None:
+    result = runrow_worker("--webhook-allow-network", value)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.rstrip().endswith(f"argument --webhook-allow-network: {why}"), result.stderr
+    result = runrow_worker(env={"RUNROW_WEBHOOK_ALLOW_NETWORKS": value})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.rstrip().endswith(f"{why} (from $RUNROW_WEBHOOK_ALLOW_NETWORKS)"), result.stderr

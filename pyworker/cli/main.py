@@ -257,6 +257,7 @@ _proxy_url.never_shown = True  # type: ignore[attr-defined]  # it may hold a pas
 
 def webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
     """The worker's webhook delivery settings, or None (no secret: this worker delivers none)."""
+    from pyworker.cli.webhook_receivers import allowed_networks
     from pyworker.worker.webhooks import WebhookSettings
 
     if not args.webhook_secret:
@@ -272,6 +273,7 @@ def webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
         signing=args.webhook_signing,
         previous_secret=args.webhook_previous_secret,
         allow_private=args.allow_private_webhooks,
+        allow_networks=allowed_networks(args),
     )
 
 
@@ -596,17 +598,9 @@ def build_parser() -> argparse.ArgumentParser:
         "proxy that allows only public addresses; env RUNROW_WEBHOOK_PROXY. HTTP(S)_PROXY are "
         "not read: a proxy meant for other traffic does not carry webhooks unasked",
     )
-    p.add_argument(
-        "--allow-private-webhooks",
-        action="store_true",
-        help="let webhook deliveries reach loopback, private (10/8, 172.16/12, 192.168/16, fc00::/7), "
-        "link-local (169.254/16, the cloud metadata service; fe80::/10), unspecified, multicast and "
-        "other non-public addresses. Without it the sender checks every address it connects to and "
-        "dead-letters a delivery whose host has no public one, naming the address: a user's name "
-        "rebound to a private address after `runrow serve` checked it is not reached. For receivers "
-        "of your own on a private network and local development. Through --webhook-proxy, the "
-        "proxy's policy decides",
-    )
+    from pyworker.cli.webhook_receivers import add_arguments as add_receiver_arguments
+
+    add_receiver_arguments(p)
     add_log_format(p, "one object per line with run_id, conversation_id, attempt")
     p.add_argument(
         "--metrics-port",

@@ -37,6 +37,7 @@ examples:
   runrow serve --insecure-dev                          # loopback demo, every caller is user "dev"
   RUNROW_TOKENS="$(openssl rand -hex 16)=alice" runrow serve --host 0.0.0.0
   runrow serve --insecure-dev --user-may-set webhook_url --allow-private-webhooks  # receivers on this machine
+      # (the workers deliver to them only with their own: runrow worker --allow-private-webhooks)
   runrow serve --tokens-file tokens.json --replica-url postgresql://app@standby/app  # streams from a standby
   RUNROW_LOG_FORMAT=json runrow serve --tokens-file tokens.json --access-log  # one JSON object a line:
       # {"ts": "2026-01-05T10:00:00.123", "level": "INFO", "logger": "runrow.http.access",
@@ -152,8 +153,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "service; fe80::/10), unspecified, multicast and other non-public addresses, or a name that "
         "resolves to one; without it such a request is a 422, since the workers would POST into "
         "your own network for that user. For local development and receivers you run yourself. "
-        "The workers check every address again at delivery (DNS rebinding) unless started with "
-        "--allow-private-webhooks themselves",
+        "It does not reach the workers, which check every address again at delivery (DNS "
+        "rebinding): they deliver to such a receiver only when started with "
+        "--allow-private-webhooks themselves, or with its network in --webhook-allow-network",
     )
     p.add_argument(
         "--max-attempts",

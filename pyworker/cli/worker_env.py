@@ -22,7 +22,7 @@ environment:
   RUNROW_DEMO_DIR, RUNROW_DEMO_TOOL_DELAY
                             the folder and the delay of --tools pyworker.demo.tools
   RUNROW_LOG_LEVEL, RUNROW_LOG_FORMAT, RUNROW_CONCURRENCY, RUNROW_HANDLER, RUNROW_TOOLS,
-  RUNROW_MAX_MODEL_CALLS, RUNROW_LISTEN_URL, RUNROW_WEBHOOK_*
+  RUNROW_MAX_MODEL_CALLS, RUNROW_LISTEN_URL, RUNROW_WEBHOOK_*, RUNROW_ALLOW_PRIVATE_WEBHOOKS
                             the defaults of the flags that name them above (a flag wins)"""
 
 AGENT_PACKAGE = "pyworker.agent"

@@ -12,9 +12,10 @@ check are those of the webhook_url (or of the proxy, which resolves the receiver
 
 Resolving here also lets the sender see every address it is about to connect to: unless the
 worker allows private receivers (--allow-private-webhooks), each must be public
-(public_addresses.why_not_public), so a user's name that `runrow serve` saw resolve to a public
-address and that answers 127.0.0.1 or 169.254.169.254 at delivery (DNS rebinding) is not
-reached. The addresses that are not public are left out; a host with no other is NotPublic.
+(public_addresses.why_not_public) or in a network the operator allowed (--webhook-allow-network),
+so a user's name that `runrow serve` saw resolve to a public address and that answers 127.0.0.1
+or 169.254.169.254 at delivery (DNS rebinding) is not reached. The other addresses are left out;
+a host with none left is NotPublic.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import httpcore
 import httpx
 
 from pyworker.db.threads import in_own_thread
-from pyworker.worker.public_addresses import why_not_public
+from pyworker.worker.public_addresses import IPAddress, IPNetwork, embedded_ipv4, why_not_public
 
 # Look-ups in flight at once, the ones still running after their attempt ended included: a
 # nameserver that never answers costs at most this many threads, and the attempts beyond it
@@ -49,12 +50,20 @@ _NEXT_ADDRESS = (httpcore.ConnectError, httpcore.ConnectTimeout)
 class NotPublic(Exception):
     """The receiver's host is, or resolves only to, addresses a webhook must not reach (loopback,
     private, link-local, ...): no connection was opened. The message names each address and why.
-    Not an httpcore error, so httpx passes it through as it is, not as a ConnectError to retry."""
+    Not an httpcore error, so httpx passes it through as it is, not as a ConnectError.
+
+    `literal`: the host is an address, which no later attempt finds otherwise (a deterministic
+    failure). A name's answer may change (split-horizon DNS, a sinkhole lifted, a record fixed),
+    as a name that does not resolve may come to: such an attempt failed, and is retried."""
+
+    def __init__(self, message: str, *, literal: bool) -> None:
+        super().__init__(message)
+        self.literal = literal
 
 
 class ResolvingBackend(httpcore.AsyncNetworkBackend):
     """`inner`, with each host name looked up in a thread of its own before the TCP connect;
-    with public_only, connecting to public addresses only."""
+    with public_only, connecting to public addresses only, and to those in `allowed_networks`."""
 
     def __init__(
         self,
@@ -62,11 +71,13 @@ class ResolvingBackend(httpcore.AsyncNetworkBackend):
         max_lookups: int = MAX_LOOKUPS,
         *,
         public_only: bool = False,
+        allowed_networks: Iterable[IPNetwork] = (),
     ) -> None:
         self._inner = inner
         self._lookups = threading.BoundedSemaphore(max_lookups)
         self._max_lookups = max_lookups
         self._public_only = public_only
+        self._allowed_networks = tuple(allowed_networks)
 
     async def connect_tcp(
         self,
@@ -78,7 +89,7 @@ class ResolvingBackend(httpcore.AsyncNetworkBackend):
     ) -> httpcore.AsyncNetworkStream:
         addresses = await self._resolve(host, port)
         if self._public_only:
-            addresses = _public(host, addresses)
+            addresses = _reachable(host, addresses, self._allowed_networks)
         return await self._first_to_connect(addresses, port, timeout, local_address, socket_options)
 
     async def _first_to_connect(
@@ -163,28 +174,43 @@ class ResolvingBackend(httpcore.AsyncNetworkBackend):
         await self._inner.sleep(seconds)
 
 
-def _public(host: str, addresses: list[str]) -> list[str]:
-    """The public ones of `addresses` (host's, as resolved), in their order; NotPublic when there
-    is none. The others are left out, never tried: a name answering both a public and a private
-    address reaches only the public one."""
-    public: list[str] = []
+def _reachable(host: str, addresses: list[str], allowed_networks: tuple[IPNetwork, ...]) -> list[str]:
+    """The ones of `addresses` (host's, as resolved) that are public or in an allowed network, in
+    their order; NotPublic when there is none. The others are left out, never tried: a name
+    answering both a public and a private address reaches only the public one."""
+    reachable: list[str] = []
     refused: list[tuple[str, str]] = []
     for address in addresses:
-        reason = why_not_public(ipaddress.ip_address(address.split("%", 1)[0]))
+        reason = _why_refused(ipaddress.ip_address(address.split("%", 1)[0]), allowed_networks)
         if reason is None:
-            public.append(address)
+            reachable.append(address)
         else:
             refused.append((address, reason))
-    if public:
-        return public
-    if addresses == [host]:  # an address, not a name
+    if reachable:
+        return reachable
+    literal = addresses == [host]  # an address, not a name
+    if literal:
         where = f"is {refused[0][1]}"
     else:
         where = "resolves to " + "; ".join(f"{address}, {reason}" for address, reason in refused)
     raise NotPublic(
         f"webhook_url's host {host} {where}: the sender connects to public addresses only "
-        "(runrow worker --allow-private-webhooks lets it reach private ones)"
+        "(runrow worker --webhook-allow-network CIDR lets it reach a network of yours, "
+        "--allow-private-webhooks any)",
+        literal=literal,
     )
+
+
+def _why_refused(ip: IPAddress, allowed: tuple[IPNetwork, ...]) -> str | None:
+    """Why the sender must not connect to `ip`, or None. An IPv6 spelling of an IPv4 address
+    (mapped, 6to4, NAT64) is in an allowed IPv4 network when the address it reaches is."""
+    reason = why_not_public(ip)
+    if reason is None or not allowed:
+        return reason
+    inside = embedded_ipv4(ip) if isinstance(ip, ipaddress.IPv6Address) else None
+    if any(ip in network or (inside is not None and inside in network) for network in allowed):
+        return None
+    return reason
 
 
 async def _cancel_and_close(tasks: set[asyncio.Task[httpcore.AsyncNetworkStream]]) -> None:
@@ -198,13 +224,18 @@ async def _cancel_and_close(tasks: set[asyncio.Task[httpcore.AsyncNetworkStream]
 
 
 def sender_client(
-    timeout: float, user_agent: str, proxy: str | None, *, allow_private: bool
+    timeout: float,
+    user_agent: str,
+    proxy: str | None,
+    *,
+    allow_private: bool,
+    allowed_networks: Iterable[IPNetwork] = (),
 ) -> httpx.AsyncClient:
     """The client webhook_loop sends with: no redirects followed, no environment read (an egress
     proxy is `proxy` or none), host look-ups in ResolvingBackend's threads, which connect to
-    public addresses only unless `allow_private`. Through a proxy, the connection is to the proxy
-    (an address of the operator's choosing, private as a rule) and the proxy resolves and
-    reaches the receiver: its egress policy is the check then."""
+    public addresses and those in `allowed_networks` only, unless `allow_private`. Through a
+    proxy, the connection is to the proxy (an address of the operator's choosing, private as a
+    rule) and the proxy resolves and reaches the receiver: its egress policy is the check then."""
     transport = httpx.AsyncHTTPTransport(proxy=proxy, trust_env=False)
     # httpx takes no network backend, so it is set on the pool it built; checked here so an
     # httpx that renames it fails at the sender's start, not by silently resolving in the pool.
@@ -212,7 +243,9 @@ def sender_client(
     if not isinstance(getattr(pool, "_network_backend", None), httpcore.AsyncNetworkBackend):
         raise RuntimeError(f"httpx {httpx.__version__}: cannot set the webhook sender's network backend")
     pool._network_backend = ResolvingBackend(  # type: ignore[union-attr]
-        pool._network_backend, public_only=not allow_private and proxy is None
+        pool._network_backend,
+        public_only=not allow_private and proxy is None,
+        allowed_networks=allowed_networks,
     )
     return httpx.AsyncClient(
         timeout=timeout,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import math
 import random
@@ -40,6 +41,7 @@ from pyworker.db.webhooks import (
     fail_webhook_delivery,
 )
 from pyworker.worker import exact_json, metrics
+from pyworker.worker.public_addresses import IPNetwork
 from pyworker.worker.settings import (
     DEFAULT_WEBHOOK_PER_RECEIVER,
     DEFAULT_WEBHOOK_SIGNING,
@@ -130,6 +132,9 @@ class WebhookSettings:
     # (--allow-private-webhooks). Without it every address the sender connects to is checked at
     # delivery, so a name rebound to a private address after `serve` checked it is not reached.
     allow_private: bool = False
+    # Networks deliveries may reach though they are not public (--webhook-allow-network): the
+    # operator's own receivers, every other non-public address still refused.
+    allow_networks: tuple[IPNetwork, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.secret:
@@ -145,6 +150,12 @@ class WebhookSettings:
                 "the webhook previous secret is the current secret: in a rotation, the current "
                 "secret is the new one"
             )
+        if not isinstance(self.allow_networks, tuple) or not all(
+            isinstance(n, ipaddress.IPv4Network | ipaddress.IPv6Network) for n in self.allow_networks
+        ):
+            raise ValueError(
+                f"webhook allow_networks must be a tuple of ipaddress networks, got {self.allow_networks!r}"
+            )
         for name, value in (
             ("webhook_timeout", self.timeout),
             ("webhook_attempts", self.max_attempts),
@@ -153,6 +164,16 @@ class WebhookSettings:
             ("webhook_per_receiver", self.per_receiver),
         ):
             check_setting(name, value)
+
+    def describe_receivers(self) -> str:
+        """Which receivers this worker's deliveries may reach, for its start line."""
+        if self.allow_private:
+            return "private receivers allowed"
+        if self.proxy is not None:
+            return "public receivers: the proxy's to check"
+        if self.allow_networks:
+            return "public receivers and " + ", ".join(str(n) for n in self.allow_networks)
+        return "public receivers only"
 
     @property
     def lease_seconds(self) -> int:
@@ -256,9 +277,13 @@ async def deliver(
     except httpx.UnsupportedProtocol as exc:
         raise Unsendable(f"webhook_url cannot be requested ({exc})"[:2000]) from None
     except NotPublic as exc:
-        # Not connected to. Retried, it would be refused the same way (a person allows private
-        # receivers, then re-arms it), so it ends on this attempt.
-        raise Unsendable(str(exc)[:2000]) from None
+        # Not connected to. An address as the host is refused the same way at every attempt (a
+        # person allows it, then re-arms the delivery), so it ends on this one; a name's answer
+        # may change (split horizon, a sinkhole lifted), so it is retried as one that does not
+        # resolve is.
+        if exc.literal:
+            raise Unsendable(str(exc)[:2000]) from None
+        return None, str(exc)[:2000]
     except httpx.HTTPError as exc:
         return None, f"{type(exc).__name__}: {exc}"[:2000]
     if not 100 <= status <= 599:
@@ -367,7 +392,13 @@ async def webhook_loop(
     every other delivery of this worker for that long."""
     async with contextlib.AsyncExitStack() as stack:
         client = await stack.enter_async_context(
-            sender_client(settings.timeout, USER_AGENT, settings.proxy, allow_private=settings.allow_private)
+            sender_client(
+                settings.timeout,
+                USER_AGENT,
+                settings.proxy,
+                allow_private=settings.allow_private,
+                allowed_networks=settings.allow_networks,
+            )
         )
         wakes = await stack.enter_async_context(hub.subscribe(channels.WEBHOOKS)) if hub else None
         # Entered last, so left first: a cancelled loop cancels its deliveries (their leases
@@ -384,11 +415,7 @@ async def webhook_loop(
             settings.batch,
             settings.per_receiver,
             "" if settings.proxy is None else f", through the proxy at {_host_of(settings.proxy)}",
-            "private receivers allowed"
-            if settings.allow_private
-            else "public receivers only"
-            if settings.proxy is None
-            else "public receivers: the proxy's to check",
+            settings.describe_receivers(),
             settings.describe_signing(),
         )
         if settings.signing != "fleet" and len(settings.secret) < MIN_SECRET_FOR_USER_KEYS:

@@ -1,0 +1,100 @@
+"""`runrow worker`'s options for which receivers its webhook deliveries may reach: all of them
+(--allow-private-webhooks), or public addresses and the networks listed (--webhook-allow-network).
+Both also come from the environment, as the other webhook options do: a deployment that sets
+RUNROW_WEBHOOK_* for its workers sets these the same way."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+from collections.abc import Sequence
+from typing import Any
+
+from pyworker.cli.types import env_default
+from pyworker.worker.public_addresses import IPNetwork
+
+ON = ("1", "true", "yes", "on")
+OFF = ("0", "false", "no", "off")
+
+
+def on_off(text: str) -> bool:
+    """An environment variable's value for a switch. Anything else is refused, not taken as off:
+    RUNROW_ALLOW_PRIVATE_WEBHOOKS=enabled must not leave every private receiver refused unsaid."""
+    if text.strip().lower() in ON:
+        return True
+    if text.strip().lower() in OFF:
+        return False
+    raise argparse.ArgumentTypeError(f"must be one of {', '.join(ON + OFF)}, got {text[:40]!r}")
+
+
+def networks(text: str) -> list[IPNetwork]:
+    """One or more networks in CIDR notation, comma-separated (an address alone is its /32 or
+    /128). Host bits set are refused, naming the network meant: 10.1.2.3/8 is a typo as often as
+    it is 10.0.0.0/8."""
+    found: list[IPNetwork] = []
+    for item in (part.strip() for part in text.split(",")):
+        try:
+            found.append(ipaddress.ip_network(item))
+        except ValueError:
+            try:
+                meant = ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"must be a network in CIDR notation (10.0.0.0/8, fd00::/8), got {item[:60]!r}"
+                ) from None
+            raise argparse.ArgumentTypeError(f"{item} has host bits set: the network is {meant}") from None
+    return found
+
+
+class _Switch(argparse.Action):
+    """A switch (no value) whose default is an environment variable's on_off value."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, var: str, **kwargs: Any) -> None:
+        default = env_default(var, empty_is_unset=True)
+        super().__init__(option_strings, dest, nargs=0, default=default or False, type=on_off, **kwargs)
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
+        setattr(namespace, self.dest, True)
+
+
+class _Networks(argparse.Action):
+    """A repeatable list of networks. Given on the command line it replaces the environment's
+    list rather than adding to it: a flag wins over its variable, as everywhere else."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
+        current = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, [*([] if current is self.default else current), *values])
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-private-webhooks",
+        action=_Switch,
+        var="RUNROW_ALLOW_PRIVATE_WEBHOOKS",
+        help="let webhook deliveries reach loopback, private (10/8, 172.16/12, 192.168/16, fc00::/7), "
+        "link-local (169.254/16, the cloud metadata service; fe80::/10), unspecified, multicast and "
+        "other non-public addresses: every one, a user's name rebound to one included. Without it "
+        "the sender checks every address it connects to and connects to public ones only (and "
+        "--webhook-allow-network's): a user's name rebound to a private address after `runrow "
+        "serve` checked it is not reached. For local development, or a fleet whose users cannot "
+        "set webhook_url; prefer --webhook-allow-network for receivers of your own. Through "
+        "--webhook-proxy, the proxy's policy decides (env RUNROW_ALLOW_PRIVATE_WEBHOOKS=1)",
+    )
+    p.add_argument(
+        "--webhook-allow-network",
+        action=_Networks,
+        type=networks,
+        default=env_default("RUNROW_WEBHOOK_ALLOW_NETWORKS", empty_is_unset=True) or (),
+        metavar="CIDR",
+        help="a network webhook deliveries may reach though it is not public (10.96.0.0/12 for "
+        "receivers on a Kubernetes service network, 172.17.0.0/16 on Docker's bridge); repeat it, "
+        "or separate them with commas (env RUNROW_WEBHOOK_ALLOW_NETWORKS). Every other non-public "
+        "address stays refused. The trade-off: a user who may set webhook_url may reach any "
+        "receiver in these networks too (a name rebound to one of their addresses), so list only "
+        "networks whose every listener may take such a POST; default none",
+    )
+
+
+def allowed_networks(args: argparse.Namespace) -> tuple[IPNetwork, ...]:
+    """The networks --webhook-allow-network (or its variable) listed, once each, in order."""
+    return tuple(dict.fromkeys(args.webhook_allow_network))
