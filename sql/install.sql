@@ -12458,6 +12458,8 @@ $fn$;
 -- last_error says so (runrow_schedules_with_last_error counts it until its next tick fires); a
 -- tick fired while the clock was ahead is a replay when the clock reaches it again (its key).
 -- Each row is written once (updated_at = now()), under its row lock, skipping rows a pass holds.
+-- A stopped schedule is not read; a cron that does not parse stops its schedule here as in the
+-- firing pass: max_schedules counts rows written, so no row read is left to be read again.
 -- No SET clause: it runs under _fire_schedules_pass's pinned search_path.
 CREATE OR REPLACE FUNCTION runrow._rewind_schedules(at timestamptz, max_schedules integer)
 RETURNS integer
@@ -12469,20 +12471,33 @@ DECLARE
     first_tick timestamptz;
     rewound integer := 0;
 BEGIN
+    -- Every row the LIMIT reads is written below (or taken by another pass): a row read and
+    -- left as it was stays the earliest written ahead, and max_schedules of those took every
+    -- pass's budget, so a live schedule behind them was never moved back (the SQL review of
+    -- 0103). A stopped schedule has no tick to move back, so it is not read at all.
     FOR candidate IN
         SELECT x.id FROM runrow.schedule AS x
-        WHERE x.updated_at > _rewind_schedules.at
+        WHERE x.updated_at > _rewind_schedules.at AND x.next_fire_at <> 'infinity'
         ORDER BY x.updated_at
         LIMIT _rewind_schedules.max_schedules
     LOOP
         SELECT * INTO s FROM runrow.schedule AS x
-        WHERE x.id = candidate AND x.updated_at > _rewind_schedules.at
+        WHERE x.id = candidate AND x.updated_at > _rewind_schedules.at AND x.next_fire_at <> 'infinity'
         FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND OR s.next_fire_at = 'infinity';
+        CONTINUE WHEN NOT FOUND;
         BEGIN
             first_tick := runrow._cron_next(runrow._cron_parse(s.cron), _rewind_schedules.at);
         EXCEPTION WHEN data_exception THEN
-            CONTINUE;  -- the firing pass stops it when it is due
+            -- Stopped as the firing pass stops it: its next tick cannot be counted either way.
+            UPDATE runrow.schedule AS x SET
+                next_fire_at = 'infinity',
+                passed_over_at = NULL,
+                last_error = format('cron does not parse, so the schedule stopped: %s (SQLSTATE %s); drop it '
+                    'and create it again', SQLERRM, SQLSTATE),
+                updated_at = now()
+            WHERE x.id = s.id;
+            rewound := rewound + 1;
+            CONTINUE;
         END;
         UPDATE runrow.schedule AS x SET
             next_fire_at = least(x.next_fire_at, first_tick),
@@ -12753,8 +12768,8 @@ COMMENT ON FUNCTION runrow._rewind_schedules(timestamptz, integer) IS
 'taken FOR UPDATE SKIP LOCKED: next_fire_at becomes the first tick after `at` when it was later '
 '(counted from the future instant), a passed_over_at after `at` is cleared, last_error says '
 'what was moved back, and updated_at becomes now(), so a row is taken once. A stopped schedule '
-'(next_fire_at infinity) or a cron that does not parse is left to the firing pass. Returns the '
-'schedules it wrote.';
+'(next_fire_at infinity) is not read; one whose cron does not parse is stopped as the firing pass '
+'stops it (next_fire_at infinity, last_error says why). Returns the schedules it wrote.';
 COMMENT ON FUNCTION runrow._fire_schedules_pass(timestamptz, integer) IS
 'Private; fire_schedules_pass calls it with now(), _fire_schedules wraps it. Fires up to max_schedules schedules due at `at` '
 '(next_fire_at <= at), in the order of greatest(next_fire_at, passed_over_at), each under its '
