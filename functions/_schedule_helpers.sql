@@ -298,7 +298,9 @@ $fn$;
 -- for as long as the clock had been ahead, with no last_error (a passed_over_at stamped then kept
 -- a busy one out of the firing order as long). Every writer of a schedule stamps updated_at with
 -- now(), so a row written by the clock that ran ahead has updated_at > now() once it is set
--- back: an index range (schedule_updated_at, migration 0103) that is empty but for then. Such a
+-- back: an index range (schedule_updated_at, migration 0103) that is empty but for then. The
+-- bound is the real clock (clock_timestamp()) when later than `at`: a row another pass wrote
+-- after this transaction began is later than its now(), never than the real clock. Such a
 -- row whose next_fire_at is later than the first tick after `at` is moved back to that tick, and
 -- last_error says so (runrow_schedules_with_last_error counts it until its next tick fires); a
 -- tick fired while the clock was ahead is a replay when the clock reaches it again (its key).
@@ -311,6 +313,14 @@ RETURNS integer
 LANGUAGE plpgsql
 AS $fn$
 DECLARE
+    -- Written ahead means later than the real clock, not only than `at` (the caller's now(), its
+    -- transaction's start): a pass that began after this one and committed before its candidates
+    -- were read stamped a later now(), and its row was taken for one written by a clock that ran
+    -- ahead, its tick moved back (replayed) with last_error blaming the clock (the SQL review of
+    -- 0103). A committed now() is never later than clock_timestamp() read after the commit: read
+    -- once for the candidates (a bound lower than the re-read's, so none is missed) and again as
+    -- each row is locked, after the commit of the version locked.
+    written_after constant timestamptz := greatest(_rewind_schedules.at, clock_timestamp());
     candidate uuid;
     s runrow.schedule;
     first_tick timestamptz;
@@ -322,12 +332,14 @@ BEGIN
     -- 0103). A stopped schedule has no tick to move back, so it is not read at all.
     FOR candidate IN
         SELECT x.id FROM runrow.schedule AS x
-        WHERE x.updated_at > _rewind_schedules.at AND x.next_fire_at <> 'infinity'
+        WHERE x.updated_at > written_after AND x.next_fire_at <> 'infinity'
         ORDER BY x.updated_at
         LIMIT _rewind_schedules.max_schedules
     LOOP
         SELECT * INTO s FROM runrow.schedule AS x
-        WHERE x.id = candidate AND x.updated_at > _rewind_schedules.at AND x.next_fire_at <> 'infinity'
+        WHERE
+            x.id = candidate AND x.next_fire_at <> 'infinity'
+            AND x.updated_at > greatest(_rewind_schedules.at, clock_timestamp())
         FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
         BEGIN
@@ -609,7 +621,9 @@ COMMENT ON FUNCTION runrow._fire_schedules(timestamptz, integer) IS
 'number of runs created.';
 COMMENT ON FUNCTION runrow._rewind_schedules(timestamptz, integer) IS
 'Private; _fire_schedules_pass calls it first. Up to max_schedules schedules written by a clock '
-'ahead of `at` (updated_at > at: the database clock was set back since), each under its row lock '
+'ahead of `at` and of the real clock (updated_at > greatest(at, clock_timestamp()): the database '
+'clock was set back since; a row another transaction wrote after this one began is not), each '
+'under its row lock '
 'taken FOR UPDATE SKIP LOCKED: next_fire_at becomes the first tick after `at` when it was later '
 '(counted from the future instant), a passed_over_at after `at` is cleared, last_error says '
 'what was moved back, and updated_at becomes now(), so a row is taken once. A stopped schedule '

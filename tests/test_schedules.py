@@ -300,6 +300,34 @@ async def test_a_reaper_pass_goes_on_past_a_full_pass_that_enqueued_nothing(
     assert skipped == FIRE_BATCH, "each reject tick was skipped for good, its error kept"
 
 
+def test_a_pass_begun_before_another_commits_takes_nothing_for_a_clock_set_back(
+    connect: Connect, owner: psycopg.Connection
+) -> None:
+    """Pass A's transaction begins (its now()), pass B fires a tick and commits, then A runs its
+    pass: B's row has updated_at later than A's now(), and A took it for a row written by a clock
+    that ran ahead and was set back, writing it again (moved_on 1; a tick between the two now()s
+    was moved back and replayed, with last_error blaming the clock). Migration 0106: the bound is
+    the real clock as well, which no committed now() is later than."""
+    schedule_id = due_schedule(owner, "race-rewind")
+    first = connect(autocommit=False)
+    first.execute("SELECT now()")  # A's transaction, and its now(), begin here
+    assert fire(connect()) == 1, "B fires the tick and commits"
+    written = owner.execute(
+        "SELECT next_fire_at, updated_at, last_error FROM runrow.schedule WHERE id = %s", (schedule_id,)
+    ).fetchone()
+    passed = first.execute("SELECT (p.enqueued, p.moved_on)::text FROM runrow.fire_schedules_pass() AS p")
+    assert passed.fetchone()[0] == "(0,0)", (
+        "A takes nothing: B's row was not written by a clock that ran ahead"
+    )
+    first.commit()
+    assert (
+        owner.execute(
+            "SELECT next_fire_at, updated_at, last_error FROM runrow.schedule WHERE id = %s", (schedule_id,)
+        ).fetchone()
+        == written
+    ), "B's row stays as B wrote it"
+
+
 def test_a_workers_reaper_fires_a_due_tick(database_url: str, owner: psycopg.Connection) -> None:
     schedule_id = due_schedule(
         owner, "reaper-fires", model="echo", metadata={"echo": "scheduled hello", "duration": 0}
