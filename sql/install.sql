@@ -147,7 +147,8 @@ BEGIN
     '0100_fire_schedules_pass',
     '0101_key_error_probe',
     '0102_webhook_late_complete',
-    '0103_429_cap_and_clock_set_back'
+    '0103_429_cap_and_clock_set_back',
+    '0106_lapsed_token_rule_and_429s_reported'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -9216,6 +9217,41 @@ WHERE a.id = d.run_id;
 CREATE INDEX schedule_updated_at ON runrow.schedule (updated_at);
 INSERT INTO runrow._yoyo_migration VALUES ('daa4162be349a73ba30caba90aefcb39b01b22eedfc5eec222d932767f0c2410', '0103_429_cap_and_clock_set_back', now() AT TIME ZONE 'UTC');
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'daa4162be349a73ba30caba90aefcb39b01b22eedfc5eec222d932767f0c2410', '0103_429_cap_and_clock_set_back', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0106_lapsed_token_rule_and_429s_reported
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '7a7c45c5350a80e65a2716b1f9c3eef4faff25fcb7e01c74ec50939be09fab1d') AS apply_7a7c45c5350a \gset
+\if :apply_7a7c45c5350a
+-- depends: 0103_429_cap_and_clock_set_back
+-- Findings of the SQL review of migrations 0102-0103.
+--
+-- (1) webhook_delivery.lapsed_claim_token (0102) is kept only while no lease is held and the
+-- delivery is dead or re-armed (pending): complete_webhook_delivery accepts it only then, and a
+-- new attempt's claim clears it. Its writers (_lease_webhook_deliveries, which sets it with the
+-- state dead and no claim token, and complete_webhook_delivery, which clears it) held that, the
+-- schema did not: an UPDATE that leased the row or marked it delivered kept a token that a late
+-- sender could still use. A CHECK of its own, not a tenth rule of webhook_delivery_rules (0058):
+-- that would replace the constraint, and audit() reports it missing until it is validated again.
+-- This one is short, so it adds little to the per-statement cost 0058 cut.
+--
+-- NOT VALID, and left so here: a migration is one transaction, and a VALIDATE in it scans the
+-- table under the ADD's ACCESS EXCLUSIVE lock, which stops every run with a webhook from ending
+-- (agent_run's trigger inserts its delivery) for the length of the scan. A NOT VALID CHECK still
+-- binds every row inserted or updated from now on; the rows already there were written by the
+-- two writers above, which keep the rule. Validate it when convenient, in a transaction of its
+-- own (SHARE UPDATE EXCLUSIVE, beside deliveries), as 0059 did:
+--     ALTER TABLE runrow.webhook_delivery VALIDATE CONSTRAINT webhook_delivery_lapsed_token;
+ALTER TABLE runrow.webhook_delivery
+ADD CONSTRAINT webhook_delivery_lapsed_token CHECK (
+    lapsed_claim_token IS NULL OR (claim_token IS NULL AND state IN ('pending', 'dead'))
+) NOT VALID;
+
+COMMENT ON CONSTRAINT webhook_delivery_lapsed_token ON runrow.webhook_delivery IS
+'lapsed_claim_token (the token of a lease that lapsed into a dead letter, which '
+'complete_webhook_delivery still accepts) is set only while no lease is held (claim_token NULL) '
+'and the delivery is dead or re-armed (pending). Migration 0106.';
+INSERT INTO runrow._yoyo_migration VALUES ('7a7c45c5350a80e65a2716b1f9c3eef4faff25fcb7e01c74ec50939be09fab1d', '0106_lapsed_token_rule_and_429s_reported', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '7a7c45c5350a80e65a2716b1f9c3eef4faff25fcb7e01c74ec50939be09fab1d', '0106_lapsed_token_rule_and_429s_reported', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
 -- functions/: re-applied on every install, like `runrow migrate`
