@@ -13,10 +13,14 @@ DECLARE
     block_end timestamptz;
     events jsonb;
     taken_back jsonb;
-    -- A deferral for 429s past the attempt's cap (the agent's reason 429_cap: ...): at most
-    -- this many a run (agent_run.cap_429_deferrals); the next spends the attempt.
+    -- A deferral for 429s past the attempt's cap: at most this many a run
+    -- (agent_run.cap_429_deferrals); the next spends the attempt.
     max_cap_deferrals constant smallint := 3;
-    for_cap boolean := starts_with(defer_run.reason, '429_cap');
+    -- The agent's allowance of 429s in one attempt (pyworker/agent/limits.py MAX_429_IN_ATTEMPT,
+    -- held equal by tests/test_defer_run_429s_reported.py): a deferral of a claim that reported
+    -- more is one for 429s, whatever its reason says (migration 0106).
+    max_429_in_attempt constant smallint := 5;
+    for_cap boolean;
     cap_deferrals smallint;
 BEGIN
     PERFORM runrow._require_not_null(defer_run.run_id, 'run_id');
@@ -42,7 +46,13 @@ BEGIN
     -- run waited out one more block, up to 300 s, with the key working (the model-calls
     -- audit). Read under a share lock: a probe's answer ending the block (it holds the row's
     -- lock) waits for this deferral and then finds the run held to the block's end.
-    SELECT a.rate_limit_key, a.block_told_until, a.cap_429_deferrals INTO key, told, cap_deferrals
+    SELECT
+        a.rate_limit_key,
+        a.block_told_until,
+        a.cap_429_deferrals,
+        starts_with(defer_run.reason, '429_cap')
+        OR coalesce(a.reported_429s_claim = defer_run.claim_token AND a.reported_429s > max_429_in_attempt, false)
+    INTO key, told, cap_deferrals, for_cap
     FROM runrow.agent_run AS a WHERE a.id = defer_run.run_id;
     -- The cap on deferrals for 429s is the run's, not the worker's: each came after a run of
     -- 429s that blocked the key for the whole fleet, and a worker that counts them wrong (or
@@ -131,8 +141,9 @@ COMMENT ON FUNCTION runrow.defer_run(uuid, uuid, interval, text) IS
 'kept as its error and journaled in run_requeued (with not_before and deferred = true), after a '
 'superseded event for the next claim (which has this attempt number) when this claim streamed '
 'deltas after the work it committed (_superseded_event); the '
-'dispatchers are woken only when it is due at once. A reason beginning 429_cap (a worker''s '
-'deferral after too many 429s in one attempt) is counted in agent_run.cap_429_deferrals, at most '
+'dispatchers are woken only when it is due at once. A deferral for 429s (a reason beginning '
+'429_cap, the agent''s, or whatever the reason a claim that reported more than 5 429s through '
+'report_rate_limited: agent_run.reported_429s) is counted in agent_run.cap_429_deferrals, at most '
 '3 a run whoever calls: a 4th is not deferred but released as release_run releases, its attempt '
 'spent (requeued for retry_in with attempts left; failed, or dead, on its last attempt: the '
 'default max_attempts 1 fails), error the reason followed by (after 3 deferrals for 429s, ...). '

@@ -18,10 +18,19 @@ BEGIN
     END IF;
     -- The call was refused, and a refusal is not billed: its reservation goes, or a holder
     -- killed while it waits out the block would be charged for it at the reap (the review of 0080).
+    -- The claim's 429s are counted: defer_run caps the deferrals after more than the agent's
+    -- allowance for one attempt by this count, not by what the worker says (migration 0106).
     UPDATE runrow.agent_run AS a
-    SET model_call_reserved = NULL, model_call_attempt = NULL, updated_at = now()
-    WHERE a.id = report_rate_limited.run_id AND a.model_call_reserved IS NOT NULL;
-    SELECT a.rate_limit_key INTO key FROM runrow.agent_run AS a WHERE a.id = report_rate_limited.run_id;
+    SET model_call_reserved = NULL,
+        model_call_attempt = NULL,
+        reported_429s = CASE
+            WHEN a.reported_429s_claim = report_rate_limited.claim_token THEN least(a.reported_429s + 1, 32767)
+            ELSE 1
+        END,
+        reported_429s_claim = report_rate_limited.claim_token,
+        updated_at = now()
+    WHERE a.id = report_rate_limited.run_id
+    RETURNING a.rate_limit_key INTO key;
     IF key IS NULL THEN
         PERFORM runrow._tenant_unreserve(report_rate_limited.run_id);
         RETURN;
@@ -44,7 +53,9 @@ COMMENT ON FUNCTION runrow.report_rate_limited(uuid, uuid, numeric) IS
 'key''s requests bucket is emptied and refills only after it. Creates the key''s row when it '
 'has no limits. '
 'The run''s model-call reservation (acquire_model_call) is dropped, from its tenant''s '
-'reserved total too: a 429 is not billed. '
+'reserved total too: a 429 is not billed. The 429 is counted for the claim '
+'(agent_run.reported_429s, from 1 for each claim): defer_run counts a deferral after more than 5 '
+'against its cap on deferrals for 429s. '
 'Fenced: nothing written unless claim_token holds the running run. Bad input '
 '(NULL, retry_after_seconds not more than 0 or over 86400) raises 22004/22023.';
 

@@ -1,5 +1,6 @@
 -- depends: 0103_429_cap_and_clock_set_back
--- Findings of the SQL review of migrations 0102-0103.
+-- Findings of the SQL review of migrations 0102-0103 (the other two, F4 and F6, were in
+-- functions/_schedule_helpers.sql only).
 --
 -- (1) webhook_delivery.lapsed_claim_token (0102) is kept only while no lease is held and the
 -- delivery is dead or re-armed (pending): complete_webhook_delivery accepts it only then, and a
@@ -26,3 +27,41 @@ COMMENT ON CONSTRAINT webhook_delivery_lapsed_token ON runrow.webhook_delivery I
 'lapsed_claim_token (the token of a lease that lapsed into a dead letter, which '
 'complete_webhook_delivery still accepts) is set only while no lease is held (claim_token NULL) '
 'and the delivery is dead or re-armed (pending). Migration 0106.';
+
+-- (2) defer_run's cap on deferrals for 429s (0103) counted only deferrals whose reason began
+-- 429_cap: a worker that deferred after a run of 429s with any other reason (another worker, a
+-- bug, a reworded reason) was never capped, though each such deferral followed 429s that blocked
+-- the key for the whole fleet. The database hears each 429 (report_rate_limited), so it counts
+-- them: reported_429s is how many the claim reported_429s_claim reported (a claim token: each
+-- claim counts from 0, and a count left by an earlier claim is not the current one's), and
+-- defer_run counts a deferral against the cap when the current claim reported more than the
+-- agent's allowance for one attempt (5, pyworker/agent/limits.py MAX_429_IN_ATTEMPT), whatever
+-- its reason; a reason beginning 429_cap still counts (functions/report_rate_limited.sql,
+-- functions/defer_run.sql).
+--
+-- At the end of the row with 0103's column, behind every column a claim, a heartbeat and a finish
+-- write (tests/test_agent_run_layout.py); a NOT NULL default is the catalogue's (no rewrite), and
+-- the claim does not reset them (the token does). No CHECK, for 0103's reason: one is evaluated on
+-- every update of the row, and report_rate_limited is the columns' only writer.
+ALTER TABLE runrow.agent_run
+ADD COLUMN reported_429s smallint NOT NULL DEFAULT 0,
+ADD COLUMN reported_429s_claim uuid;
+
+COMMENT ON COLUMN runrow.agent_run.reported_429s IS
+'How many 429s report_rate_limited heard for this run from the claim reported_429s_claim (its '
+'last claim that reported one), at most 32767. defer_run counts a deferral of that claim after '
+'more than 5 against the cap on deferrals for 429s (cap_429_deferrals). Written only by '
+'report_rate_limited.';
+COMMENT ON COLUMN runrow.agent_run.reported_429s_claim IS
+'The claim token of the claim whose 429s reported_429s counts (NULL before the first 429): a '
+'new claim counts from 1. A token, so not readable by runrow_auditor. Written only by '
+'report_rate_limited.';
+
+-- 0073: a column is the auditor's only when granted (the count; the token is a capability).
+GRANT SELECT (reported_429s) ON runrow.agent_run TO runrow_auditor;
+
+COMMENT ON COLUMN runrow.agent_run.cap_429_deferrals IS
+'How many times defer_run deferred this run for 429s (a reason beginning 429_cap, a worker''s '
+'deferral after too many 429s in one attempt, or any reason after more than 5 429s reported in '
+'the claim: reported_429s), at most 3: defer_run spends the attempt instead of a fourth '
+'(release_run''s ending). Written only by defer_run.';

@@ -142,9 +142,10 @@ SELECT * FROM pg_temp.table_tests();
 SELECT is_empty($$SELECT a.attrelid::regclass, a.attname FROM pg_attribute AS a
     JOIN pg_class AS c ON c.oid = a.attrelid
     WHERE c.relnamespace = 'runrow'::regnamespace AND c.relkind IN ('r', 'p')
-      AND a.attname IN ('claim_token', 'lapsed_claim_token') AND NOT a.attisdropped
+      AND a.attname IN ('claim_token', 'lapsed_claim_token', 'reported_429s_claim') AND NOT a.attisdropped
       AND has_column_privilege('runrow_auditor', a.attrelid, a.attnum, 'SELECT')$$,
-    'runrow_auditor can read no claim_token column, nor webhook_delivery.lapsed_claim_token (0102)');
+    'runrow_auditor can read no claim_token column, nor webhook_delivery.lapsed_claim_token (0102) '
+    'nor agent_run.reported_429s_claim (0106)');
 SELECT throws_ok($$SELECT pg_temp.as_role('runrow_auditor', 'SELECT claim_token FROM runrow.agent_run')$$,
     '42501', 'permission denied for table agent_run', 'the auditor cannot SELECT agent_run.claim_token');
 SELECT throws_ok($$SELECT pg_temp.as_role('runrow_auditor', 'SELECT claim_token FROM runrow.webhook_delivery')$$,
@@ -155,7 +156,7 @@ SELECT lives_ok(format('SELECT pg_temp.as_role(%L, %L)', 'runrow_auditor', strin
 FROM (SELECT c.relname AS tab, string_agg(quote_ident(a.attname), ', ') AS cols
       FROM pg_class AS c JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
       WHERE c.oid IN ('runrow.agent_run'::regclass, 'runrow.webhook_delivery'::regclass)
-        AND a.attname NOT IN ('claim_token', 'lapsed_claim_token')
+        AND a.attname NOT IN ('claim_token', 'lapsed_claim_token', 'reported_429s_claim')
       GROUP BY c.relname) AS t;
 SELECT lives_ok($$SELECT pg_temp.as_role('runrow_auditor', 'SELECT 1 FROM runrow.queue_health, runrow.run_stats,
         runrow.run_attempts, runrow.webhook_health, (SELECT count(*) FROM runrow.webhook_outbox) AS o,

@@ -9223,7 +9223,8 @@ INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'daa4162be349a73ba
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '7a7c45c5350a80e65a2716b1f9c3eef4faff25fcb7e01c74ec50939be09fab1d') AS apply_7a7c45c5350a \gset
 \if :apply_7a7c45c5350a
 -- depends: 0103_429_cap_and_clock_set_back
--- Findings of the SQL review of migrations 0102-0103.
+-- Findings of the SQL review of migrations 0102-0103 (the other two, F4 and F6, were in
+-- functions/_schedule_helpers.sql only).
 --
 -- (1) webhook_delivery.lapsed_claim_token (0102) is kept only while no lease is held and the
 -- delivery is dead or re-armed (pending): complete_webhook_delivery accepts it only then, and a
@@ -9250,6 +9251,44 @@ COMMENT ON CONSTRAINT webhook_delivery_lapsed_token ON runrow.webhook_delivery I
 'lapsed_claim_token (the token of a lease that lapsed into a dead letter, which '
 'complete_webhook_delivery still accepts) is set only while no lease is held (claim_token NULL) '
 'and the delivery is dead or re-armed (pending). Migration 0106.';
+
+-- (2) defer_run's cap on deferrals for 429s (0103) counted only deferrals whose reason began
+-- 429_cap: a worker that deferred after a run of 429s with any other reason (another worker, a
+-- bug, a reworded reason) was never capped, though each such deferral followed 429s that blocked
+-- the key for the whole fleet. The database hears each 429 (report_rate_limited), so it counts
+-- them: reported_429s is how many the claim reported_429s_claim reported (a claim token: each
+-- claim counts from 0, and a count left by an earlier claim is not the current one's), and
+-- defer_run counts a deferral against the cap when the current claim reported more than the
+-- agent's allowance for one attempt (5, pyworker/agent/limits.py MAX_429_IN_ATTEMPT), whatever
+-- its reason; a reason beginning 429_cap still counts (functions/report_rate_limited.sql,
+-- functions/defer_run.sql).
+--
+-- At the end of the row with 0103's column, behind every column a claim, a heartbeat and a finish
+-- write (tests/test_agent_run_layout.py); a NOT NULL default is the catalogue's (no rewrite), and
+-- the claim does not reset them (the token does). No CHECK, for 0103's reason: one is evaluated on
+-- every update of the row, and report_rate_limited is the columns' only writer.
+ALTER TABLE runrow.agent_run
+ADD COLUMN reported_429s smallint NOT NULL DEFAULT 0,
+ADD COLUMN reported_429s_claim uuid;
+
+COMMENT ON COLUMN runrow.agent_run.reported_429s IS
+'How many 429s report_rate_limited heard for this run from the claim reported_429s_claim (its '
+'last claim that reported one), at most 32767. defer_run counts a deferral of that claim after '
+'more than 5 against the cap on deferrals for 429s (cap_429_deferrals). Written only by '
+'report_rate_limited.';
+COMMENT ON COLUMN runrow.agent_run.reported_429s_claim IS
+'The claim token of the claim whose 429s reported_429s counts (NULL before the first 429): a '
+'new claim counts from 1. A token, so not readable by runrow_auditor. Written only by '
+'report_rate_limited.';
+
+-- 0073: a column is the auditor's only when granted (the count; the token is a capability).
+GRANT SELECT (reported_429s) ON runrow.agent_run TO runrow_auditor;
+
+COMMENT ON COLUMN runrow.agent_run.cap_429_deferrals IS
+'How many times defer_run deferred this run for 429s (a reason beginning 429_cap, a worker''s '
+'deferral after too many 429s in one attempt, or any reason after more than 5 429s reported in '
+'the claim: reported_429s), at most 3: defer_run spends the attempt instead of a fourth '
+'(release_run''s ending). Written only by defer_run.';
 INSERT INTO runrow._yoyo_migration VALUES ('7a7c45c5350a80e65a2716b1f9c3eef4faff25fcb7e01c74ec50939be09fab1d', '0106_lapsed_token_rule_and_429s_reported', now() AT TIME ZONE 'UTC');
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '7a7c45c5350a80e65a2716b1f9c3eef4faff25fcb7e01c74ec50939be09fab1d', '0106_lapsed_token_rule_and_429s_reported', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
@@ -15583,10 +15622,14 @@ DECLARE
     block_end timestamptz;
     events jsonb;
     taken_back jsonb;
-    -- A deferral for 429s past the attempt's cap (the agent's reason 429_cap: ...): at most
-    -- this many a run (agent_run.cap_429_deferrals); the next spends the attempt.
+    -- A deferral for 429s past the attempt's cap: at most this many a run
+    -- (agent_run.cap_429_deferrals); the next spends the attempt.
     max_cap_deferrals constant smallint := 3;
-    for_cap boolean := starts_with(defer_run.reason, '429_cap');
+    -- The agent's allowance of 429s in one attempt (pyworker/agent/limits.py MAX_429_IN_ATTEMPT,
+    -- held equal by tests/test_defer_run_429s_reported.py): a deferral of a claim that reported
+    -- more is one for 429s, whatever its reason says (migration 0106).
+    max_429_in_attempt constant smallint := 5;
+    for_cap boolean;
     cap_deferrals smallint;
 BEGIN
     PERFORM runrow._require_not_null(defer_run.run_id, 'run_id');
@@ -15612,7 +15655,13 @@ BEGIN
     -- run waited out one more block, up to 300 s, with the key working (the model-calls
     -- audit). Read under a share lock: a probe's answer ending the block (it holds the row's
     -- lock) waits for this deferral and then finds the run held to the block's end.
-    SELECT a.rate_limit_key, a.block_told_until, a.cap_429_deferrals INTO key, told, cap_deferrals
+    SELECT
+        a.rate_limit_key,
+        a.block_told_until,
+        a.cap_429_deferrals,
+        starts_with(defer_run.reason, '429_cap')
+        OR coalesce(a.reported_429s_claim = defer_run.claim_token AND a.reported_429s > max_429_in_attempt, false)
+    INTO key, told, cap_deferrals, for_cap
     FROM runrow.agent_run AS a WHERE a.id = defer_run.run_id;
     -- The cap on deferrals for 429s is the run's, not the worker's: each came after a run of
     -- 429s that blocked the key for the whole fleet, and a worker that counts them wrong (or
@@ -15701,8 +15750,9 @@ COMMENT ON FUNCTION runrow.defer_run(uuid, uuid, interval, text) IS
 'kept as its error and journaled in run_requeued (with not_before and deferred = true), after a '
 'superseded event for the next claim (which has this attempt number) when this claim streamed '
 'deltas after the work it committed (_superseded_event); the '
-'dispatchers are woken only when it is due at once. A reason beginning 429_cap (a worker''s '
-'deferral after too many 429s in one attempt) is counted in agent_run.cap_429_deferrals, at most '
+'dispatchers are woken only when it is due at once. A deferral for 429s (a reason beginning '
+'429_cap, the agent''s, or whatever the reason a claim that reported more than 5 429s through '
+'report_rate_limited: agent_run.reported_429s) is counted in agent_run.cap_429_deferrals, at most '
 '3 a run whoever calls: a 4th is not deferred but released as release_run releases, its attempt '
 'spent (requeued for retry_in with attempts left; failed, or dead, on its last attempt: the '
 'default max_attempts 1 fails), error the reason followed by (after 3 deferrals for 429s, ...). '
@@ -17847,10 +17897,19 @@ BEGIN
     END IF;
     -- The call was refused, and a refusal is not billed: its reservation goes, or a holder
     -- killed while it waits out the block would be charged for it at the reap (the review of 0080).
+    -- The claim's 429s are counted: defer_run caps the deferrals after more than the agent's
+    -- allowance for one attempt by this count, not by what the worker says (migration 0106).
     UPDATE runrow.agent_run AS a
-    SET model_call_reserved = NULL, model_call_attempt = NULL, updated_at = now()
-    WHERE a.id = report_rate_limited.run_id AND a.model_call_reserved IS NOT NULL;
-    SELECT a.rate_limit_key INTO key FROM runrow.agent_run AS a WHERE a.id = report_rate_limited.run_id;
+    SET model_call_reserved = NULL,
+        model_call_attempt = NULL,
+        reported_429s = CASE
+            WHEN a.reported_429s_claim = report_rate_limited.claim_token THEN least(a.reported_429s + 1, 32767)
+            ELSE 1
+        END,
+        reported_429s_claim = report_rate_limited.claim_token,
+        updated_at = now()
+    WHERE a.id = report_rate_limited.run_id
+    RETURNING a.rate_limit_key INTO key;
     IF key IS NULL THEN
         PERFORM runrow._tenant_unreserve(report_rate_limited.run_id);
         RETURN;
@@ -17873,7 +17932,9 @@ COMMENT ON FUNCTION runrow.report_rate_limited(uuid, uuid, numeric) IS
 'key''s requests bucket is emptied and refills only after it. Creates the key''s row when it '
 'has no limits. '
 'The run''s model-call reservation (acquire_model_call) is dropped, from its tenant''s '
-'reserved total too: a 429 is not billed. '
+'reserved total too: a 429 is not billed. The 429 is counted for the claim '
+'(agent_run.reported_429s, from 1 for each claim): defer_run counts a deferral after more than 5 '
+'against its cap on deferrals for 429s. '
 'Fenced: nothing written unless claim_token holds the running run. Bad input '
 '(NULL, retry_after_seconds not more than 0 or over 86400) raises 22004/22023.';
 

@@ -57,6 +57,8 @@ AFTER_HOT = [
     "key_error_answers",
     "key_error_refused",
     "cap_429_deferrals",
+    "reported_429s",
+    "reported_429s_claim",
 ]
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer

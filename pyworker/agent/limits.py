@@ -70,6 +70,8 @@ from pyworker.worker.journal import RunLost
 DEFAULT_MAX_WAIT = 10.0
 KEY_ERROR_FIRST_BLOCK = 5.0
 KEY_ERROR_MAX_BLOCK = 300.0
+# defer_run's max_429_in_attempt (functions/defer_run.sql): a deferral of a claim that reported
+# more is counted against MAX_429_DEFERRALS whatever its reason (tests/test_defer_run_429s_reported.py).
 MAX_429_IN_ATTEMPT = 5
 MAX_ESTIMATE = 100_000_000  # acquire_model_call's range
 # The longest a cancelled run waits to pay for its cut response. A drain gives the runs it
