@@ -292,6 +292,24 @@ AS $fn$
     SELECT md5(runrow._schedule_tick_key(schedule_id, tick))::uuid;
 $fn$;
 
+-- A schedule whose cron does not parse (written around create_schedule before migration 0067's
+-- trigger) is stopped, by the firing pass and by _rewind_schedules alike: not due again, and
+-- last_error says why. No SET clause: it runs under its callers' pinned search_path.
+CREATE OR REPLACE FUNCTION runrow._stop_schedule_unparsed(schedule_id uuid, message text, state text)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    UPDATE runrow.schedule AS x SET
+        next_fire_at = 'infinity',
+        passed_over_at = NULL,
+        last_error = format('cron does not parse, so the schedule stopped: %s (SQLSTATE %s); drop it '
+            'and create it again', _stop_schedule_unparsed.message, _stop_schedule_unparsed.state),
+        updated_at = now()
+    WHERE x.id = _stop_schedule_unparsed.schedule_id;
+END
+$fn$;
+
 -- Schedules whose next tick was computed by a clock ahead of `at`: the database clock ran ahead
 -- (a wrong NTP step, a VM restored from a snapshot taken later) and was set back. A pass then
 -- moved next_fire_at to the first tick after that future instant, and the schedule stayed silent
@@ -346,13 +364,7 @@ BEGIN
             first_tick := runrow._cron_next(runrow._cron_parse(s.cron), _rewind_schedules.at);
         EXCEPTION WHEN data_exception THEN
             -- Stopped as the firing pass stops it: its next tick cannot be counted either way.
-            UPDATE runrow.schedule AS x SET
-                next_fire_at = 'infinity',
-                passed_over_at = NULL,
-                last_error = format('cron does not parse, so the schedule stopped: %s (SQLSTATE %s); drop it '
-                    'and create it again', SQLERRM, SQLSTATE),
-                updated_at = now()
-            WHERE x.id = s.id;
+            PERFORM runrow._stop_schedule_unparsed(s.id, SQLERRM, SQLSTATE);
             rewound := rewound + 1;
             CONTINUE;
         END;
@@ -471,13 +483,7 @@ BEGIN
         BEGIN
             spec := runrow._cron_parse(s.cron);
         EXCEPTION WHEN data_exception THEN
-            UPDATE runrow.schedule AS x SET
-                next_fire_at = 'infinity',
-                passed_over_at = NULL,
-                last_error = format('cron does not parse, so the schedule stopped: %s (SQLSTATE %s); drop it '
-                    'and create it again', SQLERRM, SQLSTATE),
-                updated_at = now()
-            WHERE x.id = s.id;
+            PERFORM runrow._stop_schedule_unparsed(s.id, SQLERRM, SQLSTATE);
             moved_on := moved_on + 1;
             CONTINUE;
         END;
@@ -587,6 +593,7 @@ REVOKE ALL ON FUNCTION runrow._cron_next(runrow.cron_spec, timestamptz) FROM PUB
 REVOKE ALL ON FUNCTION runrow._cron_prev(runrow.cron_spec, timestamptz, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._schedule_tick_key(uuid, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._schedule_conversation(uuid, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._stop_schedule_unparsed(uuid, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._rewind_schedules(timestamptz, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._fire_schedules_pass(timestamptz, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._fire_schedules(timestamptz, integer) FROM PUBLIC;
@@ -619,6 +626,10 @@ COMMENT ON FUNCTION runrow._schedule_conversation(uuid, timestamptz) IS
 COMMENT ON FUNCTION runrow._fire_schedules(timestamptz, integer) IS
 'Private; fire_schedules calls it with now(). _fire_schedules_pass at `at`, returning only the '
 'number of runs created.';
+COMMENT ON FUNCTION runrow._stop_schedule_unparsed(uuid, text, text) IS
+'Private; _fire_schedules_pass and _rewind_schedules call it for a schedule whose cron does not '
+'parse: next_fire_at infinity, passed_over_at cleared, last_error "cron does not parse, so the '
+'schedule stopped: <message> (SQLSTATE <state>); drop it and create it again", updated_at now().';
 COMMENT ON FUNCTION runrow._rewind_schedules(timestamptz, integer) IS
 'Private; _fire_schedules_pass calls it first. Up to max_schedules schedules written by a clock '
 'ahead of `at` and of the real clock (updated_at > greatest(at, clock_timestamp()): the database '

@@ -1,6 +1,7 @@
 -- depends: 0103_429_cap_and_clock_set_back
 -- Findings of the SQL review of migrations 0102-0103 (the other two, F4 and F6, were in
--- functions/_schedule_helpers.sql only).
+-- functions/_schedule_helpers.sql only; `runrow migrate` creates its new private helper
+-- _stop_schedule_unparsed when it applies functions/ after this migration).
 --
 -- (1) webhook_delivery.lapsed_claim_token (0102) is kept only while no lease is held and the
 -- delivery is dead or re-armed (pending): complete_webhook_delivery accepts it only then, and a
