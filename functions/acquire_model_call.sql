@@ -62,38 +62,26 @@ BEGIN
 
     -- The key's block after a key error is over: the grant would be the key's one probe. A run
     -- refused with a 403 since the key's last answer (a 403 may be about its own request: a
-    -- beta, a tool type) leaves the probe to another run of the key waiting for it (migration
-    -- 0101): the claim order made such a run the probe every time, each refusal doubling the
-    -- block, and the key's other runs waited with it for ever, none ever answered to tell. The
-    -- others waiting: running, or queued and due before this run comes back (15 s) and not
-    -- behind another turn of their conversation (this run's own conversation's wait for it),
-    -- none refused a 403 since that answer itself (two such runs would leave it to each other).
-    -- Alone, it is the probe (report_key_error's lone-run rule ends it). 15 s, as for
-    -- budget_reserved: longer than a worker waits in place, so the run is deferred and frees its
-    -- slot (a concurrency limit of one held the waiting run out). Read only while the key has a
-    -- key error: a key that works takes no statement more. No index has rate_limit_key: each arm
-    -- below implies the predicate of a partial index of open runs (running:
-    -- agent_run_one_active_per_conversation; queued and claimable: agent_run_claimable; queued
-    -- and delayed, by not_before: agent_run_delayed), so the read costs the open runs, not the
-    -- history. One test of status across two of them left the planner a seq
-    -- scan of the whole table, every 15 s per suspect run (issue 11).
+    -- beta, a tool type) leaves the probe to another run of the key that could answer it
+    -- (migration 0101): the claim order made such a run the probe every time, each refusal
+    -- doubling the block, and the key's other runs waited with it for ever, none ever answered to
+    -- tell. Which runs could answer is report_key_error's question too (its lone-run rule fails
+    -- a run with none): one helper asks it for both (_key_has_other_answerer, migration 0107).
+    -- Alone, it is the probe. 15 s, as for budget_reserved: longer than a worker waits in place,
+    -- so the run is deferred and frees its slot (a concurrency limit of one held the waiting run
+    -- out). Bounded (migration 0107): the other run may be one the claim never hands out (its
+    -- concurrency_key full with another key's running run), and nobody probed the key, one claim
+    -- and run_requeued every 15 s, for as long as that lasted. Once the streak is as old as the
+    -- lone-run rule's bound (greatest(max_block_seconds, 600) s: report_key_error keeps what it
+    -- was given, key_error_max_block) and the key's last block or hold ended over 15 s ago with
+    -- no probe since, no other run took the probe it was left: this run is. Not at the block's
+    -- end itself: a run the claim favours was then the probe every block again, the other run
+    -- claimable but never first (0101's defect). Read only while the key has a key error: a key
+    -- that works takes no statement more.
     IF l.key_errors > 0 AND r.key_error_refused IS NOT NULL AND r.key_error_answers = l.key_answers
-       AND EXISTS (
-           SELECT 1
-           FROM (
-               SELECT o.id, o.conversation_id, o.rate_limit_key, o.key_error_refused, o.key_error_answers
-               FROM runrow.agent_run AS o WHERE o.status = 'running'
-               UNION ALL
-               SELECT o.id, o.conversation_id, o.rate_limit_key, o.key_error_refused, o.key_error_answers
-               FROM runrow.agent_run AS o WHERE o.status = 'queued' AND NOT o.claim_blocked AND o.not_before IS NULL
-               UNION ALL
-               SELECT o.id, o.conversation_id, o.rate_limit_key, o.key_error_refused, o.key_error_answers
-               FROM runrow.agent_run AS o
-               WHERE o.status = 'queued' AND NOT o.claim_blocked AND o.not_before <= now() + interval '15 seconds'
-           ) AS o
-           WHERE o.rate_limit_key = l.rate_limit_key AND o.id <> r.id AND o.conversation_id <> r.conversation_id
-             AND (o.key_error_refused IS NULL OR o.key_error_answers IS DISTINCT FROM l.key_answers)
-       ) THEN
+       AND NOT (l.key_error_since <= now() - make_interval(secs => greatest(l.key_error_max_block, 600)::float8)
+                AND l.key_error_until <= now() - interval '15 seconds')
+       AND runrow._key_has_other_answerer(l, r.id, r.conversation_id) THEN
         IF r.block_told_until IS NOT NULL THEN
             -- Not a block this run waits for: a lift must not make its deferral due at once.
             UPDATE runrow.agent_run AS a SET block_told_until = NULL, updated_at = now() WHERE a.id = r.id;
@@ -226,10 +214,15 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 'the grant after its block is the one probe: the key is held for the other runs for one more '
 'block, until the probe is answered. A run refused with a 403 since the key''s last answer '
 '(report_key_error with own_request_possible; the 403 may be its own request''s) is not made '
-'the probe while another run of the key waits for it (running, or queued and due within 15 s, '
-'not behind a turn of its conversation, not refused a 403 since that answer itself): '
+'the probe while another run of the key could answer (_key_has_other_answerer, report_key_error''s '
+'lone-run rule asks the same: in another conversation, running, or queued, not behind a turn of '
+'its own conversation and due within 15 s, not refused a 403 since that answer itself): '
 '(false, 15, probe_elsewhere), longer than a worker waits in place, so it defers the run; '
-'alone, it is the probe. A key without a row is not limited. Every grant '
+'alone, it is the probe, and so it is whatever else waits once the key''s streak of refusals '
+'(key_error_since) is greatest(key_error_max_block, 600) s old (the max_block_seconds '
+'report_key_error was last given) and its last block ended over 15 s ago with no probe since '
+'(the run left the probe to may be one the claim never hands out). A key without a row is not '
+'limited. Every grant '
 'reserves the call''s worst case on the run (model_call_reserved: input_tokens_estimate as '
 'input tokens, at most 1000000, metadata.max_tokens, else 4096, as output tokens, at most 128000), '
 'counted in a budgeted tenant''s reserved total (tenant_reservation): append_step or record_usage '

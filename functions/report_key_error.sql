@@ -13,6 +13,7 @@ SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     key text;
+    conversation uuid;
     seen bigint;
     -- The 403 this run's request last got (key_error_refused), and this one if it is a 403.
     last_refused text;
@@ -48,7 +49,8 @@ BEGIN
     IF NOT runrow._hold_claim(report_key_error.run_id, report_key_error.claim_token) THEN
         RETURN NULL;  -- fenced out: nothing written
     END IF;
-    SELECT a.rate_limit_key, a.key_error_answers, a.key_error_refused INTO key, seen, last_refused
+    SELECT a.rate_limit_key, a.conversation_id, a.key_error_answers, a.key_error_refused
+    INTO key, conversation, seen, last_refused
     FROM runrow.agent_run AS a WHERE a.id = report_key_error.run_id;
     IF key IS NULL THEN
         PERFORM runrow._key_error_told(report_key_error.run_id, NULL, refused);
@@ -82,33 +84,28 @@ BEGIN
     END IF;
     IF refused = last_refused AND l.key_answers = seen AND l.key_probe_by = report_key_error.run_id
        AND l.key_error_since <= now() - make_interval(secs => greatest(report_key_error.max_block_seconds, 600)::float8)
-       AND NOT EXISTS (
-           -- Two arms, each implying a partial index's predicate (agent_run_queued_by_conversation,
-           -- agent_run_one_active_per_conversation): no index has rate_limit_key, and status IN
-           -- ('queued', 'running') implied neither, so every read scanned the whole history
-           --.
-           SELECT 1
-           FROM (
-               SELECT o.id, o.rate_limit_key FROM runrow.agent_run AS o WHERE o.status = 'queued'
-               UNION ALL
-               SELECT o.id, o.rate_limit_key FROM runrow.agent_run AS o WHERE o.status = 'running'
-           ) AS o
-           WHERE o.rate_limit_key = key AND o.id <> report_key_error.run_id
-       ) THEN
-        -- The key's only open run: no other request can answer, and its probe is refused with the
-        -- same 403 when the key's streak of refusals began at least max_block_seconds, and at
-        -- least 600 s, ago on the database clock (615 s with the defaults 5 and 300). Timed, not
-        -- counted in blocks (migration 0101): the block reaching max_block_seconds was the rule,
-        -- and with key_error_max_block equal to key_error_first_block (allowed) it failed the run
-        -- on its second refusal, 5 s into a real outage. 600 s: a key outage of a few minutes
-        -- (a rotation, a top-up) fails nothing; max_block_seconds when longer: the operator's
-        -- longest wait between probes, so the streak has seen at least one. Before 0099 the run
-        -- was deferred for ever, its attempt given back. It is taken for the run's own
-        -- request: the run fails once. The probe is over; the key's hold stands (the key may be
-        -- broken: its next probe tells). Alone only: with other runs of the key waiting, a long
-        -- key-wide 403 would fail one of them per longest block, and their probes tell the two
-        -- apart (the rule above; acquire_model_call leaves the probe to them). Read on this path
-        -- only, once per block of a key.
+       AND NOT runrow._key_has_other_answerer(l, report_key_error.run_id, conversation) THEN
+        -- No other run of the key can answer (_key_has_other_answerer, acquire_model_call's
+        -- question for probe_elsewhere too, migration 0107: another conversation's run, running
+        -- or due within 15 s of the key's block, not refused a 403 since the key's last answer
+        -- itself), and the run's probe is refused with the same 403 when the key's streak of
+        -- refusals began at least max_block_seconds, and at least 600 s, ago on the database
+        -- clock (615 s with the defaults 5 and 300). Timed, not counted in blocks (migration
+        -- 0101): the block reaching max_block_seconds was the rule, and with key_error_max_block
+        -- equal to key_error_first_block (allowed) it failed the run on its second refusal, 5 s
+        -- into a real outage. 600 s: a key outage of a few minutes (a rotation, a top-up) fails
+        -- nothing; max_block_seconds when longer: the operator's longest wait between probes, so
+        -- the streak has seen at least one. It is taken for the run's own request: the run fails
+        -- once. The probe is over; the key's hold stands (the key may be broken: its next probe
+        -- tells). Only with no other answerer: with another run of the key able to answer, a long
+        -- key-wide 403 would fail one run per longest block, and that run's answer tells the two
+        -- apart (the rule above). Runs refused with the 403 since the key's last answer do not
+        -- count (0107): two or more such runs were each the probe in turn, each refusal found
+        -- the others open, and none ever ended; now each fails at its next refusal past the
+        -- bound, taking a 403 that has refused the key's every probe that long for its own,
+        -- key-wide or not (it is not going to clear). Nor does the run's own conversation's next
+        -- turn: it waits behind the run, which was refused for ever and the turn never started.
+        -- Read on this path only, once per block of a key.
         UPDATE runrow.rate_limit AS r SET key_probe_by = NULL, updated_at = now() WHERE r.rate_limit_key = key;
         PERFORM runrow.finish_run(report_key_error.run_id, report_key_error.claim_token, 'failed', NULL,
             'model API refused the request: ' || refused
@@ -146,6 +143,7 @@ BEGIN
         key_error_since = CASE WHEN streak = 1 THEN now() ELSE r.key_error_since END,
         key_error_until = until,
         key_error_block = block,
+        key_error_max_block = report_key_error.max_block_seconds,
         key_probe_by = NULL,
         updated_at = now()
     WHERE r.rate_limit_key = key;
@@ -180,8 +178,14 @@ COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, 
 'and NULL is returned; so is the key''s probe refused when nothing of the key was answered '
 'since the run''s last refusal and the key''s streak of refusals (key_error_since) began at '
 'least greatest(max_block_seconds, 600) seconds ago on the database clock (a key outage of a '
-'few minutes fails nothing, whatever the blocks), when it is the key''s only queued or running '
-'run (no other can answer); the key''s hold stands. '
+'few minutes fails nothing, whatever the blocks), when no other run of the key can answer '
+'(_key_has_other_answerer, as acquire_model_call asks for probe_elsewhere: a run of another '
+'conversation, running, or queued, not behind a turn of its own conversation and due within 15 s '
+'of the key''s block''s end, and not itself refused a 403 since the key''s last answer); the '
+'key''s hold stands. So runs of one key all refused with the same 403 each fail at their next '
+'refusal past that bound, whether the 403 is their requests'' or the key''s: a 403 refusing '
+'every probe that long is not going to clear. max_block_seconds is kept on the key''s row '
+'(key_error_max_block) for acquire_model_call''s bound on probe_elsewhere. '
 'Either only when the error is the same as the 403 of the run''s last refusal '
 '(agent_run.key_error_refused): a key broken again by another 403 is a key error. Bad input (NULL, an empty '
 'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400) '

@@ -148,7 +148,8 @@ BEGIN
     '0101_key_error_probe',
     '0102_webhook_late_complete',
     '0103_429_cap_and_clock_set_back',
-    '0106_lapsed_token_rule_and_429s_reported'
+    '0106_lapsed_token_rule_and_429s_reported',
+    '0107_key_error_other_answerer'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -9294,6 +9295,62 @@ INSERT INTO runrow._yoyo_migration VALUES ('7a7c45c5350a80e65a2716b1f9c3eef4faff
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '7a7c45c5350a80e65a2716b1f9c3eef4faff25fcb7e01c74ec50939be09fab1d', '0106_lapsed_token_rule_and_429s_reported', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0107_key_error_other_answerer
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'a66c83a8dc79ad52a00eee189e2e4371db1102cd0f5955e461a89f3160d8db59') AS apply_a66c83a8dc79 \gset
+\if :apply_a66c83a8dc79
+-- depends: 0103_429_cap_and_clock_set_back
+-- Three defects of a key error's "a 403 may be the run's own request" rules (migration 0101; the
+-- review of session 61, pgtap/key_error_answerer.sql). The functions are in functions/
+-- (acquire_model_call, report_key_error, and the helper they now share,
+-- _key_has_other_answerer in _key_error_answerer.sql); this migration is the version that says
+-- so, and adds the column the third fix reads.
+--
+-- (1) report_key_error's lone-run rule counted every other queued or running run of the key,
+-- the run's own conversation's next turn too: that turn waits behind the run (acquire_model_call
+-- rightly ignored it), so the run was refused for ever and the turn never started.
+-- (2) Two runs refused with the same own-request 403 never ended: each was the probe in turn
+-- (acquire_model_call ignores a run refused since the key's last answer), and each refusal found
+-- the other open. Both functions now ask one question (_key_has_other_answerer): is there another
+-- run of the key that could answer, in another conversation, running or queued, not behind a
+-- turn of its own and due within 15 s of the key's block's end, and not itself refused a 403
+-- since the key's last answer. A run refused with the same 403 again with no such other run
+-- fails once the key's streak is greatest(max_block_seconds, 600) s old, however many runs of
+-- the key are refused so: a 403 that has lasted that long is not going to clear.
+-- (3) probe_elsewhere could defer a run without limit to a queued run the claim never hands out
+-- (its concurrency_key full with another key's running run): nobody probed the key, one claim
+-- and one run_requeued every 15 s for as long as that lasted. Once the key's streak is that old
+-- and its last block ended over 15 s ago with no probe since, the refused run is the probe
+-- whatever else waits. acquire_model_call is not given max_block_seconds: report_key_error keeps
+-- what it was last given on the key's row (below), so both sides use the same bound.
+
+ALTER TABLE runrow.rate_limit
+ADD COLUMN key_error_max_block numeric;
+
+COMMENT ON COLUMN runrow.rate_limit.key_error_max_block IS
+'The max_block_seconds report_key_error was last given for the key''s streak of API key or '
+'account errors (NULL before migration 0107 or any key error; left as it is when the key '
+'answers: read only during a streak). acquire_model_call''s bound on probe_elsewhere: once the '
+'streak (key_error_since) is greatest(key_error_max_block, 600) s old, a run refused with a 403 '
+'since the key''s last answer is the probe whatever else of the key waits.';
+
+COMMENT ON COLUMN runrow.rate_limit.key_error_since IS
+'When the key''s current streak of API key or account errors began (report_key_error), by the '
+'database clock; NULL while the key works. A run whose probe is refused with the same 403, no '
+'other run of the key able to answer (_key_has_other_answerer), fails once the streak began '
+'greatest(max_block_seconds, 600) seconds ago; from then on a run refused with a 403 since the '
+'key''s last answer is no longer told probe_elsewhere once the key''s block has been over 15 s.';
+
+COMMENT ON COLUMN runrow.agent_run.key_error_refused IS
+'The 403 (report_key_error with own_request_possible; its first 1000 characters) this run''s '
+'request last got as an API key or account error, or NULL when its last key error was another '
+'(a 401, a 402, a credit balance). A refusal counts as the run''s own request''s only when it '
+'is this same 403 again. While it is set and key_error_answers equals the key''s key_answers '
+'(no answer since), acquire_model_call leaves the key''s probe to another run of the key that '
+'could answer (probe_elsewhere), and the run does not count as one (_key_has_other_answerer).';
+INSERT INTO runrow._yoyo_migration VALUES ('a66c83a8dc79ad52a00eee189e2e4371db1102cd0f5955e461a89f3160d8db59', '0107_key_error_other_answerer', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'a66c83a8dc79ad52a00eee189e2e4371db1102cd0f5955e461a89f3160d8db59', '0107_key_error_other_answerer', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -11091,6 +11148,56 @@ COMMENT ON FUNCTION runrow._require_printable(text, text) IS
 
 REVOKE ALL ON FUNCTION runrow._printable(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_printable(text, text) FROM PUBLIC;
+
+-- functions/_key_error_answerer.sql
+-- The one question a key error's 403 rules ask (migration 0107): is there another run of the key
+-- that could answer the key's probe? Private: not granted to any role, no SET clauses (runs under
+-- its callers' search_path, as functions/_limits_helpers.sql).
+--
+-- Another run of l's key, in another conversation (a turn of the run's own conversation waits
+-- behind the run), that is running, or queued, not behind a turn of its own conversation
+-- (claim_blocked) and due within 15 s of the key's block's end (now, when the block is over:
+-- acquire_model_call; the probe's hold, for the runs deferred to it: report_key_error), and not
+-- itself refused with a 403 since the key's last answer (its probe tells nothing such a run's own
+-- would not). acquire_model_call leaves the probe to such a run (probe_elsewhere);
+-- report_key_error's lone-run rule fails a run with none. Asked the same way by both, else a run
+-- one counts and the other ignores was neither the probe's alternative nor let fail (the review:
+-- a conversation's next turn held its run for ever, two refused runs each waited for the other).
+-- Each arm implies the predicate of a partial index of open runs (running:
+-- agent_run_one_active_per_conversation; queued and claimable: agent_run_claimable; queued and
+-- delayed: agent_run_delayed): no index has rate_limit_key, and one test of status across two of
+-- them left the planner a seq scan of the whole history (issue 11). PL/pgSQL: its columns
+-- (key_error_refused, migration 0099) are resolved when it runs, not on an older schema.
+CREATE OR REPLACE FUNCTION runrow._key_has_other_answerer(l runrow.rate_limit, run_id uuid, conversation_id uuid)
+RETURNS boolean
+LANGUAGE plpgsql
+STABLE
+AS $fn$
+DECLARE
+    due_by timestamptz := greatest(l.blocked_until, now()) + interval '15 seconds';
+BEGIN
+    RETURN EXISTS (
+        SELECT 1
+        FROM (
+            SELECT o.id, o.conversation_id, o.rate_limit_key, o.key_error_refused, o.key_error_answers
+            FROM runrow.agent_run AS o WHERE o.status = 'running'
+            UNION ALL
+            SELECT o.id, o.conversation_id, o.rate_limit_key, o.key_error_refused, o.key_error_answers
+            FROM runrow.agent_run AS o WHERE o.status = 'queued' AND NOT o.claim_blocked AND o.not_before IS NULL
+            UNION ALL
+            SELECT o.id, o.conversation_id, o.rate_limit_key, o.key_error_refused, o.key_error_answers
+            FROM runrow.agent_run AS o
+            WHERE o.status = 'queued' AND NOT o.claim_blocked AND o.not_before <= due_by
+        ) AS o
+        WHERE o.rate_limit_key = l.rate_limit_key
+          AND o.id <> _key_has_other_answerer.run_id
+          AND o.conversation_id <> _key_has_other_answerer.conversation_id
+          AND (o.key_error_refused IS NULL OR o.key_error_answers IS DISTINCT FROM l.key_answers)
+    );
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION runrow._key_has_other_answerer(runrow.rate_limit, uuid, uuid) FROM PUBLIC;
 
 -- functions/_lease_webhook_deliveries.sql
 -- Lease the due deliveries among ids (one receiver's, in due order) for claim_webhook_deliveries:
@@ -13550,38 +13657,26 @@ BEGIN
 
     -- The key's block after a key error is over: the grant would be the key's one probe. A run
     -- refused with a 403 since the key's last answer (a 403 may be about its own request: a
-    -- beta, a tool type) leaves the probe to another run of the key waiting for it (migration
-    -- 0101): the claim order made such a run the probe every time, each refusal doubling the
-    -- block, and the key's other runs waited with it for ever, none ever answered to tell. The
-    -- others waiting: running, or queued and due before this run comes back (15 s) and not
-    -- behind another turn of their conversation (this run's own conversation's wait for it),
-    -- none refused a 403 since that answer itself (two such runs would leave it to each other).
-    -- Alone, it is the probe (report_key_error's lone-run rule ends it). 15 s, as for
-    -- budget_reserved: longer than a worker waits in place, so the run is deferred and frees its
-    -- slot (a concurrency limit of one held the waiting run out). Read only while the key has a
-    -- key error: a key that works takes no statement more. No index has rate_limit_key: each arm
-    -- below implies the predicate of a partial index of open runs (running:
-    -- agent_run_one_active_per_conversation; queued and claimable: agent_run_claimable; queued
-    -- and delayed, by not_before: agent_run_delayed), so the read costs the open runs, not the
-    -- history. One test of status across two of them left the planner a seq
-    -- scan of the whole table, every 15 s per suspect run (issue 11).
+    -- beta, a tool type) leaves the probe to another run of the key that could answer it
+    -- (migration 0101): the claim order made such a run the probe every time, each refusal
+    -- doubling the block, and the key's other runs waited with it for ever, none ever answered to
+    -- tell. Which runs could answer is report_key_error's question too (its lone-run rule fails
+    -- a run with none): one helper asks it for both (_key_has_other_answerer, migration 0107).
+    -- Alone, it is the probe. 15 s, as for budget_reserved: longer than a worker waits in place,
+    -- so the run is deferred and frees its slot (a concurrency limit of one held the waiting run
+    -- out). Bounded (migration 0107): the other run may be one the claim never hands out (its
+    -- concurrency_key full with another key's running run), and nobody probed the key, one claim
+    -- and run_requeued every 15 s, for as long as that lasted. Once the streak is as old as the
+    -- lone-run rule's bound (greatest(max_block_seconds, 600) s: report_key_error keeps what it
+    -- was given, key_error_max_block) and the key's last block or hold ended over 15 s ago with
+    -- no probe since, no other run took the probe it was left: this run is. Not at the block's
+    -- end itself: a run the claim favours was then the probe every block again, the other run
+    -- claimable but never first (0101's defect). Read only while the key has a key error: a key
+    -- that works takes no statement more.
     IF l.key_errors > 0 AND r.key_error_refused IS NOT NULL AND r.key_error_answers = l.key_answers
-       AND EXISTS (
-           SELECT 1
-           FROM (
-               SELECT o.id, o.conversation_id, o.rate_limit_key, o.key_error_refused, o.key_error_answers
-               FROM runrow.agent_run AS o WHERE o.status = 'running'
-               UNION ALL
-               SELECT o.id, o.conversation_id, o.rate_limit_key, o.key_error_refused, o.key_error_answers
-               FROM runrow.agent_run AS o WHERE o.status = 'queued' AND NOT o.claim_blocked AND o.not_before IS NULL
-               UNION ALL
-               SELECT o.id, o.conversation_id, o.rate_limit_key, o.key_error_refused, o.key_error_answers
-               FROM runrow.agent_run AS o
-               WHERE o.status = 'queued' AND NOT o.claim_blocked AND o.not_before <= now() + interval '15 seconds'
-           ) AS o
-           WHERE o.rate_limit_key = l.rate_limit_key AND o.id <> r.id AND o.conversation_id <> r.conversation_id
-             AND (o.key_error_refused IS NULL OR o.key_error_answers IS DISTINCT FROM l.key_answers)
-       ) THEN
+       AND NOT (l.key_error_since <= now() - make_interval(secs => greatest(l.key_error_max_block, 600)::float8)
+                AND l.key_error_until <= now() - interval '15 seconds')
+       AND runrow._key_has_other_answerer(l, r.id, r.conversation_id) THEN
         IF r.block_told_until IS NOT NULL THEN
             -- Not a block this run waits for: a lift must not make its deferral due at once.
             UPDATE runrow.agent_run AS a SET block_told_until = NULL, updated_at = now() WHERE a.id = r.id;
@@ -13714,10 +13809,15 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 'the grant after its block is the one probe: the key is held for the other runs for one more '
 'block, until the probe is answered. A run refused with a 403 since the key''s last answer '
 '(report_key_error with own_request_possible; the 403 may be its own request''s) is not made '
-'the probe while another run of the key waits for it (running, or queued and due within 15 s, '
-'not behind a turn of its conversation, not refused a 403 since that answer itself): '
+'the probe while another run of the key could answer (_key_has_other_answerer, report_key_error''s '
+'lone-run rule asks the same: in another conversation, running, or queued, not behind a turn of '
+'its own conversation and due within 15 s, not refused a 403 since that answer itself): '
 '(false, 15, probe_elsewhere), longer than a worker waits in place, so it defers the run; '
-'alone, it is the probe. A key without a row is not limited. Every grant '
+'alone, it is the probe, and so it is whatever else waits once the key''s streak of refusals '
+'(key_error_since) is greatest(key_error_max_block, 600) s old (the max_block_seconds '
+'report_key_error was last given) and its last block ended over 15 s ago with no probe since '
+'(the run left the probe to may be one the claim never hands out). A key without a row is not '
+'limited. Every grant '
 'reserves the call''s worst case on the run (model_call_reserved: input_tokens_estimate as '
 'input tokens, at most 1000000, metadata.max_tokens, else 4096, as output tokens, at most 128000), '
 'counted in a budgeted tenant''s reserved total (tenant_reservation): append_step or record_usage '
@@ -17632,6 +17732,7 @@ SET search_path = pg_catalog, runrow, pg_temp
 AS $fn$
 DECLARE
     key text;
+    conversation uuid;
     seen bigint;
     -- The 403 this run's request last got (key_error_refused), and this one if it is a 403.
     last_refused text;
@@ -17667,7 +17768,8 @@ BEGIN
     IF NOT runrow._hold_claim(report_key_error.run_id, report_key_error.claim_token) THEN
         RETURN NULL;  -- fenced out: nothing written
     END IF;
-    SELECT a.rate_limit_key, a.key_error_answers, a.key_error_refused INTO key, seen, last_refused
+    SELECT a.rate_limit_key, a.conversation_id, a.key_error_answers, a.key_error_refused
+    INTO key, conversation, seen, last_refused
     FROM runrow.agent_run AS a WHERE a.id = report_key_error.run_id;
     IF key IS NULL THEN
         PERFORM runrow._key_error_told(report_key_error.run_id, NULL, refused);
@@ -17701,33 +17803,28 @@ BEGIN
     END IF;
     IF refused = last_refused AND l.key_answers = seen AND l.key_probe_by = report_key_error.run_id
        AND l.key_error_since <= now() - make_interval(secs => greatest(report_key_error.max_block_seconds, 600)::float8)
-       AND NOT EXISTS (
-           -- Two arms, each implying a partial index's predicate (agent_run_queued_by_conversation,
-           -- agent_run_one_active_per_conversation): no index has rate_limit_key, and status IN
-           -- ('queued', 'running') implied neither, so every read scanned the whole history
-           --.
-           SELECT 1
-           FROM (
-               SELECT o.id, o.rate_limit_key FROM runrow.agent_run AS o WHERE o.status = 'queued'
-               UNION ALL
-               SELECT o.id, o.rate_limit_key FROM runrow.agent_run AS o WHERE o.status = 'running'
-           ) AS o
-           WHERE o.rate_limit_key = key AND o.id <> report_key_error.run_id
-       ) THEN
-        -- The key's only open run: no other request can answer, and its probe is refused with the
-        -- same 403 when the key's streak of refusals began at least max_block_seconds, and at
-        -- least 600 s, ago on the database clock (615 s with the defaults 5 and 300). Timed, not
-        -- counted in blocks (migration 0101): the block reaching max_block_seconds was the rule,
-        -- and with key_error_max_block equal to key_error_first_block (allowed) it failed the run
-        -- on its second refusal, 5 s into a real outage. 600 s: a key outage of a few minutes
-        -- (a rotation, a top-up) fails nothing; max_block_seconds when longer: the operator's
-        -- longest wait between probes, so the streak has seen at least one. Before 0099 the run
-        -- was deferred for ever, its attempt given back. It is taken for the run's own
-        -- request: the run fails once. The probe is over; the key's hold stands (the key may be
-        -- broken: its next probe tells). Alone only: with other runs of the key waiting, a long
-        -- key-wide 403 would fail one of them per longest block, and their probes tell the two
-        -- apart (the rule above; acquire_model_call leaves the probe to them). Read on this path
-        -- only, once per block of a key.
+       AND NOT runrow._key_has_other_answerer(l, report_key_error.run_id, conversation) THEN
+        -- No other run of the key can answer (_key_has_other_answerer, acquire_model_call's
+        -- question for probe_elsewhere too, migration 0107: another conversation's run, running
+        -- or due within 15 s of the key's block, not refused a 403 since the key's last answer
+        -- itself), and the run's probe is refused with the same 403 when the key's streak of
+        -- refusals began at least max_block_seconds, and at least 600 s, ago on the database
+        -- clock (615 s with the defaults 5 and 300). Timed, not counted in blocks (migration
+        -- 0101): the block reaching max_block_seconds was the rule, and with key_error_max_block
+        -- equal to key_error_first_block (allowed) it failed the run on its second refusal, 5 s
+        -- into a real outage. 600 s: a key outage of a few minutes (a rotation, a top-up) fails
+        -- nothing; max_block_seconds when longer: the operator's longest wait between probes, so
+        -- the streak has seen at least one. It is taken for the run's own request: the run fails
+        -- once. The probe is over; the key's hold stands (the key may be broken: its next probe
+        -- tells). Only with no other answerer: with another run of the key able to answer, a long
+        -- key-wide 403 would fail one run per longest block, and that run's answer tells the two
+        -- apart (the rule above). Runs refused with the 403 since the key's last answer do not
+        -- count (0107): two or more such runs were each the probe in turn, each refusal found
+        -- the others open, and none ever ended; now each fails at its next refusal past the
+        -- bound, taking a 403 that has refused the key's every probe that long for its own,
+        -- key-wide or not (it is not going to clear). Nor does the run's own conversation's next
+        -- turn: it waits behind the run, which was refused for ever and the turn never started.
+        -- Read on this path only, once per block of a key.
         UPDATE runrow.rate_limit AS r SET key_probe_by = NULL, updated_at = now() WHERE r.rate_limit_key = key;
         PERFORM runrow.finish_run(report_key_error.run_id, report_key_error.claim_token, 'failed', NULL,
             'model API refused the request: ' || refused
@@ -17765,6 +17862,7 @@ BEGIN
         key_error_since = CASE WHEN streak = 1 THEN now() ELSE r.key_error_since END,
         key_error_until = until,
         key_error_block = block,
+        key_error_max_block = report_key_error.max_block_seconds,
         key_probe_by = NULL,
         updated_at = now()
     WHERE r.rate_limit_key = key;
@@ -17799,8 +17897,14 @@ COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, 
 'and NULL is returned; so is the key''s probe refused when nothing of the key was answered '
 'since the run''s last refusal and the key''s streak of refusals (key_error_since) began at '
 'least greatest(max_block_seconds, 600) seconds ago on the database clock (a key outage of a '
-'few minutes fails nothing, whatever the blocks), when it is the key''s only queued or running '
-'run (no other can answer); the key''s hold stands. '
+'few minutes fails nothing, whatever the blocks), when no other run of the key can answer '
+'(_key_has_other_answerer, as acquire_model_call asks for probe_elsewhere: a run of another '
+'conversation, running, or queued, not behind a turn of its own conversation and due within 15 s '
+'of the key''s block''s end, and not itself refused a 403 since the key''s last answer); the '
+'key''s hold stands. So runs of one key all refused with the same 403 each fail at their next '
+'refusal past that bound, whether the 403 is their requests'' or the key''s: a 403 refusing '
+'every probe that long is not going to clear. max_block_seconds is kept on the key''s row '
+'(key_error_max_block) for acquire_model_call''s bound on probe_elsewhere. '
 'Either only when the error is the same as the 403 of the run''s last refusal '
 '(agent_run.key_error_refused): a key broken again by another 403 is a key error. Bad input (NULL, an empty '
 'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400) '
