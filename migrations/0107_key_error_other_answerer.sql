@@ -1,4 +1,4 @@
--- depends: 0103_429_cap_and_clock_set_back
+-- depends: 0106_lapsed_token_rule_and_429s_reported
 -- Three defects of a key error's "a 403 may be the run's own request" rules (migration 0101; the
 -- review of session 61, pgtap/key_error_answerer.sql). The functions are in functions/
 -- (acquire_model_call, report_key_error, and the helper they now share,

@@ -9298,7 +9298,7 @@ INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '7a7c45c5350a80e65
 -- migration 0107_key_error_other_answerer
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'a66c83a8dc79ad52a00eee189e2e4371db1102cd0f5955e461a89f3160d8db59') AS apply_a66c83a8dc79 \gset
 \if :apply_a66c83a8dc79
--- depends: 0103_429_cap_and_clock_set_back
+-- depends: 0106_lapsed_token_rule_and_429s_reported
 -- Three defects of a key error's "a 403 may be the run's own request" rules (migration 0101; the
 -- review of session 61, pgtap/key_error_answerer.sql). The functions are in functions/
 -- (acquire_model_call, report_key_error, and the helper they now share,
