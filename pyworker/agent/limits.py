@@ -361,7 +361,8 @@ def never_fits(failed: TurnFailed, params: dict[str, Any], cache: str) -> str | 
 # by waiting longer, and every further 429 stops the fleet again. 3: a burst of several minutes'
 # contention still costs no attempt; a limit that never clears costs 24 blocks, not unbounded.
 # The database keeps the count and the cap (defer_run, agent_run.cap_429_deferrals: migration
-# 0103), whatever worker defers the run; this is its value, for the logs and the tests.
+# 0103), whatever worker defers the run; this is its value, for the logs and the tests
+# (tests/test_agent_model_errors.py reads the database's "after N deferrals" against it).
 MAX_429_DEFERRALS = 3
 # The reason's prefix that makes defer_run count a deferral against the cap.
 PAST_429_CAP = "429_cap"
@@ -373,7 +374,8 @@ async def _past_429_cap(ctx: RunContext, failed: TurnFailed, count: int, block: 
     attempt, the default, must not fail for a wait); after that defer_run releases it instead,
     spending its attempt (its error then says after how many deferrals)."""
     ctx.log.info(
-        "429 x%d in this attempt: run deferred for %.2fs, its attempt given back (released past %d such)",
+        "429 x%d in this attempt: run handed back for %.2fs (deferred, its attempt given back; once past "
+        "%d such deferrals defer_run releases it instead, spending the attempt)",
         count,
         block,
         MAX_429_DEFERRALS,
