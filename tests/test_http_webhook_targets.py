@@ -159,6 +159,12 @@ async def test_one_private_answer_among_public_ones_refuses_the_name(monkeypatch
         ("64:ff9b:1::7f00:1", False),
         ("64:ff9b:1:abcd::a9fe:a9fe", False),  # 169.254.169.254
         ("64:ff9b:1::a00:1", False),
+        # Other RFC 6052 layouts in the local-use prefix put the IPv4 elsewhere: refused, as
+        # their last 32 bits are not the address reached (169.254.169.254 in the /48 layout).
+        ("64:ff9b:1:a9fe:a9:fe00:5db8:d822", False),
+        ("64:ff9b:1:a9:fe:a9fe:5db8:d822", False),  # /56 layout
+        ("64:ff9b:1:0:a:0:15d:b8d8", False),  # /64 layout of 10.0.0.1
+        ("64:ff9b:1::1:5db8:d822", False),  # bits 64-95 not zero
         ("2002:a00:1::", False),  # 6to4 of 10.0.0.1
         ("::ffff:10.0.0.1", False),
         ("172.16.0.1", False),

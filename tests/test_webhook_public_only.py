@@ -118,6 +118,36 @@ async def test_the_allowed_networks_are_reached_and_no_other_non_public_address(
     assert len(inner.tried) == 3
 
 
+@pytest.mark.parametrize(
+    ("allowed", "host"),
+    [
+        ("::ffff:0:0/96", "::ffff:169.254.169.254"),  # IPv4-mapped
+        ("2002::/16", "2002:a9fe:a9fe::"),  # 6to4
+        ("64:ff9b::/96", "64:ff9b::a9fe:a9fe"),  # NAT64, well-known prefix
+        ("64:ff9b:1::/48", "64:ff9b:1::a9fe:a9fe"),  # NAT64, local-use /96 layout
+        ("64:ff9b:1::/48", "64:ff9b:1:a9fe:a9:fe00:5db8:d822"),  # /48 layout: an IPv4 unknown
+    ],
+)
+async def test_an_allowed_ipv6_network_does_not_allow_the_ipv4_addresses_it_spells(
+    monkeypatch: pytest.MonkeyPatch, allowed: str, host: str
+) -> None:
+    """An address spelling an IPv4 one is allowed by the network of the IPv4 address it reaches,
+    never by its IPv6 form: listing ::ffff:0:0/96 or 2002::/16 does not reach 169.254.169.254.
+    Its own IPv4 network still allows it."""
+    inner = Recording()
+    backend = ResolvingBackend(inner, public_only=True, allowed_networks=[ipaddress.ip_network(allowed)])
+    with pytest.raises(NotPublic, match=f"^webhook_url's host {re.escape(host)} is "):
+        await backend.connect_tcp(host, 80)
+    assert inner.tried == []
+    if host != "64:ff9b:1:a9fe:a9:fe00:5db8:d822":
+        backend = ResolvingBackend(
+            inner, public_only=True, allowed_networks=[ipaddress.ip_network("169.254.169.254/32")]
+        )
+        with pytest.raises(httpcore.ConnectError):
+            await backend.connect_tcp(host, 80)
+        assert inner.tried == [host]
+
+
 async def test_only_the_public_addresses_of_a_name_are_tried(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_dns(monkeypatch, {NAME: ["10.0.0.1", "93.184.216.34", "::1", "2606:2800:220:1:248:1893:25c8:1946"]})
     inner = Recording()

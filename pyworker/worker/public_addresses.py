@@ -16,12 +16,19 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 # NAT64 prefixes whose addresses carry an IPv4 address in their last 32 bits: on an IPv6-only
 # network with DNS64 every public IPv4 host resolves into one, so such an address is judged by
 # the address it stands for, not refused whole as the reserved ::/8 it sits in. The well-known
-# prefix (RFC 6052) and the local-use one (RFC 8215), of which a network takes a /96 as its own.
+# prefix (RFC 6052), a /96; and the local-use one (RFC 8215), of which a network takes a prefix
+# of its own, a /96 or one of RFC 6052's /48, /56, /64 layouts, which put the IPv4 address in
+# bits 48-103 instead (64:ff9b:1:a9fe:a9:fe00:5db8:d822 is 169.254.169.254 in the /48 layout,
+# 93.184.216.34 read as a /96). Only the /96 layout with bits 64-95 zero (the u-octet, which RFC
+# 6052 keeps zero, and the rest before the last 32 bits) is judged by its last 32 bits; any
+# other address of 64:ff9b:1::/48 is refused (a network's /96 must be 64:ff9b:1:x::/96).
 # Not covered, since nothing in an address says it is one: a network-specific prefix (an
 # operator's 2001:db8:64::/96 is judged as the global IPv6 address it looks like), and a NAT64
-# embedding the IPv4 at another RFC 6052 length (/48 to /64) inside 64:ff9b:1::/48, whose last
-# 32 bits are not the IPv4 it reaches. Workers behind such a NAT64 need an egress policy.
-NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
+# using a shorter layout of the local-use prefix, whose addresses with bits 64-95 zero reach
+# a.b.0.0 (/48) or a.0.0.0 (/56), not their last 32 bits. Workers behind one need an egress policy.
+NAT64_WELL_KNOWN = ipaddress.IPv6Network("64:ff9b::/96")
+NAT64_LOCAL_USE = ipaddress.IPv6Network("64:ff9b:1::/48")
+UNREADABLE_NAT64 = "a NAT64 address whose IPv4 address is not in its last 32 bits (64:ff9b:1::/48)"
 
 
 def why_not_public(ip: IPAddress) -> str | None:
@@ -30,6 +37,8 @@ def why_not_public(ip: IPAddress) -> str | None:
         embedded = embedded_ipv4(ip)
         if embedded is not None:
             return why_not_public(embedded)
+        if ip in NAT64_LOCAL_USE:
+            return UNREADABLE_NAT64
         if ip.is_site_local:  # deprecated fec0::/10, still routed as private where it is used
             return "a private address"
     for kind, matches in (
@@ -54,6 +63,12 @@ def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
         return ip.ipv4_mapped
     if ip.sixtofour is not None:
         return ip.sixtofour
-    if any(ip in prefix for prefix in NAT64):
+    if ip in NAT64_WELL_KNOWN or (ip in NAT64_LOCAL_USE and (int(ip) >> 32) & 0xFFFFFFFF == 0):
         return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     return None
+
+
+def hides_ipv4(ip: IPAddress) -> bool:
+    """`ip` reaches an IPv4 address, but one its bits do not tell (a local-use NAT64 address
+    outside the /96 layout): no network, IPv4 or IPv6, can be said to hold what it reaches."""
+    return isinstance(ip, ipaddress.IPv6Address) and ip in NAT64_LOCAL_USE and embedded_ipv4(ip) is None

@@ -31,7 +31,7 @@ import httpcore
 import httpx
 
 from pyworker.db.threads import in_own_thread
-from pyworker.worker.public_addresses import IPAddress, IPNetwork, embedded_ipv4, why_not_public
+from pyworker.worker.public_addresses import IPAddress, IPNetwork, embedded_ipv4, hides_ipv4, why_not_public
 
 # Look-ups in flight at once, the ones still running after their attempt ended included: a
 # nameserver that never answers costs at most this many threads, and the attempts beyond it
@@ -203,12 +203,16 @@ def _reachable(host: str, addresses: list[str], allowed_networks: tuple[IPNetwor
 
 def _why_refused(ip: IPAddress, allowed: tuple[IPNetwork, ...]) -> str | None:
     """Why the sender must not connect to `ip`, or None. An IPv6 spelling of an IPv4 address
-    (mapped, 6to4, NAT64) is in an allowed IPv4 network when the address it reaches is."""
+    (mapped, 6to4, NAT64) is allowed when the address it reaches is in an allowed network, and
+    only then: its IPv6 form is not matched, or listing ::ffff:0:0/96 or 2002::/16 would let
+    through the spelling of every IPv4 address, 169.254.169.254 included. One whose IPv4 address
+    cannot be told (hides_ipv4) is in no allowed network."""
     reason = why_not_public(ip)
-    if reason is None or not allowed:
+    if reason is None or not allowed or hides_ipv4(ip):
         return reason
     inside = embedded_ipv4(ip) if isinstance(ip, ipaddress.IPv6Address) else None
-    if any(ip in network or (inside is not None and inside in network) for network in allowed):
+    judged = inside if inside is not None else ip
+    if any(judged in network for network in allowed):
         return None
     return reason
 
