@@ -19,12 +19,13 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
+from dns_support import fake_dns
 from http_support import ALICE, Server, private_database, serve
 
 from pyworker.http import webhook_targets
@@ -62,18 +63,6 @@ def _enqueue(server: Server, webhook_url: Any) -> httpx.Response:
         return client.post(
             f"/conversations/{uuid.uuid4()}/runs", json={"content": "hi", "webhook_url": webhook_url}
         )
-
-
-def _fake_dns(monkeypatch: pytest.MonkeyPatch, names: dict[str, Callable[[str], list[Any]]]) -> None:
-    """socket.getaddrinfo answering `names` with their functions and every other name (the
-    database's host among them: the server runs in this process) as it would."""
-    real = socket.getaddrinfo
-
-    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> list[Any]:
-        answer = names.get(host.decode() if isinstance(host, bytes) else str(host))
-        return answer(host) if answer is not None else real(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
 
 
 def _nxdomain(host: str) -> list[Any]:
@@ -139,7 +128,7 @@ async def test_one_private_answer_among_public_ones_refuses_the_name(monkeypatch
             (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("fe80::1%eth0", 0, 0, 2)),
         ]
 
-    _fake_dns(monkeypatch, {"hooks.example.com": answers})
+    fake_dns(monkeypatch, {"hooks.example.com": answers})
     with pytest.raises(ApiError) as refused:
         await webhook_targets.refuse_non_public("https://hooks.example.com/x")
     assert refused.value.status == 422
@@ -184,7 +173,7 @@ def test_a_name_that_does_not_resolve_is_a_422_naming_webhook_url(
     server: Server, targets_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Not let through: it could resolve to a private address by delivery, unchecked."""
-    _fake_dns(monkeypatch, {"hooks.nowhere.example": _nxdomain})
+    fake_dns(monkeypatch, {"hooks.nowhere.example": _nxdomain})
     before = _runs(targets_db)
     refused = _enqueue(server, "https://hooks.nowhere.example/x")
     assert refused.status_code == 422, refused.text
@@ -203,7 +192,7 @@ def test_a_resolver_that_does_not_answer_is_a_503_to_repeat(
         release.wait(30)
         raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
 
-    _fake_dns(monkeypatch, {"hooks.slow.example": hang})
+    fake_dns(monkeypatch, {"hooks.slow.example": hang})
     monkeypatch.setattr(webhook_targets, "RESOLVE_TIMEOUT", 0.5)
     before = _runs(targets_db)
     try:
@@ -230,7 +219,7 @@ async def test_look_ups_that_hang_leave_asyncios_pool_to_the_database(
         release.wait(30)  # the resolver's own timeout, long past the request's
         raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
 
-    _fake_dns(monkeypatch, {f"hook{i}.slow.example": hang for i in range(calls)})
+    fake_dns(monkeypatch, {f"hook{i}.slow.example": hang for i in range(calls)})
     monkeypatch.setattr(webhook_targets, "RESOLVE_TIMEOUT", 0.3)
     try:
         outcomes = await asyncio.gather(
@@ -255,7 +244,7 @@ async def test_look_ups_that_hang_leave_asyncios_pool_to_the_database(
 
 
 async def test_a_name_without_addresses_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_dns(monkeypatch, {"hooks.empty.example": lambda host: []})
+    fake_dns(monkeypatch, {"hooks.empty.example": lambda host: []})
     with pytest.raises(ApiError) as refused:
         await webhook_targets.refuse_non_public("https://hooks.empty.example/x")
     assert (refused.value.status, refused.value.type) == (422, "webhook_url_unresolvable")

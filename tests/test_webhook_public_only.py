@@ -89,7 +89,16 @@ async def test_a_name_resolving_only_to_non_public_addresses_is_not_connected_to
 
 @pytest.mark.parametrize(
     ("host", "why"),
-    [("127.0.0.1", "a loopback address"), ("::ffff:169.254.169.254", "a link-local address")],
+    [
+        ("127.0.0.1", "a loopback address"),
+        ("::ffff:169.254.169.254", "a link-local address"),
+        # Spellings httpx passes through as hosts, which the connect reads as 127.0.0.1: an
+        # address too, refused the same at every attempt, not a name to retry.
+        ("127.1", "a loopback address"),
+        ("2130706433", "a loopback address"),
+        ("0x7f.0.0.1", "a loopback address"),
+        ("0xa9fea9fe", "a link-local address"),
+    ],
 )
 async def test_an_address_as_the_host_is_checked_too(host: str, why: str) -> None:
     inner = Recording()

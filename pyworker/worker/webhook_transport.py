@@ -87,9 +87,10 @@ class ResolvingBackend(httpcore.AsyncNetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:
-        addresses = await self._resolve(host, port)
+        literal = _numeric(host, port)
+        addresses = literal if literal is not None else await self._resolve(host, port)
         if self._public_only:
-            addresses = _reachable(host, addresses, self._allowed_networks)
+            addresses = _reachable(host, addresses, self._allowed_networks, literal=literal is not None)
         return await self._first_to_connect(addresses, port, timeout, local_address, socket_options)
 
     async def _first_to_connect(
@@ -134,11 +135,6 @@ class ResolvingBackend(httpcore.AsyncNetworkBackend):
         raise error
 
     async def _resolve(self, host: str, port: int) -> list[str]:
-        try:
-            ipaddress.ip_address(host)
-            return [host]
-        except ValueError:
-            pass
         if not self._lookups.acquire(blocking=False):
             raise httpcore.ConnectError(
                 f"{self._max_lookups} look-ups of webhook hosts already wait for DNS; "
@@ -155,12 +151,10 @@ class ResolvingBackend(httpcore.AsyncNetworkBackend):
             infos = await in_own_thread(lookup)
         except OSError as exc:  # what anyio's connect raised (httpcore maps it the same way)
             raise httpcore.ConnectError(str(exc)) from exc
-        addresses = [
-            str(sockaddr[0]) for family, *_, sockaddr in infos if family in (socket.AF_INET, socket.AF_INET6)
-        ]
+        addresses = _addresses(infos)
         if not addresses:
             raise httpcore.ConnectError(f"{host} has no IPv4 or IPv6 address")
-        return list(dict.fromkeys(addresses))
+        return addresses
 
     async def connect_unix_socket(
         self,
@@ -174,10 +168,32 @@ class ResolvingBackend(httpcore.AsyncNetworkBackend):
         await self._inner.sleep(seconds)
 
 
-def _reachable(host: str, addresses: list[str], allowed_networks: tuple[IPNetwork, ...]) -> list[str]:
-    """The ones of `addresses` (host's, as resolved) that are public or in an allowed network, in
-    their order; NotPublic when there is none. The others are left out, never tried: a name
-    answering both a public and a private address reaches only the public one."""
+def _numeric(host: str, port: int) -> list[str] | None:
+    """The address `host` spells, or None for a name. Not ipaddress.ip_address alone: httpx passes
+    127.1, 2130706433 and 0x7f.0.0.1 through as hosts, which the connect reads as 127.0.0.1 (and
+    a refusal of one is as deterministic as of 127.0.0.1: dead-lettered, not retried). Called on
+    the event loop: with AI_NUMERICHOST getaddrinfo only parses the text (inet_aton, inet_pton)
+    and never asks a resolver, so it cannot block."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except (OSError, UnicodeError):
+        return None
+    return _addresses(infos) or None
+
+
+def _addresses(infos: list[Any]) -> list[str]:
+    """getaddrinfo's IPv4 and IPv6 addresses, once each, in its order."""
+    ip_families = (socket.AF_INET, socket.AF_INET6)
+    return list(dict.fromkeys(str(sockaddr[0]) for family, *_, sockaddr in infos if family in ip_families))
+
+
+def _reachable(
+    host: str, addresses: list[str], allowed_networks: tuple[IPNetwork, ...], *, literal: bool
+) -> list[str]:
+    """The ones of `addresses` (host's, as resolved, or the one it spells when `literal`) that are
+    public or in an allowed network, in their order; NotPublic when there is none. The others are
+    left out, never tried: a name answering both a public and a private address reaches only the
+    public one."""
     reachable: list[str] = []
     refused: list[tuple[str, str]] = []
     for address in addresses:
@@ -188,7 +204,6 @@ def _reachable(host: str, addresses: list[str], allowed_networks: tuple[IPNetwor
             refused.append((address, reason))
     if reachable:
         return reachable
-    literal = addresses == [host]  # an address, not a name
     if literal:
         where = f"is {refused[0][1]}"
     else:
