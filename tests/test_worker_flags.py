@@ -416,11 +416,17 @@ def test_allow_private_webhooks_from_the_flag_or_its_variable(monkeypatch: pytes
     )
 
 
+EVERY_ADDRESS = (
+    "to let deliveries reach every address, use --allow-private-webhooks "
+    "(env RUNROW_ALLOW_PRIVATE_WEBHOOKS=1)"
+)
+
+
 def test_webhook_allow_network_from_the_flags_or_their_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     """--webhook-allow-network, repeatable (and comma-separated), or RUNROW_WEBHOOK_ALLOW_NETWORKS:
     the networks reach the sender's settings, each once; flags replace the variable's list."""
     base = ["worker", "--webhook-secret", "s"]
-    ten, fd, docker = (ipaddress.ip_network(n) for n in ("10.96.0.0/12", "fd00::/8", "172.17.0.0/16"))
+    ten, fd, docker = (ipaddress.ip_network(n) for n in ("10.96.0.0/12", "fd00:1::/32", "172.17.0.0/16"))
     settings = webhook_settings(build_parser().parse_args(base))
     assert settings is not None and settings.allow_networks == ()
     args = [
@@ -428,24 +434,37 @@ def test_webhook_allow_network_from_the_flags_or_their_variable(monkeypatch: pyt
         "--webhook-allow-network",
         "10.96.0.0/12",
         "--webhook-allow-network",
-        "fd00::/8,10.96.0.0/12",
+        "fd00:1::/32,10.96.0.0/12",
     ]
     settings = webhook_settings(build_parser().parse_args(args))
     assert settings is not None and settings.allow_networks == (ten, fd)
     monkeypatch.setenv("RUNROW_WEBHOOK_ALLOW_NETWORKS", "10.96.0.0/12, 172.17.0.0/16")
     from_env = webhook_settings(build_parser().parse_args(base))
-    flagged = webhook_settings(build_parser().parse_args([*base, "--webhook-allow-network", "fd00::/8"]))
+    flagged = webhook_settings(build_parser().parse_args([*base, "--webhook-allow-network", "fd00:1::/32"]))
     assert from_env is not None and from_env.allow_networks == (ten, docker)
     assert flagged is not None and flagged.allow_networks == (fd,)
+    # The widest networks taken, a /8 and a /16; and the help says the flags replace the list.
+    widest_networks = ("10.0.0.0/8", "fd00::/16")
+    widest = webhook_settings(
+        build_parser().parse_args([*base, "--webhook-allow-network", ",".join(widest_networks)])
+    )
+    assert widest is not None and widest.allow_networks == tuple(map(ipaddress.ip_network, widest_networks))
+    help_text = " ".join(runrow_worker("--help").stdout.split())
+    assert "the flags replace its list rather than add to it" in help_text, help_text
 
 
 @pytest.mark.parametrize(
     ("value", "why"),
     [
-        ("10.0.0/8", "must be a network in CIDR notation (10.0.0.0/8, fd00::/8), got '10.0.0/8'"),
+        ("10.0.0/8", "must be a network in CIDR notation (10.0.0.0/8, fd00:1::/32), got '10.0.0/8'"),
         ("10.1.2.3/8", "10.1.2.3/8 has host bits set: the network is 10.0.0.0/8"),
-        ("private", "must be a network in CIDR notation (10.0.0.0/8, fd00::/8), got 'private'"),
-        ("10.0.0.0/8,", "must be a network in CIDR notation (10.0.0.0/8, fd00::/8), got ''"),
+        ("private", "must be a network in CIDR notation (10.0.0.0/8, fd00:1::/32), got 'private'"),
+        ("10.0.0.0/8,", "must be a network in CIDR notation (10.0.0.0/8, fd00:1::/32), got ''"),
+        # A catch-all is --allow-private-webhooks said otherwise: pointed to it, not taken silently.
+        ("0.0.0.0/0", f"0.0.0.0/0 is wider than a /8: {EVERY_ADDRESS}"),
+        ("10.0.0.0/8,0.0.0.0/1", f"0.0.0.0/1 is wider than a /8: {EVERY_ADDRESS}"),
+        ("::/0", f"::/0 is wider than a /16: {EVERY_ADDRESS}"),
+        ("fc00::/7", f"fc00::/7 is wider than a /16: {EVERY_ADDRESS}"),
     ],
 )
 def test_a_webhook_allow_network_that_is_no_network_is_a_usage_error(value: str, why: str) -> None:

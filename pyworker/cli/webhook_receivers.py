@@ -15,6 +15,9 @@ from pyworker.worker.public_addresses import IPNetwork
 
 ON = ("1", "true", "yes", "on")
 OFF = ("0", "false", "no", "off")
+# The shortest network --webhook-allow-network takes, by IP version: 0.0.0.0/0 or ::/0 is
+# --allow-private-webhooks said otherwise (the metadata service included), and a /4 nearly so.
+SHORTEST_PREFIX = {4: 8, 6: 16}
 
 
 def on_off(text: str) -> bool:
@@ -30,19 +33,27 @@ def on_off(text: str) -> bool:
 def networks(text: str) -> list[IPNetwork]:
     """One or more networks in CIDR notation, comma-separated (an address alone is its /32 or
     /128). Host bits set are refused, naming the network meant: 10.1.2.3/8 is a typo as often as
-    it is 10.0.0.0/8."""
+    it is 10.0.0.0/8. So is a network shorter than SHORTEST_PREFIX: allowing every address is
+    --allow-private-webhooks' job, said as such."""
     found: list[IPNetwork] = []
     for item in (part.strip() for part in text.split(",")):
         try:
-            found.append(ipaddress.ip_network(item))
+            network = ipaddress.ip_network(item)
         except ValueError:
             try:
                 meant = ipaddress.ip_network(item, strict=False)
             except ValueError:
                 raise argparse.ArgumentTypeError(
-                    f"must be a network in CIDR notation (10.0.0.0/8, fd00::/8), got {item[:60]!r}"
+                    f"must be a network in CIDR notation (10.0.0.0/8, fd00:1::/32), got {item[:60]!r}"
                 ) from None
             raise argparse.ArgumentTypeError(f"{item} has host bits set: the network is {meant}") from None
+        shortest = SHORTEST_PREFIX[network.version]
+        if network.prefixlen < shortest:
+            raise argparse.ArgumentTypeError(
+                f"{network} is wider than a /{shortest}: to let deliveries reach every address, "
+                "use --allow-private-webhooks (env RUNROW_ALLOW_PRIVATE_WEBHOOKS=1)"
+            )
+        found.append(network)
     return found
 
 
@@ -88,8 +99,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="CIDR",
         help="a network webhook deliveries may reach though it is not public (10.96.0.0/12 for "
         "receivers on a Kubernetes service network, 172.17.0.0/16 on Docker's bridge); repeat it, "
-        "or separate them with commas (env RUNROW_WEBHOOK_ALLOW_NETWORKS). Every other non-public "
-        "address stays refused. The trade-off: a user who may set webhook_url may reach any "
+        "or separate them with commas (env RUNROW_WEBHOOK_ALLOW_NETWORKS; given here, the flags "
+        "replace its list rather than add to it). No wider than a /8 (IPv4) or /16 (IPv6): "
+        "--allow-private-webhooks allows every address. An IPv6 spelling of an IPv4 address "
+        "(::ffff:a.b.c.d, 6to4, NAT64) is allowed by the IPv4 network it reaches. Every other "
+        "non-public address stays refused. The trade-off: a user who may set webhook_url may reach any "
         "receiver in these networks too (a name rebound to one of their addresses), so list only "
         "networks whose every listener may take such a POST; default none",
     )
