@@ -160,3 +160,13 @@ def test_the_metrics_table_names_every_attempt_ending() -> None:
     cell = row.split(" | ")[2]
     listed = set(re.findall(r"`([a-z:]+)`", cell)) - {"ending", "finish_run", "release_run", "defer_run"}
     assert listed == code
+
+
+def test_the_webhooks_section_says_how_the_allowed_networks_combine() -> None:
+    """The sender refuses a host with no public address unless one is in an allowed network, and
+    --webhook-allow-network replaces RUNROW_WEBHOOK_ALLOW_NETWORKS's list (a flag wins over its
+    variable): the README said "no public address", and nothing of the flags replacing the list,
+    in both the Webhooks section and the fleet upgrade it points to."""
+    text = " ".join(README.split())
+    assert "Nothing is sent to a host with no public or allowed address" in text
+    assert text.count("replace the variable's list rather than add to it") == 2
