@@ -382,6 +382,52 @@ async def test_a_deferral_whose_answer_was_lost_is_deferred_once(
     assert kinds(db, run.run_id).count("run_requeued") == 1
 
 
+async def test_a_deferral_without_a_reason_whose_answer_was_lost_is_deferred_once(
+    faulty_pool, proxy, db
+) -> None:
+    """defer_run stores a deferral without a reason as "deferred": the check whether the first
+    try landed compared the stored error with None, took the deferral for someone else's
+    ending, logged "fenced out" and ended "lost"."""
+    run = await claim(faulty_pool, max_attempts=1)
+    proxy.break_at(b"defer_run", deliver=True)
+    ending = await supervise(run, faulty_pool, Outcome("defer", error=None, retry_in=30))
+    assert proxy.fired == ["defer_run delivered"]
+    assert ending == "deferred"
+    row = run_row(db, run.run_id)
+    assert (row["status"], row["attempt"], row["error"]) == ("queued", 0, "deferred")
+    assert kinds(db, run.run_id).count("run_requeued") == 1
+
+
+@pytest.mark.parametrize("deliver", [True, False], ids=["committed-answer-lost", "not-delivered"])
+async def test_a_deferral_a_stop_won_whose_answer_was_lost_is_cancelled_once(
+    faulty_pool, proxy, db, deliver: bool
+) -> None:
+    """A stop requested before the deferral wins: defer_run ends the run cancelled and gives the
+    attempt back only to a run it requeues. The check whether the first try landed expected the
+    attempt given back, took the cancellation for someone else's ending, logged "fenced out" and
+    ended "lost"; the answer it would have had is `cancelled`."""
+    run = await claim(faulty_pool, max_attempts=2)
+
+    async def handler(ctx: RunContext) -> Outcome:
+        with psycopg.connect(proxy.target_url, autocommit=True) as other:
+            other.execute("SELECT runrow.cancel_run(run_id => %s)", (run.run_id,))
+        proxy.break_at(b"defer_run", deliver=deliver)
+        return Outcome("defer", error="rate limited", retry_in=30)
+
+    writer = JournalWriter(faulty_pool, interval=CLOCK_OFF)
+    sup = RunSupervisor(
+        run, pool=faulty_pool, writer=writer, handler=handler, lease_seconds=60, worker_id="t"
+    )
+    try:
+        assert await sup.supervise() == "released:cancelled"
+    finally:
+        await writer.stop()
+    assert proxy.fired == [f"defer_run {'delivered' if deliver else 'dropped'}"]
+    row = run_row(db, run.run_id)
+    assert (row["status"], row["attempt"], row["error"]) == ("cancelled", 1, "rate limited")
+    assert kinds(db, run.run_id).count("complete") == 1
+
+
 CAP_REASON = "429_cap: rate limited 4 times in one attempt"
 
 

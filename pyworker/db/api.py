@@ -196,7 +196,7 @@ async def defer_run(
     attempt given back, not claimable before the database's now() + retry_in."""
     cur = await conn.execute(
         "SELECT runrow.defer_run(run_id => %s, claim_token => %s, retry_in => %s, reason => %s)",
-        (run_id, claim_token, retry_in, _error_text(reason) or "deferred"),
+        (run_id, claim_token, retry_in, deferral_error(reason)),
     )
     row = await cur.fetchone()
     return None if row is None else row[0]
@@ -210,7 +210,7 @@ def released_past_429_cap(reason: str | None, stored: str | None) -> bool:
     429s past its cap instead (a reason beginning 429_cap after 3 such deferrals of the run: its
     attempt spent): the reason sent (as defer_run above sends it), its first 9900 characters,
     followed by " (after N deferrals for 429s, ...)" (migration 0103)."""
-    sent = _error_text(reason) or "deferred"
+    sent = deferral_error(reason)
     return sent.startswith("429_cap") and stored is not None and stored.startswith(sent[:9900] + " (after ")
 
 
@@ -226,6 +226,12 @@ def _error_text(error: str | None) -> str | None:
 def stored_error(error: str | None) -> str | None:
     """`error` as finish_run and release_run store it, so as get_run gives it back."""
     return _error_text(error)
+
+
+def deferral_error(reason: str | None) -> str:
+    """`reason` as defer_run above sends it, so as it stores it (when not past the 429 cap):
+    defer_run takes no NULL reason, and an empty one is not a reason."""
+    return _error_text(reason) or "deferred"
 
 
 async def get_run(conn: AsyncConnection, run_id: UUID) -> RunEnding:

@@ -428,14 +428,16 @@ class RunSupervisor:
         its answer would have been (the run's status; a release's or deferral's requeued or
         deferred for a run it left queued), or None when it had not. Only this claim ends its
         attempt with its own error text (a reaper or a stop writes theirs). given_back: the
-        ending was a deferral, which gives the attempt back, unless it was a deferral for 429s
-        past the run's cap, which defer_run releases instead: the attempt spent, the error the
-        reason with the database's suffix (api.released_past_429_cap)."""
+        ending was a deferral, stored as api.deferral_error says, which gives the attempt back to
+        a run it requeues (a stop pending wins: cancelled, the attempt kept), unless it was a
+        deferral for 429s past the run's cap, which defer_run releases instead: the attempt
+        spent, the error the reason with the database's suffix (api.released_past_429_cap)."""
         row = await self.retry.call(self._pool, lambda conn: api.get_run(conn, self.run.run_id), "get_run")
         landed = str(row.status)
+        sent = api.deferral_error(error) if given_back else api.stored_error(error)
         if (
-            row.attempt == self.run.attempt - (1 if given_back else 0)
-            and row.error == api.stored_error(error)
+            row.attempt == self.run.attempt - (1 if given_back and landed == "queued" else 0)
+            and row.error == sent
             and (status is None or landed == status)
         ):
             if status is None and landed == "queued":
