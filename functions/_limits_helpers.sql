@@ -477,16 +477,32 @@ $fn$;
 -- so a refusal after the key answered another run's request is known for the run's own
 -- (key_error_answers, migration 0095; NULL without a key row), and the refusal, a 403 that may
 -- be the request's (key_error_refused, migration 0099: only the same 403 again is the run's
--- own; NULL for another key error). The seconds until then.
+-- own; NULL for another key error), and when the run's refusals with that 403 began
+-- (key_error_first_refused_at, migration 0110: the lone-run rule's age is the run's own): kept
+-- while the same 403 comes back with no answer of the key since (its key_error_answers still the
+-- key's key_answers: an answer, the key's or the run's own, starts it again, with no write to
+-- the key's other runs) and not before the key's streak began; now otherwise. The seconds until
+-- then.
 CREATE OR REPLACE FUNCTION runrow._key_error_told(run_id uuid, told timestamptz, refused text)
 RETURNS numeric
 LANGUAGE plpgsql
 AS $fn$
+DECLARE
+    answers bigint;
+    since timestamptz;
 BEGIN
+    SELECT l.key_answers, l.key_error_since INTO answers, since
+    FROM runrow.agent_run AS a JOIN runrow.rate_limit AS l ON l.rate_limit_key = a.rate_limit_key
+    WHERE a.id = _key_error_told.run_id;
     UPDATE runrow.agent_run AS a
     SET model_call_reserved = NULL, model_call_attempt = NULL, block_told_until = _key_error_told.told,
-        key_error_answers = (SELECT l.key_answers FROM runrow.rate_limit AS l WHERE l.rate_limit_key = a.rate_limit_key),
+        key_error_answers = answers,
         key_error_refused = _key_error_told.refused,
+        key_error_first_refused_at = CASE
+            WHEN _key_error_told.refused IS NULL THEN NULL
+            WHEN a.key_error_refused = _key_error_told.refused AND a.key_error_answers = answers
+                 AND a.key_error_first_refused_at >= since THEN a.key_error_first_refused_at
+            ELSE now() END,
         updated_at = now()
     WHERE a.id = _key_error_told.run_id;
     -- And from its tenant's total; report_key_error holds the key's row already, as a grant would.

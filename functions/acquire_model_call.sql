@@ -12,6 +12,8 @@ DECLARE
     rpm numeric;
     wait numeric := 0;
     reserved jsonb;
+    -- The key's probe granted to a refused run past probe_elsewhere's bound (migration 0110).
+    forced boolean := false;
 BEGIN
     -- The helpers only raise: called only when a test here fails, not as a statement each
     -- before every model request (see enqueue_run).
@@ -70,24 +72,29 @@ BEGIN
     -- Alone, it is the probe. 15 s, as for budget_reserved: longer than a worker waits in place,
     -- so the run is deferred and frees its slot (a concurrency limit of one held the waiting run
     -- out). Bounded (migration 0107): the other run may be one the claim never hands out (its
-    -- concurrency_key full with another key's running run), and nobody probed the key, one claim
-    -- and run_requeued every 15 s, for as long as that lasted. Once the streak is as old as the
-    -- lone-run rule's bound (greatest(max_block_seconds, 600) s: report_key_error keeps what it
-    -- was given, key_error_max_block) and the key's last block or hold ended over 15 s ago with
-    -- no probe since, no other run took the probe it was left: this run is. Not at the block's
-    -- end itself: a run the claim favours was then the probe every block again, the other run
-    -- claimable but never first (0101's defect). Read only while the key has a key error: a key
-    -- that works takes no statement more.
-    IF l.key_errors > 0 AND r.key_error_refused IS NOT NULL AND r.key_error_answers = l.key_answers
-       AND NOT (l.key_error_since <= now() - make_interval(secs => greatest(l.key_error_max_block, 600)::float8)
-                AND l.key_error_until <= now() - interval '15 seconds')
-       AND runrow._key_has_other_answerer(l, r.id, r.conversation_id) THEN
-        IF r.block_told_until IS NOT NULL THEN
-            -- Not a block this run waits for: a lift must not make its deferral due at once.
-            UPDATE runrow.agent_run AS a SET block_told_until = NULL, updated_at = now() WHERE a.id = r.id;
+    -- concurrency_key full with another key's running run, or paused), and nobody probed the
+    -- key, one claim and run_requeued every 15 s, for as long as that lasted. Once the run has
+    -- been refused as long as the lone-run rule's bound (greatest(max_block_seconds, 600) s from
+    -- its own first refusal, key_error_first_refused_at, migration 0110: report_key_error keeps
+    -- the max_block_seconds it was given, key_error_max_block) and the key's last block or hold
+    -- ended over 15 s ago with no probe since, no other run took the probe it was left: this run
+    -- is, and the key says so (key_probe_forced: the lone-run rule then counts only running runs,
+    -- else the queued run it was left to kept it from failing for ever, migration 0110). Not at
+    -- the block's end itself: a run the claim favours was then the probe every block again, the
+    -- other run claimable but never first (0101's defect). Read only while the key has a key
+    -- error: a key that works takes no statement more.
+    IF l.key_errors > 0 AND r.key_error_refused IS NOT NULL AND r.key_error_answers = l.key_answers THEN
+        forced := r.key_error_first_refused_at
+                <= now() - make_interval(secs => greatest(l.key_error_max_block, 600)::float8)
+            AND l.key_error_until <= now() - interval '15 seconds';
+        IF NOT forced AND runrow._key_has_other_answerer(l, r.id, r.conversation_id, false, false) THEN
+            IF r.block_told_until IS NOT NULL THEN
+                -- Not a block this run waits for: a lift must not make its deferral due at once.
+                UPDATE runrow.agent_run AS a SET block_told_until = NULL, updated_at = now() WHERE a.id = r.id;
+            END IF;
+            RETURN QUERY SELECT false, 15::numeric, 'probe_elsewhere'::text;
+            RETURN;
         END IF;
-        RETURN QUERY SELECT false, 15::numeric, 'probe_elsewhere'::text;
-        RETURN;
     END IF;
 
     IF l.rate_limit_key IS NOT NULL THEN
@@ -175,6 +182,7 @@ BEGIN
         key_error_until = CASE WHEN b.key_errors > 0
             THEN now() + make_interval(secs => b.key_error_block::double precision) ELSE b.key_error_until END,
         key_probe_by = CASE WHEN b.key_errors > 0 THEN r.id ELSE b.key_probe_by END,
+        key_probe_forced = CASE WHEN b.key_errors > 0 THEN forced ELSE b.key_probe_forced END,
         updated_at = now()
     WHERE b.rate_limit_key = l.rate_limit_key;
     UPDATE runrow.agent_run AS a
@@ -218,10 +226,13 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 'lone-run rule asks the same: in another conversation, running, or queued, not behind a turn of '
 'its own conversation and due within 15 s, not refused a 403 since that answer itself): '
 '(false, 15, probe_elsewhere), longer than a worker waits in place, so it defers the run; '
-'alone, it is the probe, and so it is whatever else waits once the key''s streak of refusals '
-'(key_error_since) is greatest(key_error_max_block, 600) s old (the max_block_seconds '
-'report_key_error was last given) and its last block ended over 15 s ago with no probe since '
-'(the run left the probe to may be one the claim never hands out). A key without a row is not '
+'alone, it is the probe, and so it is whatever else waits once the run has been refused '
+'greatest(key_error_max_block, 600) s (from its first refusal in the key''s streak, '
+'agent_run.key_error_first_refused_at; key_error_max_block: the max_block_seconds '
+'report_key_error was last given) and the key''s last block ended over 15 s ago with no probe '
+'since (the run left the probe to may be one the claim never hands out): the key''s '
+'key_probe_forced says so, and report_key_error''s lone-run rule then counts only running runs '
+'as able to answer. A key without a row is not '
 'limited. Every grant '
 'reserves the call''s worst case on the run (model_call_reserved: input_tokens_estimate as '
 'input tokens, at most 1000000, metadata.max_tokens, else 4096, as output tokens, at most 128000), '

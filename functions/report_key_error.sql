@@ -4,7 +4,8 @@ CREATE OR REPLACE FUNCTION runrow.report_key_error(
     error text,
     first_block_seconds numeric DEFAULT 5,
     max_block_seconds numeric DEFAULT 300,
-    own_request_possible boolean DEFAULT false
+    own_request_possible boolean DEFAULT false,
+    give_up_after_seconds numeric DEFAULT 3600
 )
 RETURNS numeric
 LANGUAGE plpgsql
@@ -17,6 +18,8 @@ DECLARE
     seen bigint;
     -- The 403 this run's request last got (key_error_refused), and this one if it is a 403.
     last_refused text;
+    -- When this run was first refused with that 403 in the key's streak (migration 0110).
+    first_refused timestamptz;
     refused text := CASE WHEN report_key_error.own_request_possible THEN left(report_key_error.error, 1000) END;
     l runrow.rate_limit;
     streak integer;
@@ -30,6 +33,7 @@ BEGIN
     PERFORM runrow._require_not_null(report_key_error.first_block_seconds, 'first_block_seconds');
     PERFORM runrow._require_not_null(report_key_error.max_block_seconds, 'max_block_seconds');
     PERFORM runrow._require_not_null(report_key_error.own_request_possible, 'own_request_possible');
+    PERFORM runrow._require_not_null(report_key_error.give_up_after_seconds, 'give_up_after_seconds');
     -- Unicode's white space (_white_space): btrim's default, the space alone, let a tab and a
     -- newline block the key with a blank error (the SQL API audit).
     IF btrim(report_key_error.error, runrow._white_space()) = '' THEN
@@ -45,12 +49,18 @@ BEGIN
             report_key_error.first_block_seconds, report_key_error.max_block_seconds
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF NOT (report_key_error.give_up_after_seconds >= greatest(report_key_error.max_block_seconds, 600)
+            AND report_key_error.give_up_after_seconds <= 604800) THEN
+        RAISE EXCEPTION 'give_up_after_seconds must be from greatest(max_block_seconds, 600) (%) to 604800, got %',
+            greatest(report_key_error.max_block_seconds, 600), report_key_error.give_up_after_seconds
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     IF NOT runrow._hold_claim(report_key_error.run_id, report_key_error.claim_token) THEN
         RETURN NULL;  -- fenced out: nothing written
     END IF;
-    SELECT a.rate_limit_key, a.conversation_id, a.key_error_answers, a.key_error_refused
-    INTO key, conversation, seen, last_refused
+    SELECT a.rate_limit_key, a.conversation_id, a.key_error_answers, a.key_error_refused, a.key_error_first_refused_at
+    INTO key, conversation, seen, last_refused, first_refused
     FROM runrow.agent_run AS a WHERE a.id = report_key_error.run_id;
     IF key IS NULL THEN
         PERFORM runrow._key_error_told(report_key_error.run_id, NULL, refused);
@@ -83,36 +93,44 @@ BEGIN
         RETURN NULL;
     END IF;
     IF refused = last_refused AND l.key_answers = seen AND l.key_probe_by = report_key_error.run_id
-       AND l.key_error_since <= now() - make_interval(secs => greatest(report_key_error.max_block_seconds, 600)::float8)
-       AND NOT runrow._key_has_other_answerer(l, report_key_error.run_id, conversation) THEN
+       AND first_refused <= now() - make_interval(secs => greatest(report_key_error.max_block_seconds, 600)::float8)
+       AND NOT runrow._key_has_other_answerer(l, report_key_error.run_id, conversation, coalesce(l.key_probe_forced, false), false)
+       AND (first_refused <= now() - make_interval(secs => report_key_error.give_up_after_seconds::float8)
+            OR NOT runrow._key_has_other_answerer(l, report_key_error.run_id, conversation, false, true)) THEN
         -- No other run of the key can answer (_key_has_other_answerer, acquire_model_call's
         -- question for probe_elsewhere too, migration 0107: another conversation's run, running
-        -- or due within 15 s of the key's block, not refused a 403 since the key's last answer
-        -- itself), and the run's probe is refused with the same 403 when the key's streak of
-        -- refusals began at least max_block_seconds, and at least 600 s, ago on the database
-        -- clock (615 s with the defaults 5 and 300). Timed, not counted in blocks (migration
-        -- 0101): the block reaching max_block_seconds was the rule, and with key_error_max_block
-        -- equal to key_error_first_block (allowed) it failed the run on its second refusal, 5 s
-        -- into a real outage. 600 s: a key outage of a few minutes (a rotation, a top-up) fails
-        -- nothing; max_block_seconds when longer: the operator's longest wait between probes, so
-        -- the streak has seen at least one. It is taken for the run's own request: the run fails
-        -- once. The probe is over; the key's hold stands (the key may be broken: its next probe
-        -- tells). Only with no other answerer: with another run of the key able to answer, a long
-        -- key-wide 403 would fail one run per longest block, and that run's answer tells the two
-        -- apart (the rule above). Runs refused with the 403 since the key's last answer do not
-        -- count (0107): two or more such runs were each the probe in turn, each refusal found
-        -- the others open, and none ever ended; now each fails at its next refusal past the
-        -- bound, taking a 403 that has refused the key's every probe that long for its own,
-        -- key-wide or not (it is not going to clear). Nor does the run's own conversation's next
-        -- turn: it waits behind the run, which was refused for ever and the turn never started.
-        -- Read on this path only, once per block of a key.
+        -- or due within 15 s of the key error's hold, not refused a 403 since the key's last
+        -- answer itself; only a running one when the probe was forced past probe_elsewhere's
+        -- bound, key_probe_forced, migration 0110: the queued run it was left to is one the claim
+        -- does not hand out, and counted it kept the run refused, an API call a block, for ever),
+        -- and the run's probe is refused with the same 403 when the run's own refusals began
+        -- (key_error_first_refused_at, 0110) at least max_block_seconds, and at least 600 s, ago
+        -- on the database clock; give_up_after_seconds (default 3600) when other runs of the key
+        -- were refused with a 403 since its last answer too (a refusal several requests share is
+        -- the key's, most likely). The run's own age, not the key's streak's (0110): from the
+        -- streak's, once the key had refused 600 s every run already refused failed at its next
+        -- probe, so a 30-minute key-wide outage failed all the key's runs, one a block, and a run
+        -- enqueued late in it failed at its second refusal. Timed, not counted in blocks
+        -- (migration 0101): the block reaching max_block_seconds was the rule, and with
+        -- key_error_max_block equal to key_error_first_block (allowed) it failed the run on its
+        -- second refusal, 5 s into a real outage. 600 s: a key outage of a few minutes (a
+        -- rotation, a top-up) fails nothing; max_block_seconds when longer: the operator's
+        -- longest wait between probes, so the run has seen at least one. It is taken for the
+        -- run's own request: the run fails once. The probe is over; the key's hold stands (the key
+        -- may be broken: its next probe tells). Only with no other answerer: with another run of
+        -- the key able to answer, a long key-wide 403 would fail one run per longest block, and
+        -- that run's answer tells the two apart (the rule above). Runs refused with the 403 since
+        -- the key's last answer do not count as answerers (0107): two or more such runs were each
+        -- the probe in turn, each refusal found the others open, and none ever ended. Nor does
+        -- the run's own conversation's next turn: it waits behind the run. Read on this path
+        -- only, once per block of a key.
         UPDATE runrow.rate_limit AS r SET key_probe_by = NULL, updated_at = now() WHERE r.rate_limit_key = key;
         PERFORM runrow.finish_run(report_key_error.run_id, report_key_error.claim_token, 'failed', NULL,
             'model API refused the request: ' || refused
-            || format(' (refused again as the key''s probe %s s into the key''s refusals, its '
-                || 'refusal %s in a row, and no request of the key answered since this run''s last '
-                || 'refusal: taken for this run''s request, not the key; not retried)',
-                floor(extract(EPOCH FROM now() - l.key_error_since))::bigint, l.key_errors + 1));
+            || format(' (refused again as the key''s probe %s s after this run''s first refusal, the '
+                || 'key''s refusal %s in a row, and no request of the key answered since this run''s '
+                || 'last refusal: taken for this run''s request, not the key; not retried)',
+                floor(extract(EPOCH FROM now() - first_refused))::bigint, l.key_errors + 1));
         RETURN NULL;
     END IF;
 
@@ -151,7 +169,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean) IS
+COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean, numeric) IS
 'A worker got an error about the API key or account (401 authentication_error, 402 '
 'billing_error, a 403 permission_error about the key, the 400 "credit balance is too low") for '
 'the run it holds: not the run''s fault, so the run''s rate_limit_key is blocked fleet-wide as '
@@ -176,20 +194,26 @@ COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, 
 'outage of the key, its probe or a request on the wire, is the outage''s): it is ended failed '
 '(finish_run: error "model API refused the request: <error> (...)"), the key is not blocked, '
 'and NULL is returned; so is the key''s probe refused when nothing of the key was answered '
-'since the run''s last refusal and the key''s streak of refusals (key_error_since) began at '
-'least greatest(max_block_seconds, 600) seconds ago on the database clock (a key outage of a '
-'few minutes fails nothing, whatever the blocks), when no other run of the key can answer '
-'(_key_has_other_answerer, as acquire_model_call asks for probe_elsewhere: a run of another '
-'conversation, running, or queued, not behind a turn of its own conversation and due within 15 s '
-'of the key''s block''s end, and not itself refused a 403 since the key''s last answer); the '
-'key''s hold stands. So runs of one key all refused with the same 403 each fail at their next '
-'refusal past that bound, whether the 403 is their requests'' or the key''s: a 403 refusing '
-'every probe that long is not going to clear. max_block_seconds is kept on the key''s row '
+'since the run''s last refusal and the run''s own refusals in the key''s streak '
+'(agent_run.key_error_first_refused_at) began at least greatest(max_block_seconds, 600) seconds '
+'ago on the database clock (a key outage of a few minutes fails nothing, whatever the blocks), '
+'when no other run of the key can answer (_key_has_other_answerer, as acquire_model_call asks '
+'for probe_elsewhere: a run of another conversation, running, or queued, not behind a turn of '
+'its own conversation and due within 15 s of the end of the key error''s hold (key_error_until, '
+'not a 429 block''s), and not itself refused a 403 since the key''s last answer; only a running '
+'one when the probe was granted past probe_elsewhere''s bound, rate_limit.key_probe_forced); '
+'when other runs of the key were refused with a 403 since its last answer too, only once the '
+'run''s refusals began give_up_after_seconds ago (default 3600: a refusal several requests '
+'share is the key''s, most likely, so a key-wide outage of up to that long fails none of '
+'them); the key''s hold stands. So runs of one key all refused with the same 403 each fail at '
+'their next refusal past that bound, whether the 403 is their requests'' or the key''s: a 403 '
+'refusing every probe that long is not going to clear. max_block_seconds is kept on the key''s row '
 '(key_error_max_block) for acquire_model_call''s bound on probe_elsewhere. '
 'Either only when the error is the same as the 403 of the run''s last refusal '
 '(agent_run.key_error_refused): a key broken again by another 403 is a key error. Bad input (NULL, an empty '
-'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400) '
+'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400, '
+'give_up_after_seconds below greatest(max_block_seconds, 600) or over 604800) '
 'raises 22004/22023.';
 
-REVOKE ALL ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean) TO runrow_worker;
+REVOKE ALL ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean, numeric) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean, numeric) TO runrow_worker;

@@ -11,16 +11,19 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/key_errors.psql
-SELECT plan(24);
+SELECT plan(46);
 SELECT pg_temp.drain_queue();
 CREATE FUNCTION pg_temp.refused(run uuid, max_block numeric DEFAULT 300) RETURNS numeric LANGUAGE sql AS $$
     SELECT runrow.report_key_error(run, pg_temp.token(run), 'permission_error: no access to the beta', 5, max_block, true)
 $$;
 -- The key's streak of refusals began `ago` seconds ago, its last block ended `ended` seconds ago.
+-- Its refused runs' own first refusals (migration 0110) were then too.
 CREATE FUNCTION pg_temp.streak_age(key text, ago int, ended int DEFAULT 1) RETURNS void LANGUAGE sql AS $$
     UPDATE runrow.rate_limit SET key_error_since = now() - make_interval(secs => ago),
         blocked_until = now() - make_interval(secs => ended), key_error_until = now() - make_interval(secs => ended)
-    WHERE rate_limit_key = key
+    WHERE rate_limit_key = key;
+    UPDATE runrow.agent_run SET key_error_first_refused_at = now() - make_interval(secs => ago)
+    WHERE rate_limit_key = key AND key_error_refused IS NOT NULL AND status IN ('queued', 'running');
 $$;
 
 -- (1) A run alone on its key but for its own conversation's next turn, queued behind it.
@@ -45,9 +48,15 @@ SELECT pg_temp.streak_age('k2', 599);
 SELECT is(pg_temp.acquire(:'a'), '(t,0,)', 'a is the probe (b is refused too)');
 SELECT isnt(pg_temp.refused(:'a'), NULL, '599 s into the streak a''s probe refused again: still a key error');
 SELECT is(pg_temp.status(:'a'), 'running', 'a is not failed yet');
-SELECT pg_temp.streak_age('k2', 600);
+-- b refused too: a refusal two requests share is the key's most likely; they wait
+-- give_up_after_seconds (3600) from their own first refusals, not 600 s (migration 0110).
+SELECT pg_temp.streak_age('k2', 3599);
 SELECT is(pg_temp.acquire(:'a'), '(t,0,)', 'a is the probe again');
-SELECT is(pg_temp.refused(:'a'), NULL, '600 s into the streak, refused again with no other run to answer: a fails');
+SELECT isnt(pg_temp.refused(:'a'), NULL, '3599 s in, b refused too: still a key error');
+SELECT is(pg_temp.status(:'a'), 'running', 'a is not failed at 3599 s');
+SELECT pg_temp.streak_age('k2', 3600);
+SELECT is(pg_temp.acquire(:'a'), '(t,0,)', 'a is the probe again');
+SELECT is(pg_temp.refused(:'a'), NULL, '3600 s into the streak, refused again with no other run to answer: a fails');
 SELECT is(pg_temp.status(:'a'), 'failed', 'a failed once');
 SELECT pg_temp.streak_age('k2', 900);
 SELECT is(pg_temp.acquire(:'b'), '(t,0,)', 'b is the probe');
@@ -62,6 +71,8 @@ SELECT pg_temp.keyed_run('kh', claimed => false) AS q \gset
 SELECT pg_temp.streak_age('kh', 86400);
 UPDATE runrow.agent_run SET not_before = now() + interval '1 hour' WHERE id = :'q';
 SELECT is(pg_temp.acquire(:'p'), '(t,0,)', 'q is due in an hour: p is the probe');
+SELECT is((SELECT key_probe_forced FROM runrow.rate_limit WHERE rate_limit_key = 'kh'), false,
+    'the block ended 1 s ago: the probe is not forced');
 UPDATE runrow.agent_run SET not_before = (SELECT blocked_until FROM runrow.rate_limit WHERE rate_limit_key = 'kh')
 WHERE id = :'q';
 SELECT isnt(pg_temp.refused(:'p'), NULL, 'q deferred to the probe''s hold could answer: p is not failed');
@@ -91,7 +102,79 @@ SELECT is(pg_temp.acquire(:'r'), '(f,15,probe_elsewhere)',
 SELECT pg_temp.streak_age('kq', 900, 16);
 SELECT is(pg_temp.acquire(:'r'), '(t,0,)', '900 s into the streak, the block over 16 s with no probe: r is the probe');
 SELECT is((SELECT key_probe_by FROM runrow.rate_limit WHERE rate_limit_key = 'kq'), :'r'::uuid, 'the key''s probe');
-SELECT isnt(pg_temp.refused(:'r', 900), NULL, 'refused: o could still answer, so r is not failed (the key is probed, once a block)');
+SELECT is((SELECT key_probe_forced FROM runrow.rate_limit WHERE rate_limit_key = 'kq'), true,
+    'the key says the probe was forced');
+-- The lone-run rule counts only running runs for a forced probe (migration 0110): o, which the
+-- claim does not hand out, kept r refused, an API call a block, for ever.
+SELECT is(pg_temp.refused(:'r', 900), NULL, 'refused, the probe forced: o does not count, r fails');
+SELECT is(pg_temp.status(:'r'), 'failed', 'r failed once');
 SELECT is(pg_temp.status(:'o'), 'queued', 'o still waits for its concurrency key');
+SELECT runrow.cancel_run(:'o'), runrow.cancel_run(:'w');
+
+
+-- (4) The age is the run's own (migration 0110): measured from the key's streak, once the key had
+-- refused 600 s every run already refused failed at its next probe, a run enqueued late in an
+-- outage at its second refusal.
+SELECT pg_temp.keyed_run('kl') AS l1 \gset
+SELECT pg_temp.refused(:'l1');
+SELECT pg_temp.streak_age('kl', 86400);
+UPDATE runrow.agent_run SET key_error_first_refused_at = now() - interval '599 seconds' WHERE id = :'l1';
+SELECT is(pg_temp.acquire(:'l1'), '(t,0,)', 'l1 is the probe');
+SELECT isnt(pg_temp.refused(:'l1'), NULL, 'the key refusing a day, l1 599 s: still a key error');
+SELECT is((SELECT key_error_first_refused_at FROM runrow.agent_run WHERE id = :'l1'), now() - interval '599 seconds',
+    'the same 403 again, nothing answered: l1''s first refusal is kept');
+UPDATE runrow.agent_run SET key_error_first_refused_at = now() - interval '600 seconds' WHERE id = :'l1';
+SELECT pg_temp.time_passes('kl');
+SELECT is(pg_temp.acquire(:'l1'), '(t,0,)', 'l1 is the probe again');
+SELECT is(pg_temp.refused(:'l1'), NULL, 'l1 refused 600 s: it fails');
+SELECT pg_temp.time_passes('kl');  -- the hold l1's last probe left
+SELECT pg_temp.keyed_run('kl') AS l2 \gset
+SELECT pg_temp.refused(:'l2');
+SELECT is((SELECT key_error_first_refused_at FROM runrow.agent_run WHERE id = :'l2'), now(),
+    'a run refused first a day into the key''s streak: its age starts now');
+-- Another 403, or a refusal after the key answered, starts the run's age again.
+UPDATE runrow.agent_run SET key_error_first_refused_at = now() - interval '100 seconds' WHERE id = :'l2';
+SELECT runrow.report_key_error(:'l2', pg_temp.token(:'l2'), 'permission_error: no access to the tool', 5, 300, true);
+SELECT is((SELECT key_error_first_refused_at FROM runrow.agent_run WHERE id = :'l2'), now(), 'another 403: now');
+UPDATE runrow.agent_run SET key_error_first_refused_at = now() - interval '100 seconds' WHERE id = :'l2';
+UPDATE runrow.rate_limit SET key_answers = key_answers + 1 WHERE rate_limit_key = 'kl';
+SELECT runrow.report_key_error(:'l2', pg_temp.token(:'l2'), 'permission_error: no access to the tool', 5, 300, true);
+SELECT is((SELECT key_error_first_refused_at FROM runrow.agent_run WHERE id = :'l2'), now(),
+    'the same 403 after the key answered (a new streak): now');
+SELECT is((SELECT key_error_first_refused_at FROM runrow.agent_run WHERE id = :'l2' AND status = 'running'), now(),
+    'and l2 is still running');
+SELECT runrow.report_key_error(:'l2', pg_temp.token(:'l2'), 'authentication_error: invalid x-api-key', 5, 300);
+SELECT is((SELECT key_error_first_refused_at FROM runrow.agent_run WHERE id = :'l2'), NULL, 'a 401: NULL');
+SELECT runrow.cancel_run(:'l2');
+
+-- give_up_after_seconds: with other runs of the key refused too, the limit is it, not 600 s.
+CREATE FUNCTION pg_temp.refused_giving_up(run uuid, give_up numeric) RETURNS numeric LANGUAGE sql AS $$
+    SELECT runrow.report_key_error(run, pg_temp.token(run), 'permission_error: no access to the beta', 5, 300, true,
+        give_up)
+$$;
+SELECT pg_temp.keyed_run('kg') AS g1 \gset
+SELECT pg_temp.keyed_run('kg') AS g2 \gset
+SELECT pg_temp.refused(:'g1'), pg_temp.refused(:'g2');
+SELECT pg_temp.streak_age('kg', 1199);
+SELECT is(pg_temp.acquire(:'g1'), '(t,0,)', 'g1 is the probe');
+SELECT isnt(pg_temp.refused_giving_up(:'g1', 1200), NULL, 'giving up after 1200 s: at 1199 s g1 is not failed');
+SELECT pg_temp.streak_age('kg', 1200);
+SELECT is(pg_temp.acquire(:'g1'), '(t,0,)', 'g1 is the probe again');
+SELECT is(pg_temp.refused_giving_up(:'g1', 1200), NULL, 'at 1200 s g1 fails');
+SELECT runrow.cancel_run(:'g2');
+
+-- (5) A run deferred to the end of a 429 block on the key (up to a day) cannot answer the key
+-- error's probe: the helper reads the hold's end (key_error_until), not blocked_until.
+SELECT pg_temp.keyed_run('k5') AS f \gset
+SELECT pg_temp.refused(:'f');
+SELECT pg_temp.keyed_run('k5', claimed => false) AS d \gset
+SELECT pg_temp.streak_age('k5', 86400);
+UPDATE runrow.agent_run SET not_before = now() + interval '1 hour' WHERE id = :'d';
+SELECT is(pg_temp.acquire(:'f'), '(t,0,)', 'f is the probe');
+UPDATE runrow.rate_limit SET rate_blocked_until = now() + interval '1 day', blocked_until = now() + interval '1 day'
+WHERE rate_limit_key = 'k5';
+UPDATE runrow.agent_run SET not_before = now() + interval '1 day' WHERE id = :'d';
+SELECT is(pg_temp.refused(:'f'), NULL, 'd waits for the 429 block''s end, a day away: f is alone and fails');
+SELECT runrow.cancel_run(:'d');
 SELECT * FROM finish();
 ROLLBACK;

@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/key_errors.psql
-SELECT plan(96);
+SELECT plan(100);
 SELECT pg_temp.drain_queue();
 
 CREATE FUNCTION pg_temp.report(run uuid, msg text DEFAULT 'authentication_error: invalid x-api-key')
@@ -19,7 +19,7 @@ CREATE FUNCTION pg_temp.streak(key text) RETURNS text LANGUAGE sql AS $$
     FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key
 $$;
 
-SELECT has_function('runrow', 'report_key_error', ARRAY['uuid', 'uuid', 'text', 'numeric', 'numeric', 'boolean'],
+SELECT has_function('runrow', 'report_key_error', ARRAY['uuid', 'uuid', 'text', 'numeric', 'numeric', 'boolean', 'numeric'],
     'report_key_error exists');
 
 -- The first error blocks the key for the first block; the key had no row.
@@ -233,9 +233,12 @@ BEGIN
     RETURN runrow.report_key_error(run, pg_temp.token(run), 'permission_error: no access to the beta',
         least(5, max_block), max_block, true);
 END $$;
+-- The key's streak and its refused runs' own first refusals (migration 0110) began secs ago.
 CREATE FUNCTION pg_temp.streak_began(key text, secs numeric) RETURNS void LANGUAGE sql AS $$
     UPDATE runrow.rate_limit SET key_error_since = now() - make_interval(secs => secs::float8)
-    WHERE rate_limit_key = key
+    WHERE rate_limit_key = key;
+    UPDATE runrow.agent_run SET key_error_first_refused_at = now() - make_interval(secs => secs::float8)
+    WHERE rate_limit_key = key AND key_error_refused IS NOT NULL AND status IN ('queued', 'running');
 $$;
 SELECT pg_temp.keyed_run('kalone') AS z \gset
 SELECT is(pg_temp.report(:'z', 'permission_error: no access to the beta'), 5.000, 'the first refusal: 5 s');
@@ -251,7 +254,7 @@ SELECT is(pg_temp.probe_refused(:'z'), NULL,
     'the streak begun 600 s ago, nothing answered: NULL, the run''s own');
 SELECT is((SELECT (status, attempt, error)::text FROM runrow.agent_run WHERE id = :'z'),
     '(failed,1,"model API refused the request: permission_error: no access to the beta (refused again as '
-    'the key''s probe 600 s into the key''s refusals, its refusal 6 in a row, and no request of the '
+    'the key''s probe 600 s after this run''s first refusal, the key''s refusal 6 in a row, and no request of the '
     'key answered since this run''s last refusal: taken for this run''s request, not the key; not retried)")',
     'the run fails once, saying why');
 SELECT is(pg_temp.streak('kalone'), '(5,20,f,20.000000)', 'the probe is over; the key''s hold stands');
@@ -303,6 +306,17 @@ SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, %L, 0)', :'a', p
     'first_block_seconds must be from 0.001 to 86400, got 0', 'a zero first block');
 SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, %L, 10, 5)', :'a', pg_temp.token(:'a'), 'x'),
     '22023', 'max_block_seconds must be from first_block_seconds (10) to 86400, got 5', 'a cap under the first block');
+SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, %L, 5, 300, true, NULL)', :'a', pg_temp.token(:'a'), 'x'),
+    '22004', 'give_up_after_seconds must not be NULL', 'a NULL give_up_after_seconds');
+SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, %L, 5, 300, true, 599)', :'a', pg_temp.token(:'a'), 'x'),
+    '22023', 'give_up_after_seconds must be from greatest(max_block_seconds, 600) (600) to 604800, got 599',
+    'a give-up under 600 s');
+SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, %L, 5, 900, true, 899)', :'a', pg_temp.token(:'a'), 'x'),
+    '22023', 'give_up_after_seconds must be from greatest(max_block_seconds, 600) (900) to 604800, got 899',
+    'a give-up under max_block_seconds');
+SELECT throws_ok(format('SELECT runrow.report_key_error(%L, %L, %L, 5, 300, true, 604801)', :'a', pg_temp.token(:'a'), 'x'),
+    '22023', 'give_up_after_seconds must be from greatest(max_block_seconds, 600) (600) to 604800, got 604801',
+    'a give-up over a week');
 SELECT throws_ok(format('SELECT runrow.report_key_error(%L, NULL, %L)', :'a', 'x'), '22004',
     'claim_token must not be NULL', 'a NULL claim_token');
 

@@ -149,7 +149,8 @@ BEGIN
     '0102_webhook_late_complete',
     '0103_429_cap_and_clock_set_back',
     '0106_lapsed_token_rule_and_429s_reported',
-    '0107_key_error_other_answerer'
+    '0107_key_error_other_answerer',
+    '0110_key_error_run_age'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -9351,6 +9352,84 @@ INSERT INTO runrow._yoyo_migration VALUES ('a66c83a8dc79ad52a00eee189e2e4371db11
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'a66c83a8dc79ad52a00eee189e2e4371db1102cd0f5955e461a89f3160d8db59', '0107_key_error_other_answerer', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0110_key_error_run_age
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '6697af22ead7ac9b0a7ade5b1959d881cf915503448910f0f25a434fc7ab3f1d') AS apply_6697af22ead7 \gset
+\if :apply_6697af22ead7
+-- depends: 0107_key_error_other_answerer
+-- Three defects of a key error's 403 rules as migration 0107 left them (the third review of
+-- session 61; pgtap/key_error_answerer.sql asserts each). The functions are in functions/
+-- (acquire_model_call, report_key_error, _key_has_other_answerer in _key_error_answerer.sql,
+-- _key_error_told in _limits_helpers.sql); this migration adds the columns they read.
+--
+-- (1) Past its time bound acquire_model_call makes a refused run the key's probe whatever else
+-- waits, but report_key_error's lone-run rule still counted a queued run the claim never hands
+-- out (its concurrency key paused or full): the run was refused every block, an API call each,
+-- and never failed. The grant now records that the probe was forced (key_probe_forced), and the
+-- lone-run rule then counts only running runs as able to answer.
+-- (2) The age was the key's streak's: once the key had refused 600 s, every run already refused
+-- failed at its next probe (a 30-minute key-wide outage failed all the key's runs, one a block,
+-- and a run enqueued late in it failed at its second refusal). Each run's own first refusal in
+-- the streak is kept now (key_error_first_refused_at), the age is measured from it, and a run
+-- whose key has other runs refused with a 403 too (a refusal shared by several requests: the
+-- key's, most likely) waits report_key_error's give_up_after_seconds (default 3600) instead.
+-- (3) report_key_error counted a run due by the end of a 429 block on the key (up to a day) as
+-- able to answer: the helper reads the key error's own hold (key_error_until) now.
+--
+-- agent_run's column goes at the end of the row, behind the model-call columns: a claim, a
+-- heartbeat and a finish never write it.
+
+ALTER TABLE runrow.agent_run
+ADD COLUMN key_error_first_refused_at timestamptz;
+
+COMMENT ON COLUMN runrow.agent_run.key_error_first_refused_at IS
+'When this run''s request was first refused with its 403 (key_error_refused) in the current run '
+'of such refusals (report_key_error: kept while the same 403 comes back with no answer of the key '
+'since, set anew otherwise or when the key''s streak began later; NULL for another key error). '
+'report_key_error''s lone-run rule and acquire_model_call''s bound on probe_elsewhere measure the '
+'run''s age from it, not from the key''s streak (key_error_since): a run enqueued late in a long '
+'outage is not failed at its second refusal.';
+
+-- 0073: a column is the auditor's only when granted.
+GRANT SELECT (key_error_first_refused_at) ON runrow.agent_run TO runrow_auditor;
+
+-- Runs already refused: their age counts from the key's streak, as it did (the best known).
+UPDATE runrow.agent_run AS a
+SET key_error_first_refused_at = l.key_error_since
+FROM runrow.rate_limit AS l
+WHERE a.status IN ('queued', 'running') AND a.key_error_refused IS NOT NULL
+  AND l.rate_limit_key = a.rate_limit_key AND a.key_error_answers = l.key_answers;
+
+ALTER TABLE runrow.rate_limit
+ADD COLUMN key_probe_forced boolean;
+
+COMMENT ON COLUMN runrow.rate_limit.key_probe_forced IS
+'Whether the key''s probe out (key_probe_by) was granted to a run refused with a 403 past '
+'acquire_model_call''s bound on probe_elsewhere, whatever else of the key waited (the runs it '
+'would have been left to may be ones the claim never hands out). report_key_error''s lone-run '
+'rule then counts only running runs as able to answer. Read only with key_probe_by.';
+
+COMMENT ON COLUMN runrow.rate_limit.key_error_since IS
+'When the key''s current streak of API key or account errors began (report_key_error), by the '
+'database clock; NULL while the key works. A run''s own first refusal with a 403 is never taken '
+'as earlier (agent_run.key_error_first_refused_at, from which the 403 rules measure a run''s age, '
+'migration 0110).';
+
+COMMENT ON COLUMN runrow.rate_limit.key_error_max_block IS
+'The max_block_seconds report_key_error was last given for the key''s streak of API key or '
+'account errors (NULL before migration 0107 or any key error; left as it is when the key '
+'answers: read only during a streak). acquire_model_call''s bound on probe_elsewhere: once a run '
+'refused with a 403 since the key''s last answer has been refused greatest(key_error_max_block, '
+'600) s (agent_run.key_error_first_refused_at) and the key''s block has been over 15 s, it is the '
+'probe whatever else of the key waits (key_probe_forced).';
+
+-- report_key_error gains give_up_after_seconds (functions/report_key_error.sql defines it), and
+-- _key_has_other_answerer its running_only and refused (functions/_key_error_answerer.sql).
+DROP FUNCTION IF EXISTS runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean);
+DROP FUNCTION IF EXISTS runrow._key_has_other_answerer(runrow.rate_limit, uuid, uuid);
+INSERT INTO runrow._yoyo_migration VALUES ('6697af22ead7ac9b0a7ade5b1959d881cf915503448910f0f25a434fc7ab3f1d', '0110_key_error_run_age', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '6697af22ead7ac9b0a7ade5b1959d881cf915503448910f0f25a434fc7ab3f1d', '0110_key_error_run_age', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -11155,26 +11234,36 @@ REVOKE ALL ON FUNCTION runrow._require_printable(text, text) FROM PUBLIC;
 -- its callers' search_path, as functions/_limits_helpers.sql).
 --
 -- Another run of l's key, in another conversation (a turn of the run's own conversation waits
--- behind the run), that is running, or queued, not behind a turn of its own conversation
--- (claim_blocked) and due within 15 s of the key's block's end (now, when the block is over:
--- acquire_model_call; the probe's hold, for the runs deferred to it: report_key_error), and not
--- itself refused with a 403 since the key's last answer (its probe tells nothing such a run's own
--- would not). acquire_model_call leaves the probe to such a run (probe_elsewhere);
+-- behind the run), that is running, or (unless running_only) queued, not behind a turn of its own
+-- conversation (claim_blocked) and due within 15 s of the key error's hold's end (now, when it is
+-- over: acquire_model_call; the probe's hold, for the runs deferred to it: report_key_error), and
+-- not itself refused with a 403 since the key's last answer (its probe tells nothing such a run's
+-- own would not). acquire_model_call leaves the probe to such a run (probe_elsewhere);
 -- report_key_error's lone-run rule fails a run with none. Asked the same way by both, else a run
 -- one counts and the other ignores was neither the probe's alternative nor let fail (the review:
 -- a conversation's next turn held its run for ever, two refused runs each waited for the other).
+-- The hold is key_error_until, not blocked_until (migration 0110): that is the longer of the hold
+-- and a 429 block on the key (up to a day), and a run deferred to a day-long 429 block's end
+-- counted as able to answer the probe now. running_only (0110): the probe was forced past
+-- acquire_model_call's bound (rate_limit.key_probe_forced), so the queued runs it would have been
+-- left to are ones the claim did not hand out in time (a paused concurrency key): counted, the
+-- refused run was refused every block for ever. refused (0110) asks the other question of the
+-- same runs: is there another one that was refused with a 403 since the key's last answer (the
+-- refusal shared by several requests: report_key_error then waits longer before failing).
 -- Each arm implies the predicate of a partial index of open runs (running:
 -- agent_run_one_active_per_conversation; queued and claimable: agent_run_claimable; queued and
 -- delayed: agent_run_delayed): no index has rate_limit_key, and one test of status across two of
 -- them left the planner a seq scan of the whole history (issue 11). PL/pgSQL: its columns
 -- (key_error_refused, migration 0099) are resolved when it runs, not on an older schema.
-CREATE OR REPLACE FUNCTION runrow._key_has_other_answerer(l runrow.rate_limit, run_id uuid, conversation_id uuid)
+CREATE OR REPLACE FUNCTION runrow._key_has_other_answerer(
+    l runrow.rate_limit, run_id uuid, conversation_id uuid, running_only boolean, refused boolean
+)
 RETURNS boolean
 LANGUAGE plpgsql
 STABLE
 AS $fn$
 DECLARE
-    due_by timestamptz := greatest(l.blocked_until, now()) + interval '15 seconds';
+    due_by timestamptz := greatest(l.key_error_until, now()) + interval '15 seconds';
 BEGIN
     RETURN EXISTS (
         SELECT 1
@@ -11183,21 +11272,25 @@ BEGIN
             FROM runrow.agent_run AS o WHERE o.status = 'running'
             UNION ALL
             SELECT o.id, o.conversation_id, o.rate_limit_key, o.key_error_refused, o.key_error_answers
-            FROM runrow.agent_run AS o WHERE o.status = 'queued' AND NOT o.claim_blocked AND o.not_before IS NULL
+            FROM runrow.agent_run AS o
+            WHERE o.status = 'queued' AND NOT o.claim_blocked AND o.not_before IS NULL
+              AND NOT _key_has_other_answerer.running_only
             UNION ALL
             SELECT o.id, o.conversation_id, o.rate_limit_key, o.key_error_refused, o.key_error_answers
             FROM runrow.agent_run AS o
             WHERE o.status = 'queued' AND NOT o.claim_blocked AND o.not_before <= due_by
+              AND NOT _key_has_other_answerer.running_only
         ) AS o
         WHERE o.rate_limit_key = l.rate_limit_key
           AND o.id <> _key_has_other_answerer.run_id
           AND o.conversation_id <> _key_has_other_answerer.conversation_id
-          AND (o.key_error_refused IS NULL OR o.key_error_answers IS DISTINCT FROM l.key_answers)
+          AND (o.key_error_refused IS NOT NULL AND o.key_error_answers IS NOT DISTINCT FROM l.key_answers)
+              = _key_has_other_answerer.refused
     );
 END
 $fn$;
 
-REVOKE ALL ON FUNCTION runrow._key_has_other_answerer(runrow.rate_limit, uuid, uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._key_has_other_answerer(runrow.rate_limit, uuid, uuid, boolean, boolean) FROM PUBLIC;
 
 -- functions/_lease_webhook_deliveries.sql
 -- Lease the due deliveries among ids (one receiver's, in due order) for claim_webhook_deliveries:
@@ -11780,16 +11873,32 @@ $fn$;
 -- so a refusal after the key answered another run's request is known for the run's own
 -- (key_error_answers, migration 0095; NULL without a key row), and the refusal, a 403 that may
 -- be the request's (key_error_refused, migration 0099: only the same 403 again is the run's
--- own; NULL for another key error). The seconds until then.
+-- own; NULL for another key error), and when the run's refusals with that 403 began
+-- (key_error_first_refused_at, migration 0110: the lone-run rule's age is the run's own): kept
+-- while the same 403 comes back with no answer of the key since (its key_error_answers still the
+-- key's key_answers: an answer, the key's or the run's own, starts it again, with no write to
+-- the key's other runs) and not before the key's streak began; now otherwise. The seconds until
+-- then.
 CREATE OR REPLACE FUNCTION runrow._key_error_told(run_id uuid, told timestamptz, refused text)
 RETURNS numeric
 LANGUAGE plpgsql
 AS $fn$
+DECLARE
+    answers bigint;
+    since timestamptz;
 BEGIN
+    SELECT l.key_answers, l.key_error_since INTO answers, since
+    FROM runrow.agent_run AS a JOIN runrow.rate_limit AS l ON l.rate_limit_key = a.rate_limit_key
+    WHERE a.id = _key_error_told.run_id;
     UPDATE runrow.agent_run AS a
     SET model_call_reserved = NULL, model_call_attempt = NULL, block_told_until = _key_error_told.told,
-        key_error_answers = (SELECT l.key_answers FROM runrow.rate_limit AS l WHERE l.rate_limit_key = a.rate_limit_key),
+        key_error_answers = answers,
         key_error_refused = _key_error_told.refused,
+        key_error_first_refused_at = CASE
+            WHEN _key_error_told.refused IS NULL THEN NULL
+            WHEN a.key_error_refused = _key_error_told.refused AND a.key_error_answers = answers
+                 AND a.key_error_first_refused_at >= since THEN a.key_error_first_refused_at
+            ELSE now() END,
         updated_at = now()
     WHERE a.id = _key_error_told.run_id;
     -- And from its tenant's total; report_key_error holds the key's row already, as a grant would.
@@ -13607,6 +13716,8 @@ DECLARE
     rpm numeric;
     wait numeric := 0;
     reserved jsonb;
+    -- The key's probe granted to a refused run past probe_elsewhere's bound (migration 0110).
+    forced boolean := false;
 BEGIN
     -- The helpers only raise: called only when a test here fails, not as a statement each
     -- before every model request (see enqueue_run).
@@ -13665,24 +13776,29 @@ BEGIN
     -- Alone, it is the probe. 15 s, as for budget_reserved: longer than a worker waits in place,
     -- so the run is deferred and frees its slot (a concurrency limit of one held the waiting run
     -- out). Bounded (migration 0107): the other run may be one the claim never hands out (its
-    -- concurrency_key full with another key's running run), and nobody probed the key, one claim
-    -- and run_requeued every 15 s, for as long as that lasted. Once the streak is as old as the
-    -- lone-run rule's bound (greatest(max_block_seconds, 600) s: report_key_error keeps what it
-    -- was given, key_error_max_block) and the key's last block or hold ended over 15 s ago with
-    -- no probe since, no other run took the probe it was left: this run is. Not at the block's
-    -- end itself: a run the claim favours was then the probe every block again, the other run
-    -- claimable but never first (0101's defect). Read only while the key has a key error: a key
-    -- that works takes no statement more.
-    IF l.key_errors > 0 AND r.key_error_refused IS NOT NULL AND r.key_error_answers = l.key_answers
-       AND NOT (l.key_error_since <= now() - make_interval(secs => greatest(l.key_error_max_block, 600)::float8)
-                AND l.key_error_until <= now() - interval '15 seconds')
-       AND runrow._key_has_other_answerer(l, r.id, r.conversation_id) THEN
-        IF r.block_told_until IS NOT NULL THEN
-            -- Not a block this run waits for: a lift must not make its deferral due at once.
-            UPDATE runrow.agent_run AS a SET block_told_until = NULL, updated_at = now() WHERE a.id = r.id;
+    -- concurrency_key full with another key's running run, or paused), and nobody probed the
+    -- key, one claim and run_requeued every 15 s, for as long as that lasted. Once the run has
+    -- been refused as long as the lone-run rule's bound (greatest(max_block_seconds, 600) s from
+    -- its own first refusal, key_error_first_refused_at, migration 0110: report_key_error keeps
+    -- the max_block_seconds it was given, key_error_max_block) and the key's last block or hold
+    -- ended over 15 s ago with no probe since, no other run took the probe it was left: this run
+    -- is, and the key says so (key_probe_forced: the lone-run rule then counts only running runs,
+    -- else the queued run it was left to kept it from failing for ever, migration 0110). Not at
+    -- the block's end itself: a run the claim favours was then the probe every block again, the
+    -- other run claimable but never first (0101's defect). Read only while the key has a key
+    -- error: a key that works takes no statement more.
+    IF l.key_errors > 0 AND r.key_error_refused IS NOT NULL AND r.key_error_answers = l.key_answers THEN
+        forced := r.key_error_first_refused_at
+                <= now() - make_interval(secs => greatest(l.key_error_max_block, 600)::float8)
+            AND l.key_error_until <= now() - interval '15 seconds';
+        IF NOT forced AND runrow._key_has_other_answerer(l, r.id, r.conversation_id, false, false) THEN
+            IF r.block_told_until IS NOT NULL THEN
+                -- Not a block this run waits for: a lift must not make its deferral due at once.
+                UPDATE runrow.agent_run AS a SET block_told_until = NULL, updated_at = now() WHERE a.id = r.id;
+            END IF;
+            RETURN QUERY SELECT false, 15::numeric, 'probe_elsewhere'::text;
+            RETURN;
         END IF;
-        RETURN QUERY SELECT false, 15::numeric, 'probe_elsewhere'::text;
-        RETURN;
     END IF;
 
     IF l.rate_limit_key IS NOT NULL THEN
@@ -13770,6 +13886,7 @@ BEGIN
         key_error_until = CASE WHEN b.key_errors > 0
             THEN now() + make_interval(secs => b.key_error_block::double precision) ELSE b.key_error_until END,
         key_probe_by = CASE WHEN b.key_errors > 0 THEN r.id ELSE b.key_probe_by END,
+        key_probe_forced = CASE WHEN b.key_errors > 0 THEN forced ELSE b.key_probe_forced END,
         updated_at = now()
     WHERE b.rate_limit_key = l.rate_limit_key;
     UPDATE runrow.agent_run AS a
@@ -13813,10 +13930,13 @@ COMMENT ON FUNCTION runrow.acquire_model_call(uuid, uuid, integer) IS
 'lone-run rule asks the same: in another conversation, running, or queued, not behind a turn of '
 'its own conversation and due within 15 s, not refused a 403 since that answer itself): '
 '(false, 15, probe_elsewhere), longer than a worker waits in place, so it defers the run; '
-'alone, it is the probe, and so it is whatever else waits once the key''s streak of refusals '
-'(key_error_since) is greatest(key_error_max_block, 600) s old (the max_block_seconds '
-'report_key_error was last given) and its last block ended over 15 s ago with no probe since '
-'(the run left the probe to may be one the claim never hands out). A key without a row is not '
+'alone, it is the probe, and so it is whatever else waits once the run has been refused '
+'greatest(key_error_max_block, 600) s (from its first refusal in the key''s streak, '
+'agent_run.key_error_first_refused_at; key_error_max_block: the max_block_seconds '
+'report_key_error was last given) and the key''s last block ended over 15 s ago with no probe '
+'since (the run left the probe to may be one the claim never hands out): the key''s '
+'key_probe_forced says so, and report_key_error''s lone-run rule then counts only running runs '
+'as able to answer. A key without a row is not '
 'limited. Every grant '
 'reserves the call''s worst case on the run (model_call_reserved: input_tokens_estimate as '
 'input tokens, at most 1000000, metadata.max_tokens, else 4096, as output tokens, at most 128000), '
@@ -17723,7 +17843,8 @@ CREATE OR REPLACE FUNCTION runrow.report_key_error(
     error text,
     first_block_seconds numeric DEFAULT 5,
     max_block_seconds numeric DEFAULT 300,
-    own_request_possible boolean DEFAULT false
+    own_request_possible boolean DEFAULT false,
+    give_up_after_seconds numeric DEFAULT 3600
 )
 RETURNS numeric
 LANGUAGE plpgsql
@@ -17736,6 +17857,8 @@ DECLARE
     seen bigint;
     -- The 403 this run's request last got (key_error_refused), and this one if it is a 403.
     last_refused text;
+    -- When this run was first refused with that 403 in the key's streak (migration 0110).
+    first_refused timestamptz;
     refused text := CASE WHEN report_key_error.own_request_possible THEN left(report_key_error.error, 1000) END;
     l runrow.rate_limit;
     streak integer;
@@ -17749,6 +17872,7 @@ BEGIN
     PERFORM runrow._require_not_null(report_key_error.first_block_seconds, 'first_block_seconds');
     PERFORM runrow._require_not_null(report_key_error.max_block_seconds, 'max_block_seconds');
     PERFORM runrow._require_not_null(report_key_error.own_request_possible, 'own_request_possible');
+    PERFORM runrow._require_not_null(report_key_error.give_up_after_seconds, 'give_up_after_seconds');
     -- Unicode's white space (_white_space): btrim's default, the space alone, let a tab and a
     -- newline block the key with a blank error (the SQL API audit).
     IF btrim(report_key_error.error, runrow._white_space()) = '' THEN
@@ -17764,12 +17888,18 @@ BEGIN
             report_key_error.first_block_seconds, report_key_error.max_block_seconds
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF NOT (report_key_error.give_up_after_seconds >= greatest(report_key_error.max_block_seconds, 600)
+            AND report_key_error.give_up_after_seconds <= 604800) THEN
+        RAISE EXCEPTION 'give_up_after_seconds must be from greatest(max_block_seconds, 600) (%) to 604800, got %',
+            greatest(report_key_error.max_block_seconds, 600), report_key_error.give_up_after_seconds
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     IF NOT runrow._hold_claim(report_key_error.run_id, report_key_error.claim_token) THEN
         RETURN NULL;  -- fenced out: nothing written
     END IF;
-    SELECT a.rate_limit_key, a.conversation_id, a.key_error_answers, a.key_error_refused
-    INTO key, conversation, seen, last_refused
+    SELECT a.rate_limit_key, a.conversation_id, a.key_error_answers, a.key_error_refused, a.key_error_first_refused_at
+    INTO key, conversation, seen, last_refused, first_refused
     FROM runrow.agent_run AS a WHERE a.id = report_key_error.run_id;
     IF key IS NULL THEN
         PERFORM runrow._key_error_told(report_key_error.run_id, NULL, refused);
@@ -17802,36 +17932,44 @@ BEGIN
         RETURN NULL;
     END IF;
     IF refused = last_refused AND l.key_answers = seen AND l.key_probe_by = report_key_error.run_id
-       AND l.key_error_since <= now() - make_interval(secs => greatest(report_key_error.max_block_seconds, 600)::float8)
-       AND NOT runrow._key_has_other_answerer(l, report_key_error.run_id, conversation) THEN
+       AND first_refused <= now() - make_interval(secs => greatest(report_key_error.max_block_seconds, 600)::float8)
+       AND NOT runrow._key_has_other_answerer(l, report_key_error.run_id, conversation, coalesce(l.key_probe_forced, false), false)
+       AND (first_refused <= now() - make_interval(secs => report_key_error.give_up_after_seconds::float8)
+            OR NOT runrow._key_has_other_answerer(l, report_key_error.run_id, conversation, false, true)) THEN
         -- No other run of the key can answer (_key_has_other_answerer, acquire_model_call's
         -- question for probe_elsewhere too, migration 0107: another conversation's run, running
-        -- or due within 15 s of the key's block, not refused a 403 since the key's last answer
-        -- itself), and the run's probe is refused with the same 403 when the key's streak of
-        -- refusals began at least max_block_seconds, and at least 600 s, ago on the database
-        -- clock (615 s with the defaults 5 and 300). Timed, not counted in blocks (migration
-        -- 0101): the block reaching max_block_seconds was the rule, and with key_error_max_block
-        -- equal to key_error_first_block (allowed) it failed the run on its second refusal, 5 s
-        -- into a real outage. 600 s: a key outage of a few minutes (a rotation, a top-up) fails
-        -- nothing; max_block_seconds when longer: the operator's longest wait between probes, so
-        -- the streak has seen at least one. It is taken for the run's own request: the run fails
-        -- once. The probe is over; the key's hold stands (the key may be broken: its next probe
-        -- tells). Only with no other answerer: with another run of the key able to answer, a long
-        -- key-wide 403 would fail one run per longest block, and that run's answer tells the two
-        -- apart (the rule above). Runs refused with the 403 since the key's last answer do not
-        -- count (0107): two or more such runs were each the probe in turn, each refusal found
-        -- the others open, and none ever ended; now each fails at its next refusal past the
-        -- bound, taking a 403 that has refused the key's every probe that long for its own,
-        -- key-wide or not (it is not going to clear). Nor does the run's own conversation's next
-        -- turn: it waits behind the run, which was refused for ever and the turn never started.
-        -- Read on this path only, once per block of a key.
+        -- or due within 15 s of the key error's hold, not refused a 403 since the key's last
+        -- answer itself; only a running one when the probe was forced past probe_elsewhere's
+        -- bound, key_probe_forced, migration 0110: the queued run it was left to is one the claim
+        -- does not hand out, and counted it kept the run refused, an API call a block, for ever),
+        -- and the run's probe is refused with the same 403 when the run's own refusals began
+        -- (key_error_first_refused_at, 0110) at least max_block_seconds, and at least 600 s, ago
+        -- on the database clock; give_up_after_seconds (default 3600) when other runs of the key
+        -- were refused with a 403 since its last answer too (a refusal several requests share is
+        -- the key's, most likely). The run's own age, not the key's streak's (0110): from the
+        -- streak's, once the key had refused 600 s every run already refused failed at its next
+        -- probe, so a 30-minute key-wide outage failed all the key's runs, one a block, and a run
+        -- enqueued late in it failed at its second refusal. Timed, not counted in blocks
+        -- (migration 0101): the block reaching max_block_seconds was the rule, and with
+        -- key_error_max_block equal to key_error_first_block (allowed) it failed the run on its
+        -- second refusal, 5 s into a real outage. 600 s: a key outage of a few minutes (a
+        -- rotation, a top-up) fails nothing; max_block_seconds when longer: the operator's
+        -- longest wait between probes, so the run has seen at least one. It is taken for the
+        -- run's own request: the run fails once. The probe is over; the key's hold stands (the key
+        -- may be broken: its next probe tells). Only with no other answerer: with another run of
+        -- the key able to answer, a long key-wide 403 would fail one run per longest block, and
+        -- that run's answer tells the two apart (the rule above). Runs refused with the 403 since
+        -- the key's last answer do not count as answerers (0107): two or more such runs were each
+        -- the probe in turn, each refusal found the others open, and none ever ended. Nor does
+        -- the run's own conversation's next turn: it waits behind the run. Read on this path
+        -- only, once per block of a key.
         UPDATE runrow.rate_limit AS r SET key_probe_by = NULL, updated_at = now() WHERE r.rate_limit_key = key;
         PERFORM runrow.finish_run(report_key_error.run_id, report_key_error.claim_token, 'failed', NULL,
             'model API refused the request: ' || refused
-            || format(' (refused again as the key''s probe %s s into the key''s refusals, its '
-                || 'refusal %s in a row, and no request of the key answered since this run''s last '
-                || 'refusal: taken for this run''s request, not the key; not retried)',
-                floor(extract(EPOCH FROM now() - l.key_error_since))::bigint, l.key_errors + 1));
+            || format(' (refused again as the key''s probe %s s after this run''s first refusal, the '
+                || 'key''s refusal %s in a row, and no request of the key answered since this run''s '
+                || 'last refusal: taken for this run''s request, not the key; not retried)',
+                floor(extract(EPOCH FROM now() - first_refused))::bigint, l.key_errors + 1));
         RETURN NULL;
     END IF;
 
@@ -17870,7 +18008,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean) IS
+COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean, numeric) IS
 'A worker got an error about the API key or account (401 authentication_error, 402 '
 'billing_error, a 403 permission_error about the key, the 400 "credit balance is too low") for '
 'the run it holds: not the run''s fault, so the run''s rate_limit_key is blocked fleet-wide as '
@@ -17895,23 +18033,29 @@ COMMENT ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, 
 'outage of the key, its probe or a request on the wire, is the outage''s): it is ended failed '
 '(finish_run: error "model API refused the request: <error> (...)"), the key is not blocked, '
 'and NULL is returned; so is the key''s probe refused when nothing of the key was answered '
-'since the run''s last refusal and the key''s streak of refusals (key_error_since) began at '
-'least greatest(max_block_seconds, 600) seconds ago on the database clock (a key outage of a '
-'few minutes fails nothing, whatever the blocks), when no other run of the key can answer '
-'(_key_has_other_answerer, as acquire_model_call asks for probe_elsewhere: a run of another '
-'conversation, running, or queued, not behind a turn of its own conversation and due within 15 s '
-'of the key''s block''s end, and not itself refused a 403 since the key''s last answer); the '
-'key''s hold stands. So runs of one key all refused with the same 403 each fail at their next '
-'refusal past that bound, whether the 403 is their requests'' or the key''s: a 403 refusing '
-'every probe that long is not going to clear. max_block_seconds is kept on the key''s row '
+'since the run''s last refusal and the run''s own refusals in the key''s streak '
+'(agent_run.key_error_first_refused_at) began at least greatest(max_block_seconds, 600) seconds '
+'ago on the database clock (a key outage of a few minutes fails nothing, whatever the blocks), '
+'when no other run of the key can answer (_key_has_other_answerer, as acquire_model_call asks '
+'for probe_elsewhere: a run of another conversation, running, or queued, not behind a turn of '
+'its own conversation and due within 15 s of the end of the key error''s hold (key_error_until, '
+'not a 429 block''s), and not itself refused a 403 since the key''s last answer; only a running '
+'one when the probe was granted past probe_elsewhere''s bound, rate_limit.key_probe_forced); '
+'when other runs of the key were refused with a 403 since its last answer too, only once the '
+'run''s refusals began give_up_after_seconds ago (default 3600: a refusal several requests '
+'share is the key''s, most likely, so a key-wide outage of up to that long fails none of '
+'them); the key''s hold stands. So runs of one key all refused with the same 403 each fail at '
+'their next refusal past that bound, whether the 403 is their requests'' or the key''s: a 403 '
+'refusing every probe that long is not going to clear. max_block_seconds is kept on the key''s row '
 '(key_error_max_block) for acquire_model_call''s bound on probe_elsewhere. '
 'Either only when the error is the same as the 403 of the run''s last refusal '
 '(agent_run.key_error_refused): a key broken again by another 403 is a key error. Bad input (NULL, an empty '
-'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400) '
+'error, first_block_seconds outside 0.001..86400, max_block_seconds below it or over 86400, '
+'give_up_after_seconds below greatest(max_block_seconds, 600) or over 604800) '
 'raises 22004/22023.';
 
-REVOKE ALL ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean) TO runrow_worker;
+REVOKE ALL ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean, numeric) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean, numeric) TO runrow_worker;
 
 -- functions/report_rate_limit_exhausted.sql
 CREATE OR REPLACE FUNCTION runrow.report_rate_limit_exhausted(

@@ -59,6 +59,7 @@ AFTER_HOT = [
     "cap_429_deferrals",
     "reported_429s",
     "reported_429s_claim",
+    "key_error_first_refused_at",
 ]
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer

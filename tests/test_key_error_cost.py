@@ -67,6 +67,10 @@ def key_error_calls(owner: psycopg.Connection, worker: psycopg.Connection) -> di
         " key_error_since = now() - interval '1 hour' WHERE rate_limit_key = %s",
         (KEY,),
     )
+    owner.execute(  # and the run since then: the 403 rules measure the run's own age (0110)
+        "UPDATE runrow.agent_run SET key_error_first_refused_at = now() - interval '1 hour' WHERE id = %s",
+        (run_id,),
+    )
     acquire = "SELECT * FROM runrow.acquire_model_call(%s, %s, 100)"
     costs = {"acquire_model_call": seq_scans_and_buffers(worker, acquire, (run_id, token))}
     assert worker.execute(acquire, (run_id, token)).fetchone() == (True, 0, None)
