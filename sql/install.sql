@@ -9396,8 +9396,9 @@ GRANT SELECT (key_error_first_refused_at) ON runrow.agent_run TO runrow_auditor;
 UPDATE runrow.agent_run AS a
 SET key_error_first_refused_at = l.key_error_since
 FROM runrow.rate_limit AS l
-WHERE a.status IN ('queued', 'running') AND a.key_error_refused IS NOT NULL
-  AND l.rate_limit_key = a.rate_limit_key AND a.key_error_answers = l.key_answers;
+WHERE
+    a.status IN ('queued', 'running') AND a.key_error_refused IS NOT NULL
+    AND l.rate_limit_key = a.rate_limit_key AND a.key_error_answers = l.key_answers;
 
 ALTER TABLE runrow.rate_limit
 ADD COLUMN key_probe_forced boolean;

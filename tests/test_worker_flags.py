@@ -128,6 +128,13 @@ def test_worker_refuses_a_key_error_block_report_key_error_would_refuse(name: st
         Worker(UNREACHABLE, handler=echo, config={name: value})
 
 
+@pytest.mark.parametrize("value", [599, 604801, float("nan"), "3600", True])
+def test_worker_refuses_a_key_error_give_up_report_key_error_would_refuse(value: object) -> None:
+    """report_key_error's give_up_after_seconds is 600..604800 (22023 otherwise, migration 0110)."""
+    with pytest.raises(ValueError, match="key_error_give_up must be a number from 600 to 604800"):
+        Worker(UNREACHABLE, handler=echo, config={"key_error_give_up": value})
+
+
 def test_max_model_calls_from_the_flag_its_variable_or_the_default() -> None:
     """The agent loop's cap: 100 unless the flag or RUNROW_MAX_MODEL_CALLS says otherwise."""
     parser = build_parser()

@@ -39,7 +39,8 @@ report_rate_limited).
   request's (a 403 for a beta, a tool type or a file the organisation may not use reads like
   one about the key) while the key works: report_key_error ends the run failed, once, and
   blocks nothing; so it does when the run's probe is refused with nothing answered, the run
-  alone on its key and the key refusing for at least `key_error_max_block` and 600 s. Either
+  alone on its key and refused for at least `key_error_max_block` and 600 s since its own first
+  refusal (`key_error_give_up`, default 3600 s, when other runs of the key are refused too). Either
   only for the same 403 as the run's last refusal. Such a run leaves the key's probe to
   another run of the key waiting for it (acquire_model_call's `probe_elsewhere`: the run is
   deferred, its slot freed).
@@ -70,6 +71,7 @@ from pyworker.worker.journal import RunLost
 DEFAULT_MAX_WAIT = 10.0
 KEY_ERROR_FIRST_BLOCK = 5.0
 KEY_ERROR_MAX_BLOCK = 300.0
+KEY_ERROR_GIVE_UP = 3600.0
 # defer_run's max_429_in_attempt (functions/defer_run.sql): a deferral of a claim that reported
 # more is counted against MAX_429_DEFERRALS whatever its reason (tests/test_defer_run_429s_reported.py).
 MAX_429_IN_ATTEMPT = 5
@@ -257,18 +259,28 @@ async def _key_error_ending(ctx: RunContext, failed: TurnFailed) -> Outcome:
     run's last key error, the refusal is the run's own request's, and report_key_error has
     ended the run failed (a 403 for a beta, a tool type, a file the organisation may not use
     reads like one about the key, and was retried for ever, blocking the key each time), or
-    refused with the same 403 as its probe, alone on its key, the key refusing for at least
-    max(key_error_max_block, 600 s) (migrations 0099, 0101)."""
+    refused with the same 403 as its probe, alone on its key, refused for at least
+    max(key_error_max_block, 600 s) since its first refusal, or key_error_give_up when other runs
+    of the key are refused too (migrations 0099, 0101, 0110)."""
     global _key_error, _key_errors_in_a_row
     run = ctx.run
     what = f"HTTP {failed.status}: {failed.detail or failed}"
     first = float(ctx.config.get("key_error_first_block", KEY_ERROR_FIRST_BLOCK))
     most = max(first, float(ctx.config.get("key_error_max_block", KEY_ERROR_MAX_BLOCK)))
+    # report_key_error refuses a give-up under max_block_seconds or 600 s (22023).
+    give_up = max(most, 600.0, float(ctx.config.get("key_error_give_up", KEY_ERROR_GIVE_UP)))
     wait: float | None = None
     if enabled(ctx):
         wait = await ctx.db(
             lambda conn: limits_api.report_key_error(
-                conn, run.run_id, run.claim_token, what, first, most, may_be_own_request(failed.status)
+                conn,
+                run.run_id,
+                run.claim_token,
+                what,
+                first,
+                most,
+                may_be_own_request(failed.status),
+                give_up,
             ),
             "report_key_error",
         )

@@ -79,13 +79,15 @@ async def report_key_error(
     first_block_seconds: float,
     max_block_seconds: float,
     own_request_possible: bool = False,
+    give_up_after_seconds: float = 3600.0,
 ) -> float | None:
     """Seconds until the key may be asked again; None when fenced out (nothing written) or when
     the database ended the run failed: with own_request_possible, refused again after the key
     answered a request sent since the run's last key error (the error is the request's own)."""
     cur = await conn.execute(
         "SELECT runrow.report_key_error(run_id => %s, claim_token => %s, error => %s, "
-        "first_block_seconds => %s, max_block_seconds => %s, own_request_possible => %s)",
+        "first_block_seconds => %s, max_block_seconds => %s, own_request_possible => %s, "
+        "give_up_after_seconds => %s)",
         (
             run_id,
             claim_token,
@@ -93,6 +95,7 @@ async def report_key_error(
             Decimal(str(round(first_block_seconds, 3))),
             Decimal(str(round(max_block_seconds, 3))),
             own_request_possible,
+            Decimal(str(round(give_up_after_seconds, 3))),
         ),
     )
     row = await cur.fetchone()

@@ -117,7 +117,7 @@ class Worker:
         for name, value in settings.items():
             if value is not None or name not in ("trim_after", "pool_size"):  # None: never trim / the default
                 check_setting(name, value)
-        for name in ("max_model_calls", "key_error_first_block", "key_error_max_block"):
+        for name in ("max_model_calls", "key_error_first_block", "key_error_max_block", "key_error_give_up"):
             if config and name in config:  # read by the agent loop, at every model call
                 check_setting(name, config[name])
         self.conninfo = conninfo

@@ -30,6 +30,9 @@ LIMITS: dict[str, tuple[type, float, float]] = {
     # became "handler raised", spending an attempt.
     "key_error_first_block": (float, 0.001, 86400),
     "key_error_max_block": (float, 0.001, 86400),
+    # report_key_error's give_up_after_seconds (migration 0110): how long a run refused with the
+    # same 403 as other runs of its key waits before its refusal is taken for its own request.
+    "key_error_give_up": (float, 600, 604800),
 }
 DEFAULT_MAX_MODEL_CALLS = 100
 
