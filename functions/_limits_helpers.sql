@@ -317,6 +317,11 @@ BEGIN
             PERFORM runrow._key_answered(bucket);
         END IF;
     END IF;
+    -- The model answered: the run's 429s since its last answer start again (defer_run's bound,
+    -- migration 0109). Written only after a 429, so a settle without one writes nothing more.
+    IF r.unanswered_429s > 0 THEN
+        UPDATE runrow.agent_run AS a SET unanswered_429s = 0 WHERE a.id = _settle_usage.run_id;
+    END IF;
     PERFORM runrow._charge_usage(_settle_usage.run_id, _settle_usage.usage);
 END
 $fn$;

@@ -20,8 +20,16 @@ DECLARE
     -- held equal by tests/test_defer_run_429s_reported.py): a deferral of a claim that reported
     -- more is one for 429s, whatever its reason says (migration 0106).
     max_429_in_attempt constant smallint := 5;
+    -- The run's 429s without an answer between (agent_run.unanswered_429s, migration 0109), at
+    -- most (max_429_in_attempt + 1) x (max_cap_deferrals + 1): what the cap above lets a limit
+    -- that never clears cost. A run deferred each time after one 429 (a retry-after longer than
+    -- the worker waits in place: deferred as blocked) never met that cap.
+    max_unanswered_429s constant smallint := (max_429_in_attempt + 1) * (max_cap_deferrals + 1);
     for_cap boolean;
     cap_deferrals smallint;
+    unanswered smallint;
+    -- Whether this claim reported a 429 (report_rate_limited).
+    claim_429 boolean;
 BEGIN
     PERFORM runrow._require_not_null(defer_run.run_id, 'run_id');
     PERFORM runrow._require_not_null(defer_run.claim_token, 'claim_token');
@@ -50,9 +58,11 @@ BEGIN
         a.rate_limit_key,
         a.block_told_until,
         a.cap_429_deferrals,
+        a.unanswered_429s,
+        coalesce(a.reported_429s_claim = defer_run.claim_token, false),
         starts_with(defer_run.reason, '429_cap')
         OR coalesce(a.reported_429s_claim = defer_run.claim_token AND a.reported_429s > max_429_in_attempt, false)
-    INTO key, told, cap_deferrals, for_cap
+    INTO key, told, cap_deferrals, unanswered, claim_429, for_cap
     FROM runrow.agent_run AS a WHERE a.id = defer_run.run_id;
     -- The cap on deferrals for 429s is the run's, not the worker's: each came after a run of
     -- 429s that blocked the key for the whole fleet, and a worker that counts them wrong (or
@@ -64,6 +74,21 @@ BEGIN
             defer_run.run_id, defer_run.claim_token,
             format('%s (after %s deferrals for 429s, the most defer_run gives a run: its attempt spent)',
                 left(defer_run.reason, 9900), cap_deferrals),
+            NULL, defer_run.retry_in
+        );
+    END IF;
+    -- The cap counts none of a claim's first 5 429s: a retry-after longer than the worker waits
+    -- in place (deferred as blocked after one 429) was deferred for ever, each claim blocking
+    -- the key again (migration 0109). So the run's 429s without an answer are bounded too: a
+    -- deferral after a 429 of its claim, the run's 24th since its last answer or later, is
+    -- released the same way whatever its reason. One the cap counts is bounded by the cap (its
+    -- first 3 are deferred, as before), and one that follows no 429 of its claim (a wait for
+    -- the key's limits or a budget) blocked no one, and is deferred.
+    IF unanswered >= max_unanswered_429s AND claim_429 AND NOT for_cap THEN
+        RETURN runrow._end_claim(
+            defer_run.run_id, defer_run.claim_token,
+            format('%s (after %s 429s without an answer, the most a run is deferred for: its attempt spent)',
+                left(defer_run.reason, 9900), unanswered),
             NULL, defer_run.retry_in
         );
     END IF;
@@ -147,8 +172,13 @@ COMMENT ON FUNCTION runrow.defer_run(uuid, uuid, interval, text) IS
 '3 a run whoever calls: a 4th is not deferred but released as release_run releases, its attempt '
 'spent (requeued for retry_in with attempts left; failed, or dead, on its last attempt: the '
 'default max_attempts 1 fails), error the reason followed by (after 3 deferrals for 429s, ...). '
+'So is any other deferral of a claim that reported a 429 once the run has reported 24 '
+'(report_rate_limited) since its last answered model call (agent_run.unanswered_429s; 24 = '
+'(5 + 1) x (3 + 1), what the cap above lets a 429 that never clears cost), whatever its reason, '
+'error the reason followed by (after N 429s without an answer, ...): a retry-after longer than '
+'the worker waits in place, deferred after one 429 each claim, is bounded too. '
 'Fenced by claim_token and status running. Returns deferred, or cancelled (a stop was '
-'pending; complete journaled), or past the 429 cap requeued, failed, dead or cancelled, or NULL '
+'pending; complete journaled), or past either 429 bound requeued, failed, dead or cancelled, or NULL '
 'when fenced out (nothing written, nothing counted). Bad input (a NULL '
 'argument, retry_in out of range, a reason empty, of white space only or over 10000 characters) '
 'raises 22004/22023 naming it and writes nothing.';

@@ -19,7 +19,8 @@ BEGIN
     -- The call was refused, and a refusal is not billed: its reservation goes, or a holder
     -- killed while it waits out the block would be charged for it at the reap (the review of 0080).
     -- The claim's 429s are counted: defer_run caps the deferrals after more than the agent's
-    -- allowance for one attempt by this count, not by what the worker says (migration 0106).
+    -- allowance for one attempt by this count, not by what the worker says (migration 0106),
+    -- and the run's since its last answer: defer_run releases it at 24 (migration 0109).
     UPDATE runrow.agent_run AS a
     SET model_call_reserved = NULL,
         model_call_attempt = NULL,
@@ -28,6 +29,7 @@ BEGIN
             ELSE 1
         END,
         reported_429s_claim = report_rate_limited.claim_token,
+        unanswered_429s = least(a.unanswered_429s + 1, 32767),
         updated_at = now()
     WHERE a.id = report_rate_limited.run_id
     RETURNING a.rate_limit_key INTO key;
@@ -55,7 +57,9 @@ COMMENT ON FUNCTION runrow.report_rate_limited(uuid, uuid, numeric) IS
 'The run''s model-call reservation (acquire_model_call) is dropped, from its tenant''s '
 'reserved total too: a 429 is not billed. The 429 is counted for the claim '
 '(agent_run.reported_429s, from 1 for each claim): defer_run counts a deferral after more than 5 '
-'against its cap on deferrals for 429s. '
+'against its cap on deferrals for 429s. It is counted for the run too, since its last answered '
+'model call (agent_run.unanswered_429s, whatever the claim; 0 again when a usage settles): '
+'defer_run releases the run, its attempt spent, instead of deferring it once that reaches 24. '
 'Fenced: nothing written unless claim_token holds the running run. Bad input '
 '(NULL, retry_after_seconds not more than 0 or over 86400) raises 22004/22023.';
 

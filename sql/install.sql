@@ -150,6 +150,7 @@ BEGIN
     '0103_429_cap_and_clock_set_back',
     '0106_lapsed_token_rule_and_429s_reported',
     '0107_key_error_other_answerer',
+    '0109_unanswered_429s',
     '0110_key_error_run_age'
 ]::text[]);
     IF unknown IS NOT NULL THEN
@@ -9352,6 +9353,50 @@ INSERT INTO runrow._yoyo_migration VALUES ('a66c83a8dc79ad52a00eee189e2e4371db11
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'a66c83a8dc79ad52a00eee189e2e4371db1102cd0f5955e461a89f3160d8db59', '0107_key_error_other_answerer', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0109_unanswered_429s
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '615b9a2e37a4d6e76544020b7511828e5ef80bfc66b34e9d330557d1c4e0b703') AS apply_615b9a2e37a4 \gset
+\if :apply_615b9a2e37a4
+-- depends: 0107_key_error_other_answerer
+-- A 429 that never clears was deferred for ever when the API's retry-after is longer than the
+-- worker's longest wait in place (rate_limit_max_wait, 10 s): the agent reports the 429,
+-- acquire_model_call answers blocked for the retry-after, and the agent defers the run with the
+-- reason "blocked: waiting ...", its attempt given back. Each claim then reports one 429, never
+-- more than 5, so defer_run's cap on deferrals for 429s (0103, 0106) never counted one, and each
+-- of those 429s blocked the key for the whole fleet (the review of session 61,
+-- pgtap/defer_run_unanswered_429s.sql).
+--
+-- The bound is now the run's 429s without an answer between, whatever the claims and the
+-- reasons: agent_run.unanswered_429s counts the 429s report_rate_limited heard for the run since
+-- its last answered model call (a usage settled: append_step's, record_usage's, in
+-- runrow._settle_usage, which sets it back to 0), and defer_run releases the run instead of
+-- deferring it once the count reaches 24, its attempt spent as past the cap on deferrals (so
+-- max_attempts bounds it). 24 = (5 429s an attempt allows + 1) x (3 deferrals for 429s + 1):
+-- what the agent's own cap lets a limit that never clears cost (pyworker/agent/limits.py), so
+-- a run the agent defers by its cap meets that cap first, and any other run no later than it
+-- would. The count is not reset by a release: the run's next deferral without an answer
+-- releases it again (as a deferral past the cap on deferrals for 429s does).
+--
+-- At the end of the row with 0103's and 0106's columns, behind every column a claim, a
+-- heartbeat and a finish write (tests/test_agent_run_layout.py); a NOT NULL default is the
+-- catalogue's (no rewrite). No CHECK, for 0103's reason: one is evaluated on every update of the
+-- row. The runs waiting now start from 0: a run deferred for ever before the upgrade is bounded
+-- after 24 more 429s.
+ALTER TABLE runrow.agent_run
+ADD COLUMN unanswered_429s smallint NOT NULL DEFAULT 0;
+
+COMMENT ON COLUMN runrow.agent_run.unanswered_429s IS
+'How many 429s report_rate_limited heard for this run since its last answered model call (a '
+'usage settled, by append_step or record_usage), whatever the claim, at most 32767. Once it '
+'reaches 24 ((5 + 1) x (3 + 1): 6 429s in each of an attempt and its 3 deferrals for 429s) '
+'defer_run releases the run instead of deferring it, its attempt spent. Written by '
+'report_rate_limited (one more) and the settle of a usage (0).';
+
+-- 0073: a column is the auditor's only when granted.
+GRANT SELECT (unanswered_429s) ON runrow.agent_run TO runrow_auditor;
+INSERT INTO runrow._yoyo_migration VALUES ('615b9a2e37a4d6e76544020b7511828e5ef80bfc66b34e9d330557d1c4e0b703', '0109_unanswered_429s', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '615b9a2e37a4d6e76544020b7511828e5ef80bfc66b34e9d330557d1c4e0b703', '0109_unanswered_429s', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- migration 0110_key_error_run_age
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '6697af22ead7ac9b0a7ade5b1959d881cf915503448910f0f25a434fc7ab3f1d') AS apply_6697af22ead7 \gset
 \if :apply_6697af22ead7
@@ -11713,6 +11758,11 @@ BEGIN
         IF bucket.key_errors > 0 AND bucket.key_probe_by = r.id THEN
             PERFORM runrow._key_answered(bucket);
         END IF;
+    END IF;
+    -- The model answered: the run's 429s since its last answer start again (defer_run's bound,
+    -- migration 0109). Written only after a 429, so a settle without one writes nothing more.
+    IF r.unanswered_429s > 0 THEN
+        UPDATE runrow.agent_run AS a SET unanswered_429s = 0 WHERE a.id = _settle_usage.run_id;
     END IF;
     PERFORM runrow._charge_usage(_settle_usage.run_id, _settle_usage.usage);
 END
@@ -15862,8 +15912,16 @@ DECLARE
     -- held equal by tests/test_defer_run_429s_reported.py): a deferral of a claim that reported
     -- more is one for 429s, whatever its reason says (migration 0106).
     max_429_in_attempt constant smallint := 5;
+    -- The run's 429s without an answer between (agent_run.unanswered_429s, migration 0109), at
+    -- most (max_429_in_attempt + 1) x (max_cap_deferrals + 1): what the cap above lets a limit
+    -- that never clears cost. A run deferred each time after one 429 (a retry-after longer than
+    -- the worker waits in place: deferred as blocked) never met that cap.
+    max_unanswered_429s constant smallint := (max_429_in_attempt + 1) * (max_cap_deferrals + 1);
     for_cap boolean;
     cap_deferrals smallint;
+    unanswered smallint;
+    -- Whether this claim reported a 429 (report_rate_limited).
+    claim_429 boolean;
 BEGIN
     PERFORM runrow._require_not_null(defer_run.run_id, 'run_id');
     PERFORM runrow._require_not_null(defer_run.claim_token, 'claim_token');
@@ -15892,9 +15950,11 @@ BEGIN
         a.rate_limit_key,
         a.block_told_until,
         a.cap_429_deferrals,
+        a.unanswered_429s,
+        coalesce(a.reported_429s_claim = defer_run.claim_token, false),
         starts_with(defer_run.reason, '429_cap')
         OR coalesce(a.reported_429s_claim = defer_run.claim_token AND a.reported_429s > max_429_in_attempt, false)
-    INTO key, told, cap_deferrals, for_cap
+    INTO key, told, cap_deferrals, unanswered, claim_429, for_cap
     FROM runrow.agent_run AS a WHERE a.id = defer_run.run_id;
     -- The cap on deferrals for 429s is the run's, not the worker's: each came after a run of
     -- 429s that blocked the key for the whole fleet, and a worker that counts them wrong (or
@@ -15906,6 +15966,21 @@ BEGIN
             defer_run.run_id, defer_run.claim_token,
             format('%s (after %s deferrals for 429s, the most defer_run gives a run: its attempt spent)',
                 left(defer_run.reason, 9900), cap_deferrals),
+            NULL, defer_run.retry_in
+        );
+    END IF;
+    -- The cap counts none of a claim's first 5 429s: a retry-after longer than the worker waits
+    -- in place (deferred as blocked after one 429) was deferred for ever, each claim blocking
+    -- the key again (migration 0109). So the run's 429s without an answer are bounded too: a
+    -- deferral after a 429 of its claim, the run's 24th since its last answer or later, is
+    -- released the same way whatever its reason. One the cap counts is bounded by the cap (its
+    -- first 3 are deferred, as before), and one that follows no 429 of its claim (a wait for
+    -- the key's limits or a budget) blocked no one, and is deferred.
+    IF unanswered >= max_unanswered_429s AND claim_429 AND NOT for_cap THEN
+        RETURN runrow._end_claim(
+            defer_run.run_id, defer_run.claim_token,
+            format('%s (after %s 429s without an answer, the most a run is deferred for: its attempt spent)',
+                left(defer_run.reason, 9900), unanswered),
             NULL, defer_run.retry_in
         );
     END IF;
@@ -15989,8 +16064,13 @@ COMMENT ON FUNCTION runrow.defer_run(uuid, uuid, interval, text) IS
 '3 a run whoever calls: a 4th is not deferred but released as release_run releases, its attempt '
 'spent (requeued for retry_in with attempts left; failed, or dead, on its last attempt: the '
 'default max_attempts 1 fails), error the reason followed by (after 3 deferrals for 429s, ...). '
+'So is any other deferral of a claim that reported a 429 once the run has reported 24 '
+'(report_rate_limited) since its last answered model call (agent_run.unanswered_429s; 24 = '
+'(5 + 1) x (3 + 1), what the cap above lets a 429 that never clears cost), whatever its reason, '
+'error the reason followed by (after N 429s without an answer, ...): a retry-after longer than '
+'the worker waits in place, deferred after one 429 each claim, is bounded too. '
 'Fenced by claim_token and status running. Returns deferred, or cancelled (a stop was '
-'pending; complete journaled), or past the 429 cap requeued, failed, dead or cancelled, or NULL '
+'pending; complete journaled), or past either 429 bound requeued, failed, dead or cancelled, or NULL '
 'when fenced out (nothing written, nothing counted). Bad input (a NULL '
 'argument, retry_in out of range, a reason empty, of white space only or over 10000 characters) '
 'raises 22004/22023 naming it and writes nothing.';
@@ -18159,7 +18239,8 @@ BEGIN
     -- The call was refused, and a refusal is not billed: its reservation goes, or a holder
     -- killed while it waits out the block would be charged for it at the reap (the review of 0080).
     -- The claim's 429s are counted: defer_run caps the deferrals after more than the agent's
-    -- allowance for one attempt by this count, not by what the worker says (migration 0106).
+    -- allowance for one attempt by this count, not by what the worker says (migration 0106),
+    -- and the run's since its last answer: defer_run releases it at 24 (migration 0109).
     UPDATE runrow.agent_run AS a
     SET model_call_reserved = NULL,
         model_call_attempt = NULL,
@@ -18168,6 +18249,7 @@ BEGIN
             ELSE 1
         END,
         reported_429s_claim = report_rate_limited.claim_token,
+        unanswered_429s = least(a.unanswered_429s + 1, 32767),
         updated_at = now()
     WHERE a.id = report_rate_limited.run_id
     RETURNING a.rate_limit_key INTO key;
@@ -18195,7 +18277,9 @@ COMMENT ON FUNCTION runrow.report_rate_limited(uuid, uuid, numeric) IS
 'The run''s model-call reservation (acquire_model_call) is dropped, from its tenant''s '
 'reserved total too: a 429 is not billed. The 429 is counted for the claim '
 '(agent_run.reported_429s, from 1 for each claim): defer_run counts a deferral after more than 5 '
-'against its cap on deferrals for 429s. '
+'against its cap on deferrals for 429s. It is counted for the run too, since its last answered '
+'model call (agent_run.unanswered_429s, whatever the claim; 0 again when a usage settles): '
+'defer_run releases the run, its attempt spent, instead of deferring it once that reaches 24. '
 'Fenced: nothing written unless claim_token holds the running run. Bad input '
 '(NULL, retry_after_seconds not more than 0 or over 86400) raises 22004/22023.';
 

@@ -49,7 +49,9 @@ HOT = [
 # model_call_reserved, model_call_attempt: 0080, written by acquire_model_call and the settle;
 # block_told_until: 0084, written by acquire_model_call's refusals, report_key_error, defer_run;
 # key_error_answers: 0095, written by report_key_error and the settle; key_error_refused: 0099,
-# written by report_key_error; cap_429_deferrals: 0103, written by defer_run.
+# written by report_key_error; cap_429_deferrals: 0103, written by defer_run; reported_429s,
+# reported_429s_claim: 0106, and unanswered_429s: 0109, written by report_rate_limited (the last
+# by the settle too).
 AFTER_HOT = [
     "model_call_reserved",
     "model_call_attempt",
@@ -59,6 +61,7 @@ AFTER_HOT = [
     "cap_429_deferrals",
     "reported_429s",
     "reported_429s_claim",
+    "unanswered_429s",
     "key_error_first_refused_at",
 ]
 
