@@ -37,6 +37,7 @@ from worker_support import (
 from pyworker.agent import loop as agent_loop
 from pyworker.agent.model import ModelTurn
 from pyworker.db import api
+from pyworker.db import limits as limits_api
 from pyworker.db.api import ClaimedRun
 from pyworker.db.cancel_safe_pool import CancelSafePool
 from pyworker.db.retry import DatabaseUnavailable, Retry, is_transient, outcome_unknown
@@ -473,6 +474,37 @@ async def test_a_deferral_past_the_429_cap_whose_answer_was_lost_is_recognised(
     )
     assert row["error"].startswith(CAP_REASON + " (after 3 deferrals for 429s"), row["error"]
     assert kinds(db, run.run_id).count("run_requeued") == (4 if max_attempts > 1 else 3)
+
+
+BLOCKED_REASON = "blocked: waiting 60.0s for a model call"
+
+
+@pytest.mark.parametrize("deliver", [True, False], ids=["committed-answer-lost", "not-delivered"])
+async def test_a_deferral_past_the_bound_on_unanswered_429s_whose_answer_was_lost_is_recognised(
+    faulty_pool, proxy, db, deliver: bool
+) -> None:
+    """defer_run releases a run instead of deferring it once it has reported 24 429s without an
+    answer (migration 0109), whatever the reason ("blocked: ..." here: the retry-after of each
+    was longer than the worker waits in place). As past the cap above, a retry fenced out
+    after the first COMMIT landed must read that ending as its own, not as someone else's."""
+    async with faulty_pool.connection() as conn:
+        await api.enqueue_run(conn, uuid.uuid4(), "hi", "echo", max_attempts=1)
+        for _ in range(23):  # one 429 and a deferral a claim: each deferred
+            run = await claim_when_due(faulty_pool)
+            await limits_api.report_rate_limited(conn, run.run_id, run.claim_token, 0.001)
+            assert (
+                await api.defer_run(conn, run.run_id, run.claim_token, timedelta(milliseconds=1), BLOCKED_REASON)
+                == "deferred"
+            )
+        run = await claim_when_due(faulty_pool)
+        await limits_api.report_rate_limited(conn, run.run_id, run.claim_token, 0.001)
+    proxy.break_at(b"defer_run", deliver=deliver)
+    got = await supervise(run, faulty_pool, Outcome("defer", error=BLOCKED_REASON, retry_in=30))
+    assert proxy.fired == [f"defer_run {'delivered' if deliver else 'dropped'}"]
+    assert got == "released:failed"
+    row = run_row(db, run.run_id)
+    assert (row["status"], row["attempt"]) == ("failed", 1)
+    assert row["error"].startswith(BLOCKED_REASON + " (after 24 429s without an answer"), row["error"]
 
 
 async def test_a_finish_fenced_out_after_a_lost_answer_is_not_mistaken_for_ours(

@@ -7,6 +7,7 @@ conn.transaction():`); on an autocommit connection each call is its own transact
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -205,13 +206,25 @@ async def defer_run(
 MAX_ERROR_CHARS = 10000  # finish_run's and release_run's limit
 
 
+# The suffixes defer_run adds to the reason when it releases a run instead of deferring it.
+_RELEASED_FOR_429S = re.compile(
+    r" \(after \d+ (?:deferrals for 429s, the most defer_run gives a run"
+    r"|429s without an answer, the most a run is deferred for): its attempt spent\)"
+)
+
+
 def released_past_429_cap(reason: str | None, stored: str | None) -> bool:
     """Whether `stored` (a run's error) is what defer_run keeps when it releases a deferral for
-    429s past its cap instead (a reason beginning 429_cap after 3 such deferrals of the run: its
-    attempt spent): the reason sent (as defer_run above sends it), its first 9900 characters,
-    followed by " (after N deferrals for 429s, ...)" (migration 0103)."""
-    sent = deferral_error(reason)
-    return sent.startswith("429_cap") and stored is not None and stored.startswith(sent[:9900] + " (after ")
+    429s instead (its attempt spent): past its cap on deferrals for 429s (a reason beginning
+    429_cap after 3 such deferrals of the run, migration 0103), or past its bound on 429s without
+    an answer (24 since the run's last answered model call, whatever the reason: a "blocked"
+    deferral after a retry-after longer than the worker waits in place, migration 0109). The
+    reason sent (as defer_run above sends it), its first 9900 characters, followed by
+    " (after N deferrals for 429s, ...)" or " (after N 429s without an answer, ...)"."""
+    sent = deferral_error(reason)[:9900]
+    if stored is None or not stored.startswith(sent):
+        return False
+    return _RELEASED_FOR_429S.fullmatch(stored, len(sent)) is not None
 
 
 def _error_text(error: str | None) -> str | None:
