@@ -493,7 +493,9 @@ async def test_a_deferral_past_the_bound_on_unanswered_429s_whose_answer_was_los
             run = await claim_when_due(faulty_pool)
             await limits_api.report_rate_limited(conn, run.run_id, run.claim_token, 0.001)
             assert (
-                await api.defer_run(conn, run.run_id, run.claim_token, timedelta(milliseconds=1), BLOCKED_REASON)
+                await api.defer_run(
+                    conn, run.run_id, run.claim_token, timedelta(milliseconds=1), BLOCKED_REASON
+                )
                 == "deferred"
             )
         run = await claim_when_due(faulty_pool)
