@@ -30,6 +30,8 @@ DECLARE
     unanswered smallint;
     -- Whether this claim reported a 429 (report_rate_limited).
     claim_429 boolean;
+    -- Why the deferral is a release instead (past the cap or the bound), or NULL.
+    released text;
 BEGIN
     PERFORM runrow._require_not_null(defer_run.run_id, 'run_id');
     PERFORM runrow._require_not_null(defer_run.claim_token, 'claim_token');
@@ -69,14 +71,7 @@ BEGIN
     -- not at all: examples/node) deferred for ever. Past it the run is released instead, its
     -- attempt spent (release_run's ending: failed on a run's last attempt, the default), so
     -- max_attempts bounds a 429 that never clears.
-    IF for_cap AND cap_deferrals >= max_cap_deferrals THEN
-        RETURN runrow._end_claim(
-            defer_run.run_id, defer_run.claim_token,
-            format('%s (after %s deferrals for 429s, the most defer_run gives a run: its attempt spent)',
-                left(defer_run.reason, 9900), cap_deferrals),
-            NULL, defer_run.retry_in
-        );
-    END IF;
+    --
     -- The cap counts none of a claim's first 5 429s: a retry-after longer than the worker waits
     -- in place (deferred as blocked after one 429) was deferred for ever, each claim blocking
     -- the key again (migration 0109). So the run's 429s without an answer are bounded too: a
@@ -84,11 +79,16 @@ BEGIN
     -- released the same way whatever its reason. One the cap counts is bounded by the cap (its
     -- first 3 are deferred, as before), and one that follows no 429 of its claim (a wait for
     -- the key's limits or a budget) blocked no one, and is deferred.
-    IF unanswered >= max_unanswered_429s AND claim_429 AND NOT for_cap THEN
+    released := CASE
+        WHEN for_cap AND cap_deferrals >= max_cap_deferrals
+            THEN format('after %s deferrals for 429s, the most defer_run gives a run', cap_deferrals)
+        WHEN NOT for_cap AND claim_429 AND unanswered >= max_unanswered_429s
+            THEN format('after %s 429s without an answer, the most a run is deferred for', unanswered)
+    END;
+    IF released IS NOT NULL THEN
         RETURN runrow._end_claim(
             defer_run.run_id, defer_run.claim_token,
-            format('%s (after %s 429s without an answer, the most a run is deferred for: its attempt spent)',
-                left(defer_run.reason, 9900), unanswered),
+            format('%s (%s: its attempt spent)', left(defer_run.reason, 9900), released),
             NULL, defer_run.retry_in
         );
     END IF;
