@@ -1,4 +1,4 @@
--- depends: 0107_key_error_other_answerer
+-- depends: 0109_unanswered_429s
 -- Three defects of a key error's 403 rules as migration 0107 left them (the third review of
 -- session 61; pgtap/key_error_answerer.sql asserts each). The functions are in functions/
 -- (acquire_model_call, report_key_error, _key_has_other_answerer in _key_error_answerer.sql,

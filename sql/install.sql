@@ -9400,7 +9400,7 @@ INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '615b9a2e37a4d6e76
 -- migration 0110_key_error_run_age
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '6697af22ead7ac9b0a7ade5b1959d881cf915503448910f0f25a434fc7ab3f1d') AS apply_6697af22ead7 \gset
 \if :apply_6697af22ead7
--- depends: 0107_key_error_other_answerer
+-- depends: 0109_unanswered_429s
 -- Three defects of a key error's 403 rules as migration 0107 left them (the third review of
 -- session 61; pgtap/key_error_answerer.sql asserts each). The functions are in functions/
 -- (acquire_model_call, report_key_error, _key_has_other_answerer in _key_error_answerer.sql,
