@@ -58,6 +58,28 @@ BEGIN
 END
 $fn$;
 
+-- Copy run from_run's steps 1..up_to to to_run, verbatim and with their seqs: every column a
+-- step keeps (payload bytes, so thinking signatures stay valid) and how each turn ended
+-- (agent_step_ending, 0108), so that a fork (fork_run) and the retry of a fork (retry_run) resume
+-- and end as the source would. One helper for both, so what a step keeps is copied by both or
+-- by neither.
+CREATE OR REPLACE FUNCTION runrow._copy_steps(from_run uuid, to_run uuid, up_to integer)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    INSERT INTO runrow.agent_step (run_id, seq, kind, payload, request_id, attempt, usage, stop_reason)
+    SELECT _copy_steps.to_run, s.seq, s.kind, s.payload, s.request_id, s.attempt, s.usage, s.stop_reason
+    FROM runrow.agent_step AS s
+    WHERE s.run_id = _copy_steps.from_run AND s.seq <= _copy_steps.up_to
+    ORDER BY s.seq;
+    INSERT INTO runrow.agent_step_ending (run_id, seq, stop_sequence, stop_details)
+    SELECT _copy_steps.to_run, e.seq, e.stop_sequence, e.stop_details
+    FROM runrow.agent_step_ending AS e
+    WHERE e.run_id = _copy_steps.from_run AND e.seq <= _copy_steps.up_to;
+END
+$fn$;
+
 -- End a running run whose stop was requested, where its worker must not go on: cancelled, the
 -- claim cleared (the worker's next call is fenced out and it stops), complete journaled, the
 -- message left submitted as for any run stopped while running. The caller holds the run row's
@@ -185,9 +207,16 @@ COMMENT ON FUNCTION runrow._json_probe(json) IS
 'Private. payload with each \u0000 escape read as \ufffd, for the checks and derived values '
 'that need JSON operators (which raise 22P05 on \u0000). The stored payload is never changed.';
 
+COMMENT ON FUNCTION runrow._copy_steps(uuid, uuid, integer) IS
+'Private. Copy from_run''s steps 1..up_to to to_run verbatim, seqs, payload bytes and every '
+'column kept beside them (request_id, attempt, usage, stop_reason), with their '
+'agent_step_ending rows (stop_sequence, stop_details): fork_run''s and retry_run''s one copy of a '
+'fork''s given steps.';
+
 REVOKE ALL ON FUNCTION runrow._canonical_json(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._json_probe(json) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._append_step(uuid, text, json, text, jsonb, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._copy_steps(uuid, uuid, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._end_stopped(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._park_for_person(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._decision(runrow.tool_effect) FROM PUBLIC;

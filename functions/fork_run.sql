@@ -106,11 +106,7 @@ BEGIN
         END IF;
 
         -- Verbatim: payload is json, so its text (key order, whitespace, signatures) is copied as is.
-        INSERT INTO runrow.agent_step (run_id, seq, kind, payload, request_id, attempt, usage, stop_reason)
-        SELECT copy_run, s.seq, s.kind, s.payload, s.request_id, s.attempt, s.usage, s.stop_reason
-        FROM runrow.agent_step AS s
-        WHERE s.run_id = turn.id AND s.seq <= n
-        ORDER BY s.seq;
+        PERFORM runrow._copy_steps(turn.id, copy_run, n);
         copied := copied + n;
 
         -- Thinking is signed for the model that produced it: under another model those blocks
@@ -146,7 +142,7 @@ COMMENT ON FUNCTION runrow.fork_run(uuid, integer, text) IS
 '(priority, fairness_key, concurrency_key, token_budget, cost_budget, webhook_url; rate_limit_key '
 'too, or the fork''s model when it was the source''s model), with model (default: the source''s) '
 'and forked_from/forked_at_seq naming what it copies. Every agent_step row is copied verbatim '
-'(payload bytes, request_id, attempt, usage, stop_reason), so conversation_history of the fork '
+'(payload bytes, request_id, attempt, usage, stop_reason, stop_sequence, stop_details), so conversation_history of the fork '
 'rebuilds the source''s model input byte for byte and thinking signatures stay valid; the worker '
 'that claims the fork resumes from its last copied step like any resumed run. Returns the new run, '
 'its conversation, the number of steps copied and must_drop: the thinking and redacted_thinking '

@@ -48,11 +48,7 @@ BEGIN
     -- asked the model again from scratch, running the forked tool calls again under new keys
     -- (the history audit). Copied verbatim, as fork_run copies them.
     IF old.forked_at_seq > 0 THEN
-        INSERT INTO runrow.agent_step (run_id, seq, kind, payload, request_id, attempt, usage, stop_reason)
-        SELECT new_id, s.seq, s.kind, s.payload, s.request_id, s.attempt, s.usage, s.stop_reason
-        FROM runrow.agent_step AS s
-        WHERE s.run_id = old.id AND s.seq <= old.forked_at_seq
-        ORDER BY s.seq;
+        PERFORM runrow._copy_steps(old.id, new_id, old.forked_at_seq);
     END IF;
 
     -- Rebuilt from the kept message, as enqueue_run builds it: the old run's request may be

@@ -9,8 +9,8 @@ BEGIN;
 SELECT plan(63);
 SELECT pg_temp.drain_queue();
 
-\set sig '''{uuid,uuid,text,json,text,jsonb,text}'''
-SELECT has_function('runrow', 'append_step', :sig::name[], 'append_step(run_id, claim_token, kind, payload, request_id, usage, stop_reason) exists');
+\set sig '''{uuid,uuid,text,json,text,jsonb,text,text,jsonb}'''
+SELECT has_function('runrow', 'append_step', :sig::name[], 'append_step(run_id, claim_token, kind, payload, request_id, usage, stop_reason, stop_sequence, stop_details) exists');
 SELECT is_definer('runrow', 'append_step', :sig::name[], 'append_step is SECURITY DEFINER');
 SELECT function_privs_are('runrow', 'append_step', :sig::name[], 'runrow_worker', ARRAY['EXECUTE'], 'the worker may append steps');
 SELECT function_privs_are('runrow', 'append_step', :sig::name[], 'runrow_client', ARRAY[]::name[], 'the client may not');
@@ -138,7 +138,8 @@ SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L, s
     '22023', 'stop_reason must be NULL or 1 to 64 characters', 'an empty stop_reason');
 SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''tool_result'', ''{"type":"tool_result","tool_use_id":"x"}'', '
     'stop_reason => ''end_turn'')', :'r1', :'tok'),
-    '22023', 'usage and stop_reason belong to a model_turn, not a tool_result', 'stop_reason on a tool_result');
+    '22023', 'usage, stop_reason, stop_sequence and stop_details belong to a model_turn, not a tool_result',
+    'stop_reason on a tool_result');
 SELECT throws_ok(format('SELECT runrow.append_step(%L, %L, ''model_turn'', %L)', :'r1', :'tok',
     '[{"type":"text","text":"' || repeat('x', 8388608) || '"}]'), '22023', NULL, 'a payload over 8 MiB');
 SELECT is(pg_temp.steps_written(), :'before', 'bad input wrote nothing');

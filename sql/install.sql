@@ -150,6 +150,7 @@ BEGIN
     '0103_429_cap_and_clock_set_back',
     '0106_lapsed_token_rule_and_429s_reported',
     '0107_key_error_other_answerer',
+    '0108_step_ending',
     '0109_unanswered_429s',
     '0110_key_error_run_age'
 ]::text[]);
@@ -9353,6 +9354,89 @@ INSERT INTO runrow._yoyo_migration VALUES ('a66c83a8dc79ad52a00eee189e2e4371db11
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'a66c83a8dc79ad52a00eee189e2e4371db1102cd0f5955e461a89f3160d8db59', '0107_key_error_other_answerer', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0108_step_ending
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '1b3e9f35306a330670ac71fb0c153af0af6af197ee429bb9dd98a9b14a8a10fa') AS apply_1b3e9f35306a \gset
+\if :apply_1b3e9f35306a
+-- depends: 0107_key_error_other_answerer
+-- A model turn's ending beyond its stop_reason is kept beside its step, in agent_step_ending:
+-- stop_sequence (which of the run's stop_sequences fired) and stop_details (a refusal's details,
+-- as the provider sent them).
+--
+-- Why: they were kept only in the turn's model_turn journal event, and a worker that ended a run
+-- on a turn it did not make (a resumed attempt, a fork: fork_run copies steps, not events) read
+-- them back by walking the journal, the source's for a fork. trim_journal deletes a finished
+-- run's events (every worker's reaper, after 24 h by default), so a fork of a run finished more
+-- than a day ago, the usual fork, ended without them. Steps are never trimmed, and neither is
+-- this table; fork_run and retry_run copy it with the steps (_copy_steps).
+--
+-- A side table, not two agent_step columns: with any new column on agent_step every append_step
+-- cost about 45 % more backend instructions (694,751 -> ~1,011,000, bench.api_calls), endings or
+-- not. A row here is written only for a turn that has one (append_step's stop_sequence or
+-- stop_details given), so the normal append pays nothing. Steps written before this migration
+-- have none: the journal they were in may be gone, so nothing backfills them.
+--
+-- Append-only like agent_step (whose rows are never deleted, so no cascade is needed): UPDATE,
+-- DELETE and TRUNCATE raise. Only the auditor reads it; the API writes it (invariant 6).
+
+CREATE TABLE runrow.agent_step_ending (
+    run_id uuid NOT NULL,
+    seq integer NOT NULL,
+    stop_sequence text,
+    stop_details jsonb,
+    PRIMARY KEY (run_id, seq),
+    FOREIGN KEY (run_id, seq) REFERENCES runrow.agent_step (run_id, seq),
+    CONSTRAINT agent_step_ending_stop_sequence CHECK (
+        stop_sequence <> '' AND length(stop_sequence) <= 4096
+    ),
+    CONSTRAINT agent_step_ending_stop_details CHECK (
+        jsonb_typeof(stop_details) = 'object' AND octet_length(stop_details::text) <= 65536
+    ),
+    CONSTRAINT agent_step_ending_not_empty CHECK (
+        stop_sequence IS NOT NULL OR stop_details IS NOT NULL
+    )
+);
+
+COMMENT ON TABLE runrow.agent_step_ending IS
+'How a model_turn step ended beyond its stop_reason, one row per step that has either field '
+'(migration 0108): stop_sequence, the one of the run''s stop_sequences the model met (1 to 4096 '
+'characters), and stop_details as the provider sent them (a refusal''s {type, category, '
+'explanation}: a JSON object of at most 64 KiB). Written by append_step, read by get_step, '
+'copied with the steps by fork_run and retry_run. Append-only (triggers refuse UPDATE, DELETE '
+'and TRUNCATE); trim_journal never touches it. Steps written before migration 0108 have no row.';
+
+CREATE FUNCTION runrow._agent_step_ending_append_only() RETURNS trigger
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    RAISE EXCEPTION 'agent_step_ending is append-only: rows cannot be %d', lower(TG_OP)
+        USING ERRCODE = 'integrity_constraint_violation',
+              HINT = 'A step''s ending is part of the step, which is never changed.';
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._agent_step_ending_append_only() IS
+'agent_step_ending''s BEFORE UPDATE OR DELETE statement trigger: every UPDATE and DELETE fails '
+'with 23000, as agent_step''s do.';
+
+REVOKE ALL ON FUNCTION runrow._agent_step_ending_append_only() FROM PUBLIC;
+
+CREATE TRIGGER agent_step_ending_append_only BEFORE UPDATE OR DELETE ON runrow.agent_step_ending
+FOR EACH STATEMENT EXECUTE FUNCTION runrow._agent_step_ending_append_only();
+
+CREATE TRIGGER agent_step_ending_no_truncate BEFORE TRUNCATE ON runrow.agent_step_ending
+FOR EACH STATEMENT EXECUTE FUNCTION runrow._no_truncate();
+
+REVOKE ALL ON runrow.agent_step_ending FROM PUBLIC;
+GRANT SELECT ON runrow.agent_step_ending TO runrow_auditor;
+
+-- get_step returns two more columns: its old result type goes so that functions/get_step.sql
+-- can create it (CREATE OR REPLACE cannot change a function's result type). append_step's older
+-- form is dropped by its file in functions/, as set_model_price's are.
+DROP FUNCTION IF EXISTS runrow.get_step(uuid, integer);
+INSERT INTO runrow._yoyo_migration VALUES ('1b3e9f35306a330670ac71fb0c153af0af6af197ee429bb9dd98a9b14a8a10fa', '0108_step_ending', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '1b3e9f35306a330670ac71fb0c153af0af6af197ee429bb9dd98a9b14a8a10fa', '0108_step_ending', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- migration 0109_unanswered_429s
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '615b9a2e37a4d6e76544020b7511828e5ef80bfc66b34e9d330557d1c4e0b703') AS apply_615b9a2e37a4 \gset
 \if :apply_615b9a2e37a4
@@ -13220,6 +13304,28 @@ BEGIN
 END
 $fn$;
 
+-- Copy run from_run's steps 1..up_to to to_run, verbatim and with their seqs: every column a
+-- step keeps (payload bytes, so thinking signatures stay valid) and how each turn ended
+-- (agent_step_ending, 0108), so that a fork (fork_run) and the retry of a fork (retry_run) resume
+-- and end as the source would. One helper for both, so what a step keeps is copied by both or
+-- by neither.
+CREATE OR REPLACE FUNCTION runrow._copy_steps(from_run uuid, to_run uuid, up_to integer)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    INSERT INTO runrow.agent_step (run_id, seq, kind, payload, request_id, attempt, usage, stop_reason)
+    SELECT _copy_steps.to_run, s.seq, s.kind, s.payload, s.request_id, s.attempt, s.usage, s.stop_reason
+    FROM runrow.agent_step AS s
+    WHERE s.run_id = _copy_steps.from_run AND s.seq <= _copy_steps.up_to
+    ORDER BY s.seq;
+    INSERT INTO runrow.agent_step_ending (run_id, seq, stop_sequence, stop_details)
+    SELECT _copy_steps.to_run, e.seq, e.stop_sequence, e.stop_details
+    FROM runrow.agent_step_ending AS e
+    WHERE e.run_id = _copy_steps.from_run AND e.seq <= _copy_steps.up_to;
+END
+$fn$;
+
 -- End a running run whose stop was requested, where its worker must not go on: cancelled, the
 -- claim cleared (the worker's next call is fenced out and it stops), complete journaled, the
 -- message left submitted as for any run stopped while running. The caller holds the run row's
@@ -13347,9 +13453,16 @@ COMMENT ON FUNCTION runrow._json_probe(json) IS
 'Private. payload with each \u0000 escape read as \ufffd, for the checks and derived values '
 'that need JSON operators (which raise 22P05 on \u0000). The stored payload is never changed.';
 
+COMMENT ON FUNCTION runrow._copy_steps(uuid, uuid, integer) IS
+'Private. Copy from_run''s steps 1..up_to to to_run verbatim, seqs, payload bytes and every '
+'column kept beside them (request_id, attempt, usage, stop_reason), with their '
+'agent_step_ending rows (stop_sequence, stop_details): fork_run''s and retry_run''s one copy of a '
+'fork''s given steps.';
+
 REVOKE ALL ON FUNCTION runrow._canonical_json(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._json_probe(json) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._append_step(uuid, text, json, text, jsonb, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runrow._copy_steps(uuid, uuid, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._end_stopped(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._park_for_person(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._decision(runrow.tool_effect) FROM PUBLIC;
@@ -14145,9 +14258,14 @@ REVOKE ALL ON FUNCTION runrow.append_runs_events(jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.append_runs_events(jsonb) TO runrow_worker;
 
 -- functions/append_step.sql
+-- The form before migration 0108 goes: beside this one, a call with four to seven arguments
+-- would be ambiguous (42725). Here rather than in 0108, as set_model_price's older forms.
+DROP FUNCTION IF EXISTS runrow.append_step(uuid, uuid, text, json, text, jsonb, text);
+
 CREATE OR REPLACE FUNCTION runrow.append_step(
     run_id uuid, claim_token uuid, kind text, payload json, request_id text DEFAULT NULL,
-    usage jsonb DEFAULT NULL, stop_reason text DEFAULT NULL
+    usage jsonb DEFAULT NULL, stop_reason text DEFAULT NULL, stop_sequence text DEFAULT NULL,
+    stop_details jsonb DEFAULT NULL
 )
 RETURNS integer
 LANGUAGE plpgsql
@@ -14219,8 +14337,32 @@ BEGIN
         RAISE EXCEPTION 'stop_reason must be NULL or 1 to 64 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- How the turn ended beyond its stop_reason (0108), kept for a resumed attempt or a fork
+    -- ending on it. The sequence is the run's own request's (newlines and all): no _printable.
+    -- One test of two NULLs on a step without them (its kind's rule too).
+    IF append_step.stop_sequence IS NOT NULL OR append_step.stop_details IS NOT NULL THEN
+        IF append_step.kind <> 'model_turn' THEN
+            RAISE EXCEPTION 'usage, stop_reason, stop_sequence and stop_details belong to a model_turn, not a %',
+                append_step.kind
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF append_step.stop_sequence = '' OR length(append_step.stop_sequence) > 4096 THEN
+            RAISE EXCEPTION 'stop_sequence must be NULL or 1 to 4096 characters'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(append_step.stop_details) <> 'object' THEN
+            RAISE EXCEPTION 'stop_details must be NULL or a JSON object, got %', jsonb_typeof(append_step.stop_details)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF octet_length(append_step.stop_details::text) > 65536 THEN
+            RAISE EXCEPTION 'stop_details is too large: % bytes, the limit is 64 KiB',
+                octet_length(append_step.stop_details::text)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
     IF append_step.kind <> 'model_turn' AND (append_step.usage IS NOT NULL OR append_step.stop_reason IS NOT NULL) THEN
-        RAISE EXCEPTION 'usage and stop_reason belong to a model_turn, not a %', append_step.kind
+        RAISE EXCEPTION 'usage, stop_reason, stop_sequence and stop_details belong to a model_turn, not a %',
+            append_step.kind
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- The shape checks read probe, the payload with each \u0000 escape read as \ufffd: the
@@ -14361,6 +14503,12 @@ BEGIN
     seq := runrow._append_step(
         append_step.run_id, append_step.kind, append_step.payload, append_step.request_id,
         append_step.usage, append_step.stop_reason);
+    -- A side row only for a turn with an ending to keep (0108): an append without one costs
+    -- this NULL test and nothing more (a column on agent_step made every append ~45 % dearer).
+    IF append_step.stop_sequence IS NOT NULL OR append_step.stop_details IS NOT NULL THEN
+        INSERT INTO runrow.agent_step_ending (run_id, seq, stop_sequence, stop_details)
+        VALUES (append_step.run_id, seq, append_step.stop_sequence, append_step.stop_details);
+    END IF;
     -- The usage settles the rate-limit buckets and the budgets in the step's own transaction,
     -- so a crossed budget is decided with the step that crossed it.
     IF append_step.usage IS NOT NULL THEN
@@ -14370,11 +14518,14 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) IS
+COMMENT ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text, text, jsonb) IS
 'Append one step to the run''s durable step log at the next seq and return that seq. kind '
 'model_turn: payload is the assistant message''s content array exactly as the SDK produced it '
 '(thinking and redacted_thinking blocks with their signatures included), with its usage '
-'object and stop_reason; kind tool_result: one '
+'object, stop_reason, and (when given) stop_sequence, the one of the run''s stop_sequences the '
+'model met, and stop_details, a refusal''s details (get_step reads them back and fork_run copies '
+'them: a resumed attempt or a fork ending on the turn reports them; steps before migration 0108 '
+'have none); kind tool_result: one '
 'tool_result block, for a tool_use of the latest model turn that has no result yet and was not '
 'begun with begin_tool_call (those get theirs from complete_tool_call). A model_turn is '
 'refused (55000) while a tool_use of the previous one has no result, so the log is always a '
@@ -14386,12 +14537,13 @@ COMMENT ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text
 'unless claim_token matches a running run. Bad input raises 22004/22023 naming the argument '
 '(a model_turn''s tool_use ids are at most 256 characters and distinct within the turn, their '
 'input nests fewer than 100 levels; usage''s four token counts, when numbers, are whole and 0 to '
-'10^15). request_id, stop_reason, a tool_use''s id and a tool_result''s tool_use_id holding a control '
+'10^15; stop_sequence 1 to 4096 characters; stop_details a JSON object of at most 64 KiB; '
+'usage, stop_reason, stop_sequence and stop_details only on a model_turn). request_id, stop_reason, a tool_use''s id and a tool_result''s tool_use_id holding a control '
 'character (C0, C1 or bidirectional formatting: _printable) raise 22023 naming it '
 '(payload[i].id, payload.tool_use_id).';
 
-REVOKE ALL ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text) TO runrow_worker;
+REVOKE ALL ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text, text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION runrow.append_step(uuid, uuid, text, json, text, jsonb, text, text, jsonb) TO runrow_worker;
 
 -- functions/audit.sql
 -- The DBA's health check: one row per broken invariant, zero rows when healthy.
@@ -17256,11 +17408,7 @@ BEGIN
         END IF;
 
         -- Verbatim: payload is json, so its text (key order, whitespace, signatures) is copied as is.
-        INSERT INTO runrow.agent_step (run_id, seq, kind, payload, request_id, attempt, usage, stop_reason)
-        SELECT copy_run, s.seq, s.kind, s.payload, s.request_id, s.attempt, s.usage, s.stop_reason
-        FROM runrow.agent_step AS s
-        WHERE s.run_id = turn.id AND s.seq <= n
-        ORDER BY s.seq;
+        PERFORM runrow._copy_steps(turn.id, copy_run, n);
         copied := copied + n;
 
         -- Thinking is signed for the model that produced it: under another model those blocks
@@ -17296,7 +17444,7 @@ COMMENT ON FUNCTION runrow.fork_run(uuid, integer, text) IS
 '(priority, fairness_key, concurrency_key, token_budget, cost_budget, webhook_url; rate_limit_key '
 'too, or the fork''s model when it was the source''s model), with model (default: the source''s) '
 'and forked_from/forked_at_seq naming what it copies. Every agent_step row is copied verbatim '
-'(payload bytes, request_id, attempt, usage, stop_reason), so conversation_history of the fork '
+'(payload bytes, request_id, attempt, usage, stop_reason, stop_sequence, stop_details), so conversation_history of the fork '
 'rebuilds the source''s model input byte for byte and thinking signatures stay valid; the worker '
 'that claims the fork resumes from its last copied step like any resumed run. Returns the new run, '
 'its conversation, the number of steps copied and must_drop: the thinking and redacted_thinking '
@@ -17459,6 +17607,8 @@ RETURNS TABLE (
     stop_reason text,
     usage jsonb,
     request_id text,
+    stop_sequence text,
+    stop_details jsonb,
     attempt integer,
     created_at timestamptz
 )
@@ -17471,8 +17621,9 @@ BEGIN
     PERFORM runrow._require_not_null(get_step.run_id, 'run_id');
     PERFORM runrow._require_range(get_step.seq, 'seq', 1, 2147483647);
     RETURN QUERY
-    SELECT s.kind, s.stop_reason, s.usage, s.request_id, s.attempt, s.created_at
+    SELECT s.kind, s.stop_reason, s.usage, s.request_id, e.stop_sequence, e.stop_details, s.attempt, s.created_at
     FROM runrow.agent_step AS s
+    LEFT JOIN runrow.agent_step_ending AS e ON e.run_id = s.run_id AND e.seq = s.seq
     WHERE s.run_id = get_step.run_id AND s.seq = get_step.seq;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'run_id % has no step %', get_step.run_id, get_step.seq
@@ -17483,9 +17634,12 @@ $fn$;
 
 COMMENT ON FUNCTION runrow.get_step(uuid, integer) IS
 'What the step log keeps beside a step''s payload: its kind, and for a model_turn the '
-'stop_reason, usage and provider request_id, plus the attempt that wrote it and when. A '
-'resumed worker reads how the last model turn ended from here (the durable log), not from '
-'the journal. One primary-key lookup. An unknown (run_id, seq) raises P0002.';
+'stop_reason, usage, provider request_id, stop_sequence (which of the run''s stop_sequences '
+'fired) and stop_details (a refusal''s details), plus the attempt that wrote it and when. A '
+'resumed worker, or a fork, reads how the last model turn ended from here (the durable log, '
+'copied by fork_run), not from the journal, which trim_journal deletes. stop_sequence and '
+'stop_details (agent_step_ending) are NULL when the turn had neither, and on steps written '
+'before migration 0108. Two primary-key lookups. An unknown (run_id, seq) raises P0002.';
 
 REVOKE ALL ON FUNCTION runrow.get_step(uuid, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runrow.get_step(uuid, integer) TO runrow_worker, runrow_client, runrow_auditor;
@@ -18439,11 +18593,7 @@ BEGIN
     -- asked the model again from scratch, running the forked tool calls again under new keys
     -- (the history audit). Copied verbatim, as fork_run copies them.
     IF old.forked_at_seq > 0 THEN
-        INSERT INTO runrow.agent_step (run_id, seq, kind, payload, request_id, attempt, usage, stop_reason)
-        SELECT new_id, s.seq, s.kind, s.payload, s.request_id, s.attempt, s.usage, s.stop_reason
-        FROM runrow.agent_step AS s
-        WHERE s.run_id = old.id AND s.seq <= old.forked_at_seq
-        ORDER BY s.seq;
+        PERFORM runrow._copy_steps(old.id, new_id, old.forked_at_seq);
     END IF;
 
     -- Rebuilt from the kept message, as enqueue_run builds it: the old run's request may be

@@ -349,8 +349,8 @@ def test_the_stop_sequence_that_fired_is_in_the_result_and_the_model_turn_event(
 
 
 def test_a_fork_at_a_stop_sequence_turn_ends_with_the_sequence_its_source_met(db, fake) -> None:
-    # fork_run copies the steps, not the journal: the turn's model_turn event (which keeps the
-    # sequence that fired) is the source's, or further up a chain of forks.
+    # fork_run copies the steps, not the journal: the sequence that fired is read from the
+    # copied step, whichever run of a chain of forks made it.
     fake.set_scenario(script(turn(Text("Hello there. STOP and more"))))
     source = enqueue_agent(db, "Hi", tools=[], metadata={"stop_sequences": ["END", "STOP"]})
     expected = finish(db, source)["result"]
@@ -363,6 +363,24 @@ def test_a_fork_at_a_stop_sequence_turn_ends_with_the_sequence_its_source_met(db
         row = finish(db, run)
         assert (row["status"], row["result"]) == ("completed", expected), row
     assert len(fake.requests) == 1  # neither fork asked the model again
+
+
+def test_a_fork_of_a_run_whose_journal_was_trimmed_ends_with_the_sequence_its_source_met(db, fake) -> None:
+    # The usual fork: of a run finished over a day ago, whose events every worker's reaper has
+    # deleted (trim_journal). The sequence was read from the source's model_turn event, and the
+    # fork ended without it.
+    fake.set_scenario(script(turn(Text("Hello there. STOP and more"))))
+    source = enqueue_agent(db, "Hi", tools=[], metadata={"stop_sequences": ["END", "STOP"]})
+    expected = finish(db, source)["result"]
+    assert expected["stop_sequence"] == "STOP"
+    db.execute("SELECT runrow.trim_journal(older_than => interval '0')")
+    assert events(db, source) == []
+    (fork,) = db.execute(
+        "SELECT new_run_id FROM runrow.fork_run(run_id => %s, at_seq => 1)", (source,)
+    ).fetchone()
+    row = finish(db, fork)
+    assert (row["status"], row["result"]) == ("completed", expected), row
+    assert len(fake.requests) == 1  # the fork did not ask the model again
 
 
 def test_an_answer_that_meets_no_stop_sequence_has_none_in_its_result(db, fake) -> None:

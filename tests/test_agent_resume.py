@@ -144,8 +144,8 @@ def hand_back_after_a_model_turn(
     answer: int = 0,
     ending: dict | None = None,
 ) -> None:
-    """Play an earlier attempt through the SQL API: claim, commit a model turn (and its
-    model_turn event, as the agent does, in one transaction, with `ending`'s fields), answer
+    """Play an earlier attempt through the SQL API: claim, commit a model turn with `ending`'s
+    fields on the step (and its model_turn event, as the agent does, in one transaction), answer
     the first `answer` tool calls through begin/complete_tool_call, then hand the run back
     (requeued)."""
     run_id, token = db.execute(
@@ -153,13 +153,23 @@ def hand_back_after_a_model_turn(
         "worker_id => 'earlier-attempt', lease_seconds => 30)"
     ).fetchone()
     assert run_id == run
+    ending = ending or {}
+    details = ending.get("stop_details")
     with db.transaction():
         (seq,) = db.execute(
             "SELECT runrow.append_step(run_id => %s, claim_token => %s, kind => 'model_turn', "
-            "payload => %s::json, request_id => 'req_earlier', stop_reason => %s)",
-            (run, token, json.dumps(content), stop_reason),
+            "payload => %s::json, request_id => 'req_earlier', stop_reason => %s, "
+            "stop_sequence => %s, stop_details => %s::jsonb)",
+            (
+                run,
+                token,
+                json.dumps(content),
+                stop_reason,
+                ending.get("stop_sequence"),
+                None if details is None else json.dumps(details),
+            ),
         ).fetchone()
-        event = {"type": "model_turn", "step_seq": seq, "stop_reason": stop_reason, **(ending or {})}
+        event = {"type": "model_turn", "step_seq": seq, "stop_reason": stop_reason, **ending}
         db.execute(
             "SELECT runrow.append_events(run_id => %s, claim_token => %s, events => %s::jsonb)",
             (run, token, json.dumps([event])),
@@ -235,7 +245,7 @@ def test_a_run_resumed_after_its_last_turn_ends_with_what_that_turn_said(
 ) -> None:
     # The earlier attempt committed the final turn and died before finishing the run: the
     # resumed one ends it from the stored turn, with the stop_sequence or the refusal's details
-    # the first would have put in the result (they are in the turn's model_turn event).
+    # the first would have put in the result (kept on the turn's step, as the agent keeps them).
     run = enqueue_agent(db, metadata={}, max_attempts=3)
     hand_back_after_a_model_turn(db, run, [{"type": "text", "text": "Done."}], stop_reason, ending=ending)
     w = ForkedWorker(worker_db, "resumer", agent_env(fake.base_url, tmp_path), **QUICK_TAKEOVER)

@@ -9,7 +9,8 @@ Next action, from this run's own steps:
 - a tool_use of the latest model turn without its tool_result: run those tools (only those);
 - the latest step is a tool_result (every tool_use answered) or there is no step: call the model;
 - the latest step is a model turn without tool_use: it ended the way its stop_reason in the step
-  log says (runrow.get_step: end_turn, pause_turn, ...); the worker died before acting on it.
+  log says (runrow.get_step: end_turn, pause_turn, ...; pyworker/agent/turn_endings.py); the
+  worker died before acting on it.
 """
 
 from __future__ import annotations
@@ -132,8 +133,3 @@ async def load_history(conn: AsyncConnection, conversation_id: UUID, run_id: UUI
             if isinstance(b, dict) and b.get("type") == "tool_use" and b.get("id") not in answered
         ]
     return history
-
-
-async def stop_reason_of(conn: AsyncConnection, run_id: UUID, step_seq: int) -> str | None:
-    """How model_turn step `step_seq` ended, from the step log (runrow.get_step)."""
-    return (await steps_api.get_step(conn, run_id, step_seq)).stop_reason

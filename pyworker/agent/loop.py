@@ -92,7 +92,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from pyworker.agent import limits
-from pyworker.agent.history import History, Step, load_history, stop_reason_of
+from pyworker.agent.history import History, Step, load_history
 from pyworker.agent.model import (
     TOO_LONG_REMEDY,
     ModelTurn,
@@ -106,7 +106,7 @@ from pyworker.agent.model import (
 from pyworker.agent.tool_calls import Parked, run_tool_calls
 from pyworker.agent.tools import ToolRegistry, load_module
 from pyworker.agent.tools import registry as default_registry
-from pyworker.agent.turn_endings import ending_fields, recorded_ending
+from pyworker.agent.turn_endings import TurnEnding, ending_fields, recorded_ending, stored_fields
 from pyworker.db import api
 from pyworker.db import forks as forks_api
 from pyworker.db import steps as steps_api
@@ -135,7 +135,7 @@ async def handle(ctx: RunContext) -> Outcome:
     registry = tool_registry(ctx)
     client = client_for(ctx.config)
     run = ctx.run
-    known_stops: dict[int, str | None] = {}  # stop_reason of model turns this attempt made
+    known_stops: dict[int, TurnEnding] = {}  # how model turns ended, by seq
     rate_limited = 0  # 429s reported in this attempt
     cap = ModelCallCap(ctx)
     # A resumed attempt keeps the committed steps (each model_turn event commits with its
@@ -152,9 +152,10 @@ async def handle(ctx: RunContext) -> Outcome:
             turn_seq = history.last_model_turn.seq
             if turn_seq not in known_stops:  # resumed: how did that turn end?
                 known_stops[turn_seq] = await ctx.db(
-                    lambda conn, seq=turn_seq: stop_reason_of(conn, run.run_id, seq), "get_step"
+                    lambda conn, seq=turn_seq: recorded_ending(conn, run.run_id, seq), "get_step"
                 )
-            if known_stops[turn_seq] != "tool_use":
+            made = known_stops[turn_seq]
+            if made.stop_reason != "tool_use":
                 # e.g. max_tokens cut a tool_use short: its input may be incomplete; never run it.
                 # None too. A turn without a stop_reason is a stream that ended before
                 # message_stop, committed by a worker from before that was a retryable failure
@@ -162,8 +163,7 @@ async def handle(ctx: RunContext) -> Outcome:
                 # and its tool_use input may be cut anywhere: running it must never happen. Nor
                 # can the model be asked again past it (the step log is append-only and every
                 # rebuild sends it back), so the run ends, failed once, saying so (_ending).
-                fields = await recorded_ending(ctx, turn_seq, known_stops[turn_seq])
-                return _ending(known_stops[turn_seq], history.final_text(), fields)
+                return _ending(made.stop_reason, history.final_text(), made.fields)
             # At the cap no model call may follow, so nothing would read these results.
             capped = await cap.reached(history)
             if capped is not None:
@@ -185,14 +185,15 @@ async def handle(ctx: RunContext) -> Outcome:
             continue
         last = history.last_step
         if last is not None and last.kind == "model_turn":
-            stop = known_stops.get(last.seq)
             if last.seq not in known_stops:
-                stop = await ctx.db(
-                    lambda conn, seq=last.seq: stop_reason_of(conn, run.run_id, seq), "get_step"
+                known_stops[last.seq] = await ctx.db(
+                    lambda conn, seq=last.seq: recorded_ending(conn, run.run_id, seq), "get_step"
                 )
-            if stop != "pause_turn":
-                # A turn this attempt made ended the loop above; this one is an earlier attempt's.
-                return _ending(stop, history.final_text(), await recorded_ending(ctx, last.seq, stop))
+            stop = known_stops[last.seq]
+            if stop.stop_reason != "pause_turn":
+                # A turn this attempt made ended the loop above; this one is an earlier attempt's
+                # (or, in a fork, its source's: fork_run copies the step with how it ended).
+                return _ending(stop.stop_reason, history.final_text(), stop.fields)
         capped = await cap.reached(history)
         if capped is not None:
             return capped
@@ -238,7 +239,7 @@ async def handle(ctx: RunContext) -> Outcome:
         limits.model_answered(ctx)
         seq = await _commit_turn(ctx, turn)
         if seq is not None:
-            known_stops[seq] = turn.stop_reason
+            known_stops[seq] = TurnEnding(turn.stop_reason, ending_fields(turn.message))
         if turn.stop_reason in CONTINUE_REASONS and seq is not None:
             continue
         text = history.final_text() + turn.text if _continues(history) else turn.text
@@ -309,8 +310,9 @@ async def _commit_turn(ctx: RunContext, turn: ModelTurn) -> int | None:
         "model": turn.message.get("model"),
         "step_seq": None,
     }
-    # Which of the run's stop_sequences fired, a refusal's details: what a resumed attempt
-    # ending on this turn reads back (turn_endings.recorded_ending).
+    # Which of the run's stop_sequences fired, a refusal's details: clients read them in the
+    # event; a resumed attempt or a fork ending on this turn reads them from the step
+    # (turn_endings.recorded_ending), which the journal's trim leaves.
     event.update(ending_fields(turn.message))
     if not turn.message.get("content"):
         await limits.settle_unstored(ctx, turn.usage)
@@ -329,6 +331,7 @@ async def _commit_turn(ctx: RunContext, turn: ModelTurn) -> int | None:
             turn.request_id,
             usage=turn.usage,
             stop_reason=turn.stop_reason,
+            **stored_fields(turn.message),
         )
         if seq is None:
             raise RunLost(str(run.run_id))

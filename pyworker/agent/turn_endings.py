@@ -1,48 +1,52 @@
-"""How a model turn committed by an earlier attempt ended, beyond its stop_reason.
+"""How a model turn ended: its stop_reason and, beyond it, the fields a result carries.
 
-The step log keeps a turn's stop_reason; which of the run's stop_sequences fired and the
-refusal's stop_details travel in the turn's `model_turn` event, committed in the same
-transaction as the step. A resumed attempt that ends on such a turn reads them back from
-there, so its result says what the first attempt's would have said. A fork's steps
-1..forked_at_seq are copies of its source's (fork_run copies no events): their events are
-in the source's journal, or further up a chain of forks."""
+Which of the run's stop_sequences fired and a refusal's stop_details are kept on the turn's step
+(append_step's stop_sequence and stop_details, migration 0108) as well as in its `model_turn`
+event. A resumed attempt, or a fork, that ends on a turn it did not make reads them back from the
+step log (get_step), so its result says what the first attempt's would have said. Not from the
+journal: trim_journal deletes a finished run's events, and fork_run copies steps, not events, so
+a fork of a run finished over a day ago ended without them. Steps written before migration 0108
+have neither field: a run resumed on one ends with its stop_reason alone.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from pyworker.db import forks as forks_api
-from pyworker.worker.handler import RunContext
-from pyworker.worker.journal_pages import run_journal
+from psycopg import AsyncConnection
+
+from pyworker.db import steps as steps_api
 
 ENDING_FIELDS = ("stop_details", "stop_sequence")
-# Only these endings carry one of ENDING_FIELDS: an end_turn resumes without reading a journal.
-WITH_FIELDS = ("stop_sequence", "refusal")
 
 
 def ending_fields(message: dict[str, Any]) -> dict[str, Any]:
     """The fields of a model message (or of its model_turn event) that a result carries."""
-    return {field: message[field] for field in ENDING_FIELDS if message.get(field) is not None}
+    return {name: message[name] for name in ENDING_FIELDS if message.get(name) is not None}
 
 
-async def recorded_ending(ctx: RunContext, step_seq: int, stop_reason: str | None) -> dict[str, Any]:
-    """ending_fields of the model_turn event committed with step `step_seq` of this run (or of
-    the run it was forked from, for a copied step): a walk of the journal, made only when a
-    resumed attempt ends on a turn it did not make, with a stop_reason that has such fields."""
-    if stop_reason not in WITH_FIELDS:
-        return {}
-    run_id: UUID | None = ctx.run.run_id
-    while run_id is not None:
-        found: dict[str, Any] | None = None
-        async for event in run_journal(ctx, run_id):
-            if event.type == "model_turn" and event.payload.get("step_seq") == step_seq:
-                found = ending_fields(event.payload)
-        if found is not None:
-            return found
-        request = await ctx.db(
-            lambda conn, run=run_id: forks_api.get_run_request(conn, run), "get_run_request"
-        )
-        copied = request.forked_at_seq is not None and step_seq <= request.forked_at_seq
-        run_id = request.forked_from if copied else None
-    return {}
+@dataclass(frozen=True)
+class TurnEnding:
+    stop_reason: str | None
+    fields: dict[str, Any] = field(default_factory=dict)  # ending_fields of the turn
+
+
+def stored_fields(message: dict[str, Any]) -> dict[str, Any]:
+    """append_step's stop_sequence and stop_details for a model message: only values of the types
+    it takes (a string, an object), so an odd provider answer cannot fail the turn's commit."""
+    sequence = message.get("stop_sequence")
+    details = message.get("stop_details")
+    return {
+        "stop_sequence": sequence if isinstance(sequence, str) and sequence else None,
+        "stop_details": details if isinstance(details, dict) else None,
+    }
+
+
+async def recorded_ending(conn: AsyncConnection, run_id: UUID, step_seq: int) -> TurnEnding:
+    """How model_turn step `step_seq` of the run ended, from the step log (runrow.get_step): a
+    fork's copied steps carry their source's ending, as fork_run copies every column."""
+    info = await steps_api.get_step(conn, run_id, step_seq)
+    kept = {"stop_sequence": info.stop_sequence, "stop_details": info.stop_details}
+    return TurnEnding(info.stop_reason, ending_fields(kept))

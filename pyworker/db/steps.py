@@ -67,12 +67,14 @@ async def append_step(
     request_id: str | None = None,
     usage: dict[str, Any] | None = None,
     stop_reason: str | None = None,
+    stop_sequence: str | None = None,
+    stop_details: dict[str, Any] | None = None,
 ) -> int | None:
-    """The new step's seq; None when fenced out. `payload_text` is stored as is; usage and
-    stop_reason only for a model_turn."""
+    """The new step's seq; None when fenced out. `payload_text` is stored as is; usage,
+    stop_reason, stop_sequence and stop_details only for a model_turn."""
     cur = await conn.execute(
         "SELECT runrow.append_step(run_id => %s, claim_token => %s, kind => %s, payload => %s::json, "
-        "request_id => %s, usage => %s, stop_reason => %s)",
+        "request_id => %s, usage => %s, stop_reason => %s, stop_sequence => %s, stop_details => %s)",
         (
             run_id,
             claim_token,
@@ -81,6 +83,8 @@ async def append_step(
             request_id,
             None if usage is None else Jsonb(usage),
             stop_reason,
+            stop_sequence,
+            None if stop_details is None else Jsonb(stop_details),
         ),
     )
     row = await cur.fetchone()
@@ -105,15 +109,18 @@ class StepInfo:
     stop_reason: str | None
     usage: dict[str, Any] | None
     request_id: str | None
+    stop_sequence: str | None  # None on steps written before migration 0108
+    stop_details: dict[str, Any] | None
     attempt: int
     created_at: datetime
 
 
 async def get_step(conn: AsyncConnection, run_id: UUID, seq: int) -> StepInfo:
-    """What the step log keeps beside step `seq`'s payload (stop_reason, usage, request id)."""
+    """What the step log keeps beside step `seq`'s payload (stop_reason, usage, request id, and
+    a model turn's stop_sequence and stop_details)."""
     async with conn.cursor(row_factory=class_row(StepInfo)) as cur:
         await cur.execute(
-            "SELECT kind, stop_reason, usage, request_id, attempt, created_at "
+            "SELECT kind, stop_reason, usage, request_id, stop_sequence, stop_details, attempt, created_at "
             "FROM runrow.get_step(run_id => %s, seq => %s)",
             (run_id, seq),
         )
