@@ -1,4 +1,4 @@
--- depends: 0107_key_error_other_answerer
+-- depends: 0108_step_ending
 -- A 429 that never clears was deferred for ever when the API's retry-after is longer than the
 -- worker's longest wait in place (rate_limit_max_wait, 10 s): the agent reports the 429,
 -- acquire_model_call answers blocked for the retry-after, and the agent defers the run with the

@@ -9440,7 +9440,7 @@ INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '1b3e9f35306a33067
 -- migration 0109_unanswered_429s
 SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '615b9a2e37a4d6e76544020b7511828e5ef80bfc66b34e9d330557d1c4e0b703') AS apply_615b9a2e37a4 \gset
 \if :apply_615b9a2e37a4
--- depends: 0107_key_error_other_answerer
+-- depends: 0108_step_ending
 -- A 429 that never clears was deferred for ever when the API's retry-after is longer than the
 -- worker's longest wait in place (rate_limit_max_wait, 10 s): the agent reports the 429,
 -- acquire_model_call answers blocked for the retry-after, and the agent defers the run with the
