@@ -344,6 +344,8 @@ BEGIN
         ('unique index', 'webhook_delivery_run_id_key', 'webhook_delivery'),
         -- Since 0058 the nine row rules of a delivery, in one CHECK.
         ('constraint', 'webhook_delivery_rules', 'webhook_delivery'),
+        -- Since 0106 (validated by 0111): a lapsed lease's token only beside no lease.
+        ('constraint', 'webhook_delivery_lapsed_token', 'webhook_delivery'),
         ('trigger', 'webhook_delivery_guard', 'webhook_delivery'),
         -- Since 0067: a cron that does not parse would stop every firing pass at it.
         ('trigger', 'schedule_cron_parses', 'schedule'),

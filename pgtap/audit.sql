@@ -6,7 +6,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/audit.psql
-SELECT plan(96);
+SELECT plan(98);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'audit', ARRAY['interval', 'interval', 'interval', 'interval', 'interval'],
@@ -138,6 +138,18 @@ DROP INDEX runrow.agent_run_idempotency_key;
 SELECT results_eq($$SELECT detail FROM runrow.audit() WHERE run_id IS NULL$$,
     $$VALUES ('unique index agent_run_idempotency_key on runrow.agent_run is missing, invalid or disabled')$$,
     'schema_guard_missing: a dropped unique index is named');
+-- A CHECK not validated (0106 added webhook_delivery_lapsed_token NOT VALID, 0111 validated it):
+-- rows from before it may break its rule.
+ALTER TABLE runrow.webhook_delivery DROP CONSTRAINT webhook_delivery_lapsed_token;
+ALTER TABLE runrow.webhook_delivery ADD CONSTRAINT webhook_delivery_lapsed_token CHECK (
+    lapsed_claim_token IS NULL OR (claim_token IS NULL AND state IN ('pending', 'dead'))
+) NOT VALID;
+SELECT results_eq($$SELECT detail FROM runrow.audit() WHERE run_id IS NULL AND detail ~ 'lapsed'$$,
+    $$VALUES ('constraint webhook_delivery_lapsed_token on runrow.webhook_delivery is missing, invalid or disabled')$$,
+    'schema_guard_missing: a CHECK not validated is named');
+ALTER TABLE runrow.webhook_delivery VALIDATE CONSTRAINT webhook_delivery_lapsed_token;
+SELECT is_empty($$SELECT * FROM runrow.audit() WHERE run_id IS NULL AND detail ~ 'lapsed'$$,
+    'and is not named once validated');
 
 -- ---------------------------------------------------------------------------------------
 -- Runs: one state per invariant. The running ones come first (claims take the oldest

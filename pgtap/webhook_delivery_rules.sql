@@ -12,9 +12,9 @@ SELECT pg_temp.drain_queue();
 SELECT results_eq(
     $$SELECT conname::text COLLATE "default", convalidated FROM pg_constraint
       WHERE conrelid = 'runrow.webhook_delivery'::regclass AND contype = 'c' ORDER BY conname$$,
-    $$VALUES ('webhook_delivery_lapsed_token', false), ('webhook_delivery_rules', true)$$,
+    $$VALUES ('webhook_delivery_lapsed_token', true), ('webhook_delivery_rules', true)$$,
     'webhook_delivery''s row rules are one CHECK constraint, validated (and 0106''s, on lapsed_claim_token, '
-    'not validated by a migration)');
+    'validated by 0111)');
 SELECT ok(pg_get_constraintdef((SELECT oid FROM pg_constraint WHERE conname = 'webhook_delivery_rules'))
     ~ '^CHECK \(runrow\._webhook_delivery_rules_valid\(', 'its expression is one call of _webhook_delivery_rules_valid');
 SELECT ok(NOT has_function_privilege('runrow_worker', 'runrow._webhook_delivery_rules_valid(text, jsonb, text, integer, '

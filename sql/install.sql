@@ -152,7 +152,8 @@ BEGIN
     '0107_key_error_other_answerer',
     '0108_step_ending',
     '0109_unanswered_429s',
-    '0110_key_error_run_age'
+    '0110_key_error_run_age',
+    '0111_webhook_lapsed_token_validated'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -9560,6 +9561,20 @@ INSERT INTO runrow._yoyo_migration VALUES ('6697af22ead7ac9b0a7ade5b1959d881cf91
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '6697af22ead7ac9b0a7ade5b1959d881cf915503448910f0f25a434fc7ab3f1d', '0110_key_error_run_age', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0111_webhook_lapsed_token_validated
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '2feadca094d87828a80cdc994c1fa45a79f14b533de8dfc181da98a6b32ab319') AS apply_2feadca094d8 \gset
+\if :apply_2feadca094d8
+-- depends: 0110_key_error_run_age
+-- Validate webhook_delivery_lapsed_token (added NOT VALID by 0106) in a transaction of its own,
+-- as 0059 validated webhook_delivery_rules: the scan of webhook_delivery runs under SHARE UPDATE
+-- EXCLUSIVE, which deliveries do not wait for. audit() reports the constraint while it is not
+-- validated (functions/audit.sql).
+
+ALTER TABLE runrow.webhook_delivery VALIDATE CONSTRAINT webhook_delivery_lapsed_token;
+INSERT INTO runrow._yoyo_migration VALUES ('2feadca094d87828a80cdc994c1fa45a79f14b533de8dfc181da98a6b32ab319', '0111_webhook_lapsed_token_validated', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '2feadca094d87828a80cdc994c1fa45a79f14b533de8dfc181da98a6b32ab319', '0111_webhook_lapsed_token_validated', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -14892,6 +14907,8 @@ BEGIN
         ('unique index', 'webhook_delivery_run_id_key', 'webhook_delivery'),
         -- Since 0058 the nine row rules of a delivery, in one CHECK.
         ('constraint', 'webhook_delivery_rules', 'webhook_delivery'),
+        -- Since 0106 (validated by 0111): a lapsed lease's token only beside no lease.
+        ('constraint', 'webhook_delivery_lapsed_token', 'webhook_delivery'),
         ('trigger', 'webhook_delivery_guard', 'webhook_delivery'),
         -- Since 0067: a cron that does not parse would stop every firing pass at it.
         ('trigger', 'schedule_cron_parses', 'schedule'),
