@@ -11,7 +11,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/key_errors.psql
-SELECT plan(46);
+SELECT plan(55);
 SELECT pg_temp.drain_queue();
 CREATE FUNCTION pg_temp.refused(run uuid, max_block numeric DEFAULT 300) RETURNS numeric LANGUAGE sql AS $$
     SELECT runrow.report_key_error(run, pg_temp.token(run), 'permission_error: no access to the beta', 5, max_block, true)
@@ -176,5 +176,31 @@ WHERE rate_limit_key = 'k5';
 UPDATE runrow.agent_run SET not_before = now() + interval '1 day' WHERE id = :'d';
 SELECT is(pg_temp.refused(:'f'), NULL, 'd waits for the 429 block''s end, a day away: f is alone and fails');
 SELECT runrow.cancel_run(:'d');
+
+-- (6) The helper itself, asked directly: who counts as another run of the key that could answer.
+CREATE FUNCTION pg_temp.answerer(run uuid, conv uuid, running_only boolean, refused boolean) RETURNS boolean
+LANGUAGE sql AS $$
+    SELECT runrow._key_has_other_answerer(l, run, conv, running_only, refused)
+    FROM runrow.rate_limit AS l WHERE l.rate_limit_key = 'k6'
+$$;
+SELECT has_function('runrow', '_key_has_other_answerer',
+    ARRAY['runrow.rate_limit', 'uuid', 'uuid', 'boolean', 'boolean'], '_key_has_other_answerer exists');
+SELECT ok(NOT has_function_privilege('runrow_worker',
+    'runrow._key_has_other_answerer(runrow.rate_limit, uuid, uuid, boolean, boolean)', 'EXECUTE'),
+    'it is private: the worker cannot call it');
+SELECT pg_temp.keyed_run('k6') AS g \gset
+SELECT pg_temp.keyed_run('k6') AS h \gset
+SELECT conversation_id AS g_conv FROM runrow.agent_run WHERE id = :'g' \gset
+SELECT conversation_id AS h_conv FROM runrow.agent_run WHERE id = :'h' \gset
+SELECT pg_temp.refused(:'g');
+SELECT is(pg_temp.answerer(:'g', :'g_conv', false, false), true, 'another conversation''s running run counts');
+SELECT is(pg_temp.answerer(:'g', :'h_conv', false, false), false, 'not when it is of the asking run''s conversation');
+SELECT is(pg_temp.answerer(:'g', :'g_conv', false, true), false, 'nor as a refused run: it was not refused');
+SELECT pg_temp.refused(:'h');
+SELECT is(pg_temp.answerer(:'g', :'g_conv', false, false), false, 'refused since the key''s last answer, it no longer counts');
+SELECT is(pg_temp.answerer(:'g', :'g_conv', false, true), true, 'but counts as another refused run');
+SELECT pg_temp.keyed_run('k6', claimed => false) AS q \gset
+SELECT is(pg_temp.answerer(:'g', :'g_conv', false, false), true, 'a claimable queued run of the key counts');
+SELECT is(pg_temp.answerer(:'g', :'g_conv', true, false), false, 'but not when only running runs may');
 SELECT * FROM finish();
 ROLLBACK;
