@@ -5,23 +5,13 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
+\ir helpers/deferrals.psql
 SELECT plan(22);
 SELECT pg_temp.drain_queue();
 
--- A 429_cap deferral, then the run due and claimed again (the queue is otherwise empty).
-CREATE FUNCTION pg_temp.cap_defer(run uuid) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE outcome text;
-BEGIN
-    outcome := runrow.defer_run(run, pg_temp.token(run), interval '1 minute', '429_cap: 6 in one attempt: HTTP 429');
-    IF outcome = 'deferred' THEN
-        UPDATE runrow.agent_run SET not_before = now() WHERE id = run;
-        PERFORM pg_temp.claim(run);
-    END IF;
-    RETURN outcome;
-END $$;
-
-CREATE FUNCTION pg_temp.capped(run uuid) RETURNS smallint LANGUAGE sql AS $$
-    SELECT cap_429_deferrals FROM runrow.agent_run WHERE id = run
+-- A 429_cap deferral, then the run due and claimed again.
+CREATE FUNCTION pg_temp.cap_defer(run uuid) RETURNS text LANGUAGE sql AS $$
+    SELECT pg_temp.defer_and_reclaim(run, '429_cap: 6 in one attempt: HTTP 429')
 $$;
 
 -- Happy path: three deferrals, each counted, the attempt given back each time.

@@ -8,6 +8,7 @@
 BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
+\ir helpers/deferrals.psql
 SELECT plan(17);
 SELECT pg_temp.drain_queue();
 
@@ -23,19 +24,10 @@ END $$;
 -- n 429s reported, then a deferral with a reason that does not name the cap, then the run due
 -- and claimed again (the queue is otherwise empty).
 CREATE FUNCTION pg_temp.defer_after(run uuid, n int) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE outcome text;
 BEGIN
     PERFORM pg_temp.report_429s(run, n);
-    outcome := runrow.defer_run(run, pg_temp.token(run), interval '1 minute', 'rate_limited: waiting 1.0s');
-    IF outcome = 'deferred' THEN
-        UPDATE runrow.agent_run SET not_before = now() WHERE id = run;
-        PERFORM pg_temp.claim(run);
-    END IF;
-    RETURN outcome;
+    RETURN pg_temp.defer_and_reclaim(run, 'rate_limited: waiting 1.0s');
 END $$;
-CREATE FUNCTION pg_temp.capped(run uuid) RETURNS smallint LANGUAGE sql AS $$
-    SELECT cap_429_deferrals FROM runrow.agent_run WHERE id = run
-$$;
 
 SELECT pg_temp.running() AS one \gset
 SELECT pg_temp.report_429s(:'one', 3);
