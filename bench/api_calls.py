@@ -18,7 +18,11 @@ step), a webhook delivery was claimed (one a call) or completed, a finish finish
 are an idempotent tool's, one per run, each run's model turn asking for it; the deliveries are
 those of runs enqueued with a webhook URL and finished.
 
-    python -m bench.api_calls [--calls enqueue_run heartbeat ...] [--small 100] [--large 300] [--json PATH]
+    python -m bench.api_calls [--calls enqueue_run heartbeat ...] [--small 100] [--large 300]
+                              [--json PATH] [--keep DIR]
+
+`--keep DIR` copies each session's callgrind file there, so `callgrind_annotate` (or
+bench.by_function's per_run of the SMALL and LARGE files) shows where a call's instructions go.
 
 It needs valgrind (`apt-get install valgrind`). The defaults take about a minute.
 """
@@ -275,8 +279,9 @@ def session(url: str, shape: Shape, runs: list[tuple], n: int) -> int:
     return int(row[0])
 
 
-def count(calls: list[str], small: int = 100, large: int = 300) -> dict[str, float]:
-    """Instructions per call of each named call."""
+def count(calls: list[str], small: int = 100, large: int = 300, keep: Path | None = None) -> dict[str, float]:
+    """Instructions per call of each named call; with keep, each session's callgrind file is
+    copied there as CALL-N.callgrind (to read with callgrind_annotate or bench.by_function)."""
     figures: dict[str, float] = {}
     with throwaway() as cluster:
         prepared: dict[tuple[str, int], tuple[str, list]] = {}
@@ -294,7 +299,11 @@ def count(calls: list[str], small: int = 100, large: int = 300) -> dict[str, flo
             totals = {}
             for n in (small, large):
                 url, runs = prepared[name, n]
-                totals[n] = instructions(outdir, session(url, SHAPES[name], runs, n))
+                pid = session(url, SHAPES[name], runs, n)
+                totals[n] = instructions(outdir, pid)
+                if keep is not None:
+                    keep.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(outdir / f"cg.{pid}", keep / f"{name}-{n}.callgrind")
             figures[name] = (totals[large] - totals[small]) / (large - small)
     return figures
 
@@ -324,12 +333,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--small", type=int, default=100, help="calls of the smaller session (default 100)")
     parser.add_argument("--large", type=int, default=300, help="calls of the larger session (default 300)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures to PATH")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="copy each session's callgrind file to DIR as CALL-N.callgrind, to read with callgrind_annotate",
+    )
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         sys.exit("bench.api_calls: valgrind is not installed (apt-get install valgrind)")
     if args.large <= args.small or args.small < 1:
         parser.error("--large must be more than --small, and --small at least 1")
-    figures = count(args.calls, args.small, args.large)
+    figures = count(args.calls, args.small, args.large, args.keep)
     for line in report(figures):
         print(line)
     if args.json is not None:

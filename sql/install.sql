@@ -153,7 +153,8 @@ BEGIN
     '0108_step_ending',
     '0109_unanswered_429s',
     '0110_key_error_run_age',
-    '0111_webhook_lapsed_token_validated'
+    '0111_webhook_lapsed_token_validated',
+    '0112_step_guard_last_seq_by_key'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -9575,6 +9576,68 @@ INSERT INTO runrow._yoyo_migration VALUES ('2feadca094d87828a80cdc994c1fa45a79f1
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '2feadca094d87828a80cdc994c1fa45a79f14b533de8dfc181da98a6b32ab319', '0111_webhook_lapsed_token_validated', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0112_step_guard_last_seq_by_key
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '9807db9204ce3afa09b83f2500343611689d710acd9d78bdc50aa1476fd3a0f2') AS apply_9807db9204ce \gset
+\if :apply_9807db9204ce
+-- depends: 0111_webhook_lapsed_token_validated
+-- agent_step's guard reads its run's last seq as the journal's guard has since 0047: the key's
+-- last entry (ORDER BY seq DESC LIMIT 1), not max(seq).
+--
+-- Why: max(seq) has two plans, the backward probe of agent_step_pkey that reads one entry and
+-- an aggregate over every entry of the run, and the planner takes the aggregate whenever it
+-- expects about one row per run, which is what ANALYZE learns from a fleet of one-step chat
+-- turns. Every step of a long agent run then read all the run's earlier steps (and their heap
+-- tuples while the visibility map lags): quadratic in the run's length. The ordered form has
+-- one sensible plan under any statistics (tests/test_last_seq_lookup.py).
+--
+-- Found by bench.api_calls: one more column on agent_step changed the never-analyzed table's
+-- width-based row estimate, flipped the plan, and cost +315,000 instructions per append_step
+-- at 300 steps. Measured: see the commit message.
+--
+-- Unchanged: gap-free seqs from 1, append-only, tool_use_id derived from the payload.
+
+CREATE OR REPLACE FUNCTION runrow._agent_step_guard() RETURNS trigger
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    expected integer;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        -- Invariant 4: the next seq, no gap, no reuse. A NULL seq is the writers' way: it is
+        -- given the next one (0051). Ordered, not max(): one plan whatever the statistics.
+        SELECT s.seq + 1 INTO expected
+        FROM runrow.agent_step AS s WHERE s.run_id = NEW.run_id
+        ORDER BY s.seq DESC
+        LIMIT 1;
+        expected := coalesce(expected, 1);
+        IF NEW.seq IS NULL THEN
+            NEW.seq := expected;
+        ELSIF NEW.seq <> expected THEN
+            RAISE EXCEPTION 'agent_step seq % for run % is out of order: expected %', NEW.seq, NEW.run_id, expected
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        -- Derived, whatever the INSERT said, so it cannot disagree with the payload.
+        NEW.tool_use_id := CASE
+            WHEN NEW.kind = 'tool_result' THEN runrow._json_probe(NEW.payload) ->> 'tool_use_id'
+        END;
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'agent_step is append-only: rows cannot be %d', lower(TG_OP)
+        USING ERRCODE = 'integrity_constraint_violation',
+              HINT = 'Steps are the record of a run; a correction is a new step.';
+END
+$fn$;
+
+COMMENT ON FUNCTION runrow._agent_step_guard() IS
+'agent_step''s BEFORE INSERT OR UPDATE OR DELETE row trigger. INSERT: invariant 4, the run''s next '
+'seq (its last + 1, read as the key''s last entry so that one plan serves any statistics, 0112): '
+'a NULL seq is assigned it (the writers leave it NULL and read it back with RETURNING, 0051), '
+'any other seq must be it or raises 23000; tool_use_id is derived from a tool_result''s payload. '
+'UPDATE and DELETE always raise 23000 (append-only).';
+INSERT INTO runrow._yoyo_migration VALUES ('9807db9204ce3afa09b83f2500343611689d710acd9d78bdc50aa1476fd3a0f2', '0112_step_guard_last_seq_by_key', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '9807db9204ce3afa09b83f2500343611689d710acd9d78bdc50aa1476fd3a0f2', '0112_step_guard_last_seq_by_key', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -14519,7 +14582,8 @@ BEGIN
         append_step.run_id, append_step.kind, append_step.payload, append_step.request_id,
         append_step.usage, append_step.stop_reason);
     -- A side row only for a turn with an ending to keep (0108): an append without one costs
-    -- this NULL test and nothing more (a column on agent_step made every append ~45 % dearer).
+    -- this NULL test and nothing more. (0108 chose a side table because a column on agent_step
+    -- measured ~45 % dearer; that was the guard's max(seq) plan flipping, fixed by 0112.)
     IF append_step.stop_sequence IS NOT NULL OR append_step.stop_details IS NOT NULL THEN
         INSERT INTO runrow.agent_step_ending (run_id, seq, stop_sequence, stop_details)
         VALUES (append_step.run_id, seq, append_step.stop_sequence, append_step.stop_details);

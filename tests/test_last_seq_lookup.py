@@ -1,0 +1,104 @@
+"""A step or a journal row costs the same whatever the length of its run and whatever the
+planner's statistics say about runs.
+
+The guard triggers of agent_step and run_event look up the run's last seq on every insert
+(invariant 4). Written as `max(seq)`, that lookup has two plans: the backward index probe that
+reads one entry, and an aggregate over every entry of the run. The planner picks the aggregate
+whenever it expects about one row per run, which is what a fleet of one-step chat turns teaches
+ANALYZE; from then on every step of a long agent run read all the run's earlier steps (and their
+heap tuples, while the visibility map lags): quadratic in the run's length. Found by
+bench.api_calls: one more column on agent_step changed the width-based estimate of the
+never-analyzed table, flipped the plan, and cost +315,000 instructions per append_step at 300
+steps.
+
+Counted, not timed: entries the run's primary-key index returned inside one call
+(pg_stat_get_xact_tuples_returned, this backend's exact counter within its transaction). The
+statistics are pinned with `n_distinct = -1` (every run_id its own), which a DBA can also set,
+so the test does not depend on what ANALYZE's sample happens to see.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import psycopg
+import pytest
+from race_support import Connect, claim, claim_one, database_url, enqueue, owner
+
+__all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
+
+TURN = json.dumps([{"type": "text", "text": "a step"}])
+EVENT = json.dumps([{"type": "text_delta", "text": "a word"}])
+SHORT, LONG = 10, 300
+HISTORY = 1000
+
+
+def rows_read(
+    conn: psycopg.Connection, table: str, index: str, sql: str, params: tuple[object, ...]
+) -> tuple[int, int]:
+    """(entries `index` returned, rows of `table` read by sequential scans) in the most expensive
+    of seven calls of `sql`, each rolled back (the first five are PL/pgSQL's custom plans, the
+    rest its generic one: both must be flat)."""
+    counts = []
+    read = (
+        "SELECT pg_stat_get_xact_tuples_returned(%s::regclass),"
+        " pg_stat_get_xact_tuples_returned(%s::regclass)"
+    )
+    for _ in range(7):
+        with conn.transaction(force_rollback=True):
+            before = conn.execute(read, (index, f"runrow.{table}")).fetchone()
+            conn.execute(sql, params)
+            after = conn.execute(read, (index, f"runrow.{table}")).fetchone()
+        counts.append((after[0] - before[0], after[1] - before[1]))
+    return max(counts)
+
+
+@pytest.mark.parametrize(
+    ("table", "index", "append"),
+    [
+        (
+            "agent_step",
+            "runrow.agent_step_pkey",
+            f"SELECT runrow.append_step(%s, %s, 'model_turn', '{TURN}'::json)",
+        ),
+        ("run_event", "runrow.run_event_pkey", f"SELECT runrow.append_events(%s, %s, '{EVENT}'::jsonb)"),
+    ],
+)
+def test_the_last_seq_lookup_reads_one_entry_however_long_the_run(
+    owner: psycopg.Connection, connect: Connect, table: str, index: str, append: str
+) -> None:
+    # The statistics of a fleet of one-step turns, gathered before this run began (as
+    # autovacuum's last ANALYZE would have): about one row per run.
+    owner.execute(f"ALTER TABLE runrow.{table} ALTER COLUMN run_id SET (n_distinct = -1)")
+    for _ in range(HISTORY):
+        enqueue(owner, uuid.uuid4())
+    for run in claim(owner, HISTORY, lease_seconds=600):
+        owner.execute(
+            f"SELECT runrow.append_step(%s, %s, 'model_turn', '{TURN}'::json)",
+            (run["run_id"], run["claim_token"]),
+        )
+    owner.execute(f"ANALYZE runrow.{table}")
+
+    enqueue(owner, uuid.uuid4())
+    run = claim_one(owner, lease_seconds=600)
+    params = (run["run_id"], run["claim_token"])
+    cost = {}
+    written = 0
+    for length in (SHORT, LONG):
+        for _ in range(length - written):
+            owner.execute(append, params)
+        written = length
+        # A new session each time: plans made afresh, as a restarted worker's would be.
+        with connect() as session:
+            cost[length] = rows_read(session, table, index, append, params)
+    print(
+        f"{table}: (index entries, rows seq-scanned) per append:"
+        f" {cost[SHORT]} at {SHORT} rows, {cost[LONG]} at {LONG}"
+    )
+    # Before the fix, agent_step's guard: the aggregate read every entry of the run, (11, 0)
+    # at 10 steps and (301, 0) at 300. The other entry read now is append_step's look at the
+    # run's last model turn.
+    assert cost[LONG] == cost[SHORT]
+    entries, scanned = cost[LONG]
+    assert entries <= 2 and scanned == 0
