@@ -27,6 +27,9 @@ BEGIN
         FROM jsonb_array_elements(append_runs_events.runs) AS x (el)
         INNER JOIN runrow.agent_run AS r
             ON r.id = (x.el ->> 'run_id')::uuid AND r.claim_token = (x.el ->> 'claim_token')::uuid
+        -- Redundant with the join, and what keeps it a probe by key: without it a hash join read
+        -- all of agent_run_pkey while the table was small (a few thousand runs).
+        WHERE r.id = ANY (ids)
         FOR NO KEY UPDATE OF r
     ),
     journaled AS (
@@ -49,12 +52,14 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed'
        OR EXISTS (SELECT 1 FROM runrow.run_watch AS w WHERE w.run_id = ANY (ids) AND w.expires_at > now()) THEN
         PERFORM pg_notify(runrow.events_channel(r.id),
-                          (SELECT max(e.seq) FROM runrow.run_event AS e WHERE e.run_id = r.id)::text)
+                          (SELECT e.seq FROM runrow.run_event AS e WHERE e.run_id = r.id
+                           ORDER BY e.seq DESC LIMIT 1)::text)
         FROM jsonb_array_elements(append_runs_events.runs) AS x (el)
         INNER JOIN runrow.agent_run AS r
             ON r.id = (x.el ->> 'run_id')::uuid AND r.claim_token = (x.el ->> 'claim_token')::uuid
-        WHERE current_setting('transaction_isolation') <> 'read committed'
-           OR EXISTS (SELECT 1 FROM runrow.run_watch AS w WHERE w.run_id = r.id AND w.expires_at > now());
+        WHERE r.id = ANY (ids)
+          AND (current_setting('transaction_isolation') <> 'read committed'
+           OR EXISTS (SELECT 1 FROM runrow.run_watch AS w WHERE w.run_id = r.id AND w.expires_at > now()));
     END IF;
 END
 $fn$;

@@ -228,10 +228,14 @@ BEGIN
         SELECT b.block ->> 'id' AS id INTO bad
         FROM json_array_elements(runrow._json_probe(last_turn.payload)) AS b (block)
         WHERE b.block ->> 'type' = 'tool_use'
-          AND NOT EXISTS (
+          -- A scalar probe, not NOT EXISTS: as an anti join the planner matched the id in a join
+          -- filter over every tool_result of the run (a tool-heavy run paid quadratically).
+          AND (
               SELECT 1 FROM runrow.agent_step AS s
               WHERE s.run_id = append_step.run_id AND s.kind = 'tool_result'
-                AND s.tool_use_id = b.block ->> 'id')
+                AND s.tool_use_id = b.block ->> 'id'
+              LIMIT 1
+          ) IS NULL
         LIMIT 1;
         IF FOUND THEN
             RAISE EXCEPTION 'kind: a new model_turn needs a tool_result for every tool_use of step % first; "%" has none',

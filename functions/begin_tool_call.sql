@@ -91,9 +91,13 @@ BEGIN
           AND (b.block -> 'input')::jsonb = begin_tool_call.args
           AND runrow.tool_call_key(r.id, s.seq, b.block ->> 'id', begin_tool_call.tool, begin_tool_call.args)
               = begin_tool_call.idempotency_key
-          AND NOT EXISTS (
+          -- A scalar probe, not NOT EXISTS: as an anti join the planner matched the id in a join
+          -- filter over every tool_result of the run (a tool-heavy run paid quadratically).
+          AND (
               SELECT 1 FROM runrow.agent_step AS x
-              WHERE x.run_id = r.id AND x.kind = 'tool_result' AND x.tool_use_id = b.block ->> 'id')
+              WHERE x.run_id = r.id AND x.kind = 'tool_result' AND x.tool_use_id = b.block ->> 'id'
+              LIMIT 1
+          ) IS NULL
           -- Only a tool the run was enqueued with runs: a model may name any tool, and a worker's
           -- registry may hold tools this run was never given. Here, not in each worker, so no
           -- client of any language can run one.

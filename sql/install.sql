@@ -14289,6 +14289,9 @@ BEGIN
         FROM jsonb_array_elements(append_runs_events.runs) AS x (el)
         INNER JOIN runrow.agent_run AS r
             ON r.id = (x.el ->> 'run_id')::uuid AND r.claim_token = (x.el ->> 'claim_token')::uuid
+        -- Redundant with the join, and what keeps it a probe by key: without it a hash join read
+        -- all of agent_run_pkey while the table was small (a few thousand runs).
+        WHERE r.id = ANY (ids)
         FOR NO KEY UPDATE OF r
     ),
     journaled AS (
@@ -14311,12 +14314,14 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed'
        OR EXISTS (SELECT 1 FROM runrow.run_watch AS w WHERE w.run_id = ANY (ids) AND w.expires_at > now()) THEN
         PERFORM pg_notify(runrow.events_channel(r.id),
-                          (SELECT max(e.seq) FROM runrow.run_event AS e WHERE e.run_id = r.id)::text)
+                          (SELECT e.seq FROM runrow.run_event AS e WHERE e.run_id = r.id
+                           ORDER BY e.seq DESC LIMIT 1)::text)
         FROM jsonb_array_elements(append_runs_events.runs) AS x (el)
         INNER JOIN runrow.agent_run AS r
             ON r.id = (x.el ->> 'run_id')::uuid AND r.claim_token = (x.el ->> 'claim_token')::uuid
-        WHERE current_setting('transaction_isolation') <> 'read committed'
-           OR EXISTS (SELECT 1 FROM runrow.run_watch AS w WHERE w.run_id = r.id AND w.expires_at > now());
+        WHERE r.id = ANY (ids)
+          AND (current_setting('transaction_isolation') <> 'read committed'
+           OR EXISTS (SELECT 1 FROM runrow.run_watch AS w WHERE w.run_id = r.id AND w.expires_at > now()));
     END IF;
 END
 $fn$;
@@ -14566,10 +14571,14 @@ BEGIN
         SELECT b.block ->> 'id' AS id INTO bad
         FROM json_array_elements(runrow._json_probe(last_turn.payload)) AS b (block)
         WHERE b.block ->> 'type' = 'tool_use'
-          AND NOT EXISTS (
+          -- A scalar probe, not NOT EXISTS: as an anti join the planner matched the id in a join
+          -- filter over every tool_result of the run (a tool-heavy run paid quadratically).
+          AND (
               SELECT 1 FROM runrow.agent_step AS s
               WHERE s.run_id = append_step.run_id AND s.kind = 'tool_result'
-                AND s.tool_use_id = b.block ->> 'id')
+                AND s.tool_use_id = b.block ->> 'id'
+              LIMIT 1
+          ) IS NULL
         LIMIT 1;
         IF FOUND THEN
             RAISE EXCEPTION 'kind: a new model_turn needs a tool_result for every tool_use of step % first; "%" has none',
@@ -15132,9 +15141,13 @@ BEGIN
           AND (b.block -> 'input')::jsonb = begin_tool_call.args
           AND runrow.tool_call_key(r.id, s.seq, b.block ->> 'id', begin_tool_call.tool, begin_tool_call.args)
               = begin_tool_call.idempotency_key
-          AND NOT EXISTS (
+          -- A scalar probe, not NOT EXISTS: as an anti join the planner matched the id in a join
+          -- filter over every tool_result of the run (a tool-heavy run paid quadratically).
+          AND (
               SELECT 1 FROM runrow.agent_step AS x
-              WHERE x.run_id = r.id AND x.kind = 'tool_result' AND x.tool_use_id = b.block ->> 'id')
+              WHERE x.run_id = r.id AND x.kind = 'tool_result' AND x.tool_use_id = b.block ->> 'id'
+              LIMIT 1
+          ) IS NULL
           -- Only a tool the run was enqueued with runs: a model may name any tool, and a worker's
           -- registry may hold tools this run was never given. Here, not in each worker, so no
           -- client of any language can run one.

@@ -24,34 +24,14 @@ import uuid
 
 import psycopg
 import pytest
-from race_support import Connect, claim, claim_one, database_url, enqueue, owner
+from lookup_cost_support import one_step_history, rows_read
+from race_support import Connect, claim_one, database_url, enqueue, owner
 
 __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the observer
 
 TURN = json.dumps([{"type": "text", "text": "a step"}])
 EVENT = json.dumps([{"type": "text_delta", "text": "a word"}])
 SHORT, LONG = 10, 300
-HISTORY = 1000
-
-
-def rows_read(
-    conn: psycopg.Connection, table: str, index: str, sql: str, params: tuple[object, ...]
-) -> tuple[int, int]:
-    """(entries `index` returned, rows of `table` read by sequential scans) in the most expensive
-    of seven calls of `sql`, each rolled back (the first five are PL/pgSQL's custom plans, the
-    rest its generic one: both must be flat)."""
-    counts = []
-    read = (
-        "SELECT pg_stat_get_xact_tuples_returned(%s::regclass),"
-        " pg_stat_get_xact_tuples_returned(%s::regclass)"
-    )
-    for _ in range(7):
-        with conn.transaction(force_rollback=True):
-            before = conn.execute(read, (index, f"runrow.{table}")).fetchone()
-            conn.execute(sql, params)
-            after = conn.execute(read, (index, f"runrow.{table}")).fetchone()
-        counts.append((after[0] - before[0], after[1] - before[1]))
-    return max(counts)
 
 
 @pytest.mark.parametrize(
@@ -71,15 +51,7 @@ def test_the_last_seq_lookup_reads_one_entry_however_long_the_run(
     # The statistics of a fleet of one-step turns, gathered before this run began (as
     # autovacuum's last ANALYZE would have): about one row per run.
     owner.execute(f"ALTER TABLE runrow.{table} ALTER COLUMN run_id SET (n_distinct = -1)")
-    for _ in range(HISTORY):
-        enqueue(owner, uuid.uuid4())
-    for run in claim(owner, HISTORY, lease_seconds=600):
-        owner.execute(
-            f"SELECT runrow.append_step(%s, %s, 'model_turn', '{TURN}'::json)",
-            (run["run_id"], run["claim_token"]),
-        )
-    owner.execute(f"ANALYZE runrow.{table}")
-
+    one_step_history(owner)
     enqueue(owner, uuid.uuid4())
     run = claim_one(owner, lease_seconds=600)
     params = (run["run_id"], run["claim_token"])

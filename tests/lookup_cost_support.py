@@ -1,0 +1,51 @@
+"""Rows a call reads, counted exactly inside a rolled-back transaction: the measure of the
+tests that pin a lookup's plan to the call's own rows (tests/test_last_seq_lookup.py,
+tests/test_tool_result_lookup.py, tests/test_append_runs_events_lookup.py).
+
+pg_stat_get_xact_tuples_returned is this backend's own counter for the current transaction: for
+an index the entries its scans returned, for a table the rows its sequential scans read. No stats
+flush to wait for and nothing the box's load can move.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import psycopg
+from race_support import claim, enqueue
+
+
+def rows_read(
+    conn: psycopg.Connection, table: str, index: str, sql: str, params: tuple[object, ...]
+) -> tuple[int, int]:
+    """(entries `index` returned, rows of `table` read by sequential scans) in the most expensive
+    of seven calls of `sql`, each rolled back (the first five are PL/pgSQL's custom plans, the
+    rest its generic one: both must be flat)."""
+    counts = []
+    read = (
+        "SELECT pg_stat_get_xact_tuples_returned(%s::regclass),"
+        " pg_stat_get_xact_tuples_returned(%s::regclass)"
+    )
+    for _ in range(7):
+        with conn.transaction(force_rollback=True):
+            before = conn.execute(read, (index, f"runrow.{table}")).fetchone()
+            conn.execute(sql, params)
+            after = conn.execute(read, (index, f"runrow.{table}")).fetchone()
+        counts.append((after[0] - before[0], after[1] - before[1]))
+    return max(counts)
+
+
+def one_step_history(conn: psycopg.Connection, runs: int = 1000) -> None:
+    """A fleet's history as ANALYZE sees it: `runs` runs of one text turn each (at most 1,000,
+    one claim), then agent_step and run_event analyzed. Large enough that the planner does not
+    take the tables for tiny and scan them whole."""
+    for _ in range(runs):
+        enqueue(conn, uuid.uuid4())
+    turn = json.dumps([{"type": "text", "text": "a step"}])
+    for run in claim(conn, runs, lease_seconds=600):
+        conn.execute(
+            "SELECT runrow.append_step(%s, %s, 'model_turn', %s::json)",
+            (run["run_id"], run["claim_token"], turn),
+        )
+    conn.execute("ANALYZE runrow.agent_step, runrow.run_event")
