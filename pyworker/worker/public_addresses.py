@@ -1,9 +1,12 @@
-"""Which IP addresses count as public: the ones a user's webhook may reach.
+"""Which IP addresses count as public, and which a webhook may reach: the public ones and
+those in the networks the operator allowed (--webhook-allow-network).
 
 One definition for both checks: `runrow serve`'s of a user's webhook_url when it takes the
 request (pyworker/http/webhook_targets.py), and the webhook sender's of every address it is
 about to connect to (pyworker/worker/webhook_transport.py), which is what a name rebound to a
-private address between the two meets.
+private address between the two meets. Both take the same flags (pyworker/cli/
+webhook_receivers.py) and judge through why_refused, so a receiver the workers would reach is
+not refused at enqueue, nor one they would refuse taken.
 """
 
 from __future__ import annotations
@@ -54,6 +57,23 @@ def why_not_public(ip: IPAddress) -> str | None:
     if ip.is_reserved or not ip.is_global:
         return "not a public address"
     return None
+
+
+def why_refused(ip: IPAddress, allowed: tuple[IPNetwork, ...]) -> str | None:
+    """Why a webhook must not reach `ip`, or None: it is public, or in an `allowed` network. An
+    IPv6 spelling of an IPv4 address (mapped, 6to4, NAT64) is allowed when the address it reaches
+    is in an allowed network, and only then: its IPv6 form is not matched, or listing
+    ::ffff:0:0/96 or 2002::/16 would let through the spelling of every IPv4 address,
+    169.254.169.254 included. One whose IPv4 address cannot be told (hides_ipv4) is in no
+    allowed network."""
+    reason = why_not_public(ip)
+    if reason is None or not allowed or hides_ipv4(ip):
+        return reason
+    inside = embedded_ipv4(ip) if isinstance(ip, ipaddress.IPv6Address) else None
+    judged = inside if inside is not None else ip
+    if any(judged in network for network in allowed):
+        return None
+    return reason
 
 
 def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:

@@ -11,11 +11,11 @@ changes: the request still names the host, so the Host header, TLS SNI and the c
 check are those of the webhook_url (or of the proxy, which resolves the receiver itself).
 
 Resolving here also lets the sender see every address it is about to connect to: unless the
-worker allows private receivers (--allow-private-webhooks), each must be public
-(public_addresses.why_not_public) or in a network the operator allowed (--webhook-allow-network),
-so a user's name that `runrow serve` saw resolve to a public address and that answers 127.0.0.1
-or 169.254.169.254 at delivery (DNS rebinding) is not reached. The other addresses are left out;
-a host with none left is NotPublic.
+worker allows private receivers (--allow-private-webhooks), each must be public or in a network
+the operator allowed (--webhook-allow-network), judged by public_addresses.why_refused as `runrow
+serve` judged it at enqueue, so a user's name that `runrow serve` saw resolve to a public address
+and that answers 127.0.0.1 or 169.254.169.254 at delivery (DNS rebinding) is not reached. The
+other addresses are left out; a host with none left is NotPublic.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import httpcore
 import httpx
 
 from pyworker.db.threads import in_own_thread
-from pyworker.worker.public_addresses import IPAddress, IPNetwork, embedded_ipv4, hides_ipv4, why_not_public
+from pyworker.worker.public_addresses import IPNetwork, why_refused
 
 # Look-ups in flight at once, the ones still running after their attempt ended included: a
 # nameserver that never answers costs at most this many threads, and the attempts beyond it
@@ -197,7 +197,7 @@ def _reachable(
     reachable: list[str] = []
     refused: list[tuple[str, str]] = []
     for address in addresses:
-        reason = _why_refused(ipaddress.ip_address(address.split("%", 1)[0]), allowed_networks)
+        reason = why_refused(ipaddress.ip_address(address.split("%", 1)[0]), allowed_networks)
         if reason is None:
             reachable.append(address)
         else:
@@ -214,22 +214,6 @@ def _reachable(
         "--allow-private-webhooks any)",
         literal=literal,
     )
-
-
-def _why_refused(ip: IPAddress, allowed: tuple[IPNetwork, ...]) -> str | None:
-    """Why the sender must not connect to `ip`, or None. An IPv6 spelling of an IPv4 address
-    (mapped, 6to4, NAT64) is allowed when the address it reaches is in an allowed network, and
-    only then: its IPv6 form is not matched, or listing ::ffff:0:0/96 or 2002::/16 would let
-    through the spelling of every IPv4 address, 169.254.169.254 included. One whose IPv4 address
-    cannot be told (hides_ipv4) is in no allowed network."""
-    reason = why_not_public(ip)
-    if reason is None or not allowed or hides_ipv4(ip):
-        return reason
-    inside = embedded_ipv4(ip) if isinstance(ip, ipaddress.IPv6Address) else None
-    judged = inside if inside is not None else ip
-    if any(judged in network for network in allowed):
-        return None
-    return reason
 
 
 async def _cancel_and_close(tasks: set[asyncio.Task[httpcore.AsyncNetworkStream]]) -> None:
