@@ -4,10 +4,11 @@ With `--user-may-set webhook_url` the workers POST a run's ending wherever its u
 inside the operator's network: the loopback interface, the private network, the cloud metadata
 service at 169.254.169.254. `runrow serve` refuses such a URL with a 422 naming webhook_url,
 whether its host is an address or a name resolving to one, unless the operator started it with
---allow-private-webhooks (local development, receivers of their own). Nothing is written for a
-refused request. The check fails closed: a name that does not resolve is a 422, one whose
-resolver does not answer in time a 503 with Retry-After, and the look-ups run in threads of their
-own, so names whose DNS hangs cannot take asyncio's default pool from the database's reconnects.
+--allow-private-webhooks (local development, receivers of their own) or lists the receivers'
+networks in --webhook-allow-network, as its workers do. Nothing is written for a refused request.
+The check fails closed: a name that does not resolve is a 422, one whose resolver does not answer
+in time a 503 with Retry-After, and the look-ups run in threads of their own, so names whose DNS
+hangs cannot take asyncio's default pool from the database's reconnects.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ from dns_support import fake_dns
 from http_support import ALICE, Server, private_database, serve
 
 from pyworker.http import webhook_targets
+from pyworker.http.config import ServeConfig
 from pyworker.http.errors import ApiError
+from pyworker.worker import webhook_transport
+from pyworker.worker.public_addresses import why_not_public
 
 NOT_PUBLIC = [
     "http://127.0.0.1:9/hook",
@@ -118,6 +122,122 @@ def test_the_flag_reaches_the_service() -> None:
     assert build_config(allowed).allow_private_webhooks is True
 
 
+# The operator's networks: a Kubernetes service network's /16 and an IPv6 ULA /32.
+ALLOWED = (ipaddress.ip_network("10.1.0.0/16"), ipaddress.ip_network("fd00:1::/32"))
+IN_ALLOWED = [
+    "http://10.1.2.3:8080/hook",
+    "https://hooks.internal.example/x",  # a name resolving into 10.1.0.0/16
+    "https://both.internal.example/x",  # a public answer and one in 10.1.0.0/16
+    "http://[fd00:1::5]/hook",
+    "http://[::ffff:10.1.2.3]/hook",  # IPv4 spelled as IPv6: judged by the IPv4 it reaches
+    "https://93.184.216.34/hook",  # public addresses stay taken
+]
+OUTSIDE_ALLOWED = [
+    "http://10.2.0.1/hook",
+    "http://127.0.0.1:9/hook",
+    "http://169.254.169.254/latest/meta-data/",
+    "http://[fd00:2::1]/hook",
+    "https://other.internal.example/x",  # a name resolving outside them
+    "https://mixed.internal.example/x",  # one answer in 10.1.0.0/16, one on loopback
+]
+INTERNAL_DNS = {
+    "hooks.internal.example": ["10.1.2.3"],
+    "both.internal.example": ["93.184.216.34", "10.1.9.9"],
+    "other.internal.example": ["10.2.0.1"],
+    "mixed.internal.example": ["10.1.2.3", "127.0.0.1"],
+}
+
+
+def test_a_receiver_in_an_allowed_network_is_taken_and_others_still_refused(
+    targets_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`runrow worker --webhook-allow-network 10.1.0.0/16` delivers to 10.1.2.3, but serve
+    had no such flag: a user's webhook_url there was a 422 (or the operator lifted the check for
+    every address, the metadata service's included, with --allow-private-webhooks). Now serve
+    takes the workers' networks, and every other non-public address is still refused, naming
+    both flags and not the networks (which would map the operator's network for any user)."""
+    fake_dns(monkeypatch, INTERNAL_DNS)
+    for server in serve(targets_db, user_may_set=frozenset({"webhook_url"}), webhook_allow_networks=ALLOWED):
+        for url in IN_ALLOWED:
+            made = _enqueue(server, url)
+            assert made.status_code == 202, (url, made.text)
+        before = _runs(targets_db)
+        for url in OUTSIDE_ALLOWED:
+            refused = _enqueue(server, url)
+            assert refused.status_code == 422, (url, refused.text)
+            error = refused.json()["error"]
+            assert error["type"] == "webhook_url_not_public", error
+            assert error["message"].startswith("webhook_url"), error
+            assert "--webhook-allow-network" in error["message"], error
+            assert "10.1.0.0" not in error["message"] and "fd00:1::" not in error["message"], error
+        assert _runs(targets_db) == before
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "10.1.2.3",
+        "10.2.0.1",
+        "127.0.0.1",
+        "93.184.216.34",
+        "fd00:1::5",
+        "fd00:2::1",
+        "::ffff:10.1.2.3",
+        "::ffff:169.254.169.254",
+        "2002:a01:203::",  # 6to4 of 10.1.2.3
+        "64:ff9b::a01:203",  # NAT64 of 10.1.2.3
+        "64:ff9b:1:a01:2:300::",  # a local-use NAT64 address whose IPv4 cannot be told
+    ],
+)
+async def test_enqueue_and_delivery_judge_an_address_alike(address: str) -> None:
+    """Serve's check at enqueue and the sender's at delivery refuse the same addresses with the
+    same networks allowed: one rule (public_addresses.why_refused), not two that drift."""
+    host = f"[{address}]" if ":" in address else address
+    try:
+        await webhook_targets.refuse_non_public(f"http://{host}/hook", ALLOWED)
+        enqueue_refuses = False
+    except ApiError as exc:
+        assert exc.status == 422, exc
+        enqueue_refuses = True
+    try:
+        webhook_transport._reachable(address, [address], ALLOWED, literal=True)
+        sender_refuses = False
+    except webhook_transport.NotPublic:
+        sender_refuses = True
+    assert enqueue_refuses is sender_refuses
+
+
+def test_the_networks_and_the_variables_reach_the_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers' flags, from the same definition: --webhook-allow-network (repeatable, comma-
+    separated, each network once) and both variables, which serve did not read."""
+    from pyworker.cli.main import build_parser
+    from pyworker.cli.serve import build_config
+
+    base = ["--database-url", "postgresql://app@primary/app", "serve", "--insecure-dev"]
+    config = build_config(build_parser().parse_args(base))
+    assert config.webhook_allow_networks == () and config.allow_private_webhooks is False
+    flags = [
+        *base,
+        "--webhook-allow-network",
+        "10.1.0.0/16",
+        "--webhook-allow-network",
+        "fd00:1::/32,10.1.0.0/16",
+    ]
+    assert build_config(build_parser().parse_args(flags)).webhook_allow_networks == ALLOWED
+    monkeypatch.setenv("RUNROW_WEBHOOK_ALLOW_NETWORKS", "10.1.0.0/16,fd00:1::/32")
+    monkeypatch.setenv("RUNROW_ALLOW_PRIVATE_WEBHOOKS", "1")
+    config = build_config(build_parser().parse_args(base))
+    assert config.webhook_allow_networks == ALLOWED and config.allow_private_webhooks is True
+    flagged = build_parser().parse_args([*base, "--webhook-allow-network", "172.17.0.0/16"])
+    assert build_config(flagged).webhook_allow_networks == (ipaddress.ip_network("172.17.0.0/16"),)
+
+
+def test_networks_given_in_code_are_checked_at_construction() -> None:
+    """Strings would make every webhook_url enqueue a 500 (`in` a str), not a refusal to start."""
+    with pytest.raises(ValueError, match="webhook_allow_networks must be a tuple of ipaddress networks"):
+        ServeConfig(database_url="postgresql:///x", model="m", webhook_allow_networks=["10.0.0.0/8"])  # type: ignore[arg-type]
+
+
 async def test_one_private_answer_among_public_ones_refuses_the_name(monkeypatch: pytest.MonkeyPatch) -> None:
     """A name with several addresses is refused if any is not public: the worker's connect may
     take any of them."""
@@ -166,7 +286,7 @@ async def test_one_private_answer_among_public_ones_refuses_the_name(monkeypatch
     ],
 )
 def test_which_addresses_are_public(address: str, public: bool) -> None:
-    assert (webhook_targets.why_not_public(ipaddress.ip_address(address)) is None) is public
+    assert (why_not_public(ipaddress.ip_address(address)) is None) is public
 
 
 def test_a_name_that_does_not_resolve_is_a_422_naming_webhook_url(

@@ -1,7 +1,9 @@
-"""`runrow serve`'s operator flags, from a real process: --max-attempts, --metrics-port."""
+"""`runrow serve`'s operator flags, from a real process: --max-attempts, --metrics-port, and the
+workers' webhook receiver flags (--allow-private-webhooks, --webhook-allow-network)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -117,3 +119,90 @@ def test_a_metrics_port_that_cannot_be_listened_on_is_one_line_at_start() -> Non
             )
             assert refused.returncode == 2, refused.stderr
             assert says in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+
+
+# The variables the tests below set: left out of the environment the commands inherit otherwise.
+WEBHOOK_VARIABLES = ("RUNROW_ALLOW_PRIVATE_WEBHOOKS", "RUNROW_WEBHOOK_ALLOW_NETWORKS")
+
+
+def _runrow(command: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in WEBHOOK_VARIABLES}
+    return subprocess.run(
+        [sys.executable, "-m", "pyworker", command, *args],
+        cwd=REPO,
+        env={**base, "DATABASE_URL": "postgresql://127.0.0.1:1/runrow?connect_timeout=1", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_serve_reads_the_workers_webhook_variables(db: str, tmp_path: Path) -> None:
+    """A fleet configured by environment gave its workers RUNROW_WEBHOOK_ALLOW_NETWORKS and
+    RUNROW_ALLOW_PRIVATE_WEBHOOKS, which serve did not read: the workers delivered into
+    10.1.0.0/16, and serve refused every enqueue there (422)."""
+    networks = {"RUNROW_WEBHOOK_ALLOW_NETWORKS": "10.1.0.0/16"}
+    with serve_process(db, tmp_path, ["--user-may-set", "webhook_url"], env=networks) as serve:
+        inside = _enqueue(serve.url, {"webhook_url": "http://10.1.2.3:8080/hook"})
+        outside = _enqueue(serve.url, {"webhook_url": "http://10.2.0.1:8080/hook"})
+    assert inside.status_code == 202, inside.text
+    assert outside.status_code == 422 and outside.json()["error"]["type"] == "webhook_url_not_public", (
+        outside.text
+    )
+    every = {"RUNROW_ALLOW_PRIVATE_WEBHOOKS": "1"}
+    with serve_process(db, tmp_path, ["--user-may-set", "webhook_url"], env=every) as serve:
+        loopback = _enqueue(serve.url, {"webhook_url": "http://127.0.0.1:9/hook"})
+    assert loopback.status_code == 202, loopback.text
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "says"),
+    [
+        (
+            ["--webhook-allow-network", "0.0.0.0/0"],
+            {},
+            "argument --webhook-allow-network: 0.0.0.0/0 is wider than a /8: to let deliveries reach "
+            "every address, use --allow-private-webhooks (env RUNROW_ALLOW_PRIVATE_WEBHOOKS=1)",
+        ),
+        (
+            [],
+            {"RUNROW_WEBHOOK_ALLOW_NETWORKS": "10.1.0.0/16,fc00::/7"},
+            "argument --webhook-allow-network: fc00::/7 is wider than a /16: to let deliveries reach "
+            "every address, use --allow-private-webhooks (env RUNROW_ALLOW_PRIVATE_WEBHOOKS=1) "
+            "(from $RUNROW_WEBHOOK_ALLOW_NETWORKS)",
+        ),
+        (
+            ["--webhook-allow-network", "10.1.2.3/8"],
+            {},
+            "argument --webhook-allow-network: 10.1.2.3/8 has host bits set: the network is 10.0.0.0/8",
+        ),
+        (
+            [],
+            {"RUNROW_ALLOW_PRIVATE_WEBHOOKS": "enabled"},
+            "argument --allow-private-webhooks: must be one of 1, true, yes, on, 0, false, no, off, "
+            "got 'enabled' (from $RUNROW_ALLOW_PRIVATE_WEBHOOKS)",
+        ),
+    ],
+)
+def test_a_webhook_receiver_setting_serve_cannot_take_stops_it_as_it_stops_the_worker(
+    args: list[str], env: dict[str, str], says: str
+) -> None:
+    """One definition for both commands: serve refuses at start, exit 2 and one line, what the
+    worker refuses, in the worker's words (the networks that are too wide included)."""
+    for command in ("serve", "worker"):
+        refused = _runrow(command, *args, env=env)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, (command, refused.stderr)
+        assert refused.stderr.rstrip().endswith(f"runrow {command}: error: {says}"), (command, refused.stderr)
+
+
+def test_serve_help_teaches_the_workers_webhook_receiver_flags() -> None:
+    shown = " ".join(_runrow("serve", "--help").stdout.split())
+    for says in (
+        "--webhook-allow-network CIDR",
+        "env RUNROW_WEBHOOK_ALLOW_NETWORKS",
+        "the flags replace its list rather than add to it",
+        "No wider than a /8 (IPv4) or /16 (IPv6)",
+        "env RUNROW_ALLOW_PRIVATE_WEBHOOKS=1",
+        "Give the workers the same networks",
+    ):
+        assert says in shown, (says, shown)

@@ -600,7 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from pyworker.cli.webhook_receivers import add_arguments as add_receiver_arguments
 
-    add_receiver_arguments(p)
+    add_receiver_arguments(p, "worker")
     add_log_format(p, "one object per line with run_id, conversation_id, attempt")
     p.add_argument(
         "--metrics-port",

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from pyworker.cli.messages import first_line, read_text_option
 from pyworker.cli.types import add_log_format, conninfo, env_default, host_name, number, port_number
+from pyworker.cli.webhook_receivers import add_arguments as add_receiver_arguments
+from pyworker.cli.webhook_receivers import allowed_networks
 from pyworker.db import schema
 from pyworker.db.config import database_url
 from pyworker.http.auth import TokenConfigError, load_tokens_file, parse_tokens_env
@@ -38,6 +40,8 @@ examples:
   RUNROW_TOKENS="$(openssl rand -hex 16)=alice" runrow serve --host 0.0.0.0
   runrow serve --insecure-dev --user-may-set webhook_url --allow-private-webhooks  # receivers on this machine
       # (the workers deliver to them only with their own: runrow worker --allow-private-webhooks)
+  RUNROW_WEBHOOK_ALLOW_NETWORKS=10.96.0.0/12 runrow serve --user-may-set webhook_url ...  # and the
+      # workers with the same variable: receivers on that network taken at enqueue and reached
   runrow serve --tokens-file tokens.json --replica-url postgresql://app@standby/app  # streams from a standby
   RUNROW_LOG_FORMAT=json runrow serve --tokens-file tokens.json --access-log  # one JSON object a line:
       # {"ts": "2026-01-05T10:00:00.123", "level": "INFO", "logger": "runrow.http.access",
@@ -145,18 +149,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "--system-file and --tools-module, and a request naming another field is a 403; "
         "env RUNROW_USER_MAY_SET)",
     )
-    p.add_argument(
-        "--allow-private-webhooks",
-        action="store_true",
-        help="let a user's webhook_url (--user-may-set webhook_url) point at loopback, private "
-        "(10/8, 172.16/12, 192.168/16, fc00::/7), link-local (169.254/16, the cloud metadata "
-        "service; fe80::/10), unspecified, multicast and other non-public addresses, or a name that "
-        "resolves to one; without it such a request is a 422, since the workers would POST into "
-        "your own network for that user. For local development and receivers you run yourself. "
-        "It does not reach the workers, which check every address again at delivery (DNS "
-        "rebinding): they deliver to such a receiver only when started with "
-        "--allow-private-webhooks themselves, or with its network in --webhook-allow-network",
-    )
+    # The workers' own definition: the same variables, validation and messages, so a fleet
+    # configured once accepts at enqueue what its workers deliver to (pyworker/cli/webhook_receivers.py).
+    add_receiver_arguments(p, "serve")
     p.add_argument(
         "--max-attempts",
         type=number(int, 1, 100),
@@ -396,6 +391,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         session_limits=args.session_limits,
         user_may_set=args.user_may_set or frozenset(),
         allow_private_webhooks=args.allow_private_webhooks,
+        webhook_allow_networks=allowed_networks(args),
         max_streams_per_user=args.max_streams_per_user,
         auth_failures_per_minute=args.auth_failures_per_minute,
         max_attempts=args.max_attempts,

@@ -1,18 +1,21 @@
-"""`runrow worker`'s options for which receivers its webhook deliveries may reach: all of them
-(--allow-private-webhooks), or public addresses and the networks listed (--webhook-allow-network).
-Both also come from the environment, as the other webhook options do: a deployment that sets
-RUNROW_WEBHOOK_* for its workers sets these the same way."""
+"""Which receivers a webhook may reach: all of them (--allow-private-webhooks), or public addresses
+and the networks listed (--webhook-allow-network). `runrow worker`'s sender checks them at
+delivery, and `runrow serve` a user's webhook_url at enqueue: both commands take these options,
+from this one definition, so the two cannot disagree on a value or its spelling. Both also come
+from the environment, as the other webhook options do: a deployment that sets RUNROW_WEBHOOK_*
+for its workers and service sets these the same way."""
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pyworker.cli.types import env_default
 from pyworker.worker.public_addresses import IPNetwork
 
+Command = Literal["worker", "serve"]
 ON = ("1", "true", "yes", "on")
 OFF = ("0", "false", "no", "off")
 # The shortest network --webhook-allow-network takes, by IP version: 0.0.0.0/0 or ::/0 is
@@ -77,19 +80,63 @@ class _Networks(argparse.Action):
         setattr(namespace, self.dest, [*([] if current is self.default else current), *values])
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+# What both commands' help says of the addresses refused, and of the networks' rules.
+NON_PUBLIC = (
+    "loopback, private (10/8, 172.16/12, 192.168/16, fc00::/7), link-local (169.254/16, the "
+    "cloud metadata service; fe80::/10), unspecified, multicast and other non-public addresses"
+)
+NETWORK_RULES = (
+    "repeat it, or separate them with commas (env RUNROW_WEBHOOK_ALLOW_NETWORKS; given here, the "
+    "flags replace its list rather than add to it). No wider than a /8 (IPv4) or /16 (IPv6): "
+    "--allow-private-webhooks allows every address. An IPv6 spelling of an IPv4 address "
+    "(::ffff:a.b.c.d, 6to4, NAT64) is allowed by the IPv4 network it reaches. Every other "
+    "non-public address stays refused"
+)
+# Each command's help: the flags are the same, what they change in it is not. `serve` checks a
+# user's webhook_url when it takes the run, the workers every address at delivery; a fleet gives
+# both the same values (the same variables do), or one refuses what the other would allow.
+HELP: dict[Command, tuple[str, str]] = {
+    "worker": (
+        f"let webhook deliveries reach {NON_PUBLIC}: every one, a user's name rebound to one "
+        "included. Without it the sender checks every address it connects to and connects to "
+        "public ones only (and --webhook-allow-network's): a user's name rebound to a private "
+        "address after `runrow serve` checked it is not reached. For local development, or a fleet "
+        "whose users cannot set webhook_url; prefer --webhook-allow-network for receivers of your "
+        "own. Through --webhook-proxy, the proxy's policy decides (env RUNROW_ALLOW_PRIVATE_WEBHOOKS=1)",
+        "a network webhook deliveries may reach though it is not public (10.96.0.0/12 for "
+        "receivers on a Kubernetes service network, 172.17.0.0/16 on Docker's bridge); "
+        f"{NETWORK_RULES}. The trade-off: a user who may set webhook_url may reach any receiver in "
+        "these networks too (a name rebound to one of their addresses), so list only networks "
+        "whose every listener may take such a POST; `runrow serve` takes the same flag, so that it "
+        "accepts at enqueue what the workers reach; default none",
+    ),
+    "serve": (
+        f"let a user's webhook_url (--user-may-set webhook_url) point at {NON_PUBLIC}, or a name "
+        "that resolves to one; without it such a request is a 422, since the workers would POST "
+        "into your own network for that user. For local development and receivers you run "
+        "yourself; prefer --webhook-allow-network for receivers of your own. It does not reach "
+        "the workers, which check every address again at delivery (DNS rebinding): give them the "
+        "same flag, or the same variable (env RUNROW_ALLOW_PRIVATE_WEBHOOKS=1, which they read too)",
+        "a network a user's webhook_url may point into though it is not public (10.96.0.0/12 for "
+        "receivers on a Kubernetes service network, 172.17.0.0/16 on Docker's bridge): a host "
+        "that is, or resolves only to, public addresses and addresses in these networks is "
+        f"taken; {NETWORK_RULES} (a 422). Any user who may set webhook_url may aim at any "
+        "listener in these networks, so list only networks whose every listener may take such a "
+        "POST. Give the workers the same networks (the variable is theirs too): they check every "
+        "address again at delivery, and deliver into a network only when it is theirs; default none",
+    ),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser, command: Command) -> None:
+    """The two options, defined once for `runrow worker` and `runrow serve`: the same variables,
+    the same validation and the same messages; only the help says what each command does."""
+    private_help, networks_help = HELP[command]
     p.add_argument(
         "--allow-private-webhooks",
         action=_Switch,
         var="RUNROW_ALLOW_PRIVATE_WEBHOOKS",
-        help="let webhook deliveries reach loopback, private (10/8, 172.16/12, 192.168/16, fc00::/7), "
-        "link-local (169.254/16, the cloud metadata service; fe80::/10), unspecified, multicast and "
-        "other non-public addresses: every one, a user's name rebound to one included. Without it "
-        "the sender checks every address it connects to and connects to public ones only (and "
-        "--webhook-allow-network's): a user's name rebound to a private address after `runrow "
-        "serve` checked it is not reached. For local development, or a fleet whose users cannot "
-        "set webhook_url; prefer --webhook-allow-network for receivers of your own. Through "
-        "--webhook-proxy, the proxy's policy decides (env RUNROW_ALLOW_PRIVATE_WEBHOOKS=1)",
+        help=private_help,
     )
     p.add_argument(
         "--webhook-allow-network",
@@ -97,15 +144,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=networks,
         default=env_default("RUNROW_WEBHOOK_ALLOW_NETWORKS", empty_is_unset=True) or (),
         metavar="CIDR",
-        help="a network webhook deliveries may reach though it is not public (10.96.0.0/12 for "
-        "receivers on a Kubernetes service network, 172.17.0.0/16 on Docker's bridge); repeat it, "
-        "or separate them with commas (env RUNROW_WEBHOOK_ALLOW_NETWORKS; given here, the flags "
-        "replace its list rather than add to it). No wider than a /8 (IPv4) or /16 (IPv6): "
-        "--allow-private-webhooks allows every address. An IPv6 spelling of an IPv4 address "
-        "(::ffff:a.b.c.d, 6to4, NAT64) is allowed by the IPv4 network it reaches. Every other "
-        "non-public address stays refused. The trade-off: a user who may set webhook_url may reach any "
-        "receiver in these networks too (a name rebound to one of their addresses), so list only "
-        "networks whose every listener may take such a POST; default none",
+        help=networks_help,
     )
 
 

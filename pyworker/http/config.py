@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
+
+from pyworker.worker.public_addresses import IPNetwork
 
 # Returns the authenticated user id, or None for "not authenticated" (401).
 Authenticate = Callable[[Request], "Awaitable[str | None] | str | None"]
@@ -55,6 +58,9 @@ class ServeConfig:
     # A user's webhook_url may point at loopback, private, link-local and other non-public
     # addresses (local development; receivers on the operator's own network). Off, it is a 422.
     allow_private_webhooks: bool = False
+    # Networks a user's webhook_url may point into though they are not public (the workers'
+    # --webhook-allow-network, which serve takes too): every other non-public address stays a 422.
+    webhook_allow_networks: tuple[IPNetwork, ...] = ()
     # Attempts of a run enqueued without its own max_attempts (`runrow serve --max-attempts`):
     # 1, enqueue_run's default, is at-most-once; more requeues a run whose worker died.
     max_attempts: int = 1
@@ -70,3 +76,14 @@ class ServeConfig:
     # None: on the API's port.
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        # Checked here, not at the first webhook_url: a list of strings given in code would make
+        # every such enqueue a 500 rather than refuse to start.
+        if not isinstance(self.webhook_allow_networks, tuple) or not all(
+            isinstance(n, ipaddress.IPv4Network | ipaddress.IPv6Network) for n in self.webhook_allow_networks
+        ):
+            raise ValueError(
+                "webhook_allow_networks must be a tuple of ipaddress networks, "
+                f"got {self.webhook_allow_networks!r}"
+            )

@@ -157,7 +157,7 @@ async def enqueue(request: Request, svc: Services, user: str) -> Response:
         )
     fleet = _fleet_options(body)
     if fleet.webhook_url is not None and not svc.config.allow_private_webhooks:
-        await refuse_non_public(fleet.webhook_url)
+        await refuse_non_public(fleet.webhook_url, svc.config.webhook_allow_networks)
     key = _idempotency_key(request, user)
     try:
         async with svc.pool.connection() as conn:

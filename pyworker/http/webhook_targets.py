@@ -1,8 +1,12 @@
-"""Where a user's webhook may point: public addresses only, unless the operator says otherwise.
+"""Where a user's webhook may point: public addresses, and the networks the operator allowed
+(`runrow serve --webhook-allow-network`, the workers' flag), unless it allows every address.
 
 The workers POST a run's ending to its webhook_url from inside the operator's network, so a
 user who may set that URL could otherwise make them request the loopback interface, the
 private network or the cloud metadata service (169.254.169.254): server-side request forgery.
+An address is judged by public_addresses.why_refused, the sender's own rule, with the networks
+serve was given: a fleet whose workers and service take the same flags (or variables) refuses
+at enqueue what its workers would refuse at delivery, and nothing they would reach.
 The check here is made when the service takes the request; a name that resolves to a public
 address now and a private one at delivery (DNS rebinding) is caught by the workers' sender,
 which checks every address it connects to again (pyworker/worker/webhook_transport.py). It
@@ -25,7 +29,7 @@ import httpx
 from pyworker.db.aio import within
 from pyworker.db.threads import in_own_thread
 from pyworker.http.errors import ApiError
-from pyworker.worker.public_addresses import IPAddress, why_not_public
+from pyworker.worker.public_addresses import IPAddress, IPNetwork, why_refused
 
 log = logging.getLogger("runrow.http")
 
@@ -46,9 +50,10 @@ RETRY_AFTER = "5"
 _TEMPORARY = {socket.EAI_AGAIN}
 
 
-async def refuse_non_public(url: str) -> None:
-    """A 422 naming webhook_url when its host is, or resolves to, an address that is not public,
-    or does not resolve at all; a 503 with Retry-After when its resolver does not answer in time.
+async def refuse_non_public(url: str, allowed: tuple[IPNetwork, ...] = ()) -> None:
+    """A 422 naming webhook_url when its host is, or resolves to, an address that is neither
+    public nor in an `allowed` network, or does not resolve at all; a 503 with Retry-After when
+    its resolver does not answer in time.
 
     The host is read by httpx, the client the workers send with, so both see the same host
     (`http://a@127.0.0.1/` is 127.0.0.1 to both). A URL httpx cannot read is left to
@@ -70,7 +75,7 @@ async def refuse_non_public(url: str) -> None:
     except ValueError:
         literal = None
     if literal is not None:
-        reason = why_not_public(literal)
+        reason = why_refused(literal, allowed)
         if reason is not None:
             raise _refused(f"webhook_url's host {host} is {reason}")
         return
@@ -82,7 +87,7 @@ async def refuse_non_public(url: str) -> None:
     if not addresses:
         raise _unresolvable(host, "no IPv4 or IPv6 address")
     for address in addresses:
-        reason = why_not_public(address)
+        reason = why_refused(address, allowed)
         if reason is not None:
             raise _refused(f"webhook_url's host {host} resolves to {address}, {reason}")
 
@@ -127,8 +132,10 @@ def _refused(what: str) -> ApiError:
     return ApiError(
         422,
         "webhook_url_not_public",
-        f"{what}: this service sends webhooks only to public addresses (an operator who runs "
-        "receivers on a private network starts runrow serve with --allow-private-webhooks)",
+        # The allowed networks are not named: they map the operator's network for any user.
+        f"{what}: this service sends webhooks only to public addresses and the networks its "
+        "operator allowed (an operator who runs receivers on a private network starts runrow "
+        "serve and the workers with --webhook-allow-network CIDR, or --allow-private-webhooks)",
     )
 
 
