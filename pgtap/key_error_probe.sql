@@ -11,10 +11,9 @@ BEGIN;
 SELECT plan(19);
 SELECT pg_temp.drain_queue();
 
+-- A 403 unless told, the longest block 300 s (report_key_error's default).
 CREATE FUNCTION pg_temp.refused(run uuid, msg text DEFAULT 'permission_error: no access to the beta')
-RETURNS numeric LANGUAGE sql AS $$
-    SELECT runrow.report_key_error(run, pg_temp.token(run), msg, 5, 300, msg LIKE 'permission_error:%')
-$$;
+RETURNS numeric LANGUAGE sql AS $$ SELECT pg_temp.report(run, msg, 300) $$;
 CREATE FUNCTION pg_temp.probe(key text) RETURNS uuid LANGUAGE sql AS $$
     SELECT key_probe_by FROM runrow.rate_limit WHERE rate_limit_key = key
 $$;

@@ -9,10 +9,6 @@ BEGIN;
 SELECT plan(100);
 SELECT pg_temp.drain_queue();
 
-CREATE FUNCTION pg_temp.report(run uuid, msg text DEFAULT 'authentication_error: invalid x-api-key')
-RETURNS numeric LANGUAGE sql AS $$
-    SELECT runrow.report_key_error(run, pg_temp.token(run), msg, 5, 20, msg LIKE 'permission_error:%')
-$$;
 CREATE FUNCTION pg_temp.streak(key text) RETURNS text LANGUAGE sql AS $$
     SELECT (l.key_errors, l.key_error_block::float8, l.key_probe_by IS NOT NULL,
             extract(EPOCH FROM l.blocked_until - now()))::text

@@ -29,6 +29,7 @@ from worker_support import WorkerProcess, enqueue_run
 from pyworker.agent import loop as agent
 from pyworker.db.devdb import temporary_database
 from pyworker.fake.scenarios import DEMO_TOOLS
+from pyworker.fake.server import FakeModel
 from pyworker.worker.process import Worker
 
 AGENT = "pyworker.agent:handle"
@@ -245,6 +246,36 @@ def in_process_worker(url: str, name: str = "inproc", **kwargs: Any) -> Iterator
         worker.stop()
 
 
+def fake_api_worker(
+    url: str, fake: FakeModel, name: str, config: dict[str, Any] | None = None, **options: Any
+) -> InProcessWorker:
+    """An in-process agent worker (not started: enter it) against the fake Messages API `fake`:
+    its URL, the key "test-key" and no SDK retries, so that each error the fake sends reaches the
+    agent loop as sent, not the SDK's own backoff. `config` goes on top (limits such as
+    rate_limit_max_wait, a tool registry), `options` to the Worker (lease_seconds, ...)."""
+    settings = {
+        "anthropic_base_url": fake.base_url,
+        "anthropic_api_key": "test-key",
+        "anthropic_max_retries": 0,
+        **(config or {}),
+    }
+    return InProcessWorker(url, name, config=settings, **options)
+
+
+@contextlib.contextmanager
+def one_slot_agent_worker(url: str, name: str, rate_limit_max_wait: float) -> Iterator[FakeModel]:
+    """A fresh fake Messages API ("text") and a started one-slot agent worker against it (5 s
+    lease, no SDK retries, waiting in place for a limit at most rate_limit_max_wait seconds), for a
+    test that shapes the queue and the limits first. Yields the fake: what the worker sent."""
+    with (
+        FakeModel("text") as fake,
+        fake_api_worker(
+            url, fake, name, {"rate_limit_max_wait": rate_limit_max_wait}, lease_seconds=5, concurrency=1
+        ),
+    ):
+        yield fake
+
+
 @pytest.fixture(scope="module")
 def module_db(database_url: str) -> Iterator[str]:
     """A freshly migrated database shared by one test module's tests."""
@@ -256,3 +287,11 @@ def module_db(database_url: str) -> Iterator[str]:
 def module_conn(module_db: str) -> Iterator[psycopg.Connection]:
     with psycopg.connect(module_db, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeModel]:
+    """The fake Messages API (scenario "text") shared by one test module's tests, for a module
+    whose worker fixture runs against it (fake_api_worker); its tests reset or inject into it."""
+    with FakeModel("text") as server:
+        yield server

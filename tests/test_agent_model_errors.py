@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from agent_support import InProcessWorker, enqueue_agent, module_conn, module_db, steps
+from agent_support import InProcessWorker, enqueue_agent, fake, fake_api_worker, module_conn, module_db, steps
 from worker_support import events, run_row, wait_status
 
 from pyworker.agent.limits import MAX_429_DEFERRALS, MAX_429_IN_ATTEMPT
@@ -34,7 +34,7 @@ from pyworker.fake.faults import bad_tool_json, error_event, garbled, rate_limit
 from pyworker.fake.scenarios import Text, ToolCall, script, turn
 from pyworker.fake.server import FakeModel
 
-__all__ = ["module_conn", "module_db"]
+__all__ = ["fake", "module_conn", "module_db"]
 
 TERMINAL = {"completed", "failed", "cancelled", "dead"}
 WEATHER = {
@@ -51,20 +51,9 @@ def get_weather(city: str, idempotency_key: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeModel]:
-    with FakeModel("text") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def worker(module_db: str, fake: FakeModel) -> Iterator[InProcessWorker]:
-    config = {
-        "anthropic_base_url": fake.base_url,
-        "anthropic_api_key": "test-key",
-        "anthropic_max_retries": 0,
-        "registry": registry,
-    }
-    with InProcessWorker(module_db, "modelerr", config=config, lease_seconds=2, concurrency=2) as w:
+    config = {"registry": registry}
+    with fake_api_worker(module_db, fake, "modelerr", config, lease_seconds=2, concurrency=2) as w:
         yield w
 
 

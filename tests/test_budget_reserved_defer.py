@@ -13,10 +13,8 @@ import uuid
 from typing import Any
 
 import psycopg
-from agent_support import in_process_worker, module_conn, module_db
-from worker_support import run_row, wait_until
-
-from pyworker.fake.server import FakeModel
+from agent_support import module_conn, module_db, one_slot_agent_worker
+from worker_support import enqueue_run, run_row, wait_until
 
 __all__ = ["module_conn", "module_db"]
 
@@ -24,14 +22,7 @@ TENANT = "reserved-tenant"
 
 
 def enqueue(db: psycopg.Connection, text: str, max_tokens: int) -> uuid.UUID:
-    row = db.execute(
-        "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => to_jsonb(%s::text), "
-        "model => 'claude-reserved', user_id => %s, max_attempts => 1, "
-        "metadata => jsonb_build_object('max_tokens', %s::int))",
-        (uuid.uuid4(), text, TENANT, max_tokens),
-    ).fetchone()
-    assert row is not None
-    return row[0]
+    return enqueue_run(db, text, "claude-reserved", user_id=TENANT, metadata={"max_tokens": max_tokens})
 
 
 def deferrals(db: psycopg.Connection, run: uuid.UUID) -> list[dict[str, Any]]:
@@ -66,33 +57,27 @@ def test_budget_reserved_defers_the_run_past_a_long_max_wait_and_keeps_its_place
     # big reserves about 1800 + its estimate: 1300 + that > 3000, so it waits (the tenant's
     # waiter). small (about 1000 + its estimate) fits beside the held call, not beside the waiter.
     big = enqueue(db, "big", 1800)
-    with FakeModel("text") as fake:
-        config = {
-            "anthropic_base_url": fake.base_url,
-            "anthropic_api_key": "test-key",
-            "anthropic_max_retries": 0,
-            "rate_limit_max_wait": 30.0,  # longer than budget_reserved's 15 s
-        }
-        with in_process_worker(module_db, "reserved", config=config, lease_seconds=5, concurrency=1):
-            # Before the fix the run stayed running here for 15 s and more (waiting in place).
-            wait_until(lambda: deferrals(db, big), 10, "big deferred")
-            [event] = deferrals(db, big)
-            assert event["deferred"] is True and event["attempt"] == 0, event
-            assert run_row(db, big)["error"].startswith("budget_reserved: waiting 15.0s"), run_row(db, big)
-            assert waiter(db) == big
-            # The one slot is free: the worker claims the next run while big is deferred.
-            small = enqueue(db, "small", 1000)
-            wait_until(lambda: deferrals(db, small), 10, "small claimed and deferred")
-            assert run_row(db, big)["status"] == "queued"
-            assert waiter(db) == big, "a deferred waiter keeps its place: small waits behind it"
-            assert not fake.requests
-            # The held call settles: big, re-claimed when its wait is over, goes first.
-            usage = '{"input_tokens": 100, "output_tokens": 50}'
-            db.execute(
-                "SELECT runrow.append_step(%s, %s, 'model_turn', %s, NULL, %s, 'end_turn')",
-                (held, token, '[{"type": "text", "text": "ok"}]', usage),
-            )
-            wait_until(lambda: run_row(db, big)["status"] == "completed", 30, "big completed")
-            wait_until(lambda: fake.requests, 5, "a request recorded")
-            first = fake.requests[0].body["messages"][0]["content"]
-            assert "big" in str(first), first
+    # The longest wait in place, 30 s, is longer than budget_reserved's 15 s.
+    with one_slot_agent_worker(module_db, "reserved", rate_limit_max_wait=30.0) as fake:
+        # Before the fix the run stayed running here for 15 s and more (waiting in place).
+        wait_until(lambda: deferrals(db, big), 10, "big deferred")
+        [event] = deferrals(db, big)
+        assert event["deferred"] is True and event["attempt"] == 0, event
+        assert run_row(db, big)["error"].startswith("budget_reserved: waiting 15.0s"), run_row(db, big)
+        assert waiter(db) == big
+        # The one slot is free: the worker claims the next run while big is deferred.
+        small = enqueue(db, "small", 1000)
+        wait_until(lambda: deferrals(db, small), 10, "small claimed and deferred")
+        assert run_row(db, big)["status"] == "queued"
+        assert waiter(db) == big, "a deferred waiter keeps its place: small waits behind it"
+        assert not fake.requests
+        # The held call settles: big, re-claimed when its wait is over, goes first.
+        usage = '{"input_tokens": 100, "output_tokens": 50}'
+        db.execute(
+            "SELECT runrow.append_step(%s, %s, 'model_turn', %s, NULL, %s, 'end_turn')",
+            (held, token, '[{"type": "text", "text": "ok"}]', usage),
+        )
+        wait_until(lambda: run_row(db, big)["status"] == "completed", 30, "big completed")
+        wait_until(lambda: fake.requests, 5, "a request recorded")
+        first = fake.requests[0].body["messages"][0]["content"]
+        assert "big" in str(first), first

@@ -12,10 +12,8 @@ from __future__ import annotations
 import uuid
 
 import psycopg
-from agent_support import in_process_worker, module_conn, module_db
-from worker_support import run_row, wait_until
-
-from pyworker.fake.server import FakeModel
+from agent_support import module_conn, module_db, one_slot_agent_worker
+from worker_support import enqueue_run, run_row, wait_until
 
 __all__ = ["module_conn", "module_db"]
 
@@ -23,13 +21,7 @@ KEY = "claude-probe-elsewhere"
 
 
 def enqueue(db: psycopg.Connection, text: str) -> uuid.UUID:
-    row = db.execute(
-        "SELECT run_id FROM runrow.enqueue_run(conversation_id => %s, content => to_jsonb(%s::text), "
-        "model => %s, rate_limit_key => %s, max_attempts => 1)",
-        (uuid.uuid4(), text, KEY, KEY),
-    ).fetchone()
-    assert row is not None
-    return row[0]
+    return enqueue_run(db, text, KEY, rate_limit_key=KEY)
 
 
 def test_probe_elsewhere_defers_the_run_past_a_long_max_wait(
@@ -56,24 +48,16 @@ def test_probe_elsewhere_defers_the_run_past_a_long_max_wait(
         (KEY,),
     )
     db.execute("UPDATE runrow.agent_run SET not_before = now() WHERE id = %s", (refused,))
-    with FakeModel("text") as fake:
-        config = {
-            "anthropic_base_url": fake.base_url,
-            "anthropic_api_key": "test-key",
-            "anthropic_max_retries": 0,
-            "rate_limit_max_wait": 30.0,  # longer than probe_elsewhere's 15 s
-        }
-        with in_process_worker(module_db, "probe", config=config, lease_seconds=5, concurrency=1):
-            # Before the fix the run stayed running here for 15 s and more (waiting in place).
-            wait_until(
-                lambda: run_row(db, refused)["error"].startswith("probe_elsewhere"), 10, "refused deferred"
-            )
-            row = run_row(db, refused)
-            assert row["status"] == "queued" and row["error"].startswith("probe_elsewhere: waiting 15.0s"), (
-                row
-            )
-            assert row["attempt"] == 0, row
-            assert not fake.requests, "the run sent nothing: the probe is the other run's"
+    # The longest wait in place, 30 s, is longer than probe_elsewhere's 15 s.
+    with one_slot_agent_worker(module_db, "probe", rate_limit_max_wait=30.0) as fake:
+        # Before the fix the run stayed running here for 15 s and more (waiting in place).
+        wait_until(
+            lambda: run_row(db, refused)["error"].startswith("probe_elsewhere"), 10, "refused deferred"
+        )
+        row = run_row(db, refused)
+        assert row["status"] == "queued" and row["error"].startswith("probe_elsewhere: waiting 15.0s"), row
+        assert row["attempt"] == 0, row
+        assert not fake.requests, "the run sent nothing: the probe is the other run's"
     probe = db.execute(
         "SELECT key_probe_by FROM runrow.rate_limit WHERE rate_limit_key = %s", (KEY,)
     ).fetchone()

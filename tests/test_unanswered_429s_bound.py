@@ -16,34 +16,24 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from agent_support import InProcessWorker, enqueue_agent, module_conn, module_db
+from agent_support import InProcessWorker, enqueue_agent, fake, fake_api_worker, module_conn, module_db
 from worker_support import events, run_row, wait_status
 
 from pyworker.agent.limits import MAX_429_DEFERRALS, MAX_429_IN_ATTEMPT
 from pyworker.fake.faults import rate_limited
 from pyworker.fake.server import FakeModel
 
-__all__ = ["module_conn", "module_db"]
+__all__ = ["fake", "module_conn", "module_db"]
 
 BOUND = (MAX_429_IN_ATTEMPT + 1) * (MAX_429_DEFERRALS + 1)
 KEY = "claude-429-blocked-forever"
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeModel]:
-    with FakeModel("text") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def worker(module_db: str, fake: FakeModel) -> Iterator[InProcessWorker]:
-    config = {
-        "anthropic_base_url": fake.base_url,
-        "anthropic_api_key": "test-key",
-        "anthropic_max_retries": 0,
-        "rate_limit_max_wait": 0.05,  # each 429's retry-after (0.4 s) is longer: deferred as blocked
-    }
-    with InProcessWorker(module_db, "unanswered429", config=config, poll_seconds=0.1) as w:
+    # Each 429's retry-after (0.4 s) is longer than the longest wait: deferred as blocked.
+    config = {"rate_limit_max_wait": 0.05}
+    with fake_api_worker(module_db, fake, "unanswered429", config, poll_seconds=0.1) as w:
         yield w
 
 

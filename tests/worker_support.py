@@ -175,6 +175,8 @@ def enqueue_run(
     system_prompt: str | None = None,
     tools: list[Any] | None = None,
     metadata: dict[str, Any] | None = None,
+    user_id: str | None = None,
+    rate_limit_key: str | None = None,
 ) -> uuid.UUID:
     """runrow.enqueue_run by name (a new conversation unless given); None keeps its default."""
     args: dict[str, Any] = {
@@ -185,6 +187,8 @@ def enqueue_run(
         "system_prompt": system_prompt,
         "tools": None if tools is None else Jsonb(tools),
         "metadata": None if metadata is None else Jsonb(metadata),
+        "user_id": user_id,
+        "rate_limit_key": rate_limit_key,
     }
     given = {name: value for name, value in args.items() if value is not None}
     named = ", ".join(f"{name} => %({name})s" for name in given)
