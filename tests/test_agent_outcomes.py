@@ -25,6 +25,7 @@ import pytest
 from agent_support import (
     InProcessWorker,
     enqueue_agent,
+    fake,
     module_conn,
     module_db,
     steps,
@@ -47,7 +48,7 @@ from pyworker.fake.faults import (
 from pyworker.fake.scenarios import ModelRequest, Text, ToolCall, script, turn
 from pyworker.fake.server import FakeModel
 
-__all__ = ["module_conn", "module_db"]
+__all__ = ["fake", "module_conn", "module_db"]
 
 TERMINAL = {"completed", "failed", "cancelled", "dead"}
 WEATHER = {
@@ -106,12 +107,6 @@ SCENARIOS = {
     "launch": script(turn(Text("Launching."), ToolCall("launch", {"target": "moon"})), summary),
     "long": script(turn(Text(LONG_TEXT))),
 }
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeModel]:
-    with FakeModel("text") as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

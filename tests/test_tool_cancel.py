@@ -27,6 +27,7 @@ from agent_support import (
     InProcessWorker,
     agent_worker,
     enqueue_agent,
+    fake,
     module_conn,
     module_db,
     steps,
@@ -40,7 +41,7 @@ from pyworker.demo import tools as demo_tools
 from pyworker.fake.scenarios import ModelRequest, Text, ToolCall, script, turn
 from pyworker.fake.server import FakeModel
 
-__all__ = ["module_conn", "module_db", "worker_db"]
+__all__ = ["fake", "module_conn", "module_db", "worker_db"]
 
 TERMINAL = {"completed", "failed", "cancelled", "dead"}
 LONG = 300.0  # what a tool takes when nobody stops it: far beyond every deadline below
@@ -135,12 +136,6 @@ def summary(request: ModelRequest) -> Any:
 
 def calling(name: str) -> Any:
     return script(turn(Text(f"Calling {name}."), ToolCall(name, {"job": "j1"})), summary)
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeModel]:
-    with FakeModel("text") as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
