@@ -227,7 +227,9 @@ def test_the_networks_and_the_variables_reach_the_service(monkeypatch: pytest.Mo
     monkeypatch.setenv("RUNROW_WEBHOOK_ALLOW_NETWORKS", "10.1.0.0/16,fd00:1::/32")
     monkeypatch.setenv("RUNROW_ALLOW_PRIVATE_WEBHOOKS", "1")
     config = build_config(build_parser().parse_args(base))
-    assert config.webhook_allow_networks == ALLOWED and config.allow_private_webhooks is True
+    # The networks come from the variable; serve's allow-everything never does (a flag only).
+    assert config.webhook_allow_networks == ALLOWED and config.allow_private_webhooks is False
+    assert build_config(build_parser().parse_args([*base, "--allow-private-webhooks"])).allow_private_webhooks
     flagged = build_parser().parse_args([*base, "--webhook-allow-network", "172.17.0.0/16"])
     assert build_config(flagged).webhook_allow_networks == (ipaddress.ip_network("172.17.0.0/16"),)
 

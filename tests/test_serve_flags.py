@@ -137,10 +137,12 @@ def _runrow(command: str, *args: str, env: dict[str, str] | None = None) -> subp
     )
 
 
-def test_serve_reads_the_workers_webhook_variables(db: str, tmp_path: Path) -> None:
-    """A fleet configured by environment gave its workers RUNROW_WEBHOOK_ALLOW_NETWORKS and
-    RUNROW_ALLOW_PRIVATE_WEBHOOKS, which serve did not read: the workers delivered into
-    10.1.0.0/16, and serve refused every enqueue there (422)."""
+def test_serve_reads_the_workers_networks_but_not_their_allow_everything(db: str, tmp_path: Path) -> None:
+    """A fleet configured by environment gave its workers RUNROW_WEBHOOK_ALLOW_NETWORKS, which
+    serve did not read: the workers delivered into 10.1.0.0/16, and serve refused every enqueue
+    there (422). RUNROW_ALLOW_PRIVATE_WEBHOOKS stays the workers' alone: a service started in
+    their environment must not let every user aim at loopback (a review of stop 62 found the
+    first version of this change did)."""
     networks = {"RUNROW_WEBHOOK_ALLOW_NETWORKS": "10.1.0.0/16"}
     with serve_process(db, tmp_path, ["--user-may-set", "webhook_url"], env=networks) as serve:
         inside = _enqueue(serve.url, {"webhook_url": "http://10.1.2.3:8080/hook"})
@@ -151,6 +153,12 @@ def test_serve_reads_the_workers_webhook_variables(db: str, tmp_path: Path) -> N
     )
     every = {"RUNROW_ALLOW_PRIVATE_WEBHOOKS": "1"}
     with serve_process(db, tmp_path, ["--user-may-set", "webhook_url"], env=every) as serve:
+        loopback = _enqueue(serve.url, {"webhook_url": "http://127.0.0.1:9/hook"})
+    assert loopback.status_code == 422 and loopback.json()["error"]["type"] == "webhook_url_not_public", (
+        loopback.text
+    )
+    args = ["--user-may-set", "webhook_url", "--allow-private-webhooks"]
+    with serve_process(db, tmp_path, args) as serve:
         loopback = _enqueue(serve.url, {"webhook_url": "http://127.0.0.1:9/hook"})
     assert loopback.status_code == 202, loopback.text
 
@@ -176,12 +184,6 @@ def test_serve_reads_the_workers_webhook_variables(db: str, tmp_path: Path) -> N
             {},
             "argument --webhook-allow-network: 10.1.2.3/8 has host bits set: the network is 10.0.0.0/8",
         ),
-        (
-            [],
-            {"RUNROW_ALLOW_PRIVATE_WEBHOOKS": "enabled"},
-            "argument --allow-private-webhooks: must be one of 1, true, yes, on, 0, false, no, off, "
-            "got 'enabled' (from $RUNROW_ALLOW_PRIVATE_WEBHOOKS)",
-        ),
     ],
 )
 def test_a_webhook_receiver_setting_serve_cannot_take_stops_it_as_it_stops_the_worker(
@@ -202,7 +204,7 @@ def test_serve_help_teaches_the_workers_webhook_receiver_flags() -> None:
         "env RUNROW_WEBHOOK_ALLOW_NETWORKS",
         "the flags replace its list rather than add to it",
         "No wider than a /8 (IPv4) or /16 (IPv6)",
-        "env RUNROW_ALLOW_PRIVATE_WEBHOOKS=1",
+        "serve reads no variable for this one",
         "Give the workers the same networks",
     ):
         assert says in shown, (says, shown)

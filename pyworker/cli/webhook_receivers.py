@@ -2,8 +2,9 @@
 and the networks listed (--webhook-allow-network). `runrow worker`'s sender checks them at
 delivery, and `runrow serve` a user's webhook_url at enqueue: both commands take these options,
 from this one definition, so the two cannot disagree on a value or its spelling. Both also come
-from the environment, as the other webhook options do: a deployment that sets RUNROW_WEBHOOK_*
-for its workers and service sets these the same way."""
+from the environment, as the other webhook options do (a deployment that sets RUNROW_WEBHOOK_*
+for its workers and service sets the networks the same way), except serve's
+--allow-private-webhooks, which is a flag only (see add_arguments)."""
 
 from __future__ import annotations
 
@@ -61,10 +62,11 @@ def networks(text: str) -> list[IPNetwork]:
 
 
 class _Switch(argparse.Action):
-    """A switch (no value) whose default is an environment variable's on_off value."""
+    """A switch (no value) whose default is an environment variable's on_off value, or off when
+    it has no variable."""
 
-    def __init__(self, option_strings: Sequence[str], dest: str, var: str, **kwargs: Any) -> None:
-        default = env_default(var, empty_is_unset=True)
+    def __init__(self, option_strings: Sequence[str], dest: str, var: str | None, **kwargs: Any) -> None:
+        default = None if var is None else env_default(var, empty_is_unset=True)
         super().__init__(option_strings, dest, nargs=0, default=default or False, type=on_off, **kwargs)
 
     def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
@@ -116,7 +118,9 @@ HELP: dict[Command, tuple[str, str]] = {
         "into your own network for that user. For local development and receivers you run "
         "yourself; prefer --webhook-allow-network for receivers of your own. It does not reach "
         "the workers, which check every address again at delivery (DNS rebinding): give them the "
-        "same flag, or the same variable (env RUNROW_ALLOW_PRIVATE_WEBHOOKS=1, which they read too)",
+        "same flag (or their RUNROW_ALLOW_PRIVATE_WEBHOOKS=1). serve reads no variable for this "
+        "one: opening every private address to users' URLs is said on serve's own command line, "
+        "not inherited from an environment shared with the workers",
         "a network a user's webhook_url may point into though it is not public (10.96.0.0/12 for "
         "receivers on a Kubernetes service network, 172.17.0.0/16 on Docker's bridge): a host "
         "that is, or resolves only to, public addresses and addresses in these networks is "
@@ -135,7 +139,10 @@ def add_arguments(p: argparse.ArgumentParser, command: Command) -> None:
     p.add_argument(
         "--allow-private-webhooks",
         action=_Switch,
-        var="RUNROW_ALLOW_PRIVATE_WEBHOOKS",
+        # serve's is said on its own command line, never inherited: a service started in its
+        # workers' environment would otherwise let every user aim a webhook_url at loopback and
+        # the metadata service (networks, narrow and listed, do come from the variable).
+        var="RUNROW_ALLOW_PRIVATE_WEBHOOKS" if command == "worker" else None,
         help=private_help,
     )
     p.add_argument(
