@@ -154,7 +154,8 @@ BEGIN
     '0109_unanswered_429s',
     '0110_key_error_run_age',
     '0111_webhook_lapsed_token_validated',
-    '0112_step_guard_last_seq_by_key'
+    '0112_step_guard_last_seq_by_key',
+    '0113_tenant_budgets_by_key'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -9636,6 +9637,44 @@ COMMENT ON FUNCTION runrow._agent_step_guard() IS
 'UPDATE and DELETE always raise 23000 (append-only).';
 INSERT INTO runrow._yoyo_migration VALUES ('9807db9204ce3afa09b83f2500343611689d710acd9d78bdc50aa1476fd3a0f2', '0112_step_guard_last_seq_by_key', now() AT TIME ZONE 'UTC');
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '9807db9204ce3afa09b83f2500343611689d710acd9d78bdc50aa1476fd3a0f2', '0112_step_guard_last_seq_by_key', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0113_tenant_budgets_by_key
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = 'fe640d1c227f89f99b3c11ebe2e792558dc75214c595fdba108848afb61a17a8') AS apply_fe640d1c227f \gset
+\if :apply_fe640d1c227f
+-- depends: 0112_step_guard_last_seq_by_key
+-- tenant_budgets sums each budgeted tenant's rolling day by spend_hour's key, as _tenant_spent
+-- does since stop 62: the hour bound is a row comparison on the key, which spend_hour_by_hour
+-- cannot serve.
+--
+-- Why: written `s.hour > now() - 25 h`, the planner read by_hour for each budget row (hour's
+-- correlation is 1.0: spend_hour is written hour by hour) and filtered out every other tenant's
+-- day, so reading the view cost budgets x every tenant's day. queue_metrics counts the tenants
+-- over budget through this view, and the workers' metrics read queue_metrics on every scrape
+-- (tests/test_tenant_spent_lookup.py: 5 budgets, 10 and 60 tenants x 10 models).
+--
+-- Unchanged: the columns, their meaning, the grants.
+
+CREATE OR REPLACE VIEW runrow.tenant_budgets AS
+SELECT
+    b.fairness_key,
+    b.tokens_per_day,
+    b.cost_per_day,
+    t.tokens,
+    t.cost,
+    coalesce(t.tokens >= b.tokens_per_day OR t.cost >= b.cost_per_day, false) AS over_budget
+FROM runrow.tenant_budget AS b
+CROSS JOIN LATERAL (
+    SELECT
+        coalesce(sum(s.tokens), 0) AS tokens,
+        coalesce(sum(s.cost), 0) AS cost
+    FROM runrow.spend_hour AS s
+    WHERE
+        s.fairness_key = b.fairness_key
+        AND (s.fairness_key, s.hour) > (b.fairness_key, now() - interval '25 hours')
+) AS t;
+INSERT INTO runrow._yoyo_migration VALUES ('fe640d1c227f89f99b3c11ebe2e792558dc75214c595fdba108848afb61a17a8', '0113_tenant_budgets_by_key', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'fe640d1c227f89f99b3c11ebe2e792558dc75214c595fdba108848afb61a17a8', '0113_tenant_budgets_by_key', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
 -- functions/: re-applied on every install, like `runrow migrate`

@@ -26,6 +26,7 @@ __all__ = ["database_url", "owner"]  # fixtures: this module's own database, the
 
 FEW, MANY = 10, 60
 MODELS = 10
+BUDGETS = 5
 ACQUIRE = "SELECT granted FROM runrow.acquire_model_call(%s, %s, 100)"
 
 
@@ -63,3 +64,23 @@ def test_a_budgeted_request_reads_its_tenants_day_however_many_tenants_spend(
     assert cost[MANY] == cost[FEW]
     entries, scanned = cost[MANY]
     assert entries <= 2 * 25 * MODELS and scanned == 0
+
+
+def test_the_tenant_budgets_view_reads_each_budgets_day_however_many_tenants_spend(
+    owner: psycopg.Connection, connect: Connect
+) -> None:
+    """tenant_budgets (and queue_metrics, which counts the tenants over budget through it, on
+    every metrics scrape) summed each budget's day the same way: budgets x every tenant's day."""
+    for n in range(BUDGETS):
+        owner.execute("SELECT runrow.set_tenant_budget(%s, 1000000000, NULL)", (f"tenant-{n}",))
+    cost = {}
+    for tenants in (FEW, MANY):
+        spend(owner, tenants)
+        with connect() as session:
+            cost[tenants] = rows_read(session, "spend_hour", "SELECT * FROM runrow.queue_metrics", ())
+    print(f"(entries of spend_hour's indexes, rows seq-scanned) per read of queue_metrics: {cost}")
+    # Before the fix: (12500, 0) with 10 tenants and (75000, 0) with 60. After: each budget's
+    # own 25 hours x 10 models.
+    assert cost[MANY] == cost[FEW]
+    entries, scanned = cost[MANY]
+    assert entries <= BUDGETS * 25 * MODELS and scanned == 0
