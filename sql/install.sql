@@ -17473,7 +17473,9 @@ BEGIN
     END IF;
     -- Steps are append-only, so steps 1..at_seq are final even while the run still runs: a
     -- fork of a live run needs no lock on it and never sees what the run writes later.
-    SELECT coalesce(max(s.seq), 0) INTO last_seq FROM runrow.agent_step AS s WHERE s.run_id = src.id;
+    -- The key's last entry, not max(seq): one plan whatever the statistics (as the step guard, 0112).
+    SELECT s.seq INTO last_seq FROM runrow.agent_step AS s WHERE s.run_id = src.id ORDER BY s.seq DESC LIMIT 1;
+    last_seq := coalesce(last_seq, 0);
     IF fork_run.at_seq < 0 OR fork_run.at_seq > last_seq THEN
         RAISE EXCEPTION 'at_seq must be between 0 and % (the steps run % has), got %',
             last_seq, src.id, fork_run.at_seq

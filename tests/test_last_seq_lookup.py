@@ -74,3 +74,29 @@ def test_the_last_seq_lookup_reads_one_entry_however_long_the_run(
     assert cost[LONG] == cost[SHORT]
     entries, scanned = cost[LONG]
     assert entries <= 5 and scanned == 0
+
+
+def test_a_fork_at_an_early_step_reads_what_it_copies_however_long_the_source(
+    owner: psycopg.Connection, connect: Connect
+) -> None:
+    """fork_run checks at_seq against the source's last seq: max(seq) read every step of the
+    source under the same statistics, to copy one."""
+    owner.execute("ALTER TABLE runrow.agent_step ALTER COLUMN run_id SET (n_distinct = -1)")
+    one_step_history(owner)
+    enqueue(owner, uuid.uuid4())
+    run = claim_one(owner, lease_seconds=600)
+    append = f"SELECT runrow.append_step(%s, %s, 'model_turn', '{TURN}'::json)"
+    fork = "SELECT steps_copied FROM runrow.fork_run(%s, 1)"
+    cost = {}
+    written = 0
+    for length in (SHORT, LONG):
+        for _ in range(length - written):
+            owner.execute(append, (run["run_id"], run["claim_token"]))
+        written = length
+        with connect() as session:
+            cost[length] = rows_read(session, "agent_step", fork, (run["run_id"],))
+    print(f"agent_step: (index entries, rows seq-scanned) per fork at step 1: {cost}")
+    # Before the fix: (11, 0) at 10 steps and (301, 0) at 300.
+    assert cost[LONG] == cost[SHORT]
+    entries, scanned = cost[LONG]
+    assert entries <= 5 and scanned == 0
