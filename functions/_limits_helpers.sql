@@ -451,8 +451,10 @@ DECLARE
     woken uuid;
     held_to timestamptz;
 BEGIN
-    SELECT l.blocked_until INTO held_to FROM runrow.rate_limit AS l
-    WHERE l.rate_limit_key = _lift_held_runs.key AND l.blocked_until > now();
+    -- The key's row, then its block if in force: with the test in WHERE the planner could read
+    -- every key blocked now through rate_limit_blocked and filter by key (migration 0114).
+    SELECT CASE WHEN l.blocked_until > now() THEN l.blocked_until END INTO held_to
+    FROM runrow.rate_limit AS l WHERE l.rate_limit_key = _lift_held_runs.key;
     -- SKIP LOCKED: the caller holds the key's row, and a held run another transaction holds is
     -- one a claim took as its hold ended, whose worker waits in acquire_model_call for this key
     -- row while holding the run: waiting on it deadlocked the two (40P01, the review of stop

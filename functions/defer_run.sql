@@ -93,9 +93,11 @@ BEGIN
         );
     END IF;
     -- Only a block in force is locked (and read): a rate_limited deferral (frequent under a
-    -- tight limit) must not queue the key's grants behind it (the review).
+    -- tight limit) must not queue the key's grants behind it (the review). IS TRUE: a test of
+    -- the key's row, not a range of rate_limit_blocked (migration 0114), which the planner took
+    -- with the key as a filter: every key blocked now was read (202 in a storm of 202).
     SELECT l.blocked_until INTO key_block
-    FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key AND l.blocked_until > now()
+    FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key AND (l.blocked_until > now()) IS TRUE
     FOR SHARE;
     block_end := CASE
         WHEN key_block IS NOT NULL THEN key_block

@@ -155,7 +155,8 @@ BEGIN
     '0110_key_error_run_age',
     '0111_webhook_lapsed_token_validated',
     '0112_step_guard_last_seq_by_key',
-    '0113_tenant_budgets_by_key'
+    '0113_tenant_budgets_by_key',
+    '0114_rate_limit_blocked_until_indexed'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -9677,6 +9678,60 @@ INSERT INTO runrow._yoyo_migration VALUES ('fe640d1c227f89f99b3c11ebe2e792558dc7
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, 'fe640d1c227f89f99b3c11ebe2e792558dc75214c595fdba108848afb61a17a8', '0113_tenant_budgets_by_key', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
+-- migration 0114_rate_limit_blocked_until_indexed
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '4ed2e43603299751068f64575c3bacf3b3549f152790f1100d4c194edab391ba') AS apply_4ed2e4360329 \gset
+\if :apply_4ed2e4360329
+-- depends: 0113_tenant_budgets_by_key
+-- The keys blocked now, read through an index of blocked_until instead of every key's row.
+--
+-- Why: every claim that finds a run asks which keys are blocked now (`blocked_until > now()`):
+-- the fast path's NOT EXISTS and the walk's array of blocked keys (functions/_claim_walk.sql),
+-- and queue_metrics' rate_limit_keys_blocked and the rate_limit_blocks view ask the same
+-- (metrics scrapes, runrow status). With no index of blocked_until each was a sequential scan
+-- of runrow.rate_limit, which keeps a row for every key ever given limits (set_rate_limit) or
+-- ever blocked (_block_key, on any 429 or exhausted-bucket header; report_key_error: the key is
+-- the model unless runs are enqueued with one, e.g. per customer), and removes one only when an
+-- operator removes the key. Found by a plan audit of the hot paths (stop 62). Counted with
+-- tests/test_blocked_keys_lookup.py, rows of rate_limit read by one claim that finds a run:
+-- 10 keys, 10 rows; 3,010 keys (half limited, half blocked once by a 429 long over), 3,010
+-- rows, on the one-tenant fast path and on the walk alike, with stale or fresh statistics; with
+-- the index 0 entries and 0 rows in both shapes, custom and generic plans.
+--
+-- Partial (blocked_until IS NOT NULL): a key never blocked (limits only) has no entry, and
+-- `blocked_until > now()` implies the predicate, so every reader above uses it. At 3,010 keys,
+-- 1,505 of them blocked once: 32 kB, beside the table's 344 kB.
+--
+-- Writes: an UPDATE that changes blocked_until is no longer HOT, and one entry is added. Those
+-- are the block's own writes: _block_key (a 429, a response saying the requests bucket is
+-- empty), report_key_error, acquire_model_call's probe grant during a key error streak and
+-- _key_answered lifting its hold: one per block, not per request. The per-request bucket
+-- writes (_lock_bucket's refill, acquire_model_call's draw, the settlement in append_step) set
+-- blocked_until to itself or not at all, and stay HOT: 800 of 800 updates of a limited key's
+-- row were HOT over 200 grants and settlements, with and without the index. (A non-HOT write
+-- also leaves the key's old rate_limit_pkey entry for the next lookups to step over until one
+-- marks it dead: defer_run read 2 entries, then 1.)
+--
+-- The lookups of one key's block: acquire_model_call, report_key_error and the claim's re-read
+-- of a candidate's key name the key alone. defer_run and _lift_held_runs said `key = k AND
+-- blocked_until > now()`, and the planner took that as a range of this index filtered by key:
+-- with 202 keys blocked now, 202 and 204 entries where the key's one entry of rate_limit_pkey
+-- does (tests/test_blocked_keys_lookup.py; 5,000 keys, most never blocked, gave the same plan
+-- in a new session). Both now test the block on the key's row (functions/defer_run.sql,
+-- functions/_limits_helpers.sql): one entry, as before this migration.
+--
+-- A plain CREATE INDEX: rate_limit has a row per key, so the SHARE lock that makes grants and
+-- settlements wait lasts as long as reading a few thousand rows.
+
+CREATE INDEX rate_limit_blocked ON runrow.rate_limit (blocked_until) WHERE blocked_until IS NOT NULL;
+
+COMMENT ON INDEX runrow.rate_limit_blocked IS
+'The keys blocked now (blocked_until > now()), for every claim that finds a run and for '
+'queue_metrics: read without visiting the rows of keys never blocked or blocked in the past '
+'(migration 0114).';
+INSERT INTO runrow._yoyo_migration VALUES ('4ed2e43603299751068f64575c3bacf3b3549f152790f1100d4c194edab391ba', '0114_rate_limit_blocked_until_indexed', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '4ed2e43603299751068f64575c3bacf3b3549f152790f1100d4c194edab391ba', '0114_rate_limit_blocked_until_indexed', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
 -- functions/: re-applied on every install, like `runrow migrate`
 
 -- functions/_agent_run_settings.sql
@@ -12094,8 +12149,10 @@ DECLARE
     woken uuid;
     held_to timestamptz;
 BEGIN
-    SELECT l.blocked_until INTO held_to FROM runrow.rate_limit AS l
-    WHERE l.rate_limit_key = _lift_held_runs.key AND l.blocked_until > now();
+    -- The key's row, then its block if in force: with the test in WHERE the planner could read
+    -- every key blocked now through rate_limit_blocked and filter by key (migration 0114).
+    SELECT CASE WHEN l.blocked_until > now() THEN l.blocked_until END INTO held_to
+    FROM runrow.rate_limit AS l WHERE l.rate_limit_key = _lift_held_runs.key;
     -- SKIP LOCKED: the caller holds the key's row, and a held run another transaction holds is
     -- one a claim took as its hold ended, whose worker waits in acquire_model_call for this key
     -- row while holding the run: waiting on it deadlocked the two (40P01, the review of stop
@@ -16276,9 +16333,11 @@ BEGIN
         );
     END IF;
     -- Only a block in force is locked (and read): a rate_limited deferral (frequent under a
-    -- tight limit) must not queue the key's grants behind it (the review).
+    -- tight limit) must not queue the key's grants behind it (the review). IS TRUE: a test of
+    -- the key's row, not a range of rate_limit_blocked (migration 0114), which the planner took
+    -- with the key as a filter: every key blocked now was read (202 in a storm of 202).
     SELECT l.blocked_until INTO key_block
-    FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key AND l.blocked_until > now()
+    FROM runrow.rate_limit AS l WHERE l.rate_limit_key = key AND (l.blocked_until > now()) IS TRUE
     FOR SHARE;
     block_end := CASE
         WHEN key_block IS NOT NULL THEN key_block
