@@ -4,7 +4,7 @@ BEGIN;
 \ir helpers/setup.psql
 \ir helpers/lifecycle.psql
 \ir helpers/steps.psql
-SELECT plan(39);
+SELECT plan(40);
 SELECT pg_temp.drain_queue();
 
 SELECT has_function('runrow', 'fork_run', ARRAY['uuid', 'integer', 'text'], 'fork_run(run_id, at_seq, model) exists');
@@ -138,6 +138,9 @@ SELECT throws_ok(format('SELECT * FROM runrow.fork_run(%L, 1)', '00000000-0000-0
     'run_id 00000000-0000-0000-0000-000000000000 does not exist', 'an unknown run');
 SELECT throws_ok(format('SELECT * FROM runrow.fork_run(%L, 5)', :'t3'), '22023',
     format('at_seq must be between 0 and 4 (the steps run %s has), got 5', :'t3'), 'at_seq past the last step');
+-- A run with no steps at all: its last seq is 0 (the ordered lookup finds no row, 99d934f).
+SELECT throws_ok(format('SELECT * FROM runrow.fork_run(%L, 1)', :'t2'), '22023',
+    format('at_seq must be between 0 and 0 (the steps run %s has), got 1', :'t2'), 'at_seq past a run with no steps');
 SELECT throws_ok(format('SELECT * FROM runrow.fork_run(%L, -1)', :'t3'), '22023',
     format('at_seq must be between 0 and 4 (the steps run %s has), got -1', :'t3'), 'a negative at_seq');
 SELECT throws_ok(format('SELECT * FROM runrow.fork_run(%L, 1, %L)', :'t3', ''), '22023',

@@ -9704,7 +9704,9 @@ SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '
 -- Writes: an UPDATE that changes blocked_until is no longer HOT, and one entry is added. Those
 -- are the block's own writes: _block_key (a 429, a response saying the requests bucket is
 -- empty), report_key_error, acquire_model_call's probe grant during a key error streak and
--- _key_answered lifting its hold: one per block, not per request. The per-request bucket
+-- _key_answered lifting its hold: one per write that moves the block (a 429 that extends it,
+-- each probe grant of a key error streak), so bounded by the requests a block meets, not paid
+-- by the requests that run while the key is open. The per-request bucket
 -- writes (_lock_bucket's refill, acquire_model_call's draw, the settlement in append_step) set
 -- blocked_until to itself or not at all, and stay HOT: 800 of 800 updates of a limited key's
 -- row were HOT over 200 grants and settlements, with and without the index. (A non-HOT write

@@ -94,8 +94,10 @@ def test_a_model_call_granted_and_settled_leaves_the_key_s_row_hot(
 ) -> None:
     """The index's price is paid by the writes that change blocked_until (a block, a key error's
     probe and its answer), once a block: acquire_model_call's and append_step's bucket writes,
-    made for every model request, leave it as it is and stay HOT (no index entry added). First in
-    the module, so the key's row is on a page with room (HOT needs it, index or not)."""
+    made for every model request, leave it as it is and stay HOT (no index entry added). HOT also
+    needs room on the row's page, index or not: a fillfactor of 50 puts the key's new row on a
+    page with room whatever this module's other tests wrote before it."""
+    owner.execute("ALTER TABLE runrow.rate_limit SET (fillfactor = 50)")
     owner.execute("SELECT runrow.set_rate_limit('hot-key', 100000, 10000000, 10000000)")
     owner.execute(
         "SELECT runrow.enqueue_run(%s, '\"q\"', 'test-model', rate_limit_key => 'hot-key')", (uuid.uuid4(),)

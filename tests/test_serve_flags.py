@@ -170,13 +170,15 @@ def test_serve_reads_the_workers_networks_but_not_their_allow_everything(db: str
             ["--webhook-allow-network", "0.0.0.0/0"],
             {},
             "argument --webhook-allow-network: 0.0.0.0/0 is wider than a /8: to let deliveries reach "
-            "every address, use --allow-private-webhooks (env RUNROW_ALLOW_PRIVATE_WEBHOOKS=1)",
+            "every address, use --allow-private-webhooks "
+            "(a worker also reads RUNROW_ALLOW_PRIVATE_WEBHOOKS=1; serve, the flag only)",
         ),
         (
             [],
             {"RUNROW_WEBHOOK_ALLOW_NETWORKS": "10.1.0.0/16,fc00::/7"},
             "argument --webhook-allow-network: fc00::/7 is wider than a /16: to let deliveries reach "
-            "every address, use --allow-private-webhooks (env RUNROW_ALLOW_PRIVATE_WEBHOOKS=1) "
+            "every address, use --allow-private-webhooks "
+            "(a worker also reads RUNROW_ALLOW_PRIVATE_WEBHOOKS=1; serve, the flag only) "
             "(from $RUNROW_WEBHOOK_ALLOW_NETWORKS)",
         ),
         (

@@ -425,7 +425,7 @@ def test_allow_private_webhooks_from_the_flag_or_its_variable(monkeypatch: pytes
 
 EVERY_ADDRESS = (
     "to let deliveries reach every address, use --allow-private-webhooks "
-    "(env RUNROW_ALLOW_PRIVATE_WEBHOOKS=1)"
+    "(a worker also reads RUNROW_ALLOW_PRIVATE_WEBHOOKS=1; serve, the flag only)"
 )
 
 

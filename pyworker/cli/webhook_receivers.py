@@ -55,7 +55,8 @@ def networks(text: str) -> list[IPNetwork]:
         if network.prefixlen < shortest:
             raise argparse.ArgumentTypeError(
                 f"{network} is wider than a /{shortest}: to let deliveries reach every address, "
-                "use --allow-private-webhooks (env RUNROW_ALLOW_PRIVATE_WEBHOOKS=1)"
+                "use --allow-private-webhooks (a worker also reads RUNROW_ALLOW_PRIVATE_WEBHOOKS=1; "
+                "serve, the flag only)"
             )
         found.append(network)
     return found
