@@ -423,6 +423,10 @@ def test_allow_private_webhooks_from_the_flag_or_its_variable(monkeypatch: pytes
     )
 
 
+SPELLED = (
+    "which are allowed by the IPv4 network they reach, never by their IPv6 form: list the IPv4 "
+    "network instead"
+)
 EVERY_ADDRESS = (
     "to let deliveries reach every address, use --allow-private-webhooks "
     "(a worker also reads RUNROW_ALLOW_PRIVATE_WEBHOOKS=1; serve, the flag only)"
@@ -472,6 +476,12 @@ def test_webhook_allow_network_from_the_flags_or_their_variable(monkeypatch: pyt
         ("10.0.0.0/8,0.0.0.0/1", f"0.0.0.0/1 is wider than a /8: {EVERY_ADDRESS}"),
         ("::/0", f"::/0 is wider than a /16: {EVERY_ADDRESS}"),
         ("fc00::/7", f"fc00::/7 is wider than a /16: {EVERY_ADDRESS}"),
+        # An IPv6 spelling of IPv4 addresses is judged by the IPv4 it reaches: listed, it would
+        # match nothing, silently (a review of stop 62).
+        ("::ffff:10.1.0.0/112", f"::ffff:a01:0/112 spells IPv4 addresses in IPv6 (IPv4-mapped), {SPELLED}"),
+        ("10.1.0.0/16,2002:a01::/32", f"2002:a01::/32 spells IPv4 addresses in IPv6 (6to4), {SPELLED}"),
+        ("64:ff9b::a01:0/112", f"64:ff9b::a01:0/112 spells IPv4 addresses in IPv6 (NAT64), {SPELLED}"),
+        ("64:ff9b:1::/48", f"64:ff9b:1::/48 spells IPv4 addresses in IPv6 (local-use NAT64), {SPELLED}"),
     ],
 )
 def test_a_webhook_allow_network_that_is_no_network_is_a_usage_error(value: str, why: str) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from pyworker.cli.types import env_default
-from pyworker.worker.public_addresses import IPNetwork
+from pyworker.worker.public_addresses import NAT64_LOCAL_USE, NAT64_WELL_KNOWN, IPNetwork
 
 Command = Literal["worker", "serve"]
 ON = ("1", "true", "yes", "on")
@@ -51,6 +51,12 @@ def networks(text: str) -> list[IPNetwork]:
                     f"must be a network in CIDR notation (10.0.0.0/8, fd00:1::/32), got {item[:60]!r}"
                 ) from None
             raise argparse.ArgumentTypeError(f"{item} has host bits set: the network is {meant}") from None
+        spelled = ipv4_spelling(network)
+        if spelled is not None:
+            raise argparse.ArgumentTypeError(
+                f"{network} spells IPv4 addresses in IPv6 ({spelled}), which are allowed by the IPv4 "
+                "network they reach, never by their IPv6 form: list the IPv4 network instead"
+            )
         shortest = SHORTEST_PREFIX[network.version]
         if network.prefixlen < shortest:
             raise argparse.ArgumentTypeError(
@@ -60,6 +66,26 @@ def networks(text: str) -> list[IPNetwork]:
             )
         found.append(network)
     return found
+
+
+# The IPv6 ranges that spell IPv4 addresses: public_addresses.why_refused judges an address in
+# them by the IPv4 address it reaches, so a network listed inside them would match nothing.
+IPV4_SPELLINGS = (
+    (ipaddress.IPv6Network("::ffff:0:0/96"), "IPv4-mapped"),
+    (ipaddress.IPv6Network("2002::/16"), "6to4"),
+    (NAT64_WELL_KNOWN, "NAT64"),
+    (NAT64_LOCAL_USE, "local-use NAT64"),
+)
+
+
+def ipv4_spelling(network: IPNetwork) -> str | None:
+    """Which IPv4 spelling `network` lies within, if any. Accepted, it would fail safe (match
+    nothing) and silently: the operator meant the IPv4 network, and should be told so."""
+    if isinstance(network, ipaddress.IPv6Network):
+        for spelling, name in IPV4_SPELLINGS:
+            if network.subnet_of(spelling):
+                return name
+    return None
 
 
 class _Switch(argparse.Action):
