@@ -156,7 +156,8 @@ BEGIN
     '0111_webhook_lapsed_token_validated',
     '0112_step_guard_last_seq_by_key',
     '0113_tenant_budgets_by_key',
-    '0114_rate_limit_blocked_until_indexed'
+    '0114_rate_limit_blocked_until_indexed',
+    '0115_rate_limit_key_errors_indexed'
 ]::text[]);
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'this database has migrations this install.sql does not ship (%): a newer runrow upgraded it; install with that version', unknown
@@ -9732,6 +9733,30 @@ COMMENT ON INDEX runrow.rate_limit_blocked IS
 '(migration 0114).';
 INSERT INTO runrow._yoyo_migration VALUES ('4ed2e43603299751068f64575c3bacf3b3549f152790f1100d4c194edab391ba', '0114_rate_limit_blocked_until_indexed', now() AT TIME ZONE 'UTC');
 INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '4ed2e43603299751068f64575c3bacf3b3549f152790f1100d4c194edab391ba', '0114_rate_limit_blocked_until_indexed', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
+\endif
+
+-- migration 0115_rate_limit_key_errors_indexed
+SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '699f9dcf049fb1076b25ff592c89215a2c1c20edf006b97e42f0c1857ff884ea') AS apply_699f9dcf049f \gset
+\if :apply_699f9dcf049f
+-- depends: 0114_rate_limit_blocked_until_indexed
+-- The keys in a key-error streak, read through a partial index instead of every key's row.
+--
+-- Why: queue_metrics' rate_limit_keys_key_error counts `key_errors > 0`, and the workers'
+-- metrics read queue_metrics on every scrape. rate_limit keeps a row for every key ever given
+-- limits or ever blocked (see 0114), so each scrape read all of them: 3,010 rows at 3,010 keys
+-- (tests/test_blocked_keys_lookup.py). Found beside 0114 (stop 62).
+--
+-- Writes: only an UPDATE that changes key_errors loses HOT: report_key_error starting or
+-- lengthening a streak and _key_answered ending one (a key error's own writes). The per-request
+-- bucket writes leave key_errors as it is and stay HOT (the same test pins it).
+
+CREATE INDEX rate_limit_key_errors ON runrow.rate_limit (rate_limit_key) WHERE key_errors > 0;
+
+COMMENT ON INDEX runrow.rate_limit_key_errors IS
+'The keys in a key-error streak (key_errors > 0): queue_metrics.rate_limit_keys_key_error counts '
+'them without reading every key ever limited or blocked.';
+INSERT INTO runrow._yoyo_migration VALUES ('699f9dcf049fb1076b25ff592c89215a2c1c20edf006b97e42f0c1857ff884ea', '0115_rate_limit_key_errors_indexed', now() AT TIME ZONE 'UTC');
+INSERT INTO runrow._yoyo_log VALUES (gen_random_uuid()::text, '699f9dcf049fb1076b25ff592c89215a2c1c20edf006b97e42f0c1857ff884ea', '0115_rate_limit_key_errors_indexed', 'apply', current_user, 'install.sql', 'applied by sql/install.sql', now() AT TIME ZONE 'UTC');
 \endif
 
 -- functions/: re-applied on every install, like `runrow migrate`
