@@ -61,9 +61,21 @@ def test_a_session_fenced_out_fails_its_check(database_url: str, name: str) -> N
 
 @needs_valgrind
 def test_every_call_is_counted_under_callgrind(tmp_path: Path) -> None:
-    out = tmp_path / "calls.json"
+    out, kept = tmp_path / "calls.json", tmp_path / "kept"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.api_calls", "--small", "5", "--large", "15", "--json", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "bench.api_calls",
+            "--small",
+            "5",
+            "--large",
+            "15",
+            "--json",
+            str(out),
+            "--keep",
+            str(kept),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -77,3 +89,11 @@ def test_every_call_is_counted_under_callgrind(tmp_path: Path) -> None:
     for name, figure in figures.items():
         assert 50_000 < figure < 20_000_000, (name, figure)
         assert f"{name}:" in done.stdout
+    # --keep: each session's callgrind file, as callgrind_annotate reads it.
+    assert sorted(p.name for p in kept.iterdir()) == sorted(
+        f"{name}-{n}.callgrind" for name in api_calls.SHAPES for n in (5, 15)
+    )
+    for path in kept.iterdir():
+        text = path.read_text(errors="replace")
+        assert text.startswith("# callgrind format"), path
+        assert "\nsummary:" in text or "\ntotals:" in text, path
