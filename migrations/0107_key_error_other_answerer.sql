@@ -2,7 +2,7 @@
 -- Three defects of a key error's "a 403 may be the run's own request" rules (migration 0101; the
 -- review of session 61, pgtap/key_error_answerer.sql). The functions are in functions/
 -- (acquire_model_call, report_key_error, and the helper they now share,
--- _key_has_other_answerer in _key_error_answerer.sql); this migration is the version that says
+-- _key_has_other_answerer in _key_has_other_answerer.sql); this migration is the version that says
 -- so, and adds the column the third fix reads.
 --
 -- (1) report_key_error's lone-run rule counted every other queued or running run of the key,

@@ -1,7 +1,7 @@
 -- depends: 0109_unanswered_429s
 -- Three defects of a key error's 403 rules as migration 0107 left them (the third review of
 -- session 61; pgtap/key_error_answerer.sql asserts each). The functions are in functions/
--- (acquire_model_call, report_key_error, _key_has_other_answerer in _key_error_answerer.sql,
+-- (acquire_model_call, report_key_error, _key_has_other_answerer in _key_has_other_answerer.sql,
 -- _key_error_told in _limits_helpers.sql); this migration adds the columns they read.
 --
 -- (1) Past its time bound acquire_model_call makes a refused run the key's probe whatever else
@@ -67,6 +67,6 @@ COMMENT ON COLUMN runrow.rate_limit.key_error_max_block IS
 'probe whatever else of the key waits (key_probe_forced).';
 
 -- report_key_error gains give_up_after_seconds (functions/report_key_error.sql defines it), and
--- _key_has_other_answerer its running_only and refused (functions/_key_error_answerer.sql).
+-- _key_has_other_answerer its running_only and refused (functions/_key_has_other_answerer.sql).
 DROP FUNCTION IF EXISTS runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean);
 DROP FUNCTION IF EXISTS runrow._key_has_other_answerer(runrow.rate_limit, uuid, uuid);

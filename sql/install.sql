@@ -9310,7 +9310,7 @@ SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '
 -- Three defects of a key error's "a 403 may be the run's own request" rules (migration 0101; the
 -- review of session 61, pgtap/key_error_answerer.sql). The functions are in functions/
 -- (acquire_model_call, report_key_error, and the helper they now share,
--- _key_has_other_answerer in _key_error_answerer.sql); this migration is the version that says
+-- _key_has_other_answerer in _key_has_other_answerer.sql); this migration is the version that says
 -- so, and adds the column the third fix reads.
 --
 -- (1) report_key_error's lone-run rule counted every other queued or running run of the key,
@@ -9492,7 +9492,7 @@ SELECT NOT EXISTS (SELECT 1 FROM runrow._yoyo_migration WHERE migration_hash = '
 -- depends: 0109_unanswered_429s
 -- Three defects of a key error's 403 rules as migration 0107 left them (the third review of
 -- session 61; pgtap/key_error_answerer.sql asserts each). The functions are in functions/
--- (acquire_model_call, report_key_error, _key_has_other_answerer in _key_error_answerer.sql,
+-- (acquire_model_call, report_key_error, _key_has_other_answerer in _key_has_other_answerer.sql,
 -- _key_error_told in _limits_helpers.sql); this migration adds the columns they read.
 --
 -- (1) Past its time bound acquire_model_call makes a refused run the key's probe whatever else
@@ -9558,7 +9558,7 @@ COMMENT ON COLUMN runrow.rate_limit.key_error_max_block IS
 'probe whatever else of the key waits (key_probe_forced).';
 
 -- report_key_error gains give_up_after_seconds (functions/report_key_error.sql defines it), and
--- _key_has_other_answerer its running_only and refused (functions/_key_error_answerer.sql).
+-- _key_has_other_answerer its running_only and refused (functions/_key_has_other_answerer.sql).
 DROP FUNCTION IF EXISTS runrow.report_key_error(uuid, uuid, text, numeric, numeric, boolean);
 DROP FUNCTION IF EXISTS runrow._key_has_other_answerer(runrow.rate_limit, uuid, uuid);
 INSERT INTO runrow._yoyo_migration VALUES ('6697af22ead7ac9b0a7ade5b1959d881cf915503448910f0f25a434fc7ab3f1d', '0110_key_error_run_age', now() AT TIME ZONE 'UTC');
@@ -11557,7 +11557,7 @@ COMMENT ON FUNCTION runrow._require_printable(text, text) IS
 REVOKE ALL ON FUNCTION runrow._printable(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runrow._require_printable(text, text) FROM PUBLIC;
 
--- functions/_key_error_answerer.sql
+-- functions/_key_has_other_answerer.sql
 -- The one question a key error's 403 rules ask (migration 0107): is there another run of the key
 -- that could answer the key's probe? Private: not granted to any role, no SET clauses (runs under
 -- its callers' search_path, as functions/_limits_helpers.sql).
