@@ -14,7 +14,7 @@ BEGIN;
 SELECT plan(55);
 SELECT pg_temp.drain_queue();
 CREATE FUNCTION pg_temp.refused(run uuid, max_block numeric DEFAULT 300) RETURNS numeric LANGUAGE sql AS $$
-    SELECT runrow.report_key_error(run, pg_temp.token(run), 'permission_error: no access to the beta', 5, max_block, true)
+    SELECT pg_temp.report(run, 'permission_error: no access to the beta', max_block)
 $$;
 -- The key's streak of refusals began `ago` seconds ago, its last block ended `ended` seconds ago.
 -- Its refused runs' own first refusals (migration 0110) were then too.
@@ -25,6 +25,17 @@ CREATE FUNCTION pg_temp.streak_age(key text, ago int, ended int DEFAULT 1) RETUR
     UPDATE runrow.agent_run SET key_error_first_refused_at = now() - make_interval(secs => ago)
     WHERE rate_limit_key = key AND key_error_refused IS NOT NULL AND status IN ('queued', 'running');
 $$;
+
+-- A refused run of the key (its probe-to-be) and a queued run of it due in an hour, the key's
+-- streak a day old.
+CREATE FUNCTION pg_temp.probe_and_waiter(key text, OUT probe uuid, OUT waiter uuid) LANGUAGE plpgsql AS $$
+BEGIN
+    probe := pg_temp.keyed_run(key);
+    PERFORM pg_temp.refused(probe);
+    waiter := pg_temp.keyed_run(key, claimed => false);
+    PERFORM pg_temp.streak_age(key, 86400);
+    UPDATE runrow.agent_run SET not_before = now() + interval '1 hour' WHERE id = waiter;
+END $$;
 
 -- (1) A run alone on its key but for its own conversation's next turn, queued behind it.
 SELECT pg_temp.keyed_run('kc') AS c \gset
@@ -65,11 +76,7 @@ SELECT is(pg_temp.status(:'b'), 'failed', 'neither run waits for ever');
 
 -- A run waiting for the key's probe hold (deferred to its end) could answer; one queued for an
 -- hour from now waits for nothing of the key.
-SELECT pg_temp.keyed_run('kh') AS p \gset
-SELECT pg_temp.refused(:'p');
-SELECT pg_temp.keyed_run('kh', claimed => false) AS q \gset
-SELECT pg_temp.streak_age('kh', 86400);
-UPDATE runrow.agent_run SET not_before = now() + interval '1 hour' WHERE id = :'q';
+SELECT probe AS p, waiter AS q FROM pg_temp.probe_and_waiter('kh') \gset
 SELECT is(pg_temp.acquire(:'p'), '(t,0,)', 'q is due in an hour: p is the probe');
 SELECT is((SELECT key_probe_forced FROM runrow.rate_limit WHERE rate_limit_key = 'kh'), false,
     'the block ended 1 s ago: the probe is not forced');
@@ -165,11 +172,7 @@ SELECT runrow.cancel_run(:'g2');
 
 -- (5) A run deferred to the end of a 429 block on the key (up to a day) cannot answer the key
 -- error's probe: the helper reads the hold's end (key_error_until), not blocked_until.
-SELECT pg_temp.keyed_run('k5') AS f \gset
-SELECT pg_temp.refused(:'f');
-SELECT pg_temp.keyed_run('k5', claimed => false) AS d \gset
-SELECT pg_temp.streak_age('k5', 86400);
-UPDATE runrow.agent_run SET not_before = now() + interval '1 hour' WHERE id = :'d';
+SELECT probe AS f, waiter AS d FROM pg_temp.probe_and_waiter('k5') \gset
 SELECT is(pg_temp.acquire(:'f'), '(t,0,)', 'f is the probe');
 UPDATE runrow.rate_limit SET rate_blocked_until = now() + interval '1 day', blocked_until = now() + interval '1 day'
 WHERE rate_limit_key = 'k5';

@@ -368,34 +368,22 @@ async def test_a_release_whose_answer_was_lost_hands_the_run_back_once(
 
 
 @pytest.mark.parametrize("deliver", [True, False], ids=["committed-answer-lost", "not-delivered"])
+@pytest.mark.parametrize(("reason", "stored"), [("rate limited", "rate limited"), (None, "deferred")])
 async def test_a_deferral_whose_answer_was_lost_is_deferred_once(
-    faulty_pool, proxy, db, deliver: bool
+    faulty_pool, proxy, db, deliver: bool, reason: str | None, stored: str
 ) -> None:
     """A fleet limit's wait: the ending is `deferred` (not `released:deferred`, which traced
-    as an error), also when the first COMMIT landed and its answer was lost."""
+    as an error), also when the first COMMIT landed and its answer was lost. defer_run stores
+    a deferral without a reason as "deferred": the check whether the first try landed compared
+    the stored error with None, took the deferral for someone else's ending, logged "fenced
+    out" and ended "lost"."""
     run = await claim(faulty_pool, max_attempts=1)
     proxy.break_at(b"defer_run", deliver=deliver)
-    ending = await supervise(run, faulty_pool, Outcome("defer", error="rate limited", retry_in=30))
+    ending = await supervise(run, faulty_pool, Outcome("defer", error=reason, retry_in=30))
     assert proxy.fired == [f"defer_run {'delivered' if deliver else 'dropped'}"]
     assert ending == "deferred"
     row = run_row(db, run.run_id)
-    assert (row["status"], row["attempt"], row["error"]) == ("queued", 0, "rate limited")
-    assert kinds(db, run.run_id).count("run_requeued") == 1
-
-
-async def test_a_deferral_without_a_reason_whose_answer_was_lost_is_deferred_once(
-    faulty_pool, proxy, db
-) -> None:
-    """defer_run stores a deferral without a reason as "deferred": the check whether the first
-    try landed compared the stored error with None, took the deferral for someone else's
-    ending, logged "fenced out" and ended "lost"."""
-    run = await claim(faulty_pool, max_attempts=1)
-    proxy.break_at(b"defer_run", deliver=True)
-    ending = await supervise(run, faulty_pool, Outcome("defer", error=None, retry_in=30))
-    assert proxy.fired == ["defer_run delivered"]
-    assert ending == "deferred"
-    row = run_row(db, run.run_id)
-    assert (row["status"], row["attempt"], row["error"]) == ("queued", 0, "deferred")
+    assert (row["status"], row["attempt"], row["error"]) == ("queued", 0, stored)
     assert kinds(db, run.run_id).count("run_requeued") == 1
 
 
