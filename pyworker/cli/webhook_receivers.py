@@ -118,12 +118,13 @@ NETWORK_RULES = (
     "repeat it, or separate them with commas (env RUNROW_WEBHOOK_ALLOW_NETWORKS; given here, the "
     "flags replace its list rather than add to it). No wider than a /8 (IPv4) or /16 (IPv6): "
     "--allow-private-webhooks allows every address. An IPv6 spelling of an IPv4 address "
-    "(::ffff:a.b.c.d, 6to4, NAT64) is allowed by the IPv4 network it reaches. Every other "
-    "non-public address stays refused"
+    "(::ffff:a.b.c.d, 6to4, NAT64) is allowed by the IPv4 network it reaches (a network inside "
+    "those ranges is refused: list the IPv4 one). Every other non-public address stays refused"
 )
 # Each command's help: the flags are the same, what they change in it is not. `serve` checks a
 # user's webhook_url when it takes the run, the workers every address at delivery; a fleet gives
-# both the same values (the same variables do), or one refuses what the other would allow.
+# both the same values (RUNROW_WEBHOOK_ALLOW_NETWORKS reaches both; serve's allow-everything is
+# its own flag), or one refuses what the other would allow.
 HELP: dict[Command, tuple[str, str]] = {
     "worker": (
         f"let webhook deliveries reach {NON_PUBLIC}: every one, a user's name rebound to one "
